@@ -1,0 +1,145 @@
+"""Symmetric INT4, group 128 along K, and the nibble layout the GPU GEMV unpacks (layout id 1).
+
+Quantization (DESIGN.md §5)
+---------------------------
+A projection weight W has the Hugging Face shape [N, K] = [out_features, in_features] and
+computes y = W x. Each row is cut into groups of G = 128 consecutive inputs; each group gets
+one FP16 scale
+
+    s = max|w_group| / 7          q = clamp(round(w / s), -8, 7)          w' = q * s
+
+(round half to even, numpy's rule). With s = max/7 the largest weight maps exactly to ±7,
+so no value clips and the error per weight is at most s/2 = max|w_group| / 14 (plus the FP16
+rounding of s). -8 is never produced from data but is a legal code.
+
+Layout id 1 ("FT-interleaved rows")
+-----------------------------------
+- `qweight`: uint32 [N, K/8], row-major. Word j of row n holds inputs k = 8j … 8j+7 as
+  nibbles stored as q + 8 (0..15). Nibble p (bits 4p … 4p+3) holds input 8j + NIBBLE_ORDER[p]
+  with NIBBLE_ORDER = [0, 2, 4, 6, 1, 3, 5, 7].
+- `scales`: float16 [N, K/128], row-major; group g of row n covers k = 128g … 128g+127.
+
+Why that order: the GEMV turns one 32-bit word into four `half2` (inputs (0,1), (2,3), (4,5),
+(6,7)) with no per-element shifts or conversions.
+
+    lo  = lop3(word,      0x000F000F, 0x64006400)  # nibbles 0 and 4 -> inputs 0, 1
+    hi  = lop3(word,      0x00F000F0, 0x64006400)  # nibbles 1 and 5 -> inputs 2, 3 (x16)
+    lo2 = lop3(word >> 8, 0x000F000F, 0x64006400)  # nibbles 2 and 6 -> inputs 4, 5
+    hi2 = lop3(word >> 8, 0x00F000F0, 0x64006400)  # nibbles 3 and 7 -> inputs 6, 7 (x16)
+
+OR-ing a nibble v into the mantissa of 1024.0 (0x6400) gives the half 1024 + v, so
+`lo - (1024 + 8)` is q; a nibble sitting 4 bits higher gives 1024 + 16v, hence
+`hi * (1/16) - (64 + 8)` in one `fma`. Each half of a half2 takes the 16-bit lane of the word
+it sits in, so nibble p and nibble p+4 land in the low and high half of the same half2: that is
+why inputs 2i and 2i+1 sit 4 nibbles apart. (FasterTransformer and Marlin use the same trick.)
+
+Every shape in the Qwen2.5 family has K % 128 == 0 (896, 3584, 4864, 18944 …).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FormatError
+
+GROUP_SIZE = 128
+LAYOUT_ID = 1
+# NIBBLE_ORDER[p] = which of the word's 8 inputs sits in nibble p.
+NIBBLE_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.int64)
+QMIN, QMAX = -8, 7
+
+
+def quantize(w: np.ndarray, group_size: int = GROUP_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize a weight matrix to symmetric INT4 codes with one FP16 scale per group.
+
+    Args:
+        w: [N, K] float (any float dtype; computed in float32). K % group_size == 0.
+    Returns:
+        q: [N, K] int8 codes in [-8, 7].
+        scales: [N, K / group_size] float16, s = max|w_group| / 7 (1.0 for an all-zero group,
+            so that dequantization never divides or produces NaN).
+    Raises:
+        ValueError: K is not a multiple of group_size or w is not 2-D.
+    """
+    if w.ndim != 2:
+        raise ValueError(f"quantize: expected a 2-D weight, got shape {w.shape}")
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"quantize: K={k} is not a multiple of the group size {group_size}")
+    wf = np.asarray(w, dtype=np.float32).reshape(n, k // group_size, group_size)
+    amax = np.abs(wf).max(axis=2)                                   # [N, K/G] f32
+    scales = (amax / QMAX).astype(np.float16)                       # the stored scale
+    scales[scales == 0] = np.float16(1.0)
+    # Divide by the FP16-rounded scale actually stored, so q is optimal for what dequantizes.
+    s32 = scales.astype(np.float32)[:, :, None]
+    q = np.clip(np.rint(wf / s32), QMIN, QMAX).astype(np.int8)
+    return q.reshape(n, k), scales
+
+
+def dequantize_codes(q: np.ndarray, scales: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """w' = q * s per group.  q: [N, K] int8, scales: [N, K/G] f16 → [N, K] `dtype`."""
+    n, k = q.shape
+    g = k // scales.shape[1]
+    out = q.reshape(n, scales.shape[1], g).astype(np.float32) * scales.astype(np.float32)[:, :, None]
+    return out.reshape(n, k).astype(dtype, copy=False)
+
+
+def pack(q: np.ndarray) -> np.ndarray:
+    """Pack INT4 codes into layout id 1.  q: [N, K] int8 in [-8, 7] → qweight [N, K/8] uint32."""
+    n, k = q.shape
+    if k % 8:
+        raise ValueError(f"pack: K={k} is not a multiple of 8")
+    if q.min(initial=0) < QMIN or q.max(initial=0) > QMAX:
+        raise ValueError("pack: codes outside [-8, 7]")
+    nib = (q.astype(np.int32) + 8).astype(np.uint32).reshape(n, k // 8, 8)  # [N, K/8, 8] inputs
+    words = np.zeros((n, k // 8), dtype=np.uint32)
+    for p in range(8):
+        words |= nib[:, :, NIBBLE_ORDER[p]] << np.uint32(4 * p)
+    return words
+
+
+def unpack(qweight: np.ndarray) -> np.ndarray:
+    """Inverse of `pack`: qweight [N, K/8] uint32 → codes [N, K] int8 in [-8, 7].
+
+    This is the numpy statement of layout id 1 that every kernel test dequantizes through.
+    """
+    n, kw = qweight.shape
+    out = np.empty((n, kw, 8), dtype=np.int8)
+    for p in range(8):
+        out[:, :, NIBBLE_ORDER[p]] = ((qweight >> np.uint32(4 * p)) & np.uint32(0xF)).astype(np.int8) - 8
+    return out.reshape(n, kw * 8)
+
+
+def dequantize(qweight: np.ndarray, scales: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Dequantize a packed tensor: qweight [N, K/8] uint32, scales [N, K/G] f16 → [N, K]."""
+    if qweight.dtype != np.uint32 or scales.dtype != np.float16:
+        raise FormatError(f"dequantize: expected uint32 qweight and float16 scales, "
+                          f"got {qweight.dtype} and {scales.dtype}")
+    return dequantize_codes(unpack(qweight), scales, dtype)
+
+
+def quantize_packed(w: np.ndarray, group_size: int = GROUP_SIZE) -> tuple[np.ndarray, np.ndarray]:
+    """quantize + pack: w [N, K] → (qweight [N, K/8] uint32, scales [N, K/G] f16)."""
+    q, s = quantize(w, group_size)
+    return pack(q), s
+
+
+def error_bound(w: np.ndarray, group_size: int = GROUP_SIZE) -> np.ndarray:
+    """Per-element bound on |w - w'| for this quantizer: s/2 per group, using the stored FP16 s
+    (round-to-nearest of w/s can be off by at most half a step; the FP16 rounding of s is
+    absorbed because q is computed against the stored s, and max|w|/s_fp16 stays <= 7 + 7*2^-11,
+    which rounds to 7). Returned as [N, K] float32, with a 1e-6 relative slack for float32."""
+    n, k = w.shape
+    _, s = quantize(w, group_size)
+    b = np.repeat(s.astype(np.float32) / 2, group_size, axis=1)
+    return b * (1 + 1e-6) + 1e-12
+
+
+def reconstruction_error(w: np.ndarray, w_hat: np.ndarray) -> dict[str, float]:
+    """Error figures printed by `convert`: relative L2 (‖w−w'‖/‖w‖), max abs, and SNR in dB."""
+    w = np.asarray(w, dtype=np.float64)
+    d = w - np.asarray(w_hat, dtype=np.float64)
+    nw = float(np.linalg.norm(w)) or 1.0
+    rel = float(np.linalg.norm(d)) / nw
+    return {"rel_l2": rel, "max_abs": float(np.abs(d).max()),
+            "snr_db": float(-20 * np.log10(rel)) if rel > 0 else float("inf")}

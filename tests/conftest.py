@@ -1,0 +1,66 @@
+"""Shared test fixtures.
+
+- `seed`: a fresh random seed per test, printed so a failure can be replayed
+  (`DRVQWEN_SEED=… pytest …`).
+- `real_gguf`: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, fetched once into the
+  cache root (`$DRVQWEN_CACHE`) by `drvqwen.pull` and verified by sha256.
+- GPU tests carry `@pytest.mark.gpu`; they skip with the reason when no Hopper GPU is usable,
+  and fail instead under `DRVQWEN_REQUIRE_GPU=1` (tools/gpu_check.sh sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def seed(request) -> int:
+    s = int(os.environ.get("DRVQWEN_SEED", secrets.randbelow(2**31)))
+    print(f"\n[{request.node.name}] seed={s}")
+    return s
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def real_gguf():
+    from drvqwen.pull import ensure_default_gguf
+
+    return ensure_default_gguf(progress=False)
+
+
+def _gpu_unavailable_reason() -> str | None:
+    try:
+        from drvqwen.cuda.device import gpu_unavailable_reason
+    except ImportError as e:  # the GPU layer itself is missing or broken
+        return f"drvqwen.cuda not importable: {e}"
+    return gpu_unavailable_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [it for it in items if "gpu" in it.keywords]
+    if not gpu_items:
+        return
+    reason = _gpu_unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("DRVQWEN_REQUIRE_GPU") == "1":
+        for it in gpu_items:
+            it.add_marker(pytest.mark.usefixtures("_require_gpu_fail"))
+        return
+    skip = pytest.mark.skip(reason=f"no usable Hopper GPU: {reason}")
+    for it in gpu_items:
+        it.add_marker(skip)
+
+
+@pytest.fixture
+def _require_gpu_fail():
+    reason = _gpu_unavailable_reason()
+    pytest.fail(f"DRVQWEN_REQUIRE_GPU=1 but no usable Hopper GPU: {reason}")
