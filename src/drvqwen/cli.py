@@ -1,0 +1,271 @@
+"""The `drvqwen` command line: run, pull, convert, info.
+
+User errors (DrvqwenError) print one line in red and exit with status 2 — no traceback.
+Long work (download, conversion, weight loading) shows `rich` progress bars on stderr, so
+stdout carries only the generated text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import DrvqwenError
+
+err = Console(stderr=True, highlight=False)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=False)
+
+
+def _convert_with_progress(src: Path, dst: Path):
+    from .format.convert import convert
+
+    err.print(f"converting {src} → {dst}")
+    with _progress() as p:
+        task = p.add_task("quantizing", total=None)
+
+        def cb(name, done, total):
+            p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
+
+        report = convert(src, dst, progress=cb)
+    _print_quant_summary(report)
+    return report
+
+
+def _print_quant_summary(report, per_tensor: bool = False) -> None:
+    t = Table(title="INT4 g128 reconstruction error (‖W−Ŵ‖/‖W‖)", show_lines=False)
+    if per_tensor:
+        for c in ("tensor", "shape", "rel L2", "max |err|", "SNR dB"):
+            t.add_column(c, justify="right" if c != "tensor" else "left")
+        for e in report.errors:
+            t.add_row(e.name, "×".join(map(str, e.shape)), f"{e.rel_l2:.4f}", f"{e.max_abs:.3g}", f"{e.snr_db:.1f}")
+    else:
+        for c in ("projection", "mean rel L2", "worst rel L2"):
+            t.add_column(c)
+        for proj, d in report.summary_by_projection().items():
+            t.add_row(proj, f"{d['mean_rel_l2']:.4f}", f"{d['max_rel_l2']:.4f}")
+    err.print(t)
+
+
+# ---------------------------------------------------------------------------------------------
+def cmd_pull(args) -> int:
+    from .pull import pull
+
+    path = pull(progress=True)
+    print(path)
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from .format.convert import convert
+
+    out = Path(args.output)
+    if out.is_dir():
+        raise DrvqwenError(f"{out}: is a directory; give the output file name")
+    with _progress() as p:
+        task = p.add_task("quantizing", total=None)
+
+        def cb(name, done, total):
+            p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
+
+        report = convert(args.source, out, progress=cb)
+    _print_quant_summary(report, per_tensor=args.per_tensor)
+    err.print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    if args.report_json:
+        Path(args.report_json).write_text(json.dumps(
+            [e.__dict__ | {"shape": list(e.shape)} for e in report.errors], indent=1))
+    return 0
+
+
+def cmd_info(args) -> int:
+    from .format.nanoqwen import NanoqwenFile
+
+    f = NanoqwenFile(args.file)
+    h = f.header
+    c = f.config
+    t = Table(title=str(f.path), show_header=False)
+    rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
+            ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
+            ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)")]
+    rows += [(k, v) for k, v in c.to_dict().items()]
+    for k, v in rows:
+        t.add_row(str(k), str(v))
+    Console().print(t)
+    by_dtype: dict[str, list[int]] = {}
+    for info in f:
+        d = by_dtype.setdefault(str(info.dtype), [0, 0])
+        d[0] += 1
+        d[1] += info.nbytes
+    s = Table(title="tensors by dtype")
+    for col in ("dtype", "count", "bytes"):
+        s.add_column(col)
+    for k, (n, b) in by_dtype.items():
+        s.add_row(k, str(n), f"{b:,}")
+    Console().print(s)
+    if args.tensors:
+        tt = Table(title="tensor table")
+        for col in ("name", "dtype", "shape", "offset", "bytes"):
+            tt.add_column(col)
+        for info in f:
+            tt.add_row(info.name, str(info.dtype), "×".join(map(str, info.shape)), str(info.offset), f"{info.nbytes:,}")
+        Console().print(tt)
+    if args.verify:
+        with _progress() as p:
+            task = p.add_task("verifying CRC32", total=h.n_tensors)
+            f.verify_data(progress=lambda info: p.advance(task))
+        err.print("[green]all tensor checksums match")
+    return 0
+
+
+def _choose_device(requested: str) -> tuple[str, str | None]:
+    """Return ('cuda'|'cpu', reason the GPU is not used or None)."""
+    if requested == "cpu":
+        return "cpu", "--device cpu"
+    try:
+        from .cuda.device import gpu_unavailable_reason
+
+        reason = gpu_unavailable_reason()
+    except ImportError as e:
+        reason = f"GPU layer unavailable ({e})"
+    if reason is None:
+        try:
+            from . import engine  # noqa: F401  (the GPU engine; a later issue)
+        except ImportError:
+            reason = "the GPU engine is not built yet"
+    if requested == "cuda" and reason is not None:
+        raise DrvqwenError(f"--device cuda: {reason}")
+    return ("cpu", reason) if reason else ("cuda", None)
+
+
+def cmd_run(args) -> int:
+    from .generate import CPUBackend, generate
+    from .models import resolve_model
+    from .sampler import SamplingParams
+    from .tokenizer import StreamDecoder, Tokenizer, chat_prompt, fim_prompt
+
+    if args.prompt is None and args.prompt_file is None and args.fim_prefix is None:
+        raise DrvqwenError("give --prompt TEXT, --prompt-file FILE or --fim-prefix/--fim-suffix")
+    if args.max_new_tokens < 0:
+        raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: must be >= 0")
+    try:
+        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    except ValueError as e:
+        raise DrvqwenError(str(e)) from None
+    if args.prompt_file:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DrvqwenError(f"{args.prompt_file}: cannot read prompt ({e})") from None
+    else:
+        text = args.prompt
+    if args.fim_prefix is not None or args.fim_suffix is not None:
+        prompt = fim_prompt(args.fim_prefix or "", args.fim_suffix or "")
+    elif args.raw:
+        prompt = text
+    else:
+        prompt = chat_prompt(text, system=args.system) if args.system else chat_prompt(text)
+
+    f = resolve_model(args.model, on_convert=_convert_with_progress)
+    tok = Tokenizer.from_json(f.tokenizer_json)
+    ids = tok.encode(prompt)
+    max_context = args.max_context or f.config.max_position
+    from .generate import check_prompt_fits
+
+    check_prompt_fits(len(ids), max_context)
+
+    device, why = _choose_device(args.device)
+    if device == "cpu":
+        err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
+        # The CPU cache holds only what this run can use: prompt + new tokens.
+        ctx = min(max_context, len(ids) + max(args.max_new_tokens, 1))
+        with _progress() as p:
+            task = p.add_task("dequantizing weights", total=f.config.num_layers)
+            backend = CPUBackend(f, ctx, progress=lambda i, n: p.update(task, completed=i))
+        backend.max_context = max_context if max_context <= ctx else ctx
+    else:  # pragma: no cover - the GPU engine lands with a later issue
+        from .engine import GPUBackend
+
+        backend = GPUBackend(f, max_context)
+
+    stream = StreamDecoder(tok)
+    out = sys.stdout
+
+    def on_token(t: int) -> None:
+        s = stream.push(t)
+        if s:
+            out.write(s)
+            out.flush()
+
+    res = generate(backend, ids, args.max_new_tokens, params, frozenset(tok.stop_ids), on_token,
+                   ignore_stop=args.ignore_eos)
+    tail = stream.flush()
+    out.write(tail + "\n")
+    out.flush()
+    err.print(f"[dim]{backend.name}: prompt {res.prompt_tokens} tokens, generated {len(res.tokens)} "
+              f"({res.stopped_by}), TTFT {res.ttft_s * 1e3:.0f} ms, decode {res.decode_tok_s:.2f} tok/s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="drvqwen", description="Qwen2.5-Coder inference on NVIDIA Hopper, annotated.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
+    r.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    r.add_argument("--prompt", help="the user message (chat template) or the raw text with --raw")
+    r.add_argument("--prompt-file", help="read the prompt from a file")
+    r.add_argument("--system", help="system message for the chat template")
+    r.add_argument("--raw", action="store_true", help="plain completion: no chat template")
+    r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole")
+    r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole")
+    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    r.add_argument("--top-k", type=int, default=0, help="0 = off")
+    r.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--max-context", type=int, default=0, help="context length (default: the model's)")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    r.add_argument("--ignore-eos", action="store_true", help="do not stop at <|im_end|>/<|endoftext|>")
+    r.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("pull", help="download the real Qwen2.5-Coder-0.5B-Instruct GGUF into the cache")
+    p.set_defaults(fn=cmd_pull)
+
+    c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128)")
+    c.add_argument("source")
+    c.add_argument("-o", "--output", required=True)
+    c.add_argument("--per-tensor", action="store_true", help="print the error of every tensor")
+    c.add_argument("--report-json", help="write per-tensor quantization errors as JSON")
+    c.set_defaults(fn=cmd_convert)
+
+    i = sub.add_parser("info", help="print a .nanoqwen file's header, config and tensors")
+    i.add_argument("file")
+    i.add_argument("--tensors", action="store_true", help="list every tensor")
+    i.add_argument("--verify", action="store_true", help="check every tensor's CRC32")
+    i.set_defaults(fn=cmd_info)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except DrvqwenError as e:
+        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        return 2
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""`drvqwen convert`: an HF checkpoint folder or a GGUF file → one `.nanoqwen` file.
+
+The seven projections of every layer are quantized to INT4 (format/quant.py); embedding,
+norms, biases and lm_head are stored as FP16. Tensors are streamed one at a time, so peak
+host memory is one source tensor in float32 plus its packed copy, not the model twice.
+
+Sources:
+- HF folder: config.json (model_type qwen2), *.safetensors (bf16/fp16/fp32, read with the
+  `safetensors` numpy loader, which handles bf16 through ml_dtypes), tokenizer.json.
+  A tied checkpoint (`tie_word_embeddings`, 0.5B–3B) uses the embedding as lm_head.
+- GGUF (any tensor type the `gguf` package dequantizes): metadata `qwen2.*`, tensors
+  `token_embd`, `blk.N.attn_q` …, and its own `output.weight` (the official 0.5B GGUF stores it
+  separately, as Q8_0), which becomes an untied FP16 lm_head. The tokenizer is rebuilt from
+  the GGUF's tokens and merges (tokenizer.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from ..config import QwenConfig
+from ..errors import ConfigError, DrvqwenError, FormatError
+from . import quant
+from .nanoqwen import ATTN_PROJ, MLP_PROJ, NanoqwenWriter, expected_tensors, proj_prefix
+
+FP16_MAX = 65504.0
+
+
+@dataclass
+class TensorError:
+    """Reconstruction error of one quantized projection (quant.reconstruction_error)."""
+
+    name: str
+    shape: tuple[int, int]
+    rel_l2: float
+    max_abs: float
+    snr_db: float
+
+
+@dataclass
+class ConvertReport:
+    path: Path
+    config: QwenConfig
+    source_kind: str
+    errors: list[TensorError] = field(default_factory=list)
+
+    def summary_by_projection(self) -> dict[str, dict[str, float]]:
+        """Mean and worst relative L2 error per projection type across layers."""
+        out: dict[str, dict[str, float]] = {}
+        for proj in ATTN_PROJ + MLP_PROJ:
+            rel = [e.rel_l2 for e in self.errors if e.name.endswith(f".{proj}")]
+            if rel:
+                out[proj] = {"mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel))}
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources: each gives the config, the tokenizer.json text, and tensors by HF name (float32).
+# ---------------------------------------------------------------------------------------------
+class HFSource:
+    """A Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."""
+
+    kind = "hf"
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self.folder = folder
+        self.config = QwenConfig.from_hf_json(folder / "config.json")
+        tok = folder / "tokenizer.json"
+        if not tok.is_file():
+            raise FormatError(f"{tok}: file not found (the HF folder needs its tokenizer.json)")
+        self.tokenizer_json = tok.read_text(encoding="utf-8")
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise FormatError(f"{folder}: no *.safetensors files")
+        self._where: dict[str, object] = {}
+        self._handles = []
+        for fpath in files:
+            try:
+                h = safe_open(str(fpath), framework="numpy")
+            except Exception as e:  # safetensors raises its own error types
+                raise FormatError(f"{fpath}: not a readable safetensors file ({e})") from None
+            self._handles.append(h)
+            for k in h.keys():
+                self._where[k] = h
+
+    def get(self, name: str) -> np.ndarray:
+        if name == "lm_head.weight" and name not in self._where:
+            if not self.config.tie_word_embeddings:
+                raise FormatError(f"{self.folder}: lm_head.weight missing and tie_word_embeddings is false")
+            name = "model.embed_tokens.weight"
+        h = self._where.get(name)
+        if h is None:
+            raise FormatError(f"{self.folder}: tensor {name} missing from the safetensors files")
+        return np.asarray(h.get_tensor(name)).astype(np.float32)
+
+
+# GGUF tensor names for the HF ones (llama.cpp's convert_hf_to_gguf.py, Qwen2 mapping).
+_GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_GGUF_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    """HF tensor name → GGUF tensor name (e.g. model.layers.3.mlp.up_proj.weight → blk.3.ffn_up.weight)."""
+    if hf_name in _GGUF_NAMES:
+        return _GGUF_NAMES[hf_name]
+    parts = hf_name.split(".")
+    layer = parts[2]
+    rest = ".".join(parts[3:])
+    for hf, gg in _GGUF_LAYER.items():
+        if rest == hf or rest.startswith(hf + "."):
+            return f"blk.{layer}.{gg}{rest[len(hf):]}"
+    raise KeyError(hf_name)
+
+
+class GGUFSource:
+    """A GGUF file of a qwen2 model; tensors dequantized to float32 by the `gguf` package."""
+
+    kind = "gguf"
+
+    def __init__(self, path: Path):
+        import gguf
+
+        from ..tokenizer import Tokenizer
+
+        self.path = path
+        try:
+            self.reader = gguf.GGUFReader(str(path))
+        except Exception as e:  # gguf raises ValueError/struct errors for a non-GGUF file
+            raise FormatError(f"{path}: not a readable GGUF file ({e})") from None
+        self._tensors = {t.name: t for t in self.reader.tensors}
+        emb = self._tensors.get("token_embd.weight")
+        if emb is None:
+            raise FormatError(f"{path}: GGUF tensor token_embd.weight missing")
+        self.config = QwenConfig.from_gguf_fields(self._field, str(path), vocab_size=int(emb.shape[-1]))
+        self.tokenizer_json = Tokenizer.from_gguf(self.reader).to_json()
+
+    def _field(self, key: str):
+        f = self.reader.fields.get(key)
+        if f is None:
+            return None
+        return f.contents()
+
+    def get(self, name: str) -> np.ndarray:
+        from gguf import quants
+
+        gname = gguf_name(name)
+        if gname == "output.weight" and gname not in self._tensors:
+            gname = "token_embd.weight"          # a tied GGUF stores no output.weight
+        t = self._tensors.get(gname)
+        if t is None:
+            raise FormatError(f"{self.path}: GGUF tensor {gname} missing")
+        a = quants.dequantize(t.data, t.tensor_type)
+        # ggml stores shape innermost-first; numpy's row-major view is the HF [out, in] order.
+        return np.asarray(a, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
+
+
+def open_source(src: str | Path):
+    """An HFSource for a folder, a GGUFSource for a GGUF file. Raises DrvqwenError otherwise."""
+    p = Path(src)
+    if p.is_dir():
+        return HFSource(p)
+    if not p.exists():
+        raise DrvqwenError(f"{p}: file not found")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic == b"GGUF":
+        return GGUFSource(p)
+    raise FormatError(f"{p}: not an HF checkpoint folder or a GGUF file (magic {magic!r})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------
+def _fp16(name: str, a: np.ndarray, src) -> np.ndarray:
+    m = float(np.max(np.abs(a))) if a.size else 0.0
+    if not np.isfinite(m) or m > FP16_MAX:
+        raise FormatError(f"{getattr(src, 'path', getattr(src, 'folder', '?'))}: tensor {name} has "
+                          f"values (max |x| = {m:g}) that FP16 cannot hold")
+    return a.astype(np.float16)
+
+
+def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int], None] | None = None,
+            num_layers: int | None = None) -> ConvertReport:
+    """Convert `src` (HF folder or GGUF file) into the `.nanoqwen` file `out`.
+
+    progress: called as progress(tensor_name, done, total) after each tensor.
+    num_layers: convert only the first layers (for tests).
+    Raises DrvqwenError subclasses (FormatError, ConfigError) naming the file and field;
+    on any error `out` is left untouched (the writer renames a temp file at the very end).
+    """
+    source = open_source(src)
+    cfg = source.config if num_layers is None else source.config.with_layers(num_layers)
+    report = ConvertReport(Path(out), cfg, source.kind)
+    names = list(expected_tensors(cfg))
+    with NanoqwenWriter(out, cfg, source.tokenizer_json) as w:
+        for n_done, name in enumerate(names, 1):
+            if name.endswith(".scales"):
+                continue                                   # written with its .qweight
+            if name.endswith(".qweight"):
+                prefix = name[: -len(".qweight")]
+                wf = source.get(prefix + ".weight")
+                if not np.isfinite(wf).all():
+                    raise FormatError(f"{src}: tensor {prefix}.weight has NaN/Inf values")
+                qw, s = quant.quantize_packed(wf)
+                w.add(name, qw)
+                w.add(prefix + ".scales", s)
+                e = quant.reconstruction_error(wf, quant.dequantize(qw, s))
+                report.errors.append(TensorError(prefix, tuple(wf.shape), **e))
+            else:
+                w.add(name, _fp16(name, source.get(name), source))
+            if progress:
+                progress(name, n_done, len(names))
+    return report
+
+
+def cached_path_for(src: str | Path, models_dir: Path) -> Path:
+    """Where the converted copy of `src` lives in the cache: keyed by the source's resolved
+    path, size and modification time (re-converted when the source changes)."""
+    p = Path(src).resolve()
+    st = p.stat()
+    files: Iterable[Path] = sorted(p.glob("*")) if p.is_dir() else [p]
+    ident = hashlib.sha256()
+    for fpath in files:
+        s = fpath.stat()
+        ident.update(f"{fpath.name}:{s.st_size}:{s.st_mtime_ns};".encode())
+    ident.update(f"{p}:{st.st_size}:quant-layout-{quant.LAYOUT_ID}".encode())
+    stem = p.name[:-5] if p.name.endswith(".gguf") else p.name
+    return models_dir / f"{stem}-{ident.hexdigest()[:12]}.nanoqwen"

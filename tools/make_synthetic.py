@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Write a synthetic `.nanoqwen` of a Qwen2.5 shape from a seed (format/synthetic.py).
+
+    PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --seed 1 -o /tmp/syn7b.nanoqwen
+    PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --layers 2 -o /tmp/syn7b_2l.nanoqwen
+
+--tokenizer takes a tokenizer.json or a .nanoqwen to copy the real tokenizer from; without it
+a minimal byte-level tokenizer is embedded (enough for speed runs, which ignore the text).
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from drvqwen.config import PRESETS
+from drvqwen.format.nanoqwen import MAGIC, NanoqwenFile
+from drvqwen.format.synthetic import write_synthetic
+
+
+def minimal_tokenizer_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
+    ap.add_argument("--layers", type=int, help="override the layer count")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", help="tokenizer.json, or a .nanoqwen to take it from")
+    ap.add_argument("-o", "--output", required=True)
+    a = ap.parse_args()
+    cfg = PRESETS[a.preset]
+    if a.layers:
+        cfg = cfg.with_layers(a.layers)
+    tok = minimal_tokenizer_json()
+    if a.tokenizer:
+        p = Path(a.tokenizer)
+        with open(p, "rb") as f:
+            tok = NanoqwenFile(p).tokenizer_json if f.read(8) == MAGIC else p.read_text(encoding="utf-8")
+    con = Console(stderr=True)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=con) as prog:
+        task = prog.add_task("writing", total=None)
+        write_synthetic(a.output, cfg, a.seed, tok,
+                        progress=lambda n, i, t: prog.update(task, completed=i, total=t))
+    size = Path(a.output).stat().st_size
+    con.print(f"wrote {a.output}: {size / 1e9:.2f} GB, {cfg.num_layers} layers, seed {a.seed}, "
+              f"{time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
