@@ -1,0 +1,75 @@
+"""The generation loop's host-side logic with a fake backend: stop tokens, the context cap,
+prompt checks, and the step-indexed random numbers."""
+
+import numpy as np
+import pytest
+
+from drvqwen.errors import DrvqwenError
+from drvqwen.generate import generate
+from drvqwen.sampler import SamplingParams
+
+
+class ScriptedBackend:
+    """Returns logits whose argmax follows a script; records what it was fed."""
+
+    name = "scripted"
+
+    def __init__(self, script, vocab=50, max_context=100):
+        self.script, self.vocab, self.max_context = list(script), vocab, max_context
+        self.fed: list[int] = []
+        self.prefills = 0
+
+    def _logits(self):
+        i = len(self.fed) - self.n_prompt
+        z = np.zeros(self.vocab, np.float32)
+        z[self.script[i % len(self.script)]] = 10.0
+        return z
+
+    def prefill(self, ids):
+        self.prefills += 1
+        self.fed = list(ids)
+        self.n_prompt = len(ids)
+        return self._logits()
+
+    def decode(self, tok):
+        self.fed.append(tok)
+        return self._logits()
+
+    def reset(self):
+        self.fed = []
+
+
+def test_stops_on_stop_token_unless_ignored():
+    b = ScriptedBackend([5, 6, 7, 1, 8])
+    r = generate(b, [3, 4], 10, stop_ids=frozenset({1}))
+    assert r.tokens == [5, 6, 7] and r.stopped_by == "stop token"
+    b = ScriptedBackend([5, 6, 7, 1, 8])
+    r = generate(b, [3, 4], 10, stop_ids=frozenset({1}), ignore_stop=True)
+    assert r.tokens == [5, 6, 7, 1, 8, 5, 6, 7, 1, 8] and r.stopped_by == "max_new_tokens"
+    # The backend saw each chosen token except the last, in order, after the prompt.
+    assert b.fed == [3, 4] + r.tokens[:-1]
+
+
+def test_capped_by_context():
+    b = ScriptedBackend([2], max_context=10)
+    r = generate(b, list(range(7)), 100)
+    assert len(r.tokens) == 3           # 7 prompt + 3 generated = the context of 10
+
+
+def test_prompt_checks():
+    with pytest.raises(DrvqwenError, match="does not fit"):
+        generate(ScriptedBackend([1], max_context=8), list(range(8)), 4)
+    with pytest.raises(DrvqwenError, match="empty"):
+        generate(ScriptedBackend([1]), [], 4)
+
+
+def test_sampling_is_reproducible():
+    class Flat(ScriptedBackend):
+        def _logits(self):
+            return np.zeros(self.vocab, np.float32)
+
+    p = SamplingParams(temperature=1.0, seed=11)
+    a = generate(Flat([0]), [1], 30, p).tokens
+    assert a == generate(Flat([0]), [1], 30, p).tokens
+    assert a != generate(Flat([0]), [1], 30, SamplingParams(temperature=1.0, seed=12)).tokens
+    assert len(set(a)) > 10
