@@ -1,0 +1,165 @@
+"""Loaded cubins (`CUmodule`) and the kernels in them (`CUfunction`).
+
+Kernels are declared `extern "C"` so their symbol is their plain name and
+`module.function("rmsnorm")` finds them without C++ name mangling.
+"""
+
+from __future__ import annotations
+
+from cuda.bindings import driver
+
+from .device import get_device
+from .errors import CudaError, check
+from .nvrtc import CompiledKernel, compile_kernel
+
+# A kernel may use up to 48 KiB of dynamic shared memory without asking; beyond that it must
+# opt in per function with CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, up to the
+# device's max_smem_per_block_optin_bytes (CUDA C Programming Guide, "Shared Memory",
+# compute capability 7.x and later).
+DEFAULT_DYNAMIC_SMEM_LIMIT_BYTES = 48 * 1024
+
+_FA = driver.CUfunction_attribute
+
+
+class Function:
+    """One kernel of a loaded module.
+
+    Attributes:
+        name: the kernel's symbol.
+        handle: the `CUfunction`.
+        module: the `Module` it belongs to (kept alive as long as the function is).
+    """
+
+    def __init__(self, module: Module, name: str, handle: driver.CUfunction) -> None:
+        self.module = module
+        self.name = name
+        self.handle = handle
+        self._dynamic_smem_limit = DEFAULT_DYNAMIC_SMEM_LIMIT_BYTES
+        self._param_sizes: tuple[int, ...] | None = None
+
+    def attribute(self, attr: driver.CUfunction_attribute) -> int:
+        """cuFuncGetAttribute, e.g. CU_FUNC_ATTRIBUTE_NUM_REGS."""
+        return int(check(driver.cuFuncGetAttribute(attr, self.handle), "cuFuncGetAttribute"))
+
+    @property
+    def num_registers(self) -> int:
+        """Registers per thread, as loaded (matches the ptxas report)."""
+        return self.attribute(_FA.CU_FUNC_ATTRIBUTE_NUM_REGS)
+
+    @property
+    def max_threads_per_block(self) -> int:
+        """The largest block this kernel can launch with, given its registers and bounds."""
+        return self.attribute(_FA.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+
+    def ensure_dynamic_smem(self, nbytes: int) -> None:
+        """Allow launches with `nbytes` of dynamic shared memory (opt in above 48 KiB).
+
+        Idempotent and cheap after the first call for a given size.
+
+        Raises:
+            ValueError: more than the device allows per block (227 KiB on sm_90).
+            CudaError: the driver refused the attribute.
+        """
+        if nbytes <= self._dynamic_smem_limit:
+            return
+        limit = get_device().info.max_smem_per_block_optin_bytes
+        if nbytes > limit:
+            raise ValueError(
+                f"kernel {self.name}: {nbytes} B of dynamic shared memory asked, device allows {limit} B"
+            )
+        check(
+            driver.cuFuncSetAttribute(self.handle, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+        )
+        self._dynamic_smem_limit = nbytes
+
+    @property
+    def param_sizes(self) -> tuple[int, ...]:
+        """The size in bytes of each kernel parameter, read from the cubin (cuFuncGetParamInfo).
+
+        Used by `KernelLaunch` to refuse a parameter of the wrong width (an int32 where the
+        kernel takes a 64-bit pointer) before it turns into a silent wrong read.
+        """
+        if self._param_sizes is None:
+            sizes = []
+            while True:
+                err, _offset, size = driver.cuFuncGetParamInfo(self.handle, len(sizes))
+                if err == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                    break  # past the last parameter
+                if err:
+                    what = f"parameter {len(sizes)} of {self.name}"
+                    raise CudaError("cuFuncGetParamInfo", err.name, what, int(err))
+                sizes.append(int(size))
+            self._param_sizes = tuple(sizes)
+        return self._param_sizes
+
+    def __repr__(self) -> str:
+        return f"Function({self.name!r})"
+
+
+class Module:
+    """A cubin loaded into the current context.
+
+    Attributes:
+        handle: the `CUmodule`.
+        name: a label for messages (the kernel file's stem).
+    """
+
+    def __init__(self, cubin: bytes, name: str = "<cubin>") -> None:
+        """Load `cubin` with cuModuleLoadData.
+
+        Raises:
+            GpuUnavailableError: no usable GPU.
+            CudaError: the driver refused the image (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU on a
+                non-sm_90 device).
+        """
+        get_device()  # a module needs a current context
+        self.name = name
+        self.handle = check(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._functions: dict[str, Function] = {}
+
+    def function(self, name: str) -> Function:
+        """The kernel `name` (its extern "C" symbol), looked up once and cached.
+
+        Raises:
+            CudaError: no such kernel in the module (CUDA_ERROR_NOT_FOUND).
+        """
+        fn = self._functions.get(name)
+        if fn is None:
+            handle = check(
+                driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})"
+            )
+            fn = self._functions[name] = Function(self, name, handle)
+        return fn
+
+    def unload(self) -> None:
+        """cuModuleUnload; the module's functions must not be launched afterwards."""
+        if self.handle is not None:
+            check(driver.cuModuleUnload(self.handle), "cuModuleUnload")
+            self.handle = None
+            self._functions.clear()
+
+    def __repr__(self) -> str:
+        return f"Module({self.name!r})"
+
+
+# One module per cubin key: loading the same kernel file twice would waste device memory
+# and give two handles for one kernel.
+_loaded: dict[str, Module] = {}
+
+
+def load_kernel_module(name: str, **compile_kwargs) -> Module:
+    """Compile (or take from the cache) `kernels/<name>.cu` and load it, once per process.
+
+    Args:
+        name: the kernel file's stem.
+        **compile_kwargs: passed to `nvrtc.compile_kernel` (defines, extra_options, …).
+
+    Returns:
+        The loaded `Module`; the same object for the same source and options.
+    """
+    compiled: CompiledKernel = compile_kernel(name, **compile_kwargs)
+    module = _loaded.get(compiled.cache_key)
+    if module is None or module.handle is None:
+        module = _loaded[compiled.cache_key] = Module(compiled.cubin, name)
+    return module

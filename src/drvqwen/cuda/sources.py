@@ -1,0 +1,160 @@
+"""Where the kernel sources are, and which headers each one pulls in.
+
+The CUDA C++ lives at the top of the repository (`kernels/*.cu`, `ptx/*.cuh`, DESIGN.md §3).
+In a checkout (`PYTHONPATH=src`, or `pip install -e .`) they are found beside `src/`; in an
+installed wheel, pyproject.toml ships them as the packages `drvqwen._kernels` and
+`drvqwen._ptx`, found with importlib.resources. The checkout wins when both exist, so an
+edit to a kernel is always what gets compiled.
+
+`included_headers()` follows `#include` lines the way NVRTC will (the including file's own
+folder first, then `ptx/`), so that the cubin cache key can hash every header a kernel
+depends on, not only the `.cu` file (DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# `#include "name"` or `#include <name>`. Includes spelled through a macro are not followed
+# (none of our kernels do that); hashing every include line, also inside `#if 0`, at worst
+# over-invalidates the cache, never under-invalidates it.
+_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^">]+)[">]', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One `kernels/NAME.cu` file.
+
+    Attributes:
+        name: the file stem, e.g. "rmsnorm" (also the test's and launcher's name).
+        path: absolute path of the file.
+        text: its bytes, exactly what is hashed and handed to NVRTC.
+    """
+
+    name: str
+    path: Path
+    text: bytes
+
+
+@dataclass(frozen=True)
+class IncludedHeader:
+    """A header from our own tree that a kernel includes, directly or through other headers.
+
+    Attributes:
+        spelled: the include as written, e.g. "mbarrier.cuh" or "../ptx/tma.cuh".
+        path: where it was found.
+        sha256: hex digest of its bytes.
+    """
+
+    spelled: str
+    path: Path
+    sha256: str
+
+
+def _repo_root() -> Path | None:
+    """The checkout root (holding pyproject.toml, kernels/, ptx/, src/), if this is a checkout."""
+    root = Path(__file__).resolve().parents[3]  # src/drvqwen/cuda/sources.py → repo root
+    if (root / "pyproject.toml").is_file() and (root / "src" / "drvqwen").is_dir():
+        return root
+    return None
+
+
+def _packaged_dir(package: str) -> Path:
+    """The folder of an installed data package; only real folders work, NVRTC reads files."""
+    ref = importlib.resources.files(package)
+    path = Path(str(ref))
+    if not path.is_dir():
+        raise FileNotFoundError(f"package {package} is not a folder on disk ({ref!r})")
+    return path
+
+
+def kernels_dir() -> Path:
+    """The folder holding `*.cu` kernel files (checkout first, then the installed wheel).
+
+    Raises:
+        FileNotFoundError: neither a checkout `kernels/` nor the `drvqwen._kernels` package exists.
+    """
+    root = _repo_root()
+    if root is not None and (root / "kernels").is_dir():
+        return root / "kernels"
+    return _packaged_dir("drvqwen._kernels")
+
+
+def ptx_dir() -> Path:
+    """The folder holding the inline-PTX headers `*.cuh` (checkout first, then the wheel).
+
+    Raises:
+        FileNotFoundError: neither a checkout `ptx/` nor the `drvqwen._ptx` package exists.
+    """
+    root = _repo_root()
+    if root is not None and (root / "ptx").is_dir():
+        return root / "ptx"
+    return _packaged_dir("drvqwen._ptx")
+
+
+def list_kernels(directory: Path | None = None) -> list[str]:
+    """Names (file stems) of every `*.cu` in `directory` (default `kernels_dir()`), sorted."""
+    directory = kernels_dir() if directory is None else Path(directory)
+    return sorted(p.stem for p in directory.glob("*.cu"))
+
+
+def kernel_source(name: str, directory: Path | None = None) -> KernelSource:
+    """Read `kernels/<name>.cu`.
+
+    Args:
+        name: the file stem, e.g. "smoke".
+        directory: the kernels folder (default `kernels_dir()`; tests pass a temporary one).
+
+    Raises:
+        FileNotFoundError: no such kernel file; the message lists the kernels that exist.
+    """
+    directory = kernels_dir() if directory is None else Path(directory)
+    path = (directory / f"{name}.cu").resolve()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no kernel file {path}; kernels here: {', '.join(list_kernels(directory)) or 'none'}"
+        )
+    return KernelSource(name=name, path=path, text=path.read_bytes())
+
+
+def included_headers(source: KernelSource, include_dirs: list[Path]) -> list[IncludedHeader]:
+    """Every header from our own folders that `source` includes, recursively, in visit order.
+
+    Resolution mirrors the preprocessor as NVRTC runs it with the program named by its full
+    path: `"quoted"` includes look in the including file's folder first, then in
+    `include_dirs` in order; `<angle>` includes look only in `include_dirs`. An include found
+    in none of them is a CUDA or NVRTC header (cuda_fp16.h …); those are covered by the
+    toolchain version in the cache key rather than hashed one by one.
+
+    Args:
+        source: the kernel.
+        include_dirs: our header folders, as passed to NVRTC with -I (normally `[ptx_dir()]`).
+
+    Returns:
+        The headers, each once (the first time it is reached), with its sha256.
+    """
+    found: list[IncludedHeader] = []
+    seen: set[Path] = set()
+
+    def visit(path: Path, text: bytes) -> None:
+        for quote, spelled in _INCLUDE_RE.findall(text.decode(errors="replace")):
+            candidates = ([path.parent] if quote == '"' else []) + list(include_dirs)
+            for folder in candidates:
+                hit = (folder / spelled).resolve()
+                if hit.is_file():
+                    break
+            else:
+                continue  # a toolkit header: see the docstring
+            if hit in seen:
+                continue
+            seen.add(hit)
+            data = hit.read_bytes()
+            found.append(IncludedHeader(spelled, hit, hashlib.sha256(data).hexdigest()))
+            visit(hit, data)
+
+    visit(source.path, source.text)
+    return found

@@ -1,0 +1,188 @@
+"""Every kernel compiles to an sm_90a cubin without register spills; the cubin cache is sound.
+
+Runs in CI, which has no GPU: NVRTC and ptxas run on the CPU, so a compile break or a
+kernel that starts spilling to local memory is caught before anyone spends GPU time
+(DESIGN.md §8). The kernel list is read from kernels/ at collection time, so a new kernel
+file is covered without touching this test.
+
+The cache tests build a throw-away tree (kernels/, ptx/) in a temporary folder and compile
+from there with a temporary cache, so they never touch the real cache or the real kernels.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from drvqwen.cuda.errors import NvrtcError
+from drvqwen.cuda.nvrtc import (
+    ARCH,
+    KernelResources,
+    compile_kernel,
+    format_resource_table,
+    parse_ptxas_report,
+)
+from drvqwen.cuda.sources import kernels_dir, list_kernels, ptx_dir
+
+KERNELS = list_kernels()
+
+
+def test_kernel_folders_found():
+    assert (kernels_dir() / "smoke.cu").is_file(), kernels_dir()
+    assert "smoke" in KERNELS
+    assert ptx_dir().name == "ptx"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_kernel_compiles_to_sm90a_without_spills(name):
+    ck = compile_kernel(name)
+    table = format_resource_table([ck])
+    print(f"\n{name}: cubin {len(ck.cubin)} B, {'cache hit' if ck.cache_hit else 'compiled'}\n{table}")
+
+    assert ck.cubin[:4] == b"\x7fELF", "a cubin is an ELF image"
+    entries = [r for r in ck.resources.values() if r.is_entry]
+    assert entries, f"no ptxas report for {name}; log:\n{ck.log}"
+    targets = set(re.findall(r"Compiling entry function '[^']+' for '(\w+)'", ck.log))
+    assert targets == {ARCH}, f"compiled for {targets}, want {ARCH}"
+    spilled = [r for r in ck.resources.values() if r.spills]
+    assert not spilled, (
+        f"{name}: register spills to local memory in "
+        f"{', '.join(r.function for r in spilled)}\n{table}"
+    )
+
+
+# --- the ptxas report parser -------------------------------------------------------------------
+
+# Verbatim from NVRTC 13.0 (sm_90a) on a kernel built to spill, with a non-inlined helper.
+SPILLING_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'spilly' for 'sm_90a'
+ptxas info    : Function properties for spilly
+ptxas         .     1536 bytes stack frame, 3112 bytes spill stores, 3248 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 1536 bytes cumulative stack size
+ptxas info    : Compile time = 277.080 ms
+ptxas info    : Function properties for _Z6helperPKfi
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'tiled' for 'sm_90a'
+ptxas info    : Function properties for tiled
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem, 380 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_report():
+    r = parse_ptxas_report(SPILLING_LOG)
+    assert r["spilly"] == KernelResources(
+        "spilly", True, registers=32, spill_stores_bytes=3112, spill_loads_bytes=3248, stack_frame_bytes=1536
+    )
+    assert r["spilly"].spills
+    assert r["_Z6helperPKfi"] == KernelResources("_Z6helperPKfi", False)
+    assert r["tiled"] == KernelResources("tiled", True, registers=40, static_smem_bytes=4096, barriers=1)
+    assert not r["tiled"].spills
+    assert parse_ptxas_report("") == {}
+
+
+# --- the cubin cache ---------------------------------------------------------------------------
+
+
+def _tree(root: Path) -> tuple[Path, Path]:
+    """A tiny kernels/ + ptx/ tree: k.cu includes a.cuh (via -I) and ../ptx/b.cuh, a.cuh includes c.cuh."""
+    kdir, pdir = root / "kernels", root / "ptx"
+    kdir.mkdir(parents=True)
+    pdir.mkdir()
+    (pdir / "a.cuh").write_text(
+        '#pragma once\n#include "c.cuh"\n__device__ float fa(float x) { return fc(x) * 2.0f; }\n'
+    )
+    (pdir / "b.cuh").write_text("#pragma once\n__device__ float fb(float x) { return x - 1.0f; }\n")
+    (pdir / "c.cuh").write_text("#pragma once\n__device__ float fc(float x) { return x + 1.0f; }\n")
+    (kdir / "k.cu").write_text(
+        '#include "a.cuh"\n#include "../ptx/b.cuh"\n#include <cuda_fp16.h>\n'
+        'extern "C" __global__ void k(float* y) { y[threadIdx.x] = fb(fa(y[threadIdx.x])) + SCALE; }\n'
+    )
+    return kdir, pdir
+
+
+def _compile(kdir: Path, pdir: Path, cache: Path, **kw):
+    kw.setdefault("defines", {"SCALE": "1.0f"})
+    return compile_kernel("k", kernels_dir=kdir, include_dir=pdir, cache_dir=cache, **kw)
+
+
+def test_cache_hits_on_second_compile(tmp_path):
+    kdir, pdir = _tree(tmp_path / "src")
+    first = _compile(kdir, pdir, tmp_path / "cache")
+    second = _compile(kdir, pdir, tmp_path / "cache")
+    assert not first.cache_hit and second.cache_hit
+    assert second.cubin == first.cubin and second.cache_key == first.cache_key
+    assert second.resources == first.resources and "k" in second.resources
+    assert [h.spelled for h in first.headers] == ["a.cuh", "c.cuh", "../ptx/b.cuh"]
+
+
+@pytest.mark.parametrize("header", ["a.cuh", "b.cuh", "c.cuh"])
+def test_changing_an_included_header_changes_the_key(tmp_path, header):
+    """Direct (-I), relative-path and nested includes all feed the key."""
+    kdir, pdir = _tree(tmp_path / "src")
+    cache = tmp_path / "cache"
+    before = _compile(kdir, pdir, cache)
+    path = pdir / header
+    path.write_text(re.sub(r"\d\.0f", "7.0f", path.read_text()))
+    after = _compile(kdir, pdir, cache)
+    assert after.cache_key != before.cache_key
+    assert not after.cache_hit
+    assert after.cubin != before.cubin
+
+
+def test_options_change_the_key(tmp_path):
+    kdir, pdir = _tree(tmp_path / "src")
+    cache = tmp_path / "cache"
+    a = _compile(kdir, pdir, cache)
+    b = _compile(kdir, pdir, cache, defines={"SCALE": "2.0f"})
+    c = _compile(kdir, pdir, cache, extra_options=["-DUNUSED=1"])
+    assert len({a.cache_key, b.cache_key, c.cache_key}) == 3
+
+
+def test_key_does_not_depend_on_where_the_tree_lies(tmp_path):
+    """Only contents are hashed, so a cubin built on a CPU machine serves the GPU machine."""
+    kdir1, pdir1 = _tree(tmp_path / "one")
+    kdir2, pdir2 = _tree(tmp_path / "two" / "deeper")
+    a = _compile(kdir1, pdir1, tmp_path / "cache")
+    b = _compile(kdir2, pdir2, tmp_path / "cache")
+    assert a.cache_key == b.cache_key and b.cache_hit
+
+
+def test_damaged_cache_entry_is_recompiled(tmp_path):
+    kdir, pdir = _tree(tmp_path / "src")
+    cache = tmp_path / "cache"
+    first = _compile(kdir, pdir, cache)
+    (cubin_file,) = cache.glob("k-*.cubin")
+    cubin_file.write_bytes(first.cubin[: len(first.cubin) // 2])  # a torn write
+    again = _compile(kdir, pdir, cache)
+    assert not again.cache_hit and again.cubin == first.cubin
+    assert _compile(kdir, pdir, cache).cache_hit
+    assert not list(cache.glob(".*.tmp")), "temporary files left behind"
+
+
+def test_compile_error_carries_the_log(tmp_path):
+    kdir, pdir = _tree(tmp_path / "src")
+    (kdir / "bad.cu").write_text('extern "C" __global__ void bad(float* y) { y[0] = undeclared_name; }\n')
+    with pytest.raises(NvrtcError) as info:
+        compile_kernel("bad", kernels_dir=kdir, include_dir=pdir, cache_dir=tmp_path / "cache")
+    assert info.value.error_name == "NVRTC_ERROR_COMPILATION"
+    assert "undeclared_name" in info.value.log and "bad.cu" in str(info.value)
+
+
+def test_missing_kernel_names_the_ones_that_exist(tmp_path):
+    kdir, pdir = _tree(tmp_path / "src")
+    with pytest.raises(FileNotFoundError, match="kernels here: k"):
+        compile_kernel("nope", kernels_dir=kdir, include_dir=pdir, cache_dir=tmp_path / "cache")
+
+
+def test_real_kernels_copied_elsewhere_compile(tmp_path):
+    """The installed-wheel layout (kernels and ptx in other folders) compiles too."""
+    kdir, pdir = tmp_path / "_kernels", tmp_path / "_ptx"
+    shutil.copytree(kernels_dir(), kdir)
+    shutil.copytree(ptx_dir(), pdir)
+    ck = compile_kernel("smoke", kernels_dir=kdir, include_dir=pdir, cache_dir=tmp_path / "cache")
+    assert {"smoke_axpb", "smoke_add_f16", "smoke_echo_tensormap"} <= set(ck.resources)

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# gpu_check.sh STAGE OUTDIR [PYTEST_PATHS...] — everything we run on the lent GPU machine.
+#
+# Stages (DESIGN.md §12); each is sized to finish well inside the 10-minute limit of one
+# device command, and each is cut off by `timeout` before that so its logs still come back:
+#   tests     GPU tests (pytest -m gpu) under DRVQWEN_REQUIRE_GPU=1, so a GPU test that would
+#             skip fails instead; then every kernel compiled by NVRTC (tests/test_compile.py).
+#             PYTEST_PATHS narrows the GPU tests (default: tests/).
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_TESTS below
+#             (small shapes only: racecheck is 10-100x slower).
+#   bench     `python -m drvqwen.cli bench $DRVQWEN_BENCH_ARGS`, if the CLI has a bench command;
+#             DRVQWEN_BENCH_OUT=OUTDIR is exported for it to write its JSON into.
+#   all       the three in order, for a machine without the per-command limit.
+#
+# Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
+# pytest runs) per step. Exit status: non-zero if any step failed.
+#
+# On the GPU machine the project runs from the checkout as `PYTHONPATH=src python3`; set
+# PYTHON to use another interpreter (e.g. PYTHON=.venv/bin/python here).
+
+set -uo pipefail
+
+usage() { echo "usage: $0 {tests|sanitize|bench|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+[[ $# -ge 2 ]] || usage
+STAGE=$1
+OUTDIR=$2
+shift 2
+PYTEST_PATHS=("$@")
+[[ ${#PYTEST_PATHS[@]} -gt 0 ]] || PYTEST_PATHS=(tests/)
+
+cd "$(dirname "$0")/.." || exit 2
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+
+PY=${PYTHON:-python3}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1          # logs stream as they are written, also when cut off
+export DRVQWEN_REQUIRE_GPU=1       # a GPU test that would skip fails instead (tests/conftest.py)
+
+# Seconds one step may run: under the device's 10-minute command limit with room to copy
+# the logs back.
+STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-480}
+
+# Tests run under compute-sanitizer: small shapes, one node id each. Kernel tests add their
+# small-shape cases here as they land.
+SANITIZE_TESTS=(
+    "tests/test_cuda_layer.py::test_axpb_launch_and_set_param"
+    "tests/test_cuda_layer.py::test_fp16_add"
+    "tests/test_cuda_layer.py::test_tensormap_passed_by_value"
+    "tests/test_cuda_layer.py::test_graph_capture_and_replay"
+)
+SANITIZE_TOOLS=(memcheck racecheck synccheck)
+
+record_env() {
+    {
+        echo "date: $(date -u +%FT%TZ)"
+        echo "git: $(git describe --always --dirty 2>/dev/null || echo 'no .git (a copied tree)')"
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+        "$PY" - <<'EOF' 2>&1
+import importlib.metadata as md, platform
+print("python", platform.python_version())
+for dist in ("cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "numpy", "pytest"):
+    try:
+        print(dist, md.version(dist))
+    except md.PackageNotFoundError:
+        print(dist, "absent")
+from drvqwen.cuda.device import get_device, gpu_unavailable_reason
+from drvqwen.cuda.nvrtc import toolchain_id
+print("toolchain", toolchain_id())
+reason = gpu_unavailable_reason()
+print("gpu:", reason or get_device().info.summary())
+EOF
+    } > "$OUTDIR/env.txt"
+    cat "$OUTDIR/env.txt"
+}
+
+# run_step NAME CMD... — run CMD with the step timeout, appending its output to OUTDIR/NAME.log
+# (appending, so the sanitizer's per-test runs share one log per tool; stages clear their own
+# logs first).
+run_step() {
+    local name=$1
+    shift
+    echo "=== $name: $*"
+    timeout --signal=INT --kill-after=20 "$STEP_TIMEOUT_S" "$@" 2>&1 | tee -a "$OUTDIR/$name.log"
+    local rc=${PIPESTATUS[0]}
+    [[ $rc -eq 124 ]] && echo "=== $name: cut off after ${STEP_TIMEOUT_S} s" | tee -a "$OUTDIR/$name.log"
+    echo "=== $name: exit $rc"
+    return "$rc"
+}
+
+stage_tests() {
+    local rc=0
+    rm -f "$OUTDIR"/tests-*.log
+    # -s: the GPU tests print what they measure (device summary, launch overhead) into the log.
+    run_step tests-gpu "$PY" -m pytest -m gpu -rs -v -s "${PYTEST_PATHS[@]}" \
+        --junitxml="$OUTDIR/tests-gpu.xml" || rc=1
+    run_step tests-compile "$PY" -m pytest -rs -s -q tests/test_compile.py \
+        --junitxml="$OUTDIR/tests-compile.xml" || rc=1
+    return "$rc"
+}
+
+stage_sanitize() {
+    local sanitizer rc=0 tool node
+    sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+    if [[ ! -x $sanitizer ]]; then
+        echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize.log"
+        return 1
+    fi
+    rm -f "$OUTDIR"/sanitize-*.log
+    for tool in "${SANITIZE_TOOLS[@]}"; do
+        for node in "${SANITIZE_TESTS[@]}"; do
+            # --target-processes all: follow any process pytest starts, not only the first.
+            # --error-exitcode: a finding fails the step even when the test itself passes.
+            run_step "sanitize-$tool" "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 99 \
+                "$PY" -m pytest -q -p no:cacheprovider "$node" || rc=1
+        done
+    done
+    return "$rc"
+}
+
+stage_bench() {
+    if [[ ! -f src/drvqwen/cli.py ]] || ! "$PY" -m drvqwen.cli bench --help >/dev/null 2>&1; then
+        echo "no 'drvqwen bench' command yet (src/drvqwen/cli.py); nothing to run" | tee "$OUTDIR/bench.log"
+        return 0
+    fi
+    export DRVQWEN_BENCH_OUT=$OUTDIR
+    rm -f "$OUTDIR/bench.log"
+    # shellcheck disable=SC2086  # DRVQWEN_BENCH_ARGS is a list of words on purpose
+    run_step bench "$PY" -m drvqwen.cli bench ${DRVQWEN_BENCH_ARGS:-}
+}
+
+record_env
+case $STAGE in
+    tests) stage_tests ;;
+    sanitize) stage_sanitize ;;
+    bench) stage_bench ;;
+    all)
+        rc=0
+        stage_tests || rc=1
+        stage_sanitize || rc=1
+        stage_bench || rc=1
+        exit "$rc"
+        ;;
+    *) usage ;;
+esac
