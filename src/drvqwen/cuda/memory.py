@@ -132,6 +132,31 @@ class DeviceArray:
         if self.nbytes:
             check(driver.cuMemcpyHtoD(self.ptr, src.ctypes.data, self.nbytes), "cuMemcpyHtoD")
 
+    def upload_at(self, start: int, array: np.ndarray, stream: Stream | None = None) -> None:
+        """Copy `array` (same dtype, 1-D) into elements [start, start + len) of this buffer.
+
+        With a stream, the copy is queued after the stream's kernels and the stream is then
+        synchronized (the host array may be reused at once); without one, a synchronous copy.
+        Used for small in-place updates such as one block-table entry at a page boundary.
+
+        Raises:
+            ValueError: dtype differs, or the range falls outside the buffer.
+        """
+        src = np.ascontiguousarray(array).reshape(-1)
+        if src.dtype != self.dtype:
+            raise ValueError(f"{self.name}: host dtype {src.dtype}, device dtype {self.dtype}")
+        n = src.nbytes
+        off = int(start) * self.dtype.itemsize
+        if start < 0 or off + n > self.nbytes:
+            raise ValueError(f"{self.name}: elements [{start}, {start + src.size}) outside {list(self.shape)}")
+        if not n:
+            return
+        if stream is None:
+            check(driver.cuMemcpyHtoD(self.ptr + off, src.ctypes.data, n), "cuMemcpyHtoD")
+        else:
+            check(driver.cuMemcpyHtoDAsync(self.ptr + off, src.ctypes.data, n, stream.handle), "cuMemcpyHtoDAsync")
+            stream.synchronize()
+
     def download(self, stream: Stream | None = None) -> np.ndarray:
         """Copy the buffer back into a new host array.
 

@@ -1,0 +1,61 @@
+// kernels/embedding.cu — token embedding lookup into the FP32 residual stream.
+//
+//   embedding        residual[:] = fp32(embed[state[1], :])          (decode: token from device state)
+//   embedding_rows   residual[r, :] = fp32(embed[ids[r], :])         (prefill: T tokens)
+//
+// The decode token id is read from device memory (state[1], written by the previous step's
+// argmax → advance_state), never passed as a launch argument, so one captured CUDA graph
+// serves every step (DESIGN.md §7).
+//
+// Work split: thread i converts 16-byte chunk i of the row (8 FP16 → 8 FP32, two float4
+// stores); grid.x = ceil(D / 8 / EMBEDDING_THREADS) (2 blocks at 7B, 1 at 0.5B), grid.y = rows.
+// Bytes per call at 7B (decode): 3584 × (2 read + 4 written) = 21.5 KB: pure latency.
+//
+// A token id outside [0, V) is a bug upstream; rather than read out of bounds, the row is
+// filled with NaN so the failure shows in the logits.
+//
+// Requirements: D % 8 == 0; pointers 16-byte aligned.
+#include <cuda_fp16.h>
+
+#include "types.cuh"  // u32, u64
+
+#define EMBEDDING_THREADS 256
+
+__device__ __forceinline__ void embedding_row(float* __restrict__ out_row,
+                                              const __half* __restrict__ embed,
+                                              int token, int V, int D) {
+    const int chunk = blockIdx.x * blockDim.x + threadIdx.x;
+    if (chunk >= D / 8) return;
+    float4* dst = reinterpret_cast<float4*>(out_row) + 2 * chunk;
+    if (token < 0 || token >= V) {
+        const float nan = F32_NAN;
+        dst[0] = make_float4(nan, nan, nan, nan);
+        dst[1] = dst[0];
+        return;
+    }
+    const uint4 raw = reinterpret_cast<const uint4*>(embed + (u64)token * D)[chunk];
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+    const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+    dst[0] = make_float4(a.x, a.y, b.x, b.y);
+    dst[1] = make_float4(c.x, c.y, d.x, d.y);
+}
+
+// grid (ceil(D/8/256)), block (256).
+extern "C" __global__ void __launch_bounds__(EMBEDDING_THREADS)
+embedding(float* __restrict__ residual,      // [D] fp32, out
+          const __half* __restrict__ embed,  // [V, D] fp16
+          const int* __restrict__ state,     // [3] int32: pos, token, seq_len (reads [1])
+          int V, int D) {
+    embedding_row(residual, embed, state[1], V, D);
+}
+
+// grid (ceil(D/8/256), T), block (256).
+extern "C" __global__ void __launch_bounds__(EMBEDDING_THREADS)
+embedding_rows(float* __restrict__ residual,      // [T, D] fp32, out
+               const __half* __restrict__ embed,  // [V, D] fp16
+               const int* __restrict__ ids,       // [T] int32 token ids
+               int V, int D) {
+    embedding_row(residual + (u64)blockIdx.y * D, embed, ids[blockIdx.y], V, D);
+}

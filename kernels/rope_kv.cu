@@ -1,0 +1,77 @@
+// kernels/rope_kv.cu — QKV bias, RoPE, and the write of this step's K/V into the paged cache.
+//
+//   rope_kv   q      = rope(qkv[q] + bq, pos)        → q_out fp16 [Hq, Dh]
+//             k      = rope(qkv[k] + bk, pos)        → k_cache[page(pos), :, slot(pos), :]
+//             v      =      qkv[v] + bv              → v_cache[page(pos), :, slot(pos), :]
+//
+// RoPE is the rotate-half (NeoX) form of HF Qwen2: for i < Dh/2, with x1 = x[i],
+// x2 = x[i + Dh/2] and angle = float32(pos) · inv_freq[i]:
+//     out[i] = x1·cos − x2·sin,   out[i + Dh/2] = x2·cos + x1·sin.
+// inv_freq is a float32 [Dh/2] table built on the host exactly as HF does
+// (1 / theta^(arange(0, Dh, 2) / Dh) in float32), and cos/sin are the accurate libdevice
+// sincosf (≤ 2 ulp): no __sinf, no fast-math (DESIGN.md §9) — at pos ~ 3e4 the fast
+// versions are off by ~1e-3 absolute, which shows in attention scores. The GEMV left q/k/v in
+// FP32 (gemv_int4_qkv), so bias + rotation are FP32 and each output is rounded to FP16 once.
+//
+// pos comes from device memory (state[0]) and the page from the device block table, so a CUDA
+// graph can replay this launch every step. Only the token at pos is written; nothing else in
+// the cache is touched.
+//
+// Work split: one block per head — blocks [0, Hq) are query heads, [Hq, Hq+Hkv) key heads,
+// [Hq+Hkv, Hq+2·Hkv) value heads (36 blocks at 7B) — and Dh/2 threads per block, thread i
+// owning the rotation pair (i, i + Dh/2). head_dim is a runtime argument here: nothing is
+// sized by it in registers.
+// Bytes per call at 7B: (3584 + 1024) × 4 read + 4608 × 2 bias + 4608 × 2 written ≈ 37 KB:
+// pure latency (~2 µs), a candidate for fusion into the QKV GEMV epilogue later.
+#include <cuda_fp16.h>
+
+#include "types.cuh"     // u64
+#include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
+
+// grid (Hq + 2·Hkv), block (Dh/2).
+extern "C" __global__ void
+rope_kv(__half* __restrict__ q_out,          // [Hq, Dh] fp16, out (rotated query)
+        __half* __restrict__ k_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+        __half* __restrict__ v_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+        const float* __restrict__ qkv,       // [Hq·Dh + 2·Hkv·Dh] fp32: q | k | v (no bias yet)
+        const __half* __restrict__ q_bias,   // [Hq·Dh] fp16
+        const __half* __restrict__ k_bias,   // [Hkv·Dh] fp16
+        const __half* __restrict__ v_bias,   // [Hkv·Dh] fp16
+        const float* __restrict__ inv_freq,  // [Dh/2] fp32
+        const int* __restrict__ state,       // [3] int32: pos, token, seq_len (reads [0])
+        const int* __restrict__ block_table, // [max_pages] int32: logical → physical page
+        int Hq, int Hkv, int Dh) {
+    const int half_dim = Dh / 2;
+    const int i = threadIdx.x;
+    if (i >= half_dim) return;
+    const int pos = state[0];
+    int head = blockIdx.x;
+
+    if (head >= Hq + Hkv) {  // value head: bias only
+        head -= Hq + Hkv;
+        const float* src = qkv + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
+        const __half* b = v_bias + (u64)head * Dh;
+        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
+                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
+        dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
+        dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
+        return;
+    }
+
+    const bool is_q = head < Hq;
+    if (!is_q) head -= Hq;
+    const float* src = qkv + (is_q ? 0 : (u64)Hq * Dh) + (u64)head * Dh;
+    const __half* b = (is_q ? q_bias : k_bias) + (u64)head * Dh;
+    const float x1 = src[i] + __half2float(b[i]);
+    const float x2 = src[i + half_dim] + __half2float(b[i + half_dim]);
+    const float angle = (float)pos * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    const __half o1 = __float2half_rn(x1 * c - x2 * s);
+    const __half o2 = __float2half_rn(x2 * c + x1 * s);
+    __half* dst = is_q ? q_out + (u64)head * Dh
+                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
+                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
+    dst[i] = o1;
+    dst[i + half_dim] = o2;
+}

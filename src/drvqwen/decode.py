@@ -1,0 +1,275 @@
+"""One decode step on the GPU as an ordered list of named launches (DESIGN.md §3, §7).
+
+    embedding                       residual fp32 [D] = embed[state.token]
+    per layer l:
+      L{l}.input_layernorm          xn   fp16 [D]        = rmsnorm(residual) · w
+      L{l}.qkv_proj                 qkv  fp32 [Nq+2Nkv]  = [Wq; Wk; Wv] xn          (INT4 GEMV)
+      L{l}.rope_kv                  q    fp16 [Hq, Dh]   = rope(q + bq); K/V cache[pos] = rope(k + bk), v + bv
+      L{l}.attention (2 launches)   attn fp16 [Hq·Dh]    = softmax(q Kᵀ/√Dh) V over pos < seq_len
+      L{l}.o_proj                   residual += Wo attn                              (INT4 GEMV)
+      L{l}.post_attention_layernorm xn   fp16 [D]
+      L{l}.gate_up_swiglu           h    fp16 [F]        = silu(Wg xn) · (Wu xn)     (INT4 GEMV)
+      L{l}.down_proj                residual += Wd h                                 (INT4 GEMV)
+    norm                            xn fp16 [D] = rmsnorm(residual) · w_norm
+    lm_head                         logits fp32 [V] = W_lm xn, + argmax partials
+    argmax                          next_token int32 [1]
+    advance_state                   state = (pos + 1, next_token, seq_len + 1)
+
+Every per-step value — position, token, sequence length, block table — lives in device
+memory, so this list is launch-for-launch what a CUDA graph captures (issue: CUDA graphs).
+Eager mode walks it with pre-packed parameters. The host only touches device state to start
+a sequence (`start`) and to record a newly allocated page in the block table at a page
+boundary (`_ensure_page`).
+
+Buffers (the activation pool; per layer nothing is allocated, layers reuse one set):
+    state        int32 [3]          pos, token, seq_len
+    block_table  int32 [P]          logical page → physical page (P = max_context / 16)
+    k_cache      fp16 [L, P, Hkv, 16, Dh]   v_cache likewise (the KV pool, 16 KiB-aligned)
+    residual     fp32 [D]           xn fp16 [D]        qkv fp32 [Nq + 2 Nkv]
+    q            fp16 [Nq]          attn fp16 [Nq]     h fp16 [F]
+    logits       fp32 [V]           part_val fp32 / part_idx int32 [ceil(V/32)]
+    next_token   int32 [1]          inv_freq fp32 [Dh/2]     o/m/l partials fp32 (attention)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import kernels as K
+from .config import PAGE_SIZE
+from .cuda import (DEFAULT_ALIGN_BYTES, KV_PAGE_ALIGN_BYTES, DeviceArray, Event, KernelLaunch, Pool,
+                   Stream, get_device)
+from .errors import DrvqwenError
+from .format.nanoqwen import NanoqwenFile
+from .gpu_weights import GPUWeights
+from .reference import rope_inv_freq
+
+
+@dataclass
+class NamedLaunch:
+    """One entry of the decode step: a name, the pre-packed launch, the buffer it writes."""
+
+    name: str
+    launch: KernelLaunch
+    writes: DeviceArray | None
+
+
+class PageAllocator:
+    """The host-owned free list of physical KV pages and one sequence's block table.
+
+    `rng` shuffles the free list (tests do, so no kernel can get away with assuming that
+    logical page i is physical page i).
+    """
+
+    def __init__(self, n_pages: int, rng: np.random.Generator | None = None):
+        self.n_pages = n_pages
+        self.free = list(range(n_pages))
+        if rng is not None:
+            rng.shuffle(self.free)
+        self.block_table: list[int] = []
+
+    def page_for(self, pos: int) -> tuple[int, bool]:
+        """(physical page holding position pos, whether it was newly allocated)."""
+        logical = pos // PAGE_SIZE
+        if logical < len(self.block_table):
+            return self.block_table[logical], False
+        if logical != len(self.block_table):
+            raise ValueError(f"position {pos} skips pages (block table has {len(self.block_table)})")
+        if not self.free:
+            raise DrvqwenError(f"KV cache full: no page left for position {pos}")
+        p = self.free.pop(0)
+        self.block_table.append(p)
+        return p, True
+
+    def release_all(self) -> None:
+        self.free = self.block_table + self.free
+        self.block_table = []
+
+
+class DecodeStep:
+    """The GPU decode step for one model: weights, KV cache, activations, and the launch list.
+
+    Args:
+        f: the validated `.nanoqwen` file.
+        max_context: tokens the KV cache holds (default: the model's max_position).
+        num_layers: run only the first layers (tests at 7B widths).
+        rng: shuffles the page free list (tests).
+        progress: weight upload progress callback (bytes_done, bytes_total).
+    Raises:
+        DrvqwenError: no usable GPU, or the model + cache do not fit (before any upload).
+    """
+
+    def __init__(self, f: NanoqwenFile, max_context: int | None = None, num_layers: int | None = None,
+                 rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None):
+        self.device = get_device()
+        cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
+        self.config = cfg
+        self.max_context = int(max_context or cfg.max_position)
+        if not 1 <= self.max_context <= cfg.max_position:
+            raise DrvqwenError(f"max_context={self.max_context}: must be in [1, {cfg.max_position}]")
+        n_pages = -(-self.max_context // PAGE_SIZE)
+        D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+        Hq, Hkv, Dh, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
+        nq, nkv = cfg.q_dim, cfg.kv_dim
+
+        # Size everything before uploading a byte: a model that does not fit fails here.
+        kv_bytes = 2 * L * n_pages * Hkv * PAGE_SIZE * Dh * 2
+        weight_bytes = sum(i.nbytes for i in f)
+        free, _total = self.device.memory_info()
+        if kv_bytes + weight_bytes > free:
+            raise DrvqwenError(
+                f"{f.path}: weights ({weight_bytes / 2**30:.2f} GiB) + KV cache for {self.max_context} "
+                f"tokens ({kv_bytes / 2**30:.2f} GiB) exceed free GPU memory ({free / 2**30:.2f} GiB); "
+                f"lower --max-context")
+
+        self.stream = Stream()
+        self.weights = GPUWeights(f, progress=progress, num_layers=num_layers)
+        w = self.weights
+        self.kv_pool = Pool(kv_bytes + 2 * KV_PAGE_ALIGN_BYTES, name="kv")
+        kv_shape = (L, n_pages, Hkv, PAGE_SIZE, Dh)
+        self.k_cache = self.kv_pool.alloc("k_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
+        self.v_cache = self.kv_pool.alloc("v_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
+
+        S = K.attention_blocks_per_kv_head(Hkv, self.max_context, self.device.info.sm_count)
+        parts = K.attention_partial_shapes(Hq, Dh, S)
+        n_lm = K.lm_head_partials(V)
+        act = {  # name: (shape, dtype)
+            "state": ((3,), np.int32), "next_token": ((1,), np.int32),
+            "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
+            "residual": ((D,), np.float32), "xn": ((D,), np.float16),
+            "qkv": ((nq + 2 * nkv,), np.float32), "q": ((nq,), np.float16),
+            "attn": ((nq,), np.float16), "h": ((F,), np.float16), "logits": ((V,), np.float32),
+            "part_val": ((n_lm,), np.float32), "part_idx": ((n_lm,), np.int32),
+            "o_part": (parts["o_part"], np.float32), "m_part": (parts["m_part"], np.float32),
+            "l_part": (parts["l_part"], np.float32),
+        }
+        size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
+                   for s, d in act.values()) + DEFAULT_ALIGN_BYTES
+        self.act_pool = Pool(size, name="activations")
+        a = {name: self.act_pool.alloc(name, s, d) for name, (s, d) in act.items()}
+        self.buf = a
+        a["inv_freq"].upload(rope_inv_freq(Dh, cfg.rope_theta))
+        a["block_table"].upload(np.zeros(n_pages, np.int32))
+        self.pages = PageAllocator(n_pages, rng)
+
+        st = self.stream
+        eps = cfg.rms_norm_eps
+        steps: list[tuple[str, K.Launcher, DeviceArray | None]] = []
+        steps.append(("embedding", K.Embedding(a["residual"], w["model.embed_tokens.weight"], a["state"],
+                                               vocab_size=V, dim=D, stream=st), a["residual"]))
+        for l in range(L):
+            pre = f"model.layers.{l}"
+            k_l, v_l = K.kv_layer_view(self.k_cache, l), K.kv_layer_view(self.v_cache, l)
+            (qw, qs), (kw, ks), (vw, vs) = w.proj(l, "q_proj"), w.proj(l, "k_proj"), w.proj(l, "v_proj")
+            steps += [
+                (f"L{l}.input_layernorm", K.RmsNorm(a["xn"], a["residual"], w[f"{pre}.input_layernorm.weight"],
+                                                    dim=D, eps=eps, stream=st), a["xn"]),
+                (f"L{l}.qkv_proj", K.GemvInt4Qkv(a["qkv"], a["xn"], qw, qs, kw, ks, vw, vs,
+                                                 n_q=nq, n_kv=nkv, k=D, stream=st), a["qkv"]),
+                (f"L{l}.rope_kv", K.RopeKv(a["q"], k_l, v_l, a["qkv"], w[f"{pre}.self_attn.q_proj.bias"],
+                                           w[f"{pre}.self_attn.k_proj.bias"], w[f"{pre}.self_attn.v_proj.bias"],
+                                           a["inv_freq"], a["state"], a["block_table"], n_heads=Hq,
+                                           n_kv_heads=Hkv, head_dim=Dh, stream=st), a["q"]),
+                (f"L{l}.attention", K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"],
+                                                      a["o_part"], a["m_part"], a["l_part"], n_heads=Hq,
+                                                      n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S,
+                                                      stream=st), a["attn"]),
+                (f"L{l}.o_proj", K.GemvInt4Residual(a["residual"], a["attn"], *w.proj(l, "o_proj"),
+                                                    n=D, k=nq, stream=st), a["residual"]),
+                (f"L{l}.post_attention_layernorm", K.RmsNorm(a["xn"], a["residual"],
+                                                             w[f"{pre}.post_attention_layernorm.weight"],
+                                                             dim=D, eps=eps, stream=st), a["xn"]),
+                (f"L{l}.gate_up_swiglu", K.GemvInt4GateUpSwiglu(a["h"], a["xn"], *w.proj(l, "gate_proj"),
+                                                                *w.proj(l, "up_proj"), f=F, k=D, stream=st), a["h"]),
+                (f"L{l}.down_proj", K.GemvInt4Residual(a["residual"], a["h"], *w.proj(l, "down_proj"),
+                                                       n=D, k=F, stream=st), a["residual"]),
+            ]
+        lm = K.LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], w["lm_head.weight"],
+                      vocab_size=V, dim=D, stream=st)
+        steps += [
+            ("norm", K.RmsNorm(a["xn"], a["residual"], w["model.norm.weight"], dim=D, eps=eps, stream=st), a["xn"]),
+            ("lm_head", lm, a["logits"]),
+            ("argmax", K.ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"],
+                                     n_partials=lm.n_partials, stream=st), a["next_token"]),
+            ("advance_state", K.AdvanceState(a["state"], a["next_token"], stream=st), a["state"]),
+        ]
+        self.launchers = steps
+        self.launches: list[NamedLaunch] = []
+        for name, launcher, out in steps:
+            for i, ln in enumerate(launcher.launches):
+                suffix = "" if len(launcher.launches) == 1 else f".{i}"
+                self.launches.append(NamedLaunch(name + suffix, ln, out))
+        self.pos = 0                     # host mirror of state[0] (the next position to decode)
+        self._h_block = np.zeros(1, np.int32)
+
+    # ---- host-side sequence bookkeeping ------------------------------------------------------
+    def start(self, token: int, pos: int = 0) -> None:
+        """Begin decoding `token` at position `pos` (the cache must already hold 0..pos-1)."""
+        if pos == 0:
+            self.pages.release_all()
+        self.buf["state"].upload(np.array([pos, token, pos + 1], np.int32))
+        self.pos = pos
+
+    def feed(self, token: int) -> None:
+        """Make the next step consume `token` instead of the previous step's argmax (prompt
+        tokens fed one at a time; a sampled token)."""
+        self.buf["state"].upload_at(1, np.array([token], np.int32), self.stream)
+
+    def _ensure_page(self) -> None:
+        """At a page boundary, take a page from the free list and record it in the device
+        block table (4 bytes, queued on the stream before the step's kernels)."""
+        if self.pos >= self.max_context:
+            raise DrvqwenError(f"context full: position {self.pos} >= max_context {self.max_context}")
+        page, new = self.pages.page_for(self.pos)
+        if new:
+            self._h_block[0] = page
+            self.buf["block_table"].upload_at(self.pos // PAGE_SIZE, self._h_block, self.stream)
+
+    # ---- running ----------------------------------------------------------------------------
+    def step(self) -> None:
+        """Queue one decode step (eager): consumes state.token at state.pos, leaves logits and
+        next_token, and advances state on the GPU. Asynchronous; `sync()` waits."""
+        self._ensure_page()
+        for nl in self.launches:
+            nl.launch.launch()
+        self.pos += 1
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+
+    def logits(self) -> np.ndarray:
+        """fp32 [V] logits of the last step (waits for the stream)."""
+        return self.buf["logits"].download(self.stream)
+
+    def next_token(self) -> int:
+        return int(self.buf["next_token"].download(self.stream)[0])
+
+    def time_kernels(self, n_steps: int = 10) -> dict[str, float]:
+        """Median time in µs of each named launch over n_steps eager steps (an event pair
+        around every launch; the sum is the GPU time of a step without launch gaps)."""
+        ev = [(Event(), Event()) for _ in self.launches]
+        times: dict[str, list[float]] = {nl.name: [] for nl in self.launches}
+        for _ in range(n_steps):
+            self._ensure_page()
+            for (e0, e1), nl in zip(ev, self.launches):
+                e0.record(self.stream)
+                nl.launch.launch()
+                e1.record(self.stream)
+            self.pos += 1
+            self.sync()
+            for (e0, e1), nl in zip(ev, self.launches):
+                times[nl.name].append(e0.elapsed_ms(e1) * 1e3)
+        for e0, e1 in ev:
+            e0.close(); e1.close()
+        return {k: float(np.median(v)) for k, v in times.items()}
+
+    def close(self) -> None:
+        """Release the device memory (weights, KV cache, activations) and the stream."""
+        self.sync()
+        self.weights.close()
+        self.kv_pool.close()
+        self.act_pool.close()
+        self.stream.close()

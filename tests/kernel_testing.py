@@ -1,0 +1,147 @@
+"""Shared pieces of the GPU kernel tests (tests/test_kernel_*.py).
+
+- `dev` fixture: device scratch arrays, each its own cuMemAlloc, freed after the test.
+  `dev.upload(name, host)` copies a host array; `dev.poisoned(name, shape, dtype)` gives a
+  buffer filled with 0xFF bytes — NaN in fp16 and fp32 — so a test can check that the kernel
+  wrote every element (DESIGN.md §9).
+- `report(...)`: relative L2 and max abs error against a float64 reference, printed, with the
+  first mismatches on failure.
+- `graph_time_us(...)`: GPU time per launch of a launcher, replayed from a captured graph
+  (no Python launch overhead in the figure).
+
+The references are drvqwen.reference's dtype-generic functions evaluated in float64 on the
+kernel's exact inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+# Relative-L2 thresholds (DESIGN.md §9): FP32-accumulated GEMV/norm kernels, fused attention.
+TOL_GEMV = 1e-3
+TOL_ATTENTION = 3e-3
+
+
+class DeviceScratch:
+    """Device arrays for one test; every buffer is freed by `close()`."""
+
+    def __init__(self) -> None:
+        self._buffers = []
+
+    def array(self, name: str, shape, dtype):
+        from drvqwen.cuda import DeviceArray, DeviceBuffer
+
+        dtype = np.dtype(dtype)
+        shape = tuple(int(s) for s in np.atleast_1d(np.asarray(shape, dtype=np.int64)))
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buf = DeviceBuffer(max(nbytes, 16), name)
+        self._buffers.append(buf)
+        return DeviceArray(name, buf.ptr, shape, dtype)
+
+    def upload(self, name: str, host: np.ndarray):
+        host = np.ascontiguousarray(host)
+        arr = self.array(name, host.shape, host.dtype)
+        arr.upload(host)
+        return arr
+
+    def poisoned(self, name: str, shape, dtype):
+        arr = self.array(name, shape, dtype)
+        arr.fill_bytes(0xFF)
+        return arr
+
+    def close(self) -> None:
+        for b in self._buffers:
+            b.free()
+        self._buffers.clear()
+
+
+@pytest.fixture
+def dev():
+    from drvqwen.cuda import get_device
+
+    get_device()
+    scratch = DeviceScratch()
+    yield scratch
+    get_device().synchronize()
+    scratch.close()
+
+
+def report(label: str, got: np.ndarray, want: np.ndarray, tol: float, *, atol: float | None = None) -> float:
+    """Print rel-L2 / max-abs of `got` vs the float64 reference `want`; assert rel-L2 ≤ tol.
+
+    Also asserts that `got` holds no NaN (every element written, nothing poisoned left).
+    Returns the relative L2 error.
+    """
+    g = np.asarray(got, dtype=np.float64).reshape(-1)
+    w = np.asarray(want, dtype=np.float64).reshape(-1)
+    assert g.shape == w.shape, (g.shape, w.shape)
+    nan = np.isnan(g)
+    assert not nan.any(), f"{label}: {nan.sum()} of {g.size} outputs are NaN (unwritten?) " \
+                          f"first at {np.flatnonzero(nan)[:8].tolist()}"
+    diff = np.abs(g - w)
+    rel = float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-300))
+    max_abs = float(diff.max()) if diff.size else 0.0
+    print(f"  {label}: rel_l2={rel:.3e} max_abs={max_abs:.3e} (n={g.size}, ref rms="
+          f"{np.sqrt(np.mean(w * w)) if w.size else 0:.3e})")
+    bad = rel > tol or (atol is not None and max_abs > atol)
+    if bad:
+        worst = np.argsort(-diff)[:8]
+        lines = [f"    [{i}] got {g[i]!r} want {w[i]!r}" for i in worst]
+        pytest.fail(f"{label}: rel_l2 {rel:.3e} (tol {tol:g}), max_abs {max_abs:.3e}"
+                    f"{'' if atol is None else f' (atol {atol:g})'}; worst:\n" + "\n".join(lines))
+    return rel
+
+
+def assert_same_bits(label: str, a: np.ndarray, b: np.ndarray) -> None:
+    """Two runs of the same launch must agree bit for bit (no atomics, fixed reduction order)."""
+    assert a.tobytes() == b.tobytes(), f"{label}: two launches gave different bits"
+
+
+def graph_time_us(launcher, reps: int = 20) -> float:
+    """GPU microseconds per call of `launcher`, from a captured graph of `reps` calls."""
+    from drvqwen.cuda import Event, Stream, capture
+
+    with Stream() as stream:
+        with capture(stream) as cap:
+            for _ in range(reps):
+                launcher.launch(stream)
+        exe = cap.graph.instantiate()
+        cap.graph.destroy()
+        exe.launch(stream)  # warm-up (and first-touch of the weights' TLB entries)
+        start, end = Event(), Event()
+        start.record(stream)
+        exe.launch(stream)
+        end.record(stream)
+        ms = start.elapsed_ms(end)
+        exe.destroy()
+        start.close()
+        end.close()
+    return ms * 1e3 / reps
+
+
+def random_int4(rng: np.random.Generator, n: int, k: int, scale_lo=0.002, scale_hi=0.01):
+    """Random layout-id-1 weights: every nibble uniform in 0..15 (codes -8..7), FP16 scales.
+
+    Returns (qweight uint32 [n, k/8], scales fp16 [n, k/128]). Random words are already a
+    valid packing (any 32 bits are 8 nibbles), which is much faster than quantize+pack.
+    """
+    qweight = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
+    scales = rng.uniform(scale_lo, scale_hi, size=(n, k // 128)).astype(np.float16)
+    return qweight, scales
+
+
+def dequant64(qweight: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The reference weights in float64 through format.quant.dequantize (layout id 1)."""
+    from drvqwen.format import quant
+
+    return quant.dequantize(qweight, scales, np.float32).astype(np.float64)
+
+
+def matvec64(w_qweight: np.ndarray, w_scales: np.ndarray, x: np.ndarray, rows_per_chunk: int = 4096) -> np.ndarray:
+    """float64 W x for INT4 W, dequantized chunk by chunk (the 7B gate/up is 136 M weights)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    out = np.empty(w_qweight.shape[0], dtype=np.float64)
+    for r in range(0, w_qweight.shape[0], rows_per_chunk):
+        out[r:r + rows_per_chunk] = dequant64(w_qweight[r:r + rows_per_chunk], w_scales[r:r + rows_per_chunk]) @ x64
+    return out
