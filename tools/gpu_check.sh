@@ -48,6 +48,11 @@ SANITIZE_TESTS=(
     "tests/test_cuda_layer.py::test_fp16_add"
     "tests/test_cuda_layer.py::test_tensormap_passed_by_value"
     "tests/test_cuda_layer.py::test_graph_capture_and_replay"
+    "tests/test_kernel_rmsnorm.py"
+    "tests/test_kernel_rope_kv.py"
+    "tests/test_kernel_attention_decode.py::test_attention_decode"
+    "tests/test_kernel_lm_head_argmax.py::test_argmax_two_pass"
+    "tests/test_kernel_lm_head_argmax.py::test_advance_state_and_graph_chain"
 )
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
 
@@ -111,7 +116,11 @@ stage_sanitize() {
         for node in "${SANITIZE_TESTS[@]}"; do
             # --target-processes all: follow any process pytest starts, not only the first.
             # --error-exitcode: a finding fails the step even when the test itself passes.
+            # --report-api-errors no: the GPU layer reads a kernel's parameter list by calling
+            # cuFuncGetParamInfo until it fails (its end marker); those expected API errors
+            # are not memory errors, and every real API failure raises in Python anyway.
             run_step "sanitize-$tool" "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 99 \
+                --report-api-errors no \
                 "$PY" -m pytest -q -p no:cacheprovider "$node" || rc=1
         done
     done
@@ -120,8 +129,12 @@ stage_sanitize() {
 
 stage_bench() {
     if [[ ! -f src/drvqwen/cli.py ]] || ! "$PY" -m drvqwen.cli bench --help >/dev/null 2>&1; then
-        echo "no 'drvqwen bench' command yet (src/drvqwen/cli.py); nothing to run" | tee "$OUTDIR/bench.log"
-        return 0
+        # Until `drvqwen bench` exists (the CUDA-graph issue): the eager decode step of the
+        # full 28-layer synthetic 7B, wall time per step next to the sum of its kernels.
+        rm -f "$OUTDIR/bench-decode.log"
+        run_step bench-decode "$PY" tools/bench_decode.py --preset 7b --steps 100 \
+            --json "$OUTDIR/bench_decode.json"
+        return
     fi
     export DRVQWEN_BENCH_OUT=$OUTDIR
     rm -f "$OUTDIR/bench.log"

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import __version__
 from .errors import DrvqwenError
 
 err = Console(stderr=True, highlight=False)
@@ -27,9 +28,10 @@ def _progress() -> Progress:
 
 
 def _convert_with_progress(src: Path, dst: Path):
-    from .format.convert import convert
+    from .format.convert import convert, open_source
 
     err.print(f"converting {src} → {dst}")
+    src = open_source(src)          # bad input fails here, before a progress bar is drawn
     with _progress() as p:
         task = p.add_task("quantizing", total=None)
 
@@ -66,18 +68,19 @@ def cmd_pull(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .format.convert import convert
+    from .format.convert import convert, open_source
 
     out = Path(args.output)
     if out.is_dir():
         raise DrvqwenError(f"{out}: is a directory; give the output file name")
+    src = open_source(args.source)  # bad input fails here, before a progress bar is drawn
     with _progress() as p:
         task = p.add_task("quantizing", total=None)
 
         def cb(name, done, total):
             p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
 
-        report = convert(args.source, out, progress=cb)
+        report = convert(src, out, progress=cb)
     _print_quant_summary(report, per_tensor=args.per_tensor)
     err.print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     if args.report_json:
@@ -92,7 +95,7 @@ def cmd_info(args) -> int:
     f = NanoqwenFile(args.file)
     h = f.header
     c = f.config
-    t = Table(title=str(f.path), show_header=False)
+    t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
             ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
             ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)")]
@@ -113,8 +116,9 @@ def cmd_info(args) -> int:
     Console().print(s)
     if args.tensors:
         tt = Table(title="tensor table")
-        for col in ("name", "dtype", "shape", "offset", "bytes"):
-            tt.add_column(col)
+        tt.add_column("name", overflow="fold")
+        for col in ("dtype", "shape", "offset", "bytes"):
+            tt.add_column(col, no_wrap=True)
         for info in f:
             tt.add_row(info.name, str(info.dtype), "×".join(map(str, info.shape)), str(info.offset), f"{info.nbytes:,}")
         Console().print(tt)
@@ -216,8 +220,12 @@ def cmd_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="drvqwen", description="Qwen2.5-Coder inference on NVIDIA Hopper, annotated.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = argparse.ArgumentParser(
+        prog="drvqwen", description="Qwen2.5-Coder inference on NVIDIA Hopper, annotated.",
+        epilog="Models, converted files and compiled kernels are cached under $DRVQWEN_CACHE "
+               "(default ~/.cache/drvqwen).")
+    ap.add_argument("--version", action="version", version=f"drvqwen {__version__}")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
     r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
     r.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
@@ -227,13 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole")
     r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole")
-    r.add_argument("--max-new-tokens", type=int, default=256)
+    r.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default: 256)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--top-k", type=int, default=0, help="0 = off")
     r.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0, help="seed of the sampler's Philox stream (default: 0)")
     r.add_argument("--max-context", type=int, default=0, help="context length (default: the model's)")
-    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
     r.add_argument("--ignore-eos", action="store_true", help="do not stop at <|im_end|>/<|endoftext|>")
     r.set_defaults(fn=cmd_run)
 
@@ -241,14 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_pull)
 
     c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128)")
-    c.add_argument("source")
-    c.add_argument("-o", "--output", required=True)
+    c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
+    c.add_argument("-o", "--output", required=True, help="the .nanoqwen file to write")
     c.add_argument("--per-tensor", action="store_true", help="print the error of every tensor")
     c.add_argument("--report-json", help="write per-tensor quantization errors as JSON")
     c.set_defaults(fn=cmd_convert)
 
     i = sub.add_parser("info", help="print a .nanoqwen file's header, config and tensors")
-    i.add_argument("file")
+    i.add_argument("file", help="a .nanoqwen file")
     i.add_argument("--tensors", action="store_true", help="list every tensor")
     i.add_argument("--verify", action="store_true", help="check every tensor's CRC32")
     i.set_defaults(fn=cmd_info)
@@ -256,7 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cmd is None:
+        parser.print_help()
+        return 2
     try:
         return args.fn(args)
     except DrvqwenError as e:

@@ -133,7 +133,7 @@ class DecodeStep:
         self.k_cache = self.kv_pool.alloc("k_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
         self.v_cache = self.kv_pool.alloc("v_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
 
-        S = K.attention_blocks_per_kv_head(Hkv, self.max_context, self.device.info.sm_count)
+        S = K.attention_blocks_per_kv_head(Hkv, self.max_context, self.device.info.sm_count, head_dim=Dh)
         parts = K.attention_partial_shapes(Hq, Dh, S)
         n_lm = K.lm_head_partials(V)
         act = {  # name: (shape, dtype)
@@ -247,13 +247,25 @@ class DecodeStep:
     def next_token(self) -> int:
         return int(self.buf["next_token"].download(self.stream)[0])
 
-    def time_kernels(self, n_steps: int = 10) -> dict[str, float]:
-        """Median time in µs of each named launch over n_steps eager steps (an event pair
-        around every launch; the sum is the GPU time of a step without launch gaps)."""
+    def time_kernels(self, n_steps: int = 10, hold_ms: float = 20.0) -> dict[str, float]:
+        """Median GPU time in µs of each named launch over n_steps eager steps.
+
+        Each step is queued behind `gpu_sleep(hold_ms)` (kernels/timing.cu), so the host has
+        enqueued every launch and its event pair before the GPU starts: the kernels then run
+        back to back and each event pair brackets the kernel alone, not the host's launch
+        latency. The sum is the step's GPU time without launch gaps.
+        """
+        import ctypes
+
+        from .cuda import load_kernel_module
+
+        hold = KernelLaunch(load_kernel_module("timing").function("gpu_sleep"), (1,), (1,),
+                            [ctypes.c_uint64(int(hold_ms * 1e6))], stream=self.stream)
         ev = [(Event(), Event()) for _ in self.launches]
         times: dict[str, list[float]] = {nl.name: [] for nl in self.launches}
         for _ in range(n_steps):
             self._ensure_page()
+            hold.launch()
             for (e0, e1), nl in zip(ev, self.launches):
                 e0.record(self.stream)
                 nl.launch.launch()
@@ -263,7 +275,8 @@ class DecodeStep:
             for (e0, e1), nl in zip(ev, self.launches):
                 times[nl.name].append(e0.elapsed_ms(e1) * 1e3)
         for e0, e1 in ev:
-            e0.close(); e1.close()
+            e0.close()
+            e1.close()
         return {k: float(np.median(v)) for k, v in times.items()}
 
     def close(self) -> None:

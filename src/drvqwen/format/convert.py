@@ -199,21 +199,21 @@ def _fp16(name: str, a: np.ndarray, src) -> np.ndarray:
 
 def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int], None] | None = None,
             num_layers: int | None = None) -> ConvertReport:
-    """Convert `src` (HF folder or GGUF file) into the `.nanoqwen` file `out`.
+    """Convert `src` (HF folder or GGUF file, or a source from `open_source`) into the
+    `.nanoqwen` file `out`.
 
     progress: called as progress(tensor_name, done, total) after each tensor.
     num_layers: convert only the first layers (for tests).
     Raises DrvqwenError subclasses (FormatError, ConfigError) naming the file and field;
     on any error `out` is left untouched (the writer renames a temp file at the very end).
     """
-    source = open_source(src)
+    source = open_source(src) if isinstance(src, (str, Path)) else src
     cfg = source.config if num_layers is None else source.config.with_layers(num_layers)
     report = ConvertReport(Path(out), cfg, source.kind)
-    names = list(expected_tensors(cfg))
+    # .scales are written together with their .qweight, so they are not steps of their own.
+    names = [n for n in expected_tensors(cfg) if not n.endswith(".scales")]
     with NanoqwenWriter(out, cfg, source.tokenizer_json) as w:
         for n_done, name in enumerate(names, 1):
-            if name.endswith(".scales"):
-                continue                                   # written with its .qweight
             if name.endswith(".qweight"):
                 prefix = name[: -len(".qweight")]
                 wf = source.get(prefix + ".weight")
