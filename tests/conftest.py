@@ -36,6 +36,24 @@ def real_gguf():
     return ensure_default_gguf(progress=False)
 
 
+@pytest.fixture(scope="session")
+def real_nanoqwen(request):
+    """The real 0.5B converted to INT4 (`.nanoqwen`), opened and validated.
+
+    `DRVQWEN_REAL_MODEL=/path/model.nanoqwen` names a file converted elsewhere: the GPU
+    machines have no network and no `gguf` package, so the converted file is carried there.
+    Otherwise the GGUF is pulled and converted once into the cache root.
+    """
+    from drvqwen.format.nanoqwen import NanoqwenFile
+
+    path = os.environ.get("DRVQWEN_REAL_MODEL")
+    if path:
+        return NanoqwenFile(path)
+    from drvqwen.models import resolve_model
+
+    return resolve_model(str(request.getfixturevalue("real_gguf")))
+
+
 def _gpu_unavailable_reason() -> str | None:
     try:
         from drvqwen.cuda.device import gpu_unavailable_reason

@@ -50,8 +50,11 @@ def test_hf_folder_at_7b_widths(tmp_path, rng):
                 base = name[: -len(".weight")]
                 w_hat = quant.dequantize(np.asarray(f.tensor(base + ".qweight")),
                                          np.asarray(f.tensor(base + ".scales")))
-                bound = quant.error_bound(w)
-                assert (np.abs(w - w_hat) <= bound).all(), name
+                s = np.asarray(f.tensor(base + ".scales"))
+                assert (np.abs(w - w_hat) <= quant.error_bound(w, s)).all(), name
+                n, k = w.shape
+                rms = np.sqrt(np.mean(np.square(w - w_hat).reshape(n, k // 128, 128), axis=2))
+                assert (rms <= quant.group_rms_bound(w)).all(), name
             else:
                 np.testing.assert_array_equal(np.asarray(f.tensor(name), np.float32),
                                               w.astype(np.float16).astype(np.float32), err_msg=name)

@@ -23,16 +23,33 @@ def test_quantize_within_bound(rng):
     qw, s = quant.quantize_packed(w)
     w_hat = quant.dequantize(qw, s)
     err = np.abs(w - w_hat)
-    bound = quant.error_bound(w)
+    bound = quant.error_bound(w, s)
     assert (err <= bound).all(), f"max excess {np.max(err - bound)}"
-    # The group holding the outlier maps it exactly to +7 steps: no clipping.
+    # Each group's RMS error stays within the plain max/7 quantizer's step / 2.
+    rms = np.sqrt(np.mean(np.square(w - w_hat).reshape(64, 7, 128), axis=2))
+    assert (rms <= quant.group_rms_bound(w)).all()
+    # The default scale max/7 never clips: every error is within half a step, and the
+    # outlier maps exactly to +7 steps.
+    assert (err <= np.repeat(s.astype(np.float32), 128, axis=1) / 2 * (1 + 1e-6)).all()
     assert np.isclose(w_hat[3, 5], 1.5, rtol=1e-3)
     assert (w_hat[10, 128:256] == 0).all()
-    # Relative error of Gaussian weights with s = max/7: about 0.12 (uniform noise of step
-    # s over a signal of std ~ max/3); anything far above means a broken rounding.
     e = quant.reconstruction_error(w, w_hat)
-    print(e)
+    # Relative error of Gaussian weights with s = max/7: about 0.12 (uniform noise of step s
+    # over a signal of std ~ max/3); anything far above means broken rounding.
     assert e["rel_l2"] < 0.2
+
+
+def test_clip_search_lowers_weight_error_within_bounds(rng):
+    w = (rng.standard_normal((32, 512)) * 0.02).astype(np.float32)
+    q, s = quant.quantize(w, alphas=quant.CLIP_SEARCH)
+    w_hat = quant.dequantize_codes(q, s)
+    assert (np.abs(w - w_hat) <= quant.error_bound(w, s)).all()
+    rms = np.sqrt(np.mean(np.square(w - w_hat).reshape(32, 4, 128), axis=2))
+    assert (rms <= quant.group_rms_bound(w)).all()
+    plain = quant.reconstruction_error(w, quant.dequantize_codes(*quant.quantize(w)))
+    search = quant.reconstruction_error(w, w_hat)
+    print("search", search, "plain", plain)
+    assert search["rel_l2"] < plain["rel_l2"]
 
 
 def test_codes_range_and_bad_shapes(rng):

@@ -22,14 +22,6 @@ FIB_VALUES = [0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55]
 
 
 @pytest.fixture(scope="module")
-def real_nanoqwen(real_gguf):
-    """The 0.5B converted to INT4 once into the cache root (drvqwen.models)."""
-    from drvqwen.models import resolve_model
-
-    return resolve_model(str(real_gguf))
-
-
-@pytest.fixture(scope="module")
 def tokenizer(real_nanoqwen):
     from drvqwen.tokenizer import Tokenizer
 

@@ -241,6 +241,6 @@ def cached_path_for(src: str | Path, models_dir: Path) -> Path:
     for fpath in files:
         s = fpath.stat()
         ident.update(f"{fpath.name}:{s.st_size}:{s.st_mtime_ns};".encode())
-    ident.update(f"{p}:{st.st_size}:quant-layout-{quant.LAYOUT_ID}".encode())
+    ident.update(f"{p}:{st.st_size}:quant-layout-{quant.LAYOUT_ID}:quantizer-{quant.QUANTIZER_VERSION}".encode())
     stem = p.name[:-5] if p.name.endswith(".gguf") else p.name
     return models_dir / f"{stem}-{ident.hexdigest()[:12]}.nanoqwen"
