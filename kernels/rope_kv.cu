@@ -3,6 +3,7 @@
 //   rope_kv   q      = rope(qkv[q] + bq, pos)        → q_out fp16 [Hq, Dh]
 //             k      = rope(qkv[k] + bk, pos)        → k_cache[page(pos), :, slot(pos), :]
 //             v      =      qkv[v] + bv              → v_cache[page(pos), :, slot(pos), :]
+//   rope_kv_rows  the same for the rows of a prefill chunk (positions start … start+n-1; below)
 //
 // RoPE is the rotate-half (NeoX) form of HF Qwen2: for i < Dh/2, with x1 = x[i],
 // x2 = x[i + Dh/2] and angle = float32(pos) · inv_freq[i]:
@@ -70,6 +71,73 @@ rope_kv(__half* __restrict__ q_out,          // [Hq, Dh] fp16, out (rotated quer
     const __half o1 = __float2half_rn(x1 * c - x2 * s);
     const __half o2 = __float2half_rn(x2 * c + x1 * s);
     __half* dst = is_q ? q_out + (u64)head * Dh
+                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
+                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
+    dst[i] = o1;
+    dst[i + half_dim] = o2;
+}
+
+// ---- Prefill: the same for the n_rows tokens of a prompt chunk ---------------------------------
+//
+//   rope_kv_rows   for each chunk row r < n_rows at position p = start + r:
+//                  q_out[r] = rope(qkv[r, q] + bq, p);  K/V cache[page(p), :, slot(p), :] = rope(k), v
+//
+// The arithmetic is rope_kv's, row by row (FP32 bias + rotation with the accurate sincosf,
+// one FP16 rounding). (start, n_rows) come from prefill_state in device memory; the grid is
+// sized for the chunk's row capacity and rows ≥ n_rows return at once, so one launch serves
+// every chunk of that size. Pages for every written position are in the block table before the
+// launch (the host reserves them for the whole prompt).
+//
+// Work split: grid (Hq + 2·Hkv, rows_max) — blockIdx.x is the head as in rope_kv, blockIdx.y the
+// row; block (Dh/2), thread i owning the rotation pair (i, i + Dh/2).
+// Bytes per call at 7B, 512 rows: 512 × (4608 × 4 read + 4608 × 2 bias (L1/L2) + 4608 × 2
+// written) ≈ 14 MB: a few µs of bandwidth, latency-bound below ~100 rows.
+
+// grid (Hq + 2·Hkv, rows_max), block (Dh/2).
+extern "C" __global__ void
+rope_kv_rows(__half* __restrict__ q_out,            // [rows, Hq, Dh] fp16, out (rotated queries)
+             __half* __restrict__ k_cache,          // [P, Hkv, 16, Dh] fp16, this layer; slots start … start+n_rows-1 written
+             __half* __restrict__ v_cache,          // [P, Hkv, 16, Dh] fp16, this layer; likewise
+             const float* __restrict__ qkv,         // [rows, Hq·Dh + 2·Hkv·Dh] fp32: q | k | v (no bias yet)
+             const __half* __restrict__ q_bias,     // [Hq·Dh] fp16
+             const __half* __restrict__ k_bias,     // [Hkv·Dh] fp16
+             const __half* __restrict__ v_bias,     // [Hkv·Dh] fp16
+             const float* __restrict__ inv_freq,    // [Dh/2] fp32
+             const int* __restrict__ prefill_state, // [2] int32: start position, n_rows
+             const int* __restrict__ block_table,   // [max_pages] int32: logical → physical page
+             int Hq, int Hkv, int Dh) {
+    const int half_dim = Dh / 2;
+    const int i = threadIdx.x;
+    const int row = blockIdx.y;
+    if (i >= half_dim || row >= prefill_state[1]) return;
+    const int pos = prefill_state[0] + row;
+    const int width = (Hq + 2 * Hkv) * Dh;
+    const float* src_row = qkv + (u64)row * width;
+    int head = blockIdx.x;
+
+    if (head >= Hq + Hkv) {  // value head: bias only
+        head -= Hq + Hkv;
+        const float* src = src_row + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
+        const __half* b = v_bias + (u64)head * Dh;
+        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
+                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
+        dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
+        dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
+        return;
+    }
+
+    const bool is_q = head < Hq;
+    if (!is_q) head -= Hq;
+    const float* src = src_row + (is_q ? 0 : (u64)Hq * Dh) + (u64)head * Dh;
+    const __half* b = (is_q ? q_bias : k_bias) + (u64)head * Dh;
+    const float x1 = src[i] + __half2float(b[i]);
+    const float x2 = src[i + half_dim] + __half2float(b[i + half_dim]);
+    const float angle = (float)pos * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    const __half o1 = __float2half_rn(x1 * c - x2 * s);
+    const __half o2 = __float2half_rn(x2 * c + x1 * s);
+    __half* dst = is_q ? q_out + ((u64)row * Hq + head) * Dh
                        : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
                                              pos % KV_PAGE_TOKENS, Hkv, Dh);
     dst[i] = o1;

@@ -1,9 +1,11 @@
 """The reference sampler and its counter-based random numbers."""
 
+import math
+
 import numpy as np
 import pytest
 
-from drvqwen.sampler import SamplingParams, philox4x32, sample, uniform
+from drvqwen.sampler import SamplingParams, exp2_det, kept_tokens, philox4x32, sample, uniform, weights
 
 
 def test_philox_known_answers():
@@ -55,3 +57,74 @@ def test_bad_params():
     for kw in ({"temperature": -1}, {"top_p": 1.5}, {"top_k": -2}, {"temperature": float("nan")}):
         with pytest.raises(ValueError):
             SamplingParams(**kw)
+
+
+# --- the exact, GPU-reproducible definition (sampler.py module doc) -------------------------------
+
+
+def test_exp2_det_accuracy_and_range():
+    y = -np.linspace(0, 70, 100001, dtype=np.float32)
+    e = exp2_det(y)
+    assert e.dtype == np.float32 and e[0] == np.float32(1.0)
+    ok = y >= -64
+    rel = np.abs(e[ok].astype(np.float64) / np.exp2(y[ok].astype(np.float64)) - 1)
+    assert rel.max() < 3e-7
+    assert (e[~ok] == 0).all()
+    assert exp2_det(np.array([np.nan, -np.inf], np.float32)).tolist() == [0.0, 0.0]
+
+
+def _brute_kept(logits, params):
+    """Kept set from the definition, by full sort and running sums in Python integers."""
+    _e, w = weights(logits, params.temperature)
+    e = _e.view(np.uint32).astype(np.int64)
+    order = sorted(range(len(w)), key=lambda i: (-e[i], i))
+    n = len(order) if params.top_k == 0 else min(params.top_k, len(order))
+    if params.top_p < 1.0:
+        c1 = sum(int(w[i]) for i in order[:n])
+        goal = math.ceil(float(c1) * params.top_p)
+        acc = 0
+        for j, i in enumerate(order):
+            acc += int(w[i])
+            if acc >= goal:
+                n = j + 1
+                break
+    return sorted(order[:n])
+
+
+def test_kept_set_matches_the_definition(rng):
+    for trial in range(200):
+        v = int(rng.integers(1, 300))
+        logits = rng.integers(-5, 3, v).astype(np.float32) if trial % 2 else rng.standard_normal(v).astype(np.float32)
+        p = SamplingParams(temperature=float(rng.uniform(0.3, 3)), top_k=int(rng.choice([0, 1, 3, 50, 400])),
+                           top_p=float(rng.choice([1.0, 0.9, 0.5, 0.05])))
+        if p.greedy:
+            continue
+        kept, w = kept_tokens(logits, p)
+        assert kept.tolist() == _brute_kept(logits, p)
+        assert int(np.argmax(logits)) in kept.tolist()                    # the maximum is always kept
+        if p.top_k:
+            assert len(kept) <= p.top_k
+
+
+def test_ties_are_ordered_by_lower_id():
+    logits = np.zeros(10, np.float32)
+    kept, _ = kept_tokens(logits, SamplingParams(temperature=1.0, top_k=3))
+    assert kept.tolist() == [0, 1, 2]
+    kept, _ = kept_tokens(logits, SamplingParams(temperature=1.0, top_p=0.35))   # 4 of 10 equal weights
+    assert kept.tolist() == [0, 1, 2, 3]
+
+
+def test_pick_scans_kept_tokens_in_id_order():
+    logits = np.log(np.array([0.1, 0.6, 0.3], np.float64)).astype(np.float32)
+    p = SamplingParams(temperature=1.0)
+    # Weights ∝ (1/6, 1, 1/2): cumulative in id order 1/6, 7/6, 10/6 of 2^32 → thresholds 0.1, 0.7.
+    assert [sample(logits, p, u) for u in (0.0, 0.09, 0.11, 0.69, 0.71, 0.999)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_non_finite_logits():
+    p = SamplingParams(temperature=1.0, seed=1)
+    assert sample(np.full(5, -np.inf, np.float32), p, 0.5) == 0
+    assert sample(np.full(5, np.nan, np.float32), p, 0.5) == 0
+    assert sample(np.array([0, np.inf, 1, np.inf], np.float32), p, 0.5) == 1
+    with_nan = np.array([np.nan, 1.0, np.nan, 1.0, -np.inf], np.float32)
+    assert {sample(with_nan, p, u) for u in np.linspace(0, 0.999, 50)} == {1, 3}

@@ -8,9 +8,13 @@
 #             PYTEST_PATHS narrows the GPU tests (default: tests/).
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_TESTS below
 #             (small shapes only: racecheck is 10-100x slower).
-#   bench     `python -m drvqwen.cli bench $DRVQWEN_BENCH_ARGS`, if the CLI has a bench command;
-#             DRVQWEN_BENCH_OUT=OUTDIR is exported for it to write its JSON into.
-#   all       the three in order, for a machine without the per-command limit.
+#   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: the
+#             seeds' protocol on the synthetic 7B (written to /dev/shm first, ~30 s), eager
+#             next to CUDA graphs. DRVQWEN_BENCH_KERNELS=1 adds tools/bench_decode.py's
+#             per-kernel breakdown of the eager step (another 5.5 GB upload).
+#   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests and two
+#             `drvqwen run`s (raw fib completion, a chat prompt).
+#   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
 # Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
 # pytest runs) per step. Exit status: non-zero if any step failed.
@@ -20,7 +24,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|real|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -53,6 +57,15 @@ SANITIZE_TESTS=(
     "tests/test_kernel_attention_decode.py::test_attention_decode"
     "tests/test_kernel_lm_head_argmax.py::test_argmax_two_pass"
     "tests/test_kernel_lm_head_argmax.py::test_advance_state_and_graph_chain"
+    "tests/test_graphs.py::test_set_block_table_entry_in_a_graph"
+    "tests/test_kernel_gemm_int4.py::test_gemm_f32[17-333-384]"
+    "tests/test_kernel_gemm_int4.py::test_gemm_gate_up_swiglu[16]"
+    "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd64]"
+    "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd128]"
+    "tests/test_kernel_prefill_rows.py::test_rope_kv_rows[5-100-hd128]"
+    "tests/test_kernel_prefill_rows.py::test_prefill_state_kernels"
+    "tests/test_kernel_sampling.py::test_sampler_ties"
+    "tests/test_kernel_sampling.py::test_publish_token_ring_and_counter"
 )
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
 
@@ -128,23 +141,39 @@ stage_sanitize() {
 }
 
 stage_bench() {
-    if [[ ! -f src/drvqwen/cli.py ]] || ! "$PY" -m drvqwen.cli bench --help >/dev/null 2>&1; then
-        # Until `drvqwen bench` exists (the CUDA-graph issue): the eager decode step of the
-        # full 28-layer synthetic 7B, wall time per step next to the sum of its kernels.
-        rm -f "$OUTDIR/bench-decode.log"
-        run_step bench-decode "$PY" tools/bench_decode.py --preset 7b --steps 100 \
-            --json "$OUTDIR/bench_decode.json"
-        return
-    fi
-    export DRVQWEN_BENCH_OUT=$OUTDIR
-    rm -f "$OUTDIR/bench.log"
+    local rc=0
+    rm -f "$OUTDIR"/bench*.log
     # shellcheck disable=SC2086  # DRVQWEN_BENCH_ARGS is a list of words on purpose
-    run_step bench "$PY" -m drvqwen.cli bench ${DRVQWEN_BENCH_ARGS:-}
+    run_step bench "$PY" -m drvqwen.bench --json "$OUTDIR/bench.json" ${DRVQWEN_BENCH_ARGS:-} || rc=1
+    if [[ ${DRVQWEN_BENCH_KERNELS:-0} == 1 ]]; then
+        run_step bench-decode "$PY" tools/bench_decode.py --preset 7b --steps 100 \
+            --json "$OUTDIR/bench_decode.json" || rc=1
+    fi
+    return "$rc"
+}
+
+# real: the real Qwen2.5-Coder-0.5B-Instruct on the GPU. The GPU machines have no network and
+# no `gguf`, so the model is converted elsewhere and named by DRVQWEN_REAL_MODEL (a .nanoqwen).
+stage_real() {
+    if [[ -z ${DRVQWEN_REAL_MODEL:-} || ! -f ${DRVQWEN_REAL_MODEL:-} ]]; then
+        echo "stage real: set DRVQWEN_REAL_MODEL to the converted 0.5B .nanoqwen" | tee "$OUTDIR/real.log"
+        return 1
+    fi
+    local rc=0
+    rm -f "$OUTDIR"/real-*.log
+    run_step real-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_engine_real.py || rc=1
+    run_step real-graphs "$PY" -m pytest -m gpu -rs -v -s tests/test_graphs.py -k real || rc=1
+    run_step real-run-fib "$PY" -m drvqwen.cli run --model "$DRVQWEN_REAL_MODEL" --raw --max-new-tokens 96 \
+        --prompt $'def fib(n):\n    """Return the n-th Fibonacci number."""\n' || rc=1
+    run_step real-run-chat "$PY" -m drvqwen.cli run --model "$DRVQWEN_REAL_MODEL" \
+        --prompt "Write a Python function is_palindrome(s) that ignores case and punctuation." || rc=1
+    return "$rc"
 }
 
 record_env
 case $STAGE in
     tests) stage_tests ;;
+    real) stage_real ;;
     sanitize) stage_sanitize ;;
     bench) stage_bench ;;
     all)

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TransferSpeedColumn)
 from rich.table import Table
 
 from . import __version__
@@ -142,9 +143,9 @@ def _choose_device(requested: str) -> tuple[str, str | None]:
         reason = f"GPU layer unavailable ({e})"
     if reason is None:
         try:
-            from . import engine  # noqa: F401  (the GPU engine; a later issue)
-        except ImportError:
-            reason = "the GPU engine is not built yet"
+            from . import engine  # noqa: F401  (the GPU engine)
+        except ImportError as e:
+            reason = f"the GPU engine cannot be imported ({e})"
     if requested == "cuda" and reason is not None:
         raise DrvqwenError(f"--device cuda: {reason}")
     return ("cpu", reason) if reason else ("cuda", None)
@@ -195,10 +196,15 @@ def cmd_run(args) -> int:
             task = p.add_task("dequantizing weights", total=f.config.num_layers)
             backend = CPUBackend(f, ctx, progress=lambda i, n: p.update(task, completed=i))
         backend.max_context = max_context if max_context <= ctx else ctx
-    else:  # pragma: no cover - the GPU engine lands with a later issue
+    else:  # pragma: no cover - needs a Hopper GPU (tests/test_engine_gpu.py covers the backend)
         from .engine import GPUBackend
 
-        backend = GPUBackend(f, max_context)
+        total = sum(i.nbytes for i in f)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), TimeElapsedColumn(), console=err) as p:
+            task = p.add_task("uploading weights", total=total)
+            backend = GPUBackend(f, max_context, use_graphs=not args.eager,
+                                 progress=lambda done, n: p.update(task, completed=done, total=n))
 
     stream = StreamDecoder(tok)
     out = sys.stdout
@@ -209,13 +215,19 @@ def cmd_run(args) -> int:
             out.write(s)
             out.flush()
 
-    res = generate(backend, ids, args.max_new_tokens, params, frozenset(tok.stop_ids), on_token,
-                   ignore_stop=args.ignore_eos)
+    try:
+        res = generate(backend, ids, args.max_new_tokens, params, frozenset(tok.stop_ids), on_token,
+                       ignore_stop=args.ignore_eos)
+        mode = getattr(backend, "decode_mode", None)   # read before close(): graph or eager
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
     tail = stream.flush()
     out.write(tail + "\n")
     out.flush()
-    err.print(f"[dim]{backend.name}: prompt {res.prompt_tokens} tokens, generated {len(res.tokens)} "
-              f"({res.stopped_by}), TTFT {res.ttft_s * 1e3:.0f} ms, decode {res.decode_tok_s:.2f} tok/s")
+    name = f"{backend.name}, {mode} decode" if mode else backend.name
+    err.print(f"[dim]{name}: prompt {res.prompt_tokens} tokens, generated {len(res.tokens)} "
+              f"({res.stopped_by}), TTFT {res.ttft_s * 1e3:.1f} ms, decode {res.decode_tok_s:.2f} tok/s")
     return 0
 
 
@@ -244,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
     r.add_argument("--ignore-eos", action="store_true", help="do not stop at <|im_end|>/<|endoftext|>")
+    r.add_argument("--eager", action="store_true",
+                   help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("pull", help="download the real Qwen2.5-Coder-0.5B-Instruct GGUF into the cache")
@@ -261,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tensors", action="store_true", help="list every tensor")
     i.add_argument("--verify", action="store_true", help="check every tensor's CRC32")
     i.set_defaults(fn=cmd_info)
+
+    from . import bench  # the seeds' benchmark protocol, eager vs CUDA graph (bench.py)
+
+    bench.register(sub)
     return ap
 
 

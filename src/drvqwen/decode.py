@@ -21,6 +21,12 @@ Eager mode walks it with pre-packed parameters. The host only touches device sta
 a sequence (`start`) and to record a newly allocated page in the block table at a page
 boundary (`_ensure_page`).
 
+The engine (engine.py) swaps the token choice — argmax, or the sampler (kernels/sampling.cu)
+— and inserts "publish_token" (the token into page-locked host memory) before advance_state
+with `set_token_tail`; the prefill (prefill.py) reserves a whole prompt's pages at once
+(`reserve`), runs the tail from lm_head on (`token_tail`) and leaves the state at the prompt's
+end (`resume`).
+
 Buffers (the activation pool; per layer nothing is allocated, layers reuse one set):
     state        int32 [3]          pos, token, seq_len
     block_table  int32 [P]          logical page → physical page (P = max_context / 16)
@@ -197,13 +203,77 @@ class DecodeStep:
             ("advance_state", K.AdvanceState(a["state"], a["next_token"], stream=st), a["state"]),
         ]
         self.launchers = steps
+        self._greedy_choice = steps[-2]  # ("argmax", ArgmaxFinal, next_token): set_token_tail restores it
         self.launches: list[NamedLaunch] = []
-        for name, launcher, out in steps:
+        self._flatten()
+        self.pos = 0                     # host mirror of state[0] (the next position to decode)
+        self._h_block = np.zeros(1, np.int32)
+
+    def _flatten(self) -> None:
+        """Rebuild `launches` from `launchers` (one NamedLaunch per kernel launch)."""
+        self.launches = []
+        for name, launcher, out in self.launchers:
             for i, ln in enumerate(launcher.launches):
                 suffix = "" if len(launcher.launches) == 1 else f".{i}"
                 self.launches.append(NamedLaunch(name + suffix, ln, out))
-        self.pos = 0                     # host mirror of state[0] (the next position to decode)
-        self._h_block = np.zeros(1, np.int32)
+
+    def _index(self, name: str) -> int:
+        for i, (n, _l, _o) in enumerate(self.launchers):
+            if n == name:
+                return i
+        raise KeyError(name)
+
+    # ---- the token tail (engine.py): how the next token is chosen and handed to the host ----
+    def set_token_tail(self, chooser: tuple[str, K.Launcher] | None = None,
+                       publish: K.Launcher | None = None) -> None:
+        """Replace the step's token choice and add (or drop) the publishing of each token.
+
+        chooser: (name, launcher writing buf["next_token"]), e.g. ("sample", SampleToken); None
+            restores the greedy ("argmax", ArgmaxFinal) of the constructor.
+        publish: a launcher that hands next_token to the host (PublishToken), inserted as
+            "publish_token" just before "advance_state"; None removes it.
+        The launch list keeps its order and names otherwise; call this before a CUDA graph is
+        captured from `launches` (a graph holds the launches it recorded).
+        """
+        name, launcher, out = self._greedy_choice if chooser is None else (*chooser, self.buf["next_token"])
+        i = next(j for j, (n, _l, _o) in enumerate(self.launchers) if n in ("argmax", "sample"))
+        self.launchers[i] = (name, launcher, out)
+        self.launchers = [e for e in self.launchers if e[0] != "publish_token"]
+        if publish is not None:
+            self.launchers.insert(self._index("advance_state"), ("publish_token", publish, None))
+        self._flatten()
+
+    def token_tail(self) -> list[K.Launcher]:
+        """The launchers from "lm_head" up to (not including) "advance_state": logits, the token
+        choice and its publishing. Prefill runs them after its own final norm (prefill.py)."""
+        return [l for _n, l, _o in self.launchers[self._index("lm_head"):self._index("advance_state")]]
+
+    # ---- pages for a whole sequence at once -------------------------------------------------
+    def reset_sequence(self) -> None:
+        """Forget the sequence: every page back to the free list, the next position is 0."""
+        self.pages.release_all()
+        self.pos = 0
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make sure positions < n_tokens have pages, recording new ones in the device block
+        table with one synchronous copy (so no step or prefill chunk has to stop for it).
+
+        Raises:
+            DrvqwenError: n_tokens exceeds max_context or the pages run out.
+        """
+        if n_tokens > self.max_context:
+            raise DrvqwenError(f"{n_tokens} tokens exceed the KV cache of {self.max_context} (--max-context)")
+        before = len(self.pages.block_table)
+        for pos in range(before * PAGE_SIZE, n_tokens, PAGE_SIZE):
+            self.pages.page_for(pos)
+        if len(self.pages.block_table) > before:
+            table = np.asarray(self.pages.block_table, np.int32)
+            self.buf["block_table"].upload_at(0, table)
+
+    def resume(self, pos: int) -> None:
+        """Host bookkeeping after a prefill that queued DecodeResume(pos): the next step decodes
+        the device's next_token at `pos`."""
+        self.pos = pos
 
     # ---- host-side sequence bookkeeping ------------------------------------------------------
     def start(self, token: int, pos: int = 0) -> None:

@@ -1,16 +1,26 @@
-"""The generation loop, independent of the backend that computes logits.
+"""The generation loop, independent of the backend that computes logits or chooses tokens.
 
-A backend has `prefill(ids) -> logits [V]` (last position), `decode(token) -> logits [V]`,
-`reset()`, `max_context` and a `name`. The CPU backend here runs `reference.Model`; the GPU
-engine (a later issue) implements the same methods. The loop chooses tokens with
-`sampler.sample`, stops on the stop ids unless told to ignore them, and streams text through
-`tokenizer.StreamDecoder` so multi-byte characters split across tokens print whole.
+Two kinds of backend:
+- a logits backend has `prefill(ids) -> logits [V]` (last position), `decode(token) -> logits
+  [V]`, `reset()`, `max_context` and a `name`; the loop chooses each token on the host with
+  `sampler.sample` (the CPU backend here, running `reference.Model`);
+- a token backend also has `token_stream(prompt_ids, max_new_tokens, params) -> Iterator[int]`
+  and chooses the tokens itself (the GPU engine, engine.py: prefill and decode and the
+  sampler all run on the GPU, the host only reads each token back to print it). Its tokens
+  must be the ones `sampler.sample` would pick from its logits with
+  `uniform(params.seed, i)` for token i.
+
+Either way the loop stops on the stop ids unless told to ignore them — closing the token
+stream, so a backend that runs ahead stops at once — and streams text through
+`tokenizer.StreamDecoder` (in the caller's `on_token`) so that multi-byte characters split
+across tokens print whole.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Callable, Protocol
 
 import numpy as np
@@ -28,6 +38,11 @@ class Backend(Protocol):
     def prefill(self, ids: list[int]) -> np.ndarray: ...
     def decode(self, token: int) -> np.ndarray: ...
     def reset(self) -> None: ...
+
+
+class TokenBackend(Backend, Protocol):
+    def token_stream(self, prompt_ids: list[int], max_new_tokens: int,
+                     params: SamplingParams) -> Iterator[int]: ...
 
 
 class CPUBackend:
@@ -76,12 +91,28 @@ def check_prompt_fits(n_prompt: int, max_context: int) -> None:
                            f"{max_context} tokens (--max-context)")
 
 
+def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
+                        params: SamplingParams) -> Iterator[int]:
+    """The token stream of a logits backend: token i = sample(logits, params, uniform(seed, i)).
+
+    Lazy: the prefill runs at the first `next`, and token i is decoded (to get the logits of
+    token i + 1) only when the consumer asks for token i + 1 — a stop token is never decoded.
+    """
+    logits = backend.prefill(list(prompt_ids))
+    for i in range(max_new_tokens):
+        tok = sample(logits, params, uniform(params.seed, i))
+        yield tok
+        if i + 1 < max_new_tokens:
+            logits = backend.decode(tok)
+
+
 def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
              params: SamplingParams = SamplingParams(), stop_ids: frozenset[int] = frozenset(),
              on_token: Callable[[int], None] | None = None, ignore_stop: bool = False) -> GenerationResult:
     """Prefill `prompt_ids`, then decode up to `max_new_tokens` tokens.
 
-    Token i (0-based) is chosen with the uniform number `sampler.uniform(params.seed, i)`.
+    Token i (0-based) is chosen with the uniform number `sampler.uniform(params.seed, i)`, by
+    the backend itself when it has `token_stream` (the GPU engine), else here.
     Generation stops early at a stop id (not included in the result) unless ignore_stop; it is
     capped so that prompt + generated never exceeds backend.max_context.
     Raises DrvqwenError if the prompt does not fit.
@@ -92,20 +123,25 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
     if budget <= 0:
         return res
     t0 = time.perf_counter()
-    logits = backend.prefill(list(prompt_ids))
+    if hasattr(backend, "token_stream"):
+        tokens = backend.token_stream(list(prompt_ids), budget, params)
+    else:
+        tokens = host_sampled_tokens(backend, prompt_ids, budget, params)
     t_first = None
-    for i in range(budget):
-        tok = sample(logits, params, uniform(params.seed, i))
-        if t_first is None:
-            t_first = time.perf_counter()
-            res.ttft_s = t_first - t0
-        if tok in stop_ids and not ignore_stop:
-            res.stopped_by = "stop token"
-            break
-        res.tokens.append(tok)
-        if on_token:
-            on_token(tok)
-        if i + 1 < budget:
-            logits = backend.decode(tok)
+    try:
+        for tok in tokens:
+            if t_first is None:
+                t_first = time.perf_counter()
+                res.ttft_s = t_first - t0
+            if tok in stop_ids and not ignore_stop:
+                res.stopped_by = "stop token"
+                break
+            res.tokens.append(tok)
+            if on_token:
+                on_token(tok)
+    finally:
+        close = getattr(tokens, "close", None)
+        if close is not None:
+            close()  # a backend running ahead of the host stops here
     res.decode_s = time.perf_counter() - (t_first or t0)
     return res

@@ -25,6 +25,21 @@ Names follow one thread through the code base (STYLE.md):
 | ArgmaxFinal            | argmax_final (argmax.cu)                         | next_token int32 [1]      |
 | Argmax                 | argmax_partial + argmax_final                    | next_token int32 [1]      |
 | AdvanceState           | advance_state (decode_state.cu)                  | state int32 [3]           |
+| GemmInt4 (prefill)     | gemm_int4_f32 (gemm_int4.cu)                     | out fp32 [M, N]           |
+| GemmInt4QkvRows        | gemm_int4_qkv                                    | qkv fp32 [M, Nq + 2 Nkv]  |
+| GemmInt4ResidualRows   | gemm_int4_residual                               | residual fp32 [M, N] (+=) |
+| GemmInt4GateUpSwigluRows | gemm_int4_gate_up_swiglu                       | h fp16 [M, F]             |
+| RopeKvRows             | rope_kv_rows (rope_kv.cu)                        | q fp16 [M, Hq, Dh], K/V   |
+| AttentionPrefill       | attention_prefill_hd{64,128}                     | out fp16 [M, Hq, Dh]      |
+| PrefillBeginChunk      | prefill_begin_chunk (prefill_state.cu)           | prefill_state int32 [2]   |
+| DecodeResume           | decode_resume                                    | state int32 [3]           |
+| SampleToken            | sample_token (sampling.cu)                       | next_token int32 [1]      |
+| PublishToken           | publish_token                                    | host ring int32 [R]       |
+
+Prefill kernels take the row count M (and the chunk's start position) from a device
+`prefill_state` int32 [2] = (start, n_rows), written by PrefillBeginChunk before each chunk:
+their grids are sized for a row *capacity* (`rows`), so one launch list serves every chunk of
+up to that many rows, and blocks past n_rows return at once.
 
 Buffers are anything `cuda.launch.pack_param` accepts; a buffer that carries `.shape` and
 `.dtype` (a `DeviceArray`) is checked against what the kernel expects (element count and
@@ -531,10 +546,277 @@ class AdvanceState(Launcher):
         self.bytes_moved = 16
 
 
+# --- prefill: gemm_int4.cu ------------------------------------------------------------------------
+
+GEMM_BM = 64                     # gemm_int4.cu: tokens per block
+GEMM_THREADS = 128               # gemm_int4.cu: 4 warps
+GEMM_BLOCK_TILES = 8             # gemm_int4.cu: 16-row weight tiles per block (128 rows)
+GEMM_TILE_ROWS = 16
+# gemm_int4.cu GEMM_SMEM_BYTES: 4 stages × (64 tokens × 256 B of activations + 128 rows × 64 B
+# of INT4 weights) = 96 KiB (above the 48 KiB default: KernelLaunch opts in).
+GEMM_SMEM_BYTES = 4 * (GEMM_BM * 256 + GEMM_BLOCK_TILES * GEMM_TILE_ROWS * 64)
+
+
+def _gemm_grid(rows: int, n_blocks: int) -> tuple[int, int]:
+    assert rows >= 1 and n_blocks >= 1
+    return (-(-rows // GEMM_BM), n_blocks)
+
+
+def _check_prefill_state(prefill_state) -> None:
+    _check(prefill_state, "prefill_state", 2, np.int32)
+
+
+class _GemmLauncher(Launcher):
+    """Shared by the gemm_int4 launchers. `flops` is 2·rows·N·K at full capacity (rows tokens)."""
+
+    flops: int = 0
+
+    def _build(self, kernel: str, rows: int, n_blocks: int, k: int, params: list, stream) -> None:
+        assert k % GROUP_SIZE == 0 and k > 0, f"K={k} must be a positive multiple of {GROUP_SIZE}"
+        self.launches = [KernelLaunch(_fn("gemm_int4", kernel), _gemm_grid(rows, n_blocks), (GEMM_THREADS,),
+                                      params, smem_bytes=GEMM_SMEM_BYTES, stream=stream)]
+
+
+class GemmInt4(_GemmLauncher):
+    """out fp32 [M, N] = x fp16 [M, K] · Wᵀ (W INT4 layout id 1 [N, K]), M = prefill_state[1] ≤ rows.
+
+    `rows` is the capacity (buffers are [rows, …]); the kernel reads the live row count from
+    prefill_state int32 [2] = (start, n_rows) and writes only rows < n_rows.
+    """
+
+    def __init__(self, out, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
+                 stream: Stream | None = None):
+        _check(out, "out", rows * n, np.float32)
+        _check(x, "x", rows * k, np.float16)
+        _check_int4(qweight, scales, "W", n, k)
+        _check_prefill_state(prefill_state)
+        self._build("gemm_int4_f32", rows, -(-_tiles(n) // GEMM_BLOCK_TILES), k,
+                    [out, x, qweight, scales, prefill_state, _i32(n), _i32(k)], stream)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = _int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
+
+
+class GemmInt4QkvRows(_GemmLauncher):
+    """qkv fp32 [M, Nq + 2 Nkv] = x [Wq; Wk; Wv]ᵀ for the rows of a prefill chunk (one launch)."""
+
+    def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
+                 prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, stream: Stream | None = None):
+        assert n_q % GEMM_TILE_ROWS == 0 and n_kv % GEMM_TILE_ROWS == 0, (n_q, n_kv)
+        _check(qkv, "qkv", rows * (n_q + 2 * n_kv), np.float32)
+        _check(x, "x", rows * k, np.float16)
+        _check_int4(q_qweight, q_scales, "q_proj", n_q, k)
+        _check_int4(k_qweight, k_scales, "k_proj", n_kv, k)
+        _check_int4(v_qweight, v_scales, "v_proj", n_kv, k)
+        _check_prefill_state(prefill_state)
+        tiles = _tiles(n_q) + 2 * _tiles(n_kv)
+        self._build("gemm_int4_qkv", rows, -(-tiles // GEMM_BLOCK_TILES), k,
+                    [qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state,
+                     _i32(n_q), _i32(n_kv), _i32(k)], stream)
+        self.flops = 2 * rows * (n_q + 2 * n_kv) * k
+        self.bytes_moved = _int4_bytes(n_q + 2 * n_kv, k) + 2 * rows * k + 4 * rows * (n_q + 2 * n_kv)
+
+
+class GemmInt4ResidualRows(_GemmLauncher):
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ (o_proj, down_proj of a prefill chunk)."""
+
+    def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
+                 stream: Stream | None = None):
+        _check(residual, "residual", rows * n, np.float32)
+        _check(x, "x", rows * k, np.float16)
+        _check_int4(qweight, scales, "W", n, k)
+        _check_prefill_state(prefill_state)
+        self._build("gemm_int4_residual", rows, -(-_tiles(n) // GEMM_BLOCK_TILES), k,
+                    [residual, x, qweight, scales, prefill_state, _i32(n), _i32(k)], stream)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = _int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
+
+
+class GemmInt4GateUpSwigluRows(_GemmLauncher):
+    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ): gate_proj, up_proj and SwiGLU of a prefill chunk."""
+
+    def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, *,
+                 f: int, k: int, rows: int, stream: Stream | None = None):
+        _check(h, "h", rows * f, np.float16)
+        _check(x, "x", rows * k, np.float16)
+        _check_int4(gate_qweight, gate_scales, "gate_proj", f, k)
+        _check_int4(up_qweight, up_scales, "up_proj", f, k)
+        _check_prefill_state(prefill_state)
+        # A block holds 8 tiles = the same 4 feature tiles of gate and of up.
+        self._build("gemm_int4_gate_up_swiglu", rows, -(-_tiles(f) // (GEMM_BLOCK_TILES // 2)), k,
+                    [h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, _i32(f), _i32(k)],
+                    stream)
+        self.flops = 2 * rows * 2 * f * k
+        self.bytes_moved = 2 * _int4_bytes(f, k) + 2 * rows * k + 2 * rows * f
+
+
+# --- prefill: rope_kv.cu / attention_prefill.cu / prefill_state.cu --------------------------------
+
+
+class RopeKvRows(Launcher):
+    """Bias + RoPE of q and k for the rows of a prefill chunk, and their K/V written into the
+    paged cache at positions start … start + n_rows - 1 (prefill_state), as RopeKv does per token.
+
+    q_out fp16 [rows, Hq, Dh]; qkv fp32 [rows, Nq + 2 Nkv] (GemmInt4QkvRows' output); k_cache /
+    v_cache one layer [P, Hkv, 16, Dh]; block_table int32 [max_pages] with a page for every
+    position written.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, prefill_state,
+                 block_table, *, rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 stream: Stream | None = None):
+        assert head_dim % 2 == 0 and head_dim // 2 <= 1024, head_dim
+        nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
+        _check(q_out, "q_out", rows * nq, np.float16)
+        _check(qkv, "qkv", rows * (nq + 2 * nkv), np.float32)
+        _check(q_bias, "q_bias", nq, np.float16)
+        _check(k_bias, "k_bias", nkv, np.float16)
+        _check(v_bias, "v_bias", nkv, np.float16)
+        _check(inv_freq, "inv_freq", head_dim // 2, np.float32)
+        _check_prefill_state(prefill_state)
+        for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            shape = getattr(c, "shape", None)
+            if shape is not None:
+                assert tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim), (name, shape)
+        self.launches = [KernelLaunch(
+            _fn("rope_kv", "rope_kv_rows"), (n_heads + 2 * n_kv_heads, rows), (head_dim // 2,),
+            [q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, prefill_state, block_table,
+             _i32(n_heads), _i32(n_kv_heads), _i32(head_dim)],
+            stream=stream)]
+        self.bytes_moved = rows * (4 * (nq + 2 * nkv) + 2 * (nq + 2 * nkv))
+
+
+APF_QTILE = 16                   # attention_prefill.cu: queries per block
+APF_KV_TILE = 64                 # attention_prefill.cu: positions per pipeline step
+APF_STAGES = 2
+APF_MAX_GROUP = 8                # attention_prefill.cu: warps per block (query heads per KV head)
+
+
+def attention_prefill_smem_bytes(head_dim: int) -> int:
+    """attention_prefill.cu ApfShape::SMEM_BYTES: stages × (K, V) × 64 padded token rows."""
+    return APF_STAGES * 2 * APF_KV_TILE * (2 * head_dim + 16)
+
+
+class AttentionPrefill(Launcher):
+    """out fp16 [rows, Hq, Dh] = causal softmax(q Kᵀ/√Dh) V for the chunk rows r < n_rows at
+    positions start + r (prefill_state), over a layer's paged cache [P, Hkv, 16, Dh]."""
+
+    def __init__(self, out, q, k_cache, v_cache, block_table, prefill_state, *, rows: int, n_heads: int,
+                 n_kv_heads: int, head_dim: int, stream: Stream | None = None):
+        if head_dim not in ATTN_HEAD_DIMS:
+            raise ValueError(f"attention_prefill is built for head_dim in {ATTN_HEAD_DIMS}, got {head_dim}")
+        group = n_heads // n_kv_heads
+        assert n_heads % n_kv_heads == 0 and 1 <= group <= APF_MAX_GROUP, (n_heads, n_kv_heads)
+        _check(out, "out", rows * n_heads * head_dim, np.float16)
+        _check(q, "q", rows * n_heads * head_dim, np.float16)
+        _check_prefill_state(prefill_state)
+        self.launches = [KernelLaunch(
+            _fn("attention_prefill", f"attention_prefill_hd{head_dim}"), (-(-rows // APF_QTILE), n_kv_heads),
+            (32 * group,), [out, q, k_cache, v_cache, block_table, prefill_state, _i32(n_heads), _i32(n_kv_heads)],
+            smem_bytes=attention_prefill_smem_bytes(head_dim), stream=stream)]
+        self.n_heads, self.head_dim = n_heads, head_dim
+
+    def flops_for(self, start: int, n_rows: int) -> int:
+        """QKᵀ and PV multiply-adds actually needed (causal) for a chunk, ×2 FLOPs each."""
+        keys = n_rows * start + n_rows * (n_rows + 1) // 2
+        return 2 * 2 * self.n_heads * self.head_dim * keys
+
+
+class PrefillBeginChunk(Launcher):
+    """prefill_state int32 [2] = (start, n_rows), queued on the stream (`set` before `launch`)."""
+
+    def __init__(self, prefill_state, *, stream: Stream | None = None):
+        _check_prefill_state(prefill_state)
+        self.launches = [KernelLaunch(_fn("prefill_state", "prefill_begin_chunk"), (1,), (1,),
+                                      [prefill_state, _i32(0), _i32(0)], stream=stream)]
+
+    def set(self, start: int, n_rows: int) -> "PrefillBeginChunk":
+        self.launches[0].set_param(1, _i32(start))
+        self.launches[0].set_param(2, _i32(n_rows))
+        return self
+
+
+class DecodeResume(Launcher):
+    """state int32 [3] = (pos, next_token[0], pos + 1): decoding continues after a prefill."""
+
+    def __init__(self, state, next_token, *, stream: Stream | None = None):
+        _check(state, "state", 3, np.int32)
+        _check(next_token, "next_token", 1, np.int32)
+        self.launches = [KernelLaunch(_fn("prefill_state", "decode_resume"), (1,), (1,),
+                                      [state, next_token, _i32(0)], stream=stream)]
+
+    def set(self, pos: int) -> "DecodeResume":
+        self.launches[0].set_param(2, _i32(pos))
+        return self
+
+
+# --- sampling.cu ----------------------------------------------------------------------------------
+
+SAMPLE_THREADS = 1024            # sampling.cu: one block, a thread per histogram bin
+SAMPLER_PARAMS_BYTES = 32        # sampling.cu struct SamplerParams
+SAMPLE_INFO = 4                  # sampling.cu: info = (token, Philox x, kept count, token_index)
+
+
+class SampleToken(Launcher):
+    """next_token int32 [1] = sampler.sample(logits, params, uniform(seed, token_index)), with the
+    parameters and the step in device memory (`params`: SAMPLER_PARAMS_BYTES, engine.pack_sampler_params).
+
+    info int32 [4] gets (token, the 32-bit Philox draw, the kept-set size, token_index) for tests.
+    """
+
+    def __init__(self, next_token, info, params, logits, *, vocab_size: int, stream: Stream | None = None):
+        _check(next_token, "next_token", 1, np.int32)
+        _check(info, "info", SAMPLE_INFO, np.int32)
+        _check(params, "params", SAMPLER_PARAMS_BYTES, np.uint8)
+        _check(logits, "logits", vocab_size, np.float32)
+        self.launches = [KernelLaunch(_fn("sampling", "sample_token"), (1,), (SAMPLE_THREADS,),
+                                      [next_token, info, params, logits, _i32(vocab_size)], stream=stream)]
+        self.bytes_moved = 10 * 4 * vocab_size  # at most 10 passes over the logits (L2)
+
+
+class PublishToken(Launcher):
+    """host_ring[token_index % ring_size] = next_token[0]; token_index += 1 (params).
+
+    host_ring: page-locked host memory (cuda.PinnedHostBuffer) — the kernel writes it through
+    its unified address, so the host reads each token without a device-to-host copy.
+    """
+
+    def __init__(self, host_ring, params, next_token, *, ring_size: int, stream: Stream | None = None):
+        _check(params, "params", SAMPLER_PARAMS_BYTES, np.uint8)
+        _check(next_token, "next_token", 1, np.int32)
+        assert ring_size >= 1
+        self.launches = [KernelLaunch(_fn("sampling", "publish_token"), (1,), (1,),
+                                      [host_ring, params, next_token, _i32(ring_size)], stream=stream)]
+
+
 __all__: Sequence[str] = (
-    "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "Embedding", "EmbeddingRows",
-    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4Qkv", "GemvInt4Residual", "Launcher", "LmHead",
-    "RmsNorm", "RopeKv", "attention_blocks_per_kv_head", "attention_partial_shapes",
-    "blocks_per_sm", "gemv_launch_shape",
-    "kv_layer_view", "lm_head_partials",
+    "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionPrefill", "DecodeResume",
+    "Embedding", "EmbeddingRows", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRows",
+    "GemmInt4ResidualRows", "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4Qkv", "GemvInt4Residual",
+    "Launcher", "LmHead", "PrefillBeginChunk", "PublishToken", "RmsNorm", "RopeKv", "RopeKvRows",
+    "SampleToken", "attention_blocks_per_kv_head", "attention_partial_shapes",
+    "attention_prefill_smem_bytes", "blocks_per_sm", "gemv_launch_shape", "kv_layer_view",
+    "lm_head_partials",
 )
+
+
+# --- decode_state.cu: graph B's block-table write (issue 5, CUDA graphs) -------------------------
+
+
+class SetBlockTableEntry(Launcher):
+    """block_table[state[0] // 16] = new_page[0]: graph B's first node (graphs.py).
+
+    The host hands the newly allocated physical page over in the device scalar `new_page`
+    (int32 [1]); the logical page comes from the device position, so the launch's parameters
+    never change and the captured graph is replayed as is.
+    """
+
+    def __init__(self, block_table, new_page, state, *, n_pages: int, stream: Stream | None = None):
+        _check(block_table, "block_table", n_pages, np.int32)
+        _check(new_page, "new_page", 1, np.int32)
+        _check(state, "state", 3, np.int32)
+        self.launches = [KernelLaunch(_fn("decode_state", "set_block_table_entry"), (1,), (1,),
+                                      [block_table, new_page, state, _i32(n_pages)], stream=stream)]
+        self.bytes_moved = 12
+
+
+__all__ = (*__all__, "SetBlockTableEntry")

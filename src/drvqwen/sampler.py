@@ -3,14 +3,43 @@
 The uniform number for step `step` of a run with seed `seed` is the first 32-bit output of
 Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) with key
 (seed lo, seed hi) and counter (step, 0, 0, 0), divided by 2^32. Being a pure function of
-(seed, step), it is the same on the CPU and on the GPU, so a GPU sampler fed the same uniform
-picks the same token as `sample` here, and a run is reproducible whatever backend runs it.
+(seed, step), it is the same on the CPU and on the GPU, so a run is reproducible whatever
+backend runs it.
 
-`sample` is the reference sampler: the GPU one (a later issue) must match it.
+`sample` is the reference sampler, and the GPU one (kernels/sampling.cu) picks the same token
+for the same logits and the same uniform number. "The same" is only possible if every value
+that decides the token is computed exactly alike on both sides, so the sampler is defined on
+quantities that are:
+
+1. Weights. With l_max the largest logit and s = float32(log2(e) / temperature),
+   y_i = fl32(fl32(l_i − l_max) · s) ≤ 0 and e_i = exp2_det(y_i): 2^n · p(f) with
+   n = floor(y), f = y − n and p a fixed degree-6 polynomial (EXP2_COEFFS) evaluated by
+   Horner in float32 with separately rounded multiplies and adds (no FMA) — every step an
+   IEEE-754 basic operation, so numpy and the GPU (__fmul_rn / __fadd_rn) agree bit for bit
+   (a library exp would differ in the last ulp). e = 0 for y < −64 (or NaN), e = 1 exactly
+   at the maximum. The integer weight is W_i = floor(e_i · 2^32) (≤ 2^32 + small): sums of
+   weights are exact in uint64 whatever the order of addition, which is what lets a parallel
+   GPU reduction agree with numpy.
+2. Order. Tokens are ranked by e_i descending (compared as float bits), ties by lower id first.
+3. Kept set. top_k: the first min(top_k, V) tokens of that order (top_k = 0: all). top_p: of
+   those, the shortest prefix whose cumulative weight reaches R = ceil(C1 · top_p), C1 being
+   the weight of the top-k set (float64 multiply of two exact values). At least one token, the
+   maximum, is always kept.
+4. Pick. The kept tokens are scanned in *id* order (not probability order: the GPU needs no
+   sort): with x the 32-bit Philox output (u = x / 2^32) and C the kept weight, the token is
+   the first whose cumulative weight exceeds floor(x · C / 2^32) (exact in integers).
+
+Greedy (temperature < 1e-5, top_k = 1 or top_p = 0) is the argmax, lowest id on ties. If the
+largest logit is not finite (+inf, or all NaN), the argmax is returned too: there is no
+distribution to sample.
+
+Tokens whose probability relative to the maximum is below 2^-32 get weight 0 and are never
+sampled — at most ~4e-5 of the mass for a 152k vocabulary, in exchange for exactness.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,27 +97,95 @@ def argmax(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
+# 2^f ≈ 1 + f·(c1 + f·(c2 + … + f·c6)) on [0, 1): a least-squares fit of the relative error,
+# max 8.4e-8 in float32. Written as hex floats so that numpy and kernels/sampling.cu
+# (SAMPLE_EXP2_C1 …) use the same float32 bits.
+EXP2_COEFFS = tuple(np.float32(float.fromhex(h)) for h in (
+    "0x1.62e42cp-1", "0x1.ebfd5ap-3", "0x1.c688f0p-5", "0x1.3d0c48p-7", "0x1.46d2e8p-10", "0x1.c546fap-13"))
+# Below this exponent a weight is 0 (2^-64 ≪ 2^-32, the weight resolution).
+EXP2_MIN = np.float32(-64.0)
+# Integer weights W = floor(e · 2^WEIGHT_BITS): the resolution of the sampler's probabilities.
+WEIGHT_BITS = 32
+LOG2E = 1.4426950408889634
+
+
+def scale_log2(temperature: float) -> np.float32:
+    """float32(log2(e) / temperature): the factor that turns logit differences into log2 weights."""
+    return np.float32(LOG2E / temperature)
+
+
+def exp2_det(y: np.ndarray) -> np.ndarray:
+    """2^y for float32 y ≤ 0, reproducible bit for bit on the GPU (see the module doc).
+
+    y: float32 array. Returns float32: 0 where y < EXP2_MIN or y is NaN, else 2^n · p(y − n).
+    """
+    y = np.asarray(y, dtype=np.float32)
+    valid = y >= EXP2_MIN                                  # False for NaN
+    yv = np.where(valid, y, np.float32(0))
+    n = np.floor(yv)
+    f = yv - n                                             # float32, rounded like __fsub_rn
+    p = EXP2_COEFFS[5]
+    for c in EXP2_COEFFS[4::-1]:
+        p = p * f + c                                      # two roundings: no FMA
+    p = p * f + np.float32(1.0)
+    e = p * np.ldexp(np.float32(1.0), n.astype(np.int32)).astype(np.float32)
+    return np.where(valid, e, np.float32(0)).astype(np.float32)
+
+
+def weights(logits: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """(e float32 [V], W uint64 [V]) of the logits at a temperature (module doc, step 1).
+
+    Assumes the largest non-NaN logit is finite (callers check).
+    """
+    l = np.asarray(logits, dtype=np.float32).reshape(-1)
+    l_max = l[argmax_total_order(l)]
+    e = exp2_det((l - l_max) * scale_log2(temperature))
+    w = np.floor(np.ldexp(e.astype(np.float64), WEIGHT_BITS)).astype(np.uint64)
+    return e, w
+
+
+def argmax_total_order(logits: np.ndarray) -> int:
+    """The GPU argmax's order (ptx/warp.cuh argmax_better): the largest non-NaN value, lowest
+    index on ties; 0 if every value is NaN."""
+    l = np.asarray(logits).reshape(-1)
+    ok = np.flatnonzero(~np.isnan(l))
+    if ok.size == 0:
+        return 0
+    return int(ok[np.argmax(l[ok])])
+
+
+def kept_tokens(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(kept token ids in id order, their uint64 weights) for a non-greedy `params` (module doc,
+    steps 1–3). The largest logit must be finite."""
+    e, w = weights(logits, params.temperature)
+    v = e.size
+    order = np.argsort(-(e.view(np.uint32).astype(np.int64)), kind="stable")   # e desc, id asc
+    cum = np.cumsum(w[order], dtype=np.uint64)
+    n = v if params.top_k == 0 else min(params.top_k, v)
+    if params.top_p < 1.0:
+        c1 = int(cum[n - 1])
+        goal = math.ceil(float(c1) * params.top_p)          # exact operands, one float64 rounding
+        n = int(np.searchsorted(cum, goal, side="left")) + 1  # first prefix with weight ≥ goal
+    kept = np.sort(order[:n])
+    return kept, w[kept]
+
+
 def sample(logits: np.ndarray, params: SamplingParams, u: float) -> int:
     """Pick a token from logits [V] given the uniform number u in [0, 1).
 
-    Steps (in float64): greedy if params.greedy; else p = softmax(logits / T); sort by p
-    descending (ties: lower id first); keep the top_k; keep the shortest prefix whose mass
-    reaches top_p (at least one token); renormalize; return the first token whose cumulative
-    mass exceeds u.
+    u is taken as the 32-bit integer x = floor(u · 2^32) (exactly the Philox output when
+    u = uniform(seed, step)). Greedy if params.greedy or the largest logit is not finite;
+    else the kept set of `kept_tokens` scanned in id order: the first token whose cumulative
+    weight exceeds floor(x · C / 2^32), C the kept weight (module doc, step 4).
     """
     if params.greedy:
         return argmax(logits)
-    z = np.asarray(logits, dtype=np.float64) / params.temperature
-    z = z - np.max(z)
-    p = np.exp(z)
-    order = np.argsort(-p, kind="stable")
-    ps = p[order] / p.sum()
-    if params.top_k > 0:
-        ps = ps[: params.top_k]
-    if params.top_p < 1.0:
-        c = np.cumsum(ps)
-        keep = int(np.searchsorted(c, params.top_p * c[-1], side="left")) + 1
-        ps = ps[: max(1, min(keep, len(ps)))]
-    c = np.cumsum(ps)
-    i = int(np.searchsorted(c, u * c[-1], side="right"))
-    return int(order[min(i, len(ps) - 1)])
+    l = np.asarray(logits, dtype=np.float32).reshape(-1)
+    best = argmax_total_order(l)
+    if not np.isfinite(l[best]):
+        return best
+    kept, w = kept_tokens(l, params)
+    cum = np.cumsum(w, dtype=np.uint64)
+    x = int(u * 2.0**32)
+    target = (x * int(cum[-1])) >> 32                        # < C: some kept token exceeds it
+    return int(kept[int(np.searchsorted(cum, target, side="right"))])

@@ -9,7 +9,8 @@ Reading order, bottom up:
 - tensormap.py TMA descriptors (cuTensorMapEncodeTiled)
 - launch.py    streams, events, and `KernelLaunch` with parameters packed once
 - memory.py    device buffers, the pool, typed arrays, pinned staging uploads
-- graph.py     stream capture → graph → replay
+- graph.py     stream capture → graph → replay; GraphInput, a value handed to a graph
+- bandwidth.py the device-to-device copy bandwidth (the benchmark's ceiling)
 
 Importing this package never touches the GPU: libcuda is loaded on the first driver call,
 so a machine without a GPU can import everything (and compile kernels with NVRTC).

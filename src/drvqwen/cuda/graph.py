@@ -16,6 +16,10 @@ Capture records, it does not run: the launches inside the `with` do no work unti
 While a blocking stream (launch.Stream) captures, the legacy default stream is unusable, so
 the synchronous copies of memory.py must not be called inside the `with` (CUDA runtime API
 reference, cudaStreamIsCapturing).
+
+A value the host must hand a graph at launch time (the decode step's newly allocated KV page)
+goes through a `GraphInput`: a device scalar the captured kernels read, filled by an async copy
+queued on the stream just before the launch. The graph itself is never edited.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 from cuda.bindings import driver
 
 from .errors import check
 from .launch import Stream
+from .memory import DeviceArray, DeviceBuffer, PinnedHostBuffer
 
 # GLOBAL mode: while any thread captures, a "potentially unsafe" call (cuMemAlloc, a
 # synchronous cuMemcpy …) from *any* thread fails instead of silently running outside the
@@ -42,8 +48,20 @@ class GraphExec:
         self.handle = handle
 
     def launch(self, stream: Stream) -> None:
-        """Replay the whole graph on `stream` (one cuGraphLaunch)."""
+        """Replay the whole graph on `stream` (one cuGraphLaunch).
+
+        Raises:
+            CudaError: the launch was refused (or an earlier kernel faulted: errors are sticky).
+        """
         check(driver.cuGraphLaunch(self.handle, stream.handle), "cuGraphLaunch")
+
+    def upload(self, stream: Stream) -> None:
+        """cuGraphUpload: move the exec's work descriptors to the device now, queued on `stream`.
+
+        Without it the first `launch()` does this upload itself and is slower than every later
+        one, which would show up as an outlier in a latency measurement.
+        """
+        check(driver.cuGraphUpload(self.handle, stream.handle), "cuGraphUpload")
 
     def destroy(self) -> None:
         """cuGraphExecDestroy; idempotent."""
@@ -113,3 +131,62 @@ def capture(stream: Stream) -> Iterator[_Capture]:
             driver.cuGraphDestroy(partial)
         raise
     cap.graph = end_capture(stream)
+
+
+class GraphInput:
+    """A device value a captured graph reads, handed over by the host before each launch.
+
+    Why not edit the graph: cuGraphExecKernelNodeSetParams per step would cost a driver call
+    per changed node and make the replayed graph differ from step to step. Instead a captured
+    kernel reads `array` (one element of `dtype` in device memory), and `set()` queues a copy
+    into it on the launch stream, so stream order puts the new value in place before the
+    graph's first node runs.
+
+    The copy source is page-locked host memory with `n_slots` slots. An async copy from pinned
+    memory reads its source when the stream *reaches* the copy, which can be many launches
+    after `set()` returned if the host runs ahead of the GPU; so a slot may only be rewritten
+    once the copy queued from it has run. Callers use a fresh slot per value (graphs.py: one
+    per logical KV page) and synchronize the stream before cycling through the slots again.
+    (Pageable memory would be staged by the driver during the call instead, a hidden host
+    copy and a possible stall per launch.)
+
+    Attributes:
+        array: the device scalar, a `DeviceArray` of shape (1,), to pass to kernels.
+        n_slots: the number of host slots.
+    """
+
+    def __init__(self, n_slots: int, dtype=np.int32, name: str = "graph_input") -> None:
+        """Allocate the device scalar and the pinned slots (before any capture: allocation is
+        an unsafe call while a stream captures).
+
+        Raises:
+            DeviceMemoryError: the allocation does not fit.
+        """
+        assert n_slots >= 1, n_slots
+        self.dtype = np.dtype(dtype)
+        self.n_slots = int(n_slots)
+        self._buf = DeviceBuffer(self.dtype.itemsize, name)
+        self.array = DeviceArray(name, self._buf.ptr, (1,), self.dtype)
+        self._host = PinnedHostBuffer(self.n_slots * self.dtype.itemsize)
+        self.slots = self._host.view(self.dtype)  # [n_slots] host view of the pinned slots
+
+    def set(self, slot: int, value, stream: Stream) -> None:
+        """Write `value` into host slot `slot` and queue its copy into `array` on `stream`.
+
+        Raises:
+            IndexError: `slot` outside [0, n_slots).
+            CudaError: the copy could not be queued.
+        """
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"{self.array.name}: slot {slot} outside [0, {self.n_slots})")
+        self.slots[slot] = value
+        n = self.dtype.itemsize
+        check(driver.cuMemcpyHtoDAsync(self._buf.ptr, self._host.ptr + slot * n, n, stream.handle),
+              "cuMemcpyHtoDAsync")
+
+    def close(self) -> None:
+        """Free the device scalar and the pinned slots; idempotent. Synchronize the stream first:
+        a queued copy may still read a slot."""
+        self._buf.free()
+        self._host.free()
+        self.slots = None  # the view pointed into the freed pinned memory

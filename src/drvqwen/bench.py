@@ -1,0 +1,394 @@
+"""`drvqwen bench`: decode speed by the seeds' protocol, eager launches against CUDA graphs.
+
+    python -m drvqwen.bench [--preset 7b|0.5b] [--model FILE] [--json OUT.json]
+    drvqwen bench ...                      (the same, once cli.py registers it)
+
+Protocol (DESIGN.md §11): a 512-token prompt, then 128 greedy tokens with stop tokens ignored,
+GPU clocks left as they are. Reported per mode:
+
+- TTFT: prompt submitted → first token on the host, through the GPU prefill (drvqwen.prefill;
+  it runs eagerly in both modes). Where it does not exist, or with --no-prefill, the prompt is
+  fed one decode step per token, which is no TTFT, and TTFT is reported as not available.
+- ITL: wall time between consecutive tokens on the host, each step synchronized and its token
+  read back (what a user streaming tokens waits), median and p99 over the 127 decode steps
+  after the first token; decode tok/s = 127 / their sum.
+- effective bandwidth: bytes read per token ÷ median ITL. Bytes per token = every weight but
+  the embedding (the embedding kernel reads one row; lm_head, norms, biases and scales are
+  read whole) plus the K and V bytes attention reads at that length, averaged over the steps.
+- its ratio to the copy bandwidth measured in the same run (`cuda.bandwidth`: a ≥ 2 GB
+  cuMemcpyDtoD). Convention: the copy counts bytes read + written (2 × size), as the 4.3 TB/s
+  H200 figure does; decode counts bytes read only (its writes are < 0.1 % of its traffic).
+
+Eager (`DecodeStep.step`, pre-packed launches) and graph (`graphs.GraphDecoder`) run the same
+prompt from a fresh sequence; the table shows both and eager ITL ÷ graph ITL, and checks that
+both generated the same tokens. Default model: the synthetic 7B (format/synthetic.py, seed 1),
+written to /dev/shm on Linux (else the cache root) the first time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .config import PRESETS
+from .errors import DrvqwenError
+
+PROMPT_TOKENS = 512
+NEW_TOKENS = 128
+# Before each measured run, a throw-away sequence of this many steps: it crosses two page
+# boundaries (16, 32), so every kernel and both graphs have run once before timing starts.
+WARMUP_TOKENS = 40
+SYNTHETIC_SEED = 1                    # tools/bench_decode.py writes the same file
+MODES = ("eager", "graph")
+
+err = Console(stderr=True, highlight=False)
+
+
+# ---- the model ---------------------------------------------------------------------------------
+def default_synthetic_path(preset: str) -> Path:
+    """Where the synthetic model of `preset` is kept: /dev/shm on Linux (RAM: the 5.5 GB 7B is
+    written in seconds and mapped without disk reads), else the cache root's models/."""
+    name = f"drvqwen_syn_{preset}.nanoqwen"
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        return shm / name
+    from .paths import models_dir
+
+    return models_dir() / name
+
+
+def _placeholder_tokenizer_json() -> str:
+    """A tiny byte-level BPE tokenizer.json: speed runs never decode text, and no real
+    tokenizer can be fetched on the GPU machines."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=True)
+
+
+def ensure_synthetic(preset: str, path: Path | None = None) -> Path:
+    """The synthetic `.nanoqwen` of `preset` at `path` (default: `default_synthetic_path`),
+    written from SYNTHETIC_SEED with a progress bar if it does not exist yet.
+
+    Raises:
+        DrvqwenError: unknown preset.
+    """
+    if preset not in PRESETS:
+        raise DrvqwenError(f"--preset {preset}: choose one of {', '.join(sorted(PRESETS))}")
+    path = path or default_synthetic_path(preset)
+    if path.exists():
+        return path
+    from .format.synthetic import write_synthetic
+
+    t0 = time.perf_counter()
+    with _progress() as p:
+        task = p.add_task(f"writing synthetic {preset} → {path}", total=None)
+        write_synthetic(path, PRESETS[preset], SYNTHETIC_SEED, _placeholder_tokenizer_json(),
+                        progress=lambda name, i, n: p.update(task, completed=i, total=n))
+    err.print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
+    return path
+
+
+# ---- measuring one mode ------------------------------------------------------------------------
+@dataclass
+class ModeResult:
+    """One mode's run of the protocol (times in ms, bandwidths in GB/s = 1e9 B/s)."""
+
+    mode: str
+    ttft_ms: float | None
+    itl_ms: list[float]
+    tokens: list[int]
+    bytes_per_token: float                 # mean over the timed steps
+    copy_gbps: float
+    itl_median_ms: float = field(init=False)
+    itl_p99_ms: float = field(init=False)
+    decode_tok_s: float = field(init=False)
+    effective_gbps: float = field(init=False)
+    fraction_of_copy: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        itl = np.asarray(self.itl_ms)
+        self.itl_median_ms = float(np.median(itl))
+        self.itl_p99_ms = float(np.percentile(itl, 99))
+        self.decode_tok_s = float(len(itl) / (itl.sum() * 1e-3))
+        self.effective_gbps = self.bytes_per_token / (self.itl_median_ms * 1e-3) / 1e9
+        self.fraction_of_copy = self.effective_gbps / self.copy_gbps
+
+
+def weight_bytes_per_token(dec) -> int:
+    """Weight bytes one decode step reads: every uploaded tensor but the embedding."""
+    return sum(a.nbytes for name, a in dec.weights.arrays.items() if name != "model.embed_tokens.weight")
+
+
+def kv_bytes_read(config, seq_len: int) -> int:
+    """K and V bytes attention reads over all layers at `seq_len` tokens (fp16)."""
+    return 2 * config.num_layers * seq_len * config.num_kv_heads * config.head_dim * 2
+
+
+def load_prefill(dec):
+    """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`), or
+    None where that module does not exist in this checkout."""
+    try:
+        from .prefill import Prefill
+    except ImportError:
+        return None
+    return Prefill(dec)
+
+
+def _prompt_pass(decoder, prompt: list[int], prefill=None) -> float | None:
+    """Put `prompt` into the KV cache and leave its first generated token in `next_token`,
+    with the state ready to decode the next one.
+
+    With a prefill: TTFT, host time from submitting the prompt to the first token read back,
+    starting from an idle GPU. Without one the prompt is fed one decode step per token (the
+    decoder's own steps), which is no TTFT: None.
+
+    Returns:
+        TTFT in ms, or None.
+    """
+    if prefill is not None:
+        decoder.sync()                 # the previous sequence is done: its page slots are free
+        t0 = time.perf_counter()
+        prefill.run(prompt)            # start = 0: a new sequence, pages reserved for the prompt
+        decoder.next_token()
+        return (time.perf_counter() - t0) * 1e3
+    decoder.start(prompt[0])
+    for t in prompt[1:]:
+        decoder.step()
+        decoder.feed(t)
+    decoder.step()
+    decoder.sync()
+    return None
+
+
+def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_gbps: float,
+             prefill=None) -> ModeResult:
+    """The protocol on one decoder (DecodeStep for "eager", GraphDecoder for "graph"); the
+    prompt goes through `prefill` when given (`load_prefill`), else one step per token."""
+    decoder.start(prompt[0])
+    for _ in range(WARMUP_TOKENS):
+        decoder.step()
+    decoder.sync()
+    ttft_ms = _prompt_pass(decoder, prompt, prefill)
+    tokens = [decoder.next_token()]
+    itl_ms, kv = [], []
+    t_prev = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        kv.append(kv_bytes_read(dec.config, dec.pos + 1))
+        decoder.step()
+        tokens.append(decoder.next_token())   # waits for the step: the token is on the host
+        t = time.perf_counter()
+        itl_ms.append((t - t_prev) * 1e3)
+        t_prev = t
+    return ModeResult(mode, ttft_ms, itl_ms, tokens,
+                      weight_bytes_per_token(dec) + float(np.mean(kv)), copy_gbps)
+
+
+# ---- the whole benchmark -----------------------------------------------------------------------
+def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int = NEW_TOKENS,
+              max_context: int | None = None, modes: tuple[str, ...] = MODES, seed: int = 0,
+              copy_bytes: int | None = None, use_prefill: bool = True) -> dict:
+    """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
+
+    Args:
+        model_path: the model (synthetic or converted).
+        prompt_tokens, new_tokens: the protocol's 512 and 128.
+        max_context: KV cache size in tokens (default: the model's max_position, as `run`).
+        modes: a subset of ("eager", "graph").
+        seed: the random prompt's seed.
+        copy_bytes: bytes per copy of the bandwidth measurement (default 2 GiB).
+        use_prefill: run the prompt through the GPU prefill where it exists (TTFT); False
+            feeds it one decode step per token (no TTFT).
+
+    Raises:
+        DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
+    """
+    from .cuda import gpu_unavailable_reason
+    from .cuda.bandwidth import DEFAULT_COPY_BYTES, measure_copy_bandwidth
+    from .decode import DecodeStep
+    from .format.nanoqwen import NanoqwenFile
+    from .graphs import GraphDecoder
+
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
+    if prompt_tokens < 1 or new_tokens < 2:
+        raise DrvqwenError(f"--prompt-tokens {prompt_tokens} / --new-tokens {new_tokens}: need >= 1 and >= 2")
+    f = NanoqwenFile(model_path)
+    cfg = f.config
+    ctx = max_context or cfg.max_position
+    need = max(prompt_tokens + new_tokens, WARMUP_TOKENS + 1)
+    if need > ctx:
+        raise DrvqwenError(f"--max-context {ctx}: the protocol needs {need} tokens")
+
+    copy = measure_copy_bandwidth(copy_bytes or DEFAULT_COPY_BYTES)
+    err.print(f"copy bandwidth: {copy.gbps:.0f} GB/s (cuMemcpyDtoD of {copy.copy_bytes / 1e9:.2f} GB, "
+              f"read + write counted)")
+    total = sum(i.nbytes for i in f)
+    with _progress() as p:
+        task = p.add_task("uploading weights", total=total)
+        dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done))
+    graph = prefill = None
+    try:
+        t0 = time.perf_counter()
+        graph = GraphDecoder(dec) if "graph" in modes else None
+        capture_ms = (time.perf_counter() - t0) * 1e3
+        prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
+        prefill = load_prefill(dec) if use_prefill else None
+        if prefill is not None:
+            prefill.run(prompt)        # untimed: builds its launch list, first launches
+            dec.sync()
+        results: dict[str, ModeResult] = {}
+        for mode in modes:
+            err.print(f"{mode}: {WARMUP_TOKENS} warm-up steps, {prompt_tokens}-token prompt "
+                      f"({'GPU prefill' if prefill is not None else 'one step per token'}), {new_tokens} tokens …")
+            results[mode] = run_mode(mode, dec if mode == "eager" else graph, dec, prompt, new_tokens,
+                                     copy.gbps, prefill)
+        out = {
+            "device": dec.device.info.summary(),
+            "model": str(model_path),
+            "config": cfg.to_dict(),
+            "protocol": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "greedy": True,
+                         "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
+                         "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS,
+                         "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
+                                 "the first token read back" if prefill is not None
+                         else "not available: no GPU prefill used (prompt fed one decode step per token)",
+                         "itl": "host wall time between consecutive tokens read back, per step"},
+            "copy_bandwidth": {"GBps": copy.gbps, "copy_bytes": copy.copy_bytes, "times_ms": list(copy.times_ms),
+                               "convention": "bytes read + bytes written (2 x copy_bytes) per copy"},
+            "bytes_read_per_token": {"weights_minus_embedding": weight_bytes_per_token(dec),
+                                     "convention": "decode counts bytes read (weights but the embedding, "
+                                                   "plus KV at each step's length)"},
+            "launches_per_step": len(dec.launches),
+            "modes": {m: asdict(r) for m, r in results.items()},
+        }
+        if graph is not None:
+            out["graph"] = {"mode": graph.mode, "fallback_reason": graph.fallback_reason,
+                            "num_nodes": graph.num_nodes, "capture_ms": capture_ms,
+                            "steps_by_graph": graph.steps_by_graph}
+        if "eager" in results and "graph" in results:
+            e, g = results["eager"], results["graph"]
+            out["eager_over_graph_itl"] = e.itl_median_ms / g.itl_median_ms
+            out["same_tokens"] = e.tokens == g.tokens
+        return out
+    finally:
+        if graph is not None:
+            graph.close()
+        if prefill is not None:
+            prefill.close()
+        dec.close()
+        f.close()
+
+
+def print_table(res: dict, console: Console | None = None) -> None:
+    """The result as a rich table (one row per mode, plus eager ÷ graph)."""
+    console = console or Console()
+    cfg = res["config"]
+    t = Table(title=f"decode, {Path(res['model']).name} ({cfg['num_layers']} layers, d={cfg['hidden_size']}): "
+                    f"{res['protocol']['prompt_tokens']}-token prompt, {res['protocol']['new_tokens']} greedy tokens",
+              caption=f"{res['device']}; copy bandwidth {res['copy_bandwidth']['GBps']:.0f} GB/s (read + write); "
+                      f"{res['launches_per_step']} launches per step")
+    for c in ("mode", "TTFT ms", "ITL median ms", "ITL p99 ms", "tok/s", "effective GB/s", "of copy BW"):
+        t.add_column(c, justify="left" if c == "mode" else "right")
+    modes = res["modes"]
+    for m, r in modes.items():
+        ttft = "n/a" if r["ttft_ms"] is None else f"{r['ttft_ms']:.1f}"
+        t.add_row(m, ttft, f"{r['itl_median_ms']:.3f}", f"{r['itl_p99_ms']:.3f}", f"{r['decode_tok_s']:.1f}",
+                  f"{r['effective_gbps']:.0f}", f"{r['fraction_of_copy']:.1%}")
+    if "eager_over_graph_itl" in res:
+        e, g = modes["eager"], modes["graph"]
+        # Every ratio is the graph's gain: eager time ÷ graph time, graph rate ÷ eager rate.
+        t.add_row("graph gain", "", f"{res['eager_over_graph_itl']:.2f}×",
+                  f"{e['itl_p99_ms'] / g['itl_p99_ms']:.2f}×", f"{g['decode_tok_s'] / e['decode_tok_s']:.2f}×",
+                  f"{g['effective_gbps'] / e['effective_gbps']:.2f}×", "")
+    console.print(t)
+    if "same_tokens" in res:
+        console.print("eager and graph generated the same tokens" if res["same_tokens"]
+                      else "[bold red]eager and graph generated DIFFERENT tokens")
+    if res.get("graph", {}).get("mode") == "eager":
+        console.print(f"[yellow]graph capture failed, the graph row ran eagerly: {res['graph']['fallback_reason']}")
+
+
+# ---- command line ------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The bench options (shared by `drvqwen bench` and `python -m drvqwen.bench`)."""
+    p.add_argument("--model", help="a .nanoqwen, HF folder or GGUF (default: the synthetic --preset model, "
+                                   "written on first use)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="7b", help="synthetic model shape (default: 7b)")
+    p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help=f"default: {PROMPT_TOKENS}")
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help=f"default: {NEW_TOKENS}")
+    p.add_argument("--max-context", type=int, default=0, help="KV cache size in tokens (default: the model's)")
+    p.add_argument("--mode", choices=(*MODES, "both"), default="both", help="default: both, side by side")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default: 0)")
+    p.add_argument("--no-prefill", action="store_true",
+                   help="feed the prompt one decode step per token even where a GPU prefill exists (no TTFT)")
+    p.add_argument("--json", help="also write the result as JSON to this file")
+
+
+def cmd_bench(args) -> int:
+    """Run the benchmark for parsed `args`; print the table, write --json. Returns 0."""
+    from .cuda import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()   # before minutes of writing a synthetic model
+    if reason is not None:
+        raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
+    if args.model:
+        from .models import resolve_model
+
+        f = resolve_model(args.model)
+        path = f.path
+        f.close()
+    else:
+        path = ensure_synthetic(args.preset)
+    modes = MODES if args.mode == "both" else (args.mode,)
+    res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                    max_context=args.max_context or None, modes=modes, seed=args.seed,
+                    use_prefill=not args.no_prefill)
+    print_table(res)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1))
+        err.print(f"wrote {args.json}")
+    return 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `bench` command to the CLI's subparsers (cli.build_parser)."""
+    p = subparsers.add_parser("bench", help="decode speed: eager vs CUDA graphs (DESIGN.md §11 protocol)",
+                              description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m drvqwen.bench`: user errors print one line and exit with status 2."""
+    ap = argparse.ArgumentParser(prog="python -m drvqwen.bench", description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        return cmd_bench(args)
+    except DrvqwenError as e:
+        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

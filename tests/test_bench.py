@@ -1,0 +1,152 @@
+"""`drvqwen bench` (bench.py) without a GPU: the figures it derives, the table, the command line.
+
+The measurement itself needs the H200 (tools/gpu_check.sh bench); here the arithmetic of the
+protocol is checked on made-up timings: bytes per token, effective bandwidth and its ratio to
+the copy bandwidth (read + write convention), ITL median/p99, tok/s, and that a machine without
+a GPU gets one line of error before any synthetic model is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from drvqwen import bench
+from drvqwen.config import QWEN25_CODER_7B
+from drvqwen.cuda.bandwidth import CopyBandwidth
+
+
+def test_kv_bytes_read_7b():
+    # 28 layers × (K + V) × 4 KV heads × 128 dims × 2 B = 57344 B per token of context.
+    assert bench.kv_bytes_read(QWEN25_CODER_7B, 1) == 57344
+    assert bench.kv_bytes_read(QWEN25_CODER_7B, 576) == 576 * 57344
+
+
+def test_weight_bytes_skip_only_the_embedding():
+    arr = lambda n: SimpleNamespace(nbytes=n)  # noqa: E731
+    dec = SimpleNamespace(weights=SimpleNamespace(arrays={
+        "model.embed_tokens.weight": arr(1000), "lm_head.weight": arr(700), "model.norm.weight": arr(7)}))
+    assert bench.weight_bytes_per_token(dec) == 707
+
+
+def test_mode_result_figures():
+    itl = [2.0] * 50 + [1.0] * 76 + [10.0]          # ms, 127 decode steps
+    r = bench.ModeResult("graph", None, itl, list(range(128)), bytes_per_token=4.455e9, copy_gbps=4300.0)
+    assert r.itl_median_ms == 1.0
+    assert r.itl_p99_ms == pytest.approx(np.percentile(itl, 99))
+    assert r.decode_tok_s == pytest.approx(127 / (sum(itl) * 1e-3))
+    assert r.effective_gbps == pytest.approx(4455.0)  # 4.455 GB in 1 ms
+    assert r.fraction_of_copy == pytest.approx(4455.0 / 4300.0)
+
+
+def test_copy_bandwidth_counts_read_and_write():
+    c = CopyBandwidth(2 * 2**30, (1.0, 0.9, 1.1))
+    assert c.gbps == pytest.approx(2 * 2 * 2**30 / 1e-3 / 1e9)
+
+
+def _result() -> dict:
+    cfg = QWEN25_CODER_7B.to_dict()
+    mk = lambda m, ms: bench.ModeResult(m, None, [ms] * 127, [1] * 128, 4.5e9, 4300.0)  # noqa: E731
+    e, g = mk("eager", 2.4), mk("graph", 1.6)
+    from dataclasses import asdict
+
+    return {"device": "GPU 0: fake", "model": "/dev/shm/drvqwen_syn_7b.nanoqwen", "config": cfg,
+            "protocol": {"prompt_tokens": 512, "new_tokens": 128}, "launches_per_step": 257,
+            "copy_bandwidth": {"GBps": 4300.0}, "modes": {"eager": asdict(e), "graph": asdict(g)},
+            "graph": {"mode": "graph", "fallback_reason": None}, "eager_over_graph_itl": 1.5,
+            "same_tokens": True}
+
+
+def test_print_table(capsys):
+    from rich.console import Console
+
+    con = Console(width=200, force_terminal=False)
+    bench.print_table(_result(), con)
+    out = capsys.readouterr().out
+    assert "ITL median ms" in out and "eager" in out and "graph gain" in out and "1.50×" in out
+    assert "n/a" in out                                # no TTFT without a GPU prefill
+    assert "same tokens" in out
+
+
+def test_register_adds_the_bench_command():
+    ap = argparse.ArgumentParser()
+    bench.register(ap.add_subparsers(dest="cmd"))
+    args = ap.parse_args(["bench", "--preset", "0.5b", "--json", "x.json", "--mode", "graph"])
+    assert args.fn is bench.cmd_bench and args.preset == "0.5b" and args.mode == "graph"
+    assert args.prompt_tokens == 512 and args.new_tokens == 128
+
+
+def test_default_synthetic_path():
+    p = bench.default_synthetic_path("7b")
+    assert p.name == "drvqwen_syn_7b.nanoqwen"
+
+
+def test_standalone_module_without_gpu_is_one_line_error(tmp_path):
+    from drvqwen.cuda import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present: the benchmark would run")
+    r = subprocess.run([sys.executable, "-m", "drvqwen.bench", "--preset", "0.5b",
+                        "--json", str(tmp_path / "b.json")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "needs a Hopper GPU" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "b.json").exists()
+
+
+class FakeDecoder:
+    """DecodeStep's/GraphDecoder's running interface on the host, counting what it is asked."""
+
+    def __init__(self):
+        self.config = QWEN25_CODER_7B
+        self.weights = SimpleNamespace(arrays={"lm_head.weight": SimpleNamespace(nbytes=100)})
+        self.pos, self.token, self.steps, self.fed = 0, 0, 0, []
+
+    def start(self, token, pos=0):
+        self.pos, self.token = pos, token
+
+    def step(self):
+        self.pos += 1
+        self.steps += 1
+        self.token = (self.token * 7 + 1) % 1000
+
+    def feed(self, token):
+        self.fed.append(token)
+        self.token = token
+
+    def sync(self):
+        pass
+
+    def next_token(self):
+        return self.token
+
+
+class FakePrefill:
+    def __init__(self, dec):
+        self.dec, self.runs = dec, 0
+
+    def run(self, ids, start=0):
+        self.runs += 1
+        self.dec.start(ids[-1], len(ids))   # what DecodeResume leaves: decode at position T
+
+
+@pytest.mark.parametrize("with_prefill", [False, True])
+def test_run_mode_protocol(with_prefill):
+    d = FakeDecoder()
+    prompt = list(range(1, 21))
+    pf = FakePrefill(d) if with_prefill else None
+    r = bench.run_mode("graph", d, d, prompt, 8, copy_gbps=4000.0, prefill=pf)
+    assert len(r.tokens) == 8 and len(r.itl_ms) == 7
+    assert (r.ttft_ms is not None) == with_prefill
+    if with_prefill:
+        assert pf.runs == 1 and d.fed == [] and d.steps == bench.WARMUP_TOKENS + 7
+    else:
+        assert d.fed == prompt[1:] and d.steps == bench.WARMUP_TOKENS + len(prompt) + 7
+    # bytes per token: weights but the embedding + the mean KV read over the 7 timed steps
+    # (their lengths 21 … 27 after the prompt).
+    assert r.bytes_per_token == pytest.approx(100 + bench.kv_bytes_read(QWEN25_CODER_7B, 24))
+    assert d.pos == len(prompt) + 7

@@ -1,0 +1,693 @@
+"""CUDA-graph decode (graphs.py): graph A / graph B replay against the eager decode step.
+
+CPU part (runs in CI): the A/B choice and the page bookkeeping, with the device parts faked.
+A fake "GPU" holds the device state, block table and the hand-over scalar; fake launches act
+on it (rope_kv records which physical page each position's K/V went to, and fails if the block
+table has no entry yet — exactly what graph B must prevent); fake capture records launches
+without running them and a fake exec replays them, as the driver does.
+
+GPU part (@pytest.mark.gpu): graph decode equals eager decode bit for bit — the same tokens
+and the same fp32 logits bits at every step — over 600 generated tokens (≥ 37 page
+boundaries) with stop tokens ignored, from prompts of 15, 16 and 17 tokens (ending just before,
+on and just after a page boundary), fed one eager step per token; pages come from a shuffled
+free list, reshuffled between runs. Models: 2 layers at the 7B widths (full vocabulary) and the
+full 0.5B shape, both synthetic. Then: the block table on the device matches the host's, every
+page is used once and none leaks; two prompts in a row in one engine give what two fresh
+engines give; decoding after the GPU prefill (when it exists) hands over cleanly; a capture
+that fails falls back to eager with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drvqwen import graphs
+from drvqwen.config import PAGE_SIZE, QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.cuda import CudaError
+from drvqwen.decode import NamedLaunch, PageAllocator
+from drvqwen.errors import DrvqwenError
+from drvqwen.graphs import GRAPH_A, GRAPH_B, GraphCaptureError, GraphDecoder, opens_page, plan_step
+
+# ================================================================================================
+# CPU: the A/B choice and page bookkeeping
+# ================================================================================================
+
+
+def test_plan_step_b_exactly_at_page_boundaries(rng):
+    n_pages = 12
+    pages = PageAllocator(n_pages, rng)
+    order = list(pages.free)                       # the shuffled free list, popped front first
+    chosen = [plan_step(pages, pos, n_pages * PAGE_SIZE) for pos in range(n_pages * PAGE_SIZE)]
+    for pos, plan in enumerate(chosen):
+        assert plan.graph == (GRAPH_B if pos % PAGE_SIZE == 0 else GRAPH_A), pos
+        assert plan.logical_page == pos // PAGE_SIZE
+        assert (plan.page is None) == (plan.graph == GRAPH_A)
+    assert [p.page for p in chosen if p.graph == GRAPH_B] == order
+    assert pages.block_table == order and pages.free == []
+    with pytest.raises(DrvqwenError, match="context full"):
+        plan_step(pages, n_pages * PAGE_SIZE, n_pages * PAGE_SIZE)
+
+
+def test_plan_step_after_an_eager_prefix_and_on_reuse(rng):
+    pages = PageAllocator(8, rng)
+    for pos in range(20):                          # an eager prompt pass allocated pages 0 and 1
+        pages.page_for(pos)
+    assert not opens_page(pages, 20) and plan_step(pages, 20, 128).graph == GRAPH_A
+    assert [plan_step(pages, p, 128).graph for p in range(21, 33)] == [GRAPH_A] * 11 + [GRAPH_B]
+    # Restarting inside an allocated range (e.g. a rewind to position 16) opens nothing.
+    assert plan_step(pages, 16, 128).graph == GRAPH_A
+    # A new sequence: all pages back, the first step opens a page again.
+    pages.release_all()
+    assert sorted(pages.free) == list(range(8))
+    assert plan_step(pages, 0, 128).graph == GRAPH_B
+
+
+def test_plan_step_kv_pool_exhausted():
+    pages = PageAllocator(2)
+    for pos in range(2 * PAGE_SIZE):
+        plan_step(pages, pos, 1024)
+    with pytest.raises(DrvqwenError, match="KV cache full"):
+        plan_step(pages, 2 * PAGE_SIZE, 1024)
+
+
+# ---- a fake GPU ------------------------------------------------------------------------------
+# Work queued on a FakeStream runs when the stream is synchronized (or read from), not when it
+# is queued, so a test can let the host run ahead of the "GPU" as the real one does.
+
+
+class FakeGPU:
+    """Device memory of the fake: state [pos, token, seq_len], block table, new_page scalar,
+    and what the fake kernels recorded."""
+
+    def __init__(self, n_pages: int, vocab: int = 1000):
+        self.state = np.zeros(3, np.int32)
+        self.block_table = np.full(n_pages, -1, np.int32)
+        self.new_page = np.zeros(1, np.int32)
+        self.next_token = np.zeros(1, np.int32)
+        self.vocab = vocab
+        self.kv_page_of: dict[int, int] = {}     # position → physical page its K/V went to
+        self.log: list[str] = []                 # every kernel run, in order
+
+
+class FakeStream:
+    """An in-order queue: `capturing` is the list a capture records into (None when not)."""
+
+    def __init__(self):
+        self.capturing: list | None = None
+        self.queue: list = []
+        self.handle = "stream"
+
+    def enqueue(self, work) -> None:
+        self.queue.append(work)
+
+    def synchronize(self) -> None:
+        while self.queue:
+            self.queue.pop(0)()
+
+
+class FakeLaunch:
+    """A KernelLaunch stand-in: `launch(stream)` queues `fn(gpu)` on the stream (default: the
+    one it was built for), or records it when the stream is capturing (as the driver does)."""
+
+    def __init__(self, gpu: FakeGPU, name: str, fn, stream: FakeStream):
+        self.gpu, self.name, self.fn, self.stream = gpu, name, fn, stream
+
+    def run(self) -> None:
+        self.gpu.log.append(self.name)
+        self.fn(self.gpu)
+
+    def launch(self, stream=None):
+        stream = stream or self.stream
+        if stream.capturing is not None:
+            stream.capturing.append(self)
+        else:
+            stream.enqueue(self.run)
+
+
+def _rope_kv(g: FakeGPU) -> None:
+    pos = int(g.state[0])
+    page = int(g.block_table[pos // PAGE_SIZE])
+    assert page >= 0, f"K/V write at position {pos}: no block-table entry yet"
+    g.kv_page_of[pos] = page
+
+
+def _argmax(g: FakeGPU) -> None:
+    # A deterministic "model": the next token depends on the input token and the position.
+    g.next_token[0] = (int(g.state[1]) * 31 + int(g.state[0]) * 7 + 3) % g.vocab
+
+
+def _advance_state(g: FakeGPU) -> None:
+    g.state[1] = g.next_token[0]
+    g.state[0] += 1
+    g.state[2] += 1
+
+
+class FakeArray:
+    def __init__(self, name):
+        self.name = name
+
+
+class FakeDecodeStep:
+    """The part of DecodeStep that GraphDecoder uses, acting on a FakeGPU with DecodeStep's
+    semantics: start/feed write the device state (start after waiting for the stream), an eager
+    step allocates a page on the host at a boundary and queues its block-table write before
+    the step's kernels."""
+
+    def __init__(self, n_pages: int, rng=None):
+        self.gpu = FakeGPU(n_pages)
+        self.stream = FakeStream()
+        self.pages = PageAllocator(n_pages, rng)
+        self.max_context = n_pages * PAGE_SIZE
+        self.buf = {"block_table": FakeArray("block_table"), "state": FakeArray("state")}
+        self.launches = [NamedLaunch(n, FakeLaunch(self.gpu, n, fn, self.stream), None) for n, fn in (
+            ("embedding", lambda g: None), ("L0.rope_kv", _rope_kv), ("L0.attention", lambda g: None),
+            ("argmax", _argmax), ("advance_state", _advance_state))]
+        self.pos = 0
+
+    def start(self, token, pos=0):
+        self.sync()
+        if pos == 0:
+            self.pages.release_all()
+        self.gpu.state[:] = (pos, token, pos + 1)
+        self.pos = pos
+
+    def feed(self, token):
+        self.stream.enqueue(lambda: self.gpu.state.__setitem__(1, token))
+        self.sync()
+
+    def step(self):
+        if self.pos >= self.max_context:
+            raise DrvqwenError("context full")
+        page, new = self.pages.page_for(self.pos)
+        if new:
+            self.stream.enqueue(lambda i=self.pos // PAGE_SIZE: self.gpu.block_table.__setitem__(i, page))
+            self.sync()
+        for nl in self.launches:
+            nl.launch.launch()
+        self.pos += 1
+
+    def sync(self):
+        self.stream.synchronize()
+
+    def next_token(self):
+        self.sync()
+        return int(self.gpu.next_token[0])
+
+    def logits(self):
+        return np.array([self.next_token()], np.float32)
+
+
+class FakeExec:
+    def __init__(self, launches):
+        self.launches = launches
+        self.destroyed = False
+
+    def launch(self, stream):
+        assert not self.destroyed
+        for ln in self.launches:
+            stream.enqueue(ln.run)
+
+    def upload(self, stream):
+        pass
+
+    def destroy(self):
+        self.destroyed = True
+
+
+class FakeGraph:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def num_nodes(self):
+        return len(self.launches)
+
+    def instantiate(self):
+        return FakeExec(self.launches)
+
+    def destroy(self):
+        pass
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """Patch graphs.py's device parts: capture, GraphInput and the set_block_table_entry launcher."""
+    from contextlib import contextmanager
+
+    made = {"inputs": [], "execs": []}
+
+    @contextmanager
+    def fake_capture(stream):
+        class Cap:
+            graph = None
+        cap = Cap()
+        stream.capturing = []
+        try:
+            yield cap
+        finally:
+            recorded, stream.capturing = stream.capturing, None
+        cap.graph = FakeGraph(recorded)
+
+    class FakeGraphInput:
+
+        def __init__(self, n_slots, dtype, name):
+            self.slots = np.zeros(n_slots, dtype)
+            self.array = FakeArray(name)
+            self.gpu = None
+            self.closed = False
+            made["inputs"].append(self)
+
+        def set(self, slot, value, stream):
+            # An async copy: it reads the host slot when the stream reaches it.
+            self.slots[slot] = value
+            stream.enqueue(lambda: self.gpu.new_page.__setitem__(0, self.slots[slot]))
+
+        def close(self):
+            self.closed = True
+
+    class FakeSetBlockTableEntry:
+        def __init__(self, block_table, new_page, state, *, n_pages, stream):
+            gi = made["inputs"][-1]
+            gi.gpu = made["gpu"]
+
+            def kernel(g):
+                g.block_table[g.state[0] // PAGE_SIZE] = g.new_page[0]
+            self.launches = [FakeLaunch(made["gpu"], "set_block_table_entry", kernel, stream)]
+
+    monkeypatch.setattr(graphs, "capture", fake_capture)
+    monkeypatch.setattr(graphs, "GraphInput", FakeGraphInput)
+    monkeypatch.setattr(graphs.K, "SetBlockTableEntry", FakeSetBlockTableEntry)
+    return made
+
+
+def _fake_engine(fake_device, n_pages, rng):
+    dec = FakeDecodeStep(n_pages, rng)
+    fake_device["gpu"] = dec.gpu
+    return dec, GraphDecoder(dec)
+
+
+def _run(decoder, dec, prompt, n_gen):
+    """Prompt one eager step per token, then n_gen steps of `decoder`; the generated tokens."""
+    decoder.start(prompt[0])
+    for t in prompt[1:]:
+        dec.step()
+        dec.feed(t)
+    dec.step()
+    out = [decoder.next_token()]
+    for _ in range(n_gen):
+        decoder.step()
+        out.append(decoder.next_token())
+    return out
+
+
+@pytest.mark.parametrize("n_prompt", [1, 15, 16, 17, 31, 32, 33])
+def test_fake_graph_decode_matches_eager_and_keeps_pages(fake_device, rng, n_prompt):
+    n_pages, n_gen = 12, 150
+    dec, gd = _fake_engine(fake_device, n_pages, rng)
+    assert gd.mode == "graph" and gd.num_nodes == {GRAPH_A: 5, GRAPH_B: 6}
+    prompt = rng.integers(0, 1000, n_prompt).tolist()
+    want = _run(dec, dec, prompt, n_gen)
+    want_pages = dict(dec.gpu.kv_page_of)
+    dec.gpu.kv_page_of.clear()
+    dec.gpu.block_table[:] = -1                    # what the eager run wrote must not help
+
+    got = _run(gd, dec, prompt, n_gen)
+    assert got == want
+    n_tokens = n_prompt + n_gen
+    n_used = -(-n_tokens // PAGE_SIZE)
+    # B ran exactly at the generated positions that open a page.
+    assert gd.steps_by_graph[GRAPH_B] == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_SIZE == 0)
+    assert gd.steps_by_graph[GRAPH_A] == n_gen - gd.steps_by_graph[GRAPH_B]
+    # Device block table = host block table; every page once; none leaked.
+    assert dec.gpu.block_table[:n_used].tolist() == dec.pages.block_table
+    assert len(set(dec.pages.block_table)) == n_used
+    assert sorted(dec.pages.block_table + dec.pages.free) == list(range(n_pages))
+    # Each position's K/V went to the page the block table names (same pages as eager: the
+    # freed pages return to the front of the free list in the same order).
+    assert {p: dec.pages.block_table[p // PAGE_SIZE] for p in range(n_tokens)} == dec.gpu.kv_page_of
+    assert dec.gpu.kv_page_of == want_pages
+
+
+def test_fake_graph_replays_captured_work_and_closes(fake_device, rng):
+    dec, gd = _fake_engine(fake_device, 4, rng)
+    gd.sync()
+    assert dec.gpu.log == []                       # capture records, it does not run
+    gd.start(5)
+    assert gd.step() == GRAPH_B and gd.step() == GRAPH_A
+    gd.sync()
+    assert dec.gpu.log == ["set_block_table_entry", "embedding", "L0.rope_kv", "L0.attention", "argmax",
+                           "advance_state"] + ["embedding", "L0.rope_kv", "L0.attention", "argmax", "advance_state"]
+    assert gd.pos == dec.pos == 2 and int(dec.gpu.state[0]) == 2
+    gd.close()
+    gd.close()                                     # idempotent
+    assert fake_device["inputs"][-1].closed
+    with pytest.raises(RuntimeError, match="after close"):
+        gd.step()
+
+
+def test_fake_host_runs_ahead(fake_device, rng):
+    """All steps queued before the "GPU" runs any: each graph B must still find its own page
+    (one pinned slot per logical page)."""
+    dec, gd = _fake_engine(fake_device, 12, rng)
+    want = _run(dec, dec, [4, 5, 6], 150)
+    want_pages = dict(dec.gpu.kv_page_of)
+    dec.gpu.kv_page_of.clear()
+    gd.start(4)
+    for t in (5, 6):
+        dec.step()
+        dec.feed(t)
+    for _ in range(151):
+        gd.step()
+    assert len(dec.stream.queue) > 150 * len(dec.launches)   # nothing has run yet
+    assert gd.next_token() == want[-1]
+    assert dec.gpu.kv_page_of == want_pages
+    assert dec.gpu.block_table[:len(dec.pages.block_table)].tolist() == dec.pages.block_table
+
+
+def test_fake_two_sequences_reuse_the_graphs(fake_device, rng):
+    dec, gd = _fake_engine(fake_device, 10, rng)
+    a = _run(gd, dec, [1, 2, 3], 40)
+    b = _run(gd, dec, [7] * 20, 50)
+    dec2, gd2 = _fake_engine(fake_device, 10, np.random.default_rng(1))
+    assert _run(gd2, dec2, [1, 2, 3], 40) == a
+    dec3, gd3 = _fake_engine(fake_device, 10, np.random.default_rng(2))
+    assert _run(gd3, dec3, [7] * 20, 50) == b
+    assert sorted(dec.pages.block_table + dec.pages.free) == list(range(10))
+
+
+def test_fake_context_full(fake_device, rng):
+    dec, gd = _fake_engine(fake_device, 2, rng)
+    gd.start(1)
+    for _ in range(2 * PAGE_SIZE):
+        gd.step()
+    with pytest.raises(DrvqwenError, match="context full"):
+        gd.step()
+
+
+def test_fake_capture_failure_falls_back_to_eager(fake_device, monkeypatch, rng):
+    dec = FakeDecodeStep(6, rng)
+    fake_device["gpu"] = dec.gpu
+
+    def refuse(stream=None):
+        if stream is not None and stream.capturing is not None:
+            raise CudaError("cuLaunchKernel(bad)", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "not permitted")
+    monkeypatch.setattr(dec.launches[2].launch, "launch", refuse)
+    with pytest.raises(GraphCaptureError, match="graph A failed while recording 'L0.attention'"):
+        GraphDecoder(dec, fallback=False)
+    assert fake_device["inputs"][-1].closed
+    with pytest.warns(RuntimeWarning, match="decoding eagerly"):
+        gd = GraphDecoder(dec)
+    assert gd.mode == "eager" and "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in gd.fallback_reason
+    gd.start(3)
+    assert [gd.step() for _ in range(18)] == [GRAPH_B] + [GRAPH_A] * 15 + [GRAPH_B, GRAPH_A]
+    assert dec.gpu.block_table[:2].tolist() == dec.pages.block_table
+    gd.close()
+
+
+# ================================================================================================
+# GPU: graph decode equals eager decode, bit for bit
+# ================================================================================================
+
+N_GEN = 600                       # generated tokens per run: 37-38 page boundaries
+PROMPT_LENGTHS = (15, 16, 17)     # just before, on and just after a page boundary
+MAX_CONTEXT = 640                 # 40 pages: 17 + 600 tokens need 39
+SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B,
+          "real-0.5b": None}     # the real Qwen2.5-Coder-0.5B-Instruct (conftest.real_nanoqwen)
+
+
+def _module_seed() -> int:
+    return int(os.environ.get("DRVQWEN_SEED", secrets.randbelow(2**31)))
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def gpu_model(request, tmp_path_factory):
+    """(name, NanoqwenFile, num_layers) of a synthetic model.
+
+    The 7B widths: the benchmark's synthetic 28-layer 7B is used with its first 2 layers when
+    it is already in /dev/shm (bench.default_synthetic_path), saving the ~15 s of writing 2.4 GB.
+    """
+    from drvqwen.bench import default_synthetic_path
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.synthetic import write_synthetic
+
+    from helpers import minimal_tokenizer_json
+
+    cfg = SHAPES[request.param]
+    if cfg is None:
+        yield request.param, request.getfixturevalue("real_nanoqwen"), None
+        return
+    if request.param.startswith("7b") and default_synthetic_path("7b").exists():
+        f = NanoqwenFile(default_synthetic_path("7b"))
+        if f.config.with_layers(cfg.num_layers) == cfg:
+            yield request.param, f, cfg.num_layers
+            f.close()
+            return
+        f.close()
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() else tmp_path_factory.mktemp("syn")
+    path = base / f"drvqwen_test_graphs_{os.getpid()}_{request.param}.nanoqwen"
+    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json())
+    f = NanoqwenFile(path)
+    try:
+        yield request.param, f, None
+    finally:
+        f.close()
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def engine(gpu_model):
+    """(name, DecodeStep, GraphDecoder, rng) shared by the module's GPU tests: the graphs are
+    captured once and serve every prompt, as in the engine."""
+    from drvqwen.decode import DecodeStep
+
+    name, f, layers = gpu_model
+    seed = _module_seed()
+    print(f"\n[{name}] engine seed={seed}")
+    rng = np.random.default_rng(seed)
+    dec = DecodeStep(f, max_context=MAX_CONTEXT, num_layers=layers, rng=rng)
+    gd = GraphDecoder(dec, fallback=False)
+    yield name, dec, gd, rng
+    gd.close()
+    dec.close()
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32)
+
+
+def _prompt_eager(dec, prompt, start, shuffle: np.random.Generator | None = None) -> None:
+    """Start with `start` (DecodeStep.start or GraphDecoder.start), optionally reshuffle the
+    free list, then feed `prompt` one eager DecodeStep per token (no prefill yet); after it,
+    next_token holds the first generated token and the state is ready to decode it."""
+    start(prompt[0])
+    if shuffle is not None:
+        shuffle.shuffle(dec.pages.free)            # other physical pages than the last run's
+    for t in prompt[1:]:
+        dec.step()
+        dec.feed(t)
+    dec.step()
+
+
+def _check_pages(dec, n_tokens: int) -> None:
+    n_used = -(-n_tokens // PAGE_SIZE)
+    host = dec.pages.block_table
+    assert len(host) == n_used and len(set(host)) == n_used, host
+    assert sorted(host + dec.pages.free) == list(range(dec.pages.n_pages)), "a page leaked or was duplicated"
+    device = dec.buf["block_table"].download()[:n_used].tolist()
+    assert device == host, f"device block table {device} != host {host}"
+
+
+@pytest.mark.gpu
+def test_graph_decode_bit_exact_vs_eager(engine):
+    name, dec, gd, rng = engine
+    assert gd.mode == "graph"
+    assert gd.num_nodes == {GRAPH_A: len(dec.launches), GRAPH_B: len(dec.launches) + 1}
+    for n_prompt in PROMPT_LENGTHS:
+        prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
+        n_tokens = n_prompt + N_GEN
+        # Eager reference: every step's logits kept (600 × V fp32: 365 MB at 7B).
+        _prompt_eager(dec, prompt, dec.start)
+        want_tokens, want_logits = [dec.next_token()], []
+        for _ in range(N_GEN):
+            dec.step()
+            want_logits.append(dec.logits())
+            want_tokens.append(dec.next_token())
+        _check_pages(dec, n_tokens)
+        eager_pages = list(dec.pages.block_table)
+
+        # Graph run, other physical pages: the prompt through eager steps, then graphs A/B.
+        _prompt_eager(dec, prompt, gd.start, shuffle=rng)
+        b0 = gd.steps_by_graph[GRAPH_B]
+        tokens, mismatched = [gd.next_token()], []
+        for i in range(N_GEN):
+            gd.step()
+            if not np.array_equal(_bits(gd.logits()), _bits(want_logits[i])):
+                mismatched.append(i)
+            tokens.append(gd.next_token())
+        n_b = gd.steps_by_graph[GRAPH_B] - b0
+        print(f"{name}: prompt {n_prompt}, {N_GEN} graph steps ({n_b} graph B), pages eager "
+              f"{eager_pages[:4]}… graph {dec.pages.block_table[:4]}…")
+        assert not mismatched, (f"{name}, prompt {n_prompt}: logits differ from eager at {len(mismatched)} "
+                                f"steps, first at generated step {mismatched[0]} (position {n_prompt + mismatched[0]})")
+        assert tokens == want_tokens
+        assert n_b == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_SIZE == 0) >= 37
+        _check_pages(dec, n_tokens)
+
+        if n_prompt == PROMPT_LENGTHS[-1]:
+            # The host queues all 600 steps without waiting (each graph B's page id sits in
+            # its own pinned slot until the copy engine reads it): same final bits.
+            _prompt_eager(dec, prompt, gd.start, shuffle=rng)
+            for _ in range(N_GEN):
+                gd.step()
+            assert np.array_equal(_bits(gd.logits()), _bits(want_logits[-1]))
+            assert gd.next_token() == want_tokens[-1]
+            _check_pages(dec, n_tokens)
+        del want_logits
+
+
+def _graph_run(gd, prompt, n_gen):
+    """Prompt fed through graph steps (feed + A/B), then n_gen graph steps; tokens, last logits."""
+    gd.start(prompt[0])
+    for t in prompt[1:]:
+        gd.step()
+        gd.feed(t)
+    gd.step()
+    tokens = [gd.next_token()]
+    for _ in range(n_gen):
+        gd.step()
+        tokens.append(gd.next_token())
+    return tokens, gd.logits()
+
+
+@pytest.mark.gpu
+def test_two_prompts_in_one_engine_equal_fresh_engines(engine, gpu_model):
+    from drvqwen.decode import DecodeStep
+
+    name, dec, gd, rng = engine
+    _, f, layers = gpu_model
+    prompts = [rng.integers(0, dec.config.vocab_size, n).tolist() for n in (20, 37)]
+    reused = [_graph_run(gd, p, 48) for p in prompts]
+    for i, p in enumerate(prompts):
+        fresh_dec = DecodeStep(f, max_context=MAX_CONTEXT, num_layers=layers, rng=np.random.default_rng(i))
+        try:
+            with GraphDecoder(fresh_dec, fallback=False) as fresh:
+                tokens, logits = _graph_run(fresh, p, 48)
+        finally:
+            fresh_dec.close()
+        assert tokens == reused[i][0], f"{name}: prompt {i} differs between a reused and a fresh engine"
+        assert np.array_equal(_bits(logits), _bits(reused[i][1]))
+
+
+@pytest.mark.gpu
+def test_graph_decode_after_gpu_prefill(engine):
+    """The hand-off from the GPU prefill (drvqwen.prefill): it reserves the prompt's pages (host
+    free list and device block table) and leaves the state at position T. Decoding from there,
+    graphs equal eager bit for bit, with graph B at the first page boundary after the prompt
+    (at once for T = 32)."""
+    prefill_mod = pytest.importorskip("drvqwen.prefill")
+    name, dec, gd, rng = engine
+    n_gen = 100
+    pf = prefill_mod.Prefill(dec)
+    try:
+        for n_prompt in (32, 37):
+            prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
+            runs = []
+            for decoder in (dec, gd):
+                decoder.sync()                     # a new sequence starts from a drained stream
+                pf.run(prompt)
+                rng.shuffle(dec.pages.free)        # other pages for the generated tokens
+                b0 = gd.steps_by_graph[GRAPH_B]
+                tokens, logits = [decoder.next_token()], []
+                for _ in range(n_gen):
+                    decoder.step()
+                    logits.append(decoder.logits())
+                    tokens.append(decoder.next_token())
+                _check_pages(dec, n_prompt + n_gen)
+                runs.append((tokens, logits, gd.steps_by_graph[GRAPH_B] - b0))
+            (want, want_logits, _), (got, got_logits, n_b) = runs
+            assert n_b == sum(1 for p in range(n_prompt, n_prompt + n_gen) if p % PAGE_SIZE == 0)
+            bad = [i for i, (a, b) in enumerate(zip(got_logits, want_logits)) if not np.array_equal(_bits(a), _bits(b))]
+            assert not bad, f"{name}, prefill of {n_prompt}: logits differ from eager from generated step {bad[0]}"
+            assert got == want
+    finally:
+        pf.close()
+
+
+@pytest.mark.gpu
+def test_capture_failure_falls_back_to_eager(engine):
+    """A synchronous copy inside the captured list invalidates the capture (GLOBAL mode): the
+    decoder warns, runs eagerly, and the stream and context stay usable."""
+    name, dec, gd, rng = engine
+
+    class SyncCopy:  # a "launch" that makes a capture-unsafe call
+        def launch(self, stream=None):
+            dec.buf["next_token"].upload(np.zeros(1, np.int32))
+
+    dec.launches.insert(3, NamedLaunch("sync_copy", SyncCopy(), None))
+    try:
+        with pytest.raises(GraphCaptureError, match="decode graph A failed"):
+            GraphDecoder(dec, fallback=False)
+        with pytest.warns(RuntimeWarning, match="decoding eagerly"):
+            fallback = GraphDecoder(dec)
+    finally:
+        del dec.launches[3]
+    assert fallback.mode == "eager"
+    prompt = rng.integers(0, dec.config.vocab_size, 5).tolist()
+    got, got_logits = _graph_run(fallback, prompt, 20)
+    fallback.close()
+    want, want_logits = _graph_run(gd, prompt, 20)
+    assert got == want and np.array_equal(_bits(got_logits), _bits(want_logits))
+
+
+@pytest.mark.gpu
+def test_set_block_table_entry_in_a_graph(rng):
+    """The kernel and the GraphInput hand-over alone, small (also run under the sanitizers).
+
+    One graph — set_block_table_entry, then 16 × advance_state (one page of positions) — is
+    replayed once per page with a new page id each time, all queued behind a 20 ms gpu_sleep:
+    the host has queued every copy before the GPU runs the first, so each copy must still find
+    its own page id in its own pinned slot.
+    """
+    import ctypes
+
+    from drvqwen.cuda import KernelLaunch, Pool, Stream, capture, load_kernel_module
+    from drvqwen.cuda.graph import GraphInput
+    from drvqwen.kernels import AdvanceState, SetBlockTableEntry
+
+    n_pages = 9
+    with Pool(4096, name="t") as pool, Stream() as stream:
+        table = pool.alloc("block_table", (n_pages,), np.int32)
+        table.upload(np.full(n_pages, -1, np.int32))
+        state = pool.alloc("state", (3,), np.int32)
+        state.upload(np.array([0, 0, 1], np.int32))
+        token = pool.alloc("next_token", (1,), np.int32)
+        token.upload(np.array([42], np.int32))
+        gi = GraphInput(n_pages, np.int32, name="new_page")
+        try:
+            steps = [SetBlockTableEntry(table, gi.array, state, n_pages=n_pages, stream=stream)]
+            steps += [AdvanceState(state, token, stream=stream) for _ in range(PAGE_SIZE)]
+            hold = KernelLaunch(load_kernel_module("timing").function("gpu_sleep"), (1,), (1,),
+                                [ctypes.c_uint64(20_000_000)], stream=stream)
+            with capture(stream) as cap:
+                for s in steps:
+                    s.launch(stream)
+            assert cap.graph.num_nodes() == 1 + PAGE_SIZE
+            exe = cap.graph.instantiate()
+            cap.graph.destroy()
+            pages = rng.permutation(100)[:n_pages].astype(np.int32)
+            hold.launch(stream)
+            for logical in range(n_pages):
+                gi.set(logical, pages[logical], stream)
+                exe.launch(stream)
+            stream.synchronize()
+            np.testing.assert_array_equal(table.download(), pages)
+            np.testing.assert_array_equal(state.download(), [n_pages * PAGE_SIZE, 42, n_pages * PAGE_SIZE + 1])
+            exe.destroy()
+        finally:
+            stream.synchronize()
+            gi.close()

@@ -1,0 +1,52 @@
+"""kernels/attention_prefill.cu against reference.attention over the gathered paged cache.
+
+Chunks of T queries at positions start … start+T-1 — lengths on and around page (16) and
+tile (64) boundaries, a chunk continuing an earlier one, a long context — at the 0.5B
+(Dh 64, 14/2 heads) and 7B (Dh 128, 28/4 heads) shapes. Pages come from a shuffled free list;
+every slot past the sequence, every unused page and the query rows past T are NaN; the output
+is poisoned and rows past T must stay untouched.
+"""
+
+import numpy as np
+import pytest
+
+from drvqwen import kernels as K
+from drvqwen import reference as ref
+from drvqwen.config import PAGE_SIZE
+
+from kernel_testing import TOL_ATTENTION, assert_same_bits, dev, report  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(64, 14, 2), (128, 28, 4)]             # (head_dim, Hq, Hkv)
+CASES = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 100), (0, 129), (37, 50), (500, 13), (16, 16), (2000, 64)]
+
+
+@pytest.mark.parametrize("hd,hq,hkv", SHAPES, ids=["hd64", "hd128"])
+@pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
+def test_attention_prefill(dev, rng, hd, hq, hkv, start, t):
+    s_len = start + t
+    rows = -(-t // K.GEMM_BM) * K.GEMM_BM
+    n_pages = -(-s_len // PAGE_SIZE) + 3                            # spare pages stay NaN
+    block_table = rng.permutation(n_pages).astype(np.int32)
+    k_cache = np.full((n_pages, hkv, PAGE_SIZE, hd), np.nan, np.float16)
+    v_cache = np.full_like(k_cache, np.nan)
+    k_seq = rng.standard_normal((s_len, hkv, hd)).astype(np.float16)
+    v_seq = rng.standard_normal((s_len, hkv, hd)).astype(np.float16)
+    ref.write_pages(k_cache, block_table, np.arange(s_len), k_seq)
+    ref.write_pages(v_cache, block_table, np.arange(s_len), v_seq)
+    q = np.full((rows, hq, hd), np.nan, np.float16)
+    q[:t] = (rng.standard_normal((t, hq, hd)) * 1.5).astype(np.float16)  # peaky enough softmax
+
+    out = dev.poisoned("out", (rows, hq, hd), np.float16)
+    attn = K.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
+                              dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
+                              rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd)
+    attn.launch()
+    got = out.download()
+    want = ref.attention(q[:t].astype(np.float64), k_seq.astype(np.float64), v_seq.astype(np.float64),
+                         start + np.arange(t))
+    report(f"attention_prefill hd{hd} start={start} T={t}", got[:t], want, TOL_ATTENTION)
+    assert np.isnan(got[t:].astype(np.float32)).all(), "rows past n_rows were written"
+    attn.launch()
+    assert_same_bits("attention_prefill", got, out.download())

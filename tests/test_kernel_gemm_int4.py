@@ -1,0 +1,132 @@
+"""kernels/gemm_int4.cu: the prefill GEMMs against a float64 matmul on the dequantized weights.
+
+Token counts M ∈ {1, 15, 16, 17, 100, 512} (one, a partial MMA tile, exact tiles, one past,
+a partial 64-token block, a full prompt chunk), an odd N (the last weight tile partial, and a
+block with tiles past N), K from one 128-input group to the 7B width. The activation rows past
+M are NaN (they must never be read) and the output is poisoned (every element < M must be
+written, every element past M left alone). Then the four variants at the 7B shapes with
+M = 512, timed from a graph replay, with their TFLOP/s.
+"""
+
+import numpy as np
+import pytest
+
+from drvqwen import kernels as K
+from drvqwen import reference as ref
+
+from kernel_testing import TOL_GEMV, assert_same_bits, dequant64, dev, graph_time_us, random_int4, report  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+
+def _capacity(m: int) -> int:
+    return -(-m // K.GEMM_BM) * K.GEMM_BM
+
+
+def _x(rng, m, k):
+    """FP16 activations [capacity, K], rows ≥ m NaN."""
+    x = np.full((_capacity(m), k), np.nan, np.float16)
+    x[:m] = rng.standard_normal((m, k)).astype(np.float16)
+    return x
+
+
+def _state(dev, m, start=0):
+    return dev.upload("prefill_state", np.array([start, m], np.int32))
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 333, 384), (15, 333, 128), (16, 200, 896), (17, 333, 384),
+                                   (100, 1000, 1024), (512, 333, 3584)])
+def test_gemm_f32(dev, rng, m, n, k):
+    qw, sc = random_int4(rng, n, k)
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    out = dev.poisoned("out", (rows, n), np.float32)
+    g = K.GemmInt4(out, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
+                   n=n, k=k, rows=rows)
+    g.launch()
+    got = out.download()
+    want = x[:m].astype(np.float64) @ dequant64(qw, sc).T
+    report(f"gemm_int4_f32 M={m} N={n} K={k}", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:]).all(), "rows past M were written"
+    g.launch()
+    assert_same_bits("gemm_int4_f32", got, out.download())
+
+
+@pytest.mark.parametrize("m", [17, 100])
+def test_gemm_qkv(dev, rng, m):
+    nq, nkv, k = 224, 32, 256           # 14 + 2 + 2 tiles: the last block is partial
+    ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
+    K.GemmInt4QkvRows(out, dev.upload("x", x), *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
+                      _state(dev, m), n_q=nq, n_kv=nkv, k=k, rows=rows).launch()
+    want = np.concatenate([x[:m].astype(np.float64) @ dequant64(*w).T for w in ws], axis=1)
+    got = out.download()
+    report(f"gemm_int4_qkv M={m}", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:]).all()
+
+
+@pytest.mark.parametrize("m", [1, 100])
+def test_gemm_residual(dev, rng, m):
+    n, k = 333, 384
+    qw, sc = random_int4(rng, n, k)
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    r0 = np.full((rows, n), np.nan, np.float32)
+    r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)  # large residual values
+    res = dev.upload("residual", r0)
+    K.GemmInt4ResidualRows(res, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
+                           n=n, k=k, rows=rows).launch()
+    got = res.download()
+    want = r0[:m].astype(np.float64) + x[:m].astype(np.float64) @ dequant64(qw, sc).T
+    report(f"gemm_int4_residual M={m}", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:]).all()
+
+
+@pytest.mark.parametrize("m", [16, 100])
+def test_gemm_gate_up_swiglu(dev, rng, m):
+    f, k = 200, 256                     # 13 feature tiles: 4 blocks of 4, the last partial
+    (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    h = dev.poisoned("h", (rows, f), np.float16)
+    K.GemmInt4GateUpSwigluRows(h, dev.upload("x", x), dev.upload("gq", gq), dev.upload("gs", gs),
+                               dev.upload("uq", uq), dev.upload("us", us), _state(dev, m), f=f, k=k,
+                               rows=rows).launch()
+    x64 = x[:m].astype(np.float64)
+    want = ref.swiglu(x64 @ dequant64(gq, gs).T, x64 @ dequant64(uq, us).T)
+    got = h.download()
+    report(f"gemm_int4_gate_up_swiglu M={m}", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:].astype(np.float32)).all()
+
+
+def test_gemm_7b_shapes_speed(dev, rng):
+    """The four prefill GEMMs of one 7B layer at M = 512: time and TFLOP/s (printed)."""
+    d, f, nq, nkv, m = 3584, 18944, 3584, 512, 512
+    x = dev.upload("x", rng.standard_normal((m, d)).astype(np.float16))
+    xf = dev.upload("xf", (rng.standard_normal((m, f)) * 0.1).astype(np.float16))
+    st = _state(dev, m)
+
+    def w(name, n, k):
+        qw, sc = random_int4(rng, n, k)
+        return dev.upload(name + ".qw", qw), dev.upload(name + ".sc", sc)
+
+    launchers = {
+        "qkv": K.GemmInt4QkvRows(dev.array("qkv", (m, nq + 2 * nkv), np.float32), x, *w("q", nq, d), *w("k", nkv, d),
+                                 *w("v", nkv, d), st, n_q=nq, n_kv=nkv, k=d, rows=m),
+        "o_proj": K.GemmInt4ResidualRows(dev.array("res", (m, d), np.float32), x, *w("o", d, nq), st, n=d, k=nq,
+                                         rows=m),
+        "gate_up": K.GemmInt4GateUpSwigluRows(dev.array("h", (m, f), np.float16), x, *w("g", f, d), *w("u", f, d),
+                                              st, f=f, k=d, rows=m),
+        "down": K.GemmInt4ResidualRows(dev.array("res2", (m, d), np.float32), xf, *w("d", d, f), st, n=d, k=f,
+                                       rows=m),
+    }
+    total_us = total_flops = 0
+    for name, g in launchers.items():
+        us = graph_time_us(g, reps=5)
+        total_us += us
+        total_flops += g.flops
+        print(f"  7B {name:8s} M=512: {us:8.1f} µs  {g.flops / us / 1e6:6.1f} TFLOP/s")
+    print(f"  7B layer GEMMs M=512: {total_us:.1f} µs, {total_flops / total_us / 1e6:.1f} TFLOP/s "
+          f"(28 layers: {28 * total_us / 1e3:.1f} ms)")

@@ -1,0 +1,102 @@
+"""GPU prefill (prefill.py) of synthetic models against the numpy reference (DESIGN.md §9).
+
+Synthetic models (format/synthetic.py): 2 layers at the 7B widths with the full 152064-row
+vocabulary, and the full 24-layer 0.5B shape. Prompts of 1, 15, 16, 17, 100, 511, 512 and 513
+tokens (513 runs as two chunks: 512 + 1), prefixes of one random sequence, so a single
+reference forward gives every length's last-position logits; pages come from a shuffled free
+list. Then: the KV cache prefill writes equals the one token-by-token decode writes, and a
+decode step right after prefill (at a page boundary and inside a page) continues correctly.
+"""
+
+import numpy as np
+import pytest
+
+from drvqwen import reference as ref
+from drvqwen.config import PAGE_SIZE, QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.format.synthetic import write_synthetic
+
+from helpers import minimal_tokenizer_json, rel_l2
+from kernel_testing import report
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B}
+LENGTHS = [1, 15, 16, 17, 100, 511, 512, 513]
+MAX_CONTEXT = 1024
+TOL_LOGITS = 1e-2                 # as the decode step (test_decode_step.py): INT4 GEMMs, FP16 activations
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def model(request, tmp_path_factory):
+    """(name, file, reference weights, GPU backend, prompt ids, reference logits of every prefix)."""
+    from drvqwen.engine import GPUBackend
+
+    cfg = SHAPES[request.param]
+    path = tmp_path_factory.mktemp("syn") / f"{request.param}.nanoqwen"
+    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json())
+    f = NanoqwenFile(path)
+    rng = np.random.default_rng(4321)
+    weights = ref.Weights.from_nanoqwen(f, np.float32)
+    ids = rng.integers(0, cfg.vocab_size, max(LENGTHS) + 1).tolist()
+    want = ref.Model(weights, max_tokens=MAX_CONTEXT, rng=rng).forward(ids)      # [514, V]
+    backend = GPUBackend(f, max_context=MAX_CONTEXT, rng=rng)
+    yield request.param, f, weights, backend, ids, want
+    backend.close()
+    f.close()
+
+
+def test_prefill_last_logits_match_reference(model):
+    name, _f, _w, backend, ids, want = model
+    errs = {}
+    for t in LENGTHS:
+        got = backend.prefill(ids[:t])
+        assert np.isfinite(got).all(), f"{name} T={t}: non-finite logits"
+        errs[t] = rel_l2(got, want[t - 1])
+        # The GPU's own greedy choice after prefill is the argmax of the logits it produced.
+        assert backend.step.next_token() == int(np.argmax(got)), f"{name} T={t}"
+    print(f"{name}: prefill last-position logits rel L2 " + ", ".join(f"T={t}: {e:.2e}" for t, e in errs.items()))
+    assert max(errs.values()) <= TOL_LOGITS
+    pages = backend.step.pages
+    assert sorted(pages.block_table + pages.free) == list(range(pages.n_pages))
+    assert len(pages.block_table) == -(-max(LENGTHS) // PAGE_SIZE)
+
+
+@pytest.mark.parametrize("t", [16, 37])
+def test_decode_continues_after_prefill(model, t):
+    """Prefill T tokens, then decode token T (position 16: a new page; 37: inside one) and T+1."""
+    name, _f, _w, backend, ids, want = model
+    backend.prefill(ids[:t])
+    for i in (t, t + 1):
+        got = backend.decode(ids[i])
+        err = rel_l2(got, want[i])
+        print(f"{name}: decode at position {i} after a {t}-token prefill: rel L2 {err:.2e}")
+        assert err <= TOL_LOGITS
+
+
+def _cache_sequence(step, n):
+    """K and V of positions 0 … n-1, every layer: fp16 [L, n, Hkv, Dh] each."""
+    bt = np.asarray(step.pages.block_table)
+    k, v = step.k_cache.download(), step.v_cache.download()
+    return (np.stack([ref.gather_pages(k[l], bt, n) for l in range(k.shape[0])]),
+            np.stack([ref.gather_pages(v[l], bt, n) for l in range(v.shape[0])]))
+
+
+def test_prefill_kv_cache_equals_decode(model):
+    """The cache prefill writes = the cache token-by-token decode writes, within FP16 rounding
+    (the GEMM and the GEMV sum the same products in different orders)."""
+    name, _f, _w, backend, ids, _want = model
+    n = 37
+    step = backend.step
+    backend.prefill(ids[:n])
+    k_pre, v_pre = _cache_sequence(step, n)
+    step.start(ids[0])
+    for i in range(n):
+        if i:
+            step.feed(ids[i])
+        step.step()
+    step.sync()
+    k_dec, v_dec = _cache_sequence(step, n)
+    assert np.isfinite(k_pre.astype(np.float32)).all() and np.isfinite(v_pre.astype(np.float32)).all()
+    report(f"{name} K cache prefill vs decode", k_pre, k_dec.astype(np.float64), 2e-3)
+    report(f"{name} V cache prefill vs decode", v_pre, v_dec.astype(np.float64), 2e-3)
