@@ -29,6 +29,42 @@
 #include "types.cuh"     // u64
 #include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
 
+// One token at position `pos`, one head, thread i: the work of both kernels below.
+// src_row: the token's fp32 q | k | v row; q_dst: where this token's rotated query goes.
+// Heads are numbered as the grid's x: [0, Hq) query, [Hq, Hq+Hkv) key, then value heads.
+__device__ __forceinline__ void
+rope_kv_token(__half* __restrict__ q_dst, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+              const float* __restrict__ src_row, const __half* __restrict__ q_bias,
+              const __half* __restrict__ k_bias, const __half* __restrict__ v_bias,
+              const float* __restrict__ inv_freq, const int* __restrict__ block_table,
+              int pos, int head, int i, int Hq, int Hkv, int Dh) {
+    const int half_dim = Dh / 2;
+    if (head >= Hq + Hkv) {  // value head: bias only
+        head -= Hq + Hkv;
+        const float* src = src_row + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
+        const __half* b = v_bias + (u64)head * Dh;
+        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
+                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
+        dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
+        dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
+        return;
+    }
+    const bool is_q = head < Hq;
+    if (!is_q) head -= Hq;
+    const float* src = src_row + (is_q ? 0 : (u64)Hq * Dh) + (u64)head * Dh;
+    const __half* b = (is_q ? q_bias : k_bias) + (u64)head * Dh;
+    const float x1 = src[i] + __half2float(b[i]);
+    const float x2 = src[i + half_dim] + __half2float(b[i + half_dim]);
+    const float angle = (float)pos * inv_freq[i];
+    float s, c;
+    sincosf(angle, &s, &c);
+    __half* dst = is_q ? q_dst + (u64)head * Dh
+                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
+                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
+    dst[i] = __float2half_rn(x1 * c - x2 * s);
+    dst[i + half_dim] = __float2half_rn(x2 * c + x1 * s);
+}
+
 // grid (Hq + 2·Hkv), block (Dh/2).
 extern "C" __global__ void
 rope_kv(__half* __restrict__ q_out,          // [Hq, Dh] fp16, out (rotated query)
@@ -42,39 +78,10 @@ rope_kv(__half* __restrict__ q_out,          // [Hq, Dh] fp16, out (rotated quer
         const int* __restrict__ state,       // [3] int32: pos, token, seq_len (reads [0])
         const int* __restrict__ block_table, // [max_pages] int32: logical → physical page
         int Hq, int Hkv, int Dh) {
-    const int half_dim = Dh / 2;
     const int i = threadIdx.x;
-    if (i >= half_dim) return;
-    const int pos = state[0];
-    int head = blockIdx.x;
-
-    if (head >= Hq + Hkv) {  // value head: bias only
-        head -= Hq + Hkv;
-        const float* src = qkv + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
-        const __half* b = v_bias + (u64)head * Dh;
-        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
-        dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
-        dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
-        return;
-    }
-
-    const bool is_q = head < Hq;
-    if (!is_q) head -= Hq;
-    const float* src = qkv + (is_q ? 0 : (u64)Hq * Dh) + (u64)head * Dh;
-    const __half* b = (is_q ? q_bias : k_bias) + (u64)head * Dh;
-    const float x1 = src[i] + __half2float(b[i]);
-    const float x2 = src[i + half_dim] + __half2float(b[i + half_dim]);
-    const float angle = (float)pos * inv_freq[i];
-    float s, c;
-    sincosf(angle, &s, &c);
-    const __half o1 = __float2half_rn(x1 * c - x2 * s);
-    const __half o2 = __float2half_rn(x2 * c + x1 * s);
-    __half* dst = is_q ? q_out + (u64)head * Dh
-                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
-    dst[i] = o1;
-    dst[i + half_dim] = o2;
+    if (i >= Dh / 2) return;
+    rope_kv_token(q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, block_table,
+                  state[0], blockIdx.x, i, Hq, Hkv, Dh);
 }
 
 // ---- Prefill: the same for the n_rows tokens of a prompt chunk ---------------------------------
@@ -106,40 +113,11 @@ rope_kv_rows(__half* __restrict__ q_out,            // [rows, Hq, Dh] fp16, out 
              const int* __restrict__ prefill_state, // [2] int32: start position, n_rows
              const int* __restrict__ block_table,   // [max_pages] int32: logical → physical page
              int Hq, int Hkv, int Dh) {
-    const int half_dim = Dh / 2;
     const int i = threadIdx.x;
     const int row = blockIdx.y;
-    if (i >= half_dim || row >= prefill_state[1]) return;
-    const int pos = prefill_state[0] + row;
+    if (i >= Dh / 2 || row >= prefill_state[1]) return;
     const int width = (Hq + 2 * Hkv) * Dh;
-    const float* src_row = qkv + (u64)row * width;
-    int head = blockIdx.x;
-
-    if (head >= Hq + Hkv) {  // value head: bias only
-        head -= Hq + Hkv;
-        const float* src = src_row + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
-        const __half* b = v_bias + (u64)head * Dh;
-        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
-        dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
-        dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
-        return;
-    }
-
-    const bool is_q = head < Hq;
-    if (!is_q) head -= Hq;
-    const float* src = src_row + (is_q ? 0 : (u64)Hq * Dh) + (u64)head * Dh;
-    const __half* b = (is_q ? q_bias : k_bias) + (u64)head * Dh;
-    const float x1 = src[i] + __half2float(b[i]);
-    const float x2 = src[i + half_dim] + __half2float(b[i + half_dim]);
-    const float angle = (float)pos * inv_freq[i];
-    float s, c;
-    sincosf(angle, &s, &c);
-    const __half o1 = __float2half_rn(x1 * c - x2 * s);
-    const __half o2 = __float2half_rn(x2 * c + x1 * s);
-    __half* dst = is_q ? q_out + ((u64)row * Hq + head) * Dh
-                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
-    dst[i] = o1;
-    dst[i + half_dim] = o2;
+    rope_kv_token(q_out + (u64)row * Hq * Dh, k_cache, v_cache, qkv + (u64)row * width, q_bias,
+                  k_bias, v_bias, inv_freq, block_table, prefill_state[0] + row, blockIdx.x, i,
+                  Hq, Hkv, Dh);
 }

@@ -7,19 +7,12 @@ import numpy as np
 from drvqwen.config import QwenConfig
 from drvqwen.format import quant
 from drvqwen.format.nanoqwen import NanoqwenWriter, expected_tensors
+from drvqwen.format.synthetic import minimal_tokenizer_json  # noqa: F401  (tests import it from here)
 
 TINY = QwenConfig(vocab_size=512, hidden_size=256, intermediate_size=384, num_layers=3,
                   num_heads=4, num_kv_heads=2, head_dim=64, max_position=1024)
 
 
-def minimal_tokenizer_json() -> str:
-    """A tiny byte-level BPE tokenizer.json (real files embed the Qwen2 one)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-
-    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok.to_str()
 
 
 def random_dense(cfg: QwenConfig, rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:

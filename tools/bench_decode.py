@@ -23,16 +23,9 @@ from rich.table import Table
 from drvqwen.config import PRESETS
 from drvqwen.decode import DecodeStep
 from drvqwen.format.nanoqwen import NanoqwenFile
-from drvqwen.format.synthetic import write_synthetic
+from drvqwen.format.synthetic import minimal_tokenizer_json, write_synthetic
 
 
-def _minimal_tokenizer_json() -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok.to_str()
 
 
 def main() -> int:
@@ -47,7 +40,7 @@ def main() -> int:
     path = Path(a.model)
     if not path.exists():
         t0 = time.perf_counter()
-        write_synthetic(path, PRESETS[a.preset], seed=1, tokenizer_json=_minimal_tokenizer_json())
+        write_synthetic(path, PRESETS[a.preset], seed=1, tokenizer_json=minimal_tokenizer_json())
         con.print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
     f = NanoqwenFile(path)
     t0 = time.perf_counter()

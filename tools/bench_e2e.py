@@ -26,16 +26,9 @@ from rich.table import Table
 from drvqwen.config import PRESETS
 from drvqwen.engine import GPUBackend, measure_generation
 from drvqwen.format.nanoqwen import NanoqwenFile
-from drvqwen.format.synthetic import write_synthetic
+from drvqwen.format.synthetic import minimal_tokenizer_json, write_synthetic
 
 
-def _minimal_tokenizer_json() -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok.to_str()
 
 
 def prefill_kernel_report(backend: GPUBackend, ids: list[int]) -> dict:
@@ -91,7 +84,7 @@ def main() -> int:
     path = Path(a.model or f"/dev/shm/drvqwen_syn_{a.preset}.nanoqwen")
     if not path.exists():
         t0 = time.perf_counter()
-        write_synthetic(path, PRESETS[a.preset], seed=1, tokenizer_json=_minimal_tokenizer_json())
+        write_synthetic(path, PRESETS[a.preset], seed=1, tokenizer_json=minimal_tokenizer_json())
         con.print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
     res = bench_e2e(path, a.prompt_tokens, a.new_tokens, a.runs)
     res["preset"] = a.preset

@@ -18,16 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from drvqwen.config import PRESETS
 from drvqwen.format.nanoqwen import MAGIC, NanoqwenFile
-from drvqwen.format.synthetic import write_synthetic
+from drvqwen.format.synthetic import minimal_tokenizer_json, write_synthetic
 
 
-def minimal_tokenizer_json() -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok.to_str()
 
 
 def main() -> int:

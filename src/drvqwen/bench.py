@@ -66,15 +66,6 @@ def default_synthetic_path(preset: str) -> Path:
     return models_dir() / name
 
 
-def _placeholder_tokenizer_json() -> str:
-    """A tiny byte-level BPE tokenizer.json: speed runs never decode text, and no real
-    tokenizer can be fetched on the GPU machines."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok.to_str()
 
 
 def _progress() -> Progress:
@@ -94,12 +85,12 @@ def ensure_synthetic(preset: str, path: Path | None = None) -> Path:
     path = path or default_synthetic_path(preset)
     if path.exists():
         return path
-    from .format.synthetic import write_synthetic
+    from .format.synthetic import minimal_tokenizer_json, write_synthetic
 
     t0 = time.perf_counter()
     with _progress() as p:
         task = p.add_task(f"writing synthetic {preset} → {path}", total=None)
-        write_synthetic(path, PRESETS[preset], SYNTHETIC_SEED, _placeholder_tokenizer_json(),
+        write_synthetic(path, PRESETS[preset], SYNTHETIC_SEED, minimal_tokenizer_json(),
                         progress=lambda name, i, n: p.update(task, completed=i, total=n))
     err.print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
     return path

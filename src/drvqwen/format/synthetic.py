@@ -47,6 +47,19 @@ def synthetic_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...], rng: np
     return a
 
 
+def minimal_tokenizer_json() -> str:
+    """A tiny byte-level BPE tokenizer.json (94 printable ASCII tokens, no merges).
+
+    Synthetic models embed it when no real tokenizer is given: speed runs and kernel tests
+    never look at the text, and it keeps a 7B synthetic file free of a 7 MB tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={chr(c): i for i, c in enumerate(range(33, 127))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str()
+
+
 def write_synthetic(path: str | Path, cfg: QwenConfig, seed: int, tokenizer_json: str,
                     progress: Callable[[str, int, int], None] | None = None) -> Path:
     """Write a synthetic `.nanoqwen` for `cfg` from `seed` (deterministic). Returns the path."""
