@@ -66,7 +66,11 @@ SANITIZE_TESTS=(
     "tests/test_kernel_prefill_rows.py::test_prefill_state_kernels"
     "tests/test_kernel_sampling.py::test_sampler_ties"
     "tests/test_kernel_sampling.py::test_publish_token_ring_and_counter"
+    "tests/test_kernel_attention_tma.py::test_attention_tma_small[7b]"
+    "tests/test_kernel_attention_tma.py::test_attention_tma_small[0.5b]"
 )
+# SANITIZE_ONLY="node …" replaces the list (one short device call for one kernel's cases).
+[[ -n ${SANITIZE_ONLY:-} ]] && read -r -a SANITIZE_TESTS <<< "$SANITIZE_ONLY"
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
 
 record_env() {

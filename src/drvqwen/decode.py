@@ -54,6 +54,12 @@ from .gpu_weights import GPUWeights
 from .reference import rope_inv_freq
 
 
+# Decode attention kernels (DecodeStep(attention=...)): "tma" = attention_decode_tma.cu (producer
+# warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
+ATTENTION_KERNELS = ("tma", "plain")
+DEFAULT_ATTENTION = "tma"
+
+
 @dataclass
 class NamedLaunch:
     """One entry of the decode step: a name, the pre-packed launch, the buffer it writes."""
@@ -104,12 +110,19 @@ class DecodeStep:
         num_layers: run only the first layers (tests at 7B widths).
         rng: shuffles the page free list (tests).
         progress: weight upload progress callback (bytes_done, bytes_total).
+        attention: "tma" (the warp-specialised TMA kernel, attention_decode_tma.cu; its tensor
+            maps of the K/V pools are encoded here, once) or "plain" (attention_decode.cu, the
+            reference kernel and fallback).
     Raises:
         DrvqwenError: no usable GPU, or the model + cache do not fit (before any upload).
     """
 
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, num_layers: int | None = None,
-                 rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None):
+                 rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
+                 attention: str = DEFAULT_ATTENTION):
+        if attention not in ATTENTION_KERNELS:
+            raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+        self.attention = attention
         self.device = get_device()
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
@@ -139,8 +152,15 @@ class DecodeStep:
         self.k_cache = self.kv_pool.alloc("k_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
         self.v_cache = self.kv_pool.alloc("v_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
 
-        S = K.attention_blocks_per_kv_head(Hkv, self.max_context, self.device.info.sm_count, head_dim=Dh)
-        parts = K.attention_partial_shapes(Hq, Dh, S)
+        sm_count = self.device.info.sm_count
+        if attention == "tma":
+            S = K.attention_tma_blocks_per_kv_head(Hkv, self.max_context, Dh, sm_count)
+            parts = K.attention_tma_partial_shapes(Hq, Dh, S)
+            # TMA descriptors of the whole pools, encoded once for the engine's life (~60 µs each).
+            self.k_map, self.v_map = K.kv_tensor_map(self.k_cache), K.kv_tensor_map(self.v_cache)
+        else:
+            S = K.attention_blocks_per_kv_head(Hkv, self.max_context, sm_count, head_dim=Dh)
+            parts = K.attention_partial_shapes(Hq, Dh, S)
         n_lm = K.lm_head_partials(V)
         act = {  # name: (shape, dtype)
             "state": ((3,), np.int32), "next_token": ((1,), np.int32),
@@ -179,10 +199,7 @@ class DecodeStep:
                                            w[f"{pre}.self_attn.k_proj.bias"], w[f"{pre}.self_attn.v_proj.bias"],
                                            a["inv_freq"], a["state"], a["block_table"], n_heads=Hq,
                                            n_kv_heads=Hkv, head_dim=Dh, stream=st), a["q"]),
-                (f"L{l}.attention", K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"],
-                                                      a["o_part"], a["m_part"], a["l_part"], n_heads=Hq,
-                                                      n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S,
-                                                      stream=st), a["attn"]),
+                (f"L{l}.attention", self._attention(a, k_l, v_l, l * n_pages, S, stream=st), a["attn"]),
                 (f"L{l}.o_proj", K.GemvInt4Residual(a["residual"], a["attn"], *w.proj(l, "o_proj"),
                                                     n=D, k=nq, stream=st), a["residual"]),
                 (f"L{l}.post_attention_layernorm", K.RmsNorm(a["xn"], a["residual"],
@@ -208,6 +225,19 @@ class DecodeStep:
         self._flatten()
         self.pos = 0                     # host mirror of state[0] (the next position to decode)
         self._h_block = np.zeros(1, np.int32)
+
+    def _attention(self, a: dict[str, DeviceArray], k_l: DeviceArray, v_l: DeviceArray, layer_page0: int,
+                   S: int, *, stream: Stream) -> K.Launcher:
+        """One layer's attention launcher: TMA (tensor maps of the whole pool + the layer's first
+        page) or plain (the layer's [P, Hkv, 16, Dh] views)."""
+        cfg = self.config
+        shape = dict(n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                     blocks_per_kv_head=S, stream=stream)
+        if self.attention == "tma":
+            return K.AttentionDecodeTma(a["attn"], a["q"], self.k_map, self.v_map, a["block_table"], a["state"],
+                                        a["o_part"], a["m_part"], a["l_part"], layer_page0=layer_page0, **shape)
+        return K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"],
+                                 a["o_part"], a["m_part"], a["l_part"], **shape)
 
     def _flatten(self) -> None:
         """Rebuild `launches` from `launchers` (one NamedLaunch per kernel launch)."""

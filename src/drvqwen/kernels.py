@@ -820,3 +820,109 @@ class SetBlockTableEntry(Launcher):
 
 
 __all__ = (*__all__, "SetBlockTableEntry")
+
+
+# --- attention_decode_tma.cu: warp-specialised TMA decode attention (issue 6) --------------------
+
+
+ATMA_CONSUMERS = 4               # attention_decode_tma.cu: consumer warps (= splits) per block
+ATMA_STAGES = 3                  # attention_decode_tma.cu: ring stages per consumer warp
+ATMA_THREADS = 32 * (ATMA_CONSUMERS + 1)   # + the producer warp
+
+
+def attention_tma_smem_bytes(head_dim: int) -> int:
+    """Dynamic shared memory of attention_decode_tma (AtmaShape::SMEM_BYTES), its whole footprint:
+    consumers × stages × (K page + V page) of one head, 16 × Dh fp16 each (96 KiB at Dh = 128,
+    48 KiB at Dh = 64), then the consumers' p [16][8] and alpha [8] fp32 and 2 mbarriers per stage."""
+    stages = ATMA_CONSUMERS * ATMA_STAGES * 2 * PAGE_TOKENS * head_dim * 2
+    return stages + ATMA_CONSUMERS * (PAGE_TOKENS + 1) * ATTN_MAX_GROUP * 4 + 2 * ATMA_CONSUMERS * ATMA_STAGES * 8
+
+
+def kv_tensor_map(cache: DeviceArray):
+    """The TMA descriptor of a whole KV pool [..., 16, Dh] fp16 seen as a [rows, Dh] matrix.
+
+    One box is [16, Dh]: one page of one KV head (row ((layer·P + page)·Hkv + head)·16). Built
+    once per pool (cuTensorMapEncodeTiled costs ~60 µs from Python) and kept for the pool's life.
+    """
+    from .cuda import encode_tiled_2d
+
+    *outer, page_tokens, head_dim = cache.shape
+    assert page_tokens == PAGE_TOKENS and np.dtype(cache.dtype) == np.float16, (cache.shape, cache.dtype)
+    rows = math.prod(outer) * PAGE_TOKENS
+    assert rows < 2**31, f"{rows} rows: TMA coordinates are int32"
+    return encode_tiled_2d(cache.ptr, np.float16, (rows, head_dim), (PAGE_TOKENS, head_dim))
+
+
+def attention_tma_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim: int,
+                                     sm_count: int | None = None) -> int:
+    """S, attention_decode_tma's blocks per KV head (grid (S, Hkv), ATMA_CONSUMERS splits each).
+
+    Every resident block slot gets a block (occupancy from the kernel's registers and its
+    96/48 KiB of stages: 2 blocks per SM at Dh = 128, 4 at Dh = 64), so every SM keeps
+    CONSUMERS × STAGES pages in flight per block; no more warps than pages at the longest
+    context. The split count thus follows the SM count (H200: 66 blocks per KV head at 7B).
+    """
+    if sm_count is None:
+        sm_count = get_device().info.sm_count
+    registers = _fn("attention_decode_tma", f"attention_decode_tma_hd{head_dim}").num_registers
+    per_sm = max(1, blocks_per_sm(registers, ATMA_THREADS, attention_tma_smem_bytes(head_dim)))
+    max_pages = -(-max_tokens // PAGE_TOKENS)
+    by_sms = -(-per_sm * sm_count // n_kv_heads)
+    by_pages = -(-max_pages // ATMA_CONSUMERS)
+    return max(1, min(by_sms, by_pages))
+
+
+def attention_tma_partial_shapes(n_heads: int, head_dim: int, blocks_per_kv_head: int) -> dict[str, tuple]:
+    """Shapes of AttentionDecodeTma's fp32 scratch: o_part, m_part, l_part (plain layout)."""
+    n_splits = blocks_per_kv_head * ATMA_CONSUMERS
+    return {"o_part": (n_splits, n_heads, head_dim), "m_part": (n_splits, n_heads),
+            "l_part": (n_splits, n_heads)}
+
+
+class AttentionDecodeTma(Launcher):
+    """out fp16 [Hq, Dh] = softmax(q Kᵀ/√Dh) V over positions < state[2] of a paged cache,
+    by the warp-specialised TMA kernel (attention_decode_tma.cu).
+
+    Two launches: attention_decode_tma_hd{Dh} (per-consumer-warp split partials) and the plain
+    kernel's attention_combine (same partial layout). k_map / v_map are kv_tensor_map(...) of
+    the whole K and V pools, encoded once; `layer_page0` = layer × pages per layer selects the
+    layer (0 for a one-layer cache). AttentionDecode stays the reference and the fallback.
+    """
+
+    def __init__(self, out, q, k_map, v_map, block_table, state, o_part, m_part, l_part, *,
+                 n_heads: int, n_kv_heads: int, head_dim: int, blocks_per_kv_head: int,
+                 layer_page0: int = 0, stream: Stream | None = None):
+        if head_dim not in ATTN_HEAD_DIMS:
+            raise ValueError(f"attention_decode_tma is built for head_dim in {ATTN_HEAD_DIMS}, got {head_dim}")
+        assert n_heads % n_kv_heads == 0 and n_heads // n_kv_heads <= ATTN_MAX_GROUP, (n_heads, n_kv_heads)
+        for name, m in (("k_map", k_map), ("v_map", v_map)):
+            assert tuple(m.box) == (PAGE_TOKENS, head_dim) and m.dtype == np.float16, (name, m)
+            assert (layer_page0 * n_kv_heads + 1) * PAGE_TOKENS <= m.shape[0], (name, layer_page0, m)
+        shapes = attention_tma_partial_shapes(n_heads, head_dim, blocks_per_kv_head)
+        _check(out, "out", n_heads * head_dim, np.float16)
+        _check(q, "q", n_heads * head_dim, np.float16)
+        _check(state, "state", 3, np.int32)
+        for name, buf in (("o_part", o_part), ("m_part", m_part), ("l_part", l_part)):
+            _check(buf, name, math.prod(shapes[name]), np.float32)
+        n_splits = blocks_per_kv_head * ATMA_CONSUMERS
+        self.n_splits = n_splits
+        self.launches = [
+            KernelLaunch(_fn("attention_decode_tma", f"attention_decode_tma_hd{head_dim}"),
+                         (blocks_per_kv_head, n_kv_heads), (ATMA_THREADS,),
+                         [o_part, m_part, l_part, q, k_map, v_map, block_table, state,
+                          _i32(n_heads), _i32(n_kv_heads), _i32(layer_page0)],
+                         smem_bytes=attention_tma_smem_bytes(head_dim), stream=stream),
+            KernelLaunch(_fn("attention_decode", "attention_combine"), (n_heads,),
+                         (ATTN_COMBINE_THREADS,),
+                         [out, o_part, m_part, l_part, state, _i32(n_splits), _i32(n_heads),
+                          _i32(head_dim)], smem_bytes=2 * 4 * n_splits, stream=stream),
+        ]
+        self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
+
+    def bytes_for(self, seq_len: int) -> int:
+        """KV bytes read at a given length (the partials are L2 traffic, not counted)."""
+        return seq_len * self.kv_bytes_per_token
+
+
+__all__ = (*__all__, "AttentionDecodeTma", "attention_tma_blocks_per_kv_head", "attention_tma_partial_shapes",
+           "attention_tma_smem_bytes", "kv_tensor_map")

@@ -12,11 +12,11 @@ from .device import get_device
 from .errors import CudaError, check
 from .nvrtc import CompiledKernel, compile_kernel
 
-# A kernel may use up to 48 KiB of dynamic shared memory without asking; beyond that it must
+# A block may use up to 48 KiB of shared memory (static + dynamic) without asking; beyond that it must
 # opt in per function with CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, up to the
 # device's max_smem_per_block_optin_bytes (CUDA C Programming Guide, "Shared Memory",
 # compute capability 7.x and later).
-DEFAULT_DYNAMIC_SMEM_LIMIT_BYTES = 48 * 1024
+DEFAULT_SMEM_PER_BLOCK_BYTES = 48 * 1024
 
 _FA = driver.CUfunction_attribute
 
@@ -34,7 +34,7 @@ class Function:
         self.module = module
         self.name = name
         self.handle = handle
-        self._dynamic_smem_limit = DEFAULT_DYNAMIC_SMEM_LIMIT_BYTES
+        self._dynamic_smem_limit = 0  # dynamic bytes already known to launch (checked once each)
         self._param_sizes: tuple[int, ...] | None = None
 
     def attribute(self, attr: driver.CUfunction_attribute) -> int:
@@ -62,10 +62,17 @@ class Function:
         """
         if nbytes <= self._dynamic_smem_limit:
             return
+        # The 48 KiB default covers static + dynamic together: a kernel with static shared
+        # memory needs the opt-in sooner (its launch is refused with INVALID_VALUE otherwise).
+        static = self.attribute(_FA.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        if static + nbytes <= DEFAULT_SMEM_PER_BLOCK_BYTES:
+            self._dynamic_smem_limit = nbytes
+            return
         limit = get_device().info.max_smem_per_block_optin_bytes
-        if nbytes > limit:
+        if static + nbytes > limit:
             raise ValueError(
-                f"kernel {self.name}: {nbytes} B of dynamic shared memory asked, device allows {limit} B"
+                f"kernel {self.name}: {nbytes} B of dynamic + {static} B of static shared memory asked, "
+                f"device allows {limit} B"
             )
         check(
             driver.cuFuncSetAttribute(self.handle, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),

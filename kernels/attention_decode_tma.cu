@@ -1,0 +1,342 @@
+// kernels/attention_decode_tma.cu — warp-specialised paged GQA decode attention: a TMA producer
+// warp feeds consumer warps through mbarriers (DESIGN.md §6). Split-KV ("flash-decoding").
+//
+//   attention_decode_tma_hd64 / _hd128   per split: unnormalised o, running max m, sum l
+//   (combined by attention_combine of attention_decode.cu, whose partial layout this writes)
+//
+// out[h, :] = softmax(q[h] · K[0:seq_len]ᵀ / √Dh) · V[0:seq_len] for every query head h, with
+// query head h reading KV head h / (Hq/Hkv) (GQA, 7:1 for every Qwen2.5-Coder size).
+// seq_len = state[2] comes from device memory, so one graph serves every step. The plain
+// attention_decode.cu computes the same thing (same splits, same arithmetic per page) and stays
+// the reference kernel and the fallback.
+//
+// The limit it is built around: HBM bandwidth at long contexts. Bytes per call = seq_len ×
+// Hkv × Dh × 2 (K and V) × 2 B = 2 KiB per token per layer at 7B (64 MiB at 32768 tokens), plus
+// the fp32 partials (L2-resident). To read at the HBM rate an SM needs ~ bandwidth / SMs ×
+// latency ≈ 4.3 TB/s / 132 × ~1 µs ≈ 32 KiB in flight; the plain kernel's warps each hold one
+// page in registers and wait for it (latency-bound, ~2 TB/s at 32k). Here each block keeps up to
+// CONSUMERS × STAGES pages (96 KiB at Dh = 128) in flight through TMA, and no register holds
+// bytes that are still on their way.
+//
+// Work split
+// ----------
+//   grid    = (S, Hkv): S blocks per KV head (attention_tma_blocks_per_kv_head: every resident
+//             block slot of the GPU); block = 1 producer warp + ATMA_CONSUMERS consumer warps.
+//   split   = one consumer warp, exactly as in the plain kernel: the NS = S · ATMA_CONSUMERS
+//             splits of a KV head divide its pages evenly, pages_per_split = ceil(n_pages / NS)
+//             from seq_len in the kernel (fixed grid, graph-friendly). Split s = blockIdx.x ·
+//             CONSUMERS + c covers logical pages [s · pps, min((s+1) · pps, n_pages)); warps with
+//             none write a neutral partial (m = −inf, l = 0). attention_combine reads the splits
+//             that cover seq_len by the same formula.
+//   stages  = a ring of ATMA_STAGES per consumer warp in dynamic shared memory (AtmaShape); stage j of warp c
+//             holds one page of one KV head: K [16][Dh] then V [16][Dh] fp16 (2 × 4 KiB at Dh 128).
+//             Page i of warp c goes to stage j = i % STAGES in round r = i / STAGES.
+//   producer (warp ATMA_CONSUMERS): walks the block's pages in the order (i, c) — page i of
+//             every consumer warp in turn — with 32 block-table entries per warp-wide load (the
+//             next 32 loaded while these are issued). For page i of warp c: wait until stage j is
+//             free (round r > 0: empty[c][j] phase r−1 complete, parity (r−1) & 1), then lane 0
+//             arms full[c][j] with the stage's bytes (arrive.expect_tx, 2 · 16 · Dh · 2 B) and
+//             issues two TMA box copies (K, V: rows ((layer_page0 + page) · Hkv + kv_head) · 16 of
+//             the [rows, Dh] pool views) completing on full[c][j].
+//   consumer c (warps 0 … CONSUMERS−1): for page i: wait full[c][j] phase r (parity r & 1);
+//             QKᵀ on tensor cores, online softmax in FP32, P·V in FP32 FMA — the plain kernel's
+//             per-page arithmetic, reading K/V from the stage instead of registers — then every
+//             lane arrives on empty[c][j] after its last read of the stage.
+//
+// Barriers and phases (each initialised once by thread 0, then fence + the kernel's only
+// __syncthreads(), before the role branch):
+//   full[c][j]   count 1 (the producer's arrive.expect_tx) + 2 box transactions. Phase r
+//                completes when page r · STAGES + j of warp c is in shared memory.
+//   empty[c][j]  count 32 (every lane of consumer warp c). Phase r completes when warp c is done
+//                reading round r of stage j.
+//   Why parities suffice: the producer arms full[c][j] for round r only after empty[c][j] phase
+//   r−1, i.e. after warp c finished round r−1, so full is never more than one phase ahead of its
+//   waiter; and warp c cannot finish round r before round r was issued, so empty is never more
+//   than one phase ahead of the producer's wait. A 1-bit parity therefore names the phase.
+//   No thread barrier is used inside a role branch; consumers sync only their own warp.
+//
+// Measured on the H200 (tools/bench_attention.py, graph replay, 7B, grids for a 32k cache,
+// copy bandwidth 4273 GB/s): 32768 tokens (67 MB, from HBM) 22.7 µs for this kernel alone
+// (2.96 TB/s; plain 23.8 µs), 32.1 µs with the combine (plain 33.5 µs); 8192 tokens 7.2 µs alone,
+// 16.7 µs with the combine. The combine's ~9.5 µs over 256 active splits is now the larger lever.
+//
+// Masking: TMA copies the whole 16-row box, so slots ≥ seq_len of the last page arrive with
+// whatever the cache holds there (NaN in the tests). Their K and V are replaced by zeros with a
+// select (never multiplied: 0 · NaN = NaN) and their scores set to −inf; the block table is read
+// only for pages < ceil(seq_len / 16).
+//
+// head_dim is a template parameter (instantiated for 64 and 128): the register arrays need it.
+// Requirements (asserted by the launcher): Hq / Hkv ≤ 8, seq_len ≥ 1, the tensor maps built by
+// kernels.kv_tensor_map (2-D [rows, Dh] fp16, box [16, Dh], no swizzle), dynamic shared memory
+// = attention_tma_smem_bytes(Dh).
+#include <cuda_fp16.h>
+
+#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF
+#include "ldst.cuh"      // ld_nc_v4
+#include "mma.cuh"       // mma_m16n8k16_f32_f16
+#include "warp.cuh"      // quad_max, quad_sum, FULL_WARP_MASK
+#include "kv_cache.cuh"  // KV_PAGE_TOKENS
+#include "mbarrier.cuh"  // mbarrier_init / arrive / arrive_expect_tx / wait_parity, fence_mbarrier_init
+#include "tma.cuh"       // CUtensorMap, tma_load_2d, tma_prefetch_map
+
+#define ATMA_CONSUMERS 4                        // consumer warps (= splits) per block
+#define ATMA_STAGES    3                        // ring stages per consumer warp
+#define ATMA_THREADS   ((ATMA_CONSUMERS + 1) * WARP_SIZE)  // + the producer warp
+#define ATMA_MAX_GROUP 8                        // query heads per KV head (MMA rows 0..7)
+#define ATMA_LOG2E     1.4426950408889634f
+
+// Must equal attn_pages_per_split of attention_decode.cu: attention_combine finds the active
+// splits with that formula.
+__device__ __forceinline__ int atma_pages_per_split(int n_pages, int n_splits) {
+    return max(1, (n_pages + n_splits - 1) / n_splits);
+}
+
+// The block's shared memory, all of it dynamic (so the launcher's byte count is the whole
+// footprint: the > 48 KiB opt-in and the occupancy estimate see every byte):
+//   [0, P_OFFSET)            stages [CONSUMERS][STAGES] × {K [16][Dh], V [16][Dh]} fp16
+//   [P_OFFSET, ALPHA_OFFSET) p      [CONSUMERS][16 tokens][8 heads] fp32 (warp-private)
+//   [ALPHA_OFFSET, BAR_OFFSET) alpha [CONSUMERS][8 heads] fp32 (warp-private)
+//   [BAR_OFFSET, SMEM_BYTES) full [CONSUMERS][STAGES], empty [CONSUMERS][STAGES] mbarriers (u64)
+template <int HEAD_DIM>
+struct AtmaShape {
+    static constexpr int TILE_HALVES = KV_PAGE_TOKENS * HEAD_DIM;   // one page of one head
+    static constexpr u32 TILE_BYTES = TILE_HALVES * 2;              // one TMA box
+    static constexpr u32 STAGE_BYTES = 2 * TILE_BYTES;              // K box + V box
+    static constexpr u32 P_OFFSET = ATMA_CONSUMERS * ATMA_STAGES * STAGE_BYTES;
+    static constexpr u32 ALPHA_OFFSET = P_OFFSET + ATMA_CONSUMERS * KV_PAGE_TOKENS * ATMA_MAX_GROUP * 4;
+    static constexpr u32 BAR_OFFSET = ALPHA_OFFSET + ATMA_CONSUMERS * ATMA_MAX_GROUP * 4;
+    static constexpr u32 SMEM_BYTES = BAR_OFFSET + 2 * ATMA_CONSUMERS * ATMA_STAGES * 8;
+    static_assert(TILE_BYTES % 128 == 0 && P_OFFSET % 16 == 0 && BAR_OFFSET % 8 == 0, "smem alignment");
+};
+
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_decode_tma_impl(
+    float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,
+    const __half* __restrict__ q, const CUtensorMap* k_map, const CUtensorMap* v_map,
+    const int* __restrict__ block_table, const int* __restrict__ state, int Hq, int Hkv,
+    int layer_page0) {
+    using Shape = AtmaShape<HEAD_DIM>;
+    constexpr int KCH = HEAD_DIM / 32;  // 16-byte key chunks per lane per token (MMA k order)
+    constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
+    constexpr int DPL = HEAD_DIM / 32;  // P·V dims per lane
+
+    // AtmaShape's layout; the stages first, where the TMA's 128-byte alignment holds.
+    extern __shared__ __align__(128) unsigned char atma_smem[];
+    auto p_smem = reinterpret_cast<float (*)[KV_PAGE_TOKENS][ATMA_MAX_GROUP]>(atma_smem + Shape::P_OFFSET);
+    auto alpha_smem = reinterpret_cast<float (*)[ATMA_MAX_GROUP]>(atma_smem + Shape::ALPHA_OFFSET);
+    auto full_bar = reinterpret_cast<u64 (*)[ATMA_STAGES]>(atma_smem + Shape::BAR_OFFSET);
+    auto empty_bar = full_bar + ATMA_CONSUMERS;
+
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int kv_head = blockIdx.y;
+    const int n_splits = gridDim.x * ATMA_CONSUMERS;
+    const int seq_len = state[2];
+    const int n_pages = (seq_len + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+    const int pps = atma_pages_per_split(n_pages, n_splits);
+    const int block_page0 = blockIdx.x * ATMA_CONSUMERS * pps;  // first page of the block's warp 0
+
+    if (threadIdx.x == 0) {
+        for (int c = 0; c < ATMA_CONSUMERS; ++c)
+            for (int j = 0; j < ATMA_STAGES; ++j) {
+                mbarrier_init(&full_bar[c][j], 1);
+                mbarrier_init(&empty_bar[c][j], WARP_SIZE);
+            }
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // the only block-wide barrier: before the warp-role branch
+
+    auto k_stage = [&](int c, int j) {
+        return reinterpret_cast<__half*>(atma_smem + (c * ATMA_STAGES + j) * Shape::STAGE_BYTES);
+    };
+
+    if (warp == ATMA_CONSUMERS) {
+        // ---------------- producer warp: block table → TMA copies into the rings ----------------
+        // Item k = i · CONSUMERS + c is page i of consumer warp c (logical page block_page0 +
+        // c · pps + i); items past a split's end (or past n_pages) read -1 and are skipped.
+        const int n_items = ATMA_CONSUMERS * pps;
+        auto entry = [&](int k) {
+            const int lp = block_page0 + (k % ATMA_CONSUMERS) * pps + k / ATMA_CONSUMERS;
+            return k < n_items && lp < n_pages ? block_table[lp] : -1;
+        };
+        if (lane == 0) {
+            tma_prefetch_map(k_map);
+            tma_prefetch_map(v_map);
+        }
+        int bt_cur = entry(lane);
+        for (int k0 = 0; k0 < n_items; k0 += WARP_SIZE) {
+            const int bt_next = entry(k0 + WARP_SIZE + lane);  // in flight while these are issued
+            const int n = min(WARP_SIZE, n_items - k0);
+            for (int l = 0; l < n; ++l) {                      // warp-uniform loop
+                const int page = __shfl_sync(FULL_WARP_MASK, bt_cur, l);
+                if (page < 0) continue;                        // warp-uniform
+                const int c = (k0 + l) % ATMA_CONSUMERS, i = (k0 + l) / ATMA_CONSUMERS;
+                const int j = i % ATMA_STAGES, r = i / ATMA_STAGES;
+                if (r > 0) mbarrier_wait_parity(&empty_bar[c][j], (r - 1) & 1);
+                if (lane == 0) {
+                    __half* k_dst = k_stage(c, j);
+                    const int row = ((layer_page0 + page) * Hkv + kv_head) * KV_PAGE_TOKENS;
+                    mbarrier_arrive_expect_tx(&full_bar[c][j], Shape::STAGE_BYTES);
+                    tma_load_2d(k_dst, k_map, 0, row, &full_bar[c][j]);
+                    tma_load_2d(k_dst + Shape::TILE_HALVES, v_map, 0, row, &full_bar[c][j]);
+                }
+                __syncwarp();
+            }
+            bt_cur = bt_next;
+        }
+        return;
+    }
+
+    // ---------------- consumer warp c = split blockIdx.x · CONSUMERS + c ----------------
+    const int c = warp;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    const int group = Hq / Hkv;
+    const int split = blockIdx.x * ATMA_CONSUMERS + c;
+    const int head0 = kv_head * group;
+    const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
+
+    if (page_begin >= page_end) {  // neutral partial: contributes nothing to the combine
+        if (t == 0 && g < group) {
+            m_part[(u64)split * Hq + head0 + g] = F32_NEG_INF;
+            l_part[(u64)split * Hq + head0 + g] = 0.f;
+        }
+        return;
+    }
+
+    // Query fragments of head row g (zero for padding rows g ≥ group), as in the plain kernel.
+    uint4 qf[KCH];
+#pragma unroll
+    for (int m = 0; m < KCH; ++m)
+        qf[m] = g < group ? ld_nc_v4(q + (u64)(head0 + g) * HEAD_DIM + 32 * m + 8 * t)
+                          : make_uint4(0u, 0u, 0u, 0u);
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * ATMA_LOG2E;
+
+    float m_run = F32_NEG_INF;  // running max of head g (scaled, log2 units), same in the quad
+    float l_run = 0.f;          // running sum of head g over this lane's tokens
+    float acc[ATMA_MAX_GROUP][DPL];
+#pragma unroll
+    for (int h = 0; h < ATMA_MAX_GROUP; ++h)
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
+
+    for (int lp = page_begin; lp < page_end; ++lp) {
+        const int i = lp - page_begin, j = i % ATMA_STAGES, r = i / ATMA_STAGES;
+        const int valid = min(KV_PAGE_TOKENS, seq_len - lp * KV_PAGE_TOKENS);  // ≥ 1
+        const __half* ks = k_stage(c, j);
+        const __half* vs = ks + Shape::TILE_HALVES;
+        mbarrier_wait_parity(&full_bar[c][j], r & 1);  // page i's K and V are in the stage
+
+        // Scores: s[nt][jj] = head g, token nt·8 + 2t + jj, scaled to log2 units, masked.
+        float s[2][2];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int tok = nt * 8 + g;
+            float cc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int m = 0; m < KCH; ++m) {
+                const uint4 kraw = *reinterpret_cast<const uint4*>(ks + tok * HEAD_DIM + 32 * m + 8 * t);
+                const uint4 kf = tok < valid ? kraw : make_uint4(0u, 0u, 0u, 0u);  // select, no 0·NaN
+                const u32 a_lo[4] = {qf[m].x, 0u, qf[m].y, 0u};
+                const u32 a_hi[4] = {qf[m].z, 0u, qf[m].w, 0u};
+                mma_m16n8k16_f32_f16(cc, a_lo, kf.x, kf.y);
+                mma_m16n8k16_f32_f16(cc, a_hi, kf.z, kf.w);
+            }
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj)
+                s[nt][jj] = nt * 8 + 2 * t + jj < valid ? cc[jj] * scale_log2 : F32_NEG_INF;
+        }
+
+        // Online softmax update for head g (token 0 of the page is valid: m_new is finite).
+        const float page_max = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
+        const float m_new = fmaxf(m_run, page_max);
+        const float alpha = exp2f(m_run - m_new);  // 0 on the first page (m_run = −inf)
+        float p_sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+                const float p = exp2f(s[nt][jj] - m_new);  // exactly 0 for masked tokens
+                p_smem[c][nt * 8 + 2 * t + jj][g] = p;
+                p_sum += p;
+            }
+        l_run = l_run * alpha + p_sum;
+        m_run = m_new;
+        if (t == 0) alpha_smem[c][g] = alpha;
+        __syncwarp();
+
+        // acc[h][:] = acc[h][:] · alpha[h] + Σ_tok p[tok][h] · v[tok][:]
+        const float4 al0 = *reinterpret_cast<const float4*>(&alpha_smem[c][0]);
+        const float4 al1 = *reinterpret_cast<const float4*>(&alpha_smem[c][4]);
+        const float al[ATMA_MAX_GROUP] = {al0.x, al0.y, al0.z, al0.w, al1.x, al1.y, al1.z, al1.w};
+#pragma unroll
+        for (int h = 0; h < ATMA_MAX_GROUP; ++h)
+#pragma unroll
+            for (int jj = 0; jj < DPL; ++jj) acc[h][jj] *= al[h];
+#pragma unroll
+        for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
+            const float4 p0 = *reinterpret_cast<const float4*>(&p_smem[c][tok][0]);
+            const float4 p1 = *reinterpret_cast<const float4*>(&p_smem[c][tok][4]);
+            const float p[ATMA_MAX_GROUP] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+            u32 vraw[VW];
+            if constexpr (VW == 2) {
+                const uint2 w2 = *reinterpret_cast<const uint2*>(vs + tok * HEAD_DIM + 2 * VW * lane);
+                vraw[0] = w2.x;
+                vraw[1] = w2.y;
+            } else {
+                vraw[0] = *reinterpret_cast<const u32*>(vs + tok * HEAD_DIM + 2 * VW * lane);
+            }
+            float v[DPL];
+#pragma unroll
+            for (int w = 0; w < VW; ++w) {
+                const u32 bits = tok < valid ? vraw[w] : 0u;  // select: a NaN slot becomes +0
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
+                v[2 * w] = f.x;
+                v[2 * w + 1] = f.y;
+            }
+#pragma unroll
+            for (int h = 0; h < ATMA_MAX_GROUP; ++h)
+#pragma unroll
+                for (int jj = 0; jj < DPL; ++jj) acc[h][jj] = fmaf(p[h], v[jj], acc[h][jj]);
+        }
+        mbarrier_arrive(&empty_bar[c][j]);  // this lane's reads of stage j are done (release)
+        __syncwarp();                       // p_smem / alpha_smem are rewritten by the next page
+    }
+
+    // Publish the split's partial for the group's query heads.
+    const float l_total = quad_sum(l_run);
+    if (t == 0 && g < group) {
+        m_part[(u64)split * Hq + head0 + g] = m_run;
+        l_part[(u64)split * Hq + head0 + g] = l_total;
+    }
+#pragma unroll
+    for (int h = 0; h < ATMA_MAX_GROUP; ++h) {
+        if (h >= group) break;
+        float* dst = o_part + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
+        if constexpr (DPL == 4) {
+            *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+        } else {
+            *reinterpret_cast<float2*>(dst) = make_float2(acc[h][0], acc[h][1]);
+        }
+    }
+}
+
+// grid (S, Hkv), block (ATMA_THREADS), dynamic smem AtmaShape<Dh>::SMEM_BYTES (96 KiB + 2.3 KiB
+// at Dh = 128, 48 KiB + 2.3 KiB at Dh = 64).
+// Splits NS = S · ATMA_CONSUMERS.
+#define ATTENTION_DECODE_TMA_KERNEL(NAME, HEAD_DIM)                                              \
+    extern "C" __global__ void __launch_bounds__(ATMA_THREADS) NAME(                             \
+        float* __restrict__ o_part,           /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
+        float* __restrict__ m_part,           /* [NS, Hq] fp32, out: max score (log2 units) */ \
+        float* __restrict__ l_part,           /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
+        const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
+        const __grid_constant__ CUtensorMap k_map, /* K pool as [rows, Dh] fp16, box [16, Dh] */ \
+        const __grid_constant__ CUtensorMap v_map, /* V pool, likewise                      */ \
+        const int* __restrict__ block_table,  /* [max_pages] int32                          */ \
+        const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
+        int Hq, int Hkv,                                                                     \
+        int layer_page0) {                    /* layer · pages per layer: the layer's page 0 */ \
+        attention_decode_tma_impl<HEAD_DIM>(o_part, m_part, l_part, q, &k_map, &v_map,           \
+                                            block_table, state, Hq, Hkv, layer_page0);          \
+    }
+
+ATTENTION_DECODE_TMA_KERNEL(attention_decode_tma_hd64, 64)
+ATTENTION_DECODE_TMA_KERNEL(attention_decode_tma_hd128, 128)

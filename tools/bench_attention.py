@@ -1,0 +1,164 @@
+"""Decode attention timing: the TMA kernel next to the plain one (7B shape by default).
+
+    PYTHONPATH=src python tools/bench_attention.py [--lengths 512 8192 32768] [--json out.json]
+
+For each KV length: both launchers (decode + combine; also the split kernel alone) on the same random paged cache (shuffled
+pages), with the grids DecodeStep uses for a --context-token cache, timed from a captured graph
+of --reps back-to-back calls (no Python launch overhead). Reports µs per call, effective
+bandwidth = K/V bytes read ÷ time, and its ratio to the device-to-device copy bandwidth measured
+in the same run (cuda/bandwidth.py; read + write bytes, the DESIGN.md §11 convention). The two
+outputs are compared too (relative L2), as a sanity check — the tests own correctness.
+
+Caveat printed with the table: K/V below the 60 MB L2 stay cached across the back-to-back
+replays, so short lengths measure L2, not HBM (that is also what a decode step sees for one
+layer's K/V only if nothing evicted it, which the weights' 4 GB stream does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from drvqwen import kernels as K
+from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
+from drvqwen.cuda.bandwidth import measure_copy_bandwidth
+
+SHAPES = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
+L2_BYTES = 60e6  # H200 L2 (50 MiB usable per partition pair; "fits in L2" is approximate)
+
+
+def graph_time_us(launcher, reps: int) -> float:
+    """GPU µs per call of `launcher`, from one captured graph of `reps` calls (after a warm-up)."""
+    with Stream() as stream:
+        with capture(stream) as cap:
+            for _ in range(reps):
+                launcher.launch(stream)
+        exe = cap.graph.instantiate()
+        cap.graph.destroy()
+        exe.launch(stream)
+        start, end = Event(), Event()
+        start.record(stream)
+        exe.launch(stream)
+        end.record(stream)
+        ms = start.elapsed_ms(end)
+        exe.destroy()
+        start.close()
+        end.close()
+    return ms * 1e3 / reps
+
+
+class Scratch:
+    def __init__(self):
+        self.buffers = []
+
+    def array(self, name, shape, dtype, host=None):
+        dtype = np.dtype(dtype)
+        buf = DeviceBuffer(max(16, int(np.prod(shape)) * dtype.itemsize), name)
+        self.buffers.append(buf)
+        arr = DeviceArray(name, buf.ptr, tuple(shape), dtype)
+        if host is not None:
+            arr.upload(np.ascontiguousarray(host, dtype=dtype))
+        return arr
+
+    def close(self):
+        for b in self.buffers:
+            b.free()
+
+
+def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict:
+    hq, hkv, dh = SHAPES[model]
+    n_pages = -(-seq_len // 16)
+    s = Scratch()
+    try:
+        pool_shape = (1, n_pages, hkv, 16, dh)
+        k = s.array("k", pool_shape, np.float16, rng.standard_normal(pool_shape, np.float32))
+        v = s.array("v", pool_shape, np.float16, rng.standard_normal(pool_shape, np.float32))
+        bt = np.zeros(-(-context // 16), np.int32)
+        bt[:n_pages] = rng.permutation(n_pages)
+        common = dict(q=s.array("q", (hq, dh), np.float16, 2 * rng.standard_normal((hq, dh))),
+                      bt=s.array("bt", bt.shape, np.int32, bt),
+                      state=s.array("state", (3,), np.int32, np.array([seq_len - 1, 0, seq_len])))
+        shape = dict(n_heads=hq, n_kv_heads=hkv, head_dim=dh)
+
+        S_plain = K.attention_blocks_per_kv_head(hkv, context, head_dim=dh)
+        parts = {n: s.array(n, sh, np.float32) for n, sh in K.attention_partial_shapes(hq, dh, S_plain).items()}
+        out_plain = s.array("out_plain", (hq, dh), np.float16)
+        plain = K.AttentionDecode(out_plain, common["q"], K.kv_layer_view(k, 0), K.kv_layer_view(v, 0),
+                                  common["bt"], common["state"], parts["o_part"], parts["m_part"],
+                                  parts["l_part"], blocks_per_kv_head=S_plain, **shape)
+
+        S_tma = K.attention_tma_blocks_per_kv_head(hkv, context, dh)
+        tparts = {n: s.array("t" + n, sh, np.float32)
+                  for n, sh in K.attention_tma_partial_shapes(hq, dh, S_tma).items()}
+        out_tma = s.array("out_tma", (hq, dh), np.float16)
+        k_map, v_map = K.kv_tensor_map(k), K.kv_tensor_map(v)  # once per pool
+        tma = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"],
+                                   common["state"], tparts["o_part"], tparts["m_part"], tparts["l_part"],
+                                   blocks_per_kv_head=S_tma, **shape)
+
+        plain.launch()
+        tma.launch()
+        a, b = out_plain.download().astype(np.float64), out_tma.download().astype(np.float64)
+        rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
+        kv = plain.bytes_for(seq_len)
+        row = {"model": model, "seq_len": seq_len, "kv_bytes": kv, "rel_l2_tma_vs_plain": rel,
+               "plain_blocks_per_kv_head": S_plain, "tma_blocks_per_kv_head": S_tma,
+               "plain_us": graph_time_us(plain, reps), "tma_us": graph_time_us(tma, reps),
+               # the split kernel alone (no combine): where the time goes
+               "plain_decode_us": graph_time_us(plain.launches[0], reps),
+               "tma_decode_us": graph_time_us(tma.launches[0], reps)}
+        # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
+        row["tma_us_by_blocks"] = {}
+        for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
+            sp = {n: s.array(f"{n}{S}", sh, np.float32) for n, sh in K.attention_tma_partial_shapes(hq, dh, S).items()}
+            alt = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"], common["state"],
+                                       sp["o_part"], sp["m_part"], sp["l_part"], blocks_per_kv_head=S, **shape)
+            row["tma_us_by_blocks"][S] = graph_time_us(alt, reps)
+        for name in ("plain", "tma"):
+            row[f"{name}_gbps"] = kv / row[f"{name}_us"] / 1e3
+        return row
+    finally:
+        get_device().synchronize()
+        s.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=list(SHAPES), default="7b")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[512, 8192, 32768])
+    ap.add_argument("--context", type=int, default=32768, help="max context the grids are sized for")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args(argv)
+
+    dev = get_device()
+    copy = measure_copy_bandwidth()
+    print(f"{dev.info.summary()}\ncopy bandwidth (D2D, read + write): {copy.gbps:.0f} GB/s")
+    rng = np.random.default_rng(a.seed)
+    rows = [bench_length(rng, a.model, n, a.context, a.reps) for n in a.lengths]
+    print(f"\n{a.model}, decode + combine per call, graph of {a.reps} calls, grids for a {a.context}-token cache")
+    print(f"{'KV len':>7} {'K/V MB':>7} | {'plain µs':>9} {'GB/s':>6} {'/copy':>6} | "
+          f"{'tma µs':>9} {'GB/s':>6} {'/copy':>6} | {'speedup':>7} {'rel L2':>8}")
+    for r in rows:
+        l2 = " (L2)" if r["kv_bytes"] < L2_BYTES else ""
+        print(f"{r['seq_len']:>7} {r['kv_bytes'] / 1e6:>7.2f} | {r['plain_us']:>9.2f} {r['plain_gbps']:>6.0f} "
+              f"{r['plain_gbps'] / copy.gbps:>6.2f} | {r['tma_us']:>9.2f} {r['tma_gbps']:>6.0f} "
+              f"{r['tma_gbps'] / copy.gbps:>6.2f} | {r['plain_us'] / r['tma_us']:>6.2f}x {r['rel_l2_tma_vs_plain']:>8.1e}{l2}")
+    print("decode kernel alone (no combine), µs: " + ", ".join(
+        f"{r['seq_len']}: plain {r['plain_decode_us']:.2f} / tma {r['tma_decode_us']:.2f}" for r in rows))
+    print("tma (decode + combine) with fewer blocks per KV head, µs: " + "; ".join(
+        f"{r['seq_len']}: " + ", ".join(f"S={S} {us:.2f}" for S, us in r["tma_us_by_blocks"].items()) for r in rows))
+    print(f"blocks per KV head: plain {rows[0]['plain_blocks_per_kv_head']}, tma {rows[0]['tma_blocks_per_kv_head']}; "
+          f"(L2) = K/V fit in L2 and stay there across replays")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"copy_gbps": copy.gbps, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
