@@ -2,9 +2,9 @@
 
 The CUDA C++ lives at the top of the repository (`kernels/*.cu`, `ptx/*.cuh`, DESIGN.md §3).
 In a checkout (`PYTHONPATH=src`, or `pip install -e .`) they are found beside `src/`; in an
-installed wheel, pyproject.toml ships them as the packages `drvqwen._kernels` and
-`drvqwen._ptx`, found with importlib.resources. The checkout wins when both exist, so an
-edit to a kernel is always what gets compiled.
+installed wheel, pyproject.toml ships them as `drvqwen/_kernels` and `drvqwen/_ptx`, found
+beside the installed package. The checkout wins when both exist, so an edit to a kernel is
+always what gets compiled.
 
 `included_headers()` follows `#include` lines the way NVRTC will (the including file's own
 folder first, then `ptx/`), so that the cubin cache key can hash every header a kernel
@@ -14,7 +14,6 @@ depends on, not only the `.cu` file (DESIGN.md §8).
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,37 +62,40 @@ def _repo_root() -> Path | None:
     return None
 
 
-def _packaged_dir(package: str) -> Path:
-    """The folder of an installed data package; only real folders work, NVRTC reads files."""
-    ref = importlib.resources.files(package)
-    path = Path(str(ref))
-    if not path.is_dir():
-        raise FileNotFoundError(f"package {package} is not a folder on disk ({ref!r})")
-    return path
+def _source_dir(checkout_name: str, packaged_name: str) -> Path:
+    """`<checkout>/<checkout_name>` in a source checkout (edits take effect at once), else the
+    copy the wheel installs as `drvqwen/<packaged_name>` (pyproject.toml maps it there).
+
+    The installed copy is found beside the `drvqwen` package itself rather than through
+    importlib.resources: the data folders have no __init__.py, so importlib sees namespace
+    packages and returns a MultiplexedPath, not a folder NVRTC can read files from.
+    """
+    root = _repo_root()
+    if root is not None and (root / checkout_name).is_dir():
+        return root / checkout_name
+    installed = Path(__file__).resolve().parents[1] / packaged_name   # drvqwen/cuda/.. → drvqwen/
+    if installed.is_dir():
+        return installed
+    raise FileNotFoundError(f"no {checkout_name}/ folder: neither a checkout nor an installed "
+                            f"drvqwen/{packaged_name} (reinstall drvqwen)")
 
 
 def kernels_dir() -> Path:
     """The folder holding `*.cu` kernel files (checkout first, then the installed wheel).
 
     Raises:
-        FileNotFoundError: neither a checkout `kernels/` nor the `drvqwen._kernels` package exists.
+        FileNotFoundError: neither a checkout `kernels/` nor the installed `drvqwen/_kernels`.
     """
-    root = _repo_root()
-    if root is not None and (root / "kernels").is_dir():
-        return root / "kernels"
-    return _packaged_dir("drvqwen._kernels")
+    return _source_dir("kernels", "_kernels")
 
 
 def ptx_dir() -> Path:
     """The folder holding the inline-PTX headers `*.cuh` (checkout first, then the wheel).
 
     Raises:
-        FileNotFoundError: neither a checkout `ptx/` nor the `drvqwen._ptx` package exists.
+        FileNotFoundError: neither a checkout `ptx/` nor the installed `drvqwen/_ptx`.
     """
-    root = _repo_root()
-    if root is not None and (root / "ptx").is_dir():
-        return root / "ptx"
-    return _packaged_dir("drvqwen._ptx")
+    return _source_dir("ptx", "_ptx")
 
 
 def list_kernels(directory: Path | None = None) -> list[str]:
