@@ -59,7 +59,7 @@ def _case(rng, hq, hkv, dh, seq_len):
 
 
 def _check_lengths(dev, rng, model: str, lengths: list[int]) -> None:
-    from drvqwen.kernels import AttentionDecodeTma, attention_tma_partial_shapes, kv_tensor_map
+    from drvqwen.kernels import ATMA_CONSUMERS, AttentionDecodeTma, attention_partial_shapes, kv_tensor_map
 
     hq, hkv, dh = MODELS[model]
     grids = {grid: _blocks(grid, hkv, dh) for grid in GRIDS}
@@ -75,7 +75,7 @@ def _check_lengths(dev, rng, model: str, lengths: list[int]) -> None:
         for grid, blocks in grids.items():
             out = dev.poisoned(f"out{seq_len}{grid}", (hq, dh), np.float16)
             parts = {n: dev.poisoned(f"{n}{seq_len}{grid}", sh, np.float32)
-                     for n, sh in attention_tma_partial_shapes(hq, dh, blocks).items()}
+                     for n, sh in attention_partial_shapes(hq, dh, blocks, ATMA_CONSUMERS).items()}
             ln = AttentionDecodeTma(out, bufs["q"], k_map, v_map, bufs["bt"], bufs["state"],
                                     parts["o_part"], parts["m_part"], parts["l_part"], n_heads=hq,
                                     n_kv_heads=hkv, head_dim=dh, blocks_per_kv_head=blocks,

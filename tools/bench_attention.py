@@ -92,7 +92,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
 
         S_tma = K.attention_tma_blocks_per_kv_head(hkv, context, dh)
         tparts = {n: s.array("t" + n, sh, np.float32)
-                  for n, sh in K.attention_tma_partial_shapes(hq, dh, S_tma).items()}
+                  for n, sh in K.attention_partial_shapes(hq, dh, S_tma, K.ATMA_CONSUMERS).items()}
         out_tma = s.array("out_tma", (hq, dh), np.float16)
         k_map, v_map = K.kv_tensor_map(k), K.kv_tensor_map(v)  # once per pool
         tma = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"],
@@ -113,7 +113,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
         row["tma_us_by_blocks"] = {}
         for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
-            sp = {n: s.array(f"{n}{S}", sh, np.float32) for n, sh in K.attention_tma_partial_shapes(hq, dh, S).items()}
+            sp = {n: s.array(f"{n}{S}", sh, np.float32) for n, sh in K.attention_partial_shapes(hq, dh, S, K.ATMA_CONSUMERS).items()}
             alt = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"], common["state"],
                                        sp["o_part"], sp["m_part"], sp["l_part"], blocks_per_kv_head=S, **shape)
             row["tma_us_by_blocks"][S] = graph_time_us(alt, reps)

@@ -195,7 +195,6 @@ def cmd_run(args) -> int:
         with _progress() as p:
             task = p.add_task("dequantizing weights", total=f.config.num_layers)
             backend = CPUBackend(f, ctx, progress=lambda i, n: p.update(task, completed=i))
-        backend.max_context = max_context if max_context <= ctx else ctx
     else:  # pragma: no cover - needs a Hopper GPU (tests/test_engine_gpu.py covers the backend)
         from .engine import GPUBackend
 

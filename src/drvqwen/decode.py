@@ -155,7 +155,7 @@ class DecodeStep:
         sm_count = self.device.info.sm_count
         if attention == "tma":
             S = K.attention_tma_blocks_per_kv_head(Hkv, self.max_context, Dh, sm_count)
-            parts = K.attention_tma_partial_shapes(Hq, Dh, S)
+            parts = K.attention_partial_shapes(Hq, Dh, S, K.ATMA_CONSUMERS)
             # TMA descriptors of the whole pools, encoded once for the engine's life (~60 µs each).
             self.k_map, self.v_map = K.kv_tensor_map(self.k_cache), K.kv_tensor_map(self.v_cache)
         else:

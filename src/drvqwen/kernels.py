@@ -417,20 +417,31 @@ def attention_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, sm_count: int
     warp. No more warps than there are pages at the longest context (they would only idle).
     At 7B on an H200: S = 66 (264 splits per KV head); S = 33 ran 36 µs at 32768 tokens.
     """
-    if sm_count is None:
-        sm_count = get_device().info.sm_count
     if registers is None and head_dim is not None:
         registers = _fn("attention_decode", f"attention_decode_hd{head_dim}").num_registers
     per_sm = ATTN_DEFAULT_BLOCKS_PER_SM if registers is None else max(1, blocks_per_sm(registers, 32 * ATTN_WARPS, 0))
+    return _split_blocks_per_kv_head(n_kv_heads, max_tokens, per_sm, ATTN_WARPS, sm_count)
+
+
+def _split_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, blocks_per_sm_: int,
+                              splits_per_block: int, sm_count: int | None) -> int:
+    """The split-KV grid rule both decode attention kernels share: fill every resident block
+    slot of the GPU (blocks_per_sm_ × SMs over the KV heads), but give no split less than one
+    page at the longest context."""
+    if sm_count is None:
+        sm_count = get_device().info.sm_count
     max_pages = -(-max_tokens // PAGE_TOKENS)
-    by_sms = -(-per_sm * sm_count // n_kv_heads)
-    by_pages = -(-max_pages // ATTN_WARPS)
+    by_sms = -(-blocks_per_sm_ * sm_count // n_kv_heads)
+    by_pages = -(-max_pages // splits_per_block)
     return max(1, min(by_sms, by_pages))
 
 
-def attention_partial_shapes(n_heads: int, head_dim: int, blocks_per_kv_head: int) -> dict[str, tuple]:
-    """Shapes of the fp32 scratch buffers AttentionDecode needs: o_part, m_part, l_part."""
-    n_splits = blocks_per_kv_head * ATTN_WARPS
+def attention_partial_shapes(n_heads: int, head_dim: int, blocks_per_kv_head: int,
+                             splits_per_block: int = ATTN_WARPS) -> dict[str, tuple]:
+    """Shapes of the fp32 scratch buffers of the split-KV decode attention: o_part, m_part,
+    l_part (the layout attention_combine reads). splits_per_block: ATTN_WARPS for
+    AttentionDecode, ATMA_CONSUMERS for AttentionDecodeTma."""
+    n_splits = blocks_per_kv_head * splits_per_block
     return {"o_part": (n_splits, n_heads, head_dim), "m_part": (n_splits, n_heads),
             "l_part": (n_splits, n_heads)}
 
@@ -862,21 +873,9 @@ def attention_tma_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim:
     CONSUMERS × STAGES pages in flight per block; no more warps than pages at the longest
     context. The split count thus follows the SM count (H200: 66 blocks per KV head at 7B).
     """
-    if sm_count is None:
-        sm_count = get_device().info.sm_count
     registers = _fn("attention_decode_tma", f"attention_decode_tma_hd{head_dim}").num_registers
     per_sm = max(1, blocks_per_sm(registers, ATMA_THREADS, attention_tma_smem_bytes(head_dim)))
-    max_pages = -(-max_tokens // PAGE_TOKENS)
-    by_sms = -(-per_sm * sm_count // n_kv_heads)
-    by_pages = -(-max_pages // ATMA_CONSUMERS)
-    return max(1, min(by_sms, by_pages))
-
-
-def attention_tma_partial_shapes(n_heads: int, head_dim: int, blocks_per_kv_head: int) -> dict[str, tuple]:
-    """Shapes of AttentionDecodeTma's fp32 scratch: o_part, m_part, l_part (plain layout)."""
-    n_splits = blocks_per_kv_head * ATMA_CONSUMERS
-    return {"o_part": (n_splits, n_heads, head_dim), "m_part": (n_splits, n_heads),
-            "l_part": (n_splits, n_heads)}
+    return _split_blocks_per_kv_head(n_kv_heads, max_tokens, per_sm, ATMA_CONSUMERS, sm_count)
 
 
 class AttentionDecodeTma(Launcher):
@@ -898,7 +897,7 @@ class AttentionDecodeTma(Launcher):
         for name, m in (("k_map", k_map), ("v_map", v_map)):
             assert tuple(m.box) == (PAGE_TOKENS, head_dim) and m.dtype == np.float16, (name, m)
             assert (layer_page0 * n_kv_heads + 1) * PAGE_TOKENS <= m.shape[0], (name, layer_page0, m)
-        shapes = attention_tma_partial_shapes(n_heads, head_dim, blocks_per_kv_head)
+        shapes = attention_partial_shapes(n_heads, head_dim, blocks_per_kv_head, ATMA_CONSUMERS)
         _check(out, "out", n_heads * head_dim, np.float16)
         _check(q, "q", n_heads * head_dim, np.float16)
         _check(state, "state", 3, np.int32)
@@ -924,5 +923,5 @@ class AttentionDecodeTma(Launcher):
         return seq_len * self.kv_bytes_per_token
 
 
-__all__ = (*__all__, "AttentionDecodeTma", "attention_tma_blocks_per_kv_head", "attention_tma_partial_shapes",
+__all__ = (*__all__, "AttentionDecodeTma", "attention_tma_blocks_per_kv_head",
            "attention_tma_smem_bytes", "kv_tensor_map")
