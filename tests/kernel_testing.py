@@ -6,7 +6,7 @@
   wrote every element (DESIGN.md §9).
 - `report(...)`: relative L2 and max abs error against a float64 reference, printed, with the
   first mismatches on failure.
-- `graph_time_us(...)`: GPU time per launch of a launcher, replayed from a captured graph
+- `graph_time_us(...)`: GPU time per launch of a launcher, replayed from a captured graph (drvqwen.cuda.graph)
   (no Python launch overhead in the figure).
 
 The references are drvqwen.reference's dtype-generic functions evaluated in float64 on the
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from drvqwen.cuda.graph import graph_time_us  # noqa: F401  (the kernel tests import it from here)
 
 # Relative-L2 thresholds (DESIGN.md §9): FP32-accumulated GEMV/norm kernels, fused attention.
 TOL_GEMV = 1e-3
@@ -98,26 +100,6 @@ def assert_same_bits(label: str, a: np.ndarray, b: np.ndarray) -> None:
     assert a.tobytes() == b.tobytes(), f"{label}: two launches gave different bits"
 
 
-def graph_time_us(launcher, reps: int = 20) -> float:
-    """GPU microseconds per call of `launcher`, from a captured graph of `reps` calls."""
-    from drvqwen.cuda import Event, Stream, capture
-
-    with Stream() as stream:
-        with capture(stream) as cap:
-            for _ in range(reps):
-                launcher.launch(stream)
-        exe = cap.graph.instantiate()
-        cap.graph.destroy()
-        exe.launch(stream)  # warm-up (and first-touch of the weights' TLB entries)
-        start, end = Event(), Event()
-        start.record(stream)
-        exe.launch(stream)
-        end.record(stream)
-        ms = start.elapsed_ms(end)
-        exe.destroy()
-        start.close()
-        end.close()
-    return ms * 1e3 / reps
 
 
 def random_int4(rng: np.random.Generator, n: int, k: int, scale_lo=0.002, scale_hi=0.01):

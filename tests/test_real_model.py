@@ -4,9 +4,7 @@ generation from our INT4 conversion on the CPU backend."""
 
 import subprocess
 import sys
-import textwrap
 
-import numpy as np
 import pytest
 
 from drvqwen import reference as ref

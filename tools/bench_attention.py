@@ -23,31 +23,14 @@ import sys
 import numpy as np
 
 from drvqwen import kernels as K
-from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
+from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
+from drvqwen.cuda.graph import graph_time_us
 
 SHAPES = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
 L2_BYTES = 60e6  # H200 L2 (50 MiB usable per partition pair; "fits in L2" is approximate)
 
 
-def graph_time_us(launcher, reps: int) -> float:
-    """GPU µs per call of `launcher`, from one captured graph of `reps` calls (after a warm-up)."""
-    with Stream() as stream:
-        with capture(stream) as cap:
-            for _ in range(reps):
-                launcher.launch(stream)
-        exe = cap.graph.instantiate()
-        cap.graph.destroy()
-        exe.launch(stream)
-        start, end = Event(), Event()
-        start.record(stream)
-        exe.launch(stream)
-        end.record(stream)
-        ms = start.elapsed_ms(end)
-        exe.destroy()
-        start.close()
-        end.close()
-    return ms * 1e3 / reps
 
 
 class Scratch:

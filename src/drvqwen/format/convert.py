@@ -17,7 +17,6 @@ Sources:
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -25,9 +24,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..config import QwenConfig
-from ..errors import ConfigError, DrvqwenError, FormatError
+from ..errors import DrvqwenError, FormatError
 from . import quant
-from .nanoqwen import ATTN_PROJ, MLP_PROJ, NanoqwenWriter, expected_tensors, proj_prefix
+from .nanoqwen import ATTN_PROJ, MLP_PROJ, NanoqwenWriter, expected_tensors
 
 FP16_MAX = 65504.0
 
