@@ -17,6 +17,11 @@
 // logits[b·chunk, min((b+1)·chunk, V)) with a strided loop (float reads, coalesced).
 // argmax_final — grid (1), block (ARGMAX_THREADS); thread i scans pairs i, i+1024, …, then
 // a warp butterfly and a serial pass over the 32 warp winners.
+//
+// Bytes per call at 7B: argmax_partial reads the V = 152064 fp32 logits once (608 KB, L2-resident
+// right after the lm_head or prefill wrote them) and writes 8 B per block; argmax_final reads
+// 8 B per pair (38 KB for the lm_head's 4752) and writes 4 B. The limit: latency — one block's
+// dependent chain load → butterfly → shared-memory pass (~2–4 µs), not bandwidth.
 #include "types.cuh"  // WARP_SIZE
 #include "warp.cuh"   // argmax_better, warp_argmax
 

@@ -296,6 +296,10 @@ ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128)
 // splits s ≡ j (mod J), J = blockDim.x / Dh, for dim d; then the J partial sums are added in
 // order j = 0 … J-1. With ≤ 264 splits that is ≤ 33 independent loads per thread, issued
 // 8 at a time, instead of one thread walking every split (20 µs at 128 splits).
+// Bytes per call: n_active × Hq × (Dh + 2) × 4 B of partials (≤ 264 × 28 × 130 × 4 = 3.8 MB at
+// 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
+// L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in
+// attention_decode_tma.cu's header), not HBM.
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (m, l of each split).
 #define ATTN_COMBINE_THREADS 1024
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)

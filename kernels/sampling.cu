@@ -309,6 +309,7 @@ sample_token(int* __restrict__ next_token,            // [1] int32, out: the cho
 // grid (1), block (1). host_ring is page-locked host memory, written through its unified
 // (UVA) address: the host reads token i from slot i % ring_size once an event recorded after
 // this kernel has completed — no device-to-host copy, nothing for a graph to re-parameterise.
+// One thread; bytes per call: 4 read + 4 written to host memory over PCIe + 8 of params. Latency only.
 extern "C" __global__ void publish_token(int* __restrict__ host_ring,         // [ring_size] int32, host-mapped, out
                                          SamplerParams* __restrict__ params,  // [1] in/out: token_index += 1
                                          const int* __restrict__ next_token,  // [1] int32
