@@ -32,7 +32,7 @@ def main() -> int:
     a = ap.parse_args()
     con = Console()
     f = resolve_model(a.model)
-    tok = Tokenizer.from_json(f.tokenizer_json)
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     ids = tok.encode(a.prompt)
     backend = CPUBackend(f, max_context=len(ids) + a.tokens + 1)
     runs = []

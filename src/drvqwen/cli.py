@@ -180,7 +180,7 @@ def cmd_run(args) -> int:
         prompt = chat_prompt(text, system=args.system) if args.system else chat_prompt(text)
 
     f = resolve_model(args.model, on_convert=_convert_with_progress)
-    tok = Tokenizer.from_json(f.tokenizer_json)
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     ids = tok.encode(prompt)
     max_context = args.max_context or f.config.max_position
     from .generate import check_prompt_fits

@@ -238,8 +238,9 @@ class Tokenizer:
     Build with `from_gguf` (conversion time) or `from_json` (from a `.nanoqwen` file).
     """
 
-    def __init__(self, tk: tokenizers.Tokenizer):
+    def __init__(self, tk: tokenizers.Tokenizer, source: str = "tokenizer"):
         self._tk = tk
+        self.source = source  # named in error messages (e.g. the .nanoqwen it came from)
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike | GGUFReader) -> "Tokenizer":
@@ -247,16 +248,17 @@ class Tokenizer:
         return cls(build_tokenizer_from_gguf(path_or_reader))
 
     @classmethod
-    def from_json(cls, text: str) -> "Tokenizer":
-        """Load tokenizer.json text (as written by `to_json`).
+    def from_json(cls, text: str, source: str = "tokenizer") -> "Tokenizer":
+        """Load tokenizer.json text (as written by `to_json`); `source` names where it came
+        from in error messages (e.g. the .nanoqwen file).
 
         Raises:
             DrvqwenError: the text is not a valid tokenizer.json.
         """
         try:
-            return cls(tokenizers.Tokenizer.from_str(text))
+            return cls(tokenizers.Tokenizer.from_str(text), source)
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-            raise DrvqwenError(f"embedded tokenizer.json is invalid ({str(e).splitlines()[0]})") from None
+            raise DrvqwenError(f"{source}: embedded tokenizer.json is invalid ({str(e).splitlines()[0]})") from None
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (compact), for embedding in a `.nanoqwen` file."""
@@ -306,7 +308,7 @@ class Tokenizer:
     def _require_id(self, token: str) -> int:
         i = self._tk.token_to_id(token)
         if i is None:
-            raise DrvqwenError(f"tokenizer has no {token!r} token")
+            raise DrvqwenError(f"{self.source}: tokenizer has no {token!r} token")
         return i
 
     @cached_property
