@@ -92,5 +92,16 @@ def test_rope_matches_transformers(rng):
     hf_cfg = transformers.Qwen2Config(hidden_size=Dh * 2, num_attention_heads=2, rope_theta=theta)
     rot = mq.Qwen2RotaryEmbedding(hf_cfg)
     hc, hs = rot(torch.zeros(1), torch.from_numpy(pos)[None])
-    np.testing.assert_allclose(cos, hc[0].numpy(), rtol=0, atol=2e-6)
-    np.testing.assert_allclose(sin, hs[0].numpy(), rtol=0, atol=2e-6)
+    # How far two float32 computations of the same table may drift apart: torch may round
+    # inv_freq one ulp (2^-23 relative) away from ours (it does on some CPUs, in 14 of 64
+    # entries), and each side rounds pos * inv_freq once (2^-24 relative each). So the angles
+    # differ by up to 4 * 2^-24 * |angle|, and cos/sin (slope ≤ 1) by as much, plus one float32
+    # rounding of the result itself. At pos 32767 that is ~2e-3 for the fastest frequency: an
+    # absolute tolerance from one machine (2e-6) holds only where both sides round alike.
+    angle = np.abs(pos[:, None].astype(np.float64) * ref.rope_inv_freq(Dh, theta).astype(np.float64))
+    tol = 4 * 2.0**-24 * np.concatenate([angle, angle], axis=1) + 2.0**-23
+    for name, ours, theirs in (("cos", cos, hc[0].numpy()), ("sin", sin, hs[0].numpy())):
+        excess = np.abs(ours.astype(np.float64) - theirs) - tol
+        worst = np.unravel_index(np.argmax(excess), excess.shape)
+        assert excess.max() <= 0, (f"{name} table at position {pos[worst[0]]}, entry {worst[1]}: "
+                                   f"{ours[worst]!r} vs transformers' {theirs[worst]!r}, tolerance {tol[worst]:.3g}")
