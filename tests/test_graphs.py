@@ -1,9 +1,9 @@
-"""CUDA-graph decode (graphs.py): graph A / graph B replay against the eager decode step.
+"""CUDA-graph decode (graphs.py): the "step" / "opens_page" graphs replayed against the eager decode step.
 
-CPU part (runs in CI): the A/B choice and the page bookkeeping, with the device parts faked.
+CPU part (runs in CI): the choice between the two graphs and the page bookkeeping, with the device parts faked.
 A fake "GPU" holds the device state, block table and the hand-over scalar; fake launches act
 on it (rope_kv records which physical page each position's K/V went to, and fails if the block
-table has no entry yet — exactly what graph B must prevent); fake capture records launches
+table has no entry yet — exactly what the "opens_page" graph must prevent); fake capture records launches
 without running them and a fake exec replays them, as the driver does.
 
 GPU part (@pytest.mark.gpu): graph decode equals eager decode bit for bit — the same tokens
@@ -27,14 +27,15 @@ import numpy as np
 import pytest
 
 from drvqwen import graphs
-from drvqwen.config import PAGE_SIZE, QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import CudaError
-from drvqwen.decode import NamedLaunch, PageAllocator
+from drvqwen.decode import NamedLaunch
+from drvqwen.kv_cache import PAGE_TOKENS, PageAllocator
 from drvqwen.errors import DrvqwenError
-from drvqwen.graphs import GRAPH_A, GRAPH_B, GraphCaptureError, GraphDecoder, opens_page, plan_step
+from drvqwen.graphs import GRAPH_OPENS_PAGE, GRAPH_STEP, GraphCaptureError, GraphDecoder, plan_step
 
 # ================================================================================================
-# CPU: the A/B choice and page bookkeeping
+# CPU: the choice between the two graphs and the page bookkeeping
 # ================================================================================================
 
 
@@ -42,37 +43,37 @@ def test_plan_step_b_exactly_at_page_boundaries(rng):
     n_pages = 12
     pages = PageAllocator(n_pages, rng)
     order = list(pages.free)                       # the shuffled free list, popped front first
-    chosen = [plan_step(pages, pos, n_pages * PAGE_SIZE) for pos in range(n_pages * PAGE_SIZE)]
+    chosen = [plan_step(pages, pos, n_pages * PAGE_TOKENS) for pos in range(n_pages * PAGE_TOKENS)]
     for pos, plan in enumerate(chosen):
-        assert plan.graph == (GRAPH_B if pos % PAGE_SIZE == 0 else GRAPH_A), pos
-        assert plan.logical_page == pos // PAGE_SIZE
-        assert (plan.page is None) == (plan.graph == GRAPH_A)
-    assert [p.page for p in chosen if p.graph == GRAPH_B] == order
+        assert plan.graph == (GRAPH_OPENS_PAGE if pos % PAGE_TOKENS == 0 else GRAPH_STEP), pos
+        assert plan.logical_page == pos // PAGE_TOKENS
+        assert (plan.page is None) == (plan.graph == GRAPH_STEP)
+    assert [p.page for p in chosen if p.graph == GRAPH_OPENS_PAGE] == order
     assert pages.block_table == order and pages.free == []
     with pytest.raises(DrvqwenError, match="context full"):
-        plan_step(pages, n_pages * PAGE_SIZE, n_pages * PAGE_SIZE)
+        plan_step(pages, n_pages * PAGE_TOKENS, n_pages * PAGE_TOKENS)
 
 
 def test_plan_step_after_an_eager_prefix_and_on_reuse(rng):
     pages = PageAllocator(8, rng)
     for pos in range(20):                          # an eager prompt pass allocated pages 0 and 1
         pages.page_for(pos)
-    assert not opens_page(pages, 20) and plan_step(pages, 20, 128).graph == GRAPH_A
-    assert [plan_step(pages, p, 128).graph for p in range(21, 33)] == [GRAPH_A] * 11 + [GRAPH_B]
+    assert not pages.opens_page(20) and plan_step(pages, 20, 128).graph == GRAPH_STEP
+    assert [plan_step(pages, p, 128).graph for p in range(21, 33)] == [GRAPH_STEP] * 11 + [GRAPH_OPENS_PAGE]
     # Restarting inside an allocated range (e.g. a rewind to position 16) opens nothing.
-    assert plan_step(pages, 16, 128).graph == GRAPH_A
+    assert plan_step(pages, 16, 128).graph == GRAPH_STEP
     # A new sequence: all pages back, the first step opens a page again.
     pages.release_all()
     assert sorted(pages.free) == list(range(8))
-    assert plan_step(pages, 0, 128).graph == GRAPH_B
+    assert plan_step(pages, 0, 128).graph == GRAPH_OPENS_PAGE
 
 
 def test_plan_step_kv_pool_exhausted():
     pages = PageAllocator(2)
-    for pos in range(2 * PAGE_SIZE):
+    for pos in range(2 * PAGE_TOKENS):
         plan_step(pages, pos, 1024)
     with pytest.raises(DrvqwenError, match="KV cache full"):
-        plan_step(pages, 2 * PAGE_SIZE, 1024)
+        plan_step(pages, 2 * PAGE_TOKENS, 1024)
 
 
 # ---- a fake GPU ------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class FakeLaunch:
 
 def _rope_kv(g: FakeGPU) -> None:
     pos = int(g.state[0])
-    page = int(g.block_table[pos // PAGE_SIZE])
+    page = int(g.block_table[pos // PAGE_TOKENS])
     assert page >= 0, f"K/V write at position {pos}: no block-table entry yet"
     g.kv_page_of[pos] = page
 
@@ -162,7 +163,7 @@ class FakeDecodeStep:
         self.gpu = FakeGPU(n_pages)
         self.stream = FakeStream()
         self.pages = PageAllocator(n_pages, rng)
-        self.max_context = n_pages * PAGE_SIZE
+        self.max_context = n_pages * PAGE_TOKENS
         self.buf = {"block_table": FakeArray("block_table"), "state": FakeArray("state")}
         self.launches = [NamedLaunch(n, FakeLaunch(self.gpu, n, fn, self.stream), None) for n, fn in (
             ("embedding", lambda g: None), ("L0.rope_kv", _rope_kv), ("L0.attention", lambda g: None),
@@ -185,7 +186,7 @@ class FakeDecodeStep:
             raise DrvqwenError("context full")
         page, new = self.pages.page_for(self.pos)
         if new:
-            self.stream.enqueue(lambda i=self.pos // PAGE_SIZE: self.gpu.block_table.__setitem__(i, page))
+            self.stream.enqueue(lambda i=self.pos // PAGE_TOKENS: self.gpu.block_table.__setitem__(i, page))
             self.sync()
         for nl in self.launches:
             nl.launch.launch()
@@ -275,7 +276,7 @@ def fake_device(monkeypatch):
             gi.gpu = made["gpu"]
 
             def kernel(g):
-                g.block_table[g.state[0] // PAGE_SIZE] = g.new_page[0]
+                g.block_table[g.state[0] // PAGE_TOKENS] = g.new_page[0]
             self.launches = [FakeLaunch(made["gpu"], "set_block_table_entry", kernel, stream)]
 
     monkeypatch.setattr(graphs, "capture", fake_capture)
@@ -308,7 +309,7 @@ def _run(decoder, dec, prompt, n_gen):
 def test_fake_graph_decode_matches_eager_and_keeps_pages(fake_device, rng, n_prompt):
     n_pages, n_gen = 12, 150
     dec, gd = _fake_engine(fake_device, n_pages, rng)
-    assert gd.mode == "graph" and gd.num_nodes == {GRAPH_A: 5, GRAPH_B: 6}
+    assert gd.mode == "graph" and gd.num_nodes == {GRAPH_STEP: 5, GRAPH_OPENS_PAGE: 6}
     prompt = rng.integers(0, 1000, n_prompt).tolist()
     want = _run(dec, dec, prompt, n_gen)
     want_pages = dict(dec.gpu.kv_page_of)
@@ -318,17 +319,17 @@ def test_fake_graph_decode_matches_eager_and_keeps_pages(fake_device, rng, n_pro
     got = _run(gd, dec, prompt, n_gen)
     assert got == want
     n_tokens = n_prompt + n_gen
-    n_used = -(-n_tokens // PAGE_SIZE)
+    n_used = -(-n_tokens // PAGE_TOKENS)
     # B ran exactly at the generated positions that open a page.
-    assert gd.steps_by_graph[GRAPH_B] == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_SIZE == 0)
-    assert gd.steps_by_graph[GRAPH_A] == n_gen - gd.steps_by_graph[GRAPH_B]
+    assert gd.steps_by_graph[GRAPH_OPENS_PAGE] == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_TOKENS == 0)
+    assert gd.steps_by_graph[GRAPH_STEP] == n_gen - gd.steps_by_graph[GRAPH_OPENS_PAGE]
     # Device block table = host block table; every page once; none leaked.
     assert dec.gpu.block_table[:n_used].tolist() == dec.pages.block_table
     assert len(set(dec.pages.block_table)) == n_used
     assert sorted(dec.pages.block_table + dec.pages.free) == list(range(n_pages))
     # Each position's K/V went to the page the block table names (same pages as eager: the
     # freed pages return to the front of the free list in the same order).
-    assert {p: dec.pages.block_table[p // PAGE_SIZE] for p in range(n_tokens)} == dec.gpu.kv_page_of
+    assert {p: dec.pages.block_table[p // PAGE_TOKENS] for p in range(n_tokens)} == dec.gpu.kv_page_of
     assert dec.gpu.kv_page_of == want_pages
 
 
@@ -337,7 +338,7 @@ def test_fake_graph_replays_captured_work_and_closes(fake_device, rng):
     gd.sync()
     assert dec.gpu.log == []                       # capture records, it does not run
     gd.start(5)
-    assert gd.step() == GRAPH_B and gd.step() == GRAPH_A
+    assert gd.step() == GRAPH_OPENS_PAGE and gd.step() == GRAPH_STEP
     gd.sync()
     assert dec.gpu.log == ["set_block_table_entry", "embedding", "L0.rope_kv", "L0.attention", "argmax",
                            "advance_state"] + ["embedding", "L0.rope_kv", "L0.attention", "argmax", "advance_state"]
@@ -350,7 +351,7 @@ def test_fake_graph_replays_captured_work_and_closes(fake_device, rng):
 
 
 def test_fake_host_runs_ahead(fake_device, rng):
-    """All steps queued before the "GPU" runs any: each graph B must still find its own page
+    """All steps queued before the "GPU" runs any: each "opens_page" graph must still find its own page
     (one pinned slot per logical page)."""
     dec, gd = _fake_engine(fake_device, 12, rng)
     want = _run(dec, dec, [4, 5, 6], 150)
@@ -382,7 +383,7 @@ def test_fake_two_sequences_reuse_the_graphs(fake_device, rng):
 def test_fake_context_full(fake_device, rng):
     dec, gd = _fake_engine(fake_device, 2, rng)
     gd.start(1)
-    for _ in range(2 * PAGE_SIZE):
+    for _ in range(2 * PAGE_TOKENS):
         gd.step()
     with pytest.raises(DrvqwenError, match="context full"):
         gd.step()
@@ -396,14 +397,14 @@ def test_fake_capture_failure_falls_back_to_eager(fake_device, monkeypatch, rng)
         if stream is not None and stream.capturing is not None:
             raise CudaError("cuLaunchKernel(bad)", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "not permitted")
     monkeypatch.setattr(dec.launches[2].launch, "launch", refuse)
-    with pytest.raises(GraphCaptureError, match="graph A failed while recording 'L0.attention'"):
+    with pytest.raises(GraphCaptureError, match="graph step failed while recording 'L0.attention'"):
         GraphDecoder(dec, fallback=False)
     assert fake_device["inputs"][-1].closed
     with pytest.warns(RuntimeWarning, match="decoding eagerly"):
         gd = GraphDecoder(dec)
     assert gd.mode == "eager" and "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in gd.fallback_reason
     gd.start(3)
-    assert [gd.step() for _ in range(18)] == [GRAPH_B] + [GRAPH_A] * 15 + [GRAPH_B, GRAPH_A]
+    assert [gd.step() for _ in range(18)] == [GRAPH_OPENS_PAGE] + [GRAPH_STEP] * 15 + [GRAPH_OPENS_PAGE, GRAPH_STEP]
     assert dec.gpu.block_table[:2].tolist() == dec.pages.block_table
     gd.close()
 
@@ -494,7 +495,7 @@ def _prompt_eager(dec, prompt, start, shuffle: np.random.Generator | None = None
 
 
 def _check_pages(dec, n_tokens: int) -> None:
-    n_used = -(-n_tokens // PAGE_SIZE)
+    n_used = -(-n_tokens // PAGE_TOKENS)
     host = dec.pages.block_table
     assert len(host) == n_used and len(set(host)) == n_used, host
     assert sorted(host + dec.pages.free) == list(range(dec.pages.n_pages)), "a page leaked or was duplicated"
@@ -506,7 +507,7 @@ def _check_pages(dec, n_tokens: int) -> None:
 def test_graph_decode_bit_exact_vs_eager(engine):
     name, dec, gd, rng = engine
     assert gd.mode == "graph"
-    assert gd.num_nodes == {GRAPH_A: len(dec.launches), GRAPH_B: len(dec.launches) + 1}
+    assert gd.num_nodes == {GRAPH_STEP: len(dec.launches), GRAPH_OPENS_PAGE: len(dec.launches) + 1}
     for n_prompt in PROMPT_LENGTHS:
         prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
         n_tokens = n_prompt + N_GEN
@@ -520,26 +521,26 @@ def test_graph_decode_bit_exact_vs_eager(engine):
         _check_pages(dec, n_tokens)
         eager_pages = list(dec.pages.block_table)
 
-        # Graph run, other physical pages: the prompt through eager steps, then graphs A/B.
+        # Graph run, other physical pages: the prompt through eager steps, then both graphs.
         _prompt_eager(dec, prompt, gd.start, shuffle=rng)
-        b0 = gd.steps_by_graph[GRAPH_B]
+        b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
         tokens, mismatched = [gd.next_token()], []
         for i in range(N_GEN):
             gd.step()
             if not np.array_equal(_bits(gd.logits()), _bits(want_logits[i])):
                 mismatched.append(i)
             tokens.append(gd.next_token())
-        n_b = gd.steps_by_graph[GRAPH_B] - b0
-        print(f"{name}: prompt {n_prompt}, {N_GEN} graph steps ({n_b} graph B), pages eager "
+        n_b = gd.steps_by_graph[GRAPH_OPENS_PAGE] - b0
+        print(f"{name}: prompt {n_prompt}, {N_GEN} graph steps ({n_b} opening a page), pages eager "
               f"{eager_pages[:4]}… graph {dec.pages.block_table[:4]}…")
         assert not mismatched, (f"{name}, prompt {n_prompt}: logits differ from eager at {len(mismatched)} "
                                 f"steps, first at generated step {mismatched[0]} (position {n_prompt + mismatched[0]})")
         assert tokens == want_tokens
-        assert n_b == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_SIZE == 0) >= 37
+        assert n_b == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_TOKENS == 0) >= 37
         _check_pages(dec, n_tokens)
 
         if n_prompt == PROMPT_LENGTHS[-1]:
-            # The host queues all 600 steps without waiting (each graph B's page id sits in
+            # The host queues all 600 steps without waiting (each opened page's id sits in
             # its own pinned slot until the copy engine reads it): same final bits.
             _prompt_eager(dec, prompt, gd.start, shuffle=rng)
             for _ in range(N_GEN):
@@ -551,7 +552,7 @@ def test_graph_decode_bit_exact_vs_eager(engine):
 
 
 def _graph_run(gd, prompt, n_gen):
-    """Prompt fed through graph steps (feed + A/B), then n_gen graph steps; tokens, last logits."""
+    """Prompt fed through graph steps (feed + either graph), then n_gen graph steps; tokens, last logits."""
     gd.start(prompt[0])
     for t in prompt[1:]:
         gd.step()
@@ -587,7 +588,7 @@ def test_two_prompts_in_one_engine_equal_fresh_engines(engine, gpu_model):
 def test_graph_decode_after_gpu_prefill(engine):
     """The hand-off from the GPU prefill (drvqwen.prefill): it reserves the prompt's pages (host
     free list and device block table) and leaves the state at position T. Decoding from there,
-    graphs equal eager bit for bit, with graph B at the first page boundary after the prompt
+    graphs equal eager bit for bit, with the "opens_page" graph at the first page boundary after the prompt
     (at once for T = 32)."""
     prefill_mod = pytest.importorskip("drvqwen.prefill")
     name, dec, gd, rng = engine
@@ -601,16 +602,16 @@ def test_graph_decode_after_gpu_prefill(engine):
                 decoder.sync()                     # a new sequence starts from a drained stream
                 pf.run(prompt)
                 rng.shuffle(dec.pages.free)        # other pages for the generated tokens
-                b0 = gd.steps_by_graph[GRAPH_B]
+                b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
                 tokens, logits = [decoder.next_token()], []
                 for _ in range(n_gen):
                     decoder.step()
                     logits.append(decoder.logits())
                     tokens.append(decoder.next_token())
                 _check_pages(dec, n_prompt + n_gen)
-                runs.append((tokens, logits, gd.steps_by_graph[GRAPH_B] - b0))
+                runs.append((tokens, logits, gd.steps_by_graph[GRAPH_OPENS_PAGE] - b0))
             (want, want_logits, _), (got, got_logits, n_b) = runs
-            assert n_b == sum(1 for p in range(n_prompt, n_prompt + n_gen) if p % PAGE_SIZE == 0)
+            assert n_b == sum(1 for p in range(n_prompt, n_prompt + n_gen) if p % PAGE_TOKENS == 0)
             bad = [i for i, (a, b) in enumerate(zip(got_logits, want_logits)) if not np.array_equal(_bits(a), _bits(b))]
             assert not bad, f"{name}, prefill of {n_prompt}: logits differ from eager from generated step {bad[0]}"
             assert got == want
@@ -630,7 +631,7 @@ def test_capture_failure_falls_back_to_eager(engine):
 
     dec.launches.insert(3, NamedLaunch("sync_copy", SyncCopy(), None))
     try:
-        with pytest.raises(GraphCaptureError, match="decode graph A failed"):
+        with pytest.raises(GraphCaptureError, match="decode graph step failed"):
             GraphDecoder(dec, fallback=False)
         with pytest.warns(RuntimeWarning, match="decoding eagerly"):
             fallback = GraphDecoder(dec)
@@ -657,7 +658,7 @@ def test_set_block_table_entry_in_a_graph(rng):
 
     from drvqwen.cuda import KernelLaunch, Pool, Stream, capture, load_kernel_module
     from drvqwen.cuda.graph import GraphInput
-    from drvqwen.kernels import AdvanceState, SetBlockTableEntry
+    from drvqwen.launchers import AdvanceState, SetBlockTableEntry
 
     n_pages = 9
     with Pool(4096, name="t") as pool, Stream() as stream:
@@ -670,13 +671,13 @@ def test_set_block_table_entry_in_a_graph(rng):
         gi = GraphInput(n_pages, np.int32, name="new_page")
         try:
             steps = [SetBlockTableEntry(table, gi.array, state, n_pages=n_pages, stream=stream)]
-            steps += [AdvanceState(state, token, stream=stream) for _ in range(PAGE_SIZE)]
+            steps += [AdvanceState(state, token, stream=stream) for _ in range(PAGE_TOKENS)]
             hold = KernelLaunch(load_kernel_module("timing").function("gpu_sleep"), (1,), (1,),
                                 [ctypes.c_uint64(20_000_000)], stream=stream)
             with capture(stream) as cap:
                 for s in steps:
                     s.launch(stream)
-            assert cap.graph.num_nodes() == 1 + PAGE_SIZE
+            assert cap.graph.num_nodes() == 1 + PAGE_TOKENS
             exe = cap.graph.instantiate()
             cap.graph.destroy()
             pages = rng.permutation(100)[:n_pages].astype(np.int32)
@@ -686,7 +687,7 @@ def test_set_block_table_entry_in_a_graph(rng):
                 exe.launch(stream)
             stream.synchronize()
             np.testing.assert_array_equal(table.download(), pages)
-            np.testing.assert_array_equal(state.download(), [n_pages * PAGE_SIZE, 42, n_pages * PAGE_SIZE + 1])
+            np.testing.assert_array_equal(state.download(), [n_pages * PAGE_TOKENS, 42, n_pages * PAGE_TOKENS + 1])
             exe.destroy()
         finally:
             stream.synchronize()

@@ -25,12 +25,12 @@ MAX_PAGES = 32768 // 16
 
 
 def _blocks(grid: str, hkv: int, dh: int) -> int:
-    from drvqwen.kernels import attention_blocks_per_kv_head
+    from drvqwen.launchers.attention_decode import blocks_per_kv_head
 
     if grid == "ctx2048":
-        return attention_blocks_per_kv_head(hkv, 2048, head_dim=dh)
+        return blocks_per_kv_head(hkv, 2048, dh)
     if grid == "ctx32k":
-        return attention_blocks_per_kv_head(hkv, 32768, head_dim=dh)
+        return blocks_per_kv_head(hkv, 32768, dh)
     if grid == "ctx32k_1_per_sm":  # the previous choice, one block per SM: for the timing table
         from drvqwen.cuda import get_device
 
@@ -58,11 +58,12 @@ def _case(rng, hq, hkv, dh, seq_len):
 @pytest.mark.parametrize("grid", GRIDS)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_attention_decode(dev, rng, model, grid):
-    from drvqwen.kernels import AttentionDecode, attention_partial_shapes
+    from drvqwen.launchers import AttentionDecode
+    from drvqwen.launchers.attention_decode import partial_shapes
 
     hq, hkv, dh = MODELS[model]
     blocks = _blocks(grid, hkv, dh)
-    shapes = attention_partial_shapes(hq, dh, blocks)
+    shapes = partial_shapes(hq, dh, blocks)
     print(f"\n  {model} grid={grid}: {blocks} blocks per KV head, {blocks * 4} splits")
     for seq_len in LENGTHS:
         q, k_cache, v_cache, bt = _case(rng, hq, hkv, dh, seq_len)
@@ -71,7 +72,7 @@ def test_attention_decode(dev, rng, model, grid):
         state = dev.upload(f"state{seq_len}", np.array([seq_len - 1, 0, seq_len], dtype=np.int32))
         ln = AttentionDecode(out, dev.upload(f"q{seq_len}", q), dev.upload(f"k{seq_len}", k_cache),
                              dev.upload(f"v{seq_len}", v_cache), dev.upload(f"bt{seq_len}", bt), state,
-                             parts["o_part"], parts["m_part"], parts["l_part"],
+                             tuple(parts.values()),
                              n_heads=hq, n_kv_heads=hkv, head_dim=dh, blocks_per_kv_head=blocks)
         ln.launch()
         got = out.download()
@@ -94,7 +95,8 @@ def _time(label, ln, seq_len):
 
 def test_attention_decode_long_context(dev, rng):
     """7B at 32768 tokens (64 MiB of K/V per layer, more than L2): correctness and GB/s."""
-    from drvqwen.kernels import AttentionDecode, attention_partial_shapes
+    from drvqwen.launchers import AttentionDecode
+    from drvqwen.launchers.attention_decode import partial_shapes
 
     hq, hkv, dh = MODELS["7b"]
     seq_len = 32768
@@ -106,8 +108,8 @@ def test_attention_decode_long_context(dev, rng):
     for grid in ("ctx32k", "ctx32k_1_per_sm"):
         blocks = _blocks(grid, hkv, dh)
         out = dev.poisoned("out", (hq, dh), np.float16)
-        parts = {n: dev.poisoned(n, sh, np.float32) for n, sh in attention_partial_shapes(hq, dh, blocks).items()}
-        ln = AttentionDecode(out, *bufs[:4], bufs[4], parts["o_part"], parts["m_part"], parts["l_part"],
+        parts = {n: dev.poisoned(n, sh, np.float32) for n, sh in partial_shapes(hq, dh, blocks).items()}
+        ln = AttentionDecode(out, *bufs[:4], bufs[4], tuple(parts.values()),
                              n_heads=hq, n_kv_heads=hkv, head_dim=dh, blocks_per_kv_head=blocks)
         ln.launch()
         report(f"7b.{grid}.len32768", out.download(), want, TOL_ATTENTION)

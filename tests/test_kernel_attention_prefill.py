@@ -10,9 +10,10 @@ is poisoned and rows past T must stay untouched.
 import numpy as np
 import pytest
 
-from drvqwen import kernels as K
+from drvqwen import launchers as K
+from drvqwen.launchers.gemm_int4 import BM as ROW_BUCKET
 from drvqwen import reference as ref
-from drvqwen.config import PAGE_SIZE
+from drvqwen.kv_cache import PAGE_TOKENS
 
 from kernel_testing import TOL_ATTENTION, assert_same_bits, dev, report  # noqa: F401
 
@@ -26,10 +27,10 @@ CASES = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 100), (0, 129), (37, 50), (500, 
 @pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
 def test_attention_prefill(dev, rng, hd, hq, hkv, start, t):
     s_len = start + t
-    rows = -(-t // K.GEMM_BM) * K.GEMM_BM
-    n_pages = -(-s_len // PAGE_SIZE) + 3                            # spare pages stay NaN
+    rows = -(-t // ROW_BUCKET) * ROW_BUCKET
+    n_pages = -(-s_len // PAGE_TOKENS) + 3                            # spare pages stay NaN
     block_table = rng.permutation(n_pages).astype(np.int32)
-    k_cache = np.full((n_pages, hkv, PAGE_SIZE, hd), np.nan, np.float16)
+    k_cache = np.full((n_pages, hkv, PAGE_TOKENS, hd), np.nan, np.float16)
     v_cache = np.full_like(k_cache, np.nan)
     k_seq = rng.standard_normal((s_len, hkv, hd)).astype(np.float16)
     v_seq = rng.standard_normal((s_len, hkv, hd)).astype(np.float16)

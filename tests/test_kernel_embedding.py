@@ -20,7 +20,7 @@ CASES = [("0.5b", 151936, 896), ("7b.d", 4099, 3584), ("odd", 37, 136)]
 
 @pytest.mark.parametrize("label,v,d", CASES, ids=[c[0] for c in CASES])
 def test_embedding_decode(dev, rng, label, v, d):
-    from drvqwen.kernels import Embedding
+    from drvqwen.launchers import Embedding
 
     table = rng.standard_normal((v, d), dtype=np.float32).astype(np.float16)
     embed = dev.upload("embed", table)
@@ -39,7 +39,7 @@ def test_embedding_decode(dev, rng, label, v, d):
 
 
 def test_embedding_rows(dev, rng):
-    from drvqwen.kernels import EmbeddingRows
+    from drvqwen.launchers import EmbeddingRows
 
     v, d, t = 1000, 896, 7
     table = rng.standard_normal((v, d), dtype=np.float32).astype(np.float16)

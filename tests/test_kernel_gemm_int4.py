@@ -11,7 +11,8 @@ M = 512, timed from a graph replay, with their TFLOP/s.
 import numpy as np
 import pytest
 
-from drvqwen import kernels as K
+from drvqwen import launchers as K
+from drvqwen.launchers.gemm_int4 import BM as ROW_BUCKET
 from drvqwen import reference as ref
 
 from kernel_testing import TOL_GEMV, assert_same_bits, dequant64, dev, graph_time_us, random_int4, report  # noqa: F401
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _capacity(m: int) -> int:
-    return -(-m // K.GEMM_BM) * K.GEMM_BM
+    return -(-m // ROW_BUCKET) * ROW_BUCKET
 
 
 def _x(rng, m, k):
@@ -99,34 +100,3 @@ def test_gemm_gate_up_swiglu(dev, rng, m):
     got = h.download()
     report(f"gemm_int4_gate_up_swiglu M={m}", got[:m], want, TOL_GEMV)
     assert np.isnan(got[m:].astype(np.float32)).all()
-
-
-def test_gemm_7b_shapes_speed(dev, rng):
-    """The four prefill GEMMs of one 7B layer at M = 512: time and TFLOP/s (printed)."""
-    d, f, nq, nkv, m = 3584, 18944, 3584, 512, 512
-    x = dev.upload("x", rng.standard_normal((m, d)).astype(np.float16))
-    xf = dev.upload("xf", (rng.standard_normal((m, f)) * 0.1).astype(np.float16))
-    st = _state(dev, m)
-
-    def w(name, n, k):
-        qw, sc = random_int4(rng, n, k)
-        return dev.upload(name + ".qw", qw), dev.upload(name + ".sc", sc)
-
-    launchers = {
-        "qkv": K.GemmInt4QkvRows(dev.array("qkv", (m, nq + 2 * nkv), np.float32), x, *w("q", nq, d), *w("k", nkv, d),
-                                 *w("v", nkv, d), st, n_q=nq, n_kv=nkv, k=d, rows=m),
-        "o_proj": K.GemmInt4ResidualRows(dev.array("res", (m, d), np.float32), x, *w("o", d, nq), st, n=d, k=nq,
-                                         rows=m),
-        "gate_up": K.GemmInt4GateUpSwigluRows(dev.array("h", (m, f), np.float16), x, *w("g", f, d), *w("u", f, d),
-                                              st, f=f, k=d, rows=m),
-        "down": K.GemmInt4ResidualRows(dev.array("res2", (m, d), np.float32), xf, *w("d", d, f), st, n=d, k=f,
-                                       rows=m),
-    }
-    total_us = total_flops = 0
-    for name, g in launchers.items():
-        us = graph_time_us(g, reps=5)
-        total_us += us
-        total_flops += g.flops
-        print(f"  7B {name:8s} M=512: {us:8.1f} µs  {g.flops / us / 1e6:6.1f} TFLOP/s")
-    print(f"  7B layer GEMMs M=512: {total_us:.1f} µs, {total_flops / total_us / 1e6:.1f} TFLOP/s "
-          f"(28 layers: {28 * total_us / 1e3:.1f} ms)")

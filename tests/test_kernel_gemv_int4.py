@@ -58,7 +58,7 @@ def _x(rng, k):
 
 @pytest.mark.parametrize("label,n,k", PLAIN, ids=[p[0] for p in PLAIN])
 def test_gemv_int4_f16(dev, rng, label, n, k):
-    from drvqwen.kernels import GemvInt4
+    from drvqwen.launchers import GemvInt4
 
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, k)
@@ -78,7 +78,7 @@ def test_gemv_int4_f16(dev, rng, label, n, k):
 
 @pytest.mark.parametrize("label,nq,nkv,k", QKV, ids=[p[0] for p in QKV])
 def test_gemv_int4_qkv(dev, rng, label, nq, nkv, k):
-    from drvqwen.kernels import GemvInt4Qkv
+    from drvqwen.launchers import GemvInt4Qkv
 
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
     x = _x(rng, k)
@@ -102,7 +102,7 @@ def test_gemv_int4_qkv(dev, rng, label, nq, nkv, k):
 
 @pytest.mark.parametrize("label,n,k", RESIDUAL, ids=[p[0] for p in RESIDUAL])
 def test_gemv_int4_residual(dev, rng, label, n, k):
-    from drvqwen.kernels import GemvInt4Residual
+    from drvqwen.launchers import GemvInt4Residual
 
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, k)
@@ -127,7 +127,7 @@ def test_gemv_int4_residual(dev, rng, label, n, k):
 
 @pytest.mark.parametrize("label,f,k", GATE_UP, ids=[p[0] for p in GATE_UP])
 def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
-    from drvqwen.kernels import GemvInt4GateUpSwiglu
+    from drvqwen.launchers import GemvInt4GateUpSwiglu
 
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     x = _x(rng, k)
@@ -159,7 +159,7 @@ TILED = [("7b.gate_up", 18944, 3584), ("7b.down_proj", 3584, 18944), ("odd.gate_
 @pytest.mark.parametrize("label,n,k", TILED, ids=[p[0] for p in TILED])
 def test_gemv_int4_tiled_layout_experiment(dev, rng, label, n, k):
     """The tile-major weight layout against layout id 1: same results, and (7B) both timed."""
-    from drvqwen.kernels import GemvInt4GateUpSwiglu, GemvInt4Residual
+    from drvqwen.launchers import GemvInt4GateUpSwiglu, GemvInt4Residual
 
     x = _x(rng, k)
     x_d = dev.upload("x", x)

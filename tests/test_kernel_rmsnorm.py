@@ -20,7 +20,7 @@ CASES = [("7b", 3584, 1), ("0.5b", 896, 1), ("prefill.7b", 3584, 5), ("d128", 12
 
 @pytest.mark.parametrize("label,d,rows", CASES, ids=[c[0] for c in CASES])
 def test_rmsnorm(dev, rng, label, d, rows):
-    from drvqwen.kernels import RmsNorm
+    from drvqwen.launchers import RmsNorm
 
     x = rng.standard_normal((rows, d)).astype(np.float32)
     for r in range(rows):

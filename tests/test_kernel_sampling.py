@@ -10,7 +10,8 @@ and the same kept-set size. Then publish_token: the host ring and the step count
 import numpy as np
 import pytest
 
-from drvqwen import kernels as K
+from drvqwen import launchers as K
+from drvqwen.launchers import sampling
 from drvqwen.engine import pack_sampler_params
 from drvqwen.sampler import SamplingParams, kept_tokens, philox4x32, sample, uniform
 
@@ -37,8 +38,8 @@ class GpuSampler:
         self.v = v
         self.logits = dev.array("logits", (v,), np.float32)
         self.next = dev.poisoned("next", (1,), np.int32)
-        self.info = dev.poisoned("info", (K.SAMPLE_INFO,), np.int32)
-        self.params = dev.array("params", (K.SAMPLER_PARAMS_BYTES,), np.uint8)
+        self.info = dev.poisoned("info", (sampling.INFO_INTS,), np.int32)
+        self.params = dev.array("params", (sampling.PARAMS_BYTES,), np.uint8)
         self.launcher = K.SampleToken(self.next, self.info, self.params, self.logits, vocab_size=v)
 
     def __call__(self, logits, params, step):

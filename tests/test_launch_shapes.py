@@ -1,20 +1,67 @@
-"""Launch-shape rules of the decode attention launchers, as plain Python (no GPU)."""
+"""Launch-shape rules of the bandwidth-bound launchers, evaluated without a GPU (occupancy given)."""
 
-from drvqwen import kernels as K
+import pytest
+
+from drvqwen.config import PRESETS
+from drvqwen.launchers import FixedOccupancy, LaunchError
+from drvqwen.launchers.attention_decode import WARPS, partial_shapes, split_blocks_per_kv_head
+from drvqwen.launchers.attention_decode_tma import CONSUMERS
+from drvqwen.launchers.gemv_int4 import gemv_launch_shape, gemv_smem_bytes, tiles
 
 
 def test_split_grid_fills_the_gpu_but_not_past_the_pages():
     # 7B on an H200: 2 resident blocks per SM × 132 SMs over 4 KV heads → 66 blocks per head.
-    assert K.attention_blocks_per_kv_head(4, 32768, 132) == 66
+    assert split_blocks_per_kv_head(4, 32768, 2, WARPS, 132) == 66
     # A short context caps the grid: 64 tokens = 4 pages = one block of 4 split warps.
-    assert K.attention_blocks_per_kv_head(4, 64, 132) == 1
-    assert K.attention_blocks_per_kv_head(2, 16 * 4 * 10, 132) == 10
-    # Occupancy from registers: 64 registers × 128 threads fits more blocks per SM.
-    assert K.attention_blocks_per_kv_head(4, 32768, 132, registers=64) > 66
+    assert split_blocks_per_kv_head(4, 64, 2, WARPS, 132) == 1
+    assert split_blocks_per_kv_head(2, 16 * 4 * 10, 2, WARPS, 132) == 10
+    # More resident blocks per SM, more splits (up to the page count).
+    assert split_blocks_per_kv_head(4, 32768, 4, WARPS, 132) == 132
+    assert split_blocks_per_kv_head(4, 32768, 0, WARPS, 132) == 33    # occupancy 0 counts as 1
 
 
 def test_partial_shapes_follow_the_splits_per_block():
-    plain = K.attention_partial_shapes(28, 128, 66)
-    tma = K.attention_partial_shapes(28, 128, 66, K.ATMA_CONSUMERS)
-    assert plain["o_part"] == (66 * K.ATTN_WARPS, 28, 128) and plain["m_part"] == (66 * K.ATTN_WARPS, 28)
-    assert tma["l_part"] == (66 * K.ATMA_CONSUMERS, 28)
+    plain = partial_shapes(28, 128, 66)
+    tma = partial_shapes(28, 128, 66, CONSUMERS)
+    assert plain["partial_out"] == (66 * WARPS, 28, 128) and plain["max_logits"] == (66 * WARPS, 28)
+    assert tma["exp_sums"] == (66 * CONSUMERS, 28)
+
+
+@pytest.mark.parametrize("preset", ["7b", "0.5b", "14b"])
+def test_gemv_shapes_cover_every_tile_in_one_wave(preset):
+    cfg = PRESETS[preset]
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    cases = {"qkv": (tiles(cfg.q_dim) + 2 * tiles(cfg.kv_dim), D, 1), "o_proj": (tiles(D), cfg.q_dim, 1),
+             "gate_up": (tiles(F), D, 2), "down": (tiles(D), F, 1)}
+    per_sm = 2
+    for name, (n_tiles, k, mt) in cases.items():
+        grid, threads, smem = gemv_launch_shape(n_tiles, k, mt, lambda t, s: per_sm, 132)
+        warps = threads // 32
+        per_block = -(-n_tiles // grid)
+        assert 1 <= warps <= min(8, k // 128), (name, warps)
+        assert grid * per_block >= n_tiles and (grid - 1) * per_block < n_tiles, (name, grid, per_block)
+        assert grid <= per_sm * 132, (name, grid)                       # one wave
+        assert smem == gemv_smem_bytes(k, per_block, warps, mt)
+
+
+def test_gemv_shape_forced_and_refused():
+    assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132, warps=3)[1] == 96
+    assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132, blocks=100)[0] == 100
+    with pytest.raises(LaunchError, match="K=256"):
+        gemv_launch_shape(100, 256, 1, lambda t, s: 4, 132, warps=3)   # 3 warps > 2 groups
+
+
+def test_decode_plan_without_a_gpu():
+    """The whole decode step plans from the config and a given occupancy, with every launch
+    naming the buffers it writes (the split-KV partials and the K/V cache slots included)."""
+    from drvqwen.decode import plan_decode
+
+    cfg = PRESETS["0.5b"]
+    plan = plan_decode(cfg, 1024, occupancy=FixedOccupancy(132, lambda k, t, s: 2))
+    specs = dict(plan.named_specs())
+    assert len(specs) == 1 + 9 * cfg.num_layers + 4
+    assert specs["L0.rope_kv"].writes == ("q", "k_cache[0]", "v_cache[0]")
+    assert specs["L3.attention.0"].writes == ("partial_out", "max_logits", "exp_sums")
+    assert specs["L3.attention.0"].grid == (plan.blocks_per_kv_head, cfg.num_kv_heads)
+    assert specs["lm_head"].writes == ("logits", "part_val", "part_idx")
+    assert all(s.writes for s in specs.values())

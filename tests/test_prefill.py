@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from drvqwen import reference as ref
-from drvqwen.config import PAGE_SIZE, QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.kv_cache import PAGE_TOKENS
+from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.format.nanoqwen import NanoqwenFile
 from drvqwen.format.synthetic import write_synthetic
 
@@ -59,7 +60,7 @@ def test_prefill_last_logits_match_reference(model):
     assert max(errs.values()) <= TOL_LOGITS
     pages = backend.step.pages
     assert sorted(pages.block_table + pages.free) == list(range(pages.n_pages))
-    assert len(pages.block_table) == -(-max(LENGTHS) // PAGE_SIZE)
+    assert len(pages.block_table) == -(-max(LENGTHS) // PAGE_TOKENS)
 
 
 @pytest.mark.parametrize("t", [16, 37])

@@ -22,7 +22,9 @@ import sys
 
 import numpy as np
 
-from drvqwen import kernels as K
+from drvqwen import launchers as K
+from drvqwen.kv_cache import layer_view, tensor_map
+from drvqwen.launchers import attention_decode, attention_decode_tma
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
@@ -66,21 +68,19 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
                       state=s.array("state", (3,), np.int32, np.array([seq_len - 1, 0, seq_len])))
         shape = dict(n_heads=hq, n_kv_heads=hkv, head_dim=dh)
 
-        S_plain = K.attention_blocks_per_kv_head(hkv, context, head_dim=dh)
-        parts = {n: s.array(n, sh, np.float32) for n, sh in K.attention_partial_shapes(hq, dh, S_plain).items()}
+        S_plain = attention_decode.blocks_per_kv_head(hkv, context, dh)
+        parts = tuple(s.array(n, sh, np.float32) for n, sh in attention_decode.partial_shapes(hq, dh, S_plain).items())
         out_plain = s.array("out_plain", (hq, dh), np.float16)
-        plain = K.AttentionDecode(out_plain, common["q"], K.kv_layer_view(k, 0), K.kv_layer_view(v, 0),
-                                  common["bt"], common["state"], parts["o_part"], parts["m_part"],
-                                  parts["l_part"], blocks_per_kv_head=S_plain, **shape)
+        plain = K.AttentionDecode(out_plain, common["q"], layer_view(k, 0), layer_view(v, 0),
+                                  common["bt"], common["state"], parts, blocks_per_kv_head=S_plain, **shape)
 
-        S_tma = K.attention_tma_blocks_per_kv_head(hkv, context, dh)
-        tparts = {n: s.array("t" + n, sh, np.float32)
-                  for n, sh in K.attention_partial_shapes(hq, dh, S_tma, K.ATMA_CONSUMERS).items()}
+        S_tma = attention_decode_tma.blocks_per_kv_head(hkv, context, dh)
+        tparts = tuple(s.array("t" + n, sh, np.float32) for n, sh in
+                       attention_decode.partial_shapes(hq, dh, S_tma, attention_decode_tma.CONSUMERS).items())
         out_tma = s.array("out_tma", (hq, dh), np.float16)
-        k_map, v_map = K.kv_tensor_map(k), K.kv_tensor_map(v)  # once per pool
+        k_map, v_map = tensor_map(k), tensor_map(v)  # once per pool
         tma = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"],
-                                   common["state"], tparts["o_part"], tparts["m_part"], tparts["l_part"],
-                                   blocks_per_kv_head=S_tma, **shape)
+                                   common["state"], tparts, blocks_per_kv_head=S_tma, **shape)
 
         plain.launch()
         tma.launch()
@@ -96,9 +96,10 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
         row["tma_us_by_blocks"] = {}
         for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
-            sp = {n: s.array(f"{n}{S}", sh, np.float32) for n, sh in K.attention_partial_shapes(hq, dh, S, K.ATMA_CONSUMERS).items()}
+            sp = tuple(s.array(f"{n}{S}", sh, np.float32) for n, sh in
+                       attention_decode.partial_shapes(hq, dh, S, attention_decode_tma.CONSUMERS).items())
             alt = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"], common["state"],
-                                       sp["o_part"], sp["m_part"], sp["l_part"], blocks_per_kv_head=S, **shape)
+                                       sp, blocks_per_kv_head=S, **shape)
             row["tma_us_by_blocks"][S] = graph_time_us(alt, reps)
         for name in ("plain", "tma"):
             row[f"{name}_gbps"] = kv / row[f"{name}_us"] / 1e3

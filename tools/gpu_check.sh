@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # gpu_check.sh STAGE OUTDIR [PYTEST_PATHS...] — everything we run on the lent GPU machine.
 #
-# Stages (DESIGN.md §12); each is sized to finish well inside the 10-minute limit of one
+# Stages (docs/gpu-workflow.md); each is sized to finish well inside the 10-minute limit of one
 # device command, and each is cut off by `timeout` before that so its logs still come back:
 #   tests     GPU tests (pytest -m gpu) under DRVQWEN_REQUIRE_GPU=1, so a GPU test that would
 #             skip fails instead; then every kernel compiled by NVRTC (tests/test_compile.py).
 #             PYTEST_PATHS narrows the GPU tests (default: tests/).
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_TESTS below
 #             (small shapes only: racecheck is 10-100x slower).
-#   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: the
-#             seeds' protocol on the synthetic 7B (written to /dev/shm first, ~30 s), eager
-#             next to CUDA graphs. DRVQWEN_BENCH_KERNELS=1 adds tools/bench_decode.py's
-#             per-kernel breakdown of the eager step (another 5.5 GB upload).
+#   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: TTFT and
+#             ITL (512-token prompt, 128 greedy tokens) on the synthetic 7B (written to /dev/shm
+#             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
+#             the per-kernel breakdown.
+#   fingerprint  tools/decode_fingerprint.py (greedy tokens + logits hashes) on the synthetic 7B
+#             and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINE_SRC=<another checkout's
+#             src/> the same for that version, then the two compared (same tokens, same bits?).
 #   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests and two
 #             `drvqwen run`s (raw fib completion, a chat prompt).
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
@@ -24,7 +27,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|real|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -55,19 +58,19 @@ SANITIZE_TESTS=(
     "tests/test_kernel_rmsnorm.py"
     "tests/test_kernel_rope_kv.py"
     "tests/test_kernel_attention_decode.py::test_attention_decode"
-    "tests/test_kernel_lm_head_argmax.py::test_argmax_two_pass"
-    "tests/test_kernel_lm_head_argmax.py::test_advance_state_and_graph_chain"
+    "tests/test_kernel_argmax.py::test_argmax_two_pass"
+    "tests/test_kernel_decode_state.py::test_advance_state_and_graph_chain"
     "tests/test_graphs.py::test_set_block_table_entry_in_a_graph"
     "tests/test_kernel_gemm_int4.py::test_gemm_f32[17-333-384]"
     "tests/test_kernel_gemm_int4.py::test_gemm_gate_up_swiglu[16]"
     "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd64]"
     "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd128]"
-    "tests/test_kernel_prefill_rows.py::test_rope_kv_rows[5-100-hd128]"
-    "tests/test_kernel_prefill_rows.py::test_prefill_state_kernels"
+    "tests/test_kernel_rope_kv.py::test_rope_kv_rows[5-100-hd128]"
+    "tests/test_kernel_prefill_state.py::test_prefill_state_kernels"
     "tests/test_kernel_sampling.py::test_sampler_ties"
     "tests/test_kernel_sampling.py::test_publish_token_ring_and_counter"
-    "tests/test_kernel_attention_tma.py::test_attention_tma_small[7b]"
-    "tests/test_kernel_attention_tma.py::test_attention_tma_small[0.5b]"
+    "tests/test_kernel_attention_decode_tma.py::test_attention_tma_small[7b]"
+    "tests/test_kernel_attention_decode_tma.py::test_attention_tma_small[0.5b]"
 )
 # SANITIZE_ONLY="node …" replaces the list (one short device call for one kernel's cases).
 [[ -n ${SANITIZE_ONLY:-} ]] && read -r -a SANITIZE_TESTS <<< "$SANITIZE_ONLY"
@@ -153,10 +156,29 @@ stage_bench() {
     rm -f "$OUTDIR"/bench*.log
     # shellcheck disable=SC2086  # DRVQWEN_BENCH_ARGS is a list of words on purpose
     run_step bench "$PY" -m drvqwen.bench --json "$OUTDIR/bench.json" ${DRVQWEN_BENCH_ARGS:-} || rc=1
-    if [[ ${DRVQWEN_BENCH_KERNELS:-0} == 1 ]]; then
-        run_step bench-decode "$PY" tools/bench_decode.py --preset 7b --steps 100 \
-            --json "$OUTDIR/bench_decode.json" || rc=1
-    fi
+    return "$rc"
+}
+
+# fingerprint: what the GPU computes, as tokens and logits hashes, for this checkout and
+# optionally another one (BASELINE_SRC), so a change meant to keep behaviour can be shown to.
+stage_fingerprint() {
+    local rc=0 model name path syn
+    rm -f "$OUTDIR"/fingerprint*.log "$OUTDIR"/fingerprint*.json
+    syn=$("$PY" -c "from drvqwen.bench import ensure_synthetic; print(ensure_synthetic('7b'))") || return 1
+    local models=("7b=$syn")
+    [[ -n ${DRVQWEN_REAL_MODEL:-} ]] && models+=("real=$DRVQWEN_REAL_MODEL")
+    for model in "${models[@]}"; do
+        name=${model%%=*}
+        path=${model#*=}
+        run_step "fingerprint-$name" "$PY" tools/decode_fingerprint.py --model "$path" \
+            --json "$OUTDIR/fingerprint-$name.json" || rc=1
+        if [[ -n ${BASELINE_SRC:-} ]]; then
+            PYTHONPATH=$BASELINE_SRC run_step "fingerprint-$name-baseline" "$PY" tools/decode_fingerprint.py \
+                --model "$path" --json "$OUTDIR/fingerprint-$name-baseline.json" || rc=1
+            run_step "fingerprint-$name-compare" "$PY" tools/compare_fingerprints.py \
+                "$OUTDIR/fingerprint-$name-baseline.json" "$OUTDIR/fingerprint-$name.json" || rc=1
+        fi
+    done
     return "$rc"
 }
 
@@ -182,6 +204,7 @@ record_env
 case $STAGE in
     tests) stage_tests ;;
     real) stage_real ;;
+    fingerprint) stage_fingerprint ;;
     sanitize) stage_sanitize ;;
     bench) stage_bench ;;
     all)

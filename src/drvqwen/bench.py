@@ -1,10 +1,11 @@
-"""`drvqwen bench`: decode speed by the seeds' protocol, eager launches against CUDA graphs.
+"""`drvqwen bench`: decode speed, eager launches against CUDA graphs — the one definition of
+TTFT and ITL that every figure drvqwen quotes comes from.
 
-    python -m drvqwen.bench [--preset 7b|0.5b] [--model FILE] [--json OUT.json]
-    drvqwen bench ...                      (the same, once cli.py registers it)
+    drvqwen bench [--preset 0.5b|1.5b|3b|7b|14b|32b] [--model FILE] [--kernels] [--json OUT.json]
+    python -m drvqwen.bench ...            (the same)
 
-Protocol (DESIGN.md §11): a 512-token prompt, then 128 greedy tokens with stop tokens ignored,
-GPU clocks left as they are. Reported per mode:
+Protocol: a 512-token prompt, then 128 greedy tokens with stop tokens ignored, GPU clocks
+left as they are. Reported per mode:
 
 - TTFT: prompt submitted → first token on the host, through the GPU prefill (drvqwen.prefill;
   it runs eagerly in both modes). Where it does not exist, or with --no-prefill, the prompt is
@@ -47,7 +48,7 @@ NEW_TOKENS = 128
 # Before each measured run, a throw-away sequence of this many steps: it crosses two page
 # boundaries (16, 32), so every kernel and both graphs have run once before timing starts.
 WARMUP_TOKENS = 40
-SYNTHETIC_SEED = 1                    # tools/bench_decode.py writes the same file
+SYNTHETIC_SEED = 1
 MODES = ("eager", "graph")
 
 err = Console(stderr=True, highlight=False)
@@ -194,7 +195,7 @@ def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_g
 # ---- the whole benchmark -----------------------------------------------------------------------
 def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int = NEW_TOKENS,
               max_context: int | None = None, modes: tuple[str, ...] = MODES, seed: int = 0,
-              copy_bytes: int | None = None, use_prefill: bool = True) -> dict:
+              copy_bytes: int | None = None, use_prefill: bool = True, kernels: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -206,6 +207,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         copy_bytes: bytes per copy of the bandwidth measurement (default 2 GiB).
         use_prefill: run the prompt through the GPU prefill where it exists (TTFT); False
             feeds it one decode step per token (no TTFT).
+        kernels: also time every launch of the step (`kernel_breakdown`).
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -278,6 +280,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             e, g = results["eager"], results["graph"]
             out["eager_over_graph_itl"] = e.itl_median_ms / g.itl_median_ms
             out["same_tokens"] = e.tokens == g.tokens
+        if kernels:
+            out["kernels"] = kernel_breakdown(dec)
         return out
     finally:
         if graph is not None:
@@ -317,6 +321,36 @@ def print_table(res: dict, console: Console | None = None) -> None:
         console.print(f"[yellow]graph capture failed, the graph row ran eagerly: {res['graph']['fallback_reason']}")
 
 
+def kernel_breakdown(dec, steps: int = 10) -> dict:
+    """GPU time of every launch of the decode step, grouped by role over the layers
+    (DecodeStep.time_kernels: the step queued behind gpu_sleep, one event pair per launch).
+
+    Returns {"per_launch_us": {name: µs}, "by_role_us": {role: µs summed over layers},
+    "sum_ms": the sum, "method": how it was measured}. Each figure includes its event pair's
+    own cost, so the sum exceeds the step's GPU time by roughly that much per launch.
+    """
+    per = dec.time_kernels(steps)
+    roles: dict[str, float] = {}
+    for name, us in per.items():
+        role = name.split(".", 1)[1] if name.startswith("L") and "." in name else name
+        roles[role] = roles.get(role, 0.0) + us
+    return {"per_launch_us": per, "by_role_us": roles, "sum_ms": sum(per.values()) / 1e3,
+            "method": f"eager step queued behind gpu_sleep, an event pair around each launch, median of {steps}"}
+
+
+def print_kernels(res: dict, console: Console | None = None) -> None:
+    """The per-role kernel table of `res["kernels"]` (see kernel_breakdown)."""
+    console = console or Console()
+    k = res["kernels"]
+    t = Table(title=f"decode step by kernel role ({len(k['per_launch_us'])} launches)", caption=k["method"])
+    for c in ("role", "µs per step", "share"):
+        t.add_column(c, justify="right")
+    for role, us in sorted(k["by_role_us"].items(), key=lambda kv: -kv[1]):
+        t.add_row(role, f"{us:.1f}", f"{us / 1e3 / k['sum_ms']:.1%}")
+    t.add_row("sum", f"{k['sum_ms'] * 1e3:.1f}", "")
+    console.print(t)
+
+
 # ---- command line ------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench options (shared by `drvqwen bench` and `python -m drvqwen.bench`)."""
@@ -330,6 +364,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default: 0)")
     p.add_argument("--no-prefill", action="store_true",
                    help="feed the prompt one decode step per token even where a GPU prefill exists (no TTFT)")
+    p.add_argument("--kernels", action="store_true", help="also time every launch of the decode step, by role")
     p.add_argument("--json", help="also write the result as JSON to this file")
 
 
@@ -351,8 +386,10 @@ def cmd_bench(args) -> int:
     modes = MODES if args.mode == "both" else (args.mode,)
     res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                     max_context=args.max_context or None, modes=modes, seed=args.seed,
-                    use_prefill=not args.no_prefill)
+                    use_prefill=not args.no_prefill, kernels=args.kernels)
     print_table(res)
+    if "kernels" in res:
+        print_kernels(res)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))
@@ -362,7 +399,7 @@ def cmd_bench(args) -> int:
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `bench` command to the CLI's subparsers (cli.build_parser)."""
-    p = subparsers.add_parser("bench", help="decode speed: eager vs CUDA graphs (DESIGN.md §11 protocol)",
+    p = subparsers.add_parser("bench", help="decode speed: TTFT and ITL, eager vs CUDA graphs",
                               description=__doc__.split("\n\n")[0])
     add_arguments(p)
     p.set_defaults(fn=cmd_bench)

@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--verify", action="store_true", help="check every tensor's CRC32")
     i.set_defaults(fn=cmd_info)
 
-    from . import bench  # the seeds' benchmark protocol, eager vs CUDA graph (bench.py)
+    from . import bench  # TTFT and ITL, eager vs CUDA graphs (bench.py)
 
     bench.register(sub)
     return ap

@@ -23,8 +23,6 @@ FIM_PREFIX_ID = 151659
 FIM_MIDDLE_ID = 151660
 FIM_SUFFIX_ID = 151661
 
-# The KV cache is paged in 16-token pages (DESIGN.md §6).
-PAGE_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -211,10 +209,23 @@ class QwenConfig:
         }
 
 
-# Presets (DESIGN.md §1, from the models' config.json).
-QWEN25_CODER_7B = QwenConfig(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
-                             num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128)
+# Presets: the Qwen2.5-Coder family, from each model's config.json (the three small ones tie the
+# embedding; vocabularies are 151 936 rows up to 3B and 152 064 from 7B on). Speed does not
+# depend on the weights' values, so `drvqwen bench --preset` runs every size on synthetic weights.
 QWEN25_CODER_05B = QwenConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                               num_layers=24, num_heads=14, num_kv_heads=2, head_dim=64,
                               tie_word_embeddings=True)
-PRESETS: dict[str, QwenConfig] = {"7b": QWEN25_CODER_7B, "0.5b": QWEN25_CODER_05B}
+QWEN25_CODER_1_5B = QwenConfig(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                               num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128,
+                               tie_word_embeddings=True)
+QWEN25_CODER_3B = QwenConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+                             num_layers=36, num_heads=16, num_kv_heads=2, head_dim=128,
+                             tie_word_embeddings=True)
+QWEN25_CODER_7B = QwenConfig(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                             num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128)
+QWEN25_CODER_14B = QwenConfig(vocab_size=152064, hidden_size=5120, intermediate_size=13824,
+                              num_layers=48, num_heads=40, num_kv_heads=8, head_dim=128)
+QWEN25_CODER_32B = QwenConfig(vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                              num_layers=64, num_heads=40, num_kv_heads=8, head_dim=128)
+PRESETS: dict[str, QwenConfig] = {"0.5b": QWEN25_CODER_05B, "1.5b": QWEN25_CODER_1_5B, "3b": QWEN25_CODER_3B,
+                                  "7b": QWEN25_CODER_7B, "14b": QWEN25_CODER_14B, "32b": QWEN25_CODER_32B}

@@ -1,4 +1,4 @@
-"""One decode step on the GPU as an ordered list of named launches (DESIGN.md §3, §7).
+"""One decode step on the GPU as an ordered list of named launches.
 
     embedding                       residual fp32 [D] = embed[state.token]
     per layer l:
@@ -16,45 +16,58 @@
     advance_state                   state = (pos + 1, next_token, seq_len + 1)
 
 Every per-step value — position, token, sequence length, block table — lives in device
-memory, so this list is launch-for-launch what a CUDA graph captures (issue: CUDA graphs).
-Eager mode walks it with pre-packed parameters. The host only touches device state to start
-a sequence (`start`) and to record a newly allocated page in the block table at a page
-boundary (`_ensure_page`).
+memory, so this list is launch for launch what a CUDA graph captures (graphs.py). Eager mode
+walks it with pre-packed parameters. The host only touches device state to start a sequence
+(`start`) and to record a newly allocated page in the block table at a page boundary
+(`_ensure_page`).
+
+The step is made in three stages, each its own function:
+
+    plan_decode(config, …)    the launch list with grids, shared memory and every buffer by
+                              name, shape and dtype (`DecodePlan`); needs no GPU when given
+                              an occupancy (launchers.FixedOccupancy)
+    DecodeStep._allocate      weights uploaded, the KV cache (kv_cache.KVCache) and the
+                              activation pool sized from the plan
+    DecodeStep._build         every planned launch packed against the allocated buffers
 
 The engine (engine.py) swaps the token choice — argmax, or the sampler (kernels/sampling.cu)
 — and inserts "publish_token" (the token into page-locked host memory) before advance_state
-with `set_token_tail`; the prefill (prefill.py) reserves a whole prompt's pages at once
-(`reserve`), runs the tail from lm_head on (`token_tail`) and leaves the state at the prompt's
-end (`resume`).
+with `set_sampler`; the prefill (prefill.py) reserves a whole prompt's pages at once
+(`reserve`), runs the sampler step from lm_head on (`sampler_step`) and leaves the state at
+the prompt's end (`resume`).
 
-Buffers (the activation pool; per layer nothing is allocated, layers reuse one set):
+Activations (`DecodePlan.buffers`; layers reuse one set):
     state        int32 [3]          pos, token, seq_len
     block_table  int32 [P]          logical page → physical page (P = max_context / 16)
-    k_cache      fp16 [L, P, Hkv, 16, Dh]   v_cache likewise (the KV pool, 16 KiB-aligned)
     residual     fp32 [D]           xn fp16 [D]        qkv fp32 [Nq + 2 Nkv]
     q            fp16 [Nq]          attn fp16 [Nq]     h fp16 [F]
     logits       fp32 [V]           part_val fp32 / part_idx int32 [ceil(V/32)]
-    next_token   int32 [1]          inv_freq fp32 [Dh/2]     o/m/l partials fp32 (attention)
+    next_token   int32 [1]          inv_freq fp32 [Dh/2]
+    partial_out fp32 [NS, Hq, Dh], max_logits / exp_sums fp32 [NS, Hq]   (split-KV attention)
+and the KV cache k_cache / v_cache fp16 [L, P, Hkv, 16, Dh] (kv_cache.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import kernels as K
-from .config import PAGE_SIZE
-from .cuda import (DEFAULT_ALIGN_BYTES, KV_PAGE_ALIGN_BYTES, DeviceArray, Event, KernelLaunch, Pool,
-                   Stream, get_device)
+from . import launchers as K
+from .config import QwenConfig
+from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Event, KernelLaunch, Pool, Stream, get_device
 from .errors import DrvqwenError
-from .format.nanoqwen import NanoqwenFile
+from .format.nanoqwen import NanoqwenFile, expected_tensors
 from .gpu_weights import GPUWeights
+from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, layer_view_name, n_pages_for
+from .kv_cache import tensor_map_shape
+from .launchers import attention_decode, attention_decode_tma
+from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
+from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
 
-
-# Decode attention kernels (DecodeStep(attention=...)): "tma" = attention_decode_tma.cu (producer
+# Decode attention kernels (plan_decode(attention=...)): "tma" = attention_decode_tma.cu (producer
 # warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
 ATTENTION_KERNELS = ("tma", "plain")
 DEFAULT_ATTENTION = "tma"
@@ -62,43 +75,155 @@ DEFAULT_ATTENTION = "tma"
 
 @dataclass
 class NamedLaunch:
-    """One entry of the decode step: a name, the pre-packed launch, the buffer it writes."""
+    """One entry of the decode step: a name, the pre-packed launch, and what it was planned as.
+
+    Attributes:
+        name: e.g. "L3.qkv_proj" (a launcher of two kernels gets ".0", ".1").
+        launch: the KernelLaunch.
+        spec: the LaunchSpec it was built from (kernel, grid, buffers read and written).
+    """
 
     name: str
     launch: KernelLaunch
-    writes: DeviceArray | None
+    spec: LaunchSpec | None = None
+
+    @property
+    def writes(self) -> tuple[str, ...]:
+        """Names of every buffer the launch writes."""
+        return self.spec.writes if self.spec is not None else ()
 
 
-class PageAllocator:
-    """The host-owned free list of physical KV pages and one sequence's block table.
+@dataclass
+class DecodePlan:
+    """The decode step before any GPU memory exists: launchers over planned buffers.
 
-    `rng` shuffles the free list (tests do, so no kernel can get away with assuming that
-    logical page i is physical page i).
+    Attributes:
+        config: the model (num_layers already cut for tests).
+        max_context: tokens the KV cache holds; n_pages = ceil(max_context / 16).
+        attention: "tma" or "plain".
+        blocks_per_kv_head: S of the split-KV attention grid.
+        buffers: activation name → BufferSpec (the pool `_allocate` carves).
+        weights: tensor name → BufferSpec (what the file holds, expected_tensors).
+        kv: "k_cache"/"v_cache" → BufferSpec [L, P, Hkv, 16, Dh] fp16.
+        steps: (name, launcher) in order.
     """
 
-    def __init__(self, n_pages: int, rng: np.random.Generator | None = None):
-        self.n_pages = n_pages
-        self.free = list(range(n_pages))
-        if rng is not None:
-            rng.shuffle(self.free)
-        self.block_table: list[int] = []
+    config: QwenConfig
+    max_context: int
+    n_pages: int
+    attention: str
+    blocks_per_kv_head: int
+    buffers: dict[str, BufferSpec]
+    weights: dict[str, BufferSpec]
+    kv: dict[str, BufferSpec]
+    steps: list[tuple[str, K.Launcher]] = field(default_factory=list)
 
-    def page_for(self, pos: int) -> tuple[int, bool]:
-        """(physical page holding position pos, whether it was newly allocated)."""
-        logical = pos // PAGE_SIZE
-        if logical < len(self.block_table):
-            return self.block_table[logical], False
-        if logical != len(self.block_table):
-            raise ValueError(f"position {pos} skips pages (block table has {len(self.block_table)})")
-        if not self.free:
-            raise DrvqwenError(f"KV cache full: no page left for position {pos}")
-        p = self.free.pop(0)
-        self.block_table.append(p)
-        return p, True
+    def named_specs(self) -> list[tuple[str, LaunchSpec]]:
+        """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
+        out = []
+        for name, launcher in self.steps:
+            for i, spec in enumerate(launcher.specs):
+                out.append((name if len(launcher.specs) == 1 else f"{name}.{i}", spec))
+        return out
 
-    def release_all(self) -> None:
-        self.free = self.block_table + self.free
-        self.block_table = []
+    @property
+    def kv_bytes(self) -> int:
+        return cache_bytes(self.config, self.n_pages)
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(-(-b.nbytes // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES for b in self.buffers.values())
+
+
+def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[int, ...]]) -> dict[str, BufferSpec]:
+    D, F, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    nq, nkv = cfg.q_dim, cfg.kv_dim
+    shapes = {  # name: (shape, dtype)
+        "state": ((3,), np.int32), "next_token": ((1,), np.int32),
+        "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
+        "residual": ((D,), np.float32), "xn": ((D,), np.float16),
+        "qkv": ((nq + 2 * nkv,), np.float32), "q": ((nq,), np.float16),
+        "attn": ((nq,), np.float16), "h": ((F,), np.float16), "logits": ((V,), np.float32),
+        "part_val": ((K.lm_head_partials(V),), np.float32), "part_idx": ((K.lm_head_partials(V),), np.int32),
+        **{name: (shape, np.float32) for name, shape in partials.items()},
+    }
+    return {name: BufferSpec(name, s, d) for name, (s, d) in shapes.items()}
+
+
+def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: str = DEFAULT_ATTENTION,
+                occupancy: Occupancy | None = None) -> DecodePlan:
+    """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
+
+    Args:
+        cfg: the model.
+        max_context: tokens the KV cache holds (default cfg.max_position).
+        attention: "tma" or "plain" (ATTENTION_KERNELS).
+        occupancy: blocks per SM and SM count for the grids (default: the driver's, which needs
+            a GPU; launchers.FixedOccupancy plans without one).
+    Raises:
+        DrvqwenError: max_context out of [1, max_position], or an unknown attention kernel.
+    """
+    if attention not in ATTENTION_KERNELS:
+        raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    max_context = int(max_context or cfg.max_position)
+    if not 1 <= max_context <= cfg.max_position:
+        raise DrvqwenError(f"max_context={max_context}: must be in [1, {cfg.max_position}]")
+    n_pages = n_pages_for(max_context)
+    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    Hq, Hkv, Dh, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
+    nq, nkv = cfg.q_dim, cfg.kv_dim
+
+    if attention == "tma":
+        S = attention_decode_tma.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
+        partials = attention_decode.partial_shapes(Hq, Dh, S, attention_decode_tma.CONSUMERS)
+    else:
+        S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
+        partials = attention_decode.partial_shapes(Hq, Dh, S)
+    a = _activation_specs(cfg, n_pages, partials)
+    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg).items()}
+    kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
+    plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv)
+    part = tuple(a[n] for n in partials)
+    maps = {pool: TensorMapSpec(kv[pool], tensor_map_shape(kv[pool].shape), (PAGE_TOKENS, Dh)) for pool in kv}
+    gemv = dict(occupancy=occupancy)
+    eps = cfg.rms_norm_eps
+
+    steps = plan.steps
+    steps.append(("embedding", K.Embedding(a["residual"], weights["model.embed_tokens.weight"], a["state"],
+                                           vocab_size=V, dim=D)))
+    for l in range(L):
+        w = LayerWeights.of(weights.__getitem__, l)
+        k_l, v_l = (BufferSpec(layer_view_name(p, l), kv[p].shape[1:], np.float16) for p in ("k_cache", "v_cache"))
+        if attention == "tma":
+            attn = K.AttentionDecodeTma(a["attn"], a["q"], maps["k_cache"], maps["v_cache"], a["block_table"],
+                                        a["state"], part, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                                        blocks_per_kv_head=S, layer_page0=l * n_pages, k_cache=k_l, v_cache=v_l)
+        else:
+            attn = K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
+                                     n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
+        steps += [
+            (f"L{l}.input_layernorm", K.RmsNorm(a["xn"], a["residual"], w.input_layernorm, dim=D, eps=eps)),
+            (f"L{l}.qkv_proj", K.GemvInt4Qkv(a["qkv"], a["xn"], *w.q_proj, *w.k_proj, *w.v_proj,
+                                             n_q=nq, n_kv=nkv, k=D, **gemv)),
+            (f"L{l}.rope_kv", K.RopeKv(a["q"], k_l, v_l, a["qkv"], w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
+                                       a["state"], a["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh)),
+            (f"L{l}.attention", attn),
+            (f"L{l}.o_proj", K.GemvInt4Residual(a["residual"], a["attn"], *w.o_proj, n=D, k=nq, **gemv)),
+            (f"L{l}.post_attention_layernorm", K.RmsNorm(a["xn"], a["residual"], w.post_attention_layernorm,
+                                                         dim=D, eps=eps)),
+            (f"L{l}.gate_up_swiglu", K.GemvInt4GateUpSwiglu(a["h"], a["xn"], *w.gate_proj, *w.up_proj,
+                                                            f=F, k=D, **gemv)),
+            (f"L{l}.down_proj", K.GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
+        ]
+    lm = K.LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
+                  vocab_size=V, dim=D)
+    steps += [
+        ("norm", K.RmsNorm(a["xn"], a["residual"], weights["model.norm.weight"], dim=D, eps=eps)),
+        ("lm_head", lm),
+        ("argmax", K.ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"], n_partials=lm.n_partials)),
+        ("advance_state", K.AdvanceState(a["state"], a["next_token"])),
+    ]
+    return plan
 
 
 class DecodeStep:
@@ -110,173 +235,125 @@ class DecodeStep:
         num_layers: run only the first layers (tests at 7B widths).
         rng: shuffles the page free list (tests).
         progress: weight upload progress callback (bytes_done, bytes_total).
-        attention: "tma" (the warp-specialised TMA kernel, attention_decode_tma.cu; its tensor
-            maps of the K/V pools are encoded here, once) or "plain" (attention_decode.cu, the
-            reference kernel and fallback).
+        attention: "tma" (the warp-specialised TMA kernel; its tensor maps of the K/V pools are
+            encoded once, at build) or "plain" (the reference kernel and fallback).
+    Attributes:
+        plan: the DecodePlan it was built from.
+        launches: NamedLaunch list of one step, in order.
+        buf: activation name → DeviceArray; kv: the KVCache; weights: the GPUWeights.
+        pages: the PageAllocator; pos: host mirror of state[0] (the next position to decode).
     Raises:
-        DrvqwenError: no usable GPU, or the model + cache do not fit (before any upload).
+        DrvqwenError: no usable GPU, bad max_context or attention, or the model and its cache
+            do not fit (checked before any upload).
     """
 
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, num_layers: int | None = None,
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  attention: str = DEFAULT_ATTENTION):
-        if attention not in ATTENTION_KERNELS:
-            raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
-        self.attention = attention
         self.device = get_device()
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
-        self.max_context = int(max_context or cfg.max_position)
-        if not 1 <= self.max_context <= cfg.max_position:
-            raise DrvqwenError(f"max_context={self.max_context}: must be in [1, {cfg.max_position}]")
-        n_pages = -(-self.max_context // PAGE_SIZE)
-        D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-        Hq, Hkv, Dh, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
-        nq, nkv = cfg.q_dim, cfg.kv_dim
-
-        # Size everything before uploading a byte: a model that does not fit fails here.
-        kv_bytes = 2 * L * n_pages * Hkv * PAGE_SIZE * Dh * 2
-        weight_bytes = sum(i.nbytes for i in f)
-        free, _total = self.device.memory_info()
-        if kv_bytes + weight_bytes > free:
-            raise DrvqwenError(
-                f"{f.path}: weights ({weight_bytes / 2**30:.2f} GiB) + KV cache for {self.max_context} "
-                f"tokens ({kv_bytes / 2**30:.2f} GiB) exceed free GPU memory ({free / 2**30:.2f} GiB); "
-                f"lower --max-context")
-
+        self.plan = plan_decode(cfg, max_context, attention=attention)
+        self.attention, self.max_context = attention, self.plan.max_context
+        self._check_fits(f)
         self.stream = Stream()
-        self.weights = GPUWeights(f, progress=progress, num_layers=num_layers)
-        w = self.weights
-        self.kv_pool = Pool(kv_bytes + 2 * KV_PAGE_ALIGN_BYTES, name="kv")
-        kv_shape = (L, n_pages, Hkv, PAGE_SIZE, Dh)
-        self.k_cache = self.kv_pool.alloc("k_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
-        self.v_cache = self.kv_pool.alloc("v_cache", kv_shape, np.float16, align=KV_PAGE_ALIGN_BYTES)
-
-        sm_count = self.device.info.sm_count
-        if attention == "tma":
-            S = K.attention_tma_blocks_per_kv_head(Hkv, self.max_context, Dh, sm_count)
-            parts = K.attention_partial_shapes(Hq, Dh, S, K.ATMA_CONSUMERS)
-            # TMA descriptors of the whole pools, encoded once for the engine's life (~60 µs each).
-            self.k_map, self.v_map = K.kv_tensor_map(self.k_cache), K.kv_tensor_map(self.v_cache)
-        else:
-            S = K.attention_blocks_per_kv_head(Hkv, self.max_context, sm_count, head_dim=Dh)
-            parts = K.attention_partial_shapes(Hq, Dh, S)
-        n_lm = K.lm_head_partials(V)
-        act = {  # name: (shape, dtype)
-            "state": ((3,), np.int32), "next_token": ((1,), np.int32),
-            "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
-            "residual": ((D,), np.float32), "xn": ((D,), np.float16),
-            "qkv": ((nq + 2 * nkv,), np.float32), "q": ((nq,), np.float16),
-            "attn": ((nq,), np.float16), "h": ((F,), np.float16), "logits": ((V,), np.float32),
-            "part_val": ((n_lm,), np.float32), "part_idx": ((n_lm,), np.int32),
-            "o_part": (parts["o_part"], np.float32), "m_part": (parts["m_part"], np.float32),
-            "l_part": (parts["l_part"], np.float32),
-        }
-        size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
-                   for s, d in act.values()) + DEFAULT_ALIGN_BYTES
-        self.act_pool = Pool(size, name="activations")
-        a = {name: self.act_pool.alloc(name, s, d) for name, (s, d) in act.items()}
-        self.buf = a
-        a["inv_freq"].upload(rope_inv_freq(Dh, cfg.rope_theta))
-        a["block_table"].upload(np.zeros(n_pages, np.int32))
-        self.pages = PageAllocator(n_pages, rng)
-
-        st = self.stream
-        eps = cfg.rms_norm_eps
-        steps: list[tuple[str, K.Launcher, DeviceArray | None]] = []
-        steps.append(("embedding", K.Embedding(a["residual"], w["model.embed_tokens.weight"], a["state"],
-                                               vocab_size=V, dim=D, stream=st), a["residual"]))
-        for l in range(L):
-            pre = f"model.layers.{l}"
-            k_l, v_l = K.kv_layer_view(self.k_cache, l), K.kv_layer_view(self.v_cache, l)
-            (qw, qs), (kw, ks), (vw, vs) = w.proj(l, "q_proj"), w.proj(l, "k_proj"), w.proj(l, "v_proj")
-            steps += [
-                (f"L{l}.input_layernorm", K.RmsNorm(a["xn"], a["residual"], w[f"{pre}.input_layernorm.weight"],
-                                                    dim=D, eps=eps, stream=st), a["xn"]),
-                (f"L{l}.qkv_proj", K.GemvInt4Qkv(a["qkv"], a["xn"], qw, qs, kw, ks, vw, vs,
-                                                 n_q=nq, n_kv=nkv, k=D, stream=st), a["qkv"]),
-                (f"L{l}.rope_kv", K.RopeKv(a["q"], k_l, v_l, a["qkv"], w[f"{pre}.self_attn.q_proj.bias"],
-                                           w[f"{pre}.self_attn.k_proj.bias"], w[f"{pre}.self_attn.v_proj.bias"],
-                                           a["inv_freq"], a["state"], a["block_table"], n_heads=Hq,
-                                           n_kv_heads=Hkv, head_dim=Dh, stream=st), a["q"]),
-                (f"L{l}.attention", self._attention(a, k_l, v_l, l * n_pages, S, stream=st), a["attn"]),
-                (f"L{l}.o_proj", K.GemvInt4Residual(a["residual"], a["attn"], *w.proj(l, "o_proj"),
-                                                    n=D, k=nq, stream=st), a["residual"]),
-                (f"L{l}.post_attention_layernorm", K.RmsNorm(a["xn"], a["residual"],
-                                                             w[f"{pre}.post_attention_layernorm.weight"],
-                                                             dim=D, eps=eps, stream=st), a["xn"]),
-                (f"L{l}.gate_up_swiglu", K.GemvInt4GateUpSwiglu(a["h"], a["xn"], *w.proj(l, "gate_proj"),
-                                                                *w.proj(l, "up_proj"), f=F, k=D, stream=st), a["h"]),
-                (f"L{l}.down_proj", K.GemvInt4Residual(a["residual"], a["h"], *w.proj(l, "down_proj"),
-                                                       n=D, k=F, stream=st), a["residual"]),
-            ]
-        lm = K.LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], w["lm_head.weight"],
-                      vocab_size=V, dim=D, stream=st)
-        steps += [
-            ("norm", K.RmsNorm(a["xn"], a["residual"], w["model.norm.weight"], dim=D, eps=eps, stream=st), a["xn"]),
-            ("lm_head", lm, a["logits"]),
-            ("argmax", K.ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"],
-                                     n_partials=lm.n_partials, stream=st), a["next_token"]),
-            ("advance_state", K.AdvanceState(a["state"], a["next_token"], stream=st), a["state"]),
-        ]
-        self.launchers = steps
-        self._greedy_choice = steps[-2]  # ("argmax", ArgmaxFinal, next_token): set_token_tail restores it
-        self.launches: list[NamedLaunch] = []
-        self._flatten()
+        self._allocate(f, progress, num_layers, rng)
+        self._build()
         self.pos = 0                     # host mirror of state[0] (the next position to decode)
         self._h_block = np.zeros(1, np.int32)
 
-    def _attention(self, a: dict[str, DeviceArray], k_l: DeviceArray, v_l: DeviceArray, layer_page0: int,
-                   S: int, *, stream: Stream) -> K.Launcher:
-        """One layer's attention launcher: TMA (tensor maps of the whole pool + the layer's first
-        page) or plain (the layer's [P, Hkv, 16, Dh] views)."""
-        cfg = self.config
-        shape = dict(n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                     blocks_per_kv_head=S, stream=stream)
-        if self.attention == "tma":
-            return K.AttentionDecodeTma(a["attn"], a["q"], self.k_map, self.v_map, a["block_table"], a["state"],
-                                        a["o_part"], a["m_part"], a["l_part"], layer_page0=layer_page0, **shape)
-        return K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"],
-                                 a["o_part"], a["m_part"], a["l_part"], **shape)
+    # ---- allocate ------------------------------------------------------------------------------
+    def _check_fits(self, f: NanoqwenFile) -> None:
+        """Size everything before uploading a byte: a model that does not fit fails here."""
+        weight_bytes = sum(i.nbytes for i in f)
+        free, _total = self.device.memory_info()
+        if self.plan.kv_bytes + weight_bytes > free:
+            raise DrvqwenError(
+                f"{f.path}: weights ({weight_bytes / 2**30:.2f} GiB) + KV cache for {self.max_context} "
+                f"tokens ({self.plan.kv_bytes / 2**30:.2f} GiB) exceed free GPU memory ({free / 2**30:.2f} GiB); "
+                f"lower --max-context")
+
+    def _allocate(self, f: NanoqwenFile, progress, num_layers: int | None, rng) -> None:
+        """Weights (uploaded), the KV cache, the activation pool, the page allocator."""
+        plan, cfg = self.plan, self.config
+        self.weights = GPUWeights(f, progress=progress, num_layers=num_layers)
+        self.kv = KVCache(cfg, plan.n_pages)
+        self.k_cache, self.v_cache = self.kv.k, self.kv.v
+        self.act_pool = Pool(plan.activation_bytes + DEFAULT_ALIGN_BYTES, name="activations")
+        self.buf = {name: self.act_pool.alloc(name, b.shape, b.dtype) for name, b in plan.buffers.items()}
+        self.buf["inv_freq"].upload(rope_inv_freq(cfg.head_dim, cfg.rope_theta))
+        self.buf["block_table"].upload(np.zeros(plan.n_pages, np.int32))
+        self.pages = PageAllocator(plan.n_pages, rng)
+
+    def resolve(self, spec):
+        """The device object behind a planned buffer or tensor map (launchers' build resolver).
+
+        Raises:
+            KeyError: the plan names a buffer that was not allocated.
+            LaunchError: the allocated buffer's shape or dtype differs from the plan's.
+        """
+        if isinstance(spec, TensorMapSpec):
+            return self.kv.tensor_map(spec.of.name)
+        name = spec.name
+        if name in self.buf:
+            arr = self.buf[name]
+        elif name in self.weights.arrays:
+            arr = self.weights[name]
+        elif name in ("k_cache", "v_cache"):
+            arr = self.kv.k if name == "k_cache" else self.kv.v
+        else:
+            pool, layer = name.rstrip("]").split("[")
+            arr = self.kv.layer_view(pool, int(layer))
+        if tuple(arr.shape) != spec.shape or arr.dtype != spec.dtype:
+            raise K.LaunchError(f"{name}: planned {spec.dtype}{list(spec.shape)}, allocated {arr.dtype}{list(arr.shape)}")
+        return arr
+
+    # ---- build --------------------------------------------------------------------------------
+    def _build(self) -> None:
+        """Pack every planned launch against the allocated buffers, on the step's stream."""
+        for _name, launcher in self.plan.steps:
+            launcher.build(self.resolve, self.stream)
+        self.launchers = list(self.plan.steps)
+        self._greedy_choice = self.launchers[self._index("argmax")]  # set_sampler(None) restores it
+        self._flatten()
 
     def _flatten(self) -> None:
         """Rebuild `launches` from `launchers` (one NamedLaunch per kernel launch)."""
-        self.launches = []
-        for name, launcher, out in self.launchers:
-            for i, ln in enumerate(launcher.launches):
+        self.launches: list[NamedLaunch] = []
+        for name, launcher in self.launchers:
+            for i, (ln, spec) in enumerate(zip(launcher.launches, launcher.specs)):
                 suffix = "" if len(launcher.launches) == 1 else f".{i}"
-                self.launches.append(NamedLaunch(name + suffix, ln, out))
+                self.launches.append(NamedLaunch(name + suffix, ln, spec))
 
     def _index(self, name: str) -> int:
-        for i, (n, _l, _o) in enumerate(self.launchers):
+        for i, (n, _l) in enumerate(self.launchers):
             if n == name:
                 return i
         raise KeyError(name)
 
-    # ---- the token tail (engine.py): how the next token is chosen and handed to the host ----
-    def set_token_tail(self, chooser: tuple[str, K.Launcher] | None = None,
-                       publish: K.Launcher | None = None) -> None:
+    # ---- the sampler step (engine.py): how the next token is chosen and handed to the host ----
+    def set_sampler(self, chooser: tuple[str, K.Launcher] | None = None, publish: K.Launcher | None = None) -> None:
         """Replace the step's token choice and add (or drop) the publishing of each token.
 
         chooser: (name, launcher writing buf["next_token"]), e.g. ("sample", SampleToken); None
-            restores the greedy ("argmax", ArgmaxFinal) of the constructor.
+            restores the greedy ("argmax", ArgmaxFinal) of the plan.
         publish: a launcher that hands next_token to the host (PublishToken), inserted as
             "publish_token" just before "advance_state"; None removes it.
         The launch list keeps its order and names otherwise; call this before a CUDA graph is
         captured from `launches` (a graph holds the launches it recorded).
         """
-        name, launcher, out = self._greedy_choice if chooser is None else (*chooser, self.buf["next_token"])
-        i = next(j for j, (n, _l, _o) in enumerate(self.launchers) if n in ("argmax", "sample"))
-        self.launchers[i] = (name, launcher, out)
+        entry = self._greedy_choice if chooser is None else chooser
+        i = next(j for j, (n, _l) in enumerate(self.launchers) if n in ("argmax", "sample"))
+        self.launchers[i] = entry
         self.launchers = [e for e in self.launchers if e[0] != "publish_token"]
         if publish is not None:
-            self.launchers.insert(self._index("advance_state"), ("publish_token", publish, None))
+            self.launchers.insert(self._index("advance_state"), ("publish_token", publish))
         self._flatten()
 
-    def token_tail(self) -> list[K.Launcher]:
+    def sampler_step(self) -> list[K.Launcher]:
         """The launchers from "lm_head" up to (not including) "advance_state": logits, the token
         choice and its publishing. Prefill runs them after its own final norm (prefill.py)."""
-        return [l for _n, l, _o in self.launchers[self._index("lm_head"):self._index("advance_state")]]
+        return [l for _n, l in self.launchers[self._index("lm_head"):self._index("advance_state")]]
 
     # ---- pages for a whole sequence at once -------------------------------------------------
     def reset_sequence(self) -> None:
@@ -294,7 +371,7 @@ class DecodeStep:
         if n_tokens > self.max_context:
             raise DrvqwenError(f"{n_tokens} tokens exceed the KV cache of {self.max_context} (--max-context)")
         before = len(self.pages.block_table)
-        for pos in range(before * PAGE_SIZE, n_tokens, PAGE_SIZE):
+        for pos in range(before * PAGE_TOKENS, n_tokens, PAGE_TOKENS):
             self.pages.page_for(pos)
         if len(self.pages.block_table) > before:
             table = np.asarray(self.pages.block_table, np.int32)
@@ -326,7 +403,7 @@ class DecodeStep:
         page, new = self.pages.page_for(self.pos)
         if new:
             self._h_block[0] = page
-            self.buf["block_table"].upload_at(self.pos // PAGE_SIZE, self._h_block, self.stream)
+            self.buf["block_table"].upload_at(self.pos // PAGE_TOKENS, self._h_block, self.stream)
 
     # ---- running ----------------------------------------------------------------------------
     def step(self) -> None:
@@ -353,14 +430,9 @@ class DecodeStep:
         Each step is queued behind `gpu_sleep(hold_ms)` (kernels/timing.cu), so the host has
         enqueued every launch and its event pair before the GPU starts: the kernels then run
         back to back and each event pair brackets the kernel alone, not the host's launch
-        latency. The sum is the step's GPU time without launch gaps.
+        latency. Each figure still includes the event pair's own cost (~2 µs on the H200).
         """
-        import ctypes
-
-        from .cuda import load_kernel_module
-
-        hold = KernelLaunch(load_kernel_module("timing").function("gpu_sleep"), (1,), (1,),
-                            [ctypes.c_uint64(int(hold_ms * 1e6))], stream=self.stream)
+        hold = K.GpuSleep(hold_ms, stream=self.stream)
         ev = [(Event(), Event()) for _ in self.launches]
         times: dict[str, list[float]] = {nl.name: [] for nl in self.launches}
         for _ in range(n_steps):
@@ -383,6 +455,6 @@ class DecodeStep:
         """Release the device memory (weights, KV cache, activations) and the stream."""
         self.sync()
         self.weights.close()
-        self.kv_pool.close()
+        self.kv.close()
         self.act_pool.close()
         self.stream.close()

@@ -1,4 +1,4 @@
-"""The GPU engine: prefill → decode on one stream, every token chosen on the GPU (DESIGN.md §2).
+"""The GPU engine: prefill → decode on one stream, every token chosen on the GPU.
 
     GPUBackend.token_stream(prompt, n, params)
       prefill (prefill.py)          prompt → KV cache 0 … T-1, logits of the last position,
@@ -17,25 +17,22 @@ after it says when it is there. While the host waits for token i, step i+1 is al
 All pages a generation can need (prompt + max_new_tokens) are taken from the free list before
 the prefill, with one block-table upload: no step ever waits for a page-boundary copy.
 
-Measured on the H200 (tools/bench_e2e.py, synthetic 7B, 512-token prompt, 128 tokens, stop
-tokens ignored): TTFT 39.5 ms, inter-token latency median 2.53 ms, p99 3.78 ms (395 tok/s)
-with the eager step — ~300 Python launches per token: the host, not the GPU, sets the pace.
-
-The engine runs the decode step eagerly (pre-packed launches). CUDA graphs replay the same
-`DecodeStep.launches` (graphs.py, the graph issue); the token tail is set here before any
-capture (DecodeStep.set_token_tail).
+Decode replays CUDA graphs of `DecodeStep.launches` (graphs.py; `use_graphs=False` launches
+them eagerly); the sampler step is set here before any capture (DecodeStep.set_sampler).
+Speed is measured by `drvqwen bench` (bench.py), whose definition of TTFT and ITL is the one
+every figure in drvqwen quotes.
 """
 
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Iterator, Sequence
 from typing import Callable
 
 import numpy as np
 
-from . import kernels as K
+from .launchers import sampling
+from .launchers import PublishToken, SampleToken
 from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool
 from .decode import DecodeStep
 from .graphs import GraphDecoder
@@ -48,7 +45,7 @@ from .sampler import SamplingParams, scale_log2
 # two slots would do; a few more cost nothing.
 TOKEN_RING = 8
 _PARAMS_FORMAT = "<QdfiIi"  # sampling.cu struct SamplerParams: seed, top_p, scale_log2, top_k, token_index, greedy
-assert struct.calcsize(_PARAMS_FORMAT) == K.SAMPLER_PARAMS_BYTES
+assert struct.calcsize(_PARAMS_FORMAT) == sampling.PARAMS_BYTES
 
 
 def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndarray:
@@ -106,8 +103,8 @@ class GPUBackend:
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, use_graphs: bool = True):
         self.step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
         self.use_graphs = use_graphs
-        # One GraphDecoder per token tail (greedy argmax, or the sampler): a graph holds the
-        # launches it recorded, so each tail gets its own pair of graphs, captured on first use
+        # One GraphDecoder per sampler step (greedy argmax, or the sampler): a graph holds the
+        # launches it recorded, so each gets its own pair of graphs, captured on first use
         # and reused for every later prompt. Sampling parameters and the token counter live in
         # device memory (sampler_params), so one "sample" graph serves every temperature/seed.
         self._graphs: dict[str, GraphDecoder] = {}
@@ -116,25 +113,25 @@ class GPUBackend:
         self.max_context = step.max_context
         self.name = f"cuda ({step.device.info.name})"
         self.prompt = Prefill(step, chunk_rows)
-        size = 2 * DEFAULT_ALIGN_BYTES + K.SAMPLER_PARAMS_BYTES + 4 * K.SAMPLE_INFO
+        size = 2 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
-        self.sampler_params = self.pool.alloc("sampler_params", (K.SAMPLER_PARAMS_BYTES,), np.uint8)
-        self.sample_info = self.pool.alloc("sample_info", (K.SAMPLE_INFO,), np.int32)
+        self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)
+        self.sample_info = self.pool.alloc("sample_info", (sampling.INFO_INTS,), np.int32)
         self._ring = PinnedHostBuffer(4 * TOKEN_RING)
         self._ring_view = self._ring.view(np.int32, TOKEN_RING)
         self._events = [Event() for _ in range(TOKEN_RING)]
         st = step.stream
-        self._sample = K.SampleToken(step.buf["next_token"], self.sample_info, self.sampler_params,
+        self._sample = SampleToken(step.buf["next_token"], self.sample_info, self.sampler_params,
                                      step.buf["logits"], vocab_size=self.config.vocab_size, stream=st)
-        self._publish = K.PublishToken(self._ring, self.sampler_params, step.buf["next_token"],
+        self._publish = PublishToken(self._ring, self.sampler_params, step.buf["next_token"],
                                        ring_size=TOKEN_RING, stream=st)
         self._configure(SamplingParams())
 
     def _configure(self, params: SamplingParams) -> None:
-        """Token tail for `params` (argmax or sample_token, then publish_token) and the device
+        """Sampler step for `params` (argmax or sample_token, then publish_token) and the device
         sampler parameters with the step counter at 0. Synchronous (one 32-byte upload)."""
         chooser = None if params.greedy else ("sample", self._sample)
-        self.step.set_token_tail(chooser, self._publish)
+        self.step.set_sampler(chooser, self._publish)
         self.sampler_params.upload(pack_sampler_params(params))
 
     # ---- generate.py's token backend ------------------------------------------------------------
@@ -150,8 +147,8 @@ class GPUBackend:
         return self._tokens(list(prompt_ids), budget, params)
 
     def _decoder(self, params: SamplingParams):
-        """What runs one decode step for `params`: a GraphDecoder for its token tail (captured
-        now if new; `_configure(params)` must have set the tail), or the eager DecodeStep."""
+        """What runs one decode step for `params`: a GraphDecoder for its sampler step (captured
+        now if new; `_configure(params)` must have set it), or the eager DecodeStep."""
         if not self.use_graphs:
             return self.step
         key = "greedy" if params.greedy else "sample"
@@ -217,35 +214,3 @@ class GPUBackend:
         self.pool.close()
         self.prompt.close()
         self.step.close()
-
-
-def measure_generation(backend: GPUBackend, prompt_ids: Sequence[int], new_tokens: int,
-                       params: SamplingParams = SamplingParams(), runs: int = 3,
-                       warmup: int = 1) -> dict[str, float]:
-    """Time `backend.token_stream` as a user sees it: host clock, stop tokens ignored.
-
-    TTFT = call → first token on the host (prefill + the first token's choice and readback);
-    ITL = time between consecutive tokens on the host. `warmup` short runs first build the
-    prefill launch list and load every module. Returns a dict of floats (ms, tok/s):
-    ttft_ms_median/min, itl_ms_median/p99/mean over all runs' intervals, decode_tok_s.
-    """
-    for _ in range(warmup):
-        for _tok in backend.token_stream(prompt_ids, min(new_tokens, 4), params):
-            pass
-    ttft, itl = [], []
-    for _ in range(runs):
-        stamps = []
-        t0 = time.perf_counter()
-        for _tok in backend.token_stream(prompt_ids, new_tokens, params):
-            stamps.append(time.perf_counter())
-        ttft.append(stamps[0] - t0)
-        itl.extend(np.diff(stamps))
-    ttft_ms, itl_ms = np.array(ttft) * 1e3, np.array(itl) * 1e3
-    return {
-        "prompt_tokens": float(len(prompt_ids)), "new_tokens": float(new_tokens), "runs": float(runs),
-        "ttft_ms_median": float(np.median(ttft_ms)), "ttft_ms_min": float(ttft_ms.min()),
-        "itl_ms_median": float(np.median(itl_ms)) if itl_ms.size else float("nan"),
-        "itl_ms_p99": float(np.percentile(itl_ms, 99)) if itl_ms.size else float("nan"),
-        "itl_ms_mean": float(itl_ms.mean()) if itl_ms.size else float("nan"),
-        "decode_tok_s": float(1e3 / np.median(itl_ms)) if itl_ms.size else float("nan"),
-    }

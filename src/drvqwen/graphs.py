@@ -1,4 +1,4 @@
-"""CUDA-graph decode: two graph execs, switched at each KV page boundary (DESIGN.md §7).
+"""CUDA-graph decode: two graph execs, switched at each KV page boundary.
 
 Why graphs: one decode step is 257 kernel launches at 7B (9 per layer). Launched eagerly from
 Python each costs ~5.6 µs of host time, ~1.4 ms per token; replayed from a graph they cost
@@ -21,17 +21,17 @@ that page in the block table before it writes K/V there. The page comes from the
 free list (`PageAllocator`), so the host has to hand it over, and a graph that wrote a page
 *every* step would need the host's input every step. Hence:
 
-    graph A   the decode step, as `DecodeStep.launches` list it           (15 of 16 steps)
-    graph B   set_block_table_entry, then the same decode step            (pos % 16 == 0)
+    "step"        the decode step, as `DecodeStep.launches` list it             (15 of 16 steps)
+    "opens_page"  set_block_table_entry, then the same decode step              (pos % 16 == 0)
 
-How B gets its page — a device scalar `new_page`, filled by an async copy queued on the stream
-just before B is launched (`cuda.graph.GraphInput`):
+How the page-opening graph gets its page — a device scalar `new_page`, filled by an async copy
+queued on the stream just before the graph is launched (`cuda.graph.GraphInput`):
 
     host:  page = free list pop;  h_pages[pos // 16] = page                (pinned host memory)
-           cuMemcpyHtoDAsync(new_page ← h_pages[pos // 16], 4 B, stream);  cuGraphLaunch(B)
+           cuMemcpyHtoDAsync(new_page ← h_pages[pos // 16], 4 B, stream);  cuGraphLaunch(opens_page)
     GPU:   set_block_table_entry: block_table[state.pos // 16] = new_page; then the step
 
-Stream order puts the copy before B's first node, so the graph needs no parameter update. The
+Stream order puts the copy before the graph's first node, so the graph needs no parameter update. The
 source is one pinned slot per *logical page* rather than one shared scalar: an async copy reads
 its source when the stream reaches it, so if the host queues steps ahead of the GPU (it never
 has to wait for a token it does not print), a shared slot could be overwritten before the copy
@@ -41,9 +41,9 @@ the prefill's synchronous block-table upload (`DecodeStep.reserve`). The alterna
 ahead of time, moves the same copy earlier and takes pages off the free list before they are
 needed; here the cost is one 4-byte copy every 16 tokens.
 
-The host picks A or B from the position each step, with the same bookkeeping as eager mode
-(`PageAllocator.page_for`: B exactly when the step's position needs a page the block table
-does not have yet). Eager `DecodeStep.step()` and `GraphDecoder.step()` share the device state,
+The host picks one of the two graphs from the position each step, with the same bookkeeping
+as eager mode (`PageAllocator.page_for`: "opens_page" exactly when the step's position needs a
+page the block table does not have yet). Eager `DecodeStep.step()` and `GraphDecoder.step()` share the device state,
 the KV cache and the page allocator, so a prompt can be fed eagerly and decoded by graphs, or a
 run switched between modes, and both give the same bits: the graph replays the same kernels
 with the same grids and parameters, in the same order.
@@ -60,22 +60,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels as K
-from .config import PAGE_SIZE
+from . import launchers as K
 from .cuda import CudaError
 from .cuda.graph import GraphExec, GraphInput, capture
-from .decode import DecodeStep, PageAllocator
+from .decode import DecodeStep
 from .errors import DrvqwenError
+from .kv_cache import PAGE_TOKENS, PageAllocator
 
-GRAPH_A = "A"  # an ordinary decode step
-GRAPH_B = "B"  # a decode step whose position opens a new KV page
+GRAPH_STEP = "step"              # an ordinary decode step
+GRAPH_OPENS_PAGE = "opens_page"  # a decode step whose position opens a new KV page
 
 
 class GraphCaptureError(RuntimeError):
     """Capturing or instantiating a decode graph failed.
 
     Attributes:
-        graph: "A" or "B".
+        graph: "step" or "opens_page".
         launch: the name of the launch being recorded when it failed ("" if it failed at the
             end of capture or at instantiation).
         cause: the underlying CudaError.
@@ -92,9 +92,9 @@ class StepPlan:
     """What one decode step needs from the host.
 
     Attributes:
-        graph: GRAPH_A, or GRAPH_B when the step opens a new page.
-        page: for GRAPH_B, the physical page just taken from the free list; else None.
-        logical_page: pos // PAGE_SIZE, the block-table index (and GraphInput slot) of `page`.
+        graph: GRAPH_STEP, or GRAPH_OPENS_PAGE when the step opens a new page.
+        page: for GRAPH_OPENS_PAGE, the physical page just taken from the free list; else None.
+        logical_page: pos // PAGE_TOKENS, the block-table index (and GraphInput slot) of `page`.
     """
 
     graph: str
@@ -102,20 +102,15 @@ class StepPlan:
     logical_page: int
 
 
-def opens_page(pages: PageAllocator, pos: int) -> bool:
-    """Whether a step at `pos` needs a page the block table does not hold yet (graph B)."""
-    return pos // PAGE_SIZE >= len(pages.block_table)
-
-
 def plan_step(pages: PageAllocator, pos: int, max_context: int) -> StepPlan:
-    """Choose graph A or B for the step at position `pos`, allocating B's page.
+    """Choose the graph for the step at position `pos`, allocating the page it opens, if any.
 
-    B is chosen exactly when `pos` needs a page the block table does not hold yet: on an
-    ordinary run that is pos % PAGE_SIZE == 0, and never for a page an earlier (eager) step or
+    "opens_page" is chosen exactly when `pos` needs a page the block table does not hold yet: on an
+    ordinary run that is pos % PAGE_TOKENS == 0, and never for a page an earlier (eager) step or
     a prefill already allocated.
 
     Args:
-        pages: the host free list and block table (mutated: B's page is popped from it).
+        pages: the host free list and block table (mutated: a new page is popped from it).
         pos: the position the step decodes (its K/V is written there).
         max_context: the KV cache's capacity in tokens.
 
@@ -125,8 +120,8 @@ def plan_step(pages: PageAllocator, pos: int, max_context: int) -> StepPlan:
     if pos >= max_context:
         raise DrvqwenError(f"context full: position {pos} >= max_context {max_context}")
     page, new = pages.page_for(pos)
-    logical = pos // PAGE_SIZE
-    return StepPlan(GRAPH_B, page, logical) if new else StepPlan(GRAPH_A, None, logical)
+    logical = pos // PAGE_TOKENS
+    return StepPlan(GRAPH_OPENS_PAGE, page, logical) if new else StepPlan(GRAPH_STEP, None, logical)
 
 
 class GraphDecoder:
@@ -140,12 +135,12 @@ class GraphDecoder:
         dec: the DecodeStep whose launches were captured.
         mode: "graph", or "eager" after a capture failure with fallback=True.
         fallback_reason: the GraphCaptureError's message when mode is "eager", else None.
-        num_nodes: {"A": nodes, "B": nodes} of the captured graphs (empty when eager).
-        steps_by_graph: {"A": steps, "B": steps} replayed so far (also counted when eager).
+        num_nodes: {"step": nodes, "opens_page": nodes} of the captured graphs (empty when eager).
+        steps_by_graph: {"step": steps, "opens_page": steps} replayed so far (also counted when eager).
     """
 
     def __init__(self, dec: DecodeStep, *, fallback: bool = True) -> None:
-        """Capture graphs A and B from `dec.launches` and instantiate them.
+        """Capture both graphs from `dec.launches` and instantiate them.
 
         Args:
             dec: the eager decode step; its launch list is captured as it is now.
@@ -159,7 +154,7 @@ class GraphDecoder:
         self.mode = "graph"
         self.fallback_reason: str | None = None
         self.num_nodes: dict[str, int] = {}
-        self.steps_by_graph = {GRAPH_A: 0, GRAPH_B: 0}
+        self.steps_by_graph = {GRAPH_STEP: 0, GRAPH_OPENS_PAGE: 0}
         self._execs: dict[str, GraphExec] = {}
         n_pages = dec.pages.n_pages
         # Allocated before capture: allocation is an unsafe call while a stream captures.
@@ -182,8 +177,8 @@ class GraphDecoder:
 
     def _capture_all(self) -> None:
         step_launches = [(nl.name, nl.launch) for nl in self.dec.launches]
-        b_launches = [("set_block_table_entry", self._set_entry.launches[0]), *step_launches]
-        for name, launches in ((GRAPH_A, step_launches), (GRAPH_B, b_launches)):
+        page_launches = [("set_block_table_entry", self._set_entry.launches[0]), *step_launches]
+        for name, launches in ((GRAPH_STEP, step_launches), (GRAPH_OPENS_PAGE, page_launches)):
             self._capture(name, launches)
 
     def _capture(self, graph_name: str, launches) -> GraphExec:
@@ -233,13 +228,13 @@ class GraphDecoder:
         self.dec.feed(token)
 
     def step(self) -> str:
-        """Queue one decode step: graph B if its position opens a new page, else graph A.
+        """Queue one decode step: "opens_page" if its position opens a new page, else "step".
 
         Same semantics as `DecodeStep.step()`: consumes state.token at state.pos, leaves
         logits and next_token, advances the state on the GPU. Asynchronous; `sync()` waits.
 
         Returns:
-            "A" or "B", the graph chosen (also when running eagerly after a fallback).
+            "step" or "opens_page", the graph chosen (also when running eagerly after a fallback).
 
         Raises:
             DrvqwenError: the context is full or no free page is left.
@@ -250,12 +245,12 @@ class GraphDecoder:
                 raise RuntimeError("GraphDecoder.step() after close()")
             # Eager fallback: DecodeStep.step() allocates its own page (and uploads it); only
             # label the step.
-            label = GRAPH_B if opens_page(dec.pages, dec.pos) else GRAPH_A
+            label = GRAPH_OPENS_PAGE if dec.pages.opens_page(dec.pos) else GRAPH_STEP
             dec.step()
             self.steps_by_graph[label] += 1
             return label
         plan = plan_step(dec.pages, dec.pos, dec.max_context)
-        if plan.graph == GRAPH_B:
+        if plan.graph == GRAPH_OPENS_PAGE:
             self._new_page.set(plan.logical_page, plan.page, dec.stream)
         self._execs[plan.graph].launch(dec.stream)
         dec.pos += 1

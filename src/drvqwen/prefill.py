@@ -1,4 +1,4 @@
-"""Prefill on the GPU: the prompt's tokens through every layer in batched kernels (DESIGN.md §2).
+"""Prefill on the GPU: the prompt's tokens through every layer in batched kernels.
 
 Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r):
 
@@ -17,7 +17,7 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
 and once, after the last chunk, on the prompt's last row only:
 
     norm                            decode xn fp16 [D] = rmsnorm(residual[last row]) · w_norm
-    lm_head, argmax | sample, …     the decode step's own token tail (DecodeStep.token_tail)
+    lm_head, argmax | sample, …     the decode step's own sampler step (DecodeStep.sampler_step)
     decode_resume                   decode state = (T, next_token, T + 1)
 
 so the KV cache holds positions 0 … T-1 and the next `DecodeStep.step()` decodes the chosen
@@ -33,7 +33,7 @@ attention 0.94 ms, RoPE/K/V writes 0.45 ms, the RMSNorms 0.44 ms.
 
 Launch lists: the kernels read (start, n_rows) from the device `prefill_state`, so a list of
 pre-packed launches depends only on its grid size. Grids are sized for the chunk's row count
-rounded up to GEMM_BM = 64 (a "row bucket"); one list per bucket is built on first use and
+rounded up to gemm_int4's BM = 64 tokens (a "row bucket"); one list per bucket is built on first use and
 reused for every later chunk and prompt of that size (building ~230 launches costs a few ms of
 Python, once). Rows past n_rows within a bucket are computed by the embedding and RMSNorm
 launches (harmless: they are never read) and skipped by every other kernel.
@@ -45,10 +45,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import kernels as K
+from . import launchers as K
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool
 from .decode import DecodeStep, NamedLaunch
 from .errors import DrvqwenError
+from .launchers.gemm_int4 import BM as ROW_BUCKET
+from .layer_weights import LayerWeights
 
 # Prompt rows per chunk: large enough that the GEMMs run at full tensor-core occupancy (8 token
 # tiles per weight slice at 7B: 224–2368 blocks per GEMM), small enough that the activation
@@ -82,7 +84,7 @@ class Prefill:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         self.step = step
         cfg = self.config = step.config
-        bucket = K.GEMM_BM
+        bucket = ROW_BUCKET
         self.chunk_rows = min(-(-max_chunk_rows // bucket), -(-step.max_context // bucket)) * bucket
         C, D, F = self.chunk_rows, cfg.hidden_size, cfg.intermediate_size
         nq, nkv = cfg.q_dim, cfg.kv_dim
@@ -106,13 +108,15 @@ class Prefill:
                                dim=D, eps=cfg.rms_norm_eps, stream=st)
         self._resume = K.DecodeResume(step.buf["state"], step.buf["next_token"], stream=st)
         self._lists: dict[int, list[NamedLaunch]] = {}
-        # rows → the (name, launcher, buffer written) list behind launches(rows) (timing, REPL).
-        self.launchers: dict[int, list[tuple[str, K.Launcher, DeviceArray | None]]] = {}
+        # rows → the (name, launcher) list behind launches(rows) (timing, REPL).
+        self.launchers: dict[int, list[tuple[str, K.Launcher]]] = {}
 
     # ---- launch lists ---------------------------------------------------------------------------
     def launches(self, rows: int) -> list[NamedLaunch]:
         """The chunk launch list for grids of `rows` rows (a multiple of 64), built once."""
-        assert rows % K.GEMM_BM == 0 and 0 < rows <= self.chunk_rows, rows
+        if rows % ROW_BUCKET or not 0 < rows <= self.chunk_rows:
+            raise K.LaunchError(f"prefill launch list for {rows} rows: want a multiple of {ROW_BUCKET} "
+                                f"in 1..{self.chunk_rows}")
         if rows not in self._lists:
             self._lists[rows] = self._build(rows)
         return self._lists[rows]
@@ -128,39 +132,32 @@ class Prefill:
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
         ids = DeviceArray("ids[chunk]", self.buf["ids"].ptr, (R,), np.int32)
-        steps: list[tuple[str, K.Launcher, DeviceArray | None]] = [
+        steps: list[tuple[str, K.Launcher]] = [
             ("embedding", K.EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
-                                          dim=D, stream=st), res)]
+                                          dim=D, stream=st))]
         for l in range(cfg.num_layers):
-            pre = f"model.layers.{l}"
-            k_l, v_l = K.kv_layer_view(step.k_cache, l), K.kv_layer_view(step.v_cache, l)
-            (qw, qs), (kw, ks), (vw, vs) = w.proj(l, "q_proj"), w.proj(l, "k_proj"), w.proj(l, "v_proj")
+            lw = LayerWeights.of(w.__getitem__, l)
+            k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
-                (f"L{l}.input_layernorm", K.RmsNorm(xn, res, w[f"{pre}.input_layernorm.weight"], dim=D, eps=eps,
-                                                    rows=R, stream=st), xn),
-                (f"L{l}.qkv_proj", K.GemmInt4QkvRows(qkv, xn, qw, qs, kw, ks, vw, vs, ps, n_q=nq, n_kv=nkv, k=D,
-                                                     rows=R, stream=st), qkv),
-                (f"L{l}.rope_kv", K.RopeKvRows(q, k_l, v_l, qkv, w[f"{pre}.self_attn.q_proj.bias"],
-                                               w[f"{pre}.self_attn.k_proj.bias"], w[f"{pre}.self_attn.v_proj.bias"],
-                                               step.buf["inv_freq"], ps, step.buf["block_table"], rows=R,
-                                               n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st), q),
+                (f"L{l}.input_layernorm", K.RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
+                (f"L{l}.qkv_proj", K.GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
+                                                     n_kv=nkv, k=D, rows=R, stream=st)),
+                (f"L{l}.rope_kv", K.RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
+                                               ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
+                                               head_dim=Dh, stream=st)),
                 (f"L{l}.attention", K.AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
-                                                       rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
-                                                       stream=st), attn),
-                (f"L{l}.o_proj", K.GemmInt4ResidualRows(res, attn, *w.proj(l, "o_proj"), ps, n=D, k=nq, rows=R,
-                                                        stream=st), res),
-                (f"L{l}.post_attention_layernorm", K.RmsNorm(xn, res, w[f"{pre}.post_attention_layernorm.weight"],
-                                                             dim=D, eps=eps, rows=R, stream=st), xn),
-                (f"L{l}.gate_up_swiglu", K.GemmInt4GateUpSwigluRows(h, xn, *w.proj(l, "gate_proj"),
-                                                                    *w.proj(l, "up_proj"), ps, f=F, k=D, rows=R,
-                                                                    stream=st), h),
-                (f"L{l}.down_proj", K.GemmInt4ResidualRows(res, h, *w.proj(l, "down_proj"), ps, n=D, k=F, rows=R,
-                                                           stream=st), res),
+                                                       rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
+                (f"L{l}.o_proj", K.GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, stream=st)),
+                (f"L{l}.post_attention_layernorm", K.RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
+                                                             rows=R, stream=st)),
+                (f"L{l}.gate_up_swiglu", K.GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
+                                                                    rows=R, stream=st)),
+                (f"L{l}.down_proj", K.GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, stream=st)),
             ]
         out = []
-        for name, launcher, buf in steps:
-            for i, ln in enumerate(launcher.launches):
-                out.append(NamedLaunch(name if len(launcher.launches) == 1 else f"{name}.{i}", ln, buf))
+        for name, launcher in steps:
+            for i, (ln, spec) in enumerate(zip(launcher.launches, launcher.specs)):
+                out.append(NamedLaunch(name if len(launcher.launches) == 1 else f"{name}.{i}", ln, spec))
         self.launchers[R] = steps
         return out
 
@@ -205,7 +202,7 @@ class Prefill:
         last_rows = 0
         for c0 in range(0, T, self.chunk_rows):
             n = min(self.chunk_rows, T - c0)
-            bucket = -(-n // K.GEMM_BM) * K.GEMM_BM
+            bucket = -(-n // ROW_BUCKET) * ROW_BUCKET
             launches = self.launches(bucket)
             # embedding's ids argument (index 2): this chunk's slice of the prompt.
             launches[0].launch.set_param(2, DeviceArray("ids[chunk]", self.buf["ids"].ptr + 4 * c0, (bucket,),
@@ -216,7 +213,7 @@ class Prefill:
             last_rows = n
         self._norm.launches[0].set_param(1, _row_ptr(self.buf["residual"], last_rows - 1))
         self._norm.launch()
-        for launcher in step.token_tail():
+        for launcher in step.sampler_step():
             launcher.launch()
         self._resume.set(start + T).launch()
         step.resume(start + T)
@@ -231,21 +228,18 @@ class Prefill:
         Raises:
             DrvqwenError: more ids than one chunk holds.
         """
-        import ctypes
-
-        from .cuda import Event, KernelLaunch, load_kernel_module
+        from .cuda import Event
 
         T, step = len(ids), self.step
         if not 0 < T <= self.chunk_rows:
             raise DrvqwenError(f"time_kernels takes 1..{self.chunk_rows} ids (one chunk), got {T}")
-        bucket = -(-T // K.GEMM_BM) * K.GEMM_BM
+        bucket = -(-T // ROW_BUCKET) * ROW_BUCKET
         launches = self.launches(bucket)
         step.reset_sequence()
         step.reserve(T)
         self.buf["ids"].upload_at(0, np.asarray(ids, np.int32))
         launches[0].launch.set_param(2, DeviceArray("ids[chunk]", self.buf["ids"].ptr, (bucket,), np.int32))
-        hold = KernelLaunch(load_kernel_module("timing").function("gpu_sleep"), (1,), (1,),
-                            [ctypes.c_uint64(int(hold_ms * 1e6))], stream=step.stream)
+        hold = K.GpuSleep(hold_ms, stream=step.stream)
         ev = [(Event(), Event()) for _ in launches]
         hold.launch()
         self._begin.set(0, T).launch()

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import PAGE_SIZE, QwenConfig
+from .config import QwenConfig
+from .kv_cache import PAGE_TOKENS
 from .format import quant
 from .format.nanoqwen import NanoqwenFile, proj_prefix
 
@@ -114,12 +115,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray) ->
 def gather_pages(cache_layer: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.ndarray:
     """Read positions 0..seq_len-1 out of one layer's paged cache.
 
-    cache_layer: [P, Hkv, PAGE_SIZE, Dh]; block_table: [>= ceil(seq_len/16)] int (logical page →
+    cache_layer: [P, Hkv, PAGE_TOKENS, Dh]; block_table: [>= ceil(seq_len/16)] int (logical page →
     physical page). Returns [seq_len, Hkv, Dh]. Slots past seq_len are never read.
     """
-    n_pages = -(-seq_len // PAGE_SIZE)
+    n_pages = -(-seq_len // PAGE_TOKENS)
     pages = cache_layer[np.asarray(block_table[:n_pages], dtype=np.int64)]   # [n, Hkv, 16, Dh]
-    seq = pages.transpose(0, 2, 1, 3).reshape(n_pages * PAGE_SIZE, *pages.shape[1:2], pages.shape[3])
+    seq = pages.transpose(0, 2, 1, 3).reshape(n_pages * PAGE_TOKENS, *pages.shape[1:2], pages.shape[3])
     return seq[:seq_len]
 
 
@@ -139,8 +140,8 @@ def write_pages(cache_layer: np.ndarray, block_table: np.ndarray, positions: np.
                 values: np.ndarray) -> None:
     """Store values [T, Hkv, Dh] at positions [T] into cache_layer [P, Hkv, 16, Dh] in place."""
     positions = np.asarray(positions, dtype=np.int64)
-    phys = np.asarray(block_table, dtype=np.int64)[positions // PAGE_SIZE]
-    cache_layer[phys, :, positions % PAGE_SIZE, :] = values
+    phys = np.asarray(block_table, dtype=np.int64)[positions // PAGE_TOKENS]
+    cache_layer[phys, :, positions % PAGE_TOKENS, :] = values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +251,7 @@ class Weights:
 class PagedKVCache:
     """K and V for every layer in 16-token pages, plus the block table of one sequence.
 
-    k, v: [L, P, Hkv, PAGE_SIZE, Dh]; block_table: logical page → physical page; free: the
+    k, v: [L, P, Hkv, PAGE_TOKENS, Dh]; block_table: logical page → physical page; free: the
     free list pages are taken from (tests shuffle it so that no code can assume page i == i).
     Unwritten slots hold NaN, so reading past the sequence shows up at once.
     """
@@ -264,8 +265,8 @@ class PagedKVCache:
     @classmethod
     def allocate(cls, cfg: QwenConfig, max_tokens: int, dtype=np.float32,
                  rng: np.random.Generator | None = None) -> "PagedKVCache":
-        n_pages = -(-max_tokens // PAGE_SIZE)
-        shape = (cfg.num_layers, n_pages, cfg.num_kv_heads, PAGE_SIZE, cfg.head_dim)
+        n_pages = -(-max_tokens // PAGE_TOKENS)
+        shape = (cfg.num_layers, n_pages, cfg.num_kv_heads, PAGE_TOKENS, cfg.head_dim)
         free = list(range(n_pages))
         if rng is not None:
             rng.shuffle(free)
@@ -273,7 +274,7 @@ class PagedKVCache:
 
     def reserve(self, new_len: int) -> None:
         """Make sure pages exist for positions < new_len (takes pages from the free list)."""
-        need = -(-new_len // PAGE_SIZE)
+        need = -(-new_len // PAGE_TOKENS)
         while len(self.block_table) < need:
             if not self.free:
                 raise MemoryError("KV cache out of pages")

@@ -52,8 +52,10 @@ def measure_copy_bandwidth(copy_bytes: int = DEFAULT_COPY_BYTES, reps: int = 10)
 
     Raises:
         DeviceMemoryError: the two buffers do not fit in free device memory.
+        ValueError: copy_bytes or reps not positive.
     """
-    assert copy_bytes > 0 and reps > 0, (copy_bytes, reps)
+    if copy_bytes <= 0 or reps <= 0:
+        raise ValueError(f"copy bandwidth: copy_bytes={copy_bytes} and reps={reps} must be positive")
     src = DeviceBuffer(copy_bytes, "copy_bandwidth.src")
     try:
         dst = DeviceBuffer(copy_bytes, "copy_bandwidth.dst")

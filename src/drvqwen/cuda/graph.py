@@ -2,8 +2,8 @@
 
 Why: an eager launch from Python costs ~5.6 µs even pre-packed, a graph ~0.7 µs per kernel
 node (DESIGN.md §7); at ~300 launches per decode step that is ~2 ms against ~0.2 ms. The
-decode step is captured once (graph A, and graph B for a step that opens a new KV page) and
-replayed every token; all per-step state lives in device memory, so the same graph serves
+decode step is captured once (twice: the ordinary step, and a step that opens a new KV page)
+and replayed every token; all per-step state lives in device memory, so the same graph serves
 every step.
 
     with capture(stream) as cap:
@@ -186,8 +186,10 @@ class GraphInput:
 
         Raises:
             DeviceMemoryError: the allocation does not fit.
+            ValueError: n_slots < 1.
         """
-        assert n_slots >= 1, n_slots
+        if n_slots < 1:
+            raise ValueError(f"{name}: n_slots={n_slots} must be >= 1")
         self.dtype = np.dtype(dtype)
         self.n_slots = int(n_slots)
         self._buf = DeviceBuffer(self.dtype.itemsize, name)

@@ -182,9 +182,13 @@ class DeviceArray:
 
         0xFF poisons with NaN: every 0xFF..FF bit pattern is a NaN in fp16 and fp32 (all-ones
         exponent, non-zero mantissa), so tests fill outputs with it before a launch and check
-        afterwards that every element was written (DESIGN.md §9).
+        afterwards that every element was written.
+
+        Raises:
+            ValueError: `byte` outside 0..255.
         """
-        assert 0 <= byte <= 0xFF, byte
+        if not 0 <= byte <= 0xFF:
+            raise ValueError(f"{self.name}: fill byte {byte} outside 0..255")
         if self.nbytes:
             if stream is None:
                 check(driver.cuMemsetD8(self.ptr, byte, self.nbytes), "cuMemsetD8")
@@ -304,11 +308,16 @@ class PinnedHostBuffer:
         self.ptr = int(check(driver.cuMemHostAlloc(max(self.nbytes, 1), 0), "cuMemHostAlloc"))
 
     def view(self, dtype=np.uint8, count: int | None = None, offset_bytes: int = 0) -> np.ndarray:
-        """A 1-D numpy array over the pinned bytes (no copy); valid until `free()`."""
+        """A 1-D numpy array over the pinned bytes (no copy); valid until `free()`.
+
+        Raises:
+            ValueError: the view would reach past the buffer.
+        """
         dtype = np.dtype(dtype)
         if count is None:
             count = (self.nbytes - offset_bytes) // dtype.itemsize
-        assert offset_bytes + count * dtype.itemsize <= self.nbytes
+        if offset_bytes < 0 or offset_bytes + count * dtype.itemsize > self.nbytes:
+            raise ValueError(f"pinned view of {count} × {dtype} at byte {offset_bytes} exceeds {self.nbytes} B")
         raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(self.ptr + offset_bytes)
         return np.frombuffer(raw, dtype=dtype, count=count)
 

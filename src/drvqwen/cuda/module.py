@@ -51,6 +51,18 @@ class Function:
         """The largest block this kernel can launch with, given its registers and bounds."""
         return self.attribute(_FA.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
 
+    def max_active_blocks_per_sm(self, threads: int, dynamic_smem_bytes: int = 0) -> int:
+        """Resident blocks of this kernel per SM for a block of `threads` threads and
+        `dynamic_smem_bytes` of dynamic shared memory, as the driver computes it
+        (cuOccupancyMaxActiveBlocksPerMultiprocessor: registers, shared memory with its per-block
+        reservation, the thread and block limits of the SM). 0 if such a block cannot launch.
+
+        Raises:
+            CudaError: the driver refused the query (e.g. more threads than the kernel allows).
+        """
+        return int(check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self.handle, int(threads), int(dynamic_smem_bytes)), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
     def ensure_dynamic_smem(self, nbytes: int) -> None:
         """Allow launches with `nbytes` of dynamic shared memory (opt in above 48 KiB).
 

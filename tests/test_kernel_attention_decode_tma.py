@@ -35,9 +35,9 @@ POOL_LAYERS, LAYER = 3, 1  # the data sits in the middle layer of the pool
 
 
 def _blocks(grid: str, hkv: int, dh: int) -> int:
-    from drvqwen.kernels import attention_tma_blocks_per_kv_head
+    from drvqwen.launchers.attention_decode_tma import blocks_per_kv_head
 
-    return attention_tma_blocks_per_kv_head(hkv, MAX_CONTEXT, dh) if grid == "ctx32k" else 1
+    return blocks_per_kv_head(hkv, MAX_CONTEXT, dh) if grid == "ctx32k" else 1
 
 
 def _case(rng, hq, hkv, dh, seq_len):
@@ -59,7 +59,10 @@ def _case(rng, hq, hkv, dh, seq_len):
 
 
 def _check_lengths(dev, rng, model: str, lengths: list[int]) -> None:
-    from drvqwen.kernels import ATMA_CONSUMERS, AttentionDecodeTma, attention_partial_shapes, kv_tensor_map
+    from drvqwen.kv_cache import tensor_map
+    from drvqwen.launchers import AttentionDecodeTma
+    from drvqwen.launchers.attention_decode import partial_shapes
+    from drvqwen.launchers.attention_decode_tma import CONSUMERS
 
     hq, hkv, dh = MODELS[model]
     grids = {grid: _blocks(grid, hkv, dh) for grid in GRIDS}
@@ -69,15 +72,15 @@ def _check_lengths(dev, rng, model: str, lengths: list[int]) -> None:
         want = ref.attention_decode(q.astype(np.float64), k_pool[LAYER].astype(np.float64),
                                     v_pool[LAYER].astype(np.float64), bt, seq_len)
         k_dev, v_dev = dev.upload(f"k{seq_len}", k_pool), dev.upload(f"v{seq_len}", v_pool)
-        k_map, v_map = kv_tensor_map(k_dev), kv_tensor_map(v_dev)  # once per pool
+        k_map, v_map = tensor_map(k_dev), tensor_map(v_dev)  # once per pool
         bufs = dict(q=dev.upload(f"q{seq_len}", q), bt=dev.upload(f"bt{seq_len}", bt),
                     state=dev.upload(f"state{seq_len}", np.array([seq_len - 1, 0, seq_len], np.int32)))
         for grid, blocks in grids.items():
             out = dev.poisoned(f"out{seq_len}{grid}", (hq, dh), np.float16)
             parts = {n: dev.poisoned(f"{n}{seq_len}{grid}", sh, np.float32)
-                     for n, sh in attention_partial_shapes(hq, dh, blocks, ATMA_CONSUMERS).items()}
+                     for n, sh in partial_shapes(hq, dh, blocks, CONSUMERS).items()}
             ln = AttentionDecodeTma(out, bufs["q"], k_map, v_map, bufs["bt"], bufs["state"],
-                                    parts["o_part"], parts["m_part"], parts["l_part"], n_heads=hq,
+                                    tuple(parts.values()), n_heads=hq,
                                     n_kv_heads=hkv, head_dim=dh, blocks_per_kv_head=blocks,
                                     layer_page0=LAYER * k_pool.shape[1])
             ln.launch()
@@ -102,11 +105,11 @@ def test_attention_tma_small(dev, rng, model):
 def test_attention_tma_launcher_checks_maps(dev):
     """A map whose box is not one page of one head is refused before any launch."""
     from drvqwen.cuda import encode_tiled_2d
-    from drvqwen.kernels import AttentionDecodeTma
+    from drvqwen.launchers import AttentionDecodeTma, LaunchError
 
     hq, hkv, dh = MODELS["0.5b"]
     pool = dev.array("pool", (1, 4, hkv, 16, dh), np.float16)
     wrong = encode_tiled_2d(pool.ptr, np.float16, (4 * hkv * 16, dh), (8, dh))
-    with pytest.raises(AssertionError):
-        AttentionDecodeTma(pool, pool, wrong, wrong, pool, pool, pool, pool, pool, n_heads=hq,
+    with pytest.raises(LaunchError, match="box"):
+        AttentionDecodeTma(pool, pool, wrong, wrong, pool, pool, (pool, pool, pool), n_heads=hq,
                            n_kv_heads=hkv, head_dim=dh, blocks_per_kv_head=1)

@@ -1,0 +1,58 @@
+"""Launchers: one module per kernel file, each knowing its kernels' grids, blocks and buffers.
+
+Names follow one thread through the code base:
+
+    kernels/rmsnorm.cu → `rmsnorm` kernel → launchers/rmsnorm.py `RmsNorm` → `reference.rmsnorm`
+                       → tests/test_kernel_rmsnorm.py
+
+| module (kernels/X.cu)   | launchers                                   | writes                               |
+|-------------------------|---------------------------------------------|--------------------------------------|
+| embedding               | Embedding, EmbeddingRows                    | residual fp32 [D] / [T, D]           |
+| rmsnorm                 | RmsNorm                                     | out fp16 [rows, D]                   |
+| gemv_int4               | GemvInt4, GemvInt4Qkv, GemvInt4Residual,    | y fp16 [N], qkv fp32, residual fp32  |
+|                         | GemvInt4GateUpSwiglu                        | (+=), h fp16 [F]                     |
+| rope_kv                 | RopeKv, RopeKvRows                          | q fp16, this step's K/V cache slots  |
+| attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
+| attention_decode_tma    | AttentionDecodeTma (+ attention_combine)    | split partials, out fp16 [Hq, Dh]    |
+| gemv_f16                | LmHead                                      | logits fp32 [V], argmax partials     |
+| argmax                  | ArgmaxFinal, Argmax                         | next_token int32 [1]                 |
+| decode_state            | AdvanceState, SetBlockTableEntry            | state int32 [3], block_table entry   |
+| gemm_int4 (prefill)     | GemmInt4, GemmInt4QkvRows,                  | out / qkv fp32, residual fp32 (+=),  |
+|                         | GemmInt4ResidualRows, GemmInt4GateUpSwigluRows | h fp16 [M, F]                     |
+| attention_prefill       | AttentionPrefill                            | out fp16 [M, Hq, Dh]                 |
+| prefill_state           | PrefillBeginChunk, DecodeResume             | prefill_state int32 [2], state       |
+| sampling                | SampleToken, PublishToken                   | next_token, host token ring          |
+| timing                  | GpuSleep                                    | (nothing: holds the stream)          |
+
+base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec`, the two-step
+plan → build of a launcher, occupancy (from the driver, or fixed for plans without a GPU),
+argument checks that raise `LaunchError`, and the registry of constants mirrored from the
+kernel files (checked against them by tests/test_kernel_constants.py).
+"""
+
+from .argmax import Argmax, ArgmaxFinal
+from .attention_decode import AttentionDecode
+from .attention_decode_tma import AttentionDecodeTma
+from .attention_prefill import AttentionPrefill
+from .base import (DEFAULT_OCCUPANCY, BufferSpec, DriverOccupancy, FixedOccupancy, KernelRef, Launcher, LaunchError,
+                   LaunchSpec, Occupancy, TensorMapSpec)
+from .decode_state import AdvanceState, SetBlockTableEntry
+from .embedding import Embedding, EmbeddingRows
+from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
+from .gemv_f16 import LmHead, lm_head_partials
+from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4Qkv, GemvInt4Residual, gemv_launch_shape
+from .prefill_state import DecodeResume, PrefillBeginChunk
+from .rmsnorm import RmsNorm
+from .rope_kv import RopeKv, RopeKvRows
+from .sampling import PublishToken, SampleToken
+from .timing import GpuSleep
+
+__all__ = [
+    "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeTma",
+    "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
+    "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
+    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4Qkv", "GemvInt4Residual", "GpuSleep", "KernelRef",
+    "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PrefillBeginChunk", "PublishToken",
+    "RmsNorm", "RopeKv", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
+    "gemv_launch_shape", "lm_head_partials",
+]

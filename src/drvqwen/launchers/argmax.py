@@ -1,0 +1,60 @@
+"""Launchers of kernels/argmax.cu: the deterministic greedy argmax (larger logit wins, then the
+lower index; a NaN never wins).
+
+    ArgmaxFinal   next_token int32 [1] = index of the best (value, index) partial pair
+    Argmax        argmax_partial + argmax_final over fp32 logits [V]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cuda import Stream
+from .base import KernelRef, Launcher, check_buffer, i32, mirrored, require
+
+THREADS = mirrored("argmax", "ARGMAX_THREADS", 1024)
+
+
+class ArgmaxFinal(Launcher):
+    """next_token int32 [1] = the index of the best of n_partials (value fp32, index int32)
+    pairs, e.g. those LmHead writes (one per 32 rows).
+
+    Raises:
+        LaunchError: a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, next_token, part_val, part_idx, *, n_partials: int, stream: Stream | None = None):
+        super().__init__(stream)
+        check_buffer(next_token, "next_token", 1, np.int32)
+        check_buffer(part_val, "part_val", n_partials, np.float32)
+        check_buffer(part_idx, "part_idx", n_partials, np.int32)
+        self.bytes_moved = 8 * n_partials + 4
+        self._add(KernelRef("argmax", "argmax_final"), (1,), (THREADS,),
+                  [next_token, part_val, part_idx, i32(n_partials)],
+                  reads=(part_val, part_idx), writes=(next_token,), bytes_moved=self.bytes_moved)
+
+
+class Argmax(Launcher):
+    """next_token int32 [1] = argmax(logits fp32 [V]) in two passes over `n_partials` blocks
+    (scratch part_val fp32 / part_idx int32 [n_partials]).
+
+    Raises:
+        LaunchError: n_partials < 1, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, next_token, logits, part_val, part_idx, *, vocab_size: int, n_partials: int,
+                 stream: Stream | None = None):
+        super().__init__(stream)
+        require(n_partials >= 1, f"argmax: n_partials={n_partials} must be >= 1")
+        chunk = -(-vocab_size // n_partials)
+        check_buffer(logits, "logits", vocab_size, np.float32)
+        check_buffer(part_val, "part_val", n_partials, np.float32)
+        check_buffer(part_idx, "part_idx", n_partials, np.int32)
+        check_buffer(next_token, "next_token", 1, np.int32)
+        self.bytes_moved = 4 * vocab_size + 16 * n_partials + 4
+        self._add(KernelRef("argmax", "argmax_partial"), (n_partials,), (THREADS,),
+                  [part_val, part_idx, logits, i32(vocab_size), i32(chunk)],
+                  reads=(logits,), writes=(part_val, part_idx), bytes_moved=4 * vocab_size + 8 * n_partials)
+        self._add(KernelRef("argmax", "argmax_final"), (1,), (THREADS,),
+                  [next_token, part_val, part_idx, i32(n_partials)],
+                  reads=(part_val, part_idx), writes=(next_token,), bytes_moved=8 * n_partials + 4)

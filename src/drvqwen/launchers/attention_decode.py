@@ -1,0 +1,121 @@
+"""Launchers of kernels/attention_decode.cu: paged GQA decode attention, split-KV.
+
+    AttentionDecode   out fp16 [Hq, Dh] = softmax(q Kᵀ/√Dh) V over positions < state[2]
+                      two launches: attention_decode_hd{Dh} (one partial per split) and
+                      attention_combine (the partials merged, in a fixed order)
+
+Split-KV ("flash-decoding"): the NS = S × (warps per block) splits of each KV head divide its
+pages; each writes a partial result that attention_combine merges:
+
+    partial_out  fp32 [NS, Hq, Dh]   Σ_t e^(s_t − m) v_t over the split's positions (unnormalised)
+    max_logits   fp32 [NS, Hq]       m, the split's largest scaled score (log2 units)
+    exp_sums     fp32 [NS, Hq]       Σ_t e^(s_t − m)
+
+(the names vLLM's paged attention uses). The warp-specialised TMA kernel
+(attention_decode_tma.py, the default) writes the same partials and shares the combine and
+the split rule here; this plain kernel stays the reference and the fallback.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..cuda import Stream
+from ..kv_cache import PAGE_TOKENS
+from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, i32, mirrored,
+                   require)
+
+WARPS = mirrored("attention_decode", "ATTN_WARPS", 4)                 # warps (= splits) per block
+MAX_GROUP = mirrored("attention_decode", "ATTN_MAX_GROUP", 8)         # query heads per KV head (MMA rows)
+COMBINE_THREADS = mirrored("attention_decode", "ATTN_COMBINE_THREADS", 1024)
+HEAD_DIMS = (64, 128)                                                 # the kernels' instantiations
+
+
+def split_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, blocks_per_sm: int, splits_per_block: int,
+                             sm_count: int) -> int:
+    """S, blocks per KV head of a split-KV decode attention grid (S, Hkv).
+
+    Every resident block slot of the GPU gets a block (blocks_per_sm × SMs over the KV heads),
+    because a split's page loop is latency-bound: more splits, fewer pages each. But no split
+    gets less than one page at the longest context (it would only idle). At 7B on an H200
+    (132 SMs, 2 blocks per SM): S = 66, 264 splits per KV head.
+    """
+    max_pages = -(-max_tokens // PAGE_TOKENS)
+    by_sms = -(-max(1, blocks_per_sm) * sm_count // n_kv_heads)
+    by_pages = -(-max_pages // splits_per_block)
+    return max(1, min(by_sms, by_pages))
+
+
+def partial_shapes(n_heads: int, head_dim: int, blocks_per_kv_head: int,
+                   splits_per_block: int = WARPS) -> dict[str, tuple[int, ...]]:
+    """Shapes of the fp32 split-KV partials (module doc) for a grid of blocks_per_kv_head blocks."""
+    n_splits = blocks_per_kv_head * splits_per_block
+    return {"partial_out": (n_splits, n_heads, head_dim), "max_logits": (n_splits, n_heads),
+            "exp_sums": (n_splits, n_heads)}
+
+
+def blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim: int, occupancy: Occupancy | None = None) -> int:
+    """S for attention_decode_hd{head_dim} (split_blocks_per_kv_head with its occupancy)."""
+    occ = occupancy or DEFAULT_OCCUPANCY
+    per_sm = occ.blocks_per_sm(KernelRef("attention_decode", f"attention_decode_hd{head_dim}"), 32 * WARPS, 0)
+    return split_blocks_per_kv_head(n_kv_heads, max_tokens, per_sm, WARPS, occ.sm_count)
+
+
+def check_attention_shapes(kernel: str, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+    """The shapes both decode attention kernels are built for.
+
+    Raises:
+        LaunchError: head_dim not in HEAD_DIMS, or Hq/Hkv not an integer in 1..MAX_GROUP.
+    """
+    require(head_dim in HEAD_DIMS, f"{kernel} is built for head_dim in {HEAD_DIMS}, got {head_dim}")
+    require(n_kv_heads >= 1 and n_heads % n_kv_heads == 0 and 1 <= n_heads // n_kv_heads <= MAX_GROUP,
+            f"{kernel}: {n_heads} query heads over {n_kv_heads} KV heads; groups of 1..{MAX_GROUP} supported")
+
+
+def check_partials(partials, n_heads: int, head_dim: int, blocks_per_kv_head: int, splits_per_block: int) -> None:
+    """partials = (partial_out, max_logits, exp_sums) against partial_shapes(...)."""
+    shapes = partial_shapes(n_heads, head_dim, blocks_per_kv_head, splits_per_block)
+    for (what, shape), buf in zip(shapes.items(), partials):
+        check_buffer(buf, what, math.prod(shape), np.float32)
+
+
+def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int) -> None:
+    """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits."""
+    partial_out, max_logits, exp_sums = partials
+    launcher._add(KernelRef("attention_decode", "attention_combine"), (n_heads,), (COMBINE_THREADS,),
+                  [out, partial_out, max_logits, exp_sums, state, i32(n_splits), i32(n_heads), i32(head_dim)],
+                  smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),
+                  bytes_moved=n_splits * n_heads * (head_dim + 2) * 4 + n_heads * head_dim * 2)
+
+
+class AttentionDecode(Launcher):
+    """out fp16 [Hq, Dh] = softmax(q Kᵀ/√Dh) V over positions < state[2] of one layer's paged
+    cache (k_cache / v_cache [P, Hkv, 16, Dh]), by the plain kernel.
+
+    partials: (partial_out, max_logits, exp_sums), fp32 scratch of partial_shapes(...);
+    blocks_per_kv_head fixes the grid (graph-friendly): see `blocks_per_kv_head`.
+
+    Raises:
+        LaunchError: unsupported head_dim or GQA group, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, out, q, k_cache, v_cache, block_table, state, partials, *, n_heads: int,
+                 n_kv_heads: int, head_dim: int, blocks_per_kv_head: int, stream: Stream | None = None):
+        super().__init__(stream)
+        check_attention_shapes("attention_decode", n_heads, n_kv_heads, head_dim)
+        check_partials(partials, n_heads, head_dim, blocks_per_kv_head, WARPS)
+        check_buffer(out, "out", n_heads * head_dim, np.float16)
+        check_buffer(q, "q", n_heads * head_dim, np.float16)
+        check_state(state)
+        self.n_splits = blocks_per_kv_head * WARPS
+        self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
+        self._add(KernelRef("attention_decode", f"attention_decode_hd{head_dim}"), (blocks_per_kv_head, n_kv_heads),
+                  (32 * WARPS,), [*partials, q, k_cache, v_cache, block_table, state, i32(n_heads), i32(n_kv_heads)],
+                  reads=(q, k_cache, v_cache, block_table, state), writes=partials)
+        combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
+
+    def bytes_for(self, seq_len: int) -> int:
+        """KV bytes read at a given length (the partials are L2 traffic, not counted)."""
+        return seq_len * self.kv_bytes_per_token

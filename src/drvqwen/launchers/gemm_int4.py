@@ -1,0 +1,134 @@
+"""Launchers of kernels/gemm_int4.cu: the prefill GEMMs over INT4 (layout id 1) weights.
+
+    GemmInt4                   out fp32 [M, N]               = x fp16 [M, K] · Wᵀ
+    GemmInt4QkvRows            qkv fp32 [M, Nq + 2 Nkv]      = x [Wq; Wk; Wv]ᵀ
+    GemmInt4ResidualRows       residual fp32 [M, N]         += x Wᵀ              (o_proj, down_proj)
+    GemmInt4GateUpSwigluRows   h fp16 [M, F]                 = silu(x Wgᵀ) ⊙ (x Wuᵀ)
+
+M = prefill_state[1] ≤ rows: buffers and grids are sized for a row *capacity* (`rows`), the
+kernels read the live row count from prefill_state int32 [2] = (start, n_rows) and write only
+rows < n_rows, so one launch list serves every chunk of up to `rows` rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cuda import Stream
+from ..format.quant import GROUP_SIZE
+from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
+from .gemv_int4 import _check_int4, int4_bytes, tiles
+
+BM = mirrored("gemm_int4", "GEMM_BM", 64)                       # tokens per block
+THREADS = mirrored("gemm_int4", "GEMM_THREADS", 128)            # 4 warps
+BLOCK_TILES = mirrored("gemm_int4", "GEMM_BLOCK_TILES", 8)      # 16-row weight tiles per block (128 rows)
+TILE_ROWS = mirrored("gemm_int4", "GEMM_TILE_ROWS", 16)
+# 4 stages × (64 tokens × 256 B of activations + 128 rows × 64 B of INT4 weights) = 96 KiB
+# (above the 48 KiB default: KernelLaunch opts in).
+SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 256 + BLOCK_TILES * TILE_ROWS * 64))
+
+
+class _GemmLauncher(Launcher):
+    """Shared by the gemm_int4 launchers. `flops` is 2·rows·N·K at full capacity (rows tokens)."""
+
+    flops: int = 0
+
+    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, params: list, *, reads, writes) -> None:
+        require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
+        require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
+        self._add(KernelRef("gemm_int4", kernel), (-(-rows // BM), n_blocks), (THREADS,), params,
+                  smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
+
+
+class GemmInt4(_GemmLauncher):
+    """out fp32 [M, N] = x fp16 [M, K] · Wᵀ (W INT4 [N, K]), M = prefill_state[1] ≤ rows.
+
+    Raises:
+        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, out, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
+                 stream: Stream | None = None):
+        super().__init__(stream)
+        check_buffer(out, "out", rows * n, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        _check_int4(qweight, scales, "W", n, k)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
+        self._build_gemm("gemm_int4_f32", rows, -(-tiles(n) // BLOCK_TILES), k,
+                         [out, x, qweight, scales, prefill_state, i32(n), i32(k)],
+                         reads=(x, qweight, scales, prefill_state), writes=(out,))
+
+
+class GemmInt4QkvRows(_GemmLauncher):
+    """qkv fp32 [M, Nq + 2 Nkv] = x [Wq; Wk; Wv]ᵀ for the rows of a prefill chunk (one launch).
+
+    Raises:
+        LaunchError: Nq or Nkv not a multiple of 16, K not a multiple of 128, or a buffer of the
+            wrong size or dtype.
+    """
+
+    def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
+                 prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, stream: Stream | None = None):
+        super().__init__(stream)
+        require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
+                f"gemm_int4_qkv: Nq={n_q} and Nkv={n_kv} must be multiples of {TILE_ROWS}")
+        check_buffer(qkv, "qkv", rows * (n_q + 2 * n_kv), np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        _check_int4(q_qweight, q_scales, "q_proj", n_q, k)
+        _check_int4(k_qweight, k_scales, "k_proj", n_kv, k)
+        _check_int4(v_qweight, v_scales, "v_proj", n_kv, k)
+        check_prefill_state(prefill_state)
+        n = n_q + 2 * n_kv
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
+        self._build_gemm("gemm_int4_qkv", rows, -(-(tiles(n_q) + 2 * tiles(n_kv)) // BLOCK_TILES), k,
+                         [qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state,
+                          i32(n_q), i32(n_kv), i32(k)],
+                         reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
+                         writes=(qkv,))
+
+
+class GemmInt4ResidualRows(_GemmLauncher):
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ (o_proj, down_proj of a prefill chunk).
+
+    Raises:
+        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
+                 stream: Stream | None = None):
+        super().__init__(stream)
+        check_buffer(residual, "residual", rows * n, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        _check_int4(qweight, scales, "W", n, k)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
+        self._build_gemm("gemm_int4_residual", rows, -(-tiles(n) // BLOCK_TILES), k,
+                         [residual, x, qweight, scales, prefill_state, i32(n), i32(k)],
+                         reads=(residual, x, qweight, scales, prefill_state), writes=(residual,))
+
+
+class GemmInt4GateUpSwigluRows(_GemmLauncher):
+    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ): gate_proj, up_proj and SwiGLU of a prefill chunk.
+
+    Raises:
+        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, *,
+                 f: int, k: int, rows: int, stream: Stream | None = None):
+        super().__init__(stream)
+        check_buffer(h, "h", rows * f, np.float16)
+        check_buffer(x, "x", rows * k, np.float16)
+        _check_int4(gate_qweight, gate_scales, "gate_proj", f, k)
+        _check_int4(up_qweight, up_scales, "up_proj", f, k)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * 2 * f * k
+        self.bytes_moved = 2 * int4_bytes(f, k) + 2 * rows * k + 2 * rows * f
+        # A block holds 8 tiles = the same 4 feature tiles of gate and of up.
+        self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-tiles(f) // (BLOCK_TILES // 2)), k,
+                         [h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, i32(f), i32(k)],
+                         reads=(x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state), writes=(h,))

@@ -1,0 +1,44 @@
+"""Launcher of kernels/gemv_f16.cu: the FP16 lm_head GEMV with the first pass of the argmax.
+
+    LmHead   logits fp32 [V] = W fp16 [V, D] · x fp16 [D], and per 32 rows the best
+             (value, index) pair → part_val fp32 / part_idx int32 [ceil(V/32)]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cuda import Stream
+from .base import KernelRef, Launcher, check_buffer, i32, mirrored, require
+
+ROWS_PER_BLOCK = mirrored("gemv_f16", "LM_ROWS_PER_BLOCK", 32)
+THREADS = mirrored("gemv_f16", "LM_WARPS * 32", 256)
+
+
+def lm_head_partials(vocab_size: int) -> int:
+    """Number of (value, index) partials LmHead writes: one per ROWS_PER_BLOCK rows."""
+    return -(-vocab_size // ROWS_PER_BLOCK)
+
+
+class LmHead(Launcher):
+    """logits fp32 [V] = W x and the per-block argmax partials (see the module doc).
+
+    Raises:
+        LaunchError: D not a multiple of 8, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, logits, part_val, part_idx, x, weight, *, vocab_size: int, dim: int,
+                 stream: Stream | None = None):
+        super().__init__(stream)
+        require(dim > 0 and dim % 8 == 0, f"lm_head: D={dim} must be a positive multiple of 8")
+        n_part = lm_head_partials(vocab_size)
+        check_buffer(logits, "logits", vocab_size, np.float32)
+        check_buffer(part_val, "part_val", n_part, np.float32)
+        check_buffer(part_idx, "part_idx", n_part, np.int32)
+        check_buffer(x, "x", dim, np.float16)
+        check_buffer(weight, "weight", vocab_size * dim, np.float16)
+        self.n_partials = n_part
+        self.bytes_moved = vocab_size * dim * 2 + 2 * dim + 4 * vocab_size
+        self._add(KernelRef("gemv_f16", "gemv_f16_lm_head"), (n_part,), (THREADS,),
+                  [logits, part_val, part_idx, x, weight, i32(vocab_size), i32(dim)],
+                  reads=(x, weight), writes=(logits, part_val, part_idx), bytes_moved=self.bytes_moved)

@@ -1,0 +1,83 @@
+"""Launchers of kernels/rope_kv.cu: QKV bias, RoPE, and the write of K/V into the paged cache.
+
+    RopeKv       q fp16 [Hq, Dh] = rope(q + bq) at state[0]; K/V cache slot of state[0] = rope(k + bk), v + bv
+    RopeKvRows   the same for the rows of a prefill chunk, positions start … start + n_rows - 1
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cuda import Stream
+from ..kv_cache import PAGE_TOKENS
+from .base import KernelRef, Launcher, check_buffer, check_prefill_state, check_state, i32, mirrored, require
+
+mirrored("rope_kv", "KV_PAGE_TOKENS", PAGE_TOKENS)  # ptx/kv_cache.cuh: the page size the kernels index with
+
+
+def _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, *, rows: int, n_heads: int,
+           n_kv_heads: int, head_dim: int) -> tuple[int, int]:
+    require(head_dim % 2 == 0 and 2 <= head_dim <= 2048, f"rope_kv: head_dim={head_dim} must be even, ≤ 2048")
+    nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
+    check_buffer(q_out, "q_out", rows * nq, np.float16)
+    check_buffer(qkv, "qkv", rows * (nq + 2 * nkv), np.float32)
+    check_buffer(q_bias, "q_bias", nq, np.float16)
+    check_buffer(k_bias, "k_bias", nkv, np.float16)
+    check_buffer(v_bias, "v_bias", nkv, np.float16)
+    check_buffer(inv_freq, "inv_freq", head_dim // 2, np.float32)
+    for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        shape = getattr(c, "shape", None)
+        require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
+                f"rope_kv: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
+                f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
+    return nq, nkv
+
+
+class RopeKv(Launcher):
+    """Bias + RoPE of q and k, and the write of this step's K/V at state[0] into the paged cache.
+
+    qkv is GemvInt4Qkv's fp32 [Nq + 2 Nkv] output; inv_freq the float32 [Dh/2] table of
+    `reference.rope_inv_freq(head_dim, theta)`; k_cache / v_cache one layer [P, Hkv, 16, Dh]
+    (KVCache.layer_view); block_table int32 [max_pages].
+
+    Raises:
+        LaunchError: an odd head_dim, or a buffer of the wrong size, dtype or shape.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, state,
+                 block_table, *, n_heads: int, n_kv_heads: int, head_dim: int, stream: Stream | None = None):
+        super().__init__(stream)
+        nq, nkv = _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=1,
+                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        check_state(state)
+        self.bytes_moved = 4 * (nq + 2 * nkv) + 2 * (nq + 2 * nkv) * 2
+        self._add(KernelRef("rope_kv", "rope_kv"), (n_heads + 2 * n_kv_heads,), (head_dim // 2,),
+                  [q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, state, block_table,
+                   i32(n_heads), i32(n_kv_heads), i32(head_dim)],
+                  reads=(qkv, q_bias, k_bias, v_bias, inv_freq, state, block_table),
+                  writes=(q_out, k_cache, v_cache), bytes_moved=self.bytes_moved)
+
+
+class RopeKvRows(Launcher):
+    """RopeKv for the rows r < n_rows of a prefill chunk at positions start + r (prefill_state).
+
+    q_out fp16 [rows, Hq, Dh]; qkv fp32 [rows, Nq + 2 Nkv] (GemmInt4QkvRows' output); the block
+    table must hold a page for every position written.
+
+    Raises:
+        LaunchError: an odd head_dim, or a buffer of the wrong size, dtype or shape.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, prefill_state,
+                 block_table, *, rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 stream: Stream | None = None):
+        super().__init__(stream)
+        nq, nkv = _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=rows,
+                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        check_prefill_state(prefill_state)
+        self.bytes_moved = rows * (4 * (nq + 2 * nkv) + 2 * (nq + 2 * nkv))
+        self._add(KernelRef("rope_kv", "rope_kv_rows"), (n_heads + 2 * n_kv_heads, rows), (head_dim // 2,),
+                  [q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, prefill_state, block_table,
+                   i32(n_heads), i32(n_kv_heads), i32(head_dim)],
+                  reads=(qkv, q_bias, k_bias, v_bias, inv_freq, prefill_state, block_table),
+                  writes=(q_out, k_cache, v_cache), bytes_moved=self.bytes_moved)

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
+
+    PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5]
+
+Each GEMM is captured in a CUDA graph and replayed (`cuda.graph.graph_time_us`: no Python launch
+overhead in the figure), on random INT4 weights and activations; the numbers are not checked
+here (tests/test_kernel_gemm_int4.py does that against the reference).
+"""
+
+import argparse
+import sys
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from drvqwen import launchers as K
+from drvqwen.config import PRESETS
+from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
+from drvqwen.cuda.graph import graph_time_us
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
+    ap.add_argument("--rows", type=int, default=512, help="prompt rows M (default 512)")
+    ap.add_argument("--reps", type=int, default=5, help="graph replays per figure (default 5)")
+    a = ap.parse_args()
+    cfg, m = PRESETS[a.preset], a.rows
+    d, f, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
+    rng = np.random.default_rng(0)
+    buffers = []
+
+    def upload(name, host):
+        buf = DeviceBuffer(max(host.nbytes, 16), name)
+        buffers.append(buf)
+        arr = DeviceArray(name, buf.ptr, host.shape, host.dtype)
+        arr.upload(np.ascontiguousarray(host))
+        return arr
+
+    def w(name, n, k):
+        qw = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
+        sc = rng.uniform(0.002, 0.01, size=(n, k // 128)).astype(np.float16)
+        return upload(name + ".qweight", qw), upload(name + ".scales", sc)
+
+    get_device()
+    x = upload("x", rng.standard_normal((m, d)).astype(np.float16))
+    xf = upload("h", (rng.standard_normal((m, f)) * 0.1).astype(np.float16))
+    st = upload("prefill_state", np.array([0, m], np.int32))
+    out = {"qkv": np.zeros((m, nq + 2 * nkv), np.float32), "res": np.zeros((m, d), np.float32),
+           "h_out": np.zeros((m, f), np.float16)}
+    o = {k: upload(k, v) for k, v in out.items()}
+    launchers = {
+        "qkv_proj": K.GemmInt4QkvRows(o["qkv"], x, *w("q", nq, d), *w("k", nkv, d), *w("v", nkv, d), st,
+                                      n_q=nq, n_kv=nkv, k=d, rows=m),
+        "o_proj": K.GemmInt4ResidualRows(o["res"], x, *w("o", d, nq), st, n=d, k=nq, rows=m),
+        "gate_up_swiglu": K.GemmInt4GateUpSwigluRows(o["h_out"], x, *w("g", f, d), *w("u", f, d), st, f=f, k=d, rows=m),
+        "down_proj": K.GemmInt4ResidualRows(o["res"], xf, *w("d", d, f), st, n=d, k=f, rows=m),
+    }
+    t = Table(title=f"prefill GEMMs, {a.preset}, M = {m} ({get_device().info.name})")
+    for c in ("GEMM", "µs", "TFLOP/s"):
+        t.add_column(c, justify="right")
+    total_us = total_flops = 0.0
+    for name, g in launchers.items():
+        us = graph_time_us(g, reps=a.reps)
+        total_us += us
+        total_flops += g.flops
+        t.add_row(name, f"{us:.1f}", f"{g.flops / us / 1e6:.1f}")
+    t.add_row("layer", f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}")
+    Console().print(t)
+    Console().print(f"{cfg.num_layers} layers: {cfg.num_layers * total_us / 1e3:.1f} ms of GEMMs")
+    for b in buffers:
+        b.free()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
