@@ -3,7 +3,7 @@
 - `dev` fixture: device scratch arrays, each its own cuMemAlloc, freed after the test.
   `dev.upload(name, host)` copies a host array; `dev.poisoned(name, shape, dtype)` gives a
   buffer filled with 0xFF bytes — NaN in fp16 and fp32 — so a test can check that the kernel
-  wrote every element (DESIGN.md §9).
+  wrote every element (docs/numerics.md#how-the-tests-catch-what-they-catch).
 - `report(...)`: relative L2 and max abs error against a float64 reference, printed, with the
   first mismatches on failure.
 - `graph_time_us(...)`: GPU time per launch of a launcher, replayed from a captured graph (drvqwen.cuda.graph)
@@ -20,7 +20,7 @@ import pytest
 
 from drvqwen.cuda.graph import graph_time_us  # noqa: F401  (the kernel tests import it from here)
 
-# Relative-L2 thresholds (DESIGN.md §9): FP32-accumulated GEMV/norm kernels, fused attention.
+# Relative-L2 thresholds (docs/numerics.md#kernel-tests-against-the-reference): FP32-accumulated GEMV/norm kernels, fused attention.
 TOL_GEMV = 1e-3
 TOL_ATTENTION = 3e-3
 

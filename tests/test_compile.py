@@ -2,7 +2,7 @@
 
 Runs in CI, which has no GPU: NVRTC and ptxas run on the CPU, so a compile break or a
 kernel that starts spilling to local memory is caught before anyone spends GPU time
-(DESIGN.md §8). The kernel list is read from kernels/ at collection time, so a new kernel
+(docs/gpu-workflow.md#ci-every-kernel-compiles-nothing-spills). The kernel list is read from kernels/ at collection time, so a new kernel
 file is covered without touching this test.
 
 The cache tests build a throw-away tree (kernels/, ptx/) in a temporary folder and compile

@@ -311,7 +311,7 @@ def test_events_and_launch_overhead(smoke, pool):
         end.record(stream)
         gpu_ms = start.elapsed_ms(end)
 
-        # The tuple form cuda.bindings packs on every call, for comparison (DESIGN.md §7).
+        # The tuple form cuda.bindings packs on every call, for comparison (docs/graphs.md#why-graphs).
         values = (int(y.ptr), int(y.ptr), 1.0, 0.0, n)
         types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float, ctypes.c_float, ctypes.c_int)
         t0 = time.perf_counter()

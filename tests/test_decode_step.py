@@ -1,4 +1,4 @@
-"""A whole GPU decode step against the numpy reference (DESIGN.md §9).
+"""A whole GPU decode step against the numpy reference (docs/numerics.md).
 
 Synthetic models (format/synthetic.py): 2 layers at the 7B widths with the full 152064-row
 vocabulary, and the full 24-layer 0.5B shape. Prompt tokens are fed one step at a time, pages

@@ -3,7 +3,7 @@
 - the last prompt position's logits are within 1e-2 relative L2 of the CPU reference on the
   same INT4 weights (dequantized);
 - the greedy completion of FIB_PROMPT agrees with the CPU reference wherever the reference's
-  top-1/top-2 logit gap exceeds 6× the measured RMS logit error (DESIGN.md §9; the reference
+  top-1/top-2 logit gap exceeds 6× the measured RMS logit error (docs/numerics.md#greedy-comparisons-gated-by-the-logit-gap; the reference
   is teacher-forced with the GPU's tokens), and the generated function returns F(0..10).
 
 Needs the converted model: `real_nanoqwen` (conftest.py) converts the pulled GGUF, or takes

@@ -1,4 +1,4 @@
-"""`.nanoqwen` round trip and every kind of bad input (DESIGN.md §4): each gives a FormatError
+"""`.nanoqwen` round trip and every kind of bad input (docs/file-format.md): each gives a FormatError
 naming the file and the field, and the CLI turns it into one line and exit status 2."""
 
 import os

@@ -1,5 +1,5 @@
 """`pip install .` (not only -e) must be able to compile the kernels: build the wheel, unpack
-it away from the checkout, and compile a kernel from the installed copy (DESIGN.md §3)."""
+it away from the checkout, and compile a kernel from the installed copy (docs/architecture.md#the-parts-and-where-they-live)."""
 
 import os
 import subprocess

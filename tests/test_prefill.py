@@ -1,4 +1,4 @@
-"""GPU prefill (prefill.py) of synthetic models against the numpy reference (DESIGN.md §9).
+"""GPU prefill (prefill.py) of synthetic models against the numpy reference (docs/numerics.md).
 
 Synthetic models (format/synthetic.py): 2 layers at the 7B widths with the full 152064-row
 vocabulary, and the full 24-layer 0.5B shape. Prompts of 1, 15, 16, 17, 100, 511, 512 and 513

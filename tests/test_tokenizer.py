@@ -64,7 +64,7 @@ def hf_tok(real_gguf):
 # ---- known ids ----------------------------------------------------------------------------------
 
 def test_fib_ids(tok):
-    # DESIGN.md §10.
+    # docs/model.md#the-tokenizer.
     assert tok.encode("def fib(n):") == [750, 15801, 1445, 1648]
 
 

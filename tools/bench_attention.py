@@ -6,7 +6,7 @@ For each KV length: both launchers (decode + combine; also the split kernel alon
 pages), with the grids DecodeStep uses for a --context-token cache, timed from a captured graph
 of --reps back-to-back calls (no Python launch overhead). Reports µs per call, effective
 bandwidth = K/V bytes read ÷ time, and its ratio to the device-to-device copy bandwidth measured
-in the same run (cuda/bandwidth.py; read + write bytes, the DESIGN.md §11 convention). The two
+in the same run (cuda/bandwidth.py; read + write bytes, the docs/benchmarks.md convention). The two
 outputs are compared too (relative L2), as a sanity check — the tests own correctness.
 
 Caveat printed with the table: K/V below the 60 MB L2 stay cached across the back-to-back

@@ -2,7 +2,7 @@
 
 Sources: a Hugging Face `config.json`, GGUF metadata (`qwen2.*` keys), or a `.nanoqwen`
 header (format/nanoqwen.py packs and unpacks it). Nothing in drvqwen hard-codes 3584:
-every shape is read from here. Facts for the presets: DESIGN.md §1 (the models' config.json
+every shape is read from here. Facts for the presets: docs/model.md#qwen25-coder-in-numbers (the models' config.json
 on the Hugging Face hub).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-# Special token ids of the Qwen2.5 tokenizer (DESIGN.md §1); the same for every size.
+# Special token ids of the Qwen2.5 tokenizer (docs/model.md#the-tokenizer); the same for every size.
 ENDOFTEXT_ID = 151643
 IM_START_ID = 151644
 IM_END_ID = 151645

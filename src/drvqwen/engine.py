@@ -14,8 +14,9 @@ publish_token kernel writes it into a ring of page-locked host memory and an eve
 after it says when it is there. While the host waits for token i, step i+1 is already queued
 (one step of lookahead), so the Python launch overhead of the eager step overlaps the GPU.
 
-All pages a generation can need (prompt + max_new_tokens) are taken from the free list before
-the prefill, with one block-table upload: no step ever waits for a page-boundary copy.
+Pages are taken from the free list as the sequence grows: the prompt's all at once by the
+prefill (one block-table upload), then one every 16 decode steps, handed to the GPU by the
+page-opening graph (graphs.py) with a 4-byte copy queued ahead of it — no step waits for it.
 
 Decode replays CUDA graphs of `DecodeStep.launches` (graphs.py; `use_graphs=False` launches
 them eagerly); the sampler step is set here before any capture (DecodeStep.set_sampler).
@@ -170,9 +171,7 @@ class GPUBackend:
         try:
             self._configure(params)
             decoder = self._decoder(params)
-            step.reset_sequence()
-            step.reserve(len(prompt_ids) + budget)
-            self.prompt.run(prompt_ids)            # token 0 → ring[0]
+            self.prompt.run(prompt_ids)            # a new sequence; token 0 → ring[0]
             ev[0].record(step.stream)
             for i in range(budget):
                 if i + 1 < budget:
@@ -183,7 +182,7 @@ class GPUBackend:
         finally:
             step.sync()  # a closed stream leaves no step running into the next generation
 
-    # ---- generate.py's logits backend (tests, the step-through REPL) -------------------------
+    # ---- generate.py's logits backend (tests, tools) ----------------------------------------
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Greedy prefill of `ids` from position 0; returns the last position's logits fp32 [V]."""
         self._configure(SamplingParams())

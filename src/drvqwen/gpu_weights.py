@@ -6,7 +6,7 @@ double-buffered staging uploader. A tensor is read from the mapping chunk by chu
 host never holds the model twice (the page cache holds what the kernel maps, and no more).
 
 Buffer names are the file's tensor names (HF names: `model.layers.3.mlp.down_proj.qweight`),
-so the step-through REPL and the tests can find any weight by the name HF users know.
+so the tests and tools can find any weight by the name HF users know.
 """
 
 from __future__ import annotations

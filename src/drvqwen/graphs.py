@@ -2,7 +2,7 @@
 
 Why graphs: one decode step is 257 kernel launches at 7B (9 per layer). Launched eagerly from
 Python each costs ~5.6 µs of host time, ~1.4 ms per token; replayed from a graph they cost
-~0.7 µs of GPU-side scheduling each (DESIGN.md §7). Measured on the H200 (synthetic 7B,
+~0.7 µs of GPU-side scheduling each (docs/graphs.md#why-graphs). Measured on the H200 (synthetic 7B,
 `drvqwen bench`): eager 2.64 ms per token, graph 2.35 ms — today the kernels take ~2.3 ms, so
 most of the eager launch time hides behind them, but the 1.3 ms target is below what the eager
 launches alone cost, and at 0.5B (221 launches: ~1.2 ms of eager launching against a 0.3 ms

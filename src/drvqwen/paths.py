@@ -1,4 +1,4 @@
-"""The one cache root (DESIGN.md §3).
+"""The one cache root (docs/architecture.md#the-parts-and-where-they-live).
 
 `$DRVQWEN_CACHE` if set, else `$XDG_CACHE_HOME/drvqwen`, else `~/.cache/drvqwen`. It holds
 downloaded models (`models/`), converted `.nanoqwen` files (`models/`) and compiled cubins

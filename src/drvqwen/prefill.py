@@ -108,7 +108,7 @@ class Prefill:
                                dim=D, eps=cfg.rms_norm_eps, stream=st)
         self._resume = K.DecodeResume(step.buf["state"], step.buf["next_token"], stream=st)
         self._lists: dict[int, list[NamedLaunch]] = {}
-        # rows → the (name, launcher) list behind launches(rows) (timing, REPL).
+        # rows → the (name, launcher) list behind launches(rows) (timing, tests).
         self.launchers: dict[int, list[tuple[str, K.Launcher]]] = {}
 
     # ---- launch lists ---------------------------------------------------------------------------

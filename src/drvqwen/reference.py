@@ -1,7 +1,7 @@
 """The Qwen2 forward pass in numpy: the readable maths, the oracle, and the CPU backend.
 
 Every kernel test compares a GPU kernel against a function here, evaluated in float64 on the
-kernel's exact FP16 inputs (DESIGN.md §9). The functions are dtype-generic: they compute in
+kernel's exact FP16 inputs (docs/numerics.md#kernel-tests-against-the-reference). The functions are dtype-generic: they compute in
 the dtype of their inputs (float32 for the CPU backend, float64 for tests). The whole model is
 checked against Hugging Face `transformers` (Qwen2ForCausalLM) in tests/test_reference.py.
 

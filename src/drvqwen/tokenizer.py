@@ -9,7 +9,7 @@ those the same pipeline as Qwen2's own tokenizer.json on the Hugging Face hub:
 
 plus the control tokens (`<|im_start|>` …) as special added tokens. The result is serialized as
 tokenizer.json text (`Tokenizer.to_json`) and embedded in the `.nanoqwen` file, so the runtime
-never needs the GGUF again (DESIGN.md §4, §10).
+never needs the GGUF again (docs/file-format.md, docs/model.md#the-tokenizer).
 
 The tests hold it against `transformers`' own GGUF conversion
 (`transformers.integrations.gguf.gguf_tokenizer_mapping`). One deliberate difference: that path
@@ -43,7 +43,7 @@ QWEN2_SPLIT_REGEX = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# Special tokens of the Qwen2.5 vocabulary (DESIGN.md §1; ids in drvqwen.config).
+# Special tokens of the Qwen2.5 vocabulary (docs/model.md#the-tokenizer; ids in drvqwen.config).
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"

@@ -1,4 +1,4 @@
-"""The GPU layer: the only code in drvqwen that imports `cuda.bindings` (DESIGN.md §3).
+"""The GPU layer: the only code in drvqwen that imports `cuda.bindings` (docs/architecture.md#dependency-direction).
 
 Reading order, bottom up:
 - errors.py    every driver/NVRTC result checked; exceptions that name the call

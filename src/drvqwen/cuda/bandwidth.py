@@ -3,10 +3,10 @@
 Decode reads every weight once per token, so its speed is bounded by how fast HBM can be read.
 The datasheet figure (4.8 TB/s on an H200) is not reachable; a large device-to-device copy is
 the practical ceiling, measured in the same run as the thing it is compared with (clocks and
-the card's state are then the same). DESIGN.md §11.
+the card's state are then the same). docs/benchmarks.md#the-protocol.
 
 Convention: a copy of N bytes moves 2·N bytes (N read + N written), the convention of the
-4.3 TB/s figure recorded for the H200 (KINDS.md). The copy is several times larger than the
+4.3 TB/s figure recorded for the H200 (docs/benchmarks.md). The copy is several times larger than the
 60 MB L2, so it measures HBM, not the cache.
 """
 

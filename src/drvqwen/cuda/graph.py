@@ -1,7 +1,7 @@
 """CUDA graphs: capture a stream's launches once, replay them with one call.
 
 Why: an eager launch from Python costs ~5.6 µs even pre-packed, a graph ~0.7 µs per kernel
-node (DESIGN.md §7); at ~300 launches per decode step that is ~2 ms against ~0.2 ms. The
+node (docs/graphs.md#why-graphs); at ~300 launches per decode step that is ~2 ms against ~0.2 ms. The
 decode step is captured once (twice: the ordinary step, and a step that opens a new KV page)
 and replayed every token; all per-step state lives in device memory, so the same graph serves
 every step.

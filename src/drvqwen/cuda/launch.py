@@ -3,7 +3,7 @@
 Why parameters are packed once: `cuLaunchKernel` wants `void** kernelParams`, an array of
 pointers to each argument's bytes. cuda.bindings can build that array from a tuple of
 (values, ctypes types) on every call, but that costs Python time on the hot path: measured on
-the H200 (DESIGN.md §7), ~7.0 µs per launch with tuple packing against ~5.6 µs with a
+the H200 (docs/graphs.md#why-graphs), ~7.0 µs per launch with tuple packing against ~5.6 µs with a
 pre-packed array. So a `KernelLaunch` builds the argument storage (one ctypes scalar per
 argument) and the `void**` array once, and each launch hands cuda.bindings the array's
 address as an int (its "already configured void** address" path: no per-call packing).
@@ -12,6 +12,16 @@ pointer array never changes.
 
 Graphs remove even that cost (~0.7 µs per kernel node, graph.py); eager launches stay for
 debugging and for the eager-vs-graph measurement.
+
+Programmatic dependent launch (PDL): a launch made with `programmatic=True` goes through
+cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, which lets the
+driver start the kernel while the previous kernel on the stream is still running — as soon as
+every block of that kernel has executed `griddepcontrol.launch_dependents` (or exited). The
+kernel must then call `griddepcontrol.wait` (ptx/griddep.cuh) before it reads anything the
+previous kernel writes or writes anything it reads; what comes before the wait (loading
+weights, which no kernel writes) overlaps the previous kernel's tail. Stream capture records
+the attribute as a programmatic edge, so graphs keep the overlap (CUDA driver API reference,
+cuLaunchKernelEx; CUDA C Programming Guide, "Programmatic Dependent Launch").
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from .module import Function
 from .tensormap import TENSOR_MAP_BYTES
 
 _CU_LAUNCH_KERNEL = driver.cuLaunchKernel  # bound once: one attribute lookup less per launch
+_CU_LAUNCH_KERNEL_EX = driver.cuLaunchKernelEx
 
 
 # --- streams and events ----------------------------------------------------------------------
@@ -177,8 +188,9 @@ class KernelLaunch:
         function: the `Function`.
         grid, block: (x, y, z) in blocks and threads.
         smem_bytes: dynamic shared memory per block in bytes.
-        label: a name for debugging and the step-through REPL (default: the kernel's name).
+        label: a name for debugging and messages (default: the kernel's name).
         values: the packed ctypes arguments, in order.
+        programmatic: launched with programmatic stream serialization (PDL, module doc).
     """
 
     def __init__(
@@ -191,6 +203,7 @@ class KernelLaunch:
         smem_bytes: int = 0,
         stream: Stream | None = None,
         label: str | None = None,
+        programmatic: bool = False,
     ) -> None:
         """Pack the arguments and check them against the kernel's parameter list.
 
@@ -203,6 +216,8 @@ class KernelLaunch:
                 opt-in attribute is set here (Function.ensure_dynamic_smem).
             stream: the default stream for `launch()` (None: the legacy default stream).
             label: a name for messages.
+            programmatic: launch with programmatic stream serialization (PDL); only for kernels
+                that call griddepcontrol.wait before touching their predecessor's data.
 
         Raises:
             TypeError: an argument that cannot be packed, or whose size differs from the
@@ -223,6 +238,22 @@ class KernelLaunch:
         self._params_addr = ctypes.addressof(self._ptrs) if self.values else 0
         self._stream = stream_handle(stream)
         self._args = (function.handle, *self.grid, *self.block, self.smem_bytes)
+        self.programmatic = bool(programmatic)
+        self._config = self._launch_config() if self.programmatic else None
+
+    def _launch_config(self) -> driver.CUlaunchConfig:
+        """The CUlaunchConfig of a programmatic launch, built once (only hStream changes)."""
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
+        cfg.sharedMemBytes = self.smem_bytes
+        cfg.hStream = self._stream
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        return cfg
 
     def _check_sizes(self, sizes: tuple[int, ...]) -> None:
         if len(sizes) != len(self.values):
@@ -264,9 +295,13 @@ class KernelLaunch:
                 surface here, since errors are sticky).
         """
         h = self._stream if stream is None else stream.handle
-        (err,) = _CU_LAUNCH_KERNEL(*self._args, h, self._params_addr, 0)
+        if self._config is None:
+            (err,) = _CU_LAUNCH_KERNEL(*self._args, h, self._params_addr, 0)
+        else:
+            self._config.hStream = h
+            (err,) = _CU_LAUNCH_KERNEL_EX(self._config, self._args[0], self._params_addr, 0)
         if err:
-            raise cuda_error(err, f"cuLaunchKernel({self.label})")
+            raise cuda_error(err, f"cuLaunchKernel{'Ex' if self._config is not None else ''}({self.label})")
 
     __call__ = launch
 

@@ -7,10 +7,10 @@ captured graph's addresses must never change), lets us check up front that a mod
 (cuMemGetInfo, before any upload), and makes alignment explicit: 256 B by default (what
 cuMemAlloc itself guarantees, enough for 128-bit vector loads and TMA's 16 B), 16 KiB for
 KV pages (one page of one layer's K for the 7B is 16 tokens × 4 heads × 128 × 2 B = 16 KiB,
-DESIGN.md §6).
+docs/kv-cache.md#layout).
 
 Each pool buffer is a `DeviceArray` with a name, shape and dtype, so a buffer can be
-printed, checked and downloaded by name (the step-through REPL, tests).
+printed, checked and downloaded by name (tests, tools).
 
 Copies: `upload`/`download` use the synchronous cuMemcpy on the legacy default stream
 (pageable host memory; the driver stages it). Large uploads (weights) go through
@@ -34,7 +34,7 @@ from .launch import Event, Stream, stream_handle
 # cuMemAlloc returns addresses aligned to at least 256 bytes (CUDA driver API reference,
 # cuMemAlloc); sub-allocations keep that guarantee.
 DEFAULT_ALIGN_BYTES = 256
-# KV pages start on 16 KiB boundaries (DESIGN.md §6): a page is exactly 16 KiB for the 7B.
+# KV pages start on 16 KiB boundaries (docs/kv-cache.md#layout): a page is exactly 16 KiB for the 7B.
 KV_PAGE_ALIGN_BYTES = 16 * 1024
 
 _GiB = float(2**30)

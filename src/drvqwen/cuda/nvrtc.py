@@ -4,7 +4,7 @@ Why a cubin and never PTX: PTX is compiled by the *driver* at load time, and a d
 accepts PTX up to its own ISA version. The GPU machines run driver 580 (CUDA 13.0); NVRTC
 13.5 already emits PTX 9.5, which that driver rejects. A cubin is machine code for sm_90a
 that the driver loads as is, so the NVRTC version only has to match the driver's major
-version (DESIGN.md §8). It also means CI, which has no GPU, compiles exactly the code that
+version (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin). It also means CI, which has no GPU, compiles exactly the code that
 will run.
 
 Why a cache: compiling a tensor-core kernel takes seconds; a cubin is keyed by sha256 of
@@ -12,7 +12,7 @@ everything that decides its bytes — the `.cu` source, every header of ours it 
 (resolved recursively, sources.included_headers), the options, the NVRTC version and the
 CUDA headers' version, and the arch — and stored under `paths.cubin_dir()`. Include *paths*
 are not part of the key, only header *contents*, so a cubin compiled on a CPU-only machine
-is valid on the GPU machine with the same toolchain (DESIGN.md §12).
+is valid on the GPU machine with the same toolchain (docs/gpu-workflow.md).
 
 The ptxas report (`--ptxas-options=-v`) is always requested: it costs nothing and says per
 kernel how many registers it uses and whether it spills to local memory, which
@@ -39,7 +39,7 @@ from .errors import NvrtcError, check
 from .sources import IncludedHeader, KernelSource, included_headers, kernel_source, ptx_dir
 
 # The one target. sm_90a, not sm_90: the "a" target unlocks wgmma and setmaxnreg, which the
-# prefill GEMM needs (DESIGN.md §8); TMA and mbarrier work on either.
+# tensor-core prefill needs (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin); TMA and mbarrier work on either.
 ARCH = "sm_90a"
 
 # Options that shape the cubin and therefore go into the cache key.
@@ -49,7 +49,7 @@ ARCH = "sm_90a"
 # - --ptxas-options=-v: the register/spill/shared-memory report in the program log.
 # Not used: -default-device (it would make undecorated functions device code under NVRTC
 # but not under nvcc, so a kernel file would mean different things to the two compilers),
-# and --use_fast_math (RoPE must not use approximate sin/cos, DESIGN.md §9; kernels that
+# and --use_fast_math (RoPE must not use approximate sin/cos, docs/numerics.md#rope-angles-as-hf-computes-them; kernels that
 # want fast intrinsics call them by name).
 BASE_OPTIONS: tuple[str, ...] = (
     f"--gpu-architecture={ARCH}",
@@ -137,7 +137,7 @@ def cuda_include_dir() -> Path:
     """The CUDA headers folder (cuda_fp16.h …) NVRTC needs, found through cuda.pathfinder.
 
     Taken from the installed NVIDIA wheel (nvidia-cuda-runtime), a conda environment or
-    CUDA_HOME — whatever cuda.pathfinder finds — never from a hard-coded path (DESIGN.md §8).
+    CUDA_HOME — whatever cuda.pathfinder finds — never from a hard-coded path (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin).
 
     Raises:
         NvrtcError: no CUDA headers can be found.

@@ -4,13 +4,13 @@ A tensor map tells the TMA unit the shape, strides and element type of a global 
 the box (tile) one `cp.async.bulk.tensor` copy moves into shared memory. Kernels take it by
 value as `const __grid_constant__ CUtensorMap` (128 bytes, declared in ptx/ because NVRTC
 cannot include <cuda.h>); `KernelLaunch` copies `TensorMap.raw_bytes()` into its parameter
-storage. Encoding costs ~60 µs from Python (DESIGN.md §7): build each map once per buffer,
+storage. Encoding costs ~60 µs from Python (docs/kernels.md#tensor-maps-built-in-python): build each map once per buffer,
 never per step.
 
 Shapes here are given row-major, in numpy order (outermost first), like everything else in
 drvqwen; CUDA wants innermost first, so they are reversed on the way in. In cuda.bindings the
 array arguments must be lists of `cuuint64_t` / `cuuint32_t` objects: plain ints are refused
-(DESIGN.md §6).
+(docs/kernels.md#tensor-maps-built-in-python).
 
 Constraints checked before the driver is called (CUDA driver API reference,
 cuTensorMapEncodeTiled), so a bad descriptor fails with a message instead of

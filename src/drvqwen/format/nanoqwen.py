@@ -1,4 +1,4 @@
-"""The `.nanoqwen` file: one self-contained, memory-mapped model file (DESIGN.md §4).
+"""The `.nanoqwen` file: one self-contained, memory-mapped model file (docs/file-format.md).
 
 Layout (little-endian; every offset is from the start of the file)::
 

@@ -1,6 +1,6 @@
 """Symmetric INT4, group 128 along K, and the nibble layout the GPU GEMV unpacks (layout id 1).
 
-Quantization (DESIGN.md §5)
+Quantization (docs/quantization.md)
 ---------------------------
 A projection weight W has the Hugging Face shape [N, K] = [out_features, in_features] and
 computes y = W x. Each row is cut into groups of G = 128 consecutive inputs; each group gets

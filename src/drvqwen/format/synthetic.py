@@ -1,7 +1,7 @@
 """Synthetic `.nanoqwen` models of any Qwen2.5 shape, written straight from a seed.
 
 No real 7B weights can be fetched on the GPU machines, and speed does not depend on the
-weights' values, so the 7B shape runs on synthetic weights (DESIGN.md §10). Writing random
+weights' values, so the 7B shape runs on synthetic weights (docs/model.md#real-and-synthetic-weights). Writing random
 INT4 codes and FP16 scales directly takes seconds, where a 15 GB bf16 checkpoint plus its
 conversion would cost minutes of scarce GPU time.
 

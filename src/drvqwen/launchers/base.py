@@ -121,7 +121,7 @@ class LaunchSpec:
         params: the arguments in order: ctypes scalars, BufferSpec / DeviceArray, TensorMapSpec /
             TensorMap.
         reads, writes: names of the buffers the launch reads and writes (every one it writes,
-            scratch included), for the step's documentation, the REPL and the tests.
+            scratch included), for the step's documentation and the tests.
         bytes_moved: bytes the launch reads + writes in device memory at its planned size.
     """
 
