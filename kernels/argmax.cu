@@ -24,6 +24,7 @@
 // dependent chain load → butterfly → shared-memory pass (~2–4 µs), not bandwidth.
 #include "types.cuh"  // WARP_SIZE
 #include "warp.cuh"   // argmax_better, warp_argmax
+#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 
 #define ARGMAX_THREADS 1024
 #define ARGMAX_NONE    0x7fffffff  // index of "no candidate yet": loses every tie
@@ -50,6 +51,8 @@ argmax_partial(float* __restrict__ part_val,      // [P] fp32, out
                int* __restrict__ part_idx,        // [P] int32, out
                const float* __restrict__ logits,  // [V] fp32
                int V, int chunk) {                // chunk = ceil(V / P)
+    grid_launch_dependents();
+    grid_dependency_wait();
     const int begin = blockIdx.x * chunk, end = min(begin + chunk, V);
     float best_v = F32_NEG_INF;
     int best_i = ARGMAX_NONE;
@@ -67,6 +70,8 @@ argmax_final(int* __restrict__ next_token,           // [1] int32, out
              const float* __restrict__ part_val,     // [P] fp32
              const int* __restrict__ part_idx,       // [P] int32
              int P) {
+    grid_launch_dependents();
+    grid_dependency_wait();
     float best_v = F32_NEG_INF;
     int best_i = ARGMAX_NONE;
     for (int k = threadIdx.x; k < P; k += blockDim.x) {

@@ -1,7 +1,7 @@
 // kernels/decode_state.cu — the per-step decode state, advanced on the GPU.
 //
 //   advance_state           state[1] = next_token[0]; state[0] += 1; state[2] += 1
-//   set_block_table_entry   block_table[state[0] / 16] = new_page[0]   (graph B's first node)
+//   set_block_table_entry   block_table[state[0] / 16] = new_page[0]   (first node of the page-opening step)
 //
 // state is the int32 [3] device array every decode kernel reads instead of taking launch
 // arguments: state[0] = pos (position of the token decoded now; its K/V is written there),
@@ -9,15 +9,20 @@
 // this step's write). Running this as the last node of the decode graph lets the graph chain
 // steps with no host round trip: the argmax output becomes the next step's input token.
 //
+// Both wait for their predecessor (griddepcontrol.wait, ptx/griddep.cuh): they are launched as
+// programmatic dependents like the rest of the step.
 // Work split: one thread each. Bytes per call: 16 (advance_state), 12 (set_block_table_entry).
 // The limit: each is one graph node (~1 µs of dependency latency); advance_state may later
 // be folded into argmax_final.
 #include "types.cuh"
+#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"  // KV_PAGE_TOKENS
 
 // grid (1), block (1).
 extern "C" __global__ void advance_state(int* __restrict__ state,             // [3] int32, in/out
                                          const int* __restrict__ next_token) { // [1] int32
+    grid_launch_dependents();
+    grid_dependency_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         state[1] = next_token[0];
         state[0] += 1;
@@ -25,18 +30,20 @@ extern "C" __global__ void advance_state(int* __restrict__ state,             //
     }
 }
 
-// Graph B (src/drvqwen/graphs.py) is the decode step that opens a new KV page: this kernel
-// runs first and records the page the host popped from its free list in the block table, so
-// rope_kv and attention of the same step already see it. The host never edits the graph: it
-// copies the page id into the device scalar new_page (an async 4-byte copy queued on the
-// stream just before B's launch), and the logical page comes from the device state, which
-// is where the graph keeps the position.
+// The "opens_page" graph (src/drvqwen/graphs.py) is the decode step that opens a new KV page:
+// this kernel runs first and records the page the host popped from its free list in the block
+// table, so the QKV kernel (which writes K/V) and attention of the same step already see it.
+// The host never edits the graph: it copies the page id into the device scalar new_page (an
+// async 4-byte copy queued on the stream just before the graph's launch), and the logical page
+// comes from the device state, which is where the graph keeps the position.
 //
 // grid (1), block (1).
 extern "C" __global__ void set_block_table_entry(int* __restrict__ block_table,   // [n_pages] int32, out
                                                  const int* __restrict__ new_page, // [1] int32
                                                  const int* __restrict__ state,    // [3] int32
                                                  int n_pages) {
+    grid_launch_dependents();
+    grid_dependency_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         const int logical = state[0] / KV_PAGE_TOKENS;
         // The host checks the context bound before it picks B; this guard only keeps a host

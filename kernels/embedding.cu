@@ -17,7 +17,8 @@
 // Requirements: D % 8 == 0; pointers 16-byte aligned.
 #include <cuda_fp16.h>
 
-#include "types.cuh"  // u32, u64
+#include "types.cuh"    // u32, u64
+#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 
 #define EMBEDDING_THREADS 256
 
@@ -48,6 +49,8 @@ embedding(float* __restrict__ residual,      // [D] fp32, out
           const __half* __restrict__ embed,  // [V, D] fp16
           const int* __restrict__ state,     // [3] int32: pos, token, seq_len (reads [1])
           int V, int D) {
+    grid_launch_dependents();
+    grid_dependency_wait();  // state[1] is the previous step's token; residual was read by it
     embedding_row(residual, embed, state[1], V, D);
 }
 

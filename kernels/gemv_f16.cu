@@ -26,8 +26,9 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"  // u32, u64, WARP_SIZE
-#include "ldst.cuh"   // ld_stream_v4, ld_nc_v4, l2_evict_first_policy
+#include "ldst.cuh"   // ld_stream_v4, l2_evict_first_policy
 #include "warp.cuh"   // warp_sum, argmax_better
+#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 
 #define LM_WARPS         8
 #define LM_ROWS_PER_WARP 4
@@ -69,16 +70,31 @@ gemv_f16_lm_head(float* __restrict__ logits,        // [V] fp32, out
         w_rows[r] = reinterpret_cast<const uint4*>(weight + (u64)min(row0 + r, V - 1) * D);
     const uint4* x_chunks = reinterpret_cast<const uint4*>(x);
 
-    float acc[LM_ROWS_PER_WARP] = {};
-    for (int c0 = lane; c0 < n_chunks; c0 += LM_CHUNK_UNROLL * WARP_SIZE) {
-        uint4 w[LM_CHUNK_UNROLL][LM_ROWS_PER_WARP], xv[LM_CHUNK_UNROLL];
+    // The first step's weights are requested before the wait (PDL, ptx/griddep.cuh): for the
+    // blocks of the first wave they arrive under the previous kernel's tail. x, the previous
+    // kernel's output, is read after it, with ordinary loads.
+    grid_launch_dependents();
+    uint4 w[LM_CHUNK_UNROLL][LM_ROWS_PER_WARP], xv[LM_CHUNK_UNROLL];
+    auto load_weights = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < LM_CHUNK_UNROLL; ++u) {
             const int c = c0 + u * WARP_SIZE;
             if (c >= n_chunks) break;
-            xv[u] = ld_nc_v4(x_chunks + c);
 #pragma unroll
             for (int r = 0; r < LM_ROWS_PER_WARP; ++r) w[u][r] = ld_stream_v4(w_rows[r] + c, policy);
+        }
+    };
+    load_weights(lane);
+    grid_dependency_wait();
+
+    float acc[LM_ROWS_PER_WARP] = {};
+    for (int c0 = lane; c0 < n_chunks; c0 += LM_CHUNK_UNROLL * WARP_SIZE) {
+        if (c0 != lane) load_weights(c0);
+#pragma unroll
+        for (int u = 0; u < LM_CHUNK_UNROLL; ++u) {
+            const int c = c0 + u * WARP_SIZE;
+            if (c >= n_chunks) break;
+            xv[u] = x_chunks[c];
         }
 #pragma unroll
         for (int u = 0; u < LM_CHUNK_UNROLL; ++u) {

@@ -1,9 +1,9 @@
 // kernels/gemv_int4.cu — decode GEMVs over INT4 (layout id 1) weights: y = W x, batch 1.
 //
-//   gemv_int4_f16            y fp16[N]             = W x
-//   gemv_int4_qkv            qkv fp32[Nq+2·Nkv]    = [Wq x; Wk x; Wv x]    (one launch, 3 matrices)
-//   gemv_int4_residual       residual fp32[N]     += W x                   (o_proj, down_proj)
-//   gemv_int4_gate_up_swiglu h fp16[F]             = silu(Wg x) ⊙ (Wu x)   (gate_proj + up_proj)
+//   gemv_int4_f16            y fp16[N]          = W x
+//   gemv_int4_qkv_rope       q, K/V cache slot  = rope([Wq; Wk; Wv] · rmsnorm(residual) + bias)
+//   gemv_int4_residual       residual fp32[N]  += W x                                (o_proj, down_proj)
+//   gemv_int4_gate_up_swiglu h fp16[F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
 //
 // The limit: HBM bandwidth. Each weight byte is read exactly once per token and used for one
 // multiply-add pair (2 weights per byte), so the whole decode step is a stream of 3.4 GB of
@@ -13,29 +13,47 @@
 //   o_proj    3584 × 3584 / 2                    =  6.42 MB + 0.20 MB
 //   gate_up   2 × 18944 × 3584 / 2               = 67.90 MB + 2.12 MB
 //   down      3584 × 18944 / 2                   = 33.95 MB + 1.06 MB
-//   per layer 116.5 MB + 3.6 MB; × 28 layers = 3.37 GB (DESIGN.md §11).
+//   per layer 116.5 MB + 3.6 MB; × 28 layers = 3.37 GB (docs/benchmarks.md#bytes-per-token).
+//
+// What the decode step fuses into them (fewer launches: each one costs the GPU ~2–3 µs of
+// drain and ramp-up, as much as a small GEMV's bytes):
+//   - the RMSNorm before qkv and before gate/up (input_layernorm, post_attention_layernorm):
+//     each block normalises the FP32 residual itself while its first weights are in flight
+//     (rmsnorm.cuh: the stand-alone kernel's arithmetic and summation order, so x has the same
+//     bits as rmsnorm.cu would give). 14 KB of residual per block from L2, a few µs of L2
+//     traffic per launch in all, against a launch.
+//   - bias + RoPE + the K/V cache write after qkv (rope.cuh: rope_kv.cu's arithmetic). RoPE
+//     rotates dim i with dim i + Dh/2 of the same head, so the q and k tiles of this kernel
+//     pair their rows: MMA row g of a tile is dim 8j + g of a head and MMA row g + 8 is dim
+//     8j + g + Dh/2 (j = the tile's index within its head). The thread that adds up row g then
+//     holds both halves of its rotation pair. The weights are read row by row anyway (layout
+//     id 1 is row-major), so the pairing only changes addresses.
+//   - the residual add after o_proj and down_proj, SwiGLU after gate/up.
+// And each kernel is a programmatic dependent of the one before it (ptx/griddep.cuh): its
+// first batch of weights is requested before griddepcontrol.wait, under the previous kernel's
+// tail; x, the residual, the state and the block table are read only after the wait.
 //
 // Work split
 // ----------
-//   tile    = 16 output rows (the M of one m16n8k16 MMA) of one matrix; gemv_int4_qkv stacks
-//             the tiles of q, k and v (ceil(Nq/16) + 2·ceil(Nkv/16)), gate/up pairs the same
-//             16 rows of both matrices.
+//   tile    = 16 output rows (the M of one m16n8k16 MMA) of one matrix; gemv_int4_qkv_rope
+//             stacks the tiles of q, k and v (ceil(Nq/16) + 2·ceil(Nkv/16)), gate/up pairs the
+//             same 16 rows of both matrices.
 //   grid.x  = G blocks, each owning a contiguous, balanced range of tiles
 //             [b·T/G, (b+1)·T/G) — G = T for one tile per block, or fewer ("persistent"): the
 //             launcher picks G and W so that the tiles spread evenly over the SMs in one wave
-//             (kernels.py, gemv_launch_shape). A block stages x once for all its tiles, and its
-//             warps stream their weights without a pause between tiles.
+//             (launchers/gemv_int4.py, gemv_launch_shape). A block stages x once for all its
+//             tiles, and its warps stream their weights without a pause between tiles.
 //   block   = W warps (W = blockDim.x / 32, 1 ≤ W ≤ 8). The K groups of 128 inputs are split
 //             into W contiguous ranges, one per warp ("split-K inside the block").
 //   warp    = for each tile of the block, 16 rows (× 2 matrices for gate/up) × its K range: a
-//             flat sequence of (tile, group) items, loaded in batches of 4 (2 for gate/up)
-//             with the next batch in flight while the current one is multiplied. Per group of
-//             128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word quad of row g
-//             and one of row g+8 (words 4t … 4t+3 of the group = inputs 32t … 32t+31),
-//             unpacks them to FP16 (ptx/int4_unpack.cuh) and feeds 8 MMAs:
+//             flat sequence of (tile, group) items, loaded in batches of GEMV_UNROLL (half that
+//             for gate/up) with the next batch in flight while the current one is multiplied.
+//             Per group of 128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word
+//             quad of row g and one of row g+8 (words 4t … 4t+3 of the group = inputs
+//             32t … 32t+31), unpacks them to FP16 (ptx/int4_unpack.cuh) and feeds 8 MMAs:
 //
 //                 group gi of row r:  | t=0: words 0-3 | t=1: 4-7 | t=2: 8-11 | t=3: 12-15 |
-//                 lanes 4g..4g+3 → rows row0+g (and row0+g+8), 64 contiguous bytes per row
+//                 lanes 4g..4g+3 → MMA rows g (and g+8), 64 contiguous bytes per row
 //
 //             MMA j of the group (j = 0..7, word i = j/2) takes from lane (g, t) the inputs
 //             k = 128·gi + 32t + 8i + 4(j%2) + {0,1 | 2,3} as its k positions {2t,2t+1 | 2t+8,2t+9}
@@ -46,9 +64,9 @@
 //             Products are exact and accumulate in FP32 (why MMA: ptx/mma.cuh); the per-group
 //             FP32 partial is multiplied by the row's FP16 scale once per group.
 //   reduce  = when a warp finishes a tile, its 16 (32) row sums go to shared memory; after
-//             the block's one __syncthreads the block's threads add the W partials of each
-//             output row in warp order. Every output row is written by exactly one thread: no
-//             atomics, bit-reproducible.
+//             the block's __syncthreads the block's threads add the W partials of each output
+//             row in warp order. One thread takes MMA rows g and g + 8 of a tile (a RoPE pair in
+//             the q/k tiles) and writes both: no atomics, bit-reproducible.
 //
 // x is staged once per block in dynamic shared memory (K·2 bytes: 7 KB at K = 3584, 37 KB at
 // K = 18944; the launcher raises the 48 KB opt-in limit when a model needs more), in a
@@ -60,34 +78,44 @@
 // Shared memory (dynamic): x, K·2 bytes, then the warp partials,
 // ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1).
 //
-// Measured on the H200 (7B shapes, graph replay of 20 calls, test_kernel_gemv_int4.py; q/k/v,
-// o and down fit in the 60 MB L2 across replays, gate/up does not; copy bandwidth 4.3 TB/s):
+// Measured on the H200 (7B shapes, graph replay of 20 calls; q/k/v, o and down fit in the
+// 60 MB L2 across those replays, gate/up does not; copy bandwidth 4.3 TB/s), before the
+// fusions and PDL:
 //   | launch shape                               | gate_up  | down     | qkv     | o_proj  |
 //   | one tile per block (first version)         | 29.7 µs  | 16.9 µs  | 7.2 µs  | 4.6 µs  |
-//   | persistent, kernels.gemv_launch_shape      | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
-//   | + tile-major weights (experiment, below)   | 22.5 µs  | 15.3 µs  |         |         |
+//   | persistent, gemv_launch_shape              | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
+//   | + tile-major weights (kernels/dev/)        | 22.5 µs  | 15.3 µs  |         |         |
 // gate_up at 24.5 µs is 2.86 TB/s (3.12 TB/s tile-major); qkv and o are launch/latency bound
-// (~1.5–2 µs of bytes in ~5 µs).
+// (~1.5–2 µs of bytes in ~5 µs). tools/bench_gemv.py measures them alone with the weights
+// rotated past L2.
 //
-// Requirements (asserted by the launcher): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
-// least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored);
-// pointers 16-byte aligned.
+// Requirements (checked by the launchers): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
+// least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored); for
+// qkv_rope, Dh % 16 == 0 (a tile never straddles two heads); pointers 16-byte aligned.
 #include <cuda_fp16.h>
 
-#include "types.cuh"        // u32, u64, WARP_SIZE
-#include "ldst.cuh"         // ld_stream_v4, ld_nc_v4, l2_evict_first_policy
+#include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
+#include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy
 #include "int4_unpack.cuh"  // unpack_int4x8
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
+#include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
+#include "rmsnorm.cuh"      // rmsnorm_inv_rms, rmsnorm_apply4, RMSNORM_WARPS
+#include "rope.cuh"         // rope_rotate
+#include "kv_cache.cuh"     // kv_offset, KV_PAGE_TOKENS
 
-#define GEMV_TILE_ROWS     16   // output rows per block = M of the MMA
+#define GEMV_TILE_ROWS     16   // output rows per tile = M of the MMA
 #define GEMV_MAX_WARPS     8    // K-split warps per block (256 threads)
 #define GEMV_GROUP         128  // INT4 group size along K (quant.py GROUP_SIZE)
 #define GEMV_WORDS_PER_GROUP (GEMV_GROUP / 8)
 #define GEMV_CHUNKS_PER_GROUP (GEMV_GROUP / 8)  // 16-byte chunks of FP16 x per group
-// Groups per load batch: 4 for one matrix, 2 for gate/up (two matrices): 4 KB of weights per
-// warp per batch. The next batch is loaded while the current one is multiplied, so a warp
-// keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM latency (~15 KB per SM).
-#define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? 4 : 2)
+// Groups per load batch for one matrix: 4 KB of weights per warp per batch (half as many
+// groups for gate/up: two matrices). The next batch is loaded while the current one is
+// multiplied, so a warp keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM
+// latency (~15 KB per SM). A compile-time knob for tools/bench_gemv.py (-DGEMV_UNROLL=N).
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 4
+#endif
+#define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? GEMV_UNROLL : (GEMV_UNROLL > 1 ? GEMV_UNROLL / 2 : 1))
 
 // x in shared memory, 16-byte chunks permuted so that the 4 chunks the lanes t = 0..3 read
 // together sit in 4 consecutive 16-byte slots (conflict-free; the 8 lanes g share them as a
@@ -98,27 +126,53 @@ __device__ __forceinline__ int gemv_x_slot(int chunk) {
     return gi * GEMV_CHUNKS_PER_GROUP + (c % 4) * 4 + c / 4;
 }
 
-// Copies x (K fp16, from global) into the block's shared x_smem in the permuted order.
-// Every thread takes part; the caller syncs.
-__device__ __forceinline__ void gemv_stage_x(uint4* x_smem, const __half* __restrict__ x, int K) {
-    for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x)
-        x_smem[gemv_x_slot(chunk)] = ld_nc_v4(x + 8 * chunk);
-}
+// Prologue: x (K fp16, an earlier kernel's output) into the block's shared x_smem in the
+// permuted order. Ordinary loads: they stay after griddepcontrol.wait. Every thread takes part;
+// the caller syncs.
+struct GemvStageX {
+    const __half* __restrict__ x;  // [K] fp16
+    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        const uint4* src = reinterpret_cast<const uint4*>(x);
+        for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) x_smem[gemv_x_slot(chunk)] = src[chunk];
+    }
+};
+
+// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh), straight into x_smem. Contains a
+// __syncthreads (the sum of squares); every thread takes part; the caller syncs.
+struct GemvStageRmsNorm {
+    const float* __restrict__ residual;  // [K] fp32
+    const __half* __restrict__ weight;   // [K] fp16 RMSNorm gain
+    float eps;
+    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        __shared__ float warp_sums[RMSNORM_WARPS];
+        const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
+        const float4* r4 = reinterpret_cast<const float4*>(residual);
+        const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+        for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
+            const uint2 lo = rmsnorm_apply4(r4[2 * chunk], w4[2 * chunk], inv_rms);
+            const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], w4[2 * chunk + 1], inv_rms);
+            x_smem[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+    }
+};
 
 // One batch of UNROLL (tile, group) items as one lane holds them.
 template <int MT, int UNROLL>
 struct GemvBatch {
-    uint4 w[UNROLL][MT][2];  // words 4t … 4t+3 of the group, row g / row g+8, per matrix
+    uint4 w[UNROLL][MT][2];  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
     float s[UNROLL][MT][2];  // the rows' scales for the group
 };
 
 // Up to 3 matrices stacked along N (q, k, v); MT matrices per segment read together (gate, up).
+// A segment with rope_dim = Dh > 0 pairs its rows for RoPE (see the header): MMA rows g and
+// g + 8 of its tile j-within-a-head are dims 8j + g and 8j + g + Dh/2 of that head.
 template <int MT, int NSEG>
 struct GemvProblem {
     const u32* qweight[NSEG][MT];     // [n, K/8] uint32 each
     const __half* scales[NSEG][MT];   // [n, K/128] fp16 each
     int n[NSEG];                      // rows of each segment
     int first_tile[NSEG + 1];         // tile index where each segment starts (prefix sums)
+    int rope_dim[NSEG];               // Dh for a RoPE-paired segment, 0 for plain row order
 };
 
 // Segment of a tile, by comparisons (no runtime-indexed arrays: they would live in local memory).
@@ -135,6 +189,13 @@ __device__ __forceinline__ T gemv_pick(int seg, T a0, T a1, T a2) {
     return seg == 0 ? a0 : seg == 1 ? a1 : a2;
 }
 
+// Entry `seg` of a per-segment array (first_tile has one more entry than there are segments).
+template <int NSEG, typename T, int N>
+__device__ __forceinline__ T gemv_field(int seg, const T (&f)[N]) {
+    if constexpr (NSEG == 1) return f[0];
+    else return gemv_pick(seg, f[0], f[1], f[NSEG - 1]);
+}
+
 template <int MT, int NSEG>
 __device__ __forceinline__ const u32* gemv_qweight(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.qweight[0][m];
@@ -147,26 +208,29 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return gemv_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-template <int MT, int NSEG>
-__device__ __forceinline__ int gemv_first_tile(const GemvProblem<MT, NSEG>& p, int seg) {
-    if constexpr (NSEG == 1) return 0;
-    else return gemv_pick(seg, p.first_tile[0], p.first_tile[1], p.first_tile[NSEG - 1]);
+// The rows behind MMA rows g (lo) and g + 8 (hi) of tile `tile_in_seg` of a segment.
+__device__ __forceinline__ void gemv_tile_rows(int tile_in_seg, int g, int rope_dim, int& lo, int& hi) {
+    if (rope_dim > 0) {
+        const int tiles_per_head = rope_dim / GEMV_TILE_ROWS;
+        const int head = tile_in_seg / tiles_per_head, j = tile_in_seg % tiles_per_head;
+        lo = head * rope_dim + j * 8 + g;
+        hi = lo + rope_dim / 2;
+    } else {
+        lo = tile_in_seg * GEMV_TILE_ROWS + g;
+        hi = lo + 8;
+    }
 }
 
-template <int MT, int NSEG>
-__device__ __forceinline__ int gemv_rows(const GemvProblem<MT, NSEG>& p, int seg) {
-    if constexpr (NSEG == 1) return p.n[0];
-    else return gemv_pick(seg, p.n[0], p.n[1], p.n[NSEG - 1]);
-}
-
-// The whole GEMV of one block: its tiles × all K, for MT matrices per tile, ending with the
-// per-row sums of the block's warps in shared memory. Then calls
-// epilogue(seg, row, sums[MT]) once per output row (row < n of its segment), from one thread.
+// The whole GEMV of one block: its tiles × all K, for MT matrices per tile. Order of work:
+// launch_dependents, the first weight batch requested, griddepcontrol.wait, then the prologue
+// `stage_x(x_smem, K)` stages x; after the main loop and the block's reduction,
+// epilogue(seg, tile_in_seg, g, sums[MT][2]) runs once per (tile, g), g < 8, from one thread,
+// with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows
+// says which rows those are; rows ≥ n must not be stored).
 // Contains __syncthreads(): call from every thread of the block.
-template <int MT, int NSEG, bool TILED = false, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
-                                                const __half* __restrict__ x, int K,
-                                                Epilogue epilogue) {
+template <int MT, int NSEG, typename Prologue, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K,
+                                                Prologue stage_x, Epilogue epilogue) {
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
     extern __shared__ uint4 x_smem[];  // [K/8] chunks of x (gemv_x_slot order), then partials
     float* partial = reinterpret_cast<float*>(x_smem + K / 8);  // [T_b][MT][W][16] fp32
@@ -182,6 +246,10 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
     const int tile_b = blockIdx.x * n_tiles / gridDim.x, tile_e = (blockIdx.x + 1) * n_tiles / gridDim.x;
     const u64 policy = l2_evict_first_policy();
 
+    // Every block of this grid is resident in one wave (the launcher sizes G for that), so the
+    // next kernel may be scheduled as soon as they have all started.
+    grid_launch_dependents();
+
     // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_b, ld_gi = gb;
     auto load = [&](GemvBatch<MT, UNROLL>& b) {
@@ -189,23 +257,18 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
         for (int u = 0; u < UNROLL; ++u) {
             if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
             const int seg = gemv_segment(p, ld_tile);
-            const int n = gemv_rows(p, seg);
-            const int row0 = (ld_tile - gemv_first_tile(p, seg)) * GEMV_TILE_ROWS;
+            const int n = gemv_field<NSEG>(seg, p.n);
+            int lo, hi;
+            gemv_tile_rows(ld_tile - gemv_field<NSEG>(seg, p.first_tile), g,
+                           gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
             // Rows past n (last tile of a matrix) load the last row and are never stored.
-            const u64 r0 = min(row0 + g, n - 1), r1 = min(row0 + g + 8, n - 1);
+            const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 const __half* sc = gemv_scales(p, seg, m) + ld_gi;
-                if constexpr (TILED) {  // [n/16, K/128, 16 rows, 16 words]: 1 KiB per (tile, group)
-                    const u32* qw = gemv_qweight(p, seg, m) + 4 * t +
-                        ((u64)(ld_tile - gemv_first_tile(p, seg)) * n_groups + ld_gi) * (GEMV_TILE_ROWS * GEMV_WORDS_PER_GROUP);
-                    b.w[u][m][0] = ld_stream_v4(qw + g * GEMV_WORDS_PER_GROUP, policy);
-                    b.w[u][m][1] = ld_stream_v4(qw + (g + 8) * GEMV_WORDS_PER_GROUP, policy);
-                } else {
-                    const u32* qw = gemv_qweight(p, seg, m) + 4 * t + ld_gi * GEMV_WORDS_PER_GROUP;
-                    b.w[u][m][0] = ld_stream_v4(qw + r0 * words_per_row, policy);
-                    b.w[u][m][1] = ld_stream_v4(qw + r1 * words_per_row, policy);
-                }
+                const u32* qw = gemv_qweight(p, seg, m) + 4 * t + ld_gi * GEMV_WORDS_PER_GROUP;
+                b.w[u][m][0] = ld_stream_v4(qw + r0 * words_per_row, policy);
+                b.w[u][m][1] = ld_stream_v4(qw + r1 * words_per_row, policy);
                 b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
                 b.s[u][m][1] = __half2float(__ldg(sc + r1 * n_groups));
             }
@@ -213,10 +276,12 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
         }
     };
 
-    // The first batch goes out before x is staged: its latency overlaps the staging.
+    // The first batch of weights goes out before the wait: its latency overlaps the previous
+    // kernel's tail and the staging of x (weights are never written by any kernel).
     GemvBatch<MT, UNROLL> cur, next;
     load(cur);
-    gemv_stage_x(x_smem, x, K);
+    grid_dependency_wait();
+    stage_x(x_smem, K);
     __syncthreads();
 
     float acc[MT][2];
@@ -268,26 +333,36 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
     }
     __syncthreads();
 
-    // One thread per output row of the block: the W partials in warp order, then the epilogue.
-    for (int o = threadIdx.x; o < (tile_e - tile_b) * GEMV_TILE_ROWS; o += blockDim.x) {
-        const int tl = o / GEMV_TILE_ROWS, r = o % GEMV_TILE_ROWS;
+    // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order, then the
+    // epilogue.
+    for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
+        const int tl = o / 8, gg = o % 8;
         const int tile = tile_b + tl;
         const int seg = gemv_segment(p, tile);
-        const int row = (tile - gemv_first_tile(p, seg)) * GEMV_TILE_ROWS + r;
-        if (row >= gemv_rows(p, seg)) continue;
-        float sums[MT];
+        float sums[MT][2];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const float* src = partial + ((tl * MT + m) * n_warps) * GEMV_TILE_ROWS + r;
-            float s = 0.f;
-            for (int w = 0; w < n_warps; ++w) s += src[w * GEMV_TILE_ROWS];
-            sums[m] = s;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float* src = partial + ((tl * MT + m) * n_warps) * GEMV_TILE_ROWS + gg + 8 * h;
+                float s = 0.f;
+                for (int w = 0; w < n_warps; ++w) s += src[w * GEMV_TILE_ROWS];
+                sums[m][h] = s;
+            }
         }
-        epilogue(seg, row, sums);
+        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, sums);
     }
 }
 
 __device__ __forceinline__ int gemv_tiles(int n) { return (n + GEMV_TILE_ROWS - 1) / GEMV_TILE_ROWS; }
+
+// Plain row order: store `f(row, value)` for MMA rows g and g + 8 of a tile, rows < n only.
+template <typename F>
+__device__ __forceinline__ void gemv_store_rows(int tile_in_seg, int g, int n, const float (&v)[2], F f) {
+    const int lo = tile_in_seg * GEMV_TILE_ROWS + g;
+    if (lo < n) f(lo, v[0]);
+    if (lo + 8 < n) f(lo + 8, v[1]);
+}
 
 // y = W x, FP16 out (rounded once from the FP32 sum).
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
@@ -297,38 +372,72 @@ gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
               const u32* __restrict__ qweight,    // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,  // [N, K/128] fp16
               int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}};
-    gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[1]) {
-        y[row] = __float2half_rn(sum[0]);
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}, {0}};
+    gemv_int4_block(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { y[row] = __float2half_rn(v); });
     });
 }
 
-// [q; k; v] = [Wq; Wk; Wv] x in one launch, FP32 out (bias, RoPE and the FP16 rounding
-// happen once, in rope_kv.cu): one launch instead of three, and the k/v tiles (32 each at 7B)
-// share the wave with q's 224 instead of running in two under-filled waves of their own.
+// The attention input of one decode step, from the residual stream, in one launch:
+//   xn = rmsnorm(residual) · input_layernorm          (prologue, rmsnorm.cuh)
+//   [q; k; v] = [Wq; Wk; Wv] xn + [bq; bk; bv]          (q and k tiles RoPE-paired)
+//   q_out = rope(q, pos); K cache slot of pos = rope(k, pos); V cache slot of pos = v
+// with pos = state[0] and the page from the block table (both read after the wait), so a
+// captured graph replays it every step. FP32 until each output's one rounding to FP16, with
+// rope_kv.cu's arithmetic. The k/v tiles (32 each at 7B) share the wave with q's 224 instead
+// of running in under-filled launches of their own.
 // grid (G ≤ ceil(Nq/16) + 2·ceil(Nkv/16)), block (32·W), dynamic smem (see the header).
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_qkv(float* __restrict__ qkv,             // [Nq + 2·Nkv] fp32, out: q | k | v
-              const __half* __restrict__ x,        // [K] fp16 (normed hidden state)
-              const u32* __restrict__ q_qweight,   // [Nq, K/8] uint32
-              const __half* __restrict__ q_scales, // [Nq, K/128] fp16
-              const u32* __restrict__ k_qweight,   // [Nkv, K/8] uint32
-              const __half* __restrict__ k_scales, // [Nkv, K/128] fp16
-              const u32* __restrict__ v_qweight,   // [Nkv, K/8] uint32
-              const __half* __restrict__ v_scales, // [Nkv, K/128] fp16
-              int Nq, int Nkv, int K) {
-    const int tq = gemv_tiles(Nq), tkv = gemv_tiles(Nkv);
+gemv_int4_qkv_rope(__half* __restrict__ q_out,           // [Hq·Dh] fp16, out: rotated query
+                   __half* __restrict__ k_cache,         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+                   __half* __restrict__ v_cache,         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+                   const float* __restrict__ residual,   // [K] fp32, the residual stream
+                   const __half* __restrict__ norm_w,    // [K] fp16, input_layernorm gain
+                   const u32* __restrict__ q_qweight,    // [Hq·Dh, K/8] uint32
+                   const __half* __restrict__ q_scales,  // [Hq·Dh, K/128] fp16
+                   const u32* __restrict__ k_qweight,    // [Hkv·Dh, K/8] uint32
+                   const __half* __restrict__ k_scales,  // [Hkv·Dh, K/128] fp16
+                   const u32* __restrict__ v_qweight,    // [Hkv·Dh, K/8] uint32
+                   const __half* __restrict__ v_scales,  // [Hkv·Dh, K/128] fp16
+                   const __half* __restrict__ q_bias,    // [Hq·Dh] fp16
+                   const __half* __restrict__ k_bias,    // [Hkv·Dh] fp16
+                   const __half* __restrict__ v_bias,    // [Hkv·Dh] fp16
+                   const float* __restrict__ inv_freq,   // [Dh/2] fp32 (reference.rope_inv_freq)
+                   const int* __restrict__ state,        // [3] int32: pos, token, seq_len (reads [0])
+                   const int* __restrict__ block_table,  // [max_pages] int32: logical → physical page
+                   int Hq, int Hkv, int Dh, int K, float eps) {
+    const int nq = Hq * Dh, nkv = Hkv * Dh, tq = gemv_tiles(nq), tkv = gemv_tiles(nkv);
     const GemvProblem<1, 3> p = {{{q_qweight}, {k_qweight}, {v_qweight}},
                                  {{q_scales}, {k_scales}, {v_scales}},
-                                 {Nq, Nkv, Nkv},
-                                 {0, tq, tq + tkv, tq + 2 * tkv}};
-    gemv_int4_block(p, x, K, [&](int seg, int row, const float (&sum)[1]) {
-        qkv[(seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv) + row] = sum[0];
+                                 {nq, nkv, nkv},
+                                 {0, tq, tq + tkv, tq + 2 * tkv},
+                                 {Dh, Dh, 0}};
+    gemv_int4_block(p, K, GemvStageRmsNorm{residual, norm_w, eps},
+                    [&](int seg, int tile, int g, const float (&s)[1][2]) {
+        const int pos = state[0];
+        const u64 slot = kv_offset(block_table[pos / KV_PAGE_TOKENS], 0, pos % KV_PAGE_TOKENS, Hkv, Dh);
+        if (seg == 2) {  // v: bias only, plain row order
+            gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
+                const int head = row / Dh, d = row % Dh;
+                v_cache[slot + (u64)head * KV_PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(v_bias[row]));
+            });
+            return;
+        }
+        int lo, hi;  // rows of dims i and i + Dh/2 of one head
+        gemv_tile_rows(tile, g, Dh, lo, hi);
+        const int head = lo / Dh, i = lo % Dh;
+        const __half* b = seg == 0 ? q_bias : k_bias;
+        float o1, o2;
+        rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);
+        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * KV_PAGE_TOKENS * Dh;
+        dst[i] = __float2half_rn(o1);
+        dst[i + Dh / 2] = __float2half_rn(o2);
     });
 }
 
-// residual += W x in FP32 (the residual stream is FP32: DESIGN.md §9). Each row is read and
-// written by one thread of one block, so the read-modify-write needs no atomics.
+// residual += W x in FP32 (the residual stream is FP32: docs/numerics.md#the-residual-stream-is-fp32).
+// Each row is read and written by one thread of one block, so the read-modify-write needs no
+// atomics; it happens after the wait, like every read of an earlier kernel's output.
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_residual(float* __restrict__ residual,      // [N] fp32, in/out
@@ -336,67 +445,38 @@ gemv_int4_residual(float* __restrict__ residual,      // [N] fp32, in/out
                    const u32* __restrict__ qweight,   // [N, K/8] uint32
                    const __half* __restrict__ scales, // [N, K/128] fp16
                    int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}};
-    gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[1]) {
-        residual[row] += sum[0];
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}, {0}};
+    gemv_int4_block(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
     });
 }
 
-// h = silu(Wg x) ⊙ (Wu x): each tile is the same 16 rows of gate_proj and up_proj, so the
-// SwiGLU needs no extra launch and no FP16 round trip of g and u. silu(g) = g / (1 + e^-g) in
-// FP32 with the accurate expf (the ~19k values cost nothing next to 68 MB of weights).
+// h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm (prologue):
+// each tile is the same 16 rows of gate_proj and up_proj, so the SwiGLU needs no extra launch
+// and no FP16 round trip of g and u. silu(g) = g / (1 + e^-g) in FP32 with the accurate expf
+// (the ~19k values cost nothing next to 68 MB of weights).
 // grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
-                         const __half* __restrict__ x,          // [K] fp16 (normed hidden)
+                         const float* __restrict__ residual,    // [K] fp32, the residual stream
+                         const __half* __restrict__ norm_w,     // [K] fp16, post_attention_layernorm gain
                          const u32* __restrict__ gate_qweight,  // [F, K/8] uint32
                          const __half* __restrict__ gate_scales,// [F, K/128] fp16
                          const u32* __restrict__ up_qweight,    // [F, K/8] uint32
                          const __half* __restrict__ up_scales,  // [F, K/128] fp16
-                         int F, int K) {
+                         int F, int K, float eps) {
     const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
-                                 {F}, {0, gemv_tiles(F)}};
-    gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[2]) {
-        const float gate = sum[0];
-        const float silu = gate / (1.f + expf(-gate));
-        h[row] = __float2half_rn(silu * sum[1]);
-    });
-}
-
-// ---- Experiment: a tile-major weight layout (not a file layout yet) -------------------------
-// The same GEMVs reading qweight as [N/16, K/128, 16 rows, 16 words] (N % 16 == 0): one
-// warp's two loads for one (tile, group) then cover 1 KiB of contiguous memory, where layout
-// id 1 gives 16 separate 64-byte pieces, one per row. Kept beside the layout-1 kernels so
-// test_kernel_gemv_int4.py can time both on the same weights; if it wins on the H200 it
-// becomes a new layout id in format/quant.py (a new id, never a silent change).
-
-// grid/block/smem as gemv_int4_residual.
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_residual_tiled(float* __restrict__ residual,      // [N] fp32, in/out
-                         const __half* __restrict__ x,      // [K] fp16
-                         const u32* __restrict__ qweight,   // [N/16, K/128, 16, 16] uint32
-                         const __half* __restrict__ scales, // [N, K/128] fp16
-                         int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}};
-    gemv_int4_block<1, 1, true>(p, x, K, [&](int, int row, const float (&sum)[1]) {
-        residual[row] += sum[0];
-    });
-}
-
-// grid/block/smem as gemv_int4_gate_up_swiglu.
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_gate_up_swiglu_tiled(__half* __restrict__ h,                // [F] fp16, out
-                               const __half* __restrict__ x,          // [K] fp16
-                               const u32* __restrict__ gate_qweight,  // [F/16, K/128, 16, 16] uint32
-                               const __half* __restrict__ gate_scales,// [F, K/128] fp16
-                               const u32* __restrict__ up_qweight,    // [F/16, K/128, 16, 16] uint32
-                               const __half* __restrict__ up_scales,  // [F, K/128] fp16
-                               int F, int K) {
-    const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
-                                 {F}, {0, gemv_tiles(F)}};
-    gemv_int4_block<2, 1, true>(p, x, K, [&](int, int row, const float (&sum)[2]) {
-        const float gate = sum[0];
-        const float silu = gate / (1.f + expf(-gate));
-        h[row] = __float2half_rn(silu * sum[1]);
+                                 {F}, {0, gemv_tiles(F)}, {0}};
+    gemv_int4_block(p, K, GemvStageRmsNorm{residual, norm_w, eps},
+                    [&](int, int tile, int g, const float (&s)[2][2]) {
+        const int lo = tile * GEMV_TILE_ROWS + g;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = lo + 8 * r;
+            if (row >= F) continue;
+            const float gate = s[0][r];
+            const float silu = gate / (1.f + expf(-gate));
+            h[row] = __float2half_rn(silu * s[1][r]);
+        }
     });
 }

@@ -36,6 +36,7 @@
 // kernel before advance_state, does — so a replayed CUDA graph draws a new number every step.
 #include "types.cuh"  // u32, u64, WARP_SIZE, F32_NEG_INF
 #include "warp.cuh"   // argmax_better, FULL_WARP_MASK
+#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 
 #define SAMPLE_THREADS    1024
 #define SAMPLE_BINS       1024                  // 10-bit digits; == SAMPLE_THREADS (a thread per bin)
@@ -212,6 +213,8 @@ sample_token(int* __restrict__ next_token,            // [1] int32, out: the cho
              const float* __restrict__ logits,        // [V] fp32
              int V) {
     __shared__ SampleSmem sm;
+    grid_launch_dependents();
+    grid_dependency_wait();  // logits and params (token_index) come from earlier kernels
     const SamplerParams P = *params;
     const int tid = threadIdx.x;
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
@@ -314,6 +317,8 @@ extern "C" __global__ void publish_token(int* __restrict__ host_ring,         //
                                          SamplerParams* __restrict__ params,  // [1] in/out: token_index += 1
                                          const int* __restrict__ next_token,  // [1] int32
                                          int ring_size) {
+    grid_launch_dependents();
+    grid_dependency_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         const u32 i = params->token_index;
         host_ring[i % (u32)ring_size] = next_token[0];

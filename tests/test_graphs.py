@@ -2,7 +2,7 @@
 
 CPU part (runs in CI): the choice between the two graphs and the page bookkeeping, with the device parts faked.
 A fake "GPU" holds the device state, block table and the hand-over scalar; fake launches act
-on it (rope_kv records which physical page each position's K/V went to, and fails if the block
+on it (qkv_rope records which physical page each position's K/V went to, and fails if the block
 table has no entry yet — exactly what the "opens_page" graph must prevent); fake capture records launches
 without running them and a fake exec replays them, as the driver does.
 
@@ -166,7 +166,7 @@ class FakeDecodeStep:
         self.max_context = n_pages * PAGE_TOKENS
         self.buf = {"block_table": FakeArray("block_table"), "state": FakeArray("state")}
         self.launches = [NamedLaunch(n, FakeLaunch(self.gpu, n, fn, self.stream), None) for n, fn in (
-            ("embedding", lambda g: None), ("L0.rope_kv", _rope_kv), ("L0.attention", lambda g: None),
+            ("embedding", lambda g: None), ("L0.qkv_rope", _rope_kv), ("L0.attention", lambda g: None),
             ("argmax", _argmax), ("advance_state", _advance_state))]
         self.pos = 0
 
@@ -340,8 +340,8 @@ def test_fake_graph_replays_captured_work_and_closes(fake_device, rng):
     gd.start(5)
     assert gd.step() == GRAPH_OPENS_PAGE and gd.step() == GRAPH_STEP
     gd.sync()
-    assert dec.gpu.log == ["set_block_table_entry", "embedding", "L0.rope_kv", "L0.attention", "argmax",
-                           "advance_state"] + ["embedding", "L0.rope_kv", "L0.attention", "argmax", "advance_state"]
+    assert dec.gpu.log == ["set_block_table_entry", "embedding", "L0.qkv_rope", "L0.attention", "argmax",
+                           "advance_state"] + ["embedding", "L0.qkv_rope", "L0.attention", "argmax", "advance_state"]
     assert gd.pos == dec.pos == 2 and int(dec.gpu.state[0]) == 2
     gd.close()
     gd.close()                                     # idempotent

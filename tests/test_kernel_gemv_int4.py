@@ -1,5 +1,11 @@
 """kernels/gemv_int4.cu against float64 numpy on the dequantized weights (format.quant).
 
+The fused kernels are checked against the reference of everything they fuse: gemv_int4_qkv_rope
+against rmsnorm → matvec + bias → RoPE (q, and the K/V cache slot of the position in a
+NaN-poisoned paged cache with a shuffled block table, every other slot untouched), and
+gemv_int4_gate_up_swiglu against rmsnorm → two matvecs → SwiGLU. The normalised input is
+rounded to FP16 in the reference as the kernel rounds it.
+
 Shapes: the real 7B and 0.5B projections, plus awkward ones — N not a multiple of the 16-row
 tile, N = 1, K = 128 (one group), K with a group count no warp split divides evenly.
 Every output is poisoned with NaN before the launch and must be fully written; the same launch
@@ -23,7 +29,12 @@ pytestmark = pytest.mark.gpu
 # (label, N, K)
 PLAIN = [("7b.o_proj", 3584, 3584), ("0.5b.o_proj", 896, 896), ("odd.n160.k128", 160, 128),
          ("odd.n200.k384", 200, 384), ("odd.n1.k128", 1, 128), ("odd.n136.k1152", 136, 1152)]
-QKV = [("7b", 3584, 512, 3584), ("0.5b", 896, 128, 896), ("odd", 200, 24, 256)]
+# (label, Hq, Hkv, Dh, D): the real shapes, and a small one whose q tiles span 2 heads per block.
+QKV = [("7b", 28, 4, 128, 3584), ("0.5b", 14, 2, 64, 896), ("odd", 3, 1, 32, 256)]
+POSITIONS = [0, 17, 1000, 32767]
+N_PAGES = 9
+MAX_PAGES = 32768 // 16
+EPS = 1e-6
 RESIDUAL = [("7b.o_proj", 3584, 3584), ("7b.down_proj", 3584, 18944), ("0.5b.o_proj", 896, 896),
             ("0.5b.down_proj", 896, 4864), ("odd.n72.k640", 72, 640)]
 GATE_UP = [("7b", 18944, 3584), ("0.5b", 4864, 896), ("odd", 200, 128)]
@@ -76,28 +87,66 @@ def test_gemv_int4_f16(dev, rng, label, n, k):
         _time(label, variant, ln)
 
 
-@pytest.mark.parametrize("label,nq,nkv,k", QKV, ids=[p[0] for p in QKV])
-def test_gemv_int4_qkv(dev, rng, label, nq, nkv, k):
-    from drvqwen.launchers import GemvInt4Qkv
+def _residual(rng, k):
+    """A residual stream with Qwen2's few channels of huge magnitude (fp32 [k])."""
+    r = rng.standard_normal(k).astype(np.float32)
+    big = rng.choice(k, size=min(4, k), replace=False)
+    r[big] = rng.choice([-1, 1], size=big.size) * rng.uniform(1e3, 3e4, size=big.size)
+    return r
 
+
+def _normed(residual, weight):
+    """rmsnorm(residual) · weight as the kernel feeds it to the MMAs: computed in float64,
+    rounded to FP16 once."""
+    return ref.rmsnorm(residual.astype(np.float64), weight, EPS).astype(np.float16)
+
+
+@pytest.mark.parametrize("label,hq,hkv,dh,k", QKV, ids=[p[0] for p in QKV])
+def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
+    from drvqwen.launchers import GemvInt4QkvRope
+
+    nq, nkv = hq * dh, hkv * dh
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
-    x = _x(rng, k)
+    residual, norm_w = _residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
+    biases = [(rng.standard_normal(n) * 0.5).astype(np.float16) for n in (nq, nkv, nkv)]
+    inv_freq = ref.rope_inv_freq(dh, 1e6)
+    block_table = rng.integers(0, N_PAGES, size=MAX_PAGES).astype(np.int32)  # shuffled pages
+    x = _normed(residual, norm_w)
+    q64, k64, v64 = (matvec64(qw, sc, x) + b.astype(np.float64) for (qw, sc), b in zip(ws, biases))
     args = []
     for name, (qw, sc) in zip("qkv", ws):
         args += [dev.upload(f"{name}.qw", qw), dev.upload(f"{name}.sc", sc)]
-    x_d = dev.upload("x", x)
-    want = np.concatenate([matvec64(qw, sc, x) for qw, sc in ws])
+    bufs = dict(residual=dev.upload("residual", residual), norm_w=dev.upload("norm_w", norm_w),
+                bias=[dev.upload(f"b{i}", b) for i, b in enumerate(biases)], inv_freq=dev.upload("inv_freq", inv_freq),
+                bt=dev.upload("block_table", block_table), state=dev.upload("state", np.zeros(3, np.int32)))
+    q_out = dev.poisoned("q", (hq, dh), np.float16)
+    k_cache = dev.poisoned("k_cache", (N_PAGES, hkv, 16, dh), np.float16)
+    v_cache = dev.poisoned("v_cache", (N_PAGES, hkv, 16, dh), np.float16)
     for variant, kw in _variants(label, -(-nq // 16) + 2 * -(-nkv // 16), k):
-        out = dev.poisoned("qkv", (nq + 2 * nkv,), np.float32)
-        ln = GemvInt4Qkv(out, x_d, *args, n_q=nq, n_kv=nkv, k=k, **kw)
-        ln.launch()
-        got = out.download()
-        for name, sl in (("q", slice(0, nq)), ("k", slice(nq, nq + nkv)), ("v", slice(nq + nkv, None))):
-            report(f"{label}[{variant}].{name}", got[sl], want[sl], TOL_GEMV)
-        out.fill_bytes(0xFF)
-        ln.launch()
-        assert_same_bits(label, got, out.download())
-        _time(f"{label}.qkv", variant, ln)
+        ln = GemvInt4QkvRope(q_out, k_cache, v_cache, bufs["residual"], bufs["norm_w"], *args, *bufs["bias"],
+                             bufs["inv_freq"], bufs["state"], bufs["bt"], n_heads=hq, n_kv_heads=hkv, head_dim=dh,
+                             dim=k, eps=EPS, **kw)
+        for pos in POSITIONS:
+            bufs["state"].upload(np.array([pos, 0, pos + 1], np.int32))
+            for buf in (q_out, k_cache, v_cache):
+                buf.fill_bytes(0xFF)
+            ln.launch()
+            cos, sin = (t.astype(np.float64) for t in ref.rope_cos_sin(np.array([pos]), dh, 1e6))
+            got_q = q_out.download()
+            report(f"{label}[{variant}].pos{pos}.q", got_q,
+                   ref.apply_rope(q64.reshape(1, hq, dh), cos, sin)[0], TOL_GEMV)
+            page, slot = block_table[pos // 16], pos % 16
+            for name, cache, want in (("k", k_cache, ref.apply_rope(k64.reshape(1, hkv, dh), cos, sin)[0]),
+                                      ("v", v_cache, v64.reshape(hkv, dh))):
+                got = cache.download()
+                report(f"{label}[{variant}].pos{pos}.{name}", got[page, :, slot, :], want, TOL_GEMV)
+                untouched = np.ones(got.shape[:3], dtype=bool)
+                untouched[page, :, slot] = False
+                assert (got.view(np.uint16)[untouched] == 0xFFFF).all(), \
+                    f"{name}_cache: a slot other than position {pos} was written"
+            ln.launch()
+            assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
+        _time(f"{label}.qkv_rope", variant, ln)
 
 
 @pytest.mark.parametrize("label,n,k", RESIDUAL, ids=[p[0] for p in RESIDUAL])
@@ -130,13 +179,14 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
 
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
-    x = _x(rng, k)
-    bufs = (dev.upload("x", x), dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
-            dev.upload("us", us))
+    residual, norm_w = _residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
+    x = _normed(residual, norm_w)
+    bufs = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), dev.upload("gq", gq),
+            dev.upload("gs", gs), dev.upload("uq", uq), dev.upload("us", us))
     want = ref.swiglu(matvec64(gq, gs, x), matvec64(uq, us, x))
     for variant, kw in _variants(label, -(-f // 16), k):
         h = dev.poisoned("h", (f,), np.float16)
-        ln = GemvInt4GateUpSwiglu(h, *bufs, f=f, k=k, **kw)
+        ln = GemvInt4GateUpSwiglu(h, *bufs, f=f, k=k, eps=EPS, **kw)
         ln.launch()
         got = h.download()
         report(f"{label}[{variant}]", got, want, TOL_GEMV)
@@ -144,45 +194,3 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
         ln.launch()
         assert_same_bits(label, got, h.download())
         _time(f"{label}.gate_up", variant, ln)
-
-
-def _tile_major(qweight: np.ndarray) -> np.ndarray:
-    """Layout id 1 [N, K/8] → the experimental tile-major [N/16, K/128, 16, 16] (gemv_int4.cu)."""
-    n, kw = qweight.shape
-    return np.ascontiguousarray(qweight.reshape(n // 16, 16, kw // 16, 16).transpose(0, 2, 1, 3))
-
-
-TILED = [("7b.gate_up", 18944, 3584), ("7b.down_proj", 3584, 18944), ("odd.gate_up", 160, 256),
-         ("odd.down_proj", 64, 384)]
-
-
-@pytest.mark.parametrize("label,n,k", TILED, ids=[p[0] for p in TILED])
-def test_gemv_int4_tiled_layout_experiment(dev, rng, label, n, k):
-    """The tile-major weight layout against layout id 1: same results, and (7B) both timed."""
-    from drvqwen.launchers import GemvInt4GateUpSwiglu, GemvInt4Residual
-
-    x = _x(rng, k)
-    x_d = dev.upload("x", x)
-    if label.endswith("gate_up"):
-        (gq, gs), (uq, us) = random_int4(rng, n, k), random_int4(rng, n, k)
-        want = ref.swiglu(matvec64(gq, gs, x), matvec64(uq, us, x))
-        scales = dev.upload("gs", gs), dev.upload("us", us)
-        for tiled in (False, True):
-            pack = _tile_major if tiled else (lambda a: a)
-            h = dev.poisoned("h", (n,), np.float16)
-            ln = GemvInt4GateUpSwiglu(h, x_d, dev.upload("gq", pack(gq)), scales[0], dev.upload("uq", pack(uq)),
-                                      scales[1], f=n, k=k, tiled=tiled)
-            ln.launch()
-            report(f"{label}[tiled={tiled}]", h.download(), want, TOL_GEMV)
-            _time(label, f"tiled={tiled}", ln)
-    else:
-        qw, sc = random_int4(rng, n, k)
-        want = matvec64(qw, sc, x)
-        sc_d = dev.upload("sc", sc)
-        for tiled in (False, True):
-            res = dev.upload("res", np.zeros(n, np.float32))
-            ln = GemvInt4Residual(res, x_d, dev.upload("qw", _tile_major(qw) if tiled else qw), sc_d,
-                                  n=n, k=k, tiled=tiled)
-            ln.launch()
-            report(f"{label}[tiled={tiled}]", res.download(), want, TOL_GEMV)
-            _time(label, f"tiled={tiled}", ln)

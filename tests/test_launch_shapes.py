@@ -59,8 +59,8 @@ def test_decode_plan_without_a_gpu():
     cfg = PRESETS["0.5b"]
     plan = plan_decode(cfg, 1024, occupancy=FixedOccupancy(132, lambda k, t, s: 2))
     specs = dict(plan.named_specs())
-    assert len(specs) == 1 + 9 * cfg.num_layers + 4
-    assert specs["L0.rope_kv"].writes == ("q", "k_cache[0]", "v_cache[0]")
+    assert len(specs) == 1 + 6 * cfg.num_layers + 4
+    assert specs["L0.qkv_rope"].writes == ("q", "k_cache[0]", "v_cache[0]")
     assert specs["L3.attention.0"].writes == ("partial_out", "max_logits", "exp_sums")
     assert specs["L3.attention.0"].grid == (plan.blocks_per_kv_head, cfg.num_kv_heads)
     assert specs["lm_head"].writes == ("logits", "part_val", "part_idx")

@@ -1,19 +1,23 @@
 """One decode step on the GPU as an ordered list of named launches.
 
-    embedding                       residual fp32 [D] = embed[state.token]
-    per layer l:
-      L{l}.input_layernorm          xn   fp16 [D]        = rmsnorm(residual) · w
-      L{l}.qkv_proj                 qkv  fp32 [Nq+2Nkv]  = [Wq; Wk; Wv] xn          (INT4 GEMV)
-      L{l}.rope_kv                  q    fp16 [Hq, Dh]   = rope(q + bq); K/V cache[pos] = rope(k + bk), v + bv
-      L{l}.attention (2 launches)   attn fp16 [Hq·Dh]    = softmax(q Kᵀ/√Dh) V over pos < seq_len
-      L{l}.o_proj                   residual += Wo attn                              (INT4 GEMV)
-      L{l}.post_attention_layernorm xn   fp16 [D]
-      L{l}.gate_up_swiglu           h    fp16 [F]        = silu(Wg xn) · (Wu xn)     (INT4 GEMV)
-      L{l}.down_proj                residual += Wd h                                 (INT4 GEMV)
-    norm                            xn fp16 [D] = rmsnorm(residual) · w_norm
+    embedding                     residual fp32 [D] = embed[state.token]
+    per layer l (6 launches):
+      L{l}.qkv_rope               xn = rmsnorm(residual) · w_in;  [q; k; v] = [Wq; Wk; Wv] xn + b   (INT4 GEMV)
+                                  q fp16 [Hq, Dh] = rope(q); K/V cache[pos] = rope(k), v
+      L{l}.attention (2 launches) attn fp16 [Hq·Dh] = softmax(q Kᵀ/√Dh) V over pos < seq_len
+      L{l}.o_proj                 residual += Wo attn                                               (INT4 GEMV)
+      L{l}.gate_up_swiglu         xn = rmsnorm(residual) · w_post;  h fp16 [F] = silu(Wg xn) · (Wu xn) (INT4 GEMV)
+      L{l}.down_proj              residual += Wd h                                                  (INT4 GEMV)
+    norm                          xn fp16 [D] = rmsnorm(residual) · w_norm
     lm_head                         logits fp32 [V] = W_lm xn, + argmax partials
     argmax                          next_token int32 [1]
     advance_state                   state = (pos + 1, next_token, seq_len + 1)
+
+The RMSNorms, the QKV bias, RoPE and the K/V cache write, the residual adds and SwiGLU run
+inside the GEMVs (gemv_int4.cu): each launch costs the GPU ~2–3 µs of drain and ramp-up, as
+much as a small GEMV's bytes. Every kernel of the step waits for its predecessor with
+griddepcontrol.wait and is launched as a programmatic dependent (PDL, cuda/launch.py), so its
+first weight loads run under the previous kernel's tail.
 
 Every per-step value — position, token, sequence length, block table — lives in device
 memory, so this list is launch for launch what a CUDA graph captures (graphs.py). Eager mode
@@ -39,7 +43,7 @@ the prompt's end (`resume`).
 Activations (`DecodePlan.buffers`; layers reuse one set):
     state        int32 [3]          pos, token, seq_len
     block_table  int32 [P]          logical page → physical page (P = max_context / 16)
-    residual     fp32 [D]           xn fp16 [D]        qkv fp32 [Nq + 2 Nkv]
+    residual     fp32 [D]           xn fp16 [D] (the final norm's output, lm_head's input)
     q            fp16 [Nq]          attn fp16 [Nq]     h fp16 [F]
     logits       fp32 [V]           part_val fp32 / part_idx int32 [ceil(V/32)]
     next_token   int32 [1]          inv_freq fp32 [Dh/2]
@@ -141,8 +145,7 @@ def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[i
     shapes = {  # name: (shape, dtype)
         "state": ((3,), np.int32), "next_token": ((1,), np.int32),
         "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
-        "residual": ((D,), np.float32), "xn": ((D,), np.float16),
-        "qkv": ((nq + 2 * nkv,), np.float32), "q": ((nq,), np.float16),
+        "residual": ((D,), np.float32), "xn": ((D,), np.float16), "q": ((nq,), np.float16),
         "attn": ((nq,), np.float16), "h": ((F,), np.float16), "logits": ((V,), np.float32),
         "part_val": ((K.lm_head_partials(V),), np.float32), "part_idx": ((K.lm_head_partials(V),), np.int32),
         **{name: (shape, np.float32) for name, shape in partials.items()},
@@ -202,17 +205,14 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             attn = K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
                                      n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
         steps += [
-            (f"L{l}.input_layernorm", K.RmsNorm(a["xn"], a["residual"], w.input_layernorm, dim=D, eps=eps)),
-            (f"L{l}.qkv_proj", K.GemvInt4Qkv(a["qkv"], a["xn"], *w.q_proj, *w.k_proj, *w.v_proj,
-                                             n_q=nq, n_kv=nkv, k=D, **gemv)),
-            (f"L{l}.rope_kv", K.RopeKv(a["q"], k_l, v_l, a["qkv"], w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
-                                       a["state"], a["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh)),
+            (f"L{l}.qkv_rope", K.GemvInt4QkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, *w.q_proj,
+                                                 *w.k_proj, *w.v_proj, w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
+                                                 a["state"], a["block_table"], n_heads=Hq, n_kv_heads=Hkv,
+                                                 head_dim=Dh, dim=D, eps=eps, **gemv)),
             (f"L{l}.attention", attn),
             (f"L{l}.o_proj", K.GemvInt4Residual(a["residual"], a["attn"], *w.o_proj, n=D, k=nq, **gemv)),
-            (f"L{l}.post_attention_layernorm", K.RmsNorm(a["xn"], a["residual"], w.post_attention_layernorm,
-                                                         dim=D, eps=eps)),
-            (f"L{l}.gate_up_swiglu", K.GemvInt4GateUpSwiglu(a["h"], a["xn"], *w.gate_proj, *w.up_proj,
-                                                            f=F, k=D, **gemv)),
+            (f"L{l}.gate_up_swiglu", K.GemvInt4GateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm,
+                                                            *w.gate_proj, *w.up_proj, f=F, k=D, eps=eps, **gemv)),
             (f"L{l}.down_proj", K.GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
         ]
     lm = K.LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
@@ -237,6 +237,8 @@ class DecodeStep:
         progress: weight upload progress callback (bytes_done, bytes_total).
         attention: "tma" (the warp-specialised TMA kernel; its tensor maps of the K/V pools are
             encoded once, at build) or "plain" (the reference kernel and fallback).
+        pdl: launch the kernels as programmatic dependents (the default; False for the
+            comparison, same results).
     Attributes:
         plan: the DecodePlan it was built from.
         launches: NamedLaunch list of one step, in order.
@@ -249,8 +251,9 @@ class DecodeStep:
 
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, num_layers: int | None = None,
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
-                 attention: str = DEFAULT_ATTENTION):
+                 attention: str = DEFAULT_ATTENTION, pdl: bool = True):
         self.device = get_device()
+        self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
         self.plan = plan_decode(cfg, max_context, attention=attention)
@@ -312,7 +315,7 @@ class DecodeStep:
     def _build(self) -> None:
         """Pack every planned launch against the allocated buffers, on the step's stream."""
         for _name, launcher in self.plan.steps:
-            launcher.build(self.resolve, self.stream)
+            launcher.build(self.resolve, self.stream, pdl=self.pdl)
         self.launchers = list(self.plan.steps)
         self._greedy_choice = self.launchers[self._index("argmax")]  # set_sampler(None) restores it
         self._flatten()
@@ -343,6 +346,9 @@ class DecodeStep:
         captured from `launches` (a graph holds the launches it recorded).
         """
         entry = self._greedy_choice if chooser is None else chooser
+        for launcher in (entry[1], publish):
+            if launcher is not None:
+                launcher.build(stream=self.stream, pdl=self.pdl)  # no-op if built already
         i = next(j for j, (n, _l) in enumerate(self.launchers) if n in ("argmax", "sample"))
         self.launchers[i] = entry
         self.launchers = [e for e in self.launchers if e[0] != "publish_token"]

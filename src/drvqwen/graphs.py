@@ -16,8 +16,8 @@ kernels read and the graph's last node (`advance_state`) advances, turning this 
 into the next step's input; the block table lives in device memory too. So the graph is never
 edited (no cuGraphExec*SetParams) and the host's only per-token work is the launch.
 
-Why two graphs: every 16 tokens the step's position opens a new KV page, and rope_kv must find
-that page in the block table before it writes K/V there. The page comes from the host-owned
+Why two graphs: every 16 tokens the step's position opens a new KV page, and the QKV kernel
+must find that page in the block table before it writes K/V there. The page comes from the host-owned
 free list (`PageAllocator`), so the host has to hand it over, and a graph that wrote a page
 *every* step would need the host's input every step. Hence:
 

@@ -9,9 +9,10 @@ Names follow one thread through the code base:
 |-------------------------|---------------------------------------------|--------------------------------------|
 | embedding               | Embedding, EmbeddingRows                    | residual fp32 [D] / [T, D]           |
 | rmsnorm                 | RmsNorm                                     | out fp16 [rows, D]                   |
-| gemv_int4               | GemvInt4, GemvInt4Qkv, GemvInt4Residual,    | y fp16 [N], qkv fp32, residual fp32  |
-|                         | GemvInt4GateUpSwiglu                        | (+=), h fp16 [F]                     |
-| rope_kv                 | RopeKv, RopeKvRows                          | q fp16, this step's K/V cache slots  |
+| gemv_int4               | GemvInt4, GemvInt4QkvRope (norm, RoPE, K/V  | y fp16 [N]; q fp16 + this step's K/V |
+|                         | write), GemvInt4Residual,                   | cache slots; residual fp32 (+=);     |
+|                         | GemvInt4GateUpSwiglu (norm, SwiGLU)         | h fp16 [F]                           |
+| rope_kv                 | RopeKvRows (prefill)                        | q fp16, the chunk's K/V cache slots  |
 | attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
 | attention_decode_tma    | AttentionDecodeTma (+ attention_combine)    | split partials, out fp16 [Hq, Dh]    |
 | gemv_f16                | LmHead                                      | logits fp32 [V], argmax partials     |
@@ -40,10 +41,10 @@ from .decode_state import AdvanceState, SetBlockTableEntry
 from .embedding import Embedding, EmbeddingRows
 from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
 from .gemv_f16 import LmHead, lm_head_partials
-from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4Qkv, GemvInt4Residual, gemv_launch_shape
+from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
-from .rope_kv import RopeKv, RopeKvRows
+from .rope_kv import RopeKvRows
 from .sampling import PublishToken, SampleToken
 from .timing import GpuSleep
 
@@ -51,8 +52,8 @@ __all__ = [
     "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeTma",
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
     "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
-    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4Qkv", "GemvInt4Residual", "GpuSleep", "KernelRef",
+    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef",
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PrefillBeginChunk", "PublishToken",
-    "RmsNorm", "RopeKv", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
+    "RmsNorm", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials",
 ]

@@ -29,7 +29,7 @@ class ArgmaxFinal(Launcher):
         check_buffer(part_val, "part_val", n_partials, np.float32)
         check_buffer(part_idx, "part_idx", n_partials, np.int32)
         self.bytes_moved = 8 * n_partials + 4
-        self._add(KernelRef("argmax", "argmax_final"), (1,), (THREADS,),
+        self._add(KernelRef("argmax", "argmax_final", pdl=True), (1,), (THREADS,),
                   [next_token, part_val, part_idx, i32(n_partials)],
                   reads=(part_val, part_idx), writes=(next_token,), bytes_moved=self.bytes_moved)
 
@@ -52,9 +52,9 @@ class Argmax(Launcher):
         check_buffer(part_idx, "part_idx", n_partials, np.int32)
         check_buffer(next_token, "next_token", 1, np.int32)
         self.bytes_moved = 4 * vocab_size + 16 * n_partials + 4
-        self._add(KernelRef("argmax", "argmax_partial"), (n_partials,), (THREADS,),
+        self._add(KernelRef("argmax", "argmax_partial", pdl=True), (n_partials,), (THREADS,),
                   [part_val, part_idx, logits, i32(vocab_size), i32(chunk)],
                   reads=(logits,), writes=(part_val, part_idx), bytes_moved=4 * vocab_size + 8 * n_partials)
-        self._add(KernelRef("argmax", "argmax_final"), (1,), (THREADS,),
+        self._add(KernelRef("argmax", "argmax_final", pdl=True), (1,), (THREADS,),
                   [next_token, part_val, part_idx, i32(n_partials)],
                   reads=(part_val, part_idx), writes=(next_token,), bytes_moved=8 * n_partials + 4)

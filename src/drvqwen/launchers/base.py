@@ -97,17 +97,26 @@ class TensorMapSpec:
 
 @dataclass(frozen=True)
 class KernelRef:
-    """A kernel by name: `kernel` in kernels/`file`.cu."""
+    """A kernel by name: `kernel` in kernels/`file`.cu, compiled with `defines` (compile-time
+    variants for benchmarks; the step uses the defaults).
+
+    Attributes:
+        pdl: the kernel calls griddepcontrol.wait before touching its predecessor's data
+            (ptx/griddep.cuh), so it may be launched as a programmatic dependent.
+    """
 
     file: str
     kernel: str
+    defines: tuple[tuple[str, int], ...] = ()
+    pdl: bool = False
 
     def function(self):
         """The loaded kernel (compiled through the cubin cache, loaded once). Needs a GPU."""
-        return load_kernel_module(self.file).function(self.kernel)
+        return load_kernel_module(self.file, defines=dict(self.defines)).function(self.kernel)
 
     def __str__(self) -> str:
-        return f"{self.file}.cu:{self.kernel}"
+        extra = "".join(f" {k}={v}" for k, v in self.defines)
+        return f"{self.file}.cu:{self.kernel}{extra}"
 
 
 @dataclass
@@ -155,9 +164,10 @@ class Launcher:
 
     bytes_moved: int = 0
 
-    def __init__(self, stream: Stream | None = None) -> None:
+    def __init__(self, stream: Stream | None = None, pdl: bool = False) -> None:
         self.specs: list[LaunchSpec] = []
         self.stream = stream
+        self.pdl = pdl  # launch the kernels that support it as programmatic dependents
         self._launches: list[KernelLaunch] | None = None
 
     def _add(self, kernel: KernelRef, grid: Sequence[int], block: Sequence[int], params: list, *,
@@ -168,12 +178,14 @@ class Launcher:
         self.specs.append(spec)
         return spec
 
-    def build(self, resolve: Resolver | None = None, stream: Stream | None = None) -> list[KernelLaunch]:
+    def build(self, resolve: Resolver | None = None, stream: Stream | None = None,
+              pdl: bool | None = None) -> list[KernelLaunch]:
         """Pack every spec into a KernelLaunch (once; later calls return the same launches).
 
         resolve(spec) gives the DeviceArray behind a BufferSpec and the TensorMap behind a
         TensorMapSpec; arguments that are already device arrays or scalars pass through.
-        `stream` (if given) becomes the launches' default stream.
+        `stream` (if given) becomes the launches' default stream. `pdl` (if given) replaces the
+        launcher's choice of programmatic dependent launch for the kernels that support it.
 
         Raises:
             LaunchError: a planned buffer and no resolver (or one that returned nothing).
@@ -184,6 +196,8 @@ class Launcher:
             return self._launches
         if stream is not None:
             self.stream = stream
+        if pdl is not None:
+            self.pdl = pdl
         launches = []
         for spec in self.specs:
             params = []
@@ -195,7 +209,8 @@ class Launcher:
                     p = got
                 params.append(p)
             launches.append(KernelLaunch(spec.kernel.function(), spec.grid, spec.block, params,
-                                         smem_bytes=spec.smem_bytes, stream=self.stream))
+                                         smem_bytes=spec.smem_bytes, stream=self.stream,
+                                         programmatic=self.pdl and spec.kernel.pdl))
         self._launches = launches
         return launches
 

@@ -37,7 +37,7 @@ class Embedding(Launcher):
         check_buffer(embed, "embed", vocab_size * dim, np.float16)
         check_state(state)
         self.bytes_moved = dim * (2 + 4)
-        self._add(KernelRef("embedding", "embedding"), (_grid_x(dim),), (THREADS,),
+        self._add(KernelRef("embedding", "embedding", pdl=True), (_grid_x(dim),), (THREADS,),
                   [residual, embed, state, i32(vocab_size), i32(dim)],
                   reads=(embed, state), writes=(residual,), bytes_moved=self.bytes_moved)
 

@@ -39,6 +39,6 @@ class LmHead(Launcher):
         check_buffer(weight, "weight", vocab_size * dim, np.float16)
         self.n_partials = n_part
         self.bytes_moved = vocab_size * dim * 2 + 2 * dim + 4 * vocab_size
-        self._add(KernelRef("gemv_f16", "gemv_f16_lm_head"), (n_part,), (THREADS,),
+        self._add(KernelRef("gemv_f16", "gemv_f16_lm_head", pdl=True), (n_part,), (THREADS,),
                   [logits, part_val, part_idx, x, weight, i32(vocab_size), i32(dim)],
                   reads=(x, weight), writes=(logits, part_val, part_idx), bytes_moved=self.bytes_moved)

@@ -1,11 +1,14 @@
 """Launchers of kernels/gemv_int4.cu: the decode GEMVs over INT4 (layout id 1) weights.
 
-    GemvInt4               y fp16 [N]            = W x
-    GemvInt4Qkv            qkv fp32 [Nq + 2 Nkv] = [Wq x; Wk x; Wv x]     (bias and RoPE: RopeKv)
-    GemvInt4Residual       residual fp32 [N]    += W x                    (o_proj, down_proj)
-    GemvInt4GateUpSwiglu   h fp16 [F]            = silu(Wg x) ⊙ (Wu x)    (gate_proj + up_proj)
+    GemvInt4               y fp16 [N]          = W x
+    GemvInt4QkvRope        q fp16 [Hq·Dh], K/V cache slot of state[0]
+                                               = rope([Wq; Wk; Wv] rmsnorm(residual) + bias)
+    GemvInt4Residual       residual fp32 [N]  += W x                        (o_proj, down_proj)
+    GemvInt4GateUpSwiglu   h fp16 [F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
 
 W is INT4 layout id 1: qweight uint32 [N, K/8] and scales fp16 [N, K/128] (format/quant.py).
+Every kernel of the file waits for its predecessor with griddepcontrol.wait (ptx/griddep.cuh),
+so the decode step launches them as programmatic dependents (KernelRef.pdl).
 
 The launch shape (`gemv_launch_shape`) comes from a small cost model: the kernel's work is
 16-row tiles × K groups, blocks own contiguous ranges of tiles and their W warps split K.
@@ -22,7 +25,9 @@ import numpy as np
 
 from ..cuda import Stream
 from ..format.quant import GROUP_SIZE
-from .base import DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, i32, mirrored, require
+from ..kv_cache import PAGE_TOKENS
+from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32, mirrored,
+                   require)
 
 TILE_ROWS = mirrored("gemv_int4", "GEMV_TILE_ROWS", 16)   # output rows per tile (M of one MMA)
 MAX_WARPS = mirrored("gemv_int4", "GEMV_MAX_WARPS", 8)    # K-split warps per block
@@ -102,20 +107,29 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
     return g, 32 * w, smem
 
 
+def _kernel(name: str, defines: tuple = ()) -> KernelRef:
+    return KernelRef("gemv_int4", name, tuple(defines), pdl=True)
+
+
 def _check_int4(qweight, scales, what: str, n: int, k: int) -> None:
     check_buffer(qweight, f"{what}.qweight", n * k // 8, np.uint32)
     check_buffer(scales, f"{what}.scales", n * (k // GROUP_SIZE), np.float16)
 
 
 class _GemvInt4Launcher(Launcher):
-    """Shared by the gemv_int4 launchers: the launch shape from the kernel's occupancy."""
+    """Shared by the gemv_int4 launchers: the launch shape from the kernel's occupancy.
+
+    Every launcher takes, besides its buffers: occupancy (blocks per SM and SM count for the
+    grid; default the driver's), warps / blocks (force the launch shape) and defines
+    (compile-time variants such as (("GEMV_UNROLL", 8),)) — the last three for benchmarks.
+    """
 
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, params: list, *, reads, writes,
-                    occupancy: Occupancy | None, warps: int | None, blocks: int | None) -> None:
+                    occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple) -> None:
         require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
         occ = occupancy or DEFAULT_OCCUPANCY
-        ref = KernelRef("gemv_int4", kernel)
+        ref = _kernel(kernel, defines)
         grid, threads, smem = gemv_launch_shape(
             n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks)
         self._add(ref, (grid,), (threads,), params, smem_bytes=smem, reads=reads, writes=writes,
@@ -130,38 +144,67 @@ class GemvInt4(_GemvInt4Launcher):
     """
 
     def __init__(self, y, x, qweight, scales, *, n: int, k: int, stream: Stream | None = None,
-                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None):
+                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
+                 defines: tuple = ()):
         super().__init__(stream)
         check_buffer(y, "y", n, np.float16)
         check_buffer(x, "x", k, np.float16)
         _check_int4(qweight, scales, "W", n, k)
         self.bytes_moved = int4_bytes(n, k) + 2 * k + 2 * n
         self._build_gemv("gemv_int4_f16", tiles(n), k, 1, [y, x, qweight, scales, i32(n), i32(k)],
-                         reads=(x, qweight, scales), writes=(y,), occupancy=occupancy, warps=warps, blocks=blocks)
+                         reads=(x, qweight, scales), writes=(y,), occupancy=occupancy, warps=warps, blocks=blocks,
+                         defines=defines)
 
 
-class GemvInt4Qkv(_GemvInt4Launcher):
-    """qkv fp32 [Nq + 2 Nkv] = [Wq x; Wk x; Wv x] in one launch.
+class GemvInt4QkvRope(_GemvInt4Launcher):
+    """The attention input of a decode step from the residual stream, in one launch:
+    xn = rmsnorm(residual) · norm_weight; [q; k; v] = [Wq; Wk; Wv] xn + bias; q_out fp16 [Hq·Dh]
+    = rope(q, pos) and, in one layer's paged cache [P, Hkv, 16, Dh], the slot of pos = state[0]
+    gets rope(k, pos) (k_cache) and v (v_cache), the page from block_table int32 [max_pages].
+
+    residual fp32 [D]; norm_weight fp16 [D] (input_layernorm); q/k/v qweight, scales INT4
+    [Hq·Dh | Hkv·Dh, D]; biases fp16; inv_freq fp32 [Dh/2] (reference.rope_inv_freq).
 
     Raises:
-        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
+        LaunchError: Dh not a multiple of 16, D not a multiple of 128, or a buffer of the wrong
+            size, dtype or shape.
     """
 
-    def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, *,
-                 n_q: int, n_kv: int, k: int, stream: Stream | None = None, occupancy: Occupancy | None = None,
-                 warps: int | None = None, blocks: int | None = None):
+    def __init__(self, q_out, k_cache, v_cache, residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales,
+                 v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, *, n_heads: int,
+                 n_kv_heads: int, head_dim: int, dim: int, eps: float, stream: Stream | None = None,
+                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
+                 defines: tuple = ()):
         super().__init__(stream)
-        check_buffer(qkv, "qkv", n_q + 2 * n_kv, np.float32)
-        check_buffer(x, "x", k, np.float16)
-        _check_int4(q_qweight, q_scales, "q_proj", n_q, k)
-        _check_int4(k_qweight, k_scales, "k_proj", n_kv, k)
-        _check_int4(v_qweight, v_scales, "v_proj", n_kv, k)
-        self.bytes_moved = int4_bytes(n_q + 2 * n_kv, k) + 2 * k + 4 * (n_q + 2 * n_kv)
-        self._build_gemv("gemv_int4_qkv", tiles(n_q) + 2 * tiles(n_kv), k, 1,
-                         [qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
-                          i32(n_q), i32(n_kv), i32(k)],
-                         reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales), writes=(qkv,),
-                         occupancy=occupancy, warps=warps, blocks=blocks)
+        require(head_dim % TILE_ROWS == 0, f"gemv_int4_qkv_rope: head_dim={head_dim} must be a multiple of "
+                                          f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
+        nq, nkv, k = n_heads * head_dim, n_kv_heads * head_dim, dim
+        check_buffer(q_out, "q_out", nq, np.float16)
+        for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            shape = getattr(c, "shape", None)
+            require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
+                    f"gemv_int4_qkv_rope: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
+                    f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
+        check_buffer(residual, "residual", k, np.float32)
+        check_buffer(norm_weight, "norm_weight", k, np.float16)
+        _check_int4(q_qweight, q_scales, "q_proj", nq, k)
+        _check_int4(k_qweight, k_scales, "k_proj", nkv, k)
+        _check_int4(v_qweight, v_scales, "v_proj", nkv, k)
+        check_buffer(q_bias, "q_bias", nq, np.float16)
+        check_buffer(k_bias, "k_bias", nkv, np.float16)
+        check_buffer(v_bias, "v_bias", nkv, np.float16)
+        check_buffer(inv_freq, "inv_freq", head_dim // 2, np.float32)
+        check_state(state)
+        n = nq + 2 * nkv
+        self.bytes_moved = int4_bytes(n, k) + 6 * k + 2 * n + 2 * n
+        self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1,
+                         [q_out, k_cache, v_cache, residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales,
+                          v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table,
+                          i32(n_heads), i32(n_kv_heads), i32(head_dim), i32(k), f32(eps)],
+                         reads=(residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
+                                q_bias, k_bias, v_bias, inv_freq, state, block_table),
+                         writes=(q_out, k_cache, v_cache), occupancy=occupancy, warps=warps, blocks=blocks,
+                         defines=defines)
 
 
 class GemvInt4Residual(_GemvInt4Launcher):
@@ -172,7 +215,8 @@ class GemvInt4Residual(_GemvInt4Launcher):
     """
 
     def __init__(self, residual, x, qweight, scales, *, n: int, k: int, stream: Stream | None = None,
-                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None):
+                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
+                 defines: tuple = ()):
         super().__init__(stream)
         check_buffer(residual, "residual", n, np.float32)
         check_buffer(x, "x", k, np.float16)
@@ -180,26 +224,29 @@ class GemvInt4Residual(_GemvInt4Launcher):
         self.bytes_moved = int4_bytes(n, k) + 2 * k + 8 * n
         self._build_gemv("gemv_int4_residual", tiles(n), k, 1, [residual, x, qweight, scales, i32(n), i32(k)],
                          reads=(residual, x, qweight, scales), writes=(residual,), occupancy=occupancy,
-                         warps=warps, blocks=blocks)
+                         warps=warps, blocks=blocks, defines=defines)
 
 
 class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
-    """h fp16 [F] = silu(Wg x) ⊙ (Wu x): gate_proj, up_proj and SwiGLU in one launch.
+    """h fp16 [F] = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual fp32 [D]) · norm_weight fp16 [D]
+    (post_attention_layernorm): the norm, gate_proj, up_proj and SwiGLU in one launch.
 
     Raises:
-        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
+        LaunchError: D not a multiple of 128, or a buffer of the wrong size or dtype.
     """
 
-    def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, *, f: int, k: int,
-                 stream: Stream | None = None, occupancy: Occupancy | None = None,
-                 warps: int | None = None, blocks: int | None = None):
+    def __init__(self, h, residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales, *, f: int,
+                 k: int, eps: float, stream: Stream | None = None, occupancy: Occupancy | None = None,
+                 warps: int | None = None, blocks: int | None = None, defines: tuple = ()):
         super().__init__(stream)
         check_buffer(h, "h", f, np.float16)
-        check_buffer(x, "x", k, np.float16)
+        check_buffer(residual, "residual", k, np.float32)
+        check_buffer(norm_weight, "norm_weight", k, np.float16)
         _check_int4(gate_qweight, gate_scales, "gate_proj", f, k)
         _check_int4(up_qweight, up_scales, "up_proj", f, k)
-        self.bytes_moved = 2 * int4_bytes(f, k) + 2 * k + 2 * f
+        self.bytes_moved = 2 * int4_bytes(f, k) + 6 * k + 2 * f
         self._build_gemv("gemv_int4_gate_up_swiglu", tiles(f), k, 2,
-                         [h, x, gate_qweight, gate_scales, up_qweight, up_scales, i32(f), i32(k)],
-                         reads=(x, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
-                         occupancy=occupancy, warps=warps, blocks=blocks)
+                         [h, residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales, i32(f), i32(k),
+                          f32(eps)],
+                         reads=(residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
+                         occupancy=occupancy, warps=warps, blocks=blocks, defines=defines)

@@ -30,5 +30,5 @@ class RmsNorm(Launcher):
         check_buffer(x, "x", rows * dim, np.float32)
         check_buffer(weight, "weight", dim, np.float16)
         self.bytes_moved = rows * dim * (4 + 2) + dim * 2
-        self._add(KernelRef("rmsnorm", "rmsnorm"), (rows,), (THREADS,), [out, x, weight, i32(dim), f32(eps)],
+        self._add(KernelRef("rmsnorm", "rmsnorm", pdl=True), (rows,), (THREADS,), [out, x, weight, i32(dim), f32(eps)],
                   reads=(x, weight), writes=(out,), bytes_moved=self.bytes_moved)

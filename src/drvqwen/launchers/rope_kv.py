@@ -1,7 +1,8 @@
-"""Launchers of kernels/rope_kv.cu: QKV bias, RoPE, and the write of K/V into the paged cache.
+"""Launcher of kernels/rope_kv.cu: QKV bias, RoPE, and the write of K/V into the paged cache for
+the rows of a prefill chunk (a decode step does the same inside its QKV GEMV, gemv_int4.py).
 
-    RopeKv       q fp16 [Hq, Dh] = rope(q + bq) at state[0]; K/V cache slot of state[0] = rope(k + bk), v + bv
-    RopeKvRows   the same for the rows of a prefill chunk, positions start … start + n_rows - 1
+    RopeKvRows   q fp16 [rows, Hq, Dh] = rope(q + bq); K/V cache slots of positions
+                 start … start + n_rows - 1 = rope(k + bk), v + bv
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 
 from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
-from .base import KernelRef, Launcher, check_buffer, check_prefill_state, check_state, i32, mirrored, require
+from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 
 mirrored("rope_kv", "KV_PAGE_TOKENS", PAGE_TOKENS)  # ptx/kv_cache.cuh: the page size the kernels index with
 
@@ -31,31 +32,6 @@ def _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, *, ro
                 f"rope_kv: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
                 f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
     return nq, nkv
-
-
-class RopeKv(Launcher):
-    """Bias + RoPE of q and k, and the write of this step's K/V at state[0] into the paged cache.
-
-    qkv is GemvInt4Qkv's fp32 [Nq + 2 Nkv] output; inv_freq the float32 [Dh/2] table of
-    `reference.rope_inv_freq(head_dim, theta)`; k_cache / v_cache one layer [P, Hkv, 16, Dh]
-    (KVCache.layer_view); block_table int32 [max_pages].
-
-    Raises:
-        LaunchError: an odd head_dim, or a buffer of the wrong size, dtype or shape.
-    """
-
-    def __init__(self, q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, state,
-                 block_table, *, n_heads: int, n_kv_heads: int, head_dim: int, stream: Stream | None = None):
-        super().__init__(stream)
-        nq, nkv = _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=1,
-                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
-        check_state(state)
-        self.bytes_moved = 4 * (nq + 2 * nkv) + 2 * (nq + 2 * nkv) * 2
-        self._add(KernelRef("rope_kv", "rope_kv"), (n_heads + 2 * n_kv_heads,), (head_dim // 2,),
-                  [q_out, k_cache, v_cache, qkv, q_bias, k_bias, v_bias, inv_freq, state, block_table,
-                   i32(n_heads), i32(n_kv_heads), i32(head_dim)],
-                  reads=(qkv, q_bias, k_bias, v_bias, inv_freq, state, block_table),
-                  writes=(q_out, k_cache, v_cache), bytes_moved=self.bytes_moved)
 
 
 class RopeKvRows(Launcher):

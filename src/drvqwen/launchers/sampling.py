@@ -38,7 +38,7 @@ class SampleToken(Launcher):
         check_buffer(params, "params", PARAMS_BYTES, np.uint8)
         check_buffer(logits, "logits", vocab_size, np.float32)
         self.bytes_moved = 10 * 4 * vocab_size  # at most 10 passes over the logits (L2)
-        self._add(KernelRef("sampling", "sample_token"), (1,), (THREADS,),
+        self._add(KernelRef("sampling", "sample_token", pdl=True), (1,), (THREADS,),
                   [next_token, info, params, logits, i32(vocab_size)],
                   reads=(params, logits), writes=(next_token, info), bytes_moved=self.bytes_moved)
 
@@ -58,6 +58,6 @@ class PublishToken(Launcher):
         check_buffer(params, "params", PARAMS_BYTES, np.uint8)
         check_buffer(next_token, "next_token", 1, np.int32)
         require(ring_size >= 1, f"publish_token: ring_size={ring_size} must be >= 1")
-        self._add(KernelRef("sampling", "publish_token"), (1,), (1,),
+        self._add(KernelRef("sampling", "publish_token", pdl=True), (1,), (1,),
                   [host_ring, params, next_token, i32(ring_size)],
                   reads=(next_token,), writes=("host token ring", params), bytes_moved=8)

@@ -1,0 +1,20 @@
+// kernels/rope.cuh — the rotate-half (NeoX) RoPE of one pair of dims, the one definition shared
+// by rope_kv.cu (prefill rows) and the decode QKV GEMV's epilogue (gemv_int4.cu).
+//
+// For pair i < Dh/2 of a head, x1 = x[i], x2 = x[i + Dh/2], angle = float32(pos) · inv_freq[i]:
+//     out[i] = x1·cos − x2·sin,   out[i + Dh/2] = x2·cos + x1·sin
+// as Hugging Face's Qwen2 computes it. inv_freq is the float32 [Dh/2] table built on the host
+// exactly as HF does (1 / theta^(arange(0, Dh, 2) / Dh) in float32), and cos/sin are the
+// accurate libdevice sincosf (≤ 2 ulp): no __sinf, no fast-math
+// (docs/numerics.md#rope-angles-as-hf-computes-them) — at pos ~ 3e4 the fast versions are off
+// by ~1e-3 absolute, which shows in attention scores.
+#pragma once
+
+__device__ __forceinline__ void rope_rotate(float x1, float x2, int pos, float inv_freq_i,
+                                            float& out1, float& out2) {
+    const float angle = (float)pos * inv_freq_i;
+    float s, c;
+    sincosf(angle, &s, &c);
+    out1 = x1 * c - x2 * s;
+    out2 = x2 * c + x1 * s;
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The decode GEMVs (kernels/gemv_int4.cu) alone, at a model's shapes: µs, GB/s and the share of
+the copy bandwidth, for the launch shape the step uses and for variants of it.
+
+    PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
+        [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--pdl]
+
+Each figure is one launch of a CUDA graph of back-to-back launches of the same GEMV, cycling
+through enough copies of its weights that they cannot stay in the 60 MB L2 between launches
+(so the bytes come from HBM, as in a decode step), divided by the number of launches. With
+--pdl the launches are programmatic dependents of each other (the next one's weight loads
+start under the previous one's tail), which is how the decode step runs them.
+
+Bytes per launch: the INT4 weights and their fp16 scales (+ the activation, negligible).
+Results are not checked here; tests/test_kernel_gemv_int4.py checks every kernel against the
+reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from drvqwen import launchers as K
+from drvqwen.config import PRESETS
+from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
+from drvqwen.cuda.bandwidth import measure_copy_bandwidth
+from drvqwen.launchers.gemv_int4 import int4_bytes
+
+L2_BYTES = 60 * 2**20   # H200 (DeviceInfo.l2_bytes); copies cycle through ≥ 2 × this
+
+
+class Scratch:
+    def __init__(self):
+        self.buffers = []
+
+    def array(self, name, shape, dtype, host=None):
+        arr_dtype = np.dtype(dtype)
+        buf = DeviceBuffer(max(int(np.prod(shape)) * arr_dtype.itemsize, 16), name)
+        self.buffers.append(buf)
+        arr = DeviceArray(name, buf.ptr, shape, arr_dtype)
+        if host is not None:
+            arr.upload(np.ascontiguousarray(host, dtype=arr_dtype).reshape(shape))
+        return arr
+
+    def close(self):
+        for b in self.buffers:
+            b.free()
+
+
+def shapes(cfg) -> dict[str, dict]:
+    """The four GEMVs of a layer: rows N (per matrix), K, matrices per tile."""
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    return {"qkv_proj": dict(n=(cfg.q_dim, cfg.kv_dim, cfg.kv_dim), k=D), "o_proj": dict(n=(D,), k=cfg.q_dim),
+            "gate_up_swiglu": dict(n=(F, F), k=D), "down_proj": dict(n=(D,), k=F)}
+
+
+def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> K.Launcher:
+    sh = shapes(cfg)[name]
+    k = sh["k"]
+
+    def w(tag, n):
+        qw = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
+        sc = rng.uniform(0.002, 0.01, size=(n, k // 128)).astype(np.float16)
+        return s.array(f"{tag}{copy}.qweight", qw.shape, np.uint32, qw), s.array(f"{tag}{copy}.scales", sc.shape,
+                                                                               np.float16, sc)
+
+    x = s.array(f"x{name}{copy}", (k,), np.float16, rng.standard_normal(k))
+    residual = s.array(f"residual{name}{copy}", (k,), np.float32, rng.standard_normal(k))
+    norm_w = s.array(f"norm{name}{copy}", (k,), np.float16, np.ones(k))
+    if name == "qkv_proj":
+        hq, hkv, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        nq, nkv = hq * dh, hkv * dh
+        cache = [s.array(f"{c}{copy}", (4, hkv, 16, dh), np.float16) for c in "kv"]
+        bias = [s.array(f"b{i}{copy}", (n,), np.float16, np.zeros(n)) for i, n in enumerate((nq, nkv, nkv))]
+        return K.GemvInt4QkvRope(s.array(f"q{copy}", (nq,), np.float16), *cache, residual, norm_w, *w("q", nq),
+                                 *w("k", nkv), *w("v", nkv), *bias,
+                                 s.array(f"inv_freq{copy}", (dh // 2,), np.float32, np.ones(dh // 2)),
+                                 s.array(f"state{copy}", (3,), np.int32, np.array([5, 0, 6])),
+                                 s.array(f"bt{copy}", (4,), np.int32, np.arange(4)), n_heads=hq, n_kv_heads=hkv,
+                                 head_dim=dh, dim=k, eps=1e-6, **variant)
+    if name == "gate_up_swiglu":
+        f = sh["n"][0]
+        return K.GemvInt4GateUpSwiglu(s.array(f"h{copy}", (f,), np.float16), residual, norm_w, *w("g", f),
+                                      *w("u", f), f=f, k=k, eps=1e-6, **variant)
+    n = sh["n"][0]
+    return K.GemvInt4Residual(s.array(f"res{name}{copy}", (n,), np.float32, np.zeros(n)), x, *w(name, n), n=n, k=k,
+                              **variant)
+
+
+def time_launchers(launchers: list, reps: int, pdl: bool) -> float:
+    """µs per launch of a graph of `reps` launches cycling through `launchers`."""
+    for ln in launchers:
+        ln.build(pdl=pdl)
+    with Stream() as stream:
+        with capture(stream) as cap:
+            for i in range(reps):
+                launchers[i % len(launchers)].launch(stream)
+        exe = cap.graph.instantiate()
+        cap.graph.destroy()
+        exe.launch(stream)                      # warm-up
+        t0, t1 = Event(), Event()
+        t0.record(stream)
+        exe.launch(stream)
+        t1.record(stream)
+        ms = t0.elapsed_ms(t1)
+        exe.destroy()
+        t0.close()
+        t1.close()
+    return ms * 1e3 / reps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
+    ap.add_argument("--gemv", nargs="+", choices=list(shapes(PRESETS["7b"])), default=list(shapes(PRESETS["7b"])))
+    ap.add_argument("--reps", type=int, default=40, help="launches per graph (default 40)")
+    ap.add_argument("--warps", type=int, nargs="*", default=[], help="also force these warps per block")
+    ap.add_argument("--blocks", type=int, nargs="*", default=[], help="also force these grid sizes")
+    ap.add_argument("--unroll", type=int, nargs="*", default=[], help="also compile with GEMV_UNROLL=N")
+    ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    cfg = PRESETS[a.preset]
+    dev = get_device()
+    copy = measure_copy_bandwidth()
+    con = Console()
+    con.print(f"{dev.info.summary()}\ncopy bandwidth (D2D, read + write): {copy.gbps:.0f} GB/s")
+    rng = np.random.default_rng(0)
+    rows = []
+    variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
+        [{"unroll": u} for u in a.unroll]
+    for name in a.gemv:
+        sh = shapes(cfg)[name]
+        nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
+        copies = max(2, -(-2 * L2_BYTES // nbytes))
+        reps = -(-a.reps // copies) * copies
+        for variant, pdl in itertools.product(variants, (False, True) if a.pdl else (False,)):
+            s = Scratch()
+            try:
+                kw = {k: v for k, v in variant.items() if k != "unroll"}
+                if "unroll" in variant:
+                    kw["defines"] = (("GEMV_UNROLL", variant["unroll"]),)
+                launchers = [make_launcher(name, s, c, cfg, rng, **kw) for c in range(copies)]
+                us = time_launchers(launchers, reps, pdl)
+                spec = launchers[0].specs[0]
+                gbps = nbytes / us / 1e3
+                rows.append({"gemv": name, "variant": variant, "pdl": pdl, "grid": spec.grid, "block": spec.block,
+                             "smem": spec.smem_bytes, "bytes": nbytes, "us": us, "GBps": gbps,
+                             "of_copy": gbps / copy.gbps, "copies": copies, "reps": reps})
+            finally:
+                get_device().synchronize()
+                s.close()
+    t = Table(title=f"decode GEMVs alone, {a.preset}, weights rotated past L2 ({dev.info.name})")
+    for c in ("GEMV", "variant", "PDL", "grid × block", "MB", "µs", "GB/s", "of copy"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(r["gemv"], " ".join(f"{k}={v}" for k, v in r["variant"].items()) or "step's", "yes" if r["pdl"] else "",
+                  f"{r['grid'][0]} × {r['block'][0]}", f"{r['bytes'] / 1e6:.2f}", f"{r['us']:.2f}",
+                  f"{r['GBps']:.0f}", f"{r['of_copy']:.1%}")
+    con.print(t)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": dev.info.summary(), "copy_gbps": copy.gbps, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
