@@ -58,15 +58,14 @@
 // seq_len ≥ 1, pointers 16-byte aligned.
 #include <cuda_fp16.h>
 
-#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE
+#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "ldst.cuh"      // ld_nc_v4, ld_nc_noalloc_v4 / _v2 / _u32
 #include "mma.cuh"       // mma_m16n8k16_f32_f16
 #include "warp.cuh"      // quad_max, quad_sum, warp_max
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
+#include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 
 #define ATTN_WARPS     4   // warps (= splits) per block
 #define ATTN_MAX_GROUP 8   // query heads per KV head handled by one warp (MMA rows 0..7)
-#define ATTN_LOG2E     1.4426950408889634f
 
 // Pages per split for a given length: ceil(n_pages / n_splits), at least 1. Both kernels use
 // it, so the combine knows which splits hold data.
@@ -81,7 +80,7 @@ struct AttnPage {
     static constexpr int KCH = HEAD_DIM / 32;  // 16-byte key chunks per lane per token
     static constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
     uint4 k[2][KCH];                           // keys of tokens g and 8 + g, dims 32m + 8t … +8
-    u32 v[KV_PAGE_TOKENS][VW];                 // V of every token, dims (Dh/32)·lane … +Dh/32
+    u32 v[PAGE_TOKENS][VW];                 // V of every token, dims (Dh/32)·lane … +Dh/32
 };
 
 // Issues the loads of logical page `lp` (physical `page`): tokens ≥ valid are zeros, never read.
@@ -99,7 +98,7 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
                                       : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
+    for (int tok = 0; tok < PAGE_TOKENS; ++tok) {
         const __half* src = v_page + tok * HEAD_DIM + 2 * VW * lane;
         if constexpr (VW == 2) {
             const uint2 raw = tok < valid ? ld_nc_noalloc_v2(src) : make_uint2(0u, 0u);
@@ -120,7 +119,7 @@ __device__ __forceinline__ void attention_decode_impl(
     constexpr int KCH = AttnPage<HEAD_DIM>::KCH;
     constexpr int VW = AttnPage<HEAD_DIM>::VW;
     constexpr int DPL = HEAD_DIM / 32;  // P·V dims per lane
-    __shared__ __align__(16) float p_smem[ATTN_WARPS][KV_PAGE_TOKENS][ATTN_MAX_GROUP];
+    __shared__ __align__(16) float p_smem[ATTN_WARPS][PAGE_TOKENS][ATTN_MAX_GROUP];
     __shared__ __align__(16) float alpha_smem[ATTN_WARPS][ATTN_MAX_GROUP];
 
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -140,7 +139,7 @@ __device__ __forceinline__ void attention_decode_impl(
                           : make_uint4(0u, 0u, 0u, 0u);
 
     const int seq_len = state[2];
-    const int n_pages = (seq_len + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+    const int n_pages = (seq_len + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
 
@@ -165,7 +164,7 @@ __device__ __forceinline__ void attention_decode_impl(
         kp = k_cache + kv_offset(page, kv_head, 0, Hkv, HEAD_DIM);
         vp = v_cache + kv_offset(page, kv_head, 0, Hkv, HEAD_DIM);
     };
-    const float scale_log2 = rsqrtf((float)HEAD_DIM) * ATTN_LOG2E;
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
 
     float m_run = F32_NEG_INF;  // running max of head g (scaled, log2 units), same in the quad
     float l_run = 0.f;          // running sum of head g over this lane's tokens (quad-summed at the end)
@@ -180,16 +179,16 @@ __device__ __forceinline__ void attention_decode_impl(
     {
         const __half *kp, *vp;
         page_ptrs(physical(page_begin), kp, vp);
-        attn_load_page<HEAD_DIM>(cur, kp, vp, min(KV_PAGE_TOKENS, seq_len - page_begin * KV_PAGE_TOKENS), lane);
+        attn_load_page<HEAD_DIM>(cur, kp, vp, min(PAGE_TOKENS, seq_len - page_begin * PAGE_TOKENS), lane);
     }
     for (int lp = page_begin; lp < page_end; ++lp) {
         if (lp + 1 < page_end) {
             const __half *kp, *vp;
             page_ptrs(physical(lp + 1), kp, vp);
             attn_load_page<HEAD_DIM>(next, kp, vp,
-                                     min(KV_PAGE_TOKENS, seq_len - (lp + 1) * KV_PAGE_TOKENS), lane);
+                                     min(PAGE_TOKENS, seq_len - (lp + 1) * PAGE_TOKENS), lane);
         }
-        const int valid = min(KV_PAGE_TOKENS, seq_len - lp * KV_PAGE_TOKENS);  // ≥ 1
+        const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
 
         // Scores: s[nt][j] = head g, token nt·8 + 2t + j, scaled to log2 units, masked.
         float s[2][2];
@@ -235,7 +234,7 @@ __device__ __forceinline__ void attention_decode_impl(
 #pragma unroll
             for (int j = 0; j < DPL; ++j) acc[h][j] *= al[h];
 #pragma unroll
-        for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
+        for (int tok = 0; tok < PAGE_TOKENS; ++tok) {
             const float4 p0 = *reinterpret_cast<const float4*>(&p_smem[warp][tok][0]);
             const float4 p1 = *reinterpret_cast<const float4*>(&p_smem[warp][tok][4]);
             const float p[ATTN_MAX_GROUP] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
@@ -315,7 +314,7 @@ attention_combine(__half* __restrict__ out,           // [Hq, Dh] fp16, out (= [
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
     const int h = blockIdx.x;
-    const int n_pages = (state[2] + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+    const int n_pages = (state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
 

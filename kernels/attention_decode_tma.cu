@@ -71,11 +71,11 @@
 // = attention_tma_smem_bytes(Dh).
 #include <cuda_fp16.h>
 
-#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF
+#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "ldst.cuh"      // ld_nc_v4
 #include "mma.cuh"       // mma_m16n8k16_f32_f16
 #include "warp.cuh"      // quad_max, quad_sum, FULL_WARP_MASK
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS
+#include "kv_cache.cuh"  // PAGE_TOKENS
 #include "mbarrier.cuh"  // mbarrier_init / arrive / arrive_expect_tx / wait_parity, fence_mbarrier_init
 #include "tma.cuh"       // CUtensorMap, tma_load_2d, tma_prefetch_map
 
@@ -83,7 +83,6 @@
 #define ATMA_STAGES    3                        // ring stages per consumer warp
 #define ATMA_THREADS   ((ATMA_CONSUMERS + 1) * WARP_SIZE)  // + the producer warp
 #define ATMA_MAX_GROUP 8                        // query heads per KV head (MMA rows 0..7)
-#define ATMA_LOG2E     1.4426950408889634f
 
 // Must equal attn_pages_per_split of attention_decode.cu: attention_combine finds the active
 // splits with that formula.
@@ -99,11 +98,11 @@ __device__ __forceinline__ int atma_pages_per_split(int n_pages, int n_splits) {
 //   [BAR_OFFSET, SMEM_BYTES) full [CONSUMERS][STAGES], empty [CONSUMERS][STAGES] mbarriers (u64)
 template <int HEAD_DIM>
 struct AtmaShape {
-    static constexpr int TILE_HALVES = KV_PAGE_TOKENS * HEAD_DIM;   // one page of one head
+    static constexpr int TILE_HALVES = PAGE_TOKENS * HEAD_DIM;   // one page of one head
     static constexpr u32 TILE_BYTES = TILE_HALVES * 2;              // one TMA box
     static constexpr u32 STAGE_BYTES = 2 * TILE_BYTES;              // K box + V box
     static constexpr u32 P_OFFSET = ATMA_CONSUMERS * ATMA_STAGES * STAGE_BYTES;
-    static constexpr u32 ALPHA_OFFSET = P_OFFSET + ATMA_CONSUMERS * KV_PAGE_TOKENS * ATMA_MAX_GROUP * 4;
+    static constexpr u32 ALPHA_OFFSET = P_OFFSET + ATMA_CONSUMERS * PAGE_TOKENS * ATMA_MAX_GROUP * 4;
     static constexpr u32 BAR_OFFSET = ALPHA_OFFSET + ATMA_CONSUMERS * ATMA_MAX_GROUP * 4;
     static constexpr u32 SMEM_BYTES = BAR_OFFSET + 2 * ATMA_CONSUMERS * ATMA_STAGES * 8;
     static_assert(TILE_BYTES % 128 == 0 && P_OFFSET % 16 == 0 && BAR_OFFSET % 8 == 0, "smem alignment");
@@ -122,7 +121,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
 
     // AtmaShape's layout; the stages first, where the TMA's 128-byte alignment holds.
     extern __shared__ __align__(128) unsigned char atma_smem[];
-    auto p_smem = reinterpret_cast<float (*)[KV_PAGE_TOKENS][ATMA_MAX_GROUP]>(atma_smem + Shape::P_OFFSET);
+    auto p_smem = reinterpret_cast<float (*)[PAGE_TOKENS][ATMA_MAX_GROUP]>(atma_smem + Shape::P_OFFSET);
     auto alpha_smem = reinterpret_cast<float (*)[ATMA_MAX_GROUP]>(atma_smem + Shape::ALPHA_OFFSET);
     auto full_bar = reinterpret_cast<u64 (*)[ATMA_STAGES]>(atma_smem + Shape::BAR_OFFSET);
     auto empty_bar = full_bar + ATMA_CONSUMERS;
@@ -131,7 +130,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     const int kv_head = blockIdx.y;
     const int n_splits = gridDim.x * ATMA_CONSUMERS;
     const int seq_len = state[2];
-    const int n_pages = (seq_len + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+    const int n_pages = (seq_len + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = atma_pages_per_split(n_pages, n_splits);
     const int block_page0 = blockIdx.x * ATMA_CONSUMERS * pps;  // first page of the block's warp 0
 
@@ -174,7 +173,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
                 if (r > 0) mbarrier_wait_parity(&empty_bar[c][j], (r - 1) & 1);
                 if (lane == 0) {
                     __half* k_dst = k_stage(c, j);
-                    const int row = ((layer_page0 + page) * Hkv + kv_head) * KV_PAGE_TOKENS;
+                    const int row = ((layer_page0 + page) * Hkv + kv_head) * PAGE_TOKENS;
                     mbarrier_arrive_expect_tx(&full_bar[c][j], Shape::STAGE_BYTES);
                     tma_load_2d(k_dst, k_map, 0, row, &full_bar[c][j]);
                     tma_load_2d(k_dst + Shape::TILE_HALVES, v_map, 0, row, &full_bar[c][j]);
@@ -208,7 +207,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     for (int m = 0; m < KCH; ++m)
         qf[m] = g < group ? ld_nc_v4(q + (u64)(head0 + g) * HEAD_DIM + 32 * m + 8 * t)
                           : make_uint4(0u, 0u, 0u, 0u);
-    const float scale_log2 = rsqrtf((float)HEAD_DIM) * ATMA_LOG2E;
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
 
     float m_run = F32_NEG_INF;  // running max of head g (scaled, log2 units), same in the quad
     float l_run = 0.f;          // running sum of head g over this lane's tokens
@@ -220,7 +219,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
 
     for (int lp = page_begin; lp < page_end; ++lp) {
         const int i = lp - page_begin, j = i % ATMA_STAGES, r = i / ATMA_STAGES;
-        const int valid = min(KV_PAGE_TOKENS, seq_len - lp * KV_PAGE_TOKENS);  // ≥ 1
+        const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
         const __half* ks = k_stage(c, j);
         const __half* vs = ks + Shape::TILE_HALVES;
         mbarrier_wait_parity(&full_bar[c][j], r & 1);  // page i's K and V are in the stage
@@ -272,7 +271,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
 #pragma unroll
             for (int jj = 0; jj < DPL; ++jj) acc[h][jj] *= al[h];
 #pragma unroll
-        for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
+        for (int tok = 0; tok < PAGE_TOKENS; ++tok) {
             const float4 p0 = *reinterpret_cast<const float4*>(&p_smem[c][tok][0]);
             const float4 p1 = *reinterpret_cast<const float4*>(&p_smem[c][tok][4]);
             const float p[ATMA_MAX_GROUP] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};

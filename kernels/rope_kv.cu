@@ -27,7 +27,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u64
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
+#include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 
 // One token at position `pos`, one head, thread i: the work of both kernels below.
 // src_row: the token's fp32 q | k | v row; q_dst: where this token's rotated query goes.
@@ -43,8 +43,8 @@ rope_kv_token(__half* __restrict__ q_dst, __half* __restrict__ k_cache, __half* 
         head -= Hq + Hkv;
         const float* src = src_row + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
         const __half* b = v_bias + (u64)head * Dh;
-        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
+        __half* dst = v_cache + kv_offset(block_table[pos / PAGE_TOKENS], head,
+                                          pos % PAGE_TOKENS, Hkv, Dh);
         dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
         dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
         return;
@@ -59,8 +59,8 @@ rope_kv_token(__half* __restrict__ q_dst, __half* __restrict__ k_cache, __half* 
     float s, c;
     sincosf(angle, &s, &c);
     __half* dst = is_q ? q_dst + (u64)head * Dh
-                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
+                       : k_cache + kv_offset(block_table[pos / PAGE_TOKENS], head,
+                                             pos % PAGE_TOKENS, Hkv, Dh);
     dst[i] = __float2half_rn(x1 * c - x2 * s);
     dst[i + half_dim] = __float2half_rn(x2 * c + x1 * s);
 }
