@@ -1,9 +1,10 @@
 """Where the kernel sources are, and which headers each one pulls in.
 
-The CUDA C++ lives at the top of the repository (`kernels/*.cu`, `ptx/*.cuh`, DESIGN.md §3).
-In a checkout (`PYTHONPATH=src`, or `pip install -e .`) they are found beside `src/`; in an
-installed wheel, pyproject.toml ships them as `drvqwen/_kernels` and `drvqwen/_ptx`, found
-beside the installed package. The checkout wins when both exist, so an edit to a kernel is
+The CUDA C++ lives at the top of the repository (DESIGN.md §3): `kernels/*.cu`, the kernels,
+and `kernels/*.cuh`, the building blocks several kernel files share; `ptx/*.cuh`, the
+inline-PTX instruction wrappers. In a checkout (`PYTHONPATH=src`, or `pip install -e .`) they
+are found beside `src/`; in an installed wheel, pyproject.toml ships them as
+`drvqwen/_kernels` and `drvqwen/_ptx`, found beside the installed package. The checkout wins when both exist, so an edit to a kernel is
 always what gets compiled.
 
 `included_headers()` follows `#include` lines the way NVRTC will (the including file's own

@@ -1,6 +1,6 @@
-// ptx/kv_cache.cuh — the paged KV cache layout, shared by rope_kv.cu (writer) and
-// attention_decode.cu (reader). Not an instruction wrapper: the one place the layout is
-// written down in C++ (DESIGN.md §6; the Python side is the KV cache allocator).
+// kernels/kv_cache.cuh — the paged KV cache layout, shared by rope_kv.cu (writer), the
+// attention kernels (readers) and decode_state.cu (page boundaries): the one place the layout
+// is written down in C++ (DESIGN.md §6; the Python side is the KV cache allocator).
 //
 //   k_cache, v_cache : fp16 [L, P, Hkv, PAGE_TOKENS, Dh]  (layer, physical page, kv head,
 //                      slot in page, dim). Kernels get the layer's base pointer [P, Hkv, 16, Dh].
