@@ -1,7 +1,9 @@
 // kernels/attention_decode.cu — paged GQA decode attention, split-KV ("flash-decoding").
 //
-//   attention_decode_hd64 / _hd128   per split: unnormalised o, running max m, sum l
-//   attention_combine                out[h] = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s
+//   attention_decode_hd64 / _hd128   per split s: partial_out o_s (unnormalised), max_logits m_s,
+//                                    exp_sums l_s
+//   attention_combine                out[h] = Σ_s 2^(m_s − M) o_s / Σ_s 2^(m_s − M) l_s,
+//                                    M = max_s m_s (scores in log2 units, hence 2^)
 //
 // out[h, :] = softmax(q[h] · K[0:seq_len]ᵀ / √Dh) · V[0:seq_len] for every query head h,
 // with query head h reading KV head h / (Hq/Hkv) (GQA, 7:1 for every Qwen2.5-Coder size
@@ -112,7 +114,7 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
 
 template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_impl(
-    float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,
+    float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table,
     const int* __restrict__ state, int Hq, int Hkv) {
@@ -145,8 +147,8 @@ __device__ __forceinline__ void attention_decode_impl(
 
     if (page_begin >= page_end) {  // neutral partial: contributes nothing to the combine
         if (t == 0 && g < group) {
-            m_part[(u64)split * Hq + head0 + g] = F32_NEG_INF;
-            l_part[(u64)split * Hq + head0 + g] = 0.f;
+            max_logits[(u64)split * Hq + head0 + g] = F32_NEG_INF;
+            exp_sums[(u64)split * Hq + head0 + g] = 0.f;
         }
         return;
     }
@@ -257,13 +259,13 @@ __device__ __forceinline__ void attention_decode_impl(
     // Publish the split's partial for the group's query heads.
     const float l_total = quad_sum(l_run);
     if (t == 0 && g < group) {
-        m_part[(u64)split * Hq + head0 + g] = m_run;
-        l_part[(u64)split * Hq + head0 + g] = l_total;
+        max_logits[(u64)split * Hq + head0 + g] = m_run;
+        exp_sums[(u64)split * Hq + head0 + g] = l_total;
     }
 #pragma unroll
     for (int h = 0; h < ATTN_MAX_GROUP; ++h) {
         if (h >= group) break;
-        float* dst = o_part + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
+        float* dst = partial_out + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
         if constexpr (DPL == 4) {
             *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
         } else {
@@ -275,16 +277,16 @@ __device__ __forceinline__ void attention_decode_impl(
 // grid (S, Hkv), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS.
 #define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM)                                                  \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP_SIZE) NAME(                   \
-        float* __restrict__ o_part,           /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
-        float* __restrict__ m_part,           /* [NS, Hq] fp32, out: max score (log2 units) */ \
-        float* __restrict__ l_part,           /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
+        float* __restrict__ partial_out,      /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
+        float* __restrict__ max_logits,       /* [NS, Hq] fp32, out: max score (log2 units) */ \
+        float* __restrict__ exp_sums,         /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
         const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
         const __half* __restrict__ k_cache,   /* [P, Hkv, 16, Dh] fp16, this layer          */ \
         const __half* __restrict__ v_cache,   /* [P, Hkv, 16, Dh] fp16, this layer          */ \
         const int* __restrict__ block_table,  /* [max_pages] int32                          */ \
         const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
         int Hq, int Hkv) {                                                                   \
-        attention_decode_impl<HEAD_DIM>(o_part, m_part, l_part, q, k_cache, v_cache,             \
+        attention_decode_impl<HEAD_DIM>(partial_out, max_logits, exp_sums, q, k_cache, v_cache,    \
                                         block_table, state, Hq, Hkv);                           \
     }
 
@@ -299,16 +301,17 @@ ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128)
 // 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
 // L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in
 // attention_decode_tma.cu's header), not HBM.
-// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (m, l of each split).
+// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
+// each split for head h).
 #define ATTN_COMBINE_THREADS 1024
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
-attention_combine(__half* __restrict__ out,           // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
-                  const float* __restrict__ o_part,   // [NS, Hq, Dh] fp32
-                  const float* __restrict__ m_part,   // [NS, Hq] fp32
-                  const float* __restrict__ l_part,   // [NS, Hq] fp32
-                  const int* __restrict__ state,      // [3] int32 (reads seq_len = state[2])
-                  int n_splits, int Hq, int Dh) {     // n_splits = NS of the decode launch
-    extern __shared__ float combine_smem[];           // m[NS], l[NS]
+attention_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
+                  const float* __restrict__ partial_out, // [NS, Hq, Dh] fp32
+                  const float* __restrict__ max_logits,  // [NS, Hq] fp32
+                  const float* __restrict__ exp_sums,    // [NS, Hq] fp32
+                  const int* __restrict__ state,         // [3] int32 (reads seq_len = state[2])
+                  int n_splits, int Hq, int Dh) {        // n_splits = NS of the decode launch
+    extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];
     __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
     float* m_s = combine_smem;
@@ -319,8 +322,8 @@ attention_combine(__half* __restrict__ out,           // [Hq, Dh] fp16, out (= [
     const int n_active = (n_pages + pps - 1) / pps;
 
     for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
-        m_s[s] = m_part[(u64)s * Hq + h];
-        l_s[s] = l_part[(u64)s * Hq + h];
+        m_s[s] = max_logits[(u64)s * Hq + h];
+        l_s[s] = exp_sums[(u64)s * Hq + h];
     }
     __syncthreads();
     // Every warp finds the same maximum (butterfly over a lane-strided scan): no extra barrier.
@@ -335,7 +338,7 @@ attention_combine(__half* __restrict__ out,           // [Hq, Dh] fp16, out (= [
 #pragma unroll 8
         for (int s = j; s < n_active; s += n_j) {
             const float w = exp2f(m_s[s] - m_max);
-            o_sum = fmaf(w, o_part[((u64)s * Hq + h) * Dh + d], o_sum);
+            o_sum = fmaf(w, partial_out[((u64)s * Hq + h) * Dh + d], o_sum);
             l_sum = fmaf(w, l_s[s], l_sum);
         }
     }

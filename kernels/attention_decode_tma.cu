@@ -1,7 +1,7 @@
 // kernels/attention_decode_tma.cu — warp-specialised paged GQA decode attention: a TMA producer
 // warp feeds consumer warps through mbarriers (DESIGN.md §6). Split-KV ("flash-decoding").
 //
-//   attention_decode_tma_hd64 / _hd128   per split: unnormalised o, running max m, sum l
+//   attention_decode_tma_hd64 / _hd128   per split: partial_out, max_logits, exp_sums
 //   (combined by attention_combine of attention_decode.cu, whose partial layout this writes)
 //
 // out[h, :] = softmax(q[h] · K[0:seq_len]ᵀ / √Dh) · V[0:seq_len] for every query head h, with
@@ -110,7 +110,7 @@ struct AtmaShape {
 
 template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_tma_impl(
-    float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,
+    float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const CUtensorMap* k_map, const CUtensorMap* v_map,
     const int* __restrict__ block_table, const int* __restrict__ state, int Hq, int Hkv,
     int layer_page0) {
@@ -195,8 +195,8 @@ __device__ __forceinline__ void attention_decode_tma_impl(
 
     if (page_begin >= page_end) {  // neutral partial: contributes nothing to the combine
         if (t == 0 && g < group) {
-            m_part[(u64)split * Hq + head0 + g] = F32_NEG_INF;
-            l_part[(u64)split * Hq + head0 + g] = 0.f;
+            max_logits[(u64)split * Hq + head0 + g] = F32_NEG_INF;
+            exp_sums[(u64)split * Hq + head0 + g] = 0.f;
         }
         return;
     }
@@ -303,13 +303,13 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     // Publish the split's partial for the group's query heads.
     const float l_total = quad_sum(l_run);
     if (t == 0 && g < group) {
-        m_part[(u64)split * Hq + head0 + g] = m_run;
-        l_part[(u64)split * Hq + head0 + g] = l_total;
+        max_logits[(u64)split * Hq + head0 + g] = m_run;
+        exp_sums[(u64)split * Hq + head0 + g] = l_total;
     }
 #pragma unroll
     for (int h = 0; h < ATMA_MAX_GROUP; ++h) {
         if (h >= group) break;
-        float* dst = o_part + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
+        float* dst = partial_out + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
         if constexpr (DPL == 4) {
             *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
         } else {
@@ -323,9 +323,9 @@ __device__ __forceinline__ void attention_decode_tma_impl(
 // Splits NS = S · ATMA_CONSUMERS.
 #define ATTENTION_DECODE_TMA_KERNEL(NAME, HEAD_DIM)                                              \
     extern "C" __global__ void __launch_bounds__(ATMA_THREADS) NAME(                             \
-        float* __restrict__ o_part,           /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
-        float* __restrict__ m_part,           /* [NS, Hq] fp32, out: max score (log2 units) */ \
-        float* __restrict__ l_part,           /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
+        float* __restrict__ partial_out,      /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
+        float* __restrict__ max_logits,       /* [NS, Hq] fp32, out: max score (log2 units) */ \
+        float* __restrict__ exp_sums,         /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
         const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
         const __grid_constant__ CUtensorMap k_map, /* K pool as [rows, Dh] fp16, box [16, Dh] */ \
         const __grid_constant__ CUtensorMap v_map, /* V pool, likewise                      */ \
@@ -333,7 +333,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
         const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
         int Hq, int Hkv,                                                                     \
         int layer_page0) {                    /* layer · pages per layer: the layer's page 0 */ \
-        attention_decode_tma_impl<HEAD_DIM>(o_part, m_part, l_part, q, &k_map, &v_map,           \
+        attention_decode_tma_impl<HEAD_DIM>(partial_out, max_logits, exp_sums, q, &k_map, &v_map,  \
                                             block_table, state, Hq, Hkv, layer_page0);          \
     }
 
