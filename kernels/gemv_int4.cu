@@ -32,7 +32,7 @@
 //             with the next batch in flight while the current one is multiplied. Per group of
 //             128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word quad of row g
 //             and one of row g+8 (words 4t … 4t+3 of the group = inputs 32t … 32t+31),
-//             unpacks them to FP16 (ptx/int4_unpack.cuh) and feeds 8 MMAs:
+//             unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh) and feeds 8 MMAs:
 //
 //                 group gi of row r:  | t=0: words 0-3 | t=1: 4-7 | t=2: 8-11 | t=3: 12-15 |
 //                 lanes 4g..4g+3 → rows row0+g (and row0+g+8), 64 contiguous bytes per row
@@ -74,16 +74,14 @@
 // pointers 16-byte aligned.
 #include <cuda_fp16.h>
 
-#include "types.cuh"        // u32, u64, WARP_SIZE
+#include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "ldst.cuh"         // ld_stream_v4, ld_nc_v4, l2_evict_first_policy
-#include "int4_unpack.cuh"  // unpack_int4x8
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
+#include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
 
-#define GEMV_TILE_ROWS     16   // output rows per block = M of the MMA
-#define GEMV_MAX_WARPS     8    // K-split warps per block (256 threads)
-#define GEMV_GROUP         128  // INT4 group size along K (quant.py GROUP_SIZE)
-#define GEMV_WORDS_PER_GROUP (GEMV_GROUP / 8)
-#define GEMV_CHUNKS_PER_GROUP (GEMV_GROUP / 8)  // 16-byte chunks of FP16 x per group
+#define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
+#define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
+#define GEMV_CHUNKS_PER_GROUP (INT4_GROUP / 8)  // 16-byte chunks of FP16 x per group
 // Groups per load batch: 4 for one matrix, 2 for gate/up (two matrices): 4 KB of weights per
 // warp per batch. The next batch is loaded while the current one is multiplied, so a warp
 // keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM latency (~15 KB per SM).
@@ -121,42 +119,28 @@ struct GemvProblem {
     int first_tile[NSEG + 1];         // tile index where each segment starts (prefix sums)
 };
 
-// Segment of a tile, by comparisons (no runtime-indexed arrays: they would live in local memory).
-template <int MT, int NSEG>
-__device__ __forceinline__ int gemv_segment(const GemvProblem<MT, NSEG>& p, int tile) {
-    int seg = 0;
-#pragma unroll
-    for (int s = 1; s < NSEG; ++s) seg += tile >= p.first_tile[s];
-    return seg;
-}
-
-template <typename T>
-__device__ __forceinline__ T gemv_pick(int seg, T a0, T a1, T a2) {
-    return seg == 0 ? a0 : seg == 1 ? a1 : a2;
-}
-
 template <int MT, int NSEG>
 __device__ __forceinline__ const u32* gemv_qweight(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.qweight[0][m];
-    else return gemv_pick(seg, p.qweight[0][m], p.qweight[1][m], p.qweight[NSEG - 1][m]);
+    else return int4_pick(seg, p.qweight[0][m], p.qweight[1][m], p.qweight[NSEG - 1][m]);
 }
 
 template <int MT, int NSEG>
 __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.scales[0][m];
-    else return gemv_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
+    else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
 template <int MT, int NSEG>
 __device__ __forceinline__ int gemv_first_tile(const GemvProblem<MT, NSEG>& p, int seg) {
     if constexpr (NSEG == 1) return 0;
-    else return gemv_pick(seg, p.first_tile[0], p.first_tile[1], p.first_tile[NSEG - 1]);
+    else return int4_pick(seg, p.first_tile[0], p.first_tile[1], p.first_tile[NSEG - 1]);
 }
 
 template <int MT, int NSEG>
 __device__ __forceinline__ int gemv_rows(const GemvProblem<MT, NSEG>& p, int seg) {
     if constexpr (NSEG == 1) return p.n[0];
-    else return gemv_pick(seg, p.n[0], p.n[1], p.n[NSEG - 1]);
+    else return int4_pick(seg, p.n[0], p.n[1], p.n[NSEG - 1]);
 }
 
 // The whole GEMV of one block: its tiles × all K, for MT matrices per tile, ending with the
@@ -174,7 +158,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    const int n_groups = K / GEMV_GROUP, words_per_row = K / 8;
+    const int n_groups = K / INT4_GROUP, words_per_row = K / 8;
     // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128).
     const int gb = warp * n_groups / n_warps, ge = (warp + 1) * n_groups / n_warps;
     // This block's contiguous, balanced share of the tiles.
@@ -188,9 +172,9 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
-            const int seg = gemv_segment(p, ld_tile);
+            const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
             const int n = gemv_rows(p, seg);
-            const int row0 = (ld_tile - gemv_first_tile(p, seg)) * GEMV_TILE_ROWS;
+            const int row0 = (ld_tile - gemv_first_tile(p, seg)) * INT4_TILE_ROWS;
             // Rows past n (last tile of a matrix) load the last row and are never stored.
             const u64 r0 = min(row0 + g, n - 1), r1 = min(row0 + g + 8, n - 1);
 #pragma unroll
@@ -198,7 +182,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
                 const __half* sc = gemv_scales(p, seg, m) + ld_gi;
                 if constexpr (TILED) {  // [n/16, K/128, 16 rows, 16 words]: 1 KiB per (tile, group)
                     const u32* qw = gemv_qweight(p, seg, m) + 4 * t +
-                        ((u64)(ld_tile - gemv_first_tile(p, seg)) * n_groups + ld_gi) * (GEMV_TILE_ROWS * GEMV_WORDS_PER_GROUP);
+                        ((u64)(ld_tile - gemv_first_tile(p, seg)) * n_groups + ld_gi) * (INT4_TILE_ROWS * GEMV_WORDS_PER_GROUP);
                     b.w[u][m][0] = ld_stream_v4(qw + g * GEMV_WORDS_PER_GROUP, policy);
                     b.w[u][m][1] = ld_stream_v4(qw + (g + 8) * GEMV_WORDS_PER_GROUP, policy);
                 } else {
@@ -234,14 +218,8 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const uint4 wq0 = cur.w[u][m][0], wq1 = cur.w[u][m][1];
-                    const u32 word0 = i == 0 ? wq0.x : i == 1 ? wq0.y : i == 2 ? wq0.z : wq0.w;
-                    const u32 word1 = i == 0 ? wq1.x : i == 1 ? wq1.y : i == 2 ? wq1.z : wq1.w;
-                    u32 h0[4], h1[4];  // row g / row g+8: (k0,k1) (k2,k3) (k4,k5) (k6,k7)
-                    unpack_int4x8(word0, h0);
-                    unpack_int4x8(word1, h1);
-                    const u32 a_lo[4] = {h0[0], h1[0], h0[1], h1[1]};  // inputs 8i + 0..3
-                    const u32 a_hi[4] = {h0[2], h1[2], h0[3], h1[3]};  // inputs 8i + 4..7
+                    u32 a_lo[4], a_hi[4];  // rows g, g+8 × inputs 8i + 0..3 | 8i + 4..7
+                    int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
                     const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
                     mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
                     mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
@@ -251,11 +229,11 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
             }
             if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
                 if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * GEMV_TILE_ROWS;
+                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
 #pragma unroll
                     for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * GEMV_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * GEMV_TILE_ROWS + g + 8] = acc[m][1];
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
                     }
                 }
 #pragma unroll
@@ -269,25 +247,23 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
     __syncthreads();
 
     // One thread per output row of the block: the W partials in warp order, then the epilogue.
-    for (int o = threadIdx.x; o < (tile_e - tile_b) * GEMV_TILE_ROWS; o += blockDim.x) {
-        const int tl = o / GEMV_TILE_ROWS, r = o % GEMV_TILE_ROWS;
+    for (int o = threadIdx.x; o < (tile_e - tile_b) * INT4_TILE_ROWS; o += blockDim.x) {
+        const int tl = o / INT4_TILE_ROWS, r = o % INT4_TILE_ROWS;
         const int tile = tile_b + tl;
-        const int seg = gemv_segment(p, tile);
-        const int row = (tile - gemv_first_tile(p, seg)) * GEMV_TILE_ROWS + r;
+        const int seg = int4_segment<NSEG>(p.first_tile, tile);
+        const int row = (tile - gemv_first_tile(p, seg)) * INT4_TILE_ROWS + r;
         if (row >= gemv_rows(p, seg)) continue;
         float sums[MT];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            const float* src = partial + ((tl * MT + m) * n_warps) * GEMV_TILE_ROWS + r;
+            const float* src = partial + ((tl * MT + m) * n_warps) * INT4_TILE_ROWS + r;
             float s = 0.f;
-            for (int w = 0; w < n_warps; ++w) s += src[w * GEMV_TILE_ROWS];
+            for (int w = 0; w < n_warps; ++w) s += src[w * INT4_TILE_ROWS];
             sums[m] = s;
         }
         epilogue(seg, row, sums);
     }
 }
-
-__device__ __forceinline__ int gemv_tiles(int n) { return (n + GEMV_TILE_ROWS - 1) / GEMV_TILE_ROWS; }
 
 // y = W x, FP16 out (rounded once from the FP32 sum).
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
@@ -297,7 +273,7 @@ gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
               const u32* __restrict__ qweight,    // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,  // [N, K/128] fp16
               int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}};
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}};
     gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[1]) {
         y[row] = __float2half_rn(sum[0]);
     });
@@ -317,7 +293,7 @@ gemv_int4_qkv(float* __restrict__ qkv,             // [Nq + 2·Nkv] fp32, out: q
               const u32* __restrict__ v_qweight,   // [Nkv, K/8] uint32
               const __half* __restrict__ v_scales, // [Nkv, K/128] fp16
               int Nq, int Nkv, int K) {
-    const int tq = gemv_tiles(Nq), tkv = gemv_tiles(Nkv);
+    const int tq = int4_tiles(Nq), tkv = int4_tiles(Nkv);
     const GemvProblem<1, 3> p = {{{q_qweight}, {k_qweight}, {v_qweight}},
                                  {{q_scales}, {k_scales}, {v_scales}},
                                  {Nq, Nkv, Nkv},
@@ -336,15 +312,14 @@ gemv_int4_residual(float* __restrict__ residual,      // [N] fp32, in/out
                    const u32* __restrict__ qweight,   // [N, K/8] uint32
                    const __half* __restrict__ scales, // [N, K/128] fp16
                    int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}};
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}};
     gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[1]) {
         residual[row] += sum[0];
     });
 }
 
 // h = silu(Wg x) ⊙ (Wu x): each tile is the same 16 rows of gate_proj and up_proj, so the
-// SwiGLU needs no extra launch and no FP16 round trip of g and u. silu(g) = g / (1 + e^-g) in
-// FP32 with the accurate expf (the ~19k values cost nothing next to 68 MB of weights).
+// SwiGLU (swiglu_f16, in FP32) needs no extra launch and no FP16 round trip of g and u.
 // grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
@@ -355,11 +330,9 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
                          const __half* __restrict__ up_scales,  // [F, K/128] fp16
                          int F, int K) {
     const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
-                                 {F}, {0, gemv_tiles(F)}};
+                                 {F}, {0, int4_tiles(F)}};
     gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[2]) {
-        const float gate = sum[0];
-        const float silu = gate / (1.f + expf(-gate));
-        h[row] = __float2half_rn(silu * sum[1]);
+        h[row] = swiglu_f16(sum[0], sum[1]);
     });
 }
 
@@ -377,7 +350,7 @@ gemv_int4_residual_tiled(float* __restrict__ residual,      // [N] fp32, in/out
                          const u32* __restrict__ qweight,   // [N/16, K/128, 16, 16] uint32
                          const __half* __restrict__ scales, // [N, K/128] fp16
                          int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}};
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}};
     gemv_int4_block<1, 1, true>(p, x, K, [&](int, int row, const float (&sum)[1]) {
         residual[row] += sum[0];
     });
@@ -393,10 +366,8 @@ gemv_int4_gate_up_swiglu_tiled(__half* __restrict__ h,                // [F] fp1
                                const __half* __restrict__ up_scales,  // [F, K/128] fp16
                                int F, int K) {
     const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
-                                 {F}, {0, gemv_tiles(F)}};
+                                 {F}, {0, int4_tiles(F)}};
     gemv_int4_block<2, 1, true>(p, x, K, [&](int, int row, const float (&sum)[2]) {
-        const float gate = sum[0];
-        const float silu = gate / (1.f + expf(-gate));
-        h[row] = __float2half_rn(silu * sum[1]);
+        h[row] = swiglu_f16(sum[0], sum[1]);
     });
 }
