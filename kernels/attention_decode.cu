@@ -1,16 +1,20 @@
 // kernels/attention_decode.cu — paged GQA decode attention, split-KV ("flash-decoding").
 //
-//   attention_decode_hd64 / _hd128   per split: unnormalised o, running max m, sum l
-//   attention_combine                out[h] = Σ_s e^(m_s − M) o_s / Σ_s e^(m_s − M) l_s
+//   attention_decode_hd64 / _hd128   per split s: partial_out o_s (unnormalised), max_logits m_s,
+//                                    exp_sums l_s
+//   attention_combine                out[h] = Σ_s 2^(m_s − M) o_s / Σ_s 2^(m_s − M) l_s,
+//                                    M = max_s m_s (scores in log2 units, hence 2^)
 //
 // out[h, :] = softmax(q[h] · K[0:seq_len]ᵀ / √Dh) · V[0:seq_len] for every query head h,
 // with query head h reading KV head h / (Hq/Hkv) (GQA, 7:1 for every Qwen2.5-Coder size
 // here). seq_len = state[2] comes from device memory, so one graph serves every step.
 //
-// This is the plain version: no TMA, no warp specialisation (DESIGN.md §6 describes the
-// later one). It is built around HBM bandwidth at long contexts and latency at short ones:
-// bytes per call at 7B = seq_len × Hkv × Dh × 2 (K and V) × 2 B = 2 KiB per token per layer
-// (4 MiB per layer at 2048 tokens), plus the partials (L2-resident): active splits × Hq × Dh × 4 B.
+// This is the plain version: no TMA, no warp specialisation (the warp-specialised one is
+// attention_decode_tma.cu; the split rule and the per-page arithmetic the two share
+// are in attention_decode.cuh). It is built around HBM bandwidth at long contexts and latency
+// at short ones: bytes per call at 7B = seq_len × Hkv × Dh × 2 (K and V) × 2 B = 2 KiB per token
+// per layer (4 MiB per layer at 2048 tokens), plus the partials (L2-resident): active splits ×
+// Hq × Dh × 4 B.
 //
 // Work split
 // ----------
@@ -44,7 +48,7 @@
 //   per-dim combine walking 128 splits: 20.9 µs); 0.5B, 2048 tokens: 6.7 µs;
 //   7B, 32768 tokens (67 MB): 32.8 µs = 2.04 TB/s with S = 66 blocks per KV head, 36.0 µs
 //   with S = 33. A warp spends ~1–2 µs per page (latency-bound: one warp per scheduler), so
-//   the TMA producer/consumer version (DESIGN.md §6) is the way to the HBM roofline.
+//   the TMA producer/consumer version (attention_decode_tma.cu) is the way to the HBM roofline.
 //
 // Never reads past seq_len: block-table entries only for pages < ceil(seq_len/16), and K/V
 // loads predicated per token (slots ≥ seq_len in the last page are never touched: zeros are
@@ -58,21 +62,13 @@
 // seq_len ≥ 1, pointers 16-byte aligned.
 #include <cuda_fp16.h>
 
-#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE
-#include "ldst.cuh"      // ld_nc_v4, ld_nc_noalloc_v4 / _v2 / _u32
-#include "mma.cuh"       // mma_m16n8k16_f32_f16
-#include "warp.cuh"      // quad_max, quad_sum, warp_max
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
+#include "types.cuh"             // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
+#include "ldst.cuh"              // ld_nc_noalloc_v4 / _v2 / _u32
+#include "warp.cuh"              // warp_max, FULL_WARP_MASK
+#include "kv_cache.cuh"          // PAGE_TOKENS, kv_offset
+#include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
 
-#define ATTN_WARPS     4   // warps (= splits) per block
-#define ATTN_MAX_GROUP 8   // query heads per KV head handled by one warp (MMA rows 0..7)
-#define ATTN_LOG2E     1.4426950408889634f
-
-// Pages per split for a given length: ceil(n_pages / n_splits), at least 1. Both kernels use
-// it, so the combine knows which splits hold data.
-__device__ __forceinline__ int attn_pages_per_split(int n_pages, int n_splits) {
-    return max(1, (n_pages + n_splits - 1) / n_splits);
-}
+#define ATTN_WARPS 4   // warps (= splits) per block
 
 // One page of K and V as one lane holds them, raw FP16 (converted when used, so that a
 // prefetched page costs 16 + 16 registers at Dh = 128, not 16 + 64).
@@ -81,7 +77,7 @@ struct AttnPage {
     static constexpr int KCH = HEAD_DIM / 32;  // 16-byte key chunks per lane per token
     static constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
     uint4 k[2][KCH];                           // keys of tokens g and 8 + g, dims 32m + 8t … +8
-    u32 v[KV_PAGE_TOKENS][VW];                 // V of every token, dims (Dh/32)·lane … +Dh/32
+    u32 v[PAGE_TOKENS][VW];                    // V of every token, dims (Dh/32)·lane … +Dh/32
 };
 
 // Issues the loads of logical page `lp` (physical `page`): tokens ≥ valid are zeros, never read.
@@ -99,7 +95,7 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
                                       : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
+    for (int tok = 0; tok < PAGE_TOKENS; ++tok) {
         const __half* src = v_page + tok * HEAD_DIM + 2 * VW * lane;
         if constexpr (VW == 2) {
             const uint2 raw = tok < valid ? ld_nc_noalloc_v2(src) : make_uint2(0u, 0u);
@@ -113,14 +109,11 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
 
 template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_impl(
-    float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,
+    float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table,
     const int* __restrict__ state, int Hq, int Hkv) {
-    constexpr int KCH = AttnPage<HEAD_DIM>::KCH;
-    constexpr int VW = AttnPage<HEAD_DIM>::VW;
-    constexpr int DPL = HEAD_DIM / 32;  // P·V dims per lane
-    __shared__ __align__(16) float p_smem[ATTN_WARPS][KV_PAGE_TOKENS][ATTN_MAX_GROUP];
+    __shared__ __align__(16) float p_smem[ATTN_WARPS][PAGE_TOKENS][ATTN_MAX_GROUP];
     __shared__ __align__(16) float alpha_smem[ATTN_WARPS][ATTN_MAX_GROUP];
 
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -130,25 +123,19 @@ __device__ __forceinline__ void attention_decode_impl(
     const int n_splits = gridDim.x * ATTN_WARPS;
     const int split = blockIdx.x * ATTN_WARPS + warp;
     const int head0 = kv_head * group;  // first query head of this KV head
+    const AttnLane at = {split, Hq, head0, group, warp, lane, g, t};
 
-    // Query fragments of head row g (zero for the padding rows g ≥ group): issued before the
-    // state read, whose latency they share.
-    uint4 qf[KCH];
-#pragma unroll
-    for (int m = 0; m < KCH; ++m)
-        qf[m] = g < group ? ld_nc_v4(q + (u64)(head0 + g) * HEAD_DIM + 32 * m + 8 * t)
-                          : make_uint4(0u, 0u, 0u, 0u);
+    // Query fragments: issued before the state read, whose latency they share.
+    uint4 qf[HEAD_DIM / 32];
+    attn_query_fragments<HEAD_DIM>(qf, q, at);
 
     const int seq_len = state[2];
-    const int n_pages = (seq_len + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+    const int n_pages = (seq_len + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
 
-    if (page_begin >= page_end) {  // neutral partial: contributes nothing to the combine
-        if (t == 0 && g < group) {
-            m_part[(u64)split * Hq + head0 + g] = F32_NEG_INF;
-            l_part[(u64)split * Hq + head0 + g] = 0.f;
-        }
+    if (page_begin >= page_end) {
+        attn_neutral_partial(max_logits, exp_sums, at);
         return;
     }
 
@@ -165,127 +152,53 @@ __device__ __forceinline__ void attention_decode_impl(
         kp = k_cache + kv_offset(page, kv_head, 0, Hkv, HEAD_DIM);
         vp = v_cache + kv_offset(page, kv_head, 0, Hkv, HEAD_DIM);
     };
-    const float scale_log2 = rsqrtf((float)HEAD_DIM) * ATTN_LOG2E;
 
-    float m_run = F32_NEG_INF;  // running max of head g (scaled, log2 units), same in the quad
-    float l_run = 0.f;          // running sum of head g over this lane's tokens (quad-summed at the end)
-    float acc[ATTN_MAX_GROUP][DPL];
-#pragma unroll
-    for (int h = 0; h < ATTN_MAX_GROUP; ++h)
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
+    // The split's running state (attention_decode.cuh).
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
+    float m_run = F32_NEG_INF;
+    float l_run = 0.f;
+    float acc[ATTN_MAX_GROUP][HEAD_DIM / 32] = {};
 
     // Double buffer: page lp+1's loads are in flight while page lp is multiplied.
     AttnPage<HEAD_DIM> cur, next;
     {
         const __half *kp, *vp;
         page_ptrs(physical(page_begin), kp, vp);
-        attn_load_page<HEAD_DIM>(cur, kp, vp, min(KV_PAGE_TOKENS, seq_len - page_begin * KV_PAGE_TOKENS), lane);
+        attn_load_page<HEAD_DIM>(cur, kp, vp, min(PAGE_TOKENS, seq_len - page_begin * PAGE_TOKENS), lane);
     }
     for (int lp = page_begin; lp < page_end; ++lp) {
         if (lp + 1 < page_end) {
             const __half *kp, *vp;
             page_ptrs(physical(lp + 1), kp, vp);
             attn_load_page<HEAD_DIM>(next, kp, vp,
-                                     min(KV_PAGE_TOKENS, seq_len - (lp + 1) * KV_PAGE_TOKENS), lane);
+                                     min(PAGE_TOKENS, seq_len - (lp + 1) * PAGE_TOKENS), lane);
         }
-        const int valid = min(KV_PAGE_TOKENS, seq_len - lp * KV_PAGE_TOKENS);  // ≥ 1
-
-        // Scores: s[nt][j] = head g, token nt·8 + 2t + j, scaled to log2 units, masked.
-        float s[2][2];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int m = 0; m < KCH; ++m) {
-                const u32 a_lo[4] = {qf[m].x, 0u, qf[m].y, 0u};
-                const u32 a_hi[4] = {qf[m].z, 0u, qf[m].w, 0u};
-                mma_m16n8k16_f32_f16(c, a_lo, cur.k[nt][m].x, cur.k[nt][m].y);
-                mma_m16n8k16_f32_f16(c, a_hi, cur.k[nt][m].z, cur.k[nt][m].w);
-            }
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-                s[nt][j] = nt * 8 + 2 * t + j < valid ? c[j] * scale_log2 : F32_NEG_INF;
-        }
-
-        // Online softmax update for head g (token 0 of the page is valid, so m_new is finite).
-        const float page_max = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
-        const float m_new = fmaxf(m_run, page_max);
-        const float alpha = exp2f(m_run - m_new);  // 0 on the first page (m_run = −inf)
-        float p_sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const float p = exp2f(s[nt][j] - m_new);  // exactly 0 for masked tokens
-                p_smem[warp][nt * 8 + 2 * t + j][g] = p;
-                p_sum += p;
-            }
-        l_run = l_run * alpha + p_sum;
-        m_run = m_new;
-        if (t == 0) alpha_smem[warp][g] = alpha;
-        __syncwarp();
-
-        // acc[h][:] = acc[h][:] · alpha[h] + Σ_tok p[tok][h] · v[tok][:]
-        const float4 al0 = *reinterpret_cast<const float4*>(&alpha_smem[warp][0]);
-        const float4 al1 = *reinterpret_cast<const float4*>(&alpha_smem[warp][4]);
-        const float al[ATTN_MAX_GROUP] = {al0.x, al0.y, al0.z, al0.w, al1.x, al1.y, al1.z, al1.w};
-#pragma unroll
-        for (int h = 0; h < ATTN_MAX_GROUP; ++h)
-#pragma unroll
-            for (int j = 0; j < DPL; ++j) acc[h][j] *= al[h];
-#pragma unroll
-        for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
-            const float4 p0 = *reinterpret_cast<const float4*>(&p_smem[warp][tok][0]);
-            const float4 p1 = *reinterpret_cast<const float4*>(&p_smem[warp][tok][4]);
-            const float p[ATTN_MAX_GROUP] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-            float v[DPL];
-#pragma unroll
-            for (int w = 0; w < VW; ++w) {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&cur.v[tok][w]));
-                v[2 * w] = f.x;
-                v[2 * w + 1] = f.y;
-            }
-#pragma unroll
-            for (int h = 0; h < ATTN_MAX_GROUP; ++h)
-#pragma unroll
-                for (int j = 0; j < DPL; ++j) acc[h][j] = fmaf(p[h], v[j], acc[h][j]);
-        }
+        const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
+        // K and V from the registers (attn_load_page zeroed the masked tokens).
+        attn_page<HEAD_DIM>(m_run, l_run, acc, scale_log2, qf, valid, p_smem, alpha_smem, at,
+                            [&](int nt, int m) { return cur.k[nt][m]; },
+                            [&](int tok, int w) {
+                                return __half22float2(*reinterpret_cast<const __half2*>(&cur.v[tok][w]));
+                            });
         __syncwarp();  // p_smem / alpha_smem are rewritten by the next page
         cur = next;
     }
-
-    // Publish the split's partial for the group's query heads.
-    const float l_total = quad_sum(l_run);
-    if (t == 0 && g < group) {
-        m_part[(u64)split * Hq + head0 + g] = m_run;
-        l_part[(u64)split * Hq + head0 + g] = l_total;
-    }
-#pragma unroll
-    for (int h = 0; h < ATTN_MAX_GROUP; ++h) {
-        if (h >= group) break;
-        float* dst = o_part + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
-        if constexpr (DPL == 4) {
-            *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-        } else {
-            *reinterpret_cast<float2*>(dst) = make_float2(acc[h][0], acc[h][1]);
-        }
-    }
+    attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out, max_logits, exp_sums, at);
 }
 
 // grid (S, Hkv), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS.
 #define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM)                                                  \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP_SIZE) NAME(                   \
-        float* __restrict__ o_part,           /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
-        float* __restrict__ m_part,           /* [NS, Hq] fp32, out: max score (log2 units) */ \
-        float* __restrict__ l_part,           /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
+        float* __restrict__ partial_out,      /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
+        float* __restrict__ max_logits,       /* [NS, Hq] fp32, out: max score (log2 units) */ \
+        float* __restrict__ exp_sums,         /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
         const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
         const __half* __restrict__ k_cache,   /* [P, Hkv, 16, Dh] fp16, this layer          */ \
         const __half* __restrict__ v_cache,   /* [P, Hkv, 16, Dh] fp16, this layer          */ \
         const int* __restrict__ block_table,  /* [max_pages] int32                          */ \
         const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
         int Hq, int Hkv) {                                                                   \
-        attention_decode_impl<HEAD_DIM>(o_part, m_part, l_part, q, k_cache, v_cache,             \
+        attention_decode_impl<HEAD_DIM>(partial_out, max_logits, exp_sums, q, k_cache, v_cache,    \
                                         block_table, state, Hq, Hkv);                           \
     }
 
@@ -300,28 +213,29 @@ ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128)
 // 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
 // L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in
 // attention_decode_tma.cu's header), not HBM.
-// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (m, l of each split).
+// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
+// each split for head h).
 #define ATTN_COMBINE_THREADS 1024
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
-attention_combine(__half* __restrict__ out,           // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
-                  const float* __restrict__ o_part,   // [NS, Hq, Dh] fp32
-                  const float* __restrict__ m_part,   // [NS, Hq] fp32
-                  const float* __restrict__ l_part,   // [NS, Hq] fp32
-                  const int* __restrict__ state,      // [3] int32 (reads seq_len = state[2])
-                  int n_splits, int Hq, int Dh) {     // n_splits = NS of the decode launch
-    extern __shared__ float combine_smem[];           // m[NS], l[NS]
+attention_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
+                  const float* __restrict__ partial_out, // [NS, Hq, Dh] fp32
+                  const float* __restrict__ max_logits,  // [NS, Hq] fp32
+                  const float* __restrict__ exp_sums,    // [NS, Hq] fp32
+                  const int* __restrict__ state,         // [3] int32 (reads seq_len = state[2])
+                  int n_splits, int Hq, int Dh) {        // n_splits = NS of the decode launch
+    extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];
     __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
     const int h = blockIdx.x;
-    const int n_pages = (state[2] + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
+    const int n_pages = (state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
 
     for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
-        m_s[s] = m_part[(u64)s * Hq + h];
-        l_s[s] = l_part[(u64)s * Hq + h];
+        m_s[s] = max_logits[(u64)s * Hq + h];
+        l_s[s] = exp_sums[(u64)s * Hq + h];
     }
     __syncthreads();
     // Every warp finds the same maximum (butterfly over a lane-strided scan): no extra barrier.
@@ -336,7 +250,7 @@ attention_combine(__half* __restrict__ out,           // [Hq, Dh] fp16, out (= [
 #pragma unroll 8
         for (int s = j; s < n_active; s += n_j) {
             const float w = exp2f(m_s[s] - m_max);
-            o_sum = fmaf(w, o_part[((u64)s * Hq + h) * Dh + d], o_sum);
+            o_sum = fmaf(w, partial_out[((u64)s * Hq + h) * Dh + d], o_sum);
             l_sum = fmaf(w, l_s[s], l_sum);
         }
     }

@@ -1,14 +1,15 @@
 // kernels/attention_decode_tma.cu — warp-specialised paged GQA decode attention: a TMA producer
-// warp feeds consumer warps through mbarriers (DESIGN.md §6). Split-KV ("flash-decoding").
+// warp feeds consumer warps through mbarriers (docs/kernels.md#the-warp-specialised-tma-version). Split-KV ("flash-decoding").
 //
-//   attention_decode_tma_hd64 / _hd128   per split: unnormalised o, running max m, sum l
+//   attention_decode_tma_hd64 / _hd128   per split: partial_out, max_logits, exp_sums
 //   (combined by attention_combine of attention_decode.cu, whose partial layout this writes)
 //
 // out[h, :] = softmax(q[h] · K[0:seq_len]ᵀ / √Dh) · V[0:seq_len] for every query head h, with
 // query head h reading KV head h / (Hq/Hkv) (GQA, 7:1 for every Qwen2.5-Coder size).
 // seq_len = state[2] comes from device memory, so one graph serves every step. The plain
-// attention_decode.cu computes the same thing (same splits, same arithmetic per page) and stays
-// the reference kernel and the fallback.
+// attention_decode.cu computes the same thing — the split rule and the per-page arithmetic are
+// the same code, attention_decode.cuh — and stays the reference kernel and the fallback; this
+// file adds the producer warp, the stage ring and its mbarriers.
 //
 // The limit it is built around: HBM bandwidth at long contexts. Bytes per call = seq_len ×
 // Hkv × Dh × 2 (K and V) × 2 B = 2 KiB per token per layer at 7B (64 MiB at 32768 tokens), plus
@@ -40,8 +41,9 @@
 //             the [rows, Dh] pool views) completing on full[c][j].
 //   consumer c (warps 0 … CONSUMERS−1): for page i: wait full[c][j] phase r (parity r & 1);
 //             QKᵀ on tensor cores, online softmax in FP32, P·V in FP32 FMA — the plain kernel's
-//             per-page arithmetic, reading K/V from the stage instead of registers — then every
-//             lane arrives on empty[c][j] after its last read of the stage.
+//             per-page arithmetic (attn_page, attention_decode.cuh), reading K/V from the stage
+//             instead of registers — then every lane arrives on empty[c][j] after its last read
+//             of the stage.
 //
 // Barriers and phases (each initialised once by thread 0, then fence + the kernel's only
 // __syncthreads(), before the role branch):
@@ -71,25 +73,16 @@
 // = attention_tma_smem_bytes(Dh).
 #include <cuda_fp16.h>
 
-#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF
-#include "ldst.cuh"      // ld_nc_v4
-#include "mma.cuh"       // mma_m16n8k16_f32_f16
-#include "warp.cuh"      // quad_max, quad_sum, FULL_WARP_MASK
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS
-#include "mbarrier.cuh"  // mbarrier_init / arrive / arrive_expect_tx / wait_parity, fence_mbarrier_init
-#include "tma.cuh"       // CUtensorMap, tma_load_2d, tma_prefetch_map
+#include "types.cuh"             // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
+#include "warp.cuh"              // FULL_WARP_MASK
+#include "kv_cache.cuh"          // PAGE_TOKENS
+#include "mbarrier.cuh"          // mbarrier_init / arrive / arrive_expect_tx / wait_parity, fence_mbarrier_init
+#include "tma.cuh"               // CUtensorMap, tma_load_2d, tma_prefetch_map
+#include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
 
 #define ATMA_CONSUMERS 4                        // consumer warps (= splits) per block
 #define ATMA_STAGES    3                        // ring stages per consumer warp
 #define ATMA_THREADS   ((ATMA_CONSUMERS + 1) * WARP_SIZE)  // + the producer warp
-#define ATMA_MAX_GROUP 8                        // query heads per KV head (MMA rows 0..7)
-#define ATMA_LOG2E     1.4426950408889634f
-
-// Must equal attn_pages_per_split of attention_decode.cu: attention_combine finds the active
-// splits with that formula.
-__device__ __forceinline__ int atma_pages_per_split(int n_pages, int n_splits) {
-    return max(1, (n_pages + n_splits - 1) / n_splits);
-}
 
 // The block's shared memory, all of it dynamic (so the launcher's byte count is the whole
 // footprint: the > 48 KiB opt-in and the occupancy estimate see every byte):
@@ -99,31 +92,29 @@ __device__ __forceinline__ int atma_pages_per_split(int n_pages, int n_splits) {
 //   [BAR_OFFSET, SMEM_BYTES) full [CONSUMERS][STAGES], empty [CONSUMERS][STAGES] mbarriers (u64)
 template <int HEAD_DIM>
 struct AtmaShape {
-    static constexpr int TILE_HALVES = KV_PAGE_TOKENS * HEAD_DIM;   // one page of one head
-    static constexpr u32 TILE_BYTES = TILE_HALVES * 2;              // one TMA box
-    static constexpr u32 STAGE_BYTES = 2 * TILE_BYTES;              // K box + V box
+    static constexpr int TILE_HALVES = PAGE_TOKENS * HEAD_DIM;  // one page of one head
+    static constexpr u32 TILE_BYTES = TILE_HALVES * 2;           // one TMA box
+    static constexpr u32 STAGE_BYTES = 2 * TILE_BYTES;           // K box + V box
     static constexpr u32 P_OFFSET = ATMA_CONSUMERS * ATMA_STAGES * STAGE_BYTES;
-    static constexpr u32 ALPHA_OFFSET = P_OFFSET + ATMA_CONSUMERS * KV_PAGE_TOKENS * ATMA_MAX_GROUP * 4;
-    static constexpr u32 BAR_OFFSET = ALPHA_OFFSET + ATMA_CONSUMERS * ATMA_MAX_GROUP * 4;
+    static constexpr u32 ALPHA_OFFSET = P_OFFSET + ATMA_CONSUMERS * PAGE_TOKENS * ATTN_MAX_GROUP * 4;
+    static constexpr u32 BAR_OFFSET = ALPHA_OFFSET + ATMA_CONSUMERS * ATTN_MAX_GROUP * 4;
     static constexpr u32 SMEM_BYTES = BAR_OFFSET + 2 * ATMA_CONSUMERS * ATMA_STAGES * 8;
     static_assert(TILE_BYTES % 128 == 0 && P_OFFSET % 16 == 0 && BAR_OFFSET % 8 == 0, "smem alignment");
 };
 
 template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_tma_impl(
-    float* __restrict__ o_part, float* __restrict__ m_part, float* __restrict__ l_part,
+    float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const CUtensorMap* k_map, const CUtensorMap* v_map,
     const int* __restrict__ block_table, const int* __restrict__ state, int Hq, int Hkv,
     int layer_page0) {
     using Shape = AtmaShape<HEAD_DIM>;
-    constexpr int KCH = HEAD_DIM / 32;  // 16-byte key chunks per lane per token (MMA k order)
     constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
-    constexpr int DPL = HEAD_DIM / 32;  // P·V dims per lane
 
     // AtmaShape's layout; the stages first, where the TMA's 128-byte alignment holds.
     extern __shared__ __align__(128) unsigned char atma_smem[];
-    auto p_smem = reinterpret_cast<float (*)[KV_PAGE_TOKENS][ATMA_MAX_GROUP]>(atma_smem + Shape::P_OFFSET);
-    auto alpha_smem = reinterpret_cast<float (*)[ATMA_MAX_GROUP]>(atma_smem + Shape::ALPHA_OFFSET);
+    auto p_smem = reinterpret_cast<float (*)[PAGE_TOKENS][ATTN_MAX_GROUP]>(atma_smem + Shape::P_OFFSET);
+    auto alpha_smem = reinterpret_cast<float (*)[ATTN_MAX_GROUP]>(atma_smem + Shape::ALPHA_OFFSET);
     auto full_bar = reinterpret_cast<u64 (*)[ATMA_STAGES]>(atma_smem + Shape::BAR_OFFSET);
     auto empty_bar = full_bar + ATMA_CONSUMERS;
 
@@ -131,8 +122,8 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     const int kv_head = blockIdx.y;
     const int n_splits = gridDim.x * ATMA_CONSUMERS;
     const int seq_len = state[2];
-    const int n_pages = (seq_len + KV_PAGE_TOKENS - 1) / KV_PAGE_TOKENS;
-    const int pps = atma_pages_per_split(n_pages, n_splits);
+    const int n_pages = (seq_len + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    const int pps = attn_pages_per_split(n_pages, n_splits);
     const int block_page0 = blockIdx.x * ATMA_CONSUMERS * pps;  // first page of the block's warp 0
 
     if (threadIdx.x == 0) {
@@ -174,7 +165,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
                 if (r > 0) mbarrier_wait_parity(&empty_bar[c][j], (r - 1) & 1);
                 if (lane == 0) {
                     __half* k_dst = k_stage(c, j);
-                    const int row = ((layer_page0 + page) * Hkv + kv_head) * KV_PAGE_TOKENS;
+                    const int row = ((layer_page0 + page) * Hkv + kv_head) * PAGE_TOKENS;
                     mbarrier_arrive_expect_tx(&full_bar[c][j], Shape::STAGE_BYTES);
                     tma_load_2d(k_dst, k_map, 0, row, &full_bar[c][j]);
                     tma_load_2d(k_dst + Shape::TILE_HALVES, v_map, 0, row, &full_bar[c][j]);
@@ -187,136 +178,61 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     }
 
     // ---------------- consumer warp c = split blockIdx.x · CONSUMERS + c ----------------
+    // The plain kernel's split, reading its pages from the ring instead of registers.
     const int c = warp;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int group = Hq / Hkv;
     const int split = blockIdx.x * ATMA_CONSUMERS + c;
     const int head0 = kv_head * group;
     const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
+    const AttnLane at = {split, Hq, head0, group, c, lane, g, t};
 
-    if (page_begin >= page_end) {  // neutral partial: contributes nothing to the combine
-        if (t == 0 && g < group) {
-            m_part[(u64)split * Hq + head0 + g] = F32_NEG_INF;
-            l_part[(u64)split * Hq + head0 + g] = 0.f;
-        }
+    if (page_begin >= page_end) {
+        attn_neutral_partial(max_logits, exp_sums, at);
         return;
     }
 
-    // Query fragments of head row g (zero for padding rows g ≥ group), as in the plain kernel.
-    uint4 qf[KCH];
-#pragma unroll
-    for (int m = 0; m < KCH; ++m)
-        qf[m] = g < group ? ld_nc_v4(q + (u64)(head0 + g) * HEAD_DIM + 32 * m + 8 * t)
-                          : make_uint4(0u, 0u, 0u, 0u);
-    const float scale_log2 = rsqrtf((float)HEAD_DIM) * ATMA_LOG2E;
+    uint4 qf[HEAD_DIM / 32];
+    attn_query_fragments<HEAD_DIM>(qf, q, at);
 
-    float m_run = F32_NEG_INF;  // running max of head g (scaled, log2 units), same in the quad
-    float l_run = 0.f;          // running sum of head g over this lane's tokens
-    float acc[ATMA_MAX_GROUP][DPL];
-#pragma unroll
-    for (int h = 0; h < ATMA_MAX_GROUP; ++h)
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[h][j] = 0.f;
+    // The split's running state (attention_decode.cuh).
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
+    float m_run = F32_NEG_INF;
+    float l_run = 0.f;
+    float acc[ATTN_MAX_GROUP][HEAD_DIM / 32] = {};
 
     for (int lp = page_begin; lp < page_end; ++lp) {
         const int i = lp - page_begin, j = i % ATMA_STAGES, r = i / ATMA_STAGES;
-        const int valid = min(KV_PAGE_TOKENS, seq_len - lp * KV_PAGE_TOKENS);  // ≥ 1
+        const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
         const __half* ks = k_stage(c, j);
         const __half* vs = ks + Shape::TILE_HALVES;
         mbarrier_wait_parity(&full_bar[c][j], r & 1);  // page i's K and V are in the stage
 
-        // Scores: s[nt][jj] = head g, token nt·8 + 2t + jj, scaled to log2 units, masked.
-        float s[2][2];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            const int tok = nt * 8 + g;
-            float cc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int m = 0; m < KCH; ++m) {
-                const uint4 kraw = *reinterpret_cast<const uint4*>(ks + tok * HEAD_DIM + 32 * m + 8 * t);
-                const uint4 kf = tok < valid ? kraw : make_uint4(0u, 0u, 0u, 0u);  // select, no 0·NaN
-                const u32 a_lo[4] = {qf[m].x, 0u, qf[m].y, 0u};
-                const u32 a_hi[4] = {qf[m].z, 0u, qf[m].w, 0u};
-                mma_m16n8k16_f32_f16(cc, a_lo, kf.x, kf.y);
-                mma_m16n8k16_f32_f16(cc, a_hi, kf.z, kf.w);
-            }
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj)
-                s[nt][jj] = nt * 8 + 2 * t + jj < valid ? cc[jj] * scale_log2 : F32_NEG_INF;
-        }
-
-        // Online softmax update for head g (token 0 of the page is valid: m_new is finite).
-        const float page_max = quad_max(fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1])));
-        const float m_new = fmaxf(m_run, page_max);
-        const float alpha = exp2f(m_run - m_new);  // 0 on the first page (m_run = −inf)
-        float p_sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-                const float p = exp2f(s[nt][jj] - m_new);  // exactly 0 for masked tokens
-                p_smem[c][nt * 8 + 2 * t + jj][g] = p;
-                p_sum += p;
-            }
-        l_run = l_run * alpha + p_sum;
-        m_run = m_new;
-        if (t == 0) alpha_smem[c][g] = alpha;
-        __syncwarp();
-
-        // acc[h][:] = acc[h][:] · alpha[h] + Σ_tok p[tok][h] · v[tok][:]
-        const float4 al0 = *reinterpret_cast<const float4*>(&alpha_smem[c][0]);
-        const float4 al1 = *reinterpret_cast<const float4*>(&alpha_smem[c][4]);
-        const float al[ATMA_MAX_GROUP] = {al0.x, al0.y, al0.z, al0.w, al1.x, al1.y, al1.z, al1.w};
-#pragma unroll
-        for (int h = 0; h < ATMA_MAX_GROUP; ++h)
-#pragma unroll
-            for (int jj = 0; jj < DPL; ++jj) acc[h][jj] *= al[h];
-#pragma unroll
-        for (int tok = 0; tok < KV_PAGE_TOKENS; ++tok) {
-            const float4 p0 = *reinterpret_cast<const float4*>(&p_smem[c][tok][0]);
-            const float4 p1 = *reinterpret_cast<const float4*>(&p_smem[c][tok][4]);
-            const float p[ATMA_MAX_GROUP] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-            u32 vraw[VW];
-            if constexpr (VW == 2) {
-                const uint2 w2 = *reinterpret_cast<const uint2*>(vs + tok * HEAD_DIM + 2 * VW * lane);
-                vraw[0] = w2.x;
-                vraw[1] = w2.y;
-            } else {
-                vraw[0] = *reinterpret_cast<const u32*>(vs + tok * HEAD_DIM + 2 * VW * lane);
-            }
-            float v[DPL];
-#pragma unroll
-            for (int w = 0; w < VW; ++w) {
-                const u32 bits = tok < valid ? vraw[w] : 0u;  // select: a NaN slot becomes +0
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
-                v[2 * w] = f.x;
-                v[2 * w + 1] = f.y;
-            }
-#pragma unroll
-            for (int h = 0; h < ATMA_MAX_GROUP; ++h)
-#pragma unroll
-                for (int jj = 0; jj < DPL; ++jj) acc[h][jj] = fmaf(p[h], v[jj], acc[h][jj]);
-        }
+        // K and V from the stage. The box holds all 16 slots: the masked ones are replaced by
+        // zeros with a select (multiplying them by 0 would keep a NaN).
+        attn_page<HEAD_DIM>(m_run, l_run, acc, scale_log2, qf, valid, p_smem, alpha_smem, at,
+                            [=](int nt, int m) {
+                                const int tok = nt * 8 + g;
+                                const uint4* src =
+                                    reinterpret_cast<const uint4*>(ks + tok * HEAD_DIM + 32 * m + 8 * t);
+                                return tok < valid ? *src : make_uint4(0u, 0u, 0u, 0u);
+                            },
+                            [=](int tok, int w) {
+                                const __half* src = vs + tok * HEAD_DIM + 2 * VW * lane;
+                                u32 raw;
+                                if constexpr (VW == 2) {
+                                    const uint2 w2 = *reinterpret_cast<const uint2*>(src);
+                                    raw = w == 0 ? w2.x : w2.y;
+                                } else {
+                                    raw = *reinterpret_cast<const u32*>(src);
+                                }
+                                const u32 bits = tok < valid ? raw : 0u;
+                                return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+                            });
         mbarrier_arrive(&empty_bar[c][j]);  // this lane's reads of stage j are done (release)
         __syncwarp();                       // p_smem / alpha_smem are rewritten by the next page
     }
-
-    // Publish the split's partial for the group's query heads.
-    const float l_total = quad_sum(l_run);
-    if (t == 0 && g < group) {
-        m_part[(u64)split * Hq + head0 + g] = m_run;
-        l_part[(u64)split * Hq + head0 + g] = l_total;
-    }
-#pragma unroll
-    for (int h = 0; h < ATMA_MAX_GROUP; ++h) {
-        if (h >= group) break;
-        float* dst = o_part + ((u64)split * Hq + head0 + h) * HEAD_DIM + DPL * lane;
-        if constexpr (DPL == 4) {
-            *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-        } else {
-            *reinterpret_cast<float2*>(dst) = make_float2(acc[h][0], acc[h][1]);
-        }
-    }
+    attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out, max_logits, exp_sums, at);
 }
 
 // grid (S, Hkv), block (ATMA_THREADS), dynamic smem AtmaShape<Dh>::SMEM_BYTES (96 KiB + 2.3 KiB
@@ -324,9 +240,9 @@ __device__ __forceinline__ void attention_decode_tma_impl(
 // Splits NS = S · ATMA_CONSUMERS.
 #define ATTENTION_DECODE_TMA_KERNEL(NAME, HEAD_DIM)                                              \
     extern "C" __global__ void __launch_bounds__(ATMA_THREADS) NAME(                             \
-        float* __restrict__ o_part,           /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
-        float* __restrict__ m_part,           /* [NS, Hq] fp32, out: max score (log2 units) */ \
-        float* __restrict__ l_part,           /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
+        float* __restrict__ partial_out,      /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
+        float* __restrict__ max_logits,       /* [NS, Hq] fp32, out: max score (log2 units) */ \
+        float* __restrict__ exp_sums,         /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
         const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
         const __grid_constant__ CUtensorMap k_map, /* K pool as [rows, Dh] fp16, box [16, Dh] */ \
         const __grid_constant__ CUtensorMap v_map, /* V pool, likewise                      */ \
@@ -334,7 +250,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
         const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
         int Hq, int Hkv,                                                                     \
         int layer_page0) {                    /* layer · pages per layer: the layer's page 0 */ \
-        attention_decode_tma_impl<HEAD_DIM>(o_part, m_part, l_part, q, &k_map, &v_map,           \
+        attention_decode_tma_impl<HEAD_DIM>(partial_out, max_logits, exp_sums, q, &k_map, &v_map,  \
                                             block_table, state, Hq, Hkv, layer_page0);          \
     }
 

@@ -41,18 +41,17 @@
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16).
 #include <cuda_fp16.h>
 
-#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF
+#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "mma.cuh"       // mma_m16n8k16_f32_f16
 #include "ldmatrix.cuh"  // ldmatrix_x4, ldmatrix_x4_trans
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
 #include "warp.cuh"      // quad_max, quad_sum
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
+#include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 
 #define APF_QTILE     16    // queries per block (M of the MMA)
 #define APF_KV_TILE   64    // positions per pipeline step (4 pages)
 #define APF_MAX_GROUP 8     // warps per block = query heads per KV head
 #define APF_STAGES    2
-#define APF_LOG2E     1.4426950408889634f
 
 template <int HEAD_DIM>
 struct ApfShape {
@@ -113,14 +112,14 @@ __device__ __forceinline__ void attention_prefill_impl(
             const int pos = tile * APF_KV_TILE + tok;
             const bool valid = pos < kv_len;
             const __half* cache = which ? v_cache : k_cache;
-            const __half* src = valid ? cache + kv_offset(__ldg(block_table + pos / KV_PAGE_TOKENS), kv_head,
-                                                          pos % KV_PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * ch
+            const __half* src = valid ? cache + kv_offset(__ldg(block_table + pos / PAGE_TOKENS), kv_head,
+                                                          pos % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * ch
                                       : cache;
             cp_async_16(dst0 + which * S::TILE_BYTES + tok * S::ROW_BYTES + 16 * ch, src, valid);
         }
     };
 
-    const float scale_log2 = rsqrtf((float)HEAD_DIM) * APF_LOG2E;
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
     float o[2 * S::KSTEPS][4];  // O[row g | g+8][dims 8n + 2t, +1]
 #pragma unroll
     for (int n = 0; n < 2 * S::KSTEPS; ++n)

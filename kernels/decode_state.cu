@@ -15,8 +15,8 @@
 // The limit: each is one graph node (~1 µs of dependency latency); advance_state may later
 // be folded into argmax_final.
 #include "types.cuh"
-#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS
+#include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
+#include "kv_cache.cuh"  // PAGE_TOKENS
 
 // grid (1), block (1).
 extern "C" __global__ void advance_state(int* __restrict__ state,             // [3] int32, in/out
@@ -45,7 +45,7 @@ extern "C" __global__ void set_block_table_entry(int* __restrict__ block_table, 
     grid_launch_dependents();
     grid_dependency_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
-        const int logical = state[0] / KV_PAGE_TOKENS;
+        const int logical = state[0] / PAGE_TOKENS;
         // The host checks the context bound before it picks B; this guard only keeps a host
         // bug from turning into a write past the table.
         if (logical < n_pages) block_table[logical] = new_page[0];

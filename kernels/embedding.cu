@@ -5,7 +5,7 @@
 //
 // The decode token id is read from device memory (state[1], written by the previous step's
 // argmax → advance_state), never passed as a launch argument, so one captured CUDA graph
-// serves every step (DESIGN.md §7).
+// serves every step (docs/graphs.md#one-graph-serves-every-step).
 //
 // Work split: thread i converts 16-byte chunk i of the row (8 FP16 → 8 FP32, two float4
 // stores); grid.x = ceil(D / 8 / EMBEDDING_THREADS) (2 blocks at 7B, 1 at 0.5B), grid.y = rows.

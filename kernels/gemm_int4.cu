@@ -28,7 +28,7 @@
 //   warp    = 2 weight tiles (32 rows of W) × all 64 tokens: 2 × 8 m16n8k16 MMAs per 16 inputs,
 //             A = weights (rows), B = activations (tokens). The weights are the A operand so
 //             that one 16-byte load of a weight row feeds 8 MMAs after the lop3 unpack, exactly
-//             as in the decode GEMV (gemv_int4.cu, ptx/mma.cuh: lane (g, t) supplies the k
+//             as in the decode GEMV (int4_matmul.cuh, ptx/mma.cuh: lane (g, t) supplies the k
 //             positions {2t, 2t+1, 2t+8, 2t+9} from inputs 32t + 8i … +7 of its row; the
 //             activation row of token g is read at the same inputs, so the k order matches).
 //   K loop  = one 128-input group per step, GEMM_STAGES = 4 steps in flight through cp.async
@@ -58,7 +58,7 @@
 //   | down    | 393.5 | 177     |
 //   = 1.27 ms per layer, 188 TFLOP/s; 35.8 ms of a 512-token 7B prefill's 37.7 ms of kernels
 //   (TTFT 39.5 ms, tools/bench_e2e.py). The rest of the way to ~1 PFLOP/s is wgmma fed by
-//   TMA with the dequantization in the mainloop (DESIGN.md §13), not tuning of this version.
+//   TMA with the dequantization in the mainloop (docs/benchmarks.md#what-the-gaps-point-to), not tuning of this version.
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (true for every head_dim); any N ≥ 1 (rows past N load row N-1, never stored); pointers
@@ -66,24 +66,22 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
-#include "int4_unpack.cuh"  // unpack_int4x8
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
 #include "cp_async.cuh"     // cp_async_16, cp_async_commit, cp_async_wait
+#include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
 
 #define GEMM_BM            64                               // tokens per block
 #define GEMM_WARPS         4
 #define GEMM_THREADS       (GEMM_WARPS * WARP_SIZE)
 #define GEMM_WARP_TILES    2                                // 16-row weight tiles per warp
 #define GEMM_BLOCK_TILES   (GEMM_WARPS * GEMM_WARP_TILES)   // 8 tiles = 128 weight rows
-#define GEMM_TILE_ROWS     16                               // M of the MMA
 #define GEMM_TOKEN_TILES   (GEMM_BM / 8)                    // N = 8 tokens per MMA
-#define GEMM_GROUP         128                              // INT4 group along K (quant.py)
 #define GEMM_STAGES        4
-#define GEMM_A_ROW_BYTES   (GEMM_GROUP * 2)                 // 128 fp16 inputs of one token
+#define GEMM_A_ROW_BYTES   (INT4_GROUP * 2)                 // 128 fp16 inputs of one token
 #define GEMM_A_CHUNKS      (GEMM_A_ROW_BYTES / 16)          // 16-byte chunks per token row
 #define GEMM_A_STAGE_BYTES (GEMM_BM * GEMM_A_ROW_BYTES)     // 16 KB
-#define GEMM_W_ROW_BYTES   (GEMM_GROUP / 2)                 // 128 nibbles = 16 words = 64 B
-#define GEMM_W_STAGE_BYTES (GEMM_BLOCK_TILES * GEMM_TILE_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
+#define GEMM_W_ROW_BYTES   (INT4_GROUP / 2)                 // 128 nibbles = 16 words = 64 B
+#define GEMM_W_STAGE_BYTES (GEMM_BLOCK_TILES * INT4_TILE_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
 #define GEMM_STAGE_BYTES   (GEMM_A_STAGE_BYTES + GEMM_W_STAGE_BYTES)
 #define GEMM_SMEM_BYTES    (GEMM_STAGES * GEMM_STAGE_BYTES)  // 96 KB (kernels.py mirrors it)
 
@@ -104,13 +102,6 @@ struct GemmProblem {
     int first_tile[NSEG + 1];    // 16-row tile where each matrix starts (stacked; unused when paired)
 };
 
-// Runtime selection among the (≤ 3) matrices by comparisons: an array indexed at run time
-// would be copied to local memory.
-template <typename T>
-__device__ __forceinline__ T gemm_pick(int seg, T a0, T a1, T a2) {
-    return seg == 0 ? a0 : seg == 1 ? a1 : a2;
-}
-
 template <int NSEG>
 struct GemmTile {
     const u32* qweight;
@@ -129,28 +120,22 @@ __device__ __forceinline__ GemmTile<NSEG> gemm_tile(const GemmProblem<NSEG>& p, 
     GemmTile<NSEG> r;
     if constexpr (PAIRED) {
         r.seg = bt & 1;
-        r.row0 = (blockIdx.y * (GEMM_BLOCK_TILES / 2) + bt / 2) * GEMM_TILE_ROWS;
+        r.row0 = (blockIdx.y * (GEMM_BLOCK_TILES / 2) + bt / 2) * INT4_TILE_ROWS;
     } else {
         const int tile = blockIdx.y * GEMM_BLOCK_TILES + bt;
-        int seg = 0;
-#pragma unroll
-        for (int s = 1; s < NSEG; ++s) seg += tile >= p.first_tile[s];
+        const int seg = int4_segment<NSEG>(p.first_tile, tile);
         r.seg = seg;
-        const int first = NSEG == 1 ? 0 : gemm_pick(seg, p.first_tile[0], p.first_tile[1], p.first_tile[NSEG - 1]);
-        r.row0 = (tile - first) * GEMM_TILE_ROWS;
+        const int first = NSEG == 1 ? 0 : int4_pick(seg, p.first_tile[0], p.first_tile[1], p.first_tile[NSEG - 1]);
+        r.row0 = (tile - first) * INT4_TILE_ROWS;
     }
     if constexpr (NSEG == 1) {
         r.qweight = p.qweight[0]; r.scales = p.scales[0]; r.n = p.n[0];
     } else {
-        r.qweight = gemm_pick(r.seg, p.qweight[0], p.qweight[1], p.qweight[NSEG - 1]);
-        r.scales = gemm_pick(r.seg, p.scales[0], p.scales[1], p.scales[NSEG - 1]);
-        r.n = gemm_pick(r.seg, p.n[0], p.n[1], p.n[NSEG - 1]);
+        r.qweight = int4_pick(r.seg, p.qweight[0], p.qweight[1], p.qweight[NSEG - 1]);
+        r.scales = int4_pick(r.seg, p.scales[0], p.scales[1], p.scales[NSEG - 1]);
+        r.n = int4_pick(r.seg, p.n[0], p.n[1], p.n[NSEG - 1]);
     }
     return r;
-}
-
-__device__ __forceinline__ u32 gemm_word(const uint4& q, int i) {
-    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
 // The whole GEMM of one block: 64 tokens × 8 weight tiles × all of K, then
@@ -172,8 +157,8 @@ __device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
     const int tid = threadIdx.x;
     const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const int n_groups = K / GEMM_GROUP;
-    const int words_per_row = K / 8, groups_per_row = K / GEMM_GROUP;
+    const int n_groups = K / INT4_GROUP;
+    const int words_per_row = K / 8, groups_per_row = K / INT4_GROUP;
 
     // ---- what this thread copies each step --------------------------------------------------
     // Activations: chunk a_c of token rows a_r + 8j, j = 0..7 (1024 chunks / 128 threads).
@@ -186,9 +171,9 @@ __device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int br = w_r + 32 * j;
-        const GemmTile<NSEG> tl = gemm_tile<NSEG, PAIRED>(p, br / GEMM_TILE_ROWS);
+        const GemmTile<NSEG> tl = gemm_tile<NSEG, PAIRED>(p, br / INT4_TILE_ROWS);
         // Rows past the matrix load its last row: valid memory, never stored.
-        const int row = min(tl.row0 + br % GEMM_TILE_ROWS, tl.n - 1);
+        const int row = min(tl.row0 + br % INT4_TILE_ROWS, tl.n - 1);
         w_src[j] = tl.qweight + (u64)row * words_per_row + 4 * w_q;
     }
     auto issue = [&](int grp, int stage) {
@@ -198,12 +183,12 @@ __device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
         for (int j = 0; j < GEMM_BM / 8; ++j) {
             const bool valid = a_r + 8 * j < rows_here;
             cp_async_16(a_st + a_dst + 8 * j * GEMM_A_ROW_BYTES,
-                        valid ? a_src + (u64)8 * j * K + grp * GEMM_GROUP : x, valid);
+                        valid ? a_src + (u64)8 * j * K + grp * INT4_GROUP : x, valid);
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             cp_async_16(w_st + (w_r + 32 * j) * GEMM_W_ROW_BYTES + 16 * w_q,
-                        w_src[j] + grp * (GEMM_GROUP / 8), true);
+                        w_src[j] + grp * (INT4_GROUP / 8), true);
     };
 
     // ---- this lane's rows: scales (read straight from global, one group ahead) --------------
@@ -260,7 +245,7 @@ __device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 wq[mt][h] = *reinterpret_cast<const uint4*>(
-                    w_st + ((GEMM_WARP_TILES * warp + mt) * GEMM_TILE_ROWS + g + 8 * h) * GEMM_W_ROW_BYTES + 16 * t);
+                    w_st + ((GEMM_WARP_TILES * warp + mt) * INT4_TILE_ROWS + g + 8 * h) * GEMM_W_ROW_BYTES + 16 * t);
 
         float tmp[GEMM_WARP_TILES][GEMM_TOKEN_TILES][4];
 #pragma unroll
@@ -276,13 +261,8 @@ __device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
         for (int i = 0; i < 4; ++i) {
             u32 a_lo[GEMM_WARP_TILES][4], a_hi[GEMM_WARP_TILES][4];
 #pragma unroll
-            for (int mt = 0; mt < GEMM_WARP_TILES; ++mt) {
-                u32 h0[4], h1[4];  // rows g / g+8: (k0,k1) (k2,k3) (k4,k5) (k6,k7)
-                unpack_int4x8(gemm_word(wq[mt][0], i), h0);
-                unpack_int4x8(gemm_word(wq[mt][1], i), h1);
-                a_lo[mt][0] = h0[0]; a_lo[mt][1] = h1[0]; a_lo[mt][2] = h0[1]; a_lo[mt][3] = h1[1];
-                a_hi[mt][0] = h0[2]; a_hi[mt][1] = h1[2]; a_hi[mt][2] = h0[3]; a_hi[mt][3] = h1[3];
-            }
+            for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
+                int4_a_fragments(wq[mt][0], wq[mt][1], i, a_lo[mt], a_hi[mt]);
 #pragma unroll
             for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt) {
                 if (nt * 8 >= rows_here) break;  // warp-uniform: no MMAs on absent tokens
@@ -339,8 +319,6 @@ __device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
     }
 }
 
-__device__ __forceinline__ int gemm_tiles(int n) { return (n + GEMM_TILE_ROWS - 1) / GEMM_TILE_ROWS; }
-
 // out = X Wᵀ in FP32. grid (ceil(M_max/64), ceil(ceil(N/16)/8)), block (128), smem GEMM_SMEM_BYTES.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
 gemm_int4_f32(float* __restrict__ out,              // [M, N] fp32, out
@@ -349,7 +327,7 @@ gemm_int4_f32(float* __restrict__ out,              // [M, N] fp32, out
               const __half* __restrict__ scales,    // [N, K/128] fp16
               const int* __restrict__ prefill_state,// [2] int32: start (unused here), M
               int N, int K) {
-    const GemmProblem<1> p = {{qweight}, {scales}, {N}, {0, gemm_tiles(N)}};
+    const GemmProblem<1> p = {{qweight}, {scales}, {N}, {0, int4_tiles(N)}};
     gemm_int4_block<1, false>(p, x, prefill_state, K, [&](int, int row, int tok, float v) {
         out[(u64)tok * N + row] = v;
     });
@@ -368,7 +346,7 @@ gemm_int4_qkv(float* __restrict__ qkv,               // [M, Nq + 2·Nkv] fp32, o
               const __half* __restrict__ v_scales,   // [Nkv, K/128] fp16
               const int* __restrict__ prefill_state, // [2] int32: start (unused here), M
               int Nq, int Nkv, int K) {
-    const int tq = gemm_tiles(Nq), tkv = gemm_tiles(Nkv);
+    const int tq = int4_tiles(Nq), tkv = int4_tiles(Nkv);
     const GemmProblem<3> p = {{q_qweight, k_qweight, v_qweight}, {q_scales, k_scales, v_scales},
                               {Nq, Nkv, Nkv}, {0, tq, tq + tkv, tq + 2 * tkv}};
     const int ld = Nq + 2 * Nkv;
@@ -377,7 +355,7 @@ gemm_int4_qkv(float* __restrict__ qkv,               // [M, Nq + 2·Nkv] fp32, o
     });
 }
 
-// residual += X Wᵀ in FP32 (the residual stream is FP32, DESIGN.md §9). Each element is read
+// residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32). Each element is read
 // and written by one lane: no atomics. grid (ceil(M_max/64), ceil(ceil(N/16)/8)).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
 gemm_int4_residual(float* __restrict__ residual,          // [M, N] fp32, in/out
@@ -386,15 +364,15 @@ gemm_int4_residual(float* __restrict__ residual,          // [M, N] fp32, in/out
                    const __half* __restrict__ scales,     // [N, K/128] fp16
                    const int* __restrict__ prefill_state, // [2] int32: start (unused here), M
                    int N, int K) {
-    const GemmProblem<1> p = {{qweight}, {scales}, {N}, {0, gemm_tiles(N)}};
+    const GemmProblem<1> p = {{qweight}, {scales}, {N}, {0, int4_tiles(N)}};
     gemm_int4_block<1, false>(p, x, prefill_state, K, [&](int, int row, int tok, float v) {
         residual[(u64)tok * N + row] += v;
     });
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ): a warp's two tiles are the same 16 features of gate_proj and
-// up_proj, so the SwiGLU happens in registers (silu in FP32 with the accurate expf, as the
-// decode GEMV). grid (ceil(M_max/64), ceil(ceil(F/16)/4)).
+// up_proj, so the SwiGLU happens in registers (swiglu_f16, as in the decode GEMV).
+// grid (ceil(M_max/64), ceil(ceil(F/16)/4)).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
 gemm_int4_gate_up_swiglu(__half* __restrict__ h,                // [M, F] fp16, out
                          const __half* __restrict__ x,          // [M, K] fp16 (normed hidden)
@@ -406,7 +384,6 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                // [M, F] fp16, 
                          int F, int K) {
     const GemmProblem<2> p = {{gate_qweight, up_qweight}, {gate_scales, up_scales}, {F, F}, {0, 0, 0}};
     gemm_int4_block<2, true>(p, x, prefill_state, K, [&](int row, int tok, float gate, float up) {
-        const float silu = gate / (1.f + expf(-gate));
-        h[(u64)tok * F + row] = __float2half_rn(silu * up);
+        h[(u64)tok * F + row] = swiglu_f16(gate, up);
     });
 }

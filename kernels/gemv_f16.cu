@@ -2,7 +2,7 @@
 //
 //   gemv_f16_lm_head   logits fp32[V] = W x;  per block: (max logit, its index) of its rows
 //
-// The limit: HBM bandwidth. lm_head stays FP16 (DESIGN.md §5): 152064 × 3584 × 2 B = 1.09 GB
+// The limit: HBM bandwidth. lm_head stays FP16 (docs/quantization.md#what-is-quantized): 152064 × 3584 × 2 B = 1.09 GB
 // at 7B (272 MB at 0.5B), a quarter of the whole decode step's bytes, read once per token.
 // Budget at 2 B per weight is ~14 instructions per weight at full bandwidth, so the plain
 // FP32 path is affordable: each FP16 weight and x value is converted and multiplied with an

@@ -50,7 +50,7 @@
 //             for gate/up) with the next batch in flight while the current one is multiplied.
 //             Per group of 128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word
 //             quad of row g and one of row g+8 (words 4t … 4t+3 of the group = inputs
-//             32t … 32t+31), unpacks them to FP16 (ptx/int4_unpack.cuh) and feeds 8 MMAs:
+//             32t … 32t+31), unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh) and feeds 8 MMAs:
 //
 //                 group gi of row r:  | t=0: words 0-3 | t=1: 4-7 | t=2: 8-11 | t=3: 12-15 |
 //                 lanes 4g..4g+3 → MMA rows g (and g+8), 64 contiguous bytes per row
@@ -96,18 +96,16 @@
 
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy
-#include "int4_unpack.cuh"  // unpack_int4x8
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
 #include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
+#include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
 #include "rmsnorm.cuh"      // rmsnorm_inv_rms, rmsnorm_apply4, RMSNORM_WARPS
 #include "rope.cuh"         // rope_rotate
-#include "kv_cache.cuh"     // kv_offset, KV_PAGE_TOKENS
+#include "kv_cache.cuh"     // kv_offset, PAGE_TOKENS
 
-#define GEMV_TILE_ROWS     16   // output rows per tile = M of the MMA
-#define GEMV_MAX_WARPS     8    // K-split warps per block (256 threads)
-#define GEMV_GROUP         128  // INT4 group size along K (quant.py GROUP_SIZE)
-#define GEMV_WORDS_PER_GROUP (GEMV_GROUP / 8)
-#define GEMV_CHUNKS_PER_GROUP (GEMV_GROUP / 8)  // 16-byte chunks of FP16 x per group
+#define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
+#define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
+#define GEMV_CHUNKS_PER_GROUP (INT4_GROUP / 8)  // 16-byte chunks of FP16 x per group
 // Groups per load batch for one matrix: 4 KB of weights per warp per batch (half as many
 // groups for gate/up: two matrices). The next batch is loaded while the current one is
 // multiplied, so a warp keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM
@@ -175,48 +173,34 @@ struct GemvProblem {
     int rope_dim[NSEG];               // Dh for a RoPE-paired segment, 0 for plain row order
 };
 
-// Segment of a tile, by comparisons (no runtime-indexed arrays: they would live in local memory).
-template <int MT, int NSEG>
-__device__ __forceinline__ int gemv_segment(const GemvProblem<MT, NSEG>& p, int tile) {
-    int seg = 0;
-#pragma unroll
-    for (int s = 1; s < NSEG; ++s) seg += tile >= p.first_tile[s];
-    return seg;
-}
-
-template <typename T>
-__device__ __forceinline__ T gemv_pick(int seg, T a0, T a1, T a2) {
-    return seg == 0 ? a0 : seg == 1 ? a1 : a2;
-}
-
 // Entry `seg` of a per-segment array (first_tile has one more entry than there are segments).
 template <int NSEG, typename T, int N>
 __device__ __forceinline__ T gemv_field(int seg, const T (&f)[N]) {
     if constexpr (NSEG == 1) return f[0];
-    else return gemv_pick(seg, f[0], f[1], f[NSEG - 1]);
+    else return int4_pick(seg, f[0], f[1], f[NSEG - 1]);
 }
 
 template <int MT, int NSEG>
 __device__ __forceinline__ const u32* gemv_qweight(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.qweight[0][m];
-    else return gemv_pick(seg, p.qweight[0][m], p.qweight[1][m], p.qweight[NSEG - 1][m]);
+    else return int4_pick(seg, p.qweight[0][m], p.qweight[1][m], p.qweight[NSEG - 1][m]);
 }
 
 template <int MT, int NSEG>
 __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.scales[0][m];
-    else return gemv_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
+    else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
 // The rows behind MMA rows g (lo) and g + 8 (hi) of tile `tile_in_seg` of a segment.
 __device__ __forceinline__ void gemv_tile_rows(int tile_in_seg, int g, int rope_dim, int& lo, int& hi) {
     if (rope_dim > 0) {
-        const int tiles_per_head = rope_dim / GEMV_TILE_ROWS;
+        const int tiles_per_head = rope_dim / INT4_TILE_ROWS;
         const int head = tile_in_seg / tiles_per_head, j = tile_in_seg % tiles_per_head;
         lo = head * rope_dim + j * 8 + g;
         hi = lo + rope_dim / 2;
     } else {
-        lo = tile_in_seg * GEMV_TILE_ROWS + g;
+        lo = tile_in_seg * INT4_TILE_ROWS + g;
         hi = lo + 8;
     }
 }
@@ -238,7 +222,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    const int n_groups = K / GEMV_GROUP, words_per_row = K / 8;
+    const int n_groups = K / INT4_GROUP, words_per_row = K / 8;
     // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128).
     const int gb = warp * n_groups / n_warps, ge = (warp + 1) * n_groups / n_warps;
     // This block's contiguous, balanced share of the tiles.
@@ -256,7 +240,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
-            const int seg = gemv_segment(p, ld_tile);
+            const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
             const int n = gemv_field<NSEG>(seg, p.n);
             int lo, hi;
             gemv_tile_rows(ld_tile - gemv_field<NSEG>(seg, p.first_tile), g,
@@ -299,14 +283,8 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const uint4 wq0 = cur.w[u][m][0], wq1 = cur.w[u][m][1];
-                    const u32 word0 = i == 0 ? wq0.x : i == 1 ? wq0.y : i == 2 ? wq0.z : wq0.w;
-                    const u32 word1 = i == 0 ? wq1.x : i == 1 ? wq1.y : i == 2 ? wq1.z : wq1.w;
-                    u32 h0[4], h1[4];  // row g / row g+8: (k0,k1) (k2,k3) (k4,k5) (k6,k7)
-                    unpack_int4x8(word0, h0);
-                    unpack_int4x8(word1, h1);
-                    const u32 a_lo[4] = {h0[0], h1[0], h0[1], h1[1]};  // inputs 8i + 0..3
-                    const u32 a_hi[4] = {h0[2], h1[2], h0[3], h1[3]};  // inputs 8i + 4..7
+                    u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
+                    int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
                     const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
                     mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
                     mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
@@ -316,11 +294,11 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
             }
             if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
                 if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * GEMV_TILE_ROWS;
+                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
 #pragma unroll
                     for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * GEMV_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * GEMV_TILE_ROWS + g + 8] = acc[m][1];
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
                     }
                 }
 #pragma unroll
@@ -338,15 +316,15 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
         const int tl = o / 8, gg = o % 8;
         const int tile = tile_b + tl;
-        const int seg = gemv_segment(p, tile);
+        const int seg = int4_segment<NSEG>(p.first_tile, tile);
         float sums[MT][2];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float* src = partial + ((tl * MT + m) * n_warps) * GEMV_TILE_ROWS + gg + 8 * h;
+                const float* src = partial + ((tl * MT + m) * n_warps) * INT4_TILE_ROWS + gg + 8 * h;
                 float s = 0.f;
-                for (int w = 0; w < n_warps; ++w) s += src[w * GEMV_TILE_ROWS];
+                for (int w = 0; w < n_warps; ++w) s += src[w * INT4_TILE_ROWS];
                 sums[m][h] = s;
             }
         }
@@ -354,12 +332,10 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     }
 }
 
-__device__ __forceinline__ int gemv_tiles(int n) { return (n + GEMV_TILE_ROWS - 1) / GEMV_TILE_ROWS; }
-
 // Plain row order: store `f(row, value)` for MMA rows g and g + 8 of a tile, rows < n only.
 template <typename F>
 __device__ __forceinline__ void gemv_store_rows(int tile_in_seg, int g, int n, const float (&v)[2], F f) {
-    const int lo = tile_in_seg * GEMV_TILE_ROWS + g;
+    const int lo = tile_in_seg * INT4_TILE_ROWS + g;
     if (lo < n) f(lo, v[0]);
     if (lo + 8 < n) f(lo + 8, v[1]);
 }
@@ -372,7 +348,7 @@ gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
               const u32* __restrict__ qweight,    // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,  // [N, K/128] fp16
               int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}, {0}};
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}, {0}};
     gemv_int4_block(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { y[row] = __float2half_rn(v); });
     });
@@ -406,7 +382,7 @@ gemv_int4_qkv_rope(__half* __restrict__ q_out,           // [Hq·Dh] fp16, out: 
                    const int* __restrict__ state,        // [3] int32: pos, token, seq_len (reads [0])
                    const int* __restrict__ block_table,  // [max_pages] int32: logical → physical page
                    int Hq, int Hkv, int Dh, int K, float eps) {
-    const int nq = Hq * Dh, nkv = Hkv * Dh, tq = gemv_tiles(nq), tkv = gemv_tiles(nkv);
+    const int nq = Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
     const GemvProblem<1, 3> p = {{{q_qweight}, {k_qweight}, {v_qweight}},
                                  {{q_scales}, {k_scales}, {v_scales}},
                                  {nq, nkv, nkv},
@@ -415,11 +391,11 @@ gemv_int4_qkv_rope(__half* __restrict__ q_out,           // [Hq·Dh] fp16, out: 
     gemv_int4_block(p, K, GemvStageRmsNorm{residual, norm_w, eps},
                     [&](int seg, int tile, int g, const float (&s)[1][2]) {
         const int pos = state[0];
-        const u64 slot = kv_offset(block_table[pos / KV_PAGE_TOKENS], 0, pos % KV_PAGE_TOKENS, Hkv, Dh);
+        const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
         if (seg == 2) {  // v: bias only, plain row order
             gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
                 const int head = row / Dh, d = row % Dh;
-                v_cache[slot + (u64)head * KV_PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(v_bias[row]));
+                v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(v_bias[row]));
             });
             return;
         }
@@ -429,7 +405,7 @@ gemv_int4_qkv_rope(__half* __restrict__ q_out,           // [Hq·Dh] fp16, out: 
         const __half* b = seg == 0 ? q_bias : k_bias;
         float o1, o2;
         rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);
-        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * KV_PAGE_TOKENS * Dh;
+        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
         dst[i] = __float2half_rn(o1);
         dst[i + Dh / 2] = __float2half_rn(o2);
     });
@@ -445,7 +421,7 @@ gemv_int4_residual(float* __restrict__ residual,      // [N] fp32, in/out
                    const u32* __restrict__ qweight,   // [N, K/8] uint32
                    const __half* __restrict__ scales, // [N, K/128] fp16
                    int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, gemv_tiles(N)}, {0}};
+    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}, {0}};
     gemv_int4_block(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
     });
@@ -453,8 +429,7 @@ gemv_int4_residual(float* __restrict__ residual,      // [N] fp32, in/out
 
 // h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm (prologue):
 // each tile is the same 16 rows of gate_proj and up_proj, so the SwiGLU needs no extra launch
-// and no FP16 round trip of g and u. silu(g) = g / (1 + e^-g) in FP32 with the accurate expf
-// (the ~19k values cost nothing next to 68 MB of weights).
+// and no FP16 round trip of g and u (swiglu_f16, int4_matmul.cuh).
 // grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
@@ -466,17 +441,15 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
                          const __half* __restrict__ up_scales,  // [F, K/128] fp16
                          int F, int K, float eps) {
     const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
-                                 {F}, {0, gemv_tiles(F)}, {0}};
+                                 {F}, {0, int4_tiles(F)}, {0}};
     gemv_int4_block(p, K, GemvStageRmsNorm{residual, norm_w, eps},
                     [&](int, int tile, int g, const float (&s)[2][2]) {
-        const int lo = tile * GEMV_TILE_ROWS + g;
+        const int lo = tile * INT4_TILE_ROWS + g;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = lo + 8 * r;
             if (row >= F) continue;
-            const float gate = s[0][r];
-            const float silu = gate / (1.f + expf(-gate));
-            h[row] = __float2half_rn(silu * s[1][r]);
+                h[row] = swiglu_f16(s[0][r], s[1][r]);
         }
     });
 }

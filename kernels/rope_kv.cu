@@ -22,7 +22,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u64
-#include "kv_cache.cuh"  // KV_PAGE_TOKENS, kv_offset
+#include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "rope.cuh"      // rope_rotate
 
 // One token at position `pos`, one head, thread i.
@@ -39,8 +39,8 @@ rope_kv_token(__half* __restrict__ q_dst, __half* __restrict__ k_cache, __half* 
         head -= Hq + Hkv;
         const float* src = src_row + (u64)(Hq + Hkv) * Dh + (u64)head * Dh;
         const __half* b = v_bias + (u64)head * Dh;
-        __half* dst = v_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                          pos % KV_PAGE_TOKENS, Hkv, Dh);
+        __half* dst = v_cache + kv_offset(block_table[pos / PAGE_TOKENS], head,
+                                          pos % PAGE_TOKENS, Hkv, Dh);
         dst[i] = __float2half_rn(src[i] + __half2float(b[i]));
         dst[i + half_dim] = __float2half_rn(src[i + half_dim] + __half2float(b[i + half_dim]));
         return;
@@ -54,8 +54,8 @@ rope_kv_token(__half* __restrict__ q_dst, __half* __restrict__ k_cache, __half* 
     float o1, o2;
     rope_rotate(x1, x2, pos, inv_freq[i], o1, o2);
     __half* dst = is_q ? q_dst + (u64)head * Dh
-                       : k_cache + kv_offset(block_table[pos / KV_PAGE_TOKENS], head,
-                                             pos % KV_PAGE_TOKENS, Hkv, Dh);
+                       : k_cache + kv_offset(block_table[pos / PAGE_TOKENS], head,
+                                             pos % PAGE_TOKENS, Hkv, Dh);
     dst[i] = __float2half_rn(o1);
     dst[i + half_dim] = __float2half_rn(o2);
 }

@@ -1,4 +1,4 @@
-// ptx/types.cuh — fixed-width integer names for kernels compiled by NVRTC.
+// ptx/types.cuh — fixed-width integer names and FP32 constants for kernels compiled by NVRTC.
 //
 // NVRTC cannot include <cstdint> (no C++ standard library), so the kernels use these names.
 // Sizes are the CUDA data model's (LP64 on every supported host): int 32 bits, long long 64.
@@ -19,3 +19,6 @@ static_assert(sizeof(u32) == 4 && sizeof(u64) == 8, "drvqwen kernels assume LP64
 // IEEE constants (NVRTC has no <math.h>, hence no INFINITY/NAN macros).
 #define F32_NEG_INF (__int_as_float(0xff800000))
 #define F32_NAN     (__int_as_float(0x7fffffff))
+// log2(e) in FP32. The softmax kernels fold it into the score scale once, so that e^x becomes
+// exp2f of a log2-unit score: the hardware's native exponential, no multiply per element.
+#define F32_LOG2E   1.4426950408889634f

@@ -17,8 +17,8 @@ def test_wheel_ships_kernels_and_compiles_them(tmp_path):
     (wheel,) = tmp_path.glob("drvqwen-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    shipped = {p.name for p in (site / "drvqwen" / "_kernels").glob("*.cu")}
-    assert shipped == {p.name for p in (ROOT / "kernels").glob("*.cu")}
+    shipped = {p.name for p in (site / "drvqwen" / "_kernels").glob("*.cu*")}
+    assert shipped == {p.name for p in (ROOT / "kernels").glob("*.cu*")}, "kernels/*.cu and *.cuh"
     assert {p.name for p in (site / "drvqwen" / "_ptx").glob("*.cuh")} == {p.name for p in (ROOT / "ptx").glob("*.cuh")}
     code = ("from drvqwen.cuda.sources import kernels_dir, ptx_dir\n"
             "from drvqwen.cuda.nvrtc import compile_kernel\n"

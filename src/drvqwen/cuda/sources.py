@@ -1,10 +1,11 @@
 """Where the kernel sources are, and which headers each one pulls in.
 
-The CUDA C++ lives at the top of the repository (`kernels/*.cu`, `ptx/*.cuh`, docs/architecture.md).
-In a checkout (`PYTHONPATH=src`, or `pip install -e .`) they are found beside `src/`; in an
-installed wheel, pyproject.toml ships them as `drvqwen/_kernels` and `drvqwen/_ptx`, found
-beside the installed package. The checkout wins when both exist, so an edit to a kernel is
-always what gets compiled.
+The CUDA C++ lives at the top of the repository (docs/architecture.md): `kernels/*.cu`, the
+kernels, and `kernels/*.cuh`, the building blocks several kernel files share; `ptx/*.cuh`, the
+inline-PTX instruction wrappers. In a checkout (`PYTHONPATH=src`, or `pip install -e .`) they
+are found beside `src/`; in an installed wheel, pyproject.toml ships them as
+`drvqwen/_kernels` and `drvqwen/_ptx`, found beside the installed package. The checkout wins
+when both exist, so an edit to a kernel is always what gets compiled.
 
 `included_headers()` follows `#include` lines the way NVRTC will (the including file's own
 folder first, then `ptx/`), so that the cubin cache key can hash every header a kernel

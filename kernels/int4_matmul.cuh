@@ -1,0 +1,66 @@
+// kernels/int4_matmul.cuh — what the decode GEMV (gemv_int4.cu) and the prefill GEMM
+// (gemm_int4.cu) share about INT4 weights (layout id 1, format/quant.py): 16-row weight tiles
+// as the A operand of m16n8k16 MMAs, matrices stacked along N (q, k, v), and the SwiGLU
+// epilogue of the fused gate/up projection.
+//
+//   INT4_GROUP, INT4_TILE_ROWS    the quantisation group along K and the rows of a weight tile
+//   int4_tiles / int4_segment / int4_pick   tiles of a matrix; which stacked matrix a tile is in
+//   int4_a_fragments              one word of rows g and g+8 → the A fragments of two MMAs
+//   swiglu_f16                    the gate/up epilogue: silu(gate) · up
+//
+// Lane (g, t) = (lane / 4, lane % 4) holds words 4t … 4t+3 of a group (inputs 32t … 32t+31) of
+// tile rows g and g+8, one 16-byte load each; word i (inputs 32t + 8i … +7) feeds two MMAs, whose
+// k positions {2t, 2t+1 | 2t+8, 2t+9} take inputs +0..+3 and +4..+7 (ptx/mma.cuh: the k order
+// inside an MMA is free as long as the B operand, x, uses the same one).
+#pragma once
+#include <cuda_fp16.h>
+
+#include "types.cuh"        // u32
+#include "int4_unpack.cuh"  // unpack_int4x8
+
+#define INT4_GROUP     128  // inputs per FP16 scale along K (quant.py GROUP_SIZE)
+#define INT4_TILE_ROWS 16   // weight rows per tile = M of the m16n8k16 MMA
+
+// Tiles of INT4_TILE_ROWS rows that cover n rows (the last one may be partial).
+__device__ __forceinline__ int int4_tiles(int n) { return (n + INT4_TILE_ROWS - 1) / INT4_TILE_ROWS; }
+
+// Which of NSEG stacked matrices holds tile `tile`, matrix s starting at tile first_tile[s]:
+// by comparisons, not a search through a runtime-indexed array (that would live in local memory).
+template <int NSEG>
+__device__ __forceinline__ int int4_segment(const int (&first_tile)[NSEG + 1], int tile) {
+    int seg = 0;
+#pragma unroll
+    for (int s = 1; s < NSEG; ++s) seg += tile >= first_tile[s];
+    return seg;
+}
+
+// Runtime selection among the (≤ 3) stacked matrices by comparisons, for the same reason.
+template <typename T>
+__device__ __forceinline__ T int4_pick(int seg, T a0, T a1, T a2) {
+    return seg == 0 ? a0 : seg == 1 ? a1 : a2;
+}
+
+// Word i of a lane's quad. i is a compile-time constant in every caller (unrolled loops), so
+// this is a register choice, not a runtime index.
+__device__ __forceinline__ u32 int4_word(const uint4& q, int i) {
+    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// Word i of the lane's quads of rows g (row_g) and g+8 (row_g8), unpacked to exact FP16 codes
+// (ptx/int4_unpack.cuh), as the A fragments of the two MMAs over inputs 32t + 8i … +7:
+// a_lo = inputs +0..+3, a_hi = inputs +4..+7.
+__device__ __forceinline__ void int4_a_fragments(const uint4& row_g, const uint4& row_g8, int i,
+                                                 u32 (&a_lo)[4], u32 (&a_hi)[4]) {
+    u32 h0[4], h1[4];  // row g / row g+8: (k0,k1) (k2,k3) (k4,k5) (k6,k7)
+    unpack_int4x8(int4_word(row_g, i), h0);
+    unpack_int4x8(int4_word(row_g8, i), h1);
+    a_lo[0] = h0[0]; a_lo[1] = h1[0]; a_lo[2] = h0[1]; a_lo[3] = h1[1];
+    a_hi[0] = h0[2]; a_hi[1] = h1[2]; a_hi[2] = h0[3]; a_hi[3] = h1[3];
+}
+
+// silu(gate) · up, rounded once to FP16. silu(g) = g / (1 + e^-g) in FP32 with the accurate
+// expf: F values per token cost nothing next to the 2·F·K weights they come from.
+__device__ __forceinline__ __half swiglu_f16(float gate, float up) {
+    const float silu = gate / (1.f + expf(-gate));
+    return __float2half_rn(silu * up);
+}
