@@ -20,7 +20,7 @@
 //
 // Why not __syncthreads(): in a warp-specialised kernel the producer and the consumers run
 // different code. A block-wide barrier reached by only some warps is undefined behaviour (the
-// seeds' bug: consumers read a stage before its copy landed). An mbarrier lets exactly the
+// classic bug: consumers read a stage before its copy landed). An mbarrier lets exactly the
 // parties of one hand-off meet — the producer's copy and one consumer warp — and it counts the
 // bytes of an asynchronous copy (transaction count), which no thread barrier can: the TMA unit
 // itself decrements it as the data lands (complete_tx), so "phase complete" means "bytes in

@@ -13,7 +13,7 @@ kernels only ever see the block table, so nothing on the GPU assumes that logica
 physical page i (tests shuffle the free list to make sure).
 
 This module owns every fact about that layout: the reference (reference.py), the launchers
-and the kernels (ptx/kv_cache.cuh, `PAGE_TOKENS`) all take the page size from here. Its GPU
+and the kernels (kernels/kv_cache.cuh, `PAGE_TOKENS`) all take the page size from here. Its GPU
 part (`KVCache`) imports the cuda layer only when used, so the numpy reference can depend on
 this module without depending on the GPU layer.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from .config import QwenConfig
 from .errors import DrvqwenError
 
-PAGE_TOKENS = 16  # positions per KV page (ptx/kv_cache.cuh PAGE_TOKENS; checked by tests/test_kernel_constants.py)
+PAGE_TOKENS = 16  # positions per KV page (kernels/kv_cache.cuh PAGE_TOKENS; checked by tests/test_kernel_constants.py)
 
 
 def n_pages_for(tokens: int) -> int:

@@ -22,7 +22,7 @@ from .gemv_int4 import _check_int4, int4_bytes, tiles
 BM = mirrored("gemm_int4", "GEMM_BM", 64)                       # tokens per block
 THREADS = mirrored("gemm_int4", "GEMM_THREADS", 128)            # 4 warps
 BLOCK_TILES = mirrored("gemm_int4", "GEMM_BLOCK_TILES", 8)      # 16-row weight tiles per block (128 rows)
-TILE_ROWS = mirrored("gemm_int4", "GEMM_TILE_ROWS", 16)
+TILE_ROWS = mirrored("gemm_int4", "INT4_TILE_ROWS", 16)
 # 4 stages × (64 tokens × 256 B of activations + 128 rows × 64 B of INT4 weights) = 96 KiB
 # (above the 48 KiB default: KernelLaunch opts in).
 SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 256 + BLOCK_TILES * TILE_ROWS * 64))

@@ -29,9 +29,9 @@ from ..kv_cache import PAGE_TOKENS
 from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32, mirrored,
                    require)
 
-TILE_ROWS = mirrored("gemv_int4", "GEMV_TILE_ROWS", 16)   # output rows per tile (M of one MMA)
+TILE_ROWS = mirrored("gemv_int4", "INT4_TILE_ROWS", 16)   # output rows per tile (M of one MMA)
 MAX_WARPS = mirrored("gemv_int4", "GEMV_MAX_WARPS", 8)    # K-split warps per block
-mirrored("gemv_int4", "GEMV_GROUP", GROUP_SIZE)
+mirrored("gemv_int4", "INT4_GROUP", GROUP_SIZE)
 
 # The cost model. An "item" is one warp's work on one K group of one 16-row tile of one
 # matrix: 32 lanes × 2 rows × 16 B = 1 KiB of INT4 weights.

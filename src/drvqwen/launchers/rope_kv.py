@@ -13,7 +13,7 @@ from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 
-mirrored("rope_kv", "KV_PAGE_TOKENS", PAGE_TOKENS)  # ptx/kv_cache.cuh: the page size the kernels index with
+mirrored("rope_kv", "PAGE_TOKENS", PAGE_TOKENS)  # kernels/kv_cache.cuh: the page size the kernels index with
 
 
 def _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, *, rows: int, n_heads: int,
