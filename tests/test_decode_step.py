@@ -6,6 +6,7 @@ come from a shuffled free list; each step's logits must be within 1e-2 relative 
 float32 reference on the dequantized weights, and the GPU's greedy tokens must agree with the
 reference's wherever the reference's top-1/top-2 gap exceeds 6× the measured RMS logit error
 (the reference is teacher-forced with the GPU's tokens, so both see the same prefix).
+The step with programmatic dependent launch (the default) and without it give the same bits.
 """
 
 import numpy as np
@@ -69,6 +70,19 @@ def test_decode_matches_reference(model, rng, seed):
         assert sorted(step.pages.block_table + step.pages.free) == list(range(step.pages.n_pages))
     finally:
         step.close()
+    # Without PDL every kernel waits for the previous one to finish: the same arithmetic, so
+    # the same bits (a kernel reading its predecessor's output before griddepcontrol.wait
+    # would show here as a difference, or as a race under compute-sanitizer).
+    serial = DecodeStep(f, max_context=256, rng=np.random.default_rng(seed), pdl=False)
+    try:
+        serial.start(prompt[0])
+        for i in range(n_prompt + n_gen):
+            if 0 < i < n_prompt:
+                serial.feed(prompt[i])
+            serial.step()
+            assert serial.logits().tobytes() == first[i].tobytes(), f"step {i}: PDL and serial launches differ"
+    finally:
+        serial.close()
 
     m = ref.Model(weights, max_tokens=256, rng=rng)
     fed = prompt + gpu_tokens[n_prompt - 1:-1]       # teacher-force with the GPU's own tokens

@@ -13,8 +13,9 @@
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
 #             the per-kernel breakdown.
 #   fingerprint  tools/decode_fingerprint.py (greedy tokens + logits hashes) on the synthetic 7B
-#             and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINE_SRC=<another checkout's
-#             src/> the same for that version, then the two compared (same tokens, same bits?).
+#             and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
+#             checkout's src/> …" the same for those versions, each compared with this one
+#             (tools/compare_fingerprints.py: same tokens? same bits? which launch shapes differ).
 #   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests and two
 #             `drvqwen run`s (raw fib completion, a chat prompt).
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
@@ -56,6 +57,11 @@ SANITIZE_TESTS=(
     "tests/test_cuda_layer.py::test_tensormap_passed_by_value"
     "tests/test_cuda_layer.py::test_graph_capture_and_replay"
     "tests/test_kernel_rmsnorm.py"
+    "tests/test_kernel_gemv_int4.py::test_gemv_int4_qkv_rope[odd]"
+    "tests/test_kernel_gemv_int4.py::test_gemv_int4_gate_up_swiglu[odd]"
+    "tests/test_kernel_gemv_int4.py::test_gemv_int4_residual[odd.n72.k640]"
+    "tests/test_kernel_gemv_f16.py::test_lm_head_and_argmax[odd]"
+    "tests/test_kernel_embedding.py"
     "tests/test_kernel_rope_kv.py"
     "tests/test_kernel_attention_decode.py::test_attention_decode"
     "tests/test_kernel_argmax.py::test_argmax_two_pass"
@@ -65,7 +71,6 @@ SANITIZE_TESTS=(
     "tests/test_kernel_gemm_int4.py::test_gemm_gate_up_swiglu[16]"
     "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd64]"
     "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd128]"
-    "tests/test_kernel_rope_kv.py::test_rope_kv_rows[5-100-hd128]"
     "tests/test_kernel_prefill_state.py::test_prefill_state_kernels"
     "tests/test_kernel_sampling.py::test_sampler_ties"
     "tests/test_kernel_sampling.py::test_publish_token_ring_and_counter"
@@ -75,6 +80,8 @@ SANITIZE_TESTS=(
 # SANITIZE_ONLY="node …" replaces the list (one short device call for one kernel's cases).
 [[ -n ${SANITIZE_ONLY:-} ]] && read -r -a SANITIZE_TESTS <<< "$SANITIZE_ONLY"
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
+# SANITIZE_TOOLS_ONLY="memcheck …" runs only those tools (to split the stage over device calls).
+[[ -n ${SANITIZE_TOOLS_ONLY:-} ]] && read -r -a SANITIZE_TOOLS <<< "$SANITIZE_TOOLS_ONLY"
 
 record_env() {
     {
@@ -172,12 +179,13 @@ stage_fingerprint() {
         path=${model#*=}
         run_step "fingerprint-$name" "$PY" tools/decode_fingerprint.py --model "$path" \
             --json "$OUTDIR/fingerprint-$name.json" || rc=1
-        if [[ -n ${BASELINE_SRC:-} ]]; then
-            PYTHONPATH=$BASELINE_SRC run_step "fingerprint-$name-baseline" "$PY" tools/decode_fingerprint.py \
-                --model "$path" --json "$OUTDIR/fingerprint-$name-baseline.json" || rc=1
-            run_step "fingerprint-$name-compare" "$PY" tools/compare_fingerprints.py \
-                "$OUTDIR/fingerprint-$name-baseline.json" "$OUTDIR/fingerprint-$name.json" || rc=1
-        fi
+        local base
+        for base in ${BASELINES:-}; do
+            PYTHONPATH=${base#*=} run_step "fingerprint-$name-${base%%=*}" "$PY" tools/decode_fingerprint.py \
+                --model "$path" --json "$OUTDIR/fingerprint-$name-${base%%=*}.json" || rc=1
+            run_step "fingerprint-$name-${base%%=*}-compare" "$PY" tools/compare_fingerprints.py \
+                "$OUTDIR/fingerprint-$name-${base%%=*}.json" "$OUTDIR/fingerprint-$name.json" || rc=1
+        done
     done
     return "$rc"
 }
