@@ -65,9 +65,8 @@
 //   | launch shape                               | gate_up  | down     | qkv     | o_proj  |
 //   | one tile per block (first version)         | 29.7 µs  | 16.9 µs  | 7.2 µs  | 4.6 µs  |
 //   | persistent, kernels.gemv_launch_shape      | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
-//   | + tile-major weights (experiment, below)   | 22.5 µs  | 15.3 µs  |         |         |
-// gate_up at 24.5 µs is 2.86 TB/s (3.12 TB/s tile-major); qkv and o are launch/latency bound
-// (~1.5–2 µs of bytes in ~5 µs).
+// gate_up at 24.5 µs is 2.86 TB/s; qkv and o are launch/latency bound (~1.5–2 µs of bytes in
+// ~5 µs). A tile-major weight layout is measured in kernels/dev/gemv_int4_tile_major.cu.
 //
 // Requirements (asserted by the launcher): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
 // least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored);
@@ -143,11 +142,23 @@ __device__ __forceinline__ int gemv_rows(const GemvProblem<MT, NSEG>& p, int seg
     else return int4_pick(seg, p.n[0], p.n[1], p.n[NSEG - 1]);
 }
 
+// The weight layout, as gemv_int4_block reads it: the address of lane t's words 4t … 4t+3 of
+// group gi in row r (0..15) of tile `tile` of a matrix, which is matrix row `row` (tile·16 + r,
+// clamped to the matrix's last row). Layout id 1 (format/quant.py): qweight [n, K/8] uint32,
+// row after row, so the 16 rows of a (tile, group) are 16 pieces of 64 bytes, K/2 bytes apart.
+struct GemvRowMajor {
+    __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
+                                                      int gi, int K, int t) {
+        return qweight + 4 * t + gi * GEMV_WORDS_PER_GROUP + row * (K / 8);
+    }
+};
+
 // The whole GEMV of one block: its tiles × all K, for MT matrices per tile, ending with the
 // per-row sums of the block's warps in shared memory. Then calls
 // epilogue(seg, row, sums[MT]) once per output row (row < n of its segment), from one thread.
+// Layout: where a (tile, group)'s words lie (GemvRowMajor for every kernel here).
 // Contains __syncthreads(): call from every thread of the block.
-template <int MT, int NSEG, bool TILED = false, typename Epilogue>
+template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Epilogue>
 __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
                                                 const __half* __restrict__ x, int K,
                                                 Epilogue epilogue) {
@@ -158,7 +169,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    const int n_groups = K / INT4_GROUP, words_per_row = K / 8;
+    const int n_groups = K / INT4_GROUP;
     // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128).
     const int gb = warp * n_groups / n_warps, ge = (warp + 1) * n_groups / n_warps;
     // This block's contiguous, balanced share of the tiles.
@@ -174,22 +185,16 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p,
             if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
             const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
             const int n = gemv_rows(p, seg);
-            const int row0 = (ld_tile - gemv_first_tile(p, seg)) * INT4_TILE_ROWS;
+            const int tile = ld_tile - gemv_first_tile(p, seg);  // within its matrix
+            const int row0 = tile * INT4_TILE_ROWS;
             // Rows past n (last tile of a matrix) load the last row and are never stored.
             const u64 r0 = min(row0 + g, n - 1), r1 = min(row0 + g + 8, n - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 const __half* sc = gemv_scales(p, seg, m) + ld_gi;
-                if constexpr (TILED) {  // [n/16, K/128, 16 rows, 16 words]: 1 KiB per (tile, group)
-                    const u32* qw = gemv_qweight(p, seg, m) + 4 * t +
-                        ((u64)(ld_tile - gemv_first_tile(p, seg)) * n_groups + ld_gi) * (INT4_TILE_ROWS * GEMV_WORDS_PER_GROUP);
-                    b.w[u][m][0] = ld_stream_v4(qw + g * GEMV_WORDS_PER_GROUP, policy);
-                    b.w[u][m][1] = ld_stream_v4(qw + (g + 8) * GEMV_WORDS_PER_GROUP, policy);
-                } else {
-                    const u32* qw = gemv_qweight(p, seg, m) + 4 * t + ld_gi * GEMV_WORDS_PER_GROUP;
-                    b.w[u][m][0] = ld_stream_v4(qw + r0 * words_per_row, policy);
-                    b.w[u][m][1] = ld_stream_v4(qw + r1 * words_per_row, policy);
-                }
+                const u32* qw = gemv_qweight(p, seg, m);
+                b.w[u][m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
+                b.w[u][m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
                 b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
                 b.s[u][m][1] = __half2float(__ldg(sc + r1 * n_groups));
             }
@@ -332,42 +337,6 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
     const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
                                  {F}, {0, int4_tiles(F)}};
     gemv_int4_block(p, x, K, [&](int, int row, const float (&sum)[2]) {
-        h[row] = swiglu_f16(sum[0], sum[1]);
-    });
-}
-
-// ---- Experiment: a tile-major weight layout (not a file layout yet) -------------------------
-// The same GEMVs reading qweight as [N/16, K/128, 16 rows, 16 words] (N % 16 == 0): one
-// warp's two loads for one (tile, group) then cover 1 KiB of contiguous memory, where layout
-// id 1 gives 16 separate 64-byte pieces, one per row. Kept beside the layout-1 kernels so
-// test_kernel_gemv_int4.py can time both on the same weights; if it wins on the H200 it
-// becomes a new layout id in format/quant.py (a new id, never a silent change).
-
-// grid/block/smem as gemv_int4_residual.
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_residual_tiled(float* __restrict__ residual,      // [N] fp32, in/out
-                         const __half* __restrict__ x,      // [K] fp16
-                         const u32* __restrict__ qweight,   // [N/16, K/128, 16, 16] uint32
-                         const __half* __restrict__ scales, // [N, K/128] fp16
-                         int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}};
-    gemv_int4_block<1, 1, true>(p, x, K, [&](int, int row, const float (&sum)[1]) {
-        residual[row] += sum[0];
-    });
-}
-
-// grid/block/smem as gemv_int4_gate_up_swiglu.
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_gate_up_swiglu_tiled(__half* __restrict__ h,                // [F] fp16, out
-                               const __half* __restrict__ x,          // [K] fp16
-                               const u32* __restrict__ gate_qweight,  // [F/16, K/128, 16, 16] uint32
-                               const __half* __restrict__ gate_scales,// [F, K/128] fp16
-                               const u32* __restrict__ up_qweight,    // [F/16, K/128, 16, 16] uint32
-                               const __half* __restrict__ up_scales,  // [F, K/128] fp16
-                               int F, int K) {
-    const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
-                                 {F}, {0, int4_tiles(F)}};
-    gemv_int4_block<2, 1, true>(p, x, K, [&](int, int row, const float (&sum)[2]) {
         h[row] = swiglu_f16(sum[0], sum[1]);
     });
 }
