@@ -31,8 +31,8 @@
 struct GemvTileMajor {
     __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
                                                       int gi, int K, int t) {
-        return qweight + 4 * t + ((u64)tile * (K / INT4_GROUP) + gi) * (INT4_TILE_ROWS * GEMV_WORDS_PER_GROUP) +
-               r * GEMV_WORDS_PER_GROUP;
+        const u64 item = (u64)tile * (K / INT4_GROUP) + gi;  // (tile, group) items before this one
+        return qweight + 4 * t + item * (INT4_TILE_ROWS * GEMV_WORDS_PER_GROUP) + r * GEMV_WORDS_PER_GROUP;
     }
 };
 
