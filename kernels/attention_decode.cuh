@@ -77,16 +77,16 @@ __device__ __forceinline__ void attn_neutral_partial(float* __restrict__ max_log
 // One page of 16 tokens, of which tokens ≥ valid (≥ 1) are masked. The kernel supplies its K and V:
 //   key(nt, m)     uint4: key chunk m (dims 32m + 8t … +8) of token nt·8 + g; zeros if masked
 //   value(tok, w)  float2: V of token tok at dims DPL·lane + 2w and +1, in FP32; zeros if masked
-// scale_log2 = log2(e)/√Dh. The probabilities go through the warp's p_smem[warp] [16 tokens]
-// [8 heads] and alpha_smem[warp] [8] (fp32, warp-private): the caller syncs the warp before the
-// next page rewrites them.
+// scale_log2 = log2(e)/√Dh. The probabilities (p[token][head]) and the heads' rescale factors go
+// through the warp's own rows p_smem[warp] and alpha_smem[warp], read back as broadcasts: the
+// caller syncs the warp before the next page rewrites them.
 template <int HEAD_DIM, typename Key, typename Value>
 __device__ __forceinline__ void attn_page(float& m_run, float& l_run,
                                           float (&acc)[ATTN_MAX_GROUP][HEAD_DIM / 32], float scale_log2,
                                           const uint4 (&qf)[HEAD_DIM / 32], int valid,
-                                          float (*p_smem)[PAGE_TOKENS][ATTN_MAX_GROUP],
-                                          float (*alpha_smem)[ATTN_MAX_GROUP], const AttnLane& at,
-                                          Key key, Value value) {
+                                          float (*p_smem)[PAGE_TOKENS][ATTN_MAX_GROUP],  // [W][16][8] fp32, smem
+                                          float (*alpha_smem)[ATTN_MAX_GROUP],           // [W][8] fp32, smem
+                                          const AttnLane& at, Key key, Value value) {
     constexpr int KCH = HEAD_DIM / 32, VW = HEAD_DIM / 64, DPL = HEAD_DIM / 32;
     const int warp = at.warp, g = at.g, t = at.t;
 

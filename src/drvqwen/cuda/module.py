@@ -171,7 +171,7 @@ def load_kernel_module(name: str, **compile_kwargs) -> Module:
     """Compile (or take from the cache) `kernels/<name>.cu` and load it, once per process.
 
     Args:
-        name: the kernel file's stem.
+        name: the kernel file's stem, or "dev/NAME" for an experiment in `kernels/dev/`.
         **compile_kwargs: passed to `nvrtc.compile_kernel` (defines, extra_options, …).
 
     Returns:

@@ -322,7 +322,8 @@ def compile_kernel(
     """Compile `kernels/<name>.cu` to an sm_90a cubin, through the on-disk cache.
 
     Args:
-        name: the kernel file's stem, e.g. "rmsnorm".
+        name: the kernel file's stem, e.g. "rmsnorm", or "dev/NAME" for an experiment in
+            `kernels/dev/` (sources.kernel_source); its cache entry goes in a `dev/` subfolder.
         defines: preprocessor definitions (`-DNAME=VALUE`), e.g. tile sizes of a variant.
         extra_options: more NVRTC options, appended after BASE_OPTIONS (part of the key).
         kernels_dir: where `<name>.cu` lives (default: sources.kernels_dir()).

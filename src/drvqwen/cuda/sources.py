@@ -30,7 +30,8 @@ class KernelSource:
     """One `kernels/NAME.cu` file.
 
     Attributes:
-        name: the file stem, e.g. "rmsnorm" (also the test's and launcher's name).
+        name: the file stem, e.g. "rmsnorm" (also the test's and launcher's name); "dev/NAME"
+            for an experiment in kernels/dev/.
         path: absolute path of the file.
         text: its bytes, exactly what is hashed and handed to NVRTC.
     """
@@ -109,7 +110,9 @@ def kernel_source(name: str, directory: Path | None = None) -> KernelSource:
     """Read `kernels/<name>.cu`.
 
     Args:
-        name: the file stem, e.g. "smoke".
+        name: the file's path below the kernels folder without `.cu`: "smoke", or
+            "dev/gemv_int4_tile_major" for an experiment under `kernels/dev/` (compiled and
+            cached the same way; dev kernels exist only in a checkout, the wheel ships none).
         directory: the kernels folder (default `kernels_dir()`; tests pass a temporary one).
 
     Raises:
