@@ -66,6 +66,7 @@
 #include "ldst.cuh"              // ld_nc_noalloc_v4 / _v2 / _u32
 #include "warp.cuh"              // warp_max, FULL_WARP_MASK
 #include "kv_cache.cuh"          // PAGE_TOKENS, kv_offset
+#include "griddep.cuh"           // grid_dependency_wait, grid_launch_dependents
 #include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
 
 #define ATTN_WARPS 4   // warps (= splits) per block
@@ -124,6 +125,9 @@ __device__ __forceinline__ void attention_decode_impl(
     const int split = blockIdx.x * ATTN_WARPS + warp;
     const int head0 = kv_head * group;  // first query head of this KV head
     const AttnLane at = {split, Hq, head0, group, warp, lane, g, t};
+
+    grid_launch_dependents();
+    grid_dependency_wait();  // q, the K/V slot of this position and state come from earlier kernels
 
     // Query fragments: issued before the state read, whose latency they share.
     uint4 qf[HEAD_DIM / 32];
@@ -229,6 +233,8 @@ attention_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out (
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
     const int h = blockIdx.x;
+    grid_launch_dependents();
+    grid_dependency_wait();  // the partials are the split kernel's output
     const int n_pages = (state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;

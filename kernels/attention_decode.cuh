@@ -22,7 +22,6 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
-#include "ldst.cuh"      // ld_nc_v4
 #include "mma.cuh"       // mma_m16n8k16_f32_f16
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS
@@ -53,7 +52,9 @@ __device__ __forceinline__ void attn_query_fragments(uint4 (&qf)[HEAD_DIM / 32],
                                                      const AttnLane& at) {
 #pragma unroll
     for (int m = 0; m < HEAD_DIM / 32; ++m)
-        qf[m] = at.g < at.group ? ld_nc_v4(q + (u64)(at.head0 + at.g) * HEAD_DIM + 32 * m + 8 * at.t)
+        // An ordinary load: q is the previous kernel's output, read after griddepcontrol.wait
+        // (ptx/griddep.cuh: the inline-asm loads could be hoisted above it).
+        qf[m] = at.g < at.group ? *reinterpret_cast<const uint4*>(q + (u64)(at.head0 + at.g) * HEAD_DIM + 32 * m + 8 * at.t)
                                 : make_uint4(0u, 0u, 0u, 0u);
 }
 

@@ -76,6 +76,7 @@
 #include "types.cuh"             // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "warp.cuh"              // FULL_WARP_MASK
 #include "kv_cache.cuh"          // PAGE_TOKENS
+#include "griddep.cuh"           // grid_dependency_wait, grid_launch_dependents
 #include "mbarrier.cuh"          // mbarrier_init / arrive / arrive_expect_tx / wait_parity, fence_mbarrier_init
 #include "tma.cuh"               // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
@@ -110,6 +111,8 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     int layer_page0) {
     using Shape = AtmaShape<HEAD_DIM>;
     constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
+    grid_launch_dependents();
+    grid_dependency_wait();  // q, the K/V slot of this position and state come from earlier kernels
 
     // AtmaShape's layout; the stages first, where the TMA's 128-byte alignment holds.
     extern __shared__ __align__(128) unsigned char atma_smem[];

@@ -84,7 +84,7 @@ def check_partials(partials, n_heads: int, head_dim: int, blocks_per_kv_head: in
 def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int) -> None:
     """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits."""
     partial_out, max_logits, exp_sums = partials
-    launcher._add(KernelRef("attention_decode", "attention_combine"), (n_heads,), (COMBINE_THREADS,),
+    launcher._add(KernelRef("attention_decode", "attention_combine", pdl=True), (n_heads,), (COMBINE_THREADS,),
                   [out, partial_out, max_logits, exp_sums, state, i32(n_splits), i32(n_heads), i32(head_dim)],
                   smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),
                   bytes_moved=n_splits * n_heads * (head_dim + 2) * 4 + n_heads * head_dim * 2)
@@ -111,7 +111,7 @@ class AttentionDecode(Launcher):
         check_state(state)
         self.n_splits = blocks_per_kv_head * WARPS
         self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
-        self._add(KernelRef("attention_decode", f"attention_decode_hd{head_dim}"), (blocks_per_kv_head, n_kv_heads),
+        self._add(KernelRef("attention_decode", f"attention_decode_hd{head_dim}", pdl=True), (blocks_per_kv_head, n_kv_heads),
                   (32 * WARPS,), [*partials, q, k_cache, v_cache, block_table, state, i32(n_heads), i32(n_kv_heads)],
                   reads=(q, k_cache, v_cache, block_table, state), writes=partials)
         combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
