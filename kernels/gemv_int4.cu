@@ -46,14 +46,11 @@
 //   block   = W warps (W = blockDim.x / 32, 1 ≤ W ≤ 8). The K groups of 128 inputs are split
 //             into W contiguous ranges, one per warp ("split-K inside the block").
 //   warp    = for each tile of the block, 16 rows (× 2 matrices for gate/up) × its K range: a
-//             flat sequence of (tile, group) items streamed through the warp's ring of slots in
-//             shared memory (GEMV_RING KiB): cp.async copies an item straight from L2 into its
-//             slot, R − 1 items are in flight while one is multiplied, and the slot read last
-//             is refilled next. Per group of 128 inputs, lane (g, t) = (lane/4, lane%4) copies
-//             ONE 16-byte word quad of row g and one of row g+8 (words 4t … 4t+3 of the group =
-//             inputs 32t … 32t+31) — and later reads back exactly those bytes, so no lane waits
-//             for another's copies — unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh)
-//             and feeds 8 MMAs:
+//             flat sequence of (tile, group) items, loaded in batches of GEMV_UNROLL (half that
+//             for gate/up) with the next batch in flight while the current one is multiplied.
+//             Per group of 128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word
+//             quad of row g and one of row g+8 (words 4t … 4t+3 of the group = inputs
+//             32t … 32t+31), unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh) and feeds 8 MMAs:
 //
 //                 group gi of row r:  | t=0: words 0-3 | t=1: 4-7 | t=2: 8-11 | t=3: 12-15 |
 //                 lanes 4g..4g+3 → MMA rows g (and g+8), 64 contiguous bytes per row
@@ -72,17 +69,14 @@
 //             the q/k tiles) and writes both: no atomics, bit-reproducible.
 //
 // x is staged once per block in dynamic shared memory (K·2 bytes: 7 KB at K = 3584, 37 KB at
-// K = 18944), in a permuted order that makes the MMA B-fragment reads conflict-free
-// broadcasts. Why a shared-memory ring and not registers for the weights: a register batch
-// holds its bytes from the load until the multiply, so a warp kept only 4–8 KB in flight and
-// waited a full HBM round trip every batch; with the ring a warp keeps 15 KB in flight at no
-// register cost (72–90 registers instead of 120–128), and the first R − 1 items are requested
-// before griddepcontrol.wait. Weight copies are L2-only (cp.async.cg), L2 evict-first, with a
-// 256 B L2 prefetch (ptx/cp_async.cuh, ptx/ldst.cuh for the reasons).
+// K = 18944; the launcher raises the 48 KB opt-in limit when a model needs more), in a
+// permuted order that makes the MMA B-fragment reads conflict-free broadcasts. Keeping x in
+// registers instead would cost 16 registers per group in flight; the weights need them more.
+// Weights use the streaming load (L1::no_allocate, L2 evict-first, 256 B prefetch,
+// ptx/ldst.cuh).
 //
-// Shared memory (dynamic): x, K·2 bytes; the rings, W · GEMV_RING KiB; then the warp partials,
-// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1). The launcher opts in above
-// 48 KB (at 7B: ~135 KB at K = 3584, ~165 KB at K = 18944 with W = 8: one block per SM).
+// Shared memory (dynamic): x, K·2 bytes, then the warp partials,
+// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1).
 //
 // Measured on the H200 (7B shapes, graph replay of 20 calls; q/k/v, o and down fit in the
 // 60 MB L2 across those replays, gate/up does not; copy bandwidth 4.3 TB/s), before the
@@ -92,8 +86,20 @@
 //   | persistent, gemv_launch_shape              | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
 //   | + tile-major weights (kernels/dev/)        | 22.5 µs  | 15.3 µs  |         |         |
 // gate_up at 24.5 µs is 2.86 TB/s (3.12 TB/s tile-major); qkv and o are launch/latency bound
-// (~1.5–2 µs of bytes in ~5 µs). tools/bench_gemv.py measures them alone with the weights
-// rotated past L2.
+// (~1.5–2 µs of bytes in ~5 µs).
+//
+// With the fusions and PDL (tools/bench_gemv.py --pdl: each GEMV alone, back to back in a graph,
+// weights rotated past L2, H200, 4273 GB/s copy bandwidth), µs per call:
+//   | engine, launch shape                         | qkv_rope | o_proj | gate_up | down  |
+//   | registers, the cost model's W (7, 4, 7, 8)   |   9.54   |  4.72  |  23.70  | 15.17 |
+//   | registers, W = 8 warps                       |   8.56   |  4.56  |  22.38  | 15.15 |  ← kept
+//   | shared-memory ring (cp.async), 16 KiB / warp |   9.96   |  5.63  |  26.90  | 18.37 |
+//   | shared-memory ring, 8 KiB / warp             |   7.90   |  5.17  |  25.36  | 14.56 |
+// The ring (each warp streams its weights through slots in shared memory with cp.async, 7–15
+// KiB in flight instead of 4–8 KiB in registers) lost where it counts: at one or two blocks
+// per SM too few warps are left to hide the latency of the unpack → MMA chain (8 dependent MMAs
+// per item), and the bytes in flight were not the limit. gate_up is at 73 % of the copy
+// bandwidth, down at 54 %, qkv and o at 23 % and 34 %: a small GEMV is mostly its ramp-up.
 //
 // Requirements (checked by the launchers): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
 // least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored); for
@@ -101,8 +107,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
-#include "ldst.cuh"         // l2_evict_first_policy
-#include "cp_async.cuh"     // cp_async_16_stream, cp_async_commit, cp_async_wait
+#include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
 #include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
@@ -113,17 +118,14 @@
 #define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
 #define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
 #define GEMV_CHUNKS_PER_GROUP (INT4_GROUP / 8)  // 16-byte chunks of FP16 x per group
-// The ring: KB of weights per warp in shared memory, GEMV_RING (tile, group) items of one
-// matrix (half as many of gate/up's two). A warp keeps all but one slot in flight — 15 KB at
-// 16 — where registers held 4–8 KB: enough bytes in flight per SM to cover HBM latency
-// several times over, at no register cost. A compile-time knob for tools/bench_gemv.py
-// (-DGEMV_RING=N, a power of two ≥ 4); launchers/gemv_int4.py mirrors it for the shared
-// memory size.
-#ifndef GEMV_RING
-#define GEMV_RING 16
+// Groups per load batch for one matrix: 4 KB of weights per warp per batch (half as many
+// groups for gate/up: two matrices). The next batch is loaded while the current one is
+// multiplied, so a warp keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM
+// latency (~15 KB per SM). A compile-time knob for tools/bench_gemv.py (-DGEMV_UNROLL=N).
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 4
 #endif
-#define GEMV_RING_ITEMS(MT) (GEMV_RING / (MT))
-#define GEMV_RING_BYTES (GEMV_RING * 1024)  // per warp: items × MT matrices × 32 lanes × 2 × 16 B
+#define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? GEMV_UNROLL : (GEMV_UNROLL > 1 ? GEMV_UNROLL / 2 : 1))
 
 // x in shared memory, 16-byte chunks permuted so that the 4 chunks the lanes t = 0..3 read
 // together sit in 4 consecutive 16-byte slots (conflict-free; the 8 lanes g share them as a
@@ -175,6 +177,13 @@ struct GemvRowMajor {
     }
 };
 
+// One batch of UNROLL (tile, group) items as one lane holds them.
+template <int MT, int UNROLL>
+struct GemvBatch {
+    uint4 w[UNROLL][MT][2];  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
+    float s[UNROLL][MT][2];  // the rows' scales for the group
+};
+
 // Up to 3 matrices stacked along N (q, k, v); MT matrices per segment read together (gate, up).
 // A segment with rope_dim = Dh > 0 pairs its rows for RoPE (see the header): MMA rows g and
 // g + 8 of its tile j-within-a-head are dims 8j + g and 8j + g + Dh/2 of that head.
@@ -220,24 +229,22 @@ __device__ __forceinline__ void gemv_tile_rows(int tile_in_seg, int g, int rope_
 }
 
 // The whole GEMV of one block: its tiles × all K, for MT matrices per tile. Order of work:
-// launch_dependents, the first GEMV_RING_ITEMS(MT) - 1 items' weights requested, griddepcontrol.
-// wait, then the prologue `stage_x(x_smem, K)` stages x; after the main loop and the block's
-// reduction, epilogue(seg, tile_in_seg, g, sums[MT][2]) runs once per (tile, g), g < 8, from one
-// thread, with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8
-// (gemv_tile_rows says which rows those are; rows ≥ n must not be stored).
+// launch_dependents, the first weight batch requested, griddepcontrol.wait, then the prologue
+// `stage_x(x_smem, K)` stages x; after the main loop and the block's reduction,
+// epilogue(seg, tile_in_seg, g, sums[MT][2]) runs once per (tile, g), g < 8, from one thread,
+// with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows
+// says which rows those are; rows ≥ n must not be stored).
 // Contains __syncthreads(): call from every thread of the block.
 template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Prologue, typename Epilogue>
 __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K,
                                                 Prologue stage_x, Epilogue epilogue) {
-    constexpr int R = GEMV_RING_ITEMS(MT);
-    extern __shared__ uint4 x_smem[];  // [K/8] x chunks (gemv_x_slot order), ring, partials
+    constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
+    extern __shared__ uint4 x_smem[];  // [K/8] chunks of x (gemv_x_slot order), then partials
+    float* partial = reinterpret_cast<float*>(x_smem + K / 8);  // [T_b][MT][W][16] fp32
+
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    // This warp's ring: [R slots][MT matrices][2 rows][32 lanes] uint4 — a lane's 16 bytes are
-    // lane-contiguous, so each shared-memory read of a slot is conflict-free.
-    uint4* ring = x_smem + K / 8 + warp * (R * MT * 2 * WARP_SIZE);
-    float* partial = reinterpret_cast<float*>(x_smem + K / 8 + n_warps * (R * MT * 2 * WARP_SIZE));
     const int n_groups = K / INT4_GROUP;
     // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128).
     const int gb = warp * n_groups / n_warps, ge = (warp + 1) * n_groups / n_warps;
@@ -250,39 +257,35 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     // next kernel may be scheduled as soon as they have all started.
     grid_launch_dependents();
 
-    // Issues the next (tile, group) item's weights into ring slot `slot` (cp.async: straight to
-    // shared memory, no registers held while they travel) and its two rows' scales into
-    // registers, then commits one cp.async group — also when no item is left, so that every
-    // item is always exactly R - 1 groups behind the newest one.
-    u32 scale2[R][MT];  // per slot: the FP16 scales of rows g, g + 8 as one half2
-    int is_tile = tile_b, is_gi = gb;
-    auto issue = [&](int slot) {
-        if (is_tile < tile_e && gb < ge) {  // warp-uniform
-            const int seg = int4_segment<NSEG>(p.first_tile, is_tile);
-            const int n = gemv_field<NSEG>(seg, p.n), tile = is_tile - gemv_field<NSEG>(seg, p.first_tile);
+    // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
+    int ld_tile = tile_b, ld_gi = gb;
+    auto load = [&](GemvBatch<MT, UNROLL>& b) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
+            const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
+            const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
             int lo, hi;
             gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
             // Rows past n (last tile of a matrix) load the last row and are never stored.
             const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
+                const __half* sc = gemv_scales(p, seg, m) + ld_gi;
                 const u32* qw = gemv_qweight(p, seg, m);
-                uint4* dst = ring + (slot * MT + m) * 2 * WARP_SIZE + lane;
-                cp_async_16_stream(dst, Layout::quad(qw, tile, g, r0, is_gi, K, t), policy);
-                cp_async_16_stream(dst + WARP_SIZE, Layout::quad(qw, tile, g + 8, r1, is_gi, K, t), policy);
-                const __half* sc = gemv_scales(p, seg, m) + is_gi;
-                const __half2 s2 = __halves2half2(__ldg(sc + r0 * n_groups), __ldg(sc + r1 * n_groups));
-                scale2[slot][m] = *reinterpret_cast<const u32*>(&s2);
+                b.w[u][m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
+                b.w[u][m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
+                b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
+                b.s[u][m][1] = __half2float(__ldg(sc + r1 * n_groups));
             }
-            if (++is_gi == ge) { is_gi = gb; ++is_tile; }
+            if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
         }
-        cp_async_commit();
     };
 
-    // R - 1 items go out before the wait: their latency overlaps the previous kernel's tail
-    // and the staging of x (weights are never written by any kernel).
-#pragma unroll
-    for (int s = 0; s < R - 1; ++s) issue(s);
+    // The first batch of weights goes out before the wait: its latency overlaps the previous
+    // kernel's tail and the staging of x (weights are never written by any kernel).
+    GemvBatch<MT, UNROLL> cur, next;
+    load(cur);
     grid_dependency_wait();
     stage_x(x_smem, K);
     __syncthreads();
@@ -292,30 +295,24 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
     int c_tile = tile_b, c_gi = gb;
     while (c_tile < tile_e && gb < ge) {
+        load(next);  // in flight while `cur` is multiplied
 #pragma unroll
-        for (int s = 0; s < R; ++s) {
+        for (int u = 0; u < UNROLL; ++u) {
             if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
-            // Refill the slot the previous item was read from (one slot of slack: those reads
-            // are long done), then wait until this item's group has landed.
-            issue((s + R - 1) % R);
-            cp_async_wait<R - 1>();
             const uint4* x_group = x_smem + c_gi * GEMV_CHUNKS_PER_GROUP + t;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                const uint4* src = ring + (s * MT + m) * 2 * WARP_SIZE + lane;
-                const uint4 row_g = src[0], row_g8 = src[WARP_SIZE];  // this lane's own copies
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
-                    int4_a_fragments(row_g, row_g8, i, a_lo, a_hi);
+                    int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
                     const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
                     mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
                     mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
                 }
-                const float2 sc = __half22float2(*reinterpret_cast<const __half2*>(&scale2[s][m]));
-                acc[m][0] = fmaf(sc.x, c[0], acc[m][0]);
-                acc[m][1] = fmaf(sc.y, c[2], acc[m][1]);
+                acc[m][0] = fmaf(cur.s[u][m][0], c[0], acc[m][0]);
+                acc[m][1] = fmaf(cur.s[u][m][1], c[2], acc[m][1]);
             }
             if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
                 if (t == 0) {
@@ -332,8 +329,8 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
                 ++c_tile;
             }
         }
+        cur = next;
     }
-    cp_async_wait<0>();  // no copy may still be writing shared memory when the block exits
     __syncthreads();
 
     // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order, then the

@@ -2,8 +2,6 @@
 //
 //   cp_async_16        : cp.async.cg.shared.global [dst], [src], 16, src_bytes
 //                        (PTX ISA, "Data Movement and Conversion Instructions: cp.async")
-//   cp_async_16_stream : cp.async.cg.shared.global.L2::cache_hint.L2::256B [dst], [src], 16, policy
-//                        — the same for read-once data (decode GEMV weights, ptx/ldst.cuh's reasons)
 //   cp_async_commit    : cp.async.commit_group   ("…: cp.async.commit_group")
 //   cp_async_wait<N>   : cp.async.wait_group N   ("…: cp.async.wait_group")
 //
@@ -32,16 +30,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
     const int src_bytes = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(dst_smem), "l"(src), "r"(src_bytes) : "memory");
-}
-
-// Copy 16 bytes of read-once data (weights) from global `src` to shared `dst` asynchronously,
-// with an L2 cache policy (l2_evict_first_policy, ptx/ldst.cuh: a weight line leaves L2 before
-// the KV cache and activations) and a 256-byte L2 prefetch (a warp walks each weight row front
-// to back, so the next 64-byte pieces are fetched in the same DRAM burst).
-__device__ __forceinline__ void cp_async_16_stream(void* dst, const void* src, u64 policy) {
-    const u32 dst_smem = static_cast<u32>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;\n"
-                 :: "r"(dst_smem), "l"(src), "l"(policy) : "memory");
 }
 
 // Close the copies issued so far by this thread into one group.

@@ -45,10 +45,14 @@ def test_gemv_shapes_cover_every_tile_in_one_wave(preset):
 
 
 def test_gemv_shape_forced_and_refused():
+    assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132)[1] == 256           # W = min(8, K/128)
+    assert gemv_launch_shape(100, 896, 1, lambda t, s: 4, 132)[1] == 224            # 7 groups: 7 warps
     assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132, warps=3)[1] == 96
     assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132, blocks=100)[0] == 100
     with pytest.raises(LaunchError, match="K=256"):
         gemv_launch_shape(100, 256, 1, lambda t, s: 4, 132, warps=3)   # 3 warps > 2 groups
+    with pytest.raises(LaunchError, match="does not fit"):
+        gemv_launch_shape(100, 1024, 1, lambda t, s: 0, 132)
 
 
 def test_decode_plan_without_a_gpu():

@@ -3,7 +3,7 @@
 the copy bandwidth, for the launch shape the step uses and for variants of it.
 
     PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
-        [--warps 4 8] [--blocks 132 264] [--ring 8 32] [--pdl]
+        [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--pdl]
 
 Each figure is one launch of a CUDA graph of back-to-back launches of the same GEMV, cycling
 through enough copies of its weights that they cannot stay in the 60 MB L2 between launches
@@ -123,7 +123,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=40, help="launches per graph (default 40)")
     ap.add_argument("--warps", type=int, nargs="*", default=[], help="also force these warps per block")
     ap.add_argument("--blocks", type=int, nargs="*", default=[], help="also force these grid sizes")
-    ap.add_argument("--ring", type=int, nargs="*", default=[], help="also compile with GEMV_RING=N (KiB per warp)")
+    ap.add_argument("--unroll", type=int, nargs="*", default=[], help="also compile with GEMV_UNROLL=N")
     ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
@@ -135,7 +135,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
     variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
-        [{"ring": r} for r in a.ring]
+        [{"unroll": u} for u in a.unroll]
     for name in a.gemv:
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
@@ -144,9 +144,9 @@ def main() -> int:
         for variant, pdl in itertools.product(variants, (False, True) if a.pdl else (False,)):
             s = Scratch()
             try:
-                kw = {k: v for k, v in variant.items() if k != "ring"}
-                if "ring" in variant:
-                    kw["defines"] = (("GEMV_RING", variant["ring"]),)
+                kw = {k: v for k, v in variant.items() if k != "unroll"}
+                if "unroll" in variant:
+                    kw["defines"] = (("GEMV_UNROLL", variant["unroll"]),)
                 launchers = [make_launcher(name, s, c, cfg, rng, **kw) for c in range(copies)]
                 us = time_launchers(launchers, reps, pdl)
                 spec = launchers[0].specs[0]

@@ -10,11 +10,10 @@ W is INT4 layout id 1: qweight uint32 [N, K/8] and scales fp16 [N, K/128] (forma
 Every kernel of the file waits for its predecessor with griddepcontrol.wait (ptx/griddep.cuh),
 so the decode step launches them as programmatic dependents (KernelRef.pdl).
 
-The launch shape (`gemv_launch_shape`) comes from a small cost model: the kernel's work is
-16-row tiles × K groups, blocks own contiguous ranges of tiles and their W warps split K.
-The model picks W and the grid so that the tiles spread evenly over the SMs in one wave,
-with the resident blocks per SM taken from the occupancy it is given (the driver's, by
-default), so it can be evaluated — and tested — without a GPU.
+The launch shape (`gemv_launch_shape`): the kernel's work is 16-row tiles × K groups, blocks
+own contiguous ranges of tiles and their W warps split K. The grid spreads the tiles evenly
+over the SMs in one wave, with the resident blocks per SM taken from the occupancy it is given
+(the driver's, by default), so it can be evaluated — and tested — without a GPU.
 """
 
 from __future__ import annotations
@@ -32,21 +31,6 @@ from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buff
 TILE_ROWS = mirrored("gemv_int4", "INT4_TILE_ROWS", 16)   # output rows per tile (M of one MMA)
 MAX_WARPS = mirrored("gemv_int4", "GEMV_MAX_WARPS", 8)    # K-split warps per block
 mirrored("gemv_int4", "INT4_GROUP", GROUP_SIZE)
-RING_KB = mirrored("gemv_int4", "GEMV_RING", 16)          # KiB of weights per warp in shared memory
-
-# The cost model. An "item" is one warp's work on one K group of one 16-row tile of one
-# matrix: 32 lanes × 2 rows × 16 B = 1 KiB of INT4 weights.
-ITEM_BYTES = 1024
-# A warp alone keeps its ring but one item in flight (15 KiB at RING_KB = 16) per HBM round
-# trip (~1 µs loaded): that many ns per item when bandwidth is not the limit.
-ROUND_TRIP_NS = 1000.0
-# HBM bytes per ns when it is the limit: 4.3 TB/s, the device-to-device copy bandwidth
-# measured on the H200 (read + write counted).
-HBM_BYTES_PER_NS = 4300.0
-# Modelled times within 3 % count as equal (the model is coarse: on the H200, down_proj ran
-# 17.6 µs with W = 6 and 16.8 µs with W = 8, which the model had 1.3 % apart the other way).
-TIE_BAND = 1.03
-
 
 def tiles(n: int) -> int:
     """16-row tiles covering n rows."""
@@ -58,25 +42,22 @@ def int4_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * (k // GROUP_SIZE) * 2
 
 
-def gemv_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int, ring_kb: int = RING_KB) -> int:
-    """Dynamic shared memory of a gemv_int4 block: x in fp16 (2K bytes), the warps' weight rings
-    (W × ring_kb KiB), then the warps' per-row partial sums, tiles_per_block × MT matrices × W
-    warps × 16 rows × fp32."""
-    return 2 * k + warps * ring_kb * 1024 + tiles_per_block * mt * warps * TILE_ROWS * 4
+def gemv_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int) -> int:
+    """Dynamic shared memory of a gemv_int4 block: x in fp16 (2K bytes), then the warps'
+    per-row partial sums, tiles_per_block × MT matrices × W warps × 16 rows × fp32."""
+    return 2 * k + tiles_per_block * mt * warps * TILE_ROWS * 4
 
 
 def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[int, int], int], sm_count: int,
-                      warps: int | None = None, blocks: int | None = None,
-                      ring_kb: int = RING_KB) -> tuple[int, int, int]:
+                      warps: int | None = None, blocks: int | None = None) -> tuple[int, int, int]:
     """(grid blocks G, threads per block 32·W, dynamic shared memory bytes) of a gemv_int4 kernel.
 
     Each block owns ceil-or-floor(T/G) consecutive 16-row tiles and its W warps split the K
-    groups (gemv_int4.cu). For each W in 1..8 (W ≤ K/128), the resident block count
-    (blocks_per_sm(threads, smem) × sm_count) caps G; with makespan m = ceil(T / G_max) tiles
-    per block, G = ceil(T / m) (no more blocks than the makespan needs). The modelled time is
-    the busiest warp's item count (MT matrices per item) times the time per item:
-    max(ROUND_TRIP_NS / items in flight per warp, active warps × MT × ITEM_BYTES / HBM_BYTES_PER_NS).
-    The smallest time wins; within TIE_BAND, more warps per block (x staged fewer times).
+    groups (gemv_int4.cu). W is the most the kernel allows, min(8, K/128): measured on the H200
+    it is the fastest for every 7B GEMV (fewer blocks stage x, more loads in flight per block;
+    gemv_int4.cu's table). The resident block count, blocks_per_sm(threads, smem) × sm_count,
+    caps G so that all blocks run in one wave; with makespan m = ceil(T / G_max) tiles per
+    block, G = ceil(T / m) (no more blocks than the makespan needs).
 
     Args:
         n_tiles: T, 16-row tiles of the output (all matrices stacked, gate/up counted once).
@@ -85,31 +66,19 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
         blocks_per_sm: (threads, dynamic smem bytes) → resident blocks per SM (occupancy).
         sm_count: SMs of the GPU.
         warps, blocks: force W or G (benchmark variants), e.g. blocks=n_tiles for one tile per block.
-        ring_kb: the kernel's GEMV_RING (compile-time variants).
     Raises:
-        LaunchError: no shape is possible (e.g. `warps` above K/128 or MAX_WARPS).
+        LaunchError: `warps` outside 1..min(8, K/128), or a block of W warps cannot run at all.
     """
     groups = k // GROUP_SIZE
-    best = None
-    for w in range(1, min(MAX_WARPS, groups) + 1):
-        if warps is not None and w != warps:
-            continue
-        occ = blocks_per_sm(32 * w, gemv_smem_bytes(k, 1, w, mt, ring_kb))
-        g_max = max(1, occ * sm_count)
-        g = min(n_tiles, g_max) if blocks is None else min(blocks, n_tiles)
-        per_block = -(-n_tiles // g)
-        if blocks is None:
-            g = -(-n_tiles // per_block)
-        smem = gemv_smem_bytes(k, per_block, w, mt, ring_kb)
-        items = per_block * -(-groups // w)
-        active = g * w
-        in_flight = max(1, ring_kb // mt - 1)
-        t_ns = items * max(ROUND_TRIP_NS / in_flight, active * mt * ITEM_BYTES / HBM_BYTES_PER_NS)
-        if best is None or t_ns < best[0] / TIE_BAND or (t_ns <= best[0] * TIE_BAND and w > best[1]):
-            best = (t_ns, w, g, smem)
-    require(best is not None, f"gemv_int4: no launch shape for K={k} with warps={warps}")
-    _, w, g, smem = best
-    return g, 32 * w, smem
+    w = min(MAX_WARPS, groups) if warps is None else warps
+    require(1 <= w <= min(MAX_WARPS, groups), f"gemv_int4: no launch shape for K={k} with warps={warps}")
+    occ = blocks_per_sm(32 * w, gemv_smem_bytes(k, 1, w, mt))
+    require(occ >= 1 or blocks is not None, f"gemv_int4: a block of {w} warps does not fit on an SM (K={k})")
+    g = min(n_tiles, max(1, occ * sm_count)) if blocks is None else min(blocks, n_tiles)
+    per_block = -(-n_tiles // g)
+    if blocks is None:
+        g = -(-n_tiles // per_block)
+    return g, 32 * w, gemv_smem_bytes(k, per_block, w, mt)
 
 
 def _kernel(name: str, defines: tuple = ()) -> KernelRef:
@@ -126,7 +95,7 @@ class _GemvInt4Launcher(Launcher):
 
     Every launcher takes, besides its buffers: occupancy (blocks per SM and SM count for the
     grid; default the driver's), warps / blocks (force the launch shape) and defines
-    (compile-time variants such as (("GEMV_RING", 8),)) — the last three for benchmarks.
+    (compile-time variants such as (("GEMV_UNROLL", 8),)) — the last three for benchmarks.
     """
 
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, params: list, *, reads, writes,
@@ -135,10 +104,8 @@ class _GemvInt4Launcher(Launcher):
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
         occ = occupancy or DEFAULT_OCCUPANCY
         ref = _kernel(kernel, defines)
-        ring_kb = dict(defines).get("GEMV_RING", RING_KB)
         grid, threads, smem = gemv_launch_shape(
-            n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks,
-            ring_kb=ring_kb)
+            n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks)
         self._add(ref, (grid,), (threads,), params, smem_bytes=smem, reads=reads, writes=writes,
                   bytes_moved=self.bytes_moved)
 
