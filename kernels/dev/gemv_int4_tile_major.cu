@@ -39,7 +39,7 @@ struct GemvTileMajor {
 };
 
 // grid/block/smem as gemv_int4_residual.
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE, 1)
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_residual_tile_major(float* __restrict__ residual,      // [N] fp32, in/out
                               const __half* __restrict__ x,      // [K] fp16
                               const u32* __restrict__ qweight,   // [N/16, K/128, 16, 16] uint32
@@ -52,7 +52,7 @@ gemv_int4_residual_tile_major(float* __restrict__ residual,      // [N] fp32, in
 }
 
 // grid/block/smem as gemv_int4_gate_up_swiglu.
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE, 1)
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_gate_up_swiglu_tile_major(__half* __restrict__ h,                // [F] fp16, out
                                     const __half* __restrict__ x,          // [K] fp16
                                     const u32* __restrict__ gate_qweight,  // [F/16, K/128, 16, 16] uint32
