@@ -91,7 +91,7 @@
 // With the fusions and PDL (tools/bench_gemv.py --pdl: each GEMV alone, back to back in a graph,
 // weights rotated past L2, H200, 4273 GB/s copy bandwidth), µs per call:
 //   | engine, launch shape                         | qkv_rope | o_proj | gate_up | down  |
-//   | registers, the cost model's W (7, 4, 7, 8)   |   9.54   |  4.72  |  23.70  | 15.17 |
+//   | registers, the cost model's W (4, 7, 7, 8)   |   9.54   |  4.72  |  23.70  | 15.17 |
 //   | registers, W = 8 warps                       |   8.56   |  4.56  |  22.38  | 15.15 |  ← kept
 //   | shared-memory ring (cp.async), 16 KiB / warp |   9.96   |  5.63  |  26.90  | 18.37 |
 //   | shared-memory ring, 8 KiB / warp             |   7.90   |  5.17  |  25.36  | 14.56 |

@@ -1,12 +1,11 @@
 """CUDA-graph decode: two graph execs, switched at each KV page boundary.
 
-Why graphs: one decode step is 257 kernel launches at 7B (9 per layer). Launched eagerly from
-Python each costs ~5.6 µs of host time, ~1.4 ms per token; replayed from a graph they cost
-~0.7 µs of GPU-side scheduling each (docs/graphs.md#why-graphs). Measured on the H200 (synthetic 7B,
-`drvqwen bench`): eager 2.64 ms per token, graph 2.35 ms — today the kernels take ~2.3 ms, so
-most of the eager launch time hides behind them, but the 1.3 ms target is below what the eager
-launches alone cost, and at 0.5B (221 launches: ~1.2 ms of eager launching against a 0.3 ms
-target) launching would be the whole step.
+Why graphs: one decode step is 173 kernel launches at 7B (6 per layer; 149 at 0.5B). Launched
+eagerly from Python each costs ~5.6 µs of host time, ~1 ms per token; replayed from a graph they
+cost ~0.7 µs of GPU-side scheduling each (docs/graphs.md#why-graphs). Measured on the H200
+(`drvqwen bench`, one lease): synthetic 7B eager 2.325 ms per token, graph 2.212 ms — the
+kernels take about that long, so most of the eager launch time hides behind them; the real
+0.5B eager 0.917 ms, graph 0.639 ms, where launching is a large part of the step.
 The step is captured once (`cuStreamBeginCapture` … `cuStreamEndCapture`, `cuGraphInstantiate`)
 and every later token is one `cuGraphLaunch`.
 
