@@ -15,6 +15,30 @@ TINY = QwenConfig(vocab_size=512, hidden_size=256, intermediate_size=384, num_la
 
 
 
+# The control tokens of the Qwen2.5 vocabulary that drvqwen's prompts and stop rules use.
+QWEN_CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
+                "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def byte_tokenizer_json(n_control: int = len(QWEN_CONTROL)) -> str:
+    """A byte-level tokenizer.json that can encode any text: the 256 bytes at ids 0..255 (no
+    merges) and the first `n_control` of QWEN_CONTROL as special tokens at 256, 257, …
+
+    With TINY's 512 rows it leaves ids 256 + n_control … 511 without text, like the padded
+    rows of the real Qwen2.5 lm_head."""
+    import tokenizers
+    from tokenizers import AddedToken, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    from drvqwen.tokenizer import _BYTE_TO_CHAR
+
+    tk = tokenizers.Tokenizer(BPE(vocab={_BYTE_TO_CHAR[b]: b for b in range(256)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_CONTROL[:n_control]])
+    return tk.to_str()
+
+
 def random_dense(cfg: QwenConfig, rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
     """HF-named float32 tensors for `cfg`: std-0.02 weights, norms near 1, biases ~0.1."""
     out: dict[str, np.ndarray] = {}

@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
     from .generate import CPUBackend, generate
     from .models import resolve_model
     from .sampler import SamplingParams
-    from .tokenizer import StreamDecoder, Tokenizer, chat_prompt, fim_prompt
+    from .tokenizer import DEFAULT_SYSTEM, StreamDecoder, Tokenizer
 
     if args.prompt is None and args.prompt_file is None and args.fim_prefix is None:
         raise DrvqwenError("give --prompt TEXT, --prompt-file FILE or --fim-prefix/--fim-suffix")
@@ -172,16 +172,17 @@ def cmd_run(args) -> int:
             raise DrvqwenError(f"{args.prompt_file}: cannot read prompt ({e})") from None
     else:
         text = args.prompt
-    if args.fim_prefix is not None or args.fim_suffix is not None:
-        prompt = fim_prompt(args.fim_prefix or "", args.fim_suffix or "")
-    elif args.raw:
-        prompt = text
-    else:
-        prompt = chat_prompt(text, system=args.system) if args.system else chat_prompt(text)
-
     f = resolve_model(args.model, on_convert=_convert_with_progress)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-    ids = tok.encode(prompt)
+    # User text is plain text: only the template's own markers become control ids. --raw
+    # is the one place where special tokens written in the prompt are parsed, on purpose.
+    if args.fim_prefix is not None or args.fim_suffix is not None:
+        ids = tok.fim(args.fim_prefix or "", args.fim_suffix or "")
+    elif args.raw:
+        ids = tok.encode(text, special=True)
+    else:
+        # `is None`, not truthiness: --system "" asks for an empty system turn.
+        ids = tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
     max_context = args.max_context or f.config.max_position
     from .generate import check_prompt_fits
 
@@ -240,12 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
     r.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
-    r.add_argument("--prompt", help="the user message (chat template) or the raw text with --raw")
-    r.add_argument("--prompt-file", help="read the prompt from a file")
-    r.add_argument("--system", help="system message for the chat template")
-    r.add_argument("--raw", action="store_true", help="plain completion: no chat template")
-    r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole")
-    r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole")
+    r.add_argument("--prompt", help="the user message (chat template; encoded as plain text) or the "
+                                    "whole prompt with --raw")
+    r.add_argument("--prompt-file", help="read the prompt from a file (UTF-8, bytes as they are)")
+    r.add_argument("--system", help="system message for the chat template (plain text; \"\" = an "
+                                    "empty system turn; default: Qwen's)")
+    r.add_argument("--raw", action="store_true",
+                   help="plain completion, no chat template; special tokens written in the prompt "
+                        "(<|im_start|> …) ARE parsed as control ids, so you can write your own template")
+    r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole (plain text)")
+    r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole (plain text)")
     r.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default: 256)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--top-k", type=int, default=0, help="0 = off")

@@ -278,13 +278,59 @@ class Tokenizer:
         """The id of a token string (byte-alphabet spelling for BPE pieces), or None."""
         return self._tk.token_to_id(token)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special tokens written in it (`<|im_start|>`) become their ids.
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids of `text`. No BOS/EOS is added (Qwen2 uses none).
 
-        No BOS/EOS is added (Qwen2 uses none). The text is NFC-normalized first, so decoding
-        returns the NFC form of the input.
+        Args:
+            text: the text. It is NFC-normalized first, so decoding returns its NFC form.
+            special: False (the default): `text` is plain text — `<|im_start|>` written in it
+                is encoded as the characters it is made of, never as a control id. Use this
+                for anything a user wrote (chat messages, FIM code, prompt files): otherwise a
+                message could close its turn and open a system turn of its own. True: special
+                tokens written in the text become their ids (`drvqwen run --raw`, where the
+                user writes the whole prompt, markers included, on purpose).
+
+        Added tokens that are not special (`<tool_call>`) are ordinary text tokens: they are
+        matched either way, as Qwen2's own tokenizer does.
         """
+        # `encode_special_tokens=True` makes `tokenizers` skip the special-token match and
+        # run the text through normalizer, pre-tokenizer and BPE like any other text
+        # (transformers' `split_special_tokens=True`).
+        self._tk.encode_special_tokens = not special
         return self._tk.encode(text, add_special_tokens=False).ids
+
+    def control_id(self, token: str) -> int:
+        """The id of a control token of the template (`<|im_start|>` …).
+
+        Raises:
+            DrvqwenError: the vocabulary lacks it.
+        """
+        return self._require_id(token)
+
+    def chat(self, user: str, system: str = DEFAULT_SYSTEM) -> list[int]:
+        """Ids of one user turn in Qwen2.5's ChatML template, ending where the answer begins.
+
+        The ids of `chat_prompt(user, system)` with only the template's own markers as control
+        ids: `user` and `system` are encoded as plain text (`encode(special=False)`), so a
+        message that contains `<|im_end|>` cannot end its turn. For text without special
+        tokens the ids equal `encode(chat_prompt(user, system), special=True)`: `tokenizers`
+        splits the text at special tokens before anything else, so encoding the pieces
+        between the markers one by one gives the same ids.
+
+        An empty `system` is an empty system turn (as the official template renders it);
+        only the default argument means the default system prompt.
+        """
+        start, end = self.control_id(IM_START), self.control_id(IM_END)
+        nl = self.encode("\n")
+        return [start, *self.encode(f"system\n{system}"), end, *nl,
+                start, *self.encode(f"user\n{user}"), end, *nl,
+                start, *self.encode("assistant\n")]
+
+    def fim(self, prefix: str, suffix: str) -> list[int]:
+        """Ids of a fill-in-the-middle prompt (`fim_prompt(prefix, suffix)`), the code encoded
+        as plain text: `<|fim_middle|>` inside `prefix` stays text."""
+        return [self.control_id(FIM_PREFIX), *self.encode(prefix),
+                self.control_id(FIM_SUFFIX), *self.encode(suffix), self.control_id(FIM_MIDDLE)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Text of `ids`. Bytes that do not form valid UTF-8 become U+FFFD.
@@ -383,6 +429,8 @@ def chat_prompt(user: str, system: str = DEFAULT_SYSTEM) -> str:
 
     The same string as the official chat template with `add_generation_prompt=True`:
     `<|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n`.
+    This is the text, to show or compare; `Tokenizer.chat` gives the ids to run, with the
+    messages kept out of the control ids.
     """
     return (f"{IM_START}system\n{system}{IM_END}\n"
             f"{IM_START}user\n{user}{IM_END}\n"
@@ -393,6 +441,7 @@ def fim_prompt(prefix: str, suffix: str) -> str:
     """A fill-in-the-middle prompt (Qwen2.5-Coder, prefix-suffix-middle order).
 
     `<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>`; the model writes the middle.
-    Ids: prefix 151659, suffix 151661, middle 151660.
+    Ids: prefix 151659, suffix 151661, middle 151660. `Tokenizer.fim` gives the ids to run,
+    the code encoded as plain text.
     """
     return f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"
