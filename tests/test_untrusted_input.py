@@ -70,3 +70,59 @@ def test_empty_system_is_an_empty_system_turn(tiny, tok, prompt_ids):
     assert tok.decode(prompt_ids[-1]) == chat_prompt("x", system="")
     assert _run(tiny, "--prompt", "x") == 0
     assert tok.decode(prompt_ids[-1]) == chat_prompt("x", system=DEFAULT_SYSTEM)
+
+
+# ---- one checked path: UTF-8, bytes as they are -------------------------------------------------
+
+BAD = b"abc\xe2\x80"          # a three-byte character cut after two bytes
+
+
+def _one_error_line(capsys) -> str:
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("option", ["--prompt", "--system", "--fim-prefix", "--fim-suffix"])
+def test_invalid_utf8_argument_is_one_line(tiny, capsys, option, prompt_ids):
+    import os
+
+    extra = [] if option in ("--prompt", "--fim-prefix") else ["--prompt", "ok"]
+    if option == "--fim-suffix":
+        extra = ["--fim-prefix", "ok"]
+    assert _run(tiny, option, os.fsdecode(BAD), *extra) == 2   # what argparse gets from the OS
+    assert f"{option}: not valid UTF-8 (byte 0xe2 at offset 3" in _one_error_line(capsys)
+    assert prompt_ids == []
+
+
+def test_invalid_utf8_prompt_file_is_the_same_error(tiny, tmp_path, capsys, prompt_ids):
+    f = tmp_path / "p.txt"
+    f.write_bytes(BAD)
+    assert _run(tiny, "--prompt-file", str(f)) == 2
+    assert f"{f}: not valid UTF-8 (byte 0xe2 at offset 3" in _one_error_line(capsys)
+    assert prompt_ids == []
+
+
+def test_invalid_utf8_argv_in_a_real_process(tiny):
+    # The bytes as a shell passes them ($'abc\xe2\x80'), through the real argv decoding.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "run", "--model", str(tiny), "--device",
+                        "cpu", "--prompt", BAD], capture_output=True, env=env, timeout=120)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 2 and "Traceback" not in err, err
+    assert "--prompt: not valid UTF-8" in err
+
+
+def test_prompt_file_keeps_crlf(tiny, tok, tmp_path, prompt_ids):
+    text = "def f():\r\n    return 1\r\n"
+    f = tmp_path / "crlf.py"
+    f.write_bytes(text.encode())
+    assert _run(tiny, "--raw", "--prompt-file", str(f)) == 0
+    assert prompt_ids[-1] == tok.encode(text, special=True)
+    assert tok.decode(prompt_ids[-1]) == text          # no newline translation
+    assert prompt_ids[-1] != tok.encode(text.replace("\r\n", "\n"), special=True)

@@ -165,13 +165,14 @@ def cmd_run(args) -> int:
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     except ValueError as e:
         raise DrvqwenError(str(e)) from None
-    if args.prompt_file:
-        try:
-            text = Path(args.prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise DrvqwenError(f"{args.prompt_file}: cannot read prompt ({e})") from None
-    else:
-        text = args.prompt
+    from .text_input import checked_arg, read_text_file
+
+    # Every piece of user text passes the same UTF-8 check, whichever way it came in.
+    for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
+        v = getattr(args, opt)
+        if v is not None:
+            setattr(args, opt, checked_arg(v, "--" + opt.replace("_", "-")))
+    text = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
     f = resolve_model(args.model, on_convert=_convert_with_progress)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     # User text is plain text: only the template's own markers become control ids. --raw
