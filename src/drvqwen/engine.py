@@ -52,8 +52,10 @@ assert struct.calcsize(_PARAMS_FORMAT) == sampling.PARAMS_BYTES
 def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndarray:
     """The 32 bytes of sampling.cu's SamplerParams for `params`, as uint8 [32].
 
-    seed is taken modulo 2^64 (Philox's key: low word, high word); scale_log2 is
-    float32(log2(e) / temperature), 0 for greedy parameters (never used then).
+    seed (already modulo 2^64: Philox's key, low word then high word) and top_k (already
+    clamped to int32's range) are packed as `SamplingParams` normalized them, so this can
+    neither fail nor differ from the CPU sampler; scale_log2 is float32(log2(e) /
+    temperature), 0 for greedy parameters (never used then).
     """
     greedy = params.greedy
     scale = 0.0 if greedy else float(scale_log2(params.temperature))
