@@ -82,9 +82,28 @@ def test_special_ids(tok, text, expected):
     assert expected not in tok.encode(text)                # by default it is plain text
 
 
-def test_vocab_and_stop_ids(tok):
-    assert tok.vocab_size == 151936  # every GGUF row, llama.cpp's [PAD…] fillers included
-    assert tok.stop_ids == {151643, 151645}
+# The tokens llama.cpp ends generation on for Qwen2.5-Coder (end of text / turn, and the FIM
+# and repository separators a completion ends with).
+QWEN_EOG = ("<|endoftext|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def test_vocab_and_stop_ids(tok, hf_tok):
+    # llama.cpp's filler rows [PAD151665] … are not tokens: the vocabulary is Qwen2's own.
+    assert tok.vocab_size == tok.text_vocab_size == 151665
+    want = {hf_tok.convert_tokens_to_ids(t) for t in QWEN_EOG}
+    assert len(want) == 5 and None not in want
+    assert tok.eog_ids() == tok.stop_ids == want
+    assert tok.eog_ids([7]) == want | {7}
+
+
+def test_padded_ids_decode_to_nothing(tok):
+    # Ids of the lm_head's padded rows have no text: nothing, never an error or "[PAD…]".
+    ids = tok.encode("ab")
+    for pad in (151665, 151700, 151935, 152063, 10**6):
+        assert tok.decode([pad]) == ""
+        assert tok.decode([ids[0], pad, *ids[1:]]) == "ab"
+        sd = tok.stream_decoder()
+        assert "".join([sd.push(ids[0]), sd.push(pad), *map(sd.push, ids[1:]), sd.flush()]) == "ab"
 
 
 def test_digits_are_split_one_by_one(tok):
@@ -221,8 +240,6 @@ def test_stream_decoder_holds_an_incomplete_character(tok):
     sd = StreamDecoder(tok)
     assert sd.push(ids[0]) in ("", " ")
     assert sd.flush() == "\ufffd"  # the stream ended mid-character: now it is replaced
-    with pytest.raises(DrvqwenError, match=r"token id 151936 outside the vocabulary"):
-        sd.push(151936)
 
 
 def test_stream_decoder_skip_special(tok):

@@ -99,7 +99,10 @@ def cmd_info(args) -> int:
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
             ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
-            ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)")]
+            ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
+            ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
+             if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
+            ("end of generation", " ".join(map(str, sorted(f.eog_ids))) or "none")]
     rows += [(k, v) for k, v in c.to_dict().items()]
     for k, v in rows:
         t.add_row(str(k), str(v))
@@ -184,19 +187,24 @@ def cmd_run(args) -> int:
     else:
         # `is None`, not truthiness: --system "" asks for an empty system turn.
         ids = tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
-    max_context = args.max_context or f.config.max_position
-    from .generate import check_prompt_fits
+    from .generate import GenerationResult, check_prompt_fits, resolve_max_context
 
+    # One rule for both devices: the context is the model's, or less, never silently capped.
+    max_context = resolve_max_context(args.max_context, f.config.max_position)
     check_prompt_fits(len(ids), max_context)
+    if args.max_new_tokens == 0:
+        # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
+        err.print(f"[dim]{GenerationResult(prompt_tokens=len(ids)).summary()}")
+        return 0
 
     device, why = _choose_device(args.device)
     if device == "cpu":
         err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
-        # The CPU cache holds only what this run can use: prompt + new tokens.
-        ctx = min(max_context, len(ids) + max(args.max_new_tokens, 1))
         with _progress() as p:
             task = p.add_task("dequantizing weights", total=f.config.num_layers)
-            backend = CPUBackend(f, ctx, progress=lambda i, n: p.update(task, completed=i))
+            # The CPU cache holds only what this run can use: prompt + new tokens.
+            backend = CPUBackend(f, max_context, progress=lambda i, n: p.update(task, completed=i),
+                                 cache_tokens=len(ids) + args.max_new_tokens)
     else:  # pragma: no cover - needs a Hopper GPU (tests/test_engine_gpu.py covers the backend)
         from .engine import GPUBackend
 
@@ -217,7 +225,7 @@ def cmd_run(args) -> int:
             out.flush()
 
     try:
-        res = generate(backend, ids, args.max_new_tokens, params, frozenset(tok.stop_ids), on_token,
+        res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
                        ignore_stop=args.ignore_eos)
         mode = getattr(backend, "decode_mode", None)   # read before close(): graph or eager
     finally:
@@ -226,9 +234,12 @@ def cmd_run(args) -> int:
     tail = stream.flush()
     out.write(tail + "\n")
     out.flush()
+    if res.stopped_by == "context full":
+        err.print(f"[yellow]warning: the context of {max_context} tokens is full: generation ended "
+                  f"after {len(res.tokens)} of --max-new-tokens={args.max_new_tokens} "
+                  f"(raise --max-context; the model allows {f.config.max_position})", soft_wrap=True)
     name = f"{backend.name}, {mode} decode" if mode else backend.name
-    err.print(f"[dim]{name}: prompt {res.prompt_tokens} tokens, generated {len(res.tokens)} "
-              f"({res.stopped_by}), TTFT {res.ttft_s * 1e3:.1f} ms, decode {res.decode_tok_s:.2f} tok/s")
+    err.print(f"[dim]{name}: {res.summary()}")
     return 0
 
 
@@ -257,10 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--top-k", type=int, default=0, help="0 = off")
     r.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     r.add_argument("--seed", type=int, default=0, help="seed of the sampler's Philox stream (default: 0)")
-    r.add_argument("--max-context", type=int, default=0, help="context length (default: the model's)")
+    r.add_argument("--max-context", type=int, default=0,
+                   help="context length in tokens, at most the model's max_position (default 0: all of it)")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
-    r.add_argument("--ignore-eos", action="store_true", help="do not stop at <|im_end|>/<|endoftext|>")
+    r.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the model's end-of-generation tokens (drvqwen info lists them)")
     r.add_argument("--eager", action="store_true",
                    help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)

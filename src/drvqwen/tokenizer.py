@@ -59,6 +59,22 @@ DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assi
 # 4 user-defined, 5 unused, 6 byte.
 _TOKEN_CONTROL = 3
 _TOKEN_USER_DEFINED = 4
+_TOKEN_UNUSED = 5
+
+# Tokens that end generation, by name — the rule llama.cpp applies to every vocabulary
+# (llama-vocab.cpp, `special_eog_ids`), since the metadata of a GGUF names only one
+# end-of-sequence id. Qwen2.5-Coder ends a turn with <|im_end|>, a document with
+# <|endoftext|>, and a fill-in-the-middle or repository-level completion with <|fim_pad|>,
+# <|repo_name|> or <|file_sep|>: a model that emits one of those has finished the code.
+EOG_NAMES = (
+    # fill-in-the-middle pad / repository / file separators
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+    "<|file_sep|>",
+    # end of turn / text
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -148,10 +164,10 @@ def build_tokenizer_from_gguf(path_or_reader: str | os.PathLike | GGUFReader) ->
             one it already has: parsing the 0.5B file's metadata takes ~12 s in `gguf` 0.19).
 
     Returns:
-        A `tokenizers.Tokenizer` whose vocabulary covers every GGUF row (151936 for the 0.5B,
-        including llama.cpp's `[PAD…]` filler rows, so every id the model can emit decodes),
-        with control tokens (type 3) added as special tokens and user-defined tokens (type 4,
-        `<tool_call>`) as plain added tokens, all at their GGUF ids.
+        A `tokenizers.Tokenizer` with every GGUF token at its GGUF id except llama.cpp's unused
+        filler rows (type 5, `[PAD151665]` …: ids 151665…151935 of the 0.5B, which decode to
+        nothing, as in Qwen2's tokenizer.json), control tokens (type 3) added as special
+        tokens and user-defined tokens (type 4, `<tool_call>`) as plain added tokens.
 
     Raises:
         DrvqwenError: the file is missing or not GGUF; a key is missing or mistyped;
@@ -180,6 +196,11 @@ def _assemble(tokens: list[str], types: list[int], merges: list[str],
     added_types = (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)
     vocab: dict[str, int] = {}
     for i, (tok, ty) in enumerate(zip(tokens, types)):
+        if ty == _TOKEN_UNUSED:
+            # llama.cpp's filler rows ([PAD151665] …, up to the lm_head's padded size) stand for
+            # no text: leaving them out makes them decode to nothing, as Qwen2's own
+            # tokenizer.json (151665 ids) does, instead of to the literal "[PAD151700]".
+            continue
         # BPE pieces must be spelled in the byte alphabet; llama.cpp keeps them so, but respell
         # any that are not from their UTF-8 bytes, as transformers' GGUF converter does. Added
         # tokens keep their literal text: it is what they match in the input.
@@ -221,6 +242,7 @@ def _assemble(tokens: list[str], types: list[int], merges: list[str],
                for t, ty in zip(tokens, types) if ty == _TOKEN_CONTROL]
     user = [AddedToken(t, special=False, normalized=False)
             for t, ty in zip(tokens, types) if ty == _TOKEN_USER_DEFINED]
+    # (Unused rows are neither: they were left out of the vocabulary above.)
     tk.add_special_tokens(control)
     tk.add_tokens(user)
     for t in (*control, *user):
@@ -271,8 +293,16 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Ids the tokenizer knows, added tokens included (151936 for the 0.5B GGUF)."""
+        """Tokens the tokenizer knows, added tokens included (151665 for Qwen2.5)."""
         return self._tk.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def text_vocab_size(self) -> int:
+        """1 + the largest id with a token (151665 for Qwen2.5): ids from here up to the
+        model's vocab_size (the lm_head is padded to 151936 / 152064 rows) stand for no text.
+        They decode to nothing, and the backends never choose them (their logits are −inf)."""
+        ids = self._tk.get_vocab(with_added_tokens=True).values()
+        return max(ids, default=-1) + 1
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a token string (byte-alphabet spelling for BPE pieces), or None."""
@@ -342,14 +372,28 @@ class Tokenizer:
         # int(): tokenizers refuses numpy integers, which the sampler hands out.
         return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
 
+    def eog_ids(self, extra: Iterable[int] = ()) -> frozenset[int]:
+        """The end-of-generation set: every token of EOG_NAMES the vocabulary has (llama.cpp's
+        rule, by name), plus `extra` (the end-of-sequence ids a GGUF's metadata or an HF
+        config names). For Qwen2.5-Coder: 151643, 151645, 151662, 151663, 151664.
+
+        The converter stores it in the `.nanoqwen` file (NanoqwenFile.eog_ids), which is what
+        `drvqwen run` stops on; a vocabulary with none of the names gives an empty set (the
+        run ends only at --max-new-tokens or when the context is full).
+        """
+        by_name = (self._tk.token_to_id(t) for t in EOG_NAMES)
+        return frozenset(i for i in (*by_name, *(int(e) for e in extra)) if i is not None)
+
     @cached_property
     def stop_ids(self) -> frozenset[int]:
-        """Ids that end generation: <|endoftext|> (151643) and <|im_end|> (151645).
+        """`eog_ids()`, required to contain <|endoftext|> and <|im_end|> (Qwen's own).
 
         Raises:
             DrvqwenError: the vocabulary lacks either token.
         """
-        return frozenset(self._require_id(t) for t in (ENDOFTEXT, IM_END))
+        for t in (ENDOFTEXT, IM_END):
+            self._require_id(t)
+        return self.eog_ids()
 
     def _require_id(self, token: str) -> int:
         i = self._tk.token_to_id(token)
@@ -361,10 +405,10 @@ class Tokenizer:
     def token_bytes(self) -> list[bytes]:
         """Raw bytes of every id (index = id): what `StreamDecoder` concatenates.
 
-        BPE pieces are mapped back from the byte alphabet; added tokens are their UTF-8 text.
-        Built on first use (~0.2 s for 152k ids).
+        BPE pieces are mapped back from the byte alphabet; added tokens are their UTF-8 text;
+        an id without a token (a gap) is b"". Built on first use (~0.2 s for 152k ids).
         """
-        table = [b""] * self.vocab_size
+        table = [b""] * self.text_vocab_size
         added = self._tk.get_added_tokens_decoder()
         for tok, i in self._tk.get_vocab(with_added_tokens=True).items():
             if i in added:
@@ -406,12 +450,11 @@ class StreamDecoder:
     def push(self, token_id: int) -> str:
         """Feed one id; return the text it completes (possibly "").
 
-        Raises:
-            DrvqwenError: `token_id` is outside the vocabulary.
+        An id the tokenizer has no token for (the lm_head's padded rows, 151665… for Qwen2.5)
+        is no text: it gives "" and changes nothing, as `Tokenizer.decode` and Qwen2's own
+        tokenizer do. Never raises for an id.
         """
-        if not 0 <= token_id < len(self._bytes):
-            raise DrvqwenError(f"token id {token_id} outside the vocabulary (0..{len(self._bytes) - 1})")
-        if token_id in self._skip:
+        if not 0 <= token_id < len(self._bytes) or token_id in self._skip:
             return ""
         return self._utf8.decode(self._bytes[token_id])
 

@@ -26,7 +26,7 @@ import numpy as np
 from ..config import QwenConfig
 from ..errors import DrvqwenError, FormatError
 from . import quant
-from .nanoqwen import ATTN_PROJ, MLP_PROJ, NanoqwenWriter, expected_tensors
+from .nanoqwen import ATTN_PROJ, MLP_PROJ, NanoqwenWriter, expected_tensors, vocab_facts
 
 FP16_MAX = 65504.0
 
@@ -76,6 +76,9 @@ class HFSource:
         if not tok.is_file():
             raise FormatError(f"{tok}: file not found (the HF folder needs its tokenizer.json)")
         self.tokenizer_json = tok.read_text(encoding="utf-8")
+        # End-of-sequence ids the checkpoint names itself (generation_config.json, config.json),
+        # added to the end-of-generation set found by name.
+        self.eos_ids = _hf_eos_ids(folder)
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise FormatError(f"{folder}: no *.safetensors files")
@@ -99,6 +102,22 @@ class HFSource:
         if h is None:
             raise FormatError(f"{self.folder}: tensor {name} missing from the safetensors files")
         return np.asarray(h.get_tensor(name)).astype(np.float32)
+
+
+def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
+    """eos_token_id (an int or a list) of generation_config.json and config.json, if any."""
+    import json
+
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        try:
+            v = json.loads((folder / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for x in (v if isinstance(v, list) else [v]):
+            if isinstance(x, int) and not isinstance(x, bool):
+                ids.append(x)
+    return tuple(ids)
 
 
 # GGUF tensor names for the HF ones (llama.cpp's convert_hf_to_gguf.py, Qwen2 mapping).
@@ -150,6 +169,9 @@ class GGUFSource:
             raise FormatError(f"{path}: GGUF tensor token_embd.weight missing")
         self.config = QwenConfig.from_gguf_fields(self._field, str(path), vocab_size=int(emb.shape[-1]))
         self.tokenizer_json = Tokenizer.from_gguf(self.reader).to_json()
+        # The end-of-sequence ids the metadata names (llama.cpp adds them to its EOG set too).
+        self.eos_ids = tuple(int(v) for v in (self._field(f"tokenizer.ggml.{k}_token_id")
+                                              for k in ("eos", "eot", "eom")) if v is not None)
 
     def _field(self, key: str):
         f = self.reader.fields.get(key)
@@ -211,7 +233,8 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
     report = ConvertReport(Path(out), cfg, source.kind)
     # .scales are written together with their .qweight, so they are not steps of their own.
     names = [n for n in expected_tensors(cfg) if not n.endswith(".scales")]
-    with NanoqwenWriter(out, cfg, source.tokenizer_json) as w:
+    text_vocab, eog = vocab_facts(source.tokenizer_json, cfg.vocab_size, getattr(source, "eos_ids", ()))
+    with NanoqwenWriter(out, cfg, source.tokenizer_json, eog_ids=eog, text_vocab=text_vocab) as w:
         for n_done, name in enumerate(names, 1):
             if name.endswith(".qweight"):
                 prefix = name[: -len(".qweight")]

@@ -65,7 +65,9 @@ def write_synthetic(path: str | Path, cfg: QwenConfig, seed: int, tokenizer_json
     """Write a synthetic `.nanoqwen` for `cfg` from `seed` (deterministic). Returns the path."""
     rng = np.random.default_rng(seed)
     names = expected_tensors(cfg)
-    with NanoqwenWriter(path, cfg, tokenizer_json) as w:
+    # Every row may be chosen (text_vocab = vocab_size): speed does not depend on the text, and
+    # a synthetic model's choice should range over the whole lm_head as a real one's does.
+    with NanoqwenWriter(path, cfg, tokenizer_json, text_vocab=cfg.vocab_size) as w:
         for i, (name, (dt, shape)) in enumerate(names.items(), 1):
             w.add(name, synthetic_tensor(name, dt, shape, rng))
             if progress:
