@@ -95,7 +95,7 @@ class QwenConfig:
                               f"num_kv_heads={self.num_kv_heads} (GQA)")
         if self.head_dim % 2:
             raise ConfigError(f"config field head_dim={self.head_dim}: RoPE needs an even head_dim")
-        if not (self.rope_theta > 0):
+        if not (0 < self.rope_theta < float("inf")):
             raise ConfigError(f"config field rope_theta={self.rope_theta!r}: must be positive")
         if not (0 < self.rms_norm_eps < 1):
             raise ConfigError(f"config field rms_norm_eps={self.rms_norm_eps!r}: must be in (0, 1)")
@@ -108,12 +108,16 @@ class QwenConfig:
         Raises:
             ConfigError: the architecture is not Qwen2, a field is missing or out of range.
         """
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: not a JSON object")
         arch = d.get("model_type")
         if arch != "qwen2":
             raise ConfigError(f"{source}: model_type={arch!r}, drvqwen runs only 'qwen2' models")
         try:
             n_heads = int(d["num_attention_heads"])
             hidden = int(d["hidden_size"])
+            if n_heads <= 0:
+                raise ConfigError(f"{source}: num_attention_heads={n_heads}: must be a positive integer")
             return cls(
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
@@ -129,7 +133,7 @@ class QwenConfig:
             )
         except KeyError as e:
             raise ConfigError(f"{source}: missing field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError, AttributeError) as e:
             raise ConfigError(f"{source}: bad value ({e})") from None
 
     @classmethod
@@ -145,38 +149,50 @@ class QwenConfig:
         return cls.from_hf_dict(d, source=str(path))
 
     @classmethod
-    def from_gguf_fields(cls, get, source: str, vocab_size: int) -> "QwenConfig":
+    def from_gguf_fields(cls, get, source: str, vocab_size: int, tied: bool = False) -> "QwenConfig":
         """Build from GGUF metadata.
 
         Args:
             get: callable(key) -> value or None, reading a GGUF metadata key.
             source: file name for error messages.
             vocab_size: rows of the token embedding tensor (GGUF has no vocab_size key).
+            tied: the file has no `output.weight` (the embedding is the lm_head).
         """
         arch = get("general.architecture")
         if arch != "qwen2":
             raise ConfigError(f"{source}: general.architecture={arch!r}, drvqwen runs only 'qwen2' models")
 
-        def need(key: str):
+        def num(key: str, kind=int, default=None):
             v = get(key)
             if v is None:
-                raise ConfigError(f"{source}: GGUF metadata key {key!r} missing")
-            return v
+                if default is None:
+                    raise ConfigError(f"{source}: GGUF metadata key {key!r} missing")
+                return default
+            try:
+                if isinstance(v, (list, tuple, str, bytes)):
+                    raise TypeError
+                return kind(v)
+            except (TypeError, ValueError, OverflowError):
+                raise ConfigError(f"{source}: GGUF metadata key {key!r}={str(v)[:40]!r}: not a "
+                                  f"single {kind.__name__}") from None
 
-        n_heads = int(need("qwen2.attention.head_count"))
-        hidden = int(need("qwen2.embedding_length"))
+        n_heads = num("qwen2.attention.head_count")
+        hidden = num("qwen2.embedding_length")
+        if n_heads <= 0:
+            raise ConfigError(f"{source}: GGUF metadata key 'qwen2.attention.head_count'={n_heads}: "
+                              f"must be a positive integer")
         return cls(
             vocab_size=int(vocab_size),
             hidden_size=hidden,
-            intermediate_size=int(need("qwen2.feed_forward_length")),
-            num_layers=int(need("qwen2.block_count")),
+            intermediate_size=num("qwen2.feed_forward_length"),
+            num_layers=num("qwen2.block_count"),
             num_heads=n_heads,
-            num_kv_heads=int(get("qwen2.attention.head_count_kv") or n_heads),
+            num_kv_heads=num("qwen2.attention.head_count_kv", default=n_heads),
             head_dim=hidden // n_heads,
-            max_position=int(get("qwen2.context_length") or 32768),
-            rope_theta=float(get("qwen2.rope.freq_base") or 1e6),
-            rms_norm_eps=float(get("qwen2.attention.layer_norm_rms_epsilon") or 1e-6),
-            tie_word_embeddings=False,
+            max_position=num("qwen2.context_length", default=32768),
+            rope_theta=num("qwen2.rope.freq_base", float, default=1e6),
+            rms_norm_eps=num("qwen2.attention.layer_norm_rms_epsilon", float, default=1e-6),
+            tie_word_embeddings=tied,
         )
 
     def with_layers(self, num_layers: int) -> "QwenConfig":

@@ -10,8 +10,9 @@ Sources:
   A tied checkpoint (`tie_word_embeddings`, 0.5B–3B) uses the embedding as lm_head.
 - GGUF (any tensor type the `gguf` package dequantizes): metadata `qwen2.*`, tensors
   `token_embd`, `blk.N.attn_q` …, and its own `output.weight` (the official 0.5B GGUF stores it
-  separately, as Q8_0), which becomes an untied FP16 lm_head. The tokenizer is rebuilt from
-  the GGUF's tokens and merges (tokenizer.py).
+  separately, as Q8_0), which becomes an untied FP16 lm_head; without one the model is tied
+  (as llama.cpp reads it). Big-endian files are read when their weights are F32/F16. The
+  tokenizer is rebuilt from the GGUF's tokens and merges (tokenizer.py).
 """
 
 from __future__ import annotations
@@ -148,8 +149,36 @@ def gguf_name(hf_name: str) -> str:
     raise KeyError(hf_name)
 
 
+# GGML types whose data gguf-py hands over as plain numpy arrays of the file's byte order
+# (dtype '>f4' in a big-endian file), so reading them with their dtype is right either way.
+_PLAIN_FLOAT_TYPES = ("F32", "F16", "F64")
+
+
+def _dense_shapes(cfg: QwenConfig) -> dict[str, tuple[int, ...]]:
+    """HF name → shape of every dense tensor a source must provide for `cfg` (the INT4
+    projections as their [N, K] weights)."""
+    out = {}
+    for name, (_, shape) in expected_tensors(cfg).items():
+        if name.endswith(".scales"):
+            continue
+        if name.endswith(".qweight"):
+            out[name[: -len(".qweight")] + ".weight"] = (shape[0], shape[1] * 8)
+        else:
+            out[name] = shape
+    return out
+
+
 class GGUFSource:
-    """A GGUF file of a qwen2 model; tensors dequantized to float32 by the `gguf` package."""
+    """A GGUF file of a qwen2 model; tensors dequantized to float32 by the `gguf` package.
+
+    Checked when opened, before any tensor is read: every tensor the model needs is there
+    with the shape the config implies; a GGUF without `output.weight` is tied (llama.cpp uses
+    `token_embd` as the output then), and the header says so. Big-endian GGUFs (gguf-py writes
+    them) are read when their weights are F32/F16: those arrive as numpy arrays of the file's
+    byte order. Quantized blocks carry no byte-order mark — gguf-py stores them unswapped,
+    llama.cpp's endian converter swaps their scales — so a big-endian file with a quantized
+    tensor is refused, naming the tensor, rather than guessed at.
+    """
 
     kind = "gguf"
 
@@ -167,11 +196,40 @@ class GGUFSource:
         emb = self._tensors.get("token_embd.weight")
         if emb is None:
             raise FormatError(f"{path}: GGUF tensor token_embd.weight missing")
-        self.config = QwenConfig.from_gguf_fields(self._field, str(path), vocab_size=int(emb.shape[-1]))
+        # No output.weight: llama.cpp ties the output to token_embd, and so does get().
+        self.tied = "output.weight" not in self._tensors
+        self.config = QwenConfig.from_gguf_fields(self._field, str(path), vocab_size=int(emb.shape[-1]),
+                                                  tied=self.tied)
+        self._check_tensors()
         self.tokenizer_json = Tokenizer.from_gguf(self.reader).to_json()
         # The end-of-sequence ids the metadata names (llama.cpp adds them to its EOG set too).
         self.eos_ids = tuple(int(v) for v in (self._field(f"tokenizer.ggml.{k}_token_id")
                                               for k in ("eos", "eot", "eom")) if v is not None)
+
+    def _gguf_tensor_name(self, hf_name: str) -> str:
+        g = gguf_name(hf_name)
+        return "token_embd.weight" if g == "output.weight" and self.tied else g
+
+    def _check_tensors(self) -> None:
+        from gguf import GGML_QUANT_SIZES
+
+        big_endian = self.reader.byte_order == "S"
+        for hf_name, shape in _dense_shapes(self.config).items():
+            g = self._gguf_tensor_name(hf_name)
+            t = self._tensors.get(g)
+            if t is None:
+                raise FormatError(f"{self.path}: GGUF tensor {g} missing")
+            got = tuple(int(d) for d in reversed(t.shape))
+            if got != shape:
+                raise FormatError(f"{self.path}: GGUF tensor {g}: shape {list(got)}, the config "
+                                  f"implies {list(shape)}")
+            ty = t.tensor_type.name
+            if t.tensor_type not in GGML_QUANT_SIZES:
+                raise FormatError(f"{self.path}: GGUF tensor {g}: type {ty} is not a weight type")
+            if big_endian and ty not in _PLAIN_FLOAT_TYPES:
+                raise FormatError(f"{self.path}: big-endian GGUF with tensor {g} of type {ty}: only "
+                                  f"F32/F16 tensors can be read from a big-endian file (convert it "
+                                  f"to little-endian with gguf-py's gguf_convert_endian.py)")
 
     def _field(self, key: str):
         f = self.reader.fields.get(key)
@@ -180,15 +238,27 @@ class GGUFSource:
         return f.contents()
 
     def get(self, name: str) -> np.ndarray:
+        """The tensor `name` (HF name) as float32 [out, in] (or [n] for vectors).
+
+        Raises:
+            FormatError: the tensor is missing, or its type cannot be dequantized.
+        """
         from gguf import quants
 
-        gname = gguf_name(name)
-        if gname == "output.weight" and gname not in self._tensors:
-            gname = "token_embd.weight"          # a tied GGUF stores no output.weight
+        gname = self._gguf_tensor_name(name)
         t = self._tensors.get(gname)
         if t is None:
             raise FormatError(f"{self.path}: GGUF tensor {gname} missing")
-        a = quants.dequantize(t.data, t.tensor_type)
+        if t.tensor_type.name in _PLAIN_FLOAT_TYPES:
+            # astype honours the array's byte order; quants.dequantize would reinterpret the
+            # bytes as little-endian and turn a big-endian file into garbage.
+            a = np.asarray(t.data).astype(np.float32)
+        else:
+            try:
+                a = quants.dequantize(t.data, t.tensor_type)
+            except NotImplementedError:
+                raise FormatError(f"{self.path}: GGUF tensor {gname}: type {t.tensor_type.name} "
+                                  f"cannot be dequantized by this gguf package") from None
         # ggml stores shape innermost-first; numpy's row-major view is the HF [out, in] order.
         return np.asarray(a, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
 
