@@ -63,8 +63,22 @@ class ConvertReport:
 # ---------------------------------------------------------------------------------------------
 # Sources: each gives the config, the tokenizer.json text, and tensors by HF name (float32).
 # ---------------------------------------------------------------------------------------------
+INDEX_NAME = "model.safetensors.index.json"
+
+
 class HFSource:
-    """A Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."""
+    """A Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json).
+
+    With a `model.safetensors.index.json`, exactly the shards its `weight_map` names are read
+    and each tensor is taken from the shard the index names for it; other `*.safetensors` in
+    the folder (a stale shard of an older download) are ignored. Without an index, every
+    `*.safetensors` is read. Either way a tensor stored in two files is refused: which copy is
+    the model cannot be known.
+
+    Attributes:
+        files: the files the conversion reads (config, tokenizer, index, shards), which is
+            what the conversion cache hashes.
+    """
 
     kind = "hf"
 
@@ -76,15 +90,28 @@ class HFSource:
         tok = folder / "tokenizer.json"
         if not tok.is_file():
             raise FormatError(f"{tok}: file not found (the HF folder needs its tokenizer.json)")
-        self.tokenizer_json = tok.read_text(encoding="utf-8")
+        try:
+            self.tokenizer_json = tok.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise FormatError(f"{tok}: not UTF-8 ({e.reason} at byte {e.start})") from None
         # End-of-sequence ids the checkpoint names itself (generation_config.json, config.json),
         # added to the end-of-generation set found by name.
         self.eos_ids = _hf_eos_ids(folder)
-        files = sorted(folder.glob("*.safetensors"))
+        index = folder / INDEX_NAME
+        weight_map = _read_index(index) if index.exists() else None
+        if weight_map is not None:
+            files = [folder / n for n in sorted(set(weight_map.values()))]
+            for fpath in files:
+                if not fpath.is_file():
+                    raise FormatError(f"{index}: shard {fpath.name} named in weight_map is missing")
+        else:
+            files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise FormatError(f"{folder}: no *.safetensors files")
+        self.files = [folder / "config.json", tok] + ([index] if weight_map is not None else []) + files
         self._where: dict[str, object] = {}
         self._handles = []
+        found_in: dict[str, Path] = {}
         for fpath in files:
             try:
                 h = safe_open(str(fpath), framework="numpy")
@@ -92,7 +119,20 @@ class HFSource:
                 raise FormatError(f"{fpath}: not a readable safetensors file ({e})") from None
             self._handles.append(h)
             for k in h.keys():
+                if k in found_in:
+                    raise FormatError(f"{folder}: tensor {k} is stored twice, in {found_in[k].name} "
+                                      f"and {fpath.name}")
+                found_in[k] = fpath
+                if weight_map is not None and weight_map.get(k) != fpath.name:
+                    if k in weight_map:
+                        raise FormatError(f"{index}: tensor {k} is mapped to {weight_map[k]} but "
+                                          f"stored in {fpath.name}")
+                    continue      # not part of the model the index describes
                 self._where[k] = h
+        if weight_map is not None:
+            absent = sorted(set(weight_map) - set(found_in))
+            if absent:
+                raise FormatError(f"{index}: tensor {absent[0]} is not in its shard {weight_map[absent[0]]}")
 
     def get(self, name: str) -> np.ndarray:
         if name == "lm_head.weight" and name not in self._where:
@@ -103,6 +143,28 @@ class HFSource:
         if h is None:
             raise FormatError(f"{self.folder}: tensor {name} missing from the safetensors files")
         return np.asarray(h.get_tensor(name)).astype(np.float32)
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The weight_map of a model.safetensors.index.json: tensor name → shard file name.
+
+    Raises:
+        FormatError: unreadable JSON, no weight_map object, or a shard name that is not a plain
+            file name of the folder (no paths: the index cannot point outside the checkpoint).
+    """
+    import json
+
+    try:
+        d = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FormatError(f"{index}: not a readable JSON index ({e})") from None
+    wm = d.get("weight_map") if isinstance(d, dict) else None
+    if not isinstance(wm, dict) or not wm:
+        raise FormatError(f"{index}: no weight_map object")
+    for k, v in wm.items():
+        if not isinstance(v, str) or not v.endswith(".safetensors") or Path(v).name != v or v.startswith("."):
+            raise FormatError(f"{index}: weight_map[{k!r}]={v!r} is not a shard file name of the folder")
+    return wm
 
 
 def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
