@@ -1,26 +1,41 @@
 """The `drvqwen` command line: run, pull, convert, info.
 
-User errors (DrvqwenError) print one line in red and exit with status 2 — no traceback.
-Long work (download, conversion, weight loading) shows `rich` progress bars on stderr, so
-stdout carries only the generated text.
+User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
+traceback. Ctrl-C at any moment prints one line and exits 130 (`_entry.py` covers the imports);
+a closed stdout (`drvqwen run … | head -c 5`) ends the run quietly with status 141, as a
+process killed by SIGPIPE would, after the backend is closed like on Ctrl-C. Long work
+(download, conversion, weight loading) shows `rich` progress bars on stderr, so stdout carries
+only the generated text; output that is not a terminal is never wrapped (console.py).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m drvqwen.cli`: Ctrl-C during the imports, as _entry.py does
+    import signal as _signal
+
+    from drvqwen._entry import interrupted_while_starting as _on_sigint
+
+    _signal.signal(_signal.SIGINT, _on_sigint)
+
 import argparse
+import os
+import signal
 import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TransferSpeedColumn)
 from rich.table import Table
 
 from . import __version__
+from .console import make_console
 from .errors import DrvqwenError
 
-err = Console(stderr=True, highlight=False)
+# stderr: messages and progress bars; made again by main() for the streams of that call.
+err = make_console(stderr=True)
+# 128 + SIGPIPE: how a shell reports a writer whose reader went away.
+BROKEN_PIPE_STATUS = 141
 
 
 def _progress() -> Progress:
@@ -106,7 +121,8 @@ def cmd_info(args) -> int:
     rows += [(k, v) for k, v in c.to_dict().items()]
     for k, v in rows:
         t.add_row(str(k), str(v))
-    Console().print(t)
+    out = make_console()
+    out.print(t)
     by_dtype: dict[str, list[int]] = {}
     for info in f:
         d = by_dtype.setdefault(str(info.dtype), [0, 0])
@@ -117,7 +133,7 @@ def cmd_info(args) -> int:
         s.add_column(col)
     for k, (n, b) in by_dtype.items():
         s.add_row(k, str(n), f"{b:,}")
-    Console().print(s)
+    out.print(s)
     if args.tensors:
         tt = Table(title="tensor table")
         tt.add_column("name", overflow="fold")
@@ -125,7 +141,7 @@ def cmd_info(args) -> int:
             tt.add_column(col, no_wrap=True)
         for info in f:
             tt.add_row(info.name, str(info.dtype), "×".join(map(str, info.shape)), str(info.offset), f"{info.nbytes:,}")
-        Console().print(tt)
+        out.print(tt)
     if args.verify:
         with _progress() as p:
             task = p.add_task("verifying CRC32", total=h.n_tensors)
@@ -300,20 +316,66 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cmd is None:
-        parser.print_help()
-        return 2
+def _say(message: str) -> None:
+    """Print one line on stderr; stay silent if stderr itself is gone."""
     try:
+        err.print(message, soft_wrap=True)
+    except OSError:
+        pass
+
+
+def _os_error_line(e: OSError) -> str:
+    """An OSError as one line naming the path and what is needed."""
+    import errno
+
+    what = e.strerror or str(e)
+    hint = {errno.ENOSPC: " (free some space, or set DRVQWEN_CACHE to a disk with room)",
+            errno.EROFS: " (read-only: set DRVQWEN_CACHE to a writable directory)",
+            errno.EACCES: " (permission denied: set DRVQWEN_CACHE to a directory you can write)",
+            errno.EDQUOT: " (disk quota exceeded)"}.get(e.errno, "")
+    return f"{e.filename}: {what}{hint}" if e.filename else f"{what}{hint}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one `drvqwen` command; returns the exit status (0 ok, 2 user or I/O error,
+    130 interrupted, 141 stdout closed)."""
+    global err
+    prev_sigint = signal.getsignal(signal.SIGINT)
+    try:
+        # From here on Ctrl-C raises KeyboardInterrupt, so that every `finally` (closing the
+        # GPU backend, removing a half-written file) runs before the one line below.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        err = make_console(stderr=True)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.cmd is None:
+            parser.print_help()
+            return 2
         return args.fn(args)
     except DrvqwenError as e:
-        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        _say(f"[bold red]error:[/] {e}")
+        return 2
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head`): nothing more can be shown, and Python's
+        # final flush of stdout would fail again, so point stdout at /dev/null.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except Exception:  # best effort: stdout may be no file at all (an in-process caller's)
+            pass
+        return BROKEN_PIPE_STATUS
+    except OSError as e:
+        _say(f"[bold red]error:[/] {_os_error_line(e)}")
         return 2
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C cannot cut the line
+        _say("[yellow]interrupted")
         return 130
+    finally:
+        try:
+            signal.signal(signal.SIGINT, prev_sigint if prev_sigint is not None else signal.default_int_handler)
+        except (ValueError, TypeError):
+            pass
 
 
 if __name__ == "__main__":

@@ -108,6 +108,10 @@ class CPUBackend:
     def reset(self) -> None:
         self.model.reset()
 
+    def close(self) -> None:
+        """Drop the dequantized weights and the KV cache (the memory goes back at once)."""
+        self.weights = self.model = None
+
 
 @dataclass
 class GenerationResult:

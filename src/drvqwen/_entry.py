@@ -1,0 +1,38 @@
+"""The `drvqwen` command's entry point (and `python -m drvqwen`).
+
+Nothing is imported here but `os`, `signal` and `sys`, so that the SIGINT handler below is in
+place before the heavy modules (rich, numpy, tokenizers) start importing: Ctrl-C at any moment
+ends the process with one line and status 130 — during the imports through this handler,
+afterwards through `cli.main`, which turns KeyboardInterrupt into the same line after the
+backend has been closed.
+"""
+
+import os
+import signal
+import sys
+
+INTERRUPTED_STATUS = 130          # 128 + SIGINT, what a shell reports for Ctrl-C
+
+
+def interrupted_while_starting(signum, frame) -> None:
+    """SIGINT before `cli.main` has taken over: nothing is open yet, so leave at once.
+
+    os._exit, not an exception: a KeyboardInterrupt raised inside an import statement would
+    print a traceback from wherever the import happened to be.
+    """
+    try:
+        os.write(2, b"interrupted\n")
+    finally:
+        os._exit(INTERRUPTED_STATUS)
+
+
+def main() -> int:
+    """Run the command line (`cli.main`) with Ctrl-C handled from the first instruction."""
+    signal.signal(signal.SIGINT, interrupted_while_starting)
+    from .cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
