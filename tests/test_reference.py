@@ -105,3 +105,94 @@ def test_rope_matches_transformers(rng):
         worst = np.unravel_index(np.argmax(excess), excess.shape)
         assert excess.max() <= 0, (f"{name} table at position {pos[worst[0]]}, entry {worst[1]}: "
                                    f"{ours[worst]!r} vs transformers' {theirs[worst]!r}, tolerance {tol[worst]:.3g}")
+
+
+# ---- long prompts on the CPU: attention in blocks, the forward pass in chunks --------------------
+
+def _dense_attention(q, k, v, q_pos):
+    """Attention the direct way (all Hq × T × S scores at once, K/V repeated per head)."""
+    T, Hq, Dh = q.shape
+    S, Hkv, _ = k.shape
+    g = Hq // Hkv
+    kx = np.repeat(k, g, axis=1).transpose(1, 0, 2)
+    vx = np.repeat(v, g, axis=1).transpose(1, 0, 2)
+    scores = q.transpose(1, 0, 2) @ kx.transpose(0, 2, 1) / np.sqrt(Dh)
+    scores = np.where((np.arange(S)[None, :] > np.asarray(q_pos)[:, None])[None], -np.inf, scores)
+    return (ref.softmax(scores) @ vx).transpose(1, 0, 2)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 4096, 1 << 20, 1 << 40])
+def test_blocked_attention_equals_dense(rng, block_bytes):
+    for T, S, Hq, Hkv in ((37, 37, 6, 2), (5, 80, 4, 4), (1, 23, 7, 1)):
+        q = rng.standard_normal((T, Hq, 16))
+        k, v = rng.standard_normal((S, Hkv, 16)), rng.standard_normal((S, Hkv, 16))
+        q_pos = np.arange(S - T, S)
+        got = ref.attention(q, k, v, q_pos, block_bytes=block_bytes)
+        np.testing.assert_allclose(got, _dense_attention(q, k, v, q_pos), rtol=1e-12, atol=1e-12)
+
+
+def test_chunked_forward_equals_one_pass(rng):
+    from helpers import random_dense
+
+    cfg = TINY.with_layers(2)
+    w = ref.Weights.from_dense(cfg, random_dense(cfg, rng).__getitem__, np.float64)
+    ids = rng.integers(0, cfg.vocab_size, 300)
+    one = ref.Model(w, max_tokens=400, chunk=1000).forward(ids)
+    for chunk in (1, 7, 64):
+        m = ref.Model(w, max_tokens=400, chunk=chunk)
+        np.testing.assert_allclose(m.forward(ids), one, rtol=1e-10, atol=1e-10)
+        m.reset()
+        np.testing.assert_allclose(m.forward(ids, last_only=True), one[-1:], rtol=1e-10, atol=1e-10)
+
+
+def test_long_prompt_memory_is_linear(rng, monkeypatch):
+    """A 4096-token prompt through one layer: peak memory far below the T × T scores a direct
+    attention holds (4 heads × 4096² × 4 B = 256 MiB); 4 MiB score blocks here."""
+    import dataclasses
+    import tracemalloc
+
+    from helpers import random_dense
+
+    cfg = dataclasses.replace(TINY, num_layers=1, hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32,
+                              max_position=8192)
+    w = ref.Weights.from_dense(cfg, random_dense(cfg, rng).__getitem__, np.float32)
+    T = 4096
+    monkeypatch.setattr(ref, "ATTENTION_BLOCK_BYTES", 4 << 20)
+    m = ref.Model(w, max_tokens=T)
+    ids = rng.integers(0, cfg.vocab_size, T)
+    tracemalloc.start()
+    logits = m.forward(ids, last_only=True)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    dense_scores = cfg.num_heads * T * T * 4
+    print(f"peak {peak / 2**20:.1f} MiB, dense scores {dense_scores / 2**20:.0f} MiB")
+    assert np.isfinite(logits).all()
+    assert peak < dense_scores / 8
+
+
+def test_cpu_run_that_cannot_fit_is_refused_up_front(tmp_path, rng):
+    from helpers import random_dense, write_model
+
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.generate import CPUBackend, check_cpu_memory, cpu_memory_needed
+
+    path = tmp_path / "m.nanoqwen"
+    write_model(path, TINY, random_dense(TINY, rng))
+    with NanoqwenFile(path) as f:
+        need = cpu_memory_needed(TINY, 1000)
+        assert need["kv_cache"] == 2 * TINY.num_layers * 1008 * TINY.num_kv_heads * TINY.head_dim * 4
+        check_cpu_memory(f, 1000, available=need["total"])       # exactly enough: accepted
+        with pytest.raises(DrvqwenError) as ei:
+            check_cpu_memory(f, 1000, available=need["total"] - 1)
+        msg = str(ei.value)
+        assert str(path) in msg and "the CPU backend needs" in msg and "available" in msg and "\n" not in msg
+        import drvqwen.generate as g
+
+        old = g.available_memory
+        g.available_memory = lambda: 1 << 20
+        try:
+            with pytest.raises(DrvqwenError, match="the CPU backend needs"):
+                CPUBackend(f, 1000)
+        finally:
+            g.available_memory = old

@@ -65,6 +65,64 @@ def resolve_max_context(requested: int | None, max_position: int) -> int:
     return n
 
 
+def cpu_memory_needed(cfg, cache_tokens: int) -> dict[str, int]:
+    """Bytes the CPU backend needs for `cfg` and a KV cache of `cache_tokens` positions.
+
+    Returns {"weights", "kv_cache", "activations", "total"}: the weights dequantized to
+    float32, K and V in float32 pages, and the working set of one prefill chunk (activations of
+    PREFILL_CHUNK rows, one block of attention scores a few times over, the logits).
+    """
+    from .config import PAGE_SIZE
+    from .format.nanoqwen import expected_tensors
+    from .reference import ATTENTION_BLOCK_BYTES, PREFILL_CHUNK
+
+    elems = 0
+    for name, (_, shape) in expected_tensors(cfg).items():
+        if name.endswith(".scales"):
+            continue
+        n = int(np.prod(shape, dtype=np.int64))
+        elems += n * 8 if name.endswith(".qweight") else n      # 8 weights per packed word
+    weights = 4 * elems
+    positions = -(-cache_tokens // PAGE_SIZE) * PAGE_SIZE
+    kv = 2 * cfg.num_layers * positions * cfg.num_kv_heads * cfg.head_dim * 4
+    rows = min(PREFILL_CHUNK, max(cache_tokens, 1))
+    per_row = 4 * (4 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + 3 * cfg.intermediate_size)
+    acts = 2 * rows * per_row + 4 * ATTENTION_BLOCK_BYTES + 8 * cfg.vocab_size
+    return {"weights": weights, "kv_cache": kv, "activations": acts, "total": weights + kv + acts}
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_cpu_memory(f: NanoqwenFile, cache_tokens: int, available: int | None = None) -> None:
+    """Refuse, before anything is allocated, a CPU run that cannot fit in memory.
+
+    Raises:
+        DrvqwenError: the estimate of `cpu_memory_needed` exceeds the available memory; the
+            message gives both and what takes the memory.
+    """
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    need = cpu_memory_needed(f.config, cache_tokens)
+    if need["total"] > available:
+        gib = 2.0**30
+        raise DrvqwenError(
+            f"{f.path}: the CPU backend needs ~{need['total'] / gib:.1f} GiB for a context of "
+            f"{cache_tokens} tokens (weights {need['weights'] / gib:.1f} GiB as float32, KV cache "
+            f"{need['kv_cache'] / gib:.2f} GiB, working set {need['activations'] / gib:.2f} GiB), "
+            f"{available / gib:.1f} GiB available: use a GPU, a smaller model or a shorter prompt")
+
+
 class CPUBackend:
     """The numpy reference as a backend: weights dequantized once to float32 and kept in memory
     (~4 bytes/parameter: 2 GB for the 0.5B), decode is one reference forward of one token.
@@ -78,7 +136,9 @@ class CPUBackend:
             needs fewer (prompt + max_new_tokens) allocates only those; `max_context` still
             says where the context ends.
     Raises:
-        DrvqwenError: max_context outside [1, max_position].
+        DrvqwenError: max_context outside [1, max_position]; or the weights, the cache and
+            the working set would not fit in the available memory (`check_cpu_memory`,
+            checked before anything is allocated).
     """
 
     def __init__(self, f: NanoqwenFile, max_context: int, progress: Callable[[int, int], None] | None = None,
@@ -86,9 +146,11 @@ class CPUBackend:
         self.name = "cpu (numpy reference)"
         self.config = f.config
         self.max_context = resolve_max_context(max_context, f.config.max_position)
+        cache = min(cache_tokens or self.max_context, self.max_context)
+        check_cpu_memory(f, cache)
         self.text_vocab = f.text_vocab
         self.weights = Weights.from_nanoqwen(f, np.float32, progress=progress)
-        self.model = Model(self.weights, max_tokens=min(cache_tokens or self.max_context, self.max_context))
+        self.model = Model(self.weights, max_tokens=cache)
 
     def _mask(self, logits: np.ndarray) -> np.ndarray:
         # The lm_head's padded rows (ids >= text_vocab) stand for no text: -inf takes them out
