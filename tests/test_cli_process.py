@@ -16,7 +16,12 @@ import pytest
 from helpers import TINY, byte_tokenizer_json, random_dense, write_model
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-ENV = dict(os.environ, PYTHONPATH=SRC, PYTHONUNBUFFERED="1")
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+def _env() -> dict[str, str]:
+    # Read at call time: private_cache has set DRVQWEN_CACHE for this test.
+    return dict(os.environ, PYTHONPATH=SRC, PYTHONUNBUFFERED="1")
 
 
 @pytest.fixture
@@ -40,7 +45,7 @@ def _long_run(tiny, entry: str) -> list[str]:
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
     for delay in delays:
         p = subprocess.Popen(_long_run(tiny, entry), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env=ENV)
+                             env=_env())
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
@@ -57,7 +62,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
 # ---- a closed stdout --------------------------------------------------------------------------
 
 def test_closed_stdout_ends_quietly(tiny):
-    p = subprocess.Popen(_long_run(tiny, "drvqwen"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+    p = subprocess.Popen(_long_run(tiny, "drvqwen"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     first = p.stdout.read(5)             # `| head -c 5`
     p.stdout.close()
     _, err = p.communicate(timeout=120)
@@ -99,7 +104,7 @@ def test_piped_output_is_never_wrapped(tiny, tmp_path):
     from drvqwen.format.nanoqwen import NanoqwenFile
 
     r = subprocess.run([sys.executable, "-m", "drvqwen", "info", str(tiny), "--tensors"],
-                       capture_output=True, text=True, env=ENV, timeout=120)
+                       capture_output=True, text=True, env=_env(), timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     with NanoqwenFile(tiny) as f:
@@ -110,5 +115,5 @@ def test_piped_output_is_never_wrapped(tiny, tmp_path):
     # A long path in an error message stays one piece.
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "absent.nanoqwen"
     r = subprocess.run([sys.executable, "-m", "drvqwen", "info", str(deep)], capture_output=True,
-                       text=True, env=ENV, timeout=120)
+                       text=True, env=_env(), timeout=120)
     assert r.returncode == 2 and str(deep) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

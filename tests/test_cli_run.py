@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 from helpers import TINY, byte_tokenizer_json, random_dense, write_model
 
 SMALL_CTX = dataclasses.replace(TINY, max_position=64)

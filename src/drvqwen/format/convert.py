@@ -17,17 +17,18 @@ Sources:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
 from ..config import QwenConfig
 from ..errors import DrvqwenError, FormatError
+from ..paths import ensure_free_space, ensure_writable
 from . import quant
-from .nanoqwen import ATTN_PROJ, MLP_PROJ, NanoqwenWriter, expected_tensors, vocab_facts
+from .nanoqwen import (ATTN_PROJ, MLP_PROJ, NanoqwenWriter, estimated_file_size, expected_tensors,
+                       vocab_facts)
 
 FP16_MAX = 65504.0
 
@@ -66,6 +67,26 @@ class ConvertReport:
 INDEX_NAME = "model.safetensors.index.json"
 
 
+def hf_source_files(folder: Path) -> list[Path]:
+    """The files a conversion of HF `folder` reads, in a fixed order: config.json,
+    generation_config.json (if present), tokenizer.json, then the index and exactly the
+    shards it names, or every *.safetensors without an index (HFSource's rule).
+
+    Raises:
+        FormatError: the index is malformed (see _read_index).
+    """
+    files = [folder / "config.json"]
+    if (folder / "generation_config.json").is_file():
+        files.append(folder / "generation_config.json")
+    files.append(folder / "tokenizer.json")
+    index = folder / INDEX_NAME
+    if index.exists():
+        files += [index] + [folder / n for n in sorted(set(_read_index(index).values()))]
+    else:
+        files += sorted(folder.glob("*.safetensors"))
+    return files
+
+
 class HFSource:
     """A Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json).
 
@@ -75,9 +96,7 @@ class HFSource:
     `*.safetensors` is read. Either way a tensor stored in two files is refused: which copy is
     the model cannot be known.
 
-    Attributes:
-        files: the files the conversion reads (config, tokenizer, index, shards), which is
-            what the conversion cache hashes.
+    `hf_source_files` lists the files this reads (what the conversion cache hashes).
     """
 
     kind = "hf"
@@ -108,7 +127,6 @@ class HFSource:
             files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise FormatError(f"{folder}: no *.safetensors files")
-        self.files = [folder / "config.json", tok] + ([index] if weight_map is not None else []) + files
         self._where: dict[str, object] = {}
         self._handles = []
         found_in: dict[str, Path] = {}
@@ -350,6 +368,20 @@ def _fp16(name: str, a: np.ndarray, src) -> np.ndarray:
     return a.astype(np.float16)
 
 
+def check_destination(source, out: Path, cfg: QwenConfig | None = None) -> None:
+    """What can be known before the first tensor is quantized: `out`'s folder takes files and
+    has room for the converted model (format.nanoqwen.estimated_file_size).
+
+    Raises:
+        DrvqwenError: it does not (names the folder and what is needed).
+    """
+    cfg = source.config if cfg is None else cfg
+    folder = out.parent if str(out.parent) else Path(".")
+    ensure_writable(folder, "the converted model")
+    ensure_free_space(folder, estimated_file_size(cfg, len(source.tokenizer_json.encode("utf-8"))),
+                      f"converting to {out.name}")
+
+
 def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int], None] | None = None,
             num_layers: int | None = None) -> ConvertReport:
     """Convert `src` (HF folder or GGUF file, or a source from `open_source`) into the
@@ -362,7 +394,9 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
     """
     source = open_source(src) if isinstance(src, (str, Path)) else src
     cfg = source.config if num_layers is None else source.config.with_layers(num_layers)
-    report = ConvertReport(Path(out), cfg, source.kind)
+    out = Path(out)
+    check_destination(source, out, cfg)
+    report = ConvertReport(out, cfg, source.kind)
     # .scales are written together with their .qweight, so they are not steps of their own.
     names = [n for n in expected_tensors(cfg) if not n.endswith(".scales")]
     text_vocab, eog = vocab_facts(source.tokenizer_json, cfg.vocab_size, getattr(source, "eos_ids", ()))
@@ -383,18 +417,3 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
             if progress:
                 progress(name, n_done, len(names))
     return report
-
-
-def cached_path_for(src: str | Path, models_dir: Path) -> Path:
-    """Where the converted copy of `src` lives in the cache: keyed by the source's resolved
-    path, size and modification time (re-converted when the source changes)."""
-    p = Path(src).resolve()
-    st = p.stat()
-    files: Iterable[Path] = sorted(p.glob("*")) if p.is_dir() else [p]
-    ident = hashlib.sha256()
-    for fpath in files:
-        s = fpath.stat()
-        ident.update(f"{fpath.name}:{s.st_size}:{s.st_mtime_ns};".encode())
-    ident.update(f"{p}:{st.st_size}:quant-layout-{quant.LAYOUT_ID}:quantizer-{quant.QUANTIZER_VERSION}".encode())
-    stem = p.name[:-5] if p.name.endswith(".gguf") else p.name
-    return models_dir / f"{stem}-{ident.hexdigest()[:12]}.nanoqwen"

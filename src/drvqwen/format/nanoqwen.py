@@ -55,6 +55,7 @@ import numpy as np
 
 from ..config import QwenConfig
 from ..errors import ConfigError, DrvqwenError, FormatError
+from ..paths import io_error
 from . import quant
 
 MAGIC = b"NANOQWEN"
@@ -181,16 +182,25 @@ class NanoqwenWriter:
         self.eog_ids = tuple(sorted(set(int(i) for i in eog_ids)))
         self.text_vocab = int(text_vocab)
         _check_vocab_fields(self.path, cfg, self.text_vocab, self.eog_ids)
+        # The pid in the name lets a later run remove it if this process is killed (paths.py).
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self._f = open(self.tmp, "wb")
+        self._done = False
+        try:
+            self._f = open(self.tmp, "wb")
+        except OSError as e:
+            self._done = True
+            raise io_error(self.path, e, "write the model file") from None
         self._infos: list[TensorInfo] = []
         tok = tokenizer_json.encode("utf-8")
         self._tok_off, self._tok_size, self._tok_crc = HEADER_SIZE, len(tok), zlib.crc32(tok)
-        self._f.write(b"\0" * HEADER_SIZE)
-        self._f.write(tok)
-        self._data_off = _align(self._f.tell())
-        self._f.seek(self._data_off)
-        self._done = False
+        try:
+            self._f.write(b"\0" * HEADER_SIZE)
+            self._f.write(tok)
+            self._data_off = _align(self._f.tell())
+            self._f.seek(self._data_off)
+        except OSError as e:
+            self.abort()
+            raise io_error(self.path, e, "write the model file") from None
 
     def __enter__(self) -> "NanoqwenWriter":
         return self
@@ -208,10 +218,13 @@ class NanoqwenWriter:
         if np.dtype(dt) not in DTYPE_CODES:
             raise FormatError(f"{self.path}: tensor {name}: dtype {a.dtype} not storable")
         a = a.astype(dt, copy=False)
-        off = _align(self._f.tell())
-        self._f.seek(off)
         buf = memoryview(a).cast("B")
-        self._f.write(buf)
+        try:
+            off = _align(self._f.tell())
+            self._f.seek(off)
+            self._f.write(buf)
+        except OSError as e:  # disk full, …: the caller's `with` removes the temporary file
+            raise io_error(self.path, e, "write the model file") from None
         info = TensorInfo(name, np.dtype(dt), tuple(int(s) for s in a.shape), off, a.nbytes,
                           zlib.crc32(buf))
         self._infos.append(info)
@@ -251,6 +264,9 @@ class NanoqwenWriter:
             os.replace(self.tmp, self.path)
             self._done = True
             return self.path
+        except OSError as e:
+            self.abort()
+            raise io_error(self.path, e, "write the model file") from None
         except BaseException:
             self.abort()
             raise
@@ -260,8 +276,13 @@ class NanoqwenWriter:
         self._done = True
         try:
             self._f.close()
+        except OSError:
+            pass                          # closing flushes: on a full disk that fails too
         finally:
-            self.tmp.unlink(missing_ok=True)
+            try:
+                self.tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def _pack_table(infos: list[TensorInfo]) -> bytes:
@@ -271,6 +292,15 @@ def _pack_table(infos: list[TensorInfo]) -> bytes:
         parts.append(_REC_FIXED.pack(len(nb)) + nb + _REC_TAIL.pack(DTYPE_CODES[i.dtype], len(i.shape))
                      + struct.pack(f"<{len(i.shape)}Q", *i.shape) + _REC_END.pack(i.offset, i.nbytes, i.crc32))
     return b"".join(parts)
+
+
+def estimated_file_size(cfg: QwenConfig, tokenizer_bytes: int) -> int:
+    """Bytes of the `.nanoqwen` file a conversion of `cfg` writes (at most a few hundred more:
+    the table's names are estimated), for the free-space check before converting."""
+    data = sum(_align(int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+               for dt, shape in expected_tensors(cfg).values())
+    table = sum(2 + len(n) + 2 + 8 * len(shape) + 20 for n, (_, shape) in expected_tensors(cfg).items())
+    return _align(HEADER_SIZE + tokenizer_bytes) + data + table + DATA_ALIGN
 
 
 def vocab_facts(tokenizer_json: str, vocab_size: int, extra_eog: Iterable[int] = ()) -> tuple[int, tuple[int, ...]]:
