@@ -72,7 +72,7 @@ def cpu_memory_needed(cfg, cache_tokens: int) -> dict[str, int]:
     float32, K and V in float32 pages, and the working set of one prefill chunk (activations of
     PREFILL_CHUNK rows, one block of attention scores a few times over, the logits).
     """
-    from .config import PAGE_SIZE
+    from .kv_cache import PAGE_TOKENS
     from .format.nanoqwen import expected_tensors
     from .reference import ATTENTION_BLOCK_BYTES, PREFILL_CHUNK
 
@@ -83,7 +83,7 @@ def cpu_memory_needed(cfg, cache_tokens: int) -> dict[str, int]:
         n = int(np.prod(shape, dtype=np.int64))
         elems += n * 8 if name.endswith(".qweight") else n      # 8 weights per packed word
     weights = 4 * elems
-    positions = -(-cache_tokens // PAGE_SIZE) * PAGE_SIZE
+    positions = -(-cache_tokens // PAGE_TOKENS) * PAGE_TOKENS
     kv = 2 * cfg.num_layers * positions * cfg.num_kv_heads * cfg.head_dim * 4
     rows = min(PREFILL_CHUNK, max(cache_tokens, 1))
     per_row = 4 * (4 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + 3 * cfg.intermediate_size)
