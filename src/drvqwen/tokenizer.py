@@ -107,9 +107,12 @@ def _open_reader(path_or_reader: str | os.PathLike | GGUFReader) -> tuple[GGUFRe
 
     if isinstance(path_or_reader, GGUFReader):
         return path_or_reader, str(getattr(path_or_reader.data, "filename", "<gguf>"))
+    from .format.gguf_check import check_gguf
+
     path = Path(path_or_reader)
     if not path.is_file():
         raise DrvqwenError(f"{path}: GGUF file not found")
+    check_gguf(path)                     # counts, lengths, offsets: before gguf-py trusts them
     try:
         return GGUFReader(path), str(path)
     except (ValueError, OSError) as e:
@@ -135,9 +138,16 @@ def _field(reader: GGUFReader, key: str, source: str, kind: str):
     return f
 
 
+def _utf8(raw: bytes, key: str, source: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DrvqwenError(f"{source}: GGUF metadata key {key!r}: not UTF-8 (byte {e.start})") from None
+
+
 def _read_str(reader: GGUFReader, key: str, source: str) -> str:
     # A string field's parts are [length, bytes]; the bytes are the last part.
-    return _field(reader, key, source, "str").parts[-1].tobytes().decode("utf-8")
+    return _utf8(_field(reader, key, source, "str").parts[-1].tobytes(), key, source)
 
 
 def _read_str_array(reader: GGUFReader, key: str, source: str) -> list[str]:
@@ -145,7 +155,7 @@ def _read_str_array(reader: GGUFReader, key: str, source: str) -> list[str]:
     # lists the indices of the byte parts, one per element. (`ReaderField.contents()` does the
     # same but only exists in newer `gguf` releases.)
     f = _field(reader, key, source, "str[]")
-    return [f.parts[i].tobytes().decode("utf-8") for i in f.data]
+    return [_utf8(f.parts[i].tobytes(), key, source) for i in f.data]
 
 
 def _read_int_array(reader: GGUFReader, key: str, source: str) -> list[int]:

@@ -27,6 +27,7 @@ from ..config import QwenConfig
 from ..errors import DrvqwenError, FormatError
 from ..paths import ensure_free_space, ensure_writable
 from . import quant
+from .gguf_check import check_gguf
 from .nanoqwen import (ATTN_PROJ, MLP_PROJ, NanoqwenWriter, estimated_file_size, expected_tensors,
                        vocab_facts)
 
@@ -268,6 +269,7 @@ class GGUFSource:
         from ..tokenizer import Tokenizer
 
         self.path = path
+        check_gguf(path)                 # counts, lengths, offsets: before gguf-py trusts them
         try:
             self.reader = gguf.GGUFReader(str(path))
         except Exception as e:  # gguf raises ValueError/struct errors for a non-GGUF file
