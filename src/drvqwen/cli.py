@@ -259,11 +259,12 @@ def cmd_run(args) -> int:
     else:
         # `is None`, not truthiness: --system "" asks for an empty system turn.
         ids = tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
-    from .generate import GenerationResult, check_prompt_fits, resolve_max_context
+    from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, resolve_max_context
 
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
     check_prompt_fits(len(ids), max_context)
+    check_prompt_ids(ids, f.config.vocab_size, str(f.path))
     if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
         err.print(f"[dim]{GenerationResult(prompt_tokens=len(ids)).summary()}")

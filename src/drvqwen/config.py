@@ -133,6 +133,10 @@ class QwenConfig:
             )
         except KeyError as e:
             raise ConfigError(f"{source}: missing field {e.args[0]!r}") from None
+        except ConfigError as e:  # a value validate() refused: say which file it came from
+            if str(e).startswith(f"{source}:"):
+                raise
+            raise ConfigError(f"{source}: {e}") from None
         except (TypeError, ValueError, OverflowError, AttributeError) as e:
             raise ConfigError(f"{source}: bad value ({e})") from None
 
@@ -181,19 +185,24 @@ class QwenConfig:
         if n_heads <= 0:
             raise ConfigError(f"{source}: GGUF metadata key 'qwen2.attention.head_count'={n_heads}: "
                               f"must be a positive integer")
-        return cls(
-            vocab_size=int(vocab_size),
-            hidden_size=hidden,
-            intermediate_size=num("qwen2.feed_forward_length"),
-            num_layers=num("qwen2.block_count"),
-            num_heads=n_heads,
-            num_kv_heads=num("qwen2.attention.head_count_kv", default=n_heads),
-            head_dim=hidden // n_heads,
-            max_position=num("qwen2.context_length", default=32768),
-            rope_theta=num("qwen2.rope.freq_base", float, default=1e6),
-            rms_norm_eps=num("qwen2.attention.layer_norm_rms_epsilon", float, default=1e-6),
-            tie_word_embeddings=tied,
-        )
+        try:
+            return cls(
+                vocab_size=int(vocab_size),
+                hidden_size=hidden,
+                intermediate_size=num("qwen2.feed_forward_length"),
+                num_layers=num("qwen2.block_count"),
+                num_heads=n_heads,
+                num_kv_heads=num("qwen2.attention.head_count_kv", default=n_heads),
+                head_dim=hidden // n_heads,
+                max_position=num("qwen2.context_length", default=32768),
+                rope_theta=num("qwen2.rope.freq_base", float, default=1e6),
+                rms_norm_eps=num("qwen2.attention.layer_norm_rms_epsilon", float, default=1e-6),
+                tie_word_embeddings=tied,
+            )
+        except ConfigError as e:  # a value validate() refused: say which file it came from
+            if str(e).startswith(f"{source}:"):
+                raise
+            raise ConfigError(f"{source}: {e}") from None
 
     def with_layers(self, num_layers: int) -> "QwenConfig":
         """The same widths with a different layer count (tests use 2–4 layers at 7B widths)."""

@@ -213,6 +213,15 @@ def check_prompt_fits(n_prompt: int, max_context: int) -> None:
                            f"{max_context} tokens (--max-context)")
 
 
+def check_prompt_ids(ids: list[int], vocab_size: int, model: str) -> None:
+    """Raise DrvqwenError when a prompt id has no row in the model (a tokenizer with more ids
+    than the embedding has rows: the file's tokenizer and weights disagree)."""
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise DrvqwenError(f"{model}: the prompt's token id {bad[0]} has no embedding row (the model "
+                           f"has {vocab_size}): the embedded tokenizer does not belong to these weights")
+
+
 def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
                         params: SamplingParams) -> Iterator[int]:
     """The token stream of a logits backend: token i = sample(logits, params, uniform(seed, i)).

@@ -362,12 +362,31 @@ def open_source(src: str | Path):
 # ---------------------------------------------------------------------------------------------
 # Conversion
 # ---------------------------------------------------------------------------------------------
+def source_name(source) -> str:
+    """The path a source reads (GGUF file or HF folder), for messages."""
+    return str(getattr(source, "path", None) or getattr(source, "folder", None) or source)
+
+
 def _fp16(name: str, a: np.ndarray, src) -> np.ndarray:
     m = float(np.max(np.abs(a))) if a.size else 0.0
     if not np.isfinite(m) or m > FP16_MAX:
-        raise FormatError(f"{getattr(src, 'path', getattr(src, 'folder', '?'))}: tensor {name} has "
+        raise FormatError(f"{source_name(src)}: tensor {name} has "
                           f"values (max |x| = {m:g}) that FP16 cannot hold")
     return a.astype(np.float16)
+
+
+def check_tokenizer_fits(source, cfg: QwenConfig) -> None:
+    """Refuse a tokenizer with ids past the model's rows: those ids would index no embedding.
+
+    Raises:
+        FormatError: names the source, the largest id and the row count.
+    """
+    from ..tokenizer import Tokenizer
+
+    n = Tokenizer.from_json(source.tokenizer_json, source=source_name(source)).text_vocab_size
+    if n > cfg.vocab_size:
+        raise FormatError(f"{source_name(source)}: the tokenizer has ids up to {n - 1}, the model's "
+                          f"embedding only {cfg.vocab_size} rows")
 
 
 def check_destination(source, out: Path, cfg: QwenConfig | None = None) -> None:
@@ -402,13 +421,14 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
     # .scales are written together with their .qweight, so they are not steps of their own.
     names = [n for n in expected_tensors(cfg) if not n.endswith(".scales")]
     text_vocab, eog = vocab_facts(source.tokenizer_json, cfg.vocab_size, getattr(source, "eos_ids", ()))
+    check_tokenizer_fits(source, cfg)
     with NanoqwenWriter(out, cfg, source.tokenizer_json, eog_ids=eog, text_vocab=text_vocab) as w:
         for n_done, name in enumerate(names, 1):
             if name.endswith(".qweight"):
                 prefix = name[: -len(".qweight")]
                 wf = source.get(prefix + ".weight")
                 if not np.isfinite(wf).all():
-                    raise FormatError(f"{src}: tensor {prefix}.weight has NaN/Inf values")
+                    raise FormatError(f"{source_name(source)}: tensor {prefix}.weight has NaN/Inf values")
                 qw, s = quant.quantize_packed(wf)
                 w.add(name, qw)
                 w.add(prefix + ".scales", s)
