@@ -21,10 +21,10 @@ def ctx64(tmp_path, rng):
     return path
 
 
-def _run(capsys, model, *args: str) -> tuple[int, str, str]:
+def _run(capsys, model, *args: str, device: str = "cpu") -> tuple[int, str, str]:
     from drvqwen.cli import main
 
-    rc = main(["run", "--model", str(model), "--device", "cpu", *args])
+    rc = main(["run", "--model", str(model), "--device", device, *args])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -63,3 +63,23 @@ def test_one_new_token_reports_no_rate(ctx64, capsys):
     rc, _, err = _run(capsys, ctx64, "--raw", "--prompt", "hello", "--max-new-tokens", "1", "--ignore-eos")
     assert rc == 0 and "generated 1 (max_new_tokens)" in err
     assert "nan" not in err.lower() and "tok/s" not in err and "TTFT" in err
+
+
+def test_yarn_model_runs_on_the_cpu_not_the_gpu(tmp_path, rng, capsys, monkeypatch):
+    """The GPU kernels do not apply YaRN's attention factor yet: `auto` falls back to the CPU
+    with the reason, `--device cuda` refuses with one line."""
+    from drvqwen import cli
+    from drvqwen.config import RopeScaling
+
+    cfg = dataclasses.replace(TINY, max_position=256,
+                              rope_scaling=RopeScaling(factor=4.0, original_max_position=64, attention_factor=1.1))
+    path = tmp_path / "yarn.nanoqwen"
+    write_model(path, cfg, random_dense(cfg, rng), tokenizer_json=byte_tokenizer_json())
+    monkeypatch.setattr(cli, "_choose_device", lambda requested: ("cuda", None))
+    rc, _, err = _run(capsys, path, "--raw", "--prompt", "x" * 100, "--max-new-tokens", "3", "--ignore-eos",
+                      device="auto")
+    assert rc == 0 and "YaRN RoPE scaling (factor 4) runs on the CPU backend only" in err
+    assert "generated 3" in err
+    rc = cli.main(["run", "--model", str(path), "--device", "cuda", "--raw", "--prompt", "x"])
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert rc == 2 and len(lines) == 1 and f"{path}: YaRN RoPE scaling" in lines[0]

@@ -196,3 +196,90 @@ def test_cpu_run_that_cannot_fit_is_refused_up_front(tmp_path, rng):
                 CPUBackend(f, 1000)
         finally:
             g.available_memory = old
+
+
+# ---- YaRN RoPE scaling (config.json rope_scaling) ----------------------------------------------
+
+YARN_DOC = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}   # Qwen2.5's form
+
+
+def _yarn_cfg(rope_scaling=YARN_DOC, max_position=64):
+    import dataclasses
+
+    d = dataclasses.replace(TINY, max_position=max_position).to_hf_dict()
+    d["rope_scaling"] = dict(rope_scaling)
+    return QwenConfig.from_hf_dict(d, source="m/config.json"), d
+
+
+def test_yarn_matches_transformers(rng):
+    """YaRN as transformers computes it, past the original context (200 tokens, 64 trained),
+    from a config.json in the form Qwen2.5's documentation gives."""
+    cfg, d = _yarn_cfg()
+    assert cfg.rope_scaling.factor == 4.0 and cfg.max_position == 256     # 4 × 64
+    hf_cfg = transformers.Qwen2Config(**{k: v for k, v in d.items() if k not in ("architectures", "torch_dtype")})
+    from transformers.models.qwen2 import modeling_qwen2 as mq
+
+    rot = mq.Qwen2RotaryEmbedding(hf_cfg)
+    assert cfg.rope_scaling.attention_factor == pytest.approx(rot.attention_scaling, rel=1e-15)
+    # The frequencies agree to float32 rounding (torch's pow may round one ulp apart).
+    np.testing.assert_allclose(ref.rope_inv_freq(TINY.head_dim, cfg.rope_theta, cfg.rope_scaling),
+                               rot.inv_freq.numpy(), rtol=2.0**-22, atol=0)
+    dense = random_dense(cfg, rng, std=0.05)
+    w = ref.Weights.from_dense(cfg, dense.__getitem__)
+    hf = hf_model(cfg, w.state_dict())
+    ids = rng.integers(0, cfg.vocab_size, size=200).tolist()
+    want = hf_logits(hf, ids)
+    got = ref.Model(w, max_tokens=256).forward(ids)
+    assert rel_l2(got, want) <= 1e-4
+    # Plain RoPE on the same weights is far off: the scaling is not ignored.
+    import dataclasses
+
+    plain = ref.Model(ref.Weights.from_dense(dataclasses.replace(cfg, rope_scaling=None), dense.__getitem__),
+                      max_tokens=256).forward(ids)
+    assert rel_l2(plain, want) > 0.05
+
+
+@pytest.mark.parametrize("rope_scaling,expect", [
+    ({"type": "linear", "factor": 2.0}, "rope_scaling type 'linear': drvqwen implements YaRN only"),
+    ({"rope_type": "dynamic", "factor": 2.0}, "rope_scaling type 'dynamic'"),
+    ({"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 64}, "rope_scaling.factor=0.5: must be >= 1"),
+    ({"type": "yarn", "factor": float("nan")}, "rope_scaling.factor=nan"),
+])
+def test_other_rope_scaling_is_refused(rope_scaling, expect):
+    from drvqwen.errors import ConfigError
+
+    with pytest.raises(ConfigError) as ei:
+        _yarn_cfg(rope_scaling)
+    assert str(ei.value).startswith("m/config.json: ") and expect in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_yarn_in_gguf_metadata_and_the_file(tmp_path, rng):
+    """GGUF's qwen2.rope.scaling.* keys give the same config; the .nanoqwen header keeps it."""
+    from drvqwen.errors import ConfigError
+    from drvqwen.format.nanoqwen import NanoqwenFile
+
+    from helpers import write_model
+
+    cfg, _ = _yarn_cfg()
+    meta = {"general.architecture": "qwen2", "qwen2.attention.head_count": TINY.num_heads,
+            "qwen2.attention.head_count_kv": TINY.num_kv_heads, "qwen2.embedding_length": TINY.hidden_size,
+            "qwen2.feed_forward_length": TINY.intermediate_size, "qwen2.block_count": TINY.num_layers,
+            "qwen2.context_length": 64, "qwen2.rope.freq_base": TINY.rope_theta,
+            "qwen2.attention.layer_norm_rms_epsilon": TINY.rms_norm_eps,
+            "qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
+            "qwen2.rope.scaling.original_context_length": 64}
+
+    class Meta(dict):
+        def __call__(self, key):
+            return self.get(key)
+
+    assert QwenConfig.from_gguf_fields(Meta(meta), "m.gguf", TINY.vocab_size) == cfg
+    with pytest.raises(ConfigError, match=r"m.gguf: GGUF metadata key 'qwen2.rope.scaling.yarn_log_multiplier'"):
+        QwenConfig.from_gguf_fields(Meta(meta | {"qwen2.rope.scaling.yarn_log_multiplier": 0.1}), "m.gguf",
+                                    TINY.vocab_size)
+    with pytest.raises(ConfigError, match=r"m.gguf: GGUF metadata key 'qwen2.rope.scaling.type'='linear'"):
+        QwenConfig.from_gguf_fields(Meta(meta | {"qwen2.rope.scaling.type": "linear"}), "m.gguf", TINY.vocab_size)
+    path = tmp_path / "yarn.nanoqwen"
+    write_model(path, cfg, random_dense(cfg, rng))
+    with NanoqwenFile(path) as f:
+        assert f.config == cfg and f.config.rope_scaling == cfg.rope_scaling

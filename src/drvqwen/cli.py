@@ -270,6 +270,15 @@ def cmd_run(args) -> int:
         err.print(f"[dim]{GenerationResult(prompt_tokens=len(ids)).summary()}")
         return 0
 
+    if device == "cuda":
+        from .engine import check_gpu_supports
+
+        try:
+            check_gpu_supports(f)
+        except DrvqwenError as e:
+            if args.device == "cuda":
+                raise
+            device, why = "cpu", str(e).split(": ", 1)[-1]
     if device == "cpu":
         err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
         with _progress() as p:

@@ -23,11 +23,12 @@ apply_rotary_pos_emb, Qwen2Attention, Qwen2MLP) and Qwen2.5's config.json.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import QwenConfig
+from .config import QwenConfig, RopeScaling
 from .kv_cache import PAGE_TOKENS
 from .format import quant
 from .format.nanoqwen import NanoqwenFile, proj_prefix
@@ -45,23 +46,54 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(var + x.dtype.type(eps))) * weight.astype(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
     """inv_freq[i] = 1 / theta^(2i / head_dim), i < head_dim/2, computed in float32 as HF does
-    (`1.0 / base ** (torch.arange(0, dim, 2).float() / dim)`). Returns float32 [head_dim/2]."""
+    (`1.0 / base ** (torch.arange(0, dim, 2).float() / dim)`). Returns float32 [head_dim/2].
+
+    With YaRN `scaling`, transformers' `_compute_yarn_parameters` step for step in float32:
+    the interpolated frequencies 1 / (factor · base^(2i/d)) and the extrapolated ones blended
+    by a linear ramp between the correction dimensions of beta_fast and beta_slow (found in
+    float64, as Python floats). The attention factor is applied by `rope_cos_sin`.
+    """
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    pos_freqs = np.float32(theta) ** exponent
+    if scaling is None:
+        return (np.float32(1.0) / pos_freqs).astype(np.float32)
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001                                        # transformers: no division by zero
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low),
+                   np.float32(0), np.float32(1)).astype(np.float32)
+    extrapolation = np.float32(1.0) / pos_freqs
+    interpolation = np.float32(1.0) / (np.float32(scaling.factor) * pos_freqs)
+    extrapolation_factor = np.float32(1) - ramp
+    inv = interpolation * (np.float32(1) - extrapolation_factor) + extrapolation * extrapolation_factor
+    return inv.astype(np.float32)
 
 
-def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float,
+                 scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables for rotate-half RoPE at the given positions.
 
     The angle is float32(pos) * inv_freq in float32, duplicated over both halves
-    (HF: `emb = cat(freqs, freqs)`), then cos/sin in float32. Returns two float32 [T, head_dim].
+    (HF: `emb = cat(freqs, freqs)`), then cos/sin in float32 — times YaRN's attention factor
+    when `scaling` is given (HF: `emb.cos() * attention_scaling`). Returns two float32 [T, head_dim].
     """
     pos = np.asarray(positions, dtype=np.float32).reshape(-1)
-    freqs = pos[:, None] * rope_inv_freq(head_dim, theta)[None, :]      # [T, Dh/2] f32
+    freqs = pos[:, None] * rope_inv_freq(head_dim, theta, scaling)[None, :]      # [T, Dh/2] f32
     emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    if scaling is not None:
+        af = np.float32(scaling.attention_factor)
+        cos, sin = (cos * af).astype(np.float32), (sin * af).astype(np.float32)
+    return cos, sin
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -363,7 +395,7 @@ class Model:
         c.reserve(start + T)
         bt = np.asarray(c.block_table)
         pos = np.arange(start, start + T)
-        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
         x = w.embed_tokens[ids]                                          # [T, D] residual

@@ -249,6 +249,21 @@ def _dense_shapes(cfg: QwenConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+class _Metadata:
+    """GGUF metadata as QwenConfig.from_gguf_fields reads it: called with a key (the value or
+    None), and `keys()` (to find keys drvqwen does not interpret, e.g. RoPE scaling variants)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+
+    def __call__(self, key: str):
+        f = self.reader.fields.get(key)
+        return None if f is None else f.contents()
+
+    def keys(self):
+        return self.reader.fields.keys()
+
+
 class GGUFSource:
     """A GGUF file of a qwen2 model; tensors dequantized to float32 by the `gguf` package.
 
@@ -280,7 +295,7 @@ class GGUFSource:
             raise FormatError(f"{path}: GGUF tensor token_embd.weight missing")
         # No output.weight: llama.cpp ties the output to token_embd, and so does get().
         self.tied = "output.weight" not in self._tensors
-        self.config = QwenConfig.from_gguf_fields(self._field, str(path), vocab_size=int(emb.shape[-1]),
+        self.config = QwenConfig.from_gguf_fields(_Metadata(self.reader), str(path), vocab_size=int(emb.shape[-1]),
                                                   tied=self.tied)
         self._check_tensors()
         self.tokenizer_json = Tokenizer.from_gguf(self.reader).to_json()

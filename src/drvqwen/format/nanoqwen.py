@@ -32,7 +32,10 @@ Header fields (offset: type name):
                                  vocab_size (padding: 151665… for Qwen2.5) are never chosen
     160: u32 n_eog               164..212: u32 eog_ids[12], the first n_eog used: the ids that
                                  end generation (tokenizer.Tokenizer.eog_ids)
-    212..252: RoPE scaling (0 = none)                 252: u32 header_crc32 of [0, 252)
+    212: u32 rope_scaling (0 none, 1 YaRN)            216: u32 rope_original_max_position
+    220: f64 rope_factor          228: f32 rope_beta_fast    232: f32 rope_beta_slow
+    236: f64 rope_attention_factor                    244: u32 rope_flags (bit 0: truncate)
+    248: u32 zero                 252: u32 header_crc32 of [0, 252)
 
 Version 1 files (without the fields from 156 on, which are zero there) still open: their
 end-of-generation set and text vocabulary are derived from the embedded tokenizer by the
@@ -53,7 +56,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import QwenConfig
+from ..config import QwenConfig, RopeScaling
 from ..errors import ConfigError, DrvqwenError, FormatError
 from ..paths import io_error
 from . import quant
@@ -75,6 +78,9 @@ _HEADER_CRC_AT = 252
 assert _HEADER.size + _HEADER_V2.size == _HEADER_CRC_AT
 
 FLAG_TIED_LM_HEAD = 1
+# RoPE scaling kinds and flags (version 2).
+ROPE_YARN = 1
+ROPE_FLAG_TRUNCATE = 1
 
 # dtype codes of the tensor table
 DTYPES: dict[int, np.dtype] = {1: np.dtype("<f2"), 2: np.dtype("<f4"), 3: np.dtype("<u4")}
@@ -341,7 +347,10 @@ def _pack_header(cfg: QwenConfig, *, n_tensors, table_off, table_size, tok_off, 
         table_off, table_size, tok_off, tok_size, data_off, data_size, file_size,
         DATA_ALIGN, table_crc, tok_crc)
     eog = list(eog_ids) + [0] * (MAX_EOG - len(eog_ids))
-    body += _HEADER_V2.pack(text_vocab, len(eog_ids), *eog, 0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
+    rs = cfg.rope_scaling
+    rope = (ROPE_YARN, rs.original_max_position, rs.factor, rs.beta_fast, rs.beta_slow, rs.attention_factor,
+            ROPE_FLAG_TRUNCATE if rs.truncate else 0) if rs else (0, 0, 0.0, 0.0, 0.0, 0.0, 0)
+    body += _HEADER_V2.pack(text_vocab, len(eog_ids), *eog, *rope, 0)
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -413,24 +422,31 @@ def _parse_header(path: Path, raw: bytes, actual_size: int) -> Header:
     for (a0, a1, an), (b0, b1, bn) in zip(regions, regions[1:]):
         if b0 < a1:
             raise bad(f"{bn}_offset", f"region overlaps the {an} region")
+    ext = _HEADER_V2.unpack_from(raw, _HEADER.size) if version >= 2 else None
+    scaling = None
     try:
+        if ext is not None:
+            kind, orig, factor, beta_fast, beta_slow, attn, rflags = ext[2 + MAX_EOG:2 + MAX_EOG + 7]
+            if kind == ROPE_YARN:
+                scaling = RopeScaling(factor=factor, original_max_position=orig, beta_fast=beta_fast,
+                                      beta_slow=beta_slow, attention_factor=attn,
+                                      truncate=bool(rflags & ROPE_FLAG_TRUNCATE))
+            elif kind != 0:
+                raise bad("rope_scaling", f"kind {kind} unknown to this drvqwen")
         cfg = QwenConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                          num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
                          head_dim=head_dim, max_position=max_pos, rope_theta=theta,
-                         rms_norm_eps=eps, tie_word_embeddings=bool(flags & FLAG_TIED_LM_HEAD))
+                         rms_norm_eps=eps, tie_word_embeddings=bool(flags & FLAG_TIED_LM_HEAD),
+                         rope_scaling=scaling)
     except ConfigError as e:
         raise FormatError(f"{path}: {e}") from None
     text_vocab = eog_ids = None
-    if version >= 2:
-        ext = _HEADER_V2.unpack_from(raw, _HEADER.size)
+    if ext is not None:
         text_vocab, n_eog = ext[0], ext[1]
         if n_eog > MAX_EOG:
             raise bad("n_eog", f"{n_eog}, at most {MAX_EOG}")
         eog_ids = tuple(ext[2:2 + n_eog])
         _check_vocab_fields(path, cfg, text_vocab, eog_ids)
-        rope_kind = ext[2 + MAX_EOG]
-        if rope_kind != 0:
-            raise bad("rope_scaling", f"kind {rope_kind} unknown to this drvqwen")
     return Header(version, cfg, bits, group, layout, n_tensors, table_off, table_size, tok_off,
                   tok_size, data_off, data_size, file_size, data_align, table_crc, tok_crc,
                   text_vocab, eog_ids)
