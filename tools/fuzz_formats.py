@@ -7,7 +7,7 @@
     PYTHONPATH=src python3 tools/fuzz_formats.py --replay 1:4521 -v        # one case again
 
 Every case is a pure function of (seed, index): a seed file — a small synthetic model as
-`.nanoqwen` (format versions 2 and 1) or as GGUF (F32/F16/Q8_0, little- and big-endian, tied
+`.nanoqwen` (format versions 2 and 1, one with YaRN RoPE scaling) or as GGUF (F32/F16/Q8_0, little- and big-endian, tied
 or not), or a real model when given — one mutation, and one command:
 
     flip      bits flipped in a region (header, tokenizer, table, data / metadata, tensor data)
@@ -86,6 +86,17 @@ def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> d
         for name, (dt, shape) in expected_tensors(cfg).items():
             w.add(name, synthetic_tensor(name, dt, shape, rng))
     out["syn.nanoqwen"] = nq
+    import dataclasses
+
+    from drvqwen.config import RopeScaling
+
+    yarn_cfg = dataclasses.replace(cfg, rope_scaling=RopeScaling(
+        factor=2.0, original_max_position=64, attention_factor=RopeScaling.default_attention_factor(2.0)))
+    yq = d / "syn_yarn.nanoqwen"
+    with NanoqwenWriter(yq, yarn_cfg, minimal_tokenizer_json()) as w:
+        for name, (dt, shape) in expected_tensors(yarn_cfg).items():
+            w.add(name, synthetic_tensor(name, dt, shape, rng))
+    out["syn_yarn.nanoqwen"] = yq
     v1 = d / "syn_v1.nanoqwen"
     raw = bytearray(nq.read_bytes())
     struct.pack_into("<I", raw, 8, 1)
