@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from drvqwen import paths
-from drvqwen.errors import DrvqwenError, FormatError
+from drvqwen.errors import DrvqwenError
 from drvqwen.format.nanoqwen import NanoqwenFile
 
 from helpers import TINY, byte_tokenizer_json, random_dense, write_model, write_tiny_gguf

@@ -18,9 +18,9 @@ if __name__ == "__main__":  # `python -m drvqwen.cli`: Ctrl-C during the imports
     _signal.signal(_signal.SIGINT, _on_sigint)
 
 import argparse
+import json
 import os
 import signal
-import json
 import sys
 from pathlib import Path
 
@@ -158,7 +158,8 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _bytes_progress(description: str):
+def _bytes_progress() -> Progress:
+    """A transient bar in bytes on stderr (hashing a source, verifying a model)."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
                     TransferSpeedColumn(), TimeElapsedColumn(), console=err, transient=True)
 
@@ -169,7 +170,7 @@ def _verify_with_progress(f) -> None:
 
     if is_verified(f.path):
         return
-    with _bytes_progress("verifying") as p:
+    with _bytes_progress() as p:
         task = p.add_task("verifying tensor CRC32s", total=None)
         secs = verify_once(f, progress=lambda done, total: p.update(task, completed=done, total=total))
     if secs is not None and secs >= VERIFY_REPORT_MIN_S:
@@ -190,7 +191,7 @@ def _hash_progress(path: Path):
 
     def cb(done: int, total: int) -> None:
         if "p" not in state:
-            state["p"] = _bytes_progress("hashing")
+            state["p"] = _bytes_progress()
             state["p"].start()
             state["task"] = state["p"].add_task(f"hashing {path.name}", total=total)
         state["p"].update(state["task"], completed=done)
