@@ -1,10 +1,11 @@
 """The `drvqwen` command's entry point (and `python -m drvqwen`).
 
-Nothing is imported here but `os`, `signal` and `sys`, so that the SIGINT handler below is in
-place before the heavy modules (rich, numpy, tokenizers) start importing: Ctrl-C at any moment
-ends the process with one line and status 130 — during the imports through this handler,
-afterwards through `cli.main`, which turns KeyboardInterrupt into the same line after the
-backend has been closed.
+The SIGINT handler is installed by the first statements that run — here at import, and at the
+top of `__main__.py` and of `cli.py` run as a script — before the heavy modules (rich, numpy,
+tokenizers) start importing: Ctrl-C at any moment ends the process with one line and status
+130 — during the imports through this handler, afterwards through `cli.main`, which turns
+KeyboardInterrupt into the same line after the backend has been closed. (Only the interpreter's
+own start-up, before any drvqwen code runs, is outside drvqwen's reach.)
 """
 
 import os
@@ -24,6 +25,9 @@ def interrupted_while_starting(signum, frame) -> None:
         os.write(2, b"interrupted\n")
     finally:
         os._exit(INTERRUPTED_STATUS)
+
+
+signal.signal(signal.SIGINT, interrupted_while_starting)
 
 
 def main() -> int:
