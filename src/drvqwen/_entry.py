@@ -30,12 +30,31 @@ def interrupted_while_starting(signum, frame) -> None:
 signal.signal(signal.SIGINT, interrupted_while_starting)
 
 
+def leave(status: int) -> int:
+    """Return `status` for sys.exit — except 130, with which the process leaves at once.
+
+    CPython ends a process whose KeyboardInterrupt passed through an exec() of a string — and
+    dataclasses builds every __init__ that way — by re-raising SIGINT at exit, even when the
+    exception was caught and handled: the status would be "killed by SIGINT", not 130. So after
+    the one line is printed and everything is closed, the streams are flushed and the process
+    exits with 130 itself.
+    """
+    if status != INTERRUPTED_STATUS:
+        return status
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe: nothing more to show anyway
+            pass
+    os._exit(status)
+
+
 def main() -> int:
     """Run the command line (`cli.main`) with Ctrl-C handled from the first instruction."""
     signal.signal(signal.SIGINT, interrupted_while_starting)
     from .cli import main as cli_main
 
-    return cli_main()
+    return leave(cli_main())
 
 
 if __name__ == "__main__":

@@ -448,4 +448,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from drvqwen._entry import leave
+
+    sys.exit(leave(main()))
