@@ -36,6 +36,11 @@ def test_max_context_past_the_model_is_refused_as_on_the_gpu(ctx64, capsys):
     assert "--max-context=100: must be in [1, 64]" in lines[0]
 
 
+def test_prompt_past_the_models_context_names_the_model(ctx64, capsys):
+    rc, _, err = _run(capsys, ctx64, "--raw", "--prompt", "x" * 70)
+    assert rc == 2 and f"prompt of 70 tokens does not fit the context of 64 tokens (--max-context; {ctx64} allows 64)" in err
+
+
 def test_context_full_is_said_and_warned(ctx64, capsys):
     rc, _, err = _run(capsys, ctx64, "--raw", "--prompt", "x" * 60, "--max-new-tokens", "10",
                       "--ignore-eos")

@@ -380,6 +380,7 @@ def test_gguf_tokenizer_errors(tmp_path):
         (dict(types=[1] * 10), "tokenizer.ggml.token_type has 10 entries, tokenizer.ggml.tokens has 257"),
         (dict(tokens=byte_tokens + [byte_tokens[65]]), "tokenizer.ggml.tokens[256]='A' duplicates entry 65"),
         (dict(merges=("abc",)), "tokenizer.ggml.merges[0]='abc' is not 'left right'"),
+        (dict(merges=("a bc",)), "tokenizer.ggml.merges do not fit tokenizer.ggml.tokens"),
     ]
     for i, (kw, expect) in enumerate(cases):
         path = _gguf(tmp_path / f"t{i}.gguf", **kw)

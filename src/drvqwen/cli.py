@@ -264,7 +264,7 @@ def cmd_run(args) -> int:
 
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
-    check_prompt_fits(len(ids), max_context)
+    check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
     check_prompt_ids(ids, f.config.vocab_size, str(f.path))
     if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.

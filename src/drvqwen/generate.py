@@ -204,13 +204,19 @@ class GenerationResult:
         return ", ".join(parts)
 
 
-def check_prompt_fits(n_prompt: int, max_context: int) -> None:
-    """Raise DrvqwenError when the prompt leaves no room to generate within the context."""
+def check_prompt_fits(n_prompt: int, max_context: int, model: str | None = None,
+                      max_position: int | None = None) -> None:
+    """Raise DrvqwenError when the prompt leaves no room to generate within the context.
+
+    model, max_position: the model file and its context, named in the message (the context
+    may be short because the file says so, not because of --max-context).
+    """
     if n_prompt == 0:
         raise DrvqwenError("the prompt is empty (0 tokens)")
     if n_prompt >= max_context:
+        where = f"; {model} allows {max_position}" if model and max_position else ""
         raise DrvqwenError(f"prompt of {n_prompt} tokens does not fit the context of "
-                           f"{max_context} tokens (--max-context)")
+                           f"{max_context} tokens (--max-context{where})")
 
 
 def check_prompt_ids(ids: list[int], vocab_size: int, model: str) -> None:

@@ -229,9 +229,13 @@ def _assemble(tokens: list[str], types: list[int], merges: list[str],
             raise DrvqwenError(f"{source}: tokenizer.ggml.merges[{i}]={m!r} is not 'left right'")
         pairs.append((a, b))
 
-    tk = tokenizers.Tokenizer(BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
-                                  continuing_subword_prefix="", end_of_word_suffix="",
-                                  fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    try:
+        tk = tokenizers.Tokenizer(BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
+                                      continuing_subword_prefix="", end_of_word_suffix="",
+                                      fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    except Exception as e:  # tokenizers raises a bare Exception, e.g. a merge of unknown tokens
+        raise DrvqwenError(f"{source}: tokenizer.ggml.merges do not fit tokenizer.ggml.tokens "
+                           f"({str(e).splitlines()[0][:120]})") from None
     # The four stages below are those of Qwen2.5's tokenizer.json.
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence([
