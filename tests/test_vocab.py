@@ -127,3 +127,29 @@ def test_hf_generation_config_eos_is_added(tmp_path, rng):
     with NanoqwenFile(tmp_path / "m.nanoqwen") as f:
         assert f.eog_ids == _ids(EOG_NAMES) | {99, 258}
         assert f.text_vocab == TEXT_VOCAB
+
+
+def test_fillers_of_older_conversions_are_no_text(tmp_path, rng):
+    """Files converted before the GGUF filler rows were left out carry "[PAD<id>]" tokens in
+    their tokenizer.json (built as ordinary BPE pieces): they count as no text (never chosen,
+    decoded to nothing) all the same."""
+    from drvqwen.generate import CPUBackend
+    from drvqwen.tokenizer import _BYTE_TO_CHAR, _assemble
+
+    sp = _BYTE_TO_CHAR[32]
+    tokens = [_BYTE_TO_CHAR[b] for b in range(256)] + [sp + sp] + list(QWEN_CONTROL)
+    text_vocab = len(tokens)
+    tokens += [f"[PAD{i}]" for i in range(text_vocab, text_vocab + 30)]
+    types = [1] * 257 + [3] * len(QWEN_CONTROL) + [1] * 30        # what older drvqwen built
+    old_json = _assemble(tokens, types, [f"{sp} {sp}"], "old.gguf").to_str()
+    tok = Tokenizer.from_json(old_json)
+    assert tok.vocab_size == text_vocab + 30 and tok.text_vocab_size == text_vocab
+    assert tok.decode([104, text_vocab + 3, 105]) == "hi"
+    sd = tok.stream_decoder()
+    assert sd.push(text_vocab + 3) == "" and sd.push(104) == "h"
+    path = tmp_path / "old.nanoqwen"
+    write_model(path, TINY, random_dense(TINY, rng), tokenizer_json=old_json)
+    _as_version_1(path)
+    with NanoqwenFile(path) as f:
+        assert f.text_vocab == text_vocab
+        assert np.isneginf(CPUBackend(f, 64).prefill([1, 2])[text_vocab:]).all()

@@ -315,7 +315,10 @@ class Tokenizer:
         """1 + the largest id with a token (151665 for Qwen2.5): ids from here up to the
         model's vocab_size (the lm_head is padded to 151936 / 152064 rows) stand for no text.
         They decode to nothing, and the backends never choose them (their logits are −inf)."""
-        ids = self._tk.get_vocab(with_added_tokens=True).values()
+        # llama.cpp pads a GGUF vocabulary to the lm_head's rows with "[PAD<id>]" tokens; the
+        # tokenizer.json of a file converted before those were left out still carries them,
+        # and they are no text either.
+        ids = [i for t, i in self._tk.get_vocab(with_added_tokens=True).items() if t != f"[PAD{i}]"]
         return max(ids, default=-1) + 1
 
     def token_to_id(self, token: str) -> int | None:
@@ -377,14 +380,17 @@ class Tokenizer:
                 self.control_id(FIM_SUFFIX), *self.encode(suffix), self.control_id(FIM_MIDDLE)]
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        """Text of `ids`. Bytes that do not form valid UTF-8 become U+FFFD.
+        """Text of `ids`. Bytes that do not form valid UTF-8 become U+FFFD; ids without text
+        (text_vocab_size and up, llama.cpp's "[PAD…]" fillers) give nothing.
 
         Args:
             ids: token ids (Python or numpy integers).
             skip_special: drop control tokens (`<|im_end|>` …) instead of writing them out.
         """
-        # int(): tokenizers refuses numpy integers, which the sampler hands out.
-        return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+        # int(): tokenizers refuses numpy integers, which the sampler hands out. Ids from
+        # text_vocab_size on have no text (the lm_head's padding).
+        n = self.text_vocab_size
+        return self._tk.decode([int(i) for i in ids if 0 <= int(i) < n], skip_special_tokens=skip_special)
 
     def eog_ids(self, extra: Iterable[int] = ()) -> frozenset[int]:
         """The end-of-generation set: every token of EOG_NAMES the vocabulary has (llama.cpp's
@@ -425,6 +431,8 @@ class Tokenizer:
         table = [b""] * self.text_vocab_size
         added = self._tk.get_added_tokens_decoder()
         for tok, i in self._tk.get_vocab(with_added_tokens=True).items():
+            if i >= len(table) or tok == f"[PAD{i}]":
+                continue                 # no text: llama.cpp's filler rows (text_vocab_size)
             if i in added:
                 table[i] = added[i].content.encode("utf-8")
             else:
