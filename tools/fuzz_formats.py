@@ -139,10 +139,11 @@ class Layout:
 def nanoqwen_layout(path: Path) -> Layout:
     from drvqwen.format import nanoqwen as nq
 
-    raw = path.read_bytes() if path.stat().st_size < 64 << 20 else _read_head_and_tail(path)
     size = path.stat().st_size
+    # A small file is read whole; of a real one only the header here and the table below.
+    raw = path.read_bytes() if size < 64 << 20 else _read_range(path, 0, nq.HEADER_SIZE)
     h = struct.unpack_from("<8sII8Idd I4I I7Q III", raw, 0)
-    (_, version, _, *rest) = h
+    version = h[1]
     table_off, table_size, tok_off, tok_size, data_off, data_size = h[19:25]
     names = ["magic", "version", "header_size", "vocab_size", "hidden_size", "intermediate_size",
              "num_layers", "num_heads", "num_kv_heads", "head_dim", "max_position"]
@@ -166,7 +167,6 @@ def nanoqwen_layout(path: Path) -> Layout:
     tab = raw[table_off:table_off + table_size] if len(raw) >= table_off + table_size else \
         _read_range(path, table_off, table_size)
     pos = 0
-    i = 0
     while pos + 2 <= len(tab):
         (nlen,) = struct.unpack_from("<H", tab, pos)
         name = tab[pos + 2:pos + 2 + nlen].decode("utf-8", "replace")
@@ -181,7 +181,6 @@ def nanoqwen_layout(path: Path) -> Layout:
         fields += [Field(f"table[{name}].offset", table_off + p4, "<Q"), Field(f"table[{name}].nbytes", table_off + p4 + 8, "<Q"),
                    Field(f"table[{name}].crc32", table_off + p4 + 16, "<I")]
         pos = p4 + 20
-        i += 1
     regions = {"header": (0, nq.HEADER_SIZE), "tokenizer": (tok_off, tok_off + tok_size),
                "table": (table_off, table_off + table_size), "data": (data_off, data_off + data_size)}
     crc = {"header": (252, 0, 252), "table": (148, table_off, table_off + table_size),
@@ -193,12 +192,6 @@ def _read_range(path: Path, off: int, n: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(off)
         return f.read(n)
-
-
-def _read_head_and_tail(path: Path) -> bytes:
-    # Large files: the header and everything up to the table's end would be the whole file;
-    # read the header only, the caller reads the table with _read_range.
-    return _read_range(path, 0, 256)
 
 
 def gguf_layout(path: Path) -> Layout:

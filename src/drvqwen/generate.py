@@ -25,6 +25,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .config import QwenConfig
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .reference import Model, Weights
@@ -65,7 +66,7 @@ def resolve_max_context(requested: int | None, max_position: int) -> int:
     return n
 
 
-def cpu_memory_needed(cfg, cache_tokens: int) -> dict[str, int]:
+def cpu_memory_needed(cfg: QwenConfig, cache_tokens: int) -> dict[str, int]:
     """Bytes the CPU backend needs for `cfg` and a KV cache of `cache_tokens` positions.
 
     Returns {"weights", "kv_cache", "activations", "total"}: the weights dequantized to
