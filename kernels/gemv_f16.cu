@@ -15,6 +15,10 @@
 // (7 KB) is read through L1: every block on the SM shares it, and the weights, which bypass
 // L1, cannot evict it. Each row's sum is a warp butterfly (fixed order).
 //
+// Rows n_valid … V-1 (the padding past the tokenizer's ids, `.nanoqwen` text_vocab) get the
+// logit -inf: the row's dot product is still computed (the loads are the bandwidth-bound
+// part either way, and 271 of 151936 rows are 0.2 % of them), then replaced.
+//
 // Fused argmax, pass 1: each block writes the best (value, index) of its 32 rows to
 // part_val/part_idx[blockIdx.x] (larger value wins, lower index on ties: ptx/warp.cuh), so
 // argmax_final (argmax.cu) reduces 4752 pairs instead of re-reading 608 KB of logits.
@@ -56,7 +60,8 @@ gemv_f16_lm_head(float* __restrict__ logits,        // [V] fp32, out
                  int* __restrict__ part_idx,        // [gridDim.x] int32, out: its row index
                  const __half* __restrict__ x,      // [D] fp16 (final-normed hidden state)
                  const __half* __restrict__ weight, // [V, D] fp16 (lm_head)
-                 int V, int D) {
+                 int V, int D,
+                 int n_valid) {                     // rows >= n_valid: padding, logit -inf
     __shared__ float warp_val[LM_WARPS];
     __shared__ int warp_idx[LM_WARPS];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
@@ -111,8 +116,13 @@ gemv_f16_lm_head(float* __restrict__ logits,        // [V] fp32, out
         const float sum = warp_sum(acc[r]);  // identical in every lane
         const int row = row0 + r;
         if (row < V) {
-            if (lane == r) logits[row] = sum;
-            if (argmax_better(sum, row, best_v, best_i)) { best_v = sum; best_i = row; }
+            // The lm_head is padded past the tokenizer (151936 rows for 151665 ids): no text
+            // comes of a padded row, so its logit is -inf — out of this greedy argmax, and out
+            // of sample_token, which reads these logits (weight 0). The CPU backend masks the
+            // same rows the same way (generate.CPUBackend).
+            const float logit = row < n_valid ? sum : F32_NEG_INF;
+            if (lane == r) logits[row] = logit;
+            if (argmax_better(logit, row, best_v, best_i)) { best_v = logit; best_i = row; }
         }
     }
     if (lane == 0) { warp_val[warp] = best_v; warp_idx[warp] = best_i; }

@@ -2,6 +2,7 @@
 
 - `seed`: a fresh random seed per test, printed so a failure can be replayed
   (`DRVQWEN_SEED=… pytest …`).
+- `private_cache`: a cache root of the test's own.
 - `real_gguf`: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, fetched once into the
   cache root (`$DRVQWEN_CACHE`) by `drvqwen.pull` and verified by sha256.
 - GPU tests carry `@pytest.mark.gpu`; they skip with the reason when no Hopper GPU is usable,
@@ -27,6 +28,16 @@ def seed(request) -> int:
 @pytest.fixture
 def rng(seed) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A cache root of this test's own ($DRVQWEN_CACHE, also for the processes it starts): for
+    tests of the cache itself, and CLI tests whose records (verified files, source hashes)
+    belong to throw-away models."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("DRVQWEN_CACHE", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")

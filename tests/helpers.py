@@ -7,12 +7,29 @@ import numpy as np
 from drvqwen.config import QwenConfig
 from drvqwen.format import quant
 from drvqwen.format.nanoqwen import NanoqwenWriter, expected_tensors
-from drvqwen.format.synthetic import minimal_tokenizer_json  # noqa: F401  (tests import it from here)
+from drvqwen.format.synthetic import QWEN_CONTROL, minimal_tokenizer_json  # noqa: F401  (tests import them from here)
 
 TINY = QwenConfig(vocab_size=512, hidden_size=256, intermediate_size=384, num_layers=3,
                   num_heads=4, num_kv_heads=2, head_dim=64, max_position=1024)
 
 
+def byte_tokenizer_json(n_control: int = len(QWEN_CONTROL)) -> str:
+    """A byte-level tokenizer.json that can encode any text: the 256 bytes at ids 0..255 (no
+    merges) and the first `n_control` of QWEN_CONTROL as special tokens at 256, 257, …
+
+    With TINY's 512 rows it leaves ids 256 + n_control … 511 without text, like the padded
+    rows of the real Qwen2.5 lm_head."""
+    import tokenizers
+    from tokenizers import AddedToken, decoders, pre_tokenizers
+    from tokenizers.models import BPE
+
+    from drvqwen.tokenizer import _BYTE_TO_CHAR
+
+    tk = tokenizers.Tokenizer(BPE(vocab={_BYTE_TO_CHAR[b]: b for b in range(256)}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_CONTROL[:n_control]])
+    return tk.to_str()
 
 
 def random_dense(cfg: QwenConfig, rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
@@ -57,3 +74,11 @@ def rel_l2(a, b) -> float:
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def write_tiny_gguf(path, cfg: QwenConfig, dense: dict[str, np.ndarray], **kw):
+    """A qwen2 GGUF of `cfg` holding `dense` (format.synthetic.write_synthetic_gguf: the 256
+    bytes, "ĠĠ" at 256, QWEN_CONTROL from 257 on; tied, big_endian, qtype, n_pad, eos_id)."""
+    from drvqwen.format.synthetic import write_synthetic_gguf
+
+    return write_synthetic_gguf(path, cfg, dense, **kw)

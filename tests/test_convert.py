@@ -73,3 +73,67 @@ def test_non_qwen2_config_is_refused(tmp_path, rng):
     with pytest.raises(ConfigError, match="model_type='llama'"):
         convert(src, out)
     assert not out.exists()
+
+
+# ---- sharded checkpoints: the index decides ------------------------------------------------------
+
+def _sharded(tmp_path, rng, cfg):
+    from helpers import random_dense
+
+    src = tmp_path / "hf"
+    src.mkdir()
+    dense = random_dense(cfg, rng)
+    names = sorted(dense)
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": {k: dense[k] for k in names[i::2]} for i in range(2)}
+    for fname, part in shards.items():
+        save_file(part, str(src / fname))
+    index = {"metadata": {}, "weight_map": {k: f for f, part in shards.items() for k in part}}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    (src / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    (src / "tokenizer.json").write_text(minimal_tokenizer_json())
+    return src, dense
+
+
+def test_index_names_the_shards_and_a_stale_one_is_ignored(tmp_path, rng):
+    from helpers import TINY
+
+    src, dense = _sharded(tmp_path, rng, TINY)
+    stale = {"model.norm.weight": np.full(TINY.hidden_size, 7.0, np.float32)}
+    save_file(stale, str(src / "model-00001-of-00003.safetensors"))   # left by an older download
+    convert(src, tmp_path / "m.nanoqwen")
+    with NanoqwenFile(tmp_path / "m.nanoqwen") as f:
+        np.testing.assert_array_equal(np.asarray(f.tensor("model.norm.weight"), np.float32),
+                                      dense["model.norm.weight"].astype(np.float16).astype(np.float32))
+
+
+def test_tensor_found_twice_is_refused(tmp_path, rng):
+    from helpers import TINY
+
+    from drvqwen.errors import FormatError
+
+    src, dense = _sharded(tmp_path, rng, TINY)
+    (src / "model.safetensors.index.json").unlink()           # no index: every file is read
+    save_file({"model.norm.weight": dense["model.norm.weight"]}, str(src / "extra.safetensors"))
+    with pytest.raises(FormatError, match=r"tensor model.norm.weight is stored twice, in "):
+        convert(src, tmp_path / "m.nanoqwen")
+    assert not (tmp_path / "m.nanoqwen").exists()
+
+
+@pytest.mark.parametrize("edit,expect", [
+    (lambda wm: wm.update({"model.norm.weight": "../elsewhere.safetensors"}), "is not a shard file name"),
+    (lambda wm: wm.update({"model.norm.weight": "model-00009-of-00009.safetensors"}), "shard model-00009-of-00009.safetensors named in weight_map is missing"),
+    (lambda wm: wm.update({"model.ghost.weight": "model-00001-of-00002.safetensors"}), "tensor model.ghost.weight is not in its shard"),
+])
+def test_bad_index_is_named(tmp_path, rng, edit, expect):
+    from helpers import TINY
+
+    from drvqwen.errors import FormatError
+
+    src, _ = _sharded(tmp_path, rng, TINY)
+    ip = src / "model.safetensors.index.json"
+    d = json.loads(ip.read_text())
+    edit(d["weight_map"])
+    ip.write_text(json.dumps(d))
+    with pytest.raises(FormatError) as ei:
+        convert(src, tmp_path / "m.nanoqwen")
+    assert "model.safetensors.index.json" in str(ei.value) and expect in str(ei.value)

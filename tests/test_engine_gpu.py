@@ -76,3 +76,39 @@ def test_generate_with_gpu_backend_stops_and_caps(backend, rng):
     assert res.tokens == free and res.ttft_s > 0
     res = generate(backend, list(range(250)), 100, SamplingParams())
     assert len(res.tokens) == backend.max_context - 250
+
+
+def test_padded_vocabulary_rows_are_never_chosen(tmp_path, rng):
+    """A model whose tokenizer covers fewer ids than its lm_head has rows (text_vocab 265 of
+    512, like Qwen2.5's 151665 of 151936): the GPU's logits for the padded rows are −inf —
+    what the CPU backend's are — so neither greedy nor sampled tokens land there, even when
+    those rows would win."""
+    import dataclasses
+
+    from drvqwen.engine import GPUBackend
+    from drvqwen.generate import CPUBackend
+
+    from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+
+    cfg = dataclasses.replace(TINY, max_position=512)
+    dense = random_dense(cfg, rng)
+    f_path = tmp_path / "padded.nanoqwen"
+    text_vocab = 265
+    dense["lm_head.weight"][text_vocab:] = dense["lm_head.weight"][:text_vocab].mean(0) * 50
+    write_model(f_path, cfg, dense, tokenizer_json=byte_tokenizer_json())
+    f = NanoqwenFile(f_path)
+    assert f.text_vocab == text_vocab
+    gpu = GPUBackend(f, max_context=256)
+    cpu = CPUBackend(f, 256)
+    try:
+        prompt = rng.integers(0, text_vocab, 20).tolist()
+        g, c = gpu.prefill(prompt), cpu.prefill(prompt)
+        assert np.isneginf(g[text_vocab:]).all() and np.isfinite(g[:text_vocab]).all()
+        assert np.isneginf(c[text_vocab:]).all()
+        for params in (SamplingParams(), SamplingParams(temperature=3.0, seed=int(rng.integers(1 << 30)))):
+            toks = list(gpu.token_stream(prompt, 40, params))
+            assert max(toks) < text_vocab, toks
+    finally:
+        gpu.close()
+        cpu.close()
+        f.close()

@@ -267,10 +267,10 @@ def test_bad_gguf_file_is_named(tmp_path):
     path.write_bytes(b"GGUF" + b"\xff" * 60)
     with pytest.raises(FormatError) as ei:
         open_source(path)
-    _one_line(ei, "broken.gguf", "not a readable GGUF file")
+    _one_line(ei, "broken.gguf", "GGUF version field 4294967295")
     with pytest.raises(DrvqwenError) as ei:
         Tokenizer.from_gguf(path)
-    _one_line(ei, "broken.gguf", "not a readable GGUF file")
+    _one_line(ei, "broken.gguf", "GGUF version field 4294967295")
 
 
 def test_tokenizer_without_stop_tokens():
@@ -380,6 +380,7 @@ def test_gguf_tokenizer_errors(tmp_path):
         (dict(types=[1] * 10), "tokenizer.ggml.token_type has 10 entries, tokenizer.ggml.tokens has 257"),
         (dict(tokens=byte_tokens + [byte_tokens[65]]), "tokenizer.ggml.tokens[256]='A' duplicates entry 65"),
         (dict(merges=("abc",)), "tokenizer.ggml.merges[0]='abc' is not 'left right'"),
+        (dict(merges=("a bc",)), "tokenizer.ggml.merges do not fit tokenizer.ggml.tokens"),
     ]
     for i, (kw, expect) in enumerate(cases):
         path = _gguf(tmp_path / f"t{i}.gguf", **kw)

@@ -42,7 +42,7 @@ def test_roundtrip_bit_exact(model_file):
 def test_writer_leaves_nothing_on_error(tmp_path, rng):
     path = tmp_path / "bad.nanoqwen"
     with pytest.raises(FormatError, match="missing"):
-        with NanoqwenWriter(path, TINY, "{}") as w:
+        with NanoqwenWriter(path, TINY, minimal_tokenizer_json()) as w:
             w.add("model.embed_tokens.weight", np.zeros((TINY.vocab_size, TINY.hidden_size), np.float16))
     assert not path.exists()
     assert list(tmp_path.iterdir()) == []

@@ -54,6 +54,32 @@ def test_capped_by_context():
     b = ScriptedBackend([2], max_context=10)
     r = generate(b, list(range(7)), 100)
     assert len(r.tokens) == 3           # 7 prompt + 3 generated = the context of 10
+    assert r.stopped_by == "context full"
+    # Exactly max_new_tokens fit: the user's limit is what ended it.
+    r = generate(ScriptedBackend([2], max_context=10), list(range(7)), 3)
+    assert len(r.tokens) == 3 and r.stopped_by == "max_new_tokens"
+    # A stop token on the last position that fits is a stop token.
+    r = generate(ScriptedBackend([2, 2, 1], max_context=10), list(range(7)), 100, stop_ids=frozenset({1}))
+    assert r.tokens == [2, 2] and r.stopped_by == "stop token"
+
+
+def test_summary_never_shows_an_unmeasured_rate():
+    for n_new in (0, 1, 2, 5):
+        r = generate(ScriptedBackend([2]), [3, 4], n_new)
+        line = r.summary()
+        assert "nan" not in line.lower() and f"generated {n_new} (max_new_tokens)" in line
+        assert ("TTFT" in line) == (n_new >= 1)
+        assert ("decode" in line) == (n_new >= 2)
+
+
+def test_max_context_rule():
+    from drvqwen.generate import resolve_max_context
+
+    assert resolve_max_context(0, 64) == 64 and resolve_max_context(None, 64) == 64
+    assert resolve_max_context(10, 64) == 10 and resolve_max_context(64, 64) == 64
+    for bad in (65, 100, -1):
+        with pytest.raises(DrvqwenError, match=rf"--max-context={bad}: must be in \[1, 64\]"):
+            resolve_max_context(bad, 64)
 
 
 def test_prompt_checks():

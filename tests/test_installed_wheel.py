@@ -20,6 +20,9 @@ def test_wheel_ships_kernels_and_compiles_them(tmp_path):
     shipped = {p.name for p in (site / "drvqwen" / "_kernels").glob("*.cu*")}
     assert shipped == {p.name for p in (ROOT / "kernels").glob("*.cu*")}, "kernels/*.cu and *.cuh"
     assert {p.name for p in (site / "drvqwen" / "_ptx").glob("*.cuh")} == {p.name for p in (ROOT / "ptx").glob("*.cuh")}
+    # The command starts in _entry.py, which handles Ctrl-C before the heavy imports.
+    (eps,) = site.glob("drvqwen-*.dist-info/entry_points.txt")
+    assert "drvqwen = drvqwen._entry:main" in eps.read_text()
     code = ("from drvqwen.cuda.sources import kernels_dir, ptx_dir\n"
             "from drvqwen.cuda.nvrtc import compile_kernel\n"
             "print(kernels_dir()); print(ptx_dir())\n"

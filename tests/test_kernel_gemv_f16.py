@@ -74,3 +74,27 @@ def test_lm_head_exact_ties(dev, rng):
         assert len(set(got[rows].tolist())) == 1, "identical rows must give identical logits"
         assert int(token.download()[0]) == min(rows), (rows, int(token.download()[0]))
         dev.close()
+
+
+def test_lm_head_padded_rows_are_minus_inf(dev, rng):
+    """Rows from text_vocab on (the padding past the tokenizer) come out −inf and never win the
+    argmax, even when their dot products are the largest."""
+    from drvqwen.launchers import ArgmaxFinal, LmHead, lm_head_partials
+    from drvqwen.sampler import argmax as sampler_argmax
+
+    v, d, text_vocab = 4099, 256, 4099 - 37
+    w16 = (0.02 * rng.standard_normal((v, d), dtype=np.float32)).astype(np.float16)
+    x16 = rng.standard_normal(d, dtype=np.float32).astype(np.float16)
+    w16[text_vocab:] = (np.sign(x16.astype(np.float32)) * 0.5).astype(np.float16)   # the largest logits
+    n_part = lm_head_partials(v)
+    logits = dev.poisoned("logits", (v,), np.float32)
+    pv, pi = dev.poisoned("part_val", (n_part,), np.float32), dev.poisoned("part_idx", (n_part,), np.int32)
+    token = dev.poisoned("next_token", (1,), np.int32)
+    LmHead(logits, pv, pi, dev.upload("x", x16), dev.upload("lm_head", w16), vocab_size=v, dim=d,
+           text_vocab=text_vocab).launch()
+    ArgmaxFinal(token, pv, pi, n_partials=n_part).launch()
+    got = logits.download()
+    assert np.isneginf(got[text_vocab:]).all()
+    report("masked", got[:text_vocab], _matvec64(w16[:text_vocab], x16), TOL_GEMV)
+    tok = int(token.download()[0])
+    assert tok == sampler_argmax(got) and tok < text_vocab

@@ -123,6 +123,21 @@ def test_sampler_edge_cases(dev, rng):
     assert a == [sample(flat, p, uniform(77, s)) for s in range(50)]
 
 
+def test_sampler_nan_order_and_huge_top_k(dev, rng):
+    """One NaN order for both backends (the greedy answer skips NaN: 5, not 3), and a top_k
+    past int32 (normalized once by SamplingParams) samples exactly as the CPU does."""
+    gpu = GpuSampler(dev, 6)
+    nan_logits = np.array([0, 1, 2, np.nan, 4, 5], np.float32)
+    assert gpu(nan_logits, SamplingParams(), 0)[0] == sample(nan_logits, SamplingParams(), 0.0) == 5
+    v = 3000
+    gpu = GpuSampler(dev, v)
+    logits = (rng.standard_normal(v) * 3).astype(np.float32)
+    logits[rng.integers(0, v, 40)] = np.nan
+    for step, top_k in enumerate((2**31, 10**12, v, v + 1)):
+        _check(gpu, logits, SamplingParams(temperature=0.9, top_k=top_k, top_p=0.95, seed=step), step,
+               f"top_k={top_k}")
+
+
 def test_publish_token_ring_and_counter(dev):
     from drvqwen.cuda import PinnedHostBuffer
 

@@ -69,3 +69,20 @@ def test_decode_plan_without_a_gpu():
     assert specs["L3.attention.0"].grid == (plan.blocks_per_kv_head, cfg.num_kv_heads)
     assert specs["lm_head"].writes == ("logits", "part_val", "part_idx")
     assert all(s.writes for s in specs.values())
+
+
+def test_lm_head_gets_the_text_vocabulary():
+    """The decode plan passes text_vocab (the rows with text) to the lm_head kernel, whose
+    last argument it is; the padded rows' logits are set to −inf there (kernels/gemv_f16.cu)."""
+    from drvqwen.decode import plan_decode
+    from drvqwen.launchers import LmHead
+
+    cfg = PRESETS["0.5b"]
+    occ = FixedOccupancy(132, lambda k, t, s: 2)
+    lm = dict(plan_decode(cfg, 1024, occupancy=occ, text_vocab=151665).named_specs())["lm_head"]
+    assert lm.params[-1].value == 151665 and lm.params[-3].value == cfg.vocab_size
+    full = dict(plan_decode(cfg, 1024, occupancy=occ).named_specs())["lm_head"]
+    assert full.params[-1].value == cfg.vocab_size
+    for bad in (0, cfg.vocab_size + 1):
+        with pytest.raises(LaunchError, match="text_vocab"):
+            LmHead("logits", "pv", "pi", "x", "w", vocab_size=cfg.vocab_size, dim=896, text_vocab=bad)

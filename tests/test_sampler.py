@@ -128,3 +128,50 @@ def test_non_finite_logits():
     assert sample(np.array([0, np.inf, 1, np.inf], np.float32), p, 0.5) == 1
     with_nan = np.array([np.nan, 1.0, np.nan, 1.0, -np.inf], np.float32)
     assert {sample(with_nan, p, u) for u in np.linspace(0, 0.999, 50)} == {1, 3}
+
+
+def test_nan_order_is_the_gpu_argmax_order():
+    # The GPU argmax (ptx/warp.cuh argmax_better) never prefers a NaN to a number; the CPU's
+    # greedy choice follows the same order (np.argmax would return the NaN's index, 3).
+    logits = np.array([0, 1, 2, np.nan, 4, 5], np.float32)
+    assert int(np.argmax(logits)) == 3                       # what the order must not be
+    assert sample(logits, SamplingParams(), 0.5) == 5
+    assert sample(np.array([np.nan, 2, 2, np.nan], np.float32), SamplingParams(), 0.5) == 1
+    assert sample(np.full(4, np.nan, np.float32), SamplingParams(), 0.5) == 0
+
+
+def test_generate_greedy_skips_nan_logits():
+    # Through the generation loop of a logits backend (the CPU path of `drvqwen run`).
+    from drvqwen.generate import generate
+
+    class NaNBackend:
+        name, max_context = "nan", 50
+
+        def prefill(self, ids):
+            return np.array([0, 1, 2, np.nan, 4, 5], np.float32)
+
+        decode = prefill
+
+        def reset(self):
+            pass
+
+    assert generate(NaNBackend(), [1], 3).tokens == [5, 5, 5]
+
+
+def test_huge_top_k_is_clamped_once_for_both_backends(rng):
+    from drvqwen.engine import pack_sampler_params
+    from drvqwen.sampler import TOP_K_MAX
+    import struct
+
+    p = SamplingParams(temperature=0.8, top_k=2**31, seed=5)
+    assert p.top_k == TOP_K_MAX
+    assert SamplingParams(temperature=0.8, top_k=10**30).top_k == TOP_K_MAX
+    logits = rng.standard_normal(300).astype(np.float32)
+    off = SamplingParams(temperature=0.8, top_k=0, seed=5)
+    assert [sample(logits, p, uniform(5, i)) for i in range(50)] == \
+           [sample(logits, off, uniform(5, i)) for i in range(50)]
+    packed = struct.unpack("<QdfiIi", pack_sampler_params(p).tobytes())   # no struct.error
+    assert packed[3] == TOP_K_MAX
+    # Seeds are taken modulo 2^64 the same way on both sides.
+    assert SamplingParams(seed=-1).seed == 2**64 - 1 == struct.unpack("<QdfiIi", pack_sampler_params(SamplingParams(seed=-1)).tobytes())[0]
+    assert uniform(SamplingParams(seed=2**64 + 7).seed, 3) == uniform(7, 3)

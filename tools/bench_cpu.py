@@ -33,7 +33,7 @@ def main() -> int:
     con = Console()
     f = resolve_model(a.model)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-    ids = tok.encode(a.prompt)
+    ids = tok.encode(a.prompt, special=True)   # a raw prompt, as `drvqwen run --raw`
     backend = CPUBackend(f, max_context=len(ids) + a.tokens + 1)
     runs = []
     for i in range(a.runs):

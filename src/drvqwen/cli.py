@@ -1,26 +1,44 @@
 """The `drvqwen` command line: run, pull, convert, info.
 
-User errors (DrvqwenError) print one line in red and exit with status 2 — no traceback.
-Long work (download, conversion, weight loading) shows `rich` progress bars on stderr, so
-stdout carries only the generated text.
+User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
+traceback. Ctrl-C at any moment prints one line and exits 130 (`_entry.py` covers the imports);
+a closed stdout (`drvqwen run … | head -c 5`) ends the run quietly with status 141, as a
+process killed by SIGPIPE would, after the backend is closed like on Ctrl-C. Long work
+(download, conversion, weight loading) shows `rich` progress bars on stderr, so stdout carries
+only the generated text; output that is not a terminal is never wrapped (console.py).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # `python -m drvqwen.cli`: Ctrl-C during the imports, as _entry.py does
+    import signal as _signal
+
+    from drvqwen._entry import interrupted_while_starting as _on_sigint
+
+    _signal.signal(_signal.SIGINT, _on_sigint)
+
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TransferSpeedColumn)
 from rich.table import Table
 
 from . import __version__
+from .console import make_console
 from .errors import DrvqwenError
 
-err = Console(stderr=True, highlight=False)
+# stderr: messages and progress bars; made again by main() for the streams of that call.
+err = make_console(stderr=True)
+# 128 + SIGPIPE: how a shell reports a writer whose reader went away.
+BROKEN_PIPE_STATUS = 141
+# The one-time CRC check of a model is reported when it took at least this long (a real
+# model: ~0.5 s for 735 MB); a test model's milliseconds are not worth a line.
+VERIFY_REPORT_MIN_S = 0.1
 
 
 def _progress() -> Progress:
@@ -29,10 +47,11 @@ def _progress() -> Progress:
 
 
 def _convert_with_progress(src: Path, dst: Path):
-    from .format.convert import convert, open_source
+    from .format.convert import check_destination, convert, open_source
 
-    err.print(f"converting {src} → {dst}")
+    err.print(f"converting {src} → {dst}", soft_wrap=True)
     src = open_source(src)          # bad input fails here, before a progress bar is drawn
+    check_destination(src, dst)     # and a full disk too
     with _progress() as p:
         task = p.add_task("quantizing", total=None)
 
@@ -69,12 +88,13 @@ def cmd_pull(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    from .format.convert import convert, open_source
+    from .format.convert import check_destination, convert, open_source
 
     out = Path(args.output)
     if out.is_dir():
         raise DrvqwenError(f"{out}: is a directory; give the output file name")
     src = open_source(args.source)  # bad input fails here, before a progress bar is drawn
+    check_destination(src, out)     # and a read-only folder or a full disk too
     with _progress() as p:
         task = p.add_task("quantizing", total=None)
 
@@ -99,11 +119,15 @@ def cmd_info(args) -> int:
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
             ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
-            ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)")]
+            ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
+            ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
+             if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
+            ("end of generation", " ".join(map(str, sorted(f.eog_ids))) or "none")]
     rows += [(k, v) for k, v in c.to_dict().items()]
     for k, v in rows:
         t.add_row(str(k), str(v))
-    Console().print(t)
+    out = make_console()
+    out.print(t)
     by_dtype: dict[str, list[int]] = {}
     for info in f:
         d = by_dtype.setdefault(str(info.dtype), [0, 0])
@@ -114,7 +138,7 @@ def cmd_info(args) -> int:
         s.add_column(col)
     for k, (n, b) in by_dtype.items():
         s.add_row(k, str(n), f"{b:,}")
-    Console().print(s)
+    out.print(s)
     if args.tensors:
         tt = Table(title="tensor table")
         tt.add_column("name", overflow="fold")
@@ -122,13 +146,59 @@ def cmd_info(args) -> int:
             tt.add_column(col, no_wrap=True)
         for info in f:
             tt.add_row(info.name, str(info.dtype), "×".join(map(str, info.shape)), str(info.offset), f"{info.nbytes:,}")
-        Console().print(tt)
+        out.print(tt)
     if args.verify:
         with _progress() as p:
             task = p.add_task("verifying CRC32", total=h.n_tensors)
             f.verify_data(progress=lambda info: p.advance(task))
+        from .models import remember_verified
+
+        remember_verified(f.path)   # `drvqwen run` need not check this file again
         err.print("[green]all tensor checksums match")
     return 0
+
+
+def _bytes_progress() -> Progress:
+    """A transient bar in bytes on stderr (hashing a source, verifying a model)."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                    TransferSpeedColumn(), TimeElapsedColumn(), console=err, transient=True)
+
+
+def _verify_with_progress(f) -> None:
+    """Check the tensor CRCs of `f` once per file (models.verify_once), showing the cost."""
+    from .models import is_verified, verify_once
+
+    if is_verified(f.path):
+        return
+    with _bytes_progress() as p:
+        task = p.add_task("verifying tensor CRC32s", total=None)
+        secs = verify_once(f, progress=lambda done, total: p.update(task, completed=done, total=total))
+    if secs is not None and secs >= VERIFY_REPORT_MIN_S:
+        size = sum(i.nbytes for i in f)
+        err.print(f"[dim]verified {size / 2**20:.0f} MiB of tensor data in {secs:.2f} s "
+                  f"(once per file; --no-verify skips it)", soft_wrap=True)
+
+
+def _hash_progress(path: Path):
+    """A progress callback for hashing `path` the first time (large sources only)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size < 64 << 20:
+        return None
+    state = {}
+
+    def cb(done: int, total: int) -> None:
+        if "p" not in state:
+            state["p"] = _bytes_progress()
+            state["p"].start()
+            state["task"] = state["p"].add_task(f"hashing {path.name}", total=total)
+        state["p"].update(state["task"], completed=done)
+        if done >= total:
+            state["p"].stop()
+
+    return cb
 
 
 def _choose_device(requested: str) -> tuple[str, str | None]:
@@ -155,7 +225,7 @@ def cmd_run(args) -> int:
     from .generate import CPUBackend, generate
     from .models import resolve_model
     from .sampler import SamplingParams
-    from .tokenizer import StreamDecoder, Tokenizer, chat_prompt, fim_prompt
+    from .tokenizer import DEFAULT_SYSTEM, StreamDecoder, Tokenizer
 
     if args.prompt is None and args.prompt_file is None and args.fim_prefix is None:
         raise DrvqwenError("give --prompt TEXT, --prompt-file FILE or --fim-prefix/--fim-suffix")
@@ -165,36 +235,58 @@ def cmd_run(args) -> int:
         params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     except ValueError as e:
         raise DrvqwenError(str(e)) from None
-    if args.prompt_file:
-        try:
-            text = Path(args.prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise DrvqwenError(f"{args.prompt_file}: cannot read prompt ({e})") from None
-    else:
-        text = args.prompt
-    if args.fim_prefix is not None or args.fim_suffix is not None:
-        prompt = fim_prompt(args.fim_prefix or "", args.fim_suffix or "")
-    elif args.raw:
-        prompt = text
-    else:
-        prompt = chat_prompt(text, system=args.system) if args.system else chat_prompt(text)
+    from .text_input import checked_arg, read_text_file
 
-    f = resolve_model(args.model, on_convert=_convert_with_progress)
+    # Every piece of user text passes the same UTF-8 check, whichever way it came in.
+    for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
+        v = getattr(args, opt)
+        if v is not None:
+            setattr(args, opt, checked_arg(v, "--" + opt.replace("_", "-")))
+    text = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
+    generating = args.max_new_tokens > 0
+    # The device first: `--device cuda` without a GPU fails before any model work.
+    device, why = _choose_device(args.device) if generating else ("cpu", None)
+    f = resolve_model(args.model, on_convert=_convert_with_progress,
+                      verify=_verify_with_progress if generating and not args.no_verify else None,
+                      say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True),
+                      hash_progress=_hash_progress)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-    ids = tok.encode(prompt)
-    max_context = args.max_context or f.config.max_position
-    from .generate import check_prompt_fits
+    # User text is plain text: only the template's own markers become control ids. --raw
+    # is the one place where special tokens written in the prompt are parsed, on purpose.
+    if args.fim_prefix is not None or args.fim_suffix is not None:
+        ids = tok.fim(args.fim_prefix or "", args.fim_suffix or "")
+    elif args.raw:
+        ids = tok.encode(text, special=True)
+    else:
+        # `is None`, not truthiness: --system "" asks for an empty system turn.
+        ids = tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
+    from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, resolve_max_context
 
-    check_prompt_fits(len(ids), max_context)
+    # One rule for both devices: the context is the model's, or less, never silently capped.
+    max_context = resolve_max_context(args.max_context, f.config.max_position)
+    check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
+    check_prompt_ids(ids, f.config.vocab_size, str(f.path))
+    if not generating:
+        # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
+        err.print(f"[dim]{GenerationResult(prompt_tokens=len(ids)).summary()}")
+        return 0
 
-    device, why = _choose_device(args.device)
+    if device == "cuda":
+        from .engine import check_gpu_supports
+
+        try:
+            check_gpu_supports(f)
+        except DrvqwenError as e:
+            if args.device == "cuda":
+                raise
+            device, why = "cpu", str(e).split(": ", 1)[-1]
     if device == "cpu":
         err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
-        # The CPU cache holds only what this run can use: prompt + new tokens.
-        ctx = min(max_context, len(ids) + max(args.max_new_tokens, 1))
         with _progress() as p:
             task = p.add_task("dequantizing weights", total=f.config.num_layers)
-            backend = CPUBackend(f, ctx, progress=lambda i, n: p.update(task, completed=i))
+            # The CPU cache holds only what this run can use: prompt + new tokens.
+            backend = CPUBackend(f, max_context, progress=lambda i, n: p.update(task, completed=i),
+                                 cache_tokens=len(ids) + args.max_new_tokens)
     else:  # pragma: no cover - needs a Hopper GPU (tests/test_engine_gpu.py covers the backend)
         from .engine import GPUBackend
 
@@ -215,7 +307,7 @@ def cmd_run(args) -> int:
             out.flush()
 
     try:
-        res = generate(backend, ids, args.max_new_tokens, params, frozenset(tok.stop_ids), on_token,
+        res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
                        ignore_stop=args.ignore_eos)
         mode = getattr(backend, "decode_mode", None)   # read before close(): graph or eager
     finally:
@@ -224,9 +316,12 @@ def cmd_run(args) -> int:
     tail = stream.flush()
     out.write(tail + "\n")
     out.flush()
+    if res.stopped_by == "context full":
+        err.print(f"[yellow]warning: the context of {max_context} tokens is full: generation ended "
+                  f"after {len(res.tokens)} of --max-new-tokens={args.max_new_tokens} "
+                  f"(raise --max-context; the model allows {f.config.max_position})", soft_wrap=True)
     name = f"{backend.name}, {mode} decode" if mode else backend.name
-    err.print(f"[dim]{name}: prompt {res.prompt_tokens} tokens, generated {len(res.tokens)} "
-              f"({res.stopped_by}), TTFT {res.ttft_s * 1e3:.1f} ms, decode {res.decode_tok_s:.2f} tok/s")
+    err.print(f"[dim]{name}: {res.summary()}")
     return 0
 
 
@@ -240,21 +335,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
     r.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
-    r.add_argument("--prompt", help="the user message (chat template) or the raw text with --raw")
-    r.add_argument("--prompt-file", help="read the prompt from a file")
-    r.add_argument("--system", help="system message for the chat template")
-    r.add_argument("--raw", action="store_true", help="plain completion: no chat template")
-    r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole")
-    r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole")
+    r.add_argument("--prompt", help="the user message (chat template; encoded as plain text) or the "
+                                    "whole prompt with --raw")
+    r.add_argument("--prompt-file", help="read the prompt from a file (UTF-8, bytes as they are)")
+    r.add_argument("--system", help="system message for the chat template (plain text; \"\" = an "
+                                    "empty system turn; default: Qwen's)")
+    r.add_argument("--raw", action="store_true",
+                   help="plain completion, no chat template; special tokens written in the prompt "
+                        "(<|im_start|> …) ARE parsed as control ids, so you can write your own template")
+    r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole (plain text)")
+    r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole (plain text)")
     r.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default: 256)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     r.add_argument("--top-k", type=int, default=0, help="0 = off")
     r.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     r.add_argument("--seed", type=int, default=0, help="seed of the sampler's Philox stream (default: 0)")
-    r.add_argument("--max-context", type=int, default=0, help="context length (default: the model's)")
+    r.add_argument("--max-context", type=int, default=0,
+                   help="context length in tokens, at most the model's max_position (default 0: all of it)")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
-    r.add_argument("--ignore-eos", action="store_true", help="do not stop at <|im_end|>/<|endoftext|>")
+    r.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at the model's end-of-generation tokens (drvqwen info lists them)")
+    r.add_argument("--no-verify", action="store_true",
+                   help="skip the one-time CRC32 check of the model's tensor data (faster first "
+                        "start; a damaged file then gives garbage instead of an error)")
     r.add_argument("--eager", action="store_true",
                    help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)
@@ -281,21 +385,69 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cmd is None:
-        parser.print_help()
-        return 2
+def _say(message: str) -> None:
+    """Print one line on stderr; stay silent if stderr itself is gone."""
     try:
+        err.print(message, soft_wrap=True)
+    except OSError:
+        pass
+
+
+def _os_error_line(e: OSError) -> str:
+    """An OSError as one line naming the path and what is needed."""
+    import errno
+
+    what = e.strerror or str(e)
+    hint = {errno.ENOSPC: " (free some space, or set DRVQWEN_CACHE to a disk with room)",
+            errno.EROFS: " (read-only: set DRVQWEN_CACHE to a writable directory)",
+            errno.EACCES: " (permission denied: set DRVQWEN_CACHE to a directory you can write)",
+            errno.EDQUOT: " (disk quota exceeded)"}.get(e.errno, "")
+    return f"{e.filename}: {what}{hint}" if e.filename else f"{what}{hint}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one `drvqwen` command; returns the exit status (0 ok, 2 user or I/O error,
+    130 interrupted, 141 stdout closed)."""
+    global err
+    prev_sigint = signal.getsignal(signal.SIGINT)
+    try:
+        # From here on Ctrl-C raises KeyboardInterrupt, so that every `finally` (closing the
+        # GPU backend, removing a half-written file) runs before the one line below.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        err = make_console(stderr=True)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.cmd is None:
+            parser.print_help()
+            return 2
         return args.fn(args)
     except DrvqwenError as e:
-        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        _say(f"[bold red]error:[/] {e}")
+        return 2
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head`): nothing more can be shown, and Python's
+        # final flush of stdout would fail again, so point stdout at /dev/null.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except Exception:  # best effort: stdout may be no file at all (an in-process caller's)
+            pass
+        return BROKEN_PIPE_STATUS
+    except OSError as e:
+        _say(f"[bold red]error:[/] {_os_error_line(e)}")
         return 2
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C cannot cut the line
+        _say("[yellow]interrupted")
         return 130
+    finally:
+        try:
+            signal.signal(signal.SIGINT, prev_sigint if prev_sigint is not None else signal.default_int_handler)
+        except (ValueError, TypeError):
+            pass
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from drvqwen._entry import leave
+
+    sys.exit(leave(main()))

@@ -154,7 +154,7 @@ def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[i
 
 
 def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: str = DEFAULT_ATTENTION,
-                occupancy: Occupancy | None = None) -> DecodePlan:
+                occupancy: Occupancy | None = None, text_vocab: int | None = None) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -163,6 +163,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         attention: "tma" or "plain" (ATTENTION_KERNELS).
         occupancy: blocks per SM and SM count for the grids (default: the driver's, which needs
             a GPU; launchers.FixedOccupancy plans without one).
+        text_vocab: ids below it have text (NanoqwenFile.text_vocab); the lm_head rows from it
+            up to vocab_size get the logit −inf, so greedy and sampled choices skip them, as
+            on the CPU (default: every row).
     Raises:
         DrvqwenError: max_context out of [1, max_position], or an unknown attention kernel.
     """
@@ -216,7 +219,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             (f"L{l}.down_proj", K.GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
         ]
     lm = K.LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
-                  vocab_size=V, dim=D)
+                  vocab_size=V, dim=D, text_vocab=text_vocab)
     steps += [
         ("norm", K.RmsNorm(a["xn"], a["residual"], weights["model.norm.weight"], dim=D, eps=eps)),
         ("lm_head", lm),
@@ -256,7 +259,7 @@ class DecodeStep:
         self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
-        self.plan = plan_decode(cfg, max_context, attention=attention)
+        self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab)
         self.attention, self.max_context = attention, self.plan.max_context
         self._check_fits(f)
         self.stream = Stream()

@@ -52,8 +52,10 @@ assert struct.calcsize(_PARAMS_FORMAT) == sampling.PARAMS_BYTES
 def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndarray:
     """The 32 bytes of sampling.cu's SamplerParams for `params`, as uint8 [32].
 
-    seed is taken modulo 2^64 (Philox's key: low word, high word); scale_log2 is
-    float32(log2(e) / temperature), 0 for greedy parameters (never used then).
+    seed (already modulo 2^64: Philox's key, low word then high word) and top_k (already
+    clamped to int32's range) are packed as `SamplingParams` normalized them, so this can
+    neither fail nor differ from the CPU sampler; scale_log2 is float32(log2(e) /
+    temperature), 0 for greedy parameters (never used then).
     """
     greedy = params.greedy
     scale = 0.0 if greedy else float(scale_log2(params.temperature))
@@ -79,6 +81,20 @@ def check_stream_args(n_prompt: int, max_new_tokens: int, max_context: int) -> i
     return min(max_new_tokens, max_context - n_prompt)
 
 
+def check_gpu_supports(f: NanoqwenFile) -> None:
+    """Refuse, before anything is allocated, a model the GPU kernels would run wrongly.
+
+    YaRN RoPE scaling: the RoPE kernels take the inverse frequencies from a buffer, but not
+    YaRN's attention factor on cos and sin; until they do, such a model runs on the CPU.
+
+    Raises:
+        DrvqwenError: the model uses YaRN.
+    """
+    if f.config.rope_scaling is not None:
+        raise DrvqwenError(f"{f.path}: YaRN RoPE scaling (factor {f.config.rope_scaling.factor:g}) runs "
+                           f"on the CPU backend only (--device cpu)")
+
+
 class GPUBackend:
     """A `.nanoqwen` model on the GPU, generating with `token_stream` (generate.py's token backend).
 
@@ -102,6 +118,7 @@ class GPUBackend:
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, *, num_layers: int | None = None,
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, use_graphs: bool = True):
+        check_gpu_supports(f)
         self.step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
         self.use_graphs = use_graphs
         # One GraphDecoder per sampler step (greedy argmax, or the sampler): a graph holds the

@@ -25,6 +25,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from .config import QwenConfig
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .reference import Model, Weights
@@ -45,26 +46,134 @@ class TokenBackend(Backend, Protocol):
                      params: SamplingParams) -> Iterator[int]: ...
 
 
+def resolve_max_context(requested: int | None, max_position: int) -> int:
+    """The context length of a run, by one rule for the CPU and the GPU backends.
+
+    Args:
+        requested: --max-context; None or 0 means the model's max_position.
+        max_position: the model's context length (QwenConfig.max_position).
+    Returns:
+        The context in tokens, in [1, max_position].
+    Raises:
+        DrvqwenError: `requested` is negative or larger than the model's max_position — the
+            positions past it were never trained, so a larger context is refused, never capped
+            in silence.
+    """
+    n = max_position if not requested else int(requested)
+    if not 1 <= n <= max_position:
+        raise DrvqwenError(f"--max-context={requested}: must be in [1, {max_position}] "
+                           f"(the model's max_position; 0 = all of it)")
+    return n
+
+
+def cpu_memory_needed(cfg: QwenConfig, cache_tokens: int) -> dict[str, int]:
+    """Bytes the CPU backend needs for `cfg` and a KV cache of `cache_tokens` positions.
+
+    Returns {"weights", "kv_cache", "activations", "total"}: the weights dequantized to
+    float32, K and V in float32 pages, and the working set of one prefill chunk (activations of
+    PREFILL_CHUNK rows, one block of attention scores a few times over, the logits).
+    """
+    from .kv_cache import PAGE_TOKENS
+    from .format.nanoqwen import expected_tensors
+    from .reference import ATTENTION_BLOCK_BYTES, PREFILL_CHUNK
+
+    elems = 0
+    for name, (_, shape) in expected_tensors(cfg).items():
+        if name.endswith(".scales"):
+            continue
+        n = int(np.prod(shape, dtype=np.int64))
+        elems += n * 8 if name.endswith(".qweight") else n      # 8 weights per packed word
+    weights = 4 * elems
+    positions = -(-cache_tokens // PAGE_TOKENS) * PAGE_TOKENS
+    kv = 2 * cfg.num_layers * positions * cfg.num_kv_heads * cfg.head_dim * 4
+    rows = min(PREFILL_CHUNK, max(cache_tokens, 1))
+    per_row = 4 * (4 * cfg.hidden_size + cfg.q_dim + 2 * cfg.kv_dim + 3 * cfg.intermediate_size)
+    acts = 2 * rows * per_row + 4 * ATTENTION_BLOCK_BYTES + 8 * cfg.vocab_size
+    return {"weights": weights, "kv_cache": kv, "activations": acts, "total": weights + kv + acts}
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_cpu_memory(f: NanoqwenFile, cache_tokens: int, available: int | None = None) -> None:
+    """Refuse, before anything is allocated, a CPU run that cannot fit in memory.
+
+    Raises:
+        DrvqwenError: the estimate of `cpu_memory_needed` exceeds the available memory; the
+            message gives both and what takes the memory.
+    """
+    available = available_memory() if available is None else available
+    if available is None:
+        return
+    need = cpu_memory_needed(f.config, cache_tokens)
+    if need["total"] > available:
+        gib = 2.0**30
+        raise DrvqwenError(
+            f"{f.path}: the CPU backend needs ~{need['total'] / gib:.1f} GiB for a context of "
+            f"{cache_tokens} tokens (weights {need['weights'] / gib:.1f} GiB as float32, KV cache "
+            f"{need['kv_cache'] / gib:.2f} GiB, working set {need['activations'] / gib:.2f} GiB), "
+            f"{available / gib:.1f} GiB available: use a GPU, a smaller model or a shorter prompt")
+
+
 class CPUBackend:
     """The numpy reference as a backend: weights dequantized once to float32 and kept in memory
-    (~4 bytes/parameter: 2 GB for the 0.5B), decode is one reference forward of one token."""
+    (~4 bytes/parameter: 2 GB for the 0.5B), decode is one reference forward of one token.
 
-    def __init__(self, f: NanoqwenFile, max_context: int, progress: Callable[[int, int], None] | None = None):
+    Args:
+        f: the validated model file.
+        max_context: the run's context in tokens (checked by `resolve_max_context`: the same
+            rule as the GPU backend).
+        progress: called as progress(layers_done, layers) while dequantizing.
+        cache_tokens: KV-cache positions to allocate (default max_context). A run that knows it
+            needs fewer (prompt + max_new_tokens) allocates only those; `max_context` still
+            says where the context ends.
+    Raises:
+        DrvqwenError: max_context outside [1, max_position]; or the weights, the cache and
+            the working set would not fit in the available memory (`check_cpu_memory`,
+            checked before anything is allocated).
+    """
+
+    def __init__(self, f: NanoqwenFile, max_context: int, progress: Callable[[int, int], None] | None = None,
+                 cache_tokens: int | None = None):
         self.name = "cpu (numpy reference)"
         self.config = f.config
-        self.max_context = min(max_context, f.config.max_position)
+        self.max_context = resolve_max_context(max_context, f.config.max_position)
+        cache = min(cache_tokens or self.max_context, self.max_context)
+        check_cpu_memory(f, cache)
+        self.text_vocab = f.text_vocab
         self.weights = Weights.from_nanoqwen(f, np.float32, progress=progress)
-        self.model = Model(self.weights, max_tokens=self.max_context)
+        self.model = Model(self.weights, max_tokens=cache)
+
+    def _mask(self, logits: np.ndarray) -> np.ndarray:
+        # The lm_head's padded rows (ids >= text_vocab) stand for no text: -inf takes them out
+        # of greedy and sampled choices alike (the sampler gives -inf a weight of 0).
+        logits[self.text_vocab:] = -np.inf
+        return logits
 
     def prefill(self, ids: list[int]) -> np.ndarray:
+        """Logits fp32 [V] of the last prompt position; ids >= text_vocab are −inf."""
         self.model.reset()
-        return self.model.forward(ids, last_only=True)[0]
+        return self._mask(self.model.forward(ids, last_only=True)[0])
 
     def decode(self, token: int) -> np.ndarray:
-        return self.model.forward([token])[0]
+        """Logits fp32 [V] after `token`; ids >= text_vocab are −inf."""
+        return self._mask(self.model.forward([token])[0])
 
     def reset(self) -> None:
         self.model.reset()
+
+    def close(self) -> None:
+        """Drop the dequantized weights and the KV cache (the memory goes back at once)."""
+        self.weights = self.model = None
 
 
 @dataclass
@@ -74,21 +183,50 @@ class GenerationResult:
     text: str = ""
     ttft_s: float = 0.0             # prompt submitted → first token chosen
     decode_s: float = 0.0           # first token → last token
+    # Why generation ended: "max_new_tokens", "stop token", or "context full" (the context
+    # ended before max_new_tokens were generated).
     stopped_by: str = "max_new_tokens"
 
     @property
     def decode_tok_s(self) -> float:
+        """Tokens per second after the first; NaN when fewer than two tokens were generated
+        (there is no decode interval to measure: `summary` leaves it out)."""
         n = len(self.tokens) - 1
         return n / self.decode_s if n > 0 and self.decode_s > 0 else float("nan")
 
+    def summary(self) -> str:
+        """One line: prompt and generated tokens, why it stopped, TTFT and the decode rate —
+        each timing only when it was measured (TTFT needs a token, the rate two)."""
+        parts = [f"prompt {self.prompt_tokens} tokens", f"generated {len(self.tokens)} ({self.stopped_by})"]
+        if self.tokens or self.stopped_by == "stop token":
+            parts.append(f"TTFT {self.ttft_s * 1e3:.1f} ms")
+        if len(self.tokens) >= 2 and self.decode_s > 0:
+            parts.append(f"decode {self.decode_tok_s:.2f} tok/s")
+        return ", ".join(parts)
 
-def check_prompt_fits(n_prompt: int, max_context: int) -> None:
-    """Raise DrvqwenError when the prompt leaves no room to generate within the context."""
+
+def check_prompt_fits(n_prompt: int, max_context: int, model: str | None = None,
+                      max_position: int | None = None) -> None:
+    """Raise DrvqwenError when the prompt leaves no room to generate within the context.
+
+    model, max_position: the model file and its context, named in the message (the context
+    may be short because the file says so, not because of --max-context).
+    """
     if n_prompt == 0:
         raise DrvqwenError("the prompt is empty (0 tokens)")
     if n_prompt >= max_context:
+        where = f"; {model} allows {max_position}" if model and max_position else ""
         raise DrvqwenError(f"prompt of {n_prompt} tokens does not fit the context of "
-                           f"{max_context} tokens (--max-context)")
+                           f"{max_context} tokens (--max-context{where})")
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, model: str) -> None:
+    """Raise DrvqwenError when a prompt id has no row in the model (a tokenizer with more ids
+    than the embedding has rows: the file's tokenizer and weights disagree)."""
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise DrvqwenError(f"{model}: the prompt's token id {bad[0]} has no embedding row (the model "
+                           f"has {vocab_size}): the embedded tokenizer does not belong to these weights")
 
 
 def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
@@ -114,7 +252,8 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
     Token i (0-based) is chosen with the uniform number `sampler.uniform(params.seed, i)`, by
     the backend itself when it has `token_stream` (the GPU engine), else here.
     Generation stops early at a stop id (not included in the result) unless ignore_stop; it is
-    capped so that prompt + generated never exceeds backend.max_context.
+    capped so that prompt + generated never exceeds backend.max_context, and when that cap
+    ends it before max_new_tokens, `stopped_by` says "context full".
     Raises DrvqwenError if the prompt does not fit.
     """
     check_prompt_fits(len(prompt_ids), backend.max_context)
@@ -144,4 +283,6 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
         if close is not None:
             close()  # a backend running ahead of the host stops here
     res.decode_s = time.perf_counter() - (t_first or t0)
+    if res.stopped_by != "stop token" and len(res.tokens) == budget < max_new_tokens:
+        res.stopped_by = "context full"
     return res

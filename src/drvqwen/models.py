@@ -1,26 +1,63 @@
-"""Resolving a `--model` argument to a validated `.nanoqwen` file.
+"""Resolving a `--model` argument to a validated `.nanoqwen` file, and the conversion cache.
 
 - nothing: the real Qwen2.5-Coder-0.5B-Instruct GGUF (pulled on first use), converted once
 - a `.nanoqwen` file: opened and validated as is
 - an HF folder or a GGUF file: converted once into the cache root, reused afterwards
+
+The conversion cache is keyed by content: the sha256 of the files the converter reads, the
+`.nanoqwen` format version, the weight layout and the quantizer version. Moving or copying
+the cache (or the source) therefore finds the conversion again, and a new quantizer or
+format converts again. A superseded conversion — an older quantizer's for the same source,
+or one of an older file at the same path — is removed when its successor is written, so the
+cache does not keep several 735 MB copies of one model.
+
+Hashing a 15 GB checkpoint takes ~15 s, so a file's sha256 is remembered, keyed by what
+changes whenever its bytes do: (device, inode, size, mtime). `drvqwen run` verifies the
+tensor CRCs of a model once and remembers that the same way (`verify_once`), so a flipped
+byte is caught before it becomes garbage text, and the check is paid once per file.
+
+A cached conversion that no longer validates (truncated, damaged) is removed and converted
+again from its source, with a line saying so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import DrvqwenError
-from .format.convert import cached_path_for, convert
-from .format.nanoqwen import MAGIC, NanoqwenFile
-from .paths import models_dir
+from .errors import DrvqwenError, FormatError
+from .format import quant
+from .format.convert import convert, hf_source_files
+from .format.nanoqwen import MAGIC, VERSION, NanoqwenFile
+from .paths import atomic_write_bytes, models_dir, state_dir
+
+# Called with (bytes_done, bytes_total) while hashing or verifying.
+Progress = Callable[[int, int], None]
+_CHUNK = 8 << 20
 
 
-def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | None = None) -> NanoqwenFile:
+def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | None = None, *,
+                  verify: Callable[[NanoqwenFile], object] | None = None,
+                  say: Callable[[str], None] | None = None,
+                  hash_progress: Callable[[Path], Progress | None] | None = None) -> NanoqwenFile:
     """Return the opened `.nanoqwen` for a --model argument (see module doc).
 
-    on_convert(src, dst) is called to perform a conversion with progress display; by default
-    `convert(src, dst)` runs silently. Raises DrvqwenError subclasses for bad input.
+    Args:
+        arg: the --model value (None: the default model).
+        on_convert: on_convert(src, dst) performs a conversion with progress display; by
+            default `convert(src, dst)` runs silently.
+        verify: called with the opened file to check its tensor data (e.g. `verify_once`);
+            a cached conversion that fails it is converted again.
+        say: prints a line for the user (a damaged cached conversion being rebuilt).
+        hash_progress: hash_progress(file) returns a progress callback for hashing a source
+            file the first time (or None).
+    Raises:
+        DrvqwenError subclasses for bad input.
     """
     if arg is None:
         from .pull import ensure_default_gguf
@@ -34,11 +71,196 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
             with open(src, "rb") as f:
                 head = f.read(8)
             if head == MAGIC or src.suffix == ".nanoqwen":
-                return NanoqwenFile(src)
-    dst = cached_path_for(src, models_dir())
-    if not dst.exists():
-        if on_convert is not None:
-            on_convert(src, dst)
-        else:
-            convert(src, dst)
+                nf = NanoqwenFile(src)
+                if verify is not None:
+                    verify(nf)
+                return nf
+    mdir = models_dir()
+    digest = source_digest(src, hash_progress)
+    dst = conversion_path(src, digest, mdir)
+    if dst.exists():
+        try:
+            nf = NanoqwenFile(dst)
+            if verify is not None:
+                verify(nf)
+            return nf
+        except FormatError as e:
+            # The cache's own file: rebuild it rather than fail the same way on every run.
+            if say is not None:
+                say(f"cached conversion is damaged ({e}); converting {src} again")
+            dst.unlink(missing_ok=True)
+    if on_convert is not None:
+        on_convert(src, dst)
+    else:
+        convert(src, dst)
+    _record_conversion(dst, src, digest)
+    remember_verified(dst)  # just written from the CRCs it carries
+    remove_superseded(dst, src, digest, mdir)
     return NanoqwenFile(dst)
+
+
+# ---- content keys -------------------------------------------------------------------------------
+
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_size} {st.st_mtime_ns}"
+
+
+def _record_path(kind: str, st: os.stat_result) -> Path:
+    # Keyed by (device, inode): a rename or a move within one file system keeps the record.
+    return state_dir() / f"{kind}-{st.st_dev}-{st.st_ino}"
+
+
+def _read_record(kind: str, st: os.stat_result) -> str | None:
+    try:
+        stamp, _, value = _record_path(kind, st).read_text().partition("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value.strip() if stamp == _stamp(st) else None
+
+
+def _write_record(kind: str, st: os.stat_result, value: str) -> None:
+    try:
+        atomic_write_bytes(_record_path(kind, st), f"{_stamp(st)}\n{value}\n".encode())
+    except (OSError, DrvqwenError):
+        pass  # a record only saves work next time: a read-only cache just repeats the work
+
+
+def file_sha256(path: Path, progress: Progress | None = None) -> str:
+    """sha256 (hex) of a file, remembered by (device, inode, size, mtime): hashed once.
+
+    Raises:
+        DrvqwenError: the file cannot be read.
+    """
+    try:
+        st = path.stat()
+        known = _read_record("sha256", st)
+        if known:
+            return known
+        h = hashlib.sha256()
+        done = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, st.st_size)
+    except OSError as e:
+        raise DrvqwenError(f"{path}: cannot read ({e.strerror or e})") from None
+    digest = h.hexdigest()
+    if path.stat().st_mtime_ns == st.st_mtime_ns:      # not rewritten while we read it
+        _write_record("sha256", st, digest)
+    return digest
+
+
+def source_files(src: Path) -> list[Path]:
+    """The files a conversion of `src` reads: the GGUF itself, or the HF folder's config,
+    generation config, tokenizer, index and shards (format.convert.hf_source_files)."""
+    return hf_source_files(src) if src.is_dir() else [src]
+
+
+def source_digest(src: Path, hash_progress: Callable[[Path], Progress | None] | None = None) -> str:
+    """sha256 over the names and contents of `source_files(src)`."""
+    h = hashlib.sha256()
+    for p in source_files(src):
+        h.update(f"{p.name}:{file_sha256(p, hash_progress(p) if hash_progress else None)};".encode())
+    return h.hexdigest()
+
+
+def conversion_path(src: Path, digest: str, mdir: Path) -> Path:
+    """Where the conversion of a source with content `digest` lives in the cache: the
+    source's name for people, and a key of its content and of everything that changes the
+    converted bytes (format version, layout, quantizer)."""
+    key = hashlib.sha256(f"{digest}:format-{VERSION}:layout-{quant.LAYOUT_ID}:"
+                         f"quantizer-{quant.QUANTIZER_VERSION}".encode()).hexdigest()[:16]
+    return mdir / f"{_stem(src)}-{key}.nanoqwen"
+
+
+def _stem(src: Path) -> str:
+    name = src.resolve().name if src.name in ("", ".", "..") else src.name
+    return name[:-5] if name.endswith(".gguf") else name
+
+
+# ---- superseded conversions ---------------------------------------------------------------------
+
+def _sidecar(dst: Path) -> Path:
+    return dst.with_name(f".{dst.name}.source.json")
+
+
+def _record_conversion(dst: Path, src: Path, digest: str) -> None:
+    data = {"source": str(src.resolve()), "digest": digest, "format": VERSION,
+            "quantizer": quant.QUANTIZER_VERSION, "layout": quant.LAYOUT_ID}
+    try:
+        atomic_write_bytes(_sidecar(dst), json.dumps(data).encode())
+    except OSError:
+        pass
+
+
+def remove_superseded(dst: Path, src: Path, digest: str, mdir: Path) -> list[Path]:
+    """Delete the cache's other conversions of this source: same content under an older
+    key (older quantizer or format), or an older content at the same path; and conversions
+    of the same name from before content keys (`<stem>-<12 hex>.nanoqwen`). Returns them.
+
+    Unlinking a file another process has mapped is safe on POSIX: it keeps its mapping.
+    """
+    removed = []
+    source = str(src.resolve())
+    legacy = re.compile(rf"^{re.escape(_stem(src))}-[0-9a-f]{{12}}\.nanoqwen$")
+    for p in mdir.glob("*.nanoqwen"):
+        if p == dst:
+            continue
+        try:
+            rec = json.loads(_sidecar(p).read_text())
+            stale = rec.get("source") == source or rec.get("digest") == digest
+        except (OSError, ValueError, AttributeError):
+            stale = bool(legacy.match(p.name))
+        if stale:
+            for q in (p, _sidecar(p)):
+                try:
+                    q.unlink(missing_ok=True)
+                except OSError:
+                    pass
+            removed.append(p)
+    return removed
+
+
+# ---- verified tensor data -----------------------------------------------------------------------
+
+def remember_verified(path: Path) -> None:
+    """Record that `path`'s tensor data matched its CRCs (until its size or mtime change)."""
+    try:
+        _write_record("verified", path.stat(), "ok")
+    except OSError:
+        pass
+
+
+def is_verified(path: Path) -> bool:
+    """True if `path` was verified and has not changed since."""
+    try:
+        return _read_record("verified", path.stat()) == "ok"
+    except OSError:
+        return False
+
+
+def verify_once(f: NanoqwenFile, progress: Progress | None = None) -> float | None:
+    """Check every tensor's CRC32 unless this very file was checked before.
+
+    Returns:
+        The seconds the check took, or None if it was remembered (nothing read).
+    Raises:
+        FormatError: a tensor's data does not match its CRC32 (names the tensor).
+    """
+    if is_verified(f.path):
+        return None
+    total = sum(i.nbytes for i in f)
+    done = 0
+    t0 = time.perf_counter()
+
+    def step(info) -> None:
+        nonlocal done
+        done += info.nbytes
+        if progress:
+            progress(done, total)
+
+    f.verify_data(progress=step)
+    remember_verified(f.path)
+    return time.perf_counter() - t0

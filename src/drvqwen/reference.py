@@ -23,11 +23,12 @@ apply_rotary_pos_emb, Qwen2Attention, Qwen2MLP) and Qwen2.5's config.json.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import QwenConfig
+from .config import QwenConfig, RopeScaling
 from .kv_cache import PAGE_TOKENS
 from .format import quant
 from .format.nanoqwen import NanoqwenFile, proj_prefix
@@ -45,23 +46,54 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(var + x.dtype.type(eps))) * weight.astype(x.dtype)
 
 
-def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
     """inv_freq[i] = 1 / theta^(2i / head_dim), i < head_dim/2, computed in float32 as HF does
-    (`1.0 / base ** (torch.arange(0, dim, 2).float() / dim)`). Returns float32 [head_dim/2]."""
+    (`1.0 / base ** (torch.arange(0, dim, 2).float() / dim)`). Returns float32 [head_dim/2].
+
+    With YaRN `scaling`, transformers' `_compute_yarn_parameters` step for step in float32:
+    the interpolated frequencies 1 / (factor · base^(2i/d)) and the extrapolated ones blended
+    by a linear ramp between the correction dimensions of beta_fast and beta_slow (found in
+    float64, as Python floats). The attention factor is applied by `rope_cos_sin`.
+    """
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    pos_freqs = np.float32(theta) ** exponent
+    if scaling is None:
+        return (np.float32(1.0) / pos_freqs).astype(np.float32)
+
+    def correction_dim(rotations: float) -> float:
+        return (head_dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001                                        # transformers: no division by zero
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low),
+                   np.float32(0), np.float32(1)).astype(np.float32)
+    extrapolation = np.float32(1.0) / pos_freqs
+    interpolation = np.float32(1.0) / (np.float32(scaling.factor) * pos_freqs)
+    extrapolation_factor = np.float32(1) - ramp
+    inv = interpolation * (np.float32(1) - extrapolation_factor) + extrapolation * extrapolation_factor
+    return inv.astype(np.float32)
 
 
-def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_cos_sin(positions: np.ndarray, head_dim: int, theta: float,
+                 scaling: RopeScaling | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables for rotate-half RoPE at the given positions.
 
     The angle is float32(pos) * inv_freq in float32, duplicated over both halves
-    (HF: `emb = cat(freqs, freqs)`), then cos/sin in float32. Returns two float32 [T, head_dim].
+    (HF: `emb = cat(freqs, freqs)`), then cos/sin in float32 — times YaRN's attention factor
+    when `scaling` is given (HF: `emb.cos() * attention_scaling`). Returns two float32 [T, head_dim].
     """
     pos = np.asarray(positions, dtype=np.float32).reshape(-1)
-    freqs = pos[:, None] * rope_inv_freq(head_dim, theta)[None, :]      # [T, Dh/2] f32
+    freqs = pos[:, None] * rope_inv_freq(head_dim, theta, scaling)[None, :]      # [T, Dh/2] f32
     emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    if scaling is not None:
+        af = np.float32(scaling.attention_factor)
+        cos, sin = (cos * af).astype(np.float32), (sin * af).astype(np.float32)
+    return cos, sin
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -92,24 +124,50 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray) -> np.ndarray:
+# Bytes of attention scores held at once: the queries are taken in blocks so that
+# Hq × block × S scores fit here. A 32K-token prompt would otherwise need Hq × T × T scores at
+# once (14 × 32768² × 4 B = 60 GB for the 0.5B); in blocks it needs O(T · block).
+ATTENTION_BLOCK_BYTES = 64 << 20
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray,
+              block_bytes: int | None = None) -> np.ndarray:
     """Causal GQA attention of T queries over S cached positions 0..S-1.
 
     q: [T, Hq, Dh] (rotated), k, v: [S, Hkv, Dh] (rotated keys), q_pos: [T] absolute positions
     (query t sees keys s <= q_pos[t]). Scale 1/sqrt(Dh); softmax in q's dtype.
     Returns [T, Hq, Dh].
+
+    Memory: the queries are processed in blocks of at most `block_bytes` of scores
+    (Hq × block × S' elements, S' the keys the block's last query sees), and query head h
+    reads KV head h // (Hq/Hkv) through a reshape, never a copy of K and V per query head —
+    so a prompt of T tokens needs O(T · block) memory, not O(T²). block_bytes defaults to
+    ATTENTION_BLOCK_BYTES.
     """
+    block_bytes = ATTENTION_BLOCK_BYTES if block_bytes is None else block_bytes
     T, Hq, Dh = q.shape
     S, Hkv, _ = k.shape
     g = Hq // Hkv
-    # Expand KV heads to query heads: query head h reads KV head h // g.
-    kx = np.repeat(k, g, axis=1).transpose(1, 0, 2)                     # [Hq, S, Dh]
-    vx = np.repeat(v, g, axis=1).transpose(1, 0, 2)
-    scores = q.transpose(1, 0, 2) @ kx.transpose(0, 2, 1)               # [Hq, T, S]
-    scores = scores * q.dtype.type(1.0 / np.sqrt(Dh))
-    mask = np.arange(S)[None, :] > np.asarray(q_pos)[:, None]           # [T, S]
-    scores = np.where(mask[None], -np.inf, scores)
-    return (softmax(scores) @ vx).transpose(1, 0, 2)                    # [T, Hq, Dh]
+    q_pos = np.asarray(q_pos).reshape(-1)
+    kt = k.transpose(1, 2, 0)                                           # [Hkv, Dh, S]
+    vt = v.transpose(1, 0, 2)                                           # [Hkv, S, Dh]
+    scale = q.dtype.type(1.0 / np.sqrt(Dh))
+    out = np.empty((T, Hq, Dh), dtype=np.result_type(q.dtype, v.dtype))
+    block = max(1, min(T, block_bytes // max(1, Hq * S * q.dtype.itemsize)))
+    for t0 in range(0, T, block):
+        t1 = min(T, t0 + block)
+        n = t1 - t0
+        s_end = int(min(S, q_pos[t0:t1].max() + 1))                    # keys past it are masked
+        # Query head h = kv * g + j: group the g query heads of each KV head.
+        qb = q[t0:t1].reshape(n, Hkv, g, Dh).transpose(1, 2, 0, 3).reshape(Hkv, g * n, Dh)
+        scores = (qb @ kt[:, :, :s_end]) * scale                        # [Hkv, g*n, S']
+        scores = scores.reshape(Hkv, g, n, s_end)
+        mask = np.arange(s_end)[None, :] > q_pos[t0:t1, None]           # [n, S']
+        scores = np.where(mask[None, None], -np.inf, scores)
+        p = softmax(scores).reshape(Hkv, g * n, s_end)
+        ob = (p @ vt[:, :s_end]).reshape(Hkv, g, n, Dh)                 # [Hkv, g, n, Dh]
+        out[t0:t1] = ob.transpose(2, 0, 1, 3).reshape(n, Hq, Dh)
+    return out
 
 
 def gather_pages(cache_layer: np.ndarray, block_table: np.ndarray, seq_len: int) -> np.ndarray:
@@ -290,6 +348,11 @@ class PagedKVCache:
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
+# Tokens per pass through the layers (Model.forward): bounds the activations to a few
+# chunk × intermediate_size arrays.
+PREFILL_CHUNK = 512
+
+
 class Model:
     """Qwen2 forward pass over a paged KV cache, in the dtype of its weights.
 
@@ -298,7 +361,8 @@ class Model:
     """
 
     def __init__(self, weights: Weights, max_tokens: int | None = None,
-                 rng: np.random.Generator | None = None):
+                 rng: np.random.Generator | None = None, chunk: int | None = None):
+        self.chunk = chunk or PREFILL_CHUNK
         self.w = weights
         self.cfg = weights.config
         self.dtype = weights.embed_tokens.dtype
@@ -309,17 +373,29 @@ class Model:
         self.cache.reset()
 
     def forward(self, ids, last_only: bool = False) -> np.ndarray:
-        """Run len(ids) new tokens. Returns logits [T, V] (or [1, V] with last_only)."""
-        cfg, w, c = self.cfg, self.w, self.cache
+        """Run len(ids) new tokens. Returns logits [T, V] (or [1, V] with last_only).
+
+        The tokens go through the layers in chunks of `chunk` (PREFILL_CHUNK): each chunk
+        attends to the cache the previous ones wrote, which is the same computation as one
+        pass, with activations of O(chunk) rows instead of O(T) (a 32K prompt's MLP
+        activations alone would be T × F × 4 B × 3 = 1.9 GB for the 0.5B).
+        """
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if self.cache.seq_len + len(ids) > self.max_tokens:
+            raise ValueError(f"sequence of {self.cache.seq_len + len(ids)} tokens exceeds the cache "
+                             f"({self.max_tokens})")
+        chunks = [ids[i:i + self.chunk] for i in range(0, len(ids), self.chunk)] or [ids]
+        outs = [self._forward_chunk(c, last_only) for c in chunks]
+        return outs[-1] if last_only else np.concatenate(outs, axis=0)
+
+    def _forward_chunk(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
+        cfg, w, c = self.cfg, self.w, self.cache
         T = len(ids)
         start = c.seq_len
-        if start + T > self.max_tokens:
-            raise ValueError(f"sequence of {start + T} tokens exceeds the cache ({self.max_tokens})")
         c.reserve(start + T)
         bt = np.asarray(c.block_table)
         pos = np.arange(start, start + T)
-        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
         x = w.embed_tokens[ids]                                          # [T, D] residual

@@ -29,9 +29,16 @@ quantities that are:
    sort): with x the 32-bit Philox output (u = x / 2^32) and C the kept weight, the token is
    the first whose cumulative weight exceeds floor(x · C / 2^32) (exact in integers).
 
-Greedy (temperature < 1e-5, top_k = 1 or top_p = 0) is the argmax, lowest id on ties. If the
-largest logit is not finite (+inf, or all NaN), the argmax is returned too: there is no
+Greedy (temperature < 1e-5, top_k = 1 or top_p = 0) is the argmax in the GPU argmax's order
+(ptx/warp.cuh argmax_better): the largest logit, lowest id on ties, a NaN never chosen over a
+number (id 0 if every logit is NaN). numpy's np.argmax would return the first NaN instead; a
+single order is what makes the CPU and the GPU pick the same token from the same logits. If
+the largest logit is not finite (+inf, or all NaN), the argmax is returned too: there is no
 distribution to sample.
+
+Parameters are checked once, here (`SamplingParams`), for both backends: top_k is clamped to
+TOP_K_MAX (2^31 − 1, the GPU's int field; any top_k ≥ V keeps every token anyway), and the
+seed is taken modulo 2^64 (the Philox key's two words) on both sides.
 
 Tokens whose probability relative to the maximum is below 2^-32 get weight 0 and are never
 sampled — at most ~4e-5 of the mass for a 152k vocabulary, in exchange for exactness.
@@ -51,6 +58,9 @@ _MASK = 0xFFFFFFFF
 
 # Temperatures below this behave as greedy: dividing logits by ~0 would overflow to inf/NaN.
 GREEDY_TEMPERATURE = 1e-5
+# The largest top_k kept as given: the GPU sampler's parameter is an int32 (sampling.cu
+# SamplerParams.top_k). Larger values mean "every token", as any top_k >= V does.
+TOP_K_MAX = 2**31 - 1
 
 
 def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int], rounds: int = 10) -> tuple[int, int, int, int]:
@@ -72,7 +82,17 @@ def uniform(seed: int, step: int) -> float:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature: 0 (or < 1e-5) = greedy. top_k: 0 = off. top_p: 1.0 = off; 0 = greedy."""
+    """Sampling parameters, validated and normalized once for both backends.
+
+    Attributes:
+        temperature: 0 (or < 1e-5) = greedy; a finite float >= 0.
+        top_k: 0 = off; an int >= 0, clamped to TOP_K_MAX (every top_k >= V keeps all tokens).
+        top_p: 1.0 = off; 0 = greedy; a float in [0, 1].
+        seed: the Philox key, an int taken modulo 2^64 (negative seeds wrap, as on the GPU).
+
+    Raises:
+        ValueError: a value outside its range (the message names the field and the value).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -82,10 +102,14 @@ class SamplingParams:
     def __post_init__(self):
         if not (self.temperature >= 0) or self.temperature == float("inf"):
             raise ValueError(f"temperature={self.temperature}: must be a finite number >= 0")
-        if self.top_k < 0:
+        if int(self.top_k) != self.top_k or self.top_k < 0:
             raise ValueError(f"top_k={self.top_k}: must be >= 0")
         if not (0.0 <= self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p}: must be in [0, 1]")
+        # Normalized here so that the CPU sampler and the GPU's packed parameters (int32 top_k,
+        # u64 seed) can only ever see the same values.
+        object.__setattr__(self, "top_k", min(int(self.top_k), TOP_K_MAX))
+        object.__setattr__(self, "seed", int(self.seed) % 2**64)
 
     @property
     def greedy(self) -> bool:
@@ -93,8 +117,9 @@ class SamplingParams:
 
 
 def argmax(logits: np.ndarray) -> int:
-    """Greedy choice; the lowest index wins a tie (np.argmax's rule, and the GPU kernel's)."""
-    return int(np.argmax(logits))
+    """Greedy choice: the largest non-NaN logit, the lowest index on ties, 0 if all are NaN —
+    the GPU argmax's order (`argmax_total_order`), not np.argmax's (which picks a NaN)."""
+    return argmax_total_order(logits)
 
 
 # 2^f ≈ 1 + f·(c1 + f·(c2 + … + f·c6)) on [0, 1): a least-squares fit of the relative error,
@@ -148,7 +173,10 @@ def argmax_total_order(logits: np.ndarray) -> int:
     """The GPU argmax's order (ptx/warp.cuh argmax_better): the largest non-NaN value, lowest
     index on ties; 0 if every value is NaN."""
     l = np.asarray(logits).reshape(-1)
-    ok = np.flatnonzero(~np.isnan(l))
+    nan = np.isnan(l)
+    if not nan.any():
+        return int(np.argmax(l))       # the usual case: np.argmax's order is this order
+    ok = np.flatnonzero(~nan)
     if ok.size == 0:
         return 0
     return int(ok[np.argmax(l[ok])])

@@ -59,6 +59,22 @@ DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assi
 # 4 user-defined, 5 unused, 6 byte.
 _TOKEN_CONTROL = 3
 _TOKEN_USER_DEFINED = 4
+_TOKEN_UNUSED = 5
+
+# Tokens that end generation, by name — the rule llama.cpp applies to every vocabulary
+# (llama-vocab.cpp, `special_eog_ids`), since the metadata of a GGUF names only one
+# end-of-sequence id. Qwen2.5-Coder ends a turn with <|im_end|>, a document with
+# <|endoftext|>, and a fill-in-the-middle or repository-level completion with <|fim_pad|>,
+# <|repo_name|> or <|file_sep|>: a model that emits one of those has finished the code.
+EOG_NAMES = (
+    # fill-in-the-middle pad / repository / file separators
+    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+    "<|file_sep|>",
+    # end of turn / text
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+    "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -91,9 +107,12 @@ def _open_reader(path_or_reader: str | os.PathLike | GGUFReader) -> tuple[GGUFRe
 
     if isinstance(path_or_reader, GGUFReader):
         return path_or_reader, str(getattr(path_or_reader.data, "filename", "<gguf>"))
+    from .format.gguf_check import check_gguf
+
     path = Path(path_or_reader)
     if not path.is_file():
         raise DrvqwenError(f"{path}: GGUF file not found")
+    check_gguf(path)                     # counts, lengths, offsets: before gguf-py trusts them
     try:
         return GGUFReader(path), str(path)
     except (ValueError, OSError) as e:
@@ -119,9 +138,16 @@ def _field(reader: GGUFReader, key: str, source: str, kind: str):
     return f
 
 
+def _utf8(raw: bytes, key: str, source: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DrvqwenError(f"{source}: GGUF metadata key {key!r}: not UTF-8 (byte {e.start})") from None
+
+
 def _read_str(reader: GGUFReader, key: str, source: str) -> str:
     # A string field's parts are [length, bytes]; the bytes are the last part.
-    return _field(reader, key, source, "str").parts[-1].tobytes().decode("utf-8")
+    return _utf8(_field(reader, key, source, "str").parts[-1].tobytes(), key, source)
 
 
 def _read_str_array(reader: GGUFReader, key: str, source: str) -> list[str]:
@@ -129,7 +155,7 @@ def _read_str_array(reader: GGUFReader, key: str, source: str) -> list[str]:
     # lists the indices of the byte parts, one per element. (`ReaderField.contents()` does the
     # same but only exists in newer `gguf` releases.)
     f = _field(reader, key, source, "str[]")
-    return [f.parts[i].tobytes().decode("utf-8") for i in f.data]
+    return [_utf8(f.parts[i].tobytes(), key, source) for i in f.data]
 
 
 def _read_int_array(reader: GGUFReader, key: str, source: str) -> list[int]:
@@ -148,10 +174,10 @@ def build_tokenizer_from_gguf(path_or_reader: str | os.PathLike | GGUFReader) ->
             one it already has: parsing the 0.5B file's metadata takes ~12 s in `gguf` 0.19).
 
     Returns:
-        A `tokenizers.Tokenizer` whose vocabulary covers every GGUF row (151936 for the 0.5B,
-        including llama.cpp's `[PAD…]` filler rows, so every id the model can emit decodes),
-        with control tokens (type 3) added as special tokens and user-defined tokens (type 4,
-        `<tool_call>`) as plain added tokens, all at their GGUF ids.
+        A `tokenizers.Tokenizer` with every GGUF token at its GGUF id except llama.cpp's unused
+        filler rows (type 5, `[PAD151665]` …: ids 151665…151935 of the 0.5B, which decode to
+        nothing, as in Qwen2's tokenizer.json), control tokens (type 3) added as special
+        tokens and user-defined tokens (type 4, `<tool_call>`) as plain added tokens.
 
     Raises:
         DrvqwenError: the file is missing or not GGUF; a key is missing or mistyped;
@@ -180,6 +206,11 @@ def _assemble(tokens: list[str], types: list[int], merges: list[str],
     added_types = (_TOKEN_CONTROL, _TOKEN_USER_DEFINED)
     vocab: dict[str, int] = {}
     for i, (tok, ty) in enumerate(zip(tokens, types)):
+        if ty == _TOKEN_UNUSED:
+            # llama.cpp's filler rows ([PAD151665] …, up to the lm_head's padded size) stand for
+            # no text: leaving them out makes them decode to nothing, as Qwen2's own
+            # tokenizer.json (151665 ids) does, instead of to the literal "[PAD151700]".
+            continue
         # BPE pieces must be spelled in the byte alphabet; llama.cpp keeps them so, but respell
         # any that are not from their UTF-8 bytes, as transformers' GGUF converter does. Added
         # tokens keep their literal text: it is what they match in the input.
@@ -198,9 +229,13 @@ def _assemble(tokens: list[str], types: list[int], merges: list[str],
             raise DrvqwenError(f"{source}: tokenizer.ggml.merges[{i}]={m!r} is not 'left right'")
         pairs.append((a, b))
 
-    tk = tokenizers.Tokenizer(BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
-                                  continuing_subword_prefix="", end_of_word_suffix="",
-                                  fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    try:
+        tk = tokenizers.Tokenizer(BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
+                                      continuing_subword_prefix="", end_of_word_suffix="",
+                                      fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    except Exception as e:  # tokenizers raises a bare Exception, e.g. a merge of unknown tokens
+        raise DrvqwenError(f"{source}: tokenizer.ggml.merges do not fit tokenizer.ggml.tokens "
+                           f"({str(e).splitlines()[0][:120]})") from None
     # The four stages below are those of Qwen2.5's tokenizer.json.
     tk.normalizer = normalizers.NFC()
     tk.pre_tokenizer = pre_tokenizers.Sequence([
@@ -221,6 +256,7 @@ def _assemble(tokens: list[str], types: list[int], merges: list[str],
                for t, ty in zip(tokens, types) if ty == _TOKEN_CONTROL]
     user = [AddedToken(t, special=False, normalized=False)
             for t, ty in zip(tokens, types) if ty == _TOKEN_USER_DEFINED]
+    # (Unused rows are neither: they were left out of the vocabulary above.)
     tk.add_special_tokens(control)
     tk.add_tokens(user)
     for t in (*control, *user):
@@ -271,39 +307,113 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        """Ids the tokenizer knows, added tokens included (151936 for the 0.5B GGUF)."""
+        """Tokens the tokenizer knows, added tokens included (151665 for Qwen2.5)."""
         return self._tk.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def text_vocab_size(self) -> int:
+        """1 + the largest id with a token (151665 for Qwen2.5): ids from here up to the
+        model's vocab_size (the lm_head is padded to 151936 / 152064 rows) stand for no text.
+        They decode to nothing, and the backends never choose them (their logits are −inf)."""
+        # llama.cpp pads a GGUF vocabulary to the lm_head's rows with "[PAD<id>]" tokens; the
+        # tokenizer.json of a file converted before those were left out still carries them,
+        # and they are no text either.
+        ids = [i for t, i in self._tk.get_vocab(with_added_tokens=True).items() if t != f"[PAD{i}]"]
+        return max(ids, default=-1) + 1
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a token string (byte-alphabet spelling for BPE pieces), or None."""
         return self._tk.token_to_id(token)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special tokens written in it (`<|im_start|>`) become their ids.
+    def encode(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids of `text`. No BOS/EOS is added (Qwen2 uses none).
 
-        No BOS/EOS is added (Qwen2 uses none). The text is NFC-normalized first, so decoding
-        returns the NFC form of the input.
+        Args:
+            text: the text. It is NFC-normalized first, so decoding returns its NFC form.
+            special: False (the default): `text` is plain text — `<|im_start|>` written in it
+                is encoded as the characters it is made of, never as a control id. Use this
+                for anything a user wrote (chat messages, FIM code, prompt files): otherwise a
+                message could close its turn and open a system turn of its own. True: special
+                tokens written in the text become their ids (`drvqwen run --raw`, where the
+                user writes the whole prompt, markers included, on purpose).
+
+        Added tokens that are not special (`<tool_call>`) are ordinary text tokens: they are
+        matched either way, as Qwen2's own tokenizer does.
         """
+        # `encode_special_tokens=True` makes `tokenizers` skip the special-token match and
+        # run the text through normalizer, pre-tokenizer and BPE like any other text
+        # (transformers' `split_special_tokens=True`).
+        self._tk.encode_special_tokens = not special
         return self._tk.encode(text, add_special_tokens=False).ids
 
+    def control_id(self, token: str) -> int:
+        """The id of a control token of the template (`<|im_start|>` …).
+
+        Raises:
+            DrvqwenError: the vocabulary lacks it.
+        """
+        return self._require_id(token)
+
+    def chat(self, user: str, system: str = DEFAULT_SYSTEM) -> list[int]:
+        """Ids of one user turn in Qwen2.5's ChatML template, ending where the answer begins.
+
+        The ids of `chat_prompt(user, system)` with only the template's own markers as control
+        ids: `user` and `system` are encoded as plain text (`encode(special=False)`), so a
+        message that contains `<|im_end|>` cannot end its turn. For text without special
+        tokens the ids equal `encode(chat_prompt(user, system), special=True)`: `tokenizers`
+        splits the text at special tokens before anything else, so encoding the pieces
+        between the markers one by one gives the same ids.
+
+        An empty `system` is an empty system turn (as the official template renders it);
+        only the default argument means the default system prompt.
+        """
+        start, end = self.control_id(IM_START), self.control_id(IM_END)
+        nl = self.encode("\n")
+        return [start, *self.encode(f"system\n{system}"), end, *nl,
+                start, *self.encode(f"user\n{user}"), end, *nl,
+                start, *self.encode("assistant\n")]
+
+    def fim(self, prefix: str, suffix: str) -> list[int]:
+        """Ids of a fill-in-the-middle prompt (`fim_prompt(prefix, suffix)`), the code encoded
+        as plain text: `<|fim_middle|>` inside `prefix` stays text."""
+        return [self.control_id(FIM_PREFIX), *self.encode(prefix),
+                self.control_id(FIM_SUFFIX), *self.encode(suffix), self.control_id(FIM_MIDDLE)]
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
-        """Text of `ids`. Bytes that do not form valid UTF-8 become U+FFFD.
+        """Text of `ids`. Bytes that do not form valid UTF-8 become U+FFFD; ids without text
+        (text_vocab_size and up, llama.cpp's "[PAD…]" fillers) give nothing.
 
         Args:
             ids: token ids (Python or numpy integers).
             skip_special: drop control tokens (`<|im_end|>` …) instead of writing them out.
         """
-        # int(): tokenizers refuses numpy integers, which the sampler hands out.
-        return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+        # int(): tokenizers refuses numpy integers, which the sampler hands out. Ids from
+        # text_vocab_size on have no text (the lm_head's padding).
+        n = self.text_vocab_size
+        return self._tk.decode([int(i) for i in ids if 0 <= int(i) < n], skip_special_tokens=skip_special)
+
+    def eog_ids(self, extra: Iterable[int] = ()) -> frozenset[int]:
+        """The end-of-generation set: every token of EOG_NAMES the vocabulary has (llama.cpp's
+        rule, by name), plus `extra` (the end-of-sequence ids a GGUF's metadata or an HF
+        config names). For Qwen2.5-Coder: 151643, 151645, 151662, 151663, 151664.
+
+        The converter stores it in the `.nanoqwen` file (NanoqwenFile.eog_ids), which is what
+        `drvqwen run` stops on; a vocabulary with none of the names gives an empty set (the
+        run ends only at --max-new-tokens or when the context is full).
+        """
+        by_name = (self._tk.token_to_id(t) for t in EOG_NAMES)
+        return frozenset(i for i in (*by_name, *(int(e) for e in extra)) if i is not None)
 
     @cached_property
     def stop_ids(self) -> frozenset[int]:
-        """Ids that end generation: <|endoftext|> (151643) and <|im_end|> (151645).
+        """`eog_ids()`, required to contain <|endoftext|> and <|im_end|> (Qwen's own).
 
         Raises:
             DrvqwenError: the vocabulary lacks either token.
         """
-        return frozenset(self._require_id(t) for t in (ENDOFTEXT, IM_END))
+        for t in (ENDOFTEXT, IM_END):
+            self._require_id(t)
+        return self.eog_ids()
 
     def _require_id(self, token: str) -> int:
         i = self._tk.token_to_id(token)
@@ -315,12 +425,14 @@ class Tokenizer:
     def token_bytes(self) -> list[bytes]:
         """Raw bytes of every id (index = id): what `StreamDecoder` concatenates.
 
-        BPE pieces are mapped back from the byte alphabet; added tokens are their UTF-8 text.
-        Built on first use (~0.2 s for 152k ids).
+        BPE pieces are mapped back from the byte alphabet; added tokens are their UTF-8 text;
+        an id without a token (a gap) is b"". Built on first use (~0.2 s for 152k ids).
         """
-        table = [b""] * self.vocab_size
+        table = [b""] * self.text_vocab_size
         added = self._tk.get_added_tokens_decoder()
         for tok, i in self._tk.get_vocab(with_added_tokens=True).items():
+            if i >= len(table) or tok == f"[PAD{i}]":
+                continue                 # no text: llama.cpp's filler rows (text_vocab_size)
             if i in added:
                 table[i] = added[i].content.encode("utf-8")
             else:
@@ -360,12 +472,11 @@ class StreamDecoder:
     def push(self, token_id: int) -> str:
         """Feed one id; return the text it completes (possibly "").
 
-        Raises:
-            DrvqwenError: `token_id` is outside the vocabulary.
+        An id the tokenizer has no token for (the lm_head's padded rows, 151665… for Qwen2.5)
+        is no text: it gives "" and changes nothing, as `Tokenizer.decode` and Qwen2's own
+        tokenizer do. Never raises for an id.
         """
-        if not 0 <= token_id < len(self._bytes):
-            raise DrvqwenError(f"token id {token_id} outside the vocabulary (0..{len(self._bytes) - 1})")
-        if token_id in self._skip:
+        if not 0 <= token_id < len(self._bytes) or token_id in self._skip:
             return ""
         return self._utf8.decode(self._bytes[token_id])
 
@@ -383,6 +494,8 @@ def chat_prompt(user: str, system: str = DEFAULT_SYSTEM) -> str:
 
     The same string as the official chat template with `add_generation_prompt=True`:
     `<|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n`.
+    This is the text, to show or compare; `Tokenizer.chat` gives the ids to run, with the
+    messages kept out of the control ids.
     """
     return (f"{IM_START}system\n{system}{IM_END}\n"
             f"{IM_START}user\n{user}{IM_END}\n"
@@ -393,6 +506,7 @@ def fim_prompt(prefix: str, suffix: str) -> str:
     """A fill-in-the-middle prompt (Qwen2.5-Coder, prefix-suffix-middle order).
 
     `<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>`; the model writes the middle.
-    Ids: prefix 151659, suffix 151661, middle 151660.
+    Ids: prefix 151659, suffix 151661, middle 151660. `Tokenizer.fim` gives the ids to run,
+    the code encoded as plain text.
     """
     return f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"

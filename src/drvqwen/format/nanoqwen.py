@@ -26,7 +26,21 @@ Header fields (offset: type name):
     88: u64 table_offset          96: u64 table_size        104: u64 tokenizer_offset
     112: u64 tokenizer_size      120: u64 data_offset       128: u64 data_size
     136: u64 file_size           144: u32 data_align        148: u32 table_crc32
-    152: u32 tokenizer_crc32     156..252: zero             252: u32 header_crc32 of [0, 252)
+    152: u32 tokenizer_crc32
+    version 2 adds:
+    156: u32 text_vocab          the ids below it have text; the lm_head rows from here up to
+                                 vocab_size (padding: 151665… for Qwen2.5) are never chosen
+    160: u32 n_eog               164..212: u32 eog_ids[12], the first n_eog used: the ids that
+                                 end generation (tokenizer.Tokenizer.eog_ids)
+    212: u32 rope_scaling (0 none, 1 YaRN)            216: u32 rope_original_max_position
+    220: f64 rope_factor          228: f32 rope_beta_fast    232: f32 rope_beta_slow
+    236: f64 rope_attention_factor                    244: u32 rope_flags (bit 0: truncate)
+    248: u32 zero                 252: u32 header_crc32 of [0, 252)
+
+Version 1 files (without the fields from 156 on, which are zero there) still open: their
+end-of-generation set and text vocabulary are derived from the embedded tokenizer by the
+same rules the converter applies (`Tokenizer.eog_ids`, `Tokenizer.text_vocab_size`), so a
+converted model keeps working after an upgrade. The writer always writes version 2.
 """
 
 from __future__ import annotations
@@ -34,28 +48,39 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from ..config import QwenConfig
-from ..errors import ConfigError, FormatError
+from ..config import QwenConfig, RopeScaling
+from ..errors import ConfigError, DrvqwenError, FormatError
+from ..paths import io_error
 from . import quant
 
 MAGIC = b"NANOQWEN"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)
 HEADER_SIZE = 256
 # 4 KiB: a page for mmap, and comfortably above the 256-byte alignment that 128-bit vector
 # loads, TMA (16 B) and cuMemcpy fast paths want.
 DATA_ALIGN = 4096
 
 _HEADER = struct.Struct("<8sII" "8I" "dd" "I" "4I" "I" "7Q" "III")
+# Version 2, right after _HEADER: text_vocab, n_eog, eog_ids[MAX_EOG], then the RoPE scaling
+# (kind, original_max_position, factor, beta_fast, beta_slow, attention_factor, flags, zero).
+MAX_EOG = 12
+_HEADER_V2 = struct.Struct(f"<II{MAX_EOG}I" "IIdffdII")
 _HEADER_CRC_AT = 252
-assert _HEADER.size <= _HEADER_CRC_AT
+assert _HEADER.size + _HEADER_V2.size == _HEADER_CRC_AT
 
 FLAG_TIED_LM_HEAD = 1
+# RoPE scaling kinds and flags (version 2).
+ROPE_YARN = 1
+ROPE_FLAG_TRUNCATE = 1
 
 # dtype codes of the tensor table
 DTYPES: dict[int, np.dtype] = {1: np.dtype("<f2"), 2: np.dtype("<f4"), 3: np.dtype("<u4")}
@@ -139,21 +164,49 @@ class NanoqwenWriter:
         # on an exception: the temporary file is deleted and `path` is untouched.
 
     `close()` checks that exactly the tensors of `expected_tensors(cfg)` were added.
+
+    Args:
+        path: the file to write.
+        cfg: the model's configuration.
+        tokenizer_json: tokenizer.json text to embed.
+        eog_ids: the ids that end generation; default: `Tokenizer.eog_ids()` of the tokenizer.
+        text_vocab: ids below it have text; default: the tokenizer's `text_vocab_size`
+            (at most cfg.vocab_size). Synthetic models pass cfg.vocab_size: speed runs choose
+            among all rows, as a real model of that shape would.
+    Raises:
+        FormatError: more than MAX_EOG end-of-generation ids, or one outside the vocabulary.
     """
 
-    def __init__(self, path: str | Path, cfg: QwenConfig, tokenizer_json: str):
+    def __init__(self, path: str | Path, cfg: QwenConfig, tokenizer_json: str, *,
+                 eog_ids: Iterable[int] | None = None, text_vocab: int | None = None):
         self.path = Path(path)
         self.cfg = cfg
+        if eog_ids is None or text_vocab is None:
+            d_text, d_eog = vocab_facts(tokenizer_json, cfg.vocab_size)
+            eog_ids = d_eog if eog_ids is None else eog_ids
+            text_vocab = d_text if text_vocab is None else text_vocab
+        self.eog_ids = tuple(sorted(set(int(i) for i in eog_ids)))
+        self.text_vocab = int(text_vocab)
+        _check_vocab_fields(self.path, cfg, self.text_vocab, self.eog_ids)
+        # The pid in the name lets a later run remove it if this process is killed (paths.py).
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        self._f = open(self.tmp, "wb")
+        self._done = False
+        try:
+            self._f = open(self.tmp, "wb")
+        except OSError as e:
+            self._done = True
+            raise io_error(self.path, e, "write the model file") from None
         self._infos: list[TensorInfo] = []
         tok = tokenizer_json.encode("utf-8")
         self._tok_off, self._tok_size, self._tok_crc = HEADER_SIZE, len(tok), zlib.crc32(tok)
-        self._f.write(b"\0" * HEADER_SIZE)
-        self._f.write(tok)
-        self._data_off = _align(self._f.tell())
-        self._f.seek(self._data_off)
-        self._done = False
+        try:
+            self._f.write(b"\0" * HEADER_SIZE)
+            self._f.write(tok)
+            self._data_off = _align(self._f.tell())
+            self._f.seek(self._data_off)
+        except OSError as e:
+            self.abort()
+            raise io_error(self.path, e, "write the model file") from None
 
     def __enter__(self) -> "NanoqwenWriter":
         return self
@@ -171,10 +224,13 @@ class NanoqwenWriter:
         if np.dtype(dt) not in DTYPE_CODES:
             raise FormatError(f"{self.path}: tensor {name}: dtype {a.dtype} not storable")
         a = a.astype(dt, copy=False)
-        off = _align(self._f.tell())
-        self._f.seek(off)
         buf = memoryview(a).cast("B")
-        self._f.write(buf)
+        try:
+            off = _align(self._f.tell())
+            self._f.seek(off)
+            self._f.write(buf)
+        except OSError as e:  # disk full, …: the caller's `with` removes the temporary file
+            raise io_error(self.path, e, "write the model file") from None
         info = TensorInfo(name, np.dtype(dt), tuple(int(s) for s in a.shape), off, a.nbytes,
                           zlib.crc32(buf))
         self._infos.append(info)
@@ -204,7 +260,8 @@ class NanoqwenWriter:
                                   table_size=len(table), tok_off=self._tok_off,
                                   tok_size=self._tok_size, data_off=self._data_off,
                                   data_size=data_size, file_size=file_size,
-                                  table_crc=zlib.crc32(table), tok_crc=self._tok_crc)
+                                  table_crc=zlib.crc32(table), tok_crc=self._tok_crc,
+                                  text_vocab=self.text_vocab, eog_ids=self.eog_ids)
             self._f.seek(0)
             self._f.write(header)
             self._f.flush()
@@ -213,6 +270,9 @@ class NanoqwenWriter:
             os.replace(self.tmp, self.path)
             self._done = True
             return self.path
+        except OSError as e:
+            self.abort()
+            raise io_error(self.path, e, "write the model file") from None
         except BaseException:
             self.abort()
             raise
@@ -222,8 +282,13 @@ class NanoqwenWriter:
         self._done = True
         try:
             self._f.close()
+        except OSError:
+            pass                          # closing flushes: on a full disk that fails too
         finally:
-            self.tmp.unlink(missing_ok=True)
+            try:
+                self.tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def _pack_table(infos: list[TensorInfo]) -> bytes:
@@ -235,8 +300,42 @@ def _pack_table(infos: list[TensorInfo]) -> bytes:
     return b"".join(parts)
 
 
+def estimated_file_size(cfg: QwenConfig, tokenizer_bytes: int) -> int:
+    """Bytes of the `.nanoqwen` file a conversion of `cfg` writes (at most a few hundred more:
+    the table's names are estimated), for the free-space check before converting."""
+    data = sum(_align(int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+               for dt, shape in expected_tensors(cfg).values())
+    table = sum(2 + len(n) + 2 + 8 * len(shape) + 20 for n, (_, shape) in expected_tensors(cfg).items())
+    return _align(HEADER_SIZE + tokenizer_bytes) + data + table + DATA_ALIGN
+
+
+def vocab_facts(tokenizer_json: str, vocab_size: int, extra_eog: Iterable[int] = ()) -> tuple[int, tuple[int, ...]]:
+    """(text_vocab, eog_ids) of a tokenizer for a model of `vocab_size` rows: the ids below
+    text_vocab have text (`Tokenizer.text_vocab_size`, at most vocab_size) and eog_ids is the
+    end-of-generation set (`Tokenizer.eog_ids(extra_eog)`), ids past the model's rows dropped.
+
+    Raises:
+        DrvqwenError: the tokenizer.json text is invalid.
+    """
+    from ..tokenizer import Tokenizer
+
+    tok = Tokenizer.from_json(tokenizer_json)
+    text_vocab = max(1, min(tok.text_vocab_size, vocab_size))
+    return text_vocab, tuple(sorted(i for i in tok.eog_ids(extra_eog) if 0 <= i < vocab_size))
+
+
+def _check_vocab_fields(path: Path, cfg: QwenConfig, text_vocab: int, eog_ids: tuple[int, ...]) -> None:
+    if not 1 <= text_vocab <= cfg.vocab_size:
+        raise FormatError(f"{path}: header field text_vocab: {text_vocab}, must be in [1, {cfg.vocab_size}]")
+    if len(eog_ids) > MAX_EOG:
+        raise FormatError(f"{path}: header field n_eog: {len(eog_ids)} end-of-generation ids, at most {MAX_EOG}")
+    bad = [i for i in eog_ids if not 0 <= i < cfg.vocab_size]
+    if bad:
+        raise FormatError(f"{path}: header field eog_ids: id {bad[0]} outside the vocabulary of {cfg.vocab_size}")
+
+
 def _pack_header(cfg: QwenConfig, *, n_tensors, table_off, table_size, tok_off, tok_size,
-                 data_off, data_size, file_size, table_crc, tok_crc) -> bytes:
+                 data_off, data_size, file_size, table_crc, tok_crc, text_vocab, eog_ids) -> bytes:
     body = _HEADER.pack(
         MAGIC, VERSION, HEADER_SIZE,
         cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
@@ -247,7 +346,11 @@ def _pack_header(cfg: QwenConfig, *, n_tensors, table_off, table_size, tok_off, 
         n_tensors,
         table_off, table_size, tok_off, tok_size, data_off, data_size, file_size,
         DATA_ALIGN, table_crc, tok_crc)
-    body = body.ljust(_HEADER_CRC_AT, b"\0")
+    eog = list(eog_ids) + [0] * (MAX_EOG - len(eog_ids))
+    rs = cfg.rope_scaling
+    rope = (ROPE_YARN, rs.original_max_position, rs.factor, rs.beta_fast, rs.beta_slow, rs.attention_factor,
+            ROPE_FLAG_TRUNCATE if rs.truncate else 0) if rs else (0, 0, 0.0, 0.0, 0.0, 0.0, 0)
+    body += _HEADER_V2.pack(text_vocab, len(eog_ids), *eog, *rope, 0)
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -272,6 +375,9 @@ class Header:
     data_align: int
     table_crc32: int
     tokenizer_crc32: int
+    # Version 2 (None in a version-1 file: NanoqwenFile derives them from the tokenizer).
+    text_vocab: int | None = None
+    eog_ids: tuple[int, ...] | None = None
 
 
 def _parse_header(path: Path, raw: bytes, actual_size: int) -> Header:
@@ -286,8 +392,11 @@ def _parse_header(path: Path, raw: bytes, actual_size: int) -> Header:
      max_pos, theta, eps, flags, bits, group, symmetric, layout, n_tensors,
      table_off, table_size, tok_off, tok_size, data_off, data_size, file_size,
      data_align, table_crc, tok_crc) = _HEADER.unpack_from(raw)
-    if version != VERSION:
-        raise bad("version", f"{version}, this drvqwen reads version {VERSION}")
+    if version not in READ_VERSIONS:
+        newer = " (written by a newer drvqwen: upgrade drvqwen, or convert the model again)" \
+            if version > VERSION else ""
+        raise bad("version", f"{version}, this drvqwen reads versions "
+                             f"{', '.join(map(str, READ_VERSIONS))}{newer}")
     if header_size != HEADER_SIZE:
         raise bad("header_size", f"{header_size}, expected {HEADER_SIZE}")
     (stored_crc,) = struct.unpack_from("<I", raw, _HEADER_CRC_AT)
@@ -313,15 +422,34 @@ def _parse_header(path: Path, raw: bytes, actual_size: int) -> Header:
     for (a0, a1, an), (b0, b1, bn) in zip(regions, regions[1:]):
         if b0 < a1:
             raise bad(f"{bn}_offset", f"region overlaps the {an} region")
+    ext = _HEADER_V2.unpack_from(raw, _HEADER.size) if version >= 2 else None
+    scaling = None
     try:
+        if ext is not None:
+            kind, orig, factor, beta_fast, beta_slow, attn, rflags = ext[2 + MAX_EOG:2 + MAX_EOG + 7]
+            if kind == ROPE_YARN:
+                scaling = RopeScaling(factor=factor, original_max_position=orig, beta_fast=beta_fast,
+                                      beta_slow=beta_slow, attention_factor=attn,
+                                      truncate=bool(rflags & ROPE_FLAG_TRUNCATE))
+            elif kind != 0:
+                raise bad("rope_scaling", f"kind {kind} unknown to this drvqwen")
         cfg = QwenConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
                          num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
                          head_dim=head_dim, max_position=max_pos, rope_theta=theta,
-                         rms_norm_eps=eps, tie_word_embeddings=bool(flags & FLAG_TIED_LM_HEAD))
+                         rms_norm_eps=eps, tie_word_embeddings=bool(flags & FLAG_TIED_LM_HEAD),
+                         rope_scaling=scaling)
     except ConfigError as e:
         raise FormatError(f"{path}: {e}") from None
+    text_vocab = eog_ids = None
+    if ext is not None:
+        text_vocab, n_eog = ext[0], ext[1]
+        if n_eog > MAX_EOG:
+            raise bad("n_eog", f"{n_eog}, at most {MAX_EOG}")
+        eog_ids = tuple(ext[2:2 + n_eog])
+        _check_vocab_fields(path, cfg, text_vocab, eog_ids)
     return Header(version, cfg, bits, group, layout, n_tensors, table_off, table_size, tok_off,
-                  tok_size, data_off, data_size, file_size, data_align, table_crc, tok_crc)
+                  tok_size, data_off, data_size, file_size, data_align, table_crc, tok_crc,
+                  text_vocab, eog_ids)
 
 
 def _parse_table(path: Path, h: Header, raw: bytes) -> dict[str, TensorInfo]:
@@ -407,6 +535,29 @@ class NanoqwenFile:
     @property
     def config(self) -> QwenConfig:
         return self.header.config
+
+    @cached_property
+    def _derived_vocab_facts(self) -> tuple[int, tuple[int, ...]]:
+        # Version-1 files: the rules the converter now applies, from the embedded tokenizer.
+        try:
+            return vocab_facts(self.tokenizer_json, self.config.vocab_size)
+        except DrvqwenError as e:
+            raise FormatError(f"{self.path}: {e}") from None
+
+    @property
+    def text_vocab(self) -> int:
+        """Ids below this have text; the backends never choose the rows from here up to
+        vocab_size (their logits are −inf). 151665 for Qwen2.5's 151936/152064-row lm_head."""
+        if self.header.text_vocab is not None:
+            return self.header.text_vocab
+        return self._derived_vocab_facts[0]
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """The ids that end generation (`drvqwen run` stops at the first one it generates)."""
+        if self.header.eog_ids is not None:
+            return frozenset(self.header.eog_ids)
+        return frozenset(self._derived_vocab_facts[1])
 
     def tensor(self, name: str) -> np.ndarray:
         """A read-only view of tensor `name` (no copy). Raises KeyError for an unknown name."""

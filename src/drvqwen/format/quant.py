@@ -56,7 +56,7 @@ from ..errors import FormatError
 GROUP_SIZE = 128
 LAYOUT_ID = 1
 # Bumped when the quantizer's choice of codes/scales changes (not the layout), so that cached
-# conversions (format/convert.cached_path_for) are redone.
+# conversions (models.conversion_path) are redone.
 QUANTIZER_VERSION = 3
 # NIBBLE_ORDER[p] = which of the word's 8 inputs sits in nibble p.
 NIBBLE_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7], dtype=np.int64)

@@ -1,4 +1,5 @@
-"""Synthetic `.nanoqwen` models of any Qwen2.5 shape, written straight from a seed.
+"""Synthetic `.nanoqwen` models of any Qwen2.5 shape, written straight from a seed; and small
+synthetic GGUF files (gguf-py's writer), the converter's and the format fuzzer's inputs.
 
 No real 7B weights can be fetched on the GPU machines, and speed does not depend on the
 weights' values, so the 7B shape runs on synthetic weights (docs/model.md#real-and-synthetic-weights). Writing random
@@ -65,10 +66,101 @@ def write_synthetic(path: str | Path, cfg: QwenConfig, seed: int, tokenizer_json
     """Write a synthetic `.nanoqwen` for `cfg` from `seed` (deterministic). Returns the path."""
     rng = np.random.default_rng(seed)
     names = expected_tensors(cfg)
-    with NanoqwenWriter(path, cfg, tokenizer_json) as w:
+    # Every row may be chosen (text_vocab = vocab_size): speed does not depend on the text, and
+    # a synthetic model's choice should range over the whole lm_head as a real one's does.
+    with NanoqwenWriter(path, cfg, tokenizer_json, text_vocab=cfg.vocab_size) as w:
         for i, (name, (dt, shape)) in enumerate(names.items(), 1):
             w.add(name, synthetic_tensor(name, dt, shape, rng))
             if progress:
                 progress(name, i, len(names))
     return Path(path)
 
+
+
+# The control tokens of the Qwen2.5 vocabulary that prompts and the end-of-generation rule use.
+QWEN_CONTROL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
+                "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+
+
+def synthetic_dense(cfg: QwenConfig, rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
+    """HF-named float32 tensors for `cfg` (what a checkpoint holds before quantization):
+    std-`std` weights, norms near 1, biases ~0.1."""
+    out: dict[str, np.ndarray] = {}
+    for name, (_, shape) in expected_tensors(cfg).items():
+        if name.endswith(".scales"):
+            continue
+        if name.endswith(".qweight"):
+            n, kw = shape
+            out[name[: -len(".qweight")] + ".weight"] = (rng.standard_normal((n, kw * 8)) * std).astype(np.float32)
+        elif "norm" in name:
+            out[name] = (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith(".bias"):
+            out[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) * std).astype(np.float32)
+    return out
+
+
+def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.ndarray], *,
+                         tied: bool = False, big_endian: bool = False, qtype: str = "F32",
+                         n_pad: int = 0, eos_id: int | None = None) -> Path:
+    """A qwen2 GGUF of `cfg` holding `dense` (HF names, float32 [out, in]), as llama.cpp lays it
+    out, written with gguf-py.
+
+    Vocabulary: the 256 bytes (ids 0..255), one merge ("ĠĠ", two spaces, id 256: a GGUF BPE
+    vocabulary carries merges), QWEN_CONTROL as control tokens from 257 on, then `n_pad`
+    llama.cpp filler rows `[PAD…]` (type unused); cfg.vocab_size must cover them all.
+
+    Args:
+        tied: leave out output.weight (llama.cpp then uses token_embd as the output).
+        big_endian: write the file in big-endian byte order.
+        qtype: GGML type of the 2-D weights: "F32", "F16" or "Q8_0"; 1-D tensors stay F32.
+        eos_id: tokenizer.ggml.eos_token_id, if given.
+    Returns:
+        The path.
+    """
+    import gguf
+
+    from ..tokenizer import _BYTE_TO_CHAR
+    from .convert import gguf_name
+
+    sp = _BYTE_TO_CHAR[32]
+    tokens = [_BYTE_TO_CHAR[b] for b in range(256)] + [sp + sp] + list(QWEN_CONTROL)
+    types = [1] * 257 + [3] * len(QWEN_CONTROL)
+    tokens += [f"[PAD{len(tokens) + i}]" for i in range(n_pad)]
+    types += [5] * n_pad
+    if len(tokens) > cfg.vocab_size:
+        raise ValueError(f"write_synthetic_gguf: {len(tokens)} tokens for vocab_size {cfg.vocab_size}")
+    endian = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
+    w = gguf.GGUFWriter(str(path), "qwen2", endianess=endian)
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([f"{sp} {sp}"])
+    if eos_id is not None:
+        w.add_eos_token_id(eos_id)
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    for name, a in dense.items():
+        if tied and name == "lm_head.weight":
+            continue
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.ndim == 1 or qt == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gguf_name(name), a)
+        elif qt == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(gguf_name(name), a.astype(np.float16))
+        else:
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(a, qt), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -1,7 +1,8 @@
 """Launcher of kernels/gemv_f16.cu: the FP16 lm_head GEMV with the first pass of the argmax.
 
-    LmHead   logits fp32 [V] = W fp16 [V, D] · x fp16 [D], and per 32 rows the best
-             (value, index) pair → part_val fp32 / part_idx int32 [ceil(V/32)]
+    LmHead   logits fp32 [V] = W fp16 [V, D] · x fp16 [D] (−inf for the rows from text_vocab
+             on: the padding no token has), and per 32 rows the best (value, index) pair →
+             part_val fp32 / part_idx int32 [ceil(V/32)]
 """
 
 from __future__ import annotations
@@ -23,14 +24,22 @@ def lm_head_partials(vocab_size: int) -> int:
 class LmHead(Launcher):
     """logits fp32 [V] = W x and the per-block argmax partials (see the module doc).
 
+    text_vocab: rows below it are token ids; the rows from it up to vocab_size are the
+    lm_head's padding, whose logits are −inf so that neither the argmax nor the sampler can
+    choose them (default vocab_size: every row is a token).
+
     Raises:
-        LaunchError: D not a multiple of 8, or a buffer of the wrong size or dtype.
+        LaunchError: D not a multiple of 8, text_vocab outside [1, vocab_size], or a buffer of
+            the wrong size or dtype.
     """
 
     def __init__(self, logits, part_val, part_idx, x, weight, *, vocab_size: int, dim: int,
-                 stream: Stream | None = None):
+                 text_vocab: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         require(dim > 0 and dim % 8 == 0, f"lm_head: D={dim} must be a positive multiple of 8")
+        n_valid = vocab_size if text_vocab is None else int(text_vocab)
+        require(1 <= n_valid <= vocab_size, f"lm_head: text_vocab={n_valid} must be in [1, {vocab_size}]")
+        self.text_vocab = n_valid
         n_part = lm_head_partials(vocab_size)
         check_buffer(logits, "logits", vocab_size, np.float32)
         check_buffer(part_val, "part_val", n_part, np.float32)
@@ -40,5 +49,5 @@ class LmHead(Launcher):
         self.n_partials = n_part
         self.bytes_moved = vocab_size * dim * 2 + 2 * dim + 4 * vocab_size
         self._add(KernelRef("gemv_f16", "gemv_f16_lm_head", pdl=True), (n_part,), (THREADS,),
-                  [logits, part_val, part_idx, x, weight, i32(vocab_size), i32(dim)],
+                  [logits, part_val, part_idx, x, weight, i32(vocab_size), i32(dim), i32(n_valid)],
                   reads=(x, weight), writes=(logits, part_val, part_idx), bytes_moved=self.bytes_moved)

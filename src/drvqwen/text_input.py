@@ -1,0 +1,60 @@
+"""The one way user text comes in: command-line strings and prompt files, checked as UTF-8.
+
+Python hands command-line arguments over as `str` with the bytes that are not UTF-8 turned
+into lone surrogates (U+DC80…U+DCFF, the "surrogateescape" error handler), which no encoder
+accepts later on. Prompt files are code: they are read as bytes and decoded as they are,
+without newline translation, so `\\r\\n` reaches the tokenizer as `\\r\\n`. Both go through
+`decode_utf8`, so the same bad bytes give the same one-line error wherever they come from.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .errors import DrvqwenError
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """Decode `data` as UTF-8, strictly.
+
+    Args:
+        data: the raw bytes.
+        where: what they are, for the message (an option name or a file path).
+    Returns:
+        The text, every byte kept (no BOM stripping, no newline translation).
+    Raises:
+        DrvqwenError: the bytes are not valid UTF-8; names `where`, the byte and its offset.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DrvqwenError(f"{where}: not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                           f"{e.start}: {e.reason})") from None
+
+
+def checked_arg(value: str, option: str) -> str:
+    """A command-line string as text, or a DrvqwenError naming `option` if it is not UTF-8.
+
+    `value` is what argparse gives (the OS bytes decoded with surrogateescape); the original
+    bytes are recovered with `os.fsencode` and decoded strictly.
+    """
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return decode_utf8(os.fsencode(value), option)
+
+
+def read_text_file(path: str | os.PathLike, what: str = "prompt") -> str:
+    """The text of a prompt file: its bytes decoded as UTF-8, exactly (CRLF stays CRLF).
+
+    Raises:
+        DrvqwenError: the file cannot be read (names the path and the reason) or is not UTF-8.
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise DrvqwenError(f"{p}: cannot read {what} ({e.strerror or e})") from None
+    return decode_utf8(data, str(p))

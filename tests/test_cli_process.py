@@ -1,0 +1,120 @@
+"""`drvqwen` as a process, the way people run it: Ctrl-C at any moment (exit 130, one line),
+a reader that closes the pipe early (quiet exit 141, the backend closed), and output that is
+not a terminal (never wrapped). TINY models, CPU backend."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+def _env() -> dict[str, str]:
+    # Read at call time: private_cache has set DRVQWEN_CACHE for this test.
+    return dict(os.environ, PYTHONPATH=SRC, PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture
+def tiny(tmp_path, rng):
+    path = tmp_path / "tiny.nanoqwen"
+    write_model(path, TINY, random_dense(TINY, rng), tokenizer_json=byte_tokenizer_json())
+    return path
+
+
+def _long_run(tiny, entry: str) -> list[str]:
+    return [sys.executable, "-m", entry, "run", "--model", str(tiny), "--device", "cpu", "--raw",
+            "--prompt", "hello", "--max-new-tokens", "1000", "--ignore-eos", "--temperature", "1"]
+
+
+# ---- Ctrl-C ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry,delays", [
+    ("drvqwen", (0.03, 0.08, 0.15, 0.3, 0.6, 1.2)),       # the installed command's entry point
+    ("drvqwen.cli", (0.05, 0.15, 0.8)),
+])
+def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
+    for delay in delays:
+        p = subprocess.Popen(_long_run(tiny, entry), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env=_env())
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+        err = err.decode("utf-8", "replace")
+        if "KeyboardInterrupt" in err and "drvqwen" not in err.rsplit("Traceback", 1)[-1]:
+            continue   # the interpreter's own start-up (site, runpy): before any drvqwen code ran
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
+        # Before the interpreter installs its own handler, SIGINT simply ends the process.
+        if p.returncode == -signal.SIGINT and err.strip() == "":
+            continue
+        assert p.returncode == 130, (delay, p.returncode, err)
+        assert err.count("interrupted") == 1 and err.strip().endswith("interrupted"), (delay, err)
+
+
+# ---- a closed stdout --------------------------------------------------------------------------
+
+def test_closed_stdout_ends_quietly(tiny):
+    p = subprocess.Popen(_long_run(tiny, "drvqwen"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    first = p.stdout.read(5)             # `| head -c 5`
+    p.stdout.close()
+    _, err = p.communicate(timeout=120)
+    err = err.decode("utf-8", "replace")
+    assert len(first) == 5
+    assert p.returncode == 141, (p.returncode, err)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+
+
+def test_closed_stdout_closes_the_backend(tiny, monkeypatch):
+    import drvqwen.generate as g
+    from drvqwen.cli import main
+
+    closed = []
+    monkeypatch.setattr(g.CPUBackend, "close", lambda self: closed.append(True))
+
+    class Head:
+        """A stdout whose reader leaves after 5 characters."""
+
+        n = 0
+
+        def write(self, s):
+            self.n += len(s)
+            if self.n > 5:
+                raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Head())
+    rc = main(["run", "--model", str(tiny), "--device", "cpu", "--raw", "--prompt", "hello",
+               "--max-new-tokens", "200", "--ignore-eos", "--temperature", "1"])
+    assert rc == 141 and closed == [True]
+
+
+# ---- output that is not a terminal ------------------------------------------------------------
+
+def test_piped_output_is_never_wrapped(tiny, tmp_path):
+    from drvqwen.format.nanoqwen import NanoqwenFile
+
+    r = subprocess.run([sys.executable, "-m", "drvqwen", "info", str(tiny), "--tensors"],
+                       capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    with NanoqwenFile(tiny) as f:
+        infos = list(f)
+    assert max(len(l) for l in lines) > 80           # rows wider than rich's default 80 columns
+    for info in infos:                                # `| grep NAME` finds the whole row
+        assert any(info.name in l and str(info.offset) in l and f"{info.nbytes:,}" in l for l in lines), info.name
+    # A long path in an error message stays one piece.
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "absent.nanoqwen"
+    r = subprocess.run([sys.executable, "-m", "drvqwen", "info", str(deep)], capture_output=True,
+                       text=True, env=_env(), timeout=120)
+    assert r.returncode == 2 and str(deep) in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
