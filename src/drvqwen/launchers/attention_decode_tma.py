@@ -77,7 +77,7 @@ class AttentionDecodeTma(Launcher):
         # The tensor maps read the whole pools; the layer's views (k_cache, v_cache), when given,
         # name what the launch reads.
         kv_reads = tuple(c for c in (k_cache, v_cache) if c is not None) or (k_map, v_map)
-        self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_hd{head_dim}", pdl=True),
+        self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_hd{head_dim}"),
                   (blocks_per_kv_head, n_kv_heads), (THREADS,),
                   [*partials, q, k_map, v_map, block_table, state, i32(n_heads), i32(n_kv_heads), i32(layer_page0)],
                   smem_bytes=smem_bytes(head_dim), reads=(q, *kv_reads, block_table, state), writes=partials)
