@@ -6,7 +6,8 @@ import numpy as np
 
 from drvqwen.config import QwenConfig
 from drvqwen.format import quant
-from drvqwen.format.nanoqwen import NanoqwenWriter, expected_tensors
+from drvqwen.format.nanoqwen import expected_tensors
+from drvqwen.format.nanoqwen_writer import NanoqwenWriter
 from drvqwen.format.synthetic import QWEN_CONTROL, minimal_tokenizer_json  # noqa: F401  (tests import them from here)
 
 TINY = QwenConfig(vocab_size=512, hidden_size=256, intermediate_size=384, num_layers=3,

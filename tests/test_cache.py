@@ -97,7 +97,7 @@ def test_disk_full_while_writing_leaves_nothing(monkeypatch, tiny_gguf, tmp_path
     """ENOSPC in the middle of a conversion (the disk filled up after the check)."""
     import builtins
 
-    from drvqwen.format import nanoqwen
+    from drvqwen.format import nanoqwen_writer
     from drvqwen.format.convert import convert
 
     class FillsUp:
@@ -113,7 +113,7 @@ def test_disk_full_while_writing_leaves_nothing(monkeypatch, tiny_gguf, tmp_path
         def __getattr__(self, name):
             return getattr(self.f, name)
 
-    monkeypatch.setattr(nanoqwen, "open", lambda *a, **k: FillsUp(builtins.open(*a, **k)), raising=False)
+    monkeypatch.setattr(nanoqwen_writer, "open", lambda *a, **k: FillsUp(builtins.open(*a, **k)), raising=False)
     out = tmp_path / "out" / "m.nanoqwen"
     out.parent.mkdir()
     with pytest.raises(DrvqwenError) as ei:
@@ -277,7 +277,7 @@ def _dead_pid() -> int:
 
 
 def test_leftovers_of_dead_processes_are_removed(tmp_path):
-    from drvqwen.format.nanoqwen import NanoqwenWriter
+    from drvqwen.format.nanoqwen_writer import NanoqwenWriter
 
     d = tmp_path / "models"
     d.mkdir()

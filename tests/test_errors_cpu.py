@@ -20,7 +20,8 @@ import pytest
 from drvqwen.config import QwenConfig
 from drvqwen.errors import ConfigError, DrvqwenError, FormatError
 from drvqwen.format import nanoqwen, quant
-from drvqwen.format.nanoqwen import NanoqwenFile, NanoqwenWriter
+from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.format.nanoqwen_writer import NanoqwenWriter
 
 from helpers import TINY, minimal_tokenizer_json, random_dense, write_model
 

@@ -13,7 +13,8 @@ import pytest
 
 from drvqwen.errors import FormatError
 from drvqwen.format import nanoqwen
-from drvqwen.format.nanoqwen import NanoqwenFile, NanoqwenWriter
+from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.format.nanoqwen_writer import NanoqwenWriter
 
 from helpers import TINY, minimal_tokenizer_json, random_dense, write_model
 

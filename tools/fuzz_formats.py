@@ -73,7 +73,8 @@ def small_config():
 
 def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> dict[str, Path]:
     """The seed files, written into `d` (deterministic)."""
-    from drvqwen.format.nanoqwen import NanoqwenWriter, expected_tensors
+    from drvqwen.format.nanoqwen import expected_tensors
+    from drvqwen.format.nanoqwen_writer import NanoqwenWriter
     from drvqwen.format.synthetic import (minimal_tokenizer_json, synthetic_dense, synthetic_tensor,
                                           write_synthetic_gguf)
 

@@ -16,8 +16,9 @@
 The RMSNorms, the QKV bias, RoPE and the K/V cache write, the residual adds and SwiGLU run
 inside the GEMVs (gemv_int4.cu): each launch costs the GPU ~2–3 µs of drain and ramp-up, as
 much as a small GEMV's bytes. Every kernel of the step waits for its predecessor with
-griddepcontrol.wait and is launched as a programmatic dependent (PDL, cuda/launch.py), so its
-first weight loads run under the previous kernel's tail.
+griddepcontrol.wait, and all but the attention launches are launched as programmatic
+dependents (PDL, cuda/launch.py), so their first weight loads run under the previous kernel's
+tail (launchers/attention_decode.py says why not attention, with the measurement).
 
 Every per-step value — position, token, sequence length, block table — lives in device
 memory, so this list is launch for launch what a CUDA graph captures (graphs.py). Eager mode
@@ -60,7 +61,7 @@ import numpy as np
 
 from . import launchers as K
 from .config import QwenConfig
-from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Event, KernelLaunch, Pool, Stream, get_device
+from .cuda import DEFAULT_ALIGN_BYTES, Event, KernelLaunch, Pool, Stream, get_device
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile, expected_tensors
 from .gpu_weights import GPUWeights
@@ -141,7 +142,7 @@ class DecodePlan:
 
 def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[int, ...]]) -> dict[str, BufferSpec]:
     D, F, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
-    nq, nkv = cfg.q_dim, cfg.kv_dim
+    nq = cfg.q_dim
     shapes = {  # name: (shape, dtype)
         "state": ((3,), np.int32), "next_token": ((1,), np.int32),
         "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
@@ -177,7 +178,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     n_pages = n_pages_for(max_context)
     D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     Hq, Hkv, Dh, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
-    nq, nkv = cfg.q_dim, cfg.kv_dim
+    nq = cfg.q_dim
 
     if attention == "tma":
         S = attention_decode_tma.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)

@@ -28,8 +28,8 @@ from ..errors import DrvqwenError, FormatError
 from ..paths import ensure_free_space, ensure_writable
 from . import quant
 from .gguf_check import check_gguf
-from .nanoqwen import (ATTN_PROJ, MLP_PROJ, NanoqwenWriter, estimated_file_size, expected_tensors,
-                       vocab_facts)
+from .nanoqwen import ATTN_PROJ, MLP_PROJ, expected_tensors, vocab_facts
+from .nanoqwen_writer import NanoqwenWriter, estimated_file_size
 
 FP16_MAX = 65504.0
 
@@ -406,7 +406,7 @@ def check_tokenizer_fits(source, cfg: QwenConfig) -> None:
 
 def check_destination(source, out: Path, cfg: QwenConfig | None = None) -> None:
     """What can be known before the first tensor is quantized: `out`'s folder takes files and
-    has room for the converted model (format.nanoqwen.estimated_file_size).
+    has room for the converted model (format.nanoqwen_writer.estimated_file_size).
 
     Raises:
         DrvqwenError: it does not (names the folder and what is needed).

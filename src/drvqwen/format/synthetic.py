@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 
 from ..config import QwenConfig
-from .nanoqwen import NanoqwenWriter, expected_tensors
+from .nanoqwen import expected_tensors
+from .nanoqwen_writer import NanoqwenWriter
 
 CODE_STD = float(np.std(np.arange(-8, 8)))        # 4.61: std of uniform codes in [-8, 7]
 WEIGHT_STD = 0.02
