@@ -50,7 +50,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
         err = err.decode("utf-8", "replace")
-        if "KeyboardInterrupt" in err and "drvqwen" not in err.rsplit("Traceback", 1)[-1]:
+        if "KeyboardInterrupt" in err and SRC not in err.rsplit("Traceback", 1)[-1]:
             continue   # the interpreter's own start-up (site, runpy): before any drvqwen code ran
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
         # Before the interpreter installs its own handler, SIGINT simply ends the process.
