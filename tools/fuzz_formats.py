@@ -276,6 +276,9 @@ def _pack_extreme(fmt: str, rng: np.random.Generator) -> bytes:
         return bytes(rng.integers(0, 256, n, dtype=np.uint8))
     if code in "fd":
         v = float(rng.choice(EXTREME_FLOATS)) if rng.random() < 0.8 else float(rng.standard_normal() * 10.0 ** int(rng.integers(-5, 10)))
+        if code == "f":    # float32 fields: values past its range become ±inf, as a C cast does
+            with np.errstate(over="ignore"):
+                return np.array([v], dtype=np.dtype(np.float32).newbyteorder(order)).tobytes()
         return struct.pack(order + code, v)
     bits = struct.calcsize(code) * 8
     if rng.random() < 0.8:
