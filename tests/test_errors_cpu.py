@@ -181,6 +181,17 @@ def test_table_errors_name_the_tensor(model_file, kind):
     _one_line(ei, str(model_file), expect)
 
 
+def test_unprintable_table_name_keeps_the_error_on_one_line(model_file):
+    """A damaged name-length field reads into binary bytes; the message must stay one line."""
+    def edit(recs):
+        r = _rec(recs, NORM)
+        r[0] = "x\n" + "\x01" * (len(NORM) - 2)       # same byte length: the table keeps its size
+    _rewrite_table(model_file, edit)
+    with pytest.raises(FormatError) as ei:
+        NanoqwenFile(model_file)
+    _one_line(ei, str(model_file), "is not a tensor name")
+
+
 def test_directory_and_tokenizer_errors(model_file, tmp_path):
     with pytest.raises(FormatError) as ei:
         NanoqwenFile(tmp_path)

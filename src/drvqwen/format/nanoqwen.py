@@ -46,6 +46,7 @@ version 2.
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from collections.abc import Iterable
@@ -280,16 +281,21 @@ def _parse_table(path: Path, h: Header, raw: bytes) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
     pos = 0
     try:
-        for _ in range(h.n_tensors):
+        for index in range(h.n_tensors):
             (nlen,) = _REC_FIXED.unpack_from(raw, pos); pos += _REC_FIXED.size
             name = raw[pos:pos + nlen].decode("utf-8"); pos += nlen
+            # A name is shown in every message below: one that is not printable (a damaged
+            # length field reads into the next record) would break the one-line error.
+            if not name or not name.isprintable():
+                raise FormatError(f"{path}: tensor table record {index}: name {name[:48]!r} (length "
+                                  f"field {nlen}) is not a tensor name")
             code, ndim = _REC_TAIL.unpack_from(raw, pos); pos += _REC_TAIL.size
             shape = struct.unpack_from(f"<{ndim}Q", raw, pos); pos += 8 * ndim
             off, nbytes, crc = _REC_END.unpack_from(raw, pos); pos += _REC_END.size
             if code not in DTYPES:
                 raise FormatError(f"{path}: tensor {name}: unknown dtype code {code}")
             dt = DTYPES[code]
-            if nbytes != int(np.prod(shape, dtype=np.int64)) * dt.itemsize:
+            if nbytes != math.prod(shape) * dt.itemsize:      # exact: no int64 wrap-around
                 raise FormatError(f"{path}: tensor {name}: nbytes={nbytes} disagrees with shape {shape} {dt}")
             if off % h.data_align:
                 raise FormatError(f"{path}: tensor {name}: offset {off} not aligned to {h.data_align}")
