@@ -1,0 +1,104 @@
+// ptx/wgmma.cuh — warpgroup-level tensor-core MMA (sm_90a): wgmma.mma_async and its fences.
+//
+//   wgmma_fence            : wgmma.fence.sync.aligned
+//   wgmma_commit_group     : wgmma.commit_group.sync.aligned
+//   wgmma_wait_group<N>    : wgmma.wait_group.sync.aligned N
+//   wgmma_desc_sw128       : the 64-bit shared-memory matrix descriptor of a K-major operand
+//                            stored in 128-byte-swizzled 8-row atoms (what TMA writes with
+//                            CU_TENSOR_MAP_SWIZZLE_128B)
+//   wgmma_m64n128k16_rs    : wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16, A from
+//                            registers, B from shared memory through a descriptor
+//   wgmma_fence_operand    : an empty asm that pins a register in place (no PTX instruction)
+//   (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions": wgmma.fence,
+//    wgmma.commit_group, wgmma.wait_group, wgmma.mma_async, "Matrix Descriptor Format")
+//
+// Why wgmma: on Hopper the tensor cores' full rate is reached only by wgmma — four warps (a
+// warpgroup, warps 4i … 4i+3) issue one 64 × N × 16 MMA together, B (and optionally A) read
+// straight from shared memory by the tensor cores, asynchronously: the warps go on (unpacking
+// the next INT4 weights) while the MMAs run. mma.sync, the Ampere instruction, tops out near
+// two thirds of that rate and needs every operand in registers.
+//
+// Why A from registers (the "RS" form): the A operand is the INT4 weights, unpacked to FP16 and
+// scaled in registers (ptx/int4_unpack.cuh); from registers they go to the tensor cores with no
+// shared-memory round trip. Register fragment layout of A for m64k16 — warp w of the warpgroup
+// holds rows 16w … 16w+15, lane (g, t) = (lane / 4, lane % 4), each register a half2 (low half =
+// lower k):
+//   a[0] = A[16w+g][2t, 2t+1]   a[1] = A[16w+g+8][2t, 2t+1]
+//   a[2] = A[16w+g][2t+8, 2t+9] a[3] = A[16w+g+8][2t+8, 2t+9]
+// (the same per-warp layout as mma.sync.m16n8k16). The k order is NOT free here, unlike with
+// mma.sync: B comes from shared memory in its natural order, so a[] must hold exactly these k.
+//
+// Accumulator layout for m64nN, f32: lane (g, t) of warp w holds, for each 8-column block j,
+//   d[4j+0], d[4j+1] = D[16w+g  ][8j+2t], D[16w+g  ][8j+2t+1]
+//   d[4j+2], d[4j+3] = D[16w+g+8][8j+2t], D[16w+g+8][8j+2t+1]
+//
+// The asynchrony is the programmer's to manage: registers written by ordinary instructions must
+// be fenced (wgmma_fence) before a wgmma reads them; the A registers and accumulators of an MMA
+// in flight must not be touched until a wgmma_wait_group says its group has completed. The
+// compiler does not see that the accumulators change in the background: wgmma_fence_operand on
+// each of them keeps it from moving reads or copies of them across the MMA's issue and wait.
+#pragma once
+#include "types.cuh"
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+// Close the group of wgmma.mma_async issued since the last commit (one group per K step here).
+__device__ __forceinline__ void wgmma_commit_group() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Wait until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence_operand(float& r) {
+    asm volatile("" : "+f"(r) :: "memory");
+}
+__device__ __forceinline__ void wgmma_fence_operand(u32& r) {
+    asm volatile("" : "+r"(r) :: "memory");
+}
+
+// Descriptor of a K-major tile in shared memory, 128-byte swizzle: rows (the N index) of
+// 128 bytes = 64 FP16 k values, grouped in 8-row, 1024-byte atoms; `smem` points at the k
+// offset to start from inside the first row (0, 32, 64 or 96 bytes for the four k16 steps of a
+// 64-wide row) of a 1024-byte-aligned tile. Fields (PTX ISA, "Matrix Descriptor Format"):
+//   bits  0–13  start address >> 4
+//   bits 16–29  leading-dimension byte offset >> 4: unused for a swizzled K-major operand
+//               whose k extent (16 × 2 B) lies inside one swizzle row; 1 by convention
+//   bits 32–45  stride-dimension byte offset >> 4: 1024 B from one 8-row atom to the next
+//   bits 49–51  base offset: 0 (atoms 1024-byte aligned)
+//   bits 62–63  swizzle mode: 1 = 128-byte swizzle
+__device__ __forceinline__ u64 wgmma_desc_sw128(const void* smem) {
+    const u32 addr = static_cast<u32>(__cvta_generic_to_shared(smem));
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// D[64 × 128] (+)= A[64 × 16] · B[16 × 128]: FP16 × FP16, FP32 accumulate. a: this lane's A
+// fragment (layout above); b_desc: B as 128 K-major rows (the N index) of 16 k values;
+// accumulate = 0 writes D = A·B (no zeroing of d needed), 1 adds. Scale-a/b = 1 (no negation),
+// B not transposed (K-major).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const u32 (&a)[4], u64 b_desc,
+                                                    int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+        : "memory");
+}
