@@ -1,389 +1,348 @@
-// kernels/gemm_int4.cu — prefill GEMMs over INT4 (layout id 1) weights: Y = X Wᵀ for M tokens.
+// kernels/gemm_int4.cu — prefill GEMMs over INT4 (layout id 1) weights: Y = X Wᵀ for M tokens,
+// on Hopper's warpgroup MMA (wgmma) with the activations staged by TMA.
 //
 //   gemm_int4_f32            out fp32[M, N]            = X Wᵀ                (tests, tools)
 //   gemm_int4_qkv            qkv fp32[M, Nq+2·Nkv]     = X [Wq; Wk; Wv]ᵀ     (bias + RoPE: rope_kv_rows)
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
 //
-// X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens), W is INT4
-// [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout id 1), and every product
-// is summed in FP32: the tensor cores multiply the exact INT4 codes by FP16 activations, the
-// FP32 sum of each 128-input group is multiplied by its scale once (as the decode GEMV does).
+// X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
+// output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
+// id 1: 8 nibbles per uint32 in NIBBLE_ORDER, ptx/int4_unpack.cuh).
 //
 // The limit: tensor-core math. At the 7B shape with a 512-token prompt, per layer:
 //   qkv     2·512·4608·3584   = 16.9 GFLOP   weights  8.3 MB
 //   o_proj  2·512·3584·3584   = 13.2 GFLOP   weights  6.4 MB
 //   gate_up 2·512·37888·3584  = 139  GFLOP   weights 67.9 MB
 //   down    2·512·3584·18944  = 69.5 GFLOP   weights 33.9 MB
-//   = 239 GFLOP per layer, 6.68 TFLOP for 28 layers (+ 3.4 GB of INT4 read once per 64 tokens
-//   from L2/HBM): at ~1 PFLOP/s dense FP16 the floor is ~7 ms; this straightforward
-//   mma.sync version (not wgmma/TMA — a later issue) aims at a few hundred TFLOP/s.
+//   = 239 GFLOP per layer, 6.68 TFLOP for 28 layers: at the H200's ~990 TFLOP/s dense FP16 peak
+//   the floor is ~7 ms. Only wgmma reaches that rate on Hopper; the mma.sync (Ampere) form of
+//   this GEMM topped out at ~190 TFLOP/s here (measurements below).
 //
 // Work split
 // ----------
-//   block   = 4 warps, a tile of BM = 64 tokens × 8 weight tiles of 16 rows (128 output
-//             features; for gate/up 64 features of both matrices). grid = (ceil(M_max/64),
-//             n_blocks): x walks the token tiles fastest, so the blocks that share one slice
-//             of W run together and read it from L2, not HBM.
-//   warp    = 2 weight tiles (32 rows of W) × all 64 tokens: 2 × 8 m16n8k16 MMAs per 16 inputs,
-//             A = weights (rows), B = activations (tokens). The weights are the A operand so
-//             that one 16-byte load of a weight row feeds 8 MMAs after the lop3 unpack, exactly
-//             as in the decode GEMV (int4_matmul.cuh, ptx/mma.cuh: lane (g, t) supplies the k
-//             positions {2t, 2t+1, 2t+8, 2t+9} from inputs 32t + 8i … +7 of its row; the
-//             activation row of token g is read at the same inputs, so the k order matches).
-//   K loop  = one 128-input group per step, GEMM_STAGES = 4 steps in flight through cp.async
-//             (ptx/cp_async.cuh): 16 KB of activations (64 tokens × 256 B) and 8 KB of INT4
-//             weights (128 rows × 64 B) per step. Each group's MMAs accumulate into a zeroed
-//             FP32 tile that is then scaled by the rows' group scales and added to the output
-//             accumulators (acc += s · tmp), so no FP16 rounding of the scaled weights.
-//   epilogue= each output element is owned by exactly one lane of one block: the residual
-//             read-modify-write needs no atomics, and the result is bit-reproducible.
-//
-// Shared memory: GEMM_STAGES × 24 KB = 96 KB dynamic (2 blocks per SM). Activation rows are
-// stored with an XOR swizzle of their 16-byte chunks (gemm_a_chunk) so that the B-fragment
-// reads — lanes (g, t) reading chunk 4t + i of token row g — hit 8 different bank groups per
-// 8-lane phase; the weight rows (64 B each, lanes reading 16 B quads of consecutive rows) are
-// conflict-free as stored.
+//   block    = 128 weight rows × 128 tokens (for gate/up: 64 features of both matrices), 9 warps:
+//              two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the block's 128
+//              tokens, and one producer warp (warp 8). grid = (ceil(rows/128), row blocks), x
+//              fastest: the blocks that read one slice of W run together and share it in L2.
+//   producer = one lane issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs,
+//              128-byte swizzle — the layout wgmma reads): per 128-input group two boxes,
+//              32 KB, into a ring of GEMM_STAGES stages guarded by mbarriers (full: the bytes
+//              landed; empty: all 8 consumer warps are done with the stage).
+//   consumer = the weights are wgmma's A operand, from registers: lane (g, t) loads the 64
+//              bytes of one group of its rows g and g+8 (one group ahead; the 4 lanes of a quad
+//              load the same bytes, L1 serves them) and unpacks nibble pair t of every word:
+//              inputs (16s + 2t, +1) and (16s + 8 + 2t, +9) of k step s — exactly the k positions
+//              of the A fragment (ptx/wgmma.cuh), because B, the activations, comes from shared
+//              memory in its natural order. The exact codes are multiplied by the row's group
+//              scale in FP16 (one rounding of each scaled weight, relative ≤ 2⁻¹¹,
+//              docs/numerics.md), so the tensor cores sum all of K in FP32 with no per-group
+//              rescaling of the accumulators.
+//              Per group: 8 × wgmma m64n128k16 (B: the stage, through a descriptor), one commit,
+//              one wait; the two warpgroups interleave, one unpacking while the other's MMAs run.
+//   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j = 0..15): each output element
+//              is written by exactly one lane (the residual read-modify-write needs no atomics,
+//              the result is bit-reproducible); tokens ≥ M and rows ≥ N are not written. For
+//              gate/up, row g of a warp's 16 is gate feature f and row g+8 is up feature f, so
+//              the SwiGLU happens in registers.
 //
 // The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
-// chunk is built once per grid size and reused, and token tiles past M return at once. Rows
-// of X past M are never read (zero-filled in shared memory) and outputs past M or N are never
-// written.
+// chunk is built once per row capacity and reused; blocks whose tokens all lie past M return at
+// once. The tensor map covers the buffer's capacity rows: tokens past M are read (stale or NaN,
+// they are another column of the MMA) but never written; rows past the capacity read as zero.
 //
-// Measured on the H200 (M = 512, 7B shapes, graph replay, test_kernel_gemm_int4.py):
-//   | GEMM    | µs    | TFLOP/s |
-//   | qkv     | 136.6 | 124     |   (36 weight slices × 8 token tiles = 288 blocks: ~1.1 waves)
-//   | o_proj  |  83.1 | 158     |
-//   | gate_up | 654.4 | 213     |
-//   | down    | 393.5 | 177     |
-//   = 1.27 ms per layer, 188 TFLOP/s; 35.8 ms of a 512-token 7B prefill's 37.7 ms of kernels
-//   (TTFT 39.5 ms, tools/bench_e2e.py). The rest of the way to ~1 PFLOP/s is wgmma fed by
-//   TMA with the dequantization in the mainloop (docs/benchmarks.md#what-the-gaps-point-to), not tuning of this version.
+// Shared memory: GEMM_STAGES × 32 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
+// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments + 32 weight words
+// per lane (168 in all, ptxas), under the 224 that __launch_bounds__(288, 1) allows.
+//
+// Measured on the H200 (tests/dev/test_gemm_int4_wgmma.py, graph replay, random weights,
+// µs and TFLOP/s; mma.sync = the previous cp.async + mma.m16n8k16 version of this file):
+//   | shape (N × K)        | M    | mma.sync         | wgmma            |
+//   | qkv 4608 × 3584      | 512  | 130.4 µs   130   |  54.2 µs   312   |
+//   | o_proj 3584 × 3584   | 512  |  72.2 µs   182   |  28.7 µs   459   |
+//   | gate 18944 × 3584    | 512  | 340.1 µs   204   | 141.5 µs   491   |
+//   | down 3584 × 18944    | 512  | 371.9 µs   187   | 139.5 µs   499   |
+//   | qkv                  | 2048 | 339.5 µs   199   | 140.5 µs   482   |
+//   | gate                 | 2048 | 1267.9 µs  219   | 500.0 µs   556   |
+//   | down                 | 2048 | 1404.0 µs  198   | 552.8 µs   503   |
+//   qkv at M = 512 is 36 × 4 = 144 blocks on 132 SMs: 1.09 waves, the second nearly empty.
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
-// (true for every head_dim); any N ≥ 1 (rows past N load row N-1, never stored); pointers
-// 16-byte aligned.
+// (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
+// X's rows 16-byte aligned (TMA).
 #include <cuda_fp16.h>
 
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
-#include "mma.cuh"          // mma_m16n8k16_f32_f16
-#include "cp_async.cuh"     // cp_async_16, cp_async_commit, cp_async_wait
-#include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
+#include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
+#include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
+#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
+#include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
+#include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 
-#define GEMM_BM            64                               // tokens per block
-#define GEMM_WARPS         4
-#define GEMM_THREADS       (GEMM_WARPS * WARP_SIZE)
-#define GEMM_WARP_TILES    2                                // 16-row weight tiles per warp
-#define GEMM_BLOCK_TILES   (GEMM_WARPS * GEMM_WARP_TILES)   // 8 tiles = 128 weight rows
-#define GEMM_TOKEN_TILES   (GEMM_BM / 8)                    // N = 8 tokens per MMA
-#define GEMM_STAGES        4
-#define GEMM_A_ROW_BYTES   (INT4_GROUP * 2)                 // 128 fp16 inputs of one token
-#define GEMM_A_CHUNKS      (GEMM_A_ROW_BYTES / 16)          // 16-byte chunks per token row
-#define GEMM_A_STAGE_BYTES (GEMM_BM * GEMM_A_ROW_BYTES)     // 16 KB
-#define GEMM_W_ROW_BYTES   (INT4_GROUP / 2)                 // 128 nibbles = 16 words = 64 B
-#define GEMM_W_STAGE_BYTES (GEMM_BLOCK_TILES * INT4_TILE_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
-#define GEMM_STAGE_BYTES   (GEMM_A_STAGE_BYTES + GEMM_W_STAGE_BYTES)
-#define GEMM_SMEM_BYTES    (GEMM_STAGES * GEMM_STAGE_BYTES)  // 96 KB (kernels.py mirrors it)
+#define GEMM_CONSUMER_WGS   2
+#define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
+#define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
+#define GEMM_BM             128                                // tokens per block (wgmma N)
+#define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
+#define GEMM_THREADS        ((GEMM_CONSUMER_WARPS + 1) * WARP_SIZE)  // + the producer warp: 288
+#define GEMM_STAGES         4
+#define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
+#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 16 KB
+#define GEMM_STAGE_BYTES    (2 * GEMM_BOX_BYTES)               // one 128-input group: 32 KB
+#define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
+#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
 
-// Physical 16-byte chunk of logical chunk c (inputs 8c … 8c+7 of the group) in token row `row`.
-// A warp's B-fragment read for word i touches chunks 4t + i (t = 0..3) of rows g = 0..7; an
-// 8-lane phase is rows {2p, 2p+1} × t. XOR-ing bit 1 with t / 2 and bit 0 with the row's parity
-// makes the 8 chunks of a phase land in 8 different 128-byte bank groups (bit 2 is t % 2).
-__device__ __forceinline__ int gemm_a_chunk(int row, int c) {
-    return c ^ ((c >> 3) << 1) ^ (row & 1);
+// Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
+// scale s2 (both halves the row's group scale). See ptx/int4_unpack.cuh for the magic number.
+__device__ __forceinline__ u32 gemm_int4_pair(u32 w, int shift, u32 s2) {
+    const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024);  // (1024 + v0, 1024 + v1)
+    u32 q, out;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1032));  // exact codes
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
+    return out;
 }
 
-// Up to three matrices stacked along N (q, k, v), or two read in pairs (gate, up).
-template <int NSEG>
-struct GemmProblem {
-    const u32* qweight[NSEG];    // [n_s, K/8] uint32 each, layout id 1
-    const __half* scales[NSEG];  // [n_s, K/128] fp16 each
-    int n[NSEG];                 // rows of each matrix
-    int first_tile[NSEG + 1];    // 16-row tile where each matrix starts (stacked; unused when paired)
-};
-
-template <int NSEG>
-struct GemmTile {
-    const u32* qweight;
-    const __half* scales;
-    int n;     // rows of the matrix
-    int seg;   // which matrix
-    int row0;  // first row of the tile within its matrix (may be ≥ n for a tile past the end)
-};
-
-// Block tile `bt` (0..7) of this block → its matrix and first row. Stacked: global tile
-// blockIdx.y·8 + bt, the matrix found from first_tile. Paired (gate/up): bt = 2·f + m, feature
-// tile blockIdx.y·4 + f, matrix m (0 gate, 1 up) — so a warp's two tiles are the same rows
-// of gate and up.
-template <int NSEG, bool PAIRED>
-__device__ __forceinline__ GemmTile<NSEG> gemm_tile(const GemmProblem<NSEG>& p, int bt) {
-    GemmTile<NSEG> r;
-    if constexpr (PAIRED) {
-        r.seg = bt & 1;
-        r.row0 = (blockIdx.y * (GEMM_BLOCK_TILES / 2) + bt / 2) * INT4_TILE_ROWS;
-    } else {
-        const int tile = blockIdx.y * GEMM_BLOCK_TILES + bt;
-        const int seg = int4_segment<NSEG>(p.first_tile, tile);
-        r.seg = seg;
-        const int first = NSEG == 1 ? 0 : int4_pick(seg, p.first_tile[0], p.first_tile[1], p.first_tile[NSEG - 1]);
-        r.row0 = (tile - first) * INT4_TILE_ROWS;
-    }
-    if constexpr (NSEG == 1) {
-        r.qweight = p.qweight[0]; r.scales = p.scales[0]; r.n = p.n[0];
-    } else {
-        r.qweight = int4_pick(r.seg, p.qweight[0], p.qweight[1], p.qweight[NSEG - 1]);
-        r.scales = int4_pick(r.seg, p.scales[0], p.scales[1], p.scales[NSEG - 1]);
-        r.n = int4_pick(r.seg, p.n[0], p.n[1], p.n[NSEG - 1]);
-    }
-    return r;
+__device__ __forceinline__ u32 gemm_word(const uint4 (&q)[4], int j) {
+    const uint4& v = q[j / 4];
+    return (j & 3) == 0 ? v.x : (j & 3) == 1 ? v.y : (j & 3) == 2 ? v.z : v.w;
 }
 
-// The whole GEMM of one block: 64 tokens × 8 weight tiles × all of K, then
-//   epilogue(seg, row, token, value)              once per output (not paired), or
-//   epilogue(row, token, gate_value, up_value)    once per output feature (paired),
-// for rows < n of their matrix and tokens < M only. Contains __syncthreads(): call from
-// every thread of the block.
-template <int NSEG, bool PAIRED, typename Epilogue>
-__device__ __forceinline__ void gemm_int4_block(const GemmProblem<NSEG>& p,
-                                                const __half* __restrict__ x,
-                                                const int* __restrict__ prefill_state, int K,
-                                                Epilogue epilogue) {
-    extern __shared__ __align__(128) unsigned char gemm_smem[];  // GEMM_STAGES × (A | W)
+// The A fragments of one group (8 k steps × 4 registers) from the raw words of rows g and g+8.
+__device__ __forceinline__ void gemm_a_fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
+                                                  __half sa, __half sb, u32 (&frag)[GEMM_K_STEPS][4]) {
+    const __half2 sa2 = __half2half2(sa), sb2 = __half2half2(sb);
+    const u32 sa_u = *reinterpret_cast<const u32*>(&sa2), sb_u = *reinterpret_cast<const u32*>(&sb2);
+#pragma unroll
+    for (int s = 0; s < GEMM_K_STEPS; ++s) {
+        frag[s][0] = gemm_int4_pair(gemm_word(ra, 2 * s), shift, sa_u);
+        frag[s][1] = gemm_int4_pair(gemm_word(rb, 2 * s), shift, sb_u);
+        frag[s][2] = gemm_int4_pair(gemm_word(ra, 2 * s + 1), shift, sa_u);
+        frag[s][3] = gemm_int4_pair(gemm_word(rb, 2 * s + 1), shift, sb_u);
+    }
+}
+
+__device__ __forceinline__ void gemm_load_group(const uint4* wa, const uint4* wb, int grp,
+                                                 uint4 (&ra)[4], uint4 (&rb)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ra[i] = __ldg(wa + grp * 4 + i);
+        rb[i] = __ldg(wb + grp * 4 + i);
+    }
+}
+
+// One 128-input group of a consumer warp: unpack its weights into the A fragments, prefetch
+// the next group's words (plain loads: they are no wgmma operand), wait for the stage, issue
+// the 8 MMAs and wait for them. The wait is for all of them (wait_group 0): rewriting A
+// registers while an MMA that reads any A register is in flight makes ptxas serialize every
+// wgmma of the kernel (its C7513 "Potential Performance Loss"), so the unpack of the next group
+// overlaps the other warpgroup's MMAs instead of this one's.
+__device__ __forceinline__ void gemm_group(int grp, int n_groups, int lane, int shift,
+                                            const uint4* wa, const uint4* wb,
+                                            const __half* sa, const __half* sb,
+                                            const unsigned char* smem, u64* full, u64* empty,
+                                            uint4 (&ra)[4], uint4 (&rb)[4],
+                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
+    gemm_a_fragments(ra, rb, shift, sa[grp], sb[grp], frag);
+    if (grp + 1 < n_groups) gemm_load_group(wa, wb, grp + 1, ra, rb);
+    const int s = grp % GEMM_STAGES;
+    mbarrier_wait_parity(&full[s], (grp / GEMM_STAGES) & 1);
+    const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < GEMM_K_STEPS; ++k) {
+        const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
+        wgmma_m64n128k16_rs(acc, frag[k], desc, 1);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+    if (lane == 0) mbarrier_arrive(&empty[s]);  // this warp is done with the stage
+}
+
+// What one consumer lane multiplies: its two weight rows (g and g+8 of its warp's 16), each a
+// row of some matrix (clamped into it: rows past the end are read, never stored).
+struct GemmLaneRows {
+    const uint4* wa;  const uint4* wb;    // the rows' INT4 words (16-byte quads)
+    const __half* sa; const __half* sb;   // the rows' group scales
+};
+
+__device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
+                                              const uint4*& w, const __half*& s) {
+    const int r = min(row, n - 1);
+    w = reinterpret_cast<const uint4*>(qweight + (u64)r * (K / 8));
+    s = scales + (u64)r * (K / INT4_GROUP);
+}
+
+// The whole GEMM of one block; RowsOf(local_row 0..127) → the lane's rows is called once per
+// consumer lane; then epilogue(token, va, vb) once per token < M of the block (va, vb: the
+// lane's rows g and g+8). Contains the block's only __syncthreads(): call from every thread.
+template <typename RowsOf, typename Epilogue>
+__device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
+                                                int K, RowsOf rows_of, Epilogue epilogue) {
+    extern __shared__ unsigned char gemm_smem_raw[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<u64>(gemm_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
+    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
+    u64* empty = full + GEMM_STAGES;
+
     const int M = __ldg(prefill_state + 1);
     const int m0 = blockIdx.x * GEMM_BM;
-    if (m0 >= M) return;  // the whole block: no barrier has been reached yet
-    const int rows_here = min(GEMM_BM, M - m0);
-
-    const int tid = threadIdx.x;
-    const int lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
-    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    if (m0 >= M) return;  // the whole block, before any barrier
     const int n_groups = K / INT4_GROUP;
-    const int words_per_row = K / 8, groups_per_row = K / INT4_GROUP;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
 
-    // ---- what this thread copies each step --------------------------------------------------
-    // Activations: chunk a_c of token rows a_r + 8j, j = 0..7 (1024 chunks / 128 threads).
-    const int a_c = tid % GEMM_A_CHUNKS, a_r = tid / GEMM_A_CHUNKS;
-    const int a_dst = a_r * GEMM_A_ROW_BYTES + gemm_a_chunk(a_r, a_c) * 16;  // + j·8 rows (parity kept)
-    const __half* a_src = x + (u64)(m0 + a_r) * K + a_c * 8;
-    // Weights: quad w_q (16 B = 4 words) of block rows w_r + 32j, j = 0..3 (512 quads / 128 threads).
-    const int w_q = tid % 4, w_r = tid / 4;
-    const u32* w_src[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int br = w_r + 32 * j;
-        const GemmTile<NSEG> tl = gemm_tile<NSEG, PAIRED>(p, br / INT4_TILE_ROWS);
-        // Rows past the matrix load its last row: valid memory, never stored.
-        const int row = min(tl.row0 + br % INT4_TILE_ROWS, tl.n - 1);
-        w_src[j] = tl.qweight + (u64)row * words_per_row + 4 * w_q;
-    }
-    auto issue = [&](int grp, int stage) {
-        unsigned char* a_st = gemm_smem + stage * GEMM_STAGE_BYTES;
-        unsigned char* w_st = a_st + GEMM_A_STAGE_BYTES;
-#pragma unroll
-        for (int j = 0; j < GEMM_BM / 8; ++j) {
-            const bool valid = a_r + 8 * j < rows_here;
-            cp_async_16(a_st + a_dst + 8 * j * GEMM_A_ROW_BYTES,
-                        valid ? a_src + (u64)8 * j * K + grp * INT4_GROUP : x, valid);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GEMM_STAGES; ++s) {
+            mbarrier_init(&full[s], 1);                      // the producer's expect_tx arrival
+            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);   // lane 0 of every consumer warp
         }
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            cp_async_16(w_st + (w_r + 32 * j) * GEMM_W_ROW_BYTES + 16 * w_q,
-                        w_src[j] + grp * (INT4_GROUP / 8), true);
-    };
-
-    // ---- this lane's rows: scales (read straight from global, one group ahead) --------------
-    const __half* sc_ptr[GEMM_WARP_TILES][2];
-#pragma unroll
-    for (int mt = 0; mt < GEMM_WARP_TILES; ++mt) {
-        const GemmTile<NSEG> tl = gemm_tile<NSEG, PAIRED>(p, GEMM_WARP_TILES * warp + mt);
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            sc_ptr[mt][h] = tl.scales + (u64)min(tl.row0 + g + 8 * h, tl.n - 1) * groups_per_row;
+        fence_mbarrier_init();
     }
-    float sc_next[GEMM_WARP_TILES][2];
-#pragma unroll
-    for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) sc_next[mt][h] = __half2float(__ldg(sc_ptr[mt][h]));
+    __syncthreads();  // the last block-wide barrier: the roles part here
 
-    float acc[GEMM_WARP_TILES][GEMM_TOKEN_TILES][4];
-#pragma unroll
-    for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
-
-    // ---- the pipelined K loop ----------------------------------------------------------------
-#pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; ++s) {
-        if (s < n_groups) issue(s, s);
-        cp_async_commit();  // possibly empty: keeps the group count per step fixed
-    }
-    for (int grp = 0; grp < n_groups; ++grp) {
-        cp_async_wait<GEMM_STAGES - 2>();  // this thread's copies of step grp have landed
-        __syncthreads();                   // everyone's have; everyone is done with step grp-1
-        {
-            const int ahead = grp + GEMM_STAGES - 1;  // refills the stage step grp-1 used
-            if (ahead < n_groups) issue(ahead, ahead % GEMM_STAGES);
-            cp_async_commit();
-        }
-        float sc[GEMM_WARP_TILES][2];
-#pragma unroll
-        for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                sc[mt][h] = sc_next[mt][h];
-                if (grp + 1 < n_groups) sc_next[mt][h] = __half2float(__ldg(sc_ptr[mt][h] + grp + 1));
-            }
-
-        const unsigned char* a_st = gemm_smem + (grp % GEMM_STAGES) * GEMM_STAGE_BYTES;
-        const unsigned char* w_st = a_st + GEMM_A_STAGE_BYTES;
-        uint4 wq[GEMM_WARP_TILES][2];  // words 4t … 4t+3 of rows g and g+8 of each tile
-#pragma unroll
-        for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                wq[mt][h] = *reinterpret_cast<const uint4*>(
-                    w_st + ((GEMM_WARP_TILES * warp + mt) * INT4_TILE_ROWS + g + 8 * h) * GEMM_W_ROW_BYTES + 16 * t);
-
-        float tmp[GEMM_WARP_TILES][GEMM_TOKEN_TILES][4];
-#pragma unroll
-        for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) tmp[mt][nt][e] = 0.f;
-
-        // Word i of the lane's quad = inputs 32t + 8i … +7 of its two rows (i unrolled, so
-        // the word selection below is resolved at compile time).
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            u32 a_lo[GEMM_WARP_TILES][4], a_hi[GEMM_WARP_TILES][4];
-#pragma unroll
-            for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-                int4_a_fragments(wq[mt][0], wq[mt][1], i, a_lo[mt], a_hi[mt]);
-#pragma unroll
-            for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt) {
-                if (nt * 8 >= rows_here) break;  // warp-uniform: no MMAs on absent tokens
-                const int row = nt * 8 + g;
-                const uint4 xb = *reinterpret_cast<const uint4*>(
-                    a_st + row * GEMM_A_ROW_BYTES + gemm_a_chunk(row, 4 * t + i) * 16);
-#pragma unroll
-                for (int mt = 0; mt < GEMM_WARP_TILES; ++mt) {
-                    mma_m16n8k16_f32_f16(tmp[mt][nt], a_lo[mt], xb.x, xb.y);  // inputs +0..+3
-                    mma_m16n8k16_f32_f16(tmp[mt][nt], a_hi[mt], xb.z, xb.w);  // inputs +4..+7
-                }
+    if (warp == GEMM_CONSUMER_WARPS) {  // ---- producer ----------------------------------------
+        if (lane == 0) {
+            tma_prefetch_map(&x_map);
+            for (int grp = 0; grp < n_groups; ++grp) {
+                const int s = grp % GEMM_STAGES;
+                if (grp >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((grp / GEMM_STAGES) - 1) & 1);
+                unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                mbarrier_arrive_expect_tx(&full[s], GEMM_STAGE_BYTES);
+                tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
+                tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
             }
         }
-
-#pragma unroll
-        for (int mt = 0; mt < GEMM_WARP_TILES; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt) {
-                acc[mt][nt][0] = fmaf(sc[mt][0], tmp[mt][nt][0], acc[mt][nt][0]);
-                acc[mt][nt][1] = fmaf(sc[mt][0], tmp[mt][nt][1], acc[mt][nt][1]);
-                acc[mt][nt][2] = fmaf(sc[mt][1], tmp[mt][nt][2], acc[mt][nt][2]);
-                acc[mt][nt][3] = fmaf(sc[mt][1], tmp[mt][nt][3], acc[mt][nt][3]);
-            }
+        return;
     }
 
-    // ---- epilogue: lane (g, t) holds rows g, g+8 × tokens 2t, 2t+1 of each (tile, token tile)
-    if constexpr (PAIRED) {
-        const GemmTile<NSEG> tl = gemm_tile<NSEG, PAIRED>(p, GEMM_WARP_TILES * warp);
+    // ---- consumers --------------------------------------------------------------------------
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    const GemmLaneRows r = rows_of((warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g);
+    const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
+
+    float acc[64];
 #pragma unroll
-        for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt)
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    u32 frag[GEMM_K_STEPS][4];
+    uint4 ra[4], rb[4];
+    gemm_load_group(r.wa, r.wb, 0, ra, rb);
+#pragma unroll 1
+    for (int grp = 0; grp < n_groups; ++grp)
+        gemm_group(grp, n_groups, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, frag, acc);
+
+    // ---- epilogue: acc[4j + c] = row g, token 8j + 2t + c; acc[4j + 2 + c] = row g+8 ----------
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < GEMM_BM / 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int row = tl.row0 + g + 8 * h, tok = nt * 8 + 2 * t + e;
-                    if (row < tl.n && tok < rows_here)
-                        epilogue(row, m0 + tok, acc[0][nt][2 * h + e], acc[1][nt][2 * h + e]);
-                }
-    } else {
-#pragma unroll
-        for (int mt = 0; mt < GEMM_WARP_TILES; ++mt) {
-            const GemmTile<NSEG> tl = gemm_tile<NSEG, PAIRED>(p, GEMM_WARP_TILES * warp + mt);
-#pragma unroll
-            for (int nt = 0; nt < GEMM_TOKEN_TILES; ++nt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int row = tl.row0 + g + 8 * h, tok = nt * 8 + 2 * t + e;
-                        if (row < tl.n && tok < rows_here)
-                            epilogue(tl.seg, row, m0 + tok, acc[mt][nt][2 * h + e]);
-                    }
+        for (int c = 0; c < 2; ++c) {
+            const int token = m0 + 8 * j + 2 * t + c;
+            if (token < M) epilogue(token, acc[4 * j + c], acc[4 * j + 2 + c]);
         }
-    }
 }
 
-// out = X Wᵀ in FP32. grid (ceil(M_max/64), ceil(ceil(N/16)/8)), block (128), smem GEMM_SMEM_BYTES.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
-gemm_int4_f32(float* __restrict__ out,              // [M, N] fp32, out
-              const __half* __restrict__ x,         // [M, K] fp16
-              const u32* __restrict__ qweight,      // [N, K/8] uint32, layout id 1
-              const __half* __restrict__ scales,    // [N, K/128] fp16
-              const int* __restrict__ prefill_state,// [2] int32: start (unused here), M
+// out = X Wᵀ in FP32. grid (ceil(rows/128), ceil(N/128)), block 288, smem GEMM_SMEM_BYTES.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
+              const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 128 × 64, 128-B swizzle
+              const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
+              const __half* __restrict__ scales,        // [N, K/128] fp16
+              const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
               int N, int K) {
-    const GemmProblem<1> p = {{qweight}, {scales}, {N}, {0, int4_tiles(N)}};
-    gemm_int4_block<1, false>(p, x, prefill_state, K, [&](int, int row, int tok, float v) {
-        out[(u64)tok * N + row] = v;
+    const int row0 = blockIdx.y * GEMM_BLOCK_ROWS;
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+        GemmLaneRows r;
+        ra = row0 + local;
+        gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
+        gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
+        return r;
+    }, [&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * N + ra] = va;
+        if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
     });
 }
 
-// [q | k | v] = X [Wq; Wk; Wv]ᵀ in FP32, one launch for the three (bias, RoPE and the FP16
-// rounding happen once, in rope_kv_rows). grid (ceil(M_max/64), ceil((tq + 2·tkv)/8)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
-gemm_int4_qkv(float* __restrict__ qkv,               // [M, Nq + 2·Nkv] fp32, out: q | k | v per row
-              const __half* __restrict__ x,          // [M, K] fp16 (normed hidden states)
-              const u32* __restrict__ q_qweight,     // [Nq, K/8] uint32
-              const __half* __restrict__ q_scales,   // [Nq, K/128] fp16
-              const u32* __restrict__ k_qweight,     // [Nkv, K/8] uint32
-              const __half* __restrict__ k_scales,   // [Nkv, K/128] fp16
-              const u32* __restrict__ v_qweight,     // [Nkv, K/8] uint32
-              const __half* __restrict__ v_scales,   // [Nkv, K/128] fp16
-              const int* __restrict__ prefill_state, // [2] int32: start (unused here), M
+// [q | k | v] = X [Wq; Wk; Wv]ᵀ in FP32, one launch for the three stacked along N (bias, RoPE
+// and the FP16 rounding happen once, in rope_kv_rows). grid (ceil(rows/128), ceil((Nq+2·Nkv)/128)).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp32, out: q | k | v per row
+              const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+              const u32* __restrict__ q_qweight,          // [Nq, K/8] uint32
+              const __half* __restrict__ q_scales,        // [Nq, K/128] fp16
+              const u32* __restrict__ k_qweight,          // [Nkv, K/8] uint32
+              const __half* __restrict__ k_scales,        // [Nkv, K/128] fp16
+              const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
+              const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
+              const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
               int Nq, int Nkv, int K) {
-    const int tq = int4_tiles(Nq), tkv = int4_tiles(Nkv);
-    const GemmProblem<3> p = {{q_qweight, k_qweight, v_qweight}, {q_scales, k_scales, v_scales},
-                              {Nq, Nkv, Nkv}, {0, tq, tq + tkv, tq + 2 * tkv}};
     const int ld = Nq + 2 * Nkv;
-    gemm_int4_block<3, false>(p, x, prefill_state, K, [&](int seg, int row, int tok, float v) {
-        qkv[(u64)tok * ld + (seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv) + row] = v;
+    const int row0 = blockIdx.y * GEMM_BLOCK_ROWS;
+    int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
+    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+        GemmLaneRows r;
+        ra = row0 + local;
+        // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
+        const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
+        const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const int n = seg == 0 ? Nq : Nkv;
+        gemm_lane_row(qw, sc, ra - first, n, K, r.wa, r.sa);
+        gemm_lane_row(qw, sc, ra + 8 - first, n, K, r.wb, r.sb);
+        return r;
+    }, [&](int token, float va, float vb) {
+        if (ra < ld) qkv[(u64)token * ld + ra] = va;
+        if (ra + 8 < ld) qkv[(u64)token * ld + ra + 8] = vb;
     });
 }
 
-// residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32). Each element is read
-// and written by one lane: no atomics. grid (ceil(M_max/64), ceil(ceil(N/16)/8)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
-gemm_int4_residual(float* __restrict__ residual,          // [M, N] fp32, in/out
-                   const __half* __restrict__ x,          // [M, K] fp16
-                   const u32* __restrict__ qweight,       // [N, K/8] uint32
-                   const __half* __restrict__ scales,     // [N, K/128] fp16
-                   const int* __restrict__ prefill_state, // [2] int32: start (unused here), M
+// residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
+// Each element is read and written by one lane: no atomics. grid (ceil(rows/128), ceil(N/128)).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
+                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                   const u32* __restrict__ qweight,        // [N, K/8] uint32
+                   const __half* __restrict__ scales,      // [N, K/128] fp16
+                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                    int N, int K) {
-    const GemmProblem<1> p = {{qweight}, {scales}, {N}, {0, int4_tiles(N)}};
-    gemm_int4_block<1, false>(p, x, prefill_state, K, [&](int, int row, int tok, float v) {
-        residual[(u64)tok * N + row] += v;
+    const int row0 = blockIdx.y * GEMM_BLOCK_ROWS;
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+        GemmLaneRows r;
+        ra = row0 + local;
+        gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
+        gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
+        return r;
+    }, [&](int token, float va, float vb) {
+        if (ra < N) residual[(u64)token * N + ra] += va;
+        if (ra + 8 < N) residual[(u64)token * N + ra + 8] += vb;
     });
 }
 
-// h = silu(X Wgᵀ) ⊙ (X Wuᵀ): a warp's two tiles are the same 16 features of gate_proj and
-// up_proj, so the SwiGLU happens in registers (swiglu_f16, as in the decode GEMV).
-// grid (ceil(M_max/64), ceil(ceil(F/16)/4)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 2)
-gemm_int4_gate_up_swiglu(__half* __restrict__ h,                // [M, F] fp16, out
-                         const __half* __restrict__ x,          // [M, K] fp16 (normed hidden)
-                         const u32* __restrict__ gate_qweight,  // [F, K/8] uint32
-                         const __half* __restrict__ gate_scales,// [F, K/128] fp16
-                         const u32* __restrict__ up_qweight,    // [F, K/8] uint32
-                         const __half* __restrict__ up_scales,  // [F, K/128] fp16
-                         const int* __restrict__ prefill_state, // [2] int32: start (unused here), M
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8
+// is up_proj's feature f, so the SwiGLU happens in registers (swiglu_f16, as in the decode GEMV).
+// A block covers 64 features. grid (ceil(rows/128), ceil(F/64)).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                         const __half* __restrict__ gate_scales,    // [F, K/128] fp16
+                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                         const __half* __restrict__ up_scales,      // [F, K/128] fp16
+                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                          int F, int K) {
-    const GemmProblem<2> p = {{gate_qweight, up_qweight}, {gate_scales, up_scales}, {F, F}, {0, 0, 0}};
-    gemm_int4_block<2, true>(p, x, prefill_state, K, [&](int row, int tok, float gate, float up) {
-        h[(u64)tok * F + row] = swiglu_f16(gate, up);
+    int f = 0;
+    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+        // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
+        GemmLaneRows r;
+        f = blockIdx.y * (GEMM_BLOCK_ROWS / 2) + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
+        gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
+        return r;
+    }, [&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
     });
 }

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from drvqwen import launchers as K
-from drvqwen.launchers.gemm_int4 import BM as ROW_BUCKET
+from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
 

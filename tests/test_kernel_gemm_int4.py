@@ -1,18 +1,18 @@
 """kernels/gemm_int4.cu: the prefill GEMMs against a float64 matmul on the dequantized weights.
 
-Token counts M ∈ {1, 15, 16, 17, 100, 512} (one, a partial MMA tile, exact tiles, one past,
-a partial 64-token block, a full prompt chunk), an odd N (the last weight tile partial, and a
-block with tiles past N), K from one 128-input group to the 7B width. The activation rows past
-M are NaN (they must never be read) and the output is poisoned (every element < M must be
-written, every element past M left alone). Then the four variants at the 7B shapes with
-M = 512, timed from a graph replay, with their TFLOP/s.
+Token counts M ∈ {1, 15, 16, 17, 100, 512} (one, partial and exact 8-token MMA columns, a
+partial 128-token block, a full prompt chunk), an odd N (the last weight rows of a block past
+N), K from one 128-input group to the 7B width. The activation rows past M are NaN: the kernel
+may read them (each token is its own column of the MMA) but they must not reach any output row
+< M; the output is poisoned (every element < M must be written, every element past M left alone).
+(Speed: tools/bench_gemm.py.)
 """
 
 import numpy as np
 import pytest
 
 from drvqwen import launchers as K
-from drvqwen.launchers.gemm_int4 import BM as ROW_BUCKET
+from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 
 from kernel_testing import TOL_GEMV, assert_same_bits, dequant64, dev, graph_time_us, random_int4, report  # noqa: F401
@@ -53,9 +53,10 @@ def test_gemm_f32(dev, rng, m, n, k):
     assert_same_bits("gemm_int4_f32", got, out.download())
 
 
-@pytest.mark.parametrize("m", [17, 100])
+@pytest.mark.parametrize("m", [17, 100, 300])
 def test_gemm_qkv(dev, rng, m):
-    nq, nkv, k = 224, 32, 256           # 14 + 2 + 2 tiles: the last block is partial
+    nq, nkv, k = 224, 32, 256           # 288 stacked rows: 3 blocks of 128, the last partial; a
+                                        # block holds rows of all three matrices
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
     x = _x(rng, m, k)
     rows = _capacity(m)
@@ -68,7 +69,7 @@ def test_gemm_qkv(dev, rng, m):
     assert np.isnan(got[m:]).all()
 
 
-@pytest.mark.parametrize("m", [1, 100])
+@pytest.mark.parametrize("m", [1, 100, 300])
 def test_gemm_residual(dev, rng, m):
     n, k = 333, 384
     qw, sc = random_int4(rng, n, k)
@@ -85,9 +86,9 @@ def test_gemm_residual(dev, rng, m):
     assert np.isnan(got[m:]).all()
 
 
-@pytest.mark.parametrize("m", [16, 100])
+@pytest.mark.parametrize("m", [16, 100, 300])
 def test_gemm_gate_up_swiglu(dev, rng, m):
-    f, k = 200, 256                     # 13 feature tiles: 4 blocks of 4, the last partial
+    f, k = 200, 256                     # 4 blocks of 64 features, the last partial
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     x = _x(rng, m, k)
     rows = _capacity(m)

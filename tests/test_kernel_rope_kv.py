@@ -16,7 +16,7 @@ import pytest
 from drvqwen import launchers as K
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
-from drvqwen.launchers.gemm_int4 import BM as ROW_BUCKET
+from drvqwen.prefill import ROW_BUCKET
 from kernel_testing import dev, report  # noqa: F401
 
 pytestmark = pytest.mark.gpu

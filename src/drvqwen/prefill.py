@@ -27,13 +27,13 @@ Chunking: prompts longer than `max_chunk_rows` (default 512) run in chunks of th
 each chunk's attention reads every earlier position from the paged cache, so a prompt of any
 length up to max_context works, with buffers sized for one chunk (~47 MB at 7B).
 
-Measured on the H200 (tools/bench_e2e.py, synthetic 7B, 512 tokens): TTFT 39.5 ms on the
-host clock; kernels 37.7 ms, of which the INT4 GEMMs 35.8 ms at 187 TFLOP/s (gemm_int4.cu),
-attention 0.94 ms, RoPE/K/V writes 0.45 ms, the RMSNorms 0.44 ms.
+Where the time goes at 512 tokens (synthetic 7B, H200): the INT4 GEMMs (gemm_int4.cu, wgmma)
+are most of it; attention, RoPE/K/V writes and the RMSNorms ~2 ms together
+(docs/benchmarks.md has the measured figures).
 
 Launch lists: the kernels read (start, n_rows) from the device `prefill_state`, so a list of
 pre-packed launches depends only on its grid size. Grids are sized for the chunk's row count
-rounded up to gemm_int4's BM = 64 tokens (a "row bucket"); one list per bucket is built on first use and
+rounded up to ROW_BUCKET = 64 rows (a "row bucket"); one list per bucket is built on first use and
 reused for every later chunk and prompt of that size (building ~230 launches costs a few ms of
 Python, once). Rows past n_rows within a bucket are computed by the embedding and RMSNorm
 launches (harmless: they are never read) and skipped by every other kernel.
@@ -49,12 +49,17 @@ from . import launchers as K
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool
 from .decode import DecodeStep, NamedLaunch
 from .errors import DrvqwenError
-from .launchers.gemm_int4 import BM as ROW_BUCKET
 from .layer_weights import LayerWeights
 
-# Prompt rows per chunk: large enough that the GEMMs run at full tensor-core occupancy (8 token
-# tiles per weight slice at 7B: 224–2368 blocks per GEMM), small enough that the activation
-# buffers stay ~47 MB at 7B.
+# Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
+# on the rounded count, so a few lists serve every prompt. Half the GEMM's 128-token block: a
+# short prompt's embedding/RMSNorm launches do not compute 128 rows (the GEMM reads rows past the
+# bucket as zeros through its tensor map).
+ROW_BUCKET = 64
+
+# Prompt rows per chunk: large enough that the GEMMs fill the GPU (4 blocks of 128 tokens per
+# 128-row weight slice at 7B: 112–1184 blocks per GEMM on 132 SMs), small enough that the
+# activation buffers stay ~47 MB at 7B.
 DEFAULT_CHUNK_ROWS = 512
 
 

@@ -8,24 +8,44 @@
 M = prefill_state[1] ≤ rows: buffers and grids are sized for a row *capacity* (`rows`), the
 kernels read the live row count from prefill_state int32 [2] = (start, n_rows) and write only
 rows < n_rows, so one launch list serves every chunk of up to `rows` rows.
+
+The kernels read x through a TMA tensor map (box 128 tokens × 64 inputs, 128-byte swizzle: the
+layout wgmma reads), encoded here from x's address: `x` must be a device array (the prefill
+builds its launch lists on the GPU), not a planned BufferSpec.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..cuda import Stream
+from ..cuda import Stream, encode_tiled_2d
+from ..cuda.tensormap import Swizzle
 from ..format.quant import GROUP_SIZE
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
-from .gemv_int4 import _check_int4, int4_bytes, tiles
+from .gemv_int4 import _check_int4, int4_bytes
 
-BM = mirrored("gemm_int4", "GEMM_BM", 64)                       # tokens per block
-THREADS = mirrored("gemm_int4", "GEMM_THREADS", 128)            # 4 warps
-BLOCK_TILES = mirrored("gemm_int4", "GEMM_BLOCK_TILES", 8)      # 16-row weight tiles per block (128 rows)
+BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per block (wgmma N)
+THREADS = mirrored("gemm_int4", "GEMM_THREADS", 288)            # 2 consumer warpgroups + 1 producer warp
+BLOCK_ROWS = mirrored("gemm_int4", "GEMM_BLOCK_ROWS", 128)      # weight rows per block (gate/up: 64 features × 2)
 TILE_ROWS = mirrored("gemm_int4", "INT4_TILE_ROWS", 16)
-# 4 stages × (64 tokens × 256 B of activations + 128 rows × 64 B of INT4 weights) = 96 KiB
-# (above the 48 KiB default: KernelLaunch opts in).
-SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 256 + BLOCK_TILES * TILE_ROWS * 64))
+BOX_INPUTS = mirrored("gemm_int4", "GEMM_BOX_INPUTS", 64)       # inputs per TMA box row (128 B)
+# 4 stages × 32 KiB of activations (128 tokens × 128 inputs) + 1 KiB of alignment slack + the
+# 8 mbarriers (above the 48 KiB default: KernelLaunch opts in).
+SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * BM * 128 * 2 + 1024 + 2 * 4 * 8)
+
+
+def x_tensor_map(x, rows: int, k: int):
+    """The TMA descriptor of x fp16 [rows, K] the kernels take: box BM tokens × 64 inputs,
+    128-byte swizzle (rows past `rows` read as zero).
+
+    Raises:
+        LaunchError: x is not a device array (a planned buffer has no address yet).
+    """
+    require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
+    require(isinstance(getattr(x, "ptr", None), int),
+            f"gemm_int4: x must be a device array (its tensor map is encoded at once), got {x!r}")
+    return encode_tiled_2d(x.ptr, np.float16, (rows, k), (BM, BOX_INPUTS),
+                           swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 
 
 class _GemmLauncher(Launcher):
@@ -56,8 +76,8 @@ class GemmInt4(_GemmLauncher):
         check_prefill_state(prefill_state)
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
-        self._build_gemm("gemm_int4_f32", rows, -(-tiles(n) // BLOCK_TILES), k,
-                         [out, x, qweight, scales, prefill_state, i32(n), i32(k)],
+        self._build_gemm("gemm_int4_f32", rows, -(-n // BLOCK_ROWS), k,
+                         [out, x_tensor_map(x, rows, k), qweight, scales, prefill_state, i32(n), i32(k)],
                          reads=(x, qweight, scales, prefill_state), writes=(out,))
 
 
@@ -83,8 +103,8 @@ class GemmInt4QkvRows(_GemmLauncher):
         n = n_q + 2 * n_kv
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
-        self._build_gemm("gemm_int4_qkv", rows, -(-(tiles(n_q) + 2 * tiles(n_kv)) // BLOCK_TILES), k,
-                         [qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state,
+        self._build_gemm("gemm_int4_qkv", rows, -(-n // BLOCK_ROWS), k,
+                         [qkv, x_tensor_map(x, rows, k), q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state,
                           i32(n_q), i32(n_kv), i32(k)],
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
                          writes=(qkv,))
@@ -106,8 +126,8 @@ class GemmInt4ResidualRows(_GemmLauncher):
         check_prefill_state(prefill_state)
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
-        self._build_gemm("gemm_int4_residual", rows, -(-tiles(n) // BLOCK_TILES), k,
-                         [residual, x, qweight, scales, prefill_state, i32(n), i32(k)],
+        self._build_gemm("gemm_int4_residual", rows, -(-n // BLOCK_ROWS), k,
+                         [residual, x_tensor_map(x, rows, k), qweight, scales, prefill_state, i32(n), i32(k)],
                          reads=(residual, x, qweight, scales, prefill_state), writes=(residual,))
 
 
@@ -128,7 +148,7 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
         check_prefill_state(prefill_state)
         self.flops = 2 * rows * 2 * f * k
         self.bytes_moved = 2 * int4_bytes(f, k) + 2 * rows * k + 2 * rows * f
-        # A block holds 8 tiles = the same 4 feature tiles of gate and of up.
-        self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-tiles(f) // (BLOCK_TILES // 2)), k,
-                         [h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, i32(f), i32(k)],
+        # A block holds 64 features of gate and the same 64 of up.
+        self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-f // (BLOCK_ROWS // 2)), k,
+                         [h, x_tensor_map(x, rows, k), gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, i32(f), i32(k)],
                          reads=(x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state), writes=(h,))
