@@ -75,6 +75,7 @@
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
+#include "cluster.cuh"      // cluster_sync, cluster_ctarank, cluster_map_shared, mbarrier_arrive_cluster
 #include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
@@ -91,6 +92,13 @@
 #define GEMM_STAGE_BYTES    (2 * GEMM_BOX_BYTES)               // one 128-input group: 32 KB
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
+// CTAs per cluster along grid y (weight-row blocks that share the same 128 tokens): each loads
+// one of a stage's two 64-input boxes and multicasts it to both, so the activations cross L2
+// once per cluster, not once per block. 1 = no cluster (the launchers mirror the value).
+#ifndef GEMM_CLUSTER
+#define GEMM_CLUSTER 2
+#endif
+static_assert(GEMM_CLUSTER == 1 || GEMM_CLUSTER == 2, "a stage's two boxes are split among the cluster's CTAs");
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
 // scale s2 (both halves the row's group scale). See ptx/int4_unpack.cuh for the magic number.
@@ -159,7 +167,14 @@ __device__ __forceinline__ void gemm_group(int grp, int n_groups, int lane, int 
     wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
-    if (lane == 0) mbarrier_arrive(&empty[s]);  // this warp is done with the stage
+    if (lane == 0) {  // this warp is done with the stage, in every CTA that received it
+        if constexpr (GEMM_CLUSTER == 1) {
+            mbarrier_arrive(&empty[s]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < GEMM_CLUSTER; ++c) mbarrier_arrive_cluster(cluster_map_shared(&empty[s], c));
+        }
+    }
 }
 
 // What one consumer lane multiplies: its two weight rows (g and g+8 of its warp's 16), each a
@@ -177,8 +192,8 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
 }
 
 // The whole GEMM of one block; RowsOf(local_row 0..127) → the lane's rows is called once per
-// consumer lane; then epilogue(token, va, vb) once per token < M of the block (va, vb: the
-// lane's rows g and g+8). Contains the block's only __syncthreads(): call from every thread.
+// consumer lane; then epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token
+// walks them). Contains the block's only __syncthreads(): call from every thread.
 template <typename RowsOf, typename Epilogue>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
                                                 int K, RowsOf rows_of, Epilogue epilogue) {
@@ -196,55 +211,111 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < GEMM_STAGES; ++s) {
-            mbarrier_init(&full[s], 1);                      // the producer's expect_tx arrival
-            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);   // lane 0 of every consumer warp
+            mbarrier_init(&full[s], 1);  // the producer's expect_tx arrival
+            // lane 0 of every consumer warp of every CTA the stage is multicast to
+            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS * GEMM_CLUSTER);
         }
         fence_mbarrier_init();
     }
-    __syncthreads();  // the last block-wide barrier: the roles part here
+    // The block-wide (cluster-wide) barrier after which the roles part: every CTA's barriers
+    // are initialised before any copy or arrival of the cluster can reach them.
+    if constexpr (GEMM_CLUSTER > 1) cluster_sync(); else __syncthreads();
 
     if (warp == GEMM_CONSUMER_WARPS) {  // ---- producer ----------------------------------------
         if (lane == 0) {
             tma_prefetch_map(&x_map);
+            const int rank = GEMM_CLUSTER > 1 ? (int)cluster_ctarank() : 0;
             for (int grp = 0; grp < n_groups; ++grp) {
                 const int s = grp % GEMM_STAGES;
                 if (grp >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((grp / GEMM_STAGES) - 1) & 1);
                 unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                // The whole stage lands here: with a cluster, half of it from the other CTA.
                 mbarrier_arrive_expect_tx(&full[s], GEMM_STAGE_BYTES);
-                tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
-                tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
+                if constexpr (GEMM_CLUSTER == 1) {
+                    tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
+                    tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
+                } else {  // box `rank` of the stage, into both CTAs
+                    tma_load_2d_multicast(st + rank * GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + rank * GEMM_BOX_INPUTS,
+                                          m0, &full[s], (unsigned short)((1u << GEMM_CLUSTER) - 1));
+                }
             }
         }
-        return;
-    }
+        __syncwarp();
+    } else {  // ---- consumers ---------------------------------------------------------------
+        const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+        const GemmLaneRows r = rows_of((warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g);
+        const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
 
-    // ---- consumers --------------------------------------------------------------------------
-    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const GemmLaneRows r = rows_of((warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g);
-    const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
-
-    float acc[64];
+        float acc[64];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    u32 frag[GEMM_K_STEPS][4];
-    uint4 ra[4], rb[4];
-    gemm_load_group(r.wa, r.wb, 0, ra, rb);
+        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        u32 frag[GEMM_K_STEPS][4];
+        uint4 ra[4], rb[4];
+        gemm_load_group(r.wa, r.wb, 0, ra, rb);
 #pragma unroll 1
-    for (int grp = 0; grp < n_groups; ++grp)
-        gemm_group(grp, n_groups, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, frag, acc);
-
-    // ---- epilogue: acc[4j + c] = row g, token 8j + 2t + c; acc[4j + 2 + c] = row g+8 ----------
-#pragma unroll
-    for (int j = 0; j < GEMM_BM / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int token = m0 + 8 * j + 2 * t + c;
-            if (token < M) epilogue(token, acc[4 * j + c], acc[4 * j + 2 + c]);
-        }
+        for (int grp = 0; grp < n_groups; ++grp)
+            gemm_group(grp, n_groups, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, frag, acc);
+        epilogue(acc, m0, M, t);
+    }
+    // No CTA leaves while another of its cluster may still copy into its shared memory or
+    // arrive on its barriers.
+    if constexpr (GEMM_CLUSTER > 1) cluster_sync();
 }
 
+
+// Calls f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
+// acc[4j + 2 + c] is (row g+8, the same token) — the wgmma accumulator layout (ptx/wgmma.cuh).
+template <typename F>
+struct GemmEachToken {
+    F f;
+    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
+#pragma unroll
+        for (int j = 0; j < GEMM_BM / 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int token = m0 + 8 * j + 2 * t + c;
+                if (token < M) f(token, acc[4 * j + c], acc[4 * j + 2 + c]);
+            }
+    }
+};
+template <typename F>
+__device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
+
+// residual[token, row] += acc for rows ra, ra+8: the loads of 4 token columns (16 values) are
+// issued together, then the adds and stores — 4 round trips per lane instead of 64.
+struct GemmResidualAdd {
+    float* residual;
+    int N;
+    const int* ra;  // the lane's row g (set by the kernel's rows_of)
+    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
+        const int r0 = *ra, r1 = r0 + 8;
+#pragma unroll
+        for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
+            float old[4][4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    const bool live = token < M;
+                    old[jj][c] = live && r0 < N ? residual[(u64)token * N + r0] : 0.f;
+                    old[jj][2 + c] = live && r1 < N ? residual[(u64)token * N + r1] : 0.f;
+                }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    if (token >= M) continue;
+                    if (r0 < N) residual[(u64)token * N + r0] = old[jj][c] + acc[4 * (j0 + jj) + c];
+                    if (r1 < N) residual[(u64)token * N + r1] = old[jj][2 + c] + acc[4 * (j0 + jj) + 2 + c];
+                }
+        }
+    }
+};
+
 // out = X Wᵀ in FP32. grid (ceil(rows/128), ceil(N/128)), block 288, smem GEMM_SMEM_BYTES.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
 gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 128 × 64, 128-B swizzle
               const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
@@ -259,15 +330,15 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
         gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
         gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
         return r;
-    }, [&](int token, float va, float vb) {
+    }, gemm_each_token([&](int token, float va, float vb) {
         if (ra < N) out[(u64)token * N + ra] = va;
         if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
-    });
+    }));
 }
 
 // [q | k | v] = X [Wq; Wk; Wv]ᵀ in FP32, one launch for the three stacked along N (bias, RoPE
 // and the FP16 rounding happen once, in rope_kv_rows). grid (ceil(rows/128), ceil((Nq+2·Nkv)/128)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
 gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp32, out: q | k | v per row
               const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
               const u32* __restrict__ q_qweight,          // [Nq, K/8] uint32
@@ -293,15 +364,18 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
         gemm_lane_row(qw, sc, ra - first, n, K, r.wa, r.sa);
         gemm_lane_row(qw, sc, ra + 8 - first, n, K, r.wb, r.sb);
         return r;
-    }, [&](int token, float va, float vb) {
+    }, gemm_each_token([&](int token, float va, float vb) {
         if (ra < ld) qkv[(u64)token * ld + ra] = va;
         if (ra + 8 < ld) qkv[(u64)token * ld + ra + 8] = vb;
-    });
+    }));
 }
 
 // residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
 // Each element is read and written by one lane: no atomics. grid (ceil(rows/128), ceil(N/128)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+// The read-modify-write goes through gemm_residual_add (below), not the per-element epilogue: a
+// load of residual after a store to residual may alias it as far as the compiler knows, so
+// element-by-element it would wait out 64 dependent global round trips per lane.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
 gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                    const u32* __restrict__ qweight,        // [N, K/8] uint32
@@ -316,16 +390,13 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
         gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
         gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
         return r;
-    }, [&](int token, float va, float vb) {
-        if (ra < N) residual[(u64)token * N + ra] += va;
-        if (ra + 8 < N) residual[(u64)token * N + ra + 8] += vb;
-    });
+    }, GemmResidualAdd{residual, N, &ra});
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8
 // is up_proj's feature f, so the SwiGLU happens in registers (swiglu_f16, as in the decode GEMV).
 // A block covers 64 features. grid (ceil(rows/128), ceil(F/64)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
 gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                          const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                          const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
@@ -342,7 +413,7 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
         gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
         gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
         return r;
-    }, [&](int token, float gate, float up) {
+    }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
-    });
+    }));
 }

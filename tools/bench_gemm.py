@@ -26,6 +26,9 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     ap.add_argument("--rows", type=int, default=512, help="prompt rows M (default 512)")
     ap.add_argument("--reps", type=int, default=5, help="graph replays per figure (default 5)")
+    ap.add_argument("--cluster", type=int, nargs="+", default=[2, 1], choices=[1, 2],
+                    help="CTAs per cluster sharing the activations' TMA reads; each given value is a "
+                         "column (default: 2 1)")
     a = ap.parse_args()
     cfg, m = PRESETS[a.preset], a.rows
     d, f, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
@@ -51,25 +54,37 @@ def main() -> int:
     out = {"qkv": np.zeros((m, nq + 2 * nkv), np.float32), "res": np.zeros((m, d), np.float32),
            "h_out": np.zeros((m, f), np.float16)}
     o = {k: upload(k, v) for k, v in out.items()}
-    launchers = {
-        "qkv_proj": K.GemmInt4QkvRows(o["qkv"], x, *w("q", nq, d), *w("k", nkv, d), *w("v", nkv, d), st,
-                                      n_q=nq, n_kv=nkv, k=d, rows=m),
-        "o_proj": K.GemmInt4ResidualRows(o["res"], x, *w("o", d, nq), st, n=d, k=nq, rows=m),
-        "gate_up_swiglu": K.GemmInt4GateUpSwigluRows(o["h_out"], x, *w("g", f, d), *w("u", f, d), st, f=f, k=d, rows=m),
-        "down_proj": K.GemmInt4ResidualRows(o["res"], xf, *w("d", d, f), st, n=d, k=f, rows=m),
-    }
-    t = Table(title=f"prefill GEMMs, {a.preset}, M = {m} ({get_device().info.name})")
-    for c in ("GEMM", "µs", "TFLOP/s"):
-        t.add_column(c, justify="right")
-    total_us = total_flops = 0.0
-    for name, g in launchers.items():
-        us = graph_time_us(g, reps=a.reps)
-        total_us += us
-        total_flops += g.flops
-        t.add_row(name, f"{us:.1f}", f"{g.flops / us / 1e6:.1f}")
-    t.add_row("layer", f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}")
+    def gemms(cl):
+        return {
+            "qkv_proj": K.GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, rows=m, cluster=cl),
+            "o_proj": K.GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, rows=m, cluster=cl),
+            "gate_up_swiglu": K.GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, rows=m, cluster=cl),
+            "down_proj": K.GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, rows=m, cluster=cl),
+        }
+
+    wq, wk, wv, wo = w("q", nq, d), w("k", nkv, d), w("v", nkv, d), w("o", d, nq)
+    wg, wu, wd = w("g", f, d), w("u", f, d), w("d", d, f)
+    t = Table(title=f"prefill GEMMs, {a.preset}, M = {m} ({get_device().info.name}), µs and TFLOP/s")
+    t.add_column("GEMM", justify="right")
+    for cl in a.cluster:
+        t.add_column(f"cluster {cl}: µs", justify="right")
+        t.add_column("TFLOP/s", justify="right")
+    rows_out: dict[str, list[str]] = {}
+    layer_ms = {}
+    for cl in a.cluster:
+        total_us = total_flops = 0.0
+        for name, g in gemms(cl).items():
+            us = graph_time_us(g, reps=a.reps)
+            total_us += us
+            total_flops += g.flops
+            rows_out.setdefault(name, []).extend([f"{us:.1f}", f"{g.flops / us / 1e6:.1f}"])
+        rows_out.setdefault("layer", []).extend([f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}"])
+        layer_ms[cl] = cfg.num_layers * total_us / 1e3
+    for name, cells in rows_out.items():
+        t.add_row(name, *cells)
     Console().print(t)
-    Console().print(f"{cfg.num_layers} layers: {cfg.num_layers * total_us / 1e3:.1f} ms of GEMMs")
+    for cl, ms in layer_ms.items():
+        Console().print(f"cluster {cl}: {cfg.num_layers} layers, {ms:.1f} ms of GEMMs")
     for b in buffers:
         b.free()
     return 0
