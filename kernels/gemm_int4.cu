@@ -75,7 +75,6 @@
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
-#include "cluster.cuh"      // cluster_sync, cluster_ctarank, cluster_map_shared, mbarrier_arrive_cluster
 #include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
@@ -92,13 +91,6 @@
 #define GEMM_STAGE_BYTES    (2 * GEMM_BOX_BYTES)               // one 128-input group: 32 KB
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
-// CTAs per cluster along grid y (weight-row blocks that share the same 128 tokens): each loads
-// one of a stage's two 64-input boxes and multicasts it to both, so the activations cross L2
-// once per cluster, not once per block. 1 = no cluster (the launchers mirror the value).
-#ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 2
-#endif
-static_assert(GEMM_CLUSTER == 1 || GEMM_CLUSTER == 2, "a stage's two boxes are split among the cluster's CTAs");
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
 // scale s2 (both halves the row's group scale). See ptx/int4_unpack.cuh for the magic number.
@@ -144,7 +136,7 @@ __device__ __forceinline__ void gemm_load_group(const uint4* wa, const uint4* wb
 // registers while an MMA that reads any A register is in flight makes ptxas serialize every
 // wgmma of the kernel (its C7513 "Potential Performance Loss"), so the unpack of the next group
 // overlaps the other warpgroup's MMAs instead of this one's.
-__device__ __forceinline__ void gemm_group(int grp, int n_groups, int lane, int shift,
+__device__ __forceinline__ void gemm_group(int grp, int n_groups, int it, int lane, int shift,
                                             const uint4* wa, const uint4* wb,
                                             const __half* sa, const __half* sb,
                                             const unsigned char* smem, u64* full, u64* empty,
@@ -152,8 +144,8 @@ __device__ __forceinline__ void gemm_group(int grp, int n_groups, int lane, int 
                                             u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
     gemm_a_fragments(ra, rb, shift, sa[grp], sb[grp], frag);
     if (grp + 1 < n_groups) gemm_load_group(wa, wb, grp + 1, ra, rb);
-    const int s = grp % GEMM_STAGES;
-    mbarrier_wait_parity(&full[s], (grp / GEMM_STAGES) & 1);
+    const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
+    mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
     const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
@@ -167,14 +159,7 @@ __device__ __forceinline__ void gemm_group(int grp, int n_groups, int lane, int 
     wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
-    if (lane == 0) {  // this warp is done with the stage, in every CTA that received it
-        if constexpr (GEMM_CLUSTER == 1) {
-            mbarrier_arrive(&empty[s]);
-        } else {
-#pragma unroll
-            for (int c = 0; c < GEMM_CLUSTER; ++c) mbarrier_arrive_cluster(cluster_map_shared(&empty[s], c));
-        }
-    }
+    if (lane == 0) mbarrier_arrive(&empty[s]);  // this warp is done with the stage
 }
 
 // What one consumer lane multiplies: its two weight rows (g and g+8 of its warp's 16), each a
@@ -191,12 +176,16 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
     s = scales + (u64)r * (K / INT4_GROUP);
 }
 
-// The whole GEMM of one block; RowsOf(local_row 0..127) → the lane's rows is called once per
-// consumer lane; then epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token
-// walks them). Contains the block's only __syncthreads(): call from every thread.
+// The GEMM's tiles — 128 tokens × one block of weight rows, `row_blocks` of them per 128 tokens
+// — handed out persistently: block b takes tiles b, b + gridDim.x, … (token block fastest, so
+// the tiles running at the same time share weight slices in L2). Persistence lets the producer
+// fetch the next tile's first stages while the consumers run the current tile's epilogue.
+// For each tile, rows_of(row_block, local_row 0..127) → the lane's two rows, then
+// epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token walks them).
+// Contains the block's only __syncthreads(): call from every thread.
 template <typename RowsOf, typename Epilogue>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
-                                                int K, RowsOf rows_of, Epilogue epilogue) {
+                                                int K, int row_blocks, RowsOf rows_of, Epilogue epilogue) {
     extern __shared__ unsigned char gemm_smem_raw[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<u64>(gemm_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
@@ -204,48 +193,49 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     u64* empty = full + GEMM_STAGES;
 
     const int M = __ldg(prefill_state + 1);
-    const int m0 = blockIdx.x * GEMM_BM;
-    if (m0 >= M) return;  // the whole block, before any barrier
+    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
+    const int n_tiles = token_blocks * row_blocks;
+    if ((int)blockIdx.x >= n_tiles) return;  // the whole block, before any barrier
     const int n_groups = K / INT4_GROUP;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < GEMM_STAGES; ++s) {
-            mbarrier_init(&full[s], 1);  // the producer's expect_tx arrival
-            // lane 0 of every consumer warp of every CTA the stage is multicast to
-            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS * GEMM_CLUSTER);
+            mbarrier_init(&full[s], 1);                      // the producer's expect_tx arrival
+            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);   // lane 0 of every consumer warp
         }
         fence_mbarrier_init();
     }
-    // The block-wide (cluster-wide) barrier after which the roles part: every CTA's barriers
-    // are initialised before any copy or arrival of the cluster can reach them.
-    if constexpr (GEMM_CLUSTER > 1) cluster_sync(); else __syncthreads();
+    __syncthreads();  // the last block-wide barrier: the roles part here
 
     if (warp == GEMM_CONSUMER_WARPS) {  // ---- producer ----------------------------------------
         if (lane == 0) {
             tma_prefetch_map(&x_map);
-            const int rank = GEMM_CLUSTER > 1 ? (int)cluster_ctarank() : 0;
-            for (int grp = 0; grp < n_groups; ++grp) {
-                const int s = grp % GEMM_STAGES;
-                if (grp >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((grp / GEMM_STAGES) - 1) & 1);
-                unsigned char* st = smem + s * GEMM_STAGE_BYTES;
-                // The whole stage lands here: with a cluster, half of it from the other CTA.
-                mbarrier_arrive_expect_tx(&full[s], GEMM_STAGE_BYTES);
-                if constexpr (GEMM_CLUSTER == 1) {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+                const int m0 = (tile % token_blocks) * GEMM_BM;
+                for (int grp = 0; grp < n_groups; ++grp, ++it) {
+                    const int s = it % GEMM_STAGES;
+                    if (it >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                    unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                    mbarrier_arrive_expect_tx(&full[s], GEMM_STAGE_BYTES);
                     tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
                     tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
-                } else {  // box `rank` of the stage, into both CTAs
-                    tma_load_2d_multicast(st + rank * GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + rank * GEMM_BOX_INPUTS,
-                                          m0, &full[s], (unsigned short)((1u << GEMM_CLUSTER) - 1));
                 }
             }
         }
-        __syncwarp();
-    } else {  // ---- consumers ---------------------------------------------------------------
-        const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-        const GemmLaneRows r = rows_of((warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g);
-        const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
+        return;
+    }
 
+    // ---- consumers --------------------------------------------------------------------------
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
+    const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
+    int it = 0;
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int m0 = (tile % token_blocks) * GEMM_BM;
+        const GemmLaneRows r = rows_of(tile / token_blocks, local);
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -253,15 +243,11 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         uint4 ra[4], rb[4];
         gemm_load_group(r.wa, r.wb, 0, ra, rb);
 #pragma unroll 1
-        for (int grp = 0; grp < n_groups; ++grp)
-            gemm_group(grp, n_groups, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, frag, acc);
+        for (int grp = 0; grp < n_groups; ++grp, ++it)
+            gemm_group(grp, n_groups, it, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, frag, acc);
         epilogue(acc, m0, M, t);
     }
-    // No CTA leaves while another of its cluster may still copy into its shared memory or
-    // arrive on its barriers.
-    if constexpr (GEMM_CLUSTER > 1) cluster_sync();
 }
-
 
 // Calls f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
 // acc[4j + 2 + c] is (row g+8, the same token) — the wgmma accumulator layout (ptx/wgmma.cuh).
@@ -314,19 +300,19 @@ struct GemmResidualAdd {
     }
 };
 
-// out = X Wᵀ in FP32. grid (ceil(rows/128), ceil(N/128)), block 288, smem GEMM_SMEM_BYTES.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
+// out = X Wᵀ in FP32. Tiles: ceil(M/128) × ceil(N/128); grid ≤ the SM count (persistent),
+// block 288, smem GEMM_SMEM_BYTES.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 128 × 64, 128-B swizzle
               const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,        // [N, K/128] fp16
               const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
               int N, int K) {
-    const int row0 = blockIdx.y * GEMM_BLOCK_ROWS;
     int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
         GemmLaneRows r;
-        ra = row0 + local;
+        ra = rb * GEMM_BLOCK_ROWS + local;
         gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
         gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
         return r;
@@ -337,8 +323,8 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
 }
 
 // [q | k | v] = X [Wq; Wk; Wv]ᵀ in FP32, one launch for the three stacked along N (bias, RoPE
-// and the FP16 rounding happen once, in rope_kv_rows). grid (ceil(rows/128), ceil((Nq+2·Nkv)/128)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
+// and the FP16 rounding happen once, in rope_kv_rows). Tiles: ceil(M/128) × ceil((Nq+2·Nkv)/128).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp32, out: q | k | v per row
               const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
               const u32* __restrict__ q_qweight,          // [Nq, K/8] uint32
@@ -350,11 +336,10 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
               int Nq, int Nkv, int K) {
     const int ld = Nq + 2 * Nkv;
-    const int row0 = blockIdx.y * GEMM_BLOCK_ROWS;
     int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
-    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+    gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
         GemmLaneRows r;
-        ra = row0 + local;
+        ra = rb * GEMM_BLOCK_ROWS + local;
         // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
         const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
         const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
@@ -371,22 +356,21 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 }
 
 // residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
-// Each element is read and written by one lane: no atomics. grid (ceil(rows/128), ceil(N/128)).
+// Each element is read and written by one lane: no atomics. Tiles: ceil(M/128) × ceil(N/128).
 // The read-modify-write goes through gemm_residual_add (below), not the per-element epilogue: a
 // load of residual after a store to residual may alias it as far as the compiler knows, so
 // element-by-element it would wait out 64 dependent global round trips per lane.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                    const u32* __restrict__ qweight,        // [N, K/8] uint32
                    const __half* __restrict__ scales,      // [N, K/128] fp16
                    const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                    int N, int K) {
-    const int row0 = blockIdx.y * GEMM_BLOCK_ROWS;
     int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
         GemmLaneRows r;
-        ra = row0 + local;
+        ra = rb * GEMM_BLOCK_ROWS + local;
         gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
         gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
         return r;
@@ -395,8 +379,8 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8
 // is up_proj's feature f, so the SwiGLU happens in registers (swiglu_f16, as in the decode GEMV).
-// A block covers 64 features. grid (ceil(rows/128), ceil(F/64)).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) __cluster_dims__(1, GEMM_CLUSTER, 1)
+// A tile covers 64 features. Tiles: ceil(M/128) × ceil(F/64).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                          const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                          const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
@@ -406,10 +390,11 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                          int F, int K) {
     int f = 0;
-    gemm_int4_block(x_map, prefill_state, K, [&](int local) {
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, [&](int rb, int local) {
         // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
         GemmLaneRows r;
-        f = blockIdx.y * (GEMM_BLOCK_ROWS / 2) + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
         gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
         gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
         return r;

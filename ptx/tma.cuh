@@ -7,9 +7,6 @@
 //   tma_load_2d          : cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
 //                          [dst], [map, {c0, c1}], [bar]
 //                          ("Data Movement and Conversion Instructions: cp.async.bulk.tensor")
-//   tma_load_2d_multicast: the same with .multicast::cluster and a CTA mask: one read of the box,
-//                          written to the same shared-memory offset of every CTA in the mask, each
-//                          CTA's mbarrier at `bar`'s offset receiving the complete_tx
 //
 // Why TMA: one thread describes a whole box (here a 16 × Dh page of one KV head, 2–4 KiB) and
 // the copy engine moves it into shared memory while the thread goes on; no registers hold the
@@ -55,16 +52,3 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
         : "memory");
 }
 
-// As tma_load_2d, but the box lands in every CTA of the cluster whose bit is set in `cta_mask`
-// (ptx/cluster.cuh says why), at dst's offset, and completes the bytes on the mbarrier at bar's
-// offset in each of them.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, u64* bar,
-                                                      unsigned short cta_mask) {
-    const u32 dst_smem = static_cast<u32>(__cvta_generic_to_shared(dst));
-    const u32 bar_smem = static_cast<u32>(__cvta_generic_to_shared(bar));
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3}], [%4], %5;\n"
-        :: "r"(dst_smem), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar_smem), "h"(cta_mask)
-        : "memory");
-}

@@ -37,14 +37,14 @@ def _state(dev, m, start=0):
 
 @pytest.mark.parametrize("m,n,k", [(1, 333, 384), (15, 333, 128), (16, 200, 896), (17, 333, 384),
                                    (100, 1000, 1024), (512, 333, 3584)])
-@pytest.mark.parametrize("cluster", [2, 1])
-def test_gemm_f32(dev, rng, m, n, k, cluster):
+@pytest.mark.parametrize("max_blocks", [None, 0, 3])
+def test_gemm_f32(dev, rng, m, n, k, max_blocks):
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
     rows = _capacity(m)
     out = dev.poisoned("out", (rows, n), np.float32)
     g = K.GemmInt4(out, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
-                   n=n, k=k, rows=rows, cluster=cluster)
+                   n=n, k=k, rows=rows, max_blocks=max_blocks)
     g.launch()
     got = out.download()
     want = x[:m].astype(np.float64) @ dequant64(qw, sc).T
@@ -71,8 +71,8 @@ def test_gemm_qkv(dev, rng, m):
 
 
 @pytest.mark.parametrize("m", [1, 100, 300])
-@pytest.mark.parametrize("cluster", [2, 1])
-def test_gemm_residual(dev, rng, m, cluster):
+@pytest.mark.parametrize("max_blocks", [None, 0, 3])
+def test_gemm_residual(dev, rng, m, max_blocks):
     n, k = 333, 384
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
@@ -81,7 +81,7 @@ def test_gemm_residual(dev, rng, m, cluster):
     r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)  # large residual values
     res = dev.upload("residual", r0)
     K.GemmInt4ResidualRows(res, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
-                           n=n, k=k, rows=rows, cluster=cluster).launch()
+                           n=n, k=k, rows=rows, max_blocks=max_blocks).launch()
     got = res.download()
     want = r0[:m].astype(np.float64) + x[:m].astype(np.float64) @ dequant64(qw, sc).T
     report(f"gemm_int4_residual M={m}", got[:m], want, TOL_GEMV)

@@ -26,9 +26,9 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     ap.add_argument("--rows", type=int, default=512, help="prompt rows M (default 512)")
     ap.add_argument("--reps", type=int, default=5, help="graph replays per figure (default 5)")
-    ap.add_argument("--cluster", type=int, nargs="+", default=[2, 1], choices=[1, 2],
-                    help="CTAs per cluster sharing the activations' TMA reads; each given value is a "
-                         "column (default: 2 1)")
+    ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "tiles"],
+                    help="persistent: one block per SM looping over the tiles (what drvqwen runs); tiles: "
+                         "one block per tile. Each given value is a column (default: both)")
     a = ap.parse_args()
     cfg, m = PRESETS[a.preset], a.rows
     d, f, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
@@ -56,22 +56,22 @@ def main() -> int:
     o = {k: upload(k, v) for k, v in out.items()}
     def gemms(cl):
         return {
-            "qkv_proj": K.GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, rows=m, cluster=cl),
-            "o_proj": K.GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, rows=m, cluster=cl),
-            "gate_up_swiglu": K.GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, rows=m, cluster=cl),
-            "down_proj": K.GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, rows=m, cluster=cl),
+            "qkv_proj": K.GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "o_proj": K.GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "gate_up_swiglu": K.GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "down_proj": K.GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, rows=m, max_blocks=None if cl == 'persistent' else 0),
         }
 
     wq, wk, wv, wo = w("q", nq, d), w("k", nkv, d), w("v", nkv, d), w("o", d, nq)
     wg, wu, wd = w("g", f, d), w("u", f, d), w("d", d, f)
     t = Table(title=f"prefill GEMMs, {a.preset}, M = {m} ({get_device().info.name}), µs and TFLOP/s")
     t.add_column("GEMM", justify="right")
-    for cl in a.cluster:
-        t.add_column(f"cluster {cl}: µs", justify="right")
+    for cl in a.grid:
+        t.add_column(f"{cl}: µs", justify="right")
         t.add_column("TFLOP/s", justify="right")
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
-    for cl in a.cluster:
+    for cl in a.grid:
         total_us = total_flops = 0.0
         for name, g in gemms(cl).items():
             us = graph_time_us(g, reps=a.reps)
@@ -84,7 +84,7 @@ def main() -> int:
         t.add_row(name, *cells)
     Console().print(t)
     for cl, ms in layer_ms.items():
-        Console().print(f"cluster {cl}: {cfg.num_layers} layers, {ms:.1f} ms of GEMMs")
+        Console().print(f"{cl}: {cfg.num_layers} layers, {ms:.1f} ms of GEMMs")
     for b in buffers:
         b.free()
     return 0

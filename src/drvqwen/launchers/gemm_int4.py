@@ -13,16 +13,17 @@ The kernels read x through a TMA tensor map (box 128 tokens × 64 inputs, 128-by
 layout wgmma reads), encoded here from x's address: `x` must be a device array (the prefill
 builds its launch lists on the GPU), not a planned BufferSpec.
 
-`cluster` (every launcher, default CLUSTER = 2): CTAs per thread-block cluster along the weight
-rows; they share one multicast TMA read of the activations. 1 compiles the kernel without
-clusters (for comparison: tools/bench_gemm.py runs both).
+The kernels are persistent: the grid is at most one block per SM (`max_blocks`, default the
+GPU's SM count) and each block loops over the tiles of 128 tokens × 128 weight rows that the live
+M gives. `max_blocks=0` launches one block per tile at the capacity instead (the plain form,
+for comparison: tools/bench_gemm.py runs both).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..cuda import Stream, encode_tiled_2d
+from ..cuda import Stream, encode_tiled_2d, get_device
 from ..cuda.tensormap import Swizzle
 from ..format.quant import GROUP_SIZE
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
@@ -32,9 +33,6 @@ BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per blo
 THREADS = mirrored("gemm_int4", "GEMM_THREADS", 288)            # 2 consumer warpgroups + 1 producer warp
 BLOCK_ROWS = mirrored("gemm_int4", "GEMM_BLOCK_ROWS", 128)      # weight rows per block (gate/up: 64 features × 2)
 TILE_ROWS = mirrored("gemm_int4", "INT4_TILE_ROWS", 16)
-# CTAs per cluster along grid y, sharing one TMA read of the activations (multicast); grid y is
-# rounded up to a multiple of it (a block past N computes clamped rows and stores nothing).
-CLUSTER = mirrored("gemm_int4", "GEMM_CLUSTER", 2)
 BOX_INPUTS = mirrored("gemm_int4", "GEMM_BOX_INPUTS", 64)       # inputs per TMA box row (128 B)
 # 4 stages × 32 KiB of activations (128 tokens × 128 inputs) + 1 KiB of alignment slack + the
 # 8 mbarriers (above the 48 KiB default: KernelLaunch opts in).
@@ -61,12 +59,14 @@ class _GemmLauncher(Launcher):
     flops: int = 0
 
     def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, params: list, *, reads, writes,
-                    cluster: int) -> None:
+                    max_blocks: int | None) -> None:
         require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
-        require(cluster in (1, 2), f"gemm_int4: cluster={cluster} must be 1 or 2")
-        ref = KernelRef("gemm_int4", kernel, () if cluster == CLUSTER else (("GEMM_CLUSTER", cluster),))
-        self._add(ref, (-(-rows // BM), -(-n_blocks // cluster) * cluster), (THREADS,), params,
+        tiles_at_capacity = -(-rows // BM) * n_blocks
+        if max_blocks is None:
+            max_blocks = get_device().info.sm_count
+        grid = tiles_at_capacity if max_blocks == 0 else min(tiles_at_capacity, max_blocks)
+        self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,), params,
                   smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
 
 
@@ -78,7 +78,7 @@ class GemmInt4(_GemmLauncher):
     """
 
     def __init__(self, out, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
-                 cluster: int = CLUSTER, stream: Stream | None = None):
+                 max_blocks: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(out, "out", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -88,7 +88,7 @@ class GemmInt4(_GemmLauncher):
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
         self._build_gemm("gemm_int4_f32", rows, -(-n // BLOCK_ROWS), k,
                          [out, x_tensor_map(x, rows, k), qweight, scales, prefill_state, i32(n), i32(k)],
-                         reads=(x, qweight, scales, prefill_state), writes=(out,), cluster=cluster)
+                         reads=(x, qweight, scales, prefill_state), writes=(out,), max_blocks=max_blocks)
 
 
 class GemmInt4QkvRows(_GemmLauncher):
@@ -100,7 +100,7 @@ class GemmInt4QkvRows(_GemmLauncher):
     """
 
     def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
-                 prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, cluster: int = CLUSTER,
+                 prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, max_blocks: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
         require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
@@ -118,7 +118,7 @@ class GemmInt4QkvRows(_GemmLauncher):
                          [qkv, x_tensor_map(x, rows, k), q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state,
                           i32(n_q), i32(n_kv), i32(k)],
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
-                         writes=(qkv,), cluster=cluster)
+                         writes=(qkv,), max_blocks=max_blocks)
 
 
 class GemmInt4ResidualRows(_GemmLauncher):
@@ -129,7 +129,7 @@ class GemmInt4ResidualRows(_GemmLauncher):
     """
 
     def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
-                 cluster: int = CLUSTER, stream: Stream | None = None):
+                 max_blocks: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(residual, "residual", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -139,7 +139,7 @@ class GemmInt4ResidualRows(_GemmLauncher):
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
         self._build_gemm("gemm_int4_residual", rows, -(-n // BLOCK_ROWS), k,
                          [residual, x_tensor_map(x, rows, k), qweight, scales, prefill_state, i32(n), i32(k)],
-                         reads=(residual, x, qweight, scales, prefill_state), writes=(residual,), cluster=cluster)
+                         reads=(residual, x, qweight, scales, prefill_state), writes=(residual,), max_blocks=max_blocks)
 
 
 class GemmInt4GateUpSwigluRows(_GemmLauncher):
@@ -150,7 +150,7 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
     """
 
     def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, *,
-                 f: int, k: int, rows: int, cluster: int = CLUSTER, stream: Stream | None = None):
+                 f: int, k: int, rows: int, max_blocks: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(h, "h", rows * f, np.float16)
         check_buffer(x, "x", rows * k, np.float16)
@@ -163,4 +163,4 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
         self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-f // (BLOCK_ROWS // 2)), k,
                          [h, x_tensor_map(x, rows, k), gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, i32(f), i32(k)],
                          reads=(x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state), writes=(h,),
-                         cluster=cluster)
+                         max_blocks=max_blocks)
