@@ -21,14 +21,17 @@
 //
 // Work split
 // ----------
-//   block    = 128 weight rows × 128 tokens (for gate/up: 64 features of both matrices), 9 warps:
-//              two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the block's 128
-//              tokens, and one producer warp (warp 8). grid = (ceil(rows/128), row blocks), x
-//              fastest: the blocks that read one slice of W run together and share it in L2.
+//   tile     = 128 tokens × 128 weight rows (for gate/up: 64 features of both matrices). The
+//              kernel is persistent: grid = min(tiles at the buffer's capacity, SM count), and
+//              block b takes tiles b, b + gridDim.x, … of the ceil(M/128) × row-block tiles the
+//              live M gives, token block fastest (tiles running at once share weight slices in L2).
+//   block    = 9 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
+//              tile's 128 tokens, and one producer warp (warp 8).
 //   producer = one lane issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs,
 //              128-byte swizzle — the layout wgmma reads): per 128-input group two boxes,
 //              32 KB, into a ring of GEMM_STAGES stages guarded by mbarriers (full: the bytes
-//              landed; empty: all 8 consumer warps are done with the stage).
+//              landed; empty: all 8 consumer warps are done with the stage). It runs on into the
+//              next tile while the consumers are in the epilogue.
 //   consumer = the weights are wgmma's A operand, from registers: lane (g, t) loads the 64
 //              bytes of one group of its rows g and g+8 (one group ahead; the 4 lanes of a quad
 //              load the same bytes, L1 serves them) and unpacks nibble pair t of every word:
@@ -36,8 +39,8 @@
 //              of the A fragment (ptx/wgmma.cuh), because B, the activations, comes from shared
 //              memory in its natural order. The exact codes are multiplied by the row's group
 //              scale in FP16 (one rounding of each scaled weight, relative ≤ 2⁻¹¹,
-//              docs/numerics.md), so the tensor cores sum all of K in FP32 with no per-group
-//              rescaling of the accumulators.
+//              docs/numerics.md), so the tensor cores sum all of K into one FP32 accumulator
+//              with no per-group rescaling.
 //              Per group: 8 × wgmma m64n128k16 (B: the stage, through a descriptor), one commit,
 //              one wait; the two warpgroups interleave, one unpacking while the other's MMAs run.
 //   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j = 0..15): each output element
@@ -47,25 +50,31 @@
 //              the SwiGLU happens in registers.
 //
 // The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
-// chunk is built once per row capacity and reused; blocks whose tokens all lie past M return at
-// once. The tensor map covers the buffer's capacity rows: tokens past M are read (stale or NaN,
-// they are another column of the MMA) but never written; rows past the capacity read as zero.
+// chunk is built once per row capacity and reused. The tensor map covers the buffer's capacity
+// rows: tokens past M are read (stale or NaN: they are other columns of the MMA) but never
+// written; rows past the capacity read as zero.
 //
 // Shared memory: GEMM_STAGES × 32 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
 // + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments + 32 weight words
-// per lane (168 in all, ptxas), under the 224 that __launch_bounds__(288, 1) allows.
+// per lane (167 in all, ptxas), under the 224 that __launch_bounds__(288, 1) allows.
 //
-// Measured on the H200 (tests/dev/test_gemm_int4_wgmma.py, graph replay, random weights,
-// µs and TFLOP/s; mma.sync = the previous cp.async + mma.m16n8k16 version of this file):
-//   | shape (N × K)        | M    | mma.sync         | wgmma            |
-//   | qkv 4608 × 3584      | 512  | 130.4 µs   130   |  54.2 µs   312   |
-//   | o_proj 3584 × 3584   | 512  |  72.2 µs   182   |  28.7 µs   459   |
-//   | gate 18944 × 3584    | 512  | 340.1 µs   204   | 141.5 µs   491   |
-//   | down 3584 × 18944    | 512  | 371.9 µs   187   | 139.5 µs   499   |
-//   | qkv                  | 2048 | 339.5 µs   199   | 140.5 µs   482   |
-//   | gate                 | 2048 | 1267.9 µs  219   | 500.0 µs   556   |
-//   | down                 | 2048 | 1404.0 µs  198   | 552.8 µs   503   |
-//   qkv at M = 512 is 36 × 4 = 144 blocks on 132 SMs: 1.09 waves, the second nearly empty.
+// Measured on the H200 (tools/bench_gemm.py, 7B shapes, graph replay; µs and TFLOP/s):
+//   | GEMM (N × K)                | M = 512        | M = 2048        | mma.sync, M = 512 |
+//   | qkv_proj (4608 × 3584)      |  58.5   289    |  158.2   428    | 136.6   124       |
+//   | o_proj (3584 × 3584)        |  30.8   427    |  142.0   370    |  83.1   158       |
+//   | gate_up_swiglu (2·18944 × 3584) | 303.4 458  | 1127.9   493    | 654.4   213       |
+//   | down_proj (3584 × 18944)    | 172.6   403    |  685.4   406    | 393.5   177       |
+//   | 28 layers                   | 15.8 ms        |  59.2 ms        | 35.6 ms           |
+//   (mma.sync: the previous cp.async + mma.m16n8k16 form of this file.) qkv at M = 512 is 36 × 4
+//   = 144 tiles on 132 SMs: 1.09 waves.
+// Tried and measured slower: clusters of 2 CTAs along the weight rows sharing each stage by a
+// multicast TMA copy (half the activation traffic from L2): 24.9 ms against 16.5 ms for the 28
+// layers at M = 512. L2 bandwidth is not the limit; a stage shared by two CTAs can be refilled
+// only when both are done with it, and the coupling stalls both. What limits now is the
+// consumers' mainloop (~50–60% of the tensor-core peak): unpacking in the same warps that wait
+// for their MMAs. The next step is a third warpgroup that unpacks the weights into shared
+// memory for wgmma with both operands there (and n = 256 per MMA, which the registers freed by
+// that allow).
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
