@@ -130,13 +130,18 @@ __device__ __forceinline__ void gemm_a_fragments(const uint4 (&ra)[4], const uin
     }
 }
 
-__device__ __forceinline__ void gemm_load_group(const uint4* wa, const uint4* wb, int grp,
-                                                 uint4 (&ra)[4], uint4 (&rb)[4]) {
+// Group grp's words and scales of the lane's two rows, into registers: issued one group ahead
+// of their use, so the L2 (or HBM) latency passes while the MMAs of the current group run.
+__device__ __forceinline__ void gemm_load_group(const uint4* wa, const uint4* wb, const __half* sa,
+                                                const __half* sb, int grp, uint4 (&ra)[4], uint4 (&rb)[4],
+                                                __half (&sc)[2]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         ra[i] = __ldg(wa + grp * 4 + i);
         rb[i] = __ldg(wb + grp * 4 + i);
     }
+    sc[0] = sa[grp];
+    sc[1] = sb[grp];
 }
 
 // One 128-input group of a consumer warp: unpack its weights into the A fragments, prefetch
@@ -149,10 +154,10 @@ __device__ __forceinline__ void gemm_group(int grp, int n_groups, int it, int la
                                             const uint4* wa, const uint4* wb,
                                             const __half* sa, const __half* sb,
                                             const unsigned char* smem, u64* full, u64* empty,
-                                            uint4 (&ra)[4], uint4 (&rb)[4],
+                                            uint4 (&ra)[4], uint4 (&rb)[4], __half (&sc)[2],
                                             u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
-    gemm_a_fragments(ra, rb, shift, sa[grp], sb[grp], frag);
-    if (grp + 1 < n_groups) gemm_load_group(wa, wb, grp + 1, ra, rb);
+    gemm_a_fragments(ra, rb, shift, sc[0], sc[1], frag);
+    if (grp + 1 < n_groups) gemm_load_group(wa, wb, sa, sb, grp + 1, ra, rb, sc);
     const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
     const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
@@ -250,10 +255,11 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
         uint4 ra[4], rb[4];
-        gemm_load_group(r.wa, r.wb, 0, ra, rb);
+        __half sc[2];
+        gemm_load_group(r.wa, r.wb, r.sa, r.sb, 0, ra, rb, sc);
 #pragma unroll 1
         for (int grp = 0; grp < n_groups; ++grp, ++it)
-            gemm_group(grp, n_groups, it, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, frag, acc);
+            gemm_group(grp, n_groups, it, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, sc, frag, acc);
         epilogue(acc, m0, M, t);
     }
 }
