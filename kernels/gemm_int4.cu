@@ -85,6 +85,7 @@
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
 #include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
+#include "cp_async.cuh"     // cp_async_16, cp_async_mbarrier_arrive
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 
@@ -97,7 +98,10 @@
 #define GEMM_STAGES         4
 #define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
 #define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 16 KB
-#define GEMM_STAGE_BYTES    (2 * GEMM_BOX_BYTES)               // one 128-input group: 32 KB
+#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 32 KB
+#define GEMM_W_ROW_BYTES    (INT4_GROUP / 2)                   // one group of one weight row: 64 B
+#define GEMM_W_STAGE_BYTES  (GEMM_BLOCK_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
+#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 40 KB (a multiple of 1024)
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
 
@@ -116,7 +120,7 @@ __device__ __forceinline__ u32 gemm_word(const uint4 (&q)[4], int j) {
     return (j & 3) == 0 ? v.x : (j & 3) == 1 ? v.y : (j & 3) == 2 ? v.z : v.w;
 }
 
-// The A fragments of one group (8 k steps × 4 registers) from the raw words of rows g and g+8.
+// The A fragments of one group (8 k steps × 4 registers) from the words of rows g and g+8.
 __device__ __forceinline__ void gemm_a_fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
                                                   __half sa, __half sb, u32 (&frag)[GEMM_K_STEPS][4]) {
     const __half2 sa2 = __half2half2(sa), sb2 = __half2half2(sb);
@@ -130,37 +134,42 @@ __device__ __forceinline__ void gemm_a_fragments(const uint4 (&ra)[4], const uin
     }
 }
 
-// Group grp's words and scales of the lane's two rows, into registers: issued one group ahead
-// of their use, so the L2 (or HBM) latency passes while the MMAs of the current group run.
-__device__ __forceinline__ void gemm_load_group(const uint4* wa, const uint4* wb, const __half* sa,
-                                                const __half* sb, int grp, uint4 (&ra)[4], uint4 (&rb)[4],
-                                                __half (&sc)[2]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        ra[i] = __ldg(wa + grp * 4 + i);
-        rb[i] = __ldg(wb + grp * 4 + i);
-    }
-    sc[0] = sa[grp];
-    sc[1] = sb[grp];
+// Two weight rows — g and g+8 of a 16-row warp tile — as rows of their matrices (clamped into
+// them: rows past the end are read, never stored).
+struct GemmLaneRows {
+    const u32* wa;    const u32* wb;      // the rows' INT4 words
+    const __half* sa; const __half* sb;   // the rows' group scales
+};
+
+__device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
+                                              const u32*& w, const __half*& s) {
+    const int r = min(row, n - 1);
+    w = qweight + (u64)r * (K / 8);
+    s = scales + (u64)r * (K / INT4_GROUP);
 }
 
-// One 128-input group of a consumer warp: unpack its weights into the A fragments, prefetch
-// the next group's words (plain loads: they are no wgmma operand), wait for the stage, issue
-// the 8 MMAs and wait for them. The wait is for all of them (wait_group 0): rewriting A
-// registers while an MMA that reads any A register is in flight makes ptxas serialize every
-// wgmma of the kernel (its C7513 "Potential Performance Loss"), so the unpack of the next group
-// overlaps the other warpgroup's MMAs instead of this one's.
-__device__ __forceinline__ void gemm_group(int grp, int n_groups, int it, int lane, int shift,
-                                            const uint4* wa, const uint4* wb,
-                                            const __half* sa, const __half* sb,
-                                            const unsigned char* smem, u64* full, u64* empty,
-                                            uint4 (&ra)[4], uint4 (&rb)[4], __half (&sc)[2],
-                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
-    gemm_a_fragments(ra, rb, shift, sc[0], sc[1], frag);
-    if (grp + 1 < n_groups) gemm_load_group(wa, wb, sa, sb, grp + 1, ra, rb, sc);
+// One 128-input group of a consumer warp: wait for the stage, read the group's words of the
+// lane's rows from it and unpack them into the A fragments (the scales come from registers,
+// loaded one group ahead), issue the 8 MMAs and wait for them, then release the stage. The wait
+// is for all of them (wait_group 0): rewriting A registers while an MMA that reads any A
+// register is in flight makes ptxas serialise every wgmma of the kernel (its C7513 "Potential
+// Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
+__device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
+                                           const unsigned char* smem, u64* full, u64* empty,
+                                           u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
     const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
     const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+    // Rows local and local+8 of the stage's weights, 64 B each. The 8 rows g of one instruction
+    // are 64 B apart: each 8-lane phase of a 16-byte load reads 2 addresses, conflict-free.
+    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
+    uint4 ra[4], rb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ra[i] = w[i];
+        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
+    }
+    gemm_a_fragments(ra, rb, shift, sa, sb, frag);
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
     wgmma_fence();
@@ -176,26 +185,13 @@ __device__ __forceinline__ void gemm_group(int grp, int n_groups, int it, int la
     if (lane == 0) mbarrier_arrive(&empty[s]);  // this warp is done with the stage
 }
 
-// What one consumer lane multiplies: its two weight rows (g and g+8 of its warp's 16), each a
-// row of some matrix (clamped into it: rows past the end are read, never stored).
-struct GemmLaneRows {
-    const uint4* wa;  const uint4* wb;    // the rows' INT4 words (16-byte quads)
-    const __half* sa; const __half* sb;   // the rows' group scales
-};
-
-__device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
-                                              const uint4*& w, const __half*& s) {
-    const int r = min(row, n - 1);
-    w = reinterpret_cast<const uint4*>(qweight + (u64)r * (K / 8));
-    s = scales + (u64)r * (K / INT4_GROUP);
-}
-
 // The GEMM's tiles — 128 tokens × one block of weight rows, `row_blocks` of them per 128 tokens
 // — handed out persistently: block b takes tiles b, b + gridDim.x, … (token block fastest, so
 // the tiles running at the same time share weight slices in L2). Persistence lets the producer
 // fetch the next tile's first stages while the consumers run the current tile's epilogue.
-// For each tile, rows_of(row_block, local_row 0..127) → the lane's two rows, then
-// epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token walks them).
+// rows_of(row_block, local) → the two rows (local, local + 8) of the warp tile holding `local`
+// (called by the producer, which copies them, and by the consumers, which read their scales);
+// then epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token walks them).
 // Contains the block's only __syncthreads(): call from every thread.
 template <typename RowsOf, typename Epilogue>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
@@ -212,27 +208,45 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     if ((int)blockIdx.x >= n_tiles) return;  // the whole block, before any barrier
     const int n_groups = K / INT4_GROUP;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < GEMM_STAGES; ++s) {
-            mbarrier_init(&full[s], 1);                      // the producer's expect_tx arrival
-            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);   // lane 0 of every consumer warp
+            // lane 0's expect_tx arrival; the producer lanes' cp.async arrivals raise and lower
+            // the pending count themselves (ptx/cp_async.cuh)
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);  // lane 0 of every consumer warp
         }
         fence_mbarrier_init();
     }
     __syncthreads();  // the last block-wide barrier: the roles part here
 
     if (warp == GEMM_CONSUMER_WARPS) {  // ---- producer ----------------------------------------
-        if (lane == 0) {
-            tma_prefetch_map(&x_map);
-            int it = 0;
-            for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-                const int m0 = (tile % token_blocks) * GEMM_BM;
-                for (int grp = 0; grp < n_groups; ++grp, ++it) {
-                    const int s = it % GEMM_STAGES;
-                    if (it >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((it / GEMM_STAGES) - 1) & 1);
-                    unsigned char* st = smem + s * GEMM_STAGE_BYTES;
-                    mbarrier_arrive_expect_tx(&full[s], GEMM_STAGE_BYTES);
+        // Every lane copies 16 B (quad t) of rows g and g+8 of each warp tile per group with
+        // cp.async; lane 0 also issues the TMA copies of X. One full barrier per stage covers both.
+        if (lane == 0) tma_prefetch_map(&x_map);
+        int it = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+            const int m0 = (tile % token_blocks) * GEMM_BM;
+            GemmLaneRows rows[GEMM_CONSUMER_WARPS];
+#pragma unroll
+            for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) rows[w] = rows_of(tile / token_blocks, w * INT4_TILE_ROWS + g);
+            for (int grp = 0; grp < n_groups; ++grp, ++it) {
+                const int s = it % GEMM_STAGES;
+                if (it >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
+#pragma unroll
+                for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES,
+                                rows[w].wa + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES,
+                                rows[w].wb + grp * (INT4_GROUP / 8) + 4 * t, true);
+                }
+                cp_async_mbarrier_arrive(&full[s]);
+                __syncwarp();  // every lane's pending-count raise precedes lane 0's arrival
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(&full[s], GEMM_X_STAGE_BYTES);
                     tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
                     tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
                 }
@@ -242,7 +256,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     }
 
     // ---- consumers --------------------------------------------------------------------------
-    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
     int it = 0;
@@ -254,12 +267,15 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
-        uint4 ra[4], rb[4];
-        __half sc[2];
-        gemm_load_group(r.wa, r.wb, r.sa, r.sb, 0, ra, rb, sc);
+        __half sa = r.sa[0], sb = r.sb[0];
 #pragma unroll 1
-        for (int grp = 0; grp < n_groups; ++grp, ++it)
-            gemm_group(grp, n_groups, it, lane, shift, r.wa, r.wb, r.sa, r.sb, smem, full, empty, ra, rb, sc, frag, acc);
+        for (int grp = 0; grp < n_groups; ++grp, ++it) {
+            // next group's scales now: their latency passes during this group's MMAs
+            const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
+            gemm_group(it, local, lane, shift, sa, sb, smem, full, empty, frag, acc);
+            sa = na;
+            sb = nb;
+        }
         epilogue(acc, m0, M, t);
     }
 }

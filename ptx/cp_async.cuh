@@ -43,3 +43,13 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
+
+// cp.async.mbarrier.arrive.shared::cta.b64 [bar] ("…: cp.async.mbarrier.arrive"): when every
+// cp.async this thread issued before it has landed, arrive on `bar`. Without .noinc the
+// barrier's pending count is raised by one at once and lowered when the copies land, so the
+// barrier's arrival count at init need not include these arrivals — the phase just cannot
+// complete before the copies have. Lets a cp.async producer feed an mbarrier ring like TMA.
+__device__ __forceinline__ void cp_async_mbarrier_arrive(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n"
+                 :: "r"(static_cast<u32>(__cvta_generic_to_shared(bar))) : "memory");
+}

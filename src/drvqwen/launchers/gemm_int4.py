@@ -34,9 +34,10 @@ THREADS = mirrored("gemm_int4", "GEMM_THREADS", 288)            # 2 consumer war
 BLOCK_ROWS = mirrored("gemm_int4", "GEMM_BLOCK_ROWS", 128)      # weight rows per block (gate/up: 64 features × 2)
 TILE_ROWS = mirrored("gemm_int4", "INT4_TILE_ROWS", 16)
 BOX_INPUTS = mirrored("gemm_int4", "GEMM_BOX_INPUTS", 64)       # inputs per TMA box row (128 B)
-# 4 stages × 32 KiB of activations (128 tokens × 128 inputs) + 1 KiB of alignment slack + the
-# 8 mbarriers (above the 48 KiB default: KernelLaunch opts in).
-SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * BM * 128 * 2 + 1024 + 2 * 4 * 8)
+# 4 stages × (32 KiB of activations (128 tokens × 128 inputs) + 8 KiB of INT4 weights (128 rows
+# × 64 B)) + 1 KiB of alignment slack + the 8 mbarriers (above the 48 KiB default: KernelLaunch
+# opts in).
+SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 128 * 2 + BLOCK_ROWS * 64) + 1024 + 2 * 4 * 8)
 
 
 def x_tensor_map(x, rows: int, k: int):
