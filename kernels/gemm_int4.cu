@@ -27,20 +27,21 @@
 //              live M gives, token block fastest (tiles running at once share weight slices in L2).
 //   block    = 9 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
 //              tile's 128 tokens, and one producer warp (warp 8).
-//   producer = one lane issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs,
-//              128-byte swizzle — the layout wgmma reads): per 128-input group two boxes,
-//              32 KB, into a ring of GEMM_STAGES stages guarded by mbarriers (full: the bytes
-//              landed; empty: all 8 consumer warps are done with the stage). It runs on into the
-//              next tile while the consumers are in the epilogue.
-//   consumer = the weights are wgmma's A operand, from registers: lane (g, t) loads the 64
-//              bytes of one group of its rows g and g+8 (one group ahead; the 4 lanes of a quad
-//              load the same bytes, L1 serves them) and unpacks nibble pair t of every word:
+//   producer = one warp fills a ring of GEMM_STAGES stages, one 128-input group each, guarded by
+//              mbarriers (full: the bytes landed; empty: all 8 consumer warps are done with it):
+//              lane 0 issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs, 128-byte
+//              swizzle — the layout wgmma reads; two boxes, 32 KB), and every lane copies 16-byte
+//              pieces of the tile's 128 weight rows (64 B each, 8 KB) with cp.async, which
+//              arrives on the same full barrier when it lands. It runs on into the next tile while
+//              the consumers are in the epilogue.
+//   consumer = the weights are wgmma's A operand, from registers: lane (g, t) reads the 64 bytes
+//              of its rows g and g+8 from the stage and unpacks nibble pair t of every word:
 //              inputs (16s + 2t, +1) and (16s + 8 + 2t, +9) of k step s — exactly the k positions
 //              of the A fragment (ptx/wgmma.cuh), because B, the activations, comes from shared
 //              memory in its natural order. The exact codes are multiplied by the row's group
-//              scale in FP16 (one rounding of each scaled weight, relative ≤ 2⁻¹¹,
-//              docs/numerics.md), so the tensor cores sum all of K into one FP32 accumulator
-//              with no per-group rescaling.
+//              scale (loaded one group ahead) in FP16 — one rounding of each scaled weight,
+//              relative ≤ 2⁻¹¹, docs/numerics.md — so the tensor cores sum all of K into one FP32
+//              accumulator with no per-group rescaling.
 //              Per group: 8 × wgmma m64n128k16 (B: the stage, through a descriptor), one commit,
 //              one wait; the two warpgroups interleave, one unpacking while the other's MMAs run.
 //   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j = 0..15): each output element
@@ -54,17 +55,17 @@
 // rows: tokens past M are read (stale or NaN: they are other columns of the MMA) but never
 // written; rows past the capacity read as zero.
 //
-// Shared memory: GEMM_STAGES × 32 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
-// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments + 32 weight words
-// per lane (167 in all, ptxas), under the 224 that __launch_bounds__(288, 1) allows.
+// Shared memory: GEMM_STAGES × 40 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
+// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (148 in all,
+// ptxas), under the 168 a 9-warp block can have (below).
 //
 // Measured on the H200 (tools/bench_gemm.py, 7B shapes, graph replay; µs and TFLOP/s):
-//   | GEMM (N × K)                | M = 512        | M = 2048        | mma.sync, M = 512 |
-//   | qkv_proj (4608 × 3584)      |  58.5   289    |  158.2   428    | 136.6   124       |
-//   | o_proj (3584 × 3584)        |  30.8   427    |  142.0   370    |  83.1   158       |
-//   | gate_up_swiglu (2·18944 × 3584) | 303.4 458  | 1127.9   493    | 654.4   213       |
-//   | down_proj (3584 × 18944)    | 172.6   403    |  685.4   406    | 393.5   177       |
-//   | 28 layers                   | 15.8 ms        |  59.2 ms        | 35.6 ms           |
+//   | GEMM (N × K)                    | M = 512      | M = 2048      | mma.sync, M = 512 |
+//   | qkv_proj (4608 × 3584)          |  57.9   292  |  141.3   479  | 136.6   124       |
+//   | o_proj (3584 × 3584)            |  34.4   382  |  133.4   394  |  83.1   158       |
+//   | gate_up_swiglu (2·18944 × 3584) | 284.9   488  | 1109.5   501  | 654.4   213       |
+//   | down_proj (3584 × 18944)        | 162.3   428  |  611.3   455  | 393.5   177       |
+//   | 28 layers                       | 15.1 ms      |  55.9 ms      | 35.6 ms           |
 //   (mma.sync: the previous cp.async + mma.m16n8k16 form of this file.) qkv at M = 512 is 36 × 4
 //   = 144 tiles on 132 SMs: 1.09 waves.
 // Tried and measured slower: clusters of 2 CTAs along the weight rows sharing each stage by a
@@ -75,6 +76,10 @@
 // for their MMAs. The next step is a third warpgroup that unpacks the weights into shared
 // memory for wgmma with both operands there (and n = 256 per MMA, which the registers freed by
 // that allow).
+// Also tried: 256 tokens per tile (m64n256k16: 128 accumulators, ~220 registers). A 9-warp block
+// puts 3 warps on one SM sub-partition, whose register file holds 16 K registers: at most 170
+// per thread (ptxas's cap of 168 here), so that build cannot launch. It needs 8 or 12 warps
+// (a producer warpgroup giving registers back with setmaxnreg).
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
