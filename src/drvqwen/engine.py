@@ -39,7 +39,7 @@ from .decode import DecodeStep
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
-from .prefill import DEFAULT_CHUNK_ROWS, Prefill
+from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
 
 # Slots of the host token ring. The host is at most one step behind the GPU (the lookahead), so
@@ -131,6 +131,10 @@ class GPUBackend:
         self.max_context = step.max_context
         self.name = f"cuda ({step.device.info.name})"
         self.prompt = Prefill(step, chunk_rows)
+        # Load time, not prompt time: the smallest chunk's launch list now, which loads every
+        # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
+        # longer prompt's first chunk then only packs its launches.
+        self.prompt.launches(ROW_BUCKET)
         size = 2 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)
@@ -187,10 +191,18 @@ class GPUBackend:
             return
         try:
             self._configure(params)
-            decoder = self._decoder(params)
             self.prompt.run(prompt_ids)            # a new sequence; token 0 → ring[0]
             ev[0].record(step.stream)
-            for i in range(budget):
+            ev[0].synchronize()
+            yield int(ring[0])
+            if budget == 1:
+                return
+            # The decode graphs are captured on first use only now, after the first token is out:
+            # a capture costs tens of milliseconds that would otherwise sit inside the TTFT.
+            decoder = self._decoder(params)
+            decoder.step()                         # token 1 → ring[1]
+            ev[1 % R].record(step.stream)
+            for i in range(1, budget):
                 if i + 1 < budget:
                     decoder.step()                 # token i+1 → ring[(i+1) % R], queued before we wait
                     ev[(i + 1) % R].record(step.stream)
