@@ -49,6 +49,14 @@ class Entry:
     files: list[Path] = field(default_factory=list)
 
 
+def human_size(n: int) -> str:
+    """Bytes for people: GiB, MiB or KiB (binary units, as `du -h` and `ls -lh` count)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f} {unit}" if shift == 30 else f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
+
+
 def entries() -> list[Entry]:
     """Every model and conversion in the cache, sorted by name. Reads only metadata.
 
@@ -84,6 +92,8 @@ def _model_files(d: Path) -> list[Entry]:
         if n.endswith(".nanoqwen"):
             rec = read_conversion_record(p)
             src = rec.get("name") or rec.get("source") or "unknown (no record)"
+            if not rec.get("name") and Path(src).parent == d:
+                src = f"{Path(src).name} (in the cache)"
             out.append(Entry(n, "nanoqwen INT4 g128", st.st_size, st.st_mtime, f"converted from {src}",
                              [p, d / f".{n}.source.json"]))
         elif n.endswith(".gguf"):

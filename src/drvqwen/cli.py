@@ -87,14 +87,10 @@ def cmd_pull(args) -> int:
     return 0
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def cmd_list(args) -> int:
     import time
 
-    from .cache import entries
+    from .cache import entries, human_size as _size
     from .paths import cache_root
 
     found = entries()
@@ -114,7 +110,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_rm(args) -> int:
-    from .cache import entries, find, remove
+    from .cache import entries, find, human_size as _size, remove
 
     if (args.name is None) == (not args.all):
         raise DrvqwenError("give one NAME (drvqwen list shows them) or --all")
