@@ -20,32 +20,49 @@ from hub_server import TinyHub
 pytestmark = pytest.mark.usefixtures("private_cache")
 
 
-@pytest.fixture
-def filled(private_cache, tmp_path, rng, monkeypatch):
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
     """A cache with the default GGUF (a stand-in of the right name), a conversion of a tiny
-    GGUF, and two GGUFs of one hub repo fetched through a loopback hub."""
+    GGUF, and two GGUFs of one hub repo fetched through a loopback hub; built once, copied
+    for each test (`filled`)."""
     pytest.importorskip("gguf")
     pytest.importorskip("huggingface_hub")
+    import numpy as np
     from huggingface_hub import constants
 
     from drvqwen import hub, models
 
+    base = tmp_path_factory.mktemp("template")
+    rng = np.random.default_rng(0)   # the contents do not matter here, only that they exist
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DRVQWEN_CACHE", str(base / "cache"))
+        mp.setattr(constants, "HF_HUB_OFFLINE", False)
+        models_dir = paths.models_dir()
+        (models_dir / DEFAULT_GGUF.filename).write_bytes(b"GGUF" + bytes(1000))
+        src = write_tiny_gguf(base / "Tiny.gguf", TINY, random_dense(TINY, rng))
+        conv = models.resolve_model(str(src)).path
+        server = TinyHub({"someone/Coder-GGUF": {"coder-q4_k_m.gguf": rng.bytes(3000),
+                                                 "coder-q8_0.gguf": rng.bytes(5000)}})
+        mp.setenv("HF_ENDPOINT", server.url)
+        try:
+            hub.fetch("someone/Coder-GGUF:Q4_K_M", progress=False)
+            hub.fetch("someone/Coder-GGUF:Q8_0", progress=False)
+        finally:
+            server.close()
+    return {"cache": base / "cache", "src": src, "conv_name": conv.name}
+
+
+@pytest.fixture
+def filled(template, private_cache):
+    """The template cache as this test's own cache root (hub links are relative: they still
+    lead to the copied blobs)."""
+    import shutil
+
+    shutil.copytree(template["cache"], private_cache, symlinks=True)
     models_dir = paths.models_dir()
-    (models_dir / DEFAULT_GGUF.filename).write_bytes(b"GGUF" + bytes(1000))
-    src = write_tiny_gguf(tmp_path / "Tiny.gguf", TINY, random_dense(TINY, rng))
-    conv = models.resolve_model(str(src)).path
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    server = TinyHub({"someone/Coder-GGUF": {"coder-q4_k_m.gguf": rng.bytes(3000),
-                                             "coder-q8_0.gguf": rng.bytes(5000)}})
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    try:
-        hub.fetch("someone/Coder-GGUF:Q4_K_M", progress=False)
-        hub.fetch("someone/Coder-GGUF:Q8_0", progress=False)
-    finally:
-        server.close()
     # A conversion being written by a live process: a temporary, not an entry.
     (models_dir / f".x.nanoqwen.tmp-{os.getpid()}").write_bytes(b"half")
-    return {"src": src, "conv": conv}
+    return {"src": template["src"], "conv": models_dir / template["conv_name"]}
 
 
 def _names() -> list[str]:

@@ -201,3 +201,22 @@ def test_conversions_under_an_older_name_are_found_again(monkeypatch, rng, tmp_p
     os.replace(first, older)
     monkeypatch.setattr(models, "convert", lambda *a: pytest.fail("converted again"))
     assert models.resolve_model(str(src)).path == first and first.exists() and not older.exists()
+
+
+def test_what_is_fetched_is_said_and_abandoned_temporaries_go(served, private_cache):
+    import time
+
+    hub.fetch("someone/Coder-GGUF:Q8_0", progress=False)
+    blobs = private_cache / "hub" / "models--someone--Coder-GGUF" / "blobs"
+    old, live = blobs / "dead.1234abcd.incomplete", blobs / "live.5678abcd.incomplete"
+    for p in (old, live):
+        p.write_bytes(b"part")
+    hour_ago = time.time() - hub.ABANDONED_AFTER_S - 60
+    os.utime(old, (hour_ago, hour_ago))
+    said = []
+    hub.fetch("someone/Coder-GGUF:Q4_K_M", progress=False, say=said.append)
+    assert said == [f"downloading someone/Coder-GGUF:Q4_K_M from {served.url}: coder-q4_k_m.gguf, 0.3 MiB"]
+    assert not old.exists() and live.exists()
+    said.clear()
+    hub.fetch("someone/Coder-GGUF:Q4_K_M", progress=False, say=said.append)
+    assert said == []                                                 # nothing to download

@@ -38,6 +38,9 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 # Seconds to wait for the hub's answer to one request (the listing, each file's HEAD); the
 # client's default is 10 s, and a machine without a route to the hub should learn it quickly.
 TIMEOUT_S = 10.0
+# A hub temporary untouched this long belongs to a download that was killed (see
+# _remove_abandoned_downloads).
+ABANDONED_AFTER_S = 3600.0
 
 # owner/name as the hub spells them (letters, digits, '-', '_', '.'; not starting with '.' or
 # '-'), then an optional :TAG. A path that exists is never taken for a name (models.py).
@@ -153,11 +156,17 @@ def fetch(text: str, progress: bool = True, say: Callable[[str], None] | None = 
         return cached
     sizes = {s.rfilename: s.size for s in info.siblings or []}
     files = choose_files(name, list(sizes))
-    snapshot = repo_folder(name.repo) / "snapshots" / str(info.sha)
-    need = sum(sizes[f] or 0 for f in files if not (snapshot / f).exists())
-    if need:
+    revision = info.sha or "main"
+    snapshot = repo_folder(name.repo) / "snapshots" / revision
+    missing = [f for f in files if not (snapshot / f).exists()]
+    if missing:
+        need = sum(sizes[f] or 0 for f in missing)
         paths.ensure_writable(hub, "the download")
         paths.ensure_free_space(hub, need, f"downloading {name}")
+        _remove_abandoned_downloads(repo_folder(name.repo))
+        if say is not None:
+            what = missing[0] if len(missing) == 1 else f"{len(missing)} files"
+            say(f"downloading {name} from {url}: {what}, {need / 2**20:,.1f} MiB")
     from huggingface_hub.utils import (are_progress_bars_disabled, disable_progress_bars,
                                        enable_progress_bars)
 
@@ -166,7 +175,7 @@ def fetch(text: str, progress: bool = True, say: Callable[[str], None] | None = 
         disable_progress_bars()
     try:
         for f in files:
-            snapshot = Path(_download(hf, name, f, info.sha, hub, url)).parent
+            snapshot = Path(_download(hf, name, f, revision, hub, url)).parent
     finally:
         if not progress and not bars_were_disabled:
             enable_progress_bars()
@@ -184,6 +193,21 @@ def _download(hf, name: ModelName, f: str, revision: str, hub: Path, url: str) -
         raise DrvqwenError(f"{name}: cannot download {f} ({_why(e)})") from None
     except Exception as e:
         raise DrvqwenError(f"{name}: cannot download {f} ({_why(e)})") from None
+
+
+def _remove_abandoned_downloads(repo_dir: Path) -> None:
+    """Delete the hub client's temporaries (`blobs/*.incomplete`) untouched for an hour: a
+    download killed with SIGKILL leaves one behind (it carries no pid to ask about), and a live
+    transfer writes at least every few seconds or fails within its timeout."""
+    import time
+
+    now = time.time()
+    for p in (repo_dir / "blobs").glob("*.incomplete"):
+        try:
+            if now - p.stat().st_mtime > ABANDONED_AFTER_S:
+                p.unlink()
+        except OSError:
+            pass
 
 
 def _cached_snapshot(name: ModelName) -> Path | None:

@@ -193,7 +193,7 @@ def cache_name(src: Path) -> str:
     if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
         name = src.parent.parent.name.split("--")[-1]
     else:
-        name = _stem(src)
+        name = _readable_stem(src)
     return re.sub(r"[^a-z0-9._-]", "_", name.lower()).lstrip(".") or "model"
 
 
@@ -201,6 +201,11 @@ def _stem(src: Path) -> str:
     # The name as conversions were named before cache_name (the legacy pattern below).
     name = src.resolve().name if src.name in ("", ".", "..") else src.name
     return name[:-5] if name.endswith(".gguf") else name
+
+
+def _readable_stem(src: Path) -> str:
+    name = src.resolve().name if src.name in ("", ".", "..") else src.name
+    return name[:-5] if name.lower().endswith(".gguf") else name
 
 
 def _adopt_older_name(dst: Path, mdir: Path) -> None:

@@ -159,7 +159,7 @@ def pull(name: str | None = None, progress: bool = True) -> Path:
     from . import hub
 
     return hub.fetch(name, progress=progress,
-                     say=lambda m: _console().print(f"[yellow]{m}[/]", soft_wrap=True))
+                     say=(lambda m: _console().print(m, soft_wrap=True, markup=False)) if progress else None)
 
 
 def ensure_model(source: ModelSource, progress: bool = True) -> Path:
