@@ -162,6 +162,7 @@ def test_unknown_or_unreachable_model_is_one_line(served, monkeypatch):
 # ---- --model NAME: fetched, converted, named after the source ----------------------------------
 
 def test_model_by_name_is_converted_and_named_after_it(monkeypatch, rng, tmp_path, private_cache):
+    pytest.importorskip("gguf")
     from huggingface_hub import constants
     from safetensors.numpy import save_file
 
@@ -191,6 +192,7 @@ def test_model_by_name_is_converted_and_named_after_it(monkeypatch, rng, tmp_pat
 
 
 def test_conversions_under_an_older_name_are_found_again(monkeypatch, rng, tmp_path, private_cache):
+    pytest.importorskip("gguf")
     from drvqwen import models
 
     src = write_tiny_gguf(tmp_path / "Tiny Coder.gguf", TINY, random_dense(TINY, rng))

@@ -239,7 +239,10 @@ def _unreachable(e: BaseException) -> bool:
 
 def _why(e: BaseException) -> str:
     """One line saying why a hub call failed, in the user's terms."""
-    from huggingface_hub import errors as he
+    try:
+        from huggingface_hub import errors as he
+    except ImportError:              # clients before huggingface_hub.errors: the same names here
+        from huggingface_hub import utils as he
 
     status = getattr(getattr(e, "response", None), "status_code", None)
     if isinstance(e, he.GatedRepoError):
