@@ -187,6 +187,17 @@ def test_model_by_name_is_converted_and_named_after_it(monkeypatch, rng, tmp_pat
         assert sorted(p.name for p in next(snapshot.iterdir()).iterdir()) == \
             ["config.json", "model.safetensors", "tokenizer.json"]                # no README
         assert models.resolve_model("someone/Tiny-Coder").path == g.path           # once
+        # The download removed to save space, the hub gone: the conversion still runs by name.
+        from drvqwen import cli
+
+        assert cli.main(["rm", "someone/Tiny-Coder-GGUF:Q4_K_M"]) == 0
+        server.close()
+        said = []
+        assert models.resolve_model("someone/Tiny-Coder-GGUF", say=said.append).path == f.path
+        assert said == ["someone/Tiny-Coder-GGUF: using its conversion in the cache (the download was "
+                        "removed; drvqwen pull someone/Tiny-Coder-GGUF fetches it again)"]
+        with pytest.raises(DrvqwenError, match=r"^someone/Tiny-Coder-GGUF:Q4_K_M: cannot be fetched"):
+            models.resolve_model("someone/Tiny-Coder-GGUF:Q4_K_M")               # another name
     finally:
         server.close()
 

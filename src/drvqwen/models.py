@@ -71,6 +71,16 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
 
             if hub.parse_name(arg) is None:
                 raise DrvqwenError(f"{src}: file not found")
+            kept = conversion_of_name(arg, models_dir())
+            if kept is not None:
+                # Its download was removed (drvqwen rm) to save space; the conversion is enough.
+                if say is not None:
+                    say(f"{arg}: using its conversion in the cache (the download was removed; "
+                        f"drvqwen pull {arg} fetches it again)")
+                nf = NanoqwenFile(kept)
+                if verify is not None:
+                    verify(nf)
+                return nf
             # Not a path here: a Hugging Face repo id, fetched once into the cache.
             src, origin = hub.fetch(arg, progress=True, say=say), arg
         if src.is_file():
@@ -244,6 +254,27 @@ def read_conversion_record(dst: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return rec if isinstance(rec, dict) else {}
+
+
+def conversion_of_name(name: str, mdir: Path) -> Path | None:
+    """The newest conversion in `mdir` made from the model called `name` by the current
+    format, layout and quantizer, when the download it was made from is no longer in the
+    cache; None otherwise (also when the download is there: the ordinary route finds the
+    conversion by content and follows a newer revision)."""
+    best = None
+    for p in mdir.glob("*.nanoqwen"):
+        rec = read_conversion_record(p)
+        if (rec.get("name") != name or rec.get("format") != VERSION or rec.get("layout") != quant.LAYOUT_ID
+                or rec.get("quantizer") != quant.QUANTIZER_VERSION):
+            continue
+        if Path(rec.get("source", "")).exists():
+            return None
+        try:
+            if best is None or p.stat().st_mtime > best.stat().st_mtime:
+                best = p
+        except OSError:
+            continue
+    return best
 
 
 def _record_conversion(dst: Path, src: Path, digest: str, origin: str | None = None) -> None:
