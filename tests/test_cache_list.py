@@ -168,3 +168,13 @@ def test_a_mapped_conversion_stays_readable_after_rm(filled):
     before = [bytes(f.tensor(i.name).tobytes()[:64]) for i in f][:3]
     assert cli.main(["rm", filled["conv"].name]) == 0
     assert [bytes(f.tensor(i.name).tobytes()[:64]) for i in f][:3] == before
+
+
+def test_a_conversion_whose_source_is_gone_says_so(filled):
+    import json
+
+    sidecar = filled["conv"].with_name(f".{filled['conv'].name}.source.json")
+    rec = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps(rec | {"source": str(filled["src"]) + ".moved"}))
+    e = cache.find(filled["conv"].name)[0]
+    assert e.source == f"converted from {filled['src']}.moved (no longer there)"

@@ -92,8 +92,11 @@ def _model_files(d: Path) -> list[Entry]:
         if n.endswith(".nanoqwen"):
             rec = read_conversion_record(p)
             src = rec.get("name") or rec.get("source") or "unknown (no record)"
+            gone = bool(rec.get("source")) and not Path(rec["source"]).exists()
             if not rec.get("name") and Path(src).parent == d:
                 src = f"{Path(src).name} (in the cache)"
+            if gone:
+                src += " (no longer there)"
             out.append(Entry(n, "nanoqwen INT4 g128", st.st_size, st.st_mtime, f"converted from {src}",
                              [p, d / f".{n}.source.json"]))
         elif n.endswith(".gguf"):
