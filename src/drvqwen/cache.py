@@ -1,0 +1,224 @@
+"""What the cache holds, and removing it: `drvqwen list` and `drvqwen rm`.
+
+Entries, each with the name `rm` takes:
+
+- `models/<name>.gguf` — the default 0.5B (`drvqwen pull`), named by its file name;
+- `models/<source>-<key>.nanoqwen` — conversions (models.py), by file name; their source is
+  the model name or the path they were converted from (the record beside them);
+- `hub/models--owner--name/` — models fetched by name (hub.py): one entry per GGUF file
+  (`owner/name:Q4_K_M`) and one for an HF checkpoint (`owner/name`).
+
+Removal deletes only what an entry lists, and each path is checked to lie inside the cache
+root first (its folder resolved, so a symlinked root works and nothing outside it can be
+reached through a link). What other processes may be doing is left alone: a file being
+written has a temporary name (paths.py, the hub client's `*.incomplete`) that is not an
+entry; a conversion another run has mapped stays readable to it after the unlink (POSIX);
+and a hub repo with a download in progress keeps its folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import paths
+from .errors import DrvqwenError
+
+
+@dataclass
+class Entry:
+    """One model or conversion in the cache.
+
+    Attributes:
+        name: what `drvqwen rm` takes (a file name, or `owner/name[:TAG]`).
+        format: 'GGUF', 'HF safetensors' or 'nanoqwen INT4 g128'.
+        size: bytes on disk (hub blobs counted once).
+        mtime: newest modification time of its files (seconds since the epoch).
+        source: where it came from (a model name, a path, or the built-in source).
+        files: what removing it deletes (files and symlinks inside the cache root).
+    """
+
+    name: str
+    format: str
+    size: int
+    mtime: float
+    source: str
+    files: list[Path] = field(default_factory=list)
+
+
+def human_size(n: int) -> str:
+    """Bytes for people: GiB, MiB or KiB (binary units, as `du -h` and `ls -lh` count)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.2f} {unit}" if shift == 30 else f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
+
+
+def entries() -> list[Entry]:
+    """Every model and conversion in the cache, sorted by name. Reads only metadata.
+
+    Raises:
+        DrvqwenError: the cache root cannot be created.
+    """
+    root = paths.cache_root()
+    out = _model_files(root / "models") + _hub_entries(root / "hub")
+    return sorted(out, key=lambda e: e.name.lower())
+
+
+def _stat(p: Path) -> os.stat_result | None:
+    try:
+        return p.stat()
+    except OSError:
+        return None
+
+
+def _model_files(d: Path) -> list[Entry]:
+    from .models import read_conversion_record
+    from .pull import DEFAULT_GGUF
+
+    out = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return out
+    for n in names:
+        p = d / n
+        st = _stat(p)
+        if n.startswith(".") or st is None or not p.is_file():
+            continue
+        if n.endswith(".nanoqwen"):
+            rec = read_conversion_record(p)
+            src = rec.get("name") or rec.get("source") or "unknown (no record)"
+            gone = bool(rec.get("source")) and not Path(rec["source"]).exists()
+            if not rec.get("name") and Path(src).parent == d:
+                src = f"{Path(src).name} (in the cache)"
+            if gone:
+                src += " (no longer there)"
+            out.append(Entry(n, "nanoqwen INT4 g128", st.st_size, st.st_mtime, f"converted from {src}",
+                             [p, d / f".{n}.source.json"]))
+        elif n.endswith(".gguf"):
+            src = (f"{DEFAULT_GGUF.what} (drvqwen pull)" if n == DEFAULT_GGUF.filename
+                   else "downloaded")
+            out.append(Entry(n, "GGUF", st.st_size, st.st_mtime, src, [p, d / f"{n}.sha256-ok"]))
+    return out
+
+
+def _hub_entries(hub: Path) -> list[Entry]:
+    from .hub import quant_of
+
+    out = []
+    try:
+        repos = sorted(p for p in hub.iterdir() if p.name.startswith("models--") and p.is_dir())
+    except OSError:
+        return out
+    for repo_dir in repos:
+        repo = repo_dir.name[len("models--"):].replace("--", "/", 1)
+        groups: dict[str, list[Path]] = {}
+        for snap in sorted((repo_dir / "snapshots").glob("*")):
+            for link in sorted(snap.rglob("*")):
+                if link.is_dir() and not link.is_symlink():
+                    continue
+                if link.name.lower().endswith(".gguf"):
+                    key = f"{repo}:{quant_of(link.name)}"
+                else:
+                    key = repo
+                groups.setdefault(key, []).append(link)
+        for name, links in groups.items():
+            blobs = {}
+            for link in links:
+                st = _stat(link)
+                if st is not None:
+                    blobs[(st.st_dev, st.st_ino)] = st
+            fmt = "GGUF" if ":" in name else "HF safetensors"
+            out.append(Entry(name, fmt, sum(s.st_size for s in blobs.values()),
+                             max((s.st_mtime for s in blobs.values()), default=0.0),
+                             f"Hugging Face hub ({repo})", links))
+    return out
+
+
+def find(name: str, among: list[Entry] | None = None) -> list[Entry]:
+    """The entries `name` selects: the one with exactly that name, else those whose name starts
+    with it (case-insensitive). Several means the name is ambiguous."""
+    among = entries() if among is None else among
+    exact = [e for e in among if e.name == name]
+    if exact:
+        return exact
+    low = name.lower()
+    return [e for e in among if e.name.lower().startswith(low)]
+
+
+def remove(entry: Entry) -> int:
+    """Delete `entry`'s files (hub: its snapshot links, then the blobs no other link uses, then
+    the repo folder once nothing is left in it and no download is running). Returns the bytes
+    freed.
+
+    Raises:
+        DrvqwenError: a path lies outside the cache root (nothing of the entry is deleted), or
+            a file cannot be deleted (names it and why).
+    """
+    root = paths.cache_root()
+    for p in entry.files:
+        _check_inside(root, p)
+    blobs = set()
+    for p in entry.files:
+        if p.is_symlink():
+            target = Path(os.path.realpath(p))
+            _check_inside(root, target)
+            blobs.add(target)
+    for p in entry.files:
+        _unlink(p)
+        if _repo_dir_of(p) is not None:
+            try:
+                p.parent.rmdir()        # a snapshot folder left empty; fails when it is not
+            except OSError:
+                pass
+    repo_dirs = {_repo_dir_of(p) for p in entry.files} - {None}
+    for repo_dir in repo_dirs:
+        still_used = {Path(os.path.realpath(q)) for q in (repo_dir / "snapshots").rglob("*") if q.is_symlink()}
+        for b in blobs - still_used:
+            if b.is_relative_to(repo_dir):
+                _unlink(b)
+        _remove_repo_if_empty(root, repo_dir)
+    return entry.size
+
+
+def _repo_dir_of(p: Path) -> Path | None:
+    # <root>/hub/models--o--n/snapshots/<sha>/<file…>
+    for parent in p.parents:
+        if parent.name.startswith("models--") and parent.parent.name == "hub":
+            return parent
+    return None
+
+
+def _remove_repo_if_empty(root: Path, repo_dir: Path) -> None:
+    """Delete a hub repo folder with no snapshot files left, unless a download is writing into
+    it (a `*.incomplete` file changed in the last paths.LEFTOVER_QUIET_S seconds)."""
+    if any(q.is_file() or q.is_symlink() for q in (repo_dir / "snapshots").rglob("*")):
+        return
+    now = time.time()
+    for q in (repo_dir / "blobs").glob("*.incomplete"):
+        st = _stat(q)
+        if st is not None and now - st.st_mtime < paths.LEFTOVER_QUIET_S:
+            return
+    _check_inside(root, repo_dir)
+    shutil.rmtree(repo_dir, ignore_errors=True)
+    shutil.rmtree(repo_dir.parent / ".locks" / repo_dir.name, ignore_errors=True)
+
+
+def _check_inside(root: Path, p: Path) -> None:
+    """Refuse `p` unless it lies inside `root`: its folder resolved (links followed), then its
+    own name, which is what unlink removes (never a link's target)."""
+    real_root = os.path.realpath(root)
+    where = os.path.join(os.path.realpath(p.parent), p.name)
+    if os.path.commonpath([real_root, where]) != real_root or where == real_root:
+        raise DrvqwenError(f"{p}: outside the cache root {root}; not removed")
+
+
+def _unlink(p: Path) -> None:
+    try:
+        p.unlink(missing_ok=True)
+    except OSError as e:
+        raise paths.io_error(p, e, "remove it") from None
