@@ -118,3 +118,20 @@ def test_queue_is_served_in_arrival_order(tmp_path):
     assert codes == [200] * 16 and len(order) == 16
     assert [s for s, _ in order] == sorted(s for s, _ in order)     # taken in arrival order
     assert all(seq == started for seq, started in order)
+
+
+def test_bench_serve_tool_measures_both_paths(tmp_path):
+    """tools/bench_serve.py (the GPU stage's overhead figure) on the CPU: both paths run the
+    same number of tokens and the JSON holds the medians."""
+    import json
+
+    model = write_tiny(tmp_path / "tiny.nanoqwen")
+    out = tmp_path / "serve.json"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "tools/bench_serve.py", "--model", str(model), "--device", "cpu",
+                    "--prompt-tokens", "24", "--new-tokens", "8", "--runs", "1", "--json", str(out)],
+                   check=True, env=env, capture_output=True, timeout=120)
+    res = json.loads(out.read_text())
+    assert [r["tokens"] for r in res["direct"]] == [r["tokens"] for r in res["http"]] == [8]
+    assert res["median"]["http_ttft_ms"] > 0 and res["median"]["direct_tok_s"] > 0
