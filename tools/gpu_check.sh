@@ -18,6 +18,12 @@
 #             (tools/compare_fingerprints.py: same tokens? same bits? which launch shapes differ).
 #   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests and two
 #             `drvqwen run`s (raw fib completion, a chat prompt).
+#   serve     `drvqwen serve` on the GPU: installs the web stack from the carried wheels
+#             (.carry/wheels, written by tools/fetch_serve_wheels.sh; the machine has no network)
+#             into .carry/site, runs the server's CPU tests there, its GPU test on the real 0.5B
+#             (DRVQWEN_REAL_MODEL), and tools/bench_serve.py: TTFT and tok/s through HTTP against
+#             the engine directly, into OUTDIR/serve-bench.json (the real 0.5B, else the
+#             synthetic 0.5B).
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
 # Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
@@ -28,7 +34,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -211,6 +217,45 @@ stage_real() {
     return "$rc"
 }
 
+# serve: the HTTP server. Starlette, uvicorn, prometheus_client, openai and httpx are not on the
+# GPU machine and cannot be downloaded there: their wheels are carried in .carry/wheels and
+# installed into .carry/site (pip --target, or unzipped when the machine's Python has no pip),
+# which goes on PYTHONPATH after src/ for this stage only.
+stage_serve() {
+    local rc=0 wheels=.carry/wheels site=.carry/site
+    rm -f "$OUTDIR"/serve-*.log "$OUTDIR"/serve-*.json "$OUTDIR"/serve-*.xml
+    if ! "$PY" -c "import starlette, uvicorn, prometheus_client, openai, httpx" 2>/dev/null; then
+        if [[ ! -d $wheels ]]; then
+            echo "stage serve: no $wheels (run tools/fetch_serve_wheels.sh and carry it)" | tee "$OUTDIR/serve.log"
+            return 1
+        fi
+        if "$PY" -m pip --version >/dev/null 2>&1; then
+            run_step serve-install "$PY" -m pip install --no-index --find-links "$wheels" --target "$site" \
+                --upgrade --quiet starlette uvicorn prometheus_client openai httpx || return 1
+        else
+            run_step serve-install "$PY" -c "import glob, sys, zipfile
+for w in glob.glob(sys.argv[1] + '/*.whl'):
+    zipfile.ZipFile(w).extractall(sys.argv[2])" "$wheels" "$site" || return 1
+        fi
+        export PYTHONPATH=$PYTHONPATH:$PWD/$site
+    fi
+    run_step serve-tests-cpu "$PY" -m pytest -rs -q tests/test_serve_api.py tests/test_serve_errors.py \
+        tests/test_serve_load.py --junitxml="$OUTDIR/serve-tests-cpu.xml" || rc=1
+    local model=()
+    if [[ -n ${DRVQWEN_REAL_MODEL:-} ]]; then
+        run_step serve-tests-gpu "$PY" -m pytest -m gpu -rs -v -s tests/test_serve_gpu.py \
+            --junitxml="$OUTDIR/serve-tests-gpu.xml" || rc=1
+        model=(--model "$DRVQWEN_REAL_MODEL")
+    else
+        echo "stage serve: DRVQWEN_REAL_MODEL not set: the GPU server test needs the real 0.5B (skipped)" \
+            | tee -a "$OUTDIR/serve.log"
+        rc=1
+    fi
+    run_step serve-bench "$PY" tools/bench_serve.py "${model[@]}" --device cuda --prompt-tokens 512 \
+        --new-tokens 128 --runs 5 --json "$OUTDIR/serve-bench.json" || rc=1
+    return "$rc"
+}
+
 record_env
 case $STAGE in
     tests) stage_tests ;;
@@ -218,6 +263,7 @@ case $STAGE in
     fingerprint) stage_fingerprint ;;
     sanitize) stage_sanitize ;;
     bench) stage_bench ;;
+    serve) stage_serve ;;
     all)
         rc=0
         stage_tests || rc=1

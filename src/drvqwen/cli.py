@@ -394,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import bench  # TTFT and ITL, eager vs CUDA graphs (bench.py)
 
     bench.register(sub)
+    from .server import main as serve  # the OpenAI-compatible HTTP server (server/)
+
+    serve.register(sub)
     return ap
 
 

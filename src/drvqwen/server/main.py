@@ -1,0 +1,225 @@
+"""`drvqwen serve`: load the model on the worker thread, bind, run uvicorn until Ctrl-C.
+
+Also `BackgroundServer`, the same server on a thread of the calling process (the tests and
+tools/bench_serve.py), with the engine worker and the app reachable for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from ..errors import DrvqwenError
+from ..format.nanoqwen import NanoqwenFile
+from .settings import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings
+
+# Seconds uvicorn waits for open streams at shutdown before closing them.
+GRACEFUL_SHUTDOWN_S = 3
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one).
+
+    Raises:
+        DrvqwenError: the address cannot be bound (in use, not this machine's, no permission).
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # No Nagle: each token's event is a small write, and holding it until the previous
+        # one is acknowledged (with the client delaying its ACK) would add ~40 ms to the first
+        # token and bunch the rest. Accepted connections inherit the option (Linux).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        raise DrvqwenError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    sock.setblocking(False)
+    return sock
+
+
+def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, progress=None):
+    """The worker's loader: builds the GPU engine or the CPU reference on the worker thread.
+
+    progress(done, total): weight upload (GPU, bytes) or dequantization (CPU, layers).
+    """
+    from ..tokenizer import Tokenizer
+    from .worker import LoadedModel
+
+    def load() -> LoadedModel:
+        if device == "cuda":  # pragma: no cover - needs a Hopper GPU (tests/test_serve_gpu.py)
+            from ..engine import GPUBackend
+
+            backend = GPUBackend(f, max_context, use_graphs=not eager, progress=progress)
+        else:
+            from ..generate import CPUBackend
+
+            backend = CPUBackend(f, max_context, progress=progress)
+        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+        return LoadedModel(backend, tok, f.eog_ids, device)
+
+    return load
+
+
+class BackgroundServer:
+    """The server on a thread of this process: `url`, `worker`, `app`; `close()` stops it.
+
+    Args:
+        f: the model file; device: "cpu" or "cuda"; max_context: 0 = the model's.
+        settings: host/port (port 0 picks a free one), key, limits.
+        random_seed: the seed of requests without one (tests fix it).
+    """
+
+    def __init__(self, f: NanoqwenFile, device: str = "cpu", max_context: int = 0,
+                 settings: ServerSettings = ServerSettings(port=0), *, eager: bool = False,
+                 warmup: bool = True, random_seed=None, progress=None):
+        import uvicorn
+
+        from ..generate import resolve_max_context
+        from ..tokenizer import Tokenizer
+        from .app import create_app
+        from .validate import RequestParser
+        from .worker import EngineWorker
+
+        ctx = resolve_max_context(max_context, f.config.max_position)
+        self.worker = EngineWorker(loader(f, device, ctx, eager, progress), settings.queue_size, warmup)
+        self.worker.start()
+        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+        kw = {} if random_seed is None else {"random_seed": random_seed}
+        self.parser = RequestParser(tok, ctx, f.text_vocab, **kw)
+        self.app = create_app(self.worker, self.parser, settings, device)
+        self.sock = bind(settings.host, settings.port)
+        host, port = self.sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                                    lifespan="off",
+                                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """Serve on this thread until uvicorn is told to stop (Ctrl-C, SIGTERM, `close`)."""
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.worker.stop()
+            self.sock.close()
+
+    def start(self) -> "BackgroundServer":
+        """Serve on a daemon thread; returns once uvicorn accepts connections."""
+        self._thread = threading.Thread(target=self.run, name="drvqwen-http", daemon=True)
+        self._thread.start()
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the HTTP server thread ended before it started")
+            self._thread.join(0.01)
+        return self
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is not in [0, 65535]")
+    return v
+
+
+def register(sub) -> None:
+    """Add `drvqwen serve` to the CLI's subcommands."""
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, fill-in-the-middle)",
+                       description="Serve one model over HTTP: /v1/chat/completions, /v1/completions, "
+                                   "/infill, /v1/models, /health, /metrics (docs/serve.md).")
+    s.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    s.add_argument("--host", default=DEFAULT_HOST,
+                   help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0 = "
+                        f"every interface, then set --api-key)")
+    s.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT}; 0 = any free one)")
+    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every route but /health "
+                                     "(default: none; also read from $DRVQWEN_API_KEY)")
+    s.add_argument("--max-context", type=int, default=0,
+                   help="context length in tokens (prompt + answer), at most the model's max_position "
+                        "(default 0: all of it)")
+    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
+    s.add_argument("--queue-size", type=int, default=DEFAULT_QUEUE_SIZE,
+                   help=f"requests that may wait for the model; more get 503 (default: {DEFAULT_QUEUE_SIZE})")
+    s.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                   help=f"largest request body; larger gets 413 (default: {DEFAULT_MAX_BODY_BYTES})")
+    s.add_argument("--model-name", help="the model id reported by /v1/models (default: the model file's name)")
+    s.add_argument("--no-verify", action="store_true", help="skip the one-time CRC32 check of the model file")
+    s.add_argument("--eager", action="store_true", help="GPU: launch decode kernels one by one, no CUDA graphs")
+    s.set_defaults(fn=cmd_serve)
+
+
+def cmd_serve(args) -> int:
+    """`drvqwen serve`: resolve the model and the device as `drvqwen run` does, then serve."""
+    import os
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .. import cli
+    from ..generate import resolve_max_context
+    from ..models import resolve_model
+
+    try:
+        import prometheus_client, starlette, uvicorn  # noqa: F401
+    except ImportError as e:
+        raise DrvqwenError(f"drvqwen serve needs its web stack: pip install 'drvqwen[serve]' ({e.name} is "
+                           f"missing)") from None
+    if args.queue_size < 1:
+        raise DrvqwenError(f"--queue-size={args.queue_size}: must be >= 1")
+    if args.max_body_bytes < 1024:
+        raise DrvqwenError(f"--max-body-bytes={args.max_body_bytes}: must be >= 1024")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("DRVQWEN_API_KEY") or None
+    if api_key is not None and not api_key.strip():
+        raise DrvqwenError("--api-key: must not be empty")
+    device, why = cli._choose_device(args.device)
+    f = resolve_model(args.model, on_convert=cli._convert_with_progress,
+                      verify=None if args.no_verify else cli._verify_with_progress,
+                      say=lambda m: cli.err.print(f"[yellow]{m}", soft_wrap=True),
+                      hash_progress=cli._hash_progress)
+    ctx = resolve_max_context(args.max_context, f.config.max_position)
+    if device == "cuda":
+        from ..engine import check_gpu_supports
+
+        try:
+            check_gpu_supports(f)
+        except DrvqwenError as e:
+            if args.device == "cuda":
+                raise
+            device, why = "cpu", str(e).split(": ", 1)[-1]
+    if device == "cpu":
+        cli.err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
+    settings = ServerSettings(host=args.host, port=args.port, api_key=api_key, queue_size=args.queue_size,
+                              max_body_bytes=args.max_body_bytes,
+                              model_name=args.model_name or Path(f.path).stem)
+    what = "uploading weights" if device == "cuda" else "dequantizing weights"
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=cli.err, transient=True) as p:
+        task = p.add_task(what, total=None)
+        srv = BackgroundServer(f, device, ctx, settings, eager=args.eager,
+                               progress=lambda done, n: p.update(task, completed=done, total=n))
+    cli.err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens) on {srv.url}/v1 "
+                  f"— Ctrl-C stops", soft_wrap=True)
+    if settings.api_key is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        cli.err.print(f"[yellow]warning: listening on {settings.host} without --api-key: anyone who can "
+                      f"reach this port can use the model", soft_wrap=True)
+    sys.stderr.flush()
+    srv.run()
+    return 0

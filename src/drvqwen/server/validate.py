@@ -1,0 +1,268 @@
+"""Request bodies → `GenerationRequest`: every field checked, every bad one a 400 naming it.
+
+Fields follow the OpenAI API reference (chat completions, legacy completions) and llama.cpp's
+server for /infill (`input_prefix`, `input_suffix`, `input_extra`, `n_predict`). Extensions:
+`top_k` (0 = off) and `ignore_eos` (do not stop at end-of-generation tokens, `run
+--ignore-eos`). Unknown fields are ignored, as most OpenAI-compatible servers do, so that
+clients sending vendor extras keep working; fields that would change the answer in a way
+drvqwen does not implement (n > 1, logprobs, echo, tools, penalties …) are refused.
+
+Defaults are the OpenAI API's: temperature 1, top_p 1, no stop strings, max_tokens 16 for
+/v1/completions and the rest of the context for chat and /infill. No `seed`: a fresh random
+one (as the OpenAI API samples differently each time); with a `seed` the text is reproducible
+and equal to `drvqwen run --seed` with the same options.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..sampler import SamplingParams
+from ..tokenizer import Tokenizer
+from .api_errors import bad_field
+from .prompts import chat_ids, infill_ids
+from .settings import MAX_STOP_CHARS, MAX_STOPS
+
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# Fields that ask for something drvqwen does not do, and the value that asks for nothing.
+UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+               "best_of": (None, 1), "logit_bias": (None, {}), "tools": (None, []),
+               "functions": (None, []), "tool_choice": (None, "none"),
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0)}
+COMPLETION_DEFAULT_MAX_TOKENS = 16   # the OpenAI API's default for /v1/completions
+
+
+@dataclass
+class GenerationRequest:
+    """One validated generation: what the worker runs and how the answer is shaped.
+
+    prompt_ids: the prompt, every id a text-vocabulary id; max_tokens ≥ 1 with
+    len(prompt_ids) + max_tokens ≤ the context; stops: the stop strings (text is cut before
+    the first); include_usage: a last stream chunk with `usage`.
+    """
+
+    kind: str                     # "chat", "completion" or "infill"
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stops: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise bad_field(name, f"must be a number, got {v!r}", "invalid_type")
+    if not lo <= v <= hi:
+        raise bad_field(name, f"{v!r} is outside [{lo:g}, {hi:g}]")
+    return float(v)
+
+
+def _integer(body: dict, name: str, default, lo: int, hi: int | None = None):
+    v = body.get(name)
+    if v is None:
+        return default
+    if not _is_int(v):
+        raise bad_field(name, f"must be an integer, got {v!r}", "invalid_type")
+    if v < lo or (hi is not None and v > hi):
+        raise bad_field(name, f"{v} is outside [{lo}, {hi if hi is not None else '∞'}]")
+    return v
+
+
+def _bool(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_field(name, f"must be true or false, got {v!r}", "invalid_type")
+    return v
+
+
+def _string(v, name: str) -> str:
+    if not isinstance(v, str):
+        raise bad_field(name, f"must be a string, got {type(v).__name__}", "invalid_type")
+    return v
+
+
+class RequestParser:
+    """Turns the JSON body of each route into a `GenerationRequest` for one model.
+
+    Args:
+        tok: the model's tokenizer.
+        max_context: the server's context in tokens (prompt + generated ≤ it).
+        text_vocab: ids below it have text; a prompt id at or above it is refused (the lm_head's
+            padded rows stand for nothing).
+        random_seed: the seed of a request that gives none (tests pass a fixed one).
+    """
+
+    def __init__(self, tok: Tokenizer, max_context: int, text_vocab: int,
+                 random_seed: Callable[[], int] = lambda: secrets.randbits(63)):
+        self.tok, self.max_context, self.text_vocab = tok, max_context, text_vocab
+        self.random_seed = random_seed
+        # Tokenizer.encode sets the shared `tokenizers` object's special-token mode before
+        # each call; requests are parsed on a thread pool, so one at a time, or a chat message
+        # could be encoded in another request's raw mode.
+        self._lock = threading.Lock()
+
+    def parse(self, kind: str, body: dict) -> GenerationRequest:
+        """The `GenerationRequest` of route `kind` ("chat", "completion", "infill").
+
+        Raises:
+            APIError 400: a field is missing, of the wrong type or out of range (named in
+                the message and in `param`), or the prompt does not fit the context.
+        """
+        with self._lock:
+            return {"chat": self.chat, "completion": self.completion, "infill": self.infill}[kind](body)
+
+    # ---- the three routes -----------------------------------------------------------------
+    def chat(self, body: dict) -> GenerationRequest:
+        """POST /v1/chat/completions: `messages` (plain text) in the ChatML template."""
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise bad_field("messages", "must be a non-empty list of {role, content} objects",
+                            "invalid_type" if msgs is not None else "missing")
+        pairs = [self._message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+        max_tokens = body.get("max_completion_tokens")
+        name = "max_completion_tokens" if max_tokens is not None else "max_tokens"
+        return self._common(body, "chat", chat_ids(self.tok, pairs), "messages", name, None)
+
+    def completion(self, body: dict) -> GenerationRequest:
+        """POST /v1/completions: `prompt` is raw model input (special tokens parsed, like
+        `drvqwen run --raw`); with `suffix`, fill-in-the-middle of prompt and suffix as plain
+        text (like `run --fim-prefix --fim-suffix`)."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]            # a batch of one
+        suffix = body.get("suffix")
+        if suffix is not None:
+            ids = infill_ids(self.tok, _string(prompt, "prompt"), _string(suffix, "suffix"))
+        elif isinstance(prompt, str):
+            ids = self.tok.encode(prompt, special=True)
+        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+            ids = list(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise bad_field("prompt", f"a batch of {len(prompt)} prompts; one prompt per request")
+        elif prompt is None:
+            raise bad_field("prompt", "is required", "missing")
+        else:
+            raise bad_field("prompt", "must be a string or a list of token ids", "invalid_type")
+        return self._common(body, "completion", ids, "prompt", "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
+
+    def infill(self, body: dict) -> GenerationRequest:
+        """POST /infill (llama.cpp's fields): input_prefix, input_suffix, optional input_extra
+        [{filename, text}] and repo_name/filename; max_tokens or n_predict."""
+        prefix = _string(body.get("input_prefix", ""), "input_prefix")
+        suffix = _string(body.get("input_suffix", ""), "input_suffix")
+        extra_in = body.get("input_extra") or []
+        if not isinstance(extra_in, list):
+            raise bad_field("input_extra", "must be a list of {filename, text} objects", "invalid_type")
+        extra = []
+        for i, ch in enumerate(extra_in):
+            where = f"input_extra[{i}]"
+            if not isinstance(ch, dict):
+                raise bad_field(where, "must be an object {filename, text}", "invalid_type")
+            extra.append((_string(ch.get("filename", ""), where + ".filename"),
+                          _string(ch.get("text", ""), where + ".text")))
+        ids = infill_ids(self.tok, prefix, suffix, extra,
+                         _string(body.get("repo_name", ""), "repo_name"),
+                         _string(body.get("filename", ""), "filename"))
+        name = "n_predict" if body.get("n_predict") is not None else "max_tokens"
+        if name == "n_predict" and body["n_predict"] == -1:    # llama.cpp: -1 = until the end
+            body = {**body, "n_predict": None}
+        return self._common(body, "infill", ids, "input_prefix", name, None)
+
+    # ---- shared fields ----------------------------------------------------------------------
+    def _message(self, m, where: str) -> tuple[str, str]:
+        if not isinstance(m, dict):
+            raise bad_field(where, "must be an object {role, content}", "invalid_type")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise bad_field(where + ".role", f"{role!r} is not one of {', '.join(CHAT_ROLES)}")
+        content = m.get("content")
+        if isinstance(content, list):      # content parts: only text ones
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise bad_field(f"{where}.content[{j}]", "only {type: text, text} parts are supported")
+                texts.append(_string(part.get("text"), f"{where}.content[{j}].text"))
+            content = "".join(texts)
+        return CHAT_ROLES[role], _string(content, where + ".content")
+
+    def _common(self, body: dict, kind: str, ids: list[int], prompt_field: str,
+                max_field: str, default_max: int | None) -> GenerationRequest:
+        for name, allowed in UNSUPPORTED.items():
+            if name in body and body[name] not in allowed:
+                raise bad_field(name, f"{body[name]!r} is not supported by drvqwen", "unsupported")
+        if "n" in body and body["n"] not in (None, 1):
+            raise bad_field("n", f"{body['n']!r}: drvqwen generates one choice per request (n = 1)",
+                            "unsupported")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise bad_field("response_format", f"{fmt!r}: only {{type: text}} is supported", "unsupported")
+        model = body.get("model")
+        if model is not None:
+            _string(model, "model")
+        stream = _bool(body, "stream")
+        opts = body.get("stream_options")
+        include_usage = False
+        if opts is not None:
+            if not stream:
+                raise bad_field("stream_options", "is only allowed when stream is true")
+            if not isinstance(opts, dict):
+                raise bad_field("stream_options", "must be an object", "invalid_type")
+            include_usage = _bool(opts, "include_usage")
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        top_k = _integer(body, "top_k", 0, 0)
+        seed = _integer(body, "seed", None, -(2**63), 2**64 - 1)
+        params = SamplingParams(temperature, top_k, top_p, self.random_seed() if seed is None else seed)
+        stops = self._stops(body.get("stop"))
+        ignore_eos = _bool(body, "ignore_eos")
+
+        n = len(ids)
+        if n == 0:
+            raise bad_field(prompt_field, "the prompt is empty (0 tokens)")
+        bad = next((t for t in ids if not 0 <= t < self.text_vocab), None)
+        if bad is not None:
+            raise bad_field(prompt_field, f"token id {bad} is outside the text vocabulary [0, {self.text_vocab})")
+        room = self.max_context - n
+        if room < 1:
+            raise bad_field(prompt_field, f"the prompt is {n} tokens; the context is {self.max_context} "
+                                          f"tokens and must leave room for one more",
+                            "context_length_exceeded")
+        max_tokens = _integer(body, max_field, None, 1)
+        if max_tokens is None:
+            max_tokens = room if default_max is None else min(default_max, room)
+        elif max_tokens > room:
+            raise bad_field(max_field, f"{max_tokens} new tokens after a prompt of {n} exceed the context "
+                                       f"of {self.max_context} tokens (at most {room})",
+                            "context_length_exceeded")
+        return GenerationRequest(kind, ids, max_tokens, params, stops, stream, include_usage, ignore_eos)
+
+    @staticmethod
+    def _stops(stop) -> tuple[str, ...]:
+        if stop is None:
+            return ()
+        items = [stop] if isinstance(stop, str) else stop
+        if not isinstance(items, list):
+            raise bad_field("stop", "must be a string or a list of strings", "invalid_type")
+        if len(items) > MAX_STOPS:
+            raise bad_field("stop", f"{len(items)} stop strings, at most {MAX_STOPS}")
+        for i, s in enumerate(items):
+            where = "stop" if isinstance(stop, str) else f"stop[{i}]"
+            _string(s, where)
+            if not s or len(s) > MAX_STOP_CHARS:
+                raise bad_field(where, f"must be 1 to {MAX_STOP_CHARS} characters, got {len(s)}")
+        return tuple(items)

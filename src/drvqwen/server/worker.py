@@ -1,0 +1,258 @@
+"""The engine worker: one thread owns the model and runs one sequence at a time, in FIFO order.
+
+The runtime is single-stream (one KV-cache sequence, one CUDA stream), and the CUDA driver API
+binds a context to a thread, so the backend is built, used and closed on this thread alone.
+Requests reach it through a bounded `queue.Queue`: `submit` refuses a job when the queue is
+full (the server answers 503 with Retry-After) and the worker takes jobs in arrival order.
+
+A job reports back through its `emit` callback (thread-safe, into the event loop):
+
+    ("text", str)        text that is final (stop strings already cut; see stop_strings.py)
+    ("done", Outcome)    finish reason and token counts
+    ("error", APIError)  the generation failed (the server stays up)
+
+Cancellation (the client went away): `Job.cancel()` sets a flag that the token callback reads
+before every step, so the generation stops within one decode step: `generate` closes the token
+stream (the GPU engine syncs its stream), and `backend.reset()` gives every KV page back to the
+free list, as after every job, whatever way it ended.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import DrvqwenError
+from ..generate import generate
+from ..sampler import SamplingParams
+from ..stop_strings import StopStrings
+from ..tokenizer import StreamDecoder, Tokenizer
+from .api_errors import APIError
+from .metrics import ServerMetrics
+from .settings import RETRY_AFTER_S
+from .validate import GenerationRequest
+
+
+@dataclass
+class Outcome:
+    """How a job ended: finish_reason "stop" (end-of-generation token or stop string), "length"
+    (max_tokens or the context) or "cancelled"; token counts for `usage`."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class Job:
+    """One request's generation, as the worker sees it."""
+
+    request: GenerationRequest
+    emit: Callable[[tuple], None]
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    seq: int = 0                    # arrival number (set by submit)
+    started_seq: int | None = None  # order in which the worker took it (FIFO: equals seq)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Stop this job: skipped if still queued, stopped within a step if running."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class _StopString(Exception):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    """What the worker's loader returns: the backend, its tokenizer and end-of-generation ids."""
+
+    backend: object
+    tokenizer: Tokenizer
+    eog_ids: frozenset[int]
+    device: str               # "cuda" or "cpu"
+
+
+def kv_pages(backend) -> tuple[int, int]:
+    """(free, total) KV-cache pages of a backend: the GPU engine's PageAllocator or the CPU
+    reference's PagedKVCache."""
+    step = getattr(backend, "step", None)
+    if step is not None:
+        return len(step.pages.free), step.pages.n_pages
+    cache = backend.model.cache
+    free = len(cache.free)
+    return free, free + len(cache.block_table)
+
+
+class EngineWorker:
+    """The thread that owns the model.
+
+    Args:
+        load: builds the model on the worker thread (so a CUDA context is current there).
+        queue_size: jobs that may wait (≥ 1).
+        warmup: run two short generations (greedy and sampled) before serving, so the first
+            request does not pay for CUDA-graph capture.
+    """
+
+    def __init__(self, load: Callable[[], LoadedModel], queue_size: int, warmup: bool = True):
+        self._load, self._warmup = load, warmup
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._arrivals = itertools.count(1)
+        self._starts = itertools.count(1)
+        self._submit_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="drvqwen-engine", daemon=True)
+        self.model: LoadedModel | None = None
+        self.busy = False
+        self.metrics = ServerMetrics(self.queue_length, lambda: self.kv_pages()[0])
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start(self) -> LoadedModel:
+        """Start the thread and wait until the model is loaded.
+
+        Raises:
+            whatever the loader raised (DrvqwenError for a bad model or device).
+        """
+        self._thread.start()
+        self._ready.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
+        return self.model
+
+    def stop(self) -> None:
+        """Cancel what waits, finish the running job's step, close the backend, join."""
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            job.cancel()
+            job.emit(("done", Outcome("cancelled", len(job.request.prompt_ids), 0)))
+        self._queue.put(None)
+        self._thread.join()
+
+    def queue_length(self) -> int:
+        return self._queue.qsize()
+
+    def kv_pages(self) -> tuple[int, int]:
+        """(free, total) KV pages; (0, 0) before the model is loaded."""
+        return kv_pages(self.model.backend) if self.model is not None else (0, 0)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` (FIFO).
+
+        Raises:
+            APIError 503 (Retry-After): the queue is full.
+        """
+        with self._submit_lock:     # arrival numbers in queue order
+            try:
+                job.seq = next(self._arrivals)
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise APIError(503, f"the server is busy: {self._queue.maxsize} requests are waiting; "
+                                    f"retry later", code="queue_full",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+
+    # ---- the thread -------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self.model = self._load()
+            if self._warmup:
+                self._warm_up()
+        except BaseException as e:  # handed to start(), which re-raises it on the caller's thread
+            self._load_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while (job := self._queue.get()) is not None:
+                if job.cancelled:   # its client left while it waited
+                    self.metrics.cancelled.inc()
+                    job.emit(("done", Outcome("cancelled", len(job.request.prompt_ids), 0)))
+                    continue
+                job.started_seq = next(self._starts)
+                self.busy = True
+                try:
+                    self._run(job)
+                finally:
+                    self.busy = False
+        finally:
+            close = getattr(self.model.backend, "close", None)
+            if close is not None:
+                close()
+
+    def _warm_up(self) -> None:
+        m = self.model
+        ids = m.tokenizer.encode("def")[:1] or [0]
+        if m.backend.max_context <= len(ids) + 2:
+            return
+        for params in (SamplingParams(), SamplingParams(temperature=0.7, seed=1)):
+            generate(m.backend, ids, 2, params, ignore_stop=True)
+            m.backend.reset()
+
+    def _run(self, job: Job) -> None:
+        m, req, met = self.model, job.request, self.metrics
+        t_start = time.perf_counter()
+        met.queue_wait.observe(t_start - job.enqueued_at)
+        met.prompt_tokens.inc(len(req.prompt_ids))
+        stream = StreamDecoder(m.tokenizer)
+        stops = StopStrings(req.stops)
+        state = {"n": 0, "last": None}
+
+        def on_token(tok: int) -> None:
+            now = time.perf_counter()
+            if state["last"] is None:
+                met.ttft.observe(now - job.enqueued_at)
+            else:
+                met.itl.observe(now - state["last"])
+            state["last"] = now
+            state["n"] += 1
+            text, hit = stops.push(stream.push(tok))
+            if text:
+                job.emit(("text", text))
+            if hit:
+                raise _StopString
+            if job.cancelled:       # checked before the next step is asked for
+                raise _Cancelled
+
+        finish = None
+        try:
+            res = generate(m.backend, req.prompt_ids, req.max_tokens, req.params, m.eog_ids, on_token,
+                           ignore_stop=req.ignore_eos)
+            text, hit = stops.push(stream.flush())
+            if not hit:
+                text += stops.flush()
+            if text:
+                job.emit(("text", text))
+            finish = "stop" if res.stopped_by == "stop token" or stops.stopped else "length"
+        except _StopString:
+            finish = "stop"
+        except _Cancelled:
+            finish = "cancelled"
+            met.cancelled.inc()
+        except DrvqwenError as e:
+            job.emit(("error", APIError(400, str(e), code="generation_refused")))
+        except Exception as e:      # a bug must not take the server down with it
+            traceback.print_exc()
+            job.emit(("error", APIError(500, f"internal error during generation: {type(e).__name__}: {e}",
+                                        code="internal_error")))
+        finally:
+            m.backend.reset()       # every KV page back to the free list
+            met.generated_tokens.inc(state["n"])
+        if finish is not None:
+            job.emit(("done", Outcome(finish, len(req.prompt_ids), state["n"])))

@@ -1,0 +1,185 @@
+"""What a client can get wrong, and what a client can do to the server: every bad request is a 4xx
+OpenAI-style error naming the field; a wrong key is 401; a full queue is 503 with Retry-After; a
+client that goes away mid-stream (or mid-wait) stops its generation and frees its KV pages."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from serve_helpers import slow_down, wait_idle, write_tiny
+
+openai = pytest.importorskip("openai")
+
+LIMIT = 64 << 10
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from drvqwen.format.nanoqwen import NanoqwenFile
+
+    return NanoqwenFile(write_tiny(tmp_path_factory.mktemp("serve") / "tiny.nanoqwen"))
+
+
+@pytest.fixture(scope="module")
+def served(model):
+    from drvqwen.server.main import BackgroundServer
+    from drvqwen.server.settings import ServerSettings
+
+    with BackgroundServer(model, settings=ServerSettings(port=0, max_body_bytes=LIMIT, queue_size=1)) as srv:
+        yield srv
+
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+BAD = [  # (route, body, status, param, words in the message)
+    (CHAT, b"{bad json", 400, None, "not valid JSON"),
+    (CHAT, b"[1, 2]", 400, None, "JSON object"),
+    (COMP, b'{"prompt": "x", "temperature": NaN}', 400, None, "NaN"),
+    (COMP, b'{"prompt": "\\ud800"}', 400, "prompt", "surrogate"),
+    (COMP, b"[" * 5000 + b"]" * 5000, 400, None, "nested"),
+    (CHAT, {"messages": "hi"}, 400, "messages", "list"),
+    (CHAT, {"messages": []}, 400, "messages", "non-empty"),
+    (CHAT, {}, 400, "messages", "non-empty"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "wizard"),
+    (CHAT, {"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", "string"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content[0]", "text"),
+    (CHAT, {"messages": MSG, "temperature": "hot"}, 400, "temperature", "number"),
+    (CHAT, {"messages": MSG, "temperature": 9}, 400, "temperature", "outside"),
+    (CHAT, {"messages": MSG, "top_p": 1.5}, 400, "top_p", "outside"),
+    (CHAT, {"messages": MSG, "top_k": -1}, 400, "top_k", "outside"),
+    (CHAT, {"messages": MSG, "seed": 1.5}, 400, "seed", "integer"),
+    (CHAT, {"messages": MSG, "max_tokens": "10"}, 400, "max_tokens", "integer"),
+    (CHAT, {"messages": MSG, "max_tokens": True}, 400, "max_tokens", "integer"),
+    (CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens", "outside"),
+    (CHAT, {"messages": MSG, "max_tokens": 10**12}, 400, "max_tokens", "exceed the context"),
+    (CHAT, {"messages": MSG, "max_completion_tokens": 10**6}, 400, "max_completion_tokens", "exceed"),
+    (CHAT, {"messages": MSG, "n": 2}, 400, "n", "n = 1"),
+    (CHAT, {"messages": MSG, "stream": "yes"}, 400, "stream", "true or false"),
+    (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+    (CHAT, {"messages": MSG, "stop": [1]}, 400, "stop[0]", "string"),
+    (CHAT, {"messages": MSG, "stop": ""}, 400, "stop", "characters"),
+    (CHAT, {"messages": MSG, "stop": ["a"] * 40}, 400, "stop", "at most"),
+    (CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs", "not supported"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    (CHAT, {"messages": MSG, "model": 5}, 400, "model", "string"),
+    (COMP, {"prompt": "x" * 2000}, 400, "prompt", "context"),
+    (COMP, {"prompt": "x" * 1000, "max_tokens": 100}, 400, "max_tokens", "at most 24"),
+    (COMP, {"prompt": ""}, 400, "prompt", "empty"),
+    (COMP, {"prompt": ["a", "b"]}, 400, "prompt", "one prompt"),
+    (COMP, {"prompt": [1, 600]}, 400, "prompt", "text vocabulary"),
+    (COMP, {"prompt": {"x": 1}}, 400, "prompt", "string"),
+    (COMP, {"prompt": "x", "suffix": 3}, 400, "suffix", "string"),
+    (COMP, {"prompt": "x", "echo": True}, 400, "echo", "not supported"),
+    ("/infill", {"input_prefix": 1}, 400, "input_prefix", "string"),
+    ("/infill", {"input_prefix": "a", "input_extra": [{"filename": "f", "text": 2}]}, 400,
+     "input_extra[0].text", "string"),
+    (COMP, b'{"prompt": "' + b"x" * LIMIT + b'"}', 413, None, "limit"),
+]
+
+
+@pytest.mark.parametrize("route,body,status,param,words", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
+def test_bad_requests_are_4xx_naming_the_field(served, route, body, status, param, words):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(served.url + route, **kw, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+    assert err["type"] == "invalid_request_error" and "\n" not in err["message"]
+    if param:
+        assert err["message"].startswith(param)
+
+
+def test_routes_and_methods(served):
+    r = httpx.get(served.url + CHAT)
+    assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
+    r = httpx.get(served.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_the_server_still_answers_after_bad_requests(served):
+    r = httpx.post(served.url + COMP, json={"prompt": "ok", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 0
+
+
+def test_api_key(model):
+    from drvqwen.server.main import BackgroundServer
+    from drvqwen.server.settings import ServerSettings
+
+    with BackgroundServer(model, settings=ServerSettings(port=0, api_key="s3cret"), warmup=False) as srv:
+        bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.completions.create(model="m", prompt="x", max_tokens=2)
+        for route in ("/v1/models", "/metrics"):
+            r = httpx.get(srv.url + route)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(srv.url + COMP, json={"prompt": "x"}, headers={"Authorization": "Basic s3cret"})
+        assert r.status_code == 401
+        assert httpx.get(srv.url + "/health").status_code == 200     # for load balancers
+        good = openai.OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0)
+        assert good.completions.create(model="m", prompt="x", max_tokens=2, temperature=0).choices
+
+
+def _pages(srv) -> tuple[int, int]:
+    h = httpx.get(srv.url + "/health").json()
+    return h["kv_pages_free"], h["kv_pages_total"]
+
+
+def test_disconnect_mid_stream_frees_pages_within_a_step(served):
+    worker = served.worker
+    free0, total = _pages(served)
+    assert free0 == total
+    undo = slow_down(worker, 0.005)       # 900 tokens would take 4.5 s
+    try:
+        gen0, cancelled0 = worker.metrics.generated_tokens._value.get(), worker.metrics.cancelled._value.get()
+        body = {"prompt": "abc", "max_tokens": 900, "stream": True, "temperature": 0, "ignore_eos": True}
+        with httpx.stream("POST", served.url + COMP, json=body) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i == 4:
+                    assert worker.busy and _pages(served)[0] < total    # it holds pages now
+                    break
+        t0 = time.monotonic()
+        wait_idle(worker)
+        stopped_s = time.monotonic() - t0
+        generated = worker.metrics.generated_tokens._value.get() - gen0
+        assert worker.metrics.cancelled._value.get() == cancelled0 + 1
+        assert generated < 100 and stopped_s < 2.0, (generated, stopped_s)
+        assert _pages(served) == (total, total)
+        # A client waiting for a whole answer that gives up is cancelled too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(served.url + COMP, json={**body, "stream": False}, timeout=0.3)
+        wait_idle(worker)
+        assert worker.metrics.cancelled._value.get() == cancelled0 + 2
+        assert _pages(served) == (total, total)
+    finally:
+        undo()
+
+
+def test_full_queue_is_503_with_retry_after(served):
+    worker = served.worker
+    undo = slow_down(worker, 0.005)
+    body = {"prompt": "abc", "max_tokens": 500, "temperature": 0, "ignore_eos": True}
+    waiting = threading.Thread(target=lambda: httpx.post(served.url + COMP, json={**body, "max_tokens": 2},
+                                                          timeout=60))
+    try:
+        with httpx.stream("POST", served.url + COMP, json={**body, "stream": True}) as running:
+            lines = running.iter_lines()               # kept: a dropped iterator closes the response
+            next(lines)                                # generating now
+            waiting.start()                            # fills the queue of one
+            end = time.monotonic() + 10
+            while worker.queue_length() < 1:
+                assert time.monotonic() < end
+                time.sleep(0.005)
+            r = httpx.post(served.url + COMP, json=body)
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "queue_full"
+    finally:
+        undo()
+        waiting.join()
+        wait_idle(worker)
+    assert _pages(served)[0] == _pages(served)[1]
