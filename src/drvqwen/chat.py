@@ -235,60 +235,67 @@ def chat_loop(session: ChatSession, *, say: Callable[[str], None], out: TextIO =
     if interactive:
         _setup_readline()
         say(f"[dim]{HELP}")
-    answered = 0
+    answered = [0]
     while True:
         try:
-            msg = read_message(interactive, stdin)
-        except KeyboardInterrupt:
+            if not _one_message(session, say, out, stdin, interactive, answered, on_turn):
+                if interactive:
+                    out.write("\n")
+                return answered[0]
+        except KeyboardInterrupt:      # at the prompt, or between answers: a fresh line
             out.write("\n")
             out.flush()
-            continue
-        except EOFError:
-            msg = None
-        if msg is None:
-            if interactive:
-                out.write("\n")
-            return answered
-        if not msg.strip():
-            continue
-        if msg.startswith("/"):
-            cmd, _, arg = msg.partition(" ")
-            if cmd in ("/quit", "/exit", "/bye"):
-                return answered
-            if cmd == "/reset":
-                session.reset()
-                say("[dim]conversation reset (the system prompt stays)")
-            elif cmd == "/system":
-                session.set_system(arg)
-                say(f"[dim]system prompt set ({len(arg)} characters); the next turn prefills again")
-            elif cmd == "/save":
-                if not arg.strip():
-                    say("[red]/save FILE: give a file name")
-                else:
-                    try:
-                        session.save(arg.strip())
-                        say(f"[dim]saved {len(session.messages())} messages to {arg.strip()}")
-                    except (DrvqwenError, OSError) as e:
-                        say(f"[red]{e}")
-            elif cmd == "/help":
-                say(f"[dim]{HELP}")
+
+
+def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interactive: bool,
+                 answered: list[int], on_turn) -> bool:
+    """Read and handle one message or command; False at the end of the chat."""
+    try:
+        msg = read_message(interactive, stdin)
+    except EOFError:
+        msg = None
+    if msg is None:
+        return False
+    if not msg.strip():
+        return True
+    if msg.startswith("/"):
+        cmd, _, arg = msg.partition(" ")
+        if cmd in ("/quit", "/exit", "/bye"):
+            return False
+        if cmd == "/reset":
+            session.reset()
+            say("[dim]conversation reset (the system prompt stays)")
+        elif cmd == "/system":
+            session.set_system(arg)
+            say(f"[dim]system prompt set ({len(arg)} characters); the next turn prefills again")
+        elif cmd == "/save":
+            if not arg.strip():
+                say("[red]/save FILE: give a file name")
             else:
-                say(f"[red]unknown command {cmd}[/] ({HELP})")
-            continue
-        try:
-            turn = session.ask(msg, on_text=lambda s: (out.write(s), out.flush()))
-        except DrvqwenError as e:
-            say(f"[red]{e}")
-            continue
-        out.write("\n")
-        out.flush()
-        answered += 1
-        if turn.dropped_turns:
-            say(f"[yellow]context full: dropped the oldest {turn.dropped_turns} turn(s) (the system "
-                f"prompt stays) and prefilled the conversation again")
-        if turn.interrupted:
-            say("[yellow]answer stopped (Ctrl-C); it stays in the conversation")
-        r = turn.result
-        say(f"[dim]{r.summary()}")
-        if on_turn:
-            on_turn(turn)
+                try:
+                    session.save(arg.strip())
+                    say(f"[dim]saved {len(session.messages())} messages to {arg.strip()}")
+                except (DrvqwenError, OSError) as e:
+                    say(f"[red]{e}")
+        elif cmd == "/help":
+            say(f"[dim]{HELP}")
+        else:
+            say(f"[red]unknown command {cmd}[/] ({HELP})")
+        return True
+    try:
+        turn = session.ask(msg, on_text=lambda s: (out.write(s), out.flush()))
+    except DrvqwenError as e:
+        say(f"[red]{e}")
+        return True
+    out.write("\n")
+    out.flush()
+    answered[0] += 1
+    if turn.dropped_turns:
+        say(f"[yellow]context full: dropped the oldest {turn.dropped_turns} turn(s) (the system "
+            f"prompt stays) and prefilled the conversation again")
+    if turn.interrupted:
+        say("[yellow]answer stopped (Ctrl-C); it stays in the conversation")
+    say(f"[dim]{turn.result.summary()}")
+    if on_turn:
+        on_turn(turn)
+    return True
