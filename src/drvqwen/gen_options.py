@@ -145,7 +145,10 @@ def prompt_text(args) -> str | None:
     if stdin is None or stdin.isatty():
         raise DrvqwenError("give a prompt: PROMPT, --prompt TEXT, --prompt-file FILE (- = stdin), "
                            "--fim-prefix/--fim-suffix, or pipe it on stdin")
-    return read_stdin(stdin)
+    text = read_stdin(stdin)
+    if not text:
+        raise DrvqwenError("stdin is empty: give a prompt (PROMPT, --prompt, --prompt-file) or pipe one")
+    return text
 
 
 def sampling_params(args, say=None) -> SamplingParams:
