@@ -283,8 +283,11 @@ sample_token(int* __restrict__ next_token,            // [1] int32, out: the cho
     }
     // min_p: "key > K, plus m ties" ∩ "key ≥ K_min". When K < K_min the second set is inside
     // the first, and it is "key > K_min − 1 with no ties"; otherwise the first is inside it.
-    if (P.min_p > 0.f) {  // block-uniform
-        const u32 k_min = __float_as_uint(P.min_p);  // ≤ 1.0f's bits: the maximum (e = 1) stays
+    // min_p is loaded here, where it is used: taken from P at the top and kept live across the
+    // selects, it made NVRTC 13.0's ptxas spill 4 bytes (32 registers, 0 spills this way).
+    const float min_p = params->min_p;
+    if (min_p > 0.f) {  // block-uniform
+        const u32 k_min = __float_as_uint(min_p);  // ≤ 1.0f's bits: the maximum (e = 1) stays
         if (K < k_min) { K = k_min - 1; m = 0; }
     }
 
