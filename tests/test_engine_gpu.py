@@ -143,4 +143,12 @@ def test_continued_sequence_reuses_the_cache(backend, rng):
     assert backend.last_reused == len(first) + len(toks) - 1
     scratch = list(backend.token_stream(second, 12, SamplingParams()))
     assert backend.last_reused == 0
-    assert cont == scratch
+    # The reused positions' K/V came from decode steps (GEMV), the from-scratch ones from the
+    # prefill (GEMM): the bits may differ in the last place, so the tokens may part only where
+    # the from-scratch logits have a near-tie.
+    logits = _teacher_forced_logits(backend, second, scratch)
+    for i, (a, b) in enumerate(zip(cont, scratch)):
+        if a != b:
+            top2 = np.sort(logits[i])[-2:]
+            assert top2[1] - top2[0] < 0.05 and logits[i][a] >= top2[0], f"token {i}: {a} vs {b}"
+            break
