@@ -166,7 +166,11 @@ class ChatSession:
         got: list[int] = []
         pieces: list[str] = []
 
+        t_first: list[float] = []
+
         def on_token(t: int) -> None:
+            if not got:
+                t_first.append(time.perf_counter())
             got.append(t)
             s = stream.push(t)
             if s:
@@ -179,10 +183,12 @@ class ChatSession:
         try:
             res = generate(self.backend, ids, self.max_new_tokens, self.params, self.stop_ids, on_token,
                            reuse=True)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:      # the answer so far, timed as generate() would have
             interrupted = True
+            t1 = t_first[0] if t_first else time.perf_counter()
             res = GenerationResult(prompt_tokens=len(ids), tokens=list(got), stopped_by="interrupted",
-                                   ttft_s=0.0, decode_s=time.perf_counter() - t0)
+                                   ttft_s=t1 - t0 if got else 0.0, decode_s=time.perf_counter() - t1,
+                                   reused_tokens=int(getattr(self.backend, "last_reused", 0)) if got else 0)
         tail = stream.flush()
         if tail:
             pieces.append(tail)
