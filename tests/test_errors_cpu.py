@@ -361,6 +361,16 @@ def test_cli_run_argument_errors(capsys, tmp_path, monkeypatch, args, expect):
     assert expect in line, line
 
 
+@pytest.mark.parametrize("args,expect", [
+    (["--eager", "--device", "cpu"], "--eager: the CPU backend has no CUDA graphs"),
+    (["--max-new-tokens", "0"], "--max-new-tokens=0: a chat answer needs at least 1"),
+    (["--min-p", "-0.5"], "min_p=-0.5: must be in [0, 1]"),
+])
+def test_cli_chat_argument_errors(capsys, tmp_path, args, expect):
+    line = _cli(capsys, "chat", "--model", str(tmp_path / "unused.nanoqwen"), *args)
+    assert expect in line, line
+
+
 def test_cli_run_missing_model(capsys, tmp_path):
     line = _cli(capsys, "run", "--model", str(tmp_path / "absent.nanoqwen"), "--prompt", "hi")
     assert "absent.nanoqwen: file not found" in line

@@ -279,12 +279,12 @@ def _say_dim(m: str) -> None:
 
 
 def cmd_run(args) -> int:
-    from .gen_options import check_prompt_options, prompt_text, sampling_params
+    from .gen_options import check_prompt_options, prompt_ids, prompt_text, sampling_params
     from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, generate, resolve_max_context
     from .stats import RunStats, write_json_atomic
     from .stop_strings import StopStrings
     from .text_input import checked_arg
-    from .tokenizer import DEFAULT_SYSTEM, StreamDecoder, Tokenizer
+    from .tokenizer import StreamDecoder, Tokenizer
 
     stats = RunStats()
     check_prompt_options(args)
@@ -302,15 +302,7 @@ def cmd_run(args) -> int:
     device, why, f = _open_model(args, generating, stats)
     with stats.timed("tokenize"):
         tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-        # User text is plain text: only the template's own markers become control ids. --raw
-        # is the one place where special tokens written in the prompt are parsed, on purpose.
-        if args.fim_prefix is not None or args.fim_suffix is not None:
-            ids = tok.fim(args.fim_prefix or "", args.fim_suffix or "")
-        elif args.raw:
-            ids = tok.encode(text, special=True)
-        else:
-            # `is None`, not truthiness: --system "" asks for an empty system turn.
-            ids = tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
+        ids = prompt_ids(args, tok, text)
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
     check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)

@@ -151,6 +151,22 @@ def prompt_text(args) -> str | None:
     return text
 
 
+def prompt_ids(args, tok, text: str | None) -> list[int]:
+    """The ids `run` sends: FIM, --raw or the chat template around `text`.
+
+    User text is plain text: only the template's own markers become control ids. --raw is the
+    one place where special tokens written in the prompt are parsed, on purpose.
+    """
+    from .tokenizer import DEFAULT_SYSTEM
+
+    if args.fim_prefix is not None or args.fim_suffix is not None:
+        return tok.fim(args.fim_prefix or "", args.fim_suffix or "")
+    if args.raw:
+        return tok.encode(text, special=True)
+    # `is None`, not truthiness: --system "" asks for an empty system turn.
+    return tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
+
+
 def sampling_params(args, say=None) -> SamplingParams:
     """SamplingParams from the options; a sampling run without --seed gets a fresh seed, shown
     through say(message) so that the run can be repeated with --seed.

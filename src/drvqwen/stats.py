@@ -71,10 +71,11 @@ class RunStats:
 
     def verbose_lines(self, res) -> list[str]:
         """One line per phase (`--verbose`)."""
-        names = {"read": "read + validate the model", "verify": "verify tensor CRC32s (once per file)",
-                 "tokenize": "tokenize the prompt", "load": "upload / dequantize the weights",
+        names = {"read": "read + validate the model", "verify": "check tensor CRC32s (once per file)",
+                 "tokenize": "load the tokenizer, tokenize the prompt", "load": "upload / dequantize the weights",
                  "generate": "prefill + decode"}
-        out = [f"{names.get(k, k):<38} {v * 1e3:10.1f} ms" for k, v in self.phases.items()]
+        order = [k for k in names if k in self.phases] + [k for k in self.phases if k not in names]
+        out = [f"{names.get(k, k):<38} {self.phases[k] * 1e3:10.1f} ms" for k in order]
         if res is not None and (res.tokens or res.stopped_by == "stop token"):
             out.append(f"{'prefill ' + str(res.prefill_tokens) + ' tokens + first token (TTFT)':<38} "
                        f"{res.ttft_s * 1e3:10.1f} ms")
