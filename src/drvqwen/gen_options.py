@@ -36,7 +36,7 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_arguments(ap: argparse.ArgumentParser, max_new_default: int) -> None:
-    """Sampling, stopping and stats options shared by run and chat."""
+    """Sampling options shared by run and chat."""
     ap.add_argument("-n", "--max-new-tokens", type=int, default=max_new_default,
                     help=f"tokens to generate at most (default: {max_new_default})")
     ap.add_argument("-t", "--temperature", "--temp", type=float, default=0.0,
@@ -55,12 +55,10 @@ def add_sampling_arguments(ap: argparse.ArgumentParser, max_new_default: int) ->
                          "when sampling)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="do not stop at the model's end-of-generation tokens (drvqwen info lists them)")
-    ap.add_argument("-v", "--verbose", action="store_true",
-                    help="print the time of every phase (read, validate, load, prefill, decode)")
 
 
 def add_prompt_arguments(ap: argparse.ArgumentParser) -> None:
-    """The prompt sources and template options of `run`."""
+    """The prompt sources, template, stop-string and statistics options of `run`."""
     ap.add_argument("prompt_arg", nargs="?", metavar="PROMPT",
                     help="the user message (same as --prompt)")
     ap.add_argument("-p", "--prompt", help="the user message (chat template; encoded as plain text) or the "
@@ -78,6 +76,8 @@ def add_prompt_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--stop", action="append", default=[], metavar="STR",
                     help="end the output where STR appears (repeatable; also across tokens; STR is "
                          "not printed)")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print the time of every phase (read, validate, load, prefill, decode)")
     ap.add_argument("--json-stats", metavar="FILE",
                     help="write the run's statistics as JSON to FILE (written whole, never half)")
 
