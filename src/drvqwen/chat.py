@@ -155,8 +155,8 @@ class ChatSession:
         """Answer `user`: prefill what the cache does not hold yet, generate, keep the ids.
 
         on_text(text) receives the answer as it streams (whole characters). A KeyboardInterrupt
-        during generation stops the answer: what was generated stays in the conversation and
-        the result says `interrupted`.
+        during generation stops the answer: what was generated stays in the conversation (a
+        turn stopped before its first token is dropped) and the result says `interrupted`.
 
         Raises:
             DrvqwenError: the message does not fit the context (`fit`).
@@ -165,7 +165,6 @@ class ChatSession:
         stream = StreamDecoder(self.tok)
         got: list[int] = []
         pieces: list[str] = []
-
         t_first: list[float] = []
 
         def on_token(t: int) -> None:
@@ -196,7 +195,8 @@ class ChatSession:
                 on_text(tail)
         text = "".join(pieces)
         res.text = text
-        self.turns.append(Turn(user, list(got), text))
+        if got or not interrupted:     # an answer stopped before its first token is not kept
+            self.turns.append(Turn(user, list(got), text))
         return TurnResult(res, text, dropped, interrupted)
 
 
@@ -300,7 +300,8 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
         say(f"[yellow]context full: dropped the oldest {turn.dropped_turns} turn(s) (the system "
             f"prompt stays) and prefilled the conversation again")
     if turn.interrupted:
-        say("[yellow]answer stopped (Ctrl-C); it stays in the conversation")
+        say("[yellow]answer stopped (Ctrl-C); it stays in the conversation" if turn.result.tokens else
+            "[yellow]answer stopped (Ctrl-C) before its first token; the message is not kept")
     say(f"[dim]{turn.result.summary()}")
     if on_turn:
         on_turn(turn)
