@@ -1,8 +1,17 @@
-// kernels/sampling.cu — temperature / top-k / top-p sampling on the GPU, exactly `sampler.sample`.
+// kernels/sampling.cu — temperature / top-k / top-p / min-p sampling on the GPU, exactly
+// `sampler.sample`, and llama.cpp's repeat penalty over a token history in device memory.
 //
+//   penalize_logits logits[t] /= p (> 0) or *= p (≤ 0) for each distinct t of the history's
+//                   last PENALTY_WINDOW tokens (sampler.penalize; p = params.repeat_penalty)
 //   sample_token    next_token[0] = the token sampler.sample picks for these logits and
 //                   u = uniform(seed, token_index), all read from device memory
+//   record_token    history: next_token[0] appended (the ring the next penalize_logits reads)
 //   publish_token   host_ring[token_index % ring] = next_token[0]; token_index += 1
+//
+// penalize_logits and record_token run only in the penalized sampler step (engine.py): the
+// history (int32 [1 + PENALTY_WINDOW]: count, then a ring of the last tokens by count % W) is
+// filled by the host at each prefill with the sequence's last W ids and appended here after
+// every choice, so a replayed CUDA graph needs nothing from the host.
 //
 // The definition (src/drvqwen/sampler.py, module doc) is built so that a parallel GPU
 // computation can agree with numpy bit for bit:
@@ -13,6 +22,8 @@
 //   - order: e descending (float bits as a 30-bit key: e ∈ [0, 2)), ties by lower id;
 //   - kept set: the first min(top_k, V) of that order, then the shortest prefix of those whose
 //     weight reaches R = ceil(C1 · top_p) (one float64 multiply of exact values);
+//   - min_p: the kept set shrinks to the tokens with e ≥ float32(min_p) if that is smaller
+//     (key ≥ the bits of min_p: both are non-negative floats, whose bits order like them);
 //   - pick: the kept tokens in id order, the first whose cumulative weight exceeds
 //     floor(x · C / 2^32), x the 32-bit Philox4x32-10 output for counter (token_index, 0, 0, 0)
 //     and key (seed lo, seed hi), C the kept weight.
@@ -43,6 +54,7 @@
 #define SAMPLE_DIGIT_BITS 10
 #define SAMPLE_KEY_BITS   30                    // e < 2.0f, whose bits are 0x40000000
 #define SAMPLE_NONE       0x7fffffff            // "no candidate yet" in the argmax
+#define PENALTY_WINDOW    64                    // sampler.PENALTY_WINDOW: llama.cpp's penalty_last_n
 
 // exp2_det's polynomial (sampler.EXP2_COEFFS, the same hex floats) and its range.
 #define SAMPLE_EXP2_C1  0x1.62e42cp-1f
@@ -60,16 +72,19 @@
 #define PHILOX_W0 0x9E3779B9u
 #define PHILOX_W1 0xBB67AE85u
 
-// The sampler's device-resident parameters (32 bytes; engine.pack_sampler_params writes them).
+// The sampler's device-resident parameters (48 bytes; engine.pack_sampler_params writes them).
 struct SamplerParams {
-    u64 seed;          // Philox key: low 32 bits = key[0], high = key[1]
-    double top_p;      // 1.0 = off
-    float scale_log2;  // float32(log2(e) / temperature)
-    int top_k;         // 0 = off
-    u32 token_index;   // generation step of the token being chosen (the Philox counter)
-    int greedy;        // nonzero: argmax, no random number used
+    u64 seed;              // Philox key: low 32 bits = key[0], high = key[1]
+    double top_p;          // 1.0 = off
+    float scale_log2;      // float32(log2(e) / temperature)
+    int top_k;             // 0 = off
+    u32 token_index;       // generation step of the token being chosen (the Philox counter)
+    int greedy;            // nonzero: argmax, no random number used
+    float min_p;           // 0 = off
+    float repeat_penalty;  // 1 = off (penalize_logits only)
+    int reserved[2];       // 0
 };
-static_assert(sizeof(SamplerParams) == 32, "engine.py packs 32 bytes");
+static_assert(sizeof(SamplerParams) == 48, "engine.py packs 48 bytes");
 
 // Philox4x32-10, first output word, for counter (c0, 0, 0, 0) and key (k0, k1).
 __device__ __forceinline__ u32 philox4x32_10_first(u32 c0, u32 k0, u32 k1) {
@@ -266,6 +281,15 @@ sample_token(int* __restrict__ next_token,            // [1] int32, out: the cho
         const u64 wk = sample_weight(K);  // > 0: the crossing bin carries weight
         m = (goal - above + wk - 1) / wk;
     }
+    // min_p: "key > K, plus m ties" ∩ "key ≥ K_min". When K < K_min the second set is inside
+    // the first, and it is "key > K_min − 1 with no ties"; otherwise the first is inside it.
+    // min_p is loaded here, where it is used: taken from P at the top and kept live across the
+    // selects, it made NVRTC 13.0's ptxas spill 4 bytes (32 registers, 0 spills this way).
+    const float min_p = params->min_p;
+    if (min_p > 0.f) {  // block-uniform
+        const u32 k_min = __float_as_uint(min_p);  // ≤ 1.0f's bits: the maximum (e = 1) stays
+        if (K < k_min) { K = k_min - 1; m = 0; }
+    }
 
     // Pick: thread-contiguous chunks in id order.
     const int chunk = (V + blockDim.x - 1) / blockDim.x;
@@ -323,5 +347,41 @@ extern "C" __global__ void publish_token(int* __restrict__ host_ring,         //
         const u32 i = params->token_index;
         host_ring[i % (u32)ring_size] = next_token[0];
         params->token_index = i + 1;
+    }
+}
+
+// grid (1), block (PENALTY_WINDOW): thread j owns history slot j. Each distinct id is
+// penalized once (slot j skips an id an earlier slot holds: ≤ 64·63/2 compares, all in L1).
+// Bytes: 4 · 65 of history read, ≤ 64 logits read and written (8 B each). Latency only.
+extern "C" __global__ void __launch_bounds__(PENALTY_WINDOW)
+penalize_logits(float* __restrict__ logits,                 // [V] fp32, in/out
+                const SamplerParams* __restrict__ params,   // [1]: repeat_penalty
+                const int* __restrict__ history,            // [1 + PENALTY_WINDOW] int32: count, ring
+                int V) {
+    grid_launch_dependents();
+    grid_dependency_wait();  // the logits come from lm_head
+    const float p = params->repeat_penalty;
+    const int n = min(history[0], PENALTY_WINDOW);
+    const int j = threadIdx.x;
+    if (p == 1.0f || j >= n) return;
+    const int t = history[1 + j];
+    for (int k = 0; k < j; ++k)
+        if (history[1 + k] == t) return;
+    if (t < 0 || t >= V) return;
+    const float l = logits[t];
+    // llama.cpp: `logit <= 0 ? logit * p : logit / p`; one IEEE rounding each, as numpy.
+    logits[t] = l > 0.f ? __fdiv_rn(l, p) : __fmul_rn(l, p);
+}
+
+// grid (1), block (1): history gets next_token[0] at slot count % PENALTY_WINDOW, count += 1.
+// Bytes: 12. Latency only (it runs after the choice, before publish_token).
+extern "C" __global__ void record_token(int* __restrict__ history,          // [1 + PENALTY_WINDOW] int32, in/out
+                                        const int* __restrict__ next_token) {  // [1] int32
+    grid_launch_dependents();
+    grid_dependency_wait();
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        const int n = history[0];
+        history[1 + n % PENALTY_WINDOW] = next_token[0];
+        history[0] = n + 1;
     }
 }

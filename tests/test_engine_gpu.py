@@ -15,7 +15,7 @@ from drvqwen.config import QWEN25_CODER_05B
 from drvqwen.format.nanoqwen import NanoqwenFile
 from drvqwen.format.synthetic import write_synthetic
 from drvqwen.generate import generate
-from drvqwen.sampler import SamplingParams, sample, uniform
+from drvqwen.sampler import PENALTY_WINDOW, SamplingParams, penalize, sample, uniform
 
 from helpers import minimal_tokenizer_json
 
@@ -112,3 +112,43 @@ def test_padded_vocabulary_rows_are_never_chosen(tmp_path, rng):
         gpu.close()
         cpu.close()
         f.close()
+
+
+@pytest.mark.parametrize("params", [SamplingParams(repeat_penalty=1.3),
+                                    SamplingParams(temperature=0.9, top_k=40, min_p=0.05, repeat_penalty=1.15, seed=11),
+                                    SamplingParams(temperature=1.2, min_p=0.2, seed=12)],
+                         ids=["greedy-rp1.3", "T0.9-k40-minp0.05-rp1.15", "T1.2-minp0.2"])
+def test_penalty_and_min_p_stream_matches_the_cpu_sampler(backend, rng, params):
+    """The GPU's tokens are the host loop's (generate.host_sampled_tokens: sampler.penalize over
+    the last 64 ids of prompt + tokens, then sampler.sample) on the GPU's own logits."""
+    prompt = rng.integers(0, 300, 90).tolist()            # few distinct ids: the penalty bites
+    toks = list(backend.token_stream(prompt, 40, params))
+    logits = _teacher_forced_logits(backend, prompt, toks)
+    seq = list(prompt)
+    for i, t in enumerate(toks):
+        l = penalize(logits[i].copy(), seq[-PENALTY_WINDOW:], params.repeat_penalty)
+        assert t == sample(l, params, uniform(params.seed, i)), f"token {i}"
+        seq.append(t)
+
+
+def test_continued_sequence_reuses_the_cache(backend, rng):
+    """token_stream(reuse=True): only the new part is prefilled, and the result is what a
+    from-scratch prefill of the whole sequence gives (same first-token logits, same tokens)."""
+    first = rng.integers(0, backend.config.vocab_size, 40).tolist()
+    toks = list(backend.token_stream(first, 10, SamplingParams()))
+    cached = backend.cached_ids()
+    assert cached == first + toks[:-1]                      # the last token was never decoded
+    second = first + toks + rng.integers(0, backend.config.vocab_size, 30).tolist()
+    cont = list(backend.token_stream(second, 12, SamplingParams(), reuse=True))
+    assert backend.last_reused == len(first) + len(toks) - 1
+    scratch = list(backend.token_stream(second, 12, SamplingParams()))
+    assert backend.last_reused == 0
+    # The reused positions' K/V came from decode steps (GEMV), the from-scratch ones from the
+    # prefill (GEMM): the bits may differ in the last place, so the tokens may part only where
+    # the from-scratch logits have a near-tie.
+    logits = _teacher_forced_logits(backend, second, scratch)
+    for i, (a, b) in enumerate(zip(cont, scratch)):
+        if a != b:
+            top2 = np.sort(logits[i])[-2:]
+            assert top2[1] - top2[0] < 0.05 and logits[i][a] >= top2[0], f"token {i}: {a} vs {b}"
+            break

@@ -115,15 +115,20 @@ def test_check_stream_args():
 
 
 def test_pack_sampler_params_layout():
-    """The 32 bytes sampling.cu's struct SamplerParams reads."""
-    p = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=2**40 + 5)
+    """The 48 bytes sampling.cu's struct SamplerParams reads."""
+    fmt = "<QdfiIiff8x"    # seed, top_p, scale_log2, top_k, token_index, greedy, min_p, repeat_penalty, reserved
+    p = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, seed=2**40 + 5, min_p=0.05, repeat_penalty=1.1)
     raw = pack_sampler_params(p, token_index=17)
-    assert raw.dtype == np.uint8 and raw.size == 32
-    seed, top_p, scale, top_k, index, greedy = struct.unpack("<QdfiIi", raw.tobytes())
+    assert raw.dtype == np.uint8 and raw.size == 48
+    seed, top_p, scale, top_k, index, greedy, min_p, penalty = struct.unpack(fmt, raw.tobytes())
     assert (seed, top_p, top_k, index, greedy) == (2**40 + 5, 0.9, 40, 17, 0)
     assert np.float32(scale) == scale_log2(0.7)
-    g = struct.unpack("<QdfiIi", pack_sampler_params(SamplingParams(seed=-1)).tobytes())
+    assert min_p == np.float32(0.05) and penalty == np.float32(1.1)      # the CPU's float32 values
+    assert (p.min_p, p.repeat_penalty) == (min_p, penalty)
+    assert raw[40:].tolist() == [0] * 8
+    g = struct.unpack(fmt, pack_sampler_params(SamplingParams(seed=-1)).tobytes())
     assert g[0] == 2**64 - 1 and g[5] == 1 and g[2] == 0.0   # greedy: no 1/0 temperature scale
+    assert g[6] == 0.0 and g[7] == 1.0                       # min-p and the penalty off
 
 
 def test_engine_imports_without_gpu():

@@ -327,19 +327,47 @@ def _cli(capsys, *argv: str) -> str:
 
 
 CLI_RUN_ERRORS = [
-    ([], "give --prompt TEXT, --prompt-file FILE or --fim-prefix/--fim-suffix"),
+    ([], "give a prompt: PROMPT, --prompt TEXT, --prompt-file FILE (- = stdin)"),
     (["--prompt", "hi", "--max-new-tokens", "-1"], "--max-new-tokens=-1: must be >= 0"),
     (["--prompt", "hi", "--temperature", "-1"], "temperature=-1.0: must be a finite number >= 0"),
     (["--prompt", "hi", "--top-k", "-2"], "top_k=-2: must be >= 0"),
     (["--prompt", "hi", "--top-p", "1.5"], "top_p=1.5: must be in [0, 1]"),
     (["--prompt-file", "/nonexistent/prompt.txt"], "/nonexistent/prompt.txt: cannot read prompt"),
+    (["--prompt", "hi", "--min-p", "2"], "min_p=2.0: must be in [0, 1]"),
+    (["--prompt", "hi", "--repeat-penalty", "0"], "repeat_penalty=0.0: must be a finite number > 0"),
+    (["--prompt", "hi", "--stop", ""], "stop string '': must be a non-empty string"),
+    # Conflicting options are refused, never silently resolved.
+    (["--prompt", "hi", "--fim-prefix", "a"], "--prompt and --fim-prefix/--fim-suffix: give one prompt source"),
+    (["--prompt", "hi", "--prompt-file", "x.txt"], "--prompt and --prompt-file: give one prompt source"),
+    (["hi", "--prompt", "ho"], "give the prompt once: either PROMPT or --prompt"),
+    (["hi", "--prompt-file", "x.txt"], "--prompt and --prompt-file: give one prompt source"),
+    (["--prompt", "hi", "--raw", "--system", "s"], "--system with --raw: a raw prompt has no chat template"),
+    (["--prompt", "hi", "--eager", "--device", "cpu"], "--eager: the CPU backend has no CUDA graphs"),
 ]
 
 
 @pytest.mark.parametrize("args,expect", CLI_RUN_ERRORS, ids=[e[:24] for _, e in CLI_RUN_ERRORS])
-def test_cli_run_argument_errors(capsys, tmp_path, args, expect):
-    # The checks come before the model is opened: --model need not exist.
+def test_cli_run_argument_errors(capsys, tmp_path, monkeypatch, args, expect):
+    # The checks come before the model is opened: --model need not exist. stdin is a terminal
+    # here (else a run without a prompt reads it).
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stdin", Terminal())
     line = _cli(capsys, "run", "--model", str(tmp_path / "unused.nanoqwen"), *args)
+    assert expect in line, line
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--eager", "--device", "cpu"], "--eager: the CPU backend has no CUDA graphs"),
+    (["--max-new-tokens", "0"], "--max-new-tokens=0: a chat answer needs at least 1"),
+    (["--min-p", "-0.5"], "min_p=-0.5: must be in [0, 1]"),
+])
+def test_cli_chat_argument_errors(capsys, tmp_path, args, expect):
+    line = _cli(capsys, "chat", "--model", str(tmp_path / "unused.nanoqwen"), *args)
     assert expect in line, line
 
 

@@ -4,7 +4,9 @@ Random logits of many sizes (up to the full 152064 vocabulary) under several tem
 top-k / top-p settings, logits with many exact ties, NaN and −inf entries, tiny temperatures;
 the GPU draws its uniform number itself from (seed, token_index) in device memory, and must
 land on the reference's token with u = uniform(seed, token_index), with the same Philox bits
-and the same kept-set size. Then publish_token: the host ring and the step counter.
+and the same kept-set size. Then publish_token: the host ring and the step counter; min-p; and the repeat penalty of
+PenalizedSampleToken (penalize_logits → sample_token → record_token) over a device token
+history, against sampler.penalize, with the ring short, full and wrapped.
 """
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 from drvqwen import launchers as K
 from drvqwen.launchers import sampling
 from drvqwen.engine import pack_sampler_params
-from drvqwen.sampler import SamplingParams, kept_tokens, philox4x32, sample, uniform
+from drvqwen.sampler import PENALTY_WINDOW, SamplingParams, kept_tokens, penalize, philox4x32, sample, uniform
 
 from kernel_testing import dev  # noqa: F401
 
@@ -28,6 +30,9 @@ COMBOS = [
     SamplingParams(temperature=2.0, top_p=0.999),
     SamplingParams(temperature=1e-5),                       # the smallest non-greedy temperature
     SamplingParams(temperature=1.0, top_k=5000, top_p=0.01),
+    SamplingParams(temperature=1.0, min_p=0.05),
+    SamplingParams(temperature=0.7, top_k=40, top_p=0.95, min_p=0.1),
+    SamplingParams(temperature=1.5, min_p=0.5),
 ]
 
 
@@ -63,13 +68,14 @@ def _check(gpu, logits, params, step, label):
     assert info[3] == step
 
 
-@pytest.mark.parametrize("params", COMBOS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+@pytest.mark.parametrize("params", COMBOS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-minp{p.min_p}")
 def test_sampler_matches_reference_random_logits(dev, rng, params):
     for trial in range(40):
         v = int(rng.integers(2, 6000))
         gpu = GpuSampler(dev, v)
         logits = (rng.standard_normal(v) * rng.uniform(0.5, 8)).astype(np.float32)
-        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=int(rng.integers(0, 2**63)))
+        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=int(rng.integers(0, 2**63)),
+                           min_p=params.min_p)
         _check(gpu, logits, p, int(rng.integers(0, 2**31)), f"trial {trial} V={v}")
 
 
@@ -79,8 +85,8 @@ def test_sampler_full_vocab(dev, rng):
     for i, params in enumerate(COMBOS):
         logits = (rng.standard_normal(v) * 3).astype(np.float32)
         logits[rng.integers(0, v, 20)] += 12                    # a few strong candidates
-        _check(gpu, logits, SamplingParams(params.temperature, params.top_k, params.top_p, seed=1234 + i), i,
-               f"full vocab {i}")
+        _check(gpu, logits, SamplingParams(params.temperature, params.top_k, params.top_p, seed=1234 + i,
+                                           min_p=params.min_p), i, f"full vocab {i}")
 
 
 def test_sampler_ties(dev, rng):
@@ -154,3 +160,50 @@ def test_publish_token_ring_and_counter(dev):
         params.download()                                        # waits for the launches
         assert view.tolist() == [13, -1, 11, 12]
         assert int(params.download()[24:28].view(np.uint32)[0]) == 5
+
+
+def test_min_p_with_ties(dev, rng):
+    """Integer logits: min_p's threshold falls on exact ties, or between them."""
+    v = 3000
+    gpu = GpuSampler(dev, v)
+    for trial in range(60):
+        logits = rng.integers(-6, 3, v).astype(np.float32)
+        params = SamplingParams(temperature=float(rng.choice([0.5, 1.0, 3.0])), top_k=int(rng.choice([0, 7, 500])),
+                                top_p=float(rng.choice([1.0, 0.6])), min_p=float(rng.choice([0.01, 0.135335, 0.5, 1.0])),
+                                seed=trial)
+        _check(gpu, logits, params, trial, f"min_p ties {trial}")
+
+
+@pytest.mark.parametrize("count", [0, 1, 17, PENALTY_WINDOW, PENALTY_WINDOW + 5, 1000])
+def test_penalized_sample_matches_reference(dev, rng, count):
+    v = int(rng.integers(200, 5000))
+    logits_d = dev.array("logits", (v,), np.float32)
+    nxt = dev.poisoned("next", (1,), np.int32)
+    info = dev.poisoned("info", (sampling.INFO_INTS,), np.int32)
+    params_d = dev.array("params", (sampling.PARAMS_BYTES,), np.uint8)
+    history = dev.array("history", (sampling.HISTORY_INTS,), np.int32)
+    launcher = K.PenalizedSampleToken(nxt, info, params_d, logits_d, history, vocab_size=v)
+    for trial, params in enumerate([SamplingParams(repeat_penalty=1.3),                     # greedy, penalized
+                                    SamplingParams(temperature=0.8, top_k=50, repeat_penalty=1.1, seed=5),
+                                    SamplingParams(temperature=1.0, min_p=0.05, repeat_penalty=0.9, seed=6),
+                                    SamplingParams(temperature=1.0, seed=7)]):               # penalty off
+        logits = (rng.standard_normal(v) * 3).astype(np.float32)
+        seq = rng.integers(0, v, max(count, 1)).tolist()[:count]
+        seq[: count // 2] = [seq[0]] * (count // 2) if count else []                          # duplicates
+        hot = seq[-PENALTY_WINDOW:]
+        logits[hot[: len(hot) // 2]] = np.abs(logits[hot[: len(hot) // 2]]) + 8               # positive and large
+        ring = np.zeros(sampling.HISTORY_INTS, np.int32)
+        ring[0] = count
+        for i, t in enumerate(seq):                                                          # the ring as the GPU fills it
+            ring[1 + i % PENALTY_WINDOW] = t
+        history.upload(ring)
+        logits_d.upload(logits)
+        params_d.upload(pack_sampler_params(params, token_index=trial))
+        launcher.launch()
+        want_logits = penalize(logits.copy(), hot, params.repeat_penalty)
+        got_logits = logits_d.download()
+        np.testing.assert_array_equal(got_logits.view(np.uint32), want_logits.view(np.uint32))
+        want = sample(want_logits, params, uniform(params.seed, trial))
+        assert int(nxt.download()[0]) == want, f"count {count}, {params}"
+        after = history.download()
+        assert after[0] == count + 1 and after[1 + count % PENALTY_WINDOW] == want

@@ -170,8 +170,8 @@ def test_huge_top_k_is_clamped_once_for_both_backends(rng):
     off = SamplingParams(temperature=0.8, top_k=0, seed=5)
     assert [sample(logits, p, uniform(5, i)) for i in range(50)] == \
            [sample(logits, off, uniform(5, i)) for i in range(50)]
-    packed = struct.unpack("<QdfiIi", pack_sampler_params(p).tobytes())   # no struct.error
+    packed = struct.unpack("<QdfiIiff8x", pack_sampler_params(p).tobytes())   # no struct.error
     assert packed[3] == TOP_K_MAX
     # Seeds are taken modulo 2^64 the same way on both sides.
-    assert SamplingParams(seed=-1).seed == 2**64 - 1 == struct.unpack("<QdfiIi", pack_sampler_params(SamplingParams(seed=-1)).tobytes())[0]
+    assert SamplingParams(seed=-1).seed == 2**64 - 1 == struct.unpack("<QdfiIiff8x", pack_sampler_params(SamplingParams(seed=-1)).tobytes())[0]
     assert uniform(SamplingParams(seed=2**64 + 7).seed, 3) == uniform(7, 3)

@@ -16,8 +16,9 @@
 #             and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
 #             checkout's src/> …" the same for those versions, each compared with this one
 #             (tools/compare_fingerprints.py: same tokens? same bits? which launch shapes differ).
-#   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests and two
-#             `drvqwen run`s (raw fib completion, a chat prompt).
+#   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests, three
+#             `drvqwen run`s (raw fib completion, a chat prompt, sampling with --repeat-penalty
+#             and --min-p) and a scripted three-turn `drvqwen chat` through stdin.
 #   serve     `drvqwen serve` on the GPU: installs the web stack from the carried wheels
 #             (.carry/wheels, written by tools/fetch_serve_wheels.sh; the machine has no network)
 #             into .carry/site, runs the server's CPU tests there, its GPU test on the real 0.5B
@@ -83,6 +84,8 @@ SANITIZE_TESTS=(
     "tests/test_kernel_prefill_state.py::test_prefill_state_kernels"
     "tests/test_kernel_sampling.py::test_sampler_ties"
     "tests/test_kernel_sampling.py::test_publish_token_ring_and_counter"
+    "tests/test_kernel_sampling.py::test_min_p_with_ties"
+    "tests/test_kernel_sampling.py::test_penalized_sample_matches_reference[69]"
     "tests/test_kernel_attention_decode_tma.py::test_attention_tma_small[7b]"
     "tests/test_kernel_attention_decode_tma.py::test_attention_tma_small[0.5b]"
 )
@@ -214,6 +217,15 @@ stage_real() {
         --prompt $'def fib(n):\n    """Return the n-th Fibonacci number."""\n' || rc=1
     run_step real-run-chat "$PY" -m drvqwen.cli run --model "$DRVQWEN_REAL_MODEL" \
         --prompt "Write a Python function is_palindrome(s) that ignores case and punctuation." || rc=1
+    # Sampling with a repeat penalty and min-p (graph decode), its stats as JSON.
+    run_step real-run-penalty "$PY" -m drvqwen.cli run --model "$DRVQWEN_REAL_MODEL" -t 0.7 --min-p 0.05 \
+        --repeat-penalty 1.1 --seed 1 --json-stats "$OUTDIR/real-run-penalty.json" --verbose \
+        "Write a Python function that merges two sorted lists." || rc=1
+    # A scripted three-turn chat: each turn after the first says how many tokens it reused.
+    printf '%s\n' "Write a Python function is_prime(n)." "Now make it faster for large n." \
+        "Add a docstring." > "$OUTDIR/real-chat-input.txt"
+    run_step real-chat "$PY" -m drvqwen.cli chat --model "$DRVQWEN_REAL_MODEL" -n 200 \
+        < "$OUTDIR/real-chat-input.txt" || rc=1
     return "$rc"
 }
 

@@ -1,4 +1,4 @@
-"""The `drvqwen` command line: run, pull, list, rm, convert, info.
+"""The `drvqwen` command line: run, chat, pull, list, rm, convert, info.
 
 User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
 traceback. Ctrl-C at any moment prints one line and exits 130 (`_entry.py` covers the imports);
@@ -39,6 +39,9 @@ BROKEN_PIPE_STATUS = 141
 # The one-time CRC check of a model is reported when it took at least this long (a real
 # model: ~0.5 s for 735 MB); a test model's milliseconds are not worth a line.
 VERIFY_REPORT_MIN_S = 0.1
+# `drvqwen chat`'s default context: the CPU reference keeps K/V in float32 (0.5B: 96 KiB per
+# token), so the model's whole 32K would take 3 GiB there; --max-context raises it.
+CHAT_CONTEXT = 8192
 
 
 def _progress() -> Progress:
@@ -221,56 +224,44 @@ def _choose_device(requested: str) -> tuple[str, str | None]:
     return ("cpu", reason) if reason else ("cuda", None)
 
 
-def cmd_run(args) -> int:
-    from .generate import CPUBackend, generate
+def _load_backend(args, f, device: str, why: str | None, max_context: int, cache_tokens: int, stats):
+    """The CPU reference or the GPU engine for `f`, with its load time in stats.phases["load"]."""
+    from .generate import CPUBackend
+
+    with stats.timed("load"):
+        if device == "cpu":
+            err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
+            with _progress() as p:
+                task = p.add_task("dequantizing weights", total=f.config.num_layers)
+                return CPUBackend(f, max_context, progress=lambda i, n: p.update(task, completed=i),
+                                  cache_tokens=cache_tokens)
+        from .engine import GPUBackend  # pragma: no cover - needs a Hopper GPU (test_engine_gpu.py)
+
+        total = sum(i.nbytes for i in f)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), TimeElapsedColumn(), console=err) as p:
+            task = p.add_task("uploading weights", total=total)
+            return GPUBackend(f, max_context, use_graphs=not args.eager,
+                              progress=lambda done, n: p.update(task, completed=done, total=n))
+
+
+def _open_model(args, generating: bool, stats):
+    """(device, reason, model file): the device chosen first (`--device cuda` without a GPU fails
+    before any model work), then the model resolved and validated (stats: read, verify)."""
     from .models import resolve_model
-    from .sampler import SamplingParams
-    from .tokenizer import DEFAULT_SYSTEM, StreamDecoder, Tokenizer
 
-    if args.prompt is None and args.prompt_file is None and args.fim_prefix is None:
-        raise DrvqwenError("give --prompt TEXT, --prompt-file FILE or --fim-prefix/--fim-suffix")
-    if args.max_new_tokens < 0:
-        raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: must be >= 0")
-    try:
-        params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    except ValueError as e:
-        raise DrvqwenError(str(e)) from None
-    from .text_input import checked_arg, read_text_file
-
-    # Every piece of user text passes the same UTF-8 check, whichever way it came in.
-    for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
-        v = getattr(args, opt)
-        if v is not None:
-            setattr(args, opt, checked_arg(v, "--" + opt.replace("_", "-")))
-    text = read_text_file(args.prompt_file) if args.prompt_file else args.prompt
-    generating = args.max_new_tokens > 0
-    # The device first: `--device cuda` without a GPU fails before any model work.
     device, why = _choose_device(args.device) if generating else ("cpu", None)
-    f = resolve_model(args.model, on_convert=_convert_with_progress,
-                      verify=_verify_with_progress if generating and not args.no_verify else None,
-                      say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True),
-                      hash_progress=_hash_progress)
-    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-    # User text is plain text: only the template's own markers become control ids. --raw
-    # is the one place where special tokens written in the prompt are parsed, on purpose.
-    if args.fim_prefix is not None or args.fim_suffix is not None:
-        ids = tok.fim(args.fim_prefix or "", args.fim_suffix or "")
-    elif args.raw:
-        ids = tok.encode(text, special=True)
-    else:
-        # `is None`, not truthiness: --system "" asks for an empty system turn.
-        ids = tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
-    from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, resolve_max_context
 
-    # One rule for both devices: the context is the model's, or less, never silently capped.
-    max_context = resolve_max_context(args.max_context, f.config.max_position)
-    check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
-    check_prompt_ids(ids, f.config.vocab_size, str(f.path))
-    if not generating:
-        # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
-        err.print(f"[dim]{GenerationResult(prompt_tokens=len(ids)).summary()}")
-        return 0
+    def verify(f):
+        with stats.timed("verify"):
+            _verify_with_progress(f)
 
+    with stats.timed("read"):
+        f = resolve_model(args.model, on_convert=_convert_with_progress,
+                          verify=verify if generating and not args.no_verify else None,
+                          say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True),
+                          hash_progress=_hash_progress)
+    stats.phases["read"] -= stats.phases.get("verify", 0.0)
     if device == "cuda":
         from .engine import check_gpu_supports
 
@@ -280,48 +271,118 @@ def cmd_run(args) -> int:
             if args.device == "cuda":
                 raise
             device, why = "cpu", str(e).split(": ", 1)[-1]
-    if device == "cpu":
-        err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
-        with _progress() as p:
-            task = p.add_task("dequantizing weights", total=f.config.num_layers)
-            # The CPU cache holds only what this run can use: prompt + new tokens.
-            backend = CPUBackend(f, max_context, progress=lambda i, n: p.update(task, completed=i),
-                                 cache_tokens=len(ids) + args.max_new_tokens)
-    else:  # pragma: no cover - needs a Hopper GPU (tests/test_engine_gpu.py covers the backend)
-        from .engine import GPUBackend
+    return device, why, f
 
-        total = sum(i.nbytes for i in f)
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-                      TransferSpeedColumn(), TimeElapsedColumn(), console=err) as p:
-            task = p.add_task("uploading weights", total=total)
-            backend = GPUBackend(f, max_context, use_graphs=not args.eager,
-                                 progress=lambda done, n: p.update(task, completed=done, total=n))
 
+def _say_dim(m: str) -> None:
+    err.print(f"[dim]{m}", soft_wrap=True)
+
+
+def cmd_run(args) -> int:
+    from .gen_options import check_prompt_options, prompt_ids, prompt_text, sampling_params
+    from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, generate, resolve_max_context
+    from .stats import RunStats, write_json_atomic
+    from .stop_strings import StopStrings
+    from .text_input import checked_arg
+    from .tokenizer import StreamDecoder, Tokenizer
+
+    stats = RunStats()
+    check_prompt_options(args)
+    params = sampling_params(args, say=_say_dim)
+    stats.seed = None if params.greedy else params.seed
+    # Every piece of user text passes the same UTF-8 check, whichever way it came in.
+    for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
+        v = getattr(args, opt)
+        if v is not None:
+            setattr(args, opt, checked_arg(v, "--" + opt.replace("_", "-")))
+    args.stop = [checked_arg(s, "--stop") for s in args.stop]
+    stops = StopStrings(args.stop)
+    text = prompt_text(args)
+    generating = args.max_new_tokens > 0
+    device, why, f = _open_model(args, generating, stats)
+    with stats.timed("tokenize"):
+        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+        ids = prompt_ids(args, tok, text)
+    # One rule for both devices: the context is the model's, or less, never silently capped.
+    max_context = resolve_max_context(args.max_context, f.config.max_position)
+    check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
+    check_prompt_ids(ids, f.config.vocab_size, str(f.path))
+    if not generating:
+        # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
+        res = GenerationResult(prompt_tokens=len(ids))
+        stats.finish()
+        err.print(f"[dim]{res.summary()}")
+        if args.json_stats:
+            write_json_atomic(args.json_stats, stats.to_dict(res))
+        return 0
+
+    # The CPU cache holds only what this run can use: prompt + new tokens.
+    backend = _load_backend(args, f, device, why, max_context, len(ids) + args.max_new_tokens, stats)
     stream = StreamDecoder(tok)
     out = sys.stdout
 
-    def on_token(t: int) -> None:
-        s = stream.push(t)
-        if s:
-            out.write(s)
+    def on_token(t: int) -> bool:
+        shown, stop = stops.push(stream.push(t))
+        if shown:
+            out.write(shown)
             out.flush()
+        return stop
 
     try:
-        res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
-                       ignore_stop=args.ignore_eos)
+        with stats.timed("generate"):
+            res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
+                           ignore_stop=args.ignore_eos)
         mode = getattr(backend, "decode_mode", None)   # read before close(): graph or eager
     finally:
         if hasattr(backend, "close"):
             backend.close()
-    tail = stream.flush()
+    tail, _ = stops.push(stream.flush())
+    tail += stops.flush()
     out.write(tail + "\n")
     out.flush()
+    stats.finish()
+    if stops.stopped and res.stopped_by != "stop string":
+        res.stopped_by = "stop string"          # found in the text held back at the end
     if res.stopped_by == "context full":
         err.print(f"[yellow]warning: the context of {max_context} tokens is full: generation ended "
                   f"after {len(res.tokens)} of --max-new-tokens={args.max_new_tokens} "
                   f"(raise --max-context; the model allows {f.config.max_position})", soft_wrap=True)
-    name = f"{backend.name}, {mode} decode" if mode else backend.name
-    err.print(f"[dim]{name}: {res.summary()}")
+    stats.backend = f"{backend.name}, {mode} decode" if mode else backend.name
+    if args.verbose:
+        for line in stats.verbose_lines(res):
+            err.print(f"[dim]{line}", soft_wrap=True)
+    err.print(f"[dim]{stats.line(res)}", soft_wrap=True)
+    if args.json_stats:
+        write_json_atomic(args.json_stats, stats.to_dict(res))
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from .chat import ChatSession, chat_loop
+    from .gen_options import check_device_options, sampling_params
+    from .generate import resolve_max_context
+    from .stats import RunStats
+    from .text_input import checked_arg
+    from .tokenizer import DEFAULT_SYSTEM, Tokenizer
+
+    stats = RunStats()
+    check_device_options(args)
+    params = sampling_params(args, say=_say_dim)
+    if args.max_new_tokens < 1:
+        raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: a chat answer needs at least 1")
+    system = DEFAULT_SYSTEM if args.system is None else checked_arg(args.system, "--system")
+    device, why, f = _open_model(args, True, stats)
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
+                                      f.config.max_position)
+    backend = _load_backend(args, f, device, why, max_context, max_context, stats)
+    try:
+        session = ChatSession(tok, backend, f.eog_ids, params, args.max_new_tokens, system)
+        _say_dim(f"{backend.name}: loaded in {stats.load_s:.2f} s; context {max_context} tokens")
+        chat_loop(session, say=lambda m: err.print(m, soft_wrap=True))
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
     return 0
 
 
@@ -333,37 +394,25 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"drvqwen {__version__}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
 
+    from . import gen_options as go
+
     r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
-    r.add_argument("--model", help=".nanoqwen file, HF folder, GGUF, or a Hugging Face repo id "
-                                   "owner/name[:TAG] (as drvqwen pull; fetched once) (default: the "
-                                   "real Qwen2.5-Coder-0.5B-Instruct)")
-    r.add_argument("--prompt", help="the user message (chat template; encoded as plain text) or the "
-                                    "whole prompt with --raw")
-    r.add_argument("--prompt-file", help="read the prompt from a file (UTF-8, bytes as they are)")
-    r.add_argument("--system", help="system message for the chat template (plain text; \"\" = an "
-                                    "empty system turn; default: Qwen's)")
-    r.add_argument("--raw", action="store_true",
-                   help="plain completion, no chat template; special tokens written in the prompt "
-                        "(<|im_start|> …) ARE parsed as control ids, so you can write your own template")
-    r.add_argument("--fim-prefix", help="fill-in-the-middle: the code before the hole (plain text)")
-    r.add_argument("--fim-suffix", help="fill-in-the-middle: the code after the hole (plain text)")
-    r.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate at most (default: 256)")
-    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    r.add_argument("--top-k", type=int, default=0, help="0 = off")
-    r.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    r.add_argument("--seed", type=int, default=0, help="seed of the sampler's Philox stream (default: 0)")
+    go.add_prompt_arguments(r)
+    go.add_model_arguments(r)
+    go.add_sampling_arguments(r, max_new_default=256)
     r.add_argument("--max-context", type=int, default=0,
                    help="context length in tokens, at most the model's max_position (default 0: all of it)")
-    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: a Hopper GPU when present, else the numpy reference on the CPU")
-    r.add_argument("--ignore-eos", action="store_true",
-                   help="do not stop at the model's end-of-generation tokens (drvqwen info lists them)")
-    r.add_argument("--no-verify", action="store_true",
-                   help="skip the one-time CRC32 check of the model's tensor data (faster first "
-                        "start; a damaged file then gives garbage instead of an error)")
-    r.add_argument("--eager", action="store_true",
-                   help="GPU: launch the decode kernels one by one instead of replaying CUDA graphs")
     r.set_defaults(fn=cmd_run)
+
+    ch = sub.add_parser("chat", help="talk with the model in the terminal; each turn reuses the KV cache "
+                                     "of the earlier ones")
+    go.add_model_arguments(ch)
+    go.add_sampling_arguments(ch, max_new_default=1024)
+    ch.add_argument("--system", help="system prompt (plain text; \"\" = an empty system turn; default: Qwen's)")
+    ch.add_argument("--max-context", type=int, default=0,
+                    help=f"context length in tokens; when the conversation outgrows it the oldest turns "
+                         f"are dropped (default 0: {CHAT_CONTEXT}, or the model's max_position if smaller)")
+    ch.set_defaults(fn=cmd_chat)
 
     p = sub.add_parser("pull", help="download a model into the cache (default: the real "
                                     "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF)")

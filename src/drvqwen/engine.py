@@ -8,7 +8,9 @@
 
 The token is chosen by the decode step's last kernels — argmax (greedy) or sample_token
 (kernels/sampling.cu: exactly `sampler.sample` with u = uniform(seed, i), the step i read from
-device memory) — and fed to the next step on the GPU (advance_state), so the host is never on
+device memory); with a repeat penalty, penalize_logits before it and record_token after it, over
+a history of the sequence's last 64 ids that lives in device memory (uploaded at the prefill,
+appended on the GPU after every choice) — and fed to the next step on the GPU (advance_state), so the host is never on
 the path from one token to the next. The host reads each token only to stream text: the
 publish_token kernel writes it into a ring of page-locked host memory and an event recorded
 after it says when it is there. While the host waits for token i, step i+1 is already queued
@@ -17,6 +19,11 @@ after it says when it is there. While the host waits for token i, step i+1 is al
 Pages are taken from the free list as the sequence grows: the prompt's all at once by the
 prefill (one block-table upload), then one every 16 decode steps, handed to the GPU by the
 page-opening graph (graphs.py) with a 4-byte copy queued ahead of it — no step waits for it.
+
+A sequence can be continued: `token_stream(…, reuse=True)` keeps the cached positions the new
+prompt starts with (generate.reused_prefix) and prefills only the rest at the position after them
+(Prefill.run(ids, start)); `drvqwen chat` sends each turn that way. The engine knows which ids
+its cache holds: the prompt, and every token whose decode step was queued.
 
 Decode replays CUDA graphs of `DecodeStep.launches` (graphs.py; `use_graphs=False` launches
 them eagerly); the sampler step is set here before any capture (DecodeStep.set_sampler).
@@ -33,24 +40,27 @@ from typing import Callable
 import numpy as np
 
 from .launchers import sampling
-from .launchers import PublishToken, SampleToken
+from .launchers import PenalizedSampleToken, PublishToken, SampleToken
 from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool
 from .decode import DecodeStep
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
+from .generate import reused_prefix
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
 
 # Slots of the host token ring. The host is at most one step behind the GPU (the lookahead), so
 # two slots would do; a few more cost nothing.
 TOKEN_RING = 8
-_PARAMS_FORMAT = "<QdfiIi"  # sampling.cu struct SamplerParams: seed, top_p, scale_log2, top_k, token_index, greedy
+# sampling.cu struct SamplerParams: seed, top_p, scale_log2, top_k, token_index, greedy, min_p,
+# repeat_penalty, 8 reserved bytes.
+_PARAMS_FORMAT = "<QdfiIiff8x"
 assert struct.calcsize(_PARAMS_FORMAT) == sampling.PARAMS_BYTES
 
 
 def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndarray:
-    """The 32 bytes of sampling.cu's SamplerParams for `params`, as uint8 [32].
+    """The 48 bytes of sampling.cu's SamplerParams for `params`, as uint8 [48].
 
     seed (already modulo 2^64: Philox's key, low word then high word) and top_k (already
     clamped to int32's range) are packed as `SamplingParams` normalized them, so this can
@@ -60,7 +70,8 @@ def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndar
     greedy = params.greedy
     scale = 0.0 if greedy else float(scale_log2(params.temperature))
     raw = struct.pack(_PARAMS_FORMAT, params.seed & (2**64 - 1), float(params.top_p), scale,
-                      int(params.top_k), int(token_index) & 0xFFFFFFFF, int(greedy))
+                      int(params.top_k), int(token_index) & 0xFFFFFFFF, int(greedy), float(params.min_p),
+                      float(params.repeat_penalty))
     return np.frombuffer(raw, dtype=np.uint8).copy()
 
 
@@ -109,7 +120,8 @@ class GPUBackend:
     Attributes:
         step: the DecodeStep (weights, KV cache, pages, stream, the decode launch list).
         prompt: the Prefill sharing them.
-        sampler_params: uint8 [32] device SamplerParams (sampling.cu), token_index included.
+        sampler_params: uint8 [48] device SamplerParams (sampling.cu), token_index included.
+        history: int32 [1 + 64] device token history of the repeat penalty (count, ring).
         sample_info: int32 [4] device (token, Philox bits, kept count, token_index) of the last sample.
     Raises:
         DrvqwenError: no usable Hopper GPU, or the model and its cache do not fit.
@@ -135,16 +147,22 @@ class GPUBackend:
         # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
         # longer prompt's first chunk then only packs its launches.
         self.prompt.launches(ROW_BUCKET)
-        size = 2 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS
+        size = 3 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS + 4 * sampling.HISTORY_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)
         self.sample_info = self.pool.alloc("sample_info", (sampling.INFO_INTS,), np.int32)
+        self.history = self.pool.alloc("penalty_history", (sampling.HISTORY_INTS,), np.int32)
         self._ring = PinnedHostBuffer(4 * TOKEN_RING)
         self._ring_view = self._ring.view(np.int32, TOKEN_RING)
         self._events = [Event() for _ in range(TOKEN_RING)]
         st = step.stream
         self._sample = SampleToken(step.buf["next_token"], self.sample_info, self.sampler_params,
                                      step.buf["logits"], vocab_size=self.config.vocab_size, stream=st)
+        self._penalized = PenalizedSampleToken(step.buf["next_token"], self.sample_info, self.sampler_params,
+                                               step.buf["logits"], self.history, vocab_size=self.config.vocab_size,
+                                               stream=st)
+        self._cached: list[int] = []    # ids whose K/V the cache holds (positions 0 … len-1)
+        self.last_reused = 0
         self._publish = PublishToken(self._ring, self.sampler_params, step.buf["next_token"],
                                        ring_size=TOKEN_RING, stream=st)
         self._configure(SamplingParams())
@@ -152,28 +170,37 @@ class GPUBackend:
     def _configure(self, params: SamplingParams) -> None:
         """Sampler step for `params` (argmax or sample_token, then publish_token) and the device
         sampler parameters with the step counter at 0. Synchronous (one 32-byte upload)."""
-        chooser = None if params.greedy else ("sample", self._sample)
+        if params.penalized:     # sample_token's greedy branch takes the penalized argmax
+            chooser = ("sample", self._penalized)
+        else:
+            chooser = None if params.greedy else ("sample", self._sample)
         self.step.set_sampler(chooser, self._publish)
         self.sampler_params.upload(pack_sampler_params(params))
 
     # ---- generate.py's token backend ------------------------------------------------------------
     def token_stream(self, prompt_ids: Sequence[int], max_new_tokens: int,
-                     params: SamplingParams = SamplingParams()) -> Iterator[int]:
+                     params: SamplingParams = SamplingParams(), reuse: bool = False) -> Iterator[int]:
         """Prefill `prompt_ids` and yield up to max_new_tokens tokens as the GPU chooses them.
 
-        Token i is the one `sampler.sample` picks from this model's logits with
-        uniform(params.seed, i). Stop tokens are not handled here (generate.py does it and
-        closes the stream). Raises DrvqwenError as `check_stream_args`.
+        Token i is the one `sampler.sample` picks from this model's logits, penalized over the
+        last 64 ids of the sequence (sampler.penalize), with uniform(params.seed, i). Stop
+        tokens are not handled here (generate.py does it and closes the stream).
+        reuse: keep the cached positions `prompt_ids` starts with and prefill only the rest
+        (`last_reused` says how many). Raises DrvqwenError as `check_stream_args`.
         """
         budget = check_stream_args(len(prompt_ids), max_new_tokens, self.max_context)
-        return self._tokens(list(prompt_ids), budget, params)
+        return self._tokens(list(prompt_ids), budget, params, reuse)
+
+    def cached_ids(self) -> list[int]:
+        """The ids whose K/V the cache holds, positions 0 … len-1."""
+        return list(self._cached)
 
     def _decoder(self, params: SamplingParams):
         """What runs one decode step for `params`: a GraphDecoder for its sampler step (captured
         now if new; `_configure(params)` must have set it), or the eager DecodeStep."""
         if not self.use_graphs:
             return self.step
-        key = "greedy" if params.greedy else "sample"
+        key = "penalized" if params.penalized else "greedy" if params.greedy else "sample"
         if key not in self._graphs:
             self._graphs[key] = GraphDecoder(self.step)
         return self._graphs[key]
@@ -185,18 +212,30 @@ class GPUBackend:
             return "eager"
         return "graph" if all(g.mode == "graph" for g in self._graphs.values()) else "eager"
 
-    def _tokens(self, prompt_ids: list[int], budget: int, params: SamplingParams) -> Iterator[int]:
+    def _tokens(self, prompt_ids: list[int], budget: int, params: SamplingParams,
+                reuse: bool = False) -> Iterator[int]:
         step, ring, ev, R = self.step, self._ring_view, self._events, TOKEN_RING
         if budget == 0:
             return
+        n = reused_prefix(self._cached, prompt_ids) if reuse else 0
         try:
             self._configure(params)
-            self.prompt.run(prompt_ids)            # a new sequence; token 0 → ring[0]
+            if params.penalized:                   # the sequence's last ids, in ring order
+                window = prompt_ids[-sampling.WINDOW:]
+                hist = np.zeros(sampling.HISTORY_INTS, np.int32)
+                hist[0], hist[1:1 + len(window)] = len(window), window
+                self.history.upload(hist)
+            self._cached = prompt_ids[:n]
+            self.last_reused = n
+            self.prompt.run(prompt_ids[n:], start=n)   # token 0 → ring[0]
+            self._cached = list(prompt_ids)
             ev[0].record(step.stream)
             ev[0].synchronize()
-            yield int(ring[0])
+            first = int(ring[0])
+            yield first
             if budget == 1:
                 return
+            self._cached.append(first)             # the step queued below consumes it
             # The decode graphs are captured on first use only now, after the first token is out:
             # a capture costs tens of milliseconds that would otherwise sit inside the TTFT.
             decoder = self._decoder(params)
@@ -207,7 +246,15 @@ class GPUBackend:
                     decoder.step()                 # token i+1 → ring[(i+1) % R], queued before we wait
                     ev[(i + 1) % R].record(step.stream)
                 ev[i % R].synchronize()
-                yield int(ring[i % R])
+                tok = int(ring[i % R])
+                if i + 1 < budget:
+                    self._cached.append(tok)       # the step queued above consumes it
+                yield tok
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self._cached = []                      # unknown: the next prompt is prefilled whole
+            raise
         finally:
             step.sync()  # a closed stream leaves no step running into the next generation
 
@@ -216,6 +263,7 @@ class GPUBackend:
         """Greedy prefill of `ids` from position 0; returns the last position's logits fp32 [V]."""
         self._configure(SamplingParams())
         self.prompt.run(ids)
+        self._cached = list(ids)
         return self.step.logits()
 
     def decode(self, token: int) -> np.ndarray:
@@ -223,12 +271,14 @@ class GPUBackend:
         self.step.reserve(self.step.pos + 1)
         self.step.feed(token)
         self.step.step()
+        self._cached.append(int(token))
         return self.step.logits()
 
     def reset(self) -> None:
         """Forget the sequence (the next prefill starts at position 0)."""
         self.step.sync()
         self.step.reset_sequence()
+        self._cached = []
 
     def close(self) -> None:
         """Release everything on the GPU (weights, cache, activations) and the host ring."""

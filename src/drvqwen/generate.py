@@ -10,6 +10,15 @@ Two kinds of backend:
   must be the ones `sampler.sample` would pick from its logits with
   `uniform(params.seed, i)` for token i.
 
+A backend that keeps its KV cache between calls (both do) can continue a cached sequence:
+with `reuse=True`, `prefill(ids, reuse=True)` / `token_stream(…, reuse=True)` compare `ids`
+with the ids whose K/V the cache holds (`cached_ids()`), prefill only the part after the
+longest common prefix (at least one token: its logits choose the next token), and report how
+many positions they reused in `last_reused` (`drvqwen chat`, chat.py).
+
+The repeat penalty (sampler.penalize) looks at the last PENALTY_WINDOW ids of the whole
+sequence, prompt included: here for a logits backend, in device memory for the GPU engine.
+
 Either way the loop stops on the stop ids unless told to ignore them — closing the token
 stream, so a backend that runs ahead stops at once — and streams text through
 `tokenizer.StreamDecoder` (in the caller's `on_token`) so that multi-byte characters split
@@ -29,7 +38,7 @@ from .config import QwenConfig
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .reference import Model, Weights
-from .sampler import SamplingParams, sample, uniform
+from .sampler import PENALTY_WINDOW, SamplingParams, penalize, sample, uniform
 
 
 class Backend(Protocol):
@@ -152,6 +161,8 @@ class CPUBackend:
         self.text_vocab = f.text_vocab
         self.weights = Weights.from_nanoqwen(f, np.float32, progress=progress)
         self.model = Model(self.weights, max_tokens=cache)
+        self._cached: list[int] = []
+        self.last_reused = 0
 
     def _mask(self, logits: np.ndarray) -> np.ndarray:
         # The lm_head's padded rows (ids >= text_vocab) stand for no text: -inf takes them out
@@ -159,21 +170,50 @@ class CPUBackend:
         logits[self.text_vocab:] = -np.inf
         return logits
 
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        """Logits fp32 [V] of the last prompt position; ids >= text_vocab are −inf."""
-        self.model.reset()
-        return self._mask(self.model.forward(ids, last_only=True)[0])
+    def prefill(self, ids: list[int], reuse: bool = False) -> np.ndarray:
+        """Logits fp32 [V] of the last prompt position; ids >= text_vocab are −inf.
+
+        reuse: keep the cached positions that `ids` starts with (`reused_prefix`) and run only
+            the rest; `last_reused` says how many were kept. False: start from position 0.
+        """
+        ids = list(ids)
+        n = reused_prefix(self._cached, ids) if reuse else 0
+        if n:
+            self.model.cache.truncate(n)
+        else:
+            self.model.reset()
+        self.last_reused = n
+        self._cached = ids[:n]           # what the cache holds if the forward is interrupted
+        logits = self.model.forward(ids[n:], last_only=True)[0]
+        self._cached = ids
+        return self._mask(logits)
 
     def decode(self, token: int) -> np.ndarray:
         """Logits fp32 [V] after `token`; ids >= text_vocab are −inf."""
-        return self._mask(self.model.forward([token])[0])
+        out = self._mask(self.model.forward([token])[0])
+        self._cached.append(int(token))
+        return out
+
+    def cached_ids(self) -> list[int]:
+        """The ids whose K/V the cache holds, positions 0 … len-1."""
+        return list(self._cached)
 
     def reset(self) -> None:
         self.model.reset()
+        self._cached = []
 
     def close(self) -> None:
         """Drop the dequantized weights and the KV cache (the memory goes back at once)."""
         self.weights = self.model = None
+
+
+def reused_prefix(cached: list[int], ids: list[int]) -> int:
+    """Cached positions a prefill of `ids` can keep: the longest common prefix of the cached
+    ids and `ids`, but at most len(ids) - 1 (the last prompt token must run to give logits)."""
+    n, limit = 0, min(len(cached), len(ids) - 1)
+    while n < limit and cached[n] == ids[n]:
+        n += 1
+    return n
 
 
 @dataclass
@@ -183,9 +223,21 @@ class GenerationResult:
     text: str = ""
     ttft_s: float = 0.0             # prompt submitted → first token chosen
     decode_s: float = 0.0           # first token → last token
-    # Why generation ended: "max_new_tokens", "stop token", or "context full" (the context
-    # ended before max_new_tokens were generated).
+    # Why generation ended: "max_new_tokens", "stop token", "stop string" (the caller's
+    # on_token said so), or "context full" (the context ended before max_new_tokens).
     stopped_by: str = "max_new_tokens"
+    reused_tokens: int = 0          # prompt positions taken from the KV cache, not prefilled
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens that ran through the model (not taken from the cache)."""
+        return self.prompt_tokens - self.reused_tokens
+
+    @property
+    def prompt_tok_s(self) -> float:
+        """Prompt-eval speed: prefilled tokens / TTFT (TTFT covers the prefill and the first
+        token's choice); NaN when no token was chosen."""
+        return self.prefill_tokens / self.ttft_s if self.ttft_s > 0 else float("nan")
 
     @property
     def decode_tok_s(self) -> float:
@@ -195,10 +247,17 @@ class GenerationResult:
         return n / self.decode_s if n > 0 and self.decode_s > 0 else float("nan")
 
     def summary(self) -> str:
-        """One line: prompt and generated tokens, why it stopped, TTFT and the decode rate —
-        each timing only when it was measured (TTFT needs a token, the rate two)."""
-        parts = [f"prompt {self.prompt_tokens} tokens", f"generated {len(self.tokens)} ({self.stopped_by})"]
-        if self.tokens or self.stopped_by == "stop token":
+        """One line: prompt tokens (reused from the cache, prompt-eval speed), generated tokens,
+        why it stopped, TTFT and the decode rate — each timing only when it was measured (TTFT
+        and the prompt-eval speed need a token, the decode rate two)."""
+        timed = bool(self.tokens) or self.stopped_by == "stop token"
+        prompt = f"prompt {self.prompt_tokens} tokens"
+        if self.reused_tokens:
+            prompt += f" ({self.reused_tokens} reused from the KV cache)"
+        if timed and self.ttft_s > 0:
+            prompt += f" at {self.prompt_tok_s:.1f} tok/s"
+        parts = [prompt, f"generated {len(self.tokens)} ({self.stopped_by})"]
+        if timed:
             parts.append(f"TTFT {self.ttft_s * 1e3:.1f} ms")
         if len(self.tokens) >= 2 and self.decode_s > 0:
             parts.append(f"decode {self.decode_tok_s:.2f} tok/s")
@@ -230,15 +289,21 @@ def check_prompt_ids(ids: list[int], vocab_size: int, model: str) -> None:
 
 
 def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
-                        params: SamplingParams) -> Iterator[int]:
-    """The token stream of a logits backend: token i = sample(logits, params, uniform(seed, i)).
+                        params: SamplingParams, reuse: bool = False) -> Iterator[int]:
+    """The token stream of a logits backend: token i = sample(penalize(logits, last
+    PENALTY_WINDOW ids of prompt + tokens so far), params, uniform(seed, i)).
 
     Lazy: the prefill runs at the first `next`, and token i is decoded (to get the logits of
     token i + 1) only when the consumer asks for token i + 1 — a stop token is never decoded.
+    reuse: continue the backend's cached sequence (module doc).
     """
-    logits = backend.prefill(list(prompt_ids))
+    seq = list(prompt_ids)
+    logits = backend.prefill(list(prompt_ids), reuse=True) if reuse else backend.prefill(list(prompt_ids))
     for i in range(max_new_tokens):
+        if params.penalized:
+            logits = penalize(np.array(logits, np.float32), seq[-PENALTY_WINDOW:], params.repeat_penalty)
         tok = sample(logits, params, uniform(params.seed, i))
+        seq.append(tok)
         yield tok
         if i + 1 < max_new_tokens:
             logits = backend.decode(tok)
@@ -246,8 +311,14 @@ def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens:
 
 def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
              params: SamplingParams = SamplingParams(), stop_ids: frozenset[int] = frozenset(),
-             on_token: Callable[[int], None] | None = None, ignore_stop: bool = False) -> GenerationResult:
+             on_token: Callable[[int], bool | None] | None = None, ignore_stop: bool = False,
+             reuse: bool = False) -> GenerationResult:
     """Prefill `prompt_ids`, then decode up to `max_new_tokens` tokens.
+
+    on_token(token) is called for every generated token; a true return value ends generation
+    there (stopped_by "stop string": the caller found a stop string in the text).
+    reuse: continue the backend's cached sequence, prefilling only what follows the common
+    prefix (module doc); `reused_tokens` says how many positions were kept.
 
     Token i (0-based) is chosen with the uniform number `sampler.uniform(params.seed, i)`, by
     the backend itself when it has `token_stream` (the GPU engine), else here.
@@ -262,27 +333,30 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
     if budget <= 0:
         return res
     t0 = time.perf_counter()
+    extra = {"reuse": True} if reuse else {}
     if hasattr(backend, "token_stream"):
-        tokens = backend.token_stream(list(prompt_ids), budget, params)
+        tokens = backend.token_stream(list(prompt_ids), budget, params, **extra)
     else:
-        tokens = host_sampled_tokens(backend, prompt_ids, budget, params)
+        tokens = host_sampled_tokens(backend, prompt_ids, budget, params, **extra)
     t_first = None
     try:
         for tok in tokens:
             if t_first is None:
                 t_first = time.perf_counter()
                 res.ttft_s = t_first - t0
+                res.reused_tokens = int(getattr(backend, "last_reused", 0)) if reuse else 0
             if tok in stop_ids and not ignore_stop:
                 res.stopped_by = "stop token"
                 break
             res.tokens.append(tok)
-            if on_token:
-                on_token(tok)
+            if on_token and on_token(tok):
+                res.stopped_by = "stop string"
+                break
     finally:
         close = getattr(tokens, "close", None)
         if close is not None:
             close()  # a backend running ahead of the host stops here
     res.decode_s = time.perf_counter() - (t_first or t0)
-    if res.stopped_by != "stop token" and len(res.tokens) == budget < max_new_tokens:
+    if res.stopped_by == "max_new_tokens" and len(res.tokens) == budget < max_new_tokens:
         res.stopped_by = "context full"
     return res

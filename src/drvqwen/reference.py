@@ -338,6 +338,13 @@ class PagedKVCache:
                 raise MemoryError("KV cache out of pages")
             self.block_table.append(self.free.pop(0))
 
+    def truncate(self, n: int) -> None:
+        """Keep positions < n (a sequence continued after its first n tokens); their pages stay,
+        later slots are overwritten by the next forward."""
+        if not 0 <= n <= self.seq_len:
+            raise ValueError(f"truncate({n}): the cache holds {self.seq_len} positions")
+        self.seq_len = n
+
     def reset(self) -> None:
         """Return every page to the free list (the next sequence starts at position 0)."""
         self.free = self.block_table + self.free

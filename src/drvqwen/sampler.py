@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p — driven by a counter-based RNG.
+"""Token sampling: repeat penalty, greedy, temperature, top-k, top-p, min-p — driven by a
+counter-based RNG.
 
 The uniform number for step `step` of a run with seed `seed` is the first 32-bit output of
 Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11) with key
@@ -28,6 +29,17 @@ quantities that are:
 4. Pick. The kept tokens are scanned in *id* order (not probability order: the GPU needs no
    sort): with x the 32-bit Philox output (u = x / 2^32) and C the kept weight, the token is
    the first whose cumulative weight exceeds floor(x · C / 2^32) (exact in integers).
+
+min_p (after top_k and top_p, as in Hugging Face's MinPLogitsWarper): of the kept prefix,
+only the tokens with e_i ≥ float32(min_p) stay — e_i is the token's probability relative to
+the most likely one at this temperature, compared exactly (float32 on both sides). The most
+likely token (e = 1) always stays.
+
+Repeat penalty (llama.cpp's `penalty_repeat`, window `penalty_last_n` = 64 by default): before
+anything else, the logit of every distinct token among the last PENALTY_WINDOW tokens of the
+sequence (prompt included) is divided by the penalty if it is positive, multiplied by it if not
+— one correctly rounded float32 operation each, so the GPU (__fdiv_rn / __fmul_rn) gets the
+same bits. It applies to greedy choices too.
 
 Greedy (temperature < 1e-5, top_k = 1 or top_p = 0) is the argmax in the GPU argmax's order
 (ptx/warp.cuh argmax_better): the largest logit, lowest id on ties, a NaN never chosen over a
@@ -61,6 +73,9 @@ GREEDY_TEMPERATURE = 1e-5
 # The largest top_k kept as given: the GPU sampler's parameter is an int32 (sampling.cu
 # SamplerParams.top_k). Larger values mean "every token", as any top_k >= V does.
 TOP_K_MAX = 2**31 - 1
+# Tokens of the sequence the repeat penalty looks back over: llama.cpp's default
+# `penalty_last_n` (common/common.h). kernels/sampling.cu PENALTY_WINDOW mirrors it.
+PENALTY_WINDOW = 64
 
 
 def philox4x32(counter: tuple[int, int, int, int], key: tuple[int, int], rounds: int = 10) -> tuple[int, int, int, int]:
@@ -89,6 +104,9 @@ class SamplingParams:
         top_k: 0 = off; an int >= 0, clamped to TOP_K_MAX (every top_k >= V keeps all tokens).
         top_p: 1.0 = off; 0 = greedy; a float in [0, 1].
         seed: the Philox key, an int taken modulo 2^64 (negative seeds wrap, as on the GPU).
+        min_p: 0 = off; a float in [0, 1]: keep tokens at least this likely relative to the top one.
+        repeat_penalty: 1 = off; a finite float > 0 (llama.cpp's repeat_penalty, over the last
+            PENALTY_WINDOW tokens).
 
     Raises:
         ValueError: a value outside its range (the message names the field and the value).
@@ -98,6 +116,8 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
 
     def __post_init__(self):
         if not (self.temperature >= 0) or self.temperature == float("inf"):
@@ -106,6 +126,13 @@ class SamplingParams:
             raise ValueError(f"top_k={self.top_k}: must be >= 0")
         if not (0.0 <= self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p}: must be in [0, 1]")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p={self.min_p}: must be in [0, 1]")
+        if not (0.0 < self.repeat_penalty < float("inf")):
+            raise ValueError(f"repeat_penalty={self.repeat_penalty}: must be a finite number > 0")
+        # float32 here: both backends use these bits (the GPU's parameters are float32).
+        object.__setattr__(self, "min_p", float(np.float32(self.min_p)))
+        object.__setattr__(self, "repeat_penalty", float(np.float32(self.repeat_penalty)))
         # Normalized here so that the CPU sampler and the GPU's packed parameters (int32 top_k,
         # u64 seed) can only ever see the same values.
         object.__setattr__(self, "top_k", min(int(self.top_k), TOP_K_MAX))
@@ -114,6 +141,28 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1 or self.top_p <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the repeat penalty changes any logit (repeat_penalty != 1)."""
+        return self.repeat_penalty != 1.0
+
+
+def penalize(logits: np.ndarray, recent, penalty: float) -> np.ndarray:
+    """The repeat penalty (module doc), in place: logits fp32 [V] of each distinct id in
+    `recent` (the last PENALTY_WINDOW ids of the sequence; ids outside [0, V) are skipped)
+    become l / penalty if l > 0, else l · penalty. Returns `logits`.
+
+    Source: llama.cpp src/llama-sampling.cpp, llama_sampler_penalties_apply.
+    """
+    if penalty == 1.0:
+        return logits
+    p = np.float32(penalty)
+    ids = np.unique(np.asarray(list(recent), np.int64))
+    ids = ids[(ids >= 0) & (ids < logits.size)]
+    l = logits[ids].astype(np.float32)
+    logits[ids] = np.where(l > 0, l / p, l * p).astype(np.float32)
+    return logits
 
 
 def argmax(logits: np.ndarray) -> int:
@@ -194,6 +243,8 @@ def kept_tokens(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray,
         c1 = int(cum[n - 1])
         goal = math.ceil(float(c1) * params.top_p)          # exact operands, one float64 rounding
         n = int(np.searchsorted(cum, goal, side="left")) + 1  # first prefix with weight ≥ goal
+    if params.min_p > 0.0:
+        n = min(n, int(np.count_nonzero(e >= np.float32(params.min_p))))  # a prefix of the order
     kept = np.sort(order[:n])
     return kept, w[kept]
 

@@ -22,7 +22,8 @@ Names follow one thread through the code base:
 |                         | GemmInt4ResidualRows, GemmInt4GateUpSwigluRows | h fp16 [M, F]                     |
 | attention_prefill       | AttentionPrefill                            | out fp16 [M, Hq, Dh]                 |
 | prefill_state           | PrefillBeginChunk, DecodeResume             | prefill_state int32 [2], state       |
-| sampling                | SampleToken, PublishToken                   | next_token, host token ring          |
+| sampling                | SampleToken, PenalizedSampleToken,          | next_token, host token ring, the     |
+|                         | PublishToken                                | repeat-penalty history, logits       |
 | timing                  | GpuSleep                                    | (nothing: holds the stream)          |
 
 base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec`, the two-step
@@ -45,7 +46,7 @@ from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
 from .rope_kv import RopeKvRows
-from .sampling import PublishToken, SampleToken
+from .sampling import PenalizedSampleToken, PublishToken, SampleToken
 from .timing import GpuSleep
 
 __all__ = [
@@ -53,7 +54,8 @@ __all__ = [
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
     "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
     "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef",
-    "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PrefillBeginChunk", "PublishToken",
+    "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PrefillBeginChunk",
+    "PublishToken",
     "RmsNorm", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials",
 ]

@@ -1,0 +1,173 @@
+"""`drvqwen chat` on the CPU reference: the KV cache of earlier turns is reused (only the new
+turn is prefilled) and gives the tokens a from-scratch run of the whole conversation gives;
+turns are dropped when the context is outgrown; the terminal loop through stdin and a
+pseudo-terminal (commands, Ctrl-C stops an answer and not the chat, Ctrl-D ends it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from drvqwen.chat import ChatSession
+from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.generate import CPUBackend, generate
+from drvqwen.tokenizer import Tokenizer
+
+from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+
+CFG = dataclasses.replace(TINY, max_position=4096)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import numpy as np
+
+    path = tmp_path_factory.mktemp("chat") / "tiny.nanoqwen"
+    write_model(path, CFG, random_dense(CFG, np.random.default_rng(3)), tokenizer_json=byte_tokenizer_json())
+    return path
+
+
+def _session(path, max_context=512, max_new=12, **kw):
+    f = NanoqwenFile(path)
+    tok = Tokenizer.from_json(f.tokenizer_json)
+    return ChatSession(tok, CPUBackend(f, max_context), f.eog_ids, max_new_tokens=max_new, **kw), f, tok
+
+
+def test_second_turn_reuses_the_cache_and_matches_a_from_scratch_run(tiny):
+    s, f, tok = _session(tiny)
+    t1 = s.ask("hello there")
+    assert t1.result.reused_tokens == 0 and len(t1.result.tokens) > 0
+    cached = s.backend.cached_ids()
+    ids2 = s.prompt_ids("and now?")
+    # The cache holds the first prompt and the answer's ids except the last (never decoded).
+    common = 0
+    while common < len(cached) and cached[common] == ids2[common]:
+        common += 1
+    assert common == len(t1.result.tokens) - 1 + t1.result.prompt_tokens
+    # The conversation keeps the generated ids themselves, closed by <|im_end|>.
+    assert ids2[t1.result.prompt_tokens:t1.result.prompt_tokens + len(t1.result.tokens)] == t1.result.tokens
+    assert ids2[t1.result.prompt_tokens + len(t1.result.tokens)] == tok.control_id("<|im_end|>")
+    t2 = s.ask("and now?")
+    assert t2.result.reused_tokens == common and t2.result.prefill_tokens == len(ids2) - common
+    assert f"({common} reused from the KV cache)" in t2.result.summary()
+    # From scratch: a fresh backend, the whole conversation prefilled at once.
+    fresh = CPUBackend(f, 512)
+    want = generate(fresh, ids2, s.max_new_tokens, stop_ids=f.eog_ids)
+    assert want.tokens == t2.result.tokens and want.reused_tokens == 0
+
+
+def test_reset_and_system_change_keep_what_still_matches(tiny):
+    s, f, _ = _session(tiny)
+    s.ask("one")
+    n_sys = len(s.system_ids())
+    s.reset()
+    assert s.turns == []
+    t = s.ask("two")
+    assert t.result.reused_tokens >= n_sys          # the system turn is still cached
+    s.set_system("be brief")
+    t = s.ask("three")
+    assert t.result.reused_tokens < n_sys           # a new system prompt: prefilled again
+
+
+def test_context_overflow_drops_the_oldest_turns(tiny):
+    s, f, _ = _session(tiny, max_context=160, max_new=16, system="sys")
+    dropped = 0
+    for i in range(8):
+        t = s.ask(f"message number {i} with some words")
+        dropped += t.dropped_turns
+        assert len(s.prompt_ids("x")) <= 160 + 40
+        if t.dropped_turns:
+            assert t.result.reused_tokens >= len(s.system_ids()) - 1 or t.result.reused_tokens == 0
+            assert s.messages()[0] == {"role": "system", "content": "sys"}
+    assert dropped > 0 and len(s.turns) < 8
+    with pytest.raises(Exception, match="context holds 160"):
+        s.ask("x" * 200)
+
+
+def _env(tmp_path):
+    env = dict(os.environ, DRVQWEN_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_scripted_chat_through_stdin(tiny, tmp_path):
+    save = tmp_path / "conv.json"
+    script = f"hello\n/reset\nfirst\nsecond \\\nline\n/save {save}\n/bogus\n"
+    r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu",
+                        "-n", "6"], input=script, capture_output=True, text=True, env=_env(tmp_path),
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("generated") == 3
+    assert "conversation reset" in r.stderr and "unknown command /bogus" in r.stderr
+    assert "reused from the KV cache" in r.stderr
+    msgs = json.loads(save.read_text())["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert msgs[1]["content"] == "first" and msgs[3]["content"] == "second \nline"
+
+
+class Terminal:
+    """The master side of a pty: `expect` reads until `needle` and consumes the output up to
+    and including it (what follows stays for the next `expect`)."""
+
+    def __init__(self, fd):
+        self.fd, self.buf = fd, b""
+
+    def expect(self, needle: bytes, timeout: float = 60.0) -> bytes:
+        import select
+
+        end = time.time() + timeout
+        while needle not in self.buf:
+            if time.time() > end:
+                raise AssertionError(f"{needle!r} not seen in {self.buf[-400:]!r}")
+            r, _, _ = select.select([self.fd], [], [], 0.5)
+            if r:
+                try:
+                    chunk = os.read(self.fd, 4096)
+                except OSError:            # the child has gone
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"the chat ended before {needle!r}: {self.buf[-600:]!r}")
+                self.buf += chunk
+        i = self.buf.index(needle) + len(needle)
+        seen, self.buf = self.buf[:i], self.buf[i:]
+        return seen
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_chat_in_a_pseudo_terminal_ctrl_c_stops_the_answer_not_the_chat(tiny, tmp_path):
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal session with the pty as its controlling terminal
+        os.execve(sys.executable, [sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device",
+                                   "cpu", "-n", "100000", "--ignore-eos", "--max-context", "4096"], _env(tmp_path))
+    term = Terminal(fd)
+    try:
+        term.expect(b">>> ")
+        os.write(fd, b"hi\r")
+        time.sleep(0.5)                                 # the answer (up to 4000 tokens) streams
+        os.write(fd, b"\x03")                           # Ctrl-C during the answer
+        out = term.expect(b"answer stopped")
+        term.expect(b">>> ")
+        os.write(fd, b"/reset\r")
+        term.expect(b"conversation reset")
+        term.expect(b">>> ")
+        os.write(fd, b"\x03")                           # Ctrl-C at the prompt: a fresh line
+        term.expect(b">>> ")
+        os.write(fd, b"\x04")                           # Ctrl-D: the chat ends
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out[-400:]
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
