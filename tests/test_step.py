@@ -89,6 +89,28 @@ def test_stepwise_reference_is_the_forward_pass(tiny, rng):
     assert m.pages.block_table == [0, 1]
 
 
+@pytest.mark.parametrize("attention", ["tma", "plain"])
+def test_comparison_path_on_cpu_buffers(tiny, rng, attention):
+    """The GPU's path (reference from the launch's inputs in float64, then compare() against
+    the buffers the launch left) over buffers the CPU wrote in the GPU's dtypes: every group
+    compares ok, the split-KV partials only through the combine."""
+    from drvqwen.step.machine_cpu import CpuMachine
+
+    m = CpuMachine(tiny, 64, attention=attention)
+    m.start(rng.integers(0, 256, 15).tolist())       # the step at 15; the next opens page 1
+    m.compares, m.dtype = True, np.float64
+    for _ in range(2):
+        reports = m.finish_step()
+        assert len(reports) == len(m.entries)
+        compared = [c.name for r in reports for c in r.comparisons]
+        assert len([r for r in reports if r.comparisons]) == len(m.groups)
+        assert "attn" in compared and "partial_out" not in compared and "k_cache[2]" in compared
+        bad = [(r.entry.name, c) for r in reports for c in r.comparisons if not c.ok]
+        assert not bad, bad
+        later = [r for r in reports if r.later]
+        assert [r.entry.name for r in later] == [f"L{l}.attention.0" for l in range(m.config.num_layers)]
+
+
 def test_every_launch_group_has_a_reference(tiny):
     from drvqwen.reference_steps import reference_for
 

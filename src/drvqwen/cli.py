@@ -335,7 +335,8 @@ def cmd_step(args) -> int:
 
     script = read_script(args.script) if args.script else None
     device, why = _choose_device(args.device)
-    f = resolve_model(args.model, on_convert=_convert_with_progress, verify=_verify_with_progress,
+    f = resolve_model(args.model, on_convert=_convert_with_progress,
+                      verify=None if args.no_verify else _verify_with_progress,
                       say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True), hash_progress=_hash_progress)
     if device == "cpu":
         err.print(f"[yellow]stepping through the numpy reference on the CPU ({why})", soft_wrap=True)

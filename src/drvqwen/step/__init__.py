@@ -33,6 +33,8 @@ def register(subparsers, fn) -> argparse.ArgumentParser:
     p.add_argument("--max-context", type=int, default=0,
                    help=f"tokens the KV cache holds (default 0: {DEFAULT_MAX_CONTEXT}, or the model's "
                         f"max_position if smaller; the attention's split grid follows it)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the one-time CRC32 check of the model's tensor data (as for run)")
     p.add_argument("--script", help="run the commands of FILE (one per line, # comments) first, echoed; "
                                     "then stop unless stdin is a terminal")
     p.set_defaults(fn=fn)

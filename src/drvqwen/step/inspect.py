@@ -155,6 +155,10 @@ def kv(s) -> None:
     m = s.m
     bt = m.block_table_host()
     n_pages = m.plan.n_pages
+    if s.prompt_ids is None:
+        s.say(f"no sequence: the block table is empty and all {n_pages} pages are free; the first step of a "
+              f"sequence opens page 0 (prefill reserves the prompt's pages at once)")
+        return
     t = R.table("logical page", "positions", "physical page", title="block table (logical → physical)",
                 right=("logical page", "physical page"))
     device_bt = m.array("block_table")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ..decode import plan_decode
+from ..decode import DEFAULT_ATTENTION, plan_decode
 from ..errors import DrvqwenError
 from ..format import quant
 from ..format.nanoqwen import NanoqwenFile
@@ -66,6 +66,10 @@ class CpuMachine(Machine):
     Args:
         f: the model file.
         max_context: tokens the KV cache holds.
+        attention: the decode attention kernel the plan uses ("tma", the default, or "plain").
+    Attributes:
+        compares: False: the buffers are the reference's own output. Tests set it (and dtype
+            to float64) to run the GPU's comparison path on the CPU's buffers.
     Raises:
         DrvqwenError: max_context out of range.
     """
@@ -74,11 +78,11 @@ class CpuMachine(Machine):
     compares = False
     dtype = np.float32          # as the CPU backend computes
 
-    def __init__(self, f: NanoqwenFile, max_context: int) -> None:
+    def __init__(self, f: NanoqwenFile, max_context: int, attention: str = DEFAULT_ATTENTION) -> None:
         cfg = f.config
         self.config = cfg
         occ = FixedOccupancy(H200_SMS, lambda _k, _t, _s: PLANNED_BLOCKS_PER_SM)
-        self.plan = plan_decode(cfg, max_context, occupancy=occ, text_vocab=f.text_vocab)
+        self.plan = plan_decode(cfg, max_context, attention=attention, occupancy=occ, text_vocab=f.text_vocab)
         self.max_context = self.plan.max_context
         self.weights = FileWeights(f)
         self.label = (f"cpu (numpy reference; grids planned for an H200: {H200_SMS} SMs, "

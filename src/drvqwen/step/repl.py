@@ -108,6 +108,8 @@ class Repl:
         """Run lines from a script or a pipe, each echoed after the prompt; False if one quit."""
         for raw in lines:
             line = raw.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
             if self.echo:
                 self.out.print(Text(PROMPT + line, style="bold blue"), soft_wrap=True)
             if not self.execute(line):

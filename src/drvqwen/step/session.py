@@ -220,20 +220,22 @@ class Session:
         counts = {"step": 0, "opens_page": 0}
         t0 = time.perf_counter()
         done, why = 0, f"{n} tokens"
-        for _ in range(n):
-            if self.m.pos >= self.m.max_context:
-                why = "the context is full"
-                break
-            t, graph = self.m.gen_step()
-            counts[graph] += 1
-            self.tokens.append(t)
-            done += 1
-            self.out.file.write(stream.push(t))
-            self.out.file.flush()
-            if t in self.eog_ids:
-                why = "an end-of-generation token"
-                break
-        self.out.file.write(stream.flush() + "\n")
+        try:
+            for _ in range(n):
+                if self.m.pos >= self.m.max_context:
+                    why = "the context is full"
+                    break
+                t, graph = self.m.gen_step()
+                counts[graph] += 1
+                self.tokens.append(t)
+                done += 1
+                self.out.file.write(stream.push(t))
+                self.out.file.flush()
+                if t in self.eog_ids:
+                    why = "an end-of-generation token"
+                    break
+        finally:
+            self.out.file.write(stream.flush() + "\n")     # Ctrl-C too: the error goes on its own line
         s = time.perf_counter() - t0
         how = ("replayed from the CUDA graphs" if self.m.device == "cuda"
                else "run by the CPU reference; on the GPU they replay the graphs")
