@@ -253,3 +253,26 @@ def test_piped_and_scripted_sessions(tiny, tmp_path):
     p = _run_cli(["--model", str(tiny.path), "--device", "cpu", "--script", str(tmp_path / "missing.txt")], "",
                  tmp_path / "cache")
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "missing.txt" in p.stderr
+
+
+@pytest.mark.slow
+def test_real_model_session_on_cpu(real_nanoqwen):
+    """The real 0.5B on the CPU: 149 launches (1 + 24 × 6 + 4), the prompt's ids, a whole step
+    with its candidates; the chosen tokens are the argmax of the logits shown."""
+    s, repl, buf = _session(real_nanoqwen, 256)
+    assert len(s.m.entries) == 1 + 24 * 6 + 4
+    ids = Tokenizer.from_json(real_nanoqwen.tokenizer_json).encode("def fib(n):", special=True)
+    for line in ["prompt def fib(n):", "next 2", "token", "show logits 0:4"]:
+        assert repl.execute(line)
+    out = buf.getvalue()
+    assert "error:" not in out
+    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+'", out.split("prefill of")[0], re.MULTILINE)
+    assert [int(i) for _, i in rows] == ids
+    assert "147 launches [2…148] run by the reference" in out
+    logits = s.m.logits()
+    assert np.isfinite(logits[:real_nanoqwen.text_vocab]).all()
+    assert s.tokens[-1] == int(np.argmax(logits))
+    tables = re.findall(r"candidates.*?\n(.*?)\n\n", out, re.DOTALL)
+    for table in tables:
+        probs = [float(p) for p in re.findall(r"'\s+-?[\d.]+\s+([\d.]+)\s*$", table, re.MULTILINE)]
+        assert len(probs) == 5 and sum(probs) <= 1 + 1e-9 and probs == sorted(probs, reverse=True)
