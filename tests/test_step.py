@@ -276,3 +276,19 @@ def test_real_model_session_on_cpu(real_nanoqwen):
     for table in tables:
         probs = [float(p) for p in re.findall(r"'\s+-?[\d.]+\s+([\d.]+)\s*$", table, re.MULTILINE)]
         assert len(probs) == 5 and sum(probs) <= 1 + 1e-9 and probs == sorted(probs, reverse=True)
+
+
+def test_src_finds_every_kernel_of_the_step(tiny):
+    """`src` shows each launch's kernel file header and the kernel's signature (through the
+    macro that defines it where a macro instantiates the kernel)."""
+    from drvqwen.cuda.sources import kernel_source
+    from drvqwen.step.inspect import signature
+
+    s, repl, buf = _session(tiny)
+    for kernel in {e.spec.kernel for e in s.m.entries}:
+        sig = signature(kernel_source(kernel.file).text.decode(), kernel.kernel)
+        assert sig is not None and "__global__" in sig, kernel
+    repl.execute("src L0.attention")
+    out = buf.getvalue()
+    assert "kernels/attention_decode_tma.cu — attention_decode_tma_hd64" in out
+    assert out.count("\n// ") > 5 and "attention_decode_tma_hd64, 64)" in out

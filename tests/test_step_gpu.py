@@ -107,7 +107,7 @@ def test_walk_one_step(model, rng):
         w.close()
 
 
-def test_page_boundary_eager_and_graphs(real_nanoqwen):
+def test_real_page_boundary_eager_and_graphs(real_nanoqwen):
     w = _Walk(real_nanoqwen)
     try:
         ids = Tokenizer.from_json(real_nanoqwen.tokenizer_json).encode(
