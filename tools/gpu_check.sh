@@ -25,6 +25,10 @@
 #             (DRVQWEN_REAL_MODEL), and tools/bench_serve.py: TTFT and tok/s through HTTP against
 #             the engine directly, into OUTDIR/serve-bench.json (the real 0.5B, else the
 #             synthetic 0.5B).
+#   step      `drvqwen step` on the GPU: tests/test_step_gpu.py (the real 0.5B with
+#             DRVQWEN_REAL_MODEL, and a synthetic model of its shape), then the scripted walk
+#             tools/step_walk.txt through a whole decode step on the synthetic 0.5B and the real
+#             0.5B; each transcript is step-walk-*.log (exit 1 if a launch reports MISMATCH).
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
 # Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
@@ -35,7 +39,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|step|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -268,6 +272,23 @@ for w in glob.glob(sys.argv[1] + '/*.whl'):
     return "$rc"
 }
 
+# step: the step-through REPL on the GPU (tests, then the scripted walk as a transcript).
+stage_step() {
+    local rc=0 syn select=()
+    rm -f "$OUTDIR"/step-*.log "$OUTDIR"/step-*.xml
+    [[ -n ${DRVQWEN_REAL_MODEL:-} ]] || select=(-k "not real")
+    run_step step-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_step_gpu.py "${select[@]}" \
+        --junitxml="$OUTDIR/step-tests.xml" || rc=1
+    syn=$("$PY" -c "from drvqwen.bench import ensure_synthetic; print(ensure_synthetic('0.5b'))") || return 1
+    run_step step-walk-synthetic "$PY" -m drvqwen step --model "$syn" --device cuda --max-context 512 \
+        --script tools/step_walk.txt || rc=1
+    if [[ -n ${DRVQWEN_REAL_MODEL:-} ]]; then
+        run_step step-walk-real "$PY" -m drvqwen step --model "$DRVQWEN_REAL_MODEL" --device cuda \
+            --max-context 512 --script tools/step_walk.txt || rc=1
+    fi
+    return "$rc"
+}
+
 record_env
 case $STAGE in
     tests) stage_tests ;;
@@ -276,6 +297,7 @@ case $STAGE in
     sanitize) stage_sanitize ;;
     bench) stage_bench ;;
     serve) stage_serve ;;
+    step) stage_step ;;
     all)
         rc=0
         stage_tests || rc=1

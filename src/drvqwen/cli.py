@@ -386,6 +386,36 @@ def cmd_chat(args) -> int:
     return 0
 
 
+def cmd_step(args) -> int:
+    """`drvqwen step`: the step-through REPL (step/), on the GPU when one is usable."""
+    from .models import resolve_model
+    from .step import open_machine
+    from .step.repl import read_script, run
+    from .step.session import Session
+    from .tokenizer import Tokenizer
+
+    script = read_script(args.script) if args.script else None
+    device, why = _choose_device(args.device)
+    f = resolve_model(args.model, on_convert=_convert_with_progress,
+                      verify=None if args.no_verify else _verify_with_progress,
+                      say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True), hash_progress=_hash_progress)
+    if device == "cpu":
+        err.print(f"[yellow]stepping through the numpy reference on the CPU ({why})", soft_wrap=True)
+        machine = open_machine(f, device, args.max_context)
+    else:  # pragma: no cover - needs a Hopper GPU (tests/test_step_gpu.py)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), console=err, transient=True) as p:
+            task = p.add_task("uploading weights", total=None)
+            machine = open_machine(f, device, args.max_context,
+                                   progress=lambda done, n: p.update(task, completed=done, total=n))
+    try:
+        out = make_console()
+        session = Session(machine, Tokenizer.from_json(f.tokenizer_json, source=str(f.path)), out, f.eog_ids)
+        return run(session, out, script)
+    finally:
+        machine.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="drvqwen", description="Qwen2.5-Coder inference on NVIDIA Hopper, annotated.",
@@ -446,6 +476,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .server import main as serve  # the OpenAI-compatible HTTP server (server/)
 
     serve.register(sub)
+
+    from . import step  # the step-through REPL (step/)
+
+    step.register(sub, cmd_step)
     return ap
 
 
