@@ -414,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import bench  # TTFT and ITL, eager vs CUDA graphs (bench.py)
 
     bench.register(sub)
+    from . import eval_cli  # HumanEval pass@1 and logit agreement (eval_cli.py)
+
+    eval_cli.register(sub)
     return ap
 
 
