@@ -5,6 +5,7 @@
 - `private_cache`: a cache root of the test's own.
 - `real_gguf`: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, fetched once into the
   cache root (`$DRVQWEN_CACHE`) by `drvqwen.pull` and verified by sha256.
+- Slow tests carry `@pytest.mark.slow` and skip, saying so, unless DRVQWEN_SLOW=1.
 - GPU tests carry `@pytest.mark.gpu`; they skip with the reason when no Hopper GPU is usable,
   and fail instead under `DRVQWEN_REQUIRE_GPU=1` (tools/gpu_check.sh sets it).
 """
@@ -74,6 +75,11 @@ def _gpu_unavailable_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Slow tests (minutes of CPU on the real model) run on request: DRVQWEN_SLOW=1.
+    if os.environ.get("DRVQWEN_SLOW") != "1":
+        for it in items:
+            if "slow" in it.keywords:
+                it.add_marker(pytest.mark.skip(reason="slow (minutes on the CPU): run with DRVQWEN_SLOW=1"))
     gpu_items = [it for it in items if "gpu" in it.keywords]
     if not gpu_items:
         return

@@ -132,17 +132,17 @@ def _patch_header(raw: bytearray, off: int, fmt: str, val) -> None:
 
 
 def _rewrite_table(path: Path, edit) -> None:
-    """Re-pack the tensor table with `edit(records)` applied (records: name, code, shape, off,
-    nbytes, crc; same byte size), then fix the table and header CRCs so that the table check
+    """Re-pack the (version-3) tensor table with `edit(records)` applied (records: name, code,
+    shape, off, nbytes, crc, format id; same byte size), then fix the table and header CRCs so that the table check
     under test is what fires."""
     with NanoqwenFile(path) as f:
         infos = list(f.tensors.values())
-    recs = [[i.name, nanoqwen.DTYPE_CODES[i.dtype], list(i.shape), i.offset, i.nbytes, i.crc32]
+    recs = [[i.name, nanoqwen.DTYPE_CODES[i.dtype], list(i.shape), i.offset, i.nbytes, i.crc32, i.format_id]
             for i in infos]
     edit(recs)
-    table = b"".join(struct.pack("<H", len(n.encode())) + n.encode() + struct.pack("<BB", c, len(s))
+    table = b"".join(struct.pack("<H", len(n.encode())) + n.encode() + struct.pack("<BBB", c, fid, len(s))
                      + struct.pack(f"<{len(s)}Q", *s) + struct.pack("<QQI", o, nb, crc)
-                     for n, c, s, o, nb, crc in recs)
+                     for n, c, s, o, nb, crc, fid in recs)
     raw = bytearray(path.read_bytes())
     t_off, t_size = struct.unpack_from("<QQ", raw, 88)
     assert len(table) == t_size

@@ -14,6 +14,7 @@ import pytest
 from drvqwen.errors import FormatError
 from drvqwen.format import nanoqwen
 from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.format.nanoqwen_writer import write_legacy_copy
 from drvqwen.tokenizer import Tokenizer
 
 from helpers import QWEN_CONTROL, TINY, byte_tokenizer_json, random_dense, write_model, write_tiny_gguf
@@ -36,7 +37,7 @@ def _ids(names, base=256):
 
 def test_file_stores_the_eog_set_and_text_vocab(tiny):
     with NanoqwenFile(tiny) as f:
-        assert f.header.version == nanoqwen.VERSION == 2
+        assert f.header.version == nanoqwen.VERSION == 3
         assert f.text_vocab == TEXT_VOCAB
         assert f.eog_ids == _ids(EOG_NAMES)
         tok = Tokenizer.from_json(f.tokenizer_json)
@@ -44,11 +45,10 @@ def test_file_stores_the_eog_set_and_text_vocab(tiny):
 
 
 def _as_version_1(path):
-    raw = bytearray(path.read_bytes())
-    struct.pack_into("<I", raw, 8, 1)
-    raw[156:252] = bytes(96)
-    struct.pack_into("<I", raw, 252, zlib.crc32(bytes(raw[:252])))
-    path.write_bytes(bytes(raw))
+    """Rewrite `path` as a version-1 file (table without format ids, bytes 156 … 251 zero)."""
+    tmp = path.with_name(path.name + ".v1")
+    write_legacy_copy(path, tmp, 1)
+    tmp.replace(path)
 
 
 def test_version_1_files_still_open_with_derived_facts(tiny):
@@ -68,7 +68,7 @@ def _patch(path, off, fmt, *vals):
 
 
 @pytest.mark.parametrize("off,fmt,vals,expect", [
-    (8, "<I", (3,), "header field version: 3, this drvqwen reads versions 1, 2 (written by a newer drvqwen"),
+    (8, "<I", (4,), "header field version: 4, this drvqwen reads versions 1, 2, 3 (written by a newer drvqwen"),
     (156, "<I", (0,), "header field text_vocab: 0, must be in [1, 512]"),
     (156, "<I", (513,), "header field text_vocab: 513"),
     (160, "<I", (13,), "header field n_eog: 13, at most 12"),

@@ -4,6 +4,12 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
 
     PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
         [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--pdl]
+    PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
+
+--formats times kernels/gemv_q.cu (one GEMV per weight format, format/weight_formats.py) at
+the preset's o_proj, gate_proj (one matrix) and down_proj shapes, residual output, with
+synthetic weights in each format; int4_g128 there is gemv_q's plain kernel, beside which the
+MMA engine of gemv_int4.cu (the rows without a format) is the figure to reach.
 
 Each figure is one launch of a CUDA graph of back-to-back launches of the same GEMV, cycling
 through enough copies of its weights that they cannot stay in the 60 MB L2 between launches
@@ -94,6 +100,57 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> K.La
                               **variant)
 
 
+Q_SHAPES = ("o_proj", "gate_proj", "down_proj")
+
+
+def q_shape(name: str, cfg) -> tuple[int, int]:
+    """(N, K) of one matrix for the --formats rows."""
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F)}[name]
+
+
+def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng) -> K.Launcher:
+    """GemvQ over synthetic weights in `fmt` (random planes, scales, offsets), residual out."""
+    n, k = q_shape(name, cfg)
+    parts = {}
+    for pname, (dt, shape) in fmt.tensors("w", n, k).items():
+        part = pname.split(".", 1)[1]
+        host = rng.integers(0, 2**32, size=shape, dtype=np.uint32) if dt == np.uint32 else \
+            rng.uniform(0.002, 0.01, size=shape).astype(dt)
+        parts[part] = s.array(f"{fmt.name}.{name}{copy}.{part}", shape, dt, host)
+    x = s.array(f"x{fmt.name}{name}{copy}", (k,), np.float16, rng.standard_normal(k))
+    res = s.array(f"res{fmt.name}{name}{copy}", (n,), np.float32, np.zeros(n))
+    return K.GemvQ(fmt, parts, x, n=n, k=k, residual=res)
+
+
+def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float) -> list[dict]:
+    """One row per (format, shape): µs, GB/s and the share of the copy bandwidth."""
+    from drvqwen.format import weight_formats as wf
+
+    rng = np.random.default_rng(0)
+    fmts = [f for f in wf.FORMATS.values() if "all" in names or f.name in names]
+    rows = []
+    for fmt in fmts:
+        for name in Q_SHAPES:
+            n, k = q_shape(name, cfg)
+            nbytes = wf.parts_nbytes(fmt, n, k)
+            copies = max(2, -(-2 * L2_BYTES // nbytes))
+            r = -(-reps // copies) * copies
+            s = Scratch()
+            try:
+                launchers = [make_q_launcher(fmt, name, s, c, cfg, rng) for c in range(copies)]
+                us = time_launchers(launchers, r, False)
+                spec = launchers[0].specs[0]
+                gbps = nbytes / us / 1e3
+                rows.append({"gemv": f"{fmt.name}:{name}", "variant": {"bits_per_weight": fmt.bits_per_weight},
+                             "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
+                             "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
+            finally:
+                get_device().synchronize()
+                s.close()
+    return rows
+
+
 def time_launchers(launchers: list, reps: int, pdl: bool) -> float:
     """µs per launch of a graph of `reps` launches cycling through `launchers`."""
     for ln in launchers:
@@ -125,6 +182,9 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, nargs="*", default=[], help="also force these grid sizes")
     ap.add_argument("--unroll", type=int, nargs="*", default=[], help="also compile with GEMV_UNROLL=N")
     ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
+    ap.add_argument("--formats", nargs="+", default=[],
+                    help="time kernels/gemv_q.cu in these weight formats (names of format/weight_formats.py, "
+                         "or all) instead of the INT4 GEMVs")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
     cfg = PRESETS[a.preset]
@@ -136,7 +196,9 @@ def main() -> int:
     rows = []
     variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
         [{"unroll": u} for u in a.unroll]
-    for name in a.gemv:
+    if a.formats:
+        rows += bench_formats(a.formats, cfg, a.reps, copy.gbps)
+    for name in ([] if a.formats else a.gemv):
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
         copies = max(2, -(-2 * L2_BYTES // nbytes))

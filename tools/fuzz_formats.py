@@ -7,8 +7,10 @@
     PYTHONPATH=src python3 tools/fuzz_formats.py --replay 1:4521 -v        # one case again
 
 Every case is a pure function of (seed, index): a seed file — a small synthetic model as
-`.nanoqwen` (format versions 2 and 1, one with YaRN RoPE scaling) or as GGUF (F32/F16/Q8_0, little- and big-endian, tied
-or not), or a real model when given — one mutation, and one command:
+`.nanoqwen` (format version 3 with the default formats and with per-tensor formats, copies in
+versions 2 and 1, one with YaRN RoPE scaling) or as GGUF (F32/F16/Q8_0 and one type per tensor,
+little- and big-endian, tied or not), or a real model when given — one mutation, and one command
+(`convert` with `--weights int4` or `source`):
 
     flip      bits flipped in a region (header, tokenizer, table, data / metadata, tensor data)
     truncate  the file cut at a boundary or anywhere; extend: bytes appended
@@ -73,8 +75,9 @@ def small_config():
 
 def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> dict[str, Path]:
     """The seed files, written into `d` (deterministic)."""
-    from drvqwen.format.nanoqwen import expected_tensors
-    from drvqwen.format.nanoqwen_writer import NanoqwenWriter
+    from drvqwen.format.convert import convert
+    from drvqwen.format.nanoqwen import expected_tensors, weight_shapes
+    from drvqwen.format.nanoqwen_writer import NanoqwenWriter, write_legacy_copy
     from drvqwen.format.synthetic import (minimal_tokenizer_json, synthetic_dense, synthetic_tensor,
                                           write_synthetic_gguf)
 
@@ -98,18 +101,20 @@ def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> d
         for name, (dt, shape) in expected_tensors(yarn_cfg).items():
             w.add(name, synthetic_tensor(name, dt, shape, rng))
     out["syn_yarn.nanoqwen"] = yq
-    v1 = d / "syn_v1.nanoqwen"
-    raw = bytearray(nq.read_bytes())
-    struct.pack_into("<I", raw, 8, 1)
-    raw[156:252] = bytes(96)
-    struct.pack_into("<I", raw, 252, zlib.crc32(bytes(raw[:252])))
-    v1.write_bytes(bytes(raw))
-    out["syn_v1.nanoqwen"] = v1
+    for v in (1, 2):
+        out[f"syn_v{v}.nanoqwen"] = write_legacy_copy(nq, d / f"syn_v{v}.nanoqwen", v)
     dense = synthetic_dense(cfg, rng)
+    mixed = ("Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q5_1")
+    types = {p + ".weight": mixed[i % len(mixed)] for i, p in enumerate(weight_shapes(cfg))}
     for name, kw in {"syn_f32.gguf": dict(qtype="F32", n_pad=20, eos_id=259),
                      "syn_f16_be.gguf": dict(qtype="F16", big_endian=True),
-                     "syn_q8_tied.gguf": dict(qtype="Q8_0", tied=True)}.items():
+                     "syn_q8_tied.gguf": dict(qtype="Q8_0", tied=True),
+                     "syn_mixed.gguf": dict(qtype=types)}.items():
         out[name] = write_synthetic_gguf(d / name, cfg, dense, **kw)
+    # Per-tensor formats (q5_g32, q8_g32, … and FP32 norms): the mixed GGUF kept as it is.
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(out["syn_mixed.gguf"], d / "syn_formats.nanoqwen", weights="source")
+    out["syn_formats.nanoqwen"] = d / "syn_formats.nanoqwen"
     if real_nanoqwen:
         out["real.nanoqwen"] = Path(real_nanoqwen).resolve()
     if real_gguf:
@@ -164,7 +169,8 @@ def nanoqwen_layout(path: Path) -> Layout:
                    Field("rope_factor", 220, "<d"), Field("rope_beta_fast", 228, "<f"),
                    Field("rope_beta_slow", 232, "<f"), Field("rope_attention_factor", 236, "<d"),
                    Field("rope_flags", 244, "<I")]
-    # Table records: u16 name length, name, u8 dtype, u8 ndim, ndim × u64, u64 offset, u64 nbytes, u32 crc.
+    # Table records: u16 name length, name, u8 dtype, [u8 format id: version 3], u8 ndim, ndim × u64,
+    # u64 offset, u64 nbytes, u32 crc.
     tab = raw[table_off:table_off + table_size] if len(raw) >= table_off + table_size else \
         _read_range(path, table_off, table_size)
     pos = 0
@@ -174,8 +180,12 @@ def nanoqwen_layout(path: Path) -> Layout:
         base = table_off + pos
         fields.append(Field(f"table[{name}].name_length", base, "<H"))
         p2 = pos + 2 + nlen
-        code, ndim = struct.unpack_from("<BB", tab, p2)
-        fields += [Field(f"table[{name}].dtype", table_off + p2, "<B"), Field(f"table[{name}].ndim", table_off + p2 + 1, "<B")]
+        fields.append(Field(f"table[{name}].dtype", table_off + p2, "<B"))
+        if version >= 3:
+            fields.append(Field(f"table[{name}].format", table_off + p2 + 1, "<B"))
+            p2 += 1
+        (ndim,) = struct.unpack_from("<B", tab, p2 + 1)
+        fields.append(Field(f"table[{name}].ndim", table_off + p2 + 1, "<B"))
         p3 = p2 + 2
         fields += [Field(f"table[{name}].dim{j}", table_off + p3 + 8 * j, "<Q") for j in range(ndim)]
         p4 = p3 + 8 * ndim
@@ -387,9 +397,10 @@ def choose_command(seed_name: str, rng: np.random.Generator, target: Path, out: 
     if rng.random() < 0.3:
         run += ["--temperature", "0.8", "--top-k", "7", "--seed", str(int(rng.integers(1 << 20)))]
     if seed_name.endswith(".gguf"):
+        conv = ["convert", str(target), "-o", str(out), "--weights", str(rng.choice(["int4", "source"]))]
         if seed_name.startswith("real"):
-            return ["convert", str(target), "-o", str(out)]
-        return [["convert", str(target), "-o", str(out)], run, ["info", str(target)]][int(rng.choice(3, p=[0.6, 0.3, 0.1]))]
+            return conv
+        return [conv, run, ["info", str(target)]][int(rng.choice(3, p=[0.6, 0.3, 0.1]))]
     if seed_name.startswith("real"):
         return [["info", str(target)], ["info", str(target), "--verify"], run][int(rng.choice(3, p=[0.7, 0.2, 0.1]))]
     return [["info", str(target)], ["info", str(target), "--tensors", "--verify"], run][int(rng.choice(3, p=[0.3, 0.2, 0.5]))]

@@ -66,8 +66,23 @@ def _convert_with_progress(src: Path, dst: Path):
     return report
 
 
+def _print_mapping(report) -> None:
+    """Source type → format, how many weights, bits per weight, exact or re-quantized; and the
+    bytes one decode token reads."""
+    t = Table(title="weight formats (source type → drvqwen format)")
+    for c in ("source", "format", "weights", "bits/weight", "values"):
+        t.add_column(c)
+    for row in report.mapping.values():
+        bpw = "16 (fp16)" if row.bits_per_weight is None else f"{row.bits_per_weight:g}"
+        t.add_row(row.source_type, row.format_name, str(row.count), bpw,
+                  "exact" if row.exact else "re-quantized")
+    err.print(t)
+    err.print(f"bytes read per decode token: {report.bytes_per_token / 1e6:.1f} MB")
+
+
 def _print_quant_summary(report, per_tensor: bool = False) -> None:
-    t = Table(title="INT4 g128 reconstruction error (‖W−Ŵ‖/‖W‖)", show_lines=False)
+    _print_mapping(report)
+    t = Table(title="reconstruction error (‖W−Ŵ‖/‖W‖; 0 where the source's values are kept)", show_lines=False)
     if per_tensor:
         for c in ("tensor", "shape", "rel L2", "max |err|", "SNR dB"):
             t.add_column(c, justify="right" if c != "tensor" else "left")
@@ -104,13 +119,24 @@ def cmd_convert(args) -> int:
         def cb(name, done, total):
             p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
 
-        report = convert(src, out, progress=cb)
+        report = convert(src, out, progress=cb, weights=args.weights)
     _print_quant_summary(report, per_tensor=args.per_tensor)
     err.print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
     if args.report_json:
         Path(args.report_json).write_text(json.dumps(
             [e.__dict__ | {"shape": list(e.shape)} for e in report.errors], indent=1))
     return 0
+
+
+def _format_counts(f) -> str:
+    """`int4_g128 ×168, dense ×2`: how many weights of the file are in each format."""
+    from .format import weight_formats as wf
+
+    counts: dict[str, int] = {}
+    for fid in f.formats.values():
+        name = "dense" if fid == wf.PLAIN else wf.FORMATS[fid].name
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items()))
 
 
 def cmd_info(args) -> int:
@@ -121,7 +147,9 @@ def cmd_info(args) -> int:
     c = f.config
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
-            ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
+            ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"
+             + ("" if f.has_default_formats else " (default; per-tensor formats below)")),
+            ("weight formats", _format_counts(f)),
             ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
             ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
              if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
@@ -457,9 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache_cli.register(sub)
 
-    c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128)")
+    c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128, or a GGUF's own formats)")
     c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
     c.add_argument("-o", "--output", required=True, help="the .nanoqwen file to write")
+    c.add_argument("--weights", choices=("int4", "source"), default="int4",
+                   help="int4 (default): every projection INT4 g128, embedding and lm_head FP16 (what "
+                        "the GPU kernels run); source: a GGUF's tensors kept in formats that hold "
+                        "their values exactly (docs/quantization.md; CPU reference only for now)")
     c.add_argument("--per-tensor", action="store_true", help="print the error of every tensor")
     c.add_argument("--report-json", help="write per-tensor quantization errors as JSON")
     c.set_defaults(fn=cmd_convert)
@@ -480,6 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
     from . import step  # the step-through REPL (step/)
 
     step.register(sub, cmd_step)
+
+    from . import eval_cli  # HumanEval pass@1 and logit agreement (eval_cli.py)
+
+    eval_cli.register(sub)
     return ap
 
 

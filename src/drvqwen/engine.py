@@ -98,9 +98,15 @@ def check_gpu_supports(f: NanoqwenFile) -> None:
     YaRN RoPE scaling: the RoPE kernels take the inverse frequencies from a buffer, but not
     YaRN's attention factor on cos and sin; until they do, such a model runs on the CPU.
 
+    Weight formats other than the defaults (INT4 g128 projections, FP16 dense tensors; a
+    `--weights source` conversion) have no GPU kernels in the decode step yet.
+
     Raises:
-        DrvqwenError: the model uses YaRN.
+        DrvqwenError: the model uses YaRN, or other weight formats.
     """
+    if not f.has_default_formats:
+        raise DrvqwenError(f"{f.path}: per-tensor weight formats (convert --weights source) run on the "
+                           f"CPU backend only (--device cpu)")
     if f.config.rope_scaling is not None:
         raise DrvqwenError(f"{f.path}: YaRN RoPE scaling (factor {f.config.rope_scaling.factor:g}) runs "
                            f"on the CPU backend only (--device cpu)")

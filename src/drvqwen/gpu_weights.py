@@ -17,6 +17,8 @@ import numpy as np
 
 from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool, StagingUploader
+from .errors import FormatError
+from .format import weight_formats as wf
 from .format.nanoqwen import NanoqwenFile, proj_prefix
 
 
@@ -40,8 +42,13 @@ class GPUWeights:
 
         progress(bytes_done, bytes_total) is called after each tensor.
         Raises DeviceMemoryError (a DrvqwenError) before anything is copied if the weights do
-        not fit in free device memory.
+        not fit in free device memory, and FormatError if the file holds weight formats the
+        GPU kernels do not run (anything but INT4 g128 projections and FP16 dense tensors).
         """
+        if not f.has_default_formats:
+            names = sorted({wf.FORMATS[i].name for i in f.formats.values() if i in wf.FORMATS} - {wf.INT4_G128.name})
+            raise FormatError(f"{f.path}: weight formats {', '.join(names) or 'fp32 dense'} run on the CPU "
+                              f"reference only (--device cpu); for the GPU convert with --weights int4")
         self.config: QwenConfig = f.config if num_layers is None else f.config.with_layers(num_layers)
         keep = [i for i in f if not i.name.startswith("model.layers.")
                 or int(i.name.split(".")[2]) < self.config.num_layers]

@@ -30,7 +30,6 @@ import numpy as np
 
 from .config import QwenConfig, RopeScaling
 from .kv_cache import PAGE_TOKENS
-from .format import quant
 from .format.nanoqwen import NanoqwenFile, proj_prefix
 
 
@@ -225,7 +224,8 @@ class LayerWeights:
 
 @dataclass
 class Weights:
-    """A whole model's weights as dense arrays of one dtype (INT4 projections dequantized)."""
+    """A whole model's weights as dense arrays of one dtype (quantized weights dequantized from
+    their formats, format/weight_formats.py)."""
 
     config: QwenConfig
     embed_tokens: np.ndarray             # [V, D]
@@ -244,8 +244,8 @@ class Weights:
         t = f.tensor
 
         def deq(layer: int, proj: str) -> np.ndarray:
-            p = proj_prefix(layer, proj)
-            return quant.dequantize(np.asarray(t(f"{p}.qweight")), np.asarray(t(f"{p}.scales")), dtype)
+            # Each weight in its own format (format/weight_formats.py), float32 products first.
+            return f.weight(proj_prefix(layer, proj), np.float32).astype(dtype, copy=False)
 
         layers = []
         for i in range(cfg.num_layers):
@@ -261,8 +261,8 @@ class Weights:
                 v_bias=t(f"{proj_prefix(i, 'v_proj')}.bias").astype(dtype)))
             if progress:
                 progress(i + 1, cfg.num_layers)
-        return cls(cfg, t("model.embed_tokens.weight").astype(dtype), layers,
-                   t("model.norm.weight").astype(dtype), t("lm_head.weight").astype(dtype))
+        return cls(cfg, f.weight("model.embed_tokens", np.float32).astype(dtype, copy=False), layers,
+                   t("model.norm.weight").astype(dtype), f.weight("lm_head", np.float32).astype(dtype, copy=False))
 
 
     @classmethod

@@ -1,18 +1,18 @@
 """`drvqwen convert`: an HF checkpoint folder or a GGUF file → one `.nanoqwen` file.
 
-The seven projections of every layer are quantized to INT4 (format/quant.py); embedding,
-norms, biases and lm_head are stored as FP16. Tensors are streamed one at a time, so peak
-host memory is one source tensor in float32 plus its packed copy, not the model twice.
+Two weight policies (docs/quantization.md):
+- `int4` (the default): the seven projections of every layer are quantized to INT4 g128
+  (format/quant.py); embedding, norms, biases and lm_head are stored as FP16. The formats the
+  GPU kernels run.
+- `source` (a GGUF): every quantized tensor keeps its GGUF blocks' values in the format that
+  holds them exactly (format/weight_formats.py, gguf_blocks.py) — projections, embedding and
+  lm_head alike; F32 vectors stay F32. Types without such a format are re-quantized (F32/F16/
+  BF16 projections to INT4 g128, other quantized types to 8 bits, group 32) and reported so.
+  From an HF folder `source` is `int4`: a bf16 checkpoint has no blocks to keep.
+Tensors are streamed one at a time, so peak host memory is one source tensor in float32 plus
+its packed copy, not the model twice.
 
-Sources:
-- HF folder: config.json (model_type qwen2), *.safetensors (bf16/fp16/fp32, read with the
-  `safetensors` numpy loader, which handles bf16 through ml_dtypes), tokenizer.json.
-  A tied checkpoint (`tie_word_embeddings`, 0.5B–3B) uses the embedding as lm_head.
-- GGUF (any tensor type the `gguf` package dequantizes): metadata `qwen2.*`, tensors
-  `token_embd`, `blk.N.attn_q` …, and its own `output.weight` (the official 0.5B GGUF stores it
-  separately, as Q8_0), which becomes an untied FP16 lm_head; without one the model is tied
-  (as llama.cpp reads it). Big-endian files are read when their weights are F32/F16. The
-  tokenizer is rebuilt from the GGUF's tokens and merges (tokenizer.py).
+Sources (HF folder, GGUF file) are in sources.py.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ import numpy as np
 from ..config import QwenConfig
 from ..errors import DrvqwenError, FormatError
 from ..paths import ensure_free_space, ensure_writable
-from . import quant
-from .gguf_check import check_gguf
-from .nanoqwen import ATTN_PROJ, MLP_PROJ, expected_tensors, vocab_facts
+from . import gguf_blocks, quant
+from . import weight_formats as wf
+from .sources import _PLAIN_FLOAT_TYPES, GGUFSource, HFSource, gguf_name, hf_source_files, open_source  # noqa: F401
+from .nanoqwen import ATTN_PROJ, EMBED, LM_HEAD, MLP_PROJ, default_formats, expected_tensors, vocab_facts, weight_shapes
 from .nanoqwen_writer import NanoqwenWriter, estimated_file_size
+
+WEIGHT_POLICIES = ("int4", "source")
 
 FP16_MAX = 65504.0
 
@@ -46,11 +49,32 @@ class TensorError:
 
 
 @dataclass
+class MappingRow:
+    """How many weights of one source type went into one format, and whether exactly."""
+
+    source_type: str
+    format_name: str
+    count: int
+    exact: bool
+    bits_per_weight: float | None      # None: dense
+
+
+@dataclass
 class ConvertReport:
     path: Path
     config: QwenConfig
     source_kind: str
     errors: list[TensorError] = field(default_factory=list)
+    mapping: dict[tuple[str, str], MappingRow] = field(default_factory=dict)
+    # Bytes one decode token reads: every layer's weights, norms, biases, lm_head, and one
+    # embedding row (the file's own sizes).
+    bytes_per_token: int = 0
+
+    def note(self, source_type: str, fmt: wf.WeightFormat | None, exact: bool) -> None:
+        key = (source_type, fmt.name if fmt else "dense")
+        row = self.mapping.setdefault(key, MappingRow(source_type, key[1], 0, exact,
+                                                      fmt.bits_per_weight if fmt else None))
+        row.count += 1
 
     def summary_by_projection(self) -> dict[str, dict[str, float]]:
         """Mean and worst relative L2 error per projection type across layers."""
@@ -60,318 +84,6 @@ class ConvertReport:
             if rel:
                 out[proj] = {"mean_rel_l2": float(np.mean(rel)), "max_rel_l2": float(np.max(rel))}
         return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Sources: each gives the config, the tokenizer.json text, and tensors by HF name (float32).
-# ---------------------------------------------------------------------------------------------
-INDEX_NAME = "model.safetensors.index.json"
-
-
-def hf_source_files(folder: Path) -> list[Path]:
-    """The files a conversion of HF `folder` reads, in a fixed order: config.json,
-    generation_config.json (if present), tokenizer.json, then the index and exactly the
-    shards it names, or every *.safetensors without an index (HFSource's rule).
-
-    Raises:
-        FormatError: the index is malformed (see _read_index).
-    """
-    files = [folder / "config.json"]
-    if (folder / "generation_config.json").is_file():
-        files.append(folder / "generation_config.json")
-    files.append(folder / "tokenizer.json")
-    index = folder / INDEX_NAME
-    if index.exists():
-        files += [index] + [folder / n for n in sorted(set(_read_index(index).values()))]
-    else:
-        files += sorted(folder.glob("*.safetensors"))
-    return files
-
-
-class HFSource:
-    """A Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json).
-
-    With a `model.safetensors.index.json`, exactly the shards its `weight_map` names are read
-    and each tensor is taken from the shard the index names for it; other `*.safetensors` in
-    the folder (a stale shard of an older download) are ignored. Without an index, every
-    `*.safetensors` is read. Either way a tensor stored in two files is refused: which copy is
-    the model cannot be known.
-
-    `hf_source_files` lists the files this reads (what the conversion cache hashes).
-    """
-
-    kind = "hf"
-
-    def __init__(self, folder: Path):
-        from safetensors import safe_open
-
-        self.folder = folder
-        self.config = QwenConfig.from_hf_json(folder / "config.json")
-        tok = folder / "tokenizer.json"
-        if not tok.is_file():
-            raise FormatError(f"{tok}: file not found (the HF folder needs its tokenizer.json)")
-        try:
-            self.tokenizer_json = tok.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise FormatError(f"{tok}: not UTF-8 ({e.reason} at byte {e.start})") from None
-        # End-of-sequence ids the checkpoint names itself (generation_config.json, config.json),
-        # added to the end-of-generation set found by name.
-        self.eos_ids = _hf_eos_ids(folder)
-        index = folder / INDEX_NAME
-        weight_map = _read_index(index) if index.exists() else None
-        if weight_map is not None:
-            files = [folder / n for n in sorted(set(weight_map.values()))]
-            for fpath in files:
-                if not fpath.is_file():
-                    raise FormatError(f"{index}: shard {fpath.name} named in weight_map is missing")
-        else:
-            files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FormatError(f"{folder}: no *.safetensors files")
-        self._where: dict[str, object] = {}
-        self._handles = []
-        found_in: dict[str, Path] = {}
-        for fpath in files:
-            try:
-                h = safe_open(str(fpath), framework="numpy")
-            except Exception as e:  # safetensors raises its own error types
-                raise FormatError(f"{fpath}: not a readable safetensors file ({e})") from None
-            self._handles.append(h)
-            for k in h.keys():
-                if k in found_in:
-                    raise FormatError(f"{folder}: tensor {k} is stored twice, in {found_in[k].name} "
-                                      f"and {fpath.name}")
-                found_in[k] = fpath
-                if weight_map is not None and weight_map.get(k) != fpath.name:
-                    if k in weight_map:
-                        raise FormatError(f"{index}: tensor {k} is mapped to {weight_map[k]} but "
-                                          f"stored in {fpath.name}")
-                    continue      # not part of the model the index describes
-                self._where[k] = h
-        if weight_map is not None:
-            absent = sorted(set(weight_map) - set(found_in))
-            if absent:
-                raise FormatError(f"{index}: tensor {absent[0]} is not in its shard {weight_map[absent[0]]}")
-
-    def get(self, name: str) -> np.ndarray:
-        if name == "lm_head.weight" and name not in self._where:
-            if not self.config.tie_word_embeddings:
-                raise FormatError(f"{self.folder}: lm_head.weight missing and tie_word_embeddings is false")
-            name = "model.embed_tokens.weight"
-        h = self._where.get(name)
-        if h is None:
-            raise FormatError(f"{self.folder}: tensor {name} missing from the safetensors files")
-        return np.asarray(h.get_tensor(name)).astype(np.float32)
-
-
-def _read_index(index: Path) -> dict[str, str]:
-    """The weight_map of a model.safetensors.index.json: tensor name → shard file name.
-
-    Raises:
-        FormatError: unreadable JSON, no weight_map object, or a shard name that is not a plain
-            file name of the folder (no paths: the index cannot point outside the checkpoint).
-    """
-    import json
-
-    try:
-        d = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise FormatError(f"{index}: not a readable JSON index ({e})") from None
-    wm = d.get("weight_map") if isinstance(d, dict) else None
-    if not isinstance(wm, dict) or not wm:
-        raise FormatError(f"{index}: no weight_map object")
-    for k, v in wm.items():
-        if not isinstance(v, str) or not v.endswith(".safetensors") or Path(v).name != v or v.startswith("."):
-            raise FormatError(f"{index}: weight_map[{k!r}]={v!r} is not a shard file name of the folder")
-    return wm
-
-
-def _hf_eos_ids(folder: Path) -> tuple[int, ...]:
-    """eos_token_id (an int or a list) of generation_config.json and config.json, if any."""
-    import json
-
-    ids: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        try:
-            v = json.loads((folder / name).read_text(encoding="utf-8")).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        for x in (v if isinstance(v, list) else [v]):
-            if isinstance(x, int) and not isinstance(x, bool):
-                ids.append(x)
-    return tuple(ids)
-
-
-# GGUF tensor names for the HF ones (llama.cpp's convert_hf_to_gguf.py, Qwen2 mapping).
-_GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_GGUF_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-
-
-def gguf_name(hf_name: str) -> str:
-    """HF tensor name → GGUF tensor name (e.g. model.layers.3.mlp.up_proj.weight → blk.3.ffn_up.weight)."""
-    if hf_name in _GGUF_NAMES:
-        return _GGUF_NAMES[hf_name]
-    parts = hf_name.split(".")
-    layer = parts[2]
-    rest = ".".join(parts[3:])
-    for hf, gg in _GGUF_LAYER.items():
-        if rest == hf or rest.startswith(hf + "."):
-            return f"blk.{layer}.{gg}{rest[len(hf):]}"
-    raise KeyError(hf_name)
-
-
-# GGML types whose data gguf-py hands over as plain numpy arrays of the file's byte order
-# (dtype '>f4' in a big-endian file), so reading them with their dtype is right either way.
-_PLAIN_FLOAT_TYPES = ("F32", "F16", "F64")
-
-
-def _dense_shapes(cfg: QwenConfig) -> dict[str, tuple[int, ...]]:
-    """HF name → shape of every dense tensor a source must provide for `cfg` (the INT4
-    projections as their [N, K] weights)."""
-    out = {}
-    for name, (_, shape) in expected_tensors(cfg).items():
-        if name.endswith(".scales"):
-            continue
-        if name.endswith(".qweight"):
-            out[name[: -len(".qweight")] + ".weight"] = (shape[0], shape[1] * 8)
-        else:
-            out[name] = shape
-    return out
-
-
-class _Metadata:
-    """GGUF metadata as QwenConfig.from_gguf_fields reads it: called with a key (the value or
-    None), and `keys()` (to find keys drvqwen does not interpret, e.g. RoPE scaling variants)."""
-
-    def __init__(self, reader):
-        self.reader = reader
-
-    def __call__(self, key: str):
-        f = self.reader.fields.get(key)
-        return None if f is None else f.contents()
-
-    def keys(self):
-        return self.reader.fields.keys()
-
-
-class GGUFSource:
-    """A GGUF file of a qwen2 model; tensors dequantized to float32 by the `gguf` package.
-
-    Checked when opened, before any tensor is read: every tensor the model needs is there
-    with the shape the config implies; a GGUF without `output.weight` is tied (llama.cpp uses
-    `token_embd` as the output then), and the header says so. Big-endian GGUFs (gguf-py writes
-    them) are read when their weights are F32/F16: those arrive as numpy arrays of the file's
-    byte order. Quantized blocks carry no byte-order mark — gguf-py stores them unswapped,
-    llama.cpp's endian converter swaps their scales — so a big-endian file with a quantized
-    tensor is refused, naming the tensor, rather than guessed at.
-    """
-
-    kind = "gguf"
-
-    def __init__(self, path: Path):
-        import gguf
-
-        from ..tokenizer import Tokenizer
-
-        self.path = path
-        check_gguf(path)                 # counts, lengths, offsets: before gguf-py trusts them
-        try:
-            self.reader = gguf.GGUFReader(str(path))
-        except Exception as e:  # gguf raises ValueError/struct errors for a non-GGUF file
-            raise FormatError(f"{path}: not a readable GGUF file ({e})") from None
-        self._tensors = {t.name: t for t in self.reader.tensors}
-        emb = self._tensors.get("token_embd.weight")
-        if emb is None:
-            raise FormatError(f"{path}: GGUF tensor token_embd.weight missing")
-        # No output.weight: llama.cpp ties the output to token_embd, and so does get().
-        self.tied = "output.weight" not in self._tensors
-        self.config = QwenConfig.from_gguf_fields(_Metadata(self.reader), str(path), vocab_size=int(emb.shape[-1]),
-                                                  tied=self.tied)
-        self._check_tensors()
-        self.tokenizer_json = Tokenizer.from_gguf(self.reader).to_json()
-        # The end-of-sequence ids the metadata names (llama.cpp adds them to its EOG set too).
-        self.eos_ids = tuple(int(v) for v in (self._field(f"tokenizer.ggml.{k}_token_id")
-                                              for k in ("eos", "eot", "eom")) if v is not None)
-
-    def _gguf_tensor_name(self, hf_name: str) -> str:
-        g = gguf_name(hf_name)
-        return "token_embd.weight" if g == "output.weight" and self.tied else g
-
-    def _check_tensors(self) -> None:
-        from gguf import GGML_QUANT_SIZES
-
-        big_endian = self.reader.byte_order == "S"
-        for hf_name, shape in _dense_shapes(self.config).items():
-            g = self._gguf_tensor_name(hf_name)
-            t = self._tensors.get(g)
-            if t is None:
-                raise FormatError(f"{self.path}: GGUF tensor {g} missing")
-            got = tuple(int(d) for d in reversed(t.shape))
-            if got != shape:
-                raise FormatError(f"{self.path}: GGUF tensor {g}: shape {list(got)}, the config "
-                                  f"implies {list(shape)}")
-            ty = t.tensor_type.name
-            if t.tensor_type not in GGML_QUANT_SIZES:
-                raise FormatError(f"{self.path}: GGUF tensor {g}: type {ty} is not a weight type")
-            if big_endian and ty not in _PLAIN_FLOAT_TYPES:
-                raise FormatError(f"{self.path}: big-endian GGUF with tensor {g} of type {ty}: only "
-                                  f"F32/F16 tensors can be read from a big-endian file (convert it "
-                                  f"to little-endian with gguf-py's gguf_convert_endian.py)")
-
-    def _field(self, key: str):
-        f = self.reader.fields.get(key)
-        if f is None:
-            return None
-        return f.contents()
-
-    def get(self, name: str) -> np.ndarray:
-        """The tensor `name` (HF name) as float32 [out, in] (or [n] for vectors).
-
-        Raises:
-            FormatError: the tensor is missing, or its type cannot be dequantized.
-        """
-        from gguf import quants
-
-        gname = self._gguf_tensor_name(name)
-        t = self._tensors.get(gname)
-        if t is None:
-            raise FormatError(f"{self.path}: GGUF tensor {gname} missing")
-        if t.tensor_type.name in _PLAIN_FLOAT_TYPES:
-            # astype honours the array's byte order; quants.dequantize would reinterpret the
-            # bytes as little-endian and turn a big-endian file into garbage.
-            a = np.asarray(t.data).astype(np.float32)
-        else:
-            try:
-                a = quants.dequantize(t.data, t.tensor_type)
-            except NotImplementedError:
-                raise FormatError(f"{self.path}: GGUF tensor {gname}: type {t.tensor_type.name} "
-                                  f"cannot be dequantized by this gguf package") from None
-        # ggml stores shape innermost-first; numpy's row-major view is the HF [out, in] order.
-        return np.asarray(a, dtype=np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
-
-
-def open_source(src: str | Path):
-    """An HFSource for a folder, a GGUFSource for a GGUF file. Raises DrvqwenError otherwise."""
-    p = Path(src)
-    if p.is_dir():
-        return HFSource(p)
-    if not p.exists():
-        raise DrvqwenError(f"{p}: file not found")
-    with open(p, "rb") as f:
-        magic = f.read(4)
-    if magic == b"GGUF":
-        return GGUFSource(p)
-    raise FormatError(f"{p}: not an HF checkpoint folder or a GGUF file (magic {magic!r})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +116,8 @@ def check_tokenizer_fits(source, cfg: QwenConfig) -> None:
                           f"embedding only {cfg.vocab_size} rows")
 
 
-def check_destination(source, out: Path, cfg: QwenConfig | None = None) -> None:
+def check_destination(source, out: Path, cfg: QwenConfig | None = None,
+                      formats: dict[str, int] | None = None) -> None:
     """What can be known before the first tensor is quantized: `out`'s folder takes files and
     has room for the converted model (format.nanoqwen_writer.estimated_file_size).
 
@@ -414,43 +127,114 @@ def check_destination(source, out: Path, cfg: QwenConfig | None = None) -> None:
     cfg = source.config if cfg is None else cfg
     folder = out.parent if str(out.parent) else Path(".")
     ensure_writable(folder, "the converted model")
-    ensure_free_space(folder, estimated_file_size(cfg, len(source.tokenizer_json.encode("utf-8"))),
+    ensure_free_space(folder, estimated_file_size(cfg, len(source.tokenizer_json.encode("utf-8")), formats),
                       f"converting to {out.name}")
 
 
+def plan_formats(source, cfg: QwenConfig, weights: str = "int4") -> dict[str, int]:
+    """Weight prefix → format id for converting `source` under the policy `weights` (module doc).
+
+    Raises:
+        DrvqwenError: an unknown policy.
+    """
+    if weights not in WEIGHT_POLICIES:
+        raise DrvqwenError(f"--weights {weights!r}: choose one of {', '.join(WEIGHT_POLICIES)}")
+    formats = default_formats(cfg)
+    if weights == "int4" or source.kind != "gguf":
+        return formats
+    for prefix, (_, k) in weight_shapes(cfg).items():
+        ty = source.type_name(prefix + ".weight")
+        exact = gguf_blocks.exact_format(ty)
+        if exact is not None and exact.fits(k):
+            formats[prefix] = exact.id
+        elif ty not in _PLAIN_FLOAT_TYPES + ("BF16",):
+            formats[prefix] = wf.Q8_G32.id          # blocks of their own: re-quantized at 8 bits
+    return formats
+
+
+def _dense_dtype(source, name: str, weights: str) -> np.dtype:
+    """FP32 for an F32 GGUF vector under the `source` policy (kept exactly), else FP16."""
+    if weights == "source" and source.kind == "gguf" and source.type_name(name) == "F32" \
+            and not name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        return wf.F32
+    return wf.F16
+
+
+def _source_type(source, name: str) -> str:
+    return source.type_name(name) if source.kind == "gguf" else "HF"
+
+
+def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: ConvertReport) -> None:
+    """Convert one quantized weight into format `fid`, write its parts, record error and mapping."""
+    fmt = wf.FORMATS[fid]
+    ty = _source_type(source, prefix + ".weight")
+    wf32 = source.get(prefix + ".weight")
+    if not np.isfinite(wf32).all():
+        raise FormatError(f"{source_name(source)}: tensor {prefix}.weight has NaN/Inf values")
+    exact = source.kind == "gguf" and gguf_blocks.exact_format(ty) is fmt
+    if exact:
+        _, p = source.blocks(prefix)
+        parts = wf.pack_codes(fmt, p.pop("codes")) | p
+    else:
+        parts = wf.quantize_dense(fmt, wf32)
+    for part, arr in parts.items():
+        w.add(f"{prefix}.{part}", arr, format_id=fid)
+    w_hat = wf.dequantize_weight(fmt, lambda n: parts[n.rsplit(".", 1)[1]], prefix)
+    e = quant.reconstruction_error(wf32, w_hat)
+    if exact and e["max_abs"] != 0.0:
+        raise FormatError(f"{source_name(source)}: tensor {prefix}.weight: the {fmt.name} copy of its "
+                          f"{ty} blocks differs from gguf's dequantization (max |err| {e['max_abs']:g})")
+    report.errors.append(TensorError(prefix, tuple(wf32.shape), **e))
+    report.note(ty, fmt, exact)
+
+
 def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int], None] | None = None,
-            num_layers: int | None = None) -> ConvertReport:
+            num_layers: int | None = None, weights: str = "int4") -> ConvertReport:
     """Convert `src` (HF folder or GGUF file, or a source from `open_source`) into the
     `.nanoqwen` file `out`.
 
     progress: called as progress(tensor_name, done, total) after each tensor.
     num_layers: convert only the first layers (for tests).
+    weights: "int4" (every projection INT4 g128, the rest FP16) or "source" (a GGUF's tensors
+        kept in the formats that hold them exactly; plan_formats).
     Raises DrvqwenError subclasses (FormatError, ConfigError) naming the file and field;
     on any error `out` is left untouched (the writer renames a temp file at the very end).
     """
     source = open_source(src) if isinstance(src, (str, Path)) else src
     cfg = source.config if num_layers is None else source.config.with_layers(num_layers)
     out = Path(out)
-    check_destination(source, out, cfg)
+    formats = plan_formats(source, cfg, weights)
+    check_destination(source, out, cfg, formats)
     report = ConvertReport(out, cfg, source.kind)
-    # .scales are written together with their .qweight, so they are not steps of their own.
-    names = [n for n in expected_tensors(cfg) if not n.endswith(".scales")]
+    want = expected_tensors(cfg, formats)
+    # One step per dense tensor and per quantized weight (its parts are written together).
+    steps = [n for n in want if wf.weight_prefix(n) is None or n.endswith(".qweight")]
     text_vocab, eog = vocab_facts(source.tokenizer_json, cfg.vocab_size, getattr(source, "eos_ids", ()))
     check_tokenizer_fits(source, cfg)
     with NanoqwenWriter(out, cfg, source.tokenizer_json, eog_ids=eog, text_vocab=text_vocab) as w:
-        for n_done, name in enumerate(names, 1):
-            if name.endswith(".qweight"):
-                prefix = name[: -len(".qweight")]
-                wf = source.get(prefix + ".weight")
-                if not np.isfinite(wf).all():
-                    raise FormatError(f"{source_name(source)}: tensor {prefix}.weight has NaN/Inf values")
-                qw, s = quant.quantize_packed(wf)
-                w.add(name, qw)
-                w.add(prefix + ".scales", s)
-                e = quant.reconstruction_error(wf, quant.dequantize(qw, s))
-                report.errors.append(TensorError(prefix, tuple(wf.shape), **e))
+        for n_done, name in enumerate(steps, 1):
+            prefix = wf.weight_prefix(name)
+            if prefix is not None:
+                _write_weight(w, source, prefix, formats[prefix], report)
             else:
-                w.add(name, _fp16(name, source.get(name), source))
+                dt = _dense_dtype(source, name, weights)
+                a = source.get(name)
+                w.add(name, a.astype(np.float32) if dt == wf.F32 else _fp16(name, a, source))
+                if name.endswith(".weight") and name[:-7] in (EMBED, LM_HEAD):
+                    report.note(_source_type(source, name), None, _source_type(source, name) == "F16")
             if progress:
-                progress(name, n_done, len(names))
+                progress(name, n_done, len(steps))
+    report.bytes_per_token = bytes_per_token(w._infos, cfg)
     return report
+
+
+def bytes_per_token(infos, cfg: QwenConfig) -> int:
+    """Bytes one decode step reads from tensors `infos` (TensorInfo): all of them but the
+    embedding, of which one row."""
+    total = 0
+    for i in infos:
+        if i.name.startswith(EMBED + "."):
+            total += i.nbytes // cfg.vocab_size
+        else:
+            total += i.nbytes
+    return total

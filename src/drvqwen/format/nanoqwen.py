@@ -16,32 +16,15 @@ data is mapped with `np.memmap`, so opening a 4.5 GB file costs nothing until a 
 Per-tensor CRC32s are checked only on request (`verify_data`): hashing 4.5 GB on every load
 would cost seconds.
 
-Header fields (offset: type name):
-    0: 8s magic "NANOQWEN"        8: u32 version            12: u32 header_size (256)
-    16..44: u32 vocab_size, hidden_size, intermediate_size, num_layers, num_heads,
-            num_kv_heads, head_dim, max_position
-    48: f64 rope_theta            56: f64 rms_norm_eps       64: u32 flags (bit 0: tied lm_head)
-    68: u32 quant_bits (4)        72: u32 quant_group (128)  76: u32 quant_symmetric (1)
-    80: u32 layout_id (1)         84: u32 n_tensors
-    88: u64 table_offset          96: u64 table_size        104: u64 tokenizer_offset
-    112: u64 tokenizer_size      120: u64 data_offset       128: u64 data_size
-    136: u64 file_size           144: u32 data_align        148: u32 table_crc32
-    152: u32 tokenizer_crc32
-    version 2 adds:
-    156: u32 text_vocab          the ids below it have text; the lm_head rows from here up to
-                                 vocab_size (padding: 151665… for Qwen2.5) are never chosen
-    160: u32 n_eog               164..212: u32 eog_ids[12], the first n_eog used: the ids that
-                                 end generation (tokenizer.Tokenizer.eog_ids)
-    212: u32 rope_scaling (0 none, 1 YaRN)            216: u32 rope_original_max_position
-    220: f64 rope_factor          228: f32 rope_beta_fast    232: f32 rope_beta_slow
-    236: f64 rope_attention_factor                    244: u32 rope_flags (bit 0: truncate)
-    248: u32 zero                 252: u32 header_crc32 of [0, 252)
+The header's fields, offset by offset, are in docs/file-format.md (and in _HEADER / _HEADER_V2
+below). Version 2 added text_vocab, the end-of-generation ids and the RoPE scaling (bytes
+156 … 251); version 3 adds a weight format id to every table record (weight_formats.py): each
+matrix weight is stored in its own format, INT4 g128 by default.
 
-Version 1 files (without the fields from 156 on, which are zero there) still open: their
-end-of-generation set and text vocabulary are derived from the embedded tokenizer by the
-same rules the converter applies (`Tokenizer.eog_ids`, `Tokenizer.text_vocab_size`), so a
-converted model keeps working after an upgrade. The writer (nanoqwen_writer.py) always writes
-version 2.
+Version 1 and 2 files still open: their projections are INT4 g128 and everything else FP16
+(the default formats); a version-1 file's end-of-generation set and text vocabulary are
+derived from the embedded tokenizer by the rules the converter applies (`Tokenizer.eog_ids`,
+`Tokenizer.text_vocab_size`). The writer (nanoqwen_writer.py) always writes version 3.
 """
 
 from __future__ import annotations
@@ -60,10 +43,11 @@ import numpy as np
 from ..config import QwenConfig, RopeScaling
 from ..errors import ConfigError, DrvqwenError, FormatError
 from . import quant
+from . import weight_formats as wf
 
 MAGIC = b"NANOQWEN"
-VERSION = 2
-READ_VERSIONS = (1, 2)
+VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 HEADER_SIZE = 256
 # 4 KiB: a page for mmap, and comfortably above the 256-byte alignment that 128-bit vector
 # loads, TMA (16 B) and cuMemcpy fast paths want.
@@ -87,7 +71,8 @@ DTYPES: dict[int, np.dtype] = {1: np.dtype("<f2"), 2: np.dtype("<f4"), 3: np.dty
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 _REC_FIXED = struct.Struct("<H")        # name length, then name bytes
-_REC_TAIL = struct.Struct("<BB")        # dtype code, ndim; then ndim u64 dims
+_REC_TAIL = struct.Struct("<BB")        # dtype code, ndim; then ndim u64 dims (versions 1, 2)
+_REC_TAIL_V3 = struct.Struct("<BBB")    # dtype code, weight format id, ndim (version 3)
 _REC_END = struct.Struct("<QQI")        # offset, nbytes, crc32
 
 
@@ -101,6 +86,7 @@ class TensorInfo:
     offset: int
     nbytes: int
     crc32: int
+    format_id: int = 0      # weight_formats: 0 for a dense tensor, else the weight's format
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,38 +102,136 @@ def proj_prefix(layer: int, proj: str) -> str:
     return f"model.layers.{layer}.{block}.{proj}"
 
 
-def expected_tensors(cfg: QwenConfig) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-    """Every tensor a Qwen2 model of `cfg` stores, with dtype and shape.
+# The weights that may be stored dense (format 0, `<prefix>.weight`) or quantized.
+EMBED, LM_HEAD = "model.embed_tokens", "lm_head"
 
-    INT4 projections [N, K] are stored as `<prefix>.qweight` uint32 [N, K/8] and
-    `<prefix>.scales` float16 [N, K/128] (format/quant.py, layout id 1).
-    """
-    f16, u32 = np.dtype("<f2"), np.dtype("<u4")
+
+def weight_shapes(cfg: QwenConfig) -> dict[str, tuple[int, int]]:
+    """Every matrix weight by prefix (`lm_head`, `model.layers.3.mlp.up_proj` …) → [N, K]."""
     D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    g = quant.GROUP_SIZE
-    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
-        "model.embed_tokens.weight": (f16, (V, D)),
-        "model.norm.weight": (f16, (D,)),
-        "lm_head.weight": (f16, (V, D)),
-    }
     shapes = {"q_proj": (cfg.q_dim, D), "k_proj": (cfg.kv_dim, D), "v_proj": (cfg.kv_dim, D),
               "o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "up_proj": (F, D),
               "down_proj": (D, F)}
+    out = {EMBED: (V, D), LM_HEAD: (V, D)}
+    for i in range(cfg.num_layers):
+        for proj, nk in shapes.items():
+            out[proj_prefix(i, proj)] = nk
+    return out
+
+
+def default_formats(cfg: QwenConfig) -> dict[str, int]:
+    """The formats of a version-1/2 file and of a conversion from an HF checkpoint: every
+    projection INT4 g128 (id 1), embedding and lm_head dense FP16 (id 0)."""
+    return {p: (wf.PLAIN if p in (EMBED, LM_HEAD) else wf.INT4_G128.id) for p in weight_shapes(cfg)}
+
+
+def expected_tensors(cfg: QwenConfig, formats: dict[str, int] | None = None
+                     ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Every tensor a Qwen2 model of `cfg` stores, with dtype and shape.
+
+    formats: weight prefix → format id (weight_formats.FORMATS; 0 = dense FP16 `<prefix>.weight`),
+    default `default_formats(cfg)`. A quantized weight [N, K] is stored as the tensors
+    `WeightFormat.tensors` names (`.qweight`, `.qhigh`, `.scales`, `.offsets`). Dense vectors
+    (norms, biases) are FP16 here; a version-3 file may hold them, and dense weights, as FP32.
+    Raises:
+        FormatError: an unknown format id, or one whose group does not divide the weight's K.
+    """
+    f16 = np.dtype("<f2")
+    D = cfg.hidden_size
+    fm = default_formats(cfg) if formats is None else formats
+    shapes = weight_shapes(cfg)
+    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+
+    def add(prefix: str) -> None:
+        n, k = shapes[prefix]
+        fid = fm.get(prefix, wf.PLAIN)
+        if fid == wf.PLAIN:
+            out[f"{prefix}.weight"] = (f16, (n, k))
+            return
+        fmt = wf.get_format(fid, f"tensor {prefix}")
+        if not fmt.fits(k):
+            raise FormatError(f"tensor {prefix}: format {fmt.name} (group {fmt.group}) does not fit K={k}")
+        out.update(fmt.tensors(prefix, n, k))
+
+    # The order is the converter's and the synthetic writer's (seeded files depend on it).
+    add(EMBED)
+    out["model.norm.weight"] = (f16, (D,))
+    add(LM_HEAD)
     for i in range(cfg.num_layers):
         out[f"model.layers.{i}.input_layernorm.weight"] = (f16, (D,))
         out[f"model.layers.{i}.post_attention_layernorm.weight"] = (f16, (D,))
-        for proj, (n, k) in shapes.items():
+        for proj in ATTN_PROJ + MLP_PROJ:
             p = proj_prefix(i, proj)
-            out[f"{p}.qweight"] = (u32, (n, k // 8))
-            out[f"{p}.scales"] = (f16, (n, k // g))
+            add(p)
             if proj in ("q_proj", "k_proj", "v_proj"):
-                out[f"{p}.bias"] = (f16, (n,))
+                out[f"{p}.bias"] = (f16, (shapes[p][0],))
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Shared by the reader and the writer (nanoqwen_writer.py)
 # ---------------------------------------------------------------------------------------------
+def formats_of(path: Path, cfg: QwenConfig, infos: dict[str, TensorInfo]) -> dict[str, int]:
+    """Weight prefix → format id, read from the table records, checked for consistency: every
+    part of a quantized weight carries the same known format id, dense tensors carry 0, and the
+    projections are quantized (drvqwen has no dense projection path).
+
+    Raises:
+        FormatError: names the file and tensor.
+    """
+    shapes = weight_shapes(cfg)
+    out: dict[str, int] = {}
+    for name, i in infos.items():
+        prefix = wf.weight_prefix(name)
+        if prefix is None:
+            if i.format_id != wf.PLAIN:
+                raise FormatError(f"{path}: tensor {name}: weight format id {i.format_id} on a dense tensor")
+            continue
+        if i.format_id == wf.PLAIN:
+            raise FormatError(f"{path}: tensor {name}: part of a quantized weight with format id 0")
+        wf.get_format(i.format_id, f"{path}: tensor {name}")
+        if prefix not in shapes:
+            raise FormatError(f"{path}: unexpected tensor {name}")
+        if out.setdefault(prefix, i.format_id) != i.format_id:
+            raise FormatError(f"{path}: tensor {name}: format id {i.format_id}, but the other parts of "
+                              f"{prefix} have {out[prefix]}")
+    for prefix in shapes:
+        if prefix not in out and f"{prefix}.weight" in infos:
+            out[prefix] = wf.PLAIN
+        elif prefix not in out and prefix not in (EMBED, LM_HEAD):
+            out[prefix] = wf.INT4_G128.id        # absent: reported as missing by the set check
+    for prefix, fid in out.items():
+        if fid == wf.PLAIN and prefix not in (EMBED, LM_HEAD):
+            raise FormatError(f"{path}: tensor {prefix}.weight: a projection must be quantized")
+    return out
+
+
+def check_tensor_set(path: Path, cfg: QwenConfig, infos: dict[str, TensorInfo]) -> dict[str, int]:
+    """The table holds exactly the tensors of a Qwen2 model of `cfg` in the formats its records
+    name, each with the dtype and shape those require (dense tensors FP16, or FP32 in a
+    version-3 file). Returns the formats (formats_of).
+
+    Raises:
+        FormatError: names the file and the first tensor that is missing, unexpected or wrong.
+    """
+    formats = formats_of(path, cfg, infos)
+    try:
+        want = expected_tensors(cfg, formats)
+    except FormatError as e:
+        raise FormatError(f"{path}: {e}") from None
+    for name, (dt, shape) in want.items():
+        if name not in infos:
+            raise FormatError(f"{path}: tensor {name} missing")
+        i = infos[name]
+        ok_dt = i.dtype == dt or (i.format_id == wf.PLAIN and dt == wf.F16 and i.dtype == wf.F32)
+        if not ok_dt or i.shape != shape:
+            raise FormatError(f"{path}: tensor {name}: {i.dtype}{list(i.shape)}, expected {dt}{list(shape)}")
+    extra = sorted(set(infos) - set(want))
+    if extra:
+        raise FormatError(f"{path}: unexpected tensor {extra[0]}")
+    return formats
+
+
 def _align(x: int, a: int = DATA_ALIGN) -> int:
     return (x + a - 1) // a * a
 
@@ -289,7 +373,11 @@ def _parse_table(path: Path, h: Header, raw: bytes) -> dict[str, TensorInfo]:
             if not name or not name.isprintable():
                 raise FormatError(f"{path}: tensor table record {index}: name {name[:48]!r} (length "
                                   f"field {nlen}) is not a tensor name")
-            code, ndim = _REC_TAIL.unpack_from(raw, pos); pos += _REC_TAIL.size
+            if h.version >= 3:
+                code, fid, ndim = _REC_TAIL_V3.unpack_from(raw, pos); pos += _REC_TAIL_V3.size
+            else:
+                code, ndim = _REC_TAIL.unpack_from(raw, pos); pos += _REC_TAIL.size
+                fid = wf.INT4_G128.id if wf.weight_prefix(name) else wf.PLAIN
             shape = struct.unpack_from(f"<{ndim}Q", raw, pos); pos += 8 * ndim
             off, nbytes, crc = _REC_END.unpack_from(raw, pos); pos += _REC_END.size
             if code not in DTYPES:
@@ -303,21 +391,12 @@ def _parse_table(path: Path, h: Header, raw: bytes) -> dict[str, TensorInfo]:
                 raise FormatError(f"{path}: tensor {name}: bytes [{off}, {off + nbytes}) outside the data region")
             if name in infos:
                 raise FormatError(f"{path}: tensor {name} listed twice")
-            infos[name] = TensorInfo(name, dt, tuple(shape), off, nbytes, crc)
+            infos[name] = TensorInfo(name, dt, tuple(shape), off, nbytes, crc, fid)
     except (struct.error, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: tensor table malformed ({e})") from None
     if pos != len(raw):
         raise FormatError(f"{path}: tensor table has {len(raw) - pos} trailing bytes")
-    want = expected_tensors(h.config)
-    for name, (dt, shape) in want.items():
-        if name not in infos:
-            raise FormatError(f"{path}: tensor {name} missing")
-        i = infos[name]
-        if i.dtype != dt or i.shape != shape:
-            raise FormatError(f"{path}: tensor {name}: {i.dtype}{list(i.shape)}, expected {dt}{list(shape)}")
-    extra = sorted(set(infos) - set(want))
-    if extra:
-        raise FormatError(f"{path}: unexpected tensor {extra[0]}")
+    check_tensor_set(path, h.config, infos)
     return infos
 
 
@@ -391,6 +470,32 @@ class NanoqwenFile:
         """A read-only view of tensor `name` (no copy). Raises KeyError for an unknown name."""
         i = self.tensors[name]
         return self._mm[i.offset:i.offset + i.nbytes].view(i.dtype).reshape(i.shape)
+
+    @cached_property
+    def formats(self) -> dict[str, int]:
+        """Weight prefix (`lm_head`, `model.layers.3.mlp.up_proj` …) → format id
+        (weight_formats.FORMATS; 0 = dense). Validated when the file was opened."""
+        return formats_of(self.path, self.config, self.tensors)
+
+    @property
+    def has_default_formats(self) -> bool:
+        """Every projection INT4 g128, embedding and lm_head FP16, every dense tensor FP16: the
+        formats the GPU kernels run (a version-1/2 file always has them)."""
+        return (self.formats == default_formats(self.config)
+                and all(i.dtype != wf.F32 for i in self.tensors.values()))
+
+    def weight(self, prefix: str, dtype=np.float32) -> np.ndarray:
+        """The weight `prefix` [N, K] as `dtype`, dequantized from its stored format (a dense
+        one converted). Raises KeyError for an unknown prefix."""
+        fid = self.formats[prefix]
+        if fid == wf.PLAIN:
+            return np.asarray(self.tensor(f"{prefix}.weight")).astype(dtype)
+        return wf.dequantize_weight(wf.FORMATS[fid], self.tensor, prefix, dtype)
+
+    def weight_nbytes(self, prefix: str) -> int:
+        """Bytes the weight `prefix` occupies in the file (all of its parts)."""
+        return sum(i.nbytes for n, i in self.tensors.items()
+                   if n == f"{prefix}.weight" or wf.weight_prefix(n) == prefix)
 
     def __iter__(self) -> Iterator[TensorInfo]:
         return iter(sorted(self.tensors.values(), key=lambda i: i.offset))

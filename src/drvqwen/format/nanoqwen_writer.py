@@ -19,9 +19,10 @@ from ..config import QwenConfig
 from ..errors import FormatError
 from ..paths import io_error
 from . import quant
-from .nanoqwen import (_HEADER, _HEADER_V2, _REC_END, _REC_FIXED, _REC_TAIL, DATA_ALIGN, DTYPE_CODES,
+from . import weight_formats as wf
+from .nanoqwen import (_HEADER, _HEADER_V2, _REC_END, _REC_FIXED, _REC_TAIL, _REC_TAIL_V3, DATA_ALIGN, DTYPE_CODES,
                        FLAG_TIED_LM_HEAD, HEADER_SIZE, MAGIC, MAX_EOG, ROPE_FLAG_TRUNCATE, ROPE_YARN, VERSION,
-                       TensorInfo, _align, _check_vocab_fields, expected_tensors, vocab_facts)
+                       TensorInfo, _align, _check_vocab_fields, check_tensor_set, expected_tensors, vocab_facts)
 
 
 class NanoqwenWriter:
@@ -35,7 +36,9 @@ class NanoqwenWriter:
         # on clean exit: table + header written, fsync, renamed into place.
         # on an exception: the temporary file is deleted and `path` is untouched.
 
-    `close()` checks that exactly the tensors of `expected_tensors(cfg)` were added.
+    `close()` checks that exactly the tensors of `expected_tensors(cfg, formats)` were added,
+    the formats being those the parts of each quantized weight were added with
+    (`add(..., format_id=…)`; weight_formats.py).
 
     Args:
         path: the file to write.
@@ -89,8 +92,13 @@ class NanoqwenWriter:
         else:
             self.abort()
 
-    def add(self, name: str, array: np.ndarray) -> TensorInfo:
-        """Append one tensor (float16, float32 or uint32; any shape). Returns its table entry."""
+    def add(self, name: str, array: np.ndarray, format_id: int | None = None) -> TensorInfo:
+        """Append one tensor (float16, float32 or uint32; any shape). format_id: the weight
+        format of a quantized weight's part (weight_formats.FORMATS), 0 for a dense tensor;
+        None: INT4 g128 for a part's name (`.qweight`, `.scales` …), else 0.
+        Returns its table entry."""
+        if format_id is None:
+            format_id = wf.INT4_G128.id if wf.weight_prefix(name) else wf.PLAIN
         a = np.ascontiguousarray(array)
         dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
         if np.dtype(dt) not in DTYPE_CODES:
@@ -104,7 +112,7 @@ class NanoqwenWriter:
         except OSError as e:  # disk full, …: the caller's `with` removes the temporary file
             raise io_error(self.path, e, "write the model file") from None
         info = TensorInfo(name, np.dtype(dt), tuple(int(s) for s in a.shape), off, a.nbytes,
-                          zlib.crc32(buf))
+                          zlib.crc32(buf), int(format_id))
         self._infos.append(info)
         return info
 
@@ -114,13 +122,9 @@ class NanoqwenWriter:
             return self.path
         try:
             have = {i.name: i for i in self._infos}
-            want = expected_tensors(self.cfg)
-            missing = sorted(set(want) - set(have))
-            if missing:
-                raise FormatError(f"{self.path}: {len(missing)} tensors missing, e.g. {missing[0]}")
-            extra = sorted(set(have) - set(want))
-            if extra:
-                raise FormatError(f"{self.path}: unexpected tensor {extra[0]}")
+            if len(have) != len(self._infos):
+                raise FormatError(f"{self.path}: a tensor was added twice")
+            check_tensor_set(self.path, self.cfg, have)
             end = self._f.tell()
             data_size = max(end - self._data_off, 0)
             table = _pack_table(self._infos)
@@ -167,17 +171,18 @@ def _pack_table(infos: list[TensorInfo]) -> bytes:
     parts = []
     for i in infos:
         nb = i.name.encode("utf-8")
-        parts.append(_REC_FIXED.pack(len(nb)) + nb + _REC_TAIL.pack(DTYPE_CODES[i.dtype], len(i.shape))
+        parts.append(_REC_FIXED.pack(len(nb)) + nb + _REC_TAIL_V3.pack(DTYPE_CODES[i.dtype], i.format_id, len(i.shape))
                      + struct.pack(f"<{len(i.shape)}Q", *i.shape) + _REC_END.pack(i.offset, i.nbytes, i.crc32))
     return b"".join(parts)
 
 
-def estimated_file_size(cfg: QwenConfig, tokenizer_bytes: int) -> int:
-    """Bytes of the `.nanoqwen` file a conversion of `cfg` writes (at most a few hundred more:
-    the table's names are estimated), for the free-space check before converting."""
-    data = sum(_align(int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
-               for dt, shape in expected_tensors(cfg).values())
-    table = sum(2 + len(n) + 2 + 8 * len(shape) + 20 for n, (_, shape) in expected_tensors(cfg).items())
+def estimated_file_size(cfg: QwenConfig, tokenizer_bytes: int, formats: dict[str, int] | None = None) -> int:
+    """Bytes of the `.nanoqwen` file a conversion of `cfg` writes with `formats` (default
+    formats when None; dense tensors counted as FP16), for the free-space check before
+    converting. Exact but for the table's names."""
+    want = expected_tensors(cfg, formats)
+    data = sum(_align(int(np.prod(shape, dtype=np.int64)) * dt.itemsize) for dt, shape in want.values())
+    table = sum(2 + len(n) + 3 + 8 * len(shape) + 20 for n, (_, shape) in want.items())
     return _align(HEADER_SIZE + tokenizer_bytes) + data + table + DATA_ALIGN
 
 
@@ -199,3 +204,39 @@ def _pack_header(cfg: QwenConfig, *, n_tensors, table_off, table_size, tok_off, 
             ROPE_FLAG_TRUNCATE if rs.truncate else 0) if rs else (0, 0, 0.0, 0.0, 0.0, 0.0, 0)
     body += _HEADER_V2.pack(text_vocab, len(eog_ids), *eog, *rope, 0)
     return body + struct.pack("<I", zlib.crc32(body))
+
+
+def write_legacy_copy(src: str | Path, dst: str | Path, version: int) -> Path:
+    """Write a version-1 or -2 copy of the version-3 file `src` (whose formats must be the
+    defaults: version 1/2 tables carry no format ids), for the tests and the format fuzzer that
+    check old files still open. Version 1 also zeroes the header fields from byte 156 on.
+
+    Raises:
+        FormatError: `src` has per-tensor formats a version-2 table cannot express, or a bad version.
+    """
+    from .nanoqwen import _HEADER_CRC_AT, NanoqwenFile
+
+    if version not in (1, 2):
+        raise FormatError(f"write_legacy_copy: version {version}, expected 1 or 2")
+    f = NanoqwenFile(src)
+    if not f.has_default_formats:
+        raise FormatError(f"{src}: per-tensor formats need format version 3")
+    infos = list(f.tensors.values())
+    f.close()
+    h = f.header
+    table = b"".join(_REC_FIXED.pack(len(i.name.encode())) + i.name.encode() + _REC_TAIL.pack(DTYPE_CODES[i.dtype], len(i.shape))
+                     + struct.pack(f"<{len(i.shape)}Q", *i.shape) + _REC_END.pack(i.offset, i.nbytes, i.crc32)
+                     for i in infos)
+    raw = bytearray(Path(src).read_bytes()[:h.table_offset])
+    raw += table
+    hdr = bytearray(raw[:HEADER_SIZE])
+    struct.pack_into("<I", hdr, 8, version)
+    struct.pack_into("<QQ", hdr, 88, h.table_offset, len(table))
+    struct.pack_into("<Q", hdr, 136, len(raw))
+    struct.pack_into("<I", hdr, 148, zlib.crc32(table))
+    if version == 1:
+        hdr[156:_HEADER_CRC_AT] = bytes(_HEADER_CRC_AT - 156)
+    struct.pack_into("<I", hdr, _HEADER_CRC_AT, zlib.crc32(bytes(hdr[:_HEADER_CRC_AT])))
+    raw[:HEADER_SIZE] = hdr
+    Path(dst).write_bytes(bytes(raw))
+    return Path(dst)

@@ -103,7 +103,7 @@ def synthetic_dense(cfg: QwenConfig, rng: np.random.Generator, std: float = 0.02
 
 
 def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.ndarray], *,
-                         tied: bool = False, big_endian: bool = False, qtype: str = "F32",
+                         tied: bool = False, big_endian: bool = False, qtype: str | dict[str, str] = "F32",
                          n_pad: int = 0, eos_id: int | None = None) -> Path:
     """A qwen2 GGUF of `cfg` holding `dense` (HF names, float32 [out, in]), as llama.cpp lays it
     out, written with gguf-py.
@@ -115,7 +115,9 @@ def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.
     Args:
         tied: leave out output.weight (llama.cpp then uses token_embd as the output).
         big_endian: write the file in big-endian byte order.
-        qtype: GGML type of the 2-D weights: "F32", "F16" or "Q8_0"; 1-D tensors stay F32.
+        qtype: GGML type of the 2-D weights: "F32", "F16", or a type the `gguf` package can
+            quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); or a dict HF name → type (names not in it
+            F32). 1-D tensors stay F32.
         eos_id: tokenizer.ggml.eos_token_id, if given.
     Returns:
         The path.
@@ -149,10 +151,10 @@ def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.
     w.add_token_merges([f"{sp} {sp}"])
     if eos_id is not None:
         w.add_eos_token_id(eos_id)
-    qt = getattr(gguf.GGMLQuantizationType, qtype)
     for name, a in dense.items():
         if tied and name == "lm_head.weight":
             continue
+        qt = getattr(gguf.GGMLQuantizationType, qtype if isinstance(qtype, str) else qtype.get(name, "F32"))
         a = np.ascontiguousarray(a, dtype=np.float32)
         if a.ndim == 1 or qt == gguf.GGMLQuantizationType.F32:
             w.add_tensor(gguf_name(name), a)

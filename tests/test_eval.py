@@ -1,0 +1,194 @@
+"""`drvqwen eval`: the sandbox that runs generated programs (sandbox.py), the HumanEval protocol
+(humaneval.py) on problems written here (the real data is never in the repository), and the
+logit agreement (agreement.py, `eval agree`) on a tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drvqwen import humaneval as he
+from drvqwen.sandbox import isolation, run_program
+
+from helpers import TINY, random_dense, write_tiny_gguf
+
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+def _live_sandbox_processes() -> list[int]:
+    """pids whose command line names a sandbox program (their temporary folder)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if b"drvqwen-eval-" in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+# ---- sandbox ------------------------------------------------------------------------------------
+
+def test_passing_and_failing_programs():
+    assert run_program("assert sum([1, 2]) == 3\n").passed
+    r = run_program("assert 1 == 2, 'wrong'\n")
+    assert not r.passed and r.returncode == 1 and r.error == "AssertionError: wrong"
+
+
+def test_a_hanging_program_is_killed_and_reported():
+    t0 = time.perf_counter()
+    r = run_program("while True:\n    pass\n", timeout_s=2)
+    assert not r.passed and r.timed_out and "timed out after 2 s" in r.error
+    assert time.perf_counter() - t0 < 10
+    assert _live_sandbox_processes() == []
+
+
+def test_a_memory_hungry_program_fails_without_taking_the_memory():
+    r = run_program("x = []\nwhile True:\n    x.append(bytearray(10**7))\n", timeout_s=10, memory_bytes=256 << 20)
+    assert not r.passed and ("MemoryError" in r.error or "killed" in r.error or r.timed_out), r
+
+
+def test_a_sleeping_child_left_behind_is_killed():
+    r = run_program("import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n",
+                    timeout_s=5)
+    assert r.passed
+    time.sleep(0.2)
+    assert _live_sandbox_processes() == []
+
+
+@pytest.mark.skipif(not isolation()["pids_cgroup"], reason="no pids cgroup on this machine: a fork bomb "
+                                                           "would only be stopped by the time limit")
+def test_a_fork_bomb_is_contained():
+    r = run_program("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+                    timeout_s=3, max_procs=16)
+    assert not r.passed and r.timed_out
+    time.sleep(0.2)
+    assert _live_sandbox_processes() == []
+
+
+@pytest.mark.skipif(not isolation()["namespaces"], reason="no network namespace on this machine")
+def test_no_network():
+    r = run_program("import socket\nsocket.create_connection(('192.0.2.1', 80), timeout=3)\n", timeout_s=8)
+    assert not r.passed and ("unreachable" in r.error or "OSError" in r.error), r
+
+
+# ---- HumanEval protocol -------------------------------------------------------------------------
+
+PROBLEMS = [
+    {"task_id": "T/0", "prompt": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n", "entry_point": "add",
+     "test": "def check(f):\n    assert f(2, 3) == 5\n    assert f(-1, 1) == 0\n"},
+    {"task_id": "T/1", "prompt": "def neg(a):\n", "entry_point": "neg",
+     "test": "def check(f):\n    assert f(2) == -2\n"},
+    {"task_id": "T/2", "prompt": "def spin():\n", "entry_point": "spin", "test": "def check(f):\n    f()\n"},
+]
+
+
+@pytest.fixture
+def problems_file(tmp_path):
+    p = tmp_path / "problems.jsonl.gz"
+    p.write_bytes(gzip.compress("\n".join(json.dumps(d) for d in PROBLEMS).encode()))
+    return p
+
+
+def test_problems_load_and_bad_records_are_named(problems_file, tmp_path):
+    assert [p.task_id for p in he.load_problems(problems_file)] == ["T/0", "T/1", "T/2"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(PROBLEMS[0]) + "\n{\"task_id\": 1}\n")
+    with pytest.raises(Exception, match=r"bad.jsonl: line 2: not a HumanEval record"):
+        he.load_problems(bad)
+
+
+def test_raw_completions_are_cut_at_the_stop_strings():
+    from drvqwen.tokenizer import Tokenizer
+    from helpers import byte_tokenizer_json
+
+    tok = Tokenizer.from_json(byte_tokenizer_json())
+    p = he.Problem(**PROBLEMS[0])
+    model_text = "    return a + b\n\n\ndef other():\n    pass\n"
+    asked = []
+
+    def fake_generate(ids, budget, on_token):
+        asked.append((tok.decode(ids), budget))
+        for t in tok.encode(model_text):
+            if on_token(t):
+                return
+
+    got = he.complete(tok, fake_generate, p, "raw")
+    assert got == "    return a + b\n\n" and asked == [(p.prompt, he.MAX_NEW_TOKENS)]
+
+
+def test_chat_answers_give_their_code_block():
+    p = he.Problem(**PROBLEMS[0])
+    answer = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."
+    assert he.extract_code(answer) == "def add(a, b):\n    return a + b\n"
+    assert he.build_program(p, answer, "chat").startswith("def add(a, b):\n    return a + b\n")
+    body_only = "```python\n    return a + b\n```"
+    assert he.build_program(p, body_only, "chat").startswith(p.prompt + "    return a + b\n")
+
+
+def test_programs_run_in_parallel_and_fail_by_name():
+    probs = [he.Problem(**d) for d in PROBLEMS]
+    completions = ["    return a + b\n", "    return a\n", "    while True:\n        pass\n"]
+    t0 = time.perf_counter()
+    res = he.run_programs(probs, completions, "raw", timeout_s=3, workers=3)
+    assert [r.passed for r in res] == [True, False, False]
+    assert res[1].error.startswith("AssertionError") and "timed out" in res[2].error
+    assert time.perf_counter() - t0 < 10
+
+
+# ---- the commands on a tiny model ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_source(tmp_path_factory):
+    d = tmp_path_factory.mktemp("evalsrc")
+    # Every matrix Q8_0 (vectors stay F32): all of it kept exactly by `--weights source`.
+    return write_tiny_gguf(d / "tiny.gguf", TINY, random_dense(TINY, np.random.default_rng(5)), qtype="Q8_0")
+
+
+def test_agree_is_exact_for_source_formats_and_not_for_int4(tiny_source, tmp_path, capsys):
+    from drvqwen.cli import main
+    from drvqwen.format.convert import convert
+
+    convert(tiny_source, tmp_path / "src.nanoqwen", weights="source")
+    convert(tiny_source, tmp_path / "int4.nanoqwen")
+    figures = {}
+    for name in ("src", "int4"):
+        out = tmp_path / f"{name}.json"
+        assert main(["eval", "agree", "--model", str(tmp_path / f"{name}.nanoqwen"), "--reference",
+                     str(tiny_source), "--limit", "4", "--json", str(out)]) == 0
+        figures[name] = json.loads(out.read_text())
+    said = capsys.readouterr().out
+    assert "last position (4): cosine mean" in said and "every position" in said
+    s = figures["src"]["every_position"]
+    assert s["cosine_min"] > 0.999999 and s["kl_max"] < 1e-9 and s["top1"] == 1.0
+    q = figures["int4"]["every_position"]
+    assert q["positions"] == s["positions"] > 50 and q["cosine_mean"] < s["cosine_mean"] and q["kl_mean"] > 1e-6
+
+
+def test_eval_humaneval_command_on_a_tiny_model(tiny_source, problems_file, tmp_path, capsys):
+    from drvqwen.cli import main
+
+    out = tmp_path / "he.json"
+    assert main(["eval", "humaneval", "--model", str(tiny_source), "--problems", str(problems_file),
+                 "--limit", "2", "--device", "cpu", "--timeout", "3", "--json", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "HumanEval raw: 0/2 passed" in said
+    doc = json.loads(out.read_text())
+    assert doc["total"] == 2 and [r["task_id"] for r in doc["problems"]] == ["T/0", "T/1"]
+    assert all(set(r) == {"task_id", "completion", "passed", "error"} for r in doc["problems"])
+    # A random tiny model passes nothing: every record says why.
+    assert doc["passed"] == 0 and all(r["error"] for r in doc["problems"])
+
+
+def test_missing_problems_are_one_line(tmp_path, capsys):
+    from drvqwen.cli import main
+
+    assert main(["eval", "humaneval", "--problems", str(tmp_path / "none.jsonl")]) == 2
+    assert "none.jsonl: file not found" in capsys.readouterr().err
