@@ -152,7 +152,9 @@ def test_chat_in_a_pseudo_terminal_ctrl_c_stops_the_answer_not_the_chat(tiny, tm
     try:
         term.expect(b">>> ")
         os.write(fd, b"hi\r")
-        time.sleep(0.5)                                 # the answer (up to 4000 tokens) streams
+        term.expect(b"hi\r\n")
+        term.expect(b"\xef\xbf\xbd", timeout=120)      # the answer (up to 4000 tokens) streams:
+        time.sleep(0.2)                                 # this model writes bytes that are not UTF-8
         os.write(fd, b"\x03")                           # Ctrl-C during the answer
         out = term.expect(b"answer stopped")
         term.expect(b">>> ")
