@@ -44,9 +44,10 @@ def test_real_05b_gpu_matches_cpu_reference_and_writes_fib(real):
 
     gpu_last = backend.prefill(ids)
     cpu_last = model.forward(ids, last_only=True)[0]
-    # Rows past the text vocabulary are -inf on both sides (no token can be chosen there).
+    # Rows past the text vocabulary: -inf from the GPU (no token can be chosen there); the
+    # reference's forward pass leaves them as computed (its CPU backend masks them, generate.py).
     n_text = f.text_vocab
-    assert np.isneginf(gpu_last[n_text:]).all() and np.isneginf(cpu_last[n_text:]).all()
+    assert np.isneginf(gpu_last[n_text:]).all()
     err = rel_l2(gpu_last[:n_text], cpu_last[:n_text])
     print(f"real 0.5B: last prompt position logits rel L2 {err:.2e} (GPU vs CPU reference, INT4 weights)")
     assert err <= 1e-2
