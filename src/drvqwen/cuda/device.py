@@ -14,6 +14,7 @@ of not having a GPU into a one-line reason (the test suite skips GPU tests with 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 from cuda.bindings import driver, nvrtc
@@ -195,11 +196,15 @@ def gpu_unavailable_reason(ordinal: int = 0) -> str | None:
     return _probe(ordinal)
 
 
-@functools.lru_cache(maxsize=None)
+_current = threading.local()  # per thread: the Device whose context this thread made current
+
+
 def get_device(ordinal: int = 0) -> Device:
     """Start the driver, retain GPU `ordinal`'s primary context and make it current.
 
     Cached: every later call returns the same `Device` (drvqwen is single-GPU, one context).
+    A context is current per thread, so the first call on each thread (a server's engine worker,
+    say) makes it current there too.
 
     Args:
         ordinal: the device index (after CUDA_VISIBLE_DEVICES).
@@ -210,6 +215,15 @@ def get_device(ordinal: int = 0) -> Device:
     Raises:
         GpuUnavailableError: no usable sm_90 GPU; the message says why.
     """
+    dev = _open_device(ordinal)
+    if getattr(_current, "device", None) is not dev:
+        dev.make_current()
+        _current.device = dev
+    return dev
+
+
+@functools.lru_cache(maxsize=None)
+def _open_device(ordinal: int) -> Device:
     reason = gpu_unavailable_reason(ordinal)
     if reason is not None:
         raise GpuUnavailableError(f"no usable Hopper GPU: {reason}")
