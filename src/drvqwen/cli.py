@@ -290,16 +290,24 @@ def _open_model(args, generating: bool, stats):
                           say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True),
                           hash_progress=_hash_progress)
     stats.phases["read"] -= stats.phases.get("verify", 0.0)
+    device, why = _gpu_or_fallback(args.device, device, why, f)
+    return device, why, f
+
+
+def _gpu_or_fallback(requested: str, device: str, why: str | None, f) -> tuple[str, str | None]:
+    """(device, why) once the model is open: a model the GPU kernels cannot run (a per-tensor
+    weight format, say) falls back to the CPU with the reason, unless --device cuda asked for
+    the GPU, which then raises that DrvqwenError."""
     if device == "cuda":
         from .engine import check_gpu_supports
 
         try:
             check_gpu_supports(f)
         except DrvqwenError as e:
-            if args.device == "cuda":
+            if requested == "cuda":
                 raise
             device, why = "cpu", str(e).split(": ", 1)[-1]
-    return device, why, f
+    return device, why
 
 
 def _say_dim(m: str) -> None:

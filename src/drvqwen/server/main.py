@@ -195,15 +195,7 @@ def cmd_serve(args) -> int:
                       say=lambda m: cli.err.print(f"[yellow]{m}", soft_wrap=True),
                       hash_progress=cli._hash_progress)
     ctx = resolve_max_context(args.max_context, f.config.max_position)
-    if device == "cuda":
-        from ..engine import check_gpu_supports
-
-        try:
-            check_gpu_supports(f)
-        except DrvqwenError as e:
-            if args.device == "cuda":
-                raise
-            device, why = "cpu", str(e).split(": ", 1)[-1]
+    device, why = cli._gpu_or_fallback(args.device, device, why, f)
     if device == "cpu":
         cli.err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
     settings = ServerSettings(host=args.host, port=args.port, api_key=api_key, queue_size=args.queue_size,

@@ -119,7 +119,12 @@ class Machine:
         raise NotImplementedError
 
     def int4(self, qweight, scales) -> np.ndarray:
-        raise NotImplementedError
+        """A projection's weights dequantized (both devices read them from the file: self.weights,
+        a FileWeights the subclass sets)."""
+        return self.weights.int4(qweight, scales)
+
+    def dense(self, weight) -> np.ndarray:
+        return self.weights.dense(weight)
 
     @property
     def pos(self) -> int:

@@ -110,12 +110,6 @@ class CpuMachine(Machine):
             return self.weights.weight(name)
         raise KeyError(name)
 
-    def int4(self, qweight, scales) -> np.ndarray:
-        return self.weights.int4(qweight, scales)
-
-    def dense(self, weight) -> np.ndarray:
-        return self.weights.dense(weight)
-
     @property
     def pos(self) -> int:
         return int(self.buf["state"][0])
