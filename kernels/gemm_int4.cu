@@ -336,6 +336,22 @@ struct GemmResidualAdd {
     }
 };
 
+// rows_of for a GEMM over one matrix (f32, residual): local row `local` of row block rb is row
+// rb·128 + local of W; the lane's row g is also written to *ra, where the epilogue finds it.
+struct GemmOneMatrixRows {
+    const u32* qweight;
+    const __half* scales;
+    int N, K;
+    int* ra;
+    __device__ __forceinline__ GemmLaneRows operator()(int rb, int local) const {
+        GemmLaneRows r;
+        *ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_lane_row(qweight, scales, *ra, N, K, r.wa, r.sa);
+        gemm_lane_row(qweight, scales, *ra + 8, N, K, r.wb, r.sb);
+        return r;
+    }
+};
+
 // out = X Wᵀ in FP32. Tiles: ceil(M/128) × ceil(N/128); grid ≤ the SM count (persistent),
 // block 288, smem GEMM_SMEM_BYTES.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
@@ -346,13 +362,7 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
               int N, int K) {
     int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
-        GemmLaneRows r;
-        ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
-        gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
-        return r;
-    }, gemm_each_token([&](int token, float va, float vb) {
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
         if (ra < N) out[(u64)token * N + ra] = va;
         if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
     }));
@@ -404,13 +414,7 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
                    const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                    int N, int K) {
     int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
-        GemmLaneRows r;
-        ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_lane_row(qweight, scales, ra, N, K, r.wa, r.sa);
-        gemm_lane_row(qweight, scales, ra + 8, N, K, r.wb, r.sb);
-        return r;
-    }, GemmResidualAdd{residual, N, &ra});
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, GemmOneMatrixRows{qweight, scales, N, K, &ra}, GemmResidualAdd{residual, N, &ra});
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8
