@@ -50,6 +50,30 @@
 //              gate/up, row g of a warp's 16 is gate feature f and row g+8 is up feature f, so
 //              the SwiGLU happens in registers.
 //
+// Barriers and phases (each initialised once by thread 0, then fence + the kernel's only
+// __syncthreads(), before the role branch). `it` counts the groups a block has run over all its
+// tiles, the same in the producer and in every consumer warp; group it uses stage s = it % STAGES
+// in round r = it / STAGES.
+//   full[s]   count GEMM_FULL_ARRIVALS = 33: lane 0's arrive.expect_tx (+ the 32 KB of X the two
+//             TMA boxes deliver as transactions) and one cp.async.mbarrier.arrive.noinc per
+//             producer lane, which arrives only once that lane's 16 weight copies have landed.
+//             Phase r completes when round r's X tile and all 128 weight rows are in shared
+//             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
+//             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)
+//   empty[s]  count 8: lane 0 of every consumer warp, after its wgmma.wait_group 0 (the MMAs'
+//             reads of X are done) and a __syncwarp() (every lane's loads of the weight words
+//             are ordered before lane 0's release arrival). Phase r completes when every
+//             consumer is done with round r.
+//   Why it cannot race: the producer writes stage s for round r ≥ 1 (TMA and cp.async) only after
+//   empty[s] phase r−1, i.e. after every read of round r−1 (WAR); a consumer reads round r only
+//   after full[s] phase r (acquire), i.e. after every write of round r landed (RAW). Arrivals
+//   never spill into the wrong phase: every one of round r's 33 arrivals is issued after the
+//   producer's wait on empty[s] phase r−1, which implies full[s] phase r−1 had completed.
+//   Why parities suffice: full[s] is at most one phase ahead of a consumer's wait (round r+1
+//   cannot be armed before that consumer released round r), and empty[s] at most one phase ahead
+//   of the producer's (round r cannot be released before it was filled), so r & 1 names the phase.
+//   The producer waits for its own last copies (cp.async.wait_group 0) before it exits.
+//
 // The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
 // chunk is built once per row capacity and reused. The tensor map covers the buffer's capacity
 // rows: tokens past M are read (stale or NaN: they are other columns of the MMA) but never
@@ -90,7 +114,7 @@
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
 #include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
-#include "cp_async.cuh"     // cp_async_16, cp_async_mbarrier_arrive
+#include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 
@@ -108,6 +132,9 @@
 #define GEMM_W_STAGE_BYTES  (GEMM_BLOCK_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
 #define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 40 KB (a multiple of 1024)
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
+// Arrivals per phase of a full barrier: lane 0's arrive.expect_tx (the X bytes) and one
+// cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
+#define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
@@ -187,7 +214,10 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
-    if (lane == 0) mbarrier_arrive(&empty[s]);  // this warp is done with the stage
+    // This warp is done with the stage. The __syncwarp orders every lane's loads of the weight
+    // words before lane 0's (release) arrival: without it only lane 0's own reads are covered.
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&empty[s]);
 }
 
 // The GEMM's tiles — 128 tokens × one block of weight rows, `row_blocks` of them per 128 tokens
@@ -217,9 +247,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < GEMM_STAGES; ++s) {
-            // lane 0's expect_tx arrival; the producer lanes' cp.async arrivals raise and lower
-            // the pending count themselves (ptx/cp_async.cuh)
-            mbarrier_init(&full[s], 1);
+            mbarrier_init(&full[s], GEMM_FULL_ARRIVALS);    // the protocol in the header
             mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);  // lane 0 of every consumer warp
         }
         fence_mbarrier_init();
@@ -248,8 +276,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES,
                                 rows[w].wb + grp * (INT4_GROUP / 8) + 4 * t, true);
                 }
-                cp_async_mbarrier_arrive(&full[s]);
-                __syncwarp();  // every lane's pending-count raise precedes lane 0's arrival
+                cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
                 if (lane == 0) {
                     mbarrier_arrive_expect_tx(&full[s], GEMM_X_STAGE_BYTES);
                     tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
@@ -257,6 +284,9 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 }
             }
         }
+        // Leave only when this lane's last copies have landed: no asynchronous write into the
+        // block's shared memory outlives the thread that issued it.
+        cp_async_wait<0>();
         return;
     }
 

@@ -4,6 +4,8 @@
 //                        (PTX ISA, "Data Movement and Conversion Instructions: cp.async")
 //   cp_async_commit    : cp.async.commit_group   ("…: cp.async.commit_group")
 //   cp_async_wait<N>   : cp.async.wait_group N   ("…: cp.async.wait_group")
+//   cp_async_mbarrier_arrive_noinc : cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar]
+//                        ("…: cp.async.mbarrier.arrive")
 //
 // Why cp.async and not load-then-store: the copy goes from L2 straight into shared memory
 // without passing through registers, and the issuing thread does not wait for it. A kernel
@@ -44,12 +46,20 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
-// cp.async.mbarrier.arrive.shared::cta.b64 [bar] ("…: cp.async.mbarrier.arrive"): when every
-// cp.async this thread issued before it has landed, arrive on `bar`. Without .noinc the
-// barrier's pending count is raised by one at once and lowered when the copies land, so the
-// barrier's arrival count at init need not include these arrivals — the phase just cannot
-// complete before the copies have. Lets a cp.async producer feed an mbarrier ring like TMA.
-__device__ __forceinline__ void cp_async_mbarrier_arrive(u64* bar) {
-    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n"
+// cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar] ("…: cp.async.mbarrier.arrive"): when
+// every cp.async this thread issued before it has landed, arrive on `bar` once. Lets a cp.async
+// producer feed an mbarrier ring as TMA does.
+//
+// Why .noinc: without it the instruction raises the barrier's pending arrival count by one "prior
+// to" its asynchronous arrival, which lowers it again — by the ISA's own words "a zero-net change
+// for the pending count ... during the current phase". Whether the copies then hold the phase
+// back depends on when the hardware applies the raise, which the ISA does not pin down, and
+// compute-sanitizer's synccheck counts each such arrival against the init count (it reported a
+// "barrier overflow" on a barrier initialised for 1 with 32 lanes arriving this way). With .noinc
+// the asynchronous arrival is an ordinary arrival: the init count includes one per thread that
+// issues it, and a phase cannot complete before every such thread's copies have landed — a
+// count the ISA defines and the sanitizers check.
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n"
                  :: "r"(static_cast<u32>(__cvta_generic_to_shared(bar))) : "memory");
 }

@@ -99,3 +99,14 @@ def pytest_collection_modifyitems(config, items):
 def _require_gpu_fail():
     reason = _gpu_unavailable_reason()
     pytest.fail(f"DRVQWEN_REQUIRE_GPU=1 but no usable Hopper GPU: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _launch_log_marker(request):
+    """Under DRVQWEN_LAUNCH_LOG (drvqwen.cuda.launch), a `# node ID` line before each test's
+    launches, so tools/check_sanitize_coverage.py can tell which test launched what."""
+    path = os.environ.get("DRVQWEN_LAUNCH_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"# node {request.node.nodeid}\n")
+    yield

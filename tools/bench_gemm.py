@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
-    PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5]
+    PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
 
-Each GEMM is captured in a CUDA graph and replayed (`cuda.graph.graph_time_us`: no Python launch
-overhead in the figure), on random INT4 weights and activations; the numbers are not checked
-here (tests/test_kernel_gemm_int4.py does that against the reference).
+Each GEMM is captured in a CUDA graph of --reps calls and replayed (`cuda.graph.graph_time_us`:
+no Python launch overhead in the figure); a figure is the median of --samples such replays. The
+inputs are random INT4 weights and activations; the numbers are not checked here
+(tests/test_kernel_gemm_int4.py does that against the reference).
 """
 
 import argparse
+import json
+import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -25,7 +29,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     ap.add_argument("--rows", type=int, default=512, help="prompt rows M (default 512)")
-    ap.add_argument("--reps", type=int, default=5, help="graph replays per figure (default 5)")
+    ap.add_argument("--reps", type=int, default=5, help="calls per timed graph (default 5)")
+    ap.add_argument("--samples", type=int, default=5, help="timed graphs per figure, median taken (default 5)")
+    ap.add_argument("--json", help="also write the figures (µs, TFLOP/s) to this file")
     ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "tiles"],
                     help="persistent: one block per SM looping over the tiles (what drvqwen runs); tiles: "
                          "one block per tile. Each given value is a column (default: both)")
@@ -71,10 +77,14 @@ def main() -> int:
         t.add_column("TFLOP/s", justify="right")
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
+    record = {"tool": "bench_gemm", "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
+              "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {}}
     for cl in a.grid:
         total_us = total_flops = 0.0
         for name, g in gemms(cl).items():
-            us = graph_time_us(g, reps=a.reps)
+            us = statistics.median(graph_time_us(g, reps=a.reps) for _ in range(a.samples))
+            record["us"].setdefault(cl, {})[name] = us
+            record["tflops"].setdefault(cl, {})[name] = g.flops / us / 1e6
             total_us += us
             total_flops += g.flops
             rows_out.setdefault(name, []).extend([f"{us:.1f}", f"{g.flops / us / 1e6:.1f}"])
@@ -85,6 +95,9 @@ def main() -> int:
     Console().print(t)
     for cl, ms in layer_ms.items():
         Console().print(f"{cl}: {cfg.num_layers} layers, {ms:.1f} ms of GEMMs")
+    record["layers_ms"] = layer_ms
+    if a.json:
+        Path(a.json).write_text(json.dumps(record, indent=1))
     for b in buffers:
         b.free()
     return 0

@@ -6,8 +6,10 @@
 #   tests     GPU tests (pytest -m gpu) under DRVQWEN_REQUIRE_GPU=1, so a GPU test that would
 #             skip fails instead; then every kernel compiled by NVRTC (tests/test_compile.py).
 #             PYTEST_PATHS narrows the GPU tests (default: tests/).
-#   sanitize  compute-sanitizer memcheck, racecheck and synccheck over SANITIZE_TESTS below
-#             (small shapes only: racecheck is 10-100x slower).
+#   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the nodes of
+#             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
+#             process per tool; then tools/check_sanitize_coverage.py on the launches the
+#             memcheck run logged. SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it.
 #   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: TTFT and
 #             ITL (512-token prompt, 128 greedy tokens) on the synthetic 7B (written to /dev/shm
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
@@ -63,39 +65,9 @@ export DRVQWEN_REQUIRE_GPU=1       # a GPU test that would skip fails instead (t
 # the logs back.
 STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-480}
 
-# Tests run under compute-sanitizer: small shapes, one node id each. Kernel tests add their
-# small-shape cases here as they land.
-SANITIZE_TESTS=(
-    "tests/test_cuda_layer.py::test_axpb_launch_and_set_param"
-    "tests/test_cuda_layer.py::test_fp16_add"
-    "tests/test_cuda_layer.py::test_tensormap_passed_by_value"
-    "tests/test_cuda_layer.py::test_graph_capture_and_replay"
-    "tests/test_kernel_rmsnorm.py"
-    "tests/test_kernel_gemv_int4.py::test_gemv_int4_qkv_rope[odd]"
-    "tests/test_kernel_gemv_int4.py::test_gemv_int4_gate_up_swiglu[odd]"
-    "tests/test_kernel_gemv_int4.py::test_gemv_int4_residual[odd.n72.k640]"
-    "tests/test_kernel_gemv_f16.py::test_lm_head_and_argmax[odd]"
-    "tests/test_kernel_embedding.py"
-    "tests/test_kernel_rope_kv.py"
-    "tests/test_kernel_attention_decode.py::test_attention_decode"
-    "tests/test_kernel_argmax.py::test_argmax_two_pass"
-    "tests/test_kernel_argmax.py::test_argmax_nan_order_small"
-    "tests/test_kernel_gemv_f16.py::test_lm_head_padded_rows_are_minus_inf"
-    "tests/test_kernel_decode_state.py::test_advance_state_and_graph_chain"
-    "tests/test_graphs.py::test_set_block_table_entry_in_a_graph"
-    "tests/test_kernel_gemm_int4.py::test_gemm_f32[3-100-1000-1024]"
-    "tests/test_kernel_gemm_int4.py::test_gemm_residual[3-300]"
-    "tests/test_kernel_gemm_int4.py::test_gemm_gate_up_swiglu[16]"
-    "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd64]"
-    "tests/test_kernel_attention_prefill.py::test_attention_prefill[start37-T50-hd128]"
-    "tests/test_kernel_prefill_state.py::test_prefill_state_kernels"
-    "tests/test_kernel_sampling.py::test_sampler_ties"
-    "tests/test_kernel_sampling.py::test_publish_token_ring_and_counter"
-    "tests/test_kernel_sampling.py::test_min_p_with_ties"
-    "tests/test_kernel_sampling.py::test_penalized_sample_matches_reference[69]"
-    "tests/test_kernel_attention_decode_tma.py::test_attention_tma_small[7b]"
-    "tests/test_kernel_attention_decode_tma.py::test_attention_tma_small[0.5b]"
-)
+# Tests run under compute-sanitizer: small shapes, one node id each, with the kernels each
+# launches — tools/sanitize_nodes.txt (tests/test_sanitize_coverage.py: every kernel has one).
+mapfile -t SANITIZE_TESTS < <(grep -v '^[[:space:]]*#' tools/sanitize_nodes.txt | awk 'NF {print $1}')
 # SANITIZE_ONLY="node …" replaces the list (one short device call for one kernel's cases).
 [[ -n ${SANITIZE_ONLY:-} ]] && read -r -a SANITIZE_TESTS <<< "$SANITIZE_ONLY"
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
@@ -155,25 +127,36 @@ stage_tests() {
 }
 
 stage_sanitize() {
-    local sanitizer rc=0 tool node
+    local sanitizer rc=0 tool log
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [[ ! -x $sanitizer ]]; then
         echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize.log"
         return 1
     fi
-    rm -f "$OUTDIR"/sanitize-*.log
+    rm -f "$OUTDIR"/sanitize-*.log "$OUTDIR"/sanitize-launches.txt
     for tool in "${SANITIZE_TOOLS[@]}"; do
-        for node in "${SANITIZE_TESTS[@]}"; do
-            # --target-processes all: follow any process pytest starts, not only the first.
-            # --error-exitcode: a finding fails the step even when the test itself passes.
-            # --report-api-errors no: the GPU layer reads a kernel's parameter list by calling
-            # cuFuncGetParamInfo until it fails (its end marker); those expected API errors
-            # are not memory errors, and every real API failure raises in Python anyway.
-            run_step "sanitize-$tool" "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 99 \
-                --report-api-errors no \
-                "$PY" -m pytest -q -p no:cacheprovider "$node" || rc=1
-        done
+        # One process per tool over every node (the CUDA start-up under a sanitizer costs more
+        # than most of the tests); -v names each test in the log before its findings.
+        # --target-processes all: follow any process pytest starts, not only the first.
+        # --error-exitcode: a finding fails the step even when the test itself passes.
+        # --report-api-errors no: the GPU layer reads a kernel's parameter list by calling
+        # cuFuncGetParamInfo until it fails (its end marker); those expected API errors
+        # are not memory errors, and every real API failure raises in Python anyway.
+        # The memcheck run also logs every launch (DRVQWEN_LAUNCH_LOG): the coverage check
+        # after it shows that each node ran the kernels it claims.
+        log=()
+        [[ $tool == memcheck ]] && log=(env "DRVQWEN_LAUNCH_LOG=$OUTDIR/sanitize-launches.txt")
+        run_step "sanitize-$tool" "${log[@]}" "$sanitizer" --tool "$tool" --target-processes all \
+            --error-exitcode 99 --report-api-errors no \
+            "$PY" -m pytest -v -p no:cacheprovider "${SANITIZE_TESTS[@]}" || rc=1
+        if [[ $tool == memcheck && -z ${SANITIZE_ONLY:-} ]]; then
+            run_step sanitize-coverage "$PY" tools/check_sanitize_coverage.py tools/sanitize_nodes.txt \
+                "$OUTDIR/sanitize-launches.txt" || rc=1
+        fi
     done
+    # The summary lines of each tool, together at the end of the output.
+    (cd "$OUTDIR" && grep -HE "ERROR SUMMARY|RACECHECK SUMMARY|[0-9]+ (passed|failed)|NOT COVERED|sanitize coverage" \
+        sanitize-*.log) || true
     return "$rc"
 }
 

@@ -22,11 +22,18 @@ previous kernel writes or writes anything it reads; what comes before the wait (
 weights, which no kernel writes) overlaps the previous kernel's tail. Stream capture records
 the attribute as a programmatic edge, so graphs keep the overlap (CUDA driver API reference,
 cuLaunchKernelEx; CUDA C Programming Guide, "Programmatic Dependent Launch").
+
+The launch log: with `DRVQWEN_LAUNCH_LOG=FILE` in the environment (read once, at import), every
+launch appends its kernel's name to FILE, one per line; tests/conftest.py adds a `# node ID`
+line before each test. The sanitize stage of tools/gpu_check.sh uses it to show that each
+sanitized test runs the kernels it claims to cover (tools/sanitize_nodes.txt). Without the
+variable a launch costs one test of a module-level None more.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Sequence
 
 from cuda.bindings import driver
@@ -38,6 +45,15 @@ from .tensormap import TENSOR_MAP_BYTES
 
 _CU_LAUNCH_KERNEL = driver.cuLaunchKernel  # bound once: one attribute lookup less per launch
 _CU_LAUNCH_KERNEL_EX = driver.cuLaunchKernelEx
+
+# The launch log's path (module docstring), or None.
+LAUNCH_LOG_ENV = "DRVQWEN_LAUNCH_LOG"
+_LAUNCH_LOG = os.environ.get(LAUNCH_LOG_ENV) or None
+
+
+def _log_launch(name: str) -> None:
+    with open(_LAUNCH_LOG, "a", encoding="utf-8") as f:
+        f.write(name + "\n")
 
 
 # --- streams and events ----------------------------------------------------------------------
@@ -302,6 +318,8 @@ class KernelLaunch:
             (err,) = _CU_LAUNCH_KERNEL_EX(self._config, self._args[0], self._params_addr, 0)
         if err:
             raise cuda_error(err, f"cuLaunchKernel{'Ex' if self._config is not None else ''}({self.label})")
+        if _LAUNCH_LOG is not None:
+            _log_launch(self.function.name)
 
     __call__ = launch
 
