@@ -28,7 +28,8 @@
 //   block    = 9 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
 //              tile's 128 tokens, and one producer warp (warp 8).
 //   producer = one warp fills a ring of GEMM_STAGES stages, one 128-input group each, guarded by
-//              mbarriers (full: the bytes landed; empty: all 8 consumer warps are done with it):
+//              mbarriers (full: the bytes landed; x_empty, w_empty: the consumers are done with
+//              the stage's X, its weights):
 //              lane 0 issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs, 128-byte
 //              swizzle — the layout wgmma reads; two boxes, 32 KB), and every lane copies 16-byte
 //              pieces of the tile's 128 weight rows (64 B each, 8 KB) with cp.async, which
@@ -60,18 +61,25 @@
 //             Phase r completes when round r's X tile and all 128 weight rows are in shared
 //             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
 //             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)
-//   empty[s]  count 8: lane 0 of every consumer warp, after its wgmma.wait_group 0 (the MMAs'
-//             reads of X are done) and a __syncwarp() (every lane's loads of the weight words
-//             are ordered before lane 0's release arrival). Phase r completes when every
-//             consumer is done with round r.
-//   Why it cannot race: the producer writes stage s for round r ≥ 1 (TMA and cp.async) only after
-//   empty[s] phase r−1, i.e. after every read of round r−1 (WAR); a consumer reads round r only
-//   after full[s] phase r (acquire), i.e. after every write of round r landed (RAW). Arrivals
-//   never spill into the wrong phase: every one of round r's 33 arrivals is issued after the
-//   producer's wait on empty[s] phase r−1, which implies full[s] phase r−1 had completed.
+//   w_empty[s] count 256: every consumer lane, once its MMAs are issued (its loads of the weight
+//             words are long done: they fed the A fragments). Each lane releases its own reads,
+//             so the order is one the memory model states and racecheck sees; lane 0 arriving
+//             for its warp after a __syncwarp() is as sound but racecheck reports the other
+//             lanes' reads as racing the next cp.async (measured below). Arriving after the
+//             commit, not before the MMAs, keeps the 32 arrivals off the MMA issue path.
+//   x_empty[s] count 8: lane 0 of every consumer warp after its wgmma.wait_group 0 — X is read by
+//             the MMAs (the async proxy), which are complete for the warp once the wait returns.
+//   Phase r of each completes when every consumer is done with that part of round r.
+//   Why it cannot race: the producer lanes write the weights of stage s for round r ≥ 1
+//   (cp.async) only after w_empty[s] phase r−1, lane 0 its X (TMA) only after x_empty[s] phase
+//   r−1: after every read of round r−1 (WAR); a consumer reads round r only after full[s] phase r
+//   (acquire), after every write of round r landed (RAW). Arrivals never spill into the wrong
+//   phase: every one of round r's 33 full arrivals is issued after the producer's wait on
+//   w_empty[s] phase r−1, which implies full[s] phase r−1 had completed.
 //   Why parities suffice: full[s] is at most one phase ahead of a consumer's wait (round r+1
-//   cannot be armed before that consumer released round r), and empty[s] at most one phase ahead
-//   of the producer's (round r cannot be released before it was filled), so r & 1 names the phase.
+//   cannot be armed before that consumer released round r), and each empty at most one phase
+//   ahead of the producer's (round r cannot be released before it was filled), so r & 1 names
+//   the phase.
 //   The producer waits for its own last copies (cp.async.wait_group 0) before it exits.
 //
 // The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
@@ -105,6 +113,22 @@
 // per thread (ptxas's cap of 168 here), so that build cannot launch. It needs 8 or 12 warps
 // (a producer warpgroup giving registers back with setmaxnreg).
 //
+// Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
+// each, the old one in the same device call; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json):
+//   | full barrier                          | release of a stage                 | ms          | sanitizers        |
+//   | count 1, lanes' arrivals without .noinc | lane 0 per warp                  | 15.0 15.1   | synccheck overflow, racecheck hazards |
+//   | count 33, .noinc                      | lane 0 after __syncwarp            | 15.1 15.2   | racecheck 24 hazards |
+//   | count 33, each lane arrives after cp.async.wait_group 1 (one group late) | lane 0 after __syncwarp | 14.6 14.5 | racecheck 24 hazards |
+//   | count 33, one group late              | every lane, after the wait          | 15.3 15.4   | clean |
+//   | count 33, .noinc                      | every lane, after the wait          | 15.4 15.4   | clean |
+//   | count 33, one group late              | w_empty every lane before the MMAs, x_empty lane 0 | 16.5 16.5 | clean |
+//   | count 33, .noinc                      | w_empty every lane before the MMAs, x_empty lane 0 | 15.4 15.7 | clean |
+//   | count 33, one group late              | w_empty every lane after the commit, x_empty lane 0 | 15.4 15.3 | clean |
+//   | count 33, .noinc (this file)          | w_empty every lane after the commit, x_empty lane 0 | 15.0 14.8 | clean |
+// Every lane arriving costs where it sits on the MMA path: right after the commit it overlaps the
+// MMAs. The fastest form (lane 0 after __syncwarp) is sound by the memory model, but racecheck
+// cannot see it, and a protocol the sanitizers cannot check is one no change can be checked against.
+//
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
 // X's rows 16-byte aligned (TMA).
@@ -135,7 +159,7 @@
 // Arrivals per phase of a full barrier: lane 0's arrive.expect_tx (the X bytes) and one
 // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
 #define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
-#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
+#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
 // scale s2 (both halves the row's group scale). See ptx/int4_unpack.cuh for the magic number.
@@ -187,7 +211,7 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
 // register is in flight makes ptxas serialise every wgmma of the kernel (its C7513 "Potential
 // Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
-                                           const unsigned char* smem, u64* full, u64* empty,
+                                           const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
     const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
@@ -211,13 +235,13 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         wgmma_m64n128k16_rs(acc, frag[k], desc, 1);
     }
     wgmma_commit_group();
+    mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
     wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
     // This warp is done with the stage. The __syncwarp orders every lane's loads of the weight
     // words before lane 0's (release) arrival: without it only lane 0's own reads are covered.
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&empty[s]);
+    if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X
 }
 
 // The GEMM's tiles — 128 tokens × one block of weight rows, `row_blocks` of them per 128 tokens
@@ -235,7 +259,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     unsigned char* smem = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<u64>(gemm_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
     u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
-    u64* empty = full + GEMM_STAGES;
+    u64* x_empty = full + GEMM_STAGES;
+    u64* w_empty = x_empty + GEMM_STAGES;
 
     const int M = __ldg(prefill_state + 1);
     const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
@@ -248,7 +273,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     if (threadIdx.x == 0) {
         for (int s = 0; s < GEMM_STAGES; ++s) {
             mbarrier_init(&full[s], GEMM_FULL_ARRIVALS);    // the protocol in the header
-            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS);  // lane 0 of every consumer warp
+            mbarrier_init(&x_empty[s], GEMM_CONSUMER_WARPS);  // lane 0 of every consumer warp
+            mbarrier_init(&w_empty[s], GEMM_CONSUMER_WARPS * WARP_SIZE);  // every consumer lane
         }
         fence_mbarrier_init();
     }
@@ -266,7 +292,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) rows[w] = rows_of(tile / token_blocks, w * INT4_TILE_ROWS + g);
             for (int grp = 0; grp < n_groups; ++grp, ++it) {
                 const int s = it % GEMM_STAGES;
-                if (it >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                if (it >= GEMM_STAGES) mbarrier_wait_parity(&w_empty[s], ((it / GEMM_STAGES) - 1) & 1);
                 unsigned char* st = smem + s * GEMM_STAGE_BYTES;
                 unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
 #pragma unroll
@@ -278,6 +304,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
                 if (lane == 0) {
+                    if (it >= GEMM_STAGES) mbarrier_wait_parity(&x_empty[s], ((it / GEMM_STAGES) - 1) & 1);
                     mbarrier_arrive_expect_tx(&full[s], GEMM_X_STAGE_BYTES);
                     tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
                     tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
@@ -307,7 +334,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         for (int grp = 0; grp < n_groups; ++grp, ++it) {
             // next group's scales now: their latency passes during this group's MMAs
             const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
-            gemm_group(it, local, lane, shift, sa, sb, smem, full, empty, frag, acc);
+            gemm_group(it, local, lane, shift, sa, sb, smem, full, x_empty, w_empty, frag, acc);
             sa = na;
             sb = nb;
         }

@@ -39,7 +39,7 @@ BOX_INPUTS = mirrored("gemm_int4", "GEMM_BOX_INPUTS", 64)       # inputs per TMA
 # 4 stages × (32 KiB of activations (128 tokens × 128 inputs) + 8 KiB of INT4 weights (128 rows
 # × 64 B)) + 1 KiB of alignment slack + the 8 mbarriers (above the 48 KiB default: KernelLaunch
 # opts in).
-SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 128 * 2 + BLOCK_ROWS * 64) + 1024 + 2 * 4 * 8)
+SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 128 * 2 + BLOCK_ROWS * 64) + 1024 + 3 * 4 * 8)
 
 
 def x_tensor_map(x, rows: int, k: int):
