@@ -28,6 +28,7 @@ from drvqwen.launchers import attention_decode, attention_decode_tma
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
+from drvqwen.provenance import source_record
 
 SHAPES = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
 L2_BYTES = 60e6  # H200 L2 (50 MiB usable per partition pair; "fits in L2" is approximate)
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
           f"(L2) = K/V fit in L2 and stay there across replays")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"copy_gbps": copy.gbps, "rows": rows}, fh, indent=1)
+            json.dump({"source": source_record(), "copy_gbps": copy.gbps, "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -23,6 +23,7 @@ from drvqwen import launchers as K
 from drvqwen.config import PRESETS
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.graph import graph_time_us
+from drvqwen.provenance import source_record
 
 
 def main() -> int:
@@ -77,7 +78,7 @@ def main() -> int:
         t.add_column("TFLOP/s", justify="right")
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
-    record = {"tool": "bench_gemm", "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
+    record = {"tool": "bench_gemm", "source": source_record(), "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {}}
     for cl in a.grid:
         total_us = total_flops = 0.0

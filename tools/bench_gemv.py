@@ -35,6 +35,7 @@ from rich.table import Table
 
 from drvqwen import launchers as K
 from drvqwen.config import PRESETS
+from drvqwen.provenance import source_record
 from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.launchers.gemv_int4 import int4_bytes
@@ -229,7 +230,7 @@ def main() -> int:
     con.print(t)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"device": dev.info.summary(), "copy_gbps": copy.gbps, "rows": rows}, fh, indent=1)
+            json.dump({"source": source_record(), "device": dev.info.summary(), "copy_gbps": copy.gbps, "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -15,7 +15,7 @@
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
 #             the per-kernel breakdown.
 #   fingerprint  tools/decode_fingerprint.py (greedy tokens + logits hashes) on the synthetic 7B
-#             and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
+#             and 0.5B and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
 #             checkout's src/> …" the same for those versions, each compared with this one
 #             (tools/compare_fingerprints.py: same tokens? same bits? which launch shapes differ).
 #   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests, three
@@ -187,8 +187,13 @@ stage_formats() {
 stage_fingerprint() {
     local rc=0 model name path syn
     rm -f "$OUTDIR"/fingerprint*.log "$OUTDIR"/fingerprint*.json
-    syn=$("$PY" -c "from drvqwen.bench import ensure_synthetic; print(ensure_synthetic('7b'))") || return 1
-    local models=("7b=$syn")
+    # The synthetic 7B and 0.5B (same code paths as the real models at their shapes: head_dim 128
+    # and 64, GQA 7:1), and the real 0.5B where DRVQWEN_REAL_MODEL names it.
+    local models=() preset
+    for preset in 7b 0.5b; do
+        syn=$("$PY" -c "from drvqwen.bench import ensure_synthetic; print(ensure_synthetic('$preset'))") || return 1
+        models+=("$preset=$syn")
+    done
     [[ -n ${DRVQWEN_REAL_MODEL:-} ]] && models+=("real=$DRVQWEN_REAL_MODEL")
     for model in "${models[@]}"; do
         name=${model%%=*}

@@ -391,6 +391,9 @@ def cmd_bench(args) -> int:
     if "kernels" in res:
         print_kernels(res)
     if args.json:
+        from .provenance import source_record
+
+        res["source"] = source_record()
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(res, indent=1))
         err.print(f"wrote {args.json}")
