@@ -126,6 +126,12 @@ class Prefill:
             self._lists[rows] = self._build(rows)
         return self._lists[rows]
 
+    def _embedding(self, rows: int) -> K.EmbeddingRows:
+        """The embedding launcher of the `rows` list (its first launch), whose ids are set per chunk."""
+        name, launcher = self.launchers[rows][0]
+        assert name == "embedding", name
+        return launcher
+
     def _build(self, R: int) -> list[NamedLaunch]:
         step, cfg, w, st = self.step, self.config, self.step.weights, self.step.stream
         # Views of the first R rows: the launchers check element counts against `rows`.
@@ -209,14 +215,14 @@ class Prefill:
             n = min(self.chunk_rows, T - c0)
             bucket = -(-n // ROW_BUCKET) * ROW_BUCKET
             launches = self.launches(bucket)
-            # embedding's ids argument (index 2): this chunk's slice of the prompt.
-            launches[0].launch.set_param(2, DeviceArray("ids[chunk]", self.buf["ids"].ptr + 4 * c0, (bucket,),
-                                                        np.int32))
+            # The embedding's ids: this chunk's slice of the prompt.
+            self._embedding(bucket).set_arg("ids", DeviceArray("ids[chunk]", self.buf["ids"].ptr + 4 * c0,
+                                                               (bucket,), np.int32))
             self._begin.set(start + c0, n).launch()
             for nl in launches:
                 nl.launch.launch()
             last_rows = n
-        self._norm.launches[0].set_param(1, _row_ptr(self.buf["residual"], last_rows - 1))
+        self._norm.set_arg("x", _row_ptr(self.buf["residual"], last_rows - 1))
         self._norm.launch()
         for launcher in step.sampler_step():
             launcher.launch()
@@ -243,7 +249,7 @@ class Prefill:
         step.reset_sequence()
         step.reserve(T)
         self.buf["ids"].upload_at(0, np.asarray(ids, np.int32))
-        launches[0].launch.set_param(2, DeviceArray("ids[chunk]", self.buf["ids"].ptr, (bucket,), np.int32))
+        self._embedding(bucket).set_arg("ids", DeviceArray("ids[chunk]", self.buf["ids"].ptr, (bucket,), np.int32))
         hold = K.GpuSleep(hold_ms, stream=step.stream)
         ev = [(Event(), Event()) for _ in launches]
         hold.launch()

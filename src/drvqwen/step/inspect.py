@@ -18,6 +18,7 @@ from ..format import quant
 from ..format.nanoqwen import proj_prefix
 from ..kv_cache import PAGE_TOKENS, tensor_map_shape
 from ..launchers.base import TensorMapSpec
+from ..launchers.signatures import declaration
 from . import render as R
 
 PROJS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -261,19 +262,7 @@ def _kernel_of(s, name: str):
 def signature(text: str, kernel: str) -> str | None:
     """The `__global__` declaration of `kernel` in a kernel file, up to its body (through the
     macro that defines it, for kernels instantiated by a macro)."""
-    for m in re.finditer(r"__global__", text):
-        start = text.rfind("\n", 0, m.start()) + 1
-        body = text.find("{", m.end())
-        decl = text[start:body]
-        if re.search(rf"\b{re.escape(kernel)}\s*\(", decl):
-            return decl.rstrip()
-    inst = re.search(rf"^(\w+)\(\s*{re.escape(kernel)}\b.*$", text, re.MULTILINE)
-    if inst:
-        d = re.search(rf"#define\s+{inst.group(1)}\(", text)
-        if d:
-            body = text.find("{", d.end())
-            return text[d.start():body].rstrip() + "\n...\n" + inst.group(0)
-    return None
+    return declaration(text, kernel)
 
 
 def src(s, arg: str) -> None:
