@@ -2,8 +2,8 @@
 
 A launcher knows one kernel family (kernels/X.cu ↔ launchers/X.py ↔ tests/test_kernel_X.py):
 which kernel to run, its grid, block and shared memory, the arguments (by the kernel's parameter
-names, in its order), and the buffers it reads and writes. It does that work in two steps, so that a whole decode step can
-be planned on a machine without a GPU:
+names, in its order), and the buffers it reads and writes. It does that work in two steps, so
+that a whole decode step can be planned on a machine without a GPU:
 
     plan    Launcher(...)            checks the buffers against the kernel (shape, dtype),
                                      picks the grid from the occupancy it is given, records
