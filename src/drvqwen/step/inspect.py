@@ -173,15 +173,15 @@ def kv(s) -> None:
     if m.cursor:
         where = (f"this step (position {m.pos}) opened page {m.opened_page}: it is replayed from 'opens_page'"
                  if m.opened_page is not None else
-                 f"this step (position {m.pos}) writes into page {bt[m.pos // PAGE_TOKENS]}: the 'step' graph")
+                 f"this step (position {m.pos}) writes into page {bt[m.pos // PAGE_TOKENS]}: the 'decode' graph")
         s.say(where)
         nxt = m.pos + 1
     else:
         nxt = m.pos
     opens = nxt // PAGE_TOKENS >= len(bt)
     s.say(Text(f"next step: position {nxt}; position {boundary} opens the next page, so the next step replays "
-               f"'{'opens_page' if opens else 'step'}'" + (" (a new page from the free list, set in the block table "
-                                                          "by set_block_table_entry)" if opens else ""),
+               f"'{'opens_page' if opens else 'decode'}'" + (" (a new page from the free list, set in the block "
+                                                            "table by set_block_table_entry)" if opens else ""),
                style="bold"))
 
 
@@ -232,19 +232,20 @@ def graph(s) -> None:
         g = m.graph_decoder()
         nodes = dict(g.num_nodes)
         head = f"captured from the {n} launches of the step (mode: {g.mode})"
-        ran = f"steps replayed so far: step ×{g.steps_by_graph['step']}, opens_page ×{g.steps_by_graph['opens_page']}"
+        ran = (f"steps replayed so far: decode ×{g.steps_by_graph['decode']}, "
+               f"opens_page ×{g.steps_by_graph['opens_page']}")
     else:
-        nodes = {"step": n, "opens_page": n + 1}
+        nodes = {"decode": n, "opens_page": n + 1}
         head = "on the CPU, what the GPU would capture from this launch list"
         ran = ""
     t = R.table("graph", "nodes", "what it replays", title=f"decode graphs: {head}", right=("nodes",))
-    t.add_row("step", str(nodes.get("step", "—")), "the decode step (15 of 16 steps)")
+    t.add_row("decode", str(nodes.get("decode", "—")), "the decode step (15 of 16 steps)")
     t.add_row("opens_page", str(nodes.get("opens_page", "—")), "set_block_table_entry, then the step (pos % 16 == 0)")
     s.say(t)
     if ran:
         s.say(ran)
     pos = m.pos + (1 if m.cursor else 0)
-    nxt = "opens_page" if pos // PAGE_TOKENS >= len(m.block_table_host()) else "step"
+    nxt = "opens_page" if pos // PAGE_TOKENS >= len(m.block_table_host()) else "decode"
     s.say(Text(f"next: '{nxt}', for position {pos}: " + (
         "it needs a page the block table does not hold yet" if nxt == "opens_page"
         else f"page {pos // PAGE_TOKENS} is already in the block table"), style="bold"))
