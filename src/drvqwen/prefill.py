@@ -81,16 +81,16 @@ class Prefill:
     """The prompt pass of one model, sharing a `DecodeStep`'s weights, KV cache, pages and stream.
 
     Args:
-        step: the decode step whose state this prefill leaves ready to continue.
+        decode_step: the decode step whose state this prefill leaves ready to continue.
         max_chunk_rows: prompt rows per chunk (rounded up to a multiple of 64).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
-    def __init__(self, step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS):
+    def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
-        self.step = step
+        self.decode_step = step = decode_step
         cfg = self.config = step.config
         bucket = ROW_BUCKET
         self.chunk_rows = min(-(-max_chunk_rows // bucket), -(-step.max_context // bucket)) * bucket
@@ -136,7 +136,7 @@ class Prefill:
         return launcher
 
     def _build(self, R: int) -> list[NamedLaunch]:
-        step, cfg, w, st = self.step, self.config, self.step.weights, self.step.stream
+        step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
         # Views of the first R rows: the launchers check element counts against `rows`.
         res, xn, qkv, q, attn, h = (_rows_view(self.buf[n], R) for n in ("residual", "xn", "qkv", "q", "attn", "h"))
         attn_flat = DeviceArray(attn.name, attn.ptr, (R, cfg.num_heads, cfg.head_dim), attn.dtype)
@@ -185,7 +185,7 @@ class Prefill:
         """Queue the prefill of `ids` at positions start … start+T-1 and the choice of the next
         token (the sampler step of `launch_list`, default the decode step's greedy list);
         afterwards the decode state is (start+T, token, start+T+1). Asynchronous: the stream
-        carries it; `step.sync()` waits.
+        carries it; `decode_step.sync()` waits.
 
         start = 0 begins a new sequence (all pages released first); start > 0 appends to a cache
         that already holds positions 0 … start-1.
@@ -193,7 +193,7 @@ class Prefill:
         Raises:
             DrvqwenError: no ids, a token id outside the vocabulary, or start + T beyond max_context.
         """
-        step = self.step
+        step = self.decode_step
         T = len(ids)
         if T == 0:
             raise DrvqwenError("prefill of an empty prompt (0 tokens)")
@@ -242,7 +242,7 @@ class Prefill:
         """
         from .cuda import Event
 
-        T, step = len(ids), self.step
+        T, step = len(ids), self.decode_step
         if not 0 < T <= self.chunk_rows:
             raise DrvqwenError(f"time_kernels takes 1..{self.chunk_rows} ids (one chunk), got {T}")
         bucket = -(-T // ROW_BUCKET) * ROW_BUCKET
