@@ -399,12 +399,14 @@ def _model_tokens(prompt: list[int], n: int) -> list[int]:
     return toks
 
 
+@pytest.mark.parametrize("again", ["graph", "eager"])
 @pytest.mark.parametrize("back_to", [0, 5, 16, 17, 31, 32, 40, 48])
-def test_fake_rollback_decodes_again_what_it_decoded(fake_device, rng, back_to):
-    """Graph steps queued ahead (the host does not wait), a rollback to `back_to`, and the graphs
-    again: the pages opened after it are back at the front of the free list, the device state
-    reads (back_to, token, back_to + 1), and the second run decodes the first run's tokens into
-    the first run's pages — through the "opens_page" graph at the boundaries it crosses again."""
+def test_fake_rollback_decodes_again_what_it_decoded(fake_device, rng, back_to, again):
+    """Graph steps queued ahead (the host does not wait), a rollback to `back_to`, and graph or
+    eager steps again: the pages opened after it are back at the front of the free list, the
+    device state reads (back_to, token, back_to + 1), and the second run decodes the first run's
+    tokens into the first run's pages — recording each reopened page in the block table again
+    (the "opens_page" graph, or the eager step's copy) at the boundaries it crosses again."""
     dec, gd = _fake_engine(fake_device, 6, rng)
     prompt, end = [9, 8, 7], 48                    # positions 0 … 47: three pages
     consumed = _model_tokens(prompt, end + 1)      # consumed[p]: the token decoded at position p
@@ -432,8 +434,9 @@ def test_fake_rollback_decodes_again_what_it_decoded(fake_device, rng, back_to):
     assert dec.gpu.block_table[:kept].tolist() == pages_before[:kept]    # the kept entries are untouched
 
     dec.gpu.kv_page_of.clear()
+    dec.gpu.block_table[kept:] = -1                # a page not recorded again would fail the K/V write
     for pos in range(back_to, end):
-        gd.decode_token()
+        (gd if again == "graph" else dec).decode_token()
         if pos + 1 < len(prompt):
             dec.seq.feed(prompt[pos + 1])          # a rollback into the prompt feeds it again
     dec.sync()
@@ -441,7 +444,7 @@ def test_fake_rollback_decodes_again_what_it_decoded(fake_device, rng, back_to):
     assert dec.gpu.block_table[:len(pages_before)].tolist() == pages_before
     assert dec.gpu.kv_page_of == {p: kv_before[p] for p in range(back_to, end)}
     assert int(dec.gpu.next_token[0]) == consumed[end]
-    assert gd.steps_by_graph[GRAPH_OPENS_PAGE] - opens_before == len(released)
+    assert gd.steps_by_graph[GRAPH_OPENS_PAGE] - opens_before == (len(released) if again == "graph" else 0)
     with pytest.raises(DrvqwenError, match="rollback to position"):
         gd.seq.rollback(end + 1, 1)
 
