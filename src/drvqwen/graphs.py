@@ -37,9 +37,9 @@ has to wait for a token it does not print), a shared slot could be overwritten b
 of the previous page had read it. Per-page slots are written once per sequence, and a new
 sequence reuses them only after the stream has drained: `Sequence.start()` and
 `Sequence.rollback()` synchronize, and so does the prefill's synchronous block-table upload
-(`Sequence.reserve`). The alternative, a device ring of pages popped
-ahead of time, moves the same copy earlier and takes pages off the free list before they are
-needed; here the cost is one 4-byte copy every 16 tokens.
+(`Sequence.reserve`). The alternative, a device ring of pages popped ahead of time, moves the
+same copy earlier and takes pages off the free list before they are needed; here the cost is
+one 4-byte copy every 16 tokens.
 
 The host picks one of the two graphs from the position each step, with the same bookkeeping
 as eager mode (`Sequence.open_page`: "opens_page" exactly when the step's position needs a
@@ -50,13 +50,15 @@ switched between modes, and both give the same bits: the graph replays the same 
 the same grids and parameters, in the same order.
 
 A GraphDecoder captures one launch list (the plan's greedy step, or a sampler variant: each its
-own list, decode.LaunchList) once, and is reused for every prompt. If capture or instantiation fails, `GraphDecoder`
-warns and falls back to eager steps (or raises `GraphCaptureError` with fallback=False).
+own list, decode.LaunchList) once, and is reused for every prompt. If capture or instantiation
+fails, `GraphDecoder` warns and falls back to eager steps (or raises `GraphCaptureError` with
+fallback=False).
 """
 
 from __future__ import annotations
 
 import warnings
+
 import numpy as np
 
 from .cuda import CudaError
