@@ -2,9 +2,10 @@
 
 A kernel's parameter list lives in its `extern "C"` declaration; the launchers pass arguments by
 name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
-instantiated kernels included. Here every launcher — the decode plan's (both attention kernels,
-head_dim 64 and 128), the prefill's, the sampler's, the page hand-over's, the benchmark GEMVs and
-every weight format's `gemv_q` — is planned over buffers that need no GPU, and each of its
+instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
+launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
+sampler's, the page hand-over's, the benchmark GEMVs and every weight format's `gemv_q` — is
+planned over buffers that need no GPU, and each of its
 launches must name every parameter of its kernel, in order, with an argument of the parameter's
 kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
 another order, or a kernel that gains, loses or renames a parameter, fails here; and every kernel
@@ -160,6 +161,16 @@ def test_the_kernel_files_read_as_kernels():
     assert tma[4:6] == [("k_map", "tensor map"), ("v_map", "tensor map")] and tma[-1] == ("layer_page0", "int32")
     scales = SIGNATURES["gemv_q_q4_g32_kmin"][1].params[4]
     assert (scales.name, scales.ctype, scales.kind) == ("scales", "const float*", "pointer")   # S = float
+
+
+@pytest.mark.parametrize("file", list_kernels())
+def test_the_reader_finds_every_entry_point_the_compiler_builds(file):
+    """What the reader takes for a file's kernels is what NVRTC compiles into its cubin (the
+    ptxas report's entry points): no kernel missed, none made up."""
+    from drvqwen.cuda.nvrtc import compile_kernel
+
+    built = {r.function for r in compile_kernel(file).resources.values() if r.is_entry}
+    assert built and built == {k for k, (f, _sig) in SIGNATURES.items() if f == file}
 
 
 def test_launchers_pass_what_the_kernels_declare(planned):
