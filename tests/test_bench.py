@@ -99,17 +99,22 @@ def test_standalone_module_without_gpu_is_one_line_error(tmp_path):
 
 
 class FakeDecoder:
-    """DecodeStep's/GraphDecoder's running interface on the host, counting what it is asked."""
+    """DecodeStep's/GraphDecoder's running interface on the host, counting what it is asked; it
+    is its own sequence too (`seq`: start, feed, pos)."""
 
     def __init__(self):
         self.config = QWEN25_CODER_7B
         self.weights = SimpleNamespace(arrays={"lm_head.weight": SimpleNamespace(nbytes=100)})
         self.pos, self.token, self.steps, self.fed = 0, 0, 0, []
 
+    @property
+    def seq(self):
+        return self
+
     def start(self, token, pos=0):
         self.pos, self.token = pos, token
 
-    def step(self):
+    def decode_token(self):
         self.pos += 1
         self.steps += 1
         self.token = (self.token * 7 + 1) % 1000
@@ -131,7 +136,7 @@ class FakePrefill:
 
     def run(self, ids, start=0):
         self.runs += 1
-        self.dec.start(ids[-1], len(ids))   # what DecodeResume leaves: decode at position T
+        self.dec.seq.start(ids[-1], len(ids))   # what DecodeResume leaves: decode at position T
 
 
 @pytest.mark.parametrize("with_prefill", [False, True])

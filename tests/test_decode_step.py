@@ -50,24 +50,25 @@ def test_decode_matches_reference(model, rng, seed):
     step = DecodeStep(f, max_context=256, rng=rng)
     try:
         gpu_logits, gpu_tokens = [], []
-        step.start(prompt[0])
+        step.seq.start(prompt[0])
         for i in range(n_prompt + n_gen):
             if 0 < i < n_prompt:
-                step.feed(prompt[i])
-            step.step()
+                step.seq.feed(prompt[i])
+            step.decode_token()
             gpu_logits.append(step.logits())
             gpu_tokens.append(step.next_token())
         # Repeat from scratch: the same bits (no atomics, no races).
         first = np.stack(gpu_logits)
-        step.start(prompt[0])
+        step.seq.start(prompt[0])
         again = []
         for i in range(n_prompt + n_gen):
             if 0 < i < n_prompt:
-                step.feed(prompt[i])
-            step.step()
+                step.seq.feed(prompt[i])
+            step.decode_token()
             again.append(step.logits())
         assert np.stack(again).tobytes() == first.tobytes(), "decode is not bit-reproducible"
-        assert sorted(step.pages.block_table + step.pages.free) == list(range(step.pages.n_pages))
+        pages = step.seq.pages
+        assert sorted(pages.block_table + pages.free) == list(range(pages.n_pages))
     finally:
         step.close()
     # Without PDL every kernel waits for the previous one to finish: the same arithmetic, so
@@ -75,11 +76,11 @@ def test_decode_matches_reference(model, rng, seed):
     # would show here as a difference, or as a race under compute-sanitizer).
     serial = DecodeStep(f, max_context=256, rng=np.random.default_rng(seed), pdl=False)
     try:
-        serial.start(prompt[0])
+        serial.seq.start(prompt[0])
         for i in range(n_prompt + n_gen):
             if 0 < i < n_prompt:
-                serial.feed(prompt[i])
-            serial.step()
+                serial.seq.feed(prompt[i])
+            serial.decode_token()
             assert serial.logits().tobytes() == first[i].tobytes(), f"step {i}: PDL and serial launches differ"
     finally:
         serial.close()

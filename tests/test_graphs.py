@@ -1,10 +1,12 @@
-"""CUDA-graph decode (graphs.py): the "step" / "opens_page" graphs replayed against the eager decode step.
+"""CUDA-graph decode (graphs.py): the "decode" / "opens_page" graphs replayed against the eager decode step.
 
-CPU part (runs in CI): the choice between the two graphs and the page bookkeeping, with the device parts faked.
-A fake "GPU" holds the device state, block table and the hand-over scalar; fake launches act
-on it (qkv_rope records which physical page each position's K/V went to, and fails if the block
-table has no entry yet — exactly what the "opens_page" graph must prevent); fake capture records launches
-without running them and a fake exec replays them, as the driver does.
+CPU part (runs in CI): the choice between the two graphs and the page hand-over, with the device
+parts faked. A fake "GPU" holds the device state, block table and the hand-over scalar; the
+real DecodeStep.decode_token, Sequence (sequence.py) and GraphDecoder run over it, and fake
+launches act on it (qkv_rope records which physical page each position's K/V went to, and fails
+if the block table has no entry yet — exactly what the "opens_page" graph must prevent); fake
+capture records launches without running them and a fake exec replays them, as the driver does.
+Rolling a sequence back and decoding again gives what the first run gave, pages included.
 
 GPU part (@pytest.mark.gpu): graph decode equals eager decode bit for bit — the same tokens
 and the same fp32 logits bits at every step — over 600 generated tokens (≥ 37 page
@@ -13,8 +15,9 @@ on and just after a page boundary), fed one eager step per token; pages come fro
 free list, reshuffled between runs. Models: 2 layers at the 7B widths (full vocabulary) and the
 full 0.5B shape, both synthetic. Then: the block table on the device matches the host's, every
 page is used once and none leaks; two prompts in a row in one engine give what two fresh
-engines give; decoding after the GPU prefill (when it exists) hands over cleanly; a capture
-that fails falls back to eager with a warning.
+engines give; decoding after the GPU prefill (when it exists) hands over cleanly; a rollback
+across a page boundary decodes again what the first run decoded, bit for bit; a capture that
+fails falls back to eager with a warning.
 """
 
 from __future__ import annotations
@@ -29,54 +32,15 @@ import pytest
 from drvqwen import graphs
 from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import CudaError
-from drvqwen.decode import NamedLaunch
-from drvqwen.kv_cache import PAGE_TOKENS, PageAllocator
+from drvqwen.decode import DecodeStep, LaunchList, NamedLaunch
 from drvqwen.errors import DrvqwenError
-from drvqwen.graphs import GRAPH_OPENS_PAGE, GRAPH_STEP, GraphCaptureError, GraphDecoder, plan_step
+from drvqwen.graphs import GRAPH_DECODE, GRAPH_OPENS_PAGE, GraphCaptureError, GraphDecoder
+from drvqwen.kv_cache import PAGE_TOKENS, PageAllocator
+from drvqwen.sequence import Sequence
 
 # ================================================================================================
-# CPU: the choice between the two graphs and the page bookkeeping
+# CPU: the choice between the two graphs and the page hand-over, on a fake GPU
 # ================================================================================================
-
-
-def test_plan_step_b_exactly_at_page_boundaries(rng):
-    n_pages = 12
-    pages = PageAllocator(n_pages, rng)
-    order = list(pages.free)                       # the shuffled free list, popped front first
-    chosen = [plan_step(pages, pos, n_pages * PAGE_TOKENS) for pos in range(n_pages * PAGE_TOKENS)]
-    for pos, plan in enumerate(chosen):
-        assert plan.graph == (GRAPH_OPENS_PAGE if pos % PAGE_TOKENS == 0 else GRAPH_STEP), pos
-        assert plan.logical_page == pos // PAGE_TOKENS
-        assert (plan.page is None) == (plan.graph == GRAPH_STEP)
-    assert [p.page for p in chosen if p.graph == GRAPH_OPENS_PAGE] == order
-    assert pages.block_table == order and pages.free == []
-    with pytest.raises(DrvqwenError, match="context full"):
-        plan_step(pages, n_pages * PAGE_TOKENS, n_pages * PAGE_TOKENS)
-
-
-def test_plan_step_after_an_eager_prefix_and_on_reuse(rng):
-    pages = PageAllocator(8, rng)
-    for pos in range(20):                          # an eager prompt pass allocated pages 0 and 1
-        pages.page_for(pos)
-    assert not pages.opens_page(20) and plan_step(pages, 20, 128).graph == GRAPH_STEP
-    assert [plan_step(pages, p, 128).graph for p in range(21, 33)] == [GRAPH_STEP] * 11 + [GRAPH_OPENS_PAGE]
-    # Restarting inside an allocated range (e.g. a rewind to position 16) opens nothing.
-    assert plan_step(pages, 16, 128).graph == GRAPH_STEP
-    # A new sequence: all pages back, the first step opens a page again.
-    pages.release_all()
-    assert sorted(pages.free) == list(range(8))
-    assert plan_step(pages, 0, 128).graph == GRAPH_OPENS_PAGE
-
-
-def test_plan_step_kv_pool_exhausted():
-    pages = PageAllocator(2)
-    for pos in range(2 * PAGE_TOKENS):
-        plan_step(pages, pos, 1024)
-    with pytest.raises(DrvqwenError, match="KV cache full"):
-        plan_step(pages, 2 * PAGE_TOKENS, 1024)
-
-
-# ---- a fake GPU ------------------------------------------------------------------------------
 # Work queued on a FakeStream runs when the stream is synchronized (or read from), not when it
 # is queued, so a test can let the host run ahead of the "GPU" as the real one does.
 
@@ -111,6 +75,31 @@ class FakeStream:
             self.queue.pop(0)()
 
 
+class FakeDeviceArray:
+    """A FakeGPU array behind DeviceArray's copies, ordered as they are: `upload` is a
+    synchronous copy (it waits for the stream, as the legacy stream waits for a blocking one);
+    `upload_at` with a stream queues the copy there and waits for it."""
+
+    def __init__(self, name: str, array: np.ndarray, stream: FakeStream):
+        self.name, self.array, self.stream = name, array, stream
+
+    def upload(self, values) -> None:
+        self.stream.synchronize()
+        self.array[...] = values
+
+    def upload_at(self, start: int, values, stream=None) -> None:
+        values = np.array(values, self.array.dtype).reshape(-1)
+
+        def copy():
+            self.array[start:start + values.size] = values
+        if stream is None:
+            self.stream.synchronize()
+            copy()
+        else:
+            stream.enqueue(copy)
+            stream.synchronize()
+
+
 class FakeLaunch:
     """A KernelLaunch stand-in: `launch(stream)` queues `fn(gpu)` on the stream (default: the
     one it was built for), or records it when the stream is capturing (as the driver does)."""
@@ -128,6 +117,18 @@ class FakeLaunch:
             stream.capturing.append(self)
         else:
             stream.enqueue(self.run)
+
+
+class FakeLauncher:
+    """One launch of a fake kernel, as a launch list holds it."""
+
+    def __init__(self, launch: FakeLaunch):
+        self.launches, self.specs = [launch], [None]
+        self.built_for = None
+
+    def build(self, resolve=None, stream=None, pdl=None):
+        self.built_for = (stream, pdl)
+        return self.launches
 
 
 def _rope_kv(g: FakeGPU) -> None:
@@ -148,52 +149,21 @@ def _advance_state(g: FakeGPU) -> None:
     g.state[2] += 1
 
 
-class FakeArray:
-    def __init__(self, name):
-        self.name = name
+class FakeDecodeStep(DecodeStep):
+    """A DecodeStep over a FakeGPU: its own decode_token, launches and sequence code run; only
+    the device (arrays, stream, kernels) is fake."""
 
-
-class FakeDecodeStep:
-    """The part of DecodeStep that GraphDecoder uses, acting on a FakeGPU with DecodeStep's
-    semantics: start/feed write the device state (start after waiting for the stream), an eager
-    step allocates a page on the host at a boundary and queues its block-table write before
-    the step's kernels."""
-
-    def __init__(self, n_pages: int, rng=None):
+    def __init__(self, n_pages: int, rng=None):  # no GPU: none of DecodeStep's allocations
         self.gpu = FakeGPU(n_pages)
         self.stream = FakeStream()
-        self.pages = PageAllocator(n_pages, rng)
         self.max_context = n_pages * PAGE_TOKENS
-        self.buf = {"block_table": FakeArray("block_table"), "state": FakeArray("state")}
-        self.launches = [NamedLaunch(n, FakeLaunch(self.gpu, n, fn, self.stream), None) for n, fn in (
+        self.buf = {name: FakeDeviceArray(name, getattr(self.gpu, name), self.stream)
+                    for name in ("block_table", "state")}
+        self.seq = Sequence(PageAllocator(n_pages, rng), self.buf["state"], self.buf["block_table"],
+                            self.max_context, self.stream)
+        self.launch_list = LaunchList("greedy", [(n, FakeLauncher(FakeLaunch(self.gpu, n, fn, self.stream))) for n, fn in (
             ("embedding", lambda g: None), ("L0.qkv_rope", _rope_kv), ("L0.attention", lambda g: None),
-            ("argmax", _argmax), ("advance_state", _advance_state))]
-        self.pos = 0
-
-    def start(self, token, pos=0):
-        self.sync()
-        if pos == 0:
-            self.pages.release_all()
-        self.gpu.state[:] = (pos, token, pos + 1)
-        self.pos = pos
-
-    def feed(self, token):
-        self.stream.enqueue(lambda: self.gpu.state.__setitem__(1, token))
-        self.sync()
-
-    def step(self):
-        if self.pos >= self.max_context:
-            raise DrvqwenError("context full")
-        page, new = self.pages.page_for(self.pos)
-        if new:
-            self.stream.enqueue(lambda i=self.pos // PAGE_TOKENS: self.gpu.block_table.__setitem__(i, page))
-            self.sync()
-        for nl in self.launches:
-            nl.launch.launch()
-        self.pos += 1
-
-    def sync(self):
-        self.stream.synchronize()
+            ("argmax", _argmax), ("advance_state", _advance_state))])
 
     def next_token(self):
         self.sync()
@@ -257,7 +227,7 @@ def fake_device(monkeypatch):
 
         def __init__(self, n_slots, dtype, name):
             self.slots = np.zeros(n_slots, dtype)
-            self.array = FakeArray(name)
+            self.array = FakeDeviceArray(name, np.zeros(1, dtype), None)
             self.gpu = None
             self.closed = False
             made["inputs"].append(self)
@@ -281,7 +251,7 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(graphs, "capture", fake_capture)
     monkeypatch.setattr(graphs, "GraphInput", FakeGraphInput)
-    monkeypatch.setattr(graphs.K, "SetBlockTableEntry", FakeSetBlockTableEntry)
+    monkeypatch.setattr(graphs, "SetBlockTableEntry", FakeSetBlockTableEntry)
     return made
 
 
@@ -293,14 +263,14 @@ def _fake_engine(fake_device, n_pages, rng):
 
 def _run(decoder, dec, prompt, n_gen):
     """Prompt one eager step per token, then n_gen steps of `decoder`; the generated tokens."""
-    decoder.start(prompt[0])
+    dec.seq.start(prompt[0])
     for t in prompt[1:]:
-        dec.step()
-        dec.feed(t)
-    dec.step()
+        dec.decode_token()
+        dec.seq.feed(t)
+    dec.decode_token()
     out = [decoder.next_token()]
     for _ in range(n_gen):
-        decoder.step()
+        decoder.decode_token()
         out.append(decoder.next_token())
     return out
 
@@ -309,7 +279,7 @@ def _run(decoder, dec, prompt, n_gen):
 def test_fake_graph_decode_matches_eager_and_keeps_pages(fake_device, rng, n_prompt):
     n_pages, n_gen = 12, 150
     dec, gd = _fake_engine(fake_device, n_pages, rng)
-    assert gd.mode == "graph" and gd.num_nodes == {GRAPH_STEP: 5, GRAPH_OPENS_PAGE: 6}
+    assert gd.mode == "graph" and gd.num_nodes == {GRAPH_DECODE: 5, GRAPH_OPENS_PAGE: 6}
     prompt = rng.integers(0, 1000, n_prompt).tolist()
     want = _run(dec, dec, prompt, n_gen)
     want_pages = dict(dec.gpu.kv_page_of)
@@ -320,16 +290,17 @@ def test_fake_graph_decode_matches_eager_and_keeps_pages(fake_device, rng, n_pro
     assert got == want
     n_tokens = n_prompt + n_gen
     n_used = -(-n_tokens // PAGE_TOKENS)
-    # B ran exactly at the generated positions that open a page.
+    pages = dec.seq.pages
+    # "opens_page" ran exactly at the generated positions that open a page.
     assert gd.steps_by_graph[GRAPH_OPENS_PAGE] == sum(1 for p in range(n_prompt, n_tokens) if p % PAGE_TOKENS == 0)
-    assert gd.steps_by_graph[GRAPH_STEP] == n_gen - gd.steps_by_graph[GRAPH_OPENS_PAGE]
+    assert gd.steps_by_graph[GRAPH_DECODE] == n_gen - gd.steps_by_graph[GRAPH_OPENS_PAGE]
     # Device block table = host block table; every page once; none leaked.
-    assert dec.gpu.block_table[:n_used].tolist() == dec.pages.block_table
-    assert len(set(dec.pages.block_table)) == n_used
-    assert sorted(dec.pages.block_table + dec.pages.free) == list(range(n_pages))
+    assert dec.gpu.block_table[:n_used].tolist() == pages.block_table
+    assert len(set(pages.block_table)) == n_used
+    assert sorted(pages.block_table + pages.free) == list(range(n_pages))
     # Each position's K/V went to the page the block table names (same pages as eager: the
     # freed pages return to the front of the free list in the same order).
-    assert {p: dec.pages.block_table[p // PAGE_TOKENS] for p in range(n_tokens)} == dec.gpu.kv_page_of
+    assert {p: pages.block_table[p // PAGE_TOKENS] for p in range(n_tokens)} == dec.gpu.kv_page_of
     assert dec.gpu.kv_page_of == want_pages
 
 
@@ -337,17 +308,57 @@ def test_fake_graph_replays_captured_work_and_closes(fake_device, rng):
     dec, gd = _fake_engine(fake_device, 4, rng)
     gd.sync()
     assert dec.gpu.log == []                       # capture records, it does not run
-    gd.start(5)
-    assert gd.step() == GRAPH_OPENS_PAGE and gd.step() == GRAPH_STEP
+    gd.seq.start(5)
+    assert gd.decode_token() == GRAPH_OPENS_PAGE and gd.decode_token() == GRAPH_DECODE
     gd.sync()
     assert dec.gpu.log == ["set_block_table_entry", "embedding", "L0.qkv_rope", "L0.attention", "argmax",
                            "advance_state"] + ["embedding", "L0.qkv_rope", "L0.attention", "argmax", "advance_state"]
-    assert gd.pos == dec.pos == 2 and int(dec.gpu.state[0]) == 2
+    assert gd.seq is dec.seq and dec.seq.pos == 2 and int(dec.gpu.state[0]) == 2
     gd.close()
     gd.close()                                     # idempotent
     assert fake_device["inputs"][-1].closed
     with pytest.raises(RuntimeError, match="after close"):
-        gd.step()
+        gd.decode_token()
+
+
+def test_fake_graphs_of_another_launch_list(fake_device, rng):
+    """A GraphDecoder captures the launch list it is given (a sampler variant), not the plan's,
+    and its eager fallback runs that list too."""
+    dec = FakeDecodeStep(4, rng)
+    fake_device["gpu"] = dec.gpu
+    extra = FakeLauncher(FakeLaunch(dec.gpu, "publish_token", lambda g: None, dec.stream))
+    variant = LaunchList("sample", [*dec.launchers[:-1], ("publish_token", extra), dec.launchers[-1]])
+    gd = GraphDecoder(dec, variant)
+    assert gd.num_nodes == {GRAPH_DECODE: 6, GRAPH_OPENS_PAGE: 7} and len(dec.launches) == 5
+    gd.seq.start(1)
+    gd.decode_token()
+    dec.decode_token(variant)
+    gd.sync()
+    assert dec.gpu.log.count("publish_token") == 2
+
+
+def test_sampler_variants_are_lists_of_their_own(rng):
+    """A sampler variant is a new list (the chooser in the argmax's place, publish_token before
+    advance_state), built on the step's stream; the plan's list stays as it was, so a graph
+    captured from it, or from another variant, never changes under it."""
+    dec = FakeDecodeStep(4, rng)
+    dec.pdl = True
+    plan = list(dec.launch_list.launchers)
+    fake = {n: FakeLauncher(FakeLaunch(dec.gpu, n, lambda g: None, dec.stream)) for n in ("lm_head", "sample", "publish")}
+    dec.launch_list = LaunchList("greedy", [*plan[:3], ("lm_head", fake["lm_head"]), *plan[3:]])
+    plan = list(dec.launch_list.launchers)
+    names = [n for n, _l in plan]
+    sampled = dec.sampler_variant("sample", ("sample", fake["sample"]), fake["publish"])
+    greedy = dec.sampler_variant("greedy", None, fake["publish"])
+    assert [n for n, _l in sampled.launchers] == [*names[:4], "sample", "publish_token", "advance_state"]
+    assert [n for n, _l in greedy.launchers] == [*names[:5], "publish_token", "advance_state"]
+    assert [nl.name for nl in sampled.launches] == [n for n, _l in sampled.launchers]
+    assert dec.launch_list.launchers == plan and [n for n, _l in dec.launchers] == names
+    assert sampled.sampler_step() == [fake["lm_head"], fake["sample"], fake["publish"]]
+    assert dec.launch_list.sampler_step() == [fake["lm_head"], plan[4][1]]
+    assert fake["sample"].built_for == (dec.stream, True) == fake["publish"].built_for
+    # The shared entries are the plan's own launchers (built once), not copies.
+    assert all(a is b for (_n, a), (_m, b) in zip(sampled.launchers[:4], plan[:4]))
 
 
 def test_fake_host_runs_ahead(fake_device, rng):
@@ -357,16 +368,16 @@ def test_fake_host_runs_ahead(fake_device, rng):
     want = _run(dec, dec, [4, 5, 6], 150)
     want_pages = dict(dec.gpu.kv_page_of)
     dec.gpu.kv_page_of.clear()
-    gd.start(4)
+    gd.seq.start(4)
     for t in (5, 6):
-        dec.step()
-        dec.feed(t)
+        dec.decode_token()
+        dec.seq.feed(t)
     for _ in range(151):
-        gd.step()
+        gd.decode_token()
     assert len(dec.stream.queue) > 150 * len(dec.launches)   # nothing has run yet
     assert gd.next_token() == want[-1]
     assert dec.gpu.kv_page_of == want_pages
-    assert dec.gpu.block_table[:len(dec.pages.block_table)].tolist() == dec.pages.block_table
+    assert dec.gpu.block_table[:len(dec.seq.pages.block_table)].tolist() == dec.seq.pages.block_table
 
 
 def test_fake_two_sequences_reuse_the_graphs(fake_device, rng):
@@ -377,16 +388,74 @@ def test_fake_two_sequences_reuse_the_graphs(fake_device, rng):
     assert _run(gd2, dec2, [1, 2, 3], 40) == a
     dec3, gd3 = _fake_engine(fake_device, 10, np.random.default_rng(2))
     assert _run(gd3, dec3, [7] * 20, 50) == b
-    assert sorted(dec.pages.block_table + dec.pages.free) == list(range(10))
+    assert sorted(dec.seq.pages.block_table + dec.seq.pages.free) == list(range(10))
+
+
+def _model_tokens(prompt: list[int], n: int) -> list[int]:
+    """The tokens the fake model consumes at positions 0 … n-1 from `prompt` (_argmax's rule)."""
+    toks = list(prompt)
+    while len(toks) < n:
+        toks.append((toks[-1] * 31 + (len(toks) - 1) * 7 + 3) % 1000)
+    return toks
+
+
+@pytest.mark.parametrize("again", ["graph", "eager"])
+@pytest.mark.parametrize("back_to", [0, 5, 16, 17, 31, 32, 40, 48])
+def test_fake_rollback_decodes_again_what_it_decoded(fake_device, rng, back_to, again):
+    """Graph steps queued ahead (the host does not wait), a rollback to `back_to`, and graph or
+    eager steps again: the pages opened after it are back at the front of the free list, the
+    device state reads (back_to, token, back_to + 1), and the second run decodes the first run's
+    tokens into the first run's pages — recording each reopened page in the block table again
+    (the "opens_page" graph, or the eager step's copy) at the boundaries it crosses again."""
+    dec, gd = _fake_engine(fake_device, 6, rng)
+    prompt, end = [9, 8, 7], 48                    # positions 0 … 47: three pages
+    consumed = _model_tokens(prompt, end + 1)      # consumed[p]: the token decoded at position p
+    dec.seq.start(prompt[0])
+    for t in prompt[1:]:
+        dec.decode_token()
+        dec.seq.feed(t)
+    for _ in range(len(prompt) - 1, end):
+        gd.decode_token()                          # queued, not run
+    assert dec.stream.queue
+    pages_before = list(dec.seq.pages.block_table)
+    opens_before = gd.steps_by_graph[GRAPH_OPENS_PAGE]
+
+    released = gd.seq.rollback(back_to, consumed[back_to])
+    assert not dec.stream.queue                    # it waited for the queued steps
+    kv_before = dict(dec.gpu.kv_page_of)
+    assert sorted(kv_before) == list(range(end)) and int(dec.gpu.next_token[0]) == consumed[end]
+    kept = -(-back_to // PAGE_TOKENS)
+    assert released == pages_before[kept:]
+    assert dec.seq.pages.block_table == pages_before[:kept]
+    assert dec.seq.pages.free[:len(released)] == released
+    assert sorted(dec.seq.pages.block_table + dec.seq.pages.free) == list(range(6))
+    assert dec.seq.pos == back_to
+    assert dec.gpu.state.tolist() == [back_to, consumed[back_to], back_to + 1]
+    assert dec.gpu.block_table[:kept].tolist() == pages_before[:kept]    # the kept entries are untouched
+
+    dec.gpu.kv_page_of.clear()
+    dec.gpu.block_table[kept:] = -1                # a page not recorded again would fail the K/V write
+    for pos in range(back_to, end):
+        (gd if again == "graph" else dec).decode_token()
+        if pos + 1 < len(prompt):
+            dec.seq.feed(prompt[pos + 1])          # a rollback into the prompt feeds it again
+    dec.sync()
+    assert dec.seq.pos == end and dec.seq.pages.block_table == pages_before
+    assert dec.gpu.block_table[:len(pages_before)].tolist() == pages_before
+    assert dec.gpu.kv_page_of == {p: kv_before[p] for p in range(back_to, end)}
+    assert int(dec.gpu.next_token[0]) == consumed[end]
+    assert gd.steps_by_graph[GRAPH_OPENS_PAGE] - opens_before == (len(released) if again == "graph" else 0)
+    with pytest.raises(DrvqwenError, match="rollback to position"):
+        gd.seq.rollback(end + 1, 1)
 
 
 def test_fake_context_full(fake_device, rng):
     dec, gd = _fake_engine(fake_device, 2, rng)
-    gd.start(1)
+    gd.seq.start(1)
     for _ in range(2 * PAGE_TOKENS):
-        gd.step()
+        gd.decode_token()
     with pytest.raises(DrvqwenError, match="context full"):
-        gd.step()
+        gd.decode_token()
 
 
 def test_fake_capture_failure_falls_back_to_eager(fake_device, monkeypatch, rng):
@@ -397,15 +466,16 @@ def test_fake_capture_failure_falls_back_to_eager(fake_device, monkeypatch, rng)
         if stream is not None and stream.capturing is not None:
             raise CudaError("cuLaunchKernel(bad)", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "not permitted")
     monkeypatch.setattr(dec.launches[2].launch, "launch", refuse)
-    with pytest.raises(GraphCaptureError, match="graph step failed while recording 'L0.attention'"):
+    with pytest.raises(GraphCaptureError, match="graph 'decode' of the decode step failed while recording 'L0.attention'"):
         GraphDecoder(dec, fallback=False)
     assert fake_device["inputs"][-1].closed
     with pytest.warns(RuntimeWarning, match="decoding eagerly"):
         gd = GraphDecoder(dec)
     assert gd.mode == "eager" and "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in gd.fallback_reason
-    gd.start(3)
-    assert [gd.step() for _ in range(18)] == [GRAPH_OPENS_PAGE] + [GRAPH_STEP] * 15 + [GRAPH_OPENS_PAGE, GRAPH_STEP]
-    assert dec.gpu.block_table[:2].tolist() == dec.pages.block_table
+    gd.seq.start(3)
+    assert [gd.decode_token() for _ in range(18)] == [GRAPH_OPENS_PAGE] + [GRAPH_DECODE] * 15 + [GRAPH_OPENS_PAGE,
+                                                                                                   GRAPH_DECODE]
+    assert dec.gpu.block_table[:2].tolist() == dec.seq.pages.block_table
     gd.close()
 
 
@@ -482,23 +552,23 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def _prompt_eager(dec, prompt, start, shuffle: np.random.Generator | None = None) -> None:
-    """Start with `start` (DecodeStep.start or GraphDecoder.start), optionally reshuffle the
-    free list, then feed `prompt` one eager DecodeStep per token (no prefill yet); after it,
-    next_token holds the first generated token and the state is ready to decode it."""
+    """Start with `start` (Sequence.start), optionally reshuffle the free list, then feed
+    `prompt` one eager decode step per token (no prefill yet); after it, next_token holds the
+    first generated token and the state is ready to decode it."""
     start(prompt[0])
     if shuffle is not None:
-        shuffle.shuffle(dec.pages.free)            # other physical pages than the last run's
+        shuffle.shuffle(dec.seq.pages.free)            # other physical pages than the last run's
     for t in prompt[1:]:
-        dec.step()
-        dec.feed(t)
-    dec.step()
+        dec.decode_token()
+        dec.seq.feed(t)
+    dec.decode_token()
 
 
 def _check_pages(dec, n_tokens: int) -> None:
     n_used = -(-n_tokens // PAGE_TOKENS)
-    host = dec.pages.block_table
+    host = dec.seq.pages.block_table
     assert len(host) == n_used and len(set(host)) == n_used, host
-    assert sorted(host + dec.pages.free) == list(range(dec.pages.n_pages)), "a page leaked or was duplicated"
+    assert sorted(host + dec.seq.pages.free) == list(range(dec.seq.pages.n_pages)), "a page leaked or was duplicated"
     device = dec.buf["block_table"].download()[:n_used].tolist()
     assert device == host, f"device block table {device} != host {host}"
 
@@ -507,32 +577,32 @@ def _check_pages(dec, n_tokens: int) -> None:
 def test_graph_decode_bit_exact_vs_eager(engine):
     name, dec, gd, rng = engine
     assert gd.mode == "graph"
-    assert gd.num_nodes == {GRAPH_STEP: len(dec.launches), GRAPH_OPENS_PAGE: len(dec.launches) + 1}
+    assert gd.num_nodes == {GRAPH_DECODE: len(dec.launches), GRAPH_OPENS_PAGE: len(dec.launches) + 1}
     for n_prompt in PROMPT_LENGTHS:
         prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
         n_tokens = n_prompt + N_GEN
         # Eager reference: every step's logits kept (600 × V fp32: 365 MB at 7B).
-        _prompt_eager(dec, prompt, dec.start)
+        _prompt_eager(dec, prompt, dec.seq.start)
         want_tokens, want_logits = [dec.next_token()], []
         for _ in range(N_GEN):
-            dec.step()
+            dec.decode_token()
             want_logits.append(dec.logits())
             want_tokens.append(dec.next_token())
         _check_pages(dec, n_tokens)
-        eager_pages = list(dec.pages.block_table)
+        eager_pages = list(dec.seq.pages.block_table)
 
         # Graph run, other physical pages: the prompt through eager steps, then both graphs.
-        _prompt_eager(dec, prompt, gd.start, shuffle=rng)
+        _prompt_eager(dec, prompt, dec.seq.start, shuffle=rng)
         b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
         tokens, mismatched = [gd.next_token()], []
         for i in range(N_GEN):
-            gd.step()
+            gd.decode_token()
             if not np.array_equal(_bits(gd.logits()), _bits(want_logits[i])):
                 mismatched.append(i)
             tokens.append(gd.next_token())
         n_b = gd.steps_by_graph[GRAPH_OPENS_PAGE] - b0
         print(f"{name}: prompt {n_prompt}, {N_GEN} graph steps ({n_b} opening a page), pages eager "
-              f"{eager_pages[:4]}… graph {dec.pages.block_table[:4]}…")
+              f"{eager_pages[:4]}… graph {dec.seq.pages.block_table[:4]}…")
         assert not mismatched, (f"{name}, prompt {n_prompt}: logits differ from eager at {len(mismatched)} "
                                 f"steps, first at generated step {mismatched[0]} (position {n_prompt + mismatched[0]})")
         assert tokens == want_tokens
@@ -542,9 +612,9 @@ def test_graph_decode_bit_exact_vs_eager(engine):
         if n_prompt == PROMPT_LENGTHS[-1]:
             # The host queues all 600 steps without waiting (each opened page's id sits in
             # its own pinned slot until the copy engine reads it): same final bits.
-            _prompt_eager(dec, prompt, gd.start, shuffle=rng)
+            _prompt_eager(dec, prompt, dec.seq.start, shuffle=rng)
             for _ in range(N_GEN):
-                gd.step()
+                gd.decode_token()
             assert np.array_equal(_bits(gd.logits()), _bits(want_logits[-1]))
             assert gd.next_token() == want_tokens[-1]
             _check_pages(dec, n_tokens)
@@ -553,14 +623,14 @@ def test_graph_decode_bit_exact_vs_eager(engine):
 
 def _graph_run(gd, prompt, n_gen):
     """Prompt fed through graph steps (feed + either graph), then n_gen graph steps; tokens, last logits."""
-    gd.start(prompt[0])
+    gd.seq.start(prompt[0])
     for t in prompt[1:]:
-        gd.step()
-        gd.feed(t)
-    gd.step()
+        gd.decode_token()
+        gd.seq.feed(t)
+    gd.decode_token()
     tokens = [gd.next_token()]
     for _ in range(n_gen):
-        gd.step()
+        gd.decode_token()
         tokens.append(gd.next_token())
     return tokens, gd.logits()
 
@@ -601,11 +671,11 @@ def test_graph_decode_after_gpu_prefill(engine):
             for decoder in (dec, gd):
                 decoder.sync()                     # a new sequence starts from a drained stream
                 pf.run(prompt)
-                rng.shuffle(dec.pages.free)        # other pages for the generated tokens
+                rng.shuffle(dec.seq.pages.free)        # other pages for the generated tokens
                 b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
                 tokens, logits = [decoder.next_token()], []
                 for _ in range(n_gen):
-                    decoder.step()
+                    decoder.decode_token()
                     logits.append(decoder.logits())
                     tokens.append(decoder.next_token())
                 _check_pages(dec, n_prompt + n_gen)
@@ -620,6 +690,38 @@ def test_graph_decode_after_gpu_prefill(engine):
 
 
 @pytest.mark.gpu
+def test_rollback_decodes_again_bit_for_bit(engine):
+    """Graph decode from a 10-token prompt to position 70, then a rollback to a page boundary
+    (48) and one inside a page (23), each decoding again to 70: the pages after the rollback
+    point come back and are reopened through the "opens_page" graph, and every position's
+    logits have the first run's bits (what speculative decoding's rejected tokens rely on)."""
+    name, dec, gd, rng = engine
+    prompt, end = rng.integers(0, dec.config.vocab_size, 10).tolist(), 70
+    _prompt_eager(dec, prompt, dec.seq.start, shuffle=rng)
+    consumed, want = {len(prompt): gd.next_token()}, {}
+    for pos in range(len(prompt), end):
+        gd.decode_token()
+        want[pos] = gd.logits()
+        consumed[pos + 1] = gd.next_token()
+    pages = list(dec.seq.pages.block_table)
+    for back_to in (48, 23):
+        opens = gd.steps_by_graph[GRAPH_OPENS_PAGE]
+        released = dec.seq.rollback(back_to, consumed[back_to])
+        assert released == pages[-(-back_to // PAGE_TOKENS):]
+        assert dec.buf["state"].download().tolist() == [back_to, consumed[back_to], back_to + 1]
+        bad = []
+        for pos in range(back_to, end):
+            gd.decode_token()
+            if not np.array_equal(_bits(gd.logits()), _bits(want[pos])):
+                bad.append(pos)
+        assert not bad, f"{name}: after a rollback to {back_to}, logits differ from position {bad[0]}"
+        assert gd.next_token() == consumed[end]
+        assert gd.steps_by_graph[GRAPH_OPENS_PAGE] - opens == len(released)
+        assert dec.seq.pages.block_table == pages
+        _check_pages(dec, end)
+
+
+@pytest.mark.gpu
 def test_capture_failure_falls_back_to_eager(engine):
     """A synchronous copy inside the captured list invalidates the capture (GLOBAL mode): the
     decoder warns, runs eagerly, and the stream and context stay usable."""
@@ -631,7 +733,7 @@ def test_capture_failure_falls_back_to_eager(engine):
 
     dec.launches.insert(3, NamedLaunch("sync_copy", SyncCopy(), None))
     try:
-        with pytest.raises(GraphCaptureError, match="decode graph step failed"):
+        with pytest.raises(GraphCaptureError, match="graph 'decode' of the decode step failed"):
             GraphDecoder(dec, fallback=False)
         with pytest.warns(RuntimeWarning, match="decoding eagerly"):
             fallback = GraphDecoder(dec)

@@ -10,7 +10,7 @@ is poisoned and rows past T must stay untouched.
 import numpy as np
 import pytest
 
-from drvqwen import launchers as K
+from drvqwen import launchers
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -40,7 +40,7 @@ def test_attention_prefill(dev, rng, hd, hq, hkv, start, t):
     q[:t] = (rng.standard_normal((t, hq, hd)) * 1.5).astype(np.float16)  # peaky enough softmax
 
     out = dev.poisoned("out", (rows, hq, hd), np.float16)
-    attn = K.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
+    attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
                               dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
                               rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd)
     attn.launch()

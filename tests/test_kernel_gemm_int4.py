@@ -11,7 +11,7 @@ may read them (each token is its own column of the MMA) but they must not reach 
 import numpy as np
 import pytest
 
-from drvqwen import launchers as K
+from drvqwen import launchers
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 
@@ -43,7 +43,7 @@ def test_gemm_f32(dev, rng, m, n, k, max_blocks):
     x = _x(rng, m, k)
     rows = _capacity(m)
     out = dev.poisoned("out", (rows, n), np.float32)
-    g = K.GemmInt4(out, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
+    g = launchers.GemmInt4(out, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
                    n=n, k=k, rows=rows, max_blocks=max_blocks)
     g.launch()
     got = out.download()
@@ -62,7 +62,7 @@ def test_gemm_qkv(dev, rng, m):
     x = _x(rng, m, k)
     rows = _capacity(m)
     out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
-    K.GemmInt4QkvRows(out, dev.upload("x", x), *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
+    launchers.GemmInt4QkvRows(out, dev.upload("x", x), *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
                       _state(dev, m), n_q=nq, n_kv=nkv, k=k, rows=rows).launch()
     want = np.concatenate([x[:m].astype(np.float64) @ dequant64(*w).T for w in ws], axis=1)
     got = out.download()
@@ -80,7 +80,7 @@ def test_gemm_residual(dev, rng, m, max_blocks):
     r0 = np.full((rows, n), np.nan, np.float32)
     r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)  # large residual values
     res = dev.upload("residual", r0)
-    K.GemmInt4ResidualRows(res, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
+    launchers.GemmInt4ResidualRows(res, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
                            n=n, k=k, rows=rows, max_blocks=max_blocks).launch()
     got = res.download()
     want = r0[:m].astype(np.float64) + x[:m].astype(np.float64) @ dequant64(qw, sc).T
@@ -95,7 +95,7 @@ def test_gemm_gate_up_swiglu(dev, rng, m):
     x = _x(rng, m, k)
     rows = _capacity(m)
     h = dev.poisoned("h", (rows, f), np.float16)
-    K.GemmInt4GateUpSwigluRows(h, dev.upload("x", x), dev.upload("gq", gq), dev.upload("gs", gs),
+    launchers.GemmInt4GateUpSwigluRows(h, dev.upload("x", x), dev.upload("gq", gq), dev.upload("gs", gs),
                                dev.upload("uq", uq), dev.upload("us", us), _state(dev, m), f=f, k=k,
                                rows=rows).launch()
     x64 = x[:m].astype(np.float64)

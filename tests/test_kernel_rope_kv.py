@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drvqwen import launchers as K
+from drvqwen import launchers
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.prefill import ROW_BUCKET
@@ -39,7 +39,7 @@ def test_rope_kv_rows(dev, rng, hd, hq, hkv, start, n):
     q_out = dev.poisoned("q", (rows, hq, hd), np.float16)
     k_cache = dev.poisoned("k", (n_pages, hkv, PAGE_TOKENS, hd), np.float16)
     v_cache = dev.poisoned("v", (n_pages, hkv, PAGE_TOKENS, hd), np.float16)
-    K.RopeKvRows(q_out, k_cache, v_cache, dev.upload("qkv", qkv), dev.upload("bq", bq), dev.upload("bk", bk),
+    launchers.RopeKvRows(q_out, k_cache, v_cache, dev.upload("qkv", qkv), dev.upload("bq", bq), dev.upload("bk", bk),
                  dev.upload("bv", bv), dev.upload("inv_freq", inv_freq),
                  dev.upload("ps", np.array([start, n], np.int32)), dev.upload("bt", block_table),
                  rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd).launch()

@@ -72,17 +72,17 @@ def test_decode_plan_without_a_gpu():
 
 
 def test_lm_head_gets_the_text_vocabulary():
-    """The decode plan passes text_vocab (the rows with text) to the lm_head kernel, whose
-    last argument it is; the padded rows' logits are set to −inf there (kernels/gemv_f16.cu)."""
+    """The decode plan passes text_vocab (the rows with text) to the lm_head kernel as its
+    n_valid; the padded rows' logits are set to −inf there (kernels/gemv_f16.cu)."""
     from drvqwen.decode import plan_decode
     from drvqwen.launchers import LmHead
 
     cfg = PRESETS["0.5b"]
     occ = FixedOccupancy(132, lambda k, t, s: 2)
     lm = dict(plan_decode(cfg, 1024, occupancy=occ, text_vocab=151665).named_specs())["lm_head"]
-    assert lm.params[-1].value == 151665 and lm.params[-3].value == cfg.vocab_size
+    assert lm.args["n_valid"].value == 151665 and lm.args["V"].value == cfg.vocab_size
     full = dict(plan_decode(cfg, 1024, occupancy=occ).named_specs())["lm_head"]
-    assert full.params[-1].value == cfg.vocab_size
+    assert full.args["n_valid"].value == cfg.vocab_size
     for bad in (0, cfg.vocab_size + 1):
         with pytest.raises(LaunchError, match="text_vocab"):
             LmHead("logits", "pv", "pi", "x", "w", vocab_size=cfg.vocab_size, dim=896, text_vocab=bad)

@@ -55,10 +55,10 @@ def test_prefill_last_logits_match_reference(model):
         assert np.isfinite(got).all(), f"{name} T={t}: non-finite logits"
         errs[t] = rel_l2(got, want[t - 1])
         # The GPU's own greedy choice after prefill is the argmax of the logits it produced.
-        assert backend.step.next_token() == int(np.argmax(got)), f"{name} T={t}"
+        assert backend.decode_step.next_token() == int(np.argmax(got)), f"{name} T={t}"
     print(f"{name}: prefill last-position logits rel L2 " + ", ".join(f"T={t}: {e:.2e}" for t, e in errs.items()))
     assert max(errs.values()) <= TOL_LOGITS
-    pages = backend.step.pages
+    pages = backend.decode_step.seq.pages
     assert sorted(pages.block_table + pages.free) == list(range(pages.n_pages))
     assert len(pages.block_table) == -(-max(LENGTHS) // PAGE_TOKENS)
 
@@ -77,7 +77,7 @@ def test_decode_continues_after_prefill(model, t):
 
 def _cache_sequence(step, n):
     """K and V of positions 0 … n-1, every layer: fp16 [L, n, Hkv, Dh] each."""
-    bt = np.asarray(step.pages.block_table)
+    bt = np.asarray(step.seq.pages.block_table)
     k, v = step.k_cache.download(), step.v_cache.download()
     return (np.stack([ref.gather_pages(k[l], bt, n) for l in range(k.shape[0])]),
             np.stack([ref.gather_pages(v[l], bt, n) for l in range(v.shape[0])]))
@@ -88,14 +88,14 @@ def test_prefill_kv_cache_equals_decode(model):
     (the GEMM and the GEMV sum the same products in different orders)."""
     name, _f, _w, backend, ids, _want = model
     n = 37
-    step = backend.step
+    step = backend.decode_step
     backend.prefill(ids[:n])
     k_pre, v_pre = _cache_sequence(step, n)
-    step.start(ids[0])
+    step.seq.start(ids[0])
     for i in range(n):
         if i:
-            step.feed(ids[i])
-        step.step()
+            step.seq.feed(ids[i])
+        step.decode_token()
     step.sync()
     k_dec, v_dec = _cache_sequence(step, n)
     assert np.isfinite(k_pre.astype(np.float32)).all() and np.isfinite(v_pre.astype(np.float32)).all()

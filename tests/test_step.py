@@ -86,7 +86,7 @@ def test_stepwise_reference_is_the_forward_pass(tiny, rng):
         if top2[1] - top2[0] > 6 * np.sqrt(np.mean((g[:tv] - w[:tv]) ** 2)):
             assert toks[i] == int(np.argmax(w[:tv]))
     assert m.pos == len(prompt) + 6
-    assert m.pages.block_table == [0, 1]
+    assert m.seq.pages.block_table == [0, 1]
 
 
 @pytest.mark.parametrize("attention", ["tma", "plain"])
@@ -215,14 +215,14 @@ def test_page_boundary_and_graph_switch(tiny):
         start = len(buf.getvalue())
         repl.execute(line)
         if line == "kv" and s.m.pos == 15:
-            assert "so the next step replays 'step'" in buf.getvalue()[start:]
+            assert "so the next step replays 'decode'" in buf.getvalue()[start:]
         if line == "graph":
             said = buf.getvalue()[start:]
-            assert re.search(rf"step\s+{len(s.m.entries)}\s", said)
+            assert re.search(rf"decode\s+{len(s.m.entries)}\s", said)
             assert re.search(rf"opens_page\s+{len(s.m.entries) + 1}\s", said)
     out = buf.getvalue()
-    # gen 3 from position 15: 15 (step), 16 (opens_page), 17 (step).
-    assert "step ×2, opens_page ×1" in out
+    # gen 3 from position 15: 15 (decode), 16 (opens_page), 17 (decode).
+    assert "decode ×2, opens_page ×1" in out
     assert re.search(r"^\s+1\s+16–31\s+1\s*$", out, re.MULTILINE)
     assert s.m.pos == 18
 

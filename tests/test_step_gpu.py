@@ -117,13 +117,13 @@ def test_real_page_boundary_eager_and_graphs(real_nanoqwen):
         said = w.run("kv", "token", "kv", "graph")
         assert "so the next step replays 'opens_page'" in said     # position 16 needs page 1
         assert re.search(r"next: 'opens_page', for position 16", said)
-        nodes = re.search(r"step\s+(\d+)\s.*\n\s*opens_page\s+(\d+)\s", said)
+        nodes = re.search(r"decode\s+(\d+)\s.*\n\s*opens_page\s+(\d+)\s", said)
         assert nodes and int(nodes.group(2)) == int(nodes.group(1)) + 1 == len(w.m.entries) + 1
         _all_ok(w.run("token"), w, 0)                 # the page-opening step, eager: all ok
-        assert w.m.dec.pages.block_table[1] == int(w.m.array("block_table")[1])
+        assert w.m.dec.seq.pages.block_table[1] == int(w.m.array("block_table")[1])
         said = w.run("gen 20", "kv", "graph")         # positions 17 … 36: page 2 opens at 32
-        assert "step ×19, opens_page ×1" in said
-        assert re.search(r"steps replayed so far: step ×19, opens_page ×1", said)
+        assert "decode ×19, opens_page ×1" in said
+        assert re.search(r"steps replayed so far: decode ×19, opens_page ×1", said)
         _all_ok(w.run("token"), w, 0)                 # eager again after the graphs: all ok
         assert w.s.mismatches == 0
     finally:

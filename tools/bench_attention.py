@@ -22,9 +22,8 @@ import sys
 
 import numpy as np
 
-from drvqwen import launchers as K
 from drvqwen.kv_cache import layer_view, tensor_map
-from drvqwen.launchers import attention_decode, attention_decode_tma
+from drvqwen.launchers import AttentionDecode, AttentionDecodeTma, attention_decode, attention_decode_tma
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
@@ -72,7 +71,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         S_plain = attention_decode.blocks_per_kv_head(hkv, context, dh)
         parts = tuple(s.array(n, sh, np.float32) for n, sh in attention_decode.partial_shapes(hq, dh, S_plain).items())
         out_plain = s.array("out_plain", (hq, dh), np.float16)
-        plain = K.AttentionDecode(out_plain, common["q"], layer_view(k, 0), layer_view(v, 0),
+        plain = AttentionDecode(out_plain, common["q"], layer_view(k, 0), layer_view(v, 0),
                                   common["bt"], common["state"], parts, blocks_per_kv_head=S_plain, **shape)
 
         S_tma = attention_decode_tma.blocks_per_kv_head(hkv, context, dh)
@@ -80,7 +79,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
                        attention_decode.partial_shapes(hq, dh, S_tma, attention_decode_tma.CONSUMERS).items())
         out_tma = s.array("out_tma", (hq, dh), np.float16)
         k_map, v_map = tensor_map(k), tensor_map(v)  # once per pool
-        tma = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"],
+        tma = AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"],
                                    common["state"], tparts, blocks_per_kv_head=S_tma, **shape)
 
         plain.launch()
@@ -99,7 +98,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
             sp = tuple(s.array(f"{n}{S}", sh, np.float32) for n, sh in
                        attention_decode.partial_shapes(hq, dh, S, attention_decode_tma.CONSUMERS).items())
-            alt = K.AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"], common["state"],
+            alt = AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"], common["state"],
                                        sp, blocks_per_kv_head=S, **shape)
             row["tma_us_by_blocks"][S] = graph_time_us(alt, reps)
         for name in ("plain", "tma"):

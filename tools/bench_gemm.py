@@ -19,7 +19,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from drvqwen import launchers as K
+from drvqwen.launchers import GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
 from drvqwen.config import PRESETS
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.graph import graph_time_us
@@ -63,10 +63,10 @@ def main() -> int:
     o = {k: upload(k, v) for k, v in out.items()}
     def gemms(cl):
         return {
-            "qkv_proj": K.GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
-            "o_proj": K.GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, rows=m, max_blocks=None if cl == 'persistent' else 0),
-            "gate_up_swiglu": K.GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
-            "down_proj": K.GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "o_proj": GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "gate_up_swiglu": GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "down_proj": GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, rows=m, max_blocks=None if cl == 'persistent' else 0),
         }
 
     wq, wk, wv, wo = w("q", nq, d), w("k", nkv, d), w("v", nkv, d), w("o", d, nq)

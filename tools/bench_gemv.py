@@ -33,7 +33,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from drvqwen import launchers as K
+from drvqwen.launchers import GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, GemvQ, Launcher
 from drvqwen.config import PRESETS
 from drvqwen.provenance import source_record
 from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
@@ -68,7 +68,7 @@ def shapes(cfg) -> dict[str, dict]:
             "gate_up_swiglu": dict(n=(F, F), k=D), "down_proj": dict(n=(D,), k=F)}
 
 
-def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> K.Launcher:
+def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> Launcher:
     sh = shapes(cfg)[name]
     k = sh["k"]
 
@@ -86,7 +86,7 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> K.La
         nq, nkv = hq * dh, hkv * dh
         cache = [s.array(f"{c}{copy}", (4, hkv, 16, dh), np.float16) for c in "kv"]
         bias = [s.array(f"b{i}{copy}", (n,), np.float16, np.zeros(n)) for i, n in enumerate((nq, nkv, nkv))]
-        return K.GemvInt4QkvRope(s.array(f"q{copy}", (nq,), np.float16), *cache, residual, norm_w, *w("q", nq),
+        return GemvInt4QkvRope(s.array(f"q{copy}", (nq,), np.float16), *cache, residual, norm_w, *w("q", nq),
                                  *w("k", nkv), *w("v", nkv), *bias,
                                  s.array(f"inv_freq{copy}", (dh // 2,), np.float32, np.ones(dh // 2)),
                                  s.array(f"state{copy}", (3,), np.int32, np.array([5, 0, 6])),
@@ -94,10 +94,10 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> K.La
                                  head_dim=dh, dim=k, eps=1e-6, **variant)
     if name == "gate_up_swiglu":
         f = sh["n"][0]
-        return K.GemvInt4GateUpSwiglu(s.array(f"h{copy}", (f,), np.float16), residual, norm_w, *w("g", f),
+        return GemvInt4GateUpSwiglu(s.array(f"h{copy}", (f,), np.float16), residual, norm_w, *w("g", f),
                                       *w("u", f), f=f, k=k, eps=1e-6, **variant)
     n = sh["n"][0]
-    return K.GemvInt4Residual(s.array(f"res{name}{copy}", (n,), np.float32, np.zeros(n)), x, *w(name, n), n=n, k=k,
+    return GemvInt4Residual(s.array(f"res{name}{copy}", (n,), np.float32, np.zeros(n)), x, *w(name, n), n=n, k=k,
                               **variant)
 
 
@@ -110,7 +110,7 @@ def q_shape(name: str, cfg) -> tuple[int, int]:
     return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F)}[name]
 
 
-def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng) -> K.Launcher:
+def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng) -> Launcher:
     """GemvQ over synthetic weights in `fmt` (random planes, scales, offsets), residual out."""
     n, k = q_shape(name, cfg)
     parts = {}
@@ -121,7 +121,7 @@ def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng) -> K.Launch
         parts[part] = s.array(f"{fmt.name}.{name}{copy}.{part}", shape, dt, host)
     x = s.array(f"x{fmt.name}{name}{copy}", (k,), np.float16, rng.standard_normal(k))
     res = s.array(f"res{fmt.name}{name}{copy}", (n,), np.float32, np.zeros(n))
-    return K.GemvQ(fmt, parts, x, n=n, k=k, residual=res)
+    return GemvQ(fmt, parts, x, n=n, k=k, residual=res)
 
 
 def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float) -> list[dict]:

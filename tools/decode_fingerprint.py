@@ -55,7 +55,9 @@ def fingerprint(path: str, n_tokens: int) -> dict:
                 eager.append(int(np.argmax(logits)))
             backend.reset()
             out["prompts"][name] = {"tokens": tokens, "eager_tokens": eager, "logits_sha256": h.hexdigest()}
-        launches = backend.step.launches
+        # The launch list the engine decoded with (greedy, publish_token included); a baseline
+        # checkout run through PYTHONPATH may keep it as `step.launches`.
+        launches = backend.launch_list.launches if hasattr(backend, "launch_list") else backend.step.launches
         tail = [nl for nl in launches if not nl.name.startswith("L")]
         out["launch_shapes"] = [
             {"name": nl.name, "kernel": nl.launch.label, "grid": list(nl.launch.grid),

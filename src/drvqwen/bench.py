@@ -20,7 +20,7 @@ left as they are. Reported per mode:
   cuMemcpyDtoD). Convention: the copy counts bytes read + written (2 × size), as the 4.3 TB/s
   H200 figure does; decode counts bytes read only (its writes are < 0.1 % of its traffic).
 
-Eager (`DecodeStep.step`, pre-packed launches) and graph (`graphs.GraphDecoder`) run the same
+Eager (`DecodeStep.decode_token`, pre-packed launches) and graph (`graphs.GraphDecoder`) run the same
 prompt from a fresh sequence; the table shows both and eager ITL ÷ graph ITL, and checks that
 both generated the same tokens. Default model: the synthetic 7B (format/synthetic.py, seed 1),
 written to /dev/shm on Linux (else the cache root) the first time.
@@ -160,11 +160,11 @@ def _prompt_pass(decoder, prompt: list[int], prefill=None) -> float | None:
         prefill.run(prompt)            # start = 0: a new sequence, pages reserved for the prompt
         decoder.next_token()
         return (time.perf_counter() - t0) * 1e3
-    decoder.start(prompt[0])
+    decoder.seq.start(prompt[0])
     for t in prompt[1:]:
-        decoder.step()
-        decoder.feed(t)
-    decoder.step()
+        decoder.decode_token()
+        decoder.seq.feed(t)
+    decoder.decode_token()
     decoder.sync()
     return None
 
@@ -173,17 +173,17 @@ def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_g
              prefill=None) -> ModeResult:
     """The protocol on one decoder (DecodeStep for "eager", GraphDecoder for "graph"); the
     prompt goes through `prefill` when given (`load_prefill`), else one step per token."""
-    decoder.start(prompt[0])
+    decoder.seq.start(prompt[0])
     for _ in range(WARMUP_TOKENS):
-        decoder.step()
+        decoder.decode_token()
     decoder.sync()
     ttft_ms = _prompt_pass(decoder, prompt, prefill)
     tokens = [decoder.next_token()]
     itl_ms, kv = [], []
     t_prev = time.perf_counter()
     for _ in range(new_tokens - 1):
-        kv.append(kv_bytes_read(dec.config, dec.pos + 1))
-        decoder.step()
+        kv.append(kv_bytes_read(dec.config, dec.seq.pos + 1))
+        decoder.decode_token()
         tokens.append(decoder.next_token())   # waits for the step: the token is on the host
         t = time.perf_counter()
         itl_ms.append((t - t_prev) * 1e3)

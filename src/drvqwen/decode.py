@@ -22,9 +22,9 @@ tail (launchers/attention_decode.py says why not attention, with the measurement
 
 Every per-step value — position, token, sequence length, block table — lives in device
 memory, so this list is launch for launch what a CUDA graph captures (graphs.py). Eager mode
-walks it with pre-packed parameters. The host only touches device state to start a sequence
-(`start`) and to record a newly allocated page in the block table at a page boundary
-(`_ensure_page`).
+walks it with pre-packed parameters (`DecodeStep.decode_token`). The host changes that device
+state only through the sequence's owner (sequence.py, `DecodeStep.seq`): to start a sequence
+and to record a newly allocated page in the block table at a page boundary.
 
 The step is made in three stages, each its own function:
 
@@ -35,11 +35,13 @@ The step is made in three stages, each its own function:
                               activation pool sized from the plan
     DecodeStep._build         every planned launch packed against the allocated buffers
 
-The engine (engine.py) swaps the token choice — argmax, or the sampler (kernels/sampling.cu)
-— and inserts "publish_token" (the token into page-locked host memory) before advance_state
-with `set_sampler`; the prefill (prefill.py) reserves a whole prompt's pages at once
-(`reserve`), runs the sampler step from lm_head on (`sampler_step`) and leaves the state at
-the prompt's end (`resume`).
+The plan's list chooses the token by argmax (`DecodeStep.launch_list`). A sampler variant is
+a launch list of its own (`DecodeStep.sampler_variant`): the same launches with another token
+choice — the sampler (kernels/sampling.cu) — and "publish_token" (the token into page-locked
+host memory) before advance_state; the engine (engine.py) builds one per way of choosing and
+captures graphs from each. The prefill (prefill.py) reserves a whole prompt's pages at once,
+runs a list's sampler step from lm_head on (`LaunchList.sampler_step`) and leaves the state at
+the prompt's end.
 
 Activations (`DecodePlan.buffers`; layers reuse one set):
     state        int32 [3]          pos, token, seq_len
@@ -59,7 +61,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import launchers as K
 from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, Event, KernelLaunch, Pool, Stream, get_device
 from .errors import DrvqwenError
@@ -67,10 +68,13 @@ from .format.nanoqwen import NanoqwenFile, expected_tensors
 from .gpu_weights import GPUWeights
 from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, layer_view_name, n_pages_for
 from .kv_cache import tensor_map_shape
-from .launchers import attention_decode, attention_decode_tma
+from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, GemvInt4GateUpSwiglu,
+                        GemvInt4QkvRope, GemvInt4Residual, GpuSleep, Launcher, LaunchError, LmHead, RmsNorm,
+                        attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
 from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
+from .sequence import Sequence
 
 # Decode attention kernels (plan_decode(attention=...)): "tma" = attention_decode_tma.cu (producer
 # warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
@@ -98,6 +102,51 @@ class NamedLaunch:
         return self.spec.writes if self.spec is not None else ()
 
 
+def named_launches(steps: list[tuple[str, Launcher]]) -> list[NamedLaunch]:
+    """One NamedLaunch per built kernel launch of `steps` (a launcher of several launches gives
+    name.0, name.1, …)."""
+    out = []
+    for name, launcher in steps:
+        for i, (ln, spec) in enumerate(zip(launcher.launches, launcher.specs)):
+            out.append(NamedLaunch(name if len(launcher.launches) == 1 else f"{name}.{i}", ln, spec))
+    return out
+
+
+@dataclass
+class LaunchList:
+    """One decode step's built launch list for one way of choosing the token.
+
+    Attributes:
+        name: "greedy" (the plan's argmax), or the engine's name of a sampler variant.
+        launchers: (name, launcher) in order, from "embedding" to "advance_state".
+        launches: one NamedLaunch per kernel launch, in order (what eager mode runs and a
+            CUDA graph captures).
+    """
+
+    name: str
+    launchers: list[tuple[str, Launcher]]
+    launches: list[NamedLaunch] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.launches = named_launches(self.launchers)
+
+    def index(self, name: str) -> int:
+        """Position of the step entry `name` in `launchers`.
+
+        Raises:
+            KeyError: no entry of that name.
+        """
+        for i, (n, _l) in enumerate(self.launchers):
+            if n == name:
+                return i
+        raise KeyError(name)
+
+    def sampler_step(self) -> list[Launcher]:
+        """The launchers from "lm_head" up to (not including) "advance_state": logits, the token
+        choice and its publishing. The prefill runs them after its own final norm (prefill.py)."""
+        return [l for _n, l in self.launchers[self.index("lm_head"):self.index("advance_state")]]
+
+
 @dataclass
 class DecodePlan:
     """The decode step before any GPU memory exists: launchers over planned buffers.
@@ -121,7 +170,7 @@ class DecodePlan:
     buffers: dict[str, BufferSpec]
     weights: dict[str, BufferSpec]
     kv: dict[str, BufferSpec]
-    steps: list[tuple[str, K.Launcher]] = field(default_factory=list)
+    steps: list[tuple[str, Launcher]] = field(default_factory=list)
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -148,7 +197,7 @@ def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[i
         "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
         "residual": ((D,), np.float32), "xn": ((D,), np.float16), "q": ((nq,), np.float16),
         "attn": ((nq,), np.float16), "h": ((F,), np.float16), "logits": ((V,), np.float32),
-        "part_val": ((K.lm_head_partials(V),), np.float32), "part_idx": ((K.lm_head_partials(V),), np.int32),
+        "part_val": ((lm_head_partials(V),), np.float32), "part_idx": ((lm_head_partials(V),), np.int32),
         **{name: (shape, np.float32) for name, shape in partials.items()},
     }
     return {name: BufferSpec(name, s, d) for name, (s, d) in shapes.items()}
@@ -196,36 +245,36 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     eps = cfg.rms_norm_eps
 
     steps = plan.steps
-    steps.append(("embedding", K.Embedding(a["residual"], weights["model.embed_tokens.weight"], a["state"],
-                                           vocab_size=V, dim=D)))
+    steps.append(("embedding", Embedding(a["residual"], weights["model.embed_tokens.weight"], a["state"],
+                                         vocab_size=V, dim=D)))
     for l in range(L):
         w = LayerWeights.of(weights.__getitem__, l)
         k_l, v_l = (BufferSpec(layer_view_name(p, l), kv[p].shape[1:], np.float16) for p in ("k_cache", "v_cache"))
         if attention == "tma":
-            attn = K.AttentionDecodeTma(a["attn"], a["q"], maps["k_cache"], maps["v_cache"], a["block_table"],
-                                        a["state"], part, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
-                                        blocks_per_kv_head=S, layer_page0=l * n_pages, k_cache=k_l, v_cache=v_l)
+            attn = AttentionDecodeTma(a["attn"], a["q"], maps["k_cache"], maps["v_cache"], a["block_table"],
+                                      a["state"], part, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                                      blocks_per_kv_head=S, layer_page0=l * n_pages, k_cache=k_l, v_cache=v_l)
         else:
-            attn = K.AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
-                                     n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
+            attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
+                                   n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
         steps += [
-            (f"L{l}.qkv_rope", K.GemvInt4QkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, *w.q_proj,
-                                                 *w.k_proj, *w.v_proj, w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
-                                                 a["state"], a["block_table"], n_heads=Hq, n_kv_heads=Hkv,
-                                                 head_dim=Dh, dim=D, eps=eps, **gemv)),
+            (f"L{l}.qkv_rope", GemvInt4QkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, *w.q_proj,
+                                               *w.k_proj, *w.v_proj, w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
+                                               a["state"], a["block_table"], n_heads=Hq, n_kv_heads=Hkv,
+                                               head_dim=Dh, dim=D, eps=eps, **gemv)),
             (f"L{l}.attention", attn),
-            (f"L{l}.o_proj", K.GemvInt4Residual(a["residual"], a["attn"], *w.o_proj, n=D, k=nq, **gemv)),
-            (f"L{l}.gate_up_swiglu", K.GemvInt4GateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm,
-                                                            *w.gate_proj, *w.up_proj, f=F, k=D, eps=eps, **gemv)),
-            (f"L{l}.down_proj", K.GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
+            (f"L{l}.o_proj", GemvInt4Residual(a["residual"], a["attn"], *w.o_proj, n=D, k=nq, **gemv)),
+            (f"L{l}.gate_up_swiglu", GemvInt4GateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm,
+                                                          *w.gate_proj, *w.up_proj, f=F, k=D, eps=eps, **gemv)),
+            (f"L{l}.down_proj", GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
         ]
-    lm = K.LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
-                  vocab_size=V, dim=D, text_vocab=text_vocab)
+    lm = LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
+                vocab_size=V, dim=D, text_vocab=text_vocab)
     steps += [
-        ("norm", K.RmsNorm(a["xn"], a["residual"], weights["model.norm.weight"], dim=D, eps=eps)),
+        ("norm", RmsNorm(a["xn"], a["residual"], weights["model.norm.weight"], dim=D, eps=eps)),
         ("lm_head", lm),
-        ("argmax", K.ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"], n_partials=lm.n_partials)),
-        ("advance_state", K.AdvanceState(a["state"], a["next_token"])),
+        ("argmax", ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"], n_partials=lm.n_partials)),
+        ("advance_state", AdvanceState(a["state"], a["next_token"])),
     ]
     return plan
 
@@ -245,9 +294,10 @@ class DecodeStep:
             comparison, same results).
     Attributes:
         plan: the DecodePlan it was built from.
-        launches: NamedLaunch list of one step, in order.
+        launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
+            step, in order) and `launchers` are its.
         buf: activation name → DeviceArray; kv: the KVCache; weights: the GPUWeights.
-        pages: the PageAllocator; pos: host mirror of state[0] (the next position to decode).
+        seq: the Sequence (sequence.py): position, pages and block table of the cache's sequence.
     Raises:
         DrvqwenError: no usable GPU, bad max_context or attention, or the model and its cache
             do not fit (checked before any upload).
@@ -266,8 +316,6 @@ class DecodeStep:
         self.stream = Stream()
         self._allocate(f, progress, num_layers, rng)
         self._build()
-        self.pos = 0                     # host mirror of state[0] (the next position to decode)
-        self._h_block = np.zeros(1, np.int32)
 
     # ---- allocate ------------------------------------------------------------------------------
     def _check_fits(self, f: NanoqwenFile) -> None:
@@ -281,7 +329,7 @@ class DecodeStep:
                 f"lower --max-context")
 
     def _allocate(self, f: NanoqwenFile, progress, num_layers: int | None, rng) -> None:
-        """Weights (uploaded), the KV cache, the activation pool, the page allocator."""
+        """Weights (uploaded), the KV cache, the activation pool, the sequence and its pages."""
         plan, cfg = self.plan, self.config
         self.weights = GPUWeights(f, progress=progress, num_layers=num_layers)
         self.kv = KVCache(cfg, plan.n_pages)
@@ -290,7 +338,8 @@ class DecodeStep:
         self.buf = {name: self.act_pool.alloc(name, b.shape, b.dtype) for name, b in plan.buffers.items()}
         self.buf["inv_freq"].upload(rope_inv_freq(cfg.head_dim, cfg.rope_theta))
         self.buf["block_table"].upload(np.zeros(plan.n_pages, np.int32))
-        self.pages = PageAllocator(plan.n_pages, rng)
+        self.seq = Sequence(PageAllocator(plan.n_pages, rng), self.buf["state"], self.buf["block_table"],
+                            plan.max_context, self.stream)
 
     def resolve(self, spec):
         """The device object behind a planned buffer or tensor map (launchers' build resolver).
@@ -312,7 +361,7 @@ class DecodeStep:
             pool, layer = name.rstrip("]").split("[")
             arr = self.kv.layer_view(pool, int(layer))
         if tuple(arr.shape) != spec.shape or arr.dtype != spec.dtype:
-            raise K.LaunchError(f"{name}: planned {spec.dtype}{list(spec.shape)}, allocated {arr.dtype}{list(arr.shape)}")
+            raise LaunchError(f"{name}: planned {spec.dtype}{list(spec.shape)}, allocated {arr.dtype}{list(arr.shape)}")
         return arr
 
     # ---- build --------------------------------------------------------------------------------
@@ -320,109 +369,59 @@ class DecodeStep:
         """Pack every planned launch against the allocated buffers, on the step's stream."""
         for _name, launcher in self.plan.steps:
             launcher.build(self.resolve, self.stream, pdl=self.pdl)
-        self.launchers = list(self.plan.steps)
-        self._greedy_choice = self.launchers[self._index("argmax")]  # set_sampler(None) restores it
-        self._flatten()
+        self.launch_list = LaunchList("greedy", list(self.plan.steps))
 
-    def _flatten(self) -> None:
-        """Rebuild `launches` from `launchers` (one NamedLaunch per kernel launch)."""
-        self.launches: list[NamedLaunch] = []
-        for name, launcher in self.launchers:
-            for i, (ln, spec) in enumerate(zip(launcher.launches, launcher.specs)):
-                suffix = "" if len(launcher.launches) == 1 else f".{i}"
-                self.launches.append(NamedLaunch(name + suffix, ln, spec))
+    @property
+    def launches(self) -> list[NamedLaunch]:
+        """The plan's step, one NamedLaunch per kernel launch in order (launch_list.launches)."""
+        return self.launch_list.launches
 
-    def _index(self, name: str) -> int:
-        for i, (n, _l) in enumerate(self.launchers):
-            if n == name:
-                return i
-        raise KeyError(name)
+    @property
+    def launchers(self) -> list[tuple[str, Launcher]]:
+        """The plan's step as (name, launcher) in order (launch_list.launchers)."""
+        return self.launch_list.launchers
 
-    # ---- the sampler step (engine.py): how the next token is chosen and handed to the host ----
-    def set_sampler(self, chooser: tuple[str, K.Launcher] | None = None, publish: K.Launcher | None = None) -> None:
-        """Replace the step's token choice and add (or drop) the publishing of each token.
+    def sampler_variant(self, name: str, chooser: tuple[str, Launcher] | None = None,
+                        publish: Launcher | None = None) -> LaunchList:
+        """A launch list of its own for another way of choosing the token (the plan's list is
+        left as it is).
 
-        chooser: (name, launcher writing buf["next_token"]), e.g. ("sample", SampleToken); None
-            restores the greedy ("argmax", ArgmaxFinal) of the plan.
-        publish: a launcher that hands next_token to the host (PublishToken), inserted as
-            "publish_token" just before "advance_state"; None removes it.
-        The launch list keeps its order and names otherwise; call this before a CUDA graph is
-        captured from `launches` (a graph holds the launches it recorded).
+        chooser: (entry name, launcher writing buf["next_token"]), e.g. ("sample", SampleToken),
+            in the place of the plan's ("argmax", ArgmaxFinal); None keeps the argmax.
+        publish: a launcher that hands next_token to the host (PublishToken), as
+            "publish_token" just before "advance_state"; None: no publishing.
+        The other entries are the plan's, in its order, built once and shared by every list.
         """
-        entry = self._greedy_choice if chooser is None else chooser
-        for launcher in (entry[1], publish):
+        for launcher in (chooser[1] if chooser is not None else None, publish):
             if launcher is not None:
                 launcher.build(stream=self.stream, pdl=self.pdl)  # no-op if built already
-        i = next(j for j, (n, _l) in enumerate(self.launchers) if n in ("argmax", "sample"))
-        self.launchers[i] = entry
-        self.launchers = [e for e in self.launchers if e[0] != "publish_token"]
+        steps = list(self.launch_list.launchers)
+        if chooser is not None:
+            steps[self.launch_list.index("argmax")] = chooser
         if publish is not None:
-            self.launchers.insert(self._index("advance_state"), ("publish_token", publish))
-        self._flatten()
-
-    def sampler_step(self) -> list[K.Launcher]:
-        """The launchers from "lm_head" up to (not including) "advance_state": logits, the token
-        choice and its publishing. Prefill runs them after its own final norm (prefill.py)."""
-        return [l for _n, l in self.launchers[self._index("lm_head"):self._index("advance_state")]]
-
-    # ---- pages for a whole sequence at once -------------------------------------------------
-    def reset_sequence(self) -> None:
-        """Forget the sequence: every page back to the free list, the next position is 0."""
-        self.pages.release_all()
-        self.pos = 0
-
-    def reserve(self, n_tokens: int) -> None:
-        """Make sure positions < n_tokens have pages, recording new ones in the device block
-        table with one synchronous copy (so no step or prefill chunk has to stop for it).
-
-        Raises:
-            DrvqwenError: n_tokens exceeds max_context or the pages run out.
-        """
-        if n_tokens > self.max_context:
-            raise DrvqwenError(f"{n_tokens} tokens exceed the KV cache of {self.max_context} (--max-context)")
-        before = len(self.pages.block_table)
-        for pos in range(before * PAGE_TOKENS, n_tokens, PAGE_TOKENS):
-            self.pages.page_for(pos)
-        if len(self.pages.block_table) > before:
-            table = np.asarray(self.pages.block_table, np.int32)
-            self.buf["block_table"].upload_at(0, table)
-
-    def resume(self, pos: int) -> None:
-        """Host bookkeeping after a prefill that queued DecodeResume(pos): the next step decodes
-        the device's next_token at `pos`."""
-        self.pos = pos
-
-    # ---- host-side sequence bookkeeping ------------------------------------------------------
-    def start(self, token: int, pos: int = 0) -> None:
-        """Begin decoding `token` at position `pos` (the cache must already hold 0..pos-1)."""
-        if pos == 0:
-            self.pages.release_all()
-        self.buf["state"].upload(np.array([pos, token, pos + 1], np.int32))
-        self.pos = pos
-
-    def feed(self, token: int) -> None:
-        """Make the next step consume `token` instead of the previous step's argmax (prompt
-        tokens fed one at a time; a sampled token)."""
-        self.buf["state"].upload_at(1, np.array([token], np.int32), self.stream)
-
-    def _ensure_page(self) -> None:
-        """At a page boundary, take a page from the free list and record it in the device
-        block table (4 bytes, queued on the stream before the step's kernels)."""
-        if self.pos >= self.max_context:
-            raise DrvqwenError(f"context full: position {self.pos} >= max_context {self.max_context}")
-        page, new = self.pages.page_for(self.pos)
-        if new:
-            self._h_block[0] = page
-            self.buf["block_table"].upload_at(self.pos // PAGE_TOKENS, self._h_block, self.stream)
+            steps.insert(self.launch_list.index("advance_state"), ("publish_token", publish))
+        return LaunchList(name, steps)
 
     # ---- running ----------------------------------------------------------------------------
-    def step(self) -> None:
-        """Queue one decode step (eager): consumes state.token at state.pos, leaves logits and
-        next_token, and advances state on the GPU. Asynchronous; `sync()` waits."""
-        self._ensure_page()
-        for nl in self.launches:
+    def _open_page(self) -> None:
+        """At a page boundary, take a page from the free list and record it in the device
+        block table (4 bytes, queued on the stream before the step's kernels)."""
+        page = self.seq.open_page()
+        if page is not None:
+            self.seq.write_block_table_entry(page)
+
+    def decode_token(self, launch_list: LaunchList | None = None) -> None:
+        """Queue one decode step eagerly (`launch_list`, default the plan's): consumes
+        state.token at state.pos, leaves logits and next_token, and advances state on the GPU.
+        Asynchronous; `sync()` waits.
+
+        Raises:
+            DrvqwenError: the context is full or no free page is left.
+        """
+        self._open_page()
+        for nl in (launch_list or self.launch_list).launches:
             nl.launch.launch()
-        self.pos += 1
+        self.seq.advance()
 
     def sync(self) -> None:
         self.stream.synchronize()
@@ -442,17 +441,17 @@ class DecodeStep:
         back to back and each event pair brackets the kernel alone, not the host's launch
         latency. Each figure still includes the event pair's own cost (~2 µs on the H200).
         """
-        hold = K.GpuSleep(hold_ms, stream=self.stream)
+        hold = GpuSleep(hold_ms, stream=self.stream)
         ev = [(Event(), Event()) for _ in self.launches]
         times: dict[str, list[float]] = {nl.name: [] for nl in self.launches}
         for _ in range(n_steps):
-            self._ensure_page()
+            self._open_page()
             hold.launch()
             for (e0, e1), nl in zip(ev, self.launches):
                 e0.record(self.stream)
                 nl.launch.launch()
                 e1.record(self.stream)
-            self.pos += 1
+            self.seq.advance()
             self.sync()
             for (e0, e1), nl in zip(ev, self.launches):
                 times[nl.name].append(e0.elapsed_ms(e1) * 1e3)

@@ -3,7 +3,7 @@
     GPUBackend.token_stream(prompt, n, params)
       prefill (prefill.py)          prompt → KV cache 0 … T-1, logits of the last position,
                                     token 0 chosen → decode state (T, token 0, T + 1)
-      per token i ≥ 1: DecodeStep   consume token i-1 at position T+i-1, choose token i
+      per token i ≥ 1: decode step  consume token i-1 at position T+i-1, choose token i
       after each token's choice     publish_token: ring[i % R] = token, on page-locked host memory
 
 The token is chosen by the decode step's last kernels — argmax (greedy) or sample_token
@@ -25,14 +25,18 @@ prompt starts with (generate.reused_prefix) and prefills only the rest at the po
 (Prefill.run(ids, start)); `drvqwen chat` sends each turn that way. The engine knows which ids
 its cache holds: the prompt, and every token whose decode step was queued.
 
-Decode replays CUDA graphs of `DecodeStep.launches` (graphs.py; `use_graphs=False` launches
-them eagerly); the sampler step is set here before any capture (DecodeStep.set_sampler).
+Each way of choosing the token (greedy, sampled, sampled with a repeat penalty) is a launch list
+of its own (`DecodeStep.sampler_variant`), built on first use; decode replays CUDA graphs of it
+(graphs.py, one GraphDecoder per list; `use_graphs=False` launches it eagerly), and the prefill
+runs its sampler step. The sequence's position and pages change only through `DecodeStep.seq`
+(sequence.py).
 Speed is measured by `drvqwen bench` (bench.py), whose definition of TTFT and ITL is the one
 every figure in drvqwen quotes.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Callable
@@ -42,7 +46,7 @@ import numpy as np
 from .launchers import sampling
 from .launchers import PenalizedSampleToken, PublishToken, SampleToken
 from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool
-from .decode import DecodeStep
+from .decode import DecodeStep, LaunchList
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
@@ -73,6 +77,12 @@ def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndar
                       int(params.top_k), int(token_index) & 0xFFFFFFFF, int(greedy), float(params.min_p),
                       float(params.repeat_penalty))
     return np.frombuffer(raw, dtype=np.uint8).copy()
+
+
+def _variant_name(params: SamplingParams) -> str:
+    """The launch list `params` decode with: "greedy" (argmax), "sample", or "penalized" (the
+    sampler after the repeat penalty, greedy or not)."""
+    return "penalized" if params.penalized else "greedy" if params.greedy else "sample"
 
 
 def check_stream_args(n_prompt: int, max_new_tokens: int, max_context: int) -> int:
@@ -124,8 +134,10 @@ class GPUBackend:
         chunk_rows: prompt rows per prefill chunk.
         use_graphs: decode by replaying CUDA graphs (the default; graphs.py), or eagerly.
     Attributes:
-        step: the DecodeStep (weights, KV cache, pages, stream, the decode launch list).
-        prompt: the Prefill sharing them.
+        decode_step: the DecodeStep (weights, KV cache, the sequence, stream, the decode launch lists).
+        prefill_pass: the Prefill sharing them.
+        launch_list: the decode launch list of the last sampling parameters (decode.LaunchList:
+            greedy, sample or penalized, with publish_token): what `decode()` runs.
         sampler_params: uint8 [48] device SamplerParams (sampling.cu), token_index included.
         history: int32 [1 + 64] device token history of the repeat penalty (count, ring).
         sample_info: int32 [4] device (token, Philox bits, kept count, token_index) of the last sample.
@@ -137,22 +149,26 @@ class GPUBackend:
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, use_graphs: bool = True):
         check_gpu_supports(f)
-        self.step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
+        self.decode_step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
         self.use_graphs = use_graphs
-        # One GraphDecoder per sampler step (greedy argmax, or the sampler): a graph holds the
-        # launches it recorded, so each gets its own pair of graphs, captured on first use
-        # and reused for every later prompt. Sampling parameters and the token counter live in
-        # device memory (sampler_params), so one "sample" graph serves every temperature/seed.
+        # One launch list per way of choosing the token (greedy argmax, the sampler, the sampler
+        # after the repeat penalty), built on first use, and one GraphDecoder per list: a graph
+        # holds the launches it recorded, so each list gets its own pair of graphs, captured on
+        # first use and reused for every later prompt. Sampling parameters and the token counter
+        # live in device memory (sampler_params), so one "sample" graph serves every
+        # temperature/seed.
+        self._variants: dict[str, LaunchList] = {}
+        self.launch_list: LaunchList | None = None    # set by _configure below
         self._graphs: dict[str, GraphDecoder] = {}
-        step = self.step
+        step = self.decode_step
         self.config = step.config
         self.max_context = step.max_context
         self.name = f"cuda ({step.device.info.name})"
-        self.prompt = Prefill(step, chunk_rows)
+        self.prefill_pass = Prefill(step, chunk_rows)
         # Load time, not prompt time: the smallest chunk's launch list now, which loads every
         # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
         # longer prompt's first chunk then only packs its launches.
-        self.prompt.launches(ROW_BUCKET)
+        self.prefill_pass.launches(ROW_BUCKET)
         size = 3 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS + 4 * sampling.HISTORY_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)
@@ -173,15 +189,19 @@ class GPUBackend:
                                        ring_size=TOKEN_RING, stream=st)
         self._configure(SamplingParams())
 
-    def _configure(self, params: SamplingParams) -> None:
-        """Sampler step for `params` (argmax or sample_token, then publish_token) and the device
-        sampler parameters with the step counter at 0. Synchronous (one 32-byte upload)."""
-        if params.penalized:     # sample_token's greedy branch takes the penalized argmax
-            chooser = ("sample", self._penalized)
-        else:
-            chooser = None if params.greedy else ("sample", self._sample)
-        self.step.set_sampler(chooser, self._publish)
+    def _configure(self, params: SamplingParams) -> LaunchList:
+        """The launch list for `params` (argmax or sample_token, then publish_token; built on
+        first use) and the device sampler parameters with the step counter at 0. Synchronous
+        (one 48-byte upload)."""
+        name = _variant_name(params)
+        if name not in self._variants:
+            # sample_token's greedy branch takes the penalized argmax
+            chooser = {"greedy": None, "sample": ("sample", self._sample),
+                       "penalized": ("sample", self._penalized)}[name]
+            self._variants[name] = self.decode_step.sampler_variant(name, chooser, self._publish)
+        self.launch_list = self._variants[name]
         self.sampler_params.upload(pack_sampler_params(params))
+        return self.launch_list
 
     # ---- generate.py's token backend ------------------------------------------------------------
     def token_stream(self, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -201,15 +221,14 @@ class GPUBackend:
         """The ids whose K/V the cache holds, positions 0 … len-1."""
         return list(self._cached)
 
-    def _decoder(self, params: SamplingParams):
-        """What runs one decode step for `params`: a GraphDecoder for its sampler step (captured
-        now if new; `_configure(params)` must have set it), or the eager DecodeStep."""
+    def _decoder(self, launch_list: LaunchList) -> Callable[[], object]:
+        """What queues one decode step of `launch_list`: its GraphDecoder's decode_token
+        (captured now if new), or the eager DecodeStep's."""
         if not self.use_graphs:
-            return self.step
-        key = "penalized" if params.penalized else "greedy" if params.greedy else "sample"
-        if key not in self._graphs:
-            self._graphs[key] = GraphDecoder(self.step)
-        return self._graphs[key]
+            return functools.partial(self.decode_step.decode_token, launch_list)
+        if launch_list.name not in self._graphs:
+            self._graphs[launch_list.name] = GraphDecoder(self.decode_step, launch_list)
+        return self._graphs[launch_list.name].decode_token
 
     @property
     def decode_mode(self) -> str:
@@ -220,12 +239,12 @@ class GPUBackend:
 
     def _tokens(self, prompt_ids: list[int], budget: int, params: SamplingParams,
                 reuse: bool = False) -> Iterator[int]:
-        step, ring, ev, R = self.step, self._ring_view, self._events, TOKEN_RING
+        step, ring, ev, R = self.decode_step, self._ring_view, self._events, TOKEN_RING
         if budget == 0:
             return
         n = reused_prefix(self._cached, prompt_ids) if reuse else 0
         try:
-            self._configure(params)
+            launch_list = self._configure(params)
             if params.penalized:                   # the sequence's last ids, in ring order
                 window = prompt_ids[-sampling.WINDOW:]
                 hist = np.zeros(sampling.HISTORY_INTS, np.int32)
@@ -233,7 +252,7 @@ class GPUBackend:
                 self.history.upload(hist)
             self._cached = prompt_ids[:n]
             self.last_reused = n
-            self.prompt.run(prompt_ids[n:], start=n)   # token 0 → ring[0]
+            self.prefill_pass.run(prompt_ids[n:], start=n, launch_list=launch_list)   # token 0 → ring[0]
             self._cached = list(prompt_ids)
             ev[0].record(step.stream)
             ev[0].synchronize()
@@ -244,12 +263,12 @@ class GPUBackend:
             self._cached.append(first)             # the step queued below consumes it
             # The decode graphs are captured on first use only now, after the first token is out:
             # a capture costs tens of milliseconds that would otherwise sit inside the TTFT.
-            decoder = self._decoder(params)
-            decoder.step()                         # token 1 → ring[1]
+            decode_token = self._decoder(launch_list)
+            decode_token()                         # token 1 → ring[1]
             ev[1 % R].record(step.stream)
             for i in range(1, budget):
                 if i + 1 < budget:
-                    decoder.step()                 # token i+1 → ring[(i+1) % R], queued before we wait
+                    decode_token()                 # token i+1 → ring[(i+1) % R], queued before we wait
                     ev[(i + 1) % R].record(step.stream)
                 ev[i % R].synchronize()
                 tok = int(ring[i % R])
@@ -267,28 +286,29 @@ class GPUBackend:
     # ---- generate.py's logits backend (tests, tools) ----------------------------------------
     def prefill(self, ids: list[int]) -> np.ndarray:
         """Greedy prefill of `ids` from position 0; returns the last position's logits fp32 [V]."""
-        self._configure(SamplingParams())
-        self.prompt.run(ids)
+        launch_list = self._configure(SamplingParams())
+        self.prefill_pass.run(ids, launch_list=launch_list)
         self._cached = list(ids)
-        return self.step.logits()
+        return self.decode_step.logits()
 
     def decode(self, token: int) -> np.ndarray:
         """Decode `token` at the next position (instead of the GPU's choice); returns logits [V]."""
-        self.step.reserve(self.step.pos + 1)
-        self.step.feed(token)
-        self.step.step()
+        step, seq = self.decode_step, self.decode_step.seq
+        seq.reserve(seq.pos + 1)
+        seq.feed(token)
+        step.decode_token(self.launch_list)
         self._cached.append(int(token))
-        return self.step.logits()
+        return step.logits()
 
     def reset(self) -> None:
         """Forget the sequence (the next prefill starts at position 0)."""
-        self.step.sync()
-        self.step.reset_sequence()
+        self.decode_step.sync()
+        self.decode_step.seq.reset()
         self._cached = []
 
     def close(self) -> None:
         """Release everything on the GPU (weights, cache, activations) and the host ring."""
-        self.step.sync()
+        self.decode_step.sync()
         for g in self._graphs.values():   # graphs first: they replay the step's buffers
             g.close()
         self._graphs.clear()
@@ -296,5 +316,5 @@ class GPUBackend:
             e.close()
         self._ring.free()
         self.pool.close()
-        self.prompt.close()
-        self.step.close()
+        self.prefill_pass.close()
+        self.decode_step.close()

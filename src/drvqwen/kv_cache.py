@@ -88,10 +88,24 @@ class PageAllocator:
         """Whether a step at `pos` needs a page the block table does not hold yet."""
         return pos // PAGE_TOKENS >= len(self.block_table)
 
+    def release_from(self, logical: int) -> list[int]:
+        """The pages of logical pages `logical`, `logical` + 1, … back to the free list, in
+        front and in order (they are reused first: a sequence that grows again takes the same
+        pages in the same order); returns them.
+
+        Raises:
+            ValueError: logical < 0.
+        """
+        if logical < 0:
+            raise ValueError(f"logical page {logical} < 0")
+        released = self.block_table[logical:]
+        self.free = released + self.free
+        self.block_table = self.block_table[:logical]
+        return released
+
     def release_all(self) -> None:
         """Every page of the sequence back to the free list (they are reused first)."""
-        self.free = self.block_table + self.free
-        self.block_table = []
+        self.release_from(0)
 
 
 class KVCache:

@@ -17,11 +17,13 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
 and once, after the last chunk, on the prompt's last row only:
 
     norm                            decode xn fp16 [D] = rmsnorm(residual[last row]) · w_norm
-    lm_head, argmax | sample, …     the decode step's own sampler step (DecodeStep.sampler_step)
+    lm_head, argmax | sample, …     a decode launch list's own sampler step (LaunchList.sampler_step)
     decode_resume                   decode state = (T, next_token, T + 1)
 
-so the KV cache holds positions 0 … T-1 and the next `DecodeStep.step()` decodes the chosen
-token at position T with the same weights, cache, page allocator and stream.
+so the KV cache holds positions 0 … T-1 and the next decode step (`DecodeStep.decode_token()`,
+or a graph of it) decodes the chosen token at position T with the same weights, cache, sequence
+and stream. The sequence's pages and position change only through `DecodeStep.seq`
+(sequence.py): the prompt's pages are reserved at once, the position resumed at its end.
 
 Chunking: prompts longer than `max_chunk_rows` (default 512) run in chunks of that many rows;
 each chunk's attention reads every earlier position from the paged cache, so a prompt of any
@@ -45,10 +47,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import launchers as K
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool
-from .decode import DecodeStep, NamedLaunch
+from .decode import DecodeStep, LaunchList, NamedLaunch, named_launches
 from .errors import DrvqwenError
+from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRows,
+                        GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk, RmsNorm, RopeKvRows)
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -78,16 +81,16 @@ class Prefill:
     """The prompt pass of one model, sharing a `DecodeStep`'s weights, KV cache, pages and stream.
 
     Args:
-        step: the decode step whose state this prefill leaves ready to continue.
+        decode_step: the decode step whose state this prefill leaves ready to continue.
         max_chunk_rows: prompt rows per chunk (rounded up to a multiple of 64).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
-    def __init__(self, step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS):
+    def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
-        self.step = step
+        self.decode_step = step = decode_step
         cfg = self.config = step.config
         bucket = ROW_BUCKET
         self.chunk_rows = min(-(-max_chunk_rows // bucket), -(-step.max_context // bucket)) * bucket
@@ -106,28 +109,34 @@ class Prefill:
         self.buf = {name: self.pool.alloc(name, s, d) for name, (s, d) in act.items()}
         self.buf["ids"].upload(np.zeros(act["ids"][0], np.int32))  # padding rows embed token 0
         st = step.stream
-        self._begin = K.PrefillBeginChunk(self.buf["prefill_state"], stream=st)
+        self._begin = PrefillBeginChunk(self.buf["prefill_state"], stream=st)
         w = step.weights
         # The final norm reads the prompt's last row: its pointer is set per prompt.
-        self._norm = K.RmsNorm(step.buf["xn"], _row_ptr(self.buf["residual"], 0), w["model.norm.weight"],
-                               dim=D, eps=cfg.rms_norm_eps, stream=st)
-        self._resume = K.DecodeResume(step.buf["state"], step.buf["next_token"], stream=st)
+        self._norm = RmsNorm(step.buf["xn"], _row_ptr(self.buf["residual"], 0), w["model.norm.weight"],
+                             dim=D, eps=cfg.rms_norm_eps, stream=st)
+        self._resume = DecodeResume(step.buf["state"], step.buf["next_token"], stream=st)
         self._lists: dict[int, list[NamedLaunch]] = {}
         # rows → the (name, launcher) list behind launches(rows) (timing, tests).
-        self.launchers: dict[int, list[tuple[str, K.Launcher]]] = {}
+        self.launchers: dict[int, list[tuple[str, Launcher]]] = {}
 
     # ---- launch lists ---------------------------------------------------------------------------
     def launches(self, rows: int) -> list[NamedLaunch]:
         """The chunk launch list for grids of `rows` rows (a multiple of 64), built once."""
         if rows % ROW_BUCKET or not 0 < rows <= self.chunk_rows:
-            raise K.LaunchError(f"prefill launch list for {rows} rows: want a multiple of {ROW_BUCKET} "
+            raise LaunchError(f"prefill launch list for {rows} rows: want a multiple of {ROW_BUCKET} "
                                 f"in 1..{self.chunk_rows}")
         if rows not in self._lists:
             self._lists[rows] = self._build(rows)
         return self._lists[rows]
 
+    def _embedding(self, rows: int) -> EmbeddingRows:
+        """The embedding launcher of the `rows` list (its first launch), whose ids are set per chunk."""
+        name, launcher = self.launchers[rows][0]
+        assert name == "embedding", name
+        return launcher
+
     def _build(self, R: int) -> list[NamedLaunch]:
-        step, cfg, w, st = self.step, self.config, self.step.weights, self.step.stream
+        step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
         # Views of the first R rows: the launchers check element counts against `rows`.
         res, xn, qkv, q, attn, h = (_rows_view(self.buf[n], R) for n in ("residual", "xn", "qkv", "q", "attn", "h"))
         attn_flat = DeviceArray(attn.name, attn.ptr, (R, cfg.num_heads, cfg.head_dim), attn.dtype)
@@ -137,34 +146,30 @@ class Prefill:
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
         ids = DeviceArray("ids[chunk]", self.buf["ids"].ptr, (R,), np.int32)
-        steps: list[tuple[str, K.Launcher]] = [
-            ("embedding", K.EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
-                                          dim=D, stream=st))]
+        steps: list[tuple[str, Launcher]] = [
+            ("embedding", EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
+                                        dim=D, stream=st))]
         for l in range(cfg.num_layers):
             lw = LayerWeights.of(w.__getitem__, l)
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
-                (f"L{l}.input_layernorm", K.RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
-                (f"L{l}.qkv_proj", K.GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
-                                                     n_kv=nkv, k=D, rows=R, stream=st)),
-                (f"L{l}.rope_kv", K.RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
-                                               ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
-                                               head_dim=Dh, stream=st)),
-                (f"L{l}.attention", K.AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
-                                                       rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
-                (f"L{l}.o_proj", K.GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, stream=st)),
-                (f"L{l}.post_attention_layernorm", K.RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
-                                                             rows=R, stream=st)),
-                (f"L{l}.gate_up_swiglu", K.GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
-                                                                    rows=R, stream=st)),
-                (f"L{l}.down_proj", K.GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, stream=st)),
+                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
+                (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
+                                                   n_kv=nkv, k=D, rows=R, stream=st)),
+                (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
+                                             ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
+                                             head_dim=Dh, stream=st)),
+                (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
+                                                     rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
+                (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, stream=st)),
+                (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
+                                                           rows=R, stream=st)),
+                (f"L{l}.gate_up_swiglu", GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
+                                                                  rows=R, stream=st)),
+                (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, stream=st)),
             ]
-        out = []
-        for name, launcher in steps:
-            for i, (ln, spec) in enumerate(zip(launcher.launches, launcher.specs)):
-                out.append(NamedLaunch(name if len(launcher.launches) == 1 else f"{name}.{i}", ln, spec))
         self.launchers[R] = steps
-        return out
+        return named_launches(steps)
 
     def flops(self, n_rows: int, start: int = 0) -> int:
         """Useful FLOPs of a chunk of n_rows at `start`: 2·n·(INT4 parameters) + causal attention."""
@@ -176,10 +181,11 @@ class Prefill:
         return cfg.num_layers * (2 * n_rows * per_layer + attn)
 
     # ---- running --------------------------------------------------------------------------------
-    def run(self, ids: Sequence[int], start: int = 0) -> None:
+    def run(self, ids: Sequence[int], start: int = 0, launch_list: LaunchList | None = None) -> None:
         """Queue the prefill of `ids` at positions start … start+T-1 and the choice of the next
-        token (the decode step's token tail); afterwards the decode state is (start+T, token,
-        start+T+1). Asynchronous: the stream carries it; `step.sync()` waits.
+        token (the sampler step of `launch_list`, default the decode step's greedy list);
+        afterwards the decode state is (start+T, token, start+T+1). Asynchronous: the stream
+        carries it; `decode_step.sync()` waits.
 
         start = 0 begins a new sequence (all pages released first); start > 0 appends to a cache
         that already holds positions 0 … start-1.
@@ -187,7 +193,7 @@ class Prefill:
         Raises:
             DrvqwenError: no ids, a token id outside the vocabulary, or start + T beyond max_context.
         """
-        step = self.step
+        step = self.decode_step
         T = len(ids)
         if T == 0:
             raise DrvqwenError("prefill of an empty prompt (0 tokens)")
@@ -198,9 +204,10 @@ class Prefill:
         if host_ids.min() < 0 or host_ids.max() >= self.config.vocab_size:
             bad = int(host_ids[(host_ids < 0) | (host_ids >= self.config.vocab_size)][0])
             raise DrvqwenError(f"token id {bad} outside the vocabulary (0..{self.config.vocab_size - 1})")
+        seq = step.seq
         if start == 0:
-            step.reset_sequence()
-        step.reserve(start + T)
+            seq.reset()
+        seq.reserve(start + T)
         # One synchronous copy of the whole prompt before anything is queued; each chunk's
         # embedding reads its slice through the pointer it is given.
         self.buf["ids"].upload_at(0, host_ids.astype(np.int32))
@@ -209,19 +216,19 @@ class Prefill:
             n = min(self.chunk_rows, T - c0)
             bucket = -(-n // ROW_BUCKET) * ROW_BUCKET
             launches = self.launches(bucket)
-            # embedding's ids argument (index 2): this chunk's slice of the prompt.
-            launches[0].launch.set_param(2, DeviceArray("ids[chunk]", self.buf["ids"].ptr + 4 * c0, (bucket,),
-                                                        np.int32))
+            # The embedding's ids: this chunk's slice of the prompt.
+            self._embedding(bucket).set_arg("ids", DeviceArray("ids[chunk]", self.buf["ids"].ptr + 4 * c0,
+                                                               (bucket,), np.int32))
             self._begin.set(start + c0, n).launch()
             for nl in launches:
                 nl.launch.launch()
             last_rows = n
-        self._norm.launches[0].set_param(1, _row_ptr(self.buf["residual"], last_rows - 1))
+        self._norm.set_arg("x", _row_ptr(self.buf["residual"], last_rows - 1))
         self._norm.launch()
-        for launcher in step.sampler_step():
+        for launcher in (launch_list or step.launch_list).sampler_step():
             launcher.launch()
         self._resume.set(start + T).launch()
-        step.resume(start + T)
+        seq.resume(start + T)
 
     def time_kernels(self, ids: Sequence[int], hold_ms: float = 30.0) -> dict[str, float]:
         """GPU µs of every launch of a one-chunk prefill of `ids` (from position 0).
@@ -235,16 +242,16 @@ class Prefill:
         """
         from .cuda import Event
 
-        T, step = len(ids), self.step
+        T, step = len(ids), self.decode_step
         if not 0 < T <= self.chunk_rows:
             raise DrvqwenError(f"time_kernels takes 1..{self.chunk_rows} ids (one chunk), got {T}")
         bucket = -(-T // ROW_BUCKET) * ROW_BUCKET
         launches = self.launches(bucket)
-        step.reset_sequence()
-        step.reserve(T)
+        step.seq.reset()
+        step.seq.reserve(T)
         self.buf["ids"].upload_at(0, np.asarray(ids, np.int32))
-        launches[0].launch.set_param(2, DeviceArray("ids[chunk]", self.buf["ids"].ptr, (bucket,), np.int32))
-        hold = K.GpuSleep(hold_ms, stream=step.stream)
+        self._embedding(bucket).set_arg("ids", DeviceArray("ids[chunk]", self.buf["ids"].ptr, (bucket,), np.int32))
+        hold = GpuSleep(hold_ms, stream=step.stream)
         ev = [(Event(), Event()) for _ in launches]
         hold.launch()
         self._begin.set(0, T).launch()

@@ -1,7 +1,8 @@
 """The decode step launch by launch in numpy: what each planned launch computes from what it reads.
 
 `decode.plan_decode` lists one decode step as named launches over named buffers (`LaunchSpec`:
-the kernel, its parameters in order, the buffers it reads and writes). This module gives each
+the kernel, its arguments by the names of the kernel's parameters, the buffers it reads and
+writes). This module gives each
 kernel of that list its reference — the maths of `reference.py` applied to the launch's own
 parameters — so that a launch's outputs can be checked against the reference computed from the
 very buffers the launch read (the GPU's inputs for that launch: errors do not accumulate along
@@ -216,6 +217,8 @@ def base_kernel(kernel_name: str) -> str:
 
 
 # ---- the references, one per kernel --------------------------------------------------------------
+# Each reads its launch's arguments by the kernel's parameter names (LaunchSpec.args, checked
+# against the kernel files by tests/test_kernel_signatures.py).
 
 def _val(p):
     """A ctypes scalar argument's Python value."""
@@ -249,7 +252,8 @@ def _rope(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
 
 
 def _embedding(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    out, embed, state, vocab = g.specs[0].params[:4]
+    a = g.specs[0].args
+    out, embed, state, vocab = a["residual"], a["embed"], a["state"], a["V"]
     tok = int(r.array(state)[1])
     if 0 <= tok < _val(vocab):
         row = np.asarray(r.array(embed)[tok]).astype(np.float32)
@@ -259,13 +263,13 @@ def _embedding(g: LaunchGroup, r: BufferReader) -> list[Expected]:
 
 
 def _qkv_rope(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    p = g.specs[0].params
-    q_out, k_cache, v_cache, residual, norm_w = p[:5]
-    (qq, qs, kq, ks, vq, vs), (qb, kb, vb), inv_freq, state, bt = p[5:11], p[11:14], p[14], p[15], p[16]
-    hq, hkv, dh, _k, eps = (_val(v) for v in p[17:22])
-    xn = _normed(r, residual, norm_w, eps)
-    q, k, v = (_matvec(r.int4(w, s), xn, r.dtype) + r.array(b).astype(r.dtype)
-               for w, s, b in ((qq, qs, qb), (kq, ks, kb), (vq, vs, vb)))
+    a = g.specs[0].args
+    hq, hkv, dh = (_val(a[n]) for n in ("Hq", "Hkv", "Dh"))
+    xn = _normed(r, a["residual"], a["norm_w"], _val(a["eps"]))
+    q, k, v = (_matvec(r.int4(a[f"{m}_qweight"], a[f"{m}_scales"]), xn, r.dtype)
+               + r.array(a[f"{m}_bias"]).astype(r.dtype) for m in "qkv")
+    q_out, k_cache, v_cache, state, bt, inv_freq = (a[n] for n in ("q_out", "k_cache", "v_cache", "state",
+                                                                     "block_table", "inv_freq"))
     st = r.array(state)
     pos = int(st[0])
     inv = r.array(inv_freq)
@@ -279,49 +283,54 @@ def _qkv_rope(g: LaunchGroup, r: BufferReader) -> list[Expected]:
 
 def _attention(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     first = g.specs[0]
-    p = first.params
-    q, bt, state = p[3], p[6], p[7]
+    a = first.args
+    q, bt, state = a["q"], a["block_table"], a["state"]
     # The plain kernel takes one layer's cache views; the TMA kernel tensor maps of the whole
     # pools, and names the layer's views among what it reads.
-    if hasattr(p[4], "box"):
+    if "k_map" in a:
         k_name, v_name = first.reads[1], first.reads[2]
     else:
-        k_name, v_name = _name(p[4]), _name(p[5])
-    hq = int(_val(p[8]))
+        k_name, v_name = _name(a["k_cache"]), _name(a["v_cache"])
+    hq = int(_val(a["Hq"]))
     seq_len = int(r.array(state)[2])
     qv = r.array(q).astype(r.dtype).reshape(hq, -1)
     out = ref.attention_decode(qv, r.array(k_name), r.array(v_name), r.array(bt), seq_len)
-    return [Expected(_name(g.specs[-1].params[0]), out.reshape(-1), tol=TOL_ATTENTION,
+    return [Expected(_name(g.specs[-1].args["out"]), out.reshape(-1), tol=TOL_ATTENTION,
                      note=f"over {seq_len} positions")]
 
 
 def _residual(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    res, x, qw, sc = g.specs[0].params[:4]
+    a = g.specs[0].args
+    res, x, qw, sc = a["residual"], a["x"], a["qweight"], a["scales"]
     want = r.array(res).astype(r.dtype) + _matvec(r.int4(qw, sc), r.array(x), r.dtype)
     return [Expected(_name(res), want)]
 
 
 def _gemv_f16(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    y, x, qw, sc = g.specs[0].params[:4]
+    a = g.specs[0].args
+    y, x, qw, sc = a["y"], a["x"], a["qweight"], a["scales"]
     return [Expected(_name(y), _matvec(r.int4(qw, sc), r.array(x), r.dtype))]
 
 
 def _gate_up(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    p = g.specs[0].params
-    h, residual, norm_w, gq, gs, uq, us = p[:7]
-    xn = _normed(r, residual, norm_w, _val(p[9]))
-    want = ref.swiglu(_matvec(r.int4(gq, gs), xn, r.dtype), _matvec(r.int4(uq, us), xn, r.dtype))
-    return [Expected(_name(h), want)]
+    a = g.specs[0].args
+    xn = _normed(r, a["residual"], a["norm_w"], _val(a["eps"]))
+    want = ref.swiglu(_matvec(r.int4(a["gate_qweight"], a["gate_scales"]), xn, r.dtype),
+                      _matvec(r.int4(a["up_qweight"], a["up_scales"]), xn, r.dtype))
+    return [Expected(_name(a["h"]), want)]
 
 
 def _rmsnorm(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    out, x, w, dim, eps = g.specs[0].params[:5]
+    a = g.specs[0].args
+    out, x, w, dim, eps = a["out"], a["x"], a["weight"], a["D"], a["eps"]
     xv = r.array(x).astype(r.dtype).reshape(-1, _val(dim))
     return [Expected(_name(out), ref.rmsnorm(xv, r.array(w), _val(eps)).reshape(-1))]
 
 
 def _lm_head(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    logits, part_val, part_idx, x, w, vocab, _dim, n_valid = g.specs[0].params[:8]
+    a = g.specs[0].args
+    logits, part_val, part_idx, x, w = (a[n] for n in ("logits", "part_val", "part_idx", "x", "weight"))
+    vocab, n_valid = a["V"], a["n_valid"]
     want = _matvec(r.dense(w), r.array(x), r.dtype)
     want[_val(n_valid):] = -np.inf
     n_part = part_val.shape[0]
@@ -337,7 +346,8 @@ def _lm_head(g: LaunchGroup, r: BufferReader) -> list[Expected]:
 
 
 def _argmax_final(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    out, part_val, part_idx = g.specs[-1].params[:3]
+    a = g.specs[-1].args
+    out, part_val, part_idx = a["next_token"], a["part_val"], a["part_idx"]
     vals, idx = r.array(part_val), r.array(part_idx)
     ok = ~np.isnan(vals)
     best = 0
@@ -348,13 +358,13 @@ def _argmax_final(g: LaunchGroup, r: BufferReader) -> list[Expected]:
 
 
 def _argmax_two_pass(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    logits = g.specs[0].params[2]
-    return [Expected(_name(g.specs[-1].params[0]), np.array([argmax_total_order(r.array(logits))], np.int32),
+    logits = g.specs[0].args["logits"]
+    return [Expected(_name(g.specs[-1].args["next_token"]), np.array([argmax_total_order(r.array(logits))], np.int32),
                      exact=True)]
 
 
 def _advance_state(g: LaunchGroup, r: BufferReader) -> list[Expected]:
-    state, next_token = g.specs[0].params[:2]
+    state, next_token = g.specs[0].args["state"], g.specs[0].args["next_token"]
     s = r.array(state).astype(np.int64)
     want = np.array([s[0] + 1, int(r.array(next_token)[0]), s[2] + 1], np.int32)
     return [Expected(_name(state), want, exact=True, note="(pos, token, seq_len)")]

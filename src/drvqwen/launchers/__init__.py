@@ -26,10 +26,12 @@ Names follow one thread through the code base:
 |                         | PublishToken                                | repeat-penalty history, logits       |
 | timing                  | GpuSleep                                    | (nothing: holds the stream)          |
 
-base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec`, the two-step
-plan → build of a launcher, occupancy (from the driver, or fixed for plans without a GPU),
-argument checks that raise `LaunchError`, and the registry of constants mirrored from the
-kernel files (checked against them by tests/test_kernel_constants.py).
+base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec` (the arguments by
+the kernel's parameter names, in its order), the two-step plan → build of a launcher, occupancy
+(from the driver, or fixed for plans without a GPU), argument checks that raise `LaunchError`,
+and the registry of constants mirrored from the kernel files (checked against them by
+tests/test_kernel_constants.py). signatures.py reads the kernels' `extern "C"` declarations,
+which tests/test_kernel_signatures.py checks every launcher's argument names against.
 """
 
 from .argmax import Argmax, ArgmaxFinal

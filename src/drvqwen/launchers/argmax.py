@@ -30,7 +30,7 @@ class ArgmaxFinal(Launcher):
         check_buffer(part_idx, "part_idx", n_partials, np.int32)
         self.bytes_moved = 8 * n_partials + 4
         self._add(KernelRef("argmax", "argmax_final", pdl=True), (1,), (THREADS,),
-                  [next_token, part_val, part_idx, i32(n_partials)],
+                  dict(next_token=next_token, part_val=part_val, part_idx=part_idx, P=i32(n_partials)),
                   reads=(part_val, part_idx), writes=(next_token,), bytes_moved=self.bytes_moved)
 
 
@@ -53,8 +53,8 @@ class Argmax(Launcher):
         check_buffer(next_token, "next_token", 1, np.int32)
         self.bytes_moved = 4 * vocab_size + 16 * n_partials + 4
         self._add(KernelRef("argmax", "argmax_partial", pdl=True), (n_partials,), (THREADS,),
-                  [part_val, part_idx, logits, i32(vocab_size), i32(chunk)],
+                  dict(part_val=part_val, part_idx=part_idx, logits=logits, V=i32(vocab_size), chunk=i32(chunk)),
                   reads=(logits,), writes=(part_val, part_idx), bytes_moved=4 * vocab_size + 8 * n_partials)
         self._add(KernelRef("argmax", "argmax_final", pdl=True), (1,), (THREADS,),
-                  [next_token, part_val, part_idx, i32(n_partials)],
+                  dict(next_token=next_token, part_val=part_val, part_idx=part_idx, P=i32(n_partials)),
                   reads=(part_val, part_idx), writes=(next_token,), bytes_moved=8 * n_partials + 4)

@@ -88,11 +88,17 @@ def check_partials(partials, n_heads: int, head_dim: int, blocks_per_kv_head: in
         check_buffer(buf, what, math.prod(shape), np.float32)
 
 
+def partial_args(partials) -> dict:
+    """partials = (partial_out, max_logits, exp_sums) as the split kernels' first arguments, by name."""
+    return dict(zip(("partial_out", "max_logits", "exp_sums"), partials, strict=True))
+
+
 def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int) -> None:
     """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits."""
     partial_out, max_logits, exp_sums = partials
     launcher._add(KernelRef("attention_decode", "attention_combine"), (n_heads,), (COMBINE_THREADS,),
-                  [out, partial_out, max_logits, exp_sums, state, i32(n_splits), i32(n_heads), i32(head_dim)],
+                  dict(out=out, partial_out=partial_out, max_logits=max_logits, exp_sums=exp_sums, state=state,
+                       n_splits=i32(n_splits), Hq=i32(n_heads), Dh=i32(head_dim)),
                   smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),
                   bytes_moved=n_splits * n_heads * (head_dim + 2) * 4 + n_heads * head_dim * 2)
 
@@ -119,7 +125,8 @@ class AttentionDecode(Launcher):
         self.n_splits = blocks_per_kv_head * WARPS
         self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
         self._add(KernelRef("attention_decode", f"attention_decode_hd{head_dim}"), (blocks_per_kv_head, n_kv_heads),
-                  (32 * WARPS,), [*partials, q, k_cache, v_cache, block_table, state, i32(n_heads), i32(n_kv_heads)],
+                  (32 * WARPS,), dict(partial_args(partials), q=q, k_cache=k_cache, v_cache=v_cache,
+                                      block_table=block_table, state=state, Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
                   reads=(q, k_cache, v_cache, block_table, state), writes=partials)
         combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
-from .attention_decode import (MAX_GROUP, check_attention_shapes, check_partials, combine_launch,
+from .attention_decode import (MAX_GROUP, check_attention_shapes, check_partials, combine_launch, partial_args,
                                split_blocks_per_kv_head)
 from .base import DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, i32, mirrored, require
 
@@ -79,7 +79,8 @@ class AttentionDecodeTma(Launcher):
         kv_reads = tuple(c for c in (k_cache, v_cache) if c is not None) or (k_map, v_map)
         self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_hd{head_dim}"),
                   (blocks_per_kv_head, n_kv_heads), (THREADS,),
-                  [*partials, q, k_map, v_map, block_table, state, i32(n_heads), i32(n_kv_heads), i32(layer_page0)],
+                  dict(partial_args(partials), q=q, k_map=k_map, v_map=v_map, block_table=block_table, state=state,
+                       Hq=i32(n_heads), Hkv=i32(n_kv_heads), layer_page0=i32(layer_page0)),
                   smem_bytes=smem_bytes(head_dim), reads=(q, *kv_reads, block_table, state), writes=partials)
         combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
 

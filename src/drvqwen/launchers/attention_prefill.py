@@ -45,7 +45,8 @@ class AttentionPrefill(Launcher):
         self.n_heads, self.head_dim = n_heads, head_dim
         self._add(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}"), (-(-rows // Q_TILE), n_kv_heads),
                   (32 * (n_heads // n_kv_heads),),
-                  [out, q, k_cache, v_cache, block_table, prefill_state, i32(n_heads), i32(n_kv_heads)],
+                  dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                       prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
                   smem_bytes=smem_bytes(head_dim), reads=(q, k_cache, v_cache, block_table, prefill_state),
                   writes=(out,))
 

@@ -1,9 +1,9 @@
 """What every launcher shares: planned buffers, launch specs, occupancy, argument checks.
 
 A launcher knows one kernel family (kernels/X.cu ↔ launchers/X.py ↔ tests/test_kernel_X.py):
-which kernel to run, its grid, block and shared memory, the arguments in order, and the
-buffers it reads and writes. It does that work in two steps, so that a whole decode step can
-be planned on a machine without a GPU:
+which kernel to run, its grid, block and shared memory, the arguments (by the kernel's parameter
+names, in its order), and the buffers it reads and writes. It does that work in two steps, so
+that a whole decode step can be planned on a machine without a GPU:
 
     plan    Launcher(...)            checks the buffers against the kernel (shape, dtype),
                                      picks the grid from the occupancy it is given, records
@@ -127,8 +127,10 @@ class LaunchSpec:
         kernel: which kernel.
         grid, block: launch dimensions (blocks, threads).
         smem_bytes: dynamic shared memory per block.
-        params: the arguments in order: ctypes scalars, BufferSpec / DeviceArray, TensorMapSpec /
-            TensorMap.
+        args: the arguments in the kernel's order, by the names its `.cu` declaration gives them
+            (e.g. {"out": …, "x": …, "weight": …, "D": i32(…), "eps": f32(…)}): ctypes scalars,
+            BufferSpec / DeviceArray (or NULL), TensorMapSpec / TensorMap. Checked against the
+            declarations by tests/test_kernel_signatures.py (signatures.py).
         reads, writes: names of the buffers the launch reads and writes (every one it writes,
             scratch included), for the step's documentation and the tests.
         bytes_moved: bytes the launch reads + writes in device memory at its planned size.
@@ -137,11 +139,16 @@ class LaunchSpec:
     kernel: KernelRef
     grid: tuple[int, ...]
     block: tuple[int, ...]
-    params: list
+    args: dict[str, object]
     smem_bytes: int = 0
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     bytes_moved: int = 0
+
+    @property
+    def params(self) -> list:
+        """The arguments in order, as the launch packs them."""
+        return list(self.args.values())
 
 
 Resolver = Callable[[object], object]
@@ -170,9 +177,10 @@ class Launcher:
         self.pdl = pdl  # launch the kernels that support it as programmatic dependents
         self._launches: list[KernelLaunch] | None = None
 
-    def _add(self, kernel: KernelRef, grid: Sequence[int], block: Sequence[int], params: list, *,
+    def _add(self, kernel: KernelRef, grid: Sequence[int], block: Sequence[int], args: dict[str, object], *,
              smem_bytes: int = 0, reads: Sequence = (), writes: Sequence = (), bytes_moved: int = 0) -> LaunchSpec:
-        spec = LaunchSpec(kernel, tuple(int(g) for g in grid), tuple(int(b) for b in block), list(params),
+        """Plan one launch of `kernel` with `args`, the kernel's parameters by name, in its order."""
+        spec = LaunchSpec(kernel, tuple(int(g) for g in grid), tuple(int(b) for b in block), dict(args),
                           int(smem_bytes), tuple(_name(b) for b in reads), tuple(_name(b) for b in writes),
                           int(bytes_moved))
         self.specs.append(spec)
@@ -214,6 +222,21 @@ class Launcher:
         self._launches = launches
         return launches
 
+    def set_arg(self, name: str, value, launch: int = 0) -> None:
+        """Change the argument `name` of launch number `launch` (of the built launches) for later
+        launches, e.g. a chunk's first position; the spec records the new value too.
+
+        Raises:
+            KeyError: the kernel has no parameter `name`.
+            TypeError: the value packs to another ctypes type than the planned one.
+        """
+        spec = self.specs[launch]
+        index = list(spec.args).index(name) if name in spec.args else None
+        if index is None:
+            raise KeyError(f"{spec.kernel}: no parameter {name!r} ({', '.join(spec.args)})")
+        self.launches[launch].set_param(index, value)
+        spec.args[name] = value
+
     @property
     def launches(self) -> list[KernelLaunch]:
         """The built KernelLaunches (built now if every argument is a real device buffer)."""
@@ -246,6 +269,20 @@ def mirrored(file: str, expression: str, value: int) -> int:
 
 
 # ---- argument checks -------------------------------------------------------------------------
+
+
+class NullPointer:
+    """The null device pointer, for a kernel's optional buffer (gemv_q's `residual` when it
+    writes `out_f16`): packs as the 8 zero bytes of a `T*` parameter."""
+
+    name = "null"
+    ptr = 0
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = NullPointer()
 
 
 def i32(v: int) -> ctypes.c_int32:

@@ -25,7 +25,8 @@ class AdvanceState(Launcher):
         check_state(state)
         check_buffer(next_token, "next_token", 1, np.int32)
         self.bytes_moved = 16
-        self._add(KernelRef("decode_state", "advance_state", pdl=True), (1,), (1,), [state, next_token],
+        self._add(KernelRef("decode_state", "advance_state", pdl=True), (1,), (1,),
+                  dict(state=state, next_token=next_token),
                   reads=(state, next_token), writes=(state,), bytes_moved=self.bytes_moved)
 
 
@@ -47,5 +48,5 @@ class SetBlockTableEntry(Launcher):
         check_state(state)
         self.bytes_moved = 12
         self._add(KernelRef("decode_state", "set_block_table_entry", pdl=True), (1,), (1,),
-                  [block_table, new_page, state, i32(n_pages)],
+                  dict(block_table=block_table, new_page=new_page, state=state, n_pages=i32(n_pages)),
                   reads=(new_page, state), writes=(block_table,), bytes_moved=self.bytes_moved)

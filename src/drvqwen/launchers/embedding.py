@@ -38,7 +38,7 @@ class Embedding(Launcher):
         check_state(state)
         self.bytes_moved = dim * (2 + 4)
         self._add(KernelRef("embedding", "embedding", pdl=True), (_grid_x(dim),), (THREADS,),
-                  [residual, embed, state, i32(vocab_size), i32(dim)],
+                  dict(residual=residual, embed=embed, state=state, V=i32(vocab_size), D=i32(dim)),
                   reads=(embed, state), writes=(residual,), bytes_moved=self.bytes_moved)
 
 
@@ -58,5 +58,5 @@ class EmbeddingRows(Launcher):
         check_buffer(ids, "ids", n_rows, np.int32)
         self.bytes_moved = n_rows * dim * (2 + 4)
         self._add(KernelRef("embedding", "embedding_rows"), (_grid_x(dim), n_rows), (THREADS,),
-                  [residual, embed, ids, i32(vocab_size), i32(dim)],
+                  dict(residual=residual, embed=embed, ids=ids, V=i32(vocab_size), D=i32(dim)),
                   reads=(embed, ids), writes=(residual,), bytes_moved=self.bytes_moved)

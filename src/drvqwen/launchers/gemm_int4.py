@@ -67,7 +67,7 @@ class _GemmLauncher(Launcher):
 
     flops: int = 0
 
-    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, params: list, *, reads, writes,
+    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, *, reads, writes,
                     max_blocks: int | None) -> None:
         require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
@@ -75,7 +75,7 @@ class _GemmLauncher(Launcher):
         if max_blocks is None:
             max_blocks = get_device().info.sm_count
         grid = tiles_at_capacity if max_blocks == 0 else min(tiles_at_capacity, max_blocks)
-        self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,), params,
+        self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,), args,
                   smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
 
 
@@ -96,7 +96,8 @@ class GemmInt4(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
         self._build_gemm("gemm_int4_f32", rows, -(-n // BLOCK_ROWS), k,
-                         [out, x_tensor_map(x, rows, k), qweight, scales, prefill_state, i32(n), i32(k)],
+                         dict(out=out, x_map=x_tensor_map(x, rows, k), qweight=qweight, scales=scales,
+                              prefill_state=prefill_state, N=i32(n), K=i32(k)),
                          reads=(x, qweight, scales, prefill_state), writes=(out,), max_blocks=max_blocks)
 
 
@@ -124,8 +125,9 @@ class GemmInt4QkvRows(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
         self._build_gemm("gemm_int4_qkv", rows, -(-n // BLOCK_ROWS), k,
-                         [qkv, x_tensor_map(x, rows, k), q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state,
-                          i32(n_q), i32(n_kv), i32(k)],
+                         dict(qkv=qkv, x_map=x_tensor_map(x, rows, k), q_qweight=q_qweight, q_scales=q_scales,
+                              k_qweight=k_qweight, k_scales=k_scales, v_qweight=v_qweight, v_scales=v_scales,
+                              prefill_state=prefill_state, Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
                          writes=(qkv,), max_blocks=max_blocks)
 
@@ -147,7 +149,8 @@ class GemmInt4ResidualRows(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
         self._build_gemm("gemm_int4_residual", rows, -(-n // BLOCK_ROWS), k,
-                         [residual, x_tensor_map(x, rows, k), qweight, scales, prefill_state, i32(n), i32(k)],
+                         dict(residual=residual, x_map=x_tensor_map(x, rows, k), qweight=qweight, scales=scales,
+                              prefill_state=prefill_state, N=i32(n), K=i32(k)),
                          reads=(residual, x, qweight, scales, prefill_state), writes=(residual,), max_blocks=max_blocks)
 
 
@@ -170,6 +173,8 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
         self.bytes_moved = 2 * int4_bytes(f, k) + 2 * rows * k + 2 * rows * f
         # A block holds 64 features of gate and the same 64 of up.
         self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-f // (BLOCK_ROWS // 2)), k,
-                         [h, x_tensor_map(x, rows, k), gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, i32(f), i32(k)],
+                         dict(h=h, x_map=x_tensor_map(x, rows, k), gate_qweight=gate_qweight, gate_scales=gate_scales,
+                              up_qweight=up_qweight, up_scales=up_scales, prefill_state=prefill_state, F=i32(f),
+                              K=i32(k)),
                          reads=(x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state), writes=(h,),
                          max_blocks=max_blocks)

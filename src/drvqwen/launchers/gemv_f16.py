@@ -49,5 +49,6 @@ class LmHead(Launcher):
         self.n_partials = n_part
         self.bytes_moved = vocab_size * dim * 2 + 2 * dim + 4 * vocab_size
         self._add(KernelRef("gemv_f16", "gemv_f16_lm_head", pdl=True), (n_part,), (THREADS,),
-                  [logits, part_val, part_idx, x, weight, i32(vocab_size), i32(dim), i32(n_valid)],
+                  dict(logits=logits, part_val=part_val, part_idx=part_idx, x=x, weight=weight, V=i32(vocab_size),
+                       D=i32(dim), n_valid=i32(n_valid)),
                   reads=(x, weight), writes=(logits, part_val, part_idx), bytes_moved=self.bytes_moved)

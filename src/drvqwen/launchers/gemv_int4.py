@@ -98,7 +98,7 @@ class _GemvInt4Launcher(Launcher):
     (compile-time variants such as (("GEMV_UNROLL", 8),)) — the last three for benchmarks.
     """
 
-    def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, params: list, *, reads, writes,
+    def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes,
                     occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple) -> None:
         require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
@@ -106,7 +106,7 @@ class _GemvInt4Launcher(Launcher):
         ref = _kernel(kernel, defines)
         grid, threads, smem = gemv_launch_shape(
             n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks)
-        self._add(ref, (grid,), (threads,), params, smem_bytes=smem, reads=reads, writes=writes,
+        self._add(ref, (grid,), (threads,), args, smem_bytes=smem, reads=reads, writes=writes,
                   bytes_moved=self.bytes_moved)
 
 
@@ -125,7 +125,8 @@ class GemvInt4(_GemvInt4Launcher):
         check_buffer(x, "x", k, np.float16)
         _check_int4(qweight, scales, "W", n, k)
         self.bytes_moved = int4_bytes(n, k) + 2 * k + 2 * n
-        self._build_gemv("gemv_int4_f16", tiles(n), k, 1, [y, x, qweight, scales, i32(n), i32(k)],
+        self._build_gemv("gemv_int4_f16", tiles(n), k, 1,
+                         dict(y=y, x=x, qweight=qweight, scales=scales, N=i32(n), K=i32(k)),
                          reads=(x, qweight, scales), writes=(y,), occupancy=occupancy, warps=warps, blocks=blocks,
                          defines=defines)
 
@@ -172,9 +173,11 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
         n = nq + 2 * nkv
         self.bytes_moved = int4_bytes(n, k) + 6 * k + 2 * n + 2 * n
         self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1,
-                         [q_out, k_cache, v_cache, residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales,
-                          v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table,
-                          i32(n_heads), i32(n_kv_heads), i32(head_dim), i32(k), f32(eps)],
+                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, residual=residual, norm_w=norm_weight,
+                              q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
+                              v_qweight=v_qweight, v_scales=v_scales, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
+                              inv_freq=inv_freq, state=state, block_table=block_table, Hq=i32(n_heads),
+                              Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k), eps=f32(eps)),
                          reads=(residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                                 q_bias, k_bias, v_bias, inv_freq, state, block_table),
                          writes=(q_out, k_cache, v_cache), occupancy=occupancy, warps=warps, blocks=blocks,
@@ -196,7 +199,8 @@ class GemvInt4Residual(_GemvInt4Launcher):
         check_buffer(x, "x", k, np.float16)
         _check_int4(qweight, scales, "W", n, k)
         self.bytes_moved = int4_bytes(n, k) + 2 * k + 8 * n
-        self._build_gemv("gemv_int4_residual", tiles(n), k, 1, [residual, x, qweight, scales, i32(n), i32(k)],
+        self._build_gemv("gemv_int4_residual", tiles(n), k, 1,
+                         dict(residual=residual, x=x, qweight=qweight, scales=scales, N=i32(n), K=i32(k)),
                          reads=(residual, x, qweight, scales), writes=(residual,), occupancy=occupancy,
                          warps=warps, blocks=blocks, defines=defines)
 
@@ -220,7 +224,8 @@ class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
         _check_int4(up_qweight, up_scales, "up_proj", f, k)
         self.bytes_moved = 2 * int4_bytes(f, k) + 6 * k + 2 * f
         self._build_gemv("gemv_int4_gate_up_swiglu", tiles(f), k, 2,
-                         [h, residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales, i32(f), i32(k),
-                          f32(eps)],
+                         dict(h=h, residual=residual, norm_w=norm_weight, gate_qweight=gate_qweight,
+                              gate_scales=gate_scales, up_qweight=up_qweight, up_scales=up_scales, F=i32(f), K=i32(k),
+                              eps=f32(eps)),
                          reads=(residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
                          occupancy=occupancy, warps=warps, blocks=blocks, defines=defines)

@@ -10,16 +10,13 @@ offsets (formats with an offset) in the format's dtype; x fp16 [K].
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from ..cuda import Stream
 from ..format import weight_formats as wf
-from .base import KernelRef, Launcher, check_buffer, i32, mirrored, require
+from .base import NULL, KernelRef, Launcher, check_buffer, i32, mirrored, require
 
 WARPS = mirrored("gemv_q", "GQ_WARPS", 8)
-_NULL = ctypes.c_uint64(0)
 
 
 def gemv_q_kernel(fmt: wf.WeightFormat) -> KernelRef:
@@ -58,11 +55,12 @@ class GemvQ(Launcher):
         w_bytes = wf.parts_nbytes(fmt, n, k)
         self.bytes_moved = w_bytes + 2 * k + (2 * n if out is not None else 8 * n)
         def opt(part):
-            return parts[part] if part in parts else _NULL       # a null pointer in the kernel
+            return parts[part] if part in parts else NULL        # a null pointer in the kernel
 
-        params = [out if out is not None else _NULL, residual if residual is not None else _NULL,
-                  parts["qweight"], opt("qhigh"), parts["scales"], opt("offsets"), x, i32(n), i32(k)]
+        args = dict(out_f16=out if out is not None else NULL, residual=residual if residual is not None else NULL,
+                    qweight=parts["qweight"], qhigh=opt("qhigh"), scales=parts["scales"], offsets=opt("offsets"), x=x,
+                    N=i32(n), K=i32(k))
         written = out if out is not None else residual
-        self._add(gemv_q_kernel(fmt), (-(-n // WARPS),), (WARPS * 32,), params,
+        self._add(gemv_q_kernel(fmt), (-(-n // WARPS),), (WARPS * 32,), args,
                   reads=[x] + [parts[p] for p in ("qweight", "qhigh", "scales", "offsets") if p in parts],
                   writes=(written,), bytes_moved=self.bytes_moved)

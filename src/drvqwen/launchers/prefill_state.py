@@ -18,13 +18,14 @@ class PrefillBeginChunk(Launcher):
     def __init__(self, prefill_state, *, stream: Stream | None = None):
         super().__init__(stream)
         check_prefill_state(prefill_state)
-        self._add(KernelRef("prefill_state", "prefill_begin_chunk"), (1,), (1,), [prefill_state, i32(0), i32(0)],
+        self._add(KernelRef("prefill_state", "prefill_begin_chunk"), (1,), (1,),
+                  dict(prefill_state=prefill_state, start=i32(0), n_rows=i32(0)),
                   writes=(prefill_state,), bytes_moved=8)
 
     def set(self, start: int, n_rows: int) -> PrefillBeginChunk:
         """The chunk's first position and row count, for the next launch."""
-        self.launches[0].set_param(1, i32(start))
-        self.launches[0].set_param(2, i32(n_rows))
+        self.set_arg("start", i32(start))
+        self.set_arg("n_rows", i32(n_rows))
         return self
 
 
@@ -35,10 +36,11 @@ class DecodeResume(Launcher):
         super().__init__(stream)
         check_state(state)
         check_buffer(next_token, "next_token", 1, np.int32)
-        self._add(KernelRef("prefill_state", "decode_resume"), (1,), (1,), [state, next_token, i32(0)],
+        self._add(KernelRef("prefill_state", "decode_resume"), (1,), (1,),
+                  dict(state=state, next_token=next_token, pos=i32(0)),
                   reads=(next_token,), writes=(state,), bytes_moved=16)
 
     def set(self, pos: int) -> DecodeResume:
         """The first position to decode, for the next launch."""
-        self.launches[0].set_param(2, i32(pos))
+        self.set_arg("pos", i32(pos))
         return self

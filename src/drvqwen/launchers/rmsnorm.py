@@ -30,5 +30,6 @@ class RmsNorm(Launcher):
         check_buffer(x, "x", rows * dim, np.float32)
         check_buffer(weight, "weight", dim, np.float16)
         self.bytes_moved = rows * dim * (4 + 2) + dim * 2
-        self._add(KernelRef("rmsnorm", "rmsnorm", pdl=True), (rows,), (THREADS,), [out, x, weight, i32(dim), f32(eps)],
+        self._add(KernelRef("rmsnorm", "rmsnorm", pdl=True), (rows,), (THREADS,),
+                  dict(out=out, x=x, weight=weight, D=i32(dim), eps=f32(eps)),
                   reads=(x, weight), writes=(out,), bytes_moved=self.bytes_moved)

@@ -44,7 +44,7 @@ class SampleToken(Launcher):
         check_buffer(logits, "logits", vocab_size, np.float32)
         self.bytes_moved = 10 * 4 * vocab_size  # at most 10 passes over the logits (L2)
         self._add(KernelRef("sampling", "sample_token", pdl=True), (1,), (THREADS,),
-                  [next_token, info, params, logits, i32(vocab_size)],
+                  dict(next_token=next_token, info=info, params=params, logits=logits, V=i32(vocab_size)),
                   reads=(params, logits), writes=(next_token, info), bytes_moved=self.bytes_moved)
 
 
@@ -71,12 +71,13 @@ class PenalizedSampleToken(Launcher):
         check_buffer(params, "params", PARAMS_BYTES, np.uint8)
         check_buffer(logits, "logits", vocab_size, np.float32)
         self._add(KernelRef("sampling", "penalize_logits", pdl=True), (1,), (WINDOW,),
-                  [logits, params, history, i32(vocab_size)],
+                  dict(logits=logits, params=params, history=history, V=i32(vocab_size)),
                   reads=(params, history, logits), writes=(logits,), bytes_moved=4 * HISTORY_INTS + 8 * WINDOW)
         self._add(KernelRef("sampling", "sample_token", pdl=True), (1,), (THREADS,),
-                  [next_token, info, params, logits, i32(vocab_size)],
+                  dict(next_token=next_token, info=info, params=params, logits=logits, V=i32(vocab_size)),
                   reads=(params, logits), writes=(next_token, info), bytes_moved=10 * 4 * vocab_size)
-        self._add(KernelRef("sampling", "record_token", pdl=True), (1,), (1,), [history, next_token],
+        self._add(KernelRef("sampling", "record_token", pdl=True), (1,), (1,),
+                  dict(history=history, next_token=next_token),
                   reads=(next_token, history), writes=(history,), bytes_moved=12)
         self.bytes_moved = sum(sp.bytes_moved for sp in self.specs)
 
@@ -97,5 +98,5 @@ class PublishToken(Launcher):
         check_buffer(next_token, "next_token", 1, np.int32)
         require(ring_size >= 1, f"publish_token: ring_size={ring_size} must be >= 1")
         self._add(KernelRef("sampling", "publish_token", pdl=True), (1,), (1,),
-                  [host_ring, params, next_token, i32(ring_size)],
+                  dict(host_ring=host_ring, params=params, next_token=next_token, ring_size=i32(ring_size)),
                   reads=(next_token,), writes=("host token ring", params), bytes_moved=8)

@@ -25,4 +25,4 @@ class GpuSleep(Launcher):
     def __init__(self, ms: float, *, stream: Stream | None = None):
         super().__init__(stream)
         require(ms > 0, f"gpu_sleep: {ms} ms must be positive")
-        self._add(KernelRef("timing", "gpu_sleep"), (1,), (1,), [ctypes.c_uint64(int(ms * 1e6))])
+        self._add(KernelRef("timing", "gpu_sleep"), (1,), (1,), dict(ns=ctypes.c_uint64(int(ms * 1e6))))

@@ -18,6 +18,7 @@ from ..format import quant
 from ..format.nanoqwen import proj_prefix
 from ..kv_cache import PAGE_TOKENS, tensor_map_shape
 from ..launchers.base import TensorMapSpec
+from ..launchers.signatures import declaration
 from . import render as R
 
 PROJS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -172,15 +173,15 @@ def kv(s) -> None:
     if m.cursor:
         where = (f"this step (position {m.pos}) opened page {m.opened_page}: it is replayed from 'opens_page'"
                  if m.opened_page is not None else
-                 f"this step (position {m.pos}) writes into page {bt[m.pos // PAGE_TOKENS]}: the 'step' graph")
+                 f"this step (position {m.pos}) writes into page {bt[m.pos // PAGE_TOKENS]}: the 'decode' graph")
         s.say(where)
         nxt = m.pos + 1
     else:
         nxt = m.pos
     opens = nxt // PAGE_TOKENS >= len(bt)
     s.say(Text(f"next step: position {nxt}; position {boundary} opens the next page, so the next step replays "
-               f"'{'opens_page' if opens else 'step'}'" + (" (a new page from the free list, set in the block table "
-                                                          "by set_block_table_entry)" if opens else ""),
+               f"'{'opens_page' if opens else 'decode'}'" + (" (a new page from the free list, set in the block "
+                                                            "table by set_block_table_entry)" if opens else ""),
                style="bold"))
 
 
@@ -231,19 +232,20 @@ def graph(s) -> None:
         g = m.graph_decoder()
         nodes = dict(g.num_nodes)
         head = f"captured from the {n} launches of the step (mode: {g.mode})"
-        ran = f"steps replayed so far: step ×{g.steps_by_graph['step']}, opens_page ×{g.steps_by_graph['opens_page']}"
+        ran = (f"steps replayed so far: decode ×{g.steps_by_graph['decode']}, "
+               f"opens_page ×{g.steps_by_graph['opens_page']}")
     else:
-        nodes = {"step": n, "opens_page": n + 1}
+        nodes = {"decode": n, "opens_page": n + 1}
         head = "on the CPU, what the GPU would capture from this launch list"
         ran = ""
     t = R.table("graph", "nodes", "what it replays", title=f"decode graphs: {head}", right=("nodes",))
-    t.add_row("step", str(nodes.get("step", "—")), "the decode step (15 of 16 steps)")
+    t.add_row("decode", str(nodes.get("decode", "—")), "the decode step (15 of 16 steps)")
     t.add_row("opens_page", str(nodes.get("opens_page", "—")), "set_block_table_entry, then the step (pos % 16 == 0)")
     s.say(t)
     if ran:
         s.say(ran)
     pos = m.pos + (1 if m.cursor else 0)
-    nxt = "opens_page" if pos // PAGE_TOKENS >= len(m.block_table_host()) else "step"
+    nxt = "opens_page" if pos // PAGE_TOKENS >= len(m.block_table_host()) else "decode"
     s.say(Text(f"next: '{nxt}', for position {pos}: " + (
         "it needs a page the block table does not hold yet" if nxt == "opens_page"
         else f"page {pos // PAGE_TOKENS} is already in the block table"), style="bold"))
@@ -261,19 +263,7 @@ def _kernel_of(s, name: str):
 def signature(text: str, kernel: str) -> str | None:
     """The `__global__` declaration of `kernel` in a kernel file, up to its body (through the
     macro that defines it, for kernels instantiated by a macro)."""
-    for m in re.finditer(r"__global__", text):
-        start = text.rfind("\n", 0, m.start()) + 1
-        body = text.find("{", m.end())
-        decl = text[start:body]
-        if re.search(rf"\b{re.escape(kernel)}\s*\(", decl):
-            return decl.rstrip()
-    inst = re.search(rf"^(\w+)\(\s*{re.escape(kernel)}\b.*$", text, re.MULTILINE)
-    if inst:
-        d = re.search(rf"#define\s+{inst.group(1)}\(", text)
-        if d:
-            body = text.find("{", d.end())
-            return text[d.start():body].rstrip() + "\n...\n" + inst.group(0)
-    return None
+    return declaration(text, kernel)
 
 
 def src(s, arg: str) -> None:

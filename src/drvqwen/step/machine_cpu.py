@@ -9,7 +9,9 @@ the GPU stores it. The split-KV partials are the kernel's own scratch: the CPU d
 them (they stay NaN), and computes the attention output directly.
 
 The prompt goes through the same decode step one token at a time (feeding each prompt token as
-the step's input), so that the cache holds exactly what this step list writes.
+the step's input), so that the cache holds exactly what this step list writes. The position,
+the pages and the block table change only through a `Sequence` (sequence.py), the one the GPU's
+decode step uses, over the numpy state and block table (`HostArray`).
 """
 
 from __future__ import annotations
@@ -22,15 +24,33 @@ from ..decode import DEFAULT_ATTENTION, plan_decode
 from ..errors import DrvqwenError
 from ..format import quant
 from ..format.nanoqwen import NanoqwenFile
-from ..kv_cache import PAGE_TOKENS, PageAllocator
+from ..kv_cache import PageAllocator
 from ..launchers import FixedOccupancy
 from ..reference import rope_inv_freq
 from ..reference_steps import groups_of
+from ..sequence import Sequence
 from .machine import LaunchEntry, Machine
 
 # The occupancy a CPU plan is made with: an H200 (132 SMs), two resident blocks of every kernel.
 H200_SMS = 132
 PLANNED_BLOCKS_PER_SM = 2
+
+
+class HostArray:
+    """A numpy array behind DeviceArray's two upload calls, so that a `Sequence` can own the CPU
+    machine's state and block table as it owns the GPU's (the copies are immediate)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def upload(self, values: np.ndarray) -> None:
+        self.array[...] = np.asarray(values, self.array.dtype).reshape(self.array.shape)
+
+    def upload_at(self, start: int, values: np.ndarray, stream=None) -> None:
+        values = np.asarray(values, self.array.dtype).reshape(-1)
+        if start < 0 or start + values.size > self.array.size:
+            raise ValueError(f"elements [{start}, {start + values.size}) outside {list(self.array.shape)}")
+        self.array[start:start + values.size] = values
 
 
 class FileWeights:
@@ -93,7 +113,8 @@ class CpuMachine(Machine):
             self.buf[name] = np.full(b.shape, fill, b.dtype)
         self.buf["inv_freq"][:] = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
         self.pools = {p: np.full(b.shape, np.nan, np.float16) for p, b in self.plan.kv.items()}
-        self.pages = PageAllocator(self.plan.n_pages)
+        self.seq = Sequence(PageAllocator(self.plan.n_pages), HostArray(self.buf["state"]),
+                            HostArray(self.buf["block_table"]), self.max_context)
         super().__init__(groups_of(self.plan.steps))
 
     # ---- buffers ---------------------------------------------------------------------------
@@ -112,22 +133,19 @@ class CpuMachine(Machine):
 
     @property
     def pos(self) -> int:
-        return int(self.buf["state"][0])
+        return self.seq.pos
 
     def block_table_host(self) -> list[int]:
-        return self.pages.block_table
+        return self.seq.pages.block_table
 
     # ---- the step ----------------------------------------------------------------------------
     def _begin_step(self) -> None:
-        pos = self.pos
-        if pos >= self.max_context:
-            raise DrvqwenError(f"context full: position {pos} >= --max-context {self.max_context}")
-        page, new = self.pages.page_for(pos)
-        self.opened_page = page if new else None
-        self.buf["block_table"][pos // PAGE_TOKENS] = page
+        self.opened_page = self.seq.open_page()
+        if self.opened_page is not None:
+            self.seq.write_block_table_entry(self.opened_page)
 
     def _end_step(self) -> None:
-        pass
+        self.seq.advance()
 
     def _launch(self, e: LaunchEntry) -> float:
         t0 = time.perf_counter()
@@ -154,22 +172,22 @@ class CpuMachine(Machine):
         if len(ids) >= self.max_context:
             raise DrvqwenError(f"prompt of {len(ids)} tokens does not fit --max-context {self.max_context}")
         self.reset()
-        self.buf["state"][:] = (0, ids[0], 1)
+        self.seq.start(ids[0])
         for i in range(len(ids)):
             if i > 0:
-                self.buf["state"][1] = ids[i]
+                self.seq.feed(ids[i])
             self.finish_step()
         return self.logits().copy(), self.next_token()
 
     def gen_step(self) -> tuple[int, str | None]:
         """One whole step (no comparisons to make on the CPU); returns (token, graph it replays)."""
-        graph = "opens_page" if self.opens_page_next() else "step"
+        graph = "opens_page" if self.opens_page_next() else "decode"
         self.finish_step()
         return self.next_token(), graph
 
     def reset(self) -> None:
         """Forget the sequence: pages back to the free list, cache and activations NaN again."""
-        self.pages.release_all()
+        self.seq.reset()
         for a in self.pools.values():
             a.fill(np.nan)
         for name, a in self.buf.items():

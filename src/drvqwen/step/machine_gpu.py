@@ -1,7 +1,7 @@
 """The decode step on the GPU, launch by launch: the engine's own objects, nothing new below them.
 
-    DecodeStep (decode.py)      the weights, the KV cache, the activations and the built launch
-                                list (greedy: lm_head → argmax → advance_state); each launch is
+    DecodeStep (decode.py)      the weights, the KV cache, the activations, the sequence and the
+                                built launch list (greedy: lm_head → argmax → advance_state); each launch is
                                 run eagerly, alone, behind a `gpu_sleep` hold so that its event
                                 pair brackets the kernel and not the host's launch latency
                                 (as DecodeStep.time_kernels does)
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import launchers as K
 from ..decode import DecodeStep
 from ..format.nanoqwen import NanoqwenFile
+from ..kv_cache import PAGE_TOKENS
+from ..launchers import GpuSleep
 from ..prefill import Prefill
 from ..reference_steps import groups_of
 from .machine import LaunchEntry, Machine
@@ -57,7 +58,7 @@ class GpuMachine(Machine):
         self.graphs = None
         info = self.dec.device.info
         self.label = f"cuda ({info.name}, {info.sm_count} SMs)"
-        self._hold = K.GpuSleep(HOLD_MS, stream=self.dec.stream)
+        self._hold = GpuSleep(HOLD_MS, stream=self.dec.stream)
         self._events = (Event(), Event())
         super().__init__(groups_of(self.dec.launchers))
         self._launches = [nl.launch for nl in self.dec.launches]
@@ -80,20 +81,20 @@ class GpuMachine(Machine):
 
     @property
     def pos(self) -> int:
-        return self.dec.pos
+        return self.dec.seq.pos
 
     def block_table_host(self) -> list[int]:
-        return self.dec.pages.block_table
+        return self.dec.seq.pages.block_table
 
     # ---- the step ----------------------------------------------------------------------------
     def _begin_step(self) -> None:
-        dec = self.dec
-        new = dec.pages.opens_page(dec.pos)
-        dec.reserve(dec.pos + 1)         # the page of this position, in the device block table
-        self.opened_page = dec.pages.block_table[dec.pos // 16] if new else None
+        seq = self.dec.seq
+        new = seq.pages.opens_page(seq.pos)
+        seq.reserve(seq.pos + 1)         # the page of this position, in the device block table
+        self.opened_page = seq.pages.block_table[seq.pos // PAGE_TOKENS] if new else None
 
     def _end_step(self) -> None:
-        self.dec.pos += 1
+        self.dec.seq.advance()
 
     def _launch(self, e: LaunchEntry) -> float:
         e0, e1 = self._events
@@ -126,14 +127,14 @@ class GpuMachine(Machine):
         return self.graphs
 
     def gen_step(self) -> tuple[int, str]:
-        """One whole step replayed from its graph; returns (token, "step" or "opens_page")."""
-        label = self.graph_decoder().step()
+        """One whole step replayed from its graph; returns (token, "decode" or "opens_page")."""
+        label = self.graph_decoder().decode_token()
         return self.dec.next_token(), label
 
     def reset(self) -> None:
         """Forget the sequence (pages back to the free list; the next prompt starts at 0)."""
         self.dec.sync()
-        self.dec.reset_sequence()
+        self.dec.seq.reset()
         self.cursor = 0
         self._pending = None
         self.last_expected.clear()

@@ -217,7 +217,7 @@ class Session:
             self.say(f"finishing the step first ({self.total - self.m.cursor} launches)")
             self.cmd_token("")
         stream = self.tok.stream_decoder()
-        counts = {"step": 0, "opens_page": 0}
+        counts = {"decode": 0, "opens_page": 0}
         t0 = time.perf_counter()
         done, why = 0, f"{n} tokens"
         try:
@@ -240,7 +240,7 @@ class Session:
         how = ("replayed from the CUDA graphs" if self.m.device == "cuda"
                else "run by the CPU reference; on the GPU they replay the graphs")
         self.say(f"gen: {done} tokens in {s * 1e3:.1f} ms ({done / s:.1f} tok/s, stopped at {why}), {how}: "
-                 f"step ×{counts['step']}, opens_page ×{counts['opens_page']}", self._where())
+                 f"decode ×{counts['decode']}, opens_page ×{counts['opens_page']}", self._where())
 
     def cmd_reset(self, arg: str) -> None:
         self.m.reset()

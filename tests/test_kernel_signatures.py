@@ -1,0 +1,241 @@
+"""Every launcher passes each kernel the arguments its `.cu` declaration names, in its order (no GPU).
+
+A kernel's parameter list lives in its `extern "C"` declaration; the launchers pass arguments by
+name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
+instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
+launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
+sampler's, the page hand-over's, the benchmark GEMVs and every weight format's `gemv_q` — is
+planned over buffers that need no GPU, and each of its
+launches must name every parameter of its kernel, in order, with an argument of the parameter's
+kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
+another order, or a kernel that gains, loses or renames a parameter, fails here; and every kernel
+of kernels/*.cu must be launched by some launcher checked here (smoke.cu's aside: the cuda
+layer's own tests launch those by hand, tests/test_cuda_layer.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drvqwen import launchers
+from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.cuda import DeviceArray
+from drvqwen.cuda.sources import kernel_source, list_kernels
+from drvqwen.decode import ATTENTION_KERNELS, plan_decode
+from drvqwen.format import weight_formats as wf
+from drvqwen.kv_cache import PAGE_TOKENS
+from drvqwen.launchers import BufferSpec, FixedOccupancy
+from drvqwen.launchers import gemm_int4, sampling
+from drvqwen.launchers.signatures import KernelSignature, arg_kind, kernel_signatures
+
+# Kernels no launcher runs: the cuda layer's smoke tests launch them with positional arguments.
+HAND_LAUNCHED_FILES = {"smoke"}
+OCCUPANCY = FixedOccupancy(132, lambda _k, _t, _s: 2)
+ROWS = 64                                    # a prefill chunk's row capacity
+
+
+def _signatures() -> dict[str, tuple[str, KernelSignature]]:
+    out = {}
+    for file in list_kernels():
+        for name, sig in kernel_signatures(kernel_source(file).text.decode()).items():
+            assert name not in out, f"kernel {name} defined in both {out[name][0]}.cu and {file}.cu"
+            out[name] = (file, sig)
+    return out
+
+
+SIGNATURES = _signatures()
+
+
+def _buf(name: str, n: int, dtype) -> BufferSpec:
+    return BufferSpec(name, (n,), dtype)
+
+
+class _FakeTensorMap:
+    """What gemm_int4 encodes from x's address (128 opaque bytes), made without a driver."""
+
+    def raw_bytes(self) -> bytes:
+        return bytes(128)
+
+
+def _int4(name: str, n: int, k: int) -> tuple[BufferSpec, BufferSpec]:
+    return _buf(f"{name}.qweight", n * k // 8, np.uint32), _buf(f"{name}.scales", n * k // 128, np.float16)
+
+
+def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
+    """The prefill's launchers at `cfg`'s widths (prefill.Prefill._build's list, one layer)."""
+    R, D, F, V = ROWS, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    Hq, Hkv, Dh, nq, nkv = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
+    ps, bt = _buf("prefill_state", 2, np.int32), _buf("block_table", 8, np.int32)
+    cache = {c: BufferSpec(c, (8, Hkv, PAGE_TOKENS, Dh), np.float16) for c in ("k_cache", "v_cache")}
+    # The GEMMs encode x's tensor map at once: x is a device array by address (no memory behind it).
+    xn, attn, h = (DeviceArray(n, 1 << 20, (R, k), np.float16) for n, k in (("xn", D), ("attn", nq), ("h", F)))
+    gemm = dict(rows=R, max_blocks=132)
+    return [
+        ("embedding", launchers.EmbeddingRows(_buf("residual", R * D, np.float32), _buf("embed", V * D, np.float16),
+                                              _buf("ids", R, np.int32), n_rows=R, vocab_size=V, dim=D)),
+        ("qkv_proj", launchers.GemmInt4QkvRows(_buf("qkv", R * (nq + 2 * nkv), np.float32), xn, *_int4("q", nq, D),
+                                               *_int4("k", nkv, D), *_int4("v", nkv, D), ps, n_q=nq, n_kv=nkv, k=D,
+                                               **gemm)),
+        ("rope_kv", launchers.RopeKvRows(_buf("q", R * nq, np.float16), cache["k_cache"], cache["v_cache"],
+                                         _buf("qkv", R * (nq + 2 * nkv), np.float32), _buf("q_bias", nq, np.float16),
+                                         _buf("k_bias", nkv, np.float16), _buf("v_bias", nkv, np.float16),
+                                         _buf("inv_freq", Dh // 2, np.float32), ps, bt, rows=R, n_heads=Hq,
+                                         n_kv_heads=Hkv, head_dim=Dh)),
+        ("attention", launchers.AttentionPrefill(_buf("attn", R * nq, np.float16), _buf("q", R * nq, np.float16),
+                                                 cache["k_cache"], cache["v_cache"], bt, ps, rows=R, n_heads=Hq,
+                                                 n_kv_heads=Hkv, head_dim=Dh)),
+        ("o_proj", launchers.GemmInt4ResidualRows(_buf("residual", R * D, np.float32), attn, *_int4("o", D, nq), ps,
+                                                  n=D, k=nq, **gemm)),
+        ("gate_up_swiglu", launchers.GemmInt4GateUpSwigluRows(_buf("h", R * F, np.float16), xn, *_int4("g", F, D),
+                                                              *_int4("u", F, D), ps, f=F, k=D, **gemm)),
+        ("down_proj", launchers.GemmInt4ResidualRows(_buf("residual", R * D, np.float32), h, *_int4("d", D, F), ps,
+                                                     n=D, k=F, **gemm)),
+        ("gemm_f32", launchers.GemmInt4(_buf("out", R * D, np.float32), xn, *_int4("w", D, D), ps, n=D, k=D, **gemm)),
+        ("begin_chunk", launchers.PrefillBeginChunk(ps)),
+        ("decode_resume", launchers.DecodeResume(_buf("state", 3, np.int32), _buf("next_token", 1, np.int32))),
+    ]
+
+
+def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
+    """The sampler's, the page hand-over's, the benchmark GEMVs' and every format's gemv_q."""
+    V, D = cfg.vocab_size, cfg.hidden_size
+    tok, logits = _buf("next_token", 1, np.int32), _buf("logits", V, np.float32)
+    info, params = _buf("info", sampling.INFO_INTS, np.int32), _buf("params", sampling.PARAMS_BYTES, np.uint8)
+    out = [
+        ("sample", launchers.SampleToken(tok, info, params, logits, vocab_size=V)),
+        ("penalized", launchers.PenalizedSampleToken(tok, info, params, logits,
+                                                     _buf("history", sampling.HISTORY_INTS, np.int32), vocab_size=V)),
+        ("publish", launchers.PublishToken(_buf("host token ring", 8, np.int32), params, tok, ring_size=8)),
+        ("set_entry", launchers.SetBlockTableEntry(_buf("block_table", 8, np.int32), _buf("new_page", 1, np.int32),
+                                                   _buf("state", 3, np.int32), n_pages=8)),
+        ("argmax", launchers.Argmax(tok, logits, _buf("pv", 64, np.float32), _buf("pi", 64, np.int32),
+                                    vocab_size=V, n_partials=64)),
+        ("gemv_f16", launchers.GemvInt4(_buf("y", D, np.float16), _buf("x", D, np.float16), *_int4("w", D, D), n=D,
+                                        k=D, occupancy=OCCUPANCY)),
+        ("gpu_sleep", launchers.GpuSleep(1.0)),
+    ]
+    for fmt in wf.FORMATS.values():
+        parts = {name.split(".", 1)[1]: BufferSpec(name, shape, dt) for name, (dt, shape) in fmt.tensors("w", D, D).items()}
+        x = _buf("x", D, np.float16)
+        out.append((f"gemv_q {fmt.name} out", launchers.GemvQ(fmt, parts, x, n=D, k=D, out=_buf("y", D, np.float16))))
+        out.append((f"gemv_q {fmt.name} residual",
+                    launchers.GemvQ(fmt, parts, x, n=D, k=D, residual=_buf("r", D, np.float32))))
+    return out
+
+
+@pytest.fixture(scope="module")
+def planned(request):
+    """(where, LaunchSpec) of every launch of every launcher this module checks."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(gemm_int4, "_encode_x_map", lambda _ptr, _rows, _k: _FakeTensorMap())
+    request.addfinalizer(mp.undo)
+    entries = []
+    for cfg in (QWEN25_CODER_05B.with_layers(1), QWEN25_CODER_7B.with_layers(1)):     # head_dim 64, 128
+        for attention in ATTENTION_KERNELS:
+            plan = plan_decode(cfg, 256, attention=attention, occupancy=OCCUPANCY)
+            entries += [(f"decode {attention} {cfg.head_dim}: {n}", l) for n, l in plan.steps]
+        entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
+    entries += _other_launchers(QWEN25_CODER_05B)
+    return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
+
+
+def mismatches(spec, sig: KernelSignature) -> list[str]:
+    """How a launch's arguments differ from its kernel's declaration (empty when they agree)."""
+    want = [(p.name, p.kind) for p in sig.params]
+    got = [(name, arg_kind(value)) for name, value in spec.args.items()]
+    if [n for n, _ in got] != [n for n, _ in want]:
+        return [f"{sig.kernel}: passes ({', '.join(n for n, _ in got)}), declares ({', '.join(n for n, _ in want)})"]
+    return [f"{sig.kernel}: {name} is passed as {g}, declared {w}" for (name, g), (_, w) in zip(got, want) if g != w]
+
+
+def test_the_kernel_files_read_as_kernels():
+    """The reader finds the kernels a person sees: plain ones, macro-instantiated ones (one per
+    instantiation), every kind of parameter."""
+    assert {"rmsnorm", "attention_decode_hd64", "attention_decode_hd128", "attention_decode_tma_hd128",
+            "attention_prefill_hd64", "gemv_q_q6_g16_k", "gemv_q_int4_g128", "gpu_sleep"} <= set(SIGNATURES)
+    assert all(f"gemv_q_{fmt.name}" in SIGNATURES for fmt in wf.FORMATS.values())
+    kinds = {p.kind for _f, sig in SIGNATURES.values() for p in sig.params}
+    assert kinds == {"pointer", "int32", "uint32", "uint64", "float32", "tensor map"}
+    tma = [(p.name, p.kind) for p in SIGNATURES["attention_decode_tma_hd64"][1].params]
+    assert tma[4:6] == [("k_map", "tensor map"), ("v_map", "tensor map")] and tma[-1] == ("layer_page0", "int32")
+    scales = SIGNATURES["gemv_q_q4_g32_kmin"][1].params[4]
+    assert (scales.name, scales.ctype, scales.kind) == ("scales", "const float*", "pointer")   # S = float
+
+
+@pytest.mark.parametrize("file", list_kernels())
+def test_the_reader_finds_every_entry_point_the_compiler_builds(file):
+    """What the reader takes for a file's kernels is what NVRTC compiles into its cubin (the
+    ptxas report's entry points): no kernel missed, none made up."""
+    from drvqwen.cuda.nvrtc import compile_kernel
+
+    built = {r.function for r in compile_kernel(file).resources.values() if r.is_entry}
+    assert built and built == {k for k, (f, _sig) in SIGNATURES.items() if f == file}
+
+
+def test_launchers_pass_what_the_kernels_declare(planned):
+    bad = []
+    for where, spec in planned:
+        file, sig = SIGNATURES[spec.kernel.kernel]
+        assert spec.kernel.file == file, f"{where}: {spec.kernel.kernel} is in {file}.cu, not {spec.kernel.file}.cu"
+        bad += [f"{where}: {m}" for m in mismatches(spec, sig)]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_kernel_is_launched_by_a_checked_launcher(planned):
+    launched = {spec.kernel.kernel for _where, spec in planned}
+    unlaunched = {k for k, (file, _sig) in SIGNATURES.items() if file not in HAND_LAUNCHED_FILES} - launched
+    assert not unlaunched, f"kernels no launcher checked here runs: {sorted(unlaunched)}"
+    assert len(launched) >= 35
+
+
+def test_arguments_in_another_order_fail(planned):
+    where, spec = next((w, s) for w, s in planned if s.kernel.kernel == "rmsnorm")
+    names = list(spec.args)
+    swapped = dict(spec.args)
+    swapped = {n: swapped[n] for n in [names[1], names[0], *names[2:]]}     # x before out
+    moved = type(spec)(spec.kernel, spec.grid, spec.block, swapped)
+    assert mismatches(spec, SIGNATURES["rmsnorm"][1]) == []
+    assert mismatches(moved, SIGNATURES["rmsnorm"][1]) == ["rmsnorm: passes (x, out, weight, D, eps), "
+                                                           "declares (out, x, weight, D, eps)"]
+    # A value of the wrong kind under the right name (an int where the kernel takes a float).
+    wrong = type(spec)(spec.kernel, spec.grid, spec.block, {**spec.args, "eps": launchers.base.i32(0)})
+    assert mismatches(wrong, SIGNATURES["rmsnorm"][1]) == ["rmsnorm: eps is passed as int32, declared float32"]
+
+
+def test_a_kernel_that_gains_a_parameter_fails(planned):
+    _where, spec = next((w, s) for w, s in planned if s.kernel.kernel == "rmsnorm")
+    text = kernel_source("rmsnorm").text.decode()
+    grown = text.replace("int D, float eps)", "int D, float eps, int rows)", 1)
+    assert grown != text
+    sig = kernel_signatures(grown)["rmsnorm"]
+    assert mismatches(spec, sig) == ["rmsnorm: passes (out, x, weight, D, eps), declares (out, x, weight, D, eps, rows)"]
+
+
+def test_the_reader_expands_macros_and_refuses_what_it_cannot_read():
+    text = """
+#define ENTRY(NAME, T)                                                   \\
+    extern "C" __global__ void __launch_bounds__(256) k_##NAME(          \\
+        T* __restrict__ out,  /* [n] out */                              \\
+        const __grid_constant__ CUtensorMap map, unsigned int n) {       \\
+        body<T>(out, map, n);                                            \\
+    }
+ENTRY(f16, __half)
+ENTRY(f32, float)
+// extern "C" in a comment is no declaration
+extern "C" __global__ void plain(const int* state,   // [3]
+                                 float eps, u64 ns) { }
+"""
+    sigs = kernel_signatures(text)
+    assert sorted(sigs) == ["k_f16", "k_f32", "plain"]
+    assert [(p.name, p.ctype, p.kind) for p in sigs["k_f32"].params] == [
+        ("out", "float* __restrict__", "pointer"), ("map", "const __grid_constant__ CUtensorMap", "tensor map"),
+        ("n", "unsigned int", "uint32")]
+    assert [p.kind for p in sigs["plain"].params] == ["pointer", "float32", "uint64"]
+    assert sigs["k_f16"].declaration.endswith("...\nENTRY(f16, __half)")
+    with pytest.raises(ValueError, match="readable as kernels"):
+        kernel_signatures('extern "C" __device__ int helper(int x) { return x; }')
+    with pytest.raises(ValueError, match="no launcher argument kind"):
+        kernel_signatures('extern "C" __global__ void k(double x) { }')
+    with pytest.raises(ValueError, match="never instantiated"):
+        kernel_signatures('#define E(N) extern "C" __global__ void N(int x) { }\n')
