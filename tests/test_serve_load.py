@@ -123,22 +123,25 @@ def test_concurrent_clients_get_their_own_text_and_memory_stays(serve):
 
 
 def test_ctrl_c_while_requests_stream_is_one_line_and_130(serve):
-    """Ctrl-C with one stream running, two waiting and a whole answer waiting: the server ends
-    them at once — each client gets an error saying the server is shutting down, not a broken
-    connection — and prints one line ("interrupted"), exit status 130; the request log (on by
-    default) has one line per request."""
+    """Ctrl-C with a whole answer being generated and three streams waiting behind it: the
+    server ends them at once — each client gets an error saying the server is shutting down,
+    not a broken connection — and prints one line ("interrupted"), exit status 130; the
+    request log (on by default) has one line per request."""
     srv = serve()
     long = {"prompt": "abc", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
     got: dict[int, list] = {i: [] for i in range(4)}
+    waiting = [threading.Event() for _ in range(3)]
 
     def stream(i: int) -> None:
         try:
             with httpx.stream("POST", srv.url + "/v1/completions", json={**long, "stream": True}, timeout=60) as r:
+                waiting[i].set()                       # its response has begun: it is queued
                 for line in r.iter_lines():
                     if line:
                         got[i].append(line)
         except httpx.HTTPError as e:
             got[i].append(repr(e))
+        waiting[i].set()
 
     def whole() -> None:
         try:
@@ -147,17 +150,16 @@ def test_ctrl_c_while_requests_stream_is_one_line_and_130(serve):
         except httpx.HTTPError as e:
             got[3].append(repr(e))
 
-    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)] + [threading.Thread(target=whole)]
-    for t in threads[:3]:
-        t.start()
+    threads = [threading.Thread(target=whole)] + [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    threads[0].start()
     end = time.monotonic() + 30
-    while len(got[0]) + len(got[1]) + len(got[2]) < 5:
-        assert time.monotonic() < end, got
-        time.sleep(0.01)
-    threads[3].start()
-    while httpx.get(srv.url + "/health").json()["queue_length"] < 3:      # two streams and it wait
+    while not httpx.get(srv.url + "/health").json()["busy"]:        # the whole answer runs
         assert time.monotonic() < end
-        time.sleep(0.01)
+        time.sleep(0.005)
+    for t in threads[1:]:
+        t.start()
+    for w in waiting:
+        assert w.wait(30)
     said = srv.interrupt()
     for t in threads:
         t.join(30)
@@ -168,8 +170,7 @@ def test_ctrl_c_while_requests_stream_is_one_line_and_130(serve):
     assert len(shut) == 4 and all(l.endswith("ms: the server is shutting down") for l in shut), log
     assert sorted(l.split()[2] for l in shut) == ["200", "200", "200", "503"]
     for i in range(3):
-        assert got[i][-1].startswith("data: {\"error\""), got[i][-3:]
-        assert "shutting down" in got[i][-1]
+        assert got[i] and got[i][-1].startswith("data: {\"error\"") and "shutting down" in got[i][-1], got[i][-3:]
     status, body = got[3][-1]
     assert status == 503 and body["error"]["code"] == "shutting_down"
 
