@@ -79,6 +79,61 @@ def test_no_network():
     assert not r.passed and ("unreachable" in r.error or "OSError" in r.error), r
 
 
+def test_a_flood_on_stderr_keeps_drvqwens_memory_bounded(tmp_path):
+    """300 MB on stderr (and on stdout) are read to the end but only a tail is kept: the
+    runner's own peak RSS stays far below what it read. Measured in a fresh process by its
+    VmHWM (getrusage's ru_maxrss would carry the test runner's peak across fork and exec)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from drvqwen.sandbox import run_program\n"
+        "src = 'import sys\\nfor _ in range(75):\\n    sys.stderr.write(\"e\" * 4_000_000)\\n"
+        "    sys.stdout.write(\"o\" * 4_000_000)\\nsys.stderr.write(\"\\\\nlast line\\\\n\")\\nraise SystemExit(3)\\n'\n"
+        "r = run_program(src, timeout_s=60)\n"
+        "import json\n"
+        "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        "print(json.dumps([r.returncode, r.error, len(r.stderr), len(r.stdout), int(hwm.split()[1]) // 1024]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.path.abspath("src")})
+    assert out.returncode == 0, out.stderr
+    code, error, n_err, n_out, peak_mib = json.loads(out.stdout)
+    assert code == 3 and error == "last line"
+    assert 0 < n_err <= 64 * 1024 and 0 < n_out <= 64 * 1024
+    assert peak_mib < 150, f"the runner's peak RSS was {peak_mib} MiB"
+
+
+@pytest.mark.skipif(not isolation().get("memory_cgroup"), reason="no memory cgroup on this machine: each "
+                                                              "process is capped alone (RLIMIT_AS)")
+def test_memory_is_bounded_for_the_whole_program_children_included():
+    """Four children of 200 MiB each stay under the per-process address-space limit, but not
+    under the program's: the memory cgroup counts them together."""
+    src = ("import os, time\n"
+           "pids = []\n"
+           "for _ in range(4):\n"
+           "    pid = os.fork()\n"
+           "    if pid == 0:\n"
+           "        x = bytearray(200 << 20)\n"
+           "        for i in range(0, len(x), 4096):\n"
+           "            x[i] = 1\n"
+           "        time.sleep(3)\n"
+           "        os._exit(0)\n"
+           "    pids.append(pid)\n"
+           "for pid in pids:\n"
+           "    _, status = os.waitpid(pid, 0)\n"
+           "    assert status == 0, f'child status {status}'\n")
+    assert run_program(src, timeout_s=20, memory_bytes=1024 << 20).passed       # 800 MiB fit in 1 GiB
+    r = run_program(src, timeout_s=20, memory_bytes=512 << 20)
+    assert not r.passed and ("memory" in r.error or "status 9" in r.error), r
+    time.sleep(0.2)
+    assert _live_sandbox_processes() == []
+
+
+def test_isolation_says_what_the_machine_gives():
+    iso = isolation()
+    assert set(iso) == {"namespaces", "pids_cgroup", "memory_cgroup"} and all(isinstance(v, bool) for v in iso.values())
+
+
 # ---- HumanEval protocol -------------------------------------------------------------------------
 
 PROBLEMS = [
@@ -141,6 +196,28 @@ def test_programs_run_in_parallel_and_fail_by_name():
     assert [r.passed for r in res] == [True, False, False]
     assert res[1].error.startswith("AssertionError") and "timed out" in res[2].error
     assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("exit_early", [
+    'if __name__ == "__main__":\n    import unittest\n    unittest.main()\n',
+    "import sys\nsys.exit(0)\n",
+    "import os\nos._exit(0)\n",
+    "exit()\n",
+    "raise SystemExit\n",
+    "import atexit, os\natexit.register(os._exit, 0)\nraise KeyboardInterrupt\n",
+])
+def test_a_program_that_exits_before_its_check_does_not_pass(exit_early):
+    """A chat answer with its own `unittest.main()` (or any exit) ends the program with status 0
+    before `check(entry_point)` runs: only a check that ran and returned counts."""
+    p = he.Problem(**PROBLEMS[0])
+    answer = f"```python\ndef add(a, b):\n    return a - b\n\n{exit_early}```"
+    res = he.run_programs([p], [answer], "chat", timeout_s=10, workers=1)
+    assert not res[0].passed and res[0].error, res[0]
+    good = "```python\ndef add(a, b):\n    return a + b\n```"
+    assert he.run_programs([p], [good], "chat", timeout_s=10, workers=1)[0].passed
+    # A check that fails is still a failure, with its message.
+    res = he.run_programs([p], ["```python\ndef add(a, b):\n    return a - b\n```"], "chat", timeout_s=10)
+    assert not res[0].passed and res[0].error.startswith("AssertionError")
 
 
 # ---- the commands on a tiny model ---------------------------------------------------------------

@@ -85,7 +85,8 @@ BAD = [  # (route, body, status, param, words in the message)
 
 @pytest.mark.parametrize("route,body,status,param,words", BAD, ids=[f"{i}-{b[3]}" for i, b in enumerate(BAD)])
 def test_bad_requests_are_4xx_naming_the_field(served, route, body, status, param, words):
-    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    json_bytes = {"content": body, "headers": {"Content-Type": "application/json"}}
+    kw = json_bytes if isinstance(body, bytes) else {"json": body}
     r = httpx.post(served.url + route, **kw, timeout=30)
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -100,6 +101,13 @@ def test_routes_and_methods(served):
     assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
     r = httpx.get(served.url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    # Requests are counted by route, not by path: made-up paths and ids add no series.
+    for i in range(3):
+        httpx.get(served.url + f"/v1/models/made-up-{i}")
+        httpx.get(served.url + f"/made/up/{i}")
+    text = httpx.get(served.url + "/metrics").text
+    assert "made-up" not in text and "/made/up" not in text
+    assert 'drvqwen_requests_total{route="/v1/models/{model_id:path}",status="404"} 3.0' in text
 
 
 def test_the_server_still_answers_after_bad_requests(served):
@@ -183,3 +191,117 @@ def test_full_queue_is_503_with_retry_after(served):
         waiting.join()
         wait_idle(worker)
     assert _pages(served)[0] == _pages(served)[1]
+
+
+# ---- what a web page may not do: a loopback server answers only its user's own clients ---------------
+
+BODY = b'{"prompt": "x", "max_tokens": 2, "temperature": 0}'
+
+
+def test_only_json_bodies_are_read(served):
+    """A body that is not declared JSON is 415 before it is read: a web page can POST
+    text/plain, form or multipart bodies cross-origin without a CORS preflight."""
+    gen0 = served.worker.metrics.generated_tokens._value.get()
+    for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                  "multipart/form-data; boundary=x", "application/jsonx", "text/json", None):
+        headers = {} if ctype is None else {"Content-Type": ctype}
+        for route in (COMP, CHAT, "/infill"):
+            r = httpx.post(served.url + route, content=BODY, headers=headers)
+            assert r.status_code == 415, (ctype, route, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "unsupported_media_type" and "application/json" in err["message"]
+    assert served.worker.metrics.generated_tokens._value.get() == gen0
+    for ctype in ("application/json", "application/json; charset=utf-8", "Application/JSON;charset=UTF-8"):
+        r = httpx.post(served.url + COMP, content=BODY, headers={"Content-Type": ctype})
+        assert r.status_code == 200, (ctype, r.text)
+
+
+def test_a_foreign_host_is_403(served):
+    """DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 reaches the
+    server with its own name in Host. Only loopback names (and the bound address) are served."""
+    port = served.url.rsplit(":", 1)[1]
+    gen0 = served.worker.metrics.generated_tokens._value.get()
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "localhost.evil.example",
+                 "0.0.0.0", f"0.0.0.0:{port}", "[::]", "127.0.0.2", ""):
+        for method, route in (("POST", COMP), ("POST", "/infill"), ("GET", "/health"), ("GET", "/v1/models"),
+                              ("GET", "/metrics"), ("GET", "/nothing")):
+            r = httpx.request(method, served.url + route, content=BODY if method == "POST" else None,
+                              headers={"Host": host, "Content-Type": "text/plain"})
+            assert r.status_code == 403, (host, route, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "forbidden_host" and err["type"] == "permission_error"
+            assert "--allowed-hosts" in err["message"]
+    assert served.worker.metrics.generated_tokens._value.get() == gen0
+    for host in ("localhost", f"localhost:{port}", "LocalHost.", "127.0.0.1", f"127.0.0.1:{port}", "[::1]",
+                 f"[::1]:{port}"):
+        r = httpx.post(served.url + COMP, content=BODY, headers={"Host": host, "Content-Type": "application/json"})
+        assert r.status_code == 200, (host, r.text)
+
+
+def test_allowed_hosts_and_a_key_on_a_non_loopback_bind(model):
+    from drvqwen.server.main import BackgroundServer
+    from drvqwen.server.settings import ServerSettings
+
+    headers = {"Content-Type": "application/json"}
+    with BackgroundServer(model, settings=ServerSettings(port=0, allowed_hosts=("box.lan", "10.1.2.3")),
+                          warmup=False) as srv:
+        for host, status in (("box.lan", 200), ("BOX.LAN:8000", 200), ("10.1.2.3", 200), ("evil.example", 403),
+                             ("localhost", 200)):
+            r = httpx.post(srv.url + COMP, content=BODY, headers={**headers, "Host": host})
+            assert r.status_code == status, (host, r.text)
+    # On every interface with a key: the key guards it, whatever name a client uses.
+    with BackgroundServer(model, settings=ServerSettings(host="0.0.0.0", port=0, api_key="k"), warmup=False) as srv:
+        url = srv.url.replace("0.0.0.0", "127.0.0.1")
+        r = httpx.post(url + COMP, content=BODY, headers={**headers, "Host": "gpu-box.lan"})
+        assert r.status_code == 401
+        r = httpx.post(url + COMP, content=BODY, headers={**headers, "Host": "gpu-box.lan",
+                                                          "Authorization": "Bearer k"})
+        assert r.status_code == 200
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_a_non_loopback_bind_needs_allowed_hosts_or_a_key(model, host):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.path.abspath("src"), "DRVQWEN_API_KEY": ""}
+    r = subprocess.run([sys.executable, "-m", "drvqwen", "serve", "--model", str(model.path), "--device", "cpu",
+                        "--no-verify", "--host", host, "--port", "0"], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--allowed-hosts" in lines[0] and "--api-key" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_one_log_line_per_request(model):
+    """Every request is one line: method, path, status, tokens (prompt+completion), ms; and an
+    error's message, so that a client's 400s are seen."""
+    import re
+
+    from drvqwen.server.main import BackgroundServer
+    from drvqwen.server.settings import ServerSettings
+
+    lines: list[str] = []
+    with BackgroundServer(model, settings=ServerSettings(port=0), warmup=False, log=lines.append) as srv:
+        ok = httpx.post(srv.url + COMP, json={"prompt": "abc", "max_tokens": 3, "temperature": 0,
+                                               "ignore_eos": True}).json()
+        httpx.post(srv.url + COMP, json={"prompt": "x", "temperature": 9})
+        httpx.get(srv.url + "/v1/nothing")
+        with httpx.stream("POST", srv.url + CHAT, json={"messages": MSG, "max_tokens": 2, "stream": True,
+                                                        "temperature": 0, "ignore_eos": True}) as r:
+            list(r.iter_lines())
+        httpx.post(srv.url + "/infill", content=BODY, headers={"Content-Type": "text/plain"})
+        httpx.get(srv.url + "/health", headers={"Host": "evil.example"})
+        wait_idle(srv.worker)
+    n_prompt = ok["usage"]["prompt_tokens"]
+    want = [rf"POST /v1/completions 200 {n_prompt}\+3 tokens \d+(\.\d+)? ms",
+            r"POST /v1/completions 400 \d+(\.\d+)? ms: temperature: 9 is outside \[0, 2\]",
+            r"GET /v1/nothing 404 \d+(\.\d+)? ms: no route /v1/nothing",
+            r"POST /v1/chat/completions 200 \d+\+2 tokens \d+(\.\d+)? ms",
+            r"POST /infill 415 \d+(\.\d+)? ms: .*application/json.*",
+            r"GET /health 403 \d+(\.\d+)? ms: .*evil\.example.*"]
+    assert len(lines) == len(want), lines
+    for line, pattern in zip(lines, want):
+        assert re.fullmatch(pattern, line), (line, pattern)

@@ -1,6 +1,7 @@
 """`drvqwen serve` as a process under load: 32 clients × 2 requests at once, each answer equal to
 the one it gets alone, the queue served in arrival order, and the server's RSS after the load
-within 5% of its RSS after warm-up; Ctrl-C stops it with one line."""
+within 5% of its RSS after warm-up; Ctrl-C stops it with one line, also while requests stream;
+one log line per request unless --quiet."""
 
 from __future__ import annotations
 
@@ -32,30 +33,59 @@ def _rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.fixture
-def server_process(tmp_path):
-    model = write_tiny(tmp_path / "tiny.nanoqwen")
-    # One BLAS thread: the 32 client threads of this process share the CPU with the server, and
-    # spinning BLAS workers would only fight them for it.
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "drvqwen", "serve", "--model", str(model), "--device", "cpu",
-                             "--port", "0", "--no-verify", "--queue-size", str(2 * CLIENTS)],
-                            stderr=subprocess.PIPE, text=True, env=env)
-    lines = []
-    try:
-        for line in proc.stderr:
-            lines.append(line)
+class ServerProcess:
+    """`drvqwen serve` on the tiny model in a process of its own; its stderr lines are collected
+    by a thread (so that the request log never fills the pipe)."""
+
+    def __init__(self, model, *args: str):
+        # One BLAS thread: the 32 client threads of this process share the CPU with the server,
+        # and spinning BLAS workers would only fight them for it.
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([os.path.abspath("src"), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, "-m", "drvqwen", "serve", "--model", str(model), "--device",
+                                      "cpu", "--port", "0", "--no-verify", *args],
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: list[str] = []
+        self.url = None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
             m = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", line)
             if m:
+                self.url = m.group(1)
                 break
         else:
-            pytest.fail("the server did not start: " + "".join(lines))
-        yield proc, m.group(1)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            pytest.fail("the server did not start: " + "\n".join(self.lines))
+        self._reader = threading.Thread(target=lambda: self.lines.extend(l.rstrip("\n") for l in self.proc.stderr),
+                                        daemon=True)
+        self._reader.start()
+
+    def interrupt(self, timeout_s: float = 30) -> list[str]:
+        """Ctrl-C; the stderr lines written after the start line."""
+        start = len(self.lines)
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout_s)
+        return self.lines[start:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """serve(*args) starts a server process with these extra flags."""
+    model = write_tiny(tmp_path / "tiny.nanoqwen")
+    started: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        started.append(ServerProcess(model, *args))
+        return started[-1]
+
+    yield start
+    for p in started:
+        p.close()
 
 
 def _ask(client, c: int, k: int) -> str:
@@ -64,8 +94,9 @@ def _ask(client, c: int, k: int) -> str:
     return r.choices[0].text
 
 
-def test_concurrent_clients_get_their_own_text_and_memory_stays(server_process):
-    proc, url = server_process
+def test_concurrent_clients_get_their_own_text_and_memory_stays(serve):
+    srv = serve("--queue-size", str(2 * CLIENTS), "--quiet")
+    proc, url = srv.proc, srv.url
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     alone = {(c, k): _ask(client, c, k) for c in range(CLIENTS) for k in range(PER_CLIENT)}
     assert len(set(alone.values())) > CLIENTS        # the requests differ: a mix-up would show
@@ -87,10 +118,69 @@ def test_concurrent_clients_get_their_own_text_and_memory_stays(server_process):
     h = httpx.get(url + "/health").json()
     assert h["queue_length"] == 0 and h["kv_pages_free"] == h["kv_pages_total"]
 
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode in (0, 130), err
-    assert "Traceback" not in err
+    said = srv.interrupt()
+    assert proc.returncode == 130 and said == ["interrupted"], said
+
+
+def test_ctrl_c_while_requests_stream_is_one_line_and_130(serve):
+    """Ctrl-C with a whole answer being generated and three streams waiting behind it: the
+    server ends them at once — each client gets an error saying the server is shutting down,
+    not a broken connection — and prints one line ("interrupted"), exit status 130; the
+    request log (on by default) has one line per request."""
+    srv = serve()
+    long = {"prompt": "abc", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+    got: dict[int, list] = {i: [] for i in range(4)}
+    waiting = [threading.Event() for _ in range(3)]
+
+    def stream(i: int) -> None:
+        try:
+            with httpx.stream("POST", srv.url + "/v1/completions", json={**long, "stream": True}, timeout=60) as r:
+                waiting[i].set()                       # its response has begun: it is queued
+                for line in r.iter_lines():
+                    if line:
+                        got[i].append(line)
+        except httpx.HTTPError as e:
+            got[i].append(repr(e))
+        waiting[i].set()
+
+    def whole() -> None:
+        try:
+            r = httpx.post(srv.url + "/v1/completions", json=long, timeout=60)
+            got[3].append((r.status_code, r.json()))
+        except httpx.HTTPError as e:
+            got[3].append(repr(e))
+
+    threads = [threading.Thread(target=whole)] + [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    threads[0].start()
+    end = time.monotonic() + 30
+    while not httpx.get(srv.url + "/health").json()["busy"]:        # the whole answer runs
+        assert time.monotonic() < end
+        time.sleep(0.005)
+    for t in threads[1:]:
+        t.start()
+    for w in waiting:
+        assert w.wait(30)
+    said = srv.interrupt()
+    for t in threads:
+        t.join(30)
+    assert srv.proc.returncode == 130
+    log = [l for l in said if re.match(r"(POST /v1/completions|GET /health) ", l)]
+    assert [l for l in said if l not in log] == ["interrupted"], said
+    shut = [l for l in log if l.startswith("POST")]
+    assert len(shut) == 4 and all(l.endswith("ms: the server is shutting down") for l in shut), log
+    assert sorted(l.split()[2] for l in shut) == ["200", "200", "200", "503"]
+    for i in range(3):
+        assert got[i] and got[i][-1].startswith("data: {\"error\"") and "shutting down" in got[i][-1], got[i][-3:]
+    status, body = got[3][-1]
+    assert status == 503 and body["error"]["code"] == "shutting_down"
+
+
+def test_quiet_logs_no_requests(serve):
+    srv = serve("--quiet")
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 200
+    assert httpx.post(srv.url + "/v1/completions", json={"prompt": 1}).status_code == 400
+    assert srv.interrupt() == ["interrupted"]
 
 
 def test_queue_is_served_in_arrival_order(tmp_path):

@@ -76,8 +76,9 @@ def cmd_humaneval(args) -> int:
     f = _open_model(args.model)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     iso = isolation()
-    err.print(f"sandbox: namespaces {'yes' if iso['namespaces'] else 'no'}, pids cgroup "
-              f"{'yes' if iso['pids_cgroup'] else 'no'}, rlimits and a {args.timeout:g} s limit")
+    yes = {k: "yes" if v else "no" for k, v in iso.items()}
+    err.print(f"sandbox: namespaces {yes['namespaces']}, memory cgroup {yes['memory_cgroup']}, pids cgroup "
+              f"{yes['pids_cgroup']}, rlimits and a {args.timeout:g} s limit")
     backend = _backend(f, args.device, min(f.config.max_position, 4096))
     greedy = SamplingParams()
 

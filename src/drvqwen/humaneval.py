@@ -14,9 +14,10 @@ Protocols:
   the first fenced code block of the answer is the solution (prefixed by the prompt when it
   does not define the entry point itself).
 
-Each program runs in sandbox.run_program (its own process, 10 s, rlimits, namespaces and a
-pids cgroup where possible), in parallel across the CPU cores. Results: pass@1 and, with
---json, one record per problem (task_id, completion, passed, error).
+Each program runs in sandbox.run_program (its own process, 10 s, rlimits, namespaces and
+memory and pids cgroups where possible), in parallel across the CPU cores; it passes only when
+its check ran and returned (`run_programs`). Results: pass@1 and, with --json, one record per
+problem (task_id, completion, passed, error).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import gzip
 import json
 import os
 import re
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,15 +103,20 @@ def extract_code(answer: str) -> str:
     return m.group(1) if m else answer
 
 
-def build_program(p: Problem, completion: str, protocol: str) -> str:
-    """The program one problem runs: solution, the problem's tests, `check(entry_point)`."""
+def build_program(p: Problem, completion: str, protocol: str, returned_marker: str | None = None) -> str:
+    """The program one problem runs: solution, the problem's tests, `check(entry_point)` — and,
+    with `returned_marker`, a last line that writes the marker to stdout (fd 1, whatever became
+    of sys.stdout), reached only when check() has returned."""
     if protocol == "raw":
         solution = p.prompt + completion
     else:
         code = extract_code(completion)
         defines = re.search(rf"^\s*def\s+{re.escape(p.entry_point)}\s*\(", code, re.M)
         solution = code if defines else p.prompt + code
-    return f"{solution}\n\n{p.test}\n\ncheck({p.entry_point})\n"
+    program = f"{solution}\n\n{p.test}\n\ncheck({p.entry_point})\n"
+    if returned_marker is not None:
+        program += f"__import__('os').write(1, b'\\n{returned_marker}\\n')\n"
+    return program
 
 
 def complete(tok, generate_ids: Callable[[list[int], int, Callable[[int], bool]], None], p: Problem,
@@ -144,16 +151,26 @@ def complete(tok, generate_ids: Callable[[list[int], int, Callable[[int], bool]]
 
 def run_programs(problems: Iterable[Problem], completions: list[str], protocol: str, timeout_s: float = 10.0,
                  workers: int | None = None, progress: Callable[[], None] | None = None) -> list[ProblemResult]:
-    """Run every problem's program in the sandbox, in parallel; results in problem order."""
+    """Run every problem's program in the sandbox, in parallel; results in problem order.
+
+    A problem passes only when its check ran and returned: the program exits 0 and has written
+    a marker that only the line after `check(entry_point)` writes (a fresh random one per
+    program). A solution that ends the program first — its own `unittest.main()`, `sys.exit(0)`,
+    `os._exit(0)` — exits 0 without it, and fails.
+    """
     from .sandbox import run_program
 
     problems = list(problems)
 
     def one(i: int) -> ProblemResult:
-        r = run_program(build_program(problems[i], completions[i], protocol), timeout_s=timeout_s)
+        marker = f"drvqwen-check-returned-{secrets.token_hex(16)}"
+        r = run_program(build_program(problems[i], completions[i], protocol, marker), timeout_s=timeout_s)
+        passed, error = r.passed and marker in r.stdout, r.error
+        if r.passed and not passed:
+            error = f"the program ended (exit status 0) before check({problems[i].entry_point}) returned"
         if progress:
             progress()
-        return ProblemResult(problems[i].task_id, completions[i], r.passed, r.error)
+        return ProblemResult(problems[i].task_id, completions[i], passed, error)
 
     with ThreadPoolExecutor(max_workers=workers or max(1, os.cpu_count() or 1)) as ex:
         return list(ex.map(one, range(len(problems))))

@@ -1,8 +1,9 @@
 """The OpenAI-style error every refused request gets.
 
 Shape (OpenAI API reference, "Error codes"): `{"error": {"message", "type", "param", "code"}}`,
-with the HTTP status saying what kind of failure it is (400 bad field, 401 key, 404 route,
-413 body too large, 503 queue full).
+with the HTTP status saying what kind of failure it is (400 bad field, 401 key, 403 a Host
+not served, 404 route or model, 413 body too large, 415 a body not declared JSON, 503 queue
+full or shutting down).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class APIError(Exception):
     def type(self) -> str:
         if self.status == 401:
             return "authentication_error"
+        if self.status == 403:
+            return "permission_error"
         if self.status >= 500:
             return "server_error"
         return "invalid_request_error"

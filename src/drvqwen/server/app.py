@@ -3,14 +3,17 @@
     POST /v1/chat/completions   messages → ChatML (plain text)           OpenAI chat.completion
     POST /v1/completions        prompt: raw model input (special tokens  OpenAI text_completion
                                 parsed); with suffix: fill-in-the-middle
-    POST /infill                input_prefix/input_suffix/input_extra    llama.cpp's /infill
+    POST /infill                input_prefix/prompt/input_suffix/        llama.cpp's /infill
+                                input_extra
     GET  /v1/models             the one model
+    GET  /v1/models/{id}        the model, if that is its id
     GET  /health                model, device, queue length, KV pages (no key needed)
     GET  /metrics               Prometheus text
 
 The handlers only parse, validate and wait: the model runs on the worker thread (worker.py).
 A client that goes away — mid-stream or while waiting for a whole answer — cancels its job,
 so its generation stops within one decode step and its KV pages go back to the free list.
+Around the routes, middleware.py's Gate checks the Host and logs each request.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from starlette.routing import Route
 from .. import __version__
 from .api_errors import APIError
 from .metrics import CONTENT_TYPE
+from .middleware import Gate, note_error, note_tokens
 from .responses import Shaper, sse
-from .settings import ServerSettings
+from .settings import ServerSettings, served_hosts
 from .validate import RequestParser
 from .worker import EngineWorker, Job
 
@@ -95,10 +99,18 @@ async def read_json(request: Request, limit: int) -> dict:
     """The request body as a JSON object.
 
     Raises:
+        APIError 415: the body is not declared `application/json` (parameters such as
+            charset allowed): a web page can send text/plain, form and multipart bodies to any
+            address without a CORS preflight, so only JSON is read (middleware.py).
         APIError 413: the body is larger than `limit` bytes (checked while reading).
         APIError 400: not UTF-8 JSON, NaN/Infinity, nested deeper than MAX_JSON_DEPTH, or
             not an object.
     """
+    ctype = request.headers.get("content-type")
+    if (ctype or "").split(";", 1)[0].strip().lower() != "application/json":
+        got = f"got {ctype!r}" if ctype is not None else "none was given"
+        raise APIError(415, f"the body must be JSON, sent with Content-Type: application/json ({got})",
+                       code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes "
@@ -144,14 +156,16 @@ def _check_text(obj, path: str) -> None:
             _check_text(v, f"{path}[{i}]")
 
 
-def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSettings, device: str) -> Starlette:
-    """The ASGI app serving `worker`'s model.
+def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSettings, device: str,
+               log=None) -> Gate:
+    """The ASGI app serving `worker`'s model: the routes inside the Gate (Host check, log).
 
     Args:
         worker: the started engine worker (its model loaded).
         parser: validates request bodies for this model.
-        settings: API key, body limit, model name.
+        settings: API key, body limit, model name, the address and the Host names to serve.
         device: "cuda" or "cpu", for /health and system_fingerprint.
+        log: called with one line per request; None: no log.
     """
     metrics = worker.metrics
     fingerprint = f"drvqwen-{__version__}-{device}"
@@ -166,8 +180,13 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
             raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
                            code="invalid_api_key")
 
-    def answered(request: Request, response: Response) -> Response:
-        metrics.requests.labels(request.url.path, str(response.status_code)).inc()
+    def answered(request: Request, response: Response, error: APIError | None = None) -> Response:
+        # Labelled by the route's template, not the path: a client's made-up paths and model
+        # ids must not grow the metrics without bound.
+        route = request.scope.get("route")
+        metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        if error is not None:
+            note_error(request, error.message)
         return response
 
     async def generation(request: Request, kind: str) -> Response:
@@ -187,29 +206,40 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
             job = Job(req, emit)
             worker.submit(job)
         except APIError as e:
-            return answered(request, e.response())
-        shaper = Shaper(kind, model_name, fingerprint)
+            return answered(request, e.response(), e)
+        shaper = Shaper(req, model_name, fingerprint)
         if req.stream:
-            return answered(request, SSEResponse(_stream(shaper, req, events), job.cancel))
+            return answered(request, SSEResponse(_stream(request, shaper, events), job.cancel))
         return answered(request, await _collect(request, shaper, job, events))
 
-    async def _stream(shaper: Shaper, req, events: asyncio.Queue):
+    def _ended(request: Request, outcome) -> None:
+        note_tokens(request, outcome.prompt_tokens, outcome.completion_tokens)
+        if outcome.finish_reason == "cancelled":
+            note_error(request, "cancelled: the client went away")
+
+    async def _stream(request: Request, shaper: Shaper, events: asyncio.Queue):
         if shaper.kind == "chat":
             yield sse(shaper.chunk("", first=True))
         while True:
             what, value = await events.get()
             if what == "text":
                 yield sse(shaper.chunk(value))
-            elif what == "error":
+                continue
+            if what == "error":             # the stream did not complete: no [DONE]
+                note_error(request, value.message)
                 yield sse(value.body())
-                break
-            else:
-                yield sse(shaper.chunk(None, value.finish_reason))
-                if req.include_usage:
-                    yield sse(shaper.usage_chunk(value))
-                break
-        if shaper.kind != "infill":
+                return
+            _ended(request, value)
+            if value.finish_reason == "cancelled":      # its client is gone
+                return
+            if shaper.kind == "infill":     # llama.cpp's last event: the whole object, no content
+                yield sse(shaper.full("", value))
+                return
+            yield sse(shaper.chunk(None, value.finish_reason))
+            if shaper.request.include_usage:
+                yield sse(shaper.usage_chunk(value))
             yield sse("[DONE]")
+            return
 
     async def _collect(request: Request, shaper: Shaper, job: Job, events: asyncio.Queue) -> Response:
         parts: list[str] = []
@@ -226,8 +256,10 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
                 if what == "text":
                     parts.append(value)
                 elif what == "error":
+                    note_error(request, value.message)
                     result = value.response()
                 else:
+                    _ended(request, value)
                     result = JSONResponse(shaper.full("".join(parts), value))
             tg.cancel_scope.cancel()
         return result
@@ -241,14 +273,28 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
     async def infill(request: Request) -> Response:
         return await generation(request, "infill")
 
+    model_object = {"id": model_name, "object": "model", "created": 0, "owned_by": "drvqwen",
+                    "max_context": parser.max_context}
+
     async def models(request: Request) -> Response:
         try:
             authorize(request)
         except APIError as e:
-            return answered(request, e.response())
-        return answered(request, JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": 0, "owned_by": "drvqwen",
-             "max_context": parser.max_context}]}))
+            return answered(request, e.response(), e)
+        return answered(request, JSONResponse({"object": "list", "data": [model_object]}))
+
+    async def model(request: Request) -> Response:
+        """GET /v1/models/{id} (the openai client's models.retrieve): 404 for another id, as
+        the OpenAI API answers for a model it does not have."""
+        try:
+            authorize(request)
+            wanted = request.path_params["model_id"]
+            if wanted != model_name:
+                raise APIError(404, f"model {wanted!r} does not exist: this server has {model_name!r}",
+                               param="model", code="model_not_found")
+        except APIError as e:
+            return answered(request, e.response(), e)
+        return answered(request, JSONResponse(model_object))
 
     async def health(request: Request) -> Response:
         free, total = worker.kv_pages()
@@ -261,21 +307,26 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
         try:
             authorize(request)
         except APIError as e:
-            return answered(request, e.response())
+            return answered(request, e.response(), e)
         return Response(metrics.text(), media_type=CONTENT_TYPE)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
-        return answered(request, APIError(exc.status_code, what.get(exc.status_code, str(exc.detail)),
-                                          code="not_found" if exc.status_code == 404 else None).response())
+        e = APIError(exc.status_code, what.get(exc.status_code, str(exc.detail)),
+                     code="not_found" if exc.status_code == 404 else None)
+        return answered(request, e.response(), e)
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+        e = APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+        note_error(request, e.message)
+        return e.response()
 
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/infill", infill, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
+              Route("/v1/models/{model_id:path}", model, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
               Route("/metrics", prometheus, methods=["GET"])]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    return Gate(app, served_hosts(settings.host, settings.allowed_hosts, settings.api_key), log)

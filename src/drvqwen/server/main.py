@@ -1,5 +1,9 @@
 """`drvqwen serve`: load the model on the worker thread, bind, run uvicorn until Ctrl-C.
 
+Ctrl-C (or SIGTERM) ends what is in flight at once: the worker cancels the running job and
+every waiting one, each answered with a 503 "shutting down" (a stream gets it as its last
+event), so uvicorn's graceful wait finds the responses finished; then "interrupted", 130.
+
 Also `BackgroundServer`, the same server on a thread of the calling process (the tests and
 tools/bench_serve.py), with the engine worker and the app reachable for inspection.
 """
@@ -14,7 +18,8 @@ from pathlib import Path
 
 from ..errors import DrvqwenError
 from ..format.nanoqwen import NanoqwenFile
-from .settings import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings
+from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings,
+                       check_bind, is_loopback)
 
 # Seconds uvicorn waits for open streams at shutdown before closing them.
 GRACEFUL_SHUTDOWN_S = 3
@@ -65,18 +70,38 @@ def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, 
     return load
 
 
+def _uvicorn_server(config, on_shutdown):
+    """A uvicorn.Server that calls on_shutdown() as its shutdown begins, before it waits for
+    open connections."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            on_shutdown()
+            await super().shutdown(sockets)
+
+    return Server(config)
+
+
+def stderr_line(line: str) -> None:
+    """The request log's sink: one line on stderr, as it is (never through rich markup)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 class BackgroundServer:
     """The server on a thread of this process: `url`, `worker`, `app`; `close()` stops it.
 
     Args:
         f: the model file; device: "cpu" or "cuda"; max_context: 0 = the model's.
-        settings: host/port (port 0 picks a free one), key, limits.
+        settings: host/port (port 0 picks a free one), key, limits, Host names.
         random_seed: the seed of requests without one (tests fix it).
+        log: called with one line per request (`stderr_line` for `drvqwen serve`); None: none.
     """
 
     def __init__(self, f: NanoqwenFile, device: str = "cpu", max_context: int = 0,
                  settings: ServerSettings = ServerSettings(port=0), *, eager: bool = False,
-                 warmup: bool = True, random_seed=None, progress=None):
+                 warmup: bool = True, random_seed=None, progress=None, log=None):
         import uvicorn
 
         from ..generate import resolve_max_context
@@ -91,14 +116,20 @@ class BackgroundServer:
         tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
         kw = {} if random_seed is None else {"random_seed": random_seed}
         self.parser = RequestParser(tok, ctx, f.text_vocab, **kw)
-        self.app = create_app(self.worker, self.parser, settings, device)
+        self.app = create_app(self.worker, self.parser, settings, device, log)
         self.sock = bind(settings.host, settings.port)
         host, port = self.sock.getsockname()[:2]
         self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                                    lifespan="off",
-                                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        # uvicorn's own access log stays off: the Gate logs each request (with tokens and
+        # errors), and `--quiet` silences it.
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        self.server = _uvicorn_server(config, self._begin_shutdown)
         self._thread: threading.Thread | None = None
+
+    def _begin_shutdown(self) -> None:
+        self.app.shutting_down = True
+        self.worker.shutdown()
 
     def run(self) -> None:
         """Serve on this thread until uvicorn is told to stop (Ctrl-C, SIGTERM, `close`)."""
@@ -148,7 +179,10 @@ def register(sub) -> None:
     s.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
     s.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0 = "
-                        f"every interface, then set --api-key)")
+                        f"every interface, which needs --allowed-hosts or --api-key)")
+    s.add_argument("--allowed-hosts", metavar="NAMES", default="",
+                   help="comma-separated Host names served besides localhost, 127.0.0.1, [::1] and --host "
+                        "(the names clients on other machines use; * = any); other Hosts get 403")
     s.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT}; 0 = any free one)")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every route but /health "
                                      "(default: none; also read from $DRVQWEN_API_KEY)")
@@ -164,6 +198,8 @@ def register(sub) -> None:
     s.add_argument("--model-name", help="the model id reported by /v1/models (default: the model file's name)")
     s.add_argument("--no-verify", action="store_true", help="skip the one-time CRC32 check of the model file")
     s.add_argument("--eager", action="store_true", help="GPU: launch decode kernels one by one, no CUDA graphs")
+    s.add_argument("--quiet", action="store_true",
+                   help="no log line per request (method, path, status, tokens, ms, error) on stderr")
     s.set_defaults(fn=cmd_serve)
 
 
@@ -189,6 +225,8 @@ def cmd_serve(args) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("DRVQWEN_API_KEY") or None
     if api_key is not None and not api_key.strip():
         raise DrvqwenError("--api-key: must not be empty")
+    allowed_hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+    check_bind(args.host, allowed_hosts, api_key)
     device, why = cli._choose_device(args.device)
     f = resolve_model(args.model, on_convert=cli._convert_with_progress,
                       verify=None if args.no_verify else cli._verify_with_progress,
@@ -200,16 +238,17 @@ def cmd_serve(args) -> int:
         cli.err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
     settings = ServerSettings(host=args.host, port=args.port, api_key=api_key, queue_size=args.queue_size,
                               max_body_bytes=args.max_body_bytes,
-                              model_name=args.model_name or Path(f.path).stem)
+                              model_name=args.model_name or Path(f.path).stem, allowed_hosts=allowed_hosts)
     what = "uploading weights" if device == "cuda" else "dequantizing weights"
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=cli.err, transient=True) as p:
         task = p.add_task(what, total=None)
         srv = BackgroundServer(f, device, ctx, settings, eager=args.eager,
-                               progress=lambda done, n: p.update(task, completed=done, total=n))
+                               progress=lambda done, n: p.update(task, completed=done, total=n),
+                               log=None if args.quiet else stderr_line)
     cli.err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens) on {srv.url}/v1 "
                   f"— Ctrl-C stops", soft_wrap=True)
-    if settings.api_key is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
+    if settings.api_key is None and not is_loopback(settings.host):
         cli.err.print(f"[yellow]warning: listening on {settings.host} without --api-key: anyone who can "
                       f"reach this port can use the model", soft_wrap=True)
     sys.stderr.flush()

@@ -3,7 +3,17 @@ stream chunks, llama.cpp's /infill object, and server-sent events.
 
 Streams (OpenAI API reference, "Streaming"): one `data: {chunk}\\n\\n` event per piece of text,
 a last chunk with `finish_reason`, a chunk with `usage` and no choices when the request set
-`stream_options.include_usage`, then `data: [DONE]\\n\\n`.
+`stream_options.include_usage`, then `data: [DONE]\\n\\n`. An /infill stream (llama.cpp's) is
+`{content, stop: false}` events and a last event that is the whole answer's object with empty
+content; it has no [DONE].
+
+The /infill object carries llama.cpp's fields: `content`, `stop`, `stop_type` ("eos", "word",
+"limit"), `stopping_word`, `tokens_evaluated` (prompt tokens), `tokens_predicted`,
+`tokens_cached` (the positions the sequence filled: prompt + answer, llama.cpp's n_past),
+`truncated` (the prompt was trimmed or the answer reached the end of the context) and
+`timings` — plus `truncated_input` (what trimming cut), `finish_reason` and `usage`.
+`response_fields` picks fields by path ("timings/prompt_n" names a nested one, and is the key
+it is answered under), as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ import json
 import secrets
 import time
 
+from .validate import GenerationRequest
 from .worker import Outcome
 
 _PREFIX = {"chat": "chatcmpl-", "completion": "cmpl-", "infill": "infill-"}
@@ -32,18 +43,53 @@ def usage(o: Outcome) -> dict:
             "total_tokens": o.prompt_tokens + o.completion_tokens}
 
 
+def timings(o: Outcome) -> dict:
+    """llama.cpp's `timings`: cache_n (prompt tokens reused from the KV cache), prompt_n
+    (prompt tokens run) in prompt_ms (submitted → first token), predicted_n (tokens generated)
+    in predicted_ms (first token → last; the per-token figures are over its n - 1 intervals,
+    as `drvqwen run`'s decode rate). 0 where nothing was measured."""
+    prompt_n, prompt_ms = o.prompt_tokens - o.reused_tokens, o.prompt_s * 1e3
+    n, ms = o.completion_tokens, o.predicted_s * 1e3
+    steps = n - 1 if n > 1 and ms > 0 else 0
+    return {"cache_n": o.reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n and prompt_ms > 0 else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": n, "predicted_ms": ms,
+            "predicted_per_token_ms": ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / ms if steps else 0.0}
+
+
+def pick_fields(obj: dict, paths: tuple[str, ...] | None) -> dict:
+    """llama.cpp's `response_fields`: {path: value} for each path ("a/b" = obj["a"]["b"]) that
+    exists; the whole object when no paths are given."""
+    if not paths:
+        return obj
+    out = {}
+    for path in paths:
+        v, found = obj, True
+        for key in path.split("/"):
+            if isinstance(v, dict) and key in v:
+                v = v[key]
+            else:
+                found = False
+                break
+        if found:
+            out[path] = v
+    return out
+
+
 class Shaper:
     """Builds the objects of one response (one id and creation time for all its chunks).
 
     Args:
-        kind: "chat", "completion" or "infill".
+        request: the validated request (its kind: "chat", "completion" or "infill").
         model: the model id to report.
         fingerprint: system_fingerprint (drvqwen's version and device).
     """
 
-    def __init__(self, kind: str, model: str, fingerprint: str):
-        self.kind, self.model, self.fingerprint = kind, model, fingerprint
-        self.id, self.created = new_id(kind), int(time.time())
+    def __init__(self, request: GenerationRequest, model: str, fingerprint: str):
+        self.request, self.kind, self.model, self.fingerprint = request, request.kind, model, fingerprint
+        self.id, self.created = new_id(self.kind), int(time.time())
 
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -52,9 +98,14 @@ class Shaper:
     def full(self, text: str, o: Outcome) -> dict:
         """The whole answer of a request without `stream`."""
         if self.kind == "infill":
-            return {"content": text, "model": self.model, "stop": True, "finish_reason": o.finish_reason,
-                    "tokens_evaluated": o.prompt_tokens, "tokens_predicted": o.completion_tokens,
-                    "usage": usage(o)}
+            cut = self.request.prompt_cut or {}
+            obj = {"index": 0, "content": text, "id_slot": 0, "stop": True, "model": self.model,
+                   "stop_type": o.stop_type, "stopping_word": o.stopping_word, "finish_reason": o.finish_reason,
+                   "tokens_evaluated": o.prompt_tokens, "tokens_predicted": o.completion_tokens,
+                   "tokens_cached": o.prompt_tokens + o.completion_tokens,
+                   "truncated": any(cut.values()) or o.context_full, "truncated_input": cut,
+                   "timings": timings(o), "usage": usage(o)}
+            return pick_fields(obj, self.request.response_fields)
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": None, "finish_reason": o.finish_reason}
@@ -64,9 +115,8 @@ class Shaper:
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
         """A stream chunk carrying `text` (or, with finish_reason, the closing chunk)."""
-        if self.kind == "infill":
-            return {"content": text or "", "stop": finish_reason is not None,
-                    **({"finish_reason": finish_reason} if finish_reason else {})}
+        if self.kind == "infill":          # the last event is `full("", outcome)`
+            return {"index": 0, "content": text or "", "stop": False}
         if self.kind == "chat":
             delta = {} if text is None else {"content": text}
             if first:

@@ -1,14 +1,17 @@
 """Request bodies → `GenerationRequest`: every field checked, every bad one a 400 naming it.
 
 Fields follow the OpenAI API reference (chat completions, legacy completions) and llama.cpp's
-server for /infill (`input_prefix`, `input_suffix`, `input_extra`, `n_predict`). Extensions:
-`top_k` (0 = off) and `ignore_eos` (do not stop at end-of-generation tokens, `run
---ignore-eos`). Unknown fields are ignored, as most OpenAI-compatible servers do, so that
-clients sending vendor extras keep working; fields that would change the answer in a way
-drvqwen does not implement (n > 1, logprobs, echo, tools, penalties …) are refused.
+server for /infill (`input_prefix`, `prompt`, `input_suffix`, `input_extra`, `n_predict`,
+`n_indent`, `t_max_predict_ms`, `response_fields`). Extensions: `top_k` (0 = off) and
+`ignore_eos` (do not stop at end-of-generation tokens, `run --ignore-eos`). Unknown fields are
+ignored, as most OpenAI-compatible servers do, so that clients sending vendor extras keep
+working; fields that would change the answer in a way drvqwen does not implement (n > 1,
+logprobs, echo, tools, penalties …) are refused.
 
 Defaults are the OpenAI API's: temperature 1, top_p 1, no stop strings, max_tokens 16 for
-/v1/completions and the rest of the context for chat and /infill. No `seed`: a fresh random
+/v1/completions and the rest of the context for chat and /infill. The OpenAI routes refuse a
+prompt or a max_tokens that does not fit the context (as the OpenAI API does); /infill trims its
+prompt and stops at the end of the context instead, as llama.cpp's server does for editors. No `seed`: a fresh random
 one (as the OpenAI API samples differently each time); with a `seed` the text is reproducible
 and equal to `drvqwen run --seed` with the same options.
 """
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from ..sampler import SamplingParams
 from ..tokenizer import Tokenizer
 from .api_errors import bad_field
-from .prompts import chat_ids, infill_ids
+from .prompts import chat_ids, fit_infill_ids, infill_ids
 from .settings import MAX_STOP_CHARS, MAX_STOPS
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -40,9 +43,10 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16   # the OpenAI API's default for /v1/completi
 class GenerationRequest:
     """One validated generation: what the worker runs and how the answer is shaped.
 
-    prompt_ids: the prompt, every id a text-vocabulary id; max_tokens ≥ 1 with
-    len(prompt_ids) + max_tokens ≤ the context; stops: the stop strings (text is cut before
-    the first); include_usage: a last stream chunk with `usage`.
+    prompt_ids: the prompt, every id a text-vocabulary id; max_tokens ≥ 1 (0 only for an
+    /infill `n_predict: 0`: nothing is generated) with len(prompt_ids) + max_tokens ≤ the
+    context; stops: the stop strings (text is cut before the first); include_usage: a last
+    stream chunk with `usage`.
     """
 
     kind: str                     # "chat", "completion" or "infill"
@@ -53,6 +57,15 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
+    # llama.cpp's controls (answer_text.py, worker.py): end at a line indented less than
+    # n_indent; after t_max_predict_ms of generation, end at the next newline (≤ 0: off).
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+    # /infill: max_tokens was lowered to the room the context leaves (reaching it truncates);
+    # what trimming the prompt cut (prompts.fit_infill_ids); the fields to answer with.
+    context_capped: bool = False
+    prompt_cut: dict | None = None
+    response_fields: tuple[str, ...] | None = None
 
 
 def _is_int(v) -> bool:
@@ -96,6 +109,22 @@ def _string(v, name: str) -> str:
     return v
 
 
+def _text(obj: dict, name: str, where: str | None = None) -> str:
+    """Field `name` of `obj` as a string, "" when absent or null (llama.cpp's reading)."""
+    v = obj.get(name)
+    return "" if v is None else _string(v, where or name)
+
+
+def _field_paths(body: dict) -> tuple[str, ...] | None:
+    v = body.get("response_fields")
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise bad_field("response_fields", "must be a list of field names ('timings/prompt_n' for a "
+                                           "nested one)", "invalid_type")
+    return tuple(_string(f, f"response_fields[{i}]") for i, f in enumerate(v))
+
+
 class RequestParser:
     """Turns the JSON body of each route into a `GenerationRequest` for one model.
 
@@ -136,7 +165,9 @@ class RequestParser:
         pairs = [self._message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
         max_tokens = body.get("max_completion_tokens")
         name = "max_completion_tokens" if max_tokens is not None else "max_tokens"
-        return self._common(body, "chat", chat_ids(self.tok, pairs), "messages", name, None)
+        req = self._common(body, "chat", chat_ids(self.tok, pairs), "messages")
+        req.max_tokens = self._max_tokens(body, len(req.prompt_ids), name, None)
+        return req
 
     def completion(self, body: dict) -> GenerationRequest:
         """POST /v1/completions: `prompt` is raw model input (special tokens parsed, like
@@ -158,13 +189,23 @@ class RequestParser:
             raise bad_field("prompt", "is required", "missing")
         else:
             raise bad_field("prompt", "must be a string or a list of token ids", "invalid_type")
-        return self._common(body, "completion", ids, "prompt", "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
+        req = self._common(body, "completion", ids, "prompt")
+        req.max_tokens = self._max_tokens(body, len(ids), "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS)
+        return req
 
     def infill(self, body: dict) -> GenerationRequest:
-        """POST /infill (llama.cpp's fields): input_prefix, input_suffix, optional input_extra
-        [{filename, text}] and repo_name/filename; max_tokens or n_predict."""
-        prefix = _string(body.get("input_prefix", ""), "input_prefix")
-        suffix = _string(body.get("input_suffix", ""), "input_suffix")
+        """POST /infill, read as llama.cpp's server reads it: input_prefix, `prompt` (the text
+        left of the cursor on its line: it continues the prefix, before <|fim_suffix|>),
+        input_suffix, optional input_extra [{filename, text}] and repo_name/filename;
+        n_predict (or max_tokens; -1 or absent: the rest of the context, 0: nothing generated),
+        n_indent, t_max_predict_ms, response_fields.
+
+        A prompt that leaves the answer less than min(n_predict, context / 2) tokens is trimmed
+        to leave that much (`fit_infill_ids`); an answer that reaches the end of the context
+        stops there (`context_capped`).
+        """
+        prefix = _text(body, "input_prefix") + _text(body, "prompt")
+        suffix = _text(body, "input_suffix")
         extra_in = body.get("input_extra") or []
         if not isinstance(extra_in, list):
             raise bad_field("input_extra", "must be a list of {filename, text} objects", "invalid_type")
@@ -173,15 +214,23 @@ class RequestParser:
             where = f"input_extra[{i}]"
             if not isinstance(ch, dict):
                 raise bad_field(where, "must be an object {filename, text}", "invalid_type")
-            extra.append((_string(ch.get("filename", ""), where + ".filename"),
-                          _string(ch.get("text", ""), where + ".text")))
-        ids = infill_ids(self.tok, prefix, suffix, extra,
-                         _string(body.get("repo_name", ""), "repo_name"),
-                         _string(body.get("filename", ""), "filename"))
+            extra.append((_text(ch, "filename", where + ".filename"), _text(ch, "text", where + ".text")))
         name = "n_predict" if body.get("n_predict") is not None else "max_tokens"
-        if name == "n_predict" and body["n_predict"] == -1:    # llama.cpp: -1 = until the end
-            body = {**body, "n_predict": None}
-        return self._common(body, "infill", ids, "input_prefix", name, None)
+        n_predict = _integer(body, name, None, -1)
+        if n_predict == -1:                         # llama.cpp: -1 = until the end
+            n_predict = None
+        fields = _field_paths(body)
+        # The room kept for the answer: what it asks for, but never more than half the context
+        # (the prompt keeps the other half); at least one token.
+        reserve = 1 if n_predict is None else max(1, min(n_predict, self.max_context // 2))
+        ids, cut = fit_infill_ids(self.tok, prefix, suffix, extra, _text(body, "repo_name"),
+                                  _text(body, "filename"), limit=self.max_context - reserve)
+        req = self._common(body, "infill", ids, "input_prefix")
+        room = self.max_context - len(ids)
+        req.max_tokens = room if n_predict is None else min(n_predict, room)
+        req.context_capped = n_predict is None or n_predict > room
+        req.prompt_cut, req.response_fields = cut, fields
+        return req
 
     # ---- shared fields ----------------------------------------------------------------------
     def _message(self, m, where: str) -> tuple[str, str]:
@@ -200,8 +249,9 @@ class RequestParser:
             content = "".join(texts)
         return CHAT_ROLES[role], _string(content, where + ".content")
 
-    def _common(self, body: dict, kind: str, ids: list[int], prompt_field: str,
-                max_field: str, default_max: int | None) -> GenerationRequest:
+    def _common(self, body: dict, kind: str, ids: list[int], prompt_field: str) -> GenerationRequest:
+        """The fields every route shares, and the prompt's checks; max_tokens is left at 0
+        for the route to set."""
         for name, allowed in UNSUPPORTED.items():
             if name in body and body[name] not in allowed:
                 raise bad_field(name, f"{body[name]!r} is not supported by drvqwen", "unsupported")
@@ -237,19 +287,25 @@ class RequestParser:
         bad = next((t for t in ids if not 0 <= t < self.text_vocab), None)
         if bad is not None:
             raise bad_field(prompt_field, f"token id {bad} is outside the text vocabulary [0, {self.text_vocab})")
-        room = self.max_context - n
-        if room < 1:
+        if self.max_context - n < 1:
             raise bad_field(prompt_field, f"the prompt is {n} tokens; the context is {self.max_context} "
                                           f"tokens and must leave room for one more",
                             "context_length_exceeded")
+        return GenerationRequest(kind, ids, 0, params, stops, stream, include_usage, ignore_eos,
+                                 n_indent=_integer(body, "n_indent", 0, 0),
+                                 t_max_predict_ms=max(0, _integer(body, "t_max_predict_ms", 0, -(2**31))))
+
+    def _max_tokens(self, body: dict, n_prompt: int, max_field: str, default_max: int | None) -> int:
+        """The OpenAI routes' max_tokens: at least 1, refused past the context."""
+        room = self.max_context - n_prompt
         max_tokens = _integer(body, max_field, None, 1)
         if max_tokens is None:
-            max_tokens = room if default_max is None else min(default_max, room)
-        elif max_tokens > room:
-            raise bad_field(max_field, f"{max_tokens} new tokens after a prompt of {n} exceed the context "
+            return room if default_max is None else min(default_max, room)
+        if max_tokens > room:
+            raise bad_field(max_field, f"{max_tokens} new tokens after a prompt of {n_prompt} exceed the context "
                                        f"of {self.max_context} tokens (at most {room})",
                             "context_length_exceeded")
-        return GenerationRequest(kind, ids, max_tokens, params, stops, stream, include_usage, ignore_eos)
+        return max_tokens
 
     @staticmethod
     def _stops(stop) -> tuple[str, ...]:

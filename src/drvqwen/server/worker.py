@@ -7,14 +7,18 @@ full (the server answers 503 with Retry-After) and the worker takes jobs in arri
 
 A job reports back through its `emit` callback (thread-safe, into the event loop):
 
-    ("text", str)        text that is final (stop strings already cut; see stop_strings.py)
-    ("done", Outcome)    finish reason and token counts
-    ("error", APIError)  the generation failed (the server stays up)
+    ("text", str)        text that is final (stop strings and n_indent already applied;
+                         see answer_text.py)
+    ("done", Outcome)    finish reason, token counts, timings
+    ("error", APIError)  the generation failed (the server stays up), or the server is
+                         shutting down (503)
 
-Cancellation (the client went away): `Job.cancel()` sets a flag that the token callback reads
+Cancellation: `Job.cancel()` (the client went away) sets a flag that the token callback reads
 before every step, so the generation stops within one decode step: `generate` closes the token
 stream (the GPU engine syncs its stream), and `backend.reset()` gives every KV page back to the
-free list, as after every job, whatever way it ended.
+free list, as after every job, whatever way it ended. `EngineWorker.shutdown()` (Ctrl-C) cancels
+the running job and every waiting one the same way, each answered with a 503 error, so that the
+HTTP side can finish every response at once.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from dataclasses import dataclass, field
 from ..errors import DrvqwenError
 from ..generate import generate
 from ..sampler import SamplingParams
-from ..stop_strings import StopStrings
-from ..tokenizer import StreamDecoder, Tokenizer
+from ..tokenizer import Tokenizer
+from .answer_text import AnswerText
 from .api_errors import APIError
 from .metrics import ServerMetrics
 from .settings import RETRY_AFTER_S
@@ -41,11 +45,21 @@ from .validate import GenerationRequest
 @dataclass
 class Outcome:
     """How a job ended: finish_reason "stop" (end-of-generation token or stop string), "length"
-    (max_tokens or the context) or "cancelled"; token counts for `usage`."""
+    (max_tokens, the context, n_indent or t_max_predict_ms) or "cancelled"; token counts for
+    `usage`; llama.cpp's stop_type ("eos", "word", "limit") and stopping_word; reused_tokens
+    (prompt positions taken from the KV cache); prompt_s (submitted → first token) and
+    predicted_s (first token → last); context_full: generation stopped at the end of the
+    context (`GenerationRequest.context_capped` and all of it used)."""
 
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    stop_type: str = "limit"
+    stopping_word: str = ""
+    reused_tokens: int = 0
+    prompt_s: float = 0.0
+    predicted_s: float = 0.0
+    context_full: bool = False
 
 
 @dataclass
@@ -58,9 +72,11 @@ class Job:
     seq: int = 0                    # arrival number (set by submit)
     started_seq: int | None = None  # order in which the worker took it (FIFO: equals seq)
     _cancelled: threading.Event = field(default_factory=threading.Event)
+    shutdown: bool = False          # cancelled because the server is stopping (answered 503)
 
-    def cancel(self) -> None:
+    def cancel(self, shutdown: bool = False) -> None:
         """Stop this job: skipped if still queued, stopped within a step if running."""
+        self.shutdown = self.shutdown or shutdown
         self._cancelled.set()
 
     @property
@@ -68,12 +84,19 @@ class Job:
         return self._cancelled.is_set()
 
 
+SHUTTING_DOWN = "the server is shutting down"
+
+
+def shutting_down_error() -> APIError:
+    return APIError(503, SHUTTING_DOWN, code="shutting_down")
+
+
 class _Cancelled(Exception):
     pass
 
 
-class _StopString(Exception):
-    pass
+class _Ended(Exception):
+    """The answer's text ended it (a stop string, a line under n_indent) or its time ran out."""
 
 
 @dataclass
@@ -118,6 +141,8 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._main, name="drvqwen-engine", daemon=True)
         self.model: LoadedModel | None = None
         self.busy = False
+        self._running: Job | None = None
+        self._stopping = False
         self.metrics = ServerMetrics(self.queue_length, lambda: self.kv_pages()[0])
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -134,15 +159,21 @@ class EngineWorker:
             raise self._load_error
         return self.model
 
+    def shutdown(self) -> None:
+        """The server is stopping: refuse new jobs, cancel the running one and every waiting
+        one; each is answered with a 503 error as the worker reaches it (within a step)."""
+        with self._submit_lock:     # no job between the queue and `_running` is missed
+            self._stopping = True
+            with self._queue.mutex:
+                jobs = [j for j in self._queue.queue if j is not None]
+            if self._running is not None:
+                jobs.append(self._running)
+        for job in jobs:
+            job.cancel(shutdown=True)
+
     def stop(self) -> None:
-        """Cancel what waits, finish the running job's step, close the backend, join."""
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            job.cancel()
-            job.emit(("done", Outcome("cancelled", len(job.request.prompt_ids), 0)))
+        """`shutdown`, finish the running job's step, close the backend, join."""
+        self.shutdown()
         self._queue.put(None)
         self._thread.join()
 
@@ -160,6 +191,8 @@ class EngineWorker:
             APIError 503 (Retry-After): the queue is full.
         """
         with self._submit_lock:     # arrival numbers in queue order
+            if self._stopping:
+                raise shutting_down_error()
             try:
                 job.seq = next(self._arrivals)
                 self._queue.put_nowait(job)
@@ -181,16 +214,20 @@ class EngineWorker:
         self._ready.set()
         try:
             while (job := self._queue.get()) is not None:
-                if job.cancelled:   # its client left while it waited
-                    self.metrics.cancelled.inc()
-                    job.emit(("done", Outcome("cancelled", len(job.request.prompt_ids), 0)))
-                    continue
-                job.started_seq = next(self._starts)
-                self.busy = True
+                with self._submit_lock:
+                    if self._stopping:
+                        job.cancel(shutdown=True)
+                    self._running = job
                 try:
+                    if job.cancelled:   # its client left while it waited, or the server is stopping
+                        self.metrics.cancelled.inc()
+                        self._cancelled(job)
+                        continue
+                    job.started_seq = next(self._starts)
+                    self.busy = True
                     self._run(job)
                 finally:
-                    self.busy = False
+                    self.busy, self._running = False, None
         finally:
             close = getattr(self.model.backend, "close", None)
             if close is not None:
@@ -205,46 +242,57 @@ class EngineWorker:
             generate(m.backend, ids, 2, params, ignore_stop=True)
             m.backend.reset()
 
+    @staticmethod
+    def _cancelled(job: Job, completion_tokens: int = 0) -> None:
+        if job.shutdown:
+            job.emit(("error", shutting_down_error()))
+        else:
+            job.emit(("done", Outcome("cancelled", len(job.request.prompt_ids), completion_tokens)))
+
     def _run(self, job: Job) -> None:
         m, req, met = self.model, job.request, self.metrics
         t_start = time.perf_counter()
         met.queue_wait.observe(t_start - job.enqueued_at)
         met.prompt_tokens.inc(len(req.prompt_ids))
-        stream = StreamDecoder(m.tokenizer)
-        stops = StopStrings(req.stops)
-        state = {"n": 0, "last": None}
+        if req.max_tokens == 0:     # /infill's n_predict 0: nothing to generate
+            job.emit(("done", Outcome("length", len(req.prompt_ids), 0)))
+            return
+        text = AnswerText(m.tokenizer, req.stops, req.n_indent)
+        t_max_s = req.t_max_predict_ms / 1e3
+        state = {"n": 0, "first": None, "last": None, "time_up": False}
 
         def on_token(tok: int) -> None:
             now = time.perf_counter()
             if state["last"] is None:
                 met.ttft.observe(now - job.enqueued_at)
+                state["first"] = now
             else:
                 met.itl.observe(now - state["last"])
             state["last"] = now
             state["n"] += 1
-            text, hit = stops.push(stream.push(tok))
-            if text:
-                job.emit(("text", text))
-            if hit:
-                raise _StopString
+            piece, ended = text.push(tok)
+            if piece:
+                job.emit(("text", piece))
+            # llama.cpp's t_max_predict_ms: past the time, the answer ends at a newline.
+            if ended:
+                raise _Ended
+            if t_max_s > 0 and text.newline and now - state["first"] > t_max_s:
+                state["time_up"] = True
+                raise _Ended
             if job.cancelled:       # checked before the next step is asked for
                 raise _Cancelled
 
-        finish = None
+        stop_type = finish = None
         try:
             res = generate(m.backend, req.prompt_ids, req.max_tokens, req.params, m.eog_ids, on_token,
                            ignore_stop=req.ignore_eos)
-            text, hit = stops.push(stream.flush())
-            if not hit:
-                text += stops.flush()
-            if text:
-                job.emit(("text", text))
-            finish = "stop" if res.stopped_by == "stop token" or stops.stopped else "length"
-        except _StopString:
-            finish = "stop"
+            eos = res.stopped_by == "stop token"
+            stop_type = "eos" if eos else "limit"
+        except _Ended:
+            stop_type = "limit"
         except _Cancelled:
-            finish = "cancelled"
             met.cancelled.inc()
+            self._cancelled(job, state["n"])
         except DrvqwenError as e:
             job.emit(("error", APIError(400, str(e), code="generation_refused")))
         except Exception as e:      # a bug must not take the server down with it
@@ -254,5 +302,19 @@ class EngineWorker:
         finally:
             m.backend.reset()       # every KV page back to the free list
             met.generated_tokens.inc(state["n"])
-        if finish is not None:
-            job.emit(("done", Outcome(finish, len(req.prompt_ids), state["n"])))
+        if stop_type is None:
+            return
+        tail = text.finish()
+        if tail:
+            job.emit(("text", tail))
+        if text.ended_by == "stop string":
+            stop_type = "word"
+        first, last = state["first"], state["last"]
+        n = state["n"]
+        job.emit(("done", Outcome(
+            "stop" if stop_type in ("eos", "word") else "length", len(req.prompt_ids), n, stop_type,
+            text.stopping_word, reused_tokens=0,
+            prompt_s=(first if first is not None else time.perf_counter()) - t_start,
+            predicted_s=(last - first) if first is not None else 0.0,
+            context_full=(req.context_capped and stop_type == "limit" and text.ended_by is None
+                          and not state["time_up"] and n == req.max_tokens))))
