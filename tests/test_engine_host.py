@@ -73,7 +73,7 @@ def _byte_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from drvqwen.tokenizer import _bytes_to_unicode
+    from drvqwen.tokenizer_gguf import _bytes_to_unicode
 
     b2u = _bytes_to_unicode()
     assert set(b2u.values()) == set(pre_tokenizers.ByteLevel.alphabet())

@@ -83,7 +83,7 @@ def cpu_memory_needed(cfg: QwenConfig, cache_tokens: int) -> dict[str, int]:
     PREFILL_CHUNK rows, one block of attention scores a few times over, the logits).
     """
     from .kv_cache import PAGE_TOKENS
-    from .format.nanoqwen import expected_tensors
+    from .format.tensor_set import expected_tensors
     from .reference import ATTENTION_BLOCK_BYTES, PREFILL_CHUNK
 
     elems = 0
