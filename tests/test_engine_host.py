@@ -26,7 +26,9 @@ class StreamingBackend:
         self.closed = False
         self.calls = []
 
-    def token_stream(self, prompt_ids, max_new_tokens, params):
+    last_reused = 0
+
+    def token_stream(self, prompt_ids, max_new_tokens, params, reuse=False):
         self.calls.append((list(prompt_ids), max_new_tokens, params))
         try:
             for i in range(max_new_tokens):

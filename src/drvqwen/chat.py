@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from .errors import DrvqwenError
-from .generate import GenerationResult, generate
+from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, StreamDecoder, Tokenizer
 
@@ -75,7 +75,7 @@ class ChatSession:
     """
 
     tok: Tokenizer
-    backend: object
+    backend: Backend
     stop_ids: frozenset[int]
     params: SamplingParams = SamplingParams()
     max_new_tokens: int = 512
@@ -187,7 +187,7 @@ class ChatSession:
             t1 = t_first[0] if t_first else time.perf_counter()
             res = GenerationResult(prompt_tokens=len(ids), tokens=list(got), stopped_by="interrupted",
                                    ttft_s=t1 - t0 if got else 0.0, decode_s=time.perf_counter() - t1,
-                                   reused_tokens=int(getattr(self.backend, "last_reused", 0)) if got else 0)
+                                   reused_tokens=self.backend.last_reused if got else 0)
         tail = stream.flush()
         if tail:
             pieces.append(tail)
