@@ -230,17 +230,18 @@ def read_message(interactive: bool, stdin: TextIO, prompt: str = ">>> ") -> str 
         return "\n".join(lines)
 
 
-def chat_loop(session: ChatSession, *, say: Callable[[str], None], out: TextIO = sys.stdout,
+def chat_loop(session: ChatSession, *, say: Callable[[str, str | None], None], out: TextIO = sys.stdout,
               stdin: TextIO = sys.stdin, interactive: bool | None = None,
               on_turn: Callable[[TurnResult], None] | None = None) -> int:
     """Talk on a terminal (or read messages from a non-terminal stdin, one per line) until
-    end of input or /quit. Answers go to `out`; notices and per-turn stats to `say`.
+    end of input or /quit. Answers go to `out`; notices and per-turn stats to say(text, style)
+    (a rich style name or None), which shows `text` as it is: it quotes what the user typed.
     Returns the number of turns answered."""
     if interactive is None:
         interactive = stdin.isatty() and out.isatty()
     if interactive:
         _setup_readline()
-        say(f"[dim]{HELP}")
+        say(HELP, "dim")
     answered = [0]
     while True:
         try:
@@ -270,39 +271,39 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
             return False
         if cmd == "/reset":
             session.reset()
-            say("[dim]conversation reset (the system prompt stays)")
+            say("conversation reset (the system prompt stays)", "dim")
         elif cmd == "/system":
             session.set_system(arg)
-            say(f"[dim]system prompt set ({len(arg)} characters); the next turn prefills again")
+            say(f"system prompt set ({len(arg)} characters); the next turn prefills again", "dim")
         elif cmd == "/save":
             if not arg.strip():
-                say("[red]/save FILE: give a file name")
+                say("/save FILE: give a file name", "red")
             else:
                 try:
                     session.save(arg.strip())
-                    say(f"[dim]saved {len(session.messages())} messages to {arg.strip()}")
+                    say(f"saved {len(session.messages())} messages to {arg.strip()}", "dim")
                 except (DrvqwenError, OSError) as e:
-                    say(f"[red]{e}")
+                    say(str(e), "red")
         elif cmd == "/help":
-            say(f"[dim]{HELP}")
+            say(HELP, "dim")
         else:
-            say(f"[red]unknown command {cmd}[/] ({HELP})")
+            say(f"unknown command {cmd} ({HELP})", "red")
         return True
     try:
         turn = session.ask(msg, on_text=lambda s: (out.write(s), out.flush()))
     except DrvqwenError as e:
-        say(f"[red]{e}")
+        say(str(e), "red")
         return True
     out.write("\n")
     out.flush()
     answered[0] += 1
     if turn.dropped_turns:
-        say(f"[yellow]context full: dropped the oldest {turn.dropped_turns} turn(s) (the system "
-            f"prompt stays) and prefilled the conversation again")
+        say(f"context full: dropped the oldest {turn.dropped_turns} turn(s) (the system prompt stays) "
+            f"and prefilled the conversation again", "yellow")
     if turn.interrupted:
-        say("[yellow]answer stopped (Ctrl-C); it stays in the conversation" if turn.result.tokens else
-            "[yellow]answer stopped (Ctrl-C) before its first token; the message is not kept")
-    say(f"[dim]{turn.result.summary()}")
+        say("answer stopped (Ctrl-C); it stays in the conversation" if turn.result.tokens else
+            "answer stopped (Ctrl-C) before its first token; the message is not kept", "yellow")
+    say(turn.result.summary(), "dim")
     if on_turn:
         on_turn(turn)
     return True
