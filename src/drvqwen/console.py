@@ -27,7 +27,7 @@ NO_WRAP_WIDTH = 1 << 16
 def make_console(stderr: bool = False) -> Console:
     """A Console on stdout (or stderr): terminal width on a terminal, no wrapping elsewhere;
     strings are printed as they are (no markup, no emoji codes)."""
-    plain = dict(stderr=stderr, highlight=False)
+    plain = dict(stderr=stderr, highlight=False, markup=False, emoji=False)
     c = Console(**plain)
     if c.is_terminal:
         return c
@@ -38,7 +38,7 @@ def progress_bar(*, in_bytes: bool = False, transient: bool = False, console: Co
     """A progress bar on stderr (or `console`): description, bar, then done/total and the time
     spent, or, `in_bytes`, bytes done/total, the rate and the time spent. `transient`: the bar
     is erased when it stops. Descriptions are shown as they are (module doc)."""
-    label = TextColumn("{task.description}", style="bold")
+    label = TextColumn("{task.description}", style="bold", markup=False)
     counts = (DownloadColumn(), TransferSpeedColumn()) if in_bytes else (MofNCompleteColumn(),)
     return Progress(label, BarColumn(), *counts, TimeElapsedColumn(),
                     console=console or make_console(stderr=True), transient=transient)

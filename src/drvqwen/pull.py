@@ -437,7 +437,7 @@ def _one_line(e: BaseException) -> str:
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Progress]:
     """A rich Progress on stderr; disabled (renders nothing) when `enabled` is False."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=_console(),
                   disable=not enabled, transient=False) as bar:
         yield bar
