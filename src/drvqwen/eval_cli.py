@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .console import make_console, progress_bar
 from .errors import DrvqwenError
+from .paths import check_output
 
 
 class _Stop(Exception):
@@ -33,6 +34,8 @@ def cmd_humaneval(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    if args.json:
+        check_output(args.json, "the results")
     problems = he.load_problems(args.problems)[: args.limit]
     opened = open_model(args.model, args.device)
     f = opened.file
@@ -84,6 +87,8 @@ def cmd_agree(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    if args.json:
+        check_output(args.json, "the figures")
     f = open_model(args.model, device=None).file      # the CPU reference runs both sides
     src = open_source(args.reference)
     ag.check_same_model(f.config, src.config, str(f.path), args.reference)

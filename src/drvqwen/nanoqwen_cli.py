@@ -15,15 +15,16 @@ from pathlib import Path
 from rich.table import Table
 
 from .console import make_console, progress_bar
-from .errors import DrvqwenError
 
 
 def cmd_convert(args) -> int:
     """`drvqwen convert`: write args.output from args.source; 0."""
     from .loading import convert_with_progress
-    out = Path(args.output)
-    if out.is_dir():
-        raise DrvqwenError(f"{out}: is a directory; give the output file name")
+    from .paths import check_output
+
+    out = check_output(args.output, "the converted model")
+    if args.report_json:
+        check_output(args.report_json, "the report")
     report = convert_with_progress(Path(args.source), out, weights=args.weights, per_tensor=args.per_tensor)
     make_console(stderr=True).print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)", soft_wrap=True)
     if args.report_json:

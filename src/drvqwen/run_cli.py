@@ -31,6 +31,7 @@ def cmd_run(args) -> int:
     """`drvqwen run`: one prompt, one answer streamed to stdout; 0."""
     from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, generate, resolve_max_context
     from .loading import load_backend, open_model
+    from .paths import check_output
     from .stats import RunStats, write_json_atomic
     from .stop_strings import StopStrings
     from .text_input import checked_arg
@@ -41,6 +42,8 @@ def cmd_run(args) -> int:
     go.check_prompt_options(args)
     params = go.sampling_params(args, say=_say_dim)
     stats.seed = None if params.greedy else params.seed
+    if args.json_stats:
+        check_output(args.json_stats, "the stats")
     # Every piece of user text passes the same UTF-8 check, whichever way it came in.
     for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
         v = getattr(args, opt)
