@@ -406,11 +406,12 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m drvqwen.bench`: user errors print one line and exit with status 2."""
-    ap = argparse.ArgumentParser(prog="python -m drvqwen.bench", description=__doc__.split("\n\n")[0])
+    from .arg_parser import ArgumentParser
+
+    ap = ArgumentParser(prog="python -m drvqwen.bench", description=__doc__.split("\n\n")[0])
     add_arguments(ap)
-    args = ap.parse_args(argv)
     try:
-        return cmd_bench(args)
+        return cmd_bench(ap.parse_args(argv))
     except DrvqwenError as e:
         err.print(error_line(str(e)), soft_wrap=True)
         return 2

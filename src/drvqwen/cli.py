@@ -6,7 +6,7 @@ pull, list and rm (cache_cli.py), convert and info (nanoqwen_cli.py), bench (ben
 loading.py; none of them imports this module, which only the entry point (_entry.py) does.
 
 User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
-traceback. Ctrl-C at any moment prints one line and exits 130 (process_exit.py covers the
+traceback; so do the command line's own (arg_parser.py: a bad value, an unknown option). Ctrl-C at any moment prints one line and exits 130 (process_exit.py covers the
 imports); a closed stdout (`drvqwen run … | head -c 5`) ends the run quietly with status 141, as
 a process killed by SIGPIPE would, after the backend is closed like on Ctrl-C. Long work
 (download, conversion, weight loading) shows `rich` progress bars on stderr, so stdout carries
@@ -27,9 +27,10 @@ import os
 import signal
 import sys
 
-from . import __version__
 from rich.text import Text
 
+from . import __version__
+from .arg_parser import ArgumentParser
 from .console import error_line, make_console
 from .errors import DrvqwenError
 
@@ -38,7 +39,7 @@ BROKEN_PIPE_STATUS = 141
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="drvqwen", description="Qwen2.5-Coder inference on NVIDIA Hopper, annotated.",
         epilog="Models, converted files and compiled kernels are cached under $DRVQWEN_CACHE "
                "(default ~/.cache/drvqwen).")
