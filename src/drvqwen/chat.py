@@ -32,6 +32,7 @@ from typing import Callable, TextIO
 from .errors import DrvqwenError
 from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
+from .text_input import without_bom
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, StreamDecoder, Tokenizer
 
 HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt), "
@@ -230,22 +231,25 @@ def read_message(interactive: bool, stdin: TextIO, prompt: str = ">>> ") -> str 
         return "\n".join(lines)
 
 
-def chat_loop(session: ChatSession, *, say: Callable[[str, str | None], None], out: TextIO = sys.stdout,
-              stdin: TextIO = sys.stdin, interactive: bool | None = None,
+def chat_loop(session: ChatSession, *, say: Callable[[str, str | None], None], out: TextIO | None = None,
+              stdin: TextIO | None = None, interactive: bool | None = None,
               on_turn: Callable[[TurnResult], None] | None = None) -> int:
-    """Talk on a terminal (or read messages from a non-terminal stdin, one per line) until
-    end of input or /quit. Answers go to `out`; notices and per-turn stats to say(text, style)
-    (a rich style name or None), which shows `text` as it is: it quotes what the user typed.
+    """Talk on a terminal (or read messages from a non-terminal stdin, one per line; a
+    byte-order mark at its start is no text) until end of input or /quit. Answers go to `out`
+    (default sys.stdout); notices and per-turn stats to say(text, style) (a rich style name or
+    None), which shows `text` as it is: it quotes what the user typed.
     Returns the number of turns answered."""
+    out = sys.stdout if out is None else out
+    stdin = sys.stdin if stdin is None else stdin
     if interactive is None:
         interactive = stdin.isatty() and out.isatty()
     if interactive:
         _setup_readline()
         say(HELP, "dim")
-    answered = [0]
+    answered, at_start = [0], [not interactive]
     while True:
         try:
-            if not _one_message(session, say, out, stdin, interactive, answered, on_turn):
+            if not _one_message(session, say, out, stdin, interactive, answered, on_turn, at_start):
                 if interactive:
                     out.write("\n")
                 return answered[0]
@@ -255,14 +259,17 @@ def chat_loop(session: ChatSession, *, say: Callable[[str, str | None], None], o
 
 
 def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interactive: bool,
-                 answered: list[int], on_turn) -> bool:
-    """Read and handle one message or command; False at the end of the chat."""
+                 answered: list[int], on_turn, at_start: list[bool]) -> bool:
+    """Read and handle one message or command; False at the end of the chat. at_start[0]: the
+    message is the first of a piped stream (text_input.without_bom)."""
     try:
         msg = read_message(interactive, stdin)
     except EOFError:
         msg = None
     if msg is None:
         return False
+    if at_start[0]:
+        msg, at_start[0] = without_bom(msg), False
     if not msg.strip():
         return True
     if msg.startswith("/"):
