@@ -8,7 +8,7 @@ import time
 
 from rich.table import Table
 
-from .cache import entries, find, human_size, remove
+from .cache import entries, human_size, remove, select
 from .console import make_console
 from .errors import DrvqwenError
 from .paths import cache_root
@@ -56,12 +56,10 @@ def cmd_rm(args) -> int:
     if args.all:
         chosen = found
     else:
-        chosen = find(args.name, found)
-        if not chosen:
+        one = select(args.name, found)
+        if one is None:
             raise DrvqwenError(f"{args.name}: no such model in the cache (drvqwen list shows them)")
-        if len(chosen) > 1:
-            raise DrvqwenError(f"{args.name}: ambiguous, it names {len(chosen)} entries: "
-                               + ", ".join(e.name for e in chosen))
+        chosen = [one]
     freed = 0
     for e in chosen:
         freed += remove(e)

@@ -23,8 +23,9 @@ from .sampler import PENALTY_WINDOW, SamplingParams
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model, --device, --max-context, --no-verify, --eager (run and chat)."""
-    ap.add_argument("-m", "--model", help=".nanoqwen file, HF folder, GGUF, or a Hugging Face repo "
-                                          "id owner/name[:TAG] (as drvqwen pull; fetched once) "
+    ap.add_argument("-m", "--model", help=".nanoqwen file, HF folder, GGUF, a Hugging Face repo "
+                                          "id owner/name[:TAG] (as drvqwen pull; fetched once) or a "
+                                          "name drvqwen list shows "
                                           "(default: the real Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: a Hopper GPU when present, else the numpy reference on the CPU (default: auto)")

@@ -5,7 +5,8 @@ and bench.
                                   Hopper GPU, the GPU engine importable), so that `--device cuda`
                                   without one fails before any model work
                                   → resolve (models.resolve_model: a .nanoqwen, an HF folder, a
-                                  GGUF, a repo id or a cache name; converted once, with progress)
+                                  GGUF or a repo id, converted once, with progress; or a name
+                                  `drvqwen list` shows: `model_argument`)
                                   → verify its tensor CRCs (once per file)
                                   → GPU or CPU fallback (engine.check_gpu_supports: a model the
                                   kernels cannot run goes to the CPU, with the reason; with
@@ -131,13 +132,33 @@ def open_model(model: str | None, device: str | None = "auto", *, verify: bool =
         convert_with_progress(src, dst)
 
     with stats.timed("read"):
-        f = resolve_model(model, on_convert=convert_into_cache, verify=check if verify else None,
+        f = resolve_model(model_argument(model), on_convert=convert_into_cache, verify=check if verify else None,
                           say=lambda m: _err().print(m, style="yellow", soft_wrap=True),
                           hash_progress=hash_progress)
     stats.phases["read"] -= stats.phases.get("verify", 0.0)
     if device is not None:
         chosen, why = _gpu_or_fallback(device, chosen, why, f)
     return OpenedModel(f, chosen, why)
+
+
+def model_argument(model: str | None) -> str | None:
+    """`model` as models.resolve_model takes it: a path that exists, a repo id `owner/name[:TAG]`
+    and None stay as they are; a name `drvqwen list` shows (or the start of one naming only it,
+    cache.select) becomes the path of that entry: the conversion, or the download to convert.
+
+    Raises:
+        DrvqwenError: the name selects several entries (names them).
+    """
+    from . import cache, hub
+
+    if model is None or Path(model).expanduser().exists() or hub.parse_name(model) is not None:
+        return model
+    try:
+        found = cache.entries()
+    except DrvqwenError:        # no cache root can be made, so no name is in it
+        return model
+    entry = cache.select(model, found)
+    return model if entry is None else str(cache.model_path(entry))
 
 
 def build_backend(f: NanoqwenFile, device: str, max_context: int, *, cache_tokens: int | None = None,

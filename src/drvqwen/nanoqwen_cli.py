@@ -4,7 +4,8 @@
                              bar and the tables of weight formats and reconstruction errors;
                              OUT's folder is checked before any work
     info FILE|NAME           the header, config and tensors of a file, or of a model that
-                             `drvqwen list` names (cache.py)
+                             `drvqwen list` names (cache.select: a conversion, or the newest
+                             conversion of a download)
 """
 
 from __future__ import annotations
@@ -45,10 +46,20 @@ def _format_counts(f) -> str:
 
 
 def cmd_info(args) -> int:
-    """`drvqwen info`: the file's tables on stdout (--verify: its CRCs checked); 0."""
+    """`drvqwen info`: the file's tables on stdout (--verify: its CRCs checked); 0.
+
+    Raises:
+        DrvqwenError: no such file or cache name, a name naming several entries or a download
+            not converted yet, a bad file.
+    """
+    from . import cache
     from .format.nanoqwen import NanoqwenFile
 
-    f = NanoqwenFile(args.file)
+    path = Path(args.file)
+    if not path.exists():
+        entry = cache.select(args.file)
+        path = path if entry is None else cache.nanoqwen_path(entry)
+    f = NanoqwenFile(path)
     h = f.header
     c = f.config
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
@@ -110,7 +121,8 @@ def register(sub) -> None:
     c.set_defaults(fn=cmd_convert)
 
     i = sub.add_parser("info", help="print a .nanoqwen file's header, config and tensors")
-    i.add_argument("file", help="a .nanoqwen file")
+    i.add_argument("file", metavar="FILE|NAME",
+                   help="a .nanoqwen file, or a model drvqwen list shows (a download: its conversion)")
     i.add_argument("--tensors", action="store_true", help="list every tensor")
     i.add_argument("--verify", action="store_true", help="check every tensor's CRC32")
     i.set_defaults(fn=cmd_info)
