@@ -6,7 +6,7 @@ import numpy as np
 
 from drvqwen.config import QwenConfig
 from drvqwen.format import quant
-from drvqwen.format.nanoqwen import expected_tensors
+from drvqwen.format.tensor_set import expected_tensors
 from drvqwen.format.nanoqwen_writer import NanoqwenWriter
 from drvqwen.format.synthetic import QWEN_CONTROL, minimal_tokenizer_json  # noqa: F401  (tests import them from here)
 
@@ -24,9 +24,9 @@ def byte_tokenizer_json(n_control: int = len(QWEN_CONTROL)) -> str:
     from tokenizers import AddedToken, decoders, pre_tokenizers
     from tokenizers.models import BPE
 
-    from drvqwen.tokenizer import _BYTE_TO_CHAR
+    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR
 
-    tk = tokenizers.Tokenizer(BPE(vocab={_BYTE_TO_CHAR[b]: b for b in range(256)}, merges=[]))
+    tk = tokenizers.Tokenizer(BPE(vocab={BYTE_TO_CHAR[b]: b for b in range(256)}, merges=[]))
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_CONTROL[:n_control]])

@@ -185,9 +185,9 @@ def test_verification_is_paid_once_per_file(tiny, monkeypatch):
 
 
 def test_verify_cost_is_shown(tiny, monkeypatch, capsys):
-    from drvqwen import cli
+    from drvqwen import cli, loading
 
-    monkeypatch.setattr(cli, "VERIFY_REPORT_MIN_S", 0.0)
+    monkeypatch.setattr(loading, "VERIFY_REPORT_MIN_S", 0.0)
     assert cli.main(["run", "--model", str(tiny), *RUN]) == 0
     assert "verified 1 MiB of tensor data in" in capsys.readouterr().err
 

@@ -178,3 +178,37 @@ def test_a_conversion_whose_source_is_gone_says_so(filled):
     sidecar.write_text(json.dumps(rec | {"source": str(filled["src"]) + ".moved"}))
     e = cache.find(filled["conv"].name)[0]
     assert e.source == f"converted from {filled['src']}.moved (no longer there)"
+
+
+def test_info_and_model_take_the_names_list_shows(filled, capsys):
+    """`info NAME` and `--model NAME` take what `drvqwen list` shows, as `rm` does: the name or
+    the start of one naming only it; a download is shown through its conversion."""
+    import shutil
+
+    from drvqwen import models
+
+    conv = filled["conv"]
+    for name in (conv.name, "tiny-", conv.name.upper()[:8]):
+        assert cli.main(["info", name]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert str(conv) in out and "tensors by dtype" in out
+    # A download in the cache with a conversion made from it: info shows that conversion, and
+    # --model runs it by the download's name.
+    mine = paths.models_dir() / "mine.gguf"
+    shutil.copy(filled["src"], mine)
+    made = models.resolve_model(str(mine)).path
+    assert cli.main(["info", "mine.gguf"]) == 0
+    assert str(made) in capsys.readouterr().out
+    for name in (conv.name, "mine.gguf"):
+        assert cli.main(["run", "--model", name, "--device", "cpu", "-p", "hi", "-n", "1", "--no-verify"]) == 0
+        assert "generated 1" in capsys.readouterr().err
+    # One line for what cannot be shown: a download not converted yet, a name naming several,
+    # a name naming nothing.
+    assert cli.main(["info", "someone/Coder-GGUF:Q8_0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: someone/Coder-GGUF:Q8_0: a GGUF download with no conversion in the cache yet "
+        "(drvqwen run --model someone/Coder-GGUF:Q8_0 converts it)")
+    assert cli.main(["info", "m"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: m: ambiguous, it names 2 entries: {made.name}, mine.gguf"
+    assert cli.main(["info", "nothing-like-it"]) == 2
+    assert capsys.readouterr().err.strip() == "error: nothing-like-it: file not found"

@@ -131,9 +131,9 @@ def test_min_p_keeps_the_tokens_at_least_that_likely(rng):
 
 
 def test_host_loop_applies_the_penalty_over_the_last_window():
-    from drvqwen.generate import generate
+    from drvqwen.generate import HostSampling, generate
 
-    class Echo:
+    class Echo(HostSampling):
         """Logits that favour the last token: without a penalty the loop repeats it."""
         name, max_context = "echo", 1000
 

@@ -73,14 +73,14 @@ def test_one_new_token_reports_no_rate(ctx64, capsys):
 def test_yarn_model_runs_on_the_cpu_not_the_gpu(tmp_path, rng, capsys, monkeypatch):
     """The GPU kernels do not apply YaRN's attention factor yet: `auto` falls back to the CPU
     with the reason, `--device cuda` refuses with one line."""
-    from drvqwen import cli
+    from drvqwen import cli, loading
     from drvqwen.config import RopeScaling
 
     cfg = dataclasses.replace(TINY, max_position=256,
                               rope_scaling=RopeScaling(factor=4.0, original_max_position=64, attention_factor=1.1))
     path = tmp_path / "yarn.nanoqwen"
     write_model(path, cfg, random_dense(cfg, rng), tokenizer_json=byte_tokenizer_json())
-    monkeypatch.setattr(cli, "_choose_device", lambda requested: ("cuda", None))
+    monkeypatch.setattr(loading, "choose_device", lambda requested: ("cuda", None))
     rc, _, err = _run(capsys, path, "--raw", "--prompt", "x" * 100, "--max-new-tokens", "3", "--ignore-eos",
                       device="auto")
     assert rc == 0 and "YaRN RoPE scaling (factor 4) runs on the CPU backend only" in err

@@ -26,7 +26,9 @@ class StreamingBackend:
         self.closed = False
         self.calls = []
 
-    def token_stream(self, prompt_ids, max_new_tokens, params):
+    last_reused = 0
+
+    def token_stream(self, prompt_ids, max_new_tokens, params, reuse=False):
         self.calls.append((list(prompt_ids), max_new_tokens, params))
         try:
             for i in range(max_new_tokens):
@@ -73,7 +75,7 @@ def _byte_tokenizer() -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
 
-    from drvqwen.tokenizer import _bytes_to_unicode
+    from drvqwen.tokenizer_gguf import _bytes_to_unicode
 
     b2u = _bytes_to_unicode()
     assert set(b2u.values()) == set(pre_tokenizers.ByteLevel.alphabet())

@@ -395,9 +395,9 @@ def test_cli_device_cuda_without_gpu(capsys, model_file):
 
 def _gguf(path: Path, *, model="gpt2", tokens=None, types=None, merges=("a b",)) -> Path:
     gguf = pytest.importorskip("gguf")
-    from drvqwen.tokenizer import _BYTE_TO_CHAR
+    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR
 
-    tokens = tokens if tokens is not None else [_BYTE_TO_CHAR[b] for b in range(256)] + ["ab"]
+    tokens = tokens if tokens is not None else [BYTE_TO_CHAR[b] for b in range(256)] + ["ab"]
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_tokenizer_model(model)
     w.add_tokenizer_pre("qwen2")
@@ -412,9 +412,10 @@ def _gguf(path: Path, *, model="gpt2", tokens=None, types=None, merges=("a b",))
 
 
 def test_gguf_tokenizer_errors(tmp_path):
-    from drvqwen.tokenizer import _BYTE_TO_CHAR, Tokenizer
+    from drvqwen.tokenizer import Tokenizer
+    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR
 
-    byte_tokens = [_BYTE_TO_CHAR[b] for b in range(256)]
+    byte_tokens = [BYTE_TO_CHAR[b] for b in range(256)]
     cases = [
         (dict(model="llama"), "tokenizer.ggml.model='llama', expected 'gpt2'"),
         (dict(types=[1] * 10), "tokenizer.ggml.token_type has 10 entries, tokenizer.ggml.tokens has 257"),

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from drvqwen.errors import DrvqwenError
-from drvqwen.generate import generate
+from drvqwen.generate import HostSampling, generate
 from drvqwen.sampler import SamplingParams
 
 
-class ScriptedBackend:
+class ScriptedBackend(HostSampling):
     """Returns logits whose argmax follows a script; records what it was fed."""
 
     name = "scripted"
@@ -99,3 +99,28 @@ def test_sampling_is_reproducible():
     assert a == generate(Flat([0]), [1], 30, p).tokens
     assert a != generate(Flat([0]), [1], 30, SamplingParams(temperature=1.0, seed=12)).tokens
     assert len(set(a)) > 10
+
+
+def test_both_backends_implement_the_backend_protocol():
+    """Every member `generate.Backend` names is on CPUBackend and engine.GPUBackend (read from
+    the classes and their __init__, so no GPU is needed), with the same call shapes: callers
+    use them directly, without hasattr."""
+    import ast
+    import inspect
+    import textwrap
+
+    from drvqwen.engine import GPUBackend
+    from drvqwen.generate import Backend, CPUBackend
+
+    members = {n for n in vars(Backend) if not n.startswith("_")} | set(Backend.__annotations__)
+    assert {"token_stream", "prefill", "decode", "cached_ids", "reset", "close", "decode_mode",
+            "last_reused", "name", "max_context"} <= members
+    for cls in (CPUBackend, GPUBackend):
+        init = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+        assigned = {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign)
+                    for t in node.targets if isinstance(t, ast.Attribute)}
+        assert sorted(m for m in members if not hasattr(cls, m) and m not in assigned) == [], cls.__name__
+        for name in ("token_stream", "prefill", "decode", "cached_ids", "reset", "close"):
+            want = [p for p in inspect.signature(getattr(Backend, name)).parameters]
+            got = [p for p in inspect.signature(getattr(cls, name)).parameters]
+            assert got[:len(want)] == want, (cls.__name__, name, got)

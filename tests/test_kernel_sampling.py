@@ -52,7 +52,11 @@ class GpuSampler:
         self.params.upload(pack_sampler_params(params, token_index=step))
         self.launcher.launch()
         info = self.info.download()
-        assert self.next.download()[0] == info[0] or info[0] < 0
+        # info[0] is the kernel's own pick (-1 if its scan chose nothing, which is a bug: the
+        # kernel then falls back to the argmax for next_token so the run goes on); the token
+        # handed to the next step must be that pick, and a real id, on every call.
+        assert 0 <= info[0] < self.v, f"sample_token picked no token (info[0] = {info[0]}, V = {self.v})"
+        assert self.next.download()[0] == info[0]
         return info
 
 

@@ -6,7 +6,7 @@ from drvqwen.config import PRESETS
 from drvqwen.launchers import FixedOccupancy, LaunchError
 from drvqwen.launchers.attention_decode import WARPS, partial_shapes, split_blocks_per_kv_head
 from drvqwen.launchers.attention_decode_tma import CONSUMERS
-from drvqwen.launchers.gemv_int4 import gemv_launch_shape, gemv_smem_bytes, tiles
+from drvqwen.launchers.gemv_int4 import gemv_launch_shape, tiles
 
 
 def test_split_grid_fills_the_gpu_but_not_past_the_pages():
@@ -41,7 +41,9 @@ def test_gemv_shapes_cover_every_tile_in_one_wave(preset):
         assert 1 <= warps <= min(8, k // 128), (name, warps)
         assert grid * per_block >= n_tiles and (grid - 1) * per_block < n_tiles, (name, grid, per_block)
         assert grid <= per_sm * 132, (name, grid)                       # one wave
-        assert smem == gemv_smem_bytes(k, per_block, warps, mt)
+        # The kernel's layout (gemv_int4.cu, `x_smem`): K/8 uint4 chunks of x, then the fp32
+        # partials [tiles of the block][MT][W][16 rows]; the launch must ask for all of it.
+        assert smem == (k // 8) * 16 + per_block * mt * warps * 16 * 4, (name, smem)
 
 
 def test_gemv_shape_forced_and_refused():

@@ -142,9 +142,9 @@ def test_nan_order_is_the_gpu_argmax_order():
 
 def test_generate_greedy_skips_nan_logits():
     # Through the generation loop of a logits backend (the CPU path of `drvqwen run`).
-    from drvqwen.generate import generate
+    from drvqwen.generate import HostSampling, generate
 
-    class NaNBackend:
+    class NaNBackend(HostSampling):
         name, max_context = "nan", 50
 
         def prefill(self, ids):

@@ -155,7 +155,7 @@ def test_matches_transformers(tok, hf_tok, name):
 
 def test_split_regex_is_qwen2s():
     qwen2 = pytest.importorskip("transformers.models.qwen2.tokenization_qwen2")
-    from drvqwen.tokenizer import QWEN2_SPLIT_REGEX
+    from drvqwen.tokenizer_gguf import QWEN2_SPLIT_REGEX
 
     assert QWEN2_SPLIT_REGEX == qwen2.PRETOKENIZE_REGEX
 
@@ -269,9 +269,9 @@ def test_from_json_rejects_garbage():
 def _tiny_gguf(path, *, pre="qwen2", drop=None):
     """A GGUF with a 256-byte byte-level vocabulary, two merges and one control token."""
     gguf = pytest.importorskip("gguf")
-    from drvqwen.tokenizer import _BYTE_TO_CHAR
+    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR
 
-    tokens = [_BYTE_TO_CHAR[b] for b in range(256)] + ["ab", "abc", "<|endoftext|>"]
+    tokens = [BYTE_TO_CHAR[b] for b in range(256)] + ["ab", "abc", "<|endoftext|>"]
     types = [1] * 258 + [3]
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_tokenizer_model("gpt2")

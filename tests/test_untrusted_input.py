@@ -128,3 +128,46 @@ def test_prompt_file_keeps_crlf(tiny, tok, tmp_path, prompt_ids):
     assert prompt_ids[-1] == tok.encode(text, special=True)
     assert tok.decode(prompt_ids[-1]) == text          # no newline translation
     assert prompt_ids[-1] != tok.encode(text.replace("\r\n", "\n"), special=True)
+
+
+# ---- a byte-order mark at the start of a file or stream -------------------------------------------
+BOM = b"\xef\xbb\xbf"         # what Notepad and some editors write before UTF-8 text
+
+
+@pytest.mark.parametrize("how", ["--prompt-file FILE", "--prompt-file -", "piped stdin"])
+def test_a_bom_at_the_start_of_a_prompt_is_no_text(tiny, tok, tmp_path, monkeypatch, prompt_ids, how):
+    import io
+    import sys
+
+    text = "\ufeffdef f():\r\n    return 1\r\n"      # one in the middle of the text stays text
+    f = tmp_path / "bom.py"
+    f.write_bytes(BOM + text.encode())
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(BOM + text.encode())))
+    args = {"--prompt-file FILE": ["--prompt-file", str(f)], "--prompt-file -": ["--prompt-file", "-"],
+            "piped stdin": []}[how]
+    assert _run(tiny, "--raw", *args) == 0
+    assert prompt_ids[-1] == tok.encode(text, special=True)
+    assert tok.decode(prompt_ids[-1]) == text
+
+
+def test_a_bom_at_the_start_of_piped_chat_messages_is_no_text(tiny, tok):
+    import io
+
+    from drvqwen.chat import ChatSession, chat_loop
+    from drvqwen.generate import CPUBackend
+    from drvqwen.format.nanoqwen import NanoqwenFile
+
+    f = NanoqwenFile(tiny)
+    session = ChatSession(tok, CPUBackend(f, 256), f.eog_ids, max_new_tokens=2)
+    stdin = io.TextIOWrapper(io.BytesIO(BOM + "hello\n\ufeffsecond\n".encode()))
+    assert chat_loop(session, say=lambda text, style=None: None, out=io.StringIO(), stdin=stdin,
+                     interactive=False) == 2
+    assert [t.user for t in session.turns] == ["hello", "\ufeffsecond"]
+
+
+def test_a_bom_at_the_start_of_a_step_script_is_no_text(tmp_path):
+    from drvqwen.step.repl import read_script
+
+    script = tmp_path / "walk.txt"
+    script.write_bytes(BOM + b"prompt x = 1\r\nnext\n")
+    assert read_script(str(script)) == ["prompt x = 1\n", "next\n"]

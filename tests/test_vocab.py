@@ -134,10 +134,10 @@ def test_fillers_of_older_conversions_are_no_text(tmp_path, rng):
     their tokenizer.json (built as ordinary BPE pieces): they count as no text (never chosen,
     decoded to nothing) all the same."""
     from drvqwen.generate import CPUBackend
-    from drvqwen.tokenizer import _BYTE_TO_CHAR, _assemble
+    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR, _assemble
 
-    sp = _BYTE_TO_CHAR[32]
-    tokens = [_BYTE_TO_CHAR[b] for b in range(256)] + [sp + sp] + list(QWEN_CONTROL)
+    sp = BYTE_TO_CHAR[32]
+    tokens = [BYTE_TO_CHAR[b] for b in range(256)] + [sp + sp] + list(QWEN_CONTROL)
     text_vocab = len(tokens)
     tokens += [f"[PAD{i}]" for i in range(text_vocab, text_vocab + 30)]
     types = [1] * 257 + [3] * len(QWEN_CONTROL) + [1] * 30        # what older drvqwen built

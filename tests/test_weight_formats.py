@@ -14,7 +14,8 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.errors import FormatError
 from drvqwen.format import gguf_blocks, weight_formats as wf
-from drvqwen.format.nanoqwen import NanoqwenFile, default_formats
+from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.format.tensor_set import default_formats
 from drvqwen.format.nanoqwen_writer import write_legacy_copy
 
 from helpers import TINY, random_dense
@@ -101,7 +102,7 @@ MIX = ("Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q5_1")
 
 
 def _mixed_types(cfg) -> dict[str, str]:
-    from drvqwen.format.nanoqwen import weight_shapes
+    from drvqwen.format.tensor_set import weight_shapes
 
     return {p + ".weight": MIX[i % len(MIX)] for i, p in enumerate(weight_shapes(cfg))}
 

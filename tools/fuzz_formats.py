@@ -76,7 +76,7 @@ def small_config():
 def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> dict[str, Path]:
     """The seed files, written into `d` (deterministic)."""
     from drvqwen.format.convert import convert
-    from drvqwen.format.nanoqwen import expected_tensors, weight_shapes
+    from drvqwen.format.tensor_set import expected_tensors, weight_shapes
     from drvqwen.format.nanoqwen_writer import NanoqwenWriter, write_legacy_copy
     from drvqwen.format.synthetic import (minimal_tokenizer_json, synthetic_dense, synthetic_tensor,
                                           write_synthetic_gguf)

@@ -5,8 +5,8 @@ import signal
 
 
 def _interrupted(signum, frame):
-    # The same as _entry.interrupted_while_starting, installed before even that small module is
-    # imported: the first thing `python -m drvqwen` runs of drvqwen's own.
+    # The same as process_exit.interrupted_while_starting, installed before even that small
+    # module is imported: the first thing `python -m drvqwen` runs of drvqwen's own.
     os.write(2, b"interrupted\n")
     os._exit(130)
 

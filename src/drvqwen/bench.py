@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .config import PRESETS
+from .console import error_line, make_console, progress_bar
 from .errors import DrvqwenError
 
 PROMPT_TOKENS = 512
@@ -51,7 +51,7 @@ WARMUP_TOKENS = 40
 SYNTHETIC_SEED = 1
 MODES = ("eager", "graph")
 
-err = Console(stderr=True, highlight=False)
+err = make_console(stderr=True)
 
 
 # ---- the model ---------------------------------------------------------------------------------
@@ -69,11 +69,6 @@ def default_synthetic_path(preset: str) -> Path:
 
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=err, transient=True)
-
-
 def ensure_synthetic(preset: str, path: Path | None = None) -> Path:
     """The synthetic `.nanoqwen` of `preset` at `path` (default: `default_synthetic_path`),
     written from SYNTHETIC_SEED with a progress bar if it does not exist yet.
@@ -89,7 +84,7 @@ def ensure_synthetic(preset: str, path: Path | None = None) -> Path:
     from .format.synthetic import minimal_tokenizer_json, write_synthetic
 
     t0 = time.perf_counter()
-    with _progress() as p:
+    with progress_bar(transient=True, console=err) as p:
         task = p.add_task(f"writing synthetic {preset} → {path}", total=None)
         write_synthetic(path, PRESETS[preset], SYNTHETIC_SEED, minimal_tokenizer_json(),
                         progress=lambda name, i, n: p.update(task, completed=i, total=n))
@@ -234,7 +229,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     err.print(f"copy bandwidth: {copy.gbps:.0f} GB/s (cuMemcpyDtoD of {copy.copy_bytes / 1e9:.2f} GB, "
               f"read + write counted)")
     total = sum(i.nbytes for i in f)
-    with _progress() as p:
+    with progress_bar(transient=True, console=err) as p:
         task = p.add_task("uploading weights", total=total)
         dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done))
     graph = prefill = None
@@ -294,7 +289,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
 
 def print_table(res: dict, console: Console | None = None) -> None:
     """The result as a rich table (one row per mode, plus eager ÷ graph)."""
-    console = console or Console()
+    console = console or make_console()
     cfg = res["config"]
     t = Table(title=f"decode, {Path(res['model']).name} ({cfg['num_layers']} layers, d={cfg['hidden_size']}): "
                     f"{res['protocol']['prompt_tokens']}-token prompt, {res['protocol']['new_tokens']} greedy tokens",
@@ -315,10 +310,13 @@ def print_table(res: dict, console: Console | None = None) -> None:
                   f"{g['effective_gbps'] / e['effective_gbps']:.2f}×", "")
     console.print(t)
     if "same_tokens" in res:
-        console.print("eager and graph generated the same tokens" if res["same_tokens"]
-                      else "[bold red]eager and graph generated DIFFERENT tokens")
+        if res["same_tokens"]:
+            console.print("eager and graph generated the same tokens")
+        else:
+            console.print("eager and graph generated DIFFERENT tokens", style="bold red")
     if res.get("graph", {}).get("mode") == "eager":
-        console.print(f"[yellow]graph capture failed, the graph row ran eagerly: {res['graph']['fallback_reason']}")
+        console.print(f"graph capture failed, the graph row ran eagerly: {res['graph']['fallback_reason']}",
+                      style="yellow", soft_wrap=True)
 
 
 def kernel_breakdown(dec, steps: int = 10) -> dict:
@@ -340,7 +338,7 @@ def kernel_breakdown(dec, steps: int = 10) -> dict:
 
 def print_kernels(res: dict, console: Console | None = None) -> None:
     """The per-role kernel table of `res["kernels"]` (see kernel_breakdown)."""
-    console = console or Console()
+    console = console or make_console()
     k = res["kernels"]
     t = Table(title=f"decode step by kernel role ({len(k['per_launch_us'])} launches)", caption=k["method"])
     for c in ("role", "µs per step", "share"):
@@ -376,9 +374,9 @@ def cmd_bench(args) -> int:
     if reason is not None:
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
     if args.model:
-        from .models import resolve_model
+        from .loading import open_model
 
-        f = resolve_model(args.model)
+        f = open_model(args.model, "cuda").file     # as run opens it: converted, verified, GPU-ready
         path = f.path
         f.close()
     else:
@@ -411,13 +409,14 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m drvqwen.bench`: user errors print one line and exit with status 2."""
-    ap = argparse.ArgumentParser(prog="python -m drvqwen.bench", description=__doc__.split("\n\n")[0])
+    from .arg_parser import ArgumentParser
+
+    ap = ArgumentParser(prog="python -m drvqwen.bench", description=__doc__.split("\n\n")[0])
     add_arguments(ap)
-    args = ap.parse_args(argv)
     try:
-        return cmd_bench(args)
+        return cmd_bench(ap.parse_args(argv))
     except DrvqwenError as e:
-        err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        err.print(error_line(str(e)), soft_wrap=True)
         return 2
 
 

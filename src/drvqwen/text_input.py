@@ -1,10 +1,15 @@
-"""The one way user text comes in: command-line strings and prompt files, checked as UTF-8.
+"""The one way user text comes in: command-line strings, files and streams, checked as UTF-8.
 
 Python hands command-line arguments over as `str` with the bytes that are not UTF-8 turned
 into lone surrogates (U+DC80…U+DCFF, the "surrogateescape" error handler), which no encoder
 accepts later on. Prompt files are code: they are read as bytes and decoded as they are,
 without newline translation, so `\\r\\n` reaches the tokenizer as `\\r\\n`. Both go through
 `decode_utf8`, so the same bad bytes give the same one-line error wherever they come from.
+
+A file or a stream may start with a UTF-8 byte-order mark (EF BB BF: Notepad and some editors
+write one): it marks the encoding and is no text, so it is dropped there (`without_bom`) —
+from prompt files, stdin, `drvqwen chat`'s piped messages and step scripts alike — instead of
+reaching the model as a token of its own. Anywhere else U+FEFF is text and stays.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ def decode_utf8(data: bytes, where: str) -> str:
                            f"{e.start}: {e.reason})") from None
 
 
+def without_bom(text: str) -> str:
+    """`text` without the byte-order mark (U+FEFF) it starts with, if any: for the text at the
+    start of a file or stream."""
+    return text[1:] if text.startswith("\ufeff") else text
+
+
 def checked_arg(value: str, option: str) -> str:
     """A command-line string as text, or a DrvqwenError naming `option` if it is not UTF-8.
 
@@ -47,7 +58,8 @@ def checked_arg(value: str, option: str) -> str:
 
 
 def read_text_file(path: str | os.PathLike, what: str = "prompt") -> str:
-    """The text of a prompt file: its bytes decoded as UTF-8, exactly (CRLF stays CRLF).
+    """The text of a prompt file: its bytes decoded as UTF-8, exactly (CRLF stays CRLF), less a
+    byte-order mark at the start.
 
     Raises:
         DrvqwenError: the file cannot be read (names the path and the reason) or is not UTF-8.
@@ -57,4 +69,4 @@ def read_text_file(path: str | os.PathLike, what: str = "prompt") -> str:
         data = p.read_bytes()
     except OSError as e:
         raise DrvqwenError(f"{p}: cannot read {what} ({e.strerror or e})") from None
-    return decode_utf8(data, str(p))
+    return without_bom(decode_utf8(data, str(p)))

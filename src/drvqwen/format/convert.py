@@ -29,7 +29,8 @@ from ..paths import ensure_free_space, ensure_writable
 from . import gguf_blocks, quant
 from . import weight_formats as wf
 from .sources import _PLAIN_FLOAT_TYPES, GGUFSource, HFSource, gguf_name, hf_source_files, open_source  # noqa: F401
-from .nanoqwen import ATTN_PROJ, EMBED, LM_HEAD, MLP_PROJ, default_formats, expected_tensors, vocab_facts, weight_shapes
+from .nanoqwen import vocab_facts
+from .tensor_set import ATTN_PROJ, EMBED, LM_HEAD, MLP_PROJ, default_formats, expected_tensors, weight_shapes
 from .nanoqwen_writer import NanoqwenWriter, estimated_file_size
 
 WEIGHT_POLICIES = ("int4", "source")

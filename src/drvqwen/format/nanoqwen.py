@@ -44,6 +44,7 @@ from ..config import QwenConfig, RopeScaling
 from ..errors import ConfigError, DrvqwenError, FormatError
 from . import quant
 from . import weight_formats as wf
+from .tensor_set import EMBED, LM_HEAD, default_formats, expected_tensors, weight_shapes
 
 MAGIC = b"NANOQWEN"
 VERSION = 3
@@ -87,87 +88,6 @@ class TensorInfo:
     nbytes: int
     crc32: int
     format_id: int = 0      # weight_formats: 0 for a dense tensor, else the weight's format
-
-
-# ---------------------------------------------------------------------------------------------
-# Tensor names (Hugging Face names; INT4 projections split into .qweight and .scales)
-# ---------------------------------------------------------------------------------------------
-ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
-
-
-def proj_prefix(layer: int, proj: str) -> str:
-    """HF module path of a projection, e.g. `model.layers.3.mlp.down_proj`."""
-    block = "self_attn" if proj in ATTN_PROJ else "mlp"
-    return f"model.layers.{layer}.{block}.{proj}"
-
-
-# The weights that may be stored dense (format 0, `<prefix>.weight`) or quantized.
-EMBED, LM_HEAD = "model.embed_tokens", "lm_head"
-
-
-def weight_shapes(cfg: QwenConfig) -> dict[str, tuple[int, int]]:
-    """Every matrix weight by prefix (`lm_head`, `model.layers.3.mlp.up_proj` …) → [N, K]."""
-    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    shapes = {"q_proj": (cfg.q_dim, D), "k_proj": (cfg.kv_dim, D), "v_proj": (cfg.kv_dim, D),
-              "o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "up_proj": (F, D),
-              "down_proj": (D, F)}
-    out = {EMBED: (V, D), LM_HEAD: (V, D)}
-    for i in range(cfg.num_layers):
-        for proj, nk in shapes.items():
-            out[proj_prefix(i, proj)] = nk
-    return out
-
-
-def default_formats(cfg: QwenConfig) -> dict[str, int]:
-    """The formats of a version-1/2 file and of a conversion from an HF checkpoint: every
-    projection INT4 g128 (id 1), embedding and lm_head dense FP16 (id 0)."""
-    return {p: (wf.PLAIN if p in (EMBED, LM_HEAD) else wf.INT4_G128.id) for p in weight_shapes(cfg)}
-
-
-def expected_tensors(cfg: QwenConfig, formats: dict[str, int] | None = None
-                     ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-    """Every tensor a Qwen2 model of `cfg` stores, with dtype and shape.
-
-    formats: weight prefix → format id (weight_formats.FORMATS; 0 = dense FP16 `<prefix>.weight`),
-    default `default_formats(cfg)`. A quantized weight [N, K] is stored as the tensors
-    `WeightFormat.tensors` names (`.qweight`, `.qhigh`, `.scales`, `.offsets`). Dense vectors
-    (norms, biases) are FP16 here; a version-3 file may hold them, and dense weights, as FP32.
-    Raises:
-        FormatError: an unknown format id, or one whose group does not divide the weight's K.
-    """
-    f16 = np.dtype("<f2")
-    D = cfg.hidden_size
-    fm = default_formats(cfg) if formats is None else formats
-    shapes = weight_shapes(cfg)
-    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
-
-    def add(prefix: str) -> None:
-        n, k = shapes[prefix]
-        fid = fm.get(prefix, wf.PLAIN)
-        if fid == wf.PLAIN:
-            out[f"{prefix}.weight"] = (f16, (n, k))
-            return
-        fmt = wf.get_format(fid, f"tensor {prefix}")
-        # INT4 g128 keeps the version-2 rule (shapes K/8, K/128; a K that is no multiple of 128
-        # is refused later, naming the source file); the other formats must fit exactly here.
-        if fmt.id != wf.INT4_G128.id and not fmt.fits(k):
-            raise FormatError(f"tensor {prefix}: format {fmt.name} (group {fmt.group}) does not fit K={k}")
-        out.update(fmt.tensors(prefix, n, k))
-
-    # The order is the converter's and the synthetic writer's (seeded files depend on it).
-    add(EMBED)
-    out["model.norm.weight"] = (f16, (D,))
-    add(LM_HEAD)
-    for i in range(cfg.num_layers):
-        out[f"model.layers.{i}.input_layernorm.weight"] = (f16, (D,))
-        out[f"model.layers.{i}.post_attention_layernorm.weight"] = (f16, (D,))
-        for proj in ATTN_PROJ + MLP_PROJ:
-            p = proj_prefix(i, proj)
-            add(p)
-            if proj in ("q_proj", "k_proj", "v_proj"):
-                out[f"{p}.bias"] = (f16, (shapes[p][0],))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,8 +440,3 @@ class NanoqwenFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_model(path: str | Path) -> NanoqwenFile:
-    """Open and validate a `.nanoqwen` file (see NanoqwenFile)."""
-    return NanoqwenFile(path)

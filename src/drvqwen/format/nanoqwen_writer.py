@@ -22,7 +22,8 @@ from . import quant
 from . import weight_formats as wf
 from .nanoqwen import (_HEADER, _HEADER_V2, _REC_END, _REC_FIXED, _REC_TAIL, _REC_TAIL_V3, DATA_ALIGN, DTYPE_CODES,
                        FLAG_TIED_LM_HEAD, HEADER_SIZE, MAGIC, MAX_EOG, ROPE_FLAG_TRUNCATE, ROPE_YARN, VERSION,
-                       TensorInfo, _align, _check_vocab_fields, check_tensor_set, expected_tensors, vocab_facts)
+                       TensorInfo, _align, _check_vocab_fields, check_tensor_set, vocab_facts)
+from .tensor_set import expected_tensors
 
 
 class NanoqwenWriter:

@@ -9,7 +9,7 @@ float32 (`get`); a GGUF also its tensors' GGML types and raw blocks (`type_name`
   `token_embd`, `blk.N.attn_q` …, and its own `output.weight` (the official 0.5B GGUF stores it
   separately, as Q8_0); without one the model is tied (as llama.cpp reads it). Big-endian
   files are read when their weights are F32/F16. The tokenizer is rebuilt from the GGUF's
-  tokens and merges (tokenizer.py).
+  tokens and merges (tokenizer_gguf.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..errors import DrvqwenError, FormatError
 from . import gguf_blocks
 from . import weight_formats as wf
 from .gguf_check import check_gguf
-from .nanoqwen import expected_tensors
+from .tensor_set import expected_tensors
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..config import QwenConfig
-from .nanoqwen import expected_tensors
+from .tensor_set import expected_tensors
 from .nanoqwen_writer import NanoqwenWriter
 
 CODE_STD = float(np.std(np.arange(-8, 8)))        # 4.61: std of uniform codes in [-8, 7]
@@ -124,11 +124,11 @@ def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.
     """
     import gguf
 
-    from ..tokenizer import _BYTE_TO_CHAR
+    from ..tokenizer_gguf import BYTE_TO_CHAR
     from .convert import gguf_name
 
-    sp = _BYTE_TO_CHAR[32]
-    tokens = [_BYTE_TO_CHAR[b] for b in range(256)] + [sp + sp] + list(QWEN_CONTROL)
+    sp = BYTE_TO_CHAR[32]
+    tokens = [BYTE_TO_CHAR[b] for b in range(256)] + [sp + sp] + list(QWEN_CONTROL)
     types = [1] * 257 + [3] * len(QWEN_CONTROL)
     tokens += [f"[PAD{len(tokens) + i}]" for i in range(n_pad)]
     types += [5] * n_pad

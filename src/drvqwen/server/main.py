@@ -56,14 +56,9 @@ def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, 
     from .worker import LoadedModel
 
     def load() -> LoadedModel:
-        if device == "cuda":  # pragma: no cover - needs a Hopper GPU (tests/test_serve_gpu.py)
-            from ..engine import GPUBackend
+        from ..loading import build_backend
 
-            backend = GPUBackend(f, max_context, use_graphs=not eager, progress=progress)
-        else:
-            from ..generate import CPUBackend
-
-            backend = CPUBackend(f, max_context, progress=progress)
+        backend = build_backend(f, device, max_context, eager=eager, progress=progress)
         tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
         return LoadedModel(backend, tok, f.eog_ids, device)
 
@@ -207,11 +202,9 @@ def cmd_serve(args) -> int:
     """`drvqwen serve`: resolve the model and the device as `drvqwen run` does, then serve."""
     import os
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .. import cli
+    from ..console import make_console, progress_bar
     from ..generate import resolve_max_context
-    from ..models import resolve_model
+    from ..loading import open_model
 
     try:
         import prometheus_client, starlette, uvicorn  # noqa: F401
@@ -227,30 +220,26 @@ def cmd_serve(args) -> int:
         raise DrvqwenError("--api-key: must not be empty")
     allowed_hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     check_bind(args.host, allowed_hosts, api_key)
-    device, why = cli._choose_device(args.device)
-    f = resolve_model(args.model, on_convert=cli._convert_with_progress,
-                      verify=None if args.no_verify else cli._verify_with_progress,
-                      say=lambda m: cli.err.print(f"[yellow]{m}", soft_wrap=True),
-                      hash_progress=cli._hash_progress)
+    opened = open_model(args.model, args.device, verify=not args.no_verify)
+    f, device = opened.file, opened.device
     ctx = resolve_max_context(args.max_context, f.config.max_position)
-    device, why = cli._gpu_or_fallback(args.device, device, why, f)
     if device == "cpu":
-        cli.err.print(f"[yellow]running the numpy reference backend on the CPU ({why})")
+        opened.say_cpu()
+    err = make_console(stderr=True)
     settings = ServerSettings(host=args.host, port=args.port, api_key=api_key, queue_size=args.queue_size,
                               max_body_bytes=args.max_body_bytes,
                               model_name=args.model_name or Path(f.path).stem, allowed_hosts=allowed_hosts)
     what = "uploading weights" if device == "cuda" else "dequantizing weights"
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=cli.err, transient=True) as p:
+    with progress_bar(in_bytes=device == "cuda", transient=True, console=err) as p:
         task = p.add_task(what, total=None)
         srv = BackgroundServer(f, device, ctx, settings, eager=args.eager,
                                progress=lambda done, n: p.update(task, completed=done, total=n),
                                log=None if args.quiet else stderr_line)
-    cli.err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens) on {srv.url}/v1 "
-                  f"— Ctrl-C stops", soft_wrap=True)
+    err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens) on {srv.url}/v1 "
+              f"— Ctrl-C stops", soft_wrap=True)
     if settings.api_key is None and not is_loopback(settings.host):
-        cli.err.print(f"[yellow]warning: listening on {settings.host} without --api-key: anyone who can "
-                      f"reach this port can use the model", soft_wrap=True)
+        err.print(f"warning: listening on {settings.host} without --api-key: anyone who can "
+                  f"reach this port can use the model", style="yellow", soft_wrap=True)
     sys.stderr.flush()
     srv.run()
     return 0

@@ -109,17 +109,6 @@ class LoadedModel:
     device: str               # "cuda" or "cpu"
 
 
-def kv_pages(backend) -> tuple[int, int]:
-    """(free, total) KV-cache pages of a backend: the GPU engine's PageAllocator or the CPU
-    reference's PagedKVCache."""
-    step = getattr(backend, "step", None)
-    if step is not None:
-        return len(step.pages.free), step.pages.n_pages
-    cache = backend.model.cache
-    free = len(cache.free)
-    return free, free + len(cache.block_table)
-
-
 class EngineWorker:
     """The thread that owns the model.
 
@@ -182,7 +171,7 @@ class EngineWorker:
 
     def kv_pages(self) -> tuple[int, int]:
         """(free, total) KV pages; (0, 0) before the model is loaded."""
-        return kv_pages(self.model.backend) if self.model is not None else (0, 0)
+        return self.model.backend.kv_pages() if self.model is not None else (0, 0)
 
     def submit(self, job: Job) -> None:
         """Queue `job` (FIFO).
@@ -229,9 +218,7 @@ class EngineWorker:
                 finally:
                     self.busy, self._running = False, None
         finally:
-            close = getattr(self.model.backend, "close", None)
-            if close is not None:
-                close()
+            self.model.backend.close()
 
     def _warm_up(self) -> None:
         m = self.model

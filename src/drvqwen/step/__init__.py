@@ -20,8 +20,8 @@ import argparse
 DEFAULT_MAX_CONTEXT = 4096
 
 
-def register(subparsers, fn) -> argparse.ArgumentParser:
-    """Add the `step` command to the CLI's subparsers (cli.build_parser); `fn` runs it."""
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the `step` command to the CLI's subparsers (cli.build_parser)."""
     p = subparsers.add_parser(
         "step", help="walk one decode step launch by launch against the numpy reference (a REPL)",
         description="An interactive walk through one decode step: every named launch, what it reads and "
@@ -37,8 +37,36 @@ def register(subparsers, fn) -> argparse.ArgumentParser:
                    help="skip the one-time CRC32 check of the model's tensor data (as for run)")
     p.add_argument("--script", help="run the commands of FILE (one per line, # comments) first, echoed; "
                                     "then stop unless stdin is a terminal")
-    p.set_defaults(fn=fn)
+    p.set_defaults(fn=cmd_step)
     return p
+
+
+def cmd_step(args) -> int:
+    """`drvqwen step`: the model opened as `drvqwen run` opens it (loading.open_model: on the
+    GPU when one is usable and runs the file), then the REPL; its status (repl.run)."""
+    from ..console import make_console, progress_bar
+    from ..loading import open_model
+    from ..tokenizer import Tokenizer
+    from .repl import read_script, run
+    from .session import Session
+
+    script = read_script(args.script) if args.script else None
+    opened = open_model(args.model, args.device, verify=not args.no_verify)
+    f = opened.file
+    if opened.device == "cpu":
+        opened.say_cpu("stepping through the numpy reference")
+        machine = open_machine(f, "cpu", args.max_context)
+    else:  # pragma: no cover - needs a Hopper GPU (tests/test_step_gpu.py)
+        with progress_bar(in_bytes=True, transient=True) as p:
+            task = p.add_task("uploading weights", total=None)
+            machine = open_machine(f, "cuda", args.max_context,
+                                   progress=lambda done, n: p.update(task, completed=done, total=n))
+    try:
+        out = make_console()
+        session = Session(machine, Tokenizer.from_json(f.tokenizer_json, source=str(f.path)), out, f.eog_ids)
+        return run(session, out, script)
+    finally:
+        machine.close()
 
 
 def open_machine(f, device: str, max_context: int, progress=None):

@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..errors import DrvqwenError
 from ..format import quant
-from ..format.nanoqwen import proj_prefix
+from ..format.tensor_set import proj_prefix
 from ..kv_cache import PAGE_TOKENS, tensor_map_shape
 from ..launchers.base import TensorMapSpec
 from ..launchers.signatures import declaration

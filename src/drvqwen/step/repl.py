@@ -178,16 +178,15 @@ def _save_history(path) -> None:
 
 
 def read_script(path: str) -> list[str]:
-    """The lines of a `--script` file (UTF-8).
+    """The lines of a `--script` file (UTF-8, read as prompt files are: text_input), each ending
+    in "\\n" whatever the file's line ends.
 
     Raises:
-        DrvqwenError: it cannot be read (one line naming the file and why).
+        DrvqwenError: it cannot be read, or is not UTF-8 (one line naming the file and why).
     """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.readlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DrvqwenError(f"{path}: cannot read the script ({getattr(e, 'strerror', None) or e})") from None
+    from ..text_input import read_text_file
+
+    return [line + "\n" for line in read_text_file(path, "the script").splitlines()]
 
 
 def run(session: Session, out: Console, script: list[str] | None = None) -> int:

@@ -1,0 +1,297 @@
+"""From a `--model` argument to a ready backend: the one path of run, chat, step, serve, eval
+and bench.
+
+    open_model(model, device)     choose the device first (`choose_device`: --device, a usable
+                                  Hopper GPU, the GPU engine importable), so that `--device cuda`
+                                  without one fails before any model work
+                                  → resolve (models.resolve_model: a .nanoqwen, an HF folder, a
+                                  GGUF or a repo id, converted once, with progress; or a name
+                                  `drvqwen list` shows: `model_argument`)
+                                  → verify its tensor CRCs (once per file)
+                                  → GPU or CPU fallback (engine.check_gpu_supports: a model the
+                                  kernels cannot run goes to the CPU, with the reason; with
+                                  --device cuda it is refused instead)
+                                  → an OpenedModel: the file, the device, why not the GPU
+    load_backend(opened, …)       the GPU engine or the CPU reference (`build_backend`), with a
+                                  progress bar → a generate.Backend
+
+`drvqwen step` builds its own machine from the OpenedModel (step/), `drvqwen serve` builds the
+backend on its worker thread (`build_backend`), `drvqwen bench` its decode step (bench.py).
+Messages and progress bars go to stderr: stdout carries only what a command prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from .console import make_console, progress_bar
+from .errors import DrvqwenError
+from .format.nanoqwen import NanoqwenFile
+from .stats import RunStats
+
+# The one-time CRC check of a model is reported when it took at least this long (a real
+# model: ~0.5 s for 735 MB); a test model's milliseconds are not worth a line.
+VERIFY_REPORT_MIN_S = 0.1
+# Hashing a source shows a progress bar from this size on (a 15 GB checkpoint takes ~15 s).
+HASH_PROGRESS_MIN_BYTES = 64 << 20
+
+
+def _err():
+    return make_console(stderr=True)
+
+
+@dataclass
+class OpenedModel:
+    """A validated model file and where it runs.
+
+    Attributes:
+        file: the `.nanoqwen`, header, table and config validated (tensor CRCs too, unless
+            skipped).
+        device: "cuda" or "cpu".
+        why_cpu: why the GPU is not used ("--device cpu", "no CUDA driver", a file the GPU
+            kernels cannot run …); None on the GPU, or when no device was chosen.
+    """
+
+    file: NanoqwenFile
+    device: str
+    why_cpu: str | None = None
+
+    def say_cpu(self, doing: str = "running the numpy reference backend", note: str = "") -> None:
+        """`<doing> on the CPU (<why_cpu>)<note>`, in yellow on stderr."""
+        _err().print(f"{doing} on the CPU ({self.why_cpu}){note}", style="yellow", soft_wrap=True)
+
+
+def choose_device(requested: str) -> tuple[str, str | None]:
+    """("cuda" | "cpu", the reason the GPU is not used or None) for --device `requested`.
+
+    Raises:
+        DrvqwenError: --device cuda, and no usable GPU (names the reason).
+    """
+    if requested == "cpu":
+        return "cpu", "--device cpu"
+    try:
+        from .cuda.device import gpu_unavailable_reason
+
+        reason = gpu_unavailable_reason()
+    except ImportError as e:
+        reason = f"GPU layer unavailable ({e})"
+    if reason is None:
+        try:
+            from . import engine  # noqa: F401  (the GPU engine)
+        except ImportError as e:
+            reason = f"the GPU engine cannot be imported ({e})"
+    if requested == "cuda" and reason is not None:
+        raise DrvqwenError(f"--device cuda: {reason}")
+    return ("cpu", reason) if reason else ("cuda", None)
+
+
+def _gpu_or_fallback(requested: str, device: str, why: str | None, f: NanoqwenFile) -> tuple[str, str | None]:
+    """(device, why) once the model is open: a model the GPU kernels cannot run (a per-tensor
+    weight format, YaRN) falls back to the CPU with the reason, unless --device cuda asked for
+    the GPU, which then raises that DrvqwenError."""
+    if device == "cuda":
+        from .engine import check_gpu_supports
+
+        try:
+            check_gpu_supports(f)
+        except DrvqwenError as e:
+            if requested == "cuda":
+                raise
+            device, why = "cpu", str(e).split(": ", 1)[-1]
+    return device, why
+
+
+def open_model(model: str | None, device: str | None = "auto", *, verify: bool = True,
+               stats: RunStats | None = None) -> OpenedModel:
+    """The model of a --model argument, validated, and the device it runs on (module doc).
+
+    Args:
+        model: the --model value (None: the default model).
+        device: --device ("auto", "cpu", "cuda"); None: no device is chosen (the file alone,
+            e.g. to count a prompt's tokens): device "cpu", why_cpu None.
+        verify: check the tensor CRCs (once per file: models.verify_once).
+        stats: adds the phases "read" (resolve, convert, validate) and "verify".
+    Raises:
+        DrvqwenError: --device cuda without a usable GPU, or for a model the GPU kernels cannot
+            run; a bad or missing model (models.resolve_model).
+    """
+    from .models import resolve_model
+
+    stats = RunStats() if stats is None else stats
+    chosen, why = choose_device(device) if device is not None else ("cpu", None)
+
+    def check(f: NanoqwenFile) -> None:
+        with stats.timed("verify"):
+            verify_with_progress(f)
+
+    def convert_into_cache(src: Path, dst: Path) -> None:
+        _err().print(f"converting {src} → {dst}", soft_wrap=True)
+        convert_with_progress(src, dst)
+
+    with stats.timed("read"):
+        f = resolve_model(model_argument(model), on_convert=convert_into_cache, verify=check if verify else None,
+                          say=lambda m: _err().print(m, style="yellow", soft_wrap=True),
+                          hash_progress=hash_progress)
+    stats.phases["read"] -= stats.phases.get("verify", 0.0)
+    if device is not None:
+        chosen, why = _gpu_or_fallback(device, chosen, why, f)
+    return OpenedModel(f, chosen, why)
+
+
+def model_argument(model: str | None) -> str | None:
+    """`model` as models.resolve_model takes it: a path that exists, a repo id `owner/name[:TAG]`
+    and None stay as they are; a name `drvqwen list` shows (or the start of one naming only it,
+    cache.select) becomes the path of that entry: the conversion, or the download to convert.
+
+    Raises:
+        DrvqwenError: the name selects several entries (names them).
+    """
+    from . import cache, hub
+
+    if model is None or Path(model).expanduser().exists() or hub.parse_name(model) is not None:
+        return model
+    try:
+        found = cache.entries()
+    except DrvqwenError:        # no cache root can be made, so no name is in it
+        return model
+    entry = cache.select(model, found)
+    return model if entry is None else str(cache.model_path(entry))
+
+
+def build_backend(f: NanoqwenFile, device: str, max_context: int, *, cache_tokens: int | None = None,
+                  eager: bool = False, progress=None):
+    """The GPU engine (device "cuda") or the CPU reference for `f`, on the calling thread.
+
+    Args:
+        max_context: the context in tokens (0 or None: the model's max_position).
+        cache_tokens: CPU: KV positions to allocate, when fewer than max_context will be used.
+        eager: GPU: launch the decode kernels one by one instead of replaying CUDA graphs.
+        progress: progress(done, total): bytes uploaded (GPU) or layers dequantized (CPU).
+    Raises:
+        DrvqwenError: the model and its cache do not fit (GPU memory, or the CPU's RAM).
+    """
+    if device == "cuda":  # pragma: no cover - needs a Hopper GPU (test_engine_gpu.py)
+        from .engine import GPUBackend
+
+        return GPUBackend(f, max_context, use_graphs=not eager, progress=progress)
+    from .generate import CPUBackend
+
+    return CPUBackend(f, max_context, progress=progress, cache_tokens=cache_tokens)
+
+
+def load_backend(opened: OpenedModel, max_context: int, *, cache_tokens: int | None = None,
+                 eager: bool = False, stats: RunStats | None = None, note: str = ""):
+    """`build_backend` for `opened` with a progress bar on stderr, the CPU's reason said first
+    (followed by `note`); stats gets the phase "load". Raises as `build_backend`."""
+    f, stats = opened.file, RunStats() if stats is None else stats
+    with stats.timed("load"):
+        if opened.device == "cpu":
+            opened.say_cpu(note=note)
+            with progress_bar() as p:
+                task = p.add_task("dequantizing weights", total=f.config.num_layers)
+                return build_backend(f, "cpu", max_context, cache_tokens=cache_tokens,
+                                     progress=lambda i, n: p.update(task, completed=i))
+        with progress_bar(in_bytes=True) as p:  # pragma: no cover - needs a Hopper GPU
+            task = p.add_task("uploading weights", total=sum(i.nbytes for i in f))
+            return build_backend(f, "cuda", max_context, eager=eager,
+                                 progress=lambda done, n: p.update(task, completed=done, total=n))
+
+
+# ---- what the path shows on the way -------------------------------------------------------------
+
+def convert_with_progress(src: Path, dst: Path, weights: str = "int4", per_tensor: bool = False):
+    """Convert `src` to `dst` (format.convert) with a progress bar, then the tables of weight
+    formats and reconstruction errors (`print_quant_summary`); returns the report.
+
+    Raises:
+        DrvqwenError: a bad source (before the bar is drawn); a folder that cannot take the
+            file or has no room for it.
+    """
+    from .format.convert import check_destination, convert, open_source
+
+    err = _err()
+    src = open_source(src)          # bad input fails here, before a progress bar is drawn
+    check_destination(src, dst)     # and a read-only folder or a full disk too
+    with progress_bar(console=err) as p:
+        task = p.add_task("quantizing", total=None)
+
+        def cb(name, done, total):
+            p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
+
+        report = convert(src, dst, progress=cb, weights=weights)
+    print_quant_summary(report, per_tensor)
+    return report
+
+
+def print_quant_summary(report, per_tensor: bool = False) -> None:
+    """On stderr: source type → drvqwen format (how many weights, bits per weight, exact or
+    re-quantized), the bytes one decode token reads, and the reconstruction error by projection
+    (or of every tensor)."""
+    err = _err()
+    t = Table(title="weight formats (source type → drvqwen format)")
+    for c in ("source", "format", "weights", "bits/weight", "values"):
+        t.add_column(c)
+    for row in report.mapping.values():
+        bpw = "16 (fp16)" if row.bits_per_weight is None else f"{row.bits_per_weight:g}"
+        t.add_row(row.source_type, row.format_name, str(row.count), bpw,
+                  "exact" if row.exact else "re-quantized")
+    err.print(t)
+    err.print(f"bytes read per decode token: {report.bytes_per_token / 1e6:.1f} MB")
+    t = Table(title="reconstruction error (‖W−Ŵ‖/‖W‖; 0 where the source's values are kept)", show_lines=False)
+    if per_tensor:
+        for c in ("tensor", "shape", "rel L2", "max |err|", "SNR dB"):
+            t.add_column(c, justify="right" if c != "tensor" else "left")
+        for e in report.errors:
+            t.add_row(e.name, "×".join(map(str, e.shape)), f"{e.rel_l2:.4f}", f"{e.max_abs:.3g}", f"{e.snr_db:.1f}")
+    else:
+        for c in ("projection", "mean rel L2", "worst rel L2"):
+            t.add_column(c)
+        for proj, d in report.summary_by_projection().items():
+            t.add_row(proj, f"{d['mean_rel_l2']:.4f}", f"{d['max_rel_l2']:.4f}")
+    err.print(t)
+
+
+def verify_with_progress(f: NanoqwenFile) -> None:
+    """Check the tensor CRCs of `f` once per file (models.verify_once), showing the cost.
+
+    Raises:
+        FormatError: a tensor's data does not match its CRC (names the file and tensor).
+    """
+    from .models import is_verified, verify_once
+
+    if is_verified(f.path):
+        return
+    err = _err()
+    with progress_bar(in_bytes=True, transient=True, console=err) as p:
+        task = p.add_task("verifying tensor CRC32s", total=None)
+        secs = verify_once(f, progress=lambda done, total: p.update(task, completed=done, total=total))
+    if secs is not None and secs >= VERIFY_REPORT_MIN_S:
+        size = sum(i.nbytes for i in f)
+        err.print(f"verified {size / 2**20:.0f} MiB of tensor data in {secs:.2f} s "
+                  f"(once per file; --no-verify skips it)", style="dim", soft_wrap=True)
+
+
+def hash_progress(path: Path):
+    """A progress callback(done, total) for hashing `path` the first time, or None for a
+    source smaller than HASH_PROGRESS_MIN_BYTES (or one that cannot be read)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size < HASH_PROGRESS_MIN_BYTES:
+        return None
+    state = {}
+
+    def cb(done: int, total: int) -> None:
+        if "p" not in state:
+            state["p"] = progress_bar(in_bytes=True, transient=True)
+            state["p"].start()
+            state["task"] = state["p"].add_task(f"hashing {path.name}", total=total)
+        state["p"].update(state["task"], completed=done)
+        if done >= total:
+            state["p"].stop()
+
+    return cb

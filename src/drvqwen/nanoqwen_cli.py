@@ -1,0 +1,129 @@
+"""`drvqwen convert` and `drvqwen info`: writing a `.nanoqwen` file, and reading one.
+
+    convert SOURCE -o OUT    an HF folder or a GGUF → OUT (format/convert.py), with a progress
+                             bar and the tables of weight formats and reconstruction errors;
+                             OUT's folder is checked before any work
+    info FILE|NAME           the header, config and tensors of a file, or of a model that
+                             `drvqwen list` names (cache.select: a conversion, or the newest
+                             conversion of a download)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from .console import make_console, progress_bar
+
+
+def cmd_convert(args) -> int:
+    """`drvqwen convert`: write args.output from args.source; 0."""
+    from .loading import convert_with_progress
+    from .paths import check_output
+
+    out = check_output(args.output, "the converted model")
+    if args.report_json:
+        check_output(args.report_json, "the report")
+    report = convert_with_progress(Path(args.source), out, weights=args.weights, per_tensor=args.per_tensor)
+    make_console(stderr=True).print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)", soft_wrap=True)
+    if args.report_json:
+        Path(args.report_json).write_text(json.dumps(
+            [e.__dict__ | {"shape": list(e.shape)} for e in report.errors], indent=1))
+    return 0
+
+
+def _format_counts(f) -> str:
+    """`int4_g128 ×168, dense ×2`: how many weights of the file are in each format."""
+    from .format import weight_formats as wf
+
+    counts: dict[str, int] = {}
+    for fid in f.formats.values():
+        name = "dense" if fid == wf.PLAIN else wf.FORMATS[fid].name
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items()))
+
+
+def cmd_info(args) -> int:
+    """`drvqwen info`: the file's tables on stdout (--verify: its CRCs checked); 0.
+
+    Raises:
+        DrvqwenError: no such file or cache name, a name naming several entries or a download
+            not converted yet, a bad file.
+    """
+    from . import cache
+    from .format.nanoqwen import NanoqwenFile
+
+    path = Path(args.file)
+    if not path.exists():
+        entry = cache.select(args.file)
+        path = path if entry is None else cache.nanoqwen_path(entry)
+    f = NanoqwenFile(path)
+    h = f.header
+    c = f.config
+    t = Table(title=f.path.name, caption=str(f.path), show_header=False)
+    rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
+            ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"
+             + ("" if f.has_default_formats else " (default; per-tensor formats below)")),
+            ("weight formats", _format_counts(f)),
+            ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
+            ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
+             if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
+            ("end of generation", " ".join(map(str, sorted(f.eog_ids))) or "none")]
+    rows += [(k, v) for k, v in c.to_dict().items()]
+    for k, v in rows:
+        t.add_row(str(k), str(v))
+    out = make_console()
+    out.print(t)
+    by_dtype: dict[str, list[int]] = {}
+    for info in f:
+        d = by_dtype.setdefault(str(info.dtype), [0, 0])
+        d[0] += 1
+        d[1] += info.nbytes
+    s = Table(title="tensors by dtype")
+    for col in ("dtype", "count", "bytes"):
+        s.add_column(col)
+    for k, (n, b) in by_dtype.items():
+        s.add_row(k, str(n), f"{b:,}")
+    out.print(s)
+    if args.tensors:
+        tt = Table(title="tensor table")
+        tt.add_column("name", overflow="fold")
+        for col in ("dtype", "shape", "offset", "bytes"):
+            tt.add_column(col, no_wrap=True)
+        for info in f:
+            tt.add_row(info.name, str(info.dtype), "×".join(map(str, info.shape)), str(info.offset), f"{info.nbytes:,}")
+        out.print(tt)
+    if args.verify:
+        err = make_console(stderr=True)
+        with progress_bar(console=err) as p:
+            task = p.add_task("verifying CRC32", total=h.n_tensors)
+            f.verify_data(progress=lambda info: p.advance(task))
+        from .models import remember_verified
+
+        remember_verified(f.path)   # `drvqwen run` need not check this file again
+        err.print("all tensor checksums match", style="green")
+    return 0
+
+
+def register(sub) -> None:
+    """Add `convert` and `info` to the CLI's subcommands."""
+    c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128, or a GGUF's own formats)")
+    c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
+    c.add_argument("-o", "--output", required=True, help="the .nanoqwen file to write")
+    c.add_argument("--weights", choices=("int4", "source"), default="int4",
+                   help="int4 (default): every projection INT4 g128, embedding and lm_head FP16 (what "
+                        "the GPU kernels run); source: a GGUF's tensors kept in formats that hold "
+                        "their values exactly (docs/quantization.md; CPU reference only for now)")
+    c.add_argument("--per-tensor", action="store_true", help="print the error of every tensor")
+    c.add_argument("--report-json", help="write per-tensor quantization errors as JSON")
+    c.set_defaults(fn=cmd_convert)
+
+    i = sub.add_parser("info", help="print a .nanoqwen file's header, config and tensors")
+    i.add_argument("file", metavar="FILE|NAME",
+                   help="a .nanoqwen file, or a model drvqwen list shows (a download: its conversion)")
+    i.add_argument("--tensors", action="store_true", help="list every tensor")
+    i.add_argument("--verify", action="store_true", help="check every tensor's CRC32")
+    i.set_defaults(fn=cmd_info)
+

@@ -1,0 +1,166 @@
+"""`drvqwen run` and `drvqwen chat`: generate from a prompt, or talk in the terminal.
+
+    run    options (gen_options.py) → the prompt's text → open the model (loading.py) → the
+           prompt's ids, checked against the context → load the backend → generate, streaming
+           text to stdout (stop strings cut) → the stats line on stderr (--json-stats, -v)
+    chat   the same model path, then chat.py's loop over one backend whose KV cache the turns
+           share
+
+Generated text goes to stdout and nothing else does; messages, progress bars and statistics
+go to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import gen_options as go
+from .console import make_console
+from .errors import DrvqwenError
+
+# `drvqwen chat`'s default context: the CPU reference keeps K/V in float32 (0.5B: 96 KiB per
+# token), so the model's whole 32K would take 3 GiB there; --max-context raises it.
+CHAT_CONTEXT = 8192
+
+
+def _say_dim(message: str) -> None:
+    make_console(stderr=True).print(message, style="dim", soft_wrap=True)
+
+
+def cmd_run(args) -> int:
+    """`drvqwen run`: one prompt, one answer streamed to stdout; 0."""
+    from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, generate, resolve_max_context
+    from .loading import load_backend, open_model
+    from .paths import check_output
+    from .stats import RunStats, write_json_atomic
+    from .stop_strings import StopStrings
+    from .text_input import checked_arg
+    from .tokenizer import StreamDecoder, Tokenizer
+
+    stats = RunStats()
+    err = make_console(stderr=True)
+    go.check_prompt_options(args)
+    params = go.sampling_params(args, say=_say_dim)
+    stats.seed = None if params.greedy else params.seed
+    if args.json_stats:
+        check_output(args.json_stats, "the stats")
+    # Every piece of user text passes the same UTF-8 check, whichever way it came in.
+    for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
+        v = getattr(args, opt)
+        if v is not None:
+            setattr(args, opt, checked_arg(v, "--" + opt.replace("_", "-")))
+    args.stop = [checked_arg(s, "--stop") for s in args.stop]
+    stops = StopStrings(args.stop)
+    text = go.prompt_text(args)
+    generating = args.max_new_tokens > 0
+    opened = open_model(args.model, args.device if generating else None,
+                        verify=generating and not args.no_verify, stats=stats)
+    f = opened.file
+    with stats.timed("tokenize"):
+        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+        ids = go.prompt_ids(args, tok, text)
+    # One rule for both devices: the context is the model's, or less, never silently capped.
+    max_context = resolve_max_context(args.max_context, f.config.max_position)
+    check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
+    check_prompt_ids(ids, f.config.vocab_size, str(f.path))
+    if not generating:
+        # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
+        res = GenerationResult(prompt_tokens=len(ids))
+        stats.finish()
+        err.print(res.summary(), style="dim", soft_wrap=True)
+        if args.json_stats:
+            write_json_atomic(args.json_stats, stats.to_dict(res))
+        return 0
+
+    # The CPU cache holds only what this run can use: prompt + new tokens.
+    backend = load_backend(opened, max_context, cache_tokens=len(ids) + args.max_new_tokens,
+                           eager=args.eager, stats=stats)
+    stream = StreamDecoder(tok)
+    out = sys.stdout
+
+    def on_token(t: int) -> bool:
+        shown, stop = stops.push(stream.push(t))
+        if shown:
+            out.write(shown)
+            out.flush()
+        return stop
+
+    try:
+        with stats.timed("generate"):
+            res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
+                           ignore_stop=args.ignore_eos)
+        mode = backend.decode_mode   # read before close(): graph or eager
+    finally:
+        backend.close()
+    tail, _ = stops.push(stream.flush())
+    tail += stops.flush()
+    out.write(tail + "\n")
+    out.flush()
+    stats.finish()
+    if stops.stopped and res.stopped_by != "stop string":
+        res.stopped_by = "stop string"          # found in the text held back at the end
+    if res.stopped_by == "context full":
+        err.print(f"warning: the context of {max_context} tokens is full: generation ended after "
+                  f"{len(res.tokens)} of --max-new-tokens={args.max_new_tokens} (raise --max-context; "
+                  f"the model allows {f.config.max_position})", style="yellow", soft_wrap=True)
+    stats.backend = f"{backend.name}, {mode} decode" if mode else backend.name
+    if args.verbose:
+        for line in stats.verbose_lines(res):
+            err.print(line, style="dim", soft_wrap=True)
+    err.print(stats.line(res), style="dim", soft_wrap=True)
+    if args.json_stats:
+        write_json_atomic(args.json_stats, stats.to_dict(res))
+    return 0
+
+
+def cmd_chat(args) -> int:
+    """`drvqwen chat`: the terminal loop (chat.py) until end of input or /quit; 0."""
+    from .chat import ChatSession, chat_loop
+    from .generate import resolve_max_context
+    from .loading import load_backend, open_model
+    from .stats import RunStats
+    from .text_input import checked_arg
+    from .tokenizer import DEFAULT_SYSTEM, Tokenizer
+
+    stats = RunStats()
+    go.check_device_options(args)
+    params = go.sampling_params(args, say=_say_dim)
+    if args.max_new_tokens < 1:
+        raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: a chat answer needs at least 1")
+    system = DEFAULT_SYSTEM if args.system is None else checked_arg(args.system, "--system")
+    opened = open_model(args.model, args.device, verify=not args.no_verify, stats=stats)
+    f = opened.file
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
+                                      f.config.max_position)
+    backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats)
+    try:
+        session = ChatSession(tok, backend, f.eog_ids, params, args.max_new_tokens, system)
+        _say_dim(f"{backend.name}: loaded in {stats.load_s:.2f} s; context {max_context} tokens")
+        err = make_console(stderr=True)
+        chat_loop(session, say=lambda m, style=None: err.print(m, style=style, soft_wrap=True))
+    finally:
+        backend.close()
+    return 0
+
+
+def register(sub) -> None:
+    """Add `run` and `chat` to the CLI's subcommands."""
+    r = sub.add_parser("run", help="generate text (GPU when a Hopper GPU is present, else the CPU reference)")
+    go.add_prompt_arguments(r)
+    go.add_model_arguments(r)
+    go.add_sampling_arguments(r, max_new_default=256)
+    r.add_argument("--max-context", type=int, default=0,
+                   help="context length in tokens, at most the model's max_position (default 0: all of it)")
+    r.set_defaults(fn=cmd_run)
+
+    ch = sub.add_parser("chat", help="talk with the model in the terminal; each turn reuses the KV cache "
+                                     "of the earlier ones")
+    go.add_model_arguments(ch)
+    go.add_sampling_arguments(ch, max_new_default=1024)
+    ch.add_argument("--system", help="system prompt (plain text; \"\" = an empty system turn; default: Qwen's)")
+    ch.add_argument("--max-context", type=int, default=0,
+                    help=f"context length in tokens; when the conversation outgrows it the oldest turns "
+                         f"are dropped (default 0: {CHAT_CONTEXT}, or the model's max_position if smaller)")
+    ch.set_defaults(fn=cmd_chat)
+

@@ -1,0 +1,57 @@
+"""A file a command is told to write is checked before the work it holds the result of: its
+folder must exist and take files, and it must not be a folder. Otherwise the command ends with
+one line naming it, before a model is opened or a source read (a conversion of the real 0.5B
+took ~7 s, a HumanEval run minutes, before failing to write the result).
+
+Each command's work is replaced by a function that fails the test if it is reached.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Make opening a model or a conversion source fail the test."""
+    import drvqwen.format.convert as convert
+    import drvqwen.humaneval as he
+    import drvqwen.loading as loading
+
+    def reached(*a, **k):
+        raise AssertionError("the work started before the output was checked")
+
+    for module, name in ((loading, "open_model"), (convert, "open_source"), (he, "load_problems")):
+        monkeypatch.setattr(module, name, reached)
+
+
+def _one_error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["convert", "SOURCE", "-o", "{out}"],
+    ["convert", "SOURCE", "-o", "{ok}", "--report-json", "{out}"],
+    ["run", "--device", "cpu", "-p", "hi", "--json-stats", "{out}"],
+    ["eval", "humaneval", "--problems", "P.jsonl", "--json", "{out}"],
+    ["eval", "agree", "--reference", "R.gguf", "--json", "{out}"],
+], ids=["convert-o", "convert-report-json", "run-json-stats", "eval-humaneval-json", "eval-agree-json"])
+def test_a_missing_output_folder_is_named_before_the_work(tmp_path, capsys, no_work, argv):
+    from drvqwen.cli import main
+
+    out = tmp_path / "missing" / "dir" / "result"
+    argv = [a.format(out=out, ok=tmp_path / "ok.nanoqwen") for a in argv]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {out.parent}: cannot write") and "No such file or directory" in line
+
+
+def test_a_folder_given_as_the_output_is_refused_first(tmp_path, capsys, no_work):
+    from drvqwen.cli import main
+
+    assert main(["run", "--device", "cpu", "-p", "hi", "--json-stats", str(tmp_path)]) == 2
+    assert _one_error_line(capsys) == f"error: {tmp_path}: is a directory; give the output file name"

@@ -1,0 +1,48 @@
+"""The command line's own mistakes — a value of the wrong type, a choice that is not one, an
+option that does not exist, one that is missing — are one line on stderr and status 2, as
+every other mistake (README): what is wrong, and where the help is. No usage block."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "src")
+
+CASES = [
+    (["run", "-t", "abc"], "drvqwen run", "argument -t/--temperature/--temp: invalid float value: 'abc'"),
+    (["run", "--device", "gpu"], "drvqwen run", "argument --device: invalid choice: 'gpu'"),
+    (["chat", "--top-k", "x"], "drvqwen chat", "argument --top-k: invalid int value: 'x'"),
+    (["run", "--no-such-option"], "drvqwen", "unrecognized arguments: --no-such-option"),
+    (["run", "-n"], "drvqwen run", "argument -n/--max-new-tokens: expected one argument"),
+    (["convert", "x.gguf"], "drvqwen convert", "the following arguments are required: -o/--output"),
+    (["serve", "--port", "http"], "drvqwen serve", "argument --port: 'http' is not a port number"),
+    (["eval"], "drvqwen eval", "the following arguments are required: {humaneval,agree}"),
+    (["eval", "humaneval", "--timeout", "soon"], "drvqwen eval humaneval",
+     "argument --timeout: invalid float value: 'soon'"),
+    (["frobnicate"], "drvqwen", "argument COMMAND: invalid choice: 'frobnicate'"),
+]
+
+
+@pytest.mark.parametrize("argv,prog,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_usage_error_is_one_line_with_a_hint(capsys, argv, prog, message):
+    from drvqwen.cli import main
+
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.strip()]
+    assert out.out == "" and len(lines) == 1, out.err
+    assert lines[0].startswith(f"error: {message}") and lines[0].endswith(f"({prog} --help shows the options)")
+
+
+@pytest.mark.parametrize("module", ["drvqwen", "drvqwen.cli", "drvqwen.bench"])
+def test_usage_error_in_a_real_process(module):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    argv = ["--preset", "1b"] if module == "drvqwen.bench" else ["run", "--temperature", "hot"]
+    r = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: argument ") and "--help" in lines[0], r.stderr
