@@ -260,8 +260,8 @@ def time_versions(outcomes: list[Outcome], args) -> None:
             finally:
                 get_device().synchronize()
                 s.close()
-        for o in outcomes:
-            o.summary["copy_gbps"] = copy_gbps
+    for o in outcomes:
+        o.summary["copy_gbps"] = copy_gbps
 
 
 def print_table(outcomes: list[Outcome], args) -> None:
