@@ -87,7 +87,7 @@
 #define GEMM_W_ROW_BYTES   (INT4_GROUP / 2)                 // 128 nibbles = 16 words = 64 B
 #define GEMM_W_STAGE_BYTES (GEMM_BLOCK_TILES * INT4_TILE_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
 #define GEMM_STAGE_BYTES   (GEMM_A_STAGE_BYTES + GEMM_W_STAGE_BYTES)
-#define GEMM_SMEM_BYTES    (GEMM_STAGES * GEMM_STAGE_BYTES)  // 96 KB (kernels.py mirrors it)
+#define GEMM_SMEM_BYTES    (GEMM_STAGES * GEMM_STAGE_BYTES)  // 96 KB (tools/dev_gemm_int4.py mirrors it)
 
 // Physical 16-byte chunk of logical chunk c (inputs 8c … 8c+7 of the group) in token row `row`.
 // A warp's B-fragment read for word i touches chunks 4t + i (t = 0..3) of rows g = 0..7; an

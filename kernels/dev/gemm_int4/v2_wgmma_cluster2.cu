@@ -97,10 +97,10 @@
 #define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 16 KB
 #define GEMM_STAGE_BYTES    (2 * GEMM_BOX_BYTES)               // one 128-input group: 32 KB
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
-#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // launchers mirror it
+#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)  // tools/dev_gemm_int4.py mirrors it
 // CTAs per cluster along grid y (weight-row blocks that share the same 128 tokens): each loads
 // one of a stage's two 64-input boxes and multicasts it to both, so the activations cross L2
-// once per cluster, not once per block. 1 = no cluster (the launchers mirror the value).
+// once per cluster, not once per block. 1 = no cluster (tools/dev_gemm_int4.py mirrors the value).
 #ifndef GEMM_CLUSTER
 #define GEMM_CLUSTER 2
 #endif
