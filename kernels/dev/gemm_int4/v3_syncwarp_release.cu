@@ -10,7 +10,8 @@
 //
 // Source: kernels/gemm_int4.cu at commit 18844d8, its barrier arrivals gathered in one struct
 // (GemmSyncwarpRelease, below): the hook v4 and v5 replace. NVRTC builds the same machine code
-// for all four kernels as from that commit's tree.
+// for all four kernels as from that commit's tree. A whole copy, not an include of the
+// production file: its protocol is written into the engine, with no hook to replace it.
 //
 // What changes from v2 (GEMM_CLUSTER=1), in the order it came:
 //   - persistent (386602b): grid = min(tiles, SMs), each block loops over tiles, and the

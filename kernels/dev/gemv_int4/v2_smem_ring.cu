@@ -9,7 +9,9 @@
 // Source: the block engine of kernels/gemv_int4.cu at commit 8482cf5 (gemv_int4_block there,
 // gemv_int4_block_ring here) and its cp_async_16_stream (then in ptx/cp_async.cuh); everything
 // else comes from ../../gemv_int4.cu, which has not changed since but for comments. NVRTC builds
-// the same machine code for these three kernels as for 8482cf5's.
+// the same machine code for these three kernels as for 8482cf5's. The kernels below repeat
+// production's bodies on purpose: production's engine has a hook for where a lane's words lie
+// (Layout, v1), none for how they travel, and its kernels call it by name.
 //
 // What changes from the production engine: each warp copies its (tile, group) items with
 // cp.async straight from L2 into its own ring of GEMV_RING KiB (16 by default; 8 the other
