@@ -116,14 +116,13 @@ class Inputs:
 
     def __init__(self, case: Case, dev, rng, reference: bool = True):
         from drvqwen import reference as ref
-        from drvqwen.prefill import ROW_BUCKET
         from kernel_testing import dequant64, random_int4
+        from test_kernel_gemm_int4 import _capacity, _x  # the production test's row capacity and x
 
         self.case, m, dims = case, case.m, case.dims
-        self.rows = rows = -(-m // ROW_BUCKET) * ROW_BUCKET
+        self.rows = rows = _capacity(m)
         k = dims["k"]
-        x = np.full((rows, k), np.nan, np.float16)
-        x[:m] = rng.standard_normal((m, k)).astype(np.float16)
+        x = _x(rng, m, k)  # fp16 [rows, K], the rows past M NaN
         x64 = x[:m].astype(np.float64)
         ns = {"f32": [dims.get("n")], "residual": [dims.get("n")], "qkv": [dims.get("nq"), dims.get("nkv"), dims.get("nkv")],
               "gate_up": [dims.get("f"), dims.get("f")]}[case.kind]

@@ -25,6 +25,7 @@ import numpy as np
 
 from dev_kernels import Outcome, Version, retarget
 from drvqwen.launchers.base import Occupancy
+from test_kernel_gemv_int4 import EPS, MAX_PAGES, N_PAGES  # the production test's norm eps and paged cache
 
 VERSIONS = [
     Version("production", "gemv_int4"),
@@ -35,9 +36,7 @@ VERSIONS = [
 RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu
 DEV_CONSTANTS = [("dev/gemv_int4/v2_smem_ring", "GEMV_RING", RING_KB),
                  ("dev/gemv_int4/v2_smem_ring", "GEMV_RING_BYTES", RING_KB * 1024)]
-EPS = 1e-6
 ROPE_THETA = 1e6     # Qwen2.5's rope_theta, as tests/test_kernel_gemv_int4.py
-N_PAGES, MAX_PAGES = 9, 32768 // 16
 
 
 def ring_bytes(v: Version, threads: int) -> int:
@@ -113,13 +112,12 @@ CASES = [
 
 
 def _normed(rng, k):
-    """(residual fp32 [k], gain fp16 [k], rmsnorm(residual) · gain rounded to FP16 as the kernel
-    feeds it to the MMAs)."""
-    from drvqwen import reference as ref
+    """(residual fp32 [k] with Qwen2's few huge channels, gain fp16 [k], rmsnorm(residual) · gain
+    rounded to FP16 as the kernel feeds it to the MMAs): the production test's inputs."""
+    from test_kernel_gemv_int4 import _normed as normed, _residual
 
-    residual = rng.standard_normal(k).astype(np.float32)
-    norm_w = (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
-    return residual, norm_w, ref.rmsnorm(residual.astype(np.float64), norm_w, EPS).astype(np.float16)
+    residual, norm_w = _residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
+    return residual, norm_w, normed(residual, norm_w)
 
 
 class Inputs:

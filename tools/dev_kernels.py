@@ -124,18 +124,22 @@ class Outcome:
 
 
 def select(versions: list[Version], names: list[str] | None) -> list[Version]:
-    """Production, then the versions whose names start with one of `names` (all when None).
+    """Production, then the versions whose names start with one of `names` (all when None)."""
+    if not names:
+        return list(versions)
+    return [v for v in versions if v.is_production or any(v.name.startswith(n) for n in names)]
+
+
+def check_names(ops: tuple[str, ...], names: list[str] | None) -> None:
+    """Every name of --versions selects a version of at least one of `ops`.
 
     Raises:
         SystemExit: a name that selects nothing (the message lists the versions).
     """
-    if not names:
-        return list(versions)
-    chosen = [v for v in versions if v.is_production or any(v.name.startswith(n) for n in names)]
-    for n in names:
+    versions = [v for op in ops for v in op_module(op).VERSIONS]
+    for n in names or ():
         if not any(v.name.startswith(n) for v in versions):
-            raise SystemExit(f"dev_kernels: no version {n!r}; versions: {', '.join(v.name for v in versions)}")
-    return chosen
+            raise SystemExit(f"dev_kernels: no version {n!r}; versions: {', '.join(dict.fromkeys(v.name for v in versions))}")
 
 
 def build(outcome: Outcome) -> bool:
@@ -189,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verbose", action="store_true", help="print each check's report line")
     a = ap.parse_args(argv)
 
+    ops = OPS if a.op == "all" else (a.op,)
+    check_names(ops, a.versions)
     from drvqwen.cuda import GpuUnavailableError, get_device
 
     try:
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"tool": "tools/dev_kernels.py", "device": dev.info.summary(), "seed": a.seed,
               "samples": a.samples, "ops": {}}
     failed = False
-    for op in (OPS if a.op == "all" else (a.op,)):
+    for op in ops:
         outcomes = run_op(op, a)
         failed |= not all(o.passed for o in outcomes)
         record["ops"][op] = {o.version.name: {"file": o.version.file, "defines": dict(o.version.defines),

@@ -86,8 +86,12 @@ def test_select():
         "production", "v2_wgmma_cluster2", "v2_wgmma_cluster2[GEMM_CLUSTER=1]"]
     assert [v.name for v in dev_kernels.select(vs, ["v1", "v4"])] == [
         "production", "v1_mma_sync", "v4_late_full_arrival"]
+    assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == ["production"]
+    dev_kernels.check_names(dev_kernels.OPS, ["v4", "v1_tile"])  # v4 of the GEMM, v1 of the GEMV
+    with pytest.raises(SystemExit, match="no version 'v3'.*v2_smem_ring"):
+        dev_kernels.check_names(("gemv_int4",), ["v3"])
     with pytest.raises(SystemExit, match="no version 'v9'.*v1_mma_sync"):
-        dev_kernels.select(vs, ["v9"])
+        dev_kernels.check_names(dev_kernels.OPS, ["v9"])
 
 
 # --- launch shapes (CPU: planned buffers, no tensor map encoded) -----------------------------
