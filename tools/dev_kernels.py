@@ -102,21 +102,25 @@ class Outcome:
         return max(errs) if errs else None
 
     def check(self, case: str, run, verbose: bool = False) -> None:
-        """Run one check: `run()` raises (an assertion, kernel_testing.report's pytest.fail) or
-        returns the relative L2 error. The failure is recorded, not raised — except a CUDA error,
-        which leaves the context unusable for every later launch."""
+        """Run one check: `run()` raises (an assertion, kernel_testing.report's pytest.fail, a
+        refused launch) or returns the relative L2 error. The failure is recorded, not raised —
+        unless the device no longer synchronizes (a fault poisons the context for every later
+        launch): then RuntimeError, naming the version and the case."""
         import pytest
 
-        from drvqwen.cuda import CudaError
+        from drvqwen.cuda import CudaError, get_device
 
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
                 rel = float(run())
             self.checks.append({"case": case, "rel_err": rel, "error": None})
-        except CudaError as e:
-            raise RuntimeError(f"{self.version.name}, {case}: {e}") from e
         except (Exception, pytest.fail.Exception) as e:  # noqa: BLE001 — Failed is a BaseException
+            if isinstance(e, CudaError):
+                try:
+                    get_device().synchronize()
+                except CudaError as fault:
+                    raise RuntimeError(f"{self.version.name}, {case}: {e}; the device is unusable: {fault}") from e
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             self.checks.append({"case": case, "rel_err": None, "error": first})
         if verbose:
