@@ -98,14 +98,17 @@
 //   | gate_up_swiglu (2·18944 × 3584) | 284.9   488  | 1109.5   501  | 654.4   213       |
 //   | down_proj (3584 × 18944)        | 162.3   428  |  611.3   455  | 393.5   177       |
 //   | 28 layers                       | 15.1 ms      |  55.9 ms      | 35.6 ms           |
-//   (mma.sync: the previous cp.async + mma.m16n8k16 form of this file.) qkv at M = 512 is 36 × 4
-//   = 144 tiles on 132 SMs: 1.09 waves.
+//   (mma.sync: the previous cp.async + mma.m16n8k16 form of this file, kept as
+//   kernels/dev/gemm_int4/v1_mma_sync.cu; re-run beside this file with
+//   `PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v1`.) qkv at M = 512 is
+//   36 × 4 = 144 tiles on 132 SMs: 1.09 waves.
 // Tried and measured slower: clusters of 2 CTAs along the weight rows sharing each stage by a
 // multicast TMA copy (half the activation traffic from L2): 24.9 ms against 16.5 ms for the 28
-// layers at M = 512. L2 bandwidth is not the limit; a stage shared by two CTAs can be refilled
-// only when both are done with it, and the coupling stalls both. What limits now is the
-// consumers' mainloop (~50–60% of the tensor-core peak): unpacking in the same warps that wait
-// for their MMAs. The next step is a third warpgroup that unpacks the weights into shared
+// layers at M = 512 (kernels/dev/gemm_int4/v2_wgmma_cluster2.cu, built with GEMM_CLUSTER=2 and
+// =1; re-run with `tools/dev_kernels.py gemm_int4 --versions v2`). L2 bandwidth is not the
+// limit; a stage shared by two CTAs can be refilled only when both are done with it, and the
+// coupling stalls both. What limits now is the consumers' mainloop (~50–60% of the tensor-core
+// peak): unpacking in the same warps that wait for their MMAs. The next step is a third warpgroup that unpacks the weights into shared
 // memory for wgmma with both operands there (and n = 256 per MMA, which the registers freed by
 // that allow).
 // Also tried: 256 tokens per tile (m64n256k16: 128 accumulators, ~220 registers). A 9-warp block
@@ -114,17 +117,19 @@
 // (a producer warpgroup giving registers back with setmaxnreg).
 //
 // Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
-// each, the old one in the same device call; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json):
-//   | full barrier                          | release of a stage                 | ms          | sanitizers        |
-//   | count 1, lanes' arrivals without .noinc | lane 0 per warp                  | 15.0 15.1   | synccheck overflow, racecheck hazards |
-//   | count 33, .noinc                      | lane 0 after __syncwarp            | 15.1 15.2   | racecheck 24 hazards |
-//   | count 33, each lane arrives after cp.async.wait_group 1 (one group late) | lane 0 after __syncwarp | 14.6 14.5 | racecheck 24 hazards |
-//   | count 33, one group late              | every lane, after the wait          | 15.3 15.4   | clean |
-//   | count 33, .noinc                      | every lane, after the wait          | 15.4 15.4   | clean |
-//   | count 33, one group late              | w_empty every lane before the MMAs, x_empty lane 0 | 16.5 16.5 | clean |
-//   | count 33, .noinc                      | w_empty every lane before the MMAs, x_empty lane 0 | 15.4 15.7 | clean |
-//   | count 33, one group late              | w_empty every lane after the commit, x_empty lane 0 | 15.4 15.3 | clean |
-//   | count 33, .noinc (this file)          | w_empty every lane after the commit, x_empty lane 0 | 15.0 14.8 | clean |
+// each, the old one in the same device call; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;
+// the "dev" column names the version kept in kernels/dev/gemm_int4/, re-run beside this file with
+// `PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v3 v4 v5`):
+//   | full barrier                          | release of a stage                 | ms          | sanitizers        | dev |
+//   | count 1, lanes' arrivals without .noinc | lane 0 per warp                  | 15.0 15.1   | synccheck overflow, racecheck hazards | |
+//   | count 33, .noinc                      | lane 0 after __syncwarp            | 15.1 15.2   | racecheck 24 hazards | v3 |
+//   | count 33, each lane arrives after cp.async.wait_group 1 (one group late) | lane 0 after __syncwarp | 14.6 14.5 | racecheck 24 hazards | v4 |
+//   | count 33, one group late              | every lane, after the wait          | 15.3 15.4   | clean |     |
+//   | count 33, .noinc                      | every lane, after the wait          | 15.4 15.4   | clean | v5  |
+//   | count 33, one group late              | w_empty every lane before the MMAs, x_empty lane 0 | 16.5 16.5 | clean | |
+//   | count 33, .noinc                      | w_empty every lane before the MMAs, x_empty lane 0 | 15.4 15.7 | clean | |
+//   | count 33, one group late              | w_empty every lane after the commit, x_empty lane 0 | 15.4 15.3 | clean | |
+//   | count 33, .noinc (this file)          | w_empty every lane after the commit, x_empty lane 0 | 15.0 14.8 | clean | |
 // Every lane arriving costs where it sits on the MMA path: right after the commit it overlaps the
 // MMAs. The fastest form (lane 0 after __syncwarp) is sound by the memory model, but racecheck
 // cannot see it, and a protocol the sanitizers cannot check is one no change can be checked against.

@@ -84,22 +84,25 @@
 //   | launch shape                               | gate_up  | down     | qkv     | o_proj  |
 //   | one tile per block (first version)         | 29.7 µs  | 16.9 µs  | 7.2 µs  | 4.6 µs  |
 //   | persistent, gemv_launch_shape              | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
-//   | + tile-major weights (kernels/dev/)        | 22.5 µs  | 15.3 µs  |         |         |
+//   | + tile-major weights (dev v1_tile_major)   | 22.5 µs  | 15.3 µs  |         |         |
 // gate_up at 24.5 µs is 2.86 TB/s (3.12 TB/s tile-major); qkv and o are launch/latency bound
-// (~1.5–2 µs of bytes in ~5 µs).
+// (~1.5–2 µs of bytes in ~5 µs). Tile-major: kernels/dev/gemv_int4/v1_tile_major.cu, re-run
+// beside this file with `PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v1`.
 //
 // With the fusions and PDL (tools/bench_gemv.py --pdl: each GEMV alone, back to back in a graph,
 // weights rotated past L2, H200, 4273 GB/s copy bandwidth), µs per call:
 //   | engine, launch shape                         | qkv_rope | o_proj | gate_up | down  |
 //   | registers, the cost model's W (4, 7, 7, 8)   |   9.54   |  4.72  |  23.70  | 15.17 |
 //   | registers, W = 8 warps                       |   8.56   |  4.56  |  22.38  | 15.15 |  ← kept
-//   | shared-memory ring (cp.async), 16 KiB / warp |   9.96   |  5.63  |  26.90  | 18.37 |
-//   | shared-memory ring, 8 KiB / warp             |   7.90   |  5.17  |  25.36  | 14.56 |
+//   | shared-memory ring (cp.async), 16 KiB / warp |   9.96   |  5.63  |  26.90  | 18.37 |  dev v2
+//   | shared-memory ring, 8 KiB / warp             |   7.90   |  5.17  |  25.36  | 14.56 |  dev v2, GEMV_RING=8
 // The ring (each warp streams its weights through slots in shared memory with cp.async, 7–15
 // KiB in flight instead of 4–8 KiB in registers) lost where it counts: at one or two blocks
 // per SM too few warps are left to hide the latency of the unpack → MMA chain (8 dependent MMAs
 // per item), and the bytes in flight were not the limit. gate_up is at 73 % of the copy
 // bandwidth, down at 54 %, qkv and o at 23 % and 34 %: a small GEMV is mostly its ramp-up.
+// The ring is kept as kernels/dev/gemv_int4/v2_smem_ring.cu; re-run both sizes beside this file
+// with `PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v2`.
 //
 // Requirements (checked by the launchers): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
 // least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored); for

@@ -2,8 +2,8 @@
 
 Runs in CI, which has no GPU: NVRTC and ptxas run on the CPU, so a compile break or a
 kernel that starts spilling to local memory is caught before anyone spends GPU time
-(docs/gpu-workflow.md#ci-every-kernel-compiles-nothing-spills). The kernel list is read from kernels/ and kernels/dev/ at collection time, so
-a new kernel file is covered without touching this test (the shared headers, kernels/*.cuh, are
+(docs/gpu-workflow.md#ci-every-kernel-compiles-nothing-spills). The kernel list is read from kernels/ and kernels/dev/ (with
+its folders) at collection time, so a new kernel file is covered without touching this test (the shared headers, kernels/*.cuh, are
 compiled as part of the kernels that include them).
 
 The cache tests build a throw-away tree (kernels/, ptx/) in a temporary folder and compile
@@ -29,9 +29,9 @@ from drvqwen.cuda.nvrtc import (
 from drvqwen.cuda.sources import kernels_dir, list_kernels, ptx_dir
 
 KERNELS = list_kernels()
-# The experiments in kernels/dev/ (a checkout only) must keep compiling too.
+# The workshop's versions in kernels/dev/ and its folders (a checkout only) must keep compiling too.
 DEV_DIR = kernels_dir() / "dev"
-DEV_KERNELS = [f"dev/{n}" for n in list_kernels(DEV_DIR)] if DEV_DIR.is_dir() else []
+DEV_KERNELS = sorted(p.relative_to(kernels_dir()).with_suffix("").as_posix() for p in DEV_DIR.rglob("*.cu"))
 
 
 def test_kernel_folders_found():

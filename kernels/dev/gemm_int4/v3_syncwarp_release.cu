@@ -1,0 +1,506 @@
+// kernels/dev/gemm_int4/v3_syncwarp_release.cu — the prefill GEMM, version 3: the persistent
+// wgmma GEMM with its weights staged in shared memory, and the barrier protocol of commit
+// 18844d8: a full barrier that counts the producer lanes' cp.async arrivals (.noinc), and a stage
+// released by lane 0 of each consumer warp after a __syncwarp. Not a production kernel:
+// tools/dev_kernels.py checks it against the float64 reference and times it beside
+// kernels/gemm_int4.cu.
+//
+//   gemm_int4_f32, gemm_int4_qkv, gemm_int4_residual, gemm_int4_gate_up_swiglu: the arguments,
+//   grid, block and smem of kernels/gemm_int4.cu's kernels of the same names.
+//
+// Source: kernels/gemm_int4.cu at commit 18844d8, its barrier arrivals gathered in one struct
+// (GemmSyncwarpRelease, below): the hook v4 and v5 replace. NVRTC builds the same machine code
+// for all four kernels as from that commit's tree. A whole copy, not an include of the
+// production file: its protocol is written into the engine, with no hook to replace it.
+//
+// What changes from v2 (GEMM_CLUSTER=1), in the order it came:
+//   - persistent (386602b): grid = min(tiles, SMs), each block loops over tiles, and the
+//     producer runs on into the next tile's stages while the consumers are in the epilogue; no
+//     clusters (v2).
+//   - the group scales loaded one group ahead (4c3f5e5: ncu showed 35% of the stalls were L1TEX
+//     scoreboard waits).
+//   - the weights staged in shared memory too (5eb72ab): the producer warp's 32 lanes copy each
+//     stage's 128 weight rows with cp.async into the ring that holds X, so no consumer waits on
+//     a global load (148 registers).
+//   - the barrier protocol (18844d8): full[s] counts 33 arrivals, lane 0's arrive.expect_tx and
+//     one cp.async.mbarrier.arrive.noinc per producer lane. Before, full[s] counted 1 while the
+//     32 lanes arrived without .noinc — zero-net arrivals that the phase need not wait for
+//     (ptx/cp_async.cuh) and that compute-sanitizer's synccheck reported as a barrier overflow.
+// Why keep this version: its stage release is sound by the memory model — the __syncwarp orders
+// every lane's loads of the weight words before lane 0's release arrival, and the producer's
+// acquiring wait orders that arrival before its next cp.async into the stage — yet racecheck
+// reports 24 hazards (the other lanes' reads against the next cp.async): it does not follow an
+// order through __syncwarp to another lane's arrival. kernels/gemm_int4.cu has every consumer
+// lane release its own reads instead, so that racecheck can check the protocol (v5, and the
+// production header's table).
+//
+// Measured (docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json, variant "D":
+// tools/bench_gemm.py --reps 20, M = 512, H200, medians of 3, two runs, µs):
+//   | qkv_proj    | o_proj | gate_up_swiglu | down_proj     | 28 layers     |
+//   | 58.1  58.2  | 31.5   | 284.6  286.2   | 163.4  167.1  | 15.1  15.2 ms |
+// In the same device call the protocol before (9c8c933: full count 1, lanes without .noinc)
+// ran 15.0 and 15.1 ms; production's protocol ("H") 15.0 and 14.8 ms in another.
+// Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v3
+//
+// X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
+// output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
+// id 1: 8 nibbles per uint32 in NIBBLE_ORDER, ptx/int4_unpack.cuh).
+//
+// Work split
+// ----------
+//   tile     = 128 tokens × 128 weight rows (for gate/up: 64 features of both matrices). The
+//              kernel is persistent: grid = min(tiles at the buffer's capacity, SM count), and
+//              block b takes tiles b, b + gridDim.x, … of the ceil(M/128) × row-block tiles the
+//              live M gives, token block fastest (tiles running at once share weight slices in L2).
+//   block    = 9 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
+//              tile's 128 tokens, and one producer warp (warp 8).
+//   producer = one warp fills a ring of GEMM_STAGES stages, one 128-input group each, guarded by
+//              mbarriers (full: the bytes landed; empty: the consumer warps are done with it):
+//              lane 0 issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs, 128-byte
+//              swizzle — the layout wgmma reads; two boxes, 32 KB), and every lane copies 16-byte
+//              pieces of the tile's 128 weight rows (64 B each, 8 KB) with cp.async, which
+//              arrives on the same full barrier when it lands. It runs on into the next tile while
+//              the consumers are in the epilogue.
+//   consumer = the weights are wgmma's A operand, from registers: lane (g, t) reads the 64 bytes
+//              of its rows g and g+8 from the stage and unpacks nibble pair t of every word:
+//              inputs (16s + 2t, +1) and (16s + 8 + 2t, +9) of k step s — exactly the k positions
+//              of the A fragment (ptx/wgmma.cuh), because B, the activations, comes from shared
+//              memory in its natural order. The exact codes are multiplied by the row's group
+//              scale (loaded one group ahead) in FP16 — one rounding of each scaled weight,
+//              relative ≤ 2⁻¹¹, docs/numerics.md — so the tensor cores sum all of K into one FP32
+//              accumulator with no per-group rescaling.
+//              Per group: 8 × wgmma m64n128k16 (B: the stage, through a descriptor), one commit,
+//              one wait; the two warpgroups interleave, one unpacking while the other's MMAs run.
+//   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j = 0..15): each output element
+//              is written by exactly one lane (the residual read-modify-write needs no atomics,
+//              the result is bit-reproducible); tokens ≥ M and rows ≥ N are not written. For
+//              gate/up, row g of a warp's 16 is gate feature f and row g+8 is up feature f, so
+//              the SwiGLU happens in registers.
+//
+// Barriers and phases (each initialised once by thread 0, then fence + the kernel's only
+// __syncthreads(), before the role branch). `it` counts the groups a block has run over all its
+// tiles, the same in the producer and in every consumer warp; group it uses stage s = it % STAGES
+// in round r = it / STAGES.
+//   full[s]   count FULL_ARRIVALS = 33: lane 0's arrive.expect_tx (+ the 32 KB of X the two
+//             TMA boxes deliver as transactions) and one cp.async.mbarrier.arrive.noinc per
+//             producer lane, which arrives only once that lane's 16 weight copies have landed.
+//             Phase r completes when round r's X tile and all 128 weight rows are in shared
+//             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
+//             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)
+//   empty[s]  count 8: lane 0 of every consumer warp, after its wgmma.wait_group 0 (the MMAs'
+//             reads of X are done) and a __syncwarp() (every lane's loads of the weight words
+//             are ordered before lane 0's release arrival). Phase r completes when every
+//             consumer is done with round r.
+//   Why it cannot race: the producer writes stage s for round r ≥ 1 (TMA and cp.async) only after
+//   empty[s] phase r−1, i.e. after every read of round r−1 (WAR); a consumer reads round r only
+//   after full[s] phase r (acquire), i.e. after every write of round r landed (RAW). Arrivals
+//   never spill into the wrong phase: every one of round r's 33 arrivals is issued after the
+//   producer's wait on empty[s] phase r−1, which implies full[s] phase r−1 had completed.
+//   Why parities suffice: full[s] is at most one phase ahead of a consumer's wait (round r+1
+//   cannot be armed before that consumer released round r), and empty[s] at most one phase ahead
+//   of the producer's (round r cannot be released before it was filled), so r & 1 names the phase.
+//   The producer waits for its own last copies (cp.async.wait_group 0) before it exits.
+//
+// The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
+// chunk is built once per row capacity and reused. The tensor map covers the buffer's capacity
+// rows: tokens past M are read (stale or NaN: they are other columns of the MMA) but never
+// written; rows past the capacity read as zero.
+//
+// Shared memory: GEMM_STAGES × 40 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
+// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (148 in all,
+// ptxas), under the 168 a 9-warp block can have (3 of its warps share one SM
+// sub-partition's 16 K registers).
+//
+// Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
+// (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
+// X's rows 16-byte aligned (TMA).
+#include <cuda_fp16.h>
+
+#include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
+#include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
+#include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
+#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
+#include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
+#include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
+#include "../../int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
+
+#define GEMM_CONSUMER_WGS   2
+#define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
+#define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
+#define GEMM_BM             128                                // tokens per block (wgmma N)
+#define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
+#define GEMM_THREADS        ((GEMM_CONSUMER_WARPS + 1) * WARP_SIZE)  // + the producer warp: 288
+#define GEMM_STAGES         4
+#define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
+#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 16 KB
+#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 32 KB
+#define GEMM_W_ROW_BYTES    (INT4_GROUP / 2)                   // one group of one weight row: 64 B
+#define GEMM_W_STAGE_BYTES  (GEMM_BLOCK_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
+#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 40 KB (a multiple of 1024)
+#define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
+#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 2 * GEMM_STAGES * 8)
+
+// The barrier protocol: every point where the producer or a consumer arrives on a barrier,
+// besides lane 0's arrive.expect_tx for X. This file's (commit 18844d8's); v4 and v5 define
+// their own struct with the same members and #define GEMM_PROTOCOL to it before including
+// this file.
+struct GemmSyncwarpRelease {
+    // Arrivals per phase of full[s]: lane 0's arrive.expect_tx (the X bytes) and one
+    // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies).
+    static constexpr int FULL_ARRIVALS = 1 + WARP_SIZE;
+    // Arrivals per consumer warp and phase of empty[s]: lane 0's.
+    static constexpr int RELEASES_PER_WARP = 1;
+    // A producer lane has issued the weight copies of group `it` into the stage of full_now
+    // (full_before: the stage of group it − 1, for it ≥ 1): its arrival comes when they land.
+    __device__ static __forceinline__ void weights_issued(u64* full_now, u64* /*full_before*/, int /*it*/) {
+        cp_async_mbarrier_arrive_noinc(full_now);
+    }
+    // A producer lane after its last group (`issued` groups in all; full_last: the last one's
+    // stage). Leave only when this lane's last copies have landed: no asynchronous write into
+    // the block's shared memory outlives the thread that issued it.
+    __device__ static __forceinline__ void producer_exit(u64* /*full_last*/, int /*issued*/) {
+        cp_async_wait<0>();
+    }
+    // A consumer lane is done with a stage: its loads of the weight words fed its A fragments,
+    // and its warp's MMAs (the readers of X) completed at wgmma.wait_group 0. The __syncwarp
+    // orders every lane's loads of the weight words before lane 0's (release) arrival: without
+    // it only lane 0's own reads would be covered.
+    __device__ static __forceinline__ void stage_read(u64* empty_s, int lane) {
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty_s);
+    }
+};
+#ifndef GEMM_PROTOCOL
+#define GEMM_PROTOCOL GemmSyncwarpRelease
+#endif
+
+// Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
+// scale s2 (both halves the row's group scale). See ptx/int4_unpack.cuh for the magic number.
+__device__ __forceinline__ u32 gemm_int4_pair(u32 w, int shift, u32 s2) {
+    const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024);  // (1024 + v0, 1024 + v1)
+    u32 q, out;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1032));  // exact codes
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
+    return out;
+}
+
+__device__ __forceinline__ u32 gemm_word(const uint4 (&q)[4], int j) {
+    const uint4& v = q[j / 4];
+    return (j & 3) == 0 ? v.x : (j & 3) == 1 ? v.y : (j & 3) == 2 ? v.z : v.w;
+}
+
+// The A fragments of one group (8 k steps × 4 registers) from the words of rows g and g+8.
+__device__ __forceinline__ void gemm_a_fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
+                                                  __half sa, __half sb, u32 (&frag)[GEMM_K_STEPS][4]) {
+    const __half2 sa2 = __half2half2(sa), sb2 = __half2half2(sb);
+    const u32 sa_u = *reinterpret_cast<const u32*>(&sa2), sb_u = *reinterpret_cast<const u32*>(&sb2);
+#pragma unroll
+    for (int s = 0; s < GEMM_K_STEPS; ++s) {
+        frag[s][0] = gemm_int4_pair(gemm_word(ra, 2 * s), shift, sa_u);
+        frag[s][1] = gemm_int4_pair(gemm_word(rb, 2 * s), shift, sb_u);
+        frag[s][2] = gemm_int4_pair(gemm_word(ra, 2 * s + 1), shift, sa_u);
+        frag[s][3] = gemm_int4_pair(gemm_word(rb, 2 * s + 1), shift, sb_u);
+    }
+}
+
+// Two weight rows — g and g+8 of a 16-row warp tile — as rows of their matrices (clamped into
+// them: rows past the end are read, never stored).
+struct GemmLaneRows {
+    const u32* wa;    const u32* wb;      // the rows' INT4 words
+    const __half* sa; const __half* sb;   // the rows' group scales
+};
+
+__device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
+                                              const u32*& w, const __half*& s) {
+    const int r = min(row, n - 1);
+    w = qweight + (u64)r * (K / 8);
+    s = scales + (u64)r * (K / INT4_GROUP);
+}
+
+// One 128-input group of a consumer warp: wait for the stage, read the group's words of the
+// lane's rows from it and unpack them into the A fragments (the scales come from registers,
+// loaded one group ahead), issue the 8 MMAs and wait for them, then release the stage. The wait
+// is for all of them (wait_group 0): rewriting A registers while an MMA that reads any A
+// register is in flight makes ptxas serialise every wgmma of the kernel (its C7513 "Potential
+// Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
+__device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
+                                           const unsigned char* smem, u64* full, u64* empty,
+                                           u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
+    const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
+    mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
+    const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+    // Rows local and local+8 of the stage's weights, 64 B each. The 8 rows g of one instruction
+    // are 64 B apart: each 8-lane phase of a 16-byte load reads 2 addresses, conflict-free.
+    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
+    uint4 ra[4], rb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ra[i] = w[i];
+        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
+    }
+    gemm_a_fragments(ra, rb, shift, sa, sb, frag);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < GEMM_K_STEPS; ++k) {
+        const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
+        wgmma_m64n128k16_rs(acc, frag[k], desc, 1);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+    GEMM_PROTOCOL::stage_read(&empty[s], lane);  // this lane is done with the stage
+}
+
+// The GEMM's tiles — 128 tokens × one block of weight rows, `row_blocks` of them per 128 tokens
+// — handed out persistently: block b takes tiles b, b + gridDim.x, … (token block fastest, so
+// the tiles running at the same time share weight slices in L2). Persistence lets the producer
+// fetch the next tile's first stages while the consumers run the current tile's epilogue.
+// rows_of(row_block, local) → the two rows (local, local + 8) of the warp tile holding `local`
+// (called by the producer, which copies them, and by the consumers, which read their scales);
+// then epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token walks them).
+// Contains the block's only __syncthreads(): call from every thread.
+template <typename RowsOf, typename Epilogue>
+__device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
+                                                int K, int row_blocks, RowsOf rows_of, Epilogue epilogue) {
+    extern __shared__ unsigned char gemm_smem_raw[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<u64>(gemm_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
+    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
+    u64* empty = full + GEMM_STAGES;
+
+    const int M = __ldg(prefill_state + 1);
+    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
+    const int n_tiles = token_blocks * row_blocks;
+    if ((int)blockIdx.x >= n_tiles) return;  // the whole block, before any barrier
+    const int n_groups = K / INT4_GROUP;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GEMM_STAGES; ++s) {
+            mbarrier_init(&full[s], GEMM_PROTOCOL::FULL_ARRIVALS);
+            mbarrier_init(&empty[s], GEMM_CONSUMER_WARPS * GEMM_PROTOCOL::RELEASES_PER_WARP);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // the last block-wide barrier: the roles part here
+
+    if (warp == GEMM_CONSUMER_WARPS) {  // ---- producer ----------------------------------------
+        // Every lane copies 16 B (quad t) of rows g and g+8 of each warp tile per group with
+        // cp.async; lane 0 also issues the TMA copies of X. One full barrier per stage covers both.
+        if (lane == 0) tma_prefetch_map(&x_map);
+        int it = 0;
+        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+            const int m0 = (tile % token_blocks) * GEMM_BM;
+            GemmLaneRows rows[GEMM_CONSUMER_WARPS];
+#pragma unroll
+            for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) rows[w] = rows_of(tile / token_blocks, w * INT4_TILE_ROWS + g);
+            for (int grp = 0; grp < n_groups; ++grp, ++it) {
+                const int s = it % GEMM_STAGES;
+                if (it >= GEMM_STAGES) mbarrier_wait_parity(&empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
+#pragma unroll
+                for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES,
+                                rows[w].wa + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES,
+                                rows[w].wb + grp * (INT4_GROUP / 8) + 4 * t, true);
+                }
+                GEMM_PROTOCOL::weights_issued(&full[s], &full[(it + GEMM_STAGES - 1) % GEMM_STAGES], it);
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(&full[s], GEMM_X_STAGE_BYTES);
+                    tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
+                    tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
+                }
+            }
+        }
+        GEMM_PROTOCOL::producer_exit(&full[(it + GEMM_STAGES - 1) % GEMM_STAGES], it);
+        return;
+    }
+
+    // ---- consumers --------------------------------------------------------------------------
+    const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
+    const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
+    int it = 0;
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+        const int m0 = (tile % token_blocks) * GEMM_BM;
+        const GemmLaneRows r = rows_of(tile / token_blocks, local);
+        float acc[64];
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        u32 frag[GEMM_K_STEPS][4];
+        __half sa = r.sa[0], sb = r.sb[0];
+#pragma unroll 1
+        for (int grp = 0; grp < n_groups; ++grp, ++it) {
+            // next group's scales now: their latency passes during this group's MMAs
+            const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
+            gemm_group(it, local, lane, shift, sa, sb, smem, full, empty, frag, acc);
+            sa = na;
+            sb = nb;
+        }
+        epilogue(acc, m0, M, t);
+    }
+}
+
+// Calls f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
+// acc[4j + 2 + c] is (row g+8, the same token) — the wgmma accumulator layout (ptx/wgmma.cuh).
+template <typename F>
+struct GemmEachToken {
+    F f;
+    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
+#pragma unroll
+        for (int j = 0; j < GEMM_BM / 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int token = m0 + 8 * j + 2 * t + c;
+                if (token < M) f(token, acc[4 * j + c], acc[4 * j + 2 + c]);
+            }
+    }
+};
+template <typename F>
+__device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
+
+// residual[token, row] += acc for rows ra, ra+8: the loads of 4 token columns (16 values) are
+// issued together, then the adds and stores — 4 round trips per lane instead of 64.
+struct GemmResidualAdd {
+    float* residual;
+    int N;
+    const int* ra;  // the lane's row g (set by the kernel's rows_of)
+    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
+        const int r0 = *ra, r1 = r0 + 8;
+#pragma unroll
+        for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
+            float old[4][4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    const bool live = token < M;
+                    old[jj][c] = live && r0 < N ? residual[(u64)token * N + r0] : 0.f;
+                    old[jj][2 + c] = live && r1 < N ? residual[(u64)token * N + r1] : 0.f;
+                }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    if (token >= M) continue;
+                    if (r0 < N) residual[(u64)token * N + r0] = old[jj][c] + acc[4 * (j0 + jj) + c];
+                    if (r1 < N) residual[(u64)token * N + r1] = old[jj][2 + c] + acc[4 * (j0 + jj) + 2 + c];
+                }
+        }
+    }
+};
+
+// rows_of for a GEMM over one matrix (f32, residual): local row `local` of row block rb is row
+// rb·128 + local of W; the lane's row g is also written to *ra, where the epilogue finds it.
+struct GemmOneMatrixRows {
+    const u32* qweight;
+    const __half* scales;
+    int N, K;
+    int* ra;
+    __device__ __forceinline__ GemmLaneRows operator()(int rb, int local) const {
+        GemmLaneRows r;
+        *ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_lane_row(qweight, scales, *ra, N, K, r.wa, r.sa);
+        gemm_lane_row(qweight, scales, *ra + 8, N, K, r.wb, r.sb);
+        return r;
+    }
+};
+
+// out = X Wᵀ in FP32. Tiles: ceil(M/128) × ceil(N/128); grid ≤ the SM count (persistent),
+// block 288, smem GEMM_SMEM_BYTES.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
+              const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 128 × 64, 128-B swizzle
+              const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
+              const __half* __restrict__ scales,        // [N, K/128] fp16
+              const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
+              int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * N + ra] = va;
+        if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
+    }));
+}
+
+// [q | k | v] = X [Wq; Wk; Wv]ᵀ in FP32, one launch for the three stacked along N (bias, RoPE
+// and the FP16 rounding happen once, in rope_kv_rows). Tiles: ceil(M/128) × ceil((Nq+2·Nkv)/128).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp32, out: q | k | v per row
+              const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+              const u32* __restrict__ q_qweight,          // [Nq, K/8] uint32
+              const __half* __restrict__ q_scales,        // [Nq, K/128] fp16
+              const u32* __restrict__ k_qweight,          // [Nkv, K/8] uint32
+              const __half* __restrict__ k_scales,        // [Nkv, K/128] fp16
+              const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
+              const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
+              const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
+              int Nq, int Nkv, int K) {
+    const int ld = Nq + 2 * Nkv;
+    int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
+    gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
+        GemmLaneRows r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
+        const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
+        const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const int n = seg == 0 ? Nq : Nkv;
+        gemm_lane_row(qw, sc, ra - first, n, K, r.wa, r.sa);
+        gemm_lane_row(qw, sc, ra + 8 - first, n, K, r.wb, r.sb);
+        return r;
+    }, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < ld) qkv[(u64)token * ld + ra] = va;
+        if (ra + 8 < ld) qkv[(u64)token * ld + ra + 8] = vb;
+    }));
+}
+
+// residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
+// Each element is read and written by one lane: no atomics. Tiles: ceil(M/128) × ceil(N/128).
+// The read-modify-write goes through gemm_residual_add (below), not the per-element epilogue: a
+// load of residual after a store to residual may alias it as far as the compiler knows, so
+// element-by-element it would wait out 64 dependent global round trips per lane.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
+                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                   const u32* __restrict__ qweight,        // [N, K/8] uint32
+                   const __half* __restrict__ scales,      // [N, K/128] fp16
+                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
+                   int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, GemmOneMatrixRows{qweight, scales, N, K, &ra}, GemmResidualAdd{residual, N, &ra});
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8
+// is up_proj's feature f, so the SwiGLU happens in registers (swiglu_f16, as in the decode GEMV).
+// A tile covers 64 features. Tiles: ceil(M/128) × ceil(F/64).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                         const __half* __restrict__ gate_scales,    // [F, K/128] fp16
+                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                         const __half* __restrict__ up_scales,      // [F, K/128] fp16
+                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                         int F, int K) {
+    int f = 0;
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, [&](int rb, int local) {
+        // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
+        GemmLaneRows r;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
+        gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
+        return r;
+    }, gemm_each_token([&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+    }));
+}

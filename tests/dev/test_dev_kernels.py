@@ -1,0 +1,248 @@
+"""The kernel workshop (kernels/dev/) and its runner (tools/dev_kernels.py).
+
+GPU: the runner's checks — every version of every op against the float64 reference at the real
+and the awkward shapes (NaN-poisoned outputs written in full, nothing else touched, TOL_GEMV,
+the same bits twice) — must pass. No timing here: `tools/dev_kernels.py OP` times them.
+
+CPU: the runner's version lists are the files on disk; every version builds (its defines
+included) without spills; what the runner assumes of a file (block sizes, shared memory) is
+what the file defines; the launch shapes it gives v1 and v2 are those their own launchers gave
+(the formulas of `git show b9fbcca^:src/drvqwen/launchers/gemm_int4.py` and of 96e0ea5's); the
+GEMV versions get production's launch with their own kernel and shared memory; the tile-major
+packing is the one the kernel reads.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import dev_gemm_int4  # noqa: E402
+import dev_gemv_int4  # noqa: E402
+import dev_kernels  # noqa: E402
+
+from drvqwen.cuda.nvrtc import compile_kernel  # noqa: E402
+from drvqwen.cuda.sources import kernels_dir  # noqa: E402
+from drvqwen.launchers.base import BufferSpec  # noqa: E402
+
+MODULES = {"gemm_int4": dev_gemm_int4, "gemv_int4": dev_gemv_int4}
+ALL = [(op, v) for op, m in MODULES.items() for v in m.VERSIONS]
+
+
+def test_every_op_has_its_module():
+    assert set(MODULES) == set(dev_kernels.OPS)
+    assert all(dev_kernels.op_module(op) is m for op, m in MODULES.items())
+
+
+@pytest.mark.parametrize("op", sorted(MODULES))
+def test_versions_are_the_files_on_disk(op):
+    on_disk = {p.relative_to(kernels_dir()).with_suffix("").as_posix()
+               for p in (kernels_dir() / "dev" / op).glob("*.cu")}
+    listed = {v.file for v in MODULES[op].VERSIONS if not v.is_production}
+    assert on_disk, f"no versions in kernels/dev/{op}/"
+    assert listed == on_disk, f"the runner lists {sorted(listed - on_disk)} not on disk, misses {sorted(on_disk - listed)}"
+    names = [v.name for v in MODULES[op].VERSIONS]
+    assert len(set(names)) == len(names) and names[0] == "production"
+    assert [v.file for v in MODULES[op].VERSIONS if v.is_production] == [op]
+
+
+def test_every_dev_file_belongs_to_an_op():
+    stray = [p.relative_to(kernels_dir()).as_posix() for p in (kernels_dir() / "dev").rglob("*.cu")
+             if p.parent.name not in MODULES]
+    assert not stray, f"kernel files in kernels/dev/ that no op of tools/dev_kernels.py runs: {stray}"
+
+
+@pytest.mark.parametrize("op,v", ALL, ids=[f"{op}:{v.name}" for op, v in ALL])
+def test_every_version_builds_without_spills(op, v):
+    ck = compile_kernel(v.file, defines=dict(v.defines))
+    entries = {r.function: r for r in ck.resources.values() if r.is_entry}
+    kernels = [k for k in entries if k.endswith(v.suffix)] if v.suffix else list(entries)
+    assert kernels, f"{v.file}: no kernel ending in {v.suffix!r}"
+    assert not [k for k in kernels if entries[k].spills], f"{v.name} spills: {entries}"
+
+
+@pytest.mark.parametrize("op", sorted(MODULES))
+def test_dev_constants_match_the_files(op):
+    from test_kernel_constants import _compile_with
+
+    by_file: dict[str, list] = {}
+    for file, expr, value in MODULES[op].DEV_CONSTANTS:
+        by_file.setdefault(file, []).append((expr, value))
+    for file, checks in by_file.items():
+        _compile_with(file, checks)
+
+
+def test_select():
+    vs = dev_gemm_int4.VERSIONS
+    assert dev_kernels.select(vs, None) == vs
+    assert [v.name for v in dev_kernels.select(vs, ["v2"])] == [
+        "production", "v2_wgmma_cluster2", "v2_wgmma_cluster2[GEMM_CLUSTER=1]"]
+    assert [v.name for v in dev_kernels.select(vs, ["v1", "v4"])] == [
+        "production", "v1_mma_sync", "v4_late_full_arrival"]
+    assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == ["production"]
+    dev_kernels.check_names(dev_kernels.OPS, ["v4", "v1_tile"])  # v4 of the GEMM, v1 of the GEMV
+    with pytest.raises(SystemExit, match="no version 'v3'.*v2_smem_ring"):
+        dev_kernels.check_names(("gemv_int4",), ["v3"])
+    with pytest.raises(SystemExit, match="no version 'v9'.*v1_mma_sync"):
+        dev_kernels.check_names(dev_kernels.OPS, ["v9"])
+
+
+# --- launch shapes (CPU: planned buffers, no tensor map encoded) -----------------------------
+
+def _gemm(monkeypatch, kind: str, rows: int, **dims):
+    """A production gemm_int4 launcher over planned buffers (its tensor map replaced by a
+    marker: encoding one needs the driver)."""
+    from drvqwen import launchers as K
+    from drvqwen.launchers import gemm_int4
+
+    monkeypatch.setattr(gemm_int4, "x_tensor_map", lambda x, rows, k: "tensor map")
+    k = dims["k"]
+
+    def w(n, tag):
+        return BufferSpec(f"{tag}.qweight", (n, k // 8), np.uint32), BufferSpec(f"{tag}.scales", (n, k // 128), np.float16)
+
+    x, st = BufferSpec("x", (rows, k), np.float16), BufferSpec("prefill_state", (2,), np.int32)
+
+    def make(max_blocks=None):
+        if kind == "f32":
+            return K.GemmInt4(BufferSpec("out", (rows, dims["n"]), np.float32), x, *w(dims["n"], "w"), st,
+                              n=dims["n"], k=k, rows=rows, max_blocks=max_blocks)
+        if kind == "qkv":
+            nq, nkv = dims["nq"], dims["nkv"]
+            return K.GemmInt4QkvRows(BufferSpec("qkv", (rows, nq + 2 * nkv), np.float32), x, *w(nq, "q"), *w(nkv, "k"),
+                                     *w(nkv, "v"), st, n_q=nq, n_kv=nkv, k=k, rows=rows, max_blocks=max_blocks)
+        f = dims["f"]
+        return K.GemmInt4GateUpSwigluRows(BufferSpec("h", (rows, f), np.float16), x, *w(f, "g"), *w(f, "u"), st,
+                                          f=f, k=k, rows=rows, max_blocks=max_blocks)
+    return make, x
+
+
+def _values(params) -> list:
+    """Kernel arguments comparable with ==: ctypes scalars by value."""
+    return [getattr(p, "value", p) for p in params]
+
+
+def _version(name):
+    return next(v for v in dev_gemm_int4.VERSIONS if v.name == name)
+
+
+# (kind, rows, dims, the old launchers' weight-row blocks: ceil(16-row tiles / 8), gate/up / 4)
+SHAPES = [("f32", 64, dict(n=333, k=384), -(-21 // 8)), ("f32", 512, dict(n=3584, k=3584), 224 // 8),
+          ("qkv", 128, dict(nq=224, nkv=32, k=256), -(-18 // 8)), ("qkv", 512, dict(nq=3584, nkv=512, k=3584), 288 // 8),
+          ("gate_up", 64, dict(f=200, k=256), -(-13 // 4)), ("gate_up", 512, dict(f=18944, k=3584), 1184 // 4)]
+
+
+@pytest.mark.parametrize("kind,rows,dims,blocks_y", SHAPES)
+def test_v1_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y):
+    make, x = _gemm(monkeypatch, kind, rows, **dims)
+    v = _version("v1_mma_sync")
+    (spec,) = dev_gemm_int4._mma_sync_shape(v, make, rows, x).specs
+    assert (spec.grid, spec.block, spec.smem_bytes) == ((-(-rows // 64), blocks_y), (128,), 96 * 1024)
+    assert spec.params[1] is x, "v1 reads x through a pointer, not a tensor map"
+    assert (spec.kernel.file, spec.kernel.defines) == (v.file, ())
+    assert spec.kernel.kernel == make(0).specs[0].kernel.kernel
+
+
+@pytest.mark.parametrize("cluster", [2, 1])
+@pytest.mark.parametrize("kind,rows,dims,blocks_y", SHAPES)
+def test_v2_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y, cluster):
+    make, x = _gemm(monkeypatch, kind, rows, **dims)
+    v = _version("v2_wgmma_cluster2" if cluster == 2 else "v2_wgmma_cluster2[GEMM_CLUSTER=1]")
+    (spec,) = dev_gemm_int4._cluster_shape(v, make, rows, x).specs
+    n = {"f32": dims.get("n"), "qkv": dims.get("nq", 0) + 2 * dims.get("nkv", 0), "gate_up": 2 * dims.get("f", 0)}[kind]
+    row_blocks = -(-n // 128)  # 96e0ea5: ceil(N / 128) (gate/up: 64 features of both matrices)
+    assert spec.grid == (-(-rows // 128), -(-row_blocks // cluster) * cluster)
+    assert (spec.block, spec.smem_bytes) == ((288,), 4 * 32 * 1024 + 1024 + 2 * 4 * 8)
+    assert spec.params[1] == "tensor map" and spec.kernel.defines == v.defines
+
+
+def test_later_gemm_versions_run_in_production_launch_shape(monkeypatch):
+    make, x = _gemm(monkeypatch, "f32", 512, n=3584, k=3584)
+    prod = make(132).specs[0]  # persistent on 132 SMs
+    for name in ("v3_syncwarp_release", "v4_late_full_arrival", "v5_every_lane_release"):
+        v = _version(name)
+        (spec,) = dev_kernels.retarget(make(132), v).specs
+        assert (spec.grid, spec.block, spec.smem_bytes) == (prod.grid, prod.block, prod.smem_bytes)
+        assert _values(spec.params) == _values(prod.params)
+        assert (spec.kernel.file, spec.kernel.kernel) == (v.file, prod.kernel.kernel)
+
+
+@pytest.mark.parametrize("name,extra_per_warp", [("v1_tile_major", 0), ("v2_smem_ring", 16 * 1024),
+                                                 ("v2_smem_ring[GEMV_RING=8]", 8 * 1024)])
+def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp):
+    from drvqwen.launchers import GemvInt4GateUpSwiglu
+    from drvqwen.launchers.base import FixedOccupancy
+    from drvqwen.launchers.gemv_int4 import gemv_smem_bytes
+
+    v = next(v for v in dev_gemv_int4.VERSIONS if v.name == name)
+    asked = []
+
+    def blocks_per_sm(self, kernel, threads, smem):  # what the driver would be asked, recorded
+        asked.append((self.v.kernel_ref(kernel), threads, smem + dev_gemv_int4.ring_bytes(self.v, threads)))
+        return 1
+
+    monkeypatch.setattr(dev_gemv_int4.VersionOccupancy, "blocks_per_sm", blocks_per_sm)
+    monkeypatch.setattr(dev_gemv_int4.VersionOccupancy, "sm_count", 132)
+    f, k = 18944, 3584
+
+    def make(occupancy=None):
+        return GemvInt4GateUpSwiglu(BufferSpec("h", (f,), np.float16), BufferSpec("residual", (k,), np.float32),
+                                    BufferSpec("norm", (k,), np.float16), *[BufferSpec(f"w{i}", s, d) for i, (s, d) in
+                                    enumerate([((f, k // 8), np.uint32), ((f, k // 128), np.float16)] * 2)],
+                                    f=f, k=k, eps=1e-6, occupancy=occupancy or FixedOccupancy(132, lambda *a: 1))
+
+    prod = make().specs[0]
+    (spec,) = dev_gemv_int4.launcher_for(v, make).specs
+    warps = prod.block[0] // 32
+    assert (spec.grid, spec.block) == (prod.grid, prod.block)
+    assert spec.smem_bytes == prod.smem_bytes + warps * extra_per_warp
+    assert (spec.kernel.file, spec.kernel.kernel, spec.kernel.defines, spec.kernel.pdl) == (
+        v.file, prod.kernel.kernel + v.suffix, v.defines, True)
+    # The occupancy that sized the grid was the version's kernel's, with its shared memory.
+    assert asked == [(spec.kernel, prod.block[0], gemv_smem_bytes(k, 1, warps, 2) + warps * extra_per_warp)]
+
+
+def test_tile_major_packing():
+    """The packing the kernel reads: row r of tile T, words 16·gi … 16·gi + 15 (group gi) land at
+    [T, gi, r, 0:16]."""
+    n, k = 32, 384
+    qw = np.arange(n * k // 8, dtype=np.uint32).reshape(n, k // 8)
+    tm = dev_gemv_int4.tile_major(qw)
+    assert tm.shape == (n // 16, k // 128, 16, 16)
+    for tile, gi, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7), (1, 0, 3)]:
+        np.testing.assert_array_equal(tm[tile, gi, r], qw[16 * tile + r, 16 * gi: 16 * gi + 16])
+
+
+# --- GPU: the runner's checks ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checked():
+    """{op: {version name: Outcome}} after the runner's checks of every version (one reference
+    per case for all versions, as the runner computes it)."""
+    seed = int(os.environ.get("DRVQWEN_SEED", secrets.randbelow(2**31)))
+    print(f"\n[dev kernels] seed={seed}")
+    out = {}
+    for op, mod in MODULES.items():
+        outcomes = [dev_kernels.Outcome(v) for v in mod.VERSIONS]
+        for o in outcomes:
+            assert dev_kernels.build(o), o.checks
+        mod.check(outcomes, np.random.default_rng(seed), verbose=True)
+        out[op] = {o.version.name: o for o in outcomes}
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,v", ALL, ids=[f"{op}:{v.name}" for op, v in ALL])
+def test_version_passes_the_runners_checks(checked, op, v):
+    o = checked[op][v.name]
+    failed = [c for c in o.checks if c["error"] is not None]
+    assert not failed, "\n".join(f"{c['case']}: {c['error']}" for c in failed)
+    assert len(o.checks) >= 5, f"{v.name}: only {len(o.checks)} cases ran: {[c['case'] for c in o.checks]}"
+    print(f"  {op}:{v.name}: {len(o.checks)} cases, worst rel err {o.worst_rel_err:.2e}")

@@ -1,0 +1,242 @@
+"""The prefill GEMM's versions (kernels/dev/gemm_int4/) for tools/dev_kernels.py: how each is
+launched, what it is checked on, how it is timed.
+
+Every version has production's four kernels (gemm_int4_f32, _qkv, _residual, _gate_up_swiglu,
+kernels/gemm_int4.cu) with the same outputs. The runner builds production's launcher
+(launchers/gemm_int4.py: argument checks, the tensor map of x, the grid) and points it at the
+version's file; v1 and v2 also get their own launch shape (LAUNCH_SHAPES).
+
+Checks (the cases of tests/test_kernel_gemm_int4.py): x fp16 [capacity, K] with the rows past M
+NaN, outputs poisoned past M and checked untouched there, against x·Wᵀ in float64 on the
+dequantized weights; at M = 1, 16, 17, 100, 300 with N past the 128-row blocks, and at the 7B
+layer's four GEMMs at M = 512, the shapes the versions are timed at (graph replay of --reps
+calls, median of --samples, as tools/bench_gemm.py; 28 layers = 28 × the four).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from dev_kernels import Outcome, Version, retarget
+
+VERSIONS = [
+    Version("production", "gemm_int4"),
+    Version("v1_mma_sync", "dev/gemm_int4/v1_mma_sync"),
+    Version("v2_wgmma_cluster2", "dev/gemm_int4/v2_wgmma_cluster2"),
+    Version("v2_wgmma_cluster2[GEMM_CLUSTER=1]", "dev/gemm_int4/v2_wgmma_cluster2", (("GEMM_CLUSTER", 1),)),
+    Version("v3_syncwarp_release", "dev/gemm_int4/v3_syncwarp_release"),
+    Version("v4_late_full_arrival", "dev/gemm_int4/v4_late_full_arrival"),
+    Version("v5_every_lane_release", "dev/gemm_int4/v5_every_lane_release"),
+]
+
+# The launch shapes that differ from production's (kernels/gemm_int4.cu, launchers/gemm_int4.py).
+V1_BM, V1_THREADS, V1_SMEM_BYTES = 64, 128, 4 * (64 * 256 + 128 * 64)       # 96 KiB: 4 stages of A | W
+V2_BM, V2_SMEM_BYTES = 128, 4 * 32 * 1024 + 1024 + 2 * 4 * 8                 # 4 stages of X + barriers
+# (kernel file, C expression, value) for what the runner assumes of a version's file, compiled
+# as static_asserts into it by tests/dev/test_dev_kernels.py (launchers.base.mirrored's check).
+DEV_CONSTANTS = [
+    ("dev/gemm_int4/v1_mma_sync", "GEMM_BM", V1_BM),
+    ("dev/gemm_int4/v1_mma_sync", "GEMM_THREADS", V1_THREADS),
+    ("dev/gemm_int4/v1_mma_sync", "GEMM_SMEM_BYTES", V1_SMEM_BYTES),
+    ("dev/gemm_int4/v1_mma_sync", "GEMM_BLOCK_TILES * INT4_TILE_ROWS", 128),  # = production's BLOCK_ROWS
+    ("dev/gemm_int4/v2_wgmma_cluster2", "GEMM_BM", V2_BM),
+    ("dev/gemm_int4/v2_wgmma_cluster2", "GEMM_SMEM_BYTES", V2_SMEM_BYTES),
+    ("dev/gemm_int4/v2_wgmma_cluster2", "GEMM_CLUSTER", 2),
+] + [(f"dev/gemm_int4/{stem}", expr, 1) for stem in
+     ("v2_wgmma_cluster2", "v3_syncwarp_release", "v4_late_full_arrival", "v5_every_lane_release")
+     for expr in ("GEMM_THREADS == 288", "GEMM_BLOCK_ROWS == 128", "GEMM_BOX_INPUTS == 64",
+                  "GEMM_SMEM_BYTES <= 4 * (128 * 128 * 2 + 128 * 64) + 1024 + 3 * 4 * 8")]
+
+
+def _stem(v: Version) -> str:
+    return v.file.rsplit("/", 1)[-1]
+
+
+def _row_blocks(plain, rows: int) -> int:
+    """Weight-row blocks of a production launcher built with one block per tile (max_blocks=0)."""
+    return plain.specs[0].grid[0] // -(-rows // 128)
+
+
+def _mma_sync_shape(v: Version, make, rows: int, x):
+    """v1: grid (ceil(rows/64), row blocks), 4 warps, 96 KiB; x a plain pointer, no tensor map."""
+    g = make(0)
+    retarget(g, v, grid=(-(-rows // V1_BM), _row_blocks(g, rows)), block=(V1_THREADS,), smem_bytes=V1_SMEM_BYTES)
+    g.specs[0].params[1] = x
+    return g
+
+
+def _cluster_shape(v: Version, make, rows: int, x):
+    """v2: one block per tile, grid (ceil(rows/128), row blocks rounded up to the cluster size)."""
+    cluster = dict(v.defines).get("GEMM_CLUSTER", 2)
+    g = make(0)
+    rb = -(-_row_blocks(g, rows) // cluster) * cluster
+    return retarget(g, v, grid=(-(-rows // V2_BM), rb), smem_bytes=V2_SMEM_BYTES)
+
+
+LAUNCH_SHAPES = {"v1_mma_sync": _mma_sync_shape, "v2_wgmma_cluster2": _cluster_shape}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One GEMM: `kind` (f32, qkv, residual, gate_up) at M = m; dims n, k (qkv: nq, nkv, k;
+    gate_up: f, k). `timed`: a 7B layer GEMM, timed under this label."""
+
+    label: str
+    kind: str
+    m: int
+    dims: dict
+    timed: bool = False
+
+
+def cases() -> list[Case]:
+    from drvqwen.config import PRESETS
+
+    c = PRESETS["7b"]
+    d, f, nq, nkv = c.hidden_size, c.intermediate_size, c.q_dim, c.kv_dim
+    return [
+        Case("f32 M=1 N=333 K=384", "f32", 1, dict(n=333, k=384)),
+        Case("f32 M=17 N=333 K=384", "f32", 17, dict(n=333, k=384)),
+        Case("f32 M=100 N=1000 K=1024", "f32", 100, dict(n=1000, k=1024)),
+        Case("qkv M=100 Nq=224 Nkv=32 K=256", "qkv", 100, dict(nq=224, nkv=32, k=256)),
+        Case("residual M=300 N=333 K=384", "residual", 300, dict(n=333, k=384)),
+        Case("gate_up M=16 F=200 K=256", "gate_up", 16, dict(f=200, k=256)),
+        Case("qkv_proj", "qkv", 512, dict(nq=nq, nkv=nkv, k=d), timed=True),
+        Case("o_proj", "residual", 512, dict(n=d, k=nq), timed=True),
+        Case("gate_up_swiglu", "gate_up", 512, dict(f=f, k=d), timed=True),
+        Case("down_proj", "residual", 512, dict(n=d, k=f), timed=True),
+    ]
+
+
+class Inputs:
+    """One case's device buffers and float64 reference. `out` is the output (residual: in/out),
+    `fresh()` puts its starting contents back (poison, or the residual and its NaN rows)."""
+
+    def __init__(self, case: Case, dev, rng, reference: bool = True):
+        from drvqwen import reference as ref
+        from kernel_testing import dequant64, random_int4
+        from test_kernel_gemm_int4 import _capacity, _x  # the production test's row capacity and x
+
+        self.case, m, dims = case, case.m, case.dims
+        self.rows = rows = _capacity(m)
+        k = dims["k"]
+        x = _x(rng, m, k)  # fp16 [rows, K], the rows past M NaN
+        x64 = x[:m].astype(np.float64)
+        ns = {"f32": [dims.get("n")], "residual": [dims.get("n")], "qkv": [dims.get("nq"), dims.get("nkv"), dims.get("nkv")],
+              "gate_up": [dims.get("f"), dims.get("f")]}[case.kind]
+        ws = [random_int4(rng, n, k) for n in ns]
+        cols = sum(ns) if case.kind != "gate_up" else ns[0]
+        self.want = None
+        if reference:
+            prods = [x64 @ dequant64(*w).T for w in ws]  # [m, n] float64 each
+            self.want = ref.swiglu(*prods) if case.kind == "gate_up" else np.concatenate(prods, axis=1)
+        self.x = dev.upload("x", x)
+        self.w = [(dev.upload(f"w{i}.qweight", qw), dev.upload(f"w{i}.scales", sc)) for i, (qw, sc) in enumerate(ws)]
+        self.state = dev.upload("prefill_state", np.array([0, m], np.int32))
+        dtype = np.float16 if case.kind == "gate_up" else np.float32
+        self.start = np.full((rows, cols), np.nan, dtype)
+        if case.kind == "residual":
+            self.start[:m] = rng.standard_normal((m, cols)).astype(np.float32)
+        self.out = dev.upload("out", self.start)
+
+    def fresh(self) -> None:
+        self.out.upload(self.start)
+
+    def production(self, max_blocks: int | None = None):
+        """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0)."""
+        from drvqwen import launchers as K
+
+        d, kind, kw = self.case.dims, self.case.kind, dict(rows=self.rows, max_blocks=max_blocks)
+        flat = [a for w in self.w for a in w]
+        if kind == "f32":
+            return K.GemmInt4(self.out, self.x, *flat, self.state, n=d["n"], k=d["k"], **kw)
+        if kind == "residual":
+            return K.GemmInt4ResidualRows(self.out, self.x, *flat, self.state, n=d["n"], k=d["k"], **kw)
+        if kind == "qkv":
+            return K.GemmInt4QkvRows(self.out, self.x, *flat, self.state, n_q=d["nq"], n_kv=d["nkv"], k=d["k"], **kw)
+        return K.GemmInt4GateUpSwigluRows(self.out, self.x, *flat, self.state, f=d["f"], k=d["k"], **kw)
+
+    def launcher(self, v: Version):
+        """Version v's launcher of this case."""
+        shape = LAUNCH_SHAPES.get(_stem(v))
+        if shape is not None:
+            return shape(v, self.production, self.rows, self.x)
+        return self.production() if v.is_production else retarget(self.production(), v)
+
+    def check(self, v: Version) -> float:
+        """Launch v once on fresh outputs; the rows < M against the reference (for the residual,
+        what was added), the rows past M untouched; a second launch the same bits."""
+        from kernel_testing import TOL_GEMV, assert_same_bits, report
+
+        m, g = self.case.m, self.launcher(v)
+        self.fresh()
+        g.launch()
+        got = self.out.download().astype(np.float64)
+        start = self.start.astype(np.float64)
+        rel = report(f"{v.name} {self.case.label}", got[:m] - (start[:m] if self.case.kind == "residual" else 0),
+                     self.want, TOL_GEMV)
+        assert np.isnan(got[m:]).all(), f"{v.name} {self.case.label}: rows past M={m} were written"
+        first = self.out.download()
+        self.fresh()
+        g.launch()
+        assert_same_bits(f"{v.name} {self.case.label}", first, self.out.download())
+        return rel
+
+
+def check(outcomes: list[Outcome], rng, verbose: bool) -> None:
+    """Every case on every version, the reference computed once per case."""
+    from kernel_testing import DeviceScratch
+
+    for case in cases():
+        dev = DeviceScratch()
+        inputs = Inputs(case, dev, rng)
+        for o in outcomes:
+            o.check(case.label, lambda: inputs.check(o.version), verbose)
+        _close(dev)
+
+
+def _close(dev) -> None:
+    from drvqwen.cuda import get_device
+
+    get_device().synchronize()
+    dev.close()
+
+
+def time_versions(outcomes: list[Outcome], args) -> None:
+    """µs and TFLOP/s of each version at the 7B layer's four GEMMs (M = 512), and 28 × their sum;
+    random inputs, graph replay as tools/bench_gemm.py."""
+    from drvqwen.config import PRESETS
+    from drvqwen.cuda.graph import graph_time_us
+    from kernel_testing import DeviceScratch
+
+    layers = PRESETS["7b"].num_layers
+    rng = np.random.default_rng(args.seed)
+    for case in [c for c in cases() if c.timed]:
+        dev = DeviceScratch()
+        inputs = Inputs(case, dev, rng, reference=False)
+        for o in outcomes:
+            g = inputs.launcher(o.version)
+            g.build()  # compile and load before the capture, as bench_gemv's time_launchers does
+            us = statistics.median(graph_time_us(g, reps=args.reps) for _ in range(args.samples))
+            o.times[case.label] = {"us": us, "tflops": g.flops / us / 1e6}
+        _close(dev)
+    for o in outcomes:
+        if len(o.times) == 4:
+            o.summary["layers_ms"] = layers * sum(t["us"] for t in o.times.values()) / 1e3
+
+
+def print_table(outcomes: list[Outcome], args) -> None:
+    names = [c.label for c in cases() if c.timed]
+    print(f"\ngemm_int4: the 7B layer's prefill GEMMs at M = 512, µs (graph replay of {args.reps} calls, "
+          f"median of {args.samples}); rel err: the worst relative L2 error of the checks")
+    print(f"{'version':36} " + " ".join(f"{n:>14}" for n in names) + f" {'28 layers':>10} {'rel err':>9}  checks")
+    for o in outcomes:
+        cells = [f"{o.times[n]['us']:8.1f} {o.times[n]['tflops']:4.0f}TF" if n in o.times else f"{'—':>14}" for n in names]
+        ms = f"{o.summary['layers_ms']:7.1f} ms" if "layers_ms" in o.summary else f"{'—':>10}"
+        rel = f"{o.worst_rel_err:9.1e}" if o.worst_rel_err is not None else f"{'—':>9}"
+        ok = sum(c["error"] is None for c in o.checks)
+        failed = [c for c in o.checks if c["error"] is not None]
+        print(f"{o.version.name:36} " + " ".join(cells) + f" {ms} {rel}  {ok}/{len(o.checks)}"
+              + (f"  FAILED {failed[0]['case']}: {failed[0]['error']}" if failed else ""))
