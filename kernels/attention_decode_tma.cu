@@ -21,7 +21,7 @@
 //
 // Work split
 // ----------
-//   grid    = (S, Hkv): S blocks per KV head (attention_tma_blocks_per_kv_head: every resident
+//   grid    = (S, Hkv): S blocks per KV head (launchers/attention_decode_tma.py blocks_per_kv_head: every resident
 //             block slot of the GPU); block = 1 producer warp + ATMA_CONSUMERS consumer warps.
 //   split   = one consumer warp, exactly as in the plain kernel: the NS = S · ATMA_CONSUMERS
 //             splits of a KV head divide its pages evenly, pages_per_split = ceil(n_pages / NS)
@@ -69,15 +69,15 @@
 //
 // head_dim is a template parameter (instantiated for 64 and 128): the register arrays need it.
 // Requirements (asserted by the launcher): Hq / Hkv ≤ 8, seq_len ≥ 1, the tensor maps built by
-// kernels.kv_tensor_map (2-D [rows, Dh] fp16, box [16, Dh], no swizzle), dynamic shared memory
-// = attention_tma_smem_bytes(Dh).
+// kv_cache.tensor_map (2-D [rows, Dh] fp16, box [16, Dh], no swizzle), dynamic shared memory
+// = launchers/attention_decode_tma.py smem_bytes(Dh).
 #include <cuda_fp16.h>
 
 #include "types.cuh"             // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "warp.cuh"              // FULL_WARP_MASK
 #include "kv_cache.cuh"          // PAGE_TOKENS
 #include "griddep.cuh"           // grid_dependency_wait, grid_launch_dependents
-#include "mbarrier.cuh"          // mbarrier_init / arrive / arrive_expect_tx / wait_parity, fence_mbarrier_init
+#include "mbarrier.cuh"          // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity, fence_mbarrier_init
 #include "tma.cuh"               // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
 

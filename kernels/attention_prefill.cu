@@ -34,7 +34,8 @@
 // (36 KiB at Dh = 64). The 16-byte row padding puts the 8 rows of each ldmatrix in 8 different
 // bank groups.
 //
-// Measured on the H200 (tools/bench_e2e.py, 7B, a 512-token prompt): 33.5 µs per layer,
+// Measured on the H200 at commit 4b56ce2 (7B, a 512-token prompt, per-kernel timing of the prefill
+// by that commit's tools/bench_e2e.py, since folded into `drvqwen bench`): 33.5 µs per layer,
 // 0.94 ms of the prefill's 37.7 ms of kernels — 2.5 %, far from mattering before the GEMMs.
 //
 // Requirements (asserted by the launcher): Hq / Hkv ≤ 8; Dh ∈ {64, 128}; pointers 16-byte

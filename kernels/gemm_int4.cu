@@ -80,7 +80,7 @@
 //   cannot be armed before that consumer released round r), and each empty at most one phase
 //   ahead of the producer's (round r cannot be released before it was filled), so r & 1 names
 //   the phase.
-//   The producer waits for its own last copies (cp.async.wait_group 0) before it exits.
+//   The producer waits for its own last copies (commit_group, wait_group 0) before it exits.
 //
 // The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
 // chunk is built once per row capacity and reused. The tensor map covers the buffer's capacity
@@ -317,7 +317,10 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             }
         }
         // Leave only when this lane's last copies have landed: no asynchronous write into the
-        // block's shared memory outlives the thread that issued it.
+        // block's shared memory outlives the thread that issued it. wait_group counts committed
+        // groups only, so the copies (tracked by the full barriers, never committed) are closed
+        // into one group first.
+        cp_async_commit();
         cp_async_wait<0>();
         return;
     }
@@ -465,7 +468,7 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 
 // residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
 // Each element is read and written by one lane: no atomics. Tiles: ceil(M/128) × ceil(N/128).
-// The read-modify-write goes through gemm_residual_add (below), not the per-element epilogue: a
+// The read-modify-write goes through GemmResidualAdd (below), not the per-element epilogue: a
 // load of residual after a store to residual may alias it as far as the compiler knows, so
 // element-by-element it would wait out 64 dependent global round trips per lane.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)

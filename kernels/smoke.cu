@@ -6,7 +6,7 @@
 // way TMA descriptors are passed (smoke_echo_tensormap). tests/test_cuda_layer.py runs them.
 //
 // Work split: one thread per element, 1-D grid of ceil(n / blockDim.x) blocks.
-// Bytes moved: 8 B (axpb) / 6 B (add_f16) per element; nothing here is performance-relevant.
+// Bytes moved: 8 B (smoke_axpb) / 6 B (smoke_add_f16) per element; nothing here is performance-relevant.
 
 #include <cuda_fp16.h>  // __half, __hadd
 

