@@ -117,7 +117,7 @@
 // (a producer warpgroup giving registers back with setmaxnreg).
 //
 // Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
-// each, the old one in the same device call; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;
+// each, the old one in the same run; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;
 // the "dev" column names the version kept in kernels/dev/gemm_int4/, re-run beside this file with
 // `PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v3 v4 v5`):
 //   | full barrier                          | release of a stage                 | ms          | sanitizers        | dev |

@@ -148,7 +148,7 @@ def test_options_change_the_key(tmp_path):
 
 
 def test_key_does_not_depend_on_where_the_tree_lies(tmp_path):
-    """Only contents are hashed, so a cubin built on a CPU machine serves the GPU machine."""
+    """Only contents are hashed, so a cubin built on a CPU-only machine serves a GPU machine."""
     kdir1, pdir1 = _tree(tmp_path / "one")
     kdir2, pdir2 = _tree(tmp_path / "two" / "deeper")
     a = _compile(kdir1, pdir1, tmp_path / "cache")

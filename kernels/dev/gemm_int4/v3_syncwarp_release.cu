@@ -38,7 +38,7 @@
 // tools/bench_gemm.py --reps 20, M = 512, H200, medians of 3, two runs, µs):
 //   | qkv_proj    | o_proj | gate_up_swiglu | down_proj     | 28 layers     |
 //   | 58.1  58.2  | 31.5   | 284.6  286.2   | 163.4  167.1  | 15.1  15.2 ms |
-// In the same device call the protocol before (9c8c933: full count 1, lanes without .noinc)
+// In the same run the protocol before (9c8c933: full count 1, lanes without .noinc)
 // ran 15.0 and 15.1 ms; production's protocol ("H") 15.0 and 14.8 ms in another.
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v3
 //

@@ -29,7 +29,7 @@
 // of 3, two runs, µs):
 //   | qkv_proj    | o_proj | gate_up_swiglu | down_proj     | 28 layers     |
 //   | 57.5  57.6  | 30.6   | 276.2  277.0   | 157.1  151.6  | 14.6  14.5 ms |
-// In the same device call: v5 ("C") 15.4 and 15.4 ms, this version with v5's release ("B") 15.3
+// In the same run: v5 ("C") 15.4 and 15.4 ms, this version with v5's release ("B") 15.3
 // and 15.4 ms. v3 ("D") ran in another call: 15.1 and 15.2 ms.
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v3 v4
 #include "types.cuh"        // u64, WARP_SIZE

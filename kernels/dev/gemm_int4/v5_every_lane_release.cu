@@ -25,7 +25,7 @@
 // of 3, two runs, µs):
 //   | qkv_proj    | o_proj      | gate_up_swiglu | down_proj     | 28 layers     |
 //   | 59.9  60.4  | 35.0  35.1  | 287.1  285.8   | 167.2  169.0  | 15.4  15.4 ms |
-// In the same device call: v4 ("A") 14.6 and 14.5 ms. "H" ran in another call.
+// In the same run: v4 ("A") 14.6 and 14.5 ms. "H" ran in another run.
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v3 v5
 #include "types.cuh"        // u64, WARP_SIZE
 #include "mbarrier.cuh"     // mbarrier_arrive

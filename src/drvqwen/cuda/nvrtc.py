@@ -1,8 +1,8 @@
 """NVRTC: `kernels/NAME.cu` → an sm_90a cubin, cached on disk, with its resource report.
 
 Why a cubin and never PTX: PTX is compiled by the *driver* at load time, and a driver only
-accepts PTX up to its own ISA version. The GPU machines run driver 580 (CUDA 13.0); NVRTC
-13.5 already emits PTX 9.5, which that driver rejects. A cubin is machine code for sm_90a
+accepts PTX up to its own ISA version. drvqwen supports drivers from R580 (CUDA 13.0) on;
+NVRTC 13.5 already emits PTX 9.5, which such a driver rejects. A cubin is machine code for sm_90a
 that the driver loads as is, so the NVRTC version only has to match the driver's major
 version (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin). It also means CI, which has no GPU, compiles exactly the code that
 will run.
@@ -12,7 +12,7 @@ everything that decides its bytes — the `.cu` source, every header of ours it 
 (resolved recursively, sources.included_headers), the options, the NVRTC version and the
 CUDA headers' version, and the arch — and stored under `paths.cubin_dir()`. Include *paths*
 are not part of the key, only header *contents*, so a cubin compiled on a CPU-only machine
-is valid on the GPU machine with the same toolchain (docs/gpu-workflow.md).
+is valid on a GPU machine with the same toolchain (docs/gpu-workflow.md).
 
 The ptxas report (`--ptxas-options=-v`) is always requested: it costs nothing and says per
 kernel how many registers it uses and whether it spills to local memory, which

@@ -1,10 +1,10 @@
 """Synthetic `.nanoqwen` models of any Qwen2.5 shape, written straight from a seed; and small
 synthetic GGUF files (gguf-py's writer), the converter's and the format fuzzer's inputs.
 
-No real 7B weights can be fetched on the GPU machines, and speed does not depend on the
-weights' values, so the 7B shape runs on synthetic weights (docs/model.md#real-and-synthetic-weights). Writing random
-INT4 codes and FP16 scales directly takes seconds, where a 15 GB bf16 checkpoint plus its
-conversion would cost minutes of scarce GPU time.
+Speed does not depend on the weights' values, so benchmarks and tests at the 7B shape (and
+at any other) run on synthetic weights (docs/model.md#real-and-synthetic-weights), also on a
+machine that has no real checkpoint and no network. Writing random INT4 codes and FP16 scales
+directly takes seconds, where a 15 GB bf16 checkpoint plus its conversion takes minutes.
 
 Values: INT4 codes uniform in [-8, 7] (std ≈ 4.6) with per-group scales around 0.02/4.6, so
 dequantized projections have std ≈ 0.02 (HF's initialisation); norms near 1; biases ~0.02; the

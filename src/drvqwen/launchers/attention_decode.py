@@ -15,7 +15,7 @@ pages; each writes a partial result that attention_combine merges:
 
 The attention kernels call griddepcontrol.wait first, but the decode step launches them
 without programmatic dependent launch: measured on the H200 (synthetic 7B, `drvqwen bench`
-graph ITL, one lease), PDL on every decode kernel gave 2.605 ms, PDL on every kernel but
+graph ITL, one run), PDL on every decode kernel gave 2.605 ms, PDL on every kernel but
 attention 2.138 ms, no PDL 2.366 ms — launched early, the split kernel's blocks (96 KiB of
 stages each, two per SM) take the SMs' shared memory while they wait, and the launches around
 them lose more than attention gains. The warp-specialised TMA kernel

@@ -74,7 +74,7 @@ def open_machine(f, device: str, max_context: int, progress=None):
 
     Raises:
         DrvqwenError: max_context out of range, YaRN RoPE scaling (the step follows the GPU's
-            decode step, which does not apply it), or the GPU machine cannot be built.
+            decode step, which does not apply it), or the GPU step machine cannot be built.
     """
     from ..errors import DrvqwenError
     from ..generate import resolve_max_context
