@@ -219,21 +219,28 @@ class CPUBackend(HostSampling):
         """
         ids = list(ids)
         n = reused_prefix(self._cached, ids) if reuse else 0
-        if n:
-            self.model.cache.truncate(n)
-        else:
-            self.model.reset()
+        self.model.cache.truncate(n)     # the rest rolled back, its pages to the free list
         self.last_reused = n
-        self._cached = ids[:n]           # what the cache holds if the forward is interrupted
-        logits = self.model.forward(ids[n:], last_only=True)[0]
+        self._cached = ids[:n]
+        logits = self._forward(ids[n:])
         self._cached = ids
         return self._mask(logits)
 
     def decode(self, token: int) -> np.ndarray:
         """Logits fp32 [V] after `token`; ids >= text_vocab are −inf."""
-        out = self._mask(self.model.forward([token])[0])
+        logits = self._forward([token])
         self._cached.append(int(token))
-        return out
+        return self._mask(logits)
+
+    def _forward(self, ids: list[int]) -> np.ndarray:
+        """Run `ids` after the cached ones: the last position's logits fp32 [V]. A forward that
+        fails half way (a chunk written, the next one not) is rolled back to the cached ids, so
+        that `cached_ids()` is always what the K/V hold."""
+        try:
+            return self.model.forward(ids, last_only=True)[0]
+        except BaseException:
+            self.model.cache.truncate(len(self._cached))
+            raise
 
     def cached_ids(self) -> list[int]:
         """The ids whose K/V the cache holds, positions 0 … len-1."""
