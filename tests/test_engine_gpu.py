@@ -152,3 +152,53 @@ def test_continued_sequence_reuses_the_cache(backend, rng):
             top2 = np.sort(logits[i])[-2:]
             assert top2[1] - top2[0] < 0.05 and logits[i][a] >= top2[0], f"token {i}: {a} vs {b}"
             break
+
+
+@pytest.mark.parametrize("change", ["extends", "shortens", "diverges"])
+def test_reuse_keeps_exactly_the_common_prefix_and_rolls_back_the_rest(backend, rng, change):
+    """A prompt that extends the cached sequence, is shorter than it, or parts from it in the
+    middle: prefill(…, reuse=True) and token_stream(…, reuse=True) keep exactly the common
+    prefix, roll back the positions after it (their pages back to the free list: Prefill.run →
+    Sequence.keep), and give a cold prefill's logits and tokens (within the last bits: module
+    doc of generate.py)."""
+    from drvqwen.kv_cache import n_pages_for
+
+    V = backend.config.vocab_size
+    first = rng.integers(0, V, 80).tolist()
+    toks = list(backend.token_stream(first, 10, SamplingParams()))
+    cached = backend.cached_ids()
+    seq = first + toks
+    if change == "extends":
+        ids, want_n = seq + rng.integers(0, V, 20).tolist(), len(cached)
+    elif change == "shortens":
+        ids, want_n = seq[:37], 36
+    else:
+        ids, want_n = seq[:21] + [(seq[21] + 1) % V] + seq[22:] + rng.integers(0, V, 10).tolist(), 21
+    got = backend.prefill(ids, reuse=True)
+    assert backend.last_reused == want_n
+    assert backend.cached_ids() == ids
+    free, total = backend.kv_pages()
+    assert total - free == n_pages_for(len(ids)) == len(backend.decode_step.seq.pages.block_table)
+    assert backend.decode_step.seq.pos == len(ids)
+    want = backend.prefill(ids)                             # cold: from position 0
+    assert backend.last_reused == 0
+    finite = np.isfinite(want)
+    assert np.array_equal(finite, np.isfinite(got))
+    err = np.abs(got[finite] - want[finite]).max()
+    print(f"\n{change}: reused {want_n} positions, max |logit - cold| = {err:.3g}"
+          f"{' (bit for bit)' if np.array_equal(got, want) else ''}")
+    assert err <= 1e-2 * np.abs(want[finite]).max(), err
+    # The token stream: the same rollback from the cold sequence just prefilled (ids) back to a
+    # prompt that parts from it, then the same tokens as from scratch but at a near-tie.
+    other = ids[:want_n] + rng.integers(0, V, 15).tolist()
+    cont = list(backend.token_stream(other, 12, SamplingParams(), reuse=True))
+    assert backend.last_reused == want_n
+    free, total = backend.kv_pages()
+    assert total - free == n_pages_for(len(backend.cached_ids()))
+    scratch = list(backend.token_stream(other, 12, SamplingParams()))
+    logits = _teacher_forced_logits(backend, other, scratch)
+    for i, (a, b) in enumerate(zip(cont, scratch)):
+        if a != b:
+            top2 = np.sort(logits[i])[-2:]
+            assert top2[1] - top2[0] < 0.05 and logits[i][a] >= top2[0], f"token {i}: {a} vs {b}"
+            break

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from drvqwen.format.nanoqwen import NanoqwenFile
-from drvqwen.generate import CPUBackend, generate, reused_prefix
+from drvqwen.generate import CPUBackend, generate
 from drvqwen.kv_cache import n_pages_for
 from drvqwen.reference import gather_pages
 from drvqwen.sampler import SamplingParams
 
-from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+from helpers import TINY, byte_tokenizer_json, common_prefix, random_dense, write_model
 
 CTX = 512
 CFG = dataclasses.replace(TINY, max_position=CTX)
@@ -32,15 +32,6 @@ def tiny(tmp_path_factory):
     f = NanoqwenFile(path)
     yield f
     f.close()
-
-
-def common_prefix(cached: list[int], ids: list[int]) -> int:
-    """What reuse may keep, counted here on its own: the positions where the cached ids and the
-    new prompt agree, from the start, and never the prompt's last (its logits are needed)."""
-    n = 0
-    while n < min(len(cached), len(ids) - 1) and cached[n] == ids[n]:
-        n += 1
-    return n
 
 
 def assert_cache_holds_its_ids(backend: CPUBackend, cold: CPUBackend) -> None:

@@ -14,10 +14,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from drvqwen.kv_cache import n_pages_for
-
-from serve_helpers import (LLAMA_VIM_FIELDS, llama_vim_chunk, llama_vim_fim_body, llama_vim_ring_body,
-                           python_source, slow_down, wait_idle, write_tiny)
+from helpers import common_prefix
+from serve_helpers import (LLAMA_VIM_FIELDS, assert_no_page_leaked, llama_vim_chunk, llama_vim_fim_body,
+                           llama_vim_ring_body, python_source, slow_down, wait_idle, write_tiny)
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.usefixtures("private_cache")
@@ -60,21 +59,11 @@ def cached_ids(srv) -> list[int]:
     return srv.worker.model.backend.cached_ids()
 
 
-def first_difference(a: list[int], b: list[int]) -> int:
-    """Where two prompts part (the prompt's last id is always run: its logits are needed)."""
-    n = 0
-    while n < min(len(a), len(b) - 1) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def assert_consistent(srv) -> None:
     """/health's tokens_cached is the length of cached_ids(), the KV pages in use hold those
     positions and no more, and the reference's cache holds as many positions."""
     ids = cached_ids(srv)
-    h = httpx.get(srv.url + "/health").json()
-    assert h["tokens_cached"] == len(ids)
-    assert h["kv_pages_total"] - h["kv_pages_free"] == n_pages_for(len(ids))
+    assert assert_no_page_leaked(srv.url)["tokens_cached"] == len(ids)
     assert srv.worker.model.backend.model.cache.seq_len == len(ids)
 
 
@@ -102,7 +91,7 @@ def test_llama_vim_session_prefills_only_what_changed(servers):
     prev = ring_ids
     for what, body in bodies:
         ids = parse("infill", body).prompt_ids
-        reused = first_difference(prev, ids)
+        reused = common_prefix(prev, ids)
         got = post(warm, "/infill", body)
         assert set(got) == set(LLAMA_VIM_FIELDS)
         assert got["timings/prompt_n"] == len(ids) - reused, what
@@ -130,7 +119,7 @@ def test_a_conversation_that_goes_on_prefills_only_the_new_turn(servers):
     prev_ids = None
     for turn, next_message in enumerate(["Now make it subtract.", "And multiply.", "Thanks."]):
         ids = warm.parser.parse("chat", {"messages": msgs}).prompt_ids
-        want_reused = first_difference(cached_ids(warm), ids)
+        want_reused = common_prefix(cached_ids(warm), ids)
         want = cc.chat.completions.create(messages=msgs, extra_body={"cache_prompt": False}, **kw)
         if turn < 2:
             r = wc.chat.completions.create(messages=msgs, **kw)
@@ -215,6 +204,6 @@ def test_a_failed_generation_leaves_the_cache_consistent(servers):
     cached = cached_ids(warm)
     got = post(warm, COMP, body)
     ids = warm.parser.parse("completion", body).prompt_ids
-    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == first_difference(cached, ids)
+    assert got["usage"]["prompt_tokens_details"]["cached_tokens"] == common_prefix(cached, ids)
     assert got["choices"][0]["text"] == cold_answer(cold, COMP, body)["choices"][0]["text"]
     assert_consistent(warm)
