@@ -10,8 +10,8 @@ content; it has no [DONE].
 The /infill object carries llama.cpp's fields: `content`, `stop`, `stop_type` ("eos", "word",
 "limit"), `stopping_word`, `tokens_evaluated` (prompt tokens), `tokens_predicted`,
 `tokens_cached` (llama.cpp's n_past: the positions the KV cache holds after the request, the
-prompt and the answer's tokens that were run — the last token chosen is run only when
-something followed it, so this is often prompt + answer − 1),
+prompt and the tokens that were run — the last token chosen, an end-of-generation one too, is
+run only if the next step was already under way: on the GPU, not on the CPU),
 `truncated` (the prompt was trimmed or the answer reached the end of the context) and
 `timings` — plus `truncated_input` (what trimming cut), `finish_reason` and `usage`.
 `response_fields` picks fields by path ("timings/prompt_n" names a nested one, and is the key

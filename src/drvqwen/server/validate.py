@@ -4,9 +4,9 @@ Fields follow the OpenAI API reference (chat completions, legacy completions) an
 server for /infill (`input_prefix`, `prompt`, `input_suffix`, `input_extra`, `n_predict`,
 `n_indent`, `t_max_predict_ms`, `response_fields`). Extensions: `top_k` (0 = off),
 `ignore_eos` (do not stop at end-of-generation tokens, `run --ignore-eos`) and llama.cpp's
-`cache_prompt` on every route (default true: reuse the KV cache's common prefix). Unknown fields are
-ignored, as most OpenAI-compatible servers do, so that clients sending vendor extras keep
-working; fields that would change the answer in a way drvqwen does not implement (n > 1,
+`cache_prompt` on every route (default true: reuse the KV cache's common prefix). Unknown
+fields are ignored, as most OpenAI-compatible servers do, so that clients sending vendor extras
+keep working; fields that would change the answer in a way drvqwen does not implement (n > 1,
 logprobs, echo, tools, penalties …) are refused.
 
 Defaults are the OpenAI API's: temperature 1, top_p 1, no stop strings, max_tokens 16 for
