@@ -196,7 +196,7 @@ def test_reuse_keeps_exactly_the_common_prefix_and_rolls_back_the_rest(backend, 
     assert err <= 1e-2 * np.abs(want[finite]).max(), err
     # The token stream: the same rollback from the cold sequence just prefilled (ids) back to a
     # prompt that parts from it, then the same tokens as from scratch but at a near-tie.
-    other = ids[:want_n] + rng.integers(0, V, 15).tolist()
+    other = ids[:want_n] + [(ids[want_n] + 1) % V] + rng.integers(0, V, 14).tolist()
     cont = list(backend.token_stream(other, 12, SamplingParams(), reuse=True))
     assert backend.last_reused == want_n
     free, total = backend.kv_pages()
