@@ -71,6 +71,16 @@ def write_model(path, cfg: QwenConfig, dense: dict[str, np.ndarray], tokenizer_j
     return stored
 
 
+def common_prefix(cached: list[int], ids: list[int]) -> int:
+    """The KV-cache positions a prompt `ids` may reuse, counted on their own (not by
+    generate.reused_prefix, which the tests check): where the cached ids and the prompt agree,
+    from the start, but never the prompt's last id (its logits are needed)."""
+    n = 0
+    while n < min(len(cached), len(ids) - 1) and cached[n] == ids[n]:
+        n += 1
+    return n
+
+
 def rel_l2(a, b) -> float:
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)

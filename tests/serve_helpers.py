@@ -1,6 +1,7 @@
 """Helpers for the server tests: a tiny model served on a free loopback port, `drvqwen run`'s
 text for the same options, a backend slowed down so a generation is still running when the
-test acts on it, a backend that answers a scripted text, and the /infill bodies llama.vim sends."""
+test acts on it, the check that no KV page leaked, a backend that answers a scripted text, and
+the /infill bodies llama.vim sends."""
 
 from __future__ import annotations
 
@@ -48,6 +49,18 @@ def wait_idle(worker, timeout_s: float = 20.0) -> None:
     while worker.busy or worker.queue_length():
         assert time.monotonic() < end, "the worker did not become idle"
         time.sleep(0.01)
+
+
+def assert_no_page_leaked(url: str) -> dict:
+    """/health, checked: the KV pages in use are exactly those of the sequence the server keeps
+    cached for the next request (`tokens_cached` positions), none held by a request that ended."""
+    import httpx
+
+    from drvqwen.kv_cache import n_pages_for
+
+    h = httpx.get(url + "/health").json()
+    assert h["kv_pages_total"] - h["kv_pages_free"] == n_pages_for(h["tokens_cached"]), h
+    return h
 
 
 def script_answer(worker, text: str, delay_s: float = 0.0):

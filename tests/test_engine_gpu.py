@@ -43,6 +43,18 @@ def _teacher_forced_logits(backend, prompt, tokens):
     return np.stack(out)
 
 
+def _assert_equal_but_at_a_near_tie(backend, prompt, got, scratch):
+    """Greedy tokens `got` (the cache reused) against `scratch` (prefilled from position 0):
+    the same, or parted at a token where the from-scratch logits have a near-tie (reused K/V may
+    differ from a fresh prefill's in the last bits)."""
+    logits = _teacher_forced_logits(backend, prompt, scratch)
+    for i, (a, b) in enumerate(zip(got, scratch)):
+        if a != b:
+            top2 = np.sort(logits[i])[-2:]
+            assert top2[1] - top2[0] < 0.05 and logits[i][a] >= top2[0], f"token {i}: {a} vs {b}"
+            break
+
+
 def test_greedy_stream_is_argmax_of_its_logits(backend, rng):
     prompt = rng.integers(0, backend.config.vocab_size, 70).tolist()   # two prefill chunks of 64
     toks = list(backend.token_stream(prompt, 24, SamplingParams()))
@@ -144,11 +156,50 @@ def test_continued_sequence_reuses_the_cache(backend, rng):
     scratch = list(backend.token_stream(second, 12, SamplingParams()))
     assert backend.last_reused == 0
     # The reused positions' K/V came from decode steps (GEMV), the from-scratch ones from the
-    # prefill (GEMM): the bits may differ in the last place, so the tokens may part only where
-    # the from-scratch logits have a near-tie.
-    logits = _teacher_forced_logits(backend, second, scratch)
-    for i, (a, b) in enumerate(zip(cont, scratch)):
-        if a != b:
-            top2 = np.sort(logits[i])[-2:]
-            assert top2[1] - top2[0] < 0.05 and logits[i][a] >= top2[0], f"token {i}: {a} vs {b}"
-            break
+    # prefill (GEMM): the bits may differ in the last place.
+    _assert_equal_but_at_a_near_tie(backend, second, cont, scratch)
+
+
+@pytest.mark.parametrize("change", ["extends", "shortens", "diverges"])
+def test_reuse_keeps_exactly_the_common_prefix_and_rolls_back_the_rest(backend, rng, change):
+    """A prompt that extends the cached sequence, is shorter than it, or parts from it in the
+    middle: prefill(…, reuse=True) and token_stream(…, reuse=True) keep exactly the common
+    prefix, roll back the positions after it (their pages back to the free list: Prefill.run →
+    Sequence.keep), and give a cold prefill's logits and tokens (within the last bits: module
+    doc of generate.py)."""
+    from drvqwen.kv_cache import n_pages_for
+
+    V = backend.config.vocab_size
+    first = rng.integers(0, V, 80).tolist()
+    toks = list(backend.token_stream(first, 10, SamplingParams()))
+    cached = backend.cached_ids()
+    seq = first + toks
+    if change == "extends":
+        ids, want_n = seq + rng.integers(0, V, 20).tolist(), len(cached)
+    elif change == "shortens":
+        ids, want_n = seq[:37], 36
+    else:
+        ids, want_n = seq[:21] + [(seq[21] + 1) % V] + seq[22:] + rng.integers(0, V, 10).tolist(), 21
+    got = backend.prefill(ids, reuse=True)
+    assert backend.last_reused == want_n
+    assert backend.cached_ids() == ids
+    free, total = backend.kv_pages()
+    assert total - free == n_pages_for(len(ids)) == len(backend.decode_step.seq.pages.block_table)
+    assert backend.decode_step.seq.pos == len(ids)
+    want = backend.prefill(ids)                             # cold: from position 0
+    assert backend.last_reused == 0
+    finite = np.isfinite(want)
+    assert np.array_equal(finite, np.isfinite(got))
+    err = np.abs(got[finite] - want[finite]).max()
+    print(f"\n{change}: reused {want_n} positions, max |logit - cold| = {err:.3g}"
+          f"{' (bit for bit)' if np.array_equal(got, want) else ''}")
+    assert err <= 1e-2 * np.abs(want[finite]).max(), err
+    # The token stream: the same rollback from the cold sequence just prefilled (ids) back to a
+    # prompt that parts from it, then the same tokens as from scratch but at a near-tie.
+    other = ids[:want_n] + [(ids[want_n] + 1) % V] + rng.integers(0, V, 14).tolist()
+    cont = list(backend.token_stream(other, 12, SamplingParams(), reuse=True))
+    assert backend.last_reused == want_n
+    free, total = backend.kv_pages()
+    assert total - free == n_pages_for(len(backend.cached_ids()))
+    scratch = list(backend.token_stream(other, 12, SamplingParams()))
+    _assert_equal_but_at_a_near_tie(backend, other, cont, scratch)

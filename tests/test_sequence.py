@@ -131,6 +131,25 @@ def test_rollback_waits_for_the_stream(rng):
     assert Stream.synced == before + 1
 
 
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 49, 50])
+def test_keep_before_a_prefill_that_continues_at_n(rng, n):
+    """A prompt that shares its first n ids with the cached sequence: positions < n stay, the
+    pages holding none of them go back (n = 0: all of them, the sequence starts again)."""
+    seq, state, table = _sequence(6, rng)
+    seq.start(3)
+    for _ in range(50):                            # positions 0 … 49: four pages
+        _step(seq)
+    pages, free = list(seq.pages.block_table), list(seq.pages.free)
+    kept = -(-n // PAGE_TOKENS)
+    assert seq.keep(n) == pages[kept:]
+    assert seq.pages.block_table == pages[:kept] and seq.pages.free == pages[kept:] + free
+    assert seq.pos == n
+    with pytest.raises(DrvqwenError, match=f"rollback to position {n + 1}"):
+        seq.keep(n + 1)                            # positions it does not hold
+    seq.reserve(n + 20)                            # the prefill's pages: the same ones again
+    assert seq.pages.block_table == (pages + free)[:-(-(n + 20) // PAGE_TOKENS)]
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("seq") / "tiny.nanoqwen"

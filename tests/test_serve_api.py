@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from serve_helpers import run_text, write_tiny
+from serve_helpers import assert_no_page_leaked, run_text, write_tiny
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.usefixtures("private_cache")
@@ -127,11 +127,12 @@ def test_stop_strings_cut_the_text(served, client):
 def test_models_health_metrics(served, client):
     ids = [m.id for m in client.models.list()]
     assert ids == ["drvqwen"]
-    h = httpx.get(served.url + "/health").json()
-    assert h["status"] == "ok" and h["device"] == "cpu" and h["kv_pages_free"] == h["kv_pages_total"] > 0
+    h = assert_no_page_leaked(served.url)
+    assert h["status"] == "ok" and h["device"] == "cpu" and h["kv_pages_total"] > 0
     client.completions.create(model="tiny", prompt="m", max_tokens=2, temperature=0)
     text = httpx.get(served.url + "/metrics").text
     for name in ("drvqwen_requests_total", "drvqwen_ttft_seconds_bucket", "drvqwen_itl_seconds_bucket",
-                 "drvqwen_queue_wait_seconds_count", "drvqwen_generated_tokens_total", "drvqwen_queue_length"):
+                 "drvqwen_queue_wait_seconds_count", "drvqwen_generated_tokens_total", "drvqwen_queue_length",
+                 "drvqwen_prompt_tokens_reused_total"):
         assert name in text
     assert 'drvqwen_requests_total{route="/v1/completions",status="200"}' in text

@@ -3,8 +3,10 @@
 GPU (Hopper, marked gpu): the real Qwen2.5-Coder-0.5B-Instruct (`DRVQWEN_REAL_MODEL`, the GPU
 machines have no network) served from the engine: the chat answer and a seeded sample equal
 `drvqwen run --device cuda`'s, a stream equals the whole answer, a client leaving mid-stream
-frees its pages, and the GPU memory in use after a concurrent load is within 5% of its value
-after warm-up. Slow (CPU): the real 0.5B served from the numpy reference equals `drvqwen run`.
+stops within a step and leaves no page held but the cached sequence's, the GPU memory in use
+after a concurrent load is within 5% of its value after warm-up, and llama.vim's requests reuse
+the KV cache and get the answers of the same requests prefilled whole. Slow (CPU): the real
+0.5B served from the numpy reference equals `drvqwen run`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serve_helpers import run_text, wait_idle
+from helpers import common_prefix
+from serve_helpers import (assert_no_page_leaked, llama_vim_chunk, llama_vim_fim_body, llama_vim_ring_body,
+                           python_source, run_text, wait_idle)
 
 openai = pytest.importorskip("openai")
 
@@ -50,15 +54,14 @@ def test_serve_on_the_gpu_equals_run(real_nanoqwen, capsys):
         assert r.choices[0].text == want_seed
 
         worker = srv.worker
-        free, total = worker.kv_pages()
-        assert free == total
+        assert_no_page_leaked(srv.url)
         body = {"prompt": "def f():", "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body) as resp:
             for i, _ in enumerate(resp.iter_lines()):
                 if i == 20:
                     break
         wait_idle(worker)
-        assert worker.kv_pages() == (total, total)
+        assert assert_no_page_leaked(srv.url)["tokens_cached"] < 200    # it stopped within a step
         assert worker.metrics.cancelled._value.get() == 1
 
         def client(i: int) -> str:
@@ -75,6 +78,47 @@ def test_serve_on_the_gpu_equals_run(real_nanoqwen, capsys):
         vram_after = _gpu_memory_used_mib()
         assert abs(vram_after - vram_warm) <= 0.05 * vram_warm, (vram_warm, vram_after)
         print(f"\nVRAM used after warm-up {vram_warm} MiB, after 96 requests {vram_after} MiB")
+
+
+@pytest.mark.gpu
+def test_serve_on_the_gpu_reuses_the_kv_cache(real_nanoqwen):
+    """llama.vim's warm-up and /infill requests while a line is typed, then an edit above the
+    cursor, on the GPU engine: each prefills only what follows the common prefix with the
+    previous prompt (the rest rolled back: Prefill.run → Sequence.keep), no page is left held
+    but the cached sequence's, and the answers are those of the same requests prefilled whole
+    (`cache_prompt: false`)."""
+    from drvqwen.server.main import BackgroundServer
+
+    with BackgroundServer(real_nanoqwen, "cuda", 4096, random_seed=lambda: 0) as srv:
+        parse = srv.parser.parse
+        chunks = [llama_vim_chunk(python_source(40)[i:i + 20], f"lib_{i}.py") for i in (0, 20)]
+        ring = llama_vim_ring_body(chunks)
+        r = httpx.post(srv.url + "/infill", json=ring, timeout=120)
+        assert r.status_code == 200 and r.json() == {}
+        prev = ring_ids = parse("infill", ring).prompt_ids
+        wait_idle(srv.worker)
+        assert srv.worker.model.backend.cached_ids() == ring_ids
+        lines = python_source(120)
+        at = 57
+        typed = lines[at - 1]
+        assert len(typed) > 12
+        bodies = [llama_vim_fim_body(lines[:at - 1] + [typed[:k]] + lines[at:], at, k, chunks, n_predict=32,
+                                     t_max_predict_ms=0) for k in (5, 8, 12, len(typed))]
+        edited = lines[:10] + [lines[10] + "  # edited"] + lines[11:]
+        bodies.append(llama_vim_fim_body(edited, at, len(typed), chunks, n_predict=32, t_max_predict_ms=0))
+        for body in bodies:
+            ids = parse("infill", body).prompt_ids
+            reused = common_prefix(prev, ids)
+            got = httpx.post(srv.url + "/infill", json={**body, "response_fields": None}, timeout=120).json()
+            assert got["timings"]["cache_n"] == reused >= len(ring_ids) - 2
+            wait_idle(srv.worker)
+            assert got["tokens_cached"] == len(srv.worker.model.backend.cached_ids())
+            assert_no_page_leaked(srv.url)
+            cold = httpx.post(srv.url + "/infill", json={**body, "response_fields": None, "cache_prompt": False},
+                              timeout=120).json()
+            assert cold["timings"]["cache_n"] == 0
+            assert got["content"] == cold["content"]
+            prev = ids
 
 
 @pytest.mark.slow

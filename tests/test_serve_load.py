@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serve_helpers import write_tiny
+from serve_helpers import assert_no_page_leaked, write_tiny
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.usefixtures("private_cache")
@@ -115,8 +115,7 @@ def test_concurrent_clients_get_their_own_text_and_memory_stays(serve):
     rss_after = _rss_bytes(proc.pid)
     assert got == alone
     assert abs(rss_after - rss_warm) <= 0.05 * rss_warm, (rss_warm, rss_after)
-    h = httpx.get(url + "/health").json()
-    assert h["queue_length"] == 0 and h["kv_pages_free"] == h["kv_pages_total"]
+    assert assert_no_page_leaked(url)["queue_length"] == 0
 
     said = srv.interrupt()
     assert proc.returncode == 130 and said == ["interrupted"], said

@@ -7,10 +7,11 @@
 Direct: `generate()` on a backend built here, greedy, stop tokens ignored (TTFT and tok/s as
 GenerationResult measures them: prompt submitted → first token, then the tokens after the
 first over their time). Over HTTP: the same prompt ids (sent as a token-id prompt to
-/v1/completions, so both run exactly the same ids), `stream: true`, through a server on a
-loopback port in this process: TTFT = request sent → first streamed event, tok/s = the tokens
-after the first (usage.completion_tokens − 1) over first event → last event. Medians of
-`--runs` runs after one warm-up run each; JSON with both and the differences.
+/v1/completions, so both run exactly the same ids; `cache_prompt: false`, so both prefill all
+of them), `stream: true`, through a server on a loopback port in this process: TTFT = request
+sent → first streamed event, tok/s = the tokens after the first (usage.completion_tokens − 1)
+over first event → last event. Medians of `--runs` runs after one warm-up run each; JSON with
+both and the differences.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def direct(f, device: str, ctx: int, ids: list[int], n: int, runs: int) -> list[
 def over_http(f, device: str, ctx: int, ids: list[int], n: int, runs: int) -> list[dict]:
     from drvqwen.server.main import BackgroundServer
 
+    # cache_prompt false: every run prefills the whole prompt, as the direct path does after its
+    # reset (the server would otherwise reuse all but the last id of the previous run's prompt).
     body = {"prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "cache_prompt": False}
     out = []
     with BackgroundServer(f, device, ctx) as srv, httpx.Client(timeout=600) as client:
         for i in range(runs + 1):

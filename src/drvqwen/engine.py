@@ -20,10 +20,14 @@ Pages are taken from the free list as the sequence grows: the prompt's all at on
 prefill (one block-table upload), then one every 16 decode steps, handed to the GPU by the
 page-opening graph (graphs.py) with a 4-byte copy queued ahead of it — no step waits for it.
 
-A sequence can be continued: `token_stream(…, reuse=True)` keeps the cached positions the new
-prompt starts with (generate.reused_prefix) and prefills only the rest at the position after them
-(Prefill.run(ids, start)); `drvqwen chat` sends each turn that way. The engine knows which ids
-its cache holds: the prompt, and every token whose decode step was queued.
+A sequence can be continued: `token_stream(…, reuse=True)` (and `prefill(…, reuse=True)`)
+keeps the cached positions the new prompt starts with (generate.reused_prefix), rolls back the
+positions after them when the cache holds more (a prompt that is shorter or parts from the
+cached one: their pages go back to the free list, Sequence.keep) and prefills only the rest at
+the position after them (Prefill.run(ids, start)); `drvqwen chat` sends each turn that way, the
+server every request. The engine knows which ids its cache holds: the prompt, and every token
+whose decode step was queued. A prompt that shares nothing, or reuse=False, starts at position
+0 exactly as before any reuse existed.
 
 Each way of choosing the token (greedy, sampled, sampled with a repeat penalty) is a launch list
 of its own (`DecodeStep.sampler_variant`), built on first use; decode replays CUDA graphs of it
@@ -247,7 +251,6 @@ class GPUBackend:
         step, ring, ev, R = self.decode_step, self._ring_view, self._events, TOKEN_RING
         if budget == 0:
             return
-        n = reused_prefix(self._cached, prompt_ids) if reuse else 0
         try:
             launch_list = self._configure(params)
             if params.penalized:                   # the sequence's last ids, in ring order
@@ -255,10 +258,7 @@ class GPUBackend:
                 hist = np.zeros(sampling.HISTORY_INTS, np.int32)
                 hist[0], hist[1:1 + len(window)] = len(window), window
                 self.history.upload(hist)
-            self._cached = prompt_ids[:n]
-            self.last_reused = n
-            self.prefill_pass.run(prompt_ids[n:], start=n, launch_list=launch_list)   # token 0 → ring[0]
-            self._cached = list(prompt_ids)
+            self._prefill(prompt_ids, reuse, launch_list)                  # token 0 → ring[0]
             ev[0].record(step.stream)
             ev[0].synchronize()
             first = int(ring[0])
@@ -288,12 +288,22 @@ class GPUBackend:
         finally:
             step.sync()  # a closed stream leaves no step running into the next generation
 
-    # ---- generate.py's logits backend (tests, tools) ----------------------------------------
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        """Greedy prefill of `ids` from position 0; returns the last position's logits fp32 [V]."""
-        launch_list = self._configure(SamplingParams())
-        self.prefill_pass.run(ids, launch_list=launch_list)
+    def _prefill(self, ids: list[int], reuse: bool, launch_list: LaunchList) -> None:
+        """Queue the prefill of `ids` and the choice of the next token by `launch_list`: from
+        position 0, or with `reuse` after the longest common prefix with the cached ids (the
+        positions after it rolled back by Prefill.run). Sets last_reused."""
+        n = reused_prefix(self._cached, ids) if reuse else 0
+        self._cached = ids[:n]                     # all the cache is known to hold until it ran
+        self.last_reused = n
+        self.prefill_pass.run(ids[n:], start=n, launch_list=launch_list)
         self._cached = list(ids)
+
+    # ---- generate.py's logits backend (tests, tools, the server's n_predict 0) ---------------
+    def prefill(self, ids: list[int], reuse: bool = False) -> np.ndarray:
+        """Greedy prefill of `ids`, from position 0 or, with `reuse`, after the cached positions
+        it starts with (as token_stream); returns the last position's logits fp32 [V]."""
+        launch_list = self._configure(SamplingParams())
+        self._prefill(list(ids), reuse, launch_list)
         return self.decode_step.logits()
 
     def decode(self, token: int) -> np.ndarray:

@@ -11,9 +11,18 @@ it, and generate() asks only for its `token_stream`. Two ways to make the tokens
 
 A backend that keeps its KV cache between calls (both do) can continue a cached sequence:
 with `reuse=True`, `prefill(ids, reuse=True)` / `token_stream(…, reuse=True)` compare `ids`
-with the ids whose K/V the cache holds (`cached_ids()`), prefill only the part after the
-longest common prefix (at least one token: its logits choose the next token), and report how
-many positions they reused in `last_reused` (`drvqwen chat`, chat.py).
+with the ids whose K/V the cache holds (`cached_ids()`), keep exactly the longest common
+prefix — the positions after it are rolled back, their pages given back, so no K/V of a
+position whose token differs is ever read — prefill only the rest (at least one token: its
+logits choose the next token), and report how many positions they reused in `last_reused`
+(`drvqwen chat`, chat.py; the server, server/worker.py). The prompt extends, shortens or
+parts from the cached ids anywhere. `cached_ids()` is always what the K/V hold: the prompt and
+every token that was run, also when the consumer closes the stream early or a step fails.
+Sampling does not depend on it: token i is drawn with uniform(seed, i) either way. The reused
+K/V were computed by an earlier prefill or decode step rather than by this prompt's prefill,
+so logits can differ from a cold run's in the last bits (the CPU's BLAS and the GPU's decode
+GEMV sum in another order than a prefill of many rows), which changes a token only where two
+logits nearly tie.
 
 The repeat penalty (sampler.penalize) looks at the last PENALTY_WINDOW ids of the whole
 sequence, prompt included: here for a logits backend, in device memory for the GPU engine.
@@ -64,8 +73,9 @@ class Backend(Protocol):
         closes the iterator); token i is `sampler.sample(logits, params, uniform(seed, i))`.
         reuse: keep the cached positions the prompt starts with (module doc)."""
 
-    def prefill(self, ids: list[int]) -> np.ndarray:
-        """Greedy prefill of `ids` from position 0: the last position's logits fp32 [V]."""
+    def prefill(self, ids: list[int], reuse: bool = False) -> np.ndarray:
+        """Greedy prefill of `ids`: the last position's logits fp32 [V]. From position 0, or
+        with `reuse` after the cached positions `ids` starts with (module doc)."""
 
     def decode(self, token: int) -> np.ndarray:
         """`token` at the next position: its logits fp32 [V] (teacher forcing)."""
@@ -219,21 +229,28 @@ class CPUBackend(HostSampling):
         """
         ids = list(ids)
         n = reused_prefix(self._cached, ids) if reuse else 0
-        if n:
-            self.model.cache.truncate(n)
-        else:
-            self.model.reset()
+        self.model.cache.truncate(n)     # the rest rolled back, its pages to the free list
         self.last_reused = n
-        self._cached = ids[:n]           # what the cache holds if the forward is interrupted
-        logits = self.model.forward(ids[n:], last_only=True)[0]
+        self._cached = ids[:n]
+        logits = self._forward(ids[n:])
         self._cached = ids
         return self._mask(logits)
 
     def decode(self, token: int) -> np.ndarray:
         """Logits fp32 [V] after `token`; ids >= text_vocab are −inf."""
-        out = self._mask(self.model.forward([token])[0])
+        logits = self._forward([token])
         self._cached.append(int(token))
-        return out
+        return self._mask(logits)
+
+    def _forward(self, ids: list[int]) -> np.ndarray:
+        """Run `ids` after the cached ones: the last position's logits fp32 [V]. A forward that
+        fails half way (a chunk written, the next one not) is rolled back to the cached ids, so
+        that `cached_ids()` is always what the K/V hold."""
+        try:
+            return self.model.forward(ids, last_only=True)[0]
+        except BaseException:
+            self.model.cache.truncate(len(self._cached))
+            raise
 
     def cached_ids(self) -> list[int]:
         """The ids whose K/V the cache holds, positions 0 … len-1."""

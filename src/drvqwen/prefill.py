@@ -187,11 +187,14 @@ class Prefill:
         afterwards the decode state is (start+T, token, start+T+1). Asynchronous: the stream
         carries it; `decode_step.sync()` waits.
 
-        start = 0 begins a new sequence (all pages released first); start > 0 appends to a cache
-        that already holds positions 0 … start-1.
+        start = 0 begins a new sequence (all pages released first); start > 0 continues the
+        sequence whose cache holds positions 0 … start-1 — positions from start on, if it holds
+        more, are rolled back first and their pages given back (`Sequence.keep`; a prompt that
+        parts from the cached one after `start` ids).
 
         Raises:
-            DrvqwenError: no ids, a token id outside the vocabulary, or start + T beyond max_context.
+            DrvqwenError: no ids, a token id outside the vocabulary, start + T beyond max_context,
+                or start past the positions the sequence holds.
         """
         step = self.decode_step
         T = len(ids)
@@ -205,8 +208,7 @@ class Prefill:
             bad = int(host_ids[(host_ids < 0) | (host_ids >= self.config.vocab_size)][0])
             raise DrvqwenError(f"token id {bad} outside the vocabulary (0..{self.config.vocab_size - 1})")
         seq = step.seq
-        if start == 0:
-            seq.reset()
+        seq.keep(start)
         seq.reserve(start + T)
         # One synchronous copy of the whole prompt before anything is queued; each chunk's
         # embedding reads its slice through the pointer it is given.

@@ -340,17 +340,27 @@ class PagedKVCache:
             self.block_table.append(self.free.pop(0))
 
     def truncate(self, n: int) -> None:
-        """Keep positions < n (a sequence continued after its first n tokens); their pages stay,
-        later slots are overwritten by the next forward."""
+        """Keep positions < n (a sequence continued after its first n tokens): the pages that
+        hold none of them go back to the front of the free list (as the GPU's
+        `Sequence.rollback` does), and every later slot is NaN again, as one never written."""
         if not 0 <= n <= self.seq_len:
             raise ValueError(f"truncate({n}): the cache holds {self.seq_len} positions")
+        # Every slot of the held pages from n on: a forward that failed half way may have
+        # written past seq_len.
+        gone = np.arange(n, len(self.block_table) * PAGE_TOKENS)
+        if len(gone):
+            nan = np.full((len(gone), self.k.shape[2], self.k.shape[4]), np.nan, self.k.dtype)
+            for layer in range(self.k.shape[0]):
+                write_pages(self.k[layer], self.block_table, gone, nan)
+                write_pages(self.v[layer], self.block_table, gone, nan)
+        keep = -(-n // PAGE_TOKENS)
+        self.free = self.block_table[keep:] + self.free
+        self.block_table = self.block_table[:keep]
         self.seq_len = n
 
     def reset(self) -> None:
         """Return every page to the free list (the next sequence starts at position 0)."""
-        self.free = self.block_table + self.free
-        self.block_table = []
-        self.seq_len = 0
+        self.truncate(0)
 
 
 # ---------------------------------------------------------------------------------------------

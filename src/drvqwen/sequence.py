@@ -21,6 +21,8 @@ prefill (prefill.py), the engine (engine.py) and `drvqwen step`'s machines call 
     advance()              a decode step was queued (the GPU advances its state itself)
     rollback(pos, token)   forget positions ≥ pos: their pages back to the free list, the state
                            (pos, token, pos + 1) — the next step decodes `token` at `pos`
+    keep(n)                before a prefill at position n: keep positions < n, forget the rest
+                           (n = 0: reset, n < pos: rollback)
     reset()                every page back, position 0
 
 Rollback is what speculative decoding (rejected tokens' K/V) and cache reuse across requests
@@ -106,6 +108,26 @@ class Sequence:
         """Forget the sequence: every page back to the free list, the next position is 0."""
         self.pages.release_all()
         self.pos = 0
+
+    def keep(self, n: int) -> list[int]:
+        """Before a prefill that continues the sequence at position n (a prompt that shares its
+        first n ids with the cached sequence): keep positions < n and forget the rest. n = 0
+        forgets everything (`reset`, as every new sequence); 0 < n < pos rolls back to n
+        (`rollback`: pages back to the free list; the state's token is the prefill's to set);
+        n = pos keeps everything.
+
+        Returns:
+            The physical pages given back, in logical order.
+        Raises:
+            DrvqwenError: n outside [0, pos].
+        """
+        if n == 0:
+            released = list(self.pages.block_table)
+            self.reset()
+            return released
+        if n == self.pos:
+            return []
+        return self.rollback(n, 0)
 
     # ---- one decode step --------------------------------------------------------------------
     def open_page(self) -> int | None:

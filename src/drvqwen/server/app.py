@@ -7,12 +7,13 @@
                                 input_extra
     GET  /v1/models             the one model
     GET  /v1/models/{id}        the model, if that is its id
-    GET  /health                model, device, queue length, KV pages (no key needed)
+    GET  /health                model, device, queue length, KV pages, tokens cached (no key needed)
     GET  /metrics               Prometheus text
 
 The handlers only parse, validate and wait: the model runs on the worker thread (worker.py).
 A client that goes away — mid-stream or while waiting for a whole answer — cancels its job,
-so its generation stops within one decode step and its KV pages go back to the free list.
+so its generation stops within one decode step (what it ran stays in the KV cache for the next
+request to reuse, worker.py).
 Around the routes, middleware.py's Gate checks the Host and logs each request.
 """
 
@@ -301,7 +302,7 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
         return answered(request, JSONResponse({
             "status": "ok", "model": model_name, "device": device, "max_context": parser.max_context,
             "queue_length": worker.queue_length(), "busy": worker.busy,
-            "kv_pages_free": free, "kv_pages_total": total}))
+            "kv_pages_free": free, "kv_pages_total": total, "tokens_cached": worker.tokens_cached}))
 
     async def prometheus(request: Request) -> Response:
         try:

@@ -2,7 +2,8 @@
 
     drvqwen_requests_total{route, status}      requests answered, by HTTP status
     drvqwen_requests_cancelled_total           generations ended by the client going away
-    drvqwen_prompt_tokens_total                prompt tokens run (prefill)
+    drvqwen_prompt_tokens_total                prompt tokens of the requests run
+    drvqwen_prompt_tokens_reused_total         of those, taken from the KV cache (not prefilled)
     drvqwen_generated_tokens_total             tokens generated (decode)
     drvqwen_queue_wait_seconds                 histogram: enqueued → the worker takes it
     drvqwen_ttft_seconds                       histogram: enqueued → first token (includes the wait)
@@ -39,7 +40,9 @@ class ServerMetrics:
         self.requests = Counter("drvqwen_requests", "HTTP requests answered", ["route", "status"], registry=r)
         self.cancelled = Counter("drvqwen_requests_cancelled", "generations ended because the client went away",
                                  registry=r)
-        self.prompt_tokens = Counter("drvqwen_prompt_tokens", "prompt tokens run", registry=r)
+        self.prompt_tokens = Counter("drvqwen_prompt_tokens", "prompt tokens of the requests run", registry=r)
+        self.prompt_tokens_reused = Counter("drvqwen_prompt_tokens_reused",
+                                            "prompt tokens taken from the KV cache, not prefilled", registry=r)
         self.generated_tokens = Counter("drvqwen_generated_tokens", "tokens generated", registry=r)
         self.queue_wait = Histogram("drvqwen_queue_wait_seconds", "enqueued to taken by the worker",
                                     buckets=TTFT_BUCKETS, registry=r)

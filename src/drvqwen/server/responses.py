@@ -9,7 +9,9 @@ content; it has no [DONE].
 
 The /infill object carries llama.cpp's fields: `content`, `stop`, `stop_type` ("eos", "word",
 "limit"), `stopping_word`, `tokens_evaluated` (prompt tokens), `tokens_predicted`,
-`tokens_cached` (the positions the sequence filled: prompt + answer, llama.cpp's n_past),
+`tokens_cached` (llama.cpp's n_past: the positions the KV cache holds after the request, the
+prompt and the tokens that were run — the last token chosen, an end-of-generation one too, is
+run only if the next step was already under way: on the GPU, not on the CPU),
 `truncated` (the prompt was trimmed or the answer reached the end of the context) and
 `timings` — plus `truncated_input` (what trimming cut), `finish_reason` and `usage`.
 `response_fields` picks fields by path ("timings/prompt_n" names a nested one, and is the key
@@ -39,8 +41,11 @@ def sse(obj) -> bytes:
 
 
 def usage(o: Outcome) -> dict:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens: the prompt tokens taken from the KV
+    cache (as the OpenAI API reports its prompt caching, and llama.cpp's server its cache_n)."""
     return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
-            "total_tokens": o.prompt_tokens + o.completion_tokens}
+            "total_tokens": o.prompt_tokens + o.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": o.reused_tokens}}
 
 
 def timings(o: Outcome) -> dict:
@@ -102,7 +107,7 @@ class Shaper:
             obj = {"index": 0, "content": text, "id_slot": 0, "stop": True, "model": self.model,
                    "stop_type": o.stop_type, "stopping_word": o.stopping_word, "finish_reason": o.finish_reason,
                    "tokens_evaluated": o.prompt_tokens, "tokens_predicted": o.completion_tokens,
-                   "tokens_cached": o.prompt_tokens + o.completion_tokens,
+                   "tokens_cached": o.cached_tokens,
                    "truncated": any(cut.values()) or o.context_full, "truncated_input": cut,
                    "timings": timings(o), "usage": usage(o)}
             return pick_fields(obj, self.request.response_fields)

@@ -2,10 +2,11 @@
 
 Fields follow the OpenAI API reference (chat completions, legacy completions) and llama.cpp's
 server for /infill (`input_prefix`, `prompt`, `input_suffix`, `input_extra`, `n_predict`,
-`n_indent`, `t_max_predict_ms`, `response_fields`). Extensions: `top_k` (0 = off) and
-`ignore_eos` (do not stop at end-of-generation tokens, `run --ignore-eos`). Unknown fields are
-ignored, as most OpenAI-compatible servers do, so that clients sending vendor extras keep
-working; fields that would change the answer in a way drvqwen does not implement (n > 1,
+`n_indent`, `t_max_predict_ms`, `response_fields`). Extensions: `top_k` (0 = off),
+`ignore_eos` (do not stop at end-of-generation tokens, `run --ignore-eos`) and llama.cpp's
+`cache_prompt` on every route (default true: reuse the KV cache's common prefix). Unknown
+fields are ignored, as most OpenAI-compatible servers do, so that clients sending vendor extras
+keep working; fields that would change the answer in a way drvqwen does not implement (n > 1,
 logprobs, echo, tools, penalties …) are refused.
 
 Defaults are the OpenAI API's: temperature 1, top_p 1, no stop strings, max_tokens 16 for
@@ -66,6 +67,9 @@ class GenerationRequest:
     context_capped: bool = False
     prompt_cut: dict | None = None
     response_fields: tuple[str, ...] | None = None
+    # llama.cpp's cache_prompt: reuse the KV cache's common prefix with the last sequence
+    # (false: prefill the whole prompt).
+    cache_prompt: bool = True
 
 
 def _is_int(v) -> bool:
@@ -293,7 +297,8 @@ class RequestParser:
                             "context_length_exceeded")
         return GenerationRequest(kind, ids, 0, params, stops, stream, include_usage, ignore_eos,
                                  n_indent=_integer(body, "n_indent", 0, 0),
-                                 t_max_predict_ms=max(0, _integer(body, "t_max_predict_ms", 0, -(2**31))))
+                                 t_max_predict_ms=max(0, _integer(body, "t_max_predict_ms", 0, -(2**31))),
+                                 cache_prompt=_bool(body, "cache_prompt", True))
 
     def _max_tokens(self, body: dict, n_prompt: int, max_field: str, default_max: int | None) -> int:
         """The OpenAI routes' max_tokens: at least 1, refused past the context."""

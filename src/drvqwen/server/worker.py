@@ -13,12 +13,20 @@ A job reports back through its `emit` callback (thread-safe, into the event loop
     ("error", APIError)  the generation failed (the server stays up), or the server is
                          shutting down (503)
 
+The KV cache outlives the job (llama.cpp's `cache_prompt`): the backend keeps the last
+sequence — prompt and the answer's tokens that were run — and the next job's prompt reuses its
+longest common prefix (`generate(…, reuse=True)`): only the rest is prefilled, the positions
+after the common prefix are rolled back and their pages given back first. A request sending
+`cache_prompt: false` is prefilled whole (its sequence is then the one kept). An /infill with
+`n_predict: 0` (llama.vim's warm-up) prefills its prompt into the cache and generates nothing.
+
 Cancellation: `Job.cancel()` (the client went away) sets a flag that the token callback reads
 before every step, so the generation stops within one decode step: `generate` closes the token
-stream (the GPU engine syncs its stream), and `backend.reset()` gives every KV page back to the
-free list, as after every job, whatever way it ended. `EngineWorker.shutdown()` (Ctrl-C) cancels
-the running job and every waiting one the same way, each answered with a 503 error, so that the
-HTTP side can finish every response at once.
+stream (the GPU engine syncs its stream), and the cache keeps what was run — `cached_ids()`
+is what the K/V hold, so the next request may reuse it. A job that fails (an error in the
+backend) resets the cache: nothing of an unknown state is reused. `EngineWorker.shutdown()`
+(Ctrl-C) cancels the running job and every waiting one the same way, each answered with a 503
+error, so that the HTTP side can finish every response at once.
 """
 
 from __future__ import annotations
@@ -47,9 +55,12 @@ class Outcome:
     """How a job ended: finish_reason "stop" (end-of-generation token or stop string), "length"
     (max_tokens, the context, n_indent or t_max_predict_ms) or "cancelled"; token counts for
     `usage`; llama.cpp's stop_type ("eos", "word", "limit") and stopping_word; reused_tokens
-    (prompt positions taken from the KV cache); prompt_s (submitted → first token) and
-    predicted_s (first token → last); context_full: generation stopped at the end of the
-    context (`GenerationRequest.context_capped` and all of it used)."""
+    (prompt positions taken from the KV cache, not prefilled: llama.cpp's timings.cache_n);
+    cached_tokens (positions the KV cache holds afterwards — the prompt and the answer's tokens
+    that were run: llama.cpp's tokens_cached, its n_past); prompt_s (submitted → first token,
+    or → the prompt in the cache when nothing is generated) and predicted_s (first token →
+    last); context_full: generation stopped at the end of the context
+    (`GenerationRequest.context_capped` and all of it used)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -57,6 +68,7 @@ class Outcome:
     stop_type: str = "limit"
     stopping_word: str = ""
     reused_tokens: int = 0
+    cached_tokens: int = 0
     prompt_s: float = 0.0
     predicted_s: float = 0.0
     context_full: bool = False
@@ -130,6 +142,7 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._main, name="drvqwen-engine", daemon=True)
         self.model: LoadedModel | None = None
         self.busy = False
+        self.tokens_cached = 0      # positions the backend's KV cache holds (/health)
         self._running: Job | None = None
         self._stopping = False
         self.metrics = ServerMetrics(self.queue_length, lambda: self.kv_pages()[0])
@@ -227,7 +240,7 @@ class EngineWorker:
             return
         for params in (SamplingParams(), SamplingParams(temperature=0.7, seed=1)):
             generate(m.backend, ids, 2, params, ignore_stop=True)
-            m.backend.reset()
+            m.backend.reset()           # the first request finds the cache empty
 
     @staticmethod
     def _cancelled(job: Job, completion_tokens: int = 0) -> None:
@@ -241,9 +254,6 @@ class EngineWorker:
         t_start = time.perf_counter()
         met.queue_wait.observe(t_start - job.enqueued_at)
         met.prompt_tokens.inc(len(req.prompt_ids))
-        if req.max_tokens == 0:     # /infill's n_predict 0: nothing to generate
-            job.emit(("done", Outcome("length", len(req.prompt_ids), 0)))
-            return
         text = AnswerText(m.tokenizer, req.stops, req.n_indent)
         t_max_s = req.t_max_predict_ms / 1e3
         state = {"n": 0, "first": None, "last": None, "time_up": False}
@@ -269,28 +279,38 @@ class EngineWorker:
             if job.cancelled:       # checked before the next step is asked for
                 raise _Cancelled
 
-        stop_type = finish = None
+        stop_type = None
+        failed = False
         try:
-            res = generate(m.backend, req.prompt_ids, req.max_tokens, req.params, m.eog_ids, on_token,
-                           ignore_stop=req.ignore_eos)
-            eos = res.stopped_by == "stop token"
-            stop_type = "eos" if eos else "limit"
+            if req.max_tokens == 0:     # /infill's n_predict 0 (llama.vim's warm-up): the prompt
+                m.backend.prefill(req.prompt_ids, reuse=req.cache_prompt)   # into the cache only
+                stop_type = "limit"
+            else:
+                res = generate(m.backend, req.prompt_ids, req.max_tokens, req.params, m.eog_ids, on_token,
+                               ignore_stop=req.ignore_eos, reuse=req.cache_prompt)
+                stop_type = "eos" if res.stopped_by == "stop token" else "limit"
         except _Ended:
             stop_type = "limit"
         except _Cancelled:
             met.cancelled.inc()
             self._cancelled(job, state["n"])
         except DrvqwenError as e:
+            failed = True
             job.emit(("error", APIError(400, str(e), code="generation_refused")))
         except Exception as e:      # a bug must not take the server down with it
+            failed = True
             traceback.print_exc()
             job.emit(("error", APIError(500, f"internal error during generation: {type(e).__name__}: {e}",
                                         code="internal_error")))
         finally:
-            m.backend.reset()       # every KV page back to the free list
+            if failed:              # what the cache holds is not known: reuse none of it
+                m.backend.reset()
+            self.tokens_cached = len(m.backend.cached_ids())
             met.generated_tokens.inc(state["n"])
         if stop_type is None:
             return
+        reused = m.backend.last_reused
+        met.prompt_tokens_reused.inc(reused)
         tail = text.finish()
         if tail:
             job.emit(("text", tail))
@@ -300,7 +320,7 @@ class EngineWorker:
         n = state["n"]
         job.emit(("done", Outcome(
             "stop" if stop_type in ("eos", "word") else "length", len(req.prompt_ids), n, stop_type,
-            text.stopping_word, reused_tokens=0,
+            text.stopping_word, reused_tokens=reused, cached_tokens=self.tokens_cached,
             prompt_s=(first if first is not None else time.perf_counter()) - t_start,
             predicted_s=(last - first) if first is not None else 0.0,
             context_full=(req.context_capped and stop_type == "limit" and text.ended_by is None
