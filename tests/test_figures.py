@@ -6,7 +6,8 @@ A quoted figure is a number followed by a link to its run's JSON whose title nam
 
 Checked here, on the CPU:
 - the number equals the field's value rounded to the digits quoted (the field may be a dotted
-  path through dicts and lists: `modes.graph.itl_median_ms`, `runs.call4:H.0.layers_ms`);
+  path through dicts and lists: `modes.graph.itl_median_ms`, `us.persistent.qkv_proj`; a number
+  followed by `%` quotes a fraction as a percentage);
 - the JSON names the code that produced it (`source.commit`, `source.digest`, written by
   drvqwen.provenance), the commit is a real one without local edits, and the digest recomputed
   from that commit's tree matches — so a figure cannot claim code that did not produce it;
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # A number (with its sign and decimals), optional unit words, then a link to a bench JSON with a title.
-TRACE = re.compile(r'(-?\d[\d,]*(?:\.\d+)?)\s*(?:[^\s\[\]()|]*\s*){0,2}\[[^\]]*\]\(((?:\.\./|\./)?(?:docs/)?bench/[^)\s]+\.json)\s+"([^"]+)"\)')
+TRACE = re.compile(r'(-?\d[\d,]*(?:\.\d+)?)\s*((?:[^\s\[\]()|]*\s*){0,2})\[[^\]]*\]\(((?:\.\./|\./)?(?:docs/)?bench/[^)\s]+\.json)\s+"([^"]+)"\)')
 FIGURE = re.compile(r'\d(?:[\d,]*)(?:\.\d+)?\s*(?:ms|µs|s|tok/s|TFLOP/s|GB/s|%)(?![\w/])')
 
 
@@ -38,8 +39,9 @@ def traces() -> list[tuple[Path, int, str, Path, str]]:
     for doc in DOCS:
         for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
             for m in TRACE.finditer(line):
-                target = (doc.parent / m.group(2)).resolve()
-                out.append((doc, n, m.group(1), target, m.group(3)))
+                target = (doc.parent / m.group(3)).resolve()
+                quoted = m.group(1) + ("%" if "%" in m.group(2) else "")
+                out.append((doc, n, quoted, target, m.group(4)))
     return out
 
 
@@ -63,6 +65,8 @@ def test_traced_figure_matches_its_run(doc, line, quoted, target, path):
     assert target.is_file(), f"{where}: no such run {target.relative_to(ROOT)}"
     data = json.loads(target.read_text(encoding="utf-8"))
     value = float(field(data, path))
+    if quoted.endswith("%"):  # a fraction quoted as a percentage
+        value, quoted = value * 100, quoted[:-1]
     q = quoted.replace(",", "")
     digits = len(q.split(".")[1]) if "." in q else 0
     assert round(value, digits) == float(q), f"{where}: quotes {quoted}, {target.name} {path} = {value}"

@@ -64,7 +64,10 @@ def _mma_sync_shape(v: Version, make, rows: int, x):
     """v1: grid (ceil(rows/64), row blocks), 4 warps, 96 KiB; x a plain pointer, no tensor map."""
     g = make(0)
     retarget(g, v, grid=(-(-rows // V1_BM), _row_blocks(g, rows)), block=(V1_THREADS,), smem_bytes=V1_SMEM_BYTES)
-    g.specs[0].params[1] = x
+    spec = g.specs[0]
+    # v1's second parameter is the activations as a plain pointer, named x (production: x_map).
+    spec.args = {("x" if name == "x_map" else name): (x if name == "x_map" else value)
+                 for name, value in spec.args.items()}
     return g
 
 
