@@ -88,24 +88,26 @@
 // written; rows past the capacity read as zero.
 //
 // Shared memory: GEMM_STAGES × 40 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
-// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (148 in all,
-// ptxas), under the 168 a 9-warp block can have (below).
+// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (142–156 by
+// variant, ptxas), under the 168 a 9-warp block can have (below).
 //
-// Measured on the H200 (tools/bench_gemm.py, 7B shapes, graph replay; µs and TFLOP/s):
-//   | GEMM (N × K)                    | M = 512      | M = 2048      | mma.sync, M = 512 |
-//   | qkv_proj (4608 × 3584)          |  57.9   292  |  141.3   479  | 136.6   124       |
-//   | o_proj (3584 × 3584)            |  34.4   382  |  133.4   394  |  83.1   158       |
-//   | gate_up_swiglu (2·18944 × 3584) | 284.9   488  | 1109.5   501  | 654.4   213       |
-//   | down_proj (3584 × 18944)        | 162.3   428  |  611.3   455  | 393.5   177       |
-//   | 28 layers                       | 15.1 ms      |  55.9 ms      | 35.6 ms           |
+// Measured on the H200 (`PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4`: 7B shapes at
+// M = 512, graph replay of 20 calls, median of 5, every version checked against the reference
+// first; docs/bench/2026-12-01_d1f479d_h200_dev_kernels.json; µs and TFLOP/s):
+//   | GEMM (N × K)                    | this file    | mma.sync (dev v1) |
+//   | qkv_proj (4608 × 3584)          |  63.1   268  | 135.4   125       |
+//   | o_proj (3584 × 3584)            |  33.6   392  |  82.3   160       |
+//   | gate_up_swiglu (2·18944 × 3584) | 272.0   511  | 658.7   211       |
+//   | down_proj (3584 × 18944)        | 160.7   433  | 395.0   176       |
+//   | 28 layers                       | 14.8 ms      | 35.6 ms           |
 //   (mma.sync: the previous cp.async + mma.m16n8k16 form of this file, kept as
-//   kernels/dev/gemm_int4/v1_mma_sync.cu; re-run beside this file with
-//   `PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v1`.) qkv at M = 512 is
-//   36 × 4 = 144 tiles on 132 SMs: 1.09 waves.
+//   kernels/dev/gemm_int4/v1_mma_sync.cu.) tools/bench_gemm.py on the same commit in another run:
+//   15.6 ms (docs/bench/2026-12-01_d1f479d_h200_gemm7b_m512.json); runs differ by ~±0.4 ms, most
+//   of it down_proj. qkv at M = 512 is 36 × 4 = 144 tiles on 132 SMs: 1.09 waves.
 // Tried and measured slower: clusters of 2 CTAs along the weight rows sharing each stage by a
 // multicast TMA copy (half the activation traffic from L2): 24.9 ms against 16.5 ms for the 28
 // layers at M = 512 (kernels/dev/gemm_int4/v2_wgmma_cluster2.cu, built with GEMM_CLUSTER=2 and
-// =1; re-run with `tools/dev_kernels.py gemm_int4 --versions v2`). L2 bandwidth is not the
+// =1; the same run as the table above; re-run with `tools/dev_kernels.py gemm_int4 --versions v2`). L2 bandwidth is not the
 // limit; a stage shared by two CTAs can be refilled only when both are done with it, and the
 // coupling stalls both. What limits now is the consumers' mainloop (~50–60% of the tensor-core
 // peak): unpacking in the same warps that wait for their MMAs. The next step is a third warpgroup that unpacks the weights into shared
@@ -131,8 +133,10 @@
 //   | count 33, one group late              | w_empty every lane after the commit, x_empty lane 0 | 15.4 15.3 | clean | |
 //   | count 33, .noinc (this file)          | w_empty every lane after the commit, x_empty lane 0 | 15.0 14.8 | clean | |
 // Every lane arriving costs where it sits on the MMA path: right after the commit it overlaps the
-// MMAs. The fastest form (lane 0 after __syncwarp) is sound by the memory model, but racecheck
-// cannot see it, and a protocol the sanitizers cannot check is one no change can be checked against.
+// MMAs. The fastest form there (lane 0 after __syncwarp, one group late) is sound by the memory
+// model, but racecheck cannot see it, and a protocol the sanitizers cannot check is one no change
+// can be checked against. In the dev runner's run of the table above the versions kept ran 15.6
+// (v3), 15.7 (v4) and 16.3 ms (v5) against this file's 14.8 ms.
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # A number (with its sign and decimals), optional unit words, then a link to a bench JSON with a title.
-TRACE = re.compile(r'(-?\d[\d,]*(?:\.\d+)?)\s*((?:[^\s\[\]()|]*\s*){0,2})\[[^\]]*\]\(((?:\.\./|\./)?(?:docs/)?bench/[^)\s]+\.json)\s+"([^"]+)"\)')
+TRACE = re.compile(r'(?<![\w.])(-?\d[\d,]*(?:\.\d+)?)\s*((?:[^\s\[\]()|]*\s*){0,2})\[[^\]]*\]\(((?:\.\./|\./)?(?:docs/)?bench/[^)\s]+\.json)\s+"([^"]+)"\)')
 FIGURE = re.compile(r'\d(?:[\d,]*)(?:\.\d+)?\s*(?:ms|µs|s|tok/s|TFLOP/s|GB/s|%)(?![\w/])')
 
 

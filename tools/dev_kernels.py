@@ -206,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpuUnavailableError as e:
         print(f"dev_kernels: {e} (every version still compiles without one: tests/test_compile.py)", file=sys.stderr)
         return 2
-    record = {"tool": "tools/dev_kernels.py", "device": dev.info.summary(), "seed": a.seed,
+    from drvqwen.provenance import source_record
+
+    record = {"tool": "tools/dev_kernels.py", "source": source_record(), "device": dev.info.summary(), "seed": a.seed,
               "samples": a.samples, "ops": {}}
     failed = False
     for op in ops:
