@@ -50,6 +50,14 @@ EOG_NAMES = (
 )
 
 
+# A BPE piece's characters → the bytes they stand for, as characters U+0000…U+00FF, so that
+# str.translate + encode("latin-1") gives a piece's bytes in one step. Characters of U+0000…U+00FF
+# that are not in the byte alphabet map to U+FFFF, which latin-1 cannot encode: such a piece
+# takes the slow path (Tokenizer._token_bytes).
+_FROM_BYTE_ALPHABET = str.maketrans({**{b: "\uffff" for b in range(256)},
+                                     **{ord(c): chr(b) for c, b in CHAR_TO_BYTE.items()}})
+
+
 # ---- the wrapper the runtime uses -------------------------------------------------------------
 
 class Tokenizer:
@@ -61,6 +69,7 @@ class Tokenizer:
     def __init__(self, tk: tokenizers.Tokenizer, source: str = "tokenizer"):
         self._tk = tk
         self.source = source  # named in error messages (e.g. the .nanoqwen it came from)
+        self._bytes: dict[int, bytes] = {}      # token_bytes, filled as ids are asked for
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike | GGUFReader) -> "Tokenizer":
@@ -205,26 +214,37 @@ class Tokenizer:
             raise DrvqwenError(f"{self.source}: tokenizer has no {token!r} token")
         return i
 
-    @cached_property
-    def token_bytes(self) -> list[bytes]:
-        """Raw bytes of every id (index = id): what `StreamDecoder` concatenates.
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one id: what `StreamDecoder` concatenates.
 
         BPE pieces are mapped back from the byte alphabet; added tokens are their UTF-8 text;
-        an id without a token (a gap) is b"". Built on first use (~0.2 s for 152k ids).
+        an id without text (a gap, an id past the vocabulary, llama.cpp's "[PAD…]" fillers) is
+        b"". Looked up when first asked for and kept: a run asks for the few hundred ids it
+        generates, where a table of all 152k ids would take ~0.5 s to build at start-up.
         """
-        table = [b""] * self.text_vocab_size
-        added = self._tk.get_added_tokens_decoder()
-        for tok, i in self._tk.get_vocab(with_added_tokens=True).items():
-            if i >= len(table) or tok == f"[PAD{i}]":
-                continue                 # no text: llama.cpp's filler rows (text_vocab_size)
-            if i in added:
-                table[i] = added[i].content.encode("utf-8")
-            else:
-                # A character outside the byte alphabet can only come from a foreign
-                # tokenizer.json; its UTF-8 bytes are the best guess at what it stands for.
-                table[i] = b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE
-                                    else c.encode("utf-8") for c in tok)
-        return table
+        got = self._bytes.get(token_id)
+        if got is None:
+            got = self._bytes[token_id] = self._token_bytes(token_id)
+        return got
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        if token_id < 0:
+            return b""
+        tok = self._tk.id_to_token(token_id)
+        if tok is None or tok == f"[PAD{token_id}]":
+            return b""                   # no text: llama.cpp's filler rows, ids past the vocabulary
+        if token_id in self._added:
+            return self._added[token_id].content.encode("utf-8")
+        try:
+            return tok.translate(_FROM_BYTE_ALPHABET).encode("latin-1")
+        except UnicodeEncodeError:
+            # A character outside the byte alphabet can only come from a foreign
+            # tokenizer.json; its UTF-8 bytes are the best guess at what it stands for.
+            return b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode("utf-8") for c in tok)
+
+    @cached_property
+    def _added(self) -> dict:
+        return self._tk.get_added_tokens_decoder()
 
     @cached_property
     def special_ids(self) -> frozenset[int]:
@@ -260,9 +280,9 @@ class StreamDecoder:
         is no text: it gives "" and changes nothing, as `Tokenizer.decode` and Qwen2's own
         tokenizer do. Never raises for an id.
         """
-        if not 0 <= token_id < len(self._bytes) or token_id in self._skip:
+        if token_id in self._skip:
             return ""
-        return self._utf8.decode(self._bytes[token_id])
+        return self._utf8.decode(self._bytes(int(token_id)))
 
     def flush(self) -> str:
         """End of stream: return what is held back (U+FFFD if it is an incomplete character)."""
