@@ -94,7 +94,7 @@ def test_json_stats_and_verbose(tiny, capsys, tmp_path):
     assert d["ttft_s"] > 0 and d["prompt_tok_s"] > 0 and d["decode_tok_s"] > 0
     assert d["total_s"] >= d["load_s"] > 0 and set(d["phases_s"]) >= {"read", "tokenize", "load", "generate"}
     assert [p.name for p in js.parent.iterdir()] == ["stats.json"]          # no temporary left
-    for phase in ("read + validate the model", "upload / dequantize the weights", "TTFT", "decode 11 tokens"):
+    for phase in ("read + validate the model", "build the backend (CPU: dequantize)", "TTFT", "decode 11 tokens"):
         assert phase in err
     line = err.strip().splitlines()[-1]
     for part in ("load ", "prompt ", " tok/s", "TTFT", "decode", "total "):

@@ -1,7 +1,135 @@
-"""What happens between exec of `drvqwen run` and its first token: the tokenizer's bytes looked
-up per id. No timing is asserted, only what the figures must satisfy."""
+"""What happens between exec of `drvqwen run` and its first token: the statistics' phases
+(measured where the work happens, exclusive, in the order they ran, summing to at most the
+total) and the tokenizer's bytes looked up per id. No timing is asserted, only what the
+figures must satisfy."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drvqwen.stats import Background, RunStats, phase
+
+from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = dataclasses.replace(TINY, max_position=256)
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("startup") / "tiny.nanoqwen"
+    write_model(path, CFG, random_dense(CFG, np.random.default_rng(5)), tokenizer_json=byte_tokenizer_json())
+    return path
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+
+
+# ---- the phases ----------------------------------------------------------------------------------
+
+def _sleep_phase(name: str, seconds: float, inner=()):
+    with phase(name):
+        time.sleep(seconds)
+        for n, s in inner:
+            _sleep_phase(n, s)
+
+
+def test_a_phase_inside_another_counts_as_its_own():
+    s = RunStats()
+    t0 = time.perf_counter()
+    with s.recording():
+        _sleep_phase("outer", 0.02, inner=[("inner", 0.03), ("outer", 0.01)])
+        _sleep_phase("inner", 0.01)
+    wall = time.perf_counter() - t0
+    assert list(s.phases) == ["outer", "inner"]                   # in the order they started
+    assert s.phases["outer"] >= 0.03 and s.phases["inner"] >= 0.04   # the sleeps each holds
+    assert s.phases["outer"] + s.phases["inner"] <= wall          # never counted twice
+
+
+def test_phase_records_nothing_outside_a_recorded_run():
+    s = RunStats()
+    with phase("nowhere"):
+        pass
+    assert "nowhere" not in s.phases
+
+    def other_thread():
+        with phase("elsewhere"):         # a thread of its own records into no run
+            pass
+
+    with s.recording():
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert "elsewhere" not in s.phases
+
+
+def test_background_returns_the_value_and_times_only_the_wait():
+    s = RunStats()
+    with s.recording():
+        b = Background("work", lambda: (time.sleep(0.05), 42)[1])
+        time.sleep(0.05)                 # the caller's own work, meanwhile
+        assert b.result() == 42
+    assert s.background["work"] >= 0.05
+    assert s.phases["work"] < s.background["work"]      # it waited for less than the work took
+
+
+def test_background_raises_what_the_work_raised_on_the_caller_thread():
+    from drvqwen.errors import DrvqwenError
+
+    def bad():
+        raise DrvqwenError("model.nanoqwen: embedded tokenizer.json is invalid (x)")
+
+    for thread in (True, False):
+        with pytest.raises(DrvqwenError, match="tokenizer.json is invalid"):
+            Background("tokenizer", bad, thread=thread).result()
+
+
+def test_run_reports_every_phase_in_order_and_within_the_total(tiny, tmp_path, capsys):
+    from drvqwen.cli import main
+
+    js = tmp_path / "stats.json"
+    rc = main(["run", "-m", str(tiny), "--device", "cpu", "-n", "6", "--ignore-eos", "-v", "--json-stats", str(js),
+               "hello"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    d = json.loads(js.read_text())
+    # In-process (the tests call cli.main), the total starts with the command: no start-up phases.
+    assert d["total_from"] == "command" and "start" not in d["phases_s"]
+    assert list(d["phases_s"]) == ["import", "read", "verify", "tokenizer", "tokenize", "load",
+                                   "generate", "prefill", "first token", "decode"]
+    assert sum(d["phases_s"].values()) <= d["total_s"]
+    assert 0 < d["first_output_s"] <= d["total_s"]
+    for label in ("read + validate the model", "load the tokenizer", "tokenize the prompt", "prefill",
+                  "first token", "(between the phases)", "total, from the command's start",
+                  "first text on stdout"):
+        assert label in err
+
+
+def test_a_process_counts_its_start_up_from_exec(tiny, tmp_path):
+    js = tmp_path / "stats.json"
+    r = subprocess.run([sys.executable, "-m", "drvqwen", "run", "-m", str(tiny), "--device", "cpu", "-n", "3",
+                        "--ignore-eos", "--json-stats", str(js), "hi"], capture_output=True, env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(js.read_text())
+    phases = d["phases_s"]
+    if sys.platform.startswith("linux"):
+        assert d["total_from"] == "exec" and list(phases)[:2] == ["start", "import"]
+    else:
+        assert d["total_from"] == "command" and list(phases)[0] == "import"
+    assert phases["import"] > 0 and sum(phases.values()) <= d["total_s"]
+
 
 # ---- the tokenizer -------------------------------------------------------------------------------
 

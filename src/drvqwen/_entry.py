@@ -18,6 +18,10 @@ signal.signal(signal.SIGINT, interrupted_while_starting)
 def main() -> int:
     """Run the command line (`cli.main`) with Ctrl-C handled from the first instruction."""
     signal.signal(signal.SIGINT, interrupted_while_starting)
+    from . import STARTED
+    from .stats import process_started
+
+    process_started(STARTED)        # the statistics count this process's start-up and imports
     from .cli import main as cli_main
 
     return leave(cli_main())

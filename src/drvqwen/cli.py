@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from drvqwen import STARTED
     from drvqwen.process_exit import leave
+    from drvqwen.stats import process_started
 
+    process_started(STARTED)
     sys.exit(leave(main()))

@@ -75,6 +75,7 @@ from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
 from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
 from .sequence import Sequence
+from .stats import phase
 
 # Decode attention kernels (plan_decode(attention=...)): "tma" = attention_decode_tma.cu (producer
 # warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
@@ -331,7 +332,8 @@ class DecodeStep:
     def _allocate(self, f: NanoqwenFile, progress, num_layers: int | None, rng) -> None:
         """Weights (uploaded), the KV cache, the activation pool, the sequence and its pages."""
         plan, cfg = self.plan, self.config
-        self.weights = GPUWeights(f, progress=progress, num_layers=num_layers)
+        with phase("upload"):
+            self.weights = GPUWeights(f, progress=progress, num_layers=num_layers)
         self.kv = KVCache(cfg, plan.n_pages)
         self.k_cache, self.v_cache = self.kv.k, self.kv.v
         self.act_pool = Pool(plan.activation_bytes + DEFAULT_ALIGN_BYTES, name="activations")

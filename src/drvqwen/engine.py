@@ -49,7 +49,7 @@ import numpy as np
 
 from .launchers import sampling
 from .launchers import PenalizedSampleToken, PublishToken, SampleToken
-from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool
+from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device
 from .decode import DecodeStep, LaunchList
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
@@ -57,6 +57,7 @@ from .format.nanoqwen import NanoqwenFile
 from .generate import reused_prefix
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
+from .stats import phase
 
 # Slots of the host token ring. The host is at most one step behind the GPU (the lookahead), so
 # two slots would do; a few more cost nothing.
@@ -153,6 +154,8 @@ class GPUBackend:
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  chunk_rows: int = DEFAULT_CHUNK_ROWS, use_graphs: bool = True):
         check_gpu_supports(f)
+        with phase("context"):
+            get_device()
         self.decode_step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
         self.use_graphs = use_graphs
         # One launch list per way of choosing the token (greedy argmax, the sampler, the sampler
@@ -252,31 +255,36 @@ class GPUBackend:
         if budget == 0:
             return
         try:
-            launch_list = self._configure(params)
-            if params.penalized:                   # the sequence's last ids, in ring order
-                window = prompt_ids[-sampling.WINDOW:]
-                hist = np.zeros(sampling.HISTORY_INTS, np.int32)
-                hist[0], hist[1:1 + len(window)] = len(window), window
-                self.history.upload(hist)
-            self._prefill(prompt_ids, reuse, launch_list)                  # token 0 → ring[0]
-            ev[0].record(step.stream)
-            ev[0].synchronize()
-            first = int(ring[0])
+            with phase("prefill"):                 # queued: the GPU runs it while we wait below
+                launch_list = self._configure(params)
+                if params.penalized:               # the sequence's last ids, in ring order
+                    window = prompt_ids[-sampling.WINDOW:]
+                    hist = np.zeros(sampling.HISTORY_INTS, np.int32)
+                    hist[0], hist[1:1 + len(window)] = len(window), window
+                    self.history.upload(hist)
+                self._prefill(prompt_ids, reuse, launch_list)              # token 0 → ring[0]
+                ev[0].record(step.stream)
+            with phase("first token"):
+                ev[0].synchronize()
+                first = int(ring[0])
             yield first
             if budget == 1:
                 return
             self._cached.append(first)             # the step queued below consumes it
             # The decode graphs are captured on first use only now, after the first token is out:
             # a capture costs tens of milliseconds that would otherwise sit inside the TTFT.
-            decode_token = self._decoder(launch_list)
-            decode_token()                         # token 1 → ring[1]
-            ev[1 % R].record(step.stream)
+            with phase("graph capture"):
+                decode_token = self._decoder(launch_list)
+            with phase("decode"):
+                decode_token()                     # token 1 → ring[1]
+                ev[1 % R].record(step.stream)
             for i in range(1, budget):
-                if i + 1 < budget:
-                    decode_token()                 # token i+1 → ring[(i+1) % R], queued before we wait
-                    ev[(i + 1) % R].record(step.stream)
-                ev[i % R].synchronize()
-                tok = int(ring[i % R])
+                with phase("decode"):
+                    if i + 1 < budget:
+                        decode_token()             # token i+1 → ring[(i+1) % R], queued before we wait
+                        ev[(i + 1) % R].record(step.stream)
+                    ev[i % R].synchronize()
+                    tok = int(ring[i % R])
                 if i + 1 < budget:
                     self._cached.append(tok)       # the step queued above consumes it
                 yield tok

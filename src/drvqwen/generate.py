@@ -47,6 +47,7 @@ from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .reference import Model, Weights
 from .sampler import PENALTY_WINDOW, SamplingParams, penalize, sample, uniform
+from .stats import phase
 
 
 class Backend(Protocol):
@@ -362,15 +363,18 @@ def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens:
     reuse: continue the backend's cached sequence (module doc).
     """
     seq = list(prompt_ids)
-    logits = backend.prefill(list(prompt_ids), reuse=True) if reuse else backend.prefill(list(prompt_ids))
+    with phase("prefill"):
+        logits = backend.prefill(list(prompt_ids), reuse=True) if reuse else backend.prefill(list(prompt_ids))
     for i in range(max_new_tokens):
-        if params.penalized:
-            logits = penalize(np.array(logits, np.float32), seq[-PENALTY_WINDOW:], params.repeat_penalty)
-        tok = sample(logits, params, uniform(params.seed, i))
+        with phase("decode" if i else "first token"):
+            if params.penalized:
+                logits = penalize(np.array(logits, np.float32), seq[-PENALTY_WINDOW:], params.repeat_penalty)
+            tok = sample(logits, params, uniform(params.seed, i))
         seq.append(tok)
         yield tok
         if i + 1 < max_new_tokens:
-            logits = backend.decode(tok)
+            with phase("decode"):
+                logits = backend.decode(tok)
 
 
 def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,

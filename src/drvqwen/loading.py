@@ -30,7 +30,7 @@ from rich.table import Table
 from .console import make_console, progress_bar
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
-from .stats import RunStats
+from .stats import RunStats, phase
 
 # The one-time CRC check of a model is reported when it took at least this long (a real
 # model: ~0.5 s for 735 MB); a test model's milliseconds are not worth a line.
@@ -73,14 +73,16 @@ def choose_device(requested: str) -> tuple[str, str | None]:
     if requested == "cpu":
         return "cpu", "--device cpu"
     try:
-        from .cuda.device import gpu_unavailable_reason
-
-        reason = gpu_unavailable_reason()
+        with phase("import"):
+            from .cuda.device import gpu_unavailable_reason
+        with phase("context"):         # cuInit and the probe of the device
+            reason = gpu_unavailable_reason()
     except ImportError as e:
         reason = f"GPU layer unavailable ({e})"
     if reason is None:
         try:
-            from . import engine  # noqa: F401  (the GPU engine)
+            with phase("import"):
+                from . import engine  # noqa: F401  (the GPU engine)
         except ImportError as e:
             reason = f"the GPU engine cannot be imported ({e})"
     if requested == "cuda" and reason is not None:
@@ -113,7 +115,8 @@ def open_model(model: str | None, device: str | None = "auto", *, verify: bool =
         device: --device ("auto", "cpu", "cuda"); None: no device is chosen (the file alone,
             e.g. to count a prompt's tokens): device "cpu", why_cpu None.
         verify: check the tensor CRCs (once per file: models.verify_once).
-        stats: adds the phases "read" (resolve, convert, validate) and "verify".
+        stats: adds the phases "read" (resolve, convert, validate) and "verify" (timed inside
+            "read", counted apart: stats.RunStats.timed).
     Raises:
         DrvqwenError: --device cuda without a usable GPU, or for a model the GPU kernels cannot
             run; a bad or missing model (models.resolve_model).
@@ -135,7 +138,6 @@ def open_model(model: str | None, device: str | None = "auto", *, verify: bool =
         f = resolve_model(model_argument(model), on_convert=convert_into_cache, verify=check if verify else None,
                           say=lambda m: _err().print(m, style="yellow", soft_wrap=True),
                           hash_progress=hash_progress)
-    stats.phases["read"] -= stats.phases.get("verify", 0.0)
     if device is not None:
         chosen, why = _gpu_or_fallback(device, chosen, why, f)
     return OpenedModel(f, chosen, why)

@@ -29,15 +29,23 @@ def _say_dim(message: str) -> None:
 
 def cmd_run(args) -> int:
     """`drvqwen run`: one prompt, one answer streamed to stdout; 0."""
-    from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, generate, resolve_max_context
-    from .loading import load_backend, open_model
-    from .paths import check_output
-    from .stats import RunStats, write_json_atomic
-    from .stop_strings import StopStrings
-    from .text_input import checked_arg
-    from .tokenizer import StreamDecoder, Tokenizer
+    from .stats import RunStats
 
     stats = RunStats()
+    with stats.recording():        # every phase below, down to the kernels, is timed into stats
+        return _run(args, stats)
+
+
+def _run(args, stats) -> int:
+    with stats.timed("import"):
+        from .generate import GenerationResult, check_prompt_fits, check_prompt_ids, generate, resolve_max_context
+        from .loading import load_backend, open_model
+        from .paths import check_output
+        from .stats import Background, write_json_atomic
+        from .stop_strings import StopStrings
+        from .text_input import checked_arg
+        from .tokenizer import StreamDecoder, Tokenizer
+
     err = make_console(stderr=True)
     go.check_prompt_options(args)
     params = go.sampling_params(args, say=_say_dim)
@@ -56,13 +64,27 @@ def cmd_run(args) -> int:
     opened = open_model(args.model, args.device if generating else None,
                         verify=generating and not args.no_verify, stats=stats)
     f = opened.file
-    with stats.timed("tokenize"):
-        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-        ids = go.prompt_ids(args, tok, text)
+    # Building the tokenizer from the file's tokenizer.json takes a few hundred milliseconds for
+    # Qwen's 151k tokens and needs no GPU: on the GPU it runs on a thread of its own while the
+    # backend loads, whose driver calls, copies and compiles leave the GIL to it. The CPU
+    # backend sizes its KV cache from the prompt, so there it is built first, in line.
+    on_gpu = generating and opened.device == "cuda"
+    tokenizer = Background("tokenizer", lambda: Tokenizer.from_json(f.tokenizer_json, source=str(f.path)),
+                           thread=on_gpu)
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
-    check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
-    check_prompt_ids(ids, f.config.vocab_size, str(f.path))
+
+    def prompt() -> tuple[Tokenizer, list[int]]:
+        tok = tokenizer.result()
+        with stats.timed("tokenize"):
+            ids = go.prompt_ids(args, tok, text)
+        check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
+        check_prompt_ids(ids, f.config.vocab_size, str(f.path))
+        return tok, ids
+
+    tok = ids = None
+    if not on_gpu:
+        tok, ids = prompt()
     if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
         res = GenerationResult(prompt_tokens=len(ids))
@@ -73,19 +95,22 @@ def cmd_run(args) -> int:
         return 0
 
     # The CPU cache holds only what this run can use: prompt + new tokens.
-    backend = load_backend(opened, max_context, cache_tokens=len(ids) + args.max_new_tokens,
+    backend = load_backend(opened, max_context, cache_tokens=None if ids is None else len(ids) + args.max_new_tokens,
                            eager=args.eager, stats=stats)
-    stream = StreamDecoder(tok)
     out = sys.stdout
-
-    def on_token(t: int) -> bool:
-        shown, stop = stops.push(stream.push(t))
-        if shown:
-            out.write(shown)
-            out.flush()
-        return stop
-
     try:
+        if ids is None:
+            tok, ids = prompt()
+        stream = StreamDecoder(tok)
+
+        def on_token(t: int) -> bool:
+            shown, stop = stops.push(stream.push(t))
+            if shown:
+                out.write(shown)
+                out.flush()
+                stats.first_output()
+            return stop
+
         with stats.timed("generate"):
             res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
                            ignore_stop=args.ignore_eos)
@@ -96,6 +121,7 @@ def cmd_run(args) -> int:
     tail += stops.flush()
     out.write(tail + "\n")
     out.flush()
+    stats.first_output()
     stats.finish()
     if stops.stopped and res.stopped_by != "stop string":
         res.stopped_by = "stop string"          # found in the text held back at the end
