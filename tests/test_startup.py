@@ -1,7 +1,8 @@
 """What happens between exec of `drvqwen run` and its first token: the statistics' phases
 (measured where the work happens, exclusive, in the order they ran, summing to at most the
-total) and the tokenizer's bytes looked up per id. No timing is asserted, only what the
-figures must satisfy."""
+total), the tokenizer's bytes looked up per id, and the kernels compiled in parallel and only
+those the engine launches, each request answered once per process. No timing is asserted, only
+what the figures must satisfy."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from drvqwen import prefill
 from drvqwen.stats import Background, RunStats, phase
 
 from helpers import TINY, byte_tokenizer_json, random_dense, write_model
@@ -157,3 +159,99 @@ def test_token_bytes_outside_the_byte_alphabet_are_their_utf8():
     pieces = ["ab", BYTE_TO_CHAR[0xC3] + BYTE_TO_CHAR[0xA9], "x\u00adλ", "é"]
     tok = Tokenizer(tokenizers.Tokenizer(BPE(vocab={p: i for i, p in enumerate(pieces)}, merges=[])))
     assert [tok.token_bytes(i) for i in range(4)] == [b"ab", "é".encode(), b"x" + "\u00adλ".encode(), b"\xe9"]
+
+
+# ---- the kernels ---------------------------------------------------------------------------------
+
+def test_parallel_compiles_give_the_sequential_cubins_in_order(tmp_path):
+    from drvqwen.cuda.nvrtc import compile_kernel, compile_kernels
+
+    names = ["decode_state", "prefill_state", "rmsnorm", "embedding"]
+    requests = [(n, {}) for n in names]
+    got = compile_kernels(requests, cache_dir=tmp_path / "parallel")
+    assert [c.name for c in got] == names and not any(c.cache_hit for c in got)
+    for c in got:
+        assert c.cubin == compile_kernel(c.name, cache_dir=tmp_path / "sequential").cubin
+    again = compile_kernels(requests, cache_dir=tmp_path / "parallel")
+    assert all(c.cache_hit for c in again) and [c.cubin for c in again] == [c.cubin for c in got]
+
+
+def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
+    from drvqwen import engine
+    from drvqwen.decode import plan_decode
+    from drvqwen.launchers import FixedOccupancy, Launcher
+
+    files = {name for name, _defines in engine.engine_kernels(CFG)}
+    plan = plan_decode(CFG, occupancy=FixedOccupancy(132))
+    assert {s.kernel.file for _n, s in plan.named_specs()} <= files
+    # kernels/X.cu belongs to launchers/X.py: every launcher the prefill and the engine build
+    # (gpu_sleep, of timing.cu, only times kernels) names a file that is compiled.
+    used = {v.__module__.rsplit(".", 1)[1] for mod in (prefill, engine) for v in vars(mod).values()
+            if isinstance(v, type) and issubclass(v, Launcher) and v is not Launcher}
+    assert used - {"timing"} <= files and "sampling" in used
+    assert set(prefill.KERNEL_FILES) <= files
+    assert not files & {"gemv_q", "timing", "smoke"}
+    assert files <= {p.stem for p in (ROOT / "kernels").glob("*.cu")}
+
+
+def test_a_kernel_request_is_compiled_once_per_process(monkeypatch):
+    """load_kernel_module answers a request it has seen from memory: building a model's launch
+    lists asks for a kernel once per launch. Module loading (the GPU) is replaced here."""
+    from drvqwen.cuda import module, nvrtc
+    from drvqwen.launchers import KernelRef
+
+    calls = []
+
+    def counting(name, **kw):
+        calls.append(name)
+        return nvrtc.compile_kernel(name, **kw)
+
+    class FakeModule:
+        def __init__(self, cubin, name):
+            self.handle, self.name = object(), name
+
+        def function(self, name):
+            return (self.name, name)
+
+    monkeypatch.setattr(module, "compile_kernel", counting)
+    monkeypatch.setattr(module, "Module", FakeModule)
+    monkeypatch.setattr(module, "_loaded", {})
+    monkeypatch.setattr(module, "_by_request", {})
+    first = module.load_kernel_module("argmax", defines={})
+    for _ in range(5):
+        assert module.load_kernel_module("argmax") is first
+        assert KernelRef("argmax", "argmax_final").function() == ("argmax", "argmax_final")
+    assert calls == ["argmax"]
+    module.load_kernel_module("argmax", use_cache=False)      # asks for a fresh compile
+    assert calls == ["argmax", "argmax"]
+    pre = nvrtc.compile_kernel("decode_state")
+    assert module.load_kernel_module("decode_state", compiled=pre).name == "decode_state"
+    assert calls == ["argmax", "argmax"]                      # handed in: not compiled again
+
+
+@pytest.mark.gpu
+def test_the_gpu_engine_compiles_nothing_after_its_compile_phase(tiny, monkeypatch):
+    """Every kernel the engine launches, through the prefill, both decode modes and every way
+    of choosing a token, was compiled by `engine.load_kernels`: nothing is compiled later."""
+    from drvqwen.cuda import module
+    from drvqwen.engine import GPUBackend
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.sampler import SamplingParams
+
+    late = []
+    real = module.compile_kernel
+    monkeypatch.setattr(module, "_by_request", {})
+    monkeypatch.setattr(module, "compile_kernel", lambda name, **kw: late.append(name) or real(name, **kw))
+    f = NanoqwenFile(tiny)
+    s = RunStats()
+    with s.recording():
+        gpu = GPUBackend(f, max_context=256)
+        try:
+            for params in (SamplingParams(), SamplingParams(temperature=0.8, seed=1),
+                           SamplingParams(temperature=0.8, seed=1, repeat_penalty=1.2)):
+                assert len(list(gpu.token_stream(list(range(1, 40)), 20, params))) == 20
+        finally:
+            gpu.close()
+    assert late == []
+    assert s.counts["kernels_compiled"] + s.counts["kernels_cached"] == s.counts["modules_loaded"]
+    assert list(s.phases)[:5] == ["context", "compile", "modules", "upload", "prefill"]

@@ -47,17 +47,20 @@ from typing import Callable
 
 import numpy as np
 
+from .config import QwenConfig
 from .launchers import sampling
-from .launchers import PenalizedSampleToken, PublishToken, SampleToken
-from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device
-from .decode import DecodeStep, LaunchList
+from .launchers import FixedOccupancy, PenalizedSampleToken, PublishToken, SampleToken
+from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device, load_kernel_module
+from .cuda.nvrtc import compile_kernels
+from .decode import DecodeStep, LaunchList, plan_decode
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .generate import reused_prefix
+from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
-from .stats import phase
+from .stats import count, phase
 
 # Slots of the host token ring. The host is at most one step behind the GPU (the lookahead), so
 # two slots would do; a few more cost nothing.
@@ -105,6 +108,32 @@ def check_stream_args(n_prompt: int, max_new_tokens: int, max_context: int) -> i
         raise DrvqwenError(f"prompt of {n_prompt} tokens does not fit the context of {max_context} "
                            f"tokens (--max-context)")
     return min(max_new_tokens, max_context - n_prompt)
+
+
+def engine_kernels(config: QwenConfig) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of every kernel file the engine launches for `config`: the decode
+    step's (its plan, made without a GPU for one layer: every layer launches the same kernels),
+    the prefill's (prefill.KERNEL_FILES) and the token choice's and hand-over's (sampling.cu).
+    Not gemv_q (its formats run on the CPU), timing or smoke (benchmarks and tests)."""
+    plan = plan_decode(config.with_layers(1), occupancy=FixedOccupancy(1))
+    wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
+    wanted |= {(name, ()) for name in (*PREFILL_KERNEL_FILES, "sampling")}
+    return [(name, dict(defines)) for name, defines in sorted(wanted)]
+
+
+def load_kernels(requests: list[tuple[str, dict]]) -> None:
+    """Compile the kernel files of `requests` in parallel through the cubin cache (phase
+    "compile"), then load each module (phase "modules"), so that building the launch lists later
+    finds every kernel loaded. The counts go to the run's statistics."""
+    with phase("compile"):
+        compiled = compile_kernels(requests)
+    fresh = sum(not c.cache_hit for c in compiled)
+    count("kernels_compiled", fresh)
+    count("kernels_cached", len(compiled) - fresh)
+    with phase("modules"):
+        for (name, defines), c in zip(requests, compiled):
+            load_kernel_module(name, defines=defines, compiled=c)
+    count("modules_loaded", len(compiled))
 
 
 def check_gpu_supports(f: NanoqwenFile) -> None:
@@ -156,6 +185,7 @@ class GPUBackend:
         check_gpu_supports(f)
         with phase("context"):
             get_device()
+        load_kernels(engine_kernels(f.config))
         self.decode_step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
         self.use_graphs = use_graphs
         # One launch list per way of choosing the token (greedy argmax, the sampler, the sampler

@@ -60,6 +60,11 @@ from .layer_weights import LayerWeights
 # bucket as zeros through its tensor map).
 ROW_BUCKET = 64
 
+# The kernel files the prefill launches (kernels/X.cu for launchers/X.py), which the engine
+# compiles before it builds anything (engine.engine_kernels); tests/test_startup.py checks the
+# list against the launchers this module uses.
+KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill")
+
 # Prompt rows per chunk: large enough that the GEMMs fill the GPU (4 blocks of 128 tokens per
 # 128-row weight slice at 7B: 112–1184 blocks per GEMM on 132 SMs), small enough that the
 # activation buffers stay ~47 MB at 7B.

@@ -165,20 +165,48 @@ class Module:
 # One module per cubin key: loading the same kernel file twice would waste device memory
 # and give two handles for one kernel.
 _loaded: dict[str, Module] = {}
+# The module of each request (name and compile options) this process has loaded: a request is
+# made once per launch built (hundreds per model), and compile_kernel's cache look-up — hashing
+# the sources, reading and checking the cubin, parsing its report — costs ~1 ms each time.
+_by_request: dict[tuple, Module] = {}
 
 
-def load_kernel_module(name: str, **compile_kwargs) -> Module:
+def _request_key(name: str, compile_kwargs: dict) -> tuple:
+    """(name, the options that shape the cubin, hashable); empty options are left out, so that
+    `defines={}` and no defines are the same request."""
+    def frozen(v):
+        if isinstance(v, dict):
+            return tuple(sorted((k, frozen(x)) for k, x in v.items()))
+        if isinstance(v, (list, tuple)):
+            return tuple(frozen(x) for x in v)
+        return str(v)
+
+    return name, tuple(sorted((k, frozen(v)) for k, v in compile_kwargs.items() if v not in (None, {}, (), [])))
+
+
+def load_kernel_module(name: str, *, compiled: CompiledKernel | None = None, **compile_kwargs) -> Module:
     """Compile (or take from the cache) `kernels/<name>.cu` and load it, once per process.
 
     Args:
         name: the kernel file's stem, or "dev/NAME" for an experiment in `kernels/dev/`.
+        compiled: the kernel already compiled with these options (`nvrtc.compile_kernels`,
+            which compiles many at once); None: compiled here.
         **compile_kwargs: passed to `nvrtc.compile_kernel` (defines, extra_options, …).
 
     Returns:
-        The loaded `Module`; the same object for the same source and options.
+        The loaded `Module`; the same object for the same source and options. A request seen
+        before is answered without looking at the sources again; `use_cache=False` always
+        compiles.
     """
-    compiled: CompiledKernel = compile_kernel(name, **compile_kwargs)
+    key = _request_key(name, compile_kwargs)
+    fresh = compile_kwargs.get("use_cache") is False
+    module = None if fresh else _by_request.get(key)
+    if module is not None and module.handle is not None:
+        return module
+    if compiled is None:
+        compiled = compile_kernel(name, **compile_kwargs)
     module = _loaded.get(compiled.cache_key)
     if module is None or module.handle is None:
         module = _loaded[compiled.cache_key] = Module(compiled.cubin, name)
+    _by_request[key] = module
     return module

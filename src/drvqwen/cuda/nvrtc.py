@@ -361,6 +361,39 @@ def compile_kernel(
     return compiled
 
 
+def compile_kernels(
+    requests: Sequence[tuple[str, Mapping[str, int | str]]], *, workers: int | None = None, **common
+) -> list[CompiledKernel]:
+    """`compile_kernel` of every (name, defines) in `requests`, side by side on threads.
+
+    NVRTC does not hold the GIL while it compiles (cuda.bindings declares nvrtcCompileProgram
+    nogil: the main thread runs on meanwhile), so threads compile in parallel, one file per
+    core; a cached cubin is read on its thread as well. The files are started longest source
+    first, so that the slowest compile does not start last.
+
+    Args:
+        requests: (kernel file stem, defines) pairs, as `compile_kernel` takes them.
+        workers: threads (default: one per request, at most os.cpu_count()).
+        **common: passed to every `compile_kernel` (kernels_dir, cache_dir, use_cache, …).
+    Returns:
+        The CompiledKernels in the order of `requests`.
+    Raises:
+        FileNotFoundError, NvrtcError: as `compile_kernel`, for the first request that failed
+            (after every thread has finished).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not requests:
+        return []
+    toolchain_id()          # fill the cached look-ups once, before the threads need them
+    cuda_include_dir()
+    order = sorted(range(len(requests)), key=lambda i: -len(kernel_source(requests[i][0], common.get("kernels_dir")).text))
+    n = workers or min(len(requests), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="nvrtc") as pool:
+        futures = {i: pool.submit(compile_kernel, requests[i][0], defines=requests[i][1], **common) for i in order}
+    return [futures[i].result() for i in range(len(requests))]
+
+
 # --- the ptxas report ------------------------------------------------------------------------
 
 # The lines ptxas -v prints (seen from NVRTC 13.0, sm_90a):
