@@ -1,12 +1,13 @@
 """What happens between exec of `drvqwen run` and its first token: the statistics' phases
 (measured where the work happens, exclusive, in the order they ran, summing to at most the
 total), the tokenizer's bytes looked up per id, and the kernels compiled in parallel and only
-those the engine launches, each request answered once per process. No timing is asserted, only
-what the figures must satisfy."""
+those the engine launches, each request answered once per process; and tools/bench_startup.py,
+which times a run from outside. No timing is asserted, only what the figures must satisfy."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -255,3 +256,39 @@ def test_the_gpu_engine_compiles_nothing_after_its_compile_phase(tiny, monkeypat
     assert late == []
     assert s.counts["kernels_compiled"] + s.counts["kernels_cached"] == s.counts["modules_loaded"]
     assert list(s.phases)[:5] == ["context", "compile", "modules", "upload", "prefill"]
+
+
+# ---- tools/bench_startup.py ----------------------------------------------------------------------
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_startup", ROOT / "tools" / "bench_startup.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_startup_times_a_run_from_outside(tiny, tmp_path):
+    out = tmp_path / "startup.json"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_startup.py"), "--model", str(tiny), "--runs", "1",
+                        "--device", "cpu", "--json", str(out)], capture_output=True, text=True, env=_env(), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "exec → first byte on stdout" in r.stdout and "median" in r.stdout
+    d = json.loads(out.read_text())
+    (run,) = d["runs"]
+    assert run["returncode"] == 0 and 0 < run["first_byte_s"] <= run["exit_s"] and run["stdout_bytes"] > 0
+    assert d["median"]["first_byte_s"] == run["first_byte_s"] and not d["cold_cache"]
+    assert sum(run["stats"]["phases_s"].values()) <= run["stats"]["total_s"]
+    assert set(d["source"]) == {"commit", "digest"} and len(d["source"]["digest"]) == 64
+    assert str(tmp_path) not in out.read_text()            # no paths of this machine in the record
+
+
+def test_bench_startup_cold_cache_root_has_only_the_kernel_cache_empty(tmp_path, monkeypatch, private_cache):
+    (private_cache / "models").mkdir(parents=True)
+    (private_cache / "state").mkdir()
+    (private_cache / "cubin").mkdir()
+    (private_cache / "cubin" / "k.cubin").write_bytes(b"\x7fELF")
+    root = _tool().cold_cache_root(tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == ["cubin", "models", "state"]
+    assert list((root / "cubin").iterdir()) == [] and not (root / "cubin").is_symlink()
+    assert (root / "models").resolve() == (private_cache / "models").resolve()
+    assert (root / "state").resolve() == (private_cache / "state").resolve()

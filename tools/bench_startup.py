@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""How long a person waits for `drvqwen run`: exec of the process → the first byte of the answer
+on stdout, measured from outside, as a user would run it.
+
+    PYTHONPATH=src python3 tools/bench_startup.py --model M.nanoqwen [--runs 5] [--cold-cache] [--json OUT]
+    PYTHONPATH=src python3 tools/bench_startup.py --compare warm.json cold.json   # medians side by side
+
+Each run is `python -m drvqwen run --model M -v --json-stats …` in a process of its own, with
+this checkout's src/ (or --src) on PYTHONPATH. The clock starts just before the process is
+spawned; stdout is a pipe read unbuffered, and the first byte that arrives stops the first
+clock (the answer's first text: drvqwen flushes each piece as it is decoded); the exit stops
+the second. Beside those, each run's own `--json-stats` phases (measured inside the process,
+from its exec) say where the time went; the table lists both, run by run, with the medians.
+
+--cold-cache gives each run an empty kernel cache and nothing else new: a fresh cache root
+whose cubin/ folder is empty and whose other entries (models/, state/, hub/ — the model, its
+verified-CRC record) are links to those of $DRVQWEN_CACHE. Without it the runs share the
+ordinary cache. Either way one unmeasured run goes first: it fills an empty kernel cache,
+reads the model into the page cache and writes the .pyc files.
+
+The JSON (--json) holds every run, the medians, the command line and
+`drvqwen.provenance.source_record()` of the code that ran (asked of that code itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PROMPT = "Write a Python function is_palindrome(s) that ignores case and punctuation."
+# The -v phases in the order a GPU run meets them (drvqwen.stats), for the table's rows.
+PHASE_ORDER = ("start", "import", "context", "read", "verify", "compile", "modules", "upload", "load",
+               "tokenizer", "tokenize", "prefill", "first token", "graph capture", "decode", "generate")
+
+
+def cache_root() -> Path:
+    """The cache root drvqwen uses (paths.cache_root's rule), not created."""
+    env = os.environ.get("DRVQWEN_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "drvqwen"
+
+
+def cold_cache_root(parent: Path) -> Path:
+    """A new cache root under `parent`: an empty cubin/ folder, every other entry of the real
+    cache root linked."""
+    root = Path(tempfile.mkdtemp(prefix="cache-", dir=parent))
+    real = cache_root()
+    if real.is_dir():
+        for entry in real.iterdir():
+            if entry.name != "cubin":
+                (root / entry.name).symlink_to(entry.resolve())
+    (root / "cubin").mkdir()
+    return root
+
+
+def run_once(cmd: list[str], env: dict[str, str], stats_path: Path, stderr_path: Path) -> dict:
+    """One run of `cmd`: seconds from just before the spawn to the first byte on stdout and to
+    the exit, the exit status, the bytes of stdout, and the run's --json-stats."""
+    stats_path.unlink(missing_ok=True)
+    with open(stderr_path, "wb") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=env, bufsize=0)
+        first = os.read(p.stdout.fileno(), 1)
+        t_first = time.perf_counter()
+        rest = p.stdout.read()
+        p.wait()
+        t_exit = time.perf_counter()
+    stats = json.loads(stats_path.read_text()) if stats_path.is_file() else None
+    return {"first_byte_s": t_first - t0 if first else None, "exit_s": t_exit - t0, "returncode": p.returncode,
+            "stdout_bytes": len(first) + len(rest or b""), "stats": stats,
+            "stderr_tail": stderr_path.read_text(errors="replace").strip().splitlines()[-1:]}
+
+
+def provenance(python: str, env: dict[str, str]) -> dict | None:
+    """source_record() of the drvqwen that `env` runs, asked of that code."""
+    r = subprocess.run([python, "-c", "import json; from drvqwen.provenance import source_record; "
+                                      "print(json.dumps(source_record()))"],
+                       env=env, capture_output=True, text=True)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def medians(runs: list[dict]) -> dict:
+    """Median first byte, exit, internal first output and every phase over the runs that
+    succeeded (a phase a run lacks counts as 0 there)."""
+    ok = [r for r in runs if r["returncode"] == 0 and r["first_byte_s"] is not None]
+    if not ok:
+        return {}
+    phases = sorted({k for r in ok for k in (r["stats"] or {}).get("phases_s", {})},
+                    key=lambda k: (PHASE_ORDER.index(k) if k in PHASE_ORDER else len(PHASE_ORDER), k))
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "first_byte_s": med(r["first_byte_s"] for r in ok),
+        "exit_s": med(r["exit_s"] for r in ok),
+        "first_output_s": med((r["stats"] or {}).get("first_output_s") for r in ok),
+        "phases_s": {k: med((r["stats"] or {}).get("phases_s", {}).get(k, 0.0) for r in ok) for k in phases},
+        "runs": len(ok),
+    }
+
+
+def _ms(x) -> str:
+    return "" if x is None else f"{x * 1e3:.0f}"
+
+
+def print_runs(con: Console, title: str, runs: list[dict], med: dict) -> None:
+    """Rows: the outside figures, then the run's own phases; columns: each run, the median."""
+    t = Table(title=title)
+    t.add_column("ms")
+    for i in range(len(runs)):
+        t.add_column(f"run {i + 1}", justify="right")
+    t.add_column("median", justify="right", style="bold")
+    t.add_row("exec → first byte on stdout", *(_ms(r["first_byte_s"]) for r in runs), _ms(med.get("first_byte_s")))
+    t.add_row("exec → exit", *(_ms(r["exit_s"]) for r in runs), _ms(med.get("exit_s")))
+    t.add_row("first text, the run's own clock", *(_ms((r["stats"] or {}).get("first_output_s")) for r in runs),
+              _ms(med.get("first_output_s")))
+    for k, v in med.get("phases_s", {}).items():
+        t.add_row(f"  {k}", *(_ms((r["stats"] or {}).get("phases_s", {}).get(k)) for r in runs), _ms(v))
+    counts = [(r["stats"] or {}).get("counts", {}) for r in runs]
+    if any(counts):
+        t.add_row("kernels compiled / cached", *(f"{c.get('kernels_compiled', '')}/{c.get('kernels_cached', '')}"
+                                                 for c in counts), "")
+    con.print(t)
+
+
+def compare(con: Console, paths: list[str]) -> int:
+    """One table of the medians of several saved runs (--json files), side by side."""
+    data = [json.loads(Path(p).read_text()) for p in paths]
+    t = Table(title="exec → first byte, medians (ms)")
+    t.add_column("ms")
+    for p, d in zip(paths, data):
+        t.add_column(f"{Path(p).stem}\n{'cold' if d['cold_cache'] else 'warm'} cache, {d['median'].get('runs', 0)} runs",
+                     justify="right")
+    t.add_row("exec → first byte on stdout", *(_ms(d["median"].get("first_byte_s")) for d in data))
+    t.add_row("exec → exit", *(_ms(d["median"].get("exit_s")) for d in data))
+    phases = [k for k in PHASE_ORDER if any(k in d["median"].get("phases_s", {}) for d in data)]
+    for k in phases:
+        t.add_row(f"  {k}", *(_ms(d["median"].get("phases_s", {}).get(k)) for d in data))
+    con.print(t)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="the model to run (a .nanoqwen, or anything --model takes)")
+    ap.add_argument("--runs", type=int, default=5, help="measured runs (default 5)")
+    ap.add_argument("--cold-cache", action="store_true", help="an empty kernel cache for every run")
+    ap.add_argument("--prompt", default=DEFAULT_PROMPT)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--src", default=str(REPO / "src"), help="the drvqwen source tree to run (default: this checkout's)")
+    ap.add_argument("--json", help="write every run and the medians here")
+    ap.add_argument("--compare", nargs="+", metavar="JSON", help="print the medians of saved runs side by side")
+    a = ap.parse_args()
+    con = Console(stderr=True)
+    if a.compare:
+        return compare(Console(width=140), a.compare)
+    if not a.model or a.runs < 1:
+        ap.error("--model and --runs >= 1 are needed (or --compare)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([a.src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
+    stats_path, stderr_path = work / "stats.json", work / "stderr.txt"
+    cmd = [sys.executable, "-m", "drvqwen", "run", "--model", a.model, "--device", a.device, "--prompt", a.prompt,
+           "--max-new-tokens", str(a.max_new_tokens), "--ignore-eos", "-v", "--json-stats", str(stats_path)]
+    try:
+        def run_env() -> dict[str, str]:
+            return dict(env, DRVQWEN_CACHE=str(cold_cache_root(work))) if a.cold_cache else env
+
+        # One run first, unmeasured: it fills an empty kernel cache (a fresh machine), reads the
+        # model into the page cache and writes the .pyc files, as any earlier use would have.
+        warm = run_once(cmd, run_env(), stats_path, stderr_path)
+        if warm["returncode"]:
+            con.print(f"drvqwen run failed ({warm['returncode']}): {' '.join(warm['stderr_tail'])}")
+            return 1
+        runs: list[dict] = []
+        for i in range(a.runs):
+            r = run_once(cmd, run_env(), stats_path, stderr_path)
+            runs.append(r)
+            con.print(f"run {i + 1}: first byte {_ms(r['first_byte_s'])} ms, exit {_ms(r['exit_s'])} ms"
+                      + (f", failed ({r['returncode']}): {' '.join(r['stderr_tail'])}" if r["returncode"] else ""))
+        med = medians(runs)
+        backend = next(((r["stats"] or {}).get("backend") for r in runs if r["stats"]), "?")
+        title = (f"drvqwen run, {Path(a.model).name}, {backend}, {'cold' if a.cold_cache else 'warm'} kernel cache, "
+                 f"{os.cpu_count()} cores")
+        print_runs(Console(width=140), title, runs, med)
+        if a.json:
+            shown = ["python", "-m", "drvqwen", *cmd[3:]]      # no paths of this machine in the record
+            shown[shown.index("--model") + 1] = Path(a.model).name
+            shown[-1] = "STATS.json"
+            out = {"source": provenance(sys.executable, env), "tool": "tools/bench_startup.py",
+                   "command": shown,
+                   "model": Path(a.model).name, "cold_cache": a.cold_cache, "cores": os.cpu_count(),
+                   "machine": platform.machine(), "runs": runs, "median": med}
+            Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+        return 0 if med else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
