@@ -65,6 +65,8 @@ PHASE_NAMES = {
     "prefill": "prefill", "first token": "first token", "graph capture": "graph capture",
     "decode": "decode", "generate": "detokenize + print",
 }
+# The longest interpreter start-up taken for true (RunStats.__post_init__).
+START_UP_MAX_S = 30.0
 # The phases the stats line's `load` adds up.
 LOAD_PHASES = ("read", "verify", "context", "compile", "modules", "upload", "load")
 
@@ -191,7 +193,9 @@ class RunStats:
         if first_line is None or first_line > self.t_start:
             return
         t_exec = _exec_time(time.perf_counter())
-        if t_exec is not None and t_exec <= first_line:
+        # An interpreter starts in tens of milliseconds: a start-up of more than START_UP_MAX_S
+        # means the two clocks disagree (a time namespace), and the exec is not known.
+        if t_exec is not None and 0 <= first_line - t_exec < START_UP_MAX_S:
             self.t_origin, self.from_exec = t_exec, True
             self.phases["start"] = first_line - t_exec
         else:
