@@ -20,6 +20,16 @@ reads the model into the page cache and writes the .pyc files.
 
 The JSON (--json) holds every run, the medians, the command line and
 `drvqwen.provenance.source_record()` of the code that ran (asked of that code itself).
+
+A synthetic model of a real shape with the real tokenizer embedded starts up as the real model
+does; on a machine without the network, carry the tokenizer (5 MB) instead of the model:
+
+    # where the real 0.5B is in the cache (or can be pulled):
+    mkdir -p .carry && PYTHONPATH=src python3 -c "from drvqwen.models import resolve_model; \
+        open('.carry/qwen2.5-coder-tokenizer.json', 'w', encoding='utf-8').write(resolve_model(None).tokenizer_json)"
+    # on the other machine:
+    PYTHONPATH=src python3 tools/make_synthetic.py --preset 0.5b --tokenizer .carry/qwen2.5-coder-tokenizer.json -o /tmp/syn05.nanoqwen
+    PYTHONPATH=src python3 tools/bench_startup.py --model /tmp/syn05.nanoqwen --json warm.json
 """
 
 from __future__ import annotations
