@@ -10,7 +10,8 @@ it from the named commit's tree (`digest_of_commit`) for every JSON that README 
 figure cannot claim code that did not produce it.
 
 The commit is `$DRVQWEN_SOURCE_COMMIT` when set (a tree copied to another machine without its
-history), else `git rev-parse HEAD` in a checkout, with "+dirty" appended when the runtime's
+history; the full 40-digit hash, so that a mistyped or shortened one is refused rather than
+recorded), else `git rev-parse HEAD` in a checkout, with "+dirty" appended when the runtime's
 files differ from it; None outside a checkout.
 """
 
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .cuda.sources import kernels_dir, ptx_dir
+from .errors import DrvqwenError
 
 SOURCE_COMMIT_ENV = "DRVQWEN_SOURCE_COMMIT"
 
@@ -84,9 +87,15 @@ def digest_of_commit(commit: str, root: Path) -> str:
 
 
 def source_commit(digest: str | None = None) -> str | None:
-    """The commit the running code claims (module docstring), or None outside a checkout."""
+    """The commit the running code claims (module docstring), or None outside a checkout.
+
+    Raises:
+        DrvqwenError: $DRVQWEN_SOURCE_COMMIT is set but is not a full 40-digit hex hash.
+    """
     claimed = os.environ.get(SOURCE_COMMIT_ENV)
     if claimed:
+        if not re.fullmatch(r"[0-9a-f]{40}", claimed):
+            raise DrvqwenError(f"${SOURCE_COMMIT_ENV}={claimed!r}: not a full 40-digit commit hash")
         return claimed
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
