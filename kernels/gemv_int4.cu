@@ -218,19 +218,6 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-// The rows behind MMA rows g (lo) and g + 8 (hi) of tile `tile_in_seg` of a segment.
-__device__ __forceinline__ void gemv_tile_rows(int tile_in_seg, int g, int rope_dim, int& lo, int& hi) {
-    if (rope_dim > 0) {
-        const int tiles_per_head = rope_dim / INT4_TILE_ROWS;
-        const int head = tile_in_seg / tiles_per_head, j = tile_in_seg % tiles_per_head;
-        lo = head * rope_dim + j * 8 + g;
-        hi = lo + rope_dim / 2;
-    } else {
-        lo = tile_in_seg * INT4_TILE_ROWS + g;
-        hi = lo + 8;
-    }
-}
-
 // The whole GEMV of one block: its tiles × all K, for MT matrices per tile. Order of work:
 // launch_dependents, the first weight batch requested, griddepcontrol.wait, then the prologue
 // `stage_x(x_smem, K)` stages x; after the main loop and the block's reduction,
@@ -355,14 +342,6 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
         }
         epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, sums);
     }
-}
-
-// Plain row order: store `f(row, value)` for MMA rows g and g + 8 of a tile, rows < n only.
-template <typename F>
-__device__ __forceinline__ void gemv_store_rows(int tile_in_seg, int g, int n, const float (&v)[2], F f) {
-    const int lo = tile_in_seg * INT4_TILE_ROWS + g;
-    if (lo < n) f(lo, v[0]);
-    if (lo + 8 < n) f(lo + 8, v[1]);
 }
 
 // y = W x, FP16 out (rounded once from the FP32 sum).

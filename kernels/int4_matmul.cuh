@@ -6,6 +6,8 @@
 //   INT4_GROUP, INT4_TILE_ROWS    the quantisation group along K and the rows of a weight tile
 //   int4_tiles / int4_segment / int4_pick   tiles of a matrix; which stacked matrix a tile is in
 //   int4_a_fragments              one word of rows g and g+8 → the A fragments of two MMAs
+//   gemv_tile_rows / gemv_store_rows   the rows behind MMA rows g and g+8 of a tile (RoPE-paired
+//                                 or plain), for the GEMVs of every weight format (gemv_fmt.cu too)
 //   swiglu_f16                    the gate/up epilogue: silu(gate) · up
 //
 // Lane (g, t) = (lane / 4, lane % 4) holds words 4t … 4t+3 of a group (inputs 32t … 32t+31) of
@@ -56,6 +58,27 @@ __device__ __forceinline__ void int4_a_fragments(const uint4& row_g, const uint4
     unpack_int4x8(int4_word(row_g8, i), h1);
     a_lo[0] = h0[0]; a_lo[1] = h1[0]; a_lo[2] = h0[1]; a_lo[3] = h1[1];
     a_hi[0] = h0[2]; a_hi[1] = h1[2]; a_hi[2] = h0[3]; a_hi[3] = h1[3];
+}
+
+// The rows behind MMA rows g (lo) and g + 8 (hi) of tile `tile_in_seg` of a segment.
+__device__ __forceinline__ void gemv_tile_rows(int tile_in_seg, int g, int rope_dim, int& lo, int& hi) {
+    if (rope_dim > 0) {
+        const int tiles_per_head = rope_dim / INT4_TILE_ROWS;
+        const int head = tile_in_seg / tiles_per_head, j = tile_in_seg % tiles_per_head;
+        lo = head * rope_dim + j * 8 + g;
+        hi = lo + rope_dim / 2;
+    } else {
+        lo = tile_in_seg * INT4_TILE_ROWS + g;
+        hi = lo + 8;
+    }
+}
+
+// Plain row order: store `f(row, value)` for MMA rows g and g + 8 of a tile, rows < n only.
+template <typename F>
+__device__ __forceinline__ void gemv_store_rows(int tile_in_seg, int g, int n, const float (&v)[2], F f) {
+    const int lo = tile_in_seg * INT4_TILE_ROWS + g;
+    if (lo < n) f(lo, v[0]);
+    if (lo + 8 < n) f(lo + 8, v[1]);
 }
 
 // silu(gate) · up, rounded once to FP16. silu(g) = g / (1 + e^-g) in FP32 with the accurate

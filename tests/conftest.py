@@ -66,6 +66,24 @@ def real_nanoqwen(request):
     return resolve_model(str(request.getfixturevalue("real_gguf")))
 
 
+@pytest.fixture(scope="session")
+def real_nanoqwen_source(request, tmp_path_factory):
+    """The real 0.5B kept in its GGUF's own formats (`convert --weights source`: Q5_0, Q8_0,
+    Q4_K, Q6_K), opened and validated. `DRVQWEN_REAL_MODEL_SOURCE=/path/model.nanoqwen` names a
+    file converted elsewhere (carried to a machine without the `gguf` package); otherwise the
+    pulled GGUF is converted once per session."""
+    from drvqwen.format.nanoqwen import NanoqwenFile
+
+    path = os.environ.get("DRVQWEN_REAL_MODEL_SOURCE")
+    if path:
+        return NanoqwenFile(path)
+    from drvqwen.format.convert import convert
+
+    out = tmp_path_factory.mktemp("real") / "qwen2.5-coder-0.5b-source.nanoqwen"
+    convert(request.getfixturevalue("real_gguf"), out, weights="source")
+    return NanoqwenFile(out)
+
+
 def _gpu_unavailable_reason() -> str | None:
     try:
         from drvqwen.cuda.device import gpu_unavailable_reason

@@ -22,13 +22,20 @@ from helpers import minimal_tokenizer_json, rel_l2
 pytestmark = pytest.mark.gpu
 
 SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B}
+# The same shapes with every weight in the format llama.cpp's Q4_K_M recipe gives it (K-quants,
+# and Q5_0/Q8_0 where K = 896 allows no K-quant): the per-tensor step of gemv_fmt.cu.
+MODELS = {**{name: (cfg, None) for name, cfg in SHAPES.items()},
+          **{f"{name}-q4_k_m": (cfg, "q4_k_m") for name, cfg in SHAPES.items()}}
 
 
-@pytest.fixture(scope="module", params=list(SHAPES))
+@pytest.fixture(scope="module", params=list(MODELS))
 def model(request, tmp_path_factory):
-    cfg = SHAPES[request.param]
+    from drvqwen.format.recipes import recipe_formats
+
+    cfg, recipe = MODELS[request.param]
     path = tmp_path_factory.mktemp("syn") / f"{request.param}.nanoqwen"
-    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json())
+    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json(),
+                    formats=recipe_formats(cfg, recipe) if recipe else None)
     f = NanoqwenFile(path)
     yield request.param, f, ref.Weights.from_nanoqwen(f, np.float32)
     f.close()

@@ -269,3 +269,66 @@ def test_missing_problems_are_one_line(tmp_path, capsys):
 
     assert main(["eval", "humaneval", "--problems", str(tmp_path / "none.jsonl")]) == 2
     assert "none.jsonl: file not found" in capsys.readouterr().err
+
+
+def test_agreement_gates_top1_by_the_gap_and_the_rms_error():
+    """A near-tie swapped by a last-bit error counts against raw top-1, not against the gated one;
+    a swap across a clear gap counts against both."""
+    from drvqwen.agreement import Agreement
+
+    rng = np.random.default_rng(3)
+    a = Agreement()
+    for _ in range(20):
+        src = rng.standard_normal(50) * 3
+        src[7] = src.max() + 5.0                      # a clear winner
+        a.add(src + rng.standard_normal(50) * 1e-3, src)
+    tie = rng.standard_normal(50)
+    tie[3], tie[4] = 9.0, 9.0 + 1e-4                 # source picks 4 by a hair
+    model = tie.copy()
+    model[3] += 2e-4                                  # the model picks 3
+    a.add(model, tie)
+    s = a.summary()
+    assert s["top1"] < 1.0 and s["top1_gated"] == 1.0 and s["gated_positions"] == 20
+    clear = rng.standard_normal(50)
+    clear[1] = 20.0
+    wrong = clear.copy()
+    wrong[2] = 30.0
+    a.add(wrong, clear)
+    assert a.summary()["top1_gated"] < 1.0
+
+
+def test_backend_forward_gives_every_position_of_one_pass(tiny_source, tmp_path):
+    """The GPU mode's forward (prefill the first id, decode the rest), run here on the CPU
+    backend, equals the reference's full forward pass at every position."""
+    from drvqwen import agreement as ag
+    from drvqwen.format.convert import convert
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.generate import CPUBackend
+    from drvqwen.reference import Weights
+
+    convert(tiny_source, tmp_path / "m.nanoqwen", weights="source")
+    f = NanoqwenFile(tmp_path / "m.nanoqwen")
+    ids = [5, 17, 3, 200, 9, 9, 41]
+    got = ag.backend_forward_fn(CPUBackend(f, 32))(ids)
+    want = ag.forward_fn(Weights.from_nanoqwen(f), 32)(ids)
+    assert got.shape == want.shape == (len(ids), TINY.vocab_size)
+    v = f.text_vocab                               # the backend's padded rows are -inf (no text)
+    np.testing.assert_allclose(got[:, :v], want[:, :v], rtol=1e-5, atol=1e-5)
+
+
+def test_agree_takes_a_source_format_nanoqwen_as_the_reference(tiny_source, tmp_path, capsys):
+    """A `--weights source` file dequantizes to the GGUF's values bit for bit, so as the reference
+    it gives what the GGUF gives (a machine without the `gguf` package can still check a model)."""
+    from drvqwen.cli import main
+    from drvqwen.format.convert import convert
+
+    convert(tiny_source, tmp_path / "src.nanoqwen", weights="source")
+    convert(tiny_source, tmp_path / "int4.nanoqwen")
+    figs = {}
+    for ref_path in (str(tiny_source), str(tmp_path / "src.nanoqwen")):
+        out = tmp_path / "a.json"
+        assert main(["eval", "agree", "--model", str(tmp_path / "int4.nanoqwen"), "--reference", ref_path,
+                     "--limit", "3", "--json", str(out)]) == 0
+        figs[ref_path] = json.loads(out.read_text())["every_position"]
+    a, b = figs.values()
+    assert a["positions"] == b["positions"] and a["cosine_min"] == b["cosine_min"] and a["kl_max"] == b["kl_max"]

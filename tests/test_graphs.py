@@ -487,7 +487,9 @@ N_GEN = 600                       # generated tokens per run: 37-38 page boundar
 PROMPT_LENGTHS = (15, 16, 17)     # just before, on and just after a page boundary
 MAX_CONTEXT = 640                 # 40 pages: 17 + 600 tokens need 39
 SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B,
-          "real-0.5b": None}     # the real Qwen2.5-Coder-0.5B-Instruct (conftest.real_nanoqwen)
+          "real-0.5b": None,     # the real Qwen2.5-Coder-0.5B-Instruct (conftest.real_nanoqwen)
+          "real-0.5b-source": None,   # the same in its GGUF's formats (conftest.real_nanoqwen_source)
+          "7b-2layers-q4_k_m": QWEN25_CODER_7B.with_layers(2)}   # llama.cpp's Q4_K_M recipe, synthetic
 
 
 def _module_seed() -> int:
@@ -507,11 +509,15 @@ def gpu_model(request, tmp_path_factory):
 
     from helpers import minimal_tokenizer_json
 
+    from drvqwen.format.recipes import recipe_formats
+
     cfg = SHAPES[request.param]
     if cfg is None:
-        yield request.param, request.getfixturevalue("real_nanoqwen"), None
+        real = "real_nanoqwen_source" if request.param.endswith("source") else "real_nanoqwen"
+        yield request.param, request.getfixturevalue(real), None
         return
-    if request.param.startswith("7b") and default_synthetic_path("7b").exists():
+    recipe = "q4_k_m" if request.param.endswith("q4_k_m") else None
+    if request.param.startswith("7b") and recipe is None and default_synthetic_path("7b").exists():
         f = NanoqwenFile(default_synthetic_path("7b"))
         if f.config.with_layers(cfg.num_layers) == cfg:
             yield request.param, f, cfg.num_layers
@@ -521,7 +527,8 @@ def gpu_model(request, tmp_path_factory):
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() else tmp_path_factory.mktemp("syn")
     path = base / f"drvqwen_test_graphs_{os.getpid()}_{request.param}.nanoqwen"
-    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json())
+    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json(),
+                    formats=recipe_formats(cfg, recipe) if recipe else None)
     f = NanoqwenFile(path)
     try:
         yield request.param, f, None

@@ -4,7 +4,7 @@ A kernel's parameter list lives in its `extern "C"` declaration; the launchers p
 name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
 instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
 launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
-sampler's, the page hand-over's, the benchmark GEMVs and every weight format's `gemv_q` — is
+sampler's, the page hand-over's, the benchmark GEMVs and the per-format GEMVs of `gemv_fmt` — is
 planned over buffers that need no GPU, and each of its
 launches must name every parameter of its kernel, in order, with an argument of the parameter's
 kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
@@ -27,6 +27,8 @@ from drvqwen.format import weight_formats as wf
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import BufferSpec, FixedOccupancy
 from drvqwen.launchers import gemm_int4, sampling
+from drvqwen.launchers.gemv_fmt import EmbeddingFmtRows, FmtWeight, GemvFmt
+from drvqwen.format.tensor_set import weight_shapes
 from drvqwen.launchers.signatures import KernelSignature, arg_kind, kernel_signatures
 
 # Kernels no launcher runs: the cuda layer's smoke tests launch them with positional arguments.
@@ -98,7 +100,7 @@ def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
 
 
 def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
-    """The sampler's, the page hand-over's, the benchmark GEMVs' and every format's gemv_q."""
+    """The sampler's, the page hand-over's, the benchmark GEMVs' and the per-format ones outside the step."""
     V, D = cfg.vocab_size, cfg.hidden_size
     tok, logits = _buf("next_token", 1, np.int32), _buf("logits", V, np.float32)
     info, params = _buf("info", sampling.INFO_INTS, np.int32), _buf("params", sampling.PARAMS_BYTES, np.uint8)
@@ -115,12 +117,25 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                         k=D, occupancy=OCCUPANCY)),
         ("gpu_sleep", launchers.GpuSleep(1.0)),
     ]
-    for fmt in wf.FORMATS.values():
-        parts = {name.split(".", 1)[1]: BufferSpec(name, shape, dt) for name, (dt, shape) in fmt.tensors("w", D, D).items()}
-        x = _buf("x", D, np.float16)
-        out.append((f"gemv_q {fmt.name} out", launchers.GemvQ(fmt, parts, x, n=D, k=D, out=_buf("y", D, np.float16))))
-        out.append((f"gemv_q {fmt.name} residual",
-                    launchers.GemvQ(fmt, parts, x, n=D, k=D, residual=_buf("r", D, np.float32))))
+    fmt = wf.EXACT_FOR_GGUF["Q5_0"]
+    w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
+                        for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
+    out += [("gemv_fmt_f16", GemvFmt(_buf("y", D, np.float16), _buf("x", D, np.float16), w, n=D, k=D,
+                                     occupancy=OCCUPANCY)),
+            ("embedding_fmt_rows", EmbeddingFmtRows(_buf("r", 4 * D, np.float32), w, _buf("ids", 4, np.int32), n_rows=4,
+                                                    vocab_size=D, dim=D))]
+    return out
+
+
+def gguf_like_formats(cfg) -> dict[str, int]:
+    """Per-tensor formats as llama.cpp's Q4_K_M GGUFs hold them: K-quants where K allows (Q4_K,
+    Q6_K for v and down), Q5_0/Q8_0 where it does not (the 0.5B's K = 896)."""
+    out = {}
+    for prefix, (_n, k) in weight_shapes(cfg).items():
+        kq = k % 256 == 0
+        heavy = prefix.endswith(("v_proj", "down_proj", "lm_head"))
+        name = ("Q6_K" if heavy else "Q4_K") if kq else ("Q8_0" if heavy else "Q5_0")
+        out[prefix] = wf.EXACT_FOR_GGUF[name].id
     return out
 
 
@@ -135,6 +150,8 @@ def planned(request):
         for attention in ATTENTION_KERNELS:
             plan = plan_decode(cfg, 256, attention=attention, occupancy=OCCUPANCY)
             entries += [(f"decode {attention} {cfg.head_dim}: {n}", l) for n, l in plan.steps]
+        plan = plan_decode(cfg, 256, occupancy=OCCUPANCY, formats=gguf_like_formats(cfg))
+        entries += [(f"decode per-tensor {cfg.head_dim}: {n}", l) for n, l in plan.steps]
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
@@ -153,14 +170,13 @@ def test_the_kernel_files_read_as_kernels():
     """The reader finds the kernels a person sees: plain ones, macro-instantiated ones (one per
     instantiation), every kind of parameter."""
     assert {"rmsnorm", "attention_decode_hd64", "attention_decode_hd128", "attention_decode_tma_hd128",
-            "attention_prefill_hd64", "gemv_q_q6_g16_k", "gemv_q_int4_g128", "gpu_sleep"} <= set(SIGNATURES)
-    assert all(f"gemv_q_{fmt.name}" in SIGNATURES for fmt in wf.FORMATS.values())
+            "attention_prefill_hd64", "gemv_fmt_qkv_rope", "embedding_fmt", "gpu_sleep"} <= set(SIGNATURES)
     kinds = {p.kind for _f, sig in SIGNATURES.values() for p in sig.params}
     assert kinds == {"pointer", "int32", "uint32", "uint64", "float32", "tensor map"}
     tma = [(p.name, p.kind) for p in SIGNATURES["attention_decode_tma_hd64"][1].params]
     assert tma[4:6] == [("k_map", "tensor map"), ("v_map", "tensor map")] and tma[-1] == ("layer_page0", "int32")
-    scales = SIGNATURES["gemv_q_q4_g32_kmin"][1].params[4]
-    assert (scales.name, scales.ctype, scales.kind) == ("scales", "const float*", "pointer")   # S = float
+    aux = SIGNATURES["gemv_fmt_f16"][1].params[5]      # the lm_head's and GEMVs' weight: 4 pointers per weight
+    assert (aux.name, aux.kind) == ("w_aux", "pointer")
 
 
 @pytest.mark.parametrize("file", list_kernels())

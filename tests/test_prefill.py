@@ -22,7 +22,9 @@ from kernel_testing import report
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B}
+SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B,
+          # per-tensor formats (llama.cpp's Q4_K_M recipe): the prefill runs token by token
+          "0.5b-q4_k_m": QWEN25_CODER_05B}
 LENGTHS = [1, 15, 16, 17, 100, 511, 512, 513]
 MAX_CONTEXT = 1024
 TOL_LOGITS = 1e-2                 # as the decode step (test_decode_step.py): INT4 GEMMs, FP16 activations
@@ -33,9 +35,13 @@ def model(request, tmp_path_factory):
     """(name, file, reference weights, GPU backend, prompt ids, reference logits of every prefix)."""
     from drvqwen.engine import GPUBackend
 
+    from drvqwen.format.recipes import recipe_formats
+
     cfg = SHAPES[request.param]
     path = tmp_path_factory.mktemp("syn") / f"{request.param}.nanoqwen"
-    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json())
+    recipe = "q4_k_m" if request.param.endswith("q4_k_m") else None
+    write_synthetic(path, cfg, seed=1234, tokenizer_json=minimal_tokenizer_json(),
+                    formats=recipe_formats(cfg, recipe) if recipe else None)
     f = NanoqwenFile(path)
     rng = np.random.default_rng(4321)
     weights = ref.Weights.from_nanoqwen(f, np.float32)

@@ -6,10 +6,11 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
         [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--pdl]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
 
---formats times kernels/gemv_q.cu (one GEMV per weight format, format/weight_formats.py) at
-the preset's o_proj, gate_proj (one matrix) and down_proj shapes, residual output, with
-synthetic weights in each format; int4_g128 there is gemv_q's plain kernel, beside which the
-MMA engine of gemv_int4.cu (the rows without a format) is the figure to reach.
+--formats times kernels/gemv_fmt.cu (the decode GEMV of the per-tensor weight formats,
+format/weight_formats.py) at the preset's o_proj, gate_proj (one matrix) and down_proj shapes,
+residual output, with random weights in each format; int4_g128 there runs through gemv_fmt's
+per-lane-scale engine, beside which gemv_int4.cu's engine (the rows without a format) is the
+figure to reach.
 
 Each figure is one launch of a CUDA graph of back-to-back launches of the same GEMV, cycling
 through enough copies of its weights that they cannot stay in the 60 MB L2 between launches
@@ -33,7 +34,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from drvqwen.launchers import GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, GemvQ, Launcher
+from drvqwen.launchers import GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, Launcher
 from drvqwen.config import PRESETS
 from drvqwen.provenance import source_record
 from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
@@ -111,17 +112,16 @@ def q_shape(name: str, cfg) -> tuple[int, int]:
 
 
 def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng) -> Launcher:
-    """GemvQ over synthetic weights in `fmt` (random planes, scales, offsets), residual out."""
+    """GemvFmtResidual over random weights in `fmt` (weight_formats.random_weight)."""
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers import FmtWeight, GemvFmtResidual
+
     n, k = q_shape(name, cfg)
-    parts = {}
-    for pname, (dt, shape) in fmt.tensors("w", n, k).items():
-        part = pname.split(".", 1)[1]
-        host = rng.integers(0, 2**32, size=shape, dtype=np.uint32) if dt == np.uint32 else \
-            rng.uniform(0.002, 0.01, size=shape).astype(dt)
-        parts[part] = s.array(f"{fmt.name}.{name}{copy}.{part}", shape, dt, host)
+    parts = {part: s.array(f"{fmt.name}.{name}{copy}.{part}", a.shape, a.dtype, a)
+             for part, a in wf.random_weight(fmt, n, k, rng).items()}
     x = s.array(f"x{fmt.name}{name}{copy}", (k,), np.float16, rng.standard_normal(k))
     res = s.array(f"res{fmt.name}{name}{copy}", (n,), np.float32, np.zeros(n))
-    return GemvQ(fmt, parts, x, n=n, k=k, residual=res)
+    return GemvFmtResidual(res, x, FmtWeight(fmt, parts, f"{fmt.name}.{name}"), n=n, k=k)
 
 
 def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float) -> list[dict]:
@@ -184,7 +184,7 @@ def main() -> int:
     ap.add_argument("--unroll", type=int, nargs="*", default=[], help="also compile with GEMV_UNROLL=N")
     ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
     ap.add_argument("--formats", nargs="+", default=[],
-                    help="time kernels/gemv_q.cu in these weight formats (names of format/weight_formats.py, "
+                    help="time kernels/gemv_fmt.cu in these weight formats (names of format/weight_formats.py, "
                          "or all) instead of the INT4 GEMVs")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()

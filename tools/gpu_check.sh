@@ -31,7 +31,7 @@
 #             DRVQWEN_REAL_MODEL, and a synthetic model of its shape), then the scripted walk
 #             tools/step_walk.txt through a whole decode step on the synthetic 0.5B and the real
 #             0.5B; each transcript is step-walk-*.log (exit 1 if a launch reports MISMATCH).
-#   formats   the per-format decode GEMVs (kernels/gemv_q.cu): their GPU tests, memcheck on the
+#   formats   the per-format decode GEMVs (kernels/gemv_fmt.cu): their GPU tests, memcheck on the
 #             small shapes, and tools/bench_gemv.py --formats all at the 7B shapes
 #             (OUTDIR/bench_formats.json).
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
@@ -171,12 +171,12 @@ stage_bench() {
 stage_formats() {
     local rc=0 sanitizer
     rm -f "$OUTDIR"/formats-*.log "$OUTDIR"/bench_formats.json
-    run_step formats-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_kernel_gemv_q.py \
+    run_step formats-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_kernel_gemv_fmt.py \
         --junitxml="$OUTDIR/formats-tests.xml" || rc=1
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [[ -x $sanitizer ]]; then
         run_step formats-memcheck "$sanitizer" --tool memcheck --target-processes all --error-exitcode 99 \
-            --report-api-errors no "$PY" -m pytest -q -p no:cacheprovider tests/test_kernel_gemv_q.py -k odd || rc=1
+            --report-api-errors no "$PY" -m pytest -q -p no:cacheprovider tests/test_kernel_gemv_fmt.py -k odd || rc=1
     fi
     run_step formats-bench "$PY" tools/bench_gemv.py --formats all --json "$OUTDIR/bench_formats.json" || rc=1
     return "$rc"

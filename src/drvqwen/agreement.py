@@ -8,7 +8,9 @@ Measured on logits over the ids that have text (below the file's text_vocab):
 
 at the last position of each prompt (the builtin set below, or HumanEval's 164 prompts with
 `--prompts humaneval`: the sensitive measure of docs/quantization.md), and at every position
-of AGREE_TEXT (one forward pass each). The source is read with the converter's own readers
+of AGREE_TEXT (one forward pass each); and the top-1 agreement where the source's top-1/top-2
+gap exceeds 6× the RMS logit error (docs/numerics.md). With `--device cuda` the model side is
+the GPU engine instead of the reference, and every position of every prompt is measured. The source is read with the converter's own readers
 (format/sources.py: a GGUF dequantized by the `gguf` package, or an HF folder), so "source"
 means exactly the values the conversion started from.
 
@@ -60,12 +62,18 @@ if __name__ == "__main__":
 
 @dataclass
 class Agreement:
-    """Cosine, KL and top-1 over a set of logit pairs (one per position)."""
+    """Cosine, KL and top-1 over a set of logit pairs (one per position), and the top-1 agreement
+    gated as docs/numerics.md gates greedy agreement: only where the source's top-1/top-2 gap
+    exceeds 6× the RMS logit error measured over all positions (elsewhere a last-bit difference
+    may swap a near-tie, and no precision can promise the same choice)."""
 
     n: int = 0
     cosine: list[float] = field(default_factory=list)
     kl: list[float] = field(default_factory=list)
     top1: list[bool] = field(default_factory=list)
+    gap: list[float] = field(default_factory=list)      # source's top-1 minus top-2 logit
+    sq_err: float = 0.0                                 # Σ (model − source)² over every logit
+    n_logits: int = 0
 
     def add(self, model: np.ndarray, source: np.ndarray) -> None:
         """One position: logits [V'] of the model and of the source (ids with text only)."""
@@ -76,28 +84,44 @@ class Agreement:
         lb -= np.log(np.exp(lb).sum())
         self.kl.append(float(np.exp(lb) @ (lb - la)))
         self.top1.append(bool(a.argmax() == b.argmax()))
+        top2 = np.partition(b, -2)[-2:]
+        self.gap.append(float(top2[1] - top2[0]))
+        self.sq_err += float(((a - b) ** 2).sum())
+        self.n_logits += a.size
         self.n += 1
 
     def summary(self) -> dict[str, float]:
-        """mean/min cosine, mean/max KL (nats), top-1 agreement (fraction)."""
+        """mean/min cosine, mean/max KL (nats), top-1 agreement (fraction), the RMS logit error,
+        and top-1 agreement where the source's gap exceeds 6× that error (`gated_positions` of
+        them; 1.0 when there are none)."""
         if not self.n:
             return {"positions": 0}
+        rms = float(np.sqrt(self.sq_err / self.n_logits))
+        gated = np.array(self.gap) > 6 * rms
+        top1 = np.array(self.top1)
         return {"positions": self.n, "cosine_mean": float(np.mean(self.cosine)),
                 "cosine_min": float(np.min(self.cosine)), "kl_mean": float(np.mean(self.kl)),
-                "kl_max": float(np.max(self.kl)), "top1": float(np.mean(self.top1))}
+                "kl_max": float(np.max(self.kl)), "top1": float(np.mean(self.top1)), "rms_err": rms,
+                "gated_positions": int(gated.sum()),
+                "top1_gated": float(top1[gated].mean()) if gated.any() else 1.0}
 
 
 def measure(model_forward: Callable[[list[int]], np.ndarray], source_forward: Callable[[list[int]], np.ndarray],
             prompts: Sequence[list[int]], text: list[int], text_vocab: int,
-            progress: Callable[[], None] | None = None) -> dict[str, dict]:
-    """Agreement at the last position of each prompt and at every position of `text`.
+            progress: Callable[[], None] | None = None, every_position: bool = False) -> dict[str, dict]:
+    """Agreement at the last position of each prompt and at every position of `text` — and, with
+    `every_position`, at every position of every prompt too (the GPU mode: its forward gives
+    them all at the cost of the last).
 
     model_forward / source_forward(ids) → logits float32 [T, V] of a fresh forward pass.
     Returns {"last_position": summary, "every_position": summary} (Agreement.summary).
     """
     last, every = Agreement(), Agreement()
     for ids in prompts:
-        last.add(model_forward(ids)[-1, :text_vocab], source_forward(ids)[-1, :text_vocab])
+        a, b = model_forward(ids), source_forward(ids)
+        last.add(a[-1, :text_vocab], b[-1, :text_vocab])
+        for t in range(len(ids) if every_position else 0):
+            every.add(a[t, :text_vocab], b[t, :text_vocab])
         if progress:
             progress()
     if text:
@@ -107,6 +131,17 @@ def measure(model_forward: Callable[[list[int]], np.ndarray], source_forward: Ca
         if progress:
             progress()
     return {"last_position": last.summary(), "every_position": every.summary()}
+
+
+def backend_forward_fn(backend) -> Callable[[list[int]], np.ndarray]:
+    """ids → logits [T, V] at every position from a token backend (the GPU engine): the first id
+    prefilled, each later one decoded, so every position's logits come out of one pass."""
+
+    def fwd(ids: list[int]) -> np.ndarray:
+        out = [backend.prefill(list(ids[:1]))]
+        out += [backend.decode(int(t)) for t in ids[1:]]
+        return np.stack(out).astype(np.float32)
+    return fwd
 
 
 def forward_fn(weights, max_tokens: int) -> Callable[[list[int]], np.ndarray]:

@@ -72,6 +72,10 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         GemvInt4QkvRope, GemvInt4Residual, GpuSleep, Launcher, LaunchError, LmHead, RmsNorm,
                         attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
+from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
+                                 fmt_weight)
+from .format import weight_formats as wf
+from .format.tensor_set import EMBED, LM_HEAD, default_formats, proj_prefix
 from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
 from .sequence import Sequence
@@ -161,6 +165,7 @@ class DecodePlan:
         weights: tensor name → BufferSpec (what the file holds, expected_tensors).
         kv: "k_cache"/"v_cache" → BufferSpec [L, P, Hkv, 16, Dh] fp16.
         steps: (name, launcher) in order.
+        per_tensor: the weights are in per-tensor formats (gemv_fmt.cu), not the INT4 step's.
     """
 
     config: QwenConfig
@@ -172,6 +177,7 @@ class DecodePlan:
     weights: dict[str, BufferSpec]
     kv: dict[str, BufferSpec]
     steps: list[tuple[str, Launcher]] = field(default_factory=list)
+    per_tensor: bool = False
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -205,7 +211,8 @@ def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[i
 
 
 def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: str = DEFAULT_ATTENTION,
-                occupancy: Occupancy | None = None, text_vocab: int | None = None) -> DecodePlan:
+                occupancy: Occupancy | None = None, text_vocab: int | None = None,
+                formats: dict[str, int] | None = None) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -217,8 +224,14 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         text_vocab: ids below it have text (NanoqwenFile.text_vocab); the lm_head rows from it
             up to vocab_size get the logit −inf, so greedy and sampled choices skip them, as
             on the CPU (default: every row).
+        formats: weight prefix → format id (NanoqwenFile.formats); default (or equal to)
+            `default_formats`: the INT4 step (gemv_int4.cu, FP16 embedding and lm_head). Any
+            other set runs every projection through gemv_fmt.cu in its own format, and the
+            embedding and lm_head in theirs (FP16 where dense).
     Raises:
         DrvqwenError: max_context out of [1, max_position], or an unknown attention kernel.
+        LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
+            weight's shape there (naming the weight).
     """
     if attention not in ATTENTION_KERNELS:
         raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
@@ -237,17 +250,25 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
     a = _activation_specs(cfg, n_pages, partials)
-    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg).items()}
+    per_tensor = formats is not None and {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} != default_formats(cfg)
+    fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
+    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
-    plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv)
+    plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor))
     part = tuple(a[n] for n in partials)
     maps = {pool: TensorMapSpec(kv[pool], tensor_map_shape(kv[pool].shape), (PAGE_TOKENS, Dh)) for pool in kv}
     gemv = dict(occupancy=occupancy)
     eps = cfg.rms_norm_eps
 
     steps = plan.steps
+    def fw(prefix: str):  # a weight in its own format, or None where it is dense FP16 (or INT4 step)
+        fid = fm[prefix] if fm else wf.PLAIN
+        return None if fid == wf.PLAIN else fmt_weight(weights.__getitem__, prefix, wf.FORMATS[fid])
+
+    emb = fw(EMBED)
     steps.append(("embedding", Embedding(a["residual"], weights["model.embed_tokens.weight"], a["state"],
-                                         vocab_size=V, dim=D)))
+                                         vocab_size=V, dim=D) if emb is None else
+                  EmbeddingFmt(a["residual"], emb, a["state"], vocab_size=V, dim=D)))
     for l in range(L):
         w = LayerWeights.of(weights.__getitem__, l)
         k_l, v_l = (BufferSpec(layer_view_name(p, l), kv[p].shape[1:], np.float16) for p in ("k_cache", "v_cache"))
@@ -258,6 +279,21 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         else:
             attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
                                    n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
+        if fm is not None:
+            q, k, v, o, g, u, d = (fw(proj_prefix(l, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                                     "gate_proj", "up_proj", "down_proj"))
+            steps += [
+                (f"L{l}.qkv_rope", GemvFmtQkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, q, k, v,
+                                                  w.q_bias, w.k_bias, w.v_bias, a["inv_freq"], a["state"],
+                                                  a["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, dim=D,
+                                                  eps=eps, **gemv)),
+                (f"L{l}.attention", attn),
+                (f"L{l}.o_proj", GemvFmtResidual(a["residual"], a["attn"], o, n=D, k=nq, **gemv)),
+                (f"L{l}.gate_up_swiglu", GemvFmtGateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm, g, u,
+                                                             f=F, k=D, eps=eps, **gemv)),
+                (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **gemv)),
+            ]
+            continue
         steps += [
             (f"L{l}.qkv_rope", GemvInt4QkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, *w.q_proj,
                                                *w.k_proj, *w.v_proj, w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
@@ -269,8 +305,11 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                                           *w.gate_proj, *w.up_proj, f=F, k=D, eps=eps, **gemv)),
             (f"L{l}.down_proj", GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
         ]
-    lm = LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
-                vocab_size=V, dim=D, text_vocab=text_vocab)
+    head = fw(LM_HEAD)
+    lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
+                 vocab_size=V, dim=D, text_vocab=text_vocab) if head is None else
+          LmHeadFmt(a["logits"], a["part_val"], a["part_idx"], a["xn"], head, vocab_size=V, dim=D,
+                    text_vocab=text_vocab, occupancy=occupancy))
     steps += [
         ("norm", RmsNorm(a["xn"], a["residual"], weights["model.norm.weight"], dim=D, eps=eps)),
         ("lm_head", lm),
@@ -311,7 +350,7 @@ class DecodeStep:
         self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
-        self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab)
+        self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab, formats=f.formats)
         self.attention, self.max_context = attention, self.plan.max_context
         self._check_fits(f)
         self.stream = Stream()

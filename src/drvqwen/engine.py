@@ -52,6 +52,7 @@ from .launchers import sampling
 from .launchers import FixedOccupancy, PenalizedSampleToken, PublishToken, SampleToken
 from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device, load_kernel_module
 from .cuda.nvrtc import compile_kernels
+from .gpu_weights import check_gpu_formats
 from .decode import DecodeStep, LaunchList, plan_decode
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
@@ -110,14 +111,17 @@ def check_stream_args(n_prompt: int, max_new_tokens: int, max_context: int) -> i
     return min(max_new_tokens, max_context - n_prompt)
 
 
-def engine_kernels(config: QwenConfig) -> list[tuple[str, dict]]:
-    """(kernel file, defines) of every kernel file the engine launches for `config`: the decode
-    step's (its plan, made without a GPU for one layer: every layer launches the same kernels),
-    the prefill's (prefill.KERNEL_FILES) and the token choice's and hand-over's (sampling.cu).
-    Not gemv_q (its formats run on the CPU), timing or smoke (benchmarks and tests)."""
-    plan = plan_decode(config.with_layers(1), occupancy=FixedOccupancy(1))
+def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None) -> list[tuple[str, dict]]:
+    """(kernel file, defines) of every kernel file the engine launches for `config` with the
+    weight formats `formats` (NanoqwenFile.formats; default: the INT4 step's): the decode step's
+    (its plan, made without a GPU for one layer: every layer launches the same kernel files),
+    the prefill's (prefill.KERNEL_FILES, or only prefill_state where the prefill runs token by
+    token through the decode step) and the token choice's and hand-over's (sampling.cu). Not
+    timing or smoke (benchmarks and tests)."""
+    plan = plan_decode(config.with_layers(1), occupancy=FixedOccupancy(1), formats=formats)
     wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
-    wanted |= {(name, ()) for name in (*PREFILL_KERNEL_FILES, "sampling")}
+    prefill_files = ("prefill_state",) if plan.per_tensor else PREFILL_KERNEL_FILES
+    wanted |= {(name, ()) for name in (*prefill_files, "sampling")}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
 
@@ -142,15 +146,16 @@ def check_gpu_supports(f: NanoqwenFile) -> None:
     YaRN RoPE scaling: the RoPE kernels take the inverse frequencies from a buffer, but not
     YaRN's attention factor on cos and sin; until they do, such a model runs on the CPU.
 
-    Weight formats other than the defaults (INT4 g128 projections, FP16 dense tensors; a
-    `--weights source` conversion) have no GPU kernels in the decode step yet.
+    Weight formats: every format of format/weight_formats.py runs on the GPU
+    (kernels/weight_formats.cuh); a weight the kernels cannot take (gpu_weights.check_gpu_formats)
+    is named.
 
     Raises:
-        DrvqwenError: the model uses YaRN, or other weight formats.
+        DrvqwenError: the model uses YaRN, or a weight the GPU kernels do not run.
     """
-    if not f.has_default_formats:
-        raise DrvqwenError(f"{f.path}: per-tensor weight formats (convert --weights source) run on the "
-                           f"CPU backend only (--device cpu)")
+    unsupported = check_gpu_formats(f)
+    if unsupported:
+        raise DrvqwenError(f"{unsupported} (--device cpu runs it)")
     if f.config.rope_scaling is not None:
         raise DrvqwenError(f"{f.path}: YaRN RoPE scaling (factor {f.config.rope_scaling.factor:g}) runs "
                            f"on the CPU backend only (--device cpu)")
@@ -185,7 +190,7 @@ class GPUBackend:
         check_gpu_supports(f)
         with phase("context"):
             get_device()
-        load_kernels(engine_kernels(f.config))
+        load_kernels(engine_kernels(f.config, f.formats))
         self.decode_step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
         self.use_graphs = use_graphs
         # One launch list per way of choosing the token (greedy argmax, the sampler, the sampler
@@ -205,7 +210,8 @@ class GPUBackend:
         # Load time, not prompt time: the smallest chunk's launch list now, which loads every
         # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
         # longer prompt's first chunk then only packs its launches.
-        self.prefill_pass.launches(ROW_BUCKET)
+        if not self.prefill_pass.per_token:
+            self.prefill_pass.launches(ROW_BUCKET)
         size = 3 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS + 4 * sampling.HISTORY_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)

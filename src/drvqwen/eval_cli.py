@@ -81,8 +81,9 @@ def cmd_humaneval(args) -> int:
 
 def cmd_agree(args) -> int:
     from . import agreement as ag
+    from .format.nanoqwen import NanoqwenFile
     from .format.sources import open_source
-    from .loading import open_model
+    from .loading import load_backend, open_model
     from .reference import Weights
     from .tokenizer import Tokenizer
 
@@ -90,9 +91,15 @@ def cmd_agree(args) -> int:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
     if args.json:
         check_output(args.json, "the figures")
-    f = open_model(args.model, device=None).file      # the CPU reference runs both sides
-    src = open_source(args.reference)
-    ag.check_same_model(f.config, src.config, str(f.path), args.reference)
+    opened = open_model(args.model, device=args.device)
+    f = opened.file
+    if args.reference.endswith(".nanoqwen"):   # its dequantized weights: a GGUF's, bit for bit, in its formats
+        ref_file = NanoqwenFile(args.reference)
+        ref_config, read_reference = ref_file.config, lambda: Weights.from_nanoqwen(ref_file)
+    else:
+        src = open_source(args.reference)
+        ref_config, read_reference = src.config, lambda: Weights.from_dense(src.config, src.get)
+    ag.check_same_model(f.config, ref_config, str(f.path), args.reference)
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     if args.prompts == "humaneval":
         from .humaneval import load_problems
@@ -104,23 +111,35 @@ def cmd_agree(args) -> int:
     text = tok.encode(ag.AGREE_TEXT)
     longest = max([len(text)] + [len(p) for p in prompts])
     err = make_console(stderr=True)
+    on_gpu = opened.device == "cuda"
+    backend = load_backend(opened, longest + 1) if on_gpu else None
     with progress_bar(console=err) as p:
-        t1 = p.add_task("loading the model", total=f.config.num_layers)
-        ours = Weights.from_nanoqwen(f, progress=lambda i, n: p.update(t1, completed=i))
+        if not on_gpu:
+            t1 = p.add_task("loading the model", total=f.config.num_layers)
+            ours = Weights.from_nanoqwen(f, progress=lambda i, n: p.update(t1, completed=i))
         p.add_task("reading the source", total=None)
-        source = Weights.from_dense(src.config, src.get)
-    with progress_bar(console=err) as p:
-        task = p.add_task("comparing logits", total=len(prompts) + 1)
-        res = ag.measure(ag.forward_fn(ours, longest), ag.forward_fn(source, longest), prompts, text,
-                         f.text_vocab, progress=lambda: p.advance(task))
+        source = read_reference()
+    model_fwd = ag.backend_forward_fn(backend) if on_gpu else ag.forward_fn(ours, longest)
+    try:
+        with progress_bar(console=err) as p:
+            task = p.add_task("comparing logits", total=len(prompts) + 1)
+            res = ag.measure(model_fwd, ag.forward_fn(source, longest), prompts, text, f.text_vocab,
+                             progress=lambda: p.advance(task), every_position=on_gpu)
+    finally:
+        if backend is not None:
+            backend.close()
+    print(f"model side: {'the GPU engine (' + backend.name + ')' if on_gpu else 'the CPU reference'}")
     for where, s in res.items():
         print(f"{where.replace('_', ' ')} ({s['positions']}): cosine mean {s['cosine_mean']:.6f} min "
-              f"{s['cosine_min']:.6f}, KL mean {s['kl_mean']:.2e} max {s['kl_max']:.2e}, top-1 {s['top1']:.1%}")
+              f"{s['cosine_min']:.6f}, KL mean {s['kl_mean']:.2e} max {s['kl_max']:.2e}, top-1 {s['top1']:.1%}, "
+              f"top-1 where the gap > 6 × RMS error {s['rms_err']:.2e}: {s['top1_gated']:.1%} "
+              f"of {s['gated_positions']}")
     if args.json:
         from .paths import atomic_write_bytes
 
         atomic_write_bytes(Path(args.json), json.dumps({"model": str(f.path), "reference": args.reference,
-                                                        "prompts": args.prompts, **res}, indent=1).encode())
+                                                        "prompts": args.prompts, "device": opened.device, **res},
+                                                       indent=1).encode())
         err.print(f"wrote {args.json}", soft_wrap=True)
     return 0
 
@@ -147,11 +166,16 @@ def register(subparsers) -> argparse.ArgumentParser:
     h.set_defaults(fn=cmd_humaneval)
     a = sub.add_parser("agree", help="logit agreement (cosine, KL, top-1) of a model with its unquantized source")
     a.add_argument("--model", help=model_help)
-    a.add_argument("--reference", required=True, help="the source: a GGUF file or an HF checkpoint folder")
+    a.add_argument("--reference", required=True,
+                   help="the source: a GGUF file or an HF checkpoint folder, or a .nanoqwen in the GGUF's own "
+                        "formats (convert --weights source: its weights dequantize to the GGUF's bit for bit)")
     a.add_argument("--prompts", choices=("builtin", "humaneval"), default="builtin",
                    help="last positions of: builtin (default, 12 code prompts) or HumanEval's 164 prompts")
     a.add_argument("--problems", help="HumanEval JSON lines for --prompts humaneval (default: the package's)")
     a.add_argument("--limit", type=int, help="only the first N prompts")
+    a.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                   help="where the model side runs: cpu (default: the reference), cuda (the GPU engine, "
+                        "every position of every prompt), auto (the GPU when it runs the file)")
     a.add_argument("--json", help="write the figures as JSON")
     a.set_defaults(fn=cmd_agree)
     return e

@@ -20,11 +20,35 @@ from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool, StagingUploader
 from .errors import FormatError
 from .format import weight_formats as wf
 from .format.nanoqwen import NanoqwenFile
-from .format.tensor_set import proj_prefix
+from .format.tensor_set import proj_prefix, weight_shapes
 
 
 def _aligned(nbytes: int, align: int) -> int:
     return -(-nbytes // align) * align
+
+
+def _device_nbytes(info) -> int:
+    """Bytes a tensor takes on the GPU (FP32 tensors are stored as FP16 there)."""
+    return info.nbytes // 2 if info.dtype == wf.F32 else info.nbytes
+
+
+def check_gpu_formats(f: NanoqwenFile) -> str | None:
+    """None if the GPU kernels run every weight of `f` in its format, else a one-line reason
+    naming the first weight that they do not (its format and shape)."""
+    from .launchers.gemv_fmt import GPU_FORMAT_IDS, QUAD
+
+    shapes = weight_shapes(f.config)
+    for prefix, fid in f.formats.items():
+        if fid == wf.PLAIN:
+            continue
+        fmt = wf.FORMATS.get(fid)
+        n, k = shapes[prefix]
+        if fmt is None or fid not in GPU_FORMAT_IDS:
+            name = fmt.name if fmt is not None else f"id {fid}"
+            return f"{f.path}: {prefix} is stored in weight format {name}, which the GPU kernels do not run"
+        if k % QUAD:
+            return f"{f.path}: {prefix} [{n}, {k}]: the GPU kernels need K a multiple of {QUAD}"
+    return None
 
 
 class GPUWeights:
@@ -42,29 +66,34 @@ class GPUWeights:
         """Upload `f` (optionally only its first `num_layers` layers, for tests).
 
         progress(bytes_done, bytes_total) is called after each tensor.
+        Dense FP32 tensors (a GGUF's norms and biases) are uploaded as FP16, the dtype every
+        kernel reads them in (Qwen2.5's are BF16 values, which FP16 holds exactly in their range).
+
         Raises DeviceMemoryError (a DrvqwenError) before anything is copied if the weights do
-        not fit in free device memory, and FormatError if the file holds weight formats the
-        GPU kernels do not run (anything but INT4 g128 projections and FP16 dense tensors).
+        not fit in free device memory, and FormatError naming the first weight whose format
+        the GPU kernels do not run (`check_gpu_formats`).
         """
-        if not f.has_default_formats:
-            names = sorted({wf.FORMATS[i].name for i in f.formats.values() if i in wf.FORMATS} - {wf.INT4_G128.name})
-            raise FormatError(f"{f.path}: weight formats {', '.join(names) or 'fp32 dense'} run on the CPU "
-                              f"reference only (--device cpu); for the GPU convert with --weights int4")
+        unsupported = check_gpu_formats(f)
+        if unsupported:
+            raise FormatError(unsupported)
         self.config: QwenConfig = f.config if num_layers is None else f.config.with_layers(num_layers)
         keep = [i for i in f if not i.name.startswith("model.layers.")
                 or int(i.name.split(".")[2]) < self.config.num_layers]
-        total = sum(_aligned(i.nbytes, DEFAULT_ALIGN_BYTES) for i in keep) + DEFAULT_ALIGN_BYTES
+        total = sum(_aligned(_device_nbytes(i), DEFAULT_ALIGN_BYTES) for i in keep) + DEFAULT_ALIGN_BYTES
         self.pool = Pool(total, name="weights")
         self.arrays: dict[str, DeviceArray] = {}
         self.nbytes = 0
         done = 0
         with StagingUploader() as up:
             for info in keep:
-                arr = self.pool.alloc(info.name, info.shape, info.dtype)
-                up.upload(arr, np.asarray(f.tensor(info.name)))
+                host = np.asarray(f.tensor(info.name))
+                if info.dtype == wf.F32:
+                    host = host.astype(np.float16)
+                arr = self.pool.alloc(info.name, info.shape, host.dtype)
+                up.upload(arr, host)
                 self.arrays[info.name] = arr
-                self.nbytes += info.nbytes
-                done += info.nbytes
+                self.nbytes += host.nbytes
+                done += host.nbytes
                 if progress:
                     progress(done, self.nbytes)
             up.finish()

@@ -97,8 +97,13 @@ class Prefill:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         self.decode_step = step = decode_step
         cfg = self.config = step.config
+        # Weights in per-tensor formats have no prefill GEMM yet: their prompt runs token by
+        # token through the decode step's own launches (`_run_per_token`), so it needs none of
+        # the chunk buffers.
+        self.per_token = step.plan.per_tensor
         bucket = ROW_BUCKET
-        self.chunk_rows = min(-(-max_chunk_rows // bucket), -(-step.max_context // bucket)) * bucket
+        self.chunk_rows = (min(-(-max_chunk_rows // bucket), -(-step.max_context // bucket)) * bucket
+                           if not self.per_token else ROW_BUCKET)
         C, D, F = self.chunk_rows, cfg.hidden_size, cfg.intermediate_size
         nq, nkv = cfg.q_dim, cfg.kv_dim
         act = {  # name: (shape, dtype) — one chunk's rows; ids hold the whole prompt (+ a bucket of slack)
@@ -127,6 +132,9 @@ class Prefill:
     # ---- launch lists ---------------------------------------------------------------------------
     def launches(self, rows: int) -> list[NamedLaunch]:
         """The chunk launch list for grids of `rows` rows (a multiple of 64), built once."""
+        if self.per_token:
+            raise LaunchError("this model's prefill runs token by token through the decode step (weights in "
+                              "per-tensor formats): it has no chunk launch list")
         if rows % ROW_BUCKET or not 0 < rows <= self.chunk_rows:
             raise LaunchError(f"prefill launch list for {rows} rows: want a multiple of {ROW_BUCKET} "
                                 f"in 1..{self.chunk_rows}")
@@ -215,6 +223,9 @@ class Prefill:
         seq = step.seq
         seq.keep(start)
         seq.reserve(start + T)
+        if self.per_token:
+            self._run_per_token(host_ids, start, launch_list)
+            return
         # One synchronous copy of the whole prompt before anything is queued; each chunk's
         # embedding reads its slice through the pointer it is given.
         self.buf["ids"].upload_at(0, host_ids.astype(np.int32))
@@ -236,6 +247,31 @@ class Prefill:
             launcher.launch()
         self._resume.set(start + T).launch()
         seq.resume(start + T)
+
+    def _run_per_token(self, host_ids: np.ndarray, start: int, launch_list: LaunchList | None) -> None:
+        """The prompt through the decode step one token at a time (weights in per-tensor formats,
+        which have no prefill GEMM yet): per token, decode_resume sets the state to (position,
+        the prompt's token, position + 1) — its token read from the ids buffer — and the decode
+        step's launches from the embedding to the last layer run; after the last token, the
+        final norm, the sampler step and decode_resume as in `run`. Each position's K/V is what
+        a decode step writes, so the cache equals that of decoding the prompt token by token.
+        The pages were reserved by the caller."""
+        step = self.decode_step
+        T = len(host_ids)
+        self.buf["ids"].upload_at(0, host_ids.astype(np.int32))
+        feed = DecodeResume(step.buf["state"], DeviceArray("ids[0]", self.buf["ids"].ptr, (1,), np.int32),
+                            stream=step.stream)
+        lst = launch_list or step.launch_list
+        layers = lst.launches[:[nl.name for nl in lst.launches].index("norm")]
+        for i in range(T):
+            feed.set_arg("next_token", DeviceArray(f"ids[{i}]", self.buf["ids"].ptr + 4 * i, (1,), np.int32))
+            feed.set(start + i).launch()
+            for nl in layers:
+                nl.launch.launch()
+        for name, launcher in lst.launchers[lst.index("norm"):lst.index("advance_state")]:
+            launcher.launch()
+        self._resume.set(start + T).launch()
+        step.seq.resume(start + T)
 
     def time_kernels(self, ids: Sequence[int], hold_ms: float = 30.0) -> dict[str, float]:
         """GPU µs of every launch of a one-chunk prefill of `ids` (from position 0).

@@ -16,6 +16,9 @@ Names follow one thread through the code base:
 | attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
 | attention_decode_tma    | AttentionDecodeTma (+ attention_combine)    | split partials, out fp16 [Hq, Dh]    |
 | gemv_f16                | LmHead                                      | logits fp32 [V], argmax partials     |
+| gemv_fmt                | GemvFmt, GemvFmtQkvRope, GemvFmtResidual,   | as gemv_int4's and LmHead's, for     |
+|                         | GemvFmtGateUpSwiglu, LmHeadFmt,             | weights in per-tensor formats; the   |
+|                         | EmbeddingFmt, EmbeddingFmtRows              | embedding row in its format          |
 | argmax                  | ArgmaxFinal, Argmax                         | next_token int32 [1]                 |
 | decode_state            | AdvanceState, SetBlockTableEntry            | state int32 [3], block_table entry   |
 | gemm_int4 (prefill)     | GemmInt4, GemmInt4QkvRows,                  | out / qkv fp32, residual fp32 (+=),  |
@@ -44,7 +47,8 @@ from .decode_state import AdvanceState, SetBlockTableEntry
 from .embedding import Embedding, EmbeddingRows
 from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
 from .gemv_f16 import LmHead, lm_head_partials
-from .gemv_q import GemvQ, gemv_q_kernel
+from .gemv_fmt import (EmbeddingFmt, EmbeddingFmtRows, FmtWeight, GemvFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope,
+                       GemvFmtResidual, LmHeadFmt)
 from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
@@ -60,5 +64,6 @@ __all__ = [
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PrefillBeginChunk",
     "PublishToken",
     "RmsNorm", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
-    "gemv_launch_shape", "GemvQ", "gemv_q_kernel", "lm_head_partials",
+    "gemv_launch_shape", "lm_head_partials", "EmbeddingFmt", "EmbeddingFmtRows", "FmtWeight", "GemvFmt",
+    "GemvFmtGateUpSwiglu", "GemvFmtQkvRope", "GemvFmtResidual", "LmHeadFmt",
 ]

@@ -272,8 +272,8 @@ def mirrored(file: str, expression: str, value: int) -> int:
 
 
 class NullPointer:
-    """The null device pointer, for a kernel's optional buffer (gemv_q's `residual` when it
-    writes `out_f16`): packs as the 8 zero bytes of a `T*` parameter."""
+    """The null device pointer, for a kernel's optional buffer (gemv_fmt's `<w>_qhigh` when a
+    format has no high bits): packs as the 8 zero bytes of a `T*` parameter."""
 
     name = "null"
     ptr = 0

@@ -49,7 +49,8 @@ def gemv_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int) -> int:
 
 
 def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[int, int], int], sm_count: int,
-                      warps: int | None = None, blocks: int | None = None) -> tuple[int, int, int]:
+                      warps: int | None = None, blocks: int | None = None,
+                      extra_smem: int = 0) -> tuple[int, int, int]:
     """(grid blocks G, threads per block 32·W, dynamic shared memory bytes) of a gemv_int4 kernel.
 
     Each block owns ceil-or-floor(T/G) consecutive 16-row tiles and its W warps split the K
@@ -66,19 +67,21 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
         blocks_per_sm: (threads, dynamic smem bytes) → resident blocks per SM (occupancy).
         sm_count: SMs of the GPU.
         warps, blocks: force W or G (benchmark variants), e.g. blocks=n_tiles for one tile per block.
+        extra_smem: dynamic shared memory a block needs besides x and the partials (gemv_fmt's
+            per-chunk sums of x).
     Raises:
         LaunchError: `warps` outside 1..min(8, K/128), or a block of W warps cannot run at all.
     """
     groups = k // GROUP_SIZE
     w = min(MAX_WARPS, groups) if warps is None else warps
     require(1 <= w <= min(MAX_WARPS, groups), f"gemv_int4: no launch shape for K={k} with warps={warps}")
-    occ = blocks_per_sm(32 * w, gemv_smem_bytes(k, 1, w, mt))
+    occ = blocks_per_sm(32 * w, gemv_smem_bytes(k, 1, w, mt) + extra_smem)
     require(occ >= 1 or blocks is not None, f"gemv_int4: a block of {w} warps does not fit on an SM (K={k})")
     g = min(n_tiles, max(1, occ * sm_count)) if blocks is None else min(blocks, n_tiles)
     per_block = -(-n_tiles // g)
     if blocks is None:
         g = -(-n_tiles // per_block)
-    return g, 32 * w, gemv_smem_bytes(k, per_block, w, mt)
+    return g, 32 * w, gemv_smem_bytes(k, per_block, w, mt) + extra_smem
 
 
 def _kernel(name: str, defines: tuple = ()) -> KernelRef:

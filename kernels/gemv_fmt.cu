@@ -1,0 +1,510 @@
+// kernels/gemv_fmt.cu — the decode GEMVs over the per-tensor weight formats (weight_formats.cuh:
+// the GGUF's own Q4_0 … Q6_K blocks), with the fusions of the INT4 step (gemv_int4.cu), and the
+// embedding row read in its format.
+//
+//   gemv_fmt_f16             y fp16[N]          = W x
+//   gemv_fmt_qkv_rope        q, K/V cache slot  = rope([Wq; Wk; Wv] · rmsnorm(residual) + bias)
+//                                                 (q, k and v each in its own format)
+//   gemv_fmt_residual        residual fp32[N]  += W x                        (o_proj, down_proj)
+//   gemv_fmt_gate_up_swiglu  h fp16[F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
+//   gemv_fmt_lm_head         logits fp32[V]     = W xn, + per block (max logit, its row)
+//   embedding_fmt            residual fp32[D]   = embed[state[1]]        (decode)
+//   embedding_fmt_rows       residual[r]        = embed[ids[r]]          (prefill)
+//
+// The limit: HBM bandwidth, the format's bits per weight (4.5 for Q4_0/Q4_K … 8.5 for Q8_0;
+// the real 0.5B's Q4_K_M GGUF averages 5.6). The weights of each launch are read once.
+//
+// Work split
+// ----------
+// gemv_int4.cu's, with one change that lets every format keep its own scale groups:
+//   tile   = 16 output rows (the M of one m16n8k16 MMA); gate/up pairs the same rows of both.
+//   grid   = blocks that own contiguous ranges of tiles, in one wave. A block works on ONE
+//            matrix, so one format: qkv gives q_blocks blocks to q, k_blocks to k and the rest
+//            to v (the launcher splits the wave by tiles), and the block picks its format's
+//            engine once (WF_DISPATCH); a format never changes inside a warp's loop.
+//   block  = W warps splitting K into W contiguous ranges of 128 inputs ("quads").
+//   warp   = items (tile, quad) in batches, the next batch in flight while one is multiplied.
+//            Lane (g, t) = (lane/4, lane%4) loads chunk 4·quad + t (inputs 32t … 32t+31 of the
+//            quad) of rows g and g + 8: the quad's 4 lanes read 64 (128) contiguous bytes of
+//            each row, as in gemv_int4.cu.
+//   MMA    = 8 m16n8k16 per chunk and row pair, A = the chunk's codes (wf_pairs, exact FP16).
+//            gemv_int4.cu lets an MMA add the 4 lanes' inputs together, which is right only
+//            when the 4 chunks share a scale (int4_g128's 128-input groups). Here each lane's
+//            chunk has scales of its own (groups of 32 or 16), so B masks x per lane: column n
+//            of B holds x only at the k positions of lane t = n / 2, zero elsewhere. Lane
+//            (g, t) supplies B[·][g] (ptx/mma.cuh), so lanes with g / 2 == t hand in their
+//            chunk's x and the others zeros, and then C[g][2t] — lane (g, t)'s c[0] — is the
+//            dot product of lane (g, t)'s own 4 inputs of row g (c[2]: row g + 8). Every
+//            product of A is used; only B's columns are sparse, and the tensor cores are far
+//            from the limit at batch 1. After each scale group (4 or 8 MMAs) the lane adds
+//            s · c (+ o · Σx of the group for the formats with an offset) to FP32 accumulators.
+//   reduce = at a tile's end, the quad's 4 lanes add up (shfl_xor_f32 over lanes 1 and 2 apart: a fixed order), lane
+//            t = 0 writes the warp's row sums to shared memory; after the block's loop one
+//            thread per row pair adds the W warp partials in warp order and runs the epilogue.
+//            No atomics: bit-reproducible.
+// x is staged once per block in shared memory in natural order (K·2 bytes), with Σx of every
+// 32-input chunk (K/32 fp32, for the offsets), then the warp partials.
+// PDL as in gemv_int4.cu: the first batch of weights is requested before griddepcontrol.wait.
+//
+// Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
+// 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
+#include <cuda_fp16.h>
+
+#include "types.cuh"           // u32, u64, WARP_SIZE, QUAD_SIZE
+#include "ldst.cuh"            // l2_evict_first_policy
+#include "mma.cuh"             // mma_m16n8k16_f32_f16
+#include "warp.cuh"            // shfl_xor_f32, warp_argmax, argmax_better
+#include "griddep.cuh"         // grid_dependency_wait, grid_launch_dependents
+#include "int4_matmul.cuh"     // INT4_TILE_ROWS, int4_tiles, gemv_tile_rows, gemv_store_rows, swiglu_f16
+#include "rmsnorm.cuh"         // rmsnorm_inv_rms, rmsnorm_apply4, RMSNORM_WARPS
+#include "rope.cuh"            // rope_rotate
+#include "kv_cache.cuh"        // kv_offset, PAGE_TOKENS
+#include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_pairs, wf_scales, wf_dequant, WF_DISPATCH
+
+#define GF_MAX_WARPS 8    // K-split warps per block
+#define GF_QUAD      128  // inputs per item and lane quad (4 chunks)
+#define LM_FMT_PART_MAX 8 // warps whose argmax candidates a block compares (GF_MAX_WARPS)
+// Items per load batch for one matrix (halved for gate/up and for 8-bit codes, whose chunks are
+// twice the bytes): ~2 KB per warp per batch, the next batch in flight behind it.
+#ifndef GF_UNROLL
+#define GF_UNROLL 2
+#endif
+
+template <int F, int MT>
+struct GfBatch {
+    static constexpr int U = GF_UNROLL / MT / (Wf<F>::BITS == 8 ? 2 : 1) > 0 ? GF_UNROLL / MT / (Wf<F>::BITS == 8 ? 2 : 1) : 1;
+    WfRaw w[U][MT][2];  // the chunk of MMA row g / row g + 8, per matrix
+};
+
+// Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order, and Σx of each
+// 32-input chunk into xsum. One thread per chunk: reads 64 B, writes them and their sum.
+struct GfStageX {
+    const __half* __restrict__ x;  // [K] fp16
+    __device__ __forceinline__ void operator()(uint4* x_smem, float* xsum, int K) const {
+        const uint4* src = reinterpret_cast<const uint4*>(x);
+        for (int c = threadIdx.x; c < K / WF_CHUNK; c += blockDim.x) {
+            float s = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint4 v = src[4 * c + j];
+                x_smem[4 * c + j] = v;
+                const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
+            }
+            xsum[c] = s;
+        }
+    }
+};
+
+// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh: rmsnorm.cu's arithmetic) into x_smem,
+// and Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread takes part.
+struct GfStageRmsNorm {
+    const float* __restrict__ residual;  // [K] fp32
+    const __half* __restrict__ weight;   // [K] fp16 RMSNorm gain
+    float eps;
+    __device__ __forceinline__ void operator()(uint4* x_smem, float* xsum, int K) const {
+        __shared__ float warp_sums[RMSNORM_WARPS];
+        const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
+        const float4* r4 = reinterpret_cast<const float4*>(residual);
+        const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+        for (int c = threadIdx.x; c < K / WF_CHUNK; c += blockDim.x) {
+            float s = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int q = 4 * c + j;  // 8-input piece
+                const uint2 lo = rmsnorm_apply4(r4[2 * q], w4[2 * q], inv_rms);
+                const uint2 hi = rmsnorm_apply4(r4[2 * q + 1], w4[2 * q + 1], inv_rms);
+                x_smem[q] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
+            }
+            xsum[c] = s;
+        }
+    }
+};
+
+// The GEMV of one block over one matrix set (MT matrices of format F, n rows, RoPE-paired when
+// rope_dim > 0) for its tiles [tile_b, tile_e): leaves each warp's row sums in `partial`
+// [tiles][MT][W][16]. Order: launch_dependents, the first weight batch, griddepcontrol.wait,
+// stage(x_smem, xsum, K), the main loop. Contains __syncthreads(): every thread calls it.
+template <int F, int MT, typename Stage>
+__device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rope_dim, int tile_b, int tile_e,
+                                         int K, Stage stage, uint4* x_smem, float* xsum, float* partial) {
+    using Batch = GfBatch<F, MT>;
+    constexpr int U = Batch::U, SUBS = Wf<F>::SUBS, MMAS = 8 / SUBS;
+    const int lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
+    const int n_quads = K / GF_QUAD;
+    const int qb = warp * n_quads / n_warps, qe = (warp + 1) * n_quads / n_warps;  // non-empty: W ≤ K/128
+    const bool feeds_b = (g >> 1) == t;  // this lane hands its chunk's x to B (header)
+    const u64 policy = l2_evict_first_policy();
+
+    grid_launch_dependents();  // every block of the grid is resident (one wave)
+
+    int ld_tile = tile_b, ld_q = qb;
+    auto load = [&](Batch& b) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (ld_tile >= tile_e) break;  // warp-uniform
+            int lo, hi;
+            gemv_tile_rows(ld_tile, g, rope_dim, lo, hi);
+            const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);  // rows past n: loaded, never stored
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                b.w[u][m][0] = wf_load<F>(w[m], r0, 4 * ld_q + t, K, policy);
+                b.w[u][m][1] = wf_load<F>(w[m], r1, 4 * ld_q + t, K, policy);
+            }
+            if (++ld_q == qe) { ld_q = qb; ++ld_tile; }
+        }
+    };
+
+    Batch cur, next;
+    load(cur);  // weights are never written by a kernel: safe before the wait
+    grid_dependency_wait();
+    stage(x_smem, xsum, K);
+    __syncthreads();
+
+    float acc[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+    int c_tile = tile_b, c_q = qb;
+    while (c_tile < tile_e) {
+        load(next);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (c_tile >= tile_e) break;  // warp-uniform
+            const int chunk = 4 * c_q + t;
+            u32 xb[16];  // B: x of this lane's chunk as 16 half2, or zeros (header)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint4 v = feeds_b ? x_smem[4 * chunk + j] : make_uint4(0u, 0u, 0u, 0u);
+                xb[4 * j] = v.x; xb[4 * j + 1] = v.y; xb[4 * j + 2] = v.z; xb[4 * j + 3] = v.w;
+            }
+            const float xs = Wf<F>::OFFSET ? xsum[chunk] : 0.f;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                u32 pa[16], pb[16];
+                wf_pairs<F>(cur.w[u][m][0], pa);
+                wf_pairs<F>(cur.w[u][m][1], pb);
+                float s0[SUBS], o0[SUBS], s1[SUBS], o1[SUBS];
+                wf_scales<F>(cur.w[u][m][0], chunk, s0, o0);
+                wf_scales<F>(cur.w[u][m][1], chunk, s1, o1);
+#pragma unroll
+                for (int sub = 0; sub < SUBS; ++sub) {
+                    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int k = sub * MMAS; k < (sub + 1) * MMAS; ++k) {
+                        const u32 a[4] = {pa[2 * k], pb[2 * k], pa[2 * k + 1], pb[2 * k + 1]};
+                        mma_m16n8k16_f32_f16(c, a, xb[2 * k], xb[2 * k + 1]);
+                    }
+                    acc[m][0] = fmaf(s0[sub], c[0], acc[m][0]);
+                    acc[m][1] = fmaf(s1[sub], c[2], acc[m][1]);
+                    if constexpr (Wf<F>::OFFSET) {  // SUBS == 1: the chunk is the offset's group
+                        acc[m][0] = fmaf(o0[sub], xs, acc[m][0]);
+                        acc[m][1] = fmaf(o1[sub], xs, acc[m][1]);
+                    }
+                }
+            }
+            if (++c_q == qe) {  // the tile's last quad of this warp: publish, start the next tile
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        acc[m][h] += shfl_xor_f32(acc[m][h], 1);
+                        acc[m][h] += shfl_xor_f32(acc[m][h], 2);
+                    }
+                if (t == 0) {
+                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+                c_q = qb;
+                ++c_tile;
+            }
+        }
+        cur = next;
+    }
+}
+
+// After gf_block: __syncthreads, then epilogue(tile, g, sums[MT][2]) once per (tile, g < 8) of
+// the block, from one thread, sums[m][0] of MMA row g and sums[m][1] of MMA row g + 8 (the W
+// partials added in warp order).
+template <int MT, typename Epilogue>
+__device__ __forceinline__ void gf_reduce(const float* partial, int tile_b, int tile_e, Epilogue epilogue) {
+    const int n_warps = blockDim.x / WARP_SIZE;
+    __syncthreads();
+    for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
+        const int tl = o / 8, gg = o % 8;
+        float sums[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float* src = partial + ((tl * MT + m) * n_warps) * INT4_TILE_ROWS + gg + 8 * h;
+                float s = 0.f;
+                for (int wi = 0; wi < n_warps; ++wi) s += src[wi * INT4_TILE_ROWS];
+                sums[m][h] = s;
+            }
+        epilogue(tile_b + tl, gg, sums);
+    }
+}
+
+// The block's tile range when `blocks` blocks, starting at block `first`, share n_tiles tiles.
+__device__ __forceinline__ void gf_tile_range(int first, int blocks, int n_tiles, int& tile_b, int& tile_e) {
+    const int b = blockIdx.x - first;
+    tile_b = b * n_tiles / blocks;
+    tile_e = (b + 1) * n_tiles / blocks;
+}
+
+// Shared memory: x [K/8] uint4, xsum [K/32] fp32, partials [tiles_per_block][MT][W][16] fp32.
+#define GF_SMEM_PARTS(K)                                               \
+    extern __shared__ uint4 gf_smem[];                                 \
+    uint4* x_smem = gf_smem;                                           \
+    float* xsum = reinterpret_cast<float*>(gf_smem + (K) / 8);         \
+    float* partial = xsum + (K) / WF_CHUNK
+
+// One weight's planes, passed as four parameters <P>_qweight, <P>_qhigh, <P>_scales, <P>_aux
+// (null where the format has none; weight_formats.cuh lists each format's planes and dtypes).
+#define GF_WEIGHT(P) WfWeight{P##_qweight, P##_qhigh, P##_scales, P##_aux}
+
+// y = W x, FP16 out. grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
+             const __half* __restrict__ x,  // [K] fp16
+             const u32* __restrict__ w_qweight,    // [N, K] in format `fmt`: codes (weight_formats.cuh)
+             const u32* __restrict__ w_qhigh,      // high bits, or null
+             const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
+             const void* __restrict__ w_aux,       // offsets | superscales, or null
+             int N, int K, int fmt) {
+    GF_SMEM_PARTS(K);
+    int tile_b, tile_e;
+    gf_tile_range(0, gridDim.x, int4_tiles(N), tile_b, tile_e);
+    const WfWeight ws[1] = {GF_WEIGHT(w)};
+    if (!wf_known(fmt)) return;  // block-uniform
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
+    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { y[row] = __float2half_rn(v); });
+    });
+}
+
+// residual += W x in FP32 (each row read and written by one thread: no atomics).
+// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
+                  const __half* __restrict__ x,  // [K] fp16
+                  const u32* __restrict__ w_qweight,    // [N, K] in format `fmt`: codes (weight_formats.cuh)
+                  const u32* __restrict__ w_qhigh,      // high bits, or null
+                  const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
+                  const void* __restrict__ w_aux,       // offsets | superscales, or null
+                  int N, int K, int fmt) {
+    GF_SMEM_PARTS(K);
+    int tile_b, tile_e;
+    gf_tile_range(0, gridDim.x, int4_tiles(N), tile_b, tile_e);
+    const WfWeight ws[1] = {GF_WEIGHT(w)};
+    if (!wf_known(fmt)) return;  // block-uniform
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
+    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
+    });
+}
+
+// The attention input of one decode step (gemv_int4_qkv_rope's arithmetic and epilogue), with
+// q, k and v each in its own format: blocks [0, q_blocks) compute q, the next k_blocks k, the
+// rest v.
+// grid (G ≥ 3), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: rotated query
+                  __half* __restrict__ k_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+                  __half* __restrict__ v_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+                  const float* __restrict__ residual,  // [K] fp32, the residual stream
+                  const __half* __restrict__ norm_w,   // [K] fp16, input_layernorm gain
+                  const u32* __restrict__ q_qweight,    // [Hq·Dh, K] in format q_fmt: codes (weight_formats.cuh)
+                  const u32* __restrict__ q_qhigh,      // high bits, or null
+                  const void* __restrict__ q_scales,    // scales (fp16 | uint8 | int8, by format)
+                  const void* __restrict__ q_aux,       // offsets | superscales, or null
+                  const u32* __restrict__ k_qweight,    // [Hkv·Dh, K] in format k_fmt: codes (weight_formats.cuh)
+                  const u32* __restrict__ k_qhigh,      // high bits, or null
+                  const void* __restrict__ k_scales,    // scales (fp16 | uint8 | int8, by format)
+                  const void* __restrict__ k_aux,       // offsets | superscales, or null
+                  const u32* __restrict__ v_qweight,    // [Hkv·Dh, K] in format v_fmt: codes (weight_formats.cuh)
+                  const u32* __restrict__ v_qhigh,      // high bits, or null
+                  const void* __restrict__ v_scales,    // scales (fp16 | uint8 | int8, by format)
+                  const void* __restrict__ v_aux,       // offsets | superscales, or null
+                  const __half* __restrict__ q_bias,   // [Hq·Dh] fp16
+                  const __half* __restrict__ k_bias,   // [Hkv·Dh] fp16
+                  const __half* __restrict__ v_bias,   // [Hkv·Dh] fp16
+                  const float* __restrict__ inv_freq,  // [Dh/2] fp32 (reference.rope_inv_freq)
+                  const int* __restrict__ state,       // [3] int32: pos, token, seq_len (reads [0])
+                  const int* __restrict__ block_table, // [max_pages] int32: logical → physical page
+                  int Hq, int Hkv, int Dh, int K, float eps, int q_fmt, int k_fmt, int v_fmt, int q_blocks,
+                  int k_blocks) {
+    GF_SMEM_PARTS(K);
+    const int nq = Hq * Dh, nkv = Hkv * Dh;
+    const int seg = blockIdx.x < q_blocks ? 0 : blockIdx.x < q_blocks + k_blocks ? 1 : 2;  // block-uniform
+    const int n = seg == 0 ? nq : nkv;
+    const int first = seg == 0 ? 0 : seg == 1 ? q_blocks : q_blocks + k_blocks;
+    const int blocks = seg == 0 ? q_blocks : seg == 1 ? k_blocks : gridDim.x - q_blocks - k_blocks;
+    int tile_b, tile_e;
+    gf_tile_range(first, blocks, int4_tiles(n), tile_b, tile_e);
+    const WfWeight ws[1] = {seg == 0 ? GF_WEIGHT(q) : seg == 1 ? GF_WEIGHT(k) : GF_WEIGHT(v)};
+    const int fmt = seg == 0 ? q_fmt : seg == 1 ? k_fmt : v_fmt;
+    const int rope_dim = seg == 2 ? 0 : Dh;
+    const GfStageRmsNorm stage{residual, norm_w, eps};
+    if (!wf_known(fmt)) return;  // block-uniform
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, n, rope_dim, tile_b, tile_e, K, stage, x_smem, xsum, partial);)
+    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
+        const int pos = state[0];
+        const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+        if (seg == 2) {  // v: bias only, plain row order
+            gemv_store_rows(tile, g, nkv, s[0], [&](int row, float val) {
+                const int head = row / Dh, d = row % Dh;
+                v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(val + __half2float(v_bias[row]));
+            });
+            return;
+        }
+        int lo, hi;  // rows of dims i and i + Dh/2 of one head
+        gemv_tile_rows(tile, g, Dh, lo, hi);
+        const int head = lo / Dh, i = lo % Dh;
+        const __half* b = seg == 0 ? q_bias : k_bias;
+        float o1, o2;
+        rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);
+        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+        dst[i] = __float2half_rn(o1);
+        dst[i + Dh / 2] = __float2half_rn(o2);
+    });
+}
+
+// h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm; gate and up in
+// one format (each tile reads the same rows of both).
+// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+gemv_fmt_gate_up_swiglu(__half* __restrict__ h,              // [F] fp16, out
+                        const float* __restrict__ residual,  // [K] fp32, the residual stream
+                        const __half* __restrict__ norm_w,   // [K] fp16, post_attention_layernorm gain
+                        const u32* __restrict__ gate_qweight,    // [F, K] in format fmt: codes (weight_formats.cuh)
+                        const u32* __restrict__ gate_qhigh,      // high bits, or null
+                        const void* __restrict__ gate_scales,    // scales (fp16 | uint8 | int8, by format)
+                        const void* __restrict__ gate_aux,       // offsets | superscales, or null
+                        const u32* __restrict__ up_qweight,    // [F, K] in format fmt: codes (weight_formats.cuh)
+                        const u32* __restrict__ up_qhigh,      // high bits, or null
+                        const void* __restrict__ up_scales,    // scales (fp16 | uint8 | int8, by format)
+                        const void* __restrict__ up_aux,       // offsets | superscales, or null
+                        int F, int K, float eps, int fmt) {
+    GF_SMEM_PARTS(K);
+    int tile_b, tile_e;
+    gf_tile_range(0, gridDim.x, int4_tiles(F), tile_b, tile_e);
+    const WfWeight ws[2] = {GF_WEIGHT(gate), GF_WEIGHT(up)};
+    const GfStageRmsNorm stage{residual, norm_w, eps};
+    if (!wf_known(fmt)) return;  // block-uniform
+    WF_DISPATCH(fmt, FM, gf_block<FM, 2>(ws, F, 0, tile_b, tile_e, K, stage, x_smem, xsum, partial);)
+    gf_reduce<2>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[2][2]) {
+        const int lo = tile * INT4_TILE_ROWS + g;
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+            if (lo + 8 * r < F) h[lo + 8 * r] = swiglu_f16(s[0][r], s[1][r]);
+    });
+}
+
+// logits = W x (rows ≥ n_valid, the padding past the tokenizer's ids, get −inf, as in
+// gemv_f16.cu), and the first pass of the greedy argmax: each block writes the best (value,
+// row) of its rows to part_val/part_idx[blockIdx.x] (larger wins, lower row on ties), for
+// argmax_final (argmax.cu) over gridDim.x partials.
+// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+gemv_fmt_lm_head(float* __restrict__ logits,    // [V] fp32, out
+                 float* __restrict__ part_val,  // [≥ gridDim.x] fp32, out
+                 int* __restrict__ part_idx,    // [≥ gridDim.x] int32, out
+                 const __half* __restrict__ x,  // [K] fp16 (final-normed hidden state)
+                 const u32* __restrict__ w_qweight,    // [V, K] in format fmt: codes (weight_formats.cuh)
+                 const u32* __restrict__ w_qhigh,      // high bits, or null
+                 const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
+                 const void* __restrict__ w_aux,       // offsets | superscales, or null
+                 int V, int K, int n_valid, int fmt) {
+    GF_SMEM_PARTS(K);
+    __shared__ float warp_val[GF_MAX_WARPS];
+    __shared__ int warp_idx[GF_MAX_WARPS];
+    int tile_b, tile_e;
+    gf_tile_range(0, gridDim.x, int4_tiles(V), tile_b, tile_e);
+    const WfWeight ws[1] = {GF_WEIGHT(w)};
+    if (!wf_known(fmt)) return;  // block-uniform
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, V, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
+    float best_v = F32_NEG_INF;
+    int best_i = 0x7fffffff;
+    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, V, s[0], [&](int row, float v) {
+            const float logit = row < n_valid ? v : F32_NEG_INF;
+            logits[row] = logit;
+            if (argmax_better(logit, row, best_v, best_i)) { best_v = logit; best_i = row; }
+        });
+    });
+    warp_argmax(best_v, best_i);
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    if (lane == 0) { warp_val[warp] = best_v; warp_idx[warp] = best_i; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int wi = 1; wi < (int)(blockDim.x / WARP_SIZE); ++wi)
+            if (argmax_better(warp_val[wi], warp_idx[wi], best_v, best_i)) { best_v = warp_val[wi]; best_i = warp_idx[wi]; }
+        part_val[blockIdx.x] = best_v;
+        part_idx[blockIdx.x] = best_i;
+    }
+}
+
+// One embedding row, dequantized as the reference does (wf_dequant: bit for bit), into
+// residual fp32. Thread i takes chunk i (32 inputs: 32 fp32 out). A token outside [0, V) is a
+// bug upstream: the row is filled with NaN (embedding.cu).
+template <int F>
+__device__ __forceinline__ void embedding_fmt_row(float* __restrict__ out, const WfWeight& w, int token, int V, int D) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D / WF_CHUNK) return;
+    float4* dst = reinterpret_cast<float4*>(out) + 8 * c;
+    if (token < 0 || token >= V) {
+        const float nan = F32_NAN;
+        for (int j = 0; j < 8; ++j) dst[j] = make_float4(nan, nan, nan, nan);
+        return;
+    }
+    const WfRaw r = wf_load<F>(w, (u64)token, c, D, l2_evict_first_policy());
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        dst[j] = make_float4(wf_dequant<F>(r, c, 4 * j), wf_dequant<F>(r, c, 4 * j + 1),
+                             wf_dequant<F>(r, c, 4 * j + 2), wf_dequant<F>(r, c, 4 * j + 3));
+}
+
+#define EMBEDDING_FMT_THREADS 128
+
+// grid (ceil(D/32/128)), block (128).
+extern "C" __global__ void __launch_bounds__(EMBEDDING_FMT_THREADS)
+embedding_fmt(float* __restrict__ residual,  // [D] fp32, out
+              const u32* __restrict__ w_qweight,    // [V, D] in format fmt: codes (weight_formats.cuh)
+              const u32* __restrict__ w_qhigh,      // high bits, or null
+              const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
+              const void* __restrict__ w_aux,       // offsets | superscales, or null
+              const int* __restrict__ state, // [3] int32: pos, token, seq_len (reads [1])
+              int V, int D, int fmt) {
+    grid_launch_dependents();
+    grid_dependency_wait();  // state[1] is the previous step's token; residual was read by it
+    const WfWeight ws = GF_WEIGHT(w);
+    const int token = state[1];
+    WF_DISPATCH(fmt, F, embedding_fmt_row<F>(residual, ws, token, V, D);)
+}
+
+// grid (ceil(D/32/128), T), block (128).
+extern "C" __global__ void __launch_bounds__(EMBEDDING_FMT_THREADS)
+embedding_fmt_rows(float* __restrict__ residual,  // [T, D] fp32, out
+                   const u32* __restrict__ w_qweight,    // [V, D] in format fmt: codes (weight_formats.cuh)
+                   const u32* __restrict__ w_qhigh,      // high bits, or null
+                   const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
+                   const void* __restrict__ w_aux,       // offsets | superscales, or null
+                   const int* __restrict__ ids,   // [T] int32 token ids
+                   int V, int D, int fmt) {
+    const WfWeight ws = GF_WEIGHT(w);
+    const int r = blockIdx.y;
+    WF_DISPATCH(fmt, F, embedding_fmt_row<F>(residual + (u64)r * D, ws, ids[r], V, D);)
+}

@@ -1,0 +1,273 @@
+// kernels/weight_formats.cuh — the per-tensor weight formats of a `.nanoqwen` file (version 4,
+// format/weight_formats.py), read on the GPU: one chunk of 32 inputs of one row at a time.
+//
+//   wf_load<F>(w, row, chunk, K, policy)   the chunk's bytes as stored (codes, high bits, scales)
+//   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
+//                                          (c − z, or c for the formats with an offset)
+//   wf_scales<F>(raw, chunk, s, o)         the FP32 scale (and offset) of each scale group in it
+//   wf_dequant<F>(raw, chunk, e)           weight e of the chunk in FP32, in the reference's
+//                                          order of operations (bit for bit the CPU's value)
+//   WF_DISPATCH(fmt, F, ...)               the statements with F the compile-time format of a
+//                                          runtime id (one instance per format)
+//
+// Every kernel that reads a format calls these (the decode GEMVs of gemv_fmt.cu, the embedding
+// rows, later the prefill GEMM), so a format's bit layout is written once. A chunk is the unit
+// because it is the smallest piece every format splits evenly into: 32 inputs hold whole scale
+// groups of every format (16 or 32 inputs) or lie inside one (128 for int4_g128, 256-input
+// super-blocks for the K-quants), and its codes are 16 bytes of nibbles (4–6 bits) or 32 bytes
+// (8 bits): one or two 16-byte loads.
+//
+// The formats (w = weight, c = the unsigned b-bit code, per scale group a scale s and maybe an
+// offset o; all arithmetic FP32):
+//   | id | name       | b | group        | scale, offset                | GGUF |
+//   |  1 | int4_g128  | 4 | 128          | fp16 s;  w = (c − 8) s       | –    |
+//   |  2 | q4_g32     | 4 | 32           | fp16 s;  w = (c − 8) s       | Q4_0 |
+//   |  3 | q4_g32_min | 4 | 32           | fp16 s, o; w = c s + o       | Q4_1 |
+//   |  5 | q5_g32     | 5 | 32           | fp16 s;  w = (c − 16) s      | Q5_0 |
+//   |  6 | q5_g32_min | 5 | 32           | fp16 s, o; w = c s + o       | Q5_1 |
+//   |  9 | q8_g32     | 8 | 32           | fp16 s;  w = (c − 128) s     | Q8_0 |
+//   | 10 | q4_k       | 4 | 32 in 256    | w = (d·sc) c − (dmin·m)      | Q4_K |
+//   | 11 | q5_k       | 5 | 32 in 256    | w = (d·sc) c − (dmin·m)      | Q5_K |
+//   | 12 | q6_k       | 6 | 16 in 256    | w = (d·sc) (c − 32)          | Q6_K |
+// The K-quants keep the GGUF's two levels: fp16 d (and dmin) per 256 inputs, 6-bit (sc, m)
+// packed in 12 bytes (q4_k, q5_k) or int8 sc per 16 inputs (q6_k). d·sc has at most 11 + 8
+// significant bits, so the FP32 product is exact, and the bytes per weight are the GGUF's.
+//
+// Planes of a weight [N, K] (row-major; chunk c of a row = inputs 32c … 32c+31):
+//   qweight u32 [N, K/8]    low 4 bits, layout id 1: word j holds inputs 8j … 8j+7, nibble p
+//                           input 8j + ORDER[p], ORDER = 0 2 4 6 1 3 5 7 (ptx/int4_unpack.cuh)
+//           u32 [N, K/4]    8-bit codes: byte i of word j is input 4j + i
+//   qhigh   u32 [N, K/32]   5-bit: bit 4p + i of word c = bit 4 of input 32c + 8i + ORDER[p]
+//           u32 [N, K/16]   6-bit: bits 4p + 2(i%2) +{0,1} of word 2c + i/2 = bits 4, 5 of it
+//   scales  fp16 [N, K/g] | uint8 [N, K/256, 12] (q4_k, q5_k) | int8 [N, K/16] (q6_k)
+//   aux     fp16 offsets [N, K/32] (q4_g32_min, q5_g32_min) | fp16 superscales [N, K/256, 2]
+//           = (d, dmin) (q4_k, q5_k) | fp16 superscales [N, K/256] = d (q6_k)
+// The high bits sit at the bit positions of their inputs' nibbles (shifted by i), so they join
+// the FP16 magic-number unpack with one lop3 per pair of inputs, no per-input shifts (below).
+#pragma once
+#include <cuda_fp16.h>
+
+#include "types.cuh"        // u32, u64
+#include "ldst.cuh"         // ld_stream_v4, ld_nc_noalloc_u32
+#include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO/HI, FP16X2_1024, FP16X2_1_16
+
+#define WF_INT4_G128  1
+#define WF_Q4_G32     2
+#define WF_Q4_G32_MIN 3
+#define WF_Q5_G32     5
+#define WF_Q5_G32_MIN 6
+#define WF_Q8_G32     9
+#define WF_Q4_K       10
+#define WF_Q5_K       11
+#define WF_Q6_K       12
+#define WF_CHUNK      32   // inputs per chunk
+#define WF_SUPER      256  // inputs per K-quant super-block
+
+// One weight's planes in device memory (null where the format has none).
+struct WfWeight {
+    const u32* qweight;
+    const u32* qhigh;
+    const void* scales;
+    const void* aux;  // offsets or superscales
+};
+
+// Compile-time facts of format F.
+template <int F>
+struct Wf {
+    static constexpr int BITS = F == WF_Q8_G32 ? 8 : (F == WF_Q5_G32 || F == WF_Q5_G32_MIN || F == WF_Q5_K) ? 5
+                              : F == WF_Q6_K ? 6 : 4;
+    static constexpr bool OFFSET = F == WF_Q4_G32_MIN || F == WF_Q5_G32_MIN || F == WF_Q4_K || F == WF_Q5_K;
+    static constexpr bool KQUANT = F == WF_Q4_K || F == WF_Q5_K || F == WF_Q6_K;
+    static constexpr int SUBS = F == WF_Q6_K ? 2 : 1;        // scale groups per chunk
+    static constexpr int ZERO = OFFSET ? 0 : 1 << (BITS - 1);  // z of w = (c − z) s
+    static constexpr int HB = BITS == 5 ? 1 : BITS == 6 ? 2 : 0;  // high bits per input
+};
+
+// A chunk of one row as loaded: registers, most of them unused by any one format (the
+// compiler drops those).
+struct WfRaw {
+    uint4 q0, q1;  // codes: nibbles (q0), or bytes 0–15 and 16–31 (8-bit)
+    u32 h0, h1;    // high bits (h1: 6-bit only)
+    u32 s0, s1, s2;  // scale bytes: fp16 s | s, o | q4_k/q5_k: the 12 packed bytes | q6_k: 2 int8
+    u32 d;         // K-quants: fp16 d (and dmin in the high half)
+};
+
+// The chunk's bytes. Codes and high bits are streamed (read once per token: L1::no_allocate,
+// L2 evict-first); scales go through L1 (__ldg), as the 4 lanes of a quad and the 8 chunks of
+// a super-block share them.
+template <int F>
+__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, int K, u64 policy) {
+    WfRaw r = {};
+    if constexpr (Wf<F>::BITS == 8) {
+        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + row * (K / 4)) + 2 * chunk;
+        r.q0 = ld_stream_v4(q, policy);
+        r.q1 = ld_stream_v4(q + 1, policy);
+    } else {
+        r.q0 = ld_stream_v4(reinterpret_cast<const uint4*>(w.qweight + row * (K / 8)) + chunk, policy);
+    }
+    if constexpr (Wf<F>::HB == 1) r.h0 = ld_nc_noalloc_u32(w.qhigh + row * (K / 32) + chunk);
+    if constexpr (Wf<F>::HB == 2) {
+        const uint2 h = ld_nc_noalloc_v2(w.qhigh + row * (K / 16) + 2 * chunk);
+        r.h0 = h.x;
+        r.h1 = h.y;
+    }
+    if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
+        const u32* sc = static_cast<const u32*>(w.scales) + (row * (K / WF_SUPER) + chunk / 8) * 3;
+        r.s0 = __ldg(sc);
+        r.s1 = __ldg(sc + 1);
+        r.s2 = __ldg(sc + 2);
+        r.d = __ldg(static_cast<const u32*>(w.aux) + row * (K / WF_SUPER) + chunk / 8);
+    } else if constexpr (F == WF_Q6_K) {
+        r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + row * (K / 32) + chunk);
+        r.d = __ldg(static_cast<const unsigned short*>(w.aux) + row * (K / WF_SUPER) + chunk / 8);
+    } else {
+        const int group = F == WF_INT4_G128 ? 128 : 32;
+        const u64 at = row * (K / group) + chunk * WF_CHUNK / group;
+        r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + at);
+        if constexpr (Wf<F>::OFFSET) r.s1 = __ldg(static_cast<const unsigned short*>(w.aux) + at);
+    }
+    return r;
+}
+
+__device__ __forceinline__ u32 wf_word(const uint4& q, int i) {
+    return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+__device__ __forceinline__ float wf_half_lo(u32 v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xFFFFu))); }
+__device__ __forceinline__ float wf_half_hi(u32 v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
+
+// FP16 constants as half2 bit patterns, exact for z ≤ 63 (NEG_HI) and z ≤ 1023 (SUB_LO):
+// 1024 + z (0x6400 is 1024, mantissa step 1) and −(64 + z) (0x5400 is 64, step 1/16).
+template <int Z> struct WfMagic {
+    static constexpr u32 SUB_LO = (0x6400u + Z) | ((0x6400u + Z) << 16);
+    static constexpr u32 NEG_HI = (0xD400u + (Z << 4)) | ((0xD400u + (Z << 4)) << 16);
+};
+
+// The 16 half2 of a chunk, natural order: a[q] = (c − z) of inputs 2q, 2q+1 (low half first).
+//
+// 4–6 bits: word i of the chunk unpacks like ptx/int4_unpack.cuh. OR-ing a nibble into bits
+// 0–3 of the half 0x6400 gives 1024 + v; into bits 4–7, 1024 + 16v. The high bits h of the
+// same inputs sit at the nibble's bit positions in Hi = qhigh >> (HB·i) (the file's layout,
+// above), so Hi << 4 puts them at bits 4 (inputs 0,1: +16h) and 8 (inputs 2,3: +16·16h) of
+// each half and Hi >> 4 does the same for inputs 4–7: every value 1024 + v + 16h, or
+// 1024 + 16(v + 16h) < 2048, is an exact FP16 integer, and one sub or fma removes the magic
+// and z. Cost per 8 inputs: 4 lop3 (nibbles) + 2 shifts and 4 lop3 (high bits) + 4 f16x2.
+// 8 bits: prmt puts byte b under 0x64 (the half 1024 + b), then one sub.
+template <int F>
+__device__ __forceinline__ void wf_pairs(const WfRaw& r, u32 (&a)[16]) {
+    constexpr int Z = Wf<F>::ZERO, HB = Wf<F>::HB;
+    if constexpr (Wf<F>::BITS == 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 w = wf_word(j < 4 ? r.q0 : r.q1, j % 4);
+            const u32 lo = __byte_perm(w, 0x64u, 0x4140), hi = __byte_perm(w, 0x64u, 0x4342);
+            asm("sub.f16x2 %0, %1, %2;" : "=r"(a[2 * j]) : "r"(lo), "r"(WfMagic<Z>::SUB_LO));
+            asm("sub.f16x2 %0, %1, %2;" : "=r"(a[2 * j + 1]) : "r"(hi), "r"(WfMagic<Z>::SUB_LO));
+        }
+    } else {
+        constexpr u32 HMASK_LO = HB == 2 ? 0x00300030u : 0x00100010u;  // h at bits 4(–5) of each half
+        constexpr u32 HMASK_HI = HMASK_LO << 4;                       // h at bits 8(–9)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = wf_word(r.q0, i), w8 = w >> 8;
+            u32 m_lo0 = FP16X2_1024, m_hi0 = FP16X2_1024, m_lo1 = FP16X2_1024, m_hi1 = FP16X2_1024;
+            if constexpr (HB > 0) {
+                const u32 h = HB == 1 ? r.h0 >> i : (i < 2 ? r.h0 : r.h1) >> (2 * (i % 2));
+                const u32 hs = h << 4, hr = h >> 4;
+                m_lo0 = lop3_and_or(hs, HMASK_LO, FP16X2_1024);
+                m_hi0 = lop3_and_or(hs, HMASK_HI, FP16X2_1024);
+                m_lo1 = lop3_and_or(hr, HMASK_LO, FP16X2_1024);
+                m_hi1 = lop3_and_or(hr, HMASK_HI, FP16X2_1024);
+            }
+            const u32 lo0 = lop3_and_or(w, INT4_MASK_LO, m_lo0), hi0 = lop3_and_or(w, INT4_MASK_HI, m_hi0);
+            const u32 lo1 = lop3_and_or(w8, INT4_MASK_LO, m_lo1), hi1 = lop3_and_or(w8, INT4_MASK_HI, m_hi1);
+            asm("sub.f16x2 %0, %1, %2;" : "=r"(a[4 * i + 0]) : "r"(lo0), "r"(WfMagic<Z>::SUB_LO));
+            asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[4 * i + 1]) : "r"(hi0), "r"(FP16X2_1_16), "r"(WfMagic<Z>::NEG_HI));
+            asm("sub.f16x2 %0, %1, %2;" : "=r"(a[4 * i + 2]) : "r"(lo1), "r"(WfMagic<Z>::SUB_LO));
+            asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[4 * i + 3]) : "r"(hi1), "r"(FP16X2_1_16), "r"(WfMagic<Z>::NEG_HI));
+        }
+    }
+}
+
+// Byte i (0–11, runtime) of the q4_k/q5_k packed scales.
+__device__ __forceinline__ u32 wf_kbyte(const WfRaw& r, int i) {
+    const u32 w = i < 4 ? r.s0 : i < 8 ? r.s1 : r.s2;
+    return (w >> (8 * (i & 3))) & 0xFFu;
+}
+
+// The 6-bit (sc, m) of sub-block j (0–7) of a q4_k/q5_k super-block: gguf's get_scale_min_k4 (ggml-quants.c), byte for byte.
+__device__ __forceinline__ void wf_kscale_min(const WfRaw& r, int j, u32& sc, u32& m) {
+    if (j < 4) {
+        sc = wf_kbyte(r, j) & 63u;
+        m = wf_kbyte(r, j + 4) & 63u;
+    } else {
+        sc = (wf_kbyte(r, j + 4) & 0xFu) | ((wf_kbyte(r, j - 4) >> 6) << 4);
+        m = (wf_kbyte(r, j + 4) >> 4) | ((wf_kbyte(r, j) >> 6) << 4);
+    }
+}
+
+// Scale s[j] (and offset o[j]) of scale group j of the chunk (j < Wf<F>::SUBS). Each is one
+// FP32 value, computed as the reference computes it (format/weight_formats.py): the K-quants'
+// d·sc and dmin·m are single FP32 products (exact); o = −dmin·m, so c·s + o is the reference's
+// c·s − dmin·m bit for bit.
+template <int F>
+__device__ __forceinline__ void wf_scales(const WfRaw& r, int chunk, float (&s)[Wf<F>::SUBS], float (&o)[Wf<F>::SUBS]) {
+    if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
+        u32 sc, m;
+        wf_kscale_min(r, chunk % 8, sc, m);
+        s[0] = __fmul_rn(wf_half_lo(r.d), float(sc));
+        o[0] = -__fmul_rn(wf_half_hi(r.d), float(m));
+    } else if constexpr (F == WF_Q6_K) {
+        const float d = wf_half_lo(r.d);
+        s[0] = __fmul_rn(d, float((signed char)(r.s0 & 0xFFu)));
+        s[1] = __fmul_rn(d, float((signed char)((r.s0 >> 8) & 0xFFu)));
+        o[0] = o[1] = 0.f;
+    } else {
+        s[0] = wf_half_lo(r.s0);
+        o[0] = Wf<F>::OFFSET ? wf_half_lo(r.s1) : 0.f;
+    }
+}
+
+// Weight e (0–31) of the chunk, FP32, in the reference's order: (c − z)·s, or c·s + o (two
+// roundings, no FMA contraction: __fmul_rn/__fadd_rn).
+template <int F>
+__device__ __forceinline__ float wf_dequant(const WfRaw& r, int chunk, int e) {
+    u32 code;
+    if constexpr (Wf<F>::BITS == 8) {
+        code = (wf_word(e < 16 ? r.q0 : r.q1, (e % 16) / 4) >> (8 * (e % 4))) & 0xFFu;
+    } else {
+        // Input 8i + ORDER[p] sits in nibble p of word i: p = (e % 8) / 2 + 4 (e % 2).
+        const int i = e / 8, p = (e % 8) / 2 + 4 * (e % 2);
+        code = (wf_word(r.q0, i) >> (4 * p)) & 0xFu;
+        if constexpr (Wf<F>::HB == 1) code |= ((r.h0 >> (4 * p + i)) & 1u) << 4;
+        if constexpr (Wf<F>::HB == 2) code |= (((i < 2 ? r.h0 : r.h1) >> (4 * p + 2 * (i % 2))) & 3u) << 4;
+    }
+    float s[Wf<F>::SUBS], o[Wf<F>::SUBS];
+    wf_scales<F>(r, chunk, s, o);
+    const int j = Wf<F>::SUBS == 2 ? e / 16 : 0;
+    if constexpr (Wf<F>::OFFSET) return __fadd_rn(__fmul_rn(float(code), s[j]), o[j]);
+    else return __fmul_rn(float(int(code) - Wf<F>::ZERO), s[j]);
+}
+
+// Whether this file knows format id `fmt` (the launchers refuse the others before a launch).
+__device__ __forceinline__ bool wf_known(int fmt) {
+    return fmt == WF_INT4_G128 || fmt == WF_Q4_G32 || fmt == WF_Q4_G32_MIN || fmt == WF_Q5_G32 ||
+           fmt == WF_Q5_G32_MIN || fmt == WF_Q8_G32 || fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K;
+}
+
+// Runs the statements `...` with F a compile-time constant equal to the runtime id `fmt`
+// (block-uniform in every caller): one instance of them per format, chosen once.
+#define WF_CASE(ID, F, ...) case ID: { constexpr int F = ID; __VA_ARGS__; } break;
+#define WF_DISPATCH(fmt, F, ...)                              \
+    switch (fmt) {                                            \
+        WF_CASE(WF_INT4_G128, F, __VA_ARGS__)                 \
+        WF_CASE(WF_Q4_G32, F, __VA_ARGS__)                    \
+        WF_CASE(WF_Q4_G32_MIN, F, __VA_ARGS__)                \
+        WF_CASE(WF_Q5_G32, F, __VA_ARGS__)                    \
+        WF_CASE(WF_Q5_G32_MIN, F, __VA_ARGS__)                \
+        WF_CASE(WF_Q8_G32, F, __VA_ARGS__)                    \
+        WF_CASE(WF_Q4_K, F, __VA_ARGS__)                      \
+        WF_CASE(WF_Q5_K, F, __VA_ARGS__)                      \
+        WF_CASE(WF_Q6_K, F, __VA_ARGS__)                      \
+        default: break;                                       \
+    }

@@ -1,0 +1,342 @@
+"""Launchers of kernels/gemv_fmt.cu: the decode GEMVs and the embedding over weights in their
+own per-tensor formats (format/weight_formats.py; kernels/weight_formats.cuh on the GPU).
+
+    GemvFmt               y fp16 [N]          = W x
+    GemvFmtQkvRope        q fp16 [Hq·Dh], K/V cache slot of state[0]
+                                              = rope([Wq; Wk; Wv] rmsnorm(residual) + bias), each
+                                                of q, k, v in its own format
+    GemvFmtResidual       residual fp32 [N]  += W x                         (o_proj, down_proj)
+    GemvFmtGateUpSwiglu   h fp16 [F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
+    LmHeadFmt             logits fp32 [V]     = W xn, + per block argmax partials
+    EmbeddingFmt          residual fp32 [D]   = embed[state[1]]   (EmbeddingFmtRows: [T, D], prefill)
+
+A weight is a `FmtWeight`: its format and its stored parts (qweight, qhigh, scales, offsets or
+superscales), which the kernels take as four pointers <w>_qweight, <w>_qhigh, <w>_scales,
+<w>_aux (null where the format has none) and the format id. The launch shape is gemv_int4's
+(`gemv_launch_shape`): tiles of 16 rows spread over one wave of blocks; for qkv the wave is
+split between q, k and v by tiles, a block serving one matrix (gemv_fmt.cu says why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..cuda import Stream
+from ..format import weight_formats as wf
+from ..kv_cache import PAGE_TOKENS
+from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32,
+                   mirrored, require)
+from .gemv_int4 import MAX_WARPS, TILE_ROWS, gemv_launch_shape, tiles
+
+mirrored("gemv_fmt", "GF_MAX_WARPS", MAX_WARPS)
+QUAD = mirrored("gemv_fmt", "GF_QUAD", 128)            # inputs per item: K must be a multiple
+CHUNK = mirrored("gemv_fmt", "WF_CHUNK", 32)           # inputs per chunk (one Σx each)
+EMBEDDING_THREADS = mirrored("gemv_fmt", "EMBEDDING_FMT_THREADS", 128)
+
+# The format ids kernels/weight_formats.cuh reads (WF_* there).
+GPU_FORMAT_IDS = frozenset({1, 2, 3, 5, 6, 9, 10, 11, 12})
+# Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).
+AUX_PARTS = ("offsets", "superscales")
+PART_NAMES = ("qweight", "qhigh", "scales") + AUX_PARTS
+
+
+@dataclass(frozen=True)
+class FmtWeight:
+    """One weight [N, K] in a per-tensor format, as the GEMVs take it.
+
+    Attributes:
+        fmt: its WeightFormat.
+        parts: stored part name ("qweight", "qhigh", "scales", "offsets", "superscales": those
+            `fmt.tensors` names) → buffer (DeviceArray or planned BufferSpec).
+        name: the weight's prefix, for messages (`model.layers.3.mlp.down_proj`).
+    """
+
+    fmt: wf.WeightFormat
+    parts: dict[str, Any]
+    name: str = "W"
+
+    def check(self, n: int, k: int, quad: int = QUAD) -> None:
+        """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
+        GEMVs' 128, the embedding's 32) and every part is there with the size and dtype the
+        format stores."""
+        require(self.fmt.id in GPU_FORMAT_IDS,
+                f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
+        require(k % quad == 0 and self.fmt.fits(k),
+                f"{self.name}: format {self.fmt.name} at K={k}: the GPU kernels need K a multiple of {quad} "
+                f"and of the format's group")
+        for tname, (dt, shape) in self.fmt.tensors(self.name, n, k).items():
+            part = tname.rsplit(".", 1)[1]
+            require(part in self.parts, f"{self.name}: part {part} missing")
+            check_buffer(self.parts[part], f"{self.name}.{part}", int(np.prod(shape)), dt)
+
+    def args(self, prefix: str) -> dict:
+        """The kernel arguments <prefix>_qweight, _qhigh, _scales, _aux (NULL where absent)."""
+        aux = next((self.parts[p] for p in AUX_PARTS if p in self.parts), NULL)
+        return {f"{prefix}_qweight": self.parts["qweight"], f"{prefix}_qhigh": self.parts.get("qhigh", NULL),
+                f"{prefix}_scales": self.parts["scales"], f"{prefix}_aux": aux}
+
+    @property
+    def buffers(self) -> tuple:
+        """Every stored part (what the launch reads)."""
+        return tuple(self.parts[p] for p in PART_NAMES if p in self.parts)
+
+    def nbytes(self, n: int, k: int) -> int:
+        return wf.parts_nbytes(self.fmt, n, k)
+
+
+def fmt_weight(lookup, prefix: str, fmt: wf.WeightFormat) -> FmtWeight:
+    """The FmtWeight of `prefix` stored in `fmt`, its parts from lookup(tensor name)."""
+    # Which parts the format has does not depend on the shape: ask for any K it fits (1024).
+    parts = {name.rsplit(".", 1)[1]: lookup(name) for name in fmt.tensors(prefix, 1, 1024)}
+    return FmtWeight(fmt, parts, prefix)
+
+
+def smem_extra(k: int) -> int:
+    """Shared memory a gemv_fmt block needs besides gemv_int4's: Σx per 32-input chunk, fp32."""
+    return 4 * (k // CHUNK)
+
+
+def _kernel(name: str, defines: tuple = ()) -> KernelRef:
+    return KernelRef("gemv_fmt", name, tuple(defines), pdl=True)
+
+
+class _GemvFmtLauncher(Launcher):
+    """Shared by the gemv_fmt GEMV launchers: the launch shape from the kernel's occupancy.
+    occupancy, warps, blocks and defines as for the gemv_int4 launchers."""
+
+    def _shape(self, ref: KernelRef, n_tiles: int, k: int, mt: int, occupancy: Occupancy | None,
+               warps: int | None, blocks: int | None) -> tuple[int, int, int]:
+        occ = occupancy or DEFAULT_OCCUPANCY
+        return gemv_launch_shape(n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count,
+                                 warps=warps, blocks=blocks, extra_smem=smem_extra(k))
+
+    def _build(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes, occupancy, warps,
+               blocks, defines) -> int:
+        ref = _kernel(kernel, defines)
+        grid, threads, smem = self._shape(ref, n_tiles, k, mt, occupancy, warps, blocks)
+        self._add(ref, (grid,), (threads,), args, smem_bytes=smem, reads=reads, writes=writes,
+                  bytes_moved=self.bytes_moved)
+        return grid
+
+
+class GemvFmt(_GemvFmtLauncher):
+    """y fp16 [N] = W x, W a FmtWeight [N, K], x fp16 [K].
+
+    Raises:
+        LaunchError: a format without a GPU kernel, K not a multiple of 128 (and of the format's
+            group), or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, y, x, w: FmtWeight, *, n: int, k: int, stream: Stream | None = None,
+                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
+                 defines: tuple = ()):
+        super().__init__(stream)
+        w.check(n, k)
+        check_buffer(y, "y", n, np.float16)
+        check_buffer(x, "x", k, np.float16)
+        self.bytes_moved = w.nbytes(n, k) + 2 * k + 2 * n
+        self._build("gemv_fmt_f16", tiles(n), k, 1,
+                    dict(y=y, x=x, **w.args("w"), N=i32(n), K=i32(k), fmt=i32(w.fmt.id)),
+                    reads=(x,) + w.buffers, writes=(y,), occupancy=occupancy, warps=warps, blocks=blocks,
+                    defines=defines)
+
+
+class GemvFmtResidual(_GemvFmtLauncher):
+    """residual fp32 [N] += W x (o_proj, down_proj), W a FmtWeight [N, K].
+
+    Raises:
+        LaunchError: as GemvFmt.
+    """
+
+    def __init__(self, residual, x, w: FmtWeight, *, n: int, k: int, stream: Stream | None = None,
+                 occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
+                 defines: tuple = ()):
+        super().__init__(stream)
+        w.check(n, k)
+        check_buffer(residual, "residual", n, np.float32)
+        check_buffer(x, "x", k, np.float16)
+        self.bytes_moved = w.nbytes(n, k) + 2 * k + 8 * n
+        self._build("gemv_fmt_residual", tiles(n), k, 1,
+                    dict(residual=residual, x=x, **w.args("w"), N=i32(n), K=i32(k), fmt=i32(w.fmt.id)),
+                    reads=(residual, x) + w.buffers, writes=(residual,), occupancy=occupancy, warps=warps,
+                    blocks=blocks, defines=defines)
+
+
+def split_blocks(total: int, seg_tiles: tuple[int, ...]) -> tuple[int, ...]:
+    """Blocks per segment when `total` blocks share segments of seg_tiles tiles: proportional to
+    tiles, at least 1 each and never more than a segment's tiles (so no block is idle)."""
+    n = len(seg_tiles)
+    total = max(total, n)
+    t_all = sum(seg_tiles)
+    out = [max(1, min(t, round(total * t / t_all))) for t in seg_tiles]
+    while sum(out) > total and max(out) > 1:
+        out[out.index(max(out))] -= 1
+    while sum(out) < total:
+        room = [i for i in range(n) if out[i] < seg_tiles[i]]
+        if not room:
+            break
+        best = max(room, key=lambda i: seg_tiles[i] / out[i])
+        out[best] += 1
+    return tuple(out)
+
+
+class GemvFmtQkvRope(_GemvFmtLauncher):
+    """GemvInt4QkvRope's launch (rmsnorm, q/k/v GEMVs, bias, RoPE, the K/V cache write) with q, k
+    and v each a FmtWeight in its own format.
+
+    Raises:
+        LaunchError: Dh not a multiple of 16, a format without a GPU kernel, D not a multiple
+            of 128, or a buffer of the wrong size, dtype or shape.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, residual, norm_weight, q: FmtWeight, k: FmtWeight, v: FmtWeight,
+                 q_bias, k_bias, v_bias, inv_freq, state, block_table, *, n_heads: int, n_kv_heads: int,
+                 head_dim: int, dim: int, eps: float, stream: Stream | None = None,
+                 occupancy: Occupancy | None = None, warps: int | None = None, defines: tuple = ()):
+        super().__init__(stream)
+        require(head_dim % TILE_ROWS == 0, f"gemv_fmt_qkv_rope: head_dim={head_dim} must be a multiple of "
+                                          f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
+        nq, nkv, K = n_heads * head_dim, n_kv_heads * head_dim, dim
+        check_buffer(q_out, "q_out", nq, np.float16)
+        for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+            shape = getattr(c, "shape", None)
+            require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
+                    f"gemv_fmt_qkv_rope: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
+                    f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
+        check_buffer(residual, "residual", K, np.float32)
+        check_buffer(norm_weight, "norm_weight", K, np.float16)
+        q.check(nq, K)
+        k.check(nkv, K)
+        v.check(nkv, K)
+        check_buffer(q_bias, "q_bias", nq, np.float16)
+        check_buffer(k_bias, "k_bias", nkv, np.float16)
+        check_buffer(v_bias, "v_bias", nkv, np.float16)
+        check_buffer(inv_freq, "inv_freq", head_dim // 2, np.float32)
+        check_state(state)
+        self.bytes_moved = q.nbytes(nq, K) + k.nbytes(nkv, K) + v.nbytes(nkv, K) + 6 * K + 4 * (nq + 2 * nkv)
+        seg_tiles = (tiles(nq), tiles(nkv), tiles(nkv))
+        ref = _kernel("gemv_fmt_qkv_rope", defines)
+        grid, threads, _ = self._shape(ref, sum(seg_tiles), K, 1, occupancy, warps, None)
+        self.seg_blocks = split_blocks(grid, seg_tiles)
+        per_block = max(-(-t // b) for t, b in zip(seg_tiles, self.seg_blocks))
+        smem = 2 * K + smem_extra(K) + per_block * (threads // 32) * TILE_ROWS * 4
+        args = dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, residual=residual, norm_w=norm_weight,
+                    **q.args("q"), **k.args("k"), **v.args("v"), q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
+                    inv_freq=inv_freq, state=state, block_table=block_table, Hq=i32(n_heads), Hkv=i32(n_kv_heads),
+                    Dh=i32(head_dim), K=i32(K), eps=f32(eps), q_fmt=i32(q.fmt.id), k_fmt=i32(k.fmt.id),
+                    v_fmt=i32(v.fmt.id), q_blocks=i32(self.seg_blocks[0]), k_blocks=i32(self.seg_blocks[1]))
+        self._add(ref, (sum(self.seg_blocks),), (threads,), args, smem_bytes=smem,
+                  reads=(residual, norm_weight) + q.buffers + k.buffers + v.buffers
+                  + (q_bias, k_bias, v_bias, inv_freq, state, block_table),
+                  writes=(q_out, k_cache, v_cache), bytes_moved=self.bytes_moved)
+
+
+class GemvFmtGateUpSwiglu(_GemvFmtLauncher):
+    """h fp16 [F] = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual fp32 [D]) · norm_weight fp16 [D];
+    gate and up FmtWeights [F, D] in one format.
+
+    Raises:
+        LaunchError: gate and up in different formats, a format without a GPU kernel, D not a
+            multiple of 128, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, h, residual, norm_weight, gate: FmtWeight, up: FmtWeight, *, f: int, k: int, eps: float,
+                 stream: Stream | None = None, occupancy: Occupancy | None = None, warps: int | None = None,
+                 blocks: int | None = None, defines: tuple = ()):
+        super().__init__(stream)
+        require(gate.fmt.id == up.fmt.id, f"{gate.name} ({gate.fmt.name}) and {up.name} ({up.fmt.name}): the GPU's "
+                                          f"fused gate/up GEMV needs both in one format")
+        gate.check(f, k)
+        up.check(f, k)
+        check_buffer(h, "h", f, np.float16)
+        check_buffer(residual, "residual", k, np.float32)
+        check_buffer(norm_weight, "norm_weight", k, np.float16)
+        self.bytes_moved = gate.nbytes(f, k) + up.nbytes(f, k) + 6 * k + 2 * f
+        self._build("gemv_fmt_gate_up_swiglu", tiles(f), k, 2,
+                    dict(h=h, residual=residual, norm_w=norm_weight, **gate.args("gate"), **up.args("up"), F=i32(f),
+                         K=i32(k), eps=f32(eps), fmt=i32(gate.fmt.id)),
+                    reads=(residual, norm_weight) + gate.buffers + up.buffers, writes=(h,), occupancy=occupancy,
+                    warps=warps, blocks=blocks, defines=defines)
+
+
+class LmHeadFmt(_GemvFmtLauncher):
+    """logits fp32 [V] = W x for a FmtWeight lm_head [V, D], rows from text_vocab on −inf (the
+    padding past the tokenizer, as LmHead), and one argmax partial per block into part_val /
+    part_idx (at least `n_partials` entries; ArgmaxFinal reduces them).
+
+    Raises:
+        LaunchError: as GemvFmt, text_vocab outside [1, V], or partial buffers too small.
+    """
+
+    def __init__(self, logits, part_val, part_idx, x, w: FmtWeight, *, vocab_size: int, dim: int,
+                 text_vocab: int | None = None, stream: Stream | None = None, occupancy: Occupancy | None = None):
+        super().__init__(stream)
+        w.check(vocab_size, dim)
+        n_valid = vocab_size if text_vocab is None else int(text_vocab)
+        require(1 <= n_valid <= vocab_size, f"lm_head: text_vocab={n_valid} must be in [1, {vocab_size}]")
+        self.text_vocab = n_valid
+        check_buffer(logits, "logits", vocab_size, np.float32)
+        check_buffer(x, "x", dim, np.float16)
+        ref = _kernel("gemv_fmt_lm_head")
+        grid, threads, smem = self._shape(ref, tiles(vocab_size), dim, 1, occupancy, None, None)
+        n_part = int(np.prod(getattr(part_val, "shape", (0,))))
+        require(grid <= n_part, f"lm_head: {grid} blocks need {grid} argmax partials, part_val holds {n_part}")
+        check_buffer(part_val, "part_val", n_part, np.float32)
+        check_buffer(part_idx, "part_idx", n_part, np.int32)
+        self.n_partials = grid
+        self.bytes_moved = w.nbytes(vocab_size, dim) + 2 * dim + 4 * vocab_size
+        self._add(ref, (grid,), (threads,),
+                  dict(logits=logits, part_val=part_val, part_idx=part_idx, x=x, **w.args("w"), V=i32(vocab_size),
+                       K=i32(dim), n_valid=i32(n_valid), fmt=i32(w.fmt.id)),
+                  smem_bytes=smem, reads=(x,) + w.buffers, writes=(logits, part_val, part_idx),
+                  bytes_moved=self.bytes_moved)
+
+
+def _embedding_grid_x(dim: int) -> int:
+    return -(-(dim // CHUNK) // EMBEDDING_THREADS)
+
+
+def _check_embedding(w: FmtWeight, vocab_size: int, dim: int) -> None:
+    w.check(vocab_size, dim, quad=CHUNK)  # one thread per 32-input chunk
+
+
+class EmbeddingFmt(Launcher):
+    """residual fp32 [D] = the row state[1] of a FmtWeight embedding [V, D], dequantized as the
+    reference dequantizes it (bit for bit).
+
+    Raises:
+        LaunchError: a format without a GPU kernel, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, residual, w: FmtWeight, state, *, vocab_size: int, dim: int, stream: Stream | None = None):
+        super().__init__(stream)
+        _check_embedding(w, vocab_size, dim)
+        check_buffer(residual, "residual", dim, np.float32)
+        check_state(state)
+        self.bytes_moved = w.nbytes(1, dim) + 4 * dim
+        self._add(KernelRef("gemv_fmt", "embedding_fmt", pdl=True), (_embedding_grid_x(dim),), (EMBEDDING_THREADS,),
+                  dict(residual=residual, **w.args("w"), state=state, V=i32(vocab_size), D=i32(dim),
+                       fmt=i32(w.fmt.id)),
+                  reads=w.buffers + (state,), writes=(residual,), bytes_moved=self.bytes_moved)
+
+
+class EmbeddingFmtRows(Launcher):
+    """residual fp32 [T, D] = rows ids[t] of a FmtWeight embedding [V, D] (prefill).
+
+    Raises:
+        LaunchError: as EmbeddingFmt.
+    """
+
+    def __init__(self, residual, w: FmtWeight, ids, *, n_rows: int, vocab_size: int, dim: int,
+                 stream: Stream | None = None):
+        super().__init__(stream)
+        _check_embedding(w, vocab_size, dim)
+        check_buffer(residual, "residual", n_rows * dim, np.float32)
+        check_buffer(ids, "ids", n_rows, np.int32)
+        self.bytes_moved = n_rows * (w.nbytes(1, dim) + 4 * dim)
+        self._add(KernelRef("gemv_fmt", "embedding_fmt_rows"), (_embedding_grid_x(dim), n_rows), (EMBEDDING_THREADS,),
+                  dict(residual=residual, **w.args("w"), ids=ids, V=i32(vocab_size), D=i32(dim), fmt=i32(w.fmt.id)),
+                  reads=w.buffers + (ids,), writes=(residual,), bytes_moved=self.bytes_moved)

@@ -1,0 +1,219 @@
+"""kernels/gemv_fmt.cu (the decode GEMVs and embedding rows over the per-tensor weight formats)
+against float64 numpy on the weights as format/weight_formats.py dequantizes them.
+
+Every format at the real 0.5B and 7B projection shapes and at awkward ones (N = 1, N not a
+multiple of 16, few K quads per warp), for every launcher: y fp16, residual +=, the fused
+qkv/RoPE/K-V write with q, k and v in different formats (llama.cpp's Q4_K_M recipe mixes them),
+gate/up with SwiGLU, the lm_head with its argmax partials, and the embedding row — which must
+equal the reference's dequantized row bit for bit. Outputs are NaN-poisoned before each launch
+and must be fully written; the same launch twice gives the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drvqwen import reference as ref
+from drvqwen.format import weight_formats as wf
+from kernel_testing import TOL_GEMV, assert_same_bits, dev, graph_time_us, report  # noqa: F401
+
+# (label, N, K)
+SHAPES = [("0.5b.q_proj", 896, 896), ("0.5b.gate_proj", 4864, 896), ("0.5b.down_proj", 896, 4864),
+          ("7b.o_proj", 3584, 3584), ("7b.down_proj", 3584, 18944),
+          ("odd.n1.k256", 1, 256), ("odd.n37.k384", 37, 384), ("odd.n200.k1280", 200, 1280)]
+FORMATS = list(wf.FORMATS.values())
+# Only pairs that can exist: a format whose group does not divide K stores no such weight.
+CASES = [(fmt, label, n, k) for fmt in FORMATS for label, n, k in SHAPES if fmt.fits(k)]
+EPS = 1e-6
+N_PAGES = 9
+MAX_PAGES = 32768 // 16
+
+
+def test_every_format_has_a_gpu_kernel():
+    """CPU: the formats a file may hold are exactly those kernels/weight_formats.cuh reads, and
+    every real projection shape of the 0.5B and 7B fits every format it can hold."""
+    from drvqwen.launchers.gemv_fmt import GPU_FORMAT_IDS
+
+    assert set(wf.FORMATS) == set(GPU_FORMAT_IDS)
+    assert {f.name for f in FORMATS if f.fits(3584) and f.fits(18944)} == {f.name for f in FORMATS}
+
+
+def _weight(dev, rng, fmt, n, k, name="W"):
+    """(FmtWeight on the device, float64 [n, k] dequantized weight)."""
+    from drvqwen.launchers.gemv_fmt import FmtWeight
+
+    parts = wf.random_weight(fmt, n, k, rng)
+    w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
+    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
+
+
+def _residual(rng, k):
+    """A residual stream with Qwen2's few channels of huge magnitude (fp32 [k])."""
+    r = rng.standard_normal(k).astype(np.float32)
+    big = rng.choice(k, size=min(4, k), replace=False)
+    r[big] = rng.choice([-1, 1], size=big.size) * rng.uniform(1e3, 3e4, size=big.size)
+    return r
+
+
+def _normed(residual, weight):
+    return ref.rmsnorm(residual.astype(np.float64), weight, EPS).astype(np.float16)
+
+
+def _time(label, ln):
+    if label.startswith("7b"):
+        us = graph_time_us(ln)
+        print(f"  {label}: {us:.2f} µs/call, {ln.bytes_moved / us / 1e3:.0f} GB/s ({ln.bytes_moved / 1e6:.2f} MB)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,label,n,k", CASES, ids=[f"{c[0].name}-{c[1]}" for c in CASES])
+def test_gemv_fmt(dev, rng, fmt, label, n, k):
+    from drvqwen.launchers.gemv_fmt import GemvFmt, GemvFmtResidual
+
+    w, w64 = _weight(dev, rng, fmt, n, k)
+    x = rng.standard_normal(k).astype(np.float16)
+    want = w64 @ x.astype(np.float64)
+    xd = dev.upload("x", x)
+    y = dev.poisoned("y", (n,), np.float16)
+    ln = GemvFmt(y, xd, w, n=n, k=k)
+    ln.launch()
+    got = y.download()
+    report(f"{fmt.name}.{label}.f16", got, want, TOL_GEMV)
+    y.fill_bytes(0xFF)
+    ln.launch()
+    assert_same_bits(label, got, y.download())
+
+    r0 = _residual(rng, n)
+    res = dev.upload("residual", r0)
+    rl = GemvFmtResidual(res, xd, w, n=n, k=k)
+    rl.launch()
+    got = res.download()
+    report(f"{fmt.name}.{label}.delta", got.astype(np.float64) - r0, want, TOL_GEMV)
+    _time(f"{label}.{fmt.name}", rl)
+
+
+# (label, Hq, Hkv, Dh, D, (q, k, v formats))
+QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
+       ("7b.q4_k_m", 28, 4, 128, 3584, ("q4_k", "q4_k", "q6_k")),
+       ("odd", 3, 1, 32, 256, ("q4_g32_min", "q5_k", "q5_g32_min"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,hq,hkv,dh,d,fmts", QKV, ids=[q[0] for q in QKV])
+def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts):
+    from drvqwen.launchers.gemv_fmt import GemvFmtQkvRope
+
+    by_name = {f.name: f for f in FORMATS}
+    nq, nkv = hq * dh, hkv * dh
+    ws = [_weight(dev, rng, by_name[f], n, d, name) for f, n, name in zip(fmts, (nq, nkv, nkv), "qkv")]
+    residual, norm_w = _residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+    biases = [(rng.standard_normal(n) * 0.5).astype(np.float16) for n in (nq, nkv, nkv)]
+    inv_freq = ref.rope_inv_freq(dh, 1e6)
+    block_table = rng.integers(0, N_PAGES, size=MAX_PAGES).astype(np.int32)
+    x = _normed(residual, norm_w).astype(np.float64)
+    q64, k64, v64 = (w64 @ x + b.astype(np.float64) for (_w, w64), b in zip(ws, biases))
+    state = dev.upload("state", np.zeros(3, np.int32))
+    q_out = dev.poisoned("q", (hq, dh), np.float16)
+    k_cache = dev.poisoned("k_cache", (N_PAGES, hkv, 16, dh), np.float16)
+    v_cache = dev.poisoned("v_cache", (N_PAGES, hkv, 16, dh), np.float16)
+    ln = GemvFmtQkvRope(q_out, k_cache, v_cache, dev.upload("residual", residual), dev.upload("norm_w", norm_w),
+                        *(w for w, _ in ws), *(dev.upload(f"b{i}", b) for i, b in enumerate(biases)),
+                        dev.upload("inv_freq", inv_freq), state, dev.upload("block_table", block_table),
+                        n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=d, eps=EPS)
+    for pos in (0, 17, 1000):
+        state.upload(np.array([pos, 0, pos + 1], np.int32))
+        for buf in (q_out, k_cache, v_cache):
+            buf.fill_bytes(0xFF)
+        ln.launch()
+        cos, sin = (t.astype(np.float64) for t in ref.rope_cos_sin(np.array([pos]), dh, 1e6))
+        got_q = q_out.download()
+        report(f"{label}.pos{pos}.q", got_q, ref.apply_rope(q64.reshape(1, hq, dh), cos, sin)[0], TOL_GEMV)
+        page, slot = block_table[pos // 16], pos % 16
+        for name, cache, want in (("k", k_cache, ref.apply_rope(k64.reshape(1, hkv, dh), cos, sin)[0]),
+                                  ("v", v_cache, v64.reshape(hkv, dh))):
+            got = cache.download()
+            report(f"{label}.pos{pos}.{name}", got[page, :, slot, :], want, TOL_GEMV)
+            untouched = np.ones(got.shape[:3], dtype=bool)
+            untouched[page, :, slot] = False
+            assert (got.view(np.uint16)[untouched] == 0xFFFF).all(), f"{name}_cache: another slot was written"
+        ln.launch()
+        assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
+    _time(f"{label}.qkv_rope", ln)
+
+
+# (label, F, D, format)
+GATE_UP = [("0.5b.q5_g32", 4864, 896, "q5_g32"), ("7b.q4_k", 18944, 3584, "q4_k"), ("odd.q8_g32", 200, 256, "q8_g32"),
+           ("odd.q6_k", 40, 512, "q6_k")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,f,d,fname", GATE_UP, ids=[g[0] for g in GATE_UP])
+def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname):
+    from drvqwen.launchers.gemv_fmt import GemvFmtGateUpSwiglu
+
+    fmt = {x.name: x for x in FORMATS}[fname]
+    (g, g64), (u, u64) = _weight(dev, rng, fmt, f, d, "gate"), _weight(dev, rng, fmt, f, d, "up")
+    residual, norm_w = _residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+    x = _normed(residual, norm_w).astype(np.float64)
+    want = ref.swiglu(g64 @ x, u64 @ x)
+    h = dev.poisoned("h", (f,), np.float16)
+    ln = GemvFmtGateUpSwiglu(h, dev.upload("residual", residual), dev.upload("norm_w", norm_w), g, u, f=f, k=d,
+                             eps=EPS)
+    ln.launch()
+    got = h.download()
+    report(label, got, want, TOL_GEMV)
+    h.fill_bytes(0xFF)
+    ln.launch()
+    assert_same_bits(label, got, h.download())
+    _time(f"{label}.gate_up", ln)
+
+
+# (label, V, D, format, text_vocab)
+LM_HEAD = [("0.5b-like.q8_g32", 4099, 896, "q8_g32", 4000), ("7b-like.q6_k", 2000, 3584, "q6_k", 2000),
+           ("odd.q4_k", 37, 256, "q4_k", 30)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,v,d,fname,text_vocab", LM_HEAD, ids=[x[0] for x in LM_HEAD])
+def test_lm_head_fmt(dev, rng, label, v, d, fname, text_vocab):
+    from drvqwen.launchers import ArgmaxFinal, lm_head_partials
+    from drvqwen.launchers.gemv_fmt import LmHeadFmt
+
+    fmt = {x.name: x for x in FORMATS}[fname]
+    w, w64 = _weight(dev, rng, fmt, v, d, "lm_head")
+    x = rng.standard_normal(d).astype(np.float16)
+    want = w64 @ x.astype(np.float64)
+    want[text_vocab:] = -np.inf
+    logits = dev.poisoned("logits", (v,), np.float32)
+    n_part = lm_head_partials(v)
+    pv, pi = dev.poisoned("pv", (n_part,), np.float32), dev.poisoned("pi", (n_part,), np.int32)
+    ln = LmHeadFmt(logits, pv, pi, dev.upload("x", x), w, vocab_size=v, dim=d, text_vocab=text_vocab)
+    nt = dev.poisoned("next_token", (1,), np.int32)
+    am = ArgmaxFinal(nt, pv, pi, n_partials=ln.n_partials)
+    ln.launch()
+    am.launch()
+    got = logits.download()
+    assert np.isneginf(got[text_vocab:]).all(), "padding rows must get the logit -inf"
+    report(label, got[:text_vocab], want[:text_vocab], TOL_GEMV)
+    assert int(nt.download()[0]) == int(np.argmax(got)), "argmax of the partials != argmax of the logits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
+    """The embedding row on the GPU is the reference's dequantized row, bit for bit."""
+    from drvqwen.launchers.gemv_fmt import EmbeddingFmt, EmbeddingFmtRows
+
+    v, d = 300, 1024
+    w, _ = _weight(dev, rng, fmt, v, d, "model.embed_tokens")
+    parts = {p: a.download() for p, a in w.parts.items()}
+    want = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "model.embed_tokens")
+    ids = np.array([0, 299, 17, 17, 150], np.int32)
+    out = dev.poisoned("residual", (len(ids), d), np.float32)
+    EmbeddingFmtRows(out, w, dev.upload("ids", ids), n_rows=len(ids), vocab_size=v, dim=d).launch()
+    got = out.download()
+    assert_same_bits(f"{fmt.name}.rows", got, want[ids])
+    one = dev.poisoned("residual1", (d,), np.float32)
+    EmbeddingFmt(one, w, dev.upload("state", np.array([5, 123, 6], np.int32)), vocab_size=v, dim=d).launch()
+    assert_same_bits(f"{fmt.name}.decode", one.download(), want[123])
