@@ -115,7 +115,7 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                         k=D, occupancy=OCCUPANCY)),
         ("gpu_sleep", launchers.GpuSleep(1.0)),
     ]
-    for fmt in wf.FORMATS.values():
+    for fmt in (f for f in wf.FORMATS.values() if not f.superblock):      # gemv_q.cu: the flat formats
         parts = {name.split(".", 1)[1]: BufferSpec(name, shape, dt) for name, (dt, shape) in fmt.tensors("w", D, D).items()}
         x = _buf("x", D, np.float16)
         out.append((f"gemv_q {fmt.name} out", launchers.GemvQ(fmt, parts, x, n=D, k=D, out=_buf("y", D, np.float16))))
