@@ -223,3 +223,20 @@ def test_reference_runs_the_q4_k_m_model_as_its_dequantized_weights(q4_k_m):
     for _ in range(3):
         tokens.append(int(np.argmax(ours.forward(tokens[-1:])[-1])))
     assert len(tokens) == 4 and all(0 <= t < TINY.vocab_size for t in tokens)
+
+
+def test_info_shows_formats_and_bytes_per_token(q4_k_m, capsys):
+    from drvqwen import cli
+    from drvqwen.format.tensor_set import EMBED
+
+    f = q4_k_m
+    assert cli.main(["info", str(f.path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    counts = Counter(wf.FORMATS[fid].name for fid in f.formats.values())
+    # embedding + 3 × (q, k, o, gate, up) + v of layers 0, 1; lm_head + v of layer 2; down.
+    assert counts == {"q4_k": 18, "q6_k": 2, "q5_g32": 2, "q8_g32": 1}
+    assert "q4_k ×18, q5_g32 ×2, q6_k ×2, q8_g32 ×1" in out
+    # Every tensor once but the embedding, of which one row: summed here from the table.
+    want = sum(i.nbytes for n, i in f.tensors.items() if wf.weight_prefix(n) != EMBED) + \
+        sum(i.nbytes for n, i in f.tensors.items() if wf.weight_prefix(n) == EMBED) // TINY.vocab_size
+    assert f"{want:,} B" in out and f"the file is {f.header.file_size / 1e6:.1f} MB" in out
