@@ -240,3 +240,28 @@ def test_info_shows_formats_and_bytes_per_token(q4_k_m, capsys):
     want = sum(i.nbytes for n, i in f.tensors.items() if wf.weight_prefix(n) != EMBED) + \
         sum(i.nbytes for n, i in f.tensors.items() if wf.weight_prefix(n) == EMBED) // TINY.vocab_size
     assert f"{want:,} B" in out and f"the file is {f.header.file_size / 1e6:.1f} MB" in out
+
+
+def test_a_gguf_type_without_a_format_is_named_with_its_tensor(tmp_path, rng, capsys):
+    """Q2_K has no exact drvqwen format: `--weights source` re-quantizes it to 8 bits and says
+    which tensor, of which type."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from drvqwen.format.convert import convert
+    from drvqwen.format.synthetic import synthetic_dense, write_synthetic_gguf
+    from drvqwen.loading import print_quant_summary
+
+    cfg = TINY
+    dense = synthetic_dense(cfg, rng)
+    name = "model.layers.1.self_attn.q_proj.weight"
+    n, k = dense[name].shape
+    bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K]
+    raw = rng.integers(0, 256, (n * k // bs, ts), dtype=np.uint8)
+    raw[:, 80:84] = (rng.uniform(0.5, 1.5, (raw.shape[0], 2)) * 1e-3).astype(np.float16).view(np.uint8)  # d, dmin
+    dense[name] = raw.reshape(n, -1)
+    src = write_synthetic_gguf(tmp_path / "q2k.gguf", cfg, dense, qtype={name: "Q2_K"})
+    report = convert(src, tmp_path / "q2k.nanoqwen", weights="source")
+    assert report.fallbacks == [("blk.1.attn_q.weight", "Q2_K", "q8_g32")]
+    print_quant_summary(report)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "blk.1.attn_q.weight: GGUF type Q2_K has no exact drvqwen format: re-quantized to q8_g32" in err
