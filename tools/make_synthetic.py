@@ -3,7 +3,7 @@
 
     PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --seed 1 -o /tmp/syn7b.nanoqwen
     PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --layers 2 -o /tmp/syn7b_2l.nanoqwen
-    PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --recipe q4_k_m -o /tmp/syn7b_q4km.nanoqwen
+    PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --recipe q4_k_m -o /tmp/syn7b-q4km.nanoqwen
 
 --recipe q4_k_m writes every weight in the format of the GGUF type llama.cpp's Q4_K_M recipe
 gives it (format/recipes.py): the layout of the file a 7B user downloads. The default, int4,
