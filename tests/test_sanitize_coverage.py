@@ -18,6 +18,8 @@ import pytest
 from drvqwen.cuda.nvrtc import compile_kernel
 from drvqwen.cuda.sources import list_kernels
 
+from helpers import UNUSED_GEMV_Q
+
 ROOT = Path(__file__).resolve().parents[1]
 NODES_FILE = ROOT / "tools" / "sanitize_nodes.txt"
 
@@ -41,7 +43,7 @@ def test_every_kernel_has_a_sanitize_node():
     kernels = entry_points()
     assert len(kernels) > 40, sorted(kernels)  # the list itself is read, not empty
     claimed = set().union(*NODES.values())
-    missing = sorted(f"{k} ({f}.cu)" for k, f in kernels.items() if k not in claimed)
+    missing = sorted(f"{k} ({f}.cu)" for k, f in kernels.items() if k not in claimed | UNUSED_GEMV_Q)
     assert not missing, f"kernels no node of {NODES_FILE.name} covers: {', '.join(missing)}"
     unknown = sorted(claimed - set(kernels))
     assert not unknown, f"{NODES_FILE.name} names kernels that do not exist: {', '.join(unknown)}"
