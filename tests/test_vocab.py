@@ -37,7 +37,7 @@ def _ids(names, base=256):
 
 def test_file_stores_the_eog_set_and_text_vocab(tiny):
     with NanoqwenFile(tiny) as f:
-        assert f.header.version == nanoqwen.VERSION == 3
+        assert f.header.version == nanoqwen.VERSION == 4
         assert f.text_vocab == TEXT_VOCAB
         assert f.eog_ids == _ids(EOG_NAMES)
         tok = Tokenizer.from_json(f.tokenizer_json)
