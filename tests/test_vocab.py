@@ -68,7 +68,7 @@ def _patch(path, off, fmt, *vals):
 
 
 @pytest.mark.parametrize("off,fmt,vals,expect", [
-    (8, "<I", (4,), "header field version: 4, this drvqwen reads versions 1, 2, 3 (written by a newer drvqwen"),
+    (8, "<I", (5,), "header field version: 5, this drvqwen reads versions 1, 2, 3, 4 (written by a newer drvqwen"),
     (156, "<I", (0,), "header field text_vocab: 0, must be in [1, 512]"),
     (156, "<I", (513,), "header field text_vocab: 513"),
     (160, "<I", (13,), "header field n_eog: 13, at most 12"),
