@@ -246,6 +246,24 @@ def test_superseded_conversions_are_removed(monkeypatch, tiny_gguf, rng):
     assert sorted(p.name for p in newer.parent.glob("*.nanoqwen")) == [newer.name]
 
 
+def test_conversions_keyed_by_an_older_file_version_or_policy_are_redone(monkeypatch, tiny_gguf):
+    """A conversion cached by a drvqwen that wrote format version 3 (or converted under another
+    default policy) is not reused: the key names both, and the stale file is removed."""
+    import drvqwen.models as models
+
+    done = _count_conversions(monkeypatch)
+    version = models.VERSION
+    monkeypatch.setattr(models, "VERSION", 3)
+    old = models.resolve_model(str(tiny_gguf)).path
+    monkeypatch.setattr(models, "VERSION", version)
+    new = models.resolve_model(str(tiny_gguf)).path
+    assert new != old and len(done) == 2 and not old.exists()
+    monkeypatch.setattr(models, "DEFAULT_WEIGHTS", "source")
+    newer = models.resolve_model(str(tiny_gguf)).path
+    assert newer != new and len(done) == 3
+    assert sorted(p.name for p in newer.parent.glob("*.nanoqwen")) == [newer.name]
+
+
 def test_hf_conversion_key_follows_the_index(tmp_path, rng, monkeypatch):
     import json
 

@@ -177,8 +177,8 @@ LM_HEAD = [("0.5b-like.q8_g32", 4099, 896, "q8_g32", 4000), ("7b-like.q6_k", 200
 @pytest.mark.gpu
 @pytest.mark.parametrize("label,v,d,fname,text_vocab", LM_HEAD, ids=[x[0] for x in LM_HEAD])
 def test_lm_head_fmt(dev, rng, label, v, d, fname, text_vocab):
-    from drvqwen.launchers import ArgmaxFinal, lm_head_partials
-    from drvqwen.launchers.gemv_fmt import LmHeadFmt
+    from drvqwen.launchers import ArgmaxFinal
+    from drvqwen.launchers.gemv_fmt import LmHeadFmt, lm_head_fmt_partials
 
     fmt = {x.name: x for x in FORMATS}[fname]
     w, w64 = _weight(dev, rng, fmt, v, d, "lm_head")
@@ -186,7 +186,7 @@ def test_lm_head_fmt(dev, rng, label, v, d, fname, text_vocab):
     want = w64 @ x.astype(np.float64)
     want[text_vocab:] = -np.inf
     logits = dev.poisoned("logits", (v,), np.float32)
-    n_part = lm_head_partials(v)
+    n_part = lm_head_fmt_partials(v, d)
     pv, pi = dev.poisoned("pv", (n_part,), np.float32), dev.poisoned("pi", (n_part,), np.int32)
     ln = LmHeadFmt(logits, pv, pi, dev.upload("x", x), w, vocab_size=v, dim=d, text_vocab=text_vocab)
     nt = dev.poisoned("next_token", (1,), np.int32)

@@ -37,7 +37,7 @@ def _ids(names, base=256):
 
 def test_file_stores_the_eog_set_and_text_vocab(tiny):
     with NanoqwenFile(tiny) as f:
-        assert f.header.version == nanoqwen.VERSION == 3
+        assert f.header.version == nanoqwen.VERSION == 4
         assert f.text_vocab == TEXT_VOCAB
         assert f.eog_ids == _ids(EOG_NAMES)
         tok = Tokenizer.from_json(f.tokenizer_json)
@@ -68,7 +68,7 @@ def _patch(path, off, fmt, *vals):
 
 
 @pytest.mark.parametrize("off,fmt,vals,expect", [
-    (8, "<I", (4,), "header field version: 4, this drvqwen reads versions 1, 2, 3 (written by a newer drvqwen"),
+    (8, "<I", (5,), "header field version: 5, this drvqwen reads versions 1, 2, 3, 4 (written by a newer drvqwen"),
     (156, "<I", (0,), "header field text_vocab: 0, must be in [1, 512]"),
     (156, "<I", (513,), "header field text_vocab: 513"),
     (160, "<I", (13,), "header field n_eog: 13, at most 12"),

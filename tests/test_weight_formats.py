@@ -80,12 +80,34 @@ def test_planes_pack_and_unpack(fid, rng):
     assert np.array_equal(wf.unpack_codes(fmt, parts["qweight"], parts.get("qhigh")), codes)
 
 
+# Bytes per weight of each GGUF type, as ggml defines its blocks: (block bytes, block inputs).
+GGUF_BYTES = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q5_0": (22, 32), "Q5_1": (24, 32), "Q8_0": (34, 32),
+              "Q4_K": (144, 256), "Q5_K": (176, 256), "Q6_K": (210, 256)}
+
+
+@pytest.mark.parametrize("type_name", list(GGUF_BYTES))
+def test_each_gguf_type_is_stored_in_the_gguf_bytes(type_name):
+    fmt = wf.EXACT_FOR_GGUF[type_name]
+    nbytes, inputs = GGUF_BYTES[type_name]
+    assert GGML_QUANT_SIZES[GGMLQuantizationType[type_name]] == (inputs, nbytes)
+    n, k = 7, 1536
+    assert wf.parts_nbytes(fmt, n, k) == n * k * nbytes // inputs
+    assert fmt.bits_per_weight == 8 * nbytes / inputs
+
+
 def test_bits_per_weight_of_each_format():
     got = {f.name: f.bits_per_weight for f in wf.FORMATS.values()}
     assert got["int4_g128"] == 4.125 and got["q5_g32"] == 5.5 and got["q8_g32"] == 8.5
-    assert got["q4_g32_kmin"] == 6.0 and got["q6_g16_k"] == 8.0
+    assert got["q4_k"] == 4.5 and got["q5_k"] == 5.5 and got["q6_k"] == 6.5625
     for f in wf.FORMATS.values():
         assert wf.parts_nbytes(f, 64, 512) * 8 == f.bits_per_weight * 64 * 512
+
+
+def test_k_quants_need_whole_super_blocks():
+    for name in ("q4_k", "q5_k", "q6_k"):
+        fmt = next(f for f in wf.FORMATS.values() if f.name == name)
+        assert fmt.fits(256) and fmt.fits(4864) and not fmt.fits(896) and not fmt.fits(128)
+    assert wf.FORMATS[5].fits(896)
 
 
 def test_q8_requantization_error_bound(rng):
@@ -122,7 +144,7 @@ def mixed(tmp_path_factory):
 
 def test_source_conversion_keeps_every_value(mixed):
     source, f, report = mixed
-    assert f.header.version == 3 and not f.has_default_formats
+    assert f.header.version == 4 and not f.has_default_formats
     types = _mixed_types(f.config)
     for name, ty in types.items():
         prefix = name[: -len(".weight")]
@@ -156,11 +178,18 @@ def test_int4_policy_gives_the_default_formats(mixed, tmp_path):
     assert f.has_default_formats and f.formats == default_formats(f.config)
 
 
-def test_gpu_weights_refuse_other_formats_before_any_allocation(mixed):
-    from drvqwen.gpu_weights import GPUWeights
+def test_the_gpu_takes_every_format_and_names_a_weight_it_cannot(mixed, monkeypatch):
+    """Every format of a mixed file runs on the GPU (gemv_fmt.cu); a format without a kernel is
+    refused before any allocation, naming the weight and its format."""
+    from drvqwen.gpu_weights import GPUWeights, check_gpu_formats
+    from drvqwen.launchers import gemv_fmt
 
     _, f, _ = mixed
-    with pytest.raises(FormatError, match=r"run on the CPU reference only.*--weights int4"):
+    assert check_gpu_formats(f) is None
+    used = sorted({fid for fid in f.formats.values() if fid != wf.PLAIN})
+    monkeypatch.setattr(gemv_fmt, "GPU_FORMAT_IDS", frozenset(gemv_fmt.GPU_FORMAT_IDS) - {used[-1]})
+    prefix = next(p for p, fid in f.formats.items() if fid == used[-1])
+    with pytest.raises(FormatError, match=rf"{prefix} is stored in weight format {wf.FORMATS[used[-1]].name}"):
         GPUWeights(f)
 
 
@@ -211,7 +240,7 @@ def test_a_consistent_but_wrong_format_is_refused_by_shape(mixed, tmp_path):
     _, f, _ = mixed
     p = "model.layers.0.mlp.down_proj"
     path = f.path
-    for part in (".qweight", ".qhigh", ".scales", ".offsets"):
+    for part in wf.PART_SUFFIXES:
         if p + part in f.tensors:
             path = _set_format(path, tmp_path / f"w{part}.nanoqwen", p + part, wf.INT4_G128.id)
     with pytest.raises(FormatError, match=f"tensor {p}"):

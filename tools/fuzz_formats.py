@@ -7,8 +7,8 @@
     PYTHONPATH=src python3 tools/fuzz_formats.py --replay 1:4521 -v        # one case again
 
 Every case is a pure function of (seed, index): a seed file — a small synthetic model as
-`.nanoqwen` (format version 3 with the default formats and with per-tensor formats, copies in
-versions 2 and 1, one with YaRN RoPE scaling) or as GGUF (F32/F16/Q8_0 and one type per tensor,
+`.nanoqwen` (format version 4 with the default formats and with per-tensor formats, K-quants
+included, copies in versions 3, 2 and 1, one with YaRN RoPE scaling) or as GGUF (F32/F16/Q8_0 and one type per tensor,
 little- and big-endian, tied or not), or a real model when given — one mutation, and one command
 (`convert` with `--weights int4` or `source`):
 
@@ -78,8 +78,9 @@ def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> d
     from drvqwen.format.convert import convert
     from drvqwen.format.tensor_set import expected_tensors, weight_shapes
     from drvqwen.format.nanoqwen_writer import NanoqwenWriter, write_legacy_copy
+    from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import (minimal_tokenizer_json, synthetic_dense, synthetic_tensor,
-                                          write_synthetic_gguf)
+                                          write_synthetic, write_synthetic_gguf)
 
     d.mkdir(parents=True, exist_ok=True)
     cfg = small_config()
@@ -101,8 +102,11 @@ def build_corpus(d: Path, real_nanoqwen: str | None, real_gguf: str | None) -> d
         for name, (dt, shape) in expected_tensors(yarn_cfg).items():
             w.add(name, synthetic_tensor(name, dt, shape, rng))
     out["syn_yarn.nanoqwen"] = yq
-    for v in (1, 2):
+    for v in (1, 2, 3):
         out[f"syn_v{v}.nanoqwen"] = write_legacy_copy(nq, d / f"syn_v{v}.nanoqwen", v)
+    # llama.cpp's Q4_K_M recipe: q4_k, q6_k (K = 256) and their 32-input fallbacks (K = 128).
+    out["syn_q4km.nanoqwen"] = write_synthetic(d / "syn_q4km.nanoqwen", cfg, 20241, minimal_tokenizer_json(),
+                                               formats=recipe_formats(cfg, "q4_k_m"))
     dense = synthetic_dense(cfg, rng)
     mixed = ("Q5_0", "Q8_0", "Q4_1", "Q4_0", "Q5_1")
     types = {p + ".weight": mixed[i % len(mixed)] for i, p in enumerate(weight_shapes(cfg))}
@@ -169,7 +173,7 @@ def nanoqwen_layout(path: Path) -> Layout:
                    Field("rope_factor", 220, "<d"), Field("rope_beta_fast", 228, "<f"),
                    Field("rope_beta_slow", 232, "<f"), Field("rope_attention_factor", 236, "<d"),
                    Field("rope_flags", 244, "<I")]
-    # Table records: u16 name length, name, u8 dtype, [u8 format id: version 3], u8 ndim, ndim × u64,
+    # Table records: u16 name length, name, u8 dtype, [u8 format id: versions 3, 4], u8 ndim, ndim × u64,
     # u64 offset, u64 nbytes, u32 crc.
     tab = raw[table_off:table_off + table_size] if len(raw) >= table_off + table_size else \
         _read_range(path, table_off, table_size)

@@ -3,6 +3,11 @@
 
     PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --seed 1 -o /tmp/syn7b.nanoqwen
     PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --layers 2 -o /tmp/syn7b_2l.nanoqwen
+    PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --recipe q4_k_m -o /tmp/syn7b-q4km.nanoqwen
+
+--recipe q4_k_m writes every weight in the format of the GGUF type llama.cpp's Q4_K_M recipe
+gives it (format/recipes.py): the layout of the file a 7B user downloads. The default, int4,
+is drvqwen's INT4 g128 projections with FP16 embedding and lm_head.
 
 --tokenizer takes a tokenizer.json or a .nanoqwen to copy the real tokenizer from; without it
 a minimal byte-level tokenizer is embedded (enough for speed runs, which ignore the text).
@@ -18,9 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from drvqwen.config import PRESETS
 from drvqwen.format.nanoqwen import MAGIC, NanoqwenFile
+from drvqwen.format.recipes import RECIPES, recipe_formats
 from drvqwen.format.synthetic import minimal_tokenizer_json, write_synthetic
-
-
 
 
 def main() -> int:
@@ -28,6 +32,7 @@ def main() -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     ap.add_argument("--layers", type=int, help="override the layer count")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--recipe", choices=RECIPES, default="int4", help="the weight formats (see above)")
     ap.add_argument("--tokenizer", help="tokenizer.json, or a .nanoqwen to take it from")
     ap.add_argument("-o", "--output", required=True)
     a = ap.parse_args()
@@ -45,9 +50,10 @@ def main() -> int:
                   TimeElapsedColumn(), console=con) as prog:
         task = prog.add_task("writing", total=None)
         write_synthetic(a.output, cfg, a.seed, tok,
-                        progress=lambda n, i, t: prog.update(task, completed=i, total=t))
+                        progress=lambda n, i, t: prog.update(task, completed=i, total=t),
+                        formats=recipe_formats(cfg, a.recipe))
     size = Path(a.output).stat().st_size
-    con.print(f"wrote {a.output}: {size / 1e9:.2f} GB, {cfg.num_layers} layers, seed {a.seed}, "
+    con.print(f"wrote {a.output}: {size / 1e9:.2f} GB, {cfg.num_layers} layers, {a.recipe}, seed {a.seed}, "
               f"{time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -73,7 +73,7 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
-                                 fmt_weight)
+                                 fmt_weight, lm_head_fmt_partials)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, LM_HEAD, default_formats, proj_prefix
 from .layer_weights import LayerWeights
@@ -196,7 +196,8 @@ class DecodePlan:
         return sum(-(-b.nbytes // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES for b in self.buffers.values())
 
 
-def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[int, ...]]) -> dict[str, BufferSpec]:
+def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[int, ...]],
+                      lm_partials: int) -> dict[str, BufferSpec]:
     D, F, V, Dh = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
     nq = cfg.q_dim
     shapes = {  # name: (shape, dtype)
@@ -204,7 +205,7 @@ def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[i
         "block_table": ((n_pages,), np.int32), "inv_freq": ((Dh // 2,), np.float32),
         "residual": ((D,), np.float32), "xn": ((D,), np.float16), "q": ((nq,), np.float16),
         "attn": ((nq,), np.float16), "h": ((F,), np.float16), "logits": ((V,), np.float32),
-        "part_val": ((lm_head_partials(V),), np.float32), "part_idx": ((lm_head_partials(V),), np.int32),
+        "part_val": ((lm_partials,), np.float32), "part_idx": ((lm_partials,), np.int32),
         **{name: (shape, np.float32) for name, shape in partials.items()},
     }
     return {name: BufferSpec(name, s, d) for name, (s, d) in shapes.items()}
@@ -249,9 +250,11 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     else:
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
-    a = _activation_specs(cfg, n_pages, partials)
     per_tensor = formats is not None and {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} != default_formats(cfg)
     fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
+    lm_in_format = fm is not None and fm[LM_HEAD] != wf.PLAIN
+    a = _activation_specs(cfg, n_pages, partials,
+                          lm_head_fmt_partials(V, D, occupancy) if lm_in_format else lm_head_partials(V))
     weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
     plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor))

@@ -204,15 +204,16 @@ def load_backend(opened: OpenedModel, max_context: int, *, cache_tokens: int | N
 
 # ---- what the path shows on the way -------------------------------------------------------------
 
-def convert_with_progress(src: Path, dst: Path, weights: str = "int4", per_tensor: bool = False):
+def convert_with_progress(src: Path, dst: Path, weights: str | None = None, per_tensor: bool = False):
     """Convert `src` to `dst` (format.convert) with a progress bar, then the tables of weight
-    formats and reconstruction errors (`print_quant_summary`); returns the report.
+    formats and reconstruction errors (`print_quant_summary`); returns the report. weights:
+    the policy (format.convert.WEIGHT_POLICIES), None for DEFAULT_WEIGHTS.
 
     Raises:
         DrvqwenError: a bad source (before the bar is drawn); a folder that cannot take the
             file or has no room for it.
     """
-    from .format.convert import check_destination, convert, open_source
+    from .format.convert import DEFAULT_WEIGHTS, check_destination, convert, open_source
 
     err = _err()
     src = open_source(src)          # bad input fails here, before a progress bar is drawn
@@ -223,7 +224,7 @@ def convert_with_progress(src: Path, dst: Path, weights: str = "int4", per_tenso
         def cb(name, done, total):
             p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
 
-        report = convert(src, dst, progress=cb, weights=weights)
+        report = convert(src, dst, progress=cb, weights=weights or DEFAULT_WEIGHTS)
     print_quant_summary(report, per_tensor)
     return report
 
@@ -241,6 +242,8 @@ def print_quant_summary(report, per_tensor: bool = False) -> None:
         t.add_row(row.source_type, row.format_name, str(row.count), bpw,
                   "exact" if row.exact else "re-quantized")
     err.print(t)
+    for tensor, ty, fmt in report.fallbacks:
+        err.print(f"{tensor}: GGUF type {ty} has no exact drvqwen format: re-quantized to {fmt}", soft_wrap=True)
     err.print(f"bytes read per decode token: {report.bytes_per_token / 1e6:.1f} MB")
     t = Table(title="reconstruction error (‖W−Ŵ‖/‖W‖; 0 where the source's values are kept)", show_lines=False)
     if per_tensor:

@@ -33,6 +33,7 @@ from typing import Callable
 from .errors import DrvqwenError, FormatError
 from .format import quant
 from .format.convert import convert, hf_source_files
+from .format import DEFAULT_WEIGHTS
 from .format.nanoqwen import MAGIC, VERSION, NanoqwenFile
 from .paths import atomic_write_bytes, models_dir, state_dir
 
@@ -187,9 +188,10 @@ def conversion_path(src: Path, digest: str, mdir: Path) -> Path:
     """Where the conversion of a source with content `digest` lives in the cache:
     `<source name>-<key>.nanoqwen`, the source's name for people (`cache_name`), the key
     (16 hex digits) of its content and of everything that changes the converted bytes
-    (format version, layout, quantizer) for the lookup."""
+    (format version, layout, quantizer, weight policy) for the lookup: a conversion by an
+    older drvqwen is never found under a newer key, and is converted again."""
     key = hashlib.sha256(f"{digest}:format-{VERSION}:layout-{quant.LAYOUT_ID}:"
-                         f"quantizer-{quant.QUANTIZER_VERSION}".encode()).hexdigest()[:16]
+                         f"quantizer-{quant.QUANTIZER_VERSION}:weights-{DEFAULT_WEIGHTS}".encode()).hexdigest()[:16]
     return mdir / f"{cache_name(src)}-{key}.nanoqwen"
 
 
@@ -265,7 +267,7 @@ def conversion_of_name(name: str, mdir: Path) -> Path | None:
     for p in mdir.glob("*.nanoqwen"):
         rec = read_conversion_record(p)
         if (rec.get("name") != name or rec.get("format") != VERSION or rec.get("layout") != quant.LAYOUT_ID
-                or rec.get("quantizer") != quant.QUANTIZER_VERSION):
+                or rec.get("quantizer") != quant.QUANTIZER_VERSION or rec.get("weights", "int4") != DEFAULT_WEIGHTS):
             continue
         if Path(rec.get("source", "")).exists():
             return None
@@ -279,7 +281,7 @@ def conversion_of_name(name: str, mdir: Path) -> Path | None:
 
 def _record_conversion(dst: Path, src: Path, digest: str, origin: str | None = None) -> None:
     data = {"source": str(src.resolve()), "digest": digest, "format": VERSION,
-            "quantizer": quant.QUANTIZER_VERSION, "layout": quant.LAYOUT_ID}
+            "quantizer": quant.QUANTIZER_VERSION, "layout": quant.LAYOUT_ID, "weights": DEFAULT_WEIGHTS}
     if origin is not None:
         data["name"] = origin
     try:

@@ -45,6 +45,15 @@ def _format_counts(f) -> str:
     return ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items()))
 
 
+def _bytes_per_token(f) -> str:
+    """The bytes one decode token reads (every layer's weights, norms and biases, lm_head, one
+    embedding row), next to the file size."""
+    from .format.convert import bytes_per_token
+
+    b = bytes_per_token(f.tensors.values(), f.config)
+    return f"{b:,} B ({b / 1e6:.1f} MB; the file is {f.header.file_size / 1e6:.1f} MB)"
+
+
 def cmd_info(args) -> int:
     """`drvqwen info`: the file's tables on stdout (--verify: its CRCs checked); 0.
 
@@ -67,6 +76,7 @@ def cmd_info(args) -> int:
             ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"
              + ("" if f.has_default_formats else " (default; per-tensor formats below)")),
             ("weight formats", _format_counts(f)),
+            ("bytes per decode token", _bytes_per_token(f)),
             ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
             ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
              if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
@@ -112,10 +122,12 @@ def register(sub) -> None:
     c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128, or a GGUF's own formats)")
     c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
     c.add_argument("-o", "--output", required=True, help="the .nanoqwen file to write")
-    c.add_argument("--weights", choices=("int4", "source"), default="int4",
-                   help="int4 (default): every projection INT4 g128, embedding and lm_head FP16 (what "
-                        "the GPU kernels run); source: a GGUF's tensors kept in formats that hold "
-                        "their values exactly (docs/quantization.md; CPU reference only for now)")
+    from .format import DEFAULT_WEIGHTS, WEIGHT_POLICIES
+
+    c.add_argument("--weights", choices=WEIGHT_POLICIES, default=DEFAULT_WEIGHTS,
+                   help=f"int4: every projection INT4 g128, embedding and lm_head FP16; source: a "
+                        f"GGUF's tensors kept in formats that hold their values exactly "
+                        f"(docs/quantization.md). Default: {DEFAULT_WEIGHTS}")
     c.add_argument("--per-tensor", action="store_true", help="print the error of every tensor")
     c.add_argument("--report-json", help="write per-tensor quantization errors as JSON")
     c.set_defaults(fn=cmd_convert)

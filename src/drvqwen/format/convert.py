@@ -1,13 +1,14 @@
 """`drvqwen convert`: an HF checkpoint folder or a GGUF file → one `.nanoqwen` file.
 
-Two weight policies (docs/quantization.md):
-- `int4` (the default): the seven projections of every layer are quantized to INT4 g128
+Two weight policies (docs/quantization.md); DEFAULT_WEIGHTS is the one used when none is named:
+- `int4`: the seven projections of every layer are quantized to INT4 g128
   (format/quant.py); embedding, norms, biases and lm_head are stored as FP16. The formats the
   GPU kernels run.
 - `source` (a GGUF): every quantized tensor keeps its GGUF blocks' values in the format that
   holds them exactly (format/weight_formats.py, gguf_blocks.py) — projections, embedding and
   lm_head alike; F32 vectors stay F32. Types without such a format are re-quantized (F32/F16/
-  BF16 projections to INT4 g128, other quantized types to 8 bits, group 32) and reported so.
+  BF16 projections to INT4 g128, other quantized types to 8 bits, group 32) and reported so,
+  by tensor and type (ConvertReport.fallbacks).
   From an HF folder `source` is `int4`: a bf16 checkpoint has no blocks to keep.
 Tensors are streamed one at a time, so peak host memory is one source tensor in float32 plus
 its packed copy, not the model twice.
@@ -26,14 +27,13 @@ import numpy as np
 from ..config import QwenConfig
 from ..errors import DrvqwenError, FormatError
 from ..paths import ensure_free_space, ensure_writable
-from . import gguf_blocks, quant
+from . import DEFAULT_WEIGHTS, WEIGHT_POLICIES, gguf_blocks, quant
 from . import weight_formats as wf
 from .sources import _PLAIN_FLOAT_TYPES, GGUFSource, HFSource, gguf_name, hf_source_files, open_source  # noqa: F401
 from .nanoqwen import vocab_facts
 from .tensor_set import ATTN_PROJ, EMBED, LM_HEAD, MLP_PROJ, default_formats, expected_tensors, weight_shapes
 from .nanoqwen_writer import NanoqwenWriter, estimated_file_size
 
-WEIGHT_POLICIES = ("int4", "source")
 
 FP16_MAX = 65504.0
 
@@ -70,6 +70,9 @@ class ConvertReport:
     # Bytes one decode token reads: every layer's weights, norms, biases, lm_head, and one
     # embedding row (the file's own sizes).
     bytes_per_token: int = 0
+    # Weights of the `source` policy whose GGUF type has no exact format: (GGUF tensor name,
+    # its type, the format it was re-quantized to).
+    fallbacks: list[tuple[str, str, str]] = field(default_factory=list)
 
     def note(self, source_type: str, fmt: wf.WeightFormat | None, exact: bool) -> None:
         key = (source_type, fmt.name if fmt else "dense")
@@ -132,7 +135,7 @@ def check_destination(source, out: Path, cfg: QwenConfig | None = None,
                       f"converting to {out.name}")
 
 
-def plan_formats(source, cfg: QwenConfig, weights: str = "int4") -> dict[str, int]:
+def plan_formats(source, cfg: QwenConfig, weights: str = DEFAULT_WEIGHTS) -> dict[str, int]:
     """Weight prefix → format id for converting `source` under the policy `weights` (module doc).
 
     Raises:
@@ -165,7 +168,7 @@ def _source_type(source, name: str) -> str:
     return source.type_name(name) if source.kind == "gguf" else "HF"
 
 
-def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: ConvertReport) -> None:
+def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: ConvertReport, weights: str) -> None:
     """Convert one quantized weight into format `fid`, write its parts, record error and mapping."""
     fmt = wf.FORMATS[fid]
     ty = _source_type(source, prefix + ".weight")
@@ -173,6 +176,8 @@ def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: Conv
     if not np.isfinite(wf32).all():
         raise FormatError(f"{source_name(source)}: tensor {prefix}.weight has NaN/Inf values")
     exact = source.kind == "gguf" and gguf_blocks.exact_format(ty) is fmt
+    if weights == "source" and source.kind == "gguf" and not exact and ty not in _PLAIN_FLOAT_TYPES + ("BF16",):
+        report.fallbacks.append((gguf_name(prefix + ".weight"), ty, fmt.name))
     if exact:
         _, p = source.blocks(prefix)
         parts = wf.pack_codes(fmt, p.pop("codes")) | p
@@ -190,7 +195,7 @@ def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: Conv
 
 
 def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int], None] | None = None,
-            num_layers: int | None = None, weights: str = "int4") -> ConvertReport:
+            num_layers: int | None = None, weights: str = DEFAULT_WEIGHTS) -> ConvertReport:
     """Convert `src` (HF folder or GGUF file, or a source from `open_source`) into the
     `.nanoqwen` file `out`.
 
@@ -216,7 +221,7 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
         for n_done, name in enumerate(steps, 1):
             prefix = wf.weight_prefix(name)
             if prefix is not None:
-                _write_weight(w, source, prefix, formats[prefix], report)
+                _write_weight(w, source, prefix, formats[prefix], report, weights)
             else:
                 dt = _dense_dtype(source, name, weights)
                 a = source.get(name)

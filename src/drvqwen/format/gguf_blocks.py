@@ -1,11 +1,11 @@
-"""GGUF quantized blocks → codes, scales and offsets of the drvqwen format that holds them.
+"""GGUF quantized blocks → codes and the stored scale parts of the drvqwen format that holds them.
 
 Each reader below follows the block layout of the `gguf` package's dequantizer for that type
 (gguf-py `gguf/quants.py`, itself ggml's `ggml-quants.c`), but stops before the multiplication:
-it returns the integer codes c [N, K] and the per-group scale (and offset), so that
-`weight_formats.dequantize_parts` then computes the very same float32 products. The K-quant
-scales d·sc (and −dmin·m) are formed in float32 exactly as gguf-py forms them: an fp16 value
-times a 6- or 8-bit integer, exact in float32.
+it returns the integer codes c [N, K] and the block's scale fields as the format stores them —
+fp16 scale (and offset) per group for the flat formats; for the K-quants the fp16 d (and dmin)
+and the integer sub-block scale bytes, copied as they are — so that
+`weight_formats.dequantize_weight` then computes the very same float32 products.
 
 Byte layouts (little-endian; one row of K inputs is K / block_size blocks back to back):
 
@@ -30,18 +30,9 @@ from .weight_formats import EXACT_FOR_GGUF, WeightFormat
 _SHIFT_LO_HI = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
 
 
-def _f16(b: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
-
-
-def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K: twelve bytes → eight 6-bit sub-block scales and mins (gguf-py get_scale_min)."""
-    n = scales.shape[0]
-    s = scales.reshape(n, 3, 4)
-    d, m, m_d = s[:, 0], s[:, 1], s[:, 2]
-    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    return sc.reshape(n, 8), mn.reshape(n, 8)
+def _f16_bits(b: np.ndarray) -> np.ndarray:
+    """Bytes [n, 2j] → fp16 [n, j], bit for bit."""
+    return np.ascontiguousarray(b).view(np.float16)
 
 
 def _nibbles(qs: np.ndarray, span: int) -> np.ndarray:
@@ -56,44 +47,42 @@ def _bits(words: np.ndarray, count: int) -> np.ndarray:
 
 
 def read_q4_0(b):
-    return _nibbles(b[:, 2:], 16), _f16(b[:, 0:2]), None
+    return _nibbles(b[:, 2:], 16), {"scales": _f16_bits(b[:, 0:2])}
 
 
 def read_q4_1(b):
-    return _nibbles(b[:, 4:], 16), _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    return _nibbles(b[:, 4:], 16), {"scales": _f16_bits(b[:, 0:2]), "offsets": _f16_bits(b[:, 2:4])}
 
 
 def read_q5_0(b):
     qh = np.ascontiguousarray(b[:, 2:6]).view(np.uint32)
-    return _nibbles(b[:, 6:], 16) | (_bits(qh, 32) << 4), _f16(b[:, 0:2]), None
+    return _nibbles(b[:, 6:], 16) | (_bits(qh, 32) << 4), {"scales": _f16_bits(b[:, 0:2])}
 
 
 def read_q5_1(b):
     qh = np.ascontiguousarray(b[:, 4:8]).view(np.uint32)
-    return _nibbles(b[:, 8:], 16) | (_bits(qh, 32) << 4), _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    return (_nibbles(b[:, 8:], 16) | (_bits(qh, 32) << 4),
+            {"scales": _f16_bits(b[:, 0:2]), "offsets": _f16_bits(b[:, 2:4])})
 
 
 def read_q8_0(b):
     codes = (b[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return codes, _f16(b[:, 0:2]), None
+    return codes, {"scales": _f16_bits(b[:, 0:2])}
 
 
-def _k_scales(b):
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, mn = _k_scale_min(b[:, 4:16])
-    return d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))
+def _k_parts(b):
+    """Q4_K/Q5_K: (d, dmin) and the 12 scale bytes, as they are."""
+    return {"scales": np.ascontiguousarray(b[:, 4:16]), "superscales": _f16_bits(b[:, 0:4])}
 
 
 def read_q4_k(b):
-    s, o = _k_scales(b)
-    return _nibbles(b[:, 16:], 32), s, o
+    return _nibbles(b[:, 16:], 32), _k_parts(b)
 
 
 def read_q5_k(b):
-    s, o = _k_scales(b)
     n = b.shape[0]
     qh = b[:, 16:48].reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)
-    return _nibbles(b[:, 48:], 32) | ((qh & 1).reshape(n, -1) << 4), s, o
+    return _nibbles(b[:, 48:], 32) | ((qh & 1).reshape(n, -1) << 4), _k_parts(b)
 
 
 def read_q6_k(b):
@@ -101,8 +90,8 @@ def read_q6_k(b):
     ql = _nibbles(b[:, :128], 64)                                             # [n, 256]
     qh = b[:, 128:192].reshape(n, -1, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     codes = ql | ((qh & 3).reshape(n, -1) << 4)
-    sc = b[:, 192:208].view(np.int8).astype(np.float32)
-    return codes, _f16(b[:, 208:210]) * sc, None
+    return codes, {"scales": np.ascontiguousarray(b[:, 192:208]).view(np.int8),
+                   "superscales": _f16_bits(b[:, 208:210])}
 
 
 READERS = {"Q4_0": read_q4_0, "Q4_1": read_q4_1, "Q5_0": read_q5_0, "Q5_1": read_q5_1,
@@ -115,8 +104,9 @@ def exact_format(type_name: str) -> WeightFormat | None:
 
 
 def read_blocks(type_name: str, data: np.ndarray, n: int, k: int) -> tuple[WeightFormat, dict[str, np.ndarray]]:
-    """A GGUF tensor's raw bytes → (format, parts) with parts {"codes" uint8 [n, k],
-    "scales" [n, k/g] in the format's scale dtype, "offsets" …} (no "offsets" when symmetric).
+    """A GGUF tensor's raw bytes → (format, parts) with parts {"codes" uint8 [n, k]} and the
+    format's stored scale parts ("scales", "offsets", "superscales": those it has) in the
+    dtypes and shapes of `format.tensors` (weight_formats.py).
 
     Args:
         type_name: the GGML type's name (`Q5_0` …), one of READERS.
@@ -132,9 +122,11 @@ def read_blocks(type_name: str, data: np.ndarray, n: int, k: int) -> tuple[Weigh
     raw = np.ascontiguousarray(np.asarray(data).view(np.uint8)).reshape(-1)
     if k % bs or raw.size != n * k // bs * ts:
         raise ValueError(f"{type_name}: {raw.size} bytes do not hold a [{n}, {k}] tensor")
-    codes, s, o = READERS[type_name](raw.reshape(-1, ts))
-    parts = {"codes": codes.reshape(n, k).astype(np.uint8),
-             "scales": s.reshape(n, k // fmt.group).astype(fmt.scale_dtype)}
-    if fmt.offset_dtype is not None:
-        parts["offsets"] = o.reshape(n, k // fmt.group).astype(fmt.offset_dtype)
+    codes, stored = READERS[type_name](raw.reshape(-1, ts))
+    # Blocks run along each row, so the block-major fields are already in row-major order.
+    parts = {"codes": codes.reshape(n, k).astype(np.uint8)}
+    for name, (dt, shape) in fmt.tensors("w", n, k).items():
+        part = name.rsplit(".", 1)[1]
+        if part in stored:
+            parts[part] = stored[part].reshape(shape).astype(dt, copy=False)
     return fmt, parts

@@ -18,13 +18,17 @@ would cost seconds.
 
 The header's fields, offset by offset, are in docs/file-format.md (and in _HEADER / _HEADER_V2
 below). Version 2 added text_vocab, the end-of-generation ids and the RoPE scaling (bytes
-156 … 251); version 3 adds a weight format id to every table record (weight_formats.py): each
-matrix weight is stored in its own format, INT4 g128 by default.
+156 … 251); version 3 added a weight format id to every table record (weight_formats.py): each
+matrix weight is stored in its own format, INT4 g128 by default. Version 4 has version 3's
+records, with the K-quants in their two-level form (formats 10–12, uint8/int8 scale tensors)
+and the high-bit plane of 5- and 6-bit codes in the layout of weight_formats.py.
 
 Version 1 and 2 files still open: their projections are INT4 g128 and everything else FP16
 (the default formats); a version-1 file's end-of-generation set and text vocabulary are
 derived from the embedded tokenizer by the rules the converter applies (`Tokenizer.eog_ids`,
-`Tokenizer.text_vocab_size`). The writer (nanoqwen_writer.py) always writes version 3.
+`Tokenizer.text_vocab_size`). A version-3 file opens when its weights are all in formats whose
+layout version 4 kept (V3_FORMATS); the others need converting again. The writer
+(nanoqwen_writer.py) always writes version 4.
 """
 
 from __future__ import annotations
@@ -47,8 +51,10 @@ from . import weight_formats as wf
 from .tensor_set import EMBED, LM_HEAD, default_formats, expected_tensors, weight_shapes
 
 MAGIC = b"NANOQWEN"
-VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
+# The formats of a version-3 file that mean the same in version 4 (no qhigh plane, flat scales).
+V3_FORMATS = (1, 2, 3, 9)
 HEADER_SIZE = 256
 # 4 KiB: a page for mmap, and comfortably above the 256-byte alignment that 128-bit vector
 # loads, TMA (16 B) and cuMemcpy fast paths want.
@@ -68,12 +74,13 @@ ROPE_YARN = 1
 ROPE_FLAG_TRUNCATE = 1
 
 # dtype codes of the tensor table
-DTYPES: dict[int, np.dtype] = {1: np.dtype("<f2"), 2: np.dtype("<f4"), 3: np.dtype("<u4")}
+DTYPES: dict[int, np.dtype] = {1: np.dtype("<f2"), 2: np.dtype("<f4"), 3: np.dtype("<u4"),
+                               4: np.dtype("u1"), 5: np.dtype("i1")}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 _REC_FIXED = struct.Struct("<H")        # name length, then name bytes
 _REC_TAIL = struct.Struct("<BB")        # dtype code, ndim; then ndim u64 dims (versions 1, 2)
-_REC_TAIL_V3 = struct.Struct("<BBB")    # dtype code, weight format id, ndim (version 3)
+_REC_TAIL_V3 = struct.Struct("<BBB")    # dtype code, weight format id, ndim (versions 3, 4)
 _REC_END = struct.Struct("<QQI")        # offset, nbytes, crc32
 
 
@@ -131,7 +138,7 @@ def formats_of(path: Path, cfg: QwenConfig, infos: dict[str, TensorInfo]) -> dic
 def check_tensor_set(path: Path, cfg: QwenConfig, infos: dict[str, TensorInfo]) -> dict[str, int]:
     """The table holds exactly the tensors of a Qwen2 model of `cfg` in the formats its records
     name, each with the dtype and shape those require (dense tensors FP16, or FP32 in a
-    version-3 file). Returns the formats (formats_of).
+    file of version 3 or later). Returns the formats (formats_of).
 
     Raises:
         FormatError: names the file and the first tensor that is missing, unexpected or wrong.
@@ -313,6 +320,9 @@ def _parse_table(path: Path, h: Header, raw: bytes) -> dict[str, TensorInfo]:
                 raise FormatError(f"{path}: tensor {name}: bytes [{off}, {off + nbytes}) outside the data region")
             if name in infos:
                 raise FormatError(f"{path}: tensor {name} listed twice")
+            if h.version == 3 and fid not in (wf.PLAIN,) + V3_FORMATS:
+                raise FormatError(f"{path}: tensor {name}: format id {fid} of a version-3 file, whose "
+                                  f"layout this drvqwen changed: convert the model again")
             infos[name] = TensorInfo(name, dt, tuple(shape), off, nbytes, crc, fid)
     except (struct.error, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: tensor table malformed ({e})") from None

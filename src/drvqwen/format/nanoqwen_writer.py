@@ -94,7 +94,7 @@ class NanoqwenWriter:
             self.abort()
 
     def add(self, name: str, array: np.ndarray, format_id: int | None = None) -> TensorInfo:
-        """Append one tensor (float16, float32 or uint32; any shape). format_id: the weight
+        """Append one tensor (float16, float32, uint32, uint8 or int8; any shape). format_id: the weight
         format of a quantized weight's part (weight_formats.FORMATS), 0 for a dense tensor;
         None: INT4 g128 for a part's name (`.qweight`, `.scales` …), else 0.
         Returns its table entry."""
@@ -208,27 +208,35 @@ def _pack_header(cfg: QwenConfig, *, n_tensors, table_off, table_size, tok_off, 
 
 
 def write_legacy_copy(src: str | Path, dst: str | Path, version: int) -> Path:
-    """Write a version-1 or -2 copy of the version-3 file `src` (whose formats must be the
-    defaults: version 1/2 tables carry no format ids), for the tests and the format fuzzer that
-    check old files still open. Version 1 also zeroes the header fields from byte 156 on.
+    """Write a copy of the current-version file `src` as format version 1, 2 or 3, for the
+    tests and the format fuzzer that check old files still open (or are refused). Versions
+    1 and 2 have no format ids in the table, so `src`'s formats must be the defaults; version 1
+    also zeroes the header fields from byte 156 on. A version-3 copy keeps the table as it is
+    (the reader then refuses the formats whose layout changed since).
 
     Raises:
-        FormatError: `src` has per-tensor formats a version-2 table cannot express, or a bad version.
+        FormatError: `src` has per-tensor formats a version-1/2 table cannot express, or a bad version.
     """
     from .nanoqwen import _HEADER_CRC_AT, NanoqwenFile
 
-    if version not in (1, 2):
-        raise FormatError(f"write_legacy_copy: version {version}, expected 1 or 2")
+    if version not in (1, 2, 3):
+        raise FormatError(f"write_legacy_copy: version {version}, expected 1, 2 or 3")
+    raw = bytearray(Path(src).read_bytes())
+    if version == 3:
+        struct.pack_into("<I", raw, 8, version)
+        struct.pack_into("<I", raw, _HEADER_CRC_AT, zlib.crc32(bytes(raw[:_HEADER_CRC_AT])))
+        Path(dst).write_bytes(bytes(raw))
+        return Path(dst)
     f = NanoqwenFile(src)
     if not f.has_default_formats:
-        raise FormatError(f"{src}: per-tensor formats need format version 3")
+        raise FormatError(f"{src}: per-tensor formats need format version 3 or later")
     infos = list(f.tensors.values())
     f.close()
     h = f.header
     table = b"".join(_REC_FIXED.pack(len(i.name.encode())) + i.name.encode() + _REC_TAIL.pack(DTYPE_CODES[i.dtype], len(i.shape))
                      + struct.pack(f"<{len(i.shape)}Q", *i.shape) + _REC_END.pack(i.offset, i.nbytes, i.crc32)
                      for i in infos)
-    raw = bytearray(Path(src).read_bytes()[:h.table_offset])
+    raw = raw[:h.table_offset]
     raw += table
     hdr = bytearray(raw[:HEADER_SIZE])
     struct.pack_into("<I", hdr, 8, version)

@@ -9,7 +9,9 @@ directly takes seconds, where a 15 GB bf16 checkpoint plus its conversion takes 
 Values: INT4 codes uniform in [-8, 7] (std ≈ 4.6) with per-group scales around 0.02/4.6, so
 dequantized projections have std ≈ 0.02 (HF's initialisation); norms near 1; biases ~0.02; the
 embedding std 0.02 plus a few channels of large magnitude (~1e3–3e4, as real Qwen2 models
-carry) so that range problems in the FP32 residual stream and RMSNorm show up.
+carry) so that range problems in the FP32 residual stream and RMSNorm show up. A weight in
+another format (`formats`, e.g. llama.cpp's Q4_K_M recipe, format/recipes.py) takes
+`weight_formats.random_weight`'s values.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Callable
 import numpy as np
 
 from ..config import QwenConfig
-from .tensor_set import expected_tensors
+from . import weight_formats as wf
+from .tensor_set import expected_tensors, weight_shapes
 from .nanoqwen_writer import NanoqwenWriter
 
 CODE_STD = float(np.std(np.arange(-8, 8)))        # 4.61: std of uniform codes in [-8, 7]
@@ -63,15 +66,28 @@ def minimal_tokenizer_json() -> str:
 
 
 def write_synthetic(path: str | Path, cfg: QwenConfig, seed: int, tokenizer_json: str,
-                    progress: Callable[[str, int, int], None] | None = None) -> Path:
-    """Write a synthetic `.nanoqwen` for `cfg` from `seed` (deterministic). Returns the path."""
+                    progress: Callable[[str, int, int], None] | None = None,
+                    formats: dict[str, int] | None = None) -> Path:
+    """Write a synthetic `.nanoqwen` for `cfg` from `seed` (deterministic). formats: weight
+    prefix → format id (tensor_set.expected_tensors), default the default formats. Returns the
+    path."""
     rng = np.random.default_rng(seed)
-    names = expected_tensors(cfg)
+    names = expected_tensors(cfg, formats)
+    shapes = weight_shapes(cfg)
+    fid_of = formats or {}
+    parts: dict[str, np.ndarray] = {}
     # Every row may be chosen (text_vocab = vocab_size): speed does not depend on the text, and
     # a synthetic model's choice should range over the whole lm_head as a real one's does.
     with NanoqwenWriter(path, cfg, tokenizer_json, text_vocab=cfg.vocab_size) as w:
         for i, (name, (dt, shape)) in enumerate(names.items(), 1):
-            w.add(name, synthetic_tensor(name, dt, shape, rng))
+            prefix = wf.weight_prefix(name)
+            fid = fid_of.get(prefix, wf.INT4_G128.id) if prefix else wf.PLAIN
+            if prefix is None or fid == wf.INT4_G128.id:
+                w.add(name, synthetic_tensor(name, dt, shape, rng), format_id=fid)
+            else:
+                if name.endswith(".qweight"):       # the first part of a weight: all of them made
+                    parts = wf.random_weight(wf.FORMATS[fid], *shapes[prefix], rng)
+                w.add(name, parts[name.rsplit(".", 1)[1]], format_id=fid)
             if progress:
                 progress(name, i, len(names))
     return Path(path)
@@ -117,7 +133,8 @@ def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.
         big_endian: write the file in big-endian byte order.
         qtype: GGML type of the 2-D weights: "F32", "F16", or a type the `gguf` package can
             quantize (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); or a dict HF name → type (names not in it
-            F32). 1-D tensors stay F32.
+            F32). 1-D tensors stay F32. A uint8 array in `dense` is taken as the raw blocks
+            of its type (any quantized type, [out, in / block_size · block_bytes]).
         eos_id: tokenizer.ggml.eos_token_id, if given.
     Returns:
         The path.
@@ -155,6 +172,9 @@ def write_synthetic_gguf(path: str | Path, cfg: QwenConfig, dense: dict[str, np.
         if tied and name == "lm_head.weight":
             continue
         qt = getattr(gguf.GGMLQuantizationType, qtype if isinstance(qtype, str) else qtype.get(name, "F32"))
+        if a.dtype == np.uint8:
+            w.add_tensor(gguf_name(name), np.ascontiguousarray(a), raw_dtype=qt)
+            continue
         a = np.ascontiguousarray(a, dtype=np.float32)
         if a.ndim == 1 or qt == gguf.GGMLQuantizationType.F32:
             w.add_tensor(gguf_name(name), a)

@@ -1,9 +1,10 @@
 """The tensors a Qwen2 model stores: Hugging Face names, shapes and weight formats.
 
 Every name here is the Hugging Face checkpoint's (`model.layers.3.mlp.down_proj.weight`); a
-quantized weight `<prefix>` is stored as the parts its format names (`.qweight`, `.scales` …,
-weight_formats.py). `expected_tensors` is the whole set, in the order the converter and the
-synthetic writer store it; the reader (nanoqwen.py) holds a file's table against it.
+quantized weight `<prefix>` is stored as the parts its format names (`.qweight`, `.scales`,
+`.superscales` …, weight_formats.py). `expected_tensors` is the whole set, in the order the
+converter and the synthetic writer store it; the reader (nanoqwen.py) holds a file's table
+against it.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ def expected_tensors(cfg: QwenConfig, formats: dict[str, int] | None = None
 
     formats: weight prefix → format id (weight_formats.FORMATS; 0 = dense FP16 `<prefix>.weight`),
     default `default_formats(cfg)`. A quantized weight [N, K] is stored as the tensors
-    `WeightFormat.tensors` names (`.qweight`, `.qhigh`, `.scales`, `.offsets`). Dense vectors
-    (norms, biases) are FP16 here; a version-3 file may hold them, and dense weights, as FP32.
+    `WeightFormat.tensors` names (`.qweight`, `.qhigh`, `.scales`, `.offsets`, `.superscales`).
+    Dense vectors (norms, biases) are FP16 here; a file of version 3 or later may hold them, and
+    dense weights, as FP32.
     Raises:
-        FormatError: an unknown format id, or one whose group does not divide the weight's K.
+        FormatError: an unknown format id, or one that does not fit the weight's K (its group,
+            or a K-quant's 256-input super-block, does not divide K).
     """
     f16 = np.dtype("<f2")
     D = cfg.hidden_size
@@ -74,7 +77,8 @@ def expected_tensors(cfg: QwenConfig, formats: dict[str, int] | None = None
         # INT4 g128 keeps the version-2 rule (shapes K/8, K/128; a K that is no multiple of 128
         # is refused later, naming the source file); the other formats must fit exactly here.
         if fmt.id != wf.INT4_G128.id and not fmt.fits(k):
-            raise FormatError(f"tensor {prefix}: format {fmt.name} (group {fmt.group}) does not fit K={k}")
+            raise FormatError(f"tensor {prefix}: format {fmt.name} does not fit K={k} "
+                              f"(K must be a multiple of {fmt.k_multiple})")
         out.update(fmt.tensors(prefix, n, k))
 
     # The order is the converter's and the synthetic writer's (seeded files depend on it).

@@ -262,13 +262,21 @@ class GemvFmtGateUpSwiglu(_GemvFmtLauncher):
                     warps=warps, blocks=blocks, defines=defines)
 
 
+def lm_head_fmt_partials(vocab_size: int, dim: int, occupancy: Occupancy | None = None) -> int:
+    """Argmax partials LmHeadFmt writes: one per block of its grid (the one-wave launch shape)."""
+    occ = occupancy or DEFAULT_OCCUPANCY
+    ref = _kernel("gemv_fmt_lm_head")
+    return gemv_launch_shape(tiles(vocab_size), dim, 1, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count,
+                             extra_smem=smem_extra(dim))[0]
+
+
 class LmHeadFmt(_GemvFmtLauncher):
     """logits fp32 [V] = W x for a FmtWeight lm_head [V, D], rows from text_vocab on −inf (the
     padding past the tokenizer, as LmHead), and one argmax partial per block into part_val /
-    part_idx (at least `n_partials` entries; ArgmaxFinal reduces them).
+    part_idx (`lm_head_fmt_partials` entries, `n_partials`; ArgmaxFinal reduces them).
 
     Raises:
-        LaunchError: as GemvFmt, text_vocab outside [1, V], or partial buffers too small.
+        LaunchError: as GemvFmt, text_vocab outside [1, V], or partial buffers of another size.
     """
 
     def __init__(self, logits, part_val, part_idx, x, w: FmtWeight, *, vocab_size: int, dim: int,
@@ -282,10 +290,8 @@ class LmHeadFmt(_GemvFmtLauncher):
         check_buffer(x, "x", dim, np.float16)
         ref = _kernel("gemv_fmt_lm_head")
         grid, threads, smem = self._shape(ref, tiles(vocab_size), dim, 1, occupancy, None, None)
-        n_part = int(np.prod(getattr(part_val, "shape", (0,))))
-        require(grid <= n_part, f"lm_head: {grid} blocks need {grid} argmax partials, part_val holds {n_part}")
-        check_buffer(part_val, "part_val", n_part, np.float32)
-        check_buffer(part_idx, "part_idx", n_part, np.int32)
+        check_buffer(part_val, "part_val", grid, np.float32)   # lm_head_fmt_partials(V, D) entries
+        check_buffer(part_idx, "part_idx", grid, np.int32)
         self.n_partials = grid
         self.bytes_moved = w.nbytes(vocab_size, dim) + 2 * dim + 4 * vocab_size
         self._add(ref, (grid,), (threads,),

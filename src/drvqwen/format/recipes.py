@@ -1,0 +1,57 @@
+"""llama.cpp's choice of GGUF type per tensor for a quantization preset ("recipe"), stated for
+drvqwen's weight prefixes, so that a synthetic model can be written in the formats a user's
+downloaded GGUF has (tools/make_synthetic.py --recipe q4_k_m).
+
+Q4_K_M (llama.cpp's llama-quant.cpp, `llama_tensor_get_type` and `tensor_type_fallback`):
+- every matrix weight Q4_K, the token embedding included;
+- the output (lm_head) Q6_K;
+- attn_v (v_proj) and ffn_down (down_proj) Q6_K on the layers i of n that `use_more_bits`
+  picks: the first eighth, the last eighth, and every third layer in between
+  (i < n/8, i ≥ 7n/8, or (i − n/8) mod 3 = 2, integer division as in C);
+- a tensor whose K is not a multiple of the 256-input super-block falls back to a 32-input
+  type: Q4_K → Q5_0, Q6_K → Q8_0 (and the output straight to Q8_0).
+On the real Qwen2.5-Coder-0.5B (K = 896 but for down_proj's 4864) this gives what its Q4_K_M
+GGUF holds: Q5_0 ×133, Q8_0 ×13, Q6_K ×12, Q4_K ×12.
+"""
+
+from __future__ import annotations
+
+from ..config import QwenConfig
+from . import weight_formats as wf
+from .tensor_set import LM_HEAD, default_formats, proj_prefix, weight_shapes
+
+RECIPES = ("int4", "q4_k_m")
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """Whether layer i of n gets the larger type in llama.cpp's *_K_M recipes (module doc)."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_types(cfg: QwenConfig) -> dict[str, str]:
+    """Weight prefix → the GGUF type llama.cpp's Q4_K_M recipe gives it, fallbacks applied."""
+    shapes = weight_shapes(cfg)
+    types = {p: "Q4_K" for p in shapes}
+    types[LM_HEAD] = "Q6_K"
+    for i in range(cfg.num_layers):
+        if use_more_bits(i, cfg.num_layers):
+            types[proj_prefix(i, "v_proj")] = types[proj_prefix(i, "down_proj")] = "Q6_K"
+    for p, ty in types.items():
+        if shapes[p][1] % wf.SUPERBLOCK:
+            types[p] = "Q8_0" if p == LM_HEAD else _FALLBACK[ty]
+    return types
+
+
+def recipe_formats(cfg: QwenConfig, recipe: str) -> dict[str, int]:
+    """Weight prefix → format id for `recipe` ("int4": the default formats; "q4_k_m").
+
+    Raises:
+        ValueError: an unknown recipe.
+    """
+    if recipe == "int4":
+        return default_formats(cfg)
+    if recipe == "q4_k_m":
+        return {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in q4_k_m_types(cfg).items()}
+    raise ValueError(f"recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
+
