@@ -84,7 +84,9 @@ def test_gemv_fmt(dev, rng, fmt, label, n, k):
     ln.launch()
     assert_same_bits(label, got, y.download())
 
-    r0 = _residual(rng, n)
+    # Qwen2's huge channels need rows to hide among: at N = 1 the one row would be huge, and its
+    # FP32 ulp (~2e-3 at 3e4) would swamp the added dot product the check measures.
+    r0 = _residual(rng, n) if n >= 64 else rng.standard_normal(n).astype(np.float32)
     res = dev.upload("residual", r0)
     rl = GemvFmtResidual(res, xd, w, n=n, k=k)
     rl.launch()
