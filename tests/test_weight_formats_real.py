@@ -46,3 +46,12 @@ def test_source_formats_keep_the_gguf_forward(real_gguf, tmp_path):
         cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
         print(f"{prompt!r}: cosine {cos:.7f}, top-1 {a.argmax()} vs {b.argmax()}")
         assert cos >= 0.9999 and a.argmax() == b.argmax()
+
+
+def test_q4_k_m_recipe_gives_each_tensor_the_real_gguf_s_type(real_gguf):
+    from drvqwen.format.convert import GGUFSource
+    from drvqwen.format.recipes import q4_k_m_types
+
+    src = GGUFSource(real_gguf)
+    want = {p: src.type_name(p + ".weight") for p in q4_k_m_types(src.config)}
+    assert q4_k_m_types(src.config) == want

@@ -16,7 +16,7 @@ from drvqwen.errors import FormatError
 from drvqwen.format import weight_formats as wf
 from drvqwen.format.nanoqwen import NanoqwenFile
 from drvqwen.format.nanoqwen_writer import write_legacy_copy
-from drvqwen.format.recipes import q4_k_m_types, recipe_formats, use_more_bits
+from drvqwen.format.recipes import q4_k_m_types, quant_order, recipe_formats, use_more_bits
 from drvqwen.format.synthetic import minimal_tokenizer_json, write_synthetic
 
 from helpers import TINY
@@ -160,8 +160,12 @@ def test_a_version_3_file_in_a_changed_layout_is_refused_in_one_line(tmp_path):
 # ---- llama.cpp's Q4_K_M recipe --------------------------------------------------------------------------
 
 def test_use_more_bits_picks_the_layers_llama_cpp_picks():
-    # 24 layers: the first and last three, and layers 5, 8, …, 20 (3 + 3·k + 2).
-    assert [i for i in range(24) if use_more_bits(i, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
+    # 24 tensors: the first and last three, and 5, 8, …, 20 (3 + 3·k + 2).
+    assert [j for j in range(24) if use_more_bits(j, 24)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23]
+    # … counted over the layers sorted by name: blk.0, blk.1, blk.10 … blk.19, blk.2, blk.20 …
+    assert quant_order(24)[:4] == [0, 1, 10, 11] and quant_order(24)[12:14] == [2, 20]
+    picked = sorted(quant_order(24)[j] for j in range(24) if use_more_bits(j, 24))
+    assert picked == [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21]           # the real 0.5B GGUF's
 
 
 def test_q4_k_m_recipe_on_the_0_5b_gives_the_real_gguf_s_types():
@@ -170,14 +174,15 @@ def test_q4_k_m_recipe_on_the_0_5b_gives_the_real_gguf_s_types():
     types = q4_k_m_types(PRESETS["0.5b"])
     assert Counter(types.values()) == {"Q5_0": 133, "Q8_0": 13, "Q6_K": 12, "Q4_K": 12}
     assert types["model.embed_tokens"] == "Q5_0" and types["lm_head"] == "Q8_0"
-    assert types["model.layers.0.mlp.down_proj"] == "Q6_K" and types["model.layers.3.mlp.down_proj"] == "Q4_K"
-    assert types["model.layers.0.self_attn.v_proj"] == "Q8_0" and types["model.layers.3.self_attn.v_proj"] == "Q5_0"
+    assert types["model.layers.3.mlp.down_proj"] == "Q6_K" and types["model.layers.2.mlp.down_proj"] == "Q4_K"
+    assert types["model.layers.3.self_attn.v_proj"] == "Q8_0" and types["model.layers.2.self_attn.v_proj"] == "Q5_0"
 
 
 def test_q4_k_m_recipe_on_the_7b_is_all_k_quants():
     types = q4_k_m_types(PRESETS["7b"])
     assert types["lm_head"] == "Q6_K" and types["model.embed_tokens"] == "Q4_K"
-    more = [i for i in range(28) if use_more_bits(i, 28)]
+    names = sorted(str(i) for i in range(28))                      # blk.N as llama.cpp met them
+    more = {int(names[j]) for j in range(28) if use_more_bits(j, 28)}
     for i in range(28):
         want = "Q6_K" if i in more else "Q4_K"
         assert types[f"model.layers.{i}.self_attn.v_proj"] == want == types[f"model.layers.{i}.mlp.down_proj"]

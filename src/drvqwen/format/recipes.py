@@ -5,13 +5,17 @@ downloaded GGUF has (tools/make_synthetic.py --recipe q4_k_m).
 Q4_K_M (llama.cpp's llama-quant.cpp, `llama_tensor_get_type` and `tensor_type_fallback`):
 - every matrix weight Q4_K, the token embedding included;
 - the output (lm_head) Q6_K;
-- attn_v (v_proj) and ffn_down (down_proj) Q6_K on the layers i of n that `use_more_bits`
-  picks: the first eighth, the last eighth, and every third layer in between
-  (i < n/8, i ≥ 7n/8, or (i − n/8) mod 3 = 2, integer division as in C);
+- attn_v (v_proj) and ffn_down (down_proj) Q6_K where `use_more_bits(j, n)` holds: the first
+  eighth, the last eighth, and every third in between (j < n/8, j ≥ 7n/8, or
+  (j − n/8) mod 3 = 2, integer division as in C). j is not the layer number: llama.cpp counts
+  the attn_v (and ffn_down) tensors in the order it meets them in its source file, and the
+  official Qwen2.5 GGUFs were made from files listing tensors sorted by name, blk.10 before
+  blk.2. So j is the layer's place among the layer numbers sorted as strings (`quant_order`);
+  with 24 layers the picked layers are 0, 1, 3, 6–10, 13, 16, 19 and 21, as in the real 0.5B;
 - a tensor whose K is not a multiple of the 256-input super-block falls back to a 32-input
   type: Q4_K → Q5_0, Q6_K → Q8_0 (and the output straight to Q8_0).
-On the real Qwen2.5-Coder-0.5B (K = 896 but for down_proj's 4864) this gives what its Q4_K_M
-GGUF holds: Q5_0 ×133, Q8_0 ×13, Q6_K ×12, Q4_K ×12.
+On the real Qwen2.5-Coder-0.5B (K = 896 but for down_proj's 4864) this gives every tensor the
+type its Q4_K_M GGUF holds (Q5_0 ×133, Q8_0 ×13, Q6_K ×12, Q4_K ×12; tested on the file).
 """
 
 from __future__ import annotations
@@ -29,14 +33,21 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+def quant_order(n: int) -> list[int]:
+    """The layers 0..n-1 in the order llama.cpp met them quantizing the official GGUFs: their
+    numbers sorted as strings (0, 1, 10, 11, …, 19, 2, 20, …; module doc)."""
+    return sorted(range(n), key=str)
+
+
 def q4_k_m_types(cfg: QwenConfig) -> dict[str, str]:
     """Weight prefix → the GGUF type llama.cpp's Q4_K_M recipe gives it, fallbacks applied."""
     shapes = weight_shapes(cfg)
     types = {p: "Q4_K" for p in shapes}
     types[LM_HEAD] = "Q6_K"
-    for i in range(cfg.num_layers):
-        if use_more_bits(i, cfg.num_layers):
-            types[proj_prefix(i, "v_proj")] = types[proj_prefix(i, "down_proj")] = "Q6_K"
+    n = cfg.num_layers
+    for j, layer in enumerate(quant_order(n)):
+        if use_more_bits(j, n):
+            types[proj_prefix(layer, "v_proj")] = types[proj_prefix(layer, "down_proj")] = "Q6_K"
     for p, ty in types.items():
         if shapes[p][1] % wf.SUPERBLOCK:
             types[p] = "Q8_0" if p == LM_HEAD else _FALLBACK[ty]
