@@ -62,6 +62,9 @@
 #include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_pairs, wf_scales, wf_dequant, WF_DISPATCH
 
 #define GF_MAX_WARPS 8    // K-split warps per block
+// Registers: the plain GEMVs and the lm_head ask for 2 blocks per SM (__launch_bounds__(256, 2):
+// ≤ 128 registers, no spills); the qkv (RoPE epilogue) and gate/up (two matrices) kernels need
+// 150–170 without spilling and run one block of 8 warps per SM's register file.
 #define GF_QUAD      128  // inputs per item and lane quad (4 chunks)
 #define LM_FMT_PART_MAX 8 // warps whose argmax candidates a block compares (GF_MAX_WARPS)
 // Items per load batch for one matrix (halved for gate/up and for 8-bit codes, whose chunks are
@@ -320,7 +323,7 @@ gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
 // q, k and v each in its own format: blocks [0, q_blocks) compute q, the next k_blocks k, the
 // rest v.
 // grid (G ≥ 3), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE)
 gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: rotated query
                   __half* __restrict__ k_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
                   __half* __restrict__ v_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
@@ -385,7 +388,7 @@ gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: ro
 // h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm; gate and up in
 // one format (each tile reads the same rows of both).
 // grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE)
 gemv_fmt_gate_up_swiglu(__half* __restrict__ h,              // [F] fp16, out
                         const float* __restrict__ residual,  // [K] fp32, the residual stream
                         const __half* __restrict__ norm_w,   // [K] fp16, post_attention_layernorm gain
