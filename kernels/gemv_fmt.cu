@@ -46,6 +46,24 @@
 // 32-input chunk (K/32 fp32, for the offsets), then the warp partials.
 // PDL as in gemv_int4.cu: the first batch of weights is requested before griddepcontrol.wait.
 //
+// Measured on the H200 (each launch alone, a graph of back-to-back launches, random weights;
+// docs/bench/2026-12-01_3c7fde7_h200_gemv_fmt_7b_shapes.json), µs per call at 7B shapes:
+//   | format      | o_proj 3584×3584 | down_proj 3584×18944 | GB/s (down) |
+//   | int4_g128   |  5.52            | 16.57                | 2117        |  gemv_int4.cu: 4.52 / 15.00
+//   | q4_g32      |  5.63            | 16.52                | 2315        |
+//   | q5_g32      |  6.76            | 21.37                | 2188        |
+//   | q8_g32      |  6.72            | 22.89                | 3154        |
+//   | q4_k        |  6.38            | 21.19                | 1806        |
+//   | q5_k        |  7.72            | 27.23                | 1717        |
+//   | q6_k        |  7.12            | 23.86                | 2337        |
+// qkv_rope (q4_k, q4_k, q6_k) 15.36 µs, gate_up (q4_k) 38.69 µs; with 2 blocks per SM forced
+// (128 registers, 120 / 40 bytes of spills) they ran 12.92 and 33.87: occupancy mattered more
+// than the spills. The formats with high bits or a K-quant's scale bytes run at 1.7–2.3 TB/s,
+// INT4 g128 through this engine 12–20 % slower than gemv_int4.cu's: the unpack and the scale
+// per 32 inputs cost issue slots the INT4 engine spends once per 128. On the synthetic 0.5B in
+// the real GGUF's formats the decode step takes 0.801 ms against 0.645 for INT4 g128
+// (docs/bench/2026-12-01_3c7fde7_h200_syn05b_*.json): every GEMV launch there is ramp-up bound.
+//
 // Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
 // 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
 #include <cuda_fp16.h>
