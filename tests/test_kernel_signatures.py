@@ -27,6 +27,7 @@ from drvqwen.format import weight_formats as wf
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import BufferSpec, FixedOccupancy
 from drvqwen.launchers import gemm_int4, sampling
+from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from drvqwen.launchers.gemv_fmt import EmbeddingFmtRows, FmtWeight, GemvFmt
 from drvqwen.format.tensor_set import weight_shapes
 from drvqwen.launchers.signatures import KernelSignature, arg_kind, kernel_signatures
@@ -120,8 +121,15 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     fmt = wf.EXACT_FOR_GGUF["Q5_0"]
     w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
                         for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
+    ps, R = _buf("prefill_state", 2, np.int32), ROWS
     out += [("gemv_fmt_f16", GemvFmt(_buf("y", D, np.float16), _buf("x", D, np.float16), w, n=D, k=D,
                                      occupancy=OCCUPANCY)),
+            ("gemm_fmt_rows", GemmFmtRows(_buf("qkv", R * 3 * D, np.float32), _buf("xn", R * D, np.float16), w, ps,
+                                          n=D, k=D, rows=R, ldo=3 * D, col0=D)),
+            ("gemm_fmt_residual", GemmFmtResidualRows(_buf("res", R * D, np.float32), _buf("xn", R * D, np.float16), w,
+                                                      ps, n=D, k=D, rows=R)),
+            ("gemm_fmt_gate_up", GemmFmtGateUpSwigluRows(_buf("h", R * D, np.float16), _buf("xn", R * D, np.float16),
+                                                         w, w, ps, f=D, k=D, rows=R)),
             ("embedding_fmt_rows", EmbeddingFmtRows(_buf("r", 4 * D, np.float32), w, _buf("ids", 4, np.int32), n_rows=4,
                                                     vocab_size=D, dim=D))]
     return out

@@ -107,3 +107,30 @@ def test_prefill_kv_cache_equals_decode(model):
     assert np.isfinite(k_pre.astype(np.float32)).all() and np.isfinite(v_pre.astype(np.float32)).all()
     report(f"{name} K cache prefill vs decode", k_pre, k_dec.astype(np.float64), 2e-3)
     report(f"{name} V cache prefill vs decode", v_pre, v_dec.astype(np.float64), 2e-3)
+
+
+def test_per_token_prefill_is_the_decode_step_itself(model):
+    """Prefill(mode="per_token") runs the prompt through the decode step's own launches: its last
+    logits are bit for bit those of feeding the prompt to decode_token one token at a time, and
+    the chunked GEMM prefill agrees with it within TOL_LOGITS."""
+    from drvqwen.prefill import Prefill
+
+    name, _f, _w, backend, ids, _want = model
+    step, n = backend.decode_step, 37
+    gemm = backend.prefill(ids[:n])
+    per_token = Prefill(step, mode="per_token")
+    try:
+        per_token.run(ids[:n])
+        step.sync()
+        tok_logits = step.logits()
+    finally:
+        per_token.close()
+    step.seq.start(ids[0])
+    for i in range(n):
+        if i:
+            step.seq.feed(ids[i])
+        step.decode_token()
+    assert step.logits().tobytes() == tok_logits.tobytes(), f"{name}: per-token prefill != decode steps"
+    err = rel_l2(gemm, tok_logits)
+    print(f"{name}: chunked prefill vs per-token prefill, last logits rel L2 {err:.2e}")
+    assert err <= TOL_LOGITS

@@ -179,6 +179,7 @@ def test_parallel_compiles_give_the_sequential_cubins_in_order(tmp_path):
 
 def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     from drvqwen import engine
+    from drvqwen.format.recipes import recipe_formats
     from drvqwen.decode import plan_decode
     from drvqwen.launchers import FixedOccupancy, Launcher
 
@@ -189,10 +190,13 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     # (gpu_sleep, of timing.cu, only times kernels) names a file that is compiled.
     used = {v.__module__.rsplit(".", 1)[1] for mod in (prefill, engine) for v in vars(mod).values()
             if isinstance(v, type) and issubclass(v, Launcher) and v is not Launcher}
-    assert used - {"timing"} <= files and "sampling" in used
-    assert set(prefill.KERNEL_FILES) <= files
-    assert not files & {"gemv_fmt", "timing", "smoke"}   # an INT4 model: no per-tensor format kernels
-    assert files <= {p.stem for p in (ROOT / "kernels").glob("*.cu")}
+    # A model in per-tensor formats (llama.cpp's Q4_K_M recipe) compiles the format kernels instead.
+    fmt_files = {name for name, _defines in engine.engine_kernels(CFG, recipe_formats(CFG, "q4_k_m"))}
+    assert used - {"timing"} <= files | fmt_files and "sampling" in used
+    assert set(prefill.KERNEL_FILES) <= files and set(prefill.KERNEL_FILES_FMT) <= fmt_files
+    assert not files & {"gemv_fmt", "gemm_fmt", "timing", "smoke"}   # an INT4 model: no format kernels
+    assert {"gemv_fmt", "gemm_fmt"} <= fmt_files and not fmt_files & {"gemv_int4", "gemm_int4"}
+    assert files | fmt_files <= {p.stem for p in (ROOT / "kernels").glob("*.cu")}
 
 
 def test_a_kernel_request_is_compiled_once_per_process(monkeypatch):

@@ -166,6 +166,7 @@ class DecodePlan:
         kv: "k_cache"/"v_cache" → BufferSpec [L, P, Hkv, 16, Dh] fp16.
         steps: (name, launcher) in order.
         per_tensor: the weights are in per-tensor formats (gemv_fmt.cu), not the INT4 step's.
+        formats: with per_tensor, weight prefix → format id (0 = dense FP16) of the planned layers.
     """
 
     config: QwenConfig
@@ -178,6 +179,7 @@ class DecodePlan:
     kv: dict[str, BufferSpec]
     steps: list[tuple[str, Launcher]] = field(default_factory=list)
     per_tensor: bool = False
+    formats: dict[str, int] | None = None
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -257,7 +259,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                           lm_head_fmt_partials(V, D, occupancy) if lm_in_format else lm_head_partials(V))
     weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
-    plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor))
+    plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor),
+                      formats=fm)
     part = tuple(a[n] for n in partials)
     maps = {pool: TensorMapSpec(kv[pool], tensor_map_shape(kv[pool].shape), (PAGE_TOKENS, Dh)) for pool in kv}
     gemv = dict(occupancy=occupancy)

@@ -59,6 +59,7 @@ from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .generate import reused_prefix
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
+from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
 from .stats import count, phase
@@ -115,12 +116,11 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None) ->
     """(kernel file, defines) of every kernel file the engine launches for `config` with the
     weight formats `formats` (NanoqwenFile.formats; default: the INT4 step's): the decode step's
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
-    the prefill's (prefill.KERNEL_FILES, or only prefill_state where the prefill runs token by
-    token through the decode step) and the token choice's and hand-over's (sampling.cu). Not
-    timing or smoke (benchmarks and tests)."""
+    the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats) and the
+    token choice's and hand-over's (sampling.cu). Not timing or smoke (benchmarks and tests)."""
     plan = plan_decode(config.with_layers(1), occupancy=FixedOccupancy(1), formats=formats)
     wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
-    prefill_files = ("prefill_state",) if plan.per_tensor else PREFILL_KERNEL_FILES
+    prefill_files = PREFILL_KERNEL_FILES_FMT if plan.per_tensor else PREFILL_KERNEL_FILES
     wanted |= {(name, ()) for name in (*prefill_files, "sampling")}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
@@ -210,8 +210,7 @@ class GPUBackend:
         # Load time, not prompt time: the smallest chunk's launch list now, which loads every
         # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
         # longer prompt's first chunk then only packs its launches.
-        if not self.prefill_pass.per_token:
-            self.prefill_pass.launches(ROW_BUCKET)
+        self.prefill_pass.launches(ROW_BUCKET)
         size = 3 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS + 4 * sampling.HISTORY_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)

@@ -52,6 +52,10 @@ from .decode import DecodeStep, LaunchList, NamedLaunch, named_launches
 from .errors import DrvqwenError
 from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRows,
                         GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk, RmsNorm, RopeKvRows)
+from .format import weight_formats as wf
+from .format.tensor_set import EMBED, proj_prefix
+from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
+from .launchers.gemv_fmt import EmbeddingFmtRows, fmt_weight
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -62,8 +66,14 @@ ROW_BUCKET = 64
 
 # The kernel files the prefill launches (kernels/X.cu for launchers/X.py), which the engine
 # compiles before it builds anything (engine.engine_kernels); tests/test_startup.py checks the
-# list against the launchers this module uses.
+# list against the launchers this module uses. KERNEL_FILES_FMT: for weights in per-tensor
+# formats (the embedding row from gemv_fmt.cu, or embedding.cu where it is dense FP16).
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill")
+KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "rope_kv", "attention_prefill")
+# How the prompt runs: "gemm" (the chunk launch lists below) or "per_token" (through the decode
+# step's own launches one token at a time: its cache is exactly what decoding writes; a
+# reference for the GEMM path's tests).
+PREFILL_MODES = ("gemm", "per_token")
 
 # Prompt rows per chunk: large enough that the GEMMs fill the GPU (4 blocks of 128 tokens per
 # 128-row weight slice at 7B: 112–1184 blocks per GEMM on 132 SMs), small enough that the
@@ -92,15 +102,16 @@ class Prefill:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
-    def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS):
+    def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm"):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
+        if mode not in PREFILL_MODES:
+            raise DrvqwenError(f"prefill mode {mode!r}: choose one of {', '.join(PREFILL_MODES)}")
         self.decode_step = step = decode_step
         cfg = self.config = step.config
-        # Weights in per-tensor formats have no prefill GEMM yet: their prompt runs token by
-        # token through the decode step's own launches (`_run_per_token`), so it needs none of
-        # the chunk buffers.
-        self.per_token = step.plan.per_tensor
+        # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
+        # and needs none of the chunk buffers.
+        self.per_token = mode == "per_token"
         bucket = ROW_BUCKET
         self.chunk_rows = (min(-(-max_chunk_rows // bucket), -(-step.max_context // bucket)) * bucket
                            if not self.per_token else ROW_BUCKET)
@@ -133,8 +144,8 @@ class Prefill:
     def launches(self, rows: int) -> list[NamedLaunch]:
         """The chunk launch list for grids of `rows` rows (a multiple of 64), built once."""
         if self.per_token:
-            raise LaunchError("this model's prefill runs token by token through the decode step (weights in "
-                              "per-tensor formats): it has no chunk launch list")
+            raise LaunchError("a per-token prefill runs through the decode step's launches: it has no chunk "
+                              "launch list")
         if rows % ROW_BUCKET or not 0 < rows <= self.chunk_rows:
             raise LaunchError(f"prefill launch list for {rows} rows: want a multiple of {ROW_BUCKET} "
                                 f"in 1..{self.chunk_rows}")
@@ -159,6 +170,9 @@ class Prefill:
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
         ids = DeviceArray("ids[chunk]", self.buf["ids"].ptr, (R,), np.int32)
+        fm = step.plan.formats
+        if fm is not None:
+            return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids)
         steps: list[tuple[str, Launcher]] = [
             ("embedding", EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
                                         dim=D, stream=st))]
@@ -180,6 +194,52 @@ class Prefill:
                 (f"L{l}.gate_up_swiglu", GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
                                                                   rows=R, stream=st)),
                 (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, stream=st)),
+            ]
+        self.launchers[R] = steps
+        return named_launches(steps)
+
+    def _build_fmt(self, R: int, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids) -> list[NamedLaunch]:
+        """`_build` for weights in per-tensor formats: gemm_fmt.cu's GEMMs (q, k and v into their
+        columns of qkv, one launch each) and the embedding rows in their format; the rest is the
+        INT4 list's."""
+        step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
+        fm, ps = step.plan.formats, self.buf["prefill_state"]
+        D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+        Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
+
+        def fw(prefix: str):
+            return fmt_weight(w.__getitem__, prefix, wf.FORMATS[fm[prefix]])
+
+        if fm[EMBED] == wf.PLAIN:
+            embed = EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V, dim=D, stream=st)
+        else:
+            embed = EmbeddingFmtRows(res, fw(EMBED), ids, n_rows=R, vocab_size=V, dim=D, stream=st)
+        steps: list[tuple[str, Launcher]] = [("embedding", embed)]
+        ld = nq + 2 * nkv
+        for l in range(cfg.num_layers):
+            lw = LayerWeights.of(w.__getitem__, l)
+            pw = {p: fw(proj_prefix(l, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj")}
+            k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
+            steps += [
+                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
+                (f"L{l}.q_proj", GemmFmtRows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st)),
+                (f"L{l}.k_proj", GemmFmtRows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq,
+                                             stream=st)),
+                (f"L{l}.v_proj", GemmFmtRows(qkv, xn, pw["v_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq + nkv,
+                                             stream=st)),
+                (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
+                                             ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
+                                             head_dim=Dh, stream=st)),
+                (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
+                                                     rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
+                (f"L{l}.o_proj", GemmFmtResidualRows(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st)),
+                (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
+                                                           rows=R, stream=st)),
+                (f"L{l}.gate_up_swiglu", GemmFmtGateUpSwigluRows(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D,
+                                                                 rows=R, stream=st)),
+                (f"L{l}.down_proj", GemmFmtResidualRows(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st)),
             ]
         self.launchers[R] = steps
         return named_launches(steps)

@@ -1,0 +1,84 @@
+"""kernels/gemm_fmt.cu (the prefill GEMMs over per-tensor weight formats) against float64 numpy
+on the weights as format/weight_formats.py dequantizes them.
+
+Every format, at a real 0.5B shape and at awkward ones (N not a multiple of the 64-row block, a
+live row count M below the launch's capacity, a single token), for the three launchers: columns
+of a wider output (q, k, v into qkv), the residual add, gate/up with SwiGLU. Outputs are
+poisoned first; rows past M and columns outside [col0, col0 + N) must stay untouched. The
+tolerance is the decode GEMVs' (TOL_GEMV): the GEMM rounds each dequantized weight to FP16 once
+(≤ 2^-11 of it), far below it over K ≥ 256 inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drvqwen import reference as ref
+from drvqwen.format import weight_formats as wf
+from kernel_testing import TOL_GEMV, assert_same_bits, dev, report  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+FORMATS = list(wf.FORMATS.values())
+# (label, rows capacity, live M, N, K)
+SHAPES = [("0.5b.q_proj", 128, 100, 896, 896), ("odd.m1", 64, 1, 40, 256), ("odd.n200", 192, 130, 200, 1280)]
+CASES = [(fmt, *shape) for fmt in FORMATS for shape in SHAPES if fmt.fits(shape[4])]
+
+
+def _weight(dev, rng, fmt, n, k, name="W"):
+    from drvqwen.launchers.gemv_fmt import FmtWeight
+
+    parts = wf.random_weight(fmt, n, k, rng)
+    w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
+    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
+
+
+@pytest.mark.parametrize("fmt,label,rows,m,n,k", CASES, ids=[f"{c[0].name}-{c[1]}" for c in CASES])
+def test_gemm_fmt_rows_and_residual(dev, rng, fmt, label, rows, m, n, k):
+    from drvqwen.launchers.gemm_fmt import GemmFmtResidualRows, GemmFmtRows
+
+    w, w64 = _weight(dev, rng, fmt, n, k)
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    want = x[:m].astype(np.float64) @ w64.T                    # [m, n]
+    xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([7, m], np.int32))
+    ldo, col0 = n + 24, 16                                     # a column window of a wider buffer
+    out = dev.poisoned("out", (rows, ldo), np.float32)
+    ln = GemmFmtRows(out, xd, w, ps, n=n, k=k, rows=rows, ldo=ldo, col0=col0)
+    ln.launch()
+    got = out.download()
+    report(f"{fmt.name}.{label}.rows", got[:m, col0:col0 + n], want, TOL_GEMV)
+    untouched = np.ones(got.shape, dtype=bool)
+    untouched[:m, col0:col0 + n] = False
+    assert np.isnan(got[untouched]).all(), "the GEMM wrote outside its rows < M and its columns"
+    out.fill_bytes(0xFF)
+    ln.launch()
+    assert_same_bits(label, got[:m, col0:col0 + n], out.download()[:m, col0:col0 + n])
+
+    r0 = rng.standard_normal((rows, n)).astype(np.float32)
+    res = dev.upload("residual", r0)
+    GemmFmtResidualRows(res, xd, w, ps, n=n, k=k, rows=rows).launch()
+    got = res.download()
+    report(f"{fmt.name}.{label}.delta", got[:m].astype(np.float64) - r0[:m], want, TOL_GEMV)
+    assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
+
+
+GATE_UP = [("0.5b.q5_g32", 128, 77, 4864, 896, "q5_g32"), ("odd.q4_k", 64, 3, 200, 512, "q4_k"),
+           ("odd.q6_k", 64, 64, 72, 256, "q6_k")]
+
+
+@pytest.mark.parametrize("label,rows,m,f,k,fname", GATE_UP, ids=[g[0] for g in GATE_UP])
+def test_gemm_fmt_gate_up_swiglu(dev, rng, label, rows, m, f, k, fname):
+    from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows
+
+    fmt = {x.name: x for x in FORMATS}[fname]
+    (g, g64), (u, u64) = _weight(dev, rng, fmt, f, k, "gate"), _weight(dev, rng, fmt, f, k, "up")
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    x64 = x[:m].astype(np.float64)
+    want = ref.swiglu(x64 @ g64.T, x64 @ u64.T)
+    h = dev.poisoned("h", (rows, f), np.float16)
+    GemmFmtGateUpSwigluRows(h, dev.upload("x", x), g, u, dev.upload("ps", np.array([0, m], np.int32)), f=f, k=k,
+                            rows=rows).launch()
+    got = h.download()
+    report(label, got[:m], want, TOL_GEMV)
+    assert (got[m:].view(np.uint16) == 0xFFFF).all(), "rows past M were written"
