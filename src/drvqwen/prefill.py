@@ -25,6 +25,12 @@ or a graph of it) decodes the chosen token at position T with the same weights, 
 and stream. The sequence's pages and position change only through `DecodeStep.seq`
 (sequence.py): the prompt's pages are reserved at once, the position resumed at its end.
 
+Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): the projections run
+gemm_fmt.cu instead of the INT4 GEMMs (q, k and v as three launches into their columns of qkv),
+and the embedding rows are read in their format (gemv_fmt.cu); the rest of the list is the same.
+`Prefill(mode="per_token")` runs a prompt through the decode step's own launches, one token at a
+time (`_run_per_token`): its cache is exactly what decoding writes, the GEMM path's reference.
+
 Chunking: prompts longer than `max_chunk_rows` (default 512) run in chunks of that many rows;
 each chunk's attention reads every earlier position from the paged cache, so a prompt of any
 length up to max_context works, with buffers sized for one chunk (~47 MB at 7B).
