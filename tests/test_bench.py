@@ -9,6 +9,7 @@ a GPU gets one line of error before any synthetic model is written.
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -102,10 +103,12 @@ class FakeDecoder:
     """DecodeStep's/GraphDecoder's running interface on the host, counting what it is asked; it
     is its own sequence too (`seq`: start, feed, pos)."""
 
-    def __init__(self):
+    def __init__(self, clock=None):
         self.config = QWEN25_CODER_7B
         self.weights = SimpleNamespace(arrays={"lm_head.weight": SimpleNamespace(nbytes=100)})
         self.pos, self.token, self.steps, self.fed = 0, 0, 0, []
+        self.idle = True                 # nothing queued since the last sync
+        self.clock = clock               # a step takes 1 ms on it, where given
 
     @property
     def seq(self):
@@ -117,6 +120,9 @@ class FakeDecoder:
     def decode_token(self):
         self.pos += 1
         self.steps += 1
+        self.idle = False
+        if self.clock is not None:
+            self.clock.now += 1e-3
         self.token = (self.token * 7 + 1) % 1000
 
     def feed(self, token):
@@ -124,18 +130,26 @@ class FakeDecoder:
         self.token = token
 
     def sync(self):
-        pass
+        self.idle = True
 
     def next_token(self):
         return self.token
 
 
 class FakePrefill:
-    def __init__(self, dec):
-        self.dec, self.runs = dec, 0
+    """Prefill.run's contract: start = 0 is a new sequence (every page of the previous one given
+    back); each call is recorded as (start, ids, whether the decoder was idle when it came).
+    With `durations_ms`, the i-th call takes durations_ms[i] on the decoder's clock."""
+
+    def __init__(self, dec, durations_ms=None):
+        self.dec, self.runs, self.calls, self.durations_ms = dec, 0, [], durations_ms
 
     def run(self, ids, start=0):
+        self.calls.append((start, list(ids), self.dec.idle))
+        if self.durations_ms is not None:
+            self.dec.clock.now += self.durations_ms[self.runs] * 1e-3
         self.runs += 1
+        self.dec.idle = False
         self.dec.seq.start(ids[-1], len(ids))   # what DecodeResume leaves: decode at position T
 
 
@@ -148,10 +162,54 @@ def test_run_mode_protocol(with_prefill):
     assert len(r.tokens) == 8 and len(r.itl_ms) == 7
     assert (r.ttft_ms is not None) == with_prefill
     if with_prefill:
-        assert pf.runs == 1 and d.fed == [] and d.steps == bench.WARMUP_TOKENS + 7
+        assert pf.runs == bench.PREFILL_REPS and len(r.ttft_runs_ms) == bench.PREFILL_REPS
+        assert d.fed == [] and d.steps == bench.WARMUP_TOKENS + 7
     else:
         assert d.fed == prompt[1:] and d.steps == bench.WARMUP_TOKENS + len(prompt) + 7
     # bytes per token: weights but the embedding + the mean KV read over the 7 timed steps
     # (their lengths 21 … 27 after the prompt).
     assert r.bytes_per_token == pytest.approx(100 + bench.kv_bytes_read(QWEN25_CODER_7B, 24))
     assert d.pos == len(prompt) + 7
+
+
+def test_prefill_repeats_as_new_sequences_and_reports_first_and_median(monkeypatch):
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    durations = [9.0, 4.0, 6.5, 5.0, 7.0, 4.5]      # ms per prefill; the first the slowest
+    d = FakeDecoder(clock)
+    prompt = list(range(1, 21))
+    pf = FakePrefill(d, durations)
+    r = bench.run_mode("eager", d, d, prompt, 8, copy_gbps=4000.0, prefill=pf, prefill_reps=len(durations))
+    # Every rep: the whole prompt as a new sequence (start 0), submitted to an idle GPU.
+    assert pf.calls == [(0, prompt, True)] * len(durations)
+    assert r.ttft_runs_ms == pytest.approx(durations)
+    assert r.ttft_ms == pytest.approx(durations[0])
+    assert r.ttft_median_ms == pytest.approx(statistics.median(durations))
+    assert (r.ttft_min_ms, r.ttft_max_ms) == pytest.approx((min(durations), max(durations)))
+    # Decoding continues from the last prefill; the prefills are not in the ITLs (1 ms a step).
+    assert d.pos == len(prompt) + 7 and len(r.tokens) == 8
+    assert r.itl_ms == pytest.approx([1.0] * 7)
+
+
+def test_print_table_shows_ttft_first_and_median(capsys):
+    from dataclasses import asdict
+
+    from rich.console import Console
+
+    res = _result()
+    runs = [17.3, 15.1, 15.6]
+    res["modes"]["graph"] = asdict(bench.ModeResult("graph", runs, [1.6] * 127, [1] * 128, 4.5e9, 4300.0))
+    res["protocol"]["prefill_reps"] = len(runs)
+    bench.print_table(res, Console(width=250, force_terminal=False))
+    out = capsys.readouterr().out
+    assert "TTFT first ms" in out and "TTFT median ms" in out
+    graph_row = next(line for line in out.splitlines() if line.strip("│ ").startswith("graph "))
+    assert f"{runs[0]:.1f}" in graph_row and f"{statistics.median(runs):.1f}" in graph_row
+    assert "over 3 GPU prefills" in out
+
+
+def test_prefill_reps_option():
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    assert ap.parse_args([]).prefill_reps == bench.PREFILL_REPS >= 10
+    assert ap.parse_args(["--prefill-reps", "3"]).prefill_reps == 3

@@ -1,15 +1,19 @@
 """`drvqwen bench`: decode speed, eager launches against CUDA graphs — the one definition of
 TTFT and ITL that every figure drvqwen quotes comes from.
 
-    drvqwen bench [--preset 0.5b|1.5b|3b|7b|14b|32b] [--model FILE] [--kernels] [--json OUT.json]
+    drvqwen bench [--preset 0.5b|1.5b|3b|7b|14b|32b] [--model FILE] [--prefill-reps N] [--kernels]
+                  [--json OUT.json]
     python -m drvqwen.bench ...            (the same)
 
 Protocol: a 512-token prompt, then 128 greedy tokens with stop tokens ignored, GPU clocks
 left as they are. Reported per mode:
 
 - TTFT: prompt submitted → first token on the host, through the GPU prefill (drvqwen.prefill;
-  it runs eagerly in both modes). Where it does not exist, or with --no-prefill, the prompt is
-  fed one decode step per token, which is no TTFT, and TTFT is reported as not available.
+  it runs eagerly in both modes), timed for N prefills of the same prompt (--prefill-reps,
+  default 10), each a new sequence on an idle GPU: the first (what the first prompt after the
+  warm-up waits), the median, min and max. Where the prefill does not exist, or with
+  --no-prefill, the prompt is fed once, one decode step per token, which is no TTFT, and TTFT
+  is reported as not available.
 - ITL: wall time between consecutive tokens on the host, each step synchronized and its token
   read back (what a user streaming tokens waits), median and p99 over the 127 decode steps
   after the first token; decode tok/s = 127 / their sum.
@@ -48,6 +52,9 @@ NEW_TOKENS = 128
 # Before each measured run, a throw-away sequence of this many steps: it crosses two page
 # boundaries (16, 32), so every kernel and both graphs have run once before timing starts.
 WARMUP_TOKENS = 40
+# Timed prefills of the prompt per mode: one alone is at the mercy of a clock ramp or a stray
+# host stall; the median of 10 is not, and the first stays reported beside it.
+PREFILL_REPS = 10
 SYNTHETIC_SEED = 1
 MODES = ("eager", "graph")
 
@@ -98,11 +105,15 @@ class ModeResult:
     """One mode's run of the protocol (times in ms, bandwidths in GB/s = 1e9 B/s)."""
 
     mode: str
-    ttft_ms: float | None
+    ttft_runs_ms: list[float] | None       # every timed prefill in order; None without the GPU prefill
     itl_ms: list[float]
     tokens: list[int]
     bytes_per_token: float                 # mean over the timed steps
     copy_gbps: float
+    ttft_ms: float | None = field(init=False)          # the first timed prefill
+    ttft_median_ms: float | None = field(init=False)
+    ttft_min_ms: float | None = field(init=False)
+    ttft_max_ms: float | None = field(init=False)
     itl_median_ms: float = field(init=False)
     itl_p99_ms: float = field(init=False)
     decode_tok_s: float = field(init=False)
@@ -110,6 +121,11 @@ class ModeResult:
     fraction_of_copy: float = field(init=False)
 
     def __post_init__(self) -> None:
+        runs = self.ttft_runs_ms
+        self.ttft_ms = runs[0] if runs else None
+        self.ttft_median_ms = float(np.median(runs)) if runs else None
+        self.ttft_min_ms = min(runs) if runs else None
+        self.ttft_max_ms = max(runs) if runs else None
         itl = np.asarray(self.itl_ms)
         self.itl_median_ms = float(np.median(itl))
         self.itl_p99_ms = float(np.percentile(itl, 99))
@@ -138,23 +154,28 @@ def load_prefill(dec):
     return Prefill(dec)
 
 
-def _prompt_pass(decoder, prompt: list[int], prefill=None) -> float | None:
+def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
     """Put `prompt` into the KV cache and leave its first generated token in `next_token`,
     with the state ready to decode the next one.
 
-    With a prefill: TTFT, host time from submitting the prompt to the first token read back,
-    starting from an idle GPU. Without one the prompt is fed one decode step per token (the
-    decoder's own steps), which is no TTFT: None.
+    With a prefill, `reps` times: a new sequence (Prefill.run at start 0 gives every page of
+    the previous one back and reserves the prompt's), its TTFT timed as host time from
+    submitting the prompt to the first token read back, starting from an idle GPU. The last
+    pass is the one decoding continues from. Without a prefill the prompt is fed once, one
+    decode step per token (the decoder's own steps), which is no TTFT: None.
 
     Returns:
-        TTFT in ms, or None.
+        The `reps` TTFTs in ms, in order, or None.
     """
     if prefill is not None:
-        decoder.sync()                 # the previous sequence is done: its page slots are free
-        t0 = time.perf_counter()
-        prefill.run(prompt)            # start = 0: a new sequence, pages reserved for the prompt
-        decoder.next_token()
-        return (time.perf_counter() - t0) * 1e3
+        ttft_ms = []
+        for _ in range(reps):
+            decoder.sync()             # the previous sequence is done: its page slots are free
+            t0 = time.perf_counter()
+            prefill.run(prompt)        # start = 0: a new sequence, pages reserved for the prompt
+            decoder.next_token()
+            ttft_ms.append((time.perf_counter() - t0) * 1e3)
+        return ttft_ms
     decoder.seq.start(prompt[0])
     for t in prompt[1:]:
         decoder.decode_token()
@@ -165,14 +186,15 @@ def _prompt_pass(decoder, prompt: list[int], prefill=None) -> float | None:
 
 
 def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_gbps: float,
-             prefill=None) -> ModeResult:
+             prefill=None, prefill_reps: int = PREFILL_REPS) -> ModeResult:
     """The protocol on one decoder (DecodeStep for "eager", GraphDecoder for "graph"); the
-    prompt goes through `prefill` when given (`load_prefill`), else one step per token."""
+    prompt goes through `prefill` when given (`load_prefill`), `prefill_reps` times, else
+    once, one step per token."""
     decoder.seq.start(prompt[0])
     for _ in range(WARMUP_TOKENS):
         decoder.decode_token()
     decoder.sync()
-    ttft_ms = _prompt_pass(decoder, prompt, prefill)
+    ttft_runs_ms = _prompt_pass(decoder, prompt, prefill, prefill_reps)
     tokens = [decoder.next_token()]
     itl_ms, kv = [], []
     t_prev = time.perf_counter()
@@ -183,14 +205,15 @@ def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_g
         t = time.perf_counter()
         itl_ms.append((t - t_prev) * 1e3)
         t_prev = t
-    return ModeResult(mode, ttft_ms, itl_ms, tokens,
+    return ModeResult(mode, ttft_runs_ms, itl_ms, tokens,
                       weight_bytes_per_token(dec) + float(np.mean(kv)), copy_gbps)
 
 
 # ---- the whole benchmark -----------------------------------------------------------------------
 def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int = NEW_TOKENS,
               max_context: int | None = None, modes: tuple[str, ...] = MODES, seed: int = 0,
-              copy_bytes: int | None = None, use_prefill: bool = True, kernels: bool = False) -> dict:
+              copy_bytes: int | None = None, use_prefill: bool = True, prefill_reps: int = PREFILL_REPS,
+              kernels: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -202,6 +225,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         copy_bytes: bytes per copy of the bandwidth measurement (default 2 GiB).
         use_prefill: run the prompt through the GPU prefill where it exists (TTFT); False
             feeds it one decode step per token (no TTFT).
+        prefill_reps: timed prefills of the prompt per mode (>= 1), each a new sequence.
         kernels: also time every launch of the step (`kernel_breakdown`).
 
     Raises:
@@ -218,6 +242,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
     if prompt_tokens < 1 or new_tokens < 2:
         raise DrvqwenError(f"--prompt-tokens {prompt_tokens} / --new-tokens {new_tokens}: need >= 1 and >= 2")
+    if prefill_reps < 1:
+        raise DrvqwenError(f"--prefill-reps {prefill_reps}: need >= 1")
     f = NanoqwenFile(model_path)
     cfg = f.config
     ctx = max_context or cfg.max_position
@@ -244,10 +270,11 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             dec.sync()
         results: dict[str, ModeResult] = {}
         for mode in modes:
-            err.print(f"{mode}: {WARMUP_TOKENS} warm-up steps, {prompt_tokens}-token prompt "
-                      f"({'GPU prefill' if prefill is not None else 'one step per token'}), {new_tokens} tokens …")
+            how = f"GPU prefill × {prefill_reps}" if prefill is not None else "one step per token"
+            err.print(f"{mode}: {WARMUP_TOKENS} warm-up steps, {prompt_tokens}-token prompt ({how}), "
+                      f"{new_tokens} tokens …")
             results[mode] = run_mode(mode, dec if mode == "eager" else graph, dec, prompt, new_tokens,
-                                     copy.gbps, prefill)
+                                     copy.gbps, prefill, prefill_reps)
         out = {
             "device": dec.device.info.summary(),
             "model": str(model_path),
@@ -255,8 +282,11 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             "protocol": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "greedy": True,
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS,
+                         "prefill_reps": prefill_reps if prefill is not None else None,
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
-                                 "the first token read back" if prefill is not None
+                                 "the first token read back, per prefill; prefill_reps prefills of the "
+                                 "prompt, each a new sequence: ttft_ms the first, ttft_median_ms their "
+                                 "median" if prefill is not None
                          else "not available: no GPU prefill used (prompt fed one decode step per token)",
                          "itl": "host wall time between consecutive tokens read back, per step"},
             "copy_bandwidth": {"GBps": copy.gbps, "copy_bytes": copy.copy_bytes, "times_ms": list(copy.times_ms),
@@ -294,18 +324,21 @@ def print_table(res: dict, console: Console | None = None) -> None:
     t = Table(title=f"decode, {Path(res['model']).name} ({cfg['num_layers']} layers, d={cfg['hidden_size']}): "
                     f"{res['protocol']['prompt_tokens']}-token prompt, {res['protocol']['new_tokens']} greedy tokens",
               caption=f"{res['device']}; copy bandwidth {res['copy_bandwidth']['GBps']:.0f} GB/s (read + write); "
-                      f"{res['launches_per_step']} launches per step")
-    for c in ("mode", "TTFT ms", "ITL median ms", "ITL p99 ms", "tok/s", "effective GB/s", "of copy BW"):
+                      f"{res['launches_per_step']} launches per step"
+                      + (f"; TTFT over {reps} GPU prefills of the prompt"
+                         if (reps := res["protocol"].get("prefill_reps")) else ""))
+    for c in ("mode", "TTFT first ms", "TTFT median ms", "ITL median ms", "ITL p99 ms", "tok/s", "effective GB/s",
+              "of copy BW"):
         t.add_column(c, justify="left" if c == "mode" else "right")
     modes = res["modes"]
     for m, r in modes.items():
-        ttft = "n/a" if r["ttft_ms"] is None else f"{r['ttft_ms']:.1f}"
-        t.add_row(m, ttft, f"{r['itl_median_ms']:.3f}", f"{r['itl_p99_ms']:.3f}", f"{r['decode_tok_s']:.1f}",
+        first, median = ("n/a" if r[k] is None else f"{r[k]:.1f}" for k in ("ttft_ms", "ttft_median_ms"))
+        t.add_row(m, first, median, f"{r['itl_median_ms']:.3f}", f"{r['itl_p99_ms']:.3f}", f"{r['decode_tok_s']:.1f}",
                   f"{r['effective_gbps']:.0f}", f"{r['fraction_of_copy']:.1%}")
     if "eager_over_graph_itl" in res:
         e, g = modes["eager"], modes["graph"]
         # Every ratio is the graph's gain: eager time ÷ graph time, graph rate ÷ eager rate.
-        t.add_row("graph gain", "", f"{res['eager_over_graph_itl']:.2f}×",
+        t.add_row("graph gain", "", "", f"{res['eager_over_graph_itl']:.2f}×",
                   f"{e['itl_p99_ms'] / g['itl_p99_ms']:.2f}×", f"{g['decode_tok_s'] / e['decode_tok_s']:.2f}×",
                   f"{g['effective_gbps'] / e['effective_gbps']:.2f}×", "")
     console.print(t)
@@ -362,6 +395,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default: 0)")
     p.add_argument("--no-prefill", action="store_true",
                    help="feed the prompt one decode step per token even where a GPU prefill exists (no TTFT)")
+    p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
+                   help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
+                        f"the first and the median (default: {PREFILL_REPS})")
     p.add_argument("--kernels", action="store_true", help="also time every launch of the decode step, by role")
     p.add_argument("--json", help="also write the result as JSON to this file")
 
@@ -384,7 +420,7 @@ def cmd_bench(args) -> int:
     modes = MODES if args.mode == "both" else (args.mode,)
     res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                     max_context=args.max_context or None, modes=modes, seed=args.seed,
-                    use_prefill=not args.no_prefill, kernels=args.kernels)
+                    use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels)
     print_table(res)
     if "kernels" in res:
         print_kernels(res)
