@@ -28,6 +28,7 @@ import pytest
 from rich.console import Console
 
 from drvqwen import reference as ref
+from drvqwen.format import weight_formats as wf
 from drvqwen.format.nanoqwen import NanoqwenFile
 from drvqwen.reference_steps import Expected, compare
 from drvqwen.tokenizer import Tokenizer
@@ -41,6 +42,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("step") / "tiny.nanoqwen"
     write_model(path, TINY, random_dense(TINY, np.random.default_rng(7)), byte_tokenizer_json())
+    f = NanoqwenFile(path)
+    yield f
+    f.close()
+
+
+@pytest.fixture(scope="module", params=["int4", "q4_k_m"])
+def tiny_any(request, tiny, tmp_path_factory):
+    """The tiny model as INT4, and in per-tensor formats (llama.cpp's Q4_K_M recipe: the GPU's
+    gemv_fmt.cu step, whose launches the stepper checks against the reference too)."""
+    if request.param == "int4":
+        yield tiny
+        return
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import write_synthetic
+
+    path = tmp_path_factory.mktemp("step") / "tiny-q4_k_m.nanoqwen"
+    write_synthetic(path, TINY, seed=7, tokenizer_json=byte_tokenizer_json(), formats=recipe_formats(TINY, "q4_k_m"))
     f = NanoqwenFile(path)
     yield f
     f.close()
@@ -62,8 +80,9 @@ def _session(f, max_context=64):
     return s, Repl(s, out, echo=True), buf
 
 
-def test_stepwise_reference_is_the_forward_pass(tiny, rng):
+def test_stepwise_reference_is_the_forward_pass(tiny_any, rng):
     """Prompt and decode through the CPU step match reference.Model on the same weights."""
+    tiny = tiny_any
     m = _machine(tiny)
     prompt = rng.integers(0, 256, 13).tolist()            # ids with text (the byte tokenizer)
     logits, tok = m.start(prompt)
@@ -90,12 +109,13 @@ def test_stepwise_reference_is_the_forward_pass(tiny, rng):
 
 
 @pytest.mark.parametrize("attention", ["tma", "plain"])
-def test_comparison_path_on_cpu_buffers(tiny, rng, attention):
+def test_comparison_path_on_cpu_buffers(tiny_any, rng, attention):
     """The GPU's path (reference from the launch's inputs in float64, then compare() against
     the buffers the launch left) over buffers the CPU wrote in the GPU's dtypes: every group
     compares ok, the split-KV partials only through the combine."""
     from drvqwen.step.machine_cpu import CpuMachine
 
+    tiny = tiny_any
     m = CpuMachine(tiny, 64, attention=attention)
     m.start(rng.integers(0, 256, 15).tolist())       # the step at 15; the next opens page 1
     m.compares, m.dtype = True, np.float64
@@ -111,9 +131,10 @@ def test_comparison_path_on_cpu_buffers(tiny, rng, attention):
         assert [r.entry.name for r in later] == [f"L{l}.attention.0" for l in range(m.config.num_layers)]
 
 
-def test_every_launch_group_has_a_reference(tiny):
+def test_every_launch_group_has_a_reference(tiny_any):
     from drvqwen.reference_steps import reference_for
 
+    tiny = tiny_any
     m = _machine(tiny)
     assert len(m.entries) == len(m.plan.named_specs())
     for g in m.groups:
@@ -125,6 +146,9 @@ def test_every_launch_group_has_a_reference(tiny):
     assert attn.outputs == ("attn",)
     qkv = next(g for g in m.groups if g.name == "L1.qkv_rope")
     assert qkv.outputs == ("q", "k_cache[1]", "v_cache[1]")
+    kernels = {g.specs[0].kernel.kernel for g in m.groups}
+    family = "gemv_fmt" if m.plan.per_tensor else "gemv_int4"
+    assert {f"{family}_qkv_rope", f"{family}_residual", f"{family}_gate_up_swiglu"} <= kernels
 
 
 def test_compare_catches_differences(rng):
@@ -292,3 +316,15 @@ def test_src_finds_every_kernel_of_the_step(tiny):
     out = buf.getvalue()
     assert "kernels/attention_decode_tma.cu — attention_decode_tma_hd64" in out
     assert out.count("\n// ") > 5 and "attention_decode_tma_hd64, 64)" in out
+
+
+def test_show_dequantizes_a_weight_in_its_format(tiny_any):
+    """`show L0.q_proj` dequantizes the projection in the format the file holds it in, the
+    values the reference computes with (NanoqwenFile.weight)."""
+    s, repl, buf = _session(tiny_any)
+    assert repl.execute("show L0.q_proj 0,0:4")
+    fmt = wf.FORMATS[tiny_any.formats["model.layers.0.self_attn.q_proj"]].name
+    out = buf.getvalue()
+    assert f"model.layers.0.self_attn.q_proj dequantized ({fmt} → float32)" in out
+    want = tiny_any.weight("model.layers.0.self_attn.q_proj")[0, :4]
+    assert s.m.weights.quantized("model.layers.0.self_attn.q_proj.qweight")[0, :4].tobytes() == want.tobytes()

@@ -178,19 +178,28 @@ def test_int4_policy_gives_the_default_formats(mixed, tmp_path):
     assert f.has_default_formats and f.formats == default_formats(f.config)
 
 
-def test_the_gpu_takes_every_format_and_names_a_weight_it_cannot(mixed, monkeypatch):
-    """Every format of a mixed file runs on the GPU (gemv_fmt.cu); a format without a kernel is
-    refused before any allocation, naming the weight and its format."""
+def test_the_gpu_takes_every_format_and_names_a_weight_it_cannot(mixed, monkeypatch, tmp_path):
+    """Every format runs on the GPU (gemv_fmt.cu, gemm_fmt.cu); what does not is refused before any
+    allocation with one line: a format without a kernel (naming the weight and its format), or a
+    layer whose gate_proj and up_proj differ in format (the fused gate/up kernels read one)."""
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import write_synthetic
     from drvqwen.gpu_weights import GPUWeights, check_gpu_formats
     from drvqwen.launchers import gemv_fmt
 
-    _, f, _ = mixed
-    assert check_gpu_formats(f) is None
-    used = sorted({fid for fid in f.formats.values() if fid != wf.PLAIN})
-    monkeypatch.setattr(gemv_fmt, "GPU_FORMAT_IDS", frozenset(gemv_fmt.GPU_FORMAT_IDS) - {used[-1]})
-    prefix = next(p for p, fid in f.formats.items() if fid == used[-1])
-    with pytest.raises(FormatError, match=rf"{prefix} is stored in weight format {wf.FORMATS[used[-1]].name}"):
+    _, f, _ = mixed                                  # its types cycle: gate and up differ in layer 0
+    gate, up = (wf.FORMATS[f.formats[f"model.layers.0.mlp.{p}"]].name for p in ("gate_proj", "up_proj"))
+    assert gate != up
+    with pytest.raises(FormatError, match=rf"layer 0 stores gate_proj in {gate} and up_proj in {up}"):
         GPUWeights(f)
+    km = NanoqwenFile(write_synthetic(tmp_path / "km.nanoqwen", TINY, seed=3, tokenizer_json=f.tokenizer_json,
+                                      formats=recipe_formats(TINY, "q4_k_m")))
+    assert check_gpu_formats(km) is None
+    used = sorted({fid for fid in km.formats.values() if fid != wf.PLAIN})
+    monkeypatch.setattr(gemv_fmt, "GPU_FORMAT_IDS", frozenset(gemv_fmt.GPU_FORMAT_IDS) - {used[-1]})
+    prefix = next(p for p, fid in km.formats.items() if fid == used[-1])
+    with pytest.raises(FormatError, match=rf"{prefix} is stored in weight format {wf.FORMATS[used[-1]].name}"):
+        GPUWeights(km)
 
 
 # ---- the table's format ids ---------------------------------------------------------------------

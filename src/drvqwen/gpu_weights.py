@@ -34,7 +34,8 @@ def _device_nbytes(info) -> int:
 
 def check_gpu_formats(f: NanoqwenFile) -> str | None:
     """None if the GPU kernels run every weight of `f` in its format, else a one-line reason
-    naming the first weight that they do not (its format and shape)."""
+    naming the first weight that they do not (its format and shape), or a layer whose gate_proj
+    and up_proj differ in format."""
     from .launchers.gemv_fmt import GPU_FORMAT_IDS, QUAD
 
     shapes = weight_shapes(f.config)
@@ -48,6 +49,12 @@ def check_gpu_formats(f: NanoqwenFile) -> str | None:
             return f"{f.path}: {prefix} is stored in weight format {name}, which the GPU kernels do not run"
         if k % QUAD:
             return f"{f.path}: {prefix} [{n}, {k}]: the GPU kernels need K a multiple of {QUAD}"
+    for layer in range(f.config.num_layers):   # the fused gate/up GEMV and GEMM read both in one format
+        gate, up = (f.formats[proj_prefix(layer, p)] for p in ("gate_proj", "up_proj"))
+        if gate != up:
+            names = [wf.FORMATS[i].name if i in wf.FORMATS else "dense" for i in (gate, up)]
+            return (f"{f.path}: layer {layer} stores gate_proj in {names[0]} and up_proj in {names[1]}; the GPU's "
+                    f"fused gate/up kernels read both in one format")
     return None
 
 

@@ -21,7 +21,8 @@ the step), and so that the CPU can run the same list, launch for launch, by the 
                      first differing index, ok / MISMATCH by the kernel tests' bounds.
 
 The references compute in `reader.dtype` (float64 for comparisons, as the kernel tests do;
-float32 on the CPU stepper, as the CPU backend does) on the dequantized INT4 weights, with the
+float32 on the CPU stepper, as the CPU backend does) on the dequantized weights (INT4, or each
+tensor's own format), with the
 roundings the kernels make on purpose (the normalised GEMV input is FP16, as the kernel feeds
 it to its MMAs; docs/numerics.md). A kernel without an entry here is run and timed but not
 compared ("no reference").
@@ -69,6 +70,10 @@ class BufferReader(Protocol):
 
     def dense(self, weight) -> np.ndarray:
         """An FP16 weight matrix as float32 (exact), e.g. the lm_head."""
+
+    def quantized(self, qweight) -> np.ndarray:
+        """The weight whose `.qweight` part this is, dequantized in its per-tensor format as the
+        file's reader does (format/weight_formats.py), float32 [N, K]."""
 
 
 @dataclass
@@ -251,12 +256,23 @@ def _rope(x: np.ndarray, pos: int, inv_freq: np.ndarray) -> np.ndarray:
     return ref.apply_rope(x[None], cos, sin)[0]
 
 
+def _matrix(r: BufferReader, a: dict, p: str = "") -> np.ndarray:
+    """The weight matrix a launch reads, float32 [N, K]: INT4 (`<p>_qweight`, `<p>_scales`, or
+    `qweight`, `scales` unprefixed), or a per-tensor format (gemv_fmt.cu: its four planes, the
+    `<p>_aux` one among them)."""
+    pre = f"{p}_" if p else ""
+    if f"{pre or 'w_'}aux" in a:
+        return r.quantized(a[f"{pre or 'w_'}qweight"])
+    return r.int4(a[f"{pre}qweight"], a[f"{pre}scales"])
+
+
 def _embedding(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     a = g.specs[0].args
-    out, embed, state, vocab = a["residual"], a["embed"], a["state"], a["V"]
+    out, state, vocab = a["residual"], a["state"], a["V"]
     tok = int(r.array(state)[1])
     if 0 <= tok < _val(vocab):
-        row = np.asarray(r.array(embed)[tok]).astype(np.float32)
+        table = r.quantized(a["w_qweight"]) if "w_aux" in a else r.array(a["embed"])
+        row = np.asarray(table[tok]).astype(np.float32)
     else:
         row = np.full(out.shape, np.nan, np.float32)       # the kernel's answer to a bad id
     return [Expected(_name(out), row, exact=True, note=f"row {tok}")]
@@ -266,8 +282,7 @@ def _qkv_rope(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     a = g.specs[0].args
     hq, hkv, dh = (_val(a[n]) for n in ("Hq", "Hkv", "Dh"))
     xn = _normed(r, a["residual"], a["norm_w"], _val(a["eps"]))
-    q, k, v = (_matvec(r.int4(a[f"{m}_qweight"], a[f"{m}_scales"]), xn, r.dtype)
-               + r.array(a[f"{m}_bias"]).astype(r.dtype) for m in "qkv")
+    q, k, v = (_matvec(_matrix(r, a, m), xn, r.dtype) + r.array(a[f"{m}_bias"]).astype(r.dtype) for m in "qkv")
     q_out, k_cache, v_cache, state, bt, inv_freq = (a[n] for n in ("q_out", "k_cache", "v_cache", "state",
                                                                      "block_table", "inv_freq"))
     st = r.array(state)
@@ -301,22 +316,20 @@ def _attention(g: LaunchGroup, r: BufferReader) -> list[Expected]:
 
 def _residual(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     a = g.specs[0].args
-    res, x, qw, sc = a["residual"], a["x"], a["qweight"], a["scales"]
-    want = r.array(res).astype(r.dtype) + _matvec(r.int4(qw, sc), r.array(x), r.dtype)
+    res, x = a["residual"], a["x"]
+    want = r.array(res).astype(r.dtype) + _matvec(_matrix(r, a), r.array(x), r.dtype)
     return [Expected(_name(res), want)]
 
 
 def _gemv_f16(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     a = g.specs[0].args
-    y, x, qw, sc = a["y"], a["x"], a["qweight"], a["scales"]
-    return [Expected(_name(y), _matvec(r.int4(qw, sc), r.array(x), r.dtype))]
+    return [Expected(_name(a["y"]), _matvec(_matrix(r, a), r.array(a["x"]), r.dtype))]
 
 
 def _gate_up(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     a = g.specs[0].args
     xn = _normed(r, a["residual"], a["norm_w"], _val(a["eps"]))
-    want = ref.swiglu(_matvec(r.int4(a["gate_qweight"], a["gate_scales"]), xn, r.dtype),
-                      _matvec(r.int4(a["up_qweight"], a["up_scales"]), xn, r.dtype))
+    want = ref.swiglu(_matvec(_matrix(r, a, "gate"), xn, r.dtype), _matvec(_matrix(r, a, "up"), xn, r.dtype))
     return [Expected(_name(a["h"]), want)]
 
 
@@ -329,19 +342,26 @@ def _rmsnorm(g: LaunchGroup, r: BufferReader) -> list[Expected]:
 
 def _lm_head(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     a = g.specs[0].args
-    logits, part_val, part_idx, x, w = (a[n] for n in ("logits", "part_val", "part_idx", "x", "weight"))
-    vocab, n_valid = a["V"], a["n_valid"]
-    want = _matvec(r.dense(w), r.array(x), r.dtype)
+    logits, part_val, part_idx, x = (a[n] for n in ("logits", "part_val", "part_idx", "x"))
+    vocab, n_valid = _val(a["V"]), a["n_valid"]
+    per_tensor = "w_aux" in a                     # gemv_fmt_lm_head: blocks own ranges of 16-row tiles
+    want = _matvec(_matrix(r, a) if per_tensor else r.dense(a["weight"]), r.array(x), r.dtype)
     want[_val(n_valid):] = -np.inf
     n_part = part_val.shape[0]
-    rows = -(-_val(vocab) // n_part)
-    padded = np.full(n_part * rows, -np.inf, want.dtype)
-    padded[:want.size] = want
-    blocks = padded.reshape(n_part, rows)
-    best = blocks.argmax(axis=1)                  # lowest index on ties, as the kernel
-    idx = (np.arange(n_part) * rows + best).astype(np.int32)
+    if per_tensor:
+        tiles = -(-vocab // 16)
+        bounds = [min(16 * (b * tiles // n_part), vocab) for b in range(n_part + 1)]
+        what = "best of each block's 16-row tiles"
+    else:
+        rows = -(-vocab // n_part)
+        bounds = [min(b * rows, vocab) for b in range(n_part + 1)]
+        what = f"best of each {rows} rows"
+    # Lowest index on ties, as the kernels; an empty range (never in a planned grid) gives −inf.
+    idx = np.array([lo + int(np.argmax(want[lo:hi])) if hi > lo else lo for lo, hi in zip(bounds, bounds[1:])],
+                   np.int32)
+    best = np.array([want[i] if i < vocab else -np.inf for i in idx], want.dtype)
     return [Expected(_name(logits), want, note=f"rows from {_val(n_valid)} on are −inf"),
-            Expected(_name(part_val), blocks[np.arange(n_part), best], note=f"best of each {rows} rows"),
+            Expected(_name(part_val), best, note=what),
             Expected(_name(part_idx), idx, scores=want, note="its row (near ties may differ)")]
 
 
@@ -384,6 +404,13 @@ REFERENCES: dict[str, tuple[Reference, str]] = {
     "gemv_int4_residual": (_residual, "residual += W x (INT4 GEMV, the add in its epilogue)"),
     "gemv_int4_f16": (_gemv_f16, "y = W x (INT4 GEMV)"),
     "gemv_int4_gate_up_swiglu": (_gate_up, "xn = rmsnorm(residual)·w_post; h = silu(Wg xn) · (Wu xn)"),
+    "embedding_fmt": (_embedding, "residual fp32 [D] = embed[state.token], dequantized in its format"),
+    "gemv_fmt_qkv_rope": (_qkv_rope, "xn = rmsnorm(residual)·w_in; q = rope(Wq xn + bq); K/V cache[pos] = "
+                                     "rope(Wk xn + bk), Wv xn + bv (each W in its own format)"),
+    "gemv_fmt_residual": (_residual, "residual += W x (GEMV in the weight's format, the add in its epilogue)"),
+    "gemv_fmt_f16": (_gemv_f16, "y = W x (GEMV in the weight's format)"),
+    "gemv_fmt_gate_up_swiglu": (_gate_up, "xn = rmsnorm(residual)·w_post; h = silu(Wg xn) · (Wu xn) (in their format)"),
+    "gemv_fmt_lm_head": (_lm_head, "logits fp32 [V] = W_lm xn (in its format), and each block's best (value, row)"),
     "rmsnorm": (_rmsnorm, "xn fp16 = rmsnorm(residual) · w"),
     "gemv_f16_lm_head": (_lm_head, "logits fp32 [V] = W_lm xn, and the best (value, row) of every 32 rows"),
     "argmax_final": (_argmax_final, "next_token = the best of the (value, row) partials"),

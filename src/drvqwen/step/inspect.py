@@ -14,7 +14,7 @@ import numpy as np
 from rich.text import Text
 
 from ..errors import DrvqwenError
-from ..format import quant
+from ..format import weight_formats as wf
 from ..format.tensor_set import proj_prefix
 from ..kv_cache import PAGE_TOKENS, tensor_map_shape
 from ..launchers.base import TensorMapSpec
@@ -69,8 +69,8 @@ def parse_slice(text: str) -> tuple:
 
 
 def _weight(s, name: str) -> tuple[np.ndarray, str] | None:
-    """A weight by file name or by `L3.q_proj` / `L3.input_layernorm` / `L3.q_bias`, INT4 ones
-    dequantized (float32 [N, K])."""
+    """A weight by file name or by `L3.q_proj` / `L3.input_layernorm` / `L3.q_bias`, quantized
+    ones dequantized in their format (float32 [N, K])."""
     m = re.fullmatch(r"L(\d+)\.(\w+)", name)
     w = s.m.weights
     if m:
@@ -85,10 +85,13 @@ def _weight(s, name: str) -> tuple[np.ndarray, str] | None:
             name = proj_prefix(layer, role[0] + "_proj") + ".bias"
         else:
             return None
-    base = name[:-len(".qweight")] if name.endswith(".qweight") else name
+    base = name
+    for suffix in wf.PART_SUFFIXES:      # any part of a quantized weight names the weight
+        if name.endswith(suffix):
+            base = name[:-len(suffix)]
     if w.has(base + ".qweight"):
-        q, sc = w.weight(base + ".qweight"), w.weight(base + ".scales")
-        return quant.dequantize(np.asarray(q), np.asarray(sc), np.float32), f"{base} dequantized (INT4 g128 → float32)"
+        fmt = wf.FORMATS[w.file.formats[base]].name
+        return w.quantized(base + ".qweight"), f"{base} dequantized ({fmt} → float32)"
     if w.has(name):
         return np.asarray(w.weight(name)), f"{name} (from the model file)"
     return None

@@ -126,6 +126,10 @@ class Machine:
     def dense(self, weight) -> np.ndarray:
         return self.weights.dense(weight)
 
+    def quantized(self, qweight) -> np.ndarray:
+        """A weight in a per-tensor format, dequantized (from the file, as int4)."""
+        return self.weights.quantized(qweight)
+
     @property
     def pos(self) -> int:
         raise NotImplementedError

@@ -54,7 +54,8 @@ class HostArray:
 
 
 class FileWeights:
-    """Weights read from the `.nanoqwen` file, INT4 projections dequantized once and kept."""
+    """Weights read from the `.nanoqwen` file, quantized ones (INT4, or a per-tensor format)
+    dequantized once and kept."""
 
     def __init__(self, f: NanoqwenFile) -> None:
         self.file = f
@@ -74,6 +75,12 @@ class FileWeights:
         name = getattr(weight, "name", weight)
         if name not in self._deq:
             self._deq[name] = np.asarray(self.file.tensor(name), np.float32)
+        return self._deq[name]
+
+    def quantized(self, qweight) -> np.ndarray:
+        name = getattr(qweight, "name", qweight)
+        if name not in self._deq:
+            self._deq[name] = self.file.weight(name[:-len(".qweight")], np.float32)
         return self._deq[name]
 
     def has(self, name: str) -> bool:
@@ -102,7 +109,8 @@ class CpuMachine(Machine):
         cfg = f.config
         self.config = cfg
         occ = FixedOccupancy(H200_SMS, lambda _k, _t, _s: PLANNED_BLOCKS_PER_SM)
-        self.plan = plan_decode(cfg, max_context, attention=attention, occupancy=occ, text_vocab=f.text_vocab)
+        self.plan = plan_decode(cfg, max_context, attention=attention, occupancy=occ, text_vocab=f.text_vocab,
+                                formats=f.formats)
         self.max_context = self.plan.max_context
         self.weights = FileWeights(f)
         self.label = (f"cpu (numpy reference; grids planned for an H200: {H200_SMS} SMs, "
