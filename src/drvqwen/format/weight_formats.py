@@ -347,10 +347,11 @@ def random_weight(fmt: WeightFormat, n: int, k: int, rng: np.random.Generator) -
     if not fmt.fits(k):
         raise ValueError(f"random_weight: K={k} is not a multiple of {fmt.k_multiple} ({fmt.name})")
     half = 1 << (fmt.bits - 1)
-    codes = rng.integers(0, 1 << fmt.bits, (n, k), dtype=np.uint8) if fmt.bits < 8 else \
-        rng.integers(0, 256, (n, k)).astype(np.uint8)
-    parts = pack_codes(fmt, codes)
     shapes = {name.rsplit(".", 1)[1]: shape for name, (_, shape) in fmt.tensors("w", n, k).items()}
+    # Every bit of the code planes belongs to exactly one code (pack_codes fills them whole), so
+    # uniform random words are uniform codes — without drawing and packing n·k bytes first (a 7B
+    # synthetic model is 7 G codes).
+    parts = {p: rng.integers(0, 1 << 32, shapes[p], dtype=np.uint32) for p in ("qweight", "qhigh") if p in shapes}
 
     def u(shape, lo=0.5, hi=1.5):
         return rng.uniform(lo, hi, shape)
