@@ -80,9 +80,18 @@ def digest_of_commit(commit: str, root: Path) -> str:
     """
     names = [n for n in _git(root, "ls-tree", "-r", "--name-only", commit, "--", "src/drvqwen", "kernels", "ptx")
              .decode().splitlines() if _is_runtime_path(n)]
-    files = []
+    # One `cat-file --batch` for all of them (one process, not one per file): its answer is,
+    # per request line, "<oid> blob <size>\n", the bytes, "\n".
+    out = _git(root, "cat-file", "--batch", stdin="".join(f"{commit}:{n}\n" for n in names).encode())
+    files, at = [], 0
     for name in names:
-        files.append((name, _git(root, "cat-file", "blob", f"{commit}:{name}")))
+        header_end = out.index(b"\n", at)
+        header = out[at:header_end].split()
+        if len(header) != 3 or header[1] != b"blob":          # "<name> missing"
+            raise subprocess.CalledProcessError(1, "git cat-file --batch", output=out[at:header_end])
+        start, size = header_end + 1, int(header[2])
+        files.append((name, out[start:start + size]))
+        at = start + size + 1
     return digest_of(files)
 
 
