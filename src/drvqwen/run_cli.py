@@ -69,13 +69,14 @@ def _run(args, stats) -> int:
     # backend loads, whose driver calls, copies and compiles leave the GIL to it. The CPU
     # backend sizes its KV cache from the prompt, so there it is built first, in line.
     on_gpu = generating and opened.device == "cuda"
-    tokenizer = Background("tokenizer", lambda: Tokenizer.from_json(f.tokenizer_json, source=str(f.path)),
+    tokenizer = Background("tokenizer", lambda: Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True),
                            thread=on_gpu)
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
 
     def prompt() -> tuple[Tokenizer, list[int]]:
         tok = tokenizer.result()
+        stats.counts["tokenizer_cached"] = int(tok.from_cache)
         with stats.timed("tokenize"):
             ids = go.prompt_ids(args, tok, text)
         check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
@@ -156,7 +157,7 @@ def cmd_chat(args) -> int:
     system = DEFAULT_SYSTEM if args.system is None else checked_arg(args.system, "--system")
     opened = open_model(args.model, args.device, verify=not args.no_verify, stats=stats)
     f = opened.file
-    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
     max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
                                       f.config.max_position)
     backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats)

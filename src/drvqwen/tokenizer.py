@@ -70,6 +70,7 @@ class Tokenizer:
         self._tk = tk
         self.source = source  # named in error messages (e.g. the .nanoqwen it came from)
         self._bytes: dict[int, bytes] = {}      # token_bytes, filled as ids are asked for
+        self.from_cache = False                 # loaded from tokenizer_cache (from_json)
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike | GGUFReader) -> "Tokenizer":
@@ -77,17 +78,32 @@ class Tokenizer:
         return cls(build_tokenizer_from_gguf(path_or_reader))
 
     @classmethod
-    def from_json(cls, text: str, source: str = "tokenizer") -> "Tokenizer":
+    def from_json(cls, text: str, source: str = "tokenizer", *, cache: bool = False) -> "Tokenizer":
         """Load tokenizer.json text (as written by `to_json`); `source` names where it came
         from in error messages (e.g. the .nanoqwen file).
+
+        With cache=True the tokenizer comes from drvqwen's cache when an earlier run left it
+        there in its fast-loading form (tokenizer_cache.py: the same tokenizer, proved when it
+        was written), and is written there after a build from `text`; `from_cache` says which.
 
         Raises:
             DrvqwenError: the text is not a valid tokenizer.json.
         """
+        if cache:
+            from . import tokenizer_cache
+
+            tk = tokenizer_cache.load(text)
+            if tk is not None:
+                tok = cls(tk, source)
+                tok.from_cache = True
+                return tok
         try:
-            return cls(tokenizers.Tokenizer.from_str(text), source)
+            tok = cls(tokenizers.Tokenizer.from_str(text), source)
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
             raise DrvqwenError(f"{source}: embedded tokenizer.json is invalid ({str(e).splitlines()[0]})") from None
+        if cache:
+            tokenizer_cache.store(text, tok._tk)
+        return tok
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (compact), for embedding in a `.nanoqwen` file."""
