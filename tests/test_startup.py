@@ -110,13 +110,14 @@ def test_run_reports_every_phase_in_order_and_within_the_total(tiny, tmp_path, c
     d = json.loads(js.read_text())
     # In-process (the tests call cli.main), the total starts with the command: no start-up phases.
     assert d["total_from"] == "command" and "start" not in d["phases_s"]
+    # The first run with this tokenizer (a cache of the test's own) writes its cached form last.
     assert list(d["phases_s"]) == ["import", "read", "verify", "tokenizer", "tokenize", "load",
-                                   "generate", "prefill", "first token", "decode"]
+                                   "generate", "prefill", "first token", "decode", "tokenizer cache"]
     assert sum(d["phases_s"].values()) <= d["total_s"]
     assert 0 < d["first_output_s"] <= d["total_s"]
     for label in ("read + validate the model", "load the tokenizer", "tokenize the prompt", "prefill",
                   "first token", "(between the phases)", "total, from the command's start",
-                  "first text on stdout"):
+                  "first text on stdout", "write the tokenizer's cached form (once)"):
         assert label in err
 
 

@@ -51,9 +51,12 @@ def _texts(tk: tokenizers.Tokenizer, rng: np.random.Generator, n: int) -> list[s
 
 
 def _assert_same_tokenizer(text: str, n_texts: int, rng) -> None:
-    built = Tokenizer.from_json(text, cache=True)           # no cache file yet: built, then stored
-    assert not built.from_cache
+    built = Tokenizer.from_json(text, cache=True)           # no cache file yet: built …
+    assert not built.from_cache and built.store_pending
+    assert not tokenizer_cache.cache_path(text).exists()
+    assert built.store_in_cache()                           # … and stored when asked, once
     assert tokenizer_cache.cache_path(text).is_file()
+    assert not built.store_pending and not built.store_in_cache()
     cached = Tokenizer.from_json(text, cache=True)
     assert cached.from_cache
     assert cached.backend.to_str() == built.backend.to_str() == tokenizers.Tokenizer.from_str(text).to_str()
@@ -118,13 +121,14 @@ def test_a_form_that_builds_another_tokenizer_is_not_stored(monkeypatch):
     other["model"]["merges"] = other["model"]["merges"][:-1]          # one merge lost
     monkeypatch.setattr(tokenizer_cache, "compact_json", lambda tk: json.dumps(other))
     tok = Tokenizer.from_json(text, cache=True)
+    assert not tok.store_in_cache()
     assert not tok.from_cache and not tokenizer_cache.cache_path(text).exists()
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header"])
 def test_a_damaged_cache_file_is_rebuilt_not_used(damage):
     text = _bpe_with_merges_json()
-    Tokenizer.from_json(text, cache=True)
+    Tokenizer.from_json(text, cache=True).store_in_cache()
     path = tokenizer_cache.cache_path(text)
     raw = bytearray(path.read_bytes())
     if damage == "flip":
@@ -139,13 +143,14 @@ def test_a_damaged_cache_file_is_rebuilt_not_used(damage):
     assert tokenizer_cache.load(text) is None
     tok = Tokenizer.from_json(text, cache=True)
     assert not tok.from_cache                              # built from the text again …
+    assert tok.store_in_cache()
     again = Tokenizer.from_json(text, cache=True)          # … and the file written anew
     assert again.from_cache and again.backend.to_str() == tok.backend.to_str()
 
 
 def test_a_file_belongs_to_one_json_and_one_tokenizers_version(monkeypatch):
     text = _bpe_with_merges_json()
-    Tokenizer.from_json(text, cache=True)
+    Tokenizer.from_json(text, cache=True).store_in_cache()
     assert Tokenizer.from_json(text, cache=True).from_cache
     other = byte_tokenizer_json()
     assert tokenizer_cache.cache_path(other) != tokenizer_cache.cache_path(text)
@@ -161,7 +166,7 @@ def test_written_through_a_temporary_name_and_a_rename(monkeypatch):
     seen = []
     real = paths.atomic_write_bytes
     monkeypatch.setattr(paths, "atomic_write_bytes", lambda p, data: seen.append(p) or real(p, data))
-    Tokenizer.from_json(text, cache=True)
+    assert Tokenizer.from_json(text, cache=True).store_in_cache()
     assert seen == [tokenizer_cache.cache_path(text)]
     assert [p.name for p in seen[0].parent.iterdir()] == [seen[0].name]     # no temporary left
 
@@ -175,6 +180,7 @@ def test_a_cache_that_cannot_be_written_only_costs_the_build(monkeypatch):
     monkeypatch.setattr(paths, "atomic_write_bytes", refuse)
     text = _bpe_with_merges_json()
     tok = Tokenizer.from_json(text, cache=True)
+    assert not tok.store_in_cache()
     assert not tok.from_cache and tok.encode("def the") == Tokenizer.from_json(text).encode("def the")
 
 
@@ -204,4 +210,6 @@ def test_a_run_says_where_its_tokenizer_came_from(tmp_path, capsys):
         assert "tokenizer" in d["phases_s"]
         seen.append((d["counts"]["tokenizer_cached"], capsys.readouterr().err))
     assert seen[0][0] == 0 and "load the tokenizer (built from tokenizer.json)" in seen[0][1]
+    assert "write the tokenizer's cached form (once)" in seen[0][1]
     assert seen[1][0] == 1 and "load the tokenizer (from the cache)" in seen[1][1]
+    assert "cached form" not in seen[1][1]

@@ -27,6 +27,14 @@ def _say_dim(message: str) -> None:
     make_console(stderr=True).print(message, style="dim", soft_wrap=True)
 
 
+def _store_tokenizer(tok, stats) -> None:
+    """The tokenizer's fast-loading form into the cache, when this run had to build it: the
+    phase "tokenizer cache" of the first run with a tokenizer, after its answer."""
+    if tok.store_pending:
+        with stats.timed("tokenizer cache"):
+            tok.store_in_cache()
+
+
 def cmd_run(args) -> int:
     """`drvqwen run`: one prompt, one answer streamed to stdout; 0."""
     from .stats import RunStats
@@ -89,6 +97,7 @@ def _run(args, stats) -> int:
     if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
         res = GenerationResult(prompt_tokens=len(ids))
+        _store_tokenizer(tok, stats)
         stats.finish()
         err.print(res.summary(), style="dim", soft_wrap=True)
         if args.json_stats:
@@ -123,6 +132,7 @@ def _run(args, stats) -> int:
     out.write(tail + "\n")
     out.flush()
     stats.first_output()
+    _store_tokenizer(tok, stats)             # once per tokenizer, after the answer is out
     stats.finish()
     if stops.stopped and res.stopped_by != "stop string":
         res.stopped_by = "stop string"          # found in the text held back at the end
@@ -158,6 +168,7 @@ def cmd_chat(args) -> int:
     opened = open_model(args.model, args.device, verify=not args.no_verify, stats=stats)
     f = opened.file
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
+    tok.store_in_cache()
     max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
                                       f.config.max_position)
     backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats)

@@ -26,6 +26,8 @@ its own duration said beside. In the order a GPU run meets them:
     graph capture the decode graphs, captured after the first token is out
     decode        the tokens after the first
     generate      the rest of generation: detokenizing and printing the text
+    tokenizer cache  after the answer, the first run with a tokenizer: its fast-loading form
+                  written to the cache (tokenizer_cache.py)
 
 and the summary figures:
 
@@ -62,7 +64,8 @@ PHASE_NAMES = {
     "read": "read + validate the model", "verify": "check tensor CRC32s (once per file)",
     "context": "CUDA driver + context", "compile": "kernel compile", "modules": "module loads",
     "upload": "weight upload", "load": "build the backend (CPU: dequantize)",
-    "tokenizer": "load the tokenizer", "tokenize": "tokenize the prompt",
+    "tokenizer": "load the tokenizer", "tokenizer cache": "write the tokenizer's cached form (once)",
+    "tokenize": "tokenize the prompt",
     "prefill": "prefill", "first token": "first token", "graph capture": "graph capture",
     "decode": "decode", "generate": "detokenize + print",
 }
