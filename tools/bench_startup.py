@@ -13,8 +13,8 @@ the second. Beside those, each run's own `--json-stats` phases (measured inside 
 from its exec) say where the time went; the table lists both, run by run, with the medians.
 
 --cold-cache gives each run an empty kernel cache and nothing else new: a fresh cache root
-whose cubin/ folder is empty and whose other entries (models/, state/, hub/ — the model, its
-verified-CRC record) are links to those of $DRVQWEN_CACHE. Without it the runs share the
+whose cubin/ folder is empty and whose other entries (models/, state/, hub/, tokenizer/ — the
+model, its verified-CRC record, the tokenizer's cached form) are links to those of $DRVQWEN_CACHE. Without it the runs share the
 ordinary cache. Either way one unmeasured run goes first: it fills an empty kernel cache,
 reads the model into the page cache and writes the .pyc files.
 
@@ -53,7 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROMPT = "Write a Python function is_palindrome(s) that ignores case and punctuation."
 # The -v phases in the order a GPU run meets them (drvqwen.stats), for the table's rows.
 PHASE_ORDER = ("start", "import", "context", "read", "verify", "compile", "modules", "upload", "load",
-               "tokenizer", "tokenize", "prefill", "first token", "graph capture", "decode", "generate")
+               "tokenizer", "tokenize", "prefill", "first token", "graph capture", "decode", "generate",
+               "tokenizer cache")
 
 
 def cache_root() -> Path:
@@ -71,6 +72,9 @@ def cold_cache_root(parent: Path) -> Path:
     root = Path(tempfile.mkdtemp(prefix="cache-", dir=parent))
     real = cache_root()
     if real.is_dir():
+        # The tokenizer's cached form is written by the first run (the unmeasured one) and
+        # read by the rest, as it is with the ordinary cache: its folder is shared too.
+        (real / "tokenizer").mkdir(exist_ok=True)
         for entry in real.iterdir():
             if entry.name != "cubin":
                 (root / entry.name).symlink_to(entry.resolve())

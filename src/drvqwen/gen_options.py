@@ -14,7 +14,6 @@ so any run can be repeated; greedy runs need none.
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 
 from .errors import DrvqwenError
@@ -185,6 +184,8 @@ def sampling_params(args, say=None) -> SamplingParams:
         if seed is None:
             seed = 0
             if not probe.greedy:
+                import secrets   # only a sampled run without --seed draws one
+
                 seed = secrets.randbits(63)
                 if say is not None:
                     say(f"sampling with --seed {seed}")

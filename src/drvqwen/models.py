@@ -32,7 +32,6 @@ from typing import Callable
 
 from .errors import DrvqwenError, FormatError
 from .format import quant
-from .format.convert import convert, hf_source_files
 from .format import DEFAULT_WEIGHTS
 from .format.nanoqwen import MAGIC, VERSION, NanoqwenFile
 from .paths import atomic_write_bytes, models_dir, state_dir
@@ -117,6 +116,15 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
     return NanoqwenFile(dst)
 
 
+def convert(src: Path, dst: Path) -> None:
+    """format.convert.convert(src, dst), silently. The converter (and the GGUF and safetensors
+    readers it brings) is imported here, when a conversion happens, not with this module, which
+    every run imports to find its model."""
+    from .format.convert import convert as convert_source
+
+    convert_source(src, dst)
+
+
 # ---- content keys -------------------------------------------------------------------------------
 
 def _stamp(st: os.stat_result) -> str:
@@ -173,6 +181,8 @@ def file_sha256(path: Path, progress: Progress | None = None) -> str:
 def source_files(src: Path) -> list[Path]:
     """The files a conversion of `src` reads: the GGUF itself, or the HF folder's config,
     generation config, tokenizer, index and shards (format.convert.hf_source_files)."""
+    from .format.convert import hf_source_files
+
     return hf_source_files(src) if src.is_dir() else [src]
 
 

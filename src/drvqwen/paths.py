@@ -3,7 +3,8 @@ every writer into it makes first.
 
 `$DRVQWEN_CACHE` if set, else `$XDG_CACHE_HOME/drvqwen`, else `~/.cache/drvqwen`. It holds
 downloaded models (`models/`, and `hub/` for models fetched by name), converted `.nanoqwen`
-files (`models/`), compiled cubins (`cubin/`) and small records of work already done
+files (`models/`), compiled cubins (`cubin/`), tokenizers in their fast-loading form
+(`tokenizer/`, tokenizer_cache.py) and small records of work already done
 (`state/`: source hashes, verified files).
 Tests use the same root, so a model fetched once serves every later run.
 
@@ -102,6 +103,12 @@ def hub_dir() -> Path:
 def cubin_dir() -> Path:
     """Directory for NVRTC-compiled cubins (keyed by source hash, options, NVRTC version, arch)."""
     return _make_dir(cache_root() / "cubin", "the cubin cache")
+
+
+def tokenizer_dir() -> Path:
+    """Directory for models' tokenizers in their fast-loading form (tokenizer_cache.py), keyed
+    by the tokenizer.json's sha256 and the `tokenizers` version."""
+    return _make_dir(cache_root() / "tokenizer", "the tokenizer cache")
 
 
 def state_dir() -> Path:

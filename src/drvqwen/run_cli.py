@@ -27,6 +27,14 @@ def _say_dim(message: str) -> None:
     make_console(stderr=True).print(message, style="dim", soft_wrap=True)
 
 
+def _store_tokenizer(tok, stats) -> None:
+    """The tokenizer's fast-loading form into the cache, when this run had to build it: the
+    phase "tokenizer cache" of the first run with a tokenizer, after its answer."""
+    if tok.store_pending:
+        with stats.timed("tokenizer cache"):
+            tok.store_in_cache()
+
+
 def cmd_run(args) -> int:
     """`drvqwen run`: one prompt, one answer streamed to stdout; 0."""
     from .stats import RunStats
@@ -69,13 +77,14 @@ def _run(args, stats) -> int:
     # backend loads, whose driver calls, copies and compiles leave the GIL to it. The CPU
     # backend sizes its KV cache from the prompt, so there it is built first, in line.
     on_gpu = generating and opened.device == "cuda"
-    tokenizer = Background("tokenizer", lambda: Tokenizer.from_json(f.tokenizer_json, source=str(f.path)),
+    tokenizer = Background("tokenizer", lambda: Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True),
                            thread=on_gpu)
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
 
     def prompt() -> tuple[Tokenizer, list[int]]:
         tok = tokenizer.result()
+        stats.counts["tokenizer_cached"] = int(tok.from_cache)
         with stats.timed("tokenize"):
             ids = go.prompt_ids(args, tok, text)
         check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
@@ -88,6 +97,7 @@ def _run(args, stats) -> int:
     if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
         res = GenerationResult(prompt_tokens=len(ids))
+        _store_tokenizer(tok, stats)
         stats.finish()
         err.print(res.summary(), style="dim", soft_wrap=True)
         if args.json_stats:
@@ -122,6 +132,7 @@ def _run(args, stats) -> int:
     out.write(tail + "\n")
     out.flush()
     stats.first_output()
+    _store_tokenizer(tok, stats)             # once per tokenizer, after the answer is out
     stats.finish()
     if stops.stopped and res.stopped_by != "stop string":
         res.stopped_by = "stop string"          # found in the text held back at the end
@@ -156,7 +167,8 @@ def cmd_chat(args) -> int:
     system = DEFAULT_SYSTEM if args.system is None else checked_arg(args.system, "--system")
     opened = open_model(args.model, args.device, verify=not args.no_verify, stats=stats)
     f = opened.file
-    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
+    tok.store_in_cache()
     max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
                                       f.config.max_position)
     backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats)

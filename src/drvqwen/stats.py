@@ -18,13 +18,16 @@ its own duration said beside. In the order a GPU run meets them:
     upload        the weights to the GPU
     load          the rest of the backend: KV cache and buffers, launch lists and tensor maps
                   (on the CPU: the weights dequantized to float32)
-    tokenizer     the tokenizer built from the file's tokenizer.json (on its own thread)
+    tokenizer     the tokenizer: from the cache's fast-loading form (tokenizer_cache.py), or built
+                  from the file's tokenizer.json and then cached (on the GPU: on its own thread)
     tokenize      the prompt's token ids
     prefill       the prompt through the model (GPU: the launches queued)
     first token   the first token chosen (GPU: the wait for the prefill and the sampler)
     graph capture the decode graphs, captured after the first token is out
     decode        the tokens after the first
     generate      the rest of generation: detokenizing and printing the text
+    tokenizer cache  after the answer, the first run with a tokenizer: its fast-loading form
+                  written to the cache (tokenizer_cache.py)
 
 and the summary figures:
 
@@ -61,7 +64,8 @@ PHASE_NAMES = {
     "read": "read + validate the model", "verify": "check tensor CRC32s (once per file)",
     "context": "CUDA driver + context", "compile": "kernel compile", "modules": "module loads",
     "upload": "weight upload", "load": "build the backend (CPU: dequantize)",
-    "tokenizer": "load the tokenizer", "tokenize": "tokenize the prompt",
+    "tokenizer": "load the tokenizer", "tokenizer cache": "write the tokenizer's cached form (once)",
+    "tokenize": "tokenize the prompt",
     "prefill": "prefill", "first token": "first token", "graph capture": "graph capture",
     "decode": "decode", "generate": "detokenize + print",
 }
@@ -169,7 +173,8 @@ class RunStats:
             command (`process_started`) and /proc tells it, else t_start.
         phases: phase name → seconds, exclusive of the phases timed inside it (module doc).
         background: phase name → seconds its work took on its own thread (`Background`).
-        counts: kernels_compiled, kernels_cached, modules_loaded.
+        counts: kernels_compiled, kernels_cached, modules_loaded, tokenizer_cached (1: the
+            tokenizer came from the cache, 0: it was built from tokenizer.json).
         backend: the backend's name ("cpu (numpy reference)", "cuda (NVIDIA H200), graph decode").
         seed: the sampler's seed when sampling, else None.
         first_output_s: t_origin → the first text written to stdout (`first_output`), or None.
@@ -260,6 +265,9 @@ class RunStats:
             label += f" ({c.get('kernels_compiled', 0)} compiled, {c.get('kernels_cached', 0)} cached)"
         elif k == "modules" and "modules_loaded" in c:
             label += f" ({c['modules_loaded']})"
+        elif k == "tokenizer" and "tokenizer_cached" in c:
+            label += " (from the cache" if c["tokenizer_cached"] else " (built from tokenizer.json"
+            label += f"; wait, {self.background[k] * 1e3:.0f} ms on its thread)" if k in self.background else ")"
         elif k in self.background:
             label += f" (wait; {self.background[k] * 1e3:.0f} ms on its thread)"
         return label

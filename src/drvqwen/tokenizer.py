@@ -70,6 +70,8 @@ class Tokenizer:
         self._tk = tk
         self.source = source  # named in error messages (e.g. the .nanoqwen it came from)
         self._bytes: dict[int, bytes] = {}      # token_bytes, filled as ids are asked for
+        self.from_cache = False                 # loaded from tokenizer_cache (from_json)
+        self._uncached_json: str | None = None  # the text to cache, built by from_json(cache=True)
 
     @classmethod
     def from_gguf(cls, path_or_reader: str | os.PathLike | GGUFReader) -> "Tokenizer":
@@ -77,17 +79,50 @@ class Tokenizer:
         return cls(build_tokenizer_from_gguf(path_or_reader))
 
     @classmethod
-    def from_json(cls, text: str, source: str = "tokenizer") -> "Tokenizer":
+    def from_json(cls, text: str, source: str = "tokenizer", *, cache: bool = False) -> "Tokenizer":
         """Load tokenizer.json text (as written by `to_json`); `source` names where it came
         from in error messages (e.g. the .nanoqwen file).
+
+        With cache=True the tokenizer comes from drvqwen's cache when an earlier run left it
+        there in its fast-loading form (tokenizer_cache.py: the same tokenizer, proved when it
+        was written); `from_cache` says whether it did. Built from `text` instead, it is kept
+        for `store_in_cache`, which writes that form once the caller has time for it.
 
         Raises:
             DrvqwenError: the text is not a valid tokenizer.json.
         """
+        if cache:
+            from . import tokenizer_cache
+
+            tk = tokenizer_cache.load(text)
+            if tk is not None:
+                tok = cls(tk, source)
+                tok.from_cache = True
+                return tok
         try:
-            return cls(tokenizers.Tokenizer.from_str(text), source)
+            tok = cls(tokenizers.Tokenizer.from_str(text), source)
         except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
             raise DrvqwenError(f"{source}: embedded tokenizer.json is invalid ({str(e).splitlines()[0]})") from None
+        if cache:
+            tok._uncached_json = text
+        return tok
+
+    @property
+    def store_pending(self) -> bool:
+        """Whether `store_in_cache` has a form to write (built from text with cache=True)."""
+        return self._uncached_json is not None
+
+    def store_in_cache(self) -> bool:
+        """Write this tokenizer's fast-loading form to drvqwen's cache (tokenizer_cache.store)
+        when `from_json(cache=True)` built it from text; afterwards, and otherwise, nothing.
+        Returns whether a file was written. It takes about three loads' time (the form is
+        proved to build the same tokenizer), so `drvqwen run` does it after the answer."""
+        text, self._uncached_json = self._uncached_json, None
+        if text is None:
+            return False
+        from . import tokenizer_cache
+
+        return tokenizer_cache.store(text, self._tk)
 
     def to_json(self) -> str:
         """The tokenizer as tokenizer.json text (compact), for embedding in a `.nanoqwen` file."""
