@@ -26,6 +26,8 @@ from .speculative_accept import LANE_DRAFT, distribution, draws
 # The most tokens one verify pass checks after the last accepted one: the verify pass runs at
 # most 16 positions (one KV page's worth).
 MAX_PROPOSAL = 15
+# Tokens a draft model proposes per verify pass unless told (`--draft-max`).
+DEFAULT_DRAFT_MAX = 8
 
 
 class Proposer(Protocol):
@@ -44,6 +46,9 @@ class Proposer(Protocol):
         """Up to k tokens to follow `context` (prompt + tokens so far; the first proposal is
         token `index` of the generation), and the distributions they were drawn from: float64
         [len, V], or None when the proposal is deterministic (a function of the context)."""
+
+    def close(self) -> None:
+        """Release what the proposer holds (a draft model's weights and cache)."""
 
 
 def check_max_tokens(n: int, option: str) -> int:
@@ -120,6 +125,9 @@ class PromptLookup:
         """`lookup` of up to min(k, max_tokens) tokens; deterministic (no distribution)."""
         return lookup(context, min(k, self.max_tokens), self.ngram, self.min_ngram), None
 
+    def close(self) -> None:
+        """Nothing to release."""
+
 
 class DraftModel:
     """A smaller model of the same tokenizer proposing what it would generate itself.
@@ -138,7 +146,7 @@ class DraftModel:
         name: for the statistics.
     """
 
-    def __init__(self, backend, max_tokens: int = 8, name: str = "draft model"):
+    def __init__(self, backend, max_tokens: int = DEFAULT_DRAFT_MAX, name: str = "draft model"):
         self.backend = backend
         self.max_tokens = check_max_tokens(max_tokens, "--draft-max")
         self.name = name
