@@ -83,3 +83,16 @@ def test_chat_with_prompt_lookup_answers_as_without(files, capsys, monkeypatch):
         answers.append((out.out, out.err))
     assert answers[1][0] == answers[0][0]
     assert answers[1][1].count("prompt lookup:") == 2 and "prompt lookup:" not in answers[0][1]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--draft-max", "3"], "--draft-max: only with --draft MODEL"),
+    (["--draft", "{d}/draft.nanoqwen", "--draft-max", "0"], "--draft-max=0: must be an integer in [1, 15]"),
+    (["--draft", "{d}/alien.nanoqwen"], "{d}/alien.nanoqwen: its tokenizer is not the one of {d}/target.nanoqwen"),
+])
+def test_serve_draft_options_are_checked_before_serving(files, capsys, argv, message):
+    pytest.importorskip("starlette")
+    rc = main(["serve", "--model", str(files / "target.nanoqwen"), "--device", "cpu", "--port", "0",
+               *[a.format(d=files) for a in argv]])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip().splitlines()[-1].startswith("error: " + message.format(d=files)), err

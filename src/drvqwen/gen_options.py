@@ -64,29 +64,36 @@ def add_sampling_arguments(ap: argparse.ArgumentParser, max_new_default: int) ->
 
 def add_speculation_arguments(ap: argparse.ArgumentParser) -> None:
     """--lookup, --draft, --draft-max (run and chat; docs/speculative.md)."""
-    from .speculative import DEFAULT_DRAFT_MAX, MAX_PROPOSAL
+    from .speculative import MAX_PROPOSAL
 
     ap.add_argument("--lookup", type=int, metavar="N",
                     help=f"speculative decoding by prompt lookup: propose up to N tokens (1-{MAX_PROPOSAL}) "
                          f"copied from where the latest tokens occurred before, in the prompt or the output")
-    ap.add_argument("--draft", metavar="MODEL",
-                    help="speculative decoding with a draft model: a smaller model of the same tokenizer "
-                         "(named as for --model) proposes the tokens")
+    add_draft_arguments(ap, "speculative decoding with a draft model: a smaller model of the same tokenizer "
+                            "(named as for --model) proposes the tokens")
+
+
+def add_draft_arguments(ap: argparse.ArgumentParser, draft_help: str, draft_max_help: str = "") -> None:
+    """--draft MODEL and --draft-max K (run, chat, serve), with the command's own words."""
+    from .speculative import DEFAULT_DRAFT_MAX, MAX_PROPOSAL
+
+    ap.add_argument("--draft", metavar="MODEL", help=draft_help)
     ap.add_argument("--draft-max", type=int, metavar="K",
-                    help=f"tokens the draft model proposes per verify pass (1-{MAX_PROPOSAL}, default "
-                         f"{DEFAULT_DRAFT_MAX})")
+                    help=f"tokens the draft model proposes per verify pass{draft_max_help} (1-{MAX_PROPOSAL}, "
+                         f"default {DEFAULT_DRAFT_MAX})")
 
 
 def check_speculation_options(args) -> None:
-    """One proposer at most, and proposal lengths in range (one line each)."""
+    """One proposer at most, and proposal lengths in range (one line each; serve has no --lookup)."""
     from .speculative import check_max_tokens
 
-    if args.lookup is not None and args.draft is not None:
+    lookup = getattr(args, "lookup", None)
+    if lookup is not None and args.draft is not None:
         raise DrvqwenError("--lookup with --draft: choose one way to propose tokens")
     if args.draft_max is not None and args.draft is None:
         raise DrvqwenError("--draft-max: only with --draft MODEL")
-    if args.lookup is not None:
-        check_max_tokens(args.lookup, "--lookup")
+    if lookup is not None:
+        check_max_tokens(lookup, "--lookup")
     if args.draft_max is not None:
         check_max_tokens(args.draft_max, "--draft-max")
 

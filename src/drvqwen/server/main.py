@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..errors import DrvqwenError
 from ..format.nanoqwen import NanoqwenFile
-from ..speculative import DEFAULT_DRAFT_MAX, MAX_PROPOSAL
+from ..gen_options import add_draft_arguments
+from ..speculative import DEFAULT_DRAFT_MAX
 from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings,
                        check_bind, is_loopback)
 
@@ -206,12 +207,9 @@ def register(sub) -> None:
     s.add_argument("--model-name", help="the model id reported by /v1/models (default: the model file's name)")
     s.add_argument("--no-verify", action="store_true", help="skip the one-time CRC32 check of the model file")
     s.add_argument("--eager", action="store_true", help="GPU: launch decode kernels one by one, no CUDA graphs")
-    s.add_argument("--draft", metavar="MODEL",
-                   help="a draft model of the same tokenizer for speculative decoding (named as for --model); "
-                        "requests use it unless they send speculative_draft: 0 or speculative_lookup")
-    s.add_argument("--draft-max", type=int, metavar="K",
-                   help=f"tokens the draft model proposes per verify pass unless a request says (1-{MAX_PROPOSAL}, "
-                        f"default {DEFAULT_DRAFT_MAX})")
+    add_draft_arguments(s, "a draft model of the same tokenizer for speculative decoding (named as for --model); "
+                           "requests use it unless they send speculative_draft: 0 or speculative_lookup",
+                        " unless a request says")
     s.add_argument("--quiet", action="store_true",
                    help="no log line per request (method, path, status, tokens, ms, error) on stderr")
     s.set_defaults(fn=cmd_serve)
@@ -223,8 +221,8 @@ def cmd_serve(args) -> int:
 
     from ..console import make_console, progress_bar
     from ..generate import resolve_max_context
+    from ..gen_options import check_speculation_options
     from ..loading import check_same_tokenizer, open_model
-    from ..speculative import check_max_tokens
 
     try:
         import prometheus_client, starlette, uvicorn  # noqa: F401
@@ -240,9 +238,8 @@ def cmd_serve(args) -> int:
         raise DrvqwenError("--api-key: must not be empty")
     allowed_hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     check_bind(args.host, allowed_hosts, api_key)
-    if args.draft_max is not None and args.draft is None:
-        raise DrvqwenError("--draft-max: only with --draft MODEL")
-    draft_max = check_max_tokens(args.draft_max, "--draft-max") if args.draft_max is not None else DEFAULT_DRAFT_MAX
+    check_speculation_options(args)
+    draft_max = args.draft_max or DEFAULT_DRAFT_MAX
     opened = open_model(args.model, args.device, verify=not args.no_verify)
     f, device = opened.file, opened.device
     ctx = resolve_max_context(args.max_context, f.config.max_position)
