@@ -32,6 +32,7 @@ from typing import Callable, TextIO
 from .errors import DrvqwenError
 from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
+from .speculative import Proposer
 from .text_input import without_bom
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, StreamDecoder, Tokenizer
 
@@ -73,6 +74,7 @@ class ChatSession:
         system: the system prompt ("" = an empty system turn).
         answer_room: tokens kept free for the answer when deciding to drop turns (default:
             min(max_new_tokens, max_context // 4)).
+        speculation: a speculative proposer (speculative.py) for every answer, or None.
     """
 
     tok: Tokenizer
@@ -83,6 +85,7 @@ class ChatSession:
     system: str = DEFAULT_SYSTEM
     answer_room: int | None = None
     turns: list[Turn] = field(default_factory=list)
+    speculation: Proposer | None = None
 
     def __post_init__(self):
         self._start, self._end = self.tok.control_id(IM_START), self.tok.control_id(IM_END)
@@ -182,7 +185,7 @@ class ChatSession:
         t0 = time.perf_counter()
         try:
             res = generate(self.backend, ids, self.max_new_tokens, self.params, self.stop_ids, on_token,
-                           reuse=True)
+                           reuse=True, speculation=self.speculation)
         except KeyboardInterrupt:      # the answer so far, timed as generate() would have
             interrupted = True
             t1 = t_first[0] if t_first else time.perf_counter()

@@ -57,7 +57,7 @@ from .decode import DecodeStep, LaunchList, plan_decode
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
-from .generate import reused_prefix
+from .generate import DecodeVerify, check_rollback, reused_prefix
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
@@ -161,8 +161,10 @@ def check_gpu_supports(f: NanoqwenFile) -> None:
                            f"on the CPU backend only (--device cpu)")
 
 
-class GPUBackend:
+class GPUBackend(DecodeVerify):
     """A `.nanoqwen` model on the GPU, generating with `token_stream` (generate.py's token backend).
+
+    `verify` (speculative decoding) is DecodeVerify's: one `decode` per token.
 
     Args:
         f: the validated model file.
@@ -357,6 +359,25 @@ class GPUBackend:
         step.decode_token(self.launch_list)
         self._cached.append(int(token))
         return step.logits()
+
+    def rollback(self, n_positions: int) -> None:
+        """Keep positions < n_positions and drop the rest (`Backend.rollback`): the next
+        `decode` runs at position n_positions.
+
+        Through the sequence owner: `Sequence.rollback` waits for the stream, gives back the
+        pages that hold no kept position and sets the device state to (n, 0, n + 1) — `decode`
+        then feeds its token into that state and `reserve` opens the page of position n again
+        if it was given back. (`Sequence.keep` does the same for 0 < n < pos, but keep(0)
+        leaves the device state to the prefill that follows it; here a decode follows.)
+
+        Raises:
+            DrvqwenError: n_positions outside [0, len(cached_ids())].
+        """
+        check_rollback(n_positions, len(self._cached))
+        if n_positions == len(self._cached):
+            return
+        self.decode_step.seq.rollback(n_positions, 0)
+        del self._cached[n_positions:]
 
     def reset(self) -> None:
         """Forget the sequence (the next prefill starts at position 0)."""

@@ -9,6 +9,9 @@ prompt has no system turn) and `--eager` with `--device cpu` (the CPU has no gra
 
 A sampling run (temperature > 0) without `--seed` draws a fresh seed from the OS and prints it,
 so any run can be repeated; greedy runs need none.
+
+Speculative decoding (docs/speculative.md): `--lookup N` (prompt lookup) or `--draft MODEL`
+(a draft model, `--draft-max K` tokens per verify pass), one proposer at a time.
 """
 
 from __future__ import annotations
@@ -56,6 +59,63 @@ def add_sampling_arguments(ap: argparse.ArgumentParser, max_new_default: int) ->
                          "when sampling)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="do not stop at the model's end-of-generation tokens (drvqwen info lists them)")
+
+
+def add_speculation_arguments(ap: argparse.ArgumentParser) -> None:
+    """--lookup, --draft, --draft-max (run and chat; docs/speculative.md)."""
+    from .speculative import MAX_PROPOSAL
+
+    ap.add_argument("--lookup", type=int, metavar="N",
+                    help=f"speculative decoding by prompt lookup: propose up to N tokens (1-{MAX_PROPOSAL}) "
+                         f"copied from where the latest tokens occurred before, in the prompt or the output")
+    add_draft_arguments(ap, "speculative decoding with a draft model: a smaller model of the same tokenizer "
+                            "(named as for --model) proposes the tokens")
+
+
+def add_draft_arguments(ap: argparse.ArgumentParser, draft_help: str, draft_max_help: str = "") -> None:
+    """--draft MODEL and --draft-max K (run, chat, serve), with the command's own words."""
+    from .speculative import DEFAULT_DRAFT_MAX, MAX_PROPOSAL
+
+    ap.add_argument("--draft", metavar="MODEL", help=draft_help)
+    ap.add_argument("--draft-max", type=int, metavar="K",
+                    help=f"tokens the draft model proposes per verify pass{draft_max_help} (1-{MAX_PROPOSAL}, "
+                         f"default {DEFAULT_DRAFT_MAX})")
+
+
+def check_speculation_options(args) -> None:
+    """One proposer at most, and proposal lengths in range (one line each; serve has no --lookup)."""
+    from .speculative import check_max_tokens
+
+    lookup = getattr(args, "lookup", None)
+    if lookup is not None and args.draft is not None:
+        raise DrvqwenError("--lookup with --draft: choose one way to propose tokens")
+    if args.draft_max is not None and args.draft is None:
+        raise DrvqwenError("--draft-max: only with --draft MODEL")
+    if lookup is not None:
+        check_max_tokens(lookup, "--lookup")
+    if args.draft_max is not None:
+        check_max_tokens(args.draft_max, "--draft-max")
+
+
+def speculation(args, target, max_context: int, *, cache_tokens: int | None = None, stats=None):
+    """The proposer the options ask for, or None: `PromptLookup(--lookup)`, or a `DraftModel` of
+    --draft loaded beside the target (`loading.load_draft`: the same path as --model, the
+    target's device, the same tokenizer). The caller closes it.
+
+    Raises:
+        DrvqwenError: as `loading.load_draft`.
+    """
+    from .speculative import DEFAULT_DRAFT_MAX, DraftModel, PromptLookup
+
+    if args.lookup is not None:
+        return PromptLookup(args.lookup)
+    if args.draft is None:
+        return None
+    from .loading import load_draft
+
+    backend, name = load_draft(args.draft, target, max_context, cache_tokens=cache_tokens,
+                               eager=getattr(args, "eager", False), verify=not args.no_verify, stats=stats)
+    return DraftModel(backend, args.draft_max or DEFAULT_DRAFT_MAX, name=f"draft model {name}")
 
 
 def add_prompt_arguments(ap: argparse.ArgumentParser) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from collections.abc import Iterator
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
@@ -48,6 +48,10 @@ from .format.nanoqwen import NanoqwenFile
 from .reference import Model, Weights
 from .sampler import PENALTY_WINDOW, SamplingParams, penalize, sample, uniform
 from .stats import phase
+
+if TYPE_CHECKING:
+    from .speculative import Proposer
+    from .speculative_loop import SpeculationStats
 
 
 class Backend(Protocol):
@@ -81,6 +85,17 @@ class Backend(Protocol):
     def decode(self, token: int) -> np.ndarray:
         """`token` at the next position: its logits fp32 [V] (teacher forcing)."""
 
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """`tokens` at the next positions (the first is the last accepted token, the rest a
+        speculative proposal): logits fp32 [len(tokens), V], row i what `decode(tokens[i])`
+        would return at that position. Every token's K/V stays in the cache (`rollback` drops
+        the rejected ones). `DecodeVerify` is the default."""
+
+    def rollback(self, n_positions: int) -> None:
+        """Keep the first n_positions cached positions and drop the rest (their pages back to
+        the free list): the next `decode` runs at position n_positions.
+        Raises DrvqwenError when n_positions is outside [0, len(cached_ids())]."""
+
     def cached_ids(self) -> list[int]:
         """The ids whose K/V the cache holds, positions 0 … len-1."""
 
@@ -105,6 +120,25 @@ class HostSampling:
                      params: SamplingParams = SamplingParams(), reuse: bool = False) -> Iterator[int]:
         """`Backend.token_stream` through `host_sampled_tokens`."""
         return host_sampled_tokens(self, prompt_ids, max_new_tokens, params, reuse)
+
+
+class DecodeVerify:
+    """`Backend.verify` as one `decode` per token: exact by construction (each row is the decode
+    step's own logits), and as slow as plain decoding. Both backends use it until a backend has
+    a pass that runs the tokens together (weights read once for all of them) with the same
+    logits bit for bit; such a backend overrides `verify` and nothing else changes."""
+
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """Logits fp32 [len(tokens), V]: row i = decode(tokens[i]) (`Backend.verify`)."""
+        if not tokens:
+            raise ValueError("verify() needs at least one token (the last accepted one)")
+        return np.stack([np.asarray(self.decode(int(t)), np.float32) for t in tokens])
+
+
+def check_rollback(n_positions: int, cached: int) -> None:
+    """Raise DrvqwenError unless 0 <= n_positions <= cached (`Backend.rollback`)."""
+    if not 0 <= n_positions <= cached:
+        raise DrvqwenError(f"rollback to {n_positions} positions: the cache holds {cached}")
 
 
 def resolve_max_context(requested: int | None, max_position: int) -> int:
@@ -185,7 +219,7 @@ def check_cpu_memory(f: NanoqwenFile, cache_tokens: int, available: int | None =
             f"{available / gib:.1f} GiB available: use a GPU, a smaller model or a shorter prompt")
 
 
-class CPUBackend(HostSampling):
+class CPUBackend(HostSampling, DecodeVerify):
     """The numpy reference as a backend: weights dequantized once to float32 and kept in memory
     (~4 bytes/parameter: 2 GB for the 0.5B), decode is one reference forward of one token.
 
@@ -253,6 +287,13 @@ class CPUBackend(HostSampling):
             self.model.cache.truncate(len(self._cached))
             raise
 
+    def rollback(self, n_positions: int) -> None:
+        """Keep positions < n_positions, drop the rest (`Backend.rollback`): the cache's
+        truncate gives their pages back and makes their slots NaN again."""
+        check_rollback(n_positions, len(self._cached))
+        self.model.cache.truncate(n_positions)
+        del self._cached[n_positions:]
+
     def cached_ids(self) -> list[int]:
         """The ids whose K/V the cache holds, positions 0 … len-1."""
         return list(self._cached)
@@ -292,6 +333,8 @@ class GenerationResult:
     # on_token said so), or "context full" (the context ended before max_new_tokens).
     stopped_by: str = "max_new_tokens"
     reused_tokens: int = 0          # prompt positions taken from the KV cache, not prefilled
+    # Proposals, acceptance and verify passes of a speculative run (None: plain decoding).
+    speculation: "SpeculationStats | None" = None
 
     @property
     def prefill_tokens(self) -> int:
@@ -326,6 +369,8 @@ class GenerationResult:
             parts.append(f"TTFT {self.ttft_s * 1e3:.1f} ms")
         if len(self.tokens) >= 2 and self.decode_s > 0:
             parts.append(f"decode {self.decode_tok_s:.2f} tok/s")
+        if self.speculation is not None:
+            parts.append(self.speculation.summary())
         return ", ".join(parts)
 
 
@@ -380,7 +425,7 @@ def host_sampled_tokens(backend: Backend, prompt_ids: list[int], max_new_tokens:
 def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
              params: SamplingParams = SamplingParams(), stop_ids: frozenset[int] = frozenset(),
              on_token: Callable[[int], bool | None] | None = None, ignore_stop: bool = False,
-             reuse: bool = False) -> GenerationResult:
+             reuse: bool = False, speculation: "Proposer | None" = None) -> GenerationResult:
     """Prefill `prompt_ids`, then decode up to `max_new_tokens` tokens.
 
     on_token(token) is called for every generated token; a true return value ends generation
@@ -390,6 +435,10 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
 
     Token i (0-based) is chosen with the uniform number `sampler.uniform(params.seed, i)`, by
     the backend's `token_stream` (on the GPU, or on the host: `HostSampling`).
+    speculation: a proposer (speculative.py: PromptLookup, DraftModel); its tokens are
+    verified by the backend's `verify` and accepted by speculative_accept.py's rule
+    (speculative_loop.py): greedy output identical to plain decoding, sampled output of the
+    same distribution. `speculation` in the result counts proposals and verify passes.
     Generation stops early at a stop id (not included in the result) unless ignore_stop; it is
     capped so that prompt + generated never exceeds backend.max_context, and when that cap
     ends it before max_new_tokens, `stopped_by` says "context full".
@@ -401,7 +450,14 @@ def generate(backend: Backend, prompt_ids: list[int], max_new_tokens: int,
     if budget <= 0:
         return res
     t0 = time.perf_counter()
-    tokens = backend.token_stream(list(prompt_ids), budget, params, reuse=reuse)
+    if speculation is None:
+        tokens = backend.token_stream(list(prompt_ids), budget, params, reuse=reuse)
+    else:
+        from .speculative_loop import SpeculationStats, speculative_tokens
+
+        res.speculation = SpeculationStats(speculation.name)
+        tokens = speculative_tokens(backend, list(prompt_ids), budget, params, speculation, res.speculation,
+                                    reuse=reuse)
     t_first = None
     try:
         for tok in tokens:

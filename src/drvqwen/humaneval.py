@@ -49,6 +49,7 @@ class Problem:
     prompt: str
     entry_point: str
     test: str
+    canonical_solution: str = ""   # the reference body (tools/bench_edit.py edits prompt + it)
 
 
 @dataclass
@@ -88,7 +89,8 @@ def load_problems(path: str | os.PathLike | None = None) -> list[Problem]:
             continue
         try:
             d = json.loads(line)
-            out.append(Problem(d["task_id"], d["prompt"], d["entry_point"], d["test"]))
+            out.append(Problem(d["task_id"], d["prompt"], d["entry_point"], d["test"],
+                               str(d.get("canonical_solution") or "")))
         except (ValueError, KeyError, TypeError) as e:
             raise DrvqwenError(f"{src}: line {n}: not a HumanEval record ({e!r})") from None
     if not out:

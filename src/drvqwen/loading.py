@@ -15,6 +15,9 @@ and bench.
     load_backend(opened, …)       the GPU engine or the CPU reference (`build_backend`), with a
                                   progress bar → a generate.Backend
 
+    load_draft(model, target, …)  a speculative draft model (--draft): the same path, the
+                                  target's device, its tokenizer checked against the target's
+
 `drvqwen step` builds its own machine from the OpenedModel (step/), `drvqwen serve` builds the
 backend on its worker thread (`build_backend`), `drvqwen bench` its decode step (bench.py).
 Messages and progress bars go to stderr: stdout carries only what a command prints.
@@ -200,6 +203,44 @@ def load_backend(opened: OpenedModel, max_context: int, *, cache_tokens: int | N
             task = p.add_task("uploading weights", total=sum(i.nbytes for i in f))
             return build_backend(f, "cuda", max_context, eager=eager,
                                  progress=lambda done, n: p.update(task, completed=done, total=n))
+
+
+def check_same_tokenizer(target: NanoqwenFile, draft: NanoqwenFile) -> None:
+    """Refuse a draft model whose token ids mean other text than the target's.
+
+    Raises:
+        DrvqwenError: the vocabularies (tokens and their ids, special tokens included) or the
+            text vocabulary sizes differ (names the draft file).
+    """
+    same = target.tokenizer_json == draft.tokenizer_json
+    if not same and target.text_vocab == draft.text_vocab:
+        import tokenizers
+
+        def vocab(f: NanoqwenFile) -> dict[str, int]:
+            return tokenizers.Tokenizer.from_str(f.tokenizer_json).get_vocab(with_added_tokens=True)
+
+        same = vocab(target) == vocab(draft)
+    if not same or target.text_vocab != draft.text_vocab:
+        raise DrvqwenError(f"{draft.path}: its tokenizer is not the one of {target.path} (a draft model must "
+                           f"use the target's token ids)")
+
+
+def load_draft(model: str, target: OpenedModel, max_context: int, *, cache_tokens: int | None = None,
+               eager: bool = False, verify: bool = True, stats: RunStats | None = None):
+    """The draft model of speculative decoding (`--draft MODEL`), loaded beside the target:
+    resolved like --model (`open_model`), on the target's device, with a KV cache as long as
+    the target's (capped at the draft's own max_position). Returns (backend, file name).
+
+    Raises:
+        DrvqwenError: as `open_model` and `load_backend`; a tokenizer that is not the target's
+            (`check_same_tokenizer`).
+    """
+    opened = open_model(model, target.device, verify=verify, stats=stats)
+    check_same_tokenizer(target.file, opened.file)
+    f = opened.file
+    backend = load_backend(opened, min(max_context, f.config.max_position), cache_tokens=cache_tokens,
+                           eager=eager, stats=stats, note=" (draft model)")
+    return backend, Path(f.path).name
 
 
 # ---- what the path shows on the way -------------------------------------------------------------

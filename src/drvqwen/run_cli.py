@@ -1,7 +1,8 @@
 """`drvqwen run` and `drvqwen chat`: generate from a prompt, or talk in the terminal.
 
     run    options (gen_options.py) → the prompt's text → open the model (loading.py) → the
-           prompt's ids, checked against the context → load the backend → generate, streaming
+           prompt's ids, checked against the context → load the backend (and a speculative
+           proposer: --lookup, or --draft's model through the same path) → generate, streaming
            text to stdout (stop strings cut) → the stats line on stderr (--json-stats, -v)
     chat   the same model path, then chat.py's loop over one backend whose KV cache the turns
            share
@@ -56,6 +57,7 @@ def _run(args, stats) -> int:
 
     err = make_console(stderr=True)
     go.check_prompt_options(args)
+    go.check_speculation_options(args)
     params = go.sampling_params(args, say=_say_dim)
     stats.seed = None if params.greedy else params.seed
     if args.json_stats:
@@ -105,10 +107,12 @@ def _run(args, stats) -> int:
         return 0
 
     # The CPU cache holds only what this run can use: prompt + new tokens.
-    backend = load_backend(opened, max_context, cache_tokens=None if ids is None else len(ids) + args.max_new_tokens,
-                           eager=args.eager, stats=stats)
+    cache_tokens = None if ids is None else len(ids) + args.max_new_tokens
+    backend = load_backend(opened, max_context, cache_tokens=cache_tokens, eager=args.eager, stats=stats)
     out = sys.stdout
+    proposer = None
     try:
+        proposer = go.speculation(args, opened, max_context, cache_tokens=cache_tokens, stats=stats)
         if ids is None:
             tok, ids = prompt()
         stream = StreamDecoder(tok)
@@ -123,9 +127,11 @@ def _run(args, stats) -> int:
 
         with stats.timed("generate"):
             res = generate(backend, ids, args.max_new_tokens, params, f.eog_ids, on_token,
-                           ignore_stop=args.ignore_eos)
+                           ignore_stop=args.ignore_eos, speculation=proposer)
         mode = backend.decode_mode   # read before close(): graph or eager
     finally:
+        if proposer is not None:
+            proposer.close()
         backend.close()
     tail, _ = stops.push(stream.flush())
     tail += stops.flush()
@@ -161,6 +167,7 @@ def cmd_chat(args) -> int:
 
     stats = RunStats()
     go.check_device_options(args)
+    go.check_speculation_options(args)
     params = go.sampling_params(args, say=_say_dim)
     if args.max_new_tokens < 1:
         raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: a chat answer needs at least 1")
@@ -172,12 +179,16 @@ def cmd_chat(args) -> int:
     max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
                                       f.config.max_position)
     backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats)
+    proposer = None
     try:
-        session = ChatSession(tok, backend, f.eog_ids, params, args.max_new_tokens, system)
+        proposer = go.speculation(args, opened, max_context, cache_tokens=max_context, stats=stats)
+        session = ChatSession(tok, backend, f.eog_ids, params, args.max_new_tokens, system, speculation=proposer)
         _say_dim(f"{backend.name}: loaded in {stats.load_s:.2f} s; context {max_context} tokens")
         err = make_console(stderr=True)
         chat_loop(session, say=lambda m, style=None: err.print(m, style=style, soft_wrap=True))
     finally:
+        if proposer is not None:
+            proposer.close()
         backend.close()
     return 0
 
@@ -188,6 +199,7 @@ def register(sub) -> None:
     go.add_prompt_arguments(r)
     go.add_model_arguments(r)
     go.add_sampling_arguments(r, max_new_default=256)
+    go.add_speculation_arguments(r)
     r.add_argument("--max-context", type=int, default=0,
                    help="context length in tokens, at most the model's max_position (default 0: all of it)")
     r.set_defaults(fn=cmd_run)
@@ -196,6 +208,7 @@ def register(sub) -> None:
                                      "of the earlier ones")
     go.add_model_arguments(ch)
     go.add_sampling_arguments(ch, max_new_default=1024)
+    go.add_speculation_arguments(ch)
     ch.add_argument("--system", help="system prompt (plain text; \"\" = an empty system turn; default: Qwen's)")
     ch.add_argument("--max-context", type=int, default=0,
                     help=f"context length in tokens; when the conversation outgrows it the oldest turns "

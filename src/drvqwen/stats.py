@@ -24,7 +24,8 @@ its own duration said beside. In the order a GPU run meets them:
     prefill       the prompt through the model (GPU: the launches queued)
     first token   the first token chosen (GPU: the wait for the prefill and the sampler)
     graph capture the decode graphs, captured after the first token is out
-    decode        the tokens after the first
+    decode        the tokens after the first (speculative decoding: the verify passes)
+    propose       speculative decoding's proposals (the draft model's own steps)
     generate      the rest of generation: detokenizing and printing the text
     tokenizer cache  after the answer, the first run with a tokenizer: its fast-loading form
                   written to the cache (tokenizer_cache.py)
@@ -67,7 +68,7 @@ PHASE_NAMES = {
     "tokenizer": "load the tokenizer", "tokenizer cache": "write the tokenizer's cached form (once)",
     "tokenize": "tokenize the prompt",
     "prefill": "prefill", "first token": "first token", "graph capture": "graph capture",
-    "decode": "decode", "generate": "detokenize + print",
+    "decode": "decode", "propose": "speculative proposals (prompt lookup, draft model)", "generate": "detokenize + print",
 }
 # The longest interpreter start-up taken for true (RunStats.__post_init__).
 START_UP_MAX_S = 30.0
@@ -308,6 +309,8 @@ class RunStats:
             "first_output_s": num(self.first_output_s),
             "total_s": num(self.total_s),
             "total_from": "exec" if self.from_exec else "command",
+            # proposals, acceptance rate and tokens per verify pass (speculative_loop.py)
+            "speculation": res.speculation.to_dict() if res is not None and res.speculation else None,
         }
 
 

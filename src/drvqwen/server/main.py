@@ -18,6 +18,8 @@ from pathlib import Path
 
 from ..errors import DrvqwenError
 from ..format.nanoqwen import NanoqwenFile
+from ..gen_options import add_draft_arguments
+from ..speculative import DEFAULT_DRAFT_MAX
 from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings,
                        check_bind, is_loopback)
 
@@ -47,10 +49,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, progress=None):
+def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, progress=None,
+           draft: NanoqwenFile | None = None):
     """The worker's loader: builds the GPU engine or the CPU reference on the worker thread.
 
     progress(done, total): weight upload (GPU, bytes) or dequantization (CPU, layers).
+    draft: the speculative draft model (`--draft`), built beside it on the same device with a
+    context as long (capped at its own max_position).
     """
     from ..tokenizer import Tokenizer
     from .worker import LoadedModel
@@ -59,8 +64,13 @@ def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, 
         from ..loading import build_backend
 
         backend = build_backend(f, device, max_context, eager=eager, progress=progress)
+        draft_backend = None
+        if draft is not None:
+            draft_backend = build_backend(draft, device, min(max_context, draft.config.max_position), eager=eager,
+                                          progress=progress)
         tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
-        return LoadedModel(backend, tok, f.eog_ids, device)
+        return LoadedModel(backend, tok, f.eog_ids, device, draft_backend,
+                           f"draft model {Path(draft.path).name}" if draft is not None else "draft model")
 
     return load
 
@@ -92,11 +102,15 @@ class BackgroundServer:
         settings: host/port (port 0 picks a free one), key, limits, Host names.
         random_seed: the seed of requests without one (tests fix it).
         log: called with one line per request (`stderr_line` for `drvqwen serve`); None: none.
+        draft, draft_max: a speculative draft model of the same tokenizer (`--draft`, checked by
+            the caller) and the tokens it proposes per verify pass unless a request says
+            (`speculative_draft`).
     """
 
     def __init__(self, f: NanoqwenFile, device: str = "cpu", max_context: int = 0,
                  settings: ServerSettings = ServerSettings(port=0), *, eager: bool = False,
-                 warmup: bool = True, random_seed=None, progress=None, log=None):
+                 warmup: bool = True, random_seed=None, progress=None, log=None,
+                 draft: NanoqwenFile | None = None, draft_max: int = DEFAULT_DRAFT_MAX):
         import uvicorn
 
         from ..generate import resolve_max_context
@@ -106,11 +120,11 @@ class BackgroundServer:
         from .worker import EngineWorker
 
         ctx = resolve_max_context(max_context, f.config.max_position)
-        self.worker = EngineWorker(loader(f, device, ctx, eager, progress), settings.queue_size, warmup)
+        self.worker = EngineWorker(loader(f, device, ctx, eager, progress, draft), settings.queue_size, warmup)
         self.worker.start()
         tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
         kw = {} if random_seed is None else {"random_seed": random_seed}
-        self.parser = RequestParser(tok, ctx, f.text_vocab, **kw)
+        self.parser = RequestParser(tok, ctx, f.text_vocab, draft_max=draft_max if draft is not None else 0, **kw)
         self.app = create_app(self.worker, self.parser, settings, device, log)
         self.sock = bind(settings.host, settings.port)
         host, port = self.sock.getsockname()[:2]
@@ -193,6 +207,9 @@ def register(sub) -> None:
     s.add_argument("--model-name", help="the model id reported by /v1/models (default: the model file's name)")
     s.add_argument("--no-verify", action="store_true", help="skip the one-time CRC32 check of the model file")
     s.add_argument("--eager", action="store_true", help="GPU: launch decode kernels one by one, no CUDA graphs")
+    add_draft_arguments(s, "a draft model of the same tokenizer for speculative decoding (named as for --model); "
+                           "requests use it unless they send speculative_draft: 0 or speculative_lookup",
+                        " unless a request says")
     s.add_argument("--quiet", action="store_true",
                    help="no log line per request (method, path, status, tokens, ms, error) on stderr")
     s.set_defaults(fn=cmd_serve)
@@ -204,7 +221,8 @@ def cmd_serve(args) -> int:
 
     from ..console import make_console, progress_bar
     from ..generate import resolve_max_context
-    from ..loading import open_model
+    from ..gen_options import check_speculation_options
+    from ..loading import check_same_tokenizer, open_model
 
     try:
         import prometheus_client, starlette, uvicorn  # noqa: F401
@@ -220,9 +238,15 @@ def cmd_serve(args) -> int:
         raise DrvqwenError("--api-key: must not be empty")
     allowed_hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
     check_bind(args.host, allowed_hosts, api_key)
+    check_speculation_options(args)
+    draft_max = args.draft_max or DEFAULT_DRAFT_MAX
     opened = open_model(args.model, args.device, verify=not args.no_verify)
     f, device = opened.file, opened.device
     ctx = resolve_max_context(args.max_context, f.config.max_position)
+    draft = None
+    if args.draft is not None:           # the model path of --model, on the target's device
+        draft = open_model(args.draft, device, verify=not args.no_verify).file
+        check_same_tokenizer(f, draft)
     if device == "cpu":
         opened.say_cpu()
     err = make_console(stderr=True)
@@ -234,8 +258,9 @@ def cmd_serve(args) -> int:
         task = p.add_task(what, total=None)
         srv = BackgroundServer(f, device, ctx, settings, eager=args.eager,
                                progress=lambda done, n: p.update(task, completed=done, total=n),
-                               log=None if args.quiet else stderr_line)
-    err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens) on {srv.url}/v1 "
+                               log=None if args.quiet else stderr_line, draft=draft, draft_max=draft_max)
+    spec = f", draft model {Path(draft.path).name} proposing {draft_max}" if draft is not None else ""
+    err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens{spec}) on {srv.url}/v1 "
               f"— Ctrl-C stops", soft_wrap=True)
     if settings.api_key is None and not is_loopback(settings.host):
         err.print(f"warning: listening on {settings.host} without --api-key: anyone who can "

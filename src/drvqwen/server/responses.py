@@ -52,16 +52,20 @@ def timings(o: Outcome) -> dict:
     """llama.cpp's `timings`: cache_n (prompt tokens reused from the KV cache), prompt_n
     (prompt tokens run) in prompt_ms (submitted → first token), predicted_n (tokens generated)
     in predicted_ms (first token → last; the per-token figures are over its n - 1 intervals,
-    as `drvqwen run`'s decode rate). 0 where nothing was measured."""
+    as `drvqwen run`'s decode rate). 0 where nothing was measured. A speculative request adds
+    draft_n (tokens proposed) and draft_n_accepted, as llama.cpp's server does."""
     prompt_n, prompt_ms = o.prompt_tokens - o.reused_tokens, o.prompt_s * 1e3
     n, ms = o.completion_tokens, o.predicted_s * 1e3
     steps = n - 1 if n > 1 and ms > 0 else 0
-    return {"cache_n": o.reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n and prompt_ms > 0 else 0.0,
-            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-            "predicted_n": n, "predicted_ms": ms,
-            "predicted_per_token_ms": ms / steps if steps else 0.0,
-            "predicted_per_second": 1e3 * steps / ms if steps else 0.0}
+    out = {"cache_n": o.reused_tokens, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+           "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n and prompt_ms > 0 else 0.0,
+           "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+           "predicted_n": n, "predicted_ms": ms,
+           "predicted_per_token_ms": ms / steps if steps else 0.0,
+           "predicted_per_second": 1e3 * steps / ms if steps else 0.0}
+    if o.draft_n is not None:
+        out.update(draft_n=o.draft_n, draft_n_accepted=o.draft_n_accepted)
+    return out
 
 
 def pick_fields(obj: dict, paths: tuple[str, ...] | None) -> dict:

@@ -3,8 +3,11 @@
 Fields follow the OpenAI API reference (chat completions, legacy completions) and llama.cpp's
 server for /infill (`input_prefix`, `prompt`, `input_suffix`, `input_extra`, `n_predict`,
 `n_indent`, `t_max_predict_ms`, `response_fields`). Extensions: `top_k` (0 = off),
-`ignore_eos` (do not stop at end-of-generation tokens, `run --ignore-eos`) and llama.cpp's
-`cache_prompt` on every route (default true: reuse the KV cache's common prefix). Unknown
+`ignore_eos` (do not stop at end-of-generation tokens, `run --ignore-eos`), speculative
+decoding (`speculative_lookup`: prompt lookup of up to N tokens, `run --lookup N`;
+`speculative_draft`: the server's --draft model proposing up to K tokens, `run --draft-max K`)
+and llama.cpp's `cache_prompt` on every route (default true: reuse the KV cache's common
+prefix). Unknown
 fields are ignored, as most OpenAI-compatible servers do, so that clients sending vendor extras
 keep working; fields that would change the answer in a way drvqwen does not implement (n > 1,
 logprobs, echo, tools, penalties …) are refused.
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..sampler import SamplingParams
+from ..speculative import MAX_PROPOSAL
 from ..tokenizer import Tokenizer
 from .api_errors import bad_field
 from .prompts import chat_ids, fit_infill_ids, infill_ids
@@ -70,6 +74,10 @@ class GenerationRequest:
     # llama.cpp's cache_prompt: reuse the KV cache's common prefix with the last sequence
     # (false: prefill the whole prompt).
     cache_prompt: bool = True
+    # Speculative decoding: prompt lookup of up to `lookup` tokens, or the server's draft model
+    # proposing up to `draft` tokens per verify pass; 0 = off (at most one of them is set).
+    lookup: int = 0
+    draft: int = 0
 
 
 def _is_int(v) -> bool:
@@ -138,12 +146,15 @@ class RequestParser:
         text_vocab: ids below it have text; a prompt id at or above it is refused (the lm_head's
             padded rows stand for nothing).
         random_seed: the seed of a request that gives none (tests pass a fixed one).
+        draft_max: the server's `--draft-max` when it has a draft model (the default of
+            `speculative_draft`), 0 when it has none.
     """
 
     def __init__(self, tok: Tokenizer, max_context: int, text_vocab: int,
-                 random_seed: Callable[[], int] = lambda: secrets.randbits(63)):
+                 random_seed: Callable[[], int] = lambda: secrets.randbits(63), draft_max: int = 0):
         self.tok, self.max_context, self.text_vocab = tok, max_context, text_vocab
         self.random_seed = random_seed
+        self.draft_max = draft_max
         # Tokenizer.encode sets the shared `tokenizers` object's special-token mode before
         # each call; requests are parsed on a thread pool, so one at a time, or a chat message
         # could be encoded in another request's raw mode.
@@ -295,10 +306,27 @@ class RequestParser:
             raise bad_field(prompt_field, f"the prompt is {n} tokens; the context is {self.max_context} "
                                           f"tokens and must leave room for one more",
                             "context_length_exceeded")
+        lookup, draft = self._speculation(body)
         return GenerationRequest(kind, ids, 0, params, stops, stream, include_usage, ignore_eos,
                                  n_indent=_integer(body, "n_indent", 0, 0),
                                  t_max_predict_ms=max(0, _integer(body, "t_max_predict_ms", 0, -(2**31))),
-                                 cache_prompt=_bool(body, "cache_prompt", True))
+                                 cache_prompt=_bool(body, "cache_prompt", True), lookup=lookup, draft=draft)
+
+    def _speculation(self, body: dict) -> tuple[int, int]:
+        """(speculative_lookup, speculative_draft): at most one of them > 0. The draft model
+        proposes by default (`draft_max`) on a server that has one, unless the request asks for
+        prompt lookup or sends speculative_draft: 0."""
+        lookup = _integer(body, "speculative_lookup", 0, 0, MAX_PROPOSAL)
+        asked = body.get("speculative_draft")
+        draft = _integer(body, "speculative_draft", 0, 0, MAX_PROPOSAL)
+        if draft and not self.draft_max:
+            raise bad_field("speculative_draft", "the server has no draft model (drvqwen serve --draft MODEL)",
+                            "unsupported")
+        if lookup and draft:
+            raise bad_field("speculative_lookup", "with speculative_draft: choose one way to propose tokens")
+        if asked is None and not lookup:
+            draft = self.draft_max
+        return lookup, draft
 
     def _max_tokens(self, body: dict, n_prompt: int, max_field: str, default_max: int | None) -> int:
         """The OpenAI routes' max_tokens: at least 1, refused past the context."""

@@ -72,6 +72,10 @@ class Outcome:
     prompt_s: float = 0.0
     predicted_s: float = 0.0
     context_full: bool = False
+    # Speculative decoding (llama.cpp's timings.draft_n, draft_n_accepted): tokens proposed and
+    # accepted; None when the request did not speculate.
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
 
 @dataclass
@@ -107,10 +111,6 @@ class _Cancelled(Exception):
     pass
 
 
-class _Ended(Exception):
-    """The answer's text ended it (a stop string, a line under n_indent) or its time ran out."""
-
-
 @dataclass
 class LoadedModel:
     """What the worker's loader returns: the backend, its tokenizer and end-of-generation ids."""
@@ -119,6 +119,8 @@ class LoadedModel:
     tokenizer: Tokenizer
     eog_ids: frozenset[int]
     device: str               # "cuda" or "cpu"
+    draft: object | None = None   # the draft model's backend (serve --draft), its own KV cache
+    draft_name: str = "draft model"
 
 
 class EngineWorker:
@@ -232,6 +234,8 @@ class EngineWorker:
                     self.busy, self._running = False, None
         finally:
             self.model.backend.close()
+            if self.model.draft is not None:
+                self.model.draft.close()
 
     def _warm_up(self) -> None:
         m = self.model
@@ -241,6 +245,16 @@ class EngineWorker:
         for params in (SamplingParams(), SamplingParams(temperature=0.7, seed=1)):
             generate(m.backend, ids, 2, params, ignore_stop=True)
             m.backend.reset()           # the first request finds the cache empty
+
+    def _proposer(self, req: GenerationRequest):
+        """The request's speculative proposer: prompt lookup, the draft model, or None."""
+        from ..speculative import DraftModel, PromptLookup
+
+        if req.lookup:
+            return PromptLookup(req.lookup)
+        if req.draft and self.model.draft is not None:
+            return DraftModel(self.model.draft, req.draft, name=self.model.draft_name)
+        return None
 
     @staticmethod
     def _cancelled(job: Job, completion_tokens: int = 0) -> None:
@@ -258,7 +272,7 @@ class EngineWorker:
         t_max_s = req.t_max_predict_ms / 1e3
         state = {"n": 0, "first": None, "last": None, "time_up": False}
 
-        def on_token(tok: int) -> None:
+        def on_token(tok: int) -> bool:
             now = time.perf_counter()
             if state["last"] is None:
                 met.ttft.observe(now - job.enqueued_at)
@@ -270,27 +284,29 @@ class EngineWorker:
             piece, ended = text.push(tok)
             if piece:
                 job.emit(("text", piece))
-            # llama.cpp's t_max_predict_ms: past the time, the answer ends at a newline.
+            # True ends generation there, its result kept ("limit", or "word" by the text's
+            # stop string): the answer's text ended it (a stop string, a line under n_indent),
+            # or llama.cpp's t_max_predict_ms — past the time, the answer ends at a newline.
             if ended:
-                raise _Ended
+                return True
             if t_max_s > 0 and text.newline and now - state["first"] > t_max_s:
                 state["time_up"] = True
-                raise _Ended
+                return True
             if job.cancelled:       # checked before the next step is asked for
                 raise _Cancelled
+            return False
 
         stop_type = None
         failed = False
+        res = None
         try:
             if req.max_tokens == 0:     # /infill's n_predict 0 (llama.vim's warm-up): the prompt
                 m.backend.prefill(req.prompt_ids, reuse=req.cache_prompt)   # into the cache only
                 stop_type = "limit"
             else:
                 res = generate(m.backend, req.prompt_ids, req.max_tokens, req.params, m.eog_ids, on_token,
-                               ignore_stop=req.ignore_eos, reuse=req.cache_prompt)
+                               ignore_stop=req.ignore_eos, reuse=req.cache_prompt, speculation=self._proposer(req))
                 stop_type = "eos" if res.stopped_by == "stop token" else "limit"
-        except _Ended:
-            stop_type = "limit"
         except _Cancelled:
             met.cancelled.inc()
             self._cancelled(job, state["n"])
@@ -305,6 +321,8 @@ class EngineWorker:
         finally:
             if failed:              # what the cache holds is not known: reuse none of it
                 m.backend.reset()
+                if m.draft is not None:
+                    m.draft.reset()
             self.tokens_cached = len(m.backend.cached_ids())
             met.generated_tokens.inc(state["n"])
         if stop_type is None:
@@ -318,10 +336,12 @@ class EngineWorker:
             stop_type = "word"
         first, last = state["first"], state["last"]
         n = state["n"]
+        spec = res.speculation if res is not None else None
         job.emit(("done", Outcome(
             "stop" if stop_type in ("eos", "word") else "length", len(req.prompt_ids), n, stop_type,
             text.stopping_word, reused_tokens=reused, cached_tokens=self.tokens_cached,
             prompt_s=(first if first is not None else time.perf_counter()) - t_start,
             predicted_s=(last - first) if first is not None else 0.0,
             context_full=(req.context_capped and stop_type == "limit" and text.ended_by is None
-                          and not state["time_up"] and n == req.max_tokens))))
+                          and not state["time_up"] and n == req.max_tokens),
+            draft_n=spec.proposed if spec else None, draft_n_accepted=spec.accepted if spec else None)))

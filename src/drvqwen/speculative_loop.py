@@ -1,0 +1,154 @@
+"""The speculative token stream: propose, verify, accept, roll back — on any backend.
+
+    prefill(prompt)                       logits of the last prompt position → token 0
+    per verify pass, with tokens 0 … n-1 out (token n-1 not yet run):
+      propose   k ≤ min(max_tokens, budget − n − 1) tokens d_1 … d_k   (speculative.py)
+      verify    [token n-1, d_1 … d_k] at positions P+n-1 … P+n-1+k: k + 1 rows of logits,
+                row i what a decode step would give there               (Backend.verify)
+      accept    row by row, the repeat penalty over the window that position sees
+                (prompt + tokens so far + the accepted proposals), the acceptance rule
+                (speculative_accept.choose): the accepted proposals, then the target's own
+                token — at the first rejection, or after the last proposal
+      rollback  the cache keeps the positions of the tokens that were kept, except the last
+                one out (not run yet, exactly as in plain decoding)   (Backend.rollback)
+
+Every token is yielded one at a time, so generate() stops on stop ids, on stop strings and at
+max_new_tokens exactly as with plain decoding; the budget (max_new_tokens capped by the
+context) bounds k, so no verify pass runs a position plain decoding would not. When the
+consumer closes the stream inside a pass, the positions after the last token it took are rolled
+back too: the cache then holds what plain decoding would have left (`cached_ids()`, which
+`reuse` compares with the next prompt).
+
+With a verify pass made of plain decode steps (generate.DecodeVerify) this is as slow as plain
+decoding plus the proposer; the gain comes from a backend whose verify runs the k + 1 tokens in
+one pass (docs/speculative.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .sampler import PENALTY_WINDOW, SamplingParams, penalize
+from .speculative_accept import choose
+from .stats import phase
+
+
+@dataclass
+class SpeculationStats:
+    """What speculation did in one generation.
+
+    Attributes:
+        proposer: the proposer's name.
+        proposed: tokens proposed, over every verify pass.
+        accepted: proposed tokens the acceptance rule kept.
+        verify_passes: target passes after the prefill (a pass with nothing proposed is one
+            decode step, and counts).
+        pass_tokens: tokens those passes produced (accepted proposals + the target's own).
+    """
+
+    proposer: str
+    proposed: int = 0
+    accepted: int = 0
+    verify_passes: int = 0
+    pass_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / proposed; NaN when nothing was proposed."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens per verify pass (1 for plain decoding); NaN before the first pass."""
+        return self.pass_tokens / self.verify_passes if self.verify_passes else float("nan")
+
+    def summary(self) -> str:
+        """`<proposer>: P proposed, A accepted (R %), T tokens per verify pass` (the rates only
+        when measured)."""
+        s = f"{self.proposer}: {self.proposed} proposed, {self.accepted} accepted"
+        if self.proposed:
+            s += f" ({100 * self.acceptance_rate:.1f} %)"
+        if self.verify_passes:
+            s += f", {self.tokens_per_pass:.2f} tokens per verify pass"
+        return s
+
+    def to_dict(self) -> dict:
+        """The `speculation` object of `--json-stats` (rates null when unmeasured)."""
+        def num(x):
+            return None if x != x else round(float(x), 6)
+
+        return {"proposer": self.proposer, "proposed": self.proposed, "accepted": self.accepted,
+                "acceptance_rate": num(self.acceptance_rate), "verify_passes": self.verify_passes,
+                "pass_tokens": self.pass_tokens, "tokens_per_pass": num(self.tokens_per_pass)}
+
+
+def _penalized(logits: np.ndarray, seq: list[int], params: SamplingParams) -> np.ndarray:
+    """The logits the sampler sees after `seq`: the repeat penalty over its last PENALTY_WINDOW
+    ids (on a copy), as plain decoding applies it."""
+    if not params.penalized:
+        return logits
+    return penalize(np.array(logits, np.float32), seq[-PENALTY_WINDOW:], params.repeat_penalty)
+
+
+def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: SamplingParams, proposer,
+                       stats: SpeculationStats, reuse: bool = False) -> Iterator[int]:
+    """The token stream of generate() with a proposer (module doc).
+
+    Args:
+        backend: a generate.Backend (prefill, verify, rollback).
+        prompt_ids: the prompt; it fits the context with room for `budget` tokens.
+        budget: tokens to generate at most (max_new_tokens capped by the context), ≥ 1.
+        params: sampling parameters; token i uses the random numbers of
+            speculative_accept.draws(seed, i).
+        proposer: a speculative.Proposer.
+        stats: counts proposals, acceptances and verify passes as they happen.
+        reuse: continue the backend's cached sequence (generate.py module doc).
+    Yields:
+        The tokens, one at a time, lazily: nothing is verified before the consumer asks for
+        the next token.
+    """
+    seq = list(prompt_ids)
+    with phase("prefill"):
+        logits = backend.prefill(seq, reuse=True) if reuse else backend.prefill(seq)
+    with phase("first token"):
+        tok, _ = choose(_penalized(logits, seq, params), params, 0)
+    seq.append(tok)
+    held = len(seq) - 1                 # positions the cache holds: every token but the last
+    try:
+        yield tok
+        while len(seq) - len(prompt_ids) < budget:
+            n = len(seq) - len(prompt_ids)
+            k = min(proposer.max_tokens, budget - n - 1)
+            with phase("propose"):
+                drafts, q = proposer.propose(seq, k, params, n) if k > 0 else ([], None)
+                drafts = [int(d) for d in drafts[:k]]
+            with phase("decode"):
+                rows = backend.verify([seq[-1], *drafts])
+                held += 1 + len(drafts)
+                out: list[int] = []
+                for i, row in enumerate(rows):
+                    proposal = drafts[i] if i < len(drafts) else None
+                    t, ok = choose(_penalized(row, seq + out, params), params, n + i, proposal,
+                                   None if q is None or proposal is None else q[i])
+                    out.append(t)
+                    if not ok:
+                        break
+                keep = len(seq) + len(out) - 1
+                if keep < held:
+                    backend.rollback(keep)
+                    held = keep
+            stats.verify_passes += 1
+            stats.proposed += len(drafts)
+            stats.accepted += len(out) - 1
+            stats.pass_tokens += len(out)
+            for t in out:
+                seq.append(t)
+                yield t
+    except GeneratorExit:
+        # Closed inside a pass: keep what plain decoding would hold (module doc).
+        if held > len(seq) - 1:
+            backend.rollback(len(seq) - 1)
+        raise
