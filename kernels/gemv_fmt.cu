@@ -85,15 +85,16 @@
 // 150–170 without spilling and run one block of 8 warps per SM's register file.
 #define GF_QUAD      128  // inputs per item and lane quad (4 chunks)
 #define LM_FMT_PART_MAX 8 // warps whose argmax candidates a block compares (GF_MAX_WARPS)
-// Items per load batch for one matrix (halved for gate/up and for 8-bit codes, whose chunks are
-// twice the bytes): ~2 KB per warp per batch, the next batch in flight behind it.
+// Items per load batch for one matrix (fewer for gate/up, and for 8- and 16-bit codes, whose
+// chunks are 2 and 4 times the bytes): ~2 KB per warp per batch, the next in flight behind it.
 #ifndef GF_UNROLL
 #define GF_UNROLL 2
 #endif
 
 template <int F, int MT>
 struct GfBatch {
-    static constexpr int U = GF_UNROLL / MT / (Wf<F>::BITS == 8 ? 2 : 1) > 0 ? GF_UNROLL / MT / (Wf<F>::BITS == 8 ? 2 : 1) : 1;
+    static constexpr int BYTES = Wf<F>::BITS >= 8 ? Wf<F>::BITS / 8 : 1;  // chunk bytes / 16 (codes)
+    static constexpr int U = GF_UNROLL / MT / BYTES > 0 ? GF_UNROLL / MT / BYTES : 1;
     WfRaw w[U][MT][2];  // the chunk of MMA row g / row g + 8, per matrix
 };
 

@@ -29,6 +29,7 @@
 //   | 10 | q4_k       | 4 | 32 in 256    | w = (d·sc) c − (dmin·m)      | Q4_K |
 //   | 11 | q5_k       | 5 | 32 in 256    | w = (d·sc) c − (dmin·m)      | Q5_K |
 //   | 12 | q6_k       | 6 | 16 in 256    | w = (d·sc) (c − 32)          | Q6_K |
+//   | 16 | dense      |16 | –            | w = the FP16 value itself    | F16  |
 // The K-quants keep the GGUF's two levels: fp16 d (and dmin) per 256 inputs, 6-bit (sc, m)
 // packed in 12 bytes (q4_k, q5_k) or int8 sc per 16 inputs (q6_k). d·sc has at most 11 + 8
 // significant bits, so the FP32 product is exact, and the bytes per weight are the GGUF's.
@@ -37,6 +38,7 @@
 //   qweight u32 [N, K/8]    low 4 bits, layout id 1: word j holds inputs 8j … 8j+7, nibble p
 //                           input 8j + ORDER[p], ORDER = 0 2 4 6 1 3 5 7 (ptx/int4_unpack.cuh)
 //           u32 [N, K/4]    8-bit codes: byte i of word j is input 4j + i
+//           u32 [N, K/2]    dense: the FP16 values, two per word (the `.weight` tensor)
 //   qhigh   u32 [N, K/32]   5-bit: bit 4p + i of word c = bit 4 of input 32c + 8i + ORDER[p]
 //           u32 [N, K/16]   6-bit: bits 4p + 2(i%2) +{0,1} of word 2c + i/2 = bits 4, 5 of it
 //   scales  fp16 [N, K/g] | uint8 [N, K/256, 12] (q4_k, q5_k) | int8 [N, K/16] (q6_k)
@@ -60,6 +62,9 @@
 #define WF_Q4_K       10
 #define WF_Q5_K       11
 #define WF_Q6_K       12
+// A dense FP16 weight (a file's format 0, `<prefix>.weight` fp16 [N, K]: a GGUF's F16 projection
+// kept as it is). Not a `.nanoqwen` format id: the kernels' name for a dense matrix.
+#define WF_DENSE        16
 #define WF_CHUNK      32   // inputs per chunk
 #define WF_SUPER      256  // inputs per K-quant super-block
 
@@ -74,8 +79,8 @@ struct WfWeight {
 // Compile-time facts of format F.
 template <int F>
 struct Wf {
-    static constexpr int BITS = F == WF_Q8_G32 ? 8 : (F == WF_Q5_G32 || F == WF_Q5_G32_MIN || F == WF_Q5_K) ? 5
-                              : F == WF_Q6_K ? 6 : 4;
+    static constexpr int BITS = F == WF_DENSE ? 16 : F == WF_Q8_G32 ? 8
+                              : (F == WF_Q5_G32 || F == WF_Q5_G32_MIN || F == WF_Q5_K) ? 5 : F == WF_Q6_K ? 6 : 4;
     static constexpr bool OFFSET = F == WF_Q4_G32_MIN || F == WF_Q5_G32_MIN || F == WF_Q4_K || F == WF_Q5_K;
     static constexpr bool KQUANT = F == WF_Q4_K || F == WF_Q5_K || F == WF_Q6_K;
     static constexpr int SUBS = F == WF_Q6_K ? 2 : 1;        // scale groups per chunk
@@ -86,7 +91,8 @@ struct Wf {
 // A chunk of one row as loaded: registers, most of them unused by any one format (the
 // compiler drops those).
 struct WfRaw {
-    uint4 q0, q1;  // codes: nibbles (q0), or bytes 0–15 and 16–31 (8-bit)
+    uint4 q0, q1;  // codes: nibbles (q0), or bytes 0–15 and 16–31 (8-bit), or FP16 values 0–15 (dense)
+    uint4 q2, q3;  // dense: values 16–31
     u32 h0, h1;    // high bits (h1: 6-bit only)
     u32 s0, s1, s2;  // scale bytes: fp16 s | s, o | q4_k/q5_k: the 12 packed bytes | q6_k: 2 int8
     u32 d;         // K-quants: fp16 d (and dmin in the high half)
@@ -98,7 +104,14 @@ struct WfRaw {
 template <int F>
 __device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, int K, u64 policy) {
     WfRaw r = {};
-    if constexpr (Wf<F>::BITS == 8) {
+    if constexpr (Wf<F>::BITS == 16) {
+        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + row * (K / 2)) + 4 * chunk;
+        r.q0 = ld_stream_v4(q, policy);
+        r.q1 = ld_stream_v4(q + 1, policy);
+        r.q2 = ld_stream_v4(q + 2, policy);
+        r.q3 = ld_stream_v4(q + 3, policy);
+        return r;  // no scales
+    } else if constexpr (Wf<F>::BITS == 8) {
         const uint4* q = reinterpret_cast<const uint4*>(w.qweight + row * (K / 4)) + 2 * chunk;
         r.q0 = ld_stream_v4(q, policy);
         r.q1 = ld_stream_v4(q + 1, policy);
@@ -156,7 +169,11 @@ template <int Z> struct WfMagic {
 template <int F>
 __device__ __forceinline__ void wf_pairs(const WfRaw& r, u32 (&a)[16]) {
     constexpr int Z = Wf<F>::ZERO, HB = Wf<F>::HB;
-    if constexpr (Wf<F>::BITS == 8) {
+    if constexpr (Wf<F>::BITS == 16) {  // already FP16 pairs, in input order
+        const uint4 q[4] = {r.q0, r.q1, r.q2, r.q3};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) a[j] = wf_word(q[j / 4], j % 4);
+    } else if constexpr (Wf<F>::BITS == 8) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const u32 w = wf_word(j < 4 ? r.q0 : r.q1, j % 4);
@@ -222,6 +239,9 @@ __device__ __forceinline__ void wf_scales(const WfRaw& r, int chunk, float (&s)[
         s[0] = __fmul_rn(d, float((signed char)(r.s0 & 0xFFu)));
         s[1] = __fmul_rn(d, float((signed char)((r.s0 >> 8) & 0xFFu)));
         o[0] = o[1] = 0.f;
+    } else if constexpr (F == WF_DENSE) {
+        s[0] = 1.f;
+        o[0] = 0.f;
     } else {
         s[0] = wf_half_lo(r.s0);
         o[0] = Wf<F>::OFFSET ? wf_half_lo(r.s1) : 0.f;
@@ -229,9 +249,14 @@ __device__ __forceinline__ void wf_scales(const WfRaw& r, int chunk, float (&s)[
 }
 
 // Weight e (0–31) of the chunk, FP32, in the reference's order: (c − z)·s, or c·s + o (two
-// roundings, no FMA contraction: __fmul_rn/__fadd_rn).
+// roundings, no FMA contraction: __fmul_rn/__fadd_rn); dense: the value itself.
 template <int F>
 __device__ __forceinline__ float wf_dequant(const WfRaw& r, int chunk, int e) {
+    if constexpr (Wf<F>::BITS == 16) {
+        const uint4 q = e < 8 ? r.q0 : e < 16 ? r.q1 : e < 24 ? r.q2 : r.q3;
+        const u32 word = wf_word(q, (e % 8) / 2);
+        return (e & 1) ? wf_half_hi(word) : wf_half_lo(word);
+    }
     u32 code;
     if constexpr (Wf<F>::BITS == 8) {
         code = (wf_word(e < 16 ? r.q0 : r.q1, (e % 16) / 4) >> (8 * (e % 4))) & 0xFFu;
@@ -252,7 +277,8 @@ __device__ __forceinline__ float wf_dequant(const WfRaw& r, int chunk, int e) {
 // Whether this file knows format id `fmt` (the launchers refuse the others before a launch).
 __device__ __forceinline__ bool wf_known(int fmt) {
     return fmt == WF_INT4_G128 || fmt == WF_Q4_G32 || fmt == WF_Q4_G32_MIN || fmt == WF_Q5_G32 ||
-           fmt == WF_Q5_G32_MIN || fmt == WF_Q8_G32 || fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K;
+           fmt == WF_Q5_G32_MIN || fmt == WF_Q8_G32 || fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K ||
+           fmt == WF_DENSE;
 }
 
 // Runs the statements `...` with F a compile-time constant equal to the runtime id `fmt`
@@ -269,5 +295,6 @@ __device__ __forceinline__ bool wf_known(int fmt) {
         WF_CASE(WF_Q4_K, F, __VA_ARGS__)                      \
         WF_CASE(WF_Q5_K, F, __VA_ARGS__)                      \
         WF_CASE(WF_Q6_K, F, __VA_ARGS__)                      \
+        WF_CASE(WF_DENSE, F, __VA_ARGS__)                       \
         default: break;                                       \
     }

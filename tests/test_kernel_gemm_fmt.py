@@ -16,11 +16,14 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
+from drvqwen.launchers.gemv_fmt import DENSE_F16
 from kernel_testing import TOL_GEMV, assert_same_bits, dev, report  # noqa: F401
 
 pytestmark = pytest.mark.gpu
 
-FORMATS = list(wf.FORMATS.values())
+# Every format of weight_formats.py, and a dense FP16 matrix (a GGUF's F16 projection kept as it
+# is: the same kernels, WF_DENSE).
+FORMATS = list(wf.FORMATS.values()) + [DENSE_F16]
 # (label, rows capacity, live M, N, K)
 SHAPES = [("0.5b.q_proj", 128, 100, 896, 896), ("odd.m1", 64, 1, 40, 256), ("odd.n200", 192, 130, 200, 1280)]
 CASES = [(fmt, *shape) for fmt in FORMATS for shape in SHAPES if fmt.fits(shape[4])]
@@ -29,8 +32,12 @@ CASES = [(fmt, *shape) for fmt in FORMATS for shape in SHAPES if fmt.fits(shape[
 def _weight(dev, rng, fmt, n, k, name="W"):
     from drvqwen.launchers.gemv_fmt import FmtWeight
 
-    parts = wf.random_weight(fmt, n, k, rng)
-    w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
+    if fmt is DENSE_F16:
+        parts = {"weight": (rng.standard_normal((n, k)) * 0.03).astype(np.float16)}
+        w = parts["weight"].astype(np.float64)
+    else:
+        parts = wf.random_weight(fmt, n, k, rng)
+        w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
     return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
 
 

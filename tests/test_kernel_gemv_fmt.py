@@ -16,13 +16,16 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
+from drvqwen.launchers.gemv_fmt import DENSE_F16
 from kernel_testing import TOL_GEMV, assert_same_bits, dev, graph_time_us, report  # noqa: F401
 
 # (label, N, K)
 SHAPES = [("0.5b.q_proj", 896, 896), ("0.5b.gate_proj", 4864, 896), ("0.5b.down_proj", 896, 4864),
           ("7b.o_proj", 3584, 3584), ("7b.down_proj", 3584, 18944),
           ("odd.n1.k256", 1, 256), ("odd.n37.k384", 37, 384), ("odd.n200.k1280", 200, 1280)]
-FORMATS = list(wf.FORMATS.values())
+# Every format of weight_formats.py, and a dense FP16 matrix (a GGUF's F16 projection kept as it
+# is: the same kernels, WF_DENSE).
+FORMATS = list(wf.FORMATS.values()) + [DENSE_F16]
 # Only pairs that can exist: a format whose group does not divide K stores no such weight.
 CASES = [(fmt, label, n, k) for fmt in FORMATS for label, n, k in SHAPES if fmt.fits(k)]
 EPS = 1e-6
@@ -43,8 +46,12 @@ def _weight(dev, rng, fmt, n, k, name="W"):
     """(FmtWeight on the device, float64 [n, k] dequantized weight)."""
     from drvqwen.launchers.gemv_fmt import FmtWeight
 
-    parts = wf.random_weight(fmt, n, k, rng)
-    w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
+    if fmt is DENSE_F16:
+        parts = {"weight": (rng.standard_normal((n, k)) * 0.03).astype(np.float16)}
+        w = parts["weight"].astype(np.float64)
+    else:
+        parts = wf.random_weight(fmt, n, k, rng)
+        w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
     return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
 
 
@@ -201,8 +208,11 @@ def test_lm_head_fmt(dev, rng, label, v, d, fname, text_vocab):
     assert int(nt.download()[0]) == int(np.argmax(got)), "argmax of the partials != argmax of the logits"
 
 
+QUANTIZED = list(wf.FORMATS.values())      # a dense FP16 embedding runs embedding.cu
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
+@pytest.mark.parametrize("fmt", QUANTIZED, ids=[f.name for f in QUANTIZED])
 def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     """The embedding row on the GPU is the reference's dequantized row, bit for bit."""
     from drvqwen.launchers.gemv_fmt import EmbeddingFmt, EmbeddingFmtRows

@@ -47,12 +47,26 @@ def tiny(tmp_path_factory):
     f.close()
 
 
-@pytest.fixture(scope="module", params=["int4", "q4_k_m"])
+@pytest.fixture(scope="module", params=["int4", "q4_k_m", "f16"])
 def tiny_any(request, tiny, tmp_path_factory):
-    """The tiny model as INT4, and in per-tensor formats (llama.cpp's Q4_K_M recipe: the GPU's
-    gemv_fmt.cu step, whose launches the stepper checks against the reference too)."""
+    """The tiny model as INT4, in per-tensor formats (llama.cpp's Q4_K_M recipe: the GPU's
+    gemv_fmt.cu step, whose launches the stepper checks against the reference too), and an F16
+    GGUF kept as it is (`--weights source`: dense FP16 projections, the same kernels)."""
     if request.param == "int4":
         yield tiny
+        return
+    if request.param == "f16":
+        pytest.importorskip("gguf")
+        from drvqwen.format.convert import convert
+        from helpers import write_tiny_gguf
+
+        d = tmp_path_factory.mktemp("step")
+        src = write_tiny_gguf(d / "tiny-f16.gguf", TINY, random_dense(TINY, np.random.default_rng(7)), qtype="F16")
+        convert(src, d / "tiny-f16.nanoqwen", weights="source")
+        f = NanoqwenFile(d / "tiny-f16.nanoqwen")
+        assert set(f.formats.values()) == {wf.PLAIN}        # every matrix dense FP16
+        yield f
+        f.close()
         return
     from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import write_synthetic
@@ -323,8 +337,12 @@ def test_show_dequantizes_a_weight_in_its_format(tiny_any):
     values the reference computes with (NanoqwenFile.weight)."""
     s, repl, buf = _session(tiny_any)
     assert repl.execute("show L0.q_proj 0,0:4")
-    fmt = wf.FORMATS[tiny_any.formats["model.layers.0.self_attn.q_proj"]].name
+    fid = tiny_any.formats["model.layers.0.self_attn.q_proj"]
     out = buf.getvalue()
+    if fid == wf.PLAIN:
+        assert "model.layers.0.self_attn.q_proj.weight (from the model file)" in out
+        return
+    fmt = wf.FORMATS[fid].name
     assert f"model.layers.0.self_attn.q_proj dequantized ({fmt} → float32)" in out
     want = tiny_any.weight("model.layers.0.self_attn.q_proj")[0, :4]
     assert s.m.weights.quantized("model.layers.0.self_attn.q_proj.qweight")[0, :4].tobytes() == want.tobytes()

@@ -73,7 +73,7 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
-                                 fmt_weight, lm_head_fmt_partials)
+                                 DENSE_F16, fmt_weight, lm_head_fmt_partials)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, LM_HEAD, default_formats, proj_prefix
 from .layer_weights import LayerWeights
@@ -267,9 +267,13 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     eps = cfg.rms_norm_eps
 
     steps = plan.steps
-    def fw(prefix: str):  # a weight in its own format, or None where it is dense FP16 (or INT4 step)
+    def fw(prefix: str, dense_ok: bool = False):
+        """The FmtWeight of `prefix`; where it is dense FP16: None (embedding, lm_head: their
+        FP16 kernels) or, with dense_ok, a DENSE_F16 FmtWeight (a projection)."""
         fid = fm[prefix] if fm else wf.PLAIN
-        return None if fid == wf.PLAIN else fmt_weight(weights.__getitem__, prefix, wf.FORMATS[fid])
+        if fid == wf.PLAIN:
+            return fmt_weight(weights.__getitem__, prefix, DENSE_F16) if dense_ok else None
+        return fmt_weight(weights.__getitem__, prefix, wf.FORMATS[fid])
 
     emb = fw(EMBED)
     steps.append(("embedding", Embedding(a["residual"], weights["model.embed_tokens.weight"], a["state"],
@@ -286,8 +290,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
                                    n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
         if fm is not None:
-            q, k, v, o, g, u, d = (fw(proj_prefix(l, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj",
-                                                                     "gate_proj", "up_proj", "down_proj"))
+            q, k, v, o, g, u, d = (fw(proj_prefix(l, p), dense_ok=True)
+                                   for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
             steps += [
                 (f"L{l}.qkv_rope", GemvFmtQkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, q, k, v,
                                                   w.q_bias, w.k_bias, w.v_bias, a["inv_freq"], a["state"],

@@ -52,7 +52,7 @@ def check_gpu_formats(f: NanoqwenFile) -> str | None:
     for layer in range(f.config.num_layers):   # the fused gate/up GEMV and GEMM read both in one format
         gate, up = (f.formats[proj_prefix(layer, p)] for p in ("gate_proj", "up_proj"))
         if gate != up:
-            names = [wf.FORMATS[i].name if i in wf.FORMATS else "dense" for i in (gate, up)]
+            names = [wf.FORMATS[i].name if i in wf.FORMATS else "dense_fp16" for i in (gate, up)]
             return (f"{f.path}: layer {layer} stores gate_proj in {names[0]} and up_proj in {names[1]}; the GPU's "
                     f"fused gate/up kernels read both in one format")
     return None

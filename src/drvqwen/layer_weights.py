@@ -2,7 +2,10 @@
 
     input_layernorm, post_attention_layernorm   fp16 [D]
     q_proj, k_proj, v_proj, o_proj,             (qweight uint32 [N, K/8], scales fp16 [N, K/128])
-    gate_proj, up_proj, down_proj               INT4 layout id 1 (format/quant.py)
+    gate_proj, up_proj, down_proj               INT4 layout id 1 (format/quant.py); in a file of
+                                                per-tensor formats (qweight, scales) of any format, or
+                                                (weight fp16 [N, K], None) where dense — the INT4
+                                                launchers take only the first kind
     q_bias, k_bias, v_bias                      fp16 [Nq] / [Nkv] / [Nkv]
 
 Names are Hugging Face's (`model.layers.3.mlp.down_proj.qweight`), the `.nanoqwen` file's and
@@ -46,7 +49,10 @@ class LayerWeights:
 
         def proj(name: str) -> tuple[Any, Any]:
             p = proj_prefix(layer, name)
-            return lookup(f"{p}.qweight"), lookup(f"{p}.scales")
+            try:
+                return lookup(f"{p}.qweight"), lookup(f"{p}.scales")
+            except KeyError:            # a dense FP16 projection (a per-tensor file): (weight, None)
+                return lookup(f"{p}.weight"), None
 
         return cls(
             input_layernorm=lookup(f"{pre}.input_layernorm.weight"),

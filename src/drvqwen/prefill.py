@@ -61,7 +61,7 @@ from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4G
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, proj_prefix
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
-from .launchers.gemv_fmt import EmbeddingFmtRows, fmt_weight
+from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -215,7 +215,8 @@ class Prefill:
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
 
         def fw(prefix: str):
-            return fmt_weight(w.__getitem__, prefix, wf.FORMATS[fm[prefix]])
+            fid = fm[prefix]
+            return fmt_weight(w.__getitem__, prefix, DENSE_F16 if fid == wf.PLAIN else wf.FORMATS[fid])
 
         if fm[EMBED] == wf.PLAIN:
             embed = EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V, dim=D, stream=st)

@@ -73,7 +73,7 @@ class BufferReader(Protocol):
 
     def quantized(self, qweight) -> np.ndarray:
         """The weight whose `.qweight` part this is, dequantized in its per-tensor format as the
-        file's reader does (format/weight_formats.py), float32 [N, K]."""
+        file's reader does (format/weight_formats.py), or a dense one's `.weight`: float32 [N, K]."""
 
 
 @dataclass

@@ -6,9 +6,9 @@ Two weight policies (docs/quantization.md); DEFAULT_WEIGHTS is the one used when
   GPU kernels run.
 - `source` (a GGUF): every quantized tensor keeps its GGUF blocks' values in the format that
   holds them exactly (format/weight_formats.py, gguf_blocks.py) — projections, embedding and
-  lm_head alike; F32 vectors stay F32. Types without such a format are re-quantized (F32/F16/
-  BF16 projections to INT4 g128, other quantized types to 8 bits, group 32) and reported so,
-  by tensor and type (ConvertReport.fallbacks).
+  lm_head alike; F16 matrices stay dense FP16 and F32 vectors stay F32. Types without such a
+  format are re-quantized (F32/BF16 projections to INT4 g128, other quantized types to 8 bits,
+  group 32) and reported so, by tensor and type (ConvertReport.fallbacks).
   From an HF folder `source` is `int4`: a bf16 checkpoint has no blocks to keep.
 Tensors are streamed one at a time, so peak host memory is one source tensor in float32 plus
 its packed copy, not the model twice.
@@ -151,6 +151,8 @@ def plan_formats(source, cfg: QwenConfig, weights: str = DEFAULT_WEIGHTS) -> dic
         exact = gguf_blocks.exact_format(ty)
         if exact is not None and exact.fits(k):
             formats[prefix] = exact.id
+        elif ty == "F16":
+            formats[prefix] = wf.PLAIN              # kept as it is: dense FP16, the GPU reads it so too
         elif ty not in _PLAIN_FLOAT_TYPES + ("BF16",):
             formats[prefix] = wf.Q8_G32.id          # blocks of their own: re-quantized at 8 bits
     return formats

@@ -102,8 +102,8 @@ class TensorInfo:
 # ---------------------------------------------------------------------------------------------
 def formats_of(path: Path, cfg: QwenConfig, infos: dict[str, TensorInfo]) -> dict[str, int]:
     """Weight prefix → format id, read from the table records, checked for consistency: every
-    part of a quantized weight carries the same known format id, dense tensors carry 0, and the
-    projections are quantized (drvqwen has no dense projection path).
+    part of a quantized weight carries the same known format id, dense tensors carry 0 (a
+    projection may be dense FP16 too: a GGUF's F16 matrix kept as it is).
 
     Raises:
         FormatError: names the file and tensor.
@@ -129,9 +129,6 @@ def formats_of(path: Path, cfg: QwenConfig, infos: dict[str, TensorInfo]) -> dic
             out[prefix] = wf.PLAIN
         elif prefix not in out and prefix not in (EMBED, LM_HEAD):
             out[prefix] = wf.INT4_G128.id        # absent: reported as missing by the set check
-    for prefix, fid in out.items():
-        if fid == wf.PLAIN and prefix not in (EMBED, LM_HEAD):
-            raise FormatError(f"{path}: tensor {prefix}.weight: a projection must be quantized")
     return out
 
 

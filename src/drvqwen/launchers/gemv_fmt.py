@@ -36,11 +36,35 @@ QUAD = mirrored("gemv_fmt", "GF_QUAD", 128)            # inputs per item: K must
 CHUNK = mirrored("gemv_fmt", "WF_CHUNK", 32)           # inputs per chunk (one Σx each)
 EMBEDDING_THREADS = mirrored("gemv_fmt", "EMBEDDING_FMT_THREADS", 128)
 
-# The format ids kernels/weight_formats.cuh reads (WF_* there).
+# The format ids kernels/weight_formats.cuh reads (WF_* there) of weight_formats.FORMATS.
 GPU_FORMAT_IDS = frozenset({1, 2, 3, 5, 6, 9, 10, 11, 12})
+# A dense FP16 matrix (a file's format 0, `<prefix>.weight`: a GGUF's F16 projection kept as it
+# is) goes to the same kernels under WF_DENSE.
+DENSE_ID = mirrored("gemv_fmt", "WF_DENSE", 16)
+
+
+class DenseF16:
+    """A dense FP16 weight as the per-tensor kernels take it: one part, `weight` fp16 [N, K]
+    (read as the `qweight` plane: two values per 32-bit word). Shaped like a WeightFormat where
+    FmtWeight uses one."""
+
+    id = DENSE_ID
+    name = "dense_fp16"
+    bits = 16
+
+    @staticmethod
+    def fits(k: int) -> bool:
+        return k > 0 and k % CHUNK == 0
+
+    @staticmethod
+    def tensors(prefix: str, n: int, k: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        return {f"{prefix}.weight": (np.dtype("<f2"), (n, k))}
+
+
+DENSE_F16 = DenseF16()
 # Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).
 AUX_PARTS = ("offsets", "superscales")
-PART_NAMES = ("qweight", "qhigh", "scales") + AUX_PARTS
+PART_NAMES = ("qweight", "qhigh", "scales") + AUX_PARTS + ("weight",)
 
 
 @dataclass(frozen=True)
@@ -48,13 +72,13 @@ class FmtWeight:
     """One weight [N, K] in a per-tensor format, as the GEMVs take it.
 
     Attributes:
-        fmt: its WeightFormat.
+        fmt: its WeightFormat, or DENSE_F16 for a dense FP16 matrix.
         parts: stored part name ("qweight", "qhigh", "scales", "offsets", "superscales": those
-            `fmt.tensors` names) → buffer (DeviceArray or planned BufferSpec).
+            `fmt.tensors` names; "weight" for a dense one) → buffer (DeviceArray or BufferSpec).
         name: the weight's prefix, for messages (`model.layers.3.mlp.down_proj`).
     """
 
-    fmt: wf.WeightFormat
+    fmt: Any  # wf.WeightFormat, or DENSE_F16
     parts: dict[str, Any]
     name: str = "W"
 
@@ -62,7 +86,7 @@ class FmtWeight:
         """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
         GEMVs' 128, the embedding's 32) and every part is there with the size and dtype the
         format stores."""
-        require(self.fmt.id in GPU_FORMAT_IDS,
+        require(self.fmt.id in GPU_FORMAT_IDS | {DENSE_ID},
                 f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
         require(k % quad == 0 and self.fmt.fits(k),
                 f"{self.name}: format {self.fmt.name} at K={k}: the GPU kernels need K a multiple of {quad} "
@@ -75,8 +99,9 @@ class FmtWeight:
     def args(self, prefix: str) -> dict:
         """The kernel arguments <prefix>_qweight, _qhigh, _scales, _aux (NULL where absent)."""
         aux = next((self.parts[p] for p in AUX_PARTS if p in self.parts), NULL)
-        return {f"{prefix}_qweight": self.parts["qweight"], f"{prefix}_qhigh": self.parts.get("qhigh", NULL),
-                f"{prefix}_scales": self.parts["scales"], f"{prefix}_aux": aux}
+        codes = self.parts["qweight"] if "qweight" in self.parts else self.parts["weight"]   # dense: the values
+        return {f"{prefix}_qweight": codes, f"{prefix}_qhigh": self.parts.get("qhigh", NULL),
+                f"{prefix}_scales": self.parts.get("scales", NULL), f"{prefix}_aux": aux}
 
     @property
     def buffers(self) -> tuple:
@@ -84,11 +109,12 @@ class FmtWeight:
         return tuple(self.parts[p] for p in PART_NAMES if p in self.parts)
 
     def nbytes(self, n: int, k: int) -> int:
-        return wf.parts_nbytes(self.fmt, n, k)
+        return sum(int(np.prod(shape)) * np.dtype(dt).itemsize for dt, shape in self.fmt.tensors("w", n, k).values())
 
 
-def fmt_weight(lookup, prefix: str, fmt: wf.WeightFormat) -> FmtWeight:
-    """The FmtWeight of `prefix` stored in `fmt`, its parts from lookup(tensor name)."""
+def fmt_weight(lookup, prefix: str, fmt) -> FmtWeight:
+    """The FmtWeight of `prefix` stored in `fmt` (a WeightFormat, or DENSE_F16), its parts from
+    lookup(tensor name)."""
     # Which parts the format has does not depend on the shape: ask for any K it fits (1024).
     parts = {name.rsplit(".", 1)[1]: lookup(name) for name in fmt.tensors(prefix, 1, 1024)}
     return FmtWeight(fmt, parts, prefix)

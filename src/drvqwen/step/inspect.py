@@ -92,6 +92,8 @@ def _weight(s, name: str) -> tuple[np.ndarray, str] | None:
     if w.has(base + ".qweight"):
         fmt = wf.FORMATS[w.file.formats[base]].name
         return w.quantized(base + ".qweight"), f"{base} dequantized ({fmt} → float32)"
+    if not w.has(name) and w.has(base + ".weight"):   # a dense projection
+        name = base + ".weight"
     if w.has(name):
         return np.asarray(w.weight(name)), f"{name} (from the model file)"
     return None

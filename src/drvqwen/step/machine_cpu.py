@@ -78,9 +78,12 @@ class FileWeights:
         return self._deq[name]
 
     def quantized(self, qweight) -> np.ndarray:
+        """The matrix behind a per-tensor kernel's weight: its `.qweight` part (dequantized in its
+        format) or, for a dense FP16 projection, its `.weight` (converted)."""
         name = getattr(qweight, "name", qweight)
         if name not in self._deq:
-            self._deq[name] = self.file.weight(name[:-len(".qweight")], np.float32)
+            prefix = name[:-len(".qweight")] if name.endswith(".qweight") else name[:-len(".weight")]
+            self._deq[name] = self.file.weight(prefix, np.float32)
         return self._deq[name]
 
     def has(self, name: str) -> bool:
