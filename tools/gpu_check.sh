@@ -5,7 +5,9 @@
 # device command, and each is cut off by `timeout` before that so its logs still come back:
 #   tests     GPU tests (pytest -m gpu) under DRVQWEN_REQUIRE_GPU=1, so a GPU test that would
 #             skip fails instead; then every kernel compiled by NVRTC (tests/test_compile.py).
-#             PYTEST_PATHS narrows the GPU tests (default: tests/).
+#             PYTEST_PATHS narrows the GPU tests (default: tests/); TESTS_PART=1 or 2 runs the
+#             test files before / from tests/test_kernel_gemv* (alphabetically): each half fits
+#             a 10-minute command, the whole does not.
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the nodes of
 #             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
 #             process per tool; then tools/check_sanitize_coverage.py on the launches the
@@ -119,8 +121,16 @@ run_step() {
 }
 
 stage_tests() {
-    local rc=0
+    local rc=0 f
     rm -f "$OUTDIR"/tests-*.log
+    if [[ -n ${TESTS_PART:-} ]]; then
+        PYTEST_PATHS=()
+        for f in tests/test_*.py; do
+            if [[ $TESTS_PART == 1 && $f < tests/test_kernel_gemv ]] || [[ $TESTS_PART == 2 && ! $f < tests/test_kernel_gemv ]]; then
+                PYTEST_PATHS+=("$f")
+            fi
+        done
+    fi
     # -s: the GPU tests print what they measure (device summary, launch overhead) into the log.
     # The real 0.5B needs DRVQWEN_REAL_MODEL there (no network, no gguf): without it, its tests
     # are left to the `real` stage instead of failing on the download.
