@@ -34,17 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
 from drvqwen import gen_options as go  # noqa: E402
+from drvqwen.edit_prompts import EDIT_INSTRUCTIONS as INSTRUCTIONS, edit_prompt  # noqa: E402
 from drvqwen.errors import DrvqwenError  # noqa: E402
 
-INSTRUCTIONS = {
-    "type hints": "Add type hints to this Python function. Change nothing else. Answer with the whole "
-                  "function in one ```python code block.",
-    "rename parameters": "Rename the parameters of this Python function to clearer names, everywhere they "
-                         "are used. Change nothing else. Answer with the whole function in one ```python "
-                         "code block.",
-    "docstring": "Add a docstring to this Python function (replace the one it has, if any). Change nothing "
-                 "else. Answer with the whole function in one ```python code block.",
-}
 SETS = ("edit", "complete")
 MAX_NEW_TOKENS = 512
 
@@ -57,9 +49,9 @@ def prompts(problems, tok, sets: tuple[str, ...]) -> list[dict]:
     for p in problems:
         if "edit" in sets:
             code = p.prompt + p.canonical_solution
-            for name, text in INSTRUCTIONS.items():
+            for name in INSTRUCTIONS:
                 out.append({"set": "edit", "task_id": p.task_id, "instruction": name,
-                            "ids": tok.chat(f"{text}\n\n```python\n{code}```\n"), "stops": ()})
+                            "ids": edit_prompt(tok, code, name), "stops": ()})
         if "complete" in sets:
             out.append({"set": "complete", "task_id": p.task_id, "instruction": None,
                         "ids": tok.encode(p.prompt), "stops": RAW_STOPS})
