@@ -100,7 +100,8 @@ def check_speculation_options(args) -> None:
 def speculation(args, target, max_context: int, *, cache_tokens: int | None = None, stats=None):
     """The proposer the options ask for, or None: `PromptLookup(--lookup)`, or a `DraftModel` of
     --draft loaded beside the target (`loading.load_draft`: the same path as --model, the
-    target's device, the same tokenizer). The caller closes it.
+    target's device, the same tokenizer). Commands without --eager or --no-verify (bench) get
+    the defaults: CUDA graphs, the CRC check. The caller closes it.
 
     Raises:
         DrvqwenError: as `loading.load_draft`.
@@ -114,7 +115,8 @@ def speculation(args, target, max_context: int, *, cache_tokens: int | None = No
     from .loading import load_draft
 
     backend, name = load_draft(args.draft, target, max_context, cache_tokens=cache_tokens,
-                               eager=getattr(args, "eager", False), verify=not args.no_verify, stats=stats)
+                               eager=getattr(args, "eager", False), verify=not getattr(args, "no_verify", False),
+                               stats=stats)
     return DraftModel(backend, args.draft_max or DEFAULT_DRAFT_MAX, name=f"draft model {name}")
 
 
