@@ -2,7 +2,7 @@
 TTFT and ITL that every figure drvqwen quotes comes from.
 
     drvqwen bench [--preset 0.5b|1.5b|3b|7b|14b|32b] [--model FILE] [--prefill-reps N] [--kernels]
-                  [--json OUT.json]
+                  [--lookup N | --draft MODEL [--draft-max K]] [--json OUT.json]
     python -m drvqwen.bench ...            (the same)
 
 Protocol: a 512-token prompt, then 128 greedy tokens with stop tokens ignored, GPU clocks
@@ -28,6 +28,12 @@ Eager (`DecodeStep.decode_token`, pre-packed launches) and graph (`graphs.GraphD
 prompt from a fresh sequence; the table shows both and eager ITL ÷ graph ITL, and checks that
 both generated the same tokens. Default model: the synthetic 7B (format/synthetic.py, seed 1),
 written to /dev/shm on Linux (else the cache root) the first time.
+
+With --lookup or --draft (options and checks as `run`'s, gen_options.py), a speculative row
+follows on an edit prompt: plain and speculative greedy generation on one backend, their
+tokens/s, proposals, acceptance, tokens per verify pass and whether their tokens agree
+(bench_speculative.py, `speculative` in the JSON). It needs --model with real weights: on the
+synthetic ones every proposer guesses right (they repeat one token), so it is refused there.
 """
 
 from __future__ import annotations
@@ -350,6 +356,10 @@ def print_table(res: dict, console: Console | None = None) -> None:
     if res.get("graph", {}).get("mode") == "eager":
         console.print(f"graph capture failed, the graph row ran eagerly: {res['graph']['fallback_reason']}",
                       style="yellow", soft_wrap=True)
+    if "speculative" in res:
+        from .bench_speculative import print_speculative
+
+        print_speculative(res["speculative"], console)
 
 
 def kernel_breakdown(dec, steps: int = 10) -> dict:
@@ -399,28 +409,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
     p.add_argument("--kernels", action="store_true", help="also time every launch of the decode step, by role")
+    from .gen_options import add_speculation_arguments
+
+    add_speculation_arguments(p)    # the speculative row (bench_speculative.py; needs --model)
     p.add_argument("--json", help="also write the result as JSON to this file")
 
 
 def cmd_bench(args) -> int:
-    """Run the benchmark for parsed `args`; print the table, write --json. Returns 0."""
+    """Run the benchmark for parsed `args`; print the table, write --json. Returns 0.
+
+    Raises:
+        DrvqwenError: conflicting options, --lookup/--draft without --model (or with synthetic
+            weights), no usable GPU, or as `run_bench` and bench_speculative.run_speculative_row.
+    """
+    from .bench_speculative import check_speculative_options
     from .cuda import gpu_unavailable_reason
 
+    speculative = check_speculative_options(args)
     reason = gpu_unavailable_reason()   # before minutes of writing a synthetic model
     if reason is not None:
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
-    if args.model:
-        from .loading import open_model
+    opened = None
+    try:
+        if args.model:
+            from .loading import open_model
 
-        f = open_model(args.model, "cuda").file     # as run opens it: converted, verified, GPU-ready
-        path = f.path
-        f.close()
-    else:
-        path = ensure_synthetic(args.preset)
-    modes = MODES if args.mode == "both" else (args.mode,)
-    res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
-                    max_context=args.max_context or None, modes=modes, seed=args.seed,
-                    use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels)
+            opened = open_model(args.model, "cuda")     # as run opens it: converted, verified, GPU-ready
+            path = opened.file.path
+            if speculative:
+                from .bench_speculative import check_real_weights
+
+                check_real_weights(opened.file)         # before the plain modes' minutes
+        else:
+            path = ensure_synthetic(args.preset)
+        modes = MODES if args.mode == "both" else (args.mode,)
+        res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
+                        max_context=args.max_context or None, modes=modes, seed=args.seed,
+                        use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels)
+        if speculative:
+            from .bench_speculative import run_speculative_row
+
+            err.print(f"speculative: {args.new_tokens} tokens of an edit prompt, plain then speculative …")
+            res["speculative"] = run_speculative_row(opened, args, res["protocol"]["max_context"],
+                                                     args.new_tokens)
+    finally:
+        if opened is not None:
+            opened.file.close()
     print_table(res)
     if "kernels" in res:
         print_kernels(res)
