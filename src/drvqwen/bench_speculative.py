@@ -143,7 +143,8 @@ def run_speculative_row(opened, args, max_context: int, new_tokens: int) -> dict
 
     Returns:
         The JSON-ready record: `measure`'s keys, the prompt (kind, description, tokens), the
-        proposer and its options, the backend, its decode mode and verify implementation.
+        proposer and its options, the backend, how plain decoding launched its steps and the
+        verify implementation.
     Raises:
         DrvqwenError: synthetic weights, a tokenizer without the chat template, a prompt that
             does not fit `max_context`, or as gen_options.speculation / loading.load_backend.
@@ -166,7 +167,7 @@ def run_speculative_row(opened, args, max_context: int, new_tokens: int) -> dict
                "backend": backend.name,
                "tok_s_convention": "generated tokens / (time of the last token - time of the first), host times"}
         out.update(measure(backend, proposer, prompt, new_tokens, f.eog_ids))
-        out["decode_mode"] = backend.decode_mode
+        out["plain_decode_mode"] = backend.decode_mode     # token_stream's: "graph" unless capture failed
         # Whether the verify pass runs the proposals together or one decode step each
         # (generate.DecodeVerify): what the tokens/s say depends on it.
         out["verify"] = type(backend).verify.__qualname__
