@@ -463,7 +463,9 @@ def cmd_bench(args) -> int:
 
         res["source"] = source_record()
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        from .paths import atomic_write_bytes
+
+        atomic_write_bytes(Path(args.json), json.dumps(res, indent=1).encode())  # a temp name, then renamed
         err.print(f"wrote {args.json}")
     return 0
 
