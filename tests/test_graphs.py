@@ -32,7 +32,8 @@ import pytest
 from drvqwen import graphs
 from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import CudaError
-from drvqwen.decode import DecodeStep, LaunchList, NamedLaunch
+from drvqwen.decode import DecodeStep
+from drvqwen.launch_list import LaunchList, NamedLaunch
 from drvqwen.errors import DrvqwenError
 from drvqwen.graphs import GRAPH_DECODE, GRAPH_OPENS_PAGE, GraphCaptureError, GraphDecoder
 from drvqwen.kv_cache import PAGE_TOKENS, PageAllocator

@@ -53,7 +53,8 @@ from .launchers import FixedOccupancy, PenalizedSampleToken, PublishToken, Sampl
 from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device, load_kernel_module
 from .cuda.nvrtc import compile_kernels
 from .gpu_weights import check_gpu_formats
-from .decode import DecodeStep, LaunchList, plan_decode
+from .decode import DecodeStep, plan_decode
+from .launch_list import LaunchList
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
@@ -177,7 +178,7 @@ class GPUBackend(DecodeVerify):
     Attributes:
         decode_step: the DecodeStep (weights, KV cache, the sequence, stream, the decode launch lists).
         prefill_pass: the Prefill sharing them.
-        launch_list: the decode launch list of the last sampling parameters (decode.LaunchList:
+        launch_list: the decode launch list of the last sampling parameters (launch_list.LaunchList:
             greedy, sample or penalized, with publish_token): what `decode()` runs.
         sampler_params: uint8 [48] device SamplerParams (sampling.cu), token_index included.
         history: int32 [1 + 64] device token history of the repeat penalty (count, ring).

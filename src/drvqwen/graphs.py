@@ -20,7 +20,7 @@ must find that page in the block table before it writes K/V there. The page come
 free list (`PageAllocator`), so the host has to hand it over, and a graph that wrote a page
 *every* step would need the host's input every step. Hence:
 
-    "decode"      the decode step, as its launch list (decode.LaunchList) lists it   (15 of 16 steps)
+    "decode"      the decode step, as its launch list (launch_list.LaunchList) lists it   (15 of 16 steps)
     "opens_page"  set_block_table_entry, then the same decode step                   (pos % 16 == 0)
 
 How the page-opening graph gets its page — a device scalar `new_page`, filled by an async copy
@@ -50,7 +50,7 @@ switched between modes, and both give the same bits: the graph replays the same 
 the same grids and parameters, in the same order.
 
 A GraphDecoder captures one launch list (the plan's greedy step, or a sampler variant: each its
-own list, decode.LaunchList) once, and is reused for every prompt. If capture or instantiation
+own list, launch_list.LaunchList) once, and is reused for every prompt. If capture or instantiation
 fails, `GraphDecoder` warns and falls back to eager steps (or raises `GraphCaptureError` with
 fallback=False).
 """
@@ -63,7 +63,8 @@ import numpy as np
 
 from .cuda import CudaError
 from .cuda.graph import GraphExec, GraphInput, capture
-from .decode import DecodeStep, LaunchList
+from .decode import DecodeStep
+from .launch_list import LaunchList
 from .kv_cache import PAGE_TOKENS
 from .launchers import SetBlockTableEntry
 from .sequence import Sequence

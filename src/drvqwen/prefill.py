@@ -54,7 +54,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool
-from .decode import DecodeStep, LaunchList, NamedLaunch, named_launches
+from .decode import DecodeStep
+from .launch_list import LaunchList, NamedLaunch, named_launches
 from .errors import DrvqwenError
 from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRows,
                         GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk, RmsNorm, RopeKvRows)
