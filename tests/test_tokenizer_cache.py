@@ -213,3 +213,21 @@ def test_a_run_says_where_its_tokenizer_came_from(tmp_path, capsys):
     assert "write the tokenizer's cached form (once)" in seen[0][1]
     assert seen[1][0] == 1 and "load the tokenizer (from the cache)" in seen[1][1]
     assert "cached form" not in seen[1][1]
+
+
+def test_of_model_writes_the_cached_form_once_and_reads_it_after(tmp_path, monkeypatch):
+    """Tokenizer.of_model (serve, step, eval, bench): built from the file's JSON and its form
+    written the first time; from the cache the next."""
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.synthetic import write_synthetic
+    from drvqwen.tokenizer import Tokenizer
+    from helpers import TINY, byte_tokenizer_json
+
+    monkeypatch.setenv("DRVQWEN_CACHE", str(tmp_path / "cache"))
+    f = NanoqwenFile(write_synthetic(tmp_path / "m.nanoqwen", TINY, seed=1, tokenizer_json=byte_tokenizer_json()))
+    first = Tokenizer.of_model(f)
+    assert not first.from_cache and not first.store_pending
+    second = Tokenizer.of_model(f)
+    assert second.from_cache
+    text = "def f(x):\n    return x * 2  # ünïcode"
+    assert second.encode(text) == first.encode(text)

@@ -155,7 +155,7 @@ def run_speculative_row(opened, args, max_context: int, new_tokens: int) -> dict
 
     f = opened.file
     check_real_weights(f)
-    prompt = edit_prompt(Tokenizer.from_json(f.tokenizer_json, source=str(f.path)), EXAMPLE_FUNCTION)
+    prompt = edit_prompt(Tokenizer.of_model(f), EXAMPLE_FUNCTION)
     backend = load_backend(opened, max_context)
     proposer = None
     try:

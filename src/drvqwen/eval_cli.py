@@ -39,7 +39,7 @@ def cmd_humaneval(args) -> int:
     problems = he.load_problems(args.problems)[: args.limit]
     opened = open_model(args.model, args.device)
     f = opened.file
-    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    tok = Tokenizer.of_model(f)
     iso = isolation()
     err = make_console(stderr=True)
     yes = {k: "yes" if v else "no" for k, v in iso.items()}
@@ -100,7 +100,7 @@ def cmd_agree(args) -> int:
         src = open_source(args.reference)
         ref_config, read_reference = src.config, lambda: Weights.from_dense(src.config, src.get)
     ag.check_same_model(f.config, ref_config, str(f.path), args.reference)
-    tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+    tok = Tokenizer.of_model(f)
     if args.prompts == "humaneval":
         from .humaneval import load_problems
 

@@ -107,6 +107,20 @@ class Tokenizer:
             tok._uncached_json = text
         return tok
 
+    @classmethod
+    def of_model(cls, f) -> "Tokenizer":
+        """The tokenizer embedded in the model file `f` (a NanoqwenFile), from drvqwen's cache
+        when an earlier run left it there, else built from its JSON and its fast-loading form
+        written at once (about a second, once per tokenizer): for the commands whose start-up
+        is not a first token (serve, step, eval, bench); `drvqwen run` defers the write.
+
+        Raises:
+            DrvqwenError: the embedded tokenizer.json is invalid (naming the file).
+        """
+        tok = cls.from_json(f.tokenizer_json, source=str(f.path), cache=True)
+        tok.store_in_cache()
+        return tok
+
     @property
     def store_pending(self) -> bool:
         """Whether `store_in_cache` has a form to write (built from text with cache=True)."""

@@ -68,7 +68,7 @@ def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, 
         if draft is not None:
             draft_backend = build_backend(draft, device, min(max_context, draft.config.max_position), eager=eager,
                                           progress=progress)
-        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+        tok = Tokenizer.of_model(f)
         return LoadedModel(backend, tok, f.eog_ids, device, draft_backend,
                            f"draft model {Path(draft.path).name}" if draft is not None else "draft model")
 
@@ -122,7 +122,7 @@ class BackgroundServer:
         ctx = resolve_max_context(max_context, f.config.max_position)
         self.worker = EngineWorker(loader(f, device, ctx, eager, progress, draft), settings.queue_size, warmup)
         self.worker.start()
-        tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
+        tok = Tokenizer.of_model(f)
         kw = {} if random_seed is None else {"random_seed": random_seed}
         self.parser = RequestParser(tok, ctx, f.text_vocab, draft_max=draft_max if draft is not None else 0, **kw)
         self.app = create_app(self.worker, self.parser, settings, device, log)

@@ -63,7 +63,7 @@ def cmd_step(args) -> int:
                                    progress=lambda done, n: p.update(task, completed=done, total=n))
     try:
         out = make_console()
-        session = Session(machine, Tokenizer.from_json(f.tokenizer_json, source=str(f.path)), out, f.eog_ids)
+        session = Session(machine, Tokenizer.of_model(f), out, f.eog_ids)
         return run(session, out, script)
     finally:
         machine.close()
