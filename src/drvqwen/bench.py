@@ -283,7 +283,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                                      copy.gbps, prefill, prefill_reps)
         out = {
             "device": dec.device.info.summary(),
-            "model": str(model_path),
+            "model": Path(model_path).name,       # the file's name: no path of the machine it ran on
             "config": cfg.to_dict(),
             "protocol": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "greedy": True,
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
