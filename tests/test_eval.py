@@ -332,3 +332,14 @@ def test_agree_takes_a_source_format_nanoqwen_as_the_reference(tiny_source, tmp_
         figs[ref_path] = json.loads(out.read_text())["every_position"]
     a, b = figs.values()
     assert a["positions"] == b["positions"] and a["cosine_min"] == b["cosine_min"] and a["kl_max"] == b["kl_max"]
+
+
+def test_agree_names_a_missing_nanoqwen_reference_in_one_line(tiny_source, tmp_path, capsys):
+    """A `.nanoqwen` reference that does not exist: one line naming it, before the model is read."""
+    from drvqwen.cli import main
+
+    missing = tmp_path / "nope.nanoqwen"
+    assert main(["eval", "agree", "--model", str(tiny_source), "--reference", str(missing)]) != 0
+    err = capsys.readouterr().err
+    assert f"{missing}: file not found" in err and "Traceback" not in err
+    assert "verified" not in err and "converting" not in err       # the model was not read first

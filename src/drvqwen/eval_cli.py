@@ -91,14 +91,15 @@ def cmd_agree(args) -> int:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
     if args.json:
         check_output(args.json, "the figures")
-    opened = open_model(args.model, device=args.device)
-    f = opened.file
+    # The reference first: a bad one is named before the model is read and verified.
     if args.reference.endswith(".nanoqwen"):   # its dequantized weights: a GGUF's, bit for bit, in its formats
         ref_file = NanoqwenFile(args.reference)
         ref_config, read_reference = ref_file.config, lambda: Weights.from_nanoqwen(ref_file)
     else:
         src = open_source(args.reference)
         ref_config, read_reference = src.config, lambda: Weights.from_dense(src.config, src.get)
+    opened = open_model(args.model, device=args.device)
+    f = opened.file
     ag.check_same_model(f.config, ref_config, str(f.path), args.reference)
     tok = Tokenizer.of_model(f)
     if args.prompts == "humaneval":
