@@ -128,3 +128,34 @@ def matvec64(w_qweight: np.ndarray, w_scales: np.ndarray, x: np.ndarray, rows_pe
     for r in range(0, w_qweight.shape[0], rows_per_chunk):
         out[r:r + rows_per_chunk] = dequant64(w_qweight[r:r + rows_per_chunk], w_scales[r:r + rows_per_chunk]) @ x64
     return out
+
+
+def massive_residual(rng: np.random.Generator, k: int) -> np.ndarray:
+    """A residual stream with Qwen2's few channels of huge magnitude (fp32 [k])."""
+    r = rng.standard_normal(k).astype(np.float32)
+    big = rng.choice(k, size=min(4, k), replace=False)
+    r[big] = rng.choice([-1, 1], size=big.size) * rng.uniform(1e3, 3e4, size=big.size)
+    return r
+
+
+def normed_fp16(residual: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """rmsnorm(residual) · weight as the fused GEMVs feed it to their MMAs: computed in float64,
+    rounded to FP16 once."""
+    from drvqwen import reference as ref
+
+    return ref.rmsnorm(residual.astype(np.float64), weight, eps).astype(np.float16)
+
+
+def random_fmt_weight(dev, rng: np.random.Generator, fmt, n: int, k: int, name: str = "W"):
+    """(FmtWeight on the device, float64 [n, k] weight) of a random weight in `fmt`: a format of
+    weight_formats.py (random_weight, dequantized as the reference does) or DENSE_F16."""
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers.gemv_fmt import DENSE_F16, FmtWeight
+
+    if fmt is DENSE_F16:
+        parts = {"weight": (rng.standard_normal((n, k)) * 0.03).astype(np.float16)}
+        w = parts["weight"].astype(np.float64)
+    else:
+        parts = wf.random_weight(fmt, n, k, rng)
+        w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
+    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w

@@ -17,7 +17,7 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemv_fmt import DENSE_F16
-from kernel_testing import TOL_GEMV, assert_same_bits, dev, report  # noqa: F401
+from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, report  # noqa: F401
 
 pytestmark = pytest.mark.gpu
 
@@ -29,23 +29,11 @@ SHAPES = [("0.5b.q_proj", 128, 100, 896, 896), ("odd.m1", 64, 1, 40, 256), ("odd
 CASES = [(fmt, *shape) for fmt in FORMATS for shape in SHAPES if fmt.fits(shape[4])]
 
 
-def _weight(dev, rng, fmt, n, k, name="W"):
-    from drvqwen.launchers.gemv_fmt import FmtWeight
-
-    if fmt is DENSE_F16:
-        parts = {"weight": (rng.standard_normal((n, k)) * 0.03).astype(np.float16)}
-        w = parts["weight"].astype(np.float64)
-    else:
-        parts = wf.random_weight(fmt, n, k, rng)
-        w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
-    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
-
-
 @pytest.mark.parametrize("fmt,label,rows,m,n,k", CASES, ids=[f"{c[0].name}-{c[1]}" for c in CASES])
 def test_gemm_fmt_rows_and_residual(dev, rng, fmt, label, rows, m, n, k):
     from drvqwen.launchers.gemm_fmt import GemmFmtResidualRows, GemmFmtRows
 
-    w, w64 = _weight(dev, rng, fmt, n, k)
+    w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
     x = rng.standard_normal((rows, k)).astype(np.float16)
     want = x[:m].astype(np.float64) @ w64.T                    # [m, n]
     xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([7, m], np.int32))
@@ -79,7 +67,7 @@ def test_gemm_fmt_gate_up_swiglu(dev, rng, label, rows, m, f, k, fname):
     from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows
 
     fmt = {x.name: x for x in FORMATS}[fname]
-    (g, g64), (u, u64) = _weight(dev, rng, fmt, f, k, "gate"), _weight(dev, rng, fmt, f, k, "up")
+    (g, g64), (u, u64) = (random_fmt_weight(dev, rng, fmt, f, k, name) for name in ("gate", "up"))
     x = rng.standard_normal((rows, k)).astype(np.float16)
     x64 = x[:m].astype(np.float64)
     want = ref.swiglu(x64 @ g64.T, x64 @ u64.T)

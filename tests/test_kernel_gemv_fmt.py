@@ -17,7 +17,8 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemv_fmt import DENSE_F16
-from kernel_testing import TOL_GEMV, assert_same_bits, dev, graph_time_us, report  # noqa: F401
+from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
+                            normed_fp16, random_fmt_weight, report)
 
 # (label, N, K)
 SHAPES = [("0.5b.q_proj", 896, 896), ("0.5b.gate_proj", 4864, 896), ("0.5b.down_proj", 896, 4864),
@@ -42,31 +43,6 @@ def test_every_format_has_a_gpu_kernel():
     assert {f.name for f in FORMATS if f.fits(3584) and f.fits(18944)} == {f.name for f in FORMATS}
 
 
-def _weight(dev, rng, fmt, n, k, name="W"):
-    """(FmtWeight on the device, float64 [n, k] dequantized weight)."""
-    from drvqwen.launchers.gemv_fmt import FmtWeight
-
-    if fmt is DENSE_F16:
-        parts = {"weight": (rng.standard_normal((n, k)) * 0.03).astype(np.float16)}
-        w = parts["weight"].astype(np.float64)
-    else:
-        parts = wf.random_weight(fmt, n, k, rng)
-        w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
-    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
-
-
-def _residual(rng, k):
-    """A residual stream with Qwen2's few channels of huge magnitude (fp32 [k])."""
-    r = rng.standard_normal(k).astype(np.float32)
-    big = rng.choice(k, size=min(4, k), replace=False)
-    r[big] = rng.choice([-1, 1], size=big.size) * rng.uniform(1e3, 3e4, size=big.size)
-    return r
-
-
-def _normed(residual, weight):
-    return ref.rmsnorm(residual.astype(np.float64), weight, EPS).astype(np.float16)
-
-
 def _time(label, ln):
     if label.startswith("7b"):
         us = graph_time_us(ln)
@@ -78,7 +54,7 @@ def _time(label, ln):
 def test_gemv_fmt(dev, rng, fmt, label, n, k):
     from drvqwen.launchers.gemv_fmt import GemvFmt, GemvFmtResidual
 
-    w, w64 = _weight(dev, rng, fmt, n, k)
+    w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
     x = rng.standard_normal(k).astype(np.float16)
     want = w64 @ x.astype(np.float64)
     xd = dev.upload("x", x)
@@ -93,7 +69,7 @@ def test_gemv_fmt(dev, rng, fmt, label, n, k):
 
     # Qwen2's huge channels need rows to hide among: at N = 1 the one row would be huge, and its
     # FP32 ulp (~2e-3 at 3e4) would swamp the added dot product the check measures.
-    r0 = _residual(rng, n) if n >= 64 else rng.standard_normal(n).astype(np.float32)
+    r0 = massive_residual(rng, n) if n >= 64 else rng.standard_normal(n).astype(np.float32)
     res = dev.upload("residual", r0)
     rl = GemvFmtResidual(res, xd, w, n=n, k=k)
     rl.launch()
@@ -115,12 +91,13 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts):
 
     by_name = {f.name: f for f in FORMATS}
     nq, nkv = hq * dh, hkv * dh
-    ws = [_weight(dev, rng, by_name[f], n, d, name) for f, n, name in zip(fmts, (nq, nkv, nkv), "qkv")]
-    residual, norm_w = _residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+    ws = [random_fmt_weight(dev, rng, by_name[f], n, d, name)
+          for f, n, name in zip(fmts, (nq, nkv, nkv), "qkv")]
+    residual, norm_w = massive_residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
     biases = [(rng.standard_normal(n) * 0.5).astype(np.float16) for n in (nq, nkv, nkv)]
     inv_freq = ref.rope_inv_freq(dh, 1e6)
     block_table = rng.integers(0, N_PAGES, size=MAX_PAGES).astype(np.int32)
-    x = _normed(residual, norm_w).astype(np.float64)
+    x = normed_fp16(residual, norm_w, EPS).astype(np.float64)
     q64, k64, v64 = (w64 @ x + b.astype(np.float64) for (_w, w64), b in zip(ws, biases))
     state = dev.upload("state", np.zeros(3, np.int32))
     q_out = dev.poisoned("q", (hq, dh), np.float16)
@@ -162,9 +139,9 @@ def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname):
     from drvqwen.launchers.gemv_fmt import GemvFmtGateUpSwiglu
 
     fmt = {x.name: x for x in FORMATS}[fname]
-    (g, g64), (u, u64) = _weight(dev, rng, fmt, f, d, "gate"), _weight(dev, rng, fmt, f, d, "up")
-    residual, norm_w = _residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
-    x = _normed(residual, norm_w).astype(np.float64)
+    (g, g64), (u, u64) = (random_fmt_weight(dev, rng, fmt, f, d, name) for name in ("gate", "up"))
+    residual, norm_w = massive_residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+    x = normed_fp16(residual, norm_w, EPS).astype(np.float64)
     want = ref.swiglu(g64 @ x, u64 @ x)
     h = dev.poisoned("h", (f,), np.float16)
     ln = GemvFmtGateUpSwiglu(h, dev.upload("residual", residual), dev.upload("norm_w", norm_w), g, u, f=f, k=d,
@@ -190,7 +167,7 @@ def test_lm_head_fmt(dev, rng, label, v, d, fname, text_vocab):
     from drvqwen.launchers.gemv_fmt import LmHeadFmt, lm_head_fmt_partials
 
     fmt = {x.name: x for x in FORMATS}[fname]
-    w, w64 = _weight(dev, rng, fmt, v, d, "lm_head")
+    w, w64 = random_fmt_weight(dev, rng, fmt, v, d, "lm_head")
     x = rng.standard_normal(d).astype(np.float16)
     want = w64 @ x.astype(np.float64)
     want[text_vocab:] = -np.inf
@@ -218,7 +195,7 @@ def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     from drvqwen.launchers.gemv_fmt import EmbeddingFmt, EmbeddingFmtRows
 
     v, d = 300, 1024
-    w, _ = _weight(dev, rng, fmt, v, d, "model.embed_tokens")
+    w, _ = random_fmt_weight(dev, rng, fmt, v, d, "model.embed_tokens")
     parts = {p: a.download() for p, a in w.parts.items()}
     want = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "model.embed_tokens")
     ids = np.array([0, 299, 17, 17, 150], np.int32)

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from drvqwen import reference as ref
-from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, matvec64,  # noqa: F401
-                            random_int4, report)
+from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
+                            matvec64, normed_fp16, random_int4, report)
 
 pytestmark = pytest.mark.gpu
 
@@ -87,31 +87,17 @@ def test_gemv_int4_f16(dev, rng, label, n, k):
         _time(label, variant, ln)
 
 
-def _residual(rng, k):
-    """A residual stream with Qwen2's few channels of huge magnitude (fp32 [k])."""
-    r = rng.standard_normal(k).astype(np.float32)
-    big = rng.choice(k, size=min(4, k), replace=False)
-    r[big] = rng.choice([-1, 1], size=big.size) * rng.uniform(1e3, 3e4, size=big.size)
-    return r
-
-
-def _normed(residual, weight):
-    """rmsnorm(residual) · weight as the kernel feeds it to the MMAs: computed in float64,
-    rounded to FP16 once."""
-    return ref.rmsnorm(residual.astype(np.float64), weight, EPS).astype(np.float16)
-
-
 @pytest.mark.parametrize("label,hq,hkv,dh,k", QKV, ids=[p[0] for p in QKV])
 def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
     from drvqwen.launchers import GemvInt4QkvRope
 
     nq, nkv = hq * dh, hkv * dh
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
-    residual, norm_w = _residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
+    residual, norm_w = massive_residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
     biases = [(rng.standard_normal(n) * 0.5).astype(np.float16) for n in (nq, nkv, nkv)]
     inv_freq = ref.rope_inv_freq(dh, 1e6)
     block_table = rng.integers(0, N_PAGES, size=MAX_PAGES).astype(np.int32)  # shuffled pages
-    x = _normed(residual, norm_w)
+    x = normed_fp16(residual, norm_w, EPS)
     q64, k64, v64 = (matvec64(qw, sc, x) + b.astype(np.float64) for (qw, sc), b in zip(ws, biases))
     args = []
     for name, (qw, sc) in zip("qkv", ws):
@@ -179,8 +165,8 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
 
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
-    residual, norm_w = _residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
-    x = _normed(residual, norm_w)
+    residual, norm_w = massive_residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
+    x = normed_fp16(residual, norm_w, EPS)
     bufs = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), dev.upload("gq", gq),
             dev.upload("gs", gs), dev.upload("uq", uq), dev.upload("us", us))
     want = ref.swiglu(matvec64(gq, gs, x), matvec64(uq, us, x))

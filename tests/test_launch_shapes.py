@@ -88,3 +88,23 @@ def test_lm_head_gets_the_text_vocabulary():
     for bad in (0, cfg.vocab_size + 1):
         with pytest.raises(LaunchError, match="text_vocab"):
             LmHead("logits", "pv", "pi", "x", "w", vocab_size=cfg.vocab_size, dim=896, text_vocab=bad)
+
+
+@pytest.mark.parametrize("kernel", ["gemv_int4_qkv_rope", "gemv_fmt_qkv_rope"])
+def test_qkv_rope_launchers_refuse_a_cache_of_another_layout_naming_the_kernel(kernel):
+    """Both fused qkv/RoPE launchers check their outputs through one rule (check_qkv_rope_outputs):
+    a K cache that is not one layer [P, Hkv, 16, Dh], and a head_dim no multiple of 16."""
+    import numpy as np
+
+    from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.gemv_int4 import check_qkv_rope_outputs
+
+    hq, hkv, dh = 4, 2, 64
+    q = BufferSpec("q", (hq * dh,), np.float16)
+    good = BufferSpec("k_cache[0]", (8, hkv, 16, dh), np.float16)
+    bad = BufferSpec("k_cache", (3, 8, hkv, 16, dh), np.float16)          # the whole pool, not one layer
+    check_qkv_rope_outputs(kernel, q, good, good, hq, hkv, dh)
+    with pytest.raises(LaunchError, match=rf"{kernel}: k_cache k_cache is \[3, 8, 2, 16, 64\], want one layer"):
+        check_qkv_rope_outputs(kernel, q, bad, good, hq, hkv, dh)
+    with pytest.raises(LaunchError, match=rf"{kernel}: head_dim=40 must be a multiple of 16"):
+        check_qkv_rope_outputs(kernel, BufferSpec("q", (hq * 40,), np.float16), good, good, hq, hkv, 40)

@@ -26,10 +26,9 @@ import numpy as np
 
 from ..cuda import Stream
 from ..format import weight_formats as wf
-from ..kv_cache import PAGE_TOKENS
 from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32,
                    mirrored, require)
-from .gemv_int4 import MAX_WARPS, TILE_ROWS, gemv_launch_shape, tiles
+from .gemv_int4 import MAX_WARPS, TILE_ROWS, check_qkv_rope_outputs, gemv_launch_shape, tiles
 
 mirrored("gemv_fmt", "GF_MAX_WARPS", MAX_WARPS)
 QUAD = mirrored("gemv_fmt", "GF_QUAD", 128)            # inputs per item: K must be a multiple
@@ -223,15 +222,8 @@ class GemvFmtQkvRope(_GemvFmtLauncher):
                  head_dim: int, dim: int, eps: float, stream: Stream | None = None,
                  occupancy: Occupancy | None = None, warps: int | None = None, defines: tuple = ()):
         super().__init__(stream)
-        require(head_dim % TILE_ROWS == 0, f"gemv_fmt_qkv_rope: head_dim={head_dim} must be a multiple of "
-                                          f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
+        check_qkv_rope_outputs("gemv_fmt_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim)
         nq, nkv, K = n_heads * head_dim, n_kv_heads * head_dim, dim
-        check_buffer(q_out, "q_out", nq, np.float16)
-        for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            shape = getattr(c, "shape", None)
-            require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
-                    f"gemv_fmt_qkv_rope: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
-                    f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
         check_buffer(residual, "residual", K, np.float32)
         check_buffer(norm_weight, "norm_weight", K, np.float16)
         q.check(nq, K)

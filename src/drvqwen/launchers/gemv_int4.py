@@ -84,6 +84,24 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
     return g, 32 * w, gemv_smem_bytes(k, per_block, w, mt) + extra_smem
 
 
+def check_qkv_rope_outputs(kernel: str, q_out, k_cache, v_cache, n_heads: int, n_kv_heads: int,
+                           head_dim: int) -> None:
+    """The outputs of a fused qkv/RoPE GEMV (gemv_int4's, gemv_fmt's): q fp16 [Hq·Dh] and one
+    layer's paged K/V cache [P, Hkv, 16, Dh], with Dh a multiple of the 16-row tile.
+
+    Raises:
+        LaunchError: naming `kernel` and the buffer.
+    """
+    require(head_dim % TILE_ROWS == 0, f"{kernel}: head_dim={head_dim} must be a multiple of "
+                                      f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
+    check_buffer(q_out, "q_out", n_heads * head_dim, np.float16)
+    for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        shape = getattr(c, "shape", None)
+        require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
+                f"{kernel}: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
+                f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
+
+
 def _kernel(name: str, defines: tuple = ()) -> KernelRef:
     return KernelRef("gemv_int4", name, tuple(defines), pdl=True)
 
@@ -154,15 +172,8 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
                  defines: tuple = ()):
         super().__init__(stream)
-        require(head_dim % TILE_ROWS == 0, f"gemv_int4_qkv_rope: head_dim={head_dim} must be a multiple of "
-                                          f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
+        check_qkv_rope_outputs("gemv_int4_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim)
         nq, nkv, k = n_heads * head_dim, n_kv_heads * head_dim, dim
-        check_buffer(q_out, "q_out", nq, np.float16)
-        for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-            shape = getattr(c, "shape", None)
-            require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
-                    f"gemv_int4_qkv_rope: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
-                    f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
         check_buffer(residual, "residual", k, np.float32)
         check_buffer(norm_weight, "norm_weight", k, np.float16)
         _check_int4(q_qweight, q_scales, "q_proj", nq, k)
