@@ -32,6 +32,15 @@
 //           atomics, and the result is bit-reproducible.
 // Bytes: every block reads its 64 rows' weights (the whole matrix once per 64 tokens) and x
 // (64 tokens × K) once; at 512 tokens the weights are read 8 times, mostly from L2.
+// The limit of this version: the dequantization (wf_dequant per weight, by 128 threads) and the
+// two barriers per 32-input step, not the tensor cores — it is the correct baseline that a
+// pipelined version is measured against.
+//
+// Barriers, and why nothing races: per step, every thread writes only its own slots of xs and
+// ws, then __syncthreads (all threads: the early return for blocks past M happens before the
+// loop and is block-uniform, as is the format); the MMAs only read xs and ws; the second
+// __syncthreads ends those reads before the next step overwrites them. The accumulators are
+// registers; each output element is written by one lane of one block.
 //
 // Requirements (checked by launchers/gemm_fmt.py): K % 32 == 0 and a multiple of the format's
 // group (256 for the K-quants); pointers 16-byte aligned; ldo ≥ col0 + N.

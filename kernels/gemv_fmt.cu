@@ -44,6 +44,17 @@
 //            No atomics: bit-reproducible.
 // x is staged once per block in shared memory in natural order (K·2 bytes), with Σx of every
 // 32-input chunk (K/32 fp32, for the offsets), then the warp partials.
+//
+// Barriers, and why nothing races: shared memory is written in two phases, each closed by a
+// __syncthreads that every thread of the block reaches (the format is chosen per block, so the
+// whole block takes the same branch; a block with an unknown id returns before any barrier).
+//   1. the prologue writes x_smem and xsum (each thread its own chunks); __syncthreads; from
+//      then on they are only read.
+//   2. the main loop writes partial[tile][m][warp][row]: each (tile, warp, row) slot by exactly
+//      one lane (t = 0 of its quad); gf_reduce's __syncthreads; then one thread per row pair
+//      reads them. Nothing is written to shared memory after that barrier.
+// The RMSNorm prologue's own __syncthreads (rmsnorm.cuh) orders its warp sums the same way.
+// Global outputs: each element is written by one thread of one block (no atomics).
 // PDL as in gemv_int4.cu: the first batch of weights is requested before griddepcontrol.wait.
 //
 // Measured on the H200 (each launch alone, a graph of back-to-back launches, random weights;
