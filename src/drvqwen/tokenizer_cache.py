@@ -2,7 +2,7 @@
 
 `tokenizers.Tokenizer.from_str` spends its time on the BPE model: 151k vocabulary entries
 and 151k merges for Qwen2.5, parsed into a generic JSON tree and then into the model, all of
-it holding the GIL (~250 ms on one core). The library has no binary form (its pickle is the
+it holding the GIL. The library has no binary form (its pickle is the
 same JSON), but two spellings of the same tokenizer.json parse faster, and both are the
 library's own:
 
@@ -12,9 +12,9 @@ library's own:
   still reads), instead of ["left", "right"] pairs; used only when no piece holds a space,
   which that form could not tell apart.
 
-Together they take a quarter to a third off the load (the parse alone: a third). The cached text is only written after it was
-proved to build the same tokenizer: `from_str(compact).to_str()` equals the JSON-built
-tokenizer's `to_str()`, every field of it (model, added tokens, normalizer, pre-tokenizer,
+Together they shorten the load (tools/bench_startup.py times the phase). The cached text is
+only written after it was proved to build the same tokenizer: `from_str(compact).to_str()`
+equals the JSON-built tokenizer's `to_str()`, every field of it (model, added tokens, normalizer, pre-tokenizer,
 decoder, post-processor). Files live in `paths.tokenizer_dir()`, named by the sha256 of the
 tokenizer.json text and the `tokenizers` version (a new version re-proves the form), and start
 with the sha256 of what follows, so a damaged file is noticed and rebuilt, never used.
