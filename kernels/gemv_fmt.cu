@@ -92,8 +92,14 @@
 
 #define GF_MAX_WARPS 8    // K-split warps per block
 // Registers: the plain GEMVs and the lm_head ask for 2 blocks per SM (__launch_bounds__(256, 2):
-// ≤ 128 registers, no spills); the qkv (RoPE epilogue) and gate/up (two matrices) kernels need
-// 150–170 without spilling and run one block of 8 warps per SM's register file.
+// ≤ 128 registers, no spills). The qkv (RoPE epilogue) and gate/up (two matrices) kernels ask
+// for GF_FUSED_MIN_BLOCKS: compiled for every format (WF_FORMATS' default) they need 160–170
+// registers, so one block of 8 warps per SM; compiled for one model's formats (Q4_K with Q6_K,
+// or the real 0.5B's Q5_0, Q8_0, Q4_K and Q6_K) they fit 128 without spilling, and the launcher
+// asks for 2 (launchers/gemv_fmt.py: format_defines keeps 2 only where ptxas reports no spills).
+#ifndef GF_FUSED_MIN_BLOCKS
+#define GF_FUSED_MIN_BLOCKS 1
+#endif
 #define GF_QUAD      128  // inputs per item and lane quad (4 chunks)
 #define LM_FMT_PART_MAX 8 // warps whose argmax candidates a block compares (GF_MAX_WARPS)
 // Items per load batch for one matrix (fewer for gate/up, and for 8- and 16-bit codes, whose
@@ -109,11 +115,13 @@ struct GfBatch {
     WfRaw w[U][MT][2];  // the chunk of MMA row g / row g + 8, per matrix
 };
 
-// Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order, and Σx of each
-// 32-input chunk into xsum. One thread per chunk: reads 64 B, writes them and their sum.
+// Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order, and, where the
+// format has offsets (SUMS), Σx of each 32-input chunk into xsum. One thread per chunk: reads
+// 64 B, writes them (and their sum).
 struct GfStageX {
     const __half* __restrict__ x;  // [K] fp16
-    __device__ __forceinline__ void operator()(uint4* x_smem, float* xsum, int K) const {
+    template <bool SUMS>
+    __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         const uint4* src = reinterpret_cast<const uint4*>(x);
         for (int c = threadIdx.x; c < K / WF_CHUNK; c += blockDim.x) {
             float s = 0.f;
@@ -125,18 +133,20 @@ struct GfStageX {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
             }
-            xsum[c] = s;
+            if constexpr (SUMS) xsum[c] = s;
         }
     }
 };
 
 // Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh: rmsnorm.cu's arithmetic) into x_smem,
-// and Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread takes part.
+// and (SUMS) Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread
+// takes part.
 struct GfStageRmsNorm {
     const float* __restrict__ residual;  // [K] fp32
     const __half* __restrict__ weight;   // [K] fp16 RMSNorm gain
     float eps;
-    __device__ __forceinline__ void operator()(uint4* x_smem, float* xsum, int K) const {
+    template <bool SUMS>
+    __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         __shared__ float warp_sums[RMSNORM_WARPS];
         const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
         const float4* r4 = reinterpret_cast<const float4*>(residual);
@@ -153,7 +163,7 @@ struct GfStageRmsNorm {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
             }
-            xsum[c] = s;
+            if constexpr (SUMS) xsum[c] = s;
         }
     }
 };
@@ -161,7 +171,7 @@ struct GfStageRmsNorm {
 // The GEMV of one block over one matrix set (MT matrices of format F, n rows, RoPE-paired when
 // rope_dim > 0) for its tiles [tile_b, tile_e): leaves each warp's row sums in `partial`
 // [tiles][MT][W][16]. Order: launch_dependents, the first weight batch, griddepcontrol.wait,
-// stage(x_smem, xsum, K), the main loop. Contains __syncthreads(): every thread calls it.
+// stage.run(x_smem, xsum, K), the main loop. Contains __syncthreads(): every thread calls it.
 template <int F, int MT, typename Stage>
 __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rope_dim, int tile_b, int tile_e,
                                          int K, Stage stage, uint4* x_smem, float* xsum, float* partial) {
@@ -187,8 +197,8 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
             const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);  // rows past n: loaded, never stored
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                b.w[u][m][0] = wf_load<F>(w[m], r0, 4 * ld_q + t, K, policy);
-                b.w[u][m][1] = wf_load<F>(w[m], r1, 4 * ld_q + t, K, policy);
+                b.w[u][m][0] = wf_load<F>(w[m], r0, 4 * ld_q + t, K, policy, t);  // the quad shares
+                b.w[u][m][1] = wf_load<F>(w[m], r1, 4 * ld_q + t, K, policy, t);  // K-quant scale loads
             }
             if (++ld_q == qe) { ld_q = qb; ++ld_tile; }
         }
@@ -197,7 +207,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     Batch cur, next;
     load(cur);  // weights are never written by a kernel: safe before the wait
     grid_dependency_wait();
-    stage(x_smem, xsum, K);
+    stage.template run<Wf<F>::OFFSET>(x_smem, xsum, K);  // Σx only where the format has offsets
     __syncthreads();
 
     float acc[MT][2];
@@ -219,12 +229,13 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
             const float xs = Wf<F>::OFFSET ? xsum[chunk] : 0.f;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
+                const WfRaw ra = wf_quad_gather<F>(cur.w[u][m][0], lane), rb = wf_quad_gather<F>(cur.w[u][m][1], lane);
                 u32 pa[16], pb[16];
-                wf_pairs<F>(cur.w[u][m][0], pa);
-                wf_pairs<F>(cur.w[u][m][1], pb);
+                wf_pairs<F>(ra, pa);
+                wf_pairs<F>(rb, pb);
                 float s0[SUBS], o0[SUBS], s1[SUBS], o1[SUBS];
-                wf_scales<F>(cur.w[u][m][0], chunk, s0, o0);
-                wf_scales<F>(cur.w[u][m][1], chunk, s1, o1);
+                wf_scales<F>(ra, chunk, s0, o0);
+                wf_scales<F>(rb, chunk, s1, o1);
 #pragma unroll
                 for (int sub = 0; sub < SUBS; ++sub) {
                     float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -353,7 +364,7 @@ gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
 // q, k and v each in its own format: blocks [0, q_blocks) compute q, the next k_blocks k, the
 // rest v.
 // grid (G ≥ 3), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_FUSED_MIN_BLOCKS)
 gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: rotated query
                   __half* __restrict__ k_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
                   __half* __restrict__ v_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
@@ -418,7 +429,7 @@ gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: ro
 // h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm; gate and up in
 // one format (each tile reads the same rows of both).
 // grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_FUSED_MIN_BLOCKS)
 gemv_fmt_gate_up_swiglu(__half* __restrict__ h,              // [F] fp16, out
                         const float* __restrict__ residual,  // [K] fp32, the residual stream
                         const __half* __restrict__ norm_w,   // [K] fp16, post_attention_layernorm gain

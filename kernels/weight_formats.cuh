@@ -2,6 +2,7 @@
 // format/weight_formats.py), read on the GPU: one chunk of 32 inputs of one row at a time.
 //
 //   wf_load<F>(w, row, chunk, K, policy)   the chunk's bytes as stored (codes, high bits, scales)
+//   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
 //   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
 //                                          (c − z, or c for the formats with an offset)
 //   wf_scales<F>(raw, chunk, s, o)         the FP32 scale (and offset) of each scale group in it
@@ -52,6 +53,7 @@
 #include "types.cuh"        // u32, u64
 #include "ldst.cuh"         // ld_stream_v4, ld_nc_noalloc_u32
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO/HI, FP16X2_1024, FP16X2_1_16
+#include "warp.cuh"         // shfl_idx_u32
 
 #define WF_INT4_G128  1
 #define WF_Q4_G32     2
@@ -65,6 +67,18 @@
 // A dense FP16 weight (a file's format 0, `<prefix>.weight` fp16 [N, K]: a GGUF's F16 projection
 // kept as it is). Not a `.nanoqwen` format id: the kernels' name for a dense matrix.
 #define WF_DENSE        16
+// WF_FORMATS: the formats a kernel file is compiled for, bit `id` set for each (default: all of
+// them). The launchers compile a model's kernels for its own formats only
+// (launchers/gemv_fmt.py: format_defines): a kernel's register count is the largest that any
+// format it can dispatch to needs, so code for formats the model never runs can cost it half
+// its resident warps (gemv_fmt.cu), besides compile time. A kernel asked for a format it was
+// not compiled for does nothing (wf_known); the launchers refuse that before a launch.
+#ifndef WF_FORMATS
+#define WF_FORMATS ((1u << WF_INT4_G128) | (1u << WF_Q4_G32) | (1u << WF_Q4_G32_MIN) | (1u << WF_Q5_G32) | \
+                    (1u << WF_Q5_G32_MIN) | (1u << WF_Q8_G32) | (1u << WF_Q4_K) | (1u << WF_Q5_K) |       \
+                    (1u << WF_Q6_K) | (1u << WF_DENSE))
+#endif
+#define WF_COMPILED(id) ((((WF_FORMATS) >> (id)) & 1u) != 0u)
 #define WF_CHUNK      32   // inputs per chunk
 #define WF_SUPER      256  // inputs per K-quant super-block
 
@@ -101,8 +115,16 @@ struct WfRaw {
 // The chunk's bytes. Codes and high bits are streamed (read once per token: L1::no_allocate,
 // L2 evict-first); scales go through L1 (__ldg), as the 4 lanes of a quad and the 8 chunks of
 // a super-block share them.
+//
+// quad_lane ≥ 0: the caller's 4 lanes of a quad (quad_lane = lane % 4) load 4 consecutive
+// chunks 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks). The
+// q4_k/q5_k scale words that all four need — the 12 packed bytes and (d, dmin), 4 words — are
+// then loaded one word per lane (lane t: word t) and gathered by wf_quad_gather just before
+// use: each lane holds 1 register of them instead of 4 while the load is in flight, the margin
+// that lets the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats ignore it.
 template <int F>
-__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, int K, u64 policy) {
+__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, int K, u64 policy,
+                                         int quad_lane = -1) {
     WfRaw r = {};
     if constexpr (Wf<F>::BITS == 16) {
         const uint4* q = reinterpret_cast<const uint4*>(w.qweight + row * (K / 2)) + 4 * chunk;
@@ -125,11 +147,16 @@ __device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, 
         r.h1 = h.y;
     }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        const u32* sc = static_cast<const u32*>(w.scales) + (row * (K / WF_SUPER) + chunk / 8) * 3;
+        const u64 sb = row * (K / WF_SUPER) + chunk / 8;  // the super-block
+        const u32* sc = static_cast<const u32*>(w.scales) + sb * 3;
+        if (quad_lane >= 0) {  // this lane's word of (s0, s1, s2, d): wf_quad_gather
+            r.s0 = quad_lane < 3 ? __ldg(sc + quad_lane) : __ldg(static_cast<const u32*>(w.aux) + sb);
+            return r;
+        }
         r.s0 = __ldg(sc);
         r.s1 = __ldg(sc + 1);
         r.s2 = __ldg(sc + 2);
-        r.d = __ldg(static_cast<const u32*>(w.aux) + row * (K / WF_SUPER) + chunk / 8);
+        r.d = __ldg(static_cast<const u32*>(w.aux) + sb);
     } else if constexpr (F == WF_Q6_K) {
         r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + row * (K / 32) + chunk);
         r.d = __ldg(static_cast<const unsigned short*>(w.aux) + row * (K / WF_SUPER) + chunk / 8);
@@ -140,6 +167,23 @@ __device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, 
         if constexpr (Wf<F>::OFFSET) r.s1 = __ldg(static_cast<const unsigned short*>(w.aux) + at);
     }
     return r;
+}
+
+// A chunk loaded with quad_lane ≥ 0, made whole: the q4_k/q5_k scale words from the quad's 4
+// lanes (lane 4⌊lane/4⌋ + t held word t). Every lane of the warp must call it (a shuffle).
+template <int F>
+__device__ __forceinline__ WfRaw wf_quad_gather(const WfRaw& r, int lane) {
+    if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
+        WfRaw out = r;
+        const int base = lane & ~3;
+        out.s0 = shfl_idx_u32(r.s0, base);
+        out.s1 = shfl_idx_u32(r.s0, base + 1);
+        out.s2 = shfl_idx_u32(r.s0, base + 2);
+        out.d = shfl_idx_u32(r.s0, base + 3);
+        return out;
+    } else {
+        return r;
+    }
 }
 
 __device__ __forceinline__ u32 wf_word(const uint4& q, int i) {
@@ -274,16 +318,18 @@ __device__ __forceinline__ float wf_dequant(const WfRaw& r, int chunk, int e) {
     else return __fmul_rn(float(int(code) - Wf<F>::ZERO), s[j]);
 }
 
-// Whether this file knows format id `fmt` (the launchers refuse the others before a launch).
+// Whether this file reads format id `fmt` and was compiled for it (WF_FORMATS); the launchers
+// refuse the others before a launch.
 __device__ __forceinline__ bool wf_known(int fmt) {
-    return fmt == WF_INT4_G128 || fmt == WF_Q4_G32 || fmt == WF_Q4_G32_MIN || fmt == WF_Q5_G32 ||
-           fmt == WF_Q5_G32_MIN || fmt == WF_Q8_G32 || fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K ||
-           fmt == WF_DENSE;
+    return (fmt == WF_INT4_G128 || fmt == WF_Q4_G32 || fmt == WF_Q4_G32_MIN || fmt == WF_Q5_G32 ||
+            fmt == WF_Q5_G32_MIN || fmt == WF_Q8_G32 || fmt == WF_Q4_K || fmt == WF_Q5_K || fmt == WF_Q6_K ||
+            fmt == WF_DENSE) && WF_COMPILED(fmt);
 }
 
 // Runs the statements `...` with F a compile-time constant equal to the runtime id `fmt`
-// (block-uniform in every caller): one instance of them per format, chosen once.
-#define WF_CASE(ID, F, ...) case ID: { constexpr int F = ID; __VA_ARGS__; } break;
+// (block-uniform in every caller): one instance of them per format compiled in (WF_FORMATS),
+// chosen once; any other id runs nothing.
+#define WF_CASE(ID, F, ...) case ID: if constexpr (WF_COMPILED(ID)) { constexpr int F = ID; __VA_ARGS__; } break;
 #define WF_DISPATCH(fmt, F, ...)                              \
     switch (fmt) {                                            \
         WF_CASE(WF_INT4_G128, F, __VA_ARGS__)                 \

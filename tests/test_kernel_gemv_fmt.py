@@ -43,6 +43,41 @@ def test_every_format_has_a_gpu_kernel():
     assert {f.name for f in FORMATS if f.fits(3584) and f.fits(18944)} == {f.name for f in FORMATS}
 
 
+def test_format_defines_fit_the_real_recipes_two_blocks_per_sm():
+    """CPU (NVRTC): compiled for the formats of llama.cpp's Q4_K_M files — the 7B's Q4_K with
+    Q6_K, the 0.5B's Q5_0, Q8_0, Q4_K and Q6_K — every gemv_fmt kernel fits 2 blocks of 8 warps
+    per SM without spilling; a set that does not (a dense FP16 gate/up) falls back to 1, and
+    its build does not spill either."""
+    from drvqwen.cuda.nvrtc import compile_kernel
+    from drvqwen.launchers.gemv_fmt import DENSE_ID, format_defines
+
+    by = {f.name: f.id for f in wf.FORMATS.values()}
+    for names in (("q4_k", "q6_k"), ("q5_g32", "q8_g32", "q4_k", "q6_k")):
+        defs = dict(format_defines(by[n] for n in names))
+        assert defs["WF_FORMATS"] == sum(1 << by[n] for n in names)
+        assert defs["GF_FUSED_MIN_BLOCKS"] == 2, names
+    defs = format_defines([by["q4_k"], DENSE_ID])
+    assert dict(defs)["GF_FUSED_MIN_BLOCKS"] == 1
+    spilled = [r.function for r in compile_kernel("gemv_fmt", defines=dict(defs)).resources.values() if r.spills]
+    assert not spilled
+
+
+def test_a_kernel_compiled_for_other_formats_is_refused():
+    """CPU: a launcher refuses a weight whose format its kernel was not compiled for, naming it."""
+    from drvqwen.launchers import BufferSpec, FixedOccupancy, LaunchError
+    from drvqwen.launchers.gemv_fmt import GemvFmt, fmt_weight
+
+    q4k, q6k = wf.FORMATS[10], wf.FORMATS[12]
+    n, k = 64, 512
+    specs = {name: BufferSpec(name, shape, dt) for name, (dt, shape) in q4k.tensors("w", n, k).items()}
+    w = fmt_weight(specs.__getitem__, "w", q4k)
+    y, x = BufferSpec("y", (n,), np.float16), BufferSpec("x", (k,), np.float16)
+    occ = FixedOccupancy(132)
+    GemvFmt(y, x, w, n=n, k=k, occupancy=occ, defines=(("WF_FORMATS", 1 << q4k.id),))
+    with pytest.raises(LaunchError, match="q4_k is not among the formats"):
+        GemvFmt(y, x, w, n=n, k=k, occupancy=occ, defines=(("WF_FORMATS", 1 << q6k.id),))
+
+
 def _time(label, ln):
     if label.startswith("7b"):
         us = graph_time_us(ln)
@@ -84,12 +119,22 @@ QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("odd", 3, 1, 32, 256, ("q4_g32_min", "q5_k", "q5_g32_min"))]
 
 
+def _compiled_for(compiled: str, fmts) -> tuple:
+    """Defines for a case's kernel: "all" the default build (every format, one block of the fused
+    kernels per SM), "model" the build a model of these formats gets (format_defines)."""
+    from drvqwen.launchers.gemv_fmt import format_defines
+
+    return () if compiled == "all" else format_defines(f.id for f in fmts)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("compiled", ["all", "model"])
 @pytest.mark.parametrize("label,hq,hkv,dh,d,fmts", QKV, ids=[q[0] for q in QKV])
-def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts):
+def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
     from drvqwen.launchers.gemv_fmt import GemvFmtQkvRope
 
     by_name = {f.name: f for f in FORMATS}
+    defines = _compiled_for(compiled, [by_name[f] for f in fmts])
     nq, nkv = hq * dh, hkv * dh
     ws = [random_fmt_weight(dev, rng, by_name[f], n, d, name)
           for f, n, name in zip(fmts, (nq, nkv, nkv), "qkv")]
@@ -106,7 +151,7 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts):
     ln = GemvFmtQkvRope(q_out, k_cache, v_cache, dev.upload("residual", residual), dev.upload("norm_w", norm_w),
                         *(w for w, _ in ws), *(dev.upload(f"b{i}", b) for i, b in enumerate(biases)),
                         dev.upload("inv_freq", inv_freq), state, dev.upload("block_table", block_table),
-                        n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=d, eps=EPS)
+                        n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=d, eps=EPS, defines=defines)
     for pos in (0, 17, 1000):
         state.upload(np.array([pos, 0, pos + 1], np.int32))
         for buf in (q_out, k_cache, v_cache):
@@ -125,7 +170,7 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts):
             assert (got.view(np.uint16)[untouched] == 0xFFFF).all(), f"{name}_cache: another slot was written"
         ln.launch()
         assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
-    _time(f"{label}.qkv_rope", ln)
+    _time(f"{label}.qkv_rope.{compiled}", ln)
 
 
 # (label, F, D, format)
@@ -134,25 +179,27 @@ GATE_UP = [("0.5b.q5_g32", 4864, 896, "q5_g32"), ("7b.q4_k", 18944, 3584, "q4_k"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("compiled", ["all", "model"])
 @pytest.mark.parametrize("label,f,d,fname", GATE_UP, ids=[g[0] for g in GATE_UP])
-def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname):
+def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname, compiled):
     from drvqwen.launchers.gemv_fmt import GemvFmtGateUpSwiglu
 
     fmt = {x.name: x for x in FORMATS}[fname]
+    defines = _compiled_for(compiled, [fmt])
     (g, g64), (u, u64) = (random_fmt_weight(dev, rng, fmt, f, d, name) for name in ("gate", "up"))
     residual, norm_w = massive_residual(rng, d), (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
     x = normed_fp16(residual, norm_w, EPS).astype(np.float64)
     want = ref.swiglu(g64 @ x, u64 @ x)
     h = dev.poisoned("h", (f,), np.float16)
     ln = GemvFmtGateUpSwiglu(h, dev.upload("residual", residual), dev.upload("norm_w", norm_w), g, u, f=f, k=d,
-                             eps=EPS)
+                             eps=EPS, defines=defines)
     ln.launch()
     got = h.download()
     report(label, got, want, TOL_GEMV)
     h.fill_bytes(0xFF)
     ln.launch()
     assert_same_bits(label, got, h.download())
-    _time(f"{label}.gate_up", ln)
+    _time(f"{label}.gate_up.{compiled}", ln)
 
 
 # (label, V, D, format, text_vocab)

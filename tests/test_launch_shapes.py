@@ -108,3 +108,21 @@ def test_qkv_rope_launchers_refuse_a_cache_of_another_layout_naming_the_kernel(k
         check_qkv_rope_outputs(kernel, q, bad, good, hq, hkv, dh)
     with pytest.raises(LaunchError, match=rf"{kernel}: head_dim=40 must be a multiple of 16"):
         check_qkv_rope_outputs(kernel, BufferSpec("q", (hq * 40,), np.float16), good, good, hq, hkv, 40)
+
+
+def test_qkv_blocks_split_by_makespan():
+    """gemv_fmt's qkv launch: blocks per q/k/v segment for the smallest makespan that fits one
+    wave (7B: 224, 32, 32 tiles), never a small segment rounded onto too few blocks."""
+    from drvqwen.launchers.gemv_fmt import split_blocks
+
+    assert split_blocks(132, (224, 32, 32)) == (75, 11, 11)     # 3 tiles per block at most
+    assert split_blocks(264, (224, 32, 32)) == (112, 16, 16)    # 2
+    assert split_blocks(264, (56, 8, 8)) == (56, 8, 8)          # 0.5B: 1
+    assert split_blocks(2, (5, 1, 1)) == (1, 1, 1)              # fewer resident than segments: 1 each
+    for resident in range(3, 300, 7):
+        for seg in ((224, 32, 32), (56, 8, 8), (3, 1, 1), (100, 100, 1)):
+            blocks = split_blocks(resident, seg)
+            m = max(-(-t // b) for t, b in zip(seg, blocks))
+            assert sum(blocks) <= max(resident, 3) and all(b >= 1 for b in blocks)
+            # no smaller makespan fits
+            assert m == 1 or sum(-(-t // (m - 1)) for t in seg) > max(resident, 3)

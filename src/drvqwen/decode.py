@@ -73,7 +73,7 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
-                                 DENSE_F16, fmt_weight, lm_head_fmt_partials)
+                                 DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, LM_HEAD, default_formats, proj_prefix
 from .layer_weights import LayerWeights
@@ -103,6 +103,9 @@ class DecodePlan:
         steps: (name, launcher) in order.
         per_tensor: the weights are in per-tensor formats (gemv_fmt.cu), not the INT4 step's.
         formats: with per_tensor, weight prefix → format id (0 = dense FP16) of the planned layers.
+        fmt_defines: with per_tensor, the defines that compile gemv_fmt.cu and gemm_fmt.cu for the
+            model's formats (launchers.gemv_fmt.format_defines: of every layer, not only the
+            planned ones), shared by the decode step and the prefill.
     """
 
     config: QwenConfig
@@ -116,6 +119,7 @@ class DecodePlan:
     steps: list[tuple[str, Launcher]] = field(default_factory=list)
     per_tensor: bool = False
     formats: dict[str, int] | None = None
+    fmt_defines: tuple = ()
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -147,6 +151,14 @@ def _activation_specs(cfg: QwenConfig, n_pages: int, partials: dict[str, tuple[i
         **{name: (shape, np.float32) for name, shape in partials.items()},
     }
     return {name: BufferSpec(name, s, d) for name, (s, d) in shapes.items()}
+
+
+def gpu_format_ids(formats: dict[str, int]) -> set[int]:
+    """The format ids the per-tensor kernels read for a model of these formats (weight prefix →
+    id, every layer): each quantized weight's id, and DENSE_ID for a dense FP16 projection (a
+    dense embedding or lm_head has FP16 kernels of its own)."""
+    return {DENSE_ID if fid == wf.PLAIN else fid for p, fid in formats.items()
+            if fid != wf.PLAIN or p not in (EMBED, LM_HEAD)}
 
 
 def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: str = DEFAULT_ATTENTION,
@@ -191,15 +203,17 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     per_tensor = formats is not None and {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} != default_formats(cfg)
     fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
     lm_in_format = fm is not None and fm[LM_HEAD] != wf.PLAIN
+    fmt_defines = format_defines(gpu_format_ids(formats)) if per_tensor else ()
     a = _activation_specs(cfg, n_pages, partials,
-                          lm_head_fmt_partials(V, D, occupancy) if lm_in_format else lm_head_partials(V))
+                          lm_head_fmt_partials(V, D, occupancy, fmt_defines) if lm_in_format else lm_head_partials(V))
     weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
     plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor),
-                      formats=fm)
+                      formats=fm, fmt_defines=fmt_defines)
     part = tuple(a[n] for n in partials)
     maps = {pool: TensorMapSpec(kv[pool], tensor_map_shape(kv[pool].shape), (PAGE_TOKENS, Dh)) for pool in kv}
     gemv = dict(occupancy=occupancy)
+    fmt_gemv = dict(occupancy=occupancy, defines=fmt_defines)
     eps = cfg.rms_norm_eps
 
     steps = plan.steps
@@ -214,7 +228,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     emb = fw(EMBED)
     steps.append(("embedding", Embedding(a["residual"], weights["model.embed_tokens.weight"], a["state"],
                                          vocab_size=V, dim=D) if emb is None else
-                  EmbeddingFmt(a["residual"], emb, a["state"], vocab_size=V, dim=D)))
+                  EmbeddingFmt(a["residual"], emb, a["state"], vocab_size=V, dim=D, defines=fmt_defines)))
     for l in range(L):
         w = LayerWeights.of(weights.__getitem__, l)
         k_l, v_l = (BufferSpec(layer_view_name(p, l), kv[p].shape[1:], np.float16) for p in ("k_cache", "v_cache"))
@@ -232,12 +246,12 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 (f"L{l}.qkv_rope", GemvFmtQkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, q, k, v,
                                                   w.q_bias, w.k_bias, w.v_bias, a["inv_freq"], a["state"],
                                                   a["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, dim=D,
-                                                  eps=eps, **gemv)),
+                                                  eps=eps, **fmt_gemv)),
                 (f"L{l}.attention", attn),
-                (f"L{l}.o_proj", GemvFmtResidual(a["residual"], a["attn"], o, n=D, k=nq, **gemv)),
+                (f"L{l}.o_proj", GemvFmtResidual(a["residual"], a["attn"], o, n=D, k=nq, **fmt_gemv)),
                 (f"L{l}.gate_up_swiglu", GemvFmtGateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm, g, u,
-                                                             f=F, k=D, eps=eps, **gemv)),
-                (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **gemv)),
+                                                             f=F, k=D, eps=eps, **fmt_gemv)),
+                (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **fmt_gemv)),
             ]
             continue
         steps += [
@@ -255,7 +269,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
                  vocab_size=V, dim=D, text_vocab=text_vocab) if head is None else
           LmHeadFmt(a["logits"], a["part_val"], a["part_idx"], a["xn"], head, vocab_size=V, dim=D,
-                    text_vocab=text_vocab, occupancy=occupancy))
+                    text_vocab=text_vocab, **fmt_gemv))
     steps += [
         ("norm", RmsNorm(a["xn"], a["residual"], weights["model.norm.weight"], dim=D, eps=eps)),
         ("lm_head", lm),

@@ -117,12 +117,15 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None) ->
     """(kernel file, defines) of every kernel file the engine launches for `config` with the
     weight formats `formats` (NanoqwenFile.formats; default: the INT4 step's): the decode step's
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
-    the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats) and the
-    token choice's and hand-over's (sampling.cu). Not timing or smoke (benchmarks and tests)."""
+    the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
+    and gemm_fmt.cu compiled for the model's formats) and the token choice's and hand-over's
+    (sampling.cu). Not timing or smoke (benchmarks and tests)."""
     plan = plan_decode(config.with_layers(1), occupancy=FixedOccupancy(1), formats=formats)
     wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
     prefill_files = PREFILL_KERNEL_FILES_FMT if plan.per_tensor else PREFILL_KERNEL_FILES
-    wanted |= {(name, ()) for name in (*prefill_files, "sampling")}
+    # The per-tensor kernel files are compiled for the model's formats (plan.fmt_defines).
+    wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt") else ())
+               for name in (*prefill_files, "sampling")}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
 

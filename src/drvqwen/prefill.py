@@ -210,7 +210,7 @@ class Prefill:
         columns of qkv, one launch each) and the embedding rows in their format; the rest is the
         INT4 list's."""
         step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
-        fm, ps = step.plan.formats, self.buf["prefill_state"]
+        fm, ps, defs = step.plan.formats, self.buf["prefill_state"], step.plan.fmt_defines
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
@@ -222,7 +222,7 @@ class Prefill:
         if fm[EMBED] == wf.PLAIN:
             embed = EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V, dim=D, stream=st)
         else:
-            embed = EmbeddingFmtRows(res, fw(EMBED), ids, n_rows=R, vocab_size=V, dim=D, stream=st)
+            embed = EmbeddingFmtRows(res, fw(EMBED), ids, n_rows=R, vocab_size=V, dim=D, stream=st, defines=defs)
         steps: list[tuple[str, Launcher]] = [("embedding", embed)]
         ld = nq + 2 * nkv
         for l in range(cfg.num_layers):
@@ -232,22 +232,25 @@ class Prefill:
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
                 (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
-                (f"L{l}.q_proj", GemmFmtRows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st)),
+                (f"L{l}.q_proj", GemmFmtRows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st,
+                                             defines=defs)),
                 (f"L{l}.k_proj", GemmFmtRows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq,
-                                             stream=st)),
+                                             stream=st, defines=defs)),
                 (f"L{l}.v_proj", GemmFmtRows(qkv, xn, pw["v_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq + nkv,
-                                             stream=st)),
+                                             stream=st, defines=defs)),
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
-                (f"L{l}.o_proj", GemmFmtResidualRows(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st)),
+                (f"L{l}.o_proj", GemmFmtResidualRows(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
+                                                                 defines=defs)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, stream=st)),
                 (f"L{l}.gate_up_swiglu", GemmFmtGateUpSwigluRows(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D,
-                                                                 rows=R, stream=st)),
-                (f"L{l}.down_proj", GemmFmtResidualRows(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st)),
+                                                                 rows=R, stream=st, defines=defs)),
+                (f"L{l}.down_proj", GemmFmtResidualRows(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
+                                                                    defines=defs)),
             ]
         self.launchers[R] = steps
         return named_launches(steps)

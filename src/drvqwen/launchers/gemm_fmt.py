@@ -4,7 +4,8 @@
     GemmFmtResidualRows        residual fp32 [M, N]                      += x Wᵀ   (o_proj, down_proj)
     GemmFmtGateUpSwigluRows    h fp16 [M, F]            = silu(x Wgᵀ) ⊙ (x Wuᵀ)
 
-W is a FmtWeight (launchers/gemv_fmt.py). M = prefill_state[1] ≤ rows, as for gemm_int4: grids
+W is a FmtWeight (launchers/gemv_fmt.py); `defines` compile the kernels for a model's formats
+(gemv_fmt.format_defines). M = prefill_state[1] ≤ rows, as for gemm_int4: grids
 and buffers are sized for a row capacity `rows`, the kernels read the live count. Grid
 (ceil(rows/64), ceil(N/64)) of 128-thread blocks, static shared memory only.
 """
@@ -27,9 +28,9 @@ def _grid(rows: int, n: int) -> tuple[int, int]:
     return -(-rows // BM), -(-n // BN)
 
 
-def _check(x, w: FmtWeight, prefill_state, n: int, k: int, rows: int) -> None:
+def _check(x, w: FmtWeight, prefill_state, n: int, k: int, rows: int, defines: tuple) -> None:
     require(rows >= 1 and n >= 1, f"gemm_fmt: rows={rows}, N={n} must be >= 1")
-    w.check(n, k, quad=CHUNK)
+    w.check(n, k, quad=CHUNK, defines=defines)
     check_buffer(x, "x", rows * k, np.float16)
     check_prefill_state(prefill_state)
 
@@ -48,14 +49,14 @@ class GemmFmtRows(Launcher):
     """
 
     def __init__(self, out, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int, ldo: int, col0: int = 0,
-                 stream: Stream | None = None):
+                 stream: Stream | None = None, defines: tuple = ()):
         super().__init__(stream)
-        _check(x, w, prefill_state, n, k, rows)
+        _check(x, w, prefill_state, n, k, rows, defines)
         require(0 <= col0 and col0 + n <= ldo, f"gemm_fmt: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
         check_buffer(out, "out", rows * ldo, np.float32)
         self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 4 * rows * n
         self.flops = _flops(rows, n, k)
-        self._add(KernelRef("gemm_fmt", "gemm_fmt_store_rows"), _grid(rows, n), (THREADS,),
+        self._add(KernelRef("gemm_fmt", "gemm_fmt_store_rows", tuple(defines)), _grid(rows, n), (THREADS,),
                   dict(out=out, x=x, **w.args("w"), prefill_state=prefill_state, N=i32(n), K=i32(k), ldo=i32(ldo),
                        col0=i32(col0), fmt=i32(w.fmt.id)),
                   reads=(x, prefill_state) + w.buffers, writes=(out,), bytes_moved=self.bytes_moved)
@@ -69,13 +70,13 @@ class GemmFmtResidualRows(Launcher):
     """
 
     def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
-                 stream: Stream | None = None):
+                 stream: Stream | None = None, defines: tuple = ()):
         super().__init__(stream)
-        _check(x, w, prefill_state, n, k, rows)
+        _check(x, w, prefill_state, n, k, rows, defines)
         check_buffer(residual, "residual", rows * n, np.float32)
         self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 8 * rows * n
         self.flops = _flops(rows, n, k)
-        self._add(KernelRef("gemm_fmt", "gemm_fmt_residual_rows"), _grid(rows, n), (THREADS,),
+        self._add(KernelRef("gemm_fmt", "gemm_fmt_residual_rows", tuple(defines)), _grid(rows, n), (THREADS,),
                   dict(residual=residual, x=x, **w.args("w"), prefill_state=prefill_state, N=i32(n), K=i32(k),
                        fmt=i32(w.fmt.id)),
                   reads=(residual, x, prefill_state) + w.buffers, writes=(residual,), bytes_moved=self.bytes_moved)
@@ -90,16 +91,16 @@ class GemmFmtGateUpSwigluRows(Launcher):
     """
 
     def __init__(self, h, x, gate: FmtWeight, up: FmtWeight, prefill_state, *, f: int, k: int, rows: int,
-                 stream: Stream | None = None):
+                 stream: Stream | None = None, defines: tuple = ()):
         super().__init__(stream)
         require(gate.fmt.id == up.fmt.id, f"{gate.name} ({gate.fmt.name}) and {up.name} ({up.fmt.name}): the fused "
                                           f"gate/up GEMM needs both in one format")
-        _check(x, gate, prefill_state, f, k, rows)
-        up.check(f, k, quad=CHUNK)
+        _check(x, gate, prefill_state, f, k, rows, defines)
+        up.check(f, k, quad=CHUNK, defines=defines)
         check_buffer(h, "h", rows * f, np.float16)
         self.bytes_moved = gate.nbytes(f, k) + up.nbytes(f, k) + 2 * rows * k + 2 * rows * f
         self.flops = 2 * _flops(rows, f, k)
-        self._add(KernelRef("gemm_fmt", "gemm_fmt_gate_up_swiglu_rows"), _grid(rows, f), (THREADS,),
+        self._add(KernelRef("gemm_fmt", "gemm_fmt_gate_up_swiglu_rows", tuple(defines)), _grid(rows, f), (THREADS,),
                   dict(h=h, x=x, **gate.args("gate"), **up.args("up"), prefill_state=prefill_state, F=i32(f), K=i32(k),
                        fmt=i32(gate.fmt.id)),
                   reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,), bytes_moved=self.bytes_moved)

@@ -19,6 +19,8 @@ split between q, k and v by tiles, a block serving one matrix (gemv_fmt.cu says 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32,
                    mirrored, require)
-from .gemv_int4 import MAX_WARPS, TILE_ROWS, check_qkv_rope_outputs, gemv_launch_shape, tiles
+from .gemv_int4 import MAX_WARPS, TILE_ROWS, check_qkv_rope_outputs, gemv_launch_shape, gemv_resident_blocks, tiles
 
 mirrored("gemv_fmt", "GF_MAX_WARPS", MAX_WARPS)
 QUAD = mirrored("gemv_fmt", "GF_QUAD", 128)            # inputs per item: K must be a multiple
@@ -61,6 +63,55 @@ class DenseF16:
 
 
 DENSE_F16 = DenseF16()
+
+# The kernels whose minimum of resident blocks per SM format_defines chooses (GF_FUSED_MIN_BLOCKS).
+FUSED_KERNELS = ("gemv_fmt_qkv_rope", "gemv_fmt_gate_up_swiglu")
+
+
+def format_mask(format_ids: Iterable[int]) -> int:
+    """WF_FORMATS of kernels/weight_formats.cuh for these format ids: bit `id` set for each."""
+    mask = 0
+    for fid in format_ids:
+        require(fid in GPU_FORMAT_IDS | {DENSE_ID}, f"weight format id {fid} has no GPU kernel")
+        mask |= 1 << fid
+    return mask
+
+
+@functools.lru_cache(maxsize=None)
+def _format_defines(format_ids: frozenset[int]) -> tuple[tuple[str, int], ...]:
+    from ..cuda.nvrtc import compile_kernel  # NVRTC only when a per-tensor model is planned
+
+    mask = (("WF_FORMATS", format_mask(format_ids)),)
+    two = mask + (("GF_FUSED_MIN_BLOCKS", 2),)
+    report = compile_kernel("gemv_fmt", defines=dict(two)).resources
+    spilled = any(r.spills for r in report.values())
+    return mask + (("GF_FUSED_MIN_BLOCKS", 1),) if spilled else two
+
+
+def format_defines(format_ids: Iterable[int]) -> tuple[tuple[str, int], ...]:
+    """The defines that compile gemv_fmt.cu and gemm_fmt.cu for one model: WF_FORMATS, the mask
+    of its format ids (DENSE_ID for dense FP16 projections), and GF_FUSED_MIN_BLOCKS, 2 where
+    ptxas fits every gemv_fmt kernel (the fused qkv and gate/up ones at 2 blocks of 8 warps per
+    SM: ≤ 128 registers) without spilling, else 1.
+
+    Why per model: a kernel's registers are the most that any format it can dispatch to needs;
+    compiled for every format, the fused GEMVs need 160–170 and run one block per SM, compiled
+    for a model's two to four formats they fit 128 (gemv_fmt.cu). Finding out compiles
+    gemv_fmt.cu once through the cubin cache (NVRTC, no GPU), which the model's kernel load then
+    finds there.
+
+    Raises:
+        LaunchError: an id without a GPU kernel.
+    """
+    return _format_defines(frozenset(int(f) for f in format_ids))
+
+
+def compiled_formats(defines) -> frozenset[int] | None:
+    """The format ids a kernel compiled with `defines` reads (None: every one, WF_FORMATS unset)."""
+    mask = dict(defines).get("WF_FORMATS")
+    if mask is None:
+        return None
+    return frozenset(f for f in GPU_FORMAT_IDS | {DENSE_ID} if mask >> f & 1)
 # Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).
 AUX_PARTS = ("offsets", "superscales")
 PART_NAMES = ("qweight", "qhigh", "scales") + AUX_PARTS + ("weight",)
@@ -81,12 +132,16 @@ class FmtWeight:
     parts: dict[str, Any]
     name: str = "W"
 
-    def check(self, n: int, k: int, quad: int = QUAD) -> None:
+    def check(self, n: int, k: int, quad: int = QUAD, defines=()) -> None:
         """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
-        GEMVs' 128, the embedding's 32) and every part is there with the size and dtype the
-        format stores."""
+        GEMVs' 128, the embedding's 32), the kernel's `defines` compile it in (format_defines),
+        and every part is there with the size and dtype the format stores."""
         require(self.fmt.id in GPU_FORMAT_IDS | {DENSE_ID},
                 f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
+        compiled = compiled_formats(defines)
+        if compiled is not None:
+            require(self.fmt.id in compiled, f"{self.name}: format {self.fmt.name} is not among the formats the "
+                                             f"kernel was compiled for (WF_FORMATS={dict(defines)['WF_FORMATS']:#x})")
         require(k % quad == 0 and self.fmt.fits(k),
                 f"{self.name}: format {self.fmt.name} at K={k}: the GPU kernels need K a multiple of {quad} "
                 f"and of the format's group")
@@ -159,7 +214,7 @@ class GemvFmt(_GemvFmtLauncher):
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
                  defines: tuple = ()):
         super().__init__(stream)
-        w.check(n, k)
+        w.check(n, k, defines=defines)
         check_buffer(y, "y", n, np.float16)
         check_buffer(x, "x", k, np.float16)
         self.bytes_moved = w.nbytes(n, k) + 2 * k + 2 * n
@@ -180,7 +235,7 @@ class GemvFmtResidual(_GemvFmtLauncher):
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
                  defines: tuple = ()):
         super().__init__(stream)
-        w.check(n, k)
+        w.check(n, k, defines=defines)
         check_buffer(residual, "residual", n, np.float32)
         check_buffer(x, "x", k, np.float16)
         self.bytes_moved = w.nbytes(n, k) + 2 * k + 8 * n
@@ -190,22 +245,20 @@ class GemvFmtResidual(_GemvFmtLauncher):
                     blocks=blocks, defines=defines)
 
 
-def split_blocks(total: int, seg_tiles: tuple[int, ...]) -> tuple[int, ...]:
-    """Blocks per segment when `total` blocks share segments of seg_tiles tiles: proportional to
-    tiles, at least 1 each and never more than a segment's tiles (so no block is idle)."""
-    n = len(seg_tiles)
-    total = max(total, n)
-    t_all = sum(seg_tiles)
-    out = [max(1, min(t, round(total * t / t_all))) for t in seg_tiles]
-    while sum(out) > total and max(out) > 1:
-        out[out.index(max(out))] -= 1
-    while sum(out) < total:
-        room = [i for i in range(n) if out[i] < seg_tiles[i]]
-        if not room:
-            break
-        best = max(room, key=lambda i: seg_tiles[i] / out[i])
-        out[best] += 1
-    return tuple(out)
+def split_blocks(resident: int, seg_tiles: tuple[int, ...]) -> tuple[int, ...]:
+    """Blocks per segment (q, k, v) when at most `resident` blocks run in one wave and segment i
+    has seg_tiles[i] tiles: the smallest makespan m (tiles of the busiest block) for which
+    Σ ceil(tᵢ/m) blocks fit, and then ceil(tᵢ/m) blocks for segment i (at least 1 each).
+
+    Why the makespan and not blocks in proportion to tiles: a block serves one segment, so a
+    proportional split rounds a small segment (k, v: 32 tiles at 7B) onto too few blocks, and
+    the launch lasts as long as its busiest block (4 tiles where 3 would do at 7B, one block per
+    SM)."""
+    resident = max(resident, len(seg_tiles))
+    m = max(1, -(-sum(seg_tiles) // resident))
+    while sum(-(-t // m) for t in seg_tiles) > resident:
+        m += 1
+    return tuple(max(1, -(-t // m)) for t in seg_tiles)
 
 
 class GemvFmtQkvRope(_GemvFmtLauncher):
@@ -226,9 +279,9 @@ class GemvFmtQkvRope(_GemvFmtLauncher):
         nq, nkv, K = n_heads * head_dim, n_kv_heads * head_dim, dim
         check_buffer(residual, "residual", K, np.float32)
         check_buffer(norm_weight, "norm_weight", K, np.float16)
-        q.check(nq, K)
-        k.check(nkv, K)
-        v.check(nkv, K)
+        q.check(nq, K, defines=defines)
+        k.check(nkv, K, defines=defines)
+        v.check(nkv, K, defines=defines)
         check_buffer(q_bias, "q_bias", nq, np.float16)
         check_buffer(k_bias, "k_bias", nkv, np.float16)
         check_buffer(v_bias, "v_bias", nkv, np.float16)
@@ -237,8 +290,10 @@ class GemvFmtQkvRope(_GemvFmtLauncher):
         self.bytes_moved = q.nbytes(nq, K) + k.nbytes(nkv, K) + v.nbytes(nkv, K) + 6 * K + 4 * (nq + 2 * nkv)
         seg_tiles = (tiles(nq), tiles(nkv), tiles(nkv))
         ref = _kernel("gemv_fmt_qkv_rope", defines)
-        grid, threads, _ = self._shape(ref, sum(seg_tiles), K, 1, occupancy, warps, None)
-        self.seg_blocks = split_blocks(grid, seg_tiles)
+        occ = occupancy or DEFAULT_OCCUPANCY
+        resident, threads = gemv_resident_blocks(K, 1, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count,
+                                                 warps=warps, extra_smem=smem_extra(K))
+        self.seg_blocks = split_blocks(resident, seg_tiles)
         per_block = max(-(-t // b) for t, b in zip(seg_tiles, self.seg_blocks))
         smem = 2 * K + smem_extra(K) + per_block * (threads // 32) * TILE_ROWS * 4
         args = dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, residual=residual, norm_w=norm_weight,
@@ -267,8 +322,8 @@ class GemvFmtGateUpSwiglu(_GemvFmtLauncher):
         super().__init__(stream)
         require(gate.fmt.id == up.fmt.id, f"{gate.name} ({gate.fmt.name}) and {up.name} ({up.fmt.name}): the GPU's "
                                           f"fused gate/up GEMV needs both in one format")
-        gate.check(f, k)
-        up.check(f, k)
+        gate.check(f, k, defines=defines)
+        up.check(f, k, defines=defines)
         check_buffer(h, "h", f, np.float16)
         check_buffer(residual, "residual", k, np.float32)
         check_buffer(norm_weight, "norm_weight", k, np.float16)
@@ -280,10 +335,10 @@ class GemvFmtGateUpSwiglu(_GemvFmtLauncher):
                     warps=warps, blocks=blocks, defines=defines)
 
 
-def lm_head_fmt_partials(vocab_size: int, dim: int, occupancy: Occupancy | None = None) -> int:
+def lm_head_fmt_partials(vocab_size: int, dim: int, occupancy: Occupancy | None = None, defines: tuple = ()) -> int:
     """Argmax partials LmHeadFmt writes: one per block of its grid (the one-wave launch shape)."""
     occ = occupancy or DEFAULT_OCCUPANCY
-    ref = _kernel("gemv_fmt_lm_head")
+    ref = _kernel("gemv_fmt_lm_head", defines)
     return gemv_launch_shape(tiles(vocab_size), dim, 1, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count,
                              extra_smem=smem_extra(dim))[0]
 
@@ -298,15 +353,16 @@ class LmHeadFmt(_GemvFmtLauncher):
     """
 
     def __init__(self, logits, part_val, part_idx, x, w: FmtWeight, *, vocab_size: int, dim: int,
-                 text_vocab: int | None = None, stream: Stream | None = None, occupancy: Occupancy | None = None):
+                 text_vocab: int | None = None, stream: Stream | None = None, occupancy: Occupancy | None = None,
+                 defines: tuple = ()):
         super().__init__(stream)
-        w.check(vocab_size, dim)
+        w.check(vocab_size, dim, defines=defines)
         n_valid = vocab_size if text_vocab is None else int(text_vocab)
         require(1 <= n_valid <= vocab_size, f"lm_head: text_vocab={n_valid} must be in [1, {vocab_size}]")
         self.text_vocab = n_valid
         check_buffer(logits, "logits", vocab_size, np.float32)
         check_buffer(x, "x", dim, np.float16)
-        ref = _kernel("gemv_fmt_lm_head")
+        ref = _kernel("gemv_fmt_lm_head", defines)
         grid, threads, smem = self._shape(ref, tiles(vocab_size), dim, 1, occupancy, None, None)
         check_buffer(part_val, "part_val", grid, np.float32)   # lm_head_fmt_partials(V, D) entries
         check_buffer(part_idx, "part_idx", grid, np.int32)
@@ -323,8 +379,8 @@ def _embedding_grid_x(dim: int) -> int:
     return -(-(dim // CHUNK) // EMBEDDING_THREADS)
 
 
-def _check_embedding(w: FmtWeight, vocab_size: int, dim: int) -> None:
-    w.check(vocab_size, dim, quad=CHUNK)  # one thread per 32-input chunk
+def _check_embedding(w: FmtWeight, vocab_size: int, dim: int, defines: tuple) -> None:
+    w.check(vocab_size, dim, quad=CHUNK, defines=defines)  # one thread per 32-input chunk
 
 
 class EmbeddingFmt(Launcher):
@@ -335,13 +391,14 @@ class EmbeddingFmt(Launcher):
         LaunchError: a format without a GPU kernel, or a buffer of the wrong size or dtype.
     """
 
-    def __init__(self, residual, w: FmtWeight, state, *, vocab_size: int, dim: int, stream: Stream | None = None):
+    def __init__(self, residual, w: FmtWeight, state, *, vocab_size: int, dim: int, stream: Stream | None = None,
+                 defines: tuple = ()):
         super().__init__(stream)
-        _check_embedding(w, vocab_size, dim)
+        _check_embedding(w, vocab_size, dim, defines)
         check_buffer(residual, "residual", dim, np.float32)
         check_state(state)
         self.bytes_moved = w.nbytes(1, dim) + 4 * dim
-        self._add(KernelRef("gemv_fmt", "embedding_fmt", pdl=True), (_embedding_grid_x(dim),), (EMBEDDING_THREADS,),
+        self._add(KernelRef("gemv_fmt", "embedding_fmt", tuple(defines), pdl=True), (_embedding_grid_x(dim),), (EMBEDDING_THREADS,),
                   dict(residual=residual, **w.args("w"), state=state, V=i32(vocab_size), D=i32(dim),
                        fmt=i32(w.fmt.id)),
                   reads=w.buffers + (state,), writes=(residual,), bytes_moved=self.bytes_moved)
@@ -355,12 +412,12 @@ class EmbeddingFmtRows(Launcher):
     """
 
     def __init__(self, residual, w: FmtWeight, ids, *, n_rows: int, vocab_size: int, dim: int,
-                 stream: Stream | None = None):
+                 stream: Stream | None = None, defines: tuple = ()):
         super().__init__(stream)
-        _check_embedding(w, vocab_size, dim)
+        _check_embedding(w, vocab_size, dim, defines)
         check_buffer(residual, "residual", n_rows * dim, np.float32)
         check_buffer(ids, "ids", n_rows, np.int32)
         self.bytes_moved = n_rows * (w.nbytes(1, dim) + 4 * dim)
-        self._add(KernelRef("gemv_fmt", "embedding_fmt_rows"), (_embedding_grid_x(dim), n_rows), (EMBEDDING_THREADS,),
+        self._add(KernelRef("gemv_fmt", "embedding_fmt_rows", tuple(defines)), (_embedding_grid_x(dim), n_rows), (EMBEDDING_THREADS,),
                   dict(residual=residual, **w.args("w"), ids=ids, V=i32(vocab_size), D=i32(dim), fmt=i32(w.fmt.id)),
                   reads=w.buffers + (ids,), writes=(residual,), bytes_moved=self.bytes_moved)

@@ -72,16 +72,37 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
     Raises:
         LaunchError: `warps` outside 1..min(8, K/128), or a block of W warps cannot run at all.
     """
-    groups = k // GROUP_SIZE
-    w = min(MAX_WARPS, groups) if warps is None else warps
-    require(1 <= w <= min(MAX_WARPS, groups), f"gemv_int4: no launch shape for K={k} with warps={warps}")
-    occ = blocks_per_sm(32 * w, gemv_smem_bytes(k, 1, w, mt) + extra_smem)
-    require(occ >= 1 or blocks is not None, f"gemv_int4: a block of {w} warps does not fit on an SM (K={k})")
-    g = min(n_tiles, max(1, occ * sm_count)) if blocks is None else min(blocks, n_tiles)
+    if blocks is None:
+        resident, threads = gemv_resident_blocks(k, mt, blocks_per_sm, sm_count, warps, extra_smem)
+        g = min(n_tiles, resident)
+    else:
+        threads = 32 * _warps(k, warps)
+        g = min(blocks, n_tiles)
     per_block = -(-n_tiles // g)
     if blocks is None:
         g = -(-n_tiles // per_block)
-    return g, 32 * w, gemv_smem_bytes(k, per_block, w, mt) + extra_smem
+    return g, threads, gemv_smem_bytes(k, per_block, threads // 32, mt) + extra_smem
+
+
+def _warps(k: int, warps: int | None) -> int:
+    groups = k // GROUP_SIZE
+    w = min(MAX_WARPS, groups) if warps is None else warps
+    require(1 <= w <= min(MAX_WARPS, groups), f"gemv_int4: no launch shape for K={k} with warps={warps}")
+    return w
+
+
+def gemv_resident_blocks(k: int, mt: int, blocks_per_sm: Callable[[int, int], int], sm_count: int,
+                         warps: int | None = None, extra_smem: int = 0) -> tuple[int, int]:
+    """(blocks resident in one wave, threads per block 32·W) of a gemv_int4-shaped kernel: W as in
+    gemv_launch_shape, blocks_per_sm(32·W, smem of a one-tile block) × sm_count (at least 1).
+
+    Raises:
+        LaunchError: `warps` outside 1..min(8, K/128), or a block of W warps cannot run at all.
+    """
+    w = _warps(k, warps)
+    occ = blocks_per_sm(32 * w, gemv_smem_bytes(k, 1, w, mt) + extra_smem)
+    require(occ >= 1, f"gemv_int4: a block of {w} warps does not fit on an SM (K={k})")
+    return max(1, occ * sm_count), 32 * w
 
 
 def check_qkv_rope_outputs(kernel: str, q_out, k_cache, v_cache, n_heads: int, n_kv_heads: int,
