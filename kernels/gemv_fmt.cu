@@ -67,14 +67,20 @@
 //   | q4_k        |  6.38            | 21.19                | 1806        |
 //   | q5_k        |  7.72            | 27.23                | 1717        |
 //   | q6_k        |  7.12            | 23.86                | 2337        |
-// qkv_rope (q4_k, q4_k, q6_k) 15.36 µs, gate_up (q4_k) 38.69 µs; with 2 blocks per SM forced
-// (128 registers, 120 / 40 bytes of spills) they ran 12.92 and 33.87: occupancy mattered more
-// than the spills. The formats with high bits or a K-quant's scale bytes run at 1.7–2.3 TB/s,
-// INT4 g128 through this engine 12–20 % slower than gemv_int4.cu's: the unpack and the scale
-// per 32 inputs cost issue slots the INT4 engine spends once per 128. On the synthetic 0.5B in
-// the real GGUF's formats the decode step takes 0.801 ms against 0.645 for INT4 g128
-// (docs/bench/2026-12-01_3c7fde7_h200_syn05b_*.json): every GEMV launch there is ramp-up bound.
+// The limit these kernels meet is issue, not bandwidth: Nsight Compute on the q4_k and q4_g32
+// down_proj (same 38.6 MB from DRAM) counts 8.95 M against 6.04 M warp instructions, at ~0.45
+// issued per scheduler and cycle with 3.3 warps each: every instruction per 32-input chunk
+// (unpack, scale, the K-quants' 6-bit (sc, m) and their shuffles) is time. Keeping more bytes in
+// flight per warp (GF_UNROLL 4) needs more than 128 registers and spills.
 //
+// Occupancy is the other lever: qkv_rope and gate_up need 160–170 registers when compiled for
+// every format and run one block of 8 warps per SM; compiled for one model's formats
+// (WF_FORMATS, launchers/gemv_fmt.py: format_defines) they fit 128 and run 2. Measured, q4_k
+// gate_up at the 7B shape 37.3 → 32.6 µs; qkv_rope (q4_k, q4_k, q6_k) stays at 13.0–13.1,
+// where splitting the wave over q, k and v by makespan (launchers/gemv_fmt.py: split_blocks)
+// had taken it from 15.4. The whole decode step on the synthetic 7B in llama.cpp's Q4_K_M
+// layout: graph ITL 2.60 ms (docs/bench/2026-12-01_2d1fca6_h200_syn7b_q4_k_m.json), on the
+// 0.5B shape 0.748 ms (…_syn05b_q4_k_m.json; 0.794 before these changes).
 // Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
 // 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
 #include <cuda_fp16.h>
