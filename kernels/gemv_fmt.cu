@@ -71,7 +71,8 @@
 // down_proj (same 38.6 MB from DRAM) counts 8.95 M against 6.04 M warp instructions, at ~0.45
 // issued per scheduler and cycle with 3.3 warps each: every instruction per 32-input chunk
 // (unpack, scale, the K-quants' 6-bit (sc, m) and their shuffles) is time. Keeping more bytes in
-// flight per warp (GF_UNROLL 4) needs more than 128 registers and spills.
+// flight per warp (GF_UNROLL 4) needs more than 128 registers and spills. These figures, and
+// those below: docs/bench/2026-12-01_2d1fca6_h200_gemv_fmt_7b_shapes.json.
 //
 // Occupancy is the other lever: qkv_rope and gate_up need 160–170 registers when compiled for
 // every format and run one block of 8 warps per SM; compiled for one model's formats
