@@ -241,6 +241,9 @@ def test_agree_is_exact_for_source_formats_and_not_for_int4(tiny_source, tmp_pat
         assert main(["eval", "agree", "--model", str(tmp_path / f"{name}.nanoqwen"), "--reference",
                      str(tiny_source), "--limit", "4", "--json", str(out)]) == 0
         figures[name] = json.loads(out.read_text())
+    # File names, not paths (a JSON may be committed from another machine), and the code that ran.
+    assert figures["src"]["model"] == "src.nanoqwen" and figures["src"]["reference"] == tiny_source.name
+    assert set(figures["src"]["source"]) == {"commit", "digest"} and len(figures["src"]["source"]["digest"]) == 64
     said = capsys.readouterr().out
     assert "last position (4): cosine mean" in said and "every position" in said
     s = figures["src"]["every_position"]
@@ -258,6 +261,8 @@ def test_eval_humaneval_command_on_a_tiny_model(tiny_source, problems_file, tmp_
     said = capsys.readouterr().out
     assert "HumanEval raw: 0/2 passed" in said
     doc = json.loads(out.read_text())
+    assert doc["model"].endswith(".nanoqwen") and "/" not in doc["model"] and doc["device"].startswith("cpu")
+    assert set(doc["source"]) == {"commit", "digest"} and len(doc["source"]["digest"]) == 64
     assert doc["total"] == 2 and [r["task_id"] for r in doc["problems"]] == ["T/0", "T/1"]
     assert all(set(r) == {"task_id", "completion", "passed", "error"} for r in doc["problems"])
     # A random tiny model passes nothing: every record says why.

@@ -74,7 +74,7 @@ def cmd_humaneval(args) -> int:
     print(f"HumanEval {args.protocol}: {n_pass}/{len(results)} passed, pass@1 {n_pass / len(results):.3f} "
           f"({f.path.name})")
     if args.json:
-        he.write_json(args.json, str(f.path), args.protocol, results)
+        he.write_json(args.json, str(f.path), args.protocol, results, device=backend.name)
         err.print(f"wrote {args.json}", soft_wrap=True)
     return 0
 
@@ -138,9 +138,13 @@ def cmd_agree(args) -> int:
     if args.json:
         from .paths import atomic_write_bytes
 
-        atomic_write_bytes(Path(args.json), json.dumps({"model": str(f.path), "reference": args.reference,
-                                                        "prompts": args.prompts, "device": opened.device, **res},
-                                                       indent=1).encode())
+        from .provenance import source_record
+
+        # File names, not paths: the JSON may be committed (docs/bench) from another machine.
+        doc = {"model": f.path.name, "reference": Path(args.reference).name if args.reference else args.reference,
+               "prompts": args.prompts, "device": backend.name if on_gpu else opened.device,
+               "source": source_record(), **res}
+        atomic_write_bytes(Path(args.json), json.dumps(doc, indent=1).encode())
         err.print(f"wrote {args.json}", soft_wrap=True)
     return 0
 

@@ -178,11 +178,16 @@ def run_programs(problems: Iterable[Problem], completions: list[str], protocol: 
         return list(ex.map(one, range(len(problems))))
 
 
-def write_json(path: str | os.PathLike, model: str, protocol: str, results: list[ProblemResult]) -> None:
-    """pass@1 and one record per problem, written atomically (temp name, then rename)."""
+def write_json(path: str | os.PathLike, model: str, protocol: str, results: list[ProblemResult],
+               device: str | None = None) -> None:
+    """pass@1 and one record per problem, written atomically (temp name, then rename), with the
+    model's file name (no path of the machine it ran on), the device, and the code that ran
+    (provenance.source_record: commit and digest)."""
     from .paths import atomic_write_bytes
+    from .provenance import source_record
 
     n_pass = sum(r.passed for r in results)
-    doc = {"model": model, "protocol": protocol, "passed": n_pass, "total": len(results),
-           "pass_at_1": n_pass / max(1, len(results)), "problems": [asdict(r) for r in results]}
+    doc = {"model": Path(model).name, "protocol": protocol, "device": device, "source": source_record(),
+           "passed": n_pass, "total": len(results), "pass_at_1": n_pass / max(1, len(results)),
+           "problems": [asdict(r) for r in results]}
     atomic_write_bytes(Path(path), json.dumps(doc, indent=1).encode())
