@@ -223,6 +223,31 @@ def test_staging_uploader(pool, rng):
 
 
 @pytest.mark.gpu
+def test_staging_uploader_with_copy_threads(pool, rng):
+    """Chunks filled by several threads in pieces (and a tail shorter than a piece) land whole."""
+    h = rng.integers(0, 256, size=(3 * 2**20 + 12_345,), dtype=np.uint8)
+    d = pool.alloc("w", h.shape, h.dtype)
+    with memory.StagingUploader(chunk_bytes=2**20, copy_threads=4, piece_bytes=2**18) as up:
+        up.upload(d, h)
+        up.finish()
+    np.testing.assert_array_equal(d.download(), h)
+
+
+def test_parallel_copy_in_pieces(rng):
+    """CPU: every byte copied, in pieces across threads, with a short last piece."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = rng.integers(0, 256, size=10_000_003, dtype=np.uint8)
+    with ThreadPoolExecutor(3) as ex:
+        for piece in (1_000_000, 4_096, 10_000_003):
+            dst = np.zeros_like(src)
+            memory.parallel_copy(dst, src, ex, piece_bytes=piece)
+            np.testing.assert_array_equal(dst, src)
+    with pytest.raises(ValueError, match="10 B into 11 B"):
+        memory.parallel_copy(np.zeros(10, np.uint8), np.zeros(11, np.uint8), None)
+
+
+@pytest.mark.gpu
 def test_out_of_memory_is_a_clear_error():
     from drvqwen.cuda.device import get_device
 

@@ -299,3 +299,32 @@ def test_bench_startup_cold_cache_root_has_only_the_kernel_cache_empty(tmp_path,
     assert list((root / "cubin").iterdir()) == [] and not (root / "cubin").is_symlink()
     for shared in ("models", "state", "tokenizer"):
         assert (root / shared).resolve() == (private_cache / shared).resolve()
+
+
+def test_the_driver_warmup_starts_before_numpy_and_never_raises():
+    """cuda.warmup's thread must start before numpy and cuda.bindings are imported (importing
+    drvqwen.cuda loads neither), and without a driver (this machine: no libcuda) it ends quietly."""
+    code = ("import sys\n"
+            "from drvqwen.cuda.warmup import start_driver\n"
+            "early = [m for m in ('numpy', 'cuda.bindings.driver', 'cuda.bindings.nvrtc') if m in sys.modules]\n"
+            "t = start_driver(); t.join(30)\n"
+            "print(early, t.is_alive())\n")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[] False"
+
+
+def test_the_cuda_package_names_load_on_first_use():
+    """drvqwen.cuda's exports resolve to the objects of the modules that define them, and an
+    unknown name is an AttributeError (so `from drvqwen.cuda import memory` still finds the module)."""
+    import importlib
+
+    import drvqwen.cuda as cuda
+
+    for name in cuda.__all__:
+        assert getattr(cuda, name) is getattr(importlib.import_module(f"drvqwen.cuda.{cuda._EXPORTS[name]}"), name)
+    assert set(cuda.__all__) == set(cuda._EXPORTS)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        cuda.nope  # noqa: B018
+    from drvqwen.cuda import memory
+    assert memory.StagingUploader is cuda.StagingUploader

@@ -76,9 +76,13 @@ def choose_device(requested: str) -> tuple[str, str | None]:
     if requested == "cpu":
         return "cpu", "--device cpu"
     try:
+        from .cuda.warmup import start_driver
+
+        warming = start_driver()       # cuInit and the primary context while numpy and the rest import
         with phase("import"):
             from .cuda.device import gpu_unavailable_reason
-        with phase("context"):         # cuInit and the probe of the device
+        with phase("context"):         # what is left of the driver's start, and the probe of the device
+            warming.join()
             reason = gpu_unavailable_reason()
     except ImportError as e:
         reason = f"GPU layer unavailable ({e})"

@@ -11,28 +11,47 @@ Reading order, bottom up:
 - memory.py    device buffers, the pool, typed arrays, pinned staging uploads
 - graph.py     stream capture → graph → replay; GraphInput, a value handed to a graph
 - bandwidth.py the device-to-device copy bandwidth (the benchmark's ceiling)
+- warmup.py    cuInit and the primary context started in a thread through ctypes, while
+               Python imports the rest
 
 Importing this package never touches the GPU: libcuda is loaded on the first driver call,
-so a machine without a GPU can import everything (and compile kernels with NVRTC).
+so a machine without a GPU can import everything (and compile kernels with NVRTC). The names
+below are imported from their modules when first used.
 """
 
-from .device import Device, DeviceInfo, get_device, gpu_unavailable_reason
-from .errors import CudaError, DeviceMemoryError, GpuUnavailableError, NvrtcError, check
-from .graph import Graph, GraphExec, capture
-from .launch import Event, KernelLaunch, Stream
-from .memory import (
-    DEFAULT_ALIGN_BYTES,
-    KV_PAGE_ALIGN_BYTES,
-    DeviceArray,
-    DeviceBuffer,
-    PinnedHostBuffer,
-    Pool,
-    StagingUploader,
-)
-from .module import Function, Module, load_kernel_module
-from .nvrtc import ARCH, CompiledKernel, KernelResources, compile_kernel
-from .sources import kernel_source, list_kernels
-from .tensormap import TensorMap, encode_tiled, encode_tiled_2d, encode_tiled_3d
+import importlib
+
+# Name → the module of this package that defines it. Loaded on first use (PEP 562): importing
+# the package costs nothing, so `cuda.warmup` can start the driver in the background before
+# numpy and cuda.bindings are imported (drvqwen run's start-up, docs/architecture.md).
+_EXPORTS = {
+    "Device": "device", "DeviceInfo": "device", "get_device": "device", "gpu_unavailable_reason": "device",
+    "CudaError": "errors", "DeviceMemoryError": "errors", "GpuUnavailableError": "errors", "NvrtcError": "errors",
+    "check": "errors",
+    "Graph": "graph", "GraphExec": "graph", "capture": "graph",
+    "Event": "launch", "KernelLaunch": "launch", "Stream": "launch",
+    "DEFAULT_ALIGN_BYTES": "memory", "KV_PAGE_ALIGN_BYTES": "memory", "DeviceArray": "memory",
+    "DeviceBuffer": "memory", "PinnedHostBuffer": "memory", "Pool": "memory", "StagingUploader": "memory",
+    "Function": "module", "Module": "module", "load_kernel_module": "module",
+    "ARCH": "nvrtc", "CompiledKernel": "nvrtc", "KernelResources": "nvrtc", "compile_kernel": "nvrtc",
+    "kernel_source": "sources", "list_kernels": "sources",
+    "TensorMap": "tensormap", "encode_tiled": "tensormap", "encode_tiled_2d": "tensormap",
+    "encode_tiled_3d": "tensormap",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "ARCH",

@@ -1,0 +1,60 @@
+"""Start the CUDA driver in a background thread while Python imports the rest of drvqwen.
+
+Why: before the first kernel, a process spends about as long bringing up the driver (cuInit
+and retaining the primary context: 0.2–0.4 s on an H200) as importing numpy, cuda.bindings
+and the engine (0.5 s there) — one after the other, and both on the user's wait for the first
+token. The two can overlap only if the driver calls let go of Python's GIL: through
+cuda.bindings a thread making them hid 0.05–0.1 s of ~0.35 (measured on the H200), while
+ctypes releases the GIL around every foreign call. So the thread loads libcuda with ctypes
+and calls cuInit(0), cuDeviceGet and cuDevicePrimaryCtxRetain itself. The driver's state is
+per process: when device.py later makes the same calls through cuda.bindings, the driver is
+up and the primary context exists, and they return at once.
+
+The context retained here is held until the process ends (the driver releases it then):
+drvqwen runs one context per process, and releasing it would destroy what was made. Every
+failure is silent here — no libcuda, no device, any error code — because device.py's probe
+makes the same calls and reports what is wrong, in words.
+
+Only the standard library is imported at the top: this module must start its thread before
+numpy or cuda.bindings are imported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+_LIBCUDA = "libcuda.so.1"
+
+
+def _bring_up(ordinal: int) -> None:
+    try:
+        lib = ctypes.CDLL(_LIBCUDA)
+    except OSError:
+        return  # no driver: device.py says so
+    if lib.cuInit(0) != 0:
+        return
+    dev = ctypes.c_int()
+    if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+        return
+    ctx = ctypes.c_void_p()
+    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    # NVRTC next: the probe asks its version and the kernel cache's key names it, so a run
+    # loads it even when every cubin is cached. cuda.bindings finds and loads it through
+    # cuda.pathfinder, which keeps what it loaded; loading it here (dlopen, under ctypes: no
+    # GIL) leaves cuda.bindings that handle.
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        load_nvidia_dynamic_lib("nvrtc")
+    except Exception:  # noqa: BLE001  (device.py's probe reports a missing NVRTC)
+        return
+
+
+def start_driver(ordinal: int = 0) -> threading.Thread:
+    """Start cuInit and the primary context of GPU `ordinal` in a daemon thread; join() it
+    before the probe (device.gpu_unavailable_reason) so that the time spent waiting for it is
+    counted where the context is made. Never raises."""
+    thread = threading.Thread(target=_bring_up, args=(ordinal,), name="cuda-warmup", daemon=True)
+    thread.start()
+    return thread
