@@ -287,6 +287,11 @@ def test_bench_startup_times_a_run_from_outside(tiny, tmp_path):
     assert str(tmp_path) not in out.read_text()            # no paths of this machine in the record
 
 
+def test_bench_startup_runs_with_bytecode_as_installed():
+    env = _tool().run_environment("/x/src", {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": "/y", "HOME": "/h"})
+    assert env == {"PYTHONPATH": os.pathsep.join(["/x/src", "/y"]), "HOME": "/h"}
+
+
 def test_bench_startup_cold_cache_root_has_only_the_kernel_cache_empty(tmp_path, monkeypatch, private_cache):
     (private_cache / "models").mkdir(parents=True)
     (private_cache / "state").mkdir()
