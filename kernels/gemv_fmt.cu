@@ -11,8 +11,9 @@
 //   embedding_fmt            residual fp32[D]   = embed[state[1]]        (decode)
 //   embedding_fmt_rows       residual[r]        = embed[ids[r]]          (prefill)
 //
-// The limit: HBM bandwidth, the format's bits per weight (4.5 for Q4_0/Q4_K … 8.5 for Q8_0;
-// the real 0.5B's Q4_K_M GGUF averages 5.6). The weights of each launch are read once.
+// The bytes: the format's bits per weight (4.5 for Q4_0/Q4_K … 8.5 for Q8_0; the real 0.5B's
+// Q4_K_M GGUF averages 5.6), each weight read once per launch. The floor is HBM bandwidth, but
+// the limit these kernels meet first is instruction issue (measured below).
 //
 // Work split
 // ----------
@@ -43,13 +44,15 @@
 //            thread per row pair adds the W warp partials in warp order and runs the epilogue.
 //            No atomics: bit-reproducible.
 // x is staged once per block in shared memory in natural order (K·2 bytes), with Σx of every
-// 32-input chunk (K/32 fp32, for the offsets), then the warp partials.
+// 32-input chunk (K/32 fp32, written and read only for the formats with an offset), then the
+// warp partials.
 //
 // Barriers, and why nothing races: shared memory is written in two phases, each closed by a
 // __syncthreads that every thread of the block reaches (the format is chosen per block, so the
 // whole block takes the same branch; a block with an unknown id returns before any barrier).
-//   1. the prologue writes x_smem and xsum (each thread its own chunks); __syncthreads; from
-//      then on they are only read.
+//   1. the prologue writes x_smem and, for a format with an offset, xsum (each thread its own
+//      chunks); __syncthreads; from then on they are only read (xsum only by the format that
+//      wrote it: the block's one format F decides both).
 //   2. the main loop writes partial[tile][m][warp][row]: each (tile, warp, row) slot by exactly
 //      one lane (t = 0 of its quad); gf_reduce's __syncthreads; then one thread per row pair
 //      reads them. Nothing is written to shared memory after that barrier.
@@ -100,12 +103,16 @@
 #define GF_MAX_WARPS 8    // K-split warps per block
 // Registers: the plain GEMVs and the lm_head ask for 2 blocks per SM (__launch_bounds__(256, 2):
 // ≤ 128 registers, no spills). The qkv (RoPE epilogue) and gate/up (two matrices) kernels ask
-// for GF_FUSED_MIN_BLOCKS: compiled for every format (WF_FORMATS' default) they need 160–170
-// registers, so one block of 8 warps per SM; compiled for one model's formats (Q4_K with Q6_K,
-// or the real 0.5B's Q5_0, Q8_0, Q4_K and Q6_K) they fit 128 without spilling, and the launcher
-// asks for 2 (launchers/gemv_fmt.py: format_defines keeps 2 only where ptxas reports no spills).
-#ifndef GF_FUSED_MIN_BLOCKS
-#define GF_FUSED_MIN_BLOCKS 1
+// for GF_QKV_MIN_BLOCKS and GF_GATE_UP_MIN_BLOCKS: compiled for every format (WF_FORMATS'
+// default) they need 160–170 registers, so one block of 8 warps per SM; compiled for one
+// model's formats (Q4_K with Q6_K, or the real 0.5B's Q5_0, Q8_0, Q4_K and Q6_K) they fit 128
+// without spilling, and the launcher asks for 2 (launchers/gemv_fmt.py: format_defines keeps
+// 2 for each kernel only where ptxas reports no spills in it).
+#ifndef GF_QKV_MIN_BLOCKS
+#define GF_QKV_MIN_BLOCKS 1
+#endif
+#ifndef GF_GATE_UP_MIN_BLOCKS
+#define GF_GATE_UP_MIN_BLOCKS 1
 #endif
 #define GF_QUAD      128  // inputs per item and lane quad (4 chunks)
 #define LM_FMT_PART_MAX 8 // warps whose argmax candidates a block compares (GF_MAX_WARPS)
@@ -371,7 +378,7 @@ gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
 // q, k and v each in its own format: blocks [0, q_blocks) compute q, the next k_blocks k, the
 // rest v.
 // grid (G ≥ 3), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_FUSED_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_QKV_MIN_BLOCKS)
 gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: rotated query
                   __half* __restrict__ k_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
                   __half* __restrict__ v_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
@@ -436,7 +443,7 @@ gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: ro
 // h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm; gate and up in
 // one format (each tile reads the same rows of both).
 // grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_FUSED_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_GATE_UP_MIN_BLOCKS)
 gemv_fmt_gate_up_swiglu(__half* __restrict__ h,              // [F] fp16, out
                         const float* __restrict__ residual,  // [K] fp32, the residual stream
                         const __half* __restrict__ norm_w,   // [K] fp16, post_attention_layernorm gain

@@ -1,7 +1,8 @@
 // kernels/weight_formats.cuh — the per-tensor weight formats of a `.nanoqwen` file (version 4,
 // format/weight_formats.py), read on the GPU: one chunk of 32 inputs of one row at a time.
 //
-//   wf_load<F>(w, row, chunk, K, policy)   the chunk's bytes as stored (codes, high bits, scales)
+//   wf_load<F>(w, row, chunk, K, policy[, quad_lane])
+//                                          the chunk's bytes as stored (codes, high bits, scales)
 //   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
 //   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
 //                                          (c − z, or c for the formats with an offset)

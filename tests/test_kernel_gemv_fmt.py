@@ -45,9 +45,9 @@ def test_every_format_has_a_gpu_kernel():
 
 def test_format_defines_fit_the_real_recipes_two_blocks_per_sm():
     """CPU (NVRTC): compiled for the formats of llama.cpp's Q4_K_M files — the 7B's Q4_K with
-    Q6_K, the 0.5B's Q5_0, Q8_0, Q4_K and Q6_K — every gemv_fmt kernel fits 2 blocks of 8 warps
-    per SM without spilling; a set that does not (a dense FP16 gate/up) falls back to 1, and
-    its build does not spill either."""
+    Q6_K, the 0.5B's Q5_0, Q8_0, Q4_K and Q6_K — both fused gemv_fmt kernels fit 2 blocks of 8
+    warps per SM without spilling; a set where one does not (a dense FP16 gate/up) keeps 1 for
+    that kernel alone, and its build does not spill."""
     from drvqwen.cuda.nvrtc import compile_kernel
     from drvqwen.launchers.gemv_fmt import DENSE_ID, format_defines
 
@@ -55,11 +55,48 @@ def test_format_defines_fit_the_real_recipes_two_blocks_per_sm():
     for names in (("q4_k", "q6_k"), ("q5_g32", "q8_g32", "q4_k", "q6_k")):
         defs = dict(format_defines(by[n] for n in names))
         assert defs["WF_FORMATS"] == sum(1 << by[n] for n in names)
-        assert defs["GF_FUSED_MIN_BLOCKS"] == 2, names
-    defs = format_defines([by["q4_k"], DENSE_ID])
-    assert dict(defs)["GF_FUSED_MIN_BLOCKS"] == 1
-    spilled = [r.function for r in compile_kernel("gemv_fmt", defines=dict(defs)).resources.values() if r.spills]
+        assert defs["GF_QKV_MIN_BLOCKS"] == defs["GF_GATE_UP_MIN_BLOCKS"] == 2, names
+    defs = dict(format_defines([by["q4_k"], DENSE_ID]))
+    assert defs["GF_GATE_UP_MIN_BLOCKS"] == 1 and defs["GF_QKV_MIN_BLOCKS"] == 2
+    spilled = [r.function for r in compile_kernel("gemv_fmt", defines=defs).resources.values() if r.spills]
     assert not spilled
+
+
+def test_format_defines_without_nvrtc_keep_one_block(monkeypatch):
+    """CPU: where NVRTC cannot compile (no library, no cache to write), the defines are the mask
+    with 1 block per SM for both fused kernels, and no error reaches the plan."""
+    from drvqwen.cuda import nvrtc
+    from drvqwen.cuda.errors import NvrtcError
+    from drvqwen.launchers import gemv_fmt
+
+    def fail(*_a, **_k):
+        raise NvrtcError("nvrtcCreateProgram", "no NVRTC here")
+
+    monkeypatch.setattr(nvrtc, "compile_kernel", fail)
+    gemv_fmt._format_defines.cache_clear()
+    try:
+        assert dict(gemv_fmt.format_defines([2, 12])) == {"WF_FORMATS": (1 << 2) | (1 << 12),
+                                                          "GF_QKV_MIN_BLOCKS": 1, "GF_GATE_UP_MIN_BLOCKS": 1}
+    finally:
+        gemv_fmt._format_defines.cache_clear()
+
+
+def test_a_plan_whose_formats_leave_out_a_projection_compiles_it_dense():
+    """CPU: a formats dict without some projection plans that weight as dense FP16, and the
+    kernels are compiled for dense too (the mask covers the plan as planned)."""
+    import dataclasses
+
+    from drvqwen.decode import plan_decode
+    from drvqwen.format.tensor_set import default_formats
+    from drvqwen.launchers import FixedOccupancy
+    from drvqwen.launchers.gemv_fmt import DENSE_ID, compiled_formats
+
+    from helpers import TINY
+
+    cfg = dataclasses.replace(TINY, max_position=64)
+    formats = {p: (9 if "down_proj" in p else 10) for p in default_formats(cfg) if "o_proj" not in p}
+    plan = plan_decode(cfg, occupancy=FixedOccupancy(4), formats=formats)
+    assert {9, 10, DENSE_ID} <= compiled_formats(plan.fmt_defines)
 
 
 def test_a_kernel_compiled_for_other_formats_is_refused():

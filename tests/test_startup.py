@@ -308,7 +308,7 @@ def test_bench_startup_cold_cache_root_has_only_the_kernel_cache_empty(tmp_path,
 
 def test_the_driver_warmup_starts_before_numpy_and_never_raises():
     """cuda.warmup's thread must start before numpy and cuda.bindings are imported (importing
-    drvqwen.cuda loads neither), and without a driver (this machine: no libcuda) it ends quietly."""
+    drvqwen.cuda loads neither), and it ends quietly with or without a driver."""
     code = ("import sys\n"
             "from drvqwen.cuda.warmup import start_driver\n"
             "early = [m for m in ('numpy', 'cuda.bindings.driver', 'cuda.bindings.nvrtc') if m in sys.modules]\n"
@@ -333,3 +333,21 @@ def test_the_cuda_package_names_load_on_first_use():
         cuda.nope  # noqa: B018
     from drvqwen.cuda import memory
     assert memory.StagingUploader is cuda.StagingUploader
+
+
+def test_the_driver_warmup_gives_its_context_back_once(monkeypatch):
+    """A run that goes to the CPU after all releases the primary context the warm-up retained,
+    once, however often release() is called."""
+    from drvqwen.cuda import warmup
+
+    released = []
+
+    class Lib:
+        def cuDevicePrimaryCtxRelease(self, dev):
+            released.append(dev)
+            return 0
+
+    monkeypatch.setattr(warmup, "_retained", [(Lib(), 3)])
+    warmup.release()
+    warmup.release()
+    assert released == [3]

@@ -119,7 +119,7 @@ class DecodePlan:
     steps: list[tuple[str, Launcher]] = field(default_factory=list)
     per_tensor: bool = False
     formats: dict[str, int] | None = None
-    fmt_defines: tuple = ()
+    fmt_defines: tuple[tuple[str, int], ...] = ()
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -203,7 +203,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     per_tensor = formats is not None and {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} != default_formats(cfg)
     fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
     lm_in_format = fm is not None and fm[LM_HEAD] != wf.PLAIN
-    fmt_defines = format_defines(gpu_format_ids(formats)) if per_tensor else ()
+    # Every layer's formats (the plan may cover fewer), and those of the planned ones as planned
+    # (a projection the dict leaves out is dense FP16).
+    fmt_defines = format_defines(gpu_format_ids(formats) | gpu_format_ids(fm)) if per_tensor else ()
     a = _activation_specs(cfg, n_pages, partials,
                           lm_head_fmt_partials(V, D, occupancy, fmt_defines) if lm_in_format else lm_head_partials(V))
     weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}

@@ -141,7 +141,7 @@ def cmd_agree(args) -> int:
         from .provenance import source_record
 
         # File names, not paths: the JSON may be committed (docs/bench) from another machine.
-        doc = {"model": f.path.name, "reference": Path(args.reference).name if args.reference else args.reference,
+        doc = {"model": f.path.name, "reference": Path(args.reference).name,
                "prompts": args.prompts, "device": backend.name if on_gpu else opened.device,
                "source": source_record(), **res}
         atomic_write_bytes(Path(args.json), json.dumps(doc, indent=1).encode())

@@ -75,10 +75,10 @@ def choose_device(requested: str) -> tuple[str, str | None]:
     """
     if requested == "cpu":
         return "cpu", "--device cpu"
-    try:
-        from .cuda.warmup import start_driver
+    from .cuda import warmup
 
-        warming = start_driver()       # cuInit and the primary context while numpy and the rest import
+    warming = warmup.start_driver()    # cuInit and the primary context while numpy and the rest import
+    try:
         with phase("import"):
             from .cuda.device import gpu_unavailable_reason
         with phase("context"):         # what is left of the driver's start, and the probe of the device
@@ -86,12 +86,16 @@ def choose_device(requested: str) -> tuple[str, str | None]:
             reason = gpu_unavailable_reason()
     except ImportError as e:
         reason = f"GPU layer unavailable ({e})"
+    finally:
+        warming.join()
     if reason is None:
         try:
             with phase("import"):
                 from . import engine  # noqa: F401  (the GPU engine)
         except ImportError as e:
             reason = f"the GPU engine cannot be imported ({e})"
+    if reason is not None:
+        warmup.release()               # a CPU run holds no GPU context
     if requested == "cuda" and reason is not None:
         raise DrvqwenError(f"--device cuda: {reason}")
     return ("cpu", reason) if reason else ("cuda", None)
@@ -110,6 +114,9 @@ def _gpu_or_fallback(requested: str, device: str, why: str | None, f: NanoqwenFi
             if requested == "cuda":
                 raise
             device, why = "cpu", str(e).split(": ", 1)[-1]
+            from .cuda import warmup
+
+            warmup.release()           # the run goes to the CPU: no GPU context held for it
     return device, why
 
 

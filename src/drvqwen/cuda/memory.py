@@ -26,7 +26,7 @@ import ctypes
 import math
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 from cuda.bindings import driver
@@ -344,8 +344,8 @@ STAGING_CHUNK_BYTES = 64 * 2**20
 # Pieces of one chunk that the copy threads take: large enough that a thread's start costs
 # nothing beside its copy (8 MiB is ~1 ms of memcpy), small enough to split a chunk 8 ways.
 STAGING_PIECE_BYTES = 8 * 2**20
-# Threads that fill a chunk: copying from the page cache scales with threads until memory
-# bandwidth; 8 is where it stops paying on a 16-core host.
+# Threads that fill a chunk at most: copying from the page cache scales with threads until it
+# meets memory bandwidth, which a handful of cores reach.
 STAGING_COPY_THREADS = 8
 
 
@@ -362,6 +362,7 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor | N
         return
     jobs = [pool.submit(dst[a : a + piece_bytes].__setitem__, slice(None), src[a : a + piece_bytes])
             for a in range(0, n, piece_bytes)]
+    wait(jobs)  # every piece has ended before an error is raised: none still writes into dst
     for job in jobs:
         job.result()
 
@@ -386,9 +387,9 @@ class StagingUploader:
         self._done = [Event(), Event()]
         self._used = [False, False]
         self._next = 0
-        threads = copy_threads if copy_threads is not None else min(STAGING_COPY_THREADS, os.cpu_count() or 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = copy_threads if copy_threads is not None else min(STAGING_COPY_THREADS, cores)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="staging") if threads > 1 else None
-
 
     def upload(self, dst: DeviceArray, array: np.ndarray) -> None:
         """Queue the copy of `array` into `dst` (same shape and dtype); call `finish()` before use.

@@ -11,9 +11,11 @@ per process: when device.py later makes the same calls through cuda.bindings, th
 up and the primary context exists, and they return at once.
 
 The context retained here is held until the process ends (the driver releases it then):
-drvqwen runs one context per process, and releasing it would destroy what was made. Every
-failure is silent here — no libcuda, no device, any error code — because device.py's probe
-makes the same calls and reports what is wrong, in words.
+drvqwen runs one context per process, and releasing it would destroy what was made — unless the
+run goes to the CPU after all (the probe refuses the GPU, or the model needs the CPU): then
+`release()` gives it back, so a CPU run holds no GPU memory. Every failure is silent here — no
+libcuda, no device, any error code — because device.py's probe makes the same calls and reports
+what is wrong, in words.
 
 Only the standard library is imported at the top: this module must start its thread before
 numpy or cuda.bindings are imported.
@@ -25,6 +27,10 @@ import ctypes
 import threading
 
 _LIBCUDA = "libcuda.so.1"
+
+# (libcuda, device) whose primary context _bring_up retained and nobody released yet.
+_retained: list[tuple[ctypes.CDLL, ctypes.c_int]] = []
+_lock = threading.Lock()
 
 
 def _bring_up(ordinal: int) -> None:
@@ -38,7 +44,10 @@ def _bring_up(ordinal: int) -> None:
     if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
         return
     ctx = ctypes.c_void_p()
-    lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    if lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) != 0:
+        return
+    with _lock:
+        _retained.append((lib, dev))
     # NVRTC next: the probe asks its version and the kernel cache's key names it, so a run
     # loads it even when every cubin is cached. cuda.bindings finds and loads it through
     # cuda.pathfinder, which keeps what it loaded; loading it here (dlopen, under ctypes: no
@@ -58,3 +67,12 @@ def start_driver(ordinal: int = 0) -> threading.Thread:
     thread = threading.Thread(target=_bring_up, args=(ordinal,), name="cuda-warmup", daemon=True)
     thread.start()
     return thread
+
+
+def release() -> None:
+    """Give back the primary context the warm-up retained, if it did (a run that goes to the
+    CPU after all). Call it after joining the thread; a second call does nothing."""
+    with _lock:
+        while _retained:
+            lib, dev = _retained.pop()
+            lib.cuDevicePrimaryCtxRelease(dev)

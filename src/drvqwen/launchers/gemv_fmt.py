@@ -64,12 +64,17 @@ class DenseF16:
 
 DENSE_F16 = DenseF16()
 
-# The kernels whose minimum of resident blocks per SM format_defines chooses (GF_FUSED_MIN_BLOCKS).
-FUSED_KERNELS = ("gemv_fmt_qkv_rope", "gemv_fmt_gate_up_swiglu")
+# The fused kernels and the define that sets each one's minimum of resident blocks per SM
+# (__launch_bounds__), which format_defines chooses.
+FUSED_MIN_BLOCKS = {"gemv_fmt_qkv_rope": "GF_QKV_MIN_BLOCKS", "gemv_fmt_gate_up_swiglu": "GF_GATE_UP_MIN_BLOCKS"}
 
 
 def format_mask(format_ids: Iterable[int]) -> int:
-    """WF_FORMATS of kernels/weight_formats.cuh for these format ids: bit `id` set for each."""
+    """WF_FORMATS of kernels/weight_formats.cuh for these format ids: bit `id` set for each.
+
+    Raises:
+        LaunchError: an id without a GPU kernel.
+    """
     mask = 0
     for fid in format_ids:
         require(fid in GPU_FORMAT_IDS | {DENSE_ID}, f"weight format id {fid} has no GPU kernel")
@@ -79,26 +84,32 @@ def format_mask(format_ids: Iterable[int]) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _format_defines(format_ids: frozenset[int]) -> tuple[tuple[str, int], ...]:
+    from ..cuda.errors import NvrtcError
     from ..cuda.nvrtc import compile_kernel  # NVRTC only when a per-tensor model is planned
 
     mask = (("WF_FORMATS", format_mask(format_ids)),)
-    two = mask + (("GF_FUSED_MIN_BLOCKS", 2),)
-    report = compile_kernel("gemv_fmt", defines=dict(two)).resources
-    spilled = any(r.spills for r in report.values())
-    return mask + (("GF_FUSED_MIN_BLOCKS", 1),) if spilled else two
+    two = mask + tuple((define, 2) for define in FUSED_MIN_BLOCKS.values())
+    try:
+        report = compile_kernel("gemv_fmt", defines=dict(two)).resources
+    except (NvrtcError, OSError):
+        # No NVRTC or no cache to write here: the build that fits any register need. A GPU run
+        # meets the same error at its own compile and says so there.
+        return mask + tuple((define, 1) for define in FUSED_MIN_BLOCKS.values())
+    # Each kernel's registers depend on its own bound only: one compile answers for both.
+    return mask + tuple((define, 1 if report[kernel].spills else 2) for kernel, define in FUSED_MIN_BLOCKS.items())
 
 
 def format_defines(format_ids: Iterable[int]) -> tuple[tuple[str, int], ...]:
     """The defines that compile gemv_fmt.cu and gemm_fmt.cu for one model: WF_FORMATS, the mask
-    of its format ids (DENSE_ID for dense FP16 projections), and GF_FUSED_MIN_BLOCKS, 2 where
-    ptxas fits every gemv_fmt kernel (the fused qkv and gate/up ones at 2 blocks of 8 warps per
-    SM: ≤ 128 registers) without spilling, else 1.
+    of its format ids (DENSE_ID for dense FP16 projections), and for each fused GEMV (qkv/RoPE,
+    gate/up: FUSED_MIN_BLOCKS) its minimum of resident blocks per SM: 2 where ptxas fits it in
+    128 registers (2 blocks of 8 warps) without spilling, else 1.
 
     Why per model: a kernel's registers are the most that any format it can dispatch to needs;
     compiled for every format, the fused GEMVs need 160–170 and run one block per SM, compiled
     for a model's two to four formats they fit 128 (gemv_fmt.cu). Finding out compiles
     gemv_fmt.cu once through the cubin cache (NVRTC, no GPU), which the model's kernel load then
-    finds there.
+    finds there; where NVRTC cannot run, both stay at 1.
 
     Raises:
         LaunchError: an id without a GPU kernel.
@@ -112,6 +123,8 @@ def compiled_formats(defines) -> frozenset[int] | None:
     if mask is None:
         return None
     return frozenset(f for f in GPU_FORMAT_IDS | {DENSE_ID} if mask >> f & 1)
+
+
 # Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).
 AUX_PARTS = ("offsets", "superscales")
 PART_NAMES = ("qweight", "qhigh", "scales") + AUX_PARTS + ("weight",)
