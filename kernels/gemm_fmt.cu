@@ -9,53 +9,59 @@
 // prefill_state[1] ≤ rows the live row count (the launch list serves every chunk of up to `rows`
 // tokens, as gemm_int4.cu's); rows ≥ M are neither read nor written.
 //
-// The first, plain version: correct for every format, the tensor cores fed from shared memory,
-// no pipelining. What it is built around: each weight is dequantized once per block into FP16
-// in shared memory with the reference's arithmetic (wf_dequant: (c − z)·s or c·s + o in FP32),
-// then rounded to FP16 — unlike the decode GEMVs (gemv_fmt.cu), which keep the codes exact and
-// scale FP32 sums, an MMA here adds inputs of 4 lanes and 8 tokens, so a scale per 32 (or 16)
-// inputs cannot be applied after it; the FP16 rounding of w costs ≤ 2^-11 of each weight,
-// errors that average out over K. The K-quants' two-level scales, the offsets and the high
-// bits are all handled by wf_dequant, so one skeleton serves every format.
+// What it is built around: each weight is dequantized once per block into FP16 in shared memory
+// with the reference's arithmetic (wf_dequant_pairs: (c − z)·s or c·s + o in FP32, the chunk's
+// scales computed once), then rounded to FP16 — unlike the decode GEMVs (gemv_fmt.cu), which
+// keep the codes exact and scale FP32 sums, an MMA here adds inputs of 4 lanes and 8 tokens, so
+// a scale per 32 (or 16) inputs cannot be applied after it; the FP16 rounding of w costs
+// ≤ 2^-11 of each weight, errors that average out over K. The K-quants' two-level scales, the
+// offsets and the high bits are all handled by weight_formats.cuh, so one skeleton serves every
+// format.
 //
 // Work split
 // ----------
 //   block = 4 warps, a tile of GF_BM = 64 tokens × GF_BN = 64 weight rows (for gate/up: the
 //           same 64 rows of both); grid = (ceil(rows / 64), ceil(N / 64)).
-//   step  = one 32-input chunk: the 64 tokens' x (64 × 64 B) and the 64 rows' chunk, dequantized
-//           (thread t: row t % 64, inputs 16·(t / 64) … +15 of it), into shared memory; then
-//           each warp runs 2 (k) × 8 (token tiles) m16n8k16 MMAs on its 16 rows.
+//   step  = GF_BK = 64 inputs (two 32-input chunks): thread tid dequantizes chunk tid / 64 of
+//           row tid % 64 (16 half2, 64 B into shared memory) and copies 4 of the 512 16-byte
+//           pieces of the 64 tokens' x; then each warp runs 4 (k) × 8 (token tiles) m16n8k16
+//           MMAs per matrix on its 16 rows. The next step's weights and x are loaded into
+//           registers before those MMAs, so their global latency overlaps the tensor work.
 //   MMA   = A = 16 weight rows, B = 8 tokens (ptx/mma.cuh fragments, read as 32-bit words from
-//           rows padded to 40 halves: lanes (g, t) read word t of row g at bank 20g + t mod 32,
-//           8 distinct groups of 4: no conflicts), FP32 accumulators, 32 (64 for gate/up) per lane.
+//           rows padded to 72 halves: lanes (g, t) read word t of row g at bank 36g + t ≡ 4g + t
+//           mod 32, 8 distinct groups of 4: no conflicts), FP32 accumulators, 32 (64 for
+//           gate/up) per lane.
 //   epilogue = each output element is owned by one lane of one block: the residual add needs no
 //           atomics, and the result is bit-reproducible.
 // Bytes: every block reads its 64 rows' weights (the whole matrix once per 64 tokens) and x
 // (64 tokens × K) once; at 512 tokens the weights are read 8 times, mostly from L2.
-// The limit of this version: the dequantization (wf_dequant per weight, by 128 threads) and the
-// two barriers per 32-input step, not the tensor cores — it is the correct baseline that a
-// pipelined version is measured against.
+// The limit of this version: the tensor cores are fed by mma.sync from one shared-memory stage,
+// with two barriers per 64 inputs; the dequantization, once ~20 instructions per weight
+// (wf_dequant recomputed the chunk's scales for each), is now ~6 per pair of weights.
 //
 // Barriers, and why nothing races: per step, every thread writes only its own slots of xs and
-// ws, then __syncthreads (all threads: the early return for blocks past M happens before the
-// loop and is block-uniform, as is the format); the MMAs only read xs and ws; the second
-// __syncthreads ends those reads before the next step overwrites them. The accumulators are
+// ws (its row's chunk, its 4 pieces of x), then __syncthreads (all threads: the early return for
+// blocks past M happens before the loop and is block-uniform, as is the format); the MMAs only
+// read xs and ws; the second __syncthreads ends those reads before the next step's stores
+// overwrite them. The loads of the next step go to registers only. The accumulators are
 // registers; each output element is written by one lane of one block.
 //
 // Requirements (checked by launchers/gemm_fmt.py): K % 32 == 0 and a multiple of the format's
-// group (256 for the K-quants); pointers 16-byte aligned; ldo ≥ col0 + N.
+// group (256 for the K-quants; a K that is not a multiple of 64 ends on a step of one chunk);
+// pointers 16-byte aligned; ldo ≥ col0 + N.
 #include <cuda_fp16.h>
 
 #include "types.cuh"           // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "mma.cuh"             // mma_m16n8k16_f32_f16
 #include "ldst.cuh"            // l2_evict_first_policy
 #include "int4_matmul.cuh"     // swiglu_f16
-#include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_dequant, wf_known, WF_DISPATCH
+#include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_dequant_pairs, wf_known, WF_DISPATCH
 
 #define GF_BM      64   // tokens per block
 #define GF_BN      64   // weight rows per block
 #define GF_THREADS 128  // 4 warps of 16 rows each
-#define GF_LD      40   // halves per shared-memory row: 32 inputs + 8 of padding (see the header)
+#define GF_BK      64   // inputs per step: two 32-input chunks
+#define GF_LD      72   // halves per shared-memory row: 64 inputs + 8 of padding (see the header)
 
 // The block's product for MT matrices of format F: acc[m][nt][0..3] holds C of MMA rows g, g+8
 // and tokens nt·8 + 2t, +1 (ptx/mma.cuh). Contains __syncthreads(): every thread calls it.
@@ -68,55 +74,79 @@ __device__ __forceinline__ void gf_gemm_block(const WfWeight (&w)[MT], const __h
     const int tid = threadIdx.x, lane = tid % WARP_SIZE, warp = tid / WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const u64 policy = l2_evict_first_policy();
+    const int chunks = K / WF_CHUNK, steps = (K + GF_BK - 1) / GF_BK;
+    // Thread tid dequantizes row r = tid % 64 of the block (rows past N repeat row N − 1, never
+    // stored), chunk h = tid / 64 of each step; and copies 4 of the step's 512 16-byte pieces
+    // of x (64 tokens × 8 pieces of 8 inputs; tokens ≥ M and inputs ≥ K read as zeros).
+    const int r = tid % GF_BN, h = tid / GF_BN;
+    const u64 row = (u64)min(row0 + r, N - 1);
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
 
-    for (int c = 0; c < K / WF_CHUNK; ++c) {
-        // x: 64 tokens × 4 pieces of 8 inputs, two pieces per thread; tokens ≥ M are zeros.
-        for (int i = tid; i < GF_BM * 4; i += GF_THREADS) {
-            const int tok = i / 4, part = i % 4;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (tok0 + tok < M) v = *reinterpret_cast<const uint4*>(x + (u64)(tok0 + tok) * K + c * WF_CHUNK + part * 8);
-            *reinterpret_cast<uint4*>(xs + tok * GF_LD + part * 8) = v;
+    // The next step's bytes, in registers while the MMAs of this one run.
+    WfRaw wr[MT];
+    uint4 xr[4];
+    auto load = [&](int s) {
+        const int c = 2 * s + h;  // this thread's chunk; past the last chunk: not loaded
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            if (c < chunks) wr[m] = wf_load<F>(w[m], row, c, K, policy);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = tid + GF_THREADS * j, tok = i / 8, k = s * GF_BK + (i % 8) * 8;
+            xr[j] = tok0 + tok < M && k < K ? *reinterpret_cast<const uint4*>(x + (u64)(tok0 + tok) * K + k)
+                                            : make_uint4(0u, 0u, 0u, 0u);
         }
-        // W: row tid % 64 of the block (rows past N repeat row N-1, never stored), inputs
-        // 16·(tid / 64) … +15 of the chunk, dequantized and rounded to FP16.
-        {
-            const int r = tid % GF_BN, half = tid / GF_BN;
-            const u64 row = (u64)min(row0 + r, N - 1);
+    };
+    auto store = [&](int s) {
+        const int c = 2 * s + h;
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                const WfRaw raw = wf_load<F>(w[m], row, c, K, policy);
-                __half* dst = ws[m] + r * GF_LD + half * 16;
+        for (int m = 0; m < MT; ++m) {
+            u32 v[16];
+            if (c < chunks) {
+                wf_dequant_pairs<F>(wr[m], c, v);
+            } else {
 #pragma unroll
-                for (int e = 0; e < 16; e += 2)
-                    *reinterpret_cast<__half2*>(dst + e) =
-                        __floats2half2_rn(wf_dequant<F>(raw, c, half * 16 + e), wf_dequant<F>(raw, c, half * 16 + e + 1));
+                for (int q = 0; q < 16; ++q) v[q] = 0u;  // K's last step holds one chunk: zeros
             }
-        }
-        __syncthreads();
+            uint4* dst = reinterpret_cast<uint4*>(ws[m] + r * GF_LD + h * WF_CHUNK);
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {  // inputs 16·ks … +15 of the chunk
+            for (int j = 0; j < 4; ++j) dst[j] = make_uint4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = tid + GF_THREADS * j;
+            *reinterpret_cast<uint4*>(xs + (i / 8) * GF_LD + (i % 8) * 8) = xr[j];
+        }
+    };
+
+    load(0);
+    for (int s = 0; s < steps; ++s) {
+        store(s);
+        __syncthreads();              // the step's tiles are in shared memory
+        if (s + 1 < steps) load(s + 1);  // in flight during the MMAs
+#pragma unroll
+        for (int ks = 0; ks < GF_BK / 16; ++ks) {  // inputs 16·ks … +15 of the step
             const int k0 = ks * 16 + 2 * t;
             u32 b[8][2];
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
-                const __half* xr = xs + (nt * 8 + g) * GF_LD + k0;
-                b[nt][0] = *reinterpret_cast<const u32*>(xr);
-                b[nt][1] = *reinterpret_cast<const u32*>(xr + 8);
+                const __half* xrow = xs + (nt * 8 + g) * GF_LD + k0;
+                b[nt][0] = *reinterpret_cast<const u32*>(xrow);
+                b[nt][1] = *reinterpret_cast<const u32*>(xrow + 8);
             }
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                const __half* wr = ws[m] + (warp * 16 + g) * GF_LD + k0;
-                const u32 a[4] = {*reinterpret_cast<const u32*>(wr), *reinterpret_cast<const u32*>(wr + 8 * GF_LD),
-                                  *reinterpret_cast<const u32*>(wr + 8), *reinterpret_cast<const u32*>(wr + 8 * GF_LD + 8)};
+                const __half* wrow = ws[m] + (warp * 16 + g) * GF_LD + k0;
+                const u32 a[4] = {*reinterpret_cast<const u32*>(wrow), *reinterpret_cast<const u32*>(wrow + 8 * GF_LD),
+                                  *reinterpret_cast<const u32*>(wrow + 8), *reinterpret_cast<const u32*>(wrow + 8 * GF_LD + 8)};
 #pragma unroll
                 for (int nt = 0; nt < 8; ++nt) mma_m16n8k16_f32_f16(acc[m][nt], a, b[nt][0], b[nt][1]);
             }
         }
-        __syncthreads();  // the next chunk overwrites xs and ws
+        __syncthreads();  // every read of this step's tiles is done: the next store overwrites them
     }
 }
 

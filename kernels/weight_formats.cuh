@@ -9,6 +9,7 @@
 //   wf_scales<F>(raw, chunk, s, o)         the FP32 scale (and offset) of each scale group in it
 //   wf_dequant<F>(raw, chunk, e)           weight e of the chunk in FP32, in the reference's
 //                                          order of operations (bit for bit the CPU's value)
+//   wf_dequant_pairs<F>(raw, chunk, w)     all 32 of them rounded to FP16, as 16 half2
 //   WF_DISPATCH(fmt, F, ...)               the statements with F the compile-time format of a
 //                                          runtime id (one instance per format)
 //
@@ -308,6 +309,36 @@ __device__ __forceinline__ float wf_dequant(const WfRaw& r, int chunk, int e) {
     const int j = Wf<F>::SUBS == 2 ? e / 16 : 0;
     if constexpr (Wf<F>::OFFSET) return __fadd_rn(__fmul_rn(float(code), s[j]), o[j]);
     else return __fmul_rn(float(int(code) - Wf<F>::ZERO), s[j]);
+}
+
+// The chunk's 32 weights as 16 half2 in natural order (w[q] = weights 2q, 2q+1, low half
+// first), each the reference's FP32 value (wf_dequant, bit for bit) rounded once to FP16: the
+// exact codes of wf_pairs, then (c − z)·s or c·s + o in FP32 with the chunk's scales computed
+// once (wf_scales), where wf_dequant recomputes them per weight. For the prefill GEMM's shared
+// memory tiles (gemm_fmt.cu).
+template <int F>
+__device__ __forceinline__ void wf_dequant_pairs(const WfRaw& r, int chunk, u32 (&w)[16]) {
+    u32 a[16];
+    wf_pairs<F>(r, a);
+    if constexpr (Wf<F>::BITS == 16) {  // dense: the values themselves
+#pragma unroll
+        for (int q = 0; q < 16; ++q) w[q] = a[q];
+        return;
+    }
+    float s[Wf<F>::SUBS], o[Wf<F>::SUBS];
+    wf_scales<F>(r, chunk, s, o);
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+        const int j = Wf<F>::SUBS == 2 ? q / 8 : 0;  // q6_k: inputs 0–15 and 16–31 have a scale each
+        const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&a[q]));  // exact integers
+        float lo = __fmul_rn(c.x, s[j]), hi = __fmul_rn(c.y, s[j]);
+        if constexpr (Wf<F>::OFFSET) {
+            lo = __fadd_rn(lo, o[j]);
+            hi = __fadd_rn(hi, o[j]);
+        }
+        const __half2 h = __floats2half2_rn(lo, hi);
+        w[q] = *reinterpret_cast<const u32*>(&h);
+    }
 }
 
 // Whether this file reads format id `fmt` and was compiled for it (WF_FORMATS); the launchers

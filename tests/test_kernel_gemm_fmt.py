@@ -25,7 +25,8 @@ pytestmark = pytest.mark.gpu
 # is: the same kernels, WF_DENSE).
 FORMATS = list(wf.FORMATS.values()) + [DENSE_F16]
 # (label, rows capacity, live M, N, K)
-SHAPES = [("0.5b.q_proj", 128, 100, 896, 896), ("odd.m1", 64, 1, 40, 256), ("odd.n200", 192, 130, 200, 1280)]
+SHAPES = [("0.5b.q_proj", 128, 100, 896, 896), ("odd.m1", 64, 1, 40, 256), ("odd.n200", 192, 130, 200, 1280),
+          ("odd.k96", 64, 20, 40, 96)]  # K not a multiple of 64: the last step holds one chunk
 CASES = [(fmt, *shape) for fmt in FORMATS for shape in SHAPES if fmt.fits(shape[4])]
 
 

@@ -21,7 +21,7 @@ from .gemv_fmt import FmtWeight
 BM = mirrored("gemm_fmt", "GF_BM", 64)          # tokens per block
 BN = mirrored("gemm_fmt", "GF_BN", 64)          # weight rows per block
 THREADS = mirrored("gemm_fmt", "GF_THREADS", 128)
-CHUNK = mirrored("gemm_fmt", "WF_CHUNK", 32)    # inputs per K step
+CHUNK = mirrored("gemm_fmt", "WF_CHUNK", 32)    # inputs per chunk (K a multiple; a step is two)
 
 
 def _grid(rows: int, n: int) -> tuple[int, int]:
