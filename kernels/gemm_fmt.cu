@@ -85,7 +85,7 @@ __device__ __forceinline__ void gf_gemm_block(const WfWeight (&w)[MT], const __h
         // 16·(tid / 64) … +15 of the chunk, dequantized and rounded to FP16.
         {
             const int r = tid % GF_BN, half = tid / GF_BN;
-            const u64 row = (u64)min(row0 + r, N - 1);
+            const u32 row = (u32)min(row0 + r, N - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 const WfRaw raw = wf_load<F>(w[m], row, c, K, policy);
