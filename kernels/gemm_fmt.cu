@@ -79,7 +79,7 @@ __device__ __forceinline__ void gf_gemm_block(const WfWeight (&w)[MT], const __h
     // stored), chunk h = tid / 64 of each step; and copies 4 of the step's 512 16-byte pieces
     // of x (64 tokens × 8 pieces of 8 inputs; tokens ≥ M and inputs ≥ K read as zeros).
     const int r = tid % GF_BN, h = tid / GF_BN;
-    const u64 row = (u64)min(row0 + r, N - 1);
+    const u32 row = (u32)min(row0 + r, N - 1);
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll

@@ -208,11 +208,11 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
             if (ld_tile >= tile_e) break;  // warp-uniform
             int lo, hi;
             gemv_tile_rows(ld_tile, g, rope_dim, lo, hi);
-            const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);  // rows past n: loaded, never stored
+            const u32 r0 = min(lo, n - 1), r1 = min(hi, n - 1);  // rows past n: loaded, never stored
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                b.w[u][m][0] = wf_load<F>(w[m], r0, 4 * ld_q + t, K, policy, t);  // the quad shares
-                b.w[u][m][1] = wf_load<F>(w[m], r1, 4 * ld_q + t, K, policy, t);  // K-quant scale loads
+                b.w[u][m][0] = wf_load<F, true>(w[m], r0, 4 * ld_q + t, K, policy, t);  // the quad shares
+                b.w[u][m][1] = wf_load<F, true>(w[m], r1, 4 * ld_q + t, K, policy, t);  // K-quant scale loads
             }
             if (++ld_q == qe) { ld_q = qb; ++ld_tile; }
         }
@@ -528,7 +528,7 @@ __device__ __forceinline__ void embedding_fmt_row(float* __restrict__ out, const
         for (int j = 0; j < 8; ++j) dst[j] = make_float4(nan, nan, nan, nan);
         return;
     }
-    const WfRaw r = wf_load<F>(w, (u64)token, c, D, l2_evict_first_policy());
+    const WfRaw r = wf_load<F>(w, (u32)token, c, D, l2_evict_first_policy());
 #pragma unroll
     for (int j = 0; j < 8; ++j)
         dst[j] = make_float4(wf_dequant<F>(r, c, 4 * j), wf_dequant<F>(r, c, 4 * j + 1),

@@ -1,7 +1,7 @@
 // kernels/weight_formats.cuh — the per-tensor weight formats of a `.nanoqwen` file (version 4,
 // format/weight_formats.py), read on the GPU: one chunk of 32 inputs of one row at a time.
 //
-//   wf_load<F>(w, row, chunk, K, policy[, quad_lane])
+//   wf_load<F[, QUAD]>(w, row, chunk, K, policy[, quad_lane])
 //                                          the chunk's bytes as stored (codes, high bits, scales)
 //   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
 //   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
@@ -118,60 +118,67 @@ struct WfRaw {
 // L2 evict-first); scales go through L1 (__ldg), as the 4 lanes of a quad and the 8 chunks of
 // a super-block share them.
 //
-// quad_lane ≥ 0: the caller's 4 lanes of a quad (quad_lane = lane % 4) load 4 consecutive
-// chunks 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks). The
-// q4_k/q5_k scale words that all four need — the 12 packed bytes and (d, dmin), 4 words — are
-// then loaded one word per lane (lane t: word t) and gathered by wf_quad_gather just before
-// use: each lane holds 1 register of them instead of 4 while the load is in flight, the margin
-// that lets the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats ignore it.
-template <int F>
-__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u64 row, int chunk, int K, u64 policy,
-                                         int quad_lane = -1) {
+// Offsets are 32-bit element indices (row · plane width + chunk's place), widened once when
+// added to the plane's pointer: the launchers keep every plane under 2^32 elements
+// (launchers/gemv_fmt.py: FmtWeight.check), and 64-bit index products cost the GEMVs issue
+// slots per chunk, which is what they are short of (gemv_fmt.cu).
+//
+// QUAD: the caller's 4 lanes of a quad (quad_lane = lane % 4) load 4 consecutive chunks
+// 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks). The q4_k/q5_k
+// scale words that all four need — the 12 packed bytes and (d, dmin), 4 words — are then
+// loaded one word per lane (lane t: word t) and gathered by wf_quad_gather just before use:
+// each lane holds 1 register of them instead of 4 while the load is in flight, the margin that
+// lets the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats load as without it.
+template <int F, bool QUAD = false>
+__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u32 row, int chunk, int K, u64 policy,
+                                         int quad_lane = 0) {
     WfRaw r = {};
+    const u32 c = (u32)chunk;
     if constexpr (Wf<F>::BITS == 16) {
-        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + row * (K / 2)) + 4 * chunk;
+        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + (row * (u32)(K / 2) + 16u * c));
         r.q0 = ld_stream_v4(q, policy);
         r.q1 = ld_stream_v4(q + 1, policy);
         r.q2 = ld_stream_v4(q + 2, policy);
         r.q3 = ld_stream_v4(q + 3, policy);
         return r;  // no scales
     } else if constexpr (Wf<F>::BITS == 8) {
-        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + row * (K / 4)) + 2 * chunk;
+        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + (row * (u32)(K / 4) + 8u * c));
         r.q0 = ld_stream_v4(q, policy);
         r.q1 = ld_stream_v4(q + 1, policy);
     } else {
-        r.q0 = ld_stream_v4(reinterpret_cast<const uint4*>(w.qweight + row * (K / 8)) + chunk, policy);
+        r.q0 = ld_stream_v4(reinterpret_cast<const uint4*>(w.qweight + (row * (u32)(K / 8) + 4u * c)), policy);
     }
-    if constexpr (Wf<F>::HB == 1) r.h0 = ld_nc_noalloc_u32(w.qhigh + row * (K / 32) + chunk);
+    if constexpr (Wf<F>::HB == 1) r.h0 = ld_nc_noalloc_u32(w.qhigh + (row * (u32)(K / 32) + c));
     if constexpr (Wf<F>::HB == 2) {
-        const uint2 h = ld_nc_noalloc_v2(w.qhigh + row * (K / 16) + 2 * chunk);
+        const uint2 h = ld_nc_noalloc_v2(w.qhigh + (row * (u32)(K / 16) + 2u * c));
         r.h0 = h.x;
         r.h1 = h.y;
     }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        const u64 sb = row * (K / WF_SUPER) + chunk / 8;  // the super-block
-        const u32* sc = static_cast<const u32*>(w.scales) + sb * 3;
-        if (quad_lane >= 0) {  // this lane's word of (s0, s1, s2, d): wf_quad_gather
-            r.s0 = quad_lane < 3 ? __ldg(sc + quad_lane) : __ldg(static_cast<const u32*>(w.aux) + sb);
+        const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
+        const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
+        const u32* dd = static_cast<const u32*>(w.aux) + sb;
+        if constexpr (QUAD) {  // this lane's word of (s0, s1, s2, d): one load from either plane
+            r.s0 = __ldg(quad_lane < 3 ? sc + quad_lane : dd);
             return r;
         }
         r.s0 = __ldg(sc);
         r.s1 = __ldg(sc + 1);
         r.s2 = __ldg(sc + 2);
-        r.d = __ldg(static_cast<const u32*>(w.aux) + sb);
+        r.d = __ldg(dd);
     } else if constexpr (F == WF_Q6_K) {
-        r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + row * (K / 32) + chunk);
-        r.d = __ldg(static_cast<const unsigned short*>(w.aux) + row * (K / WF_SUPER) + chunk / 8);
+        r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + (row * (u32)(K / 32) + c));
+        r.d = __ldg(static_cast<const unsigned short*>(w.aux) + (row * (u32)(K / WF_SUPER) + c / 8u));
     } else {
-        const int group = F == WF_INT4_G128 ? 128 : 32;
-        const u64 at = row * (K / group) + chunk * WF_CHUNK / group;
+        constexpr u32 group = F == WF_INT4_G128 ? 128 : 32;
+        const u32 at = row * (u32)(K / group) + c * WF_CHUNK / group;
         r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + at);
         if constexpr (Wf<F>::OFFSET) r.s1 = __ldg(static_cast<const unsigned short*>(w.aux) + at);
     }
     return r;
 }
 
-// A chunk loaded with quad_lane ≥ 0, made whole: the q4_k/q5_k scale words from the quad's 4
+// A chunk loaded with QUAD, made whole: the q4_k/q5_k scale words from the quad's 4
 // lanes (lane 4⌊lane/4⌋ + t held word t). Every lane of the warp must call it (a shuffle).
 template <int F>
 __device__ __forceinline__ WfRaw wf_quad_gather(const WfRaw& r, int lane) {

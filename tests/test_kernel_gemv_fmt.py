@@ -115,6 +115,16 @@ def test_a_kernel_compiled_for_other_formats_is_refused():
         GemvFmt(y, x, w, n=n, k=k, occupancy=occ, defines=(("WF_FORMATS", 1 << q6k.id),))
 
 
+def test_a_weight_past_32_bit_offsets_is_refused():
+    """CPU: the kernels index each stored plane with 32-bit element offsets; a weight of 2^32
+    or more elements is refused with its name before any launch."""
+    from drvqwen.launchers import LaunchError
+    from drvqwen.launchers.gemv_fmt import FmtWeight
+
+    with pytest.raises(LaunchError, match=r"lm_head: 1048576×4096 weights: .* 2\^32"):
+        FmtWeight(wf.FORMATS[2], {}, "lm_head").check(2**20, 4096)
+
+
 def _time(label, ln):
     if label.startswith("7b"):
         us = graph_time_us(ln)

@@ -147,14 +147,17 @@ class FmtWeight:
 
     def check(self, n: int, k: int, quad: int = QUAD, defines=()) -> None:
         """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
-        GEMVs' 128, the embedding's 32), the kernel's `defines` compile it in (format_defines),
-        and every part is there with the size and dtype the format stores."""
+        GEMVs' 128, the embedding's 32) with N·K under 2^32 (32-bit offsets), the kernel's
+        `defines` compile it in (format_defines), and every part is there with the size and
+        dtype the format stores."""
         require(self.fmt.id in GPU_FORMAT_IDS | {DENSE_ID},
                 f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
         compiled = compiled_formats(defines)
         if compiled is not None:
             require(self.fmt.id in compiled, f"{self.name}: format {self.fmt.name} is not among the formats the "
                                              f"kernel was compiled for (WF_FORMATS={dict(defines)['WF_FORMATS']:#x})")
+        require(n * k < 2**32, f"{self.name}: {n}×{k} weights: the GPU kernels index each stored plane with "
+                               f"32-bit element offsets (weight_formats.cuh), so N·K must stay under 2^32")
         require(k % quad == 0 and self.fmt.fits(k),
                 f"{self.name}: format {self.fmt.name} at K={k}: the GPU kernels need K a multiple of {quad} "
                 f"and of the format's group")
