@@ -168,6 +168,23 @@ __device__ __forceinline__ void gf_gemm_outputs(const float (&acc)[MT][8][4], in
         }
 }
 
+// The body of the one-matrix GEMMs (store_rows, residual_rows): the block's 64 × 64 tile of
+// x Wᵀ, each output (token < M, row < N) handed to store(token, row, value) by the one lane
+// that owns it. Blocks past M, or a format this build does not read, return before any barrier
+// (block-uniform). The shared tiles are declared here, outside the per-format instances.
+template <typename Store>
+__device__ __forceinline__ void gf_gemm_one(const WfWeight& w, const __half* __restrict__ x, int M, int N, int K,
+                                            int fmt, Store store) {
+    const int tok0 = blockIdx.x * GF_BM, row0 = blockIdx.y * GF_BN;
+    if (tok0 >= M || !wf_known(fmt)) return;  // block-uniform
+    const WfWeight ws[1] = {w};
+    __shared__ __align__(16) __half xs[GF_BM * GF_LD];
+    __shared__ __align__(16) __half wsm[1][GF_BN * GF_LD];
+    float acc[1][8][4];
+    WF_DISPATCH(fmt, F, gf_gemm_block<F, 1>(ws, x, M, N, K, tok0, row0, acc, xs, wsm);)
+    gf_gemm_outputs<1>(acc, M, N, tok0, row0, [&](int tok, int row, const float (&v)[1]) { store(tok, row, v[0]); });
+}
+
 // out[tok, col0 + n] = Σ_k x[tok, k] W[n, k] for tokens < M (q, k and v into their columns of qkv).
 // grid (ceil(rows/64), ceil(N/64)), block (128).
 extern "C" __global__ void __launch_bounds__(GF_THREADS)
@@ -179,16 +196,8 @@ gemm_fmt_store_rows(float* __restrict__ out,                 // [rows, ldo] fp32
                     const void* __restrict__ w_aux,          // offsets | superscales, or null
                     const int* __restrict__ prefill_state,   // [2] int32: start, n_rows (M = [1])
                     int N, int K, int ldo, int col0, int fmt) {
-    const int M = prefill_state[1], tok0 = blockIdx.x * GF_BM, row0 = blockIdx.y * GF_BN;
-    if (tok0 >= M || !wf_known(fmt)) return;  // block-uniform
-    const WfWeight ws[1] = {WfWeight{w_qweight, w_qhigh, w_scales, w_aux}};
-    __shared__ __align__(16) __half xs[GF_BM * GF_LD];
-    __shared__ __align__(16) __half wsm[1][GF_BN * GF_LD];
-    float acc[1][8][4];
-    WF_DISPATCH(fmt, F, gf_gemm_block<F, 1>(ws, x, M, N, K, tok0, row0, acc, xs, wsm);)
-    gf_gemm_outputs<1>(acc, M, N, tok0, row0, [&](int tok, int row, const float (&v)[1]) {
-        out[(u64)tok * ldo + col0 + row] = v[0];
-    });
+    gf_gemm_one(WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, x, prefill_state[1], N, K, fmt,
+                [&](int tok, int row, float v) { out[(u64)tok * ldo + col0 + row] = v; });
 }
 
 // residual[tok, n] += Σ_k x[tok, k] W[n, k] for tokens < M (o_proj, down_proj).
@@ -202,16 +211,8 @@ gemm_fmt_residual_rows(float* __restrict__ residual,          // [rows, N] fp32,
                        const void* __restrict__ w_aux,        // offsets | superscales, or null
                        const int* __restrict__ prefill_state, // [2] int32: start, n_rows (M = [1])
                        int N, int K, int fmt) {
-    const int M = prefill_state[1], tok0 = blockIdx.x * GF_BM, row0 = blockIdx.y * GF_BN;
-    if (tok0 >= M || !wf_known(fmt)) return;  // block-uniform
-    const WfWeight ws[1] = {WfWeight{w_qweight, w_qhigh, w_scales, w_aux}};
-    __shared__ __align__(16) __half xs[GF_BM * GF_LD];
-    __shared__ __align__(16) __half wsm[1][GF_BN * GF_LD];
-    float acc[1][8][4];
-    WF_DISPATCH(fmt, F, gf_gemm_block<F, 1>(ws, x, M, N, K, tok0, row0, acc, xs, wsm);)
-    gf_gemm_outputs<1>(acc, M, N, tok0, row0, [&](int tok, int row, const float (&v)[1]) {
-        residual[(u64)tok * N + row] += v[0];
-    });
+    gf_gemm_one(WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, x, prefill_state[1], N, K, fmt,
+                [&](int tok, int row, float v) { residual[(u64)tok * N + row] += v; });
 }
 
 // h[tok, f] = silu(x Wgᵀ) · (x Wuᵀ) for tokens < M, rounded once to FP16 (swiglu_f16).

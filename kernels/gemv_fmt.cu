@@ -333,6 +333,25 @@ __device__ __forceinline__ void gf_tile_range(int first, int blocks, int n_tiles
 // (null where the format has none; weight_formats.cuh lists each format's planes and dtypes).
 #define GF_WEIGHT(P) WfWeight{P##_qweight, P##_qhigh, P##_scales, P##_aux}
 
+// The body of the one-matrix GEMVs whose x is an fp16 vector (f16, residual, lm_head): the
+// block's tiles of W x, each output row handed to store(row, value) by the one thread that owns
+// it. Returns false, before any barrier, for a format this build does not read (block-uniform:
+// the caller returns too). Contains __syncthreads(): every thread calls it.
+template <typename Store>
+__device__ __forceinline__ bool gf_gemv_x(const WfWeight& w, const __half* __restrict__ x, int N, int K, int fmt,
+                                          Store store) {
+    GF_SMEM_PARTS(K);
+    int tile_b, tile_e;
+    gf_tile_range(0, gridDim.x, int4_tiles(N), tile_b, tile_e);
+    const WfWeight ws[1] = {w};
+    if (!wf_known(fmt)) return false;
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
+    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, N, s[0], store);
+    });
+    return true;
+}
+
 // y = W x, FP16 out. grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
 extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
 gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
@@ -342,15 +361,7 @@ gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
              const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
              const void* __restrict__ w_aux,       // offsets | superscales, or null
              int N, int K, int fmt) {
-    GF_SMEM_PARTS(K);
-    int tile_b, tile_e;
-    gf_tile_range(0, gridDim.x, int4_tiles(N), tile_b, tile_e);
-    const WfWeight ws[1] = {GF_WEIGHT(w)};
-    if (!wf_known(fmt)) return;  // block-uniform
-    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
-    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { y[row] = __float2half_rn(v); });
-    });
+    gf_gemv_x(GF_WEIGHT(w), x, N, K, fmt, [&](int row, float v) { y[row] = __float2half_rn(v); });
 }
 
 // residual += W x in FP32 (each row read and written by one thread: no atomics).
@@ -363,15 +374,7 @@ gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
                   const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
                   const void* __restrict__ w_aux,       // offsets | superscales, or null
                   int N, int K, int fmt) {
-    GF_SMEM_PARTS(K);
-    int tile_b, tile_e;
-    gf_tile_range(0, gridDim.x, int4_tiles(N), tile_b, tile_e);
-    const WfWeight ws[1] = {GF_WEIGHT(w)};
-    if (!wf_known(fmt)) return;  // block-uniform
-    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
-    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
-    });
+    gf_gemv_x(GF_WEIGHT(w), x, N, K, fmt, [&](int row, float v) { residual[row] += v; });
 }
 
 // The attention input of one decode step (gemv_int4_qkv_rope's arithmetic and epilogue), with
@@ -486,23 +489,16 @@ gemv_fmt_lm_head(float* __restrict__ logits,    // [V] fp32, out
                  const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
                  const void* __restrict__ w_aux,       // offsets | superscales, or null
                  int V, int K, int n_valid, int fmt) {
-    GF_SMEM_PARTS(K);
     __shared__ float warp_val[GF_MAX_WARPS];
     __shared__ int warp_idx[GF_MAX_WARPS];
-    int tile_b, tile_e;
-    gf_tile_range(0, gridDim.x, int4_tiles(V), tile_b, tile_e);
-    const WfWeight ws[1] = {GF_WEIGHT(w)};
-    if (!wf_known(fmt)) return;  // block-uniform
-    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, V, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
     float best_v = F32_NEG_INF;
     int best_i = 0x7fffffff;
-    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, V, s[0], [&](int row, float v) {
-            const float logit = row < n_valid ? v : F32_NEG_INF;
-            logits[row] = logit;
-            if (argmax_better(logit, row, best_v, best_i)) { best_v = logit; best_i = row; }
-        });
+    const bool known = gf_gemv_x(GF_WEIGHT(w), x, V, K, fmt, [&](int row, float v) {
+        const float logit = row < n_valid ? v : F32_NEG_INF;
+        logits[row] = logit;
+        if (argmax_better(logit, row, best_v, best_i)) { best_v = logit; best_i = row; }
     });
+    if (!known) return;  // block-uniform: before the barrier below
     warp_argmax(best_v, best_i);
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     if (lane == 0) { warp_val[warp] = best_v; warp_idx[warp] = best_i; }
