@@ -99,6 +99,26 @@ def test_a_plan_whose_formats_leave_out_a_projection_compiles_it_dense():
     assert {9, 10, DENSE_ID} <= compiled_formats(plan.fmt_defines)
 
 
+def test_the_launchers_refuse_an_unknown_format_id_and_mixed_gate_up():
+    """CPU: a format id without a GPU kernel is named when a build is asked for it, and the fused
+    gate/up GEMV refuses gate and up in different formats, naming both."""
+    from drvqwen.launchers import BufferSpec, FixedOccupancy, LaunchError
+    from drvqwen.launchers.gemv_fmt import GemvFmtGateUpSwiglu, fmt_weight, format_mask
+
+    with pytest.raises(LaunchError, match="weight format id 7 has no GPU kernel"):
+        format_mask([10, 7])
+    f, k = 64, 256
+    q4k, q6k = wf.FORMATS[10], wf.FORMATS[12]
+    specs = {}
+    for prefix, fmt in (("gate", q4k), ("up", q6k)):
+        specs.update({n: BufferSpec(n, shape, dt) for n, (dt, shape) in fmt.tensors(prefix, f, k).items()})
+    gate, up = fmt_weight(specs.__getitem__, "gate", q4k), fmt_weight(specs.__getitem__, "up", q6k)
+    with pytest.raises(LaunchError, match=r"gate \(q4_k\) and up \(q6_k\): .* one format"):
+        GemvFmtGateUpSwiglu(BufferSpec("h", (f,), np.float16), BufferSpec("r", (k,), np.float32),
+                            BufferSpec("n", (k,), np.float16), gate, up, f=f, k=k, eps=1e-6,
+                            occupancy=FixedOccupancy(132))
+
+
 def test_a_kernel_compiled_for_other_formats_is_refused():
     """CPU: a launcher refuses a weight whose format its kernel was not compiled for, naming it."""
     from drvqwen.launchers import BufferSpec, FixedOccupancy, LaunchError

@@ -85,6 +85,9 @@ def test_proposal_lengths_are_checked():
     with pytest.raises(DrvqwenError, match="--draft-max"):
         DraftModel(object(), MAX_PROPOSAL + 1)
     assert PromptLookup(MAX_PROPOSAL).propose([1, 2, 1], 99, GREEDY, 0) == ([2, 1], None)
+    for lo, hi in ((0, 3), (4, 3)):
+        with pytest.raises(DrvqwenError, match=rf"prompt lookup n-grams {lo} … {hi}: need 1 <= min <= max"):
+            PromptLookup(4, ngram=hi, min_ngram=lo)
 
 
 # ---- the backend's verify and rollback ---------------------------------------------------------
