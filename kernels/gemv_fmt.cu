@@ -77,6 +77,19 @@
 // flight per warp (GF_UNROLL 4) needs more than 128 registers and spills. These figures, and
 // those below: docs/bench/2026-12-01_2d1fca6_h200_gemv_fmt_7b_shapes.json.
 //
+// Where a warp's cycles go (Nsight Compute, q4_k gate_proj shape, cycles per issued
+// instruction 6.98 at 3.46 warps per scheduler): wait (fixed-latency dependencies) 1.75,
+// barrier 0.97 (the x prologue and the block's final reduce: ramp-up and drain), math pipe
+// throttle 0.60, long scoreboard (global loads) 0.58 — the loads are not what it waits for. The
+// main loop's SASS spends ~50 of its ~270 instructions per item recomputing load addresses
+// and 8 gathering the quad's scale words. Tried and not kept, each timed against this loop
+// in one run (docs/bench/2026-12-01_h200_gemv_fmt_loop_variants.json, with the patches):
+// 2 or 4 independent MMA accumulator chains per scale group (±2%: noise); the zero lanes of B
+// loaded from 64 B of zeros instead of zeroed registers (±4%, no direction); the loop unrolled
+// into (cur, next) / (next, cur) halves to drop the `cur = next` moves (7–15% slower: twice the
+// code). What is left is the launch itself — its prologue, drain and barrier — which the
+// persistent decode kernel removes, and the address arithmetic, which a per-row cursor would.
+//
 // Occupancy is the other lever: qkv_rope and gate_up need 160–170 registers when compiled for
 // every format and run one block of 8 warps per SM; compiled for one model's formats
 // (WF_FORMATS, launchers/gemv_fmt.py: format_defines) they fit 128 and run 2. Measured, q4_k

@@ -5,10 +5,12 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
     PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
         [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--pdl]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
+        [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu]
 
 --formats times kernels/gemv_fmt.cu (the decode GEMV of the per-tensor weight formats,
 format/weight_formats.py) at the preset's o_proj, gate_proj (one matrix) and down_proj shapes,
-residual output, with random weights in each format; int4_g128 there runs through gemv_fmt's
+residual output, and the fused gate/up GEMV with SwiGLU (gate_up_swiglu, both matrices), with
+random weights in each format; int4_g128 there runs through gemv_fmt's
 per-lane-scale engine, beside which gemv_int4.cu's engine (the rows without a format) is the
 figure to reach.
 
@@ -102,53 +104,87 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> Laun
                               **variant)
 
 
-Q_SHAPES = ("o_proj", "gate_proj", "down_proj")
+Q_SHAPES = ("o_proj", "gate_proj", "down_proj", "gate_up_swiglu")
 
 
 def q_shape(name: str, cfg) -> tuple[int, int]:
     """(N, K) of one matrix for the --formats rows."""
     D, F = cfg.hidden_size, cfg.intermediate_size
-    return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F)}[name]
+    return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F), "gate_up_swiglu": (F, D)}[name]
 
 
-def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng) -> Launcher:
-    """GemvFmtResidual over random weights in `fmt` (weight_formats.random_weight)."""
+def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tuple = ()) -> Launcher:
+    """GemvFmtResidual (gate_up_swiglu: GemvFmtGateUpSwiglu) over random weights in `fmt`
+    (weight_formats.random_weight), compiled with `defines`."""
     from drvqwen.format import weight_formats as wf
-    from drvqwen.launchers import FmtWeight, GemvFmtResidual
+    from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtResidual
 
     n, k = q_shape(name, cfg)
-    parts = {part: s.array(f"{fmt.name}.{name}{copy}.{part}", a.shape, a.dtype, a)
-             for part, a in wf.random_weight(fmt, n, k, rng).items()}
+
+    def weight(tag: str) -> FmtWeight:
+        parts = {part: s.array(f"{fmt.name}.{name}{tag}{copy}.{part}", a.shape, a.dtype, a)
+                 for part, a in wf.random_weight(fmt, n, k, rng).items()}
+        return FmtWeight(fmt, parts, f"{fmt.name}.{name}{tag}")
+
+    if name == "gate_up_swiglu":
+        residual = s.array(f"r{fmt.name}{name}{copy}", (k,), np.float32, rng.standard_normal(k))
+        norm_w = s.array(f"nw{fmt.name}{name}{copy}", (k,), np.float16, np.ones(k))
+        h = s.array(f"h{fmt.name}{name}{copy}", (n,), np.float16)
+        return GemvFmtGateUpSwiglu(h, residual, norm_w, weight("g"), weight("u"), f=n, k=k, eps=1e-6,
+                                   defines=defines)
     x = s.array(f"x{fmt.name}{name}{copy}", (k,), np.float16, rng.standard_normal(k))
     res = s.array(f"res{fmt.name}{name}{copy}", (n,), np.float32, np.zeros(n))
-    return GemvFmtResidual(res, x, FmtWeight(fmt, parts, f"{fmt.name}.{name}"), n=n, k=k)
+    return GemvFmtResidual(res, x, weight(""), n=n, k=k, defines=defines)
 
 
-def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float) -> list[dict]:
-    """One row per (format, shape): µs, GB/s and the share of the copy bandwidth."""
+def parse_defines(text: str) -> dict[str, int]:
+    """"NAME=INT,NAME=INT" → {NAME: INT} (--fmt-defines)."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise SystemExit(f"--fmt-defines: {item!r} is not NAME=INT")
+        try:
+            out[name] = int(value, 0)
+        except ValueError:
+            raise SystemExit(f"--fmt-defines: {item!r}: {value!r} is not an integer") from None
+    return out
+
+
+def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: list[dict] | None = None,
+                  shapes_: tuple[str, ...] = Q_SHAPES) -> list[dict]:
+    """One row per (format, shape, compile variant): µs, GB/s and the share of the copy bandwidth.
+
+    Without `variants` the kernels are compiled for every format (WF_FORMATS' default); each
+    variant {NAME: INT} compiles them as a model of that one format is (format_defines) plus
+    those defines, so versions of the kernel are compared in the same run."""
     from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers.gemv_fmt import format_defines
 
     rng = np.random.default_rng(0)
     fmts = [f for f in wf.FORMATS.values() if "all" in names or f.name in names]
     rows = []
     for fmt in fmts:
-        for name in Q_SHAPES:
+        for name in shapes_:
             n, k = q_shape(name, cfg)
-            nbytes = wf.parts_nbytes(fmt, n, k)
+            nbytes = wf.parts_nbytes(fmt, n, k) * (2 if name == "gate_up_swiglu" else 1)
             copies = max(2, -(-2 * L2_BYTES // nbytes))
             r = -(-reps // copies) * copies
-            s = Scratch()
-            try:
-                launchers = [make_q_launcher(fmt, name, s, c, cfg, rng) for c in range(copies)]
-                us = time_launchers(launchers, r, False)
-                spec = launchers[0].specs[0]
-                gbps = nbytes / us / 1e3
-                rows.append({"gemv": f"{fmt.name}:{name}", "variant": {"bits_per_weight": fmt.bits_per_weight},
-                             "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
-                             "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
-            finally:
-                get_device().synchronize()
-                s.close()
+            for variant in variants or [None]:
+                defines = () if variant is None else tuple({**dict(format_defines([fmt.id])), **variant}.items())
+                s = Scratch()
+                try:
+                    launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines) for c in range(copies)]
+                    us = time_launchers(launchers, r, False)
+                    spec = launchers[0].specs[0]
+                    gbps = nbytes / us / 1e3
+                    rows.append({"gemv": f"{fmt.name}:{name}",
+                                 "variant": {"bits_per_weight": fmt.bits_per_weight, **(variant or {})},
+                                 "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
+                                 "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
+                finally:
+                    get_device().synchronize()
+                    s.close()
     return rows
 
 
@@ -186,6 +222,11 @@ def main() -> int:
     ap.add_argument("--formats", nargs="+", default=[],
                     help="time kernels/gemv_fmt.cu in these weight formats (names of format/weight_formats.py, "
                          "or all) instead of the INT4 GEMVs")
+    ap.add_argument("--fmt-defines", nargs="+", default=[], metavar="NAME=INT,...",
+                    help="with --formats: compile gemv_fmt.cu for each format alone (as a model of it is) "
+                         "plus these defines, one row per set (e.g. GF_CHAINS=1 GF_CHAINS=2)")
+    ap.add_argument("--fmt-shapes", nargs="+", choices=Q_SHAPES, default=list(Q_SHAPES),
+                    help="with --formats: the shapes to time (default: all)")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
     cfg = PRESETS[a.preset]
@@ -198,7 +239,8 @@ def main() -> int:
     variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
         [{"unroll": u} for u in a.unroll]
     if a.formats:
-        rows += bench_formats(a.formats, cfg, a.reps, copy.gbps)
+        rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
+                              tuple(a.fmt_shapes))
     for name in ([] if a.formats else a.gemv):
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])

@@ -1,0 +1,39 @@
+"""tools/bench_gemv.py's argument parsing on the CPU: the compile variants of --fmt-defines."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_gemv.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gemv", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gemv"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_parse_defines(bench):
+    assert bench.parse_defines("GF_CHAINS=2,GF_UNROLL=0x4") == {"GF_CHAINS": 2, "GF_UNROLL": 4}
+    assert bench.parse_defines("") == {}
+
+
+@pytest.mark.parametrize("text", ["GF_CHAINS", "GF CHAINS=2", "GF_CHAINS=two"])
+def test_parse_defines_refuses(bench, text):
+    with pytest.raises(SystemExit, match="--fmt-defines"):
+        bench.parse_defines(text)
+
+
+def test_gate_up_shape_is_the_feature_count_by_hidden(bench):
+    from drvqwen.config import PRESETS
+
+    cfg = PRESETS["7b"]
+    assert bench.q_shape("gate_up_swiglu", cfg) == (cfg.intermediate_size, cfg.hidden_size)
+    assert bench.q_shape("down_proj", cfg) == (cfg.hidden_size, cfg.intermediate_size)
