@@ -150,11 +150,11 @@
 #include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
+#include "gemm_epilogue.cuh" // GEMM_BM, gemm_each_token, GemmResidualAdd
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
 #define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
-#define GEMM_BM             128                                // tokens per block (wgmma N)
 #define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
 #define GEMM_THREADS        ((GEMM_CONSUMER_WARPS + 1) * WARP_SIZE)  // + the producer warp: 288
 #define GEMM_STAGES         4
@@ -353,57 +353,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         epilogue(acc, m0, M, t);
     }
 }
-
-// Calls f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
-// acc[4j + 2 + c] is (row g+8, the same token) — the wgmma accumulator layout (ptx/wgmma.cuh).
-template <typename F>
-struct GemmEachToken {
-    F f;
-    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
-#pragma unroll
-        for (int j = 0; j < GEMM_BM / 8; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int token = m0 + 8 * j + 2 * t + c;
-                if (token < M) f(token, acc[4 * j + c], acc[4 * j + 2 + c]);
-            }
-    }
-};
-template <typename F>
-__device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
-
-// residual[token, row] += acc for rows ra, ra+8: the loads of 4 token columns (16 values) are
-// issued together, then the adds and stores — 4 round trips per lane instead of 64.
-struct GemmResidualAdd {
-    float* residual;
-    int N;
-    const int* ra;  // the lane's row g (set by the kernel's rows_of)
-    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
-        const int r0 = *ra, r1 = r0 + 8;
-#pragma unroll
-        for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
-            float old[4][4];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
-                    const bool live = token < M;
-                    old[jj][c] = live && r0 < N ? residual[(u64)token * N + r0] : 0.f;
-                    old[jj][2 + c] = live && r1 < N ? residual[(u64)token * N + r1] : 0.f;
-                }
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
-                    if (token >= M) continue;
-                    if (r0 < N) residual[(u64)token * N + r0] = old[jj][c] + acc[4 * (j0 + jj) + c];
-                    if (r1 < N) residual[(u64)token * N + r1] = old[jj][2 + c] + acc[4 * (j0 + jj) + 2 + c];
-                }
-        }
-    }
-};
 
 // rows_of for a GEMM over one matrix (f32, residual): local row `local` of row block rb is row
 // rb·128 + local of W; the lane's row g is also written to *ra, where the epilogue finds it.

@@ -2,6 +2,7 @@
 //
 //   l2_evict_first_policy  : createpolicy.fractional.L2::evict_first.b64 (PTX ISA, "Data Movement
 //                            and Conversion Instructions: createpolicy")
+//   l2_evict_normal_policy : createpolicy.fractional.L2::evict_normal.b64
 //   ld_stream_v4           : ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32
 //                            (PTX ISA, "Data Movement and
 //                            Conversion Instructions: ld.global.nc"; the .L2::cache_hint
@@ -30,6 +31,14 @@
 __device__ __forceinline__ u64 l2_evict_first_policy() {
     u64 policy;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
+
+// The same with the default (evict-normal) priority, for weights that other blocks read again
+// soon: the prefill GEMMs' tiles of one weight row block run at once for every token block.
+__device__ __forceinline__ u64 l2_evict_normal_policy() {
+    u64 policy;
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
     return policy;
 }
 

@@ -8,6 +8,8 @@
 //                            CU_TENSOR_MAP_SWIZZLE_128B)
 //   wgmma_m64n128k16_rs    : wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16, A from
 //                            registers, B from shared memory through a descriptor
+//   wgmma_m64n128k16_ss    : the same with A from shared memory through a descriptor too
+//   fence_proxy_async_shared : fence.proxy.async.shared::cta
 //   wgmma_fence_operand    : an empty asm that pins a register in place (no PTX instruction)
 //   (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions": wgmma.fence,
 //    wgmma.commit_group, wgmma.wait_group, wgmma.mma_async, "Matrix Descriptor Format")
@@ -101,4 +103,37 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const u32 (&
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
         : "memory");
+}
+
+// D[64 × 128] (+)= A[64 × 16] · B[16 × 128] with both operands in shared memory (the "SS" form):
+// a_desc describes A as 64 K-major rows (the M index) of 16 k values, b_desc B as 128 K-major
+// rows, both wgmma_desc_sw128; neither transposed. Used where another warpgroup prepares A in
+// shared memory (gemm_fmt_wgmma.cu), so the MMA warps only issue MMAs.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate)
+        : "memory");
+}
+
+// Orders this thread's earlier generic-proxy writes to shared memory (st.shared) before later
+// async-proxy reads of it (wgmma operands, TMA stores): a thread that prepares an MMA operand
+// runs it after its stores and before the mbarrier arrival that hands the buffer over (PTX ISA,
+// "Memory Consistency Model: proxies"; membar/fence: fence.proxy.async).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

@@ -1,10 +1,12 @@
-"""kernels/gemm_fmt.cu (the prefill GEMMs over per-tensor weight formats) against float64 numpy
-on the weights as format/weight_formats.py dequantizes them.
+"""kernels/gemm_fmt.cu and kernels/gemm_fmt_wgmma.cu (the prefill GEMMs over per-tensor weight
+formats: mma.sync, and wgmma with a producer warpgroup dequantizing into shared memory) against
+float64 numpy on the weights as format/weight_formats.py dequantizes them.
 
 Every format, at a real 0.5B shape and at awkward ones (N not a multiple of the 64-row block, a
 live row count M below the launch's capacity, a single token), for the three launchers: columns
 of a wider output (q, k, v into qkv), the residual add, gate/up with SwiGLU. Outputs are
-poisoned first; rows past M and columns outside [col0, col0 + N) must stay untouched. The
+poisoned first; rows past M and columns outside [col0, col0 + N) must stay untouched (the wgmma
+file takes K in multiples of 128 only: it runs the shapes that have it, and refuses the rest). The
 tolerance is the decode GEMVs' (TOL_GEMV): the GEMM rounds each dequantized weight to FP16 once
 (≤ 2^-11 of it), far below it over K ≥ 256 inputs.
 """
@@ -27,12 +29,23 @@ FORMATS = list(wf.FORMATS.values()) + [DENSE_F16]
 # (label, rows capacity, live M, N, K)
 SHAPES = [("0.5b.q_proj", 128, 100, 896, 896), ("odd.m1", 64, 1, 40, 256), ("odd.n200", 192, 130, 200, 1280),
           ("odd.k96", 64, 20, 40, 96)]  # K not a multiple of 64: the last step holds one chunk
-CASES = [(fmt, *shape) for fmt in FORMATS for shape in SHAPES if fmt.fits(shape[4])]
+IMPLS = ("mma", "wgmma")
+CASES = [(impl, fmt, *shape) for impl in IMPLS for fmt in FORMATS for shape in SHAPES
+         if fmt.fits(shape[4]) and (impl == "mma" or shape[4] % 128 == 0)]
 
 
-@pytest.mark.parametrize("fmt,label,rows,m,n,k", CASES, ids=[f"{c[0].name}-{c[1]}" for c in CASES])
-def test_gemm_fmt_rows_and_residual(dev, rng, fmt, label, rows, m, n, k):
-    from drvqwen.launchers.gemm_fmt import GemmFmtResidualRows, GemmFmtRows
+def launchers(impl: str):
+    """(rows, residual, gate/up) launcher classes of one implementation."""
+    if impl == "mma":
+        from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
+        return GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows
+    from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
+    return GemmFmtwRows, GemmFmtwResidualRows, GemmFmtwGateUpSwigluRows
+
+
+@pytest.mark.parametrize("impl,fmt,label,rows,m,n,k", CASES, ids=[f"{c[0]}-{c[1].name}-{c[2]}" for c in CASES])
+def test_gemm_fmt_rows_and_residual(dev, rng, impl, fmt, label, rows, m, n, k):
+    GemmFmtRows, GemmFmtResidualRows, _ = launchers(impl)
 
     w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
     x = rng.standard_normal((rows, k)).astype(np.float16)
@@ -59,13 +72,14 @@ def test_gemm_fmt_rows_and_residual(dev, rng, fmt, label, rows, m, n, k):
     assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
 
 
-GATE_UP = [("0.5b.q5_g32", 128, 77, 4864, 896, "q5_g32"), ("odd.q4_k", 64, 3, 200, 512, "q4_k"),
-           ("odd.q6_k", 64, 64, 72, 256, "q6_k")]
+GATE_UP = [(impl, *g) for impl in IMPLS for g in (
+    ("0.5b.q5_g32", 128, 77, 4864, 896, "q5_g32"), ("odd.q4_k", 64, 3, 200, 512, "q4_k"),
+    ("odd.q6_k", 64, 64, 72, 256, "q6_k"), ("odd.m300.int4_g128", 384, 300, 136, 384, "int4_g128"))]
 
 
-@pytest.mark.parametrize("label,rows,m,f,k,fname", GATE_UP, ids=[g[0] for g in GATE_UP])
-def test_gemm_fmt_gate_up_swiglu(dev, rng, label, rows, m, f, k, fname):
-    from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows
+@pytest.mark.parametrize("impl,label,rows,m,f,k,fname", GATE_UP, ids=[f"{g[0]}-{g[1]}" for g in GATE_UP])
+def test_gemm_fmt_gate_up_swiglu(dev, rng, impl, label, rows, m, f, k, fname):
+    GemmFmtGateUpSwigluRows = launchers(impl)[2]
 
     fmt = {x.name: x for x in FORMATS}[fname]
     (g, g64), (u, u64) = (random_fmt_weight(dev, rng, fmt, f, k, name) for name in ("gate", "up"))
@@ -78,3 +92,15 @@ def test_gemm_fmt_gate_up_swiglu(dev, rng, label, rows, m, f, k, fname):
     got = h.download()
     report(label, got[:m], want, TOL_GEMV)
     assert (got[m:].view(np.uint16) == 0xFFFF).all(), "rows past M were written"
+
+
+def test_gemm_fmt_wgmma_refuses_k_off_its_stage(dev, rng):
+    """K = 96 (gemm_fmt.cu takes it) is not a multiple of the wgmma file's 128-input stage."""
+    from drvqwen.launchers.base import LaunchError
+    from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwResidualRows
+
+    w, _ = random_fmt_weight(dev, rng, wf.Q8_G32, 40, 96)
+    x = dev.upload("x", rng.standard_normal((64, 96)).astype(np.float16))
+    res = dev.upload("residual", np.zeros((64, 40), np.float32))
+    with pytest.raises(LaunchError, match="K=96"):
+        GemmFmtwResidualRows(res, x, w, dev.upload("ps", np.array([0, 64], np.int32)), n=40, k=96, rows=64)

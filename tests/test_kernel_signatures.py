@@ -28,6 +28,7 @@ from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import BufferSpec, FixedOccupancy
 from drvqwen.launchers import gemm_int4, sampling
 from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
+from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from drvqwen.launchers.gemv_fmt import EmbeddingFmtRows, FmtWeight, GemvFmt
 from drvqwen.format.tensor_set import weight_shapes
 from drvqwen.launchers.signatures import KernelSignature, arg_kind, kernel_signatures
@@ -122,6 +123,7 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
                         for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
     ps, R = _buf("prefill_state", 2, np.int32), ROWS
+    xw = DeviceArray("xn", 1 << 20, (R, D), np.float16)  # the wgmma GEMMs encode x's tensor map at once
     out += [("gemv_fmt_f16", GemvFmt(_buf("y", D, np.float16), _buf("x", D, np.float16), w, n=D, k=D,
                                      occupancy=OCCUPANCY)),
             ("gemm_fmt_rows", GemmFmtRows(_buf("qkv", R * 3 * D, np.float32), _buf("xn", R * D, np.float16), w, ps,
@@ -130,6 +132,12 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                                       ps, n=D, k=D, rows=R)),
             ("gemm_fmt_gate_up", GemmFmtGateUpSwigluRows(_buf("h", R * D, np.float16), _buf("xn", R * D, np.float16),
                                                          w, w, ps, f=D, k=D, rows=R)),
+            ("gemm_fmtw_rows", GemmFmtwRows(_buf("qkv", R * 3 * D, np.float32), xw, w, ps, n=D, k=D, rows=R, ldo=3 * D,
+                                            col0=D, max_blocks=132)),
+            ("gemm_fmtw_residual", GemmFmtwResidualRows(_buf("res", R * D, np.float32), xw, w, ps, n=D, k=D, rows=R,
+                                                        max_blocks=132)),
+            ("gemm_fmtw_gate_up", GemmFmtwGateUpSwigluRows(_buf("h", R * D, np.float16), xw, w, w, ps, f=D, k=D, rows=R,
+                                                           max_blocks=132)),
             ("embedding_fmt_rows", EmbeddingFmtRows(_buf("r", 4 * D, np.float32), w, _buf("ids", 4, np.int32), n_rows=4,
                                                     vocab_size=D, dim=D))]
     return out

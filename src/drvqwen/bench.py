@@ -150,14 +150,15 @@ def kv_bytes_read(config, seq_len: int) -> int:
     return 2 * config.num_layers * seq_len * config.num_kv_heads * config.head_dim * 2
 
 
-def load_prefill(dec):
-    """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`), or
-    None where that module does not exist in this checkout."""
+def load_prefill(dec, fmt_gemm: str = "wgmma"):
+    """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
+    per-tensor projections on `fmt_gemm`'s GEMMs), or None where that module does not exist in
+    this checkout."""
     try:
         from .prefill import Prefill
     except ImportError:
         return None
-    return Prefill(dec)
+    return Prefill(dec, fmt_gemm=fmt_gemm)
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -219,7 +220,7 @@ def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_g
 def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int = NEW_TOKENS,
               max_context: int | None = None, modes: tuple[str, ...] = MODES, seed: int = 0,
               copy_bytes: int | None = None, use_prefill: bool = True, prefill_reps: int = PREFILL_REPS,
-              kernels: bool = False) -> dict:
+              kernels: bool = False, prefill_gemm: str = "wgmma") -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -233,6 +234,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             feeds it one decode step per token (no TTFT).
         prefill_reps: timed prefills of the prompt per mode (>= 1), each a new sequence.
         kernels: also time every launch of the step (`kernel_breakdown`).
+        prefill_gemm: the GEMMs of a per-tensor model's prefill, "wgmma" or "mma"
+            (prefill.FMT_GEMMS: gemm_fmt_wgmma.cu or gemm_fmt.cu), to compare them.
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -270,7 +273,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         graph = GraphDecoder(dec) if "graph" in modes else None
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
-        prefill = load_prefill(dec) if use_prefill else None
+        prefill = load_prefill(dec, prefill_gemm) if use_prefill else None
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
             dec.sync()
@@ -289,6 +292,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS,
                          "prefill_reps": prefill_reps if prefill is not None else None,
+                         "prefill_gemm": prefill_gemm if prefill is not None and dec.plan.per_tensor else None,
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
                                  "the first token read back, per prefill; prefill_reps prefills of the "
                                  "prompt, each a new sequence: ttft_ms the first, ttft_median_ms their "
@@ -405,6 +409,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default: 0)")
     p.add_argument("--no-prefill", action="store_true",
                    help="feed the prompt one decode step per token even where a GPU prefill exists (no TTFT)")
+    p.add_argument("--prefill-gemm", choices=("wgmma", "mma"), default="wgmma",
+                   help="the prefill GEMMs of a model in per-tensor formats: gemm_fmt_wgmma.cu (default) or "
+                        "gemm_fmt.cu, to compare them")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
@@ -445,7 +452,8 @@ def cmd_bench(args) -> int:
         modes = MODES if args.mode == "both" else (args.mode,)
         res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         max_context=args.max_context or None, modes=modes, seed=args.seed,
-                        use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels)
+                        use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels,
+                        prefill_gemm=args.prefill_gemm)
         if speculative:
             from .bench_speculative import run_speculative_row
 

@@ -124,7 +124,7 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None) ->
     wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
     prefill_files = PREFILL_KERNEL_FILES_FMT if plan.per_tensor else PREFILL_KERNEL_FILES
     # The per-tensor kernel files are compiled for the model's formats (plan.fmt_defines).
-    wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt") else ())
+    wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt", "gemm_fmt_wgmma") else ())
                for name in (*prefill_files, "sampling")}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 

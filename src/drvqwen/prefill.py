@@ -26,7 +26,8 @@ and stream. The sequence's pages and position change only through `DecodeStep.se
 (sequence.py): the prompt's pages are reserved at once, the position resumed at its end.
 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): the projections run
-gemm_fmt.cu instead of the INT4 GEMMs (q, k and v as three launches into their columns of qkv),
+gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma") instead
+of the INT4 GEMMs (q, k and v as three launches into their columns of qkv),
 and the embedding rows are read in their format (gemv_fmt.cu); the rest of the list is the same.
 `Prefill(mode="per_token")` runs a prompt through the decode step's own launches, one token at a
 time (`_run_per_token`): its cache is exactly what decoding writes, the GEMM path's reference.
@@ -61,7 +62,9 @@ from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4G
                         GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk, RmsNorm, RopeKvRows)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, proj_prefix
+from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
+from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight
 from .layer_weights import LayerWeights
 
@@ -76,7 +79,12 @@ ROW_BUCKET = 64
 # list against the launchers this module uses. KERNEL_FILES_FMT: for weights in per-tensor
 # formats (the embedding row from gemv_fmt.cu, or embedding.cu where it is dense FP16).
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill")
-KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "rope_kv", "attention_prefill")
+KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
+                    "attention_prefill")
+# Which GEMMs run the per-tensor projections: "wgmma" (gemm_fmt_wgmma.cu, wherever K is a
+# multiple of its 128-input stage — every Qwen2.5 shape) or "mma" (gemm_fmt.cu everywhere; the
+# version before it, kept for K off that stage and for comparisons).
+FMT_GEMMS = ("wgmma", "mma")
 # How the prompt runs: "gemm" (the chunk launch lists below) or "per_token" (through the decode
 # step's own launches one token at a time: its cache is exactly what decoding writes; a
 # reference for the GEMM path's tests).
@@ -109,11 +117,15 @@ class Prefill:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
-    def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm"):
+    def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
+                 fmt_gemm: str = "wgmma"):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
             raise DrvqwenError(f"prefill mode {mode!r}: choose one of {', '.join(PREFILL_MODES)}")
+        if fmt_gemm not in FMT_GEMMS:
+            raise DrvqwenError(f"fmt_gemm {fmt_gemm!r}: choose one of {', '.join(FMT_GEMMS)}")
+        self.fmt_gemm = fmt_gemm
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
@@ -206,9 +218,9 @@ class Prefill:
         return named_launches(steps)
 
     def _build_fmt(self, R: int, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids) -> list[NamedLaunch]:
-        """`_build` for weights in per-tensor formats: gemm_fmt.cu's GEMMs (q, k and v into their
-        columns of qkv, one launch each) and the embedding rows in their format; the rest is the
-        INT4 list's."""
+        """`_build` for weights in per-tensor formats: gemm_fmt_wgmma.cu's GEMMs (or gemm_fmt.cu's,
+        `fmt_gemm`; q, k and v into their columns of qkv, one launch each) and the embedding rows in
+        their format; the rest is the INT4 list's."""
         step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
         fm, ps, defs = step.plan.formats, self.buf["prefill_state"], step.plan.fmt_defines
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
@@ -218,6 +230,15 @@ class Prefill:
         def fw(prefix: str):
             fid = fm[prefix]
             return fmt_weight(w.__getitem__, prefix, DENSE_F16 if fid == wf.PLAIN else wf.FORMATS[fid])
+
+        def gemms(k: int):
+            """(rows, residual, gate/up) GEMM launchers for input width k."""
+            if self.fmt_gemm == "wgmma" and gemm_fmt_wgmma.fits(k):
+                return GemmFmtwRows, GemmFmtwResidualRows, GemmFmtwGateUpSwigluRows
+            return GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows
+
+        Rows, _, GateUp = gemms(D)
+        ResidualO, ResidualDown = gemms(nq)[1], gemms(F)[1]
 
         if fm[EMBED] == wf.PLAIN:
             embed = EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V, dim=D, stream=st)
@@ -232,25 +253,24 @@ class Prefill:
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
                 (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
-                (f"L{l}.q_proj", GemmFmtRows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st,
-                                             defines=defs)),
-                (f"L{l}.k_proj", GemmFmtRows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq,
-                                             stream=st, defines=defs)),
-                (f"L{l}.v_proj", GemmFmtRows(qkv, xn, pw["v_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq + nkv,
-                                             stream=st, defines=defs)),
+                (f"L{l}.q_proj", Rows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st, defines=defs)),
+                (f"L{l}.k_proj", Rows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq, stream=st,
+                                      defines=defs)),
+                (f"L{l}.v_proj", Rows(qkv, xn, pw["v_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq + nkv,
+                                      stream=st, defines=defs)),
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
-                (f"L{l}.o_proj", GemmFmtResidualRows(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
-                                                                 defines=defs)),
+                (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
+                                           defines=defs)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, stream=st)),
-                (f"L{l}.gate_up_swiglu", GemmFmtGateUpSwigluRows(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D,
-                                                                 rows=R, stream=st, defines=defs)),
-                (f"L{l}.down_proj", GemmFmtResidualRows(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
-                                                                    defines=defs)),
+                (f"L{l}.gate_up_swiglu", GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R,
+                                                stream=st, defines=defs)),
+                (f"L{l}.down_proj", ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
+                                                 defines=defs)),
             ]
         self.launchers[R] = steps
         return named_launches(steps)
