@@ -134,3 +134,30 @@ def test_per_token_prefill_is_the_decode_step_itself(model):
     err = rel_l2(gemm, tok_logits)
     print(f"{name}: chunked prefill vs per-token prefill, last logits rel L2 {err:.2e}")
     assert err <= TOL_LOGITS
+
+
+@pytest.mark.parametrize("gemm", ["mma", "wgmma-all"])
+def test_prefill_gemm_choices_match_reference(model, gemm):
+    """The other prefill GEMMs (prefill.FMT_GEMMS) on the same model: "mma" (gemm_fmt.cu for the
+    per-tensor formats; an INT4 model keeps gemm_int4.cu) and "wgmma-all" (gemm_fmt_wgmma.cu for
+    an INT4 model too, as format int4_g128) — the same logits as the reference, and within FP16
+    rounding of the default's."""
+    from drvqwen.prefill import Prefill
+
+    name, _f, _w, backend, ids, want = model
+    step = backend.decode_step
+    other = Prefill(step, fmt_gemm=gemm)
+    try:
+        for t in (17, 513):
+            backend.prefill(ids[:t])
+            default = step.logits()
+            other.run(ids[:t])
+            step.sync()
+            got = step.logits()
+            assert np.isfinite(got).all(), f"{name} {gemm} T={t}: non-finite logits"
+            err, gap = rel_l2(got, want[t - 1]), rel_l2(got, default)
+            print(f"{name} {gemm} T={t}: rel L2 {err:.2e} against the reference, {gap:.2e} against the default GEMMs")
+            assert err <= TOL_LOGITS and gap <= TOL_LOGITS
+            assert step.next_token() == int(np.argmax(got))
+    finally:
+        other.close()

@@ -2,6 +2,12 @@
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
+        [--formats q4_k q6_k int4_g128 …] [--fmt-mma]
+
+--formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
+prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
+launches, their sum the qkv_proj row), each compiled for that format alone as a model of it is;
+--fmt-mma adds kernels/gemm_fmt.cu's beside each, the version before it.
 
 Each GEMM is captured in a CUDA graph of --reps calls and replayed (`cuda.graph.graph_time_us`:
 no Python launch overhead in the figure); a figure is the median of --samples such replays. The
@@ -36,6 +42,8 @@ def main() -> int:
     ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "tiles"],
                     help="persistent: one block per SM looping over the tiles (what drvqwen runs); tiles: "
                          "one block per tile. Each given value is a column (default: both)")
+    ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
+    ap.add_argument("--fmt-mma", action="store_true", help="with --formats: also gemm_fmt.cu (mma.sync)")
     a = ap.parse_args()
     cfg, m = PRESETS[a.preset], a.rows
     d, f, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
@@ -71,24 +79,62 @@ def main() -> int:
 
     wq, wk, wv, wo = w("q", nq, d), w("k", nkv, d), w("v", nkv, d), w("o", d, nq)
     wg, wu, wd = w("g", f, d), w("u", f, d), w("d", d, f)
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers import FmtWeight
+    from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
+    from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
+    from drvqwen.launchers.gemv_fmt import format_defines
+
+    by_name = {f.name: f for f in wf.FORMATS.values()}
+    unknown = [n for n in a.formats if n not in by_name]
+    if unknown:
+        raise SystemExit(f"--formats: unknown {', '.join(unknown)} (choose from {', '.join(by_name)})")
+
+    def fw(fmt, name, n, k):
+        parts = {part: upload(f"{fmt.name}.{name}.{part}", arr) for part, arr in wf.random_weight(fmt, n, k, rng).items()}
+        return FmtWeight(fmt, parts, f"{fmt.name}.{name}")
+
+    def fmt_gemms(fmt, impl):
+        """{row: [launchers]} of one format and implementation; a row's figure sums its launchers."""
+        Rows, Res, GateUp = ((GemmFmtwRows, GemmFmtwResidualRows, GemmFmtwGateUpSwigluRows) if impl == "wgmma"
+                             else (GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows))
+        defs = format_defines([fmt.id])
+        ld = nq + 2 * nkv
+        return {
+            "qkv_proj": [Rows(o["qkv"], x, fw(fmt, "q", nq, d), st, n=nq, k=d, rows=m, ldo=ld, defines=defs),
+                         Rows(o["qkv"], x, fw(fmt, "k", nkv, d), st, n=nkv, k=d, rows=m, ldo=ld, col0=nq, defines=defs),
+                         Rows(o["qkv"], x, fw(fmt, "v", nkv, d), st, n=nkv, k=d, rows=m, ldo=ld, col0=nq + nkv,
+                              defines=defs)],
+            "o_proj": [Res(o["res"], x, fw(fmt, "o", d, nq), st, n=d, k=nq, rows=m, defines=defs)],
+            "gate_up_swiglu": [GateUp(o["h_out"], x, fw(fmt, "g", f, d), fw(fmt, "u", f, d), st, f=f, k=d, rows=m,
+                                      defines=defs)],
+            "down_proj": [Res(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, rows=m, defines=defs)],
+        }
+
+    columns = [(cl, {name: [g] for name, g in gemms(cl).items()}) for cl in a.grid]
+    for name in a.formats:
+        columns.append((f"wgmma:{name}", fmt_gemms(by_name[name], "wgmma")))
+        if a.fmt_mma:
+            columns.append((f"mma:{name}", fmt_gemms(by_name[name], "mma")))
     t = Table(title=f"prefill GEMMs, {a.preset}, M = {m} ({get_device().info.name}), µs and TFLOP/s")
     t.add_column("GEMM", justify="right")
-    for cl in a.grid:
+    for cl, _ in columns:
         t.add_column(f"{cl}: µs", justify="right")
         t.add_column("TFLOP/s", justify="right")
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
     record = {"tool": "bench_gemm", "source": source_record(), "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {}}
-    for cl in a.grid:
+    for cl, launchers in columns:
         total_us = total_flops = 0.0
-        for name, g in gemms(cl).items():
-            us = statistics.median(graph_time_us(g, reps=a.reps) for _ in range(a.samples))
+        for name, gs in launchers.items():
+            us = sum(statistics.median(graph_time_us(g, reps=a.reps) for _ in range(a.samples)) for g in gs)
+            flops = sum(g.flops for g in gs)
             record["us"].setdefault(cl, {})[name] = us
-            record["tflops"].setdefault(cl, {})[name] = g.flops / us / 1e6
+            record["tflops"].setdefault(cl, {})[name] = flops / us / 1e6
             total_us += us
-            total_flops += g.flops
-            rows_out.setdefault(name, []).extend([f"{us:.1f}", f"{g.flops / us / 1e6:.1f}"])
+            total_flops += flops
+            rows_out.setdefault(name, []).extend([f"{us:.1f}", f"{flops / us / 1e6:.1f}"])
         rows_out.setdefault("layer", []).extend([f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}"])
         layer_ms[cl] = cfg.num_layers * total_us / 1e3
     for name, cells in rows_out.items():

@@ -234,8 +234,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             feeds it one decode step per token (no TTFT).
         prefill_reps: timed prefills of the prompt per mode (>= 1), each a new sequence.
         kernels: also time every launch of the step (`kernel_breakdown`).
-        prefill_gemm: the GEMMs of a per-tensor model's prefill, "wgmma" or "mma"
-            (prefill.FMT_GEMMS: gemm_fmt_wgmma.cu or gemm_fmt.cu), to compare them.
+        prefill_gemm: which GEMMs the prefill runs (prefill.FMT_GEMMS), to compare them.
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -292,7 +291,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS,
                          "prefill_reps": prefill_reps if prefill is not None else None,
-                         "prefill_gemm": prefill_gemm if prefill is not None and dec.plan.per_tensor else None,
+                         "prefill_gemm": prefill_gemm if prefill is not None else None,
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
                                  "the first token read back, per prefill; prefill_reps prefills of the "
                                  "prompt, each a new sequence: ttft_ms the first, ttft_median_ms their "
@@ -409,9 +408,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default: 0)")
     p.add_argument("--no-prefill", action="store_true",
                    help="feed the prompt one decode step per token even where a GPU prefill exists (no TTFT)")
-    p.add_argument("--prefill-gemm", choices=("wgmma", "mma"), default="wgmma",
-                   help="the prefill GEMMs of a model in per-tensor formats: gemm_fmt_wgmma.cu (default) or "
-                        "gemm_fmt.cu, to compare them")
+    p.add_argument("--prefill-gemm", choices=("wgmma", "mma", "wgmma-all"), default="wgmma",
+                   help="the prefill GEMMs, to compare them (prefill.FMT_GEMMS): wgmma (default: gemm_fmt_wgmma.cu "
+                        "for per-tensor formats, gemm_int4.cu for INT4), mma (gemm_fmt.cu for per-tensor formats), "
+                        "wgmma-all (gemm_fmt_wgmma.cu for INT4 too)")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")

@@ -65,7 +65,7 @@ from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
-from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight
+from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -81,10 +81,13 @@ ROW_BUCKET = 64
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill")
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
                     "attention_prefill")
-# Which GEMMs run the per-tensor projections: "wgmma" (gemm_fmt_wgmma.cu, wherever K is a
-# multiple of its 128-input stage — every Qwen2.5 shape) or "mma" (gemm_fmt.cu everywhere; the
-# version before it, kept for K off that stage and for comparisons).
-FMT_GEMMS = ("wgmma", "mma")
+# Which GEMMs run the projections (Prefill's `fmt_gemm`): "wgmma" — the default — runs a model
+# in per-tensor formats on gemm_fmt_wgmma.cu wherever K is a multiple of its 128-input stage
+# (every Qwen2.5 shape) and an INT4 model on gemm_int4.cu; "mma" runs the per-tensor
+# projections on gemm_fmt.cu everywhere (the version before, kept for K off that stage);
+# "wgmma-all" also runs an INT4 model's projections on gemm_fmt_wgmma.cu, as format int4_g128
+# (the same weights), to compare the two wgmma skeletons on the same model.
+FMT_GEMMS = ("wgmma", "mma", "wgmma-all")
 # How the prompt runs: "gemm" (the chunk launch lists below) or "per_token" (through the decode
 # step's own launches one token at a time: its cache is exactly what decoding writes; a
 # reference for the GEMM path's tests).
@@ -191,7 +194,13 @@ class Prefill:
         ids = DeviceArray("ids[chunk]", self.buf["ids"].ptr, (R,), np.int32)
         fm = step.plan.formats
         if fm is not None:
-            return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids)
+            return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm, step.plan.fmt_defines)
+        if self.fmt_gemm == "wgmma-all":  # the INT4 projections as format int4_g128, the embedding dense
+            fm = {EMBED: wf.PLAIN} | {proj_prefix(l, p): wf.INT4_G128.id for l in range(cfg.num_layers)
+                                     for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj")}
+            return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm,
+                                   format_defines([wf.INT4_G128.id]))
         steps: list[tuple[str, Launcher]] = [
             ("embedding", EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
                                         dim=D, stream=st))]
@@ -217,12 +226,14 @@ class Prefill:
         self.launchers[R] = steps
         return named_launches(steps)
 
-    def _build_fmt(self, R: int, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids) -> list[NamedLaunch]:
-        """`_build` for weights in per-tensor formats: gemm_fmt_wgmma.cu's GEMMs (or gemm_fmt.cu's,
-        `fmt_gemm`; q, k and v into their columns of qkv, one launch each) and the embedding rows in
-        their format; the rest is the INT4 list's."""
+    def _build_fmt(self, R: int, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm: dict[str, int],
+                   defs: tuple) -> list[NamedLaunch]:
+        """`_build` for weights in per-tensor formats `fm` (prefix → format id; `defs` compile the
+        format kernels for them): gemm_fmt_wgmma.cu's GEMMs (or gemm_fmt.cu's, `fmt_gemm`; q, k
+        and v into their columns of qkv, one launch each) and the embedding rows in their format;
+        the rest is the INT4 list's."""
         step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
-        fm, ps, defs = step.plan.formats, self.buf["prefill_state"], step.plan.fmt_defines
+        ps = self.buf["prefill_state"]
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
@@ -233,7 +244,7 @@ class Prefill:
 
         def gemms(k: int):
             """(rows, residual, gate/up) GEMM launchers for input width k."""
-            if self.fmt_gemm == "wgmma" and gemm_fmt_wgmma.fits(k):
+            if self.fmt_gemm != "mma" and gemm_fmt_wgmma.fits(k):
                 return GemmFmtwRows, GemmFmtwResidualRows, GemmFmtwGateUpSwigluRows
             return GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows
 
