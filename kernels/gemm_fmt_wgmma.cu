@@ -163,8 +163,12 @@ template <int F, typename RowOf, typename Epilogue>
 __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K, int row_blocks, RowOf row_of,
                                          Epilogue epilogue) {
     extern __shared__ unsigned char gw_smem_raw[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>(
-        (reinterpret_cast<u64>(gw_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
+    // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
+    // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory pointer
+    // as far as the compiler sees: the producer's stores are st.shared (STS.128), where a rebuilt
+    // pointer gives generic stores (ST.E.128, a 64-bit address each).
+    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gw_smem_raw));
+    unsigned char* smem = gw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     u64* full = reinterpret_cast<u64*>(smem + GW_STAGES * GW_STAGE_BYTES);
     u64* empty = full + GW_STAGES;
 
