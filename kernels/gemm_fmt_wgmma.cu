@@ -32,7 +32,8 @@
 //              128 inputs of FP16 in two 64-input boxes of the same layout (32 KB).
 //   producer = thread p (0–127) owns row p of the tile: per stage it loads that row's 4 chunks
 //              (4 × 32 inputs) one stage ahead into registers, dequantizes them and stores 4 ×
-//              64 B (16 st.shared.v4); thread 0 also issues X's TMA copies.
+//              64 B (16 st.shared.v4); thread 0 first issues the stage's TMA copies of X,
+//              which land while the weights are dequantized.
 //   consumer = per stage 8 × wgmma m64n128k16 (A: its 64 rows of W, B: X, both through
 //              descriptors), commit, wait; the two warpgroups interleave on the tensor cores.
 //   epilogue = gemm_epilogue.cuh: each output element written by one lane (no atomics).
@@ -45,13 +46,16 @@
 //   full[s]   count GW_FULL_ARRIVALS = 129: every producer thread once its 16 stores of round r
 //             are done — after fence.proxy.async, which makes those generic-proxy writes
 //             visible to the tensor cores' async-proxy reads — and thread 0's arrive.expect_tx
-//             for X's 32 KB, which the TMA copies complete as transactions.
+//             for X's 32 KB (right after its wait on empty[s], before its stores), which the TMA
+//             copies complete as transactions.
 //   empty[s]  count 8: lane 0 of each consumer warp once wgmma.wait_group 0 has returned (the
 //             MMAs, which alone read the stage, are complete for its warpgroup).
 //   Why it cannot race: a producer thread writes stage s for round r ≥ 1 (its stores, thread 0
-//   the TMA) only after empty[s] phase r−1: after every consumer's MMAs of round r−1 (WAR); a
-//   consumer's MMAs read round r only after full[s] phase r, which needs every producer store
-//   of round r (fenced to the async proxy) and all of X's bytes (RAW). Every arrival of round r
+//   the TMA) only after empty[s] phase r−1: after every consumer's MMAs of round r−1 (WAR; the
+//   completion of a wgmma is followed by an implicit generic-async proxy fence, PTX ISA "Async
+//   Proxy", so the stores need no fence on this side); a consumer's MMAs read round r only
+//   after full[s] phase r, which needs every producer store of round r (fenced to the async
+//   proxy) and all of X's bytes (RAW). Every arrival of round r
 //   on full[s] comes after its thread's wait on empty[s] phase r−1, which itself needed full[s]
 //   phase r−1 complete: no arrival spills into the wrong phase. Parities suffice because full[s]
 //   runs at most one phase ahead of a consumer's wait and empty[s] one ahead of the producer's.
@@ -132,6 +136,12 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         if (it >= GW_STAGES) mbarrier_wait_parity(&empty[s], ((it / GW_STAGES) - 1) & 1);
         unsigned char* st = smem + s * GW_STAGE_BYTES;
         unsigned char* wst = st + GW_X_STAGE_BYTES;
+        if (p == 0) {  // X first: its copy lands while the stage's weights are dequantized
+            const int m0 = (tile % token_blocks) * GEMM_BM;
+            mbarrier_arrive_expect_tx(&full[s], GW_X_STAGE_BYTES);
+            tma_load_2d(st, &x_map, grp * GW_GROUP, m0, &full[s]);
+            tma_load_2d(st + GW_X_BOX_BYTES, &x_map, grp * GW_GROUP + GW_BOX_INPUTS, m0, &full[s]);
+        }
 #pragma unroll
         for (int j = 0; j < GW_CHUNKS; ++j) {
             u32 w[16];
@@ -145,12 +155,6 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         }
         fence_proxy_async_shared();  // these stores, before the tensor cores read them
         mbarrier_arrive(&full[s]);
-        if (p == 0) {
-            const int m0 = (tile % token_blocks) * GEMM_BM;
-            mbarrier_arrive_expect_tx(&full[s], GW_X_STAGE_BYTES);
-            tma_load_2d(st, &x_map, grp * GW_GROUP, m0, &full[s]);
-            tma_load_2d(st + GW_X_BOX_BYTES, &x_map, grp * GW_GROUP + GW_BOX_INPUTS, m0, &full[s]);
-        }
         cur = next;
     }
 }
@@ -163,8 +167,12 @@ template <int F, typename RowOf, typename Epilogue>
 __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K, int row_blocks, RowOf row_of,
                                          Epilogue epilogue) {
     extern __shared__ unsigned char gw_smem_raw[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>(
-        (reinterpret_cast<u64>(gw_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
+    // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
+    // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory pointer
+    // as far as the compiler sees: the producer's stores are st.shared (STS.128), where a rebuilt
+    // pointer gives generic stores (ST.E.128, a 64-bit address each).
+    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gw_smem_raw));
+    unsigned char* smem = gw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     u64* full = reinterpret_cast<u64*>(smem + GW_STAGES * GW_STAGE_BYTES);
     u64* empty = full + GW_STAGES;
 

@@ -104,3 +104,44 @@ def test_gemm_fmt_wgmma_refuses_k_off_its_stage(dev, rng):
     res = dev.upload("residual", np.zeros((64, 40), np.float32))
     with pytest.raises(LaunchError, match="K=96"):
         GemmFmtwResidualRows(res, x, w, dev.upload("ps", np.array([0, 64], np.int32)), n=40, k=96, rows=64)
+
+
+# gemm_fmt_wgmma.cu's persistent path: fewer blocks than tiles, so a block runs several tiles
+# with its stage ring and barrier parities carried across tile boundaries (K/128 = 10 or 7
+# groups: not a multiple of the 3 stages, a tile starts mid-ring) and the producer's loads run
+# one stage ahead into the next tile; 4 blocks over 6 tiles give blocks different tile counts;
+# max_blocks=0 is one block per tile. The cases above have fewer tiles than SMs (one tile each).
+PERSISTENT = [(fname, k, blocks) for fname, k in (("q5_k", 1280), ("q8_g32", 896)) for blocks in (1, 4, 0)]
+
+
+@pytest.mark.parametrize("fname,k,max_blocks", PERSISTENT, ids=[f"{p[0]}-k{p[1]}-blocks{p[2]}" for p in PERSISTENT])
+def test_gemm_fmt_wgmma_persistent(dev, rng, fname, k, max_blocks):
+    GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows = launchers("wgmma")
+
+    fmt = {x.name: x for x in FORMATS}[fname]
+    rows, m, n = 300, 260, 200                 # 3 token blocks × 2 row blocks (gate/up: × 4 of 64 features)
+    (w, w64), (u, u64) = (random_fmt_weight(dev, rng, fmt, n, k, name) for name in ("W", "U"))
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    x64 = x[:m].astype(np.float64)
+    want = x64 @ w64.T
+    xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([0, m], np.int32))
+    tag = f"{fname}.k{k}.blocks{max_blocks}"
+
+    out = dev.poisoned("out", (rows, n), np.float32)
+    GemmFmtRows(out, xd, w, ps, n=n, k=k, rows=rows, ldo=n, max_blocks=max_blocks).launch()
+    got = out.download()
+    report(f"{tag}.rows", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:]).all(), "rows past M were written"
+
+    r0 = rng.standard_normal((rows, n)).astype(np.float32)
+    res = dev.upload("residual", r0)
+    GemmFmtResidualRows(res, xd, w, ps, n=n, k=k, rows=rows, max_blocks=max_blocks).launch()
+    got = res.download()
+    report(f"{tag}.delta", got[:m].astype(np.float64) - r0[:m], want, TOL_GEMV)
+    assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
+
+    h = dev.poisoned("h", (rows, n), np.float16)
+    GemmFmtGateUpSwigluRows(h, xd, w, u, ps, f=n, k=k, rows=rows, max_blocks=max_blocks).launch()
+    got = h.download()
+    report(f"{tag}.gate_up", got[:m], ref.swiglu(want, x64 @ u64.T), TOL_GEMV)
+    assert (got[m:].view(np.uint16) == 0xFFFF).all(), "rows past M were written"

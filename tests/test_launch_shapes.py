@@ -126,3 +126,35 @@ def test_qkv_blocks_split_by_makespan():
             assert sum(blocks) <= max(resident, 3) and all(b >= 1 for b in blocks)
             # no smaller makespan fits
             assert m == 1 or sum(-(-t // (m - 1)) for t in seg) > max(resident, 3)
+
+
+def test_persistent_gemm_grids(monkeypatch):
+    """The wgmma GEMMs' grids (gemm_int4.py and gemm_fmt_wgmma.py, one rule): one block per SM at
+    most, never more than the tiles at the row capacity, max_blocks=0 one block per tile (a
+    launch of 0 blocks before the rule was shared)."""
+    import numpy as np
+
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers import gemm_fmt_wgmma
+    from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows
+    from drvqwen.launchers.gemm_int4 import persistent_grid
+    from drvqwen.launchers.gemv_fmt import FmtWeight
+
+    assert persistent_grid(7, 132) == 7 and persistent_grid(300, 132) == 132
+    assert persistent_grid(300, 0) == 300 and persistent_grid(7, 3) == 3
+    with pytest.raises(LaunchError, match="max_blocks=-1"):
+        persistent_grid(7, -1)
+
+    rows, n, k = 300, 200, 256                   # 3 token blocks × 2 row blocks (gate/up: 4 of 64 features)
+    fmt = wf.EXACT_FOR_GGUF["Q8_0"]
+    w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
+                        for name, (dt, shape) in fmt.tensors("w", n, k).items()}, "w")
+    # The launchers encode x's TMA tensor map at once, which needs the driver: not the rule tested here.
+    monkeypatch.setattr(gemm_fmt_wgmma, "x_tensor_map", lambda x, rows, k: "x_map")
+    x = BufferSpec("x", (rows * k,), np.float16)
+    ps, res, h = (BufferSpec(nm, (sz,), dt) for nm, sz, dt in
+                  (("prefill_state", 2, np.int32), ("residual", rows * n, np.float32), ("h", rows * n, np.float16)))
+    for max_blocks, want in ((0, 6), (4, 4), (132, 6)):
+        assert GemmFmtwResidualRows(res, x, w, ps, n=n, k=k, rows=rows, max_blocks=max_blocks).specs[0].grid == (want,)
+    assert GemmFmtwGateUpSwigluRows(h, x, w, w, ps, f=n, k=k, rows=rows, max_blocks=0).specs[0].grid == (12,)

@@ -8,17 +8,18 @@ formats on wgmma, a producer warpgroup dequantizing the weights into shared memo
 The constructors take what gemm_fmt.py's do (and the same FmtWeight, `defines` from
 gemv_fmt.format_defines), so the prefill picks either file per weight shape: these need K to be
 a multiple of 128 (one stage) and x a device array (its TMA tensor map is encoded at once, as in
-gemm_int4.py). The kernels are persistent: grid = min(tiles at the row capacity, SM count), 384
-threads, GW_SMEM_BYTES of dynamic shared memory.
+gemm_int4.py). The kernels are persistent: grid = min(tiles at the row capacity, SM count) — or
+`max_blocks` instead of the SM count, 0 for one block per tile (gemm_int4.persistent_grid) —,
+384 threads, GW_SMEM_BYTES of dynamic shared memory.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..cuda import Stream, get_device
+from ..cuda import Stream
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import x_tensor_map
+from .gemm_int4 import persistent_grid, x_tensor_map
 from .gemv_fmt import FmtWeight
 
 BM = mirrored("gemm_fmt_wgmma", "GEMM_BM", 128)               # tokens per tile (wgmma N)
@@ -47,8 +48,7 @@ class _GemmFmtwLauncher(Launcher):
 
     def _build(self, kernel: str, rows: int, row_blocks: int, args: dict, defines: tuple, *, reads, writes,
                max_blocks: int | None) -> None:
-        tiles = -(-rows // BM) * row_blocks
-        grid = min(tiles, get_device().info.sm_count if max_blocks is None else max_blocks)
+        grid = persistent_grid(-(-rows // BM) * row_blocks, max_blocks)
         self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines)), (grid,), (THREADS,), args,
                   smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
 

@@ -62,6 +62,20 @@ def _encode_x_map(ptr: int, rows: int, k: int):
     return encode_tiled_2d(ptr, np.float16, (rows, k), (BM, BOX_INPUTS), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 
 
+def persistent_grid(tiles_at_capacity: int, max_blocks: int | None) -> int:
+    """Blocks of a persistent GEMM launch (here and gemm_fmt_wgmma.py): one per SM (`max_blocks`
+    None: the GPU's SM count, or `max_blocks`), never more than the tiles at the row capacity;
+    `max_blocks=0` gives one block per tile.
+
+    Raises:
+        LaunchError: max_blocks < 0.
+    """
+    require(max_blocks is None or max_blocks >= 0, f"max_blocks={max_blocks} must be >= 0 (0: one block per tile)")
+    if max_blocks is None:
+        max_blocks = get_device().info.sm_count
+    return tiles_at_capacity if max_blocks == 0 else min(tiles_at_capacity, max_blocks)
+
+
 class _GemmLauncher(Launcher):
     """Shared by the gemm_int4 launchers. `flops` is 2·rows·N·K at full capacity (rows tokens)."""
 
@@ -71,10 +85,7 @@ class _GemmLauncher(Launcher):
                     max_blocks: int | None) -> None:
         require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
-        tiles_at_capacity = -(-rows // BM) * n_blocks
-        if max_blocks is None:
-            max_blocks = get_device().info.sm_count
-        grid = tiles_at_capacity if max_blocks == 0 else min(tiles_at_capacity, max_blocks)
+        grid = persistent_grid(-(-rows // BM) * n_blocks, max_blocks)
         self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,), args,
                   smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
 
