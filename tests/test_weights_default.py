@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -20,18 +21,30 @@ from helpers import TINY, byte_tokenizer_json, random_dense, write_tiny_gguf
 
 gguf = pytest.importorskip("gguf")
 
-# Two GGUF types with exact drvqwen formats, alternating over the matrices.
-TYPES = ("Q5_0", "Q8_0")
+# GGUF types with exact drvqwen formats, in turn over the matrices (a K-quant where K holds
+# its 256-input super-blocks), as the official GGUFs mix them.
+TYPES = ("Q5_0", "Q4_K", "Q8_0", "Q6_K")
+FORMAT_OF = {"Q5_0": "q5_g32", "Q8_0": "q8_g32", "Q4_K": "q4_k", "Q6_K": "q6_k"}
 
 
 def _types() -> dict[str, str]:
-    return {p + ".weight": TYPES[i % 2] for i, p in enumerate(weight_shapes(TINY))}
+    out = {}
+    for i, (p, (_, k)) in enumerate(weight_shapes(TINY).items()):
+        ty = TYPES[i % len(TYPES)]
+        out[p + ".weight"] = ty if k % 256 == 0 or not ty.endswith("_K") else "Q5_0"
+    return out
 
 
 @pytest.fixture(scope="module")
 def mixed_gguf(tmp_path_factory):
-    d = tmp_path_factory.mktemp("default")
-    return write_tiny_gguf(d / "mixed.gguf", TINY, random_dense(TINY, np.random.default_rng(5)), qtype=_types())
+    from test_weight_formats import random_blocks
+
+    rng = np.random.default_rng(5)
+    dense = random_dense(TINY, rng)
+    for name, ty in _types().items():
+        if ty.endswith("_K"):                       # gguf-py cannot quantize these: random blocks
+            dense[name] = random_blocks(ty, *dense[name].shape, rng)
+    return write_tiny_gguf(tmp_path_factory.mktemp("default") / "mixed.gguf", TINY, dense, qtype=_types())
 
 
 def _convert(capsys, *args) -> tuple[NanoqwenFile, str]:
@@ -44,9 +57,8 @@ def test_a_gguf_keeps_its_formats_by_default(mixed_gguf, tmp_path, capsys):
     from drvqwen.format.sources import GGUFSource
 
     src = GGUFSource(mixed_gguf)
-    want = {"Q5_0": "q5_g32", "Q8_0": "q8_g32"}
     assert {p: wf.FORMATS[fid].name for p, fid in f.formats.items()} == \
-        {n[: -len(".weight")]: want[ty] for n, ty in _types().items()}
+        {n[: -len(".weight")]: FORMAT_OF[ty] for n, ty in _types().items()}
     for prefix in f.formats:                         # the GGUF's values, bit for bit
         assert np.array_equal(f.weight(prefix), src.get(prefix + ".weight")), prefix
     assert "weights: source (the GGUF's tensors in their own formats)" in said
@@ -81,9 +93,26 @@ def test_info_shows_formats_and_weight_bytes_per_token(mixed_gguf, tmp_path, cap
     f, _ = _convert(capsys, mixed_gguf, "-o", tmp_path / "m.nanoqwen")
     assert cli.main(["info", str(f.path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    n5 = sum(ty == "Q5_0" for ty in _types().values())
-    assert f"weight formats │ q5_g32 ×{n5}, q8_g32 ×{len(_types()) - n5}" in out
+    counts = Counter(FORMAT_OF[ty] for ty in _types().values())
+    assert len(counts) == 4 and f"weight formats │ {', '.join(f'{k} ×{v}' for k, v in sorted(counts.items()))}" in out
     shown = int(re.search(r"weight bytes per decode token │ ([\d,]+) B", out)[1].replace(",", ""))
     tensors = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(str(mixed_gguf)).tensors}
     embd = tensors.pop("token_embd.weight")
     assert shown == sum(tensors.values()) + embd // TINY.vocab_size     # kept exactly: equal
+
+
+def test_weights_are_checked_a_block_of_rows_at_a_time(mixed_gguf, tmp_path, monkeypatch):
+    """With blocks of 7 rows (every weight in several, the last one short), every exact copy
+    still equals the GGUF's values (or conversion stops), and an INT4 re-quantization reports
+    the error of the whole weight."""
+    from drvqwen.format import convert as cv, quant
+    from drvqwen.format.sources import GGUFSource
+
+    monkeypatch.setattr(cv, "CHECK_ROWS", 7)
+    kept = cv.convert(mixed_gguf, tmp_path / "kept.nanoqwen")
+    assert len(kept.errors) == len(_types()) and all(e.max_abs == 0.0 for e in kept.errors)
+    int4 = cv.convert(mixed_gguf, tmp_path / "int4.nanoqwen", weights="int4")
+    f, src = NanoqwenFile(tmp_path / "int4.nanoqwen"), GGUFSource(mixed_gguf)
+    for e in int4.errors:
+        whole = quant.reconstruction_error(src.get(e.name + ".weight"), f.weight(e.name))
+        assert e.rel_l2 == pytest.approx(whole["rel_l2"], rel=1e-9) and e.max_abs == whole["max_abs"], e.name
