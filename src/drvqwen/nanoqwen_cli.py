@@ -73,8 +73,8 @@ def cmd_info(args) -> int:
     c = f.config
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
-            ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"
-             + ("" if f.has_default_formats else " (int4_g128's; each weight in its format below)")),
+            ("quantization", ("" if f.has_default_formats else "each weight in its own format (below); int4_g128: ")
+             + f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
             ("weight formats", _format_counts(f)),
             ("weight bytes per decode token", _bytes_per_token(f)),
             ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
