@@ -73,9 +73,12 @@ def choose_device(requested: str) -> tuple[str, str | None]:
     Raises:
         DrvqwenError: --device cuda, and no usable GPU (names the reason).
     """
-    if requested == "cpu":
-        return "cpu", "--device cpu"
     from .cuda import warmup
+
+    if requested == "cpu":
+        warmup.join_started()          # a warm-up the entry point began: no context held for a CPU run
+        warmup.release()
+        return "cpu", "--device cpu"
 
     warming = warmup.start_driver()    # cuInit and the primary context while numpy and the rest import
     try:
