@@ -49,29 +49,32 @@ def real_gguf():
 
 
 @pytest.fixture(scope="session")
-def real_nanoqwen(request):
-    """The real 0.5B converted to INT4 (`.nanoqwen`), opened and validated.
+def real_nanoqwen(request, tmp_path_factory):
+    """The real 0.5B converted to INT4 (`convert --weights int4`: not the default, which keeps
+    the GGUF's formats: `real_nanoqwen_source`), opened and validated.
 
     `DRVQWEN_REAL_MODEL=/path/model.nanoqwen` names a file converted elsewhere: the GPU
     machines have no network and no `gguf` package, so the converted file is carried there.
-    Otherwise the GGUF is pulled and converted once into the cache root.
+    Otherwise the pulled GGUF is converted once per session.
     """
     from drvqwen.format.nanoqwen import NanoqwenFile
 
     path = os.environ.get("DRVQWEN_REAL_MODEL")
     if path:
         return NanoqwenFile(path)
-    from drvqwen.models import resolve_model
+    from drvqwen.format.convert import convert
 
-    return resolve_model(str(request.getfixturevalue("real_gguf")))
+    out = tmp_path_factory.mktemp("real") / "qwen2.5-coder-0.5b-int4.nanoqwen"
+    convert(request.getfixturevalue("real_gguf"), out, weights="int4")
+    return NanoqwenFile(out)
 
 
 @pytest.fixture(scope="session")
 def real_nanoqwen_source(request, tmp_path_factory):
-    """The real 0.5B kept in its GGUF's own formats (`convert --weights source`: Q5_0, Q8_0,
-    Q4_K, Q6_K), opened and validated. `DRVQWEN_REAL_MODEL_SOURCE=/path/model.nanoqwen` names a
-    file converted elsewhere (carried to a machine without the `gguf` package); otherwise the
-    pulled GGUF is converted once per session."""
+    """The real 0.5B kept in its GGUF's own formats (the default, `convert --weights source`:
+    Q5_0, Q8_0, Q4_K, Q6_K), opened and validated. `DRVQWEN_REAL_MODEL_SOURCE=/path/model.nanoqwen`
+    names a file converted elsewhere (carried to a machine without the `gguf` package);
+    otherwise the pulled GGUF is converted once per session."""
     from drvqwen.format.nanoqwen import NanoqwenFile
 
     path = os.environ.get("DRVQWEN_REAL_MODEL_SOURCE")

@@ -93,3 +93,24 @@ def write_tiny_gguf(path, cfg: QwenConfig, dense: dict[str, np.ndarray], **kw):
     from drvqwen.format.synthetic import write_synthetic_gguf
 
     return write_synthetic_gguf(path, cfg, dense, **kw)
+
+
+def bpe_with_merges_json() -> str:
+    """A byte-level BPE with merges and Qwen's control tokens, as a stand-in that needs no model."""
+    import tokenizers
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+    from drvqwen.format.synthetic import QWEN_CONTROL
+    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR
+
+    vocab = {BYTE_TO_CHAR[b]: b for b in range(256)}
+    merges = []
+    for a, b in [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"), ("d", "e"), ("de", "f"),
+                 ("r", "e"), ("re", "t"), ("ret", "u"), ("retu", "r"), ("retur", "n"), ("Ċ", "Ġ")]:
+        merges.append((a, b))
+        vocab.setdefault(a + b, len(vocab))
+    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_CONTROL])
+    return tk.to_str()

@@ -28,11 +28,15 @@ def test_kv_bytes_read_7b():
     assert bench.kv_bytes_read(QWEN25_CODER_7B, 576) == 576 * 57344
 
 
-def test_weight_bytes_skip_only_the_embedding():
+def test_weight_bytes_read_one_embedding_row():
     arr = lambda n: SimpleNamespace(nbytes=n)  # noqa: E731
-    dec = SimpleNamespace(weights=SimpleNamespace(arrays={
+    dense = SimpleNamespace(config=SimpleNamespace(vocab_size=10), weights=SimpleNamespace(arrays={
         "model.embed_tokens.weight": arr(1000), "lm_head.weight": arr(700), "model.norm.weight": arr(7)}))
-    assert bench.weight_bytes_per_token(dec) == 707
+    assert bench.weight_bytes_per_token(dense) == 700 + 7 + 1000 // 10
+    # An embedding in a quantized format: one row of each of its parts.
+    quantized = SimpleNamespace(config=dense.config, weights=SimpleNamespace(arrays={
+        "model.embed_tokens.qweight": arr(1000), "model.embed_tokens.scales": arr(200), "lm_head.weight": arr(700)}))
+    assert bench.weight_bytes_per_token(quantized) == 700 + 1000 // 10 + 200 // 10
 
 
 def test_mode_result_figures():

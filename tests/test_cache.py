@@ -246,9 +246,9 @@ def test_superseded_conversions_are_removed(monkeypatch, tiny_gguf, rng):
     assert sorted(p.name for p in newer.parent.glob("*.nanoqwen")) == [newer.name]
 
 
-def test_conversions_keyed_by_an_older_file_version_or_policy_are_redone(monkeypatch, tiny_gguf):
-    """A conversion cached by a drvqwen that wrote format version 3 (or converted under another
-    default policy) is not reused: the key names both, and the stale file is removed."""
+def test_conversions_keyed_by_an_older_file_version_are_redone(monkeypatch, tiny_gguf):
+    """A conversion cached by a drvqwen that wrote format version 3 is not reused: the key
+    names the version, and the stale file is removed."""
     import drvqwen.models as models
 
     done = _count_conversions(monkeypatch)
@@ -258,10 +258,86 @@ def test_conversions_keyed_by_an_older_file_version_or_policy_are_redone(monkeyp
     monkeypatch.setattr(models, "VERSION", version)
     new = models.resolve_model(str(tiny_gguf)).path
     assert new != old and len(done) == 2 and not old.exists()
-    monkeypatch.setattr(models, "DEFAULT_WEIGHTS", "source")
-    newer = models.resolve_model(str(tiny_gguf)).path
-    assert newer != new and len(done) == 3
-    assert sorted(p.name for p in newer.parent.glob("*.nanoqwen")) == [newer.name]
+
+
+def _cache_int4_as_before(monkeypatch, src):
+    """The cache's conversion of `src` as a drvqwen whose default policy was INT4 made it (its
+    key and record name `int4`); returns its path."""
+    import drvqwen.models as models
+    from drvqwen.format.convert import convert
+
+    with monkeypatch.context() as m:
+        m.setattr(models, "DEFAULT_WEIGHTS", "int4")
+        m.setattr(models, "convert", lambda s, d: convert(s, d, weights="int4"))
+        return models.resolve_model(str(src)).path
+
+
+def test_a_gguf_s_int4_conversion_cached_before_gives_way_to_its_own_formats(monkeypatch, tmp_path, rng):
+    """A GGUF's INT4 conversion cached when INT4 was the default is not taken for the default
+    conversion: the GGUF is converted again in its own formats, the INT4 file removed, and
+    `drvqwen list` says which is which."""
+    import drvqwen.models as models
+    from drvqwen import cache
+    from drvqwen.format import weight_formats as wf
+
+    src = write_tiny_gguf(tmp_path / "q8.gguf", TINY, random_dense(TINY, rng), qtype="Q8_0")
+    old = _cache_int4_as_before(monkeypatch, src)
+    assert NanoqwenFile(old).has_default_formats and models.read_conversion_record(old)["weights"] == "int4"
+    assert [e.format for e in cache.entries()] == ["nanoqwen INT4 g128"]
+    done = _count_conversions(monkeypatch)
+    new = models.resolve_model(str(src))
+    assert new.path != old and len(done) == 1 and not old.exists()
+    assert {wf.FORMATS[fid].name for p, fid in new.formats.items() if p != "lm_head"} == {"q8_g32"}
+    assert models.read_conversion_record(new.path)["weights"] == "source"
+    assert [e.format for e in cache.entries()] == ["nanoqwen, GGUF formats"]
+    assert models.resolve_model(str(src)).path == new.path and len(done) == 1       # once
+
+
+def test_an_hf_checkpoint_s_conversion_keeps_its_key(monkeypatch, tmp_path, rng):
+    """An HF checkpoint becomes INT4 under either policy: its conversion cached when INT4 was
+    the default is the default conversion still (not converted again), and says `int4`."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    import drvqwen.models as models
+
+    src = tmp_path / "hf"
+    src.mkdir()
+    save_file(random_dense(TINY, rng), str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    (src / "tokenizer.json").write_text(byte_tokenizer_json())
+    old = _cache_int4_as_before(monkeypatch, src)
+    monkeypatch.setattr(models, "convert", lambda *a: pytest.fail("converted again"))
+    f = models.resolve_model(str(src))
+    assert f.path == old and f.has_default_formats
+    assert models.read_conversion_record(old)["weights"] == "int4" == models.cache_weights(src)
+
+
+def test_a_named_model_s_conversion_is_used_without_its_download_under_the_current_policy(tmp_path):
+    """`--model NAME` whose download was removed runs its conversion only if that follows the
+    policy the cache follows now for its kind: a GGUF's INT4 conversion from before is not it."""
+    import json
+
+    import drvqwen.models as models
+
+    mdir = tmp_path / "models"
+    mdir.mkdir()
+    base = {"format": models.VERSION, "layout": models.quant.LAYOUT_ID, "quantizer": models.quant.QUANTIZER_VERSION}
+    gone = tmp_path / "gone"
+    # Where hub.fetch put the source: a GGUF's file links to a blob (the record resolves it),
+    # a checkpoint is a snapshot folder.
+    cases = {"o/gguf-old": (gone / "blobs" / "5e1f", {"weights": "int4"}, False),
+             "o/gguf-new": (gone / "blobs" / "5e1f", {"weights": "source"}, True),
+             "o/gguf-link": (gone / "snapshots" / "abc" / "m-q4_k_m.gguf", {"weights": "source"}, True),
+             "o/hf": (gone / "snapshots" / "abc", {"weights": "int4"}, True),
+             "o/hf-unrecorded": (gone / "snapshots" / "abc", {}, True)}    # records before policies
+    for i, (name, (source, extra, _)) in enumerate(cases.items()):
+        conv = mdir / f"m{i}-0123456789abcdef.nanoqwen"
+        conv.write_bytes(b"")
+        models._sidecar(conv).write_text(json.dumps(base | extra | {"name": name, "source": str(source)}))
+    for i, (name, (_, _, used)) in enumerate(cases.items()):
+        assert models.conversion_of_name(name, mdir) == (mdir / f"m{i}-0123456789abcdef.nanoqwen" if used else None), name
 
 
 def test_hf_conversion_key_follows_the_index(tmp_path, rng, monkeypatch):

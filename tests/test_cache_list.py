@@ -74,7 +74,7 @@ def test_list_shows_every_entry(filled, capsys):
     by_name = {e.name: e for e in cache.entries()}
     assert sorted(by_name) == sorted([DEFAULT_GGUF.filename, conv.name, "someone/Coder-GGUF:Q4_K_M",
                                       "someone/Coder-GGUF:Q8_0"])
-    assert by_name[conv.name].format == "nanoqwen INT4 g128" and by_name[conv.name].size == conv.stat().st_size
+    assert by_name[conv.name].format == "nanoqwen, GGUF formats" and by_name[conv.name].size == conv.stat().st_size
     assert by_name[conv.name].source == f"converted from {filled['src'].resolve()}"
     assert conv.name.startswith("tiny-")
     q8 = by_name["someone/Coder-GGUF:Q8_0"]

@@ -234,7 +234,7 @@ def test_agree_is_exact_for_source_formats_and_not_for_int4(tiny_source, tmp_pat
     from drvqwen.format.convert import convert
 
     convert(tiny_source, tmp_path / "src.nanoqwen", weights="source")
-    convert(tiny_source, tmp_path / "int4.nanoqwen")
+    convert(tiny_source, tmp_path / "int4.nanoqwen", weights="int4")
     figures = {}
     for name in ("src", "int4"):
         out = tmp_path / f"{name}.json"
@@ -328,7 +328,7 @@ def test_agree_takes_a_source_format_nanoqwen_as_the_reference(tiny_source, tmp_
     from drvqwen.format.convert import convert
 
     convert(tiny_source, tmp_path / "src.nanoqwen", weights="source")
-    convert(tiny_source, tmp_path / "int4.nanoqwen")
+    convert(tiny_source, tmp_path / "int4.nanoqwen", weights="int4")
     figs = {}
     for ref_path in (str(tiny_source), str(tmp_path / "src.nanoqwen")):
         out = tmp_path / "a.json"

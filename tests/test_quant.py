@@ -52,6 +52,19 @@ def test_clip_search_lowers_weight_error_within_bounds(rng):
     assert search["rel_l2"] < plain["rel_l2"]
 
 
+def test_reconstruction_error_by_blocks_of_rows_is_the_whole_s(rng):
+    """The converter checks a weight a block of rows at a time; the figures are those of the
+    whole weight, computed here directly in float64."""
+    w = rng.standard_normal((37, 256)).astype(np.float32)
+    w_hat = quant.dequantize_codes(*quant.quantize(w))
+    d = w.astype(np.float64) - w_hat
+    rel = np.sqrt(np.sum(d * d) / np.sum(w.astype(np.float64) ** 2))
+    e = quant.reconstruction_error_rows((w[r:r + 5], w_hat[r:r + 5]) for r in range(0, 37, 5))
+    assert e["rel_l2"] == pytest.approx(rel, rel=1e-12) and e["max_abs"] == np.abs(d).max()
+    assert e["snr_db"] == pytest.approx(-20 * np.log10(rel), rel=1e-12)
+    assert quant.reconstruction_error(w, w)["rel_l2"] == 0.0
+
+
 def test_codes_range_and_bad_shapes(rng):
     w = rng.standard_normal((4, 256)).astype(np.float32)
     q, s = quant.quantize(w)

@@ -351,3 +351,51 @@ def test_the_driver_warmup_gives_its_context_back_once(monkeypatch):
     warmup.release()
     warmup.release()
     assert released == [3]
+
+
+@pytest.mark.parametrize("argv,starts", [
+    (["run", "--prompt", "x"], True), (["chat"], True), (["-v", "run"], True),
+    (["run", "--device", "cpu"], False), (["chat", "--device=cpu"], False), (["run", "--device", "cuda"], True),
+    (["list"], False), (["eval", "humaneval"], False), ([], False), (["--version"], False)])
+def test_the_entry_point_starts_the_driver_for_gpu_runs_only(monkeypatch, argv, starts):
+    """`drvqwen run`/`chat` start the driver before anything imports, unless --device cpu; other
+    commands (whose default device may be the CPU) leave it to loading.choose_device."""
+    from drvqwen.cuda import warmup
+
+    calls = []
+    monkeypatch.setattr(warmup, "start_driver", lambda ordinal=0: calls.append(ordinal))
+    assert warmup.start_for_command(argv) is starts
+    assert calls == ([0] if starts else [])
+
+
+def test_the_driver_warmup_starts_once_per_process(monkeypatch):
+    from drvqwen.cuda import warmup
+
+    monkeypatch.setattr(warmup, "_started", None)
+    monkeypatch.setattr(warmup, "_bring_up", lambda ordinal: None)
+    first = warmup.start_driver()
+    assert warmup.start_driver() is first
+    first.join(5)
+
+
+def test_a_cpu_run_gives_back_a_context_the_entry_point_retained(monkeypatch):
+    """--device cpu after an early warm-up (chat started it, then the model went to the CPU by
+    the user's word): choose_device waits for the thread and releases what it retained."""
+    import threading
+
+    from drvqwen.cuda import warmup
+    from drvqwen.loading import choose_device
+
+    released = []
+
+    class Lib:
+        def cuDevicePrimaryCtxRelease(self, dev):
+            released.append(dev)
+            return 0
+
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    monkeypatch.setattr(warmup, "_started", done)
+    monkeypatch.setattr(warmup, "_retained", [(Lib(), 0)])
+    assert choose_device("cpu") == ("cpu", "--device cpu")
+    assert released == [0]

@@ -15,7 +15,7 @@ import tokenizers
 from drvqwen import tokenizer_cache
 from drvqwen.tokenizer import Tokenizer
 
-from helpers import byte_tokenizer_json
+from helpers import bpe_with_merges_json, byte_tokenizer_json
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -68,28 +68,8 @@ def _assert_same_tokenizer(text: str, n_texts: int, rng) -> None:
     assert [cached.token_bytes(i) for i in ids[:500]] == [built.token_bytes(i) for i in ids[:500]]
 
 
-def _bpe_with_merges_json() -> str:
-    """A byte-level BPE with merges and Qwen's control tokens, as a stand-in that needs no model."""
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-
-    from drvqwen.format.synthetic import QWEN_CONTROL
-    from drvqwen.tokenizer_gguf import BYTE_TO_CHAR
-
-    vocab = {BYTE_TO_CHAR[b]: b for b in range(256)}
-    merges = []
-    for a, b in [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "Ġ"), ("ĠĠ", "ĠĠ"), ("d", "e"), ("de", "f"),
-                 ("r", "e"), ("re", "t"), ("ret", "u"), ("retu", "r"), ("retur", "n"), ("Ċ", "Ġ")]:
-        merges.append((a, b))
-        vocab.setdefault(a + b, len(vocab))
-    tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_CONTROL])
-    return tk.to_str()
-
-
 def test_the_cached_form_is_the_same_tokenizer(rng):
-    _assert_same_tokenizer(_bpe_with_merges_json(), 3000, rng)
+    _assert_same_tokenizer(bpe_with_merges_json(), 3000, rng)
 
 
 def test_the_cached_real_tokenizer_encodes_every_text_alike(real_nanoqwen, rng):
@@ -99,7 +79,7 @@ def test_the_cached_real_tokenizer_encodes_every_text_alike(real_nanoqwen, rng):
 
 
 def test_the_cached_form_is_the_faster_spelling():
-    text = _bpe_with_merges_json()
+    text = bpe_with_merges_json()
     doc = json.loads(tokenizer_cache.compact_json(tokenizers.Tokenizer.from_str(text)))
     vocab = list(doc["model"]["vocab"])
     assert vocab == sorted(vocab) and vocab != list(json.loads(text)["model"]["vocab"])
@@ -116,7 +96,7 @@ def test_merges_with_a_space_keep_the_pair_form():
 
 
 def test_a_form_that_builds_another_tokenizer_is_not_stored(monkeypatch):
-    text = _bpe_with_merges_json()
+    text = bpe_with_merges_json()
     other = json.loads(text)
     other["model"]["merges"] = other["model"]["merges"][:-1]          # one merge lost
     monkeypatch.setattr(tokenizer_cache, "compact_json", lambda tk: json.dumps(other))
@@ -127,7 +107,7 @@ def test_a_form_that_builds_another_tokenizer_is_not_stored(monkeypatch):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "header"])
 def test_a_damaged_cache_file_is_rebuilt_not_used(damage):
-    text = _bpe_with_merges_json()
+    text = bpe_with_merges_json()
     Tokenizer.from_json(text, cache=True).store_in_cache()
     path = tokenizer_cache.cache_path(text)
     raw = bytearray(path.read_bytes())
@@ -149,7 +129,7 @@ def test_a_damaged_cache_file_is_rebuilt_not_used(damage):
 
 
 def test_a_file_belongs_to_one_json_and_one_tokenizers_version(monkeypatch):
-    text = _bpe_with_merges_json()
+    text = bpe_with_merges_json()
     Tokenizer.from_json(text, cache=True).store_in_cache()
     assert Tokenizer.from_json(text, cache=True).from_cache
     other = byte_tokenizer_json()
@@ -162,7 +142,7 @@ def test_a_file_belongs_to_one_json_and_one_tokenizers_version(monkeypatch):
 def test_written_through_a_temporary_name_and_a_rename(monkeypatch):
     from drvqwen import paths
 
-    text = _bpe_with_merges_json()
+    text = bpe_with_merges_json()
     seen = []
     real = paths.atomic_write_bytes
     monkeypatch.setattr(paths, "atomic_write_bytes", lambda p, data: seen.append(p) or real(p, data))
@@ -178,7 +158,7 @@ def test_a_cache_that_cannot_be_written_only_costs_the_build(monkeypatch):
         raise PermissionError(13, "Permission denied", str(p))
 
     monkeypatch.setattr(paths, "atomic_write_bytes", refuse)
-    text = _bpe_with_merges_json()
+    text = bpe_with_merges_json()
     tok = Tokenizer.from_json(text, cache=True)
     assert not tok.store_in_cache()
     assert not tok.from_cache and tok.encode("def the") == Tokenizer.from_json(text).encode("def the")
@@ -200,7 +180,7 @@ def test_a_run_says_where_its_tokenizer_came_from(tmp_path, capsys):
 
     cfg = dataclasses.replace(TINY, max_position=256)
     model = tmp_path / "tiny.nanoqwen"
-    write_model(model, cfg, random_dense(cfg, np.random.default_rng(5)), tokenizer_json=_bpe_with_merges_json())
+    write_model(model, cfg, random_dense(cfg, np.random.default_rng(5)), tokenizer_json=bpe_with_merges_json())
     seen = []
     for _ in range(2):
         js = tmp_path / "stats.json"

@@ -172,10 +172,11 @@ def test_reference_on_source_formats_equals_dense_gguf(mixed):
 def test_int4_policy_gives_the_default_formats(mixed, tmp_path):
     from drvqwen.format.convert import convert
 
-    source, _, report = mixed
-    convert(source, tmp_path / "int4.nanoqwen")
+    source, _, _ = mixed
+    report = convert(source, tmp_path / "int4.nanoqwen", weights="int4")
     f = NanoqwenFile(tmp_path / "int4.nanoqwen")
     assert f.has_default_formats and f.formats == default_formats(f.config)
+    assert report.weights == "int4" and {r.format_name for r in report.mapping.values()} == {"int4_g128", "dense"}
 
 
 def test_the_gpu_takes_every_format_and_names_a_weight_it_cannot(mixed, monkeypatch, tmp_path):

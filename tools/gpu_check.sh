@@ -20,7 +20,7 @@
 #             and 0.5B and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
 #             checkout's src/> …" the same for those versions, each compared with this one
 #             (tools/compare_fingerprints.py: same tokens? same bits? which launch shapes differ).
-#   real      the real 0.5B (DRVQWEN_REAL_MODEL=converted .nanoqwen): its GPU tests, three
+#   real      the real 0.5B (DRVQWEN_REAL_MODEL=its `convert --weights int4` .nanoqwen): its GPU tests, three
 #             `drvqwen run`s (raw fib completion, a chat prompt, sampling with --repeat-penalty
 #             and --min-p) and a scripted three-turn `drvqwen chat` through stdin.
 #   serve     `drvqwen serve` on the GPU: installs the web stack from the carried wheels

@@ -19,9 +19,11 @@ def main() -> int:
     """Run the command line (`cli.main`) with Ctrl-C handled from the first instruction."""
     signal.signal(signal.SIGINT, interrupted_while_starting)
     from . import STARTED
+    from .cuda import warmup
     from .stats import process_started
 
     process_started(STARTED)        # the statistics count this process's start-up and imports
+    warmup.start_for_command(sys.argv[1:])  # run/chat: the driver starts while everything imports
     from .cli import main as cli_main
 
     return leave(cli_main())

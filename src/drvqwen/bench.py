@@ -52,6 +52,7 @@ from rich.table import Table
 from .config import PRESETS
 from .console import error_line, make_console, progress_bar
 from .errors import DrvqwenError
+from .format.tensor_set import bytes_per_token
 
 PROMPT_TOKENS = 512
 NEW_TOKENS = 128
@@ -141,8 +142,9 @@ class ModeResult:
 
 
 def weight_bytes_per_token(dec) -> int:
-    """Weight bytes one decode step reads: every uploaded tensor but the embedding."""
-    return sum(a.nbytes for name, a in dec.weights.arrays.items() if name != "model.embed_tokens.weight")
+    """Weight bytes one decode step reads from the GPU's copy: every tensor but the embedding
+    table (in whatever format), of which one row (format.tensor_set.bytes_per_token)."""
+    return bytes_per_token(((n, a.nbytes) for n, a in dec.weights.arrays.items()), dec.config.vocab_size)
 
 
 def kv_bytes_read(config, seq_len: int) -> int:
@@ -300,9 +302,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "itl": "host wall time between consecutive tokens read back, per step"},
             "copy_bandwidth": {"GBps": copy.gbps, "copy_bytes": copy.copy_bytes, "times_ms": list(copy.times_ms),
                                "convention": "bytes read + bytes written (2 x copy_bytes) per copy"},
-            "bytes_read_per_token": {"weights_minus_embedding": weight_bytes_per_token(dec),
+            "bytes_read_per_token": {"weights": weight_bytes_per_token(dec),
                                      "convention": "decode counts bytes read (weights but the embedding, "
-                                                   "plus KV at each step's length)"},
+                                                   "of which one row, plus KV at each step's length)"},
             "launches_per_step": len(dec.launches),
             "modes": {m: asdict(r) for m, r in results.items()},
         }

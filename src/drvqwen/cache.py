@@ -36,7 +36,8 @@ class Entry:
 
     Attributes:
         name: what `drvqwen rm` takes (a file name, or `owner/name[:TAG]`).
-        format: 'GGUF', 'HF safetensors' or 'nanoqwen INT4 g128'.
+        format: 'GGUF', 'HF safetensors', 'nanoqwen INT4 g128' or 'nanoqwen, GGUF formats'
+            (a conversion keeping its GGUF's formats), 'nanoqwen' (a conversion without record).
         size: bytes on disk (hub blobs counted once).
         mtime: newest modification time of its files (seconds since the epoch).
         source: where it came from (a model name, a path, or the built-in source).
@@ -77,6 +78,11 @@ def _stat(p: Path) -> os.stat_result | None:
         return None
 
 
+# A conversion's format, by the weight policy its record names (models.read_conversion_record:
+# records written before there were two policies name none, and are INT4).
+_CONVERSION_FORMAT = {"int4": "nanoqwen INT4 g128", "source": "nanoqwen, GGUF formats"}
+
+
 def _model_files(d: Path) -> list[Entry]:
     from .models import read_conversion_record
     from .pull import DEFAULT_GGUF
@@ -99,7 +105,8 @@ def _model_files(d: Path) -> list[Entry]:
                 src = f"{Path(src).name} (in the cache)"
             if gone:
                 src += " (no longer there)"
-            out.append(Entry(n, "nanoqwen INT4 g128", st.st_size, st.st_mtime, f"converted from {src}",
+            fmt = _CONVERSION_FORMAT.get(rec.get("weights", "int4"), "nanoqwen") if rec else "nanoqwen"
+            out.append(Entry(n, fmt, st.st_size, st.st_mtime, f"converted from {src}",
                              [p, d / f".{n}.source.json"]))
         elif n.endswith(".gguf"):
             src = (f"{DEFAULT_GGUF.what} (drvqwen pull)" if n == DEFAULT_GGUF.filename

@@ -215,20 +215,21 @@ def prompt_text(args) -> str | None:
     return text
 
 
-def prompt_ids(args, tok, text: str | None) -> list[int]:
-    """The ids `run` sends: FIM, --raw or the chat template around `text`.
-
-    User text is plain text: only the template's own markers become control ids. --raw is the
-    one place where special tokens written in the prompt are parsed, on purpose.
-    """
-    from .tokenizer import DEFAULT_SYSTEM
-
+def prompt_spec(args, text: str | None) -> dict:
+    """What `run` asks the tokenizer for, as plain data (tokenizer.prompt_ids_of takes it, in
+    this process or in tokenizer_worker's): FIM, --raw or the chat template around `text`."""
     if args.fim_prefix is not None or args.fim_suffix is not None:
-        return tok.fim(args.fim_prefix or "", args.fim_suffix or "")
+        return {"kind": "fim", "prefix": args.fim_prefix or "", "suffix": args.fim_suffix or ""}
     if args.raw:
-        return tok.encode(text, special=True)
-    # `is None`, not truthiness: --system "" asks for an empty system turn.
-    return tok.chat(text, system=DEFAULT_SYSTEM if args.system is None else args.system)
+        return {"kind": "raw", "text": text}
+    return {"kind": "chat", "text": text, "system": args.system}
+
+
+def prompt_ids(args, tok, text: str | None) -> list[int]:
+    """The ids `run` sends: FIM, --raw or the chat template around `text` (prompt_spec)."""
+    from .tokenizer import prompt_ids_of
+
+    return prompt_ids_of(prompt_spec(args, text), tok)
 
 
 def sampling_params(args, say=None) -> SamplingParams:

@@ -73,9 +73,12 @@ def choose_device(requested: str) -> tuple[str, str | None]:
     Raises:
         DrvqwenError: --device cuda, and no usable GPU (names the reason).
     """
-    if requested == "cpu":
-        return "cpu", "--device cpu"
     from .cuda import warmup
+
+    if requested == "cpu":
+        warmup.join_started()          # a warm-up the entry point began: no context held for a CPU run
+        warmup.release()
+        return "cpu", "--device cpu"
 
     warming = warmup.start_driver()    # cuInit and the primary context while numpy and the rest import
     try:
@@ -265,27 +268,36 @@ def convert_with_progress(src: Path, dst: Path, weights: str | None = None, per_
         DrvqwenError: a bad source (before the bar is drawn); a folder that cannot take the
             file or has no room for it.
     """
-    from .format.convert import DEFAULT_WEIGHTS, check_destination, convert, open_source
+    from .format.convert import DEFAULT_WEIGHTS, check_destination, convert, open_source, plan_formats
 
     err = _err()
+    weights = weights or DEFAULT_WEIGHTS
     src = open_source(src)          # bad input fails here, before a progress bar is drawn
-    check_destination(src, dst)     # and a read-only folder or a full disk too
+    check_destination(src, dst, formats=plan_formats(src, src.config, weights))   # a full disk too
     with progress_bar(console=err) as p:
         task = p.add_task("quantizing", total=None)
 
         def cb(name, done, total):
             p.update(task, completed=done, total=total, description=f"{name[:48]:<48}")
 
-        report = convert(src, dst, progress=cb, weights=weights or DEFAULT_WEIGHTS)
+        report = convert(src, dst, progress=cb, weights=weights)
     print_quant_summary(report, per_tensor)
     return report
 
 
+# What each policy followed means for the source converted (format.weights_followed).
+_POLICY_WORDS = {("source", "gguf"): "the GGUF's tensors in their own formats",
+                 ("int4", "gguf"): "projections re-quantized to INT4 g128, embedding and lm_head FP16",
+                 ("int4", "hf"): "projections INT4 g128, embedding and lm_head FP16: an HF checkpoint "
+                                 "has no blocks to keep"}
+
+
 def print_quant_summary(report, per_tensor: bool = False) -> None:
-    """On stderr: source type → drvqwen format (how many weights, bits per weight, exact or
-    re-quantized), the bytes one decode token reads, and the reconstruction error by projection
-    (or of every tensor)."""
+    """On stderr: the policy followed, source type → drvqwen format (how many weights, bits per
+    weight, exact or re-quantized), the bytes one decode token reads, and the reconstruction
+    error by projection (or of every tensor)."""
     err = _err()
+    err.print(f"weights: {report.weights} ({_POLICY_WORDS[report.weights, report.source_kind]})", soft_wrap=True)
     t = Table(title="weight formats (source type → drvqwen format)")
     for c in ("source", "format", "weights", "bits/weight", "values"):
         t.add_column(c)
@@ -296,7 +308,7 @@ def print_quant_summary(report, per_tensor: bool = False) -> None:
     err.print(t)
     for tensor, ty, fmt in report.fallbacks:
         err.print(f"{tensor}: GGUF type {ty} has no exact drvqwen format: re-quantized to {fmt}", soft_wrap=True)
-    err.print(f"bytes read per decode token: {report.bytes_per_token / 1e6:.1f} MB")
+    err.print(f"weight bytes read per decode token: {report.bytes_per_token / 1e6:.1f} MB")
     t = Table(title="reconstruction error (‖W−Ŵ‖/‖W‖; 0 where the source's values are kept)", show_lines=False)
     if per_tensor:
         for c in ("tensor", "shape", "rel L2", "max |err|", "SNR dB"):

@@ -5,11 +5,14 @@
 - an HF folder or a GGUF file: converted once into the cache root, reused afterwards
 
 The conversion cache is keyed by content: the sha256 of the files the converter reads, the
-`.nanoqwen` format version, the weight layout and the quantizer version. Moving or copying
-the cache (or the source) therefore finds the conversion again, and a new quantizer or
-format converts again. A superseded conversion — an older quantizer's for the same source,
-or one of an older file at the same path — is removed when its successor is written, so the
-cache does not keep several 735 MB copies of one model.
+`.nanoqwen` format version, the weight layout, the quantizer version and the weight policy
+the conversion follows (`cache_weights`: a GGUF's own formats, an HF checkpoint's INT4).
+Moving or copying the cache (or the source) therefore finds the conversion again, and a new
+quantizer, format or default policy converts again: a GGUF's INT4 conversion cached when INT4
+was the default is not taken for the conversion in its own formats. A superseded conversion —
+an older quantizer's or policy's for the same source, or one of an older file at the same
+path — is removed when its successor is written, so the cache does not keep several copies
+of one model.
 
 Hashing a 15 GB checkpoint takes ~15 s, so a file's sha256 is remembered, keyed by what
 changes whenever its bytes do: (device, inode, size, mtime). `drvqwen run` verifies the
@@ -32,7 +35,7 @@ from typing import Callable
 
 from .errors import DrvqwenError, FormatError
 from .format import quant
-from .format import DEFAULT_WEIGHTS
+from .format import DEFAULT_WEIGHTS, weights_followed
 from .format.nanoqwen import MAGIC, VERSION, NanoqwenFile
 from .paths import atomic_write_bytes, models_dir, state_dir
 
@@ -194,14 +197,31 @@ def source_digest(src: Path, hash_progress: Callable[[Path], Progress | None] | 
     return h.hexdigest()
 
 
+def cache_weights(src: Path) -> str:
+    """The weight policy the cache's conversion of `src` follows: DEFAULT_WEIGHTS for a GGUF
+    file, `int4` for an HF folder (format.weights_followed), so that an HF checkpoint's
+    conversion keeps its key whichever the default."""
+    return weights_followed(DEFAULT_WEIGHTS, "hf" if src.is_dir() else "gguf")
+
+
+def _recorded_weights_current(rec: dict) -> bool:
+    """Whether the policy in the record of a model fetched by name is the one the cache follows
+    now for its kind. Its source may be gone; where it was tells the kind: a checkpoint is a
+    hub snapshot folder (`…/snapshots/<revision>`, hub.fetch), a GGUF the file in it or the
+    blob that file links to."""
+    kind = "hf" if Path(rec.get("source", "")).parent.name == "snapshots" else "gguf"
+    return rec.get("weights", "int4") == weights_followed(DEFAULT_WEIGHTS, kind)
+
+
 def conversion_path(src: Path, digest: str, mdir: Path) -> Path:
     """Where the conversion of a source with content `digest` lives in the cache:
     `<source name>-<key>.nanoqwen`, the source's name for people (`cache_name`), the key
     (16 hex digits) of its content and of everything that changes the converted bytes
-    (format version, layout, quantizer, weight policy) for the lookup: a conversion by an
-    older drvqwen is never found under a newer key, and is converted again."""
+    (format version, layout, quantizer, the weight policy followed: `cache_weights`) for the
+    lookup: a conversion by an older drvqwen is never found under a newer key, and is
+    converted again."""
     key = hashlib.sha256(f"{digest}:format-{VERSION}:layout-{quant.LAYOUT_ID}:"
-                         f"quantizer-{quant.QUANTIZER_VERSION}:weights-{DEFAULT_WEIGHTS}".encode()).hexdigest()[:16]
+                         f"quantizer-{quant.QUANTIZER_VERSION}:weights-{cache_weights(src)}".encode()).hexdigest()[:16]
     return mdir / f"{cache_name(src)}-{key}.nanoqwen"
 
 
@@ -260,7 +280,9 @@ def _sidecar(dst: Path) -> Path:
 
 def read_conversion_record(dst: Path) -> dict:
     """The record written beside a conversion (`.<name>.source.json`: source path, model name
-    if fetched by one, digest, versions), or {} if there is none or it cannot be read."""
+    if fetched by one, digest, versions, the weight policy followed — absent in records written
+    before there were two, whose conversions are all `int4`), or {} if there is none or it
+    cannot be read."""
     try:
         rec = json.loads(_sidecar(dst).read_text())
     except (OSError, ValueError):
@@ -270,14 +292,16 @@ def read_conversion_record(dst: Path) -> dict:
 
 def conversion_of_name(name: str, mdir: Path) -> Path | None:
     """The newest conversion in `mdir` made from the model called `name` by the current
-    format, layout and quantizer, when the download it was made from is no longer in the
-    cache; None otherwise (also when the download is there: the ordinary route finds the
-    conversion by content and follows a newer revision)."""
+    format, layout, quantizer and weight policy (`cache_weights` of its source), when the
+    download it was made from is no longer in the cache; None otherwise (also when the
+    download is there: the ordinary route finds the conversion by content and follows a newer
+    revision). A conversion under another policy is not it: the model is fetched again."""
     best = None
     for p in mdir.glob("*.nanoqwen"):
         rec = read_conversion_record(p)
         if (rec.get("name") != name or rec.get("format") != VERSION or rec.get("layout") != quant.LAYOUT_ID
-                or rec.get("quantizer") != quant.QUANTIZER_VERSION or rec.get("weights", "int4") != DEFAULT_WEIGHTS):
+                or rec.get("quantizer") != quant.QUANTIZER_VERSION
+                or not _recorded_weights_current(rec)):
             continue
         if Path(rec.get("source", "")).exists():
             return None
@@ -291,7 +315,7 @@ def conversion_of_name(name: str, mdir: Path) -> Path | None:
 
 def _record_conversion(dst: Path, src: Path, digest: str, origin: str | None = None) -> None:
     data = {"source": str(src.resolve()), "digest": digest, "format": VERSION,
-            "quantizer": quant.QUANTIZER_VERSION, "layout": quant.LAYOUT_ID, "weights": DEFAULT_WEIGHTS}
+            "quantizer": quant.QUANTIZER_VERSION, "layout": quant.LAYOUT_ID, "weights": cache_weights(src)}
     if origin is not None:
         data["name"] = origin
     try:

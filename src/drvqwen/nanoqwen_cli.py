@@ -46,11 +46,11 @@ def _format_counts(f) -> str:
 
 
 def _bytes_per_token(f) -> str:
-    """The bytes one decode token reads (every layer's weights, norms and biases, lm_head, one
-    embedding row), next to the file size."""
-    from .format.convert import bytes_per_token
+    """The weight bytes one decode token reads (every layer's weights, norms and biases,
+    lm_head, one embedding row: format.tensor_set.bytes_per_token), next to the file size."""
+    from .format.tensor_set import bytes_per_token
 
-    b = bytes_per_token(f.tensors.values(), f.config)
+    b = bytes_per_token(((i.name, i.nbytes) for i in f.tensors.values()), f.config.vocab_size)
     return f"{b:,} B ({b / 1e6:.1f} MB; the file is {f.header.file_size / 1e6:.1f} MB)"
 
 
@@ -73,10 +73,10 @@ def cmd_info(args) -> int:
     c = f.config
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
-            ("quantization", f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"
-             + ("" if f.has_default_formats else " (default; per-tensor formats below)")),
+            ("quantization", ("" if f.has_default_formats else "each weight in its own format (below); int4_g128: ")
+             + f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
             ("weight formats", _format_counts(f)),
-            ("bytes per decode token", _bytes_per_token(f)),
+            ("weight bytes per decode token", _bytes_per_token(f)),
             ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
             ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
              if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
@@ -119,15 +119,16 @@ def cmd_info(args) -> int:
 
 def register(sub) -> None:
     """Add `convert` and `info` to the CLI's subcommands."""
-    c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (INT4 g128, or a GGUF's own formats)")
+    c = sub.add_parser("convert", help="HF folder or GGUF → .nanoqwen (a GGUF's own formats, or INT4 g128)")
     c.add_argument("source", help="HF checkpoint folder (config.json, *.safetensors, tokenizer.json) or GGUF file")
     c.add_argument("-o", "--output", required=True, help="the .nanoqwen file to write")
     from .format import DEFAULT_WEIGHTS, WEIGHT_POLICIES
 
     c.add_argument("--weights", choices=WEIGHT_POLICIES, default=DEFAULT_WEIGHTS,
-                   help=f"int4: every projection INT4 g128, embedding and lm_head FP16; source: a "
-                        f"GGUF's tensors kept in formats that hold their values exactly "
-                        f"(docs/quantization.md). Default: {DEFAULT_WEIGHTS}")
+                   help=f"source: a GGUF's tensors kept in formats that hold their values exactly, so the "
+                        f"model answers as the file does; int4: every projection re-quantized to INT4 g128, "
+                        f"embedding and lm_head FP16 (faster on the GPU today). An HF checkpoint becomes "
+                        f"INT4 g128 under either (docs/quantization.md). Default: {DEFAULT_WEIGHTS}")
     c.add_argument("--per-tensor", action="store_true", help="print the error of every tensor")
     c.add_argument("--report-json", help="write per-tensor quantization errors as JSON")
     c.set_defaults(fn=cmd_convert)

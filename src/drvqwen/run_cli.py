@@ -28,12 +28,28 @@ def _say_dim(message: str) -> None:
     make_console(stderr=True).print(message, style="dim", soft_wrap=True)
 
 
-def _store_tokenizer(tok, stats) -> None:
-    """The tokenizer's fast-loading form into the cache, when this run had to build it: the
-    phase "tokenizer cache" of the first run with a tokenizer, after its answer."""
-    if tok.store_pending:
+def _store_tokenizer(tok, tokenizer_json: str, stats) -> None:
+    """The tokenizer's cached forms, when this run had to build it: its fast-loading form
+    (tokenizer_cache) and the token bytes table (token_bytes_table) that let the next GPU run
+    encode in another process (tokenizer_process) — the phase "tokenizer cache" of the first
+    run with a tokenizer, after its answer. Nothing when the run never built one."""
+    from .tokenizer import Tokenizer
+
+    if not isinstance(tok, Tokenizer):
+        return
+    from . import token_bytes_table, tokenizer_cache
+
+    try:
+        digest = tokenizer_cache.text_digest(tokenizer_json)
+        table_missing = not token_bytes_table.table_path(digest).is_file()
+    except DrvqwenError:                # no cache root: the next run builds again
+        table_missing = False
+    if tok.store_pending or table_missing:
         with stats.timed("tokenizer cache"):
-            tok.store_in_cache()
+            if tok.store_pending:
+                tok.store_in_cache()
+            if table_missing:
+                token_bytes_table.store(digest, tok)
 
 
 def cmd_run(args) -> int:
@@ -53,6 +69,7 @@ def _run(args, stats) -> int:
         from .stats import Background, write_json_atomic
         from .stop_strings import StopStrings
         from .text_input import checked_arg
+        from . import tokenizer_process
         from .tokenizer import StreamDecoder, Tokenizer
 
     err = make_console(stderr=True)
@@ -79,19 +96,38 @@ def _run(args, stats) -> int:
     # backend loads, whose driver calls, copies and compiles leave the GIL to it. The CPU
     # backend sizes its KV cache from the prompt, so there it is built first, in line.
     on_gpu = generating and opened.device == "cuda"
-    tokenizer = Background("tokenizer", lambda: Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True),
-                           thread=on_gpu)
+    # Where an earlier run left both cached forms, the prompt is encoded in another process
+    # (tokenizer_process: its GIL is its own) and the answer decoded from the cached token bytes.
+    remote = tokenizer_process.start_for(f.tokenizer_json, go.prompt_spec(args, text)) if on_gpu else None
+
+    def build():
+        return Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
+
+    tokenizer = Background("tokenizer", build, thread=on_gpu) if remote is None else None
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
 
-    def prompt() -> tuple[Tokenizer, list[int]]:
-        tok = tokenizer.result()
+    def checked(ids: list[int]) -> list[int]:
+        check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
+        check_prompt_ids(ids, f.config.vocab_size, str(f.path))
+        return ids
+
+    def prompt():
+        """(what decodes the answer: the Tokenizer or the cached TokenBytesTable, the prompt's ids)."""
+        if remote is not None:
+            proc, table = remote
+            with stats.timed("tokenize"):
+                ids = proc.ids()
+            if ids is not None:
+                stats.counts["tokenizer_cached"] = stats.counts["tokenizer_process"] = 1
+                if proc.seconds is not None:
+                    stats.background["tokenizer process"] = proc.seconds
+                return table, checked(ids)
+        tok = tokenizer.result() if tokenizer is not None else Background("tokenizer", build, thread=False).result()
         stats.counts["tokenizer_cached"] = int(tok.from_cache)
         with stats.timed("tokenize"):
             ids = go.prompt_ids(args, tok, text)
-        check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
-        check_prompt_ids(ids, f.config.vocab_size, str(f.path))
-        return tok, ids
+        return tok, checked(ids)
 
     tok = ids = None
     if not on_gpu:
@@ -99,7 +135,7 @@ def _run(args, stats) -> int:
     if not generating:
         # Nothing to generate: the prompt's length is the whole answer; no weights are loaded.
         res = GenerationResult(prompt_tokens=len(ids))
-        _store_tokenizer(tok, stats)
+        _store_tokenizer(tok, f.tokenizer_json, stats)
         stats.finish()
         err.print(res.summary(), style="dim", soft_wrap=True)
         if args.json_stats:
@@ -132,13 +168,15 @@ def _run(args, stats) -> int:
     finally:
         if proposer is not None:
             proposer.close()
+        if remote is not None:
+            remote[0].close()
         backend.close()
     tail, _ = stops.push(stream.flush())
     tail += stops.flush()
     out.write(tail + "\n")
     out.flush()
     stats.first_output()
-    _store_tokenizer(tok, stats)             # once per tokenizer, after the answer is out
+    _store_tokenizer(tok, f.tokenizer_json, stats)  # once per tokenizer, after the answer is out
     stats.finish()
     if stops.stopped and res.stopped_by != "stop string":
         res.stopped_by = "stop string"          # found in the text held back at the end
@@ -189,6 +227,8 @@ def cmd_chat(args) -> int:
     finally:
         if proposer is not None:
             proposer.close()
+        if remote is not None:
+            remote[0].close()
         backend.close()
     return 0
 

@@ -173,9 +173,11 @@ class RunStats:
         t_origin: where the total starts: the process's exec when this is the process's own
             command (`process_started`) and /proc tells it, else t_start.
         phases: phase name → seconds, exclusive of the phases timed inside it (module doc).
-        background: phase name → seconds its work took on its own thread (`Background`).
+        background: phase name → seconds its work took on its own thread (`Background`), and
+            "tokenizer process": the tokenizer worker's own time (tokenizer_process.py).
         counts: kernels_compiled, kernels_cached, modules_loaded, tokenizer_cached (1: the
-            tokenizer came from the cache, 0: it was built from tokenizer.json).
+            tokenizer came from the cache, 0: it was built from tokenizer.json),
+            tokenizer_process (1: the prompt was encoded in another process).
         backend: the backend's name ("cpu (numpy reference)", "cuda (NVIDIA H200), graph decode").
         seed: the sampler's seed when sampling, else None.
         first_output_s: t_origin → the first text written to stdout (`first_output`), or None.
@@ -269,6 +271,9 @@ class RunStats:
         elif k == "tokenizer" and "tokenizer_cached" in c:
             label += " (from the cache" if c["tokenizer_cached"] else " (built from tokenizer.json"
             label += f"; wait, {self.background[k] * 1e3:.0f} ms on its thread)" if k in self.background else ")"
+        elif k == "tokenize" and c.get("tokenizer_process"):
+            seconds = self.background.get("tokenizer process")
+            label += " (in another process: wait" + (f"; {seconds * 1e3:.0f} ms there)" if seconds else ")")
         elif k in self.background:
             label += f" (wait; {self.background[k] * 1e3:.0f} ms on its thread)"
         return label

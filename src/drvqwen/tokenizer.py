@@ -340,6 +340,27 @@ class StreamDecoder:
         return out
 
 
+def prompt_ids_of(spec: dict, tok: "Tokenizer") -> list[int]:
+    """The ids of a prompt described by `spec` (gen_options.prompt_spec):
+    {"kind": "chat", "text", "system"} — the chat template, `system` None for the default
+    system prompt ("" asks for an empty system turn); {"kind": "raw", "text"} — the text with
+    its special tokens parsed (--raw, on purpose); {"kind": "fim", "prefix", "suffix"}. User
+    text is plain text everywhere else: only the template's own markers become control ids.
+
+    Raises:
+        DrvqwenError: an unknown kind.
+    """
+    kind = spec.get("kind")
+    if kind == "fim":
+        return tok.fim(spec["prefix"], spec["suffix"])
+    if kind == "raw":
+        return tok.encode(spec["text"], special=True)
+    if kind == "chat":
+        system = spec.get("system")
+        return tok.chat(spec["text"], system=DEFAULT_SYSTEM if system is None else system)
+    raise DrvqwenError(f"prompt of kind {kind!r}: want chat, raw or fim")
+
+
 # ---- prompt builders ----------------------------------------------------------------------------
 
 def chat_prompt(user: str, system: str = DEFAULT_SYSTEM) -> str:

@@ -35,10 +35,17 @@ from .errors import DrvqwenError
 FORM = "compact-1"
 
 
-def cache_path(text: str) -> Path:
-    """The cache file for tokenizer.json `text` under this `tokenizers` version (the folder is
-    created). Raises DrvqwenError when the cache root cannot be made."""
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+def text_digest(text: str) -> str:
+    """sha256 hex of tokenizer.json `text`: the key of its cache files (this one's and
+    token_bytes_table's)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cache_path(text: str, digest: str | None = None) -> Path:
+    """The cache file for tokenizer.json `text` (of sha256 `digest`, when known) under this
+    `tokenizers` version (the folder is created). Raises DrvqwenError when the cache root
+    cannot be made."""
+    digest = digest or text_digest(text)
     return paths.tokenizer_dir() / f"{digest[:32]}-{FORM}-tokenizers-{tokenizers.__version__}.json"
 
 
@@ -60,8 +67,16 @@ def load(text: str) -> tokenizers.Tokenizer | None:
     """The tokenizer of tokenizer.json `text` from its cache file, or None when there is none
     or it is damaged (the caller builds from `text` and calls `store`)."""
     try:
-        raw = cache_path(text).read_bytes()
-    except (OSError, DrvqwenError):     # none yet, or no cache root: build from the text
+        return load_file(cache_path(text))
+    except DrvqwenError:                # no cache root: build from the text
+        return None
+
+
+def load_file(path: Path) -> tokenizers.Tokenizer | None:
+    """The tokenizer in cache file `path` (cache_path), or None when it is missing or damaged."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:                     # none yet: build from the text
         return None
     head, _, body = raw.partition(b"\n")
     if head.decode("ascii", "replace") != hashlib.sha256(body).hexdigest():

@@ -1,15 +1,17 @@
 """`drvqwen convert`: an HF checkpoint folder or a GGUF file → one `.nanoqwen` file.
 
-Two weight policies (docs/quantization.md); DEFAULT_WEIGHTS is the one used when none is named:
+Two weight policies (docs/quantization.md); DEFAULT_WEIGHTS (`source`) is the one used when
+none is named:
 - `int4`: the seven projections of every layer are quantized to INT4 g128
-  (format/quant.py); embedding, norms, biases and lm_head are stored as FP16. The formats the
-  GPU kernels run.
+  (format/quant.py); embedding, norms, biases and lm_head are stored as FP16. The GPU's
+  fastest formats today.
 - `source` (a GGUF): every quantized tensor keeps its GGUF blocks' values in the format that
   holds them exactly (format/weight_formats.py, gguf_blocks.py) — projections, embedding and
   lm_head alike; F16 matrices stay dense FP16 and F32 vectors stay F32. Types without such a
   format are re-quantized (F32/BF16 projections to INT4 g128, other quantized types to 8 bits,
   group 32) and reported so, by tensor and type (ConvertReport.fallbacks).
-  From an HF folder `source` is `int4`: a bf16 checkpoint has no blocks to keep.
+  From an HF folder `source` is `int4` (format.weights_followed): a bf16 checkpoint has no
+  blocks to keep; the report says `int4`.
 Tensors are streamed one at a time, so peak host memory is one source tensor in float32 plus
 its packed copy, not the model twice.
 
@@ -27,15 +29,19 @@ import numpy as np
 from ..config import QwenConfig
 from ..errors import DrvqwenError, FormatError
 from ..paths import ensure_free_space, ensure_writable
-from . import DEFAULT_WEIGHTS, WEIGHT_POLICIES, gguf_blocks, quant
+from . import DEFAULT_WEIGHTS, WEIGHT_POLICIES, gguf_blocks, quant, weights_followed
 from . import weight_formats as wf
 from .sources import _PLAIN_FLOAT_TYPES, GGUFSource, HFSource, gguf_name, hf_source_files, open_source  # noqa: F401
 from .nanoqwen import vocab_facts
-from .tensor_set import ATTN_PROJ, EMBED, LM_HEAD, MLP_PROJ, default_formats, expected_tensors, weight_shapes
+from .tensor_set import (ATTN_PROJ, EMBED, LM_HEAD, MLP_PROJ, bytes_per_token, default_formats, expected_tensors,
+                         weight_shapes)
 from .nanoqwen_writer import NanoqwenWriter, estimated_file_size
 
 
 FP16_MAX = 65504.0
+# Rows of a weight checked against its source at a time (_write_weight): 8192 rows of the 7B's
+# 3584 inputs are 235 MB in float64.
+CHECK_ROWS = 8192
 
 
 @dataclass
@@ -65,10 +71,11 @@ class ConvertReport:
     path: Path
     config: QwenConfig
     source_kind: str
+    weights: str                       # the policy followed (format.weights_followed): "int4" or "source"
     errors: list[TensorError] = field(default_factory=list)
     mapping: dict[tuple[str, str], MappingRow] = field(default_factory=dict)
-    # Bytes one decode token reads: every layer's weights, norms, biases, lm_head, and one
-    # embedding row (the file's own sizes).
+    # Weight bytes one decode token reads: every layer's weights, norms, biases, lm_head, and
+    # one embedding row (the file's own sizes; tensor_set.bytes_per_token).
     bytes_per_token: int = 0
     # Weights of the `source` policy whose GGUF type has no exact format: (GGUF tensor name,
     # its type, the format it was re-quantized to).
@@ -144,7 +151,7 @@ def plan_formats(source, cfg: QwenConfig, weights: str = DEFAULT_WEIGHTS) -> dic
     if weights not in WEIGHT_POLICIES:
         raise DrvqwenError(f"--weights {weights!r}: choose one of {', '.join(WEIGHT_POLICIES)}")
     formats = default_formats(cfg)
-    if weights == "int4" or source.kind != "gguf":
+    if weights_followed(weights, source.kind) == "int4":
         return formats
     for prefix, (_, k) in weight_shapes(cfg).items():
         ty = source.type_name(prefix + ".weight")
@@ -159,8 +166,8 @@ def plan_formats(source, cfg: QwenConfig, weights: str = DEFAULT_WEIGHTS) -> dic
 
 
 def _dense_dtype(source, name: str, weights: str) -> np.dtype:
-    """FP32 for an F32 GGUF vector under the `source` policy (kept exactly), else FP16."""
-    if weights == "source" and source.kind == "gguf" and source.type_name(name) == "F32" \
+    """FP32 for an F32 GGUF vector under the `source` policy followed (kept exactly), else FP16."""
+    if weights == "source" and source.type_name(name) == "F32" \
             and not name.endswith(("embed_tokens.weight", "lm_head.weight")):
         return wf.F32
     return wf.F16
@@ -171,14 +178,15 @@ def _source_type(source, name: str) -> str:
 
 
 def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: ConvertReport, weights: str) -> None:
-    """Convert one quantized weight into format `fid`, write its parts, record error and mapping."""
+    """Convert one quantized weight into format `fid`, write its parts, record error and mapping
+    (`weights`: the policy followed)."""
     fmt = wf.FORMATS[fid]
     ty = _source_type(source, prefix + ".weight")
     wf32 = source.get(prefix + ".weight")
     if not np.isfinite(wf32).all():
         raise FormatError(f"{source_name(source)}: tensor {prefix}.weight has NaN/Inf values")
     exact = source.kind == "gguf" and gguf_blocks.exact_format(ty) is fmt
-    if weights == "source" and source.kind == "gguf" and not exact and ty not in _PLAIN_FLOAT_TYPES + ("BF16",):
+    if weights == "source" and not exact and ty not in _PLAIN_FLOAT_TYPES + ("BF16",):
         report.fallbacks.append((gguf_name(prefix + ".weight"), ty, fmt.name))
     if exact:
         _, p = source.blocks(prefix)
@@ -187,8 +195,11 @@ def _write_weight(w: NanoqwenWriter, source, prefix: str, fid: int, report: Conv
         parts = wf.quantize_dense(fmt, wf32)
     for part, arr in parts.items():
         w.add(f"{prefix}.{part}", arr, format_id=fid)
-    w_hat = wf.dequantize_weight(fmt, lambda n: parts[n.rsplit(".", 1)[1]], prefix)
-    e = quant.reconstruction_error(wf32, w_hat)
+    # Compared a block of rows at a time (every part is [N, …]): a whole embedding dequantized
+    # again, and its float64 difference, would more than double the conversion's peak memory.
+    e = quant.reconstruction_error_rows(
+        (wf32[r:r + CHECK_ROWS], wf.dequantize_weight(fmt, lambda n: parts[n.rsplit(".", 1)[1]][r:r + CHECK_ROWS], prefix))
+        for r in range(0, wf32.shape[0], CHECK_ROWS))
     if exact and e["max_abs"] != 0.0:
         raise FormatError(f"{source_name(source)}: tensor {prefix}.weight: the {fmt.name} copy of its "
                           f"{ty} blocks differs from gguf's dequantization (max |err| {e['max_abs']:g})")
@@ -203,8 +214,9 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
 
     progress: called as progress(tensor_name, done, total) after each tensor.
     num_layers: convert only the first layers (for tests).
-    weights: "int4" (every projection INT4 g128, the rest FP16) or "source" (a GGUF's tensors
-        kept in the formats that hold them exactly; plan_formats).
+    weights: "source" (the default: a GGUF's tensors kept in the formats that hold them
+        exactly; plan_formats) or "int4" (every projection INT4 g128, the rest FP16). An HF
+        checkpoint becomes INT4 under either; ConvertReport.weights says which was followed.
     Raises DrvqwenError subclasses (FormatError, ConfigError) naming the file and field;
     on any error `out` is left untouched (the writer renames a temp file at the very end).
     """
@@ -212,8 +224,9 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
     cfg = source.config if num_layers is None else source.config.with_layers(num_layers)
     out = Path(out)
     formats = plan_formats(source, cfg, weights)
+    weights = weights_followed(weights, source.kind)
     check_destination(source, out, cfg, formats)
-    report = ConvertReport(out, cfg, source.kind)
+    report = ConvertReport(out, cfg, source.kind, weights)
     want = expected_tensors(cfg, formats)
     # One step per dense tensor and per quantized weight (its parts are written together).
     steps = [n for n in want if wf.weight_prefix(n) is None or n.endswith(".qweight")]
@@ -232,17 +245,6 @@ def convert(src: str | Path, out: str | Path, progress: Callable[[str, int, int]
                     report.note(_source_type(source, name), None, _source_type(source, name) == "F16")
             if progress:
                 progress(name, n_done, len(steps))
-    report.bytes_per_token = bytes_per_token(w._infos, cfg)
+    report.bytes_per_token = bytes_per_token(((i.name, i.nbytes) for i in w._infos), cfg.vocab_size)
     return report
 
-
-def bytes_per_token(infos, cfg: QwenConfig) -> int:
-    """Bytes one decode step reads from tensors `infos` (TensorInfo): all of them but the
-    embedding, of which one row."""
-    total = 0
-    for i in infos:
-        if i.name.startswith(EMBED + "."):
-            total += i.nbytes // cfg.vocab_size
-        else:
-            total += i.nbytes
-    return total

@@ -94,3 +94,14 @@ def expected_tensors(cfg: QwenConfig, formats: dict[str, int] | None = None
             if proj in ("q_proj", "k_proj", "v_proj"):
                 out[f"{p}.bias"] = (f16, (shapes[p][0],))
     return out
+
+
+def bytes_per_token(sizes, vocab_size: int) -> int:
+    """Weight bytes one decode step reads, from `sizes`: (tensor name, bytes) pairs of a
+    model's tensors. Every tensor is read once but the embedding table (each of its parts
+    [vocab_size, …] rows), of which one row. The file's sizes give what `drvqwen info` and
+    `convert` report; the GPU's copy (F32 vectors held as FP16) what `drvqwen bench` counts."""
+    total = 0
+    for name, nbytes in sizes:
+        total += nbytes // vocab_size if name.startswith(EMBED + ".") else nbytes
+    return total

@@ -1,0 +1,99 @@
+"""The prompt's ids from another process, while this one loads the model onto the GPU.
+
+Why a process: `tokenizers` builds its tokenizer holding Python's GIL (~0.2 s for Qwen's 151k
+tokens even from the cached form, tokenizer_cache.py), so on a thread it slows down, and is
+slowed down by, every line of Python the GPU load runs. `drvqwen run` on the GPU instead starts
+`python -m drvqwen.tokenizer_worker` (tokenizer_worker.py) as soon as it knows the model, hands
+it the cached tokenizer's file and the prompt (gen_options.prompt_spec) and collects the ids
+when the weights are on the GPU; it turns the generated ids back into text with the cached
+token bytes (token_bytes_table.py) and never builds the tokenizer itself.
+
+Only where both cached forms exist (the model ran before): a first run builds the tokenizer in
+this process, as before, and writes them after its answer. Anything that goes wrong in the
+worker (it cannot start, its answer is not one) gives None, and the caller builds the
+tokenizer here after all: the process is a start-up shortcut, never a new way to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from . import tokenizer_cache, token_bytes_table
+from .errors import DrvqwenError
+
+
+class TokenizerProcess:
+    """A started tokenizer_worker with one request sent; `ids()` waits for its answer."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self._proc = proc
+        self.seconds: float | None = None   # the worker's own time to load and encode
+
+    @classmethod
+    def start(cls, cache_file: Path, spec: dict) -> "TokenizerProcess | None":
+        """Start the worker on tokenizer cache file `cache_file` and prompt `spec`; None when
+        it cannot be started."""
+        # The child imports drvqwen from where this process did (an installed package, a
+        # checkout on PYTHONPATH, a test's sys.path).
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "drvqwen.tokenizer_worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        except OSError:
+            return None
+        try:
+            proc.stdin.write((json.dumps({"cache": str(cache_file), "prompt": spec}) + "\n").encode("utf-8"))
+            proc.stdin.close()
+            proc.stdin = None              # sent: communicate() then only reads the answer
+        except OSError:
+            proc.kill()
+            proc.wait()
+            return None
+        return cls(proc)
+
+    def ids(self, timeout: float = 60.0) -> list[int] | None:
+        """The prompt's ids, or None when the worker failed (the caller encodes here instead)."""
+        try:
+            out, _ = self._proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.close()
+            return None
+        try:
+            reply = json.loads(out.decode("utf-8").splitlines()[0])
+        except (ValueError, IndexError):
+            return None
+        ids = reply.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return None
+        self.seconds = reply.get("seconds")
+        return ids
+
+    def close(self) -> None:
+        """Stop the worker if it still runs (a run that ends before asking for the ids)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+
+
+def start_for(tokenizer_json: str, spec: dict) -> tuple[TokenizerProcess, token_bytes_table.TokenBytesTable] | None:
+    """The worker started on the cached form of tokenizer.json `tokenizer_json` and `spec`, and
+    the cached token bytes to decode with; None unless both cached forms exist (a first run)
+    and the worker starts."""
+    try:
+        digest = tokenizer_cache.text_digest(tokenizer_json)
+        cache_file = tokenizer_cache.cache_path(tokenizer_json, digest)
+    except DrvqwenError:            # no cache root
+        return None
+    if not cache_file.is_file():
+        return None
+    table = token_bytes_table.load(digest)
+    if table is None:
+        return None
+    proc = TokenizerProcess.start(cache_file, spec)
+    return None if proc is None else (proc, table)

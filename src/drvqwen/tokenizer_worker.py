@@ -1,0 +1,47 @@
+"""`python -m drvqwen.tokenizer_worker`: encode one prompt in a process of its own
+(tokenizer_process.py starts it and reads its answer).
+
+Reads one JSON line from stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path),
+"prompt": a prompt spec (gen_options.prompt_spec)} — loads the tokenizer from that file, and
+writes one JSON line to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or
+{"error": "one line"} when the file is missing or damaged or the spec is bad. Then it exits. It
+imports only `tokenizers` and drvqwen's tokenizer modules: no numpy, no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def answer(request: dict) -> dict:
+    """The reply to one request (module doc)."""
+    from .errors import DrvqwenError
+    from .tokenizer import Tokenizer, prompt_ids_of
+    from .tokenizer_cache import load_file
+
+    t0 = time.perf_counter()
+    tk = load_file(request["cache"])
+    if tk is None:
+        return {"error": f"{request['cache']}: no usable cached tokenizer"}
+    try:
+        ids = prompt_ids_of(request["prompt"], Tokenizer(tk, source=str(request["cache"])))
+    except DrvqwenError as e:
+        return {"error": str(e)}
+    return {"ids": ids, "seconds": time.perf_counter() - t0}
+
+
+def main() -> int:
+    line = sys.stdin.readline()
+    try:
+        reply = answer(json.loads(line))
+    except (ValueError, KeyError, TypeError) as e:
+        reply = {"error": f"bad request ({type(e).__name__}: {e})"}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The prompt encoded in another process (tokenizer_process.py, tokenizer_worker.py) and the
+answer decoded from the cached token bytes (token_bytes_table.py): the same ids and the same
+text as the tokenizer built in this process, and every failure of the shortcut is a None that
+sends the caller back to building the tokenizer here."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from drvqwen import tokenizer_cache, tokenizer_process, token_bytes_table
+from drvqwen.gen_options import prompt_spec
+from drvqwen.tokenizer import StreamDecoder, Tokenizer, prompt_ids_of
+
+from helpers import bpe_with_merges_json, byte_tokenizer_json
+
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+SPECS = [{"kind": "chat", "text": "def the fib(n): return n", "system": None},
+         {"kind": "chat", "text": "x <|im_end|> y", "system": ""},
+         {"kind": "raw", "text": "<|im_start|>user\ndef the<|im_end|>"},
+         {"kind": "fim", "prefix": "def f(x):\n    ", "suffix": "\n    return y\n"}]
+
+
+def _cached(text: str) -> Tokenizer:
+    """The tokenizer of `text` with both cached forms written, as after a first run."""
+    tok = Tokenizer.from_json(text, cache=True)
+    assert tok.store_in_cache()
+    assert token_bytes_table.store(tokenizer_cache.text_digest(text), tok)
+    return tok
+
+
+@pytest.mark.parametrize("make", [bpe_with_merges_json, byte_tokenizer_json])
+def test_the_table_holds_every_ids_bytes(make):
+    text = make()
+    tok = _cached(text)
+    table = token_bytes_table.load(tokenizer_cache.text_digest(text))
+    assert table is not None and len(table) == tok.vocab_size
+    for i in [-1, *range(tok.vocab_size), tok.vocab_size, tok.vocab_size + 7]:
+        assert table.token_bytes(i) == tok.token_bytes(i), i
+    assert table.special_ids == tok.special_ids and table.special_ids
+
+
+def test_the_table_decodes_a_stream_as_the_tokenizer_does():
+    text = bpe_with_merges_json()
+    tok = _cached(text)
+    table = token_bytes_table.load(tokenizer_cache.text_digest(text))
+    ids = tok.encode("def the 🐍 café\n\tretur<|im_end|>", special=True) + tok.encode("ü")[:1]
+    for skip in (False, True):
+        a, b = StreamDecoder(tok, skip), StreamDecoder(table, skip)
+        got = "".join(b.push(i) for i in ids) + b.flush()
+        assert got == "".join(a.push(i) for i in ids) + a.flush() == tok.decode(ids, skip_special=skip)
+
+
+def test_a_damaged_table_is_never_used():
+    text = bpe_with_merges_json()
+    _cached(text)
+    path = token_bytes_table.table_path(tokenizer_cache.text_digest(text))
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    assert token_bytes_table.load(tokenizer_cache.text_digest(text)) is None
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=[s["kind"] + str(i) for i, s in enumerate(SPECS)])
+def test_the_worker_answers_the_ids_of_this_process(spec):
+    text = bpe_with_merges_json()
+    tok = _cached(text)
+    started = tokenizer_process.start_for(text, spec)
+    assert started is not None
+    proc, table = started
+    assert proc.ids() == prompt_ids_of(spec, tok)
+    assert proc.seconds is not None and proc.seconds > 0
+    assert table.special_ids == tok.special_ids
+
+
+def test_no_shortcut_before_a_first_run_left_both_cached_forms():
+    text = bpe_with_merges_json()
+    assert tokenizer_process.start_for(text, SPECS[0]) is None          # nothing cached
+    Tokenizer.from_json(text, cache=True).store_in_cache()
+    assert tokenizer_process.start_for(text, SPECS[0]) is None          # no token bytes yet
+
+
+def test_a_failing_worker_gives_none(tmp_path):
+    missing = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", SPECS[0])
+    assert missing is not None and missing.ids() is None
+    text = bpe_with_merges_json()
+    _cached(text)
+    bad = tokenizer_process.TokenizerProcess.start(tokenizer_cache.cache_path(text), {"kind": "poem", "text": "x"})
+    assert bad.ids() is None
+
+
+def test_a_worker_nobody_asks_is_stopped():
+    text = bpe_with_merges_json()
+    _cached(text)
+    proc, _ = tokenizer_process.start_for(text, SPECS[0])
+    proc.close()
+    assert proc._proc.returncode is not None
+
+
+def test_prompt_spec_is_what_run_asks_for():
+    args = types.SimpleNamespace(fim_prefix=None, fim_suffix=None, raw=False, system=None)
+    assert prompt_spec(args, "hi") == {"kind": "chat", "text": "hi", "system": None}
+    assert prompt_spec(types.SimpleNamespace(**{**vars(args), "raw": True}), "hi") == {"kind": "raw", "text": "hi"}
+    assert prompt_spec(types.SimpleNamespace(**{**vars(args), "fim_suffix": "s"}), None) == \
+        {"kind": "fim", "prefix": "", "suffix": "s"}
+
+
+def test_the_worker_imports_neither_numpy_nor_the_gpu_layer(tmp_path):
+    """Its start-up is the shortcut's cost: tokenizers and drvqwen's tokenizer modules only."""
+    import json
+    import subprocess
+    import sys
+
+    text = bpe_with_merges_json()
+    _cached(text)
+    code = ("import json, sys\nfrom drvqwen.tokenizer_worker import answer\n"
+            f"r = answer({{'cache': {str(tokenizer_cache.cache_path(text))!r}, 'prompt': {SPECS[0]!r}}})\n"
+            "print(json.dumps([sorted(m for m in ('numpy', 'cuda', 'drvqwen.cuda', 'rich') if m in sys.modules),"
+            " 'ids' in r]))\n")
+    import os
+    from pathlib import Path
+
+    import drvqwen
+
+    env = {**os.environ, "PYTHONPATH": str(Path(drvqwen.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [[], True]
