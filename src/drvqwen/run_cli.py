@@ -227,8 +227,6 @@ def cmd_chat(args) -> int:
     finally:
         if proposer is not None:
             proposer.close()
-        if remote is not None:
-            remote[0].close()
         backend.close()
     return 0
 
