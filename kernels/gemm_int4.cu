@@ -88,7 +88,7 @@
 // written; rows past the capacity read as zero.
 //
 // Shared memory: GEMM_STAGES × 40 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
-// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (142–156 by
+// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (157–159 by
 // variant, ptxas), under the 168 a 9-warp block can have (below).
 //
 // Measured on the H200 (`PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4`: 7B shapes at
@@ -265,8 +265,13 @@ template <typename RowsOf, typename Epilogue>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
                                                 int K, int row_blocks, RowsOf rows_of, Epilogue epilogue) {
     extern __shared__ unsigned char gemm_smem_raw[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>(
-        (reinterpret_cast<u64>(gemm_smem_raw) + 1023) & ~u64(1023));  // swizzle atoms: 1024-aligned
+    // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
+    // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory
+    // pointer as far as the compiler sees: the consumers' weight reads are ld.shared (LDS.128),
+    // where a rebuilt pointer gave generic loads (LD.E.128, a 64-bit address each) on the
+    // mainloop's critical path.
+    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gemm_smem_raw));
+    unsigned char* smem = gemm_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
     u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
     u64* x_empty = full + GEMM_STAGES;
     u64* w_empty = x_empty + GEMM_STAGES;

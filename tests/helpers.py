@@ -114,3 +114,17 @@ def bpe_with_merges_json() -> str:
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_CONTROL])
     return tk.to_str()
+
+
+def load_tool(name: str):
+    """tools/<name>.py as a module (registered in sys.modules under `name`, where dataclasses
+    look their module up), for the tests of the repo's tools."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

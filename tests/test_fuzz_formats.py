@@ -8,9 +8,7 @@ Also the GGUF structure check (format/gguf_check.py) on fields the fuzzer aims a
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 import time
 from pathlib import Path
 
@@ -18,17 +16,14 @@ import pytest
 
 from drvqwen.errors import FormatError
 
+from helpers import load_tool
+
 pytest.importorskip("gguf")
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "fuzz_formats.py"
 
 
 @pytest.fixture(scope="module")
 def fz():
-    spec = importlib.util.spec_from_file_location("fuzz_formats", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_formats"] = mod          # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("fuzz_formats")
 
 
 def test_seeded_fuzz_cases_are_clean(fz, seed, tmp_path):

@@ -7,7 +7,6 @@ which times a run from outside. No timing is asserted, only what the figures mus
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,7 +21,7 @@ import pytest
 from drvqwen import prefill
 from drvqwen.stats import Background, RunStats, phase
 
-from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+from helpers import TINY, byte_tokenizer_json, load_tool, random_dense, write_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = dataclasses.replace(TINY, max_position=256)
@@ -266,10 +265,7 @@ def test_the_gpu_engine_compiles_nothing_after_its_compile_phase(tiny, monkeypat
 # ---- tools/bench_startup.py ----------------------------------------------------------------------
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_startup", ROOT / "tools" / "bench_startup.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("bench_startup")
 
 
 def test_bench_startup_times_a_run_from_outside(tiny, tmp_path):
