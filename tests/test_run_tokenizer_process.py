@@ -150,3 +150,27 @@ def test_a_worker_without_an_answer_sends_the_run_back_to_the_tokenizer_here(
     assert "tokenizer_process" not in st["counts"] and st["counts"]["tokenizer_cached"] == 1
     assert "tokenizer" in st["phases_s"] and out.strip()
     assert started[0][0]._proc.returncode is not None
+
+
+def test_the_answer_is_decoded_from_the_table_as_the_tokenizer_decodes_it(model, tmp_path, capsys, monkeypatch,
+                                                                          gpu_path):
+    """The model's answer scripted (a random model's few tokens may all be single bytes): merged
+    pieces, a character split over tokens, a control token, ids past the tokenizer's (the lm_head's
+    512 rows) — printed as the tokenizer decodes them, through the table of the worker's run."""
+    from drvqwen import generate
+    from drvqwen.generate import GenerationResult
+
+    tok = Tokenizer.from_json(TEXT)
+    answer = tok.encode("def the 🐍 café\n\tretur<|im_end|>", special=True) + [300, CFG.vocab_size - 1] \
+        + tok.encode("ü")[:1] + tok.encode(" the")
+
+    def scripted(backend, ids, max_new, params, eog, on_token, **kw):
+        for t in answer:
+            on_token(t)
+        return GenerationResult(prompt_tokens=len(ids), tokens=list(answer))
+
+    _both_cached()
+    monkeypatch.setattr(generate, "generate", scripted)
+    out, st, _ = _run(model, tmp_path, capsys, "def the")
+    assert st["counts"]["tokenizer_process"] == 1
+    assert out == tok.decode(answer) + "\n"
