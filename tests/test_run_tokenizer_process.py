@@ -174,3 +174,21 @@ def test_the_answer_is_decoded_from_the_table_as_the_tokenizer_decodes_it(model,
     out, st, _ = _run(model, tmp_path, capsys, "def the")
     assert st["counts"]["tokenizer_process"] == 1
     assert out == tok.decode(answer) + "\n"
+
+
+def test_a_cache_that_cannot_be_written_builds_no_table(model, tmp_path, capsys, monkeypatch):
+    """A read-only cache: the tokenizer's form cannot be written, so neither can the table, and
+    the table alone would serve nothing (the worker needs both) — its ~0.2 s build (Qwen's) is
+    not paid after every answer."""
+    from drvqwen import paths
+
+    def refuse(p, data):
+        raise PermissionError(13, "Permission denied", str(p))
+
+    built = []
+    real = token_bytes_table.TokenBytesTable.of_tokenizer
+    monkeypatch.setattr(paths, "atomic_write_bytes", refuse)
+    monkeypatch.setattr(token_bytes_table.TokenBytesTable, "of_tokenizer",
+                        classmethod(lambda cls, tok: built.append(tok) or real(tok)))
+    out, st, _ = _run(model, tmp_path, capsys, "def the")
+    assert out.strip() and st["counts"]["tokenizer_cached"] == 0 and built == []

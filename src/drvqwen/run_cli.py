@@ -46,9 +46,10 @@ def _store_tokenizer(tok, tokenizer_json: str, stats) -> None:
         table_missing = False
     if tok.store_pending or table_missing:
         with stats.timed("tokenizer cache"):
-            if tok.store_pending:
-                tok.store_in_cache()
-            if table_missing:
+            # A form that could not be written (a read-only cache) leaves the table useless: the
+            # worker needs both, so its build is not paid after every answer.
+            stored = tok.store_in_cache() if tok.store_pending else True
+            if table_missing and stored:
                 token_bytes_table.store(digest, tok)
 
 
