@@ -125,18 +125,23 @@ def test_a_prompt_from_the_worker_is_checked_against_the_context(model, capsys, 
     assert sent == [] and started[0][0]._proc.returncode == 0
 
 
-def test_a_run_that_fails_while_loading_leaves_no_worker_behind(model, capsys, monkeypatch, gpu_path):
+@pytest.mark.parametrize("error,status,says", [(DrvqwenError("the model does not fit"), 2, "does not fit"),
+                                               (KeyboardInterrupt(), 130, "interrupted")])
+def test_a_run_that_fails_while_loading_leaves_no_worker_behind(model, capsys, monkeypatch, gpu_path,
+                                                                error, status, says):
+    """A load that fails, or Ctrl-C during it (which the worker may not have seen: a SIGINT sent
+    to this process alone), stops and waits for the worker."""
     from drvqwen import loading
 
     _both_cached()
     _, started = gpu_path
 
-    def no_room(*a, **k):
-        raise DrvqwenError("the model does not fit")
+    def fail(*a, **k):
+        raise error
 
-    monkeypatch.setattr(loading, "load_backend", no_room)
-    assert main(["run", "-m", str(model), "--device", "cpu", "def the"]) == 2
-    assert "does not fit" in capsys.readouterr().err
+    monkeypatch.setattr(loading, "load_backend", fail)
+    assert main(["run", "-m", str(model), "--device", "cpu", "def the"]) == status
+    assert says in capsys.readouterr().err
     assert started[0] is not None and started[0][0]._proc.returncode is not None    # waited for: no zombie
 
 
