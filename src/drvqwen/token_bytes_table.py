@@ -25,7 +25,7 @@ from pathlib import Path
 from . import paths
 from .errors import DrvqwenError
 
-FORM = "token-bytes-1"
+FORM = "token-bytes-2"  # 2: every id up to the highest with text (1 stopped at the token count)
 
 
 def table_path(digest: str) -> Path:
