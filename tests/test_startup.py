@@ -352,7 +352,10 @@ def test_the_driver_warmup_gives_its_context_back_once(monkeypatch):
 @pytest.mark.parametrize("argv,starts", [
     (["run", "--prompt", "x"], True), (["chat"], True), (["-v", "run"], True),
     (["run", "--device", "cpu"], False), (["chat", "--device=cpu"], False), (["run", "--device", "cuda"], True),
-    (["list"], False), (["eval", "humaneval"], False), ([], False), (["--version"], False)])
+    (["list"], False), (["eval", "humaneval"], False), ([], False), (["--version"], False),
+    # argparse takes an option's unambiguous prefix; --help ends before any model is opened
+    (["run", "--dev", "cpu"], False), (["chat", "--devic=cpu"], False), (["run", "--draft", "cpu"], True),
+    (["run", "--help"], False), (["chat", "-h"], False)])
 def test_the_entry_point_starts_the_driver_for_gpu_runs_only(monkeypatch, argv, starts):
     """`drvqwen run`/`chat` start the driver before anything imports, unless --device cpu; other
     commands (whose default device may be the CPU) leave it to loading.choose_device."""
@@ -389,9 +392,67 @@ def test_a_cpu_run_gives_back_a_context_the_entry_point_retained(monkeypatch):
             released.append(dev)
             return 0
 
-    done = threading.Thread(target=lambda: None)
-    done.start()
-    monkeypatch.setattr(warmup, "_started", done)
-    monkeypatch.setattr(warmup, "_retained", [(Lib(), 0)])
+    def bring_up():             # the context is retained a moment after choose_device is called
+        time.sleep(0.3)
+        warmup._retained.append((Lib(), 0))
+
+    monkeypatch.setattr(warmup, "_retained", [])
+    monkeypatch.setattr(warmup, "_started", threading.Thread(target=bring_up))
+    warmup._started.start()
     assert choose_device("cpu") == ("cpu", "--device cpu")
     assert released == [0]
+
+
+def test_a_model_the_gpu_cannot_run_gives_the_context_back(monkeypatch):
+    """chat or run on --device auto: the warm-up retained the context, then the model needs the
+    CPU (engine.check_gpu_supports refuses it): the run goes there without holding it."""
+    from drvqwen import engine, loading
+    from drvqwen.cuda import warmup
+    from drvqwen.errors import DrvqwenError
+
+    released = []
+
+    class Lib:
+        def cuDevicePrimaryCtxRelease(self, dev):
+            released.append(dev)
+            return 0
+
+    def refuse(f):
+        raise DrvqwenError("m.nanoqwen: per-tensor weights")
+
+    monkeypatch.setattr(engine, "check_gpu_supports", refuse)
+    monkeypatch.setattr(warmup, "_retained", [(Lib(), 0)])
+    assert loading._gpu_or_fallback("auto", "cuda", None, None) == ("cpu", "per-tensor weights")
+    assert released == [0]
+
+
+@pytest.mark.parametrize("argv", [["run", "--no-such-option"], ["run", "--help"], ["list"]])
+def test_the_entry_point_ends_only_after_the_warmup_thread(monkeypatch, capsys, argv):
+    """A run/chat that ends before opening a model (--help, a bad option, a prompt error, -n 0)
+    still has the warm-up thread inside libcuda: the process waits for it rather than exit
+    (interpreter finalization, libcuda's own exit handlers) under it."""
+    import signal
+
+    from drvqwen import _entry, stats
+    from drvqwen.cuda import warmup
+
+    done = []
+
+    def bring_up():
+        time.sleep(0.3)
+        done.append(True)
+
+    monkeypatch.setattr(stats, "_process_started", stats._process_started)   # restored afterwards
+    monkeypatch.setattr(warmup, "_started", threading.Thread(target=bring_up, daemon=True))
+    warmup._started.start()
+    monkeypatch.setattr(sys, "argv", ["drvqwen", *argv])
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        try:
+            _entry.main()
+        except SystemExit:
+            pass
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    capsys.readouterr()
+    assert done == [True]

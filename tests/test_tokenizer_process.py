@@ -5,7 +5,11 @@ sends the caller back to building the tokenizer here."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import types
+from pathlib import Path
 
 import pytest
 
@@ -31,13 +35,22 @@ def _cached(text: str) -> Tokenizer:
     return tok
 
 
-@pytest.mark.parametrize("make", [bpe_with_merges_json, byte_tokenizer_json])
+def _bpe_with_a_gap_json() -> str:
+    """bpe_with_merges_json with " the" moved to id 1000: ids with text past a gap of unused
+    ones, so that the highest id (999 + 1) is far above the count of tokens (vocab_size)."""
+    doc = json.loads(bpe_with_merges_json())
+    doc["model"]["vocab"]["Ġthe"] = 1000
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("make", [bpe_with_merges_json, byte_tokenizer_json, _bpe_with_a_gap_json])
 def test_the_table_holds_every_ids_bytes(make):
     text = make()
     tok = _cached(text)
     table = token_bytes_table.load(tokenizer_cache.text_digest(text))
-    assert table is not None and len(table) == tok.vocab_size
-    for i in [-1, *range(tok.vocab_size), tok.vocab_size, tok.vocab_size + 7]:
+    assert table is not None
+    top = max(tok.backend.get_vocab(with_added_tokens=True).values())      # the highest id of a token
+    for i in [-1, *range(top + 8)]:
         assert table.token_bytes(i) == tok.token_bytes(i), i
     assert table.special_ids == tok.special_ids and table.special_ids
 
@@ -91,12 +104,86 @@ def test_a_failing_worker_gives_none(tmp_path):
     assert bad.ids() is None
 
 
+# A prompt whose request and answer both outgrow a pipe's buffer (64 KiB on Linux), in every
+# alphabet JSON escapes: the worker reads all of it before it writes, and then waits for this
+# process to read its answer — after the model's upload, on the GPU.
+BIG = {"kind": "chat", "text": "def the(ü): return 'café 🐍'\r\n\x00\t<|im_end|>\n" * 4000, "system": "ß"}
+
+
+def test_a_prompt_larger_than_the_pipes_comes_back_whole():
+    text = bpe_with_merges_json()
+    tok = _cached(text)
+    proc, _ = tokenizer_process.start_for(text, BIG)
+    want = prompt_ids_of(BIG, tok)
+    assert len(json.dumps(want)) > 1 << 16 and len(json.dumps(BIG)) > 1 << 16
+    assert proc.ids() == want
+
+
 def test_a_worker_nobody_asks_is_stopped():
+    """Its answer fills the pipe, so the worker cannot end by itself: close() kills it."""
     text = bpe_with_merges_json()
     _cached(text)
-    proc, _ = tokenizer_process.start_for(text, SPECS[0])
+    proc, _ = tokenizer_process.start_for(text, BIG)
     proc.close()
-    assert proc._proc.returncode is not None
+    assert proc._proc.returncode == -signal.SIGKILL
+
+
+def test_the_worker_runs_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """`python -m` puts the working directory first on sys.path: a json.py where the user runs
+    `drvqwen run` would run in the worker (and the shortcut fail without a word)."""
+    text = bpe_with_merges_json()
+    tok = _cached(text)
+    here = tmp_path / "project"
+    here.mkdir()
+    for name in ("json", "tokenizers", "time"):
+        (here / f"{name}.py").write_text("raise SystemExit('the working directory ran')\n")
+    monkeypatch.chdir(here)
+    proc, _ = tokenizer_process.start_for(text, SPECS[0])
+    assert proc.ids() == prompt_ids_of(SPECS[0], tok)
+
+
+def _popen_env(monkeypatch, site_dirs: list[str]) -> dict:
+    import site
+    import subprocess
+
+    seen = {}
+
+    def popen(*a, **k):
+        seen.update(k["env"])
+        raise OSError("not started")
+
+    monkeypatch.setattr(site, "getsitepackages", lambda: site_dirs)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    assert tokenizer_process.TokenizerProcess.start(Path("none.json"), SPECS[0]) is None
+    return seen
+
+
+def test_the_worker_imports_drvqwen_from_where_this_process_did(monkeypatch):
+    """A checkout (on PYTHONPATH, a test's sys.path) goes first on the worker's path; an
+    installed drvqwen is found there anyway, and its site-packages stays after the standard
+    library instead of shadowing it."""
+    import drvqwen
+
+    root = str(Path(drvqwen.__file__).resolve().parents[1])
+    assert _popen_env(monkeypatch, [])["PYTHONPATH"].split(os.pathsep) == [root, "elsewhere"]
+    assert _popen_env(monkeypatch, [root])["PYTHONPATH"] == "elsewhere"
+
+
+def test_a_large_request_does_not_hold_up_this_process(tmp_path, monkeypatch):
+    """Writing a request larger than the pipe's buffer waits until the worker reads it, after
+    its interpreter has started: start() hands that wait to a thread. The worker here writes a
+    file when it begins to read, seconds late; start() must return before."""
+    import subprocess
+    import sys
+
+    mark = tmp_path / "reading"
+    real = subprocess.Popen
+    late = f"import time, pathlib, sys; time.sleep(5); pathlib.Path({str(mark)!r}).touch(); sys.stdin.read()"
+    monkeypatch.setattr(subprocess, "Popen", lambda args, **k: real([sys.executable, "-c", late], **k))
+    proc = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", BIG)
+    assert proc is not None and not mark.exists()
+    proc.close()
 
 
 def test_prompt_spec_is_what_run_asks_for():
@@ -128,3 +215,18 @@ def test_the_worker_imports_neither_numpy_nor_the_gpu_layer(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [[], True]
+
+
+@pytest.mark.parametrize("answer,ids", [("", None), ("7", None), ("[1, 2]", None), ('{"ids": [1, "2"]}', None),
+                                        ('{"ids": [1, 2], "seconds": "soon"}', [1, 2])])
+def test_an_answer_that_is_not_one_gives_none(tmp_path, monkeypatch, answer, ids):
+    """Whatever the worker's stdout holds, ids() gives the ids or None, never an exception
+    (the shortcut is never a new way for the run to fail), and seconds only a number."""
+    import subprocess
+    import sys
+
+    real = subprocess.Popen
+    fake = f"import sys; sys.stdin.read(); print({answer!r})"
+    monkeypatch.setattr(subprocess, "Popen", lambda args, **k: real([sys.executable, "-c", fake], **k))
+    proc = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", SPECS[0])
+    assert proc.ids() == ids and proc.seconds is None

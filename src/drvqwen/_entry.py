@@ -24,9 +24,12 @@ def main() -> int:
 
     process_started(STARTED)        # the statistics count this process's start-up and imports
     warmup.start_for_command(sys.argv[1:])  # run/chat: the driver starts while everything imports
-    from .cli import main as cli_main
+    try:
+        from .cli import main as cli_main
 
-    return leave(cli_main())
+        return leave(cli_main())          # Ctrl-C's status 130 leaves at once, through os._exit
+    finally:
+        warmup.join_started(warmup.EXIT_WAIT_S)  # never end under a thread inside libcuda
 
 
 if __name__ == "__main__":

@@ -46,9 +46,10 @@ def _store_tokenizer(tok, tokenizer_json: str, stats) -> None:
         table_missing = False
     if tok.store_pending or table_missing:
         with stats.timed("tokenizer cache"):
-            if tok.store_pending:
-                tok.store_in_cache()
-            if table_missing:
+            # A form that could not be written (a read-only cache) leaves the table useless: the
+            # worker needs both, so its build is not paid after every answer.
+            stored = tok.store_in_cache() if tok.store_pending else True
+            if table_missing and stored:
                 token_bytes_table.store(digest, tok)
 
 
@@ -96,16 +97,17 @@ def _run(args, stats) -> int:
     # backend loads, whose driver calls, copies and compiles leave the GIL to it. The CPU
     # backend sizes its KV cache from the prompt, so there it is built first, in line.
     on_gpu = generating and opened.device == "cuda"
+    # One rule for both devices: the context is the model's, or less, never silently capped.
+    max_context = resolve_max_context(args.max_context, f.config.max_position)
     # Where an earlier run left both cached forms, the prompt is encoded in another process
     # (tokenizer_process: its GIL is its own) and the answer decoded from the cached token bytes.
+    # From here on every way out closes it (the `finally` below).
     remote = tokenizer_process.start_for(f.tokenizer_json, go.prompt_spec(args, text)) if on_gpu else None
 
     def build():
         return Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
 
     tokenizer = Background("tokenizer", build, thread=on_gpu) if remote is None else None
-    # One rule for both devices: the context is the model's, or less, never silently capped.
-    max_context = resolve_max_context(args.max_context, f.config.max_position)
 
     def checked(ids: list[int]) -> list[int]:
         check_prompt_fits(len(ids), max_context, str(f.path), f.config.max_position)
@@ -144,10 +146,10 @@ def _run(args, stats) -> int:
 
     # The CPU cache holds only what this run can use: prompt + new tokens.
     cache_tokens = None if ids is None else len(ids) + args.max_new_tokens
-    backend = load_backend(opened, max_context, cache_tokens=cache_tokens, eager=args.eager, stats=stats)
     out = sys.stdout
-    proposer = None
+    backend = proposer = None
     try:
+        backend = load_backend(opened, max_context, cache_tokens=cache_tokens, eager=args.eager, stats=stats)
         proposer = go.speculation(args, opened, max_context, cache_tokens=cache_tokens, stats=stats)
         if ids is None:
             tok, ids = prompt()
@@ -170,7 +172,8 @@ def _run(args, stats) -> int:
             proposer.close()
         if remote is not None:
             remote[0].close()
-        backend.close()
+        if backend is not None:
+            backend.close()
     tail, _ = stops.push(stream.flush())
     tail += stops.flush()
     out.write(tail + "\n")

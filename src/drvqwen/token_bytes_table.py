@@ -25,7 +25,7 @@ from pathlib import Path
 from . import paths
 from .errors import DrvqwenError
 
-FORM = "token-bytes-1"
+FORM = "token-bytes-2"  # 2: every id up to the highest with text (1 stopped at the token count)
 
 
 def table_path(digest: str) -> Path:
@@ -52,8 +52,10 @@ class TokenBytesTable:
 
     @classmethod
     def of_tokenizer(cls, tok) -> "TokenBytesTable":
-        """The table of a `Tokenizer`, id by id (~0.5 s for Qwen's 151k ids)."""
-        pieces = [tok.token_bytes(i) for i in range(tok.vocab_size)]
+        """The table of a `Tokenizer`, id by id (~0.5 s for Qwen's 151k ids), up to its highest
+        id with text (`text_vocab_size`): a vocabulary's ids may leave gaps, so the count of its
+        tokens (`vocab_size`) can stop short of ids it has."""
+        pieces = [tok.token_bytes(i) for i in range(tok.text_vocab_size)]
         offsets = array("I", [0])
         at = 0
         for p in pieces:

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from . import tokenizer_cache, token_bytes_table
@@ -37,24 +38,19 @@ class TokenizerProcess:
     def start(cls, cache_file: Path, spec: dict) -> "TokenizerProcess | None":
         """Start the worker on tokenizer cache file `cache_file` and prompt `spec`; None when
         it cannot be started."""
-        # The child imports drvqwen from where this process did (an installed package, a
-        # checkout on PYTHONPATH, a test's sys.path).
-        package_root = str(Path(__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        # -P: `-m` would put the working directory first on the worker's sys.path, where any
+        # json.py or tokenizers/ of the user's project would be imported (and run) instead.
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "drvqwen.tokenizer_worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "drvqwen.tokenizer_worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env())
         except OSError:
             return None
-        try:
-            proc.stdin.write((json.dumps({"cache": str(cache_file), "prompt": spec}) + "\n").encode("utf-8"))
-            proc.stdin.close()
-            proc.stdin = None              # sent: communicate() then only reads the answer
-        except OSError:
-            proc.kill()
-            proc.wait()
-            return None
+        # A request larger than the pipe's buffer (a long prompt) waits for the worker's
+        # interpreter to start and read it: a thread writes it, so the GPU load goes on. Its
+        # failures (the worker died) show as no answer in ids().
+        request, proc.stdin = proc.stdin, None      # communicate() then only reads the answer
+        data = (json.dumps({"cache": str(cache_file), "prompt": spec}) + "\n").encode("utf-8")
+        threading.Thread(target=_send, args=(request, data), name="tokenizer-request", daemon=True).start()
         return cls(proc)
 
     def ids(self, timeout: float = 60.0) -> list[int] | None:
@@ -68,10 +64,11 @@ class TokenizerProcess:
             reply = json.loads(out.decode("utf-8").splitlines()[0])
         except (ValueError, IndexError):
             return None
-        ids = reply.get("ids")
+        ids = reply.get("ids") if isinstance(reply, dict) else None
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             return None
-        self.seconds = reply.get("seconds")
+        seconds = reply.get("seconds")
+        self.seconds = float(seconds) if isinstance(seconds, (int, float)) else None
         return ids
 
     def close(self) -> None:
@@ -79,6 +76,29 @@ class TokenizerProcess:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
+
+
+def _send(pipe, data: bytes) -> None:
+    try:
+        with pipe:
+            pipe.write(data)
+    except OSError:            # the worker is gone (or was killed by close()): ids() gives None
+        pass
+
+
+def _worker_env() -> dict[str, str]:
+    """This environment, with the folder this drvqwen was imported from first on PYTHONPATH
+    when the worker's interpreter would not look there by itself (a checkout, a test's
+    sys.path) — an installed drvqwen's site-packages is on its path already, and placed on
+    PYTHONPATH it would come before the standard library."""
+    import site
+
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    found = {str(Path(d).resolve()) for d in [*site.getsitepackages(), site.getusersitepackages()]}
+    if package_root not in found:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def start_for(tokenizer_json: str, spec: dict) -> tuple[TokenizerProcess, token_bytes_table.TokenBytesTable] | None:

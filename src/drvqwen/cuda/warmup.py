@@ -87,17 +87,29 @@ def start_for_command(argv: list[str]) -> bool:
     engine's (0.2 s more of it hidden on an H200). A guess from the words alone — a run that
     goes to the CPU after all gives the context back (release). Returns whether it started."""
     words = [a for a in argv if not a.startswith("-")]
-    if not words or words[0] not in EARLY_COMMANDS:
+    if not words or words[0] not in EARLY_COMMANDS or "-h" in argv or "--help" in argv:
         return False
     for i, a in enumerate(argv):
-        if a == "--device=cpu" or (a == "--device" and i + 1 < len(argv) and argv[i + 1] == "cpu"):
-            return False
+        # argparse takes any unambiguous prefix of an option: --dev cpu, --devic=cpu ("--d"
+        # would be ambiguous with --draft)
+        name, eq, value = a.partition("=")
+        if len(name) >= 4 and "--device".startswith(name):
+            if (value if eq else argv[i + 1] if i + 1 < len(argv) else None) == "cpu":
+                return False
     start_driver()
     return True
 
 
+# How long the process waits at its end for a warm-up thread still inside libcuda (a run that
+# ended before opening a model: a mistyped option, -n 0): a broken driver must not hang it.
+EXIT_WAIT_S = 10.0
+
+
 def join_started(timeout: float | None = None) -> None:
-    """Wait for the warm-up thread if one was started (a no-op otherwise)."""
+    """Wait for the warm-up thread if one was started (a no-op otherwise). The entry point
+    calls it before the process ends: ending (interpreter finalization, then libcuda's own
+    exit handlers) while the thread is inside cuInit or cuDevicePrimaryCtxRetain would race
+    the driver's teardown against its start-up."""
     thread = _started
     if thread is not None:
         thread.join(timeout)
