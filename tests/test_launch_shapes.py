@@ -126,3 +126,17 @@ def test_qkv_blocks_split_by_makespan():
             assert sum(blocks) <= max(resident, 3) and all(b >= 1 for b in blocks)
             # no smaller makespan fits
             assert m == 1 or sum(-(-t // (m - 1)) for t in seg) > max(resident, 3)
+
+
+def test_check_buffer_names_both_sides_of_a_mismatch():
+    import numpy as np
+
+    from drvqwen.launchers.base import BufferSpec, NULL, check_buffer
+
+    buf = BufferSpec("x", (4, 8), np.float16)
+    check_buffer(buf, "x", 32, np.float16)            # right: nothing
+    check_buffer(NULL, "x", 32, np.float16)           # a bare pointer: taken as it is
+    with pytest.raises(LaunchError, match=r"x: expected 33 elements of float16, got x float16\[4, 8\]"):
+        check_buffer(buf, "x", 33, np.float16)
+    with pytest.raises(LaunchError, match=r"x: expected 32 elements of float32, got x float16\[4, 8\]"):
+        check_buffer(buf, "x", 32, np.float32)
