@@ -394,3 +394,82 @@ def test_module_errors_and_dynamic_smem(smoke):
     fn.ensure_dynamic_smem(100 * 1024)  # above the 48 KiB default: needs the opt-in
     with pytest.raises(ValueError, match="shared memory asked, device allows"):
         fn.ensure_dynamic_smem(get_device().info.max_smem_per_block_optin_bytes + 1)
+
+
+class _FakeDevice:
+    """Device memory as host bytes, and the DMAs the uploader queued: StagingUploader's logic on
+    the CPU (every driver call it makes replaced; the copy of the bytes is what is checked)."""
+
+    def __init__(self, base: int, nbytes: int):
+        self.base, self.mem, self.dmas = base, np.full(nbytes, 0xEE, np.uint8), []
+
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream):
+        import ctypes
+
+        from cuda.bindings import driver
+
+        self.mem[dst - self.base:dst - self.base + n] = np.frombuffer(ctypes.string_at(src, n), np.uint8)
+        self.dmas.append((dst - self.base, n))
+        return (driver.CUresult.CUDA_SUCCESS,)
+
+
+@pytest.fixture
+def fake_upload(monkeypatch):
+    import ctypes
+
+    class Pinned(memory.PinnedHostBuffer):
+        def __init__(self, nbytes):
+            self.nbytes = int(nbytes)
+            self._buf = (ctypes.c_uint8 * self.nbytes)()
+            self.ptr = ctypes.addressof(self._buf)
+
+        def free(self):
+            self.ptr = 0
+
+    class Nothing:
+        def __init__(self, *a, **k): pass
+        def record(self, *a): pass
+        def synchronize(self): pass
+        def close(self): pass
+
+    dev = _FakeDevice(0x7000_0000, 1 << 20)
+    monkeypatch.setattr(memory, "PinnedHostBuffer", Pinned)
+    monkeypatch.setattr(memory, "Event", Nothing)
+    monkeypatch.setattr(memory, "Stream", Nothing)
+    monkeypatch.setattr(memory, "stream_handle", lambda s: 0)
+    monkeypatch.setattr(memory, "driver", dev)
+    return dev
+
+
+def test_small_uploads_of_one_region_share_a_dma(fake_upload, rng):
+    """CPU: arrays bound for one allocation, in its order, go in one DMA per chunk (the padding
+    between them included, and nothing outside the region written); a large one, one outside the
+    region, and one out of order each end the gathering; every byte lands."""
+    from drvqwen.cuda import DeviceArray
+
+    dev, region = fake_upload, (0x7000_0000 + 4096, 600_000)
+    plan = [(0, 1000), (1024, 4000), (5120, 300), (5632, 200_000), (205_824, 64), (206_080, 4096),
+            (5440, 64),                  # behind the last one (in a gap): a new gathering
+            (300_000, 10_000), (700_000, 20_000)]   # the last outside the region: its own DMA
+    arrays = []
+    with memory.StagingUploader(chunk_bytes=64 * 1024, copy_threads=1, region=region) as up:
+        for off, n in plan:
+            h = rng.integers(0, 256, n, dtype=np.uint8)
+            up.upload(DeviceArray(f"a{off}", region[0] + off, (n,), np.uint8), h)
+            arrays.append((off, h))
+        up.finish()
+        dmas = up.dmas
+    for off, h in arrays:
+        start = region[0] - dev.base + off
+        np.testing.assert_array_equal(dev.mem[start:start + len(h)], h)
+    # 0 … 5420 gathered (three arrays, two gaps); 200 KB in 64 KiB chunks; 64 B + 4 KB gathered;
+    # the out-of-order 64 B; 10 KB (its gathering ended by the array outside the region); 20 KB.
+    r0 = region[0] - dev.base
+    assert dev.dmas == [(r0, 5420), (r0 + 5632, 65536), (r0 + 5632 + 65536, 65536), (r0 + 5632 + 131072, 65536),
+                        (r0 + 5632 + 196608, 3392), (r0 + 205_824, 4352), (r0 + 5440, 64), (r0 + 300_000, 10_000),
+                        (r0 + 700_000, 20_000)]
+    assert dmas == len(dev.dmas)
+    written = np.zeros(len(dev.mem), bool)
+    for o, n in dev.dmas:
+        written[o:o + n] = True
+    assert not written[:r0].any() and not written[r0 + region[1]:r0 + 700_000].any()

@@ -158,3 +158,16 @@ def test_persistent_gemm_grids(monkeypatch):
     for max_blocks, want in ((0, 6), (4, 4), (132, 6)):
         assert GemmFmtwResidualRows(res, x, w, ps, n=n, k=k, rows=rows, max_blocks=max_blocks).specs[0].grid == (want,)
     assert GemmFmtwGateUpSwigluRows(h, x, w, w, ps, f=n, k=k, rows=rows, max_blocks=0).specs[0].grid == (12,)
+
+def test_check_buffer_names_both_sides_of_a_mismatch():
+    import numpy as np
+
+    from drvqwen.launchers.base import BufferSpec, NULL, check_buffer
+
+    buf = BufferSpec("x", (4, 8), np.float16)
+    check_buffer(buf, "x", 32, np.float16)            # right: nothing
+    check_buffer(NULL, "x", 32, np.float16)           # a bare pointer: taken as it is
+    with pytest.raises(LaunchError, match=r"x: expected 33 elements of float16, got x float16\[4, 8\]"):
+        check_buffer(buf, "x", 33, np.float16)
+    with pytest.raises(LaunchError, match=r"x: expected 32 elements of float32, got x float16\[4, 8\]"):
+        check_buffer(buf, "x", 32, np.float32)

@@ -91,7 +91,7 @@ class GPUWeights:
         self.arrays: dict[str, DeviceArray] = {}
         self.nbytes = 0
         done = 0
-        with StagingUploader() as up:
+        with StagingUploader(region=(self.pool.base, self.pool.capacity_bytes)) as up:
             for info in keep:
                 host = np.asarray(f.tensor(info.name))
                 if info.dtype == wf.F32:

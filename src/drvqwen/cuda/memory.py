@@ -375,21 +375,60 @@ class StagingUploader:
     pieces of `piece_bytes` (numpy releases the GIL while it copies); the copy of a
     chunk has ended before its DMA is queued, so the order of the device writes is the order
     of the uploads. Use one for all the weights of a model load.
+
+    Small arrays bound for one device allocation (`region` = (base, nbytes): a Pool's, whose
+    allocations follow each other in upload order) share a chunk: each is copied to its place
+    relative to the first, and one DMA carries them all, the alignment padding between them
+    included (padding of that allocation, which nothing reads). A model has hundreds of small
+    tensors (norms, biases, scales); one DMA and one event wait each cost about as much as their
+    bytes, ~0.1 s for the 0.5B's.
     """
 
     def __init__(self, chunk_bytes: int = STAGING_CHUNK_BYTES, stream: Stream | None = None,
-                 copy_threads: int | None = None, piece_bytes: int = STAGING_PIECE_BYTES) -> None:
+                 copy_threads: int | None = None, piece_bytes: int = STAGING_PIECE_BYTES,
+                 region: tuple[int, int] | None = None) -> None:
         self.chunk_bytes = int(chunk_bytes)
         self.piece_bytes = int(piece_bytes)
+        self._region = region
         self._pinned = PinnedHostBuffer(2 * self.chunk_bytes)
         self._own_stream = stream is None
         self.stream = Stream() if stream is None else stream
         self._done = [Event(), Event()]
         self._used = [False, False]
         self._next = 0
+        self._open: list[int] | None = None  # [half, device start, device end] of the chunk being filled
+        self.dmas = 0                         # copies queued so far
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         threads = copy_threads if copy_threads is not None else min(STAGING_COPY_THREADS, cores)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="staging") if threads > 1 else None
+
+    def _take_half(self) -> int:
+        """The next half to fill, once the DMA that last read it is done."""
+        half = self._next
+        self._next ^= 1
+        if self._used[half]:
+            self._done[half].synchronize()
+        return half
+
+    def _dma(self, dst_ptr: int, half: int, offset: int, n: int) -> None:
+        check(driver.cuMemcpyHtoDAsync(dst_ptr, self._pinned.ptr + half * self.chunk_bytes + offset, n,
+                                       stream_handle(self.stream)), "cuMemcpyHtoDAsync")
+        self._done[half].record(self.stream)
+        self._used[half] = True
+        self.dmas += 1
+
+    def _flush(self) -> None:
+        """Queue the DMA of the chunk being filled with small arrays, if any."""
+        if self._open is not None:
+            half, start, end = self._open
+            self._open = None
+            self._dma(start, half, 0, end - start)
+
+    def _shares_chunk(self, ptr: int, n: int) -> bool:
+        if self._region is None or n > self.chunk_bytes // 2:
+            return False
+        base, size = self._region
+        return base <= ptr and ptr + n <= base + size
 
     def upload(self, dst: DeviceArray, array: np.ndarray) -> None:
         """Queue the copy of `array` into `dst` (same shape and dtype); call `finish()` before use.
@@ -399,23 +438,31 @@ class StagingUploader:
         """
         src = dst._check_host(array).reshape(-1).view(np.uint8)
         pinned = self._pinned.view()
+        if self._shares_chunk(dst.ptr, src.size):
+            if self._open is not None:
+                half, start, end = self._open
+                if dst.ptr >= end and dst.ptr + src.size - start <= self.chunk_bytes:  # after the last, fits
+                    lo = half * self.chunk_bytes + (dst.ptr - start)
+                    parallel_copy(pinned[lo : lo + src.size], src, self._pool, self.piece_bytes)
+                    self._open[2] = dst.ptr + src.size
+                    return
+                self._flush()
+            half = self._take_half()
+            lo = half * self.chunk_bytes
+            parallel_copy(pinned[lo : lo + src.size], src, self._pool, self.piece_bytes)
+            self._open = [half, dst.ptr, dst.ptr + src.size]
+            return
+        self._flush()
         for start in range(0, src.size, self.chunk_bytes):
             n = min(self.chunk_bytes, src.size - start)
-            half = self._next
-            self._next ^= 1
-            if self._used[half]:
-                self._done[half].synchronize()  # the DMA that last read this half is done
+            half = self._take_half()
             lo = half * self.chunk_bytes
             parallel_copy(pinned[lo : lo + n], src[start : start + n], self._pool, self.piece_bytes)
-            check(
-                driver.cuMemcpyHtoDAsync(dst.ptr + start, self._pinned.ptr + lo, n, stream_handle(self.stream)),
-                "cuMemcpyHtoDAsync",
-            )
-            self._done[half].record(self.stream)
-            self._used[half] = True
+            self._dma(dst.ptr + start, half, 0, n)
 
     def finish(self) -> None:
-        """Wait until every queued upload has landed."""
+        """Queue what is still being gathered, then wait until every queued upload has landed."""
+        self._flush()
         self.stream.synchronize()
 
     def close(self) -> None:
