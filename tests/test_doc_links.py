@@ -1,5 +1,5 @@
-"""Every markdown link to a heading (`[…](file.md#anchor)`, `[…](#anchor)`) in README and docs/
-names a heading that exists, as GitHub spells its anchors."""
+"""Every relative markdown link in README and docs/ names a file of the repo, and every link to a
+heading (`[…](file.md#anchor)`, `[…](#anchor)`) one that exists, as GitHub spells its anchors."""
 
 from __future__ import annotations
 
@@ -53,3 +53,18 @@ def test_slug_follows_github():
     assert slug("Unpacking on the GPU: `lop3` and the 0x6400 magic number") == \
         "unpacking-on-the-gpu-lop3-and-the-0x6400-magic-number"
     assert slug("GGUF sources: per-tensor formats") == "gguf-sources-per-tensor-formats"
+
+
+FILE_LINK = re.compile(r"\]\(([^)#\s:]+)(?:#[^)\s]*)?(?:\s+\"[^\"]*\")?\)")
+
+
+def file_links():
+    for doc in DOCS:
+        text = FENCE.sub("", doc.read_text(encoding="utf-8"))
+        for m in FILE_LINK.finditer(text):
+            yield doc, m.group(1)
+
+
+@pytest.mark.parametrize("doc,target", list(file_links()), ids=lambda v: v.name if isinstance(v, Path) else v)
+def test_a_relative_link_names_a_file_of_the_repo(doc, target):
+    assert (doc.parent / target).exists(), f"{doc.name}: {target} does not exist"
