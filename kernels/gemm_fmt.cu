@@ -42,7 +42,9 @@
 // prompt, docs/bench/2026-12-01_84b2bea_h200_syn7b_q4_k_m.json): TTFT 58.9 ms, against 120.5 ms
 // for the version before (32-input steps, the scales recomputed per weight, no loads during the
 // MMAs: …_2d1fca6_h200_syn7b_q4_k_m.json) and 17.4 ms for the INT4 7B's wgmma GEMMs
-// (gemm_int4.cu) — what is left is the wgmma skeleton with a per-format unpack.
+// (gemm_int4.cu). The prefill now runs gemm_fmt_wgmma.cu wherever K is a multiple of 128 (every
+// Qwen2.5 shape: 30.7 ms for the same model); this file serves the other K and the comparison
+// (`drvqwen bench --prefill-gemm mma`).
 //
 // Barriers, and why nothing races: per step, every thread writes only its own slots of xs and
 // ws (its row's chunk, its 4 pieces of x), then __syncthreads (all threads: the early return for

@@ -60,6 +60,18 @@
 //   phase r−1 complete: no arrival spills into the wrong phase. Parities suffice because full[s]
 //   runs at most one phase ahead of a consumer's wait and empty[s] one ahead of the producer's.
 //
+// Measured on the H200 (`drvqwen bench --prefill-gemm …`, 512-token prompt, graph decode; each
+// pair in one run, docs/bench/2026-12-01_4929493_h200_*):
+//   | model                               | this file | gemm_fmt.cu (mma.sync) | gemm_int4.cu |
+//   | synthetic 7B, Q4_K_M layout: TTFT   | 30.7 ms   | 58.5 ms                | —            |
+//   | synthetic 7B, INT4 (format 1): TTFT | 24.7 ms   | —                      | 17.3 ms      |
+//   | synthetic 0.5B, Q4_K_M layout: TTFT | 6.2 ms    | 6.2 ms (84b2bea's run) | —            |
+// INT4 through this skeleton is slower than gemm_int4.cu, whose consumers unpack INT4 into A
+// registers themselves: one producer warpgroup dequantizing 128 rows × 128 inputs per stage
+// (FP32 arithmetic, then 16 stores per thread) is the limit here, not the tensor cores. What to
+// try next: two producer warpgroups, or the FP16 unpack of gemm_int4.cu where a format allows it
+// (c·s in FP16 where the reference's FP32 result rounds to the same FP16).
+//
 // Requirements (checked by launchers/gemm_fmt_wgmma.py): K % 128 == 0 and a multiple of the
 // format's group (256 for the K-quants); X's rows 16-byte aligned (TMA); pointers 16-byte aligned.
 #include <cuda_fp16.h>

@@ -89,7 +89,11 @@
 //
 // Shared memory: GEMM_STAGES × 40 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
 // + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (157–159 by
-// variant, ptxas), under the 168 a 9-warp block can have (below).
+// variant, ptxas), under the 168 a 9-warp block can have (below). The ring's base is an offset
+// added to the shared array, so the consumers' weight reads compile to LDS.128 (a pointer rebuilt
+// from an integer gave generic LD.E.128); the synthetic 7B's TTFT with it: 17.3 ms
+// (docs/bench/2026-12-01_4929493_h200_syn7b_int4_prefill_gemm_int4.json; 17.4 ms before, in
+// another run: within run-to-run spread).
 //
 // Measured on the H200 (`PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4`: 7B shapes at
 // M = 512, graph replay of 20 calls, median of 5, every version checked against the reference
