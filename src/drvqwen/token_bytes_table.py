@@ -1,11 +1,11 @@
 """Every token id's raw bytes and the special ids, kept in the cache: what `StreamDecoder` needs
 to turn generated ids into text, without building the tokenizer.
 
-Building the `tokenizers` tokenizer takes ~0.2 s of Python's GIL even from its cached form
+Building the `tokenizers` tokenizer takes a few hundred milliseconds of Python's GIL even from its cached form
 (tokenizer_cache.py); `drvqwen run` on the GPU encodes its prompt in another process instead
 (tokenizer_process.py), and then needs, in its own process, only the bytes of the ids it
 generates. This table holds them for all ids: built once per tokenizer from
-`Tokenizer.token_bytes` (the same bytes, id by id; ~0.5 s, after a run's answer), loaded in a
+`Tokenizer.token_bytes` (the same bytes, id by id, once, after a run's answer), loaded in a
 few milliseconds afterwards.
 
 File (paths.tokenizer_dir(), named by the tokenizer.json's sha256): one line with the sha256 of
@@ -52,9 +52,9 @@ class TokenBytesTable:
 
     @classmethod
     def of_tokenizer(cls, tok) -> "TokenBytesTable":
-        """The table of a `Tokenizer`, id by id (~0.5 s for Qwen's 151k ids), up to its highest
-        id with text (`text_vocab_size`): a vocabulary's ids may leave gaps, so the count of its
-        tokens (`vocab_size`) can stop short of ids it has."""
+        """The table of a `Tokenizer`, id by id, up to its highest id with text
+        (`text_vocab_size`): a vocabulary's ids may leave gaps, so the count of its tokens
+        (`vocab_size`) can stop short of ids it has."""
         pieces = [tok.token_bytes(i) for i in range(tok.text_vocab_size)]
         offsets = array("I", [0])
         at = 0

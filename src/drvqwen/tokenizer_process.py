@@ -1,7 +1,8 @@
 """The prompt's ids from another process, while this one loads the model onto the GPU.
 
-Why a process: `tokenizers` builds its tokenizer holding Python's GIL (~0.2 s for Qwen's 151k
-tokens even from the cached form, tokenizer_cache.py), so on a thread it slows down, and is
+Why a process: `tokenizers` builds its tokenizer holding Python's GIL (a few hundred
+milliseconds for Qwen's 151k tokens even from the cached form, tokenizer_cache.py), so on a
+thread it slows down, and is
 slowed down by, every line of Python the GPU load runs. `drvqwen run` on the GPU instead starts
 `python -m drvqwen.tokenizer_worker` (tokenizer_worker.py) as soon as it knows the model, hands
 it the cached tokenizer's file and the prompt (gen_options.prompt_spec) and collects the ids

@@ -381,7 +381,7 @@ class StagingUploader:
     relative to the first, and one DMA carries them all, the alignment padding between them
     included (padding of that allocation, which nothing reads). A model has hundreds of small
     tensors (norms, biases, scales); one DMA and one event wait each cost about as much as their
-    bytes, ~0.1 s for the 0.5B's.
+    bytes.
     """
 
     def __init__(self, chunk_bytes: int = STAGING_CHUNK_BYTES, stream: Stream | None = None,
