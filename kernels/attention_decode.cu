@@ -68,8 +68,18 @@
 #include "kv_cache.cuh"          // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"           // grid_dependency_wait, grid_launch_dependents
 #include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
+#include "block_coord.cuh"       // BlockCoord, GridDep
 
 #define ATTN_WARPS 4   // warps (= splits) per block
+// Warps of the block that runs the splits: their p/alpha buffers in shared memory. ATTN_WARPS
+// for a launch of this kernel; the persistent decode step, whose blocks run 8 splits at once,
+// defines it as 8 before including this file.
+#ifndef ATTN_SMEM_WARPS
+#define ATTN_SMEM_WARPS ATTN_WARPS
+#endif
+#ifndef ATTN_PREFETCH
+#define ATTN_PREFETCH 1  // page lp+1's loads issued before page lp is multiplied (see the page loop)
+#endif
 
 // One page of K and V as one lane holds them, raw FP16 (converted when used, so that a
 // prefetched page costs 16 + 16 registers at Dh = 128, not 16 + 64).
@@ -108,26 +118,24 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
     }
 }
 
+// Split `split` of `n_splits` of KV head `kv_head`, run by warp `warp` of its block (its p/alpha
+// buffers). What a split adds up depends on (split, n_splits, kv_head) only: a launch's warp and
+// a persistent step's warp that take the same split write the same bits. No block-wide barrier
+// (a warp past the last page returns early); the caller has waited for q and the K/V slot.
 template <int HEAD_DIM>
-__device__ __forceinline__ void attention_decode_impl(
+__device__ __forceinline__ void attention_decode_split(
     float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table,
-    const int* __restrict__ state, int Hq, int Hkv) {
-    __shared__ __align__(16) float p_smem[ATTN_WARPS][PAGE_TOKENS][ATTN_MAX_GROUP];
-    __shared__ __align__(16) float alpha_smem[ATTN_WARPS][ATTN_MAX_GROUP];
+    const int* __restrict__ state, int Hq, int Hkv, int split, int n_splits, int kv_head, int warp) {
+    __shared__ __align__(16) float p_smem[ATTN_SMEM_WARPS][PAGE_TOKENS][ATTN_MAX_GROUP];
+    __shared__ __align__(16) float alpha_smem[ATTN_SMEM_WARPS][ATTN_MAX_GROUP];
 
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const int kv_head = blockIdx.y;
     const int group = Hq / Hkv;
-    const int n_splits = gridDim.x * ATTN_WARPS;
-    const int split = blockIdx.x * ATTN_WARPS + warp;
     const int head0 = kv_head * group;  // first query head of this KV head
     const AttnLane at = {split, Hq, head0, group, warp, lane, g, t};
-
-    grid_launch_dependents();
-    grid_dependency_wait();  // q, the K/V slot of this position and state come from earlier kernels
 
     // Query fragments: issued before the state read, whose latency they share.
     uint4 qf[HEAD_DIM / 32];
@@ -163,20 +171,21 @@ __device__ __forceinline__ void attention_decode_impl(
     float l_run = 0.f;
     float acc[ATTN_MAX_GROUP][HEAD_DIM / 32] = {};
 
-    // Double buffer: page lp+1's loads are in flight while page lp is multiplied.
-    AttnPage<HEAD_DIM> cur, next;
-    {
+    // Double buffer: page lp+1's loads are in flight while page lp is multiplied. Without
+    // ATTN_PREFETCH (the persistent decode step at Dh = 128, where the second page's 64
+    // registers would spill) a page is loaded when the one before is done: the same values.
+    auto load = [&](AttnPage<HEAD_DIM>& pg, int lp) {
         const __half *kp, *vp;
-        page_ptrs(physical(page_begin), kp, vp);
-        attn_load_page<HEAD_DIM>(cur, kp, vp, min(PAGE_TOKENS, seq_len - page_begin * PAGE_TOKENS), lane);
-    }
+        page_ptrs(physical(lp), kp, vp);
+        attn_load_page<HEAD_DIM>(pg, kp, vp, min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS), lane);
+    };
+    AttnPage<HEAD_DIM> cur;
+    load(cur, page_begin);
     for (int lp = page_begin; lp < page_end; ++lp) {
-        if (lp + 1 < page_end) {
-            const __half *kp, *vp;
-            page_ptrs(physical(lp + 1), kp, vp);
-            attn_load_page<HEAD_DIM>(next, kp, vp,
-                                     min(PAGE_TOKENS, seq_len - (lp + 1) * PAGE_TOKENS), lane);
-        }
+#if ATTN_PREFETCH
+        AttnPage<HEAD_DIM> next;
+        if (lp + 1 < page_end) load(next, lp + 1);
+#endif
         const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
         // K and V from the registers (attn_load_page zeroed the masked tokens).
         attn_page<HEAD_DIM>(m_run, l_run, acc, scale_log2, qf, valid, p_smem, alpha_smem, at,
@@ -185,63 +194,96 @@ __device__ __forceinline__ void attention_decode_impl(
                                 return __half22float2(*reinterpret_cast<const __half2*>(&cur.v[tok][w]));
                             });
         __syncwarp();  // p_smem / alpha_smem are rewritten by the next page
+#if ATTN_PREFETCH
         cur = next;
+#else
+        if (lp + 1 < page_end) load(cur, lp + 1);
+#endif
     }
     attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out, max_logits, exp_sums, at);
 }
 
-// grid (S, Hkv), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS.
+// The plain kernel's arguments (the persistent decode step packs them with this layout).
+struct AttentionDecodeArgs {
+    float* partial_out;       // [NS, Hq, Dh] fp32, out: unnormalised o
+    float* max_logits;        // [NS, Hq] fp32, out: max score (log2 units)
+    float* exp_sums;          // [NS, Hq] fp32, out: Σ exp2(s − m)
+    const __half* q;          // [Hq, Dh] fp16, rotated query
+    const __half* k_cache;    // [P, Hkv, 16, Dh] fp16, this layer
+    const __half* v_cache;    // [P, Hkv, 16, Dh] fp16, this layer
+    const int* block_table;   // [max_pages] int32
+    const int* state;         // [3] int32 (reads seq_len = state[2])
+    int Hq, Hkv;
+};
+
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_decode_args_split(const AttentionDecodeArgs& a, int split, int n_splits,
+                                                            int kv_head, int warp) {
+    attention_decode_split<HEAD_DIM>(a.partial_out, a.max_logits, a.exp_sums, a.q, a.k_cache, a.v_cache,
+                                     a.block_table, a.state, a.Hq, a.Hkv, split, n_splits, kv_head, warp);
+}
+
+// grid (S, Hkv), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS; warp w of block (x, y)
+// takes split x · ATTN_WARPS + w of KV head y.
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 #define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM)                                                  \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP_SIZE) NAME(                   \
-        float* __restrict__ partial_out,      /* [NS, Hq, Dh] fp32, out: unnormalised o     */ \
-        float* __restrict__ max_logits,       /* [NS, Hq] fp32, out: max score (log2 units) */ \
-        float* __restrict__ exp_sums,         /* [NS, Hq] fp32, out: Σ exp2(s − m)          */ \
-        const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
-        const __half* __restrict__ k_cache,   /* [P, Hkv, 16, Dh] fp16, this layer          */ \
-        const __half* __restrict__ v_cache,   /* [P, Hkv, 16, Dh] fp16, this layer          */ \
-        const int* __restrict__ block_table,  /* [max_pages] int32                          */ \
-        const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
-        int Hq, int Hkv) {                                                                   \
-        attention_decode_impl<HEAD_DIM>(partial_out, max_logits, exp_sums, q, k_cache, v_cache,    \
-                                        block_table, state, Hq, Hkv);                           \
+        float* __restrict__ partial_out, float* __restrict__ max_logits,                       \
+        float* __restrict__ exp_sums, const __half* __restrict__ q,                            \
+        const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,                \
+        const int* __restrict__ block_table, const int* __restrict__ state,                    \
+        int Hq, int Hkv) { /* AttentionDecodeArgs says what each is */                          \
+        const int warp = threadIdx.x / WARP_SIZE;                                                \
+        grid_launch_dependents();                                                                \
+        grid_dependency_wait(); /* q, the K/V slot of this position and state: earlier kernels */ \
+        attention_decode_split<HEAD_DIM>(partial_out, max_logits, exp_sums, q, k_cache, v_cache,   \
+                                         block_table, state, Hq, Hkv,                           \
+                                         blockIdx.x * ATTN_WARPS + warp, gridDim.x * ATTN_WARPS, \
+                                         blockIdx.y, warp);                                     \
     }
 
 ATTENTION_DECODE_KERNEL(attention_decode_hd64, 64)
 ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128)
+#endif  // DEVICE_FUNCTIONS_ONLY
 
-// Merge the active splits of head blockIdx.x. Thread (d, j) = (tid % Dh, tid / Dh) adds the
-// splits s ≡ j (mod J), J = blockDim.x / Dh, for dim d; then the J partial sums are added in
-// order j = 0 … J-1. With ≤ 264 splits that is ≤ 33 independent loads per thread, issued
-// 8 at a time, instead of one thread walking every split (20 µs at 128 splits).
+// Merge the active splits of head h. Virtual thread (d, j) = (v % Dh, v / Dh), v < ATTN_COMBINE_THREADS,
+// adds the splits s ≡ j (mod J), J = ATTN_COMBINE_THREADS / Dh, for dim d; then the J partial
+// sums are added in order j = 0 … J-1. A launch has one thread per virtual thread; a smaller
+// block (the persistent decode step's) takes them in turn: the same sums in the same order.
+// With ≤ 264 splits that is ≤ 33 independent loads per virtual thread, issued 8 at a time,
+// instead of one thread walking every split (20 µs at 128 splits).
 // Bytes per call: n_active × Hq × (Dh + 2) × 4 B of partials (≤ 264 × 28 × 130 × 4 = 3.8 MB at
 // 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
 // L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in
 // attention_decode_tma.cu's header), not HBM.
-// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
-// each split for head h).
 #define ATTN_COMBINE_THREADS 1024
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
-attention_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
-                  const float* __restrict__ partial_out, // [NS, Hq, Dh] fp32
-                  const float* __restrict__ max_logits,  // [NS, Hq] fp32
-                  const float* __restrict__ exp_sums,    // [NS, Hq] fp32
-                  const int* __restrict__ state,         // [3] int32 (reads seq_len = state[2])
-                  int n_splits, int Hq, int Dh) {        // n_splits = NS of the decode launch
+struct AttentionCombineArgs {
+    __half* out;               // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
+    const float* partial_out;  // [NS, Hq, Dh] fp32
+    const float* max_logits;   // [NS, Hq] fp32
+    const float* exp_sums;     // [NS, Hq] fp32
+    const int* state;          // [3] int32 (reads seq_len = state[2])
+    int n_splits, Hq, Dh;      // n_splits = NS of the decode launch
+};
+
+// Head h; dynamic smem: 2 · NS floats. Contains __syncthreads(): call from every thread.
+template <typename Dep>
+__device__ __forceinline__ void attention_combine_item(const AttentionCombineArgs& a, int h, Dep dep) {
     extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];
     __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
+    const int n_splits = a.n_splits, Hq = a.Hq, Dh = a.Dh;
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
-    const int h = blockIdx.x;
-    grid_launch_dependents();
-    grid_dependency_wait();  // the partials are the split kernel's output
-    const int n_pages = (state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    dep.launch_dependents();
+    dep.wait();  // the partials are the split kernel's output
+    const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
 
     for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
-        m_s[s] = max_logits[(u64)s * Hq + h];
-        l_s[s] = exp_sums[(u64)s * Hq + h];
+        m_s[s] = a.max_logits[(u64)s * Hq + h];
+        l_s[s] = a.exp_sums[(u64)s * Hq + h];
     }
     __syncthreads();
     // Every warp finds the same maximum (butterfly over a lane-strided scan): no extra barrier.
@@ -250,25 +292,40 @@ attention_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out (
     for (int s = lane; s < n_active; s += WARP_SIZE) m_max = fmaxf(m_max, m_s[s]);
     m_max = warp_max(m_max);
 
-    const int d = threadIdx.x % Dh, j = threadIdx.x / Dh, n_j = blockDim.x / Dh;
-    float o_sum = 0.f, l_sum = 0.f;
-    if (j < n_j) {
+    const int n_j = ATTN_COMBINE_THREADS / Dh;
+    for (int v = threadIdx.x; v < ATTN_COMBINE_THREADS; v += blockDim.x) {
+        const int d = v % Dh, j = v / Dh;
+        float o_sum = 0.f, l_sum = 0.f;
+        if (j < n_j) {
 #pragma unroll 8
-        for (int s = j; s < n_active; s += n_j) {
-            const float w = exp2f(m_s[s] - m_max);
-            o_sum = fmaf(w, partial_out[((u64)s * Hq + h) * Dh + d], o_sum);
-            l_sum = fmaf(w, l_s[s], l_sum);
+            for (int s = j; s < n_active; s += n_j) {
+                const float w = exp2f(m_s[s] - m_max);
+                o_sum = fmaf(w, a.partial_out[((u64)s * Hq + h) * Dh + d], o_sum);
+                l_sum = fmaf(w, l_s[s], l_sum);
+            }
         }
+        o_sum_smem[v] = o_sum;
+        if (d == 0 && j < n_j) l_sum_smem[j] = l_sum;
     }
-    o_sum_smem[threadIdx.x] = o_sum;
-    if (d == 0 && j < n_j) l_sum_smem[j] = l_sum;
     __syncthreads();
-    if (j == 0) {
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {  // virtual threads j = 0
         float o = 0.f, l = 0.f;
         for (int jj = 0; jj < n_j; ++jj) {
             o += o_sum_smem[jj * Dh + d];
             l += l_sum_smem[jj];
         }
-        out[(u64)h * Dh + d] = __float2half_rn(o / l);
+        a.out[(u64)h * Dh + d] = __float2half_rn(o / l);
     }
 }
+
+// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
+// each split for head h).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
+                  const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
+                  const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
+    attention_combine_item(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state, n_splits, Hq, Dh},
+                           blockIdx.x, GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY

@@ -19,13 +19,15 @@
 
 #include "types.cuh"    // u32, u64
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
+#include "block_coord.cuh"  // BlockCoord, GridDep
 
 #define EMBEDDING_THREADS 256
 
 __device__ __forceinline__ void embedding_row(float* __restrict__ out_row,
                                               const __half* __restrict__ embed,
-                                              int token, int V, int D) {
-    const int chunk = blockIdx.x * blockDim.x + threadIdx.x;
+                                              int token, int V, int D, int bx) {
+    if (threadIdx.x >= EMBEDDING_THREADS) return;
+    const int chunk = bx * EMBEDDING_THREADS + threadIdx.x;
     if (chunk >= D / 8) return;
     float4* dst = reinterpret_cast<float4*>(out_row) + 2 * chunk;
     if (token < 0 || token >= V) {
@@ -43,22 +45,37 @@ __device__ __forceinline__ void embedding_row(float* __restrict__ out_row,
     dst[1] = make_float4(c.x, c.y, d.x, d.y);
 }
 
-// grid (ceil(D/8/256)), block (256).
-extern "C" __global__ void __launch_bounds__(EMBEDDING_THREADS)
-embedding(float* __restrict__ residual,      // [D] fp32, out
-          const __half* __restrict__ embed,  // [V, D] fp16
-          const int* __restrict__ state,     // [3] int32: pos, token, seq_len (reads [1])
-          int V, int D) {
-    grid_launch_dependents();
-    grid_dependency_wait();  // state[1] is the previous step's token; residual was read by it
-    embedding_row(residual, embed, state[1], V, D);
+struct EmbeddingArgs {
+    float* residual;      // [D] fp32, out
+    const __half* embed;  // [V, D] fp16
+    const int* state;     // [3] int32: pos, token, seq_len (reads [1])
+    int V, D;
+};
+
+// Block bc.bx of the launch: 8 · EMBEDDING_THREADS elements of the row. No block-wide barrier.
+template <typename Dep>
+__device__ __forceinline__ void embedding_item(const EmbeddingArgs& a, const BlockCoord& bc, Dep dep) {
+    dep.launch_dependents();
+    dep.wait();  // state[1] is the previous step's token; residual was read by it
+    embedding_row(a.residual, a.embed, a.state[1], a.V, a.D, bc.bx);
 }
 
+// grid (ceil(D/8/256)), block (256).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+extern "C" __global__ void __launch_bounds__(EMBEDDING_THREADS)
+embedding(float* __restrict__ residual, const __half* __restrict__ embed, const int* __restrict__ state,
+          int V, int D) {  // EmbeddingArgs says what each is
+    embedding_item(EmbeddingArgs{residual, embed, state, V, D}, BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
+
 // grid (ceil(D/8/256), T), block (256).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 extern "C" __global__ void __launch_bounds__(EMBEDDING_THREADS)
 embedding_rows(float* __restrict__ residual,      // [T, D] fp32, out
                const __half* __restrict__ embed,  // [V, D] fp16
                const int* __restrict__ ids,       // [T] int32 token ids
                int V, int D) {
-    embedding_row(residual + (u64)blockIdx.y * D, embed, ids[blockIdx.y], V, D);
+    embedding_row(residual + (u64)blockIdx.y * D, embed, ids[blockIdx.y], V, D, blockIdx.x);
 }
+#endif  // DEVICE_FUNCTIONS_ONLY

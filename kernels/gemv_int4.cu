@@ -117,6 +117,7 @@
 #include "rmsnorm.cuh"      // rmsnorm_inv_rms, rmsnorm_apply4, RMSNORM_WARPS
 #include "rope.cuh"         // rope_rotate
 #include "kv_cache.cuh"     // kv_offset, PAGE_TOKENS
+#include "block_coord.cuh"  // BlockCoord, GridDep
 
 #define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
 #define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
@@ -218,34 +219,39 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-// The whole GEMV of one block: its tiles × all K, for MT matrices per tile. Order of work:
-// launch_dependents, the first weight batch requested, griddepcontrol.wait, then the prologue
+// The whole GEMV of one block: its tiles × all K, for MT matrices per tile. The block is block
+// bc.bx of a planned grid of bc.gx blocks of bc.threads threads (block_coord.cuh): a launch of
+// its own, or an item of the persistent decode step, whose block may have more warps than the
+// plan (those take part in the barriers only). Order of work:
+// dep.launch_dependents, the first weight batch requested, dep.wait(), then the prologue
 // `stage_x(x_smem, K)` stages x; after the main loop and the block's reduction,
 // epilogue(seg, tile_in_seg, g, sums[MT][2]) runs once per (tile, g), g < 8, from one thread,
 // with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows
 // says which rows those are; rows ≥ n must not be stored).
 // Contains __syncthreads(): call from every thread of the block.
-template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Prologue, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K,
-                                                Prologue stage_x, Epilogue epilogue) {
+template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
+                                                Dep dep, Prologue stage_x, Epilogue epilogue) {
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
     extern __shared__ uint4 x_smem[];  // [K/8] chunks of x (gemv_x_slot order), then partials
     float* partial = reinterpret_cast<float*>(x_smem + K / 8);  // [T_b][MT][W][16] fp32
 
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE, n_warps = bc.threads / WARP_SIZE;
     const int n_groups = K / INT4_GROUP;
-    // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128).
-    const int gb = warp * n_groups / n_warps, ge = (warp + 1) * n_groups / n_warps;
+    // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128); none for a
+    // warp past the plan's W.
+    const int gb = warp < n_warps ? warp * n_groups / n_warps : 0;
+    const int ge = warp < n_warps ? (warp + 1) * n_groups / n_warps : 0;
     // This block's contiguous, balanced share of the tiles.
     const int n_tiles = p.first_tile[NSEG];
-    const int tile_b = blockIdx.x * n_tiles / gridDim.x, tile_e = (blockIdx.x + 1) * n_tiles / gridDim.x;
+    const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
     const u64 policy = l2_evict_first_policy();
 
     // Every block of this grid is resident in one wave (the launcher sizes G for that), so the
     // next kernel may be scheduled as soon as they have all started.
-    grid_launch_dependents();
+    dep.launch_dependents();
 
     // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_b, ld_gi = gb;
@@ -276,7 +282,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     // kernel's tail and the staging of x (weights are never written by any kernel).
     GemvBatch<MT, UNROLL> cur, next;
     load(cur);
-    grid_dependency_wait();
+    dep.wait();
     stage_x(x_smem, K);
     __syncthreads();
 
@@ -346,6 +352,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
 
 // y = W x, FP16 out (rounded once from the FP32 sum).
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
               const __half* __restrict__ x,       // [K] fp16
@@ -353,10 +360,19 @@ gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
               const __half* __restrict__ scales,  // [N, K/128] fp16
               int N, int K) {
     const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}, {0}};
-    gemv_int4_block(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
+    gemv_int4_block(p, K, BlockCoord::of_launch(), GridDep{}, GemvStageX{x},
+                    [&](int, int tile, int g, const float (&s)[1][2]) {
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { y[row] = __float2half_rn(v); });
     });
 }
+#endif  // DEVICE_FUNCTIONS_ONLY
+
+// The decode step's three GEMVs each come as an argument struct, a device function of one block
+// (`…_item`: what a launch's block does, given its BlockCoord and Dep) and the kernel that runs it
+// as a launch of its own. The persistent decode step (decode_persistent.cu) runs the same item
+// functions on argument structs it reads from its program, packed by the host with the kernel's
+// parameter layout: each struct lists the kernel's parameters, in order, with their types
+// (tests/test_decode_persistent.py compares the two lists).
 
 // The attention input of one decode step, from the residual stream, in one launch:
 //   xn = rmsnorm(residual) · input_layernorm          (prologue, rmsnorm.cuh)
@@ -366,94 +382,151 @@ gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
 // captured graph replays it every step. FP32 until each output's one rounding to FP16, with
 // rope_kv.cu's arithmetic. The k/v tiles (32 each at 7B) share the wave with q's 224 instead
 // of running in under-filled launches of their own.
-// grid (G ≤ ceil(Nq/16) + 2·ceil(Nkv/16)), block (32·W), dynamic smem (see the header).
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_qkv_rope(__half* __restrict__ q_out,           // [Hq·Dh] fp16, out: rotated query
-                   __half* __restrict__ k_cache,         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
-                   __half* __restrict__ v_cache,         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
-                   const float* __restrict__ residual,   // [K] fp32, the residual stream
-                   const __half* __restrict__ norm_w,    // [K] fp16, input_layernorm gain
-                   const u32* __restrict__ q_qweight,    // [Hq·Dh, K/8] uint32
-                   const __half* __restrict__ q_scales,  // [Hq·Dh, K/128] fp16
-                   const u32* __restrict__ k_qweight,    // [Hkv·Dh, K/8] uint32
-                   const __half* __restrict__ k_scales,  // [Hkv·Dh, K/128] fp16
-                   const u32* __restrict__ v_qweight,    // [Hkv·Dh, K/8] uint32
-                   const __half* __restrict__ v_scales,  // [Hkv·Dh, K/128] fp16
-                   const __half* __restrict__ q_bias,    // [Hq·Dh] fp16
-                   const __half* __restrict__ k_bias,    // [Hkv·Dh] fp16
-                   const __half* __restrict__ v_bias,    // [Hkv·Dh] fp16
-                   const float* __restrict__ inv_freq,   // [Dh/2] fp32 (reference.rope_inv_freq)
-                   const int* __restrict__ state,        // [3] int32: pos, token, seq_len (reads [0])
-                   const int* __restrict__ block_table,  // [max_pages] int32: logical → physical page
-                   int Hq, int Hkv, int Dh, int K, float eps) {
-    const int nq = Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
-    const GemvProblem<1, 3> p = {{{q_qweight}, {k_qweight}, {v_qweight}},
-                                 {{q_scales}, {k_scales}, {v_scales}},
+struct GemvInt4QkvRopeArgs {
+    __half* q_out;           // [Hq·Dh] fp16, out: rotated query
+    __half* k_cache;         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+    __half* v_cache;         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+    const float* residual;   // [K] fp32, the residual stream
+    const __half* norm_w;    // [K] fp16, input_layernorm gain
+    const u32* q_qweight;    // [Hq·Dh, K/8] uint32
+    const __half* q_scales;  // [Hq·Dh, K/128] fp16
+    const u32* k_qweight;    // [Hkv·Dh, K/8] uint32
+    const __half* k_scales;  // [Hkv·Dh, K/128] fp16
+    const u32* v_qweight;    // [Hkv·Dh, K/8] uint32
+    const __half* v_scales;  // [Hkv·Dh, K/128] fp16
+    const __half* q_bias;    // [Hq·Dh] fp16
+    const __half* k_bias;    // [Hkv·Dh] fp16
+    const __half* v_bias;    // [Hkv·Dh] fp16
+    const float* inv_freq;   // [Dh/2] fp32 (reference.rope_inv_freq)
+    const int* state;        // [3] int32: pos, token, seq_len (reads [0])
+    const int* block_table;  // [max_pages] int32: logical → physical page
+    int Hq, Hkv, Dh, K;
+    float eps;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArgs& a, const BlockCoord& bc, Dep dep) {
+    const int Dh = a.Dh, Hkv = a.Hkv;
+    const int nq = a.Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
+    const GemvProblem<1, 3> p = {{{a.q_qweight}, {a.k_qweight}, {a.v_qweight}},
+                                 {{a.q_scales}, {a.k_scales}, {a.v_scales}},
                                  {nq, nkv, nkv},
                                  {0, tq, tq + tkv, tq + 2 * tkv},
                                  {Dh, Dh, 0}};
-    gemv_int4_block(p, K, GemvStageRmsNorm{residual, norm_w, eps},
+    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
                     [&](int seg, int tile, int g, const float (&s)[1][2]) {
-        const int pos = state[0];
-        const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+        const int pos = a.state[0];
+        const u64 slot = kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
         if (seg == 2) {  // v: bias only, plain row order
             gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
                 const int head = row / Dh, d = row % Dh;
-                v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(v_bias[row]));
+                a.v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(a.v_bias[row]));
             });
             return;
         }
         int lo, hi;  // rows of dims i and i + Dh/2 of one head
         gemv_tile_rows(tile, g, Dh, lo, hi);
         const int head = lo / Dh, i = lo % Dh;
-        const __half* b = seg == 0 ? q_bias : k_bias;
+        const __half* b = seg == 0 ? a.q_bias : a.k_bias;
         float o1, o2;
-        rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);
-        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+        rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, a.inv_freq[i], o1, o2);
+        __half* dst = seg == 0 ? a.q_out + (u64)head * Dh : a.k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
         dst[i] = __float2half_rn(o1);
         dst[i + Dh / 2] = __float2half_rn(o2);
     });
 }
 
+// grid (G ≤ ceil(Nq/16) + 2·ceil(Nkv/16)), block (32·W), dynamic smem (see the header).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_qkv_rope(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                   const float* __restrict__ residual, const __half* __restrict__ norm_w,
+                   const u32* __restrict__ q_qweight, const __half* __restrict__ q_scales,
+                   const u32* __restrict__ k_qweight, const __half* __restrict__ k_scales,
+                   const u32* __restrict__ v_qweight, const __half* __restrict__ v_scales,
+                   const __half* __restrict__ q_bias, const __half* __restrict__ k_bias,
+                   const __half* __restrict__ v_bias, const float* __restrict__ inv_freq,
+                   const int* __restrict__ state, const int* __restrict__ block_table,
+                   int Hq, int Hkv, int Dh, int K, float eps) {  // GemvInt4QkvRopeArgs says what each is
+    gemv_int4_qkv_rope_item(GemvInt4QkvRopeArgs{q_out, k_cache, v_cache, residual, norm_w, q_qweight, q_scales,
+                                                k_qweight, k_scales, v_qweight, v_scales, q_bias, k_bias, v_bias,
+                                                inv_freq, state, block_table, Hq, Hkv, Dh, K, eps},
+                            BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
+
 // residual += W x in FP32 (the residual stream is FP32: docs/numerics.md#the-residual-stream-is-fp32).
 // Each row is read and written by one thread of one block, so the read-modify-write needs no
 // atomics; it happens after the wait, like every read of an earlier kernel's output.
-// grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_residual(float* __restrict__ residual,      // [N] fp32, in/out
-                   const __half* __restrict__ x,      // [K] fp16
-                   const u32* __restrict__ qweight,   // [N, K/8] uint32
-                   const __half* __restrict__ scales, // [N, K/128] fp16
-                   int N, int K) {
-    const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}, {0}};
-    gemv_int4_block(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
+struct GemvInt4ResidualArgs {
+    float* residual;        // [N] fp32, in/out
+    const __half* x;        // [K] fp16
+    const u32* qweight;     // [N, K/8] uint32
+    const __half* scales;   // [N, K/128] fp16
+    int N, K;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_residual_item(const GemvInt4ResidualArgs& a, const BlockCoord& bc, Dep dep) {
+    const int N = a.N;
+    const GemvProblem<1, 1> p = {{{a.qweight}}, {{a.scales}}, {N}, {0, int4_tiles(N)}, {0}};
+    gemv_int4_block(p, a.K, bc, dep, GemvStageX{a.x}, [&](int, int tile, int g, const float (&s)[1][2]) {
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { a.residual[row] += v; });
     });
 }
+
+// grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_residual(float* __restrict__ residual, const __half* __restrict__ x, const u32* __restrict__ qweight,
+                   const __half* __restrict__ scales, int N, int K) {  // GemvInt4ResidualArgs says what each is
+    gemv_int4_residual_item(GemvInt4ResidualArgs{residual, x, qweight, scales, N, K}, BlockCoord::of_launch(),
+                            GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
 
 // h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm (prologue):
 // each tile is the same 16 rows of gate_proj and up_proj, so the SwiGLU needs no extra launch
 // and no FP16 round trip of g and u (swiglu_f16, int4_matmul.cuh).
-// grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
-gemv_int4_gate_up_swiglu(__half* __restrict__ h,                // [F] fp16, out
-                         const float* __restrict__ residual,    // [K] fp32, the residual stream
-                         const __half* __restrict__ norm_w,     // [K] fp16, post_attention_layernorm gain
-                         const u32* __restrict__ gate_qweight,  // [F, K/8] uint32
-                         const __half* __restrict__ gate_scales,// [F, K/128] fp16
-                         const u32* __restrict__ up_qweight,    // [F, K/8] uint32
-                         const __half* __restrict__ up_scales,  // [F, K/128] fp16
-                         int F, int K, float eps) {
-    const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
+struct GemvInt4GateUpSwigluArgs {
+    __half* h;                  // [F] fp16, out
+    const float* residual;      // [K] fp32, the residual stream
+    const __half* norm_w;       // [K] fp16, post_attention_layernorm gain
+    const u32* gate_qweight;    // [F, K/8] uint32
+    const __half* gate_scales;  // [F, K/128] fp16
+    const u32* up_qweight;      // [F, K/8] uint32
+    const __half* up_scales;    // [F, K/128] fp16
+    int F, K;
+    float eps;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_gate_up_swiglu_item(const GemvInt4GateUpSwigluArgs& a, const BlockCoord& bc,
+                                                              Dep dep) {
+    const int F = a.F;
+    const GemvProblem<2, 1> p = {{{a.gate_qweight, a.up_qweight}}, {{a.gate_scales, a.up_scales}},
                                  {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_block(p, K, GemvStageRmsNorm{residual, norm_w, eps},
+    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
                     [&](int, int tile, int g, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = lo + 8 * r;
             if (row >= F) continue;
-                h[row] = swiglu_f16(s[0][r], s[1][r]);
+            a.h[row] = swiglu_f16(s[0][r], s[1][r]);
         }
     });
 }
+
+// grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ residual,
+                         const __half* __restrict__ norm_w, const u32* __restrict__ gate_qweight,
+                         const __half* __restrict__ gate_scales, const u32* __restrict__ up_qweight,
+                         const __half* __restrict__ up_scales, int F, int K, float eps) {  // …Args says what each is
+    gemv_int4_gate_up_swiglu_item(GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight,
+                                                           up_scales, F, K, eps},
+                                  BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY

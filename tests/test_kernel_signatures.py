@@ -168,6 +168,8 @@ def planned(request):
             entries += [(f"decode {attention} {cfg.head_dim}: {n}", l) for n, l in plan.steps]
         plan = plan_decode(cfg, 256, occupancy=OCCUPANCY, formats=gguf_like_formats(cfg))
         entries += [(f"decode per-tensor {cfg.head_dim}: {n}", l) for n, l in plan.steps]
+        plan = plan_decode(cfg, 256, attention="plain", occupancy=OCCUPANCY, persistent=True)
+        entries.append((f"decode persistent {cfg.head_dim}", plan.persistent))
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]

@@ -218,11 +218,44 @@ def run_mode(mode: str, decoder, dec, prompt: list[int], new_tokens: int, copy_g
                       weight_bytes_per_token(dec) + float(np.mean(kv)), copy_gbps)
 
 
+def persistent_trace(dec, graph) -> dict:
+    """One graph step of the persistent kernel, traced (launchers.decode_persistent.trace_summary):
+    per op role (the step names without their layer), medians over the layers of the op's span
+    (from the previous op's last release to its own), the hand-off (from that release to the
+    first of its waits to end) and its items' median time after their wait; and the whole step."""
+    from .launchers.decode_persistent import trace_summary
+
+    graph.decode_token()
+    dec.sync()
+    ops = trace_summary(dec.buf["persistent_trace"].download(), len(dec.plan.persistent.ops))
+    names = [n for n, _s in named_specs_of(dec.plan.persistent.steps)]
+    roles: dict[str, dict[str, list[float]]] = {}
+    prev_end = 0.0
+    for o in ops:
+        role = names[o["op"]].split(".", 1)[1] if names[o["op"]].startswith("L") else names[o["op"]]
+        r = roles.setdefault(role, {"span_us": [], "handoff_us": [], "item_us": [], "items": []})
+        r["span_us"].append(o["end_us"] - prev_end)
+        r["handoff_us"].append(o["wait_first_us"] - prev_end)
+        r["item_us"].append(o["item_median_us"])
+        r["items"].append(o["items"])
+        prev_end = o["end_us"]
+    return {"step_us": prev_end, "ops": ops,
+            "roles": {k: {m: float(np.median(v)) for m, v in r.items()} | {"count": len(r["span_us"])}
+                      for k, r in roles.items()}}
+
+
+def named_specs_of(steps) -> list[tuple[str, object]]:
+    """(name, spec) of every launch of (name, launcher) steps (".0", ".1" for multi-launch steps)."""
+    return [(n if len(l.specs) == 1 else f"{n}.{i}", s) for n, l in steps for i, s in enumerate(l.specs)]
+
+
 # ---- the whole benchmark -----------------------------------------------------------------------
 def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int = NEW_TOKENS,
               max_context: int | None = None, modes: tuple[str, ...] = MODES, seed: int = 0,
               copy_bytes: int | None = None, use_prefill: bool = True, prefill_reps: int = PREFILL_REPS,
-              kernels: bool = False, prefill_gemm: str = "wgmma") -> dict:
+              kernels: bool = False, prefill_gemm: str = "wgmma", decode: str = "per-launch",
+              persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
+              trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -237,6 +270,13 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         prefill_reps: timed prefills of the prompt per mode (>= 1), each a new sequence.
         kernels: also time every launch of the step (`kernel_breakdown`).
         prefill_gemm: which GEMMs the prefill runs (prefill.FMT_GEMMS), to compare them.
+        decode: "per-launch" (the step as its launch list) or "persistent": the graph mode runs
+            the embedding and the layers as one persistent kernel (kernels/decode_persistent.cu)
+            and the eager mode the same step launch by launch — both with the plain attention
+            kernel, so "same_tokens" compares the two bit for bit.
+        persistent_blocks: blocks per SM the persistent kernel is compiled for (1 or 2).
+        persistent_defines: more compile-time choices of the persistent kernel (its header).
+        trace: with decode="persistent", also trace one graph step (`persistent_trace`).
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -267,11 +307,14 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     total = sum(i.nbytes for i in f)
     with progress_bar(transient=True, console=err) as p:
         task = p.add_task("uploading weights", total=total)
-        dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done))
+        dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done),
+                         persistent=decode == "persistent", persistent_min_blocks=persistent_blocks,
+                         persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent")
     graph = prefill = None
     try:
         t0 = time.perf_counter()
-        graph = GraphDecoder(dec) if "graph" in modes else None
+        graph_list = dec.persistent_variant() if decode == "persistent" else None
+        graph = GraphDecoder(dec, graph_list) if "graph" in modes else None
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
         prefill = load_prefill(dec, prefill_gemm) if use_prefill else None
@@ -291,7 +334,10 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             "config": cfg.to_dict(),
             "protocol": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "greedy": True,
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
-                         "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS,
+                         "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS, "decode": decode,
+                         "attention": dec.attention,
+                         "persistent_blocks": persistent_blocks if decode == "persistent" else None,
+                         "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
                          "prefill_reps": prefill_reps if prefill is not None else None,
                          "prefill_gemm": prefill_gemm if prefill is not None else None,
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
@@ -306,6 +352,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                                      "convention": "decode counts bytes read (weights but the embedding, "
                                                    "of which one row, plus KV at each step's length)"},
             "launches_per_step": len(dec.launches),
+            "graph_launches_per_step": len(graph.launch_list.launches) if graph is not None else None,
             "modes": {m: asdict(r) for m, r in results.items()},
         }
         if graph is not None:
@@ -318,6 +365,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             out["same_tokens"] = e.tokens == g.tokens
         if kernels:
             out["kernels"] = kernel_breakdown(dec)
+        if trace and graph is not None and dec.plan.persistent is not None:
+            out["persistent_trace"] = persistent_trace(dec, graph)
         return out
     finally:
         if graph is not None:
@@ -418,10 +467,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
     p.add_argument("--kernels", action="store_true", help="also time every launch of the decode step, by role")
+    p.add_argument("--decode", choices=("per-launch", "persistent"), default="per-launch",
+                   help="persistent: the graph mode runs the embedding and the layers as one persistent kernel, the "
+                        "eager mode the same step launch by launch (both with the plain attention kernel)")
+    p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
+                   help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
+    p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
+                   help="a compile-time choice of the persistent kernel (kernels/decode_persistent.cu), to measure")
+    p.add_argument("--trace", action="store_true",
+                   help="with --decode persistent: also trace one step (per-op times from %%globaltimer stamps)")
     from .gen_options import add_speculation_arguments
 
     add_speculation_arguments(p)    # the speculative row (bench_speculative.py; needs --model)
     p.add_argument("--json", help="also write the result as JSON to this file")
+
+
+def parse_defines(items: list[str]) -> tuple[tuple[str, int], ...]:
+    """NAME=VALUE strings → (name, int value) pairs.
+
+    Raises:
+        DrvqwenError: an item without "=", a name that is not an identifier or a value that is
+            not an integer.
+    """
+    out = []
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.isidentifier() or not value.lstrip("-").isdigit():
+            raise DrvqwenError(f"--persistent-define {item!r}: expected NAME=INTEGER")
+        out.append((name, int(value)))
+    return tuple(out)
 
 
 def cmd_bench(args) -> int:
@@ -455,7 +529,9 @@ def cmd_bench(args) -> int:
         res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         max_context=args.max_context or None, modes=modes, seed=args.seed,
                         use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels,
-                        prefill_gemm=args.prefill_gemm)
+                        prefill_gemm=args.prefill_gemm, decode=args.decode,
+                        persistent_blocks=args.persistent_blocks,
+                        persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:
             from .bench_speculative import run_speculative_row
 
@@ -468,6 +544,12 @@ def cmd_bench(args) -> int:
     print_table(res)
     if "kernels" in res:
         print_kernels(res)
+    if "persistent_trace" in res:
+        tr = res["persistent_trace"]
+        err.print(f"persistent step, traced: {tr['step_us']:.1f} µs from the first item's start to the last release")
+        for role, r in tr["roles"].items():
+            err.print(f"  {role:<18} ×{r['count']:<3} span {r['span_us']:6.2f} µs  hand-off {r['handoff_us']:5.2f} µs  "
+                      f"item {r['item_us']:5.2f} µs  items {r['items']:.0f}")
     if args.json:
         from .provenance import source_record
 

@@ -71,7 +71,8 @@ from .kv_cache import tensor_map_shape
 from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, GemvInt4GateUpSwiglu,
                         GemvInt4QkvRope, GemvInt4Residual, GpuSleep, Launcher, LaunchError, LmHead, RmsNorm,
                         attention_decode, attention_decode_tma, lm_head_partials)
-from .launchers.base import BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
+from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
+from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
@@ -106,6 +107,8 @@ class DecodePlan:
         fmt_defines: with per_tensor, the defines that compile gemv_fmt.cu and gemm_fmt.cu for the
             model's formats (launchers.gemv_fmt.format_defines: of every layer, not only the
             planned ones), shared by the decode step and the prefill.
+        persistent: with plan_decode(persistent=True), the steps before "norm" as one persistent
+            kernel (kernels/decode_persistent.cu), over the same planned launches.
     """
 
     config: QwenConfig
@@ -120,6 +123,7 @@ class DecodePlan:
     per_tensor: bool = False
     formats: dict[str, int] | None = None
     fmt_defines: tuple[tuple[str, int], ...] = ()
+    persistent: PersistentDecode | None = None
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -163,7 +167,9 @@ def gpu_format_ids(formats: dict[str, int]) -> set[int]:
 
 def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: str = DEFAULT_ATTENTION,
                 occupancy: Occupancy | None = None, text_vocab: int | None = None,
-                formats: dict[str, int] | None = None) -> DecodePlan:
+                formats: dict[str, int] | None = None, persistent: bool = False,
+                persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
+                persistent_defines: tuple[tuple[str, int], ...] = ()) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -179,13 +185,24 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             `default_formats`: the INT4 step (gemv_int4.cu, FP16 embedding and lm_head). Any
             other set runs every projection through gemv_fmt.cu in its own format, and the
             embedding and lm_head in theirs (FP16 where dense).
+        persistent: also plan `DecodePlan.persistent`: the steps from "embedding" through the
+            last layer as one persistent kernel (needs attention="plain" and the INT4 layers);
+            persistent_min_blocks (1 or 2: blocks per SM its registers are sized for),
+            persistent_stress (the stress build) and persistent_defines (more of the kernel's
+            compile-time choices) choose its build; persistent_trace plans the buffer
+            "persistent_trace" for its per-item timestamps.
     Raises:
-        DrvqwenError: max_context out of [1, max_position], or an unknown attention kernel.
+        DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, or a
+            persistent step for another attention kernel or for per-tensor formats.
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
     """
     if attention not in ATTENTION_KERNELS:
         raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    if persistent and attention != "plain":
+        raise DrvqwenError(f"the persistent decode step runs the plain attention kernel, not attention={attention!r}")
+    if persistent:  # every launch planned for the persistent kernel's blocks (CappedOccupancy)
+        occupancy = CappedOccupancy(occupancy or DEFAULT_OCCUPANCY, persistent_min_blocks)
     max_context = int(max_context or cfg.max_position)
     if not 1 <= max_context <= cfg.max_position:
         raise DrvqwenError(f"max_context={max_context}: must be in [1, {cfg.max_position}]")
@@ -201,6 +218,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
     per_tensor = formats is not None and {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} != default_formats(cfg)
+    if persistent and per_tensor:
+        raise DrvqwenError("the persistent decode step runs the INT4 layers only; this model's weights are in "
+                           "per-tensor formats")
     fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
     lm_in_format = fm is not None and fm[LM_HEAD] != wf.PLAIN
     # Every layer's formats (the plan may cover fewer), and those of the planned ones as planned
@@ -278,6 +298,19 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         ("argmax", ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"], n_partials=lm.n_partials)),
         ("advance_state", AdvanceState(a["state"], a["next_token"])),
     ]
+    if persistent:
+        members = steps[:[n for n, _l in steps].index("norm")]
+        specs = [s for _n, l in members for s in l.specs]
+        a["persistent_program"] = BufferSpec("persistent_program", (program_bytes(specs),), np.uint8)
+        a["persistent_counters"] = BufferSpec("persistent_counters", (len(specs) + 1,), np.uint32)
+        pers = dict(head_dim=Dh, occupancy=occupancy, min_blocks=persistent_min_blocks, stress=persistent_stress,
+                    defines=persistent_defines)
+        plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"], **pers)
+        if persistent_trace:
+            p = plan.persistent
+            a["persistent_trace"] = BufferSpec("persistent_trace", (p.grid_blocks * p.trace_items * 4,), np.uint64)
+            plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"],
+                                               trace=a["persistent_trace"], **pers)
     return plan
 
 
@@ -294,6 +327,11 @@ class DecodeStep:
             encoded once, at build) or "plain" (the reference kernel and fallback).
         pdl: launch the kernels as programmatic dependents (the default; False for the
             comparison, same results).
+        persistent: also build the persistent step (plan_decode(persistent=True); the attention
+            is then "plain" unless given): `persistent_variant` turns any of the step's launch
+            lists into one that runs the embedding and the layers as one kernel.
+        persistent_min_blocks, persistent_stress, persistent_trace, persistent_defines: its build
+            and its trace buffer (plan_decode).
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -307,12 +345,18 @@ class DecodeStep:
 
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, num_layers: int | None = None,
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
-                 attention: str = DEFAULT_ATTENTION, pdl: bool = True):
+                 attention: str | None = None, pdl: bool = True, persistent: bool = False,
+                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
+                 persistent_defines: tuple[tuple[str, int], ...] = ()):
         self.device = get_device()
         self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
-        self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab, formats=f.formats)
+        attention = attention or ("plain" if persistent else DEFAULT_ATTENTION)
+        self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab, formats=f.formats,
+                                persistent=persistent, persistent_min_blocks=persistent_min_blocks,
+                                persistent_stress=persistent_stress, persistent_trace=persistent_trace,
+                                persistent_defines=tuple(persistent_defines))
         self.attention, self.max_context = attention, self.plan.max_context
         self._check_fits(f)
         self.stream = Stream()
@@ -372,7 +416,23 @@ class DecodeStep:
         """Pack every planned launch against the allocated buffers, on the step's stream."""
         for _name, launcher in self.plan.steps:
             launcher.build(self.resolve, self.stream, pdl=self.pdl)
+        if self.plan.persistent is not None:
+            self.plan.persistent.build(self.resolve, self.stream)
         self.launch_list = LaunchList("greedy", list(self.plan.steps))
+
+    def persistent_variant(self, launch_list: LaunchList | None = None) -> LaunchList:
+        """`launch_list` (default: the plan's) with its entries before "norm" — the embedding and
+        every layer — replaced by the one persistent launch ("decode_layers"), which computes the
+        same values bit for bit (kernels/decode_persistent.cu). Named "<name>+persistent".
+
+        Raises:
+            DrvqwenError: the step was built without persistent=True.
+        """
+        if self.plan.persistent is None:
+            raise DrvqwenError("this decode step was built without the persistent kernel (persistent=True)")
+        lst = launch_list or self.launch_list
+        steps = lst.launchers
+        return LaunchList(f"{lst.name}+persistent", [("decode_layers", self.plan.persistent)] + steps[lst.index("norm"):])
 
     @property
     def launches(self) -> list[NamedLaunch]:

@@ -48,7 +48,7 @@ gemv_int4_residual_tile_major(float* __restrict__ residual,      // [N] fp32, in
                               const __half* __restrict__ scales, // [N, K/128] fp16
                               int N, int K) {
     const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}, {0}};
-    gemv_int4_block<1, 1, GemvTileMajor>(p, K, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
+    gemv_int4_block<1, 1, GemvTileMajor>(p, K, BlockCoord::of_launch(), GridDep{}, GemvStageX{x}, [&](int, int tile, int g, const float (&s)[1][2]) {
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
     });
 }
@@ -65,7 +65,7 @@ gemv_int4_gate_up_swiglu_tile_major(__half* __restrict__ h,                // [F
                                     int F, int K, float eps) {
     const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}},
                                  {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_block<2, 1, GemvTileMajor>(p, K, GemvStageRmsNorm{residual, norm_w, eps},
+    gemv_int4_block<2, 1, GemvTileMajor>(p, K, BlockCoord::of_launch(), GridDep{}, GemvStageRmsNorm{residual, norm_w, eps},
                                          [&](int, int tile, int g, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;
         if (lo < F) h[lo] = swiglu_f16(s[0][0], s[1][0]);

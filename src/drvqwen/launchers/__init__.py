@@ -21,6 +21,8 @@ Names follow one thread through the code base:
 |                         | EmbeddingFmt, EmbeddingFmtRows              | embedding row in its format          |
 | argmax                  | ArgmaxFinal, Argmax                         | next_token int32 [1]                 |
 | decode_state            | AdvanceState, SetBlockTableEntry            | state int32 [3], block_table entry   |
+| decode_persistent       | PersistentDecode (the embedding and every   | what those launches write, and its   |
+|                         | layer of the step as one kernel)            | completion counters                  |
 | gemm_int4 (prefill)     | GemmInt4, GemmInt4QkvRows,                  | out / qkv fp32, residual fp32 (+=),  |
 |                         | GemmInt4ResidualRows, GemmInt4GateUpSwigluRows | h fp16 [M, F]                     |
 | attention_prefill       | AttentionPrefill                            | out fp16 [M, Hq, Dh]                 |
@@ -43,6 +45,7 @@ from .attention_decode_tma import AttentionDecodeTma
 from .attention_prefill import AttentionPrefill
 from .base import (DEFAULT_OCCUPANCY, BufferSpec, DriverOccupancy, FixedOccupancy, KernelRef, Launcher, LaunchError,
                    LaunchSpec, Occupancy, TensorMapSpec)
+from .decode_persistent import PersistentDecode
 from .decode_state import AdvanceState, SetBlockTableEntry
 from .embedding import Embedding, EmbeddingRows
 from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
@@ -61,7 +64,8 @@ __all__ = [
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
     "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
     "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef",
-    "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PrefillBeginChunk",
+    "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
+    "PrefillBeginChunk",
     "PublishToken",
     "RmsNorm", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials", "EmbeddingFmt", "EmbeddingFmtRows", "FmtWeight", "GemvFmt",

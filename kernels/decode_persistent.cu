@@ -1,0 +1,251 @@
+// kernels/decode_persistent.cu — the decode step from the embedding through the last layer as one
+// persistent kernel: every block works through the step's launches as a program, and blocks wait
+// for each other on completion counters in global memory instead of at kernel boundaries.
+//
+// Why: a launch of the per-launch step costs the GPU ~2–4 µs of drain and ramp-up whatever its
+// size (the 0.5B's 149 launches are nearly its whole step; a 7B layer spends ~66 µs where its
+// bytes need 28). Here the step is one launch; between two ops a block waits only for the
+// counter of the op before, and a GEMV requests its first weights before that wait, as it does
+// before griddepcontrol.wait as a launch of its own.
+//
+// The program is the launch list. The host (launchers/decode_persistent.py) packs each planned
+// launch of the step — embedding, per layer qkv_rope, attention (split and combine), o_proj,
+// gate_up_swiglu, down_proj — into a PersistentOp: its kind, its planned grid
+// and block, and its arguments in the kernel's own parameter layout. Each op's items are the
+// blocks of that planned launch, and an item runs the device function a block of the launch runs
+// (`…_item` in gemv_int4.cu, embedding.cu, attention_decode.cu) with the launch's
+// BlockCoord (block_coord.cuh): the same split of the work, the same reduction order, so every
+// value is bit for bit the per-launch step's (eager mode, `drvqwen step` and the kernel tests run
+// that step). Only where bytes wait differs.
+//
+// Work split
+// ----------
+//   grid   = every block resident at once: SMs × blocks per SM (the launcher asks the driver).
+//            A block that waits for a counter spins until blocks that are running produce it;
+//            a block that is not resident could never run, so the grid must fit in one wave.
+//   block  = DP_THREADS = 256 threads = 8 warps. A planned block of fewer warps (a GEMV of W < 8
+//            warps, the 4-warp attention block) runs on the first warps; the others join the
+//            barriers only. Op by op:
+//              embedding, GEMVs               item = one planned block
+//              attention split                item = two planned blocks (8 splits) of one KV head:
+//                                             what a split computes depends only on (split, NS,
+//                                             KV head), not on the block it runs in
+//              attention combine              item = one head; the planned 1024 threads are
+//                                             taken in turn (attention_combine_item)
+//   order  = block b takes items i ≡ b − first (mod grid) of each op, first = the items of all
+//            ops before (so small ops land on different blocks step after step of the program),
+//            ops in program order.
+//
+// Dependencies and why nothing runs ahead of its inputs
+// ------------------------------------------------------
+// counters[op] counts the items of op finished in this step. An item of op k + 1 waits (dep.wait,
+// where a launch would call griddepcontrol.wait) until counters[k] = items of op k, so it starts
+// after every item of op k has finished, and, by induction, after every item of every op before
+// k. That is the order kernel boundaries give, for every hazard: an item reads what earlier ops
+// wrote (read after write) and overwrites only what earlier ops read (write after read: q, attn,
+// h and the partials are rewritten layer after layer). Release and acquire: ptx/flags.cuh.
+// Before the wait a GEMV item loads only weights (never written by any op); the attention and
+// combine items load nothing before it. The first op waits for the previous kernel
+// on the stream (griddepcontrol.wait: a no-op without programmatic launch).
+// No deadlock: every block is resident; the lowest op with unfinished items has its inputs
+// complete, and each block reaches its items of that op after finishing its items of earlier ops,
+// which are complete — so some item always progresses.
+// Reset: the last block to finish (counters[n_ops] counts finished blocks) zeroes every counter;
+// every other block has finished all its waits by then, and the next step's launch starts after
+// this one ends (stream order).
+// A counter that never fills (a bug) ends the kernel with a trap after DP_TIMEOUT_NS instead of
+// hanging the GPU.
+//
+// Loads that other blocks' writes must reach: ordinary loads after the acquire. The bodies are
+// written for launches of their own, where `const __restrict__` lets the compiler read an input
+// through the non-coherent path (LDG.CONSTANT); here an input may have been written by another
+// SM during this kernel, so `__restrict__` is defined away for the included files. Their explicit
+// non-coherent loads read weights (never written) and the K/V cache with L1::no_allocate (no L1
+// line to go stale; the slot this step writes is read only by ops after the one writing it).
+//
+// Stress mode (-DDP_STRESS=1): each block sleeps a pseudo-random 0–20 µs before each item, so
+// blocks reach their items in orders a quiet GPU never shows; graph == eager must still hold
+// (tests/test_decode_persistent.py). racecheck and synccheck see shared memory and block
+// barriers only, not the ordering between blocks: this mode is that check.
+//
+// Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
+// kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads but the combine's. The final
+// norm, the lm_head and the token's choice stay launches of their own after this kernel.
+#include <cuda_fp16.h>
+
+#include "types.cuh"  // u32, u64
+#include "flags.cuh"  // ld_acquire_gpu_u32, red_release_gpu_add, global_timer_ns, nanosleep
+
+#define __restrict__            // see the header: no non-coherent loads of inputs written here
+#define ATTN_SMEM_WARPS 8       // one p/alpha buffer per warp of the block (attention_decode.cu)
+#define DEVICE_FUNCTIONS_ONLY   // the included files' own kernels are not built into this module
+#ifndef DP_HEAD_DIM
+#define DP_HEAD_DIM 64          // the attention's head dim: one instantiation per build
+#endif
+#define ATTN_PREFETCH (DP_HEAD_DIM < 128)  // at 128 the second page buffer spills (attention_decode.cu)
+#include "embedding.cu"         // EmbeddingArgs, embedding_item
+#include "gemv_int4.cu"         // GemvInt4…Args, gemv_int4_…_item
+#include "attention_decode.cu"  // AttentionDecodeArgs, attention_decode_args_split, AttentionCombineArgs, …
+
+#define DP_THREADS 256
+#ifndef DP_MIN_BLOCKS
+#define DP_MIN_BLOCKS 1  // blocks per SM the registers are sized for (__launch_bounds__)
+#endif
+#ifndef DP_STRESS
+#define DP_STRESS 0
+#endif
+#define DP_TIMEOUT_NS 10000000000ull  // 10 s: far beyond any step, even under compute-sanitizer
+// Nanoseconds a waiting thread sleeps between polls: it leaves its scheduler's issue slots to
+// the other warps of its SM (polling without the sleep measured the same step time).
+#ifndef DP_SPIN_NS
+#define DP_SPIN_NS 32
+#endif
+
+// Op kinds (launchers/decode_persistent.py mirrors them).
+#define DP_EMBEDDING 1
+#define DP_QKV_ROPE  2
+#define DP_RESIDUAL  3
+#define DP_GATE_UP   4
+#define DP_ATTENTION 5
+#define DP_COMBINE   6
+
+// One op of the program, 32 bytes, packed by the host.
+struct PersistentOp {
+    u32 kind;      // DP_*
+    u32 n_items;   // items of this op (see the header's work split)
+    u32 gx;        // planned grid x (blocks; attention: S, its grid's y is the KV heads)
+    u32 threads;   // planned block size
+    u64 args;      // device address of the argument struct (the kernel's parameter layout)
+    u32 first;     // items of the ops before this one (where its item numbering starts)
+    u32 wait;      // items of the op before (its counter's value once all are done); 0 for op 0
+};
+static_assert(sizeof(PersistentOp) == 32, "the host packs 32-byte ops");
+
+// The dependency of one item: wait until *counter ≥ target (none for the first op: the previous
+// kernel on the stream). Every thread of the block calls wait().
+struct CounterDep {
+    const u32* counter;
+    u32 target;
+    u64* waited;  // where thread 0 stamps %globaltimer once the wait is over (null: no trace)
+    __device__ __forceinline__ void wait() const {
+        if (counter == nullptr) {
+            grid_dependency_wait();
+        } else if (threadIdx.x == 0) {
+            const u64 t0 = global_timer_ns();
+            while (ld_acquire_gpu_u32(counter) < target) {
+                if (DP_SPIN_NS) nanosleep(DP_SPIN_NS);
+                if (global_timer_ns() - t0 > DP_TIMEOUT_NS) __trap();
+            }
+        }
+        if (waited != nullptr && threadIdx.x == 0) *waited = global_timer_ns();
+        if (counter != nullptr) __syncthreads();
+    }
+    __device__ __forceinline__ void launch_dependents() const {}
+};
+
+// The dependency already waited for (the attention items wait before their warps split up).
+struct NoDep {
+    __device__ __forceinline__ void wait() const {}
+    __device__ __forceinline__ void launch_dependents() const {}
+};
+
+template <typename T>
+__device__ __forceinline__ const T& dp_args(const PersistentOp& op) {
+    return *reinterpret_cast<const T*>(op.args);
+}
+
+// One function per kind. Inlined: compiled on their own (__noinline__) every call pays the ABI's
+// register saves (212–320 bytes of local-memory traffic per item at 128 registers, measured
+// with ptxas), and the kernel's registers are those of its largest op either way.
+__device__ __forceinline__ void dp_embedding(const PersistentOp& op, int item, CounterDep dep) {
+    embedding_item(dp_args<EmbeddingArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+__device__ __forceinline__ void dp_qkv_rope(const PersistentOp& op, int item, CounterDep dep) {
+    gemv_int4_qkv_rope_item(dp_args<GemvInt4QkvRopeArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+__device__ __forceinline__ void dp_residual(const PersistentOp& op, int item, CounterDep dep) {
+    gemv_int4_residual_item(dp_args<GemvInt4ResidualArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+__device__ __forceinline__ void dp_gate_up(const PersistentOp& op, int item, CounterDep dep) {
+    gemv_int4_gate_up_swiglu_item(dp_args<GemvInt4GateUpSwigluArgs>(op),
+                                  BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+// Item = planned blocks 2p and 2p + 1 of KV head kv: warp w takes split 8p + w.
+__device__ __forceinline__ void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
+    dep.wait();
+    const int gx = (int)op.gx, pairs = (gx + 1) / 2, kv_head = item / pairs, p = item % pairs;
+    const int warp = threadIdx.x / WARP_SIZE, split = 8 * p + warp, n_splits = gx * ATTN_WARPS;
+    if (split < n_splits)
+        attention_decode_args_split<DP_HEAD_DIM>(dp_args<AttentionDecodeArgs>(op), split, n_splits, kv_head, warp);
+}
+__device__ __forceinline__ void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
+    attention_combine_item(dp_args<AttentionCombineArgs>(op), item, dep);
+}
+
+__device__ __forceinline__ void dp_run_item(const PersistentOp& op, int item, CounterDep dep) {
+    switch (op.kind) {
+    case DP_EMBEDDING: dp_embedding(op, item, dep); break;
+    case DP_QKV_ROPE:  dp_qkv_rope(op, item, dep); break;
+    case DP_RESIDUAL:  dp_residual(op, item, dep); break;
+    case DP_GATE_UP:   dp_gate_up(op, item, dep); break;
+    case DP_ATTENTION: dp_attention(op, item, dep); break;
+    case DP_COMBINE:   dp_combine(op, item, dep); break;
+    default: __trap();  // the host packs only the kinds above
+    }
+}
+
+#if DP_STRESS
+// 0–20 µs, different per block, op, item and launch.
+__device__ __forceinline__ void dp_stress_delay(int op, int item) {
+    if (threadIdx.x == 0) {
+        u32 h = (u32)blockIdx.x * 0x9E3779B1u ^ (u32)op * 0x85EBCA77u ^ (u32)item * 0xC2B2AE3Du
+                ^ (u32)(global_timer_ns() >> 10);
+        h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12;
+        nanosleep(h % 20000u);
+    }
+    __syncthreads();
+}
+#endif
+
+// grid (resident blocks), block (DP_THREADS), dynamic smem: the largest of the ops' planned
+// dynamic shared memory (the items of one block run one after another; a __syncthreads() after
+// each item separates one item's use of shared memory from the next's).
+// trace (optional): per block, trace_items records of 4 u64 — (op << 32 | item, %globaltimer at
+// the item's start, when its wait was over, after its release) — for `drvqwen bench --trace`.
+extern "C" __global__ void __launch_bounds__(DP_THREADS, DP_MIN_BLOCKS)
+decode_persistent(const PersistentOp* program,  // [n_ops] the step's ops, in order
+                  u32* counters,                // [n_ops + 1] uint32, zero between steps
+                  u64* trace,                   // [grid, trace_items, 4] uint64, or null
+                  int n_ops, int trace_items) {
+    u64* rec = trace != nullptr ? trace + (u64)blockIdx.x * trace_items * 4 : nullptr;
+    for (int k = 0; k < n_ops; ++k) {
+        const u32 P = gridDim.x, n_items = program[k].n_items, first = program[k].first;
+        for (u32 item = (blockIdx.x + P - first % P) % P; item < n_items; item += P) {  // ≡ blockIdx.x − first (mod P)
+#if DP_STRESS
+            dp_stress_delay(k, item);
+#endif
+            if (rec != nullptr && threadIdx.x == 0) {
+                rec[0] = (u64)k << 32 | item;
+                rec[1] = global_timer_ns();
+            }
+            const CounterDep dep = {k == 0 ? nullptr : counters + k - 1, program[k].wait,
+                                    rec != nullptr ? rec + 2 : nullptr};
+            dp_run_item(program[k], (int)item, dep);
+            __syncthreads();  // the item's writes, by every thread, before the release
+            if (threadIdx.x == 0) {
+                red_release_gpu_add(counters + k, 1u);
+                if (rec != nullptr) rec[3] = global_timer_ns();
+            }
+            if (rec != nullptr) rec += 4;
+        }
+    }
+    // The last block out resets the counters for the next step (header).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(counters + n_ops, 1u) == gridDim.x - 1) {
+            for (int k = 0; k <= n_ops; ++k) counters[k] = 0u;
+            __threadfence();
+        }
+    }
+}

@@ -1,0 +1,234 @@
+"""The persistent decode step (kernels/decode_persistent.cu, launchers/decode_persistent.py).
+
+CPU part (runs in CI):
+- each op's argument struct lists its kernel's parameters — names and kinds, in order — so the
+  program the host packs with the kernel's parameter layout is what the item functions read;
+- the plan: one op per planned launch from the embedding through the last layer, in order; the
+  items of each op (the attention's pairs of planned blocks); the program's size; the refusals
+  (the TMA attention, per-tensor formats).
+
+GPU part (@pytest.mark.gpu): the persistent step in a CUDA graph equals the per-launch step run
+eagerly, bit for bit — the fp32 logits of every step and every token — over 600 generated tokens
+across ≥ 37 page boundaries, for the 0.5B shape and 2 layers at the 7B widths (head dims 64 and
+128), in the normal build and in the stress build (random delays before every item, so blocks
+meet their counters in orders a quiet GPU never shows: racecheck and synccheck do not see the
+ordering between blocks, this does).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.cuda.sources import kernels_dir
+from drvqwen.decode import plan_decode
+from drvqwen.errors import DrvqwenError
+from drvqwen.format import weight_formats as wf
+from drvqwen.format.tensor_set import default_formats
+from drvqwen.kv_cache import PAGE_TOKENS
+from drvqwen.launchers.base import FixedOccupancy
+from drvqwen.launchers.decode_persistent import KINDS, OP_BYTES, arg_struct, program_bytes
+from drvqwen.launchers.signatures import _preprocess, kernel_signatures, param_kind
+
+# ---- CPU: argument structs against the kernels' parameter lists --------------------------------
+
+STRUCTS = {  # kernel file, kernel, its argument struct
+    ("embedding", "embedding"): "EmbeddingArgs",
+    ("gemv_int4", "gemv_int4_qkv_rope"): "GemvInt4QkvRopeArgs",
+    ("gemv_int4", "gemv_int4_residual"): "GemvInt4ResidualArgs",
+    ("gemv_int4", "gemv_int4_gate_up_swiglu"): "GemvInt4GateUpSwigluArgs",
+    ("attention_decode", "attention_decode_hd64"): "AttentionDecodeArgs",
+    ("attention_decode", "attention_decode_hd128"): "AttentionDecodeArgs",
+    ("attention_decode", "attention_combine"): "AttentionCombineArgs",
+}
+
+
+def struct_fields(text: str, name: str) -> list[tuple[str, str]]:
+    """(name, kind) of every field of `struct name { … };` in a kernel file's text (declarators
+    separated by commas share their type)."""
+    m = re.search(rf"struct\s+{name}\s*\{{(.*?)\}};", _preprocess(text), re.DOTALL)
+    assert m, f"no struct {name}"
+    out = []
+    for decl in (d.strip() for d in m.group(1).split(";")):
+        if not decl:
+            continue
+        first = re.fullmatch(r"(.*?)(\w+)\s*(,.*)?", decl, re.DOTALL)
+        ctype = " ".join(first.group(1).split())
+        names = [first.group(2)] + [n.strip() for n in (first.group(3) or "").split(",") if n.strip()]
+        out += [(n, param_kind(ctype)) for n in names]
+    return out
+
+
+def test_every_op_kernel_has_its_struct():
+    assert {k for _f, k in STRUCTS} == set(KINDS)
+
+
+@pytest.mark.parametrize("file,kernel", list(STRUCTS))
+def test_argument_struct_lists_the_kernel_parameters(file, kernel):
+    text = (kernels_dir() / f"{file}.cu").read_text(encoding="utf-8")
+    params = [(p.name, p.kind) for p in kernel_signatures(text)[kernel].params]
+    assert struct_fields(text, STRUCTS[file, kernel]) == params
+
+
+def test_arg_struct_has_the_c_layout():
+    import ctypes
+
+    st = arg_struct([ctypes.c_int32(1), ctypes.c_uint64(2), ctypes.c_float(3.0), ctypes.c_int32(4)])
+    assert [getattr(st, f).offset for f, _t in st._fields_] == [0, 8, 16, 20]
+    assert ctypes.sizeof(st) == 24
+
+
+# ---- CPU: the plan ------------------------------------------------------------------------------
+
+OCC = FixedOccupancy(132, lambda _k, _t, _s: 2)
+
+
+@pytest.mark.parametrize("cfg", [QWEN25_CODER_05B, QWEN25_CODER_7B.with_layers(3)], ids=["0.5b", "7b-3layers"])
+def test_plan_one_op_per_launch_before_the_norm(cfg):
+    plan = plan_decode(cfg, 4096, attention="plain", occupancy=OCC, persistent=True)
+    named = plan.named_specs()
+    before_norm = [s for n, s in named[:[n for n, _s in named].index("norm")]]
+    p = plan.persistent
+    assert p.member_specs == before_norm and len(p.ops) == 1 + 6 * cfg.num_layers
+    for spec, (kind, n_items, gx, threads) in zip(before_norm, p.ops):
+        assert kind == KINDS[spec.kernel.kernel] and gx == spec.grid[0] and threads == spec.block[0]
+        if spec.kernel.kernel.startswith("attention_decode_hd"):
+            assert n_items == -(-spec.grid[0] // 2) * spec.grid[1] == -(-spec.grid[0] // 2) * cfg.num_kv_heads
+        else:
+            assert n_items == spec.grid[0]
+    assert plan.buffers["persistent_program"].shape == (program_bytes(before_norm),)
+    assert program_bytes(before_norm) > OP_BYTES * len(p.ops)
+    assert plan.buffers["persistent_counters"].shape == (len(p.ops) + 1,)
+    assert p.specs[0].grid == (132,) and p.specs[0].smem_bytes == max(s.smem_bytes for s in before_norm)
+    assert dict(p.specs[0].kernel.defines)["DP_HEAD_DIM"] == cfg.head_dim
+    # Planned for the persistent kernel's one block per SM: every op's items fit its blocks once.
+    assert max(n for _k, n, _g, _t in p.ops) <= 132
+    # Everything the members read and write, and the counters.
+    assert set(p.specs[0].writes) >= {"residual", "q", "attn", "h", "persistent_counters"}
+
+
+def test_plan_refusals():
+    with pytest.raises(DrvqwenError, match="plain attention"):
+        plan_decode(QWEN25_CODER_05B, 256, attention="tma", occupancy=OCC, persistent=True)
+    formats = dict(default_formats(QWEN25_CODER_05B))
+    formats["model.layers.0.mlp.down_proj"] = wf.Q8_G32.id
+    with pytest.raises(DrvqwenError, match="INT4 layers only"):
+        plan_decode(QWEN25_CODER_05B, 256, attention="plain", occupancy=OCC, persistent=True, formats=formats)
+
+
+# ---- GPU: persistent graph == per-launch eager, bit for bit --------------------------------------
+
+N_GEN = 600
+MAX_CONTEXT = 640
+GPU_SHAPES = {"0.5b": QWEN25_CODER_05B, "7b-2layers": QWEN25_CODER_7B.with_layers(2)}
+
+
+@pytest.fixture(scope="module", params=list(GPU_SHAPES))
+def synthetic(request, tmp_path_factory):
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.synthetic import write_synthetic
+
+    from helpers import minimal_tokenizer_json
+
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() else tmp_path_factory.mktemp("syn")
+    path = base / f"drvqwen_test_persistent_{os.getpid()}_{request.param}.nanoqwen"
+    write_synthetic(path, GPU_SHAPES[request.param], seed=4321, tokenizer_json=minimal_tokenizer_json())
+    f = NanoqwenFile(path)
+    try:
+        yield request.param, f
+    finally:
+        f.close()
+        path.unlink(missing_ok=True)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stress", [False, True], ids=["normal", "stress"])
+def test_persistent_graph_equals_per_launch_eager(synthetic, stress):
+    from drvqwen.decode import DecodeStep
+    from drvqwen.graphs import GraphDecoder
+
+    name, f = synthetic
+    seed = int(os.environ.get("DRVQWEN_SEED", secrets.randbelow(2**31)))
+    rng = np.random.default_rng(seed)
+    print(f"\n[{name}, stress={stress}] seed={seed}")
+    dec = DecodeStep(f, max_context=MAX_CONTEXT, rng=rng, persistent=True, persistent_stress=stress)
+    gd = GraphDecoder(dec, dec.persistent_variant(), fallback=False)
+    try:
+        assert gd.mode == "graph" and dec.attention == "plain"
+        n_prompt = 17
+        prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
+
+        def prompt_eager(shuffle):
+            dec.seq.start(prompt[0])
+            if shuffle:
+                rng.shuffle(dec.seq.pages.free)
+            for t in prompt[1:]:
+                dec.decode_token()
+                dec.seq.feed(t)
+            dec.decode_token()
+
+        prompt_eager(False)
+        want_tokens, want_logits = [dec.next_token()], []
+        for _ in range(N_GEN):
+            dec.decode_token()
+            want_logits.append(dec.logits())
+            want_tokens.append(dec.next_token())
+
+        prompt_eager(True)
+        tokens, mismatched = [gd.next_token()], []
+        for i in range(N_GEN):
+            gd.decode_token()
+            if not np.array_equal(_bits(gd.logits()), _bits(want_logits[i])):
+                mismatched.append(i)
+            tokens.append(gd.next_token())
+        assert not mismatched, (f"{name}: persistent logits differ from the per-launch step's at {len(mismatched)} "
+                                f"steps, first at generated step {mismatched[0]}")
+        assert tokens == want_tokens
+        assert sum(1 for p in range(n_prompt, n_prompt + N_GEN) if p % PAGE_TOKENS == 0) >= 37
+        # The counters are back at zero after every step.
+        assert not dec.buf["persistent_counters"].download().any()
+    finally:
+        gd.close()
+        dec.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stress", [False, True], ids=["normal", "stress"])
+def test_persistent_small_equals_per_launch(synthetic, stress):
+    """One layer, 40 steps across two page boundaries, each persistent step launched eagerly
+    against the per-launch step: small enough for compute-sanitizer (tools/sanitize_nodes.txt
+    runs the 0.5B shape's cases)."""
+    from drvqwen.decode import DecodeStep
+
+    name, f = synthetic
+    rng = np.random.default_rng(7)
+    dec = DecodeStep(f, max_context=64, num_layers=1, rng=rng, persistent=True, persistent_stress=stress)
+    try:
+        pers = dec.persistent_variant()
+        prompt = rng.integers(0, dec.config.vocab_size, 3).tolist()
+        runs = []
+        for lst in (dec.launch_list, pers):
+            dec.seq.start(prompt[0])
+            for t in prompt[1:]:
+                dec.decode_token(lst)
+                dec.seq.feed(t)
+            logits = []
+            for _ in range(40):
+                dec.decode_token(lst)
+                logits.append(_bits(dec.logits()).copy())
+            runs.append(logits)
+        assert all(np.array_equal(a, b) for a, b in zip(*runs))
+        assert not dec.buf["persistent_counters"].download().any()
+    finally:
+        dec.close()
