@@ -320,7 +320,7 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
 
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
 // each split for head h).
-#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,

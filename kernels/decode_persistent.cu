@@ -68,6 +68,27 @@
 // (tests/test_decode_persistent.py). racecheck and synccheck see shared memory and block
 // barriers only, not the ordering between blocks: this mode is that check.
 //
+// Where it stands (H200, `drvqwen bench --decode persistent --trace`, synthetic models, graph
+// ITL against the per-launch step's graph with the TMA attention; docs/kernels.md quotes the
+// committed runs): bit for bit the per-launch step, normal and stress builds; a hand-off between
+// ops costs ~0.26 µs (the trace: last release of one op → first wait over of the next), but
+//   - 0.5B: 0.75 ms against 0.63. The launches are gone, the ops' latency is not: an item of a
+//     small GEMV is one chain of dependent loads (residual → norm → weights → MMA → reduce →
+//     epilogue), 2–5 µs, and each op waits for all of the one before. A launch of the
+//     per-launch step overlaps the next kernel's ramp-up with its own drain (PDL, two blocks
+//     per SM); here a block is busy until its item ends.
+//   - 7B: 2.62 ms against 2.14. One block of 8 warps per SM keeps too few weight bytes in
+//     flight: gate_up takes 29 µs per layer (2.3 TB/s), down 19 µs, against ~22 and ~15 as
+//     launches of two blocks per SM.
+// What lost (same runs): two blocks per SM (128 registers; the ops inlined into one switch
+// spill, and compiled apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up
+// 44 µs; GEMV_UNROLL=2 to fit them: no better; a gpu-scope fence on either side of the
+// counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why they are
+// not needed); polling without nanosleep: no change.
+// Next: more bytes in flight per SM without registers — a loader warp that streams each item's
+// weights (and the next op's, while the current one drains) into a shared-memory ring with bulk
+// copies — and finer dependencies than "all of the op before" for the small ops.
+//
 // Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
 // kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads but the combine's. The final
 // norm, the lm_head and the token's choice stay launches of their own after this kernel.
@@ -154,31 +175,40 @@ __device__ __forceinline__ const T& dp_args(const PersistentOp& op) {
     return *reinterpret_cast<const T*>(op.args);
 }
 
-// One function per kind. Inlined: compiled on their own (__noinline__) every call pays the ABI's
-// register saves (212–320 bytes of local-memory traffic per item at 128 registers, measured
-// with ptxas), and the kernel's registers are those of its largest op either way.
-__device__ __forceinline__ void dp_embedding(const PersistentOp& op, int item, CounterDep dep) {
+// One function per kind. Inlined by default: compiled on their own (-DDP_NOINLINE=1) every call
+// pays the ABI's register saves (64–320 bytes of local memory per thread and item at 128
+// registers, ptxas), but each op's registers are allocated on their own — the choice to
+// measure at two blocks per SM, where the inlined switch spills.
+#ifndef DP_NOINLINE
+#define DP_NOINLINE 0
+#endif
+#if DP_NOINLINE
+#define DP_OP_FN __device__ __noinline__
+#else
+#define DP_OP_FN __device__ __forceinline__
+#endif
+DP_OP_FN void dp_embedding(const PersistentOp& op, int item, CounterDep dep) {
     embedding_item(dp_args<EmbeddingArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
 }
-__device__ __forceinline__ void dp_qkv_rope(const PersistentOp& op, int item, CounterDep dep) {
+DP_OP_FN void dp_qkv_rope(const PersistentOp& op, int item, CounterDep dep) {
     gemv_int4_qkv_rope_item(dp_args<GemvInt4QkvRopeArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
 }
-__device__ __forceinline__ void dp_residual(const PersistentOp& op, int item, CounterDep dep) {
+DP_OP_FN void dp_residual(const PersistentOp& op, int item, CounterDep dep) {
     gemv_int4_residual_item(dp_args<GemvInt4ResidualArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
 }
-__device__ __forceinline__ void dp_gate_up(const PersistentOp& op, int item, CounterDep dep) {
+DP_OP_FN void dp_gate_up(const PersistentOp& op, int item, CounterDep dep) {
     gemv_int4_gate_up_swiglu_item(dp_args<GemvInt4GateUpSwigluArgs>(op),
                                   BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
 }
 // Item = planned blocks 2p and 2p + 1 of KV head kv: warp w takes split 8p + w.
-__device__ __forceinline__ void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
+DP_OP_FN void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
     dep.wait();
     const int gx = (int)op.gx, pairs = (gx + 1) / 2, kv_head = item / pairs, p = item % pairs;
     const int warp = threadIdx.x / WARP_SIZE, split = 8 * p + warp, n_splits = gx * ATTN_WARPS;
     if (split < n_splits)
         attention_decode_args_split<DP_HEAD_DIM>(dp_args<AttentionDecodeArgs>(op), split, n_splits, kv_head, warp);
 }
-__device__ __forceinline__ void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
+DP_OP_FN void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
     attention_combine_item(dp_args<AttentionCombineArgs>(op), item, dep);
 }
 

@@ -70,7 +70,7 @@ embedding(float* __restrict__ residual, const __half* __restrict__ embed, const 
 #endif  // DEVICE_FUNCTIONS_ONLY
 
 // grid (ceil(D/8/256), T), block (256).
-#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(EMBEDDING_THREADS)
 embedding_rows(float* __restrict__ residual,      // [T, D] fp32, out
                const __half* __restrict__ embed,  // [V, D] fp16

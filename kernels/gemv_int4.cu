@@ -437,7 +437,7 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArg
 }
 
 // grid (G ≤ ceil(Nq/16) + 2·ceil(Nkv/16)), block (32·W), dynamic smem (see the header).
-#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_qkv_rope(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
                    const float* __restrict__ residual, const __half* __restrict__ norm_w,
@@ -476,7 +476,7 @@ __device__ __forceinline__ void gemv_int4_residual_item(const GemvInt4ResidualAr
 }
 
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
-#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_residual(float* __restrict__ residual, const __half* __restrict__ x, const u32* __restrict__ qweight,
                    const __half* __restrict__ scales, int N, int K) {  // GemvInt4ResidualArgs says what each is
@@ -519,7 +519,7 @@ __device__ __forceinline__ void gemv_int4_gate_up_swiglu_item(const GemvInt4Gate
 }
 
 // grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
-#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ residual,
                          const __half* __restrict__ norm_w, const u32* __restrict__ gate_qweight,

@@ -18,7 +18,7 @@
 // What the hardware does for them (sm_90 SASS, read with cuobjdump): the release is MEMBAR.ALL.GPU
 // then REDG.E.ADD.STRONG.GPU; the acquire is LDG.E.STRONG.GPU then CCTL.IVALL, which drops the
 // SM's L1, so an ordinary load after it cannot hit a stale line of another SM's data. A separate
-// fence.acq_rel.gpu on either side only repeats the MEMBAR (measured: 0.1 ms of a 0.5B step
+// gpu-scope fence (`fence` with acquire-release order) on either side only repeats the MEMBAR (measured: 0.1 ms of a 0.5B step
 // over 145 hand-offs). Loads that bypass the model — ld.global.nc / __ldg on data written in the
 // same grid — are never used for such data (decode_persistent.cu says how).
 #pragma once
