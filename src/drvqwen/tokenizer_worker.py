@@ -1,11 +1,14 @@
 """`python -m drvqwen.tokenizer_worker`: encode one prompt in a process of its own
 (tokenizer_process.py starts it and reads its answer).
 
-Reads one JSON line from stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path),
-"prompt": a prompt spec (gen_options.prompt_spec)} — loads the tokenizer from that file, and
-writes one JSON line to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or
-{"error": "one line"} when the file is missing or damaged or the spec is bad. Then it exits. It
-imports only `tokenizers` and drvqwen's tokenizer modules: no numpy, no GPU.
+It imports what the answer needs first (`tokenizers` and drvqwen's tokenizer modules: no numpy,
+no GPU), and only then reads its request: started at the entry point of `drvqwen run`, it does
+its imports while that process does its own, and then waits. The request is one JSON line on
+stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path), "prompt": a prompt
+spec (gen_options.prompt_spec)}; it loads the tokenizer from that file and writes one JSON line
+to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or {"error": "one line"}
+when the file is missing or damaged or the spec is bad. Then it exits. End of input before a
+request (the command needed no worker after all, or died) ends it at once, writing nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import json
 import sys
 import time
 
+from .errors import DrvqwenError
+from .tokenizer import Tokenizer, prompt_ids_of
+from .tokenizer_cache import load_file
+
 
 def answer(request: dict) -> dict:
     """The reply to one request (module doc)."""
-    from .errors import DrvqwenError
-    from .tokenizer import Tokenizer, prompt_ids_of
-    from .tokenizer_cache import load_file
-
     t0 = time.perf_counter()
     tk = load_file(request["cache"])
     if tk is None:
@@ -34,6 +37,8 @@ def answer(request: dict) -> dict:
 
 def main() -> int:
     line = sys.stdin.readline()
+    if not line:                 # EOF: no request will come
+        return 0
     try:
         reply = answer(json.loads(line))
     except (ValueError, KeyError, TypeError) as e:
