@@ -14,6 +14,7 @@ request (the command needed no worker after all, or died) ends it at once, writi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -24,29 +25,37 @@ from .tokenizer_cache import load_file
 
 def answer(request: dict) -> dict:
     """The reply to one request (module doc)."""
+    return _answer(request)[0]
+
+
+def _answer(request: dict) -> tuple[dict, object]:
+    """(the reply, the tokenizer it loaded or None)."""
     t0 = time.perf_counter()
     tk = load_file(request["cache"])
     if tk is None:
-        return {"error": f"{request['cache']}: no usable cached tokenizer"}
+        return {"error": f"{request['cache']}: no usable cached tokenizer"}, None
     try:
         ids = prompt_ids_of(request["prompt"], Tokenizer(tk, source=str(request["cache"])))
     except DrvqwenError as e:
-        return {"error": str(e)}
-    return {"ids": ids, "seconds": time.perf_counter() - t0}
+        return {"error": str(e)}, tk
+    return {"ids": ids, "seconds": time.perf_counter() - t0}, tk
 
 
-def main() -> int:
+def main() -> None:
     line = sys.stdin.readline()
     if not line:                 # EOF: no request will come
-        return 0
+        os._exit(0)
     try:
-        reply = answer(json.loads(line))
+        reply, tokenizer = _answer(json.loads(line))     # held, never freed (below)
     except (ValueError, KeyError, TypeError) as e:
-        reply = {"error": f"bad request ({type(e).__name__}: {e})"}
+        reply, tokenizer = {"error": f"bad request ({type(e).__name__}: {e})"}, None
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
-    return 0
+    # The caller waits for this process's exit after the answer: freeing Qwen's tokenizer
+    # (tens of milliseconds) and the interpreter's teardown would be on its wait, so the
+    # process leaves without them, `tokenizer` still held.
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
