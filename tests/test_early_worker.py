@@ -89,8 +89,8 @@ def test_close_early_kills_and_waits_for_a_worker_no_request_took(early):
     tokenizer_process.close_early()                    # a second call, or none started: nothing
 
 
-# A parent that adopts orphans (PR_SET_CHILD_SUBREAPER): it runs `drvqwen`, optionally sends it
-# a signal — once drvqwen has a child (the worker, started first thing), or once drvqwen has
+# A parent that adopts orphans (PR_SET_CHILD_SUBREAPER): it runs `drvqwen`, optionally sends its
+# main thread a signal — once drvqwen has a child (the worker, started first thing), or once drvqwen has
 # opened FIFO for reading (its prompt file: the command line has taken over) — and prints the
 # pids of the processes left as its own children when drvqwen has exited (a worker drvqwen
 # waited for is gone; one left running, or ended unwaited, shows here), then which of those
@@ -130,7 +130,11 @@ p = subprocess.Popen([sys.executable, "-m", "drvqwen", *argv], stdin=subprocess.
                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 if sig != "none":
     until((lambda: writer(fifo)) if fifo else (lambda: children(p.pid)))
-    p.send_signal(getattr(signal, sig))
+    # To drvqwen's main thread: a signal sent to the process lands on any thread that does not
+    # block it, and one landing on another (numpy's BLAS workers) leaves the main thread's read
+    # of the prompt uninterrupted until it returns.
+    if ctypes.CDLL(None, use_errno=True).tgkill(p.pid, p.pid, getattr(signal, sig)):
+        raise SystemExit("tgkill failed")
 rc, err = p.wait(120), p.stderr.read().decode()
 left = children(os.getpid())
 running = list(left)
