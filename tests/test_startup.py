@@ -358,13 +358,17 @@ def test_the_driver_warmup_gives_its_context_back_once(monkeypatch):
     (["run", "--help"], False), (["chat", "-h"], False)])
 def test_the_entry_point_starts_the_driver_for_gpu_runs_only(monkeypatch, argv, starts):
     """`drvqwen run`/`chat` start the driver before anything imports, unless --device cpu; other
-    commands (whose default device may be the CPU) leave it to loading.choose_device."""
+    commands (whose default device may be the CPU) leave it to loading.choose_device. The
+    tokenizer worker starts for `run` alone (chat builds its tokenizer in its own process)."""
+    from drvqwen import startup, tokenizer_process
     from drvqwen.cuda import warmup
 
-    calls = []
+    calls, workers = [], []
     monkeypatch.setattr(warmup, "start_driver", lambda ordinal=0: calls.append(ordinal))
-    assert warmup.start_for_command(argv) is starts
-    assert calls == ([0] if starts else [])
+    monkeypatch.setattr(tokenizer_process, "start_early", lambda: workers.append(1) or True)
+    worker = starts and "chat" not in argv
+    assert startup.start_for_command(argv) == (starts, worker)
+    assert calls == ([0] if starts else []) and workers == ([1] if worker else [])
 
 
 def test_the_driver_warmup_starts_once_per_process(monkeypatch):

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import startup
 from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool, StagingUploader
 from .errors import FormatError
@@ -77,12 +78,16 @@ class GPUWeights:
         kernel reads them in (Qwen2.5's are BF16 values, which FP16 holds exactly in their range).
 
         Raises DeviceMemoryError (a DrvqwenError) before anything is copied if the weights do
-        not fit in free device memory, and FormatError naming the first weight whose format
-        the GPU kernels do not run (`check_gpu_formats`).
+        not fit in free device memory, FormatError naming the first weight whose format the
+        GPU kernels do not run (`check_gpu_formats`), and DrvqwenError for a bad
+        DRVQWEN_STARTUP_GATHERED_UPLOAD (startup.switch).
         """
         unsupported = check_gpu_formats(f)
         if unsupported:
             raise FormatError(unsupported)
+        # The small tensors gathered into large copies through the pool's region, unless the
+        # measurement switch turns that off (startup.py).
+        gathered = startup.switch(startup.GATHERED_UPLOAD) == "on"
         self.config: QwenConfig = f.config if num_layers is None else f.config.with_layers(num_layers)
         keep = [i for i in f if not i.name.startswith("model.layers.")
                 or int(i.name.split(".")[2]) < self.config.num_layers]
@@ -91,7 +96,7 @@ class GPUWeights:
         self.arrays: dict[str, DeviceArray] = {}
         self.nbytes = 0
         done = 0
-        with StagingUploader(region=(self.pool.base, self.pool.capacity_bytes)) as up:
+        with StagingUploader(region=(self.pool.base, self.pool.capacity_bytes) if gathered else None) as up:
             for info in keep:
                 host = np.asarray(f.tensor(info.name))
                 if info.dtype == wf.F32:

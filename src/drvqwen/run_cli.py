@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from . import gen_options as go
+from . import startup
 from .console import make_console
 from .errors import DrvqwenError
 
@@ -74,6 +75,7 @@ def _run(args, stats) -> int:
         from .tokenizer import StreamDecoder, Tokenizer
 
     err = make_console(stderr=True)
+    startup.check_switches()
     go.check_prompt_options(args)
     go.check_speculation_options(args)
     params = go.sampling_params(args, say=_say_dim)
@@ -100,8 +102,9 @@ def _run(args, stats) -> int:
     # One rule for both devices: the context is the model's, or less, never silently capped.
     max_context = resolve_max_context(args.max_context, f.config.max_position)
     # Where an earlier run left both cached forms, the prompt is encoded in another process
-    # (tokenizer_process: its GIL is its own) and the answer decoded from the cached token bytes.
-    # From here on every way out closes it (the `finally` below).
+    # (tokenizer_process: its GIL is its own; started at the entry point, or else now) and the
+    # answer decoded from the cached token bytes. From here on every way out closes it (the
+    # `finally` below).
     remote = tokenizer_process.start_for(f.tokenizer_json, go.prompt_spec(args, text)) if on_gpu else None
 
     def build():
@@ -207,6 +210,7 @@ def cmd_chat(args) -> int:
     from .tokenizer import DEFAULT_SYSTEM, Tokenizer
 
     stats = RunStats()
+    startup.check_switches()
     go.check_device_options(args)
     go.check_speculation_options(args)
     params = go.sampling_params(args, say=_say_dim)

@@ -3,11 +3,19 @@
 Why a process: `tokenizers` builds its tokenizer holding Python's GIL (a few hundred
 milliseconds for Qwen's 151k tokens even from the cached form, tokenizer_cache.py), so on a
 thread it slows down, and is
-slowed down by, every line of Python the GPU load runs. `drvqwen run` on the GPU instead starts
-`python -m drvqwen.tokenizer_worker` (tokenizer_worker.py) as soon as it knows the model, hands
-it the cached tokenizer's file and the prompt (gen_options.prompt_spec) and collects the ids
-when the weights are on the GPU; it turns the generated ids back into text with the cached
-token bytes (token_bytes_table.py) and never builds the tokenizer itself.
+slowed down by, every line of Python the GPU load runs. `drvqwen run` on the GPU instead hands
+the cached tokenizer's file and the prompt (gen_options.prompt_spec) to
+`python -m drvqwen.tokenizer_worker` (tokenizer_worker.py) as soon as it knows the model, and
+collects the ids when the weights are on the GPU; it turns the generated ids back into text
+with the cached token bytes (token_bytes_table.py) and never builds the tokenizer itself.
+
+The worker is started at the entry point (`start_early`, from startup.py), before this process
+imports anything heavy: its interpreter's start and its imports then overlap this process's
+instead of following the model's opening. It waits on its stdin for the request; `start_for`
+sends it there, or starts a worker then where none was started early (library use, tests,
+DRVQWEN_STARTUP_TOKENIZER_WORKER=model). One that no request reaches (the command failed, went
+to the CPU, was a first run) is killed and waited for by `close_early` when the command ends,
+and ends by itself at EOF on its stdin when this process dies without that.
 
 Only where both cached forms exist (the model ran before): a first run builds the tokenizer in
 this process, as before, and writes them after its answer. Anything that goes wrong in the
@@ -23,9 +31,14 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import tokenizer_cache, token_bytes_table
 from .errors import DrvqwenError
+
+# Imported by the entry point before anything heavy: tokenizer_cache (tokenizers) and
+# token_bytes_table are imported where they are used.
+if TYPE_CHECKING:
+    from .token_bytes_table import TokenBytesTable
 
 
 class TokenizerProcess:
@@ -37,14 +50,10 @@ class TokenizerProcess:
 
     @classmethod
     def start(cls, cache_file: Path, spec: dict) -> "TokenizerProcess | None":
-        """Start the worker on tokenizer cache file `cache_file` and prompt `spec`; None when
-        it cannot be started."""
-        # -P: `-m` would put the working directory first on the worker's sys.path, where any
-        # json.py or tokenizers/ of the user's project would be imported (and run) instead.
-        try:
-            proc = subprocess.Popen([sys.executable, "-P", "-m", "drvqwen.tokenizer_worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env())
-        except OSError:
+        """Send the worker started early (`start_early`), or else a new one, the request for
+        tokenizer cache file `cache_file` and prompt `spec`; None when no worker can be started."""
+        proc = _take_early() or _spawn()
+        if proc is None:
             return None
         # A request larger than the pipe's buffer (a long prompt) waits for the worker's
         # interpreter to start and read it: a thread writes it, so the GPU load goes on. Its
@@ -73,10 +82,65 @@ class TokenizerProcess:
         return ids
 
     def close(self) -> None:
-        """Stop the worker if it still runs (a run that ends before asking for the ids)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
+        """Stop the worker if it still runs (a run that ends before asking for the ids), wait
+        for it, and close this end of its pipes."""
+        _stop(self._proc)
+
+
+def _spawn() -> subprocess.Popen | None:
+    """A new worker, its stdin and stdout pipes open; None when it cannot be started."""
+    # -P: `-m` would put the working directory first on the worker's sys.path, where any
+    # json.py or tokenizers/ of the user's project would be imported (and run) instead.
+    try:
+        return subprocess.Popen([sys.executable, "-P", "-m", "drvqwen.tokenizer_worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_worker_env())
+    except OSError:
+        return None
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
+
+
+# The worker start_early started, until a request takes it (_take_early) or close_early ends it.
+_early: subprocess.Popen | None = None
+_early_lock = threading.Lock()
+
+
+def start_early() -> bool:
+    """Start a worker now, before this process knows its model (the entry point, startup.py);
+    the next `TokenizerProcess.start` sends it the request. A call while one waits does
+    nothing. Returns whether a worker waits."""
+    global _early
+    with _early_lock:
+        if _early is None:
+            _early = _spawn()
+        return _early is not None
+
+
+def _take_early() -> subprocess.Popen | None:
+    """The early worker, handed over once, if it still waits (one that ended — its imports
+    failed — is waited for, and a new worker takes its place)."""
+    global _early
+    with _early_lock:
+        proc, _early = _early, None
+    if proc is not None and proc.poll() is not None:
+        _stop(proc)
+        return None
+    return proc
+
+
+def close_early() -> None:
+    """Kill and wait for the early worker if no request took it (the entry point calls it as
+    the command ends, whichever way); a no-op otherwise."""
+    proc = _take_early()
+    if proc is not None:
+        _stop(proc)
 
 
 def _send(pipe, data: bytes) -> None:
@@ -102,10 +166,12 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def start_for(tokenizer_json: str, spec: dict) -> tuple[TokenizerProcess, token_bytes_table.TokenBytesTable] | None:
-    """The worker started on the cached form of tokenizer.json `tokenizer_json` and `spec`, and
-    the cached token bytes to decode with; None unless both cached forms exist (a first run)
-    and the worker starts."""
+def start_for(tokenizer_json: str, spec: dict) -> tuple[TokenizerProcess, TokenBytesTable] | None:
+    """The worker (the early one, else a new one) sent the cached form of tokenizer.json
+    `tokenizer_json` and `spec`, and the cached token bytes to decode with; None unless both
+    cached forms exist (a first run) and a worker runs."""
+    from . import token_bytes_table, tokenizer_cache
+
     try:
         digest = tokenizer_cache.text_digest(tokenizer_json)
         cache_file = tokenizer_cache.cache_path(tokenizer_json, digest)

@@ -1,47 +1,61 @@
 """`python -m drvqwen.tokenizer_worker`: encode one prompt in a process of its own
 (tokenizer_process.py starts it and reads its answer).
 
-Reads one JSON line from stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path),
-"prompt": a prompt spec (gen_options.prompt_spec)} — loads the tokenizer from that file, and
-writes one JSON line to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or
-{"error": "one line"} when the file is missing or damaged or the spec is bad. Then it exits. It
-imports only `tokenizers` and drvqwen's tokenizer modules: no numpy, no GPU.
+It imports what the answer needs first (`tokenizers` and drvqwen's tokenizer modules: no numpy,
+no GPU), and only then reads its request: started at the entry point of `drvqwen run`, it does
+its imports while that process does its own, and then waits. The request is one JSON line on
+stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path), "prompt": a prompt
+spec (gen_options.prompt_spec)}; it loads the tokenizer from that file and writes one JSON line
+to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or {"error": "one line"}
+when the file is missing or damaged or the spec is bad. Then it exits. End of input before a
+request (the command needed no worker after all, or died) ends it at once, writing nothing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+
+from .errors import DrvqwenError
+from .tokenizer import Tokenizer, prompt_ids_of
+from .tokenizer_cache import load_file
 
 
 def answer(request: dict) -> dict:
     """The reply to one request (module doc)."""
-    from .errors import DrvqwenError
-    from .tokenizer import Tokenizer, prompt_ids_of
-    from .tokenizer_cache import load_file
+    return _answer(request)[0]
 
+
+def _answer(request: dict) -> tuple[dict, object]:
+    """(the reply, the tokenizer it loaded or None)."""
     t0 = time.perf_counter()
     tk = load_file(request["cache"])
     if tk is None:
-        return {"error": f"{request['cache']}: no usable cached tokenizer"}
+        return {"error": f"{request['cache']}: no usable cached tokenizer"}, None
     try:
         ids = prompt_ids_of(request["prompt"], Tokenizer(tk, source=str(request["cache"])))
     except DrvqwenError as e:
-        return {"error": str(e)}
-    return {"ids": ids, "seconds": time.perf_counter() - t0}
+        return {"error": str(e)}, tk
+    return {"ids": ids, "seconds": time.perf_counter() - t0}, tk
 
 
-def main() -> int:
+def main() -> None:
     line = sys.stdin.readline()
+    if not line:                 # EOF: no request will come
+        os._exit(0)
     try:
-        reply = answer(json.loads(line))
+        reply, tokenizer = _answer(json.loads(line))     # held, never freed (below)
     except (ValueError, KeyError, TypeError) as e:
-        reply = {"error": f"bad request ({type(e).__name__}: {e})"}
+        reply, tokenizer = {"error": f"bad request ({type(e).__name__}: {e})"}, None
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
-    return 0
+    # The caller waits for this process's exit after the answer: freeing Qwen's tokenizer
+    # (tens of milliseconds) and the interpreter's teardown would be on its wait, so the
+    # process leaves without them, `tokenizer` still held.
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -62,10 +62,6 @@ def _bring_up(ordinal: int) -> None:
 
 _started: threading.Thread | None = None  # the warm-up thread of this process, once started
 
-# The commands that open a model through loading.choose_device with --device auto by default
-# (gen_options.py): their driver start-up is worth beginning before anything else imports.
-EARLY_COMMANDS = ("run", "chat")
-
 
 def start_driver(ordinal: int = 0) -> threading.Thread:
     """Start cuInit and the primary context of GPU `ordinal` in a daemon thread, once per
@@ -78,26 +74,6 @@ def start_driver(ordinal: int = 0) -> threading.Thread:
             _started = threading.Thread(target=_bring_up, args=(ordinal,), name="cuda-warmup", daemon=True)
             _started.start()
         return _started
-
-
-def start_for_command(argv: list[str]) -> bool:
-    """At the entry point, before the command line is parsed or anything heavy imported: start
-    the driver now if `argv` (sys.argv[1:]) is a command of EARLY_COMMANDS that may run on the
-    GPU (no --device cpu), so its start-up overlaps every import of the run, not only the
-    engine's (0.2 s more of it hidden on an H200). A guess from the words alone — a run that
-    goes to the CPU after all gives the context back (release). Returns whether it started."""
-    words = [a for a in argv if not a.startswith("-")]
-    if not words or words[0] not in EARLY_COMMANDS or "-h" in argv or "--help" in argv:
-        return False
-    for i, a in enumerate(argv):
-        # argparse takes any unambiguous prefix of an option: --dev cpu, --devic=cpu ("--d"
-        # would be ambiguous with --draft)
-        name, eq, value = a.partition("=")
-        if len(name) >= 4 and "--device".startswith(name):
-            if (value if eq else argv[i + 1] if i + 1 < len(argv) else None) == "cpu":
-                return False
-    start_driver()
-    return True
 
 
 # How long the process waits at its end for a warm-up thread still inside libcuda (a run that
