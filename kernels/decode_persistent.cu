@@ -68,19 +68,20 @@
 // (tests/test_decode_persistent.py). racecheck and synccheck see shared memory and block
 // barriers only, not the ordering between blocks: this mode is that check.
 //
-// Where it stands (H200, `drvqwen bench --decode persistent --trace`, synthetic models, graph
-// ITL against the per-launch step's graph with the TMA attention; docs/kernels.md quotes the
-// committed runs): bit for bit the per-launch step, normal and stress builds; a hand-off between
-// ops costs ~0.26 µs (the trace: last release of one op → first wait over of the next), but
-//   - 0.5B: 0.75 ms against 0.63. The launches are gone, the ops' latency is not: an item of a
-//     small GEMV is one chain of dependent loads (residual → norm → weights → MMA → reduce →
+// Where it stands (H200, synthetic models, graph ITL; docs/bench/2026-12-01_3868d73_h200_syn{05b,
+// 7b}_persistent.json, against the per-launch step's graph with the TMA attention in the same
+// session's runs, docs/bench/2026-12-01_h200_persistent_dev_runs.json): bit for bit the per-launch
+// step, normal and stress builds; a hand-off between ops costs ~0.26 µs (the trace: last
+// release of one op → first wait over of the next), but
+//   - 0.5B: 0.751 ms against 0.631. The launches are gone, the ops' latency is not: an item of
+//     a small GEMV is one chain of dependent loads (residual → norm → weights → MMA → reduce →
 //     epilogue), 2–5 µs, and each op waits for all of the one before. A launch of the
 //     per-launch step overlaps the next kernel's ramp-up with its own drain (PDL, two blocks
 //     per SM); here a block is busy until its item ends.
-//   - 7B: 2.62 ms against 2.14. One block of 8 warps per SM keeps too few weight bytes in
+//   - 7B: 2.629 ms against 2.135. One block of 8 warps per SM keeps too few weight bytes in
 //     flight: gate_up takes 29 µs per layer (2.3 TB/s), down 19 µs, against ~22 and ~15 as
 //     launches of two blocks per SM.
-// What lost (same runs): two blocks per SM (128 registers; the ops inlined into one switch
+// What lost (the development runs' file): two blocks per SM (128 registers; the ops inlined into one switch
 // spill, and compiled apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up
 // 44 µs; GEMV_UNROLL=2 to fit them: no better; a gpu-scope fence on either side of the
 // counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why they are
