@@ -128,3 +128,16 @@ def load_tool(name: str):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def decode_against(decoder, want_logits: list[np.ndarray]) -> tuple[list[int], list[int]]:
+    """Run len(want_logits) decode steps with `decoder` (a GraphDecoder, or anything with
+    decode_token / logits / next_token) and compare each step's fp32 logits bit for bit with
+    want_logits[i]. Returns (tokens: the pending one, then each step's; the steps that differ)."""
+    tokens, mismatched = [decoder.next_token()], []
+    for i, want in enumerate(want_logits):
+        decoder.decode_token()
+        if not np.array_equal(decoder.logits().view(np.uint32), want.view(np.uint32)):
+            mismatched.append(i)
+        tokens.append(decoder.next_token())
+    return tokens, mismatched

@@ -158,6 +158,8 @@ def test_persistent_graph_equals_per_launch_eager(synthetic, stress):
     from drvqwen.decode import DecodeStep
     from drvqwen.graphs import GraphDecoder
 
+    from helpers import decode_against
+
     name, f = synthetic
     seed = int(os.environ.get("DRVQWEN_SEED", secrets.randbelow(2**31)))
     rng = np.random.default_rng(seed)
@@ -186,12 +188,7 @@ def test_persistent_graph_equals_per_launch_eager(synthetic, stress):
             want_tokens.append(dec.next_token())
 
         prompt_eager(True)
-        tokens, mismatched = [gd.next_token()], []
-        for i in range(N_GEN):
-            gd.decode_token()
-            if not np.array_equal(_bits(gd.logits()), _bits(want_logits[i])):
-                mismatched.append(i)
-            tokens.append(gd.next_token())
+        tokens, mismatched = decode_against(gd, want_logits)
         assert not mismatched, (f"{name}: persistent logits differ from the per-launch step's at {len(mismatched)} "
                                 f"steps, first at generated step {mismatched[0]}")
         assert tokens == want_tokens

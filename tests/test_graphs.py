@@ -39,6 +39,8 @@ from drvqwen.graphs import GRAPH_DECODE, GRAPH_OPENS_PAGE, GraphCaptureError, Gr
 from drvqwen.kv_cache import PAGE_TOKENS, PageAllocator
 from drvqwen.sequence import Sequence
 
+from helpers import decode_against
+
 # ================================================================================================
 # CPU: the choice between the two graphs and the page hand-over, on a fake GPU
 # ================================================================================================
@@ -602,12 +604,7 @@ def test_graph_decode_bit_exact_vs_eager(engine):
         # Graph run, other physical pages: the prompt through eager steps, then both graphs.
         _prompt_eager(dec, prompt, dec.seq.start, shuffle=rng)
         b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
-        tokens, mismatched = [gd.next_token()], []
-        for i in range(N_GEN):
-            gd.decode_token()
-            if not np.array_equal(_bits(gd.logits()), _bits(want_logits[i])):
-                mismatched.append(i)
-            tokens.append(gd.next_token())
+        tokens, mismatched = decode_against(gd, want_logits)
         n_b = gd.steps_by_graph[GRAPH_OPENS_PAGE] - b0
         print(f"{name}: prompt {n_prompt}, {N_GEN} graph steps ({n_b} opening a page), pages eager "
               f"{eager_pages[:4]}… graph {dec.seq.pages.block_table[:4]}…")
