@@ -18,6 +18,12 @@
 // value is bit for bit the per-launch step's (eager mode, `drvqwen step` and the kernel tests run
 // that step). Only where bytes wait differs.
 //
+// Bytes and the limit: the bytes of the launches it stands in for (the weights once — 3.37 GB
+// of INT4 at 7B, docs/benchmarks.md#bytes-per-token — plus the K/V read and the activations),
+// and per step its program (32 B per op + each op's arguments: ~16–19 KB, L2-resident after the
+// first step) and 4 B per op of counters. It is built around HBM bandwidth with no gaps between
+// ops: the limit it removes is the per-launch drain and ramp-up; what it reaches is said below.
+//
 // Work split
 // ----------
 //   grid   = every block resident at once: SMs × blocks per SM (the launcher asks the driver).
@@ -69,8 +75,8 @@
 // barriers only, not the ordering between blocks: this mode is that check.
 //
 // Where it stands (H200, synthetic models, graph ITL; docs/bench/2026-12-01_3868d73_h200_syn{05b,
-// 7b}_persistent.json, against the per-launch step's graph with the TMA attention in the same
-// session's runs, docs/bench/2026-12-01_h200_persistent_dev_runs.json): bit for bit the per-launch
+// 7b}_persistent.json, against the per-launch step's graph with the TMA attention run beside it,
+// docs/bench/2026-12-01_h200_persistent_dev_runs.json): bit for bit the per-launch
 // step, normal and stress builds; a hand-off between ops costs ~0.26 µs (the trace: last
 // release of one op → first wait over of the next), but
 //   - 0.5B: 0.751 ms against 0.631. The launches are gone, the ops' latency is not: an item of

@@ -217,3 +217,11 @@ def test_prefill_reps_option():
     bench.add_arguments(ap)
     assert ap.parse_args([]).prefill_reps == bench.PREFILL_REPS >= 10
     assert ap.parse_args(["--prefill-reps", "3"]).prefill_reps == 3
+
+
+def test_persistent_defines_parse_and_refuse_in_one_line():
+    assert bench.parse_defines(["DP_SPIN_NS=0", "GEMV_UNROLL=2", "X=-1"]) == (("DP_SPIN_NS", 0), ("GEMV_UNROLL", 2),
+                                                                              ("X", -1))
+    for bad in ("DP_SPIN_NS", "1X=2", "A=two", "=3"):
+        with pytest.raises(bench.DrvqwenError, match=rf"^--persistent-define {bad!r}: expected NAME=INTEGER$"):
+            bench.parse_defines([bad])

@@ -107,10 +107,22 @@ def test_plan_one_op_per_launch_before_the_norm(cfg):
     assert plan.buffers["persistent_counters"].shape == (len(p.ops) + 1,)
     assert p.specs[0].grid == (132,) and p.specs[0].smem_bytes == max(s.smem_bytes for s in before_norm)
     assert dict(p.specs[0].kernel.defines)["DP_HEAD_DIM"] == cfg.head_dim
+    assert p.trace is None and "persistent_trace" not in plan.buffers
     # Planned for the persistent kernel's one block per SM: every op's items fit its blocks once.
     assert max(n for _k, n, _g, _t in p.ops) <= 132
     # Everything the members read and write, and the counters.
     assert set(p.specs[0].writes) >= {"residual", "q", "attn", "h", "persistent_counters"}
+
+
+def test_plan_with_trace():
+    plan = plan_decode(QWEN25_CODER_05B.with_layers(2), 256, attention="plain", occupancy=OCC, persistent=True,
+                       persistent_trace=True)
+    p = plan.persistent
+    # At most ceil(items / grid) records per op and block, 4 stamps each.
+    assert p.trace_items == sum(-(-n // p.grid_blocks) for _k, n, _g, _t in p.ops)
+    assert plan.buffers["persistent_trace"] is p.trace
+    assert p.trace.shape == (p.grid_blocks * p.trace_items * 4,) and p.trace.dtype == np.uint64
+    assert p.specs[0].args["trace"] is p.trace and "persistent_trace" in p.specs[0].writes
 
 
 def test_plan_refusals():
@@ -204,8 +216,9 @@ def test_persistent_graph_equals_per_launch_eager(synthetic, stress):
 @pytest.mark.parametrize("stress", [False, True], ids=["normal", "stress"])
 def test_persistent_small_equals_per_launch(synthetic, stress):
     """One layer, 40 steps across two page boundaries, each persistent step launched eagerly
-    against the per-launch step: small enough for compute-sanitizer (tools/sanitize_nodes.txt
-    runs the 0.5B shape's cases)."""
+    against the per-launch step (itself checked against reference.py by the kernel and engine
+    tests), the activations poisoned before each run: small enough for compute-sanitizer
+    (tools/sanitize_nodes.txt runs the 0.5B shape's cases)."""
     from drvqwen.decode import DecodeStep
 
     name, f = synthetic
@@ -215,7 +228,13 @@ def test_persistent_small_equals_per_launch(synthetic, stress):
         pers = dec.persistent_variant()
         prompt = rng.integers(0, dec.config.vocab_size, 3).tolist()
         runs = []
+        # What the step writes before it reads, poisoned with NaN before each run: a value the
+        # persistent kernel failed to write would show in the logits.
+        poisoned = ("residual", "xn", "q", "attn", "h", "logits", "partial_out", "max_logits", "exp_sums")
         for lst in (dec.launch_list, pers):
+            for n in poisoned:
+                b = dec.buf[n]
+                b.upload(np.full(b.shape, np.nan, b.dtype))
             dec.seq.start(prompt[0])
             for t in prompt[1:]:
                 dec.decode_token(lst)

@@ -228,7 +228,8 @@ def persistent_trace(dec, graph) -> dict:
     graph.decode_token()
     dec.sync()
     ops = trace_summary(dec.buf["persistent_trace"].download(), len(dec.plan.persistent.ops))
-    names = [n for n, _s in named_specs_of(dec.plan.persistent.steps)]
+    # The persistent kernel's ops are the plan's launches before "norm", in order.
+    names = [n for n, _s in dec.plan.named_specs()[:len(dec.plan.persistent.ops)]]
     roles: dict[str, dict[str, list[float]]] = {}
     prev_end = 0.0
     for o in ops:
@@ -242,11 +243,6 @@ def persistent_trace(dec, graph) -> dict:
     return {"step_us": prev_end, "ops": ops,
             "roles": {k: {m: float(np.median(v)) for m, v in r.items()} | {"count": len(r["span_us"])}
                       for k, r in roles.items()}}
-
-
-def named_specs_of(steps) -> list[tuple[str, object]]:
-    """(name, spec) of every launch of (name, launcher) steps (".0", ".1" for multi-launch steps)."""
-    return [(n if len(l.specs) == 1 else f"{n}.{i}", s) for n, l in steps for i, s in enumerate(l.specs)]
 
 
 # ---- the whole benchmark -----------------------------------------------------------------------

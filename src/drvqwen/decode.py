@@ -303,14 +303,12 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         specs = [s for _n, l in members for s in l.specs]
         a["persistent_program"] = BufferSpec("persistent_program", (program_bytes(specs),), np.uint8)
         a["persistent_counters"] = BufferSpec("persistent_counters", (len(specs) + 1,), np.uint32)
-        pers = dict(head_dim=Dh, occupancy=occupancy, min_blocks=persistent_min_blocks, stress=persistent_stress,
-                    defines=persistent_defines)
-        plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"], **pers)
-        if persistent_trace:
-            p = plan.persistent
-            a["persistent_trace"] = BufferSpec("persistent_trace", (p.grid_blocks * p.trace_items * 4,), np.uint64)
-            plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"],
-                                               trace=a["persistent_trace"], **pers)
+        plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"], head_dim=Dh,
+                                           occupancy=occupancy, min_blocks=persistent_min_blocks,
+                                           stress=persistent_stress, trace=persistent_trace,
+                                           defines=persistent_defines)
+        if plan.persistent.trace is not None:
+            a["persistent_trace"] = plan.persistent.trace
     return plan
 
 

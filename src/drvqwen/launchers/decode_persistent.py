@@ -154,8 +154,8 @@ class PersistentDecode(Launcher):
         occupancy: resident blocks per SM and SMs (the grid must fit in one wave).
         min_blocks: blocks per SM the kernel's registers are sized for (DP_MIN_BLOCKS).
         stress: the stress build (DP_STRESS: random delays before every item), for tests.
-        trace: uint64 [grid_blocks × trace_items(…) × 4] buffer for the per-item timestamps, or
-            None (no trace).
+        trace: plan the per-item timestamps: `self.trace` is then the buffer they go to, uint64
+            [grid_blocks × trace_items × 4] named "persistent_trace" (for the caller to allocate).
         defines: more compile-time choices of the kernel, (name, value) pairs (DP_SPIN_NS …: the
             kernel header), for measurements.
     Raises:
@@ -165,7 +165,7 @@ class PersistentDecode(Launcher):
 
     def __init__(self, steps: Sequence[tuple[str, Launcher]], program, counters, *, head_dim: int,
                  occupancy: Occupancy | None = None, min_blocks: int = 1, stress: bool = False,
-                 trace=None, defines: Sequence[tuple[str, int]] = (), stream: Stream | None = None):
+                 trace: bool = False, defines: Sequence[tuple[str, int]] = (), stream: Stream | None = None):
         super().__init__(stream)
         self.steps = list(steps)
         self.member_specs = [s for _n, l in self.steps for s in l.specs]
@@ -189,20 +189,20 @@ class PersistentDecode(Launcher):
         require(per_sm >= 1, f"{kernel}: no block of {THREADS} threads and {smem} B of shared memory fits an SM")
         self.grid_blocks = per_sm * occ.sm_count
         self.trace_items = trace_items(self.ops, self.grid_blocks)
-        if trace is not None:
-            want = self.grid_blocks * self.trace_items * 4
-            require(tuple(getattr(trace, "shape", (want,))) == (want,), f"trace: expected uint64 [{want}]")
+        self.trace = (BufferSpec("persistent_trace", (self.grid_blocks * self.trace_items * 4,), np.uint64)
+                      if trace else None)
         reads = tuple(dict.fromkeys(r for s in self.member_specs for r in s.reads))
-        writes = tuple(dict.fromkeys([w for s in self.member_specs for w in s.writes] + [counters.name]))
+        writes = tuple(dict.fromkeys([w for s in self.member_specs for w in s.writes] + [counters.name]
+                                     + ([self.trace.name] if self.trace is not None else [])))
         self.bytes_moved = sum(s.bytes_moved for s in self.member_specs)
         self._add(kernel, (self.grid_blocks,), (THREADS,),
-                  dict(program=program, counters=counters, trace=trace if trace is not None else NULL,
+                  dict(program=program, counters=counters, trace=self.trace if self.trace is not None else NULL,
                        n_ops=i32(len(self.ops)), trace_items=i32(self.trace_items)),
                   smem_bytes=smem, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
 
     def pack_program(self, base: int) -> bytes:
         """The program's bytes for device address `base`, from the members' built launches."""
-        values = [v for _n, l in self.steps for ln in l.launches for v in [ln.values]]
+        values = [ln.values for _n, l in self.steps for ln in l.launches]
         head = bytearray(len(self.ops) * OP_BYTES)
         body = bytearray()
         at, first, wait = len(head), 0, 0
