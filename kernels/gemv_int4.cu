@@ -110,7 +110,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
-#include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy
+#include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy, l2_prefetch_bulk, l2_prefetch_line
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
 #include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
@@ -181,6 +181,19 @@ struct GemvRowMajor {
     }
 };
 
+// L2 prefetch distance in tiles (0 = none): warp 0 asks L2 for tile c + GEMV_L2_PREFETCH when
+// it finishes tile c, and for the block's first GEMV_L2_PREFETCH tiles before the dependency
+// wait. See gemv_prefetch_tile_l2. A compile-time knob
+// (tools/bench_gemv.py --int4-defines, drvqwen bench --persistent-define).
+#ifndef GEMV_L2_PREFETCH
+#define GEMV_L2_PREFETCH 0
+#endif
+
+// Which layouts gemv_prefetch_tile_l2 knows: row-major rows are one contiguous run each, so a
+// warp's K range of a row is one bulk prefetch. Another layout (kernels/dev/) gets none.
+template <typename Layout> struct GemvL2Prefetch { static constexpr bool rows = false; };
+template <> struct GemvL2Prefetch<GemvRowMajor> { static constexpr bool rows = true; };
+
 // One batch of UNROLL (tile, group) items as one lane holds them.
 template <int MT, int UNROLL>
 struct GemvBatch {
@@ -217,6 +230,38 @@ template <int MT, int NSEG>
 __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.scales[0][m];
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
+}
+
+// Ask L2 for all of tile `tile_idx` (index over all segments), for every warp of the block: its
+// 16 rows × MT matrices × all of K, and their FP16 scales. Called by one warp. A row-major
+// tile is one contiguous run of rows (two runs of 8 for a RoPE-paired tile), so lane 0 issues
+// one bulk prefetch per run and matrix (16 × K/2 bytes: 28 KB at K = 3584, 151 KB at 18944;
+// a multiple of 16 bytes and 16-byte aligned, as the instruction needs) — one lane because the
+// instruction takes a uniform address, and per-lane addresses would make ptxas loop over the
+// lanes. The scales (16 × K/128 × 2 bytes, unaligned) go by line prefetches, one line a lane.
+// Why: with one or two blocks per SM a warp's registers hold 4–8 KB of weights in flight, and
+// at HBM's loaded latency that is short of the SM's share of the bandwidth; a prefetch puts no
+// bound of its own on the bytes in flight, and the loads that follow wait for L2 instead of
+// DRAM. Rows past n are not prefetched (their loads read the last row).
+template <int MT, int NSEG>
+__device__ __forceinline__ void gemv_prefetch_tile_l2(const GemvProblem<MT, NSEG>& p, int K, int tile_idx, int lane) {
+    const int seg = int4_segment<NSEG>(p.first_tile, tile_idx);
+    const int n = gemv_field<NSEG>(seg, p.n), rope_dim = gemv_field<NSEG>(seg, p.rope_dim);
+    int lo, hi;  // the rows behind MMA rows 0 and 8
+    gemv_tile_rows(tile_idx - gemv_field<NSEG>(seg, p.first_tile), 0, rope_dim, lo, hi);
+    const int n_groups = K / INT4_GROUP, run_rows = rope_dim > 0 ? 8 : INT4_TILE_ROWS;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+        const u32* qw = gemv_qweight(p, seg, m);
+        const char* sc = reinterpret_cast<const char*>(gemv_scales(p, seg, m));
+        for (int run = 0; run < (rope_dim > 0 ? 2 : 1); ++run) {
+            const int first = run == 0 ? lo : hi, rows = min(run_rows, n - first);
+            if (rows <= 0) continue;
+            if (lane == 0) l2_prefetch_bulk(qw + (u64)first * (K / 8), (u32)rows * (K / 2));
+            const u64 b0 = (u64)first * n_groups * 2, b1 = b0 + (u64)rows * n_groups * 2;
+            for (u64 o = (b0 & ~u64(127)) + 128 * lane; o < b1; o += 128 * WARP_SIZE) l2_prefetch_line(sc + o);
+        }
+    }
 }
 
 // The whole GEMV of one block: its tiles × all K, for MT matrices per tile. The block is block
@@ -282,6 +327,10 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     // kernel's tail and the staging of x (weights are never written by any kernel).
     GemvBatch<MT, UNROLL> cur, next;
     load(cur);
+    if constexpr (GEMV_L2_PREFETCH > 0 && GemvL2Prefetch<Layout>::rows) {
+        if (warp == 0)
+            for (int tl = tile_b; tl < min(tile_b + GEMV_L2_PREFETCH, tile_e); ++tl) gemv_prefetch_tile_l2(p, K, tl, lane);
+    }
     dep.wait();
     stage_x(x_smem, K);
     __syncthreads();
@@ -323,6 +372,10 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
                 for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
                 c_gi = gb;
                 ++c_tile;
+                if constexpr (GEMV_L2_PREFETCH > 0 && GemvL2Prefetch<Layout>::rows) {
+                    if (warp == 0 && c_tile + GEMV_L2_PREFETCH - 1 < tile_e)
+                        gemv_prefetch_tile_l2(p, K, c_tile + GEMV_L2_PREFETCH - 1, lane);
+                }
             }
         }
         cur = next;

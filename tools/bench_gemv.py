@@ -3,7 +3,7 @@
 the copy bandwidth, for the launch shape the step uses and for variants of it.
 
     PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
-        [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--pdl]
+        [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--int4-defines GEMV_L2_PREFETCH=2] [--pdl]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
         [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu]
 
@@ -138,16 +138,16 @@ def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tu
 
 
 def parse_defines(text: str) -> dict[str, int]:
-    """"NAME=INT,NAME=INT" → {NAME: INT} (--fmt-defines)."""
+    """"NAME=INT,NAME=INT" → {NAME: INT} (--fmt-defines, --int4-defines)."""
     out = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition("=")
         if not sep or not name.isidentifier():
-            raise SystemExit(f"--fmt-defines: {item!r} is not NAME=INT")
+            raise SystemExit(f"defines: {item!r} is not NAME=INT")
         try:
             out[name] = int(value, 0)
         except ValueError:
-            raise SystemExit(f"--fmt-defines: {item!r}: {value!r} is not an integer") from None
+            raise SystemExit(f"defines: {item!r}: {value!r} is not an integer") from None
     return out
 
 
@@ -218,6 +218,9 @@ def main() -> int:
     ap.add_argument("--warps", type=int, nargs="*", default=[], help="also force these warps per block")
     ap.add_argument("--blocks", type=int, nargs="*", default=[], help="also force these grid sizes")
     ap.add_argument("--unroll", type=int, nargs="*", default=[], help="also compile with GEMV_UNROLL=N")
+    ap.add_argument("--int4-defines", nargs="+", default=[], metavar="NAME=INT,...",
+                    help="also compile kernels/gemv_int4.cu with these defines, one row per set "
+                         "(e.g. GEMV_L2_PREFETCH=2)")
     ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
     ap.add_argument("--formats", nargs="+", default=[],
                     help="time kernels/gemv_fmt.cu in these weight formats (names of format/weight_formats.py, "
@@ -237,7 +240,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
     variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
-        [{"unroll": u} for u in a.unroll]
+        [{"unroll": u} for u in a.unroll] + [{"defines": parse_defines(d)} for d in a.int4_defines]
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
                               tuple(a.fmt_shapes))
@@ -249,9 +252,11 @@ def main() -> int:
         for variant, pdl in itertools.product(variants, (False, True) if a.pdl else (False,)):
             s = Scratch()
             try:
-                kw = {k: v for k, v in variant.items() if k != "unroll"}
+                kw = {k: v for k, v in variant.items() if k not in ("unroll", "defines")}
                 if "unroll" in variant:
                     kw["defines"] = (("GEMV_UNROLL", variant["unroll"]),)
+                if "defines" in variant:
+                    kw["defines"] = tuple(variant["defines"].items())
                 launchers = [make_launcher(name, s, c, cfg, rng, **kw) for c in range(copies)]
                 us = time_launchers(launchers, reps, pdl)
                 spec = launchers[0].specs[0]
