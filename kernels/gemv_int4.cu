@@ -110,7 +110,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
-#include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy, l2_prefetch_bulk, l2_prefetch_line
+#include "ldst.cuh"         // ld_stream_v4, l2_evict_first_policy
 #include "mma.cuh"          // mma_m16n8k16_f32_f16
 #include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, int4_a_fragments, int4_segment, swiglu_f16, …
@@ -130,6 +130,16 @@
 #define GEMV_UNROLL 4
 #endif
 #define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? GEMV_UNROLL : (GEMV_UNROLL > 1 ? GEMV_UNROLL / 2 : 1))
+// GEMV_PIPELINE 1: a rolling ring of GEMV_DEPTH item slots in registers (half for gate/up):
+// item i + D − 1 is requested just before item i is multiplied, so D − 1 items are in flight
+// at every step, against UNROLL..2·UNROLL − 1 … the batch engine's UNROLL on average.
+#ifndef GEMV_PIPELINE
+#define GEMV_PIPELINE 0
+#endif
+#ifndef GEMV_DEPTH
+#define GEMV_DEPTH 8
+#endif
+#define GEMV_GROUP_DEPTH(MT) ((MT) == 1 ? GEMV_DEPTH : GEMV_DEPTH / 2)
 
 // x in shared memory, 16-byte chunks permuted so that the 4 chunks the lanes t = 0..3 read
 // together sit in 4 consecutive 16-byte slots (conflict-free; the 8 lanes g share them as a
@@ -181,18 +191,12 @@ struct GemvRowMajor {
     }
 };
 
-// L2 prefetch distance in tiles (0 = none): warp 0 asks L2 for tile c + GEMV_L2_PREFETCH when
-// it finishes tile c, and for the block's first GEMV_L2_PREFETCH tiles before the dependency
-// wait. See gemv_prefetch_tile_l2. A compile-time knob
-// (tools/bench_gemv.py --int4-defines, drvqwen bench --persistent-define).
-#ifndef GEMV_L2_PREFETCH
-#define GEMV_L2_PREFETCH 0
-#endif
-
-// Which layouts gemv_prefetch_tile_l2 knows: row-major rows are one contiguous run each, so a
-// warp's K range of a row is one bulk prefetch. Another layout (kernels/dev/) gets none.
-template <typename Layout> struct GemvL2Prefetch { static constexpr bool rows = false; };
-template <> struct GemvL2Prefetch<GemvRowMajor> { static constexpr bool rows = true; };
+// One (tile, group) item as one lane holds it.
+template <int MT>
+struct GemvItem {
+    uint4 w[MT][2];  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
+    float s[MT][2];  // the rows' scales for the group
+};
 
 // One batch of UNROLL (tile, group) items as one lane holds them.
 template <int MT, int UNROLL>
@@ -232,38 +236,6 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-// Ask L2 for all of tile `tile_idx` (index over all segments), for every warp of the block: its
-// 16 rows × MT matrices × all of K, and their FP16 scales. Called by one warp. A row-major
-// tile is one contiguous run of rows (two runs of 8 for a RoPE-paired tile), so lane 0 issues
-// one bulk prefetch per run and matrix (16 × K/2 bytes: 28 KB at K = 3584, 151 KB at 18944;
-// a multiple of 16 bytes and 16-byte aligned, as the instruction needs) — one lane because the
-// instruction takes a uniform address, and per-lane addresses would make ptxas loop over the
-// lanes. The scales (16 × K/128 × 2 bytes, unaligned) go by line prefetches, one line a lane.
-// Why: with one or two blocks per SM a warp's registers hold 4–8 KB of weights in flight, and
-// at HBM's loaded latency that is short of the SM's share of the bandwidth; a prefetch puts no
-// bound of its own on the bytes in flight, and the loads that follow wait for L2 instead of
-// DRAM. Rows past n are not prefetched (their loads read the last row).
-template <int MT, int NSEG>
-__device__ __forceinline__ void gemv_prefetch_tile_l2(const GemvProblem<MT, NSEG>& p, int K, int tile_idx, int lane) {
-    const int seg = int4_segment<NSEG>(p.first_tile, tile_idx);
-    const int n = gemv_field<NSEG>(seg, p.n), rope_dim = gemv_field<NSEG>(seg, p.rope_dim);
-    int lo, hi;  // the rows behind MMA rows 0 and 8
-    gemv_tile_rows(tile_idx - gemv_field<NSEG>(seg, p.first_tile), 0, rope_dim, lo, hi);
-    const int n_groups = K / INT4_GROUP, run_rows = rope_dim > 0 ? 8 : INT4_TILE_ROWS;
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        const u32* qw = gemv_qweight(p, seg, m);
-        const char* sc = reinterpret_cast<const char*>(gemv_scales(p, seg, m));
-        for (int run = 0; run < (rope_dim > 0 ? 2 : 1); ++run) {
-            const int first = run == 0 ? lo : hi, rows = min(run_rows, n - first);
-            if (rows <= 0) continue;
-            if (lane == 0) l2_prefetch_bulk(qw + (u64)first * (K / 8), (u32)rows * (K / 2));
-            const u64 b0 = (u64)first * n_groups * 2, b1 = b0 + (u64)rows * n_groups * 2;
-            for (u64 o = (b0 & ~u64(127)) + 128 * lane; o < b1; o += 128 * WARP_SIZE) l2_prefetch_line(sc + o);
-        }
-    }
-}
-
 // The whole GEMV of one block: its tiles × all K, for MT matrices per tile. The block is block
 // bc.bx of a planned grid of bc.gx blocks of bc.threads threads (block_coord.cuh): a launch of
 // its own, or an item of the persistent decode step, whose block may have more warps than the
@@ -298,6 +270,84 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     // next kernel may be scheduled as soon as they have all started.
     dep.launch_dependents();
 
+#if GEMV_PIPELINE
+    constexpr int D = GEMV_GROUP_DEPTH(MT);
+    static_assert(D >= 2, "GEMV_DEPTH: at least 2 item slots");
+    // Requests the next item (tile, group) that exists into `it`, advancing (ld_tile, ld_gi).
+    int ld_tile = tile_b, ld_gi = gb;
+    auto load_one = [&](GemvItem<MT>& it) {
+        if (ld_tile >= tile_e || gb >= ge) return;  // warp-uniform
+        const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
+        const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
+        int lo, hi;
+        gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
+        // Rows past n (last tile of a matrix) load the last row and are never stored.
+        const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const __half* sc = gemv_scales(p, seg, m) + ld_gi;
+            const u32* qw = gemv_qweight(p, seg, m);
+            it.w[m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
+            it.w[m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
+            it.s[m][0] = __half2float(__ldg(sc + r0 * n_groups));
+            it.s[m][1] = __half2float(__ldg(sc + r1 * n_groups));
+        }
+        if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
+    };
+
+    // The first D − 1 items go out before the wait: their latency overlaps the previous
+    // kernel's tail and the staging of x (weights are never written by any kernel).
+    GemvItem<MT> ring[D];
+#pragma unroll
+    for (int j = 0; j < D - 1; ++j) load_one(ring[j]);
+    dep.wait();
+    stage_x(x_smem, K);
+    __syncthreads();
+
+    float acc[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+    int c_tile = tile_b, c_gi = gb;
+    while (c_tile < tile_e && gb < ge) {
+        // D steps, so that every slot index is a constant: step j requests into the slot that
+        // step j − 1 emptied and multiplies slot j.
+#pragma unroll
+        for (int j = 0; j < D; ++j) {
+            if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
+            load_one(ring[(j + D - 1) % D]);
+            const GemvItem<MT>& it = ring[j];
+            const uint4* x_group = x_smem + c_gi * GEMV_CHUNKS_PER_GROUP + t;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
+                    int4_a_fragments(it.w[m][0], it.w[m][1], i, a_lo, a_hi);
+                    const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
+                    mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
+                    mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
+                }
+                acc[m][0] = fmaf(it.s[m][0], c[0], acc[m][0]);
+                acc[m][1] = fmaf(it.s[m][1], c[2], acc[m][1]);
+            }
+            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
+                if (t == 0) {
+                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
+                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+                c_gi = gb;
+                ++c_tile;
+            }
+        }
+    }
+#else
     // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_b, ld_gi = gb;
     auto load = [&](GemvBatch<MT, UNROLL>& b) {
@@ -327,10 +377,6 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     // kernel's tail and the staging of x (weights are never written by any kernel).
     GemvBatch<MT, UNROLL> cur, next;
     load(cur);
-    if constexpr (GEMV_L2_PREFETCH > 0 && GemvL2Prefetch<Layout>::rows) {
-        if (warp == 0)
-            for (int tl = tile_b; tl < min(tile_b + GEMV_L2_PREFETCH, tile_e); ++tl) gemv_prefetch_tile_l2(p, K, tl, lane);
-    }
     dep.wait();
     stage_x(x_smem, K);
     __syncthreads();
@@ -372,14 +418,11 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
                 for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
                 c_gi = gb;
                 ++c_tile;
-                if constexpr (GEMV_L2_PREFETCH > 0 && GemvL2Prefetch<Layout>::rows) {
-                    if (warp == 0 && c_tile + GEMV_L2_PREFETCH - 1 < tile_e)
-                        gemv_prefetch_tile_l2(p, K, c_tile + GEMV_L2_PREFETCH - 1, lane);
-                }
             }
         }
         cur = next;
     }
+#endif
     __syncthreads();
 
     // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order, then the

@@ -8,9 +8,6 @@
 //                            Conversion Instructions: ld.global.nc"; the .L2::cache_hint
 //                            and .L2::256B qualifiers: "… : ld")
 //   ld_nc_v4 / _v2 / _u32  : ld.global.nc.v4.u32 … — read-only data, cached in L1
-//   l2_prefetch_bulk       : cp.async.bulk.prefetch.L2.global [a], size (sm_90; "… :
-//                            cp.async.bulk.prefetch")
-//   l2_prefetch_line       : prefetch.global.L2 [a] ("… : prefetch, prefetchu")
 //
 // Weights are read exactly once per decode step (3.4 GB of INT4 + 1.1 GB of lm_head at the
 // 7B shape, against a 60 MB L2), so caching them can only hurt:
@@ -94,21 +91,4 @@ __device__ __forceinline__ u32 ld_nc_noalloc_u32(const void* ptr) {
     u32 v;
     asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
     return v;
-}
-
-// Ask L2 to fetch `bytes` (a multiple of 16) from `ptr` (16-byte aligned) and go on: the TMA
-// unit issues the DRAM reads, no register waits for them and nothing is returned. A GEMV asks
-// for the weights of the tiles it will multiply next this way, so its DRAM requests in flight
-// are no longer bounded by the registers its loads can hold: the loads that follow find the
-// bytes in L2, at a fraction of DRAM's latency. A prefetch is a hint: it never faults the
-// kernel and changes no value (it is not volatile-ordered against anything; the memory clobber
-// only keeps it where it is written, ahead of the loads it is for).
-__device__ __forceinline__ void l2_prefetch_bulk(const void* ptr, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(ptr), "r"(bytes) : "memory");
-}
-
-// The same for the one cache line holding `ptr`, with no alignment or size rule: for the small,
-// unaligned runs (a row's group scales) that a bulk prefetch cannot take.
-__device__ __forceinline__ void l2_prefetch_line(const void* ptr) {
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(ptr) : "memory");
 }
