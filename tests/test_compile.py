@@ -12,6 +12,7 @@ from there with a temporary cache, so they never touch the real cache or the rea
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -190,3 +191,31 @@ def test_real_kernels_copied_elsewhere_compile(tmp_path):
     shutil.copytree(ptx_dir(), pdir)
     ck = compile_kernel("smoke", kernels_dir=kdir, include_dir=pdir, cache_dir=tmp_path / "cache")
     assert {"smoke_axpb", "smoke_add_f16", "smoke_echo_tensormap"} <= set(ck.resources)
+
+
+def test_a_log_without_the_report_is_compiled_again_alone(tmp_path, monkeypatch):
+    """NVRTC on several threads can lose a program's ptxas report: such a result is not cached,
+    a cached entry without one counts as a miss, and compile_kernels compiles the file again."""
+    from drvqwen.cuda import nvrtc as nv
+
+    kdir, pdir = _tree(tmp_path / "src")
+    cache = tmp_path / "cache"
+    real = nv._nvrtc_compile
+    calls = []
+
+    def lossy(source, options):
+        cubin, log = real(source, options)
+        calls.append(source.name)
+        return cubin, ("" if len(calls) == 1 else log)  # the first compile loses its report
+
+    monkeypatch.setattr(nv, "_nvrtc_compile", lossy)
+    (ck,) = nv.compile_kernels([("k", {"SCALE": "1.0f"})], kernels_dir=kdir, include_dir=pdir, cache_dir=cache)
+    assert len(calls) == 2 and "k" in ck.resources and not ck.cache_hit
+    assert _compile(kdir, pdir, cache).cache_hit  # the second, complete result was cached
+
+    # An entry cached with an empty log (by an earlier version) is a miss, compiled again.
+    (meta_file,) = cache.glob("k-*.json")
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps({**meta, "log": ""}))
+    again = _compile(kdir, pdir, cache)
+    assert not again.cache_hit and "k" in again.resources

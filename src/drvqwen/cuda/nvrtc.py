@@ -256,7 +256,10 @@ def _cache_load(cubin_path: Path, meta_path: Path) -> tuple[bytes, str] | None:
         return None
     if not cubin.startswith(_ELF_MAGIC) or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
         return None
-    return cubin, str(meta.get("log", ""))
+    log = str(meta.get("log", ""))
+    if not _has_report(log):  # written before report-less logs were kept out of the cache
+        return None
+    return cubin, log
 
 
 def _cache_store(cubin_path: Path, meta_path: Path, compiled: CompiledKernel, toolchain: str) -> None:
@@ -356,8 +359,11 @@ def compile_kernel(
     search = [f"-I{d}" for d in include_dirs] + [f"-I{cuda_include_dir()}"]
     cubin, log = _nvrtc_compile(source, list(options) + search)
     compiled = CompiledKernel(name, cubin, log, parse_ptxas_report(log), key, False, options, headers)
-    cubin_path.parent.mkdir(parents=True, exist_ok=True)
-    _cache_store(cubin_path, meta_path, compiled, toolchain)
+    # A log without the ptxas report (see _has_report) is not cached: compile_kernels compiles
+    # such a file again on its own, and the cache must not hand the empty report out later.
+    if _has_report(log):
+        cubin_path.parent.mkdir(parents=True, exist_ok=True)
+        _cache_store(cubin_path, meta_path, compiled, toolchain)
     return compiled
 
 
@@ -391,7 +397,15 @@ def compile_kernels(
     n = workers or min(len(requests), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="nvrtc") as pool:
         futures = {i: pool.submit(compile_kernel, requests[i][0], defines=requests[i][1], **common) for i in order}
-    return [futures[i].result() for i in range(len(requests))]
+    out = [futures[i].result() for i in range(len(requests))]
+    # NVRTC 13.0 compiling on several threads at once can return a program's log without the
+    # ptxas report (seen on a 16-core machine: a second batch of 12 files in one process came
+    # back with 11 empty logs, the cubins intact). The report is what the spill checks and the
+    # launchers' register-based choices read, so such a file is compiled again here, alone.
+    for i, ck in enumerate(out):
+        if not _has_report(ck.log):
+            out[i] = compile_kernel(requests[i][0], defines=requests[i][1], **{**common, "use_cache": False})
+    return out
 
 
 # --- the ptxas report ------------------------------------------------------------------------
@@ -409,6 +423,12 @@ _STACK_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+
 _USED_RE = re.compile(r"Used (\d+) registers")
 _BARRIERS_RE = re.compile(r"used (\d+) barriers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
+
+
+def _has_report(log: str) -> bool:
+    """Whether an NVRTC log holds the ptxas report of at least one kernel (every kernel file
+    defines one)."""
+    return _ENTRY_RE.search(log) is not None
 
 
 def parse_ptxas_report(log: str) -> dict[str, KernelResources]:
