@@ -104,6 +104,21 @@
 // The ring is kept as kernels/dev/gemv_int4/v2_smem_ring.cu; re-run both sizes beside this file
 // with `PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v2`.
 //
+// Two more ways to keep more bytes in flight, each timed beside this engine in one run
+// (tools/bench_gemv.py --pdl --int4-defines …, same table; docs/bench/2026-12-02_h200_gemv_int4_variants.json)
+// and in the persistent decode step (decode_persistent.cu, synthetic 7B, graph ITL):
+//   | engine                                         | qkv_rope | o_proj | gate_up | down  | persistent 7B |
+//   | this one (batches of UNROLL, next in flight)   |   8.54   |  4.57  |  21.60  | 15.01 |   2.630 ms    |
+//   | + L2 bulk prefetch of the tiles 2 ahead        |  10.07   |  5.39  |  26.94  | 20.63 |   2.882 ms    |
+//   | a rolling ring of 8 item slots (7 in flight)   |   8.24   |  4.52  |  22.84  | 14.07 |   2.705 ms    |
+// (the third row from a second run, whose own baseline gave 8.52 / 4.61 / 22.46 / 15.10: ±4 % between
+// runs; its persistent figure against the first run's 2.630).
+// The L2 prefetch (cp.async.bulk.prefetch.L2 of whole tiles by one lane of warp 0, the scales by
+// line prefetches) lost everywhere; the rolling ring moved nothing outside the noise but down_proj.
+// Nsight Compute at one block of 8 warps per SM (gate_up, 7B): 2.41 TB/s, the warps' stalls
+// on the first use of the weight and scale loads (LOP3 unpack, HADD2.F32 scale conversion):
+// latency-bound with few warps, as the batches already are.
+//
 // Requirements (checked by the launchers): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
 // least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored); for
 // qkv_rope, Dh % 16 == 0 (a tile never straddles two heads); pointers 16-byte aligned.
@@ -130,16 +145,6 @@
 #define GEMV_UNROLL 4
 #endif
 #define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? GEMV_UNROLL : (GEMV_UNROLL > 1 ? GEMV_UNROLL / 2 : 1))
-// GEMV_PIPELINE 1: a rolling ring of GEMV_DEPTH item slots in registers (half for gate/up):
-// item i + D − 1 is requested just before item i is multiplied, so D − 1 items are in flight
-// at every step, against UNROLL..2·UNROLL − 1 … the batch engine's UNROLL on average.
-#ifndef GEMV_PIPELINE
-#define GEMV_PIPELINE 0
-#endif
-#ifndef GEMV_DEPTH
-#define GEMV_DEPTH 8
-#endif
-#define GEMV_GROUP_DEPTH(MT) ((MT) == 1 ? GEMV_DEPTH : GEMV_DEPTH / 2)
 
 // x in shared memory, 16-byte chunks permuted so that the 4 chunks the lanes t = 0..3 read
 // together sit in 4 consecutive 16-byte slots (conflict-free; the 8 lanes g share them as a
@@ -189,13 +194,6 @@ struct GemvRowMajor {
                                                       int gi, int K, int t) {
         return qweight + 4 * t + gi * GEMV_WORDS_PER_GROUP + row * (K / 8);
     }
-};
-
-// One (tile, group) item as one lane holds it.
-template <int MT>
-struct GemvItem {
-    uint4 w[MT][2];  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
-    float s[MT][2];  // the rows' scales for the group
 };
 
 // One batch of UNROLL (tile, group) items as one lane holds them.
@@ -270,84 +268,6 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     // next kernel may be scheduled as soon as they have all started.
     dep.launch_dependents();
 
-#if GEMV_PIPELINE
-    constexpr int D = GEMV_GROUP_DEPTH(MT);
-    static_assert(D >= 2, "GEMV_DEPTH: at least 2 item slots");
-    // Requests the next item (tile, group) that exists into `it`, advancing (ld_tile, ld_gi).
-    int ld_tile = tile_b, ld_gi = gb;
-    auto load_one = [&](GemvItem<MT>& it) {
-        if (ld_tile >= tile_e || gb >= ge) return;  // warp-uniform
-        const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
-        const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
-        int lo, hi;
-        gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
-        // Rows past n (last tile of a matrix) load the last row and are never stored.
-        const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            const __half* sc = gemv_scales(p, seg, m) + ld_gi;
-            const u32* qw = gemv_qweight(p, seg, m);
-            it.w[m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
-            it.w[m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
-            it.s[m][0] = __half2float(__ldg(sc + r0 * n_groups));
-            it.s[m][1] = __half2float(__ldg(sc + r1 * n_groups));
-        }
-        if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
-    };
-
-    // The first D − 1 items go out before the wait: their latency overlaps the previous
-    // kernel's tail and the staging of x (weights are never written by any kernel).
-    GemvItem<MT> ring[D];
-#pragma unroll
-    for (int j = 0; j < D - 1; ++j) load_one(ring[j]);
-    dep.wait();
-    stage_x(x_smem, K);
-    __syncthreads();
-
-    float acc[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
-    int c_tile = tile_b, c_gi = gb;
-    while (c_tile < tile_e && gb < ge) {
-        // D steps, so that every slot index is a constant: step j requests into the slot that
-        // step j − 1 emptied and multiplies slot j.
-#pragma unroll
-        for (int j = 0; j < D; ++j) {
-            if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
-            load_one(ring[(j + D - 1) % D]);
-            const GemvItem<MT>& it = ring[j];
-            const uint4* x_group = x_smem + c_gi * GEMV_CHUNKS_PER_GROUP + t;
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
-                    int4_a_fragments(it.w[m][0], it.w[m][1], i, a_lo, a_hi);
-                    const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
-                    mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
-                    mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
-                }
-                acc[m][0] = fmaf(it.s[m][0], c[0], acc[m][0]);
-                acc[m][1] = fmaf(it.s[m][1], c[2], acc[m][1]);
-            }
-            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
-                if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
-                    }
-                }
-#pragma unroll
-                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
-                c_gi = gb;
-                ++c_tile;
-            }
-        }
-    }
-#else
     // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_b, ld_gi = gb;
     auto load = [&](GemvBatch<MT, UNROLL>& b) {
@@ -422,7 +342,6 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
         }
         cur = next;
     }
-#endif
     __syncthreads();
 
     // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order, then the
