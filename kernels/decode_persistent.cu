@@ -210,7 +210,7 @@ DP_OP_FN void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
         attention_decode_args_split<DP_HEAD_DIM>(dp_args<AttentionDecodeArgs>(op), split, n_splits, kv_head, warp);
 }
 DP_OP_FN void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
-    attention_combine_item(dp_args<AttentionCombineArgs>(op), item, dep);
+    attention_combine_item<DP_THREADS>(dp_args<AttentionCombineArgs>(op), item, dep);
 }
 
 __device__ __forceinline__ void dp_run_item(const PersistentOp& op, int item, CounterDep dep) {
