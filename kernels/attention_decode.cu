@@ -280,8 +280,10 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
     dep.launch_dependents();
+    // seq_len: before the wait where the state stays fixed (block_coord.cuh), else after it.
+    const int seq_len_fixed = Dep::state_fixed ? a.state[2] : 0;
     dep.wait();  // the partials are the split kernel's output
-    const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    const int n_pages = ((Dep::state_fixed ? seq_len_fixed : a.state[2]) + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
 

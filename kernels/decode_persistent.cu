@@ -146,6 +146,9 @@ static_assert(sizeof(PersistentOp) == 32, "the host packs 32-byte ops");
 // The dependency of one item: wait until *counter ≥ target (none for the first op: the previous
 // kernel on the stream). Every thread of the block calls wait().
 struct CounterDep {
+    // The persistent kernel is launched after the step's state and block-table writes have
+    // completed (no programmatic launch) and no op writes them: they are read before the wait.
+    static constexpr bool state_fixed = true;
     const u32* counter;
     u32 target;
     u64* waited;  // where thread 0 stamps %globaltimer once the wait is over (null: no trace)
@@ -167,6 +170,7 @@ struct CounterDep {
 
 // The dependency already waited for (the attention items wait before their warps split up).
 struct NoDep {
+    static constexpr bool state_fixed = true;  // inside this kernel, as for CounterDep
     __device__ __forceinline__ void wait() const {}
     __device__ __forceinline__ void launch_dependents() const {}
 };
