@@ -156,11 +156,16 @@ struct CounterDep {
         if (counter == nullptr) {
             grid_dependency_wait();
         } else if (threadIdx.x == 0) {
+            // Poll relaxed, then one acquire: an acquire per poll invalidates the SM's L1 each time
+            // (CCTL.IVALL), under the feet of another block of the SM that is working. The acquire
+            // reads a value ≥ target (the counter only grows within a step), so it synchronizes
+            // with every release up to the last item of the op before.
             const u64 t0 = global_timer_ns();
-            while (ld_acquire_gpu_u32(counter) < target) {
+            while (ld_relaxed_gpu_u32(counter) < target) {
                 if (DP_SPIN_NS) nanosleep(DP_SPIN_NS);
                 if (global_timer_ns() - t0 > DP_TIMEOUT_NS) __trap();
             }
+            (void)ld_acquire_gpu_u32(counter);
         }
         if (waited != nullptr && threadIdx.x == 0) *waited = global_timer_ns();
         if (counter != nullptr) __syncthreads();
