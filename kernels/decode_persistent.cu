@@ -104,15 +104,15 @@
 #ifndef DP_HEAD_DIM
 #define DP_HEAD_DIM 64          // the attention's head dim: one instantiation per build
 #endif
-#define ATTN_PREFETCH (DP_HEAD_DIM < 128)  // at 128 the second page buffer spills (attention_decode.cu)
+#ifndef DP_MIN_BLOCKS
+#define DP_MIN_BLOCKS 1  // blocks per SM the registers are sized for (__launch_bounds__)
+#endif
+#define ATTN_PREFETCH (DP_HEAD_DIM < 128 && DP_MIN_BLOCKS == 1)  // else the second page buffer spills (attention_decode.cu)
 #include "embedding.cu"         // EmbeddingArgs, embedding_item
 #include "gemv_int4.cu"         // GemvInt4…Args, gemv_int4_…_item
 #include "attention_decode.cu"  // AttentionDecodeArgs, attention_decode_args_split, AttentionCombineArgs, …
 
 #define DP_THREADS 256
-#ifndef DP_MIN_BLOCKS
-#define DP_MIN_BLOCKS 1  // blocks per SM the registers are sized for (__launch_bounds__)
-#endif
 #ifndef DP_STRESS
 #define DP_STRESS 0
 #endif
