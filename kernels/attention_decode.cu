@@ -266,9 +266,13 @@ struct AttentionCombineArgs {
     int n_splits, Hq, Dh;      // n_splits = NS of the decode launch
 };
 
-// Head h; dynamic smem: 2 · NS floats. Contains __syncthreads(): call from every thread.
-template <typename Dep>
+// Head h, by a block of THREADS threads (ATTN_COMBINE_THREADS for a launch of its own; the
+// persistent decode step's 256): a compile-time count, so the virtual-thread loop unrolls and
+// every round's partial loads are in flight together instead of one L2 round trip per round.
+// Dynamic smem: 2 · NS floats. Contains __syncthreads(): call from every thread.
+template <int THREADS, typename Dep>
 __device__ __forceinline__ void attention_combine_item(const AttentionCombineArgs& a, int h, Dep dep) {
+    static_assert(ATTN_COMBINE_THREADS % THREADS == 0, "the virtual threads split evenly");
     extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];
     __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
@@ -276,8 +280,10 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
     dep.launch_dependents();
+    // seq_len: before the wait where the state stays fixed (block_coord.cuh), else after it.
+    const int seq_len_fixed = Dep::state_fixed ? a.state[2] : 0;
     dep.wait();  // the partials are the split kernel's output
-    const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    const int n_pages = ((Dep::state_fixed ? seq_len_fixed : a.state[2]) + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
 
@@ -292,20 +298,35 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
     for (int s = lane; s < n_active; s += WARP_SIZE) m_max = fmaxf(m_max, m_s[s]);
     m_max = warp_max(m_max);
 
+    // Virtual thread v = r · THREADS + threadIdx.x (round r) is (d, j) = (v % Dh, v / Dh) and adds
+    // the splits s = j, j + J, … in that order. The rounds run side by side, one split of each per
+    // step, so their loads are in flight together; each virtual thread's sum keeps its order.
+    constexpr int R = ATTN_COMBINE_THREADS / THREADS;
     const int n_j = ATTN_COMBINE_THREADS / Dh;
-    for (int v = threadIdx.x; v < ATTN_COMBINE_THREADS; v += blockDim.x) {
-        const int d = v % Dh, j = v / Dh;
-        float o_sum = 0.f, l_sum = 0.f;
-        if (j < n_j) {
-#pragma unroll 8
-            for (int s = j; s < n_active; s += n_j) {
+    float o_sum[R], l_sum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) o_sum[r] = l_sum[r] = 0.f;
+    // Round 0 has the smallest j: its split count bounds every round's. 8 loads in flight per
+    // thread, as the launch's one-round loop had with its unroll of 8.
+    const int j0 = threadIdx.x / Dh;
+    const int steps = n_active > j0 ? (n_active - j0 + n_j - 1) / n_j : 0;
+#pragma unroll (R >= 8 ? 1 : 8 / R)
+    for (int step = 0; step < steps; ++step) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int v = r * THREADS + threadIdx.x, d = v % Dh, s = v / Dh + step * n_j;
+            if (s < n_active) {
                 const float w = exp2f(m_s[s] - m_max);
-                o_sum = fmaf(w, a.partial_out[((u64)s * Hq + h) * Dh + d], o_sum);
-                l_sum = fmaf(w, l_s[s], l_sum);
+                o_sum[r] = fmaf(w, a.partial_out[((u64)s * Hq + h) * Dh + d], o_sum[r]);
+                l_sum[r] = fmaf(w, l_s[s], l_sum[r]);
             }
         }
-        o_sum_smem[v] = o_sum;
-        if (d == 0 && j < n_j) l_sum_smem[j] = l_sum;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int v = r * THREADS + threadIdx.x, d = v % Dh, j = v / Dh;
+        o_sum_smem[v] = o_sum[r];
+        if (d == 0 && j < n_j) l_sum_smem[j] = l_sum[r];
     }
     __syncthreads();
     for (int d = threadIdx.x; d < Dh; d += blockDim.x) {  // virtual threads j = 0
@@ -325,7 +346,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
-    attention_combine_item(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state, n_splits, Hq, Dh},
+    attention_combine_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state,
+                                                                      n_splits, Hq, Dh},
                            blockIdx.x, GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY

@@ -31,6 +31,10 @@ struct BlockCoord {
 };
 
 struct GridDep {
+    // Whether the step's state and block table stay fixed while this block runs, so they may be
+    // read before wait(): not for a launch, whose predecessor may still be running (PDL: the
+    // kernel before it may itself not have waited yet for advance_state of the last step).
+    static constexpr bool state_fixed = false;
     __device__ __forceinline__ void wait() const { grid_dependency_wait(); }
     __device__ __forceinline__ void launch_dependents() const { grid_launch_dependents(); }
 };

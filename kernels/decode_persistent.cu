@@ -110,15 +110,15 @@
 #ifndef DP_HEAD_DIM
 #define DP_HEAD_DIM 64          // the attention's head dim: one instantiation per build
 #endif
-#define ATTN_PREFETCH (DP_HEAD_DIM < 128)  // at 128 the second page buffer spills (attention_decode.cu)
+#ifndef DP_MIN_BLOCKS
+#define DP_MIN_BLOCKS 1  // blocks per SM the registers are sized for (__launch_bounds__)
+#endif
+#define ATTN_PREFETCH (DP_HEAD_DIM < 128 && DP_MIN_BLOCKS == 1)  // else the second page buffer spills (attention_decode.cu)
 #include "embedding.cu"         // EmbeddingArgs, embedding_item
 #include "gemv_int4.cu"         // GemvInt4…Args, gemv_int4_…_item
 #include "attention_decode.cu"  // AttentionDecodeArgs, attention_decode_args_split, AttentionCombineArgs, …
 
 #define DP_THREADS 256
-#ifndef DP_MIN_BLOCKS
-#define DP_MIN_BLOCKS 1  // blocks per SM the registers are sized for (__launch_bounds__)
-#endif
 #ifndef DP_STRESS
 #define DP_STRESS 0
 #endif
@@ -152,6 +152,9 @@ static_assert(sizeof(PersistentOp) == 32, "the host packs 32-byte ops");
 // The dependency of one item: wait until *counter ≥ target (none for the first op: the previous
 // kernel on the stream). Every thread of the block calls wait().
 struct CounterDep {
+    // The persistent kernel is launched after the step's state and block-table writes have
+    // completed (no programmatic launch) and no op writes them: they are read before the wait.
+    static constexpr bool state_fixed = true;
     const u32* counter;
     u32 target;
     u64* waited;  // where thread 0 stamps %globaltimer once the wait is over (null: no trace)
@@ -159,11 +162,16 @@ struct CounterDep {
         if (counter == nullptr) {
             grid_dependency_wait();
         } else if (threadIdx.x == 0) {
+            // Poll relaxed, then one acquire: an acquire per poll invalidates the SM's L1 each time
+            // (CCTL.IVALL), under the feet of another block of the SM that is working. The acquire
+            // reads a value ≥ target (the counter only grows within a step), so it synchronizes
+            // with every release up to the last item of the op before.
             const u64 t0 = global_timer_ns();
-            while (ld_acquire_gpu_u32(counter) < target) {
+            while (ld_relaxed_gpu_u32(counter) < target) {
                 if (DP_SPIN_NS) nanosleep(DP_SPIN_NS);
                 if (global_timer_ns() - t0 > DP_TIMEOUT_NS) __trap();
             }
+            (void)ld_acquire_gpu_u32(counter);
         }
         if (waited != nullptr && threadIdx.x == 0) *waited = global_timer_ns();
         if (counter != nullptr) __syncthreads();
@@ -173,6 +181,7 @@ struct CounterDep {
 
 // The dependency already waited for (the attention items wait before their warps split up).
 struct NoDep {
+    static constexpr bool state_fixed = true;  // inside this kernel, as for CounterDep
     __device__ __forceinline__ void wait() const {}
     __device__ __forceinline__ void launch_dependents() const {}
 };
@@ -216,7 +225,7 @@ DP_OP_FN void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
         attention_decode_args_split<DP_HEAD_DIM>(dp_args<AttentionDecodeArgs>(op), split, n_splits, kv_head, warp);
 }
 DP_OP_FN void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
-    attention_combine_item(dp_args<AttentionCombineArgs>(op), item, dep);
+    attention_combine_item<DP_THREADS>(dp_args<AttentionCombineArgs>(op), item, dep);
 }
 
 __device__ __forceinline__ void dp_run_item(const PersistentOp& op, int item, CounterDep dep) {

@@ -428,10 +428,19 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArg
                                  {nq, nkv, nkv},
                                  {0, tq, tq + tkv, tq + 2 * tkv},
                                  {Dh, Dh, 0}};
+    // The position and its K/V slot: read at once where the state stays fixed (Dep::state_fixed:
+    // two dependent L2 loads off the end of the item), else in the epilogue, after the wait.
+    int pos_fixed = 0;
+    u64 slot_fixed = 0;
+    if constexpr (Dep::state_fixed) {
+        pos_fixed = a.state[0];
+        slot_fixed = kv_offset(a.block_table[pos_fixed / PAGE_TOKENS], 0, pos_fixed % PAGE_TOKENS, Hkv, Dh);
+    }
     gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
                     [&](int seg, int tile, int g, const float (&s)[1][2]) {
-        const int pos = a.state[0];
-        const u64 slot = kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+        const int pos = Dep::state_fixed ? pos_fixed : a.state[0];
+        const u64 slot = Dep::state_fixed ? slot_fixed
+                                          : kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
         if (seg == 2) {  // v: bias only, plain row order
             gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
                 const int head = row / Dh, d = row % Dh;

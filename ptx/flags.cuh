@@ -2,6 +2,7 @@
 // persistent decode step (kernels/decode_persistent.cu) orders work between blocks without a
 // kernel boundary.
 //
+//   ld_relaxed_gpu_u32   ld.relaxed.gpu.global.u32        (the same: a strong load, no ordering)
 //   ld_acquire_gpu_u32   ld.acquire.gpu.global.u32        (PTX ISA, "Data Movement and Conversion
 //                                                           Instructions: ld", memory consistency
 //                                                           model: acquire patterns)
@@ -24,6 +25,14 @@
 #pragma once
 
 #include "types.cuh"  // u32, u64
+
+// A poll that orders nothing: no L1 invalidation per poll (see the acquire's SASS above), which
+// matters where another block of the SM is working while this one waits.
+__device__ __forceinline__ u32 ld_relaxed_gpu_u32(const u32* p) {
+    u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 
 __device__ __forceinline__ u32 ld_acquire_gpu_u32(const u32* p) {
     u32 v;
