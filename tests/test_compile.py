@@ -13,6 +13,7 @@ from there with a temporary cache, so they never touch the real cache or the rea
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -194,8 +195,9 @@ def test_real_kernels_copied_elsewhere_compile(tmp_path):
 
 
 def test_a_log_without_the_report_is_compiled_again_alone(tmp_path, monkeypatch):
-    """NVRTC on several threads can lose a program's ptxas report: such a result is not cached,
-    a cached entry without one counts as a miss, and compile_kernels compiles the file again."""
+    """NVRTC can hand back a log without the ptxas report (a hit in its compute cache): such a
+    result is not cached, a cached entry without one counts as a miss, and compile_kernels
+    compiles the file again."""
     from drvqwen.cuda import nvrtc as nv
 
     kdir, pdir = _tree(tmp_path / "src")
@@ -219,3 +221,25 @@ def test_a_log_without_the_report_is_compiled_again_alone(tmp_path, monkeypatch)
     meta_file.write_text(json.dumps({**meta, "log": ""}))
     again = _compile(kdir, pdir, cache)
     assert not again.cache_hit and "k" in again.resources
+
+
+def test_nvrtc_compute_cache_is_off():
+    """With it on, a repeated compile comes from NVRTC's cache and its log has no ptxas report."""
+    assert os.environ.get("CUDA_CACHE_DISABLE") == "1"
+
+
+def test_an_empty_log_leaves_the_shared_one_byte_string_alone():
+    """An empty NVRTC log is 1 byte (its NUL); read into `b" " * 1`, CPython's shared b" ", it
+    would turn every b" " of the process into b"\\0"."""
+    from cuda.bindings import nvrtc
+
+    from drvqwen.cuda import nvrtc as nv
+
+    err, prog = nvrtc.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"k.cu", 0, [], [])
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture={ARCH}".encode()])
+        assert not err
+        assert nv._program_log(prog) == ""
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    assert bytes([32])[0] == 32  # CPython's shared one-byte b" "

@@ -38,6 +38,15 @@ from .. import paths
 from .errors import NvrtcError, check
 from .sources import IncludedHeader, KernelSource, included_headers, kernel_source, ptx_dir
 
+# NVRTC keeps the cubins it builds in the CUDA compute cache (~/.nv/ComputeCache) wherever a
+# driver is installed, and on a hit there ptxas does not run: the program log then lacks the
+# --ptxas-options=-v report (registers, spills) that the spill checks and the launchers' register
+# choices read — every compile after the first of a source, even in a new process. drvqwen keeps
+# its own cache of cubins with their logs (below), so NVRTC's is switched off; the variable is
+# read when NVRTC compiles, and nothing here loads PTX through the driver's JIT, the other
+# user of that cache.
+os.environ["CUDA_CACHE_DISABLE"] = "1"
+
 # The one target. sm_90a, not sm_90: the "a" target unlocks wgmma and setmaxnreg, which the
 # tensor-core prefill needs (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin); TMA and mbarrier work on either.
 ARCH = "sm_90a"
@@ -284,9 +293,12 @@ def _cache_store(cubin_path: Path, meta_path: Path, compiled: CompiledKernel, to
 
 def _program_log(prog) -> str:
     size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    # NVRTC writes into the buffer in place. At least 2 bytes: `b" " * 1` is CPython's shared
+    # one-byte b" " itself, and an empty log (size 1, its NUL) would overwrite every b" " of
+    # the process.
+    buf = b" " * max(size, 2)
     check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-    return buf.rstrip(b"\0").decode(errors="replace")
+    return buf.split(b"\0", 1)[0].decode(errors="replace")
 
 
 def _nvrtc_compile(source: KernelSource, options: Sequence[str]) -> tuple[bytes, str]:
@@ -398,10 +410,9 @@ def compile_kernels(
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="nvrtc") as pool:
         futures = {i: pool.submit(compile_kernel, requests[i][0], defines=requests[i][1], **common) for i in order}
     out = [futures[i].result() for i in range(len(requests))]
-    # NVRTC 13.0 compiling on several threads at once can return a program's log without the
-    # ptxas report (seen on a 16-core machine: a second batch of 12 files in one process came
-    # back with 11 empty logs, the cubins intact). The report is what the spill checks and the
-    # launchers' register-based choices read, so such a file is compiled again here, alone.
+    # A log without the ptxas report (NVRTC's compute cache, see CUDA_CACHE_DISABLE above, where
+    # something switched it back on): the file is compiled again, alone, and if the report is
+    # still missing the result says so (empty resources) instead of a cache entry hiding it.
     for i, ck in enumerate(out):
         if not _has_report(ck.log):
             out[i] = compile_kernel(requests[i][0], defines=requests[i][1], **{**common, "use_cache": False})
