@@ -1,4 +1,4 @@
-"""tools/bench_gemv.py's argument parsing on the CPU: the compile variants of --fmt-defines."""
+"""tools/bench_gemv.py's argument parsing on the CPU: the compile variants of --fmt-defines and --int4-defines."""
 
 from __future__ import annotations
 
@@ -30,3 +30,8 @@ def test_gate_up_shape_is_the_feature_count_by_hidden(bench):
     cfg = PRESETS["7b"]
     assert bench.q_shape("gate_up_swiglu", cfg) == (cfg.intermediate_size, cfg.hidden_size)
     assert bench.q_shape("down_proj", cfg) == (cfg.hidden_size, cfg.intermediate_size)
+
+
+def test_parse_defines_names_the_option(bench):
+    with pytest.raises(SystemExit, match="--int4-defines: 'GEMV_X' is not NAME=INT"):
+        bench.parse_defines("GEMV_X", "--int4-defines")

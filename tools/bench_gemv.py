@@ -137,17 +137,17 @@ def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tu
     return GemvFmtResidual(res, x, weight(""), n=n, k=k, defines=defines)
 
 
-def parse_defines(text: str) -> dict[str, int]:
-    """"NAME=INT,NAME=INT" → {NAME: INT} (--fmt-defines, --int4-defines)."""
+def parse_defines(text: str, option: str = "--fmt-defines") -> dict[str, int]:
+    """"NAME=INT,NAME=INT" → {NAME: INT}; a bad item exits with one line naming `option`."""
     out = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition("=")
         if not sep or not name.isidentifier():
-            raise SystemExit(f"defines: {item!r} is not NAME=INT")
+            raise SystemExit(f"{option}: {item!r} is not NAME=INT")
         try:
             out[name] = int(value, 0)
         except ValueError:
-            raise SystemExit(f"defines: {item!r}: {value!r} is not an integer") from None
+            raise SystemExit(f"{option}: {item!r}: {value!r} is not an integer") from None
     return out
 
 
@@ -240,7 +240,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
     variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
-        [{"unroll": u} for u in a.unroll] + [{"defines": parse_defines(d)} for d in a.int4_defines]
+        [{"unroll": u} for u in a.unroll] + [{"defines": parse_defines(d, "--int4-defines")} for d in a.int4_defines]
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
                               tuple(a.fmt_shapes))
