@@ -50,9 +50,12 @@
 // k. That is the order kernel boundaries give, for every hazard: an item reads what earlier ops
 // wrote (read after write) and overwrites only what earlier ops read (write after read: q, attn,
 // h and the partials are rewritten layer after layer). Release and acquire: ptx/flags.cuh.
-// Before the wait a GEMV item loads only weights (never written by any op); the attention and
-// combine items load nothing before it. The first op waits for the previous kernel
-// on the stream (griddepcontrol.wait: a no-op without programmatic launch).
+// Before the wait a GEMV item loads only weights (never written by any op), and qkv_rope and the
+// combine read the step's position, K/V slot and length (state, block table: written before
+// this kernel is launched, by no op of it — Dep::state_fixed, block_coord.cuh); the attention
+// items load nothing before it. The first op waits for the previous kernel on the stream
+// (griddepcontrol.wait: a no-op without programmatic launch). The wait itself: thread 0 polls
+// the counter with relaxed loads, then one acquire load (ptx/flags.cuh), then a block barrier.
 // No deadlock: every block is resident; the lowest op with unfinished items has its inputs
 // complete, and each block reaches its items of that op after finishing its items of earlier ops,
 // which are complete — so some item always progresses.
@@ -74,24 +77,30 @@
 // (tests/test_decode_persistent.py). racecheck and synccheck see shared memory and block
 // barriers only, not the ordering between blocks: this mode is that check.
 //
-// Where it stands (H200, synthetic models, graph ITL; docs/bench/2026-12-01_3868d73_h200_syn{05b,
-// 7b}_persistent.json, against the per-launch step's graph with the TMA attention run beside it,
-// docs/bench/2026-12-01_h200_persistent_dev_runs.json): bit for bit the per-launch
+// Where it stands (H200, synthetic models, graph ITL, the per-launch step in the same run:
+// docs/bench/2026-12-02_d602176_h200_syn{05b,7b}{,_persistent}.json): bit for bit the per-launch
 // step, normal and stress builds; a hand-off between ops costs ~0.26 µs (the trace: last
 // release of one op → first wait over of the next), but
-//   - 0.5B: 0.751 ms against 0.631. The launches are gone, the ops' latency is not: an item of
+//   - 0.5B: 0.742 ms against 0.636. The launches are gone, the ops' latency is not: an item of
 //     a small GEMV is one chain of dependent loads (residual → norm → weights → MMA → reduce →
 //     epilogue), 2–5 µs, and each op waits for all of the one before. A launch of the
 //     per-launch step overlaps the next kernel's ramp-up with its own drain (PDL, two blocks
 //     per SM); here a block is busy until its item ends.
-//   - 7B: 2.629 ms against 2.135. One block of 8 warps per SM keeps too few weight bytes in
-//     flight: gate_up takes 29 µs per layer (2.3 TB/s), down 19 µs, against ~22 and ~15 as
-//     launches of two blocks per SM.
-// What lost (the development runs' file): two blocks per SM (128 registers; the ops inlined into one switch
-// spill, and compiled apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up
-// 44 µs; GEMV_UNROLL=2 to fit them: no better; a gpu-scope fence on either side of the
-// counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why they are
-// not needed); polling without nanosleep: no change.
+//   - 7B: 2.669 ms against 2.161. The GEMV items run at one block of 8 warps per SM: gate_up
+//     takes 29.6 µs per layer, down 19 µs, against ~22 and ~15 as launches of two blocks per
+//     SM. The per-launch gate_up planned at one block per SM takes as long (Nsight Compute:
+//     29.98 µs, 2.41 TB/s, warps stalled at the first use of their weight and scale loads), so
+//     the item's code is not the difference; the warps per SM are. More bytes in flight per warp
+//     did not help (an L2 prefetch of the tiles ahead, a deeper register pipeline:
+//     kernels/gemv_int4.cu's header, docs/bench/2026-12-02_h200_gemv_int4_variants.json).
+// What lost (docs/bench/2026-12-01_h200_persistent_dev_runs.json, and run3_log of the variants
+// file): two blocks per SM (128 registers; the ops inlined into one switch spill, and compiled
+// apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to
+// fit them: no better; polling relaxed with one acquire per wait: still 3.37–3.53 ms, gate_up
+// 44–45 µs, with no spills in the GEMV ops' loops (SASS) — why an item at two blocks per SM takes
+// twice the per-launch kernel's time at the same grid is not known; a gpu-scope fence on either
+// side of the counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why
+// they are not needed); polling without nanosleep: no change.
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
 // weights (and the next op's, while the current one drains) into a shared-memory ring with bulk
 // copies — and finer dependencies than "all of the op before" for the small ops.
@@ -102,7 +111,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"  // u32, u64
-#include "flags.cuh"  // ld_acquire_gpu_u32, red_release_gpu_add, global_timer_ns, nanosleep
+#include "flags.cuh"  // ld_relaxed_gpu_u32, ld_acquire_gpu_u32, red_release_gpu_add, global_timer_ns, nanosleep
 
 #define __restrict__            // see the header: no non-coherent loads of inputs written here
 #define ATTN_SMEM_WARPS 8       // one p/alpha buffer per warp of the block (attention_decode.cu)

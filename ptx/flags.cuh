@@ -12,10 +12,13 @@
 //
 // The pattern: a producer block finishes its writes, __syncthreads() (its threads' writes are
 // ordered before thread 0's next operation at block scope), then thread 0 adds 1 to the counter
-// with release semantics at gpu scope. A consumer's thread 0 spins on an acquire load at gpu
-// scope until the counter reaches the number of producers, then __syncthreads(). Release and
-// acquire are cumulative in the PTX memory model (causality order runs through the barriers), so
-// every producer write happens before every read the consumer block makes after its barrier.
+// with release semantics at gpu scope. A consumer's thread 0 polls with relaxed loads until the
+// counter reaches the number of producers, then reads it once more with an acquire load, then
+// __syncthreads(). The counter only grows by release adds, so the value the acquire reads is at
+// the end of a chain of them and it synchronizes with every one (a release sequence continues
+// through later read-modify-writes). Release and acquire are cumulative in the PTX memory model
+// (causality order runs through the barriers), so every producer write happens before every read
+// the consumer block makes after its barrier.
 // What the hardware does for them (sm_90 SASS, read with cuobjdump): the release is MEMBAR.ALL.GPU
 // then REDG.E.ADD.STRONG.GPU; the acquire is LDG.E.STRONG.GPU then CCTL.IVALL, which drops the
 // SM's L1, so an ordinary load after it cannot hit a stale line of another SM's data. A separate
@@ -27,7 +30,8 @@
 #include "types.cuh"  // u32, u64
 
 // A poll that orders nothing: no L1 invalidation per poll (see the acquire's SASS above), which
-// matters where another block of the SM is working while this one waits.
+// matters where another block of the SM is working while this one waits. The ordering comes
+// from the one acquire load after the poll has seen the target.
 __device__ __forceinline__ u32 ld_relaxed_gpu_u32(const u32* p) {
     u32 v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
