@@ -266,7 +266,7 @@ def _cache_load(cubin_path: Path, meta_path: Path) -> tuple[bytes, str] | None:
     if not cubin.startswith(_ELF_MAGIC) or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
         return None
     log = str(meta.get("log", ""))
-    if not _has_report(log):  # written before report-less logs were kept out of the cache
+    if not _has_report(log):  # a log that lost its report (NVRTC's compute cache, above): compile again
         return None
     return cubin, log
 
@@ -371,11 +371,8 @@ def compile_kernel(
     search = [f"-I{d}" for d in include_dirs] + [f"-I{cuda_include_dir()}"]
     cubin, log = _nvrtc_compile(source, list(options) + search)
     compiled = CompiledKernel(name, cubin, log, parse_ptxas_report(log), key, False, options, headers)
-    # A log without the ptxas report (see _has_report) is not cached: compile_kernels compiles
-    # such a file again on its own, and the cache must not hand the empty report out later.
-    if _has_report(log):
-        cubin_path.parent.mkdir(parents=True, exist_ok=True)
-        _cache_store(cubin_path, meta_path, compiled, toolchain)
+    cubin_path.parent.mkdir(parents=True, exist_ok=True)
+    _cache_store(cubin_path, meta_path, compiled, toolchain)
     return compiled
 
 
@@ -409,14 +406,7 @@ def compile_kernels(
     n = workers or min(len(requests), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="nvrtc") as pool:
         futures = {i: pool.submit(compile_kernel, requests[i][0], defines=requests[i][1], **common) for i in order}
-    out = [futures[i].result() for i in range(len(requests))]
-    # A log without the ptxas report (NVRTC's compute cache, see CUDA_CACHE_DISABLE above, where
-    # something switched it back on): the file is compiled again, alone, and if the report is
-    # still missing the result says so (empty resources) instead of a cache entry hiding it.
-    for i, ck in enumerate(out):
-        if not _has_report(ck.log):
-            out[i] = compile_kernel(requests[i][0], defines=requests[i][1], **{**common, "use_cache": False})
-    return out
+    return [futures[i].result() for i in range(len(requests))]
 
 
 # --- the ptxas report ------------------------------------------------------------------------
