@@ -3,7 +3,7 @@
 the copy bandwidth, for the launch shape the step uses and for variants of it.
 
     PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
-        [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--int4-defines GEMV_L2_PREFETCH=2] [--pdl]
+        [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--int4-defines GEMV_UNROLL=8,NAME=INT] [--pdl]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
         [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu]
 
@@ -220,7 +220,7 @@ def main() -> int:
     ap.add_argument("--unroll", type=int, nargs="*", default=[], help="also compile with GEMV_UNROLL=N")
     ap.add_argument("--int4-defines", nargs="+", default=[], metavar="NAME=INT,...",
                     help="also compile kernels/gemv_int4.cu with these defines, one row per set "
-                         "(e.g. GEMV_L2_PREFETCH=2)")
+                         "(e.g. GEMV_UNROLL=8; --unroll N is GEMV_UNROLL=N)")
     ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
     ap.add_argument("--formats", nargs="+", default=[],
                     help="time kernels/gemv_fmt.cu in these weight formats (names of format/weight_formats.py, "
@@ -240,7 +240,8 @@ def main() -> int:
     rng = np.random.default_rng(0)
     rows = []
     variants = [{}] + [{"warps": w} for w in a.warps] + [{"blocks": b} for b in a.blocks] + \
-        [{"unroll": u} for u in a.unroll] + [{"defines": parse_defines(d, "--int4-defines")} for d in a.int4_defines]
+        [{"defines": {"GEMV_UNROLL": u}} for u in a.unroll] + \
+        [{"defines": parse_defines(d, "--int4-defines")} for d in a.int4_defines]
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
                               tuple(a.fmt_shapes))
@@ -252,9 +253,7 @@ def main() -> int:
         for variant, pdl in itertools.product(variants, (False, True) if a.pdl else (False,)):
             s = Scratch()
             try:
-                kw = {k: v for k, v in variant.items() if k not in ("unroll", "defines")}
-                if "unroll" in variant:
-                    kw["defines"] = (("GEMV_UNROLL", variant["unroll"]),)
+                kw = {k: v for k, v in variant.items() if k != "defines"}
                 if "defines" in variant:
                     kw["defines"] = tuple(variant["defines"].items())
                 launchers = [make_launcher(name, s, c, cfg, rng, **kw) for c in range(copies)]
@@ -271,7 +270,8 @@ def main() -> int:
     for c in ("GEMV", "variant", "PDL", "grid × block", "MB", "µs", "GB/s", "of copy"):
         t.add_column(c, justify="right")
     for r in rows:
-        t.add_row(r["gemv"], " ".join(f"{k}={v}" for k, v in r["variant"].items()) or "step's", "yes" if r["pdl"] else "",
+        shown = {**{k: v for k, v in r["variant"].items() if k != "defines"}, **r["variant"].get("defines", {})}
+        t.add_row(r["gemv"], " ".join(f"{k}={v}" for k, v in shown.items()) or "step's", "yes" if r["pdl"] else "",
                   f"{r['grid'][0]} × {r['block'][0]}", f"{r['bytes'] / 1e6:.2f}", f"{r['us']:.2f}",
                   f"{r['GBps']:.0f}", f"{r['of_copy']:.1%}")
     con.print(t)
