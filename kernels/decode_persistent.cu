@@ -93,8 +93,8 @@
 //     the item's code is not the difference; the warps per SM are. More bytes in flight per warp
 //     did not help (an L2 prefetch of the tiles ahead, a deeper register pipeline:
 //     kernels/gemv_int4.cu's header, docs/bench/2026-12-02_h200_gemv_int4_variants.json).
-// What lost (docs/bench/2026-12-01_h200_persistent_dev_runs.json, and run3_log of the variants
-// file): two blocks per SM (128 registers; the ops inlined into one switch spill, and compiled
+// What lost (docs/bench/2026-12-01_h200_persistent_dev_runs.json, and the two-blocks log of the
+// variants file): two blocks per SM (128 registers; the ops inlined into one switch spill, and compiled
 // apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to
 // fit them: no better; polling relaxed with one acquire per wait: still 3.37–3.53 ms, gate_up
 // 44–45 µs, with no spills in the GEMV ops' loops (SASS) — why an item at two blocks per SM takes

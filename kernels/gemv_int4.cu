@@ -115,7 +115,7 @@
 // runs; its persistent figure against the first run's 2.630).
 // The L2 prefetch (cp.async.bulk.prefetch.L2 of whole tiles by one lane of warp 0, the scales by
 // line prefetches) lost everywhere; the rolling ring moved nothing outside the noise but down_proj.
-// Neither is kept: their knobs (GEMV_L2_PREFETCH, GEMV_PIPELINE) live at commits 58e9cd1 and 4039c96.
+// Neither is kept: their compile-time switches live at commits 58e9cd1 and 4039c96.
 // Nsight Compute at one block of 8 warps per SM (gate_up, 7B): 2.41 TB/s, the warps' stalls
 // on the first use of the weight and scale loads (LOP3 unpack, HADD2.F32 scale conversion):
 // latency-bound with few warps, as the batches already are.
