@@ -137,6 +137,7 @@
 #define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
 #define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
 #define GEMV_CHUNKS_PER_GROUP (INT4_GROUP / 8)  // 16-byte chunks of FP16 x per group
+#define GEMV_MMA_TOKENS       8                 // tokens one MMA takes: the N of m16n8k16
 // Groups per load batch for one matrix: 4 KB of weights per warp per batch (half as many
 // groups for gate/up: two matrices). The next batch is loaded while the current one is
 // multiplied, so a warp keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM
@@ -155,34 +156,90 @@ __device__ __forceinline__ int gemv_x_slot(int chunk) {
     return gi * GEMV_CHUNKS_PER_GROUP + (c % 4) * 4 + c / 4;
 }
 
+// x of T tokens in shared memory (the T-token kernels): token j's K/8 chunks, in gemv_x_slot
+// order, from chunk j · gemv_x_token_chunks(K). With T tokens the 8 lanes g of a B-fragment read
+// take 8 different tokens; K·2 bytes is a multiple of 256, so unpadded they would all hit the
+// same 16 banks. GEMV_X_TOKEN_PAD chunks (64 bytes) after each token put tokens g and g + 1
+// (one quarter-warp of a 16-byte load) in the two halves of the 32 banks.
+#define GEMV_X_TOKEN_PAD 4
+template <int NTOK>
+__device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK == 1 ? 0 : GEMV_X_TOKEN_PAD); }
+
+// The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
+//   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
+//   lane_x(x_smem, tok, t, K) where lane t's chunks of token tok start; chunk (gi, i) of the lane
+//                             is lane_x[16·gi + WORD_STEP·i] (inputs 128·gi + 32t + 8i … +8)
+//   operator()(x_smem, K)     the staging, after the wait, from every thread (the caller syncs)
+
 // Prologue: x (K fp16, an earlier kernel's output) into the block's shared x_smem in the
 // permuted order. Ordinary loads: they stay after griddepcontrol.wait. Every thread takes part;
 // the caller syncs.
 struct GemvStageX {
     const __half* __restrict__ x;  // [K] fp16
+    static constexpr int WORD_STEP = 4;  // gemv_x_slot: word i of lane t is slot 4i + t of its group
+    __device__ __forceinline__ int smem_chunks(int K) const { return K / 8; }
+    __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int, int t, int) const { return x_smem + t; }
     __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
         const uint4* src = reinterpret_cast<const uint4*>(x);
         for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) x_smem[gemv_x_slot(chunk)] = src[chunk];
     }
 };
 
-// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh), straight into x_smem. Contains a
-// __syncthreads (the sum of squares); every thread takes part; the caller syncs.
-struct GemvStageRmsNorm {
-    const float* __restrict__ residual;  // [K] fp32
+// x = fp16(rmsnorm(residual) · w) of one row (rmsnorm.cuh) into x_dst, in gemv_x_slot order.
+// Contains a __syncthreads (the sum of squares, through warp_sums: RMSNORM_WARPS floats of shared
+// memory); every thread takes part.
+__device__ __forceinline__ void gemv_stage_rmsnorm_row(uint4* x_dst, const float* __restrict__ residual,
+                                                       const __half* __restrict__ weight, float eps, int K,
+                                                       float* warp_sums) {
+    const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
+    const float4* r4 = reinterpret_cast<const float4*>(residual);
+    const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+    for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
+        const uint2 lo = rmsnorm_apply4(r4[2 * chunk], w4[2 * chunk], inv_rms);
+        const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], w4[2 * chunk + 1], inv_rms);
+        x_dst[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+}
+
+// Prologue: x = fp16(rmsnorm(residual) · w) of each of the T tokens' rows, straight into x_smem
+// (NTOK = 1: one row, K·2 bytes, unpadded). Every row is normalised exactly as the stand-alone
+// kernel would (rmsnorm.cuh: the order of the sum does not depend on the block). The rows' sums of
+// squares alternate between two buffers: a thread writes row j + 2's sums only after the
+// __syncthreads of row j + 1, which every thread reaches after reading row j's. Every thread takes
+// part; the caller syncs.
+template <int NTOK>
+struct GemvStageRmsNormT {
+    const float* __restrict__ residual;  // [T, K] fp32
     const __half* __restrict__ weight;   // [K] fp16 RMSNorm gain
     float eps;
-    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
-        __shared__ float warp_sums[RMSNORM_WARPS];
-        const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
-        const float4* r4 = reinterpret_cast<const float4*>(residual);
-        const uint2* w4 = reinterpret_cast<const uint2*>(weight);
-        for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
-            const uint2 lo = rmsnorm_apply4(r4[2 * chunk], w4[2 * chunk], inv_rms);
-            const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], w4[2 * chunk + 1], inv_rms);
-            x_smem[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        }
+    int n_tok = 1;                       // T ≤ NTOK
+    static constexpr int WORD_STEP = 4;
+    __device__ __forceinline__ int smem_chunks(int K) const {
+        return (NTOK == 1 ? 1 : n_tok) * gemv_x_token_chunks<NTOK>(K);
     }
+    __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int tok, int t, int K) const {
+        return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
+    }
+    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        __shared__ float warp_sums[NTOK == 1 ? 1 : 2][RMSNORM_WARPS];
+        for (int tok = 0; tok < (NTOK == 1 ? 1 : n_tok); ++tok)
+            gemv_stage_rmsnorm_row(x_smem + tok * gemv_x_token_chunks<NTOK>(K), residual + (u64)tok * K, weight, eps,
+                                   K, warp_sums[tok % 2]);
+    }
+};
+using GemvStageRmsNorm = GemvStageRmsNormT<1>;
+
+// "Prologue" of the T-token residual GEMV: nothing staged, lane t reads its B fragments of
+// token tok straight from x [T, K] in global memory (through L1/L2; ordinary loads, after the
+// wait). Why not shared memory there: see the header, "T tokens".
+struct GemvXGlobal {
+    const __half* __restrict__ x;  // [T, K] fp16
+    static constexpr int WORD_STEP = 1;  // natural order: word i of lane t is chunk 4t + i of its group
+    __device__ __forceinline__ int smem_chunks(int) const { return 0; }
+    __device__ __forceinline__ const uint4* lane_x(const uint4*, int tok, int t, int K) const {
+        return reinterpret_cast<const uint4*>(x) + (u64)tok * (K / 8) + 4 * t;
+    }
+    __device__ __forceinline__ void operator()(uint4*, int) const {}
 };
 
 // Where the words a lane loads for one (tile, group) item lie: lane (g, t) takes words
@@ -234,22 +291,40 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-// The whole GEMV of one block: its tiles × all K, for MT matrices per tile. The block is block
-// bc.bx of a planned grid of bc.gx blocks of bc.threads threads (block_coord.cuh): a launch of
-// its own, or an item of the persistent decode step, whose block may have more warps than the
-// plan (those take part in the barriers only). Order of work:
+// Tokens a lane accumulates per output row in the NTOK-token engine: NTOK = 1 one (every column
+// of B is the same x, the lane keeps column 2t); else 2 per MMA, columns 2t and 2t + 1 of each
+// of the ceil(NTOK/8) MMAs of a k slice.
+template <int NTOK>
+struct GemvTokens {
+    static constexpr int MMAS = (NTOK + GEMV_MMA_TOKENS - 1) / GEMV_MMA_TOKENS;  // MMAs per k slice
+    static constexpr int LANE = NTOK == 1 ? 1 : 2 * MMAS;                        // tokens per lane
+    // The token of lane slot l of lane t: column 2t + l % 2 of MMA l / 2.
+    __device__ static __forceinline__ int of_slot(int l, int t) {
+        return NTOK == 1 ? 0 : GEMV_MMA_TOKENS * (l / 2) + 2 * t + l % 2;
+    }
+};
+
+// The whole GEMV of one block for T ≤ NTOK tokens at once: its tiles × all K, for MT matrices
+// per tile. The block is block bc.bx of a planned grid of bc.gx blocks of bc.threads threads
+// (block_coord.cuh): a launch of its own, or an item of the persistent decode step, whose block
+// may have more warps than the plan (those take part in the barriers only). Order of work:
 // dep.launch_dependents, the first weight batch requested, dep.wait(), then the prologue
-// `stage_x(x_smem, K)` stages x; after the main loop and the block's reduction,
-// epilogue(seg, tile_in_seg, g, sums[MT][2]) runs once per (tile, g), g < 8, from one thread,
-// with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows
-// says which rows those are; rows ≥ n must not be stored).
+// `x_src(x_smem, K)` stages x (where the B fragments come from: x_src.lane_x, see the
+// prologues); after the main loop and the block's reduction, epilogue(seg, tile_in_seg, g, tok,
+// sums[MT][2]) runs once per (tile, g, token), g < 8, tok < T, from one thread, with sums[m][0]
+// the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows says which rows
+// those are; rows ≥ n must not be stored).
+// Token tok's sums are, bit for bit, what the NTOK = 1 engine computes for its x alone (the
+// header's "T tokens"); NTOK = 1 is the single-token GEMV itself (gemv_int4_block).
 // Contains __syncthreads(): call from every thread of the block.
-template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
-                                                Dep dep, Prologue stage_x, Epilogue epilogue) {
+template <int NTOK, int MT, int NSEG, typename Layout, typename Dep, typename XSource, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p, int K, int n_tok, const BlockCoord& bc,
+                                                 Dep dep, XSource x_src, Epilogue epilogue) {
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
-    extern __shared__ uint4 x_smem[];  // [K/8] chunks of x (gemv_x_slot order), then partials
-    float* partial = reinterpret_cast<float*>(x_smem + K / 8);  // [T_b][MT][W][16] fp32
+    using Tok = GemvTokens<NTOK>;
+    const int T = NTOK == 1 ? 1 : n_tok;
+    extern __shared__ uint4 x_smem[];  // x as x_src stages it (maybe nothing), then the partials
+    float* partial = reinterpret_cast<float*>(x_smem + x_src.smem_chunks(K));  // [T_b][MT][W][T][16] fp32
 
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
@@ -263,6 +338,13 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     const int n_tiles = p.first_tile[NSEG];
     const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
     const u64 policy = l2_evict_first_policy();
+    // The x behind this lane's B fragments: column g of MMA b is token 8b + g (NTOK = 1: the one
+    // token in every column). Columns past T repeat token T - 1: finite, never stored, and no
+    // select in the loop.
+    const uint4* x_lane[Tok::MMAS];
+#pragma unroll
+    for (int b = 0; b < Tok::MMAS; ++b)
+        x_lane[b] = x_src.lane_x(x_smem, NTOK == 1 ? 0 : min(GEMV_MMA_TOKENS * b + g, T - 1), t, K);
 
     // Every block of this grid is resident in one wave (the launcher sizes G for that), so the
     // next kernel may be scheduled as soon as they have all started.
@@ -298,44 +380,62 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     GemvBatch<MT, UNROLL> cur, next;
     load(cur);
     dep.wait();
-    stage_x(x_smem, K);
+    x_src(x_smem, K);
     __syncthreads();
 
-    float acc[MT][2];
+    float acc[MT][2][Tok::LANE];  // [matrix][MMA row g, g + 8][lane slot]
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
     int c_tile = tile_b, c_gi = gb;
     while (c_tile < tile_e && gb < ge) {
         load(next);  // in flight while `cur` is multiplied
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
-            const uint4* x_group = x_smem + c_gi * GEMV_CHUNKS_PER_GROUP + t;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
+                float c[Tok::MMAS][4];
+#pragma unroll
+                for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
                     int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
-                    const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
-                    mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
-                    mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
-                }
-                acc[m][0] = fmaf(cur.s[u][m][0], c[0], acc[m][0]);
-                acc[m][1] = fmaf(cur.s[u][m][1], c[2], acc[m][1]);
-            }
-            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
-                if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
 #pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
+                    for (int b = 0; b < Tok::MMAS; ++b) {
+                        const uint4* x_group = x_lane[b] + c_gi * GEMV_CHUNKS_PER_GROUP;
+                        const uint4 xi = x_group[XSource::WORD_STEP * i];  // x[128·gi + 32t + 8i … +8], token of column g
+                        mma_m16n8k16_f32_f16(c[b], a_lo, xi.x, xi.y);
+                        mma_m16n8k16_f32_f16(c[b], a_hi, xi.z, xi.w);
                     }
                 }
+                // Lane slot l holds column 2t + l % 2 of MMA l / 2: c[.][0 | 1] of row g, c[.][2 | 3] of row g + 8.
 #pragma unroll
-                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+                for (int l = 0; l < Tok::LANE; ++l) {
+                    const int col = NTOK == 1 ? 0 : l % 2;
+                    acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col], acc[m][0][l]);
+                    acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col], acc[m][1][l]);
+                }
+            }
+            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
+                if (NTOK > 1 || t == 0) {  // NTOK = 1: the 4 lanes t hold the same sums
+                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * T * INT4_TILE_ROWS;
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+#pragma unroll
+                        for (int l = 0; l < Tok::LANE; ++l) {
+                            const int tok = Tok::of_slot(l, t);
+                            if (tok >= T) continue;
+                            dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g] = acc[m][0][l];
+                            dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g + 8] = acc[m][1][l];
+                        }
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
                 c_gi = gb;
                 ++c_tile;
             }
@@ -344,10 +444,10 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     }
     __syncthreads();
 
-    // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order, then the
-    // epilogue.
-    for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
-        const int tl = o / 8, gg = o % 8;
+    // One thread per (tile, token, g): the W partials of MMA rows g and g + 8 in warp order, then
+    // the epilogue.
+    for (int o = threadIdx.x; o < (tile_e - tile_b) * T * 8; o += blockDim.x) {
+        const int tl = o / (8 * T), tok = o / 8 % T, gg = o % 8;
         const int tile = tile_b + tl;
         const int seg = int4_segment<NSEG>(p.first_tile, tile);
         float sums[MT][2];
@@ -355,14 +455,25 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float* src = partial + ((tl * MT + m) * n_warps) * INT4_TILE_ROWS + gg + 8 * h;
+                const float* src = partial + (((tl * MT + m) * n_warps) * T + tok) * INT4_TILE_ROWS + gg + 8 * h;
                 float s = 0.f;
-                for (int w = 0; w < n_warps; ++w) s += src[w * INT4_TILE_ROWS];
+                for (int w = 0; w < n_warps; ++w) s += src[w * T * INT4_TILE_ROWS];
                 sums[m][h] = s;
             }
         }
-        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, sums);
+        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, tok, sums);
     }
+}
+
+// The single-token GEMV of one block (the decode step's): gemv_int4_engine with NTOK = 1, and
+// epilogue(seg, tile_in_seg, g, sums[MT][2]) once per (tile, g).
+template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
+                                                Dep dep, Prologue stage_x, Epilogue epilogue) {
+    gemv_int4_engine<1, MT, NSEG, Layout>(p, K, 1, bc, dep, stage_x,
+                                          [&](int seg, int tile, int g, int, const float (&s)[MT][2]) {
+        epilogue(seg, tile, g, s);
+    });
 }
 
 // y = W x, FP16 out (rounded once from the FP32 sum).
