@@ -4,6 +4,8 @@
 //   gemv_int4_qkv_rope       q, K/V cache slot  = rope([Wq; Wk; Wv] · rmsnorm(residual) + bias)
 //   gemv_int4_residual       residual fp32[N]  += W x                                (o_proj, down_proj)
 //   gemv_int4_gate_up_swiglu h fp16[F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
+//   gemv_int4_…_tokens       the last three for T ≤ 16 tokens at once, each token bit for bit the
+//                            single-token kernel's (the verify pass; see "T tokens" below)
 //
 // The limit: HBM bandwidth. Each weight byte is read exactly once per token and used for one
 // multiply-add pair (2 weights per byte), so the whole decode step is a stream of 3.4 GB of
@@ -76,7 +78,8 @@
 // ptx/ldst.cuh).
 //
 // Shared memory (dynamic): x, K·2 bytes, then the warp partials,
-// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1).
+// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1). The T-token kernels: see
+// "T tokens".
 //
 // Measured on the H200 (7B shapes, graph replay of 20 calls; q/k/v, o and down fit in the
 // 60 MB L2 across those replays, gate/up does not; copy bandwidth 4.3 TB/s), before the
@@ -118,6 +121,51 @@
 // Nsight Compute at one block of 8 warps per SM (gate_up, 7B): 2.41 TB/s, the warps' stalls
 // on the first use of the weight and scale loads (LOP3 unpack, HADD2.F32 scale conversion):
 // latency-bound with few warps, as the batches already are.
+//
+// T tokens at once
+// ----------------
+// The verify pass of speculative decoding runs the last accepted token and k proposed ones
+// (T = k + 1 ≤ 16) through the model in one pass, each token's logits bit for bit what the
+// decode step computes for it alone. The *_tokens kernels (end of the file) are the three
+// fused GEMVs for T tokens, on the same engine (gemv_int4_engine<NTOK>: NTOK = 1 is the
+// single-token kernels, NTOK = GEMV_TOKENS the T-token ones; T = n_tokens ≤ NTOK at run time;
+// in this section T counts tokens, not tiles).
+//   The column trick: the single-token engine feeds the same x to all 8 columns n of the MMA's
+//   B operand. Here column n of MMA b (b < ceil(NTOK/8)) takes token 8b + n: lane (g, t)
+//   supplies token 8b + g's x at exactly the k positions it supplies today (the same 16-byte
+//   chunk per word i), and after the MMA holds columns 2t, 2t + 1 — tokens 8b + 2t, 8b + 2t + 1
+//   — of rows g (c[0], c[1]) and g + 8 (c[2], c[3]). One MMA (two for T > 8, same A fragment)
+//   does for up to 8 tokens what it did for one.
+//   Why it is exact: each element of an MMA's result is its own dot product over the 16 k of
+//   its row and column, so token j's column is the single-token MMA's result for x_j, bit for
+//   bit; the per-group sum is the same chain of 8 MMAs in the same k order, times the row's
+//   scale with the same fmaf into the same accumulator, groups in the same order; the W warp
+//   partials are added in warp order. W (the K split) is the only launch parameter in that
+//   arithmetic, and the T-token launchers take the single-token launch's grid and block
+//   (launchers/gemv_int4.py). The prologue normalises each token's residual row with
+//   rmsnorm.cuh's arithmetic (its sum's order does not depend on the block); RoPE, the K/V
+//   write, SwiGLU and the residual add run per (row, token) with the single-token epilogues,
+//   token j at position pos + j. Columns past T repeat token T − 1 (no select in the loop)
+//   and are never stored.
+//   Bytes per call: the weights and scales once for all T tokens (the table above), plus T
+//   times the activations (x or the residual in, the outputs): at the 7B shapes ~1 % of the
+//   weights per token, so a T-token call moves about as many bytes as a single-token one.
+//   x in shared memory: T·(K·2 + 64) bytes (GEMV_X_TOKEN_PAD: conflict-free B reads), 57 KB for
+//   8 tokens at K = 3584, 115 KB for 16; the partials grow T-fold too. That is how the two
+//   RMSNorm kernels (qkv, gate/up: K = hidden size) stage it; the launcher refuses a shape whose
+//   block would need more than a block may have. down_proj's K = 18944 would need 303 KB for 8
+//   tokens, past the 227 KB limit, so gemv_int4_residual_tokens (o_proj, down_proj) stages
+//   nothing: each lane reads its B fragments of x [T, K] straight from global memory
+//   (GemvXGlobal: through L1/L2, T·K·2 bytes, 606 KB at most, just written by the kernel
+//   before). At the launch shapes of the 7B and 0.5B, o_proj and down_proj give each block one
+//   tile (N = hidden size ≤ the resident blocks), so x staged in shared memory would be read
+//   once per block anyway: the same bytes from L2, without the barrier. Not timed yet: whether
+//   the L2 latency in the MMA chain costs more than a staging would is for the benchmark to say.
+//   The single-token kernels stage exactly as before.
+//   Registers (ptxas): at NTOK = 8 each lane accumulates 2 tokens per row instead of 1 and the
+//   kernels stay within 128 (two blocks of 256 threads per SM, as the single-token ones). The
+//   NTOK = 16 build (-DGEMV_TOKENS=16: two MMAs per k slice, 4 tokens per lane and row) is
+//   compiled only for T > 8; its qkv and gate/up kernels need more than 128 (one block per SM).
 //
 // Requirements (checked by the launchers): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
 // least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored); for
@@ -530,8 +578,13 @@ struct GemvInt4QkvRopeArgs {
     float eps;
 };
 
-template <typename Dep>
-__device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArgs& a, const BlockCoord& bc, Dep dep) {
+// The item for T ≤ NTOK tokens at positions pos + j (gemv_int4_qkv_rope_tokens): the same
+// arguments with a leading token dimension — residual [T, K], q_out [T, Hq·Dh] — and token j's
+// K/V in the slot of pos + j (its page from the block table: a chunk may open a page, whose
+// entry the host set before). NTOK = 1 is the decode step's item.
+template <int NTOK, typename Dep>
+__device__ __forceinline__ void gemv_int4_qkv_rope_tokens_item(const GemvInt4QkvRopeArgs& a, int n_tok,
+                                                               const BlockCoord& bc, Dep dep) {
     const int Dh = a.Dh, Hkv = a.Hkv;
     const int nq = a.Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
     const GemvProblem<1, 3> p = {{{a.q_qweight}, {a.k_qweight}, {a.v_qweight}},
@@ -547,11 +600,13 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArg
         pos_fixed = a.state[0];
         slot_fixed = kv_offset(a.block_table[pos_fixed / PAGE_TOKENS], 0, pos_fixed % PAGE_TOKENS, Hkv, Dh);
     }
-    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
-                    [&](int seg, int tile, int g, const float (&s)[1][2]) {
-        const int pos = Dep::state_fixed ? pos_fixed : a.state[0];
-        const u64 slot = Dep::state_fixed ? slot_fixed
-                                          : kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+    gemv_int4_engine<NTOK, 1, 3, GemvRowMajor>(p, a.K, n_tok, bc, dep,
+                                               GemvStageRmsNormT<NTOK>{a.residual, a.norm_w, a.eps, n_tok},
+                                               [&](int seg, int tile, int g, int tok, const float (&s)[1][2]) {
+        const int pos = (Dep::state_fixed ? pos_fixed : a.state[0]) + tok;
+        const u64 slot = Dep::state_fixed && NTOK == 1
+                             ? slot_fixed
+                             : kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
         if (seg == 2) {  // v: bias only, plain row order
             gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
                 const int head = row / Dh, d = row % Dh;
@@ -565,10 +620,16 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArg
         const __half* b = seg == 0 ? a.q_bias : a.k_bias;
         float o1, o2;
         rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, a.inv_freq[i], o1, o2);
-        __half* dst = seg == 0 ? a.q_out + (u64)head * Dh : a.k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+        __half* dst = seg == 0 ? a.q_out + (u64)tok * nq + (u64)head * Dh
+                               : a.k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
         dst[i] = __float2half_rn(o1);
         dst[i + Dh / 2] = __float2half_rn(o2);
     });
+}
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArgs& a, const BlockCoord& bc, Dep dep) {
+    gemv_int4_qkv_rope_tokens_item<1>(a, 1, bc, dep);
 }
 
 // grid (G ≤ ceil(Nq/16) + 2·ceil(Nkv/16)), block (32·W), dynamic smem (see the header).
@@ -601,13 +662,24 @@ struct GemvInt4ResidualArgs {
     int N, K;
 };
 
-template <typename Dep>
-__device__ __forceinline__ void gemv_int4_residual_item(const GemvInt4ResidualArgs& a, const BlockCoord& bc, Dep dep) {
+// The item for T ≤ NTOK tokens (gemv_int4_residual_tokens): residual [T, N], x [T, K]. One token
+// stages x in shared memory; T tokens read it from global memory (the header's "T tokens").
+template <int NTOK, typename Dep>
+__device__ __forceinline__ void gemv_int4_residual_tokens_item(const GemvInt4ResidualArgs& a, int n_tok,
+                                                               const BlockCoord& bc, Dep dep) {
     const int N = a.N;
     const GemvProblem<1, 1> p = {{{a.qweight}}, {{a.scales}}, {N}, {0, int4_tiles(N)}, {0}};
-    gemv_int4_block(p, a.K, bc, dep, GemvStageX{a.x}, [&](int, int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { a.residual[row] += v; });
-    });
+    auto epilogue = [&](int, int tile, int g, int tok, const float (&s)[1][2]) {
+        float* residual = a.residual + (u64)tok * N;
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
+    };
+    if constexpr (NTOK == 1) gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
+    else gemv_int4_engine<NTOK, 1, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep, GemvXGlobal{a.x}, epilogue);
+}
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_residual_item(const GemvInt4ResidualArgs& a, const BlockCoord& bc, Dep dep) {
+    gemv_int4_residual_tokens_item<1>(a, 1, bc, dep);
 }
 
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
@@ -635,22 +707,30 @@ struct GemvInt4GateUpSwigluArgs {
     float eps;
 };
 
-template <typename Dep>
-__device__ __forceinline__ void gemv_int4_gate_up_swiglu_item(const GemvInt4GateUpSwigluArgs& a, const BlockCoord& bc,
-                                                              Dep dep) {
+// The item for T ≤ NTOK tokens (gemv_int4_gate_up_swiglu_tokens): residual [T, K], h [T, F].
+template <int NTOK, typename Dep>
+__device__ __forceinline__ void gemv_int4_gate_up_swiglu_tokens_item(const GemvInt4GateUpSwigluArgs& a, int n_tok,
+                                                                     const BlockCoord& bc, Dep dep) {
     const int F = a.F;
     const GemvProblem<2, 1> p = {{{a.gate_qweight, a.up_qweight}}, {{a.gate_scales, a.up_scales}},
                                  {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
-                    [&](int, int tile, int g, const float (&s)[2][2]) {
+    gemv_int4_engine<NTOK, 2, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep,
+                                               GemvStageRmsNormT<NTOK>{a.residual, a.norm_w, a.eps, n_tok},
+                                               [&](int, int tile, int g, int tok, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = lo + 8 * r;
             if (row >= F) continue;
-            a.h[row] = swiglu_f16(s[0][r], s[1][r]);
+            a.h[(u64)tok * F + row] = swiglu_f16(s[0][r], s[1][r]);
         }
     });
+}
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_gate_up_swiglu_item(const GemvInt4GateUpSwigluArgs& a, const BlockCoord& bc,
+                                                              Dep dep) {
+    gemv_int4_gate_up_swiglu_tokens_item<1>(a, 1, bc, dep);
 }
 
 // grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
@@ -663,5 +743,58 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ resid
     gemv_int4_gate_up_swiglu_item(GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight,
                                                            up_scales, F, K, eps},
                                   BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
+
+// ---- T tokens at once (the verify pass of speculative decoding; the header's "T tokens") ----
+// The three GEMVs above for T ≤ GEMV_TOKENS tokens, n_tokens = T at run time: every buffer of
+// the single-token kernel that holds one token's vector holds T of them, token-major (residual
+// [T, D|N], q_out [T, Hq·Dh], x [T, K], h [T, F]); token j of gemv_int4_qkv_rope_tokens is at
+// position state[0] + j. Launched with the single-token kernel's grid and block (launchers/
+// gemv_int4.py, n_tokens), each token's outputs are bit for bit the single-token kernel's.
+// GEMV_TOKENS, the compile-time bound, is 8 (one MMA per k slice) unless built with 16 (two).
+#ifndef GEMV_TOKENS
+#define GEMV_TOKENS 8
+#endif
+static_assert(GEMV_TOKENS >= 2 && GEMV_TOKENS <= 2 * GEMV_MMA_TOKENS, "GEMV_TOKENS: 2 … 16");
+
+// grid and block as gemv_int4_qkv_rope's, dynamic smem (see the header, "T tokens").
+#ifndef DEVICE_FUNCTIONS_ONLY
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_qkv_rope_tokens(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                          const float* __restrict__ residual, const __half* __restrict__ norm_w,
+                          const u32* __restrict__ q_qweight, const __half* __restrict__ q_scales,
+                          const u32* __restrict__ k_qweight, const __half* __restrict__ k_scales,
+                          const u32* __restrict__ v_qweight, const __half* __restrict__ v_scales,
+                          const __half* __restrict__ q_bias, const __half* __restrict__ k_bias,
+                          const __half* __restrict__ v_bias, const float* __restrict__ inv_freq,
+                          const int* __restrict__ state, const int* __restrict__ block_table,
+                          int Hq, int Hkv, int Dh, int K, float eps, int n_tokens) {  // q_out, residual: [T, …]
+    gemv_int4_qkv_rope_tokens_item<GEMV_TOKENS>(
+        GemvInt4QkvRopeArgs{q_out, k_cache, v_cache, residual, norm_w, q_qweight, q_scales, k_qweight, k_scales,
+                            v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, Hq, Hkv, Dh, K,
+                            eps},
+        n_tokens, BlockCoord::of_launch(), GridDep{});
+}
+
+// grid and block as gemv_int4_residual's, dynamic smem (see the header, "T tokens").
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_residual_tokens(float* __restrict__ residual, const __half* __restrict__ x,
+                          const u32* __restrict__ qweight, const __half* __restrict__ scales, int N, int K,
+                          int n_tokens) {  // residual [T, N], x [T, K]
+    gemv_int4_residual_tokens_item<GEMV_TOKENS>(GemvInt4ResidualArgs{residual, x, qweight, scales, N, K}, n_tokens,
+                                                BlockCoord::of_launch(), GridDep{});
+}
+
+// grid and block as gemv_int4_gate_up_swiglu's, dynamic smem (see the header, "T tokens").
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_gate_up_swiglu_tokens(__half* __restrict__ h, const float* __restrict__ residual,
+                                const __half* __restrict__ norm_w, const u32* __restrict__ gate_qweight,
+                                const __half* __restrict__ gate_scales, const u32* __restrict__ up_qweight,
+                                const __half* __restrict__ up_scales, int F, int K, float eps,
+                                int n_tokens) {  // h [T, F], residual [T, K]
+    gemv_int4_gate_up_swiglu_tokens_item<GEMV_TOKENS>(
+        GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight, up_scales, F, K, eps},
+        n_tokens, BlockCoord::of_launch(), GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY
