@@ -370,7 +370,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                                                  Dep dep, XSource x_src, Epilogue epilogue) {
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
     using Tok = GemvTokens<NTOK>;
-    const int T = NTOK == 1 ? 1 : n_tok;
+    const int T = NTOK == 1 ? 1 : min(n_tok, NTOK);  // 1 ≤ n_tok (the launchers check T ≤ NTOK too)
     extern __shared__ uint4 x_smem[];  // x as x_src stages it (maybe nothing), then the partials
     float* partial = reinterpret_cast<float*>(x_smem + x_src.smem_chunks(K));  // [T_b][MT][W][T][16] fp32
 

@@ -6,7 +6,7 @@ tokens' inputs, and the single-token kernel once per token on the same inputs, i
 launch shape; every output of token j must have the single-token run's bits (viewed as
 uint16 / uint32). Outputs are poisoned with NaN before every launch (the residual, read and
 written, starts from the same values in both). gemv_int4_qkv_rope_tokens runs at positions
-that cross a page (13 + j) and end at the context's last slot, its K/V must land in the slots of
+that cross a page (13 + j) and at the context's last 16 (32752 + j), its K/V must land in the slots of
 positions pos + j through a shuffled block table, every other slot untouched. Each token's
 outputs are also checked against the float64 reference (rel L2 within TOL_GEMV, as
 tests/test_kernel_gemv_int4.py). Shapes: tests/test_kernel_gemv_int4.py's, real and awkward
@@ -38,7 +38,8 @@ RESIDUAL = [("7b.o_proj", 3584, 3584), ("7b.down_proj", 3584, 18944), ("0.5b.o_p
             ("0.5b.down_proj", 896, 4864), ("odd.n72.k640", 72, 640), ("odd.n200.k384", 200, 384),
             ("odd.n1.k128", 1, 128), ("odd.n136.k1152", 136, 1152)]
 QKV = [("7b", 28, 4, 128, 3584), ("0.5b", 14, 2, 64, 896), ("odd", 3, 1, 32, 256)]
-# First positions: a chunk that opens a page (13 + j crosses 16) and one that ends at the context's last slot.
+# First positions: a chunk that opens a page (13 + j crosses 16) and one whose 16 tokens end at the
+# context's last position.
 FIRST_POSITIONS = [13, 32768 - MAX_TOKENS]
 GATE_UP = [("7b", 18944, 3584), ("0.5b", 4864, 896), ("odd", 200, 128)]
 
