@@ -759,6 +759,8 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ resid
 static_assert(GEMV_TOKENS >= 2 && GEMV_TOKENS <= 2 * GEMV_MMA_TOKENS, "GEMV_TOKENS: 2 … 16");
 
 // grid and block as gemv_int4_qkv_rope's, dynamic smem (see the header, "T tokens").
+// Each parameter list below is the single-token kernel's plus n_tokens, spelled out rather than
+// made by a macro: the declaration is what launchers/signatures.py (and a reader) takes it from.
 #ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_qkv_rope_tokens(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,

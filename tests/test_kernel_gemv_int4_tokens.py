@@ -72,6 +72,18 @@ def _assert_bitwise(label: str, got: np.ndarray, want: np.ndarray) -> None:
                             f"[{diff[0]}] {got.reshape(-1)[diff[0]]!r} vs {want.reshape(-1)[diff[0]]!r}")
 
 
+def _launch_and_check(where: str, ln, one, out, single: list[np.ndarray], want: np.ndarray) -> None:
+    """Launch the T-token launcher `ln`, planned in the single-token launcher `one`'s grid and
+    block; token j of `out` [T, …] must have the bits of single[j] (the single-token kernel's
+    output for token j) and be within TOL_GEMV of the float64 reference want[j]."""
+    assert (ln.specs[0].grid, ln.specs[0].block) == (one.specs[0].grid, one.specs[0].block), where
+    ln.launch()
+    got = out.download()
+    for j in range(got.shape[0]):
+        _assert_bitwise(f"{where} token {j}", got[j], single[j])
+        report(f"{where} token {j}", got[j], want[j], TOL_GEMV)
+
+
 def _residual_in(rng, t: int, n: int) -> np.ndarray:
     r = rng.standard_normal((t, n)).astype(np.float32)
     big = rng.choice(n, size=min(4, n), replace=False)  # Qwen2's massive residual channels
@@ -105,12 +117,7 @@ def test_gemv_int4_residual_tokens(dev, rng, label, n, k):
             x_t = dev.upload("x_t", x[:t]) if t < MAX_TOKENS else xt
             res_t.upload(res_in[:t])
             ln = GemvInt4Residual(res_t, x_t, *w, n=n, k=k, n_tokens=t, **kw)
-            assert (ln.specs[0].grid, ln.specs[0].block) == (one.specs[0].grid, one.specs[0].block)
-            ln.launch()
-            got = res_t.download()
-            for j in range(t):
-                _assert_bitwise(f"{label}[{variant}] T={t} token {j}", got[j], single[j])
-                report(f"{label}[{variant}] T={t} token {j}", got[j], want[j], TOL_GEMV)
+            _launch_and_check(f"{label}[{variant}] T={t}", ln, one, res_t, single, want)
 
 
 @pytest.mark.gpu
@@ -201,12 +208,7 @@ def test_gemv_int4_gate_up_swiglu_tokens(dev, rng, label, f, k):
         for t in TOKEN_COUNTS:
             res_t, h_t = dev.upload("res_t", residual[:t]), dev.poisoned("h_t", (t, f), np.float16)
             ln = GemvInt4GateUpSwiglu(h_t, res_t, *w, f=f, k=k, eps=EPS, n_tokens=t, **kw)
-            assert (ln.specs[0].grid, ln.specs[0].block) == (one.specs[0].grid, one.specs[0].block)
-            ln.launch()
-            got = h_t.download()
-            for j in range(t):
-                _assert_bitwise(f"{label}[{variant}] T={t} token {j}", got[j], single[j])
-                report(f"{label}[{variant}] T={t} token {j}", got[j], want[j], TOL_GEMV)
+            _launch_and_check(f"{label}[{variant}] T={t}", ln, one, h_t, single, want)
 
 
 # ---- CPU: launch shapes and argument checks ----------------------------------------------------------
