@@ -132,8 +132,8 @@
 // in this section T counts tokens, not tiles).
 //   The column trick: the single-token engine feeds the same x to all 8 columns n of the MMA's
 //   B operand. Here column n of MMA b (b < ceil(NTOK/8)) takes token 8b + n: lane (g, t)
-//   supplies token 8b + g's x at exactly the k positions it supplies today (the same 16-byte
-//   chunk per word i), and after the MMA holds columns 2t, 2t + 1 — tokens 8b + 2t, 8b + 2t + 1
+//   supplies token 8b + g's x at exactly the k positions it supplies in the single-token engine
+//   (the same 16-byte chunk per word i), and after the MMA holds columns 2t, 2t + 1 — tokens 8b + 2t, 8b + 2t + 1
 //   — of rows g (c[0], c[1]) and g + 8 (c[2], c[3]). One MMA (two for T > 8, same A fragment)
 //   does for up to 8 tokens what it did for one.
 //   Why it is exact: each element of an MMA's result is its own dot product over the 16 k of
@@ -148,8 +148,8 @@
 //   token j at position pos + j. Columns past T repeat token T − 1 (no select in the loop)
 //   and are never stored.
 //   Bytes per call: the weights and scales once for all T tokens (the table above), plus T
-//   times the activations (x or the residual in, the outputs): at the 7B shapes ~1 % of the
-//   weights per token, so a T-token call moves about as many bytes as a single-token one.
+//   times the activations (x or the residual in, the outputs): at the 7B shapes under 0.5 % of
+//   the weights per token, so a T-token call moves about as many bytes as a single-token one.
 //   x in shared memory: T·(K·2 + 64) bytes (GEMV_X_TOKEN_PAD: conflict-free B reads), 57 KB for
 //   8 tokens at K = 3584, 115 KB for 16; the partials grow T-fold too. That is how the two
 //   RMSNorm kernels (qkv, gate/up: K = hidden size) stage it; the launcher refuses a shape whose
@@ -161,7 +161,7 @@
 //   tile (N = hidden size ≤ the resident blocks), so x staged in shared memory would be read
 //   once per block anyway: the same bytes from L2, without the barrier. Not timed yet: whether
 //   the L2 latency in the MMA chain costs more than a staging would is for the benchmark to say.
-//   The single-token kernels stage exactly as before.
+//   The single-token kernels stage x as described above.
 //   Registers (ptxas): at NTOK = 8 each lane accumulates 2 tokens per row instead of 1 and the
 //   kernels stay within 128 (two blocks of 256 threads per SM, as the single-token ones). The
 //   NTOK = 16 build (-DGEMV_TOKENS=16: two MMAs per k slice, 4 tokens per lane and row) is
