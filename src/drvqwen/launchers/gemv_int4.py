@@ -70,15 +70,16 @@ def gemv_tokens_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int, n_
     return x_bytes + tiles_per_block * mt * warps * n_tokens * TILE_ROWS * 4
 
 
-def token_count(n_tokens: int | None) -> int:
-    """T of a launch: 1 for the single-token kernels (n_tokens None), else n_tokens.
+def token_count(n_tokens: int | None, kernel: str = "gemv_int4") -> int:
+    """T of a launch: 1 for the single-token kernels (n_tokens None), else n_tokens (the verify
+    pass's other T-token kernels share the bound; `kernel` names the caller in the error).
 
     Raises:
         LaunchError: T outside 1..16.
     """
     if n_tokens is None:
         return 1
-    require(1 <= n_tokens <= MAX_TOKENS, f"gemv_int4: n_tokens={n_tokens} must be within 1..{MAX_TOKENS}")
+    require(1 <= n_tokens <= MAX_TOKENS, f"{kernel}: n_tokens={n_tokens} must be within 1..{MAX_TOKENS}")
     return n_tokens
 
 
