@@ -4,8 +4,8 @@ A kernel's parameter list lives in its `extern "C"` declaration; the launchers p
 name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
 instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
 launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
-sampler's, the page hand-over's, the benchmark GEMVs, the verify pass's T-token GEMVs and the
-per-format GEMVs of `gemv_fmt` — is
+sampler's, the page hand-over's, the benchmark GEMVs, the verify pass's T-token GEMVs and
+attention (head_dim 64 and 128) and the per-format GEMVs of `gemv_fmt` — is
 planned over buffers that need no GPU, and each of its
 launches must name every parameter of its kernel, in order, with an argument of the parameter's
 kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
@@ -124,6 +124,18 @@ def _tokens_launchers(cfg, t: int = 5) -> list[tuple[str, launchers.Launcher]]:
     ]
 
 
+def _attention_tokens_launcher(cfg, t: int = 5) -> tuple[str, launchers.Launcher]:
+    """The verify pass's T-token decode attention (attention_decode's `…_tokens` kernels) at `cfg`'s widths."""
+    Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    parts = tuple(BufferSpec(n, sh, np.float32)
+                  for n, sh in launchers.attention_decode.partial_shapes(Hq, Dh, 3, n_tokens=t).items())
+    cache = [BufferSpec(c, (8, Hkv, PAGE_TOKENS, Dh), np.float16) for c in ("k_cache", "v_cache")]
+    return ("attention_tokens", launchers.AttentionDecode(
+        _buf("attn", t * Hq * Dh, np.float16), _buf("q", t * Hq * Dh, np.float16), *cache,
+        _buf("block_table", 8, np.int32), _buf("state", 3, np.int32), parts, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+        blocks_per_kv_head=3, n_tokens=t))
+
+
 def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     """The sampler's, the page hand-over's, the benchmark GEMVs' and the per-format ones outside the step."""
     V, D = cfg.vocab_size, cfg.hidden_size
@@ -195,6 +207,7 @@ def planned(request):
         plan = plan_decode(cfg, 256, attention="plain", occupancy=OCCUPANCY, persistent=True)
         entries.append((f"decode persistent {cfg.head_dim}", plan.persistent))
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
+        entries.append(_attention_tokens_launcher(cfg))
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
 
