@@ -4,8 +4,8 @@ A kernel's parameter list lives in its `extern "C"` declaration; the launchers p
 name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
 instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
 launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
-sampler's, the page hand-over's, the benchmark GEMVs, the verify pass's T-token GEMVs and
-attention (head_dim 64 and 128) and the per-format GEMVs of `gemv_fmt` — is
+sampler's, the page hand-over's, the benchmark GEMVs, the verify pass's T-token GEMVs, attention
+(head_dim 64 and 128), lm_head and argmax_final, and the per-format GEMVs of `gemv_fmt` — is
 planned over buffers that need no GPU, and each of its
 launches must name every parameter of its kernel, in order, with an argument of the parameter's
 kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
@@ -153,6 +153,11 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
         ("gemv_f16", launchers.GemvInt4(_buf("y", D, np.float16), _buf("x", D, np.float16), *_int4("w", D, D), n=D,
                                         k=D, occupancy=OCCUPANCY)),
         *_tokens_launchers(cfg),
+        ("lm_head_tokens", launchers.LmHead(_buf("logits", 3 * V, np.float32), _buf("pv", 3 * (-(-V // 32)), np.float32),
+                                            _buf("pi", 3 * (-(-V // 32)), np.int32), _buf("x", 3 * D, np.float16),
+                                            _buf("lm_head", V * D, np.float16), vocab_size=V, dim=D, n_tokens=3)),
+        ("argmax_final_tokens", launchers.ArgmaxFinal(_buf("next_token", 3, np.int32), _buf("pv", 3 * 64, np.float32),
+                                                      _buf("pi", 3 * 64, np.int32), n_partials=64, n_tokens=3)),
         ("gpu_sleep", launchers.GpuSleep(1.0)),
     ]
     fmt = wf.EXACT_FOR_GGUF["Q5_0"]
