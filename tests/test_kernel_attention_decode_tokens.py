@@ -27,7 +27,7 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.launchers import AttentionDecode, BufferSpec, LaunchError
 from drvqwen.launchers.attention_decode import partial_shapes
-from kernel_testing import TOL_ATTENTION, dev, report  # noqa: F401
+from kernel_testing import TOL_ATTENTION, assert_bits_as_single_token, dev, report  # noqa: F401
 
 MODELS = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
 TOKEN_COUNTS = [1, 3, 8, 16]
@@ -50,19 +50,6 @@ def _case(rng, hq, hkv, dh, n_positions, n_tokens):
         ref.write_pages(cache, bt, np.arange(n_positions), rng.standard_normal((n_positions, hkv, dh)).astype(np.float16))
     q = (2 * rng.standard_normal((n_tokens, hq, dh))).astype(np.float16)  # sharper than N(0,1) softmax
     return q, k_cache, v_cache, bt
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(np.uint16 if a.dtype == np.float16 else np.uint32).reshape(-1)
-
-
-def _assert_bitwise(label: str, got: np.ndarray, want: np.ndarray) -> None:
-    """got and want hold the same bits; names the first differing element."""
-    g, w = _bits(got), _bits(want)
-    assert g.shape == w.shape, (label, g.shape, w.shape)
-    diff = np.flatnonzero(g != w)
-    assert diff.size == 0, (f"{label}: {diff.size} of {g.size} values differ from the single-token kernel's, first "
-                            f"[{diff[0]}] {got.reshape(-1)[diff[0]]!r} vs {want.reshape(-1)[diff[0]]!r}")
 
 
 def _check(dev, rng, model: str, blocks: int, n_tokens: int, seq_len: int) -> None:
@@ -104,7 +91,7 @@ def _check(dev, rng, model: str, blocks: int, n_tokens: int, seq_len: int) -> No
     want = ref.attention(q.astype(np.float64), k64, v64, seq_len - 1 + np.arange(n_tokens))
     for j in range(n_tokens):
         for name, g, s in zip(("out", "partial_out", "max_logits", "exp_sums"), got, single[j]):
-            _assert_bitwise(f"{where} token {j} {name}", g[j], s)
+            assert_bits_as_single_token(f"{where} token {j} {name}", g[j], s)
         report(f"{where} token {j}", got[0][j], want[j], TOL_ATTENTION)
 
 

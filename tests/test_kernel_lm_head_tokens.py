@@ -19,25 +19,11 @@ import numpy as np
 import pytest
 
 from drvqwen.launchers import ArgmaxFinal, BufferSpec, LaunchError, LmHead, lm_head_partials
-from kernel_testing import TOL_GEMV, dev, report  # noqa: F401
+from kernel_testing import TOL_GEMV, assert_bits_as_single_token, dev, report  # noqa: F401
 
 TOKEN_COUNTS = [1, 3, 8, 16]
 # (label, V, D, text_vocab)
 CASES = [("0.5b", 151936, 896, 151665), ("odd", 1000, 256, 990)]
-
-
-def _bits(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16).reshape(-1)
-
-
-def _assert_bitwise(label: str, got: np.ndarray, want: np.ndarray) -> None:
-    """got and want hold the same bits; names the first differing element."""
-    g, w = _bits(got), _bits(want)
-    assert g.shape == w.shape, (label, g.shape, w.shape)
-    diff = np.flatnonzero(g != w)
-    assert diff.size == 0, (f"{label}: {diff.size} of {g.size} values differ from the single-token kernel's, first "
-                            f"[{diff[0]}] {got.reshape(-1)[diff[0]]!r} vs {want.reshape(-1)[diff[0]]!r}")
 
 
 @pytest.mark.gpu
@@ -77,7 +63,7 @@ def test_lm_head_tokens(dev, rng, label, v, d, text_vocab):
         for j in range(t):
             where = f"{label} T={t} token {j}"
             for name, g, s in zip(("logits", "part_val", "part_idx", "next_token"), got, single[j]):
-                _assert_bitwise(f"{where} {name}", g[j], s)
+                assert_bits_as_single_token(f"{where} {name}", g[j], s)
             lj = got[0][j]
             assert np.all(lj[text_vocab:] == -np.inf), where
             want = w64[:text_vocab] @ x16[j].astype(np.float64)
