@@ -2,6 +2,8 @@
 //
 //   argmax_partial   per block: best (value, index) of a contiguous chunk of logits
 //   argmax_final     next_token[0] = index of the best of the partial pairs
+//   argmax_final_tokens  the same for T tokens' rows of pairs [T, P] (the verify pass), block j
+//                    token j: argmax_final's body on row j, so each token's choice is its own
 //
 // Order (ptx/warp.cuh argmax_better): the larger logit wins; on equal logits the LOWER index
 // wins; a NaN never beats a number. That is a strict total order on (value, index), so the
@@ -13,6 +15,12 @@
 // argmax_partial is the stand-alone pass 1 for logits from anywhere else (prefill's last row,
 // tests).
 //
+// T tokens (the verify pass of speculative decoding): argmax_final_tokens, grid (T), block j runs
+// argmax_final's body (argmax_final_row) on token j's row of pairs [T, P] — the lm_head's for T
+// tokens — and writes next_token[j]; argmax_final is token 0 of the same body (its SASS is what
+// it was). The order is a strict total order, so each token's choice is exactly the single-token
+// kernel's on the same pairs. Bytes: T times argmax_final's.
+//
 // Work split: argmax_partial — grid (P), block (ARGMAX_THREADS); block b scans
 // logits[b·chunk, min((b+1)·chunk, V)) with a strided loop (float reads, coalesced).
 // argmax_final — grid (1), block (ARGMAX_THREADS); thread i scans pairs i, i+1024, …, then
@@ -22,7 +30,7 @@
 // right after the lm_head or prefill wrote them) and writes 8 B per block; argmax_final reads
 // 8 B per pair (38 KB for the lm_head's 4752) and writes 4 B. The limit: latency — one block's
 // dependent chain load → butterfly → shared-memory pass (~2–4 µs), not bandwidth.
-#include "types.cuh"  // WARP_SIZE
+#include "types.cuh"  // WARP_SIZE, u64
 #include "warp.cuh"   // argmax_better, warp_argmax
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 
@@ -64,21 +72,37 @@ argmax_partial(float* __restrict__ part_val,      // [P] fp32, out
     if (threadIdx.x == 0) { part_val[blockIdx.x] = best_v; part_idx[blockIdx.x] = best_i; }
 }
 
+// Token `token`'s next_token[token] from its row of P pairs, part_val / part_idx [T, P]; token 0
+// is the single-token argmax_final. Contains a __syncthreads(): call from every thread.
+__device__ __forceinline__ void argmax_final_row(int* __restrict__ next_token, const float* __restrict__ part_val,
+                                                 const int* __restrict__ part_idx, int P, int token) {
+    grid_launch_dependents();
+    grid_dependency_wait();
+    float best_v = F32_NEG_INF;
+    int best_i = ARGMAX_NONE;
+    for (int k = threadIdx.x; k < P; k += blockDim.x) {
+        const float v = part_val[(u64)token * P + k];
+        const int i = part_idx[(u64)token * P + k];
+        if (argmax_better(v, i, best_v, best_i)) { best_v = v; best_i = i; }
+    }
+    block_argmax(best_v, best_i);
+    if (threadIdx.x == 0) next_token[token] = best_i == ARGMAX_NONE ? 0 : best_i;
+}
+
 // grid (1), block (ARGMAX_THREADS).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_final(int* __restrict__ next_token,           // [1] int32, out
              const float* __restrict__ part_val,     // [P] fp32
              const int* __restrict__ part_idx,       // [P] int32
              int P) {
-    grid_launch_dependents();
-    grid_dependency_wait();
-    float best_v = F32_NEG_INF;
-    int best_i = ARGMAX_NONE;
-    for (int k = threadIdx.x; k < P; k += blockDim.x) {
-        const float v = part_val[k];
-        const int i = part_idx[k];
-        if (argmax_better(v, i, best_v, best_i)) { best_v = v; best_i = i; }
-    }
-    block_argmax(best_v, best_i);
-    if (threadIdx.x == 0) next_token[0] = best_i == ARGMAX_NONE ? 0 : best_i;
+    argmax_final_row(next_token, part_val, part_idx, P, 0);
+}
+
+// grid (T), block (ARGMAX_THREADS): block j is argmax_final over token j's row of pairs.
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_final_tokens(int* __restrict__ next_token,        // [T] int32, out
+                    const float* __restrict__ part_val,  // [T, P] fp32
+                    const int* __restrict__ part_idx,    // [T, P] int32
+                    int P) {
+    argmax_final_row(next_token, part_val, part_idx, P, blockIdx.x);
 }

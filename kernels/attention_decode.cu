@@ -4,6 +4,10 @@
 //                                    exp_sums l_s
 //   attention_combine                out[h] = Σ_s 2^(m_s − M) o_s / Σ_s 2^(m_s − M) l_s,
 //                                    M = max_s m_s (scores in log2 units, hence 2^)
+//   attention_decode_tokens_hd64 / _hd128, attention_combine_tokens
+//                                    the same for T ≤ 16 tokens of a chunk at once, token j over
+//                                    the first state[2] + j keys, bit for bit the single-token
+//                                    kernels' (the verify pass; see "T tokens" below)
 //
 // out[h, :] = softmax(q[h] · K[0:seq_len]ᵀ / √Dh) · V[0:seq_len] for every query head h,
 // with query head h reading KV head h / (Hq/Hkv) (GQA, 7:1 for every Qwen2.5-Coder size
@@ -53,6 +57,33 @@
 // Never reads past seq_len: block-table entries only for pages < ceil(seq_len/16), and K/V
 // loads predicated per token (slots ≥ seq_len in the last page are never touched: zeros are
 // used instead and their scores masked to −inf). Tests fill those slots with NaN.
+//
+// T tokens at once
+// ----------------
+// The verify pass of speculative decoding runs the last accepted token and k proposed ones
+// (T = k + 1 ≤ 16) through the model at positions pos … pos + T − 1; gemv_int4_qkv_rope_tokens
+// has written all T positions' K/V into the paged cache before attention runs. Token j is the
+// query at position pos + j and must see exactly keys [0, seq_len + j), seq_len = state[2] (the
+// single-token step's length for token 0): causal inside the chunk, the later positions' slots
+// are in the cache but never read. The *_tokens kernels are the single-token kernels' body with
+// a token index: grid (S, Hkv, T) for the splits and (Hq, T) for the combine, the same S, block
+// and NS per token as the single-token launch (launchers/attention_decode.py); token z reads
+// q [T, Hq, Dh] row z, writes its own partials (partial_out [T, NS, Hq, Dh], max_logits /
+// exp_sums [T, NS, Hq]) and its output row of out [T, Hq, Dh], with seq_len + z everywhere the
+// single-token kernels read state[2].
+//   Why it is exact: a split's sums depend on (split, NS, KV head, its length) and the data only
+//   (attention_decode_split), and the split rule, the page loop with its per-token masking of
+//   the last page (slots ≥ seq_len + z are never loaded: zeros, scores −inf), the partials and
+//   the combine's fixed order are the same code with the length seq_len + z — the single-token
+//   kernels run with state[2] = seq_len + z, whose token is the constant 0 (their SASS is the
+//   same as before the token index, up to label names; decode_persistent.cu's too).
+//   Bytes per call: T times the single-token call's (each token reads its own keys: Σ_j (seq_len
+//   + j) × 2 KiB per layer at 7B, and its partials); the T tokens' blocks share the L2, where a
+//   page read by one token is usually still there for the next. Merging the tokens of a KV head
+//   into one warp (one K/V read for all of them, as the GQA heads share one) would change the
+//   per-page arithmetic of each token, so it is not done here.
+//   Registers (ptxas): the token kernels 133 (hd64) and 230 (hd128) against the single-token
+//   kernels' 131 and 230, no spills; the combines 32 and 31.
 //
 // head_dim is a template parameter, instantiated as attention_decode_hd64 (0.5B) and
 // attention_decode_hd128 (7B and the other sizes): the per-lane register arrays (query
@@ -118,16 +149,25 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
     }
 }
 
-// Split `split` of `n_splits` of KV head `kv_head`, run by warp `warp` of its block (its p/alpha
-// buffers). What a split adds up depends on (split, n_splits, kv_head) only: a launch's warp and
-// a persistent step's warp that take the same split write the same bits. No block-wide barrier
-// (a warp past the last page returns early); the caller has waited for q and the K/V slot.
+// Split `split` of `n_splits` of KV head `kv_head` for token `token` of a chunk, run by warp
+// `warp` of its block (its p/alpha buffers). What a split adds up depends on (split, n_splits,
+// kv_head, seq_len) only: a launch's warp and a persistent step's warp that take the same split
+// write the same bits. Token j is the query at position state[0] + j: it reads its own rows of
+// q [T, Hq, Dh] and writes its own partials [T, NS, …], over seq_len = state[2] + j keys — the
+// single-token step's at that position (T tokens at once, header). token = 0 is the single-token
+// kernel (the offsets fold away). No block-wide barrier (a warp past the last page returns
+// early); the caller has waited for q and the K/V slots.
 template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_split(
     float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table,
-    const int* __restrict__ state, int Hq, int Hkv, int split, int n_splits, int kv_head, int warp) {
+    const int* __restrict__ state, int Hq, int Hkv, int split, int n_splits, int kv_head, int warp,
+    int token) {
+    // Token j's rows: q row j, partials from row j · NS on. The partials' pointers are offset
+    // where they are written, so that no 64-bit pointer is held in registers across the page loop.
+    q += (u64)token * Hq * HEAD_DIM;
+    const u64 split_row0 = (u64)token * n_splits;
     __shared__ __align__(16) float p_smem[ATTN_SMEM_WARPS][PAGE_TOKENS][ATTN_MAX_GROUP];
     __shared__ __align__(16) float alpha_smem[ATTN_SMEM_WARPS][ATTN_MAX_GROUP];
 
@@ -141,13 +181,13 @@ __device__ __forceinline__ void attention_decode_split(
     uint4 qf[HEAD_DIM / 32];
     attn_query_fragments<HEAD_DIM>(qf, q, at);
 
-    const int seq_len = state[2];
+    const int seq_len = state[2] + token;
     const int n_pages = (seq_len + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
 
     if (page_begin >= page_end) {
-        attn_neutral_partial(max_logits, exp_sums, at);
+        attn_neutral_partial(max_logits + split_row0 * Hq, exp_sums + split_row0 * Hq, at);
         return;
     }
 
@@ -200,7 +240,8 @@ __device__ __forceinline__ void attention_decode_split(
         if (lp + 1 < page_end) load(cur, lp + 1);
 #endif
     }
-    attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out, max_logits, exp_sums, at);
+    attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out + split_row0 * Hq * HEAD_DIM, max_logits + split_row0 * Hq,
+                           exp_sums + split_row0 * Hq, at);
 }
 
 // The plain kernel's arguments (the persistent decode step packs them with this layout).
@@ -220,13 +261,16 @@ template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_args_split(const AttentionDecodeArgs& a, int split, int n_splits,
                                                             int kv_head, int warp) {
     attention_decode_split<HEAD_DIM>(a.partial_out, a.max_logits, a.exp_sums, a.q, a.k_cache, a.v_cache,
-                                     a.block_table, a.state, a.Hq, a.Hkv, split, n_splits, kv_head, warp);
+                                     a.block_table, a.state, a.Hq, a.Hkv, split, n_splits, kv_head, warp, 0);
 }
 
-// grid (S, Hkv), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS; warp w of block (x, y)
-// takes split x · ATTN_WARPS + w of KV head y.
+// grid (S, Hkv, T), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS; warp w of block (x, y, z)
+// takes split x · ATTN_WARPS + w of KV head y for token z. The single-token kernels are launched
+// with T = 1 (token 0: state[2] keys, the [Hq, …] / [NS, …] buffers); the *_tokens kernels with
+// T = n_tokens and [T, …] buffers (T tokens at once, header). The two names are one body: the
+// single-token kernels' token is the constant 0, so their code is what it was without tokens.
 #ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
-#define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM)                                                  \
+#define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM, TOKEN)                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP_SIZE) NAME(                   \
         float* __restrict__ partial_out, float* __restrict__ max_logits,                       \
         float* __restrict__ exp_sums, const __half* __restrict__ q,                            \
@@ -239,11 +283,14 @@ __device__ __forceinline__ void attention_decode_args_split(const AttentionDecod
         attention_decode_split<HEAD_DIM>(partial_out, max_logits, exp_sums, q, k_cache, v_cache,   \
                                          block_table, state, Hq, Hkv,                           \
                                          blockIdx.x * ATTN_WARPS + warp, gridDim.x * ATTN_WARPS, \
-                                         blockIdx.y, warp);                                     \
+                                         blockIdx.y, warp, TOKEN);                              \
     }
 
-ATTENTION_DECODE_KERNEL(attention_decode_hd64, 64)
-ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128)
+ATTENTION_DECODE_KERNEL(attention_decode_hd64, 64, 0)
+ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128, 0)
+// q [T, Hq, Dh], partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; T = gridDim.z.
+ATTENTION_DECODE_KERNEL(attention_decode_tokens_hd64, 64, blockIdx.z)
+ATTENTION_DECODE_KERNEL(attention_decode_tokens_hd128, 128, blockIdx.z)
 #endif  // DEVICE_FUNCTIONS_ONLY
 
 // Merge the active splits of head h. Virtual thread (d, j) = (v % Dh, v / Dh), v < ATTN_COMBINE_THREADS,
@@ -266,12 +313,16 @@ struct AttentionCombineArgs {
     int n_splits, Hq, Dh;      // n_splits = NS of the decode launch
 };
 
-// Head h, by a block of THREADS threads (ATTN_COMBINE_THREADS for a launch of its own; the
-// persistent decode step's 256): a compile-time count, so the virtual-thread loop unrolls and
-// every round's partial loads are in flight together instead of one L2 round trip per round.
-// Dynamic smem: 2 · NS floats. Contains __syncthreads(): call from every thread.
+// Head h of token `token` of a chunk, by a block of THREADS threads (ATTN_COMBINE_THREADS for a
+// launch of its own; the persistent decode step's 256): a compile-time count, so the
+// virtual-thread loop unrolls and every round's partial loads are in flight together instead of
+// one L2 round trip per round. Token j merges its own partials [T, NS, …] into its row of out
+// [T, Hq, Dh] over seq_len = state[2] + j (the split rule of the decode kernel's token j);
+// token = 0 is the single-token combine (attention_combine_item). Dynamic smem: 2 · NS floats.
+// Contains __syncthreads(): call from every thread.
 template <int THREADS, typename Dep>
-__device__ __forceinline__ void attention_combine_item(const AttentionCombineArgs& a, int h, Dep dep) {
+__device__ __forceinline__ void attention_combine_token_item(const AttentionCombineArgs& a, int h, int token,
+                                                             Dep dep) {
     static_assert(ATTN_COMBINE_THREADS % THREADS == 0, "the virtual threads split evenly");
     extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];
@@ -281,15 +332,18 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
     float* l_s = combine_smem + n_splits;
     dep.launch_dependents();
     // seq_len: before the wait where the state stays fixed (block_coord.cuh), else after it.
-    const int seq_len_fixed = Dep::state_fixed ? a.state[2] : 0;
+    const int seq_len_fixed = Dep::state_fixed ? a.state[2] + token : 0;
     dep.wait();  // the partials are the split kernel's output
-    const int n_pages = ((Dep::state_fixed ? seq_len_fixed : a.state[2]) + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    const int n_pages = ((Dep::state_fixed ? seq_len_fixed : a.state[2] + token) + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
+    // Token `token`'s rows: split s of its partials is row token · NS + s, its output row token · Hq + h
+    // (the arguments' fields read where they are used, as without tokens).
+    const u64 split0 = (u64)token * n_splits;
 
     for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
-        m_s[s] = a.max_logits[(u64)s * Hq + h];
-        l_s[s] = a.exp_sums[(u64)s * Hq + h];
+        m_s[s] = a.max_logits[(split0 + s) * Hq + h];
+        l_s[s] = a.exp_sums[(split0 + s) * Hq + h];
     }
     __syncthreads();
     // Every warp finds the same maximum (butterfly over a lane-strided scan): no extra barrier.
@@ -317,7 +371,7 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
             const int v = r * THREADS + threadIdx.x, d = v % Dh, s = v / Dh + step * n_j;
             if (s < n_active) {
                 const float w = exp2f(m_s[s] - m_max);
-                o_sum[r] = fmaf(w, a.partial_out[((u64)s * Hq + h) * Dh + d], o_sum[r]);
+                o_sum[r] = fmaf(w, a.partial_out[((split0 + s) * Hq + h) * Dh + d], o_sum[r]);
                 l_sum[r] = fmaf(w, l_s[s], l_sum[r]);
             }
         }
@@ -335,8 +389,14 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
             o += o_sum_smem[jj * Dh + d];
             l += l_sum_smem[jj];
         }
-        a.out[(u64)h * Dh + d] = __float2half_rn(o / l);
+        a.out[((u64)token * Hq + h) * Dh + d] = __float2half_rn(o / l);
     }
+}
+
+// The single-token combine: head h of out [Hq, Dh] over state[2] keys.
+template <int THREADS, typename Dep>
+__device__ __forceinline__ void attention_combine_item(const AttentionCombineArgs& a, int h, Dep dep) {
+    attention_combine_token_item<THREADS>(a, h, 0, dep);
 }
 
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
@@ -349,5 +409,17 @@ attention_combine(__half* __restrict__ out, const float* __restrict__ partial_ou
     attention_combine_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state,
                                                                       n_splits, Hq, Dh},
                            blockIdx.x, GridDep{});
+}
+
+// grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],
+// partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; the same parameters as the
+// single-token combine (T = gridDim.y), whose body it runs per token.
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+attention_combine_tokens(__half* __restrict__ out, const float* __restrict__ partial_out,
+                         const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
+                         const int* __restrict__ state, int n_splits, int Hq, int Dh) {
+    attention_combine_token_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums,
+                                                                            state, n_splits, Hq, Dh},
+                                                       blockIdx.x, blockIdx.y, GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY

@@ -4,6 +4,8 @@
 //   gemv_int4_qkv_rope       q, K/V cache slot  = rope([Wq; Wk; Wv] · rmsnorm(residual) + bias)
 //   gemv_int4_residual       residual fp32[N]  += W x                                (o_proj, down_proj)
 //   gemv_int4_gate_up_swiglu h fp16[F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
+//   gemv_int4_…_tokens       the last three for T ≤ 16 tokens at once, each token bit for bit the
+//                            single-token kernel's (the verify pass; see "T tokens" below)
 //
 // The limit: HBM bandwidth. Each weight byte is read exactly once per token and used for one
 // multiply-add pair (2 weights per byte), so the whole decode step is a stream of 3.4 GB of
@@ -76,7 +78,8 @@
 // ptx/ldst.cuh).
 //
 // Shared memory (dynamic): x, K·2 bytes, then the warp partials,
-// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1).
+// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1). The T-token kernels: see
+// "T tokens".
 //
 // Measured on the H200 (7B shapes, graph replay of 20 calls; q/k/v, o and down fit in the
 // 60 MB L2 across those replays, gate/up does not; copy bandwidth 4.3 TB/s), before the
@@ -120,6 +123,51 @@
 // on the first use of the weight and scale loads (LOP3 unpack, HADD2.F32 scale conversion):
 // latency-bound with few warps, as the batches already are.
 //
+// T tokens at once
+// ----------------
+// The verify pass of speculative decoding runs the last accepted token and k proposed ones
+// (T = k + 1 ≤ 16) through the model in one pass, each token's logits bit for bit what the
+// decode step computes for it alone. The *_tokens kernels (end of the file) are the three
+// fused GEMVs for T tokens, on the same engine (gemv_int4_engine<NTOK>: NTOK = 1 is the
+// single-token kernels, NTOK = GEMV_TOKENS the T-token ones; T = n_tokens ≤ NTOK at run time;
+// in this section T counts tokens, not tiles).
+//   The column trick: the single-token engine feeds the same x to all 8 columns n of the MMA's
+//   B operand. Here column n of MMA b (b < ceil(NTOK/8)) takes token 8b + n: lane (g, t)
+//   supplies token 8b + g's x at exactly the k positions it supplies in the single-token engine
+//   (the same 16-byte chunk per word i), and after the MMA holds columns 2t, 2t + 1 — tokens 8b + 2t, 8b + 2t + 1
+//   — of rows g (c[0], c[1]) and g + 8 (c[2], c[3]). One MMA (two for T > 8, same A fragment)
+//   does for up to 8 tokens what it did for one.
+//   Why it is exact: each element of an MMA's result is its own dot product over the 16 k of
+//   its row and column, so token j's column is the single-token MMA's result for x_j, bit for
+//   bit; the per-group sum is the same chain of 8 MMAs in the same k order, times the row's
+//   scale with the same fmaf into the same accumulator, groups in the same order; the W warp
+//   partials are added in warp order. W (the K split) is the only launch parameter in that
+//   arithmetic, and the T-token launchers take the single-token launch's grid and block
+//   (launchers/gemv_int4.py). The prologue normalises each token's residual row with
+//   rmsnorm.cuh's arithmetic (its sum's order does not depend on the block); RoPE, the K/V
+//   write, SwiGLU and the residual add run per (row, token) with the single-token epilogues,
+//   token j at position pos + j. Columns past T repeat token T − 1 (no select in the loop)
+//   and are never stored.
+//   Bytes per call: the weights and scales once for all T tokens (the table above), plus T
+//   times the activations (x or the residual in, the outputs): at the 7B shapes under 0.5 % of
+//   the weights per token, so a T-token call moves about as many bytes as a single-token one.
+//   x in shared memory: T·(K·2 + 64) bytes (GEMV_X_TOKEN_PAD: conflict-free B reads), 57 KB for
+//   8 tokens at K = 3584, 115 KB for 16; the partials grow T-fold too. That is how the two
+//   RMSNorm kernels (qkv, gate/up: K = hidden size) stage it; the launcher refuses a shape whose
+//   block would need more than a block may have. down_proj's K = 18944 would need 303 KB for 8
+//   tokens, past the 227 KB limit, so gemv_int4_residual_tokens (o_proj, down_proj) stages
+//   nothing: each lane reads its B fragments of x [T, K] straight from global memory
+//   (GemvXGlobal: through L1/L2, T·K·2 bytes, 606 KB at most, just written by the kernel
+//   before). At the launch shapes of the 7B and 0.5B, o_proj and down_proj give each block one
+//   tile (N = hidden size ≤ the resident blocks), so x staged in shared memory would be read
+//   once per block anyway: the same bytes from L2, without the barrier. Not timed yet: whether
+//   the L2 latency in the MMA chain costs more than a staging would is for the benchmark to say.
+//   The single-token kernels stage x as described above.
+//   Registers (ptxas): at NTOK = 8 each lane accumulates 2 tokens per row instead of 1 and the
+//   kernels stay within 128 (two blocks of 256 threads per SM, as the single-token ones). The
+//   NTOK = 16 build (-DGEMV_TOKENS=16: two MMAs per k slice, 4 tokens per lane and row) is
+//   compiled only for T > 8; its qkv and gate/up kernels need more than 128 (one block per SM).
+//
 // Requirements (checked by the launchers): K % 128 == 0; 1 ≤ W ≤ K/128 (every warp has at
 // least one group); N ≥ 1 (any N: rows past N are loaded from the last row, never stored); for
 // qkv_rope, Dh % 16 == 0 (a tile never straddles two heads); pointers 16-byte aligned.
@@ -138,6 +186,7 @@
 #define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
 #define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
 #define GEMV_CHUNKS_PER_GROUP (INT4_GROUP / 8)  // 16-byte chunks of FP16 x per group
+#define GEMV_MMA_TOKENS       8                 // tokens one MMA takes: the N of m16n8k16
 // Groups per load batch for one matrix: 4 KB of weights per warp per batch (half as many
 // groups for gate/up: two matrices). The next batch is loaded while the current one is
 // multiplied, so a warp keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM
@@ -156,34 +205,90 @@ __device__ __forceinline__ int gemv_x_slot(int chunk) {
     return gi * GEMV_CHUNKS_PER_GROUP + (c % 4) * 4 + c / 4;
 }
 
+// x of T tokens in shared memory (the T-token kernels): token j's K/8 chunks, in gemv_x_slot
+// order, from chunk j · gemv_x_token_chunks(K). With T tokens the 8 lanes g of a B-fragment read
+// take 8 different tokens; K·2 bytes is a multiple of 256, so unpadded they would all hit the
+// same 16 banks. GEMV_X_TOKEN_PAD chunks (64 bytes) after each token put tokens g and g + 1
+// (one quarter-warp of a 16-byte load) in the two halves of the 32 banks.
+#define GEMV_X_TOKEN_PAD 4
+template <int NTOK>
+__device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK == 1 ? 0 : GEMV_X_TOKEN_PAD); }
+
+// The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
+//   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
+//   lane_x(x_smem, tok, t, K) where lane t's chunks of token tok start; chunk (gi, i) of the lane
+//                             is lane_x[16·gi + WORD_STEP·i] (inputs 128·gi + 32t + 8i … +8)
+//   operator()(x_smem, K)     the staging, after the wait, from every thread (the caller syncs)
+
 // Prologue: x (K fp16, an earlier kernel's output) into the block's shared x_smem in the
 // permuted order. Ordinary loads: they stay after griddepcontrol.wait. Every thread takes part;
 // the caller syncs.
 struct GemvStageX {
     const __half* __restrict__ x;  // [K] fp16
+    static constexpr int WORD_STEP = 4;  // gemv_x_slot: word i of lane t is slot 4i + t of its group
+    __device__ __forceinline__ int smem_chunks(int K) const { return K / 8; }
+    __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int, int t, int) const { return x_smem + t; }
     __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
         const uint4* src = reinterpret_cast<const uint4*>(x);
         for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) x_smem[gemv_x_slot(chunk)] = src[chunk];
     }
 };
 
-// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh), straight into x_smem. Contains a
-// __syncthreads (the sum of squares); every thread takes part; the caller syncs.
-struct GemvStageRmsNorm {
-    const float* __restrict__ residual;  // [K] fp32
+// x = fp16(rmsnorm(residual) · w) of one row (rmsnorm.cuh) into x_dst, in gemv_x_slot order.
+// Contains a __syncthreads (the sum of squares, through warp_sums: RMSNORM_WARPS floats of shared
+// memory); every thread takes part.
+__device__ __forceinline__ void gemv_stage_rmsnorm_row(uint4* x_dst, const float* __restrict__ residual,
+                                                       const __half* __restrict__ weight, float eps, int K,
+                                                       float* warp_sums) {
+    const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
+    const float4* r4 = reinterpret_cast<const float4*>(residual);
+    const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+    for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
+        const uint2 lo = rmsnorm_apply4(r4[2 * chunk], w4[2 * chunk], inv_rms);
+        const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], w4[2 * chunk + 1], inv_rms);
+        x_dst[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
+}
+
+// Prologue: x = fp16(rmsnorm(residual) · w) of each of the T tokens' rows, straight into x_smem
+// (NTOK = 1: one row, K·2 bytes, unpadded). Every row is normalised exactly as the stand-alone
+// kernel would (rmsnorm.cuh: the order of the sum does not depend on the block). The rows' sums of
+// squares alternate between two buffers: a thread writes row j + 2's sums only after the
+// __syncthreads of row j + 1, which every thread reaches after reading row j's. Every thread takes
+// part; the caller syncs.
+template <int NTOK>
+struct GemvStageRmsNormT {
+    const float* __restrict__ residual;  // [T, K] fp32
     const __half* __restrict__ weight;   // [K] fp16 RMSNorm gain
     float eps;
-    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
-        __shared__ float warp_sums[RMSNORM_WARPS];
-        const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
-        const float4* r4 = reinterpret_cast<const float4*>(residual);
-        const uint2* w4 = reinterpret_cast<const uint2*>(weight);
-        for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
-            const uint2 lo = rmsnorm_apply4(r4[2 * chunk], w4[2 * chunk], inv_rms);
-            const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], w4[2 * chunk + 1], inv_rms);
-            x_smem[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-        }
+    int n_tok = 1;                       // T ≤ NTOK
+    static constexpr int WORD_STEP = 4;
+    __device__ __forceinline__ int smem_chunks(int K) const {
+        return (NTOK == 1 ? 1 : n_tok) * gemv_x_token_chunks<NTOK>(K);
     }
+    __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int tok, int t, int K) const {
+        return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
+    }
+    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        __shared__ float warp_sums[NTOK == 1 ? 1 : 2][RMSNORM_WARPS];
+        for (int tok = 0; tok < (NTOK == 1 ? 1 : n_tok); ++tok)
+            gemv_stage_rmsnorm_row(x_smem + tok * gemv_x_token_chunks<NTOK>(K), residual + (u64)tok * K, weight, eps,
+                                   K, warp_sums[tok % 2]);
+    }
+};
+using GemvStageRmsNorm = GemvStageRmsNormT<1>;
+
+// "Prologue" of the T-token residual GEMV: nothing staged, lane t reads its B fragments of
+// token tok straight from x [T, K] in global memory (through L1/L2; ordinary loads, after the
+// wait). Why not shared memory there: see the header, "T tokens".
+struct GemvXGlobal {
+    const __half* __restrict__ x;  // [T, K] fp16
+    static constexpr int WORD_STEP = 1;  // natural order: word i of lane t is chunk 4t + i of its group
+    __device__ __forceinline__ int smem_chunks(int) const { return 0; }
+    __device__ __forceinline__ const uint4* lane_x(const uint4*, int tok, int t, int K) const {
+        return reinterpret_cast<const uint4*>(x) + (u64)tok * (K / 8) + 4 * t;
+    }
+    __device__ __forceinline__ void operator()(uint4*, int) const {}
 };
 
 // Where the words a lane loads for one (tile, group) item lie: lane (g, t) takes words
@@ -235,22 +340,40 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-// The whole GEMV of one block: its tiles × all K, for MT matrices per tile. The block is block
-// bc.bx of a planned grid of bc.gx blocks of bc.threads threads (block_coord.cuh): a launch of
-// its own, or an item of the persistent decode step, whose block may have more warps than the
-// plan (those take part in the barriers only). Order of work:
+// Tokens a lane accumulates per output row in the NTOK-token engine: NTOK = 1 one (every column
+// of B is the same x, the lane keeps column 2t); else 2 per MMA, columns 2t and 2t + 1 of each
+// of the ceil(NTOK/8) MMAs of a k slice.
+template <int NTOK>
+struct GemvTokens {
+    static constexpr int MMAS = (NTOK + GEMV_MMA_TOKENS - 1) / GEMV_MMA_TOKENS;  // MMAs per k slice
+    static constexpr int LANE = NTOK == 1 ? 1 : 2 * MMAS;                        // tokens per lane
+    // The token of lane slot l of lane t: column 2t + l % 2 of MMA l / 2.
+    __device__ static __forceinline__ int of_slot(int l, int t) {
+        return NTOK == 1 ? 0 : GEMV_MMA_TOKENS * (l / 2) + 2 * t + l % 2;
+    }
+};
+
+// The whole GEMV of one block for T ≤ NTOK tokens at once: its tiles × all K, for MT matrices
+// per tile. The block is block bc.bx of a planned grid of bc.gx blocks of bc.threads threads
+// (block_coord.cuh): a launch of its own, or an item of the persistent decode step, whose block
+// may have more warps than the plan (those take part in the barriers only). Order of work:
 // dep.launch_dependents, the first weight batch requested, dep.wait(), then the prologue
-// `stage_x(x_smem, K)` stages x; after the main loop and the block's reduction,
-// epilogue(seg, tile_in_seg, g, sums[MT][2]) runs once per (tile, g), g < 8, from one thread,
-// with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows
-// says which rows those are; rows ≥ n must not be stored).
+// `x_src(x_smem, K)` stages x (where the B fragments come from: x_src.lane_x, see the
+// prologues); after the main loop and the block's reduction, epilogue(seg, tile_in_seg, g, tok,
+// sums[MT][2]) runs once per (tile, g, token), g < 8, tok < T, from one thread, with sums[m][0]
+// the row of MMA row g and sums[m][1] that of MMA row g + 8 (gemv_tile_rows says which rows
+// those are; rows ≥ n must not be stored).
+// Token tok's sums are, bit for bit, what the NTOK = 1 engine computes for its x alone (the
+// header's "T tokens"); NTOK = 1 is the single-token GEMV itself (gemv_int4_block).
 // Contains __syncthreads(): call from every thread of the block.
-template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
-                                                Dep dep, Prologue stage_x, Epilogue epilogue) {
+template <int NTOK, int MT, int NSEG, typename Layout, typename Dep, typename XSource, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p, int K, int n_tok, const BlockCoord& bc,
+                                                 Dep dep, XSource x_src, Epilogue epilogue) {
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
-    extern __shared__ uint4 x_smem[];  // [K/8] chunks of x (gemv_x_slot order), then partials
-    float* partial = reinterpret_cast<float*>(x_smem + K / 8);  // [T_b][MT][W][16] fp32
+    using Tok = GemvTokens<NTOK>;
+    const int T = NTOK == 1 ? 1 : min(n_tok, NTOK);  // 1 ≤ n_tok (the launchers check T ≤ NTOK too)
+    extern __shared__ uint4 x_smem[];  // x as x_src stages it (maybe nothing), then the partials
+    float* partial = reinterpret_cast<float*>(x_smem + x_src.smem_chunks(K));  // [T_b][MT][W][T][16] fp32
 
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
@@ -264,6 +387,13 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     const int n_tiles = p.first_tile[NSEG];
     const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
     const u64 policy = l2_evict_first_policy();
+    // The x behind this lane's B fragments: column g of MMA b is token 8b + g (NTOK = 1: the one
+    // token in every column). Columns past T repeat token T - 1: finite, never stored, and no
+    // select in the loop.
+    const uint4* x_lane[Tok::MMAS];
+#pragma unroll
+    for (int b = 0; b < Tok::MMAS; ++b)
+        x_lane[b] = x_src.lane_x(x_smem, NTOK == 1 ? 0 : min(GEMV_MMA_TOKENS * b + g, T - 1), t, K);
 
     // Every block of this grid is resident in one wave (the launcher sizes G for that), so the
     // next kernel may be scheduled as soon as they have all started.
@@ -299,44 +429,62 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     GemvBatch<MT, UNROLL> cur, next;
     load(cur);
     dep.wait();
-    stage_x(x_smem, K);
+    x_src(x_smem, K);
     __syncthreads();
 
-    float acc[MT][2];
+    float acc[MT][2][Tok::LANE];  // [matrix][MMA row g, g + 8][lane slot]
 #pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
     int c_tile = tile_b, c_gi = gb;
     while (c_tile < tile_e && gb < ge) {
         load(next);  // in flight while `cur` is multiplied
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
-            const uint4* x_group = x_smem + c_gi * GEMV_CHUNKS_PER_GROUP + t;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
+                float c[Tok::MMAS][4];
+#pragma unroll
+                for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
                     int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
-                    const uint4 xi = x_group[4 * i];  // x[128·gi + 32t + 8i … +8]
-                    mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
-                    mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
-                }
-                acc[m][0] = fmaf(cur.s[u][m][0], c[0], acc[m][0]);
-                acc[m][1] = fmaf(cur.s[u][m][1], c[2], acc[m][1]);
-            }
-            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
-                if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
 #pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
+                    for (int b = 0; b < Tok::MMAS; ++b) {
+                        const uint4* x_group = x_lane[b] + c_gi * GEMV_CHUNKS_PER_GROUP;
+                        const uint4 xi = x_group[XSource::WORD_STEP * i];  // x[128·gi + 32t + 8i … +8], token of column g
+                        mma_m16n8k16_f32_f16(c[b], a_lo, xi.x, xi.y);
+                        mma_m16n8k16_f32_f16(c[b], a_hi, xi.z, xi.w);
                     }
                 }
+                // Lane slot l holds column 2t + l % 2 of MMA l / 2: c[.][0 | 1] of row g, c[.][2 | 3] of row g + 8.
 #pragma unroll
-                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+                for (int l = 0; l < Tok::LANE; ++l) {
+                    const int col = NTOK == 1 ? 0 : l % 2;
+                    acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col], acc[m][0][l]);
+                    acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col], acc[m][1][l]);
+                }
+            }
+            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
+                if (NTOK > 1 || t == 0) {  // NTOK = 1: the 4 lanes t hold the same sums
+                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * T * INT4_TILE_ROWS;
+#pragma unroll
+                    for (int m = 0; m < MT; ++m)
+#pragma unroll
+                        for (int l = 0; l < Tok::LANE; ++l) {
+                            const int tok = Tok::of_slot(l, t);
+                            if (tok >= T) continue;
+                            dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g] = acc[m][0][l];
+                            dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g + 8] = acc[m][1][l];
+                        }
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m)
+#pragma unroll
+                    for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
                 c_gi = gb;
                 ++c_tile;
             }
@@ -345,10 +493,10 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     }
     __syncthreads();
 
-    // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order, then the
-    // epilogue.
-    for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
-        const int tl = o / 8, gg = o % 8;
+    // One thread per (tile, token, g): the W partials of MMA rows g and g + 8 in warp order, then
+    // the epilogue.
+    for (int o = threadIdx.x; o < (tile_e - tile_b) * T * 8; o += blockDim.x) {
+        const int tl = o / (8 * T), tok = o / 8 % T, gg = o % 8;
         const int tile = tile_b + tl;
         const int seg = int4_segment<NSEG>(p.first_tile, tile);
         float sums[MT][2];
@@ -356,14 +504,25 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
         for (int m = 0; m < MT; ++m) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float* src = partial + ((tl * MT + m) * n_warps) * INT4_TILE_ROWS + gg + 8 * h;
+                const float* src = partial + (((tl * MT + m) * n_warps) * T + tok) * INT4_TILE_ROWS + gg + 8 * h;
                 float s = 0.f;
-                for (int w = 0; w < n_warps; ++w) s += src[w * INT4_TILE_ROWS];
+                for (int w = 0; w < n_warps; ++w) s += src[w * T * INT4_TILE_ROWS];
                 sums[m][h] = s;
             }
         }
-        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, sums);
+        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, tok, sums);
     }
+}
+
+// The single-token GEMV of one block (the decode step's): gemv_int4_engine with NTOK = 1, and
+// epilogue(seg, tile_in_seg, g, sums[MT][2]) once per (tile, g).
+template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
+                                                Dep dep, Prologue stage_x, Epilogue epilogue) {
+    gemv_int4_engine<1, MT, NSEG, Layout>(p, K, 1, bc, dep, stage_x,
+                                          [&](int seg, int tile, int g, int, const float (&s)[MT][2]) {
+        epilogue(seg, tile, g, s);
+    });
 }
 
 // y = W x, FP16 out (rounded once from the FP32 sum).
@@ -420,8 +579,13 @@ struct GemvInt4QkvRopeArgs {
     float eps;
 };
 
-template <typename Dep>
-__device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArgs& a, const BlockCoord& bc, Dep dep) {
+// The item for T ≤ NTOK tokens at positions pos + j (gemv_int4_qkv_rope_tokens): the same
+// arguments with a leading token dimension — residual [T, K], q_out [T, Hq·Dh] — and token j's
+// K/V in the slot of pos + j (its page from the block table: a chunk may open a page, whose
+// entry the host set before). NTOK = 1 is the decode step's item.
+template <int NTOK, typename Dep>
+__device__ __forceinline__ void gemv_int4_qkv_rope_tokens_item(const GemvInt4QkvRopeArgs& a, int n_tok,
+                                                               const BlockCoord& bc, Dep dep) {
     const int Dh = a.Dh, Hkv = a.Hkv;
     const int nq = a.Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
     const GemvProblem<1, 3> p = {{{a.q_qweight}, {a.k_qweight}, {a.v_qweight}},
@@ -437,11 +601,13 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArg
         pos_fixed = a.state[0];
         slot_fixed = kv_offset(a.block_table[pos_fixed / PAGE_TOKENS], 0, pos_fixed % PAGE_TOKENS, Hkv, Dh);
     }
-    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
-                    [&](int seg, int tile, int g, const float (&s)[1][2]) {
-        const int pos = Dep::state_fixed ? pos_fixed : a.state[0];
-        const u64 slot = Dep::state_fixed ? slot_fixed
-                                          : kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+    gemv_int4_engine<NTOK, 1, 3, GemvRowMajor>(p, a.K, n_tok, bc, dep,
+                                               GemvStageRmsNormT<NTOK>{a.residual, a.norm_w, a.eps, n_tok},
+                                               [&](int seg, int tile, int g, int tok, const float (&s)[1][2]) {
+        const int pos = (Dep::state_fixed ? pos_fixed : a.state[0]) + tok;
+        const u64 slot = Dep::state_fixed && NTOK == 1
+                             ? slot_fixed
+                             : kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
         if (seg == 2) {  // v: bias only, plain row order
             gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
                 const int head = row / Dh, d = row % Dh;
@@ -455,10 +621,16 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArg
         const __half* b = seg == 0 ? a.q_bias : a.k_bias;
         float o1, o2;
         rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, a.inv_freq[i], o1, o2);
-        __half* dst = seg == 0 ? a.q_out + (u64)head * Dh : a.k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+        __half* dst = seg == 0 ? a.q_out + (u64)tok * nq + (u64)head * Dh
+                               : a.k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
         dst[i] = __float2half_rn(o1);
         dst[i + Dh / 2] = __float2half_rn(o2);
     });
+}
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_qkv_rope_item(const GemvInt4QkvRopeArgs& a, const BlockCoord& bc, Dep dep) {
+    gemv_int4_qkv_rope_tokens_item<1>(a, 1, bc, dep);
 }
 
 // grid (G ≤ ceil(Nq/16) + 2·ceil(Nkv/16)), block (32·W), dynamic smem (see the header).
@@ -491,13 +663,24 @@ struct GemvInt4ResidualArgs {
     int N, K;
 };
 
-template <typename Dep>
-__device__ __forceinline__ void gemv_int4_residual_item(const GemvInt4ResidualArgs& a, const BlockCoord& bc, Dep dep) {
+// The item for T ≤ NTOK tokens (gemv_int4_residual_tokens): residual [T, N], x [T, K]. One token
+// stages x in shared memory; T tokens read it from global memory (the header's "T tokens").
+template <int NTOK, typename Dep>
+__device__ __forceinline__ void gemv_int4_residual_tokens_item(const GemvInt4ResidualArgs& a, int n_tok,
+                                                               const BlockCoord& bc, Dep dep) {
     const int N = a.N;
     const GemvProblem<1, 1> p = {{{a.qweight}}, {{a.scales}}, {N}, {0, int4_tiles(N)}, {0}};
-    gemv_int4_block(p, a.K, bc, dep, GemvStageX{a.x}, [&](int, int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { a.residual[row] += v; });
-    });
+    auto epilogue = [&](int, int tile, int g, int tok, const float (&s)[1][2]) {
+        float* residual = a.residual + (u64)tok * N;
+        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
+    };
+    if constexpr (NTOK == 1) gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
+    else gemv_int4_engine<NTOK, 1, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep, GemvXGlobal{a.x}, epilogue);
+}
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_residual_item(const GemvInt4ResidualArgs& a, const BlockCoord& bc, Dep dep) {
+    gemv_int4_residual_tokens_item<1>(a, 1, bc, dep);
 }
 
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
@@ -525,22 +708,30 @@ struct GemvInt4GateUpSwigluArgs {
     float eps;
 };
 
-template <typename Dep>
-__device__ __forceinline__ void gemv_int4_gate_up_swiglu_item(const GemvInt4GateUpSwigluArgs& a, const BlockCoord& bc,
-                                                              Dep dep) {
+// The item for T ≤ NTOK tokens (gemv_int4_gate_up_swiglu_tokens): residual [T, K], h [T, F].
+template <int NTOK, typename Dep>
+__device__ __forceinline__ void gemv_int4_gate_up_swiglu_tokens_item(const GemvInt4GateUpSwigluArgs& a, int n_tok,
+                                                                     const BlockCoord& bc, Dep dep) {
     const int F = a.F;
     const GemvProblem<2, 1> p = {{{a.gate_qweight, a.up_qweight}}, {{a.gate_scales, a.up_scales}},
                                  {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
-                    [&](int, int tile, int g, const float (&s)[2][2]) {
+    gemv_int4_engine<NTOK, 2, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep,
+                                               GemvStageRmsNormT<NTOK>{a.residual, a.norm_w, a.eps, n_tok},
+                                               [&](int, int tile, int g, int tok, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = lo + 8 * r;
             if (row >= F) continue;
-            a.h[row] = swiglu_f16(s[0][r], s[1][r]);
+            a.h[(u64)tok * F + row] = swiglu_f16(s[0][r], s[1][r]);
         }
     });
+}
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_int4_gate_up_swiglu_item(const GemvInt4GateUpSwigluArgs& a, const BlockCoord& bc,
+                                                              Dep dep) {
+    gemv_int4_gate_up_swiglu_tokens_item<1>(a, 1, bc, dep);
 }
 
 // grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (see the header).
@@ -553,5 +744,60 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ resid
     gemv_int4_gate_up_swiglu_item(GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight,
                                                            up_scales, F, K, eps},
                                   BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
+
+// ---- T tokens at once (the verify pass of speculative decoding; the header's "T tokens") ----
+// The three GEMVs above for T ≤ GEMV_TOKENS tokens, n_tokens = T at run time: every buffer of
+// the single-token kernel that holds one token's vector holds T of them, token-major (residual
+// [T, D|N], q_out [T, Hq·Dh], x [T, K], h [T, F]); token j of gemv_int4_qkv_rope_tokens is at
+// position state[0] + j. Launched with the single-token kernel's grid and block (launchers/
+// gemv_int4.py, n_tokens), each token's outputs are bit for bit the single-token kernel's.
+// GEMV_TOKENS, the compile-time bound, is 8 (one MMA per k slice) unless built with 16 (two).
+#ifndef GEMV_TOKENS
+#define GEMV_TOKENS 8
+#endif
+static_assert(GEMV_TOKENS >= 2 && GEMV_TOKENS <= 2 * GEMV_MMA_TOKENS, "GEMV_TOKENS: 2 … 16");
+
+// grid and block as gemv_int4_qkv_rope's, dynamic smem (see the header, "T tokens").
+// Each parameter list below is the single-token kernel's plus n_tokens, spelled out rather than
+// made by a macro: the declaration is what launchers/signatures.py (and a reader) takes it from.
+#ifndef DEVICE_FUNCTIONS_ONLY
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_qkv_rope_tokens(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                          const float* __restrict__ residual, const __half* __restrict__ norm_w,
+                          const u32* __restrict__ q_qweight, const __half* __restrict__ q_scales,
+                          const u32* __restrict__ k_qweight, const __half* __restrict__ k_scales,
+                          const u32* __restrict__ v_qweight, const __half* __restrict__ v_scales,
+                          const __half* __restrict__ q_bias, const __half* __restrict__ k_bias,
+                          const __half* __restrict__ v_bias, const float* __restrict__ inv_freq,
+                          const int* __restrict__ state, const int* __restrict__ block_table,
+                          int Hq, int Hkv, int Dh, int K, float eps, int n_tokens) {  // q_out, residual: [T, …]
+    gemv_int4_qkv_rope_tokens_item<GEMV_TOKENS>(
+        GemvInt4QkvRopeArgs{q_out, k_cache, v_cache, residual, norm_w, q_qweight, q_scales, k_qweight, k_scales,
+                            v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, Hq, Hkv, Dh, K,
+                            eps},
+        n_tokens, BlockCoord::of_launch(), GridDep{});
+}
+
+// grid and block as gemv_int4_residual's, dynamic smem (see the header, "T tokens").
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_residual_tokens(float* __restrict__ residual, const __half* __restrict__ x,
+                          const u32* __restrict__ qweight, const __half* __restrict__ scales, int N, int K,
+                          int n_tokens) {  // residual [T, N], x [T, K]
+    gemv_int4_residual_tokens_item<GEMV_TOKENS>(GemvInt4ResidualArgs{residual, x, qweight, scales, N, K}, n_tokens,
+                                                BlockCoord::of_launch(), GridDep{});
+}
+
+// grid and block as gemv_int4_gate_up_swiglu's, dynamic smem (see the header, "T tokens").
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_gate_up_swiglu_tokens(__half* __restrict__ h, const float* __restrict__ residual,
+                                const __half* __restrict__ norm_w, const u32* __restrict__ gate_qweight,
+                                const __half* __restrict__ gate_scales, const u32* __restrict__ up_qweight,
+                                const __half* __restrict__ up_scales, int F, int K, float eps,
+                                int n_tokens) {  // h [T, F], residual [T, K]
+    gemv_int4_gate_up_swiglu_tokens_item<GEMV_TOKENS>(
+        GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight, up_scales, F, K, eps},
+        n_tokens, BlockCoord::of_launch(), GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY

@@ -101,6 +101,20 @@ def assert_same_bits(label: str, a: np.ndarray, b: np.ndarray) -> None:
     assert a.tobytes() == b.tobytes(), f"{label}: two launches gave different bits"
 
 
+def assert_bits_as_single_token(label: str, got: np.ndarray, want: np.ndarray) -> None:
+    """A T-token kernel's output for one token (`got`) has the bits of the single-token kernel's
+    (`want`), element for element; the message names the first that differs."""
+    def bits(a):
+        a = np.ascontiguousarray(a)
+        return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]).reshape(-1)
+
+    g, w = bits(got), bits(want)
+    assert g.shape == w.shape, (label, g.shape, w.shape)
+    diff = np.flatnonzero(g != w)
+    assert diff.size == 0, (f"{label}: {diff.size} of {g.size} values differ from the single-token kernel's, first "
+                            f"[{diff[0]}] {got.reshape(-1)[diff[0]]!r} vs {want.reshape(-1)[diff[0]]!r}")
+
+
 
 
 def random_int4(rng: np.random.Generator, n: int, k: int, scale_lo=0.002, scale_hi=0.01):

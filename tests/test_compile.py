@@ -42,11 +42,25 @@ def test_kernel_folders_found():
     assert ptx_dir().name == "ptx"
 
 
+# Builds the launchers ask for besides the default one (kernel file, defines): the T-token GEMVs for
+# 9..16 tokens (launchers/gemv_int4.py, tokens_defines).
+DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})]
+
+
 @pytest.mark.parametrize("name", KERNELS + DEV_KERNELS)
 def test_kernel_compiles_to_sm90a_without_spills(name):
-    ck = compile_kernel(name)
+    _check_compiles(name, {})
+
+
+@pytest.mark.parametrize("name,defines", DEFINE_VARIANTS, ids=[f"{n}-" + ",".join(f"{k}={v}" for k, v in d.items()) for n, d in DEFINE_VARIANTS])
+def test_define_variants_compile_without_spills(name, defines):
+    _check_compiles(name, defines)
+
+
+def _check_compiles(name: str, defines: dict) -> None:
+    ck = compile_kernel(name, defines=defines)
     table = format_resource_table([ck])
-    print(f"\n{name}: cubin {len(ck.cubin)} B, {'cache hit' if ck.cache_hit else 'compiled'}\n{table}")
+    print(f"\n{name} {defines}: cubin {len(ck.cubin)} B, {'cache hit' if ck.cache_hit else 'compiled'}\n{table}")
 
     assert ck.cubin[:4] == b"\x7fELF", "a cubin is an ELF image"
     entries = [r for r in ck.resources.values() if r.is_entry]

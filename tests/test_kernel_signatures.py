@@ -4,7 +4,8 @@ A kernel's parameter list lives in its `extern "C"` declaration; the launchers p
 name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
 instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
 launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
-sampler's, the page hand-over's, the benchmark GEMVs and the per-format GEMVs of `gemv_fmt` — is
+sampler's, the page hand-over's, the benchmark GEMVs, the verify pass's T-token GEMVs, attention
+(head_dim 64 and 128), lm_head and argmax_final, and the per-format GEMVs of `gemv_fmt` — is
 planned over buffers that need no GPU, and each of its
 launches must name every parameter of its kernel, in order, with an argument of the parameter's
 kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
@@ -101,6 +102,40 @@ def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     ]
 
 
+def _tokens_launchers(cfg, t: int = 5) -> list[tuple[str, launchers.Launcher]]:
+    """The T-token GEMVs of the verify pass (gemv_int4's `…_tokens` kernels) at `cfg`'s widths."""
+    D, F, Hq, Hkv, Dh, nq, nkv = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                                  cfg.head_dim, cfg.q_dim, cfg.kv_dim)
+    cache = [BufferSpec(c, (8, Hkv, PAGE_TOKENS, Dh), np.float16) for c in ("k_cache", "v_cache")]
+    res = _buf("residual", t * D, np.float32)
+    return [
+        ("qkv_rope_tokens", launchers.GemvInt4QkvRope(
+            _buf("q", t * nq, np.float16), *cache, res, _buf("norm_w", D, np.float16), *_int4("q", nq, D),
+            *_int4("k", nkv, D), *_int4("v", nkv, D), _buf("q_bias", nq, np.float16), _buf("k_bias", nkv, np.float16),
+            _buf("v_bias", nkv, np.float16), _buf("inv_freq", Dh // 2, np.float32), _buf("state", 3, np.int32),
+            _buf("block_table", 8, np.int32), n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, dim=D, eps=1e-6,
+            occupancy=OCCUPANCY, n_tokens=t)),
+        ("residual_tokens", launchers.GemvInt4Residual(res, _buf("h", t * F, np.float16), *_int4("d", D, F), n=D, k=F,
+                                                       occupancy=OCCUPANCY, n_tokens=t)),
+        ("gate_up_tokens", launchers.GemvInt4GateUpSwiglu(_buf("h", t * F, np.float16), res,
+                                                          _buf("norm_w", D, np.float16), *_int4("g", F, D),
+                                                          *_int4("u", F, D), f=F, k=D, eps=1e-6, occupancy=OCCUPANCY,
+                                                          n_tokens=t)),
+    ]
+
+
+def _attention_tokens_launcher(cfg, t: int = 5) -> tuple[str, launchers.Launcher]:
+    """The verify pass's T-token decode attention (attention_decode's `…_tokens` kernels) at `cfg`'s widths."""
+    Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    parts = tuple(BufferSpec(n, sh, np.float32)
+                  for n, sh in launchers.attention_decode.partial_shapes(Hq, Dh, 3, n_tokens=t).items())
+    cache = [BufferSpec(c, (8, Hkv, PAGE_TOKENS, Dh), np.float16) for c in ("k_cache", "v_cache")]
+    return ("attention_tokens", launchers.AttentionDecode(
+        _buf("attn", t * Hq * Dh, np.float16), _buf("q", t * Hq * Dh, np.float16), *cache,
+        _buf("block_table", 8, np.int32), _buf("state", 3, np.int32), parts, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+        blocks_per_kv_head=3, n_tokens=t))
+
+
 def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     """The sampler's, the page hand-over's, the benchmark GEMVs' and the per-format ones outside the step."""
     V, D = cfg.vocab_size, cfg.hidden_size
@@ -117,6 +152,12 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                     vocab_size=V, n_partials=64)),
         ("gemv_f16", launchers.GemvInt4(_buf("y", D, np.float16), _buf("x", D, np.float16), *_int4("w", D, D), n=D,
                                         k=D, occupancy=OCCUPANCY)),
+        *_tokens_launchers(cfg),
+        ("lm_head_tokens", launchers.LmHead(_buf("logits", 3 * V, np.float32), _buf("pv", 3 * (-(-V // 32)), np.float32),
+                                            _buf("pi", 3 * (-(-V // 32)), np.int32), _buf("x", 3 * D, np.float16),
+                                            _buf("lm_head", V * D, np.float16), vocab_size=V, dim=D, n_tokens=3)),
+        ("argmax_final_tokens", launchers.ArgmaxFinal(_buf("next_token", 3, np.int32), _buf("pv", 3 * 64, np.float32),
+                                                      _buf("pi", 3 * 64, np.int32), n_partials=64, n_tokens=3)),
         ("gpu_sleep", launchers.GpuSleep(1.0)),
     ]
     fmt = wf.EXACT_FOR_GGUF["Q5_0"]
@@ -171,6 +212,7 @@ def planned(request):
         plan = plan_decode(cfg, 256, attention="plain", occupancy=OCCUPANCY, persistent=True)
         entries.append((f"decode persistent {cfg.head_dim}", plan.persistent))
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
+        entries.append(_attention_tokens_launcher(cfg))
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
 

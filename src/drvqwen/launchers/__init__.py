@@ -11,7 +11,8 @@ Names follow one thread through the code base:
 | rmsnorm                 | RmsNorm                                     | out fp16 [rows, D]                   |
 | gemv_int4               | GemvInt4, GemvInt4QkvRope (norm, RoPE, K/V  | y fp16 [N]; q fp16 + this step's K/V |
 |                         | write), GemvInt4Residual,                   | cache slots; residual fp32 (+=);     |
-|                         | GemvInt4GateUpSwiglu (norm, SwiGLU)         | h fp16 [F]                           |
+|                         | GemvInt4GateUpSwiglu (norm, SwiGLU); the    | h fp16 [F]; with n_tokens=T, [T, …]  |
+|                         | last three also for T tokens (n_tokens)     | of each                              |
 | rope_kv                 | RopeKvRows (prefill)                        | q fp16, the chunk's K/V cache slots  |
 | attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
 | attention_decode_tma    | AttentionDecodeTma (+ attention_combine)    | split partials, out fp16 [Hq, Dh]    |

@@ -13,6 +13,13 @@ pages; each writes a partial result that attention_combine merges:
 
 (the names vLLM's paged attention uses).
 
+`n_tokens=T` (T ≤ 16) plans the verify pass of speculative decoding: the `…_tokens` kernels, q,
+out and the partials [T, …], token j the query at position state[0] + j over the first
+state[2] + j keys (causal inside the chunk), each token's output bit for bit the single-token
+kernels' at that length (attention_decode.cu, "T tokens"). Such a launch has the single-token
+launch's grid and block per token (grid (S, Hkv, T) and (Hq, T)): NS, the one launch parameter
+in the arithmetic, is the same.
+
 The attention kernels call griddepcontrol.wait first, but the decode step launches them
 without programmatic dependent launch: measured on the H200 (synthetic 7B, `drvqwen bench`
 graph ITL, one run), PDL on every decode kernel gave 2.605 ms, PDL on every kernel but
@@ -33,6 +40,7 @@ from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
 from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, i32, mirrored,
                    require)
+from .gemv_int4 import token_count  # the verify pass's bound on T, shared with its GEMVs
 
 WARPS = mirrored("attention_decode", "ATTN_WARPS", 4)                 # warps (= splits) per block
 MAX_GROUP = mirrored("attention_decode", "ATTN_MAX_GROUP", 8)         # query heads per KV head (MMA rows)
@@ -56,11 +64,13 @@ def split_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, blocks_per_sm: in
 
 
 def partial_shapes(n_heads: int, head_dim: int, blocks_per_kv_head: int,
-                   splits_per_block: int = WARPS) -> dict[str, tuple[int, ...]]:
-    """Shapes of the fp32 split-KV partials (module doc) for a grid of blocks_per_kv_head blocks."""
+                   splits_per_block: int = WARPS, n_tokens: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Shapes of the fp32 split-KV partials (module doc) for a grid of blocks_per_kv_head blocks;
+    with n_tokens = T, T of them, [T, …]."""
     n_splits = blocks_per_kv_head * splits_per_block
-    return {"partial_out": (n_splits, n_heads, head_dim), "max_logits": (n_splits, n_heads),
-            "exp_sums": (n_splits, n_heads)}
+    lead = () if n_tokens is None else (n_tokens,)
+    return {"partial_out": (*lead, n_splits, n_heads, head_dim), "max_logits": (*lead, n_splits, n_heads),
+            "exp_sums": (*lead, n_splits, n_heads)}
 
 
 def blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim: int, occupancy: Occupancy | None = None) -> int:
@@ -81,9 +91,10 @@ def check_attention_shapes(kernel: str, n_heads: int, n_kv_heads: int, head_dim:
             f"{kernel}: {n_heads} query heads over {n_kv_heads} KV heads; groups of 1..{MAX_GROUP} supported")
 
 
-def check_partials(partials, n_heads: int, head_dim: int, blocks_per_kv_head: int, splits_per_block: int) -> None:
+def check_partials(partials, n_heads: int, head_dim: int, blocks_per_kv_head: int, splits_per_block: int,
+                   n_tokens: int | None = None) -> None:
     """partials = (partial_out, max_logits, exp_sums) against partial_shapes(...)."""
-    shapes = partial_shapes(n_heads, head_dim, blocks_per_kv_head, splits_per_block)
+    shapes = partial_shapes(n_heads, head_dim, blocks_per_kv_head, splits_per_block, n_tokens)
     for (what, shape), buf in zip(shapes.items(), partials):
         check_buffer(buf, what, math.prod(shape), np.float32)
 
@@ -93,14 +104,18 @@ def partial_args(partials) -> dict:
     return dict(zip(("partial_out", "max_logits", "exp_sums"), partials, strict=True))
 
 
-def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int) -> None:
-    """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits."""
+def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int,
+                   n_tokens: int | None = None) -> None:
+    """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits
+    (n_tokens = T: attention_combine_tokens, out [T, Hq, Dh] from [T, …] partials, grid (Hq, T))."""
     partial_out, max_logits, exp_sums = partials
-    launcher._add(KernelRef("attention_decode", "attention_combine"), (n_heads,), (COMBINE_THREADS,),
+    t = token_count(n_tokens, "attention_decode")
+    kernel, grid = ("attention_combine", (n_heads,)) if n_tokens is None else ("attention_combine_tokens", (n_heads, t))
+    launcher._add(KernelRef("attention_decode", kernel), grid, (COMBINE_THREADS,),
                   dict(out=out, partial_out=partial_out, max_logits=max_logits, exp_sums=exp_sums, state=state,
                        n_splits=i32(n_splits), Hq=i32(n_heads), Dh=i32(head_dim)),
                   smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),
-                  bytes_moved=n_splits * n_heads * (head_dim + 2) * 4 + n_heads * head_dim * 2)
+                  bytes_moved=t * (n_splits * n_heads * (head_dim + 2) * 4 + n_heads * head_dim * 2))
 
 
 class AttentionDecode(Launcher):
@@ -109,27 +124,37 @@ class AttentionDecode(Launcher):
 
     partials: (partial_out, max_logits, exp_sums), fp32 scratch of partial_shapes(...);
     blocks_per_kv_head fixes the grid (graph-friendly): see `blocks_per_kv_head`.
+    n_tokens = T (1..16): the T-token kernels (module doc), q and out fp16 [T, Hq, Dh], the
+    partials of partial_shapes(..., n_tokens=T); token j attends to positions < state[2] + j.
 
     Raises:
-        LaunchError: unsupported head_dim or GQA group, or a buffer of the wrong size or dtype.
+        LaunchError: unsupported head_dim or GQA group, n_tokens outside 1..16, or a buffer of
+            the wrong size or dtype.
     """
 
     def __init__(self, out, q, k_cache, v_cache, block_table, state, partials, *, n_heads: int,
-                 n_kv_heads: int, head_dim: int, blocks_per_kv_head: int, stream: Stream | None = None):
+                 n_kv_heads: int, head_dim: int, blocks_per_kv_head: int, stream: Stream | None = None,
+                 n_tokens: int | None = None):
         super().__init__(stream)
         check_attention_shapes("attention_decode", n_heads, n_kv_heads, head_dim)
-        check_partials(partials, n_heads, head_dim, blocks_per_kv_head, WARPS)
-        check_buffer(out, "out", n_heads * head_dim, np.float16)
-        check_buffer(q, "q", n_heads * head_dim, np.float16)
+        self.n_tokens = t = token_count(n_tokens, "attention_decode")
+        check_partials(partials, n_heads, head_dim, blocks_per_kv_head, WARPS, n_tokens)
+        check_buffer(out, "out", t * n_heads * head_dim, np.float16)
+        check_buffer(q, "q", t * n_heads * head_dim, np.float16)
         check_state(state)
         self.n_splits = blocks_per_kv_head * WARPS
         self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
-        self._add(KernelRef("attention_decode", f"attention_decode_hd{head_dim}"), (blocks_per_kv_head, n_kv_heads),
+        # T tokens: the single-token grid once per token (grid.z), so the same NS per token.
+        kernel, grid = ((f"attention_decode_hd{head_dim}", (blocks_per_kv_head, n_kv_heads)) if n_tokens is None else
+                        (f"attention_decode_tokens_hd{head_dim}", (blocks_per_kv_head, n_kv_heads, t)))
+        self._add(KernelRef("attention_decode", kernel), grid,
                   (32 * WARPS,), dict(partial_args(partials), q=q, k_cache=k_cache, v_cache=v_cache,
                                       block_table=block_table, state=state, Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
                   reads=(q, k_cache, v_cache, block_table, state), writes=partials)
-        combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
+        combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim,
+                       n_tokens=n_tokens)
 
     def bytes_for(self, seq_len: int) -> int:
-        """KV bytes read at a given length (the partials are L2 traffic, not counted)."""
-        return seq_len * self.kv_bytes_per_token
+        """KV bytes read at a given length of token 0 (token j reads seq_len + j positions; the
+        partials are L2 traffic, not counted)."""
+        return sum(seq_len + j for j in range(self.n_tokens)) * self.kv_bytes_per_token

@@ -6,6 +6,12 @@
     GemvInt4Residual       residual fp32 [N]  += W x                        (o_proj, down_proj)
     GemvInt4GateUpSwiglu   h fp16 [F]          = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual)
 
+The last three take `n_tokens=T` (T ≤ 16) for the verify pass of speculative decoding: the
+`…_tokens` kernels, every per-token buffer [T, …], token j at position state[0] + j, each token's
+outputs bit for bit the single-token kernel's (gemv_int4.cu, "T tokens"). Such a launch has the
+single-token launch's grid and block: its W warps split K the same way, and W is the only launch
+parameter in the arithmetic.
+
 W is INT4 layout id 1: qweight uint32 [N, K/8] and scales fp16 [N, K/128] (format/quant.py).
 Every kernel of the file waits for its predecessor with griddepcontrol.wait (ptx/griddep.cuh),
 so the decode step launches them as programmatic dependents (KernelRef.pdl).
@@ -31,6 +37,13 @@ from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buff
 TILE_ROWS = mirrored("gemv_int4", "INT4_TILE_ROWS", 16)   # output rows per tile (M of one MMA)
 MAX_WARPS = mirrored("gemv_int4", "GEMV_MAX_WARPS", 8)    # K-split warps per block
 mirrored("gemv_int4", "INT4_GROUP", GROUP_SIZE)
+MMA_TOKENS = mirrored("gemv_int4", "GEMV_MMA_TOKENS", 8)   # tokens per MMA (its N)
+TOKENS_BUILT = mirrored("gemv_int4", "GEMV_TOKENS", 8)     # the T-token kernels' bound, default build
+MAX_TOKENS = 2 * MMA_TOKENS                                # the bound of the -DGEMV_TOKENS=16 build
+X_TOKEN_PAD_BYTES = 16 * mirrored("gemv_int4", "GEMV_X_TOKEN_PAD", 4)  # after each token's x in shared memory
+# Dynamic shared memory a block may opt in to on sm_90 (227 KiB), less 1 KiB for the kernels'
+# static shared memory (the RMSNorm sums, 256 B).
+MAX_DYNAMIC_SMEM_BYTES = 227 * 1024 - 1024
 
 def tiles(n: int) -> int:
     """16-row tiles covering n rows."""
@@ -46,6 +59,34 @@ def gemv_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int) -> int:
     """Dynamic shared memory of a gemv_int4 block: x in fp16 (2K bytes), then the warps'
     per-row partial sums, tiles_per_block × MT matrices × W warps × 16 rows × fp32."""
     return 2 * k + tiles_per_block * mt * warps * TILE_ROWS * 4
+
+
+def gemv_tokens_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int, n_tokens: int,
+                           x_staged: bool) -> int:
+    """Dynamic shared memory of a T-token gemv_int4 block: x of the T tokens, K·2 bytes each plus
+    64 bytes of padding, where the kernel stages it (not gemv_int4_residual_tokens), then the
+    partials, tiles_per_block × MT × W × T × 16 rows × fp32."""
+    x_bytes = n_tokens * (2 * k + X_TOKEN_PAD_BYTES) if x_staged else 0
+    return x_bytes + tiles_per_block * mt * warps * n_tokens * TILE_ROWS * 4
+
+
+def token_count(n_tokens: int | None, kernel: str = "gemv_int4") -> int:
+    """T of a launch: 1 for the single-token kernels (n_tokens None), else n_tokens (the verify
+    pass's other T-token kernels share the bound; `kernel` names the caller in the error).
+
+    Raises:
+        LaunchError: T outside 1..16.
+    """
+    if n_tokens is None:
+        return 1
+    require(1 <= n_tokens <= MAX_TOKENS, f"{kernel}: n_tokens={n_tokens} must be within 1..{MAX_TOKENS}")
+    return n_tokens
+
+
+def tokens_defines(n_tokens: int) -> tuple[tuple[str, int], ...]:
+    """The build of the T-token kernels for T tokens (1..16): the default (GEMV_TOKENS = 8) up to
+    8, else the GEMV_TOKENS = 16 one."""
+    return () if n_tokens <= TOKENS_BUILT else (("GEMV_TOKENS", MAX_TOKENS),)
 
 
 def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[int, int], int], sm_count: int,
@@ -106,16 +147,16 @@ def gemv_resident_blocks(k: int, mt: int, blocks_per_sm: Callable[[int, int], in
 
 
 def check_qkv_rope_outputs(kernel: str, q_out, k_cache, v_cache, n_heads: int, n_kv_heads: int,
-                           head_dim: int) -> None:
-    """The outputs of a fused qkv/RoPE GEMV (gemv_int4's, gemv_fmt's): q fp16 [Hq·Dh] and one
-    layer's paged K/V cache [P, Hkv, 16, Dh], with Dh a multiple of the 16-row tile.
+                           head_dim: int, n_tokens: int = 1) -> None:
+    """The outputs of a fused qkv/RoPE GEMV (gemv_int4's, gemv_fmt's): q fp16 [T, Hq·Dh] (T =
+    n_tokens) and one layer's paged K/V cache [P, Hkv, 16, Dh], with Dh a multiple of the 16-row tile.
 
     Raises:
         LaunchError: naming `kernel` and the buffer.
     """
     require(head_dim % TILE_ROWS == 0, f"{kernel}: head_dim={head_dim} must be a multiple of "
                                       f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
-    check_buffer(q_out, "q_out", n_heads * head_dim, np.float16)
+    check_buffer(q_out, "q_out", n_tokens * n_heads * head_dim, np.float16)
     for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         shape = getattr(c, "shape", None)
         require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
@@ -141,13 +182,22 @@ class _GemvInt4Launcher(Launcher):
     """
 
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes,
-                    occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple) -> None:
+                    occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple,
+                    n_tokens: int | None = None, x_staged: bool = True) -> None:
+        """Plan `kernel` (n_tokens None) or its `…_tokens` twin for n_tokens tokens (args then get
+        n_tokens), in the launch shape of `kernel`: the same grid and W, so the same sums."""
         require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
         occ = occupancy or DEFAULT_OCCUPANCY
         ref = _kernel(kernel, defines)
         grid, threads, smem = gemv_launch_shape(
             n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks)
+        if n_tokens is not None:
+            smem = gemv_tokens_smem_bytes(k, -(-n_tiles // grid), threads // 32, mt, n_tokens, x_staged)
+            require(smem <= MAX_DYNAMIC_SMEM_BYTES, f"{kernel}_tokens: {n_tokens} tokens at K={k} need {smem} B of "
+                                                    f"shared memory per block, more than {MAX_DYNAMIC_SMEM_BYTES}")
+            ref = _kernel(f"{kernel}_tokens", tuple(defines) + tokens_defines(n_tokens))
+            args = dict(args, n_tokens=i32(n_tokens))
         self._add(ref, (grid,), (threads,), args, smem_bytes=smem, reads=reads, writes=writes,
                   bytes_moved=self.bytes_moved)
 
@@ -182,20 +232,25 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
     residual fp32 [D]; norm_weight fp16 [D] (input_layernorm); q/k/v qweight, scales INT4
     [Hq·Dh | Hkv·Dh, D]; biases fp16; inv_freq fp32 [Dh/2] (reference.rope_inv_freq).
 
+    n_tokens=T: T tokens at positions state[0] + j (gemv_int4_qkv_rope_tokens), residual fp32
+    [T, D] and q_out fp16 [T, Hq·Dh]; token j's K/V go to the slot of position state[0] + j, its
+    page from block_table (entries of a page the chunk opens set before the launch).
+
     Raises:
-        LaunchError: Dh not a multiple of 16, D not a multiple of 128, or a buffer of the wrong
-            size, dtype or shape.
+        LaunchError: Dh not a multiple of 16, D not a multiple of 128, T outside 1..16, a buffer of
+            the wrong size, dtype or shape, or T tokens' x past the shared memory of a block.
     """
 
     def __init__(self, q_out, k_cache, v_cache, residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales,
                  v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, *, n_heads: int,
                  n_kv_heads: int, head_dim: int, dim: int, eps: float, stream: Stream | None = None,
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
-                 defines: tuple = ()):
+                 defines: tuple = (), n_tokens: int | None = None):
         super().__init__(stream)
-        check_qkv_rope_outputs("gemv_int4_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim)
+        nt = token_count(n_tokens)
+        check_qkv_rope_outputs("gemv_int4_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, nt)
         nq, nkv, k = n_heads * head_dim, n_kv_heads * head_dim, dim
-        check_buffer(residual, "residual", k, np.float32)
+        check_buffer(residual, "residual", nt * k, np.float32)
         check_buffer(norm_weight, "norm_weight", k, np.float16)
         _check_int4(q_qweight, q_scales, "q_proj", nq, k)
         _check_int4(k_qweight, k_scales, "k_proj", nkv, k)
@@ -206,7 +261,7 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
         check_buffer(inv_freq, "inv_freq", head_dim // 2, np.float32)
         check_state(state)
         n = nq + 2 * nkv
-        self.bytes_moved = int4_bytes(n, k) + 6 * k + 2 * n + 2 * n
+        self.bytes_moved = int4_bytes(n, k) + 2 * k + nt * (4 * k + 2 * n) + 2 * n
         self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1,
                          dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, residual=residual, norm_w=norm_weight,
                               q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
@@ -216,51 +271,61 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
                          reads=(residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                                 q_bias, k_bias, v_bias, inv_freq, state, block_table),
                          writes=(q_out, k_cache, v_cache), occupancy=occupancy, warps=warps, blocks=blocks,
-                         defines=defines)
+                         defines=defines, n_tokens=n_tokens)
 
 
 class GemvInt4Residual(_GemvInt4Launcher):
     """residual fp32 [N] += W x (o_proj, down_proj): the residual add fused into the epilogue.
 
+    n_tokens=T: residual fp32 [T, N] += W x_j per token, x fp16 [T, K] (gemv_int4_residual_tokens,
+    which reads x from global memory: nothing staged, any K).
+
     Raises:
-        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
+        LaunchError: K not a multiple of 128, T outside 1..16, or a buffer of the wrong size or dtype.
     """
 
     def __init__(self, residual, x, qweight, scales, *, n: int, k: int, stream: Stream | None = None,
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
-                 defines: tuple = ()):
+                 defines: tuple = (), n_tokens: int | None = None):
         super().__init__(stream)
-        check_buffer(residual, "residual", n, np.float32)
-        check_buffer(x, "x", k, np.float16)
+        nt = token_count(n_tokens)
+        check_buffer(residual, "residual", nt * n, np.float32)
+        check_buffer(x, "x", nt * k, np.float16)
         _check_int4(qweight, scales, "W", n, k)
-        self.bytes_moved = int4_bytes(n, k) + 2 * k + 8 * n
+        self.bytes_moved = int4_bytes(n, k) + nt * (2 * k + 8 * n)
         self._build_gemv("gemv_int4_residual", tiles(n), k, 1,
                          dict(residual=residual, x=x, qweight=qweight, scales=scales, N=i32(n), K=i32(k)),
                          reads=(residual, x, qweight, scales), writes=(residual,), occupancy=occupancy,
-                         warps=warps, blocks=blocks, defines=defines)
+                         warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens, x_staged=False)
 
 
 class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
     """h fp16 [F] = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual fp32 [D]) · norm_weight fp16 [D]
     (post_attention_layernorm): the norm, gate_proj, up_proj and SwiGLU in one launch.
 
+    n_tokens=T: h fp16 [T, F] from residual fp32 [T, D], each token's row normalised on its own
+    (gemv_int4_gate_up_swiglu_tokens).
+
     Raises:
-        LaunchError: D not a multiple of 128, or a buffer of the wrong size or dtype.
+        LaunchError: D not a multiple of 128, T outside 1..16, a buffer of the wrong size or dtype,
+            or T tokens' x past the shared memory of a block.
     """
 
     def __init__(self, h, residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales, *, f: int,
                  k: int, eps: float, stream: Stream | None = None, occupancy: Occupancy | None = None,
-                 warps: int | None = None, blocks: int | None = None, defines: tuple = ()):
+                 warps: int | None = None, blocks: int | None = None, defines: tuple = (),
+                 n_tokens: int | None = None):
         super().__init__(stream)
-        check_buffer(h, "h", f, np.float16)
-        check_buffer(residual, "residual", k, np.float32)
+        nt = token_count(n_tokens)
+        check_buffer(h, "h", nt * f, np.float16)
+        check_buffer(residual, "residual", nt * k, np.float32)
         check_buffer(norm_weight, "norm_weight", k, np.float16)
         _check_int4(gate_qweight, gate_scales, "gate_proj", f, k)
         _check_int4(up_qweight, up_scales, "up_proj", f, k)
-        self.bytes_moved = 2 * int4_bytes(f, k) + 6 * k + 2 * f
+        self.bytes_moved = 2 * int4_bytes(f, k) + 2 * k + nt * (4 * k + 2 * f)
         self._build_gemv("gemv_int4_gate_up_swiglu", tiles(f), k, 2,
                          dict(h=h, residual=residual, norm_w=norm_weight, gate_qweight=gate_qweight,
                               gate_scales=gate_scales, up_qweight=up_qweight, up_scales=up_scales, F=i32(f), K=i32(k),
                               eps=f32(eps)),
                          reads=(residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
-                         occupancy=occupancy, warps=warps, blocks=blocks, defines=defines)
+                         occupancy=occupancy, warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens)
