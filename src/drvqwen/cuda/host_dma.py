@@ -10,12 +10,12 @@ process has not touched yet. tools/bench_upload.py times both ways.
 A file mapped read-only (np.memmap mode "r", as format/nanoqwen.py maps a model) can only be
 registered with CU_MEMHOSTREGISTER_READ_ONLY: the kernel refuses to pin its pages writable. The
 flag needs a device with CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED; elsewhere the
-driver answers CUDA_ERROR_NOT_SUPPORTED (CUDA driver API reference, cuMemHostRegister).
+driver answers "not supported" (CUDA driver API reference, cuMemHostRegister).
 
 Registration works on whole pages (the driver API's older references require a page-aligned
 start and size), so the range registered is the cover of the array's bytes by pages: every such
 page is mapped, since each holds at least one byte of the array. Two registrations must not share
-a page (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), and the memory must stay mapped until
+a page (the driver answers "already registered"), and the memory must stay mapped until
 `unregister()`.
 """
 
@@ -68,9 +68,9 @@ class RegisteredHostRange:
 
         Raises:
             ValueError: `array` is empty or not C-contiguous.
-            CudaError: the driver refused (CUDA_ERROR_NOT_SUPPORTED for read_only on a device
-                without the attribute, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED for a page
-                already registered, CUDA_ERROR_INVALID_VALUE for memory it cannot pin).
+            CudaError: the driver refused ("not supported" for read_only on a device without
+                the attribute, "already registered" for a page registered before,
+                CUDA_ERROR_INVALID_VALUE for memory it cannot pin).
         """
         if not array.flags.c_contiguous or array.nbytes < 1:
             raise ValueError(f"register host memory: need a non-empty C-contiguous array, got "
