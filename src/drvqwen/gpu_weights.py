@@ -11,6 +11,7 @@ so the tests and tools can find any weight by the name HF users know.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Callable
 
 import numpy as np
@@ -20,7 +21,7 @@ from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool, StagingUploader
 from .errors import FormatError
 from .format import weight_formats as wf
-from .format.nanoqwen import NanoqwenFile
+from .format.nanoqwen import NanoqwenFile, TensorInfo
 from .format.tensor_set import proj_prefix, weight_shapes
 
 
@@ -31,6 +32,13 @@ def _aligned(nbytes: int, align: int) -> int:
 def _device_nbytes(info) -> int:
     """Bytes a tensor takes on the GPU (FP32 tensors are stored as FP16 there)."""
     return info.nbytes // 2 if info.dtype == wf.F32 else info.nbytes
+
+
+def weight_pool_bytes(tensors: Iterable[TensorInfo]) -> int:
+    """Bytes of the weight pool that GPUWeights allocates for `tensors` (a NanoqwenFile, or
+    some of its TensorInfos): each tensor's device bytes rounded up to the pool's alignment, and
+    one alignment more."""
+    return sum(_aligned(_device_nbytes(i), DEFAULT_ALIGN_BYTES) for i in tensors) + DEFAULT_ALIGN_BYTES
 
 
 def check_gpu_formats(f: NanoqwenFile) -> str | None:
@@ -70,10 +78,12 @@ class GPUWeights:
     """
 
     def __init__(self, f: NanoqwenFile, progress: Callable[[int, int], None] | None = None,
-                 num_layers: int | None = None):
+                 num_layers: int | None = None, staging: Mapping[str, int] | None = None):
         """Upload `f` (optionally only its first `num_layers` layers, for tests).
 
         progress(bytes_done, bytes_total) is called after each tensor.
+        `staging` sets StagingUploader's chunk_bytes / copy_threads / piece_bytes in place of
+        its defaults (tools/bench_upload.py times them against each other).
         Dense FP32 tensors (a GGUF's norms and biases) are uploaded as FP16, the dtype every
         kernel reads them in (Qwen2.5's are BF16 values, which FP16 holds exactly in their range).
 
@@ -91,12 +101,12 @@ class GPUWeights:
         self.config: QwenConfig = f.config if num_layers is None else f.config.with_layers(num_layers)
         keep = [i for i in f if not i.name.startswith("model.layers.")
                 or int(i.name.split(".")[2]) < self.config.num_layers]
-        total = sum(_aligned(_device_nbytes(i), DEFAULT_ALIGN_BYTES) for i in keep) + DEFAULT_ALIGN_BYTES
-        self.pool = Pool(total, name="weights")
+        self.pool = Pool(weight_pool_bytes(keep), name="weights")
         self.arrays: dict[str, DeviceArray] = {}
         self.nbytes = 0
         done = 0
-        with StagingUploader(region=(self.pool.base, self.pool.capacity_bytes) if gathered else None) as up:
+        region = (self.pool.base, self.pool.capacity_bytes) if gathered else None
+        with StagingUploader(region=region, **dict(staging or {})) as up:
             for info in keep:
                 host = np.asarray(f.tensor(info.name))
                 if info.dtype == wf.F32:

@@ -9,6 +9,7 @@ Reading order, bottom up:
 - tensormap.py TMA descriptors (cuTensorMapEncodeTiled)
 - launch.py    streams, events, and `KernelLaunch` with parameters packed once
 - memory.py    device buffers, the pool, typed arrays, pinned staging uploads
+- host_dma.py  host memory the process holds (a file's mapping) registered for DMA, and the copy
 - graph.py     stream capture → graph → replay; GraphInput, a value handed to a graph
 - bandwidth.py the device-to-device copy bandwidth (the benchmark's ceiling)
 - warmup.py    cuInit and the primary context started in a thread through ctypes, while
@@ -32,6 +33,8 @@ _EXPORTS = {
     "Event": "launch", "KernelLaunch": "launch", "Stream": "launch",
     "DEFAULT_ALIGN_BYTES": "memory", "KV_PAGE_ALIGN_BYTES": "memory", "DeviceArray": "memory",
     "DeviceBuffer": "memory", "PinnedHostBuffer": "memory", "Pool": "memory", "StagingUploader": "memory",
+    "RegisteredHostRange": "host_dma", "copy_to_device_async": "host_dma",
+    "read_only_register_supported": "host_dma",
     "Function": "module", "Module": "module", "load_kernel_module": "module",
     "ARCH": "nvrtc", "CompiledKernel": "nvrtc", "KernelResources": "nvrtc", "compile_kernel": "nvrtc",
     "kernel_source": "sources", "list_kernels": "sources",
@@ -75,12 +78,14 @@ __all__ = [
     "NvrtcError",
     "PinnedHostBuffer",
     "Pool",
+    "RegisteredHostRange",
     "StagingUploader",
     "Stream",
     "TensorMap",
     "capture",
     "check",
     "compile_kernel",
+    "copy_to_device_async",
     "encode_tiled",
     "encode_tiled_2d",
     "encode_tiled_3d",
@@ -89,4 +94,5 @@ __all__ = [
     "kernel_source",
     "list_kernels",
     "load_kernel_module",
+    "read_only_register_supported",
 ]

@@ -349,6 +349,13 @@ STAGING_PIECE_BYTES = 8 * 2**20
 STAGING_COPY_THREADS = 8
 
 
+def default_copy_threads() -> int:
+    """The copy threads a StagingUploader uses by default: STAGING_COPY_THREADS, or fewer where
+    this process may run on fewer cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(STAGING_COPY_THREADS, cores)
+
+
 def parallel_copy(dst: np.ndarray, src: np.ndarray, pool: ThreadPoolExecutor | None,
                   piece_bytes: int = STAGING_PIECE_BYTES) -> None:
     """dst[:] = src for 1-D uint8 arrays of equal size, in pieces of `piece_bytes` on `pool`'s
@@ -398,8 +405,7 @@ class StagingUploader:
         self._next = 0
         self._open: list[int] | None = None  # [half, device start, device end] of the chunk being filled
         self.dmas = 0                         # copies queued so far
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = copy_threads if copy_threads is not None else min(STAGING_COPY_THREADS, cores)
+        threads = copy_threads if copy_threads is not None else default_copy_threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="staging") if threads > 1 else None
 
     def _take_half(self) -> int:

@@ -400,6 +400,12 @@ class NanoqwenFile:
         i = self.tensors[name]
         return self._mm[i.offset:i.offset + i.nbytes].view(i.dtype).reshape(i.shape)
 
+    def data_region(self) -> np.ndarray:
+        """The data region, every tensor's bytes with their alignment padding, as a read-only
+        uint8 view of the mapping (no copy): bytes [data_offset, data_offset + data_size)."""
+        h = self.header
+        return self._mm[h.data_offset:h.data_offset + h.data_size]
+
     @cached_property
     def formats(self) -> dict[str, int]:
         """Weight prefix (`lm_head`, `model.layers.3.mlp.up_proj` …) → format id
