@@ -44,10 +44,13 @@ FIRST_POSITIONS = [13, 32768 - MAX_TOKENS]
 GATE_UP = [("7b", 18944, 3584), ("0.5b", 4864, 896), ("odd", 200, 128)]
 
 
-def _variants(label: str) -> list[tuple[str, dict]]:
+def _variants(label: str, n_tiles: int) -> list[tuple[str, dict]]:
     """(name, launcher kwargs), the same for both kernels: the launcher's own shape, and for the
-    small shapes 3 blocks (blocks own several tiles; for q/k/v, tiles of different matrices)."""
-    return [("auto", {})] if label.startswith("7b") else [("auto", {}), ("3_blocks", {"blocks": 3})]
+    small shapes 3 blocks (blocks own several tiles; for q/k/v, tiles of different matrices).
+    Small: at most 72 16-row tiles, so a block's 24 tiles of partials for 16 tokens fit its shared
+    memory (0.5B gate_up's 304 tiles in 3 blocks would need 466 KB at T = 5)."""
+    small = not label.startswith("7b") and n_tiles <= 72
+    return [("auto", {}), ("3_blocks", {"blocks": 3})] if small else [("auto", {})]
 
 
 def matmat64(qweight: np.ndarray, scales: np.ndarray, x: np.ndarray, rows_per_chunk: int = 4096) -> np.ndarray:
@@ -104,7 +107,7 @@ def test_gemv_int4_residual_tokens(dev, rng, label, n, k):
     want = res_in.astype(np.float64) + matmat64(qw, sc, x)
     x1, res1 = dev.array("x1", (k,), np.float16), dev.array("res1", (n,), np.float32)
     xt, rest = dev.upload("x", x), dev.array("residual", (MAX_TOKENS, n), np.float32)
-    for variant, kw in _variants(label):
+    for variant, kw in _variants(label, -(-n // 16)):
         single = []
         one = GemvInt4Residual(res1, x1, *w, n=n, k=k, **kw)
         for j in range(MAX_TOKENS):
@@ -144,7 +147,7 @@ def test_gemv_int4_qkv_rope_tokens(dev, rng, label, hq, hkv, dh, k):
     res1, q1 = dev.array("res1", (k,), np.float32), dev.array("q1", (hq, dh), np.float16)
     k1, v1 = dev.array("k1", cache_shape, np.float16), dev.array("v1", cache_shape, np.float16)
     kt, vt = dev.array("k_t", cache_shape, np.float16), dev.array("v_t", cache_shape, np.float16)
-    for variant, kw in _variants(label):
+    for variant, kw in _variants(label, (hq + 2 * hkv) * dh // 16):
         one = GemvInt4QkvRope(q1, k1, v1, res1, norm, *weights, *tail, **dims, **kw)
         for pos0 in FIRST_POSITIONS:
             # The single-token kernel, token j at position pos0 + j: its q and its K/V slot.
@@ -197,7 +200,7 @@ def test_gemv_int4_gate_up_swiglu_tokens(dev, rng, label, f, k):
     w = (dev.upload("norm_w", norm_w), dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
          dev.upload("us", us))
     res1, h1 = dev.array("res1", (k,), np.float32), dev.array("h1", (f,), np.float16)
-    for variant, kw in _variants(label):
+    for variant, kw in _variants(label, -(-f // 16)):
         one = GemvInt4GateUpSwiglu(h1, res1, *w, f=f, k=k, eps=EPS, **kw)
         single = []
         for j in range(MAX_TOKENS):
