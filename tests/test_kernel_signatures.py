@@ -24,6 +24,7 @@ from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import DeviceArray
 from drvqwen.cuda.sources import kernel_source, list_kernels
 from drvqwen.decode import ATTENTION_KERNELS, plan_decode
+from drvqwen.verify_plan import plan_verify
 from drvqwen.format import weight_formats as wf
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import BufferSpec, FixedOccupancy
@@ -213,6 +214,8 @@ def planned(request):
         entries.append((f"decode persistent {cfg.head_dim}", plan.persistent))
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
         entries.append(_attention_tokens_launcher(cfg))
+        plan = plan_verify(cfg, 256, 16, occupancy=OCCUPANCY)
+        entries += [(f"verify {cfg.head_dim}: {n}", l) for n, l in plan.steps]
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
 

@@ -66,11 +66,10 @@ from .cuda import DEFAULT_ALIGN_BYTES, Event, Pool, Stream, get_device
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile, expected_tensors
 from .gpu_weights import GPUWeights
-from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, layer_view_name, n_pages_for
+from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, n_pages_for
 from .kv_cache import tensor_map_shape
-from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, GemvInt4GateUpSwiglu,
-                        GemvInt4QkvRope, GemvInt4Residual, GpuSleep, Launcher, LaunchError, LmHead, RmsNorm,
-                        attention_decode, attention_decode_tma, lm_head_partials)
+from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, GpuSleep, Launcher,
+                        LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
@@ -80,6 +79,7 @@ from .format.tensor_set import EMBED, LM_HEAD, default_formats, proj_prefix
 from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
 from .launch_list import LaunchList, NamedLaunch
+from .layer_plan import int4_layer_steps, layer_kv
 from .sequence import Sequence
 from .stats import phase
 
@@ -253,7 +253,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                   EmbeddingFmt(a["residual"], emb, a["state"], vocab_size=V, dim=D, defines=fmt_defines)))
     for l in range(L):
         w = LayerWeights.of(weights.__getitem__, l)
-        k_l, v_l = (BufferSpec(layer_view_name(p, l), kv[p].shape[1:], np.float16) for p in ("k_cache", "v_cache"))
+        k_l, v_l = layer_kv(kv, l)
         if attention == "tma":
             attn = AttentionDecodeTma(a["attn"], a["q"], maps["k_cache"], maps["v_cache"], a["block_table"],
                                       a["state"], part, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
@@ -276,17 +276,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **fmt_gemv)),
             ]
             continue
-        steps += [
-            (f"L{l}.qkv_rope", GemvInt4QkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, *w.q_proj,
-                                               *w.k_proj, *w.v_proj, w.q_bias, w.k_bias, w.v_bias, a["inv_freq"],
-                                               a["state"], a["block_table"], n_heads=Hq, n_kv_heads=Hkv,
-                                               head_dim=Dh, dim=D, eps=eps, **gemv)),
-            (f"L{l}.attention", attn),
-            (f"L{l}.o_proj", GemvInt4Residual(a["residual"], a["attn"], *w.o_proj, n=D, k=nq, **gemv)),
-            (f"L{l}.gate_up_swiglu", GemvInt4GateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm,
-                                                          *w.gate_proj, *w.up_proj, f=F, k=D, eps=eps, **gemv)),
-            (f"L{l}.down_proj", GemvInt4Residual(a["residual"], a["h"], *w.down_proj, n=D, k=F, **gemv)),
-        ]
+        steps += int4_layer_steps(cfg, l, w, a, (k_l, v_l), attn, gemv=gemv)
     head = fw(LM_HEAD)
     lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
                  vocab_size=V, dim=D, text_vocab=text_vocab) if head is None else
