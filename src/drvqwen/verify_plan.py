@@ -26,8 +26,8 @@ Why each position matches the decode step bit for bit:
 - the attention is the plain kernel with the decode plan's S (same NS, same partial order). The
   TMA kernel (the decode step's default) splits KV into other partials: its sums may differ in
   the last bit, so a verify pass matches a decode step with attention="plain".
-- the GEMVs use the default K-group order; the persistent step (and plan_decode(persistent=True))
-  uses the strided order (MEMBER_GEMV_DEFINES): a verify pass does not match those bit for bit.
+- the GEMVs sum K in the decode step's order; the persistent step (plan_decode(persistent=True))
+  keeps that order too (its tests compare it bit for bit with the per-launch step).
 
 Buffers: ids int32 [T] (the tokens to run, written before the pass), next_token int32 [T], and
 [T, …] of the decode step's residual, xn, q, attn, h, logits, part_val, part_idx and split-KV
