@@ -32,9 +32,9 @@ def test_the_variant_list_covers_every_piece(tool, threads):
     assert copies == [f"host copy {t} thread{'s' * (t > 1)}{' (uploader)' if t == threads else ''}" for t in counts]
     staging = 2 * tool.STAGING_CHUNK_BYTES // 2**20
     assert f"pinned alloc {staging} MiB (staging)" in names
-    assert "GPUWeights defaults" in names and "GPUWeights one DMA per tensor" in names
+    assert {"GPUWeights defaults", "GPUWeights staging", "GPUWeights staging, one DMA per tensor"} <= set(names)
     knobs = {x.what.split("=")[0] for x in v if x.group == "GPUWeights" and "=" in x.what}
-    assert {"chunk_bytes", "copy_threads", "piece_bytes", tool.startup.GATHERED_UPLOAD} <= knobs
+    assert {"chunk_bytes", "copy_threads", "piece_bytes", tool.startup.UPLOAD} <= knobs
     # the defaults are the "GPUWeights defaults" row, not a knob row of their own
     assert f"copy_threads={threads}" not in [x.what for x in v]
     assert any("register" in n and "by tensor" in n for n in names)
@@ -217,7 +217,8 @@ def faked_driver(tool, monkeypatch):
     class Weights:
         def __init__(self, f, staging=None):
             self.nbytes = f.header.data_size
-            seen["gpu_weights"].append((staging, os.environ.get(tool.startup.GATHERED_UPLOAD)))
+            seen["gpu_weights"].append((staging, os.environ.get(tool.startup.UPLOAD),
+                                        os.environ.get(tool.startup.GATHERED_UPLOAD)))
         def close(self): pass
 
     for name, fake in [("PinnedHostBuffer", Host), ("DeviceBuffer", Host), ("Stream", Queue), ("Event", Queue),
@@ -226,6 +227,7 @@ def faked_driver(tool, monkeypatch):
                        ("copy_to_device_async", lambda dst, src, n, stream: ctypes.memmove(dst, src, n))]:
         monkeypatch.setattr(tool, name, fake)
     monkeypatch.delenv(tool.startup.GATHERED_UPLOAD, raising=False)
+    monkeypatch.delenv(tool.startup.UPLOAD, raising=False)
     return seen
 
 
@@ -255,13 +257,16 @@ def test_every_variant_runs_with_the_driver_faked(tool, faked_driver, tmp_path, 
     assert [r.error for r in results] == [None] * len(variants), said
     assert all(len(r.samples) == 5 and r.samples[0]["total"] >= 0 for r in results)
     assert setup.data_bytes > 3 * 64 * 1024
-    knobs = [x for x, _ in faked_driver["gpu_weights"]]
-    gathered = [g for _, g in faked_driver["gpu_weights"]]
+    calls = faked_driver["gpu_weights"]
     runs = 6                                                         # warm-up and 5
-    n_knob_variants = sum(1 for v in variants if v.group == "GPUWeights" and "=" in v.what) - 1
-    assert knobs.count(None) == 3 * runs and len(knobs) == runs * (3 + n_knob_variants)
-    assert gathered.count("off") == runs and set(gathered) == {None, "off"}
-    assert os.environ.get(tool.startup.GATHERED_UPLOAD) is None
+    n_knob_variants = sum(1 for v in variants if v.group == "GPUWeights" and v.what.split("=")[0] in
+                          ("chunk_bytes", "copy_threads", "piece_bytes"))
+    assert len(calls) == runs * (5 + n_knob_variants)
+    # the two defaults rows, the three staging rows (one with the gathered upload off), the knob rows
+    assert calls.count((None, None, None)) == 2 * runs
+    assert calls.count((None, "staging", None)) == 2 * runs and calls.count((None, "staging", "off")) == runs
+    assert sum(1 for st, _, _ in calls if st is not None) == runs * n_knob_variants
+    assert os.environ.get(tool.startup.GATHERED_UPLOAD) is None and os.environ.get(tool.startup.UPLOAD) is None
     assert set(faked_driver["registered"]) == {(setup.data_bytes, True)}
     for r in results:
         if r.variant.group in ("dma", "register"):

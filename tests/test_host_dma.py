@@ -1,6 +1,7 @@
 """cuda/host_dma.py: the page cover a registration takes, the refusals before the driver, and (GPU)
-a file's read-only mapping registered and copied straight to the device; GPUWeights' `staging`
-settings reaching its uploader; NanoqwenFile.data_region."""
+a file's read-only mapping registered and copied straight to the device; GPUWeights' choice of
+uploader (registered mapping or staging, its settings, the fallback) and (GPU) both giving the
+same bytes; NanoqwenFile.data_region."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from drvqwen import gpu_weights
+from drvqwen.errors import DrvqwenError
 from drvqwen.cuda import host_dma
 from drvqwen.format.nanoqwen import NanoqwenFile
 from helpers import TINY, random_dense, write_model
@@ -48,25 +50,35 @@ def test_data_region_holds_every_tensor_at_its_offset(tiny_model):
             assert region[at:at + info.nbytes].tobytes() == np.asarray(f.tensor(info.name)).tobytes()
 
 
-def test_gpu_weights_hands_its_staging_settings_to_the_uploader(tiny_model, monkeypatch):
-    """CPU: the pool and the uploader faked; what GPUWeights gives the uploader is recorded."""
-    from drvqwen.cuda import DeviceArray
+class _FakePool:
+    """The weight pool without a device: allocations at 256-byte steps from a made-up base."""
 
-    made = []
+    def __init__(self, capacity_bytes, name):
+        self.base, self.capacity_bytes, self.used = 1 << 20, capacity_bytes, 0
 
-    class Pool:
-        def __init__(self, capacity_bytes, name):
-            self.base, self.capacity_bytes, self.used = 1 << 20, capacity_bytes, 0
+    def alloc(self, name, shape, dtype):
+        from drvqwen.cuda import DeviceArray
 
-        def alloc(self, name, shape, dtype):
-            arr = DeviceArray(name, self.base + self.used, shape, dtype)
-            self.used += -(-arr.nbytes // 256) * 256
-            return arr
+        arr = DeviceArray(name, self.base + self.used, shape, dtype)
+        self.used += -(-arr.nbytes // 256) * 256
+        return arr
+
+    def close(self):
+        pass
+
+
+def _fake_uploader(made: list, kind: str, refuse: bool = False):
+    """An uploader class that records its arguments and uploads into `made` (one per instance,
+    as (kind, kwargs or the registered array, uploaded names)); `refuse`: its constructor raises
+    the driver's refusal."""
+    from drvqwen.cuda import CudaError
 
     class Uploader:
-        def __init__(self, **kw):
-            self.kw, self.uploads = kw, []
-            made.append(self)
+        def __init__(self, *args, **kw):
+            if refuse:
+                raise CudaError("cuMemHostRegister", "CUDA_ERROR_NOT_SUPPORTED", "operation not supported", 801)
+            self.args, self.kw, self.uploads = args, kw, []
+            made.append((kind, self))
 
         def __enter__(self):
             return self
@@ -80,17 +92,75 @@ def test_gpu_weights_hands_its_staging_settings_to_the_uploader(tiny_model, monk
         def finish(self):
             pass
 
-    monkeypatch.setattr(gpu_weights, "Pool", Pool)
-    monkeypatch.setattr(gpu_weights, "StagingUploader", Uploader)
+    return Uploader
+
+
+def _fake_upload(monkeypatch, *, supported: bool, refuse: bool = False) -> list:
+    made: list = []
+    monkeypatch.setattr(gpu_weights, "Pool", _FakePool)
+    monkeypatch.setattr(gpu_weights, "StagingUploader", _fake_uploader(made, "staging"))
+    monkeypatch.setattr(gpu_weights, "RegisteredUploader", _fake_uploader(made, "registered", refuse))
+    monkeypatch.setattr(gpu_weights, "read_only_register_supported", lambda: supported)
+    return made
+
+
+def test_gpu_weights_hands_its_staging_settings_to_the_uploader(tiny_model, monkeypatch):
+    """CPU: the pool and the uploaders faked; what GPUWeights gives the staging uploader is recorded."""
+    made = _fake_upload(monkeypatch, supported=False)
     with NanoqwenFile(tiny_model) as f:
-        gpu_weights.GPUWeights(f)
-        gpu_weights.GPUWeights(f, staging={"chunk_bytes": 1 << 20, "copy_threads": 3, "piece_bytes": 1 << 16})
+        a = gpu_weights.GPUWeights(f)
+        b = gpu_weights.GPUWeights(f, staging={"chunk_bytes": 1 << 20, "copy_threads": 3, "piece_bytes": 1 << 16})
         names = [i.name for i in f]
-        assert made[0].kw.keys() == {"region"}
-        assert made[1].kw == {"region": made[0].kw["region"], "chunk_bytes": 1 << 20, "copy_threads": 3,
-                              "piece_bytes": 1 << 16}
-        assert made[0].uploads == made[1].uploads == names
+        assert [k for k, _ in made] == ["staging", "staging"] and a.upload_via == b.upload_via == "staging"
+        (_, one), (_, two) = made
+        assert one.kw.keys() == {"region"}
+        assert two.kw == {"region": one.kw["region"], "chunk_bytes": 1 << 20, "copy_threads": 3,
+                          "piece_bytes": 1 << 16}
+        assert one.uploads == two.uploads == names
         assert gpu_weights.weight_pool_bytes(f) == sum(-(-i.nbytes // 256) * 256 for i in f) + 256
+
+
+def test_gpu_weights_uploads_from_the_registered_mapping_by_default(tiny_model, monkeypatch):
+    """CPU, uploaders faked: the default registers the file's data region and uploads every
+    tensor through it; staging settings, the switch set to staging, a device without read-only
+    registration, and a refused registration each take the staging uploader."""
+    from drvqwen import startup
+
+    made = _fake_upload(monkeypatch, supported=True)
+    with NanoqwenFile(tiny_model) as f:
+        names = [i.name for i in f]
+        w = gpu_weights.GPUWeights(f)
+        assert w.upload_via == "registered" and [k for k, _ in made] == ["registered"]
+        up = made[0][1]
+        (region,) = up.args
+        assert region.ctypes.data == f.data_region().ctypes.data and region.nbytes == f.header.data_size
+        assert up.uploads == names
+
+        assert gpu_weights.GPUWeights(f, staging={"copy_threads": 2}).upload_via == "staging"
+        monkeypatch.setenv(startup.UPLOAD, "staging")
+        assert gpu_weights.GPUWeights(f).upload_via == "staging"
+        monkeypatch.setenv(startup.UPLOAD, "pinned")
+        with pytest.raises(DrvqwenError, match="DRVQWEN_STARTUP_UPLOAD='pinned'"):
+            gpu_weights.GPUWeights(f)
+        monkeypatch.delenv(startup.UPLOAD)
+        assert [k for k, _ in made] == ["registered", "staging", "staging"]
+
+    made = _fake_upload(monkeypatch, supported=True, refuse=True)
+    with NanoqwenFile(tiny_model) as f:
+        w = gpu_weights.GPUWeights(f)
+        assert w.upload_via == "staging" and [k for k, _ in made] == ["staging"]
+        assert made[0][1].uploads == [i.name for i in f]
+
+
+def test_gpu_weights_reports_progress_against_the_total(tiny_model, monkeypatch):
+    _fake_upload(monkeypatch, supported=True)
+    seen = []
+    with NanoqwenFile(tiny_model) as f:
+        gpu_weights.GPUWeights(f, progress=lambda done, total: seen.append((done, total)))
+        total = sum(i.nbytes for i in f)
+    assert len(seen) == len(list(NanoqwenFile(tiny_model)))
+    assert {t for _, t in seen} == {total} and seen[-1][0] == total
+    assert all(a < b for (a, _), (b, _) in zip(seen, seen[1:]))
 
 
 @pytest.mark.gpu
@@ -113,3 +183,37 @@ def test_a_read_only_file_mapping_is_copied_straight_to_the_device(tmp_path, rng
             np.testing.assert_array_equal(dst.download(), data[100:100 + part.size])
         with host_dma.RegisteredHostRange(part):        # unregistered: the same pages can be registered again
             pass
+
+
+@pytest.mark.gpu
+def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng, monkeypatch):
+    """A model converted from a GGUF in its own formats (F32 norms and biases, which go up as
+    FP16 through a host copy): the registered mapping's upload and the staging upload fill the
+    weight pool with the same bytes, each tensor as the file holds it."""
+    from drvqwen import startup
+    from drvqwen.cuda import read_only_register_supported
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.format.convert import convert
+    from drvqwen.format.recipes import q4_k_m_types
+    from drvqwen.format.synthetic import write_synthetic_gguf
+
+    if not read_only_register_supported():
+        pytest.fail("the H100/H200 register host memory read-only; this device says it cannot")
+    src = write_synthetic_gguf(tmp_path / "m.gguf", TINY, random_dense(TINY, rng), qtype={p + ".weight": t for p, t in q4_k_m_types(TINY).items()})
+    convert(src, tmp_path / "m.nanoqwen", weights="source")
+    with NanoqwenFile(tmp_path / "m.nanoqwen") as f:
+        assert any(i.dtype == wf.F32 for i in f), "the test needs an F32 tensor (a host-converted upload)"
+        got = {}
+        for via in ("registered", "staging"):
+            monkeypatch.setenv(startup.UPLOAD, via)
+            w = gpu_weights.GPUWeights(f)
+            try:
+                assert w.upload_via == via
+                got[via] = {name: arr.download() for name, arr in w.arrays.items()}
+            finally:
+                w.close()
+        for info in f:
+            want = np.asarray(f.tensor(info.name))
+            want = want.astype(np.float16) if info.dtype == wf.F32 else want
+            for via in got:
+                assert got[via][info.name].tobytes() == want.tobytes(), (via, info.name)

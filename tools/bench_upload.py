@@ -20,10 +20,11 @@ staging halves, memory.parallel_copy, with the uploader's thread count and 1/2/4
 mapping or touched, tensor by tensor); the DMA alone (pinned → device: one copy, the uploader's
 chunks with and without its event waits, one copy per tensor; "copy engine" is the GPU time
 between events around the copies); the weight pool's cuMemAlloc; GPUWeights(f) itself (the file
-opened afresh, untimed) with the defaults, a touched mapping, the gathered upload off and other
-chunk_bytes / copy_threads / piece_bytes; and the alternative to staging, cuMemHostRegister of
-the file's mapping, read-only (cuda/host_dma.py), with the DMA straight from it (the
-unregistration is timed, not counted in the total).
+opened afresh, untimed) with the defaults (DMA from the registered mapping), a touched mapping,
+the staging uploader, with the gathered upload off and with other chunk_bytes / copy_threads /
+piece_bytes; and the registration on its own, cuMemHostRegister of the file's mapping, read-only
+(cuda/host_dma.py), with the DMA straight from it (the unregistration is timed, not counted in
+the total).
 
 The host copy, DMA and register variants move the data region as it lies in the file (an F32
 tensor stays F32 there; GPUWeights uploads it as FP16). --json OUT writes every sample, the
@@ -259,9 +260,9 @@ def _dma(mode: str):
     return run
 
 
-def _gpu_weights(staging: dict[str, int] | None = None, gathered: str | None = None, fresh: bool = True):
+def _gpu_weights(staging: dict[str, int] | None = None, env: dict[str, str] | None = None, fresh: bool = True):
     def run(s: Setup):
-        with s.mapping(fresh) as f, patch.dict(os.environ, {startup.GATHERED_UPLOAD: gathered} if gathered else {}):
+        with s.mapping(fresh) as f, patch.dict(os.environ, env or {}):
             c = Laps()
             w = GPUWeights(f, staging=staging)
             c.lap("upload")
@@ -317,12 +318,17 @@ def variant_list(threads: int | None = None) -> list[Variant]:
           Variant("dma by tensor", "dma", "one copy per tensor", _dma("tensors")),
           Variant("pool alloc", "device alloc", "the weight pool: cuMemAlloc and cuMemFree",
                   _alloc_free(lambda s: Pool(s.pool_bytes, name="weights"), lambda s: s.pool_bytes)),
-          Variant("GPUWeights defaults", "GPUWeights", "GPUWeights(f) as drvqwen runs it, fresh mapping",
-                  _gpu_weights()),
+          Variant("GPUWeights defaults", "GPUWeights",
+                  "GPUWeights(f) as drvqwen runs it (DMA from the registered mapping), fresh mapping", _gpu_weights()),
           Variant("GPUWeights touched", "GPUWeights", "the same from a mapping touched before",
                   _gpu_weights(fresh=False)),
-          Variant("GPUWeights one DMA per tensor", "GPUWeights", f"{startup.GATHERED_UPLOAD}=off",
-                  _gpu_weights(gathered="off"))]
+          Variant("GPUWeights staging", "GPUWeights", f"{startup.UPLOAD}=staging",
+                  _gpu_weights(env={startup.UPLOAD: "staging"})),
+          Variant("GPUWeights staging touched", "GPUWeights", "the same from a mapping touched before",
+                  _gpu_weights(env={startup.UPLOAD: "staging"}, fresh=False)),
+          Variant("GPUWeights staging, one DMA per tensor", "GPUWeights",
+                  f"{startup.UPLOAD}=staging, {startup.GATHERED_UPLOAD}=off",
+                  _gpu_weights(env={startup.UPLOAD: "staging", startup.GATHERED_UPLOAD: "off"}))]
     knobs = ([("chunk_bytes", n, f"{n // MiB} MiB") for n in CHUNK_SIZES if n != STAGING_CHUNK_BYTES]
              + [("copy_threads", n, str(n)) for n in COPY_THREADS if n != threads]
              + [("piece_bytes", n, f"{n // MiB} MiB") for n in PIECE_SIZES if n != STAGING_PIECE_BYTES])

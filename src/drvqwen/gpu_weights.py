@@ -1,9 +1,11 @@
 """The model's weights on the GPU: one pool, one named buffer per `.nanoqwen` tensor.
 
 The file is mmapped and validated first (format/nanoqwen.py); only then is the weight pool
-allocated — sized exactly from the tensor table — and each tensor copied through the pinned
-double-buffered staging uploader. A tensor is read from the mapping chunk by chunk, so the
-host never holds the model twice (the page cache holds what the kernel maps, and no more).
+allocated — sized exactly from the tensor table — and each tensor copied by DMA straight from
+the mapping, whose pages are registered read-only with the driver for the upload
+(cuda/host_dma.py). Where the driver cannot register them, the tensors go through the pinned
+double-buffered staging uploader, read from the mapping chunk by chunk. Either way the host
+never holds the model twice (the page cache holds what the kernel maps, and no more).
 
 Buffer names are the file's tensor names (HF names: `model.layers.3.mlp.down_proj.qweight`),
 so the tests and tools can find any weight by the name HF users know.
@@ -18,7 +20,8 @@ import numpy as np
 
 from . import startup
 from .config import QwenConfig
-from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool, StagingUploader
+from .cuda import (DEFAULT_ALIGN_BYTES, CudaError, DeviceArray, Pool, RegisteredUploader, StagingUploader,
+                   read_only_register_supported)
 from .errors import FormatError
 from .format import weight_formats as wf
 from .format.nanoqwen import NanoqwenFile, TensorInfo
@@ -75,6 +78,7 @@ class GPUWeights:
         pool: the weight pool (closed by `close()`).
         arrays: tensor name → DeviceArray (dtype and shape as in the file).
         nbytes: bytes of weight data on the device.
+        upload_via: how the bytes went, "registered" (DMA from the file's mapping) or "staging".
     """
 
     def __init__(self, f: NanoqwenFile, progress: Callable[[int, int], None] | None = None,
@@ -82,43 +86,67 @@ class GPUWeights:
         """Upload `f` (optionally only its first `num_layers` layers, for tests).
 
         progress(bytes_done, bytes_total) is called after each tensor.
-        `staging` sets StagingUploader's chunk_bytes / copy_threads / piece_bytes in place of
-        its defaults (tools/bench_upload.py times them against each other).
+        The bytes go by DMA straight from the file's mapping, registered read-only for the
+        upload (cuda.host_dma.RegisteredUploader), or through pinned staging buffers
+        (StagingUploader) where the driver cannot register it, DRVQWEN_STARTUP_UPLOAD=staging
+        asks for that, or `staging` sets StagingUploader's chunk_bytes / copy_threads /
+        piece_bytes in place of its defaults (tools/bench_upload.py times them against each
+        other); `upload_via` says which ("registered" or "staging").
         Dense FP32 tensors (a GGUF's norms and biases) are uploaded as FP16, the dtype every
         kernel reads them in (Qwen2.5's are BF16 values, which FP16 holds exactly in their range).
 
         Raises DeviceMemoryError (a DrvqwenError) before anything is copied if the weights do
         not fit in free device memory, FormatError naming the first weight whose format the
         GPU kernels do not run (`check_gpu_formats`), and DrvqwenError for a bad
-        DRVQWEN_STARTUP_GATHERED_UPLOAD (startup.switch).
+        DRVQWEN_STARTUP_UPLOAD or DRVQWEN_STARTUP_GATHERED_UPLOAD (startup.switch).
         """
         unsupported = check_gpu_formats(f)
         if unsupported:
             raise FormatError(unsupported)
-        # The small tensors gathered into large copies through the pool's region, unless the
-        # measurement switch turns that off (startup.py).
-        gathered = startup.switch(startup.GATHERED_UPLOAD) == "on"
+        startup.check_switches()
         self.config: QwenConfig = f.config if num_layers is None else f.config.with_layers(num_layers)
         keep = [i for i in f if not i.name.startswith("model.layers.")
                 or int(i.name.split(".")[2]) < self.config.num_layers]
         self.pool = Pool(weight_pool_bytes(keep), name="weights")
         self.arrays: dict[str, DeviceArray] = {}
         self.nbytes = 0
-        done = 0
+        total = sum(_device_nbytes(i) for i in keep)
+        try:
+            with self._uploader(f, staging) as up:
+                for info in keep:
+                    host = np.asarray(f.tensor(info.name))
+                    if info.dtype == wf.F32:
+                        host = host.astype(np.float16)
+                    arr = self.pool.alloc(info.name, info.shape, host.dtype)
+                    up.upload(arr, host)
+                    self.arrays[info.name] = arr
+                    self.nbytes += host.nbytes
+                    if progress:
+                        progress(self.nbytes, total)
+                up.finish()
+        except BaseException:
+            self.close()
+            raise
+
+    def _uploader(self, f: NanoqwenFile, staging: Mapping[str, int] | None):
+        """The uploader for this load, and `upload_via` set to its name: DMA from the file's
+        registered mapping (the default: no staging buffer to allocate, no CPU copy), unless
+        `staging` settings or DRVQWEN_STARTUP_UPLOAD=staging ask for the staging uploader, or
+        the driver cannot register the mapping read-only (then staging, without a word: both
+        give the same bytes)."""
+        if staging is None and startup.switch(startup.UPLOAD) == "registered" and read_only_register_supported():
+            try:
+                up = RegisteredUploader(f.data_region())
+                self.upload_via = "registered"
+                return up
+            except CudaError:
+                pass
+        # The small tensors gathered into large copies through the pool's region, unless the
+        # measurement switch turns that off (startup.py).
+        gathered = startup.switch(startup.GATHERED_UPLOAD) == "on"
         region = (self.pool.base, self.pool.capacity_bytes) if gathered else None
-        with StagingUploader(region=region, **dict(staging or {})) as up:
-            for info in keep:
-                host = np.asarray(f.tensor(info.name))
-                if info.dtype == wf.F32:
-                    host = host.astype(np.float16)
-                arr = self.pool.alloc(info.name, info.shape, host.dtype)
-                up.upload(arr, host)
-                self.arrays[info.name] = arr
-                self.nbytes += host.nbytes
-                done += host.nbytes
-                if progress:
-                    progress(done, self.nbytes)
-            up.finish()
+        self.upload_via = "staging"
+        return StagingUploader(region=region, **dict(staging or {}))
 
     def __getitem__(self, name: str) -> DeviceArray:
         return self.arrays[name]

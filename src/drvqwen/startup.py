@@ -6,7 +6,7 @@ tokenizer worker (tokenizer_process.start_early), so that both overlap every imp
 instead of waiting for the model to be open. The decision is a guess from the words of argv
 alone; a run that goes to the CPU after all gives the context back and closes the worker unused.
 
-Three measurement switches, environment variables read here and nowhere else, put each of
+Four measurement switches, environment variables read here and nowhere else, put each of
 these back where it was before, so that tools/bench_startup.py can time them against each other
 in one run (`--variant`). Each gives the same answer; only the timing differs:
 
@@ -14,9 +14,14 @@ in one run (`--variant`). Each gives the same answer; only the timing differs:
                                       entry point, or when the device is chosen (loading.choose_device)
     DRVQWEN_STARTUP_TOKENIZER_WORKER  entry (default) | model: the tokenizer worker starts at the
                                       entry point, or once the model file is open
-    DRVQWEN_STARTUP_GATHERED_UPLOAD   on (default) | off: the weights' small tensors gathered into
-                                      large copies (cuda.memory.StagingUploader's region), or each
-                                      copied on its own
+    DRVQWEN_STARTUP_UPLOAD            registered (default) | staging: the weights copied by DMA
+                                      straight from the file's mapping, registered read-only
+                                      (cuda.host_dma.RegisteredUploader), or through pinned staging
+                                      buffers (cuda.memory.StagingUploader); registered falls back to
+                                      staging where the driver refuses the registration
+    DRVQWEN_STARTUP_GATHERED_UPLOAD   on (default) | off: with staging, the weights' small tensors
+                                      gathered into large copies (StagingUploader's region), or
+                                      each copied on its own
 
 Only the standard library is imported at the top: this module runs before numpy or tokenizers.
 """
@@ -29,12 +34,14 @@ from .errors import DrvqwenError
 
 DRIVER_WARMUP = "DRVQWEN_STARTUP_DRIVER_WARMUP"
 TOKENIZER_WORKER = "DRVQWEN_STARTUP_TOKENIZER_WORKER"
+UPLOAD = "DRVQWEN_STARTUP_UPLOAD"
 GATHERED_UPLOAD = "DRVQWEN_STARTUP_GATHERED_UPLOAD"
 
 # Each switch's values, its default first.
 SWITCHES = {
     DRIVER_WARMUP: ("entry", "device"),
     TOKENIZER_WORKER: ("entry", "model"),
+    UPLOAD: ("registered", "staging"),
     GATHERED_UPLOAD: ("on", "off"),
 }
 
