@@ -88,6 +88,52 @@ def test_the_worker_answers_the_ids_of_this_process(spec):
     assert table.special_ids == tok.special_ids
 
 
+def test_a_run_records_the_cache_file_its_worker_loads_first():
+    """start_for records the cache file it sent; the next worker finds it (last_used) and loads
+    it before its request. A missing file, or none recorded, gives None."""
+    text, other = bpe_with_merges_json(), byte_tokenizer_json()
+    assert tokenizer_cache.last_used() is None
+    _cached(text), _cached(other)
+    for t in (text, other, text):
+        proc, _ = tokenizer_process.start_for(t, SPECS[0])
+        proc.ids()
+        assert tokenizer_cache.last_used() == tokenizer_cache.cache_path(t)
+    tokenizer_cache.cache_path(text).unlink()
+    assert tokenizer_cache.last_used() is None
+
+
+@pytest.mark.parametrize("hit", [True, False], ids=["same", "other"])
+def test_the_worker_answers_with_the_preloaded_tokenizer_only_for_its_file(monkeypatch, hit):
+    """A request for the preloaded file is answered without loading it again; a request for
+    another file loads that one, and the answer is that file's tokenizer's ids."""
+    from drvqwen import tokenizer_worker
+
+    text, other = bpe_with_merges_json(), byte_tokenizer_json()
+    tok, tok_other = _cached(text), _cached(other)
+    tokenizer_cache.remember_last_used(tokenizer_cache.cache_path(text))
+    preloaded = tokenizer_worker._preload()
+    assert preloaded is not None and preloaded[0] == str(tokenizer_cache.cache_path(text))
+    loads = []
+    real = tokenizer_worker.load_file
+    monkeypatch.setattr(tokenizer_worker, "load_file", lambda p: loads.append(str(p)) or real(p))
+    want_text = text if hit else other
+    reply = tokenizer_worker.answer({"cache": str(tokenizer_cache.cache_path(want_text)), "prompt": SPECS[0]},
+                                    preloaded)
+    assert reply["ids"] == prompt_ids_of(SPECS[0], tok if hit else tok_other)
+    assert loads == ([] if hit else [str(tokenizer_cache.cache_path(other))])
+
+
+def test_the_worker_preloads_nothing_from_a_damaged_record(private_cache):
+    """A record naming a file that is not a cache file (damaged) preloads nothing."""
+    from drvqwen import tokenizer_worker
+
+    bad = private_cache / "not-a-tokenizer.json"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_text("{}")
+    tokenizer_cache.remember_last_used(bad)
+    assert tokenizer_cache.last_used() == bad and tokenizer_worker._preload() is None
+
+
 def test_no_shortcut_before_a_first_run_left_both_cached_forms():
     text = bpe_with_merges_json()
     assert tokenizer_process.start_for(text, SPECS[0]) is None          # nothing cached

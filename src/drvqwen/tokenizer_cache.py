@@ -100,3 +100,35 @@ def store(text: str, tk: tokenizers.Tokenizer) -> bool:
     except (OSError, DrvqwenError):     # a read-only or full cache: the next run builds again
         return False
     return True
+
+
+# The cache file the last GPU run's prompt was encoded with (its path, one line), for the next
+# run's tokenizer worker to load before its request arrives (tokenizer_worker.py).
+LAST_USED = "last-used"
+
+
+def remember_last_used(path: Path) -> None:
+    """Record cache file `path` as the last one used, where it is not already (temp name, then
+    rename); a cache that cannot be written is skipped (the next worker just waits for its
+    request)."""
+    try:
+        pointer = paths.tokenizer_dir() / LAST_USED
+        text = str(path)
+        try:
+            if pointer.read_text(encoding="utf-8") == text:
+                return
+        except OSError:                 # none yet
+            pass
+        paths.atomic_write_bytes(pointer, text.encode("utf-8"))
+    except (OSError, DrvqwenError, UnicodeError):
+        pass
+
+
+def last_used() -> Path | None:
+    """The cache file `remember_last_used` recorded, if the record and the file exist."""
+    try:
+        path = Path((paths.tokenizer_dir() / LAST_USED).read_text(encoding="utf-8"))
+    except (OSError, DrvqwenError, UnicodeError, ValueError):
+        return None
+    return path if path.is_file() else None
+

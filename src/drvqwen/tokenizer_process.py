@@ -183,4 +183,7 @@ def start_for(tokenizer_json: str, spec: dict) -> tuple[TokenizerProcess, TokenB
     if table is None:
         return None
     proc = TokenizerProcess.start(cache_file, spec)
-    return None if proc is None else (proc, table)
+    if proc is None:
+        return None
+    tokenizer_cache.remember_last_used(cache_file)    # the next run's worker loads it at once
+    return proc, table

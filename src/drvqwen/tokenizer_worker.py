@@ -8,7 +8,14 @@ stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path), "pr
 spec (gen_options.prompt_spec)}; it loads the tokenizer from that file and writes one JSON line
 to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or {"error": "one line"}
 when the file is missing or damaged or the spec is bad. Then it exits. End of input before a
-request (the command needed no worker after all, or died) ends it at once, writing nothing.
+request (the command needed no worker after all, or died) ends it, writing nothing.
+
+Before it reads the request, it loads the cache file the last run used
+(tokenizer_cache.last_used): loading Qwen's tokenizer takes a few hundred milliseconds, and the
+request only comes once the other process has its model open, so the load would otherwise
+start that late and finish after the weights are on the GPU. Every Qwen2.5-Coder model has the
+same tokenizer, so the guess is right unless the run's model family changed; then the request's
+file is loaded as before ("seconds" counts only the time after the request).
 """
 
 from __future__ import annotations
@@ -20,18 +27,27 @@ import time
 
 from .errors import DrvqwenError
 from .tokenizer import Tokenizer, prompt_ids_of
-from .tokenizer_cache import load_file
+from .tokenizer_cache import last_used, load_file
 
 
-def answer(request: dict) -> dict:
-    """The reply to one request (module doc)."""
-    return _answer(request)[0]
+def answer(request: dict, preloaded: tuple[str, object] | None = None) -> dict:
+    """The reply to one request (module doc); `preloaded` = (cache file, its tokenizer) loaded
+    before the request came."""
+    return _answer(request, preloaded)[0]
 
 
-def _answer(request: dict) -> tuple[dict, object]:
-    """(the reply, the tokenizer it loaded or None)."""
+def _preload() -> tuple[str, object] | None:
+    """(the last used cache file, its tokenizer), or None when there is none or it is damaged."""
+    path = last_used()
+    tk = load_file(path) if path is not None else None
+    return None if tk is None else (str(path), tk)
+
+
+def _answer(request: dict, preloaded: tuple[str, object] | None = None) -> tuple[dict, object]:
+    """(the reply, the tokenizer it used or None)."""
     t0 = time.perf_counter()
-    tk = load_file(request["cache"])
+    cache = str(request["cache"])
+    tk = preloaded[1] if preloaded is not None and preloaded[0] == cache else load_file(cache)
     if tk is None:
         return {"error": f"{request['cache']}: no usable cached tokenizer"}, None
     try:
@@ -42,11 +58,12 @@ def _answer(request: dict) -> tuple[dict, object]:
 
 
 def main() -> None:
+    preloaded = _preload()
     line = sys.stdin.readline()
     if not line:                 # EOF: no request will come
         os._exit(0)
     try:
-        reply, tokenizer = _answer(json.loads(line))     # held, never freed (below)
+        reply, tokenizer = _answer(json.loads(line), preloaded)     # held, never freed (below)
     except (ValueError, KeyError, TypeError) as e:
         reply, tokenizer = {"error": f"bad request ({type(e).__name__}: {e})"}, None
     sys.stdout.write(json.dumps(reply) + "\n")
