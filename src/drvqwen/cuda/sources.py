@@ -15,6 +15,7 @@ depends on, not only the `.cu` file (docs/gpu-workflow.md#the-toolchain-nvrtc-to
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,23 +145,28 @@ def included_headers(source: KernelSource, include_dirs: list[Path]) -> list[Inc
         The headers, each once (the first time it is reached), with its sha256.
     """
     found: list[IncludedHeader] = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
+    dirs = [os.path.abspath(d) for d in include_dirs]
 
-    def visit(path: Path, text: bytes) -> None:
+    # Plain os.path: this runs for every kernel file at every start-up (the cache key), and
+    # pathlib's resolve() costs several system calls per include line. normpath folds "..", so
+    # a header reached by two spellings is one path; one reached through a symlink under
+    # another name would be hashed twice, which only repeats a digest in the key.
+    def visit(folder: str, text: bytes) -> None:
         for quote, spelled in _INCLUDE_RE.findall(text.decode(errors="replace")):
-            candidates = ([path.parent] if quote == '"' else []) + list(include_dirs)
-            for folder in candidates:
-                hit = (folder / spelled).resolve()
-                if hit.is_file():
+            for base in ([folder] if quote == '"' else []) + dirs:
+                hit = os.path.normpath(os.path.join(base, spelled))
+                if os.path.isfile(hit):
                     break
             else:
                 continue  # a toolkit header: see the docstring
             if hit in seen:
                 continue
             seen.add(hit)
-            data = hit.read_bytes()
-            found.append(IncludedHeader(spelled, hit, hashlib.sha256(data).hexdigest()))
-            visit(hit, data)
+            with open(hit, "rb") as fh:
+                data = fh.read()
+            found.append(IncludedHeader(spelled, Path(hit), hashlib.sha256(data).hexdigest()))
+            visit(os.path.dirname(hit), data)
 
-    visit(source.path, source.text)
+    visit(os.path.dirname(os.path.abspath(source.path)), source.text)
     return found
