@@ -12,6 +12,7 @@ from drvqwen import gpu_weights
 from drvqwen.errors import DrvqwenError
 from drvqwen.cuda import host_dma
 from drvqwen.format.nanoqwen import NanoqwenFile
+from drvqwen.format.tensor_set import weight_shapes
 from helpers import TINY, random_dense, write_model
 
 
@@ -187,20 +188,33 @@ def test_a_read_only_file_mapping_is_copied_straight_to_the_device(tmp_path, rng
 
 @pytest.mark.gpu
 def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng, monkeypatch):
-    """A model converted from a GGUF in its own formats (F32 norms and biases, which go up as
-    FP16 through a host copy): the registered mapping's upload and the staging upload fill the
-    weight pool with the same bytes, each tensor as the file holds it."""
+    """A model in the Q4_K_M layout whose norms and biases are stored FP32 (as a GGUF's are;
+    they go up as FP16 through a host copy): the registered mapping's upload and the staging
+    upload fill the weight pool with the same bytes, each tensor as the file holds it."""
     from drvqwen import startup
     from drvqwen.cuda import read_only_register_supported
     from drvqwen.format import weight_formats as wf
-    from drvqwen.format.convert import convert
-    from drvqwen.format.recipes import q4_k_m_types
-    from drvqwen.format.synthetic import write_synthetic_gguf
+    from drvqwen.format.nanoqwen_writer import NanoqwenWriter
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import synthetic_tensor
+    from drvqwen.format.tensor_set import expected_tensors
+    from helpers import minimal_tokenizer_json
 
     if not read_only_register_supported():
         pytest.fail("the H100/H200 register host memory read-only; this device says it cannot")
-    src = write_synthetic_gguf(tmp_path / "m.gguf", TINY, random_dense(TINY, rng), qtype={p + ".weight": t for p, t in q4_k_m_types(TINY).items()})
-    convert(src, tmp_path / "m.nanoqwen", weights="source")
+    formats = recipe_formats(TINY, "q4_k_m")
+    shapes = weight_shapes(TINY)
+    with NanoqwenWriter(tmp_path / "m.nanoqwen", TINY, minimal_tokenizer_json()) as w:
+        for name, (dt, shape) in expected_tensors(TINY, formats).items():
+            prefix = wf.weight_prefix(name)
+            fid = formats.get(prefix, wf.PLAIN) if prefix else wf.PLAIN
+            if fid == wf.PLAIN:
+                t = synthetic_tensor(name, dt, shape, rng)
+                w.add(name, t.astype(np.float32) if t.ndim == 1 else t, format_id=fid)
+            else:
+                if name.endswith(".qweight"):
+                    parts = wf.random_weight(wf.FORMATS[fid], *shapes[prefix], rng)
+                w.add(name, parts[name.rsplit(".", 1)[1]], format_id=fid)
     with NanoqwenFile(tmp_path / "m.nanoqwen") as f:
         assert any(i.dtype == wf.F32 for i in f), "the test needs an F32 tensor (a host-converted upload)"
         got = {}
