@@ -1,9 +1,11 @@
-"""What `drvqwen run` on the GPU has imported when its first token is out, kernel cache warm.
+"""What `drvqwen run` on the GPU has imported when its first token is out, caches warm.
 
 Every import before the first token is start-up a person waits for. NVRTC is one they need not
 wait for when every cubin is in the cache: `cuda.bindings.nvrtc` pulls in cuda.pathfinder, and
 naming the toolchain importlib.metadata — tens of milliseconds that a run with a warm cache
-never uses (cuda/toolchain.py). The run here is the real one — the entry point, the command
+never uses (cuda/toolchain.py). The `tokenizers` library is another, once an earlier run left
+the tokenizer's cached forms: the prompt is encoded in the worker process and the answer
+decoded from the token bytes table (stream_decoder.py). The run here is the real one — the entry point, the command
 line, the model opened, the device probed, the engine imported, the weight bar drawn, the
 prompt encoded and the text streamed — with two stand-ins where this machine has no GPU: the
 driver's answers to the device probe (its NVRTC question is asked for real) and GPUBackend
@@ -28,8 +30,8 @@ from helpers import TINY, byte_tokenizer_json, random_dense, write_model
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 pytestmark = pytest.mark.usefixtures("private_cache")
 
-# Modules a GPU run with a warm kernel cache must not have imported by its first token.
-NOT_BEFORE_FIRST_TOKEN = ("cuda.bindings.nvrtc", "cuda.pathfinder", "importlib.metadata")
+# Modules a GPU run with warm caches must not have imported by its first token.
+NOT_BEFORE_FIRST_TOKEN = ("cuda.bindings.nvrtc", "cuda.pathfinder", "importlib.metadata", "tokenizers")
 
 _RUN = """
 import json, sys, types
@@ -74,14 +76,20 @@ def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_a_gpu_run_with_a_warm_kernel_cache_never_imports_nvrtc(tmp_path, rng):
-    model = tmp_path / "tiny.nanoqwen"
-    write_model(model, TINY, random_dense(TINY, rng), tokenizer_json=byte_tokenizer_json())
-    warm = _python("from drvqwen.cuda.nvrtc import compile_kernel; compile_kernel('smoke')")
-    assert warm.returncode == 0, warm.stderr
+def _before_first_token(model: Path) -> list[str]:
     out = _python(_RUN.format(watched=NOT_BEFORE_FIRST_TOKEN, model=str(model)))
     assert out.returncode == 0, out.stderr
     assert out.stdout == "ok\n"
     assert "uploading weights" in out.stderr and "cuda (stand-in)" not in out.stdout
     (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("before the first token:")]
-    assert json.loads(line.split(":", 1)[1]) == []
+    return json.loads(line.split(":", 1)[1])
+
+
+def test_a_gpu_run_with_warm_caches_imports_neither_nvrtc_nor_tokenizers(tmp_path, rng):
+    model = tmp_path / "tiny.nanoqwen"
+    write_model(model, TINY, random_dense(TINY, rng), tokenizer_json=byte_tokenizer_json())
+    warm = _python("from drvqwen.cuda.nvrtc import compile_kernel; compile_kernel('smoke')")
+    assert warm.returncode == 0, warm.stderr
+    # The first run builds the tokenizer in this process and leaves its cached forms after the answer.
+    assert _before_first_token(model) == ["tokenizers"]
+    assert _before_first_token(model) == []

@@ -15,7 +15,8 @@ import pytest
 
 from drvqwen import tokenizer_cache, tokenizer_process, token_bytes_table
 from drvqwen.gen_options import prompt_spec
-from drvqwen.tokenizer import StreamDecoder, Tokenizer, prompt_ids_of
+from drvqwen.stream_decoder import StreamDecoder
+from drvqwen.tokenizer import Tokenizer, prompt_ids_of
 
 from helpers import bpe_with_merges_json, byte_tokenizer_json
 
@@ -25,6 +26,8 @@ SPECS = [{"kind": "chat", "text": "def the fib(n): return n", "system": None},
          {"kind": "chat", "text": "x <|im_end|> y", "system": ""},
          {"kind": "raw", "text": "<|im_start|>user\ndef the<|im_end|>"},
          {"kind": "fim", "prefix": "def f(x):\n    ", "suffix": "\n    return y\n"}]
+# The digest of a tokenizer.json no cache holds.
+UNCACHED = "0" * 64
 
 
 def _cached(text: str) -> Tokenizer:
@@ -95,12 +98,22 @@ def test_no_shortcut_before_a_first_run_left_both_cached_forms():
     assert tokenizer_process.start_for(text, SPECS[0]) is None          # no token bytes yet
 
 
-def test_a_failing_worker_gives_none(tmp_path):
-    missing = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", SPECS[0])
+def test_a_table_without_the_tokenizers_form_gets_no_ids():
+    """The table outlives the form it was written after when `tokenizers` changes version (the
+    form's file is named by it): the worker finds no form, and the caller builds the tokenizer."""
+    text = bpe_with_merges_json()
+    _cached(text)
+    tokenizer_cache.cache_path(text).unlink()
+    proc, table = tokenizer_process.start_for(text, SPECS[0])
+    assert proc.ids() is None and table is not None
+
+
+def test_a_failing_worker_gives_none():
+    missing = tokenizer_process.TokenizerProcess.start(UNCACHED, SPECS[0])
     assert missing is not None and missing.ids() is None
     text = bpe_with_merges_json()
     _cached(text)
-    bad = tokenizer_process.TokenizerProcess.start(tokenizer_cache.cache_path(text), {"kind": "poem", "text": "x"})
+    bad = tokenizer_process.TokenizerProcess.start(tokenizer_cache.text_digest(text), {"kind": "poem", "text": "x"})
     assert bad.ids() is None
 
 
@@ -155,7 +168,7 @@ def _popen_env(monkeypatch, site_dirs: list[str]) -> dict:
     monkeypatch.setattr(site, "getsitepackages", lambda: site_dirs)
     monkeypatch.setattr(subprocess, "Popen", popen)
     monkeypatch.setenv("PYTHONPATH", "elsewhere")
-    assert tokenizer_process.TokenizerProcess.start(Path("none.json"), SPECS[0]) is None
+    assert tokenizer_process.TokenizerProcess.start(UNCACHED, SPECS[0]) is None
     return seen
 
 
@@ -181,7 +194,7 @@ def test_a_large_request_does_not_hold_up_this_process(tmp_path, monkeypatch):
     real = subprocess.Popen
     late = f"import time, pathlib, sys; time.sleep(5); pathlib.Path({str(mark)!r}).touch(); sys.stdin.read()"
     monkeypatch.setattr(subprocess, "Popen", lambda args, **k: real([sys.executable, "-c", late], **k))
-    proc = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", BIG)
+    proc = tokenizer_process.TokenizerProcess.start(UNCACHED, BIG)
     assert proc is not None and not mark.exists()
     proc.close()
 
@@ -203,7 +216,7 @@ def test_the_worker_imports_neither_numpy_nor_the_gpu_layer(tmp_path):
     text = bpe_with_merges_json()
     _cached(text)
     code = ("import json, sys\nfrom drvqwen.tokenizer_worker import answer\n"
-            f"r = answer({{'cache': {str(tokenizer_cache.cache_path(text))!r}, 'prompt': {SPECS[0]!r}}})\n"
+            f"r = answer({{'tokenizer': {tokenizer_cache.text_digest(text)!r}, 'prompt': {SPECS[0]!r}}})\n"
             "print(json.dumps([sorted(m for m in ('numpy', 'cuda', 'drvqwen.cuda', 'rich') if m in sys.modules),"
             " 'ids' in r]))\n")
     import os
@@ -228,5 +241,5 @@ def test_an_answer_that_is_not_one_gives_none(tmp_path, monkeypatch, answer, ids
     real = subprocess.Popen
     fake = f"import sys; sys.stdin.read(); print({answer!r})"
     monkeypatch.setattr(subprocess, "Popen", lambda args, **k: real([sys.executable, "-c", fake], **k))
-    proc = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", SPECS[0])
+    proc = tokenizer_process.TokenizerProcess.start(UNCACHED, SPECS[0])
     assert proc.ids() == ids and proc.seconds is None

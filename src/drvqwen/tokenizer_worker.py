@@ -4,8 +4,9 @@
 It imports what the answer needs first (`tokenizers` and drvqwen's tokenizer modules: no numpy,
 no GPU), and only then reads its request: started at the entry point of `drvqwen run`, it does
 its imports while that process does its own, and then waits. The request is one JSON line on
-stdin — {"cache": the tokenizer's cache file (tokenizer_cache.cache_path), "prompt": a prompt
-spec (gen_options.prompt_spec)}; it loads the tokenizer from that file and writes one JSON line
+stdin — {"tokenizer": the sha256 of the tokenizer.json, "prompt": a prompt spec
+(gen_options.prompt_spec)}; it loads the tokenizer from its cache file
+(tokenizer_cache.digest_path: named by this process's `tokenizers` version) and writes one JSON line
 to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or {"error": "one line"}
 when the file is missing or damaged or the spec is bad. Then it exits. End of input before a
 request (the command needed no worker after all, or died) ends it at once, writing nothing.
@@ -20,7 +21,7 @@ import time
 
 from .errors import DrvqwenError
 from .tokenizer import Tokenizer, prompt_ids_of
-from .tokenizer_cache import load_file
+from .tokenizer_cache import digest_path, load_file
 
 
 def answer(request: dict) -> dict:
@@ -31,11 +32,12 @@ def answer(request: dict) -> dict:
 def _answer(request: dict) -> tuple[dict, object]:
     """(the reply, the tokenizer it loaded or None)."""
     t0 = time.perf_counter()
-    tk = load_file(request["cache"])
+    path = digest_path(str(request["tokenizer"]))
+    tk = load_file(path)
     if tk is None:
-        return {"error": f"{request['cache']}: no usable cached tokenizer"}, None
+        return {"error": f"{path}: no usable cached tokenizer"}, None
     try:
-        ids = prompt_ids_of(request["prompt"], Tokenizer(tk, source=str(request["cache"])))
+        ids = prompt_ids_of(request["prompt"], Tokenizer(tk, source=str(path)))
     except DrvqwenError as e:
         return {"error": str(e)}, tk
     return {"ids": ids, "seconds": time.perf_counter() - t0}, tk
@@ -47,7 +49,7 @@ def main() -> None:
         os._exit(0)
     try:
         reply, tokenizer = _answer(json.loads(line))     # held, never freed (below)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, DrvqwenError) as e:   # DrvqwenError: no cache root
         reply, tokenizer = {"error": f"bad request ({type(e).__name__}: {e})"}, None
     sys.stdout.write(json.dumps(reply) + "\n")
     sys.stdout.flush()
