@@ -5,7 +5,8 @@ wait for when every cubin is in the cache: `cuda.bindings.nvrtc` pulls in cuda.p
 naming the toolchain importlib.metadata — tens of milliseconds that a run with a warm cache
 never uses (cuda/toolchain.py). The `tokenizers` library is another, once an earlier run left
 the tokenizer's cached forms: the prompt is encoded in the worker process and the answer
-decoded from the token bytes table (stream_decoder.py). The run here is the real one — the entry point, the command
+decoded from the token bytes table (stream_decoder.py). Nor does `drvqwen run` import the
+other commands' code to parse its command line (cli.COMMANDS). The run here is the real one — the entry point, the command
 line, the model opened, the device probed, the engine imported, the weight bar drawn, the
 prompt encoded and the text streamed — with two stand-ins where this machine has no GPU: the
 driver's answers to the device probe (its NVRTC question is asked for real) and GPUBackend
@@ -17,6 +18,8 @@ bar's last state even where stderr is no terminal), so the run needs it there.
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -31,7 +34,8 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 pytestmark = pytest.mark.usefixtures("private_cache")
 
 # Modules a GPU run with warm caches must not have imported by its first token.
-NOT_BEFORE_FIRST_TOKEN = ("cuda.bindings.nvrtc", "cuda.pathfinder", "importlib.metadata", "tokenizers")
+NOT_BEFORE_FIRST_TOKEN = ("cuda.bindings.nvrtc", "cuda.pathfinder", "importlib.metadata", "tokenizers",
+                          "drvqwen.bench", "drvqwen.server.main")
 
 _RUN = """
 import json, sys, types
@@ -93,3 +97,24 @@ def test_a_gpu_run_with_warm_caches_imports_neither_nvrtc_nor_tokenizers(tmp_pat
     # The first run builds the tokenizer in this process and leaves its cached forms after the answer.
     assert _before_first_token(model) == ["tokenizers"]
     assert _before_first_token(model) == []
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(subparsers.choices)
+
+
+def test_a_command_line_imports_the_module_of_its_command_alone():
+    """cli.COMMANDS names the module to import for a command line's first word: each module
+    registers exactly the commands it is listed with, the parser of such a line has those, and
+    any other line gets every command, in the order --help lists them."""
+    from drvqwen import cli
+
+    for module, names in cli.COMMANDS:
+        parser = argparse.ArgumentParser()
+        importlib.import_module(f"drvqwen.{module}").register(parser.add_subparsers())
+        assert _commands(parser) == list(names)
+        assert _commands(cli.build_parser([names[-1], "--help"])) == list(names)
+    every = [name for _module, names in cli.COMMANDS for name in names]
+    for argv in (None, [], ["--help"], ["-h", "run"], ["frobnicate"]):
+        assert _commands(cli.build_parser(argv)) == every
