@@ -11,7 +11,8 @@ from drvqwen.engine import check_stream_args, pack_sampler_params
 from drvqwen.errors import DrvqwenError
 from drvqwen.generate import generate
 from drvqwen.sampler import SamplingParams, scale_log2
-from drvqwen.tokenizer import StreamDecoder, Tokenizer
+from drvqwen.stream_decoder import StreamDecoder
+from drvqwen.tokenizer import Tokenizer
 
 
 class StreamingBackend:

@@ -16,7 +16,8 @@ import pytest
 
 import drvqwen.launchers  # noqa: F401  (importing every launcher module registers its constants)
 from drvqwen.cuda.errors import NvrtcError
-from drvqwen.cuda.nvrtc import _nvrtc_compile, build_options, cuda_include_dir
+from drvqwen.cuda.nvrtc import _nvrtc_compile, build_options
+from drvqwen.cuda.toolchain import cuda_include_dir
 from drvqwen.cuda.sources import kernel_source, ptx_dir
 from drvqwen.launchers.base import MIRRORED
 

@@ -13,8 +13,8 @@ import pytest
 
 from drvqwen import config
 from drvqwen.errors import DrvqwenError
-from drvqwen.tokenizer import (DEFAULT_SYSTEM, StreamDecoder, Tokenizer, chat_prompt,
-                               fim_prompt)
+from drvqwen.stream_decoder import StreamDecoder
+from drvqwen.tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt, fim_prompt
 
 CODE = '''def quicksort(xs: list[int]) -> list[int]:
     """Sort ascending."""

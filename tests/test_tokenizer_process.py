@@ -15,7 +15,8 @@ import pytest
 
 from drvqwen import tokenizer_cache, tokenizer_process, token_bytes_table
 from drvqwen.gen_options import prompt_spec
-from drvqwen.tokenizer import StreamDecoder, Tokenizer, prompt_ids_of
+from drvqwen.stream_decoder import StreamDecoder
+from drvqwen.tokenizer import Tokenizer, prompt_ids_of
 
 from helpers import bpe_with_merges_json, byte_tokenizer_json
 
@@ -25,6 +26,8 @@ SPECS = [{"kind": "chat", "text": "def the fib(n): return n", "system": None},
          {"kind": "chat", "text": "x <|im_end|> y", "system": ""},
          {"kind": "raw", "text": "<|im_start|>user\ndef the<|im_end|>"},
          {"kind": "fim", "prefix": "def f(x):\n    ", "suffix": "\n    return y\n"}]
+# The digest of a tokenizer.json no cache holds.
+UNCACHED = "0" * 64
 
 
 def _cached(text: str) -> Tokenizer:
@@ -88,50 +91,52 @@ def test_the_worker_answers_the_ids_of_this_process(spec):
     assert table.special_ids == tok.special_ids
 
 
-def test_a_run_records_the_cache_file_its_worker_loads_first():
-    """start_for records the cache file it sent; the next worker finds it (last_used) and loads
-    it before its request. A missing file, or none recorded, gives None."""
+def test_a_run_records_the_tokenizer_its_next_worker_loads_first():
+    """start_for records the digest it sent; the next worker finds it (last_used) and loads its
+    cached form before its request."""
+    from drvqwen import tokenizer_worker
+
     text, other = bpe_with_merges_json(), byte_tokenizer_json()
-    assert tokenizer_cache.last_used() is None
+    assert tokenizer_cache.last_used() is None and tokenizer_worker._preload() is None
     _cached(text), _cached(other)
     for t in (text, other, text):
         proc, _ = tokenizer_process.start_for(t, SPECS[0])
         proc.ids()
-        assert tokenizer_cache.last_used() == tokenizer_cache.cache_path(t)
-    tokenizer_cache.cache_path(text).unlink()
-    assert tokenizer_cache.last_used() is None
+        assert tokenizer_cache.last_used() == tokenizer_cache.text_digest(t)
+    digest, tk = tokenizer_worker._preload()
+    assert digest == tokenizer_cache.text_digest(text) and tk.to_str() == Tokenizer.from_json(text).backend.to_str()
+    tokenizer_cache.cache_path(text).unlink()           # its cached form gone: nothing preloaded
+    assert tokenizer_worker._preload() is None
 
 
 @pytest.mark.parametrize("hit", [True, False], ids=["same", "other"])
-def test_the_worker_answers_with_the_preloaded_tokenizer_only_for_its_file(monkeypatch, hit):
-    """A request for the preloaded file is answered without loading it again; a request for
-    another file loads that one, and the answer is that file's tokenizer's ids."""
+def test_the_worker_answers_with_the_preloaded_tokenizer_only_for_its_digest(monkeypatch, hit):
+    """A request for the preloaded tokenizer is answered without loading it again; a request
+    for another loads that one, and the answer is that tokenizer's ids."""
     from drvqwen import tokenizer_worker
 
     text, other = bpe_with_merges_json(), byte_tokenizer_json()
     tok, tok_other = _cached(text), _cached(other)
-    tokenizer_cache.remember_last_used(tokenizer_cache.cache_path(text))
+    tokenizer_cache.remember_last_used(tokenizer_cache.text_digest(text))
     preloaded = tokenizer_worker._preload()
-    assert preloaded is not None and preloaded[0] == str(tokenizer_cache.cache_path(text))
+    assert preloaded is not None and preloaded[0] == tokenizer_cache.text_digest(text)
     loads = []
     real = tokenizer_worker.load_file
     monkeypatch.setattr(tokenizer_worker, "load_file", lambda p: loads.append(str(p)) or real(p))
     want_text = text if hit else other
-    reply = tokenizer_worker.answer({"cache": str(tokenizer_cache.cache_path(want_text)), "prompt": SPECS[0]},
+    reply = tokenizer_worker.answer({"tokenizer": tokenizer_cache.text_digest(want_text), "prompt": SPECS[0]},
                                     preloaded)
     assert reply["ids"] == prompt_ids_of(SPECS[0], tok if hit else tok_other)
     assert loads == ([] if hit else [str(tokenizer_cache.cache_path(other))])
 
 
-def test_the_worker_preloads_nothing_from_a_damaged_record(private_cache):
-    """A record naming a file that is not a cache file (damaged) preloads nothing."""
+def test_the_worker_preloads_nothing_from_a_damaged_record():
+    """A record naming no cached tokenizer (damaged, or its form written by another
+    `tokenizers`) preloads nothing."""
     from drvqwen import tokenizer_worker
 
-    bad = private_cache / "not-a-tokenizer.json"
-    bad.parent.mkdir(parents=True, exist_ok=True)
-    bad.write_text("{}")
-    tokenizer_cache.remember_last_used(bad)
-    assert tokenizer_cache.last_used() == bad and tokenizer_worker._preload() is None
+    tokenizer_cache.remember_last_used("0" * 64)
+    assert tokenizer_cache.last_used() == "0" * 64 and tokenizer_worker._preload() is None
 
 
 def test_no_shortcut_before_a_first_run_left_both_cached_forms():
@@ -141,12 +146,22 @@ def test_no_shortcut_before_a_first_run_left_both_cached_forms():
     assert tokenizer_process.start_for(text, SPECS[0]) is None          # no token bytes yet
 
 
-def test_a_failing_worker_gives_none(tmp_path):
-    missing = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", SPECS[0])
+def test_a_table_without_the_tokenizers_form_gets_no_ids():
+    """The table outlives the form it was written after when `tokenizers` changes version (the
+    form's file is named by it): the worker finds no form, and the caller builds the tokenizer."""
+    text = bpe_with_merges_json()
+    _cached(text)
+    tokenizer_cache.cache_path(text).unlink()
+    proc, table = tokenizer_process.start_for(text, SPECS[0])
+    assert proc.ids() is None and table is not None
+
+
+def test_a_failing_worker_gives_none():
+    missing = tokenizer_process.TokenizerProcess.start(UNCACHED, SPECS[0])
     assert missing is not None and missing.ids() is None
     text = bpe_with_merges_json()
     _cached(text)
-    bad = tokenizer_process.TokenizerProcess.start(tokenizer_cache.cache_path(text), {"kind": "poem", "text": "x"})
+    bad = tokenizer_process.TokenizerProcess.start(tokenizer_cache.text_digest(text), {"kind": "poem", "text": "x"})
     assert bad.ids() is None
 
 
@@ -201,7 +216,7 @@ def _popen_env(monkeypatch, site_dirs: list[str]) -> dict:
     monkeypatch.setattr(site, "getsitepackages", lambda: site_dirs)
     monkeypatch.setattr(subprocess, "Popen", popen)
     monkeypatch.setenv("PYTHONPATH", "elsewhere")
-    assert tokenizer_process.TokenizerProcess.start(Path("none.json"), SPECS[0]) is None
+    assert tokenizer_process.TokenizerProcess.start(UNCACHED, SPECS[0]) is None
     return seen
 
 
@@ -227,7 +242,7 @@ def test_a_large_request_does_not_hold_up_this_process(tmp_path, monkeypatch):
     real = subprocess.Popen
     late = f"import time, pathlib, sys; time.sleep(5); pathlib.Path({str(mark)!r}).touch(); sys.stdin.read()"
     monkeypatch.setattr(subprocess, "Popen", lambda args, **k: real([sys.executable, "-c", late], **k))
-    proc = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", BIG)
+    proc = tokenizer_process.TokenizerProcess.start(UNCACHED, BIG)
     assert proc is not None and not mark.exists()
     proc.close()
 
@@ -249,7 +264,7 @@ def test_the_worker_imports_neither_numpy_nor_the_gpu_layer(tmp_path):
     text = bpe_with_merges_json()
     _cached(text)
     code = ("import json, sys\nfrom drvqwen.tokenizer_worker import answer\n"
-            f"r = answer({{'cache': {str(tokenizer_cache.cache_path(text))!r}, 'prompt': {SPECS[0]!r}}})\n"
+            f"r = answer({{'tokenizer': {tokenizer_cache.text_digest(text)!r}, 'prompt': {SPECS[0]!r}}})\n"
             "print(json.dumps([sorted(m for m in ('numpy', 'cuda', 'drvqwen.cuda', 'rich') if m in sys.modules),"
             " 'ids' in r]))\n")
     import os
@@ -274,5 +289,5 @@ def test_an_answer_that_is_not_one_gives_none(tmp_path, monkeypatch, answer, ids
     real = subprocess.Popen
     fake = f"import sys; sys.stdin.read(); print({answer!r})"
     monkeypatch.setattr(subprocess, "Popen", lambda args, **k: real([sys.executable, "-c", fake], **k))
-    proc = tokenizer_process.TokenizerProcess.start(tmp_path / "none.json", SPECS[0])
+    proc = tokenizer_process.TokenizerProcess.start(UNCACHED, SPECS[0])
     assert proc.ids() == ids and proc.seconds is None

@@ -34,7 +34,8 @@ from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
 from .speculative import Proposer
 from .text_input import without_bom
-from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, StreamDecoder, Tokenizer
+from .stream_decoder import StreamDecoder
+from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, Tokenizer
 
 HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt), "
         "/save FILE (the conversation as JSON messages), /quit (or Ctrl-D); Ctrl-C stops an answer; "

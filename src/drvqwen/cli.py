@@ -1,9 +1,11 @@
 """The `drvqwen` command line: the parser of every command, and how a command ends.
 
-Each command lives with its own code and registers itself here: run and chat (run_cli.py),
-pull, list and rm (cache_cli.py), convert and info (nanoqwen_cli.py), bench (bench.py), serve
-(server/main.py), step (step/), eval (eval_cli.py). Those that run a model open it through
-loading.py; none of them imports this module, which only the entry point (_entry.py) does.
+Each command lives with its own code and registers itself here (`COMMANDS`): run and chat
+(run_cli.py), pull, list and rm (cache_cli.py), convert and info (nanoqwen_cli.py), bench
+(bench.py), serve (server/main.py), step (step/), eval (eval_cli.py). A command line that
+starts with a command imports that command's module alone: `drvqwen run` waits for no server
+or benchmark code before its first token. Those that run a model open it through loading.py;
+none of them imports this module, which only the entry point (_entry.py) does.
 
 User errors (DrvqwenError) and I/O errors print one line in red and exit with status 2 — no
 traceback; so do the command line's own (arg_parser.py: a bad value, an unknown option). Ctrl-C at any moment prints one line and exits 130 (process_exit.py covers the
@@ -23,6 +25,7 @@ if __name__ == "__main__":  # `python -m drvqwen.cli`: Ctrl-C during the imports
     _signal.signal(_signal.SIGINT, _on_sigint)
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -37,25 +40,33 @@ from .errors import DrvqwenError
 # 128 + SIGPIPE: how a shell reports a writer whose reader went away.
 BROKEN_PIPE_STATUS = 141
 
+# Each module of this package whose `register(sub)` adds commands, and the commands it adds, in
+# the order `drvqwen --help` lists them.
+COMMANDS = (
+    ("run_cli", ("run", "chat")),
+    ("cache_cli", ("pull", "list", "rm")),
+    ("nanoqwen_cli", ("convert", "info")),
+    ("bench", ("bench",)),              # TTFT and ITL, eager vs CUDA graphs
+    ("server.main", ("serve",)),        # the OpenAI-compatible HTTP server
+    ("step", ("step",)),                # the step-through REPL
+    ("eval_cli", ("eval",)),            # HumanEval pass@1 and logit agreement
+)
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of `drvqwen`: with the commands of every module of COMMANDS, or, when `argv`
+    starts with a command, of its module alone — it parses that command line the same way,
+    help and errors included, without importing the other commands' code. Anything else first
+    (`--help`, `--version`, a word that is no command) gets every command, to list them."""
     ap = ArgumentParser(
         prog="drvqwen", description="Qwen2.5-Coder inference on NVIDIA Hopper, annotated.",
         epilog="Models, converted files and compiled kernels are cached under $DRVQWEN_CACHE "
                "(default ~/.cache/drvqwen).")
     ap.add_argument("--version", action="version", version=f"drvqwen {__version__}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
-
-    from . import bench, cache_cli, eval_cli, nanoqwen_cli, run_cli, step
-    from .server import main as serve
-
-    run_cli.register(sub)           # run, chat
-    cache_cli.register(sub)         # pull, list, rm
-    nanoqwen_cli.register(sub)      # convert, info
-    bench.register(sub)             # TTFT and ITL, eager vs CUDA graphs
-    serve.register(sub)             # the OpenAI-compatible HTTP server
-    step.register(sub)              # the step-through REPL
-    eval_cli.register(sub)          # HumanEval pass@1 and logit agreement
+    first = argv[0] if argv else None
+    for module, _names in [c for c in COMMANDS if first in c[1]] or COMMANDS:
+        importlib.import_module(f".{module}", __package__).register(sub)
     return ap
 
 
@@ -87,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         # From here on Ctrl-C raises KeyboardInterrupt, so that every `finally` (closing the
         # GPU backend, removing a half-written file) runs before the one line below.
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        parser = build_parser()
+        argv = sys.argv[1:] if argv is None else argv
+        parser = build_parser(argv)
         args = parser.parse_args(argv)
         if args.cmd is None:
             parser.print_help()

@@ -29,7 +29,7 @@ sequence, prompt included: here for a logits backend, in device memory for the G
 
 Either way the loop stops on the stop ids unless told to ignore them — closing the token
 stream, so a backend that runs ahead stops at once — and streams text through
-`tokenizer.StreamDecoder` (in the caller's `on_token`) so that multi-byte characters split
+`stream_decoder.StreamDecoder` (in the caller's `on_token`) so that multi-byte characters split
 across tokens print whole.
 """
 

@@ -5,7 +5,7 @@ every writer into it makes first.
 downloaded models (`models/`, and `hub/` for models fetched by name), converted `.nanoqwen`
 files (`models/`), compiled cubins (`cubin/`), tokenizers in their fast-loading form
 (`tokenizer/`, tokenizer_cache.py) and small records of work already done
-(`state/`: source hashes, verified files).
+(`state/`: source hashes, verified files, the kernel toolchain named: cuda/toolchain.py).
 Tests use the same root, so a model fetched once serves every later run.
 
 Writing into it can fail in ways a user can fix — the directory cannot be created, it is

@@ -33,12 +33,13 @@ def _store_tokenizer(tok, tokenizer_json: str, stats) -> None:
     """The tokenizer's cached forms, when this run had to build it: its fast-loading form
     (tokenizer_cache) and the token bytes table (token_bytes_table) that let the next GPU run
     encode in another process (tokenizer_process) — the phase "tokenizer cache" of the first
-    run with a tokenizer, after its answer. Nothing when the run never built one."""
-    from .tokenizer import Tokenizer
+    run with a tokenizer, after its answer. Nothing when the run never built one: it decoded
+    from the token bytes table (and `tokenizers` stays unimported to the end)."""
+    from . import token_bytes_table
 
-    if not isinstance(tok, Tokenizer):
+    if tok is None or isinstance(tok, token_bytes_table.TokenBytesTable):
         return
-    from . import token_bytes_table, tokenizer_cache
+    from . import tokenizer_cache
 
     try:
         digest = tokenizer_cache.text_digest(tokenizer_json)
@@ -72,7 +73,7 @@ def _run(args, stats) -> int:
         from .stop_strings import StopStrings
         from .text_input import checked_arg
         from . import tokenizer_process
-        from .tokenizer import StreamDecoder, Tokenizer
+        from .stream_decoder import StreamDecoder
 
     err = make_console(stderr=True)
     startup.check_switches()
@@ -108,6 +109,10 @@ def _run(args, stats) -> int:
     remote = tokenizer_process.start_for(f.tokenizer_json, go.prompt_spec(args, text)) if on_gpu else None
 
     def build():
+        # Imported here: where the prompt is encoded in the worker process, the `tokenizers`
+        # library is never needed before the first token (stream_decoder.py).
+        from .tokenizer import Tokenizer
+
         return Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
 
     tokenizer = Background("tokenizer", build, thread=on_gpu) if remote is None else None

@@ -8,7 +8,6 @@ metadata (`Tokenizer.from_gguf`, tokenizer_gguf.py).
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Iterable
 from functools import cached_property
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 import tokenizers
 
 from .errors import DrvqwenError
+from .stream_decoder import StreamDecoder
 from .tokenizer_gguf import CHAR_TO_BYTE, build_tokenizer_from_gguf
 
 if TYPE_CHECKING:
@@ -303,41 +303,6 @@ class Tokenizer:
     def stream_decoder(self, skip_special: bool = False) -> "StreamDecoder":
         """A new `StreamDecoder` over this tokenizer."""
         return StreamDecoder(self, skip_special=skip_special)
-
-
-class StreamDecoder:
-    """Incremental detokenization for streaming generated tokens to a terminal.
-
-    One token may end in the middle of a multi-byte UTF-8 character (emoji and CJK are often
-    split over two or three byte-level tokens). Decoding each token on its own would print
-    U+FFFD for each fragment; instead the bytes are fed to an incremental UTF-8 decoder, which
-    holds back an incomplete tail until the next token completes it. Concatenating every
-    `push` and the final `flush` equals `Tokenizer.decode` of all the ids.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
-        self._bytes = tokenizer.token_bytes
-        self._skip = tokenizer.special_ids if skip_special else frozenset()
-        # errors="replace" matches tokenizers' lossy decode for truly invalid bytes; an
-        # incomplete sequence at the end of the buffer is held, not replaced.
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token_id: int) -> str:
-        """Feed one id; return the text it completes (possibly "").
-
-        An id the tokenizer has no token for (the lm_head's padded rows, 151665… for Qwen2.5)
-        is no text: it gives "" and changes nothing, as `Tokenizer.decode` and Qwen2's own
-        tokenizer do. Never raises for an id.
-        """
-        if token_id in self._skip:
-            return ""
-        return self._utf8.decode(self._bytes(int(token_id)))
-
-    def flush(self) -> str:
-        """End of stream: return what is held back (U+FFFD if it is an incomplete character)."""
-        out = self._utf8.decode(b"", final=True)
-        self._utf8.reset()
-        return out
 
 
 def prompt_ids_of(spec: dict, tok: "Tokenizer") -> list[int]:

@@ -25,11 +25,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-
-import tokenizers
+from typing import TYPE_CHECKING
 
 from . import paths
 from .errors import DrvqwenError
+
+# `tokenizers` is imported where a tokenizer is loaded, stored or named: `drvqwen run` asks only
+# for a tokenizer's digest here (tokenizer_process.start_for) when its worker process encodes the
+# prompt, and never loads the library before its first token.
+if TYPE_CHECKING:
+    import tokenizers
 
 # Names the cache files' layout: a change of the compact form changes it.
 FORM = "compact-1"
@@ -45,7 +50,13 @@ def cache_path(text: str, digest: str | None = None) -> Path:
     """The cache file for tokenizer.json `text` (of sha256 `digest`, when known) under this
     `tokenizers` version (the folder is created). Raises DrvqwenError when the cache root
     cannot be made."""
-    digest = digest or text_digest(text)
+    return digest_path(digest or text_digest(text))
+
+
+def digest_path(digest: str) -> Path:
+    """The cache file of the tokenizer.json of sha256 `digest` (`cache_path`)."""
+    import tokenizers
+
     return paths.tokenizer_dir() / f"{digest[:32]}-{FORM}-tokenizers-{tokenizers.__version__}.json"
 
 
@@ -81,6 +92,8 @@ def load_file(path: Path) -> tokenizers.Tokenizer | None:
     head, _, body = raw.partition(b"\n")
     if head.decode("ascii", "replace") != hashlib.sha256(body).hexdigest():
         return None
+    import tokenizers
+
     try:
         return tokenizers.Tokenizer.from_buffer(body)     # the bytes as they are: no str made
     except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception on bad JSON
@@ -91,6 +104,8 @@ def store(text: str, tk: tokenizers.Tokenizer) -> bool:
     """Write the compact form of `tk` (built from tokenizer.json `text`) to its cache file,
     temp name then rename, after proving it builds the same tokenizer. Returns whether a file
     was written; a cache that cannot be written is skipped (the next run builds again)."""
+    import tokenizers
+
     compact = compact_json(tk)
     if compact is None or tokenizers.Tokenizer.from_str(compact).to_str() != tk.to_str():
         return False
@@ -102,33 +117,32 @@ def store(text: str, tk: tokenizers.Tokenizer) -> bool:
     return True
 
 
-# The cache file the last GPU run's prompt was encoded with (its path, one line), for the next
-# run's tokenizer worker to load before its request arrives (tokenizer_worker.py).
+# The digest of the tokenizer.json the last GPU run's prompt was encoded with (one line), for
+# the next run's tokenizer worker to load its cached form before its request arrives
+# (tokenizer_worker.py).
 LAST_USED = "last-used"
 
 
-def remember_last_used(path: Path) -> None:
-    """Record cache file `path` as the last one used, where it is not already (temp name, then
-    rename); a cache that cannot be written is skipped (the next worker just waits for its
-    request)."""
+def remember_last_used(digest: str) -> None:
+    """Record tokenizer.json sha256 `digest` as the last one used, where it is not already
+    (temp name, then rename); a cache that cannot be written is skipped (the next worker just
+    waits for its request)."""
     try:
         pointer = paths.tokenizer_dir() / LAST_USED
-        text = str(path)
         try:
-            if pointer.read_text(encoding="utf-8") == text:
+            if pointer.read_text(encoding="utf-8") == digest:
                 return
         except OSError:                 # none yet
             pass
-        paths.atomic_write_bytes(pointer, text.encode("utf-8"))
+        paths.atomic_write_bytes(pointer, digest.encode("utf-8"))
     except (OSError, DrvqwenError, UnicodeError):
         pass
 
 
-def last_used() -> Path | None:
-    """The cache file `remember_last_used` recorded, if the record and the file exist."""
+def last_used() -> str | None:
+    """The digest `remember_last_used` recorded, if any."""
     try:
-        path = Path((paths.tokenizer_dir() / LAST_USED).read_text(encoding="utf-8"))
-    except (OSError, DrvqwenError, UnicodeError, ValueError):
+        digest = (paths.tokenizer_dir() / LAST_USED).read_text(encoding="utf-8").strip()
+    except (OSError, DrvqwenError, UnicodeError):
         return None
-    return path if path.is_file() else None
-
+    return digest or None

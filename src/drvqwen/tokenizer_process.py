@@ -4,10 +4,11 @@ Why a process: `tokenizers` builds its tokenizer holding Python's GIL (a few hun
 milliseconds for Qwen's 151k tokens even from the cached form, tokenizer_cache.py), so on a
 thread it slows down, and is
 slowed down by, every line of Python the GPU load runs. `drvqwen run` on the GPU instead hands
-the cached tokenizer's file and the prompt (gen_options.prompt_spec) to
+the tokenizer's digest and the prompt (gen_options.prompt_spec) to
 `python -m drvqwen.tokenizer_worker` (tokenizer_worker.py) as soon as it knows the model, and
 collects the ids when the weights are on the GPU; it turns the generated ids back into text
-with the cached token bytes (token_bytes_table.py) and never builds the tokenizer itself.
+with the cached token bytes (token_bytes_table.py) and never builds the tokenizer itself, nor
+imports `tokenizers` before its first token (stream_decoder.py).
 
 The worker is started at the entry point (`start_early`, from startup.py), before this process
 imports anything heavy: its interpreter's start and its imports then overlap this process's
@@ -33,10 +34,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import DrvqwenError
-
-# Imported by the entry point before anything heavy: tokenizer_cache (tokenizers) and
-# token_bytes_table are imported where they are used.
+# Imported by the entry point before anything heavy: tokenizer_cache and token_bytes_table are
+# imported where they are used.
 if TYPE_CHECKING:
     from .token_bytes_table import TokenBytesTable
 
@@ -49,9 +48,10 @@ class TokenizerProcess:
         self.seconds: float | None = None   # the worker's own time to load and encode
 
     @classmethod
-    def start(cls, cache_file: Path, spec: dict) -> "TokenizerProcess | None":
+    def start(cls, digest: str, spec: dict) -> "TokenizerProcess | None":
         """Send the worker started early (`start_early`), or else a new one, the request for
-        tokenizer cache file `cache_file` and prompt `spec`; None when no worker can be started."""
+        the cached tokenizer of the tokenizer.json of sha256 `digest` and prompt `spec`; None
+        when no worker can be started."""
         proc = _take_early() or _spawn()
         if proc is None:
             return None
@@ -59,7 +59,7 @@ class TokenizerProcess:
         # interpreter to start and read it: a thread writes it, so the GPU load goes on. Its
         # failures (the worker died) show as no answer in ids().
         request, proc.stdin = proc.stdin, None      # communicate() then only reads the answer
-        data = (json.dumps({"cache": str(cache_file), "prompt": spec}) + "\n").encode("utf-8")
+        data = (json.dumps({"tokenizer": digest, "prompt": spec}) + "\n").encode("utf-8")
         threading.Thread(target=_send, args=(request, data), name="tokenizer-request", daemon=True).start()
         return cls(proc)
 
@@ -167,23 +167,23 @@ def _worker_env() -> dict[str, str]:
 
 
 def start_for(tokenizer_json: str, spec: dict) -> tuple[TokenizerProcess, TokenBytesTable] | None:
-    """The worker (the early one, else a new one) sent the cached form of tokenizer.json
-    `tokenizer_json` and `spec`, and the cached token bytes to decode with; None unless both
-    cached forms exist (a first run) and a worker runs."""
+    """The worker (the early one, else a new one) sent the digest of tokenizer.json
+    `tokenizer_json` and `spec`, and the cached token bytes to decode with; None unless the
+    cached forms exist (a first run) and a worker runs.
+
+    Only the table is looked for here: it is written after the tokenizer's own cached form
+    (run_cli), and that form's file is named by the `tokenizers` version, which the worker
+    knows and this process would have to import the library to learn. A form missing after
+    all (a new `tokenizers`) is the worker's error answer, and the caller builds the tokenizer
+    here as after any failure of the worker."""
     from . import token_bytes_table, tokenizer_cache
 
-    try:
-        digest = tokenizer_cache.text_digest(tokenizer_json)
-        cache_file = tokenizer_cache.cache_path(tokenizer_json, digest)
-    except DrvqwenError:            # no cache root
-        return None
-    if not cache_file.is_file():
-        return None
-    table = token_bytes_table.load(digest)
+    digest = tokenizer_cache.text_digest(tokenizer_json)
+    table = token_bytes_table.load(digest)      # None too where no cache root can be made
     if table is None:
         return None
-    proc = TokenizerProcess.start(cache_file, spec)
+    proc = TokenizerProcess.start(digest, spec)
     if proc is None:
         return None
-    tokenizer_cache.remember_last_used(cache_file)    # the next run's worker loads it at once
+    tokenizer_cache.remember_last_used(digest)     # the next run's worker loads it at once
     return proc, table

@@ -4,6 +4,8 @@ Reading order, bottom up:
 - errors.py    every driver/NVRTC result checked; exceptions that name the call
 - device.py    cuInit, the primary context, device numbers, `gpu_unavailable_reason()`
 - sources.py   where kernels/*.cu and ptx/*.cuh are (checkout or installed wheel)
+- toolchain.py the NVRTC and CUDA headers the cubin cache's key names, recorded so that a run
+               with every cubin cached never loads NVRTC
 - nvrtc.py     .cu → sm_90a cubin, cached on disk, with the ptxas resource report
 - module.py    cuModuleLoadData, kernels by name, dynamic shared memory opt-in
 - tensormap.py TMA descriptors (cuTensorMapEncodeTiled)

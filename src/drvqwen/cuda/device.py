@@ -17,8 +17,9 @@ import functools
 import threading
 from dataclasses import dataclass
 
-from cuda.bindings import driver, nvrtc
+from cuda.bindings import driver
 
+from . import toolchain
 from .errors import GpuUnavailableError, check
 
 # drvqwen's cubins are built for sm_90a (nvrtc.ARCH). Arch-specific "a" targets (wgmma,
@@ -168,7 +169,7 @@ def _probe(ordinal: int) -> str | None:
     # major version (CUDA minor-version compatibility stops at the major version).
     err, drv_version = driver.cuDriverGetVersion()
     try:
-        nvrtc_major = nvrtc.nvrtcVersion()[1]
+        nvrtc_major = toolchain.nvrtc_major()   # the recorded toolchain's: NVRTC is not loaded for it
     except RuntimeError as e:
         return f"NVRTC could not be loaded: {e}"
     if not err and drv_version // 1000 < nvrtc_major:

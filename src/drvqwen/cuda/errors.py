@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cuda.bindings import driver, nvrtc
+from cuda.bindings import driver
 
 from ..errors import DrvqwenError
 
@@ -110,11 +110,13 @@ def check(result: tuple, call: str) -> Any:
     """
     err = result[0]
     # Both result enums are int subclasses whose success value is 0, so `if err` is the
-    # cheapest correct test.
+    # cheapest correct test. A result that is not the driver's is NVRTC's, the only other
+    # library called through here: told apart without importing cuda.bindings.nvrtc, which
+    # a run whose cubins all come from the cache never loads (nvrtc.py).
     if err:
-        if isinstance(err, nvrtc.nvrtcResult):
-            raise NvrtcError(call, err.name)
-        raise cuda_error(err, call)
+        if isinstance(err, driver.CUresult):
+            raise cuda_error(err, call)
+        raise NvrtcError(call, err.name)
     if len(result) == 1:
         return None
     if len(result) == 2:

@@ -10,9 +10,13 @@ will run.
 Why a cache: compiling a tensor-core kernel takes seconds; a cubin is keyed by sha256 of
 everything that decides its bytes — the `.cu` source, every header of ours it includes
 (resolved recursively, sources.included_headers), the options, the NVRTC version and the
-CUDA headers' version, and the arch — and stored under `paths.cubin_dir()`. Include *paths*
-are not part of the key, only header *contents*, so a cubin compiled on a CPU-only machine
-is valid on a GPU machine with the same toolchain (docs/gpu-workflow.md).
+CUDA headers' version (toolchain.py), and the arch — and stored under `paths.cubin_dir()`.
+Include *paths* are not part of the key, only header *contents*, so a cubin compiled on a
+CPU-only machine is valid on a GPU machine with the same toolchain (docs/gpu-workflow.md).
+
+NVRTC itself (`cuda.bindings.nvrtc`, and cuda.pathfinder with it) is imported only to compile:
+a run whose cubins are all in the cache never loads it (toolchain.py names the toolchain
+without it).
 
 The ptxas report (`--ptxas-options=-v`) is always requested: it costs nothing and says per
 kernel how many registers it uses and whether it spills to local memory, which
@@ -21,9 +25,7 @@ tests/test_compile.py turns into a CI failure.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -32,11 +34,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuda.bindings import nvrtc
-
 from .. import paths
 from .errors import NvrtcError, check
 from .sources import IncludedHeader, KernelSource, included_headers, kernel_source, ptx_dir
+from .toolchain import checked_toolchain_id, cuda_include_dir, toolchain_id
 
 # NVRTC keeps the cubins it builds in the CUDA compute cache (~/.nv/ComputeCache) wherever a
 # driver is installed, and on a hit there ptxas does not run: the program log then lacks the
@@ -130,62 +131,6 @@ class CompiledKernel:
     cache_hit: bool
     options: tuple[str, ...]
     headers: tuple[IncludedHeader, ...] = field(default=())
-
-
-# --- toolchain -------------------------------------------------------------------------------
-
-
-def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library cuda.bindings loaded, e.g. (13, 0)."""
-    major, minor = check(nvrtc.nvrtcVersion(), "nvrtcVersion")
-    return int(major), int(minor)
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_include_dir() -> Path:
-    """The CUDA headers folder (cuda_fp16.h …) NVRTC needs, found through cuda.pathfinder.
-
-    Taken from the installed NVIDIA wheel (nvidia-cuda-runtime), a conda environment or
-    CUDA_HOME — whatever cuda.pathfinder finds — never from a hard-coded path (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin).
-
-    Raises:
-        NvrtcError: no CUDA headers can be found.
-    """
-    from cuda.pathfinder import find_nvidia_header_directory
-
-    found = find_nvidia_header_directory("cudart")
-    if found is None:
-        raise NvrtcError(
-            "find_nvidia_header_directory",
-            "CUDA headers not found",
-            log="install the nvidia-cuda-runtime wheel (pyproject.toml pins it) or set CUDA_HOME",
-        )
-    return Path(found)
-
-
-def _dist_version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "absent"
-
-
-@functools.lru_cache(maxsize=1)
-def toolchain_id() -> str:
-    """A string naming the exact NVRTC and CUDA headers in use; part of the cache key.
-
-    nvrtcVersion() gives only major.minor, so the wheels' full versions are added (a patch
-    release can change code generation); CUDART_VERSION from the headers covers headers
-    that did not come from a wheel.
-    """
-    major, minor = nvrtc_version()
-    header = cuda_include_dir() / "cuda_runtime_api.h"
-    m = re.search(rb"#define\s+CUDART_VERSION\s+(\d+)", header.read_bytes()) if header.is_file() else None
-    cudart = m.group(1).decode() if m else "unknown"
-    return (
-        f"nvrtc={major}.{minor};nvidia-cuda-nvrtc={_dist_version('nvidia-cuda-nvrtc')};"
-        f"cudart_headers={cudart};nvidia-cuda-runtime={_dist_version('nvidia-cuda-runtime')}"
-    )
 
 
 # --- cache key -------------------------------------------------------------------------------
@@ -292,6 +237,8 @@ def _cache_store(cubin_path: Path, meta_path: Path, compiled: CompiledKernel, to
 
 
 def _program_log(prog) -> str:
+    from cuda.bindings import nvrtc
+
     size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
     # NVRTC writes into the buffer in place. At least 2 bytes: `b" " * 1` is CPython's shared
     # one-byte b" " itself, and an empty log (size 1, its NUL) would overwrite every b" " of
@@ -303,6 +250,8 @@ def _program_log(prog) -> str:
 
 def _nvrtc_compile(source: KernelSource, options: Sequence[str]) -> tuple[bytes, str]:
     """Run NVRTC once; return (cubin, log). Raises NvrtcError with the full log on failure."""
+    from cuda.bindings import nvrtc
+
     # The program is named by the file's absolute path: NVRTC then resolves `#include "..."`
     # relative to the kernel's own folder (as nvcc would), and errors point at a real file.
     prog = check(
@@ -358,11 +307,20 @@ def compile_kernel(
     include_dirs = [inc] if inc.is_dir() else []
     headers = tuple(included_headers(source, include_dirs))
     options = build_options(defines, extra_options)
-    toolchain = toolchain_id()
-    key = cache_key(source, headers, options, toolchain)
-    cubin_path, meta_path = _cache_paths(paths.cubin_dir() if cache_dir is None else Path(cache_dir), name, key)
+    folder = paths.cubin_dir() if cache_dir is None else Path(cache_dir)
 
-    cached = _cache_load(cubin_path, meta_path) if use_cache else None
+    def look_up(toolchain: str) -> tuple[str, Path, Path, tuple[bytes, str] | None]:
+        key = cache_key(source, headers, options, toolchain)
+        cubin_path, meta_path = _cache_paths(folder, name, key)
+        return key, cubin_path, meta_path, _cache_load(cubin_path, meta_path) if use_cache else None
+
+    toolchain = toolchain_id()
+    key, cubin_path, meta_path, cached = look_up(toolchain)
+    if cached is None and (checked := checked_toolchain_id()) != toolchain:
+        # A compile is due, so NVRTC is loaded now, and it names another toolchain than the
+        # record did: the entry is looked up, and stored, under the one that compiles.
+        toolchain = checked
+        key, cubin_path, meta_path, cached = look_up(toolchain)
     if cached is not None:
         cubin, log = cached
         return CompiledKernel(name, cubin, log, parse_ptxas_report(log), key, True, options, headers)
@@ -400,8 +358,7 @@ def compile_kernels(
 
     if not requests:
         return []
-    toolchain_id()          # fill the cached look-ups once, before the threads need them
-    cuda_include_dir()
+    toolchain_id()          # named once (from the record, or by NVRTC), before the threads need it
     order = sorted(range(len(requests)), key=lambda i: -len(kernel_source(requests[i][0], common.get("kernels_dir")).text))
     n = workers or min(len(requests), os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="nvrtc") as pool:

@@ -48,16 +48,9 @@ def _bring_up(ordinal: int) -> None:
         return
     with _lock:
         _retained.append((lib, dev))
-    # NVRTC next: the probe asks its version and the kernel cache's key names it, so a run
-    # loads it even when every cubin is cached. cuda.bindings finds and loads it through
-    # cuda.pathfinder, which keeps what it loaded; loading it here (dlopen, under ctypes: no
-    # GIL) leaves cuda.bindings that handle.
-    try:
-        from cuda.pathfinder import load_nvidia_dynamic_lib
-
-        load_nvidia_dynamic_lib("nvrtc")
-    except Exception:  # noqa: BLE001  (device.py's probe reports a missing NVRTC)
-        return
+    # NVRTC is not loaded here: a run whose cubins are all in the cache never needs it (the
+    # probe and the cache key take its version from the recorded toolchain, toolchain.py), and
+    # importing cuda.pathfinder to find it would hold the GIL the main thread's imports need.
 
 
 _started: threading.Thread | None = None  # the warm-up thread of this process, once started

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..stop_strings import StopStrings
-from ..tokenizer import StreamDecoder, Tokenizer
+from ..stream_decoder import StreamDecoder
+from ..tokenizer import Tokenizer
 
 _INDENT = " \t"
 _BLANK = " \t\r"
