@@ -45,7 +45,7 @@ class TokenizerProcess:
 
     def __init__(self, proc: subprocess.Popen):
         self._proc = proc
-        self.seconds: float | None = None   # the worker's own time to load and encode
+        self.seconds: float | None = None   # the worker's own time from the request to its answer
 
     @classmethod
     def start(cls, digest: str, spec: dict) -> "TokenizerProcess | None":

@@ -7,7 +7,7 @@ its imports while that process does its own, and then waits. The request is one 
 stdin — {"tokenizer": the sha256 of the tokenizer.json, "prompt": a prompt spec
 (gen_options.prompt_spec)}; it loads the tokenizer from its cache file
 (tokenizer_cache.digest_path: named by this process's `tokenizers` version) and writes one JSON line
-to stdout: {"ids": [...], "seconds": time spent loading and encoding}, or {"error": "one line"}
+to stdout: {"ids": [...], "seconds": time from the request to the answer}, or {"error": "one line"}
 when the file is missing or damaged or the spec is bad. Then it exits. End of input before a
 request (the command needed no worker after all, or died) ends it, writing nothing.
 
