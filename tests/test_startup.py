@@ -407,6 +407,33 @@ def test_a_cpu_run_gives_back_a_context_the_entry_point_retained(monkeypatch):
     assert released == [0]
 
 
+@pytest.mark.parametrize("value,order", [("", ["engine", "join"]), ("overlapped", ["engine", "join"]),
+                                         ("after-driver", ["join", "engine"])])
+def test_the_engine_imports_while_the_driver_starts(monkeypatch, value, order):
+    """--device auto: the GPU engine is imported before the wait for the driver's warm-up
+    (overlapping it), or after it with DRVQWEN_STARTUP_ENGINE_IMPORT=after-driver; either way
+    the GPU is chosen, and an engine that cannot be imported sends the run to the CPU."""
+    from drvqwen import loading, startup
+    from drvqwen.cuda import device, warmup
+
+    seen = []
+
+    class Warming:
+        def join(self, timeout=None):
+            if "join" not in seen:
+                seen.append("join")
+
+    monkeypatch.setenv(startup.ENGINE_IMPORT, value)
+    monkeypatch.setattr(warmup, "start_driver", lambda: Warming())
+    monkeypatch.setattr(device, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(loading, "_import_engine", lambda: seen.append("engine"))
+    assert loading.choose_device("auto") == ("cuda", None)
+    assert seen == order
+    monkeypatch.setattr(loading, "_import_engine", lambda: ImportError("no module named numpy"))
+    monkeypatch.setattr(warmup, "release", lambda: None)
+    assert loading.choose_device("auto") == ("cpu", "the GPU engine cannot be imported (no module named numpy)")
+
+
 def test_a_model_the_gpu_cannot_run_gives_the_context_back(monkeypatch):
     """chat or run on --device auto: the warm-up retained the context, then the model needs the
     CPU (engine.check_gpu_supports refuses it): the run goes there without holding it."""

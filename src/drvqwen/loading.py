@@ -30,6 +30,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from . import startup
 from .console import make_console, progress_bar
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
@@ -81,9 +82,17 @@ def choose_device(requested: str) -> tuple[str, str | None]:
         return "cpu", "--device cpu"
 
     warming = warmup.start_driver()    # cuInit and the primary context while numpy and the rest import
+    # The GPU engine's imports (numpy, the launchers, ~100 ms) run while the driver starts in
+    # its thread, before the wait for it, unless the measurement switch puts them after it
+    # (startup.py). A run that finds no GPU pays them for nothing; one that finds it waits
+    # that much less for the driver.
+    overlapped = startup.switch(startup.ENGINE_IMPORT) == "overlapped"
+    engine_error: ImportError | None = None
     try:
         with phase("import"):
             from .cuda.device import gpu_unavailable_reason
+            if overlapped:
+                engine_error = _import_engine()
         with phase("context"):         # what is left of the driver's start, and the probe of the device
             warming.join()
             reason = gpu_unavailable_reason()
@@ -92,16 +101,25 @@ def choose_device(requested: str) -> tuple[str, str | None]:
     finally:
         warming.join()
     if reason is None:
-        try:
+        if not overlapped:
             with phase("import"):
-                from . import engine  # noqa: F401  (the GPU engine)
-        except ImportError as e:
-            reason = f"the GPU engine cannot be imported ({e})"
+                engine_error = _import_engine()
+        if engine_error is not None:
+            reason = f"the GPU engine cannot be imported ({engine_error})"
     if reason is not None:
         warmup.release()               # a CPU run holds no GPU context
     if requested == "cuda" and reason is not None:
         raise DrvqwenError(f"--device cuda: {reason}")
     return ("cpu", reason) if reason else ("cuda", None)
+
+
+def _import_engine() -> ImportError | None:
+    """Import the GPU engine; the ImportError if it cannot be."""
+    try:
+        from . import engine  # noqa: F401
+    except ImportError as e:
+        return e
+    return None
 
 
 def _gpu_or_fallback(requested: str, device: str, why: str | None, f: NanoqwenFile) -> tuple[str, str | None]:

@@ -6,7 +6,7 @@ tokenizer worker (tokenizer_process.start_early), so that both overlap every imp
 instead of waiting for the model to be open. The decision is a guess from the words of argv
 alone; a run that goes to the CPU after all gives the context back and closes the worker unused.
 
-Four measurement switches, environment variables read here and nowhere else, put each of
+Five measurement switches, environment variables read here and nowhere else, put each of
 these back where it was before, so that tools/bench_startup.py can time them against each other
 in one run (`--variant`). Each gives the same answer; only the timing differs:
 
@@ -14,6 +14,9 @@ in one run (`--variant`). Each gives the same answer; only the timing differs:
                                       entry point, or when the device is chosen (loading.choose_device)
     DRVQWEN_STARTUP_TOKENIZER_WORKER  entry (default) | model: the tokenizer worker starts at the
                                       entry point, or once the model file is open
+    DRVQWEN_STARTUP_ENGINE_IMPORT     overlapped (default) | after-driver: the GPU engine's imports
+                                      run while the driver starts, or once it has started
+                                      (loading.choose_device)
     DRVQWEN_STARTUP_UPLOAD            registered (default) | staging: the weights copied by DMA
                                       straight from the file's mapping, registered read-only
                                       (cuda.host_dma.RegisteredUploader), or through pinned staging
@@ -34,6 +37,7 @@ from .errors import DrvqwenError
 
 DRIVER_WARMUP = "DRVQWEN_STARTUP_DRIVER_WARMUP"
 TOKENIZER_WORKER = "DRVQWEN_STARTUP_TOKENIZER_WORKER"
+ENGINE_IMPORT = "DRVQWEN_STARTUP_ENGINE_IMPORT"
 UPLOAD = "DRVQWEN_STARTUP_UPLOAD"
 GATHERED_UPLOAD = "DRVQWEN_STARTUP_GATHERED_UPLOAD"
 
@@ -41,6 +45,7 @@ GATHERED_UPLOAD = "DRVQWEN_STARTUP_GATHERED_UPLOAD"
 SWITCHES = {
     DRIVER_WARMUP: ("entry", "device"),
     TOKENIZER_WORKER: ("entry", "model"),
+    ENGINE_IMPORT: ("overlapped", "after-driver"),
     UPLOAD: ("registered", "staging"),
     GATHERED_UPLOAD: ("on", "off"),
 }
