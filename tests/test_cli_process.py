@@ -60,6 +60,39 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
         assert err.count("interrupted") == 1 and err.strip().endswith("interrupted"), (delay, err)
 
 
+def test_ctrl_c_while_a_class_sets_up_its_descriptors_is_one_line_and_130(monkeypatch, capsys):
+    """A Ctrl-C that lands in a class's __set_name__ (importing a module whose class has a
+    cached_property) comes as a RuntimeError caused by KeyboardInterrupt on Python < 3.12, as
+    itself on later ones: either way one line and 130. Another RuntimeError is not swallowed."""
+    import argparse
+
+    from drvqwen import cli
+
+    class Interrupted:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    def define_a_class(args):
+        type("Tokenizer", (), {"text_vocab_size": Interrupted()})
+        return 0
+
+    def fail(args):
+        raise RuntimeError("a bug")
+
+    def parser_running(fn):
+        ap = argparse.ArgumentParser(prog="drvqwen")
+        ap.set_defaults(cmd="run", fn=fn)
+        return lambda argv=None: ap
+
+    monkeypatch.setattr(cli, "build_parser", parser_running(define_a_class))
+    assert cli.main([]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted" and "Traceback" not in err
+    monkeypatch.setattr(cli, "build_parser", parser_running(fail))
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main([])
+
+
 # ---- a closed stdout --------------------------------------------------------------------------
 
 def test_closed_stdout_ends_quietly(tiny):

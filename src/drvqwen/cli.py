@@ -90,6 +90,13 @@ def _os_error_line(e: OSError) -> str:
     return f"{e.filename}: {what}{hint}" if e.filename else f"{what}{hint}"
 
 
+def _interrupted() -> int:
+    """Ctrl-C: the one line, and exit status 130."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C cannot cut the line
+    _say(Text("interrupted", style="yellow"))
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one `drvqwen` command; returns the exit status (0 ok, 2 user or I/O error,
     130 interrupted, 141 stdout closed)."""
@@ -121,9 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         _say(error_line(_os_error_line(e)))
         return 2
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C cannot cut the line
-        _say(Text("interrupted", style="yellow"))
-        return 130
+        return _interrupted()
+    except RuntimeError as e:
+        # Python before 3.12 wraps what a class's __set_name__ raises (a cached_property's,
+        # while a module that defines such a class is imported) in a RuntimeError whose cause it
+        # is: a Ctrl-C landing there arrives so.
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            return _interrupted()
+        raise
     finally:
         try:
             signal.signal(signal.SIGINT, prev_sigint if prev_sigint is not None else signal.default_int_handler)
