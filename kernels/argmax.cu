@@ -17,9 +17,9 @@
 //
 // T tokens (the verify pass of speculative decoding): argmax_final_tokens, grid (T), block j runs
 // argmax_final's body (argmax_final_row) on token j's row of pairs [T, P] — the lm_head's for T
-// tokens — and writes next_token[j]; argmax_final is token 0 of the same body (its SASS is what
-// it was). The order is a strict total order, so each token's choice is exactly the single-token
-// kernel's on the same pairs. Bytes: T times argmax_final's.
+// tokens — and writes next_token[j]; argmax_final is token 0 of the same body (its SASS equals
+// that of a build without the token index). The order is a strict total order, so each token's
+// choice is exactly the single-token kernel's on the same pairs. Bytes: T times argmax_final's.
 //
 // Work split: argmax_partial — grid (P), block (ARGMAX_THREADS); block b scans
 // logits[b·chunk, min((b+1)·chunk, V)) with a strided loop (float reads, coalesced).

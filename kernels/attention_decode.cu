@@ -75,8 +75,9 @@
 //   (attention_decode_split), and the split rule, the page loop with its per-token masking of
 //   the last page (slots ≥ seq_len + z are never loaded: zeros, scores −inf), the partials and
 //   the combine's fixed order are the same code with the length seq_len + z — the single-token
-//   kernels run with state[2] = seq_len + z, whose token is the constant 0 (their SASS is the
-//   same as before the token index, up to label names; decode_persistent.cu's too).
+//   kernels run with state[2] = seq_len + z, whose token is the constant 0 (the index costs
+//   them nothing: their SASS equals that of a build without it, up to label names;
+//   decode_persistent.cu's too).
 //   Bytes per call: T times the single-token call's (each token reads its own keys: Σ_j (seq_len
 //   + j) × 2 KiB per layer at 7B, and its partials); the T tokens' blocks share the L2, where a
 //   page read by one token is usually still there for the next. Merging the tokens of a KV head
@@ -268,7 +269,7 @@ __device__ __forceinline__ void attention_decode_args_split(const AttentionDecod
 // takes split x · ATTN_WARPS + w of KV head y for token z. The single-token kernels are launched
 // with T = 1 (token 0: state[2] keys, the [Hq, …] / [NS, …] buffers); the *_tokens kernels with
 // T = n_tokens and [T, …] buffers (T tokens at once, header). The two names are one body: the
-// single-token kernels' token is the constant 0, so their code is what it was without tokens.
+// single-token kernels' token is the constant 0, so their code is that of a build without tokens.
 #ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 #define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM, TOKEN)                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP_SIZE) NAME(                   \

@@ -230,10 +230,11 @@ def test_the_switches_move_what_the_entry_point_starts(monkeypatch, env, started
     assert sorted(calls) == sorted(w for w, s in zip(("driver", "worker"), started) if s)
 
 
-def test_a_bad_switch_stops_run_in_one_line(tiny, capsys, monkeypatch):
+@pytest.mark.parametrize("name", sorted(startup.SWITCHES))
+def test_a_bad_switch_stops_run_in_one_line(tiny, capsys, monkeypatch, name):
     from drvqwen.cli import main
 
-    monkeypatch.setenv(startup.GATHERED_UPLOAD, "1")
+    monkeypatch.setenv(name, "1")
     assert main(["run", "--model", str(tiny), "--device", "cpu", "hi"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "DRVQWEN_STARTUP_GATHERED_UPLOAD='1'" in err
+    assert err.count("\n") == 0 and f"{name}='1'" in err and " or ".join(startup.SWITCHES[name]) in err

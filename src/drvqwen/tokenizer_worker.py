@@ -16,7 +16,7 @@ Before it reads the request, it loads the cached form of the tokenizer the last 
 request only comes once the other process has its model open, so the load would otherwise
 start that late and finish after the weights are on the GPU. Every Qwen2.5-Coder model has the
 same tokenizer, so the guess is right unless the run's model family changed; then the requested
-one is loaded as before ("seconds" counts only the time after the request).
+one is loaded once the request comes ("seconds" counts only the time after the request).
 """
 
 from __future__ import annotations
