@@ -98,12 +98,12 @@ class GPUWeights:
         Raises DeviceMemoryError (a DrvqwenError) before anything is copied if the weights do
         not fit in free device memory, FormatError naming the first weight whose format the
         GPU kernels do not run (`check_gpu_formats`), and DrvqwenError for a bad
-        DRVQWEN_STARTUP_UPLOAD or DRVQWEN_STARTUP_GATHERED_UPLOAD (startup.switch).
+        DRVQWEN_STARTUP_UPLOAD, or DRVQWEN_STARTUP_GATHERED_UPLOAD where staging reads it
+        (startup.switch; the pool is freed again).
         """
         unsupported = check_gpu_formats(f)
         if unsupported:
             raise FormatError(unsupported)
-        startup.check_switches()
         self.config: QwenConfig = f.config if num_layers is None else f.config.with_layers(num_layers)
         keep = [i for i in f if not i.name.startswith("model.layers.")
                 or int(i.name.split(".")[2]) < self.config.num_layers]
