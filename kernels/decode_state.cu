@@ -1,6 +1,7 @@
 // kernels/decode_state.cu — the per-step decode state, advanced on the GPU.
 //
 //   advance_state           state[1] = next_token[0]; state[0] += 1; state[2] += 1
+//   advance_state_tokens    state[1] = next_token[T-1]; state[0] += T; state[2] += T   (the verify pass)
 //   set_block_table_entry   block_table[state[0] / 16] = new_page[0]   (first node of the page-opening step)
 //
 // state is the int32 [3] device array every decode kernel reads instead of taking launch
@@ -11,7 +12,14 @@
 //
 // Both wait for their predecessor (griddepcontrol.wait, ptx/griddep.cuh): they are launched as
 // programmatic dependents like the rest of the step.
-// Work split: one thread each. Bytes per call: 16 (advance_state), 12 (set_block_table_entry).
+// The verify pass of speculative decoding runs T tokens at positions pos … pos+T-1 and ends with
+// advance_state_tokens: the state T decode steps would leave, the token the argmax chose after
+// the last of them included. The host rolls it back to the accepted count (sequence.py); as a
+// kernel that reads the position from the state, it keeps the pass's launches free of
+// per-pass arguments, the way the decode step's are.
+//
+// Work split: one thread each. Bytes per call: 16 (advance_state, advance_state_tokens), 12
+// (set_block_table_entry).
 // The limit: each is one graph node (~1 µs of dependency latency); advance_state may later
 // be folded into argmax_final.
 #include "types.cuh"
@@ -27,6 +35,19 @@ extern "C" __global__ void advance_state(int* __restrict__ state,             //
         state[1] = next_token[0];
         state[0] += 1;
         state[2] += 1;
+    }
+}
+
+// grid (1), block (1).
+extern "C" __global__ void advance_state_tokens(int* __restrict__ state,              // [3] int32, in/out
+                                                const int* __restrict__ next_token,   // [T] int32
+                                                int n_tokens) {                       // T
+    grid_launch_dependents();
+    grid_dependency_wait();
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        state[1] = next_token[n_tokens - 1];
+        state[0] += n_tokens;
+        state[2] += n_tokens;
     }
 }
 

@@ -1,5 +1,6 @@
 """kernels/decode_state.cu: advance_state, and a captured graph chaining
-argmax_final → advance_state → embedding as the decode graph does.
+argmax_final → advance_state → embedding as the decode graph does; advance_state_tokens, the
+verify pass's advance by T positions.
 """
 
 from __future__ import annotations
@@ -43,3 +44,18 @@ def test_advance_state_and_graph_chain(dev, rng):
         exe.destroy()
     np.testing.assert_array_equal(state.download(), [9, 10, 10])
     np.testing.assert_array_equal(residual.download(), table[10].astype(np.float32))
+
+
+@pytest.mark.parametrize("T", [1, 5, 16])
+def test_advance_state_tokens_moves_by_t_and_takes_the_last_choice(dev, rng, T):
+    """advance_state_tokens (the verify pass's last launch): state = (pos + T, next_token[T-1],
+    seq_len + T), what T advance_state launches leave; next_token is read, never written."""
+    from drvqwen.launchers import AdvanceState
+
+    pos = int(rng.integers(0, 1000))
+    choices = rng.integers(0, 150000, T).astype(np.int32)
+    state = dev.upload("state", np.array([pos, 77, pos + 1], dtype=np.int32))
+    next_token = dev.upload("next_token", choices)
+    AdvanceState(state, next_token, n_tokens=T).launch()
+    np.testing.assert_array_equal(state.download(), [pos + T, choices[-1], pos + 1 + T])
+    np.testing.assert_array_equal(next_token.download(), choices)

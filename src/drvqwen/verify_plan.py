@@ -11,8 +11,13 @@ one pass, each position's logits and argmax bit for bit those of the decode step
     norm                          xn fp16 [T, D] = rmsnorm(residual row j) · w_norm   (rmsnorm, T rows)
     lm_head                       logits fp32 [T, V], argmax partials [T, ceil(V/32)]
     argmax                        next_token int32 [T]: token j's greedy choice after ids[j]
+    advance_state                 state = (pos + T, next_token[T-1], seq_len + T)      (advance_state_tokens)
 
-No advance_state: how far the state moves depends on how many proposals are accepted.
+The pass leaves the state T decode steps would leave; how far it stays advanced depends on how
+many proposals are accepted, so the host rolls it back to the accepted count afterwards
+(sequence.py, `Sequence.rollback`). Like the decode step's, the list takes no per-pass argument
+(the position is read from the state, the tokens from `ids`), so a CUDA graph per T can capture
+it as it is.
 
 Why each position matches the decode step bit for bit:
 - every launch has the block of the decode step's counterpart and its grid per token: the
@@ -43,7 +48,7 @@ import numpy as np
 from .config import QwenConfig
 from .decode import DecodePlan, plan_decode
 from .errors import DrvqwenError
-from .launchers import ArgmaxFinal, AttentionDecode, EmbeddingRows, LmHead, RmsNorm, attention_decode
+from .launchers import AdvanceState, ArgmaxFinal, AttentionDecode, EmbeddingRows, LmHead, RmsNorm, attention_decode
 from .launchers.base import BufferSpec, Occupancy
 from .launchers.gemv_int4 import MAX_TOKENS
 from .layer_plan import int4_layer_steps, layer_kv
@@ -124,5 +129,6 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
         ("lm_head", lm),
         ("argmax", ArgmaxFinal(a["next_token"], a["part_val"], a["part_idx"], n_partials=lm.n_partials,
                                n_tokens=T)),
+        ("advance_state", AdvanceState(a["state"], a["next_token"], n_tokens=T)),
     ]
     return plan
