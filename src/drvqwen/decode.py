@@ -70,12 +70,12 @@ from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_sh
 from .kv_cache import tensor_map_shape
 from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, GpuSleep, Launcher,
                         LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_tma, lm_head_partials)
-from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec
+from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
-from .format.tensor_set import EMBED, LM_HEAD, default_formats, proj_prefix
+from .format.tensor_set import EMBED, LM_HEAD, default_formats, in_per_tensor_formats, proj_prefix
 from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
 from .launch_list import LaunchList, NamedLaunch
@@ -217,7 +217,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     else:
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
-    per_tensor = formats is not None and {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} != default_formats(cfg)
+    per_tensor = in_per_tensor_formats(cfg, formats)
     if persistent and per_tensor:
         raise DrvqwenError("the persistent decode step runs the INT4 layers only; this model's weights are in "
                            "per-tensor formats")
@@ -326,6 +326,7 @@ class DecodeStep:
             step, in order) and `launchers` are its.
         buf: activation name → DeviceArray; kv: the KVCache; weights: the GPUWeights.
         seq: the Sequence (sequence.py): position, pages and block table of the cache's sequence.
+        text_vocab: the lm_head rows from it on get −inf (the file's text_vocab, plan_decode's).
     Raises:
         DrvqwenError: no usable GPU, bad max_context or attention, or the model and its cache
             do not fit (checked before any upload).
@@ -345,7 +346,7 @@ class DecodeStep:
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
                                 persistent_defines=tuple(persistent_defines))
-        self.attention, self.max_context = attention, self.plan.max_context
+        self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
         self._check_fits(f)
         self.stream = Stream()
         self._allocate(f, progress, num_layers, rng)
@@ -395,9 +396,7 @@ class DecodeStep:
         else:
             pool, layer = name.rstrip("]").split("[")
             arr = self.kv.layer_view(pool, int(layer))
-        if tuple(arr.shape) != spec.shape or arr.dtype != spec.dtype:
-            raise LaunchError(f"{name}: planned {spec.dtype}{list(spec.shape)}, allocated {arr.dtype}{list(arr.shape)}")
-        return arr
+        return check_resolved(spec, arr)
 
     # ---- build --------------------------------------------------------------------------------
     def _build(self) -> None:

@@ -99,7 +99,7 @@ PREFILL_MODES = ("gemm", "per_token")
 DEFAULT_CHUNK_ROWS = 512
 
 
-def _rows_view(arr: DeviceArray, rows: int) -> DeviceArray:
+def rows_view(arr: DeviceArray, rows: int) -> DeviceArray:
     """The first `rows` rows of a [capacity, …] buffer as its own DeviceArray (no copy)."""
     return DeviceArray(f"{arr.name}[:{rows}]", arr.ptr, (rows, *arr.shape[1:]), arr.dtype)
 
@@ -184,7 +184,7 @@ class Prefill:
     def _build(self, R: int) -> list[NamedLaunch]:
         step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
         # Views of the first R rows: the launchers check element counts against `rows`.
-        res, xn, qkv, q, attn, h = (_rows_view(self.buf[n], R) for n in ("residual", "xn", "qkv", "q", "attn", "h"))
+        res, xn, qkv, q, attn, h = (rows_view(self.buf[n], R) for n in ("residual", "xn", "qkv", "q", "attn", "h"))
         attn_flat = DeviceArray(attn.name, attn.ptr, (R, cfg.num_heads, cfg.head_dim), attn.dtype)
         q_heads = DeviceArray(q.name, q.ptr, (R, cfg.num_heads, cfg.head_dim), q.dtype)
         ps = self.buf["prefill_state"]

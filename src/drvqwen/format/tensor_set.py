@@ -48,6 +48,17 @@ def default_formats(cfg: QwenConfig) -> dict[str, int]:
     return {p: (wf.PLAIN if p in (EMBED, LM_HEAD) else wf.INT4_G128.id) for p in weight_shapes(cfg)}
 
 
+def in_per_tensor_formats(cfg: QwenConfig, formats: dict[str, int] | None) -> bool:
+    """Whether a model of `cfg` whose weights have `formats` (NanoqwenFile.formats: prefix →
+    id; None: `default_formats`) has any weight of cfg's layers off `default_formats` — a weight
+    missing from `formats` counts as dense FP16. Such a model runs the per-tensor GPU kernels
+    (gemv_fmt.cu, gemm_fmt*.cu), the others the INT4 ones."""
+    if formats is None:
+        return False
+    want = default_formats(cfg)
+    return {p: formats.get(p, wf.PLAIN) for p in want} != want
+
+
 def expected_tensors(cfg: QwenConfig, formats: dict[str, int] | None = None
                      ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """Every tensor a Qwen2 model of `cfg` stores, with dtype and shape.

@@ -253,6 +253,19 @@ class Launcher:
         return f"{type(self).__name__}({', '.join(f'{s.kernel} grid={s.grid} block={s.block}' for s in self.specs)})"
 
 
+def check_resolved(spec: BufferSpec, arr):
+    """`arr`, the device array a resolver found for the planned buffer `spec`, if its shape and
+    dtype are the plan's.
+
+    Raises:
+        LaunchError: they differ (names the buffer, both shapes and dtypes).
+    """
+    if tuple(arr.shape) != spec.shape or arr.dtype != spec.dtype:
+        raise LaunchError(f"{spec.name}: planned {spec.dtype}{list(spec.shape)}, allocated "
+                          f"{arr.dtype}{list(arr.shape)}")
+    return arr
+
+
 # ---- constants shared with the kernel files -------------------------------------------------
 
 # (kernel file, C expression, value) of every constant Python mirrors from kernels/*.cu:
