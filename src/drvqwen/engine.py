@@ -34,6 +34,16 @@ of its own (`DecodeStep.sampler_variant`), built on first use; decode replays CU
 (graphs.py, one GraphDecoder per list; `use_graphs=False` launches it eagerly), and the prefill
 runs its sampler step. The sequence's position and pages change only through `DecodeStep.seq`
 (sequence.py).
+
+Speculative decoding (`GPUBackend(speculative=True)`, what run, chat and serve build for
+--lookup/--draft): `verify` runs the last token and the proposals — up to 16 — through the model
+in one pass (verify_pass.py: the weights read once for all of them), each row the decode step's
+logits bit for bit; that holds against the decode step with the plain attention kernel, so such
+a backend decodes with it (token_stream too: plain and speculative output are the same tokens).
+A model in per-tensor formats, or a longer chunk, verifies with one decode step per token
+(generate.DecodeVerify). Without speculative=True the decode step is the default one (TMA
+attention) and `verify` is per token, exact all the same.
+
 Speed is measured by `drvqwen bench` (bench.py), whose definition of TTFT and ITL is the one
 every figure in drvqwen quotes.
 """
@@ -54,6 +64,7 @@ from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device
 from .cuda.nvrtc import compile_kernels
 from .gpu_weights import check_gpu_formats
 from .decode import DecodeStep, plan_decode
+from .format.tensor_set import in_per_tensor_formats
 from .launch_list import LaunchList
 from .graphs import GraphDecoder
 from .errors import DrvqwenError
@@ -64,6 +75,9 @@ from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
 from .stats import count, phase
+from .verify_pass import VerifyPass
+from .verify_plan import VERIFY_ATTENTION, plan_verify
+from .launchers.gemv_int4 import MAX_TOKENS as MAX_VERIFY_TOKENS
 
 # Slots of the host token ring. The host is at most one step behind the GPU (the lookahead), so
 # two slots would do; a few more cost nothing.
@@ -113,15 +127,33 @@ def check_stream_args(n_prompt: int, max_new_tokens: int, max_context: int) -> i
     return min(max_new_tokens, max_context - n_prompt)
 
 
-def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None) -> list[tuple[str, dict]]:
+def one_pass_verify(config: QwenConfig, formats: dict[str, int] | None, speculative: bool) -> bool:
+    """Whether a GPUBackend(speculative=…) of this model verifies in one pass (verify_pass.py):
+    it speculates and its weights are the INT4 model's (plan_verify covers only that model)."""
+    return speculative and not in_per_tensor_formats(config, formats)
+
+
+def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
+                   speculative: bool = False) -> list[tuple[str, dict]]:
     """(kernel file, defines) of every kernel file the engine launches for `config` with the
     weight formats `formats` (NanoqwenFile.formats; default: the INT4 step's): the decode step's
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
     and gemm_fmt.cu compiled for the model's formats) and the token choice's and hand-over's
-    (sampling.cu). Not timing or smoke (benchmarks and tests)."""
-    plan = plan_decode(config.with_layers(1), occupancy=FixedOccupancy(1), formats=formats)
+    (sampling.cu). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
+    the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
+    builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
+    one = config.with_layers(1)
+    one_pass = one_pass_verify(config, formats, speculative)
+    plan = plan_decode(one, occupancy=FixedOccupancy(1), formats=formats,
+                       **({"attention": VERIFY_ATTENTION[0]} if one_pass else {}))
     wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
+    for T in ((1, MAX_VERIFY_TOKENS) if one_pass else ()):
+        # An H200's grid (132 SMs, 2 blocks each): with one SM a T-token GEMV block would hold
+        # all of K in shared memory, which no GPU has. The kernel files and defines do not
+        # depend on it.
+        verify = plan_verify(one, None, T, occupancy=FixedOccupancy(132, lambda _k, _t, _s: 2))
+        wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in verify.named_specs()}
     prefill_files = PREFILL_KERNEL_FILES_FMT if plan.per_tensor else PREFILL_KERNEL_FILES
     # The per-tensor kernel files are compiled for the model's formats (plan.fmt_defines).
     wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt", "gemm_fmt_wgmma") else ())
@@ -168,7 +200,9 @@ def check_gpu_supports(f: NanoqwenFile) -> None:
 class GPUBackend(DecodeVerify):
     """A `.nanoqwen` model on the GPU, generating with `token_stream` (generate.py's token backend).
 
-    `verify` (speculative decoding) is DecodeVerify's: one `decode` per token.
+    `verify` (speculative decoding) runs up to 16 tokens in one pass (verify_pass.py) when the
+    backend was built with speculative=True for the INT4 model; otherwise DecodeVerify's, one
+    `decode` per token.
 
     Args:
         f: the validated model file.
@@ -178,9 +212,15 @@ class GPUBackend(DecodeVerify):
         progress: weight upload progress, called with (bytes_done, bytes_total).
         chunk_rows: prompt rows per prefill chunk.
         use_graphs: decode by replaying CUDA graphs (the default; graphs.py), or eagerly.
+        speculative: the backend will verify speculative proposals: for the INT4 model the
+            decode step runs the plain attention kernel — the one whose logits the verify pass
+            reproduces bit for bit — and `verify` runs one pass; for per-tensor formats nothing
+            changes (their verify is one decode per token). False (the default): the decode
+            step as it is without speculation (TMA attention).
     Attributes:
         decode_step: the DecodeStep (weights, KV cache, the sequence, stream, the decode launch lists).
         prefill_pass: the Prefill sharing them.
+        verify_pass: the VerifyPass sharing them, or None (verify is one decode per token).
         launch_list: the decode launch list of the last sampling parameters (launch_list.LaunchList:
             greedy, sample or penalized, with publish_token): what `decode()` runs.
         sampler_params: uint8 [48] device SamplerParams (sampling.cu), token_index included.
@@ -192,12 +232,14 @@ class GPUBackend(DecodeVerify):
 
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, *, num_layers: int | None = None,
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_graphs: bool = True):
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, use_graphs: bool = True, speculative: bool = False):
         check_gpu_supports(f)
         with phase("context"):
             get_device()
-        load_kernels(engine_kernels(f.config, f.formats))
-        self.decode_step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress)
+        load_kernels(engine_kernels(f.config, f.formats, speculative))
+        one_pass = one_pass_verify(f.config, f.formats, speculative)
+        self.decode_step = DecodeStep(f, max_context, num_layers=num_layers, rng=rng, progress=progress,
+                                      attention=VERIFY_ATTENTION[0] if one_pass else None)
         self.use_graphs = use_graphs
         # One launch list per way of choosing the token (greedy argmax, the sampler, the sampler
         # after the repeat penalty), built on first use, and one GraphDecoder per list: a graph
@@ -217,6 +259,8 @@ class GPUBackend(DecodeVerify):
         # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
         # longer prompt's first chunk then only packs its launches.
         self.prefill_pass.launches(ROW_BUCKET)
+        # Its launch lists are built per T on first use (a few ms of Python each, once).
+        self.verify_pass = VerifyPass(step) if one_pass else None
         size = 3 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS + 4 * sampling.HISTORY_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)
@@ -364,6 +408,28 @@ class GPUBackend(DecodeVerify):
         self._cached.append(int(token))
         return step.logits()
 
+    def verify(self, tokens: list[int]) -> np.ndarray:
+        """`Backend.verify`: logits fp32 [len(tokens), V], row i what `decode(tokens[i])` gives at
+        the next positions — in one pass (verify_pass.py) when the backend has one and there are
+        at most 16 tokens, else one decode per token (DecodeVerify). The K/V of every token stay
+        in the cache and the sequence is at the position after the last, as after decode calls.
+
+        Raises:
+            ValueError: no tokens.
+            DrvqwenError: a token id outside the vocabulary, or positions past the context.
+        """
+        if self.verify_pass is None or not 1 <= len(tokens) <= MAX_VERIFY_TOKENS:
+            return DecodeVerify.verify(self, tokens)
+        rows = self.verify_pass.run(tokens)
+        self._cached.extend(int(t) for t in tokens)
+        return rows
+
+    @property
+    def verify_implementation(self) -> str:
+        """What `verify` runs for up to 16 tokens: "VerifyPass.run" (one pass) or
+        "DecodeVerify.verify" (one decode per token)."""
+        return "VerifyPass.run" if self.verify_pass is not None else DecodeVerify.verify_implementation
+
     def rollback(self, n_positions: int) -> None:
         """Keep positions < n_positions and drop the rest (`Backend.rollback`): the next
         `decode` runs at position n_positions.
@@ -400,4 +466,6 @@ class GPUBackend(DecodeVerify):
         self._ring.free()
         self.pool.close()
         self.prefill_pass.close()
+        if self.verify_pass is not None:
+            self.verify_pass.close()
         self.decode_step.close()

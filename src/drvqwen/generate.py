@@ -124,9 +124,16 @@ class HostSampling:
 
 class DecodeVerify:
     """`Backend.verify` as one `decode` per token: exact by construction (each row is the decode
-    step's own logits), and as slow as plain decoding. Both backends use it until a backend has
-    a pass that runs the tokens together (weights read once for all of them) with the same
-    logits bit for bit; such a backend overrides `verify` and nothing else changes."""
+    step's own logits), and as slow as plain decoding. The CPU backend uses it; the GPU backend
+    overrides `verify` with a pass that runs the tokens together (weights read once for all of
+    them) with the same logits bit for bit (verify_pass.py), and falls back to this where it has
+    none.
+
+    Attributes:
+        verify_implementation: what `verify` runs, for the benchmarks' records.
+    """
+
+    verify_implementation = "DecodeVerify.verify"
 
     def verify(self, tokens: list[int]) -> np.ndarray:
         """Logits fp32 [len(tokens), V]: row i = decode(tokens[i]) (`Backend.verify`)."""

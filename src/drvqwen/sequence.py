@@ -13,8 +13,10 @@ prefill (prefill.py), the engine (engine.py) and `drvqwen step`'s machines call 
     start(token, pos)      begin decoding `token` at `pos`; pos 0 starts a new sequence (every page
                            back to the free list)
     feed(token)            the next step consumes `token` instead of the last one chosen
-    reserve(n_tokens)      pages for positions < n_tokens, the block table uploaded at once (prefill)
-    resume(pos)            after the prefill queued decode_resume (the device state at pos)
+    reserve(n_tokens)      pages for positions < n_tokens, the block table uploaded at once (prefill,
+                           verify pass)
+    resume(pos)            after the prefill queued decode_resume, or a verify pass advance_state by
+                           its T tokens (the device state at pos)
     open_page()            host side of one decode step: the page its position opens, if any;
                            the caller records it on the device before the step's kernels run —
                            `write_block_table_entry` (eager), or the "opens_page" graph
@@ -100,7 +102,8 @@ class Sequence:
             self.block_table.upload_at(0, np.asarray(self.pages.block_table, np.int32))
 
     def resume(self, pos: int) -> None:
-        """Host bookkeeping after a prefill that queued decode_resume(pos): the next step
+        """Host bookkeeping after a prefill that queued decode_resume(pos), or a verify pass
+        whose advance_state moved the device state to `pos` (verify_pass.py): the next step
         decodes the device's next_token at `pos`."""
         self.pos = pos
 

@@ -19,9 +19,10 @@ consumer closes the stream inside a pass, the positions after the last token it 
 back too: the cache then holds what plain decoding would have left (`cached_ids()`, which
 `reuse` compares with the next prompt).
 
-With a verify pass made of plain decode steps (generate.DecodeVerify) this is as slow as plain
-decoding plus the proposer; the gain comes from a backend whose verify runs the k + 1 tokens in
-one pass (docs/speculative.md).
+With a verify pass made of plain decode steps (generate.DecodeVerify: the CPU, per-tensor
+formats) this is as slow as plain decoding plus the proposer; the gain comes from a backend whose
+verify runs the k + 1 tokens in one pass (the GPU's INT4 model: verify_pass.py;
+docs/speculative.md).
 """
 
 from __future__ import annotations
