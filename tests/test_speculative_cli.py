@@ -96,3 +96,49 @@ def test_serve_draft_options_are_checked_before_serving(files, capsys, argv, mes
                *[a.format(d=files) for a in argv]])
     err = capsys.readouterr().err
     assert rc == 2 and err.strip().splitlines()[-1].startswith("error: " + message.format(d=files)), err
+
+
+def test_the_target_is_built_to_speculate_exactly_when_asked(files, capsys, monkeypatch):
+    """run and chat build the target with speculative=True (on the GPU: the verify pass and the
+    decode step it matches) for --lookup and --draft only, never the draft model; serve for its
+    --draft. The CPU backend built is the same either way."""
+    from drvqwen import loading
+    from drvqwen.generate import CPUBackend
+
+    built = []
+    real = loading.build_backend
+
+    def recording(f, device, max_context, **kw):
+        built.append((f.path.name, kw.get("speculative", False)))
+        b = real(f, device, max_context, **kw)
+        assert isinstance(b, CPUBackend) and b.verify_implementation == "DecodeVerify.verify"
+        return b
+
+    monkeypatch.setattr(loading, "build_backend", recording)
+    target, draft = str(files / "target.nanoqwen"), str(files / "draft.nanoqwen")
+    for extra, want in (([], [("target.nanoqwen", False)]),
+                        (["--lookup", "4"], [("target.nanoqwen", True)]),
+                        (["--draft", draft], [("target.nanoqwen", True), ("draft.nanoqwen", False)])):
+        built.clear()
+        assert main(["run", "--model", target, "--device", "cpu", "--raw", "-p", PROMPT, "-n", "3", *extra]) == 0
+        assert built == want, extra
+    built.clear()
+    monkeypatch.setattr("sys.stdin", io.StringIO("abc\n"))
+    assert main(["chat", "--model", target, "--device", "cpu", "-n", "3", "--lookup", "2"]) == 0
+    assert built == [("target.nanoqwen", True)]
+    capsys.readouterr()
+    pytest.importorskip("starlette")
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.server.main import loader
+
+    for with_draft, want in ((False, [("target.nanoqwen", False)]),
+                             (True, [("target.nanoqwen", True), ("draft.nanoqwen", False)])):
+        built.clear()
+        f, d = NanoqwenFile(target), NanoqwenFile(draft)
+        loaded = loader(f, "cpu", 64, draft=d if with_draft else None)()
+        assert built == want
+        for b in (loaded.backend, loaded.draft):
+            if b is not None:
+                b.close()
+        f.close()
+        d.close()

@@ -142,7 +142,7 @@ def _bench(a) -> int:
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path))
     ctx = resolve_max_context(a.max_context, f.config.max_position)
     items = [it for it in prompts(problems, tok, sets) if len(it["ids"]) < ctx]
-    backend = load_backend(opened, ctx, eager=a.eager)
+    backend = load_backend(opened, ctx, eager=a.eager, speculative=go.speculates(a))
     proposer = None
     try:
         proposer = go.speculation(a, opened, ctx)

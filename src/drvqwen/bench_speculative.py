@@ -5,8 +5,10 @@ every proposer guesses, so a figure on them would say nothing):
 
 - the prompt: an edit (edit_prompts.py: EXAMPLE_FUNCTION with "add type hints", in the chat
   template), where the answer copies its input and prompt lookup can work;
-- one backend, built as `drvqwen run` builds it (loading.load_backend: CUDA graphs on the GPU),
-  and the proposer as `run` makes it (gen_options.speculation);
+- one backend, built as `drvqwen run --lookup/--draft` builds it (loading.load_backend with
+  speculative=True: CUDA graphs on the GPU, the verify pass, and the decode step it matches bit
+  for bit — the plain attention kernel, so the plain row is that step, not the default one with
+  the TMA attention kernel), and the proposer as `run` makes it (gen_options.speculation);
 - an untimed warm-up of each kind (WARMUP_TOKENS tokens), then one timed plain greedy
   generation and one timed `generate(…, speculation=proposer)`, each up to `new_tokens` tokens,
   ending at the model's end-of-generation tokens;
@@ -156,7 +158,7 @@ def run_speculative_row(opened, args, max_context: int, new_tokens: int) -> dict
     f = opened.file
     check_real_weights(f)
     prompt = edit_prompt(Tokenizer.of_model(f), EXAMPLE_FUNCTION)
-    backend = load_backend(opened, max_context)
+    backend = load_backend(opened, max_context, speculative=True)
     proposer = None
     try:
         proposer = speculation(args, opened, max_context)
@@ -168,9 +170,9 @@ def run_speculative_row(opened, args, max_context: int, new_tokens: int) -> dict
                "tok_s_convention": "generated tokens / (time of the last token - time of the first), host times"}
         out.update(measure(backend, proposer, prompt, new_tokens, f.eog_ids))
         out["plain_decode_mode"] = backend.decode_mode     # token_stream's: "graph" unless capture failed
-        # Whether the verify pass runs the proposals together or one decode step each
-        # (generate.DecodeVerify): what the tokens/s say depends on it.
-        out["verify"] = type(backend).verify.__qualname__
+        # Whether the verify pass runs the proposals together (GPU: "VerifyPass.run") or one
+        # decode step each ("DecodeVerify.verify"): what the tokens/s say depends on it.
+        out["verify"] = backend.verify_implementation
         return out
     finally:
         if proposer is not None:

@@ -97,6 +97,12 @@ def check_speculation_options(args) -> None:
         check_max_tokens(args.draft_max, "--draft-max")
 
 
+def speculates(args) -> bool:
+    """Whether the options ask for speculative decoding (--lookup or --draft): the target's
+    backend is then built for it (loading.build_backend's `speculative`)."""
+    return getattr(args, "lookup", None) is not None or getattr(args, "draft", None) is not None
+
+
 def speculation(args, target, max_context: int, *, cache_tokens: int | None = None, stats=None):
     """The proposer the options ask for, or None: `PromptLookup(--lookup)`, or a `DraftModel` of
     --draft loaded beside the target (`loading.load_draft`: the same path as --model, the

@@ -199,7 +199,7 @@ def model_argument(model: str | None) -> str | None:
 
 
 def build_backend(f: NanoqwenFile, device: str, max_context: int, *, cache_tokens: int | None = None,
-                  eager: bool = False, progress=None):
+                  eager: bool = False, progress=None, speculative: bool = False):
     """The GPU engine (device "cuda") or the CPU reference for `f`, on the calling thread.
 
     Args:
@@ -207,20 +207,23 @@ def build_backend(f: NanoqwenFile, device: str, max_context: int, *, cache_token
         cache_tokens: CPU: KV positions to allocate, when fewer than max_context will be used.
         eager: GPU: launch the decode kernels one by one instead of replaying CUDA graphs.
         progress: progress(done, total): bytes uploaded (GPU) or layers dequantized (CPU).
+        speculative: GPU: the backend will verify speculative proposals (--lookup, --draft):
+            the verify pass and the decode step it matches bit for bit (engine.GPUBackend). The
+            CPU backend is the same either way.
     Raises:
         DrvqwenError: the model and its cache do not fit (GPU memory, or the CPU's RAM).
     """
     if device == "cuda":  # pragma: no cover - needs a Hopper GPU (test_engine_gpu.py)
         from .engine import GPUBackend
 
-        return GPUBackend(f, max_context, use_graphs=not eager, progress=progress)
+        return GPUBackend(f, max_context, use_graphs=not eager, progress=progress, speculative=speculative)
     from .generate import CPUBackend
 
     return CPUBackend(f, max_context, progress=progress, cache_tokens=cache_tokens)
 
 
 def load_backend(opened: OpenedModel, max_context: int, *, cache_tokens: int | None = None,
-                 eager: bool = False, stats: RunStats | None = None, note: str = ""):
+                 eager: bool = False, stats: RunStats | None = None, note: str = "", speculative: bool = False):
     """`build_backend` for `opened` with a progress bar on stderr, the CPU's reason said first
     (followed by `note`); stats gets the phase "load". Raises as `build_backend`."""
     f, stats = opened.file, RunStats() if stats is None else stats
@@ -229,11 +232,11 @@ def load_backend(opened: OpenedModel, max_context: int, *, cache_tokens: int | N
             opened.say_cpu(note=note)
             with progress_bar() as p:
                 task = p.add_task("dequantizing weights", total=f.config.num_layers)
-                return build_backend(f, "cpu", max_context, cache_tokens=cache_tokens,
+                return build_backend(f, "cpu", max_context, cache_tokens=cache_tokens, speculative=speculative,
                                      progress=lambda i, n: p.update(task, completed=i))
         with progress_bar(in_bytes=True) as p:  # pragma: no cover - needs a Hopper GPU
             task = p.add_task("uploading weights", total=sum(i.nbytes for i in f))
-            return build_backend(f, "cuda", max_context, eager=eager,
+            return build_backend(f, "cuda", max_context, eager=eager, speculative=speculative,
                                  progress=lambda done, n: p.update(task, completed=done, total=n))
 
 

@@ -157,7 +157,8 @@ def _run(args, stats) -> int:
     out = sys.stdout
     backend = proposer = None
     try:
-        backend = load_backend(opened, max_context, cache_tokens=cache_tokens, eager=args.eager, stats=stats)
+        backend = load_backend(opened, max_context, cache_tokens=cache_tokens, eager=args.eager, stats=stats,
+                               speculative=go.speculates(args))
         proposer = go.speculation(args, opened, max_context, cache_tokens=cache_tokens, stats=stats)
         if ids is None:
             tok, ids = prompt()
@@ -228,7 +229,8 @@ def cmd_chat(args) -> int:
     tok.store_in_cache()
     max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
                                       f.config.max_position)
-    backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats)
+    backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats,
+                           speculative=go.speculates(args))
     proposer = None
     try:
         proposer = go.speculation(args, opened, max_context, cache_tokens=max_context, stats=stats)

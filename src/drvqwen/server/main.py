@@ -55,7 +55,10 @@ def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, 
 
     progress(done, total): weight upload (GPU, bytes) or dequantization (CPU, layers).
     draft: the speculative draft model (`--draft`), built beside it on the same device with a
-    context as long (capped at its own max_position).
+    context as long (capped at its own max_position); the model is then built to speculate
+    (build_backend's `speculative`: its requests' verify runs as one pass on the GPU). Without
+    a draft model it is built as for plain decoding, and a request's speculative_lookup
+    verifies with one decode step per token (exact, no faster).
     """
     from ..tokenizer import Tokenizer
     from .worker import LoadedModel
@@ -63,7 +66,7 @@ def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, 
     def load() -> LoadedModel:
         from ..loading import build_backend
 
-        backend = build_backend(f, device, max_context, eager=eager, progress=progress)
+        backend = build_backend(f, device, max_context, eager=eager, progress=progress, speculative=draft is not None)
         draft_backend = None
         if draft is not None:
             draft_backend = build_backend(draft, device, min(max_context, draft.config.max_position), eager=eager,
