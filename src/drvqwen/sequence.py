@@ -8,7 +8,8 @@ A sequence's state lives on both sides and the two must agree:
              block_table  int32 [P]  logical page → physical page: where K/V is written and read
 
 Nothing else changes them. The eager decode step (decode.py), the graphs (graphs.py), the
-prefill (prefill.py), the engine (engine.py) and `drvqwen step`'s machines call a `Sequence`:
+prefill (prefill.py), the verify pass (verify_pass.py), the engine (engine.py) and `drvqwen
+step`'s machines call a `Sequence`:
 
     start(token, pos)      begin decoding `token` at `pos`; pos 0 starts a new sequence (every page
                            back to the free list)
