@@ -9,6 +9,9 @@ before it launches — a chunk that crosses a page boundary, one that ends at th
 position — and leaves the sequence at p + T; that bad chunks are refused before anything changes;
 which path `GPUBackend.verify` takes; that only a speculating GPUBackend asks for the plain
 attention kernel and the verify pass's kernels (the default one's decode step stays as it is).
+With graphs: one graph per T, captured on its first pass before the pass's pages are opened and
+replayed after, the ids queued ahead of the replay; a failed capture falls back to eager launches
+(or raises with fallback=False); graphs=False never captures.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import types
 import numpy as np
 import pytest
 
-from drvqwen import engine, verify_pass
+from drvqwen import engine, graphs, verify_pass
 from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
-from drvqwen.cuda import DEFAULT_ALIGN_BYTES, DeviceArray
+from drvqwen.cuda import DEFAULT_ALIGN_BYTES, CudaError, DeviceArray
 from drvqwen.decode import DEFAULT_ATTENTION, plan_decode
 from drvqwen.errors import DrvqwenError
 from drvqwen.format.recipes import recipe_formats
@@ -83,7 +86,7 @@ def _recording_pass(step: FakeStep) -> tuple[VerifyPass, list[dict]]:
     vp = VerifyPass(step, occupancy=OCC)
     launched = []
     vp.launch_list = lambda T: f"verify{T}"
-    vp._launch = lambda ids, lst: launched.append(dict(ids=ids.copy(), list=lst, pos=step.seq.pos,
+    vp._launch = lambda ids, lst, _exe=None: launched.append(dict(ids=ids.copy(), list=lst, pos=step.seq.pos,
                                                       table=step.table.copy(),
                                                       pages=list(step.seq.pages.block_table)))
     vp._logits = lambda T: np.full((T, step.config.vocab_size), 0.5, np.float32)
@@ -298,3 +301,119 @@ def test_the_speculating_engine_compiles_every_kernel_of_every_verify_list():
     # Without speculation: the list it always was (the decode step's own kernels).
     assert engine.engine_kernels(cfg) == engine.engine_kernels(cfg, speculative=False)
     assert not engine.one_pass_verify(cfg, None, False) and engine.one_pass_verify(cfg, None, True)
+
+
+# ---- CUDA graphs, one per T ---------------------------------------------------------------------
+
+class _Log:
+    """What reaches the device, in order: ("ids", [...]), ("eager", T), ("replay", T), with the
+    sequence's pages at that moment for captures."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+
+def _graph_pass(step: FakeStep, monkeypatch, log: _Log, *, graphs_on=True, fallback=True, refuse=()):
+    """A VerifyPass on `step` whose lists, captures, replays, ids copy and logits are recorders;
+    a capture of a T in `refuse` fails as the driver would refuse it."""
+    def capture(stream, name, launches, what):
+        T = int(name.removeprefix("verify"))
+        log.events.append(("capture", T, len(launches), list(step.seq.pages.block_table)))
+        if T in refuse:
+            raise graphs.GraphCaptureError(name, launches[0][0], CudaError("cuLaunchKernel", "X", "refused"), what)
+        return types.SimpleNamespace(launch=lambda _s: log.events.append(("replay", T)),
+                                     destroy=lambda: log.events.append(("destroy", T))), 10 * T
+
+    monkeypatch.setattr(verify_pass, "capture_launches", capture)
+    vp = VerifyPass(step, occupancy=OCC, graphs=graphs_on, fallback=fallback)
+    ns = types.SimpleNamespace
+
+    def eager(T):
+        return ns(launch=lambda _s=None: log.events.append(("eager", T)))
+    vp.launch_list = lambda T: ns(name=f"verify{T}", launches=[ns(name=f"k{i}", launch=eager(T)) for i in range(3)])
+    vp.buf["ids"] = types.SimpleNamespace(upload_at=lambda _at, ids, _s: log.events.append(("ids", ids.tolist())))
+    vp._logits = lambda T: np.zeros((T, step.config.vocab_size), np.float32)
+    step.sync = lambda: log.events.append(("sync",))
+    return vp
+
+
+def test_one_graph_per_t_captured_on_first_use_and_replayed_after(fake_pool, monkeypatch, rng):
+    step, log = FakeStep(rng=rng), _Log()
+    vp = _graph_pass(step, monkeypatch, log)
+    _after_prefill(step, 14)
+    assert vp.mode == "graph" and vp.num_nodes == {}
+    vp.run([5])                        # 14
+    pages_before = list(step.seq.pages.block_table)
+    vp.run(list(range(1, 9)))          # 15 … 22: opens page 1
+    vp.run([7])                        # 23
+    vp.run(list(range(16)))            # 24 … 39: opens page 2
+    vp.run(list(range(1, 9)))          # 40 … 47: T = 8 again, replayed
+    captures = [e for e in log.events if e[0] == "capture"]
+    assert [c[1] for c in captures] == [1, 8, 16] and all(c[2] == 3 for c in captures)
+    assert vp.num_nodes == {1: 10, 8: 80, 16: 160}
+    # Captured before the pass opened its page (reserve's synchronous copy comes after capture).
+    assert captures[1][3] == pages_before and len(captures[2][3]) == 2
+    device = [e for e in log.events if e[0] in ("ids", "replay", "eager")]
+    assert device == [("ids", [5]), ("replay", 1), ("ids", list(range(1, 9))), ("replay", 8), ("ids", [7]),
+                      ("replay", 1), ("ids", list(range(16))), ("replay", 16), ("ids", list(range(1, 9))),
+                      ("replay", 8)]
+    assert step.seq.pos == 48 and len(step.seq.pages.block_table) == 3
+    log.events.clear()
+    vp.close()
+    assert log.events[0] == ("sync",) and sorted(e[1] for e in log.events[1:]) == [1, 8, 16]
+    assert vp.pool.closed
+
+
+def test_graphs_off_never_capture(fake_pool, monkeypatch, rng):
+    step, log = FakeStep(rng=rng), _Log()
+    vp = _graph_pass(step, monkeypatch, log, graphs_on=False)
+    _after_prefill(step, 3)
+    vp.run([1, 2])
+    assert vp.mode == "eager" and vp.graph(2) is None
+    assert log.events == [("ids", [1, 2])] + [("eager", 2)] * 3
+    vp.close()
+    assert ("sync",) not in log.events     # nothing to destroy: no wait either
+
+
+def test_a_failed_capture_falls_back_to_eager_launches(fake_pool, monkeypatch, rng):
+    step, log = FakeStep(rng=rng), _Log()
+    vp = _graph_pass(step, monkeypatch, log, refuse={4})
+    _after_prefill(step, 3)
+    vp.run([1])
+    with pytest.warns(RuntimeWarning, match="graph 'verify4' of the verify pass failed while recording 'k0'.*eagerly"):
+        vp.run([1, 2, 3, 4])
+    vp.run([9])                        # eager from now on, T = 1's graph included
+    assert vp.mode == "eager" and "refused" in vp.fallback_reason
+    device = [e for e in log.events if e[0] in ("replay", "eager")]
+    assert device == [("replay", 1)] + [("eager", 4)] * 3 + [("eager", 1)] * 3
+    assert step.seq.pos == 3 + 1 + 4 + 1
+
+
+def test_a_failed_capture_raises_without_fallback(fake_pool, monkeypatch, rng):
+    step, log = FakeStep(rng=rng), _Log()
+    vp = _graph_pass(step, monkeypatch, log, fallback=False, refuse={2})
+    _after_prefill(step, 15)
+    with pytest.raises(graphs.GraphCaptureError, match="verify2"):
+        vp.run([1, 2])
+    # Nothing ran and nothing changed: the capture comes before the pages and the ids.
+    assert step.seq.pos == 15 and len(step.seq.pages.block_table) == 1
+    assert [e[0] for e in log.events] == ["capture"]
+
+
+def test_capture_launches_names_the_owner_and_the_launch(monkeypatch):
+    from contextlib import contextmanager
+
+    @contextmanager
+    def capture(_stream):
+        yield types.SimpleNamespace(graph=None)
+
+    def refused(_stream=None):
+        raise CudaError("cuLaunchKernel", "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "not permitted")
+
+    monkeypatch.setattr(graphs, "capture", capture)
+    ok = types.SimpleNamespace(launch=lambda _s=None: None)
+    with pytest.raises(graphs.GraphCaptureError, match="graph 'verify3' of the verify pass failed while recording "
+                                                         "'L0.attention'") as e:
+        graphs.capture_launches(None, "verify3", [("embedding", ok), ("L0.attention",
+                                                   types.SimpleNamespace(launch=refused))], what="the verify pass")
+    assert e.value.graph == "verify3" and e.value.launch == "L0.attention"

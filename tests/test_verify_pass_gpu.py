@@ -9,8 +9,11 @@ ending at the last position of the context; then a rollback to an accepted count
 decode, equal on both. Consecutive passes continue from the state the last one left
 (advance_state_tokens); more than 16 tokens fall back to decoding; and a greedy speculative
 generation gives plain decoding's tokens. At the real models' widths (two layers), a pass of
-16 tokens gives the bits of the same backend's decode steps. The pass's logits buffer is
-poisoned (NaN bytes) before each pass, so a row it did not write cannot pass.
+16 tokens gives the bits of the same backend's decode steps. A backend's passes replay a CUDA
+graph per T (use_graphs, the default): against a use_graphs=False backend's eager passes, the
+same bits for T = 1, 8, 16, on a graph's first replay and a later one, passes that open a page
+included. The pass's logits buffer is poisoned (NaN bytes) before each pass, so a row it did not
+write cannot pass.
 
 Models (format/synthetic.py, large residual channels included): two layers of TINY (width 256,
 head_dim 64, GQA 2) and of width 896 at head_dim 128 with GQA 7 (the 7B's grouping), vocabulary
@@ -205,4 +208,47 @@ def test_real_widths_pass_equals_its_own_decode_steps(tmp_path, rng, name):
         assert not (bad := _differing_rows(rows, want)), f"rows {bad} differ from the decode steps"
     finally:
         a.close()
+        f.close()
+
+
+# (prompt length, T): a pass inside a page, one that opens page 1 (positions 10 … 17) and one
+# that opens page 2 (18 … 33); each T's graph is captured on its pass here.
+GRAPH_CASES = [(9, 1), (10, 8), (18, 16)]
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_graph_replay_rows_equal_the_eager_pass_bits(tmp_path, rng, config):
+    """A's passes replay CUDA graphs (use_graphs=True, one per T), B's launch eagerly
+    (use_graphs=False): the same bits for T = 1, 8, 16, passes that open a page included — on the
+    first replay of each T's graph and on a later one (after a rollback, the page opened again)."""
+    from drvqwen.engine import GPUBackend
+
+    path = tmp_path / f"{config}.nanoqwen"
+    write_synthetic(path, CONFIGS[config], seed=2027, tokenizer_json=minimal_tokenizer_json())
+    f = NanoqwenFile(path)
+    a = GPUBackend(f, MAX_CONTEXT, rng=np.random.default_rng(1), chunk_rows=64, speculative=True)
+    b = GPUBackend(f, MAX_CONTEXT, rng=np.random.default_rng(2), chunk_rows=64, speculative=True, use_graphs=False)
+    try:
+        V = a.config.vocab_size
+        prompt = rng.integers(0, V, GRAPH_CASES[0][0]).tolist()
+        _prefill_both(a, b, prompt)
+        for replay in ("first", "again"):
+            for p, T in GRAPH_CASES:
+                assert a.decode_step.seq.pos == b.decode_step.seq.pos == p
+                tokens = rng.integers(0, V, T).tolist()
+                _poison(a)
+                _poison(b)
+                rows, want = a.verify(tokens), b.verify(tokens)
+                assert not np.isnan(rows).any() and not np.isnan(want).any(), "a row a pass did not write"
+                assert not (bad := _differing_rows(rows, want)), f"{replay} replay of T={T}: rows {bad} differ"
+                assert _state(a) == _state(b) == [p + T, int(want[-1].argmax()), p + T + 1]
+            a.rollback(GRAPH_CASES[0][0])    # gives pages 1 and 2 back: the passes open them again
+            b.rollback(GRAPH_CASES[0][0])
+        assert a.verify_pass.mode == "graph" and sorted(a.verify_pass.num_nodes) == [1, 8, 16]
+        assert b.verify_pass.mode == "eager" and b.verify_pass.num_nodes == {}
+        t = int(rng.integers(0, V))
+        assert np.array_equal(_bits(a.decode(t)), _bits(b.decode(t)))
+    finally:
+        a.close()
+        b.close()
         f.close()

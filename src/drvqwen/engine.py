@@ -37,7 +37,8 @@ runs its sampler step. The sequence's position and pages change only through `De
 
 Speculative decoding (`GPUBackend(speculative=True)`, what run, chat and serve build for
 --lookup/--draft): `verify` runs the last token and the proposals — up to 16 — through the model
-in one pass (verify_pass.py: the weights read once for all of them), each row the decode step's
+in one pass (verify_pass.py: the weights read once for all of them; replayed from a CUDA graph
+per length with use_graphs, as decode), each row the decode step's
 logits bit for bit; that holds against the decode step with the plain attention kernel, so such
 a backend decodes with it (token_stream too: plain and speculative output are the same tokens).
 A model in per-tensor formats, or a longer chunk, verifies with one decode step per token
@@ -211,7 +212,8 @@ class GPUBackend(DecodeVerify):
         rng: shuffles the KV page free list (tests).
         progress: weight upload progress, called with (bytes_done, bytes_total).
         chunk_rows: prompt rows per prefill chunk.
-        use_graphs: decode by replaying CUDA graphs (the default; graphs.py), or eagerly.
+        use_graphs: decode and verify by replaying CUDA graphs (the default; graphs.py, one
+            graph per verify-pass length: verify_pass.py), or eagerly.
         speculative: the backend will verify speculative proposals: for the INT4 model the
             decode step runs the plain attention kernel — the one whose logits the verify pass
             reproduces bit for bit — and `verify` runs one pass; for per-tensor formats nothing
@@ -259,8 +261,9 @@ class GPUBackend(DecodeVerify):
         # prefill kernel module (cubins from the cache) and encodes the GEMMs' tensor maps; a
         # longer prompt's first chunk then only packs its launches.
         self.prefill_pass.launches(ROW_BUCKET)
-        # Its launch lists are built per T on first use (a few ms of Python each, once).
-        self.verify_pass = VerifyPass(step) if one_pass else None
+        # Its launch lists are built per T on first use (a few ms of Python each, once), and with
+        # use_graphs each T's list is captured into a CUDA graph then too (verify_pass.py).
+        self.verify_pass = VerifyPass(step, graphs=use_graphs) if one_pass else None
         size = 3 * DEFAULT_ALIGN_BYTES + sampling.PARAMS_BYTES + 4 * sampling.INFO_INTS + 4 * sampling.HISTORY_INTS
         self.pool = Pool(size + DEFAULT_ALIGN_BYTES, name="sampler")
         self.sampler_params = self.pool.alloc("sampler_params", (sampling.PARAMS_BYTES,), np.uint8)

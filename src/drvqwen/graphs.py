@@ -74,19 +74,54 @@ GRAPH_OPENS_PAGE = "opens_page"  # a decode step whose position opens a new KV p
 
 
 class GraphCaptureError(RuntimeError):
-    """Capturing or instantiating a decode graph failed.
+    """Capturing or instantiating a graph of launches failed.
 
     Attributes:
-        graph: "decode" or "opens_page".
+        graph: the graph's name ("decode", "opens_page"; the verify pass's "verify<T>").
         launch: the name of the launch being recorded when it failed ("" if it failed at the
             end of capture or at instantiation).
         cause: the underlying CudaError.
     """
 
-    def __init__(self, graph: str, launch: str, cause: Exception) -> None:
+    def __init__(self, graph: str, launch: str, cause: Exception, what: str = "the decode step") -> None:
         self.graph, self.launch, self.cause = graph, launch, cause
         where = f" while recording '{launch}'" if launch else ""
-        super().__init__(f"capturing the CUDA graph {graph!r} of the decode step failed{where}: {cause}")
+        super().__init__(f"capturing the CUDA graph {graph!r} of {what} failed{where}: {cause}")
+
+
+def capture_launches(stream, graph_name: str, launches, what: str = "the decode step") -> tuple[GraphExec, int]:
+    """Record `launches` ((name, launch) pairs) on `stream` into one graph, instantiate it and
+    upload it: the decode graphs here, the verify pass's per T (verify_pass.py).
+
+    Returns:
+        The exec and the graph's node count.
+    Raises:
+        GraphCaptureError: a launch was refused during capture, the capture was invalidated,
+            or the graph could not be instantiated (`what` names the owner in its message).
+    """
+    recording = ""
+    try:
+        with capture(stream) as cap:
+            for name, ln in launches:
+                recording = name
+                # The stream is given explicitly: a launch built for another stream would
+                # otherwise run outside the capture and be silently missing from the graph.
+                ln.launch(stream)
+            recording = ""
+        graph = cap.graph
+        try:
+            num_nodes = graph.num_nodes()
+            exe = graph.instantiate()
+        finally:
+            graph.destroy()  # the exec keeps what it needs; the template is not reused
+        try:
+            exe.upload(stream)
+        except BaseException:
+            exe.destroy()
+            raise
+        return exe, num_nodes
+    except CudaError as e:
+        raise GraphCaptureError(graph_name, recording, e, what) from e
 
 
 class GraphDecoder:
@@ -150,33 +185,14 @@ class GraphDecoder:
             self._capture(name, launches)
 
     def _capture(self, graph_name: str, launches) -> GraphExec:
-        """Record `launches` on the step's stream into one graph, instantiate and upload it.
+        """Capture `launches` into the graph `graph_name` (capture_launches) and keep its exec.
 
         Raises:
-            GraphCaptureError: a launch was refused during capture, the capture was
-                invalidated, or the graph could not be instantiated.
+            GraphCaptureError: as capture_launches.
         """
-        stream = self.dec.stream
-        recording = ""
-        try:
-            with capture(stream) as cap:
-                for name, ln in launches:
-                    recording = name
-                    # The stream is given explicitly: a launch built for another stream would
-                    # otherwise run outside the capture and be silently missing from the graph.
-                    ln.launch(stream)
-                recording = ""
-            graph = cap.graph
-            try:
-                self.num_nodes[graph_name] = graph.num_nodes()
-                exe = graph.instantiate()
-            finally:
-                graph.destroy()  # the exec keeps what it needs; the template is not reused
-            self._execs[graph_name] = exe
-            exe.upload(stream)
-            return exe
-        except CudaError as e:
-            raise GraphCaptureError(graph_name, recording, e) from e
+        exe, self.num_nodes[graph_name] = capture_launches(self.dec.stream, graph_name, launches)
+        self._execs[graph_name] = exe
+        return exe
 
     # ---- running a sequence -------------------------------------------------------------------
     @property

@@ -28,14 +28,21 @@ other — so separate pools per T would only hold ~8.5× the memory (Σ T / 16 o
 state, the block table and the RoPE frequencies are the decode step's own (`DecodeStep.resolve`),
 as are the weights and the KV cache.
 
-Launches are eager: about 6 per layer (~170 for the 7B), ~5.6 µs each from Python. The next step
-is a CUDA graph per T, captured as graphs.py captures the decode step: the list takes no per-pass
-argument (the position is read from the state, the tokens from ids), so it can be captured as it
-is.
+Launches: about 6 per layer (~170 for the 7B), ~5.6 µs each from Python when eager. With
+graphs=True (GPUBackend's default, as for decode) each T's list is captured into a CUDA graph on
+the first pass of that T (graphs.capture_launches, as graphs.py captures the decode step) and every
+later pass of that T is one replay. One graph serves every pass of its T because the list takes no
+per-pass argument: the position is read from the state (which advance_state_tokens moves on), the
+tokens from ids (uploaded on the stream ahead of the replay). The page-opening stays on the host,
+before the replay: `Sequence.reserve` writes any new page into the device block table with a
+synchronous copy, so — unlike a decode step, whose "opens_page" graph takes its page through a
+GraphInput — no pass needs a graph of its own for a page boundary. If a capture fails the pass
+warns and runs eagerly from then on (same results), or raises with fallback=False.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -43,6 +50,7 @@ import numpy as np
 from .cuda import DEFAULT_ALIGN_BYTES, Pool
 from .decode import DecodePlan, DecodeStep
 from .errors import DrvqwenError
+from .graphs import GraphCaptureError, capture_launches
 from .launch_list import LaunchList
 from .launchers.base import BufferSpec, Occupancy, check_resolved
 from .launchers.gemv_int4 import MAX_TOKENS
@@ -90,14 +98,22 @@ class VerifyPass:
         decode_step: the step whose logits the pass reproduces (`matches_decode(decode_step.plan)`).
         occupancy: the grids' occupancy: the decode step's (default: the driver's, as DecodeStep
             plans), so that every launch has its decode counterpart's grid.
+        graphs: replay each T's list from a CUDA graph captured on its first pass (module doc);
+            False launches it eagerly.
+        fallback: on a capture failure, warn (RuntimeWarning) and run eagerly from then on,
+            instead of raising GraphCaptureError.
     Attributes:
         buf: name → DeviceArray [16, …] of the pass's own buffers (each T uses the first T rows).
+        mode: "graph" or "eager" (graphs=False, or after a capture failure).
+        fallback_reason: why a capture failed, or None.
+        num_nodes: T → the node count of T's graph, for the Ts captured so far.
     Raises:
         DrvqwenError: a decode step the pass does not match (per-tensor formats, the TMA
             attention kernel, the persistent step), or the buffers do not fit in GPU memory.
     """
 
-    def __init__(self, decode_step: DecodeStep, occupancy: Occupancy | None = None):
+    def __init__(self, decode_step: DecodeStep, occupancy: Occupancy | None = None, *, graphs: bool = False,
+                 fallback: bool = True):
         if not matches_decode(decode_step.plan):
             raise DrvqwenError(f"the verify pass runs the INT4 model with attention={VERIFY_ATTENTION[0]!r} "
                                f"launch by launch; this decode step has attention={decode_step.plan.attention!r}"
@@ -107,6 +123,11 @@ class VerifyPass:
         self.occupancy = occupancy
         self._plans: dict[int, VerifyPlan] = {}
         self._lists: dict[int, LaunchList] = {}
+        self.mode = "graph" if graphs else "eager"
+        self.fallback = fallback
+        self.fallback_reason: str | None = None
+        self.num_nodes: dict[int, int] = {}
+        self._execs: dict = {}    # T → GraphExec
         full = self.plan(MAX_TOKENS)
         own = {n: b for n, b in full.buffers.items() if n not in SHARED}
         # activation_bytes counts the shared buffers too: a few KiB more than needed.
@@ -159,14 +180,46 @@ class VerifyPass:
         ids = check_chunk(tokens, step.config.vocab_size, seq.pos, step.max_context)
         T, p = len(ids), seq.pos
         lst = self.launch_list(T)
+        # Captured before reserve and the ids' copy: while the stream captures, a synchronous
+        # copy (reserve's block-table upload) would invalidate the capture.
+        exe = self.graph(T)
         seq.reserve(p + T)
-        self._launch(ids, lst)
+        self._launch(ids, lst, exe)
         seq.resume(p + T)
         return self._logits(T)
 
-    def _launch(self, ids: np.ndarray, lst: LaunchList) -> None:
-        """Queue the pass: the ids (a copy the stream orders before the kernels), then the list."""
-        self.buf["ids"].upload_at(0, ids, self.decode_step.stream)
+    def graph(self, n_tokens: int):
+        """The GraphExec of a pass of n_tokens tokens, captured on first use of that T (and
+        reused after), or None when the pass runs eagerly (mode "eager", or this capture failed
+        and fallback is True: then it warns and the pass stays eager from then on).
+
+        Raises:
+            GraphCaptureError: the capture failed and fallback is False.
+        """
+        if self.mode != "graph":
+            return None
+        if n_tokens not in self._execs:
+            lst = self.launch_list(n_tokens)
+            try:
+                exe, nodes = capture_launches(self.decode_step.stream, lst.name,
+                                              [(nl.name, nl.launch) for nl in lst.launches], what="the verify pass")
+            except GraphCaptureError as e:
+                if not self.fallback:
+                    raise
+                self.mode, self.fallback_reason = "eager", str(e)
+                warnings.warn(f"{e}; verifying eagerly instead (slower, same results)", RuntimeWarning, stacklevel=2)
+                return None
+            self._execs[n_tokens], self.num_nodes[n_tokens] = exe, nodes
+        return self._execs[n_tokens]
+
+    def _launch(self, ids: np.ndarray, lst: LaunchList, exe=None) -> None:
+        """Queue the pass: the ids (a copy the stream orders before the kernels), then the list,
+        replayed from `exe` (T's graph) when given, else launch by launch."""
+        stream = self.decode_step.stream
+        self.buf["ids"].upload_at(0, ids, stream)
+        if exe is not None:
+            exe.launch(stream)
+            return
         for nl in lst.launches:
             nl.launch.launch()
 
@@ -175,5 +228,11 @@ class VerifyPass:
         return rows_view(self.buf["logits"], n_tokens).download(self.decode_step.stream)
 
     def close(self) -> None:
-        """Release the pass's buffers (the DecodeStep owns everything else)."""
+        """Destroy the graphs and release the pass's buffers (the DecodeStep owns everything
+        else); waits for the stream first when graphs exist (a queued replay may still run)."""
+        if self._execs:
+            self.decode_step.sync()
+            for exe in self._execs.values():
+                exe.destroy()
+            self._execs.clear()
         self.pool.close()
