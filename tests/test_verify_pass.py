@@ -86,7 +86,7 @@ def _recording_pass(step: FakeStep) -> tuple[VerifyPass, list[dict]]:
     vp = VerifyPass(step, occupancy=OCC)
     launched = []
     vp.launch_list = lambda T: f"verify{T}"
-    vp._launch = lambda ids, lst, _exe=None: launched.append(dict(ids=ids.copy(), list=lst, pos=step.seq.pos,
+    vp._launch = lambda ids, lst, _exe=None, _ev=None: launched.append(dict(ids=ids.copy(), list=lst, pos=step.seq.pos,
                                                       table=step.table.copy(),
                                                       pages=list(step.seq.pages.block_table)))
     vp._logits = lambda T: np.full((T, step.config.vocab_size), 0.5, np.float32)
@@ -417,3 +417,14 @@ def test_capture_launches_names_the_owner_and_the_launch(monkeypatch):
         graphs.capture_launches(None, "verify3", [("embedding", ok), ("L0.attention",
                                                    types.SimpleNamespace(launch=refused))], what="the verify pass")
     assert e.value.graph == "verify3" and e.value.launch == "L0.attention"
+
+
+@pytest.mark.parametrize("graphs_on", [True, False])
+def test_events_bracket_the_kernels_alone(fake_pool, monkeypatch, rng, graphs_on):
+    step, log = FakeStep(rng=rng), _Log()
+    vp = _graph_pass(step, monkeypatch, log, graphs_on=graphs_on)
+    _after_prefill(step, 3)
+    ev = [types.SimpleNamespace(record=lambda _s, n=n: log.events.append((n,))) for n in ("start", "end")]
+    vp.run([1, 2], events=ev)
+    kernels = [("replay", 2)] if graphs_on else [("eager", 2)] * 3
+    assert [e for e in log.events if e[0] != "capture"] == [("ids", [1, 2]), ("start",), *kernels, ("end",)]

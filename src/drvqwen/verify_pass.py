@@ -166,9 +166,13 @@ class VerifyPass:
             self._lists[n_tokens] = LaunchList(f"verify{n_tokens}", steps)
         return self._lists[n_tokens]
 
-    def run(self, tokens: Sequence[int]) -> np.ndarray:
+    def run(self, tokens: Sequence[int], events=None) -> np.ndarray:
         """Run `tokens` at the sequence's next positions p … p + T − 1 (module doc) and wait.
 
+        Args:
+            events: (start, end) cuda Events to record on the stream right before and after the
+                pass's kernels (the replay), or None: a benchmark's GPU time of the pass alone,
+                without the ids' copy or the logits' download (tools/bench_verify.py).
         Returns:
             fp32 [T, V]: row j the logits after tokens[j] (the decode step's bit for bit), −inf
             at the ids from the model's text vocabulary on.
@@ -184,7 +188,7 @@ class VerifyPass:
         # copy (reserve's block-table upload) would invalidate the capture.
         exe = self.graph(T)
         seq.reserve(p + T)
-        self._launch(ids, lst, exe)
+        self._launch(ids, lst, exe, events)
         seq.resume(p + T)
         return self._logits(T)
 
@@ -212,16 +216,21 @@ class VerifyPass:
             self._execs[n_tokens], self.num_nodes[n_tokens] = exe, nodes
         return self._execs[n_tokens]
 
-    def _launch(self, ids: np.ndarray, lst: LaunchList, exe=None) -> None:
+    def _launch(self, ids: np.ndarray, lst: LaunchList, exe=None, events=None) -> None:
         """Queue the pass: the ids (a copy the stream orders before the kernels), then the list,
-        replayed from `exe` (T's graph) when given, else launch by launch."""
+        replayed from `exe` (T's graph) when given, else launch by launch; `events` (start, end)
+        recorded around the kernels when given."""
         stream = self.decode_step.stream
         self.buf["ids"].upload_at(0, ids, stream)
+        if events is not None:
+            events[0].record(stream)
         if exe is not None:
             exe.launch(stream)
-            return
-        for nl in lst.launches:
-            nl.launch.launch()
+        else:
+            for nl in lst.launches:
+                nl.launch.launch()
+        if events is not None:
+            events[1].record(stream)
 
     def _logits(self, n_tokens: int) -> np.ndarray:
         """fp32 [T, V] of the last pass (waits for the stream)."""
