@@ -135,3 +135,25 @@ def test_table_shows_every_row_and_the_ratios(tool):
     text = con.export_text()
     assert all(f"verify{T}" in text for T in tool.VERIFY_TOKENS) and "decode" in text
     assert "1.40" in text      # verify8's host median over the decode step's
+
+
+def test_kernels_flag_adds_the_per_role_table(tool, faked_gpu, monkeypatch, tmp_path, capsys):
+    per = {"decode": {"qkv_rope": 240.0, "attention": 400.0}, "verify8": {"qkv_rope": 300.0, "attention": 1600.0}}
+    seen = {}
+
+    def measure_kernels(backend, reps, rng):
+        seen["reps"] = reps
+        return per
+    monkeypatch.setattr(tool, "measure_kernels", measure_kernels)
+    out = tmp_path / "v.json"
+    assert tool.main(["--reps", "4", "--kernels", "--json", str(out)]) == 0
+    assert seen["reps"] == 4 and json.loads(out.read_text())["kernels_us"] == per
+    text = capsys.readouterr().out
+    assert "1600.0" in text and "1900.0" in text          # a role's µs and the pass's sum
+
+
+def test_by_role_sums_a_role_over_the_layers():
+    from drvqwen.bench import by_role
+
+    per = {"embedding": 3.0, "L0.o_proj": 4.0, "L1.o_proj": 5.0, "L0.attention.0": 6.0, "L0.attention.1": 1.0}
+    assert by_role(per) == {"embedding": 3.0, "o_proj": 9.0, "attention.0": 6.0, "attention.1": 1.0}

@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=REPS, help=f"timed repetitions of each (default: {REPS})")
     ap.add_argument("--max-context", type=int, default=0, help="KV cache size in tokens (default: the model's)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random ids (default: 0)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also time every launch of the decode step and of each pass, by role (eager, behind gpu_sleep)")
     ap.add_argument("--json", help="also write the result as JSON to this file")
     a = ap.parse_args(argv)
     if a.reps < 1:
@@ -129,6 +131,24 @@ def measure(backend, prompt: list[int], reps: int, rng: np.random.Generator) -> 
     return samples
 
 
+def measure_kernels(backend, reps: int, rng: np.random.Generator) -> dict[str, dict[str, float]]:
+    """µs per role (bench.by_role) of the decode step and of the pass for each T, at the
+    sequence's position, eager and queued behind gpu_sleep with an event pair around each launch
+    (DecodeStep.time_kernels, VerifyPass.time_kernels; each figure includes its event pair's
+    ~2 µs); the sequence is rolled back after each."""
+    from drvqwen.bench import by_role
+
+    step, seq = backend.decode_step, backend.decode_step.seq
+    step.sync()
+    p, token = seq.pos, int(seq.state.download()[1])
+    out = {"decode": by_role(step.time_kernels(reps))}
+    seq.rollback(p, token)
+    for T in VERIFY_TOKENS:
+        tokens = rng.integers(0, backend.config.vocab_size, T).tolist()
+        out[f"verify{T}"] = by_role(backend.verify_pass.time_kernels(tokens, reps))
+    return out
+
+
 def run(a: argparse.Namespace) -> dict:
     """Build the backend, measure, and return the JSON-ready result.
 
@@ -152,6 +172,7 @@ def run(a: argparse.Namespace) -> dict:
         rng = np.random.default_rng(a.seed)
         prompt = rng.integers(0, backend.config.vocab_size, a.prompt_tokens).tolist()
         samples = measure(backend, prompt, a.reps, rng)
+        kernels = measure_kernels(backend, a.reps, rng) if a.kernels else None
         return {"device": backend.decode_step.device.info.summary(),
                 "model": path.name,                  # the file's name: no path of the machine it ran on
                 "config": backend.config.to_dict(),
@@ -165,7 +186,8 @@ def run(a: argparse.Namespace) -> dict:
                              "rollback": "to the prompt's end after every repetition, untimed"},
                 "target": {"verify_tokens": TARGET_T, "max_over_decode": TARGET_RATIO},
                 "samples": samples,
-                "medians": summarize(samples)}
+                "medians": summarize(samples),
+                **({"kernels_us": kernels} if kernels is not None else {})}
     finally:
         backend.close()
         f.close()
@@ -180,6 +202,16 @@ def print_table(res: dict, console: Console | None = None) -> None:
         ratios = [f"{r[k]:.2f}" if k in r else "" for k in ("host_over_decode", "gpu_over_decode")]
         t.add_row(name, f"{r['host_median_ms']:.3f}", f"{r['gpu_median_ms']:.3f}", *ratios)
     (console or Console()).print(t)
+    if "kernels_us" in res:
+        k = res["kernels_us"]
+        t = Table(title="µs per pass by kernel role (eager, an event pair around each launch)")
+        t.add_column("role")
+        for name in k:
+            t.add_column(name, justify="right")
+        roles = list(dict.fromkeys(r for per in k.values() for r in per))
+        for role in [*roles, "sum"]:
+            t.add_row(role, *(f"{sum(per.values()) if role == 'sum' else per.get(role, 0.0):.1f}" for per in k.values()))
+        (console or Console()).print(t)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -412,6 +412,16 @@ def print_table(res: dict, console: Console | None = None) -> None:
         print_speculative(res["speculative"], console)
 
 
+def by_role(per_launch_us: dict[str, float]) -> dict[str, float]:
+    """Per-launch times summed by role over the layers: "L3.o_proj" counts as "o_proj" (a
+    launcher's ".0"/".1" launches stay apart); entries outside the layers keep their names."""
+    roles: dict[str, float] = {}
+    for name, us in per_launch_us.items():
+        role = name.split(".", 1)[1] if name.startswith("L") and "." in name else name
+        roles[role] = roles.get(role, 0.0) + us
+    return roles
+
+
 def kernel_breakdown(dec, steps: int = 10) -> dict:
     """GPU time of every launch of the decode step, grouped by role over the layers
     (DecodeStep.time_kernels: the step queued behind gpu_sleep, one event pair per launch).
@@ -421,11 +431,7 @@ def kernel_breakdown(dec, steps: int = 10) -> dict:
     own cost, so the sum exceeds the step's GPU time by roughly that much per launch.
     """
     per = dec.time_kernels(steps)
-    roles: dict[str, float] = {}
-    for name, us in per.items():
-        role = name.split(".", 1)[1] if name.startswith("L") and "." in name else name
-        roles[role] = roles.get(role, 0.0) + us
-    return {"per_launch_us": per, "by_role_us": roles, "sum_ms": sum(per.values()) / 1e3,
+    return {"per_launch_us": per, "by_role_us": by_role(per), "sum_ms": sum(per.values()) / 1e3,
             "method": f"eager step queued behind gpu_sleep, an event pair around each launch, median of {steps}"}
 
 

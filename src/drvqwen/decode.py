@@ -62,13 +62,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import QwenConfig
-from .cuda import DEFAULT_ALIGN_BYTES, Event, Pool, Stream, get_device
+from .cuda import DEFAULT_ALIGN_BYTES, Pool, Stream, get_device
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile, expected_tensors
 from .gpu_weights import GPUWeights
 from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, n_pages_for
 from .kv_cache import tensor_map_shape
-from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, GpuSleep, Launcher,
+from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, Launcher,
                         LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
@@ -78,7 +78,7 @@ from .format import weight_formats as wf
 from .format.tensor_set import EMBED, LM_HEAD, default_formats, in_per_tensor_formats, proj_prefix
 from .layer_weights import LayerWeights
 from .reference import rope_inv_freq
-from .launch_list import LaunchList, NamedLaunch
+from .launch_list import LaunchList, NamedLaunch, time_launches
 from .layer_plan import int4_layer_steps, layer_kv
 from .sequence import Sequence
 from .stats import phase
@@ -491,24 +491,8 @@ class DecodeStep:
         back to back and each event pair brackets the kernel alone, not the host's launch
         latency. Each figure still includes the event pair's own cost (~2 µs on the H200).
         """
-        hold = GpuSleep(hold_ms, stream=self.stream)
-        ev = [(Event(), Event()) for _ in self.launches]
-        times: dict[str, list[float]] = {nl.name: [] for nl in self.launches}
-        for _ in range(n_steps):
-            self._open_page()
-            hold.launch()
-            for (e0, e1), nl in zip(ev, self.launches):
-                e0.record(self.stream)
-                nl.launch.launch()
-                e1.record(self.stream)
-            self.seq.advance()
-            self.sync()
-            for (e0, e1), nl in zip(ev, self.launches):
-                times[nl.name].append(e0.elapsed_ms(e1) * 1e3)
-        for e0, e1 in ev:
-            e0.close()
-            e1.close()
-        return {k: float(np.median(v)) for k, v in times.items()}
+        return time_launches(self.launches, self.stream, n_steps, before=self._open_page, after=self.seq.advance,
+                             hold_ms=hold_ms)
 
     def close(self) -> None:
         """Release the device memory (weights, KV cache, activations) and the stream."""

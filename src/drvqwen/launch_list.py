@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cuda import KernelLaunch
-from .launchers import Launcher
+from collections.abc import Callable
+
+import numpy as np
+
+from .cuda import Event, KernelLaunch, Stream
+from .launchers import GpuSleep, Launcher
 from .launchers.base import LaunchSpec
 
 
@@ -76,3 +80,41 @@ class LaunchList:
         """The launchers from "lm_head" up to (not including) "advance_state": logits, the token
         choice and its publishing. The prefill runs them after its own final norm (prefill.py)."""
         return [l for _n, l in self.launchers[self.index("lm_head"):self.index("advance_state")]]
+
+
+def time_launches(launches: list[NamedLaunch], stream: Stream, n_reps: int, *, before: Callable[[], None],
+                  after: Callable[[], None], hold_ms: float = 20.0) -> dict[str, float]:
+    """Median GPU time in µs of each launch of `launches` over n_reps eager runs of the list.
+
+    Each run is `before()`, then the list queued behind `gpu_sleep(hold_ms)` (kernels/timing.cu)
+    with an event pair around every launch, then a wait and `after()`. Held back by the sleep,
+    the host has enqueued every launch and its events before the GPU starts: the kernels then run
+    back to back and each event pair brackets the kernel alone, not the host's launch latency.
+    Each figure still includes the event pair's own cost (~2 µs on the H200).
+
+    Args:
+        before: what a run needs first (a page opened, the ids uploaded); may copy synchronously.
+        after: what undoes or advances the run's effect on the sequence (called after the wait).
+    Returns:
+        {launch name: median µs}, in the list's order.
+    """
+    hold = GpuSleep(hold_ms, stream=stream)
+    ev = [(Event(), Event()) for _ in launches]
+    times: dict[str, list[float]] = {nl.name: [] for nl in launches}
+    try:
+        for _ in range(n_reps):
+            before()
+            hold.launch()
+            for (e0, e1), nl in zip(ev, launches):
+                e0.record(stream)
+                nl.launch.launch()
+                e1.record(stream)
+            stream.synchronize()
+            after()
+            for (e0, e1), nl in zip(ev, launches):
+                times[nl.name].append(e0.elapsed_ms(e1) * 1e3)
+    finally:
+        for e0, e1 in ev:
+            e0.close()
+            e1.close()
+    return {k: float(np.median(v)) for k, v in times.items()}

@@ -51,7 +51,7 @@ from .cuda import DEFAULT_ALIGN_BYTES, Pool
 from .decode import DecodePlan, DecodeStep
 from .errors import DrvqwenError
 from .graphs import GraphCaptureError, capture_launches
-from .launch_list import LaunchList
+from .launch_list import LaunchList, time_launches
 from .launchers.base import BufferSpec, Occupancy, check_resolved
 from .launchers.gemv_int4 import MAX_TOKENS
 from .prefill import rows_view
@@ -191,6 +191,30 @@ class VerifyPass:
         self._launch(ids, lst, exe, events)
         seq.resume(p + T)
         return self._logits(T)
+
+    def time_kernels(self, tokens: Sequence[int], n_reps: int = 10, hold_ms: float = 20.0) -> dict[str, float]:
+        """Median GPU time in µs of each launch of the pass of `tokens` over n_reps eager passes
+        at the sequence's next positions, rolled back after each (launch_list.time_launches: the
+        pass queued behind gpu_sleep, an event pair around each launch). The sequence ends where
+        it started, its next token unchanged.
+
+        Raises:
+            DrvqwenError: as `run`.
+        """
+        step = self.decode_step
+        seq = step.seq
+        ids = check_chunk(tokens, step.config.vocab_size, seq.pos, step.max_context)
+        T, p = len(ids), seq.pos
+        lst = self.launch_list(T)
+        step.sync()
+        token = int(seq.state.download()[1])      # state = (pos, token, seq_len): what decodes next
+
+        def before() -> None:
+            seq.reserve(p + T)
+            self.buf["ids"].upload_at(0, ids, step.stream)
+
+        return time_launches(lst.launches, step.stream, n_reps, before=before,
+                             after=lambda: seq.rollback(p, token), hold_ms=hold_ms)
 
     def graph(self, n_tokens: int):
         """The GraphExec of a pass of n_tokens tokens, captured on first use of that T (and
