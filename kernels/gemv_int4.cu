@@ -252,13 +252,10 @@ __device__ __forceinline__ void gemv_stage_rmsnorm_row(uint4* x_dst, const float
 
 // Prologue: x = fp16(rmsnorm(residual) · w) of each of the T tokens' rows, straight into x_smem
 // (NTOK = 1: one row, K·2 bytes, unpadded). Every row is normalised exactly as the stand-alone
-// kernel would (rmsnorm.cuh: the order of the sum does not depend on the block). For T tokens the
-// rows go together, not one after the other: rmsnorm_inv_rms_rows issues every row's loads before
-// its butterflies (one __syncthreads for all rows), and the scaling pass loads each 16-byte chunk
-// of the gain once and the T rows' residual chunks together. Row by row, each row cost a few
-// dependent L2 round trips and a barrier while the first batch of weights sat waiting in
-// registers: on the H200 the 7B's qkv_rope took 14 µs a layer more at T = 8 than at T = 1.
-// Every thread takes part; the caller syncs.
+// kernel would (rmsnorm.cuh: the order of the sum does not depend on the block). The rows' sums of
+// squares alternate between two buffers: a thread writes row j + 2's sums only after the
+// __syncthreads of row j + 1, which every thread reaches after reading row j's. Every thread takes
+// part; the caller syncs.
 template <int NTOK>
 struct GemvStageRmsNormT {
     const float* __restrict__ residual;  // [T, K] fp32
@@ -273,26 +270,10 @@ struct GemvStageRmsNormT {
         return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
     }
     __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
-        if constexpr (NTOK == 1) {
-            __shared__ float warp_sums[1][RMSNORM_WARPS];
-            gemv_stage_rmsnorm_row(x_smem, residual, weight, eps, K, warp_sums[0]);
-        } else {
-            __shared__ float warp_sums[NTOK][RMSNORM_WARPS];
-            float inv_rms[NTOK];
-            rmsnorm_inv_rms_rows<NTOK>(residual, K, n_tok, eps, warp_sums, inv_rms);
-            const uint2* w4 = reinterpret_cast<const uint2*>(weight);
-            for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
-                const uint2 wlo = w4[2 * chunk], whi = w4[2 * chunk + 1];
-#pragma unroll
-                for (int tok = 0; tok < NTOK; ++tok) {
-                    if (tok >= n_tok) break;
-                    const float4* r4 = reinterpret_cast<const float4*>(residual + (u64)tok * K);
-                    const uint2 lo = rmsnorm_apply4(r4[2 * chunk], wlo, inv_rms[tok]);
-                    const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], whi, inv_rms[tok]);
-                    x_smem[tok * gemv_x_token_chunks<NTOK>(K) + gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-                }
-            }
-        }
+        __shared__ float warp_sums[NTOK == 1 ? 1 : 2][RMSNORM_WARPS];
+        for (int tok = 0; tok < (NTOK == 1 ? 1 : n_tok); ++tok)
+            gemv_stage_rmsnorm_row(x_smem + tok * gemv_x_token_chunks<NTOK>(K), residual + (u64)tok * K, weight, eps,
+                                   K, warp_sums[tok % 2]);
     }
 };
 using GemvStageRmsNorm = GemvStageRmsNormT<1>;

@@ -19,7 +19,7 @@
 #pragma once
 #include <cuda_fp16.h>
 
-#include "types.cuh"  // u32, u64, WARP_SIZE
+#include "types.cuh"  // u32, WARP_SIZE
 #include "warp.cuh"   // warp_sum
 
 #define RMSNORM_THREADS    1024
@@ -58,40 +58,6 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     float total = 0.f;
     for (int w = 0; w < RMSNORM_WARPS; ++w) total += warp_sums[w];  // same order in every thread
     return rsqrtf(total / (float)D + eps);
-}
-
-// rmsnorm_inv_rms of n_rows ≤ NR rows at once (row j at x + j·D), each summed in exactly the
-// order above (same virtual threads, same butterflies, warp sums added in the same order), so
-// every row's value has the bits of rmsnorm_inv_rms on that row alone. What differs is the
-// schedule: a warp issues the loads of all rows of a virtual warp before any butterfly, so a block
-// that normalises several rows (the T-token GEMVs of the verify pass) waits for L2 once per
-// virtual warp instead of once per row and virtual warp. warp_sums: [NR][RMSNORM_WARPS] floats of
-// shared memory; one __syncthreads; inv_rms[j] for j < n_rows on return (every thread).
-template <int NR>
-__device__ __forceinline__ void rmsnorm_inv_rms_rows(const float* __restrict__ x, int D, int n_rows, float eps,
-                                                     float (*warp_sums)[RMSNORM_WARPS], float (&inv_rms)[NR]) {
-    const int lane = threadIdx.x % WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    for (int vw = threadIdx.x / WARP_SIZE; vw < RMSNORM_WARPS; vw += n_warps) {
-        float ss[NR];
-#pragma unroll
-        for (int j = 0; j < NR; ++j)
-            ss[j] = j < n_rows ? rmsnorm_thread_ss(reinterpret_cast<const float4*>(x + (u64)j * D),
-                                                   vw * WARP_SIZE + lane, D / 4)
-                               : 0.f;
-#pragma unroll
-        for (int j = 0; j < NR; ++j) {
-            const float sum = warp_sum(ss[j]);
-            if (lane == 0 && j < n_rows) warp_sums[j][vw] = sum;
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < NR; ++j) {
-        float total = 0.f;
-        if (j < n_rows)
-            for (int w = 0; w < RMSNORM_WARPS; ++w) total += warp_sums[j][w];  // same order in every thread
-        inv_rms[j] = rsqrtf(total / (float)D + eps);
-    }
 }
 
 // fp16(v · inv_rms · w) of 4 elements, w the 4 fp16 gains packed in a uint2; returns 4 fp16.
