@@ -256,6 +256,12 @@ __device__ __forceinline__ void gemv_stage_rmsnorm_row(uint4* x_dst, const float
 // squares alternate between two buffers: a thread writes row j + 2's sums only after the
 // __syncthreads of row j + 1, which every thread reaches after reading row j's. Every thread takes
 // part; the caller syncs.
+// Row by row, each row costs a few dependent L2 round trips and a barrier. Normalising the T rows
+// together instead (every row's loads issued before the butterflies, one barrier, the gain loaded
+// once for all rows; same bits) did not pay on the H200, 7B at T = 8, summed over the 28 layers
+// (tools/bench_verify.py --kernels, one run each): qkv_rope 707 µs against 784, but gate_up_swiglu
+// 1585 against 1414, and at T = 1 471 against 398 and 980 against 911 (the unrolled prologue of
+// the NTOK = 8 build runs for every T). Its code is at commit bbfc301.
 template <int NTOK>
 struct GemvStageRmsNormT {
     const float* __restrict__ residual;  // [T, K] fp32
