@@ -131,6 +131,30 @@ def test_prompt_lookup_greedy_is_plain_decoding(models, params):
         assert s.accepted < s.proposed
 
 
+@pytest.mark.parametrize("params", [GREEDY, PENALIZED], ids=["greedy", "repeat-penalty"])
+def test_greedy_without_a_penalty_reads_back_only_each_rows_choice(models, params, monkeypatch):
+    """Greedy without a repeat penalty needs each row's argmax only (`verify_greedy`: on the GPU
+    T ids instead of T rows); with a penalty the rows themselves (`verify`)."""
+    calls = []
+    for name in ("verify", "verify_greedy"):
+        orig = getattr(CPUBackend, name)
+        monkeypatch.setattr(CPUBackend, name, lambda self, t, _o=orig, _n=name: (calls.append(_n), _o(self, t))[1])
+    res = generate(CPUBackend(models["target"], CTX), repeating_prompt(), 60, params, ignore_stop=True,
+                   speculation=PromptLookup(8))
+    assert res.speculation.verify_passes > 0
+    assert calls.count("verify_greedy") == (res.speculation.verify_passes if not params.penalized else 0)
+    assert calls.count("verify") == res.speculation.verify_passes
+
+
+def test_accept_greedy_takes_proposals_up_to_the_first_miss():
+    from drvqwen.speculative_loop import _accept_greedy
+
+    assert _accept_greedy([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]      # all accepted, then the bonus token
+    assert _accept_greedy([5, 9, 7, 8], [5, 6, 7]) == [5, 9]            # the miss: the target's token, stop
+    assert _accept_greedy([4, 6], [5]) == [4]
+    assert _accept_greedy([3], []) == [3]                               # nothing proposed: one decode
+
+
 @pytest.mark.parametrize("draft", ["near", "other"])
 def test_draft_model_greedy_is_plain_decoding(models, draft):
     prompt = repeating_prompt()

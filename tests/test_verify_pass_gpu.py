@@ -30,6 +30,7 @@ import pytest
 from drvqwen.format.nanoqwen import NanoqwenFile
 from drvqwen.format.synthetic import write_synthetic
 from drvqwen.generate import DecodeVerify, generate
+from drvqwen.sampler import argmax
 from drvqwen.kv_cache import n_pages_for
 
 from helpers import TINY, minimal_tokenizer_json
@@ -108,6 +109,10 @@ def test_pass_rows_are_the_decode_steps_bits(pair, rng, p, T):
     a.rollback(p)
     again = np.stack([a.decode(t) for t in tokens])
     assert not (bad := _differing_rows(rows, again)), f"rows {bad} differ from A's own decode steps"
+    # The pass's own argmax (what greedy speculation reads back instead of the rows).
+    a.rollback(p)
+    a.verify_pass.buf["next_token"].fill_bytes(0xFF)
+    assert a.verify_greedy(tokens) == [argmax(r) for r in rows]
     # Roll back to an accepted count; the next decode is the same on both.
     keep = p + (T + 1) // 2
     a.rollback(keep)

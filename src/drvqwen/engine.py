@@ -427,6 +427,20 @@ class GPUBackend(DecodeVerify):
         self._cached.extend(int(t) for t in tokens)
         return rows
 
+    def verify_greedy(self, tokens: list[int]) -> list[int]:
+        """`Backend.verify_greedy`: each position's greedy token, from the pass's own argmax
+        (argmax_final_tokens: the decode step's choice, `sampler.argmax`'s order) — T ids come
+        back instead of T rows of logits; per token through `verify` where there is no pass.
+
+        Raises:
+            as `verify`.
+        """
+        if self.verify_pass is None or not 1 <= len(tokens) <= MAX_VERIFY_TOKENS:
+            return DecodeVerify.verify_greedy(self, tokens)
+        ids = self.verify_pass.run(tokens, ids_only=True)
+        self._cached.extend(int(t) for t in tokens)
+        return [int(t) for t in ids]
+
     @property
     def verify_implementation(self) -> str:
         """What `verify` runs for up to 16 tokens: "VerifyPass.run" (one pass) or

@@ -46,7 +46,7 @@ from .config import QwenConfig
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .reference import Model, Weights
-from .sampler import PENALTY_WINDOW, SamplingParams, penalize, sample, uniform
+from .sampler import PENALTY_WINDOW, SamplingParams, argmax, penalize, sample, uniform
 from .stats import phase
 
 if TYPE_CHECKING:
@@ -90,6 +90,11 @@ class Backend(Protocol):
         speculative proposal): logits fp32 [len(tokens), V], row i what `decode(tokens[i])`
         would return at that position. Every token's K/V stays in the cache (`rollback` drops
         the rejected ones). `DecodeVerify` is the default."""
+
+    def verify_greedy(self, tokens: list[int]) -> list[int]:
+        """`verify` reduced to each row's greedy choice (`sampler.argmax`): what speculation
+        needs under greedy sampling without a repeat penalty. The GPU backend returns the pass's
+        own argmax, T ids instead of T rows of logits. `DecodeVerify` is the default."""
 
     def rollback(self, n_positions: int) -> None:
         """Keep the first n_positions cached positions and drop the rest (their pages back to
@@ -140,6 +145,10 @@ class DecodeVerify:
         if not tokens:
             raise ValueError("verify() needs at least one token (the last accepted one)")
         return np.stack([np.asarray(self.decode(int(t)), np.float32) for t in tokens])
+
+    def verify_greedy(self, tokens: list[int]) -> list[int]:
+        """`Backend.verify_greedy`: `sampler.argmax` of each row of `verify`."""
+        return [argmax(row) for row in self.verify(tokens)]
 
 
 def check_rollback(n_positions: int, cached: int) -> None:

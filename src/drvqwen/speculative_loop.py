@@ -94,6 +94,33 @@ def _penalized(logits: np.ndarray, seq: list[int], params: SamplingParams) -> np
     return penalize(np.array(logits, np.float32), seq[-PENALTY_WINDOW:], params.repeat_penalty)
 
 
+def _accept(rows: np.ndarray, drafts: list[int], q, seq: list[int], params: SamplingParams,
+            n: int) -> list[int]:
+    """The tokens a verify pass gives (speculative_accept.choose per row, in order): the accepted
+    proposals, then the target's own token at the first rejection or after the last proposal."""
+    out: list[int] = []
+    for i, row in enumerate(rows):
+        proposal = drafts[i] if i < len(drafts) else None
+        t, ok = choose(_penalized(row, seq + out, params), params, n + i, proposal,
+                       None if q is None or proposal is None else q[i])
+        out.append(t)
+        if not ok:
+            break
+    return out
+
+
+def _accept_greedy(ids: list[int], drafts: list[int]) -> list[int]:
+    """`_accept` under greedy sampling without a penalty, from each row's argmax: the proposals
+    up to the first that differs from the target's choice, then the target's choice there (or
+    after the last proposal)."""
+    out: list[int] = []
+    for i, t in enumerate(ids):
+        out.append(int(t))
+        if i >= len(drafts) or int(t) != drafts[i]:
+            break
+    return out
+
+
 def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: SamplingParams, proposer,
                        stats: SpeculationStats, reuse: bool = False) -> Iterator[int]:
     """The token stream of generate() with a proposer (module doc).
@@ -112,6 +139,10 @@ def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: Samp
         the next token.
     """
     seq = list(prompt_ids)
+    # Greedy without a repeat penalty, each position's token is its row's argmax and nothing
+    # else of the row matters: the backend returns T ids instead of T rows of logits (on the
+    # GPU the pass's own argmax: 4 bytes a position to the host instead of 4·V).
+    ids_only = params.greedy and not params.penalized
     with phase("prefill"):
         logits = backend.prefill(seq, reuse=True) if reuse else backend.prefill(seq)
     with phase("first token"):
@@ -127,16 +158,9 @@ def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: Samp
                 drafts, q = proposer.propose(seq, k, params, n) if k > 0 else ([], None)
                 drafts = [int(d) for d in drafts[:k]]
             with phase("decode"):
-                rows = backend.verify([seq[-1], *drafts])
+                out = (_accept_greedy(backend.verify_greedy([seq[-1], *drafts]), drafts) if ids_only
+                       else _accept(backend.verify([seq[-1], *drafts]), drafts, q, seq, params, n))
                 held += 1 + len(drafts)
-                out: list[int] = []
-                for i, row in enumerate(rows):
-                    proposal = drafts[i] if i < len(drafts) else None
-                    t, ok = choose(_penalized(row, seq + out, params), params, n + i, proposal,
-                                   None if q is None or proposal is None else q[i])
-                    out.append(t)
-                    if not ok:
-                        break
                 keep = len(seq) + len(out) - 1
                 if keep < held:
                     backend.rollback(keep)

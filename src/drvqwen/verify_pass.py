@@ -166,16 +166,18 @@ class VerifyPass:
             self._lists[n_tokens] = LaunchList(f"verify{n_tokens}", steps)
         return self._lists[n_tokens]
 
-    def run(self, tokens: Sequence[int], events=None) -> np.ndarray:
+    def run(self, tokens: Sequence[int], events=None, ids_only: bool = False) -> np.ndarray:
         """Run `tokens` at the sequence's next positions p … p + T − 1 (module doc) and wait.
 
         Args:
             events: (start, end) cuda Events to record on the stream right before and after the
                 pass's kernels (the replay), or None: a benchmark's GPU time of the pass alone,
                 without the ids' copy or the logits' download (tools/bench_verify.py).
+            ids_only: bring back only next_token [T] (each row's argmax), not the logits.
         Returns:
             fp32 [T, V]: row j the logits after tokens[j] (the decode step's bit for bit), −inf
-            at the ids from the model's text vocabulary on.
+            at the ids from the model's text vocabulary on; with ids_only, int32 [T]: row j's
+            greedy choice (argmax_final_tokens, the decode step's).
         Raises:
             DrvqwenError: as `check_chunk`, or no free page is left (nothing has run then).
         """
@@ -190,6 +192,8 @@ class VerifyPass:
         seq.reserve(p + T)
         self._launch(ids, lst, exe, events)
         seq.resume(p + T)
+        if ids_only:
+            return rows_view(self.buf["next_token"], T).download(step.stream)
         return self._logits(T)
 
     def time_kernels(self, tokens: Sequence[int], n_reps: int = 10, hold_ms: float = 20.0) -> dict[str, float]:
