@@ -13,7 +13,7 @@
 // of 32 inputs × 16 rows (1 KB of weights per warp), two 16-byte weight loads, one 16-byte x load
 // and two MMAs per 8 tokens: a handful of instructions per 512 weights, where an FP32 FMA path
 // spends a conversion per weight plus a conversion and an FMA per weight and token (at T = 16
-// that is instruction-bound: ~50 instructions per weight against the ~14 HBM pays for). Products
+// some 2T + 1 = 33 instructions per weight against the ~14 HBM pays for: instruction-bound). Products
 // of two FP16 numbers are exact in FP32 and the sums stay FP32 (docs/numerics.md); the MMA adds
 // them in its own internal order, which the tests' float64 reference bounds (TOL_LM_HEAD).
 //
@@ -73,9 +73,9 @@
 // (LM_TOKENS = 16; 94 when built with -DLM_TOKENS=8): two blocks of 256 threads per SM for both,
 // so one build serves every T ≤ 16. Static shared memory: 512 B / 8 KB (the partials).
 //
-// Speed on the H200 (7B, graph replay): single token: to be measured (the FP32-FMA kernel this
-// replaces: 257 µs = 98.5 % of the copy bandwidth); T = 1 / 2 / 4 / 8 / 16: to be measured (the
-// FMA kernel: 308 / 343 / 436 / 639 / 1044 µs). argmax_final over the 4752 partials: 3.9 µs.
+// Speed on the H200 (7B, graph replay): single token: to be measured (the bandwidth limit is
+// ~255 µs: 1.09 GB at the ~4.3 TB/s copy bandwidth); T = 1 / 2 / 4 / 8 / 16: to be measured (the
+// aim: T = 8 within ~10 % of the single-token time). argmax_final over the 4752 partials: 3.9 µs.
 //
 // T tokens at once
 // ----------------
@@ -242,8 +242,8 @@ __device__ __forceinline__ void gemv_f16_lm_head_block(float* __restrict__ logit
 #pragma unroll
         for (int q = 1; q < LM_KSPLIT; ++q) sum += partial[j][q][lane];
         const int row = blockIdx.x * LM_ROWS_PER_BLOCK + lane;
-        // Each lane starts from (-inf, INT_MAX), the loser the block's argmax has always started
-        // from: a row past V leaves it there, and the butterfly picks the best of the lanes.
+        // Each lane starts from (-inf, INT_MAX_I32), which any row's logit but a NaN beats: a row
+        // past V leaves it there, and the butterfly picks the best of the 32 lanes.
         float best_v = F32_NEG_INF;
         int best_i = INT_MAX_I32;
         if (row < V) {
