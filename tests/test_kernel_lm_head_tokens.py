@@ -1,13 +1,14 @@
 """kernels/gemv_f16.cu's T-token lm_head and argmax.cu's argmax_final_tokens (the verify pass of
 speculative decoding) against the single-token kernels, bit for bit, and against float64 numpy.
 
-For T in {1, 3, 8, 16} the T-token lm_head runs once on x [T, D] and argmax_final_tokens once on
+For T in {1, 3, 8, 9, 16} (9: the second MMA of a k step with one live column) the T-token lm_head runs once on x [T, D] and argmax_final_tokens once on
 its partials [T, P]; the single-token lm_head and argmax_final run once per token on x[j]. Token
 j's logits, part_val, part_idx and next token must have the single-token run's bits; every output
 is poisoned with NaN (0xFF bytes) before each launch. The padded rows past text_vocab must be
-−inf in both. Each token's logits are also checked against float64 numpy within TOL_GEMV, and
-its token must be np.argmax of its own logits. Shapes: the 0.5B's lm_head and an odd one (V not
-a multiple of the 32 rows of a block, a text_vocab below V).
+−inf in both. Each token's logits are also checked against float64 numpy within TOL_LM_HEAD, and
+its token must be np.argmax of its own logits. Shapes: the 0.5B's lm_head and odd ones (V not
+a multiple of the 32 rows of a block, a text_vocab below V; D not a multiple of the 32 inputs of a
+k step).
 
 The CPU tests plan the launches without a GPU: the T-token launches have the single-token
 launches' grid and block (lm_head) or one block per token (argmax_final).
@@ -19,11 +20,11 @@ import numpy as np
 import pytest
 
 from drvqwen.launchers import ArgmaxFinal, BufferSpec, LaunchError, LmHead, lm_head_partials
-from kernel_testing import TOL_GEMV, assert_bits_as_single_token, dev, report  # noqa: F401
+from kernel_testing import TOL_LM_HEAD, assert_bits_as_single_token, dev, report  # noqa: F401
 
-TOKEN_COUNTS = [1, 3, 8, 16]
+TOKEN_COUNTS = [1, 3, 8, 9, 16]
 # (label, V, D, text_vocab)
-CASES = [("0.5b", 151936, 896, 151665), ("odd", 1000, 256, 990)]
+CASES = [("0.5b", 151936, 896, 151665), ("odd", 1000, 256, 990), ("odd_d", 4099, 200, 4090)]
 
 
 @pytest.mark.gpu
@@ -67,7 +68,7 @@ def test_lm_head_tokens(dev, rng, label, v, d, text_vocab):
             lj = got[0][j]
             assert np.all(lj[text_vocab:] == -np.inf), where
             want = w64[:text_vocab] @ x16[j].astype(np.float64)
-            report(where, lj[:text_vocab], want, TOL_GEMV)
+            report(where, lj[:text_vocab], want, TOL_LM_HEAD)
             assert int(got[3][j, 0]) == int(np.argmax(lj)), where
 
 
@@ -106,3 +107,32 @@ def test_tokens_out_of_range_refused(n_tokens):
 def test_tokens_buffers_sized_for_t():
     with pytest.raises(LaunchError, match=r"^x: expected"):
         _plan(3, x_tokens=1)
+
+
+@pytest.mark.parametrize("v", [100, 4099, 151936, 152064])
+def test_one_block_and_one_partial_per_32_rows(v):
+    """The kernel's block is 32 rows (two 16-row MMA tiles): the grid and the partials the argmax
+    reads are ceil(V/32), whatever D (here one that is not a multiple of a k step's 32 inputs)."""
+    for t in (None, 9):
+        head, final = _plan(t, v=v, d=200)
+        assert lm_head_partials(v) == -(-v // 32) == head.n_partials
+        assert head.specs[0].grid == (lm_head_partials(v),) and head.specs[0].block == (256,)
+        assert final.specs[0].args["P"].value == lm_head_partials(v)
+
+
+@pytest.mark.parametrize("d", [0, 12, 900])
+def test_d_not_a_multiple_of_8_refused_in_one_line(d):
+    with pytest.raises(LaunchError, match=rf"^lm_head: D={d} must be a positive multiple of 8$"):
+        _plan(3, d=d)
+
+
+def test_both_kernels_fit_two_blocks_per_sm():
+    """One build serves every T ≤ 16 because the 16-token kernel, like the single-token one, stays
+    within 128 registers: two blocks of 256 threads per SM (gemv_f16.cu, "Registers")."""
+    from drvqwen.cuda.nvrtc import compile_kernel
+    from drvqwen.launchers.gemv_f16 import THREADS
+
+    ck = compile_kernel("gemv_f16")
+    regs = {r.function: r.registers for r in ck.resources.values() if r.is_entry}
+    assert set(regs) == {"gemv_f16_lm_head", "gemv_f16_lm_head_tokens"}, regs
+    assert all(2 * THREADS * r <= 65536 for r in regs.values()), regs

@@ -1,12 +1,15 @@
-"""Launcher of kernels/gemv_f16.cu: the FP16 lm_head GEMV with the first pass of the argmax.
+"""Launcher of kernels/gemv_f16.cu: the FP16 lm_head GEMV (mma.sync) with the first pass of the argmax.
 
     LmHead   logits fp32 [V] = W fp16 [V, D] · x fp16 [D] (−inf for the rows from text_vocab
              on: the padding no token has), and per 32 rows the best (value, index) pair →
              part_val fp32 / part_idx int32 [ceil(V/32)]
 
+One block per 32 rows (two 16-row MMA tiles, each over 4 warps that split K), 256 threads.
 `n_tokens=T` (T ≤ 16), the verify pass of speculative decoding: gemv_f16_lm_head_tokens in the
 single-token launch's grid and block, x [T, D], logits [T, V], the partials [T, ceil(V/32)],
-each token's bit for bit the single-token kernel's (gemv_f16.cu, "T tokens").
+each token's bit for bit the single-token kernel's (gemv_f16.cu, "T tokens"). One build serves
+every T: at LM_TOKENS = 16 the T-token kernel still runs two blocks per SM (gemv_f16.cu,
+"Registers").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .gemv_int4 import token_count  # the verify pass's bound on T, shared with 
 ROWS_PER_BLOCK = mirrored("gemv_f16", "LM_ROWS_PER_BLOCK", 32)
 THREADS = mirrored("gemv_f16", "LM_WARPS * 32", 256)
 TOKENS = mirrored("gemv_f16", "LM_TOKENS", 16)  # tokens gemv_f16_lm_head_tokens is built for
+mirrored("gemv_f16", "LM_TILES * LM_TILE_ROWS", ROWS_PER_BLOCK)  # two 16-row MMA tiles per block
 
 
 def lm_head_partials(vocab_size: int) -> int:
