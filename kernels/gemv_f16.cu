@@ -73,9 +73,16 @@
 // (LM_TOKENS = 16; 94 when built with -DLM_TOKENS=8): two blocks of 256 threads per SM for both,
 // so one build serves every T ≤ 16. Static shared memory: 512 B / 8 KB (the partials).
 //
-// Speed on the H200 (7B, graph replay): single token: to be measured (the bandwidth limit is
-// ~255 µs: 1.09 GB at the ~4.3 TB/s copy bandwidth); T = 1 / 2 / 4 / 8 / 16: to be measured (the
-// aim: T = 8 within ~10 % of the single-token time). argmax_final over the 4752 partials: 3.9 µs.
+// Measured on the H200, 7B (tools/bench_verify.py --kernels: eager, an event pair around each
+// launch, ~2 µs of it the pair's own; docs/bench/2026-12-02_f6448f9_h200_syn7b_verify.json), µs:
+//   | kernel                         | 1 token | T = 1 | T = 2 | T = 4 | T = 8 | T = 16 |
+//   | this one (mma.sync)            |  264.7  | 263.6 | 265.2 | 266.6 | 293.2 | 409.6  |
+//   | FP32 FMA (commit bbfc301's)    |  259.0  | 307.9 | 342.8 | 435.2 | 638.8 | 1042.8 |
+// (the FMA row from docs/bench/2026-12-02_bbfc301_h200_syn7b_verify.json, another run). The
+// bandwidth limit is ~255 µs (1.09 GB at the ~4.3 TB/s copy bandwidth): one token is within
+// 4 % of it; T = 8 is 11 % over the single token. Whether the single-token call lost the 2 %
+// against the FMA kernel or the runs differ is for a run that times both. argmax_final over
+// the 4752 partials: 3.9 µs.
 //
 // T tokens at once
 // ----------------

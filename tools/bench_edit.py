@@ -171,7 +171,8 @@ def _bench(a) -> int:
         from drvqwen.stats import write_json_atomic
 
         proposer_name = ("prompt lookup" if a.lookup else f"draft {a.draft}" if a.draft else None)
-        write_json_atomic(a.json, {"model": str(f.path), "backend": name, "proposer": proposer_name,
+        write_json_atomic(a.json, {"model": Path(f.path).name,   # no path of the machine it ran on
+                                   "backend": name, "proposer": proposer_name,
                                    "lookup": a.lookup, "draft": a.draft, "draft_max": a.draft_max,
                                    "max_new_tokens": a.max_new_tokens, "sets": summary, "records": records,
                                    "source": source_record()})
