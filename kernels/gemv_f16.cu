@@ -39,6 +39,11 @@
 //            __syncthreads warp j (token j) takes the block's 32 rows, lane = row, adds the 4
 //            K-range partials in order 0, 1, 2, 3 (fixed, whatever T), stores its logit
 //            (coalesced) and runs a warp argmax. No atomics: bit-reproducible.
+//            Why the one __syncthreads is enough: each slot partial[token][kpart][row] is written
+//            by exactly one lane before the barrier and only read after it; a block runs its
+//            32 rows once and never writes the buffer again, so there is no reuse to order
+//            (no write-after-read), and each token's argmax is one warp's butterfly, with no
+//            second round through shared memory.
 // D % 32 != 0: the last step's chunks past D are zero in A and B (exact zero products).
 //
 // Bytes in flight: a batch is LM_STEPS = 4 steps, 8 streaming 16-byte loads per lane (128 B,
