@@ -84,7 +84,11 @@ def test_proposal_lengths_are_checked():
             PromptLookup(bad)
     with pytest.raises(DrvqwenError, match="--draft-max"):
         DraftModel(object(), MAX_PROPOSAL + 1)
-    assert PromptLookup(MAX_PROPOSAL).propose([1, 2, 1], 99, GREEDY, 0) == ([2, 1], None)
+    assert PromptLookup(MAX_PROPOSAL, min_ngram=1).propose([1, 2, 1], 99, GREEDY, 0) == ([2, 1], None)
+    # The default proposes on a match of the last 3 tokens only, not of 1 or 2.
+    assert PromptLookup(8).propose([1, 2, 1], 99, GREEDY, 0) == ([], None)
+    assert PromptLookup(8).propose([5, 7, 9, 4, 7, 9], 99, GREEDY, 0) == ([], None)
+    assert PromptLookup(8).propose([5, 7, 9, 4, 5, 7, 9], 99, GREEDY, 0) == ([4, 5, 7, 9], None)
     for lo, hi in ((0, 3), (4, 3)):
         with pytest.raises(DrvqwenError, match=rf"prompt lookup n-grams {lo} … {hi}: need 1 <= min <= max"):
             PromptLookup(4, ngram=hi, min_ngram=lo)
