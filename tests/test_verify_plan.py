@@ -18,7 +18,8 @@ CONFIGS = {"0.5b": QWEN25_CODER_05B, "7b": QWEN25_CODER_7B}
 MAX_CONTEXT = 4096
 # Launches whose grid gains a token dimension (one single-token grid per token), by the decode
 # step's kernel name; every other launch has the decode step's grid.
-PER_TOKEN_GRID = {"embedding", "attention_decode_hd64", "attention_decode_hd128", "attention_combine"}
+# (The split-KV attention keeps the decode step's grid: its warps share out the (token, split) pairs.)
+PER_TOKEN_GRID = {"embedding", "attention_combine"}
 # Launches of one block per token: grid (1,) in the decode step, (T,) here.
 ONE_BLOCK_PER_TOKEN = {"rmsnorm", "argmax_final"}
 # The decode step's kernel → the verify pass's.

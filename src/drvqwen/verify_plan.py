@@ -21,8 +21,9 @@ it as it is.
 
 Why each position matches the decode step bit for bit:
 - every launch has the block of the decode step's counterpart and its grid per token: the
-  GEMVs and lm_head the same grid (the T-token kernels run every token's FMA chain in the
-  single-token order), attention (S, Hkv, T) and (Hq, T), the embedding (ceil(D/2048), T), the
+  GEMVs and lm_head the same grid (token j is column j of the single-token kernels' MMA chains,
+  in their order), attention (S, Hkv) — its warps share out the (token, split) pairs, each
+  the single-token split at that token's length — and (Hq, T), the embedding (ceil(D/2048), T), the
   norm and argmax (T): one block per token where the decode step has one block.
 - embedding_rows and embedding run the same embedding_row (kernels/embedding.cu) — an exact
   FP16 → FP32 conversion — on ids[j] instead of state[1].
