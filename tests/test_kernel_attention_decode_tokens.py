@@ -111,8 +111,10 @@ def test_attention_decode_tokens(dev, rng, model, grid):
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", list(MODELS))
 def test_attention_decode_tokens_small(dev, rng, model):
-    """A chunk of 3 across a page boundary, 2 blocks per KV head (tools/sanitize_nodes.txt)."""
-    _check(dev, rng, model, 2, 3, 15)
+    """A chunk of 5 across a page boundary (lengths 45 … 49: 3 pages, then 4) on one block per
+    KV head: 4 warps share out 16 (token, split) pairs, several each and across tokens
+    (tools/sanitize_nodes.txt)."""
+    _check(dev, rng, model, 1, 5, 45)
 
 
 # ---- CPU: the launch plan -----------------------------------------------------------------------
