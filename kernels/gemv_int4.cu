@@ -214,6 +214,21 @@ __device__ __forceinline__ int gemv_x_slot(int chunk) {
 template <int NTOK>
 __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK == 1 ? 0 : GEMV_X_TOKEN_PAD); }
 
+// Timing probes of the T-token kernels (NTOK > 1 only; the single-token kernels never see them),
+// for tools/bench_gemv.py --tokens --int4-defines: each removes one suspect of the time that grows
+// with T. A probe build's results are WRONG by design; time it, never use its outputs.
+//   GEMV_PROBE_NO_NORM=1      the RMSNorm prologue stages x = fp16(residual): no sum of squares,
+//                             no barrier per row (GemvStageRmsNormT)
+//   GEMV_PROBE_NO_EPILOGUE=1  no epilogue per (row, token): the block still adds up its partials,
+//                             and thread 0 stores one fold of its sums through the epilogue, so the
+//                             main loop stays live (gemv_int4_engine)
+#ifndef GEMV_PROBE_NO_NORM
+#define GEMV_PROBE_NO_NORM 0
+#endif
+#ifndef GEMV_PROBE_NO_EPILOGUE
+#define GEMV_PROBE_NO_EPILOGUE 0
+#endif
+
 // The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
 //   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
 //   lane_x(x_smem, tok, t, K) where lane t's chunks of token tok start; chunk (gi, i) of the lane
@@ -276,6 +291,19 @@ struct GemvStageRmsNormT {
         return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
     }
     __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        if constexpr (NTOK > 1 && GEMV_PROBE_NO_NORM) {  // timing only, wrong x (see the define)
+            const uint2 one = make_uint2(0x3c003c00u, 0x3c003c00u);  // gains of fp16 1.0
+            for (int tok = 0; tok < n_tok; ++tok) {
+                const float4* r4 = reinterpret_cast<const float4*>(residual + (u64)tok * K);
+                uint4* dst = x_smem + tok * gemv_x_token_chunks<NTOK>(K);
+                for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
+                    const uint2 lo = rmsnorm_apply4(r4[2 * chunk], one, 1.f);
+                    const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], one, 1.f);
+                    dst[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                }
+            }
+            return;
+        }
         __shared__ float warp_sums[NTOK == 1 ? 1 : 2][RMSNORM_WARPS];
         for (int tok = 0; tok < (NTOK == 1 ? 1 : n_tok); ++tok)
             gemv_stage_rmsnorm_row(x_smem + tok * gemv_x_token_chunks<NTOK>(K), residual + (u64)tok * K, weight, eps,
@@ -501,6 +529,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 
     // One thread per (tile, token, g): the W partials of MMA rows g and g + 8 in warp order, then
     // the epilogue.
+    constexpr bool no_epilogue = NTOK > 1 && GEMV_PROBE_NO_EPILOGUE;  // timing only (see the define)
+    float fold[MT][2] = {};
     for (int o = threadIdx.x; o < (tile_e - tile_b) * T * 8; o += blockDim.x) {
         const int tl = o / (8 * T), tok = o / 8 % T, gg = o % 8;
         const int tile = tile_b + tl;
@@ -516,8 +546,20 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                 sums[m][h] = s;
             }
         }
-        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, tok, sums);
+        if constexpr (no_epilogue) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) fold[m][0] += sums[m][0], fold[m][1] += sums[m][1];
+        } else {
+            epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, tok, sums);
+        }
     }
+    // Another thread's fold is stored only if it is exactly 1e30 (practically never), which the
+    // compiler cannot rule out: every thread's reduction stays.
+    if constexpr (no_epilogue)
+        if (tile_b < tile_e && (threadIdx.x == 0 || fold[0][0] == 1e30f)) {
+            const int seg = int4_segment<NSEG>(p.first_tile, tile_b);
+            epilogue(seg, tile_b - gemv_field<NSEG>(seg, p.first_tile), 0, 0, fold);
+        }
 }
 
 // The single-token GEMV of one block (the decode step's): gemv_int4_engine with NTOK = 1, and
