@@ -21,7 +21,8 @@ PROBES = ("GEMV_PROBE_NO_NORM", "GEMV_PROBE_NO_EPILOGUE")
 # The kernels each probe changes: the RMSNorm prologue is in the two kernels that normalise.
 PROBED = {"GEMV_PROBE_NO_NORM": {"gemv_int4_qkv_rope_tokens", "gemv_int4_gate_up_swiglu_tokens"},
           "GEMV_PROBE_NO_EPILOGUE": {"gemv_int4_qkv_rope_tokens", "gemv_int4_gate_up_swiglu_tokens",
-                                     "gemv_int4_residual_tokens"}}
+                                     "gemv_int4_residual_tokens", "gemv_int4_qkv_rope_x_tokens",
+                                     "gemv_int4_gate_up_swiglu_x_tokens"}}
 # bench_gemv's GEMVs → the keys of _plans (one layer's launchers built directly).
 PLAN_KEY = {"qkv_proj": "qkv", "o_proj": "o_proj", "gate_up_swiglu": "gate_up", "down_proj": "down"}
 
@@ -136,7 +137,7 @@ def test_probe_builds_compile_and_touch_only_the_tokens_kernels(probe, tokens):
     ck = compile_kernel("gemv_int4", defines={**build, probe: 1})
     assert not [r.function for r in ck.resources.values() if r.spills]
     got, ref = _text_sections(ck.cubin), _text_sections(compile_kernel("gemv_int4", defines=build).cubin)
-    assert sorted(got) == sorted(ref) and len(ref) == 7
+    assert sorted(got) == sorted(ref) and len(ref) == 9
     for kernel in ref:
         assert (got[kernel] != ref[kernel]) == (kernel in PROBED[probe]), kernel
 

@@ -123,6 +123,27 @@ def test_pass_rows_are_the_decode_steps_bits(pair, rng, p, T):
     assert a.cached_ids() == b.cached_ids() == prompt + tokens[:keep - p] + [t]
 
 
+def test_prenorm_pass_rows_are_the_decode_steps_bits(pair, rng):
+    """The pass with the RMSNorms as launches of their own (VerifyPass prenorm: rmsnorm over the
+    T rows, then the …_x_tokens GEMVs): the decode steps' rows bit for bit, graph and eager."""
+    from drvqwen.verify_pass import VerifyPass
+
+    a, b = pair
+    V = a.config.vocab_size
+    for graphs in (False, True):
+        vp = VerifyPass(a.decode_step, graphs=graphs, fallback=False, prenorm=True)
+        try:
+            for p, T in ((13, 5), (30, 8), (40, 16)):
+                prompt, tokens = rng.integers(0, V, p).tolist(), rng.integers(0, V, T).tolist()
+                _prefill_both(a, b, prompt)
+                vp.buf["logits"].fill_bytes(0xFF)
+                rows = vp.run(tokens)
+                want = np.stack([b.decode(t) for t in tokens])
+                assert not (bad := _differing_rows(rows, want)), f"graphs={graphs} p={p} T={T}: rows {bad} differ"
+        finally:
+            vp.close()
+
+
 def test_consecutive_passes_continue_where_the_last_ended(pair, rng):
     """No rollback between passes (every proposal accepted): each pass starts at the state the
     last one's advance_state_tokens left — 9 → 16 → 32 → 37, across two page boundaries."""

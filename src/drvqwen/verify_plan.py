@@ -76,7 +76,7 @@ class VerifyPlan(DecodePlan):
 
 
 def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occupancy: Occupancy | None = None,
-                text_vocab: int | None = None, attention: str = "plain") -> VerifyPlan:
+                text_vocab: int | None = None, attention: str = "plain", prenorm: bool = False) -> VerifyPlan:
     """Plan the verify pass of `cfg` for `n_tokens` tokens (module doc): every launch, its grid and
     its buffers, for the INT4 model in the default formats.
 
@@ -89,6 +89,8 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
             grids are its.
         text_vocab: as plan_decode's (the lm_head rows from it get −inf).
         attention: "plain" (the only kernel with T-token kernels).
+        prenorm: each layer's two RMSNorms as launches of their own over the T rows, the GEMVs
+            after them reading the normalised rows (layer_plan: the same bits, other launches).
     Raises:
         DrvqwenError: n_tokens outside 1..16, another attention kernel, or plan_decode's errors.
         LaunchError: a shape the T-token kernels do not run (e.g. T tokens' x past a block's
@@ -122,7 +124,7 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
         attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part, n_heads=Hq,
                                n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S, n_tokens=T)
         steps += int4_layer_steps(cfg, l, LayerWeights.of(weights.__getitem__, l), a, (k_l, v_l), attn,
-                                  gemv=gemv, n_tokens=T)
+                                  gemv=gemv, n_tokens=T, prenorm=prenorm)
     lm = LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"], vocab_size=V, dim=D,
                 text_vocab=text_vocab, n_tokens=T)
     steps += [
