@@ -76,7 +76,7 @@ from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
 from .stats import count, phase
-from .verify_pass import VerifyPass
+from .verify_pass import VerifyPass, check_chunk
 from .verify_plan import VERIFY_ATTENTION, plan_verify
 from .launchers.gemv_int4 import MAX_TOKENS as MAX_VERIFY_TOKENS
 
@@ -449,6 +449,7 @@ class GPUBackend(DecodeVerify):
         the decode graph with its 4-byte read-back costs less than the one-token verify pass
         (the same logits bit for bit: verify_pass.py), which launches its own lists."""
         step = self.decode_step
+        check_chunk([token], self.config.vocab_size, step.seq.pos, self.max_context)   # before any effect
         step.seq.feed(token)
         self._decoder(self._variants["greedy"])()
         self._cached.append(token)
