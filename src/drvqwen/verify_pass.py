@@ -115,7 +115,7 @@ class VerifyPass:
     """
 
     def __init__(self, decode_step: DecodeStep, occupancy: Occupancy | None = None, *, graphs: bool = False,
-                 fallback: bool = True, prenorm: bool = False):
+                 fallback: bool = True, prenorm: bool = True):
         if not matches_decode(decode_step.plan):
             raise DrvqwenError(f"the verify pass runs the INT4 model with attention={VERIFY_ATTENTION[0]!r} "
                                f"launch by launch; this decode step has attention={decode_step.plan.attention!r}"
