@@ -70,7 +70,7 @@ def faked_gpu(tool, monkeypatch, tmp_path):
         def __init__(self, f, max_context, speculative):
             made.update(max_context=max_context, speculative=speculative, closed=False)
             self.config, self.max_context = QWEN25_CODER_05B, max_context or 32768
-            self.verify_pass = SimpleNamespace(mode="graph")
+            self.verify_pass = SimpleNamespace(mode="graph", prenorm=True)
             self.decode_step = SimpleNamespace(attention="plain",
                                                device=SimpleNamespace(info=SimpleNamespace(summary=lambda: "GPU X")))
 
@@ -159,7 +159,7 @@ def test_by_role_sums_a_role_over_the_layers():
     assert by_role(per) == {"embedding": 3.0, "o_proj": 9.0, "attention.0": 6.0, "attention.1": 1.0}
 
 
-def test_prenorm_times_a_second_pass_and_closes_it(tool, faked_gpu, monkeypatch, tmp_path):
+def test_fused_times_a_second_pass_and_closes_it(tool, faked_gpu, monkeypatch, tmp_path):
     import drvqwen.verify_pass
 
     made = []
@@ -173,7 +173,7 @@ def test_prenorm_times_a_second_pass_and_closes_it(tool, faked_gpu, monkeypatch,
             self.closed = True
     monkeypatch.setattr(drvqwen.verify_pass, "VerifyPass", Pass)
     out = tmp_path / "v.json"
-    assert tool.main(["--prenorm", "--reps", "2", "--json", str(out)]) == 0
-    assert list(faked_gpu["passes"]) == ["", " prenorm"] and faked_gpu["passes"][" prenorm"] is made[0][2]
-    assert made[0][:2] == (True, True) and made[0][2].closed
-    assert "prenorm" in json.loads(out.read_text())["protocol"]["prenorm"]
+    assert tool.main(["--fused", "--reps", "2", "--json", str(out)]) == 0
+    assert list(faked_gpu["passes"]) == ["", " fused"] and faked_gpu["passes"][" fused"] is made[0][2]
+    assert made[0][:2] == (True, False) and made[0][2].closed
+    assert "inside the T-token GEMVs" in json.loads(out.read_text())["protocol"]["fused"]

@@ -222,8 +222,9 @@ def planned(request):
         entries.append((f"decode persistent {cfg.head_dim}", plan.persistent))
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
         entries.append(_attention_tokens_launcher(cfg))
-        plan = plan_verify(cfg, 256, 16, occupancy=OCCUPANCY)
-        entries += [(f"verify {cfg.head_dim}: {n}", l) for n, l in plan.steps]
+        for prenorm in (True, False):
+            plan = plan_verify(cfg, 256, 16, occupancy=OCCUPANCY, prenorm=prenorm)
+            entries += [(f"verify {cfg.head_dim} prenorm={prenorm}: {n}", l) for n, l in plan.steps]
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
 

@@ -43,7 +43,7 @@ def decode_plan(request):
 @pytest.mark.parametrize("T", [1, 2, 8, 16])
 def test_launches_are_the_decode_steps_per_token(decode_plan, T):
     cfg, one = decode_plan
-    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665)
+    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665, prenorm=False)
     single = one.named_specs()
     verify = plan.named_specs()
     assert [n for n, _s in verify] == [n for n, _s in single]
@@ -79,7 +79,7 @@ def test_launches_are_the_decode_steps_per_token(decode_plan, T):
 @pytest.mark.parametrize("T", [1, 2, 8, 16])
 def test_buffers_are_the_decode_steps_with_t_rows(decode_plan, T):
     cfg, one = decode_plan
-    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC)
+    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, prenorm=False)
     assert plan.n_tokens == T and plan.blocks_per_kv_head == one.blocks_per_kv_head
     assert set(plan.buffers) == set(one.buffers) | {"ids"}
     assert plan.buffers["ids"] == BufferSpec("ids", (T,), np.int32)
@@ -125,8 +125,8 @@ def test_prenorm_runs_each_rmsnorm_as_its_own_launch(decode_plan, T):
     qkv_rope / gate_up_swiglu read xn through their …_x_tokens kernels, in the fused kernels'
     launch shape; everything else is the plain pass's."""
     cfg, _one = decode_plan
-    plain = dict(plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665).named_specs())
-    pre = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665, prenorm=True).named_specs()
+    plain = dict(plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665, prenorm=False).named_specs())
+    pre = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665).named_specs()
     names = [n for n, _s in pre]
     assert names[:8] == ["embedding", "L0.input_layernorm", "L0.qkv_rope", "L0.attention.0", "L0.attention.1",
                          "L0.o_proj", "L0.post_attention_layernorm", "L0.gate_up_swiglu"]

@@ -60,9 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random ids (default: 0)")
     ap.add_argument("--kernels", action="store_true",
                     help="also time every launch of the decode step and of each pass, by role (eager, behind gpu_sleep)")
-    ap.add_argument("--prenorm", action="store_true",
-                    help="also time a pass whose layers run their RMSNorms as launches of their own "
-                         "(rows 'verify<T> prenorm')")
+    ap.add_argument("--fused", action="store_true",
+                    help="also time a pass whose T-token GEMVs normalise their rows themselves, as the "
+                         "decode step's do (rows 'verify<T> fused'; the default pass runs the RMSNorms as "
+                         "launches of their own)")
     ap.add_argument("--json", help="also write the result as JSON to this file")
     a = ap.parse_args(argv)
     if a.reps < 1:
@@ -181,16 +182,16 @@ def run(a: argparse.Namespace) -> dict:
         rng = np.random.default_rng(a.seed)
         prompt = rng.integers(0, backend.config.vocab_size, a.prompt_tokens).tolist()
         passes = {"": backend.verify_pass}
-        if a.prenorm:
+        if a.fused:
             from drvqwen.verify_pass import VerifyPass
 
-            passes[" prenorm"] = VerifyPass(backend.decode_step, graphs=True, prenorm=True)
+            passes[" fused"] = VerifyPass(backend.decode_step, graphs=True, prenorm=False)
         try:
             samples = measure(backend, prompt, a.reps, rng, passes)
             kernels = measure_kernels(backend, a.reps, rng, passes) if a.kernels else None
         finally:
-            if a.prenorm:
-                passes[" prenorm"].close()
+            if a.fused:
+                passes[" fused"].close()
         return {"device": backend.decode_step.device.info.summary(),
                 "model": path.name,                  # the file's name: no path of the machine it ran on
                 "config": backend.config.to_dict(),
@@ -198,8 +199,9 @@ def run(a: argparse.Namespace) -> dict:
                              "max_context": backend.max_context, "verify_tokens": list(VERIFY_TOKENS),
                              "attention": backend.decode_step.attention,
                              "verify_mode": backend.verify_pass.mode,
-                             "prenorm": "rows 'verify<T> prenorm': the layers' RMSNorms as launches of their own "
-                                        "(verify_plan prenorm)" if a.prenorm else None,
+                             "prenorm": backend.verify_pass.prenorm,
+                             "fused": "rows 'verify<T> fused': the RMSNorms inside the T-token GEMVs "
+                                      "(verify_plan prenorm=False)" if a.fused else None,
                              "host_ms": "host wall time of the call: decode step with its token read back, "
                                         "verify pass with its logits [T, V] read back",
                              "gpu_ms": "GPU time between events around the graph replay alone",

@@ -76,7 +76,7 @@ class VerifyPlan(DecodePlan):
 
 
 def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occupancy: Occupancy | None = None,
-                text_vocab: int | None = None, attention: str = "plain", prenorm: bool = False) -> VerifyPlan:
+                text_vocab: int | None = None, attention: str = "plain", prenorm: bool = True) -> VerifyPlan:
     """Plan the verify pass of `cfg` for `n_tokens` tokens (module doc): every launch, its grid and
     its buffers, for the INT4 model in the default formats.
 
@@ -90,7 +90,8 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
         text_vocab: as plan_decode's (the lm_head rows from it get −inf).
         attention: "plain" (the only kernel with T-token kernels).
         prenorm: each layer's two RMSNorms as launches of their own over the T rows, the GEMVs
-            after them reading the normalised rows (layer_plan: the same bits, other launches).
+            after them reading the normalised rows (layer_plan: the same bits, other launches;
+            the default, as VerifyPass's), or False: inside the GEMVs, as the decode step's.
     Raises:
         DrvqwenError: n_tokens outside 1..16, another attention kernel, or plan_decode's errors.
         LaunchError: a shape the T-token kernels do not run (e.g. T tokens' x past a block's
