@@ -166,8 +166,10 @@
 //   The *_x_tokens kernels (qkv_rope, gate_up_swiglu) take the T rows normalised before by an
 //   rmsnorm launch — the same x bits as the fused prologue, rmsnorm.cuh being that kernel's
 //   arithmetic — and stage them with independent loads (GemvStageXTokens), where the fused
-//   prologue normalises row after row in every block: one launch more per RMSNorm, for the
-//   verify pass to choose by measurement (verify_plan's prenorm).
+//   prologue normalises row after row in every block: one launch more per RMSNorm. Measured on
+//   the H200 (tools/bench_verify.py --fused, commit 9b514ea, docs/bench), a verify pass of 8
+//   tokens costs 1.25 decode steps of the 7B this way and 1.55 fused (0.5B: 1.27 and 1.92), so
+//   the verify pass runs these by default (verify_plan's prenorm).
 //   Registers (ptxas): at NTOK = 8 each lane accumulates 2 tokens per row instead of 1 and the
 //   kernels stay within 128 (two blocks of 256 threads per SM, as the single-token ones). The
 //   NTOK = 16 build (-DGEMV_TOKENS=16: two MMAs per k slice, 4 tokens per lane and row) is
