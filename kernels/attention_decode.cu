@@ -66,8 +66,10 @@
 // query at position pos + j and must see exactly keys [0, seq_len + j), seq_len = state[2] (the
 // single-token step's length for token 0): causal inside the chunk, the later positions' slots
 // are in the cache but never read. The *_tokens kernels are the single-token kernels' body with
-// a token index: grid (S, Hkv, T) for the splits and (Hq, T) for the combine, the same S, block
-// and NS per token as the single-token launch (launchers/attention_decode.py); token z reads
+// a token index: the splits on the single-token grid (S, Hkv), its warps sharing out the
+// (token, split) pairs that hold pages (the tokens kernels' schedule, below the kernels), and
+// the combine on grid (Hq, T); the same S, block and NS per token as the single-token launch
+// (launchers/attention_decode.py); token z reads
 // q [T, Hq, Dh] row z, writes its own partials (partial_out [T, NS, Hq, Dh], max_logits /
 // exp_sums [T, NS, Hq]) and its output row of out [T, Hq, Dh], with seq_len + z everywhere the
 // single-token kernels read state[2].
@@ -83,7 +85,7 @@
 //   page read by one token is usually still there for the next. Merging the tokens of a KV head
 //   into one warp (one K/V read for all of them, as the GQA heads share one) would change the
 //   per-page arithmetic of each token, so it is not done here.
-//   Registers (ptxas): the token kernels 133 (hd64) and 230 (hd128) against the single-token
+//   Registers (ptxas): the token kernels 128 (hd64) and 226 (hd128) against the single-token
 //   kernels' 131 and 230, no spills; the combines 32 and 31.
 //
 // head_dim is a template parameter, instantiated as attention_decode_hd64 (0.5B) and
@@ -265,10 +267,9 @@ __device__ __forceinline__ void attention_decode_args_split(const AttentionDecod
                                      a.block_table, a.state, a.Hq, a.Hkv, split, n_splits, kv_head, warp, 0);
 }
 
-// grid (S, Hkv, T), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS; warp w of block (x, y, z)
-// takes split x · ATTN_WARPS + w of KV head y for token z. The single-token kernels are launched
-// with T = 1 (token 0: state[2] keys, the [Hq, …] / [NS, …] buffers); the *_tokens kernels with
-// T = n_tokens and [T, …] buffers (T tokens at once, header). The two names are one body: the
+// grid (S, Hkv), block (ATTN_WARPS · 32). Splits NS = S · ATTN_WARPS; warp w of block (x, y)
+// takes split x · ATTN_WARPS + w of KV head y (token 0: state[2] keys, the [Hq, …] / [NS, …]
+// buffers). The *_tokens kernels below run the same split body per (token, split) pair; the
 // single-token kernels' token is the constant 0, so their code is that of a build without tokens.
 #ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 #define ATTENTION_DECODE_KERNEL(NAME, HEAD_DIM, TOKEN)                                           \
@@ -289,9 +290,65 @@ __device__ __forceinline__ void attention_decode_args_split(const AttentionDecod
 
 ATTENTION_DECODE_KERNEL(attention_decode_hd64, 64, 0)
 ATTENTION_DECODE_KERNEL(attention_decode_hd128, 128, 0)
-// q [T, Hq, Dh], partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; T = gridDim.z.
-ATTENTION_DECODE_KERNEL(attention_decode_tokens_hd64, 64, blockIdx.z)
-ATTENTION_DECODE_KERNEL(attention_decode_tokens_hd128, 128, blockIdx.z)
+#endif  // DEVICE_FUNCTIONS_ONLY
+
+// The T-token kernels' schedule: grid (S, Hkv) as the single-token launch, the same NS = S ·
+// ATTN_WARPS splits per token. The work of a KV head is the list of (token z, split s) pairs
+// whose split holds pages of z (s < the active splits of z, the combine's count), token-major;
+// warp w of the head takes items w, w + NS, w + 2·NS, … Each item is attention_decode_split
+// for (z, s): the very sums the single-token kernel writes for split s at z's length, so the
+// schedule changes nothing in the arithmetic. Pairs past z's active splits are not run at all:
+// no partial of theirs is ever read (the combine runs over the active ones only).
+// Why not a grid (S, Hkv, T), one single-token grid per token: at short contexts most splits
+// have no page (512 keys are 32 pages over the 7B's 264 splits per KV head), and T grids of
+// mostly idle blocks ran T waves of them — 13.4 µs a layer at T = 8 against 7.6 for one token
+// (docs/bench/2026-12-02_f6448f9_h200_syn7b_verify.json, kernels_us). Here the 32·T active
+// pairs spread over the 264 warps of one wave. At long contexts every split is active for every
+// token and each warp runs T items in turn, as T grids would have.
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_decode_tokens_items(const AttentionDecodeArgs& a, int n_tokens, int w,
+                                                              int n_splits, int kv_head, int warp) {
+    const int len0 = a.state[2];
+    int z = 0, first = 0;  // token z's items are [first, first + active(z))
+    auto active = [&](int tok) {
+        const int n_pages = (len0 + tok + PAGE_TOKENS - 1) / PAGE_TOKENS;
+        const int pps = attn_pages_per_split(n_pages, n_splits);
+        return (n_pages + pps - 1) / pps;
+    };
+    int n_z = active(0);
+    for (int item = w;; item += n_splits) {
+        while (z < n_tokens && item >= first + n_z) {  // warp-uniform: item, z and n_z are
+            first += n_z;
+            if (++z < n_tokens) n_z = active(z);
+        }
+        if (z >= n_tokens) return;
+        attention_decode_split<HEAD_DIM>(a.partial_out, a.max_logits, a.exp_sums, a.q, a.k_cache, a.v_cache,
+                                         a.block_table, a.state, a.Hq, a.Hkv, item - first, n_splits, kv_head, warp,
+                                         z);
+        __syncwarp();  // the next item rewrites this warp's p/alpha buffers
+    }
+}
+
+// grid (S, Hkv), block (ATTN_WARPS · 32); q [T, Hq, Dh], partial_out [T, NS, Hq, Dh],
+// max_logits / exp_sums [T, NS, Hq], T = n_tokens (the schedule above).
+#ifndef DEVICE_FUNCTIONS_ONLY
+#define ATTENTION_DECODE_TOKENS_KERNEL(NAME, HEAD_DIM)                                           \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP_SIZE) NAME(                   \
+        float* __restrict__ partial_out, float* __restrict__ max_logits,                       \
+        float* __restrict__ exp_sums, const __half* __restrict__ q,                            \
+        const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,                \
+        const int* __restrict__ block_table, const int* __restrict__ state,                    \
+        int Hq, int Hkv, int n_tokens) { /* AttentionDecodeArgs says what each is */            \
+        const int warp = threadIdx.x / WARP_SIZE;                                                \
+        grid_launch_dependents();                                                                \
+        grid_dependency_wait(); /* q, the chunk's K/V slots and state: earlier kernels */         \
+        attention_decode_tokens_items<HEAD_DIM>(                                                 \
+            AttentionDecodeArgs{partial_out, max_logits, exp_sums, q, k_cache, v_cache, block_table, state, Hq, Hkv}, \
+            n_tokens, blockIdx.x * ATTN_WARPS + warp, gridDim.x * ATTN_WARPS, blockIdx.y, warp);   \
+    }
+
+ATTENTION_DECODE_TOKENS_KERNEL(attention_decode_tokens_hd64, 64)
+ATTENTION_DECODE_TOKENS_KERNEL(attention_decode_tokens_hd128, 128)
 #endif  // DEVICE_FUNCTIONS_ONLY
 
 // Merge the active splits of head h. Virtual thread (d, j) = (v % Dh, v / Dh), v < ATTN_COMBINE_THREADS,

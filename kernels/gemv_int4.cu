@@ -163,6 +163,13 @@
 //   once per block anyway: the same bytes from L2, without the barrier. Not timed yet: whether
 //   the L2 latency in the MMA chain costs more than a staging would is for the benchmark to say.
 //   The single-token kernels stage x as described above.
+//   The *_x_tokens kernels (qkv_rope, gate_up_swiglu) take the T rows normalised before by an
+//   rmsnorm launch — the same x bits as the fused prologue, rmsnorm.cuh being that kernel's
+//   arithmetic — and stage them with independent loads (GemvStageXTokens), where the fused
+//   prologue normalises row after row in every block: one launch more per RMSNorm. Measured on
+//   the H200 (tools/bench_verify.py --fused, commit 9b514ea, docs/bench), a verify pass of 8
+//   tokens costs 1.25 decode steps of the 7B this way and 1.55 fused (0.5B: 1.27 and 1.92), so
+//   the verify pass runs these by default (verify_plan's prenorm).
 //   Registers (ptxas): at NTOK = 8 each lane accumulates 2 tokens per row instead of 1 and the
 //   kernels stay within 128 (two blocks of 256 threads per SM, as the single-token ones). The
 //   NTOK = 16 build (-DGEMV_TOKENS=16: two MMAs per k slice, 4 tokens per lane and row) is
@@ -213,6 +220,21 @@ __device__ __forceinline__ int gemv_x_slot(int chunk) {
 #define GEMV_X_TOKEN_PAD 4
 template <int NTOK>
 __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK == 1 ? 0 : GEMV_X_TOKEN_PAD); }
+
+// Timing probes of the T-token kernels (NTOK > 1 only; the single-token kernels never see them),
+// for tools/bench_gemv.py --tokens --int4-defines: each removes one suspect of the time that grows
+// with T. A probe build's results are WRONG by design; time it, never use its outputs.
+//   GEMV_PROBE_NO_NORM=1      the RMSNorm prologue stages x = fp16(residual): no sum of squares,
+//                             no barrier per row (GemvStageRmsNormT)
+//   GEMV_PROBE_NO_EPILOGUE=1  no epilogue per (row, token): the block still adds up its partials,
+//                             and thread 0 stores one fold of its sums through the epilogue, so the
+//                             main loop stays live (gemv_int4_engine)
+#ifndef GEMV_PROBE_NO_NORM
+#define GEMV_PROBE_NO_NORM 0
+#endif
+#ifndef GEMV_PROBE_NO_EPILOGUE
+#define GEMV_PROBE_NO_EPILOGUE 0
+#endif
 
 // The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
 //   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
@@ -276,6 +298,19 @@ struct GemvStageRmsNormT {
         return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
     }
     __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        if constexpr (NTOK > 1 && GEMV_PROBE_NO_NORM) {  // timing only, wrong x (see the define)
+            const uint2 one = make_uint2(0x3c003c00u, 0x3c003c00u);  // gains of fp16 1.0
+            for (int tok = 0; tok < n_tok; ++tok) {
+                const float4* r4 = reinterpret_cast<const float4*>(residual + (u64)tok * K);
+                uint4* dst = x_smem + tok * gemv_x_token_chunks<NTOK>(K);
+                for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
+                    const uint2 lo = rmsnorm_apply4(r4[2 * chunk], one, 1.f);
+                    const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], one, 1.f);
+                    dst[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                }
+            }
+            return;
+        }
         __shared__ float warp_sums[NTOK == 1 ? 1 : 2][RMSNORM_WARPS];
         for (int tok = 0; tok < (NTOK == 1 ? 1 : n_tok); ++tok)
             gemv_stage_rmsnorm_row(x_smem + tok * gemv_x_token_chunks<NTOK>(K), residual + (u64)tok * K, weight, eps,
@@ -296,6 +331,42 @@ struct GemvXGlobal {
     }
     __device__ __forceinline__ void operator()(uint4*, int) const {}
 };
+
+// Prologue of the *_x_tokens kernels: the T rows of x [T, K] fp16, normalised by an rmsnorm launch
+// before (the same bits as GemvStageRmsNormT's: rmsnorm.cuh is that kernel's arithmetic), copied
+// into x_smem in the T-token layout. Every load is independent of the others (one flat loop over
+// (row, chunk)), where the fused RMSNorm takes a few dependent L2 round trips and a barrier per
+// row. Every thread takes part; the caller syncs.
+template <int NTOK>
+struct GemvStageXTokens {
+    const __half* __restrict__ x;  // [T, K] fp16, normalised
+    int n_tok;                     // T ≤ NTOK
+    static constexpr int WORD_STEP = 4;
+    __device__ __forceinline__ int smem_chunks(int K) const { return n_tok * gemv_x_token_chunks<NTOK>(K); }
+    __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int tok, int t, int K) const {
+        return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
+    }
+    __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
+        const uint4* src = reinterpret_cast<const uint4*>(x);
+        const int per_row = K / 8;
+        for (int i = threadIdx.x; i < n_tok * per_row; i += blockDim.x) {
+            const int tok = i / per_row, chunk = i - tok * per_row;
+            x_smem[tok * gemv_x_token_chunks<NTOK>(K) + gemv_x_slot(chunk)] = src[i];
+        }
+    }
+};
+
+// The prologue XS of an item: the fused RMSNorm of the residual, or the normalised x rows.
+template <typename XS>
+struct GemvIsXTokens { static constexpr bool value = false; };
+template <int NTOK>
+struct GemvIsXTokens<GemvStageXTokens<NTOK>> { static constexpr bool value = true; };
+template <int NTOK, typename XS>
+__device__ __forceinline__ XS gemv_x_source(const float* residual, const __half* norm_w, float eps, int n_tok,
+                                            const __half* x_normed) {
+    if constexpr (GemvIsXTokens<XS>::value) return XS{x_normed, n_tok};
+    else return XS{residual, norm_w, eps, n_tok};
+}
 
 // Where the words a lane loads for one (tile, group) item lie: lane (g, t) takes words
 // 4t … 4t+3 of group gi of the rows behind MMA rows g and g + 8. Layout id 1 (format/quant.py):
@@ -501,6 +572,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 
     // One thread per (tile, token, g): the W partials of MMA rows g and g + 8 in warp order, then
     // the epilogue.
+    constexpr bool no_epilogue = NTOK > 1 && GEMV_PROBE_NO_EPILOGUE;  // timing only (see the define)
+    float fold[MT][2] = {};
     for (int o = threadIdx.x; o < (tile_e - tile_b) * T * 8; o += blockDim.x) {
         const int tl = o / (8 * T), tok = o / 8 % T, gg = o % 8;
         const int tile = tile_b + tl;
@@ -516,8 +589,20 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                 sums[m][h] = s;
             }
         }
-        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, tok, sums);
+        if constexpr (no_epilogue) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) fold[m][0] += sums[m][0], fold[m][1] += sums[m][1];
+        } else {
+            epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, tok, sums);
+        }
     }
+    // Another thread's fold is stored only if it is exactly 1e30 (practically never), which the
+    // compiler cannot rule out: every thread's reduction stays.
+    if constexpr (no_epilogue)
+        if (tile_b < tile_e && (threadIdx.x == 0 || fold[0][0] == 1e30f)) {
+            const int seg = int4_segment<NSEG>(p.first_tile, tile_b);
+            epilogue(seg, tile_b - gemv_field<NSEG>(seg, p.first_tile), 0, 0, fold);
+        }
 }
 
 // The single-token GEMV of one block (the decode step's): gemv_int4_engine with NTOK = 1, and
@@ -589,9 +674,12 @@ struct GemvInt4QkvRopeArgs {
 // arguments with a leading token dimension — residual [T, K], q_out [T, Hq·Dh] — and token j's
 // K/V in the slot of pos + j (its page from the block table: a chunk may open a page, whose
 // entry the host set before). NTOK = 1 is the decode step's item.
-template <int NTOK, typename Dep>
+// XS: where x comes from — the fused RMSNorm of a.residual (GemvStageRmsNormT, the default), or
+// x rows already normalised (GemvStageXTokens: the *_x_tokens kernels).
+template <int NTOK, typename Dep, typename XS = GemvStageRmsNormT<NTOK>>
 __device__ __forceinline__ void gemv_int4_qkv_rope_tokens_item(const GemvInt4QkvRopeArgs& a, int n_tok,
-                                                               const BlockCoord& bc, Dep dep) {
+                                                               const BlockCoord& bc, Dep dep,
+                                                               const __half* x_normed = nullptr) {
     const int Dh = a.Dh, Hkv = a.Hkv;
     const int nq = a.Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
     const GemvProblem<1, 3> p = {{{a.q_qweight}, {a.k_qweight}, {a.v_qweight}},
@@ -608,7 +696,7 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_tokens_item(const GemvInt4Qkv
         slot_fixed = kv_offset(a.block_table[pos_fixed / PAGE_TOKENS], 0, pos_fixed % PAGE_TOKENS, Hkv, Dh);
     }
     gemv_int4_engine<NTOK, 1, 3, GemvRowMajor>(p, a.K, n_tok, bc, dep,
-                                               GemvStageRmsNormT<NTOK>{a.residual, a.norm_w, a.eps, n_tok},
+                                               gemv_x_source<NTOK, XS>(a.residual, a.norm_w, a.eps, n_tok, x_normed),
                                                [&](int seg, int tile, int g, int tok, const float (&s)[1][2]) {
         const int pos = (Dep::state_fixed ? pos_fixed : a.state[0]) + tok;
         const u64 slot = Dep::state_fixed && NTOK == 1
@@ -715,14 +803,15 @@ struct GemvInt4GateUpSwigluArgs {
 };
 
 // The item for T ≤ NTOK tokens (gemv_int4_gate_up_swiglu_tokens): residual [T, K], h [T, F].
-template <int NTOK, typename Dep>
+template <int NTOK, typename Dep, typename XS = GemvStageRmsNormT<NTOK>>
 __device__ __forceinline__ void gemv_int4_gate_up_swiglu_tokens_item(const GemvInt4GateUpSwigluArgs& a, int n_tok,
-                                                                     const BlockCoord& bc, Dep dep) {
+                                                                     const BlockCoord& bc, Dep dep,
+                                                                     const __half* x_normed = nullptr) {
     const int F = a.F;
     const GemvProblem<2, 1> p = {{{a.gate_qweight, a.up_qweight}}, {{a.gate_scales, a.up_scales}},
                                  {F}, {0, int4_tiles(F)}, {0}};
     gemv_int4_engine<NTOK, 2, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep,
-                                               GemvStageRmsNormT<NTOK>{a.residual, a.norm_w, a.eps, n_tok},
+                                               gemv_x_source<NTOK, XS>(a.residual, a.norm_w, a.eps, n_tok, x_normed),
                                                [&](int, int tile, int g, int tok, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;
 #pragma unroll
@@ -805,5 +894,36 @@ gemv_int4_gate_up_swiglu_tokens(__half* __restrict__ h, const float* __restrict_
     gemv_int4_gate_up_swiglu_tokens_item<GEMV_TOKENS>(
         GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight, up_scales, F, K, eps},
         n_tokens, BlockCoord::of_launch(), GridDep{});
+}
+
+// The qkv and gate/up T-token kernels on x [T, K] fp16 normalised before (an rmsnorm launch of
+// the T rows: the same x bits as their fused prologue), staged with independent loads
+// (GemvStageXTokens); everything else as gemv_int4_qkv_rope_tokens / _gate_up_swiglu_tokens,
+// whose parameter lists these are with residual, norm_w and eps replaced by x.
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_qkv_rope_x_tokens(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                            const __half* __restrict__ x,
+                            const u32* __restrict__ q_qweight, const __half* __restrict__ q_scales,
+                            const u32* __restrict__ k_qweight, const __half* __restrict__ k_scales,
+                            const u32* __restrict__ v_qweight, const __half* __restrict__ v_scales,
+                            const __half* __restrict__ q_bias, const __half* __restrict__ k_bias,
+                            const __half* __restrict__ v_bias, const float* __restrict__ inv_freq,
+                            const int* __restrict__ state, const int* __restrict__ block_table,
+                            int Hq, int Hkv, int Dh, int K, int n_tokens) {  // q_out, x: [T, …]
+    gemv_int4_qkv_rope_tokens_item<GEMV_TOKENS, GridDep, GemvStageXTokens<GEMV_TOKENS>>(
+        GemvInt4QkvRopeArgs{q_out, k_cache, v_cache, nullptr, nullptr, q_qweight, q_scales, k_qweight, k_scales,
+                            v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, Hq, Hkv, Dh, K,
+                            0.f},
+        n_tokens, BlockCoord::of_launch(), GridDep{}, x);
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_gate_up_swiglu_x_tokens(__half* __restrict__ h, const __half* __restrict__ x,
+                                  const u32* __restrict__ gate_qweight, const __half* __restrict__ gate_scales,
+                                  const u32* __restrict__ up_qweight, const __half* __restrict__ up_scales, int F,
+                                  int K, int n_tokens) {  // h [T, F], x [T, K]
+    gemv_int4_gate_up_swiglu_tokens_item<GEMV_TOKENS, GridDep, GemvStageXTokens<GEMV_TOKENS>>(
+        GemvInt4GateUpSwigluArgs{h, nullptr, nullptr, gate_qweight, gate_scales, up_qweight, up_scales, F, K, 0.f},
+        n_tokens, BlockCoord::of_launch(), GridDep{}, x);
 }
 #endif  // DEVICE_FUNCTIONS_ONLY

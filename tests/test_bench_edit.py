@@ -29,13 +29,19 @@ def model(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("extra", [[], ["--lookup", "8"]], ids=["plain", "lookup"])
+@pytest.mark.parametrize("extra", [[], ["--lookup", "8"], ["--draft", "MODEL", "--draft-max", "3"]],
+                         ids=["plain", "lookup", "draft"])
 def test_two_problems_on_the_cpu(bench, model, tmp_path, capsys, extra):
     out = tmp_path / "edit.json"
+    extra = [str(model) if x == "MODEL" else x for x in extra]
     rc = bench.main(["--model", str(model), "--device", "cpu", "--limit", "2", "--max-new-tokens", "24",
                      "--json", str(out), *extra])
     assert rc == 0
     d = json.loads(out.read_text())
+    # The model files by their names: no path of the machine in the record.
+    assert d["model"] == model.name and str(model.parent) not in out.read_text()
+    if "--draft" in extra:
+        assert d["draft"] == model.name and d["proposer"] == f"draft {model.name}"
     recs = d["records"]
     assert [(r["set"], r["task_id"], r["instruction"]) for r in recs] == [
         *[("edit", "HumanEval/0", i) for i in bench.INSTRUCTIONS], ("complete", "HumanEval/0", None),

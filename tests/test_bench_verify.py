@@ -70,15 +70,15 @@ def faked_gpu(tool, monkeypatch, tmp_path):
         def __init__(self, f, max_context, speculative):
             made.update(max_context=max_context, speculative=speculative, closed=False)
             self.config, self.max_context = QWEN25_CODER_05B, max_context or 32768
-            self.verify_pass = SimpleNamespace(mode="graph")
+            self.verify_pass = SimpleNamespace(mode="graph", prenorm=True)
             self.decode_step = SimpleNamespace(attention="plain",
                                                device=SimpleNamespace(info=SimpleNamespace(summary=lambda: "GPU X")))
 
         def close(self):
             made["closed"] = True
 
-    def measure(backend, prompt, reps, rng):
-        made.update(prompt=prompt, reps=reps)
+    def measure(backend, prompt, reps, rng, passes=None):
+        made.update(prompt=prompt, reps=reps, passes=passes)
         return _samples(tool)
 
     monkeypatch.setattr(drvqwen.cuda, "gpu_unavailable_reason", lambda: None)
@@ -141,7 +141,7 @@ def test_kernels_flag_adds_the_per_role_table(tool, faked_gpu, monkeypatch, tmp_
     per = {"decode": {"qkv_rope": 240.0, "attention": 400.0}, "verify8": {"qkv_rope": 300.0, "attention": 1600.0}}
     seen = {}
 
-    def measure_kernels(backend, reps, rng):
+    def measure_kernels(backend, reps, rng, passes=None):
         seen["reps"] = reps
         return per
     monkeypatch.setattr(tool, "measure_kernels", measure_kernels)
@@ -157,3 +157,23 @@ def test_by_role_sums_a_role_over_the_layers():
 
     per = {"embedding": 3.0, "L0.o_proj": 4.0, "L1.o_proj": 5.0, "L0.attention.0": 6.0, "L0.attention.1": 1.0}
     assert by_role(per) == {"embedding": 3.0, "o_proj": 9.0, "attention.0": 6.0, "attention.1": 1.0}
+
+
+def test_fused_times_a_second_pass_and_closes_it(tool, faked_gpu, monkeypatch, tmp_path):
+    import drvqwen.verify_pass
+
+    made = []
+
+    class Pass:
+        def __init__(self, step, graphs, prenorm):
+            self.closed = False
+            made.append((graphs, prenorm, self))
+
+        def close(self):
+            self.closed = True
+    monkeypatch.setattr(drvqwen.verify_pass, "VerifyPass", Pass)
+    out = tmp_path / "v.json"
+    assert tool.main(["--fused", "--reps", "2", "--json", str(out)]) == 0
+    assert list(faked_gpu["passes"]) == ["", " fused"] and faked_gpu["passes"][" fused"] is made[0][2]
+    assert made[0][:2] == (True, False) and made[0][2].closed
+    assert "inside the T-token GEMVs" in json.loads(out.read_text())["protocol"]["fused"]

@@ -26,7 +26,7 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.launchers import AttentionDecode, BufferSpec, LaunchError
-from drvqwen.launchers.attention_decode import partial_shapes
+from drvqwen.launchers.attention_decode import WARPS, partial_shapes
 from kernel_testing import TOL_ATTENTION, assert_bits_as_single_token, dev, report  # noqa: F401
 
 MODELS = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
@@ -81,17 +81,30 @@ def _check(dev, rng, model: str, blocks: int, n_tokens: int, seq_len: int) -> No
                   for n, sh in partial_shapes(hq, dh, blocks, n_tokens=n_tokens).items())
     state = dev.upload("state", np.array([seq_len - 1, 0, seq_len], np.int32))
     ln = AttentionDecode(out, dev.upload("q", q), state=state, partials=parts, n_tokens=n_tokens, **cache, **shape)
-    for a, b in zip(ln.specs, one.specs):
-        assert (a.grid[:len(b.grid)], a.grid[len(b.grid):], a.block) == (b.grid, (n_tokens,), b.block), where
+    # The splits on the single-token grid (its warps share out the (token, split) pairs), the
+    # combine on the single-token grid once per token.
+    (split_t, comb_t), (split_1, comb_1) = ln.specs, one.specs
+    assert (split_t.grid, split_t.block) == (split_1.grid, split_1.block), where
+    assert (comb_t.grid, comb_t.block) == ((*comb_1.grid, n_tokens), comb_1.block), where
     ln.launch()
     got = [b.download() for b in (out, *parts)]
 
     k64 = ref.gather_pages(k_cache, bt, n_positions).astype(np.float64)
     v64 = ref.gather_pages(v_cache, bt, n_positions).astype(np.float64)
     want = ref.attention(q.astype(np.float64), k64, v64, seq_len - 1 + np.arange(n_tokens))
+    ns = blocks * WARPS                           # splits per KV head
     for j in range(n_tokens):
-        for name, g, s in zip(("out", "partial_out", "max_logits", "exp_sums"), got, single[j]):
-            assert_bits_as_single_token(f"{where} token {j} {name}", g[j], s)
+        # The splits that hold pages of token j (the combine's count): the single-token kernel's
+        # bits. The others are not run for T tokens (no partial of theirs is read), so they keep
+        # the poison; the single-token kernel writes its neutral partial there.
+        n_pages = -(-(seq_len + j) // 16)
+        pps = max(1, -(-n_pages // ns))
+        active = -(-n_pages // pps)
+        assert_bits_as_single_token(f"{where} token {j} out", got[0][j], single[j][0])
+        for name, g, s in zip(("partial_out", "max_logits", "exp_sums"), got[1:], single[j][1:]):
+            assert_bits_as_single_token(f"{where} token {j} {name}", g[j][:active], s[:active])
+            idle = g[j][active:].view(np.uint32)
+            assert (idle == 0xFFFFFFFF).all(), f"{where} token {j} {name}: a split without pages written"
         report(f"{where} token {j}", got[0][j], want[j], TOL_ATTENTION)
 
 
@@ -111,8 +124,10 @@ def test_attention_decode_tokens(dev, rng, model, grid):
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", list(MODELS))
 def test_attention_decode_tokens_small(dev, rng, model):
-    """A chunk of 3 across a page boundary, 2 blocks per KV head (tools/sanitize_nodes.txt)."""
-    _check(dev, rng, model, 2, 3, 15)
+    """A chunk of 5 across a page boundary (lengths 45 … 49: 3 pages, then 4) on one block per
+    KV head: 4 warps share out 16 (token, split) pairs, several each and across tokens
+    (tools/sanitize_nodes.txt)."""
+    _check(dev, rng, model, 1, 5, 45)
 
 
 # ---- CPU: the launch plan -----------------------------------------------------------------------
@@ -137,9 +152,14 @@ def test_tokens_launch_is_the_single_token_launch_per_token(model, n_tokens):
     dh = MODELS[model][2]
     assert [s.kernel.kernel for s in one.specs] == [f"attention_decode_hd{dh}", "attention_combine"]
     assert [s.kernel.kernel for s in ln.specs] == [f"attention_decode_tokens_hd{dh}", "attention_combine_tokens"]
+    # The splits: the single-token grid (its warps share out the (token, split) pairs), plus the
+    # token count; the combine: the single-token grid once per token.
+    (split_t, comb_t), (split_1, comb_1) = ln.specs, one.specs
+    assert split_t.grid == split_1.grid and comb_t.grid == (*comb_1.grid, n_tokens)
+    assert list(split_t.args) == [*split_1.args, "n_tokens"] and split_t.args["n_tokens"].value == n_tokens
+    assert list(comb_t.args) == list(comb_1.args)
     for a, b in zip(ln.specs, one.specs):
-        assert a.grid == (*b.grid, n_tokens)
-        assert (a.block, a.smem_bytes, list(a.args)) == (b.block, b.smem_bytes, list(b.args))
+        assert (a.block, a.smem_bytes) == (b.block, b.smem_bytes)
     assert ln.n_splits == one.n_splits
     assert ln.bytes_for(100) == sum(one.bytes_for(100 + j) for j in range(n_tokens))
 

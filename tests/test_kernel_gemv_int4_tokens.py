@@ -25,7 +25,7 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.config import PRESETS
 from drvqwen.launchers import (BufferSpec, FixedOccupancy, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual,
-                               LaunchError)
+                               LaunchError, RmsNorm)
 from drvqwen.launchers.gemv_int4 import MAX_TOKENS, gemv_tokens_smem_bytes
 from kernel_testing import TOL_GEMV, dequant64, dev, massive_residual, normed_fp16, random_int4, report  # noqa: F401
 
@@ -161,12 +161,14 @@ def test_gemv_int4_qkv_rope_tokens(dev, rng, label, hq, hkv, dh, k):
                     buf.fill_bytes(0xFF)
                 one.launch()
                 single.append((q1.download(), k1.download()[page, :, slot], v1.download()[page, :, slot]))
-            for t in TOKEN_COUNTS:
+            for t, prenorm in [(t, False) for t in TOKEN_COUNTS] + [(5, True), (16, True)]:
                 res_t, q_t = dev.upload("res_t", residual[:t]), dev.poisoned("q_t", (t, hq, dh), np.float16)
                 for buf in (kt, vt):
                     buf.fill_bytes(0xFF)
                 state.upload(np.array([pos0, 0, pos0 + 1], np.int32))
-                ln = GemvInt4QkvRope(q_t, kt, vt, res_t, norm, *weights, *tail, **dims, n_tokens=t, **kw)
+                # prenorm: the rows normalised by the rmsnorm kernel first, then the …_x_tokens kernel.
+                xn = _prenormed(dev, res_t, norm, t, k) if prenorm else None
+                ln = GemvInt4QkvRope(q_t, kt, vt, res_t, norm, *weights, *tail, **dims, n_tokens=t, x_normed=xn, **kw)
                 assert (ln.specs[0].grid, ln.specs[0].block) == (one.specs[0].grid, one.specs[0].block)
                 ln.launch()
                 got_q, got_k, got_v = q_t.download(), kt.download(), vt.download()
@@ -175,7 +177,7 @@ def test_gemv_int4_qkv_rope_tokens(dev, rng, label, hq, hkv, dh, k):
                     pos = pos0 + j
                     page, slot = block_table[pos // 16], pos % 16
                     written[page, :, slot] = True
-                    where = f"{label}[{variant}] pos {pos0} T={t} token {j}"
+                    where = f"{label}[{variant}{' prenorm' if prenorm else ''}] pos {pos0} T={t} token {j}"
                     _assert_bitwise(f"{where} q", got_q[j], single[j][0])
                     _assert_bitwise(f"{where} k", got_k[page, :, slot], single[j][1])
                     _assert_bitwise(f"{where} v", got_v[page, :, slot], single[j][2])
@@ -208,10 +210,19 @@ def test_gemv_int4_gate_up_swiglu_tokens(dev, rng, label, f, k):
             h1.fill_bytes(0xFF)
             one.launch()
             single.append(h1.download())
-        for t in TOKEN_COUNTS:
+        for t, prenorm in [(t, False) for t in TOKEN_COUNTS] + [(5, True), (16, True)]:
             res_t, h_t = dev.upload("res_t", residual[:t]), dev.poisoned("h_t", (t, f), np.float16)
-            ln = GemvInt4GateUpSwiglu(h_t, res_t, *w, f=f, k=k, eps=EPS, n_tokens=t, **kw)
-            _launch_and_check(f"{label}[{variant}] T={t}", ln, one, h_t, single, want)
+            xn = _prenormed(dev, res_t, w[0], t, k) if prenorm else None
+            ln = GemvInt4GateUpSwiglu(h_t, res_t, *w, f=f, k=k, eps=EPS, n_tokens=t, x_normed=xn, **kw)
+            _launch_and_check(f"{label}[{variant}{' prenorm' if prenorm else ''}] T={t}", ln, one, h_t, single, want)
+
+
+def _prenormed(dev, res_t, norm_w, t: int, k: int):
+    """xn fp16 [t, k] = the rmsnorm kernel over the t rows of res_t (what the verify pass's
+    prenorm plan launches before the …_x_tokens GEMVs)."""
+    xn = dev.poisoned("xn_t", (t, k), np.float16)
+    RmsNorm(xn, res_t, norm_w, dim=k, eps=EPS, rows=t).launch()
+    return xn
 
 
 # ---- CPU: launch shapes and argument checks ----------------------------------------------------------

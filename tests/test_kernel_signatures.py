@@ -109,19 +109,27 @@ def _tokens_launchers(cfg, t: int = 5) -> list[tuple[str, launchers.Launcher]]:
                                   cfg.head_dim, cfg.q_dim, cfg.kv_dim)
     cache = [BufferSpec(c, (8, Hkv, PAGE_TOKENS, Dh), np.float16) for c in ("k_cache", "v_cache")]
     res = _buf("residual", t * D, np.float32)
-    return [
-        ("qkv_rope_tokens", launchers.GemvInt4QkvRope(
+
+    def qkv(**kw):
+        return launchers.GemvInt4QkvRope(
             _buf("q", t * nq, np.float16), *cache, res, _buf("norm_w", D, np.float16), *_int4("q", nq, D),
             *_int4("k", nkv, D), *_int4("v", nkv, D), _buf("q_bias", nq, np.float16), _buf("k_bias", nkv, np.float16),
             _buf("v_bias", nkv, np.float16), _buf("inv_freq", Dh // 2, np.float32), _buf("state", 3, np.int32),
             _buf("block_table", 8, np.int32), n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, dim=D, eps=1e-6,
-            occupancy=OCCUPANCY, n_tokens=t)),
+            occupancy=OCCUPANCY, n_tokens=t, **kw)
+
+    def gate_up(**kw):
+        return launchers.GemvInt4GateUpSwiglu(_buf("h", t * F, np.float16), res, _buf("norm_w", D, np.float16),
+                                              *_int4("g", F, D), *_int4("u", F, D), f=F, k=D, eps=1e-6,
+                                              occupancy=OCCUPANCY, n_tokens=t, **kw)
+    xn = _buf("xn", t * D, np.float16)
+    return [
+        ("qkv_rope_tokens", qkv()),
+        ("qkv_rope_x_tokens", qkv(x_normed=xn)),
         ("residual_tokens", launchers.GemvInt4Residual(res, _buf("h", t * F, np.float16), *_int4("d", D, F), n=D, k=F,
                                                        occupancy=OCCUPANCY, n_tokens=t)),
-        ("gate_up_tokens", launchers.GemvInt4GateUpSwiglu(_buf("h", t * F, np.float16), res,
-                                                          _buf("norm_w", D, np.float16), *_int4("g", F, D),
-                                                          *_int4("u", F, D), f=F, k=D, eps=1e-6, occupancy=OCCUPANCY,
-                                                          n_tokens=t)),
+        ("gate_up_tokens", gate_up()),
+        ("gate_up_x_tokens", gate_up(x_normed=xn)),
     ]
 
 
@@ -214,8 +222,9 @@ def planned(request):
         entries.append((f"decode persistent {cfg.head_dim}", plan.persistent))
         entries += [(f"prefill {cfg.head_dim}: {n}", l) for n, l in _prefill_launchers(cfg)]
         entries.append(_attention_tokens_launcher(cfg))
-        plan = plan_verify(cfg, 256, 16, occupancy=OCCUPANCY)
-        entries += [(f"verify {cfg.head_dim}: {n}", l) for n, l in plan.steps]
+        for prenorm in (True, False):
+            plan = plan_verify(cfg, 256, 16, occupancy=OCCUPANCY, prenorm=prenorm)
+            entries += [(f"verify {cfg.head_dim} prenorm={prenorm}: {n}", l) for n, l in plan.steps]
     entries += _other_launchers(QWEN25_CODER_05B)
     return [(f"{where}.{i}", spec) for where, launcher in entries for i, spec in enumerate(launcher.specs)]
 

@@ -84,7 +84,11 @@ def test_proposal_lengths_are_checked():
             PromptLookup(bad)
     with pytest.raises(DrvqwenError, match="--draft-max"):
         DraftModel(object(), MAX_PROPOSAL + 1)
-    assert PromptLookup(MAX_PROPOSAL).propose([1, 2, 1], 99, GREEDY, 0) == ([2, 1], None)
+    assert PromptLookup(MAX_PROPOSAL, min_ngram=1).propose([1, 2, 1], 99, GREEDY, 0) == ([2, 1], None)
+    # The default proposes on a match of the last 3 tokens only, not of 1 or 2.
+    assert PromptLookup(8).propose([1, 2, 1], 99, GREEDY, 0) == ([], None)
+    assert PromptLookup(8).propose([5, 7, 9, 4, 7, 9], 99, GREEDY, 0) == ([], None)
+    assert PromptLookup(8).propose([5, 7, 9, 4, 5, 7, 9], 99, GREEDY, 0) == ([4, 5, 7, 9], None)
     for lo, hi in ((0, 3), (4, 3)):
         with pytest.raises(DrvqwenError, match=rf"prompt lookup n-grams {lo} … {hi}: need 1 <= min <= max"):
             PromptLookup(4, ngram=hi, min_ngram=lo)
@@ -126,7 +130,11 @@ def test_prompt_lookup_greedy_is_plain_decoding(models, params):
     assert spec_ids == plain_ids == prompt + plain.tokens[:-1]
     s = spec.speculation
     assert s.accepted > 0 and s.verify_passes < n - 1
-    assert s.pass_tokens == s.accepted + s.verify_passes
+    # Each pass gives its own token after the proposals it accepted — except a queued greedy
+    # step whose choice is the first proposal's check: its one token is both (speculative_loop).
+    assert s.verify_passes <= s.pass_tokens <= s.accepted + s.verify_passes
+    if params.penalized:
+        assert s.pass_tokens == s.accepted + s.verify_passes
     if params.penalized:                      # both ways of a verify pass ending were taken
         assert s.accepted < s.proposed
 
@@ -257,3 +265,113 @@ def test_statistics_in_the_summary_and_the_json(models):
     assert d["tokens_per_pass"] == pytest.approx(s.pass_tokens / s.verify_passes)
     plain = generate(CPUBackend(models["target"], CTX), repeating_prompt(), 5, PENALIZED)
     assert RunStats().to_dict(plain)["speculation"] is None and "proposed" not in plain.summary()
+
+
+class _ScriptedLookup:
+    """Proposes from the plain answer (what greedy decoding will choose) by a repeating script
+    of nothing, a wrong first token, one right token, four right, three right then a wrong one
+    — so that every path of the greedy lookahead (speculative_loop._greedy_step) runs: decode
+    steps queued ahead, a proposal arriving while a step is queued (its first token checked by
+    that step: a miss, a hit of one token, a hit with a verify pass after it), and passes from
+    the host's token."""
+
+    name, max_tokens = "scripted", 8
+    SCRIPT = ("none", "none", "four", "none", "wrong", "one", "none", "one", "late-miss")
+
+    def __init__(self, plain: list[int], vocab_size: int):
+        self.plain, self.vocab_size, self.calls = plain, vocab_size, 0
+
+    def propose(self, context, k, params, index):
+        kind = self.SCRIPT[self.calls % len(self.SCRIPT)]
+        self.calls += 1
+        right = list(self.plain[index:index + k])
+        if kind == "none" or not right:
+            return [], None
+        if kind == "wrong":
+            return [(right[0] + 1) % self.vocab_size, *right[1:3]], None
+        if kind == "one":
+            return right[:1], None
+        if kind == "four":
+            return right[:4], None
+        return [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right, None
+
+    def close(self) -> None:
+        pass
+
+
+class _Recording(CPUBackend):
+    """A CPUBackend that records the order of its queue_greedy / take_greedy / verify calls."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls: list[str] = []
+        self.queueing = False
+
+    def queue_greedy(self, token=None):
+        self.calls.append("queue" if token is not None else "queue-ahead")
+        self.queueing = True                 # the CPU's queue_greedy runs verify_greedy itself
+        try:
+            return super().queue_greedy(token)
+        finally:
+            self.queueing = False
+
+    def take_greedy(self):
+        self.calls.append("take")
+        return super().take_greedy()
+
+    def verify_greedy(self, tokens):
+        if not self.queueing:
+            self.calls.append(f"verify{len(tokens)}")
+        return super().verify_greedy(tokens)
+
+
+@pytest.mark.parametrize("stop_at", [None, 46, 47, 78])
+def test_greedy_lookahead_gives_plain_decodings_tokens_and_cache(models, stop_at):
+    """Greedy without a penalty, every path of the lookahead (the scripted proposer): the plain
+    tokens and cache, K/V included (the next decode's logits, bit for bit) — also when a stop id
+    ends the answer (stop_at: where its first occurrence is, at or after; greedy decoding of
+    the unrelated model from this prompt first gives new ids at 46, 47 and 78: so the stop
+    falls after tokens that came out of queued steps and of passes)."""
+    f = models["other"]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 256, 40)]
+    plain_all = generate(CPUBackend(f, CTX), prompt, 120, GREEDY, ignore_stop=True).tokens
+    kw = {"ignore_stop": True}
+    if stop_at is not None:
+        at = next(i for i in range(stop_at, 120) if plain_all[i] not in plain_all[:i])
+        kw = {"stop_ids": frozenset({plain_all[at]})}
+    plain_b, spec_b = CPUBackend(f, CTX), _Recording(f, CTX)
+    plain = generate(plain_b, prompt, 120, GREEDY, **kw)
+    spec = generate(spec_b, prompt, 120, GREEDY, speculation=_ScriptedLookup(plain_all, CFG.vocab_size), **kw)
+    assert spec.tokens == plain.tokens and spec.stopped_by == plain.stopped_by
+    assert spec_b.cached_ids() == plain_b.cached_ids()
+    np.testing.assert_array_equal(spec_b.decode(5), plain_b.decode(5))
+    calls = " ".join(spec_b.calls)
+    # A step queued ahead of the take of the one before it; a proposal checked by a queued
+    # step and continued by a pass from its token; passes from the host's token.
+    assert "queue queue-ahead take" in calls and "queue-ahead take take verify4" in calls
+    assert "queue-ahead take take verify2" in calls       # one proposal, one token: no pass after
+    assert "verify1" not in calls            # one token is a queued step, never a pass
+    s = spec.speculation
+    assert 0 < s.accepted < s.proposed
+    assert s.verify_passes <= s.pass_tokens < s.accepted + s.verify_passes
+    # Every step taken and every pass counts — but for a step queued ahead of a token the
+    # consumer stopped at, taken only to empty the queue; at the budget's end none is queued.
+    extra = calls.count("take") + sum(c.startswith("verify") for c in spec_b.calls) - s.verify_passes
+    assert extra == 0 if stop_at is None else extra in (0, 1)
+
+
+def test_queue_greedy_needs_a_queued_step_to_follow(models):
+    b = CPUBackend(models["target"], CTX)
+    b.prefill(repeating_prompt(1))
+    with pytest.raises(RuntimeError, match="queue_greedy\\(None\\)"):
+        b.queue_greedy(None)
+    with pytest.raises(RuntimeError, match="take_greedy\\(\\) with no step queued"):
+        b.take_greedy()
+    # Two steps, the second consuming the first's choice: the tokens of two verify_greedy calls.
+    c = CPUBackend(models["target"], CTX)
+    c.prefill(repeating_prompt(1))
+    b.queue_greedy(7)
+    b.queue_greedy(None)
+    first, second = b.take_greedy(), b.take_greedy()
+    assert [first] == c.verify_greedy([7]) and [second] == c.verify_greedy([first])
+    assert b.cached_ids() == c.cached_ids()

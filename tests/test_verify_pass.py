@@ -16,6 +16,8 @@ replayed after, the ids queued ahead of the replay; a failed capture falls back 
 
 from __future__ import annotations
 
+from collections import deque
+
 import types
 
 import numpy as np
@@ -220,7 +222,7 @@ def test_check_chunk_takes_the_last_position_of_the_context():
 def _backend(verify_pass, vocab: int = 50):
     """A GPUBackend without a GPU: only what `verify` reads (its decode a host-side stand-in)."""
     b = object.__new__(engine.GPUBackend)
-    b.verify_pass, b._cached, b.decoded = verify_pass, [], []
+    b.verify_pass, b._cached, b.decoded, b._queued = verify_pass, [], [], deque()
     b.decode = lambda t: b.decoded.append(t) or b._cached.append(t) or np.full(vocab, float(t), np.float32)
     return b
 

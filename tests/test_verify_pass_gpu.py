@@ -7,8 +7,9 @@ same prompt, A's `verify(tokens)` (one pass) must give, row for row, the very bi
 back. Chunks of 1, 2, 5, 8 and 16 tokens, one crossing a page boundary (16-token pages), one
 ending at the last position of the context; then a rollback to an accepted count and one more
 decode, equal on both. Consecutive passes continue from the state the last one left
-(advance_state_tokens); more than 16 tokens fall back to decoding; and a greedy speculative
-generation gives plain decoding's tokens. At the real models' widths (two layers), a pass of
+(advance_state_tokens); more than 16 tokens fall back to decoding; greedy steps queued ahead
+(queue_greedy) are the decode steps; and a greedy speculative generation gives plain decoding's
+tokens, with and without steps queued ahead. At the real models' widths (two layers), a pass of
 16 tokens gives the bits of the same backend's decode steps. A backend's passes replay a CUDA
 graph per T (use_graphs, the default): against a use_graphs=False backend's eager passes, the
 same bits for T = 1, 8, 16, on a graph's first replay and a later one, passes that open a page
@@ -123,6 +124,27 @@ def test_pass_rows_are_the_decode_steps_bits(pair, rng, p, T):
     assert a.cached_ids() == b.cached_ids() == prompt + tokens[:keep - p] + [t]
 
 
+def test_prenorm_pass_rows_are_the_decode_steps_bits(pair, rng):
+    """The pass with the RMSNorms as launches of their own (VerifyPass prenorm: rmsnorm over the
+    T rows, then the …_x_tokens GEMVs): the decode steps' rows bit for bit, graph and eager."""
+    from drvqwen.verify_pass import VerifyPass
+
+    a, b = pair
+    V = a.config.vocab_size
+    for graphs in (False, True):
+        vp = VerifyPass(a.decode_step, graphs=graphs, fallback=False, prenorm=True)
+        try:
+            for p, T in ((13, 5), (30, 8), (40, 16)):
+                prompt, tokens = rng.integers(0, V, p).tolist(), rng.integers(0, V, T).tolist()
+                _prefill_both(a, b, prompt)
+                vp.buf["logits"].fill_bytes(0xFF)
+                rows = vp.run(tokens)
+                want = np.stack([b.decode(t) for t in tokens])
+                assert not (bad := _differing_rows(rows, want)), f"graphs={graphs} p={p} T={T}: rows {bad} differ"
+        finally:
+            vp.close()
+
+
 def test_consecutive_passes_continue_where_the_last_ended(pair, rng):
     """No rollback between passes (every proposal accepted): each pass starts at the state the
     last one's advance_state_tokens left — 9 → 16 → 32 → 37, across two page boundaries."""
@@ -186,6 +208,78 @@ def test_greedy_speculation_gives_plain_decodings_tokens(pair, rng):
     s = spec.speculation
     print(f"\n{s.summary()}")
     assert 0 < s.accepted < s.proposed and s.verify_passes < len(plain) - 1
+
+
+class GappyOracle(OracleProposer):
+    """OracleProposer by a repeating script: nothing, nothing, four right tokens, nothing, a
+    wrong first one, one right one, nothing, one right, three right then a wrong one — so that
+    greedy speculation's lookahead (speculative_loop._greedy_step) takes each of its paths."""
+
+    SCRIPT = ("none", "none", "four", "none", "wrong", "one", "none", "one", "late-miss")
+
+    def propose(self, context, k, params, index):
+        kind = self.SCRIPT[self.passes % len(self.SCRIPT)]
+        self.passes += 1
+        right = list(self.plain[index:index + k])
+        if kind == "none" or not right:
+            return [], None
+        if kind == "wrong":
+            return [(right[0] + 1) % self.vocab_size, *right[1:3]], None
+        if kind in ("one", "four"):
+            return right[:1 if kind == "one" else 4], None
+        return [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right, None
+
+
+def test_queued_greedy_steps_are_the_decode_steps(pair, rng):
+    """queue_greedy / take_greedy (the decode graph, its choice through the host ring): steps
+    queued two deep, each consuming the one before's choice on the GPU, across a page boundary
+    and around the ring more than once, give B's decode steps' argmax; the cached ids and device
+    state follow; nothing else may run while a step is queued."""
+    a, b = pair
+    V = a.config.vocab_size
+    prompt = rng.integers(0, V, 9).tolist()
+    _prefill_both(a, b, prompt)
+    first = int(rng.integers(0, V))
+    a.queue_greedy(first)
+    got, want, t = [], [], first
+    for _ in range(20):                          # positions 9 … 29: page 1 opens at 16
+        a.queue_greedy(None)
+        got.append(a.take_greedy())
+        t = argmax(b.decode(t))
+        want.append(t)
+    with pytest.raises(RuntimeError, match="queued greedy steps not taken"):
+        a.verify_greedy([1, 2])
+    with pytest.raises(RuntimeError, match="queued greedy steps not taken"):
+        a.rollback(len(prompt))
+    got.append(a.take_greedy())
+    want.append(argmax(b.decode(t)))
+    assert got == want
+    assert a.cached_ids() == b.cached_ids() == prompt + [first] + want[:-1]
+    assert _state(a) == _state(b)
+    with pytest.raises(RuntimeError, match="consumes the choice of a step queued before it"):
+        a.queue_greedy(None)
+
+
+def test_greedy_lookahead_speculation_gives_plain_tokens(pair, rng):
+    """generate() with the gappy oracle: decode steps queued ahead while nothing is proposed,
+    proposals checked by a queued step, passes after it and from the host's token — plain
+    decoding's tokens and cache, also when a stop id ends the answer."""
+    a, _b = pair
+    V = a.config.vocab_size
+    prompt = rng.integers(0, V, 40).tolist()
+    plain = generate(a, prompt, 80, ignore_stop=True).tokens
+    plain_cache = a.cached_ids()
+    spec = generate(a, prompt, 80, ignore_stop=True, speculation=GappyOracle(plain, V))
+    assert spec.tokens == plain and a.cached_ids() == plain_cache
+    s = spec.speculation
+    print(f"\n{s.summary()}")
+    assert 0 < s.accepted < s.proposed and s.verify_passes < len(plain) - 1
+    for at in (30, 31, 32):                      # a stop inside the answer, wherever it falls
+        stop = frozenset({plain[at]})
+        p = generate(a, prompt, 80, stop_ids=stop)
+        p_cache = a.cached_ids()
+        q = generate(a, prompt, 80, stop_ids=stop, speculation=GappyOracle(plain, V))
+        assert q.tokens == p.tokens and a.cached_ids() == p_cache
 
 
 @pytest.mark.parametrize("name", ["0.5b", "7b"])

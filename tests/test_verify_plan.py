@@ -18,7 +18,8 @@ CONFIGS = {"0.5b": QWEN25_CODER_05B, "7b": QWEN25_CODER_7B}
 MAX_CONTEXT = 4096
 # Launches whose grid gains a token dimension (one single-token grid per token), by the decode
 # step's kernel name; every other launch has the decode step's grid.
-PER_TOKEN_GRID = {"embedding", "attention_decode_hd64", "attention_decode_hd128", "attention_combine"}
+# (The split-KV attention keeps the decode step's grid: its warps share out the (token, split) pairs.)
+PER_TOKEN_GRID = {"embedding", "attention_combine"}
 # Launches of one block per token: grid (1,) in the decode step, (T,) here.
 ONE_BLOCK_PER_TOKEN = {"rmsnorm", "argmax_final"}
 # The decode step's kernel → the verify pass's.
@@ -42,7 +43,7 @@ def decode_plan(request):
 @pytest.mark.parametrize("T", [1, 2, 8, 16])
 def test_launches_are_the_decode_steps_per_token(decode_plan, T):
     cfg, one = decode_plan
-    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665)
+    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665, prenorm=False)
     single = one.named_specs()
     verify = plan.named_specs()
     assert [n for n, _s in verify] == [n for n, _s in single]
@@ -78,7 +79,7 @@ def test_launches_are_the_decode_steps_per_token(decode_plan, T):
 @pytest.mark.parametrize("T", [1, 2, 8, 16])
 def test_buffers_are_the_decode_steps_with_t_rows(decode_plan, T):
     cfg, one = decode_plan
-    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC)
+    plan = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, prenorm=False)
     assert plan.n_tokens == T and plan.blocks_per_kv_head == one.blocks_per_kv_head
     assert set(plan.buffers) == set(one.buffers) | {"ids"}
     assert plan.buffers["ids"] == BufferSpec("ids", (T,), np.int32)
@@ -116,3 +117,28 @@ def test_token_counts_outside_1_to_16_are_refused_in_one_line(bad):
 def test_other_attention_kernels_are_refused():
     with pytest.raises(DrvqwenError, match="attention='tma'"):
         plan_verify(QWEN25_CODER_05B, MAX_CONTEXT, 4, occupancy=OCC, attention="tma")
+
+
+@pytest.mark.parametrize("T", [2, 8])
+def test_prenorm_runs_each_rmsnorm_as_its_own_launch(decode_plan, T):
+    """With prenorm, each layer's two RMSNorms are rmsnorm launches of T rows into xn, and
+    qkv_rope / gate_up_swiglu read xn through their …_x_tokens kernels, in the fused kernels'
+    launch shape; everything else is the plain pass's."""
+    cfg, _one = decode_plan
+    plain = dict(plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665, prenorm=False).named_specs())
+    pre = plan_verify(cfg, MAX_CONTEXT, T, occupancy=OCC, text_vocab=151665).named_specs()
+    names = [n for n, _s in pre]
+    assert names[:8] == ["embedding", "L0.input_layernorm", "L0.qkv_rope", "L0.attention.0", "L0.attention.1",
+                         "L0.o_proj", "L0.post_attention_layernorm", "L0.gate_up_swiglu"]
+    assert [n for n in names if not n.endswith("layernorm")] == list(plain)
+    for name, spec in pre:
+        if name.endswith("layernorm"):
+            assert (spec.kernel.kernel, spec.grid, spec.writes) == ("rmsnorm", (T,), ("xn",)), name
+            assert "residual" in spec.reads, name
+        elif name.endswith(("qkv_rope", "gate_up_swiglu")):
+            p = plain[name]
+            assert spec.kernel.kernel == p.kernel.kernel.replace("_tokens", "_x_tokens"), name
+            assert (spec.grid, spec.block, spec.smem_bytes) == (p.grid, p.block, p.smem_bytes), name
+            assert "xn" in spec.reads and "residual" not in spec.reads, name
+        else:
+            assert (spec.kernel.kernel, spec.grid) == (plain[name].kernel.kernel, plain[name].grid), name

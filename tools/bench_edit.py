@@ -170,10 +170,12 @@ def _bench(a) -> int:
     if a.json:
         from drvqwen.stats import write_json_atomic
 
-        proposer_name = ("prompt lookup" if a.lookup else f"draft {a.draft}" if a.draft else None)
-        write_json_atomic(a.json, {"model": Path(f.path).name,   # no path of the machine it ran on
+        # A model file by its name only: no path of the machine it ran on.
+        draft = Path(a.draft).name if a.draft and Path(a.draft).is_file() else a.draft
+        proposer_name = ("prompt lookup" if a.lookup else f"draft {draft}" if a.draft else None)
+        write_json_atomic(a.json, {"model": Path(f.path).name,
                                    "backend": name, "proposer": proposer_name,
-                                   "lookup": a.lookup, "draft": a.draft, "draft_max": a.draft_max,
+                                   "lookup": a.lookup, "draft": draft, "draft_max": a.draft_max,
                                    "max_new_tokens": a.max_new_tokens, "sets": summary, "records": records,
                                    "source": source_record()})
     return 0

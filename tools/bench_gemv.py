@@ -4,6 +4,7 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
 
     PYTHONPATH=src python3 tools/bench_gemv.py [--preset 7b] [--reps 40] [--json OUT]
         [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--int4-defines GEMV_UNROLL=8,NAME=INT] [--pdl]
+        [--tokens [T ...]]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
         [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu]
 
@@ -20,7 +21,14 @@ through enough copies of its weights that they cannot stay in the 60 MB L2 betwe
 --pdl the launches are programmatic dependents of each other (the next one's weight loads
 start under the previous one's tail), which is how the decode step runs them.
 
-Bytes per launch: the INT4 weights and their fp16 scales (+ the activation, negligible).
+--tokens T … also times the verify pass's T-token kernels (gemv_int4.cu, "T tokens at once") at
+the same shapes, one row per GEMV and T (e.g. `qkv_rope T=8`; default T: 1 2 4 8 16), every
+per-token buffer [T, …], the T tokens at positions 512 … 512 + T − 1; the step's launch shape
+and the --unroll / --int4-defines builds (e.g. the timing probes GEMV_PROBE_NO_NORM=1,
+GEMV_PROBE_NO_EPILOGUE=1, whose results are wrong by design), not --warps / --blocks.
+
+Bytes per launch: the INT4 weights and their fp16 scales (+ the activation, negligible; read once
+for all T tokens).
 Results are not checked here; tests/test_kernel_gemv_int4.py checks every kernel against the
 reference.
 """
@@ -41,9 +49,14 @@ from drvqwen.config import PRESETS
 from drvqwen.provenance import source_record
 from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
-from drvqwen.launchers.gemv_int4 import int4_bytes
+from drvqwen.kv_cache import PAGE_TOKENS
+from drvqwen.launchers.gemv_int4 import MAX_TOKENS, int4_bytes
 
 L2_BYTES = 60 * 2**20   # H200 (DeviceInfo.l2_bytes); copies cycle through ≥ 2 × this
+TOKENS_DEFAULT = [1, 2, 4, 8, 16]   # --tokens without values
+TOKENS_POS = 512        # position of token 0 in the --tokens rows (a verify pass mid-sequence)
+# The --tokens rows' names: the kernel's GEMV (qkv_proj runs as the fused qkv/RoPE kernel).
+TOKENS_ROW = {"qkv_proj": "qkv_rope", "o_proj": "o_proj", "gate_up_swiglu": "gate_up_swiglu", "down_proj": "down_proj"}
 
 
 class Scratch:
@@ -71,9 +84,13 @@ def shapes(cfg) -> dict[str, dict]:
             "gate_up_swiglu": dict(n=(F, F), k=D), "down_proj": dict(n=(D,), k=F)}
 
 
-def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> Launcher:
+def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, n_tokens: int | None = None, **variant) -> Launcher:
+    """The step's GEMV `name` over copy `copy` of random weights in `s` (anything with Scratch.array);
+    n_tokens=T: its `…_tokens` kernel for T tokens at positions TOKENS_POS + j, buffers [T, …]."""
     sh = shapes(cfg)[name]
     k = sh["k"]
+    lead, nt = ((), 1) if n_tokens is None else ((n_tokens,), n_tokens)
+    variant = dict(variant, n_tokens=n_tokens)
 
     def w(tag, n):
         qw = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
@@ -81,27 +98,35 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, **variant) -> Laun
         return s.array(f"{tag}{copy}.qweight", qw.shape, np.uint32, qw), s.array(f"{tag}{copy}.scales", sc.shape,
                                                                                np.float16, sc)
 
-    x = s.array(f"x{name}{copy}", (k,), np.float16, rng.standard_normal(k))
-    residual = s.array(f"residual{name}{copy}", (k,), np.float32, rng.standard_normal(k))
+    x = s.array(f"x{name}{copy}", (*lead, k), np.float16, rng.standard_normal(nt * k))
+    residual = s.array(f"residual{name}{copy}", (*lead, k), np.float32, rng.standard_normal(nt * k))
     norm_w = s.array(f"norm{name}{copy}", (k,), np.float16, np.ones(k))
     if name == "qkv_proj":
         hq, hkv, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv = hq * dh, hkv * dh
-        cache = [s.array(f"{c}{copy}", (4, hkv, 16, dh), np.float16) for c in "kv"]
+        pos = 5 if n_tokens is None else TOKENS_POS
+        pages = 4 if n_tokens is None else (pos + nt - 1) // PAGE_TOKENS + 1
+        cache = [s.array(f"{c}{copy}", (pages, hkv, PAGE_TOKENS, dh), np.float16) for c in "kv"]
         bias = [s.array(f"b{i}{copy}", (n,), np.float16, np.zeros(n)) for i, n in enumerate((nq, nkv, nkv))]
-        return GemvInt4QkvRope(s.array(f"q{copy}", (nq,), np.float16), *cache, residual, norm_w, *w("q", nq),
-                                 *w("k", nkv), *w("v", nkv), *bias,
+        return GemvInt4QkvRope(s.array(f"q{copy}", (*lead, nq), np.float16), *cache, residual, norm_w,
+                                 *w("q", nq), *w("k", nkv), *w("v", nkv), *bias,
                                  s.array(f"inv_freq{copy}", (dh // 2,), np.float32, np.ones(dh // 2)),
-                                 s.array(f"state{copy}", (3,), np.int32, np.array([5, 0, 6])),
-                                 s.array(f"bt{copy}", (4,), np.int32, np.arange(4)), n_heads=hq, n_kv_heads=hkv,
+                                 s.array(f"state{copy}", (3,), np.int32, np.array([pos, 0, pos + 1])),
+                                 s.array(f"bt{copy}", (pages,), np.int32, np.arange(pages)), n_heads=hq, n_kv_heads=hkv,
                                  head_dim=dh, dim=k, eps=1e-6, **variant)
     if name == "gate_up_swiglu":
         f = sh["n"][0]
-        return GemvInt4GateUpSwiglu(s.array(f"h{copy}", (f,), np.float16), residual, norm_w, *w("g", f),
+        return GemvInt4GateUpSwiglu(s.array(f"h{copy}", (*lead, f), np.float16), residual, norm_w, *w("g", f),
                                       *w("u", f), f=f, k=k, eps=1e-6, **variant)
     n = sh["n"][0]
-    return GemvInt4Residual(s.array(f"res{name}{copy}", (n,), np.float32, np.zeros(n)), x, *w(name, n), n=n, k=k,
-                              **variant)
+    return GemvInt4Residual(s.array(f"res{name}{copy}", (*lead, n), np.float32, np.zeros(nt * n)), x, *w(name, n),
+                              n=n, k=k, **variant)
+
+
+def plan_rows(gemvs: list[str], tokens: list[int]) -> list[tuple[str, str, int | None]]:
+    """(row name, GEMV of shapes(), T or None) of each row: the single-token kernels, then per T
+    the `…_tokens` kernels (named as TOKENS_ROW, e.g. "qkv_rope T=8")."""
+    return [(g, g, None) for g in gemvs] + [(f"{TOKENS_ROW[g]} T={t}", g, t) for t in tokens for g in gemvs]
 
 
 Q_SHAPES = ("o_proj", "gate_proj", "down_proj", "gate_up_swiglu")
@@ -210,7 +235,8 @@ def time_launchers(launchers: list, reps: int, pdl: bool) -> float:
     return ms * 1e3 / reps
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; a bad --tokens value exits with one line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     ap.add_argument("--gemv", nargs="+", choices=list(shapes(PRESETS["7b"])), default=list(shapes(PRESETS["7b"])))
@@ -222,6 +248,9 @@ def main() -> int:
                     help="also compile kernels/gemv_int4.cu with these defines, one row per set "
                          "(e.g. GEMV_UNROLL=8; --unroll N is GEMV_UNROLL=N)")
     ap.add_argument("--pdl", action="store_true", help="also time with programmatic dependent launch")
+    ap.add_argument("--tokens", type=int, nargs="*", metavar="T",
+                    help=f"also time the T-token kernels for these T in 1..{MAX_TOKENS} (no values: "
+                         f"{' '.join(map(str, TOKENS_DEFAULT))}), with the --unroll / --int4-defines builds")
     ap.add_argument("--formats", nargs="+", default=[],
                     help="time kernels/gemv_fmt.cu in these weight formats (names of format/weight_formats.py, "
                          "or all) instead of the INT4 GEMVs")
@@ -231,7 +260,19 @@ def main() -> int:
     ap.add_argument("--fmt-shapes", nargs="+", choices=Q_SHAPES, default=list(Q_SHAPES),
                     help="with --formats: the shapes to time (default: all)")
     ap.add_argument("--json", help="write the rows here")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if a.tokens is not None and not a.tokens:
+        a.tokens = list(TOKENS_DEFAULT)
+    for t in a.tokens or []:
+        if not 1 <= t <= MAX_TOKENS:
+            raise SystemExit(f"--tokens: T={t} is outside 1..{MAX_TOKENS}")
+    if a.tokens and a.formats:
+        raise SystemExit("--tokens times the INT4 GEMVs; it does not go with --formats")
+    return a
+
+
+def main() -> int:
+    a = parse_args()
     cfg = PRESETS[a.preset]
     dev = get_device()
     copy = measure_copy_bandwidth()
@@ -245,23 +286,24 @@ def main() -> int:
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
                               tuple(a.fmt_shapes))
-    for name in ([] if a.formats else a.gemv):
+    for row, name, n_tokens in ([] if a.formats else plan_rows(a.gemv, a.tokens or [])):
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
         copies = max(2, -(-2 * L2_BYTES // nbytes))
         reps = -(-a.reps // copies) * copies
-        for variant, pdl in itertools.product(variants, (False, True) if a.pdl else (False,)):
+        row_variants = variants if n_tokens is None else [v for v in variants if set(v) <= {"defines"}]
+        for variant, pdl in itertools.product(row_variants, (False, True) if a.pdl else (False,)):
             s = Scratch()
             try:
                 kw = {k: v for k, v in variant.items() if k != "defines"}
                 if "defines" in variant:
                     kw["defines"] = tuple(variant["defines"].items())
-                launchers = [make_launcher(name, s, c, cfg, rng, **kw) for c in range(copies)]
+                launchers = [make_launcher(name, s, c, cfg, rng, n_tokens, **kw) for c in range(copies)]
                 us = time_launchers(launchers, reps, pdl)
                 spec = launchers[0].specs[0]
                 gbps = nbytes / us / 1e3
-                rows.append({"gemv": name, "variant": variant, "pdl": pdl, "grid": spec.grid, "block": spec.block,
-                             "smem": spec.smem_bytes, "bytes": nbytes, "us": us, "GBps": gbps,
+                rows.append({"gemv": row, "tokens": n_tokens, "variant": variant, "pdl": pdl, "grid": spec.grid,
+                             "block": spec.block, "smem": spec.smem_bytes, "bytes": nbytes, "us": us, "GBps": gbps,
                              "of_copy": gbps / copy.gbps, "copies": copies, "reps": reps})
             finally:
                 get_device().synchronize()

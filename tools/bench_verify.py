@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random ids (default: 0)")
     ap.add_argument("--kernels", action="store_true",
                     help="also time every launch of the decode step and of each pass, by role (eager, behind gpu_sleep)")
+    ap.add_argument("--fused", action="store_true",
+                    help="also time a pass whose T-token GEMVs normalise their rows themselves, as the "
+                         "decode step's do (rows 'verify<T> fused'; the default pass runs the RMSNorms as "
+                         "launches of their own)")
     ap.add_argument("--json", help="also write the result as JSON to this file")
     a = ap.parse_args(argv)
     if a.reps < 1:
@@ -88,8 +92,11 @@ def summarize(samples: dict[str, dict[str, list[float]]]) -> dict:
     return out
 
 
-def measure(backend, prompt: list[int], reps: int, rng: np.random.Generator) -> dict[str, dict[str, list[float]]]:
-    """The protocol (module doc) on a GPUBackend built with speculative=True: the samples by name."""
+def measure(backend, prompt: list[int], reps: int, rng: np.random.Generator,
+            passes: dict | None = None) -> dict[str, dict[str, list[float]]]:
+    """The protocol (module doc) on a GPUBackend built with speculative=True: the samples by name.
+    passes: row-name suffix → VerifyPass of the backend's decode step (default {"": its own
+    pass}); each is timed for every T, rows "verify<T><suffix>"."""
     from drvqwen.cuda import Event
     from drvqwen.graphs import GraphDecoder
 
@@ -113,12 +120,13 @@ def measure(backend, prompt: list[int], reps: int, rng: np.random.Generator) -> 
                 s["host_ms"].append(host)
                 s["gpu_ms"].append(start.elapsed_ms(end))
             seq.rollback(p, token)
-        for T in VERIFY_TOKENS:
-            s = samples[f"verify{T}"] = {"host_ms": [], "gpu_ms": []}
+        runs = [(suffix, vp, T) for suffix, vp in (passes or {"": backend.verify_pass}).items() for T in VERIFY_TOKENS]
+        for suffix, vp, T in runs:
+            s = samples[f"verify{T}{suffix}"] = {"host_ms": [], "gpu_ms": []}
             tokens = rng.integers(0, V, T).tolist()
             for rep in range(reps + 1):                  # the first one captures T's graph
                 t0 = time.perf_counter()
-                backend.verify_pass.run(tokens, events=(start, end))    # waits: the logits on the host
+                vp.run(tokens, events=(start, end))      # waits: the logits on the host
                 host = (time.perf_counter() - t0) * 1e3
                 if rep:
                     s["host_ms"].append(host)
@@ -131,7 +139,8 @@ def measure(backend, prompt: list[int], reps: int, rng: np.random.Generator) -> 
     return samples
 
 
-def measure_kernels(backend, reps: int, rng: np.random.Generator) -> dict[str, dict[str, float]]:
+def measure_kernels(backend, reps: int, rng: np.random.Generator,
+                    passes: dict | None = None) -> dict[str, dict[str, float]]:
     """µs per role (bench.by_role) of the decode step and of the pass for each T, at the
     sequence's position, eager and queued behind gpu_sleep with an event pair around each launch
     (DecodeStep.time_kernels, VerifyPass.time_kernels; each figure includes its event pair's
@@ -143,9 +152,10 @@ def measure_kernels(backend, reps: int, rng: np.random.Generator) -> dict[str, d
     p, token = seq.pos, int(seq.state.download()[1])
     out = {"decode": by_role(step.time_kernels(reps))}
     seq.rollback(p, token)
-    for T in VERIFY_TOKENS:
-        tokens = rng.integers(0, backend.config.vocab_size, T).tolist()
-        out[f"verify{T}"] = by_role(backend.verify_pass.time_kernels(tokens, reps))
+    for suffix, vp in (passes or {"": backend.verify_pass}).items():
+        for T in VERIFY_TOKENS:
+            tokens = rng.integers(0, backend.config.vocab_size, T).tolist()
+            out[f"verify{T}{suffix}"] = by_role(vp.time_kernels(tokens, reps))
     return out
 
 
@@ -171,8 +181,17 @@ def run(a: argparse.Namespace) -> dict:
             raise DrvqwenError(f"{path.name}: no verify pass for this model (per-tensor formats verify per token)")
         rng = np.random.default_rng(a.seed)
         prompt = rng.integers(0, backend.config.vocab_size, a.prompt_tokens).tolist()
-        samples = measure(backend, prompt, a.reps, rng)
-        kernels = measure_kernels(backend, a.reps, rng) if a.kernels else None
+        passes = {"": backend.verify_pass}
+        if a.fused:
+            from drvqwen.verify_pass import VerifyPass
+
+            passes[" fused"] = VerifyPass(backend.decode_step, graphs=True, prenorm=False)
+        try:
+            samples = measure(backend, prompt, a.reps, rng, passes)
+            kernels = measure_kernels(backend, a.reps, rng, passes) if a.kernels else None
+        finally:
+            if a.fused:
+                passes[" fused"].close()
         return {"device": backend.decode_step.device.info.summary(),
                 "model": path.name,                  # the file's name: no path of the machine it ran on
                 "config": backend.config.to_dict(),
@@ -180,6 +199,9 @@ def run(a: argparse.Namespace) -> dict:
                              "max_context": backend.max_context, "verify_tokens": list(VERIFY_TOKENS),
                              "attention": backend.decode_step.attention,
                              "verify_mode": backend.verify_pass.mode,
+                             "prenorm": backend.verify_pass.prenorm,
+                             "fused": "rows 'verify<T> fused': the RMSNorms inside the T-token GEMVs "
+                                      "(verify_plan prenorm=False)" if a.fused else None,
                              "host_ms": "host wall time of the call: decode step with its token read back, "
                                         "verify pass with its logits [T, V] read back",
                              "gpu_ms": "GPU time between events around the graph replay alone",

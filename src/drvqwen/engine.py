@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Callable
 
@@ -76,7 +77,7 @@ from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
 from .sampler import SamplingParams, scale_log2
 from .stats import count, phase
-from .verify_pass import VerifyPass
+from .verify_pass import VerifyPass, check_chunk
 from .verify_plan import VERIFY_ATTENTION, plan_verify
 from .launchers.gemv_int4 import MAX_TOKENS as MAX_VERIFY_TOKENS
 
@@ -87,6 +88,8 @@ TOKEN_RING = 8
 # repeat_penalty, 8 reserved bytes.
 _PARAMS_FORMAT = "<QdfiIiff8x"
 assert struct.calcsize(_PARAMS_FORMAT) == sampling.PARAMS_BYTES
+# Byte offset of token_index in SamplerParams (after seed, top_p, scale_log2, top_k).
+_TOKEN_INDEX_BYTE = struct.calcsize("<Qdfi")
 
 
 def pack_sampler_params(params: SamplingParams, token_index: int = 0) -> np.ndarray:
@@ -279,6 +282,10 @@ class GPUBackend(DecodeVerify):
                                                step.buf["logits"], self.history, vocab_size=self.config.vocab_size,
                                                stream=st)
         self._cached: list[int] = []    # ids whose K/V the cache holds (positions 0 … len-1)
+        # queue_greedy's steps not yet taken, oldest first: [ring slot, choice consumed by the
+        # step queued after it]; and the token_index of the next one.
+        self._queued: deque[list] = deque()
+        self._queued_index = 0
         self.last_reused = 0
         self._publish = PublishToken(self._ring, self.sampler_params, step.buf["next_token"],
                                        ring_size=TOKEN_RING, stream=st)
@@ -388,6 +395,12 @@ class GPUBackend(DecodeVerify):
         """Queue the prefill of `ids` and the choice of the next token by `launch_list`: from
         position 0, or with `reuse` after the longest common prefix with the cached ids (the
         positions after it rolled back by Prefill.run). Sets last_reused."""
+        if self._queued:
+            # Greedy steps queued and never taken (a stream left by an exception): which ids
+            # they consumed is unknown, so nothing of the cache is reused.
+            self.decode_step.sync()
+            self._queued.clear()
+            self._cached = []
         n = reused_prefix(self._cached, ids) if reuse else 0
         self._cached = ids[:n]                     # all the cache is known to hold until it ran
         self.last_reused = n
@@ -404,6 +417,7 @@ class GPUBackend(DecodeVerify):
 
     def decode(self, token: int) -> np.ndarray:
         """Decode `token` at the next position (instead of the GPU's choice); returns logits [V]."""
+        self._check_nothing_queued("decode")
         step, seq = self.decode_step, self.decode_step.seq
         seq.reserve(seq.pos + 1)
         seq.feed(token)
@@ -423,6 +437,7 @@ class GPUBackend(DecodeVerify):
         """
         if self.verify_pass is None or not 1 <= len(tokens) <= MAX_VERIFY_TOKENS:
             return DecodeVerify.verify(self, tokens)
+        self._check_nothing_queued("verify")
         rows = self.verify_pass.run(tokens)
         self._cached.extend(int(t) for t in tokens)
         return rows
@@ -437,9 +452,78 @@ class GPUBackend(DecodeVerify):
         """
         if self.verify_pass is None or not 1 <= len(tokens) <= MAX_VERIFY_TOKENS:
             return DecodeVerify.verify_greedy(self, tokens)
+        if len(tokens) == 1:
+            # One token is one decode step: its graph with a 4-byte read-back costs less than
+            # the one-token verify pass (the same logits bit for bit: verify_pass.py), which
+            # launches lists of its own.
+            self.queue_greedy(int(tokens[0]))
+            return [self.take_greedy()]
+        self._check_nothing_queued("verify_greedy")
         ids = self.verify_pass.run(tokens, ids_only=True)
         self._cached.extend(int(t) for t in tokens)
         return [int(t) for t in ids]
+
+    def queue_greedy(self, token: int | None = None) -> None:
+        """`Backend.queue_greedy`: one greedy decode step (its CUDA graph when graphs are on),
+        queued on the stream without waiting for it.
+
+        Each step's publish_token writes its choice into the host token ring at the device's
+        token_index % TOKEN_RING, and the event recorded after it says when it is there — the
+        plain token stream's hand-over. When nothing is queued, token_index is set back to 0
+        (4 bytes queued before the step: the stream is idle then), so the host knows each
+        step's slot without reading the device. With token None the step consumes what the
+        step before it chose, which advance_state left in the device state: nothing goes
+        through the host. Where the backend has no verify pass, DecodeVerify's (at once).
+
+        Raises:
+            RuntimeError: token None with no step queued, or TOKEN_RING steps already queued.
+            DrvqwenError: an id outside the vocabulary or a position past the context; nothing
+                was queued then.
+        """
+        if self.verify_pass is None:
+            return DecodeVerify.queue_greedy(self, token)
+        step, queued = self.decode_step, self._queued
+        if len(queued) == TOKEN_RING:
+            raise RuntimeError(f"queue_greedy(): {TOKEN_RING} steps queued and none taken")
+        if token is None:
+            if not queued:
+                raise RuntimeError("queue_greedy(None) consumes the choice of a step queued before it; none is")
+            check_chunk([0], self.config.vocab_size, step.seq.pos, self.max_context)
+        else:
+            check_chunk([token], self.config.vocab_size, step.seq.pos, self.max_context)  # before any effect
+            if not queued:
+                self.sampler_params.upload_at(_TOKEN_INDEX_BYTE, np.zeros(4, np.uint8), step.stream)
+                self._queued_index = 0
+            step.seq.feed(token)
+        self._decoder(self._variants["greedy"])()
+        slot = self._queued_index % TOKEN_RING
+        self._events[slot].record(step.stream)
+        self._queued_index += 1
+        if token is None:
+            queued[-1][1] = True          # the choice taken next is in the cache: cached when taken
+        else:
+            self._cached.append(int(token))
+        queued.append([slot, False])
+
+    def take_greedy(self) -> int:
+        """`Backend.take_greedy`: waits for the oldest queued step's event and reads its token
+        from the ring."""
+        if self.verify_pass is None:
+            return DecodeVerify.take_greedy(self)
+        if not self._queued:
+            raise RuntimeError("take_greedy() with no step queued")
+        slot, consumed = self._queued.popleft()
+        self._events[slot].synchronize()
+        token = int(self._ring_view[slot])
+        if consumed:
+            self._cached.append(token)
+        return token
+
+    def _check_nothing_queued(self, what: str) -> None:
+        """Raise RuntimeError if a queue_greedy step is not taken yet: the cached ids and the
+        device state are the queue's until then."""
+        if self._queued:
+            raise RuntimeError(f"{what}() with {len(self._queued)} queued greedy steps not taken (take_greedy)")
 
     @property
     def verify_implementation(self) -> str:
@@ -460,6 +544,7 @@ class GPUBackend(DecodeVerify):
         Raises:
             DrvqwenError: n_positions outside [0, len(cached_ids())].
         """
+        self._check_nothing_queued("rollback")
         check_rollback(n_positions, len(self._cached))
         if n_positions == len(self._cached):
             return
@@ -471,6 +556,7 @@ class GPUBackend(DecodeVerify):
         self.decode_step.sync()
         self.decode_step.seq.reset()
         self._cached = []
+        self._queued.clear()
 
     def close(self) -> None:
         """Release everything on the GPU (weights, cache, activations) and the host ring."""

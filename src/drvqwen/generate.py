@@ -36,6 +36,7 @@ across tokens print whole.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Callable, Protocol
@@ -96,6 +97,19 @@ class Backend(Protocol):
         needs under greedy sampling without a repeat penalty. The GPU backend returns the pass's
         own argmax, T ids instead of T rows of logits. `DecodeVerify` is the default."""
 
+    def queue_greedy(self, token: int | None = None) -> None:
+        """Queue a greedy decode step at the next position: it consumes `token` — or, with None,
+        the token the step queued just before it chose, which the host need not know yet — and
+        chooses `sampler.argmax` of its logits. The consumed token's K/V stay in the cache.
+        Greedy speculation without a repeat penalty decodes through it while nothing is
+        proposed: with the next step queued before the host waits for this one's token, the
+        host's work (the proposer, the stream) overlaps the GPU's, as in plain decoding.
+        `DecodeVerify` is the default (runs at once)."""
+
+    def take_greedy(self) -> int:
+        """The choice of the oldest step `queue_greedy` queued and no call has taken (waits for
+        it). Every queued step is taken before `verify`, `verify_greedy` or `rollback`."""
+
     def rollback(self, n_positions: int) -> None:
         """Keep the first n_positions cached positions and drop the rest (their pages back to
         the free list): the next `decode` runs at position n_positions.
@@ -149,6 +163,32 @@ class DecodeVerify:
     def verify_greedy(self, tokens: list[int]) -> list[int]:
         """`Backend.verify_greedy`: `sampler.argmax` of each row of `verify`."""
         return [argmax(row) for row in self.verify(tokens)]
+
+    def queue_greedy(self, token: int | None = None) -> None:
+        """`Backend.queue_greedy`, run at once: `verify_greedy([token])`, its choice kept for
+        `take_greedy` (and for a following queue_greedy(None) to consume).
+
+        Raises:
+            RuntimeError: token None with no step queued before it.
+            DrvqwenError: as `verify`.
+        """
+        queued = self.__dict__.setdefault("_greedy_queue", deque())
+        if token is None:
+            if not queued:
+                raise RuntimeError("queue_greedy(None) consumes the choice of a step queued before it; none is")
+            token = queued[-1]
+        queued.append(self.verify_greedy([int(token)])[0])
+
+    def take_greedy(self) -> int:
+        """`Backend.take_greedy`: the oldest queued step's choice.
+
+        Raises:
+            RuntimeError: no step queued.
+        """
+        queued = self.__dict__.get("_greedy_queue")
+        if not queued:
+            raise RuntimeError("take_greedy() with no step queued")
+        return queued.popleft()
 
 
 def check_rollback(n_positions: int, cached: int) -> None:

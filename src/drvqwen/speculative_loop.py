@@ -12,6 +12,16 @@
       rollback  the cache keeps the positions of the tokens that were kept, except the last
                 one out (not run yet, exactly as in plain decoding)   (Backend.rollback)
 
+Greedy without a repeat penalty (each row's argmax is all that matters), a pass with nothing
+proposed is one decode step, and the stream keeps one step queued ahead as plain decoding does
+(Backend.queue_greedy / take_greedy): the step that consumes the token just out is queued
+before the host waits for that token, so the proposer's and the stream's host work overlap the
+GPU's. Without that, each such pass would wait for the GPU and then the GPU for the host: on
+the real 0.5B's plain completions, where most passes propose nothing, that cost 10 % of the
+tokens per second. A proposal that comes while a step is queued is checked at its first token
+by that step's own choice: a miss costs no pass at all, a hit goes on with a verify pass from
+there (`_greedy_step`).
+
 Every token is yielded one at a time, so generate() stops on stop ids, on stop strings and at
 max_new_tokens exactly as with plain decoding; the budget (max_new_tokens capped by the
 context) bounds k, so no verify pass runs a position plain decoding would not. When the
@@ -44,10 +54,13 @@ class SpeculationStats:
     Attributes:
         proposer: the proposer's name.
         proposed: tokens proposed, over every verify pass.
-        accepted: proposed tokens the acceptance rule kept.
+        accepted: proposed tokens the acceptance rule kept (greedy: the target chose them),
+            a first proposal checked by a queued decode step's own choice included.
         verify_passes: target passes after the prefill (a pass with nothing proposed is one
             decode step, and counts).
-        pass_tokens: tokens those passes produced (accepted proposals + the target's own).
+        pass_tokens: tokens those passes produced: each pass's accepted proposals and its own
+            token, where a queued decode step's choice that matched the first proposal counts
+            once (so pass_tokens ≤ accepted + verify_passes).
     """
 
     proposer: str
@@ -149,6 +162,7 @@ def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: Samp
         tok, _ = choose(_penalized(logits, seq, params), params, 0)
     seq.append(tok)
     held = len(seq) - 1                 # positions the cache holds: every token but the last
+    queued = 0                          # greedy steps queued, their choice not taken (0 … 2)
     try:
         yield tok
         while len(seq) - len(prompt_ids) < budget:
@@ -158,22 +172,65 @@ def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: Samp
                 drafts, q = proposer.propose(seq, k, params, n) if k > 0 else ([], None)
                 drafts = [int(d) for d in drafts[:k]]
             with phase("decode"):
-                out = (_accept_greedy(backend.verify_greedy([seq[-1], *drafts]), drafts) if ids_only
-                       else _accept(backend.verify([seq[-1], *drafts]), drafts, q, seq, params, n))
-                held += 1 + len(drafts)
-                keep = len(seq) + len(out) - 1
+                if not ids_only:
+                    out = _accept(backend.verify([seq[-1], *drafts]), drafts, q, seq, params, n)
+                    passes, accepted = 1, len(out) - 1
+                    held += 1 + len(drafts)
+                elif drafts and not queued:
+                    out = _accept_greedy(backend.verify_greedy([seq[-1], *drafts]), drafts)
+                    passes, accepted = 1, len(out) - 1
+                    held += 1 + len(drafts)
+                else:
+                    out, passes, accepted, held, queued = _greedy_step(backend, seq, drafts, n + 1 < budget,
+                                                                       held, queued)
+                # Every token out but the last has its position; the last too when a queued
+                # step consumes it.
+                keep = len(seq) + len(out) - 1 + queued
                 if keep < held:
                     backend.rollback(keep)
                     held = keep
-            stats.verify_passes += 1
+            stats.verify_passes += passes
             stats.proposed += len(drafts)
-            stats.accepted += len(out) - 1
+            stats.accepted += accepted
             stats.pass_tokens += len(out)
             for t in out:
                 seq.append(t)
                 yield t
     except GeneratorExit:
         # Closed inside a pass: keep what plain decoding would hold (module doc).
+        for _ in range(queued):
+            backend.take_greedy()
         if held > len(seq) - 1:
             backend.rollback(len(seq) - 1)
         raise
+
+
+def _greedy_step(backend, seq: list[int], drafts: list[int], more: bool, held: int,
+                 queued: int) -> tuple[list[int], int, int, int, int]:
+    """Greedy speculation's decode steps with one step of lookahead (Backend.queue_greedy).
+
+    While nothing is proposed the stream decodes as plain decoding does: the step that consumes
+    the next token is queued before the host waits for it (`more`: the budget has room for
+    one), so the proposer's work on the token just out overlaps the GPU's on the next. When
+    `drafts` come while a step is queued (`queued`: it consumes seq[-1]), that step's choice is
+    the check of drafts[0]: on a miss the proposal cost nothing; on a hit, one verify pass of
+    [drafts[0], drafts[1:]] goes on from there. Either way nothing stays queued afterwards, and
+    the next pass starts from the host's token.
+
+    Returns:
+        (tokens out, passes run, proposals accepted, positions the cache holds, steps queued).
+    """
+    if not queued:
+        backend.queue_greedy(seq[-1])
+        held, queued = held + 1, 1
+    if not drafts:
+        if more:
+            backend.queue_greedy(None)            # consumes the choice taken below
+            held, queued = held + 1, queued + 1
+        t = backend.take_greedy()
+        return [t], 1, 0, held, queued - 1
+    t = backend.take_greedy()
+    if t != drafts[0] or len(drafts) == 1:
+        return [t], 1, int(t == drafts[0]), held, 0
+    rest = _accept_greedy(backend.verify_greedy([t, *drafts[1:]]), drafts[1:])
+    return [t, *rest], 2, len(rest), held + len(drafts), 0

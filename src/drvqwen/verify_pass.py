@@ -102,6 +102,11 @@ class VerifyPass:
             False launches it eagerly.
         fallback: on a capture failure, warn (RuntimeWarning) and run eagerly from then on,
             instead of raising GraphCaptureError.
+        prenorm: the layers' RMSNorms as launches of their own (plan_verify's prenorm; the
+            default), or False: inside the T-token GEMVs, as the decode step's. The same rows
+            either way. On the H200 a pass of 8 tokens cost 1.25 decode steps of the 7B with
+            prenorm against 1.56 without (0.5B: 1.29 against 1.96; tools/bench_verify.py
+            --fused, docs/bench): fused, every block of a GEMV normalises all T rows itself.
     Attributes:
         buf: name → DeviceArray [16, …] of the pass's own buffers (each T uses the first T rows).
         mode: "graph" or "eager" (graphs=False, or after a capture failure).
@@ -113,7 +118,7 @@ class VerifyPass:
     """
 
     def __init__(self, decode_step: DecodeStep, occupancy: Occupancy | None = None, *, graphs: bool = False,
-                 fallback: bool = True):
+                 fallback: bool = True, prenorm: bool = True):
         if not matches_decode(decode_step.plan):
             raise DrvqwenError(f"the verify pass runs the INT4 model with attention={VERIFY_ATTENTION[0]!r} "
                                f"launch by launch; this decode step has attention={decode_step.plan.attention!r}"
@@ -121,6 +126,7 @@ class VerifyPass:
                                f"{', the persistent kernel' if decode_step.plan.persistent else ''}")
         self.decode_step = decode_step
         self.occupancy = occupancy
+        self.prenorm = prenorm
         self._plans: dict[int, VerifyPlan] = {}
         self._lists: dict[int, LaunchList] = {}
         self.mode = "graph" if graphs else "eager"
@@ -140,7 +146,7 @@ class VerifyPass:
         if n_tokens not in self._plans:
             step = self.decode_step
             self._plans[n_tokens] = plan_verify(step.config, step.max_context, n_tokens, occupancy=self.occupancy,
-                                                text_vocab=step.text_vocab)
+                                                text_vocab=step.text_vocab, prenorm=self.prenorm)
         return self._plans[n_tokens]
 
     def resolve(self, spec):

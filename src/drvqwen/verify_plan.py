@@ -21,8 +21,9 @@ it as it is.
 
 Why each position matches the decode step bit for bit:
 - every launch has the block of the decode step's counterpart and its grid per token: the
-  GEMVs and lm_head the same grid (the T-token kernels run every token's FMA chain in the
-  single-token order), attention (S, Hkv, T) and (Hq, T), the embedding (ceil(D/2048), T), the
+  GEMVs and lm_head the same grid (token j is column j of the single-token kernels' MMA chains,
+  in their order), attention (S, Hkv) — its warps share out the (token, split) pairs, each
+  the single-token split at that token's length — and (Hq, T), the embedding (ceil(D/2048), T), the
   norm and argmax (T): one block per token where the decode step has one block.
 - embedding_rows and embedding run the same embedding_row (kernels/embedding.cu) — an exact
   FP16 → FP32 conversion — on ids[j] instead of state[1].
@@ -75,7 +76,7 @@ class VerifyPlan(DecodePlan):
 
 
 def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occupancy: Occupancy | None = None,
-                text_vocab: int | None = None, attention: str = "plain") -> VerifyPlan:
+                text_vocab: int | None = None, attention: str = "plain", prenorm: bool = True) -> VerifyPlan:
     """Plan the verify pass of `cfg` for `n_tokens` tokens (module doc): every launch, its grid and
     its buffers, for the INT4 model in the default formats.
 
@@ -88,6 +89,9 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
             grids are its.
         text_vocab: as plan_decode's (the lm_head rows from it get −inf).
         attention: "plain" (the only kernel with T-token kernels).
+        prenorm: each layer's two RMSNorms as launches of their own over the T rows, the GEMVs
+            after them reading the normalised rows (layer_plan: the same bits, other launches;
+            the default, as VerifyPass's), or False: inside the GEMVs, as the decode step's.
     Raises:
         DrvqwenError: n_tokens outside 1..16, another attention kernel, or plan_decode's errors.
         LaunchError: a shape the T-token kernels do not run (e.g. T tokens' x past a block's
@@ -121,7 +125,7 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
         attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part, n_heads=Hq,
                                n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S, n_tokens=T)
         steps += int4_layer_steps(cfg, l, LayerWeights.of(weights.__getitem__, l), a, (k_l, v_l), attn,
-                                  gemv=gemv, n_tokens=T)
+                                  gemv=gemv, n_tokens=T, prenorm=prenorm)
     lm = LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"], vocab_size=V, dim=D,
                 text_vocab=text_vocab, n_tokens=T)
     steps += [

@@ -16,9 +16,10 @@ pages; each writes a partial result that attention_combine merges:
 `n_tokens=T` (T ≤ 16) plans the verify pass of speculative decoding: the `…_tokens` kernels, q,
 out and the partials [T, …], token j the query at position state[0] + j over the first
 state[2] + j keys (causal inside the chunk), each token's output bit for bit the single-token
-kernels' at that length (attention_decode.cu, "T tokens"). Such a launch has the single-token
-launch's grid and block per token (grid (S, Hkv, T) and (Hq, T)): NS, the one launch parameter
-in the arithmetic, is the same.
+kernels' at that length (attention_decode.cu, "T tokens"). The splits run on the single-token
+launch's grid (S, Hkv), whose warps share out the (token, split) pairs that hold pages, and the
+combine once per token (grid (Hq, T)): NS, the one launch parameter in the arithmetic, is the
+same.
 
 The attention kernels call griddepcontrol.wait first, but the decode step launches them
 without programmatic dependent launch: measured on the H200 (synthetic 7B, `drvqwen bench`
@@ -144,12 +145,14 @@ class AttentionDecode(Launcher):
         check_state(state)
         self.n_splits = blocks_per_kv_head * WARPS
         self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
-        # T tokens: the single-token grid once per token (grid.z), so the same NS per token.
-        kernel, grid = ((f"attention_decode_hd{head_dim}", (blocks_per_kv_head, n_kv_heads)) if n_tokens is None else
-                        (f"attention_decode_tokens_hd{head_dim}", (blocks_per_kv_head, n_kv_heads, t)))
-        self._add(KernelRef("attention_decode", kernel), grid,
-                  (32 * WARPS,), dict(partial_args(partials), q=q, k_cache=k_cache, v_cache=v_cache,
-                                      block_table=block_table, state=state, Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
+        # T tokens: the single-token grid, the same NS per token; its warps share out the
+        # (token, split) pairs that hold pages (attention_decode.cu, the tokens kernels' schedule).
+        args = dict(partial_args(partials), q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                    state=state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
+        kernel = f"attention_decode_hd{head_dim}"
+        if n_tokens is not None:
+            kernel, args["n_tokens"] = f"attention_decode_tokens_hd{head_dim}", i32(t)
+        self._add(KernelRef("attention_decode", kernel), (blocks_per_kv_head, n_kv_heads), (32 * WARPS,), args,
                   reads=(q, k_cache, v_cache, block_table, state), writes=partials)
         combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim,
                        n_tokens=n_tokens)

@@ -183,9 +183,10 @@ class _GemvInt4Launcher(Launcher):
 
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes,
                     occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple,
-                    n_tokens: int | None = None, x_staged: bool = True) -> None:
+                    n_tokens: int | None = None, x_staged: bool = True, tokens_kernel: str | None = None) -> None:
         """Plan `kernel` (n_tokens None) or its `…_tokens` twin for n_tokens tokens (args then get
-        n_tokens), in the launch shape of `kernel`: the same grid and W, so the same sums."""
+        n_tokens; `tokens_kernel` names another twin, e.g. the …_x_tokens ones), in the launch shape
+        of `kernel`: the same grid and W, so the same sums."""
         require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
         occ = occupancy or DEFAULT_OCCUPANCY
@@ -196,7 +197,7 @@ class _GemvInt4Launcher(Launcher):
             smem = gemv_tokens_smem_bytes(k, -(-n_tiles // grid), threads // 32, mt, n_tokens, x_staged)
             require(smem <= MAX_DYNAMIC_SMEM_BYTES, f"{kernel}_tokens: {n_tokens} tokens at K={k} need {smem} B of "
                                                     f"shared memory per block, more than {MAX_DYNAMIC_SMEM_BYTES}")
-            ref = _kernel(f"{kernel}_tokens", tuple(defines) + tokens_defines(n_tokens))
+            ref = _kernel(tokens_kernel or f"{kernel}_tokens", tuple(defines) + tokens_defines(n_tokens))
             args = dict(args, n_tokens=i32(n_tokens))
         self._add(ref, (grid,), (threads,), args, smem_bytes=smem, reads=reads, writes=writes,
                   bytes_moved=self.bytes_moved)
@@ -235,6 +236,8 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
     n_tokens=T: T tokens at positions state[0] + j (gemv_int4_qkv_rope_tokens), residual fp32
     [T, D] and q_out fp16 [T, Hq·Dh]; token j's K/V go to the slot of position state[0] + j, its
     page from block_table (entries of a page the chunk opens set before the launch).
+    x_normed (with n_tokens): fp16 [T, D], the rows already normalised by an rmsnorm launch
+    (gemv_int4_qkv_rope_x_tokens, the same outputs): residual and norm_weight are then not read.
 
     Raises:
         LaunchError: Dh not a multiple of 16, D not a multiple of 128, T outside 1..16, a buffer of
@@ -245,9 +248,10 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
                  v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, *, n_heads: int,
                  n_kv_heads: int, head_dim: int, dim: int, eps: float, stream: Stream | None = None,
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
-                 defines: tuple = (), n_tokens: int | None = None):
+                 defines: tuple = (), n_tokens: int | None = None, x_normed=None):
         super().__init__(stream)
         nt = token_count(n_tokens)
+        require(x_normed is None or n_tokens is not None, "gemv_int4_qkv_rope: x_normed needs n_tokens")
         check_qkv_rope_outputs("gemv_int4_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, nt)
         nq, nkv, k = n_heads * head_dim, n_kv_heads * head_dim, dim
         check_buffer(residual, "residual", nt * k, np.float32)
@@ -262,16 +266,22 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
         check_state(state)
         n = nq + 2 * nkv
         self.bytes_moved = int4_bytes(n, k) + 2 * k + nt * (4 * k + 2 * n) + 2 * n
-        self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1,
-                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, residual=residual, norm_w=norm_weight,
-                              q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
-                              v_qweight=v_qweight, v_scales=v_scales, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
-                              inv_freq=inv_freq, state=state, block_table=block_table, Hq=i32(n_heads),
-                              Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k), eps=f32(eps)),
-                         reads=(residual, norm_weight, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
+        weights = dict(q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
+                       v_qweight=v_qweight, v_scales=v_scales, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
+                       inv_freq=inv_freq, state=state, block_table=block_table, Hq=i32(n_heads),
+                       Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k))
+        outs = dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache)
+        if x_normed is None:
+            args, xin = dict(outs, residual=residual, norm_w=norm_weight, **weights, eps=f32(eps)), (residual, norm_weight)
+        else:
+            check_buffer(x_normed, "x_normed", nt * k, np.float16)
+            args, xin = dict(outs, x=x_normed, **weights), (x_normed,)
+        self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1, args,
+                         reads=(*xin, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                                 q_bias, k_bias, v_bias, inv_freq, state, block_table),
                          writes=(q_out, k_cache, v_cache), occupancy=occupancy, warps=warps, blocks=blocks,
-                         defines=defines, n_tokens=n_tokens)
+                         defines=defines, n_tokens=n_tokens,
+                         tokens_kernel=None if x_normed is None else "gemv_int4_qkv_rope_x_tokens")
 
 
 class GemvInt4Residual(_GemvInt4Launcher):
@@ -304,7 +314,8 @@ class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
     (post_attention_layernorm): the norm, gate_proj, up_proj and SwiGLU in one launch.
 
     n_tokens=T: h fp16 [T, F] from residual fp32 [T, D], each token's row normalised on its own
-    (gemv_int4_gate_up_swiglu_tokens).
+    (gemv_int4_gate_up_swiglu_tokens); or, with x_normed fp16 [T, D], from rows normalised by an
+    rmsnorm launch before (gemv_int4_gate_up_swiglu_x_tokens, the same h).
 
     Raises:
         LaunchError: D not a multiple of 128, T outside 1..16, a buffer of the wrong size or dtype,
@@ -314,18 +325,24 @@ class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
     def __init__(self, h, residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales, *, f: int,
                  k: int, eps: float, stream: Stream | None = None, occupancy: Occupancy | None = None,
                  warps: int | None = None, blocks: int | None = None, defines: tuple = (),
-                 n_tokens: int | None = None):
+                 n_tokens: int | None = None, x_normed=None):
         super().__init__(stream)
         nt = token_count(n_tokens)
+        require(x_normed is None or n_tokens is not None, "gemv_int4_gate_up_swiglu: x_normed needs n_tokens")
         check_buffer(h, "h", nt * f, np.float16)
         check_buffer(residual, "residual", nt * k, np.float32)
         check_buffer(norm_weight, "norm_weight", k, np.float16)
         _check_int4(gate_qweight, gate_scales, "gate_proj", f, k)
         _check_int4(up_qweight, up_scales, "up_proj", f, k)
         self.bytes_moved = 2 * int4_bytes(f, k) + 2 * k + nt * (4 * k + 2 * f)
-        self._build_gemv("gemv_int4_gate_up_swiglu", tiles(f), k, 2,
-                         dict(h=h, residual=residual, norm_w=norm_weight, gate_qweight=gate_qweight,
-                              gate_scales=gate_scales, up_qweight=up_qweight, up_scales=up_scales, F=i32(f), K=i32(k),
-                              eps=f32(eps)),
-                         reads=(residual, norm_weight, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
-                         occupancy=occupancy, warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens)
+        weights = dict(gate_qweight=gate_qweight, gate_scales=gate_scales, up_qweight=up_qweight,
+                       up_scales=up_scales, F=i32(f), K=i32(k))
+        if x_normed is None:
+            args, xin = dict(h=h, residual=residual, norm_w=norm_weight, **weights, eps=f32(eps)), (residual, norm_weight)
+        else:
+            check_buffer(x_normed, "x_normed", nt * k, np.float16)
+            args, xin = dict(h=h, x=x_normed, **weights), (x_normed,)
+        self._build_gemv("gemv_int4_gate_up_swiglu", tiles(f), k, 2, args,
+                         reads=(*xin, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
+                         occupancy=occupancy, warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens,
+                         tokens_kernel=None if x_normed is None else "gemv_int4_gate_up_swiglu_x_tokens")
