@@ -141,3 +141,34 @@ def decode_against(decoder, want_logits: list[np.ndarray]) -> tuple[list[int], l
             mismatched.append(i)
         tokens.append(decoder.next_token())
     return tokens, mismatched
+
+
+class ScriptedProposer:
+    """A speculation proposer that proposes from a known answer (`plain`: what greedy decoding
+    will choose) by a repeating script: nothing, nothing, four right tokens, nothing, a wrong
+    first token, one right token, nothing, one right, three right then a wrong one. So greedy
+    speculation's lookahead (speculative_loop._greedy_step) takes each of its paths: decode
+    steps queued ahead, a proposal arriving while a step is queued (its first token checked by
+    that step: a miss, a hit of one token, a hit with a verify pass after it), and passes from
+    the host's token."""
+
+    name, max_tokens = "scripted", 8
+    SCRIPT = ("none", "none", "four", "none", "wrong", "one", "none", "one", "late-miss")
+
+    def __init__(self, plain: list[int], vocab_size: int):
+        self.plain, self.vocab_size, self.calls = plain, vocab_size, 0
+
+    def propose(self, context, k, params, index):
+        kind = self.SCRIPT[self.calls % len(self.SCRIPT)]
+        self.calls += 1
+        right = list(self.plain[index:index + k])
+        if kind == "none" or not right:
+            return [], None
+        if kind == "wrong":
+            return [(right[0] + 1) % self.vocab_size, *right[1:3]], None
+        if kind in ("one", "four"):
+            return right[:1 if kind == "one" else 4], None
+        return [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right, None
+
+    def close(self) -> None:
+        pass

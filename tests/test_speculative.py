@@ -19,7 +19,7 @@ from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.sampler import SamplingParams
 from drvqwen.speculative import MAX_PROPOSAL, DraftModel, PromptLookup, lookup
 
-from helpers import TINY, byte_tokenizer_json, random_dense, write_model
+from helpers import TINY, ScriptedProposer, byte_tokenizer_json, random_dense, write_model
 
 CTX = 512
 CFG = dataclasses.replace(TINY, max_position=CTX)
@@ -267,38 +267,6 @@ def test_statistics_in_the_summary_and_the_json(models):
     assert RunStats().to_dict(plain)["speculation"] is None and "proposed" not in plain.summary()
 
 
-class _ScriptedLookup:
-    """Proposes from the plain answer (what greedy decoding will choose) by a repeating script
-    of nothing, a wrong first token, one right token, four right, three right then a wrong one
-    — so that every path of the greedy lookahead (speculative_loop._greedy_step) runs: decode
-    steps queued ahead, a proposal arriving while a step is queued (its first token checked by
-    that step: a miss, a hit of one token, a hit with a verify pass after it), and passes from
-    the host's token."""
-
-    name, max_tokens = "scripted", 8
-    SCRIPT = ("none", "none", "four", "none", "wrong", "one", "none", "one", "late-miss")
-
-    def __init__(self, plain: list[int], vocab_size: int):
-        self.plain, self.vocab_size, self.calls = plain, vocab_size, 0
-
-    def propose(self, context, k, params, index):
-        kind = self.SCRIPT[self.calls % len(self.SCRIPT)]
-        self.calls += 1
-        right = list(self.plain[index:index + k])
-        if kind == "none" or not right:
-            return [], None
-        if kind == "wrong":
-            return [(right[0] + 1) % self.vocab_size, *right[1:3]], None
-        if kind == "one":
-            return right[:1], None
-        if kind == "four":
-            return right[:4], None
-        return [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right, None
-
-    def close(self) -> None:
-        pass
-
-
 class _Recording(CPUBackend):
     """A CPUBackend that records the order of its queue_greedy / take_greedy / verify calls."""
 
@@ -327,7 +295,7 @@ class _Recording(CPUBackend):
 
 @pytest.mark.parametrize("stop_at", [None, 46, 47, 78])
 def test_greedy_lookahead_gives_plain_decodings_tokens_and_cache(models, stop_at):
-    """Greedy without a penalty, every path of the lookahead (the scripted proposer): the plain
+    """Greedy without a penalty, every path of the lookahead (helpers.ScriptedProposer): the plain
     tokens and cache, K/V included (the next decode's logits, bit for bit) — also when a stop id
     ends the answer (stop_at: where its first occurrence is, at or after; greedy decoding of
     the unrelated model from this prompt first gives new ids at 46, 47 and 78: so the stop
@@ -341,7 +309,7 @@ def test_greedy_lookahead_gives_plain_decodings_tokens_and_cache(models, stop_at
         kw = {"stop_ids": frozenset({plain_all[at]})}
     plain_b, spec_b = CPUBackend(f, CTX), _Recording(f, CTX)
     plain = generate(plain_b, prompt, 120, GREEDY, **kw)
-    spec = generate(spec_b, prompt, 120, GREEDY, speculation=_ScriptedLookup(plain_all, CFG.vocab_size), **kw)
+    spec = generate(spec_b, prompt, 120, GREEDY, speculation=ScriptedProposer(plain_all, CFG.vocab_size), **kw)
     assert spec.tokens == plain.tokens and spec.stopped_by == plain.stopped_by
     assert spec_b.cached_ids() == plain_b.cached_ids()
     np.testing.assert_array_equal(spec_b.decode(5), plain_b.decode(5))

@@ -34,7 +34,7 @@ from drvqwen.generate import DecodeVerify, generate
 from drvqwen.sampler import argmax
 from drvqwen.kv_cache import n_pages_for
 
-from helpers import TINY, minimal_tokenizer_json
+from helpers import TINY, ScriptedProposer, minimal_tokenizer_json
 
 pytestmark = pytest.mark.gpu
 
@@ -210,26 +210,6 @@ def test_greedy_speculation_gives_plain_decodings_tokens(pair, rng):
     assert 0 < s.accepted < s.proposed and s.verify_passes < len(plain) - 1
 
 
-class GappyOracle(OracleProposer):
-    """OracleProposer by a repeating script: nothing, nothing, four right tokens, nothing, a
-    wrong first one, one right one, nothing, one right, three right then a wrong one — so that
-    greedy speculation's lookahead (speculative_loop._greedy_step) takes each of its paths."""
-
-    SCRIPT = ("none", "none", "four", "none", "wrong", "one", "none", "one", "late-miss")
-
-    def propose(self, context, k, params, index):
-        kind = self.SCRIPT[self.passes % len(self.SCRIPT)]
-        self.passes += 1
-        right = list(self.plain[index:index + k])
-        if kind == "none" or not right:
-            return [], None
-        if kind == "wrong":
-            return [(right[0] + 1) % self.vocab_size, *right[1:3]], None
-        if kind in ("one", "four"):
-            return right[:1 if kind == "one" else 4], None
-        return [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right, None
-
-
 def test_queued_greedy_steps_are_the_decode_steps(pair, rng):
     """queue_greedy / take_greedy (the decode graph, its choice through the host ring): steps
     queued two deep, each consuming the one before's choice on the GPU, across a page boundary
@@ -261,7 +241,7 @@ def test_queued_greedy_steps_are_the_decode_steps(pair, rng):
 
 
 def test_greedy_lookahead_speculation_gives_plain_tokens(pair, rng):
-    """generate() with the gappy oracle: decode steps queued ahead while nothing is proposed,
+    """generate() with helpers.ScriptedProposer: decode steps queued ahead while nothing is proposed,
     proposals checked by a queued step, passes after it and from the host's token — plain
     decoding's tokens and cache, also when a stop id ends the answer."""
     a, _b = pair
@@ -269,7 +249,7 @@ def test_greedy_lookahead_speculation_gives_plain_tokens(pair, rng):
     prompt = rng.integers(0, V, 40).tolist()
     plain = generate(a, prompt, 80, ignore_stop=True).tokens
     plain_cache = a.cached_ids()
-    spec = generate(a, prompt, 80, ignore_stop=True, speculation=GappyOracle(plain, V))
+    spec = generate(a, prompt, 80, ignore_stop=True, speculation=ScriptedProposer(plain, V))
     assert spec.tokens == plain and a.cached_ids() == plain_cache
     s = spec.speculation
     print(f"\n{s.summary()}")
@@ -278,7 +258,7 @@ def test_greedy_lookahead_speculation_gives_plain_tokens(pair, rng):
         stop = frozenset({plain[at]})
         p = generate(a, prompt, 80, stop_ids=stop)
         p_cache = a.cached_ids()
-        q = generate(a, prompt, 80, stop_ids=stop, speculation=GappyOracle(plain, V))
+        q = generate(a, prompt, 80, stop_ids=stop, speculation=ScriptedProposer(plain, V))
         assert q.tokens == p.tokens and a.cached_ids() == p_cache
 
 
