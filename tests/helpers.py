@@ -157,18 +157,25 @@ class ScriptedProposer:
 
     def __init__(self, plain: list[int], vocab_size: int):
         self.plain, self.vocab_size, self.calls = plain, vocab_size, 0
+        # What a correct speculation loop must count: tokens proposed, and of those the ones
+        # greedy decoding chooses (each proposal's longest prefix that agrees with `plain`).
+        self.proposed = self.right = 0
 
     def propose(self, context, k, params, index):
         kind = self.SCRIPT[self.calls % len(self.SCRIPT)]
         self.calls += 1
         right = list(self.plain[index:index + k])
         if kind == "none" or not right:
-            return [], None
-        if kind == "wrong":
-            return [(right[0] + 1) % self.vocab_size, *right[1:3]], None
-        if kind in ("one", "four"):
-            return right[:1 if kind == "one" else 4], None
-        return [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right, None
+            out = []
+        elif kind == "wrong":
+            out = [(right[0] + 1) % self.vocab_size, *right[1:3]]
+        elif kind in ("one", "four"):
+            out = right[:1 if kind == "one" else 4]
+        else:
+            out = [*right[:3], (right[3] + 1) % self.vocab_size] if len(right) > 3 else right
+        self.proposed += len(out)
+        self.right += next((i for i, (x, y) in enumerate(zip(out, right)) if x != y), len(out))
+        return out, None
 
     def close(self) -> None:
         pass

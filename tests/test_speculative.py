@@ -309,7 +309,8 @@ def test_greedy_lookahead_gives_plain_decodings_tokens_and_cache(models, stop_at
         kw = {"stop_ids": frozenset({plain_all[at]})}
     plain_b, spec_b = CPUBackend(f, CTX), _Recording(f, CTX)
     plain = generate(plain_b, prompt, 120, GREEDY, **kw)
-    spec = generate(spec_b, prompt, 120, GREEDY, speculation=ScriptedProposer(plain_all, CFG.vocab_size), **kw)
+    proposer = ScriptedProposer(plain_all, CFG.vocab_size)
+    spec = generate(spec_b, prompt, 120, GREEDY, speculation=proposer, **kw)
     assert spec.tokens == plain.tokens and spec.stopped_by == plain.stopped_by
     assert spec_b.cached_ids() == plain_b.cached_ids()
     np.testing.assert_array_equal(spec_b.decode(5), plain_b.decode(5))
@@ -321,6 +322,7 @@ def test_greedy_lookahead_gives_plain_decodings_tokens_and_cache(models, stop_at
     assert "verify1" not in calls            # one token is a queued step, never a pass
     s = spec.speculation
     assert 0 < s.accepted < s.proposed
+    assert (s.proposed, s.accepted) == (proposer.proposed, proposer.right)
     assert s.verify_passes <= s.pass_tokens < s.accepted + s.verify_passes
     # Every step taken and every pass counts — but for a step queued ahead of a token the
     # consumer stopped at, taken only to empty the queue; at the budget's end none is queued.
@@ -343,3 +345,62 @@ def test_queue_greedy_needs_a_queued_step_to_follow(models):
     first, second = b.take_greedy(), b.take_greedy()
     assert [first] == c.verify_greedy([7]) and [second] == c.verify_greedy([first])
     assert b.cached_ids() == c.cached_ids()
+
+
+class _Silent:
+    """Proposes nothing, ever: every pass is a decode step queued ahead."""
+
+    name, max_tokens = "silent", 8
+
+    def propose(self, context, k, params, index):
+        return [], None
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("n", [1, 2, 37])
+def test_nothing_proposed_runs_plain_decoding_queued_ahead_to_the_budget(models, n):
+    """Nothing proposed: one step queued ahead of each take, none past the budget (the last
+    token's step is not queued), the plain tokens and cache."""
+    f = models["other"]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 256, 40)]
+    plain_b, spec_b = CPUBackend(f, CTX), _Recording(f, CTX)
+    plain = generate(plain_b, prompt, n, GREEDY, ignore_stop=True)
+    spec = generate(spec_b, prompt, n, GREEDY, ignore_stop=True, speculation=_Silent())
+    assert spec.tokens == plain.tokens and spec_b.cached_ids() == plain_b.cached_ids()
+    assert spec_b.calls == (["queue", "queue-ahead", "take"] + ["queue-ahead", "take"] * (n - 3) + ["take"]
+                            if n > 2 else ["queue", "take"] * (n - 1))
+    assert spec.speculation.verify_passes == spec.speculation.pass_tokens == n - 1
+
+
+def test_an_exception_with_a_step_queued_leaves_nothing_for_the_next_generation(models):
+    """A stream that ends by an exception other than its closing (Ctrl-C in a chat) with a
+    choice still queued: the next generation — a chat's next turn reuses the cache — gives what
+    a fresh backend gives."""
+    f = models["other"]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 256, 40)]
+
+    class Interrupted(CPUBackend):
+        ahead = 0
+
+        def queue_greedy(self, token=None):
+            if token is None:
+                self.ahead += 1
+                if self.ahead == 5:           # a choice is queued, not taken: interrupted here
+                    raise KeyboardInterrupt
+            return super().queue_greedy(token)
+
+    b = Interrupted(f, CTX)
+    with pytest.raises(KeyboardInterrupt):
+        generate(b, prompt, 60, GREEDY, ignore_stop=True, speculation=_Silent())
+    stale = list(b.__dict__.get("_greedy_queue", ()))
+    assert stale                                 # the state the next generation must not see
+    # A next turn whose second token is not the stale choice, so taking that choice shows.
+    fresh = CPUBackend(f, CTX)
+    rng = np.random.default_rng(5)
+    turns = [[int(t) for t in rng.integers(0, 256, 30)] for _ in range(6)]
+    want = {i: generate(fresh, nxt, 20, GREEDY, ignore_stop=True).tokens for i, nxt in enumerate(turns)}
+    i = next(i for i in want if want[i][1] != stale[0])
+    again = generate(b, turns[i], 20, GREEDY, ignore_stop=True, speculation=_Silent(), reuse=True)
+    assert again.tokens == want[i]

@@ -241,25 +241,37 @@ def test_queued_greedy_steps_are_the_decode_steps(pair, rng):
 
 
 def test_greedy_lookahead_speculation_gives_plain_tokens(pair, rng):
-    """generate() with helpers.ScriptedProposer: decode steps queued ahead while nothing is proposed,
-    proposals checked by a queued step, passes after it and from the host's token — plain
-    decoding's tokens and cache, also when a stop id ends the answer."""
+    """generate() with helpers.ScriptedProposer: decode steps queued ahead while nothing is
+    proposed, proposals checked by a queued step, passes after it and from the host's token —
+    plain decoding's tokens and cache. Then the stream closed after each count of tokens from
+    24 to 33 (after tokens out of queued steps and of passes: the script's period is 9 passes):
+    the cache holds every token out but the last, where the plain stream holds the last too
+    (the step it had queued ahead consumes it)."""
+    from drvqwen.sampler import SamplingParams
+    from drvqwen.speculative_loop import SpeculationStats, speculative_tokens
+
     a, _b = pair
     V = a.config.vocab_size
     prompt = rng.integers(0, V, 40).tolist()
     plain = generate(a, prompt, 80, ignore_stop=True).tokens
     plain_cache = a.cached_ids()
-    spec = generate(a, prompt, 80, ignore_stop=True, speculation=ScriptedProposer(plain, V))
+    proposer = ScriptedProposer(plain, V)
+    spec = generate(a, prompt, 80, ignore_stop=True, speculation=proposer)
     assert spec.tokens == plain and a.cached_ids() == plain_cache
     s = spec.speculation
     print(f"\n{s.summary()}")
     assert 0 < s.accepted < s.proposed and s.verify_passes < len(plain) - 1
-    for at in (30, 31, 32):                      # a stop inside the answer, wherever it falls
-        stop = frozenset({plain[at]})
-        p = generate(a, prompt, 80, stop_ids=stop)
-        p_cache = a.cached_ids()
-        q = generate(a, prompt, 80, stop_ids=stop, speculation=ScriptedProposer(plain, V))
-        assert q.tokens == p.tokens and a.cached_ids() == p_cache
+    assert (s.proposed, s.accepted) == (proposer.proposed, proposer.right)
+    for at in range(24, 34):
+        stream = speculative_tokens(a, prompt, 80, SamplingParams(), ScriptedProposer(plain, V),
+                                    SpeculationStats("scripted"))
+        got = [t for _i, t in zip(range(at), stream)]
+        stream.close()
+        assert got == plain[:at] and a.cached_ids() == prompt + plain[:at - 1], at
+        stream = a.token_stream(prompt, 80)
+        assert [t for _i, t in zip(range(at), stream)] == plain[:at]
+        stream.close()
+        assert a.cached_ids() == prompt + plain[:at], at
 
 
 @pytest.mark.parametrize("name", ["0.5b", "7b"])

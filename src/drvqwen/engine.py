@@ -401,6 +401,7 @@ class GPUBackend(DecodeVerify):
             self.decode_step.sync()
             self._queued.clear()
             self._cached = []
+        self.drop_greedy_queue()          # DecodeVerify's, where there is no verify pass
         n = reused_prefix(self._cached, ids) if reuse else 0
         self._cached = ids[:n]                     # all the cache is known to hold until it ran
         self.last_reused = n
@@ -452,13 +453,13 @@ class GPUBackend(DecodeVerify):
         """
         if self.verify_pass is None or not 1 <= len(tokens) <= MAX_VERIFY_TOKENS:
             return DecodeVerify.verify_greedy(self, tokens)
+        self._check_nothing_queued("verify_greedy")
         if len(tokens) == 1:
             # One token is one decode step: its graph with a 4-byte read-back costs less than
             # the one-token verify pass (the same logits bit for bit: verify_pass.py), which
             # launches lists of its own.
             self.queue_greedy(int(tokens[0]))
             return [self.take_greedy()]
-        self._check_nothing_queued("verify_greedy")
         ids = self.verify_pass.run(tokens, ids_only=True)
         self._cached.extend(int(t) for t in tokens)
         return [int(t) for t in ids]
@@ -557,6 +558,7 @@ class GPUBackend(DecodeVerify):
         self.decode_step.seq.reset()
         self._cached = []
         self._queued.clear()
+        self.drop_greedy_queue()          # DecodeVerify's, where there is no verify pass
 
     def close(self) -> None:
         """Release everything on the GPU (weights, cache, activations) and the host ring."""

@@ -190,6 +190,13 @@ class DecodeVerify:
             raise RuntimeError("take_greedy() with no step queued")
         return queued.popleft()
 
+    def drop_greedy_queue(self) -> None:
+        """Forget choices queued and never taken — a stream that ended by an exception (Ctrl-C)
+        leaves them — so that the next generation's first take_greedy is its own step's. The
+        steps themselves ran at once: their K/V are in the cache like any decode's. Prefill and
+        reset call it."""
+        self.__dict__.pop("_greedy_queue", None)
+
 
 def check_rollback(n_positions: int, cached: int) -> None:
     """Raise DrvqwenError unless 0 <= n_positions <= cached (`Backend.rollback`)."""
@@ -319,6 +326,7 @@ class CPUBackend(HostSampling, DecodeVerify):
             the rest; `last_reused` says how many were kept. False: start from position 0.
         """
         ids = list(ids)
+        self.drop_greedy_queue()
         n = reused_prefix(self._cached, ids) if reuse else 0
         self.model.cache.truncate(n)     # the rest rolled back, its pages to the free list
         self.last_reused = n
@@ -363,6 +371,7 @@ class CPUBackend(HostSampling, DecodeVerify):
     def reset(self) -> None:
         self.model.reset()
         self._cached = []
+        self.drop_greedy_queue()
 
     def close(self) -> None:
         """Drop the dequantized weights and the KV cache (the memory goes back at once)."""

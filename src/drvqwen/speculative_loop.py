@@ -25,9 +25,11 @@ there (`_greedy_step`).
 Every token is yielded one at a time, so generate() stops on stop ids, on stop strings and at
 max_new_tokens exactly as with plain decoding; the budget (max_new_tokens capped by the
 context) bounds k, so no verify pass runs a position plain decoding would not. When the
-consumer closes the stream inside a pass, the positions after the last token it took are rolled
-back too: the cache then holds what plain decoding would have left (`cached_ids()`, which
-`reuse` compares with the next prompt).
+consumer closes the stream, the positions after the last token it took are rolled back (a step
+queued ahead and a pass's rejected positions alike): the cache then holds every token out but
+the last (`cached_ids()`, which `reuse` compares with the next prompt) — what the CPU's plain
+decoding leaves; the GPU's plain stream holds the last one too, consumed by the step it had
+queued ahead.
 
 With a verify pass made of plain decode steps (generate.DecodeVerify: the CPU, per-tensor
 formats) this is as slow as plain decoding plus the proposer; the gain comes from a backend whose
@@ -162,7 +164,7 @@ def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: Samp
         tok, _ = choose(_penalized(logits, seq, params), params, 0)
     seq.append(tok)
     held = len(seq) - 1                 # positions the cache holds: every token but the last
-    queued = 0                          # greedy steps queued, their choice not taken (0 … 2)
+    queued = 0                          # greedy steps queued, their choice not taken (0 or 1 here)
     try:
         yield tok
         while len(seq) - len(prompt_ids) < budget:
@@ -197,7 +199,7 @@ def speculative_tokens(backend, prompt_ids: list[int], budget: int, params: Samp
                 seq.append(t)
                 yield t
     except GeneratorExit:
-        # Closed inside a pass: keep what plain decoding would hold (module doc).
+        # Closed: every token out but the last keeps its position (module doc).
         for _ in range(queued):
             backend.take_greedy()
         if held > len(seq) - 1:
