@@ -83,6 +83,7 @@
 #include "ldst.cuh"            // l2_evict_normal_policy
 #include "int4_matmul.cuh"     // INT4_TILE_ROWS, swiglu_f16
 #include "gemm_epilogue.cuh"   // GEMM_BM, gemm_each_token, GemmResidualAdd
+#include "gemm_split_k.cuh"    // GemmSplitK, gemm_unit, gemm_split_k_reduce
 #include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_dequant_pairs, wf_known, WF_DISPATCH
 
 #define GW_CONSUMER_WARPS 8
@@ -123,33 +124,49 @@ struct GwRaw {
 
 // The producer warpgroup: thread p dequantizes row p of every tile into the ring, thread 0
 // also copies X by TMA. row_of(rb, p) → GwRow. Stage `it` of tile `tile`, group `grp`.
+// A position in the block's sequence of stages: unit u (gemm_split_k.cuh), group grp of it.
+struct GwStage {
+    int u;
+    GemmUnit un;
+    int grp;
+};
+
 template <int F, typename RowOf>
 __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned char* smem, u64* full, u64* empty,
-                                            int token_blocks, int n_tiles, int n_groups, int K, RowOf row_of) {
+                                            int token_blocks, int n_units, int n_groups, int splits, int K,
+                                            RowOf row_of) {
     const int p = threadIdx.x - GW_CONSUMER_WARPS * WARP_SIZE;
     const u64 policy = l2_evict_normal_policy();  // re-read by the other token blocks' tiles
     if (p == 0) tma_prefetch_map(&x_map);
-    // The block's stages as one sequence (tile-major, then group), so the loads of the next one
-    // are in flight while this one is dequantized, across tile boundaries too.
-    const int my_tiles = (n_tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-    const int total = my_tiles * n_groups;
-    auto load = [&](int job, GwRaw& raw) {
-        const int tile = (int)blockIdx.x + (job / n_groups) * (int)gridDim.x, grp = job % n_groups;
-        const GwRow r = row_of(tile / token_blocks, p);
-#pragma unroll
-        for (int j = 0; j < GW_CHUNKS; ++j) raw.c[j] = wf_load<F>(r.w, r.row, grp * GW_CHUNKS + j, K, policy);
+    // The block's stages as one sequence (unit-major, then group), so the loads of the next one
+    // are in flight while this one is dequantized, across unit boundaries too.
+    auto first = [&](int u) {
+        GwStage c;
+        c.u = u;
+        c.un = gemm_unit(u, token_blocks, n_groups, splits);
+        c.grp = c.un.g0;
+        return c;
     };
+    auto advance = [&](GwStage& c) {  // c.u ≥ n_units: past the block's last stage
+        if (++c.grp == c.un.g1 && (c.u += (int)gridDim.x) < n_units) c = first(c.u);
+    };
+    auto load = [&](const GwStage& c, GwRaw& raw) {
+        const GwRow r = row_of(c.un.rb, p);
+#pragma unroll
+        for (int j = 0; j < GW_CHUNKS; ++j) raw.c[j] = wf_load<F>(r.w, r.row, c.grp * GW_CHUNKS + j, K, policy);
+    };
+    GwStage at = first((int)blockIdx.x), ahead = at;  // blockIdx.x < n_units (gw_block)
     GwRaw cur, next;
-    load(0, cur);
-    for (int it = 0; it < total; ++it) {
-        if (it + 1 < total) load(it + 1, next);
-        const int s = it % GW_STAGES, tile = (int)blockIdx.x + (it / n_groups) * (int)gridDim.x;
-        const int grp = it % n_groups;
+    load(at, cur);
+    for (int it = 0; at.u < n_units; ++it) {
+        advance(ahead);
+        if (ahead.u < n_units) load(ahead, next);
+        const int s = it % GW_STAGES, grp = at.grp;
         if (it >= GW_STAGES) mbarrier_wait_parity(&empty[s], ((it / GW_STAGES) - 1) & 1);
         unsigned char* st = smem + s * GW_STAGE_BYTES;
         unsigned char* wst = st + GW_X_STAGE_BYTES;
         if (p == 0) {  // X first: its copy lands while the stage's weights are dequantized
-            const int m0 = (tile % token_blocks) * GEMM_BM;
+            const int m0 = at.un.tb * GEMM_BM;
             mbarrier_arrive_expect_tx(&full[s], GW_X_STAGE_BYTES);
             tma_load_2d(st, &x_map, grp * GW_GROUP, m0, &full[s]);
             tma_load_2d(st + GW_X_BOX_BYTES, &x_map, grp * GW_GROUP + GW_BOX_INPUTS, m0, &full[s]);
@@ -168,6 +185,7 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         fence_proxy_async_shared();  // these stores, before the tensor cores read them
         mbarrier_arrive(&full[s]);
         cur = next;
+        at = ahead;
     }
 }
 
@@ -176,8 +194,8 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
 // `local` its row g in the tile (rows local and local + 8). Contains the block's only
 // __syncthreads(): call from every thread, with a format this build reads (block-uniform).
 template <int F, typename RowOf, typename Epilogue>
-__device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K, int row_blocks, RowOf row_of,
-                                         Epilogue epilogue) {
+__device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K, int row_blocks,
+                                         const GemmSplitK& sk, RowOf row_of, Epilogue epilogue) {
     extern __shared__ unsigned char gw_smem_raw[];
     // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
     // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory pointer
@@ -189,8 +207,8 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
     u64* empty = full + GW_STAGES;
 
     const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
-    const int n_tiles = token_blocks * row_blocks;
-    if ((int)blockIdx.x >= n_tiles) return;  // the whole block, before any barrier
+    const int n_units = token_blocks * row_blocks * sk.splits;  // tiles × splits (gemm_split_k.cuh)
+    if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
     const int n_groups = K / GW_GROUP;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
 
@@ -204,7 +222,7 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
     __syncthreads();  // the last block-wide barrier: the roles part here
 
     if (warp >= GW_CONSUMER_WARPS) {
-        gw_producer<F>(x_map, smem, full, empty, token_blocks, n_tiles, n_groups, K, row_of);
+        gw_producer<F>(x_map, smem, full, empty, token_blocks, n_units, n_groups, sk.splits, K, row_of);
         return;
     }
 
@@ -213,13 +231,14 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
     const int local = wg * 64 + (warp % 4) * INT4_TILE_ROWS + g;
     int it = 0;
 #pragma unroll 1
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-        const int m0 = (tile % token_blocks) * GEMM_BM;
+    for (int u = blockIdx.x; u < n_units; u += gridDim.x) {
+        const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
+        const int m0 = un.tb * GEMM_BM;
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 #pragma unroll 1
-        for (int grp = 0; grp < n_groups; ++grp, ++it) {
+        for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
             const int s = it % GW_STAGES;
             mbarrier_wait_parity(&full[s], (it / GW_STAGES) & 1);
             const unsigned char* st = smem + s * GW_STAGE_BYTES;
@@ -239,7 +258,9 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
             for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
             if (lane == 0) mbarrier_arrive(&empty[s]);  // this warpgroup's MMAs are done with the stage
         }
-        epilogue(acc, tile / token_blocks, local, m0, M, t);
+        // A split tile: only its last unit holds the whole sum and runs the epilogue.
+        if (sk.splits > 1 && !gemm_split_k_reduce(sk, un, acc)) continue;
+        epilogue(acc, un.rb, local, m0, M, t);
     }
 }
 
@@ -262,11 +283,15 @@ gemm_fmtw_store_rows(float* __restrict__ out,                  // [rows, ldo] fp
                      const void* __restrict__ w_scales,        // scales (fp16 | uint8 | int8, by format)
                      const void* __restrict__ w_aux,           // offsets | superscales, or null
                      const int* __restrict__ prefill_state,    // [2] int32: start, n_rows (M = [1])
-                     int N, int K, int ldo, int col0, int fmt) {
+                     float* __restrict__ split_partials,       // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                     int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
+                     int N, int K, int ldo, int col0, int fmt,
+                     int k_splits) {                           // S (gemm_split_k.cuh)
     if (!wf_known(fmt)) return;  // the whole grid, before any barrier
     const int M = __ldg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
-    WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, rows,
+    const GemmSplitK sk{split_partials, split_counters, k_splits};
+    WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, sk, rows,
                                     [&](const float (&acc)[64], int rb, int local, int m0, int M_, int t) {
                                         const int ra = rb * GW_BLOCK_ROWS + local;
                                         gemm_each_token([&](int token, float va, float vb) {
@@ -286,11 +311,14 @@ gemm_fmtw_residual_rows(float* __restrict__ residual,            // [rows, N] fp
                         const void* __restrict__ w_scales,       // scales (by format)
                         const void* __restrict__ w_aux,          // offsets | superscales, or null
                         const int* __restrict__ prefill_state,   // [2] int32: start, n_rows (M = [1])
-                        int N, int K, int fmt) {
+                        float* __restrict__ split_partials,      // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                        int* __restrict__ split_counters,        // [tiles] int32, zero between launches (S > 1), or null
+                        int N, int K, int fmt, int k_splits) {   // k_splits = S (gemm_split_k.cuh)
     if (!wf_known(fmt)) return;
     const int M = __ldg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
-    WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, rows,
+    const GemmSplitK sk{split_partials, split_counters, k_splits};
+    WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, sk, rows,
                                     [&](const float (&acc)[64], int rb, int local, int m0, int M_, int t) {
                                         int ra = rb * GW_BLOCK_ROWS + local;
                                         GemmResidualAdd{residual, N, &ra}(acc, m0, M_, t);
@@ -312,7 +340,9 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
                               const void* __restrict__ up_scales,       // scales (by format)
                               const void* __restrict__ up_aux,          // offsets | superscales, or null
                               const int* __restrict__ prefill_state,    // [2] int32: start, n_rows (M = [1])
-                              int F, int K, int fmt) {
+                              float* __restrict__ split_partials,       // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                              int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
+                              int F, int K, int fmt, int k_splits) {    // k_splits = S (gemm_split_k.cuh)
     if (!wf_known(fmt)) return;
     const int M = __ldg(prefill_state + 1);
     constexpr int FB = GW_BLOCK_ROWS / 2;  // features per row block
@@ -323,7 +353,8 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
         const int i = p % INT4_TILE_ROWS, f = rb * FB + (p / INT4_TILE_ROWS) * 8 + (i & 7);
         return GwRow{i < 8 ? gate : up, (u32)min(f, F - 1)};
     };
-    WF_DISPATCH(fmt, FM, gw_block<FM>(x_map, M, K, (F + FB - 1) / FB, row_of,
+    const GemmSplitK sk{split_partials, split_counters, k_splits};
+    WF_DISPATCH(fmt, FM, gw_block<FM>(x_map, M, K, (F + FB - 1) / FB, sk, row_of,
                                       [&](const float (&acc)[64], int rb, int local, int m0, int M_, int t) {
                                           // local % 16 = g < 8: feature f of the lane's gate (g) and up (g + 8) rows
                                           const int f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;

@@ -155,6 +155,7 @@
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 #include "gemm_epilogue.cuh" // GEMM_BM, gemm_each_token, GemmResidualAdd
+#include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -267,7 +268,8 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
 // Contains the block's only __syncthreads(): call from every thread.
 template <typename RowsOf, typename Epilogue>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
-                                                int K, int row_blocks, RowsOf rows_of, Epilogue epilogue) {
+                                                int K, int row_blocks, const GemmSplitK& sk, RowsOf rows_of,
+                                                Epilogue epilogue) {
     extern __shared__ unsigned char gemm_smem_raw[];
     // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
     // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory
@@ -282,8 +284,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
 
     const int M = __ldg(prefill_state + 1);
     const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
-    const int n_tiles = token_blocks * row_blocks;
-    if ((int)blockIdx.x >= n_tiles) return;  // the whole block, before any barrier
+    const int n_units = token_blocks * row_blocks * sk.splits;  // tiles × splits (gemm_split_k.cuh)
+    if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
     const int n_groups = K / INT4_GROUP;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
@@ -303,12 +305,13 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         // cp.async; lane 0 also issues the TMA copies of X. One full barrier per stage covers both.
         if (lane == 0) tma_prefetch_map(&x_map);
         int it = 0;
-        for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-            const int m0 = (tile % token_blocks) * GEMM_BM;
+        for (int u = blockIdx.x; u < n_units; u += gridDim.x) {
+            const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
+            const int m0 = un.tb * GEMM_BM;
             GemmLaneRows rows[GEMM_CONSUMER_WARPS];
 #pragma unroll
-            for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) rows[w] = rows_of(tile / token_blocks, w * INT4_TILE_ROWS + g);
-            for (int grp = 0; grp < n_groups; ++grp, ++it) {
+            for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) rows[w] = rows_of(un.rb, w * INT4_TILE_ROWS + g);
+            for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
                 const int s = it % GEMM_STAGES;
                 if (it >= GEMM_STAGES) mbarrier_wait_parity(&w_empty[s], ((it / GEMM_STAGES) - 1) & 1);
                 unsigned char* st = smem + s * GEMM_STAGE_BYTES;
@@ -343,22 +346,25 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
     int it = 0;
 #pragma unroll 1
-    for (int tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
-        const int m0 = (tile % token_blocks) * GEMM_BM;
-        const GemmLaneRows r = rows_of(tile / token_blocks, local);
+    for (int u = blockIdx.x; u < n_units; u += gridDim.x) {
+        const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
+        const int m0 = un.tb * GEMM_BM;
+        const GemmLaneRows r = rows_of(un.rb, local);
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
-        __half sa = r.sa[0], sb = r.sb[0];
+        __half sa = r.sa[un.g0], sb = r.sb[un.g0];
 #pragma unroll 1
-        for (int grp = 0; grp < n_groups; ++grp, ++it) {
+        for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
             // next group's scales now: their latency passes during this group's MMAs
-            const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
+            const __half na = r.sa[min(grp + 1, un.g1 - 1)], nb = r.sb[min(grp + 1, un.g1 - 1)];
             gemm_group(it, local, lane, shift, sa, sb, smem, full, x_empty, w_empty, frag, acc);
             sa = na;
             sb = nb;
         }
+        // A split tile: only its last unit holds the whole sum and runs the epilogue.
+        if (sk.splits > 1 && !gemm_split_k_reduce(sk, un, acc)) continue;
         epilogue(acc, m0, M, t);
     }
 }
@@ -387,9 +393,12 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,        // [N, K/128] fp16
               const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
-              int N, int K) {
+              float* __restrict__ split_partials,       // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+              int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
+              int N, int K, int k_splits) {             // k_splits = S (gemm_split_k.cuh)
     int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters, k_splits}, GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
         if (ra < N) out[(u64)token * N + ra] = va;
         if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
     }));
@@ -407,10 +416,13 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
               const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
               const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
-              int Nq, int Nkv, int K) {
+              float* __restrict__ split_partials,         // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+              int* __restrict__ split_counters,           // [tiles] int32, zero between launches (S > 1), or null
+              int Nq, int Nkv, int K, int k_splits) {     // k_splits = S (gemm_split_k.cuh)
     const int ld = Nq + 2 * Nkv;
     int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
-    gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
+    gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters, k_splits}, [&](int rb, int local) {
         GemmLaneRows r;
         ra = rb * GEMM_BLOCK_ROWS + local;
         // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
@@ -439,9 +451,13 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
                    const u32* __restrict__ qweight,        // [N, K/8] uint32
                    const __half* __restrict__ scales,      // [N, K/128] fp16
                    const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
-                   int N, int K) {
+                   float* __restrict__ split_partials,     // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                   int* __restrict__ split_counters,       // [tiles] int32, zero between launches (S > 1), or null
+                   int N, int K, int k_splits) {           // k_splits = S (gemm_split_k.cuh)
     int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, GemmOneMatrixRows{qweight, scales, N, K, &ra}, GemmResidualAdd{residual, N, &ra});
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters, k_splits}, GemmOneMatrixRows{qweight, scales, N, K, &ra},
+                    GemmResidualAdd{residual, N, &ra});
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8
@@ -455,10 +471,13 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
                          const u32* __restrict__ up_qweight,        // [F, K/8] uint32
                          const __half* __restrict__ up_scales,      // [F, K/128] fp16
                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
-                         int F, int K) {
+                         float* __restrict__ split_partials,        // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                         int* __restrict__ split_counters,          // [tiles] int32, zero between launches (S > 1), or null
+                         int F, int K, int k_splits) {              // k_splits = S (gemm_split_k.cuh)
     int f = 0;
     constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
-    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, [&](int rb, int local) {
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters, k_splits},
+                    [&](int rb, int local) {
         // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
         GemmLaneRows r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;

@@ -7,6 +7,9 @@
 //                                                           Instructions: ld", memory consistency
 //                                                           model: acquire patterns)
 //   red_release_gpu_add  red.release.gpu.global.add.u32   ("…: red")
+//   atom_acq_rel_gpu_add_u32  atom.acq_rel.gpu.global.add.u32  ("…: atom"): the release and the
+//                        acquire in one read-modify-write, for a counter whose last adder goes on
+//                        to read what every earlier adder published (kernels/gemm_split_k.cuh)
 //   global_timer_ns      mov.u64 %globaltimer              ("Special Registers: %globaltimer")
 //   nanosleep            nanosleep.u32                     ("Miscellaneous Instructions: nanosleep")
 //
@@ -48,6 +51,15 @@ __device__ __forceinline__ void red_release_gpu_add(u32* p, u32 v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
+
+// Returns the counter's value before the add. Release: the block's writes ordered before it (by
+// a barrier) are published with it; acquire: what the earlier adders published is visible after
+// it (their adds and this one form one release sequence).
+__device__ __forceinline__ u32 atom_acq_rel_gpu_add_u32(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
 
 __device__ __forceinline__ u64 global_timer_ns() {
     u64 t;

@@ -145,3 +145,56 @@ def test_gemm_fmt_wgmma_persistent(dev, rng, fname, k, max_blocks):
     got = h.download()
     report(f"{tag}.gate_up", got[:m], ref.swiglu(want, x64 @ u64.T), TOL_GEMV)
     assert (got[m:].view(np.uint16) == 0xFFFF).all(), "rows past M were written"
+
+
+# Split-K on the format GEMMs (kernels/gemm_split_k.cuh, as gemm_int4.cu): K = 1280 is 10
+# groups, S = 3 splits of 4, 4 and 2; K = 896 is 7, S = 4 splits of 2, 2, 2 and 1. The producer
+# walks the block's units with their uneven group counts, one stage ahead across units. The
+# partials are poisoned; the counters must be zero after each launch; a second launch gives the
+# same bits; the residual is added once.
+SPLIT = [(fname, k, s, blocks) for fname, k, s in (("q5_k", 1280, 3), ("q8_g32", 896, 4)) for blocks in (1, 4, None)]
+
+
+@pytest.mark.parametrize("fname,k,s,max_blocks", SPLIT, ids=[f"{p[0]}-k{p[1]}-s{p[2]}-blocks{p[3]}" for p in SPLIT])
+def test_gemm_fmt_wgmma_split_k(dev, rng, fname, k, s, max_blocks):
+    from drvqwen.launchers.gemm_int4 import SplitKScratch
+
+    GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows = launchers("wgmma")
+    fmt = {x.name: x for x in FORMATS}[fname]
+    rows, m, n = 300, 260, 200                 # 3 token blocks × 2 row blocks (gate/up: × 4 of 64 features)
+    (w, w64), (u, u64) = (random_fmt_weight(dev, rng, fmt, n, k, name) for name in ("W", "U"))
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    x64 = x[:m].astype(np.float64)
+    want = x64 @ w64.T
+    xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([0, m], np.int32))
+    sk = SplitKScratch(dev.array, 12 * s, 12)
+    sk.partials.fill_bytes(0xFF)
+    kw = dict(rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s)
+    tag = f"{fname}.k{k}.S{s}.blocks{max_blocks}"
+
+    def twice(launcher, read):
+        assert launcher.k_splits == s
+        launcher.launch()
+        first = read()
+        assert not sk.counters.download().any(), "counters left non-zero"
+        launcher.launch()
+        assert_same_bits(f"{tag} launched again", first, read())
+        return first
+
+    out = dev.poisoned("out", (rows, n), np.float32)
+    got = twice(GemmFmtRows(out, xd, w, ps, n=n, k=k, ldo=n, **kw), out.download)
+    report(f"{tag}.rows", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:]).all(), "rows past M were written"
+
+    r0 = rng.standard_normal((rows, n)).astype(np.float32)
+    res = dev.upload("residual", r0)
+    GemmFmtResidualRows(res, xd, w, ps, n=n, k=k, **kw).launch()
+    got = res.download()
+    report(f"{tag}.delta", got[:m].astype(np.float64) - r0[:m], want, TOL_GEMV)
+    assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
+    assert not sk.counters.download().any()
+
+    h = dev.poisoned("h", (rows, n), np.float16)
+    got = twice(GemmFmtGateUpSwigluRows(h, xd, w, u, ps, f=n, k=k, **kw), h.download)
+    report(f"{tag}.gate_up", got[:m], ref.swiglu(want, x64 @ u64.T), TOL_GEMV)
+    assert (got[m:].view(np.uint16) == 0xFFFF).all(), "rows past M were written"

@@ -103,3 +103,115 @@ def test_gemm_gate_up_swiglu(dev, rng, m):
     got = h.download()
     report(f"gemm_int4_gate_up_swiglu M={m}", got[:m], want, TOL_GEMV)
     assert np.isnan(got[m:].astype(np.float32)).all()
+
+
+# Split-K (kernels/gemm_split_k.cuh): each tile's K cut into S splits on different blocks, the
+# last to finish adding the S partials in split order. K = 3456 is 27 groups: S = 2 gives
+# splits of 14 and 13 groups, S = 3 of 9 each, S = 4 of 7, 7, 7 and 6. The scratch's partials
+# are poisoned (NaN): a unit that read a slot no unit of this launch wrote would show. Every
+# launch must leave the counters at zero (the next one starts from them), give the same bits
+# launched again (the sum's order does not depend on which unit is last), and add a residual
+# once (only the last unit runs the epilogue). max_blocks = 3 makes each block run many units.
+SPLIT_CASES = [(m, s, blocks) for m, s in ((1, 3), (100, 4), (300, 4), (300, 2)) for blocks in (None, 3)]
+
+
+def _scratch(dev, rows, n_blocks, s):
+    tiles = -(-rows // launchers.gemm_int4.BM) * n_blocks
+    sk = launchers.gemm_int4.SplitKScratch(dev.array, tiles * s, tiles)
+    sk.partials.fill_bytes(0xFF)
+    return sk
+
+
+def _split_checks(name, sk, launch, read, first):
+    assert not sk.counters.download().any(), f"{name}: counters left non-zero"
+    launch()
+    assert_same_bits(f"{name} launched again", first, read())
+    assert not sk.counters.download().any()
+
+
+@pytest.mark.parametrize("m,s,max_blocks", SPLIT_CASES)
+def test_gemm_split_k(dev, rng, m, s, max_blocks):
+    n, k = 333, 3456                    # 3 row blocks, the last partial
+    qw, sc = random_int4(rng, n, k)
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    x64 = x[:m].astype(np.float64)
+    want = x64 @ dequant64(qw, sc).T
+    xd, qd, sd, ps = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m)
+    sk = _scratch(dev, rows, 3, s)
+    tag = f"M={m} S={s} blocks={max_blocks}"
+
+    out = dev.poisoned("out", (rows, n), np.float32)
+    g = launchers.GemmInt4(out, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s)
+    assert g.k_splits == s
+    g.launch()
+    got = out.download()
+    report(f"gemm_int4_f32 split {tag}", got[:m], want, TOL_GEMV)
+    assert np.isnan(got[m:]).all(), "rows past M were written"
+    _split_checks("gemm_int4_f32", sk, g.launch, out.download, got)
+    # The same GEMM unsplit: equal up to the order of the FP32 sums (S partial sums of cancelling
+    # terms added, instead of one chain: ~3e-6 measured at M = 1).
+    whole = dev.poisoned("whole", (rows, n), np.float32)
+    launchers.GemmInt4(whole, xd, qd, sd, ps, n=n, k=k, rows=rows).launch()
+    report(f"gemm_int4_f32 split vs whole {tag}", got[:m], whole.download()[:m].astype(np.float64), 2e-5)
+
+    r0 = np.full((rows, n), np.nan, np.float32)
+    r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)
+    res = dev.upload("residual", r0)
+    launchers.GemmInt4ResidualRows(res, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk,
+                                   k_splits=s).launch()
+    got = res.download()
+    report(f"gemm_int4_residual split {tag}", got[:m], r0[:m].astype(np.float64) + want, TOL_GEMV)
+    assert np.isnan(got[m:]).all()
+    assert not sk.counters.download().any()
+
+
+@pytest.mark.parametrize("m,s", [(17, 3), (300, 4)])
+def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s):
+    nq, nkv, f, k = 224, 32, 200, 3456
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    x64 = x[:m].astype(np.float64)
+    xd, ps = dev.upload("x", x), _state(dev, m)
+
+    ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
+    sk = _scratch(dev, rows, 4, s)      # gate/up's 4 blocks of 64 features ≥ qkv's 3 of 128 rows
+    out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
+    g = launchers.GemmInt4QkvRows(out, xd, *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
+                                  ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, k_splits=s)
+    g.launch()
+    got = out.download()
+    report(f"gemm_int4_qkv split M={m} S={s}", got[:m], np.concatenate([x64 @ dequant64(*w).T for w in ws], axis=1),
+           TOL_GEMV)
+    assert np.isnan(got[m:]).all()
+    _split_checks("gemm_int4_qkv", sk, g.launch, out.download, got)
+
+    (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
+    h = dev.poisoned("h", (rows, f), np.float16)
+    g = launchers.GemmInt4GateUpSwigluRows(h, xd, dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
+                                           dev.upload("us", us), ps, f=f, k=k, rows=rows, split_k=sk, k_splits=s)
+    g.launch()
+    got = h.download()
+    report(f"gemm_int4_gate_up_swiglu split M={m} S={s}", got[:m],
+           ref.swiglu(x64 @ dequant64(gq, gs).T, x64 @ dequant64(uq, us).T), TOL_GEMV)
+    assert np.isnan(got[m:].astype(np.float32)).all()
+    _split_checks("gemm_int4_gate_up_swiglu", sk, g.launch, h.download, got)
+
+
+def test_gemm_split_k_chosen_where_tiles_are_few(dev, rng):
+    """With a scratch and no k_splits, the launcher splits the 0.5B's down_proj shape at 512
+    tokens (28 tiles of 38 groups: S = 4 on a grid of 132, an H200's SMs) and leaves a many-tile
+    GEMM whole."""
+    rows, n, k = 512, 896, 4864
+    sk = _scratch(dev, rows, 7, 4)
+    x = dev.array("x", (rows, k), np.float16)
+    res = dev.array("residual", (rows, n), np.float32)
+    qw, sc = dev.array("qw", (n, k // 8), np.uint32), dev.array("sc", (n, k // 128), np.float16)
+    ps = _state(dev, rows)
+    kw = dict(rows=rows, max_blocks=132)
+    assert launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, split_k=sk, **kw).k_splits == 4
+    assert launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, **kw).k_splits == 1   # no scratch
+    big = dev.array("big", (rows, 18944), np.float32)
+    qb, sb = dev.array("qb", (18944, 896 // 8), np.uint32), dev.array("sb", (18944, 896 // 128), np.float16)
+    assert launchers.GemmInt4ResidualRows(big, dev.array("xb", (rows, 896), np.float16), qb, sb, ps, n=18944, k=896,
+                                          split_k=sk, **kw).k_splits == 1

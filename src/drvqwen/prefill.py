@@ -66,6 +66,7 @@ from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
+from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -116,12 +117,16 @@ class Prefill:
     Args:
         decode_step: the decode step whose state this prefill leaves ready to continue.
         max_chunk_rows: prompt rows per chunk (rounded up to a multiple of 64).
+        mode: "gemm" (the chunk launch lists) or "per_token" (the decode step's launches).
+        fmt_gemm: the GEMMs of per-tensor formats (FMT_GEMMS).
+        split_k: let the wgmma GEMMs split K where few tiles would leave SMs idle
+            (kernels/gemm_split_k.cuh); False runs every GEMM whole (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
-                 fmt_gemm: str = "wgmma"):
+                 fmt_gemm: str = "wgmma", split_k: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -148,8 +153,13 @@ class Prefill:
         }
         size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
                    for s, d in act.values()) + DEFAULT_ALIGN_BYTES
+        # The INT4 GEMMs' split-K scratch, sized for the largest split any row bucket's list takes.
+        split_units, split_tiles = self._split_k_need() if split_k and not self.per_token else (0, 0)
+        if split_units:
+            size += SplitKScratch.nbytes(split_units, split_tiles) + 2 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")
         self.buf = {name: self.pool.alloc(name, s, d) for name, (s, d) in act.items()}
+        self.split_k = SplitKScratch(self.pool.alloc, split_units, split_tiles) if split_units else None
         self.buf["ids"].upload(np.zeros(act["ids"][0], np.int32))  # padding rows embed token 0
         st = step.stream
         self._begin = PrefillBeginChunk(self.buf["prefill_state"], stream=st)
@@ -161,6 +171,26 @@ class Prefill:
         self._lists: dict[int, list[NamedLaunch]] = {}
         # rows → the (name, launcher) list behind launches(rows) (timing, tests).
         self.launchers: dict[int, list[tuple[str, Launcher]]] = {}
+
+    def _split_k_need(self) -> tuple[int, int]:
+        """(units, tiles) of SplitKScratch the wgmma GEMMs of every row bucket's list need at most
+        ((0, 0): none splits): (row blocks, K) of each GEMM of a layer — q, k and v apart where the
+        weights keep their formats — at every row bucket. The mma GEMMs (gemm_fmt.cu) never split."""
+        cfg = self.config
+        D, F, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
+        blocks = lambda n: -(-n // GEMM_BLOCK_ROWS)  # noqa: E731
+        if self.decode_step.plan.formats is None and self.fmt_gemm != "wgmma-all":
+            shapes = [(blocks(nq + 2 * nkv), D), (blocks(D), nq), (blocks(2 * F), D), (blocks(D), F)]
+        elif self.fmt_gemm == "mma":
+            return 0, 0
+        else:
+            shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
+                      if gemm_fmt_wgmma.fits(k)]
+        if not shapes:
+            return 0, 0
+        need = [split_k_need(rows, blocks, k) for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET)
+                for blocks, k in shapes]
+        return max(u for u, _ in need), max(t for _, t in need)
 
     # ---- launch lists ---------------------------------------------------------------------------
     def launches(self, rows: int) -> list[NamedLaunch]:
@@ -201,6 +231,7 @@ class Prefill:
                                                "down_proj")}
             return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm,
                                    format_defines([wf.INT4_G128.id]))
+        sk = self.split_k
         steps: list[tuple[str, Launcher]] = [
             ("embedding", EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
                                         dim=D, stream=st))]
@@ -210,18 +241,18 @@ class Prefill:
             steps += [
                 (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
                 (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
-                                                   n_kv=nkv, k=D, rows=R, stream=st)),
+                                                   n_kv=nkv, k=D, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
-                (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, stream=st)),
+                (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, stream=st)),
                 (f"L{l}.gate_up_swiglu", GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
-                                                                  rows=R, stream=st)),
-                (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, stream=st)),
+                                                                  rows=R, split_k=sk, stream=st)),
+                (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, split_k=sk, stream=st)),
             ]
         self.launchers[R] = steps
         return named_launches(steps)
@@ -250,6 +281,8 @@ class Prefill:
 
         Rows, _, GateUp = gemms(D)
         ResidualO, ResidualDown = gemms(nq)[1], gemms(F)[1]
+        wgmma = (GemmFmtwRows, GemmFmtwResidualRows, GemmFmtwGateUpSwigluRows)
+        sk = {c: {"split_k": self.split_k} if c in wgmma else {} for c in (Rows, GateUp, ResidualO, ResidualDown)}
 
         if fm[EMBED] == wf.PLAIN:
             embed = EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V, dim=D, stream=st)
@@ -264,24 +297,25 @@ class Prefill:
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
                 (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
-                (f"L{l}.q_proj", Rows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st, defines=defs)),
+                (f"L{l}.q_proj", Rows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st, defines=defs,
+                                      **sk[Rows])),
                 (f"L{l}.k_proj", Rows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq, stream=st,
-                                      defines=defs)),
+                                      defines=defs, **sk[Rows])),
                 (f"L{l}.v_proj", Rows(qkv, xn, pw["v_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq + nkv,
-                                      stream=st, defines=defs)),
+                                      stream=st, defines=defs, **sk[Rows])),
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
                 (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
-                                           defines=defs)),
+                                           defines=defs, **sk[ResidualO])),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, stream=st)),
                 (f"L{l}.gate_up_swiglu", GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R,
-                                                stream=st, defines=defs)),
+                                                stream=st, defines=defs, **sk[GateUp])),
                 (f"L{l}.down_proj", ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
-                                                 defines=defs)),
+                                                 defines=defs, **sk[ResidualDown])),
             ]
         self.launchers[R] = steps
         return named_launches(steps)

@@ -10,7 +10,9 @@ gemv_fmt.format_defines), so the prefill picks either file per weight shape: the
 a multiple of 128 (one stage) and x a device array (its TMA tensor map is encoded at once, as in
 gemm_int4.py). The kernels are persistent: grid = min(tiles at the row capacity, SM count) — or
 `max_blocks` instead of the SM count, 0 for one block per tile (gemm_int4.persistent_grid) —,
-384 threads, GW_SMEM_BYTES of dynamic shared memory.
+384 threads, GW_SMEM_BYTES of dynamic shared memory. Given a `SplitKScratch` they split each
+tile's K where few tiles would leave SMs idle, as gemm_int4.py's launchers do (the same
+kernels/gemm_split_k.cuh, `k_splits_for`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from ..cuda import Stream
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import persistent_grid, x_tensor_map
+from .gemm_int4 import SplitKScratch, persistent_grid, split_k_args, x_tensor_map
 from .gemv_fmt import FmtWeight
 
 BM = mirrored("gemm_fmt_wgmma", "GEMM_BM", 128)               # tokens per tile (wgmma N)
@@ -46,11 +48,21 @@ class _GemmFmtwLauncher(Launcher):
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
 
-    def _build(self, kernel: str, rows: int, row_blocks: int, args: dict, defines: tuple, *, reads, writes,
-               max_blocks: int | None) -> None:
-        grid = persistent_grid(-(-rows // BM) * row_blocks, max_blocks)
-        self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines)), (grid,), (THREADS,), args,
-                  smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
+    k_splits: int = 1  # S of the launch (gemm_int4.split_k_args)
+
+    def _build(self, kernel: str, rows: int, row_blocks: int, k: int, args: dict, dims: dict, defines: tuple, *,
+               reads, writes, max_blocks: int | None, split_k: SplitKScratch | None, k_splits: int | None) -> None:
+        """args: the kernel's parameters up to prefill_state, dims: the scalars after the split-K
+        pointers (…, prefill_state, split_partials, split_counters, dims…, k_splits)."""
+        tiles = -(-rows // BM) * row_blocks
+        sk, self.k_splits = split_k_args(split_k, k_splits, tiles, k // GROUP, max_blocks, kernel)
+        grid = persistent_grid(tiles * self.k_splits, max_blocks)
+        scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
+        self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines)), (grid,), (THREADS,),
+                  {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
+                   "k_splits": sk["k_splits"]},
+                  smem_bytes=SMEM_BYTES, reads=(*reads, *scratch), writes=(*writes, *scratch),
+                  bytes_moved=self.bytes_moved)
 
 
 class GemmFmtwRows(_GemmFmtwLauncher):
@@ -63,17 +75,19 @@ class GemmFmtwRows(_GemmFmtwLauncher):
     """
 
     def __init__(self, out, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int, ldo: int, col0: int = 0,
-                 stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None):
+                 stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None,
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None):
         super().__init__(stream)
         self._check(x, w, prefill_state, n, k, rows, defines)
         require(0 <= col0 and col0 + n <= ldo, f"gemm_fmt_wgmma: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
         check_buffer(out, "out", rows * ldo, np.float32)
         self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 4 * rows * n
         self.flops = 2 * rows * n * k
-        self._build("gemm_fmtw_store_rows", rows, -(-n // BLOCK_ROWS),
-                    dict(out=out, x_map=x_tensor_map(x, rows, k), **w.args("w"), prefill_state=prefill_state,
-                         N=i32(n), K=i32(k), ldo=i32(ldo), col0=i32(col0), fmt=i32(w.fmt.id)),
-                    defines, reads=(x, prefill_state) + w.buffers, writes=(out,), max_blocks=max_blocks)
+        self._build("gemm_fmtw_store_rows", rows, -(-n // BLOCK_ROWS), k,
+                    dict(out=out, x_map=x_tensor_map(x, rows, k), **w.args("w"), prefill_state=prefill_state),
+                    dict(N=i32(n), K=i32(k), ldo=i32(ldo), col0=i32(col0), fmt=i32(w.fmt.id)),
+                    defines, reads=(x, prefill_state) + w.buffers, writes=(out,), max_blocks=max_blocks,
+                    split_k=split_k, k_splits=k_splits)
 
 
 class GemmFmtwResidualRows(_GemmFmtwLauncher):
@@ -84,17 +98,18 @@ class GemmFmtwResidualRows(_GemmFmtwLauncher):
     """
 
     def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
-                 stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None):
+                 stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None,
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None):
         super().__init__(stream)
         self._check(x, w, prefill_state, n, k, rows, defines)
         check_buffer(residual, "residual", rows * n, np.float32)
         self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 8 * rows * n
         self.flops = 2 * rows * n * k
-        self._build("gemm_fmtw_residual_rows", rows, -(-n // BLOCK_ROWS),
-                    dict(residual=residual, x_map=x_tensor_map(x, rows, k), **w.args("w"),
-                         prefill_state=prefill_state, N=i32(n), K=i32(k), fmt=i32(w.fmt.id)),
+        self._build("gemm_fmtw_residual_rows", rows, -(-n // BLOCK_ROWS), k,
+                    dict(residual=residual, x_map=x_tensor_map(x, rows, k), **w.args("w"), prefill_state=prefill_state),
+                    dict(N=i32(n), K=i32(k), fmt=i32(w.fmt.id)),
                     defines, reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
-                    max_blocks=max_blocks)
+                    max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
 
 
 class GemmFmtwGateUpSwigluRows(_GemmFmtwLauncher):
@@ -106,7 +121,8 @@ class GemmFmtwGateUpSwigluRows(_GemmFmtwLauncher):
     """
 
     def __init__(self, h, x, gate: FmtWeight, up: FmtWeight, prefill_state, *, f: int, k: int, rows: int,
-                 stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None):
+                 stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None,
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None):
         super().__init__(stream)
         require(gate.fmt.id == up.fmt.id, f"{gate.name} ({gate.fmt.name}) and {up.name} ({up.fmt.name}): the fused "
                                           f"gate/up GEMM needs both in one format")
@@ -116,7 +132,9 @@ class GemmFmtwGateUpSwigluRows(_GemmFmtwLauncher):
         self.bytes_moved = gate.nbytes(f, k) + up.nbytes(f, k) + 2 * rows * k + 2 * rows * f
         self.flops = 2 * 2 * rows * f * k
         # A tile holds 64 features of gate and the same 64 of up.
-        self._build("gemm_fmtw_gate_up_swiglu_rows", rows, -(-f // (BLOCK_ROWS // 2)),
+        self._build("gemm_fmtw_gate_up_swiglu_rows", rows, -(-f // (BLOCK_ROWS // 2)), k,
                     dict(h=h, x_map=x_tensor_map(x, rows, k), **gate.args("gate"), **up.args("up"),
-                         prefill_state=prefill_state, F=i32(f), K=i32(k), fmt=i32(gate.fmt.id)),
-                    defines, reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,), max_blocks=max_blocks)
+                         prefill_state=prefill_state),
+                    dict(F=i32(f), K=i32(k), fmt=i32(gate.fmt.id)),
+                    defines, reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,), max_blocks=max_blocks,
+                    split_k=split_k, k_splits=k_splits)

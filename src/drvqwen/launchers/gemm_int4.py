@@ -17,6 +17,10 @@ The kernels are persistent: the grid is at most one block per SM (`max_blocks`, 
 GPU's SM count) and each block loops over the tiles of 128 tokens × 128 weight rows that the live
 M gives. `max_blocks=0` launches one block per tile at the capacity instead (the plain form,
 for comparison: tools/bench_gemm.py runs both).
+
+Split-K (kernels/gemm_split_k.cuh): given a `SplitKScratch`, a launcher cuts each tile's K into
+S splits that run on different blocks, where few tiles would leave SMs idle (`k_splits_for`
+picks S; `k_splits=` forces it). Without one, S = 1: the plain GEMM.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 from ..cuda import Stream, encode_tiled_2d, get_device
 from ..cuda.tensormap import Swizzle
 from ..format.quant import GROUP_SIZE
-from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
+from .base import NULL, KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 from .gemv_int4 import _check_int4, int4_bytes
 
 BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per block (wgmma N)
@@ -62,6 +66,108 @@ def _encode_x_map(ptr: int, rows: int, k: int):
     return encode_tiled_2d(ptr, np.float16, (rows, k), (BM, BOX_INPUTS), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 
 
+# Split-K (kernels/gemm_split_k.cuh): the consumer threads whose accumulators a unit stores, and
+# the most splits a launcher picks.
+SPLIT_THREADS = mirrored("gemm_int4", "GEMM_SPLIT_THREADS", 256)
+SPLIT_MAX = mirrored("gemm_int4", "GEMM_SPLIT_MAX", 4)
+SPLIT_UNIT_FLOATS = 64 * SPLIT_THREADS  # one unit's partial: the 128 × 128 FP32 tile
+# What a split tile costs beyond its groups, in units of one group's MMAs (128 inputs of a 128 ×
+# 128 tile: 1.09 µs where each SM runs one tile, the 0.5B's down_proj): its partial stored
+# (64 KiB), the counter's round trip and, in the last unit, the S partials read back from L2.
+# Measured on the H200 (M = 512, graph replay; docs/bench/2026-12-02_a6c1f3e_h200_split_k.json):
+# down_proj 896 × 4864 at S = 1, 2, 3, 4: 41.5, 27.4, 22.1, 19.6 µs, i.e. 19 + 6.7 and 10 + 8.7
+# group-times at S = 2 and 4; and every S > 1 lost on the GEMMs this model does not split (the
+# 0.5B's qkv and o_proj, 7 groups: 12.1 µs whole against 12.6–22 µs; the 7B's qkv 62.7 against
+# 67–83 µs, its o_proj and down_proj too).
+SPLIT_FIXUP_GROUPS = 7
+# A split is taken only where the estimate gains at least this fraction: below it the scratch
+# traffic and the estimate's error weigh more.
+SPLIT_MIN_GAIN = 0.10
+
+
+def k_splits_for(tiles: int, groups: int, grid: int) -> int:
+    """S, the splits of each tile's K that finish a GEMM of `tiles` tiles and `groups` 128-input
+    groups soonest on `grid` persistent blocks: the S in 1 … SPLIT_MAX minimising
+
+        rounds(S) × (ceil(groups / S) + SPLIT_FIXUP_GROUPS · [S > 1]),
+        rounds(S) = ceil(tiles · S / grid)
+
+    (the block with the most units sets the time), smallest S on a tie, every split non-empty,
+    and S = 1 unless the best S gains SPLIT_MIN_GAIN. The 0.5B's down_proj at 512 tokens: 28
+    tiles of 38 groups on 132 SMs → S = 4 (17 group-times against 38); its qkv_proj (36 tiles of
+    7 groups) and every 7B GEMM at 512 tokens → S = 1.
+    """
+    whole = -(-tiles // grid) * groups
+    best, best_cost = 1, whole
+    for s in range(2, min(SPLIT_MAX, groups) + 1):
+        per = -(-groups // s)
+        if (s - 1) * per >= groups:   # the last split would be empty
+            continue
+        cost = -(-tiles * s // grid) * (per + SPLIT_FIXUP_GROUPS)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best if best_cost <= (1 - SPLIT_MIN_GAIN) * whole else 1
+
+
+class SplitKScratch:
+    """The buffers of split-K GEMMs, shared by every launch of one stream (they run one at a
+    time; each leaves its counters at zero):
+
+        partials  fp32 [units, 64 · 256]   one 128 × 128 FP32 tile per unit (tile, split)
+        counters  int32 [tiles]            zero between launches
+
+    Allocated by `alloc(name, shape, dtype) -> DeviceArray` (a Pool's `alloc`), the counters
+    zeroed by an upload, for up to `units` units of split tiles and `tiles` tiles in one launch
+    (`split_k_need` sizes them).
+    """
+
+    def __init__(self, alloc, units: int, tiles: int):
+        self.units, self.tiles = max(1, units), max(1, tiles)
+        self.partials = alloc("split_k_partials", (self.units, SPLIT_UNIT_FLOATS), np.float32)
+        self.counters = alloc("split_k_counters", (self.tiles,), np.int32)
+        self.counters.upload(np.zeros(self.tiles, np.int32))
+
+    @staticmethod
+    def nbytes(units: int, tiles: int) -> int:
+        """Bytes the two buffers take (before the pool's alignment)."""
+        return max(1, units) * SPLIT_UNIT_FLOATS * 4 + max(1, tiles) * 4
+
+
+def split_k_need(rows: int, row_blocks: int, k: int, grid: int | None = None) -> tuple[int, int]:
+    """(units, tiles) a launch of `rows` rows and `row_blocks` row blocks over K = k would use in
+    a SplitKScratch ((0, 0) where it would not split), on `grid` blocks (default: the SM count)."""
+    tiles = -(-rows // BM) * row_blocks
+    s = k_splits_for(tiles, k // GROUP_SIZE, persistent_grid(tiles * SPLIT_MAX, grid))
+    return (tiles * s, tiles) if s > 1 else (0, 0)
+
+
+def split_k_args(split_k: SplitKScratch | None, k_splits: int | None, tiles: int, groups: int,
+                 max_blocks: int | None, kernel: str) -> tuple[dict, int]:
+    """The kernels' split-K arguments (split_partials, split_counters, k_splits) by name, and S:
+    1 without a scratch, else `k_splits`, else k_splits_for the persistent grid of `max_blocks`
+    (one block per unit, max_blocks=0, would run any S in one round: S is chosen for one per SM).
+
+    Raises:
+        LaunchError: k_splits > 1 without a scratch, S outside 1 … min(SPLIT_MAX, groups) or with
+            an empty split, or a scratch too small for tiles × S units.
+    """
+    if split_k is None:
+        require(k_splits in (None, 1), f"{kernel}: k_splits={k_splits} needs a SplitKScratch")
+        s = 1
+    else:
+        s = (k_splits_for(tiles, groups, persistent_grid(tiles * SPLIT_MAX, max_blocks or None))
+             if k_splits is None else int(k_splits))
+    require(1 <= s <= min(SPLIT_MAX, groups) and (s - 1) * -(-groups // s) < groups,
+            f"{kernel}: k_splits={s} must be in 1..{min(SPLIT_MAX, groups)} with no empty split "
+            f"({groups} groups of {GROUP_SIZE})")
+    if s == 1:
+        return dict(split_partials=NULL, split_counters=NULL, k_splits=i32(1)), 1
+    require(tiles * s <= split_k.units and tiles <= split_k.tiles,
+            f"{kernel}: {tiles} tiles × {s} splits need a SplitKScratch of {tiles * s} units and "
+            f"{tiles} counters, it has {split_k.units} and {split_k.tiles}")
+    return dict(split_partials=split_k.partials, split_counters=split_k.counters, k_splits=i32(s)), s
+
+
 def persistent_grid(tiles_at_capacity: int, max_blocks: int | None) -> int:
     """Blocks of a persistent GEMM launch (here and gemm_fmt_wgmma.py): one per SM (`max_blocks`
     None: the GPU's SM count, or `max_blocks`), never more than the tiles at the row capacity;
@@ -80,14 +186,24 @@ class _GemmLauncher(Launcher):
     """Shared by the gemm_int4 launchers. `flops` is 2·rows·N·K at full capacity (rows tokens)."""
 
     flops: int = 0
+    k_splits: int = 1  # S of the launch (split_k_args)
 
-    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, *, reads, writes,
-                    max_blocks: int | None) -> None:
+    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
+                    writes, max_blocks: int | None, split_k: SplitKScratch | None, k_splits: int | None) -> None:
+        """args: the kernel's parameters up to prefill_state, dims: its shape scalars after the
+        split-K pointers (the kernels' order: …, prefill_state, split_partials, split_counters,
+        dims…, k_splits)."""
         require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
-        grid = persistent_grid(-(-rows // BM) * n_blocks, max_blocks)
-        self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,), args,
-                  smem_bytes=SMEM_BYTES, reads=reads, writes=writes, bytes_moved=self.bytes_moved)
+        tiles = -(-rows // BM) * n_blocks
+        sk, self.k_splits = split_k_args(split_k, k_splits, tiles, k // GROUP_SIZE, max_blocks, kernel)
+        grid = persistent_grid(tiles * self.k_splits, max_blocks)
+        scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
+        self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,),
+                  {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
+                   "k_splits": sk["k_splits"]},
+                  smem_bytes=SMEM_BYTES, reads=(*reads, *scratch), writes=(*writes, *scratch),
+                  bytes_moved=self.bytes_moved)
 
 
 class GemmInt4(_GemmLauncher):
@@ -98,7 +214,8 @@ class GemmInt4(_GemmLauncher):
     """
 
     def __init__(self, out, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
-                 max_blocks: int | None = None, stream: Stream | None = None):
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, k_splits: int | None = None,
+                 stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(out, "out", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -108,8 +225,9 @@ class GemmInt4(_GemmLauncher):
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
         self._build_gemm("gemm_int4_f32", rows, -(-n // BLOCK_ROWS), k,
                          dict(out=out, x_map=x_tensor_map(x, rows, k), qweight=qweight, scales=scales,
-                              prefill_state=prefill_state, N=i32(n), K=i32(k)),
-                         reads=(x, qweight, scales, prefill_state), writes=(out,), max_blocks=max_blocks)
+                              prefill_state=prefill_state), dict(N=i32(n), K=i32(k)),
+                         reads=(x, qweight, scales, prefill_state), writes=(out,), max_blocks=max_blocks,
+                         split_k=split_k, k_splits=k_splits)
 
 
 class GemmInt4QkvRows(_GemmLauncher):
@@ -122,7 +240,7 @@ class GemmInt4QkvRows(_GemmLauncher):
 
     def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                  prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, max_blocks: int | None = None,
-                 stream: Stream | None = None):
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
                 f"gemm_int4_qkv: Nq={n_q} and Nkv={n_kv} must be multiples of {TILE_ROWS}")
@@ -138,9 +256,10 @@ class GemmInt4QkvRows(_GemmLauncher):
         self._build_gemm("gemm_int4_qkv", rows, -(-n // BLOCK_ROWS), k,
                          dict(qkv=qkv, x_map=x_tensor_map(x, rows, k), q_qweight=q_qweight, q_scales=q_scales,
                               k_qweight=k_qweight, k_scales=k_scales, v_qweight=v_qweight, v_scales=v_scales,
-                              prefill_state=prefill_state, Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k)),
+                              prefill_state=prefill_state),
+                         dict(Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
-                         writes=(qkv,), max_blocks=max_blocks)
+                         writes=(qkv,), max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
 
 
 class GemmInt4ResidualRows(_GemmLauncher):
@@ -151,7 +270,8 @@ class GemmInt4ResidualRows(_GemmLauncher):
     """
 
     def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
-                 max_blocks: int | None = None, stream: Stream | None = None):
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, k_splits: int | None = None,
+                 stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(residual, "residual", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -161,8 +281,9 @@ class GemmInt4ResidualRows(_GemmLauncher):
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
         self._build_gemm("gemm_int4_residual", rows, -(-n // BLOCK_ROWS), k,
                          dict(residual=residual, x_map=x_tensor_map(x, rows, k), qweight=qweight, scales=scales,
-                              prefill_state=prefill_state, N=i32(n), K=i32(k)),
-                         reads=(residual, x, qweight, scales, prefill_state), writes=(residual,), max_blocks=max_blocks)
+                              prefill_state=prefill_state), dict(N=i32(n), K=i32(k)),
+                         reads=(residual, x, qweight, scales, prefill_state), writes=(residual,),
+                         max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
 
 
 class GemmInt4GateUpSwigluRows(_GemmLauncher):
@@ -173,7 +294,8 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
     """
 
     def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, *,
-                 f: int, k: int, rows: int, max_blocks: int | None = None, stream: Stream | None = None):
+                 f: int, k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
+                 k_splits: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(h, "h", rows * f, np.float16)
         check_buffer(x, "x", rows * k, np.float16)
@@ -185,7 +307,7 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
         # A block holds 64 features of gate and the same 64 of up.
         self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-f // (BLOCK_ROWS // 2)), k,
                          dict(h=h, x_map=x_tensor_map(x, rows, k), gate_qweight=gate_qweight, gate_scales=gate_scales,
-                              up_qweight=up_qweight, up_scales=up_scales, prefill_state=prefill_state, F=i32(f),
-                              K=i32(k)),
+                              up_qweight=up_qweight, up_scales=up_scales, prefill_state=prefill_state),
+                         dict(F=i32(f), K=i32(k)),
                          reads=(x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state), writes=(h,),
-                         max_blocks=max_blocks)
+                         max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
