@@ -25,7 +25,9 @@
 // ----------
 //   tile     = 128 tokens × 128 weight rows (gate/up: 64 features of both), persistent as in
 //              gemm_int4.cu: grid ≤ SM count, block b takes tiles b, b + gridDim.x, … of the
-//              ceil(M/128) × row-block tiles (token block fastest).
+//              ceil(M/128) × row-block tiles (token block fastest); with k_splits = S > 1, units
+//              (tile, split) of S splits of the K groups (gemm_split_k.cuh), the producer walking
+//              the block's units one stage ahead across their uneven group counts.
 //   block    = 12 warps: consumer warpgroups 0 and 1 (warps 0–7; warpgroup w owns weight rows
 //              64w … 64w+63 of the tile) and the producer warpgroup (warps 8–11).
 //   stage    = 128 inputs: X, 2 TMA boxes of 128 tokens × 64 inputs (32 KB), and W, 128 rows ×

@@ -25,6 +25,9 @@
 //              kernel is persistent: grid = min(tiles at the buffer's capacity, SM count), and
 //              block b takes tiles b, b + gridDim.x, … of the ceil(M/128) × row-block tiles the
 //              live M gives, token block fastest (tiles running at once share weight slices in L2).
+//              With k_splits = S > 1 a tile's 128-input groups are cut into S splits, and the
+//              blocks take units (tile, split) the same way; the last unit of a tile adds the S
+//              partials and runs the epilogue (gemm_split_k.cuh: where it pays, the protocol).
 //   block    = 9 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
 //              tile's 128 tokens, and one producer warp (warp 8).
 //   producer = one warp fills a ring of GEMM_STAGES stages, one 128-input group each, guarded by

@@ -74,7 +74,7 @@ SPLIT_UNIT_FLOATS = 64 * SPLIT_THREADS  # one unit's partial: the 128 × 128 FP3
 # What a split tile costs beyond its groups, in units of one group's MMAs (128 inputs of a 128 ×
 # 128 tile: 1.09 µs where each SM runs one tile, the 0.5B's down_proj): its partial stored
 # (64 KiB), the counter's round trip and, in the last unit, the S partials read back from L2.
-# Measured on the H200 (M = 512, graph replay; docs/bench/2026-12-02_a6c1f3e_h200_split_k.json):
+# Measured on the H200 (M = 512, graph replay; docs/bench/2026-12-02_2544dcc_h200_split_k.json):
 # down_proj 896 × 4864 at S = 1, 2, 3, 4: 41.5, 27.4, 22.1, 19.6 µs, i.e. 19 + 6.7 and 10 + 8.7
 # group-times at S = 2 and 4; and every S > 1 lost on the GEMMs this model does not split (the
 # 0.5B's qkv and o_proj, 7 groups: 12.1 µs whole against 12.6–22 µs; the 7B's qkv 62.7 against
