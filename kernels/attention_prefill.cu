@@ -48,6 +48,7 @@
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
+#include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
 
 #define APF_QTILE     16    // queries per block (M of the MMA)
 #define APF_KV_TILE   64    // positions per pipeline step (4 pages)
@@ -243,6 +244,8 @@ __device__ __forceinline__ void attention_prefill_impl(
         const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
         const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
         int Hq, int Hkv) {                                                                     \
+        grid_launch_dependents();                                                              \
+        grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
         attention_prefill_impl<HEAD_DIM>(out, q, k_cache, v_cache, block_table, prefill_state,     \
                                          Hq, Hkv);                                              \
     }

@@ -86,6 +86,7 @@
 #include "int4_matmul.cuh"     // INT4_TILE_ROWS, swiglu_f16
 #include "gemm_epilogue.cuh"   // GEMM_BM, gemm_each_token, GemmResidualAdd
 #include "gemm_split_k.cuh"    // GemmSplitK, gemm_unit, gemm_split_k_reduce
+#include "griddep.cuh"         // grid_dependency_wait, grid_launch_dependents
 #include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_dequant_pairs, wf_known, WF_DISPATCH
 
 #define GW_CONSUMER_WARPS 8
@@ -290,6 +291,8 @@ gemm_fmtw_store_rows(float* __restrict__ out,                  // [rows, ldo] fp
                      int N, int K, int ldo, int col0, int fmt,
                      int k_splits) {                           // S (gemm_split_k.cuh)
     if (!wf_known(fmt)) return;  // the whole grid, before any barrier
+    grid_launch_dependents();
+    grid_dependency_wait();      // X, the outputs, prefill_state, the scratch: earlier kernels'
     const int M = __ldg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
     const GemmSplitK sk{split_partials, split_counters, k_splits};
@@ -317,6 +320,8 @@ gemm_fmtw_residual_rows(float* __restrict__ residual,            // [rows, N] fp
                         int* __restrict__ split_counters,        // [tiles] int32, zero between launches (S > 1), or null
                         int N, int K, int fmt, int k_splits) {   // k_splits = S (gemm_split_k.cuh)
     if (!wf_known(fmt)) return;
+    grid_launch_dependents();
+    grid_dependency_wait();      // as above
     const int M = __ldg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
     const GemmSplitK sk{split_partials, split_counters, k_splits};
@@ -346,6 +351,8 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
                               int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
                               int F, int K, int fmt, int k_splits) {    // k_splits = S (gemm_split_k.cuh)
     if (!wf_known(fmt)) return;
+    grid_launch_dependents();
+    grid_dependency_wait();      // as above
     const int M = __ldg(prefill_state + 1);
     constexpr int FB = GW_BLOCK_ROWS / 2;  // features per row block
     const WfWeight gate{gate_qweight, gate_qhigh, gate_scales, gate_aux}, up{up_qweight, up_qhigh, up_scales, up_aux};

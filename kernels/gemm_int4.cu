@@ -159,6 +159,7 @@
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 #include "gemm_epilogue.cuh" // GEMM_BM, gemm_each_token, GemmResidualAdd
 #include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
+#include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -285,6 +286,10 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     u64* x_empty = full + GEMM_STAGES;
     u64* w_empty = x_empty + GEMM_STAGES;
 
+    // Launched as a programmatic dependent: X, the residual, prefill_state and the split-K
+    // scratch are earlier kernels' (nothing is read or written before the wait).
+    grid_launch_dependents();
+    grid_dependency_wait();
     const int M = __ldg(prefill_state + 1);
     const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
     const int n_units = token_blocks * row_blocks * sk.splits;  // tiles × splits (gemm_split_k.cuh)

@@ -40,9 +40,9 @@
 // all after the second; thread 0 writes it again only after the next unit's first barrier,
 // which every consumer thread reaches after its read.
 //
-// Determinism: the sum is p_0 + p_1 + … + p_{S−1} in split order whichever unit is last (its own
-// p_split comes from its registers: the same bits it stored), so a launch gives the same bits
-// every time; with S > 1 they differ from the S = 1 sums by FP32 reassociation only
+// Determinism: the sum is partial 0 + partial 1 + … in split order whichever unit is last (all S
+// read back from memory, its own too), so a launch gives the same bits every time; with S > 1
+// they differ from the S = 1 sums by FP32 reassociation only
 // (tests: the reference's tolerance, and S = 1 against S > 1).
 #pragma once
 

@@ -24,6 +24,7 @@
 #include "types.cuh"     // u64
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "rope.cuh"      // rope_rotate
+#include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
 
 // One token at position `pos`, one head, thread i.
 // src_row: the token's fp32 q | k | v row; q_dst: where this token's rotated query goes.
@@ -73,6 +74,8 @@ rope_kv_rows(__half* __restrict__ q_out,            // [rows, Hq, Dh] fp16, out 
              const int* __restrict__ prefill_state, // [2] int32: start position, n_rows
              const int* __restrict__ block_table,   // [max_pages] int32: logical → physical page
              int Hq, int Hkv, int Dh) {
+    grid_launch_dependents();
+    grid_dependency_wait();  // qkv and prefill_state are earlier kernels' outputs (programmatic launch)
     const int i = threadIdx.x;
     const int row = blockIdx.y;
     if (i >= Dh / 2 || row >= prefill_state[1]) return;

@@ -121,12 +121,15 @@ class Prefill:
         fmt_gemm: the GEMMs of per-tensor formats (FMT_GEMMS).
         split_k: let the wgmma GEMMs split K where few tiles would leave SMs idle
             (kernels/gemm_split_k.cuh); False runs every GEMM whole (to compare).
+        pdl: launch the chunk's kernels that support it as programmatic dependents (each
+            starts while the one before drains, and waits for it with griddepcontrol.wait);
+            False launches them plainly (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
-                 fmt_gemm: str = "wgmma", split_k: bool = True):
+                 fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -134,6 +137,7 @@ class Prefill:
         if fmt_gemm not in FMT_GEMMS:
             raise DrvqwenError(f"fmt_gemm {fmt_gemm!r}: choose one of {', '.join(FMT_GEMMS)}")
         self.fmt_gemm = fmt_gemm
+        self.pdl = pdl
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
@@ -254,8 +258,7 @@ class Prefill:
                                                                   rows=R, split_k=sk, stream=st)),
                 (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, split_k=sk, stream=st)),
             ]
-        self.launchers[R] = steps
-        return named_launches(steps)
+        return self._named(R, steps)
 
     def _build_fmt(self, R: int, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm: dict[str, int],
                    defs: tuple) -> list[NamedLaunch]:
@@ -317,7 +320,14 @@ class Prefill:
                 (f"L{l}.down_proj", ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
                                                  defines=defs, **sk[ResidualDown])),
             ]
+        return self._named(R, steps)
+
+    def _named(self, R: int, steps: list[tuple[str, Launcher]]) -> list[NamedLaunch]:
+        """Build the `R`-row list's launchers (programmatic dependents where the kernel supports
+        it and self.pdl) and name their launches."""
         self.launchers[R] = steps
+        for _, launcher in steps:
+            launcher.build(pdl=self.pdl)
         return named_launches(steps)
 
     def flops(self, n_rows: int, start: int = 0) -> int:

@@ -43,7 +43,7 @@ class AttentionPrefill(Launcher):
         check_buffer(q, "q", rows * n_heads * head_dim, np.float16)
         check_prefill_state(prefill_state)
         self.n_heads, self.head_dim = n_heads, head_dim
-        self._add(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}"), (-(-rows // Q_TILE), n_kv_heads),
+        self._add(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}", pdl=True), (-(-rows // Q_TILE), n_kv_heads),
                   (32 * (n_heads // n_kv_heads),),
                   dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                        prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads)),

@@ -58,7 +58,7 @@ class _GemmFmtwLauncher(Launcher):
         sk, self.k_splits = split_k_args(split_k, k_splits, tiles, k // GROUP, max_blocks, kernel)
         grid = persistent_grid(tiles * self.k_splits, max_blocks)
         scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
-        self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines)), (grid,), (THREADS,),
+        self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines), pdl=True), (grid,), (THREADS,),
                   {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
                    "k_splits": sk["k_splits"]},
                   smem_bytes=SMEM_BYTES, reads=(*reads, *scratch), writes=(*writes, *scratch),

@@ -199,7 +199,7 @@ class _GemmLauncher(Launcher):
         sk, self.k_splits = split_k_args(split_k, k_splits, tiles, k // GROUP_SIZE, max_blocks, kernel)
         grid = persistent_grid(tiles * self.k_splits, max_blocks)
         scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
-        self._add(KernelRef("gemm_int4", kernel), (grid,), (THREADS,),
+        self._add(KernelRef("gemm_int4", kernel, pdl=True), (grid,), (THREADS,),
                   {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
                    "k_splits": sk["k_splits"]},
                   smem_bytes=SMEM_BYTES, reads=(*reads, *scratch), writes=(*writes, *scratch),
