@@ -13,6 +13,7 @@ from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 
+THREADS = mirrored("rope_kv", "ROPE_THREADS", 256)  # threads per row (one block per row)
 mirrored("rope_kv", "PAGE_TOKENS", PAGE_TOKENS)  # kernels/kv_cache.cuh: the page size the kernels index with
 
 
@@ -52,7 +53,8 @@ class RopeKvRows(Launcher):
                          n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         check_prefill_state(prefill_state)
         self.bytes_moved = rows * (4 * (nq + 2 * nkv) + 2 * (nq + 2 * nkv))
-        self._add(KernelRef("rope_kv", "rope_kv_rows", pdl=True), (n_heads + 2 * n_kv_heads, rows), (head_dim // 2,),
+        # One block per row, its threads over the row's (head, rotation pair) items (kernel header).
+        self._add(KernelRef("rope_kv", "rope_kv_rows", pdl=True), (rows,), (THREADS,),
                   dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, qkv=qkv, q_bias=q_bias, k_bias=k_bias,
                        v_bias=v_bias, inv_freq=inv_freq, prefill_state=prefill_state, block_table=block_table,
                        Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim)),
