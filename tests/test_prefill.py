@@ -161,3 +161,36 @@ def test_prefill_gemm_choices_match_reference(model, gemm):
             assert step.next_token() == int(np.argmax(got))
     finally:
         other.close()
+
+
+def test_prefill_without_pdl_or_split_k_gives_the_same_bits_and_near_logits(model):
+    """Programmatic dependent launch changes when the chunk's kernels start, not what they
+    compute: Prefill(pdl=False) writes the same cache and logits bit for bit (a kernel reading
+    its predecessor's output before griddepcontrol.wait would differ here). Split-K changes the
+    FP32 sums' order only: Prefill(split_k=False) within TOL_LOGITS. 513 tokens: two chunks, the
+    second's GEMMs on 1 row (a bucket of 64, where the most GEMMs split)."""
+    from drvqwen.prefill import Prefill
+
+    name, _f, _w, backend, ids, want = model
+    step = backend.decode_step
+    for t in (100, 513):
+        backend.prefill(ids[:t])
+        default = step.logits()
+        k_def, v_def = _cache_sequence(step, t)
+        for kw in (dict(pdl=False), dict(split_k=False)):
+            other = Prefill(step, **kw)
+            try:
+                other.run(ids[:t])
+                step.sync()
+                got = step.logits()
+                k_got, v_got = _cache_sequence(step, t)
+            finally:
+                other.close()
+            if "pdl" in kw:
+                assert got.tobytes() == default.tobytes(), f"{name} T={t}: logits differ without PDL"
+                assert k_got.tobytes() == k_def.tobytes() and v_got.tobytes() == v_def.tobytes(), \
+                    f"{name} T={t}: the KV cache differs without PDL"
+            else:
+                err = rel_l2(got, default)
+                print(f"{name} T={t}: without split-K, last logits rel L2 {err:.2e} from the default")
+                assert err <= TOL_LOGITS and rel_l2(got, want[t - 1]) <= TOL_LOGITS
