@@ -125,8 +125,6 @@ struct GwRaw {
     WfRaw c[GW_CHUNKS];
 };
 
-// The producer warpgroup: thread p dequantizes row p of every tile into the ring, thread 0
-// also copies X by TMA. row_of(rb, p) → GwRow. Stage `it` of tile `tile`, group `grp`.
 // A position in the block's sequence of stages: unit u (gemm_split_k.cuh), group grp of it.
 struct GwStage {
     int u;
@@ -134,6 +132,8 @@ struct GwStage {
     int grp;
 };
 
+// The producer warpgroup: thread p dequantizes row p of every unit's tile into the ring, thread 0
+// also copies X by TMA. row_of(rb, p) → GwRow. Stage `it` is group at.grp of unit at.u.
 template <int F, typename RowOf>
 __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned char* smem, u64* full, u64* empty,
                                             int token_blocks, int n_units, int n_groups, int splits, int K,
@@ -286,13 +286,15 @@ gemm_fmtw_store_rows(float* __restrict__ out,                  // [rows, ldo] fp
                      const void* __restrict__ w_scales,        // scales (fp16 | uint8 | int8, by format)
                      const void* __restrict__ w_aux,           // offsets | superscales, or null
                      const int* __restrict__ prefill_state,    // [2] int32: start, n_rows (M = [1])
-                     float* __restrict__ split_partials,       // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                     float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
                      int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
                      int N, int K, int ldo, int col0, int fmt,
                      int k_splits) {                           // S (gemm_split_k.cuh)
-    if (!wf_known(fmt)) return;  // the whole grid, before any barrier
     grid_launch_dependents();
     grid_dependency_wait();      // X, the outputs, prefill_state, the scratch: earlier kernels'
+    // An unknown format ends the whole grid, before any barrier — after the wait, so that even
+    // then this grid completes only after the one before it (the chain gemm_split_k.cuh needs).
+    if (!wf_known(fmt)) return;
     const int M = __ldg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
     const GemmSplitK sk{split_partials, split_counters, k_splits};
@@ -316,12 +318,12 @@ gemm_fmtw_residual_rows(float* __restrict__ residual,            // [rows, N] fp
                         const void* __restrict__ w_scales,       // scales (by format)
                         const void* __restrict__ w_aux,          // offsets | superscales, or null
                         const int* __restrict__ prefill_state,   // [2] int32: start, n_rows (M = [1])
-                        float* __restrict__ split_partials,      // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                        float* __restrict__ split_partials,      // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
                         int* __restrict__ split_counters,        // [tiles] int32, zero between launches (S > 1), or null
                         int N, int K, int fmt, int k_splits) {   // k_splits = S (gemm_split_k.cuh)
-    if (!wf_known(fmt)) return;
     grid_launch_dependents();
     grid_dependency_wait();      // as above
+    if (!wf_known(fmt)) return;
     const int M = __ldg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
     const GemmSplitK sk{split_partials, split_counters, k_splits};
@@ -347,12 +349,12 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
                               const void* __restrict__ up_scales,       // scales (by format)
                               const void* __restrict__ up_aux,          // offsets | superscales, or null
                               const int* __restrict__ prefill_state,    // [2] int32: start, n_rows (M = [1])
-                              float* __restrict__ split_partials,       // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                              float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
                               int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
                               int F, int K, int fmt, int k_splits) {    // k_splits = S (gemm_split_k.cuh)
-    if (!wf_known(fmt)) return;
     grid_launch_dependents();
     grid_dependency_wait();      // as above
+    if (!wf_known(fmt)) return;
     const int M = __ldg(prefill_state + 1);
     constexpr int FB = GW_BLOCK_ROWS / 2;  // features per row block
     const WfWeight gate{gate_qweight, gate_qhigh, gate_scales, gate_aux}, up{up_qweight, up_qhigh, up_scales, up_aux};

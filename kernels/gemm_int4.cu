@@ -22,7 +22,7 @@
 // Work split
 // ----------
 //   tile     = 128 tokens × 128 weight rows (for gate/up: 64 features of both matrices). The
-//              kernel is persistent: grid = min(tiles at the buffer's capacity, SM count), and
+//              kernel is persistent: grid = min(units at the buffer's capacity, SM count), and
 //              block b takes tiles b, b + gridDim.x, … of the ceil(M/128) × row-block tiles the
 //              live M gives, token block fastest (tiles running at once share weight slices in L2).
 //              With k_splits = S > 1 a tile's 128-input groups are cut into S splits, and the
@@ -401,7 +401,7 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,        // [N, K/128] fp16
               const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
-              float* __restrict__ split_partials,       // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+              float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
               int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
               int N, int K, int k_splits) {             // k_splits = S (gemm_split_k.cuh)
     int ra = 0;
@@ -424,7 +424,7 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
               const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
               const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
-              float* __restrict__ split_partials,         // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+              float* __restrict__ split_partials,         // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
               int* __restrict__ split_counters,           // [tiles] int32, zero between launches (S > 1), or null
               int Nq, int Nkv, int K, int k_splits) {     // k_splits = S (gemm_split_k.cuh)
     const int ld = Nq + 2 * Nkv;
@@ -459,7 +459,7 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
                    const u32* __restrict__ qweight,        // [N, K/8] uint32
                    const __half* __restrict__ scales,      // [N, K/128] fp16
                    const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
-                   float* __restrict__ split_partials,     // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                   float* __restrict__ split_partials,     // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
                    int* __restrict__ split_counters,       // [tiles] int32, zero between launches (S > 1), or null
                    int N, int K, int k_splits) {           // k_splits = S (gemm_split_k.cuh)
     int ra = 0;
@@ -479,7 +479,7 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
                          const u32* __restrict__ up_qweight,        // [F, K/8] uint32
                          const __half* __restrict__ up_scales,      // [F, K/128] fp16
                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
-                         float* __restrict__ split_partials,        // [tiles · S, 64, 256] fp32 scratch (S > 1), or null
+                         float* __restrict__ split_partials,        // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
                          int* __restrict__ split_counters,          // [tiles] int32, zero between launches (S > 1), or null
                          int F, int K, int k_splits) {              // k_splits = S (gemm_split_k.cuh)
     int f = 0;

@@ -15,9 +15,10 @@
 // persistent blocks take units b, b + grid, … exactly as they took tiles.
 //
 // Bytes: each unit of a split tile writes its 64 accumulators per consumer thread — the whole
-// 128 × 128 FP32 tile, 64 KiB — to `partials`, and the last one reads the other S − 1 back:
-// S · 64 KiB written and (S − 1) · 64 KiB read per tile, L2-resident (the tile's S units run
-// in the same wave).
+// 128 × 128 FP32 tile, 64 KiB — to `partials`, and the last one reads all S back (its own
+// too, below): S · 64 KiB written and S · 64 KiB read per tile, from L2 where the tile's units
+// run close together (consecutive unit numbers: the same round of the persistent blocks, but
+// for a tile whose splits straddle two rounds).
 //
 //   partials  fp32 [tiles · S, 16, 256, 4]: unit (tile, split)'s accumulators 4j … 4j+3 of
 //             consumer thread c at [(tile·S + split), j, c] — consecutive threads, consecutive float4.
@@ -33,9 +34,13 @@
 // counter changes only by these read-modify-writes: one release sequence), so each earlier
 // unit's stores happen before the last unit's loads, which come after a second named barrier.
 // The last unit resets the counter; no other unit touches it again in this launch (a tile's S
-// units each add once), and the next launch starts after this one ends (stream order: the
-// prefill GEMMs are not launched as programmatic dependents). The partials are read with ld.cg
-// (L2), written by other SMs in this launch: never through L1 or the non-coherent path.
+// units each add once). The next launch that uses the buffers touches them only after its
+// griddepcontrol.wait, which returns once this grid has completed: the prefill launches these
+// GEMMs as programmatic dependents, and every kernel between two of them waits before it can
+// finish (every block of each waits, none exits before its wait), so completion runs in stream
+// order. A launch that never completes (a fault) leaves counters non-zero: the buffers are then
+// as dead as the context. The partials are read with ld.cg (L2), written by other SMs in this
+// launch: never through L1 or the non-coherent path.
 // Shared memory: one int (`is_last`), written by thread 0 between the two barriers and read by
 // all after the second; thread 0 writes it again only after the next unit's first barrier,
 // which every consumer thread reaches after its read.
@@ -55,7 +60,7 @@
 
 // The split-K arguments of a launch: S = splits (1: no split; the pointers may be null).
 struct GemmSplitK {
-    float* partials;   // [tiles · S, 64, 256] fp32 scratch
+    float* partials;   // [tiles · S, 16, 256, 4] fp32 scratch
     int* counters;     // [tiles] int32, zero between launches
     int splits;        // S
 };

@@ -30,9 +30,9 @@
 
 #define ROPE_THREADS 256  // threads per row (launchers/rope_kv.py mirrors it)
 
-// One token at position `pos`, one head, thread i.
+// One token at position `pos`, one head, rotation pair i (of the row's (head, i) items).
 // src_row: the token's fp32 q | k | v row; q_dst: where this token's rotated query goes.
-// Heads are numbered as the grid's x: [0, Hq) query, [Hq, Hq+Hkv) key, then value heads.
+// Heads are numbered [0, Hq) query, [Hq, Hq+Hkv) key, then value heads.
 __device__ __forceinline__ void
 rope_kv_token(__half* __restrict__ q_dst, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
               const float* __restrict__ src_row, const __half* __restrict__ q_bias,

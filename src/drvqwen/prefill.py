@@ -157,7 +157,8 @@ class Prefill:
         }
         size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
                    for s, d in act.values()) + DEFAULT_ALIGN_BYTES
-        # The INT4 GEMMs' split-K scratch, sized for the largest split any row bucket's list takes.
+        # The wgmma GEMMs' split-K scratch (INT4 or per-tensor formats), sized for the largest split
+        # any row bucket's list takes.
         split_units, split_tiles = self._split_k_need() if split_k and not self.per_token else (0, 0)
         if split_units:
             size += SplitKScratch.nbytes(split_units, split_tiles) + 2 * DEFAULT_ALIGN_BYTES

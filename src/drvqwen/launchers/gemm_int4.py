@@ -110,8 +110,9 @@ def k_splits_for(tiles: int, groups: int, grid: int) -> int:
 
 
 class SplitKScratch:
-    """The buffers of split-K GEMMs, shared by every launch of one stream (they run one at a
-    time; each leaves its counters at zero):
+    """The buffers of split-K GEMMs, shared by every launch of one stream (each leaves its
+    counters at zero; the next one touches them only after its griddepcontrol.wait, once the
+    one before has completed: kernels/gemm_split_k.cuh):
 
         partials  fp32 [units, 64 · 256]   one 128 × 128 FP32 tile per unit (tile, split)
         counters  int32 [tiles]            zero between launches
@@ -155,8 +156,9 @@ def split_k_args(split_k: SplitKScratch | None, k_splits: int | None, tiles: int
         require(k_splits in (None, 1), f"{kernel}: k_splits={k_splits} needs a SplitKScratch")
         s = 1
     else:
+        require(k_splits is None or isinstance(k_splits, int), f"{kernel}: k_splits={k_splits!r} must be an int")
         s = (k_splits_for(tiles, groups, persistent_grid(tiles * SPLIT_MAX, max_blocks or None))
-             if k_splits is None else int(k_splits))
+             if k_splits is None else k_splits)
     require(1 <= s <= min(SPLIT_MAX, groups) and (s - 1) * -(-groups // s) < groups,
             f"{kernel}: k_splits={s} must be in 1..{min(SPLIT_MAX, groups)} with no empty split "
             f"({groups} groups of {GROUP_SIZE})")
