@@ -171,3 +171,30 @@ def test_check_buffer_names_both_sides_of_a_mismatch():
         check_buffer(buf, "x", 33, np.float16)
     with pytest.raises(LaunchError, match=r"x: expected 32 elements of float32, got x float16\[4, 8\]"):
         check_buffer(buf, "x", 32, np.float32)
+
+
+def test_split_k_arguments_are_refused_with_their_reason():
+    """gemm_int4.split_k_args (both wgmma GEMM files' launchers): S > 1 needs a scratch, S must be
+    an int in 1 … min(SPLIT_MAX, groups) with no empty split, and the scratch must hold tiles × S
+    units and the tiles' counters; S = 1 passes null pointers. 7 groups: S = 4 gives 2, 2, 2, 1."""
+    import types
+
+    from drvqwen.launchers.base import NULL
+    from drvqwen.launchers.gemm_int4 import SPLIT_MAX, split_k_args
+
+    scratch = types.SimpleNamespace(units=12, tiles=3, partials="partials", counters="counters")
+    args, s = split_k_args(None, None, 3, 7, 132, "k")
+    assert s == 1 and args["split_partials"] is NULL and args["split_counters"] is NULL
+    args, s = split_k_args(scratch, 4, 3, 7, 132, "k")
+    assert s == 4 and args["split_partials"] == "partials" and args["k_splits"].value == 4
+    with pytest.raises(LaunchError, match="k: k_splits=2 needs a SplitKScratch"):
+        split_k_args(None, 2, 3, 7, 132, "k")
+    with pytest.raises(LaunchError, match=f"k_splits={SPLIT_MAX + 1} must be in 1..{SPLIT_MAX}"):
+        split_k_args(scratch, SPLIT_MAX + 1, 3, 7, 132, "k")
+    with pytest.raises(LaunchError, match=r"k_splits=3 must be in 1..4 with no empty split \(4 groups"):
+        split_k_args(scratch, 3, 3, 4, 132, "k")      # 4 groups in splits of 2: the third is empty
+    with pytest.raises(LaunchError, match="k_splits=2.5 must be an int"):
+        split_k_args(scratch, 2.5, 3, 7, 132, "k")
+    with pytest.raises(LaunchError, match="4 tiles × 4 splits need a SplitKScratch of 16 units and 4 counters, "
+                                          "it has 12 and 3"):
+        split_k_args(scratch, 4, 4, 7, 132, "k")
