@@ -9,37 +9,109 @@
 //
 // The limit: latency and tensor-core issue, not bytes. At the 7B shape a 512-token prompt reads
 // 512 × 4 KV heads × 128 × 2 B × 2 = 1 MiB of K/V per layer (L2-resident), and does
-// 2 · 2 · 28 heads · 128 · (512²/2) ≈ 3.8 GFLOP per layer: a few percent of the GEMMs'.
-// FlashAttention-2 structure, simple-correct first: one block per (16-query tile, KV head).
+// 2 · 2 · 28 heads · 128 · (512²/2) ≈ 3.8 GFLOP per layer; a chunk at position 31 744 does
+// ~120 GFLOP per layer, where attention is most of a long prompt's prefill. FlashAttention-2
+// structure on mma.sync: one block per (16-query tile, KV head, KV split).
 //
 // Work split
 // ----------
-//   grid    = (ceil(rows_max / 16), Hkv); block = G warps, G = Hq / Hkv (7 for Qwen2.5-Coder).
+//   grid    = (ceil(rows_max / 16), Hkv, S); block = G warps, G = Hq / Hkv (7 for Qwen2.5-Coder).
+//             Query tiles run in reverse (blockIdx.x 0 is the last tile): the tiles that walk
+//             the most positions are dispatched first.
 //   warp    = one query head of the KV head × the tile's 16 queries (the M of the MMAs); the G
 //             warps share every K/V byte staged in shared memory (GQA: read once for 7 heads).
-//   kv loop = the positions 0 … kv_len-1 that the tile's last query sees, 64 tokens (4 pages)
-//             per step, double-buffered with cp.async (ptx/cp_async.cuh). Positions past kv_len
+//   kv loop = the positions 0 … kv_len-1 that the tile's last query sees, in n_tiles tiles of 64
+//             tokens (4 pages), cut into ns = min(S, n_tiles) contiguous splits of
+//             [z·n_tiles/ns, (z+1)·n_tiles/ns) tiles; block z walks split z (blocks z ≥ ns
+//             return at once). Tiles are staged with cp.async (ptx/cp_async.cuh) in a ring of
+//             APF_STAGES: the one multiplied and the next two in flight. Positions past kv_len
 //             are zero-filled, never read: tests fill unused slots and page tails with NaN.
 //     S = QKᵀ : m16n8k16 MMAs, Q fragments in registers (loaded once), K fragments by ldmatrix
 //               from the [token][dim] tile (ptx/ldmatrix.cuh); FP32 scores, scaled to log2 units.
 //     causal  : score of position p for the query at p_r is −inf when p > p_r (select, not
 //               multiply: 0 · NaN would still be NaN).
 //     softmax : online, FP32 (running max and sum per query row; the 4 lanes of a quad share a
-//               row, so row max/sum are 2-step butterflies).
+//               row, so row max/sum are 2-step butterflies). A split past a row's position
+//               leaves that row's max at −inf; its exponents are then taken against 0, so they
+//               are exactly 0 and nothing is added.
 //     O += PV : P rounded to FP16 as the A operand (the S accumulator layout is exactly the A
 //               fragment layout of the next MMA), V fragments by ldmatrix.trans.
-//   out     = O / l, FP16, only rows < n_rows.
+//   out     = O / l, FP16, only rows < n_rows (ns = 1), or after the combine below.
 //
-// Shared memory (dynamic): 2 stages × (K, V) × 64 tokens × (Dh·2 + 16) B = 68 KiB at Dh = 128
-// (36 KiB at Dh = 64). The 16-byte row padding puts the 8 rows of each ldmatrix in 8 different
-// bank groups.
+// The pipeline and its one barrier per tile: tile i goes to stage i % APF_STAGES in commit group
+// i (empty groups past the end keep the count uniform). Step i waits until group i has landed
+// (cp.async.wait_group APF_STAGES − 2), then __syncthreads: every thread's copies of tile i are
+// visible, and every warp has finished step i − 1; only then is tile i + APF_STAGES − 1 issued,
+// into the stage step i − 1 read. No stage is overwritten while a warp may read it, and none is
+// read before all of its copies have landed.
 //
-// Measured on the H200 at commit 4b56ce2 (7B, a 512-token prompt, per-kernel timing of the prefill
-// by that commit's tools/bench_e2e.py, since folded into `drvqwen bench`): 33.5 µs per layer,
-// 0.94 ms of the prefill's 37.7 ms of kernels — 2.5 %, far from mattering before the GEMMs.
+// KV splits
+// ---------
+// Why: one block per (query tile, KV head) is 64 blocks for the 0.5B (2 KV heads) on 132 SMs, and
+// at a 512-token prompt from position 0 the last tile walks all 8 tiles of positions while the
+// first walks one. Split into S blocks, a tile's positions run side by side and the grid fills
+// the GPU: the launcher (launchers/attention_prefill.py, kv_splits_for) gives S = resident block
+// slots ÷ (2 · query tiles · Hkv), at most APF_MAX_SPLITS.
+// Bytes: each split of a split tile stores, per warp, its 2·Dh/8 × 32 lanes O accumulators
+// (Dh · 16 FP32: 8 KiB at Dh = 128) and 32 float4 of row maxima and sums; the last split reads
+// all ns back (L2: the splits of a tile run at the same time).
+//   part_o    float4 [units, S, G, Dh/8, 32]: split z's o[n][0..3] of warp w, lane l at
+//             [unit, z, w, n, l] — a warp's store is 512 contiguous bytes per n.
+//   part_ml   float4 [units, S, G, 32]: (m row g, m row g+8, l row g, l row g+8), l quad-summed.
+//   counters  u32 [units]: how many of the unit's ns splits have stored; 0 between launches.
+//   unit = kv_head · gridDim.x + query tile.
+// The protocol (kernels/gemm_split_k.cuh's, ptx/flags.cuh states the memory-model pattern): every
+// thread of the block stores its partial, __syncthreads, then thread 0 adds 1 to counters[unit]
+// with one atom.acq_rel.gpu. Its release half publishes, through the barrier, every thread's
+// stores; the split whose add returns ns − 1 is the last, and its acquire half synchronizes with
+// every earlier add (the counter changes only by these read-modify-writes: one release sequence),
+// so every split's stores happen before the last split's loads, which come after a second
+// __syncthreads and use ld.cg (L2: never a stale L1 line, never the non-coherent path). The last
+// split resets the counter; no other block touches it again in this launch (each of the ns splits
+// adds once; blocks z ≥ ns never touch it). The next launch touches the buffers only after its
+// griddepcontrol.wait, which returns once this grid has completed: the prefill launches its
+// kernels as programmatic dependents, and every kernel between two attention launches waits
+// before it finishes, so completion runs in stream order. apf_is_last (shared) is written by
+// thread 0 between the two barriers and read by all after the second, once per block.
+// The combine, whichever split is last, in split order: M = the max over z of m_z;
+// w_z = 2^(m_z − M), 0 where split z saw nothing of the row (m_z = −inf); l = Σ w_z l_z;
+// O = Σ w_z O_z; out = O / l. M is finite: split 0 holds position 0, which every row sees. So
+// a launch gives the same bits every time, and S > 1 differs from S = 1 by FP32 reassociation
+// and the exp2 of the rescaling only (tests: the float64 reference's tolerance at S = 1 … 4,
+// poisoned partials, counters back at 0).
+// The loads: per lane, APF_COMBINE_CHUNK float4 of every split in flight together (predicated on
+// z < ns), Dh/8/APF_COMBINE_CHUNK round trips (2 at Dh = 64, 4 at Dh = 128).
+//
+// Shared memory (dynamic): APF_STAGES × (K, V) × 64 tokens × (Dh·2 + 16) B = 102 KiB at Dh = 128
+// (54 KiB at Dh = 64). The 16-byte row padding puts the 8 rows of each ldmatrix in 8 different
+// bank groups. Registers (ptxas): 182 at Dh = 128 (one block of 7 warps per SM), 125 at Dh = 64
+// (two).
+//
+// Measured on the H200 (tools/bench_attention_prefill.py: graph replay, µs per call; a chunk of
+// 512 rows at position START; docs/bench/2026-12-02_h200_attention_prefill_splits.json, with the
+// version before the splits from docs/bench/2026-12-02_2ba4bde_h200_attention_prefill.json):
+//   | shape, START     | before | S = 1  | S = 2  | S = 4  |
+//   | 0.5B, 0          |  18.4  |  16.6  |  12.0  |  13.6  |
+//   | 0.5B, 7680       | 249.7  | 220.3  | 114.2  | 116.2  |
+//   | 0.5B, 31744      | 972.1  | 857.7  | 433.0  | 434.9  |
+//   | 7B, 0            |  29.9  |  27.5  |  30.2  |  32.5  |
+//   | 7B, 7680         | 429.3  | 369.7  | 372.1  | 378.1  |
+//   | 7B, 31744        | 1643   | 1456   | 1450   | 1444   |
+// ("S = 1" is this file without splits: the reversed tiles and the ring of three with one barrier
+// per tile.) The 0.5B's 64 units leave half the GPU idle without splits; the 7B's 128 fill it
+// (one block per SM: its registers), so splits only add combines there.
+// What lost, same runs: two stages instead of three, 0–3 % slower; the 7B at 144 registers
+// (__maxnreg__, two blocks of 7 warps per SM, 88 B of spills in the loop): 10–15 % slower.
+// The 7B's chunk at 31 744 runs at ~162 TFLOP/s: one block of 7 warps per SM, with ~600
+// instructions per warp and tile (128 MMAs; the cp.async staging alone ~140), and Nsight Compute
+// (before the splits, docs/bench/2026-12-02_2ba4bde_h200_attention_prefill_ncu.json) shows 0.39
+// instructions issued per cycle per scheduler, the warps mostly waiting on fixed-latency
+// dependencies: FlashAttention-3's structure (wgmma, K/V by TMA, warp-specialised) is the next
+// step there.
 //
 // Requirements (asserted by the launcher): Hq / Hkv ≤ 8; Dh ∈ {64, 128}; pointers 16-byte
-// aligned; block_table valid for every page < ceil((start + n_rows) / 16).
+// aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1, the
+// scratch of AttentionSplitScratch for ceil(rows_max / 16) · S tile splits.
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
@@ -49,11 +121,16 @@
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
+#include "flags.cuh"     // atom_acq_rel_gpu_add_u32
 
-#define APF_QTILE     16    // queries per block (M of the MMA)
-#define APF_KV_TILE   64    // positions per pipeline step (4 pages)
-#define APF_MAX_GROUP 8     // warps per block = query heads per KV head
-#define APF_STAGES    2
+#define APF_QTILE      16   // queries per block (M of the MMA)
+#define APF_KV_TILE    64   // positions per pipeline step (4 pages)
+#define APF_MAX_GROUP  8    // warps per block = query heads per KV head
+#ifndef APF_STAGES
+#define APF_STAGES     3    // K/V tiles in shared memory: the one multiplied and two in flight
+#endif
+#define APF_MAX_SPLITS 4    // KV splits of one query tile at most (gridDim.z)
+#define APF_COMBINE_CHUNK 4  // float4 of each split's partial loaded together in the combine
 
 template <int HEAD_DIM>
 struct ApfShape {
@@ -63,6 +140,14 @@ struct ApfShape {
     static constexpr int SMEM_BYTES = APF_STAGES * STAGE_BYTES;   // kernels.py mirrors it
     static constexpr int CHUNKS = HEAD_DIM / 8;                   // 16-byte chunks per row
     static constexpr int KSTEPS = HEAD_DIM / 16;                  // MMA k-steps over dims
+    static constexpr int ONS = HEAD_DIM / 8;                      // O accumulators (n8 tiles) per warp
+};
+
+// The KV-split scratch of a launch (null where gridDim.z = 1: never touched then).
+struct ApfSplit {
+    float4* part_o;   // [units, S, G, Dh/8, 32] float4: a warp's O accumulators, lane-major
+    float4* part_ml;  // [units, S, G, 32] float4: (m row g, m row g+8, l row g, l row g+8)
+    u32* counters;    // [units] u32: splits of the unit that have stored; 0 between launches
 };
 
 __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
@@ -74,21 +159,30 @@ template <int HEAD_DIM>
 __device__ __forceinline__ void attention_prefill_impl(
     __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table,
-    const int* __restrict__ prefill_state, int Hq, int Hkv) {
+    const int* __restrict__ prefill_state, int Hq, int Hkv, const ApfSplit& sp) {
     using S = ApfShape<HEAD_DIM>;
     extern __shared__ __align__(128) unsigned char apf_smem[];  // [stage][K|V][64][ROW_BYTES]
+    __shared__ int apf_is_last;
 
     const int start = __ldg(prefill_state), n_rows = __ldg(prefill_state + 1);
-    const int q0 = blockIdx.x * APF_QTILE;
+    // Query tiles in reverse: the longest (last) tiles are dispatched first.
+    const int q_tile = gridDim.x - 1 - blockIdx.x;
+    const int q0 = q_tile * APF_QTILE;
     if (q0 >= n_rows) return;  // whole block, before any barrier
     const int kv_head = blockIdx.y;
     const int group = Hq / Hkv;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int head = kv_head * group + warp;
-    // Positions this tile reads: up to its last query's position.
+    // Positions this tile reads: up to its last query's position, in n_tiles tiles of 64, cut
+    // into ns contiguous splits (never an empty one); this block takes split blockIdx.z.
     const int kv_len = start + min(n_rows, q0 + APF_QTILE);
     const int n_tiles = (kv_len + APF_KV_TILE - 1) / APF_KV_TILE;
+    const int ns = min((int)gridDim.z, n_tiles);
+    const int split = blockIdx.z;
+    if (split >= ns) return;   // whole block, before any barrier
+    const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
+    const int n_steps = t_end - t_begin;
 
     // Q fragments (A operand; k = dims 16j … 16j+15) of rows q0+g and q0+g+8, zero past n_rows.
     const int r0 = q0 + g, r1 = q0 + g + 8;
@@ -122,9 +216,9 @@ __device__ __forceinline__ void attention_prefill_impl(
     };
 
     const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
-    float o[2 * S::KSTEPS][4];  // O[row g | g+8][dims 8n + 2t, +1]
+    float o[S::ONS][4];  // O[row g | g+8][dims 8n + 2t, +1]
 #pragma unroll
-    for (int n = 0; n < 2 * S::KSTEPS; ++n)
+    for (int n = 0; n < S::ONS; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
     float m_run[2] = {F32_NEG_INF, F32_NEG_INF};  // per row (g, g+8), log2 units, quad-uniform
@@ -133,14 +227,24 @@ __device__ __forceinline__ void attention_prefill_impl(
     // ldmatrix lane roles: lane supplies row (lane % 8) of matrix (lane / 8).
     const int lm_row = lane % 8, lm_mat = lane / 8;
 
-    issue(0, 0);
-    cp_async_commit();
-    for (int tile = 0; tile < n_tiles; ++tile) {
-        if (tile + 1 < n_tiles) issue(tile + 1, (tile + 1) % APF_STAGES);
+    // The pipeline: tiles t_begin + i, i < n_steps, into stage i % APF_STAGES; one commit group
+    // per tile (empty groups past the end keep the count uniform). Step i waits for group i
+    // (wait_group APF_STAGES - 2: the later ones may still fly), then one barrier: every thread's
+    // copies of tile i have landed, and every warp has finished step i - 1, so the refill after
+    // the barrier may overwrite the stage step i - 1 read ((i + APF_STAGES - 1) % APF_STAGES).
+#pragma unroll
+    for (int i = 0; i < APF_STAGES - 1; ++i) {
+        if (i < n_steps) issue(t_begin + i, i);
         cp_async_commit();
-        cp_async_wait<1>();  // this tile's copies (not necessarily the next one's) have landed
+    }
+    for (int step = 0; step < n_steps; ++step) {
+        const int tile = t_begin + step;
+        cp_async_wait<APF_STAGES - 2>();
         __syncthreads();
-        const unsigned char* ks = apf_smem + (tile % APF_STAGES) * S::STAGE_BYTES;
+        if (step + APF_STAGES - 1 < n_steps)
+            issue(tile + APF_STAGES - 1, (step + APF_STAGES - 1) % APF_STAGES);
+        cp_async_commit();
+        const unsigned char* ks = apf_smem + (step % APF_STAGES) * S::STAGE_BYTES;
         const unsigned char* vs = ks + S::TILE_BYTES;
 
         // S = Q Kᵀ: s[n] = scores of tokens 8n … 8n+7 of the tile (c layout: rows g, g+8).
@@ -173,28 +277,31 @@ __device__ __forceinline__ void attention_prefill_impl(
                 row_max[e / 2] = fmaxf(row_max[e / 2], s[n][e]);
             }
 
-        // Online softmax update. Tile 0 holds position 0 ≤ every query's position, so m_new
-        // is finite from the first tile on; the guard keeps −inf − −inf out regardless.
-        float alpha[2];
+        // Online softmax update. A row may see no position of a tile (a split past the row's
+        // position, in the query tile's last KV tiles): its max stays −inf, so exponents are
+        // taken against 0 instead (exp2(−inf) = 0: nothing added) and alpha is 0 only while
+        // nothing was added yet — never −inf − −inf.
+        float alpha[2], m_use[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float m_new = fmaxf(m_run[h], quad_max(row_max[h]));
             alpha[h] = m_run[h] == F32_NEG_INF ? 0.f : exp2f(m_run[h] - m_new);
             m_run[h] = m_new;
+            m_use[h] = m_new == F32_NEG_INF ? 0.f : m_new;
         }
         float p_sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int n = 0; n < APF_KV_TILE / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float p = exp2f(s[n][e] - m_run[e / 2]);  // exactly 0 where masked
+                const float p = exp2f(s[n][e] - m_use[e / 2]);  // exactly 0 where masked
                 s[n][e] = p;
                 p_sum[e / 2] += p;
             }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + p_sum[h];
 #pragma unroll
-        for (int n = 0; n < 2 * S::KSTEPS; ++n) {
+        for (int n = 0; n < S::ONS; ++n) {
             o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
             o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
         }
@@ -216,12 +323,79 @@ __device__ __forceinline__ void attention_prefill_impl(
                 mma_m16n8k16_f32_f16(o[2 * d + 1], pa, vb[2], vb[3]);
             }
         }
-        __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
-    // out = O / l for the valid rows. The quad sums are shuffles of the whole warp: taken
-    // before the per-row branch, which diverges in the chunk's last tile.
-    const float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
+    // The quad sums are shuffles of the whole warp: taken before the per-row branches below,
+    // which diverge in the chunk's last tile.
+    float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
+
+    if (ns > 1) {
+        // Store this split's partial, count it, and let the unit's last split combine them
+        // (the protocol and why it cannot race: the header, "KV splits").
+        const int unit = kv_head * gridDim.x + q_tile;
+        const u64 slot0 = (u64)unit * gridDim.z * group + warp;  // + z · group: split z's slot of this warp
+        const u64 zstride = (u64)group;
+        float4* po = sp.part_o + slot0 * S::ONS * WARP_SIZE + lane;
+        float4* pml = sp.part_ml + slot0 * WARP_SIZE + lane;
+#pragma unroll
+        for (int n = 0; n < S::ONS; ++n)
+            __stcg(po + ((u64)split * zstride * S::ONS + n) * WARP_SIZE,
+                   make_float4(o[n][0], o[n][1], o[n][2], o[n][3]));
+        __stcg(pml + (u64)split * zstride * WARP_SIZE, make_float4(m_run[0], m_run[1], l_tot[0], l_tot[1]));
+        __syncthreads();  // every thread's stores before thread 0's release
+        if (threadIdx.x == 0) {
+            const u32 before = atom_acq_rel_gpu_add_u32(sp.counters + unit, 1u);
+            const bool last = (int)before == ns - 1;
+            if (last) sp.counters[unit] = 0;  // every split of the unit has added: ready for the next launch
+            apf_is_last = last;
+        }
+        __syncthreads();  // thread 0's acquire before every thread's loads below
+        if (!apf_is_last) return;
+
+        // Combine, in split order whichever split is last (its own partial read back too):
+        // M = the max over z of m_z; w_z = 2^(m_z − M) (0 where a split saw nothing of the row);
+        // l = Σ w_z l_z; O = Σ w_z O_z. M is finite: split 0 holds position 0, which every row sees.
+        float4 ml[APF_MAX_SPLITS];
+#pragma unroll
+        for (int z = 0; z < APF_MAX_SPLITS; ++z)
+            if (z < ns) ml[z] = __ldcg(pml + (u64)z * zstride * WARP_SIZE);
+        float mx[2] = {F32_NEG_INF, F32_NEG_INF};
+#pragma unroll
+        for (int z = 0; z < APF_MAX_SPLITS; ++z)
+            if (z < ns) { mx[0] = fmaxf(mx[0], ml[z].x); mx[1] = fmaxf(mx[1], ml[z].y); }
+        float w[APF_MAX_SPLITS][2];
+        l_tot[0] = l_tot[1] = 0.f;
+#pragma unroll
+        for (int z = 0; z < APF_MAX_SPLITS; ++z)
+            if (z < ns) {
+                w[z][0] = ml[z].x == F32_NEG_INF ? 0.f : exp2f(ml[z].x - mx[0]);
+                w[z][1] = ml[z].y == F32_NEG_INF ? 0.f : exp2f(ml[z].y - mx[1]);
+                l_tot[0] += w[z][0] * ml[z].z;
+                l_tot[1] += w[z][1] * ml[z].w;
+            }
+#pragma unroll
+        for (int n0 = 0; n0 < S::ONS; n0 += APF_COMBINE_CHUNK) {
+            float4 p[APF_MAX_SPLITS][APF_COMBINE_CHUNK];
+#pragma unroll
+            for (int z = 0; z < APF_MAX_SPLITS; ++z)
+#pragma unroll
+                for (int e = 0; e < APF_COMBINE_CHUNK; ++e)
+                    if (z < ns) p[z][e] = __ldcg(po + ((u64)z * zstride * S::ONS + n0 + e) * WARP_SIZE);
+#pragma unroll
+            for (int e = 0; e < APF_COMBINE_CHUNK; ++e) {
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int z = 0; z < APF_MAX_SPLITS; ++z)
+                    if (z < ns) {
+                        sum.x += w[z][0] * p[z][e].x; sum.y += w[z][0] * p[z][e].y;
+                        sum.z += w[z][1] * p[z][e].z; sum.w += w[z][1] * p[z][e].w;
+                    }
+                o[n0 + e][0] = sum.x; o[n0 + e][1] = sum.y; o[n0 + e][2] = sum.z; o[n0 + e][3] = sum.w;
+            }
+        }
+    }
+
+    // out = O / l for the valid rows.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = h == 0 ? r0 : r1;
@@ -229,25 +403,28 @@ __device__ __forceinline__ void attention_prefill_impl(
         const float inv_l = 1.f / l_tot[h];
         __half* dst = out + ((u64)r * Hq + head) * HEAD_DIM + 2 * t;
 #pragma unroll
-        for (int n = 0; n < 2 * S::KSTEPS; ++n)
+        for (int n = 0; n < S::ONS; ++n)
             *reinterpret_cast<u32*>(dst + 8 * n) = pack_half2(o[n][2 * h] * inv_l, o[n][2 * h + 1] * inv_l);
     }
 }
 
-// grid (ceil(rows_max / 16), Hkv), block (32 · Hq/Hkv), dynamic smem ApfShape<Dh>::SMEM_BYTES.
+// grid (ceil(rows_max / 16), Hkv, S), block (32 · Hq/Hkv), dynamic smem ApfShape<Dh>::SMEM_BYTES.
 #define ATTENTION_PREFILL_KERNEL(NAME, HEAD_DIM)                                                   \
-    extern "C" __global__ void __launch_bounds__(APF_MAX_GROUP * WARP_SIZE) NAME(                  \
+    extern "C" __global__ void __launch_bounds__(APF_MAX_GROUP * WARP_SIZE) NAME(  \
         __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
         const __half* __restrict__ q,           /* [rows, Hq, Dh] fp16, rotated queries       */ \
         const __half* __restrict__ k_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
         const __half* __restrict__ v_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
         const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
         const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
-        int Hq, int Hkv) {                                                                     \
+        int Hq, int Hkv,                                                                       \
+        float4* part_o,                         /* [units, S, G, Dh/8, 32] float4 (S > 1)     */ \
+        float4* part_ml,                        /* [units, S, G, 32] float4 (S > 1)           */ \
+        u32* counters) {                        /* [units] u32, zero between launches (S > 1) */ \
         grid_launch_dependents();                                                              \
         grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
         attention_prefill_impl<HEAD_DIM>(out, q, k_cache, v_cache, block_table, prefill_state,     \
-                                         Hq, Hkv);                                              \
+                                         Hq, Hkv, ApfSplit{part_o, part_ml, counters});         \
     }
 
 ATTENTION_PREFILL_KERNEL(attention_prefill_hd64, 64)

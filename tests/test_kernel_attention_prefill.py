@@ -5,12 +5,18 @@ tile (64) boundaries, a chunk continuing an earlier one, a long context — at t
 (Dh 64, 14/2 heads) and 7B (Dh 128, 28/4 heads) shapes. Pages come from a shuffled free list;
 every slot past the sequence, every unused page and the query rows past T are NaN; the output
 is poisoned and rows past T must stay untouched.
+
+Each case runs whole (S = 1) and with its positions split over S = 2, 3, 4 blocks per query tile
+(the last split combining the partials): the partials start poisoned (0xFF bytes: NaN), so a
+split that combined a partial nobody stored would show, and the counters must be back at zero
+after every launch.
 """
 
 import numpy as np
 import pytest
 
 from drvqwen import launchers
+from drvqwen.launchers.attention_prefill import AttentionSplitScratch
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -23,9 +29,10 @@ SHAPES = [(64, 14, 2), (128, 28, 4)]             # (head_dim, Hq, Hkv)
 CASES = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 100), (0, 129), (37, 50), (500, 13), (16, 16), (2000, 64)]
 
 
+@pytest.mark.parametrize("splits", [1, 2, 3, 4], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("hd,hq,hkv", SHAPES, ids=["hd64", "hd128"])
 @pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
-def test_attention_prefill(dev, rng, hd, hq, hkv, start, t):
+def test_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits):
     s_len = start + t
     rows = -(-t // ROW_BUCKET) * ROW_BUCKET
     n_pages = -(-s_len // PAGE_TOKENS) + 3                            # spare pages stay NaN
@@ -40,14 +47,21 @@ def test_attention_prefill(dev, rng, hd, hq, hkv, start, t):
     q[:t] = (rng.standard_normal((t, hq, hd)) * 1.5).astype(np.float16)  # peaky enough softmax
 
     out = dev.poisoned("out", (rows, hq, hd), np.float16)
+    scratch = None
+    if splits > 1:
+        scratch = AttentionSplitScratch(dev.array, -(-rows // 16) * splits, hq, hkv, hd)
+        scratch.part_o.fill_bytes(0xFF)
+        scratch.part_ml.fill_bytes(0xFF)
     attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
                               dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
-                              rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd)
+                              rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd, kv_splits=splits, scratch=scratch)
     attn.launch()
     got = out.download()
     want = ref.attention(q[:t].astype(np.float64), k_seq.astype(np.float64), v_seq.astype(np.float64),
                          start + np.arange(t))
-    report(f"attention_prefill hd{hd} start={start} T={t}", got[:t], want, TOL_ATTENTION)
+    report(f"attention_prefill hd{hd} start={start} T={t} S={splits}", got[:t], want, TOL_ATTENTION)
     assert np.isnan(got[t:].astype(np.float32)).all(), "rows past n_rows were written"
+    if scratch is not None:
+        assert not scratch.counters.download().any(), "a split counter was left non-zero"
     attn.launch()
     assert_same_bits("attention_prefill", got, out.download())

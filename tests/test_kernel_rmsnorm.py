@@ -37,3 +37,23 @@ def test_rmsnorm(dev, rng, label, d, rows):
     out.fill_bytes(0xFF)
     ln.launch()
     assert_same_bits(label, got, out.download())
+
+
+@pytest.mark.parametrize("d", [896, 3584, 8192])
+def test_rmsnorm_same_bits_at_any_block_size(dev, rng, d):
+    """The sum's order is a 1024-thread block's whatever the block (rmsnorm.cuh), so the prefill's
+    ROW_THREADS blocks, and any multiple of 32, give the bits of the 1024-thread one."""
+    from drvqwen.launchers import RmsNorm
+
+    rows = 3
+    x = (rng.standard_normal((rows, d)) * rng.uniform(0.5, 50.0, (rows, 1))).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(d)).astype(np.float16)
+    xs, ws = dev.upload("x", x), dev.upload("w", w)
+    results = {}
+    for threads in (1024, 256, 224, 96, 32):
+        out = dev.poisoned(f"out{threads}", (rows, d), np.float16)
+        RmsNorm(out, xs, ws, dim=d, eps=EPS, rows=rows, threads=threads).launch()
+        results[threads] = out.download()
+    report(f"d{d}", results[1024], ref.rmsnorm(x.astype(np.float64), w.astype(np.float64), EPS), TOL_GEMV)
+    for threads, got in results.items():
+        assert_same_bits(f"rmsnorm d{d} at {threads} threads", results[1024], got)

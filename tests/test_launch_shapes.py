@@ -1,5 +1,6 @@
 """Launch-shape rules of the bandwidth-bound launchers, evaluated without a GPU (occupancy given)."""
 
+import numpy as np
 import pytest
 
 from drvqwen.config import PRESETS
@@ -198,3 +199,36 @@ def test_split_k_arguments_are_refused_with_their_reason():
     with pytest.raises(LaunchError, match="4 tiles × 4 splits need a SplitKScratch of 16 units and 4 counters, "
                                           "it has 12 and 3"):
         split_k_args(scratch, 4, 4, 7, 132, "k")
+
+
+def test_attention_prefill_kv_splits_chosen_and_refused_with_their_reason():
+    """launchers/attention_prefill: S = slots // (2 · units) in 1 … MAX_SPLITS (the 0.5B's 512 rows:
+    64 units on 2 × 132 slots → 2; the 7B's: 128 units on 132 → 1; short chunks → at most 4), and
+    a split launch refused without a scratch, past MAX_SPLITS, or with a scratch too small."""
+    import types
+
+    from drvqwen.launchers.attention_prefill import MAX_SPLITS, AttentionPrefill, split_count
+    from drvqwen.launchers.base import NULL, BufferSpec
+
+    assert (split_count(64, 264), split_count(128, 132), split_count(16, 264), split_count(0, 1)) == (2, 1, 4, 1)
+    rows, hq, hkv, dh = 128, 14, 2, 64
+    bufs = [BufferSpec(n, (rows * hq * dh,), np.float16) for n in ("out", "q")]
+    bufs += [BufferSpec(n, (4, hkv, 16, dh), np.float16) for n in ("k", "v")]
+    bufs += [BufferSpec("bt", (4,), np.int32), BufferSpec("ps", (2,), np.int32)]
+    shape = dict(rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh)
+    scratch = types.SimpleNamespace(tile_splits=16, heads=(hq, hkv, dh), part_o=BufferSpec("po", (1,), np.float32),
+                                    part_ml=BufferSpec("pml", (1,), np.float32),
+                                    counters=BufferSpec("c", (1,), np.uint32))
+    whole = AttentionPrefill(*bufs, **shape)
+    assert whole.specs[0].grid == (8, hkv, 1) and whole.specs[0].args["part_o"] is NULL
+    split = AttentionPrefill(*bufs, **shape, kv_splits=2, scratch=scratch)
+    assert split.specs[0].grid == (8, hkv, 2) and split.specs[0].args["counters"] is scratch.counters
+    with pytest.raises(LaunchError, match="kv_splits=2 over 128 rows needs an AttentionSplitScratch of ≥ 16"):
+        AttentionPrefill(*bufs, **shape, kv_splits=2)
+    with pytest.raises(LaunchError, match="kv_splits=3 over 128 rows needs an AttentionSplitScratch of ≥ 24"):
+        AttentionPrefill(*bufs, **shape, kv_splits=3, scratch=scratch)
+    with pytest.raises(LaunchError, match=f"kv_splits={MAX_SPLITS + 1} must be an int in 1..{MAX_SPLITS}"):
+        AttentionPrefill(*bufs, **shape, kv_splits=MAX_SPLITS + 1, scratch=scratch)
+    other = types.SimpleNamespace(**{**vars(scratch), "heads": (28, 4, 128)})
+    with pytest.raises(LaunchError, match="for heads 14/2, Dh 64"):
+        AttentionPrefill(*bufs, **shape, kv_splits=2, scratch=other)

@@ -34,7 +34,8 @@ time (`_run_per_token`): its cache is exactly what decoding writes, the GEMM pat
 
 Chunking: prompts longer than `max_chunk_rows` (default 512) run in chunks of that many rows;
 each chunk's attention reads every earlier position from the paged cache, so a prompt of any
-length up to max_context works, with buffers sized for one chunk (~47 MB at 7B).
+length up to max_context works, with buffers sized for one chunk (~47 MB of activations at 7B,
+plus ~17 MB of split-K scratch and ~4 MB of the attention's KV-split partials).
 
 Where the time goes at 512 tokens (synthetic 7B, H200): the INT4 GEMMs (gemm_int4.cu, wgmma)
 are most of it; attention, RoPE/K/V writes and the RMSNorms ~2 ms together
@@ -67,6 +68,7 @@ from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, Ge
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
+from .launchers.attention_prefill import Q_TILE as ATTENTION_Q_TILE, AttentionSplitScratch, kv_splits_for
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -96,7 +98,7 @@ PREFILL_MODES = ("gemm", "per_token")
 
 # Prompt rows per chunk: large enough that the GEMMs fill the GPU (4 blocks of 128 tokens per
 # 128-row weight slice at 7B: 112–1184 blocks per GEMM on 132 SMs), small enough that the
-# activation buffers stay ~47 MB at 7B.
+# activation buffers stay ~47 MB at 7B (the split-K and attention scratch add ~21 MB).
 DEFAULT_CHUNK_ROWS = 512
 
 
@@ -124,12 +126,16 @@ class Prefill:
         pdl: launch the chunk's kernels that support it as programmatic dependents (each
             starts while the one before drains, and waits for it with griddepcontrol.wait);
             False launches them plainly (to compare).
+        attention_splits: KV splits per query tile of the attention (kernels/attention_prefill.cu,
+            "KV splits"): True picks them per row bucket (kv_splits_for), False runs each
+            query tile whole (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
-                 fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True):
+                 fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
+                 attention_splits: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -162,9 +168,19 @@ class Prefill:
         split_units, split_tiles = self._split_k_need() if split_k and not self.per_token else (0, 0)
         if split_units:
             size += SplitKScratch.nbytes(split_units, split_tiles) + 2 * DEFAULT_ALIGN_BYTES
+        # The attention's KV splits per row bucket, and their partials and counters, sized for the
+        # largest bucket × splits and shared by every layer's launch.
+        heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        self.attention_splits = ({rows: kv_splits_for(rows, *heads) for rows in range(ROW_BUCKET, C + 1, ROW_BUCKET)}
+                                 if attention_splits and not self.per_token else {})
+        tile_splits = max((-(-rows // ATTENTION_Q_TILE) * s for rows, s in self.attention_splits.items() if s > 1),
+                          default=0)
+        if tile_splits:
+            size += AttentionSplitScratch.nbytes(tile_splits, *heads) + 3 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")
         self.buf = {name: self.pool.alloc(name, s, d) for name, (s, d) in act.items()}
         self.split_k = SplitKScratch(self.pool.alloc, split_units, split_tiles) if split_units else None
+        self.attention_scratch = AttentionSplitScratch(self.pool.alloc, tile_splits, *heads) if tile_splits else None
         self.buf["ids"].upload(np.zeros(act["ids"][0], np.int32))  # padding rows embed token 0
         st = step.stream
         self._begin = PrefillBeginChunk(self.buf["prefill_state"], stream=st)
@@ -251,7 +267,10 @@ class Prefill:
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
-                                                     rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
+                                                     rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                                                     kv_splits=self.attention_splits.get(R, 1),
+                                                     scratch=self.attention_scratch,
+                                                     stream=st)),
                 (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, stream=st)),
@@ -311,7 +330,10 @@ class Prefill:
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
-                                                     rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
+                                                     rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                                                     kv_splits=self.attention_splits.get(R, 1),
+                                                     scratch=self.attention_scratch,
+                                                     stream=st)),
                 (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
                                            defines=defs, **sk[ResidualO])),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,

@@ -3,6 +3,8 @@ paged KV cache.
 
     AttentionPrefill   out fp16 [rows, Hq, Dh] = causal softmax(q Kᵀ/√Dh) V for the chunk's rows
                        r < n_rows at positions start + r (prefill_state)
+    AttentionSplitScratch  the partials and counters of a launch whose query tiles split their
+                       positions over S blocks (kv_splits > 1)
 """
 
 from __future__ import annotations
@@ -11,44 +13,117 @@ import numpy as np
 
 from ..cuda import Stream
 from .attention_decode import check_attention_shapes
-from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored
+from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, check_buffer, check_prefill_state, i32,
+                   mirrored, require)
 
 Q_TILE = mirrored("attention_prefill", "APF_QTILE", 16)        # queries per block (M of the MMA)
 KV_TILE = mirrored("attention_prefill", "APF_KV_TILE", 64)     # positions per pipeline step (4 pages)
-STAGES = mirrored("attention_prefill", "APF_STAGES", 2)
+STAGES = mirrored("attention_prefill", "APF_STAGES", 3)
+MAX_SPLITS = mirrored("attention_prefill", "APF_MAX_SPLITS", 4)  # KV splits of a query tile at most
 
 
-def smem_bytes(head_dim: int) -> int:
+def split_count(units: int, slots: int) -> int:
+    """KV splits S for `units` (query tile, KV head) pairs on `slots` resident blocks of the GPU:
+    the most that leaves every split two slots' worth of room, slots // (2 · units), in
+    1 … MAX_SPLITS. Measured on the H200 (kernels/attention_prefill.cu, "KV splits"): the 0.5B's
+    64 units on 264 slots run fastest at S = 2 (S = 4 pays more combines than it gains), the 7B's
+    128 units on 132 slots at S = 1 (its tiles already fill the GPU)."""
+    return max(1, min(MAX_SPLITS, slots // max(1, 2 * units)))
+
+
+def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                  occupancy: Occupancy | None = None) -> int:
+    """S for a launch over `rows` query rows (split_count with the kernel's occupancy)."""
+    occ = occupancy or DEFAULT_OCCUPANCY
+    per_sm = occ.blocks_per_sm(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}"),
+                               32 * (n_heads // n_kv_heads), smem_bytes(head_dim))
+    return split_count(-(-rows // Q_TILE) * n_kv_heads, max(1, per_sm) * occ.sm_count)
+
+
+def smem_bytes(head_dim: int, stages: int = STAGES) -> int:
     """Dynamic shared memory: stages × (K, V) × 64 token rows of Dh fp16 padded by 16 bytes."""
-    return STAGES * 2 * KV_TILE * (2 * head_dim + 16)
+    return stages * 2 * KV_TILE * (2 * head_dim + 16)
 
 
 mirrored("attention_prefill", "ApfShape<64>::SMEM_BYTES", smem_bytes(64))
 mirrored("attention_prefill", "ApfShape<128>::SMEM_BYTES", smem_bytes(128))
 
 
+class AttentionSplitScratch:
+    """The buffers of KV-split attention launches (kernels/attention_prefill.cu, "KV splits"),
+    for launches of up to `tile_splits` = query tiles × S (ceil(rows / 16) · kv_splits); one per
+    stream, shared by every layer's launch (each leaves its counters at zero, and the next touches
+    them only after its griddepcontrol.wait, once the one before has completed):
+
+        part_o    fp32 [tile_splits · Hq · Dh/8 · 32, 4]   each split's O accumulators, lane-major
+        part_ml   fp32 [tile_splits · Hq · 32, 4]          each split's row maxima and sums
+        counters  u32  [tile_splits · Hkv]                 one per (query tile, KV head); zero
+                                                          between launches
+
+    Allocated by `alloc(name, shape, dtype) -> DeviceArray` (a Pool's `alloc`); the counters are
+    zeroed by an upload.
+    """
+
+    def __init__(self, alloc, tile_splits: int, n_heads: int, n_kv_heads: int, head_dim: int):
+        self.tile_splits, self.heads = tile_splits, (n_heads, n_kv_heads, head_dim)
+        units, o_f4, ml_f4 = self.shape(tile_splits, n_heads, n_kv_heads, head_dim)
+        self.part_o = alloc("attention_part_o", (o_f4, 4), np.float32)
+        self.part_ml = alloc("attention_part_ml", (ml_f4, 4), np.float32)
+        self.counters = alloc("attention_counters", (units,), np.uint32)
+        self.counters.upload(np.zeros(units, np.uint32))
+
+    @staticmethod
+    def shape(tile_splits: int, n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+        """(counters, float4 of part_o, float4 of part_ml)."""
+        return tile_splits * n_kv_heads, tile_splits * n_heads * (head_dim // 8) * 32, tile_splits * n_heads * 32
+
+    @classmethod
+    def nbytes(cls, tile_splits: int, n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+        """Bytes the three buffers take (before the pool's alignment)."""
+        units, o_f4, ml_f4 = cls.shape(tile_splits, n_heads, n_kv_heads, head_dim)
+        return 16 * (o_f4 + ml_f4) + 4 * units
+
+
 class AttentionPrefill(Launcher):
     """out fp16 [rows, Hq, Dh] = causal attention of q fp16 [rows, Hq, Dh] over one layer's
     paged cache [P, Hkv, 16, Dh], rows r < prefill_state[1] at positions prefill_state[0] + r.
 
+    With `kv_splits` S > 1 each query tile's positions are cut into up to S contiguous ranges
+    that run on different blocks, the last to finish combining them (`scratch`, of at least
+    ceil(rows / 16) · S tile splits, holds the partials); S = 1 needs no scratch.
+    `defines` builds a compile-time variant of the kernel (benchmarks; the prefill uses none).
+
     Raises:
-        LaunchError: unsupported head_dim or GQA group, or a buffer of the wrong size or dtype.
+        LaunchError: unsupported head_dim or GQA group, a buffer of the wrong size or dtype,
+            kv_splits outside 1 … MAX_SPLITS, or a split launch without a scratch large enough.
     """
 
     def __init__(self, out, q, k_cache, v_cache, block_table, prefill_state, *, rows: int, n_heads: int,
-                 n_kv_heads: int, head_dim: int, stream: Stream | None = None):
+                 n_kv_heads: int, head_dim: int, kv_splits: int = 1, scratch: AttentionSplitScratch | None = None,
+                 defines: tuple[tuple[str, int], ...] = (), stream: Stream | None = None):
         super().__init__(stream)
         check_attention_shapes("attention_prefill", n_heads, n_kv_heads, head_dim)
         check_buffer(out, "out", rows * n_heads * head_dim, np.float16)
         check_buffer(q, "q", rows * n_heads * head_dim, np.float16)
         check_prefill_state(prefill_state)
-        self.n_heads, self.head_dim = n_heads, head_dim
-        self._add(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}", pdl=True), (-(-rows // Q_TILE), n_kv_heads),
-                  (32 * (n_heads // n_kv_heads),),
+        require(isinstance(kv_splits, int) and 1 <= kv_splits <= MAX_SPLITS,
+                f"attention_prefill: kv_splits={kv_splits!r} must be an int in 1..{MAX_SPLITS}")
+        split = dict(part_o=NULL, part_ml=NULL, counters=NULL)
+        if kv_splits > 1:
+            need = -(-rows // Q_TILE) * kv_splits
+            require(scratch is not None and scratch.tile_splits >= need
+                    and scratch.heads == (n_heads, n_kv_heads, head_dim),
+                    f"attention_prefill: kv_splits={kv_splits} over {rows} rows needs an AttentionSplitScratch "
+                    f"of ≥ {need} tile splits for heads {n_heads}/{n_kv_heads}, Dh {head_dim}")
+            split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
+        self.n_heads, self.head_dim, self.kv_splits = n_heads, head_dim, kv_splits
+        stages = dict(defines).get("APF_STAGES", STAGES)
+        self._add(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}", tuple(defines), pdl=True),
+                  (-(-rows // Q_TILE), n_kv_heads, kv_splits), (32 * (n_heads // n_kv_heads),),
                   dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                       prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
-                  smem_bytes=smem_bytes(head_dim), reads=(q, k_cache, v_cache, block_table, prefill_state),
-                  writes=(out,))
+                       prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads), **split),
+                  smem_bytes=smem_bytes(head_dim, stages), reads=(q, k_cache, v_cache, block_table, prefill_state),
+                  writes=(out,) + ((scratch.part_o, scratch.part_ml, scratch.counters) if kv_splits > 1 else ()))
 
     def flops_for(self, start: int, n_rows: int) -> int:
         """QKᵀ and PV multiply-adds actually needed (causal) for a chunk, ×2 FLOPs each."""

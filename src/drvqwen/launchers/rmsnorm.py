@@ -13,23 +13,32 @@ from .base import KernelRef, Launcher, check_buffer, f32, i32, mirrored, require
 THREADS = mirrored("rmsnorm", "RMSNORM_THREADS", 1024)
 MAX_CHUNKS = mirrored("rmsnorm", "RMSNORM_MAX_CHUNKS", 4)   # float4 chunks per thread, in registers
 MAX_DIM = MAX_CHUNKS * THREADS * 4
+# Threads per row when there are many rows (the prefill): the kernel's sum has the same order at
+# any block size (rmsnorm.cuh), and a 1024-thread block per row holds an SM's threads for a row of
+# 224 float4 (the 0.5B's D = 896) — 2 rows per SM at a time; 256 threads let 8 run.
+ROW_THREADS = 256
 
 
 class RmsNorm(Launcher):
-    """out fp16 [rows, D] = rmsnorm(x fp32 [rows, D]) · weight fp16 [D], all in FP32.
+    """out fp16 [rows, D] = rmsnorm(x fp32 [rows, D]) · weight fp16 [D], all in FP32; one block per
+    row of `threads` (default THREADS for one row, ROW_THREADS for more): the same bits at any.
 
     Raises:
-        LaunchError: D not a multiple of 4 or above MAX_DIM, or a buffer of the wrong size/dtype.
+        LaunchError: D not a multiple of 4 or above MAX_DIM, threads not a multiple of 32 in
+            32 … THREADS, or a buffer of the wrong size/dtype.
     """
 
-    def __init__(self, out, x, weight, *, dim: int, eps: float, rows: int = 1, stream: Stream | None = None):
+    def __init__(self, out, x, weight, *, dim: int, eps: float, rows: int = 1, threads: int | None = None,
+                 stream: Stream | None = None):
         super().__init__(stream)
         require(dim > 0 and dim % 4 == 0 and dim <= MAX_DIM,
                 f"rmsnorm: D={dim} must be a positive multiple of 4, at most {MAX_DIM}")
         check_buffer(out, "out", rows * dim, np.float16)
         check_buffer(x, "x", rows * dim, np.float32)
         check_buffer(weight, "weight", dim, np.float16)
+        threads = threads or (THREADS if rows == 1 else ROW_THREADS)
+        require(threads % 32 == 0 and 32 <= threads <= THREADS, f"rmsnorm: {threads} threads: a multiple of 32 in 32..{THREADS}")
         self.bytes_moved = rows * dim * (4 + 2) + dim * 2
-        self._add(KernelRef("rmsnorm", "rmsnorm", pdl=True), (rows,), (THREADS,),
+        self._add(KernelRef("rmsnorm", "rmsnorm", pdl=True), (rows,), (threads,),
                   dict(out=out, x=x, weight=weight, D=i32(dim), eps=f32(eps)),
                   reads=(x, weight), writes=(out,), bytes_moved=self.bytes_moved)
