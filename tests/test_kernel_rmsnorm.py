@@ -42,7 +42,7 @@ def test_rmsnorm(dev, rng, label, d, rows):
 @pytest.mark.parametrize("d", [896, 3584, 8192])
 def test_rmsnorm_same_bits_at_any_block_size(dev, rng, d):
     """The sum's order is a 1024-thread block's whatever the block (rmsnorm.cuh), so the prefill's
-    ROW_THREADS blocks, and any multiple of 32, give the bits of the 1024-thread one."""
+    row_threads(D) blocks, and any multiple of 32, give the bits of the 1024-thread one."""
     from drvqwen.launchers import RmsNorm
 
     rows = 3
