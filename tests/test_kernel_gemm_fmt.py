@@ -114,17 +114,24 @@ def test_gemm_fmt_wgmma_refuses_k_off_its_stage(dev, rng):
 PERSISTENT = [(fname, k, blocks) for fname, k in (("q5_k", 1280), ("q8_g32", 896)) for blocks in (1, 4, 0)]
 
 
-@pytest.mark.parametrize("fname,k,max_blocks", PERSISTENT, ids=[f"{p[0]}-k{p[1]}-blocks{p[2]}" for p in PERSISTENT])
-def test_gemm_fmt_wgmma_persistent(dev, rng, fname, k, max_blocks):
-    GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows = launchers("wgmma")
-
+def _multi_tile_case(dev, rng, fname: str, k: int):
+    """The persistent and split-K cases: 300 rows of which m = 260 live × n = 200 outputs over
+    K = k — 3 token blocks × 2 row blocks (gate/up: × 4 of 64 features) — with W and U in format
+    `fname`: (rows, m, n, w, u on the device, x and prefill_state on the device, x64 of the live
+    rows, want = x64 Wᵀ, U in float64)."""
     fmt = {x.name: x for x in FORMATS}[fname]
-    rows, m, n = 300, 260, 200                 # 3 token blocks × 2 row blocks (gate/up: × 4 of 64 features)
+    rows, m, n = 300, 260, 200
     (w, w64), (u, u64) = (random_fmt_weight(dev, rng, fmt, n, k, name) for name in ("W", "U"))
     x = rng.standard_normal((rows, k)).astype(np.float16)
     x64 = x[:m].astype(np.float64)
-    want = x64 @ w64.T
     xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([0, m], np.int32))
+    return rows, m, n, w, u, xd, ps, x64, x64 @ w64.T, u64
+
+
+@pytest.mark.parametrize("fname,k,max_blocks", PERSISTENT, ids=[f"{p[0]}-k{p[1]}-blocks{p[2]}" for p in PERSISTENT])
+def test_gemm_fmt_wgmma_persistent(dev, rng, fname, k, max_blocks):
+    GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows = launchers("wgmma")
+    rows, m, n, w, u, xd, ps, x64, want, u64 = _multi_tile_case(dev, rng, fname, k)
     tag = f"{fname}.k{k}.blocks{max_blocks}"
 
     out = dev.poisoned("out", (rows, n), np.float32)
@@ -160,13 +167,7 @@ def test_gemm_fmt_wgmma_split_k(dev, rng, fname, k, s, max_blocks):
     from drvqwen.launchers.gemm_int4 import SplitKScratch
 
     GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows = launchers("wgmma")
-    fmt = {x.name: x for x in FORMATS}[fname]
-    rows, m, n = 300, 260, 200                 # 3 token blocks × 2 row blocks (gate/up: × 4 of 64 features)
-    (w, w64), (u, u64) = (random_fmt_weight(dev, rng, fmt, n, k, name) for name in ("W", "U"))
-    x = rng.standard_normal((rows, k)).astype(np.float16)
-    x64 = x[:m].astype(np.float64)
-    want = x64 @ w64.T
-    xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([0, m], np.int32))
+    rows, m, n, w, u, xd, ps, x64, want, u64 = _multi_tile_case(dev, rng, fname, k)
     sk = SplitKScratch(dev.array, 12 * s, 12)
     sk.partials.fill_bytes(0xFF)
     kw = dict(rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s)

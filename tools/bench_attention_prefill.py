@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from drvqwen import reference as ref
-from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
+from drvqwen.cuda import get_device
 from drvqwen.cuda.graph import graph_time_us
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import AttentionPrefill
@@ -35,28 +35,10 @@ from drvqwen.launchers.attention_prefill import AttentionSplitScratch
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen.provenance import source_record
 
+from bench_attention import Scratch  # device buffers freed together (tools/ is the script's path)
+
 SHAPES = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}  # (Hq, Hkv, Dh)
 CHECK_ROWS = 8  # query rows checked against the reference per case (the last ones: the longest)
-
-
-class Scratch:
-    """Device buffers freed together."""
-
-    def __init__(self):
-        self.buffers = []
-
-    def array(self, name, shape, dtype, host=None):
-        dtype = np.dtype(dtype)
-        buf = DeviceBuffer(max(16, int(np.prod(shape)) * dtype.itemsize), name)
-        self.buffers.append(buf)
-        arr = DeviceArray(name, buf.ptr, tuple(shape), dtype)
-        if host is not None:
-            arr.upload(np.ascontiguousarray(host, dtype=dtype))
-        return arr
-
-    def close(self):
-        for b in self.buffers:
-            b.free()
 
 
 def bench_case(rng, model: str, start: int, n_rows: int, splits: list[int], variants: list[tuple[str, tuple]],
