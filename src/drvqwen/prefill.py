@@ -69,6 +69,7 @@ from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidual
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import Q_TILE as ATTENTION_Q_TILE, AttentionSplitScratch, kv_splits_for
+from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
@@ -242,6 +243,7 @@ class Prefill:
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
+        nt = norm_row_threads(D)  # the RMSNorms' block: a thread per float4 of a row
         ids = DeviceArray("ids[chunk]", self.buf["ids"].ptr, (R,), np.int32)
         fm = step.plan.formats
         if fm is not None:
@@ -260,7 +262,8 @@ class Prefill:
             lw = LayerWeights.of(w.__getitem__, l)
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
-                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
+                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, threads=nt,
+                                                  stream=st)),
                 (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
                                                    n_kv=nkv, k=D, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
@@ -273,7 +276,7 @@ class Prefill:
                                                      stream=st)),
                 (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
-                                                           rows=R, stream=st)),
+                                                           rows=R, threads=nt, stream=st)),
                 (f"L{l}.gate_up_swiglu", GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
                                                                   rows=R, split_k=sk, stream=st)),
                 (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, split_k=sk, stream=st)),
@@ -291,6 +294,7 @@ class Prefill:
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
+        nt = norm_row_threads(D)  # the RMSNorms' block: a thread per float4 of a row
 
         def fw(prefix: str):
             fid = fm[prefix]
@@ -319,7 +323,8 @@ class Prefill:
                                                      "down_proj")}
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps += [
-                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, stream=st)),
+                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, threads=nt,
+                                                  stream=st)),
                 (f"L{l}.q_proj", Rows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st, defines=defs,
                                       **sk[Rows])),
                 (f"L{l}.k_proj", Rows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq, stream=st,
@@ -337,7 +342,7 @@ class Prefill:
                 (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
                                            defines=defs, **sk[ResidualO])),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
-                                                           rows=R, stream=st)),
+                                                           rows=R, threads=nt, stream=st)),
                 (f"L{l}.gate_up_swiglu", GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R,
                                                 stream=st, defines=defs, **sk[GateUp])),
                 (f"L{l}.down_proj", ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,

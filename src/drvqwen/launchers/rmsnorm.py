@@ -16,7 +16,7 @@ MAX_DIM = MAX_CHUNKS * THREADS * 4
 
 
 def row_threads(dim: int) -> int:
-    """Threads per row when there are many rows (the prefill): one per float4 of the row, rounded
+    """Threads per row for the prefill's many rows: one per float4 of the row, rounded
     up to a warp. The kernel's sum has the same order at any block size (rmsnorm.cuh), and a
     1024-thread block for a row of 224 float4 (the 0.5B's D = 896) would hold an SM's threads
     for 224 busy ones: 2 rows per SM at a time where 9 fit."""
@@ -25,7 +25,7 @@ def row_threads(dim: int) -> int:
 
 class RmsNorm(Launcher):
     """out fp16 [rows, D] = rmsnorm(x fp32 [rows, D]) · weight fp16 [D], all in FP32; one block per
-    row of `threads` (default THREADS for one row, row_threads(D) for more): the same bits at any.
+    row of `threads` (default THREADS; the prefill passes row_threads(D)): the same bits at any.
 
     Raises:
         LaunchError: D not a multiple of 4 or above MAX_DIM, threads not a multiple of 32 in
@@ -40,7 +40,7 @@ class RmsNorm(Launcher):
         check_buffer(out, "out", rows * dim, np.float16)
         check_buffer(x, "x", rows * dim, np.float32)
         check_buffer(weight, "weight", dim, np.float16)
-        threads = threads or (THREADS if rows == 1 else row_threads(dim))
+        threads = threads or THREADS
         require(threads % 32 == 0 and 32 <= threads <= THREADS, f"rmsnorm: {threads} threads: a multiple of 32 in 32..{THREADS}")
         self.bytes_moved = rows * dim * (4 + 2) + dim * 2
         self._add(KernelRef("rmsnorm", "rmsnorm", pdl=True), (rows,), (threads,),
