@@ -98,7 +98,10 @@
 //   | 7B, 7680         | 429.3  | 369.7  | 372.1  | 378.1  |
 //   | 7B, 31744        | 1643   | 1456   | 1450   | 1444   |
 // ("S = 1" is this file without splits: the reversed tiles and the ring of three with one barrier
-// per tile.) The 0.5B's 64 units leave half the GPU idle without splits; the 7B's 128 fill it
+// per tile. That run's build had __launch_bounds__(256, 1), 187 / 134 registers; this one's
+// (256) gives 182 / 125, the same code otherwise.) In the prefill (the synthetic 0.5B, 512 tokens,
+// docs/bench/2026-12-02_8925093_h200_prefill_attention_splits.json): the attention's 24 launches
+// 473 → 366 µs, TTFT 2.99 → 2.79 ms. The 0.5B's 64 units leave half the GPU idle without splits; the 7B's 128 fill it
 // (one block per SM: its registers), so splits only add combines there.
 // What lost, same runs: two stages instead of three, 0–3 % slower; the 7B at 144 registers
 // (__maxnreg__, two blocks of 7 warps per SM, 88 B of spills in the loop): 10–15 % slower.
