@@ -225,3 +225,24 @@ def test_persistent_defines_parse_and_refuse_in_one_line():
     for bad in ("DP_SPIN_NS", "1X=2", "A=two", "=3"):
         with pytest.raises(bench.DrvqwenError, match=rf"^--persistent-define {bad!r}: expected NAME=INTEGER$"):
             bench.parse_defines([bad])
+
+
+def test_prefill_breakdown_groups_the_layers_and_prints_its_own_table():
+    """`bench --kernels` also times the prefill's launches (Prefill.time_kernels) and prints them
+    by role in a table of their own; the per-launch figures are kept as measured."""
+    from rich.console import Console
+
+    from drvqwen.bench import prefill_breakdown, print_kernels
+
+    class FakePrefill:
+        def time_kernels(self, ids):
+            assert ids == [1, 2, 3]
+            return {"embedding": 2.0, "L0.attention": 5.0, "L1.attention": 7.0, "L0.o_proj": 3.0}
+
+    k = prefill_breakdown(FakePrefill(), [1, 2, 3])
+    assert k["by_role_us"] == {"embedding": 2.0, "attention": 12.0, "o_proj": 3.0}
+    assert k["sum_ms"] == pytest.approx(0.017) and k["per_launch_us"]["L1.attention"] == 7.0
+    console = Console(width=120, record=True)
+    print_kernels({"prefill_kernels": k}, console, key="prefill_kernels", what="3-token prefill")
+    text = " ".join(console.export_text().split())  # the title wraps over the table's width
+    assert "3-token prefill by kernel role (4 launches)" in text and "attention" in text and "17.0" in text

@@ -264,7 +264,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         use_prefill: run the prompt through the GPU prefill where it exists (TTFT); False
             feeds it one decode step per token (no TTFT).
         prefill_reps: timed prefills of the prompt per mode (>= 1), each a new sequence.
-        kernels: also time every launch of the step (`kernel_breakdown`).
+        kernels: also time every launch of the step (`kernel_breakdown`) and, where the prompt
+            fits one prefill chunk, of the prefill (`prefill_breakdown`).
         prefill_gemm: which GEMMs the prefill runs (prefill.FMT_GEMMS), to compare them.
         decode: "per-launch" (the step as its launch list) or "persistent": the graph mode runs
             the embedding and the layers as one persistent kernel (kernels/decode_persistent.cu)
@@ -361,6 +362,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             out["same_tokens"] = e.tokens == g.tokens
         if kernels:
             out["kernels"] = kernel_breakdown(dec)
+            if prefill is not None and prompt_tokens <= prefill.chunk_rows:
+                out["prefill_kernels"] = prefill_breakdown(prefill, prompt)
         if trace and graph is not None and dec.plan.persistent is not None:
             out["persistent_trace"] = persistent_trace(dec, graph)
         return out
@@ -435,11 +438,21 @@ def kernel_breakdown(dec, steps: int = 10) -> dict:
             "method": f"eager step queued behind gpu_sleep, an event pair around each launch, median of {steps}"}
 
 
-def print_kernels(res: dict, console: Console | None = None) -> None:
-    """The per-role kernel table of `res["kernels"]` (see kernel_breakdown)."""
+def prefill_breakdown(prefill, prompt: list[int]) -> dict:
+    """GPU time of every launch of a one-chunk prefill of `prompt` from position 0, grouped by
+    role over the layers (Prefill.time_kernels: the chunk queued behind gpu_sleep, one event pair
+    per launch); the same fields and caveat as kernel_breakdown. Leaves the cache holding `prompt`.
+    """
+    per = prefill.time_kernels(prompt)
+    return {"per_launch_us": per, "by_role_us": by_role(per), "sum_ms": sum(per.values()) / 1e3,
+            "method": "one eager prefill queued behind gpu_sleep, an event pair around each launch"}
+
+
+def print_kernels(res: dict, console: Console | None = None, key: str = "kernels", what: str = "decode step") -> None:
+    """The per-role kernel table of `res[key]` (see kernel_breakdown, prefill_breakdown)."""
     console = console or make_console()
-    k = res["kernels"]
-    t = Table(title=f"decode step by kernel role ({len(k['per_launch_us'])} launches)", caption=k["method"])
+    k = res[key]
+    t = Table(title=f"{what} by kernel role ({len(k['per_launch_us'])} launches)", caption=k["method"])
     for c in ("role", "µs per step", "share"):
         t.add_column(c, justify="right")
     for role, us in sorted(k["by_role_us"].items(), key=lambda kv: -kv[1]):
@@ -468,7 +481,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
-    p.add_argument("--kernels", action="store_true", help="also time every launch of the decode step, by role")
+    p.add_argument("--kernels", action="store_true",
+                   help="also time every launch of the decode step and of the prompt's prefill, by role")
     p.add_argument("--decode", choices=("per-launch", "persistent"), default="per-launch",
                    help="persistent: the graph mode runs the embedding and the layers as one persistent kernel, the "
                         "eager mode the same step launch by launch (both with the plain attention kernel)")
@@ -546,6 +560,8 @@ def cmd_bench(args) -> int:
     print_table(res)
     if "kernels" in res:
         print_kernels(res)
+    if "prefill_kernels" in res:
+        print_kernels(res, key="prefill_kernels", what=f"{res['protocol']['prompt_tokens']}-token prefill")
     if "persistent_trace" in res:
         tr = res["persistent_trace"]
         err.print(f"persistent step, traced: {tr['step_us']:.1f} µs from the first item's start to the last release")
