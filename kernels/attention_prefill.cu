@@ -105,12 +105,15 @@
 // (one block per SM: its registers), so splits only add combines there.
 // What lost, same runs: two stages instead of three, 0–3 % slower; the 7B at 144 registers
 // (__maxnreg__, two blocks of 7 warps per SM, 88 B of spills in the loop): 10–15 % slower.
-// The 7B's chunk at 31 744 runs at ~162 TFLOP/s: one block of 7 warps per SM, with ~600
-// instructions per warp and tile (128 MMAs; the cp.async staging alone ~140), and Nsight Compute
-// (before the splits, docs/bench/2026-12-02_2ba4bde_h200_attention_prefill_ncu.json) shows 0.39
-// instructions issued per cycle per scheduler, the warps mostly waiting on fixed-latency
-// dependencies: FlashAttention-3's structure (wgmma, K/V by TMA, warp-specialised) is the next
-// step there.
+// The 7B's chunk at 31 744 runs at ~162 TFLOP/s: one block of 7 warps per SM, each warp issuing
+// ~1 280 instructions per tile of 64 positions at Dh = 128 (the SASS: 128 HMMA and 64 LDSM in
+// ~790 of the step's own, plus the cp.async loop's 53 per 16-byte copy — a block-table load, the
+// index arithmetic, the copy — times 9 copies per thread: ~485), and Nsight Compute (before the
+// splits, docs/bench/2026-12-02_2ba4bde_h200_attention_prefill_ncu.json) shows 0.39 instructions
+// issued per cycle per scheduler, the warps mostly waiting on fixed-latency dependencies. Next
+// there: a staging loop of fewer instructions (the tile's 4 page ids loaded once, each thread one
+// 16-byte column of rows, K and V from one offset) or K/V by TMA; then FlashAttention-3's
+// structure (wgmma, warp-specialised).
 //
 // Requirements (asserted by the launcher): Hq / Hkv ≤ 8; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1, the
