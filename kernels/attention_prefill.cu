@@ -76,9 +76,10 @@
 // The combine, whichever split is last, in split order: M = the max over z of m_z;
 // w_z = 2^(m_z − M), 0 where split z saw nothing of the row (m_z = −inf); l = Σ w_z l_z;
 // O = Σ w_z O_z; out = O / l. M is finite: split 0 holds position 0, which every row sees. So
-// a launch gives the same bits every time, and S > 1 differs from S = 1 by FP32 reassociation
-// and the exp2 of the rescaling only (tests: the float64 reference's tolerance at S = 1 … 4,
-// poisoned partials, counters back at 0).
+// a launch gives the same bits every time. S > 1 differs from S = 1 by more than FP32
+// reassociation: each split rounds P to FP16 against its own running max, so the P·V products
+// differ too (tests: the float64 reference's tolerance at S = 1 … 4, poisoned partials, counters
+// back at 0; never S = 1 against S > 1 bit for bit).
 // The loads: per lane, APF_COMBINE_CHUNK float4 of every split in flight together (predicated on
 // z < ns), Dh/8/APF_COMBINE_CHUNK round trips (2 at Dh = 64, 4 at Dh = 128).
 //
@@ -170,6 +171,9 @@ __device__ __forceinline__ void attention_prefill_impl(
     extern __shared__ __align__(128) unsigned char apf_smem[];  // [stage][K|V][64][ROW_BYTES]
     __shared__ int apf_is_last;
 
+    // ptxas issues the second of these non-coherent loads before griddepcontrol.wait (the SASS):
+    // sound only because prefill_state's writer (prefill_begin_chunk) is launched plainly, never
+    // as this kernel's programmatic predecessor. __ldcg keeps both after the wait.
     const int start = __ldg(prefill_state), n_rows = __ldg(prefill_state + 1);
     // Query tiles in reverse: the longest (last) tiles are dispatched first.
     const int q_tile = gridDim.x - 1 - blockIdx.x;
