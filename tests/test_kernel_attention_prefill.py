@@ -29,10 +29,29 @@ SHAPES = [(64, 14, 2), (128, 28, 4)]             # (head_dim, Hq, Hkv)
 CASES = [(0, 1), (0, 15), (0, 16), (0, 17), (0, 100), (0, 129), (37, 50), (500, 13), (16, 16), (2000, 64)]
 
 
+# The other GQA groups of the Qwen2.5 family (1.5B: 12/2, 3B: 16/2, 14B and 32B: 40/8) and one
+# head per KV head: blocks of 6, 8, 5 and 1 warps stage a tile in uneven row loops.
+GROUPS = [(128, 12, 2), (128, 16, 2), (128, 40, 8), (64, 2, 2)]
+GROUP_CASES = [(0, 100), (37, 50), (2000, 64)]
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 4], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("hd,hq,hkv", SHAPES, ids=["hd64", "hd128"])
 @pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
 def test_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits):
+    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits)
+
+
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("hd,hq,hkv", GROUPS, ids=[f"hd{d}-{q}q{k}kv" for d, q, k in GROUPS])
+@pytest.mark.parametrize("start,t", GROUP_CASES, ids=[f"start{s}-T{t}" for s, t in GROUP_CASES])
+def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits):
+    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits)
+
+
+def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits):
+    """One chunk of t queries at positions start … start + t − 1 against the float64 reference,
+    rows past t untouched, the counters back at zero, the same bits when launched again."""
     s_len = start + t
     rows = -(-t // ROW_BUCKET) * ROW_BUCKET
     n_pages = -(-s_len // PAGE_TOKENS) + 3                            # spare pages stay NaN
