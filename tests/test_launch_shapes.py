@@ -232,3 +232,19 @@ def test_attention_prefill_kv_splits_chosen_and_refused_with_their_reason():
     other = types.SimpleNamespace(**{**vars(scratch), "heads": (28, 4, 128)})
     with pytest.raises(LaunchError, match="for heads 14/2, Dh 64"):
         AttentionPrefill(*bufs, **shape, kv_splits=2, scratch=other)
+
+
+def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block():
+    """RmsNorm(threads=) — the prefill's row_threads(D) blocks — must be a multiple of 32 in
+    32 … THREADS; row_threads rounds a row's float4 count up to a warp, capped at THREADS."""
+    from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.rmsnorm import THREADS, RmsNorm, row_threads
+
+    assert (row_threads(896), row_threads(3584), row_threads(100), row_threads(16384)) == (224, 896, 32, THREADS)
+    args = (BufferSpec("out", (2 * 896,), np.float16), BufferSpec("x", (2 * 896,), np.float32),
+            BufferSpec("w", (896,), np.float16))
+    assert RmsNorm(*args, dim=896, eps=1e-6, rows=2, threads=224).specs[0].block == (224,)
+    assert RmsNorm(*args, dim=896, eps=1e-6, rows=2).specs[0].block == (THREADS,)
+    for bad in (100, 16, THREADS + 32):
+        with pytest.raises(LaunchError, match=f"rmsnorm: {bad} threads: a multiple of 32 in 32..{THREADS}"):
+            RmsNorm(*args, dim=896, eps=1e-6, rows=2, threads=bad)
