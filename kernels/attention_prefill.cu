@@ -209,21 +209,29 @@ __device__ __forceinline__ void attention_prefill_impl(
     }
 
     // Stage the K/V of positions [64·tile, 64·tile + 64) into `stage`; past kv_len: zeros.
+    // Thread t copies the 16-byte column t % CHUNKS of rows t / CHUNKS, + blockDim / CHUNKS, …
+    // (blockDim is a multiple of 32, so of CHUNKS: every thread has a column), K and V from one
+    // offset; the tile's 4 page ids are loaded once, together (pages past kv_len: never read).
     auto issue = [&](int tile, int stage) {
-        unsigned char* dst0 = apf_smem + stage * S::STAGE_BYTES;
-        for (int c = threadIdx.x; c < 2 * APF_KV_TILE * S::CHUNKS; c += blockDim.x) {
-            const int which = c / (APF_KV_TILE * S::CHUNKS);  // 0: K, 1: V
-            const int rem = c % (APF_KV_TILE * S::CHUNKS);
-            const int tok = rem / S::CHUNKS, ch = rem % S::CHUNKS;
-            const int pos = tile * APF_KV_TILE + tok;
-            const bool valid = pos < kv_len;
-            const __half* cache = which ? v_cache : k_cache;
-            const __half* src = valid ? cache + kv_offset(__ldg(block_table + pos / PAGE_TOKENS), kv_head,
-                                                          pos % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * ch
-                                      : cache;
-            cp_async_16(dst0 + which * S::TILE_BYTES + tok * S::ROW_BYTES + 16 * ch, src, valid);
+        unsigned char* dst = apf_smem + stage * S::STAGE_BYTES + 16 * (threadIdx.x % S::CHUNKS);
+        const int pos0 = tile * APF_KV_TILE, ch8 = 8 * (threadIdx.x % S::CHUNKS);
+        u64 base[APF_KV_TILE / PAGE_TOKENS];  // element offset of each page's slot 0, column ch8
+#pragma unroll
+        for (int p = 0; p < APF_KV_TILE / PAGE_TOKENS; ++p) {
+            const int page = pos0 + p * PAGE_TOKENS < kv_len ? __ldg(block_table + pos0 / PAGE_TOKENS + p) : 0;
+            base[p] = kv_offset(page, kv_head, 0, Hkv, HEAD_DIM) + ch8;
+        }
+        const int step_rows = blockDim.x / S::CHUNKS;
+        for (int tok = threadIdx.x / S::CHUNKS; tok < APF_KV_TILE; tok += step_rows) {
+            const bool valid = pos0 + tok < kv_len;
+            const int q = tok / PAGE_TOKENS;
+            const u64 off = (q == 0 ? base[0] : q == 1 ? base[1] : q == 2 ? base[2] : base[3])
+                            + (u64)(tok % PAGE_TOKENS) * HEAD_DIM;
+            cp_async_16(dst + tok * S::ROW_BYTES, valid ? k_cache + off : k_cache, valid);
+            cp_async_16(dst + S::TILE_BYTES + tok * S::ROW_BYTES, valid ? v_cache + off : v_cache, valid);
         }
     };
+    static_assert(APF_KV_TILE / PAGE_TOKENS == 4, "the page select above takes 4 pages a tile");
 
     const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
     float o[S::ONS][4];  // O[row g | g+8][dims 8n + 2t, +1]
