@@ -171,10 +171,10 @@ __device__ __forceinline__ void attention_prefill_impl(
     extern __shared__ __align__(128) unsigned char apf_smem[];  // [stage][K|V][64][ROW_BYTES]
     __shared__ int apf_is_last;
 
-    // ptxas issues the second of these non-coherent loads before griddepcontrol.wait (the SASS):
-    // sound only because prefill_state's writer (prefill_begin_chunk) is launched plainly, never
-    // as this kernel's programmatic predecessor. __ldcg keeps both after the wait.
-    const int start = __ldg(prefill_state), n_rows = __ldg(prefill_state + 1);
+    // ld.global.cg, not __ldg: ptxas hoists a non-coherent load above griddepcontrol.wait (it
+    // assumes the bytes fixed for the kernel's life), which is sound only while prefill_state's
+    // writer is never this kernel's programmatic predecessor.
+    const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
     // Query tiles in reverse: the longest (last) tiles are dispatched first.
     const int q_tile = gridDim.x - 1 - blockIdx.x;
     const int q0 = q_tile * APF_QTILE;
@@ -224,8 +224,8 @@ __device__ __forceinline__ void attention_prefill_impl(
         const int step_rows = blockDim.x / S::CHUNKS;
         for (int tok = threadIdx.x / S::CHUNKS; tok < APF_KV_TILE; tok += step_rows) {
             const bool valid = pos0 + tok < kv_len;
-            const int q = tok / PAGE_TOKENS;
-            const u64 off = (q == 0 ? base[0] : q == 1 ? base[1] : q == 2 ? base[2] : base[3])
+            const int pq = tok / PAGE_TOKENS;  // the tile's page of this token
+            const u64 off = (pq == 0 ? base[0] : pq == 1 ? base[1] : pq == 2 ? base[2] : base[3])
                             + (u64)(tok % PAGE_TOKENS) * HEAD_DIM;
             cp_async_16(dst + tok * S::ROW_BYTES, valid ? k_cache + off : k_cache, valid);
             cp_async_16(dst + S::TILE_BYTES + tok * S::ROW_BYTES, valid ? v_cache + off : v_cache, valid);
