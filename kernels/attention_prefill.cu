@@ -128,7 +128,7 @@
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
-#include "flags.cuh"     // atom_acq_rel_gpu_add_u32
+#include "flags.cuh"     // split_arrive_last
 
 #define APF_QTILE      16   // queries per block (M of the MMA)
 #define APF_KV_TILE    64   // positions per pipeline step (4 pages)
@@ -362,10 +362,7 @@ __device__ __forceinline__ void attention_prefill_impl(
         __stcg(pml + (u64)split * zstride * WARP_SIZE, make_float4(m_run[0], m_run[1], l_tot[0], l_tot[1]));
         __syncthreads();  // every thread's stores before thread 0's release
         if (threadIdx.x == 0) {
-            const u32 before = atom_acq_rel_gpu_add_u32(sp.counters + unit, 1u);
-            const bool last = (int)before == ns - 1;
-            if (last) sp.counters[unit] = 0;  // every split of the unit has added: ready for the next launch
-            apf_is_last = last;
+            apf_is_last = split_arrive_last(sp.counters + unit, ns);
         }
         __syncthreads();  // thread 0's acquire before every thread's loads below
         if (!apf_is_last) return;

@@ -52,7 +52,7 @@
 #pragma once
 
 #include "types.cuh"  // u32, u64
-#include "flags.cuh"  // atom_acq_rel_gpu_add_u32
+#include "flags.cuh"  // split_arrive_last
 
 #define GEMM_SPLIT_THREADS 256  // the consumer threads of a block: two warpgroups, threads 0 … 255
 #define GEMM_SPLIT_BARRIER 1    // named barrier id (0 is __syncthreads)
@@ -112,10 +112,7 @@ __device__ __forceinline__ bool gemm_split_k_reduce(const GemmSplitK& sk, const 
         __stcg(mine + j * GEMM_SPLIT_THREADS, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
     gemm_consumers_sync();  // every thread's stores before thread 0's release
     if (c == 0) {
-        const u32 before = atom_acq_rel_gpu_add_u32(reinterpret_cast<u32*>(sk.counters + w.tile), 1u);
-        const bool last = (int)before == sk.splits - 1;
-        if (last) sk.counters[w.tile] = 0;  // every unit of the tile has added: ready for the next launch
-        is_last = last;
+        is_last = split_arrive_last(reinterpret_cast<u32*>(sk.counters + w.tile), sk.splits);
     }
     gemm_consumers_sync();  // thread 0's acquire before every thread's loads below
     if (!is_last) return false;

@@ -10,6 +10,8 @@
 //   atom_acq_rel_gpu_add_u32  atom.acq_rel.gpu.global.add.u32  ("…: atom"): the release and the
 //                        acquire in one read-modify-write, for a counter whose last adder goes on
 //                        to read what every earlier adder published (kernels/gemm_split_k.cuh)
+//   split_arrive_last    that add, and the last adder's reset of the counter: the step every
+//                        split computation's parts share
 //   global_timer_ns      mov.u64 %globaltimer              ("Special Registers: %globaltimer")
 //   nanosleep            nanosleep.u32                     ("Miscellaneous Instructions: nanosleep")
 //
@@ -59,6 +61,19 @@ __device__ __forceinline__ u32 atom_acq_rel_gpu_add_u32(u32* p, u32 v) {
     u32 old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
+}
+
+// The last-arriver count of a computation cut into `splits` parts that run on different blocks
+// (split-K in kernels/gemm_split_k.cuh, the prefill attention's KV splits): one thread of each
+// part calls it once, after a barrier that orders every thread's partial stores before it.
+// Returns true in the part whose add comes last — its acquire half has synchronized with every
+// earlier add (one release sequence), so every part's stores happen before its reads after the
+// next barrier — and that part sets the counter back to 0 for the next launch (no other part
+// touches it again in this one).
+__device__ __forceinline__ bool split_arrive_last(u32* counter, int splits) {
+    const bool last = (int)atom_acq_rel_gpu_add_u32(counter, 1u) == splits - 1;
+    if (last) *counter = 0;
+    return last;
 }
 
 __device__ __forceinline__ u64 global_timer_ns() {
