@@ -295,7 +295,8 @@ gemm_fmtw_store_rows(float* __restrict__ out,                  // [rows, ldo] fp
     // An unknown format ends the whole grid, before any barrier — after the wait, so that even
     // then this grid completes only after the one before it (the chain gemm_split_k.cuh needs).
     if (!wf_known(fmt)) return;
-    const int M = __ldg(prefill_state + 1);
+    // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
+    const int M = __ldcg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
     const GemmSplitK sk{split_partials, split_counters, k_splits};
     WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, sk, rows,
@@ -324,7 +325,8 @@ gemm_fmtw_residual_rows(float* __restrict__ residual,            // [rows, N] fp
     grid_launch_dependents();
     grid_dependency_wait();      // as above
     if (!wf_known(fmt)) return;
-    const int M = __ldg(prefill_state + 1);
+    // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
+    const int M = __ldcg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
     const GemmSplitK sk{split_partials, split_counters, k_splits};
     WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, sk, rows,
@@ -355,7 +357,8 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
     grid_launch_dependents();
     grid_dependency_wait();      // as above
     if (!wf_known(fmt)) return;
-    const int M = __ldg(prefill_state + 1);
+    // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
+    const int M = __ldcg(prefill_state + 1);
     constexpr int FB = GW_BLOCK_ROWS / 2;  // features per row block
     const WfWeight gate{gate_qweight, gate_qhigh, gate_scales, gate_aux}, up{up_qweight, up_qhigh, up_scales, up_aux};
     // Local row p: warp tile p / 16, row p % 16 of it: < 8 the gate row of feature

@@ -290,7 +290,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // scratch are earlier kernels' (nothing is read or written before the wait).
     grid_launch_dependents();
     grid_dependency_wait();
-    const int M = __ldg(prefill_state + 1);
+    // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
+    const int M = __ldcg(prefill_state + 1);
     const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
     const int n_units = token_blocks * row_blocks * sk.splits;  // tiles × splits (gemm_split_k.cuh)
     if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
