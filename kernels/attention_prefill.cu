@@ -85,7 +85,7 @@
 //
 // Shared memory (dynamic): APF_STAGES × (K, V) × 64 tokens × (Dh·2 + 16) B = 102 KiB at Dh = 128
 // (54 KiB at Dh = 64). The 16-byte row padding puts the 8 rows of each ldmatrix in 8 different
-// bank groups. Registers (ptxas): 182 at Dh = 128 (one block of 7 warps per SM), 125 at Dh = 64
+// bank groups. Registers (ptxas): 173 at Dh = 128 (one block of 7 warps per SM), 128 at Dh = 64
 // (two).
 //
 // Measured on the H200 (tools/bench_attention_prefill.py: graph replay, µs per call; a chunk of
@@ -106,15 +106,25 @@
 // (one block per SM: its registers), so splits only add combines there.
 // What lost, same runs: two stages instead of three, 0–3 % slower; the 7B at 144 registers
 // (__maxnreg__, two blocks of 7 warps per SM, 88 B of spills in the loop): 10–15 % slower.
-// The 7B's chunk at 31 744 runs at ~162 TFLOP/s: one block of 7 warps per SM, each warp issuing
-// ~1 280 instructions per tile of 64 positions at Dh = 128 (the SASS: 128 HMMA and 64 LDSM in
-// ~790 of the step's own, plus the cp.async loop's 53 per 16-byte copy — a block-table load, the
-// index arithmetic, the copy — times 9 copies per thread: ~485), and Nsight Compute (before the
-// splits, docs/bench/2026-12-02_2ba4bde_h200_attention_prefill_ncu.json) shows 0.39 instructions
-// issued per cycle per scheduler, the warps mostly waiting on fixed-latency dependencies. Next
-// there: a staging loop of fewer instructions (the tile's 4 page ids loaded once, each thread one
-// 16-byte column of rows, K and V from one offset) or K/V by TMA; then FlashAttention-3's
-// structure (wgmma, warp-specialised).
+// The staging loop: it first took one block-table load, the index arithmetic and one copy per
+// 16-byte piece (53 instructions of SASS per copy, ~485 per thread and tile at Dh = 128: ~38 % of a
+// warp's ~1 280 per tile). Now each thread keeps one 16-byte column and walks the tile's rows, the
+// 4 page offsets loaded once, K and V from one offset: ~237 (52 before the loop, 37 per row for
+// both copies). The same bytes land in shared memory, so the outputs keep their bits (compared
+// bit for bit over 60 outputs: 4 head shapes × 5 chunks × S = 1, 2, 4). Same tool, both builds
+// alternately in one run (docs/bench/2026-12-02_8e6a560_h200_attention_prefill_staging.json):
+//   | shape, START, S  | before | now    |
+//   | 0.5B, 0, 2       |  11.9  |  11.6  |
+//   | 0.5B, 7680, 2    | 115.7  | 106.9  |
+//   | 0.5B, 31744, 2   | 439    | 404    |
+//   | 7B, 0, 1         |  28.2  |  24.3  |
+//   | 7B, 7680, 1      | 388.6  | 310.7  |
+//   | 7B, 31744, 1     | 1501   | 1214   |
+// (that machine ran the old build 2–4 % slower than the runs of the table above.) The 7B's chunk
+// at 31 744 now runs at ~193 TFLOP/s, one block of 7 warps per SM, Nsight Compute (before the
+// splits, docs/bench/2026-12-02_2ba4bde_h200_attention_prefill_ncu.json) showing warps mostly
+// waiting on fixed-latency dependencies. Next: K/V by TMA (no issue loop at all), then
+// FlashAttention-3's structure (wgmma, warp-specialised).
 //
 // Requirements (asserted by the launcher): Hq / Hkv ≤ 8; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1, the
