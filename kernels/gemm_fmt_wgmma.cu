@@ -94,6 +94,9 @@
 #define GW_THREADS        (GW_CONSUMER_WARPS * WARP_SIZE + GW_PRODUCER_THREADS)  // 384
 #define GW_BLOCK_ROWS     128                                     // weight rows per tile (wgmma M × 2)
 #define GW_STAGES         3
+#ifndef GW_MMA_IN_FLIGHT
+#define GW_MMA_IN_FLIGHT  1   // 1: a consumer keeps one stage's MMAs in flight (wait_group 1); 0: waits for each
+#endif
 #define GW_GROUP          128                                     // inputs per stage
 #define GW_CHUNKS         (GW_GROUP / WF_CHUNK)                   // 4 chunks per row and stage
 #define GW_BOX_INPUTS     64                                      // one 128-byte swizzle row
@@ -240,6 +243,9 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
         float acc[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        // One stage's MMAs stay in flight while the next stage's are issued (wait_group 1): the
+        // tensor cores get the next batch without waiting for this warp to see the last one end.
+        // A stage is released once the wait that covers its group has returned.
 #pragma unroll 1
         for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
             const int s = it % GW_STAGES;
@@ -256,11 +262,24 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
                 wgmma_m64n128k16_ss(acc, a_desc, b_desc, 1);
             }
             wgmma_commit_group();
+#if GW_MMA_IN_FLIGHT
+            wgmma_wait_group<1>();  // the previous stage's group is complete
+#pragma unroll
+            for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+            if (grp > un.g0 && lane == 0) mbarrier_arrive(&empty[(it + GW_STAGES - 1) % GW_STAGES]);
+#else
             wgmma_wait_group<0>();
 #pragma unroll
             for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
             if (lane == 0) mbarrier_arrive(&empty[s]);  // this warpgroup's MMAs are done with the stage
+#endif
         }
+#if GW_MMA_IN_FLIGHT
+        wgmma_wait_group<0>();  // the unit's last group, before its accumulators are read
+#pragma unroll
+        for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+        if (lane == 0) mbarrier_arrive(&empty[(it + GW_STAGES - 1) % GW_STAGES]);
+#endif
         // A split tile: only its last unit holds the whole sum and runs the epilogue.
         if (sk.splits > 1 && !gemm_split_k_reduce(sk, un, acc)) continue;
         epilogue(acc, un.rb, local, m0, M, t);

@@ -321,8 +321,9 @@ __device__ __forceinline__ float wf_dequant(const WfRaw& r, int chunk, int e) {
 // The chunk's 32 weights as 16 half2 in natural order (w[q] = weights 2q, 2q+1, low half
 // first), each the reference's FP32 value (wf_dequant, bit for bit) rounded once to FP16: the
 // exact codes of wf_pairs, then (c − z)·s or c·s + o in FP32 with the chunk's scales computed
-// once (wf_scales), where wf_dequant recomputes them per weight. For the prefill GEMM's shared
-// memory tiles (gemm_fmt.cu).
+// once (wf_scales), where wf_dequant recomputes them per weight — or, for a plain FP16 scale and
+// no offset (int4_g128, q4_g32, q5_g32, q8_g32), one FP16 multiply per pair that gives the same
+// bits (below). For the prefill GEMMs' shared-memory tiles (gemm_fmt.cu, gemm_fmt_wgmma.cu).
 template <int F>
 __device__ __forceinline__ void wf_dequant_pairs(const WfRaw& r, int chunk, u32 (&w)[16]) {
     u32 a[16];
@@ -330,6 +331,17 @@ __device__ __forceinline__ void wf_dequant_pairs(const WfRaw& r, int chunk, u32 
     if constexpr (Wf<F>::BITS == 16) {  // dense: the values themselves
 #pragma unroll
         for (int q = 0; q < 16; ++q) w[q] = a[q];
+        return;
+    }
+    if constexpr (!Wf<F>::OFFSET && !Wf<F>::KQUANT) {
+        // (c − z)·s with s an FP16 scale: c − z is an integer of at most 8 bits and s has 11
+        // significant bits, so the FP32 product is exact and its one rounding to FP16 is the
+        // correctly rounded product — what mul.rn.f16x2 computes from the same two values
+        // (subnormal results included: FP16 arithmetic keeps subnormals). One instruction per
+        // pair instead of two conversions, two FP32 multiplies and a pack; the same bits.
+        const u32 s2 = (r.s0 & 0xFFFFu) * 0x10001u;  // (s, s)
+#pragma unroll
+        for (int q = 0; q < 16; ++q) asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(w[q]) : "r"(a[q]), "r"(s2));
         return;
     }
     float s[Wf<F>::SUBS], o[Wf<F>::SUBS];
