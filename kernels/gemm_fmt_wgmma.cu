@@ -94,6 +94,9 @@
 #define GW_THREADS        (GW_CONSUMER_WARPS * WARP_SIZE + GW_PRODUCER_THREADS)  // 384
 #define GW_BLOCK_ROWS     128                                     // weight rows per tile (wgmma M × 2)
 #define GW_STAGES         3
+#ifndef GW_LOAD_AHEAD
+#define GW_LOAD_AHEAD     1   // stages whose weight loads the producer has in flight (1 or 2)
+#endif
 #ifndef GW_MMA_IN_FLIGHT
 #define GW_MMA_IN_FLIGHT  1   // 1: a consumer keeps one stage's MMAs in flight (wait_group 1); 0: waits for each
 #endif
@@ -164,9 +167,23 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
     GwStage at = first((int)blockIdx.x), ahead = at;  // blockIdx.x < n_units (gw_block)
     GwRaw cur, next;
     load(at, cur);
+#if GW_LOAD_AHEAD == 2
+    // Two stages' loads in flight: `next` (stage it + 1) is loaded one iteration early and
+    // `next2` (it + 2) is issued now, so each load has two stages' time to land.
+    GwStage ahead2;
+    GwRaw next2;
+    advance(ahead);
+    if (ahead.u < n_units) load(ahead, next);
+    ahead2 = ahead;
+#endif
     for (int it = 0; at.u < n_units; ++it) {
+#if GW_LOAD_AHEAD == 2
+        advance(ahead2);
+        if (ahead2.u < n_units) load(ahead2, next2);
+#else
         advance(ahead);
         if (ahead.u < n_units) load(ahead, next);
+#endif
         const int s = it % GW_STAGES, grp = at.grp;
         if (it >= GW_STAGES) mbarrier_wait_parity(&empty[s], ((it / GW_STAGES) - 1) & 1);
         unsigned char* st = smem + s * GW_STAGE_BYTES;
@@ -192,6 +209,10 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         mbarrier_arrive(&full[s]);
         cur = next;
         at = ahead;
+#if GW_LOAD_AHEAD == 2
+        next = next2;
+        ahead = ahead2;
+#endif
     }
 }
 
