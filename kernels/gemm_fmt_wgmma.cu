@@ -95,7 +95,7 @@
 #define GW_BLOCK_ROWS     128                                     // weight rows per tile (wgmma M × 2)
 #define GW_STAGES         3
 #ifndef GW_LOAD_AHEAD
-#define GW_LOAD_AHEAD     1   // stages whose weight loads the producer has in flight (1 or 2)
+#define GW_LOAD_AHEAD     0   // stages of weight loads the producer keeps in flight: 1, 2, or 0 (by format, below)
 #endif
 #ifndef GW_MMA_IN_FLIGHT
 #define GW_MMA_IN_FLIGHT  1   // 1: a consumer keeps one stage's MMAs in flight (wait_group 1); 0: waits for each
@@ -138,6 +138,18 @@ struct GwStage {
     int grp;
 };
 
+// Whether format F's producer keeps two stages of weight loads in flight rather than one.
+// Measured (tools/bench_gemm.py, the 7B's GEMMs at M = 512, each format compiled alone, both
+// builds alternately twice in one run; docs/bench/2026-12-02_236142d_h200_gemm_fmt_load_ahead.json),
+// ms for 28 layers, one ahead → two: q5_g32 26.1 → 23.8, q8_g32 28.7 → 27.7, q6_k 28.9 → 27.1,
+// int4_g128 19.2 → 19.2, q4_k 24.7 → 25.4. Two ahead where it won and its registers fit: the
+// 32-input-group formats (one scale per chunk). Not q6_k: compiled with q4_k, as a Q4_K_M model
+// is, its third set of chunks spills (24 B); not dense (64 B of raw values per chunk).
+__host__ __device__ constexpr bool gw_loads_two_ahead(int f) {
+    return GW_LOAD_AHEAD ? GW_LOAD_AHEAD == 2
+                         : f == WF_Q4_G32 || f == WF_Q4_G32_MIN || f == WF_Q5_G32 || f == WF_Q5_G32_MIN || f == WF_Q8_G32;
+}
+
 // The producer warpgroup: thread p dequantizes row p of every unit's tile into the ring, thread 0
 // also copies X by TMA. row_of(rb, p) → GwRow. Stage `it` is group at.grp of unit at.u.
 template <int F, typename RowOf>
@@ -167,23 +179,24 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
     GwStage at = first((int)blockIdx.x), ahead = at;  // blockIdx.x < n_units (gw_block)
     GwRaw cur, next;
     load(at, cur);
-#if GW_LOAD_AHEAD == 2
-    // Two stages' loads in flight: `next` (stage it + 1) is loaded one iteration early and
-    // `next2` (it + 2) is issued now, so each load has two stages' time to land.
-    GwStage ahead2;
+    // With two stages ahead, `next` (stage it + 1) is loaded one iteration early and `next2`
+    // (it + 2) is issued at the top of each iteration: each load has two stages' time to land.
+    constexpr bool TWO_AHEAD = gw_loads_two_ahead(F);
+    GwStage ahead2 = at;
     GwRaw next2;
-    advance(ahead);
-    if (ahead.u < n_units) load(ahead, next);
-    ahead2 = ahead;
-#endif
-    for (int it = 0; at.u < n_units; ++it) {
-#if GW_LOAD_AHEAD == 2
-        advance(ahead2);
-        if (ahead2.u < n_units) load(ahead2, next2);
-#else
+    if constexpr (TWO_AHEAD) {
         advance(ahead);
         if (ahead.u < n_units) load(ahead, next);
-#endif
+        ahead2 = ahead;
+    }
+    for (int it = 0; at.u < n_units; ++it) {
+        if constexpr (TWO_AHEAD) {
+            advance(ahead2);
+            if (ahead2.u < n_units) load(ahead2, next2);
+        } else {
+            advance(ahead);
+            if (ahead.u < n_units) load(ahead, next);
+        }
         const int s = it % GW_STAGES, grp = at.grp;
         if (it >= GW_STAGES) mbarrier_wait_parity(&empty[s], ((it / GW_STAGES) - 1) & 1);
         unsigned char* st = smem + s * GW_STAGE_BYTES;
@@ -209,10 +222,10 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         mbarrier_arrive(&full[s]);
         cur = next;
         at = ahead;
-#if GW_LOAD_AHEAD == 2
-        next = next2;
-        ahead = ahead2;
-#endif
+        if constexpr (TWO_AHEAD) {
+            next = next2;
+            ahead = ahead2;
+        }
     }
 }
 
