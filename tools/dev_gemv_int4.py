@@ -114,10 +114,10 @@ CASES = [
 def _normed(rng, k):
     """(residual fp32 [k] with Qwen2's few huge channels, gain fp16 [k], rmsnorm(residual) · gain
     rounded to FP16 as the kernel feeds it to the MMAs): the production test's inputs."""
-    from test_kernel_gemv_int4 import _normed as normed, _residual
+    from kernel_testing import massive_residual, normed_fp16
 
-    residual, norm_w = _residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
-    return residual, norm_w, normed(residual, norm_w)
+    residual, norm_w = massive_residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
+    return residual, norm_w, normed_fp16(residual, norm_w, EPS)
 
 
 class Inputs:

@@ -6,8 +6,9 @@
 #   tests     GPU tests (pytest -m gpu) under DRVQWEN_REQUIRE_GPU=1, so a GPU test that would
 #             skip fails instead; then every kernel compiled by NVRTC (tests/test_compile.py).
 #             PYTEST_PATHS narrows the GPU tests (default: tests/); TESTS_PART=1 or 2 runs the
-#             test files before / from tests/test_kernel_gemv* (alphabetically): each half fits
-#             a 10-minute command, the whole does not.
+#             test files before / from tests/test_kernel_gemv* (alphabetically; the second also
+#             tests/dev/, the kernel workshop's): each half fits a 10-minute command, the whole
+#             does not.
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the nodes of
 #             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
 #             process per tool; then tools/check_sanitize_coverage.py on the launches the
@@ -135,6 +136,7 @@ stage_tests() {
                 PYTEST_PATHS+=("$f")
             fi
         done
+        [[ $TESTS_PART == 2 ]] && PYTEST_PATHS+=(tests/dev/)
     fi
     # -s: the GPU tests print what they measure (device summary, launch overhead) into the log.
     # The real 0.5B needs DRVQWEN_REAL_MODEL there (no network, no gguf): without it, its tests

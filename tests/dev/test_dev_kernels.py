@@ -246,3 +246,14 @@ def test_version_passes_the_runners_checks(checked, op, v):
     assert not failed, "\n".join(f"{c['case']}: {c['error']}" for c in failed)
     assert len(o.checks) >= 5, f"{v.name}: only {len(o.checks)} cases ran: {[c['case'] for c in o.checks]}"
     print(f"  {op}:{v.name}: {len(o.checks)} cases, worst rel err {o.worst_rel_err:.2e}")
+
+
+def test_gemv_inputs_build_on_the_cpu():
+    """The GEMV runner's host inputs (the production test's helpers, imported where they live
+    now) for every case, without a GPU: a renamed helper shows here, not only on the GPU."""
+    rng = np.random.default_rng(0)
+    residual, norm_w, x = dev_gemv_int4._normed(rng, 256)
+    assert residual.shape == norm_w.shape == x.shape == (256,)
+    assert (residual.dtype, norm_w.dtype, x.dtype) == (np.float32, np.float16, np.float16)
+    assert np.abs(residual).max() > 1e3  # Qwen2's few huge channels
+    assert np.isfinite(x).all()
