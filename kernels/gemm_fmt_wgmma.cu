@@ -70,9 +70,22 @@
 //   | synthetic 0.5B, Q4_K_M layout: TTFT | 6.2 ms    | 6.2 ms (84b2bea's run) | —            |
 // INT4 through this skeleton is slower than gemm_int4.cu, whose consumers unpack INT4 into A
 // registers themselves: one producer warpgroup dequantizing 128 rows × 128 inputs per stage
-// (FP32 arithmetic, then 16 stores per thread) is the limit here, not the tensor cores. What to
-// try next: two producer warpgroups, or the FP16 unpack of gemm_int4.cu where a format allows it
-// (c·s in FP16 where the reference's FP32 result rounds to the same FP16).
+// (then 16 stores per thread) is the limit here, not the tensor cores.
+// Since then, the GEMMs alone (tools/bench_gemm.py --grid persistent, the 7B's four at M = 512,
+// ms for 28 layers, builds alternately twice in one run, means of the two;
+// docs/bench/2026-12-02_ca5cffd_h200_gemm_fmt_fp16_dequant.json, …_236142d_…_load_ahead.json):
+//   | step                                                        | int4_g128 | q4_k | q6_k | q8_g32 | q5_g32 |
+//   | FP32 dequantization, each stage's MMAs waited for           | 21.2      | 25.2 | 28.9 | 28.7   |        |
+//   | (c − z)·s as one FP16 multiply (same bits: wf_dequant_pairs) | 19.7      | 25.3 | 28.9 | 28.5   |        |
+//   | one stage's MMAs kept in flight (wait_group 1)              | 19.5      | 25.2 | 29.1 | 28.5   |        |
+//   | the same, in a second run                                   | 19.2      | 24.7 | 28.9 | 28.7   | 26.0   |
+//   | two stages of loads in flight (second run)                  | 19.2      | 25.4 | 27.0 | 27.7   | 23.8   |
+//   (gemm_int4.cu in the same runs: 14.3–14.9.) The last row is kept for the 32-input-group
+// formats only (gw_loads_two_ahead). What is left is the producer itself: at int4_g128 a stage
+// takes ~2 500 cycles where its 16 MMAs need ~1 000, and a producer warp issues ~300
+// instructions per stage, so neither its issue rate nor (two stages ahead changed nothing at
+// int4) its loads' latency is the whole story; next, the fence and arrival per stage and the
+// stores (Nsight Compute per warp role), or two producer warpgroups.
 //
 // Requirements (checked by launchers/gemm_fmt_wgmma.py): K % 128 == 0 and a multiple of the
 // format's group (256 for the K-quants); X's rows 16-byte aligned (TMA); pointers 16-byte aligned.
@@ -141,7 +154,7 @@ struct GwStage {
 // Whether format F's producer keeps two stages of weight loads in flight rather than one.
 // Measured (tools/bench_gemm.py, the 7B's GEMMs at M = 512, each format compiled alone, both
 // builds alternately twice in one run; docs/bench/2026-12-02_236142d_h200_gemm_fmt_load_ahead.json),
-// ms for 28 layers, one ahead → two: q5_g32 26.1 → 23.8, q8_g32 28.7 → 27.7, q6_k 28.9 → 27.1,
+// ms for 28 layers, one ahead → two: q5_g32 26.0 → 23.8, q8_g32 28.7 → 27.7, q6_k 28.9 → 27.0,
 // int4_g128 19.2 → 19.2, q4_k 24.7 → 25.4. Two ahead where it won and its registers fit: the
 // 32-input-group formats (one scale per chunk). Not q6_k: compiled with q4_k, as a Q4_K_M model
 // is, its third set of chunks spills (24 B); not dense (64 B of raw values per chunk).
