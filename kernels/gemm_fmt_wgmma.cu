@@ -80,8 +80,8 @@
 //   | one stage's MMAs kept in flight (wait_group 1)              | 19.5      | 25.2 | 29.1 | 28.5   |        |
 //   | the same, in a second run                                   | 19.2      | 24.7 | 28.9 | 28.7   | 26.0   |
 //   | two stages of loads in flight (second run)                  | 19.2      | 25.4 | 27.0 | 27.7   | 23.8   |
-//   (gemm_int4.cu in the same runs: 14.3–14.9.) The last row is kept for the 32-input-group
-// formats only (gw_loads_two_ahead). What is left is the producer itself: at int4_g128 a stage
+//   (gemm_int4.cu in the same runs: 14.3–14.9.) The last row is kept for q5_g32 and q8_g32
+// only (gw_loads_two_ahead). What is left is the producer itself: at int4_g128 a stage
 // takes ~2 500 cycles where its 16 MMAs need ~1 000, and a producer warp issues ~300
 // instructions per stage, so neither its issue rate nor (two stages ahead changed nothing at
 // int4) its loads' latency is the whole story; next, the fence and arrival per stage and the
@@ -155,12 +155,13 @@ struct GwStage {
 // Measured (tools/bench_gemm.py, the 7B's GEMMs at M = 512, each format compiled alone, both
 // builds alternately twice in one run; docs/bench/2026-12-02_236142d_h200_gemm_fmt_load_ahead.json),
 // ms for 28 layers, one ahead → two: q5_g32 26.0 → 23.8, q8_g32 28.7 → 27.7, q6_k 28.9 → 27.0,
-// int4_g128 19.2 → 19.2, q4_k 24.7 → 25.4. Two ahead where it won and its registers fit: the
-// 32-input-group formats (one scale per chunk). Not q6_k: compiled with q4_k, as a Q4_K_M model
-// is, its third set of chunks spills (24 B); not dense (64 B of raw values per chunk).
+// int4_g128 19.2 → 19.2, q4_k 24.7 → 25.4. Two ahead where it won and every build stays free of
+// spills: q5_g32 and q8_g32. Not q6_k: compiled with q4_k, as a Q4_K_M model is, its third set of
+// chunks spills (24 B); not dense (64 B of raw values per chunk); and the other 32-input-group
+// formats (q4_g32, q4_g32_min, q5_g32_min, not measured) would make the all-format build spill.
 __host__ __device__ constexpr bool gw_loads_two_ahead(int f) {
     return GW_LOAD_AHEAD ? GW_LOAD_AHEAD == 2
-                         : f == WF_Q4_G32 || f == WF_Q4_G32_MIN || f == WF_Q5_G32 || f == WF_Q5_G32_MIN || f == WF_Q8_G32;
+                         : f == WF_Q5_G32 || f == WF_Q8_G32;
 }
 
 // The producer warpgroup: thread p dequantizes row p of every unit's tile into the ring, thread 0
