@@ -82,10 +82,15 @@
 //   | two stages of loads in flight (second run)                  | 19.2      | 25.4 | 27.0 | 27.7   | 23.8   |
 //   (gemm_int4.cu in the same runs: 14.3–14.9.) The last row is kept for q5_g32 and q8_g32
 // only (gw_loads_two_ahead). What is left is the producer itself: at int4_g128 a stage
-// takes ~2 500 cycles where its 16 MMAs need ~1 000, and a producer warp issues ~300
-// instructions per stage, so neither its issue rate nor (two stages ahead changed nothing at
-// int4) its loads' latency is the whole story; next, the fence and arrival per stage and the
-// stores (Nsight Compute per warp role), or two producer warpgroups.
+// takes ~2 500 cycles where its 16 MMAs need ~1 000, and a producer warp issues ~390
+// instructions per stage (the SASS: 64 HMUL2, 64 HADD2/HFMA2, 70 LOP3, 16 STS.128, 4 LDG.128).
+// Its fence.proxy.async.shared::cta compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S. A MEMBAR
+// orders all of the thread's earlier memory accesses, the loads of the next stage (issued at
+// the top of the iteration) among them; if it waits for them to return, each stage pays a full
+// load latency whatever the prefetch distance, which would fit two stages ahead changing nothing
+// at int4_g128. Not yet measured; the test is a timing-only build without the fence. If it holds: loads by threads
+// that never fence (a loader warp filling a raw-bytes ring by cp.async/TMA, the dequantizing
+// warpgroup reading it from shared memory).
 //
 // Requirements (checked by launchers/gemm_fmt_wgmma.py): K % 128 == 0 and a multiple of the
 // format's group (256 for the K-quants); X's rows 16-byte aligned (TMA); pointers 16-byte aligned.
