@@ -2,12 +2,14 @@
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
-        [--formats q4_k q6_k int4_g128 …] [--fmt-mma]
+        [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
 
 --formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
 prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
 launches, their sum the qkv_proj row), each compiled for that format alone as a model of it is;
---fmt-mma adds kernels/gemm_fmt.cu's beside each, the version before it.
+--fmt-mma adds kernels/gemm_fmt.cu's beside each, the version before it; --fmt-variant
+NAME:DEFINE=INT[,…] adds a compile-time build of gemm_fmt_wgmma.cu beside each format's default
+one (columns wgmma:FORMAT:NAME), all in the same run.
 
 Each GEMM is captured in a CUDA graph of --reps calls and replayed (`cuda.graph.graph_time_us`:
 no Python launch overhead in the figure); a figure is the median of --samples such replays. The
@@ -31,8 +33,11 @@ from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.graph import graph_time_us
 from drvqwen.provenance import source_record
 
+from bench_attention_prefill import parse_variant  # NAME:DEFINE=INT[,…] (tools/ is the script's path)
 
-def main() -> int:
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line (argv: default sys.argv[1:]); argparse errors exit with status 2."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     ap.add_argument("--rows", type=int, default=512, help="prompt rows M (default 512)")
@@ -44,7 +49,17 @@ def main() -> int:
                          "one block per tile. Each given value is a column (default: both)")
     ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
     ap.add_argument("--fmt-mma", action="store_true", help="with --formats: also gemm_fmt.cu (mma.sync)")
-    a = ap.parse_args()
+    ap.add_argument("--fmt-variant", action="append", type=parse_variant, default=[],
+                    help="NAME:DEFINE=INT[,…] with --formats: a compile-time build of gemm_fmt_wgmma.cu (its header "
+                         "lists the switches, e.g. ahead2:GW_LOAD_AHEAD=2) timed beside the default (repeatable)")
+    a = ap.parse_args(argv)
+    if a.fmt_variant and not a.formats:
+        ap.error("--fmt-variant needs --formats (the formats whose builds it adds)")
+    return a
+
+
+def main() -> int:
+    a = parse_args()
     cfg, m = PRESETS[a.preset], a.rows
     d, f, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
     rng = np.random.default_rng(0)
@@ -94,11 +109,12 @@ def main() -> int:
         parts = {part: upload(f"{fmt.name}.{name}.{part}", arr) for part, arr in wf.random_weight(fmt, n, k, rng).items()}
         return FmtWeight(fmt, parts, f"{fmt.name}.{name}")
 
-    def fmt_gemms(fmt, impl):
-        """{row: [launchers]} of one format and implementation; a row's figure sums its launchers."""
+    def fmt_gemms(fmt, impl, extra: tuple = ()):
+        """{row: [launchers]} of one format and implementation (`extra`: more compile-time defines);
+        a row's figure sums its launchers."""
         Rows, Res, GateUp = ((GemmFmtwRows, GemmFmtwResidualRows, GemmFmtwGateUpSwigluRows) if impl == "wgmma"
                              else (GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows))
-        defs = format_defines([fmt.id])
+        defs = format_defines([fmt.id]) + tuple(extra)
         ld = nq + 2 * nkv
         return {
             "qkv_proj": [Rows(o["qkv"], x, fw(fmt, "q", nq, d), st, n=nq, k=d, rows=m, ldo=ld, defines=defs),
@@ -114,6 +130,8 @@ def main() -> int:
     columns = [(cl, {name: [g] for name, g in gemms(cl).items()}) for cl in a.grid]
     for name in a.formats:
         columns.append((f"wgmma:{name}", fmt_gemms(by_name[name], "wgmma")))
+        for vname, vdefs in a.fmt_variant:
+            columns.append((f"wgmma:{name}:{vname}", fmt_gemms(by_name[name], "wgmma", vdefs)))
         if a.fmt_mma:
             columns.append((f"mma:{name}", fmt_gemms(by_name[name], "mma")))
     t = Table(title=f"prefill GEMMs, {a.preset}, M = {m} ({get_device().info.name}), µs and TFLOP/s")
@@ -124,7 +142,8 @@ def main() -> int:
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
     record = {"tool": "bench_gemm", "source": source_record(), "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
-              "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {}}
+              "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {},
+              "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant}}
     for cl, launchers in columns:
         total_us = total_flops = 0.0
         for name, gs in launchers.items():

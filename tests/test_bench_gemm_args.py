@@ -1,0 +1,35 @@
+"""tools/bench_gemm.py's command line on the CPU: --fmt-variant NAME:DEFINE=INT[,…] (a build of
+gemm_fmt_wgmma.cu beside each format's default), refused when unreadable or without --formats."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import load_tool
+
+
+@pytest.fixture(scope="module")
+def bench():
+    load_tool("bench_attention")           # what bench_attention_prefill imports by name
+    load_tool("bench_attention_prefill")   # parse_variant, imported by name as the script does
+    return load_tool("bench_gemm")
+
+
+def test_fmt_variants_parsed(bench):
+    a = bench.parse_args(["--formats", "int4_g128", "q4_k", "--fmt-variant", "ahead2:GW_LOAD_AHEAD=2",
+                          "--fmt-variant", "wait:GW_MMA_IN_FLIGHT=0,GW_LOAD_AHEAD=1"])
+    assert a.formats == ["int4_g128", "q4_k"]
+    assert a.fmt_variant == [("ahead2", (("GW_LOAD_AHEAD", 2),)),
+                             ("wait", (("GW_MMA_IN_FLIGHT", 0), ("GW_LOAD_AHEAD", 1)))]
+    assert bench.parse_args([]).fmt_variant == []
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--formats", "q4_k", "--fmt-variant", "x:GW_LOAD_AHEAD=two"], "write NAME:DEFINE=INT"),
+    (["--fmt-variant", "ahead2:GW_LOAD_AHEAD=2"], "needs --formats"),
+])
+def test_fmt_variant_refused_with_its_reason(bench, capsys, argv, why):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(argv)
+    assert e.value.code == 2
+    assert why in capsys.readouterr().err
