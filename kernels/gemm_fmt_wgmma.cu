@@ -37,7 +37,10 @@
 //              64 B (16 st.shared.v4); thread 0 first issues the stage's TMA copies of X,
 //              which land while the weights are dequantized.
 //   consumer = per stage 8 × wgmma m64n128k16 (A: its 64 rows of W, B: X, both through
-//              descriptors), commit, wait; the two warpgroups interleave on the tensor cores.
+//              descriptors), commit, then wait_group 1: the stage before is complete and is
+//              released while this one's MMAs run; the two warpgroups interleave on the tensor
+//              cores. A unit's last stage is waited for (wait_group 0) and released before its
+//              epilogue reads the accumulators.
 //   epilogue = gemm_epilogue.cuh: each output element written by one lane (no atomics).
 // Bytes: the whole weight matrix once per 128 tokens (mostly from L2 after the first token
 // block), X once per 128 rows.
@@ -50,8 +53,13 @@
 //             visible to the tensor cores' async-proxy reads — and thread 0's arrive.expect_tx
 //             for X's 32 KB (right after its wait on empty[s], before its stores), which the TMA
 //             copies complete as transactions.
-//   empty[s]  count 8: lane 0 of each consumer warp once wgmma.wait_group 0 has returned (the
-//             MMAs, which alone read the stage, are complete for its warpgroup).
+//   empty[s]  count 8: lane 0 of each consumer warp once a wgmma.wait_group that covers round r's
+//             group has returned — the wait_group 1 after the next stage's commit, or the
+//             wait_group 0 at the unit's end (the MMAs, which alone read the stage, are then
+//             complete for its warpgroup). Each consumer warp arrives once per round of every
+//             stage it ran, one stage late; with 3 stages the producer can still fill the stage
+//             after the one being issued (stage it + 1 needs round it − 2 released, which the
+//             wait in iteration it − 1 did), so nothing waits on itself.
 //   Why it cannot race: a producer thread writes stage s for round r ≥ 1 (its stores, thread 0
 //   the TMA) only after empty[s] phase r−1: after every consumer's MMAs of round r−1 (WAR; the
 //   completion of a wgmma is followed by an implicit generic-async proxy fence, PTX ISA "Async
