@@ -79,7 +79,28 @@ def _cluster_shape(v: Version, make, rows: int, x):
     return retarget(g, v, grid=(-(-rows // V2_BM), rb), smem_bytes=V2_SMEM_BYTES)
 
 
+def _without_split_k(g):
+    """The versions predate split-K: their kernels end at (…, N, K) with no split_partials,
+    split_counters, k_splits. Production's launcher without a SplitKScratch plans S = 1, so
+    dropping the three arguments launches the same GEMM."""
+    for spec in g.specs:
+        assert spec.args["k_splits"].value == 1, f"{spec.kernel}: a version launched with split-K"
+        for name in ("split_partials", "split_counters", "k_splits"):
+            del spec.args[name]
+    return g
+
+
 LAUNCH_SHAPES = {"v1_mma_sync": _mma_sync_shape, "v2_wgmma_cluster2": _cluster_shape}
+
+
+def version_launcher(v: Version, make, rows: int, x):
+    """Version v's launcher: production's `make(max_blocks)` as it is, or pointed at v's file in
+    v's launch shape with the arguments v's kernels take."""
+    if v.is_production:
+        return make()
+    shape = LAUNCH_SHAPES.get(_stem(v))
+    g = shape(v, make, rows, x) if shape is not None else retarget(make(), v)
+    return _without_split_k(g)
 
 
 @dataclass(frozen=True)
@@ -163,10 +184,7 @@ class Inputs:
 
     def launcher(self, v: Version):
         """Version v's launcher of this case."""
-        shape = LAUNCH_SHAPES.get(_stem(v))
-        if shape is not None:
-            return shape(v, self.production, self.rows, self.x)
-        return self.production() if v.is_production else retarget(self.production(), v)
+        return version_launcher(v, self.production, self.rows, self.x)
 
     def check(self, v: Version) -> float:
         """Launch v once on fresh outputs; the rows < M against the reference (for the residual,

@@ -15,6 +15,7 @@ packing is the one the kernel reads.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -172,6 +173,31 @@ def test_later_gemm_versions_run_in_production_launch_shape(monkeypatch):
         assert (spec.grid, spec.block, spec.smem_bytes) == (prod.grid, prod.block, prod.smem_bytes)
         assert _values(spec.params) == _values(prod.params)
         assert (spec.kernel.file, spec.kernel.kernel) == (v.file, prod.kernel.kernel)
+
+
+@pytest.mark.parametrize("kind,rows,dims", [s[:3] for s in SHAPES[::2]])
+@pytest.mark.parametrize("v", dev_gemm_int4.VERSIONS, ids=[v.name for v in dev_gemm_int4.VERSIONS])
+def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, kind, rows, dims):
+    """Each version's launch names its kernel's parameters in order, as read from the version's own
+    file: the versions predate split-K and end at (…, N, K) — a version handed production's three
+    extra arguments fails at launch ("kernel takes 7 parameters, 10 given")."""
+    from drvqwen.cuda.sources import kernel_source
+    from drvqwen.launchers.signatures import kernel_signatures
+
+    make, x = _gemm(monkeypatch, kind, rows, **dims)
+    def signatures(file):  # a version's file and the versions it #includes (v4, v5 build on v3)
+        text = kernel_source(file).text.decode()
+        out = kernel_signatures(text)
+        for inc in re.findall(r'#include\s+"(\w+)\.cu"', text):
+            out.update(signatures(file.rsplit("/", 1)[0] + "/" + inc))
+        return out
+
+    sigs = signatures(v.file)
+    def persistent_on_132(max_blocks=132):  # production's default asks the device for its grid
+        return make(max_blocks)
+
+    for spec in dev_gemm_int4.version_launcher(v, persistent_on_132, rows, x).specs:
+        assert list(spec.args) == [p.name for p in sigs[spec.kernel.kernel].params], spec.kernel
 
 
 @pytest.mark.parametrize("name,extra_per_warp", [("v1_tile_major", 0), ("v2_smem_ring", 16 * 1024),

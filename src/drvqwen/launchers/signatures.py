@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 from .base import BufferSpec, TensorMapSpec
 
-# extern "C" __global__ void [__launch_bounds__(...)] NAME(PARAMS) {   (NAME may hold `##`)
+# extern "C" __global__ void [__launch_bounds__(...)] [__cluster_dims__(...)] NAME(PARAMS) {
+# (NAME may hold `##`)
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^()]*\)\s*)?'
+                        r'(?:__cluster_dims__\s*\([^()]*\)\s*)?'
                         r'([A-Za-z_][\w#]*)\s*\(([^()]*)\)\s*\{')
 _DEFINE_RE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)", re.MULTILINE)
 # Words of a parameter's type that do not change what is passed.
