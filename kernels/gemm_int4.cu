@@ -3,6 +3,8 @@
 //
 //   gemm_int4_f32            out fp32[M, N]            = X Wᵀ                (tests, tools)
 //   gemm_int4_qkv            qkv fp32[M, Nq+2·Nkv]     = X [Wq; Wk; Wv]ᵀ     (bias + RoPE: rope_kv_rows)
+//   gemm_int4_qkv_rope       q fp16[M, Hq, Dh], the K/V cache slots of the chunk's positions
+//                                                      = rope(X Wqᵀ + bq), rope(X Wkᵀ + bk), X Wvᵀ + bv
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
 //
@@ -52,7 +54,9 @@
 //              is written by exactly one lane (the residual read-modify-write needs no atomics,
 //              the result is bit-reproducible); tokens ≥ M and rows ≥ N are not written. For
 //              gate/up, row g of a warp's 16 is gate feature f and row g+8 is up feature f, so
-//              the SwiGLU happens in registers.
+//              the SwiGLU happens in registers. For qkv_rope, rows g and g+8 are dims i and
+//              i + Dh/2 of one head (a RoPE pair), so the rotation, the bias and the FP16 writes
+//              of q and of the K/V cache happen in registers too (below the kernel's rows_of).
 //
 // Barriers and phases (each initialised once by thread 0, then fence + the kernel's only
 // __syncthreads(), before the role branch). `it` counts the groups a block has run over all its
@@ -160,6 +164,8 @@
 #include "gemm_epilogue.cuh" // GEMM_BM, gemm_each_token, GemmResidualAdd
 #include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
+#include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset
+#include "rope.cuh"          // rope_rotate
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -447,6 +453,90 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
         if (ra < ld) qkv[(u64)token * ld + ra] = va;
         if (ra + 8 < ld) qkv[(u64)token * ld + ra + 8] = vb;
     }));
+}
+
+// [q | k | v] = X [Wq; Wk; Wv]ᵀ with the bias, the RoPE and the FP16 writes in the epilogue:
+// what gemm_int4_qkv and rope_kv_rows do in two launches and an FP32 round trip through qkv
+// (7B at 512 tokens: 9.4 MB written and read back per layer, and ~12 µs of rope_kv_rows).
+//
+// Rows are taken in RoPE pairs. Pair p of the stacked heads (Hq query, Hkv key, Hkv value heads,
+// Dh/2 pairs each) is (head p / (Dh/2), dim i = p % (Dh/2)) and covers stacked rows
+// head·Dh + i and head·Dh + i + Dh/2; row block rb holds pairs 64·rb … 64·rb + 63, and warp tile
+// w of it pairs 64·rb + 8·w + g (g < 8) with dim i in row g and dim i + Dh/2 in row g+8. So lane
+// (g, t) ends the tile holding x1 and x2 of its pair for its 32 tokens — the rotation's two
+// inputs — and rounds each output to FP16 once, after the FP32 bias add and rotation, exactly as
+// rope_kv_rows does on gemm_int4_qkv's FP32 output (the same rope_rotate, the same order of
+// operations: the two paths give the same bits, which tests/test_kernel_gemm_int4.py checks).
+// Value heads take the bias only. Pairs past the last (p ≥ (Hq + 2·Hkv)·Dh/2) read the last
+// pair's rows and are not written.
+// Positions are start + token (prefill_state[0]); the block table must hold a page for each.
+// Writes per tile: 2 B per output at 32 tokens × 8 dims = 64 B contiguous runs per head row.
+// Tiles: ceil(M/128) × ceil((Hq + 2·Hkv)·Dh / 128).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                   __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                   __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                   const __half* __restrict__ q_scales,      // [Hq·Dh, K/128] fp16
+                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                   const __half* __restrict__ k_scales,      // [Hkv·Dh, K/128] fp16
+                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                   const __half* __restrict__ v_scales,      // [Hkv·Dh, K/128] fp16
+                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                   const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                   const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                   const float* __restrict__ inv_freq,       // [Dh/2] fp32
+                   const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                   const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                   float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
+                   int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
+                   int Hq, int Hkv, int Dh, int K, int k_splits) {  // k_splits = S (gemm_split_k.cuh)
+    const int half_dim = Dh / 2;
+    const int n_pairs = (Hq + 2 * Hkv) * half_dim;
+    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
+    // The lane's pair, its head in [0, Hq + 2·Hkv) and its dim i (set by rows_of).
+    int pair = 0, head = 0, i = 0;
+    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters, k_splits},
+                    [&](int rb, int local) {
+        // local = 16·(warp tile) + g for g < 8: pair 8·(warp tile) + g of the block.
+        GemmLaneRows r;
+        pair = rb * PB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        const int p = min(pair, n_pairs - 1);
+        head = p / half_dim;
+        i = p % half_dim;
+        const int seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
+        const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;  // head within its matrix
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const int n = (seg == 0 ? Hq : Hkv) * Dh;
+        gemm_lane_row(qw, sc, h * Dh + i, n, K, r.wa, r.sa);
+        gemm_lane_row(qw, sc, h * Dh + i + half_dim, n, K, r.wb, r.sb);
+        return r;
+    }, [&](const float (&acc)[64], int m0, int M, int t) {
+        if (pair >= n_pairs) return;
+        const int start = __ldcg(prefill_state);  // after the kernel's griddepcontrol.wait
+        const int seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
+        const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
+        const __half* bias = (seg == 0 ? q_bias : seg == 1 ? k_bias : v_bias) + h * Dh;
+        const float b1 = __half2float(bias[i]), b2 = __half2float(bias[i + half_dim]);
+        const float freq = inv_freq[i];
+        __half* cache = seg == 1 ? k_cache : v_cache;
+#pragma unroll
+        for (int j = 0; j < GEMM_BM / 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int token = m0 + 8 * j + 2 * t + c;
+                if (token >= M) continue;
+                const int pos = start + token;
+                float o1 = acc[4 * j + c] + b1, o2 = acc[4 * j + 2 + c] + b2;
+                if (seg != 2) rope_rotate(o1, o2, pos, freq, o1, o2);
+                __half* dst = seg == 0 ? q_out + ((u64)token * Hq + h) * Dh
+                                       : cache + kv_offset(block_table[pos / PAGE_TOKENS], h, pos % PAGE_TOKENS, Hkv, Dh);
+                dst[i] = __float2half_rn(o1);
+                dst[i + half_dim] = __float2half_rn(o2);
+            }
+    });
 }
 
 // residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).

@@ -1,5 +1,6 @@
 // kernels/rope.cuh — the rotate-half (NeoX) RoPE of one pair of dims, the one definition shared
-// by rope_kv.cu (prefill rows) and the decode QKV GEMV's epilogue (gemv_int4.cu).
+// by rope_kv.cu (prefill rows), the prefill QKV GEMM's epilogue (gemm_int4.cu) and the decode QKV
+// GEMVs' epilogues (gemv_int4.cu, gemv_fmt.cu).
 //
 // For pair i < Dh/2 of a head, x1 = x[i], x2 = x[i + Dh/2], angle = float32(pos) · inv_freq[i]:
 //     out[i] = x1·cos − x2·sin,   out[i + Dh/2] = x2·cos + x1·sin
@@ -15,6 +16,10 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, int pos, float i
     const float angle = (float)pos * inv_freq_i;
     float s, c;
     sincosf(angle, &s, &c);
-    out1 = x1 * c - x2 * s;
-    out2 = x2 * c + x1 * s;
+    // The contraction spelled out (x1·c rounded inside an FMA, x2·s rounded alone): the form
+    // ptxas picks for `x1 * c - x2 * s` anyway, fixed here so that every kernel including this
+    // file (the rope_kv rows, the decode QKV GEMVs, the prefill QKV GEMM's epilogue) rounds the
+    // same way and their outputs can be compared bit for bit.
+    out1 = __fmaf_rn(x1, c, -__fmul_rn(x2, s));
+    out2 = __fmaf_rn(x2, c, __fmul_rn(x1, s));
 }

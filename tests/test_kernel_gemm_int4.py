@@ -215,3 +215,78 @@ def test_gemm_split_k_chosen_where_tiles_are_few(dev, rng):
     qb, sb = dev.array("qb", (18944, 896 // 8), np.uint32), dev.array("sb", (18944, 896 // 128), np.float16)
     assert launchers.GemmInt4ResidualRows(big, dev.array("xb", (rows, 896), np.float16), qb, sb, ps, n=18944, k=896,
                                           split_k=sk, **kw).k_splits == 1
+
+
+# (M, start, S, max_blocks, head_dim, Hq, Hkv): 576 pairs in 9 row blocks; 80 pairs in 2, the
+# last partial (pairs past the end read and never written); positions near 30000; three token
+# blocks; split K; a persistent grid of 3 blocks looping over the tiles.
+QKV_ROPE_CASES = [(100, 5, 1, None, 64, 14, 2), (100, 5, 2, None, 32, 3, 1), (1, 0, 1, None, 128, 7, 1),
+                  (300, 30000, 1, None, 128, 7, 1), (17, 40, 2, 3, 64, 14, 2)]
+
+
+@pytest.mark.parametrize("m,start,s,max_blocks,hd,hq,hkv", QKV_ROPE_CASES,
+                         ids=[f"m{c[0]}-start{c[1]}-S{c[2]}" + ("" if c[3] is None else f"-blocks{c[3]}")
+                              + f"-hd{c[4]}-{c[5]}q{c[6]}kv" for c in QKV_ROPE_CASES])
+def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
+    """gemm_int4_qkv_rope: q and the chunk's K/V cache slots against the float64 reference
+    (x Wᵀ + bias, rotated), and bit for bit what gemm_int4_qkv + rope_kv_rows write from the
+    same inputs (the path it replaces). The cache starts NaN, pages come from a shuffled table:
+    only the chunk's slots may change; q's rows past M stay poisoned."""
+    from drvqwen.kv_cache import PAGE_TOKENS
+
+    k = 384
+    nq, nkv = hq * hd, hkv * hd
+    rows = _capacity(m)
+    x = _x(rng, m, k)
+    ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
+    biases = [(rng.standard_normal(n) * 0.1).astype(np.float16) for n in (nq, nkv, nkv)]
+    inv_freq = ref.rope_inv_freq(hd, 1e6)
+    n_pages = -(-(start + m) // PAGE_TOKENS) + 2
+    block_table = rng.permutation(n_pages).astype(np.int32)
+    xd, ps, bt = dev.upload("x", x), _state(dev, m, start), dev.upload("bt", block_table)
+    wd = [dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)]
+    bd = [dev.upload(f"b{i}", b) for i, b in enumerate(biases)]
+    fd = dev.upload("inv_freq", inv_freq)
+    tiles_blocks = -(-(nq + 2 * nkv) // 128)
+    sk = _scratch(dev, rows, tiles_blocks, s) if s > 1 else None
+    heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
+
+    def outputs(tag):
+        return (dev.poisoned(f"q_{tag}", (rows, hq, hd), np.float16),
+                dev.poisoned(f"k_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16),
+                dev.poisoned(f"v_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16))
+
+    fused = outputs("fused")
+    g = launchers.GemmInt4QkvRopeRows(*fused, xd, *wd, *bd, fd, ps, bt, k=k, rows=rows, max_blocks=max_blocks,
+                                      split_k=sk, k_splits=s if sk else None, **heads)
+    assert g.k_splits == s
+    g.launch()
+    got_q, got_k, got_v = (a.download() for a in fused)
+
+    # The float64 reference.
+    x64 = x[:m].astype(np.float64)
+    pos = start + np.arange(m)
+    cos, sin = (a.astype(np.float64) for a in ref.rope_cos_sin(pos, hd, 1e6))
+    q, kk, v = ((x64 @ dequant64(*w).T + b.astype(np.float64)).reshape(m, -1, hd) for w, b in zip(ws, biases))
+    tag = f"gemm_int4_qkv_rope M={m} start={start} S={s} hd={hd}"
+    report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
+    assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
+    report(f"{tag} k", ref.gather_pages(got_k, block_table, start + m)[start:], ref.apply_rope(kk, cos, sin), TOL_GEMV)
+    report(f"{tag} v", ref.gather_pages(got_v, block_table, start + m)[start:], v, TOL_GEMV)
+    written = np.zeros((n_pages, PAGE_TOKENS), bool)
+    written[block_table[pos // PAGE_TOKENS], pos % PAGE_TOKENS] = True
+    for c in (got_k, got_v):
+        assert np.isnan(c.transpose(0, 2, 1, 3)[~written].astype(np.float32)).all(), "a slot outside the chunk changed"
+
+    # The two-launch path on the same inputs: the same bits everywhere (written slots and poison).
+    apart = outputs("apart")
+    qkv = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
+    launchers.GemmInt4QkvRows(qkv, xd, *wd, ps, n_q=nq, n_kv=nkv, k=k, rows=rows, max_blocks=max_blocks,
+                              split_k=sk, k_splits=s if sk else None).launch()
+    launchers.RopeKvRows(*apart, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
+    for name, a, b in zip("qkv", (got_q, got_k, got_v), apart):
+        assert_same_bits(f"{tag} {name} against gemm_int4_qkv + rope_kv_rows", a, b.download())
+    if sk is not None:
+        assert not sk.counters.download().any(), "split-K counters left non-zero"
+    g.launch()
+    assert_same_bits(f"{tag} launched again", got_k, fused[1].download())

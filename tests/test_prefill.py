@@ -166,7 +166,9 @@ def test_prefill_gemm_choices_match_reference(model, gemm):
 def test_prefill_without_pdl_or_split_k_gives_the_same_bits_and_near_logits(model):
     """Programmatic dependent launch changes when the chunk's kernels start, not what they
     compute: Prefill(pdl=False) writes the same cache and logits bit for bit (a kernel reading
-    its predecessor's output before griddepcontrol.wait would differ here). Split-K changes the
+    its predecessor's output before griddepcontrol.wait would differ here). RoPE and the K/V
+    writes in the QKV GEMM's epilogue (INT4 weights) do what rope_kv_rows does after an FP32 QKV
+    GEMM: Prefill(qkv_rope=False) gives the same bits too. Split-K changes the
     FP32 sums' order only: Prefill(split_k=False) within TOL_LOGITS. 513 tokens: two chunks, the
     second's GEMMs on 1 row (a bucket of 64, where the most GEMMs split)."""
     from drvqwen.prefill import Prefill
@@ -177,19 +179,23 @@ def test_prefill_without_pdl_or_split_k_gives_the_same_bits_and_near_logits(mode
         backend.prefill(ids[:t])
         default = step.logits()
         k_def, v_def = _cache_sequence(step, t)
-        for kw in (dict(pdl=False), dict(split_k=False)):
+        for kw in (dict(pdl=False), dict(qkv_rope=False), dict(split_k=False)):
             other = Prefill(step, **kw)
             try:
+                if "qkv_rope" in kw and step.plan.formats is None:
+                    names = [n.name for n in other.launches(64)]
+                    assert "L0.qkv_proj" in names and "L0.rope_kv" in names and "L0.qkv_rope" not in names
+                    assert "L0.qkv_rope" in [n.name for n in backend.prefill_pass.launches(64)]
                 other.run(ids[:t])
                 step.sync()
                 got = step.logits()
                 k_got, v_got = _cache_sequence(step, t)
             finally:
                 other.close()
-            if "pdl" in kw:
-                assert got.tobytes() == default.tobytes(), f"{name} T={t}: logits differ without PDL"
+            if "split_k" not in kw:
+                assert got.tobytes() == default.tobytes(), f"{name} T={t}: logits differ with {kw}"
                 assert k_got.tobytes() == k_def.tobytes() and v_got.tobytes() == v_def.tobytes(), \
-                    f"{name} T={t}: the KV cache differs without PDL"
+                    f"{name} T={t}: the KV cache differs with {kw}"
             else:
                 err = rel_l2(got, default)
                 print(f"{name} T={t}: without split-K, last logits rel L2 {err:.2e} from the default")

@@ -152,15 +152,16 @@ def kv_bytes_read(config, seq_len: int) -> int:
     return 2 * config.num_layers * seq_len * config.num_kv_heads * config.head_dim * 2
 
 
-def load_prefill(dec, fmt_gemm: str = "wgmma"):
+def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue"):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
-    per-tensor projections on `fmt_gemm`'s GEMMs), or None where that module does not exist in
-    this checkout."""
+    per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
+    K/V writes as their own launch instead of in the QKV GEMM's epilogue), or None where that
+    module does not exist in this checkout."""
     try:
         from .prefill import Prefill
     except ImportError:
         return None
-    return Prefill(dec, fmt_gemm=fmt_gemm)
+    return Prefill(dec, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue")
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -249,7 +250,8 @@ def persistent_trace(dec, graph) -> dict:
 def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_tokens: int = NEW_TOKENS,
               max_context: int | None = None, modes: tuple[str, ...] = MODES, seed: int = 0,
               copy_bytes: int | None = None, use_prefill: bool = True, prefill_reps: int = PREFILL_REPS,
-              kernels: bool = False, prefill_gemm: str = "wgmma", decode: str = "per-launch",
+              kernels: bool = False, prefill_gemm: str = "wgmma", prefill_rope: str = "epilogue",
+              decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
@@ -267,6 +269,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         kernels: also time every launch of the step (`kernel_breakdown`) and, where the prompt
             fits one prefill chunk, of the prefill (`prefill_breakdown`).
         prefill_gemm: which GEMMs the prefill runs (prefill.FMT_GEMMS), to compare them.
+        prefill_rope: "epilogue" (the INT4 QKV GEMM adds the bias, rotates and writes the cache)
+            or "apart" (rope_kv_rows after an FP32 QKV GEMM), to compare them.
         decode: "per-launch" (the step as its launch list) or "persistent": the graph mode runs
             the embedding and the layers as one persistent kernel (kernels/decode_persistent.cu)
             and the eager mode the same step launch by launch — both with the plain attention
@@ -314,7 +318,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         graph = GraphDecoder(dec, graph_list) if "graph" in modes else None
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
-        prefill = load_prefill(dec, prefill_gemm) if use_prefill else None
+        prefill = load_prefill(dec, prefill_gemm, prefill_rope) if use_prefill else None
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
             dec.sync()
@@ -337,6 +341,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
                          "prefill_reps": prefill_reps if prefill is not None else None,
                          "prefill_gemm": prefill_gemm if prefill is not None else None,
+                         "prefill_rope": ("epilogue" if prefill.qkv_rope else "apart") if prefill is not None else None,
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
                                  "the first token read back, per prefill; prefill_reps prefills of the "
                                  "prompt, each a new sequence: ttft_ms the first, ttft_median_ms their "
@@ -478,6 +483,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the prefill GEMMs, to compare them (prefill.FMT_GEMMS): wgmma (default: gemm_fmt_wgmma.cu "
                         "for per-tensor formats, gemm_int4.cu for INT4), mma (gemm_fmt.cu for per-tensor formats), "
                         "wgmma-all (gemm_fmt_wgmma.cu for INT4 too)")
+    p.add_argument("--prefill-rope", choices=("epilogue", "apart"), default="epilogue",
+                   help="INT4 prefill: the QKV bias, RoPE and K/V cache writes in the QKV GEMM's epilogue (default) "
+                        "or apart, as rope_kv_rows after an FP32 QKV GEMM (to compare: the same bits)")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
@@ -545,7 +553,7 @@ def cmd_bench(args) -> int:
         res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         max_context=args.max_context or None, modes=modes, seed=args.seed,
                         use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels,
-                        prefill_gemm=args.prefill_gemm, decode=args.decode,
+                        prefill_gemm=args.prefill_gemm, prefill_rope=args.prefill_rope, decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

@@ -6,8 +6,8 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
     embedding                       residual fp32 [R, D] = embed[ids]
     per layer l:
       L{l}.input_layernorm          xn   fp16 [R, D]          = rmsnorm(residual) · w
-      L{l}.qkv_proj                 qkv  fp32 [R, Nq+2Nkv]    = xn [Wq; Wk; Wv]ᵀ      (INT4 GEMM)
-      L{l}.rope_kv                  q    fp16 [R, Hq, Dh]     = rope(q + bq); K/V cache[start + r] = rope(k + bk), v + bv
+      L{l}.qkv_rope                 q    fp16 [R, Hq, Dh]     = rope(xn Wqᵀ + bq); K/V cache[start + r] =
+                                                                rope(xn Wkᵀ + bk), xn Wvᵀ + bv   (INT4 GEMM)
       L{l}.attention                attn fp16 [R, Hq·Dh]      = causal softmax(q Kᵀ/√Dh) V over the paged cache
       L{l}.o_proj                   residual += attn Woᵀ                               (INT4 GEMM)
       L{l}.post_attention_layernorm xn   fp16 [R, D]
@@ -24,6 +24,10 @@ so the KV cache holds positions 0 … T-1 and the next decode step (`DecodeStep.
 or a graph of it) decodes the chosen token at position T with the same weights, cache, sequence
 and stream. The sequence's pages and position change only through `DecodeStep.seq`
 (sequence.py): the prompt's pages are reserved at once, the position resumed at its end.
+
+With `qkv_rope=False` the QKV GEMM writes FP32 q | k | v into a buffer and a second launch adds
+the bias, rotates and writes q and the cache (L{l}.qkv_proj, then L{l}.rope_kv, as the per-tensor
+formats do below): the same bits, one more launch and an FP32 round trip (to compare).
 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): the projections run
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma") instead
@@ -59,8 +63,9 @@ from .cuda import DEFAULT_ALIGN_BYTES, DeviceArray, Pool
 from .decode import DecodeStep
 from .launch_list import LaunchList, NamedLaunch, named_launches
 from .errors import DrvqwenError
-from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRows,
-                        GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk, RmsNorm, RopeKvRows)
+from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRopeRows,
+                        GemmInt4QkvRows, GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk,
+                        RmsNorm, RopeKvRows)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
@@ -130,13 +135,16 @@ class Prefill:
         attention_splits: KV splits per query tile of the attention (kernels/attention_prefill.cu,
             "KV splits"): True picks them per row bucket (kv_splits_for), False runs each
             query tile whole (to compare).
+        qkv_rope: INT4 weights: the bias, RoPE and K/V cache writes in the QKV GEMM's epilogue
+            (gemm_int4_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
+            compare: the same bits).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
-                 attention_splits: bool = True):
+                 attention_splits: bool = True, qkv_rope: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -145,6 +153,8 @@ class Prefill:
             raise DrvqwenError(f"fmt_gemm {fmt_gemm!r}: choose one of {', '.join(FMT_GEMMS)}")
         self.fmt_gemm = fmt_gemm
         self.pdl = pdl
+        # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
+        self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
@@ -159,9 +169,10 @@ class Prefill:
             "prefill_state": ((2,), np.int32),
             "ids": ((step.max_context + C,), np.int32),
             "residual": ((C, D), np.float32), "xn": ((C, D), np.float16),
-            "qkv": ((C, nq + 2 * nkv), np.float32), "q": ((C, nq), np.float16),
-            "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
+            "q": ((C, nq), np.float16), "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
         }
+        if not self.qkv_rope:  # FP32 q | k | v between the QKV GEMM and rope_kv_rows
+            act["qkv"] = ((C, nq + 2 * nkv), np.float32)
         size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
                    for s, d in act.values()) + DEFAULT_ALIGN_BYTES
         # The wgmma GEMMs' split-K scratch (INT4 or per-tensor formats), sized for the largest split
@@ -236,7 +247,8 @@ class Prefill:
     def _build(self, R: int) -> list[NamedLaunch]:
         step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
         # Views of the first R rows: the launchers check element counts against `rows`.
-        res, xn, qkv, q, attn, h = (rows_view(self.buf[n], R) for n in ("residual", "xn", "qkv", "q", "attn", "h"))
+        res, xn, q, attn, h = (rows_view(self.buf[n], R) for n in ("residual", "xn", "q", "attn", "h"))
+        qkv = rows_view(self.buf["qkv"], R) if "qkv" in self.buf else None
         attn_flat = DeviceArray(attn.name, attn.ptr, (R, cfg.num_heads, cfg.head_dim), attn.dtype)
         q_heads = DeviceArray(q.name, q.ptr, (R, cfg.num_heads, cfg.head_dim), q.dtype)
         ps = self.buf["prefill_state"]
@@ -261,14 +273,21 @@ class Prefill:
         for l in range(cfg.num_layers):
             lw = LayerWeights.of(w.__getitem__, l)
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
+            steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
+                                                           threads=nt, stream=st)))
+            if self.qkv_rope:
+                steps.append((f"L{l}.qkv_rope", GemmInt4QkvRopeRows(
+                    q, k_l, v_l, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, lw.q_bias, lw.k_bias, lw.v_bias,
+                    step.buf["inv_freq"], ps, step.buf["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                    k=D, rows=R, split_k=sk, stream=st)))
+            else:
+                steps += [
+                    (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
+                                                       n_kv=nkv, k=D, rows=R, split_k=sk, stream=st)),
+                    (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias,
+                                                 step.buf["inv_freq"], ps, step.buf["block_table"], rows=R,
+                                                 n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st))]
             steps += [
-                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, threads=nt,
-                                                  stream=st)),
-                (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
-                                                   n_kv=nkv, k=D, rows=R, split_k=sk, stream=st)),
-                (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
-                                             ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
-                                             head_dim=Dh, stream=st)),
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                                      kv_splits=self.attention_splits.get(R, 1),

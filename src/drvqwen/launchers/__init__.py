@@ -26,6 +26,7 @@ Names follow one thread through the code base:
 |                         | layer of the step as one kernel)            | completion counters                  |
 | gemm_int4 (prefill)     | GemmInt4, GemmInt4QkvRows,                  | out / qkv fp32, residual fp32 (+=),  |
 |                         | GemmInt4ResidualRows, GemmInt4GateUpSwigluRows | h fp16 [M, F]                     |
+|                         | GemmInt4QkvRopeRows                         | q fp16 [M, Hq, Dh], K/V cache slots  |
 | attention_prefill       | AttentionPrefill                            | out fp16 [M, Hq, Dh]                 |
 | prefill_state           | PrefillBeginChunk, DecodeResume             | prefill_state int32 [2], state       |
 | sampling                | SampleToken, PenalizedSampleToken,          | next_token, host token ring, the     |
@@ -49,7 +50,7 @@ from .base import (DEFAULT_OCCUPANCY, BufferSpec, DriverOccupancy, FixedOccupanc
 from .decode_persistent import PersistentDecode
 from .decode_state import AdvanceState, SetBlockTableEntry
 from .embedding import Embedding, EmbeddingRows
-from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
+from .gemm_int4 import GemmInt4, GemmInt4GateUpSwigluRows, GemmInt4QkvRopeRows, GemmInt4QkvRows, GemmInt4ResidualRows
 from .gemv_f16 import LmHead, lm_head_partials
 from .gemv_fmt import (EmbeddingFmt, EmbeddingFmtRows, FmtWeight, GemvFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope,
                        GemvFmtResidual, LmHeadFmt)
@@ -63,7 +64,7 @@ from .timing import GpuSleep
 __all__ = [
     "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeTma",
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
-    "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
+    "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRopeRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
     "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef",
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
     "PrefillBeginChunk",

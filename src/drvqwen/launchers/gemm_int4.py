@@ -2,6 +2,8 @@
 
     GemmInt4                   out fp32 [M, N]               = x fp16 [M, K] · Wᵀ
     GemmInt4QkvRows            qkv fp32 [M, Nq + 2 Nkv]      = x [Wq; Wk; Wv]ᵀ
+    GemmInt4QkvRopeRows        q fp16 [M, Hq, Dh] = rope(x Wqᵀ + bq); K/V cache slots of the chunk's
+                               positions = rope(x Wkᵀ + bk), x Wvᵀ + bv   (RoPE in the epilogue)
     GemmInt4ResidualRows       residual fp32 [M, N]         += x Wᵀ              (o_proj, down_proj)
     GemmInt4GateUpSwigluRows   h fp16 [M, F]                 = silu(x Wgᵀ) ⊙ (x Wuᵀ)
 
@@ -34,6 +36,7 @@ from ..cuda.tensormap import Swizzle
 from ..format.quant import GROUP_SIZE
 from .base import NULL, KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 from .gemv_int4 import _check_int4, int4_bytes
+from .rope_kv import check_qkv_rope_outputs
 
 BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per block (wgmma N)
 THREADS = mirrored("gemm_int4", "GEMM_THREADS", 288)            # 2 consumer warpgroups + 1 producer warp
@@ -247,10 +250,8 @@ class GemmInt4QkvRows(_GemmLauncher):
         require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
                 f"gemm_int4_qkv: Nq={n_q} and Nkv={n_kv} must be multiples of {TILE_ROWS}")
         check_buffer(qkv, "qkv", rows * (n_q + 2 * n_kv), np.float32)
-        check_buffer(x, "x", rows * k, np.float16)
-        _check_int4(q_qweight, q_scales, "q_proj", n_q, k)
-        _check_int4(k_qweight, k_scales, "k_proj", n_kv, k)
-        _check_int4(v_qweight, v_scales, "v_proj", n_kv, k)
+        _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, n_q=n_q, n_kv=n_kv,
+                           k=k, rows=rows)
         check_prefill_state(prefill_state)
         n = n_q + 2 * n_kv
         self.flops = 2 * rows * n * k
@@ -262,6 +263,55 @@ class GemmInt4QkvRows(_GemmLauncher):
                          dict(Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
                          writes=(qkv,), max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
+
+
+def _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, *, n_q: int, n_kv: int,
+                       k: int, rows: int) -> None:
+    check_buffer(x, "x", rows * k, np.float16)
+    _check_int4(q_qweight, q_scales, "q_proj", n_q, k)
+    _check_int4(k_qweight, k_scales, "k_proj", n_kv, k)
+    _check_int4(v_qweight, v_scales, "v_proj", n_kv, k)
+
+
+class GemmInt4QkvRopeRows(_GemmLauncher):
+    """The QKV projection of a prefill chunk with the bias, the RoPE and the FP16 writes in its
+    epilogue: q_out fp16 [M, Hq, Dh] = rope(x Wqᵀ + bq), and for each row r < M at position
+    p = start + r (prefill_state) the K/V cache slot of p = rope(x Wkᵀ + bk), x Wvᵀ + bv — what
+    GemmInt4QkvRows and RopeKvRows compute, bit for bit, in one launch.
+
+    The block table must hold a page for every position written; caches are one layer's
+    [P, Hkv, 16, Dh] fp16.
+
+    Raises:
+        LaunchError: an odd head_dim, K not a multiple of 128, or a buffer of the wrong size,
+            dtype or shape.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
+                 q_bias, k_bias, v_bias, inv_freq, prefill_state, block_table, *, n_heads: int, n_kv_heads: int,
+                 head_dim: int, k: int, rows: int, max_blocks: int | None = None,
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        n_q, n_kv = check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=rows,
+                                           n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                                           kernel="gemm_int4_qkv_rope")
+        _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, n_q=n_q, n_kv=n_kv,
+                           k=k, rows=rows)
+        check_prefill_state(prefill_state)
+        n = n_q + 2 * n_kv
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 2 * rows * n
+        # A block holds 64 RoPE pairs: 128 stacked rows (kernel: gemm_int4_qkv_rope).
+        self._build_gemm("gemm_int4_qkv_rope", rows, -(-n // BLOCK_ROWS), k,
+                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k),
+                              q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
+                              v_qweight=v_qweight, v_scales=v_scales, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
+                              inv_freq=inv_freq, prefill_state=prefill_state, block_table=block_table),
+                         dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
+                         reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, q_bias, k_bias,
+                                v_bias, inv_freq, prefill_state, block_table),
+                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k,
+                         k_splits=k_splits)
 
 
 class GemmInt4ResidualRows(_GemmLauncher):

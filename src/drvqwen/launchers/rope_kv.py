@@ -17,12 +17,18 @@ THREADS = mirrored("rope_kv", "ROPE_THREADS", 256)  # threads per row (one block
 mirrored("rope_kv", "PAGE_TOKENS", PAGE_TOKENS)  # kernels/kv_cache.cuh: the page size the kernels index with
 
 
-def _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, *, rows: int, n_heads: int,
-           n_kv_heads: int, head_dim: int) -> tuple[int, int]:
-    require(head_dim % 2 == 0 and 2 <= head_dim <= 2048, f"rope_kv: head_dim={head_dim} must be even, ≤ 2048")
+def check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, *, rows: int, n_heads: int,
+                           n_kv_heads: int, head_dim: int, kernel: str = "rope_kv") -> tuple[int, int]:
+    """The checks shared by the launchers that write rotated q and the K/V cache (RopeKvRows, and
+    gemm_int4's GemmInt4QkvRopeRows): head_dim even, q_out fp16 [rows, Hq·Dh], the FP16 biases,
+    inv_freq fp32 [Dh/2], each cache one layer's [P, Hkv, 16, Dh]. Returns (Nq, Nkv).
+
+    Raises:
+        LaunchError: naming `kernel` and the first buffer or value that does not fit.
+    """
+    require(head_dim % 2 == 0 and 2 <= head_dim <= 2048, f"{kernel}: head_dim={head_dim} must be even, ≤ 2048")
     nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
     check_buffer(q_out, "q_out", rows * nq, np.float16)
-    check_buffer(qkv, "qkv", rows * (nq + 2 * nkv), np.float32)
     check_buffer(q_bias, "q_bias", nq, np.float16)
     check_buffer(k_bias, "k_bias", nkv, np.float16)
     check_buffer(v_bias, "v_bias", nkv, np.float16)
@@ -30,7 +36,7 @@ def _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, *, ro
     for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         shape = getattr(c, "shape", None)
         require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
-                f"rope_kv: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
+                f"{kernel}: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
                 f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
     return nq, nkv
 
@@ -49,8 +55,9 @@ class RopeKvRows(Launcher):
                  block_table, *, rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
                  stream: Stream | None = None):
         super().__init__(stream)
-        nq, nkv = _check(q_out, qkv, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=rows,
-                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        nq, nkv = check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=rows,
+                                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        check_buffer(qkv, "qkv", rows * (nq + 2 * nkv), np.float32)
         check_prefill_state(prefill_state)
         self.bytes_moved = rows * (4 * (nq + 2 * nkv) + 2 * (nq + 2 * nkv))
         # One block per row, its threads over the row's (head, rotation pair) items (kernel header).
