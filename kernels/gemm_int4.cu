@@ -165,7 +165,7 @@
 #include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset
-#include "rope.cuh"          // rope_rotate
+#include "rope.cuh"          // rope_apply
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -465,8 +465,10 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // w of it pairs 64·rb + 8·w + g (g < 8) with dim i in row g and dim i + Dh/2 in row g+8. So lane
 // (g, t) ends the tile holding x1 and x2 of its pair for its 32 tokens — the rotation's two
 // inputs — and rounds each output to FP16 once, after the FP32 bias add and rotation, exactly as
-// rope_kv_rows does on gemm_int4_qkv's FP32 output (the same rope_rotate, the same order of
-// operations: the two paths give the same bits, which tests/test_kernel_gemm_int4.py checks).
+// rope_kv_rows does on gemm_int4_qkv's FP32 output: the same rotation (rope.cuh's rope_apply) by
+// the same cos and sin, computed once per chunk by rope_table_rows (kernels/rope_kv.cu: why),
+// the same order of operations — the two paths give the same bits, which
+// tests/test_kernel_gemm_int4.py checks.
 // Value heads take the bias only. Pairs past the last (p ≥ (Hq + 2·Hkv)·Dh/2) read the last
 // pair's rows and are not written.
 // Positions are start + token (prefill_state[0]); the block table must hold a page for each.
@@ -486,7 +488,7 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
                    const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
                    const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
                    const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
-                   const float* __restrict__ inv_freq,       // [Dh/2] fp32
+                   const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
                    const int* __restrict__ prefill_state,    // [2] int32: start position, M
                    const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
                    float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
@@ -520,7 +522,6 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
         const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
         const __half* bias = (seg == 0 ? q_bias : seg == 1 ? k_bias : v_bias) + h * Dh;
         const float b1 = __half2float(bias[i]), b2 = __half2float(bias[i + half_dim]);
-        const float freq = inv_freq[i];
         __half* cache = seg == 1 ? k_cache : v_cache;
 #pragma unroll
         for (int j = 0; j < GEMM_BM / 8; ++j)
@@ -530,7 +531,10 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
                 if (token >= M) continue;
                 const int pos = start + token;
                 float o1 = acc[4 * j + c] + b1, o2 = acc[4 * j + 2 + c] + b2;
-                if (seg != 2) rope_rotate(o1, o2, pos, freq, o1, o2);
+                if (seg != 2) {
+                    const float2 cs = __ldcg(rope_cs + token * half_dim + i);
+                    rope_apply(o1, o2, cs.x, cs.y, o1, o2);
+                }
                 __half* dst = seg == 0 ? q_out + ((u64)token * Hq + h) * Dh
                                        : cache + kv_offset(block_table[pos / PAGE_TOKENS], h, pos % PAGE_TOKENS, Hkv, Dh);
                 dst[i] = __float2half_rn(o1);

@@ -11,15 +11,26 @@
 // by ~1e-3 absolute, which shows in attention scores.
 #pragma once
 
-__device__ __forceinline__ void rope_rotate(float x1, float x2, int pos, float inv_freq_i,
-                                            float& out1, float& out2) {
+// cos and sin of pair i's angle at position pos: the accurate libdevice sincosf.
+__device__ __forceinline__ float2 rope_cos_sin(int pos, float inv_freq_i) {
     const float angle = (float)pos * inv_freq_i;
     float s, c;
     sincosf(angle, &s, &c);
+    return make_float2(c, s);
+}
+
+// The rotation of (x1, x2) by an angle of cosine c and sine s.
+__device__ __forceinline__ void rope_apply(float x1, float x2, float c, float s, float& out1, float& out2) {
     // The contraction spelled out (x1·c rounded inside an FMA, x2·s rounded alone): the form
     // ptxas picks for `x1 * c - x2 * s` anyway, fixed here so that every kernel including this
     // file (the rope_kv rows, the decode QKV GEMVs, the prefill QKV GEMM's epilogue) rounds the
     // same way and their outputs can be compared bit for bit.
     out1 = __fmaf_rn(x1, c, -__fmul_rn(x2, s));
     out2 = __fmaf_rn(x2, c, __fmul_rn(x1, s));
+}
+
+__device__ __forceinline__ void rope_rotate(float x1, float x2, int pos, float inv_freq_i,
+                                            float& out1, float& out2) {
+    const float2 cs = rope_cos_sin(pos, inv_freq_i);
+    rope_apply(x1, x2, cs.x, cs.y, out1, out2);
 }

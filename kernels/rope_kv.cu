@@ -1,7 +1,9 @@
 // kernels/rope_kv.cu — QKV bias, RoPE, and the write of a prefill chunk's K/V into the paged cache.
 //
-//   rope_kv_rows   for each chunk row r < n_rows at position p = start + r:
-//                  q_out[r] = rope(qkv[r, q] + bq, p);  K/V cache[page(p), :, slot(p), :] = rope(k), v
+//   rope_kv_rows     for each chunk row r < n_rows at position p = start + r:
+//                    q_out[r] = rope(qkv[r, q] + bq, p);  K/V cache[page(p), :, slot(p), :] = rope(k), v
+//   rope_table_rows  rope_cs[r, i] = (cos, sin) of pair i's angle at p = start + r, once per chunk
+//                    for the QKV GEMM's epilogue (gemm_int4_qkv_rope), which every layer runs
 //
 // RoPE is the rotate-half (NeoX) form of HF Qwen2, computed by rope.cuh (FP32, the accurate
 // sincosf, docs/numerics.md#rope-angles-as-hf-computes-them). The GEMM left q/k/v in FP32
@@ -87,4 +89,28 @@ rope_kv_rows(__half* __restrict__ q_out,            // [rows, Hq, Dh] fp16, out 
     for (int w = threadIdx.x; w < (Hq + 2 * Hkv) * half_dim; w += ROPE_THREADS)
         rope_kv_token(q_out + (u64)row * Hq * Dh, k_cache, v_cache, qkv + (u64)row * width, q_bias,
                       k_bias, v_bias, inv_freq, block_table, pos, w / half_dim, w % half_dim, Hq, Hkv, Dh);
+}
+
+// The chunk's RoPE angles, once for every layer and head: the QKV GEMM's epilogue
+// (gemm_int4_qkv_rope) rotates with these instead of calling sincosf per element. Its tiles run
+// on one block per SM and few SMs (the 0.5B's QKV at 512 tokens is 36 tiles), so ~30 accurate
+// sincosf per lane, each a branch (the Payne–Hanek path) the compiler cannot schedule across,
+// made the fused GEMM slower than the GEMM and rope_kv_rows apart (0.5B: 621 µs against
+// 335 + 168 over 24 layers, H200). The values are those rope_rotate computes (rope_cos_sin), so
+// the epilogue's outputs equal rope_kv_rows' bit for bit.
+// Work split: one thread per (row, pair), rows ≥ n_rows return. Bytes: 8 per pair written
+// (512 rows × 64 pairs: 256 KB at Dh = 128). grid (ceil(rows_max · Dh/2 / ROPE_THREADS)),
+// block (ROPE_THREADS).
+extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
+rope_table_rows(float2* __restrict__ rope_cs,         // [rows, Dh/2] fp32 (cos, sin), out
+                const float* __restrict__ inv_freq,   // [Dh/2] fp32
+                const int* __restrict__ prefill_state, // [2] int32: start position, n_rows
+                int Dh) {
+    grid_launch_dependents();
+    grid_dependency_wait();  // prefill_state is the chunk's begin kernel's output (programmatic launch)
+    const int half_dim = Dh / 2;
+    const int idx = blockIdx.x * ROPE_THREADS + threadIdx.x;
+    const int row = idx / half_dim, i = idx % half_dim;
+    if (row >= __ldcg(prefill_state + 1)) return;
+    rope_cs[idx] = rope_cos_sin(__ldcg(prefill_state) + row, inv_freq[i]);
 }

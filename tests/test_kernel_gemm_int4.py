@@ -228,10 +228,11 @@ QKV_ROPE_CASES = [(100, 5, 1, None, 64, 14, 2), (100, 5, 2, None, 32, 3, 1), (1,
                          ids=[f"m{c[0]}-start{c[1]}-S{c[2]}" + ("" if c[3] is None else f"-blocks{c[3]}")
                               + f"-hd{c[4]}-{c[5]}q{c[6]}kv" for c in QKV_ROPE_CASES])
 def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
-    """gemm_int4_qkv_rope: q and the chunk's K/V cache slots against the float64 reference
-    (x Wᵀ + bias, rotated), and bit for bit what gemm_int4_qkv + rope_kv_rows write from the
-    same inputs (the path it replaces). The cache starts NaN, pages come from a shuffled table:
-    only the chunk's slots may change; q's rows past M stay poisoned."""
+    """gemm_int4_qkv_rope (rotating by rope_table_rows' cos and sin): q and the chunk's K/V cache
+    slots against the float64 reference (x Wᵀ + bias, rotated), and bit for bit what
+    gemm_int4_qkv + rope_kv_rows write from the same inputs (the path it replaces). The cache
+    starts NaN, pages come from a shuffled table: only the chunk's slots may change; q's rows past
+    M stay poisoned, and so do the table's."""
     from drvqwen.kv_cache import PAGE_TOKENS
 
     k = 384
@@ -247,6 +248,8 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
     wd = [dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)]
     bd = [dev.upload(f"b{i}", b) for i, b in enumerate(biases)]
     fd = dev.upload("inv_freq", inv_freq)
+    rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
+    launchers.RopeTableRows(rope_cs, fd, ps, rows=rows, head_dim=hd).launch()
     tiles_blocks = -(-(nq + 2 * nkv) // 128)
     sk = _scratch(dev, rows, tiles_blocks, s) if s > 1 else None
     heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
@@ -257,7 +260,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
                 dev.poisoned(f"v_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16))
 
     fused = outputs("fused")
-    g = launchers.GemmInt4QkvRopeRows(*fused, xd, *wd, *bd, fd, ps, bt, k=k, rows=rows, max_blocks=max_blocks,
+    g = launchers.GemmInt4QkvRopeRows(*fused, xd, *wd, *bd, rope_cs, ps, bt, k=k, rows=rows, max_blocks=max_blocks,
                                       split_k=sk, k_splits=s if sk else None, **heads)
     assert g.k_splits == s
     g.launch()
@@ -271,6 +274,9 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
     tag = f"gemm_int4_qkv_rope M={m} start={start} S={s} hd={hd}"
     report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
     assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
+    table = rope_cs.download()
+    assert np.isnan(table[m:]).all(), "rope_table_rows wrote rows past M"
+    np.testing.assert_allclose(table[:m], np.stack([cos[:, :hd // 2], sin[:, :hd // 2]], axis=-1), atol=2e-6)
     report(f"{tag} k", ref.gather_pages(got_k, block_table, start + m)[start:], ref.apply_rope(kk, cos, sin), TOL_GEMV)
     report(f"{tag} v", ref.gather_pages(got_v, block_table, start + m)[start:], v, TOL_GEMV)
     written = np.zeros((n_pages, PAGE_TOKENS), bool)

@@ -4,6 +4,7 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
 
     prefill_begin_chunk             prefill_state = (start, n_rows)            (device scalars)
     embedding                       residual fp32 [R, D] = embed[ids]
+    rope_table                      rope_cs fp32 [R, Dh/2, 2] = cos, sin of each RoPE angle at start + r
     per layer l:
       L{l}.input_layernorm          xn   fp16 [R, D]          = rmsnorm(residual) · w
       L{l}.qkv_rope                 q    fp16 [R, Hq, Dh]     = rope(xn Wqᵀ + bq); K/V cache[start + r] =
@@ -27,7 +28,8 @@ and stream. The sequence's pages and position change only through `DecodeStep.se
 
 With `qkv_rope=False` the QKV GEMM writes FP32 q | k | v into a buffer and a second launch adds
 the bias, rotates and writes q and the cache (L{l}.qkv_proj, then L{l}.rope_kv, as the per-tensor
-formats do below): the same bits, one more launch and an FP32 round trip (to compare).
+formats do below; no rope_table): the same bits, one more launch a layer and an FP32 round trip
+(to compare).
 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): the projections run
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma") instead
@@ -65,7 +67,7 @@ from .launch_list import LaunchList, NamedLaunch, named_launches
 from .errors import DrvqwenError
 from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRopeRows,
                         GemmInt4QkvRows, GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk,
-                        RmsNorm, RopeKvRows)
+                        RmsNorm, RopeKvRows, RopeTableRows)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
@@ -171,7 +173,9 @@ class Prefill:
             "residual": ((C, D), np.float32), "xn": ((C, D), np.float16),
             "q": ((C, nq), np.float16), "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
         }
-        if not self.qkv_rope:  # FP32 q | k | v between the QKV GEMM and rope_kv_rows
+        if self.qkv_rope:  # the chunk's RoPE cos and sin, read by every layer's QKV GEMM
+            act["rope_cs"] = ((C, cfg.head_dim), np.float32)
+        else:  # FP32 q | k | v between the QKV GEMM and rope_kv_rows
             act["qkv"] = ((C, nq + 2 * nkv), np.float32)
         size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
                    for s, d in act.values()) + DEFAULT_ALIGN_BYTES
@@ -270,6 +274,10 @@ class Prefill:
         steps: list[tuple[str, Launcher]] = [
             ("embedding", EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
                                         dim=D, stream=st))]
+        if self.qkv_rope:
+            rope_cs = rows_view(self.buf["rope_cs"], R)
+            steps.append(("rope_table", RopeTableRows(rope_cs, step.buf["inv_freq"], ps, rows=R, head_dim=Dh,
+                                                      stream=st)))
         for l in range(cfg.num_layers):
             lw = LayerWeights.of(w.__getitem__, l)
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
@@ -278,8 +286,8 @@ class Prefill:
             if self.qkv_rope:
                 steps.append((f"L{l}.qkv_rope", GemmInt4QkvRopeRows(
                     q, k_l, v_l, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, lw.q_bias, lw.k_bias, lw.v_bias,
-                    step.buf["inv_freq"], ps, step.buf["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
-                    k=D, rows=R, split_k=sk, stream=st)))
+                    rope_cs, ps, step.buf["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, k=D, rows=R,
+                    split_k=sk, stream=st)))
             else:
                 steps += [
                     (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,

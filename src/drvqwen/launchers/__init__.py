@@ -14,6 +14,7 @@ Names follow one thread through the code base:
 |                         | GemvInt4GateUpSwiglu (norm, SwiGLU); the    | h fp16 [F]; with n_tokens=T, [T, …]  |
 |                         | last three also for T tokens (n_tokens)     | of each                              |
 | rope_kv                 | RopeKvRows (prefill)                        | q fp16, the chunk's K/V cache slots  |
+|                         | RopeTableRows (prefill)                     | the chunk's RoPE cos, sin fp32       |
 | attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
 | attention_decode_tma    | AttentionDecodeTma (+ attention_combine)    | split partials, out fp16 [Hq, Dh]    |
 | gemv_f16                | LmHead                                      | logits fp32 [V], argmax partials     |
@@ -57,7 +58,7 @@ from .gemv_fmt import (EmbeddingFmt, EmbeddingFmtRows, FmtWeight, GemvFmt, GemvF
 from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
-from .rope_kv import RopeKvRows
+from .rope_kv import RopeKvRows, RopeTableRows
 from .sampling import PenalizedSampleToken, PublishToken, SampleToken
 from .timing import GpuSleep
 
@@ -69,7 +70,7 @@ __all__ = [
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
     "PrefillBeginChunk",
     "PublishToken",
-    "RmsNorm", "RopeKvRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
+    "RmsNorm", "RopeKvRows", "RopeTableRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials", "EmbeddingFmt", "EmbeddingFmtRows", "FmtWeight", "GemvFmt",
     "GemvFmtGateUpSwiglu", "GemvFmtQkvRope", "GemvFmtResidual", "LmHeadFmt",
 ]

@@ -277,7 +277,8 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
     """The QKV projection of a prefill chunk with the bias, the RoPE and the FP16 writes in its
     epilogue: q_out fp16 [M, Hq, Dh] = rope(x Wqᵀ + bq), and for each row r < M at position
     p = start + r (prefill_state) the K/V cache slot of p = rope(x Wkᵀ + bk), x Wvᵀ + bv — what
-    GemmInt4QkvRows and RopeKvRows compute, bit for bit, in one launch.
+    GemmInt4QkvRows and RopeKvRows compute, bit for bit, in one launch. The rotation's cos and
+    sin come from rope_cs fp32 [rows, Dh/2, 2], the chunk's table (RopeTableRows, rope_kv.py).
 
     The block table must hold a page for every position written; caches are one layer's
     [P, Hkv, 16, Dh] fp16.
@@ -288,13 +289,14 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
     """
 
     def __init__(self, q_out, k_cache, v_cache, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
-                 q_bias, k_bias, v_bias, inv_freq, prefill_state, block_table, *, n_heads: int, n_kv_heads: int,
+                 q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int,
                  head_dim: int, k: int, rows: int, max_blocks: int | None = None,
                  split_k: SplitKScratch | None = None, k_splits: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
-        n_q, n_kv = check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, inv_freq, k_cache, v_cache, rows=rows,
+        n_q, n_kv = check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, k_cache, v_cache, rows=rows,
                                            n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                                            kernel="gemm_int4_qkv_rope")
+        check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
         _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, n_q=n_q, n_kv=n_kv,
                            k=k, rows=rows)
         check_prefill_state(prefill_state)
@@ -306,10 +308,10 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
                          dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k),
                               q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
                               v_qweight=v_qweight, v_scales=v_scales, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
-                              inv_freq=inv_freq, prefill_state=prefill_state, block_table=block_table),
+                              rope_cs=rope_cs, prefill_state=prefill_state, block_table=block_table),
                          dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, q_bias, k_bias,
-                                v_bias, inv_freq, prefill_state, block_table),
+                                v_bias, rope_cs, prefill_state, block_table),
                          writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k,
                          k_splits=k_splits)
 
