@@ -165,6 +165,8 @@
 #include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset
+
+#define 4 2
 #include "rope.cuh"          // rope_apply
 
 #define GEMM_CONSUMER_WGS   2
@@ -497,16 +499,16 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
     const int half_dim = Dh / 2;
     const int n_pairs = (Hq + 2 * Hkv) * half_dim;
     constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
-    // The lane's pair, its head in [0, Hq + 2·Hkv) and its dim i (set by rows_of).
-    int pair = 0, head = 0, i = 0;
+    // The lane's pair (set by rows_of; its head and dim are derived again in the epilogue, so
+    // that one register, not the epilogue's pointers, stays live across the mainloop).
+    int pair = 0;
     gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters, k_splits},
                     [&](int rb, int local) {
         // local = 16·(warp tile) + g for g < 8: pair 8·(warp tile) + g of the block.
         GemmLaneRows r;
         pair = rb * PB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
         const int p = min(pair, n_pairs - 1);
-        head = p / half_dim;
-        i = p % half_dim;
+        const int head = p / half_dim, i = p % half_dim;
         const int seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
         const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;  // head within its matrix
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
@@ -518,28 +520,47 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
     }, [&](const float (&acc)[64], int m0, int M, int t) {
         if (pair >= n_pairs) return;
         const int start = __ldcg(prefill_state);  // after the kernel's griddepcontrol.wait
+        const int head = pair / half_dim, i = pair % half_dim;
         const int seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
         const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
         const __half* bias = (seg == 0 ? q_bias : seg == 1 ? k_bias : v_bias) + h * Dh;
         const float b1 = __half2float(bias[i]), b2 = __half2float(bias[i + half_dim]);
-        __half* cache = seg == 1 ? k_cache : v_cache;
+        // Where the lane's two dims go: q_out row `token`, or the cache slot of pos = start + token
+        // (kv_cache.cuh: page · page_elems + (h·16 + slot)·Dh) — the per-token part in 32 bits
+        // (< 2³¹ elements: the launcher bounds rows · Hq · Dh and a layer's cache).
+        __half* const base = seg == 0 ? q_out + h * Dh + i
+                                      : (seg == 1 ? k_cache : v_cache) + kv_offset(0, h, 0, Hkv, Dh) + i;
+        const int q_row = Hq * Dh, page_elems = kv_page_elems(Hkv, Dh);
+        // 8 tokens at a time: their cos/sin (L2) and pages are loaded together, before any store,
+        // then rotated and stored — 4 round trips per lane instead of one per token (a load in
+        // each token's branch waited out ~32 L2 latencies; the first version with this loop per
+        // token measured slower than gemm_int4_qkv + rope_kv_rows). Tokens ≥ M load row M−1's.
 #pragma unroll
-        for (int j = 0; j < GEMM_BM / 8; ++j)
+        for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
+            float2 cs[4][2];
+            int page[4][2];
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int token = m0 + 8 * j + 2 * t + c;
-                if (token >= M) continue;
-                const int pos = start + token;
-                float o1 = acc[4 * j + c] + b1, o2 = acc[4 * j + 2 + c] + b2;
-                if (seg != 2) {
-                    const float2 cs = __ldcg(rope_cs + token * half_dim + i);
-                    rope_apply(o1, o2, cs.x, cs.y, o1, o2);
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = min(m0 + 8 * (j0 + jj) + 2 * t + c, M - 1);
+                    cs[jj][c] = seg != 2 ? __ldcg(rope_cs + token * half_dim + i) : make_float2(1.f, 0.f);
+                    page[jj][c] = seg != 0 ? block_table[(start + token) / PAGE_TOKENS] : 0;
                 }
-                __half* dst = seg == 0 ? q_out + ((u64)token * Hq + h) * Dh
-                                       : cache + kv_offset(block_table[pos / PAGE_TOKENS], h, pos % PAGE_TOKENS, Hkv, Dh);
-                dst[i] = __float2half_rn(o1);
-                dst[i + half_dim] = __float2half_rn(o2);
-            }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    if (token >= M) continue;
+                    float o1 = acc[4 * (j0 + jj) + c] + b1, o2 = acc[4 * (j0 + jj) + 2 + c] + b2;
+                    if (seg != 2) rope_apply(o1, o2, cs[jj][c].x, cs[jj][c].y, o1, o2);
+                    const int off = seg == 0 ? token * q_row
+                                             : page[jj][c] * page_elems + ((start + token) % PAGE_TOKENS) * Dh;
+                    base[off] = __float2half_rn(o1);
+                    base[off + half_dim] = __float2half_rn(o2);
+                }
+        }
     });
 }
 

@@ -19,3 +19,8 @@ __device__ __forceinline__ u64 kv_offset(int page, int kv_head, int slot, int n_
                                          int head_dim) {
     return (((u64)page * n_kv_heads + kv_head) * PAGE_TOKENS + slot) * head_dim;
 }
+
+// Elements from one physical page to the next in a layer's cache (kv_offset's page stride).
+__device__ __forceinline__ int kv_page_elems(int n_kv_heads, int head_dim) {
+    return n_kv_heads * PAGE_TOKENS * head_dim;
+}

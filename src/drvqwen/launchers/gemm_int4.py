@@ -297,6 +297,11 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
                                            n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                                            kernel="gemm_int4_qkv_rope")
         check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
+        # The epilogue's per-token offsets are 32-bit: q_out and a layer's cache under 2³¹ elements.
+        for what, buf in (("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
+            shape = getattr(buf, "shape", None)
+            require(shape is None or int(np.prod(shape)) < 2**31,
+                    f"gemm_int4_qkv_rope: {what} of {list(shape or ())} has 2³¹ elements or more")
         _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, n_q=n_q, n_kv=n_kv,
                            k=k, rows=rows)
         check_prefill_state(prefill_state)
