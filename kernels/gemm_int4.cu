@@ -164,9 +164,7 @@
 #include "gemm_epilogue.cuh" // GEMM_BM, gemm_each_token, GemmResidualAdd
 #include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
-#include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset
-
-#define 4 2
+#include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
 
 #define GEMM_CONSUMER_WGS   2
