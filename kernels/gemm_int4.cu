@@ -472,8 +472,17 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // Value heads take the bias only. Pairs past the last (p ≥ (Hq + 2·Hkv)·Dh/2) read the last
 // pair's rows and are not written.
 // Positions are start + token (prefill_state[0]); the block table must hold a page for each.
-// Writes per tile: 2 B per output at 32 tokens × 8 dims = 64 B contiguous runs per head row.
 // Tiles: ceil(M/128) × ceil((Hq + 2·Hkv)·Dh / 128).
+// Measured (H100, `drvqwen bench --kernels --prefill-rope epilogue|apart`, 512 tokens, GPU µs
+// summed over the layers, docs/bench/2026-12-02_81f037f_h100_syn{05b,7b}_rope_*.json):
+//   | model | this kernel + rope_table_rows | gemm_int4_qkv + rope_kv_rows | TTFT, graph medians |
+//   | 7B    | 1877 + 4                      | 1652 + 335                   | 15.90 against 16.10 ms |
+//   | 0.5B  |  425 + 4                      |  339 + 163                   |  3.00 against 2.98 ms  |
+// The epilogue costs ~3.5 µs a layer more than the FP32 one: on the 0.5B the QKV GEMM is 36
+// tiles, one per SM on 36 SMs, so its epilogue (~25 instructions and two 2-byte stores per token
+// and lane) runs on a quarter of the GPU where rope_kv_rows spreads over all of it. Lost before
+// this form: sincosf per element in the epilogue (0.5B 621 µs, 7B 2204 µs: ~30 accurate sincosf
+// per lane, each behind a branch), and the table read one token at a time (0.5B 579 µs).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
                    __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
