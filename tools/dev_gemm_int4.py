@@ -4,7 +4,7 @@ launched, what it is checked on, how it is timed.
 Every version has production's four kernels (gemm_int4_f32, _qkv, _residual, _gate_up_swiglu,
 kernels/gemm_int4.cu) with the same outputs. The runner builds production's launcher
 (launchers/gemm_int4.py: argument checks, the tensor map of x, the grid) and points it at the
-version's file; v1 and v2 also get their own launch shape (LAUNCH_SHAPES).
+version's file; v1, v2 and v6 also get their own launch shape (LAUNCH_SHAPES).
 
 Checks (the cases of tests/test_kernel_gemm_int4.py): x fp16 [capacity, K] with the rows past M
 NaN, outputs poisoned past M and checked untouched there, against x·Wᵀ in float64 on the
@@ -30,11 +30,14 @@ VERSIONS = [
     Version("v3_syncwarp_release", "dev/gemm_int4/v3_syncwarp_release"),
     Version("v4_late_full_arrival", "dev/gemm_int4/v4_late_full_arrival"),
     Version("v5_every_lane_release", "dev/gemm_int4/v5_every_lane_release"),
+    Version("v6_n256_setmaxnreg", "dev/gemm_int4/v6_n256_setmaxnreg"),
 ]
 
 # The launch shapes that differ from production's (kernels/gemm_int4.cu, launchers/gemm_int4.py).
 V1_BM, V1_THREADS, V1_SMEM_BYTES = 64, 128, 4 * (64 * 256 + 128 * 64)       # 96 KiB: 4 stages of A | W
 V2_BM, V2_SMEM_BYTES = 128, 4 * 32 * 1024 + 1024 + 2 * 4 * 8                 # 4 stages of X + barriers
+# v6: 256 tokens a tile, 12 warps, 3 stages of (64 KiB of X + 8 KiB of weights) + barriers.
+V6_BM, V6_THREADS, V6_SMEM_BYTES = 256, 384, 3 * (256 * 128 * 2 + 128 * 64) + 1024 + 3 * 3 * 8
 # (kernel file, C expression, value) for what the runner assumes of a version's file, compiled
 # as static_assert lines into it by tests/dev/test_dev_kernels.py (launchers.base.mirrored's check).
 DEV_CONSTANTS = [
@@ -45,6 +48,11 @@ DEV_CONSTANTS = [
     ("dev/gemm_int4/v2_wgmma_cluster2", "GEMM_BM", V2_BM),
     ("dev/gemm_int4/v2_wgmma_cluster2", "GEMM_SMEM_BYTES", V2_SMEM_BYTES),
     ("dev/gemm_int4/v2_wgmma_cluster2", "GEMM_CLUSTER", 2),
+    ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_BM", V6_BM),
+    ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_THREADS", V6_THREADS),
+    ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_SMEM_BYTES", V6_SMEM_BYTES),
+    ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_BLOCK_ROWS", 128),    # = production's BLOCK_ROWS
+    ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_BOX_INPUTS", 64),
 ] + [(f"dev/gemm_int4/{stem}", expr, 1) for stem in
      ("v2_wgmma_cluster2", "v3_syncwarp_release", "v4_late_full_arrival", "v5_every_lane_release")
      for expr in ("GEMM_THREADS == 288", "GEMM_BLOCK_ROWS == 128", "GEMM_BOX_INPUTS == 64",
@@ -90,7 +98,25 @@ def _without_split_k(g):
     return g
 
 
-LAUNCH_SHAPES = {"v1_mma_sync": _mma_sync_shape, "v2_wgmma_cluster2": _cluster_shape}
+def x_map_n256(x, rows: int, k: int):
+    """v6's tensor map of x fp16 [rows, K]: production's with a box of 256 tokens × 64 inputs."""
+    from drvqwen.cuda import encode_tiled_2d
+    from drvqwen.cuda.tensormap import Swizzle
+
+    return encode_tiled_2d(x.ptr, np.float16, (rows, k), (V6_BM, 64), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
+
+
+def _n256_shape(v: Version, make, rows: int, x):
+    """v6: production's persistent grid (blocks past the live 256-token tiles return at once),
+    384 threads, its shared memory, and x's tensor map with 256-row boxes."""
+    g = retarget(make(), v, block=(V6_THREADS,), smem_bytes=V6_SMEM_BYTES)
+    for spec in g.specs:
+        spec.args["x_map"] = x_map_n256(x, rows, x.shape[-1])
+    return g
+
+
+LAUNCH_SHAPES = {"v1_mma_sync": _mma_sync_shape, "v2_wgmma_cluster2": _cluster_shape,
+                 "v6_n256_setmaxnreg": _n256_shape}
 
 
 def version_launcher(v: Version, make, rows: int, x):

@@ -164,6 +164,21 @@ def test_v2_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y
     assert spec.params[1] == "tensor map" and spec.kernel.defines == v.defines
 
 
+@pytest.mark.parametrize("kind,rows,dims,_blocks", SHAPES)
+def test_v6_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, _blocks):
+    """v6: production's persistent grid and arguments, 384 threads, 216 KiB of stages, and x's
+    tensor map re-encoded with 256-row boxes (the kernel's GEMM_BM)."""
+    make, x = _gemm(monkeypatch, kind, rows, **dims)
+    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k: ("n256 map", rows, k))
+    v = _version("v6_n256_setmaxnreg")
+    prod = make(132).specs[0]
+    (spec,) = dev_gemm_int4._n256_shape(v, lambda: make(132), rows, x).specs
+    assert (spec.grid, spec.block, spec.smem_bytes) == (prod.grid, (384,), 3 * 72 * 1024 + 1024 + 72)
+    assert spec.args["x_map"] == ("n256 map", rows, dims["k"])
+    assert [n for n in spec.args if n != "x_map"] == [n for n in prod.args if n != "x_map"]
+    assert (spec.kernel.file, spec.kernel.kernel) == (v.file, prod.kernel.kernel)
+
+
 def test_later_gemm_versions_run_in_production_launch_shape(monkeypatch):
     make, x = _gemm(monkeypatch, "f32", 512, n=3584, k=3584)
     prod = make(132).specs[0]  # persistent on 132 SMs
@@ -185,6 +200,8 @@ def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, k
     from drvqwen.launchers.signatures import kernel_signatures
 
     make, x = _gemm(monkeypatch, kind, rows, **dims)
+    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k: "tensor map")  # needs the driver
+
     def signatures(file):  # a version's file and the versions it #includes (v4, v5 build on v3)
         text = kernel_source(file).text.decode()
         out = kernel_signatures(text)

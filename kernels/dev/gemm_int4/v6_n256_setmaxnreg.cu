@@ -1,0 +1,390 @@
+// kernels/dev/gemm_int4/v6_n256_setmaxnreg.cu — the prefill GEMM, version 6: 256 tokens per tile
+// (wgmma m64n256k16, 128 accumulators a consumer thread), a producer warpgroup that gives its
+// registers to the two consumer warpgroups (setmaxnreg). Not a production kernel:
+// tools/dev_kernels.py checks it against the float64 reference and times it beside
+// kernels/gemm_int4.cu.
+//
+//   gemm_int4_f32, gemm_int4_qkv, gemm_int4_residual, gemm_int4_gate_up_swiglu: the outputs of
+//   kernels/gemm_int4.cu's kernels of the same names, without split-K (the arguments end at the
+//   shapes, as before split-K); block 384, GEMM_SMEM_BYTES of shared memory, grid ≤ the SM count.
+//
+// The question it answers: is the mainloop limited by the unpack of the weights in the MMA
+// warps? The A fragment of a group (one weight row pair's 128 inputs, ~110 instructions a lane to
+// load, unpack and scale) feeds 8 MMAs of n tokens each; production's n = 128 gives each
+// warpgroup 8 × m64n128k16 (~1024 tensor-core cycles) per unpack. Here n = 256: the same unpack
+// feeds twice the MMA work, so if the unpack limits, the 7B's GEMMs at 512 tokens run up to ~2×
+// the tensor-core rate per unpacked weight; if they do not speed up, the limit is elsewhere
+// (the wait for each group's MMAs, the ring). What it costs: tiles of 256 tokens halve the tiles
+// (the 7B's qkv at 512 tokens: 72 tiles on 132 SMs) and 128 accumulators need more than the 168
+// registers a 384-thread block's threads get: the producer warpgroup drops to
+// GEMM_PRODUCER_REGS, the consumers rise to GEMM_CONSUMER_REGS (ptx/setmaxnreg.cuh).
+//
+// Work split (what differs from kernels/gemm_int4.cu)
+// ----------
+//   tile     = 256 tokens × 128 weight rows (gate/up: 64 features of both), persistent as there.
+//   block    = 12 warps: consumer warpgroups 0 and 1 (64 weight rows × 256 tokens each) and a
+//              producer warpgroup whose first warp works as production's producer warp; its
+//              other three warps give their registers back and exit.
+//   stage    = one 128-input group: X 256 tokens × 128 inputs (two TMA boxes of 256 × 64, 128-byte
+//              swizzle, 64 KB) + the 128 weight rows' 64 B (8 KB) = 72 KB; GEMM_STAGES = 3 (216 KB:
+//              a fourth does not fit the 227 KB of shared memory).
+//   consumer = per group 8 × wgmma m64n256k16 (A: the unpacked weights from registers, as in
+//              production; B: the stage's X through a descriptor, 256 K-major rows).
+//   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1, j = 0 … 31.
+// The barriers and their protocol are production's (full: 33 arrivals; w_empty: every consumer
+// lane after its commit; x_empty: lane 0 of each consumer warp after its wait), and so is the
+// argument why they cannot race: only the ring depth (3) and the stage's size differ.
+//
+// Bytes: the weights are read once per 256 tokens (half production's L2 traffic of W); X once per
+// 128 weight rows, as there.
+// Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v6
+#include <cuda_fp16.h>
+
+#include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
+#include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
+#include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
+#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, wgmma_m64n256k16_rs
+#include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec
+#include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
+#include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
+#include "../../int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
+#include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
+
+#define GEMM_BM             256                                // tokens per tile (wgmma N)
+#define GEMM_CONSUMER_WGS   2
+#define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
+#define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
+#define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
+#define GEMM_THREADS        ((GEMM_CONSUMER_WGS + 1) * 4 * WARP_SIZE)  // + the producer warpgroup: 384
+#define GEMM_STAGES         3
+#define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
+#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 32 KB
+#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 64 KB
+#define GEMM_W_ROW_BYTES    (INT4_GROUP / 2)                   // one group of one weight row: 64 B
+#define GEMM_W_STAGE_BYTES  (GEMM_BLOCK_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
+#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 72 KB (a multiple of 1024)
+#define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
+#define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
+#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 3 * GEMM_STAGES * 8)
+#define GEMM_ACC            (GEMM_BM / 2)                      // accumulators a consumer thread: 128
+// Registers a thread after the moves: 2 · 128 · 216 + 128 · 72 = 64 512 ≤ 65 536.
+#define GEMM_CONSUMER_REGS  216
+#define GEMM_PRODUCER_REGS  72
+static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS <= 65536, "register file");
+static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes times the scale
+// s2 (production's gemm_int4_pair).
+__device__ __forceinline__ u32 gemm_int4_pair(u32 w, int shift, u32 s2) {
+    const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024);  // (1024 + v0, 1024 + v1)
+    u32 q, out;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1032));  // exact codes
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
+    return out;
+}
+
+__device__ __forceinline__ u32 gemm_word(const uint4 (&q)[4], int j) {
+    const uint4& v = q[j / 4];
+    return (j & 3) == 0 ? v.x : (j & 3) == 1 ? v.y : (j & 3) == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ void gemm_a_fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
+                                                  __half sa, __half sb, u32 (&frag)[GEMM_K_STEPS][4]) {
+    const __half2 sa2 = __half2half2(sa), sb2 = __half2half2(sb);
+    const u32 sa_u = *reinterpret_cast<const u32*>(&sa2), sb_u = *reinterpret_cast<const u32*>(&sb2);
+#pragma unroll
+    for (int s = 0; s < GEMM_K_STEPS; ++s) {
+        frag[s][0] = gemm_int4_pair(gemm_word(ra, 2 * s), shift, sa_u);
+        frag[s][1] = gemm_int4_pair(gemm_word(rb, 2 * s), shift, sb_u);
+        frag[s][2] = gemm_int4_pair(gemm_word(ra, 2 * s + 1), shift, sa_u);
+        frag[s][3] = gemm_int4_pair(gemm_word(rb, 2 * s + 1), shift, sb_u);
+    }
+}
+
+struct GemmLaneRows {
+    const u32* wa;    const u32* wb;      // the rows' INT4 words
+    const __half* sa; const __half* sb;   // the rows' group scales
+};
+
+__device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
+                                              const u32*& w, const __half*& s) {
+    const int r = min(row, n - 1);
+    w = qweight + (u64)r * (K / 8);
+    s = scales + (u64)r * (K / INT4_GROUP);
+}
+
+// One group of a consumer warp, as production's gemm_group with m64n256k16.
+__device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
+                                           const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
+                                           u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
+    const int s = it % GEMM_STAGES;
+    mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
+    const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
+    uint4 ra[4], rb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ra[i] = w[i];
+        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
+    }
+    gemm_a_fragments(ra, rb, shift, sa, sb, frag);
+#pragma unroll
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < GEMM_K_STEPS; ++k) {
+        const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
+        wgmma_m64n256k16_rs(acc, frag[k], desc, 1);
+    }
+    wgmma_commit_group();
+    mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
+    wgmma_wait_group<0>();
+#pragma unroll
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+    if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X
+}
+
+// f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
+// acc[4j + 2 + c] (row g+8, the same token), j < 32.
+template <typename F>
+struct GemmEachToken {
+    F f;
+    __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
+#pragma unroll
+        for (int j = 0; j < GEMM_BM / 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int token = m0 + 8 * j + 2 * t + c;
+                if (token < M) f(token, acc[4 * j + c], acc[4 * j + 2 + c]);
+            }
+    }
+};
+template <typename F>
+__device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
+
+// residual[token, row] += acc, the loads of 4 token columns issued together (production's
+// GemmResidualAdd over 32 columns).
+struct GemmResidualAdd {
+    float* residual;
+    int N;
+    const int* ra;
+    __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
+        const int r0 = *ra, r1 = r0 + 8;
+#pragma unroll
+        for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
+            float old[4][4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    const bool live = token < M;
+                    old[jj][c] = live && r0 < N ? residual[(u64)token * N + r0] : 0.f;
+                    old[jj][2 + c] = live && r1 < N ? residual[(u64)token * N + r1] : 0.f;
+                }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
+                    if (token >= M) continue;
+                    if (r0 < N) residual[(u64)token * N + r0] = old[jj][c] + acc[4 * (j0 + jj) + c];
+                    if (r1 < N) residual[(u64)token * N + r1] = old[jj][2 + c] + acc[4 * (j0 + jj) + 2 + c];
+                }
+        }
+    }
+};
+
+// blockIdx.x read again (volatile: not merged with the read before the role split). A value
+// live across setmaxnreg from before the split is kept where both roles' register budgets reach
+// it, which ptxas did by spilling it to local memory (one load per tile in the consumers).
+__device__ __forceinline__ int block_index() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+    return b;
+}
+
+// The persistent tile loop (production's gemm_int4_block without split-K). Contains the block's
+// only __syncthreads(): call from every thread.
+template <typename RowsOf, typename Epilogue>
+__device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
+                                                int K, int row_blocks, RowsOf rows_of, Epilogue epilogue) {
+    extern __shared__ unsigned char gemm_smem_raw[];
+    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gemm_smem_raw));
+    unsigned char* smem = gemm_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
+    u64* x_empty = full + GEMM_STAGES;
+    u64* w_empty = x_empty + GEMM_STAGES;
+
+    grid_launch_dependents();
+    grid_dependency_wait();
+    const int M = __ldcg(prefill_state + 1);
+    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
+    const int n_units = token_blocks * row_blocks;
+    if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
+    const int n_groups = K / INT4_GROUP;
+    const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < GEMM_STAGES; ++s) {
+            mbarrier_init(&full[s], GEMM_FULL_ARRIVALS);
+            mbarrier_init(&x_empty[s], GEMM_CONSUMER_WARPS);
+            mbarrier_init(&w_empty[s], GEMM_CONSUMER_WARPS * WARP_SIZE);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();  // the last block-wide barrier: the roles part here
+
+    if (warp >= GEMM_CONSUMER_WARPS) {  // ---- producer warpgroup --------------------------------
+        setmaxnreg_dec<GEMM_PRODUCER_REGS>();
+        if (warp != GEMM_CONSUMER_WARPS) return;  // one warp of the four works
+        if (lane == 0) tma_prefetch_map(&x_map);
+        int it = 0;
+        for (int u = block_index(); u < n_units; u += gridDim.x) {
+            const int tb = u % token_blocks, rb = u / token_blocks;
+            const int m0 = tb * GEMM_BM;
+            for (int grp = 0; grp < n_groups; ++grp, ++it) {
+                const int s = it % GEMM_STAGES;
+                if (it >= GEMM_STAGES) mbarrier_wait_parity(&w_empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                unsigned char* w_st = smem + s * GEMM_STAGE_BYTES + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
+#pragma unroll
+                for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
+                    // The rows again each group (not held across the loop: the producer has 72 registers).
+                    const GemmLaneRows r = rows_of(rb, w * INT4_TILE_ROWS + g);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
+                }
+                cp_async_mbarrier_arrive_noinc(&full[s]);
+                if (lane == 0) {
+                    unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                    if (it >= GEMM_STAGES) mbarrier_wait_parity(&x_empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                    mbarrier_arrive_expect_tx(&full[s], GEMM_X_STAGE_BYTES);
+                    tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
+                    tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
+                }
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---- consumers --------------------------------------------------------------------------
+    setmaxnreg_inc<GEMM_CONSUMER_REGS>();
+    const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
+    const int shift = 4 * t;
+    int it = 0;
+#pragma unroll 1
+    for (int u = block_index(); u < n_units; u += gridDim.x) {
+        const int tb = u % token_blocks, rb = u / token_blocks;
+        const int m0 = tb * GEMM_BM;
+        const GemmLaneRows r = rows_of(rb, local);
+        float acc[GEMM_ACC];
+#pragma unroll
+        for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
+        u32 frag[GEMM_K_STEPS][4];
+        __half sa = r.sa[0], sb = r.sb[0];
+#pragma unroll 1
+        for (int grp = 0; grp < n_groups; ++grp, ++it) {
+            const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
+            gemm_group(it, local, lane, shift, sa, sb, smem, full, x_empty, w_empty, frag, acc);
+            sa = na;
+            sb = nb;
+        }
+        epilogue(acc, m0, M, t);
+    }
+}
+
+struct GemmOneMatrixRows {
+    const u32* qweight;
+    const __half* scales;
+    int N, K;
+    int* ra;
+    __device__ __forceinline__ GemmLaneRows operator()(int rb, int local) const {
+        GemmLaneRows r;
+        *ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_lane_row(qweight, scales, *ra, N, K, r.wa, r.sa);
+        gemm_lane_row(qweight, scales, *ra + 8, N, K, r.wb, r.sb);
+        return r;
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
+              const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 256 × 64, 128-B swizzle
+              const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
+              const __half* __restrict__ scales,        // [N, K/128] fp16
+              const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
+              int N, int K) {
+    int ra = 0;
+    gemm_n256_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * N + ra] = va;
+        if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
+    }));
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp32, out
+              const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K]: box 256 × 64
+              const u32* __restrict__ q_qweight,          // [Nq, K/8] uint32
+              const __half* __restrict__ q_scales,        // [Nq, K/128] fp16
+              const u32* __restrict__ k_qweight,          // [Nkv, K/8] uint32
+              const __half* __restrict__ k_scales,        // [Nkv, K/128] fp16
+              const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
+              const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
+              const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
+              int Nq, int Nkv, int K) {
+    const int ld = Nq + 2 * Nkv;
+    int ra = 0;
+    gemm_n256_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS, [&](int rb, int local) {
+        GemmLaneRows r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
+        const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const int n = seg == 0 ? Nq : Nkv;
+        gemm_lane_row(qw, sc, ra - first, n, K, r.wa, r.sa);
+        gemm_lane_row(qw, sc, ra + 8 - first, n, K, r.wb, r.sb);
+        return r;
+    }, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < ld) qkv[(u64)token * ld + ra] = va;
+        if (ra + 8 < ld) qkv[(u64)token * ld + ra + 8] = vb;
+    }));
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
+                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 256 × 64
+                   const u32* __restrict__ qweight,        // [N, K/8] uint32
+                   const __half* __restrict__ scales,      // [N, K/128] fp16
+                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
+                   int N, int K) {
+    int ra = 0;
+    gemm_n256_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmOneMatrixRows{qweight, scales, N, K, &ra}, GemmResidualAdd{residual, N, &ra});
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K]: box 256 × 64
+                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                         const __half* __restrict__ gate_scales,    // [F, K/128] fp16
+                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                         const __half* __restrict__ up_scales,      // [F, K/128] fp16
+                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                         int F, int K) {
+    int f = 0;
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;
+    gemm_n256_block(x_map, prefill_state, K, (F + FB - 1) / FB, [&](int rb, int local) {
+        GemmLaneRows r;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
+        gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
+        return r;
+    }, gemm_each_token([&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+    }));
+}
