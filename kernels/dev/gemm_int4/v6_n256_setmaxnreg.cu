@@ -35,6 +35,14 @@
 // lane after its commit; x_empty: lane 0 of each consumer warp after its wait), and so is the
 // argument why they cannot race: only the ring depth (3) and the stage's size differ.
 //
+// Not a way forward (built, SASS read, no GPU needed): keeping one group's MMAs in flight while
+// the next group is unpacked into a second fragment set (the group loop unrolled by two,
+// wgmma.wait_group 1) — ptxas then serialises every wgmma (C7513: "non wgmma instructions
+// defining input registers of a wgmma between start and end of the pipeline stage"; a
+// WARPGROUP.DEPBAR after each HGMMA), even though the registers written are not those the MMAs
+// in flight read. With A from registers, a warpgroup cannot unpack while its own MMAs run: the
+// overlap has to come from the other warpgroup, or A has to come from shared memory.
+//
 // Bytes: the weights are read once per 256 tokens (half production's L2 traffic of W); X once per
 // 128 weight rows, as there.
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemm_int4 --versions v6
