@@ -10,6 +10,7 @@
 //                            registers, B from shared memory through a descriptor
 //   wgmma_m64n128k16_ss    : the same with A from shared memory through a descriptor too
 //   wgmma_m64n256k16_rs    : the RS form with 256 columns (128 accumulators a lane)
+//   wgmma_m64n64k16_rs     : the RS form with 64 columns (32 accumulators a lane)
 //   fence_proxy_async_shared : fence.proxy.async.shared::cta
 //   wgmma_fence_operand    : an empty asm that pins a register in place (no PTX instruction)
 //   (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions": wgmma.fence,
@@ -82,6 +83,16 @@ __device__ __forceinline__ void wgmma_fence_operand(u32& r) {
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),  \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+// The 32 FP32 accumulators of an m64n64 wgmma as operands %0 … %31, as above.
+#define WGMMA_D32_REGS \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WGMMA_D32_OPERANDS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),  \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
 // The 128 FP32 accumulators of an m64n256 wgmma as operands %0 … %127, as above.
 #define WGMMA_D128_REGS                                                                                     \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
@@ -140,6 +151,24 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const u32 (&
         "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
         "}\n"
         : WGMMA_D64_OPERANDS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+        : "memory");
+}
+
+// D[64 × 64] (+)= A[64 × 16] · B[16 × 64], A from registers: wgmma_m64n128k16_rs with 64
+// columns (b_desc: 64 K-major rows); for GEMMs with few tokens, where more, smaller tiles keep
+// more SMs busy.
+__device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const u32 (&a)[4], u64 b_desc,
+                                                   int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        WGMMA_D32_REGS ", "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+        "}\n"
+        : WGMMA_D32_OPERANDS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
         : "memory");
 }

@@ -8,9 +8,9 @@ version's file; v1, v2 and v6 also get their own launch shape (LAUNCH_SHAPES).
 
 Checks (the cases of tests/test_kernel_gemm_int4.py): x fp16 [capacity, K] with the rows past M
 NaN, outputs poisoned past M and checked untouched there, against x·Wᵀ in float64 on the
-dequantized weights; at M = 1, 16, 17, 100, 300 with N past the 128-row blocks, and at the 7B
-layer's four GEMMs at M = 512, the shapes the versions are timed at (graph replay of --reps
-calls, median of --samples, as tools/bench_gemm.py; 28 layers = 28 × the four).
+dequantized weights; at M = 1, 16, 17, 100, 300 with N past the 128-row blocks, and at the 7B and
+0.5B layers' four GEMMs at M = 512, the shapes the versions are timed at (graph replay of --reps
+calls, median of --samples, as tools/bench_gemm.py; 28 (24) layers = 28 (24) × the four).
 """
 
 from __future__ import annotations
@@ -31,13 +31,27 @@ VERSIONS = [
     Version("v4_late_full_arrival", "dev/gemm_int4/v4_late_full_arrival"),
     Version("v5_every_lane_release", "dev/gemm_int4/v5_every_lane_release"),
     Version("v6_n256_setmaxnreg", "dev/gemm_int4/v6_n256_setmaxnreg"),
+    Version("v6_n256_setmaxnreg[GEMM_BM=128]", "dev/gemm_int4/v6_n256_setmaxnreg", (("GEMM_BM", 128),)),
+    Version("v6_n256_setmaxnreg[GEMM_BM=64]", "dev/gemm_int4/v6_n256_setmaxnreg", (("GEMM_BM", 64),)),
 ]
 
 # The launch shapes that differ from production's (kernels/gemm_int4.cu, launchers/gemm_int4.py).
 V1_BM, V1_THREADS, V1_SMEM_BYTES = 64, 128, 4 * (64 * 256 + 128 * 64)       # 96 KiB: 4 stages of A | W
 V2_BM, V2_SMEM_BYTES = 128, 4 * 32 * 1024 + 1024 + 2 * 4 * 8                 # 4 stages of X + barriers
-# v6: 256 tokens a tile, 12 warps, 3 stages of (64 KiB of X + 8 KiB of weights) + barriers.
-V6_BM, V6_THREADS, V6_SMEM_BYTES = 256, 384, 3 * (256 * 128 * 2 + 128 * 64) + 1024 + 3 * 3 * 8
+# v6: 256 tokens a tile (GEMM_BM=128, 64: fewer), 12 warps, 3 stages of (64 KiB of X + 8 KiB of
+# weights) + barriers (4 stages at 128 and 64 tokens).
+V6_BM, V6_THREADS = 256, 384
+
+
+def v6_stages(bm: int) -> int:
+    return 3 if bm == 256 else 4
+
+
+def v6_smem_bytes(bm: int) -> int:
+    return v6_stages(bm) * (bm * 128 * 2 + 128 * 64) + 1024 + 3 * v6_stages(bm) * 8
+
+
+V6_SMEM_BYTES = v6_smem_bytes(V6_BM)
 # (kernel file, C expression, value) for what the runner assumes of a version's file, compiled
 # as static_assert lines into it by tests/dev/test_dev_kernels.py (launchers.base.mirrored's check).
 DEV_CONSTANTS = [
@@ -98,23 +112,29 @@ def _without_split_k(g):
     return g
 
 
-def x_map_n256(x, rows: int, k: int):
-    """v6's tensor map of x fp16 [rows, K]: production's with a box of 256 tokens × 64 inputs."""
+def sm_count() -> int:
+    """The GPU's SM count: a persistent grid's most blocks."""
+    from drvqwen.cuda import get_device
+
+    return get_device().info.sm_count
+
+
+def x_map_n256(x, rows: int, k: int, bm: int = V6_BM):
+    """v6's tensor map of x fp16 [rows, K]: production's with a box of bm tokens × 64 inputs."""
     from drvqwen.cuda import encode_tiled_2d
     from drvqwen.cuda.tensormap import Swizzle
 
-    return encode_tiled_2d(x.ptr, np.float16, (rows, k), (V6_BM, 64), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
+    return encode_tiled_2d(x.ptr, np.float16, (rows, k), (bm, 64), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 
 
 def _n256_shape(v: Version, make, rows: int, x):
-    """v6: a persistent grid of at most production's blocks and the 256-token tiles at the
-    capacity, 384 threads, its shared memory, and x's tensor map with 256-row boxes."""
-    tiles = -(-rows // V6_BM) * _row_blocks(make(0), rows)
-    g = make()
-    grid = (min(g.specs[0].grid[0], tiles),)
-    g = retarget(g, v, grid=grid, block=(V6_THREADS,), smem_bytes=V6_SMEM_BYTES)
+    """v6: a persistent grid of at most one block per SM and its tiles of GEMM_BM tokens at the
+    capacity, 384 threads, its shared memory, and x's tensor map with GEMM_BM-row boxes."""
+    bm = dict(v.defines).get("GEMM_BM", V6_BM)
+    tiles = -(-rows // bm) * _row_blocks(make(0), rows)
+    g = retarget(make(), v, grid=(min(sm_count(), tiles),), block=(V6_THREADS,), smem_bytes=v6_smem_bytes(bm))
     for spec in g.specs:
-        spec.args["x_map"] = x_map_n256(x, rows, x.shape[-1])
+        spec.args["x_map"] = x_map_n256(x, rows, x.shape[-1], bm)
     return g
 
 
@@ -135,20 +155,28 @@ def version_launcher(v: Version, make, rows: int, x):
 @dataclass(frozen=True)
 class Case:
     """One GEMM: `kind` (f32, qkv, residual, gate_up) at M = m; dims n, k (qkv: nq, nkv, k;
-    gate_up: f, k). `timed`: a 7B layer GEMM, timed under this label."""
+    gate_up: f, k). `timed`: a layer GEMM of the preset `model` ("7b", "0.5b"), timed under this
+    label."""
 
     label: str
     kind: str
     m: int
     dims: dict
     timed: bool = False
+    model: str = "7b"
 
 
 def cases() -> list[Case]:
     from drvqwen.config import PRESETS
 
-    c = PRESETS["7b"]
-    d, f, nq, nkv = c.hidden_size, c.intermediate_size, c.q_dim, c.kv_dim
+    def layer(model: str, prefix: str) -> list[Case]:
+        c = PRESETS[model]
+        d, f, nq, nkv = c.hidden_size, c.intermediate_size, c.q_dim, c.kv_dim
+        return [Case(prefix + "qkv_proj", "qkv", 512, dict(nq=nq, nkv=nkv, k=d), True, model),
+                Case(prefix + "o_proj", "residual", 512, dict(n=d, k=nq), True, model),
+                Case(prefix + "gate_up_swiglu", "gate_up", 512, dict(f=f, k=d), True, model),
+                Case(prefix + "down_proj", "residual", 512, dict(n=d, k=f), True, model)]
+
     return [
         Case("f32 M=1 N=333 K=384", "f32", 1, dict(n=333, k=384)),
         Case("f32 M=17 N=333 K=384", "f32", 17, dict(n=333, k=384)),
@@ -156,10 +184,10 @@ def cases() -> list[Case]:
         Case("qkv M=100 Nq=224 Nkv=32 K=256", "qkv", 100, dict(nq=224, nkv=32, k=256)),
         Case("residual M=300 N=333 K=384", "residual", 300, dict(n=333, k=384)),
         Case("gate_up M=16 F=200 K=256", "gate_up", 16, dict(f=200, k=256)),
-        Case("qkv_proj", "qkv", 512, dict(nq=nq, nkv=nkv, k=d), timed=True),
-        Case("o_proj", "residual", 512, dict(n=d, k=nq), timed=True),
-        Case("gate_up_swiglu", "gate_up", 512, dict(f=f, k=d), timed=True),
-        Case("down_proj", "residual", 512, dict(n=d, k=f), timed=True),
+        *layer("7b", ""),
+        # The 0.5B's GEMMs at 512 tokens are few tiles (its o_proj: 28 of 128 × 128): where tile
+        # size, not the mainloop, sets the time.
+        *layer("0.5b", "0.5B "),
     ]
 
 
@@ -198,7 +226,8 @@ class Inputs:
         self.out.upload(self.start)
 
     def production(self, max_blocks: int | None = None):
-        """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0)."""
+        """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0), whole:
+        no SplitKScratch, so S = 1 (the prefill splits the 0.5B's down_proj 4 ways)."""
         from drvqwen import launchers as K
 
         d, kind, kw = self.case.dims, self.case.kind, dict(rows=self.rows, max_blocks=max_blocks)
@@ -239,7 +268,7 @@ class Inputs:
 # register count a thread at launch (v6: 2 · 128 · 216 + 128 · 72 = 384 · 168). A build with
 # fewer leaves the consumers' setmaxnreg.inc waiting for registers that never come — a hang,
 # so such a build is not launched.
-REGISTERS_AT_LAUNCH = {"v6_n256_setmaxnreg": 168}
+REGISTERS_AT_LAUNCH = {v.name: 168 for v in VERSIONS if _stem(v) == "v6_n256_setmaxnreg"}
 
 
 def launchable(o: Outcome) -> bool:
@@ -273,14 +302,17 @@ def _close(dev) -> None:
     dev.close()
 
 
+# summary key of each model's layers (7B: "layers_ms", as before the 0.5B rows)
+SUMMARY = {"7b": "layers_ms", "0.5b": "layers_ms_05b"}
+
+
 def time_versions(outcomes: list[Outcome], args) -> None:
-    """µs and TFLOP/s of each version at the 7B layer's four GEMMs (M = 512), and 28 × their sum;
-    random inputs, graph replay as tools/bench_gemm.py."""
+    """µs and TFLOP/s of each version at the 7B and 0.5B layers' four GEMMs (M = 512), and the
+    layer count × their sum per model; random inputs, graph replay as tools/bench_gemm.py."""
     from drvqwen.config import PRESETS
     from drvqwen.cuda.graph import graph_time_us
     from kernel_testing import DeviceScratch
 
-    layers = PRESETS["7b"].num_layers
     rng = np.random.default_rng(args.seed)
     for case in [c for c in cases() if c.timed]:
         dev = DeviceScratch()
@@ -291,21 +323,28 @@ def time_versions(outcomes: list[Outcome], args) -> None:
             us = statistics.median(graph_time_us(g, reps=args.reps) for _ in range(args.samples))
             o.times[case.label] = {"us": us, "tflops": g.flops / us / 1e6}
         _close(dev)
-    for o in outcomes:
-        if len(o.times) == 4:
-            o.summary["layers_ms"] = layers * sum(t["us"] for t in o.times.values()) / 1e3
+    for model, key in SUMMARY.items():
+        labels = [c.label for c in cases() if c.timed and c.model == model]
+        for o in outcomes:
+            if all(n in o.times for n in labels):
+                o.summary[key] = PRESETS[model].num_layers * sum(o.times[n]["us"] for n in labels) / 1e3
 
 
 def print_table(outcomes: list[Outcome], args) -> None:
-    names = [c.label for c in cases() if c.timed]
-    print(f"\ngemm_int4: the 7B layer's prefill GEMMs at M = 512, µs (graph replay of {args.reps} calls, "
-          f"median of {args.samples}); rel err: the worst relative L2 error of the checks")
-    print(f"{'version':36} " + " ".join(f"{n:>14}" for n in names) + f" {'28 layers':>10} {'rel err':>9}  checks")
-    for o in outcomes:
-        cells = [f"{o.times[n]['us']:8.1f} {o.times[n]['tflops']:4.0f}TF" if n in o.times else f"{'—':>14}" for n in names]
-        ms = f"{o.summary['layers_ms']:7.1f} ms" if "layers_ms" in o.summary else f"{'—':>10}"
-        rel = f"{o.worst_rel_err:9.1e}" if o.worst_rel_err is not None else f"{'—':>9}"
-        ok = sum(c["error"] is None for c in o.checks)
-        failed = [c for c in o.checks if c["error"] is not None]
-        print(f"{o.version.name:36} " + " ".join(cells) + f" {ms} {rel}  {ok}/{len(o.checks)}"
-              + (f"  FAILED {failed[0]['case']}: {failed[0]['error']}" if failed else ""))
+    from drvqwen.config import PRESETS
+
+    for model, key in SUMMARY.items():
+        names = [c.label for c in cases() if c.timed and c.model == model]
+        layers = f"{PRESETS[model].num_layers} layers"
+        print(f"\ngemm_int4: the {model.upper()} layer's prefill GEMMs at M = 512, µs (graph replay of {args.reps} "
+              f"calls, median of {args.samples}); rel err: the worst relative L2 error of the checks")
+        print(f"{'version':36} " + " ".join(f"{n:>19}" for n in names) + f" {layers:>10} {'rel err':>9}  checks")
+        for o in outcomes:
+            cells = [f"{o.times[n]['us']:13.1f} {o.times[n]['tflops']:3.0f}TF" if n in o.times else f"{'—':>19}"
+                     for n in names]
+            ms = f"{o.summary[key]:7.2f} ms" if key in o.summary else f"{'—':>10}"
+            rel = f"{o.worst_rel_err:9.1e}" if o.worst_rel_err is not None else f"{'—':>9}"
+            ok = sum(c["error"] is None for c in o.checks)
+            failed = [c for c in o.checks if c["error"] is not None]
+            print(f"{o.version.name:36} " + " ".join(cells) + f" {ms} {rel}  {ok}/{len(o.checks)}"
+                  + (f"  FAILED {failed[0]['case']}: {failed[0]['error']}" if failed else ""))

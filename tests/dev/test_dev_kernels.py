@@ -164,18 +164,25 @@ def test_v2_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y
     assert spec.params[1] == "tensor map" and spec.kernel.defines == v.defines
 
 
+V6 = [("v6_n256_setmaxnreg", 256, 3 * 72 * 1024 + 1024 + 72),
+      ("v6_n256_setmaxnreg[GEMM_BM=128]", 128, 4 * 40 * 1024 + 1024 + 96),
+      ("v6_n256_setmaxnreg[GEMM_BM=64]", 64, 4 * 24 * 1024 + 1024 + 96)]
+
+
+@pytest.mark.parametrize("name,bm,smem", V6)
 @pytest.mark.parametrize("kind,rows,dims,_blocks", SHAPES)
-def test_v6_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, _blocks):
-    """v6: production's persistent grid and arguments, 384 threads, 216 KiB of stages, and x's
-    tensor map re-encoded with 256-row boxes (the kernel's GEMM_BM)."""
+def test_v6_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, _blocks, name, bm, smem):
+    """v6: production's arguments, 384 threads, its stages, a persistent grid of min(SMs, its tiles
+    of GEMM_BM tokens), and x's tensor map re-encoded with GEMM_BM-row boxes."""
     make, x = _gemm(monkeypatch, kind, rows, **dims)
-    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k: ("n256 map", rows, k))
-    v = _version("v6_n256_setmaxnreg")
+    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k, bm: ("map", rows, k, bm))
+    monkeypatch.setattr(dev_gemm_int4, "sm_count", lambda: 132)
+    v = _version(name)
     prod = make(132).specs[0]
     (spec,) = dev_gemm_int4._n256_shape(v, lambda max_blocks=132: make(max_blocks), rows, x).specs
-    tiles = -(-rows // 256) * (make(0).specs[0].grid[0] // -(-rows // 128))
-    assert (spec.grid, spec.block, spec.smem_bytes) == ((min(132, tiles),), (384,), 3 * 72 * 1024 + 1024 + 72)
-    assert spec.args["x_map"] == ("n256 map", rows, dims["k"])
+    tiles = -(-rows // bm) * (make(0).specs[0].grid[0] // -(-rows // 128))
+    assert (spec.grid, spec.block, spec.smem_bytes) == ((min(132, tiles),), (384,), smem)
+    assert spec.args["x_map"] == ("map", rows, dims["k"], bm)
     assert [n for n in spec.args if n != "x_map"] == [n for n in prod.args if n != "x_map"]
     assert (spec.kernel.file, spec.kernel.kernel) == (v.file, prod.kernel.kernel)
 
@@ -201,7 +208,8 @@ def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, k
     from drvqwen.launchers.signatures import kernel_signatures
 
     make, x = _gemm(monkeypatch, kind, rows, **dims)
-    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k: "tensor map")  # needs the driver
+    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k, bm: "tensor map")  # needs the driver
+    monkeypatch.setattr(dev_gemm_int4, "sm_count", lambda: 132)
 
     def signatures(file):  # a version's file and the versions it #includes (v4, v5 build on v3)
         text = kernel_source(file).text.decode()
@@ -218,12 +226,14 @@ def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, k
         assert list(spec.args) == [p.name for p in sigs[spec.kernel.kernel].params], spec.kernel
 
 
-def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to():
-    """v6's warpgroups move registers (setmaxnreg: producer 72, consumers 216 a thread); the moves
-    balance only at 168 a thread at launch. The runner refuses another count (it would hang on
-    the GPU): here the build has it, and a build record with another is refused."""
-    v = _version("v6_n256_setmaxnreg")
-    ck = compile_kernel(v.file)
+@pytest.mark.parametrize("name", [n for n, _, _ in V6])
+def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
+    """v6's warpgroups move registers (setmaxnreg: producer 72, consumers 216 a thread at 256
+    tokens); the moves balance only at 168 a thread at launch. The runner refuses another count
+    (it would hang on the GPU): here each build has it, and a build record with another is
+    refused."""
+    v = _version(name)
+    ck = compile_kernel(v.file, defines=dict(v.defines))
     regs = {r.function: r.registers for r in ck.resources.values() if r.is_entry}
     assert set(regs.values()) == {dev_gemm_int4.REGISTERS_AT_LAUNCH[v.name]}, regs
     ok, bad = dev_kernels.Outcome(v), dev_kernels.Outcome(v)

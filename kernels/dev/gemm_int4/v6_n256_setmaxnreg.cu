@@ -4,6 +4,11 @@
 // tools/dev_kernels.py checks it against the float64 reference and times it beside
 // kernels/gemm_int4.cu.
 //
+// Built with GEMM_BM=128 (production's tile) or GEMM_BM=64 it asks a second question: what the
+// 12-warp block and its register moves cost or give at production's tile, and whether GEMMs with
+// few tiles (the 0.5B's: its o_proj at 512 tokens is 28 tiles of 128 on 132 SMs) gain from
+// tiles of 64 tokens.
+//
 //   gemm_int4_f32, gemm_int4_qkv, gemm_int4_residual, gemm_int4_gate_up_swiglu: the outputs of
 //   kernels/gemm_int4.cu's kernels of the same names, without split-K (the arguments end at the
 //   shapes, as before split-K); block 384, GEMM_SMEM_BYTES of shared memory, grid ≤ the SM count.
@@ -51,34 +56,41 @@
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
-#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, wgmma_m64n256k16_rs
+#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, wgmma_m64n{64,128,256}k16_rs
 #include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec
 #include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "../../int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 #include "griddep.cuh"      // grid_dependency_wait, grid_launch_dependents
 
-#define GEMM_BM             256                                // tokens per tile (wgmma N)
+// Tokens per tile (wgmma N): 256 by default; GEMM_BM=128 is production's tile in this block
+// (12 warps, setmaxnreg), GEMM_BM=64 a tile for GEMMs with few tokens (the 0.5B's).
+#ifndef GEMM_BM
+#define GEMM_BM             256
+#endif
+static_assert(GEMM_BM == 64 || GEMM_BM == 128 || GEMM_BM == 256, "GEMM_BM: 64, 128 or 256");
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
 #define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
 #define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
 #define GEMM_THREADS        ((GEMM_CONSUMER_WGS + 1) * 4 * WARP_SIZE)  // + the producer warpgroup: 384
-#define GEMM_STAGES         3
+#define GEMM_STAGES         (GEMM_BM == 256 ? 3 : 4)           // 3 × 72 KB; 4 × 40 KB; 4 × 24 KB
 #define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
-#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 32 KB
-#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 64 KB
+#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 32 KB at GEMM_BM 256
+#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 64 KB at 256
 #define GEMM_W_ROW_BYTES    (INT4_GROUP / 2)                   // one group of one weight row: 64 B
 #define GEMM_W_STAGE_BYTES  (GEMM_BLOCK_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
-#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 72 KB (a multiple of 1024)
+#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 72 KB at 256 (a multiple of 1024)
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 #define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 3 * GEMM_STAGES * 8)
-#define GEMM_ACC            (GEMM_BM / 2)                      // accumulators a consumer thread: 128
-// Registers a thread after the moves: 2 · 128 · 216 + 128 · 72 = 64 512 ≤ 65 536.
-#define GEMM_CONSUMER_REGS  216
-#define GEMM_PRODUCER_REGS  72
-static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS <= 65536, "register file");
+#define GEMM_ACC            (GEMM_BM / 2)                      // accumulators a consumer thread: 128 at 256
+// Registers a thread after the moves, balanced at the 168 a thread at launch (384 · 168 =
+// 64 512): 2 · 128 · 216 + 128 · 72 at GEMM_BM 256 (128 accumulators), 2 · 128 · 200 + 128 · 104
+// at 128 and 64 (the producer then keeps room for the qkv rows it recomputes).
+#define GEMM_CONSUMER_REGS  (GEMM_BM == 256 ? 216 : 200)
+#define GEMM_PRODUCER_REGS  (GEMM_BM == 256 ? 72 : 104)
+static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_THREADS * 168, "the moves balance");
 static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes times the scale
@@ -121,7 +133,12 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
     s = scales + (u64)r * (K / INT4_GROUP);
 }
 
-// One group of a consumer warp, as production's gemm_group with m64n256k16.
+// The tile's MMA: wgmma m64nNk16 with N = GEMM_BM, chosen by the accumulator count.
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n64k16_rs(d, a, b, acc); }
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n128k16_rs(d, a, b, acc); }
+__device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n256k16_rs(d, a, b, acc); }
+
+// One group of a consumer warp, as production's gemm_group with m64nNk16, N = GEMM_BM.
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
                                            const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
@@ -142,7 +159,7 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
 #pragma unroll
     for (int k = 0; k < GEMM_K_STEPS; ++k) {
         const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
-        wgmma_m64n256k16_rs(acc, frag[k], desc, 1);
+        wgmma_rs(acc, frag[k], desc, 1);
     }
     wgmma_commit_group();
     mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
@@ -153,7 +170,7 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
 }
 
 // f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
-// acc[4j + 2 + c] (row g+8, the same token), j < 32.
+// acc[4j + 2 + c] (row g+8, the same token), j < GEMM_BM / 8.
 template <typename F>
 struct GemmEachToken {
     F f;
@@ -171,7 +188,7 @@ template <typename F>
 __device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
 
 // residual[token, row] += acc, the loads of 4 token columns issued together (production's
-// GemmResidualAdd over 32 columns).
+// GemmResidualAdd over GEMM_BM / 8 columns).
 struct GemmResidualAdd {
     float* residual;
     int N;
@@ -212,6 +229,14 @@ __device__ __forceinline__ int block_index() {
     return b;
 }
 
+// M (prefill_state[1]) read again for the same reason: token_blocks and n_units computed once
+// before the split were spilled (GEMM_BM 128 and 64 builds).
+__device__ __forceinline__ int live_rows(const int* prefill_state) {
+    int m;
+    asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(m) : "l"(prefill_state + 1) : "memory");
+    return m;
+}
+
 // The persistent tile loop (production's gemm_int4_block without split-K). Contains the block's
 // only __syncthreads(): call from every thread.
 template <typename RowsOf, typename Epilogue>
@@ -248,6 +273,8 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
         setmaxnreg_dec<GEMM_PRODUCER_REGS>();
         if (warp != GEMM_CONSUMER_WARPS) return;  // one warp of the four works
         if (lane == 0) tma_prefetch_map(&x_map);
+        const int token_blocks = (live_rows(prefill_state) + GEMM_BM - 1) / GEMM_BM;
+        const int n_units = token_blocks * row_blocks;
         int it = 0;
         for (int u = block_index(); u < n_units; u += gridDim.x) {
             const int tb = u % token_blocks, rb = u / token_blocks;
@@ -258,7 +285,7 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
                 unsigned char* w_st = smem + s * GEMM_STAGE_BYTES + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
 #pragma unroll
                 for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
-                    // The rows again each group (not held across the loop: the producer has 72 registers).
+                    // The rows again each group (not held across the loop: the producer has few registers).
                     const GemmLaneRows r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
@@ -280,12 +307,15 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
 
     // ---- consumers --------------------------------------------------------------------------
     setmaxnreg_inc<GEMM_CONSUMER_REGS>();
+    const int M_live = live_rows(prefill_state);
+    const int token_blocks_c = (M_live + GEMM_BM - 1) / GEMM_BM;
+    const int n_units_c = token_blocks_c * row_blocks;
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;
     int it = 0;
 #pragma unroll 1
-    for (int u = block_index(); u < n_units; u += gridDim.x) {
-        const int tb = u % token_blocks, rb = u / token_blocks;
+    for (int u = block_index(); u < n_units_c; u += gridDim.x) {
+        const int tb = u % token_blocks_c, rb = u / token_blocks_c;
         const int m0 = tb * GEMM_BM;
         const GemmLaneRows r = rows_of(rb, local);
         float acc[GEMM_ACC];
@@ -300,7 +330,7 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
             sa = na;
             sb = nb;
         }
-        epilogue(acc, m0, M, t);
+        epilogue(acc, m0, M_live, t);
     }
 }
 
