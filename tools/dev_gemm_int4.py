@@ -33,13 +33,16 @@ VERSIONS = [
     Version("v6_n256_setmaxnreg", "dev/gemm_int4/v6_n256_setmaxnreg"),
     Version("v6_n256_setmaxnreg[GEMM_BM=128]", "dev/gemm_int4/v6_n256_setmaxnreg", (("GEMM_BM", 128),)),
     Version("v6_n256_setmaxnreg[GEMM_BM=64]", "dev/gemm_int4/v6_n256_setmaxnreg", (("GEMM_BM", 64),)),
+    Version("v6_n256_setmaxnreg[GEMM_BM=128,GEMM_A_SMEM=1]", "dev/gemm_int4/v6_n256_setmaxnreg",
+            (("GEMM_BM", 128), ("GEMM_A_SMEM", 1))),
 ]
 
 # The launch shapes that differ from production's (kernels/gemm_int4.cu, launchers/gemm_int4.py).
 V1_BM, V1_THREADS, V1_SMEM_BYTES = 64, 128, 4 * (64 * 256 + 128 * 64)       # 96 KiB: 4 stages of A | W
 V2_BM, V2_SMEM_BYTES = 128, 4 * 32 * 1024 + 1024 + 2 * 4 * 8                 # 4 stages of X + barriers
 # v6: 256 tokens a tile (GEMM_BM=128, 64: fewer), 12 warps, 3 stages of (64 KiB of X + 8 KiB of
-# weights) + barriers (4 stages at 128 and 64 tokens).
+# weights) + barriers (4 stages at 128 and 64 tokens); GEMM_A_SMEM=1 adds two 16 KiB A buffers
+# per consumer warpgroup.
 V6_BM, V6_THREADS = 256, 384
 
 
@@ -47,8 +50,9 @@ def v6_stages(bm: int) -> int:
     return 3 if bm == 256 else 4
 
 
-def v6_smem_bytes(bm: int) -> int:
-    return v6_stages(bm) * (bm * 128 * 2 + 128 * 64) + 1024 + 3 * v6_stages(bm) * 8
+def v6_smem_bytes(bm: int, a_smem: bool = False) -> int:
+    return (v6_stages(bm) * (bm * 128 * 2 + 128 * 64) + (2 * 2 * 16384 if a_smem else 0) + 1024
+            + 3 * v6_stages(bm) * 8)
 
 
 V6_SMEM_BYTES = v6_smem_bytes(V6_BM)
@@ -132,7 +136,8 @@ def _n256_shape(v: Version, make, rows: int, x):
     capacity, 384 threads, its shared memory, and x's tensor map with GEMM_BM-row boxes."""
     bm = dict(v.defines).get("GEMM_BM", V6_BM)
     tiles = -(-rows // bm) * _row_blocks(make(0), rows)
-    g = retarget(make(), v, grid=(min(sm_count(), tiles),), block=(V6_THREADS,), smem_bytes=v6_smem_bytes(bm))
+    smem = v6_smem_bytes(bm, bool(dict(v.defines).get("GEMM_A_SMEM", 0)))
+    g = retarget(make(), v, grid=(min(sm_count(), tiles),), block=(V6_THREADS,), smem_bytes=smem)
     for spec in g.specs:
         spec.args["x_map"] = x_map_n256(x, rows, x.shape[-1], bm)
     return g

@@ -166,7 +166,8 @@ def test_v2_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y
 
 V6 = [("v6_n256_setmaxnreg", 256, 3 * 72 * 1024 + 1024 + 72),
       ("v6_n256_setmaxnreg[GEMM_BM=128]", 128, 4 * 40 * 1024 + 1024 + 96),
-      ("v6_n256_setmaxnreg[GEMM_BM=64]", 64, 4 * 24 * 1024 + 1024 + 96)]
+      ("v6_n256_setmaxnreg[GEMM_BM=64]", 64, 4 * 24 * 1024 + 1024 + 96),
+      ("v6_n256_setmaxnreg[GEMM_BM=128,GEMM_A_SMEM=1]", 128, 4 * 40 * 1024 + 64 * 1024 + 1024 + 96)]
 
 
 @pytest.mark.parametrize("name,bm,smem", V6)

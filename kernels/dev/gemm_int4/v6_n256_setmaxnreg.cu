@@ -24,6 +24,16 @@
 // registers a 384-thread block's threads get: the producer warpgroup drops to
 // GEMM_PRODUCER_REGS, the consumers rise to GEMM_CONSUMER_REGS (ptx/setmaxnreg.cuh).
 //
+// Built with GEMM_BM=128 GEMM_A_SMEM=1 it asks a third: can a warpgroup overlap its own unpack
+// with its MMAs if A comes from shared memory? Each consumer warpgroup stores its unpacked group
+// into one of two A buffers (16 KB each: 64 rows × 128 inputs, 128-byte swizzle), fences
+// (fence.proxy.async) and meets its four warps at a named barrier, issues 8 × m64n128k16 SS, and
+// waits only for the group before (wait_group 1): the next group is unpacked into the other
+// buffer while these MMAs run, and a stage's X is released one group late. ptxas keeps the
+// HGMMAs back to back there (no C7513: no A registers), one WARPGROUP.DEPBAR.LE gsb0, 1 a group.
+// Its cost: 32 STS.32 a lane a group (conflict-free: the swizzle spreads the lanes over the 32
+// banks) and the fence (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S in SASS); 224 KB of shared memory.
+//
 // Work split (what differs from kernels/gemm_int4.cu)
 // ----------
 //   tile     = 256 tokens × 128 weight rows (gate/up: 64 features of both), persistent as there.
@@ -74,6 +84,12 @@ static_assert(GEMM_BM == 64 || GEMM_BM == 128 || GEMM_BM == 256, "GEMM_BM: 64, 1
 #define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
 #define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
 #define GEMM_THREADS        ((GEMM_CONSUMER_WGS + 1) * 4 * WARP_SIZE)  // + the producer warpgroup: 384
+// GEMM_A_SMEM=1: the consumers store each group's unpacked weights into shared memory and issue
+// SS wgmma, one group of MMAs in flight while the next is unpacked (below).
+#ifndef GEMM_A_SMEM
+#define GEMM_A_SMEM         0
+#endif
+static_assert(!GEMM_A_SMEM || GEMM_BM == 128, "GEMM_A_SMEM: with 128 tokens a tile (the SS wrapper's N)");
 #define GEMM_STAGES         (GEMM_BM == 256 ? 3 : 4)           // 3 × 72 KB; 4 × 40 KB; 4 × 24 KB
 #define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
 #define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 32 KB at GEMM_BM 256
@@ -83,7 +99,12 @@ static_assert(GEMM_BM == 64 || GEMM_BM == 128 || GEMM_BM == 256, "GEMM_BM: 64, 1
 #define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 72 KB at 256 (a multiple of 1024)
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 #define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
-#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 3 * GEMM_STAGES * 8)
+// GEMM_A_SMEM: per consumer warpgroup two A buffers of one group (64 rows × 128 inputs FP16 in
+// two 128-byte-swizzled boxes of 64 inputs, 16 KB): 64 KB.
+#define GEMM_A_BOX_BYTES    (GEMM_WG_ROWS * GEMM_BOX_INPUTS * 2)  // 8 KB
+#define GEMM_A_BUF_BYTES    (2 * GEMM_A_BOX_BYTES)                // 16 KB
+#define GEMM_A_BYTES        (GEMM_A_SMEM ? GEMM_CONSUMER_WGS * 2 * GEMM_A_BUF_BYTES : 0)
+#define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + GEMM_A_BYTES + 1024 + 3 * GEMM_STAGES * 8)
 #define GEMM_ACC            (GEMM_BM / 2)                      // accumulators a consumer thread: 128 at 256
 // Registers a thread after the moves, balanced at the 168 a thread at launch (384 · 168 =
 // 64 512): 2 · 128 · 216 + 128 · 72 at GEMM_BM 256 (128 accumulators), 2 · 128 · 200 + 128 · 104
@@ -137,6 +158,80 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n64k16_rs(d, a, b, acc); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n128k16_rs(d, a, b, acc); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n256k16_rs(d, a, b, acc); }
+// The SS form (GEMM_A_SMEM): m64n128k16 only in ptx/wgmma.cuh.
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], u64 a, u64 b) { wgmma_m64n128k16_ss(d, a, b, 1); }
+
+#if GEMM_A_SMEM
+// GEMM_A_SMEM: the lane's unpacked A values of one group stored where wgmma reads an A tile of 64
+// K-major rows in 128-byte-swizzled boxes of 64 inputs (what wgmma_desc_sw128 describes): row r
+// at r · 128 B, its 16-byte chunk c at position c ^ (r % 8). Lane (g, t) of warp w holds rows
+// 16w + g and 16w + g + 8 (both ≡ g mod 8) and, for k step s, inputs 16s + 2t (+1) and
+// 16s + 8 + 2t (+1): chunk 2(s % 4) (and the next) of box s / 4, 4t bytes in. For one store the
+// 32 lanes hit 32 different banks (chunk c ^ g, word t).
+__device__ __forceinline__ void gemm_a_store(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift, __half sa,
+                                             __half sb, unsigned char* a, int wrow, int g, int t) {
+    const __half2 sa2 = __half2half2(sa), sb2 = __half2half2(sb);
+    const u32 sa_u = *reinterpret_cast<const u32*>(&sa2), sb_u = *reinterpret_cast<const u32*>(&sb2);
+    unsigned char* row_a = a + (wrow + g) * 128 + 4 * t;
+    unsigned char* row_b = row_a + 8 * 128;
+#pragma unroll
+    for (int s = 0; s < GEMM_K_STEPS; ++s) {
+        const int box = (s / 4) * GEMM_A_BOX_BYTES, c = 2 * (s % 4);
+        *reinterpret_cast<u32*>(row_a + box + ((c ^ g) << 4)) = gemm_int4_pair(gemm_word(ra, 2 * s), shift, sa_u);
+        *reinterpret_cast<u32*>(row_b + box + ((c ^ g) << 4)) = gemm_int4_pair(gemm_word(rb, 2 * s), shift, sb_u);
+        *reinterpret_cast<u32*>(row_a + box + (((c + 1) ^ g) << 4)) = gemm_int4_pair(gemm_word(ra, 2 * s + 1), shift, sa_u);
+        *reinterpret_cast<u32*>(row_b + box + (((c + 1) ^ g) << 4)) = gemm_int4_pair(gemm_word(rb, 2 * s + 1), shift, sb_u);
+    }
+}
+
+// bar.sync id, 128: the four warps of one consumer warpgroup (ids 1, 2; 0 is __syncthreads). The
+// id an immediate: a register id makes ptxas reserve all 16 named barriers.
+__device__ __forceinline__ void warpgroup_bar_sync(int wg) {
+    if (wg == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
+    else         asm volatile("bar.sync 2, 128;" ::: "memory");
+}
+
+// One group of a consumer warp with GEMM_A_SMEM: store the unpacked A into buffer `a`, make the
+// warpgroup's stores visible to the tensor cores (each thread's fence.proxy.async, then the
+// warpgroup's barrier), issue the 8 SS MMAs, and wait for the group before (wait_group 1) — the
+// MMAs of this group run while the next one is unpacked into the other buffer. Returns with
+// this group's MMAs in flight; the caller releases the previous stage's X.
+// Why it cannot race: buffer a was last read by the MMAs of the group two back, complete since
+// the wait_group 1 of the group before this one; the MMAs read a only after every thread of the
+// warpgroup has stored and fenced (the barrier).
+__device__ __forceinline__ void gemm_group_a_smem(int it, int lane, int shift, __half sa, __half sb, int local,
+                                                  int wrow, int g, int t, int wg, const unsigned char* smem,
+                                                  unsigned char* a, u64* full, u64* w_empty, float (&acc)[GEMM_ACC]) {
+    const int s = it % GEMM_STAGES;
+    mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
+    const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
+    uint4 ra[4], rb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ra[i] = w[i];
+        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
+    }
+    gemm_a_store(ra, rb, shift, sa, sb, a, wrow, g, t);
+    mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
+    fence_proxy_async_shared();
+    warpgroup_bar_sync(wg);
+#pragma unroll
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < GEMM_K_STEPS; ++k) {
+        const u64 a_desc = wgmma_desc_sw128(a + (k / 4) * GEMM_A_BOX_BYTES + (k % 4) * 32);
+        const u64 b_desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
+        wgmma_ss(acc, a_desc, b_desc);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<1>();
+#pragma unroll
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+}
+
+#endif  // GEMM_A_SMEM
 
 // One group of a consumer warp, as production's gemm_group with m64nNk16, N = GEMM_BM.
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
@@ -245,7 +340,7 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
     extern __shared__ unsigned char gemm_smem_raw[];
     const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gemm_smem_raw));
     unsigned char* smem = gemm_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
+    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES + GEMM_A_BYTES);
     u64* x_empty = full + GEMM_STAGES;
     u64* w_empty = x_empty + GEMM_STAGES;
 
@@ -321,8 +416,26 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
         float acc[GEMM_ACC];
 #pragma unroll
         for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
-        u32 frag[GEMM_K_STEPS][4];
         __half sa = r.sa[0], sb = r.sb[0];
+#if GEMM_A_SMEM
+        // One group's MMAs stay in flight: the stage of group grp − 1 is released after this
+        // group's wait_group 1, the last one after the wait_group 0 below.
+        unsigned char* abuf = smem + GEMM_STAGES * GEMM_STAGE_BYTES + (warp / 4) * 2 * GEMM_A_BUF_BYTES;
+#pragma unroll 1
+        for (int grp = 0; grp < n_groups; ++grp, ++it) {
+            const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
+            gemm_group_a_smem(it, lane, shift, sa, sb, local, (warp % 4) * INT4_TILE_ROWS, g, t, warp / 4, smem,
+                              abuf + (grp & 1) * GEMM_A_BUF_BYTES, full, w_empty, acc);
+            if (grp > 0 && lane == 0) mbarrier_arrive(&x_empty[(it - 1) % GEMM_STAGES]);
+            sa = na;
+            sb = nb;
+        }
+        wgmma_wait_group<0>();
+#pragma unroll
+        for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+        if (lane == 0) mbarrier_arrive(&x_empty[(it - 1) % GEMM_STAGES]);
+#else
+        u32 frag[GEMM_K_STEPS][4];
 #pragma unroll 1
         for (int grp = 0; grp < n_groups; ++grp, ++it) {
             const __half na = r.sa[min(grp + 1, n_groups - 1)], nb = r.sb[min(grp + 1, n_groups - 1)];
@@ -330,6 +443,7 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
             sa = na;
             sb = nb;
         }
+#endif
         epilogue(acc, m0, M_live, t);
     }
 }
