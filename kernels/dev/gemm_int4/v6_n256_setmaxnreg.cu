@@ -197,8 +197,11 @@ __device__ __forceinline__ void warpgroup_bar_sync(int wg) {
 // MMAs of this group run while the next one is unpacked into the other buffer. Returns with
 // this group's MMAs in flight; the caller releases the previous stage's X.
 // Why it cannot race: buffer a was last read by the MMAs of the group two back, complete since
-// the wait_group 1 of the group before this one; the MMAs read a only after every thread of the
-// warpgroup has stored and fenced (the barrier).
+// this warp's wait_group 1 in the group before this one (the MMA is one operation of the whole
+// warpgroup; each warp stores only its own 16 rows of a); the MMAs read a only after every
+// thread of the warpgroup has stored and fenced (the barrier). Stricter by the letter of the PTX
+// ISA would be a second warpgroup barrier before the stores, so that every warp's wait precedes
+// any warp's store: left out, a measured version can add it.
 __device__ __forceinline__ void gemm_group_a_smem(int it, int lane, int shift, __half sa, __half sb, int local,
                                                   int wrow, int g, int t, int wg, const unsigned char* smem,
                                                   unsigned char* a, u64* full, u64* w_empty, float (&acc)[GEMM_ACC]) {
@@ -433,7 +436,7 @@ __device__ __forceinline__ void gemm_n256_block(const CUtensorMap& x_map, const 
         wgmma_wait_group<0>();
 #pragma unroll
         for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-        if (lane == 0) mbarrier_arrive(&x_empty[(it - 1) % GEMM_STAGES]);
+        if (n_groups > 0 && lane == 0) mbarrier_arrive(&x_empty[(it - 1) % GEMM_STAGES]);
 #else
         u32 frag[GEMM_K_STEPS][4];
 #pragma unroll 1
