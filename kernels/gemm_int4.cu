@@ -472,7 +472,13 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // Value heads take the bias only. Pairs past the last (p ≥ (Hq + 2·Hkv)·Dh/2) read the last
 // pair's rows and are not written.
 // Positions are start + token (prefill_state[0]); the block table must hold a page for each.
-// Tiles: ceil(M/128) × ceil((Hq + 2·Hkv)·Dh / 128).
+// Tiles: ceil(M/128) × ceil((Hq + 2·Hkv)·Dh / 128). Work split, ring and barriers: the file's
+// (gemm_int4_block; the header argues why they cannot race) — only the rows a warp takes and the
+// epilogue differ, and the epilogue touches no shared memory. Bytes per call beyond the GEMM's
+// weights and X: the FP16 outputs, 2 B × (Hq + 2·Hkv)·Dh per token (9.4 MB → 2.4 MB at 7B and
+// 512 tokens against gemm_int4_qkv's FP32 row), and 8 B of the table per pair and token (L2).
+// The limit: as the file's, tensor-core math in the mainloop; the epilogue is issue-bound
+// (~25 instructions a token and lane) on the SMs that hold tiles.
 // Measured (H100, `drvqwen bench --kernels --prefill-rope epilogue|apart`, 512 tokens, GPU µs
 // summed over the layers, docs/bench/2026-12-02_81f037f_h100_syn{05b,7b}_rope_*.json):
 //   | model | this kernel + rope_table_rows | gemm_int4_qkv + rope_kv_rows | TTFT, graph medians |
@@ -481,8 +487,10 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // The epilogue costs ~3.5 µs a layer more than the FP32 one: on the 0.5B the QKV GEMM is 36
 // tiles, one per SM on 36 SMs, so its epilogue (~25 instructions and two 2-byte stores per token
 // and lane) runs on a quarter of the GPU where rope_kv_rows spreads over all of it. Lost before
-// this form: sincosf per element in the epilogue (0.5B 621 µs, 7B 2204 µs: ~30 accurate sincosf
-// per lane, each behind a branch), and the table read one token at a time (0.5B 579 µs).
+// this form: sincosf per element in the epilogue (H200, 0.5B 621 µs, 7B 2204 µs: ~30 accurate
+// sincosf per lane, each behind a branch; docs/bench/2026-12-02_b80f3a3_h200_syn{05b,7b}_rope_
+// epilogue.json), and the table read one token at a time (H100, 0.5B 579 µs against 336 + 177,
+// 7B 2130 against 1652 + 335; docs/bench/2026-12-02_bccea49_h100_syn{05b,7b}_rope_*.json).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
                    __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
@@ -539,9 +547,9 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
                                       : (seg == 1 ? k_cache : v_cache) + kv_offset(0, h, 0, Hkv, Dh) + i;
         const int q_row = Hq * Dh, page_elems = kv_page_elems(Hkv, Dh);
         // 8 tokens at a time: their cos/sin (L2) and pages are loaded together, before any store,
-        // then rotated and stored — 4 round trips per lane instead of one per token (a load in
-        // each token's branch waited out ~32 L2 latencies; the first version with this loop per
-        // token measured slower than gemm_int4_qkv + rope_kv_rows). Tokens ≥ M load row M−1's.
+        // then rotated and stored — 4 round trips per lane instead of one per token (a load inside
+        // each token's branch waits out one L2 latency per token, ~32 a lane: slower than
+        // gemm_int4_qkv + rope_kv_rows, the header's figures). Tokens ≥ M load row M−1's.
 #pragma unroll
         for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
             float2 cs[4][2];

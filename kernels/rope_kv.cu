@@ -95,12 +95,15 @@ rope_kv_rows(__half* __restrict__ q_out,            // [rows, Hq, Dh] fp16, out 
 // (gemm_int4_qkv_rope) rotates with these instead of calling sincosf per element. Its tiles run
 // on one block per SM and few SMs (the 0.5B's QKV at 512 tokens is 36 tiles), so ~30 accurate
 // sincosf per lane, each a branch (the Payne–Hanek path) the compiler cannot schedule across,
-// made the fused GEMM slower than the GEMM and rope_kv_rows apart (0.5B: 621 µs against
-// 335 + 168 over 24 layers, H200). The values are those rope_rotate computes (rope_cos_sin), so
-// the epilogue's outputs equal rope_kv_rows' bit for bit.
-// Work split: one thread per (row, pair), rows ≥ n_rows return. Bytes: 8 per pair written
-// (512 rows × 64 pairs: 256 KB at Dh = 128). grid (ceil(rows_max · Dh/2 / ROPE_THREADS)),
-// block (ROPE_THREADS).
+// made the fused GEMM slower than the GEMM and rope_kv_rows apart (H200, 0.5B: 621 µs against
+// 335 + 168 over 24 layers; docs/bench/2026-12-02_b80f3a3_h200_syn05b_rope_epilogue.json and
+// 2026-12-02_8e6a560_h200_syn05b.json). The values are those rope_rotate computes
+// (rope_cos_sin), so the epilogue's outputs equal rope_kv_rows' bit for bit.
+// Work split: one thread per (row, pair), rows ≥ n_rows return; no shared memory, no barrier.
+// Bytes: 8 per pair written (512 rows × 64 pairs: 256 KB at Dh = 128). The limit: latency (one
+// dependent sincosf a thread; ~4 µs a chunk on an H100 at 512 rows,
+// docs/bench/2026-12-02_81f037f_h100_syn05b_rope_epilogue.json).
+// grid (ceil(rows_max · Dh/2 / ROPE_THREADS)), block (ROPE_THREADS).
 extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 rope_table_rows(float2* __restrict__ rope_cs,         // [rows, Dh/2] fp32 (cos, sin), out
                 const float* __restrict__ inv_freq,   // [Dh/2] fp32

@@ -111,6 +111,50 @@ def test_qkv_rope_launchers_refuse_a_cache_of_another_layout_naming_the_kernel(k
         check_qkv_rope_outputs(kernel, BufferSpec("q", (hq * 40,), np.float16), good, good, hq, hkv, 40)
 
 
+@pytest.mark.parametrize("kernel", ["rope_kv_rows", "gemm_int4_qkv_rope"])
+def test_prefill_rope_launchers_refuse_bad_outputs_naming_the_kernel(kernel):
+    """The prefill's row launchers that write rotated q and the cache check through the same rule
+    as the GEMVs (check_rows_rope_outputs on check_qkv_rope_outputs), with any even head_dim up to
+    2048, q for the chunk's rows and the three biases."""
+    import numpy as np
+
+    from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.rope_kv import check_rows_rope_outputs
+
+    hq, hkv, dh, rows = 3, 1, 40, 64                                   # 40: not a GEMV head_dim, fine here
+    q = BufferSpec("q", (rows * hq * dh,), np.float16)
+    b = [BufferSpec(n, (h * dh,), np.float16) for n, h in (("q_bias", hq), ("k_bias", hkv), ("v_bias", hkv))]
+    cache = BufferSpec("k_cache[0]", (8, hkv, 16, dh), np.float16)
+    kw = dict(rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh)
+    assert check_rows_rope_outputs(kernel, q, *b, cache, cache, **kw) == (hq * dh, hkv * dh)
+    with pytest.raises(LaunchError, match=rf"{kernel}: v_cache v is \[8, 1, 16, 20\], want one layer"):
+        check_rows_rope_outputs(kernel, q, *b, cache, BufferSpec("v", (8, hkv, 16, 20), np.float16), **kw)
+    with pytest.raises(LaunchError, match=rf"{kernel}: head_dim=39 must be a multiple of 2"):
+        check_rows_rope_outputs(kernel, q, *b, cache, cache, **(kw | dict(head_dim=39)))
+    with pytest.raises(LaunchError, match="k_bias"):
+        check_rows_rope_outputs(kernel, q, b[0], b[0], b[2], cache, cache, **kw)
+
+
+def test_qkv_rope_gemm_refuses_a_cache_past_32_bit_offsets():
+    """gemm_int4_qkv_rope's epilogue computes per-token offsets in 32 bits: a layer's cache of 2³¹
+    elements or more is refused, naming the buffer, before anything is encoded."""
+    import numpy as np
+
+    from drvqwen.launchers import GemmInt4QkvRopeRows
+    from drvqwen.launchers.base import BufferSpec
+
+    hq, hkv, dh, rows, k = 4, 2, 128, 64, 256
+    buf = lambda n, shape, dt=np.float16: BufferSpec(n, shape, dt)  # noqa: E731
+    w = lambda n: (buf(f"{n}.qw", (n_of[n] * k // 8,), np.uint32), buf(f"{n}.sc", (n_of[n] * k // 128,)))  # noqa: E731
+    n_of = {"q": hq * dh, "k": hkv * dh, "v": hkv * dh}
+    huge = buf("k_cache", (2**31 // (hkv * 16 * dh), hkv, 16, dh))
+    with pytest.raises(LaunchError, match=r"gemm_int4_qkv_rope: k_cache of \[.*\] has 2³¹ elements or more"):
+        GemmInt4QkvRopeRows(buf("q", (rows * hq * dh,)), huge, huge, buf("x", (rows, k)), *w("q"), *w("k"), *w("v"),
+                            buf("bq", (hq * dh,)), buf("bk", (hkv * dh,)), buf("bv", (hkv * dh,)),
+                            buf("rope_cs", (rows * dh,), np.float32), buf("ps", (2,), np.int32),
+                            buf("bt", (8,), np.int32), n_heads=hq, n_kv_heads=hkv, head_dim=dh, k=k, rows=rows)
+
+
 def test_qkv_blocks_split_by_makespan():
     """gemv_fmt's qkv launch: blocks per q/k/v segment for the smallest makespan that fits one
     wave (7B: 224, 32, 32 tiles), never a small segment rounded onto too few blocks."""

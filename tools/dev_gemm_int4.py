@@ -307,7 +307,7 @@ def _close(dev) -> None:
     dev.close()
 
 
-# summary key of each model's layers (7B: "layers_ms", as before the 0.5B rows)
+# The summary key of each model's layer sum.
 SUMMARY = {"7b": "layers_ms", "0.5b": "layers_ms_05b"}
 
 

@@ -154,6 +154,16 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
     s = scales + (u64)r * (K / INT4_GROUP);
 }
 
+// Rows local and local + 8 of a stage's weights, 64 B each (production's loads in gemm_group).
+__device__ __forceinline__ void gemm_load_rows(const unsigned char* st, int local, uint4 (&ra)[4], uint4 (&rb)[4]) {
+    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        ra[i] = w[i];
+        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
+    }
+}
+
 // The tile's MMA: wgmma m64nNk16 with N = GEMM_BM, chosen by the accumulator count.
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n64k16_rs(d, a, b, acc); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b, int acc) { wgmma_m64n128k16_rs(d, a, b, acc); }
@@ -208,13 +218,8 @@ __device__ __forceinline__ void gemm_group_a_smem(int it, int lane, int shift, _
     const int s = it % GEMM_STAGES;
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
     const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
-    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
     uint4 ra[4], rb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        ra[i] = w[i];
-        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
-    }
+    gemm_load_rows(st, local, ra, rb);
     gemm_a_store(ra, rb, shift, sa, sb, a, wrow, g, t);
     mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
     fence_proxy_async_shared();
@@ -243,13 +248,8 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     const int s = it % GEMM_STAGES;
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
     const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
-    const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
     uint4 ra[4], rb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        ra[i] = w[i];
-        rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
-    }
+    gemm_load_rows(st, local, ra, rb);
     gemm_a_fragments(ra, rb, shift, sa, sb, frag);
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);

@@ -36,7 +36,7 @@ from ..cuda.tensormap import Swizzle
 from ..format.quant import GROUP_SIZE
 from .base import NULL, KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 from .gemv_int4 import _check_int4, int4_bytes
-from .rope_kv import check_qkv_rope_outputs
+from .rope_kv import check_rows_rope_outputs
 
 BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per block (wgmma N)
 THREADS = mirrored("gemm_int4", "GEMM_THREADS", 288)            # 2 consumer warpgroups + 1 producer warp
@@ -293,9 +293,8 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
                  head_dim: int, k: int, rows: int, max_blocks: int | None = None,
                  split_k: SplitKScratch | None = None, k_splits: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
-        n_q, n_kv = check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, k_cache, v_cache, rows=rows,
-                                           n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                                           kernel="gemm_int4_qkv_rope")
+        n_q, n_kv = check_rows_rope_outputs("gemm_int4_qkv_rope", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
+                                            rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
         # The epilogue's per-token offsets are 32-bit: q_out and a layer's cache under 2³¹ elements.
         for what, buf in (("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):

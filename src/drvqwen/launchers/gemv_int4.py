@@ -147,15 +147,18 @@ def gemv_resident_blocks(k: int, mt: int, blocks_per_sm: Callable[[int, int], in
 
 
 def check_qkv_rope_outputs(kernel: str, q_out, k_cache, v_cache, n_heads: int, n_kv_heads: int,
-                           head_dim: int, n_tokens: int = 1) -> None:
-    """The outputs of a fused qkv/RoPE GEMV (gemv_int4's, gemv_fmt's): q fp16 [T, Hq·Dh] (T =
-    n_tokens) and one layer's paged K/V cache [P, Hkv, 16, Dh], with Dh a multiple of the 16-row tile.
+                           head_dim: int, n_tokens: int = 1, head_dim_multiple: int = TILE_ROWS) -> None:
+    """The outputs of every launch that writes rotated q and the K/V cache: q fp16 [T, Hq·Dh]
+    (T = n_tokens: 1 for a decode GEMV, the chunk's rows in prefill) and one layer's paged K/V
+    cache [P, Hkv, 16, Dh], with Dh a multiple of `head_dim_multiple` (the GEMVs' 16-row tile:
+    a tile holds 8 RoPE pairs of one head; 2 for the prefill's row kernels, which take any pair).
 
     Raises:
         LaunchError: naming `kernel` and the buffer.
     """
-    require(head_dim % TILE_ROWS == 0, f"{kernel}: head_dim={head_dim} must be a multiple of "
-                                      f"{TILE_ROWS} (a tile holds 8 RoPE pairs of one head)")
+    why = " (a tile holds 8 RoPE pairs of one head)" if head_dim_multiple == TILE_ROWS else ""
+    require(head_dim > 0 and head_dim % head_dim_multiple == 0,
+            f"{kernel}: head_dim={head_dim} must be a multiple of {head_dim_multiple}{why}")
     check_buffer(q_out, "q_out", n_tokens * n_heads * head_dim, np.float16)
     for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         shape = getattr(c, "shape", None)

@@ -14,31 +14,28 @@ import numpy as np
 from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
+from .gemv_int4 import check_qkv_rope_outputs
 
 THREADS = mirrored("rope_kv", "ROPE_THREADS", 256)  # threads per row (one block per row)
 mirrored("rope_kv", "PAGE_TOKENS", PAGE_TOKENS)  # kernels/kv_cache.cuh: the page size the kernels index with
 
 
-def check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, k_cache, v_cache, *, rows: int, n_heads: int,
-                           n_kv_heads: int, head_dim: int, kernel: str = "rope_kv") -> tuple[int, int]:
-    """The checks shared by the launchers that write rotated q and the K/V cache (RopeKvRows, and
-    gemm_int4's GemmInt4QkvRopeRows): head_dim even, q_out fp16 [rows, Hq·Dh], the FP16 biases,
-    each cache one layer's [P, Hkv, 16, Dh]. Returns (Nq, Nkv).
+def check_rows_rope_outputs(kernel: str, q_out, q_bias, k_bias, v_bias, k_cache, v_cache, *, rows: int,
+                            n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """The checks of the prefill launches that write rotated q and the K/V cache for a chunk's
+    rows (RopeKvRows, and gemm_int4's GemmInt4QkvRopeRows): the outputs by the decode GEMVs' rule
+    (gemv_int4.check_qkv_rope_outputs, with any even head_dim up to 2048), and the FP16 biases.
+    Returns (Nq, Nkv).
 
     Raises:
         LaunchError: naming `kernel` and the first buffer or value that does not fit.
     """
-    require(head_dim % 2 == 0 and 2 <= head_dim <= 2048, f"{kernel}: head_dim={head_dim} must be even, ≤ 2048")
+    require(head_dim <= 2048, f"{kernel}: head_dim={head_dim} must be ≤ 2048")
+    check_qkv_rope_outputs(kernel, q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, rows, head_dim_multiple=2)
     nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
-    check_buffer(q_out, "q_out", rows * nq, np.float16)
     check_buffer(q_bias, "q_bias", nq, np.float16)
     check_buffer(k_bias, "k_bias", nkv, np.float16)
     check_buffer(v_bias, "v_bias", nkv, np.float16)
-    for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        shape = getattr(c, "shape", None)
-        require(shape is None or tuple(shape[1:]) == (n_kv_heads, PAGE_TOKENS, head_dim),
-                f"{kernel}: {what} {getattr(c, 'name', '')} is {list(shape or ())}, want one layer "
-                f"[P, {n_kv_heads}, {PAGE_TOKENS}, {head_dim}]")
     return nq, nkv
 
 
@@ -56,8 +53,8 @@ class RopeKvRows(Launcher):
                  block_table, *, rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
                  stream: Stream | None = None):
         super().__init__(stream)
-        nq, nkv = check_qkv_rope_outputs(q_out, q_bias, k_bias, v_bias, k_cache, v_cache, rows=rows,
-                                         n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        nq, nkv = check_rows_rope_outputs("rope_kv_rows", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
+                                          rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
         check_buffer(qkv, "qkv", rows * (nq + 2 * nkv), np.float32)
         check_buffer(inv_freq, "inv_freq", head_dim // 2, np.float32)
         check_prefill_state(prefill_state)
