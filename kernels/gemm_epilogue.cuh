@@ -1,22 +1,29 @@
 // kernels/gemm_epilogue.cuh — the epilogues of the wgmma prefill GEMMs (gemm_int4.cu,
-// gemm_fmt_wgmma.cu): what a consumer lane does with its 64 FP32 accumulators of a tile of
+// gemm_fmt_wgmma.cu): what a consumer lane does with its GEMM_ACC FP32 accumulators of a tile of
 // GEMM_BM tokens once the tile's MMAs are done.
 //
-// The accumulators are those of wgmma m64n128 (ptx/wgmma.cuh): lane (g, t) of a consumer warp
-// holds rows g and g+8 of the warp's 16 weight rows for tokens 8j + 2t, +1 (j = 0 … 15). Each
+// The accumulators are those of wgmma m64nNk16 with N = GEMM_BM (ptx/wgmma.cuh): lane (g, t) of
+// a consumer warp holds rows g and g+8 of the warp's 16 weight rows for tokens 8j + 2t, +1
+// (j = 0 … GEMM_BM/8 − 1). Each
 // output element belongs to exactly one lane of one block, so no epilogue needs atomics and the
 // results are bit-reproducible.
 #pragma once
 #include "types.cuh"  // u64
 
-#define GEMM_BM 128  // tokens per block (wgmma N)
+// Tokens per tile (wgmma N), fixed per build: gemm_int4.cu is built with 64, 128 and 256 (the
+// launcher picks one per GEMM shape), gemm_fmt_wgmma.cu with the default.
+#ifndef GEMM_BM
+#define GEMM_BM 128
+#endif
+static_assert(GEMM_BM == 64 || GEMM_BM == 128 || GEMM_BM == 256, "GEMM_BM: 64, 128 or 256");
+#define GEMM_ACC (GEMM_BM / 2)  // FP32 accumulators a consumer thread: 64 rows × GEMM_BM tokens / 128 threads
 
 // Calls f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
 // acc[4j + 2 + c] is (row g+8, the same token) — the wgmma accumulator layout (ptx/wgmma.cuh).
 template <typename F>
 struct GemmEachToken {
     F f;
-    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
+    __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
 #pragma unroll
         for (int j = 0; j < GEMM_BM / 8; ++j)
 #pragma unroll
@@ -35,7 +42,7 @@ struct GemmResidualAdd {
     float* residual;
     int N;
     const int* ra;  // the lane's row g (set by the kernel's rows_of)
-    __device__ __forceinline__ void operator()(const float (&acc)[64], int m0, int M, int t) {
+    __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
         const int r0 = *ra, r1 = r0 + 8;
 #pragma unroll
         for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {

@@ -157,11 +157,12 @@
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
-#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128
+#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, wgmma_m64n{64,128,256}k16_rs
+#include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec
 #include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
-#include "gemm_epilogue.cuh" // GEMM_BM, gemm_each_token, GemmResidualAdd
+#include "gemm_epilogue.cuh" // GEMM_BM, GEMM_ACC, gemm_each_token, GemmResidualAdd
 #include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
@@ -171,19 +172,30 @@
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
 #define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
 #define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
-#define GEMM_THREADS        ((GEMM_CONSUMER_WARPS + 1) * WARP_SIZE)  // + the producer warp: 288
-#define GEMM_STAGES         4
+#define GEMM_THREADS        ((GEMM_CONSUMER_WGS + 1) * 4 * WARP_SIZE)  // + the producer warpgroup: 384
+// 3 stages × 72 KB at GEMM_BM 256 (a fourth does not fit the 227 KB); 4 × 40 KB at 128, 4 × 24 KB at 64.
+#define GEMM_STAGES         (GEMM_BM == 256 ? 3 : 4)
 #define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
-#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // 16 KB
-#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 32 KB
+#define GEMM_BOX_BYTES      (GEMM_BM * GEMM_BOX_INPUTS * 2)    // GEMM_BM tokens × 64 inputs: 16 KB at 128
+#define GEMM_X_STAGE_BYTES  (2 * GEMM_BOX_BYTES)               // one 128-input group of X: 32 KB at 128
 #define GEMM_W_ROW_BYTES    (INT4_GROUP / 2)                   // one group of one weight row: 64 B
 #define GEMM_W_STAGE_BYTES  (GEMM_BLOCK_ROWS * GEMM_W_ROW_BYTES)  // 8 KB
-#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 40 KB (a multiple of 1024)
+#define GEMM_STAGE_BYTES    (GEMM_X_STAGE_BYTES + GEMM_W_STAGE_BYTES)  // 40 KB at 128 (a multiple of 1024)
+// Registers a thread after the setmaxnreg moves, balanced at the 168 every thread has at launch
+// (384 · 168 = 64 512 of the SM's 65 536; the launcher refuses a build with another count: the
+// consumers' setmaxnreg.inc would wait for registers that never come): 2 · 128 · 216 + 128 · 72
+// at GEMM_BM 256 (128 accumulators), 2 · 128 · 200 + 128 · 104 at 128 and 64.
+#define GEMM_REGS_AT_LAUNCH 168
+#define GEMM_CONSUMER_REGS  (GEMM_BM == 256 ? 216 : 200)
+#define GEMM_PRODUCER_REGS  (GEMM_BM == 256 ? 72 : 104)
+static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_THREADS * GEMM_REGS_AT_LAUNCH,
+              "the register moves balance");
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 // Arrivals per phase of a full barrier: lane 0's arrive.expect_tx (the X bytes) and one
 // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
 #define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
+static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
 // scale s2 (both halves the row's group scale). See ptx/int4_unpack.cuh for the magic number.
@@ -228,6 +240,12 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
     s = scales + (u64)r * (K / INT4_GROUP);
 }
 
+// The tile's MMA, wgmma m64nNk16 with N = GEMM_BM, chosen by the accumulator count (A: the
+// unpacked weights from registers, B: the stage's X through a descriptor of GEMM_BM K-major rows).
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b) { wgmma_m64n64k16_rs(d, a, b, 1); }
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b) { wgmma_m64n128k16_rs(d, a, b, 1); }
+__device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64 b) { wgmma_m64n256k16_rs(d, a, b, 1); }
+
 // One 128-input group of a consumer warp: wait for the stage, read the group's words of the
 // lane's rows from it and unpack them into the A fragments (the scales come from registers,
 // loaded one group ahead), issue the 8 MMAs and wait for them, then release the stage. The wait
@@ -236,7 +254,7 @@ __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* 
 // Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
                                            const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
-                                           u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[64]) {
+                                           u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
     const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
     const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
@@ -251,30 +269,44 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     }
     gemm_a_fragments(ra, rb, shift, sa, sb, frag);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < GEMM_K_STEPS; ++k) {
         const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
-        wgmma_m64n128k16_rs(acc, frag[k], desc, 1);
+        wgmma_rs(acc, frag[k], desc);
     }
     wgmma_commit_group();
     mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
     wgmma_wait_group<0>();
 #pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
-    // This warp is done with the stage. The __syncwarp orders every lane's loads of the weight
-    // words before lane 0's (release) arrival: without it only lane 0's own reads are covered.
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
     if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X
 }
 
-// The GEMM's tiles — 128 tokens × one block of weight rows, `row_blocks` of them per 128 tokens
-// — handed out persistently: block b takes tiles b, b + gridDim.x, … (token block fastest, so
-// the tiles running at the same time share weight slices in L2). Persistence lets the producer
-// fetch the next tile's first stages while the consumers run the current tile's epilogue.
+// blockIdx.x and M (prefill_state[1]) read again after the role split (volatile: not merged with
+// the reads before it). A value live across setmaxnreg from before the split has to sit where
+// both roles' register budgets reach it, which ptxas did by spilling it to local memory (one load
+// per tile in the consumers).
+__device__ __forceinline__ int block_index() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+    return b;
+}
+__device__ __forceinline__ int live_rows(const int* prefill_state) {
+    int m;
+    asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(m) : "l"(prefill_state + 1) : "memory");
+    return m;
+}
+
+// The GEMM's tiles — GEMM_BM tokens × one block of weight rows, `row_blocks` of them per GEMM_BM
+// tokens — handed out persistently: block b takes units b, b + gridDim.x, … (gemm_unit: token
+// block fastest, so the tiles running at the same time share weight slices in L2; with split-K a
+// unit is one split of a tile). Persistence lets the producer fetch the next unit's first stages
+// while the consumers run the current one's epilogue.
 // rows_of(row_block, local) → the two rows (local, local + 8) of the warp tile holding `local`
 // (called by the producer, which copies them, and by the consumers, which read their scales);
-// then epilogue(acc, m0, M, t) with the lane's 64 accumulators (gemm_each_token walks them).
+// then epilogue(acc, m0, M, t) with the lane's GEMM_ACC accumulators (gemm_each_token walks them).
 // Contains the block's only __syncthreads(): call from every thread.
 template <typename RowsOf, typename Epilogue>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
@@ -297,10 +329,11 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     grid_launch_dependents();
     grid_dependency_wait();
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
-    const int M = __ldcg(prefill_state + 1);
-    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
-    const int n_units = token_blocks * row_blocks * sk.splits;  // tiles × splits (gemm_split_k.cuh)
-    if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
+    {
+        const int M = __ldcg(prefill_state + 1);
+        const int n_units = (M + GEMM_BM - 1) / GEMM_BM * row_blocks * sk.splits;  // tiles × splits
+        if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
+    }
     const int n_groups = K / INT4_GROUP;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
@@ -315,17 +348,20 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     }
     __syncthreads();  // the last block-wide barrier: the roles part here
 
-    if (warp == GEMM_CONSUMER_WARPS) {  // ---- producer ----------------------------------------
-        // Every lane copies 16 B (quad t) of rows g and g+8 of each warp tile per group with
-        // cp.async; lane 0 also issues the TMA copies of X. One full barrier per stage covers both.
+    if (warp >= GEMM_CONSUMER_WARPS) {  // ---- producer warpgroup --------------------------------
+        // The whole warpgroup gives its registers back (setmaxnreg is per warpgroup); its first
+        // warp works, the other three leave. Every lane copies 16 B (quad t) of rows g and g+8 of
+        // each warp tile per group with cp.async; lane 0 also issues the TMA copies of X. One full
+        // barrier per stage covers both.
+        setmaxnreg_dec<GEMM_PRODUCER_REGS>();
+        if (warp != GEMM_CONSUMER_WARPS) return;
         if (lane == 0) tma_prefetch_map(&x_map);
+        const int token_blocks = (live_rows(prefill_state) + GEMM_BM - 1) / GEMM_BM;
+        const int n_units = token_blocks * row_blocks * sk.splits;
         int it = 0;
-        for (int u = blockIdx.x; u < n_units; u += gridDim.x) {
+        for (int u = block_index(); u < n_units; u += gridDim.x) {
             const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
             const int m0 = un.tb * GEMM_BM;
-            GemmLaneRows rows[GEMM_CONSUMER_WARPS];
-#pragma unroll
-            for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) rows[w] = rows_of(un.rb, w * INT4_TILE_ROWS + g);
             for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
                 const int s = it % GEMM_STAGES;
                 if (it >= GEMM_STAGES) mbarrier_wait_parity(&w_empty[s], ((it / GEMM_STAGES) - 1) & 1);
@@ -333,10 +369,11 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
 #pragma unroll
                 for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
-                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES,
-                                rows[w].wa + grp * (INT4_GROUP / 8) + 4 * t, true);
-                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES,
-                                rows[w].wb + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    // The rows again each group, not held across the loop: the producer keeps
+                    // GEMM_PRODUCER_REGS registers, and 8 warp tiles' pointers would spill.
+                    const GemmLaneRows r = rows_of(un.rb, w * INT4_TILE_ROWS + g);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
                 if (lane == 0) {
@@ -357,17 +394,21 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     }
 
     // ---- consumers --------------------------------------------------------------------------
+    setmaxnreg_inc<GEMM_CONSUMER_REGS>();
+    const int M = live_rows(prefill_state);
+    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
+    const int n_units = token_blocks * row_blocks * sk.splits;
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
     int it = 0;
 #pragma unroll 1
-    for (int u = blockIdx.x; u < n_units; u += gridDim.x) {
+    for (int u = block_index(); u < n_units; u += gridDim.x) {
         const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
         const int m0 = un.tb * GEMM_BM;
         const GemmLaneRows r = rows_of(un.rb, local);
-        float acc[64];
+        float acc[GEMM_ACC];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+        for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
         __half sa = r.sa[un.g0], sb = r.sb[un.g0];
 #pragma unroll 1
@@ -532,7 +573,7 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
         gemm_lane_row(qw, sc, h * Dh + i, n, K, r.wa, r.sa);
         gemm_lane_row(qw, sc, h * Dh + i + half_dim, n, K, r.wb, r.sb);
         return r;
-    }, [&](const float (&acc)[64], int m0, int M, int t) {
+    }, [&](const float (&acc)[GEMM_ACC], int m0, int M, int t) {
         if (pair >= n_pairs) return;
         const int start = __ldcg(prefill_state);  // after the kernel's griddepcontrol.wait
         const int head = pair / half_dim, i = pair % half_dim;

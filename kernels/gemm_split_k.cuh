@@ -14,13 +14,13 @@
 // min(G, (split+1)·P)), P = ceil(G / S) (the launcher keeps every split non-empty). The
 // persistent blocks take units b, b + grid, … exactly as they took tiles.
 //
-// Bytes: each unit of a split tile writes its 64 accumulators per consumer thread — the whole
-// 128 × 128 FP32 tile, 64 KiB — to `partials`, and the last one reads all S back (its own
-// too, below): S · 64 KiB written and S · 64 KiB read per tile, from L2 where the tile's units
+// Bytes: each unit of a split tile writes its GEMM_ACC accumulators per consumer thread — the
+// whole 128-row × GEMM_BM-token FP32 tile, 64 KiB at GEMM_BM = 128 — to `partials`, and the last
+// one reads all S back (its own too, below): S tiles written and S read per tile, from L2 where the tile's units
 // run close together (consecutive unit numbers: the same round of the persistent blocks, but
 // for a tile whose splits straddle two rounds).
 //
-//   partials  fp32 [tiles · S, 16, 256, 4]: unit (tile, split)'s accumulators 4j … 4j+3 of
+//   partials  fp32 [tiles · S, GEMM_ACC/4, 256, 4]: unit (tile, split)'s accumulators 4j … 4j+3 of
 //             consumer thread c at [(tile·S + split), j, c] — consecutive threads, consecutive float4.
 //   counters  int32 [tiles]: how many of the tile's S units have stored their partial; 0
 //             between launches (the buffer starts zeroed and the last unit sets it back).
@@ -53,6 +53,7 @@
 
 #include "types.cuh"  // u32, u64
 #include "flags.cuh"  // split_arrive_last
+#include "gemm_epilogue.cuh"  // GEMM_ACC
 
 #define GEMM_SPLIT_THREADS 256  // the consumer threads of a block: two warpgroups, threads 0 … 255
 #define GEMM_SPLIT_BARRIER 1    // named barrier id (0 is __syncthreads)
@@ -60,7 +61,7 @@
 
 // The split-K arguments of a launch: S = splits (1: no split; the pointers may be null).
 struct GemmSplitK {
-    float* partials;   // [tiles · S, 16, 256, 4] fp32 scratch
+    float* partials;   // [tiles · S, GEMM_ACC/4, 256, 4] fp32 scratch
     int* counters;     // [tiles] int32, zero between launches
     int splits;        // S
 };
@@ -89,26 +90,27 @@ __device__ __forceinline__ void gemm_consumers_sync() {
     asm volatile("bar.sync %0, %1;" :: "n"(GEMM_SPLIT_BARRIER), "n"(GEMM_SPLIT_THREADS) : "memory");
 }
 
-// After a unit's MMAs, by every consumer thread c (0 … 255) with its 64 accumulators: store
+// After a unit's MMAs, by every consumer thread c (0 … 255) with its GEMM_ACC accumulators: store
 // them as the unit's partial; return true in the tile's last unit, with acc replaced by the sum
 // of the S partials (then the caller runs the epilogue), false in the others (skip it).
-// The partial is 16 float4 per thread (acc[4j … 4j+3] at float4 [j, c] of the unit's slot:
+// The partial is GEMM_ACC/4 float4 per thread (acc[4j … 4j+3] at float4 [j, c] of the unit's slot:
 // a warp's store is 512 contiguous bytes). The last unit reads all S back — its own as well, so
-// that its accumulators are dead and their registers take the loads — in 8 chunks of 2 float4,
-// each chunk's loads from every split issued together (the split loop unrolled to
-// GEMM_SPLIT_MAX with a predicate: 32 registers in flight): 8 L2 round trips whatever S is.
-// Chunks of 4 float4 (4 round trips) spill in gemm_int4.cu (36–52 B, ptxas), whose mainloop
-// leaves ~10 registers of the 168; so does keeping the unit's own partial in registers while
-// loading the others. A first version that walked the splits one after another, 16 loads at a
+// that its accumulators are dead and their registers take the loads — in GEMM_ACC/8 chunks of 2
+// float4, each chunk's loads from every split issued together (the split loop unrolled to
+// GEMM_SPLIT_MAX with a predicate: 32 registers in flight): GEMM_ACC/8 L2 round trips whatever S
+// is. Chunks of 4 float4 (half the round trips) spilled in the 9-warp form of gemm_int4.cu
+// (36–52 B, ptxas), whose mainloop left ~10 registers of its 168; so did keeping the unit's own
+// partial in registers while loading the others. A first version that walked the splits one after another, 16 loads at a
 // time (S·4 round trips), cost ~13 µs a tile on the H200 at S = 3: more than the split saved.
-__device__ __forceinline__ bool gemm_split_k_reduce(const GemmSplitK& sk, const GemmUnit& w, float (&acc)[64]) {
+__device__ __forceinline__ bool gemm_split_k_reduce(const GemmSplitK& sk, const GemmUnit& w, float (&acc)[GEMM_ACC]) {
     __shared__ int is_last;
     const int c = threadIdx.x;
-    constexpr u64 SLOT = 16 * GEMM_SPLIT_THREADS;  // float4 per unit
+    constexpr int J = GEMM_ACC / 4;                 // float4 per thread
+    constexpr u64 SLOT = J * GEMM_SPLIT_THREADS;    // float4 per unit
     float4* slots = reinterpret_cast<float4*>(sk.partials) + (u64)w.tile * sk.splits * SLOT + c;
     float4* mine = slots + w.split * SLOT;
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < J; ++j)
         __stcg(mine + j * GEMM_SPLIT_THREADS, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
     gemm_consumers_sync();  // every thread's stores before thread 0's release
     if (c == 0) {
@@ -120,7 +122,7 @@ __device__ __forceinline__ bool gemm_split_k_reduce(const GemmSplitK& sk, const 
     // are free for the loads).
     constexpr int CJ = 2;  // float4 per chunk
 #pragma unroll
-    for (int j0 = 0; j0 < 16; j0 += CJ) {
+    for (int j0 = 0; j0 < J; j0 += CJ) {
         float4 p[GEMM_SPLIT_MAX][CJ];
 #pragma unroll
         for (int s = 0; s < GEMM_SPLIT_MAX; ++s)

@@ -5,7 +5,8 @@ partial 128-token block, a full prompt chunk), an odd N (the last weight rows of
 N), K from one 128-input group to the 7B width. The activation rows past M are NaN: the kernel
 may read them (each token is its own column of the MMA) but they must not reach any output row
 < M; the output is poisoned (every element < M must be written, every element past M left alone).
-(Speed: tools/bench_gemm.py.)
+Every test runs each build of the file — tiles of 64, 128 and 256 tokens (GEMM_BM), forced
+with tile_tokens — beside the launchers' own choice where it differs. (Speed: tools/bench_gemm.py.)
 """
 
 import numpy as np
@@ -31,6 +32,9 @@ def _x(rng, m, k):
     return x
 
 
+TILES = [64, 128, 256]
+
+
 def _state(dev, m, start=0):
     return dev.upload("prefill_state", np.array([start, m], np.int32))
 
@@ -38,24 +42,26 @@ def _state(dev, m, start=0):
 @pytest.mark.parametrize("m,n,k", [(1, 333, 384), (15, 333, 128), (16, 200, 896), (17, 333, 384),
                                    (100, 1000, 1024), (512, 333, 3584)])
 @pytest.mark.parametrize("max_blocks", [None, 0, 3])
-def test_gemm_f32(dev, rng, m, n, k, max_blocks):
+@pytest.mark.parametrize("tile", TILES)
+def test_gemm_f32(dev, rng, m, n, k, max_blocks, tile):
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
     rows = _capacity(m)
     out = dev.poisoned("out", (rows, n), np.float32)
     g = launchers.GemmInt4(out, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
-                   n=n, k=k, rows=rows, max_blocks=max_blocks)
+                   n=n, k=k, rows=rows, max_blocks=max_blocks, tile_tokens=tile)
     g.launch()
     got = out.download()
     want = x[:m].astype(np.float64) @ dequant64(qw, sc).T
-    report(f"gemm_int4_f32 M={m} N={n} K={k}", got[:m], want, TOL_GEMV)
+    report(f"gemm_int4_f32 M={m} N={n} K={k} tile={tile}", got[:m], want, TOL_GEMV)
     assert np.isnan(got[m:]).all(), "rows past M were written"
     g.launch()
     assert_same_bits("gemm_int4_f32", got, out.download())
 
 
 @pytest.mark.parametrize("m", [17, 100, 300])
-def test_gemm_qkv(dev, rng, m):
+@pytest.mark.parametrize("tile", TILES)
+def test_gemm_qkv(dev, rng, m, tile):
     nq, nkv, k = 224, 32, 256           # 288 stacked rows: 3 blocks of 128, the last partial; a
                                         # block holds rows of all three matrices
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
@@ -63,7 +69,7 @@ def test_gemm_qkv(dev, rng, m):
     rows = _capacity(m)
     out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
     launchers.GemmInt4QkvRows(out, dev.upload("x", x), *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
-                      _state(dev, m), n_q=nq, n_kv=nkv, k=k, rows=rows).launch()
+                      _state(dev, m), n_q=nq, n_kv=nkv, k=k, rows=rows, tile_tokens=tile).launch()
     want = np.concatenate([x[:m].astype(np.float64) @ dequant64(*w).T for w in ws], axis=1)
     got = out.download()
     report(f"gemm_int4_qkv M={m}", got[:m], want, TOL_GEMV)
@@ -72,7 +78,8 @@ def test_gemm_qkv(dev, rng, m):
 
 @pytest.mark.parametrize("m", [1, 100, 300])
 @pytest.mark.parametrize("max_blocks", [None, 0, 3])
-def test_gemm_residual(dev, rng, m, max_blocks):
+@pytest.mark.parametrize("tile", TILES)
+def test_gemm_residual(dev, rng, m, max_blocks, tile):
     n, k = 333, 384
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
@@ -81,7 +88,7 @@ def test_gemm_residual(dev, rng, m, max_blocks):
     r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)  # large residual values
     res = dev.upload("residual", r0)
     launchers.GemmInt4ResidualRows(res, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
-                           n=n, k=k, rows=rows, max_blocks=max_blocks).launch()
+                           n=n, k=k, rows=rows, max_blocks=max_blocks, tile_tokens=tile).launch()
     got = res.download()
     want = r0[:m].astype(np.float64) + x[:m].astype(np.float64) @ dequant64(qw, sc).T
     report(f"gemm_int4_residual M={m}", got[:m], want, TOL_GEMV)
@@ -89,7 +96,8 @@ def test_gemm_residual(dev, rng, m, max_blocks):
 
 
 @pytest.mark.parametrize("m", [16, 100, 300])
-def test_gemm_gate_up_swiglu(dev, rng, m):
+@pytest.mark.parametrize("tile", TILES)
+def test_gemm_gate_up_swiglu(dev, rng, m, tile):
     f, k = 200, 256                     # 4 blocks of 64 features, the last partial
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     x = _x(rng, m, k)
@@ -97,7 +105,7 @@ def test_gemm_gate_up_swiglu(dev, rng, m):
     h = dev.poisoned("h", (rows, f), np.float16)
     launchers.GemmInt4GateUpSwigluRows(h, dev.upload("x", x), dev.upload("gq", gq), dev.upload("gs", gs),
                                dev.upload("uq", uq), dev.upload("us", us), _state(dev, m), f=f, k=k,
-                               rows=rows).launch()
+                               rows=rows, tile_tokens=tile).launch()
     x64 = x[:m].astype(np.float64)
     want = ref.swiglu(x64 @ dequant64(gq, gs).T, x64 @ dequant64(uq, us).T)
     got = h.download()
@@ -112,12 +120,13 @@ def test_gemm_gate_up_swiglu(dev, rng, m):
 # launch must leave the counters at zero (the next one starts from them), give the same bits
 # launched again (the sum's order does not depend on which unit is last), and add a residual
 # once (only the last unit runs the epilogue). max_blocks = 3 makes each block run many units.
-SPLIT_CASES = [(m, s, blocks) for m, s in ((1, 3), (100, 4), (300, 4), (300, 2)) for blocks in (None, 3)]
+SPLIT_CASES = [(m, s, blocks, tile) for m, s in ((1, 3), (100, 4), (300, 4), (300, 2)) for blocks in (None, 3)
+               for tile in TILES]
 
 
-def _scratch(dev, rows, n_blocks, s):
-    tiles = -(-rows // launchers.gemm_int4.BM) * n_blocks
-    sk = launchers.gemm_int4.SplitKScratch(dev.array, tiles * s, tiles)
+def _scratch(dev, rows, n_blocks, s, tile=128):
+    tiles = -(-rows // tile) * n_blocks
+    sk = launchers.gemm_int4.SplitKScratch(dev.array, -(-tiles * s * tile // 128), tiles)
     sk.partials.fill_bytes(0xFF)
     return sk
 
@@ -129,8 +138,8 @@ def _split_checks(name, sk, launch, read, first):
     assert not sk.counters.download().any()
 
 
-@pytest.mark.parametrize("m,s,max_blocks", SPLIT_CASES)
-def test_gemm_split_k(dev, rng, m, s, max_blocks):
+@pytest.mark.parametrize("m,s,max_blocks,tile", SPLIT_CASES)
+def test_gemm_split_k(dev, rng, m, s, max_blocks, tile):
     n, k = 333, 3456                    # 3 row blocks, the last partial
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
@@ -138,11 +147,12 @@ def test_gemm_split_k(dev, rng, m, s, max_blocks):
     x64 = x[:m].astype(np.float64)
     want = x64 @ dequant64(qw, sc).T
     xd, qd, sd, ps = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m)
-    sk = _scratch(dev, rows, 3, s)
-    tag = f"M={m} S={s} blocks={max_blocks}"
+    sk = _scratch(dev, rows, 3, s, tile)
+    tag = f"M={m} S={s} blocks={max_blocks} tile={tile}"
 
     out = dev.poisoned("out", (rows, n), np.float32)
-    g = launchers.GemmInt4(out, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s)
+    g = launchers.GemmInt4(out, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s,
+                           tile_tokens=tile)
     assert g.k_splits == s
     g.launch()
     got = out.download()
@@ -152,14 +162,14 @@ def test_gemm_split_k(dev, rng, m, s, max_blocks):
     # The same GEMM unsplit: equal up to the order of the FP32 sums (S partial sums of cancelling
     # terms added, instead of one chain: ~3e-6 measured at M = 1).
     whole = dev.poisoned("whole", (rows, n), np.float32)
-    launchers.GemmInt4(whole, xd, qd, sd, ps, n=n, k=k, rows=rows).launch()
+    launchers.GemmInt4(whole, xd, qd, sd, ps, n=n, k=k, rows=rows, tile_tokens=tile).launch()
     report(f"gemm_int4_f32 split vs whole {tag}", got[:m], whole.download()[:m].astype(np.float64), 2e-5)
 
     r0 = np.full((rows, n), np.nan, np.float32)
     r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)
     res = dev.upload("residual", r0)
     launchers.GemmInt4ResidualRows(res, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk,
-                                   k_splits=s).launch()
+                                   k_splits=s, tile_tokens=tile).launch()
     got = res.download()
     report(f"gemm_int4_residual split {tag}", got[:m], r0[:m].astype(np.float64) + want, TOL_GEMV)
     assert np.isnan(got[m:]).all()
@@ -167,7 +177,8 @@ def test_gemm_split_k(dev, rng, m, s, max_blocks):
 
 
 @pytest.mark.parametrize("m,s", [(17, 3), (300, 4)])
-def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s):
+@pytest.mark.parametrize("tile", TILES)
+def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s, tile):
     nq, nkv, f, k = 224, 32, 200, 3456
     x = _x(rng, m, k)
     rows = _capacity(m)
@@ -175,10 +186,10 @@ def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s):
     xd, ps = dev.upload("x", x), _state(dev, m)
 
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
-    sk = _scratch(dev, rows, 4, s)      # gate/up's 4 blocks of 64 features ≥ qkv's 3 of 128 rows
+    sk = _scratch(dev, rows, 4, s, tile)  # gate/up's 4 blocks of 64 features ≥ qkv's 3 of 128 rows
     out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
     g = launchers.GemmInt4QkvRows(out, xd, *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
-                                  ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, k_splits=s)
+                                  ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, k_splits=s, tile_tokens=tile)
     g.launch()
     got = out.download()
     report(f"gemm_int4_qkv split M={m} S={s}", got[:m], np.concatenate([x64 @ dequant64(*w).T for w in ws], axis=1),
@@ -189,7 +200,8 @@ def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s):
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     h = dev.poisoned("h", (rows, f), np.float16)
     g = launchers.GemmInt4GateUpSwigluRows(h, xd, dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
-                                           dev.upload("us", us), ps, f=f, k=k, rows=rows, split_k=sk, k_splits=s)
+                                           dev.upload("us", us), ps, f=f, k=k, rows=rows, split_k=sk, k_splits=s,
+                                           tile_tokens=tile)
     g.launch()
     got = h.download()
     report(f"gemm_int4_gate_up_swiglu split M={m} S={s}", got[:m],
@@ -209,8 +221,10 @@ def test_gemm_split_k_chosen_where_tiles_are_few(dev, rng):
     qw, sc = dev.array("qw", (n, k // 8), np.uint32), dev.array("sc", (n, k // 128), np.float16)
     ps = _state(dev, rows)
     kw = dict(rows=rows, max_blocks=132)
-    assert launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, split_k=sk, **kw).k_splits == 4
-    assert launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, **kw).k_splits == 1   # no scratch
+    g = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, split_k=sk, **kw)
+    assert (g.tile_tokens, g.k_splits) == (128, 4)
+    g = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, **kw)   # no scratch: 64-token tiles, whole
+    assert (g.tile_tokens, g.k_splits) == (64, 1)
     big = dev.array("big", (rows, 18944), np.float32)
     qb, sb = dev.array("qb", (18944, 896 // 8), np.uint32), dev.array("sb", (18944, 896 // 128), np.float16)
     assert launchers.GemmInt4ResidualRows(big, dev.array("xb", (rows, 896), np.float16), qb, sb, ps, n=18944, k=896,
@@ -227,7 +241,8 @@ QKV_ROPE_CASES = [(100, 5, 1, None, 64, 14, 2), (100, 5, 2, None, 32, 3, 1), (1,
 @pytest.mark.parametrize("m,start,s,max_blocks,hd,hq,hkv", QKV_ROPE_CASES,
                          ids=[f"m{c[0]}-start{c[1]}-S{c[2]}" + ("" if c[3] is None else f"-blocks{c[3]}")
                               + f"-hd{c[4]}-{c[5]}q{c[6]}kv" for c in QKV_ROPE_CASES])
-def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
+@pytest.mark.parametrize("tile", TILES)
+def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv, tile):
     """gemm_int4_qkv_rope (rotating by rope_table_rows' cos and sin): q and the chunk's K/V cache
     slots against the float64 reference (x Wᵀ + bias, rotated), and bit for bit what
     gemm_int4_qkv + rope_kv_rows write from the same inputs (the path it replaces). The cache
@@ -251,7 +266,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
     rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
     launchers.RopeTableRows(rope_cs, fd, ps, rows=rows, head_dim=hd).launch()
     tiles_blocks = -(-(nq + 2 * nkv) // 128)
-    sk = _scratch(dev, rows, tiles_blocks, s) if s > 1 else None
+    sk = _scratch(dev, rows, tiles_blocks, s, tile) if s > 1 else None
     heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
 
     def outputs(tag):
@@ -261,7 +276,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
 
     fused = outputs("fused")
     g = launchers.GemmInt4QkvRopeRows(*fused, xd, *wd, *bd, rope_cs, ps, bt, k=k, rows=rows, max_blocks=max_blocks,
-                                      split_k=sk, k_splits=s if sk else None, **heads)
+                                      split_k=sk, k_splits=s if sk else None, tile_tokens=tile, **heads)
     assert g.k_splits == s
     g.launch()
     got_q, got_k, got_v = (a.download() for a in fused)
@@ -271,7 +286,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
     pos = start + np.arange(m)
     cos, sin = (a.astype(np.float64) for a in ref.rope_cos_sin(pos, hd, 1e6))
     q, kk, v = ((x64 @ dequant64(*w).T + b.astype(np.float64)).reshape(m, -1, hd) for w, b in zip(ws, biases))
-    tag = f"gemm_int4_qkv_rope M={m} start={start} S={s} hd={hd}"
+    tag = f"gemm_int4_qkv_rope M={m} start={start} S={s} hd={hd} tile={tile}"
     report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
     assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
     table = rope_cs.download()
@@ -288,7 +303,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv):
     apart = outputs("apart")
     qkv = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
     launchers.GemmInt4QkvRows(qkv, xd, *wd, ps, n_q=nq, n_kv=nkv, k=k, rows=rows, max_blocks=max_blocks,
-                              split_k=sk, k_splits=s if sk else None).launch()
+                              split_k=sk, k_splits=s if sk else None, tile_tokens=tile).launch()
     launchers.RopeKvRows(*apart, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
     for name, a, b in zip("qkv", (got_q, got_k, got_v), apart):
         assert_same_bits(f"{tag} {name} against gemm_int4_qkv + rope_kv_rows", a, b.download())

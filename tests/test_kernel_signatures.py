@@ -216,7 +216,7 @@ def gguf_like_formats(cfg) -> dict[str, int]:
 def planned(request):
     """(where, LaunchSpec) of every launch of every launcher this module checks."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(gemm_int4, "_encode_x_map", lambda _ptr, _rows, _k: _FakeTensorMap())
+    mp.setattr(gemm_int4, "_encode_x_map", lambda _ptr, _rows, _k, _bm: _FakeTensorMap())
     request.addfinalizer(mp.undo)
     entries = []
     for cfg in (QWEN25_CODER_05B.with_layers(1), QWEN25_CODER_7B.with_layers(1)):     # head_dim 64, 128

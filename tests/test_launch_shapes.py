@@ -240,9 +240,73 @@ def test_split_k_arguments_are_refused_with_their_reason():
         split_k_args(scratch, 3, 3, 4, 132, "k")      # 4 groups in splits of 2: the third is empty
     with pytest.raises(LaunchError, match="k_splits=2.5 must be an int"):
         split_k_args(scratch, 2.5, 3, 7, 132, "k")
-    with pytest.raises(LaunchError, match="4 tiles × 4 splits need a SplitKScratch of 16 units and 4 counters, "
-                                          "it has 12 and 3"):
+    with pytest.raises(LaunchError, match="4 tiles of 128 tokens × 4 splits need a SplitKScratch of 16 units and "
+                                          "4 counters, it has 12 and 3"):
         split_k_args(scratch, 4, 4, 7, 132, "k")
+    # A unit's partial is its tile: 256 tokens take two slots of 128 × 128, 64 tokens half of one.
+    args, s = split_k_args(scratch, 2, 3, 7, 132, "k", bm=256)
+    assert s == 2
+    with pytest.raises(LaunchError, match="2 tiles of 256 tokens × 4 splits need a SplitKScratch of 16 units"):
+        split_k_args(scratch, 4, 2, 7, 132, "k", bm=256)
+    args, s = split_k_args(types.SimpleNamespace(units=6, tiles=3, partials="p", counters="c"), 4, 3, 7, 132, "k",
+                           bm=64)
+    assert s == 4
+
+
+def test_gemm_tiling_picks_the_tile_and_splits_that_finish_soonest():
+    """gemm_int4.gemm_tiling on 132 SMs (an H200) at the layer shapes its docstring lists, short
+    prompts in 64-token tiles, a forced tile kept, and split_k_need sizing the scratch for the
+    tile it picks (a 256-token unit takes two 128 × 128 slots)."""
+    from drvqwen.launchers.gemm_int4 import gemm_tiling, split_k_need
+
+    sm = 132
+    # (rows, row blocks, groups) → (tokens a tile, S): the 7B's qkv, o_proj, gate_up at 512 tokens.
+    assert gemm_tiling(512, 36, 28, sm) == (256, 1)
+    assert gemm_tiling(512, 28, 28, sm) == (128, 1)
+    assert gemm_tiling(512, 296, 28, sm) == (256, 1)
+    # The 0.5B's: qkv and o_proj in 64-token tiles, gate_up 128, down_proj 128 split 4 ways.
+    assert [gemm_tiling(512, rb, g, sm) for rb, g in ((9, 7), (7, 7), (76, 7), (7, 38))] == [
+        (64, 1), (64, 1), (128, 1), (128, 4)]
+    assert gemm_tiling(512, 7, 38, sm, split=False) == (64, 1)
+    assert gemm_tiling(64, 296, 28, sm) == (64, 1)            # one 64-token block: no token wasted
+    assert gemm_tiling(512, 296, 28, sm, tile_tokens=128) == (128, 1)
+    with pytest.raises(LaunchError, match="tile of 96 tokens"):
+        gemm_tiling(512, 7, 7, sm, tile_tokens=96)
+    assert split_k_need(512, 7, 38 * 128, sm) == (28 * 4, 28)
+    assert split_k_need(512, 28, 148 * 128, sm) == (2 * 28 * 2 * 2, 56)  # 7B down_proj: 56 tiles of 256, S = 2
+    assert split_k_need(512, 296, 28 * 128, sm) == (0, 0)
+
+
+def test_gemm_int4_launch_names_its_build_and_registers(monkeypatch):
+    """The launchers take the build of the tile they pick (GEMM_BM=…, none for the default 128),
+    its shared memory and 384 threads, and ask for the 168 registers the kernel's setmaxnreg
+    moves balance at: a build with another count is refused before it could hang."""
+    import types
+
+    import numpy as np
+
+    from drvqwen.launchers import GemmInt4ResidualRows, gemm_int4
+    from drvqwen.launchers.base import BufferSpec, KernelRef
+
+    monkeypatch.setattr(gemm_int4, "x_tensor_map", lambda x, rows, k, bm=128: ("x_map", bm))
+    monkeypatch.setattr(gemm_int4, "persistent_grid", lambda tiles, mb: tiles if mb == 0 else min(tiles, 132))
+    rows, n, k = 512, 896, 896
+    bufs = [BufferSpec("res", (rows * n,), np.float32), BufferSpec("x", (rows * k,), np.float16),
+            BufferSpec("qw", (n, k // 8), np.uint32), BufferSpec("sc", (n, k // 128), np.float16),
+            BufferSpec("ps", (2,), np.int32)]
+    for tile, defines in ((None, (("GEMM_BM", 64),)), (128, ()), (256, (("GEMM_BM", 256),))):
+        g = GemmInt4ResidualRows(*bufs, n=n, k=k, rows=rows, tile_tokens=tile)
+        (spec,) = g.specs
+        bm = tile or 64
+        assert (g.tile_tokens, spec.kernel.defines, spec.kernel.registers) == (bm, defines, 168)
+        assert (spec.block, spec.smem_bytes, spec.args["x_map"]) == ((384,), gemm_int4.smem_bytes(bm), ("x_map", bm))
+        assert spec.grid == (min(132, -(-rows // bm) * 7),)
+    fake = types.SimpleNamespace(num_registers=160)
+    monkeypatch.setattr("drvqwen.launchers.base.load_kernel_module",
+                        lambda file, defines: types.SimpleNamespace(function=lambda name: fake))
+    with pytest.raises(LaunchError, match="built with 160 registers a thread, not 168"):
+        KernelRef("gemm_int4", "gemm_int4_residual", registers=168).function()
+    assert KernelRef("gemm_int4", "gemm_int4_residual").function() is fake
 
 
 def test_attention_prefill_kv_splits_chosen_and_refused_with_their_reason():

@@ -2,7 +2,10 @@
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
-        [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
+        [--tiles auto 64 128 256] [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
+
+The INT4 GEMMs run as the prefill runs them, split-K included (a scratch as the prefill's); with
+--tiles each given tile size is a column (auto: the launchers' choice, gemm_tiling).
 
 --formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
 prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
@@ -28,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from drvqwen.launchers import GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
+from drvqwen.launchers.gemm_int4 import BLOCK_ROWS, SPLIT_MAX, TILE_TOKENS, SplitKScratch
 from drvqwen.config import PRESETS
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.graph import graph_time_us
@@ -47,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "tiles"],
                     help="persistent: one block per SM looping over the tiles (what drvqwen runs); tiles: "
                          "one block per tile. Each given value is a column (default: both)")
+    ap.add_argument("--tiles", nargs="+", default=["auto"], choices=["auto", "64", "128", "256"],
+                    help="tokens a tile of the INT4 GEMMs, a column each (auto: the launchers' choice)")
     ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
     ap.add_argument("--fmt-mma", action="store_true", help="with --formats: also gemm_fmt.cu (mma.sync)")
     ap.add_argument("--fmt-variant", action="append", type=parse_variant, default=[],
@@ -84,12 +90,21 @@ def main() -> int:
     out = {"qkv": np.zeros((m, nq + 2 * nkv), np.float32), "res": np.zeros((m, d), np.float32),
            "h_out": np.zeros((m, f), np.float16)}
     o = {k: upload(k, v) for k, v in out.items()}
-    def gemms(cl):
+    # Split-K scratch as the prefill sizes it: the most any of the layer's GEMMs takes at any tile.
+    blocks = lambda n: -(-n // BLOCK_ROWS)  # noqa: E731
+    shapes = [(blocks(nq + 2 * nkv), d), (blocks(d), nq), (blocks(2 * f), d), (blocks(d), f)]
+    units = max(-(-(-(-m // bm) * nb) * SPLIT_MAX * bm // 128) for nb, _ in shapes for bm in TILE_TOKENS)
+    tiles = max(-(-m // 64) * nb for nb, _ in shapes)
+    sk = SplitKScratch(lambda name, shape, dtype: upload(name, np.zeros(shape, dtype)), units, tiles)
+
+    def gemms(cl, tile):
+        kw = dict(rows=m, max_blocks=None if cl == "persistent" else 0, split_k=sk,
+                  tile_tokens=None if tile == "auto" else int(tile))
         return {
-            "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
-            "o_proj": GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, rows=m, max_blocks=None if cl == 'persistent' else 0),
-            "gate_up_swiglu": GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, rows=m, max_blocks=None if cl == 'persistent' else 0),
-            "down_proj": GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, rows=m, max_blocks=None if cl == 'persistent' else 0),
+            "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, **kw),
+            "o_proj": GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, **kw),
+            "gate_up_swiglu": GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, **kw),
+            "down_proj": GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, **kw),
         }
 
     wq, wk, wv, wo = w("q", nq, d), w("k", nkv, d), w("v", nkv, d), w("o", d, nq)
@@ -127,7 +142,10 @@ def main() -> int:
             "down_proj": [Res(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, rows=m, defines=defs)],
         }
 
-    columns = [(cl, {name: [g] for name, g in gemms(cl).items()}) for cl in a.grid]
+    columns = [(cl if a.tiles == ["auto"] else f"{cl}:{tile}", {name: [g] for name, g in gemms(cl, tile).items()})
+               for cl in a.grid for tile in a.tiles]
+    choices = {cl: {name: f"{gs[0].tile_tokens}×S{gs[0].k_splits}" for name, gs in launchers.items()}
+               for cl, launchers in columns}
     for name in a.formats:
         columns.append((f"wgmma:{name}", fmt_gemms(by_name[name], "wgmma")))
         for vname, vdefs in a.fmt_variant:
@@ -142,6 +160,7 @@ def main() -> int:
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
     record = {"tool": "bench_gemm", "source": source_record(), "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
+              "tiling": choices,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {},
               "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant}}
     for cl, launchers in columns:
@@ -153,7 +172,8 @@ def main() -> int:
             record["tflops"].setdefault(cl, {})[name] = flops / us / 1e6
             total_us += us
             total_flops += flops
-            rows_out.setdefault(name, []).extend([f"{us:.1f}", f"{flops / us / 1e6:.1f}"])
+            tiling = f" ({choices[cl][name]})" if name in choices.get(cl, {}) else ""
+            rows_out.setdefault(name, []).extend([f"{us:.1f}{tiling}", f"{flops / us / 1e6:.1f}"])
         rows_out.setdefault("layer", []).extend([f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}"])
         layer_ms[cl] = cfg.num_layers * total_us / 1e3
     for name, cells in rows_out.items():

@@ -40,6 +40,9 @@ VERSIONS = [
 # The launch shapes that differ from production's (kernels/gemm_int4.cu, launchers/gemm_int4.py).
 V1_BM, V1_THREADS, V1_SMEM_BYTES = 64, 128, 4 * (64 * 256 + 128 * 64)       # 96 KiB: 4 stages of A | W
 V2_BM, V2_SMEM_BYTES = 128, 4 * 32 * 1024 + 1024 + 2 * 4 * 8                 # 4 stages of X + barriers
+# v2–v5: 128-token tiles in a block of 9 warps (two consumer warpgroups and a producer warp), 4
+# stages of 40 KiB + barriers: the production form before the producer warpgroup and setmaxnreg.
+V3_THREADS, V3_SMEM_BYTES = 288, 4 * (128 * 128 * 2 + 128 * 64) + 1024 + 3 * 4 * 8
 # v6: 256 tokens a tile (GEMM_BM=128, 64: fewer), 12 warps, 3 stages of (64 KiB of X + 8 KiB of
 # weights) + barriers (4 stages at 128 and 64 tokens); GEMM_A_SMEM=1 adds two 16 KiB A buffers
 # per consumer warpgroup.
@@ -102,7 +105,12 @@ def _cluster_shape(v: Version, make, rows: int, x):
     cluster = dict(v.defines).get("GEMM_CLUSTER", 2)
     g = make(0)
     rb = -(-_row_blocks(g, rows) // cluster) * cluster
-    return retarget(g, v, grid=(-(-rows // V2_BM), rb), smem_bytes=V2_SMEM_BYTES)
+    return retarget(g, v, grid=(-(-rows // V2_BM), rb), block=(V3_THREADS,), smem_bytes=V2_SMEM_BYTES)
+
+
+def _nine_warp_shape(v: Version, make, rows: int, x):
+    """v3–v5: production's persistent grid of 128-token tiles, in their 9-warp block."""
+    return retarget(make(), v, block=(V3_THREADS,), smem_bytes=V3_SMEM_BYTES)
 
 
 def _without_split_k(g):
@@ -148,13 +156,13 @@ LAUNCH_SHAPES = {"v1_mma_sync": _mma_sync_shape, "v2_wgmma_cluster2": _cluster_s
 
 
 def version_launcher(v: Version, make, rows: int, x):
-    """Version v's launcher: production's `make(max_blocks)` as it is, or pointed at v's file in
+    """Version v's launcher: production's `make(max_blocks, tile_tokens)` as it is, or its
+    launcher of 128-token tiles (the versions' own tile, v6 sets its own) pointed at v's file in
     v's launch shape with the arguments v's kernels take."""
     if v.is_production:
         return make()
-    shape = LAUNCH_SHAPES.get(_stem(v))
-    g = shape(v, make, rows, x) if shape is not None else retarget(make(), v)
-    return _without_split_k(g)
+    shape = LAUNCH_SHAPES.get(_stem(v), _nine_warp_shape)
+    return _without_split_k(shape(v, lambda *max_blocks: make(*max_blocks, tile_tokens=128), rows, x))
 
 
 @dataclass(frozen=True)
@@ -230,12 +238,14 @@ class Inputs:
     def fresh(self) -> None:
         self.out.upload(self.start)
 
-    def production(self, max_blocks: int | None = None):
-        """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0), whole:
-        no SplitKScratch, so S = 1 (the prefill splits the 0.5B's down_proj 4 ways)."""
+    def production(self, max_blocks: int | None = None, tile_tokens: int | None = None):
+        """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0; the tile
+        gemm_tiling picks unless tile_tokens), whole: no SplitKScratch, so S = 1 (the prefill
+        splits the 0.5B's down_proj 4 ways)."""
         from drvqwen import launchers as K
 
-        d, kind, kw = self.case.dims, self.case.kind, dict(rows=self.rows, max_blocks=max_blocks)
+        d, kind = self.case.dims, self.case.kind
+        kw = dict(rows=self.rows, max_blocks=max_blocks, tile_tokens=tile_tokens)
         flat = [a for w in self.w for a in w]
         if kind == "f32":
             return K.GemmInt4(self.out, self.x, *flat, self.state, n=d["n"], k=d["k"], **kw)

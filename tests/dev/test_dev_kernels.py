@@ -103,7 +103,7 @@ def _gemm(monkeypatch, kind: str, rows: int, **dims):
     from drvqwen import launchers as K
     from drvqwen.launchers import gemm_int4
 
-    monkeypatch.setattr(gemm_int4, "x_tensor_map", lambda x, rows, k: "tensor map")
+    monkeypatch.setattr(gemm_int4, "x_tensor_map", lambda x, rows, k, bm=128: "tensor map")
     k = dims["k"]
 
     def w(n, tag):
@@ -111,17 +111,18 @@ def _gemm(monkeypatch, kind: str, rows: int, **dims):
 
     x, st = BufferSpec("x", (rows, k), np.float16), BufferSpec("prefill_state", (2,), np.int32)
 
-    def make(max_blocks=None):
+    def make(max_blocks=None, tile_tokens=None):
+        kw = dict(rows=rows, max_blocks=max_blocks, tile_tokens=tile_tokens)
         if kind == "f32":
             return K.GemmInt4(BufferSpec("out", (rows, dims["n"]), np.float32), x, *w(dims["n"], "w"), st,
-                              n=dims["n"], k=k, rows=rows, max_blocks=max_blocks)
+                              n=dims["n"], k=k, **kw)
         if kind == "qkv":
             nq, nkv = dims["nq"], dims["nkv"]
             return K.GemmInt4QkvRows(BufferSpec("qkv", (rows, nq + 2 * nkv), np.float32), x, *w(nq, "q"), *w(nkv, "k"),
-                                     *w(nkv, "v"), st, n_q=nq, n_kv=nkv, k=k, rows=rows, max_blocks=max_blocks)
+                                     *w(nkv, "v"), st, n_q=nq, n_kv=nkv, k=k, **kw)
         f = dims["f"]
         return K.GemmInt4GateUpSwigluRows(BufferSpec("h", (rows, f), np.float16), x, *w(f, "g"), *w(f, "u"), st,
-                                          f=f, k=k, rows=rows, max_blocks=max_blocks)
+                                          f=f, k=k, **kw)
     return make, x
 
 
@@ -144,11 +145,11 @@ SHAPES = [("f32", 64, dict(n=333, k=384), -(-21 // 8)), ("f32", 512, dict(n=3584
 def test_v1_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y):
     make, x = _gemm(monkeypatch, kind, rows, **dims)
     v = _version("v1_mma_sync")
-    (spec,) = dev_gemm_int4._mma_sync_shape(v, make, rows, x).specs
+    (spec,) = dev_gemm_int4._mma_sync_shape(v, lambda mb=None: make(mb, 128), rows, x).specs
     assert (spec.grid, spec.block, spec.smem_bytes) == ((-(-rows // 64), blocks_y), (128,), 96 * 1024)
     assert spec.params[1] is x, "v1 reads x through a pointer, not a tensor map"
     assert (spec.kernel.file, spec.kernel.defines) == (v.file, ())
-    assert spec.kernel.kernel == make(0).specs[0].kernel.kernel
+    assert spec.kernel.kernel == make(0, 128).specs[0].kernel.kernel
 
 
 @pytest.mark.parametrize("cluster", [2, 1])
@@ -156,7 +157,7 @@ def test_v1_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y
 def test_v2_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, blocks_y, cluster):
     make, x = _gemm(monkeypatch, kind, rows, **dims)
     v = _version("v2_wgmma_cluster2" if cluster == 2 else "v2_wgmma_cluster2[GEMM_CLUSTER=1]")
-    (spec,) = dev_gemm_int4._cluster_shape(v, make, rows, x).specs
+    (spec,) = dev_gemm_int4._cluster_shape(v, lambda mb=None: make(mb, 128), rows, x).specs
     n = {"f32": dims.get("n"), "qkv": dims.get("nq", 0) + 2 * dims.get("nkv", 0), "gate_up": 2 * dims.get("f", 0)}[kind]
     row_blocks = -(-n // 128)  # 96e0ea5: ceil(N / 128) (gate/up: 64 features of both matrices)
     assert spec.grid == (-(-rows // 128), -(-row_blocks // cluster) * cluster)
@@ -179,24 +180,27 @@ def test_v6_runs_in_its_own_launch_shape(monkeypatch, kind, rows, dims, _blocks,
     monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k, bm: ("map", rows, k, bm))
     monkeypatch.setattr(dev_gemm_int4, "sm_count", lambda: 132)
     v = _version(name)
-    prod = make(132).specs[0]
-    (spec,) = dev_gemm_int4._n256_shape(v, lambda max_blocks=132: make(max_blocks), rows, x).specs
-    tiles = -(-rows // bm) * (make(0).specs[0].grid[0] // -(-rows // 128))
+    prod = make(132, 128).specs[0]
+    (spec,) = dev_gemm_int4._n256_shape(v, lambda max_blocks=132: make(max_blocks, 128), rows, x).specs
+    tiles = -(-rows // bm) * (make(0, 128).specs[0].grid[0] // -(-rows // 128))
     assert (spec.grid, spec.block, spec.smem_bytes) == ((min(132, tiles),), (384,), smem)
     assert spec.args["x_map"] == ("map", rows, dims["k"], bm)
     assert [n for n in spec.args if n != "x_map"] == [n for n in prod.args if n != "x_map"]
     assert (spec.kernel.file, spec.kernel.kernel) == (v.file, prod.kernel.kernel)
 
 
-def test_later_gemm_versions_run_in_production_launch_shape(monkeypatch):
+def test_nine_warp_gemm_versions_run_in_their_launch_shape(monkeypatch):
+    """v3–v5: production's persistent grid and arguments of 128-token tiles (less split-K), in
+    their own 9-warp block and 4 stages of 40 KiB — not production's 12 warps."""
     make, x = _gemm(monkeypatch, "f32", 512, n=3584, k=3584)
-    prod = make(132).specs[0]  # persistent on 132 SMs
+    prod = make(132, 128).specs[0]  # persistent on 132 SMs
     for name in ("v3_syncwarp_release", "v4_late_full_arrival", "v5_every_lane_release"):
         v = _version(name)
-        (spec,) = dev_kernels.retarget(make(132), v).specs
-        assert (spec.grid, spec.block, spec.smem_bytes) == (prod.grid, prod.block, prod.smem_bytes)
-        assert _values(spec.params) == _values(prod.params)
-        assert (spec.kernel.file, spec.kernel.kernel) == (v.file, prod.kernel.kernel)
+        (spec,) = dev_gemm_int4.version_launcher(v, lambda mb=132, tile_tokens=None: make(mb, tile_tokens), 512, x).specs
+        assert (spec.grid, spec.block, spec.smem_bytes) == (prod.grid, (288,), 4 * 40 * 1024 + 1024 + 96)
+        split = ("split_partials", "split_counters", "k_splits")
+        assert _values(spec.params) == _values([v for n, v in prod.args.items() if n not in split])
+        assert (spec.kernel.file, spec.kernel.kernel, spec.kernel.registers) == (v.file, prod.kernel.kernel, 0)
 
 
 @pytest.mark.parametrize("kind,rows,dims", [s[:3] for s in SHAPES[::2]])
@@ -220,8 +224,8 @@ def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, k
         return out
 
     sigs = signatures(v.file)
-    def persistent_on_132(max_blocks=132):  # production's default asks the device for its grid
-        return make(max_blocks)
+    def persistent_on_132(max_blocks=132, tile_tokens=None):  # production's default asks the device for its grid
+        return make(max_blocks, tile_tokens)
 
     for spec in dev_gemm_int4.version_launcher(v, persistent_on_132, rows, x).specs:
         assert list(spec.args) == [p.name for p in sigs[spec.kernel.kernel].params], spec.kernel

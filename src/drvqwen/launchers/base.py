@@ -103,16 +103,29 @@ class KernelRef:
     Attributes:
         pdl: the kernel calls griddepcontrol.wait before touching its predecessor's data
             (ptx/griddep.cuh), so it may be launched as a programmatic dependent.
+        registers: the registers a thread the kernel must be built with, or 0 for any: a kernel
+            whose warpgroups move registers between them (ptx/setmaxnreg.cuh) balances the moves
+            at that count, and with fewer its setmaxnreg.inc would wait forever.
     """
 
     file: str
     kernel: str
     defines: tuple[tuple[str, int], ...] = ()
     pdl: bool = False
+    registers: int = 0
 
     def function(self):
-        """The loaded kernel (compiled through the cubin cache, loaded once). Needs a GPU."""
-        return load_kernel_module(self.file, defines=dict(self.defines)).function(self.kernel)
+        """The loaded kernel (compiled through the cubin cache, loaded once). Needs a GPU.
+
+        Raises:
+            LaunchError: the kernel was built with another register count than `registers`.
+        """
+        fn = load_kernel_module(self.file, defines=dict(self.defines)).function(self.kernel)
+        if self.registers:
+            require(fn.num_registers == self.registers,
+                    f"{self}: built with {fn.num_registers} registers a thread, not {self.registers}: its "
+                    f"setmaxnreg moves would never balance (a hang), so it is not launched")
+        return fn
 
     def __str__(self) -> str:
         extra = "".join(f" {k}={v}" for k, v in self.defines)

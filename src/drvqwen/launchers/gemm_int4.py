@@ -11,18 +11,22 @@ M = prefill_state[1] ≤ rows: buffers and grids are sized for a row *capacity* 
 kernels read the live row count from prefill_state int32 [2] = (start, n_rows) and write only
 rows < n_rows, so one launch list serves every chunk of up to `rows` rows.
 
-The kernels read x through a TMA tensor map (box 128 tokens × 64 inputs, 128-byte swizzle: the
+The kernel file is built three times, with tiles of 64, 128 and 256 tokens (GEMM_BM: wgmma
+m64n64, m64n128, m64n256); a launcher takes the build whose tiles finish its GEMM soonest on
+the GPU (`gemm_tiling`, below; `tile_tokens=` forces one).
+
+The kernels read x through a TMA tensor map (box BM tokens × 64 inputs, 128-byte swizzle: the
 layout wgmma reads), encoded here from x's address: `x` must be a device array (the prefill
 builds its launch lists on the GPU), not a planned BufferSpec.
 
 The kernels are persistent: the grid is at most one block per SM (`max_blocks`, default the
-GPU's SM count) and each block loops over the tiles of 128 tokens × 128 weight rows that the live
+GPU's SM count) and each block loops over the tiles of BM tokens × 128 weight rows that the live
 M gives. `max_blocks=0` launches one block per tile at the capacity instead (the plain form,
 for comparison: tools/bench_gemm.py runs both).
 
 Split-K (kernels/gemm_split_k.cuh): given a `SplitKScratch`, a launcher cuts each tile's K into
-S splits that run on different blocks, where few tiles would leave SMs idle (`k_splits_for`
-picks S; `k_splits=` forces it). Without one, S = 1: the plain GEMM.
+S splits that run on different blocks, where few tiles would leave SMs idle (`gemm_tiling`
+picks S with the tile; `k_splits=` forces it). Without one, S = 1: the plain GEMM.
 """
 
 from __future__ import annotations
@@ -38,42 +42,64 @@ from .base import NULL, KernelRef, Launcher, check_buffer, check_prefill_state, 
 from .gemv_int4 import _check_int4, int4_bytes
 from .rope_kv import check_rows_rope_outputs
 
-BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per block (wgmma N)
-THREADS = mirrored("gemm_int4", "GEMM_THREADS", 288)            # 2 consumer warpgroups + 1 producer warp
+BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per tile (wgmma N) of the default build
+TILE_TOKENS = (64, 128, 256)                                    # the builds (GEMM_BM=…) the launchers pick from
+THREADS = mirrored("gemm_int4", "GEMM_THREADS", 384)            # 2 consumer warpgroups + 1 producer warpgroup
+REGISTERS = mirrored("gemm_int4", "GEMM_REGS_AT_LAUNCH", 168)   # what the setmaxnreg moves balance at
 BLOCK_ROWS = mirrored("gemm_int4", "GEMM_BLOCK_ROWS", 128)      # weight rows per block (gate/up: 64 features × 2)
 TILE_ROWS = mirrored("gemm_int4", "INT4_TILE_ROWS", 16)
 BOX_INPUTS = mirrored("gemm_int4", "GEMM_BOX_INPUTS", 64)       # inputs per TMA box row (128 B)
-# 4 stages × (32 KiB of activations (128 tokens × 128 inputs) + 8 KiB of INT4 weights (128 rows
-# × 64 B)) + 1 KiB of alignment slack + the 8 mbarriers (above the 48 KiB default: KernelLaunch
-# opts in).
-SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", 4 * (BM * 128 * 2 + BLOCK_ROWS * 64) + 1024 + 3 * 4 * 8)
 
 
-def x_tensor_map(x, rows: int, k: int):
-    """The TMA descriptor of x fp16 [rows, K] the kernels take: box BM tokens × 64 inputs,
-    128-byte swizzle (rows past `rows` read as zero).
+def stages(bm: int) -> int:
+    """GEMM_STAGES of the build with `bm` tokens a tile: 3 stages of 72 KiB at 256, else 4."""
+    return 3 if bm == 256 else 4
+
+
+def smem_bytes(bm: int) -> int:
+    """GEMM_SMEM_BYTES of the build with `bm` tokens a tile: stages × (bm × 128 inputs of FP16
+    activations + 128 rows × 64 B of INT4 weights) + 1 KiB of alignment slack + 3 mbarriers a
+    stage (above the 48 KiB default: KernelLaunch opts in)."""
+    return stages(bm) * (bm * GROUP_SIZE * 2 + BLOCK_ROWS * GROUP_SIZE // 2) + 1024 + 3 * stages(bm) * 8
+
+
+SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", smem_bytes(BM))
+
+
+def x_tensor_map(x, rows: int, k: int, bm: int = BM):
+    """The TMA descriptor of x fp16 [rows, K] the kernels take: box `bm` tokens (the build's
+    tile) × 64 inputs, 128-byte swizzle (rows past `rows` read as zero).
 
     Raises:
-        LaunchError: x is not a device array (a planned buffer has no address yet).
+        LaunchError: x is not a device array (a planned buffer has no address yet), or bm is
+            not one of TILE_TOKENS.
     """
     require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
+    require(bm in TILE_TOKENS, f"gemm_int4: tile of {bm} tokens, want one of {TILE_TOKENS}")
     require(isinstance(getattr(x, "ptr", None), int),
             f"gemm_int4: x must be a device array (its tensor map is encoded at once), got {x!r}")
-    return _encode_x_map(x.ptr, rows, k)
+    return _encode_x_map(x.ptr, rows, k, bm)
 
 
 @functools.lru_cache(maxsize=256)
-def _encode_x_map(ptr: int, rows: int, k: int):
+def _encode_x_map(ptr: int, rows: int, k: int, bm: int):
     # Every layer's GEMMs read the same few activation buffers (xn, attn, h): one encode each
     # (~60 µs from Python) instead of one per launcher. The map is plain bytes, passed by value.
-    return encode_tiled_2d(ptr, np.float16, (rows, k), (BM, BOX_INPUTS), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
+    return encode_tiled_2d(ptr, np.float16, (rows, k), (bm, BOX_INPUTS), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 
 
 # Split-K (kernels/gemm_split_k.cuh): the consumer threads whose accumulators a unit stores, and
 # the most splits a launcher picks.
 SPLIT_THREADS = mirrored("gemm_int4", "GEMM_SPLIT_THREADS", 256)
 SPLIT_MAX = mirrored("gemm_int4", "GEMM_SPLIT_MAX", 4)
-SPLIT_UNIT_FLOATS = 64 * SPLIT_THREADS  # one unit's partial: the 128 × 128 FP32 tile
+SPLIT_UNIT_FLOATS = 64 * SPLIT_THREADS  # one slot of the scratch: a 128-row × 128-token FP32 tile
+
+
+def unit_floats(bm: int) -> int:
+    """FP32 values of one unit's partial in a build of `bm` tokens a tile: its 128 × bm tile."""
+    return bm // 2 * SPLIT_THREADS
+
+
 # What a split tile costs beyond its groups, in units of one group's MMAs (128 inputs of a 128 ×
 # 128 tile: 1.09 µs where each SM runs one tile, the 0.5B's down_proj): its partial stored
 # (64 KiB), the counter's round trip and, in the last unit, the S partials read back from L2.
@@ -81,11 +107,20 @@ SPLIT_UNIT_FLOATS = 64 * SPLIT_THREADS  # one unit's partial: the 128 × 128 FP3
 # down_proj 896 × 4864 at S = 1, 2, 3, 4: 41.5, 27.4, 22.1, 19.6 µs, i.e. 19 + 6.7 and 10 + 8.7
 # group-times at S = 2 and 4; and every S > 1 lost on the GEMMs this model does not split (the
 # 0.5B's qkv and o_proj, 7 groups: 12.1 µs whole against 12.6–22 µs; the 7B's qkv 62.7 against
-# 67–83 µs, its o_proj and down_proj too).
+# 67–83 µs, its o_proj and down_proj too). A tile of 256 tokens stores twice the partial and
+# takes ~1.5× the group time: the same count of group-times is the estimate there too.
 SPLIT_FIXUP_GROUPS = 7
 # A split is taken only where the estimate gains at least this fraction: below it the scratch
 # traffic and the estimate's error weigh more.
 SPLIT_MIN_GAIN = 0.10
+
+# µs one 128-input group of one tile takes, by tokens a tile, when every SM runs tiles: the
+# 7B's gate_up_swiglu at M = 512 (296 row blocks: 592, 1184 and 2368 tiles on 132 SMs) divided
+# by its rounds × 28 groups — 233.1, 277.5 and 372.5 µs (H200, tools/dev_kernels.py, this
+# kernel as kernels/dev/gemm_int4/v6_n256_setmaxnreg.cu built with GEMM_BM = 256, 128, 64;
+# docs/bench/2026-12-02_a3a56cb_h200_dev_kernels_v6.json). Twice the tokens cost ~1.5× the
+# time: the unpack of a group's weights is shared by more MMA work.
+GROUP_US = {64: 0.739, 128: 1.101, 256: 1.665}
 
 
 def k_splits_for(tiles: int, groups: int, grid: int) -> int:
@@ -96,10 +131,15 @@ def k_splits_for(tiles: int, groups: int, grid: int) -> int:
         rounds(S) = ceil(tiles · S / grid)
 
     (the block with the most units sets the time), smallest S on a tie, every split non-empty,
-    and S = 1 unless the best S gains SPLIT_MIN_GAIN. The 0.5B's down_proj at 512 tokens: 28
-    tiles of 38 groups on 132 SMs → S = 4 (17 group-times against 38); its qkv_proj (36 tiles of
-    7 groups) and every 7B GEMM at 512 tokens → S = 1.
+    and S = 1 unless the best S gains SPLIT_MIN_GAIN. The 0.5B's down_proj at 512 tokens in
+    128-token tiles: 28 tiles of 38 groups on 132 SMs → S = 4 (17 group-times against 38); its
+    qkv_proj (36 tiles of 7 groups) → S = 1.
     """
+    return _split_cost(tiles, groups, grid)[0]
+
+
+def _split_cost(tiles: int, groups: int, grid: int) -> tuple[int, int]:
+    """(S, its cost in group-times) of k_splits_for."""
     whole = -(-tiles // grid) * groups
     best, best_cost = 1, whole
     for s in range(2, min(SPLIT_MAX, groups) + 1):
@@ -109,7 +149,32 @@ def k_splits_for(tiles: int, groups: int, grid: int) -> int:
         cost = -(-tiles * s // grid) * (per + SPLIT_FIXUP_GROUPS)
         if cost < best_cost:
             best, best_cost = s, cost
-    return best if best_cost <= (1 - SPLIT_MIN_GAIN) * whole else 1
+    return (best, best_cost) if best_cost <= (1 - SPLIT_MIN_GAIN) * whole else (1, whole)
+
+
+def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bool = True,
+                tile_tokens: int | None = None) -> tuple[int, int]:
+    """(tokens a tile, S): the build (TILE_TOKENS) and the splits of K that finish a GEMM of
+    `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups` 128-input groups
+    soonest on `grid` persistent blocks, by the estimate
+
+        time(bm) = cost(S) in group-times (k_splits_for, tiles = ceil(rows / bm) · row_blocks) × GROUP_US[bm]
+
+    (without `split`, S = 1; `tile_tokens` fixes bm). Smaller tiles waste less of a short
+    prompt and give a GEMM of few row blocks more tiles than SMs; larger ones share each
+    unpacked weight among more tokens. What it picks at 512 tokens (132 SMs): the 7B's qkv and
+    gate_up 256, its o_proj and down_proj 128; the 0.5B's qkv and o_proj 64, gate_up 128,
+    down_proj 128 with S = 4.
+    """
+    best = None
+    for bm in ((tile_tokens,) if tile_tokens is not None else (128, 256, 64)):
+        require(bm in TILE_TOKENS, f"gemm_int4: tile of {bm} tokens, want one of {TILE_TOKENS}")
+        tiles = -(-rows // bm) * row_blocks
+        s, cost = _split_cost(tiles, groups, grid) if split else (1, -(-tiles // grid) * groups)
+        t = cost * GROUP_US[bm]
+        if best is None or t < best[0]:
+            best = (t, bm, s)
+    return best[1], best[2]
 
 
 class SplitKScratch:
@@ -117,11 +182,13 @@ class SplitKScratch:
     counters at zero; the next one touches them only after its griddepcontrol.wait, once the
     one before has completed: kernels/gemm_split_k.cuh):
 
-        partials  fp32 [units, 64 · 256]   one 128 × 128 FP32 tile per unit (tile, split)
+        partials  fp32 [units, 64 · 256]   slots of one 128 × 128 FP32 tile (a unit of a split
+                                           128-token tile takes one, of a 256-token tile two, of a
+                                           64-token tile half of one)
         counters  int32 [tiles]            zero between launches
 
     Allocated by `alloc(name, shape, dtype) -> DeviceArray` (a Pool's `alloc`), the counters
-    zeroed by an upload, for up to `units` units of split tiles and `tiles` tiles in one launch
+    zeroed by an upload, for up to `units` slots of split tiles and `tiles` tiles in one launch
     (`split_k_need` sizes them).
     """
 
@@ -138,18 +205,20 @@ class SplitKScratch:
 
 
 def split_k_need(rows: int, row_blocks: int, k: int, grid: int | None = None) -> tuple[int, int]:
-    """(units, tiles) a launch of `rows` rows and `row_blocks` row blocks over K = k would use in
-    a SplitKScratch ((0, 0) where it would not split), on `grid` blocks (default: the SM count)."""
-    tiles = -(-rows // BM) * row_blocks
-    s = k_splits_for(tiles, k // GROUP_SIZE, persistent_grid(tiles * SPLIT_MAX, grid))
-    return (tiles * s, tiles) if s > 1 else (0, 0)
+    """(units, tiles) a gemm_int4 launch of `rows` rows and `row_blocks` row blocks over K = k
+    would use in a SplitKScratch ((0, 0) where it would not split), on `grid` blocks (default:
+    the SM count), in the tile gemm_tiling picks."""
+    bm, s = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, grid))
+    tiles = -(-rows // bm) * row_blocks
+    return (-(-tiles * s * unit_floats(bm) // SPLIT_UNIT_FLOATS), tiles) if s > 1 else (0, 0)
 
 
 def split_k_args(split_k: SplitKScratch | None, k_splits: int | None, tiles: int, groups: int,
-                 max_blocks: int | None, kernel: str) -> tuple[dict, int]:
+                 max_blocks: int | None, kernel: str, bm: int = BM) -> tuple[dict, int]:
     """The kernels' split-K arguments (split_partials, split_counters, k_splits) by name, and S:
     1 without a scratch, else `k_splits`, else k_splits_for the persistent grid of `max_blocks`
     (one block per unit, max_blocks=0, would run any S in one round: S is chosen for one per SM).
+    `bm`: the tokens of the build's tile (the size of a unit's partial).
 
     Raises:
         LaunchError: k_splits > 1 without a scratch, S outside 1 … min(SPLIT_MAX, groups) or with
@@ -167,9 +236,10 @@ def split_k_args(split_k: SplitKScratch | None, k_splits: int | None, tiles: int
             f"({groups} groups of {GROUP_SIZE})")
     if s == 1:
         return dict(split_partials=NULL, split_counters=NULL, k_splits=i32(1)), 1
-    require(tiles * s <= split_k.units and tiles <= split_k.tiles,
-            f"{kernel}: {tiles} tiles × {s} splits need a SplitKScratch of {tiles * s} units and "
-            f"{tiles} counters, it has {split_k.units} and {split_k.tiles}")
+    slots = -(-tiles * s * unit_floats(bm) // SPLIT_UNIT_FLOATS)
+    require(slots <= split_k.units and tiles <= split_k.tiles,
+            f"{kernel}: {tiles} tiles of {bm} tokens × {s} splits need a SplitKScratch of {slots} units "
+            f"and {tiles} counters, it has {split_k.units} and {split_k.tiles}")
     return dict(split_partials=split_k.partials, split_counters=split_k.counters, k_splits=i32(s)), s
 
 
@@ -191,23 +261,38 @@ class _GemmLauncher(Launcher):
     """Shared by the gemm_int4 launchers. `flops` is 2·rows·N·K at full capacity (rows tokens)."""
 
     flops: int = 0
-    k_splits: int = 1  # S of the launch (split_k_args)
+    tile_tokens: int = BM  # tokens a tile: the build launched (gemm_tiling)
+    k_splits: int = 1      # S of the launch (split_k_args)
 
-    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
-                    writes, max_blocks: int | None, split_k: SplitKScratch | None, k_splits: int | None) -> None:
-        """args: the kernel's parameters up to prefill_state, dims: its shape scalars after the
-        split-K pointers (the kernels' order: …, prefill_state, split_partials, split_counters,
-        dims…, k_splits)."""
+    def _tiling(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
+                k_splits: int | None, tile_tokens: int | None) -> int:
+        """Pick the build and S (gemm_tiling, for one block per SM even where max_blocks=0 gives
+        one per unit); sets self.tile_tokens, returns it (x's tensor map is encoded for it)."""
         require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
-        tiles = -(-rows // BM) * n_blocks
-        sk, self.k_splits = split_k_args(split_k, k_splits, tiles, k // GROUP_SIZE, max_blocks, kernel)
+        choose_split = split_k is not None and k_splits is None
+        # The SM count (a device query) only where something is chosen.
+        sms = persistent_grid(1 << 30, max_blocks or None) if tile_tokens is None or choose_split else 1
+        bm, s = gemm_tiling(rows, n_blocks, k // GROUP_SIZE, sms, split=choose_split, tile_tokens=tile_tokens)
+        self.tile_tokens, self._planned_splits = bm, (s if k_splits is None else k_splits)
+        return bm
+
+    def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
+                    writes, max_blocks: int | None, split_k: SplitKScratch | None) -> None:
+        """args: the kernel's parameters up to prefill_state (x_map encoded for self.tile_tokens,
+        set by _tiling), dims: its shape scalars after the split-K pointers (the kernels' order: …,
+        prefill_state, split_partials, split_counters, dims…, k_splits)."""
+        bm = self.tile_tokens
+        tiles = -(-rows // bm) * n_blocks
+        sk, self.k_splits = split_k_args(split_k, self._planned_splits, tiles, k // GROUP_SIZE, max_blocks, kernel,
+                                         bm=bm)
         grid = persistent_grid(tiles * self.k_splits, max_blocks)
         scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
-        self._add(KernelRef("gemm_int4", kernel, pdl=True), (grid,), (THREADS,),
+        defines = () if bm == BM else (("GEMM_BM", bm),)
+        self._add(KernelRef("gemm_int4", kernel, defines, pdl=True, registers=REGISTERS), (grid,), (THREADS,),
                   {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
                    "k_splits": sk["k_splits"]},
-                  smem_bytes=SMEM_BYTES, reads=(*reads, *scratch), writes=(*writes, *scratch),
+                  smem_bytes=smem_bytes(bm), reads=(*reads, *scratch), writes=(*writes, *scratch),
                   bytes_moved=self.bytes_moved)
 
 
@@ -220,7 +305,7 @@ class GemmInt4(_GemmLauncher):
 
     def __init__(self, out, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, k_splits: int | None = None,
-                 stream: Stream | None = None):
+                 tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(out, "out", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -228,11 +313,14 @@ class GemmInt4(_GemmLauncher):
         check_prefill_state(prefill_state)
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
-        self._build_gemm("gemm_int4_f32", rows, -(-n // BLOCK_ROWS), k,
-                         dict(out=out, x_map=x_tensor_map(x, rows, k), qweight=qweight, scales=scales,
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+                          tile_tokens=tile_tokens)
+        self._build_gemm("gemm_int4_f32", rows, n_blocks, k,
+                         dict(out=out, x_map=x_tensor_map(x, rows, k, bm), qweight=qweight, scales=scales,
                               prefill_state=prefill_state), dict(N=i32(n), K=i32(k)),
                          reads=(x, qweight, scales, prefill_state), writes=(out,), max_blocks=max_blocks,
-                         split_k=split_k, k_splits=k_splits)
+                         split_k=split_k)
 
 
 class GemmInt4QkvRows(_GemmLauncher):
@@ -245,7 +333,8 @@ class GemmInt4QkvRows(_GemmLauncher):
 
     def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                  prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None, stream: Stream | None = None):
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None, tile_tokens: int | None = None,
+                 stream: Stream | None = None):
         super().__init__(stream)
         require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
                 f"gemm_int4_qkv: Nq={n_q} and Nkv={n_kv} must be multiples of {TILE_ROWS}")
@@ -256,13 +345,16 @@ class GemmInt4QkvRows(_GemmLauncher):
         n = n_q + 2 * n_kv
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
-        self._build_gemm("gemm_int4_qkv", rows, -(-n // BLOCK_ROWS), k,
-                         dict(qkv=qkv, x_map=x_tensor_map(x, rows, k), q_qweight=q_qweight, q_scales=q_scales,
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+                          tile_tokens=tile_tokens)
+        self._build_gemm("gemm_int4_qkv", rows, n_blocks, k,
+                         dict(qkv=qkv, x_map=x_tensor_map(x, rows, k, bm), q_qweight=q_qweight, q_scales=q_scales,
                               k_qweight=k_qweight, k_scales=k_scales, v_qweight=v_qweight, v_scales=v_scales,
                               prefill_state=prefill_state),
                          dict(Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
-                         writes=(qkv,), max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
+                         writes=(qkv,), max_blocks=max_blocks, split_k=split_k)
 
 
 def _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, *, n_q: int, n_kv: int,
@@ -291,7 +383,8 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
     def __init__(self, q_out, k_cache, v_cache, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                  q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int,
                  head_dim: int, k: int, rows: int, max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None, stream: Stream | None = None):
+                 split_k: SplitKScratch | None = None, k_splits: int | None = None, tile_tokens: int | None = None,
+                 stream: Stream | None = None):
         super().__init__(stream)
         n_q, n_kv = check_rows_rope_outputs("gemm_int4_qkv_rope", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
                                             rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
@@ -308,16 +401,18 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 2 * rows * n
         # A block holds 64 RoPE pairs: 128 stacked rows (kernel: gemm_int4_qkv_rope).
-        self._build_gemm("gemm_int4_qkv_rope", rows, -(-n // BLOCK_ROWS), k,
-                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k),
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+                          tile_tokens=tile_tokens)
+        self._build_gemm("gemm_int4_qkv_rope", rows, n_blocks, k,
+                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
                               q_qweight=q_qweight, q_scales=q_scales, k_qweight=k_qweight, k_scales=k_scales,
                               v_qweight=v_qweight, v_scales=v_scales, q_bias=q_bias, k_bias=k_bias, v_bias=v_bias,
                               rope_cs=rope_cs, prefill_state=prefill_state, block_table=block_table),
                          dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, q_bias, k_bias,
                                 v_bias, rope_cs, prefill_state, block_table),
-                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k,
-                         k_splits=k_splits)
+                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k)
 
 
 class GemmInt4ResidualRows(_GemmLauncher):
@@ -329,7 +424,7 @@ class GemmInt4ResidualRows(_GemmLauncher):
 
     def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, k_splits: int | None = None,
-                 stream: Stream | None = None):
+                 tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(residual, "residual", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -337,11 +432,14 @@ class GemmInt4ResidualRows(_GemmLauncher):
         check_prefill_state(prefill_state)
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
-        self._build_gemm("gemm_int4_residual", rows, -(-n // BLOCK_ROWS), k,
-                         dict(residual=residual, x_map=x_tensor_map(x, rows, k), qweight=qweight, scales=scales,
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+                          tile_tokens=tile_tokens)
+        self._build_gemm("gemm_int4_residual", rows, n_blocks, k,
+                         dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), qweight=qweight, scales=scales,
                               prefill_state=prefill_state), dict(N=i32(n), K=i32(k)),
                          reads=(residual, x, qweight, scales, prefill_state), writes=(residual,),
-                         max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
+                         max_blocks=max_blocks, split_k=split_k)
 
 
 class GemmInt4GateUpSwigluRows(_GemmLauncher):
@@ -353,7 +451,8 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
 
     def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, *,
                  f: int, k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
-                 k_splits: int | None = None, stream: Stream | None = None):
+                 k_splits: int | None = None, tile_tokens: int | None = None,
+                 stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(h, "h", rows * f, np.float16)
         check_buffer(x, "x", rows * k, np.float16)
@@ -363,9 +462,12 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
         self.flops = 2 * rows * 2 * f * k
         self.bytes_moved = 2 * int4_bytes(f, k) + 2 * rows * k + 2 * rows * f
         # A block holds 64 features of gate and the same 64 of up.
-        self._build_gemm("gemm_int4_gate_up_swiglu", rows, -(-f // (BLOCK_ROWS // 2)), k,
-                         dict(h=h, x_map=x_tensor_map(x, rows, k), gate_qweight=gate_qweight, gate_scales=gate_scales,
+        n_blocks = -(-f // (BLOCK_ROWS // 2))
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+                          tile_tokens=tile_tokens)
+        self._build_gemm("gemm_int4_gate_up_swiglu", rows, n_blocks, k,
+                         dict(h=h, x_map=x_tensor_map(x, rows, k, bm), gate_qweight=gate_qweight, gate_scales=gate_scales,
                               up_qweight=up_qweight, up_scales=up_scales, prefill_state=prefill_state),
                          dict(F=i32(f), K=i32(k)),
                          reads=(x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state), writes=(h,),
-                         max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
+                         max_blocks=max_blocks, split_k=split_k)
