@@ -23,20 +23,28 @@
 //
 // Work split
 // ----------
-//   tile     = 128 tokens × 128 weight rows (for gate/up: 64 features of both matrices). The
-//              kernel is persistent: grid = min(units at the buffer's capacity, SM count), and
-//              block b takes tiles b, b + gridDim.x, … of the ceil(M/128) × row-block tiles the
-//              live M gives, token block fastest (tiles running at once share weight slices in L2).
+//   tile     = GEMM_BM tokens × 128 weight rows (for gate/up: 64 features of both matrices).
+//              The file is built with GEMM_BM = 64, 128 (the default) and 256 — wgmma m64n64,
+//              m64n128, m64n256 — and the launcher picks the build per GEMM shape
+//              (launchers/gemm_int4.py: gemm_tiling): a larger tile shares each unpacked weight
+//              among more tokens, a smaller one gives a GEMM of few row blocks more tiles than SMs
+//              and wastes less of a short prompt. The kernel is persistent: grid = min(units at
+//              the buffer's capacity, SM count), and block b takes tiles b, b + gridDim.x, … of
+//              the ceil(M/GEMM_BM) × row-block tiles the live M gives, token block fastest (tiles
+//              running at once share weight slices in L2).
 //              With k_splits = S > 1 a tile's 128-input groups are cut into S splits, and the
 //              blocks take units (tile, split) the same way; the last unit of a tile adds the S
 //              partials and runs the epilogue (gemm_split_k.cuh: where it pays, the protocol).
-//   block    = 9 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
-//              tile's 128 tokens, and one producer warp (warp 8).
-//   producer = one warp fills a ring of GEMM_STAGES stages, one 128-input group each, guarded by
-//              mbarriers (full: the bytes landed; x_empty, w_empty: the consumers are done with
-//              the stage's X, its weights):
-//              lane 0 issues the TMA copies of X (tensor map: box 128 tokens × 64 inputs, 128-byte
-//              swizzle — the layout wgmma reads; two boxes, 32 KB), and every lane copies 16-byte
+//   block    = 12 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
+//              tile's GEMM_BM tokens, and a producer warpgroup (warps 8–11) that gives its
+//              registers to them (setmaxnreg: 72 and 216 a thread at GEMM_BM 256, whose 128
+//              accumulators a consumer thread the 168 of a 384-thread launch cannot hold; 104 and
+//              200 at 128 and 64). Its first warp works, the other three exit.
+//   producer = one warp fills a ring of GEMM_STAGES stages (4; 3 of 72 KB at GEMM_BM 256), one
+//              128-input group each, guarded by mbarriers (full: the bytes landed; x_empty,
+//              w_empty: the consumers are done with the stage's X, its weights):
+//              lane 0 issues the TMA copies of X (tensor map: box GEMM_BM tokens × 64 inputs,
+//              128-byte swizzle — the layout wgmma reads; two boxes, 32 KB at 128), and every lane copies 16-byte
 //              pieces of the tile's 128 weight rows (64 B each, 8 KB) with cp.async, which
 //              arrives on the same full barrier when it lands. It runs on into the next tile while
 //              the consumers are in the epilogue.
@@ -48,9 +56,10 @@
 //              scale (loaded one group ahead) in FP16 — one rounding of each scaled weight,
 //              relative ≤ 2⁻¹¹, docs/numerics.md — so the tensor cores sum all of K into one FP32
 //              accumulator with no per-group rescaling.
-//              Per group: 8 × wgmma m64n128k16 (B: the stage, through a descriptor), one commit,
-//              one wait; the two warpgroups interleave, one unpacking while the other's MMAs run.
-//   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j = 0..15): each output element
+//              Per group: 8 × wgmma m64nGEMM_BMk16 (B: the stage, through a descriptor), one
+//              commit, one wait; the two warpgroups interleave, one unpacking while the other's
+//              MMAs run.
+//   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j < GEMM_BM/8): each output element
 //              is written by exactly one lane (the residual read-modify-write needs no atomics,
 //              the result is bit-reproducible); tokens ≥ M and rows ≥ N are not written. For
 //              gate/up, row g of a warp's 16 is gate feature f and row g+8 is up feature f, so
@@ -94,9 +103,11 @@
 // rows: tokens past M are read (stale or NaN: they are other columns of the MMA) but never
 // written; rows past the capacity read as zero.
 //
-// Shared memory: GEMM_STAGES × 40 KB + 1 KB (to align the ring to the 1024-byte swizzle atom)
-// + barriers: 1 block per SM. Registers: 64 accumulators + 32 A fragments per lane (157–159 by
-// variant, ptxas), under the 168 a 9-warp block can have (below). The ring's base is an offset
+// Shared memory: GEMM_STAGES × (2·GEMM_BM·128 B of X + 8 KB of weights) + 1 KB (to align the
+// ring to the 1024-byte swizzle atom) + barriers — 97, 161 and 217 KB at GEMM_BM 64, 128, 256:
+// 1 block per SM. Registers: GEMM_BM/2 accumulators + 32 A fragments per consumer lane, 168 a
+// thread at launch for every kernel and build (ptxas; the launcher checks the count, which the
+// setmaxnreg moves assume), no spills after the moves. The ring's base is an offset
 // added to the shared array, so the consumers' weight reads compile to LDS.128 (a pointer rebuilt
 // from an integer gave generic LD.E.128); the synthetic 7B's TTFT with it: 17.3 ms
 // (docs/bench/2026-12-01_4929493_h200_syn7b_int4_prefill_gemm_int4.json; 17.4 ms before, in
@@ -120,14 +131,28 @@
 // layers at M = 512 (kernels/dev/gemm_int4/v2_wgmma_cluster2.cu, built with GEMM_CLUSTER=2 and
 // =1; the same run as the table above; re-run with `tools/dev_kernels.py gemm_int4 --versions v2`). L2 bandwidth is not the
 // limit; a stage shared by two CTAs can be refilled only when both are done with it, and the
-// coupling stalls both. What limits now is the consumers' mainloop (~50–60% of the tensor-core
-// peak): unpacking in the same warps that wait for their MMAs. The next step is a third warpgroup that unpacks the weights into shared
-// memory for wgmma with both operands there (and n = 256 per MMA, which the registers freed by
-// that allow).
-// Also tried: 256 tokens per tile (m64n256k16: 128 accumulators, ~220 registers). A 9-warp block
-// puts 3 warps on one SM sub-partition, whose register file holds 16 K registers: at most 170
-// per thread (ptxas's cap of 168 here), so that build cannot launch. It needs 8 or 12 warps
-// (a producer warpgroup giving registers back with setmaxnreg).
+// coupling stalls both.
+// The 9-warp form above (one producer warp, 128-token tiles only) is what this file was before
+// the producer warpgroup; its tables and the barrier protocols below were measured on it. With
+// the 12-warp block and the three tile builds (kernels/dev/gemm_int4/v6_n256_setmaxnreg.cu,
+// where they were first built; same run, docs/bench/2026-12-02_a3a56cb_h200_dev_kernels_v6.json,
+// the 9-warp file's figures in the first column):
+//   | GEMM at M = 512, µs             | 9 warps, 128 | 12 warps, 256 | 128   | 64    |
+//   | 7B qkv_proj                     |  56.1        |  48.7         |  68.9 |  93.7 |
+//   | 7B o_proj                       |  32.2        |  43.7         |  27.4 |  39.1 |
+//   | 7B gate_up_swiglu               | 267.6        | 233.1         | 277.5 | 372.5 |
+//   | 7B down_proj                    | 148.3        | 198.6         | 123.7 | 190.1 |
+//   | 0.5B qkv_proj                   |  10.6        |  16.4         |  12.3 |  11.1 |
+//   | 0.5B o_proj                     |  12.3        |  17.5         |  11.3 |   8.4 |
+//   | 0.5B gate_up_swiglu             |  33.5        |  34.0         |  30.6 |  33.0 |
+//   | 0.5B down_proj (whole, S = 1)   |  41.4        |  56.4         |  34.5 |  26.3 |
+// No tile wins everywhere: 256 where the tiles fill the GPU (the unpack of a group feeds twice
+// the MMA work), 128 or 64 where a GEMM has few row blocks — hence the builds and the launcher's
+// choice. Lost there: the consumers storing the unpacked weights into shared memory for SS
+// wgmma, one group's MMAs in flight while the next is unpacked (GEMM_A_SMEM=1: 18.0 ms for the
+// 7B's 28 layers against 14.1) — the stores, the proxy fence and the warpgroup barrier of each
+// group cost more than the overlap gives. What limits now is still the mainloop (~50–60% of the
+// tensor-core peak at 128 tokens, 60% at 256).
 //
 // Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
 // each, the old one in the same run; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;

@@ -2,7 +2,10 @@
 // (wgmma m64n256k16, 128 accumulators a consumer thread), a producer warpgroup that gives its
 // registers to the two consumer warpgroups (setmaxnreg). Not a production kernel:
 // tools/dev_kernels.py checks it against the float64 reference and times it beside
-// kernels/gemm_int4.cu.
+// kernels/gemm_int4.cu. Its 12-warp block and its GEMM_BM builds are production's now (with
+// split-K and the qkv_rope epilogue, the tile picked per GEMM); it stays as the version the
+// tile sizes were first measured on, and for GEMM_A_SMEM=1, which lost (kernels/gemm_int4.cu's
+// header: the table of both).
 //
 // Built with GEMM_BM=128 (production's tile) or GEMM_BM=64 it asks a second question: what the
 // 12-warp block and its register moves cost or give at production's tile, and whether GEMMs with
