@@ -394,8 +394,9 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
 #pragma unroll
                 for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
-                    // The rows again each group, not held across the loop: the producer keeps
-                    // GEMM_PRODUCER_REGS registers, and 8 warp tiles' pointers would spill.
+                    // The rows again each group, not held across the loop: held, the 8 warp
+                    // tiles' pointers spill in the 72 registers of the GEMM_BM 256 build (48–56 B
+                    // in two kernels, ptxas); the producer has time to spare for the arithmetic.
                     const GemmLaneRows r = rows_of(un.rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
