@@ -56,7 +56,7 @@
 //              scale (loaded one group ahead) in FP16 — one rounding of each scaled weight,
 //              relative ≤ 2⁻¹¹, docs/numerics.md — so the tensor cores sum all of K into one FP32
 //              accumulator with no per-group rescaling.
-//              Per group: 8 × wgmma m64nGEMM_BMk16 (B: the stage, through a descriptor), one
+//              Per group: 8 × wgmma m64nNk16, N = GEMM_BM (B: the stage, through a descriptor), one
 //              commit, one wait; the two warpgroups interleave, one unpacking while the other's
 //              MMAs run.
 //   epilogue = lane (g, t) owns rows g, g+8 × tokens 8j + 2t, +1 (j < GEMM_BM/8): each output element
@@ -182,7 +182,7 @@
 #include "types.cuh"        // u32, u64, WARP_SIZE, QUAD_SIZE
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
-#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, wgmma_m64n{64,128,256}k16_rs
+#include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, the m64nNk16 RS forms (N = 64, 128, 256)
 #include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec
 #include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
