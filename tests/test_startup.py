@@ -197,6 +197,9 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     assert not files & {"gemv_fmt", "gemm_fmt", "timing", "smoke"}   # an INT4 model: no format kernels
     assert {"gemv_fmt", "gemm_fmt"} <= fmt_files and not fmt_files & {"gemv_int4", "gemm_int4"}
     assert files | fmt_files <= {p.stem for p in (ROOT / "kernels").glob("*.cu")}
+    # gemm_int4.cu in every tile size's build: the prefill picks one per GEMM shape and row count.
+    builds = {tuple(sorted(d.items())) for name, d in engine.engine_kernels(CFG) if name == "gemm_int4"}
+    assert builds == {(), (("GEMM_BM", 64),), (("GEMM_BM", 256),)}
 
 
 def test_a_kernel_request_is_compiled_once_per_process(monkeypatch):

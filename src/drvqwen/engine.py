@@ -72,6 +72,7 @@ from .graphs import GraphDecoder
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .generate import DecodeVerify, check_rollback, reused_prefix
+from .launchers.gemm_int4 import TILE_DEFINES as GEMM_INT4_TILE_DEFINES
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
@@ -162,6 +163,9 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # The per-tensor kernel files are compiled for the model's formats (plan.fmt_defines).
     wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt", "gemm_fmt_wgmma") else ())
                for name in (*prefill_files, "sampling")}
+    # gemm_int4.cu in each tile size's build: the prefill picks one per GEMM shape and row count.
+    if "gemm_int4" in prefill_files:
+        wanted |= {("gemm_int4", defines) for defines in GEMM_INT4_TILE_DEFINES.values()}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
 

@@ -44,6 +44,8 @@ from .rope_kv import check_rows_rope_outputs
 
 BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per tile (wgmma N) of the default build
 TILE_TOKENS = (64, 128, 256)                                    # the builds (GEMM_BM=…) the launchers pick from
+# The compile-time defines of each build (the default's none: tests and tools load it plainly).
+TILE_DEFINES = {bm: (() if bm == BM else (("GEMM_BM", bm),)) for bm in TILE_TOKENS}
 THREADS = mirrored("gemm_int4", "GEMM_THREADS", 384)            # 2 consumer warpgroups + 1 producer warpgroup
 REGISTERS = mirrored("gemm_int4", "GEMM_REGS_AT_LAUNCH", 168)   # what the setmaxnreg moves balance at
 BLOCK_ROWS = mirrored("gemm_int4", "GEMM_BLOCK_ROWS", 128)      # weight rows per block (gate/up: 64 features × 2)
@@ -288,8 +290,7 @@ class _GemmLauncher(Launcher):
                                          bm=bm)
         grid = persistent_grid(tiles * self.k_splits, max_blocks)
         scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
-        defines = () if bm == BM else (("GEMM_BM", bm),)
-        self._add(KernelRef("gemm_int4", kernel, defines, pdl=True, registers=REGISTERS), (grid,), (THREADS,),
+        self._add(KernelRef("gemm_int4", kernel, TILE_DEFINES[bm], pdl=True, registers=REGISTERS), (grid,), (THREADS,),
                   {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
                    "k_splits": sk["k_splits"]},
                   smem_bytes=smem_bytes(bm), reads=(*reads, *scratch), writes=(*writes, *scratch),
