@@ -183,7 +183,7 @@
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
 #include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, the m64nNk16 RS forms (N = 64, 128, 256)
-#include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec
+#include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec, block_index, live_rows
 #include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
@@ -307,21 +307,6 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
     if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X
-}
-
-// blockIdx.x and M (prefill_state[1]) read again after the role split (volatile: not merged with
-// the reads before it). A value live across setmaxnreg from before the split has to sit where
-// both roles' register budgets reach it, which ptxas did by spilling it to local memory (one load
-// per tile in the consumers).
-__device__ __forceinline__ int block_index() {
-    int b;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
-    return b;
-}
-__device__ __forceinline__ int live_rows(const int* prefill_state) {
-    int m;
-    asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(m) : "l"(prefill_state + 1) : "memory");
-    return m;
 }
 
 // The GEMM's tiles — GEMM_BM tokens × one block of weight rows, `row_blocks` of them per GEMM_BM

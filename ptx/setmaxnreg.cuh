@@ -25,3 +25,20 @@ __device__ __forceinline__ void setmaxnreg_dec() {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
 }
+
+// Values read again after a setmaxnreg role split (volatile: not merged with the reads before
+// it). A value live across setmaxnreg from before the split has to sit where both roles'
+// register budgets reach it, which ptxas did by spilling it to local memory (one load per tile
+// in the consumers of the prefill GEMM).
+//   block_index()        %ctaid.x
+//   live_rows(state)     ld.global.cg of state[1] (the L2's value: written by an earlier kernel)
+__device__ __forceinline__ int block_index() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+    return b;
+}
+__device__ __forceinline__ int live_rows(const int* prefill_state) {
+    int m;
+    asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(m) : "l"(prefill_state + 1) : "memory");
+    return m;
+}

@@ -70,7 +70,7 @@
 #include "tma.cuh"          // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "mbarrier.cuh"     // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
 #include "wgmma.cuh"        // wgmma_*, wgmma_desc_sw128, wgmma_m64n{64,128,256}k16_rs
-#include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec
+#include "setmaxnreg.cuh"   // setmaxnreg_inc, setmaxnreg_dec, block_index, live_rows
 #include "cp_async.cuh"     // cp_async_16, cp_async_wait, cp_async_mbarrier_arrive_noinc
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "../../int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
@@ -320,23 +320,6 @@ struct GemmResidualAdd {
         }
     }
 };
-
-// blockIdx.x read again (volatile: not merged with the read before the role split). A value
-// live across setmaxnreg from before the split is kept where both roles' register budgets reach
-// it, which ptxas did by spilling it to local memory (one load per tile in the consumers).
-__device__ __forceinline__ int block_index() {
-    int b;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
-    return b;
-}
-
-// M (prefill_state[1]) read again for the same reason: token_blocks and n_units computed once
-// before the split were spilled (GEMM_BM 128 and 64 builds).
-__device__ __forceinline__ int live_rows(const int* prefill_state) {
-    int m;
-    asm volatile("ld.global.cg.b32 %0, [%1];" : "=r"(m) : "l"(prefill_state + 1) : "memory");
-    return m;
-}
 
 // The persistent tile loop (production's gemm_int4_block without split-K). Contains the block's
 // only __syncthreads(): call from every thread.
