@@ -24,10 +24,11 @@
 // Work split
 // ----------
 //   tile     = 128 tokens × 128 weight rows (gate/up: 64 features of both), persistent as in
-//              gemm_int4.cu: grid ≤ SM count, block b takes tiles b, b + gridDim.x, … of the
-//              ceil(M/128) × row-block tiles (token block fastest); with k_splits = S > 1, units
-//              (tile, split) of S splits of the K groups (gemm_split_k.cuh), the producer walking
-//              the block's units one stage ahead across their uneven group counts.
+//              gemm_int4.cu: grid ≤ SM count, block b takes one contiguous stream-K range of
+//              the (tile, group) work of the ceil(M/128) × row-block tiles (token block
+//              fastest; gemm_split_k.cuh), whole tiles and, with a scratch, parts of the tiles
+//              its range cuts; the producer walks the block's units one stage ahead across
+//              their uneven group counts.
 //   block    = 12 warps: consumer warpgroups 0 and 1 (warps 0–7; warpgroup w owns weight rows
 //              64w … 64w+63 of the tile) and the producer warpgroup (warps 8–11).
 //   stage    = 128 inputs: X, 2 TMA boxes of 128 tokens × 64 inputs (32 KB), and W, 128 rows ×
@@ -111,7 +112,7 @@
 #include "ldst.cuh"            // l2_evict_normal_policy
 #include "int4_matmul.cuh"     // INT4_TILE_ROWS, swiglu_f16
 #include "gemm_epilogue.cuh"   // GEMM_BM, gemm_each_token, GemmResidualAdd
-#include "gemm_split_k.cuh"    // GemmSplitK, gemm_unit, gemm_split_k_reduce
+#include "gemm_split_k.cuh"    // GemmSplitK, GemmWork, gemm_work, gemm_unit_at, gemm_split_k_finish
 #include "griddep.cuh"         // grid_dependency_wait, grid_launch_dependents
 #include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_dequant_pairs, wf_known, WF_DISPATCH
 
@@ -157,13 +158,6 @@ struct GwRaw {
     WfRaw c[GW_CHUNKS];
 };
 
-// A position in the block's sequence of stages: unit u (gemm_split_k.cuh), group grp of it.
-struct GwStage {
-    int u;
-    GemmUnit un;
-    int grp;
-};
-
 // Whether format F's producer keeps two stages of weight loads in flight rather than one.
 // Measured (tools/bench_gemm.py, the 7B's GEMMs at M = 512, each format compiled alone, both
 // builds alternately twice in one run; docs/bench/2026-12-02_236142d_h200_gemm_fmt_load_ahead.json),
@@ -178,58 +172,55 @@ __host__ __device__ constexpr bool gw_loads_two_ahead(int f) {
 }
 
 // The producer warpgroup: thread p dequantizes row p of every unit's tile into the ring, thread 0
-// also copies X by TMA. row_of(rb, p) → GwRow. Stage `it` is group at.grp of unit at.u.
+// also copies X by TMA. row_of(rb, p) → GwRow. Stage `it` is position `at` of the block's range.
 template <int F, typename RowOf>
 __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned char* smem, u64* full, u64* empty,
-                                            int token_blocks, int n_units, int n_groups, int splits, int K,
-                                            RowOf row_of) {
+                                            const GemmWork& work, int K, RowOf row_of) {
     const int p = threadIdx.x - GW_CONSUMER_WARPS * WARP_SIZE;
     const u64 policy = l2_evict_normal_policy();  // re-read by the other token blocks' tiles
     if (p == 0) tma_prefetch_map(&x_map);
-    // The block's stages as one sequence (unit-major, then group), so the loads of the next one
-    // are in flight while this one is dequantized, across unit boundaries too.
-    auto first = [&](int u) {
-        GwStage c;
-        c.u = u;
-        c.un = gemm_unit(u, token_blocks, n_groups, splits);
-        c.grp = c.un.g0;
-        return c;
-    };
-    auto advance = [&](GwStage& c) {  // c.u ≥ n_units: past the block's last stage
-        if (++c.grp == c.un.g1 && (c.u += (int)gridDim.x) < n_units) c = first(c.u);
-    };
-    auto load = [&](const GwStage& c, GwRaw& raw) {
-        const GwRow r = row_of(c.un.rb, p);
+    // The block's stages are the positions of its range one after another — stage x is group
+    // x % G of tile x / G; where units begin and end matters to the consumers only — so the loads
+    // of the next one are in flight while this one is dequantized, across unit boundaries too.
+    const int x0 = gemm_range_start(work, blockIdx.x), n = gemm_range_start(work, blockIdx.x + 1) - x0;
+    const int G = work.n_groups, TB = work.token_blocks;
+    // Where the next load is: group lg of token block ltb of row block lrb (position x0 + loads),
+    // stepped one group at a time — no division per stage.
+    int lrb = x0 / G / TB, ltb = x0 / G % TB, lg = x0 % G;
+    auto load = [&](GwRaw& raw) {
+        const GwRow r = row_of(lrb, p);
 #pragma unroll
-        for (int j = 0; j < GW_CHUNKS; ++j) raw.c[j] = wf_load<F>(r.w, r.row, c.grp * GW_CHUNKS + j, K, policy);
-    };
-    GwStage at = first((int)blockIdx.x), ahead = at;  // blockIdx.x < n_units (gw_block)
-    GwRaw cur, next;
-    load(at, cur);
-    // With two stages ahead, `next` (stage it + 1) is loaded one iteration early and `next2`
-    // (it + 2) is issued at the top of each iteration: each load has two stages' time to land.
-    constexpr bool TWO_AHEAD = gw_loads_two_ahead(F);
-    GwStage ahead2 = at;
-    GwRaw next2;
-    if constexpr (TWO_AHEAD) {
-        advance(ahead);
-        if (ahead.u < n_units) load(ahead, next);
-        ahead2 = ahead;
-    }
-    for (int it = 0; at.u < n_units; ++it) {
-        if constexpr (TWO_AHEAD) {
-            advance(ahead2);
-            if (ahead2.u < n_units) load(ahead2, next2);
-        } else {
-            advance(ahead);
-            if (ahead.u < n_units) load(ahead, next);
+        for (int j = 0; j < GW_CHUNKS; ++j) raw.c[j] = wf_load<F>(r.w, r.row, lg * GW_CHUNKS + j, K, policy);
+        if (++lg == G) {
+            lg = 0;
+            if (++ltb == TB) {
+                ltb = 0;
+                ++lrb;
+            }
         }
-        const int s = it % GW_STAGES, grp = at.grp;
+    };
+    // Stage it is position x0 + it (n ≥ 1: a non-empty range, gw_block); `next` holds stage
+    // it + 1. With two stages ahead, `next2` (it + 2) is issued at the top of each iteration and
+    // `next` was loaded one iteration early: each load has two stages' time to land.
+    constexpr bool TWO_AHEAD = gw_loads_two_ahead(F);
+    GwRaw cur, next, next2;
+    load(cur);
+    if constexpr (TWO_AHEAD) {
+        if (1 < n) load(next);
+    }
+    for (int it = 0; it < n; ++it) {
+        if constexpr (TWO_AHEAD) {
+            if (it + 2 < n) load(next2);
+        } else {
+            if (it + 1 < n) load(next);
+        }
+        const int at = x0 + it;
+        const int s = it % GW_STAGES, grp = at % G;
         if (it >= GW_STAGES) mbarrier_wait_parity(&empty[s], ((it / GW_STAGES) - 1) & 1);
         unsigned char* st = smem + s * GW_STAGE_BYTES;
         unsigned char* wst = st + GW_X_STAGE_BYTES;
         if (p == 0) {  // X first: its copy lands while the stage's weights are dequantized
-            const int m0 = at.un.tb * GEMM_BM;
+            const int m0 = at / G % work.token_blocks * GEMM_BM;
             mbarrier_arrive_expect_tx(&full[s], GW_X_STAGE_BYTES);
             tma_load_2d(st, &x_map, grp * GW_GROUP, m0, &full[s]);
             tma_load_2d(st + GW_X_BOX_BYTES, &x_map, grp * GW_GROUP + GW_BOX_INPUTS, m0, &full[s]);
@@ -248,11 +239,7 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         fence_proxy_async_shared();  // these stores, before the tensor cores read them
         mbarrier_arrive(&full[s]);
         cur = next;
-        at = ahead;
-        if constexpr (TWO_AHEAD) {
-            next = next2;
-            ahead = ahead2;
-        }
+        if constexpr (TWO_AHEAD) next = next2;
     }
 }
 
@@ -273,10 +260,8 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
     u64* full = reinterpret_cast<u64*>(smem + GW_STAGES * GW_STAGE_BYTES);
     u64* empty = full + GW_STAGES;
 
-    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
-    const int n_units = token_blocks * row_blocks * sk.splits;  // tiles × splits (gemm_split_k.cuh)
-    if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
-    const int n_groups = K / GW_GROUP;
+    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, K / GW_GROUP, sk);
+    if ((int)blockIdx.x >= work.ranges) return;  // the whole block, before any barrier
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
 
     if (threadIdx.x == 0) {
@@ -289,17 +274,19 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
     __syncthreads();  // the last block-wide barrier: the roles part here
 
     if (warp >= GW_CONSUMER_WARPS) {
-        gw_producer<F>(x_map, smem, full, empty, token_blocks, n_units, n_groups, sk.splits, K, row_of);
+        gw_producer<F>(x_map, smem, full, empty, work, K, row_of);
         return;
     }
 
     // ---- consumers --------------------------------------------------------------------------
     const int wg = warp / 4, g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int local = wg * 64 + (warp % 4) * INT4_TILE_ROWS + g;
+    const int b = blockIdx.x, end = gemm_range_start(work, b + 1);
     int it = 0;
 #pragma unroll 1
-    for (int u = blockIdx.x; u < n_units; u += gridDim.x) {
-        const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
+    for (int x = gemm_range_start(work, b); x < end;) {
+        const GemmUnit un = gemm_unit_at(work, x, end);
+        x += un.g1 - un.g0;
         const int m0 = un.tb * GEMM_BM;
         float acc[64];
 #pragma unroll
@@ -341,8 +328,8 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
         for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[i]);
         if (lane == 0) mbarrier_arrive(&empty[(it + GW_STAGES - 1) % GW_STAGES]);
 #endif
-        // A split tile: only its last unit holds the whole sum and runs the epilogue.
-        if (sk.splits > 1 && !gemm_split_k_reduce(sk, un, acc)) continue;
+        // A tile cut by a range: its owner adds the other parts and runs the epilogue.
+        if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, un.rb, local, m0, M, t);
     }
 }
@@ -366,10 +353,9 @@ gemm_fmtw_store_rows(float* __restrict__ out,                  // [rows, ldo] fp
                      const void* __restrict__ w_scales,        // scales (fp16 | uint8 | int8, by format)
                      const void* __restrict__ w_aux,           // offsets | superscales, or null
                      const int* __restrict__ prefill_state,    // [2] int32: start, n_rows (M = [1])
-                     float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-                     int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
-                     int N, int K, int ldo, int col0, int fmt,
-                     int k_splits) {                           // S (gemm_split_k.cuh)
+                     float* __restrict__ split_partials,       // [grid, 16, 256, 4] fp32 scratch, or null: whole tiles
+                     int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                     int N, int K, int ldo, int col0, int fmt) {
     grid_launch_dependents();
     grid_dependency_wait();      // X, the outputs, prefill_state, the scratch: earlier kernels'
     // An unknown format ends the whole grid, before any barrier — after the wait, so that even
@@ -378,7 +364,7 @@ gemm_fmtw_store_rows(float* __restrict__ out,                  // [rows, ldo] fp
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
     const int M = __ldcg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
-    const GemmSplitK sk{split_partials, split_counters, k_splits};
+    const GemmSplitK sk{split_partials, split_counters};
     WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, sk, rows,
                                     [&](const float (&acc)[64], int rb, int local, int m0, int M_, int t) {
                                         const int ra = rb * GW_BLOCK_ROWS + local;
@@ -399,16 +385,16 @@ gemm_fmtw_residual_rows(float* __restrict__ residual,            // [rows, N] fp
                         const void* __restrict__ w_scales,       // scales (by format)
                         const void* __restrict__ w_aux,          // offsets | superscales, or null
                         const int* __restrict__ prefill_state,   // [2] int32: start, n_rows (M = [1])
-                        float* __restrict__ split_partials,      // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-                        int* __restrict__ split_counters,        // [tiles] int32, zero between launches (S > 1), or null
-                        int N, int K, int fmt, int k_splits) {   // k_splits = S (gemm_split_k.cuh)
+                        float* __restrict__ split_partials,      // [grid, 16, 256, 4] fp32 scratch, or null: whole tiles
+                        int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                        int N, int K, int fmt) {
     grid_launch_dependents();
     grid_dependency_wait();      // as above
     if (!wf_known(fmt)) return;
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
     const int M = __ldcg(prefill_state + 1);
     const GwOneMatrix rows{WfWeight{w_qweight, w_qhigh, w_scales, w_aux}, N};
-    const GemmSplitK sk{split_partials, split_counters, k_splits};
+    const GemmSplitK sk{split_partials, split_counters};
     WF_DISPATCH(fmt, F, gw_block<F>(x_map, M, K, (N + GW_BLOCK_ROWS - 1) / GW_BLOCK_ROWS, sk, rows,
                                     [&](const float (&acc)[64], int rb, int local, int m0, int M_, int t) {
                                         int ra = rb * GW_BLOCK_ROWS + local;
@@ -431,9 +417,9 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
                               const void* __restrict__ up_scales,       // scales (by format)
                               const void* __restrict__ up_aux,          // offsets | superscales, or null
                               const int* __restrict__ prefill_state,    // [2] int32: start, n_rows (M = [1])
-                              float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-                              int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
-                              int F, int K, int fmt, int k_splits) {    // k_splits = S (gemm_split_k.cuh)
+                              float* __restrict__ split_partials,       // [grid, 16, 256, 4] fp32 scratch, or null: whole tiles
+                              int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                              int F, int K, int fmt) {
     grid_launch_dependents();
     grid_dependency_wait();      // as above
     if (!wf_known(fmt)) return;
@@ -447,7 +433,7 @@ gemm_fmtw_gate_up_swiglu_rows(__half* __restrict__ h,                   // [rows
         const int i = p % INT4_TILE_ROWS, f = rb * FB + (p / INT4_TILE_ROWS) * 8 + (i & 7);
         return GwRow{i < 8 ? gate : up, (u32)min(f, F - 1)};
     };
-    const GemmSplitK sk{split_partials, split_counters, k_splits};
+    const GemmSplitK sk{split_partials, split_counters};
     WF_DISPATCH(fmt, FM, gw_block<FM>(x_map, M, K, (F + FB - 1) / FB, sk, row_of,
                                       [&](const float (&acc)[64], int rb, int local, int m0, int M_, int t) {
                                           // local % 16 = g < 8: feature f of the lane's gate (g) and up (g + 8) rows

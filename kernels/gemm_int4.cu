@@ -28,13 +28,15 @@
 //              m64n128, m64n256 — and the launcher picks the build per GEMM shape
 //              (launchers/gemm_int4.py: gemm_tiling): a larger tile shares each unpacked weight
 //              among more tokens, a smaller one gives a GEMM of few row blocks more tiles than SMs
-//              and wastes less of a short prompt. The kernel is persistent: grid = min(units at
-//              the buffer's capacity, SM count), and block b takes tiles b, b + gridDim.x, … of
-//              the ceil(M/GEMM_BM) × row-block tiles the live M gives, token block fastest (tiles
-//              running at once share weight slices in L2).
-//              With k_splits = S > 1 a tile's 128-input groups are cut into S splits, and the
-//              blocks take units (tile, split) the same way; the last unit of a tile adds the S
-//              partials and runs the epilogue (gemm_split_k.cuh: where it pays, the protocol).
+//              and wastes less of a short prompt. The kernel is persistent, its work shared out
+//              by the stream-K schedule (gemm_split_k.cuh): grid = P ≤ the SM count blocks, and
+//              block b takes one contiguous range of the W = tiles × groups (tile, 128-input group)
+//              pairs of the ceil(M/GEMM_BM) × row-block tiles the live M gives (token block
+//              fastest: a block's next tile reuses the weight slice it just read, from L2). With
+//              a scratch a range may end inside a tile: the block holding the tile's first group
+//              adds the other blocks' partial sums and runs the epilogue; without one the ranges
+//              are whole tiles. Every block then runs ~W/P groups: no round of the SMs half
+//              empty (the launcher picks P and the tile together, gemm_tiling).
 //   block    = 12 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
 //              tile's GEMM_BM tokens, and a producer warpgroup (warps 8–11) that gives its
 //              registers to them (setmaxnreg: 72 and 216 a thread at GEMM_BM 256, whose 128
@@ -188,7 +190,7 @@
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO, FP16X2_1024, FP16X2_1032
 #include "int4_matmul.cuh"  // INT4_GROUP, INT4_TILE_ROWS, swiglu_f16
 #include "gemm_epilogue.cuh" // GEMM_BM, GEMM_ACC, gemm_each_token, GemmResidualAdd
-#include "gemm_split_k.cuh"  // GemmSplitK, gemm_unit, gemm_split_k_reduce
+#include "gemm_split_k.cuh"  // GemmSplitK, GemmWork, gemm_work, gemm_unit_at, gemm_split_k_finish
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
@@ -310,10 +312,9 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
 }
 
 // The GEMM's tiles — GEMM_BM tokens × one block of weight rows, `row_blocks` of them per GEMM_BM
-// tokens — handed out persistently: block b takes units b, b + gridDim.x, … (gemm_unit: token
-// block fastest, so the tiles running at the same time share weight slices in L2; with split-K a
-// unit is one split of a tile). Persistence lets the producer fetch the next unit's first stages
-// while the consumers run the current one's epilogue.
+// tokens — shared out persistently: block b runs the units of its stream-K range (gemm_split_k.cuh:
+// whole tiles, or a tile's groups [g0, g1) where the range cuts it). Persistence lets the
+// producer fetch the next unit's first stages while the consumers run the current one's epilogue.
 // rows_of(row_block, local) → the two rows (local, local + 8) of the warp tile holding `local`
 // (called by the producer, which copies them, and by the consumers, which read their scales);
 // then epilogue(acc, m0, M, t) with the lane's GEMM_ACC accumulators (gemm_each_token walks them).
@@ -339,12 +340,10 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     grid_launch_dependents();
     grid_dependency_wait();
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
-    {
-        const int M = __ldcg(prefill_state + 1);
-        const int n_units = (M + GEMM_BM - 1) / GEMM_BM * row_blocks * sk.splits;  // tiles × splits
-        if ((int)blockIdx.x >= n_units) return;  // the whole block, before any barrier
-    }
     const int n_groups = K / INT4_GROUP;
+    // Blocks past the ranges the live M gives (gemm_split_k.cuh: P) leave, the whole block,
+    // before any barrier.
+    if ((int)blockIdx.x >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, n_groups, sk).ranges) return;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
 
@@ -366,11 +365,12 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         setmaxnreg_dec<GEMM_PRODUCER_REGS>();
         if (warp != GEMM_CONSUMER_WARPS) return;
         if (lane == 0) tma_prefetch_map(&x_map);
-        const int token_blocks = (live_rows(prefill_state) + GEMM_BM - 1) / GEMM_BM;
-        const int n_units = token_blocks * row_blocks * sk.splits;
+        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, n_groups, sk);
+        const int b = block_index(), end = gemm_range_start(work, b + 1);
         int it = 0;
-        for (int u = block_index(); u < n_units; u += gridDim.x) {
-            const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
+        for (int x = gemm_range_start(work, b); x < end;) {
+            const GemmUnit un = gemm_unit_at(work, x, end);
+            x += un.g1 - un.g0;
             const int m0 = un.tb * GEMM_BM;
             for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
                 const int s = it % GEMM_STAGES;
@@ -407,14 +407,15 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // ---- consumers --------------------------------------------------------------------------
     setmaxnreg_inc<GEMM_CONSUMER_REGS>();
     const int M = live_rows(prefill_state);
-    const int token_blocks = (M + GEMM_BM - 1) / GEMM_BM;
-    const int n_units = token_blocks * row_blocks * sk.splits;
+    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, n_groups, sk);
+    const int b = block_index(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
     int it = 0;
 #pragma unroll 1
-    for (int u = block_index(); u < n_units; u += gridDim.x) {
-        const GemmUnit un = gemm_unit(u, token_blocks, n_groups, sk.splits);
+    for (int x = gemm_range_start(work, b); x < end;) {
+        const GemmUnit un = gemm_unit_at(work, x, end);
+        x += un.g1 - un.g0;
         const int m0 = un.tb * GEMM_BM;
         const GemmLaneRows r = rows_of(un.rb, local);
         float acc[GEMM_ACC];
@@ -430,8 +431,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             sa = na;
             sb = nb;
         }
-        // A split tile: only its last unit holds the whole sum and runs the epilogue.
-        if (sk.splits > 1 && !gemm_split_k_reduce(sk, un, acc)) continue;
+        // A tile cut by a range: its owner adds the other parts and runs the epilogue.
+        if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, m0, M, t);
     }
 }
@@ -460,12 +461,12 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
               const __half* __restrict__ scales,        // [N, K/128] fp16
               const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
-              float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-              int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
-              int N, int K, int k_splits) {             // k_splits = S (gemm_split_k.cuh)
+              float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+              int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+              int N, int K) {
     int ra = 0;
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
-                    GemmSplitK{split_partials, split_counters, k_splits}, GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
+                    GemmSplitK{split_partials, split_counters}, GemmOneMatrixRows{qweight, scales, N, K, &ra}, gemm_each_token([&](int token, float va, float vb) {
         if (ra < N) out[(u64)token * N + ra] = va;
         if (ra + 8 < N) out[(u64)token * N + ra + 8] = vb;
     }));
@@ -483,13 +484,13 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
               const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
               const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
-              float* __restrict__ split_partials,         // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-              int* __restrict__ split_counters,           // [tiles] int32, zero between launches (S > 1), or null
-              int Nq, int Nkv, int K, int k_splits) {     // k_splits = S (gemm_split_k.cuh)
+              float* __restrict__ split_partials,         // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+              int* __restrict__ split_counters,           // [grid] int32, zero between launches, or null
+              int Nq, int Nkv, int K) {
     const int ld = Nq + 2 * Nkv;
     int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
     gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
-                    GemmSplitK{split_partials, split_counters, k_splits}, [&](int rb, int local) {
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
         GemmLaneRows r;
         ra = rb * GEMM_BLOCK_ROWS + local;
         // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
@@ -560,16 +561,16 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
                    const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
                    const int* __restrict__ prefill_state,    // [2] int32: start position, M
                    const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
-                   float* __restrict__ split_partials,       // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-                   int* __restrict__ split_counters,         // [tiles] int32, zero between launches (S > 1), or null
-                   int Hq, int Hkv, int Dh, int K, int k_splits) {  // k_splits = S (gemm_split_k.cuh)
+                   float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                   int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                   int Hq, int Hkv, int Dh, int K) {
     const int half_dim = Dh / 2;
     const int n_pairs = (Hq + 2 * Hkv) * half_dim;
     constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
     // The lane's pair (set by rows_of; its head and dim are derived again in the epilogue, so
     // that one register, not the epilogue's pointers, stays live across the mainloop).
     int pair = 0;
-    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters, k_splits},
+    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
         // local = 16·(warp tile) + g for g < 8: pair 8·(warp tile) + g of the block.
         GemmLaneRows r;
@@ -642,12 +643,12 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
                    const u32* __restrict__ qweight,        // [N, K/8] uint32
                    const __half* __restrict__ scales,      // [N, K/128] fp16
                    const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
-                   float* __restrict__ split_partials,     // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-                   int* __restrict__ split_counters,       // [tiles] int32, zero between launches (S > 1), or null
-                   int N, int K, int k_splits) {           // k_splits = S (gemm_split_k.cuh)
+                   float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                   int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
+                   int N, int K) {
     int ra = 0;
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
-                    GemmSplitK{split_partials, split_counters, k_splits}, GemmOneMatrixRows{qweight, scales, N, K, &ra},
+                    GemmSplitK{split_partials, split_counters}, GemmOneMatrixRows{qweight, scales, N, K, &ra},
                     GemmResidualAdd{residual, N, &ra});
 }
 
@@ -662,12 +663,12 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
                          const u32* __restrict__ up_qweight,        // [F, K/8] uint32
                          const __half* __restrict__ up_scales,      // [F, K/128] fp16
                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
-                         float* __restrict__ split_partials,        // [tiles · S, 16, 256, 4] fp32 scratch (S > 1), or null
-                         int* __restrict__ split_counters,          // [tiles] int32, zero between launches (S > 1), or null
-                         int F, int K, int k_splits) {              // k_splits = S (gemm_split_k.cuh)
+                         float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                         int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                         int F, int K) {
     int f = 0;
     constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
-    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters, k_splits},
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
         // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
         GemmLaneRows r;

@@ -1,87 +1,136 @@
-// kernels/gemm_split_k.cuh — split-K for the persistent wgmma prefill GEMMs (gemm_int4.cu,
-// gemm_fmt_wgmma.cu): a tile's K range cut into S splits that run on different blocks, and the
-// last split of a tile to finish adding the S partial sums in a fixed order.
+// kernels/gemm_split_k.cuh — how the persistent wgmma prefill GEMMs (gemm_int4.cu,
+// gemm_fmt_wgmma.cu) share their work among blocks: each block takes one contiguous range of the
+// GEMM's (tile, 128-input group) work — the stream-K schedule (Osama, Merrill, Cecka, Garland,
+// Owens: "Stream-K: Work-centric Parallel Decomposition for Dense Matrix-Matrix Multiplication on
+// the GPU", PPoPP 2023) — and a tile whose groups fall into the ranges of several blocks is
+// finished by the block holding its first group, which adds the others' partial sums.
 //
-// Why: a GEMM with few output tiles and a long K leaves most SMs idle. The 0.5B's down_proj
-// at a 512-token prompt is 4 token blocks × 7 row blocks = 28 tiles of 38 groups of 128 inputs
-// on 132 SMs: 28 SMs each walk the whole K while 104 wait. Cut into S = 4 splits of 10 groups,
-// 112 blocks run a quarter of the K each. The launcher (launchers/gemm_int4.py: k_splits_for)
-// picks S from the tile count, the group count and the grid; S = 1 is the plain GEMM and never
-// touches the buffers below.
+// Why: a GEMM whose tiles do not fill a whole number of rounds of the SMs idles them. The 7B's
+// gate_up_swiglu at a 512-token prompt is 592 tiles of 256 tokens on 132 SMs, 4.48 rounds: in
+// the fifth, 64 SMs work and 68 wait; its qkv_proj is 72 tiles, one round on 72 SMs; the 0.5B's
+// down_proj is 28 tiles of 38 groups. Here every block runs W / P of the W = tiles × G groups
+// (G = K / 128 a tile), so the GEMM takes the time of ceil(W / P) groups and one fix-up, whatever
+// the tile count. A range boundary that falls inside a tile costs a partial sum stored by one
+// block and read back by another (below); the launcher (launchers/gemm_int4.py: gemm_tiling)
+// picks the block count P with that cost counted, and P = tiles, or no scratch, keeps every tile
+// whole.
 //
-// Work units: unit u of the launch is (token block u % TB, split (u / TB) % S, row block
-// u / (TB·S)) — token block fastest, as the tiles were — and covers groups [split·P,
-// min(G, (split+1)·P)), P = ceil(G / S) (the launcher keeps every split non-empty). The
-// persistent blocks take units b, b + grid, … exactly as they took tiles.
+// The work
+// --------
+// Position x = tile · G + group, tiles numbered token block fastest (tile = row block · TB + token
+// block, TB = ceil(M / GEMM_BM)): a block's range runs through the token blocks of one row block
+// before the next, so the second token block's weight reads hit L2. W = tiles · G; with a scratch
+// the quantum q is 1 group (a range may cut a tile anywhere), without one q = G (whole tiles).
+// P = min(gridDim.x, W / q) blocks take ranges: block b < P takes positions
+// [start(b), start(b + 1)), start(b) = floor(b · (W/q) / P) · q; blocks b ≥ P exit at once. P ≤ W/q
+// makes every range non-empty (start strictly increases).
+// A unit is a range's part inside one tile: groups [g0, g1) of it. Three kinds:
+//   whole  g0 = 0, g1 = G   the block runs the epilogue.
+//   tail   g0 > 0           a later part of a tile begun by an earlier block. A range reaches the
+//                           inside of a tile only at its start, so a tail is the first unit of
+//                           its block: every block stores at most one partial, in slot b.
+//   head   g0 = 0, g1 < G   the tile's first part; a range ends inside a tile only at its end,
+//                           so a head is its block's last unit. The block (the tile's owner) adds
+//                           the partials of the blocks b+1 … last that hold the rest of the tile
+//                           — last = the block of position tile · G + G − 1 — in that order, then
+//                           runs the epilogue. Every block owns at most one split tile: counter b.
 //
-// Bytes: each unit of a split tile writes its GEMM_ACC accumulators per consumer thread — the
-// whole 128-row × GEMM_BM-token FP32 tile, 64 KiB at GEMM_BM = 128 — to `partials`, and the last
-// one reads all S back (its own too, below): S tiles written and S read per tile, from L2 where the tile's units
-// run close together (consecutive unit numbers: the same round of the persistent blocks, but
-// for a tile whose splits straddle two rounds).
-//
-//   partials  fp32 [tiles · S, GEMM_ACC/4, 256, 4]: unit (tile, split)'s accumulators 4j … 4j+3 of
-//             consumer thread c at [(tile·S + split), j, c] — consecutive threads, consecutive float4.
-//   counters  int32 [tiles]: how many of the tile's S units have stored their partial; 0
-//             between launches (the buffer starts zeroed and the last unit sets it back).
+//   partials  fp32 [P, GEMM_ACC/4, 256, 4]: block b's tail, its consumer thread c's accumulators
+//             4j … 4j+3 at [b, j, c] — consecutive threads, consecutive float4 (a warp stores 512
+//             contiguous bytes).
+//   counters  int32 [P]: counters[b] counts the tails stored for block b's head; 0 between
+//             launches (the buffer starts zeroed and the owner sets it back).
 //
 // The protocol, and why nothing reads a partial before it is complete (ptx/flags.cuh states the
-// memory-model pattern): the 256 consumer threads of the unit store their partials, meet at a
-// named barrier (bar.sync 1, 256: the producer warp(s) run ahead into the next unit and are not
-// part of it), then thread 0 adds 1 to counters[tile] with one atom.acq_rel.gpu. Its release
-// half publishes, through the barrier's causality order, every thread's stores; the unit whose
-// add returns S − 1 is the last, and its acquire half synchronizes with every earlier add (the
-// counter changes only by these read-modify-writes: one release sequence), so each earlier
-// unit's stores happen before the last unit's loads, which come after a second named barrier.
-// The last unit resets the counter; no other unit touches it again in this launch (a tile's S
-// units each add once). The next launch that uses the buffers touches them only after its
+// memory-model pattern): a tail's 256 consumer threads store their partial, meet at a named
+// barrier (bar.sync 1, 256: the producer runs ahead and is not part of it), then thread 0 adds 1
+// to counters[owner] with red.release.gpu. The owner's thread 0 polls counters[b] with relaxed
+// loads until it reads the number of tails, reads it once more with ld.acquire.gpu, resets it,
+// and the owner's consumers meet at the named barrier before any of them loads a partial. The
+// counter changes in this launch only by those release adds (one release sequence), so the
+// acquire synchronizes with every one, and every tail's stores happen before the owner's loads.
+// No other block touches counters[b] after the owner's reset in this launch (its tails have each
+// added once). The next launch that uses the buffers touches them only after its
 // griddepcontrol.wait, which returns once this grid has completed: the prefill launches these
 // GEMMs as programmatic dependents, and every kernel between two of them waits before it can
-// finish (every block of each waits, none exits before its wait), so completion runs in stream
-// order. A launch that never completes (a fault) leaves counters non-zero: the buffers are then
-// as dead as the context. The partials are read with ld.cg (L2), written by other SMs in this
-// launch: never through L1 or the non-coherent path.
-// Shared memory: one int (`is_last`), written by thread 0 between the two barriers and read by
-// all after the second; thread 0 writes it again only after the next unit's first barrier,
-// which every consumer thread reaches after its read.
+// finish, so completion runs in stream order. The partials are read with ld.cg (L2): written by
+// other SMs in this launch, never read through L1 or the non-coherent path.
+// Why the wait cannot deadlock: only an owner waits, at its last unit; the blocks it waits for
+// store their tail as their first unit, before they wait for anything. And every block the owner
+// waits for runs: the grid is at most one block per SM, each SM holds one (one block of the
+// kernel fits an SM), and the next kernel's blocks start only once every block of this one has
+// started (griddepcontrol.launch_dependents, issued first thing). A counter that never fills (a
+// bug) ends the kernel with a trap after GEMM_SPLIT_TIMEOUT_NS instead of hanging the GPU.
+// Shared memory: none (the named barriers only).
 //
-// Determinism: the sum is partial 0 + partial 1 + … in split order whichever unit is last (all S
-// read back from memory, its own too), so a launch gives the same bits every time; with S > 1
-// they differ from the S = 1 sums by FP32 reassociation only
-// (tests: the reference's tolerance, and S = 1 against S > 1).
+// Determinism: the owner's sum is its own accumulators + the tail of block b+1 + that of b+2 …,
+// the same order whichever block finishes first, so a launch gives the same bits every time;
+// tiles cut by a range differ from whole ones by FP32 reassociation only (tests: the reference's
+// tolerance, and stream-K against whole tiles).
 #pragma once
 
 #include "types.cuh"  // u32, u64
-#include "flags.cuh"  // split_arrive_last
+#include "flags.cuh"  // red_release_gpu_add, ld_relaxed_gpu_u32, ld_acquire_gpu_u32, global_timer_ns
+#include "setmaxnreg.cuh"  // thread_index: read after the role split, not held across it
 #include "gemm_epilogue.cuh"  // GEMM_ACC
 
 #define GEMM_SPLIT_THREADS 256  // the consumer threads of a block: two warpgroups, threads 0 … 255
 #define GEMM_SPLIT_BARRIER 1    // named barrier id (0 is __syncthreads)
-#define GEMM_SPLIT_MAX 4        // the launchers never pick more (launchers/gemm_int4.py mirrors it)
+#ifndef GEMM_SPLIT_CJ
+#define GEMM_SPLIT_CJ 8
+#endif
+#define GEMM_SPLIT_TIMEOUT_NS 10000000000ull  // 10 s: far beyond any GEMM, even under compute-sanitizer
 
-// The split-K arguments of a launch: S = splits (1: no split; the pointers may be null).
+// The scratch of a launch whose ranges may cut tiles; both null: whole tiles only.
 struct GemmSplitK {
-    float* partials;   // [tiles · S, GEMM_ACC/4, 256, 4] fp32 scratch
-    int* counters;     // [tiles] int32, zero between launches
-    int splits;        // S
+    float* partials;   // [P, GEMM_ACC/4, 256, 4] fp32
+    int* counters;     // [P] int32, zero between launches
 };
 
-// Unit u of a launch (the header's order): token block, row block, tile index, split, groups.
-struct GemmUnit {
-    int tb, rb, tile, split, g0, g1;
+// A launch's work: the header's W, q and P for the live M.
+struct GemmWork {
+    int token_blocks;  // TB
+    int n_groups;      // G
+    int quanta;        // W / q
+    int quantum;       // q: 1 or G
+    int ranges;        // P
 };
 
-__device__ __forceinline__ GemmUnit gemm_unit(int u, int token_blocks, int n_groups, int splits) {
-    GemmUnit w;
-    w.tb = u % token_blocks;
-    const int r = u / token_blocks;
-    w.split = r % splits;
-    w.rb = r / splits;
-    w.tile = w.rb * token_blocks + w.tb;
-    const int per = (n_groups + splits - 1) / splits;
-    w.g0 = w.split * per;
-    w.g1 = min(n_groups, w.g0 + per);
+__device__ __forceinline__ GemmWork gemm_work(int M, int tile_tokens, int row_blocks, int n_groups,
+                                              const GemmSplitK& sk) {
+    GemmWork w;
+    w.token_blocks = (M + tile_tokens - 1) / tile_tokens;
+    w.n_groups = n_groups;
+    w.quantum = sk.partials != nullptr ? 1 : n_groups;
+    w.quanta = w.token_blocks * row_blocks * (n_groups / w.quantum);
+    w.ranges = min((int)gridDim.x, w.quanta);
     return w;
+}
+
+// First position of block b's range (b ≤ P; b = P: W). 32-bit: the launcher keeps W · P < 2³²
+// (a 64-bit division is a subroutine call whose saved registers spilled in gemm_fmt_wgmma.cu).
+__device__ __forceinline__ int gemm_range_start(const GemmWork& w, int b) {
+    return (int)((u32)b * (u32)w.quanta / (u32)w.ranges) * w.quantum;
+}
+
+// The block whose range holds position x (quantum 1): the largest b with start(b) ≤ x.
+__device__ __forceinline__ int gemm_range_of(const GemmWork& w, int x) {
+    return (int)(((u32)(x + 1) * (u32)w.ranges - 1u) / (u32)w.quanta);
+}
+
+// The unit at position x of a range ending at `end`: token block, row block, tile, groups.
+struct GemmUnit {
+    int tb, rb, tile, g0, g1;
+};
+
+__device__ __forceinline__ GemmUnit gemm_unit_at(const GemmWork& w, int x, int end) {
+    GemmUnit u;
+    u.tile = x / w.n_groups;
+    u.g0 = x - u.tile * w.n_groups;
+    u.g1 = min(w.n_groups, u.g0 + (end - x));
+    u.tb = u.tile % w.token_blocks;
+    u.rb = u.tile / w.token_blocks;
+    return u;
 }
 
 // bar.sync id, count: the consumer threads only (PTX ISA "Parallel Synchronization and
@@ -90,55 +139,55 @@ __device__ __forceinline__ void gemm_consumers_sync() {
     asm volatile("bar.sync %0, %1;" :: "n"(GEMM_SPLIT_BARRIER), "n"(GEMM_SPLIT_THREADS) : "memory");
 }
 
-// After a unit's MMAs, by every consumer thread c (0 … 255) with its GEMM_ACC accumulators: store
-// them as the unit's partial; return true in the tile's last unit, with acc replaced by the sum
-// of the S partials (then the caller runs the epilogue), false in the others (skip it).
-// The partial is GEMM_ACC/4 float4 per thread (acc[4j … 4j+3] at float4 [j, c] of the unit's slot:
-// a warp's store is 512 contiguous bytes). The last unit reads all S back — its own as well, so
-// that its accumulators are dead and their registers take the loads — in GEMM_ACC/8 chunks of 2
-// float4, each chunk's loads from every split issued together (the split loop unrolled to
-// GEMM_SPLIT_MAX with a predicate: 32 registers in flight): GEMM_ACC/8 L2 round trips whatever S
-// is. Chunks of 4 float4 (half the round trips) spilled in the 9-warp form of gemm_int4.cu
-// (36–52 B, ptxas), whose mainloop left ~10 registers of its 168; so did keeping the unit's own
-// partial in registers while loading the others. A first version that walked the splits one after another, 16 loads at a
-// time (S·4 round trips), cost ~13 µs a tile on the H200 at S = 3: more than the split saved.
-__device__ __forceinline__ bool gemm_split_k_reduce(const GemmSplitK& sk, const GemmUnit& w, float (&acc)[GEMM_ACC]) {
-    __shared__ int is_last;
-    const int c = threadIdx.x;
+// After a unit's MMAs, by every consumer thread c (0 … 255) of block b with its GEMM_ACC
+// accumulators: for a whole tile nothing; for a tail, store it as block b's partial, signal the
+// tile's owner and return false (no epilogue here); for a head, wait for the tails, add them to
+// acc in block order and return true (the caller runs the epilogue).
+// The owner reads each tail in chunks of CJ float4 a thread (GEMM_ACC/(4·CJ) L2 round trips a
+// tail) while its own accumulators stay live.
+__device__ __forceinline__ bool gemm_split_k_finish(const GemmSplitK& sk, const GemmWork& w, const GemmUnit& un,
+                                                    int b, float (&acc)[GEMM_ACC]) {
+    const bool tail = un.g0 > 0, head = un.g0 == 0 && un.g1 < w.n_groups;
+    if (!tail && !head) return true;
+    const int c = thread_index();
     constexpr int J = GEMM_ACC / 4;                 // float4 per thread
-    constexpr u64 SLOT = J * GEMM_SPLIT_THREADS;    // float4 per unit
-    float4* slots = reinterpret_cast<float4*>(sk.partials) + (u64)w.tile * sk.splits * SLOT + c;
-    float4* mine = slots + w.split * SLOT;
+    constexpr u64 SLOT = J * GEMM_SPLIT_THREADS;    // float4 per block
+    float4* slots = reinterpret_cast<float4*>(sk.partials) + c;
+    if (tail) {
+        float4* mine = slots + (u64)b * SLOT;
 #pragma unroll
-    for (int j = 0; j < J; ++j)
-        __stcg(mine + j * GEMM_SPLIT_THREADS, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-    gemm_consumers_sync();  // every thread's stores before thread 0's release
+        for (int j = 0; j < J; ++j)
+            __stcg(mine + j * GEMM_SPLIT_THREADS, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        gemm_consumers_sync();  // every thread's stores before thread 0's release
+        if (c == 0) red_release_gpu_add(reinterpret_cast<u32*>(sk.counters + gemm_range_of(w, un.tile * w.n_groups)), 1u);
+        return false;
+    }
+    const int last = gemm_range_of(w, un.tile * w.n_groups + w.n_groups - 1);
     if (c == 0) {
-        is_last = split_arrive_last(reinterpret_cast<u32*>(sk.counters + w.tile), sk.splits);
+        u32* counter = reinterpret_cast<u32*>(sk.counters + b);
+        const u32 tails = (u32)(last - b);
+        const u64 t0 = global_timer_ns();
+        while (ld_relaxed_gpu_u32(counter) < tails)
+            if (global_timer_ns() - t0 > GEMM_SPLIT_TIMEOUT_NS) __trap();
+        (void)ld_acquire_gpu_u32(counter);
+        *counter = 0;
     }
     gemm_consumers_sync();  // thread 0's acquire before every thread's loads below
-    if (!is_last) return false;
-    // Every split's partial read back, this unit's own too (the bits it stored: its registers
-    // are free for the loads).
-    constexpr int CJ = 2;  // float4 per chunk
+    constexpr int CJ = GEMM_SPLIT_CJ;   // float4 per chunk
+    static_assert(J % CJ == 0, "chunks");
+#pragma unroll 1
+    for (int o = b + 1; o <= last; ++o) {
+        const float4* p = slots + (u64)o * SLOT;
 #pragma unroll
-    for (int j0 = 0; j0 < J; j0 += CJ) {
-        float4 p[GEMM_SPLIT_MAX][CJ];
+        for (int j0 = 0; j0 < J; j0 += CJ) {
+            float4 v[CJ];
 #pragma unroll
-        for (int s = 0; s < GEMM_SPLIT_MAX; ++s)
+            for (int e = 0; e < CJ; ++e) v[e] = __ldcg(p + (j0 + e) * GEMM_SPLIT_THREADS);
 #pragma unroll
-            for (int e = 0; e < CJ; ++e)
-                if (s < sk.splits) p[s][e] = __ldcg(slots + s * SLOT + (j0 + e) * GEMM_SPLIT_THREADS);
-#pragma unroll
-        for (int e = 0; e < CJ; ++e) {
-            float4 sum = p[0][e];
-#pragma unroll
-            for (int s = 1; s < GEMM_SPLIT_MAX; ++s)
-                if (s < sk.splits) {
-                    sum.x += p[s][e].x; sum.y += p[s][e].y; sum.z += p[s][e].z; sum.w += p[s][e].w;
-                }
-            const int i = 4 * (j0 + e);
-            acc[i] = sum.x; acc[i + 1] = sum.y; acc[i + 2] = sum.z; acc[i + 3] = sum.w;
+            for (int e = 0; e < CJ; ++e) {
+                const int i = 4 * (j0 + e);
+                acc[i] += v[e].x; acc[i + 1] += v[e].y; acc[i + 2] += v[e].z; acc[i + 3] += v[e].w;
+            }
         }
     }
     return true;

@@ -31,11 +31,17 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // register budgets reach it, which ptxas did by spilling it to local memory (one load per tile
 // in the consumers of the prefill GEMM).
 //   block_index()        %ctaid.x
+//   thread_index()       %tid.x
 //   live_rows(state)     ld.global.cg of state[1] (the L2's value: written by an earlier kernel)
 __device__ __forceinline__ int block_index() {
     int b;
     asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
     return b;
+}
+__device__ __forceinline__ int thread_index() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
 }
 __device__ __forceinline__ int live_rows(const int* prefill_state) {
     int m;

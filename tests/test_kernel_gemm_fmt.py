@@ -154,27 +154,30 @@ def test_gemm_fmt_wgmma_persistent(dev, rng, fname, k, max_blocks):
     assert (got[m:].view(np.uint16) == 0xFFFF).all(), "rows past M were written"
 
 
-# Split-K on the format GEMMs (kernels/gemm_split_k.cuh, as gemm_int4.cu): K = 1280 is 10
-# groups, S = 3 splits of 4, 4 and 2; K = 896 is 7, S = 4 splits of 2, 2, 2 and 1. The producer
-# walks the block's units with their uneven group counts, one stage ahead across units. The
-# partials are poisoned; the counters must be zero after each launch; a second launch gives the
-# same bits; the residual is added once.
-SPLIT = [(fname, k, s, blocks) for fname, k, s in (("q5_k", 1280, 3), ("q8_g32", 896, 4)) for blocks in (1, 4, None)]
+# Stream-K ranges on the format GEMMs (kernels/gemm_split_k.cuh, as gemm_int4.cu): 6 tiles (12
+# for gate/up) of 10 groups (K = 1280) or 7 (K = 896) on P blocks: P = 1 runs every tile whole
+# in one block; P = 4 and 7 cut tiles between two blocks (a range shorter than a tile: a block
+# holding only the middle of one); the launcher's own P (None: up to the SMs) gives each tile's
+# owner several tails to add. The producer walks the block's units with their uneven group
+# counts, one stage ahead across units. The partials are poisoned; the counters must be zero
+# after each launch; a second launch gives the same bits; the residual is added once.
+SPLIT = [(fname, k, blocks) for fname, k in (("q5_k", 1280), ("q8_g32", 896)) for blocks in (1, 4, 7, None)]
 
 
-@pytest.mark.parametrize("fname,k,s,max_blocks", SPLIT, ids=[f"{p[0]}-k{p[1]}-s{p[2]}-blocks{p[3]}" for p in SPLIT])
-def test_gemm_fmt_wgmma_split_k(dev, rng, fname, k, s, max_blocks):
+@pytest.mark.parametrize("fname,k,blocks", SPLIT, ids=[f"{p[0]}-k{p[1]}-blocks{p[2]}" for p in SPLIT])
+def test_gemm_fmt_wgmma_split_k(dev, rng, fname, k, blocks):
     from drvqwen.launchers.gemm_int4 import SplitKScratch
 
     GemmFmtRows, GemmFmtResidualRows, GemmFmtGateUpSwigluRows = launchers("wgmma")
     rows, m, n, w, u, xd, ps, x64, want, u64 = _multi_tile_case(dev, rng, fname, k)
-    sk = SplitKScratch(dev.array, 12 * s, 12)
+    sk = SplitKScratch(dev.array, 132, 132)
     sk.partials.fill_bytes(0xFF)
-    kw = dict(rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s)
-    tag = f"{fname}.k{k}.S{s}.blocks{max_blocks}"
+    kw = dict(rows=rows, split_k=sk, blocks=blocks)
+    tag = f"{fname}.k{k}.blocks{blocks}"
 
     def twice(launcher, read):
-        assert launcher.k_splits == s
+        assert blocks is None or launcher.tiling.blocks == blocks
+        assert launcher.tiling.split == (blocks != 1)
         launcher.launch()
         first = read()
         assert not sk.counters.download().any(), "counters left non-zero"

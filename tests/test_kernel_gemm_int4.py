@@ -113,20 +113,22 @@ def test_gemm_gate_up_swiglu(dev, rng, m, tile):
     assert np.isnan(got[m:].astype(np.float32)).all()
 
 
-# Split-K (kernels/gemm_split_k.cuh): each tile's K cut into S splits on different blocks, the
-# last to finish adding the S partials in split order. K = 3456 is 27 groups: S = 2 gives
-# splits of 14 and 13 groups, S = 3 of 9 each, S = 4 of 7, 7, 7 and 6. The scratch's partials
-# are poisoned (NaN): a unit that read a slot no unit of this launch wrote would show. Every
-# launch must leave the counters at zero (the next one starts from them), give the same bits
-# launched again (the sum's order does not depend on which unit is last), and add a residual
-# once (only the last unit runs the epilogue). max_blocks = 3 makes each block run many units.
-SPLIT_CASES = [(m, s, blocks, tile) for m, s in ((1, 3), (100, 4), (300, 4), (300, 2)) for blocks in (None, 3)
-               for tile in TILES]
+# Stream-K ranges (kernels/gemm_split_k.cuh): each block takes a contiguous range of the (tile,
+# group) work, a tile cut by ranges finished by the block holding its first group, which adds
+# the other blocks' partials in block order. K = 3456 is 27 groups a tile, 3 row blocks: at M = 1
+# 3 tiles (81 groups) — 2 blocks cut the middle tile, 5 give every tile two or three parts, the
+# launcher's own P (None: up to the SMs) ranges of one or two groups and owners adding dozens of
+# tails; M = 100 and 300 more tiles (two to six token blocks). The scratch's partials are
+# poisoned (NaN): a block that read a slot no block of this launch wrote would show. Every launch
+# must leave the counters at zero (the next one starts from them), give the same bits launched
+# again (the sum's order does not depend on which block finishes first), and add a residual once
+# (only the owner runs the epilogue).
+SPLIT_CASES = [(m, blocks, tile) for m in (1, 100, 300) for blocks in (2, 5, None) for tile in TILES]
 
 
-def _scratch(dev, rows, n_blocks, s, tile=128):
-    tiles = -(-rows // tile) * n_blocks
-    sk = launchers.gemm_int4.SplitKScratch(dev.array, -(-tiles * s * tile // 128), tiles)
+def _scratch(dev):
+    """A scratch for any plan on up to 132 blocks (two 128 × 128 slots a block at 256 tokens)."""
+    sk = launchers.gemm_int4.SplitKScratch(dev.array, 264, 132)
     sk.partials.fill_bytes(0xFF)
     return sk
 
@@ -138,8 +140,15 @@ def _split_checks(name, sk, launch, read, first):
     assert not sk.counters.download().any()
 
 
-@pytest.mark.parametrize("m,s,max_blocks,tile", SPLIT_CASES)
-def test_gemm_split_k(dev, rng, m, s, max_blocks, tile):
+def _plan(g, blocks):
+    """The launcher's plan: P as forced, ranges cutting tiles whenever P does not divide them."""
+    t = g.tiling
+    assert blocks is None or t.blocks == blocks
+    return f"P={t.blocks}{' cut' if t.split else ''}"
+
+
+@pytest.mark.parametrize("m,blocks,tile", SPLIT_CASES)
+def test_gemm_split_k(dev, rng, m, blocks, tile):
     n, k = 333, 3456                    # 3 row blocks, the last partial
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
@@ -147,20 +156,18 @@ def test_gemm_split_k(dev, rng, m, s, max_blocks, tile):
     x64 = x[:m].astype(np.float64)
     want = x64 @ dequant64(qw, sc).T
     xd, qd, sd, ps = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m)
-    sk = _scratch(dev, rows, 3, s, tile)
-    tag = f"M={m} S={s} blocks={max_blocks} tile={tile}"
+    sk = _scratch(dev)
 
     out = dev.poisoned("out", (rows, n), np.float32)
-    g = launchers.GemmInt4(out, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk, k_splits=s,
-                           tile_tokens=tile)
-    assert g.k_splits == s
+    g = launchers.GemmInt4(out, xd, qd, sd, ps, n=n, k=k, rows=rows, split_k=sk, blocks=blocks, tile_tokens=tile)
+    tag = f"M={m} {_plan(g, blocks)} tile={tile}"
     g.launch()
     got = out.download()
     report(f"gemm_int4_f32 split {tag}", got[:m], want, TOL_GEMV)
     assert np.isnan(got[m:]).all(), "rows past M were written"
     _split_checks("gemm_int4_f32", sk, g.launch, out.download, got)
-    # The same GEMM unsplit: equal up to the order of the FP32 sums (S partial sums of cancelling
-    # terms added, instead of one chain: ~3e-6 measured at M = 1).
+    # The same GEMM in whole tiles: equal up to the order of the FP32 sums (partial sums of
+    # cancelling terms added, instead of one chain: ~3e-6 measured at M = 1).
     whole = dev.poisoned("whole", (rows, n), np.float32)
     launchers.GemmInt4(whole, xd, qd, sd, ps, n=n, k=k, rows=rows, tile_tokens=tile).launch()
     report(f"gemm_int4_f32 split vs whole {tag}", got[:m], whole.download()[:m].astype(np.float64), 2e-5)
@@ -168,17 +175,17 @@ def test_gemm_split_k(dev, rng, m, s, max_blocks, tile):
     r0 = np.full((rows, n), np.nan, np.float32)
     r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)
     res = dev.upload("residual", r0)
-    launchers.GemmInt4ResidualRows(res, xd, qd, sd, ps, n=n, k=k, rows=rows, max_blocks=max_blocks, split_k=sk,
-                                   k_splits=s, tile_tokens=tile).launch()
+    launchers.GemmInt4ResidualRows(res, xd, qd, sd, ps, n=n, k=k, rows=rows, split_k=sk, blocks=blocks,
+                                   tile_tokens=tile).launch()
     got = res.download()
     report(f"gemm_int4_residual split {tag}", got[:m], r0[:m].astype(np.float64) + want, TOL_GEMV)
     assert np.isnan(got[m:]).all()
     assert not sk.counters.download().any()
 
 
-@pytest.mark.parametrize("m,s", [(17, 3), (300, 4)])
+@pytest.mark.parametrize("m,blocks", [(17, 3), (300, None)])
 @pytest.mark.parametrize("tile", TILES)
-def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s, tile):
+def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, blocks, tile):
     nq, nkv, f, k = 224, 32, 200, 3456
     x = _x(rng, m, k)
     rows = _capacity(m)
@@ -186,13 +193,14 @@ def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s, tile):
     xd, ps = dev.upload("x", x), _state(dev, m)
 
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
-    sk = _scratch(dev, rows, 4, s, tile)  # gate/up's 4 blocks of 64 features ≥ qkv's 3 of 128 rows
+    sk = _scratch(dev)
     out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
     g = launchers.GemmInt4QkvRows(out, xd, *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
-                                  ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, k_splits=s, tile_tokens=tile)
+                                  ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, blocks=blocks, tile_tokens=tile)
+    tag = f"M={m} {_plan(g, blocks)} tile={tile}"
     g.launch()
     got = out.download()
-    report(f"gemm_int4_qkv split M={m} S={s}", got[:m], np.concatenate([x64 @ dequant64(*w).T for w in ws], axis=1),
+    report(f"gemm_int4_qkv split {tag}", got[:m], np.concatenate([x64 @ dequant64(*w).T for w in ws], axis=1),
            TOL_GEMV)
     assert np.isnan(got[m:]).all()
     _split_checks("gemm_int4_qkv", sk, g.launch, out.download, got)
@@ -200,49 +208,47 @@ def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, s, tile):
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     h = dev.poisoned("h", (rows, f), np.float16)
     g = launchers.GemmInt4GateUpSwigluRows(h, xd, dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
-                                           dev.upload("us", us), ps, f=f, k=k, rows=rows, split_k=sk, k_splits=s,
+                                           dev.upload("us", us), ps, f=f, k=k, rows=rows, split_k=sk, blocks=blocks,
                                            tile_tokens=tile)
+    tag = f"M={m} {_plan(g, blocks)} tile={tile}"
     g.launch()
     got = h.download()
-    report(f"gemm_int4_gate_up_swiglu split M={m} S={s}", got[:m],
+    report(f"gemm_int4_gate_up_swiglu split {tag}", got[:m],
            ref.swiglu(x64 @ dequant64(gq, gs).T, x64 @ dequant64(uq, us).T), TOL_GEMV)
     assert np.isnan(got[m:].astype(np.float32)).all()
     _split_checks("gemm_int4_gate_up_swiglu", sk, g.launch, h.download, got)
 
 
 def test_gemm_split_k_chosen_where_tiles_are_few(dev, rng):
-    """With a scratch and no k_splits, the launcher splits the 0.5B's down_proj shape at 512
-    tokens (28 tiles of 38 groups: S = 4 on a grid of 132, an H200's SMs) and leaves a many-tile
-    GEMM whole."""
+    """With a scratch the launcher spreads the 0.5B's down_proj shape at 512 tokens (28 tiles of
+    38 groups at 128 tokens) over a grid of 132 (an H200's SMs) in stream-K ranges; without one,
+    whole tiles on as many blocks as there are."""
     rows, n, k = 512, 896, 4864
-    sk = _scratch(dev, rows, 7, 4)
+    sk = _scratch(dev)
     x = dev.array("x", (rows, k), np.float16)
     res = dev.array("residual", (rows, n), np.float32)
     qw, sc = dev.array("qw", (n, k // 8), np.uint32), dev.array("sc", (n, k // 128), np.float16)
     ps = _state(dev, rows)
     kw = dict(rows=rows, max_blocks=132)
-    g = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, split_k=sk, **kw)
-    assert (g.tile_tokens, g.k_splits) == (128, 4)
-    g = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, **kw)   # no scratch: 64-token tiles, whole
-    assert (g.tile_tokens, g.k_splits) == (64, 1)
-    big = dev.array("big", (rows, 18944), np.float32)
-    qb, sb = dev.array("qb", (18944, 896 // 8), np.uint32), dev.array("sb", (18944, 896 // 128), np.float16)
-    assert launchers.GemmInt4ResidualRows(big, dev.array("xb", (rows, 896), np.float16), qb, sb, ps, n=18944, k=896,
-                                          split_k=sk, **kw).k_splits == 1
+    t = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, split_k=sk, **kw).tiling
+    assert (t.tile_tokens, t.blocks, t.split) == (64, 132, True)
+    t = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, **kw).tiling   # no scratch: whole tiles
+    assert (t.tile_tokens, t.blocks, t.split) == (64, 56, False)
 
 
-# (M, start, S, max_blocks, head_dim, Hq, Hkv): 576 pairs in 9 row blocks; 80 pairs in 2, the
+# (M, start, scratch, blocks, head_dim, Hq, Hkv): 576 pairs in 9 row blocks; 80 pairs in 2, the
 # last partial (pairs past the end read and never written); positions near 30000; three token
-# blocks; split K; a persistent grid of 3 blocks looping over the tiles.
-QKV_ROPE_CASES = [(100, 5, 1, None, 64, 14, 2), (100, 5, 2, None, 32, 3, 1), (1, 0, 1, None, 128, 7, 1),
-                  (300, 30000, 1, None, 128, 7, 1), (17, 40, 2, 3, 64, 14, 2)]
+# blocks; stream-K ranges cutting tiles (the launcher's P, or 3 blocks each running several units).
+QKV_ROPE_CASES = [(100, 5, False, None, 64, 14, 2), (100, 5, True, None, 32, 3, 1), (1, 0, False, None, 128, 7, 1),
+                  (300, 30000, False, None, 128, 7, 1), (17, 40, True, 3, 64, 14, 2)]
 
 
-@pytest.mark.parametrize("m,start,s,max_blocks,hd,hq,hkv", QKV_ROPE_CASES,
-                         ids=[f"m{c[0]}-start{c[1]}-S{c[2]}" + ("" if c[3] is None else f"-blocks{c[3]}")
-                              + f"-hd{c[4]}-{c[5]}q{c[6]}kv" for c in QKV_ROPE_CASES])
+@pytest.mark.parametrize("m,start,split,blocks,hd,hq,hkv", QKV_ROPE_CASES,
+                         ids=[f"m{c[0]}-start{c[1]}-" + ("split" if c[2] else "whole")
+                              + ("" if c[3] is None else f"-blocks{c[3]}") + f"-hd{c[4]}-{c[5]}q{c[6]}kv"
+                              for c in QKV_ROPE_CASES])
 @pytest.mark.parametrize("tile", TILES)
-def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv, tile):
+def test_gemm_qkv_rope(dev, rng, m, start, split, blocks, hd, hq, hkv, tile):
     """gemm_int4_qkv_rope (rotating by rope_table_rows' cos and sin): q and the chunk's K/V cache
     slots against the float64 reference (x Wᵀ + bias, rotated), and bit for bit what
     gemm_int4_qkv + rope_kv_rows write from the same inputs (the path it replaces). The cache
@@ -265,8 +271,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv, tile):
     fd = dev.upload("inv_freq", inv_freq)
     rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
     launchers.RopeTableRows(rope_cs, fd, ps, rows=rows, head_dim=hd).launch()
-    tiles_blocks = -(-(nq + 2 * nkv) // 128)
-    sk = _scratch(dev, rows, tiles_blocks, s, tile) if s > 1 else None
+    sk = _scratch(dev) if split else None
     heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
 
     def outputs(tag):
@@ -275,9 +280,8 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv, tile):
                 dev.poisoned(f"v_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16))
 
     fused = outputs("fused")
-    g = launchers.GemmInt4QkvRopeRows(*fused, xd, *wd, *bd, rope_cs, ps, bt, k=k, rows=rows, max_blocks=max_blocks,
-                                      split_k=sk, k_splits=s if sk else None, tile_tokens=tile, **heads)
-    assert g.k_splits == s
+    g = launchers.GemmInt4QkvRopeRows(*fused, xd, *wd, *bd, rope_cs, ps, bt, k=k, rows=rows, split_k=sk,
+                                      blocks=blocks, tile_tokens=tile, **heads)
     g.launch()
     got_q, got_k, got_v = (a.download() for a in fused)
 
@@ -286,7 +290,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv, tile):
     pos = start + np.arange(m)
     cos, sin = (a.astype(np.float64) for a in ref.rope_cos_sin(pos, hd, 1e6))
     q, kk, v = ((x64 @ dequant64(*w).T + b.astype(np.float64)).reshape(m, -1, hd) for w, b in zip(ws, biases))
-    tag = f"gemm_int4_qkv_rope M={m} start={start} S={s} hd={hd} tile={tile}"
+    tag = f"gemm_int4_qkv_rope M={m} start={start} {_plan(g, blocks)} hd={hd} tile={tile}"
     report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
     assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
     table = rope_cs.download()
@@ -302,8 +306,8 @@ def test_gemm_qkv_rope(dev, rng, m, start, s, max_blocks, hd, hq, hkv, tile):
     # The two-launch path on the same inputs: the same bits everywhere (written slots and poison).
     apart = outputs("apart")
     qkv = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
-    launchers.GemmInt4QkvRows(qkv, xd, *wd, ps, n_q=nq, n_kv=nkv, k=k, rows=rows, max_blocks=max_blocks,
-                              split_k=sk, k_splits=s if sk else None, tile_tokens=tile).launch()
+    launchers.GemmInt4QkvRows(qkv, xd, *wd, ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, blocks=blocks,
+                              tile_tokens=tile).launch()
     launchers.RopeKvRows(*apart, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
     for name, a, b in zip("qkv", (got_q, got_k, got_v), apart):
         assert_same_bits(f"{tag} {name} against gemm_int4_qkv + rope_kv_rows", a, b.download())

@@ -219,62 +219,68 @@ def test_check_buffer_names_both_sides_of_a_mismatch():
 
 
 def test_split_k_arguments_are_refused_with_their_reason():
-    """gemm_int4.split_k_args (both wgmma GEMM files' launchers): S > 1 needs a scratch, S must be
-    an int in 1 … min(SPLIT_MAX, groups) with no empty split, and the scratch must hold tiles × S
-    units and the tiles' counters; S = 1 passes null pointers. 7 groups: S = 4 gives 2, 2, 2, 1."""
+    """gemm_int4.split_k_args (both wgmma GEMM files' launchers): a plan whose stream-K ranges cut
+    no tile passes null pointers; one that cuts tiles needs a scratch holding a partial (its
+    tile's 128 × bm FP32: two 128 × 128 slots at 256 tokens, half of one at 64) and a counter for
+    each of its P blocks. gemm_tiling refuses a block count below 1."""
     import types
 
     from drvqwen.launchers.base import NULL
-    from drvqwen.launchers.gemm_int4 import SPLIT_MAX, split_k_args
+    from drvqwen.launchers.gemm_int4 import GemmTiling, gemm_tiling, split_k_args
 
-    scratch = types.SimpleNamespace(units=12, tiles=3, partials="partials", counters="counters")
-    args, s = split_k_args(None, None, 3, 7, 132, "k")
-    assert s == 1 and args["split_partials"] is NULL and args["split_counters"] is NULL
-    args, s = split_k_args(scratch, 4, 3, 7, 132, "k")
-    assert s == 4 and args["split_partials"] == "partials" and args["k_splits"].value == 4
-    with pytest.raises(LaunchError, match="k: k_splits=2 needs a SplitKScratch"):
-        split_k_args(None, 2, 3, 7, 132, "k")
-    with pytest.raises(LaunchError, match=f"k_splits={SPLIT_MAX + 1} must be in 1..{SPLIT_MAX}"):
-        split_k_args(scratch, SPLIT_MAX + 1, 3, 7, 132, "k")
-    with pytest.raises(LaunchError, match=r"k_splits=3 must be in 1..4 with no empty split \(4 groups"):
-        split_k_args(scratch, 3, 3, 4, 132, "k")      # 4 groups in splits of 2: the third is empty
-    with pytest.raises(LaunchError, match="k_splits=2.5 must be an int"):
-        split_k_args(scratch, 2.5, 3, 7, 132, "k")
-    with pytest.raises(LaunchError, match="4 tiles of 128 tokens × 4 splits need a SplitKScratch of 16 units and "
-                                          "4 counters, it has 12 and 3"):
-        split_k_args(scratch, 4, 4, 7, 132, "k")
-    # A unit's partial is its tile: 256 tokens take two slots of 128 × 128, 64 tokens half of one.
-    args, s = split_k_args(scratch, 2, 3, 7, 132, "k", bm=256)
-    assert s == 2
-    with pytest.raises(LaunchError, match="2 tiles of 256 tokens × 4 splits need a SplitKScratch of 16 units"):
-        split_k_args(scratch, 4, 2, 7, 132, "k", bm=256)
-    args, s = split_k_args(types.SimpleNamespace(units=6, tiles=3, partials="p", counters="c"), 4, 3, 7, 132, "k",
-                           bm=64)
-    assert s == 4
+    scratch = types.SimpleNamespace(units=12, tiles=8, partials="partials", counters="counters")
+    args = split_k_args(None, GemmTiling(128, 7, False, 0.0), "k")
+    assert args == dict(split_partials=NULL, split_counters=NULL)
+    assert split_k_args(scratch, GemmTiling(128, 7, False, 0.0), "k")["split_partials"] is NULL
+    with pytest.raises(LaunchError, match="k: 7 blocks cut tiles: that needs a SplitKScratch"):
+        split_k_args(None, GemmTiling(128, 7, True, 0.0), "k")
+    args = split_k_args(scratch, GemmTiling(128, 7, True, 0.0), "k")
+    assert args == dict(split_partials="partials", split_counters="counters")
+    with pytest.raises(LaunchError, match="k: 7 blocks of 256-token tiles need a SplitKScratch of 14 units and "
+                                          "7 counters, it has 12 and 8"):
+        split_k_args(scratch, GemmTiling(256, 7, True, 0.0), "k")
+    with pytest.raises(LaunchError, match="9 blocks of 64-token tiles need a SplitKScratch of 5 units and 9 counters"):
+        split_k_args(scratch, GemmTiling(64, 9, True, 0.0), "k")
+    assert split_k_args(scratch, GemmTiling(64, 8, True, 0.0), "k")["split_counters"] == "counters"
+    with pytest.raises(LaunchError, match="blocks=0 must be >= 1"):
+        gemm_tiling(512, 3, 7, 132, blocks=0)
 
 
-def test_gemm_tiling_picks_the_tile_and_splits_that_finish_soonest():
-    """gemm_int4.gemm_tiling on 132 SMs (an H200) at the layer shapes its docstring lists, short
-    prompts in 64-token tiles, a forced tile kept, and split_k_need sizing the scratch for the
-    tile it picks (a 256-token unit takes two 128 × 128 slots)."""
-    from drvqwen.launchers.gemm_int4 import gemm_tiling, split_k_need
+def test_gemm_tiling_picks_the_tile_and_blocks_that_finish_soonest():
+    """gemm_int4.gemm_tiling on 132 SMs (an H200) at the layer shapes its docstring lists: every
+    GEMM on (nearly) every SM with stream-K ranges cutting tiles; whole tiles without a scratch;
+    P dividing the tiles cuts none; a forced tile or P kept (P at most the work); the estimate's
+    arithmetic; split_k_need sizing the scratch for the plan it picks."""
+    from drvqwen.launchers.gemm_int4 import (GROUP_US, SPLIT_TAIL_US, GemmTiling, _plan_cost, gemm_tiling,
+                                             split_k_need)
 
     sm = 132
-    # (rows, row blocks, groups) → (tokens a tile, S): the 7B's qkv, o_proj, gate_up at 512 tokens.
-    assert gemm_tiling(512, 36, 28, sm) == (256, 1)
-    assert gemm_tiling(512, 28, 28, sm) == (128, 1)
-    assert gemm_tiling(512, 296, 28, sm) == (256, 1)
-    # The 0.5B's: qkv and o_proj in 64-token tiles, gate_up 128, down_proj 128 split 4 ways.
-    assert [gemm_tiling(512, rb, g, sm) for rb, g in ((9, 7), (7, 7), (76, 7), (7, 38))] == [
-        (64, 1), (64, 1), (128, 1), (128, 4)]
-    assert gemm_tiling(512, 7, 38, sm, split=False) == (64, 1)
-    assert gemm_tiling(64, 296, 28, sm) == (64, 1)            # one 64-token block: no token wasted
-    assert gemm_tiling(512, 296, 28, sm, tile_tokens=128) == (128, 1)
+    pick = lambda *a, **kw: (lambda t: (t.tile_tokens, t.blocks, t.split))(gemm_tiling(*a, **kw))  # noqa: E731
+    # (rows, row blocks, groups): the 7B's qkv, o_proj, gate_up, down_proj at 512 tokens.
+    assert [pick(512, rb, g, sm) for rb, g in ((36, 28), (28, 28), (296, 28), (28, 148))] == [
+        (256, 132, True), (128, 132, True), (256, 132, True), (256, 132, True)]
+    # The 0.5B's.
+    assert [pick(512, rb, g, sm) for rb, g in ((9, 7), (7, 7), (76, 7), (7, 38))] == [
+        (64, 132, True), (64, 130, True), (256, 132, True), (64, 132, True)]
+    # Without a scratch: whole tiles, as many blocks as tiles up to the SMs.
+    assert pick(512, 36, 28, sm, split=False) == (256, 72, False)
+    assert pick(512, 296, 28, sm, split=False) == (256, 132, False)
+    assert pick(512, 33, 28, sm, tile_tokens=128) == (128, 132, False)     # 132 tiles on 132 blocks
+    assert pick(512, 3, 27, sm, tile_tokens=128, blocks=5) == (128, 5, True)
+    assert pick(64, 1, 2, sm, tile_tokens=64, blocks=10) == (64, 2, True)  # W = 2 groups: 2 blocks
     with pytest.raises(LaunchError, match="tile of 96 tokens"):
         gemm_tiling(512, 7, 7, sm, tile_tokens=96)
-    assert split_k_need(512, 7, 38 * 128, sm) == (28 * 4, 28)
-    assert split_k_need(512, 28, 148 * 128, sm) == (2 * 28 * 2 * 2, 56)  # 7B down_proj: 56 tiles of 256, S = 2
-    assert split_k_need(512, 296, 28 * 128, sm) == (0, 0)
+    # 592 tiles of 28 groups on 132 blocks: 126 groups the longest range, tiles shared by 2 blocks.
+    us, cut = _plan_cost(592, 28, 132, 256, True)
+    assert cut and us == pytest.approx(126 * GROUP_US[256] + SPLIT_TAIL_US[256])
+    # 56 tiles of 148 groups: ranges of 62–63 groups, a tile shared by up to 4 blocks.
+    assert _plan_cost(56, 148, 132, 256, True)[0] == pytest.approx(63 * GROUP_US[256] + 3 * SPLIT_TAIL_US[256])
+    assert _plan_cost(592, 28, 132, 256, False) == (5 * 28 * GROUP_US[256], False)
+    assert isinstance(gemm_tiling(512, 7, 7, sm), GemmTiling)
+    # Scratch: P partials of the plan's tile (64 tokens: half a 128 × 128 slot) and P counters.
+    assert split_k_need(512, 7, 38 * 128, sm) == (66, 132)
+    assert split_k_need(512, 28, 148 * 128, sm) == (264, 132)
+    assert split_k_need(512, 33, 128, sm) == (0, 0)                        # 132 whole 128-token tiles
 
 
 def test_gemm_int4_launch_names_its_build_and_registers(monkeypatch):

@@ -4,8 +4,9 @@
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
         [--tiles auto 64 128 256] [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
 
-The INT4 GEMMs run as the prefill runs them, split-K included (a scratch as the prefill's); with
---tiles each given tile size is a column (auto: the launchers' choice, gemm_tiling).
+The INT4 GEMMs run as the prefill runs them, stream-K ranges included (a scratch as the
+prefill's); with --tiles each given tile size is a column (auto: the launchers' choice,
+gemm_tiling), with --grid each schedule.
 
 --formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
 prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
@@ -31,7 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from drvqwen.launchers import GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
-from drvqwen.launchers.gemm_int4 import BLOCK_ROWS, SPLIT_MAX, TILE_TOKENS, SplitKScratch
+from drvqwen.launchers.gemm_int4 import SPLIT_UNIT_FLOATS, TILE_TOKENS, SplitKScratch, unit_floats
 from drvqwen.config import PRESETS
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.graph import graph_time_us
@@ -48,9 +49,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=5, help="calls per timed graph (default 5)")
     ap.add_argument("--samples", type=int, default=5, help="timed graphs per figure, median taken (default 5)")
     ap.add_argument("--json", help="also write the figures (µs, TFLOP/s) to this file")
-    ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "tiles"],
-                    help="persistent: one block per SM looping over the tiles (what drvqwen runs); tiles: "
-                         "one block per tile. Each given value is a column (default: both)")
+    ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "whole", "tiles"],
+                    help="persistent: at most one block per SM, stream-K ranges that may cut tiles (what drvqwen "
+                         "runs); whole: the same grid, ranges of whole tiles (no scratch); tiles: one block per "
+                         "tile. Each given value is a column (default: persistent and tiles)")
     ap.add_argument("--tiles", nargs="+", default=["auto"], choices=["auto", "64", "128", "256"],
                     help="tokens a tile of the INT4 GEMMs, a column each (auto: the launchers' choice)")
     ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
@@ -90,15 +92,14 @@ def main() -> int:
     out = {"qkv": np.zeros((m, nq + 2 * nkv), np.float32), "res": np.zeros((m, d), np.float32),
            "h_out": np.zeros((m, f), np.float16)}
     o = {k: upload(k, v) for k, v in out.items()}
-    # Split-K scratch as the prefill sizes it: the most any of the layer's GEMMs takes at any tile.
-    blocks = lambda n: -(-n // BLOCK_ROWS)  # noqa: E731
-    shapes = [(blocks(nq + 2 * nkv), d), (blocks(d), nq), (blocks(2 * f), d), (blocks(d), f)]
-    units = max(-(-(-(-m // bm) * nb) * SPLIT_MAX * bm // 128) for nb, _ in shapes for bm in TILE_TOKENS)
-    tiles = max(-(-m // 64) * nb for nb, _ in shapes)
+    # Split-K scratch for any plan: a partial a block (the largest tile's) and a counter a block.
+    sms = get_device().info.sm_count
+    units = sms * max(-(-unit_floats(bm) // SPLIT_UNIT_FLOATS) for bm in TILE_TOKENS)
+    tiles = sms
     sk = SplitKScratch(lambda name, shape, dtype: upload(name, np.zeros(shape, dtype)), units, tiles)
 
     def gemms(cl, tile):
-        kw = dict(rows=m, max_blocks=None if cl == "persistent" else 0, split_k=sk,
+        kw = dict(rows=m, max_blocks=0 if cl == "tiles" else None, split_k=sk if cl == "persistent" else None,
                   tile_tokens=None if tile == "auto" else int(tile))
         return {
             "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, **kw),
@@ -144,7 +145,8 @@ def main() -> int:
 
     columns = [(cl if a.tiles == ["auto"] else f"{cl}:{tile}", {name: [g] for name, g in gemms(cl, tile).items()})
                for cl in a.grid for tile in a.tiles]
-    choices = {cl: {name: f"{gs[0].tile_tokens}×S{gs[0].k_splits}" for name, gs in launchers.items()}
+    choices = {cl: {name: f"{gs[0].tile_tokens}×P{gs[0].tiling.blocks}{' stream-K' if gs[0].tiling.split else ''}"
+                    for name, gs in launchers.items()}
                for cl, launchers in columns}
     for name in a.formats:
         columns.append((f"wgmma:{name}", fmt_gemms(by_name[name], "wgmma")))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dev_kernels import Outcome, Version, retarget
+from drvqwen.launchers.base import NULL
 
 VERSIONS = [
     Version("production", "gemm_int4"),
@@ -115,11 +116,12 @@ def _nine_warp_shape(v: Version, make, rows: int, x):
 
 def _without_split_k(g):
     """The versions predate split-K: their kernels end at (…, N, K) with no split_partials,
-    split_counters, k_splits. Production's launcher without a SplitKScratch plans S = 1, so
-    dropping the three arguments launches the same GEMM."""
+    split_counters. Production's launcher without a SplitKScratch plans whole tiles (both null),
+    so dropping the two arguments launches the same GEMM (the versions share the tiles out their
+    own way, block b taking tiles b, b + grid, …)."""
     for spec in g.specs:
-        assert spec.args["k_splits"].value == 1, f"{spec.kernel}: a version launched with split-K"
-        for name in ("split_partials", "split_counters", "k_splits"):
+        assert spec.args["split_partials"] is NULL, f"{spec.kernel}: a version launched with split-K"
+        for name in ("split_partials", "split_counters"):
             del spec.args[name]
     return g
 
@@ -240,8 +242,8 @@ class Inputs:
 
     def production(self, max_blocks: int | None = None, tile_tokens: int | None = None):
         """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0; the tile
-        gemm_tiling picks unless tile_tokens), whole: no SplitKScratch, so S = 1 (the prefill
-        splits the 0.5B's down_proj 4 ways)."""
+        gemm_tiling picks unless tile_tokens), whole tiles: no SplitKScratch (the prefill's ranges
+        cut tiles)."""
         from drvqwen import launchers as K
 
         d, kind = self.case.dims, self.case.kind

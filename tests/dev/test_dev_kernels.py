@@ -198,7 +198,7 @@ def test_nine_warp_gemm_versions_run_in_their_launch_shape(monkeypatch):
         v = _version(name)
         (spec,) = dev_gemm_int4.version_launcher(v, lambda mb=132, tile_tokens=None: make(mb, tile_tokens), 512, x).specs
         assert (spec.grid, spec.block, spec.smem_bytes) == (prod.grid, (288,), 4 * 40 * 1024 + 1024 + 96)
-        split = ("split_partials", "split_counters", "k_splits")
+        split = ("split_partials", "split_counters")
         assert _values(spec.params) == _values([v for n, v in prod.args.items() if n not in split])
         assert (spec.kernel.file, spec.kernel.kernel, spec.kernel.registers) == (v.file, prod.kernel.kernel, 0)
 
@@ -207,8 +207,8 @@ def test_nine_warp_gemm_versions_run_in_their_launch_shape(monkeypatch):
 @pytest.mark.parametrize("v", dev_gemm_int4.VERSIONS, ids=[v.name for v in dev_gemm_int4.VERSIONS])
 def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, kind, rows, dims):
     """Each version's launch names its kernel's parameters in order, as read from the version's own
-    file: the versions predate split-K and end at (…, N, K) — a version handed production's three
-    extra arguments fails at launch ("kernel takes 7 parameters, 10 given")."""
+    file: the versions predate split-K and end at (…, N, K) — a version handed production's two
+    extra arguments fails at launch ("kernel takes 7 parameters, 9 given")."""
     from drvqwen.cuda.sources import kernel_source
     from drvqwen.launchers.signatures import kernel_signatures
 

@@ -10,9 +10,9 @@ gemv_fmt.format_defines), so the prefill picks either file per weight shape: the
 a multiple of 128 (one stage) and x a device array (its TMA tensor map is encoded at once, as in
 gemm_int4.py). The kernels are persistent: grid = min(tiles at the row capacity, SM count) — or
 `max_blocks` instead of the SM count, 0 for one block per tile (gemm_int4.persistent_grid) —,
-384 threads, GW_SMEM_BYTES of dynamic shared memory. Given a `SplitKScratch` they split each
-tile's K where few tiles would leave SMs idle, as gemm_int4.py's launchers do (the same
-kernels/gemm_split_k.cuh, `k_splits_for`).
+384 threads, GW_SMEM_BYTES of dynamic shared memory, the work shared out by stream-K ranges as
+in gemm_int4.py's launchers (the same kernels/gemm_split_k.cuh and plan, `plan_launch`): given a
+`SplitKScratch`, a range may cut a tile, and `blocks=` forces the block count.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cuda import Stream
 from .base import KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import SplitKScratch, persistent_grid, split_k_args, x_tensor_map
+from .gemm_int4 import GemmTiling, SplitKScratch, plan_launch, split_k_args, x_tensor_map
 from .gemv_fmt import FmtWeight
 
 BM = mirrored("gemm_fmt_wgmma", "GEMM_BM", 128)               # tokens per tile (wgmma N)
@@ -48,19 +48,17 @@ class _GemmFmtwLauncher(Launcher):
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
 
-    k_splits: int = 1  # S of the launch (gemm_int4.split_k_args)
+    tiling: GemmTiling | None = None  # the launch's plan (gemm_int4.plan_launch, 128-token tiles)
 
     def _build(self, kernel: str, rows: int, row_blocks: int, k: int, args: dict, dims: dict, defines: tuple, *,
-               reads, writes, max_blocks: int | None, split_k: SplitKScratch | None, k_splits: int | None) -> None:
+               reads, writes, max_blocks: int | None, split_k: SplitKScratch | None, blocks: int | None) -> None:
         """args: the kernel's parameters up to prefill_state, dims: the scalars after the split-K
-        pointers (…, prefill_state, split_partials, split_counters, dims…, k_splits)."""
-        tiles = -(-rows // BM) * row_blocks
-        sk, self.k_splits = split_k_args(split_k, k_splits, tiles, k // GROUP, max_blocks, kernel)
-        grid = persistent_grid(tiles * self.k_splits, max_blocks)
-        scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
-        self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines), pdl=True), (grid,), (THREADS,),
-                  {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
-                   "k_splits": sk["k_splits"]},
+        pointers (…, prefill_state, split_partials, split_counters, dims…)."""
+        self.tiling = t = plan_launch(rows, row_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                                      tile_tokens=BM)
+        scratch = (split_k.partials, split_k.counters) if t.split else ()
+        self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines), pdl=True), (t.blocks,), (THREADS,),
+                  {**args, **split_k_args(split_k, t, kernel), **dims},
                   smem_bytes=SMEM_BYTES, reads=(*reads, *scratch), writes=(*writes, *scratch),
                   bytes_moved=self.bytes_moved)
 
@@ -76,7 +74,7 @@ class GemmFmtwRows(_GemmFmtwLauncher):
 
     def __init__(self, out, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int, ldo: int, col0: int = 0,
                  stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None):
+                 split_k: SplitKScratch | None = None, blocks: int | None = None):
         super().__init__(stream)
         self._check(x, w, prefill_state, n, k, rows, defines)
         require(0 <= col0 and col0 + n <= ldo, f"gemm_fmt_wgmma: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
@@ -87,7 +85,7 @@ class GemmFmtwRows(_GemmFmtwLauncher):
                     dict(out=out, x_map=x_tensor_map(x, rows, k), **w.args("w"), prefill_state=prefill_state),
                     dict(N=i32(n), K=i32(k), ldo=i32(ldo), col0=i32(col0), fmt=i32(w.fmt.id)),
                     defines, reads=(x, prefill_state) + w.buffers, writes=(out,), max_blocks=max_blocks,
-                    split_k=split_k, k_splits=k_splits)
+                    split_k=split_k, blocks=blocks)
 
 
 class GemmFmtwResidualRows(_GemmFmtwLauncher):
@@ -99,7 +97,7 @@ class GemmFmtwResidualRows(_GemmFmtwLauncher):
 
     def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
                  stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None):
+                 split_k: SplitKScratch | None = None, blocks: int | None = None):
         super().__init__(stream)
         self._check(x, w, prefill_state, n, k, rows, defines)
         check_buffer(residual, "residual", rows * n, np.float32)
@@ -109,7 +107,7 @@ class GemmFmtwResidualRows(_GemmFmtwLauncher):
                     dict(residual=residual, x_map=x_tensor_map(x, rows, k), **w.args("w"), prefill_state=prefill_state),
                     dict(N=i32(n), K=i32(k), fmt=i32(w.fmt.id)),
                     defines, reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
-                    max_blocks=max_blocks, split_k=split_k, k_splits=k_splits)
+                    max_blocks=max_blocks, split_k=split_k, blocks=blocks)
 
 
 class GemmFmtwGateUpSwigluRows(_GemmFmtwLauncher):
@@ -122,7 +120,7 @@ class GemmFmtwGateUpSwigluRows(_GemmFmtwLauncher):
 
     def __init__(self, h, x, gate: FmtWeight, up: FmtWeight, prefill_state, *, f: int, k: int, rows: int,
                  stream: Stream | None = None, defines: tuple = (), max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None):
+                 split_k: SplitKScratch | None = None, blocks: int | None = None):
         super().__init__(stream)
         require(gate.fmt.id == up.fmt.id, f"{gate.name} ({gate.fmt.name}) and {up.name} ({up.fmt.name}): the fused "
                                           f"gate/up GEMM needs both in one format")
@@ -137,4 +135,4 @@ class GemmFmtwGateUpSwigluRows(_GemmFmtwLauncher):
                          prefill_state=prefill_state),
                     dict(F=i32(f), K=i32(k), fmt=i32(gate.fmt.id)),
                     defines, reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,), max_blocks=max_blocks,
-                    split_k=split_k, k_splits=k_splits)
+                    split_k=split_k, blocks=blocks)

@@ -20,17 +20,18 @@ layout wgmma reads), encoded here from x's address: `x` must be a device array (
 builds its launch lists on the GPU), not a planned BufferSpec.
 
 The kernels are persistent: the grid is at most one block per SM (`max_blocks`, default the
-GPU's SM count) and each block loops over the tiles of BM tokens × 128 weight rows that the live
-M gives. `max_blocks=0` launches one block per tile at the capacity instead (the plain form,
+GPU's SM count; `blocks=` forces the count P) and each block takes one contiguous range of the
+(tile, 128-input group) work the live M gives — the stream-K schedule of
+kernels/gemm_split_k.cuh. Given a `SplitKScratch` a range may end inside a tile (the block
+holding the tile's first group adds the others' partials), so every block runs about the same
+number of groups; without one the ranges are whole tiles. `gemm_tiling` picks the build and P
+together. `max_blocks=0` launches one block per tile at the capacity instead (the plain form,
 for comparison: tools/bench_gemm.py runs both).
-
-Split-K (kernels/gemm_split_k.cuh): given a `SplitKScratch`, a launcher cuts each tile's K into
-S splits that run on different blocks, where few tiles would leave SMs idle (`gemm_tiling`
-picks S with the tile; `k_splits=` forces it). Without one, S = 1: the plain GEMM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -90,31 +91,16 @@ def _encode_x_map(ptr: int, rows: int, k: int, bm: int):
     return encode_tiled_2d(ptr, np.float16, (rows, k), (bm, BOX_INPUTS), swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
 
 
-# Split-K (kernels/gemm_split_k.cuh): the consumer threads whose accumulators a unit stores, and
-# the most splits a launcher picks.
+# Split-K (kernels/gemm_split_k.cuh): the consumer threads whose accumulators a block's tail
+# stores, and the scratch's slot.
 SPLIT_THREADS = mirrored("gemm_int4", "GEMM_SPLIT_THREADS", 256)
-SPLIT_MAX = mirrored("gemm_int4", "GEMM_SPLIT_MAX", 4)
 SPLIT_UNIT_FLOATS = 64 * SPLIT_THREADS  # one slot of the scratch: a 128-row × 128-token FP32 tile
 
 
 def unit_floats(bm: int) -> int:
-    """FP32 values of one unit's partial in a build of `bm` tokens a tile: its 128 × bm tile."""
+    """FP32 values of one block's partial in a build of `bm` tokens a tile: its 128 × bm tile."""
     return bm // 2 * SPLIT_THREADS
 
-
-# What a split tile costs beyond its groups, in units of one group's MMAs (128 inputs of a 128 ×
-# 128 tile: 1.09 µs where each SM runs one tile, the 0.5B's down_proj): its partial stored
-# (64 KiB), the counter's round trip and, in the last unit, the S partials read back from L2.
-# Measured on the H200 (M = 512, graph replay; docs/bench/2026-12-02_2544dcc_h200_split_k.json):
-# down_proj 896 × 4864 at S = 1, 2, 3, 4: 41.5, 27.4, 22.1, 19.6 µs, i.e. 19 + 6.7 and 10 + 8.7
-# group-times at S = 2 and 4; and every S > 1 lost on the GEMMs this model does not split (the
-# 0.5B's qkv and o_proj, 7 groups: 12.1 µs whole against 12.6–22 µs; the 7B's qkv 62.7 against
-# 67–83 µs, its o_proj and down_proj too). A tile of 256 tokens stores twice the partial and
-# takes ~1.5× the group time: the same count of group-times is the estimate there too.
-SPLIT_FIXUP_GROUPS = 7
-# A split is taken only where the estimate gains at least this fraction: below it the scratch
-# traffic and the estimate's error weigh more.
-SPLIT_MIN_GAIN = 0.10
 
 # µs one 128-input group of one tile takes, by tokens a tile, when every SM runs tiles: the
 # 7B's gate_up_swiglu at M = 512 (296 row blocks: 592, 1184 and 2368 tiles on 132 SMs) divided
@@ -124,74 +110,81 @@ SPLIT_MIN_GAIN = 0.10
 # time: the unpack of a group's weights is shared by more MMA work.
 GROUP_US = {64: 0.739, 128: 1.101, 256: 1.665}
 
-
-def k_splits_for(tiles: int, groups: int, grid: int) -> int:
-    """S, the splits of each tile's K that finish a GEMM of `tiles` tiles and `groups` 128-input
-    groups soonest on `grid` persistent blocks: the S in 1 … SPLIT_MAX minimising
-
-        rounds(S) × (ceil(groups / S) + SPLIT_FIXUP_GROUPS · [S > 1]),
-        rounds(S) = ceil(tiles · S / grid)
-
-    (the block with the most units sets the time), smallest S on a tie, every split non-empty,
-    and S = 1 unless the best S gains SPLIT_MIN_GAIN. The 0.5B's down_proj at 512 tokens in
-    128-token tiles: 28 tiles of 38 groups on 132 SMs → S = 4 (17 group-times against 38); its
-    qkv_proj (36 tiles of 7 groups) → S = 1.
-    """
-    return _split_cost(tiles, groups, grid)[0]
+# µs a tile cut by the ranges costs its owner per other block's part it adds (gemm_split_k.cuh):
+# the part's 128 × bm FP32 partial read from L2, GEMM_ACC / 32 round trips of 32 KiB a block,
+# after the part's block stored it. The estimate: ~1 µs a round trip under load.
+SPLIT_TAIL_US = {64: 1.0, 128: 2.0, 256: 4.0}
 
 
-def _split_cost(tiles: int, groups: int, grid: int) -> tuple[int, int]:
-    """(S, its cost in group-times) of k_splits_for."""
-    whole = -(-tiles // grid) * groups
-    best, best_cost = 1, whole
-    for s in range(2, min(SPLIT_MAX, groups) + 1):
-        per = -(-groups // s)
-        if (s - 1) * per >= groups:   # the last split would be empty
-            continue
-        cost = -(-tiles * s // grid) * (per + SPLIT_FIXUP_GROUPS)
-        if cost < best_cost:
-            best, best_cost = s, cost
-    return (best, best_cost) if best_cost <= (1 - SPLIT_MIN_GAIN) * whole else (1, whole)
+@dataclasses.dataclass(frozen=True)
+class GemmTiling:
+    """A launch's plan: the build (tokens a tile), the grid P and whether the stream-K ranges
+    cut tiles (then the launch needs a SplitKScratch), with the estimate behind it in µs."""
+
+    tile_tokens: int
+    blocks: int
+    split: bool
+    us: float
+
+
+def _plan_cost(tiles: int, groups: int, p: int, bm: int, split: bool) -> tuple[float, bool]:
+    """(µs, cuts tiles) of `tiles` tiles of `groups` groups on P = p blocks: whole tiles take
+    ceil(tiles / P) tiles a block; stream-K ranges ceil(W / P) groups, W = tiles · groups, plus
+    the owner's reads of the other parts of its tile (at most ceil((groups − 1) / floor(W / P)) +
+    1 blocks share a tile). P dividing the tiles cuts none."""
+    if not split or tiles % p == 0:
+        return -(-tiles // p) * groups * GROUP_US[bm], False
+    w = tiles * groups
+    shortest = w // p
+    parts = min(p, -(-(groups - 1) // shortest) + 1)
+    return -(-w // p) * GROUP_US[bm] + (parts - 1) * SPLIT_TAIL_US[bm], True
 
 
 def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bool = True,
-                tile_tokens: int | None = None) -> tuple[int, int]:
-    """(tokens a tile, S): the build (TILE_TOKENS) and the splits of K that finish a GEMM of
-    `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups` 128-input groups
-    soonest on `grid` persistent blocks, by the estimate
+                tile_tokens: int | None = None, blocks: int | None = None) -> GemmTiling:
+    """The build (TILE_TOKENS), the block count P ≤ `grid` and whether ranges cut tiles that
+    finish a GEMM of `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups`
+    128-input groups soonest, by the estimate of _plan_cost (GROUP_US, SPLIT_TAIL_US). Without
+    `split` (no scratch) the ranges are whole tiles and P = min(tiles, grid); `tile_tokens`
+    fixes the build, `blocks` the P. Smaller tiles waste less of a short prompt; larger ones share
+    each unpacked weight among more tokens. What it picks at 512 tokens on 132 SMs: every GEMM of
+    the 7B and the 0.5B on (nearly) every SM, ranges cutting tiles; the 7B in 256-token tiles but
+    o_proj (128); the 0.5B's qkv, o_proj and down_proj in 64, its gate_up in 256.
 
-        time(bm) = cost(S) in group-times (k_splits_for, tiles = ceil(rows / bm) · row_blocks) × GROUP_US[bm]
-
-    (without `split`, S = 1; `tile_tokens` fixes bm). Smaller tiles waste less of a short
-    prompt and give a GEMM of few row blocks more tiles than SMs; larger ones share each
-    unpacked weight among more tokens. What it picks at 512 tokens (132 SMs): the 7B's qkv and
-    gate_up 256, its o_proj and down_proj 128; the 0.5B's qkv and o_proj 64, gate_up 128,
-    down_proj 128 with S = 4.
+    Raises:
+        LaunchError: a tile size not in TILE_TOKENS, or blocks < 1.
     """
+    require(blocks is None or (isinstance(blocks, int) and blocks >= 1), f"gemm_int4: blocks={blocks!r} must be >= 1")
     best = None
     for bm in ((tile_tokens,) if tile_tokens is not None else (128, 256, 64)):
         require(bm in TILE_TOKENS, f"gemm_int4: tile of {bm} tokens, want one of {TILE_TOKENS}")
         tiles = -(-rows // bm) * row_blocks
-        s, cost = _split_cost(tiles, groups, grid) if split else (1, -(-tiles // grid) * groups)
-        t = cost * GROUP_US[bm]
-        if best is None or t < best[0]:
-            best = (t, bm, s)
-    return best[1], best[2]
+        if blocks is not None:
+            candidates = (min(blocks, tiles * groups if split else tiles),)
+        elif not split:
+            candidates = (min(grid, tiles),)
+        else:
+            candidates = range(min(grid, tiles * groups), 0, -1)
+        for p in candidates:
+            us, cut = _plan_cost(tiles, groups, p, bm, split)
+            if best is None or us < best.us:
+                best = GemmTiling(bm, p, cut, us)
+    return best
 
 
 class SplitKScratch:
-    """The buffers of split-K GEMMs, shared by every launch of one stream (each leaves its
-    counters at zero; the next one touches them only after its griddepcontrol.wait, once the
-    one before has completed: kernels/gemm_split_k.cuh):
+    """The buffers of the stream-K GEMMs' cut tiles, shared by every launch of one stream (each
+    leaves its counters at zero; the next one touches them only after its griddepcontrol.wait,
+    once the one before has completed: kernels/gemm_split_k.cuh):
 
-        partials  fp32 [units, 64 · 256]   slots of one 128 × 128 FP32 tile (a unit of a split
-                                           128-token tile takes one, of a 256-token tile two, of a
-                                           64-token tile half of one)
-        counters  int32 [tiles]            zero between launches
+        partials  fp32 [units, 64 · 256]   slots of one 128 × 128 FP32 tile (a block of a
+                                           128-token build takes one, of a 256-token build two,
+                                           of a 64-token build half of one)
+        counters  int32 [tiles]            one per block, zero between launches
 
     Allocated by `alloc(name, shape, dtype) -> DeviceArray` (a Pool's `alloc`), the counters
-    zeroed by an upload, for up to `units` slots of split tiles and `tiles` tiles in one launch
-    (`split_k_need` sizes them).
+    zeroed by an upload, for up to `units` slots and `tiles` blocks in one launch (`split_k_need`
+    sizes them).
     """
 
     def __init__(self, alloc, units: int, tiles: int):
@@ -207,42 +200,56 @@ class SplitKScratch:
 
 
 def split_k_need(rows: int, row_blocks: int, k: int, grid: int | None = None) -> tuple[int, int]:
-    """(units, tiles) a gemm_int4 launch of `rows` rows and `row_blocks` row blocks over K = k
-    would use in a SplitKScratch ((0, 0) where it would not split), on `grid` blocks (default:
-    the SM count), in the tile gemm_tiling picks."""
-    bm, s = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, grid))
-    tiles = -(-rows // bm) * row_blocks
-    return (-(-tiles * s * unit_floats(bm) // SPLIT_UNIT_FLOATS), tiles) if s > 1 else (0, 0)
+    """(units, tiles) of SplitKScratch a gemm_int4 launch of `rows` rows and `row_blocks` row
+    blocks over K = k would use ((0, 0) where its ranges cut no tile), on `grid` blocks at most
+    (default: the SM count), in the plan gemm_tiling picks."""
+    t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, grid))
+    return (-(-t.blocks * unit_floats(t.tile_tokens) // SPLIT_UNIT_FLOATS), t.blocks) if t.split else (0, 0)
 
 
-def split_k_args(split_k: SplitKScratch | None, k_splits: int | None, tiles: int, groups: int,
-                 max_blocks: int | None, kernel: str, bm: int = BM) -> tuple[dict, int]:
-    """The kernels' split-K arguments (split_partials, split_counters, k_splits) by name, and S:
-    1 without a scratch, else `k_splits`, else k_splits_for the persistent grid of `max_blocks`
-    (one block per unit, max_blocks=0, would run any S in one round: S is chosen for one per SM).
-    `bm`: the tokens of the build's tile (the size of a unit's partial).
+def split_k_args(split_k: SplitKScratch | None, tiling: GemmTiling, kernel: str) -> dict:
+    """The kernels' split-K arguments (split_partials, split_counters) by name: null where the
+    plan cuts no tile, else the scratch.
 
     Raises:
-        LaunchError: k_splits > 1 without a scratch, S outside 1 … min(SPLIT_MAX, groups) or with
-            an empty split, or a scratch too small for tiles × S units.
+        LaunchError: a plan that cuts tiles without a scratch, or a scratch too small for its P
+            blocks' partials and counters.
     """
-    if split_k is None:
-        require(k_splits in (None, 1), f"{kernel}: k_splits={k_splits} needs a SplitKScratch")
-        s = 1
-    else:
-        require(k_splits is None or isinstance(k_splits, int), f"{kernel}: k_splits={k_splits!r} must be an int")
-        s = (k_splits_for(tiles, groups, persistent_grid(tiles * SPLIT_MAX, max_blocks or None))
-             if k_splits is None else k_splits)
-    require(1 <= s <= min(SPLIT_MAX, groups) and (s - 1) * -(-groups // s) < groups,
-            f"{kernel}: k_splits={s} must be in 1..{min(SPLIT_MAX, groups)} with no empty split "
-            f"({groups} groups of {GROUP_SIZE})")
-    if s == 1:
-        return dict(split_partials=NULL, split_counters=NULL, k_splits=i32(1)), 1
-    slots = -(-tiles * s * unit_floats(bm) // SPLIT_UNIT_FLOATS)
-    require(slots <= split_k.units and tiles <= split_k.tiles,
-            f"{kernel}: {tiles} tiles of {bm} tokens × {s} splits need a SplitKScratch of {slots} units "
-            f"and {tiles} counters, it has {split_k.units} and {split_k.tiles}")
-    return dict(split_partials=split_k.partials, split_counters=split_k.counters, k_splits=i32(s)), s
+    if not tiling.split:
+        return dict(split_partials=NULL, split_counters=NULL)
+    require(split_k is not None, f"{kernel}: {tiling.blocks} blocks cut tiles: that needs a SplitKScratch")
+    slots = -(-tiling.blocks * unit_floats(tiling.tile_tokens) // SPLIT_UNIT_FLOATS)
+    require(slots <= split_k.units and tiling.blocks <= split_k.tiles,
+            f"{kernel}: {tiling.blocks} blocks of {tiling.tile_tokens}-token tiles need a SplitKScratch of "
+            f"{slots} units and {tiling.blocks} counters, it has {split_k.units} and {split_k.tiles}")
+    return dict(split_partials=split_k.partials, split_counters=split_k.counters)
+
+
+def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
+                blocks: int | None, tile_tokens: int | None) -> GemmTiling:
+    """A persistent wgmma GEMM's plan (gemm_int4.py's launchers and gemm_fmt_wgmma.py's): the SM
+    count (or `max_blocks`) bounds P; max_blocks=0 gives one block per tile (whole tiles, the
+    plain form), the tile still chosen as for one block per SM; `blocks` forces P, `tile_tokens`
+    the build; ranges cut tiles only with a scratch.
+
+    Raises:
+        LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1.
+    """
+    require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
+    require(rows >= 1 and row_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
+    # The SM count (a device query) only where it decides something: the tile, or P.
+    chosen = tile_tokens is None or (blocks is None and max_blocks != 0)
+    grid = persistent_grid(1 << 30, max_blocks or None) if chosen else (blocks or 1)
+    t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, grid, split=split_k is not None and max_blocks != 0,
+                    tile_tokens=tile_tokens, blocks=blocks)
+    tiles = -(-rows // t.tile_tokens) * row_blocks
+    if max_blocks == 0 and blocks is None:
+        t = GemmTiling(t.tile_tokens, tiles, False, t.us)
+    # The kernels cut the ranges in 32-bit arithmetic (gemm_split_k.cuh: gemm_range_start).
+    require(tiles * (k // GROUP_SIZE) * t.blocks < 2**32,
+            f"gemm_int4: {tiles} tiles × {k // GROUP_SIZE} groups × {t.blocks} blocks overflow the kernels' 32-bit "
+            f"range arithmetic")
+    return t
 
 
 def persistent_grid(tiles_at_capacity: int, max_blocks: int | None) -> int:
@@ -263,37 +270,32 @@ class _GemmLauncher(Launcher):
     """Shared by the gemm_int4 launchers. `flops` is 2·rows·N·K at full capacity (rows tokens)."""
 
     flops: int = 0
-    tile_tokens: int = BM  # tokens a tile: the build launched (gemm_tiling)
-    k_splits: int = 1      # S of the launch (split_k_args)
+    tiling: GemmTiling | None = None  # the launch's plan (plan_launch)
+
+    @property
+    def tile_tokens(self) -> int:
+        """Tokens a tile: the build launched."""
+        return self.tiling.tile_tokens
 
     def _tiling(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
-                k_splits: int | None, tile_tokens: int | None) -> int:
-        """Pick the build and S (gemm_tiling, for one block per SM even where max_blocks=0 gives
-        one per unit); sets self.tile_tokens, returns it (x's tensor map is encoded for it)."""
-        require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
-        require(rows >= 1 and n_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
-        choose_split = split_k is not None and k_splits is None
-        # The SM count (a device query) only where something is chosen.
-        sms = persistent_grid(1 << 30, max_blocks or None) if tile_tokens is None or choose_split else 1
-        bm, s = gemm_tiling(rows, n_blocks, k // GROUP_SIZE, sms, split=choose_split, tile_tokens=tile_tokens)
-        self.tile_tokens, self._planned_splits = bm, (s if k_splits is None else k_splits)
-        return bm
+                blocks: int | None, tile_tokens: int | None) -> int:
+        """Plan the launch (plan_launch); sets self.tiling, returns the build's tile (x's tensor
+        map is encoded for it)."""
+        self.tiling = plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                                  tile_tokens=tile_tokens)
+        return self.tiling.tile_tokens
 
     def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
                     writes, max_blocks: int | None, split_k: SplitKScratch | None) -> None:
         """args: the kernel's parameters up to prefill_state (x_map encoded for self.tile_tokens,
         set by _tiling), dims: its shape scalars after the split-K pointers (the kernels' order: …,
-        prefill_state, split_partials, split_counters, dims…, k_splits)."""
-        bm = self.tile_tokens
-        tiles = -(-rows // bm) * n_blocks
-        sk, self.k_splits = split_k_args(split_k, self._planned_splits, tiles, k // GROUP_SIZE, max_blocks, kernel,
-                                         bm=bm)
-        grid = persistent_grid(tiles * self.k_splits, max_blocks)
-        scratch = (split_k.partials, split_k.counters) if self.k_splits > 1 else ()
-        self._add(KernelRef("gemm_int4", kernel, TILE_DEFINES[bm], pdl=True, registers=REGISTERS), (grid,), (THREADS,),
-                  {**args, "split_partials": sk["split_partials"], "split_counters": sk["split_counters"], **dims,
-                   "k_splits": sk["k_splits"]},
-                  smem_bytes=smem_bytes(bm), reads=(*reads, *scratch), writes=(*writes, *scratch),
+        prefill_state, split_partials, split_counters, dims…)."""
+        t = self.tiling
+        sk = split_k_args(split_k, t, kernel)
+        scratch = (split_k.partials, split_k.counters) if t.split else ()
+        self._add(KernelRef("gemm_int4", kernel, TILE_DEFINES[t.tile_tokens], pdl=True, registers=REGISTERS),
+                  (t.blocks,), (THREADS,), {**args, **sk, **dims},
+                  smem_bytes=smem_bytes(t.tile_tokens), reads=(*reads, *scratch), writes=(*writes, *scratch),
                   bytes_moved=self.bytes_moved)
 
 
@@ -305,7 +307,7 @@ class GemmInt4(_GemmLauncher):
     """
 
     def __init__(self, out, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
-                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, k_splits: int | None = None,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
                  tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(out, "out", rows * n, np.float32)
@@ -315,7 +317,7 @@ class GemmInt4(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
         n_blocks = -(-n // BLOCK_ROWS)
-        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                           tile_tokens=tile_tokens)
         self._build_gemm("gemm_int4_f32", rows, n_blocks, k,
                          dict(out=out, x_map=x_tensor_map(x, rows, k, bm), qweight=qweight, scales=scales,
@@ -334,7 +336,7 @@ class GemmInt4QkvRows(_GemmLauncher):
 
     def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                  prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None, tile_tokens: int | None = None,
+                 split_k: SplitKScratch | None = None, blocks: int | None = None, tile_tokens: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
         require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
@@ -347,7 +349,7 @@ class GemmInt4QkvRows(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 4 * rows * n
         n_blocks = -(-n // BLOCK_ROWS)
-        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                           tile_tokens=tile_tokens)
         self._build_gemm("gemm_int4_qkv", rows, n_blocks, k,
                          dict(qkv=qkv, x_map=x_tensor_map(x, rows, k, bm), q_qweight=q_qweight, q_scales=q_scales,
@@ -384,7 +386,7 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
     def __init__(self, q_out, k_cache, v_cache, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                  q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int,
                  head_dim: int, k: int, rows: int, max_blocks: int | None = None,
-                 split_k: SplitKScratch | None = None, k_splits: int | None = None, tile_tokens: int | None = None,
+                 split_k: SplitKScratch | None = None, blocks: int | None = None, tile_tokens: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
         n_q, n_kv = check_rows_rope_outputs("gemm_int4_qkv_rope", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
@@ -403,7 +405,7 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 2 * rows * n
         # A block holds 64 RoPE pairs: 128 stacked rows (kernel: gemm_int4_qkv_rope).
         n_blocks = -(-n // BLOCK_ROWS)
-        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                           tile_tokens=tile_tokens)
         self._build_gemm("gemm_int4_qkv_rope", rows, n_blocks, k,
                          dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
@@ -424,7 +426,7 @@ class GemmInt4ResidualRows(_GemmLauncher):
     """
 
     def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
-                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, k_splits: int | None = None,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
                  tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(residual, "residual", rows * n, np.float32)
@@ -434,7 +436,7 @@ class GemmInt4ResidualRows(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
         n_blocks = -(-n // BLOCK_ROWS)
-        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                           tile_tokens=tile_tokens)
         self._build_gemm("gemm_int4_residual", rows, n_blocks, k,
                          dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), qweight=qweight, scales=scales,
@@ -452,7 +454,7 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
 
     def __init__(self, h, x, gate_qweight, gate_scales, up_qweight, up_scales, prefill_state, *,
                  f: int, k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
-                 k_splits: int | None = None, tile_tokens: int | None = None,
+                 blocks: int | None = None, tile_tokens: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(h, "h", rows * f, np.float16)
@@ -464,7 +466,7 @@ class GemmInt4GateUpSwigluRows(_GemmLauncher):
         self.bytes_moved = 2 * int4_bytes(f, k) + 2 * rows * k + 2 * rows * f
         # A block holds 64 features of gate and the same 64 of up.
         n_blocks = -(-f // (BLOCK_ROWS // 2))
-        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, k_splits=k_splits,
+        bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                           tile_tokens=tile_tokens)
         self._build_gemm("gemm_int4_gate_up_swiglu", rows, n_blocks, k,
                          dict(h=h, x_map=x_tensor_map(x, rows, k, bm), gate_qweight=gate_qweight, gate_scales=gate_scales,
