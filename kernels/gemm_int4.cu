@@ -311,6 +311,15 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X
 }
 
+// K / 128, computed again after the role split (the asm hides that it is the value before):
+// held across setmaxnreg it had to sit where both roles' register budgets reach it, and the
+// GEMM_BM 256 build of gemm_int4_gate_up_swiglu spilled it (4 B, ptxas), as block_index and
+// live_rows (ptx/setmaxnreg.cuh) would be.
+__device__ __forceinline__ int groups_of(int K) {
+    asm volatile("" : "+r"(K));
+    return K / INT4_GROUP;
+}
+
 // The GEMM's tiles — GEMM_BM tokens × one block of weight rows, `row_blocks` of them per GEMM_BM
 // tokens — shared out persistently: block b runs the units of its stream-K range (gemm_split_k.cuh:
 // whole tiles, or a tile's groups [g0, g1) where the range cuts it). Persistence lets the
@@ -340,10 +349,9 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     grid_launch_dependents();
     grid_dependency_wait();
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
-    const int n_groups = K / INT4_GROUP;
     // Blocks past the ranges the live M gives (gemm_split_k.cuh: P) leave, the whole block,
     // before any barrier.
-    if ((int)blockIdx.x >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, n_groups, sk).ranges) return;
+    if ((int)blockIdx.x >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, K / INT4_GROUP, sk).ranges) return;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
 
@@ -365,7 +373,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         setmaxnreg_dec<GEMM_PRODUCER_REGS>();
         if (warp != GEMM_CONSUMER_WARPS) return;
         if (lane == 0) tma_prefetch_map(&x_map);
-        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, n_groups, sk);
+        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk);
         const int b = block_index(), end = gemm_range_start(work, b + 1);
         int it = 0;
         for (int x = gemm_range_start(work, b); x < end;) {
@@ -407,7 +415,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // ---- consumers --------------------------------------------------------------------------
     setmaxnreg_inc<GEMM_CONSUMER_REGS>();
     const int M = live_rows(prefill_state);
-    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, n_groups, sk);
+    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk);
     const int b = block_index(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half

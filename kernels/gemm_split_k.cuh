@@ -17,9 +17,13 @@
 //
 // The work
 // --------
-// Position x = tile · G + group, tiles numbered token block fastest (tile = row block · TB + token
-// block, TB = ceil(M / GEMM_BM)): a block's range runs through the token blocks of one row block
-// before the next, so the second token block's weight reads hit L2. W = tiles · G; with a scratch
+// Position x = tile · G + group, tiles numbered row block fastest (tile = token block · RB + row
+// block, TB = ceil(M / GEMM_BM) token blocks, RB row blocks): the blocks working on token block 1
+// are P / TB blocks further on, at the same row blocks at the same time as those on token block 0,
+// so each weight slice is fetched from HBM once for all TB of them. Ordered token block fastest,
+// a block runs both token blocks of a row block one after the other, and the second read missed
+// L2 often enough to cost 11% (the 7B's gate_up in whole 256-token tiles: 245.7 against 221.7
+// µs, H200, tools/bench_gemm.py). W = tiles · G; with a scratch
 // the quantum q is 1 group (a range may cut a tile anywhere), without one q = G (whole tiles).
 // P = min(gridDim.x, W / q) blocks take ranges: block b < P takes positions
 // [start(b), start(b + 1)), start(b) = floor(b · (W/q) / P) · q; blocks b ≥ P exit at once. P ≤ W/q
@@ -90,6 +94,7 @@ struct GemmSplitK {
 // A launch's work: the header's W, q and P for the live M.
 struct GemmWork {
     int token_blocks;  // TB
+    int row_blocks;    // RB
     int n_groups;      // G
     int quanta;        // W / q
     int quantum;       // q: 1 or G
@@ -100,6 +105,7 @@ __device__ __forceinline__ GemmWork gemm_work(int M, int tile_tokens, int row_bl
                                               const GemmSplitK& sk) {
     GemmWork w;
     w.token_blocks = (M + tile_tokens - 1) / tile_tokens;
+    w.row_blocks = row_blocks;
     w.n_groups = n_groups;
     w.quantum = sk.partials != nullptr ? 1 : n_groups;
     w.quanta = w.token_blocks * row_blocks * (n_groups / w.quantum);
@@ -128,8 +134,8 @@ __device__ __forceinline__ GemmUnit gemm_unit_at(const GemmWork& w, int x, int e
     u.tile = x / w.n_groups;
     u.g0 = x - u.tile * w.n_groups;
     u.g1 = min(w.n_groups, u.g0 + (end - x));
-    u.tb = u.tile % w.token_blocks;
-    u.rb = u.tile / w.token_blocks;
+    u.tb = u.tile / w.row_blocks;
+    u.rb = u.tile % w.row_blocks;
     return u;
 }
 
@@ -149,21 +155,21 @@ __device__ __forceinline__ bool gemm_split_k_finish(const GemmSplitK& sk, const 
                                                     int b, float (&acc)[GEMM_ACC]) {
     const bool tail = un.g0 > 0, head = un.g0 == 0 && un.g1 < w.n_groups;
     if (!tail && !head) return true;
-    const int c = thread_index();
+    // The thread index read where it is used, not held: held across the epilogue's values, the
+    // GEMM_BM 256 build spilled it (8 B, ptxas).
     constexpr int J = GEMM_ACC / 4;                 // float4 per thread
     constexpr u64 SLOT = J * GEMM_SPLIT_THREADS;    // float4 per block
-    float4* slots = reinterpret_cast<float4*>(sk.partials) + c;
     if (tail) {
-        float4* mine = slots + (u64)b * SLOT;
+        float4* mine = reinterpret_cast<float4*>(sk.partials) + (u64)b * SLOT + thread_index();
 #pragma unroll
         for (int j = 0; j < J; ++j)
             __stcg(mine + j * GEMM_SPLIT_THREADS, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
         gemm_consumers_sync();  // every thread's stores before thread 0's release
-        if (c == 0) red_release_gpu_add(reinterpret_cast<u32*>(sk.counters + gemm_range_of(w, un.tile * w.n_groups)), 1u);
+        if (thread_index() == 0) red_release_gpu_add(reinterpret_cast<u32*>(sk.counters + gemm_range_of(w, un.tile * w.n_groups)), 1u);
         return false;
     }
     const int last = gemm_range_of(w, un.tile * w.n_groups + w.n_groups - 1);
-    if (c == 0) {
+    if (thread_index() == 0) {
         u32* counter = reinterpret_cast<u32*>(sk.counters + b);
         const u32 tails = (u32)(last - b);
         const u64 t0 = global_timer_ns();
@@ -177,7 +183,7 @@ __device__ __forceinline__ bool gemm_split_k_finish(const GemmSplitK& sk, const 
     static_assert(J % CJ == 0, "chunks");
 #pragma unroll 1
     for (int o = b + 1; o <= last; ++o) {
-        const float4* p = slots + (u64)o * SLOT;
+        const float4* p = reinterpret_cast<const float4*>(sk.partials) + (u64)o * SLOT + thread_index();
 #pragma unroll
         for (int j0 = 0; j0 < J; j0 += CJ) {
             float4 v[CJ];
