@@ -60,7 +60,7 @@
 //   part_ml   float4 [units, S, G, 32]: (m row g, m row g+8, l row g, l row g+8), l quad-summed.
 //   counters  u32 [units]: how many of the unit's ns splits have stored; 0 between launches.
 //   unit = kv_head · gridDim.x + query tile.
-// The protocol (kernels/gemm_split_k.cuh's, ptx/flags.cuh states the memory-model pattern): every
+// The protocol (ptx/flags.cuh's split_arrive_last, which states the memory-model pattern): every
 // thread of the block stores its partial, __syncthreads, then thread 0 adds 1 to counters[unit]
 // with one atom.acq_rel.gpu. Its release half publishes, through the barrier, every thread's
 // stores; the split whose add returns ns − 1 is the last, and its acquire half synchronizes with

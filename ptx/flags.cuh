@@ -9,7 +9,7 @@
 //   red_release_gpu_add  red.release.gpu.global.add.u32   ("…: red")
 //   atom_acq_rel_gpu_add_u32  atom.acq_rel.gpu.global.add.u32  ("…: atom"): the release and the
 //                        acquire in one read-modify-write, for a counter whose last adder goes on
-//                        to read what every earlier adder published (kernels/gemm_split_k.cuh)
+//                        to read what every earlier adder published (the prefill attention's KV splits)
 //   split_arrive_last    that add, and the last adder's reset of the counter: the step every
 //                        split computation's parts share
 //   global_timer_ns      mov.u64 %globaltimer              ("Special Registers: %globaltimer")
@@ -64,7 +64,7 @@ __device__ __forceinline__ u32 atom_acq_rel_gpu_add_u32(u32* p, u32 v) {
 }
 
 // The last-arriver count of a computation cut into `splits` parts that run on different blocks
-// (split-K in kernels/gemm_split_k.cuh, the prefill attention's KV splits): one thread of each
+// (the prefill attention's KV splits, kernels/attention_prefill.cu): one thread of each
 // part calls it once, after a barrier that orders every thread's partial stores before it.
 // Returns true in the part whose add comes last — its acquire half has synchronized with every
 // earlier add (one release sequence), so every part's stores happen before its reads after the
