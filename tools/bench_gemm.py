@@ -16,7 +16,8 @@ NAME:DEFINE=INT[,…] adds a compile-time build of gemm_fmt_wgmma.cu beside each
 one (columns wgmma:FORMAT:NAME), all in the same run.
 
 Each GEMM is captured in a CUDA graph of --reps calls and replayed (`cuda.graph.graph_time_us`:
-no Python launch overhead in the figure); a figure is the median of --samples such replays. The
+no Python launch overhead in the figure); a figure is the median of --samples such replays,
+taken in turns across the columns (each column sees the GPU's clock in the same state). The
 inputs are random INT4 weights and activations; the numbers are not checked here
 (tests/test_kernel_gemm_int4.py does that against the reference).
 """
@@ -165,10 +166,19 @@ def main() -> int:
               "tiling": choices,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {},
               "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant}}
+    # The samples go round the columns (sample 1 of every column, then sample 2, …): the GPU's
+    # clock drops under a sustained run of these GEMMs, and a column measured whole after another
+    # read up to 10% slower for the same launch (H200: the 7B's gate_up 217 µs first, 239 third).
+    times: dict[tuple[str, str, int], list[float]] = {}
+    for _ in range(a.samples):
+        for cl, launchers in columns:
+            for name, gs in launchers.items():
+                for i, g in enumerate(gs):
+                    times.setdefault((cl, name, i), []).append(graph_time_us(g, reps=a.reps))
     for cl, launchers in columns:
         total_us = total_flops = 0.0
         for name, gs in launchers.items():
-            us = sum(statistics.median(graph_time_us(g, reps=a.reps) for _ in range(a.samples)) for g in gs)
+            us = sum(statistics.median(times[cl, name, i]) for i in range(len(gs)))
             flops = sum(g.flops for g in gs)
             record["us"].setdefault(cl, {})[name] = us
             record["tflops"].setdefault(cl, {})[name] = flops / us / 1e6
