@@ -14,27 +14,26 @@
 // block and read back by another (below); the launcher (launchers/gemm_int4.py: gemm_tiling)
 // picks the block count P with that cost counted, and P = tiles, or no scratch, keeps every tile
 // whole.
-// Measured (H200, tools/bench_gemm.py --grid persistent whole, M = 512, graph replay of 20
-// calls; docs/bench/2026-12-03_c89dec0_h200_gemm{7b,05b}_stream_k.json), µs, stream-K ranges
-// against the same grid in whole tiles:
-//   | 7B   qkv 36.8 / 61.1 | o_proj 29.2 / 33.3 | gate_up 218.1 / 238.4 | down 128.8 / 137.5 |
-//   | 0.5B qkv 10.0 / 12.2 | o_proj  8.8 /  8.4 | gate_up  29.1 /  29.7 | down  16.9 /  26.0 |
-// 28 layers of the 7B 11.6 ms against 13.2 (the even split-K this replaced: 12.0 ms, docs/bench/
-// 2026-12-02_0115cf6_h200_gemm7b_tiles.json), 24 of the 0.5B 1.6 against 1.9 (1.7). The whole
-// tiles here are slower than that split-K's (gate_up 238.4 against 221.7 µs): in contiguous
-// ranges each block walks its own stretch of the weights, where blocks taking tiles b, b + P, …
-// moved through them side by side; per group the 7B's gate_up takes ~1.7 µs against ~1.58 then.
+// Measured (H200, tools/bench_gemm.py --grid persistent whole --samples 7, M = 512, graph replay
+// of 20 calls, samples in turns across the two columns; docs/bench/2026-12-03_05aa4ae_h200_
+// gemm{7b,05b}_stream_k_interleaved.json), µs, stream-K ranges against the same grid in whole
+// tiles:
+//   | 7B   qkv 40.8 / 55.1 | o_proj 31.9 / 30.6 | gate_up 229.3 / 233.7 | down 122.0 / 133.5 |
+//   | 0.5B qkv  9.8 / 11.2 | o_proj  8.9 /  8.4 | gate_up  28.7 /  30.8 | down  17.4 /  26.9 |
+// 28 layers of the 7B 11.9 ms against 12.7, 24 of the 0.5B 1.55 against 1.86. The 7B's gate_up
+// gains 2% where the balance alone promises 10% (126 groups a block against 140): a group takes
+// ~1.8 µs in stream-K ranges against ~1.67 in whole tiles — whole tiles keep every block at the
+// same group of its tile at the same time, ranges do not (to be understood; a data-parallel
+// first part, then stream-K over the last one or two rounds' tiles, is the next form to try).
 //
 // The work
 // --------
 // Position x = tile · G + group, tiles numbered row block fastest (tile = token block · RB + row
 // block, TB = ceil(M / GEMM_BM) token blocks, RB row blocks): the blocks working on token block 1
 // are P / TB blocks further on, at the same row blocks at the same time as those on token block 0,
-// so each weight slice is fetched from HBM once for all TB of them. Ordered token block fastest
-// instead, a block runs both token blocks of a row block one after the other: the 7B's gate_up
-// took 222.2 µs in stream-K ranges and 245.7 in whole 256-token tiles that way, 218.1 and 238.4
-// this way (H200, tools/bench_gemm.py, two runs: docs/bench/2026-12-03_e47fb8f_h200_gemm7b_
-// stream_k.json, …_c89dec0_…). W = tiles · G; with a scratch
+// so each weight slice is fetched from HBM once for all TB of them. (Against token block fastest,
+// each the first column of its run: gate_up 218.1 against 222.2 µs — within the spread of runs,
+// docs/bench/2026-12-03_c89dec0_h200_gemm7b_stream_k.json, …_e47fb8f_…). W = tiles · G; with a scratch
 // the quantum q is 1 group (a range may cut a tile anywhere), without one q = G (whole tiles).
 // P = min(gridDim.x, W / q) blocks take ranges: block b < P takes positions
 // [start(b), start(b + 1)), start(b) = floor(b · (W/q) / P) · q; blocks b ≥ P exit at once. P ≤ W/q
