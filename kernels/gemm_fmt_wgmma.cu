@@ -183,21 +183,17 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
     // x % G of tile x / G; where units begin and end matters to the consumers only — so the loads
     // of the next one are in flight while this one is dequantized, across unit boundaries too.
     const int x0 = gemm_range_start(work, blockIdx.x), n = gemm_range_start(work, blockIdx.x + 1) - x0;
-    const int G = work.n_groups, TB = work.token_blocks;
-    // Where the next load is: group lg of token block ltb of row block lrb (position x0 + loads;
-    // token block fastest over the tiles, gemm_split_k.cuh), stepped one group at a time — no
-    // division per stage.
-    int lrb = x0 / G / TB, ltb = x0 / G % TB, lg = x0 % G;
+    const int G = work.n_groups, RB = work.row_blocks;
+    // Where the next load is: group lg of row block lrb (position x0 + loads; row block fastest
+    // over the tiles, gemm_split_k.cuh), stepped one group at a time — no division per stage.
+    int lrb = x0 / G % RB, lg = x0 % G;
     auto load = [&](GwRaw& raw) {
         const GwRow r = row_of(lrb, p);
 #pragma unroll
         for (int j = 0; j < GW_CHUNKS; ++j) raw.c[j] = wf_load<F>(r.w, r.row, lg * GW_CHUNKS + j, K, policy);
         if (++lg == G) {
             lg = 0;
-            if (++ltb == TB) {
-                ltb = 0;
-                ++lrb;
-            }
+            if (++lrb == RB) lrb = 0;
         }
     };
     // Stage it is position x0 + it (n ≥ 1: a non-empty range, gw_block); `next` holds stage
@@ -221,7 +217,7 @@ __device__ __forceinline__ void gw_producer(const CUtensorMap& x_map, unsigned c
         unsigned char* st = smem + s * GW_STAGE_BYTES;
         unsigned char* wst = st + GW_X_STAGE_BYTES;
         if (p == 0) {  // X first: its copy lands while the stage's weights are dequantized
-            const int m0 = at / G % TB * GEMM_BM;
+            const int m0 = at / G / RB * GEMM_BM;
             mbarrier_arrive_expect_tx(&full[s], GW_X_STAGE_BYTES);
             tma_load_2d(st, &x_map, grp * GW_GROUP, m0, &full[s]);
             tma_load_2d(st + GW_X_BOX_BYTES, &x_map, grp * GW_GROUP + GW_BOX_INPUTS, m0, &full[s]);
@@ -261,8 +257,7 @@ __device__ __forceinline__ void gw_block(const CUtensorMap& x_map, int M, int K,
     u64* full = reinterpret_cast<u64*>(smem + GW_STAGES * GW_STAGE_BYTES);
     u64* empty = full + GW_STAGES;
 
-    // No data-parallel first part (gemm_split_k.cuh): the producer's load cursor walks ranges.
-    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, K / GW_GROUP, sk, false);
+    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, K / GW_GROUP, sk);
     if ((int)blockIdx.x >= work.ranges) return;  // the whole block, before any barrier
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
 

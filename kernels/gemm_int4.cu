@@ -351,8 +351,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
     // Blocks past the ranges the live M gives (gemm_split_k.cuh: P) leave, the whole block,
     // before any barrier.
-    if ((int)blockIdx.x >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, K / INT4_GROUP, sk, true).ranges)
-        return;
+    if ((int)blockIdx.x >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, K / INT4_GROUP, sk).ranges) return;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
 
@@ -374,9 +373,12 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         setmaxnreg_dec<GEMM_PRODUCER_REGS>();
         if (warp != GEMM_CONSUMER_WARPS) return;
         if (lane == 0) tma_prefetch_map(&x_map);
-        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk, true);
+        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk);
+        const int b = block_index(), end = gemm_range_start(work, b + 1);
         int it = 0;
-        gemm_each_unit(work, block_index(), [&](const GemmUnit& un) {
+        for (int x = gemm_range_start(work, b); x < end;) {
+            const GemmUnit un = gemm_unit_at(work, x, end);
+            x += un.g1 - un.g0;
             const int m0 = un.tb * GEMM_BM;
             for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
                 const int s = it % GEMM_STAGES;
@@ -400,7 +402,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
                 }
             }
-        });
+        }
         // Leave only when this lane's last copies have landed: no asynchronous write into the
         // block's shared memory outlives the thread that issued it. wait_group counts committed
         // groups only, so the copies (tracked by the full barriers, never committed) are closed
@@ -413,12 +415,15 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // ---- consumers --------------------------------------------------------------------------
     setmaxnreg_inc<GEMM_CONSUMER_REGS>();
     const int M = live_rows(prefill_state);
-    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk, true);
-    const int b = block_index();
+    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk);
+    const int b = block_index(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
     int it = 0;
-    gemm_each_unit(work, b, [&](const GemmUnit& un) {
+#pragma unroll 1
+    for (int x = gemm_range_start(work, b); x < end;) {
+        const GemmUnit un = gemm_unit_at(work, x, end);
+        x += un.g1 - un.g0;
         const int m0 = un.tb * GEMM_BM;
         const GemmLaneRows r = rows_of(un.rb, local);
         float acc[GEMM_ACC];
@@ -435,9 +440,9 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             sb = nb;
         }
         // A tile cut by a range: its owner adds the other parts and runs the epilogue.
-        if (!gemm_split_k_finish(sk, work, un, b, acc)) return;
+        if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, m0, M, t);
-    });
+    }
 }
 
 // rows_of for a GEMM over one matrix (f32, residual): local row `local` of row block rb is row

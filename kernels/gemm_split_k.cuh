@@ -28,24 +28,21 @@
 //
 // The work
 // --------
-// Position x = tile · G + group, tiles numbered token block fastest (tile = row block · TB + token
-// block, TB = ceil(M / GEMM_BM)): tiles running at the same time share weight slices in L2.
-// (Row block fastest, against this, each the first column of its run: gate_up 218.1 against
-// 222.2 µs — within the spread of runs, docs/bench/2026-12-03_c89dec0_h200_gemm7b_stream_k.json,
-// …_e47fb8f_….) P = min(gridDim.x, tiles · G / q) blocks, q the quantum: 1 group with a scratch
-// (a range may cut a tile anywhere), G without (whole tiles); blocks b ≥ P exit at once.
-// Data-parallel first (gemm_int4.cu, where T ≥ 2P tiles and a scratch): tiles 0 … D−1,
-// D = (T / P − 1) · P, run whole, block b taking tiles b, b + P, … — the blocks in step, each at
-// the same group of its tile at the same time, as in whole tiles — and the ranges share the
-// last T − D tiles (P … 2P − 1 of them): the balance where it is needed, one or two rounds.
-// The ranges: W = (T − D) · G positions from D · G on; block b < P takes [start(b), start(b+1)),
-// start(b) = D · G + floor(b · (W/q) / P) · q. P ≤ W/q makes every range non-empty.
+// Position x = tile · G + group, tiles numbered row block fastest (tile = token block · RB + row
+// block, TB = ceil(M / GEMM_BM) token blocks, RB row blocks): the blocks working on token block 1
+// are P / TB blocks further on, at the same row blocks at the same time as those on token block 0,
+// so each weight slice is fetched from HBM once for all TB of them. (Against token block fastest,
+// each the first column of its run: gate_up 218.1 against 222.2 µs — within the spread of runs,
+// docs/bench/2026-12-03_c89dec0_h200_gemm7b_stream_k.json, …_e47fb8f_…). W = tiles · G; with a scratch
+// the quantum q is 1 group (a range may cut a tile anywhere), without one q = G (whole tiles).
+// P = min(gridDim.x, W / q) blocks take ranges: block b < P takes positions
+// [start(b), start(b + 1)), start(b) = floor(b · (W/q) / P) · q; blocks b ≥ P exit at once. P ≤ W/q
+// makes every range non-empty (start strictly increases).
 // A unit is a range's part inside one tile: groups [g0, g1) of it. Three kinds:
 //   whole  g0 = 0, g1 = G   the block runs the epilogue.
 //   tail   g0 > 0           a later part of a tile begun by an earlier block. A range reaches the
 //                           inside of a tile only at its start, so a tail is the first unit of
-//                           its block's range (after its whole data-parallel tiles): every block
-//                           stores at most one partial, in slot b.
+//                           its block: every block stores at most one partial, in slot b.
 //   head   g0 = 0, g1 < G   the tile's first part; a range ends inside a tile only at its end,
 //                           so a head is its block's last unit. The block (the tile's owner) adds
 //                           the partials of the blocks b+1 … last that hold the rest of the tile
@@ -73,7 +70,7 @@
 // finish, so completion runs in stream order. The partials are read with ld.cg (L2): written by
 // other SMs in this launch, never read through L1 or the non-coherent path.
 // Why the wait cannot deadlock: only an owner waits, at its last unit; the blocks it waits for
-// store their tail as the first unit of their range, after whole tiles that wait for nothing. And every block the owner
+// store their tail as their first unit, before they wait for anything. And every block the owner
 // waits for runs: the grid is at most one block per SM, each SM holds one (one block of the
 // kernel fits an SM), and the next kernel's blocks start only once every block of this one has
 // started (griddepcontrol.launch_dependents, issued first thing). A counter that never fills (a
@@ -107,39 +104,34 @@ struct GemmSplitK {
 // A launch's work: the header's W, q and P for the live M.
 struct GemmWork {
     int token_blocks;  // TB
+    int row_blocks;    // RB
     int n_groups;      // G
-    int dp_tiles;      // D: tiles 0 … D−1 run whole, block b taking b, b + P, … (a multiple of P)
-    int quanta;        // W / q of the ranges (over tiles D … T−1)
+    int quanta;        // W / q
     int quantum;       // q: 1 or G
     int ranges;        // P
 };
 
-// data_parallel_first: with a scratch and T ≥ 2P tiles, the first D = (T / P − 1) · P tiles run
-// whole (every block at the same group of its tile at the same time) and the ranges share the
-// last T − D (P … 2P − 1) tiles.
 __device__ __forceinline__ GemmWork gemm_work(int M, int tile_tokens, int row_blocks, int n_groups,
-                                              const GemmSplitK& sk, bool data_parallel_first) {
+                                              const GemmSplitK& sk) {
     GemmWork w;
     w.token_blocks = (M + tile_tokens - 1) / tile_tokens;
+    w.row_blocks = row_blocks;
     w.n_groups = n_groups;
     w.quantum = sk.partials != nullptr ? 1 : n_groups;
-    const int tiles = w.token_blocks * row_blocks;
-    const int p = min((int)gridDim.x, tiles * (n_groups / w.quantum));
-    w.dp_tiles = data_parallel_first && w.quantum == 1 && tiles >= 2 * p ? (tiles / p - 1) * p : 0;
-    w.quanta = (tiles - w.dp_tiles) * (n_groups / w.quantum);
-    w.ranges = p;  // ≤ the ranges' quanta: D leaves at least P tiles
+    w.quanta = w.token_blocks * row_blocks * (n_groups / w.quantum);
+    w.ranges = min((int)gridDim.x, w.quanta);
     return w;
 }
 
 // First position of block b's range (b ≤ P; b = P: W). 32-bit: the launcher keeps W · P < 2³²
 // (a 64-bit division is a subroutine call whose saved registers spilled in gemm_fmt_wgmma.cu).
 __device__ __forceinline__ int gemm_range_start(const GemmWork& w, int b) {
-    return w.dp_tiles * w.n_groups + (int)((u32)b * (u32)w.quanta / (u32)w.ranges) * w.quantum;
+    return (int)((u32)b * (u32)w.quanta / (u32)w.ranges) * w.quantum;
 }
 
 // The block whose range holds position x (quantum 1): the largest b with start(b) ≤ x.
 __device__ __forceinline__ int gemm_range_of(const GemmWork& w, int x) {
-    return (int)(((u32)(x - w.dp_tiles * w.n_groups + 1) * (u32)w.ranges - 1u) / (u32)w.quanta);
+    return (int)(((u32)(x + 1) * (u32)w.ranges - 1u) / (u32)w.quanta);
 }
 
 // The unit at position x of a range ending at `end`: token block, row block, tile, groups.
@@ -152,24 +144,9 @@ __device__ __forceinline__ GemmUnit gemm_unit_at(const GemmWork& w, int x, int e
     u.tile = x / w.n_groups;
     u.g0 = x - u.tile * w.n_groups;
     u.g1 = min(w.n_groups, u.g0 + (end - x));
-    u.tb = u.tile % w.token_blocks;
-    u.rb = u.tile / w.token_blocks;
+    u.tb = u.tile / w.row_blocks;
+    u.rb = u.tile % w.row_blocks;
     return u;
-}
-
-// Block b's units in order, f(unit) each: its whole tiles b, b + P, … below D, then the units of
-// its range.
-template <typename F>
-__device__ __forceinline__ void gemm_each_unit(const GemmWork& w, int b, F&& f) {
-#pragma unroll 1
-    for (int t = b; t < w.dp_tiles; t += w.ranges) f(gemm_unit_at(w, t * w.n_groups, (t + 1) * w.n_groups));
-    const int end = gemm_range_start(w, b + 1);
-#pragma unroll 1
-    for (int x = gemm_range_start(w, b); x < end;) {
-        const GemmUnit u = gemm_unit_at(w, x, end);
-        x += u.g1 - u.g0;
-        f(u);
-    }
 }
 
 // bar.sync id, count: the consumer threads only (PTX ISA "Parallel Synchronization and

@@ -118,8 +118,7 @@ def test_gemm_gate_up_swiglu(dev, rng, m, tile):
 # the other blocks' partials in block order. K = 3456 is 27 groups a tile, 3 row blocks: at M = 1
 # 3 tiles (81 groups) — 2 blocks cut the middle tile, 5 give every tile two or three parts, the
 # launcher's own P (None: up to the SMs) ranges of one or two groups and owners adding dozens of
-# tails; M = 100 and 300 more tiles (two to six token blocks; at 300 on 2 blocks, T ≥ 2P: the
-# first tiles run whole in step, b, b + P, …, and the ranges cut the last ones). The scratch's partials are
+# tails; M = 100 and 300 more tiles (two to six token blocks). The scratch's partials are
 # poisoned (NaN): a block that read a slot no block of this launch wrote would show. Every launch
 # must leave the counters at zero (the next one starts from them), give the same bits launched
 # again (the sum's order does not depend on which block finishes first), and add a residual once

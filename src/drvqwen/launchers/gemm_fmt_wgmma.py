@@ -55,7 +55,7 @@ class _GemmFmtwLauncher(Launcher):
         """args: the kernel's parameters up to prefill_state, dims: the scalars after the split-K
         pointers (…, prefill_state, split_partials, split_counters, dims…)."""
         self.tiling = t = plan_launch(rows, row_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
-                                      tile_tokens=BM, data_parallel_first=False)
+                                      tile_tokens=BM)
         scratch = (split_k.partials, split_k.counters) if t.split else ()
         self._add(KernelRef("gemm_fmt_wgmma", kernel, tuple(defines), pdl=True), (t.blocks,), (THREADS,),
                   {**args, **split_k_args(split_k, t, kernel), **dims},

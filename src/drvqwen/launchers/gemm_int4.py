@@ -127,26 +127,21 @@ class GemmTiling:
     us: float
 
 
-def _plan_cost(tiles: int, groups: int, p: int, bm: int, split: bool, data_parallel_first: bool = True
-               ) -> tuple[float, bool]:
+def _plan_cost(tiles: int, groups: int, p: int, bm: int, split: bool) -> tuple[float, bool]:
     """(µs, cuts tiles) of `tiles` tiles of `groups` groups on P = p blocks: whole tiles take
-    ceil(tiles / P) tiles a block; with a scratch, the first D = (tiles / P − 1) · P tiles run whole
-    where tiles ≥ 2P (`data_parallel_first`, gemm_int4.cu; gemm_fmt_wgmma.cu has no such part)
-    and stream-K ranges share the rest, ceil(W / P) groups a block, W = (tiles − D) · groups, plus
+    ceil(tiles / P) tiles a block; stream-K ranges ceil(W / P) groups, W = tiles · groups, plus
     the owner's reads of the other parts of its tile (at most ceil((groups − 1) / floor(W / P)) +
     1 blocks share a tile). P dividing the tiles cuts none."""
     if not split or tiles % p == 0:
         return -(-tiles // p) * groups * GROUP_US[bm], False
-    d = tiles // p - 1 if data_parallel_first and tiles >= 2 * p else 0
-    w = (tiles - d * p) * groups
+    w = tiles * groups
     shortest = w // p
     parts = min(p, -(-(groups - 1) // shortest) + 1)
-    return (d * groups + -(-w // p)) * GROUP_US[bm] + (parts - 1) * SPLIT_TAIL_US[bm], True
+    return -(-w // p) * GROUP_US[bm] + (parts - 1) * SPLIT_TAIL_US[bm], True
 
 
 def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bool = True,
-                tile_tokens: int | None = None, blocks: int | None = None,
-                data_parallel_first: bool = True) -> GemmTiling:
+                tile_tokens: int | None = None, blocks: int | None = None) -> GemmTiling:
     """The build (TILE_TOKENS), the block count P ≤ `grid` and whether ranges cut tiles that
     finish a GEMM of `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups`
     128-input groups soonest, by the estimate of _plan_cost (GROUP_US, SPLIT_TAIL_US). Without
@@ -171,7 +166,7 @@ def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bo
         else:
             candidates = range(min(grid, tiles * groups), 0, -1)
         for p in candidates:
-            us, cut = _plan_cost(tiles, groups, p, bm, split, data_parallel_first)
+            us, cut = _plan_cost(tiles, groups, p, bm, split)
             if best is None or us < best.us:
                 best = GemmTiling(bm, p, cut, us)
     return best
@@ -231,7 +226,7 @@ def split_k_args(split_k: SplitKScratch | None, tiling: GemmTiling, kernel: str)
 
 
 def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
-                blocks: int | None, tile_tokens: int | None, data_parallel_first: bool = True) -> GemmTiling:
+                blocks: int | None, tile_tokens: int | None) -> GemmTiling:
     """A persistent wgmma GEMM's plan (gemm_int4.py's launchers and gemm_fmt_wgmma.py's): the SM
     count (or `max_blocks`) bounds P; max_blocks=0 gives one block per tile (whole tiles, the
     plain form), the tile still chosen as for one block per SM; `blocks` forces P, `tile_tokens`
@@ -246,7 +241,7 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     chosen = tile_tokens is None or (blocks is None and max_blocks != 0)
     grid = persistent_grid(1 << 30, max_blocks or None) if chosen else (blocks or 1)
     t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, grid, split=split_k is not None and max_blocks != 0,
-                    tile_tokens=tile_tokens, blocks=blocks, data_parallel_first=data_parallel_first)
+                    tile_tokens=tile_tokens, blocks=blocks)
     tiles = -(-rows // t.tile_tokens) * row_blocks
     if max_blocks == 0 and blocks is None:
         t = GemmTiling(t.tile_tokens, tiles, False, t.us)
