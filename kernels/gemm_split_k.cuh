@@ -23,8 +23,12 @@
 // 28 layers of the 7B 11.9 ms against 12.7, 24 of the 0.5B 1.55 against 1.86. The 7B's gate_up
 // gains 2% where the balance alone promises 10% (126 groups a block against 140): a group takes
 // ~1.8 µs in stream-K ranges against ~1.67 in whole tiles — whole tiles keep every block at the
-// same group of its tile at the same time, ranges do not (to be understood; a data-parallel
-// first part, then stream-K over the last one or two rounds' tiles, is the next form to try).
+// same group of its tile at the same time, ranges do not — but that is not the cause: tried and
+// lost, the first (T/P − 1)·P tiles whole in step (block b taking b, b + P, …) and the ranges
+// over the last P … 2P − 1 tiles only (tiles numbered token block fastest): gate_up 229.7 against
+// 235.9 µs whole in the same run, the same 2.6%, and the prefills in drvqwen bench 13.24 (7B)
+// and 2.80 ms (0.5B) against 12.72 and 2.54 (docs/bench/2026-12-03_d844433_h200_*: a run after
+// sustained GEMMs, but the 0.5B's gate_up alone took 42.7 µs a layer against 32.7).
 //
 // The work
 // --------
