@@ -31,8 +31,8 @@
 //              and wastes less of a short prompt. The kernel is persistent, its work shared out
 //              by the stream-K schedule (gemm_split_k.cuh): grid = P ≤ the SM count blocks, and
 //              block b takes one contiguous range of the W = tiles × groups (tile, 128-input group)
-//              pairs of the ceil(M/GEMM_BM) × row-block tiles the live M gives (token block
-//              fastest: a block's next tile reuses the weight slice it just read, from L2). With
+//              pairs of the ceil(M/GEMM_BM) × row-block tiles the live M gives (row block
+//              fastest: the blocks on each token block pass the same weight slices together). With
 //              a scratch a range may end inside a tile: the block holding the tile's first group
 //              adds the other blocks' partial sums and runs the epilogue; without one the ranges
 //              are whole tiles. Every block then runs ~W/P groups: no round of the SMs half
