@@ -25,7 +25,7 @@
 // ----------
 //   tile     = 128 tokens × 128 weight rows (gate/up: 64 features of both), persistent as in
 //              gemm_int4.cu: grid ≤ SM count, block b takes one contiguous stream-K range of
-//              the (tile, group) work of the ceil(M/128) × row-block tiles (token block
+//              the (tile, group) work of the ceil(M/128) × row-block tiles (row block
 //              fastest; gemm_split_k.cuh), whole tiles and, with a scratch, parts of the tiles
 //              its range cuts; the producer walks the block's units one stage ahead across
 //              their uneven group counts.

@@ -75,8 +75,8 @@
 // other SMs in this launch, never read through L1 or the non-coherent path.
 // Why the wait cannot deadlock: only an owner waits, at its last unit; the blocks it waits for
 // store their tail as their first unit, before they wait for anything. And every block the owner
-// waits for runs: the grid is at most one block per SM, each SM holds one (one block of the
-// kernel fits an SM), and the next kernel's blocks start only once every block of this one has
+// waits for runs: the grid is at most one block per SM (plan_launch refuses more where ranges
+// cut tiles, a forced P included), each SM holds one (one block of the kernel fits an SM), and the next kernel's blocks start only once every block of this one has
 // started (griddepcontrol.launch_dependents, issued first thing). A counter that never fills (a
 // bug) ends the kernel with a trap after GEMM_SPLIT_TIMEOUT_NS instead of hanging the GPU.
 // Shared memory: none (the named barriers only).

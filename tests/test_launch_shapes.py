@@ -281,6 +281,12 @@ def test_gemm_tiling_picks_the_tile_and_blocks_that_finish_soonest():
     assert split_k_need(512, 7, 38 * 128, sm) == (66, 132)
     assert split_k_need(512, 28, 148 * 128, sm) == (264, 132)
     assert split_k_need(512, 33, 128, sm) == (0, 0)                        # 132 whole 128-token tiles
+    # A launcher with one build (gemm_fmt_wgmma: 128 tokens) needs the scratch of that build's plan,
+    # which can be more than gemm_int4's own pick: the 7B's o_proj at 64 rows takes 64-token tiles
+    # (half a slot a block), but 128-token ones a whole slot.
+    free, fixed = split_k_need(64, 28, 28 * 128, sm), split_k_need(64, 28, 28 * 128, sm, tile_tokens=128)
+    t = gemm_tiling(64, 28, 28, sm, tile_tokens=128)
+    assert fixed == (t.blocks, t.blocks) and t.split and fixed[0] > free[0]
 
 
 def test_gemm_int4_launch_names_its_build_and_registers(monkeypatch):

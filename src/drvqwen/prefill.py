@@ -218,15 +218,17 @@ class Prefill:
         blocks = lambda n: -(-n // GEMM_BLOCK_ROWS)  # noqa: E731
         if self.decode_step.plan.formats is None and self.fmt_gemm != "wgmma-all":
             shapes = [(blocks(nq + 2 * nkv), D), (blocks(D), nq), (blocks(2 * F), D), (blocks(D), F)]
+            tile = None  # gemm_int4 picks its build per launch
         elif self.fmt_gemm == "mma":
             return 0, 0
         else:
             shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
                       if gemm_fmt_wgmma.fits(k)]
+            tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        need = [split_k_need(rows, blocks, k) for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET)
-                for blocks, k in shapes]
+        need = [split_k_need(rows, blocks, k, tile_tokens=tile)
+                for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes]
         return max(u for u, _ in need), max(t for _, t in need)
 
     # ---- launch lists ---------------------------------------------------------------------------

@@ -199,11 +199,13 @@ class SplitKScratch:
         return max(1, units) * SPLIT_UNIT_FLOATS * 4 + max(1, tiles) * 4
 
 
-def split_k_need(rows: int, row_blocks: int, k: int, grid: int | None = None) -> tuple[int, int]:
-    """(units, tiles) of SplitKScratch a gemm_int4 launch of `rows` rows and `row_blocks` row
+def split_k_need(rows: int, row_blocks: int, k: int, grid: int | None = None, *,
+                 tile_tokens: int | None = None) -> tuple[int, int]:
+    """(units, tiles) of SplitKScratch a wgmma GEMM launch of `rows` rows and `row_blocks` row
     blocks over K = k would use ((0, 0) where its ranges cut no tile), on `grid` blocks at most
-    (default: the SM count), in the plan gemm_tiling picks."""
-    t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, grid))
+    (default: the SM count), in the plan gemm_tiling picks — with the build fixed to
+    `tile_tokens` where the launcher fixes it (gemm_fmt_wgmma: 128), else gemm_int4's own pick."""
+    t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, grid), tile_tokens=tile_tokens)
     return (-(-t.blocks * unit_floats(t.tile_tokens) // SPLIT_UNIT_FLOATS), t.blocks) if t.split else (0, 0)
 
 
@@ -233,7 +235,8 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     the build; ranges cut tiles only with a scratch.
 
     Raises:
-        LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1.
+        LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1,
+            more blocks than SMs in a plan that cuts tiles.
     """
     require(k > 0 and k % GROUP_SIZE == 0, f"gemm_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
     require(rows >= 1 and row_blocks >= 1, f"gemm_int4: rows={rows} and N must be >= 1")
@@ -245,10 +248,18 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     tiles = -(-rows // t.tile_tokens) * row_blocks
     if max_blocks == 0 and blocks is None:
         t = GemmTiling(t.tile_tokens, tiles, False, t.us)
-    # The kernels cut the ranges in 32-bit arithmetic (gemm_split_k.cuh: gemm_range_start).
-    require(tiles * (k // GROUP_SIZE) * t.blocks < 2**32,
+    # The kernels cut the ranges in 32-bit arithmetic (gemm_split_k.cuh: gemm_range_start takes
+    # b · W in u32, gemm_range_of (x + 1) · P; the unit index x < W is an int).
+    work = tiles * (k // GROUP_SIZE)
+    require(work < 2**31 and work * t.blocks < 2**32,
             f"gemm_int4: {tiles} tiles × {k // GROUP_SIZE} groups × {t.blocks} blocks overflow the kernels' 32-bit "
             f"range arithmetic")
+    # An owner waits for the blocks after it (gemm_split_k.cuh): that ends only if they all run at
+    # once — one block of these kernels a SM, so never more blocks than SMs when ranges cut tiles.
+    if t.split:
+        sms = get_device().info.sm_count
+        require(t.blocks <= sms, f"gemm_int4: {t.blocks} blocks cut tiles, but only {sms} (one a SM) run at "
+                                 f"once: an owner would wait for a block that never starts")
     return t
 
 
