@@ -11,6 +11,10 @@
 //   wgmma_m64n128k16_ss    : the same with A from shared memory through a descriptor too
 //   wgmma_m64n256k16_rs    : the RS form with 256 columns (128 accumulators a lane)
 //   wgmma_m64n64k16_rs     : the RS form with 64 columns (32 accumulators a lane)
+//   wgmma_desc_sw128_nmajor: the descriptor of an N-major B operand in 128-byte-swizzled atoms
+//   wgmma_m64n128k16_rs_bn, wgmma_m64n64k16_rs_bn
+//                          : the RS forms with B N-major (imm-trans-b = 1): B[k][n] stored with n
+//                            contiguous, as a [token][dim] V tile is for O += P·V
 //   fence_proxy_async_shared : fence.proxy.async.shared::cta
 //   wgmma_fence_operand    : an empty asm that pins a register in place (no PTX instruction)
 //   (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions": wgmma.fence,
@@ -187,6 +191,58 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const u32 (
         "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
         "}\n"
         : WGMMA_D128_OPERANDS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+        : "memory");
+}
+
+// Descriptor of an N-major B operand (B[k][n] with n contiguous) in 128-byte-swizzled atoms:
+// each k row holds 64 FP16 n values in 128 bytes, 8 consecutive k rows form a 1024-byte atom
+// (swizzled as TMA's CU_TENSOR_MAP_SWIZZLE_128B writes it: 16-byte chunk c of row r at chunk
+// c ^ (r % 8)); `smem` points at the atom of the MMA's first k (1024-byte aligned). Fields for
+// the N-major swizzled form (PTX ISA, "Matrix Descriptor Format", "Strides"):
+//   leading-dimension byte offset: from the first 64 n values (128 bytes of every row) to the
+//                                  next 64 — `lbo_bytes`, the distance between two such column
+//                                  blocks of the tile (unused where N = 64)
+//   stride-dimension byte offset:  from one 8-row (8 k) atom to the next: 1024 B, k16 = 2 atoms
+//   base offset 0, swizzle mode 1 (128 B), as wgmma_desc_sw128.
+__device__ __forceinline__ u64 wgmma_desc_sw128_nmajor(const void* smem, u32 lbo_bytes) {
+    const u32 addr = static_cast<u32>(__cvta_generic_to_shared(smem));
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo_bytes >> 4) & 0x3FFF) << 16) | ((u64)(1024 >> 4) << 32) |
+           ((u64)1 << 62);
+}
+
+// D[64 × 128] (+)= A[64 × 16] · B[16 × 128], A from registers, B N-major (b_desc:
+// wgmma_desc_sw128_nmajor; the last immediate, imm-trans-b, is 1). Used for O += P·V, where P
+// comes out of the previous MMA's accumulators in exactly A's register layout and V's tile sits
+// in shared memory as the cache stores it, [token][dim]: the token index is k, dims are n.
+__device__ __forceinline__ void wgmma_m64n128k16_rs_bn(float (&d)[64], const u32 (&a)[4], u64 b_desc,
+                                                       int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        WGMMA_D64_REGS ", "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+        "}\n"
+        : WGMMA_D64_OPERANDS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+        : "memory");
+}
+
+// D[64 × 64] (+)= A[64 × 16] · B[16 × 64], B N-major: wgmma_m64n128k16_rs_bn with 64 columns
+// (head dimension 64).
+__device__ __forceinline__ void wgmma_m64n64k16_rs_bn(float (&d)[32], const u32 (&a)[4], u64 b_desc,
+                                                      int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        WGMMA_D32_REGS ", "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+        "}\n"
+        : WGMMA_D32_OPERANDS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
         : "memory");
 }

@@ -1,4 +1,5 @@
-"""kernels/attention_prefill.cu against reference.attention over the gathered paged cache.
+"""kernels/attention_prefill.cu (engine "mma") and kernels/attention_prefill_wgmma.cu ("wgmma")
+against reference.attention over the gathered paged cache.
 
 Chunks of T queries at positions start … start+T-1 — lengths on and around page (16) and
 tile (64) boundaries, a chunk continuing an earlier one, a long context — at the 0.5B
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from drvqwen import launchers
-from drvqwen.launchers.attention_prefill import AttentionSplitScratch
+from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, tile_splits_needed
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -35,21 +36,23 @@ GROUPS = [(128, 12, 2), (128, 16, 2), (128, 40, 8), (64, 2, 2)]
 GROUP_CASES = [(0, 100), (37, 50), (2000, 64)]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("splits", [1, 2, 3, 4], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("hd,hq,hkv", SHAPES, ids=["hd64", "hd128"])
 @pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
-def test_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits):
-    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits)
+def test_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine):
+    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("hd,hq,hkv", GROUPS, ids=[f"hd{d}-{q}q{k}kv" for d, q, k in GROUPS])
 @pytest.mark.parametrize("start,t", GROUP_CASES, ids=[f"start{s}-T{t}" for s, t in GROUP_CASES])
-def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits):
-    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits)
+def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits, engine):
+    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine)
 
 
-def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits):
+def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma"):
     """One chunk of t queries at positions start … start + t − 1 against the float64 reference,
     rows past t untouched, the counters back at zero, the same bits when launched again."""
     s_len = start + t
@@ -68,17 +71,18 @@ def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits):
     out = dev.poisoned("out", (rows, hq, hd), np.float16)
     scratch = None
     if splits > 1:
-        scratch = AttentionSplitScratch(dev.array, -(-rows // 16) * splits, hq, hkv, hd)
+        scratch = AttentionSplitScratch(dev.array, tile_splits_needed(rows, splits, hq, hkv, engine), hq, hkv, hd)
         scratch.part_o.fill_bytes(0xFF)
         scratch.part_ml.fill_bytes(0xFF)
     attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
                               dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
-                              rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd, kv_splits=splits, scratch=scratch)
+                              rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd, kv_splits=splits, scratch=scratch,
+                              engine=engine)
     attn.launch()
     got = out.download()
     want = ref.attention(q[:t].astype(np.float64), k_seq.astype(np.float64), v_seq.astype(np.float64),
                          start + np.arange(t))
-    report(f"attention_prefill hd{hd} start={start} T={t} S={splits}", got[:t], want, TOL_ATTENTION)
+    report(f"attention_prefill[{engine}] hd{hd} start={start} T={t} S={splits}", got[:t], want, TOL_ATTENTION)
     assert np.isnan(got[t:].astype(np.float32)).all(), "rows past n_rows were written"
     if scratch is not None:
         assert not scratch.counters.download().any(), "a split counter was left non-zero"

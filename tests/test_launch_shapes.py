@@ -354,6 +354,41 @@ def test_attention_prefill_kv_splits_chosen_and_refused_with_their_reason():
         AttentionPrefill(*bufs, **shape, kv_splits=2, scratch=other)
 
 
+def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits():
+    """The wgmma engine: 128 packed (query, head) rows a block of 8 warps (512 rows × G = 7 heads:
+    28 tiles), its swizzled stages' shared memory, S by split_count_wgmma (the 0.5B's 56 units on
+    132 slots → 4, the 7B's 112 → 1), and a scratch sized in the mma engine's tile-split unit that
+    covers its 8 warps' partials (64 rows at G = 7: 4 tiles × 8 warps > 4 × 7)."""
+    import types
+
+    from drvqwen.launchers.attention_prefill import (AttentionPrefill, query_tiles, smem_bytes, split_count_wgmma,
+                                                     tile_splits_needed)
+    from drvqwen.launchers.base import BufferSpec
+
+    assert query_tiles(512, 28, 4, "wgmma") == 28 and query_tiles(512, 28, 4) == 32
+    assert (split_count_wgmma(56, 132), split_count_wgmma(112, 132), split_count_wgmma(8, 132)) == (4, 1, 4)
+    assert smem_bytes(128, engine="wgmma") == 3 * 2 * 64 * 256 + 1024
+    assert tile_splits_needed(64, 2, 28, 4) == 8 and tile_splits_needed(64, 2, 28, 4, "wgmma") == 10
+    for rows in range(64, 1025, 64):  # the scratch covers the kernel's partials (units · S · 8 warps) and counters
+        for s in (2, 3, 4):
+            need, tiles = tile_splits_needed(rows, s, 28, 4, "wgmma"), query_tiles(rows, 28, 4, "wgmma")
+            assert need * 28 >= tiles * 4 * s * 8 and need >= tiles
+    rows, hq, hkv, dh = 128, 14, 2, 64
+    bufs = [BufferSpec(n, (rows * hq * dh,), np.float16) for n in ("out", "q")]
+    bufs += [BufferSpec(n, (4, hkv, 16, dh), np.float16) for n in ("k", "v")]
+    bufs += [BufferSpec("bt", (4,), np.int32), BufferSpec("ps", (2,), np.int32)]
+    scratch = types.SimpleNamespace(tile_splits=tile_splits_needed(rows, 4, hq, hkv, "wgmma"), heads=(hq, hkv, dh),
+                                    part_o=BufferSpec("po", (1,), np.float32),
+                                    part_ml=BufferSpec("pml", (1,), np.float32), counters=BufferSpec("c", (1,), np.uint32))
+    a = AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, kv_splits=4, scratch=scratch,
+                         engine="wgmma")
+    spec = a.specs[0]
+    assert spec.kernel.kernel == "attention_prefill_wgmma_hd64" and spec.grid == (7, hkv, 4) and spec.block == (256,)
+    assert spec.smem_bytes == smem_bytes(64, engine="wgmma")
+    with pytest.raises(LaunchError, match="engine='tma'"):
+        AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, engine="tma")
+
+
 def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block():
     """RmsNorm(threads=) — the prefill's row_threads(D) blocks — must be a multiple of 32 in
     32 … THREADS; row_threads rounds a row's float4 count up to a warp, capped at THREADS."""

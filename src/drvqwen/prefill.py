@@ -75,7 +75,8 @@ from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, Ge
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
-from .launchers.attention_prefill import Q_TILE as ATTENTION_Q_TILE, AttentionSplitScratch, kv_splits_for
+from .launchers.attention_prefill import ENGINES as ATTENTION_ENGINES, AttentionSplitScratch, kv_splits_for, \
+    tile_splits_needed
 from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
@@ -89,9 +90,12 @@ ROW_BUCKET = 64
 # compiles before it builds anything (engine.engine_kernels); tests/test_startup.py checks the
 # list against the launchers this module uses. KERNEL_FILES_FMT: for weights in per-tensor
 # formats (the embedding row from gemv_fmt.cu, or embedding.cu where it is dense FP16).
-KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill")
+KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill",
+                "attention_prefill_wgmma")
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
-                    "attention_prefill")
+                    "attention_prefill", "attention_prefill_wgmma")
+# The attention kernel of a chunk (Prefill's `attention_engine`; launchers/attention_prefill.py).
+ATTENTION_ENGINE = "mma"
 # Which GEMMs run the projections (Prefill's `fmt_gemm`): "wgmma" — the default — runs a model
 # in per-tensor formats on gemm_fmt_wgmma.cu wherever K is a multiple of its 128-input stage
 # (every Qwen2.5 shape) and an INT4 model on gemm_int4.cu; "mma" runs the per-tensor
@@ -140,20 +144,25 @@ class Prefill:
         qkv_rope: INT4 weights: the bias, RoPE and K/V cache writes in the QKV GEMM's epilogue
             (gemm_int4_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
             compare: the same bits).
+        attention_engine: the attention kernel (launchers/attention_prefill.py, ENGINES): "mma"
+            (kernels/attention_prefill.cu) or "wgmma" (kernels/attention_prefill_wgmma.cu).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
-                 attention_splits: bool = True, qkv_rope: bool = True):
+                 attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
             raise DrvqwenError(f"prefill mode {mode!r}: choose one of {', '.join(PREFILL_MODES)}")
         if fmt_gemm not in FMT_GEMMS:
             raise DrvqwenError(f"fmt_gemm {fmt_gemm!r}: choose one of {', '.join(FMT_GEMMS)}")
+        if attention_engine not in ATTENTION_ENGINES:
+            raise DrvqwenError(f"attention engine {attention_engine!r}: choose one of {', '.join(ATTENTION_ENGINES)}")
         self.fmt_gemm = fmt_gemm
+        self.attention_engine = attention_engine
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
@@ -187,10 +196,11 @@ class Prefill:
         # The attention's KV splits per row bucket, and their partials and counters, sized for the
         # largest bucket × splits and shared by every layer's launch.
         heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.attention_splits = ({rows: kv_splits_for(rows, *heads) for rows in range(ROW_BUCKET, C + 1, ROW_BUCKET)}
+        self.attention_splits = ({rows: kv_splits_for(rows, *heads, engine=attention_engine)
+                                  for rows in range(ROW_BUCKET, C + 1, ROW_BUCKET)}
                                  if attention_splits and not self.per_token else {})
-        tile_splits = max((-(-rows // ATTENTION_Q_TILE) * s for rows, s in self.attention_splits.items() if s > 1),
-                          default=0)
+        tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine)
+                           for rows, s in self.attention_splits.items() if s > 1), default=0)
         if tile_splits:
             size += AttentionSplitScratch.nbytes(tile_splits, *heads) + 3 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")
@@ -301,7 +311,7 @@ class Prefill:
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                                      kv_splits=self.attention_splits.get(R, 1),
-                                                     scratch=self.attention_scratch,
+                                                     scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
                 (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
@@ -366,7 +376,7 @@ class Prefill:
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                                      kv_splits=self.attention_splits.get(R, 1),
-                                                     scratch=self.attention_scratch,
+                                                     scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
                 (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
                                            defines=defs, **sk[ResidualO])),

@@ -1,8 +1,10 @@
-"""Launcher of kernels/attention_prefill.cu: causal GQA attention of a prompt chunk over the
-paged KV cache.
+"""Launcher of kernels/attention_prefill.cu and kernels/attention_prefill_wgmma.cu: causal GQA
+attention of a prompt chunk over the paged KV cache.
 
     AttentionPrefill   out fp16 [rows, Hq, Dh] = causal softmax(q Kᵀ/√Dh) V for the chunk's rows
-                       r < n_rows at positions start + r (prefill_state)
+                       r < n_rows at positions start + r (prefill_state); engine "mma" (a block
+                       per 16 queries × the G heads of a KV head, mma.sync) or "wgmma" (a block per
+                       128 packed (query, head) rows of a KV head, wgmma)
     AttentionSplitScratch  the partials and counters of a launch whose query tiles split their
                        positions over S blocks (kv_splits > 1)
 """
@@ -20,6 +22,29 @@ Q_TILE = mirrored("attention_prefill", "APF_QTILE", 16)        # queries per blo
 KV_TILE = mirrored("attention_prefill", "APF_KV_TILE", 64)     # positions per pipeline step (4 pages)
 STAGES = mirrored("attention_prefill", "APF_STAGES", 3)
 MAX_SPLITS = mirrored("attention_prefill", "APF_MAX_SPLITS", 4)  # KV splits of a query tile at most
+ENGINES = ("mma", "wgmma")
+W_ROWS = mirrored("attention_prefill_wgmma", "APW_ROWS", 128)     # packed (query, head) rows a block
+W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # warps a block: the partials' slots
+mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
+W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 3)
+
+
+def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma") -> int:
+    """Query tiles (gridDim.x) of a launch over `rows` query rows: 16 queries a tile (mma), or
+    128 packed rows of rows · G (wgmma)."""
+    return -(-rows // Q_TILE) if engine == "mma" else -(-rows * (n_heads // n_kv_heads) // W_ROWS)
+
+
+def tile_splits_needed(rows: int, kv_splits: int, n_heads: int, n_kv_heads: int, engine: str = "mma") -> int:
+    """The AttentionSplitScratch (in its `tile_splits` unit: 16-query tiles × splits, each slot of
+    Hq warp partials and Hkv counters) a launch of `kv_splits` over `rows` rows needs. The wgmma
+    engine's tiles hold 8 warps' partials for G heads' worth of rows, so the same rows may need a
+    few slots more (64 rows at G = 7: 4 tiles × 8 warps against 4 × 7)."""
+    tiles = query_tiles(rows, n_heads, n_kv_heads, engine)
+    if engine == "mma":
+        return tiles * kv_splits
+    g = n_heads // n_kv_heads
+    return max(tiles, -(-tiles * kv_splits * W_WARPS // g))
 
 
 def split_count(units: int, slots: int) -> int:
@@ -31,22 +56,48 @@ def split_count(units: int, slots: int) -> int:
     return max(1, min(MAX_SPLITS, slots // max(1, 2 * units)))
 
 
+def split_count_wgmma(units: int, slots: int) -> int:
+    """KV splits S of the wgmma engine for `units` (query tile, KV head) pairs on `slots` resident
+    blocks: none where the units alone fill half the slots, else as many as two waves of slots
+    hold, in 1 … MAX_SPLITS. Measured on the H200 (kernels/attention_prefill_wgmma.cu's header):
+    the 7B's 112 units at 512 rows on 132 slots run fastest whole (S = 2, 4 add 18–40 % at
+    position 0 and ~3 % at 7680); the 0.5B's 56 at S = 4 on long chunks (277 µs at 31 744
+    against 347 at S = 2) and within 0.5 µs of the best at position 0."""
+    return 1 if 2 * units > slots else max(1, min(MAX_SPLITS, 2 * slots // max(1, units)))
+
+
 def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                  occupancy: Occupancy | None = None) -> int:
-    """S for a launch over `rows` query rows (split_count with the kernel's occupancy)."""
+                  occupancy: Occupancy | None = None, engine: str = "mma") -> int:
+    """S for a launch over `rows` query rows (split_count, or split_count_wgmma, with the
+    kernel's occupancy)."""
     occ = occupancy or DEFAULT_OCCUPANCY
-    per_sm = occ.blocks_per_sm(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}"),
-                               32 * (n_heads // n_kv_heads), smem_bytes(head_dim))
-    return split_count(-(-rows // Q_TILE) * n_kv_heads, max(1, per_sm) * occ.sm_count)
+    per_sm = occ.blocks_per_sm(_kernel(engine, head_dim), _threads(engine, n_heads, n_kv_heads),
+                               smem_bytes(head_dim, engine=engine))
+    count = split_count if engine == "mma" else split_count_wgmma
+    return count(query_tiles(rows, n_heads, n_kv_heads, engine) * n_kv_heads, max(1, per_sm) * occ.sm_count)
 
 
-def smem_bytes(head_dim: int, stages: int = STAGES) -> int:
-    """Dynamic shared memory: stages × (K, V) × 64 token rows of Dh fp16 padded by 16 bytes."""
-    return stages * 2 * KV_TILE * (2 * head_dim + 16)
+def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") -> int:
+    """Dynamic shared memory. mma: stages × (K, V) × 64 token rows of Dh fp16 padded by 16
+    bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles."""
+    if engine == "mma":
+        return (stages or STAGES) * 2 * KV_TILE * (2 * head_dim + 16)
+    return (stages or W_STAGES) * 2 * KV_TILE * 2 * head_dim + 1024
+
+
+def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
+    file = "attention_prefill" if engine == "mma" else "attention_prefill_wgmma"
+    return KernelRef(file, f"{file}_hd{head_dim}", tuple(defines), pdl=True)
+
+
+def _threads(engine: str, n_heads: int, n_kv_heads: int) -> int:
+    return 32 * (n_heads // n_kv_heads) if engine == "mma" else 32 * W_WARPS
 
 
 mirrored("attention_prefill", "ApfShape<64>::SMEM_BYTES", smem_bytes(64))
 mirrored("attention_prefill", "ApfShape<128>::SMEM_BYTES", smem_bytes(128))
+mirrored("attention_prefill_wgmma", "ApwShape<64>::SMEM_BYTES", smem_bytes(64, engine="wgmma"))
+mirrored("attention_prefill_wgmma", "ApwShape<128>::SMEM_BYTES", smem_bytes(128, engine="wgmma"))
 
 
 class AttentionSplitScratch:
@@ -100,8 +151,9 @@ class AttentionPrefill(Launcher):
 
     def __init__(self, out, q, k_cache, v_cache, block_table, prefill_state, *, rows: int, n_heads: int,
                  n_kv_heads: int, head_dim: int, kv_splits: int = 1, scratch: AttentionSplitScratch | None = None,
-                 defines: tuple[tuple[str, int], ...] = (), stream: Stream | None = None):
+                 defines: tuple[tuple[str, int], ...] = (), engine: str = "mma", stream: Stream | None = None):
         super().__init__(stream)
+        require(engine in ENGINES, f"attention_prefill: engine={engine!r}, want one of {ENGINES}")
         check_attention_shapes("attention_prefill", n_heads, n_kv_heads, head_dim)
         check_buffer(out, "out", rows * n_heads * head_dim, np.float16)
         check_buffer(q, "q", rows * n_heads * head_dim, np.float16)
@@ -110,19 +162,20 @@ class AttentionPrefill(Launcher):
                 f"attention_prefill: kv_splits={kv_splits!r} must be an int in 1..{MAX_SPLITS}")
         split = dict(part_o=NULL, part_ml=NULL, counters=NULL)
         if kv_splits > 1:
-            need = -(-rows // Q_TILE) * kv_splits
+            need = tile_splits_needed(rows, kv_splits, n_heads, n_kv_heads, engine)
             require(scratch is not None and scratch.tile_splits >= need
                     and scratch.heads == (n_heads, n_kv_heads, head_dim),
                     f"attention_prefill: kv_splits={kv_splits} over {rows} rows needs an AttentionSplitScratch "
                     f"of ≥ {need} tile splits for heads {n_heads}/{n_kv_heads}, Dh {head_dim}")
             split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
-        self.n_heads, self.head_dim, self.kv_splits = n_heads, head_dim, kv_splits
-        stages = dict(defines).get("APF_STAGES", STAGES)
-        self._add(KernelRef("attention_prefill", f"attention_prefill_hd{head_dim}", tuple(defines), pdl=True),
-                  (-(-rows // Q_TILE), n_kv_heads, kv_splits), (32 * (n_heads // n_kv_heads),),
+        self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
+        stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
+        self._add(_kernel(engine, head_dim, defines),
+                  (query_tiles(rows, n_heads, n_kv_heads, engine), n_kv_heads, kv_splits),
+                  (_threads(engine, n_heads, n_kv_heads),),
                   dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                        prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads), **split),
-                  smem_bytes=smem_bytes(head_dim, stages), reads=(q, k_cache, v_cache, block_table, prefill_state),
+                  smem_bytes=smem_bytes(head_dim, stages, engine), reads=(q, k_cache, v_cache, block_table, prefill_state),
                   writes=(out,) + ((scratch.part_o, scratch.part_ml, scratch.counters) if kv_splits > 1 else ()))
 
     def flops_for(self, start: int, n_rows: int) -> int:

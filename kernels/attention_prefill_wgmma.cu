@@ -1,0 +1,378 @@
+// kernels/attention_prefill_wgmma.cu — causal GQA attention of a prompt chunk over the paged KV
+// cache, on wgmma: the same function as attention_prefill.cu (whose header states it, the KV
+// splits and their combine), with the query heads of a KV head packed into the MMA's M.
+//
+//   attention_prefill_wgmma_hd64 / _hd128
+//     out[r, h, :] = softmax(q[r, h] · K[0 : p_r + 1]ᵀ / √Dh) · V[0 : p_r + 1]
+//
+// The limit: tensor-core issue and the latency between the two MMAs of a KV tile, not bytes (a
+// 512-token prompt reads 1 MiB of K/V a layer at the 7B shape, from L2). attention_prefill.cu on
+// mma.sync reaches ~190 TFLOP/s on long chunks: its warps spend their issue slots on ldmatrix
+// and MMA instructions of 16 rows each. wgmma takes both operands' 64 × 64 (S) and 64 × Dh (O)
+// blocks for a warpgroup in one instruction per k16 step, the K and V tiles read by the tensor
+// cores straight from shared memory.
+//
+// Packed rows (GQA)
+// -----------------
+// A KV head serves G = Hq / Hkv query heads (7 for every Qwen2.5-Coder size but 1.5B/14B/32B).
+// The M dimension of the MMAs is the chunk's (query, head) pairs of one KV head, query-major:
+// packed row R = r · G + j is query row r of head kv_head · G + j. All G heads read the same K
+// and V, so a block's 128 packed rows (18 queries at G = 7) share every K/V byte it stages, and
+// n_rows · G packed rows leave no padding but the last tile's (512 · 7 = 28 tiles of 128).
+//
+// Work split
+// ----------
+//   grid    = (ceil(rows_max · G / 128), Hkv, S); query tiles in reverse, as attention_prefill.cu
+//             (the tiles that walk the most positions start first).
+//   block   = 2 warpgroups (8 warps); warpgroup w owns packed rows 64w … 64w+63 of the tile, warp
+//             i of it rows 16i … 16i+15 (the wgmma A/accumulator layout: ptx/wgmma.cuh).
+//   kv loop = positions 0 … kv_len − 1 that the tile's last query sees, in tiles of 64 (4 pages),
+//             cut into ns ≤ S splits exactly as attention_prefill.cu (block z walks split z).
+//     S = QKᵀ : 8 (Dh/16) × wgmma m64n64k16, A = the warpgroup's Q fragments in registers
+//               (loaded once), B = the K tile, K-major (rows = tokens, 64 dims a swizzled row).
+//     softmax : attention_prefill.cu's online softmax on the accumulators (same layout as
+//               mma.sync's per warp: rows g and g+8, quad-shared), causal by each packed row's
+//               query position.
+//     O += PV : 4 × wgmma m64nDhk16, A = P rounded to FP16 from the S accumulators (their layout
+//               is A's), B = the V tile N-major (rows = tokens = k, dims contiguous = n): the cache's
+//               own [token][dim] order, read transposed by the tensor core (imm-trans-b).
+//   out     = O / l, FP16, rows r < n_rows only; with ns > 1 the unit's last split combines first.
+//
+// Shared memory: APW_STAGES stages of (K, V) tiles, each Dh/64 column blocks of 64 tokens × 128
+// bytes in the 128-byte swizzle the wgmma descriptors read (16-byte chunk c of token row t at
+// chunk c ^ (t % 8); 1024-byte atoms of 8 tokens). cp.async writes them chunk by chunk, so paged
+// K/V needs no tensor map: each thread copies one 16-byte column of the tile's rows (4 page
+// offsets loaded once), K and V from one offset. Dh = 128: 3 × 32 KiB; Dh = 64: 3 × 16 KiB.
+//
+// The pipeline and why it cannot race: tile i goes to stage i % APW_STAGES in cp.async commit
+// group i. Step i: wait for group i (cp.async.wait_group APW_STAGES − 2); fence.proxy.async
+// (each thread's cp.async writes are generic-proxy writes, and the tensor cores read through the
+// async proxy: the fence orders this thread's landed copies before later async-proxy reads);
+// __syncthreads (every thread's copies and fences of tile i are done, and every warpgroup has
+// finished step i − 1, whose wgmma reads of stage (i − 1) % APW_STAGES were complete at its
+// wgmma.wait_group 0); only then is tile i + APW_STAGES − 1 issued, into that stage. Each step
+// waits for its own MMAs (wait_group 0) before it touches their accumulators (softmax, the
+// rescale of O), and fences (wgmma.fence) before MMAs that read registers it wrote.
+// The KV splits' store, counter and combine: attention_prefill.cu's protocol (ptx/flags.cuh
+// split_arrive_last), with 8 warps a block instead of G.
+//
+// Registers: O (Dh/2 FP32 a lane), S (32), the Q fragments (Dh/4 u32); one block of 8 warps per
+// SM (__launch_bounds__(256, 1)).
+//
+// Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
+// aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
+// (launchers/attention_prefill.py: tile_splits_needed).
+#include <cuda_fp16.h>
+
+#include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
+#include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n*k16_rs_bn, descriptors, fences
+#include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
+#include "warp.cuh"      // quad_max, quad_sum
+#include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
+#include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
+#include "flags.cuh"     // split_arrive_last
+
+#define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
+#define APW_WARPGROUPS 2
+#define APW_ROWS       (APW_WG_ROWS * APW_WARPGROUPS)   // packed rows per block
+#define APW_THREADS    (APW_WARPGROUPS * 128)
+#define APW_WARPS      (APW_THREADS / WARP_SIZE)        // 8: the split partials' slots per block
+#define APW_KV_TILE    64                               // positions per pipeline step (4 pages)
+#ifndef APW_STAGES
+#define APW_STAGES     3                                // the tile multiplied and two in flight
+#endif
+#define APW_MAX_SPLITS 4
+#define APW_COMBINE_CHUNK 4
+#define APW_COL_BYTES  (APW_KV_TILE * 128)              // one 64-dim column block of a tile: 8 KiB
+
+template <int HEAD_DIM>
+struct ApwShape {
+    static constexpr int COLS = HEAD_DIM / 64;                    // 64-dim column blocks
+    static constexpr int TILE_BYTES = COLS * APW_COL_BYTES;       // K (or V) of one step
+    static constexpr int STAGE_BYTES = 2 * TILE_BYTES;            // K then V
+    static constexpr int SMEM_BYTES = APW_STAGES * STAGE_BYTES + 1024;  // + slack to align to 1 KiB
+    static constexpr int CHUNKS = HEAD_DIM / 8;                   // 16-byte chunks per token row
+    static constexpr int KSTEPS = HEAD_DIM / 16;                  // k16 steps of QKᵀ
+    static constexpr int OACC = HEAD_DIM / 2;                     // O accumulators a lane (m64nDh)
+    static constexpr int ONS = HEAD_DIM / 8;                      // of them, float4 groups (n8 blocks)
+};
+
+struct ApwSplit {
+    float4* part_o;   // [units, S, 8 warps, Dh/8, 32] float4: a warp's O accumulators, lane-major
+    float4* part_ml;  // [units, S, 8 warps, 32] float4: (m row g, m row g+8, l row g, l row g+8)
+    u32* counters;    // [units] u32: splits of the unit that have stored; 0 between launches
+};
+
+__device__ __forceinline__ u32 apw_pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&h);
+}
+
+// O += P·V for one k16 step: the head dimension picks the wgmma's N.
+template <int HEAD_DIM>
+__device__ __forceinline__ void apw_pv(float (&o)[HEAD_DIM / 2], const u32 (&pa)[4], u64 v_desc) {
+    if constexpr (HEAD_DIM == 128) wgmma_m64n128k16_rs_bn(o, pa, v_desc, 1);
+    else wgmma_m64n64k16_rs_bn(o, pa, v_desc, 1);
+}
+
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_prefill_wgmma_impl(
+    __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table,
+    const int* __restrict__ prefill_state, int Hq, int Hkv, const ApwSplit& sp) {
+    using S = ApwShape<HEAD_DIM>;
+    extern __shared__ unsigned char apw_smem_raw[];
+    __shared__ int apw_is_last;
+    // The swizzle and the descriptors assume 1024-byte-aligned tiles.
+    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(apw_smem_raw));
+    unsigned char* smem = apw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+
+    // ld.global.cg: see attention_prefill.cu (never hoisted above griddepcontrol.wait).
+    const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
+    const int group = Hq / Hkv;
+    const int packed = n_rows * group;  // valid packed rows of the chunk
+    const int q_tile = gridDim.x - 1 - blockIdx.x;
+    const int p0 = q_tile * APW_ROWS;
+    if (p0 >= packed) return;  // whole block, before any barrier
+    const int kv_head = blockIdx.y;
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    // Positions this tile reads: up to the position of its last valid packed row's query.
+    const int kv_len = start + (min(packed, p0 + APW_ROWS) - 1) / group + 1;
+    const int n_tiles = (kv_len + APW_KV_TILE - 1) / APW_KV_TILE;
+    const int ns = min((int)gridDim.z, n_tiles);
+    const int split = blockIdx.z;
+    if (split >= ns) return;   // whole block, before any barrier
+    const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
+    const int n_steps = t_end - t_begin;
+
+    // This lane's two packed rows (accumulator rows g and g + 8 of its warp), their query row,
+    // head and position; rows past the chunk take the last query's position (never stored).
+    const int pr[2] = {p0 + 16 * warp + g, p0 + 16 * warp + g + 8};
+    int qrow[2], head[2], qpos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        qrow[h] = pr[h] / group;
+        head[h] = kv_head * group + pr[h] % group;
+        qpos[h] = start + min(qrow[h], n_rows - 1);
+    }
+
+    // Q fragments (A of QKᵀ; k = dims 16j … 16j+15), zero past the chunk.
+    u32 qa[S::KSTEPS][4];
+    {
+        const __half* q0 = q + ((u64)qrow[0] * Hq + head[0]) * HEAD_DIM + 2 * t;
+        const __half* q1 = q + ((u64)qrow[1] * Hq + head[1]) * HEAD_DIM + 2 * t;
+        const bool v0 = pr[0] < packed, v1 = pr[1] < packed;
+#pragma unroll
+        for (int j = 0; j < S::KSTEPS; ++j) {
+            qa[j][0] = v0 ? *reinterpret_cast<const u32*>(q0 + 16 * j) : 0u;
+            qa[j][1] = v1 ? *reinterpret_cast<const u32*>(q1 + 16 * j) : 0u;
+            qa[j][2] = v0 ? *reinterpret_cast<const u32*>(q0 + 16 * j + 8) : 0u;
+            qa[j][3] = v1 ? *reinterpret_cast<const u32*>(q1 + 16 * j + 8) : 0u;
+        }
+    }
+
+    // Stage the K/V of positions [64·tile, 64·tile + 64) into `stage`, swizzled; past kv_len:
+    // zeros. Thread x copies 16-byte column c = x % CHUNKS of token rows x / CHUNKS, + 256 / CHUNKS …
+    const int col = threadIdx.x % S::CHUNKS;
+    const int col_off = (col / 8) * APW_COL_BYTES;  // its 64-dim column block
+    auto issue = [&](int tile, int stage) {
+        unsigned char* kdst = smem + stage * S::STAGE_BYTES + col_off;
+        const int pos0 = tile * APW_KV_TILE;
+        u64 base[APW_KV_TILE / PAGE_TOKENS];  // element offset of each page's slot 0, column col
+#pragma unroll
+        for (int p = 0; p < APW_KV_TILE / PAGE_TOKENS; ++p) {
+            const int page = pos0 + p * PAGE_TOKENS < kv_len ? __ldg(block_table + pos0 / PAGE_TOKENS + p) : 0;
+            base[p] = kv_offset(page, kv_head, 0, Hkv, HEAD_DIM) + 8 * col;
+        }
+#pragma unroll
+        for (int tok = threadIdx.x / S::CHUNKS; tok < APW_KV_TILE; tok += APW_THREADS / S::CHUNKS) {
+            const bool valid = pos0 + tok < kv_len;
+            const int pq = tok / PAGE_TOKENS;
+            const u64 off = (pq == 0 ? base[0] : pq == 1 ? base[1] : pq == 2 ? base[2] : base[3])
+                            + (u64)(tok % PAGE_TOKENS) * HEAD_DIM;
+            const int sw = tok * 128 + (((col % 8) ^ (tok % 8)) * 16);
+            cp_async_16(kdst + sw, valid ? k_cache + off : k_cache, valid);
+            cp_async_16(kdst + S::TILE_BYTES + sw, valid ? v_cache + off : v_cache, valid);
+        }
+    };
+    static_assert(APW_KV_TILE / PAGE_TOKENS == 4, "the page select above takes 4 pages a tile");
+    static_assert(APW_THREADS % S::CHUNKS == 0, "every thread keeps one column");
+
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
+    float o[S::OACC];  // O[row g | g+8][dims 8n + 2t, +1] at o[4n + 0, 1 | 2, 3]
+#pragma unroll
+    for (int i = 0; i < S::OACC; ++i) o[i] = 0.f;
+    float m_run[2] = {F32_NEG_INF, F32_NEG_INF};  // per row (g, g+8), log2 units, quad-uniform
+    float l_run[2] = {0.f, 0.f};                  // per row, this lane's share (quad-summed at the end)
+
+#pragma unroll
+    for (int i = 0; i < APW_STAGES - 1; ++i) {
+        if (i < n_steps) issue(t_begin + i, i);
+        cp_async_commit();
+    }
+    for (int step = 0; step < n_steps; ++step) {
+        const int tile = t_begin + step;
+        cp_async_wait<APW_STAGES - 2>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        if (step + APW_STAGES - 1 < n_steps)
+            issue(tile + APW_STAGES - 1, (step + APW_STAGES - 1) % APW_STAGES);
+        cp_async_commit();
+        const unsigned char* ks = smem + (step % APW_STAGES) * S::STAGE_BYTES;
+        const unsigned char* vs = ks + S::TILE_BYTES;
+
+        // S = Q Kᵀ: s[4n + e] = scores of tokens 8n + 2t + (e & 1), rows g (e < 2) and g + 8.
+        float s[32];
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < S::KSTEPS; ++j)
+            wgmma_m64n64k16_rs(s, qa[j], wgmma_desc_sw128(ks + (j / 4) * APW_COL_BYTES + (j % 4) * 32), j > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) wgmma_fence_operand(s[i]);
+
+        // Causal mask and scale (attention_prefill.cu's arithmetic).
+        float row_max[2] = {F32_NEG_INF, F32_NEG_INF};
+#pragma unroll
+        for (int n = 0; n < APW_KV_TILE / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int pos = tile * APW_KV_TILE + 8 * n + 2 * t + (e & 1);
+                float& x = s[4 * n + e];
+                x = pos <= qpos[e / 2] ? x * scale_log2 : F32_NEG_INF;
+                row_max[e / 2] = fmaxf(row_max[e / 2], x);
+            }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(m_run[h], quad_max(row_max[h]));
+            alpha[h] = m_run[h] == F32_NEG_INF ? 0.f : exp2f(m_run[h] - m_new);
+            m_run[h] = m_new;
+            m_use[h] = m_new == F32_NEG_INF ? 0.f : m_new;
+        }
+        float p_sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const float p = exp2f(s[i] - m_use[(i % 4) / 2]);  // exactly 0 where masked
+            s[i] = p;
+            p_sum[(i % 4) / 2] += p;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + p_sum[h];
+#pragma unroll
+        for (int i = 0; i < S::OACC; ++i) o[i] *= alpha[(i % 4) / 2];
+
+        // O += P V, k = the tile's tokens in steps of 16 (two 8-token atoms of V each).
+        u32 pa[APW_KV_TILE / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < APW_KV_TILE / 16; ++kk) {
+            pa[kk][0] = apw_pack_half2(s[8 * kk + 0], s[8 * kk + 1]);  // row g,   tokens 16kk + 2t, +1
+            pa[kk][1] = apw_pack_half2(s[8 * kk + 2], s[8 * kk + 3]);  // row g+8
+            pa[kk][2] = apw_pack_half2(s[8 * kk + 4], s[8 * kk + 5]);  // row g,   tokens 16kk + 8 + 2t, +1
+            pa[kk][3] = apw_pack_half2(s[8 * kk + 6], s[8 * kk + 7]);  // row g+8
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < APW_KV_TILE / 16; ++kk)
+            apw_pv<HEAD_DIM>(o, pa[kk], wgmma_desc_sw128_nmajor(vs + kk * 2048, APW_COL_BYTES));
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+#pragma unroll
+        for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
+    }
+
+    float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
+
+    if (ns > 1) {
+        // Store this split's partial, count it, let the unit's last split combine (the protocol:
+        // attention_prefill.cu, "KV splits").
+        const int unit = kv_head * gridDim.x + q_tile;
+        const u64 slot0 = (u64)unit * gridDim.z * APW_WARPS + warp;
+        float4* po = sp.part_o + slot0 * S::ONS * WARP_SIZE + lane;
+        float4* pml = sp.part_ml + slot0 * WARP_SIZE + lane;
+#pragma unroll
+        for (int n = 0; n < S::ONS; ++n)
+            __stcg(po + ((u64)split * APW_WARPS * S::ONS + n) * WARP_SIZE,
+                   make_float4(o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]));
+        __stcg(pml + (u64)split * APW_WARPS * WARP_SIZE, make_float4(m_run[0], m_run[1], l_tot[0], l_tot[1]));
+        __syncthreads();  // every thread's stores before thread 0's release
+        if (threadIdx.x == 0) apw_is_last = split_arrive_last(sp.counters + unit, ns);
+        __syncthreads();  // thread 0's acquire before every thread's loads below
+        if (!apw_is_last) return;
+
+        float4 ml[APW_MAX_SPLITS];
+#pragma unroll
+        for (int z = 0; z < APW_MAX_SPLITS; ++z)
+            if (z < ns) ml[z] = __ldcg(pml + (u64)z * APW_WARPS * WARP_SIZE);
+        float mx[2] = {F32_NEG_INF, F32_NEG_INF};
+#pragma unroll
+        for (int z = 0; z < APW_MAX_SPLITS; ++z)
+            if (z < ns) { mx[0] = fmaxf(mx[0], ml[z].x); mx[1] = fmaxf(mx[1], ml[z].y); }
+        float w[APW_MAX_SPLITS][2];
+        l_tot[0] = l_tot[1] = 0.f;
+#pragma unroll
+        for (int z = 0; z < APW_MAX_SPLITS; ++z)
+            if (z < ns) {
+                w[z][0] = ml[z].x == F32_NEG_INF ? 0.f : exp2f(ml[z].x - mx[0]);
+                w[z][1] = ml[z].y == F32_NEG_INF ? 0.f : exp2f(ml[z].y - mx[1]);
+                l_tot[0] += w[z][0] * ml[z].z;
+                l_tot[1] += w[z][1] * ml[z].w;
+            }
+#pragma unroll
+        for (int n0 = 0; n0 < S::ONS; n0 += APW_COMBINE_CHUNK) {
+            float4 p[APW_MAX_SPLITS][APW_COMBINE_CHUNK];
+#pragma unroll
+            for (int z = 0; z < APW_MAX_SPLITS; ++z)
+#pragma unroll
+                for (int e = 0; e < APW_COMBINE_CHUNK; ++e)
+                    if (z < ns) p[z][e] = __ldcg(po + ((u64)z * APW_WARPS * S::ONS + n0 + e) * WARP_SIZE);
+#pragma unroll
+            for (int e = 0; e < APW_COMBINE_CHUNK; ++e) {
+                float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+                for (int z = 0; z < APW_MAX_SPLITS; ++z)
+                    if (z < ns) {
+                        sum.x += w[z][0] * p[z][e].x; sum.y += w[z][0] * p[z][e].y;
+                        sum.z += w[z][1] * p[z][e].z; sum.w += w[z][1] * p[z][e].w;
+                    }
+                const int n = n0 + e;
+                o[4 * n] = sum.x; o[4 * n + 1] = sum.y; o[4 * n + 2] = sum.z; o[4 * n + 3] = sum.w;
+            }
+        }
+    }
+
+    // out = O / l for the rows of the chunk.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if (pr[h] >= packed) continue;
+        const float inv_l = 1.f / l_tot[h];
+        __half* dst = out + ((u64)qrow[h] * Hq + head[h]) * HEAD_DIM + 2 * t;
+#pragma unroll
+        for (int n = 0; n < S::ONS; ++n)
+            *reinterpret_cast<u32*>(dst + 8 * n) = apw_pack_half2(o[4 * n + 2 * h] * inv_l, o[4 * n + 2 * h + 1] * inv_l);
+    }
+}
+
+// grid (ceil(rows_max · Hq/Hkv / 128), Hkv, S), block 256, dynamic smem ApwShape<Dh>::SMEM_BYTES.
+#define ATTENTION_PREFILL_WGMMA_KERNEL(NAME, HEAD_DIM)                                             \
+    extern "C" __global__ void __launch_bounds__(APW_THREADS, 1) NAME(                            \
+        __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
+        const __half* __restrict__ q,           /* [rows, Hq, Dh] fp16, rotated queries       */ \
+        const __half* __restrict__ k_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
+        const __half* __restrict__ v_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
+        const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
+        const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
+        int Hq, int Hkv,                                                                       \
+        float4* part_o,                         /* [units, S, 8, Dh/8, 32] float4 (S > 1)     */ \
+        float4* part_ml,                        /* [units, S, 8, 32] float4 (S > 1)           */ \
+        u32* counters) {                        /* [units] u32, zero between launches (S > 1) */ \
+        grid_launch_dependents();                                                              \
+        grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
+        attention_prefill_wgmma_impl<HEAD_DIM>(out, q, k_cache, v_cache, block_table, prefill_state, \
+                                               Hq, Hkv, ApwSplit{part_o, part_ml, counters});   \
+    }
+
+ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd64, 64)
+ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
