@@ -42,22 +42,27 @@
 // bytes in the 128-byte swizzle the wgmma descriptors read (16-byte chunk c of token row t at
 // chunk c ^ (t % 8); 1024-byte atoms of 8 tokens). cp.async writes them chunk by chunk, so paged
 // K/V needs no tensor map: each thread copies one 16-byte column of the tile's rows (4 page
-// offsets loaded once), K and V from one offset. Dh = 128: 3 × 32 KiB; Dh = 64: 3 × 16 KiB.
+// offsets loaded once), K and V from one offset. Dh = 128: 4 × 32 KiB; Dh = 64: 4 × 16 KiB.
 //
-// The pipeline and why it cannot race: tile i goes to stage i % APW_STAGES in cp.async commit
-// group i. Step i: wait for group i (cp.async.wait_group APW_STAGES − 2); fence.proxy.async
-// (each thread's cp.async writes are generic-proxy writes, and the tensor cores read through the
-// async proxy: the fence orders this thread's landed copies before later async-proxy reads);
-// __syncthreads (every thread's copies and fences of tile i are done, and every warpgroup has
-// finished step i − 1, whose wgmma reads of stage (i − 1) % APW_STAGES were complete at its
-// wgmma.wait_group 0); only then is tile i + APW_STAGES − 1 issued, into that stage. Each step
-// waits for its own MMAs (wait_group 0) before it touches their accumulators (softmax, the
-// rescale of O), and fences (wgmma.fence) before MMAs that read registers it wrote.
+// The pipeline and why it cannot race. Tile i goes to stage i % APW_STAGES (4) in cp.async commit
+// group i, two tiles ahead. Iteration i issues S_i = Q K_iᵀ and then O += P_{i−1} V_{i−1} as two
+// wgmma groups, waits for the first (wait_group 1: groups complete in order), runs the softmax
+// of S_i while P_{i−1} V_{i−1} is still on the tensor cores, waits for the second, rescales O and
+// packs P_i; tile 0's S runs before the loop, the last tile's PV after it. So iteration i reads
+// K of tile i and V of tile i − 1. Its start: wait for group i (cp.async.wait_group
+// APW_STAGES − 3); fence.proxy.async (each thread's cp.async writes are generic-proxy writes and
+// the tensor cores read through the async proxy: the fence orders this thread's landed copies
+// before later async-proxy reads); __syncthreads (every thread's copies and fences of tile i are
+// done, and every warpgroup has finished iteration i − 1, whose final wait_group 0 saw the last
+// reads of tile i − 2: its K at iteration i − 2, its V at i − 1); only then is tile i + 2 issued,
+// into tile i − 2's stage. Each iteration waits for an MMA group before it touches that group's
+// accumulators or A registers (S before the softmax; O and P only after wait_group 0), and
+// fences (wgmma.fence) before MMAs that read registers it wrote.
 // The KV splits' store, counter and combine: attention_prefill.cu's protocol (ptx/flags.cuh
 // split_arrive_last), with 8 warps a block instead of G.
 //
-// Registers: O (Dh/2 FP32 a lane), S (32), the Q fragments (Dh/4 u32); one block of 8 warps per
-// SM (__launch_bounds__(256, 1)).
+// Registers: O (Dh/2 FP32 a lane), S (32), P (16 u32), the Q fragments (Dh/4 u32): 180 at Dh = 128,
+// 127 at Dh = 64 (ptxas, no spills); one block of 8 warps per SM (__launch_bounds__(256, 1)).
 //
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
@@ -79,7 +84,7 @@
 #define APW_WARPS      (APW_THREADS / WARP_SIZE)        // 8: the split partials' slots per block
 #define APW_KV_TILE    64                               // positions per pipeline step (4 pages)
 #ifndef APW_STAGES
-#define APW_STAGES     3                                // the tile multiplied and two in flight
+#define APW_STAGES     4                                // V of the tile before, K of this one, two in flight
 #endif
 #define APW_MAX_SPLITS 4
 #define APW_COMBINE_CHUNK 4
@@ -198,6 +203,7 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
     };
     static_assert(APW_KV_TILE / PAGE_TOKENS == 4, "the page select above takes 4 pages a tile");
     static_assert(APW_THREADS % S::CHUNKS == 0, "every thread keeps one column");
+    static_assert(APW_STAGES >= 3, "V of the tile before, K of this one, one in flight");
 
     const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
     float o[S::OACC];  // O[row g | g+8][dims 8n + 2t, +1] at o[4n + 0, 1 | 2, 3]
@@ -206,34 +212,50 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
     float m_run[2] = {F32_NEG_INF, F32_NEG_INF};  // per row (g, g+8), log2 units, quad-uniform
     float l_run[2] = {0.f, 0.f};                  // per row, this lane's share (quad-summed at the end)
 
+    // The pipeline (the header's "The pipeline"): tiles t_begin + i into stage i % APW_STAGES,
+    // one commit group each; APW_STAGES − 2 of them issued ahead.
 #pragma unroll
-    for (int i = 0; i < APW_STAGES - 1; ++i) {
+    for (int i = 0; i < APW_STAGES - 2; ++i) {
         if (i < n_steps) issue(t_begin + i, i);
         cp_async_commit();
     }
-    for (int step = 0; step < n_steps; ++step) {
-        const int tile = t_begin + step;
-        cp_async_wait<APW_STAGES - 2>();
+    // Iteration i: S_i = Q K_iᵀ and O += P_{i−1} V_{i−1} issued together, then the softmax of S_i
+    // while P_{i−1} V_{i−1} runs on the tensor cores. Tile 0's S runs alone before the loop and
+    // the last tile's PV after it, so that inside the loop both MMA groups are always in flight
+    // (ptxas tracks which accumulators a wait_group frees only without branches around them).
+    u32 pa[APW_KV_TILE / 16][4];  // P of the previous tile, A fragments of its 4 k16 steps
+    float s[32];                   // S: s[4n + e] = scores of tokens 8n + 2t + (e & 1), rows g (e < 2), g + 8
+    float alpha[2];
+
+    // Wait for tile `step`, free the stage of tile step − 2 and refill it (the header's argument).
+    auto sync_stage = [&](int step) {
+        cp_async_wait<APW_STAGES - 3>();  // tile `step` has landed (tile step + 1 may fly)
         fence_proxy_async_shared();
         __syncthreads();
-        if (step + APW_STAGES - 1 < n_steps)
-            issue(tile + APW_STAGES - 1, (step + APW_STAGES - 1) % APW_STAGES);
+        if (step + APW_STAGES - 2 < n_steps)
+            issue(t_begin + step + APW_STAGES - 2, (step + APW_STAGES - 2) % APW_STAGES);
         cp_async_commit();
-        const unsigned char* ks = smem + (step % APW_STAGES) * S::STAGE_BYTES;
-        const unsigned char* vs = ks + S::TILE_BYTES;
-
-        // S = Q Kᵀ: s[4n + e] = scores of tokens 8n + 2t + (e & 1), rows g (e < 2) and g + 8.
-        float s[32];
-        wgmma_fence();
+    };
+    auto stage_of = [&](int step) { return smem + (step % APW_STAGES) * S::STAGE_BYTES; };
+    auto issue_s = [&](int step) {
+        const unsigned char* ks = stage_of(step);
 #pragma unroll
         for (int j = 0; j < S::KSTEPS; ++j)
             wgmma_m64n64k16_rs(s, qa[j], wgmma_desc_sw128(ks + (j / 4) * APW_COL_BYTES + (j % 4) * 32), j > 0);
         wgmma_commit_group();
-        wgmma_wait_group<0>();
+    };
+    auto issue_pv = [&](int step) {  // P_step V_step
+        const unsigned char* vs = stage_of(step) + S::TILE_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < APW_KV_TILE / 16; ++kk)
+            apw_pv<HEAD_DIM>(o, pa[kk], wgmma_desc_sw128_nmajor(vs + kk * 2048, APW_COL_BYTES));
+        wgmma_commit_group();
+    };
+    // Causal mask and scale (attention_prefill.cu's arithmetic) and the online softmax of S.
+    auto softmax = [&](int step) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) wgmma_fence_operand(s[i]);
-
-        // Causal mask and scale (attention_prefill.cu's arithmetic).
+        const int tile = t_begin + step;
         float row_max[2] = {F32_NEG_INF, F32_NEG_INF};
 #pragma unroll
         for (int n = 0; n < APW_KV_TILE / 8; ++n)
@@ -244,7 +266,7 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
                 x = pos <= qpos[e / 2] ? x * scale_log2 : F32_NEG_INF;
                 row_max[e / 2] = fmaxf(row_max[e / 2], x);
             }
-        float alpha[2], m_use[2];
+        float m_use[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float m_new = fmaxf(m_run[h], quad_max(row_max[h]));
@@ -261,11 +283,11 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + p_sum[h];
+    };
+    // After the previous PV: O rescaled to this tile's max, P packed as the next PV's A.
+    auto rescale_pack = [&]() {
 #pragma unroll
         for (int i = 0; i < S::OACC; ++i) o[i] *= alpha[(i % 4) / 2];
-
-        // O += P V, k = the tile's tokens in steps of 16 (two 8-token atoms of V each).
-        u32 pa[APW_KV_TILE / 16][4];
 #pragma unroll
         for (int kk = 0; kk < APW_KV_TILE / 16; ++kk) {
             pa[kk][0] = apw_pack_half2(s[8 * kk + 0], s[8 * kk + 1]);  // row g,   tokens 16kk + 2t, +1
@@ -273,15 +295,32 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
             pa[kk][2] = apw_pack_half2(s[8 * kk + 4], s[8 * kk + 5]);  // row g,   tokens 16kk + 8 + 2t, +1
             pa[kk][3] = apw_pack_half2(s[8 * kk + 6], s[8 * kk + 7]);  // row g+8
         }
+    };
+
+    // n_steps ≥ 1: a block with no tile returned above.
+    sync_stage(0);
+    wgmma_fence();
+    issue_s(0);
+    wgmma_wait_group<0>();
+    softmax(0);
+    rescale_pack();
+    for (int step = 1; step < n_steps; ++step) {
+        sync_stage(step);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < APW_KV_TILE / 16; ++kk)
-            apw_pv<HEAD_DIM>(o, pa[kk], wgmma_desc_sw128_nmajor(vs + kk * 2048, APW_COL_BYTES));
-        wgmma_commit_group();
-        wgmma_wait_group<0>();
+        issue_s(step);
+        issue_pv(step - 1);
+        wgmma_wait_group<1>();  // S's group completes first (groups complete in order)
+        softmax(step);
+        wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again
 #pragma unroll
         for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
+        rescale_pack();
     }
+    wgmma_fence();
+    issue_pv(n_steps - 1);
+    wgmma_wait_group<0>();
+#pragma unroll
+    for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
 
     float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
 

@@ -367,7 +367,7 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
 
     assert query_tiles(512, 28, 4, "wgmma") == 28 and query_tiles(512, 28, 4) == 32
     assert (split_count_wgmma(56, 132), split_count_wgmma(112, 132), split_count_wgmma(8, 132)) == (4, 1, 4)
-    assert smem_bytes(128, engine="wgmma") == 3 * 2 * 64 * 256 + 1024
+    assert smem_bytes(128, engine="wgmma") == 4 * 2 * 64 * 256 + 1024
     assert tile_splits_needed(64, 2, 28, 4) == 8 and tile_splits_needed(64, 2, 28, 4, "wgmma") == 10
     for rows in range(64, 1025, 64):  # the scratch covers the kernel's partials (units · S · 8 warps) and counters
         for s in (2, 3, 4):

@@ -26,7 +26,7 @@ ENGINES = ("mma", "wgmma")
 W_ROWS = mirrored("attention_prefill_wgmma", "APW_ROWS", 128)     # packed (query, head) rows a block
 W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # warps a block: the partials' slots
 mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
-W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 3)
+W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 4)
 
 
 def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma") -> int:
