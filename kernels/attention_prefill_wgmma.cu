@@ -70,7 +70,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
-#include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n*k16_rs_bn, descriptors, fences
+#include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n128k16_rs_bn, wgmma_m64n64k16_rs_bn, descriptors, fences
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
@@ -244,7 +244,7 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
             wgmma_m64n64k16_rs(s, qa[j], wgmma_desc_sw128(ks + (j / 4) * APW_COL_BYTES + (j % 4) * 32), j > 0);
         wgmma_commit_group();
     };
-    auto issue_pv = [&](int step) {  // P_step V_step
+    auto issue_pv = [&](int step) {  // O += P · V of tile `step`
         const unsigned char* vs = stage_of(step) + S::TILE_BYTES;
 #pragma unroll
         for (int kk = 0; kk < APW_KV_TILE / 16; ++kk)
