@@ -76,6 +76,7 @@
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
 #include "flags.cuh"     // split_arrive_last
+#include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (APW_PINGPONG)
 
 #define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
 #define APW_WARPGROUPS 2
@@ -88,6 +89,11 @@
 #endif
 #define APW_MAX_SPLITS 4
 #define APW_COMBINE_CHUNK 4
+// 1: the two warpgroups take turns issuing their MMA groups (ping-pong: named barriers 1 and 2),
+// so that one's softmax runs while the other's MMAs hold the tensor cores. A timed variant.
+#ifndef APW_PINGPONG
+#define APW_PINGPONG 0
+#endif
 #define APW_COL_BYTES  (APW_KV_TILE * 128)              // one 64-dim column block of a tile: 8 KiB
 
 template <int HEAD_DIM>
@@ -304,11 +310,29 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
     wgmma_wait_group<0>();
     softmax(0);
     rescale_pack();
+#if APW_PINGPONG
+    // Turns inside the loop: warpgroup 0 issues first in every iteration, warpgroup 1 once 0 has
+    // issued. Each barrier completes with 128 syncs and 128 arrivals: warpgroup w syncs on
+    // barrier 1 + w before it issues, the other arrives there after its own issue. Warpgroup 1
+    // arrives once ahead (0's first turn) and not after its last issue, so over the n_steps − 1
+    // iterations both barriers see n_steps − 1 syncs and as many arrivals: none is left
+    // half-counted. The __syncthreads at each iteration's start lets neither warpgroup run more
+    // than one turn ahead.
+    const int wg = warp / 4;
+    if (wg == 1 && n_steps > 1) named_barrier_arrive<1, APW_THREADS>();
+#endif
     for (int step = 1; step < n_steps; ++step) {
         sync_stage(step);
         wgmma_fence();
+#if APW_PINGPONG
+        if (wg == 0) named_barrier_sync<1, APW_THREADS>(); else named_barrier_sync<2, APW_THREADS>();
+#endif
         issue_s(step);
         issue_pv(step - 1);
+#if APW_PINGPONG
+        if (wg == 0) named_barrier_arrive<2, APW_THREADS>();
+        else if (step + 1 < n_steps) named_barrier_arrive<1, APW_THREADS>();
+#endif
         wgmma_wait_group<1>();  // S's group completes first (groups complete in order)
         softmax(step);
         wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again
