@@ -90,12 +90,13 @@ ROW_BUCKET = 64
 # compiles before it builds anything (engine.engine_kernels); tests/test_startup.py checks the
 # list against the launchers this module uses. KERNEL_FILES_FMT: for weights in per-tensor
 # formats (the embedding row from gemv_fmt.cu, or embedding.cu where it is dense FP16).
-KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", "attention_prefill",
-                "attention_prefill_wgmma")
+# The attention kernel of a chunk (Prefill's `attention_engine`; launchers/attention_prefill.py):
+# wgmma, faster than mma.sync at every chunk position and both models' shapes (the kernel's header).
+ATTENTION_ENGINE = "wgmma"
+ATTENTION_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma"}
+KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", ATTENTION_FILES[ATTENTION_ENGINE])
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
-                    "attention_prefill", "attention_prefill_wgmma")
-# The attention kernel of a chunk (Prefill's `attention_engine`; launchers/attention_prefill.py).
-ATTENTION_ENGINE = "mma"
+                    ATTENTION_FILES[ATTENTION_ENGINE])
 # Which GEMMs run the projections (Prefill's `fmt_gemm`): "wgmma" — the default — runs a model
 # in per-tensor formats on gemm_fmt_wgmma.cu wherever K is a multiple of its 128-input stage
 # (every Qwen2.5 shape) and an INT4 model on gemm_int4.cu; "mma" runs the per-tensor
