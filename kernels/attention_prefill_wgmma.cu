@@ -64,6 +64,31 @@
 // Registers: O (Dh/2 FP32 a lane), S (32), P (16 u32), the Q fragments (Dh/4 u32): 180 at Dh = 128,
 // 127 at Dh = 64 (ptxas, no spills); one block of 8 warps per SM (__launch_bounds__(256, 1)).
 //
+// Measured on the H200 (tools/bench_attention_prefill.py --engines mma wgmma, graph replay, µs per
+// call, a 512-row chunk at position START; docs/bench/2026-12-03_c0bd149_h200_attention_prefill_wgmma.json;
+// "first form": this file at 28ece2a, S and PV one after the other with a wait between, 3 stages,
+// an earlier run of the same tool, docs/bench/2026-12-03_h200_attention_prefill_wgmma_first_form.json):
+//   | shape, START, S   | mma.sync | first form | now   | TFLOP/s now |
+//   | 0.5B, 0, 2        |   11.75  |   10.77    | 10.54 |             |
+//   | 0.5B, 7680, 4     |   91.8   |   76.2     | 73.0  |    199      |
+//   | 0.5B, 31744, 4    |  338.7   |  276.7     | 264.4 |    222      |
+//   | 7B, 0, 1          |   24.27  |   19.45    | 18.40 |    102      |
+//   | 7B, 7680, 1       |  311.5   |  232.1     | 218.4 |    267      |
+//   | 7B, 31744, 1      | 1223     |  920.6     | 886.1 |    265      |
+//   | 7B, 31744, 4      | 1213     |  927.2     | 845.7 |    278      |
+// (mma.sync at its best S for the 0.5B: 2 at position 0, 4 later; the launcher's S for the 7B is 1.)
+// In the prefill (drvqwen bench, graph, docs/bench/2026-12-03_c0bd149_h200_syn*_512_*.json): the
+// 0.5B's 512-token TTFT 2.69 → 2.46 ms (median of ten, each engine in its own run); the 7B's
+// 12.76 → 12.80 (its 28 attention launches 765 → 622 µs timed one by one, not on the graph's
+// critical path); a 7B prompt of 8 192 tokens 262.5 → 244.5 ms.
+// Lost, same run: the two warpgroups taking turns to issue their MMA groups (ping-pong through
+// two named barriers, FlashAttention-3's scheduling; the code at 5ee4e79 as APW_PINGPONG): 7B
+// at 31 744 876.8 µs against 845.7 (S = 4), at 7 680 235.2 against 218.4; the 0.5B within 1 %.
+// With the per-tile __syncthreads of the cp.async staging both warpgroups start each tile
+// together, so an ordered issue only delays the second. Next: K/V by TMA from a producer warp
+// with mbarriers (no staging work in the MMA warps, no block-wide barrier per tile), 128-position
+// tiles.
+//
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).
@@ -76,7 +101,6 @@
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
 #include "flags.cuh"     // split_arrive_last
-#include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (APW_PINGPONG)
 
 #define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
 #define APW_WARPGROUPS 2
@@ -89,11 +113,7 @@
 #endif
 #define APW_MAX_SPLITS 4
 #define APW_COMBINE_CHUNK 4
-// 1: the two warpgroups take turns issuing their MMA groups (ping-pong: named barriers 1 and 2),
-// so that one's softmax runs while the other's MMAs hold the tensor cores. A timed variant.
-#ifndef APW_PINGPONG
-#define APW_PINGPONG 0
-#endif
+
 #define APW_COL_BYTES  (APW_KV_TILE * 128)              // one 64-dim column block of a tile: 8 KiB
 
 template <int HEAD_DIM>
@@ -310,29 +330,11 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
     wgmma_wait_group<0>();
     softmax(0);
     rescale_pack();
-#if APW_PINGPONG
-    // Turns inside the loop: warpgroup 0 issues first in every iteration, warpgroup 1 once 0 has
-    // issued. Each barrier completes with 128 syncs and 128 arrivals: warpgroup w syncs on
-    // barrier 1 + w before it issues, the other arrives there after its own issue. Warpgroup 1
-    // arrives once ahead (0's first turn) and not after its last issue, so over the n_steps − 1
-    // iterations both barriers see n_steps − 1 syncs and as many arrivals: none is left
-    // half-counted. The __syncthreads at each iteration's start lets neither warpgroup run more
-    // than one turn ahead.
-    const int wg = warp / 4;
-    if (wg == 1 && n_steps > 1) named_barrier_arrive<1, APW_THREADS>();
-#endif
     for (int step = 1; step < n_steps; ++step) {
         sync_stage(step);
         wgmma_fence();
-#if APW_PINGPONG
-        if (wg == 0) named_barrier_sync<1, APW_THREADS>(); else named_barrier_sync<2, APW_THREADS>();
-#endif
         issue_s(step);
         issue_pv(step - 1);
-#if APW_PINGPONG
-        if (wg == 0) named_barrier_arrive<2, APW_THREADS>();
-        else if (step + 1 < n_steps) named_barrier_arrive<1, APW_THREADS>();
-#endif
         wgmma_wait_group<1>();  // S's group completes first (groups complete in order)
         softmax(step);
         wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again
