@@ -79,8 +79,9 @@
 // (mma.sync at its best S for the 0.5B: 2 at position 0, 4 later; the launcher's S for the 7B is 1.)
 // In the prefill (drvqwen bench, graph, docs/bench/2026-12-03_c0bd149_h200_syn*_512_*.json): the
 // 0.5B's 512-token TTFT 2.69 → 2.46 ms (median of ten, each engine in its own run); the 7B's
-// 12.76 → 12.80 (its 28 attention launches 765 → 622 µs timed one by one, not on the graph's
-// critical path); a 7B prompt of 8 192 tokens 262.5 → 244.5 ms.
+// 12.76 → 12.80 (its 28 attention launches, timed one by one, 765 → 622 µs: where the graph
+// loses that is not yet measured); a 7B prompt of 8 192 tokens 262.5 → 244.5 ms, of 32 000
+// 1811 → 1510 ms (docs/bench/2026-12-03_2801626_h200_syn7b_32000_*.json).
 // Lost, same run: the two warpgroups taking turns to issue their MMA groups (ping-pong through
 // two named barriers, FlashAttention-3's scheduling; the code at 5ee4e79 as APW_PINGPONG): 7B
 // at 31 744 876.8 µs against 845.7 (S = 4), at 7 680 235.2 against 218.4; the 0.5B within 1 %.
