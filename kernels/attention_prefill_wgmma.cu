@@ -83,7 +83,7 @@
 // loses that is not yet measured); a 7B prompt of 8 192 tokens 262.5 → 244.5 ms, of 32 000
 // 1811 → 1510 ms (docs/bench/2026-12-03_2801626_h200_syn7b_32000_*.json).
 // Lost, same run: the two warpgroups taking turns to issue their MMA groups (ping-pong through
-// two named barriers, FlashAttention-3's scheduling; the code at 5ee4e79 as APW_PINGPONG): 7B
+// two named barriers, FlashAttention-3's scheduling; its compile-time switch lives at 5ee4e79): 7B
 // at 31 744 876.8 µs against 845.7 (S = 4), at 7 680 235.2 against 218.4; the 0.5B within 1 %.
 // With the per-tile __syncthreads of the cp.async staging both warpgroups start each tile
 // together, so an ordered issue only delays the second. Next: K/V by TMA from a producer warp
@@ -96,7 +96,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
-#include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n128k16_rs_bn, wgmma_m64n64k16_rs_bn, descriptors, fences
+#include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n128k16_rs (N-major B), descriptors, fences
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
@@ -143,8 +143,8 @@ __device__ __forceinline__ u32 apw_pack_half2(float lo, float hi) {
 // O += P·V for one k16 step: the head dimension picks the wgmma's N.
 template <int HEAD_DIM>
 __device__ __forceinline__ void apw_pv(float (&o)[HEAD_DIM / 2], const u32 (&pa)[4], u64 v_desc) {
-    if constexpr (HEAD_DIM == 128) wgmma_m64n128k16_rs_bn(o, pa, v_desc, 1);
-    else wgmma_m64n64k16_rs_bn(o, pa, v_desc, 1);
+    if constexpr (HEAD_DIM == 128) wgmma_m64n128k16_rs<1>(o, pa, v_desc, 1);
+    else wgmma_m64n64k16_rs<1>(o, pa, v_desc, 1);
 }
 
 template <int HEAD_DIM>

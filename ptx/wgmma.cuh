@@ -12,7 +12,7 @@
 //   wgmma_m64n256k16_rs    : the RS form with 256 columns (128 accumulators a lane)
 //   wgmma_m64n64k16_rs     : the RS form with 64 columns (32 accumulators a lane)
 //   wgmma_desc_sw128_nmajor: the descriptor of an N-major B operand in 128-byte-swizzled atoms
-//   wgmma_m64n128k16_rs_bn, wgmma_m64n64k16_rs_bn
+//   wgmma_m64n128k16_rs<1>, wgmma_m64n64k16_rs<1>
 //                          : the RS forms with B N-major (imm-trans-b = 1): B[k][n] stored with n
 //                            contiguous, as a [token][dim] V tile is for O += P·V
 //   fence_proxy_async_shared : fence.proxy.async.shared::cta
@@ -142,8 +142,11 @@ __device__ __forceinline__ u64 wgmma_desc_sw128(const void* smem) {
 
 // D[64 × 128] (+)= A[64 × 16] · B[16 × 128]: FP16 × FP16, FP32 accumulate. a: this lane's A
 // fragment (layout above); b_desc: B as 128 K-major rows (the N index) of 16 k values;
-// accumulate = 0 writes D = A·B (no zeroing of d needed), 1 adds. Scale-a/b = 1 (no negation),
-// B not transposed (K-major).
+// accumulate = 0 writes D = A·B (no zeroing of d needed), 1 adds. Scale-a/b = 1 (no negation).
+// N_MAJOR_B (imm-trans-b) 0: B K-major; 1: B N-major (b_desc: wgmma_desc_sw128_nmajor), used for
+// O += P·V, where P comes out of the previous MMA's accumulators in exactly A's register layout
+// and V's tile sits in shared memory as the cache stores it, [token][dim]: token = k, dim = n.
+template <int N_MAJOR_B = 0>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const u32 (&a)[4], u64 b_desc,
                                                     int accumulate) {
     asm volatile(
@@ -152,16 +155,17 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const u32 (&
         "setp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
         WGMMA_D64_REGS ", "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n"
         "}\n"
         : WGMMA_D64_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate), "n"(N_MAJOR_B)
         : "memory");
 }
 
 // D[64 × 64] (+)= A[64 × 16] · B[16 × 64], A from registers: wgmma_m64n128k16_rs with 64
-// columns (b_desc: 64 K-major rows); for GEMMs with few tokens, where more, smaller tiles keep
-// more SMs busy.
+// columns (b_desc: 64 K-major rows, or N-major with N_MAJOR_B); for GEMMs with few tokens,
+// where more, smaller tiles keep more SMs busy, and attention's QKᵀ and P·V at head dim 64.
+template <int N_MAJOR_B = 0>
 __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const u32 (&a)[4], u64 b_desc,
                                                    int accumulate) {
     asm volatile(
@@ -170,10 +174,10 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float (&d)[32], const u32 (&a
         "setp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         WGMMA_D32_REGS ", "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
         "}\n"
         : WGMMA_D32_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate), "n"(N_MAJOR_B)
         : "memory");
 }
 
@@ -209,42 +213,6 @@ __device__ __forceinline__ u64 wgmma_desc_sw128_nmajor(const void* smem, u32 lbo
     const u32 addr = static_cast<u32>(__cvta_generic_to_shared(smem));
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)((lbo_bytes >> 4) & 0x3FFF) << 16) | ((u64)(1024 >> 4) << 32) |
            ((u64)1 << 62);
-}
-
-// D[64 × 128] (+)= A[64 × 16] · B[16 × 128], A from registers, B N-major (b_desc:
-// wgmma_desc_sw128_nmajor; the last immediate, imm-trans-b, is 1). Used for O += P·V, where P
-// comes out of the previous MMA's accumulators in exactly A's register layout and V's tile sits
-// in shared memory as the cache stores it, [token][dim]: the token index is k, dims are n.
-__device__ __forceinline__ void wgmma_m64n128k16_rs_bn(float (&d)[64], const u32 (&a)[4], u64 b_desc,
-                                                       int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        WGMMA_D64_REGS ", "
-        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-        "}\n"
-        : WGMMA_D64_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-        : "memory");
-}
-
-// D[64 × 64] (+)= A[64 × 16] · B[16 × 64], B N-major: wgmma_m64n128k16_rs_bn with 64 columns
-// (head dimension 64).
-__device__ __forceinline__ void wgmma_m64n64k16_rs_bn(float (&d)[32], const u32 (&a)[4], u64 b_desc,
-                                                      int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        WGMMA_D32_REGS ", "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-        "}\n"
-        : WGMMA_D32_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-        : "memory");
 }
 
 // D[64 × 128] (+)= A[64 × 16] · B[16 × 128] with both operands in shared memory (the "SS" form):
