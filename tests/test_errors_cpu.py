@@ -315,6 +315,15 @@ def test_bench_unknown_preset():
     _one_line(ei, "--preset 13b: choose one of")
 
 
+def test_prefill_unknown_attention_engine():
+    """Prefill refuses an attention engine it has no kernel for before it touches the GPU."""
+    from drvqwen.prefill import Prefill
+
+    with pytest.raises(DrvqwenError) as ei:
+        Prefill(None, attention_engine="tma")
+    _one_line(ei, "attention engine 'tma': choose one of mma, wgmma")
+
+
 # ---- cli.py argument checks (in process: main() returns 2 and prints one line) -------------------
 
 def _cli(capsys, *argv: str) -> str:

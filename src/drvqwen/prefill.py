@@ -75,8 +75,8 @@ from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, Ge
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
-from .launchers.attention_prefill import ENGINES as ATTENTION_ENGINES, AttentionSplitScratch, kv_splits_for, \
-    tile_splits_needed
+from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
+    AttentionSplitScratch, kv_splits_for, tile_splits_needed
 from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
@@ -93,7 +93,6 @@ ROW_BUCKET = 64
 # The attention kernel of a chunk (Prefill's `attention_engine`; launchers/attention_prefill.py):
 # wgmma, faster than mma.sync at every chunk position and both models' shapes (the kernel's header).
 ATTENTION_ENGINE = "wgmma"
-ATTENTION_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma"}
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", ATTENTION_FILES[ATTENTION_ENGINE])
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
                     ATTENTION_FILES[ATTENTION_ENGINE])

@@ -23,6 +23,7 @@ KV_TILE = mirrored("attention_prefill", "APF_KV_TILE", 64)     # positions per p
 STAGES = mirrored("attention_prefill", "APF_STAGES", 3)
 MAX_SPLITS = mirrored("attention_prefill", "APF_MAX_SPLITS", 4)  # KV splits of a query tile at most
 ENGINES = ("mma", "wgmma")
+ENGINE_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma"}  # kernels/<file>.cu
 W_ROWS = mirrored("attention_prefill_wgmma", "APW_ROWS", 128)     # packed (query, head) rows a block
 W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # warps a block: the partials' slots
 mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
@@ -86,7 +87,7 @@ def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") ->
 
 
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
-    file = "attention_prefill" if engine == "mma" else "attention_prefill_wgmma"
+    file = ENGINE_FILES[engine]
     return KernelRef(file, f"{file}_hd{head_dim}", tuple(defines), pdl=True)
 
 
