@@ -322,6 +322,9 @@ def test_prefill_unknown_attention_engine():
     with pytest.raises(DrvqwenError) as ei:
         Prefill(None, attention_engine="tma")
     _one_line(ei, "attention engine 'tma': choose one of mma, wgmma")
+    with pytest.raises(DrvqwenError) as ei:
+        Prefill(None, last_layer="none")
+    _one_line(ei, "last_layer 'none': choose one of last_row, all_rows")
 
 
 # ---- cli.py argument checks (in process: main() returns 2 and prints one line) -------------------

@@ -200,3 +200,39 @@ def test_prefill_without_pdl_or_split_k_gives_the_same_bits_and_near_logits(mode
                 err = rel_l2(got, default)
                 print(f"{name} T={t}: without split-K, last logits rel L2 {err:.2e} from the default")
                 assert err <= TOL_LOGITS and rel_l2(got, want[t - 1]) <= TOL_LOGITS
+
+
+def test_last_layer_on_the_last_row_matches_all_rows(model):
+    """The last layer past its K/V runs on the prompt's last row only (prefill.py, "Why the last
+    layer runs one row"): its list stops at the last layer's K/V and the tail runs the decode
+    GEMVs on that row. Against Prefill(last_layer="all_rows"): the same cache bit for bit (the
+    K/V come from the same launches), the logits within TOL_LOGITS (a GEMV's sums in another order
+    than the GEMM's), both against the reference. 513 tokens: the first chunk skips the last
+    layer's rest entirely, the second runs it on its one row."""
+    from drvqwen.prefill import Prefill
+
+    name, _f, _w, backend, ids, want = model
+    step, last = backend.decode_step, backend.config.num_layers - 1
+    names = [n.name for n in backend.prefill_pass.launches(64)]
+    assert names[-1] in (f"L{last}.qkv_rope", f"L{last}.rope_kv") and f"L{last}.o_proj" not in names
+    assert last == 0 or f"L{last - 1}.down_proj" in names
+    full = Prefill(step, last_layer="all_rows")
+    try:
+        assert [n.name for n in full.launches(64)][-1] == f"L{last}.down_proj"
+        for t in (1, 100, 513):
+            backend.prefill(ids[:t])
+            got = step.logits()
+            k_got, v_got = _cache_sequence(step, t)
+            full.run(ids[:t])
+            step.sync()
+            ref_logits = step.logits()
+            k_full, v_full = _cache_sequence(step, t)
+            assert k_got.tobytes() == k_full.tobytes() and v_got.tobytes() == v_full.tobytes(), \
+                f"{name} T={t}: the KV cache differs with the last layer on one row"
+            err, err_ref = rel_l2(got, ref_logits), rel_l2(got, want[t - 1])
+            print(f"{name} T={t}: last layer on the last row: rel L2 {err:.2e} against all rows, "
+                  f"{err_ref:.2e} against the reference")
+            assert err <= TOL_LOGITS and err_ref <= TOL_LOGITS
+            assert np.isfinite(got).all()
+    finally:
+        full.close()

@@ -15,8 +15,14 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
       L{l}.gate_up_swiglu           h    fp16 [R, F]          = silu(xn Wgᵀ) · (xn Wuᵀ)  (INT4 GEMM)
       L{l}.down_proj                residual += h Wdᵀ                                  (INT4 GEMM)
 
-and once, after the last chunk, on the prompt's last row only:
+but the last layer stops after its qkv_rope (its K/V are the cache's; the rest of its rows'
+outputs are read by nothing). Once, after the last chunk, on the prompt's last row only:
 
+    last_row                        last_state = (start + n - 1, 1)            (device scalars)
+    L{L-1}.attention                attn[0] = the last row's attention (the prefill kernel, one row)
+    L{L-1}.o_proj                   residual[last row] += attn[0] Woᵀ            (decode GEMV)
+    L{L-1}.gate_up_swiglu           h[0] = silu(xn Wgᵀ) · (xn Wuᵀ), xn = rmsnorm(residual[last row])
+    L{L-1}.down_proj                residual[last row] += h[0] Wdᵀ              (decode GEMV)
     norm                            decode xn fp16 [D] = rmsnorm(residual[last row]) · w_norm
     lm_head, argmax | sample, …     a decode launch list's own sampler step (LaunchList.sampler_step)
     decode_resume                   decode state = (T, next_token, T + 1)
@@ -43,6 +49,15 @@ each chunk's attention reads every earlier position from the paged cache, so a p
 length up to max_context works, with buffers sized for one chunk (~47 MB of activations at 7B,
 plus ~17 MB of split-K scratch and ~4 MB of the attention's KV-split partials).
 
+Why the last layer runs one row: only the last row's output becomes a logit, and the last layer
+is the only one whose outputs feed no later layer's K/V. Its attention, o_proj, RMSNorm, gate/up
+and down over all the chunk's rows are ~1/L of the prefill's work (at 7B and 512 tokens ~0.39 ms
+of 12.5) and are replaced by the decode step's GEMVs on one row (~0.05 ms): the same kernels and
+sums the decode step runs (gemv_int4.cu, gemv_fmt.cu: weights read once, at bandwidth). A chunk
+that is not the prompt's last needs none of its last layer past the K/V. `last_layer="all_rows"`
+runs the last layer over every row as the others (to compare: logits within TOL of each other,
+the same cache bit for bit).
+
 Where the time goes at 512 tokens (synthetic 7B, H200): the INT4 GEMMs (gemm_int4.cu, wgmma)
 are most of it; attention, RoPE/K/V writes and the RMSNorms ~2 ms together
 (docs/benchmarks.md has the measured figures).
@@ -66,7 +81,8 @@ from .decode import DecodeStep
 from .launch_list import LaunchList, NamedLaunch, named_launches
 from .errors import DrvqwenError
 from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRopeRows,
-                        GemmInt4QkvRows, GemmInt4ResidualRows, GpuSleep, Launcher, LaunchError, PrefillBeginChunk,
+                        GemmInt4QkvRows, GemmInt4ResidualRows, GemvFmtGateUpSwiglu, GemvFmtResidual,
+                        GemvInt4GateUpSwiglu, GemvInt4Residual, GpuSleep, Launcher, LaunchError, PrefillBeginChunk,
                         RmsNorm, RopeKvRows, RopeTableRows)
 from .format import weight_formats as wf
 from .format.tensor_set import EMBED, proj_prefix
@@ -93,7 +109,8 @@ ROW_BUCKET = 64
 # The attention kernel of a chunk (Prefill's `attention_engine`; launchers/attention_prefill.py):
 # wgmma, faster than mma.sync at every chunk position and both models' shapes (the kernel's header).
 ATTENTION_ENGINE = "wgmma"
-KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "rope_kv", ATTENTION_FILES[ATTENTION_ENGINE])
+KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "gemv_int4", "rope_kv",
+                ATTENTION_FILES[ATTENTION_ENGINE])
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
                     ATTENTION_FILES[ATTENTION_ENGINE])
 # Which GEMMs run the projections (Prefill's `fmt_gemm`): "wgmma" — the default — runs a model
@@ -107,6 +124,10 @@ FMT_GEMMS = ("wgmma", "mma", "wgmma-all")
 # step's own launches one token at a time: its cache is exactly what decoding writes; a
 # reference for the GEMM path's tests).
 PREFILL_MODES = ("gemm", "per_token")
+# What the last layer runs past its K/V (Prefill's `last_layer`): "last_row" — the default — the
+# prompt's last row only, through the decode step's GEMVs (module doc); "all_rows" every row, as
+# the other layers (to compare).
+LAST_LAYER_MODES = ("last_row", "all_rows")
 
 # Prompt rows per chunk: large enough that the GEMMs fill the GPU (4 blocks of 128 tokens per
 # 128-row weight slice at 7B: 112–1184 blocks per GEMM on 132 SMs), small enough that the
@@ -146,13 +167,16 @@ class Prefill:
             compare: the same bits).
         attention_engine: the attention kernel (launchers/attention_prefill.py, ENGINES): "mma"
             (kernels/attention_prefill.cu) or "wgmma" (kernels/attention_prefill_wgmma.cu).
+        last_layer: "last_row" (the last layer past its K/V on the prompt's last row only) or
+            "all_rows" (LAST_LAYER_MODES; module doc).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
 
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
-                 attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE):
+                 attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
+                 last_layer: str = "last_row"):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -161,8 +185,11 @@ class Prefill:
             raise DrvqwenError(f"fmt_gemm {fmt_gemm!r}: choose one of {', '.join(FMT_GEMMS)}")
         if attention_engine not in ATTENTION_ENGINES:
             raise DrvqwenError(f"attention engine {attention_engine!r}: choose one of {', '.join(ATTENTION_ENGINES)}")
+        if last_layer not in LAST_LAYER_MODES:
+            raise DrvqwenError(f"last_layer {last_layer!r}: choose one of {', '.join(LAST_LAYER_MODES)}")
         self.fmt_gemm = fmt_gemm
         self.attention_engine = attention_engine
+        self.last_row = last_layer == "last_row" and mode != "per_token"
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
@@ -177,7 +204,7 @@ class Prefill:
         C, D, F = self.chunk_rows, cfg.hidden_size, cfg.intermediate_size
         nq, nkv = cfg.q_dim, cfg.kv_dim
         act = {  # name: (shape, dtype) — one chunk's rows; ids hold the whole prompt (+ a bucket of slack)
-            "prefill_state": ((2,), np.int32),
+            "prefill_state": ((2,), np.int32), "last_state": ((2,), np.int32),
             "ids": ((step.max_context + C,), np.int32),
             "residual": ((C, D), np.float32), "xn": ((C, D), np.float16),
             "q": ((C, nq), np.float16), "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
@@ -199,8 +226,11 @@ class Prefill:
         self.attention_splits = ({rows: kv_splits_for(rows, *heads, engine=attention_engine)
                                   for rows in range(ROW_BUCKET, C + 1, ROW_BUCKET)}
                                  if attention_splits and not self.per_token else {})
+        # The last layer's one-row attention (`_tail`): splits as a one-row launch picks them.
+        self.tail_splits = kv_splits_for(1, *heads, engine=attention_engine) if attention_splits else 1
         tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine)
-                           for rows, s in self.attention_splits.items() if s > 1), default=0)
+                           for rows, s in [*self.attention_splits.items(), (1, self.tail_splits)] if s > 1),
+                          default=0)
         if tile_splits:
             size += AttentionSplitScratch.nbytes(tile_splits, *heads) + 3 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")
@@ -215,6 +245,8 @@ class Prefill:
         self._norm = RmsNorm(step.buf["xn"], _row_ptr(self.buf["residual"], 0), w["model.norm.weight"],
                              dim=D, eps=cfg.rms_norm_eps, stream=st)
         self._resume = DecodeResume(step.buf["state"], step.buf["next_token"], stream=st)
+        self._begin_last = PrefillBeginChunk(self.buf["last_state"], stream=st)
+        self._tail_steps: list[tuple[str, Launcher]] | None = None  # built on first use (`_tail`)
         self._lists: dict[int, list[NamedLaunch]] = {}
         # rows → the (name, launcher) list behind launches(rows) (timing, tests).
         self.launchers: dict[int, list[tuple[str, Launcher]]] = {}
@@ -252,6 +284,8 @@ class Prefill:
                                 f"in 1..{self.chunk_rows}")
         if rows not in self._lists:
             self._lists[rows] = self._build(rows)
+            if self.last_row:
+                self._tail()  # built with the first list: a prompt's first run builds nothing
         return self._lists[rows]
 
     def _embedding(self, rows: int) -> EmbeddingRows:
@@ -307,6 +341,8 @@ class Prefill:
                     (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias,
                                                  step.buf["inv_freq"], ps, step.buf["block_table"], rows=R,
                                                  n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st))]
+            if self.last_row and l == cfg.num_layers - 1:
+                break  # past its K/V, the last layer runs on the last row only (`_tail`)
             steps += [
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
@@ -373,6 +409,10 @@ class Prefill:
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
+            ]
+            if self.last_row and l == cfg.num_layers - 1:
+                break  # past its K/V, the last layer runs on the last row only (`_tail`)
+            steps += [
                 (f"L{l}.attention", AttentionPrefill(attn_flat, q_heads, k_l, v_l, step.buf["block_table"], ps,
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                                      kv_splits=self.attention_splits.get(R, 1),
@@ -388,6 +428,61 @@ class Prefill:
                                                  defines=defs, **sk[ResidualDown])),
             ]
         return self._named(R, steps)
+
+    def _tail(self) -> list[tuple[str, Launcher]]:
+        """The last layer past its K/V on the prompt's last row (module doc), built once: its
+        attention as a one-row launch of the prefill kernel at last_state = (position, 1), then the
+        decode step's GEMVs — o_proj and down_proj adding into that row of the residual,
+        gate_up_swiglu normalising it itself. The row's pointers are set per prompt
+        (`_aim_tail`); the rows they write (attn[0], h[0]) are read by nothing else after."""
+        if self._tail_steps is not None:
+            return self._tail_steps
+        step, cfg, w, st = self.decode_step, self.config, self.decode_step.weights, self.decode_step.stream
+        D, F, nq, eps = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.rms_norm_eps
+        Hq, Hkv, Dh, l = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers - 1
+        lw = LayerWeights.of(w.__getitem__, l)
+        res_row = _row_ptr(self.buf["residual"], 0)  # set per prompt to the last row
+        attn_row, h_row = _row_ptr(self.buf["attn"], 0), _row_ptr(self.buf["h"], 0)
+        q_row = DeviceArray("q[last]", self.buf["q"].ptr, (1, Hq, Dh), np.float16)  # set per prompt
+        attn = AttentionPrefill(DeviceArray(attn_row.name, attn_row.ptr, (1, Hq, Dh), np.float16), q_row,
+                                step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l),
+                                step.buf["block_table"], self.buf["last_state"], rows=1, n_heads=Hq,
+                                n_kv_heads=Hkv, head_dim=Dh, kv_splits=self.tail_splits,
+                                scratch=self.attention_scratch, engine=self.attention_engine, stream=st)
+        fm = step.plan.formats
+        if fm is None:  # INT4 (also under fmt_gemm="wgmma-all": the decode step's own kernels)
+            o = GemvInt4Residual(res_row, attn_row, *lw.o_proj, n=D, k=nq, stream=st)
+            gu = GemvInt4GateUpSwiglu(h_row, res_row, lw.post_attention_layernorm, *lw.gate_proj, *lw.up_proj,
+                                      f=F, k=D, eps=eps, stream=st)
+            d = GemvInt4Residual(res_row, h_row, *lw.down_proj, n=D, k=F, stream=st)
+        else:
+            def fw(name: str):
+                fid = fm[proj_prefix(l, name)]
+                return fmt_weight(w.__getitem__, proj_prefix(l, name), DENSE_F16 if fid == wf.PLAIN else wf.FORMATS[fid])
+
+            defs = step.plan.fmt_defines
+            o = GemvFmtResidual(res_row, attn_row, fw("o_proj"), n=D, k=nq, stream=st, defines=defs)
+            gu = GemvFmtGateUpSwiglu(h_row, res_row, lw.post_attention_layernorm, fw("gate_proj"), fw("up_proj"),
+                                     f=F, k=D, eps=eps, stream=st, defines=defs)
+            d = GemvFmtResidual(res_row, h_row, fw("down_proj"), n=D, k=F, stream=st, defines=defs)
+        self._tail_steps = [("last_row", self._begin_last), (f"L{l}.attention", attn), (f"L{l}.o_proj", o),
+                            (f"L{l}.gate_up_swiglu", gu), (f"L{l}.down_proj", d)]
+        for name, launcher in self._tail_steps:
+            launcher.build(pdl=self.pdl and name != "last_row")
+        return self._tail_steps
+
+    def _aim_tail(self, position: int, row: int) -> list[tuple[str, Launcher]]:
+        """The tail (`_tail`) set for the prompt's last row: chunk row `row` at `position`."""
+        tail = self._tail()
+        self._begin_last.set(position, 1)
+        res_row = _row_ptr(self.buf["residual"], row)
+        q = self.buf["q"]
+        tail[1][1].set_arg("q", DeviceArray(f"q[{row}]", q.ptr + row * q.shape[1] * q.dtype.itemsize,
+                                            (1, self.config.num_heads, self.config.head_dim), np.float16))
+        tail[2][1].set_arg("residual", res_row)
+        tail[3][1].set_arg("residual", res_row)
+        tail[4][1].set_arg("residual", res_row)
+        return tail
 
     def _named(self, R: int, steps: list[tuple[str, Launcher]]) -> list[NamedLaunch]:
         """Build the `R`-row list's launchers (programmatic dependents where the kernel supports
@@ -454,6 +549,9 @@ class Prefill:
             for nl in launches:
                 nl.launch.launch()
             last_rows = n
+        if self.last_row:
+            for _name, launcher in self._aim_tail(start + T - 1, last_rows - 1):
+                launcher.launch()
         self._norm.set_arg("x", _row_ptr(self.buf["residual"], last_rows - 1))
         self._norm.launch()
         for launcher in (launch_list or step.launch_list).sampler_step():
@@ -503,6 +601,8 @@ class Prefill:
             raise DrvqwenError(f"time_kernels takes 1..{self.chunk_rows} ids (one chunk), got {T}")
         bucket = -(-T // ROW_BUCKET) * ROW_BUCKET
         launches = self.launches(bucket)
+        if self.last_row:  # the last layer past its K/V, on the last row
+            launches = launches + named_launches(self._aim_tail(T - 1, T - 1))
         step.seq.reset()
         step.seq.reserve(T)
         self.buf["ids"].upload_at(0, np.asarray(ids, np.int32))
