@@ -79,9 +79,18 @@
 // (mma.sync at its best S for the 0.5B: 2 at position 0, 4 later; the launcher's S for the 7B is 1.)
 // In the prefill (drvqwen bench, graph, docs/bench/2026-12-03_c0bd149_h200_syn*_512_*.json): the
 // 0.5B's 512-token TTFT 2.69 → 2.46 ms (median of ten, each engine in its own run); the 7B's
-// 12.76 → 12.80 (its 28 attention launches, timed one by one, 765 → 622 µs: where the graph
-// loses that is not yet measured); a 7B prompt of 8 192 tokens 262.5 → 244.5 ms, of 32 000
-// 1811 → 1510 ms (docs/bench/2026-12-03_2801626_h200_syn7b_32000_*.json).
+// 12.76 → 12.80 (its 28 attention launches, timed one by one, 765 → 622 µs); a 7B prompt of
+// 8 192 tokens 262.5 → 244.5 ms, of 32 000 1811 → 1510 ms
+// (docs/bench/2026-12-03_2801626_h200_syn7b_32000_*.json). On the stream the 7B's attention
+// launches cost more than timed one by one: leaving them out of a 512-token prefill saves
+// 0.82 ms for 27 launches, ~30 µs each against 22 timed alone in the list and 18.4 in the table
+// above (docs/bench/2026-12-03_d8b7c43_h200_syn7b_512_prefill_roles_left_out.json). At position
+// 0 the 112 (query tile, KV head) units are one wave on 132 SMs, and the wave lasts as long as
+// its longest unit: the last query tile's 8 KV steps, where the 504 steps of the launch would
+// give each SM 3.8; o_proj, persistent on every SM, starts in full only when that unit's SM is
+// free. Uniform splits (S = 2, 4) cut every unit and add a second wave. Next: balanced ranges —
+// each block a contiguous run of the launch's (unit, KV step) pairs, the cut units combined by
+// their last piece (stream-K over the steps, as gemm_split_k.cuh over a GEMM's groups).
 // Lost, same run: the two warpgroups taking turns to issue their MMA groups (ping-pong through
 // two named barriers, FlashAttention-3's scheduling; its compile-time switch lives at 5ee4e79): 7B
 // at 31 744 876.8 µs against 845.7 (S = 4), at 7 680 235.2 against 218.4; the 0.5B within 1 %.
