@@ -2,7 +2,8 @@
 // cache, on wgmma: the same function as attention_prefill.cu (whose header states it, the KV
 // splits and their combine), with the query heads of a KV head packed into the MMA's M.
 //
-//   attention_prefill_wgmma_hd64 / _hd128
+//   attention_prefill_wgmma_hd64 / _hd128                the split schedule
+//   attention_prefill_wgmma_ranges_hd64 / _hd128         the range schedule (engine wgmma-ranges)
 //     out[r, h, :] = softmax(q[r, h] · K[0 : p_r + 1]ᵀ / √Dh) · V[0 : p_r + 1]
 //
 // The limit: tensor-core issue and the latency between the two MMAs of a KV tile, not bytes (a
@@ -22,8 +23,15 @@
 //
 // Work split
 // ----------
-//   grid    = (ceil(rows_max · G / 128), Hkv, S); query tiles in reverse, as attention_prefill.cu
-//             (the tiles that walk the most positions start first).
+//   unit    = one query tile (128 packed rows) of one KV head; its steps: the 64-position tiles
+//             of K/V its last query sees.
+//   grid    = split schedule: (ceil(rows_max · G / 128), Hkv, S), a block per (unit, split z);
+//             query tiles in reverse, as attention_prefill.cu (the tiles that walk the most
+//             positions start first). Range schedule: one block per slot of the SMs, each a
+//             contiguous run of the launch's steps, units laid end to end (stream-K over the
+//             steps: attention_prefill_wgmma_ranges below) — at position 0 the split schedule's
+//             wave lasts as long as its longest unit (8 steps at 512 rows) where the 504 steps
+//             of the 7B's launch give each of 132 SMs 3.8.
 //   block   = 2 warpgroups (8 warps); warpgroup w owns packed rows 64w … 64w+63 of the tile, warp
 //             i of it rows 16i … 16i+15 (the wgmma A/accumulator layout: ptx/wgmma.cuh).
 //   kv loop = positions 0 … kv_len − 1 that the tile's last query sees, in tiles of 64 (4 pages),
@@ -63,6 +71,10 @@
 //
 // Registers: O (Dh/2 FP32 a lane), S (32), P (16 u32), the Q fragments (Dh/4 u32): 180 at Dh = 128,
 // 127 at Dh = 64 (ptxas, no spills); one block of 8 warps per SM (__launch_bounds__(256, 1)).
+// The range schedule's loop over pieces: 234 and 182 (one piece alone: 183 and 122; a
+// pointer made opaque per piece, `#pragma unroll 1` or a non-inlined piece did not bring it
+// down): still one block an SM at Dh = 128; at Dh = 64 it loses the second block a 127-register
+// build fits (capped at 128 it spills 348 bytes).
 //
 // Measured on the H200 (tools/bench_attention_prefill.py --engines mma wgmma, graph replay, µs per
 // call, a 512-row chunk at position START; docs/bench/2026-12-03_c0bd149_h200_attention_prefill_wgmma.json;
@@ -421,6 +433,7 @@ __device__ __forceinline__ void apw_run_piece(
             }
         }
     }
+
 
     // out = O / l for the rows of the chunk.
 #pragma unroll
