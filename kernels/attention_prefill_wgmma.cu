@@ -2,7 +2,8 @@
 // cache, on wgmma: the same function as attention_prefill.cu (whose header states it, the KV
 // splits and their combine), with the query heads of a KV head packed into the MMA's M.
 //
-//   attention_prefill_wgmma_hd64 / _hd128
+//   attention_prefill_wgmma_hd64 / _hd128                the split schedule
+//   attention_prefill_wgmma_ranges_hd64 / _hd128         the range schedule (engine wgmma-ranges)
 //     out[r, h, :] = softmax(q[r, h] · K[0 : p_r + 1]ᵀ / √Dh) · V[0 : p_r + 1]
 //
 // The limit: tensor-core issue and the latency between the two MMAs of a KV tile, not bytes (a
@@ -22,8 +23,15 @@
 //
 // Work split
 // ----------
-//   grid    = (ceil(rows_max · G / 128), Hkv, S); query tiles in reverse, as attention_prefill.cu
-//             (the tiles that walk the most positions start first).
+//   unit    = one query tile (128 packed rows) of one KV head; its steps: the 64-position tiles
+//             of K/V its last query sees.
+//   grid    = split schedule: (ceil(rows_max · G / 128), Hkv, S), a block per (unit, split z);
+//             query tiles in reverse, as attention_prefill.cu (the tiles that walk the most
+//             positions start first). Range schedule: one block per slot of the SMs, each a
+//             contiguous run of the launch's steps, units laid end to end (stream-K over the
+//             steps: attention_prefill_wgmma_ranges below) — at position 0 the split schedule's
+//             wave lasts as long as its longest unit (8 steps at 512 rows) where the 504 steps
+//             of the 7B's launch give each of 132 SMs 3.8.
 //   block   = 2 warpgroups (8 warps); warpgroup w owns packed rows 64w … 64w+63 of the tile, warp
 //             i of it rows 16i … 16i+15 (the wgmma A/accumulator layout: ptx/wgmma.cuh).
 //   kv loop = positions 0 … kv_len − 1 that the tile's last query sees, in tiles of 64 (4 pages),
@@ -63,6 +71,10 @@
 //
 // Registers: O (Dh/2 FP32 a lane), S (32), P (16 u32), the Q fragments (Dh/4 u32): 180 at Dh = 128,
 // 127 at Dh = 64 (ptxas, no spills); one block of 8 warps per SM (__launch_bounds__(256, 1)).
+// The range schedule's loop over pieces: 234 and 182 (one piece alone: 183 and 122; a
+// pointer made opaque per piece, `#pragma unroll 1` or a non-inlined piece did not bring it
+// down): still one block an SM at Dh = 128; at Dh = 64 it loses the second block a 127-register
+// build fits (capped at 128 it spills 348 bytes).
 //
 // Measured on the H200 (tools/bench_attention_prefill.py --engines mma wgmma, graph replay, µs per
 // call, a 512-row chunk at position START; docs/bench/2026-12-03_c0bd149_h200_attention_prefill_wgmma.json;
@@ -156,36 +168,39 @@ __device__ __forceinline__ void apw_pv(float (&o)[HEAD_DIM / 2], const u32 (&pa)
     else wgmma_m64n64k16_rs<1>(o, pa, v_desc, 1);
 }
 
-template <int HEAD_DIM>
-__device__ __forceinline__ void attention_prefill_wgmma_impl(
-    __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
-    const __half* __restrict__ v_cache, const int* __restrict__ block_table,
-    const int* __restrict__ prefill_state, int Hq, int Hkv, const ApwSplit& sp) {
-    using S = ApwShape<HEAD_DIM>;
-    extern __shared__ unsigned char apw_smem_raw[];
-    __shared__ int apw_is_last;
-    // The swizzle and the descriptors assume 1024-byte-aligned tiles.
-    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(apw_smem_raw));
-    unsigned char* smem = apw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
+// One piece of work: KV steps [t_begin, t_begin + n_steps) of the unit (query tile q_tile, KV
+// head kv_head). pieces = 1: the unit whole, its rows written to `out`; pieces > 1: this is
+// piece `slot` of the unit's `pieces`, stored as a partial in slot unit · stride + slot, and the
+// piece whose counter add comes last combines them all and writes `out`.
+struct ApwPiece {
+    int q_tile, kv_head, t_begin, n_steps;
+    int pieces, slot, stride;
+    int unit;  // index of the unit's counter and partial slots
+};
 
-    // ld.global.cg: see attention_prefill.cu (never hoisted above griddepcontrol.wait).
-    const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
+// Positions query tile q_tile reads: up to the position of its last valid packed row's query.
+__device__ __forceinline__ int apw_kv_len(int start, int packed, int group, int q_tile) {
+    return start + (min(packed, (q_tile + 1) * APW_ROWS) - 1) / group + 1;
+}
+
+// Runs one piece (ApwPiece) with every thread of the block: the block's barriers are inside, so
+// the caller's control flow around it must be block-uniform. On return every warpgroup has
+// waited for its last MMA; the caller syncs before the next piece refills the stages.
+template <int HEAD_DIM>
+__device__ __forceinline__ void apw_run_piece(
+    unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table, int start, int n_rows, int Hq, int Hkv,
+    const ApwPiece& pc, const ApwSplit& sp) {
+    using S = ApwShape<HEAD_DIM>;
+    __shared__ int apw_is_last;
     const int group = Hq / Hkv;
     const int packed = n_rows * group;  // valid packed rows of the chunk
-    const int q_tile = gridDim.x - 1 - blockIdx.x;
+    const int q_tile = pc.q_tile, kv_head = pc.kv_head;
     const int p0 = q_tile * APW_ROWS;
-    if (p0 >= packed) return;  // whole block, before any barrier
-    const int kv_head = blockIdx.y;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    // Positions this tile reads: up to the position of its last valid packed row's query.
-    const int kv_len = start + (min(packed, p0 + APW_ROWS) - 1) / group + 1;
-    const int n_tiles = (kv_len + APW_KV_TILE - 1) / APW_KV_TILE;
-    const int ns = min((int)gridDim.z, n_tiles);
-    const int split = blockIdx.z;
-    if (split >= ns) return;   // whole block, before any barrier
-    const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
-    const int n_steps = t_end - t_begin;
+    const int kv_len = apw_kv_len(start, packed, group, q_tile);
+    const int t_begin = pc.t_begin, n_steps = pc.n_steps;
 
     // This lane's two packed rows (accumulator rows g and g + 8 of its warp), their query row,
     // head and position; rows past the chunk take the last query's position (never stored).
@@ -360,11 +375,12 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
 
     float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
 
+    const int ns = pc.pieces, split = pc.slot;
     if (ns > 1) {
         // Store this split's partial, count it, let the unit's last split combine (the protocol:
         // attention_prefill.cu, "KV splits").
-        const int unit = kv_head * gridDim.x + q_tile;
-        const u64 slot0 = (u64)unit * gridDim.z * APW_WARPS + warp;
+        const int unit = pc.unit;
+        const u64 slot0 = (u64)unit * pc.stride * APW_WARPS + warp;
         float4* po = sp.part_o + slot0 * S::ONS * WARP_SIZE + lane;
         float4* pml = sp.part_ml + slot0 * WARP_SIZE + lane;
 #pragma unroll
@@ -418,6 +434,7 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
         }
     }
 
+
     // out = O / l for the rows of the chunk.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -428,6 +445,102 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
         for (int n = 0; n < S::ONS; ++n)
             *reinterpret_cast<u32*>(dst + 8 * n) = apw_pack_half2(o[4 * n + 2 * h] * inv_l, o[4 * n + 2 * h + 1] * inv_l);
     }
+}
+
+// The split schedule: block (query tile counted from the last, KV head, z) runs split z of its
+// unit's positions cut into min(S, steps) even pieces, as attention_prefill.cu's KV splits.
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_prefill_wgmma_splits(
+    unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
+    int Hq, int Hkv, const ApwSplit& sp) {
+    // ld.global.cg: see attention_prefill.cu (never hoisted above griddepcontrol.wait).
+    const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
+    const int group = Hq / Hkv, packed = n_rows * group;
+    const int q_tile = gridDim.x - 1 - blockIdx.x;
+    if (q_tile * APW_ROWS >= packed) return;  // whole block, before any barrier
+    const int n_tiles = (apw_kv_len(start, packed, group, q_tile) + APW_KV_TILE - 1) / APW_KV_TILE;
+    const int ns = min((int)gridDim.z, n_tiles), split = blockIdx.z;
+    if (split >= ns) return;                  // whole block, before any barrier
+    const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
+    const int kv_head = blockIdx.y;
+    apw_run_piece<HEAD_DIM>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
+                            ApwPiece{q_tile, kv_head, t_begin, t_end - t_begin, ns, split, (int)gridDim.z,
+                                     kv_head * (int)gridDim.x + q_tile}, sp);
+}
+
+// The range schedule (stream-K over the launch's KV steps). The units (KV head h, query tile qt)
+// are numbered h · Qt + qt and their steps laid end to end: W = Hkv · Σ_qt steps(qt) in all.
+// Block b < P takes steps [b·W/P, (b+1)·W/P): a run of whole units and at its ends pieces of
+// cut ones, so every block walks W/P steps ±1 where the split schedule's slowest block walks the
+// longest unit's. A cut unit's pieces are the blocks its steps fall in (block_of, the same count
+// in each piece); piece j stores in slot j, and the last to count combines.
+// P = min(blocks, W / need), need = ⌈(steps of the longest unit − 1) / (max_pieces − 1)⌉: every
+// block then walks ≥ need steps, so a unit's n ≤ n_max steps meet ≤ ⌈(n − 1)/need⌉ + 1 ≤
+// max_pieces blocks — the slots the scratch holds. max_pieces = 1: whole units, block b taking
+// units b, b + blocks, …
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_prefill_wgmma_ranges(
+    unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
+    int Hq, int Hkv, int max_pieces, const ApwSplit& sp) {
+    const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
+    const int group = Hq / Hkv, packed = n_rows * group;
+    const int qt_count = (packed + APW_ROWS - 1) / APW_ROWS, units = qt_count * Hkv;
+    if (units == 0) return;
+    auto steps = [&](int qt) { return (apw_kv_len(start, packed, group, qt) + APW_KV_TILE - 1) / APW_KV_TILE; };
+    const bool whole = max_pieces <= 1;
+    int w_head = 0;  // steps of one KV head's units
+    for (int qt = 0; qt < qt_count; ++qt) w_head += steps(qt);
+    const int W = Hkv * w_head;  // < 2^31: Hkv · ⌈rows · G / 128⌉ · ⌈max_context / 64⌉ steps
+    const int need = whole ? 1 : max(1, (steps(qt_count - 1) - 1 + max_pieces - 2) / (max_pieces - 1));
+    const int P = min((int)gridDim.x, whole ? units : W / need);
+    const int b = blockIdx.x;
+    if (b >= P) return;  // whole block, before any barrier
+    // 32-bit products: W · P ≤ 8 KV heads · 224 tiles (4096 rows) · 512 steps (32K positions)
+    // · 264 blocks < 2^28.
+    const int s0 = b * W / P, s1 = (b + 1) * W / P;
+    auto block_of = [&](int st) { return ((st + 1) * P - 1) / W; };  // the last b' with start(b') ≤ st
+    // The first unit: block b's whole unit b, or the one holding step s0.
+    int u = whole ? b : s0 / w_head * qt_count, qt = whole ? b % qt_count : 0;
+    int n = steps(qt), off = whole ? 0 : u / qt_count * w_head;  // off: the unit's first step
+    if (!whole)
+        while (off + n <= s0) { off += n; n = steps(++qt); ++u; }
+    for (int st = s0, first = 1;; first = 0) {
+        int tb = 0, te = n, pieces = 1, slot = 0;
+        if (whole) {
+            if (u >= units) break;
+        } else {
+            if (st >= s1) break;
+            tb = st - off;
+            te = min(s1 - off, n);
+            if (tb > 0 || te < n) {
+                const int first_block = block_of(off);
+                pieces = block_of(off + n - 1) - first_block + 1;
+                slot = b - first_block;
+            }
+        }
+        if (!first) __syncthreads();  // every warpgroup's last reads of the stages, before refills
+        apw_run_piece<HEAD_DIM>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
+                                ApwPiece{qt, u / qt_count, tb, te - tb, pieces, slot, max(1, max_pieces), u}, sp);
+        if (whole) {
+            u += P;
+            qt = u % qt_count;
+        } else {
+            st = off + te;
+            off += n;
+            ++u;
+            qt = u % qt_count;
+        }
+        if (u < units) n = steps(qt);
+    }
+}
+
+// The dynamic shared memory, aligned to the 1024-byte swizzle atom.
+__device__ __forceinline__ unsigned char* apw_smem() {
+    extern __shared__ unsigned char apw_smem_raw[];
+    const u32 raw = static_cast<u32>(__cvta_generic_to_shared(apw_smem_raw));
+    return apw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
 }
 
 // grid (ceil(rows_max · Hq/Hkv / 128), Hkv, S), block 256, dynamic smem ApwShape<Dh>::SMEM_BYTES.
@@ -445,9 +558,33 @@ __device__ __forceinline__ void attention_prefill_wgmma_impl(
         u32* counters) {                        /* [units] u32, zero between launches (S > 1) */ \
         grid_launch_dependents();                                                              \
         grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
-        attention_prefill_wgmma_impl<HEAD_DIM>(out, q, k_cache, v_cache, block_table, prefill_state, \
-                                               Hq, Hkv, ApwSplit{part_o, part_ml, counters});   \
+        attention_prefill_wgmma_splits<HEAD_DIM>(apw_smem(), out, q, k_cache, v_cache, block_table, \
+                                                 prefill_state, Hq, Hkv, ApwSplit{part_o, part_ml, counters}); \
     }
 
 ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd64, 64)
 ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
+
+// grid (blocks: the SMs' slots), block 256, dynamic smem ApwShape<Dh>::SMEM_BYTES.
+#define ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(NAME, HEAD_DIM, MIN_BLOCKS)                          \
+    extern "C" __global__ void __launch_bounds__(APW_THREADS, MIN_BLOCKS) NAME(                   \
+        __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
+        const __half* __restrict__ q,           /* [rows, Hq, Dh] fp16, rotated queries       */ \
+        const __half* __restrict__ k_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
+        const __half* __restrict__ v_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
+        const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
+        const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
+        int Hq, int Hkv,                                                                       \
+        int max_pieces,                         /* 1 … APW_MAX_SPLITS: slots a unit may use   */ \
+        float4* part_o,                         /* [units, max_pieces, 8, Dh/8, 32] float4    */ \
+        float4* part_ml,                        /* [units, max_pieces, 8, 32] float4          */ \
+        u32* counters) {                        /* [units] u32, zero between launches         */ \
+        grid_launch_dependents();                                                              \
+        grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
+        attention_prefill_wgmma_ranges<HEAD_DIM>(apw_smem(), out, q, k_cache, v_cache, block_table, \
+                                                 prefill_state, Hq, Hkv, max_pieces,           \
+                                                 ApwSplit{part_o, part_ml, counters});          \
+    }
+
+ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd64, 64, 1)
+ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd128, 128, 1)

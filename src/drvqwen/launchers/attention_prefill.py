@@ -3,8 +3,9 @@ attention of a prompt chunk over the paged KV cache.
 
     AttentionPrefill   out fp16 [rows, Hq, Dh] = causal softmax(q Kᵀ/√Dh) V for the chunk's rows
                        r < n_rows at positions start + r (prefill_state); engine "mma" (a block
-                       per 16 queries × the G heads of a KV head, mma.sync) or "wgmma" (a block per
-                       128 packed (query, head) rows of a KV head, wgmma)
+                       per 16 queries × the G heads of a KV head, mma.sync), "wgmma" (a block per
+                       128 packed (query, head) rows of a KV head, wgmma) or "wgmma-ranges" (the
+                       same work on every SM, each block a run of the launch's KV steps)
     AttentionSplitScratch  the partials and counters of a launch whose query tiles split their
                        positions over S blocks (kv_splits > 1)
 """
@@ -22,8 +23,9 @@ Q_TILE = mirrored("attention_prefill", "APF_QTILE", 16)        # queries per blo
 KV_TILE = mirrored("attention_prefill", "APF_KV_TILE", 64)     # positions per pipeline step (4 pages)
 STAGES = mirrored("attention_prefill", "APF_STAGES", 3)
 MAX_SPLITS = mirrored("attention_prefill", "APF_MAX_SPLITS", 4)  # KV splits of a query tile at most
-ENGINES = ("mma", "wgmma")
-ENGINE_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma"}  # kernels/<file>.cu
+ENGINES = ("mma", "wgmma", "wgmma-ranges")
+ENGINE_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma",  # kernels/<file>.cu
+                "wgmma-ranges": "attention_prefill_wgmma"}
 W_ROWS = mirrored("attention_prefill_wgmma", "APW_ROWS", 128)     # packed (query, head) rows a block
 W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # warps a block: the partials' slots
 mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
@@ -70,7 +72,10 @@ def split_count_wgmma(units: int, slots: int) -> int:
 def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
                   occupancy: Occupancy | None = None, engine: str = "mma") -> int:
     """S for a launch over `rows` query rows (split_count, or split_count_wgmma, with the
-    kernel's occupancy)."""
+    kernel's occupancy); for wgmma-ranges the pieces a unit may be cut into: MAX_SPLITS, the
+    kernel then cuts only where the ranges need it."""
+    if engine == "wgmma-ranges":
+        return MAX_SPLITS
     occ = occupancy or DEFAULT_OCCUPANCY
     per_sm = occ.blocks_per_sm(_kernel(engine, head_dim), _threads(engine, n_heads, n_kv_heads),
                                smem_bytes(head_dim, engine=engine))
@@ -88,7 +93,8 @@ def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") ->
 
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
     file = ENGINE_FILES[engine]
-    return KernelRef(file, f"{file}_hd{head_dim}", tuple(defines), pdl=True)
+    ranges = "_ranges" if engine == "wgmma-ranges" else ""
+    return KernelRef(file, f"{file}{ranges}_hd{head_dim}", tuple(defines), pdl=True)
 
 
 def _threads(engine: str, n_heads: int, n_kv_heads: int) -> int:
@@ -142,7 +148,10 @@ class AttentionPrefill(Launcher):
 
     With `kv_splits` S > 1 each query tile's positions are cut into up to S contiguous ranges
     that run on different blocks, the last to finish combining them (`scratch`, of at least
-    ceil(rows / 16) · S tile splits, holds the partials); S = 1 needs no scratch.
+    ceil(rows / 16) · S tile splits, holds the partials); S = 1 needs no scratch. Engine
+    "wgmma-ranges" runs a block on every slot of the SMs (`occupancy`), each a run of the
+    launch's (query tile, KV head, 64 positions) steps; S caps the pieces a tile is cut into
+    (S = 1: whole tiles, a block after another's).
     `defines` builds a compile-time variant of the kernel (benchmarks; the prefill uses none).
 
     Raises:
@@ -152,7 +161,8 @@ class AttentionPrefill(Launcher):
 
     def __init__(self, out, q, k_cache, v_cache, block_table, prefill_state, *, rows: int, n_heads: int,
                  n_kv_heads: int, head_dim: int, kv_splits: int = 1, scratch: AttentionSplitScratch | None = None,
-                 defines: tuple[tuple[str, int], ...] = (), engine: str = "mma", stream: Stream | None = None):
+                 defines: tuple[tuple[str, int], ...] = (), engine: str = "mma", stream: Stream | None = None,
+                 occupancy: Occupancy | None = None):
         super().__init__(stream)
         require(engine in ENGINES, f"attention_prefill: engine={engine!r}, want one of {ENGINES}")
         check_attention_shapes("attention_prefill", n_heads, n_kv_heads, head_dim)
@@ -171,12 +181,18 @@ class AttentionPrefill(Launcher):
             split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
         stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
-        self._add(_kernel(engine, head_dim, defines),
-                  (query_tiles(rows, n_heads, n_kv_heads, engine), n_kv_heads, kv_splits),
-                  (_threads(engine, n_heads, n_kv_heads),),
-                  dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                       prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads), **split),
-                  smem_bytes=smem_bytes(head_dim, stages, engine), reads=(q, k_cache, v_cache, block_table, prefill_state),
+        kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads),
+                                 smem_bytes(head_dim, stages, engine))
+        args = dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                    prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
+        if engine == "wgmma-ranges":  # every resident slot; the kernel spreads the steps over them
+            occ = occupancy or DEFAULT_OCCUPANCY
+            grid = (max(1, occ.blocks_per_sm(kernel, threads, smem)) * occ.sm_count, 1, 1)
+            args["max_pieces"] = i32(kv_splits)
+        else:
+            grid = (query_tiles(rows, n_heads, n_kv_heads, engine), n_kv_heads, kv_splits)
+        self._add(kernel, grid, (threads,), dict(args, **split),
+                  smem_bytes=smem, reads=(q, k_cache, v_cache, block_table, prefill_state),
                   writes=(out,) + ((scratch.part_o, scratch.part_ml, scratch.counters) if kv_splits > 1 else ()))
 
     def flops_for(self, start: int, n_rows: int) -> int:
