@@ -100,9 +100,33 @@
 // 0 the 112 (query tile, KV head) units are one wave on 132 SMs, and the wave lasts as long as
 // its longest unit: the last query tile's 8 KV steps, where the 504 steps of the launch would
 // give each SM 3.8; o_proj, persistent on every SM, starts in full only when that unit's SM is
-// free. Uniform splits (S = 2, 4) cut every unit and add a second wave. Next: balanced ranges —
-// each block a contiguous run of the launch's (unit, KV step) pairs, the cut units combined by
-// their last piece (stream-K over the steps, as gemm_split_k.cuh over a GEMM's groups).
+// free. Uniform splits (S = 2, 4) cut every unit and add a second wave.
+// The range schedule (attention_prefill_wgmma_ranges: each block a contiguous run of the launch's
+// steps, cut units combined by their last piece) against the split schedule, µs per call
+// (tools/bench_attention_prefill.py --engines wgmma wgmma-ranges --splits 1 4, two runs:
+// docs/bench/2026-12-03_3c658ea_h200_attention_prefill_ranges{,_positions}.json; S = 4 is the
+// ranges' cap on a unit's pieces, S = 1 whole units):
+//   | shape, START    | split, S = 1 | split, S = 4 | ranges, S = 1 | ranges, S = 4 |
+//   | 7B, 0           |   18.47      |   27.51      |   20.88       |   23.16       |
+//   | 7B, 512         |   32.64      |   41.89      |   35.37       |   34.99       |
+//   | 7B, 1024        |   46.52      |   55.62      |   50.09       |   46.68       |
+//   | 7B, 2048        |   73.76      |   82.69      |   78.48       |   68.93       |
+//   | 7B, 4096        |  125.67      |  135.38      |  130.65       |  113.76       |
+//   | 7B, 7680        |  215.28      |  226.82      |  222.24       |  191.80       |
+//   | 7B, 31744       |  837.15      |  844.83      |  870.40       |  735.62       |
+//   | 0.5B, 0         |   14.04      |   10.85      |   16.57       |   16.58       |
+//   | 0.5B, 7680      |  169.07      |   72.56      |  173.18       |   80.60       |
+// Each block of the ranges walks ~W/P steps, but every piece pays the Q load, the pipeline's
+// fill and drain, and a cut one its partial store and the combine: at 512 rows from position 0
+// (3.8 steps a block, two or three pieces) that costs more than the longest unit's 8 steps; at
+// 1 024 positions the two tie, from 2 048 on (7B) the balance wins, 12 % on long chunks. Whole units on the ranges'
+// code (S = 1) run 3–13 % slower than the split kernel's: the loop over pieces holds 234
+// registers where one piece takes 183 (below), and at Dh = 64 the ranges kernel fits one block
+// an SM where the split one fits two — the 0.5B loses everywhere. In the prefill (drvqwen bench
+// --prefill-attention wgmma | wgmma-ranges, the 7B; docs/bench/2026-12-03_3c658ea_h200_syn7b_*):
+// 8 192 tokens 234.3 → 230.1 ms, 32 000 tokens 1436.7 → 1357.6 ms. Next: the range schedule for
+// chunks from ~2 048 positions at Dh = 128, the split one elsewhere (the prefill's choice per
+// chunk).
 // Lost, same run: the two warpgroups taking turns to issue their MMA groups (ping-pong through
 // two named barriers, FlashAttention-3's scheduling; its compile-time switch lives at 5ee4e79): 7B
 // at 31 744 876.8 µs against 845.7 (S = 4), at 7 680 235.2 against 218.4; the 0.5B within 1 %.
