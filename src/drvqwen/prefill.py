@@ -108,6 +108,8 @@ ROW_BUCKET = 64
 # formats (the embedding row from gemv_fmt.cu, or embedding.cu where it is dense FP16).
 # The attention kernel of a chunk (Prefill's `attention_engine`; launchers/attention_prefill.py):
 # wgmma, faster than mma.sync at every chunk position and both models' shapes (the kernel's header).
+# Its range schedule ("wgmma-ranges") wins on chunks from ~2 048 positions at Dh = 128 and loses
+# at position 0 and at Dh = 64 (the kernel's table): the split schedule stays the default.
 ATTENTION_ENGINE = "wgmma"
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "gemv_int4", "rope_kv",
                 ATTENTION_FILES[ATTENTION_ENGINE])
@@ -166,7 +168,8 @@ class Prefill:
             (gemm_int4_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
             compare: the same bits).
         attention_engine: the attention kernel (launchers/attention_prefill.py, ENGINES): "mma"
-            (kernels/attention_prefill.cu) or "wgmma" (kernels/attention_prefill_wgmma.cu).
+            (kernels/attention_prefill.cu), "wgmma" (kernels/attention_prefill_wgmma.cu, the split
+            schedule) or "wgmma-ranges" (the same file's range schedule).
         last_layer: "last_row" (the last layer past its K/V on the prompt's last row only) or
             "all_rows" (LAST_LAYER_MODES; module doc).
     Raises:
