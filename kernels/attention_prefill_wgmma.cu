@@ -590,8 +590,8 @@ ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd64, 64)
 ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
 
 // grid (blocks: the SMs' slots), block 256, dynamic smem ApwShape<Dh>::SMEM_BYTES.
-#define ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(NAME, HEAD_DIM, MIN_BLOCKS)                          \
-    extern "C" __global__ void __launch_bounds__(APW_THREADS, MIN_BLOCKS) NAME(                   \
+#define ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(NAME, HEAD_DIM)                                      \
+    extern "C" __global__ void __launch_bounds__(APW_THREADS, 1) NAME(                            \
         __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
         const __half* __restrict__ q,           /* [rows, Hq, Dh] fp16, rotated queries       */ \
         const __half* __restrict__ k_cache,     /* [P, Hkv, 16, Dh] fp16, this layer          */ \
@@ -610,5 +610,5 @@ ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
                                                  ApwSplit{part_o, part_ml, counters});          \
     }
 
-ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd64, 64, 1)
-ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd128, 128, 1)
+ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd64, 64)
+ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd128, 128)
