@@ -236,3 +236,37 @@ def test_last_layer_on_the_last_row_matches_all_rows(model):
             assert np.isfinite(got).all()
     finally:
         full.close()
+
+
+def test_late_chunks_run_the_range_schedule(model):
+    """Chunks from `late_attention_from` on run the attention's range schedule (head dim 128 only,
+    prefill.LATE_ATTENTION_FROM): 300 and 513 tokens in chunks of 128, the schedule switched from
+    position 128 on, against the split schedule throughout — logits within TOL_LOGITS of each
+    other (the same sums split differently) and of the reference."""
+    from drvqwen.prefill import Prefill
+
+    name, _f, _w, backend, ids, want = model
+    step = backend.decode_step
+    late = Prefill(step, max_chunk_rows=128, late_attention_from=128)
+    split = Prefill(step, max_chunk_rows=128, late_attention_from=None)
+    try:
+        if late.late_from is None:
+            assert step.config.head_dim != 128, f"{name}: no late schedule at head dim 128"
+            return
+        names = [n.name for n in late.launches(128, late=True)]
+        assert "L0.attention_late" in names and "L0.attention" not in names
+        assert "L0.attention" in [n.name for n in late.launches(128)]
+        for t in (300, 513):
+            late.run(ids[:t])
+            step.sync()
+            got = step.logits()
+            split.run(ids[:t])
+            step.sync()
+            base = step.logits()
+            err, err_ref = rel_l2(got, base), rel_l2(got, want[t - 1])
+            print(f"{name} T={t}: late chunks on the range schedule: rel L2 {err:.2e} against the split "
+                  f"schedule, {err_ref:.2e} against the reference")
+            assert err <= TOL_LOGITS and err_ref <= TOL_LOGITS
+    finally:
+        late.close()
+        split.close()

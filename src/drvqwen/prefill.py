@@ -111,6 +111,10 @@ ROW_BUCKET = 64
 # Its range schedule ("wgmma-ranges") wins on chunks from ~2 048 positions at Dh = 128 and loses
 # at position 0 and at Dh = 64 (the kernel's table): the split schedule stays the default.
 ATTENTION_ENGINE = "wgmma"
+# From this chunk position on, a head dim of 128 runs the range schedule instead (Prefill's
+# `late_attention_from`; None: never): at 2 048 it takes 68.9 µs against 73.8 for a 7B chunk of 512
+# rows, at 1 024 the two tie, at 0 it loses (kernels/attention_prefill_wgmma.cu's table).
+LATE_ATTENTION_ENGINE, LATE_ATTENTION_FROM = "wgmma-ranges", 2048
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "gemv_int4", "rope_kv",
                 ATTENTION_FILES[ATTENTION_ENGINE])
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
@@ -172,6 +176,8 @@ class Prefill:
             schedule) or "wgmma-ranges" (the same file's range schedule).
         last_layer: "last_row" (the last layer past its K/V on the prompt's last row only) or
             "all_rows" (LAST_LAYER_MODES; module doc).
+        late_attention_from: chunks starting at this position or later run the range schedule
+            (LATE_ATTENTION_ENGINE) where the engine is "wgmma" and the head dim 128; None: never.
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -179,7 +185,7 @@ class Prefill:
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
-                 last_layer: str = "last_row"):
+                 last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -193,6 +199,9 @@ class Prefill:
         self.fmt_gemm = fmt_gemm
         self.attention_engine = attention_engine
         self.last_row = last_layer == "last_row" and mode != "per_token"
+        # Chunks from this position on take the range-scheduled attention (None: none do).
+        self.late_from = (late_attention_from if attention_engine == "wgmma" and mode != "per_token"
+                          and decode_step.config.head_dim == 128 else None)
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
@@ -234,6 +243,9 @@ class Prefill:
         tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine)
                            for rows, s in [*self.attention_splits.items(), (1, self.tail_splits)] if s > 1),
                           default=0)
+        if self.late_from is not None:  # the range schedule's pieces, every bucket
+            tile_splits = max(tile_splits, tile_splits_needed(C, kv_splits_for(C, *heads, engine=LATE_ATTENTION_ENGINE),
+                                                              *heads[:2], LATE_ATTENTION_ENGINE))
         if tile_splits:
             size += AttentionSplitScratch.nbytes(tile_splits, *heads) + 3 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")
@@ -251,6 +263,7 @@ class Prefill:
         self._begin_last = PrefillBeginChunk(self.buf["last_state"], stream=st)
         self._tail_steps: list[tuple[str, Launcher]] | None = None  # built on first use (`_tail`)
         self._lists: dict[int, list[NamedLaunch]] = {}
+        self._late_lists: dict[int, list[NamedLaunch]] = {}  # chunks from late_from on
         # rows → the (name, launcher) list behind launches(rows) (timing, tests).
         self.launchers: dict[int, list[tuple[str, Launcher]]] = {}
 
@@ -277,8 +290,9 @@ class Prefill:
         return max(u for u, _ in need), max(t for _, t in need)
 
     # ---- launch lists ---------------------------------------------------------------------------
-    def launches(self, rows: int) -> list[NamedLaunch]:
-        """The chunk launch list for grids of `rows` rows (a multiple of 64), built once."""
+    def launches(self, rows: int, late: bool = False) -> list[NamedLaunch]:
+        """The chunk launch list for grids of `rows` rows (a multiple of 64), built once; `late`:
+        for a chunk from late_from on (each layer's attention on the range schedule)."""
         if self.per_token:
             raise LaunchError("a per-token prefill runs through the decode step's launches: it has no chunk "
                               "launch list")
@@ -286,10 +300,12 @@ class Prefill:
             raise LaunchError(f"prefill launch list for {rows} rows: want a multiple of {ROW_BUCKET} "
                                 f"in 1..{self.chunk_rows}")
         if rows not in self._lists:
-            self._lists[rows] = self._build(rows)
+            full = self._build(rows)  # both attentions of each layer where late_from is set
+            self._lists[rows] = [nl for nl in full if not nl.name.endswith(".attention_late")]
+            self._late_lists[rows] = [nl for nl in full if not nl.name.endswith(".attention")]
             if self.last_row:
                 self._tail()  # built with the first list: a prompt's first run builds nothing
-        return self._lists[rows]
+        return (self._late_lists if late and self.late_from is not None else self._lists)[rows]
 
     def _embedding(self, rows: int) -> EmbeddingRows:
         """The embedding launcher of the `rows` list (its first launch), whose ids are set per chunk."""
@@ -352,6 +368,7 @@ class Prefill:
                                                      kv_splits=self.attention_splits.get(R, 1),
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
+                *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
                 (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, threads=nt, stream=st)),
@@ -421,6 +438,7 @@ class Prefill:
                                                      kv_splits=self.attention_splits.get(R, 1),
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
+                *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
                 (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
                                            defines=defs, **sk[ResidualO])),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
@@ -431,6 +449,18 @@ class Prefill:
                                                  defines=defs, **sk[ResidualDown])),
             ]
         return self._named(R, steps)
+
+    def _late_attention(self, l: int, R: int, out, q, k_l, v_l) -> list[tuple[str, Launcher]]:
+        """Layer l's attention on the range schedule (`L{l}.attention_late`) for the chunks from
+        late_from on, beside `L{l}.attention`; `launches` keeps one of the two. None without."""
+        if self.late_from is None:
+            return []
+        cfg, step = self.config, self.decode_step
+        heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        return [(f"L{l}.attention_late", AttentionPrefill(
+            out, q, k_l, v_l, step.buf["block_table"], self.buf["prefill_state"], rows=R, n_heads=heads[0],
+            n_kv_heads=heads[1], head_dim=heads[2], kv_splits=kv_splits_for(R, *heads, engine=LATE_ATTENTION_ENGINE),
+            scratch=self.attention_scratch, engine=LATE_ATTENTION_ENGINE, stream=step.stream))]
 
     def _tail(self) -> list[tuple[str, Launcher]]:
         """The last layer past its K/V on the prompt's last row (module doc), built once: its
@@ -544,7 +574,7 @@ class Prefill:
         for c0 in range(0, T, self.chunk_rows):
             n = min(self.chunk_rows, T - c0)
             bucket = -(-n // ROW_BUCKET) * ROW_BUCKET
-            launches = self.launches(bucket)
+            launches = self.launches(bucket, late=self.late_from is not None and start + c0 >= self.late_from)
             # The embedding's ids: this chunk's slice of the prompt.
             self._embedding(bucket).set_arg("ids", DeviceArray("ids[chunk]", self.buf["ids"].ptr + 4 * c0,
                                                                (bucket,), np.int32))
