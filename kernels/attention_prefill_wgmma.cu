@@ -471,44 +471,20 @@ __device__ __forceinline__ void apw_run_piece(
     }
 }
 
-// Steps of at most `cap` a unit of n steps is cut into where the launch's balance needs it:
-// W steps in all over `slots` resident blocks. Whole units while the longest (n_max) walks at
-// most twice what a slot walks on average — then the units' count, not their lengths, sets the
-// launch's length, and a cut only adds combines. Past that (a chunk at position 0: the last
-// query tile walks all its positions, the first one tile; the 7B's 512 rows: 8 steps against
-// 504 / 132 = 3.8 a slot) pieces of ⌈W / slots⌉ steps: the longest piece then walks what a slot
-// does on average, the short units' blocks free their SMs for the pieces launched after them.
-// Without APW_BALANCED (0) every unit is cut into S pieces (min(S, n)), the form measured against.
-#ifndef APW_BALANCED
-#define APW_BALANCED 1
-#endif
-__device__ __forceinline__ int apw_piece_cap(int start, int packed, int group, int Hkv, int slots) {
-    if (!APW_BALANCED) return 1;
-    const int qt_count = (packed + APW_ROWS - 1) / APW_ROWS;
-    int w = 0;  // steps of one KV head's units (< 2^31: 224 tiles · 512 steps at 32K positions)
-    for (int qt = 0; qt < qt_count; ++qt) w += (apw_kv_len(start, packed, group, qt) + APW_KV_TILE - 1) / APW_KV_TILE;
-    const int W = Hkv * w;
-    const int n_max = (apw_kv_len(start, packed, group, qt_count - 1) + APW_KV_TILE - 1) / APW_KV_TILE;
-    const int s = max(1, slots);
-    return (long long)n_max * s > 2LL * W ? (W + s - 1) / s : n_max;
-}
-
 // The split schedule: block (query tile counted from the last, KV head, z) runs split z of its
-// unit's positions cut into ns ≤ S even pieces (apw_piece_cap: pieces of ≤ cap steps, where the
-// balance over `slots` needs them), as attention_prefill.cu's KV splits.
+// unit's positions cut into min(S, steps) even pieces, as attention_prefill.cu's KV splits.
 template <int HEAD_DIM>
 __device__ __forceinline__ void attention_prefill_wgmma_splits(
     unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
-    int Hq, int Hkv, int slots, const ApwSplit& sp) {
+    int Hq, int Hkv, const ApwSplit& sp) {
     // ld.global.cg: see attention_prefill.cu (never hoisted above griddepcontrol.wait).
     const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
     const int group = Hq / Hkv, packed = n_rows * group;
     const int q_tile = gridDim.x - 1 - blockIdx.x;
     if (q_tile * APW_ROWS >= packed) return;  // whole block, before any barrier
     const int n_tiles = (apw_kv_len(start, packed, group, q_tile) + APW_KV_TILE - 1) / APW_KV_TILE;
-    const int cap = gridDim.z > 1 ? apw_piece_cap(start, packed, group, Hkv, slots) : n_tiles;
-    const int ns = min((int)gridDim.z, (n_tiles + cap - 1) / cap), split = blockIdx.z;
+    const int ns = min((int)gridDim.z, n_tiles), split = blockIdx.z;
     if (split >= ns) return;                  // whole block, before any barrier
     const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
     const int kv_head = blockIdx.y;
@@ -601,14 +577,13 @@ __device__ __forceinline__ unsigned char* apw_smem() {
         const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
         const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
         int Hq, int Hkv,                                                                       \
-        int slots,                              /* resident blocks of the GPU (S > 1: balance) */ \
         float4* part_o,                         /* [units, S, 8, Dh/8, 32] float4 (S > 1)     */ \
         float4* part_ml,                        /* [units, S, 8, 32] float4 (S > 1)           */ \
         u32* counters) {                        /* [units] u32, zero between launches (S > 1) */ \
         grid_launch_dependents();                                                              \
         grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
         attention_prefill_wgmma_splits<HEAD_DIM>(apw_smem(), out, q, k_cache, v_cache, block_table, \
-                                                 prefill_state, Hq, Hkv, slots, ApwSplit{part_o, part_ml, counters}); \
+                                                 prefill_state, Hq, Hkv, ApwSplit{part_o, part_ml, counters}); \
     }
 
 ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd64, 64)

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from drvqwen import launchers
-from drvqwen.launchers.attention_prefill import (ENGINES, AttentionSplitScratch, query_tiles, tile_splits_needed,
-                                                 wgmma_unit_pieces)
+from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, tile_splits_needed
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -45,39 +44,6 @@ def test_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine):
     check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine)
 
 
-# The wgmma split schedule's balanced cuts (apw_piece_cap) on a GPU of `slots` resident blocks:
-# where the longest unit walks more than twice a slot's share, the long units are cut and the
-# short ones not ("mixed", at both head shapes); a chunk far from position 0 on few slots, none.
-BALANCE_CASES = [(0, 512, 132, "mixed"), (0, 129, 64, "mixed"), (0, 300, 264, "mixed"), (64, 200, 64, "mixed"),
-                 (1000, 100, 16, "whole")]
-
-
-@pytest.mark.parametrize("splits", [2, 4], ids=lambda s: f"S{s}")
-@pytest.mark.parametrize("hd,hq,hkv", SHAPES, ids=["hd64", "hd128"])
-@pytest.mark.parametrize("start,t,slots,kind", BALANCE_CASES,
-                         ids=[f"start{s}-T{t}-slots{n}" for s, t, n, _ in BALANCE_CASES])
-def test_attention_prefill_wgmma_balanced_cuts(dev, rng, hd, hq, hkv, start, t, slots, kind, splits):
-    """Against the reference, and exactly the units wgmma_unit_pieces names were cut, into its
-    count of pieces: each piece stores its partial in slot (unit, piece) of the scratch, which
-    starts poisoned, so the written slots show the cuts."""
-    pieces = wgmma_unit_pieces(start, t, hq, hkv, splits, slots)              # [Hkv, query tiles]
-    if kind == "mixed":
-        assert (pieces == 1).any() and (pieces > 1).any(), f"the case should cut some units only: {pieces[0]}"
-    else:
-        assert (pieces == 1).all(), f"the case should cut no unit: {pieces[0]}"
-    occ = launchers.FixedOccupancy(slots, lambda k, th, sm: 1)
-    scratch = check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, "wgmma", occupancy=occ)
-    tiles = query_tiles(-(-t // ROW_BUCKET) * ROW_BUCKET, hq, hkv, "wgmma")   # gridDim.x: unit = kv_head · tiles + q_tile
-    ml = scratch.part_ml.download().reshape(-1, 4)[:hkv * tiles * splits * 8 * 32].reshape(hkv, tiles, splits, 8 * 32 * 4)
-    written = ~np.isnan(ml).all(axis=-1)                                      # [Hkv, tiles, S]
-    want = np.zeros_like(written)
-    for h in range(hkv):
-        for qt in range(pieces.shape[1]):
-            if pieces[h, qt] > 1:
-                want[h, qt, :pieces[h, qt]] = True
-    assert (written == want).all(), f"cut units/pieces differ: {np.argwhere(written != want).tolist()[:6]}"
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"S{s}")
 @pytest.mark.parametrize("hd,hq,hkv", GROUPS, ids=[f"hd{d}-{q}q{k}kv" for d, q, k in GROUPS])
@@ -86,10 +52,9 @@ def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits,
     check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine)
 
 
-def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma", occupancy=None):
+def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma"):
     """One chunk of t queries at positions start … start + t − 1 against the float64 reference,
-    rows past t untouched, the counters back at zero, the same bits when launched again; returns
-    the split scratch (None at S = 1). `occupancy`: the resident blocks the launcher plans for."""
+    rows past t untouched, the counters back at zero, the same bits when launched again."""
     s_len = start + t
     rows = -(-t // ROW_BUCKET) * ROW_BUCKET
     n_pages = -(-s_len // PAGE_TOKENS) + 3                            # spare pages stay NaN
@@ -112,7 +77,7 @@ def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma
     attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
                               dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
                               rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd, kv_splits=splits, scratch=scratch,
-                              engine=engine, occupancy=occupancy)
+                              engine=engine)
     attn.launch()
     got = out.download()
     want = ref.attention(q[:t].astype(np.float64), k_seq.astype(np.float64), v_seq.astype(np.float64),
@@ -123,4 +88,3 @@ def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma
         assert not scratch.counters.download().any(), "a split counter was left non-zero"
     attn.launch()
     assert_same_bits("attention_prefill", got, out.download())
-    return scratch

@@ -356,8 +356,8 @@ def test_attention_prefill_kv_splits_chosen_and_refused_with_their_reason():
 
 def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits():
     """The wgmma engine: 128 packed (query, head) rows a block of 8 warps (512 rows × G = 7 heads:
-    28 tiles), its swizzled stages' shared memory, S by split_count_wgmma (⌈2 · slots / units⌉: the
-    0.5B's 56 units on 132 slots → 4, the 7B's 112 → 3, 448 → 1), and a scratch sized in the mma engine's tile-split unit that
+    28 tiles), its swizzled stages' shared memory, S by split_count_wgmma (the 0.5B's 56 units on
+    132 slots → 4, the 7B's 112 → 1), and a scratch sized in the mma engine's tile-split unit that
     covers its 8 warps' partials (64 rows at G = 7: 4 tiles × 8 warps > 4 × 7)."""
     import types
 
@@ -366,8 +366,7 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
     from drvqwen.launchers.base import BufferSpec
 
     assert query_tiles(512, 28, 4, "wgmma") == 28 and query_tiles(512, 28, 4) == 32
-    assert (split_count_wgmma(56, 132), split_count_wgmma(112, 132), split_count_wgmma(8, 132),
-            split_count_wgmma(448, 132)) == (4, 3, 4, 1)
+    assert (split_count_wgmma(56, 132), split_count_wgmma(112, 132), split_count_wgmma(8, 132)) == (4, 1, 4)
     assert smem_bytes(128, engine="wgmma") == 4 * 2 * 64 * 256 + 1024
     assert tile_splits_needed(64, 2, 28, 4) == 8 and tile_splits_needed(64, 2, 28, 4, "wgmma") == 10
     for rows in range(64, 1025, 64):  # the scratch covers the kernel's partials (units · S · 8 warps) and counters
@@ -382,12 +381,9 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
                                     part_o=BufferSpec("po", (1,), np.float32),
                                     part_ml=BufferSpec("pml", (1,), np.float32), counters=BufferSpec("c", (1,), np.uint32))
     a = AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, kv_splits=4, scratch=scratch,
-                         engine="wgmma", occupancy=FixedOccupancy(132, lambda k, t, s: 2))
+                         engine="wgmma")
     spec = a.specs[0]
     assert spec.kernel.kernel == "attention_prefill_wgmma_hd64" and spec.grid == (7, hkv, 4) and spec.block == (256,)
-    assert spec.args["slots"].value == 264  # the resident blocks its cuts balance over
-    whole = AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, engine="wgmma")
-    assert whole.specs[0].args["slots"].value == 0  # S = 1 cuts nothing: no occupancy asked (no GPU here)
     assert spec.smem_bytes == smem_bytes(64, engine="wgmma")
     with pytest.raises(LaunchError, match="engine='tma'"):
         AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, engine="tma")
@@ -407,18 +403,3 @@ def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block(
     for bad in (100, 16, THREADS + 32):
         with pytest.raises(LaunchError, match=f"rmsnorm: {bad} threads: a multiple of 32 in 32..{THREADS}"):
             RmsNorm(*args, dim=896, eps=1e-6, rows=2, threads=bad)
-
-
-def test_wgmma_unit_pieces_cut_only_where_the_balance_needs_it():
-    """The split schedule's cuts (apw_piece_cap, mirrored): the 7B's 512 rows at position 0 on 132
-    slots walk 504 steps, 3.8 a slot, the last query tile 8 — the 14 tiles past 4 steps are cut in
-    two; at position 512 the longest (16) is under twice the average (10.6): nothing is cut; the
-    0.5B at 0 on 264 slots (under one step a slot) is cut to min(S, steps) as a uniform split."""
-    from drvqwen.launchers.attention_prefill import wgmma_unit_pieces
-
-    p = wgmma_unit_pieces(0, 512, 28, 4, 3, 132)
-    assert p.shape == (4, 28) and (p[:, :14] == 1).all() and (p[:, 14:] == 2).all()
-    assert (wgmma_unit_pieces(512, 512, 28, 4, 3, 132) == 1).all()
-    steps = -(-((np.minimum(512 * 7, 128 * np.arange(1, 29)) - 1) // 7 + 1) // 64)
-    assert (wgmma_unit_pieces(0, 512, 14, 2, 4, 264) == np.minimum(4, steps)).all()
-    assert (wgmma_unit_pieces(0, 512, 28, 4, 1, 132) == 1).all()  # S = 1: whole

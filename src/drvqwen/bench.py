@@ -153,19 +153,18 @@ def kv_bytes_read(config, seq_len: int) -> int:
 
 
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
-                 last_layer: str = "last_row", attention_splits: bool = True):
+                 last_layer: str = "last_row"):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
-    attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES; without
-    `attention_splits` every attention query tile runs whole), or None where that module does not
-    exist in this checkout."""
+    attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES), or None where
+    that module does not exist in this checkout."""
     try:
         from .prefill import ATTENTION_ENGINE, Prefill
     except ImportError:
         return None
     return Prefill(dec, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
-                   last_layer=last_layer, attention_splits=attention_splits)
+                   last_layer=last_layer)
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -256,7 +255,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               copy_bytes: int | None = None, use_prefill: bool = True, prefill_reps: int = PREFILL_REPS,
               kernels: bool = False, prefill_gemm: str = "wgmma", prefill_rope: str = "epilogue",
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
-              prefill_attention_splits: bool = True, decode: str = "per-launch",
+              decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
@@ -279,8 +278,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         prefill_attention: the prefill's attention engine ("mma" or "wgmma"; None: its default).
         prefill_last_layer: "last_row" (the last layer past its K/V on the prompt's last row) or
             "all_rows" (prefill.LAST_LAYER_MODES), to compare them.
-        prefill_attention_splits: let the prefill's attention cut its query tiles' positions over
-            blocks (the prefill's KV splits); False runs every tile whole, to compare.
         decode: "per-launch" (the step as its launch list) or "persistent": the graph mode runs
             the embedding and the layers as one persistent kernel (kernels/decode_persistent.cu)
             and the eager mode the same step launch by launch — both with the plain attention
@@ -328,8 +325,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         graph = GraphDecoder(dec, graph_list) if "graph" in modes else None
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
-        prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
-                                prefill_attention_splits) if use_prefill else None)
+        prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer)
+                   if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
             dec.sync()
@@ -354,8 +351,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prefill_gemm": prefill_gemm if prefill is not None else None,
                          "prefill_rope": ("epilogue" if prefill.qkv_rope else "apart") if prefill is not None else None,
                          "prefill_attention": getattr(prefill, "attention_engine", None),
-                         "prefill_attention_splits": ("auto" if prefill_attention_splits else "none")
-                                                     if prefill is not None else None,
                          "prefill_last_layer": (("last_row" if prefill.last_row else "all_rows")
                                                 if prefill is not None else None),
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
@@ -509,9 +504,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-last-layer", choices=("last_row", "all_rows"), default="last_row",
                    help="what the prefill's last layer runs past its K/V: the prompt's last row only, through the "
                         "decode GEMVs (default), or every row as the other layers (to compare)")
-    p.add_argument("--prefill-attention-splits", choices=("auto", "none"), default="auto",
-                   help="the prefill's attention: KV splits where its launch's balance needs them (default) or "
-                        "every query tile whole (to compare)")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
@@ -581,7 +573,7 @@ def cmd_bench(args) -> int:
                         use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels,
                         prefill_gemm=args.prefill_gemm, prefill_rope=args.prefill_rope,
                         prefill_attention=args.prefill_attention, prefill_last_layer=args.prefill_last_layer,
-                        prefill_attention_splits=args.prefill_attention_splits == "auto", decode=args.decode,
+                        decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

@@ -60,35 +60,13 @@ def split_count(units: int, slots: int) -> int:
 
 
 def split_count_wgmma(units: int, slots: int) -> int:
-    """KV splits S of the wgmma engine — the most pieces the kernel may cut a unit into — for
-    `units` (query tile, KV head) pairs on `slots` resident blocks: ⌈2 · slots / units⌉ in
-    1 … MAX_SPLITS. The kernel cuts a unit only where the launch's balance needs it
-    (attention_prefill_wgmma.cu, apw_piece_cap: the longest unit walks more than twice what a slot
-    walks on average), into pieces of that average. A chunk at position 0 is the case: its longest
-    unit walks twice the mean unit, so ⌈2 · slots / units⌉ pieces bring it to the average
-    (the 7B's 112 units at 512 rows on 132 slots: 3; the 0.5B's 56 on 264: 4). Many units
-    (2 048 rows of the 7B: 448) give S = 1 and need no scratch."""
-    return max(1, min(MAX_SPLITS, -(-2 * slots // max(1, units))))
-
-
-def wgmma_unit_pieces(start: int, n_rows: int, n_heads: int, n_kv_heads: int, kv_splits: int,
-                      slots: int) -> np.ndarray:
-    """Pieces the wgmma engine's split schedule cuts each unit into: int [Hkv, query tiles], for a
-    chunk of `n_rows` rows at position `start`, S = `kv_splits`, `slots` resident blocks — the
-    rule of kernels/attention_prefill_wgmma.cu (apw_piece_cap), written again for the tests and
-    the tools: a unit of n 64-position steps is cut into min(S, ⌈n / cap⌉) pieces, cap = ⌈W / slots⌉
-    where the longest unit walks more than twice the W / slots steps a slot walks on average
-    (W: the launch's steps), else whole."""
-    g = n_heads // n_kv_heads
-    packed = n_rows * g
-    qt = np.arange(-(-packed // W_ROWS))
-    kv_len = start + (np.minimum(packed, (qt + 1) * W_ROWS) - 1) // g + 1
-    steps = -(-kv_len // 64)
-    if kv_splits <= 1 or len(steps) == 0:
-        return np.ones((n_kv_heads, len(steps)), np.int64)
-    w, n_max, s = n_kv_heads * int(steps.sum()), int(steps[-1]), max(1, slots)
-    cap = -(-w // s) if n_max * s > 2 * w else n_max
-    return np.broadcast_to(np.minimum(kv_splits, -(-steps // cap)), (n_kv_heads, len(steps))).copy()
+    """KV splits S of the wgmma engine for `units` (query tile, KV head) pairs on `slots` resident
+    blocks: none where the units alone fill half the slots, else as many as two waves of slots
+    hold, in 1 … MAX_SPLITS. Measured on the H200 (kernels/attention_prefill_wgmma.cu's header):
+    the 7B's 112 units at 512 rows on 132 slots run fastest whole (S = 2, 4 add 18–40 % at
+    position 0 and ~3 % at 7680); the 0.5B's 56 at S = 4 on long chunks (277 µs at 31 744
+    against 347 at S = 2) and within 0.5 µs of the best at position 0."""
+    return 1 if 2 * units > slots else max(1, min(MAX_SPLITS, 2 * slots // max(1, units)))
 
 
 def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
@@ -213,10 +191,6 @@ class AttentionPrefill(Launcher):
             args["max_pieces"] = i32(kv_splits)
         else:
             grid = (query_tiles(rows, n_heads, n_kv_heads, engine), n_kv_heads, kv_splits)
-            if engine == "wgmma":  # the resident blocks the kernel balances its cuts over (S > 1)
-                occ = occupancy or DEFAULT_OCCUPANCY
-                args["slots"] = i32(max(1, occ.blocks_per_sm(kernel, threads, smem)) * occ.sm_count
-                                    if kv_splits > 1 else 0)
         self._add(kernel, grid, (threads,), dict(args, **split),
                   smem_bytes=smem, reads=(q, k_cache, v_cache, block_table, prefill_state),
                   writes=(out,) + ((scratch.part_o, scratch.part_ml, scratch.counters) if kv_splits > 1 else ()))
