@@ -135,6 +135,15 @@
 // with mbarriers (no staging work in the MMA warps, no block-wide barrier per tile), 128-position
 // tiles.
 //
+// Lost too: cutting only the units the launch's balance needs cut (a unit of n steps into
+// ⌈n / cap⌉ ≤ S pieces, cap = ⌈W / slots⌉, where the longest unit walks more than twice a slot's
+// average W / slots; the 7B's 512 rows at position 0: the 14 query tiles past 4 steps in two, S = 3)
+// — 26.3 µs a call against 18.5 whole (uniform S = 3: 26.5), and in the prefill the 7B's TTFT(512)
+// 12.71 / 12.60 ms against 12.42 / 12.53 whole (in turns, one run; its 28 launches timed one by
+// one 817 against 614 µs); the 0.5B cut so ran 12.8 µs at position 0 against the uniform S = 4's
+// 11.1 (tools/bench_attention_prefill.py and drvqwen bench at ccbbd29, whose kernels are 89c9560's;
+// docs/bench/2026-12-03_ccbbd29_h200_*). A cut piece costs more than the steps it moves: the
+// 7B's whole tiles at position 0 are not bound by their longest unit alone.
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).

@@ -153,18 +153,21 @@ def kv_bytes_read(config, seq_len: int) -> int:
 
 
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
-                 last_layer: str = "last_row"):
+                 last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
-    attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES), or None where
+    attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES; without
+    `attention_splits` every attention query tile runs whole; without `attention_late` every chunk
+    on the one engine, none switching to the range schedule late in a long prompt), or None where
     that module does not exist in this checkout."""
     try:
-        from .prefill import ATTENTION_ENGINE, Prefill
+        from .prefill import ATTENTION_ENGINE, LATE_ATTENTION_FROM, Prefill
     except ImportError:
         return None
     return Prefill(dec, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
-                   last_layer=last_layer)
+                   last_layer=last_layer, attention_splits=attention_splits,
+                   late_attention_from=LATE_ATTENTION_FROM if attention_late else None)
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -255,6 +258,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               copy_bytes: int | None = None, use_prefill: bool = True, prefill_reps: int = PREFILL_REPS,
               kernels: bool = False, prefill_gemm: str = "wgmma", prefill_rope: str = "epilogue",
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
+              prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
               decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
@@ -278,6 +282,10 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         prefill_attention: the prefill's attention engine ("mma" or "wgmma"; None: its default).
         prefill_last_layer: "last_row" (the last layer past its K/V on the prompt's last row) or
             "all_rows" (prefill.LAST_LAYER_MODES), to compare them.
+        prefill_attention_splits: let the prefill's attention cut its query tiles' positions over
+            blocks (the prefill's KV splits); False runs every tile whole, to compare.
+        prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
+            the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
         decode: "per-launch" (the step as its launch list) or "persistent": the graph mode runs
             the embedding and the layers as one persistent kernel (kernels/decode_persistent.cu)
             and the eager mode the same step launch by launch — both with the plain attention
@@ -325,8 +333,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         graph = GraphDecoder(dec, graph_list) if "graph" in modes else None
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
-        prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer)
-                   if use_prefill else None)
+        prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
+                                prefill_attention_splits, prefill_attention_late) if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
             dec.sync()
@@ -351,6 +359,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prefill_gemm": prefill_gemm if prefill is not None else None,
                          "prefill_rope": ("epilogue" if prefill.qkv_rope else "apart") if prefill is not None else None,
                          "prefill_attention": getattr(prefill, "attention_engine", None),
+                         "prefill_attention_splits": ("auto" if prefill_attention_splits else "none")
+                                                     if prefill is not None else None,
+                         "prefill_attention_late_from": getattr(prefill, "late_from", None),
                          "prefill_last_layer": (("last_row" if prefill.last_row else "all_rows")
                                                 if prefill is not None else None),
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
@@ -504,6 +515,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-last-layer", choices=("last_row", "all_rows"), default="last_row",
                    help="what the prefill's last layer runs past its K/V: the prompt's last row only, through the "
                         "decode GEMVs (default), or every row as the other layers (to compare)")
+    p.add_argument("--prefill-attention-splits", choices=("auto", "none"), default="auto",
+                   help="the prefill's attention: KV splits where its launch's balance needs them (default) or "
+                        "every query tile whole (to compare)")
+    p.add_argument("--prefill-attention-late", choices=("auto", "none"), default="auto",
+                   help="a long prompt's chunks from the prefill's switch position on: the range-scheduled "
+                        "attention where the prefill picks it (default), or none (to compare)")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
@@ -573,7 +590,8 @@ def cmd_bench(args) -> int:
                         use_prefill=not args.no_prefill, prefill_reps=args.prefill_reps, kernels=args.kernels,
                         prefill_gemm=args.prefill_gemm, prefill_rope=args.prefill_rope,
                         prefill_attention=args.prefill_attention, prefill_last_layer=args.prefill_last_layer,
-                        decode=args.decode,
+                        prefill_attention_splits=args.prefill_attention_splits == "auto",
+                        prefill_attention_late=args.prefill_attention_late == "auto", decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:
