@@ -124,9 +124,10 @@
 // registers where one piece takes 183 (below), and at Dh = 64 the ranges kernel fits one block
 // an SM where the split one fits two — the 0.5B loses everywhere. In the prefill (drvqwen bench
 // --prefill-attention wgmma | wgmma-ranges, the 7B; docs/bench/2026-12-03_3c658ea_h200_syn7b_*):
-// 8 192 tokens 234.3 → 230.1 ms, 32 000 tokens 1436.7 → 1357.6 ms. Next: the range schedule for
-// chunks from ~2 048 positions at Dh = 128, the split one elsewhere (the prefill's choice per
-// chunk).
+// 8 192 tokens 234.3 → 230.1 ms, 32 000 tokens 1436.7 → 1357.6 ms. The prefill now runs the range
+// schedule for the chunks from 2 048 positions on at Dh = 128 and the split one before them
+// (prefill.py, LATE_ATTENTION_FROM): 32 000 tokens 1430.8 → 1364.1 ms, 8 192 tokens 234.6 → 230.1
+// (docs/bench/2026-12-03_2a2a007_h200_syn7b_*_late_*.json).
 // Lost, same run: the two warpgroups taking turns to issue their MMA groups (ping-pong through
 // two named barriers, FlashAttention-3's scheduling; its compile-time switch lives at 5ee4e79): 7B
 // at 31 744 876.8 µs against 845.7 (S = 4), at 7 680 235.2 against 218.4; the 0.5B within 1 %.
