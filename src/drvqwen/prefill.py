@@ -147,6 +147,13 @@ def rows_view(arr: DeviceArray, rows: int) -> DeviceArray:
     return DeviceArray(f"{arr.name}[:{rows}]", arr.ptr, (rows, *arr.shape[1:]), arr.dtype)
 
 
+def _format_weight(weights, formats: dict, prefix: str):
+    """The per-tensor-format weight of projection `prefix` (e.g. "model.layers.3.self_attn.o_proj")
+    as the format kernels take it (format/weight_formats.py: fmt_weight), PLAIN tensors as dense FP16."""
+    fid = formats[prefix]
+    return fmt_weight(weights.__getitem__, prefix, DENSE_F16 if fid == wf.PLAIN else wf.FORMATS[fid])
+
+
 def _row_ptr(arr: DeviceArray, row: int) -> DeviceArray:
     """Row `row` of a 2-D buffer as a 1-D DeviceArray (no copy)."""
     n = int(np.prod(arr.shape[1:]))
@@ -393,8 +400,7 @@ class Prefill:
         nt = norm_row_threads(D)  # the RMSNorms' block: a thread per float4 of a row
 
         def fw(prefix: str):
-            fid = fm[prefix]
-            return fmt_weight(w.__getitem__, prefix, DENSE_F16 if fid == wf.PLAIN else wf.FORMATS[fid])
+            return _format_weight(w, fm, prefix)
 
         def gemms(k: int):
             """(rows, residual, gate/up) GEMM launchers for input width k."""
@@ -491,8 +497,7 @@ class Prefill:
             d = GemvInt4Residual(res_row, h_row, *lw.down_proj, n=D, k=F, stream=st)
         else:
             def fw(name: str):
-                fid = fm[proj_prefix(l, name)]
-                return fmt_weight(w.__getitem__, proj_prefix(l, name), DENSE_F16 if fid == wf.PLAIN else wf.FORMATS[fid])
+                return _format_weight(w, fm, proj_prefix(l, name))
 
             defs = step.plan.fmt_defines
             o = GemvFmtResidual(res_row, attn_row, fw("o_proj"), n=D, k=nq, stream=st, defines=defs)
@@ -508,14 +513,15 @@ class Prefill:
     def _aim_tail(self, position: int, row: int) -> list[tuple[str, Launcher]]:
         """The tail (`_tail`) set for the prompt's last row: chunk row `row` at `position`."""
         tail = self._tail()
+        by_name, l = dict(tail), self.config.num_layers - 1
         self._begin_last.set(position, 1)
         res_row = _row_ptr(self.buf["residual"], row)
         q = self.buf["q"]
-        tail[1][1].set_arg("q", DeviceArray(f"q[{row}]", q.ptr + row * q.shape[1] * q.dtype.itemsize,
-                                            (1, self.config.num_heads, self.config.head_dim), np.float16))
-        tail[2][1].set_arg("residual", res_row)
-        tail[3][1].set_arg("residual", res_row)
-        tail[4][1].set_arg("residual", res_row)
+        by_name[f"L{l}.attention"].set_arg("q", DeviceArray(f"q[{row}]", q.ptr + row * q.shape[1] * q.dtype.itemsize,
+                                                            (1, self.config.num_heads, self.config.head_dim),
+                                                            np.float16))
+        for role in ("o_proj", "gate_up_swiglu", "down_proj"):  # each reads (and two add into) the row
+            by_name[f"L{l}.{role}"].set_arg("residual", res_row)
         return tail
 
     def _named(self, R: int, steps: list[tuple[str, Launcher]]) -> list[NamedLaunch]:
