@@ -97,9 +97,20 @@
 // orders all of the thread's earlier memory accesses, the loads of the next stage (issued at
 // the top of the iteration) among them; if it waits for them to return, each stage pays a full
 // load latency whatever the prefetch distance, which would fit two stages ahead changing nothing
-// at int4_g128. Not yet measured; the test is a timing-only build without the fence. If it holds: loads by threads
-// that never fence (a loader warp filling a raw-bytes ring by cp.async/TMA, the dequantizing
-// warpgroup reading it from shared memory).
+// at int4_g128. Measured, and it does not hold (tools/bench_gemm.py --grid persistent, the 7B at
+// M = 512, builds of fe0588e — this loop with two switches since removed; one run,
+// docs/bench/2026-12-03_fe0588e_h200_gemm_fmt_producer_fence_pingpong.json; ms for 28 layers):
+//   | producer                                                   | q4_k | int4_g128 |
+//   | this file                                                  | 25.7 | 19.0      |
+//   | two register sets in turn, no copy of in-flight loads      | 25.7 | 19.0      |
+//   | without the fence (timing only: may read stale weights)    | 25.0 | 18.1      |
+//   | both                                                       | 25.0 | 18.8      |
+//   (gemm_int4.cu in the same run: 11.3.) The fence costs 3–5 %, the loads' latency nothing
+// that a loader warp would win back: the producer's own instructions are the limit — more
+// threads dequantizing, or the unpack moved into the consumers' A registers as gemm_int4.cu
+// does. Of the Q4_K_M layout's qkv, its three launches (q, k, v: 156 µs a layer at q4_k against
+// 37 for gemm_int4.cu's one) cost more than the projection's size says: k and v, 512 rows each,
+// are 4 row blocks × 4 token blocks a launch.
 //
 // Requirements (checked by launchers/gemm_fmt_wgmma.py): K % 128 == 0 and a multiple of the
 // format's group (256 for the K-quants); X's rows 16-byte aligned (TMA); pointers 16-byte aligned.
