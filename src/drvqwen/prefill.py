@@ -272,7 +272,8 @@ class Prefill:
         self._tail_steps: list[tuple[str, Launcher]] | None = None  # built on first use (`_tail`)
         self._lists: dict[int, list[NamedLaunch]] = {}
         self._late_lists: dict[int, list[NamedLaunch]] = {}  # chunks from late_from on
-        # rows → the (name, launcher) list behind launches(rows) (timing, tests).
+        # rows → the (name, launcher) list behind launches(rows) (timing, tests); with late_from,
+        # each layer's `attention` and `attention_late` both (launches keeps one per chunk).
         self.launchers: dict[int, list[tuple[str, Launcher]]] = {}
 
     def _split_k_need(self) -> tuple[int, int]:
