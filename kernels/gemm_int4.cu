@@ -194,6 +194,7 @@
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
+#include "weight_formats.cuh" // WfRaw, wf_scales (the Q4_K kernels' scales)
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -260,6 +261,93 @@ struct GemmLaneRows {
     const __half* sa; const __half* sb;   // the rows' group scales
 };
 
+// How a consumer lane scales its rows' codes — the one place the weight format enters the
+// mainloop. Group: what one 128-input group needs, loaded one group ahead (load), and
+// fragments(): the group's A fragments from the words of rows g and g+8.
+// INT4 (layout id 1): one FP16 scale per row and group, w = (c − 8)·s.
+struct GemmInt4Scales {
+    struct Group {
+        __half a, b;
+    };
+    __device__ static __forceinline__ Group load(const GemmLaneRows& r, int grp) { return Group{r.sa[grp], r.sb[grp]}; }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
+                                                     const Group& s, u32 (&frag)[GEMM_K_STEPS][4]) {
+        gemm_a_fragments(ra, rb, shift, s.a, s.b, frag);
+    }
+};
+
+// Q4_K (weight_formats.cuh, id 10): the GGUF's two levels kept — codes in layout id 1 (the INT4
+// words, so the same lop3 picks a lane's pair), per 256-input super-block 12 bytes of 6-bit
+// (sc, m) and the FP16 pair (d, dmin); w = (d·sc)·c − dmin·m per 32-input sub-block. A group of
+// 128 inputs is half a super-block: 4 sub-blocks, k steps 2j and 2j + 1 in sub-block j.
+struct GemmLaneRowsQ4k {
+    const u32* wa;  const u32* wb;    // the rows' code words
+    const u32* sca; const u32* scb;   // the rows' packed (sc, m): 3 words per super-block
+    const u32* dda; const u32* ddb;   // the rows' (d, dmin) FP16 pairs, one word per super-block
+};
+
+// The lane's scales of one group: S = d·sc and −O = −dmin·m of each sub-block and row as FP16
+// pairs (wf_scales: the FP32 products exact, the reference's values; each rounded once to FP16
+// here), and the unpack c·S − O as one fma.rn.f16x2 of the exact code: two roundings (S, O) and
+// the fma's, where gemm_fmt_wgmma.cu rounds the FP32 weight once (docs/numerics.md: within the
+// GEMMs' tolerance). Computed by every lane of a quad for its two rows (the quad shares them).
+struct GemmQ4kScales {
+    struct Group {
+        u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
+    };
+    __device__ static __forceinline__ Group load(const GemmLaneRowsQ4k& r, int grp) {
+        Group G;
+        const int sb = grp >> 1;
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            const u32* p = (row ? r.scb : r.sca) + 3 * sb;
+            WfRaw w = {};
+            w.s0 = p[0];
+            w.s1 = p[1];
+            w.s2 = p[2];
+            w.d = (row ? r.ddb : r.dda)[sb];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float sc[1], off[1];
+                wf_scales<WF_Q4_K>(w, grp * 4 + j, sc, off);  // sub-block (4·grp + j) % 8 of the super-block
+                const __half2 s2 = __float2half2_rn(sc[0]), o2 = __float2half2_rn(off[0]);
+                G.s[row][j] = *reinterpret_cast<const u32*>(&s2);
+                G.o[row][j] = *reinterpret_cast<const u32*>(&o2);
+            }
+        }
+        return G;
+    }
+    // Nibble pair t of word w as the exact codes (1024 + c − 1024), then c·S − O.
+    __device__ static __forceinline__ u32 pair(u32 w, int shift, u32 s2, u32 o2) {
+        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024);
+        u32 c, out;
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(FP16X2_1024));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
+        return out;
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
+                                                     const Group& G, u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            const int j = s / 2;  // the sub-block of k step s
+            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, G.s[1][j], G.o[1][j]);
+        }
+    }
+};
+
+// Row `row` (clamped into the matrix) of a Q4_K weight [n, K]: its code words, packed scales
+// and (d, dmin) pairs.
+__device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32* scales, const u32* aux, int row,
+                                                  int n, int K, const u32*& w, const u32*& sc, const u32*& dd) {
+    const int r = min(row, n - 1);
+    w = qweight + (u64)r * (K / 8);
+    sc = scales + (u64)r * (K / 256) * 3;
+    dd = aux + (u64)r * (K / 256);
+}
+
 __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
                                               const u32*& w, const __half*& s) {
     const int r = min(row, n - 1);
@@ -279,7 +367,8 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64
 // is for all of them (wait_group 0): rewriting A registers while an MMA that reads any A
 // register is in flight makes ptxas serialise every wgmma of the kernel (its C7513 "Potential
 // Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
-__device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, __half sa, __half sb,
+template <typename Sc>
+__device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, const typename Sc::Group& sc,
                                            const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
     const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
@@ -294,7 +383,7 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         ra[i] = w[i];
         rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
     }
-    gemm_a_fragments(ra, rb, shift, sa, sb, frag);
+    Sc::fragments(ra, rb, shift, sc, frag);
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
     wgmma_fence();
@@ -327,11 +416,12 @@ __device__ __forceinline__ int groups_of(int K) {
 // rows_of(row_block, local) → the two rows (local, local + 8) of the warp tile holding `local`
 // (called by the producer, which copies them, and by the consumers, which read their scales);
 // then epilogue(acc, m0, M, t) with the lane's GEMM_ACC accumulators (gemm_each_token walks them).
-// Contains the block's only __syncthreads(): call from every thread.
-template <typename RowsOf, typename Epilogue>
+// Sc: the weights' scale policy (GemmInt4Scales; GemmQ4kScales for Q4_K), rows_of returning its
+// lane-rows type. Contains the block's only __syncthreads(): call from every thread.
+template <typename RowsOf, typename Epilogue, typename Sc = GemmInt4Scales>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
                                                 int K, int row_blocks, const GemmSplitK& sk, RowsOf rows_of,
-                                                Epilogue epilogue) {
+                                                Epilogue epilogue, Sc = Sc()) {
     extern __shared__ unsigned char gemm_smem_raw[];
     // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
     // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory
@@ -390,7 +480,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     // The rows again each group, not held across the loop: held, the 8 warp
                     // tiles' pointers spill in the 72 registers of the GEMM_BM 256 build (48–56 B
                     // in two kernels, ptxas); the producer has time to spare for the arithmetic.
-                    const GemmLaneRows r = rows_of(un.rb, w * INT4_TILE_ROWS + g);
+                    const auto r = rows_of(un.rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
                 }
@@ -425,19 +515,18 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         const GemmUnit un = gemm_unit_at(work, x, end);
         x += un.g1 - un.g0;
         const int m0 = un.tb * GEMM_BM;
-        const GemmLaneRows r = rows_of(un.rb, local);
+        const auto r = rows_of(un.rb, local);
         float acc[GEMM_ACC];
 #pragma unroll
         for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
-        __half sa = r.sa[un.g0], sb = r.sb[un.g0];
+        typename Sc::Group sc = Sc::load(r, un.g0);
 #pragma unroll 1
         for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
             // next group's scales now: their latency passes during this group's MMAs
-            const __half na = r.sa[min(grp + 1, un.g1 - 1)], nb = r.sb[min(grp + 1, un.g1 - 1)];
-            gemm_group(it, local, lane, shift, sa, sb, smem, full, x_empty, w_empty, frag, acc);
-            sa = na;
-            sb = nb;
+            const typename Sc::Group nx = Sc::load(r, min(grp + 1, un.g1 - 1));
+            gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
+            sc = nx;
         }
         // A tile cut by a range: its owner adds the other parts and runs the epilogue.
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
@@ -688,3 +777,116 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
     }));
 }
+
+// ---- Q4_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
+// gemm_int4_block with GemmQ4kScales: the producer copies the code words as for INT4 (the same
+// 64 B a row and group), the consumers unpack them with the sub-block scales (above). Built at
+// GEMM_BM ≤ 128 only: the group's 16 scale pairs, held one group ahead, do not fit beside the
+// 256-token tile's 128 accumulators. Weights [N, K], K a multiple of 256:
+//   qweight u32 [N, K/8] (layout id 1), scales u32 [N, K/256, 3] (the 12 packed bytes),
+//   aux u32 [N, K/256] (d | dmin << 16, FP16).
+#if GEMM_BM <= 128
+
+// rows_of for one Q4_K matrix (residual); the lane's row g is also written to *ra.
+struct GemmQ4kOneMatrixRows {
+    const u32* qweight;
+    const u32* scales;
+    const u32* aux;
+    int N, K;
+    int* ra;
+    __device__ __forceinline__ GemmLaneRowsQ4k operator()(int rb, int local) const {
+        GemmLaneRowsQ4k r;
+        *ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_q4k_lane_row(qweight, scales, aux, *ra, N, K, r.wa, r.sca, r.dda);
+        gemm_q4k_lane_row(qweight, scales, aux, *ra + 8, N, K, r.wb, r.scb, r.ddb);
+        return r;
+    }
+};
+
+// residual += X Wᵀ in FP32, W in Q4_K (o_proj, down_proj). As gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
+                  const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                  const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1)
+                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
+                  const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
+                  const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
+                  float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                  int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
+                  int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, GemmQ4kOneMatrixRows{qweight, scales, aux, N, K, &ra},
+                    GemmResidualAdd{residual, N, &ra}, GemmQ4kScales{});
+}
+
+// out[token, col0 + n] = X [W0; W1]ᵀ in FP32 for one or two Q4_K matrices stacked along N (N1 = 0:
+// one): a layer's q and k — and v, alone — into their columns of qkv (llama.cpp's Q4_K_M keeps q
+// and k in Q4_K, v in Q6_K on some layers and Q4_K on the others). Tiles: ceil(M/GEMM_BM) ×
+// ceil((N0+N1)/128). Rows g and g+8 of a warp tile may lie in different matrices: each row
+// picks its own. (A third matrix's pointers spilled 20 bytes in the producer's registers.)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1-1 written
+                      const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                      const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
+                      const u32* __restrict__ w0_scales,         // [N0, K/256, 3] uint32
+                      const u32* __restrict__ w0_aux,            // [N0, K/256] uint32
+                      const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                      const u32* __restrict__ w1_scales,
+                      const u32* __restrict__ w1_aux,
+                      const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                      float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                      int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                      int N0, int N1, int K, int ldo, int col0) {
+    const int N = N0 + N1;
+    int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
+    // Row `row` of the stack (clamped into it) in its matrix: (codes, packed scales, (d, dmin)).
+    auto one = [&](int row) {
+        const int r = min(row, N - 1);
+        const bool second = r >= N0;
+        const u64 i = (u64)(second ? r - N0 : r);
+        const u32* qw = second ? w1_qweight : w0_qweight;
+        const u32* sc = second ? w1_scales : w0_scales;
+        const u32* dd = second ? w1_aux : w0_aux;
+        return GemmLaneRowsQ4k{qw + i * (K / 8), nullptr, sc + i * (K / 256) * 3, nullptr, dd + i * (K / 256), nullptr};
+    };
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        const GemmLaneRowsQ4k a = one(ra), b = one(ra + 8);
+        return GemmLaneRowsQ4k{a.wa, b.wa, a.sca, b.sca, a.dda, b.dda};
+    }, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
+        if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
+    }), GemmQ4kScales{});
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q4_K. As gemm_int4_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                        const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                        const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                        const u32* __restrict__ gate_scales,       // [F, K/256, 3] uint32
+                        const u32* __restrict__ gate_aux,          // [F, K/256] uint32
+                        const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                        const u32* __restrict__ up_scales,         // [F, K/256, 3] uint32
+                        const u32* __restrict__ up_aux,            // [F, K/256] uint32
+                        const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                        float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                        int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                        int F, int K) {
+    int f = 0;
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsQ4k r;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        gemm_q4k_lane_row(gate_qweight, gate_scales, gate_aux, f, F, K, r.wa, r.sca, r.dda);
+        gemm_q4k_lane_row(up_qweight, up_scales, up_aux, f, F, K, r.wb, r.scb, r.ddb);
+        return r;
+    }, gemm_each_token([&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+    }), GemmQ4kScales{});
+}
+
+#endif  // GEMM_BM <= 128

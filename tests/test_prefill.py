@@ -270,3 +270,47 @@ def test_late_chunks_run_the_range_schedule(model):
     finally:
         late.close()
         split.close()
+
+
+def test_q4k_register_gemms_match_the_format_gemms(tmp_path):
+    """A small model in llama.cpp's Q4_K_M layout with K a multiple of 256 (recipe_formats: Q4_K
+    everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the Q4_K projections on
+    gemm_int4.cu's register-unpack kernels (`qk_proj`, Q4_K o_proj/gate_up/down) against the same
+    on gemm_fmt_wgmma.cu (`q4k_gemm=False`) and against the reference, at 17 and 300 tokens."""
+    from dataclasses import replace
+
+    from drvqwen.engine import GPUBackend
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.prefill import Prefill
+
+    cfg = replace(QWEN25_CODER_7B, vocab_size=2048, hidden_size=1024, intermediate_size=2816, num_layers=4,
+                  num_heads=8, num_kv_heads=2, head_dim=128)
+    path = tmp_path / "q4k_m.nanoqwen"
+    write_synthetic(path, cfg, seed=77, tokenizer_json=minimal_tokenizer_json(),
+                    formats=recipe_formats(cfg, "q4_k_m"))
+    f = NanoqwenFile(path)
+    rng = np.random.default_rng(99)
+    ids = rng.integers(0, cfg.vocab_size, 301).tolist()
+    want = ref.Model(ref.Weights.from_nanoqwen(f, np.float32), max_tokens=512, rng=rng).forward(ids)
+    backend = GPUBackend(f, max_context=512, rng=rng)
+    step = backend.decode_step
+    regs, fmt = Prefill(step), Prefill(step, q4k_gemm=False)
+    try:
+        roles = {nl.name.split(".", 1)[1] for nl in regs.launches(64)}
+        assert "qk_proj" in roles, f"q and k should run stacked on the Q4_K GEMM: {sorted(roles)}"
+        assert {"q_proj", "k_proj"} <= {nl.name.split(".", 1)[1] for nl in fmt.launches(64)}
+        for t in (17, 300):
+            regs.run(ids[:t])
+            step.sync()
+            got = step.logits()
+            fmt.run(ids[:t])
+            step.sync()
+            other = step.logits()
+            err, gap = rel_l2(got, want[t - 1]), rel_l2(got, other)
+            print(f"q4_k_m T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against gemm_fmt_wgmma")
+            assert np.isfinite(got).all() and err <= TOL_LOGITS and gap <= TOL_LOGITS
+    finally:
+        regs.close()
+        fmt.close()
+        backend.close()
+        f.close()

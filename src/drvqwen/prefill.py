@@ -89,6 +89,8 @@ from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
+from .launchers import gemm_q4k
+from .launchers.gemm_q4k import GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
@@ -186,6 +188,9 @@ class Prefill:
             "all_rows" (LAST_LAYER_MODES; module doc).
         late_attention_from: chunks starting at this position or later run the range schedule
             (LATE_ATTENTION_ENGINE) where the engine is "wgmma" and the head dim 128; None: never.
+        q4k_gemm: per-tensor formats on the wgmma GEMMs: Q4_K projections on gemm_int4.cu's
+            mainloop, unpacked in the consumers' registers (launchers/gemm_q4k.py); False runs
+            them on gemm_fmt_wgmma.cu as every other format (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -193,7 +198,8 @@ class Prefill:
     def __init__(self, decode_step: DecodeStep, max_chunk_rows: int = DEFAULT_CHUNK_ROWS, mode: str = "gemm",
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
-                 last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM):
+                 last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
+                 q4k_gemm: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -213,6 +219,8 @@ class Prefill:
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
+        # Q4_K projections on the register-unpack GEMMs (gemm_q4k.py), where fmt_gemm is "wgmma".
+        self.q4k_gemm = q4k_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
@@ -291,11 +299,15 @@ class Prefill:
         else:
             shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
                       if gemm_fmt_wgmma.fits(k)]
+            if self.q4k_gemm:  # q and k stacked on the Q4_K GEMMs
+                shapes.append((blocks(nq + nkv), D))
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        need = [split_k_need(rows, blocks, k, tile_tokens=tile)
-                for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes]
+        # The Q4_K GEMMs plan at 64 tokens too (gemm_q4k.py): the scratch covers either build.
+        tiles = (tile, 64) if tile is not None and self.q4k_gemm else (tile,)
+        need = [split_k_need(rows, blocks, k, tile_tokens=bm)
+                for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes for bm in tiles]
         return max(u for u, _ in need), max(t for _, t in need)
 
     # ---- launch lists ---------------------------------------------------------------------------
@@ -428,12 +440,7 @@ class Prefill:
             steps += [
                 (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, threads=nt,
                                                   stream=st)),
-                (f"L{l}.q_proj", Rows(qkv, xn, pw["q_proj"], ps, n=nq, k=D, rows=R, ldo=ld, stream=st, defines=defs,
-                                      **sk[Rows])),
-                (f"L{l}.k_proj", Rows(qkv, xn, pw["k_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq, stream=st,
-                                      defines=defs, **sk[Rows])),
-                (f"L{l}.v_proj", Rows(qkv, xn, pw["v_proj"], ps, n=nkv, k=D, rows=R, ldo=ld, col0=nq + nkv,
-                                      stream=st, defines=defs, **sk[Rows])),
+                *self._qkv_launches(l, Rows, qkv, xn, pw, ps, R, ld, defs, sk[Rows]),
                 (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
                                              ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
                                              head_dim=Dh, stream=st)),
@@ -447,16 +454,50 @@ class Prefill:
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
-                (f"L{l}.o_proj", ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
-                                           defines=defs, **sk[ResidualO])),
+                (f"L{l}.o_proj", GemmQ4kResidualRows(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
+                                                     split_k=self.split_k)
+                 if self._q4k(pw["o_proj"], nq) else
+                 ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st, defines=defs, **sk[ResidualO])),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, threads=nt, stream=st)),
-                (f"L{l}.gate_up_swiglu", GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R,
-                                                stream=st, defines=defs, **sk[GateUp])),
-                (f"L{l}.down_proj", ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
-                                                 defines=defs, **sk[ResidualDown])),
+                (f"L{l}.gate_up_swiglu", GemmQ4kGateUpSwigluRows(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D,
+                                                                 rows=R, stream=st, split_k=self.split_k)
+                 if self._q4k(pw["gate_proj"], D) and self._q4k(pw["up_proj"], D) else
+                 GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R, stream=st, defines=defs,
+                        **sk[GateUp])),
+                (f"L{l}.down_proj", GemmQ4kResidualRows(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
+                                                        split_k=self.split_k)
+                 if self._q4k(pw["down_proj"], F) else
+                 ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st, defines=defs,
+                              **sk[ResidualDown])),
             ]
         return self._named(R, steps)
+
+    def _q4k(self, w, k: int) -> bool:
+        """Whether projection weight `w` (input width k) runs on the Q4_K register-unpack GEMMs."""
+        return self.q4k_gemm and gemm_q4k.fits(w, k)
+
+    def _qkv_launches(self, l: int, Rows, qkv, xn, pw: dict, ps, R: int, ld: int, defs: tuple,
+                      sk: dict) -> list[tuple[str, Launcher]]:
+        """Layer l's q, k and v projections in per-tensor formats into their columns of qkv: q and
+        k both in Q4_K as one launch of the register-unpack GEMM (`L{l}.qk_proj`), a Q4_K one alone
+        on it; the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
+        cfg, st = self.config, self.decode_step.stream
+        D, nq, nkv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
+        wq, wk, wv = pw["q_proj"], pw["k_proj"], pw["v_proj"]
+        q4k = lambda w, n, col: GemmQ4kStackedRows(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col,  # noqa: E731
+                                                   stream=st, split_k=self.split_k)
+        rows = lambda w, n, col: Rows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st,  # noqa: E731
+                                      defines=defs, **sk)
+        out = []
+        if self._q4k(wq, D) and self._q4k(wk, D):
+            out.append((f"L{l}.qk_proj", GemmQ4kStackedRows(qkv, xn, [wq, wk], ps, ns=[nq, nkv], k=D, rows=R,
+                                                            ldo=ld, col0=0, stream=st, split_k=self.split_k)))
+        else:
+            out += [(f"L{l}.q_proj", (q4k if self._q4k(wq, D) else rows)(wq, nq, 0)),
+                    (f"L{l}.k_proj", (q4k if self._q4k(wk, D) else rows)(wk, nkv, nq))]
+        out.append((f"L{l}.v_proj", (q4k if self._q4k(wv, D) else rows)(wv, nkv, nq + nkv)))
+        return out
 
     def _late_attention(self, l: int, R: int, out, q, k_l, v_l) -> list[tuple[str, Launcher]]:
         """Layer l's attention on the range schedule (`L{l}.attention_late`) for the chunks from

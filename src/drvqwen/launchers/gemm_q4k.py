@@ -1,0 +1,154 @@
+"""Launchers of kernels/gemm_int4.cu's Q4_K kernels: the prefill GEMMs over Q4_K weights as the
+GGUF stores them, on gemm_int4.cu's mainloop — the consumers unpack the codes into wgmma's A
+registers with each 32-input sub-block's scale and offset (GemmQ4kScales), where
+gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
+
+    GemmQ4kStackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1]ᵀ
+                             (q and k of a layer in one launch, or one matrix)
+    GemmQ4kResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
+    GemmQ4kGateUpSwigluRows  h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ)
+
+They take FmtWeights in format q4_k (gemv_fmt.py) and plan as gemm_int4.py's launchers
+(plan_launch: persistent, stream-K ranges with a SplitKScratch), among the 64- and 128-token
+builds only: at 256 tokens the group's scale pairs do not fit beside the accumulators (the
+kernels are compiled at GEMM_BM ≤ 128 only). K must be a multiple of 256 (a super-block).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cuda import Stream
+from ..format import weight_formats as wf
+from .base import check_buffer, check_prefill_state, i32, require
+from .gemm_int4 import BLOCK_ROWS, SplitKScratch, _GemmLauncher, plan_launch, x_tensor_map
+from .gemv_fmt import FmtWeight
+
+Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
+SUPER = 256                 # inputs per super-block: K must be a multiple
+Q4K_TILES = (128, 64)       # the builds these kernels exist in (gemm_int4.cu: GEMM_BM ≤ 128)
+
+
+def fits(w: FmtWeight, k: int) -> bool:
+    """Whether these kernels take weight `w` at input width k: format q4_k, K a multiple of 256."""
+    return w.fmt.id == Q4K_ID and k > 0 and k % SUPER == 0
+
+
+def _q4k_args(w: FmtWeight, prefix: str) -> dict:
+    """<prefix>_qweight, _scales, _aux: the codes, the packed (sc, m) bytes and the (d, dmin) pairs."""
+    return {f"{prefix}_qweight": w.parts["qweight"], f"{prefix}_scales": w.parts["scales"],
+            f"{prefix}_aux": w.parts["superscales"]}
+
+
+class _GemmQ4kLauncher(_GemmLauncher):
+    def _check_q4k(self, w: FmtWeight, n: int, k: int) -> None:
+        require(w.fmt.id == Q4K_ID, f"{w.name}: format {w.fmt.name}, these kernels read q4_k only")
+        require(k > 0 and k % SUPER == 0, f"{w.name}: K={k} must be a positive multiple of {SUPER}")
+        w.check(n, k, quad=SUPER)
+
+    def _plan(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
+              blocks: int | None, tile_tokens: int | None) -> int:
+        """plan_launch over the 64- and 128-token builds (the fastest estimate), or `tile_tokens`."""
+        require(tile_tokens is None or tile_tokens in Q4K_TILES,
+                f"gemm_q4k: tile of {tile_tokens} tokens, want one of {Q4K_TILES}")
+        plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
+                 for bm in ((tile_tokens,) if tile_tokens else Q4K_TILES)]
+        self.tiling = min(plans, key=lambda t: t.us)
+        return self.tiling.tile_tokens
+
+
+class GemmQ4kStackedRows(_GemmQ4kLauncher):
+    """out fp32 [rows, ldo]: columns col0 … col0+ΣN-1 of rows < M = x fp16 [rows, K] · [W0; W1]ᵀ, one
+    or two q4_k FmtWeights stacked along N (`ws`, `ns` their row counts): a layer's q and k into
+    qkv in one launch, or v alone.
+
+    Raises:
+        LaunchError: not 1 or 2 weights, a weight not in q4_k, K not a multiple of 256, columns
+            past ldo, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, out, x, ws: list[FmtWeight], prefill_state, *, ns: list[int], k: int, rows: int, ldo: int,
+                 col0: int = 0, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
+                 blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        require(len(ws) in (1, 2) and len(ns) == len(ws),
+                f"gemm_q4k_stacked_rows: one or two weights with a row count each, got {len(ws)} and {len(ns)}")
+        for w, n in zip(ws, ns):
+            self._check_q4k(w, n, k)
+        n = sum(ns)
+        require(0 <= col0 and col0 + n <= ldo, f"gemm_q4k_stacked_rows: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
+        check_buffer(out, "out", rows * ldo, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = sum(w.nbytes(m, k) for w, m in zip(ws, ns)) + 2 * rows * k + 4 * rows * n
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        second = ws[1] if len(ws) > 1 else ws[0]  # N1 = 0: never read
+        self._build_gemm("gemm_q4k_stacked_rows", rows, n_blocks, k,
+                         dict(out=out, x_map=x_tensor_map(x, rows, k, bm), **_q4k_args(ws[0], "w0"),
+                              **_q4k_args(second, "w1"), prefill_state=prefill_state),
+                         dict(N0=i32(ns[0]), N1=i32(ns[1] if len(ns) > 1 else 0), K=i32(k), ldo=i32(ldo),
+                              col0=i32(col0)),
+                         reads=(x, prefill_state) + tuple(b for w in ws for b in w.buffers), writes=(out,),
+                         max_blocks=max_blocks, split_k=split_k)
+
+
+class GemmQ4kResidualRows(_GemmQ4kLauncher):
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q4_k (o_proj, down_proj of a prefill chunk).
+
+    Raises:
+        LaunchError: W not in q4_k, K not a multiple of 256, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
+                 tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        self._check_q4k(w, n, k)
+        check_buffer(residual, "residual", rows * n, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 8 * rows * n
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        args = _q4k_args(w, "w")
+        self._build_gemm("gemm_q4k_residual", rows, n_blocks, k,
+                         dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), qweight=args["w_qweight"],
+                              scales=args["w_scales"], aux=args["w_aux"], prefill_state=prefill_state),
+                         dict(N=i32(n), K=i32(k)),
+                         reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
+                         max_blocks=max_blocks, split_k=split_k)
+
+
+class GemmQ4kGateUpSwigluRows(_GemmQ4kLauncher):
+    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up in q4_k: a prefill chunk's MLP input half.
+
+    Raises:
+        LaunchError: gate or up not in q4_k, K not a multiple of 256, or a buffer of the wrong size
+            or dtype.
+    """
+
+    def __init__(self, h, x, gate: FmtWeight, up: FmtWeight, prefill_state, *, f: int, k: int, rows: int,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
+                 tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        self._check_q4k(gate, f, k)
+        self._check_q4k(up, f, k)
+        check_buffer(h, "h", rows * f, np.float16)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * 2 * f * k
+        self.bytes_moved = gate.nbytes(f, k) + up.nbytes(f, k) + 2 * rows * k + 2 * rows * f
+        n_blocks = -(-f // (BLOCK_ROWS // 2))  # a block holds 64 features of gate and the same 64 of up
+        bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        self._build_gemm("gemm_q4k_gate_up_swiglu", rows, n_blocks, k,
+                         dict(h=h, x_map=x_tensor_map(x, rows, k, bm), **_q4k_args(gate, "gate"),
+                              **_q4k_args(up, "up"), prefill_state=prefill_state),
+                         dict(F=i32(f), K=i32(k)),
+                         reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,),
+                         max_blocks=max_blocks, split_k=split_k)

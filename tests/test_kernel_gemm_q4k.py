@@ -1,0 +1,102 @@
+"""kernels/gemm_int4.cu's Q4_K kernels (launchers/gemm_q4k.py: the codes unpacked in the consumers'
+A registers with each sub-block's scale and offset) against float64 numpy on the weights as
+format/weight_formats.py dequantizes them.
+
+Shapes: N not a multiple of the 128-row block (rows past it read, never stored), a live row
+count M below the launch's capacity, a single token, K of one super-block and of several; both
+tile builds (64, 128 tokens), whole tiles and stream-K ranges that cut tiles. Outputs poisoned
+first; rows past M and columns outside [col0, col0 + N) must stay untouched; a second launch gives
+the same bits. The tolerance is the GEMMs' (TOL_GEMV): S = d·sc and O = dmin·m are rounded to
+FP16 before the fma, where gemm_fmt_wgmma.cu rounds the FP32 weight once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drvqwen.format import weight_formats as wf
+from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
+from drvqwen.launchers.gemm_q4k import GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows
+from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, report  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+Q4K = next(f for f in wf.FORMATS.values() if f.name == "q4_k")
+# (label, rows capacity, live M, N0, N1, K, tile, split): N1 > 0 stacks a second matrix (q | k)
+CASES = [("qk.straddle", 128, 100, 200, 72, 1280, 128, False), ("one.m1", 64, 1, 40, 0, 256, 64, False),
+         ("qk.split", 192, 130, 384, 128, 1024, 128, True), ("one.tile64.split", 128, 77, 300, 0, 2048, 64, True)]
+
+
+def _scratch(dev, rows: int, n: int, k: int, tile: int) -> SplitKScratch:
+    units, tiles = split_k_need(rows, -(-n // 128), k, tile_tokens=tile)
+    return SplitKScratch(dev.array, max(units, 1), max(tiles, 1))
+
+
+@pytest.mark.parametrize("label,rows,m,n0,n1,k,tile,split", CASES, ids=[c[0] for c in CASES])
+def test_gemm_q4k_stacked_and_residual(dev, rng, label, rows, m, n0, n1, k, tile, split):
+    ns = [n0] + ([n1] if n1 else [])
+    ws, w64s = zip(*(random_fmt_weight(dev, rng, Q4K, n, k) for n in ns))
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    w64 = np.concatenate(w64s)
+    want = x[:m].astype(np.float64) @ w64.T                              # [m, ΣN]
+    xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([5, m], np.int32))
+    n, col0 = sum(ns), 16
+    ldo = n + 24
+    out = dev.poisoned("out", (rows, ldo), np.float32)
+    sk = _scratch(dev, rows, n, k, tile) if split else None
+    ln = GemmQ4kStackedRows(out, xd, list(ws), ps, ns=ns, k=k, rows=rows, ldo=ldo, col0=col0, tile_tokens=tile,
+                            split_k=sk)
+    assert ln.tiling.tile_tokens == tile and ln.tiling.split == split, "the case should plan as its label says"
+    ln.launch()
+    got = out.download()
+    report(f"q4k.{label}.stacked", got[:m, col0:col0 + n], want, TOL_GEMV)
+    untouched = np.ones(got.shape, dtype=bool)
+    untouched[:m, col0:col0 + n] = False
+    assert np.isnan(got[untouched]).all(), "the GEMM wrote outside its rows < M and its columns"
+    out.fill_bytes(0xFF)
+    ln.launch()
+    assert_same_bits(label, got[:m, col0:col0 + n], out.download()[:m, col0:col0 + n])
+    if sk is not None:
+        assert not sk.counters.download().any(), "a split-K counter was left non-zero"
+
+    r0 = rng.standard_normal((rows, n0)).astype(np.float32)
+    res = dev.upload("residual", r0)
+    GemmQ4kResidualRows(res, xd, ws[0], ps, n=n0, k=k, rows=rows, tile_tokens=tile, split_k=sk).launch()
+    got = res.download()
+    report(f"q4k.{label}.delta", got[:m].astype(np.float64) - r0[:m], want[:, :n0], TOL_GEMV)
+    assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
+
+
+@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_gemm_q4k_gate_up_swiglu(dev, rng, tile, split):
+    """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) rounded to FP16, F = 200 (not a multiple of the 64-feature block)."""
+    rows, m, f, k = 128, 90, 200, 1536
+    (wg, g64), (wu, u64) = random_fmt_weight(dev, rng, Q4K, f, k), random_fmt_weight(dev, rng, Q4K, f, k)
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    gate, up = x[:m].astype(np.float64) @ g64.T, x[:m].astype(np.float64) @ u64.T
+    want = gate / (1 + np.exp(-gate)) * up
+    h = dev.poisoned("h", (rows, f), np.float16)
+    sk = _scratch(dev, rows, 2 * f, k, tile) if split else None
+    GemmQ4kGateUpSwigluRows(h, dev.upload("x", x), wg, wu, dev.upload("ps", np.array([0, m], np.int32)), f=f, k=k,
+                            rows=rows, tile_tokens=tile, split_k=sk).launch()
+    got = h.download()
+    report(f"q4k.gate_up.tile{tile}", got[:m].astype(np.float64), want, TOL_GEMV)
+    assert np.isnan(got[m:].astype(np.float32)).all(), "rows past M were written"
+
+
+def test_gemm_q4k_refuses_other_formats_and_k(dev, rng):
+    """A weight in another format, or K off the 256-input super-block, is refused naming it."""
+    from drvqwen.launchers.base import LaunchError
+
+    q6k = next(f for f in wf.FORMATS.values() if f.name == "q6_k")
+    w6, _ = random_fmt_weight(dev, rng, q6k, 128, 256, name="model.layers.0.mlp.down_proj")
+    xd, ps = dev.upload("x", np.zeros((64, 256), np.float16)), dev.upload("ps", np.array([0, 1], np.int32))
+    res = dev.array("res", (64 * 128,), np.float32)
+    with pytest.raises(LaunchError, match="down_proj: format q6_k"):
+        GemmQ4kResidualRows(res, xd, w6, ps, n=128, k=256, rows=64, max_blocks=132)
+    w4, _ = random_fmt_weight(dev, rng, Q4K, 128, 256)
+    with pytest.raises(LaunchError, match="K=128"):
+        GemmQ4kResidualRows(res, dev.upload("x2", np.zeros((64, 128), np.float16)), w4, ps, n=128, k=128, rows=64,
+                            max_blocks=132)
