@@ -7,6 +7,8 @@
 //                                                      = rope(X Wqᵀ + bq), rope(X Wkᵀ + bk), X Wvᵀ + bv
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
+//   gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu: the same mainloop over Q4_K
+//   weights as the GGUF stores them (bottom of the file; 64- and 128-token builds only)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
