@@ -289,33 +289,55 @@ struct GemmLaneRowsQ4k {
 };
 
 // The lane's scales of one group: S = d·sc and −O = −dmin·m of each sub-block and row as FP16
-// pairs (wf_scales: the FP32 products exact, the reference's values; each rounded once to FP16
-// here), and the unpack c·S − O as one fma.rn.f16x2 of the exact code: two roundings (S, O) and
+// pairs, and the unpack c·S − O as one fma.rn.f16x2 of the exact code: two roundings (S, O) and
 // the fma's, where gemm_fmt_wgmma.cu rounds the FP32 weight once (docs/numerics.md: within the
 // GEMMs' tolerance). Computed by every lane of a quad for its two rows (the quad shares them).
+// The decode stays in FP16 pairs: ggml's get_scale_min_k4 word-wise (the four sub-blocks of a
+// group are the four bytes of one word), each 6-bit value turned into an exact FP16 by the magic
+// number (0x64 above the byte: 1024 + v, then − 1024), and one mul.rn.f16x2 by (d, d) or
+// (−dmin, −dmin) gives two sub-blocks' S or −O, each the exact product rounded once: the values
+// wf_scales<WF_Q4_K> computes in FP32 and rounds to FP16, in a quarter of the instructions (the
+// per-value FP32 route, with its conversions, was half of this kernel's mainloop over the INT4
+// one's, by cuobjdump's instruction count).
 struct GemmQ4kScales {
     struct Group {
         u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
     };
+    // Four 6-bit values v (the bytes of v4) times the FP16 f (both halves of f2): (v·f, v·f) each.
+    __device__ static __forceinline__ void times4(u32 v4, u32 f2, u32 (&out)[4]) {
+        u32 lo = __byte_perm(v4, 0x64646464u, 0x4140);  // (1024 + v0, 1024 + v1): 0x64 above each byte
+        u32 hi = __byte_perm(v4, 0x64646464u, 0x4342);  // (1024 + v2, 1024 + v3)
+        asm("sub.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(FP16X2_1024));
+        asm("sub.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(FP16X2_1024));
+        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(f2));
+        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(f2));
+        out[0] = __byte_perm(lo, 0, 0x1010);
+        out[1] = __byte_perm(lo, 0, 0x3232);
+        out[2] = __byte_perm(hi, 0, 0x1010);
+        out[3] = __byte_perm(hi, 0, 0x3232);
+    }
     __device__ static __forceinline__ Group load(const GemmLaneRowsQ4k& r, int grp) {
         Group G;
-        const int sb = grp >> 1;
+        const int sb = grp >> 1;  // the super-block; grp & 1: its sub-blocks 0-3 or 4-7
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
             const u32* p = (row ? r.scb : r.sca) + 3 * sb;
-            WfRaw w = {};
-            w.s0 = p[0];
-            w.s1 = p[1];
-            w.s2 = p[2];
-            w.d = (row ? r.ddb : r.dda)[sb];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                float sc[1], off[1];
-                wf_scales<WF_Q4_K>(w, grp * 4 + j, sc, off);  // sub-block (4·grp + j) % 8 of the super-block
-                const __half2 s2 = __float2half2_rn(sc[0]), o2 = __float2half2_rn(off[0]);
-                G.s[row][j] = *reinterpret_cast<const u32*>(&s2);
-                G.o[row][j] = *reinterpret_cast<const u32*>(&o2);
+            const u32 s0 = p[0], s1 = p[1], s2 = p[2], dd = (row ? r.ddb : r.dda)[sb];
+            // Byte i: sc and m of sub-block 4·(grp & 1) + i. Of the 12 packed bytes q: for j < 4
+            // sc = q[j] & 63, m = q[j + 4] & 63; else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4,
+            // m = (q[j + 4] >> 4) | (q[j] >> 6) << 4 — s0, s1, s2 hold q[0..3], q[4..7], q[8..11].
+            u32 sc, m;
+            if (grp & 1) {
+                sc = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+                m = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+            } else {
+                sc = s0 & 0x3F3F3F3Fu;
+                m = s1 & 0x3F3F3F3Fu;
             }
+            const u32 d2 = __byte_perm(dd, 0, 0x1010);                   // (d, d)
+            const u32 nm2 = __byte_perm(dd, 0, 0x3232) ^ 0x80008000u;    // (−dmin, −dmin)
+            times4(sc, d2, G.s[row]);
+            times4(m, nm2, G.o[row]);
         }
         return G;
     }
