@@ -225,6 +225,9 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
 #define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
 #define GEMM_SMEM_BYTES     (GEMM_STAGES * GEMM_STAGE_BYTES + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
+// A format with a high-bit plane (Q6_K: bits 4–5 of each code, 32 B a row and group) adds it to
+// every stage behind the code words: the stage of policy Sc (below) is gemm_stage_bytes<Sc>().
+#define GEMM_HIGH_ROW_BYTES 32
 static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
@@ -268,12 +271,14 @@ struct GemmLaneRows {
 // fragments(): the group's A fragments from the words of rows g and g+8.
 // INT4 (layout id 1): one FP16 scale per row and group, w = (c − 8)·s.
 struct GemmInt4Scales {
+    static constexpr int HIGH_ROW_BYTES = 0;  // no high-bit plane in the stage
     struct Group {
         __half a, b;
     };
     __device__ static __forceinline__ Group load(const GemmLaneRows& r, int grp) { return Group{r.sa[grp], r.sb[grp]}; }
-    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
-                                                     const Group& s, u32 (&frag)[GEMM_K_STEPS][4]) {
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[2],
+                                                     const uint4 (&)[2], int shift, const Group& s,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
         gemm_a_fragments(ra, rb, shift, s.a, s.b, frag);
     }
 };
@@ -299,23 +304,30 @@ struct GemmLaneRowsQ4k {
 // wf_scales<WF_Q4_K> computes in FP32 and rounds to FP16, in a quarter of the instructions (the
 // per-value FP32 route, with its conversions, was half of this kernel's mainloop over the INT4
 // one's, by cuobjdump's instruction count).
+// Four bytes b of v4 as the values b − (MAGIC − 1024), each times the FP16 f (both halves of f2):
+// (x·f, x·f) in o0 … o3. The byte under 0x64 is the FP16 1024 + b; one sub.f16x2 of MAGIC makes
+// x exact, one mul.rn.f16x2 rounds x·f once — two values per instruction, then each broadcast
+// to both halves (the A fragments' pairs share a row). MAGIC 1024 reads unsigned bytes; 1152
+// reads int8 biased by 128 (x ^ 0x80).
+template <u32 MAGIC>
+__device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o1, u32& o2, u32& o3) {
+    u32 lo = __byte_perm(v4, 0x64646464u, 0x4140);  // (1024 + b0, 1024 + b1): 0x64 above each byte
+    u32 hi = __byte_perm(v4, 0x64646464u, 0x4342);  // (1024 + b2, 1024 + b3)
+    asm("sub.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(MAGIC));
+    asm("sub.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(MAGIC));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(f2));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(f2));
+    o0 = __byte_perm(lo, 0, 0x1010);
+    o1 = __byte_perm(lo, 0, 0x3232);
+    o2 = __byte_perm(hi, 0, 0x1010);
+    o3 = __byte_perm(hi, 0, 0x3232);
+}
+
 struct GemmQ4kScales {
+    static constexpr int HIGH_ROW_BYTES = 0;
     struct Group {
         u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
     };
-    // Four 6-bit values v (the bytes of v4) times the FP16 f (both halves of f2): (v·f, v·f) each.
-    __device__ static __forceinline__ void times4(u32 v4, u32 f2, u32 (&out)[4]) {
-        u32 lo = __byte_perm(v4, 0x64646464u, 0x4140);  // (1024 + v0, 1024 + v1): 0x64 above each byte
-        u32 hi = __byte_perm(v4, 0x64646464u, 0x4342);  // (1024 + v2, 1024 + v3)
-        asm("sub.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(FP16X2_1024));
-        asm("sub.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(FP16X2_1024));
-        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(f2));
-        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(f2));
-        out[0] = __byte_perm(lo, 0, 0x1010);
-        out[1] = __byte_perm(lo, 0, 0x3232);
-        out[2] = __byte_perm(hi, 0, 0x1010);
-        out[3] = __byte_perm(hi, 0, 0x3232);
-    }
     __device__ static __forceinline__ Group load(const GemmLaneRowsQ4k& r, int grp) {
         Group G;
         const int sb = grp >> 1;  // the super-block; grp & 1: its sub-blocks 0-3 or 4-7
@@ -336,8 +348,8 @@ struct GemmQ4kScales {
             }
             const u32 d2 = __byte_perm(dd, 0, 0x1010);                   // (d, d)
             const u32 nm2 = __byte_perm(dd, 0, 0x3232) ^ 0x80008000u;    // (−dmin, −dmin)
-            times4(sc, d2, G.s[row]);
-            times4(m, nm2, G.o[row]);
+            gemm_scale_pairs<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1], G.s[row][2], G.s[row][3]);
+            gemm_scale_pairs<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1], G.o[row][2], G.o[row][3]);
         }
         return G;
     }
@@ -349,8 +361,9 @@ struct GemmQ4kScales {
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
         return out;
     }
-    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], int shift,
-                                                     const Group& G, u32 (&frag)[GEMM_K_STEPS][4]) {
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[2],
+                                                     const uint4 (&)[2], int shift, const Group& G,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             const int j = s / 2;  // the sub-block of k step s
@@ -372,6 +385,80 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
     dd = aux + (u64)r * (K / 256);
 }
 
+// Q6_K (weight_formats.cuh, id 12): the codes c = v + 16h, v the low nibble in layout id 1 (the
+// INT4 words: the same lop3 picks a lane's pair) and h two high bits in the qhigh plane — for
+// nibble p of code word j, bits 4p + 2(j % 2) of high word j/2, at the nibble's own position —
+// one int8 sc per 16-input sub-block (one k step) and the FP16 d per 256-input super-block:
+// w = (d·sc)(c − 32). The high words travel with the codes through the stage (the producer copies
+// 32 B a row and group); the scales are read from global memory one group ahead, as Q4_K's.
+#define FP16X2_1056 0x64206420u  // (1024 + 32, 1024 + 32): the magic number and Q6_K's zero point
+#define FP16X2_1152 0x64806480u  // (1024 + 128, 1024 + 128): the magic number and the int8 bias
+struct GemmLaneRowsQ6k {
+    const u32* wa;  const u32* wb;    // the rows' code words
+    const u32* ha;  const u32* hb;    // the rows' high-bit words
+    const u32* sca; const u32* scb;   // the rows' int8 sc, four a word: two words a group
+    const unsigned short* da; const unsigned short* db;  // the rows' FP16 d, one per super-block
+};
+
+// The lane's scales of one group: S = d·sc of each k step and row as FP16 pairs (the exact
+// product rounded once, gemm_scale_pairs on the int8 biased by 128), and the unpack
+// (c − 32)·S: the exact c − 32 by one sub.f16x2 of 1024 + 32, one mul.rn.f16x2 — two roundings
+// (S, the product), as Q4_K's (docs/numerics.md).
+struct GemmQ6kScales {
+    static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
+    struct Group {
+        u32 s[2][GEMM_K_STEPS];  // [row g, g+8][k step] half2 (S, S)
+    };
+    __device__ static __forceinline__ Group load(const GemmLaneRowsQ6k& r, int grp) {
+        Group G;
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            const uint2 sc = *reinterpret_cast<const uint2*>((row ? r.scb : r.sca) + 2 * grp);  // 8-byte aligned
+            const u32 d = (row ? r.db : r.da)[grp >> 1];
+            const u32 d2 = d | (d << 16);  // (d, d)
+            u32* o = G.s[row];
+            gemm_scale_pairs<FP16X2_1152>(sc.x ^ 0x80808080u, d2, o[0], o[1], o[2], o[3]);
+            gemm_scale_pairs<FP16X2_1152>(sc.y ^ 0x80808080u, d2, o[4], o[5], o[6], o[7]);
+        }
+        return G;
+    }
+    // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
+    // sit at bits 4–5 and 20–21) as (c − 32, c − 32) exact, then times S.
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2) {
+        const u32 m = lop3_and_or(hpos, 0x00300030u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
+        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, m);  // (1024 + c0, 1024 + c1), c ≤ 63
+        u32 q, out;
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1056));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
+        return out;
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&ha)[2],
+                                                     const uint4 (&hb)[2], int shift, const Group& G,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            // k step s: code words 2s, 2s+1 and high word s; pair t's high bits at 4t + {0, 2}
+            const u32 hA = wf_word(ha[s / 4], s % 4) >> shift, hB = wf_word(hb[s / 4], s % 4) >> shift;
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << 4, shift, G.s[0][s]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << 4, shift, G.s[1][s]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << 2, shift, G.s[0][s]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << 2, shift, G.s[1][s]);
+        }
+    }
+};
+
+// Row `row` (clamped into the matrix) of a Q6_K weight [n, K] into the lane-rows slot `which`
+// (0: row g, 1: row g+8).
+__device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32* qhigh, const u32* scales,
+                                                  const unsigned short* aux, int row, int n, int K, int which,
+                                                  GemmLaneRowsQ6k& out) {
+    const u64 r = (u64)min(row, n - 1);
+    (which ? out.wb : out.wa) = qweight + r * (K / 8);
+    (which ? out.hb : out.ha) = qhigh + r * (K / 16);
+    (which ? out.scb : out.sca) = scales + r * (K / 64);
+    (which ? out.db : out.da) = aux + r * (K / 256);
+}
+
 __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
                                               const u32*& w, const __half*& s) {
     const int r = min(row, n - 1);
@@ -391,13 +478,18 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64
 // is for all of them (wait_group 0): rewriting A registers while an MMA that reads any A
 // register is in flight makes ptxas serialise every wgmma of the kernel (its C7513 "Potential
 // Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
+// The bytes of one stage under policy Sc: X, the code words, and the high-bit plane if Sc has one
+// (a multiple of 1024 either way: the swizzle atoms of the next stage's X).
+template <typename Sc>
+__host__ __device__ constexpr int gemm_stage_bytes() { return GEMM_STAGE_BYTES + GEMM_BLOCK_ROWS * Sc::HIGH_ROW_BYTES; }
+
 template <typename Sc>
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, const typename Sc::Group& sc,
                                            const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
     const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
     mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
-    const unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+    const unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
     // Rows local and local+8 of the stage's weights, 64 B each. The 8 rows g of one instruction
     // are 64 B apart: each 8-lane phase of a 16-byte load reads 2 addresses, conflict-free.
     const uint4* w = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
@@ -407,7 +499,18 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         ra[i] = w[i];
         rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
     }
-    Sc::fragments(ra, rb, shift, sc, frag);
+    // Rows local and local+8 of the high-bit plane behind the code words (32 B each), for the
+    // formats that have one: the same 2-addresses-a-phase pattern as the codes.
+    uint4 ha[2] = {}, hb[2] = {};
+    if constexpr (Sc::HIGH_ROW_BYTES > 0) {
+        const uint4* h = reinterpret_cast<const uint4*>(st + GEMM_STAGE_BYTES + local * Sc::HIGH_ROW_BYTES);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            ha[i] = h[i];
+            hb[i] = h[8 * Sc::HIGH_ROW_BYTES / 16 + i];
+        }
+    }
+    Sc::fragments(ra, rb, ha, hb, shift, sc, frag);
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
     wgmma_fence();
@@ -454,7 +557,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // mainloop's critical path.
     const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gemm_smem_raw));
     unsigned char* smem = gemm_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * GEMM_STAGE_BYTES);
+    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * gemm_stage_bytes<Sc>());
     u64* x_empty = full + GEMM_STAGES;
     u64* w_empty = x_empty + GEMM_STAGES;
 
@@ -497,16 +600,28 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
                 const int s = it % GEMM_STAGES;
                 if (it >= GEMM_STAGES) mbarrier_wait_parity(&w_empty[s], ((it / GEMM_STAGES) - 1) & 1);
-                unsigned char* st = smem + s * GEMM_STAGE_BYTES;
+                unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
                 unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
+                int rb = un.rb;
+                // With a high plane the 8 warp tiles' four pointers would be hoisted out of the
+                // group loop (64 registers, past the producer's 104: 88 B spilled, ptxas); hiding
+                // rb's value each group keeps them computed where they are used.
+                if constexpr (Sc::HIGH_ROW_BYTES > 0) asm volatile("" : "+r"(rb));
 #pragma unroll
                 for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
                     // The rows again each group, not held across the loop: held, the 8 warp
                     // tiles' pointers spill in the 72 registers of the GEMM_BM 256 build (48–56 B
                     // in two kernels, ptxas); the producer has time to spare for the arithmetic.
-                    const auto r = rows_of(un.rb, w * INT4_TILE_ROWS + g);
+                    const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    if constexpr (Sc::HIGH_ROW_BYTES > 0) {  // the rows' 32 B of high bits: lanes t < 2, 16 B each
+                        unsigned char* h_st = st + GEMM_STAGE_BYTES + g * Sc::HIGH_ROW_BYTES + 16 * t;
+                        if (t < 2) {
+                            cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * (INT4_GROUP / 16) + 4 * t, true);
+                            cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * (INT4_GROUP / 16) + 4 * t, true);
+                        }
+                    }
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
                 if (lane == 0) {
@@ -911,6 +1026,75 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
     }), GemmQ4kScales{});
+}
+
+// ---- Q6_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
+// gemm_int4_block with GemmQ6kScales: each stage also holds the tile rows' high-bit words (32 B a
+// row and group, 4 KB: GEMM_Q6K_SMEM_BYTES), copied by the producer beside the code words and
+// released by the same barriers. Built at GEMM_BM ≤ 128 (as Q4_K's). Weights [N, K], K a
+// multiple of 256: qweight u32 [N, K/8] (layout id 1, the low nibbles), qhigh u32 [N, K/16],
+// scales int8 [N, K/16] (read as u32 words), aux fp16 [N, K/256] (d).
+#define GEMM_Q6K_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ6kScales>() + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
+static_assert(GEMM_Q6K_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// rows_of for one Q6_K matrix; the lane's row g is also written to *ra.
+struct GemmQ6kOneMatrixRows {
+    const u32* qweight;
+    const u32* qhigh;
+    const u32* scales;
+    const unsigned short* aux;
+    int N, K;
+    int* ra;
+    __device__ __forceinline__ GemmLaneRowsQ6k operator()(int rb, int local) const {
+        GemmLaneRowsQ6k r;
+        *ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_q6k_lane_row(qweight, qhigh, scales, aux, *ra, N, K, 0, r);
+        gemm_q6k_lane_row(qweight, qhigh, scales, aux, *ra + 8, N, K, 1, r);
+        return r;
+    }
+};
+
+// residual += X Wᵀ in FP32, W in Q6_K (down_proj in llama.cpp's Q4_K_M on some layers). As
+// gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q6k_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
+                  const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                  const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1)
+                  const u32* __restrict__ qhigh,           // [N, K/16] uint32, the high bits
+                  const u32* __restrict__ scales,          // [N, K/16] int8 sc, as [N, K/64] uint32
+                  const unsigned short* __restrict__ aux,  // [N, K/256] fp16 d
+                  const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
+                  float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                  int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                  int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters},
+                    GemmQ6kOneMatrixRows{qweight, qhigh, scales, aux, N, K, &ra}, GemmResidualAdd{residual, N, &ra},
+                    GemmQ6kScales{});
+}
+
+// out[token, col0 + n] = X Wᵀ in FP32, W in Q6_K: v_proj into its columns of qkv (llama.cpp's
+// Q4_K_M keeps v in Q6_K on some layers). Tiles: ceil(M/GEMM_BM) × ceil(N/128).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N-1 written
+              const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K]
+              const u32* __restrict__ qweight,           // [N, K/8] uint32
+              const u32* __restrict__ qhigh,             // [N, K/16] uint32
+              const u32* __restrict__ scales,            // [N, K/64] uint32 (int8 sc)
+              const unsigned short* __restrict__ aux,    // [N, K/256] fp16 d
+              const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+              float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+              int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+              int N, int K, int ldo, int col0) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters},
+                    GemmQ6kOneMatrixRows{qweight, qhigh, scales, aux, N, K, &ra},
+                    gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
+        if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
+    }), GemmQ6kScales{});
 }
 
 #endif  // GEMM_BM <= 128

@@ -197,7 +197,7 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                                          w, w, ps, f=D, k=D, rows=R)),
             ("gemm_fmtw_rows", GemmFmtwRows(_buf("qkv", R * 3 * D, np.float32), xw, w, ps, n=D, k=D, rows=R, ldo=3 * D,
                                             col0=D, max_blocks=132)),
-            *_q4k_launchers(ps, R, xw),
+            *_kquant_launchers(ps, R, xw),
             ("gemm_fmtw_residual", GemmFmtwResidualRows(_buf("res", R * D, np.float32), xw, w, ps, n=D, k=D, rows=R,
                                                         max_blocks=132)),
             ("gemm_fmtw_gate_up", GemmFmtwGateUpSwigluRows(_buf("h", R * D, np.float16), xw, w, w, ps, f=D, k=D, rows=R,
@@ -207,21 +207,30 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     return out
 
 
-def _q4k_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
-    """gemm_int4.cu's Q4_K kernels (launchers/gemm_q4k.py) on a q4_k weight of K = D = 1024."""
-    from drvqwen.launchers.gemm_q4k import GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows
+def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
+    """gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py) on q4_k and q6_k weights of K = D = 1024."""
+    from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows,
+                                               GemmQ6kResidualRows, GemmQ6kRows)
 
     D = 1024
-    fmt = next(f for f in wf.FORMATS.values() if f.name == "q4_k")
-    w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                        for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
+
+    def weight(fmt_name: str) -> FmtWeight:
+        fmt = next(f for f in wf.FORMATS.values() if f.name == fmt_name)
+        return FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
+                               for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
+
+    w, w6 = weight("q4_k"), weight("q6_k")
     x = DeviceArray("xq", 1 << 21, (R, D), np.float16)
     return [("gemm_q4k_stacked", GemmQ4kStackedRows(_buf("qkv", R * 3 * D, np.float32), x, [w, w], ps, ns=[D, D], k=D,
                                                     rows=R, ldo=3 * D, max_blocks=132)),
             ("gemm_q4k_residual", GemmQ4kResidualRows(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
                                                       max_blocks=132)),
             ("gemm_q4k_gate_up", GemmQ4kGateUpSwigluRows(_buf("h", R * D, np.float16), x, w, w, ps, f=D, k=D, rows=R,
-                                                         max_blocks=132))]
+                                                         max_blocks=132)),
+            ("gemm_q6k_rows", GemmQ6kRows(_buf("qkv", R * 3 * D, np.float32), x, w6, ps, n=D, k=D, rows=R, ldo=3 * D,
+                                          col0=D, max_blocks=132)),
+            ("gemm_q6k_residual", GemmQ6kResidualRows(_buf("res", R * D, np.float32), x, w6, ps, n=D, k=D, rows=R,
+                                                      max_blocks=132))]
 
 
 def gguf_like_formats(cfg) -> dict[str, int]:

@@ -272,11 +272,12 @@ def test_late_chunks_run_the_range_schedule(model):
         split.close()
 
 
-def test_q4k_register_gemms_match_the_format_gemms(tmp_path):
+def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout with K a multiple of 256 (recipe_formats: Q4_K
-    everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the Q4_K projections on
-    gemm_int4.cu's register-unpack kernels (`qk_proj`, Q4_K o_proj/gate_up/down) against the same
-    on gemm_fmt_wgmma.cu (`q4k_gemm=False`) and against the reference, at 17 and 300 tokens."""
+    everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the K-quant
+    projections on gemm_int4.cu's register-unpack kernels (`qk_proj`, Q4_K o_proj/gate_up/down, Q6_K
+    v/down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
+    at 17 and 300 tokens."""
     from dataclasses import replace
 
     from drvqwen.engine import GPUBackend
@@ -294,12 +295,15 @@ def test_q4k_register_gemms_match_the_format_gemms(tmp_path):
     want = ref.Model(ref.Weights.from_nanoqwen(f, np.float32), max_tokens=512, rng=rng).forward(ids)
     backend = GPUBackend(f, max_context=512, rng=rng)
     step = backend.decode_step
-    regs, fmt = Prefill(step), Prefill(step, q4k_gemm=False)
+    regs, fmt = Prefill(step), Prefill(step, kquant_gemm=False)
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
         assert "qk_proj" in roles(regs), f"q and k should run stacked on the Q4_K GEMM: {sorted(roles(regs))}"
         assert {"q_proj", "k_proj"} <= roles(fmt)
+        kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
+        assert {"gemm_q4k_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, sorted(kernels)
+        assert not any(k.startswith("gemm_q") for k in {nl.spec.kernel.kernel for nl in fmt.launches(64)})
         for t in (17, 300):
             regs.run(ids[:t])
             step.sync()

@@ -154,14 +154,14 @@ def kv_bytes_read(config, seq_len: int) -> int:
 
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
                  last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True,
-                 q4k_gemm: bool = True):
+                 kquant_gemm: bool = True):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
     attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES; without
     `attention_splits` every attention query tile runs whole; without `attention_late` every chunk
     on the one engine, none switching to the range schedule late in a long prompt; without
-    `q4k_gemm` Q4_K projections on gemm_fmt_wgmma.cu), or None where that module does not exist
+    `kquant_gemm` Q4_K and Q6_K projections on gemm_fmt_wgmma.cu), or None where that module does not exist
     in this checkout."""
     try:
         from .prefill import ATTENTION_ENGINE, LATE_ATTENTION_FROM, Prefill
@@ -169,7 +169,7 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
         return None
     return Prefill(dec, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
                    last_layer=last_layer, attention_splits=attention_splits,
-                   late_attention_from=LATE_ATTENTION_FROM if attention_late else None, q4k_gemm=q4k_gemm)
+                   late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm)
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -261,7 +261,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               kernels: bool = False, prefill_gemm: str = "wgmma", prefill_rope: str = "epilogue",
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
-              prefill_q4k: str = "registers", decode: str = "per-launch",
+              prefill_kquant: str = "registers", decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
@@ -286,7 +286,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             "all_rows" (prefill.LAST_LAYER_MODES), to compare them.
         prefill_attention_splits: let the prefill's attention cut its query tiles' positions over
             blocks (the prefill's KV splits); False runs every tile whole, to compare.
-        prefill_q4k: Q4_K projections on the register-unpack GEMMs ("registers") or on
+        prefill_kquant: Q4_K and Q6_K projections on the register-unpack GEMMs ("registers") or on
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
@@ -338,7 +338,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
         prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
-                                prefill_attention_splits, prefill_attention_late, prefill_q4k == "registers")
+                                prefill_attention_splits, prefill_attention_late, prefill_kquant == "registers")
                    if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
@@ -367,7 +367,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prefill_attention_splits": ("auto" if prefill_attention_splits else "none")
                                                      if prefill is not None else None,
                          "prefill_attention_late_from": getattr(prefill, "late_from", None),
-                         "prefill_q4k": prefill_q4k if prefill is not None else None,
+                         "prefill_kquant": prefill_kquant if prefill is not None else None,
                          "prefill_last_layer": (("last_row" if prefill.last_row else "all_rows")
                                                 if prefill is not None else None),
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
@@ -527,8 +527,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-attention-late", choices=("auto", "none"), default="auto",
                    help="a long prompt's chunks from the prefill's switch position on: the range-scheduled "
                         "attention where the prefill picks it (default), or none (to compare)")
-    p.add_argument("--prefill-q4k", choices=("registers", "fmt"), default="registers",
-                   help="Q4_K projections: unpacked in the GEMM's registers (gemm_int4.cu's Q4_K kernels, default) "
+    p.add_argument("--prefill-kquant", choices=("registers", "fmt"), default="registers",
+                   help="Q4_K and Q6_K projections: unpacked in the GEMM's registers (gemm_int4.cu's K-quant "
+                        "kernels, default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
@@ -601,7 +602,7 @@ def cmd_bench(args) -> int:
                         prefill_attention=args.prefill_attention, prefill_last_layer=args.prefill_last_layer,
                         prefill_attention_splits=args.prefill_attention_splits == "auto",
                         prefill_attention_late=args.prefill_attention_late == "auto",
-                        prefill_q4k=args.prefill_q4k, decode=args.decode,
+                        prefill_kquant=args.prefill_kquant, decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

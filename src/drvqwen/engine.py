@@ -73,7 +73,8 @@ from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .generate import DecodeVerify, check_rollback, reused_prefix
 from .launchers.gemm_int4 import TILE_DEFINES as GEMM_INT4_TILE_DEFINES
-from .launchers.gemm_q4k import Q4K_ID as GEMM_Q4K_ID, Q4K_TILES as GEMM_Q4K_TILES
+from .launchers.gemm_kquant import KQUANT_TILES as GEMM_KQUANT_TILES, Q4K_ID as GEMM_Q4K_ID, \
+    Q6K_ID as GEMM_Q6K_ID
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
@@ -146,7 +147,7 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
     and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's 64/128-token builds where
-    it has Q4_K weights) and the token choice's and hand-over's
+    it has Q4_K or Q6_K weights) and the token choice's and hand-over's
     (sampling.cu). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
@@ -168,10 +169,10 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # gemm_int4.cu in each tile size's build: the prefill picks one per GEMM shape and row count.
     if "gemm_int4" in prefill_files:
         wanted |= {("gemm_int4", defines) for defines in GEMM_INT4_TILE_DEFINES.values()}
-    # Per-tensor formats with Q4_K weights: gemm_int4.cu's Q4_K kernels (launchers/gemm_q4k.py) in
-    # the builds they exist in.
-    elif formats and GEMM_Q4K_ID in formats.values():
-        wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in GEMM_Q4K_TILES}
+    # Per-tensor formats with Q4_K or Q6_K weights: gemm_int4.cu's K-quant kernels
+    # (launchers/gemm_kquant.py) in the builds they exist in.
+    elif formats and {GEMM_Q4K_ID, GEMM_Q6K_ID} & set(formats.values()):
+        wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in GEMM_KQUANT_TILES}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
 

@@ -89,8 +89,10 @@ from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
-from .launchers import gemm_q4k
-from .launchers.gemm_q4k import GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows
+from .launchers import gemm_kquant
+from .launchers.gemm_kquant import Q4K_ID, Q6K_ID
+from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows, GemmQ6kResidualRows,
+                                    GemmQ6kRows)
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
@@ -188,9 +190,9 @@ class Prefill:
             "all_rows" (LAST_LAYER_MODES; module doc).
         late_attention_from: chunks starting at this position or later run the range schedule
             (LATE_ATTENTION_ENGINE) where the engine is "wgmma" and the head dim 128; None: never.
-        q4k_gemm: per-tensor formats on the wgmma GEMMs: Q4_K projections on gemm_int4.cu's
-            mainloop, unpacked in the consumers' registers (launchers/gemm_q4k.py); False runs
-            them on gemm_fmt_wgmma.cu as every other format (to compare).
+        kquant_gemm: per-tensor formats on the wgmma GEMMs: Q4_K and Q6_K projections on
+            gemm_int4.cu's mainloop, unpacked in the consumers' registers (launchers/gemm_kquant.py);
+            False runs them on gemm_fmt_wgmma.cu as every other format (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -199,7 +201,7 @@ class Prefill:
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
                  last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
-                 q4k_gemm: bool = True):
+                 kquant_gemm: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -219,8 +221,8 @@ class Prefill:
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
-        # Q4_K projections on the register-unpack GEMMs (gemm_q4k.py), where fmt_gemm is "wgmma".
-        self.q4k_gemm = q4k_gemm and fmt_gemm == "wgmma"
+        # Q4_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
+        self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
@@ -299,13 +301,13 @@ class Prefill:
         else:
             shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
                       if gemm_fmt_wgmma.fits(k)]
-            if self.q4k_gemm:  # q and k stacked on the Q4_K GEMMs
+            if self.kquant_gemm:  # q and k stacked on the Q4_K GEMMs
                 shapes.append((blocks(nq + nkv), D))
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        # The Q4_K GEMMs plan at 64 tokens too (gemm_q4k.py): the scratch covers either build.
-        tiles = (tile, 64) if tile is not None and self.q4k_gemm else (tile,)
+        # The K-quant GEMMs plan at 64 tokens too (gemm_kquant.py): the scratch covers either build.
+        tiles = (tile, 64) if tile is not None and self.kquant_gemm else (tile,)
         need = [split_k_need(rows, blocks, k, tile_tokens=bm)
                 for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes for bm in tiles]
         return max(u for u, _ in need), max(t for _, t in need)
@@ -454,49 +456,59 @@ class Prefill:
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
-                (f"L{l}.o_proj", GemmQ4kResidualRows(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st,
-                                                     split_k=self.split_k)
-                 if self._q4k(pw["o_proj"], nq) else
-                 ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st, defines=defs, **sk[ResidualO])),
+                (f"L{l}.o_proj", self._kquant_residual(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R)
+                 or ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st, defines=defs, **sk[ResidualO])),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
                                                            rows=R, threads=nt, stream=st)),
                 (f"L{l}.gate_up_swiglu", GemmQ4kGateUpSwigluRows(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D,
                                                                  rows=R, stream=st, split_k=self.split_k)
-                 if self._q4k(pw["gate_proj"], D) and self._q4k(pw["up_proj"], D) else
+                 if self._kquant(pw["gate_proj"], D) == self._kquant(pw["up_proj"], D) == Q4K_ID else
                  GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R, stream=st, defines=defs,
                         **sk[GateUp])),
-                (f"L{l}.down_proj", GemmQ4kResidualRows(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st,
-                                                        split_k=self.split_k)
-                 if self._q4k(pw["down_proj"], F) else
-                 ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st, defines=defs,
+                (f"L{l}.down_proj", self._kquant_residual(res, h, pw["down_proj"], ps, n=D, k=F, rows=R)
+                 or ResidualDown(res, h, pw["down_proj"], ps, n=D, k=F, rows=R, stream=st, defines=defs,
                               **sk[ResidualDown])),
             ]
         return self._named(R, steps)
 
-    def _q4k(self, w, k: int) -> bool:
-        """Whether projection weight `w` (input width k) runs on the Q4_K register-unpack GEMMs."""
-        return self.q4k_gemm and gemm_q4k.fits(w, k)
+    def _kquant(self, w, k: int) -> int | None:
+        """The format id (Q4K_ID, Q6K_ID) of projection weight `w` (input width k) where it runs on
+        the register-unpack K-quant GEMMs (gemm_kquant.py), else None."""
+        return w.fmt.id if self.kquant_gemm and gemm_kquant.fits(w, k) else None
+
+    def _kquant_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
+        """residual += x Wᵀ on the K-quant GEMM of W's format (o_proj, down_proj), or None where
+        W runs on the format GEMMs."""
+        kind = {Q4K_ID: GemmQ4kResidualRows, Q6K_ID: GemmQ6kResidualRows}.get(self._kquant(w, k))
+        return kind and kind(res, x, w, ps, n=n, k=k, rows=rows, stream=self.decode_step.stream,
+                             split_k=self.split_k)
 
     def _qkv_launches(self, l: int, Rows, qkv, xn, pw: dict, ps, R: int, ld: int, defs: tuple,
                       sk: dict) -> list[tuple[str, Launcher]]:
         """Layer l's q, k and v projections in per-tensor formats into their columns of qkv: q and
-        k both in Q4_K as one launch of the register-unpack GEMM (`L{l}.qk_proj`), a Q4_K one alone
-        on it; the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
+        k both in Q4_K as one launch of the register-unpack GEMM (`L{l}.qk_proj`), a Q4_K or Q6_K
+        one alone on its K-quant GEMM; the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
         cfg, st = self.config, self.decode_step.stream
         D, nq, nkv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
         wq, wk, wv = pw["q_proj"], pw["k_proj"], pw["v_proj"]
-        q4k = lambda w, n, col: GemmQ4kStackedRows(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col,  # noqa: E731
-                                                   stream=st, split_k=self.split_k)
-        rows = lambda w, n, col: Rows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st,  # noqa: E731
-                                      defines=defs, **sk)
+
+        def one(w, n: int, col: int) -> Launcher:
+            kind = self._kquant(w, D)
+            if kind == Q4K_ID:
+                return GemmQ4kStackedRows(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col, stream=st,
+                                          split_k=self.split_k)
+            if kind == Q6K_ID:
+                return GemmQ6kRows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st,
+                                   split_k=self.split_k)
+            return Rows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st, defines=defs, **sk)
+
         out = []
-        if self._q4k(wq, D) and self._q4k(wk, D):
+        if self._kquant(wq, D) == self._kquant(wk, D) == Q4K_ID:
             out.append((f"L{l}.qk_proj", GemmQ4kStackedRows(qkv, xn, [wq, wk], ps, ns=[nq, nkv], k=D, rows=R,
                                                             ldo=ld, col0=0, stream=st, split_k=self.split_k)))
         else:
-            out += [(f"L{l}.q_proj", (q4k if self._q4k(wq, D) else rows)(wq, nq, 0)),
-                    (f"L{l}.k_proj", (q4k if self._q4k(wk, D) else rows)(wk, nkv, nq))]
-        out.append((f"L{l}.v_proj", (q4k if self._q4k(wv, D) else rows)(wv, nkv, nq + nkv)))
+            out += [(f"L{l}.q_proj", one(wq, nq, 0)), (f"L{l}.k_proj", one(wk, nkv, nq))]
+        out.append((f"L{l}.v_proj", one(wv, nkv, nq + nkv)))
         return out
 
     def _late_attention(self, l: int, R: int, out, q, k_l, v_l) -> list[tuple[str, Launcher]]:

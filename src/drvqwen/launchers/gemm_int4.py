@@ -297,16 +297,17 @@ class _GemmLauncher(Launcher):
         return self.tiling.tile_tokens
 
     def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
-                    writes, max_blocks: int | None, split_k: SplitKScratch | None) -> None:
+                    writes, max_blocks: int | None, split_k: SplitKScratch | None, smem: int | None = None) -> None:
         """args: the kernel's parameters up to prefill_state (x_map encoded for self.tile_tokens,
         set by _tiling), dims: its shape scalars after the split-K pointers (the kernels' order: …,
-        prefill_state, split_partials, split_counters, dims…)."""
+        prefill_state, split_partials, split_counters, dims…); smem: the dynamic shared memory
+        where a kernel's stages are larger than the INT4 ones (gemm_kquant.py's Q6_K)."""
         t = self.tiling
         sk = split_k_args(split_k, t, kernel)
         scratch = (split_k.partials, split_k.counters) if t.split else ()
         self._add(KernelRef("gemm_int4", kernel, TILE_DEFINES[t.tile_tokens], pdl=True, registers=REGISTERS),
                   (t.blocks,), (THREADS,), {**args, **sk, **dims},
-                  smem_bytes=smem_bytes(t.tile_tokens), reads=(*reads, *scratch), writes=(*writes, *scratch),
+                  smem_bytes=smem or smem_bytes(t.tile_tokens), reads=(*reads, *scratch), writes=(*writes, *scratch),
                   bytes_moved=self.bytes_moved)
 
 

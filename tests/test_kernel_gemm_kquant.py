@@ -1,13 +1,15 @@
-"""kernels/gemm_int4.cu's Q4_K kernels (launchers/gemm_q4k.py: the codes unpacked in the consumers'
-A registers with each sub-block's scale and offset) against float64 numpy on the weights as
-format/weight_formats.py dequantizes them.
+"""kernels/gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: Q4_K and Q6_K codes unpacked in
+the consumers' A registers with each sub-block's scale, and Q4_K's offset) against float64 numpy
+on the weights as format/weight_formats.py dequantizes them.
 
 Shapes: N not a multiple of the 128-row block (rows past it read, never stored), a live row
 count M below the launch's capacity, a single token, K of one super-block and of several; both
 tile builds (64, 128 tokens), whole tiles and stream-K ranges that cut tiles. Outputs poisoned
 first; rows past M and columns outside [col0, col0 + N) must stay untouched; a second launch gives
 the same bits. The tolerance is the GEMMs' (TOL_GEMV): S = d·sc and O = dmin·m are rounded to
-FP16 before the fma, where gemm_fmt_wgmma.cu rounds the FP32 weight once.
+FP16 before the fma (Q6_K: S before the product), where gemm_fmt_wgmma.cu rounds the FP32 weight
+once. Q6_K's weights have negative scales too (random_fmt_weight: int8 sc in [−64, 63]) and codes
+over all 6 bits.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import pytest
 
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
-from drvqwen.launchers.gemm_q4k import GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows
+from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows,
+                                           GemmQ6kResidualRows, GemmQ6kRows)
 from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, report  # noqa: F401
 
 pytestmark = pytest.mark.gpu
 
 Q4K = next(f for f in wf.FORMATS.values() if f.name == "q4_k")
+Q6K = next(f for f in wf.FORMATS.values() if f.name == "q6_k")
 # (label, rows capacity, live M, N0, N1, K, tile, split): N1 > 0 stacks a second matrix (q | k)
 CASES = [("qk.straddle", 128, 100, 200, 72, 1280, 128, False), ("one.m1", 64, 1, 40, 0, 256, 64, False),
          ("qk.split", 192, 130, 384, 128, 1024, 128, True), ("one.tile64.split", 128, 77, 300, 0, 2048, 64, True)]
@@ -100,3 +104,50 @@ def test_gemm_q4k_refuses_other_formats_and_k(dev, rng):
     with pytest.raises(LaunchError, match="K=128"):
         GemmQ4kResidualRows(res, dev.upload("x2", np.zeros((64, 128), np.float16)), w4, ps, n=128, k=128, rows=64,
                             max_blocks=132)
+
+
+# (label, rows capacity, live M, N, K, tile, split)
+Q6K_CASES = [("straddle", 128, 100, 200, 1280, 128, False), ("m1", 64, 1, 40, 256, 64, False),
+             ("split", 192, 130, 384, 1024, 128, True), ("tile64.split", 128, 77, 300, 2048, 64, True)]
+
+
+@pytest.mark.parametrize("label,rows,m,n,k,tile,split", Q6K_CASES, ids=[c[0] for c in Q6K_CASES])
+def test_gemm_q6k_rows_and_residual(dev, rng, label, rows, m, n, k, tile, split):
+    w, w64 = random_fmt_weight(dev, rng, Q6K, n, k)
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    want = x[:m].astype(np.float64) @ w64.T                              # [m, N]
+    xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([5, m], np.int32))
+    col0, ldo = 16, n + 24
+    out = dev.poisoned("out", (rows, ldo), np.float32)
+    sk = _scratch(dev, rows, n, k, tile) if split else None
+    ln = GemmQ6kRows(out, xd, w, ps, n=n, k=k, rows=rows, ldo=ldo, col0=col0, tile_tokens=tile, split_k=sk)
+    assert ln.tiling.tile_tokens == tile and ln.tiling.split == split, "the case should plan as its label says"
+    ln.launch()
+    got = out.download()
+    report(f"q6k.{label}.rows", got[:m, col0:col0 + n], want, TOL_GEMV)
+    untouched = np.ones(got.shape, dtype=bool)
+    untouched[:m, col0:col0 + n] = False
+    assert np.isnan(got[untouched]).all(), "the GEMM wrote outside its rows < M and its columns"
+    out.fill_bytes(0xFF)
+    ln.launch()
+    assert_same_bits(label, got[:m, col0:col0 + n], out.download()[:m, col0:col0 + n])
+    if sk is not None:
+        assert not sk.counters.download().any(), "a split-K counter was left non-zero"
+
+    r0 = rng.standard_normal((rows, n)).astype(np.float32)
+    res = dev.upload("residual", r0)
+    GemmQ6kResidualRows(res, xd, w, ps, n=n, k=k, rows=rows, tile_tokens=tile, split_k=sk).launch()
+    got = res.download()
+    report(f"q6k.{label}.delta", got[:m].astype(np.float64) - r0[:m], want, TOL_GEMV)
+    assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
+
+
+def test_gemm_q6k_refuses_other_formats(dev, rng):
+    """A q4_k weight on the Q6_K kernels is refused naming it."""
+    from drvqwen.launchers.base import LaunchError
+
+    w4, _ = random_fmt_weight(dev, rng, Q4K, 128, 256, name="model.layers.0.self_attn.v_proj")
+    xd, ps = dev.upload("x", np.zeros((64, 256), np.float16)), dev.upload("ps", np.array([0, 1], np.int32))
+    with pytest.raises(LaunchError, match="v_proj: format q4_k, these kernels read q6_k only"):
+        GemmQ6kRows(dev.array("out", (64 * 128,), np.float32), xd, w4, ps, n=128, k=256, rows=64, ldo=128,
+                    max_blocks=132)

@@ -1,17 +1,21 @@
-"""Launchers of kernels/gemm_int4.cu's Q4_K kernels: the prefill GEMMs over Q4_K weights as the
-GGUF stores them, on gemm_int4.cu's mainloop — the consumers unpack the codes into wgmma's A
-registers with each 32-input sub-block's scale and offset (GemmQ4kScales), where
-gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
+"""Launchers of kernels/gemm_int4.cu's K-quant kernels: the prefill GEMMs over Q4_K and Q6_K
+weights as the GGUF stores them, on gemm_int4.cu's mainloop — the consumers unpack the codes into
+wgmma's A registers with each sub-block's scale (and Q4_K's offset: GemmQ4kScales, GemmQ6kScales),
+where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
 
     GemmQ4kStackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1]ᵀ
                              (q and k of a layer in one launch, or one matrix)
     GemmQ4kResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
     GemmQ4kGateUpSwigluRows  h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ)
+    GemmQ6kRows              out fp32 [M, ldo], columns col0 … = x Wᵀ         (v_proj)
+    GemmQ6kResidualRows      residual fp32 [M, N] += x Wᵀ                     (down_proj)
 
-They take FmtWeights in format q4_k (gemv_fmt.py) and plan as gemm_int4.py's launchers
-(plan_launch: persistent, stream-K ranges with a SplitKScratch), among the 64- and 128-token
-builds only: at 256 tokens the group's scale pairs do not fit beside the accumulators (the
-kernels are compiled at GEMM_BM ≤ 128 only). K must be a multiple of 256 (a super-block).
+(llama.cpp's Q4_K_M stores every projection in Q4_K but v_proj and down_proj of some layers, in
+Q6_K.) They take FmtWeights in format q4_k or q6_k (gemv_fmt.py) and plan as gemm_int4.py's
+launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch), among the 64- and
+128-token builds only: at 256 tokens the group's scale pairs do not fit beside the accumulators
+(the kernels are compiled at GEMM_BM ≤ 128 only). K must be a multiple of 256 (a super-block).
+The Q6_K kernels' stages also hold the high-bit plane (SMEM_Q6K).
 """
 
 from __future__ import annotations
@@ -20,18 +24,31 @@ import numpy as np
 
 from ..cuda import Stream
 from ..format import weight_formats as wf
-from .base import check_buffer, check_prefill_state, i32, require
-from .gemm_int4 import BLOCK_ROWS, SplitKScratch, _GemmLauncher, plan_launch, x_tensor_map
+from ..format.quant import GROUP_SIZE
+from .base import check_buffer, check_prefill_state, i32, mirrored, require
+from .gemm_int4 import BLOCK_ROWS, SplitKScratch, _GemmLauncher, plan_launch, smem_bytes, stages, x_tensor_map
 from .gemv_fmt import FmtWeight
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
+Q6K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q6_k")
 SUPER = 256                 # inputs per super-block: K must be a multiple
-Q4K_TILES = (128, 64)       # the builds these kernels exist in (gemm_int4.cu: GEMM_BM ≤ 128)
+KQUANT_TILES = (128, 64)    # the builds these kernels exist in (gemm_int4.cu: GEMM_BM ≤ 128)
+HIGH_ROW_BYTES = GROUP_SIZE // 4  # Q6_K's high bits of one row and 128-input group: 32 B
+
+
+def smem_bytes_q6k(bm: int) -> int:
+    """GEMM_Q6K_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's stages, each with
+    the 128 rows' high-bit words (4 KiB) behind the code words."""
+    return smem_bytes(bm) + stages(bm) * BLOCK_ROWS * HIGH_ROW_BYTES
+
+
+SMEM_Q6K = mirrored("gemm_int4", "GEMM_Q6K_SMEM_BYTES", smem_bytes_q6k(128))
 
 
 def fits(w: FmtWeight, k: int) -> bool:
-    """Whether these kernels take weight `w` at input width k: format q4_k, K a multiple of 256."""
-    return w.fmt.id == Q4K_ID and k > 0 and k % SUPER == 0
+    """Whether these kernels take weight `w` at input width k: format q4_k or q6_k, K a multiple
+    of 256."""
+    return w.fmt.id in (Q4K_ID, Q6K_ID) and k > 0 and k % SUPER == 0
 
 
 def _q4k_args(w: FmtWeight, prefix: str) -> dict:
@@ -40,24 +57,25 @@ def _q4k_args(w: FmtWeight, prefix: str) -> dict:
             f"{prefix}_aux": w.parts["superscales"]}
 
 
-class _GemmQ4kLauncher(_GemmLauncher):
-    def _check_q4k(self, w: FmtWeight, n: int, k: int) -> None:
-        require(w.fmt.id == Q4K_ID, f"{w.name}: format {w.fmt.name}, these kernels read q4_k only")
+class _GemmKquantLauncher(_GemmLauncher):
+    def _check_fmt(self, w: FmtWeight, n: int, k: int, fmt_id: int = Q4K_ID) -> None:
+        want = "q4_k" if fmt_id == Q4K_ID else "q6_k"
+        require(w.fmt.id == fmt_id, f"{w.name}: format {w.fmt.name}, these kernels read {want} only")
         require(k > 0 and k % SUPER == 0, f"{w.name}: K={k} must be a positive multiple of {SUPER}")
         w.check(n, k, quad=SUPER)
 
     def _plan(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
               blocks: int | None, tile_tokens: int | None) -> int:
         """plan_launch over the 64- and 128-token builds (the fastest estimate), or `tile_tokens`."""
-        require(tile_tokens is None or tile_tokens in Q4K_TILES,
-                f"gemm_q4k: tile of {tile_tokens} tokens, want one of {Q4K_TILES}")
+        require(tile_tokens is None or tile_tokens in KQUANT_TILES,
+                f"gemm_kquant: tile of {tile_tokens} tokens, want one of {KQUANT_TILES}")
         plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
-                 for bm in ((tile_tokens,) if tile_tokens else Q4K_TILES)]
+                 for bm in ((tile_tokens,) if tile_tokens else KQUANT_TILES)]
         self.tiling = min(plans, key=lambda t: t.us)
         return self.tiling.tile_tokens
 
 
-class GemmQ4kStackedRows(_GemmQ4kLauncher):
+class GemmQ4kStackedRows(_GemmKquantLauncher):
     """out fp32 [rows, ldo]: columns col0 … col0+ΣN-1 of rows < M = x fp16 [rows, K] · [W0; W1]ᵀ, one
     or two q4_k FmtWeights stacked along N (`ws`, `ns` their row counts): a layer's q and k into
     qkv in one launch, or v alone.
@@ -74,7 +92,7 @@ class GemmQ4kStackedRows(_GemmQ4kLauncher):
         require(len(ws) in (1, 2) and len(ns) == len(ws),
                 f"gemm_q4k_stacked_rows: one or two weights with a row count each, got {len(ws)} and {len(ns)}")
         for w, n in zip(ws, ns):
-            self._check_q4k(w, n, k)
+            self._check_fmt(w, n, k)
         n = sum(ns)
         require(0 <= col0 and col0 + n <= ldo, f"gemm_q4k_stacked_rows: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
         check_buffer(out, "out", rows * ldo, np.float32)
@@ -95,7 +113,7 @@ class GemmQ4kStackedRows(_GemmQ4kLauncher):
                          max_blocks=max_blocks, split_k=split_k)
 
 
-class GemmQ4kResidualRows(_GemmQ4kLauncher):
+class GemmQ4kResidualRows(_GemmKquantLauncher):
     """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q4_k (o_proj, down_proj of a prefill chunk).
 
     Raises:
@@ -106,7 +124,7 @@ class GemmQ4kResidualRows(_GemmQ4kLauncher):
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
                  tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
-        self._check_q4k(w, n, k)
+        self._check_fmt(w, n, k)
         check_buffer(residual, "residual", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
@@ -124,7 +142,7 @@ class GemmQ4kResidualRows(_GemmQ4kLauncher):
                          max_blocks=max_blocks, split_k=split_k)
 
 
-class GemmQ4kGateUpSwigluRows(_GemmQ4kLauncher):
+class GemmQ4kGateUpSwigluRows(_GemmKquantLauncher):
     """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up in q4_k: a prefill chunk's MLP input half.
 
     Raises:
@@ -136,8 +154,8 @@ class GemmQ4kGateUpSwigluRows(_GemmQ4kLauncher):
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
                  tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
-        self._check_q4k(gate, f, k)
-        self._check_q4k(up, f, k)
+        self._check_fmt(gate, f, k)
+        self._check_fmt(up, f, k)
         check_buffer(h, "h", rows * f, np.float16)
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
@@ -152,3 +170,68 @@ class GemmQ4kGateUpSwigluRows(_GemmQ4kLauncher):
                          dict(F=i32(f), K=i32(k)),
                          reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,),
                          max_blocks=max_blocks, split_k=split_k)
+
+
+def _q6k_args(w: FmtWeight) -> dict:
+    """qweight, qhigh, scales, aux: the low nibbles, the high bits, the int8 sc and the FP16 d."""
+    return dict(qweight=w.parts["qweight"], qhigh=w.parts["qhigh"], scales=w.parts["scales"],
+                aux=w.parts["superscales"])
+
+
+class GemmQ6kRows(_GemmKquantLauncher):
+    """out fp32 [rows, ldo]: columns col0 … col0+N-1 of rows < M = x fp16 [rows, K] · Wᵀ, W a q6_k
+    FmtWeight [N, K]: v_proj into its columns of qkv.
+
+    Raises:
+        LaunchError: W not in q6_k, K not a multiple of 256, columns past ldo, or a buffer of the
+            wrong size or dtype.
+    """
+
+    def __init__(self, out, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int, ldo: int, col0: int = 0,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
+                 tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        self._check_fmt(w, n, k, Q6K_ID)
+        require(0 <= col0 and col0 + n <= ldo, f"gemm_q6k_rows: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
+        check_buffer(out, "out", rows * ldo, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 4 * rows * n
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        self._build_gemm("gemm_q6k_rows", rows, n_blocks, k,
+                         dict(out=out, x_map=x_tensor_map(x, rows, k, bm), **_q6k_args(w),
+                              prefill_state=prefill_state),
+                         dict(N=i32(n), K=i32(k), ldo=i32(ldo), col0=i32(col0)),
+                         reads=(x, prefill_state) + w.buffers, writes=(out,), max_blocks=max_blocks,
+                         split_k=split_k, smem=smem_bytes_q6k(bm))
+
+
+class GemmQ6kResidualRows(_GemmKquantLauncher):
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q6_k (down_proj of a prefill chunk).
+
+    Raises:
+        LaunchError: W not in q6_k, K not a multiple of 256, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
+                 tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        self._check_fmt(w, n, k, Q6K_ID)
+        check_buffer(residual, "residual", rows * n, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 8 * rows * n
+        n_blocks = -(-n // BLOCK_ROWS)
+        bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        self._build_gemm("gemm_q6k_residual", rows, n_blocks, k,
+                         dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), **_q6k_args(w),
+                              prefill_state=prefill_state),
+                         dict(N=i32(n), K=i32(k)),
+                         reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
+                         max_blocks=max_blocks, split_k=split_k, smem=smem_bytes_q6k(bm))
