@@ -7,8 +7,9 @@
 //                                                      = rope(X Wqᵀ + bq), rope(X Wkᵀ + bk), X Wvᵀ + bv
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
-//   gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu: the same mainloop over Q4_K
-//   weights as the GGUF stores them (bottom of the file; 64- and 128-token builds only)
+//   gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu, gemm_q6k_rows,
+//   gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
+//   (bottom of the file; 64- and 128-token builds only)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -77,7 +78,9 @@
 // in round r = it / STAGES.
 //   full[s]   count GEMM_FULL_ARRIVALS = 33: lane 0's arrive.expect_tx (+ the 32 KB of X the two
 //             TMA boxes deliver as transactions) and one cp.async.mbarrier.arrive.noinc per
-//             producer lane, which arrives only once that lane's 16 weight copies have landed.
+//             producer lane, which arrives only once that lane's 16 weight copies have landed
+//             (with Q6_K's high-bit plane, 24 for lanes t < 2: their two 16-byte pieces of each
+//             row's 32 B, in the same stage behind the code words, under the same barriers).
 //             Phase r completes when round r's X tile and all 128 weight rows are in shared
 //             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
 //             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)
@@ -271,7 +274,8 @@ struct GemmLaneRows {
 // fragments(): the group's A fragments from the words of rows g and g+8.
 // INT4 (layout id 1): one FP16 scale per row and group, w = (c − 8)·s.
 struct GemmInt4Scales {
-    static constexpr int HIGH_ROW_BYTES = 0;  // no high-bit plane in the stage
+    static constexpr int HIGH_ROW_BYTES = 0;        // no high-bit plane in the stage
+    static constexpr bool ROWS_EACH_GROUP = false;  // the producer's row pointers may be hoisted
     struct Group {
         __half a, b;
     };
@@ -325,6 +329,7 @@ __device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o
 
 struct GemmQ4kScales {
     static constexpr int HIGH_ROW_BYTES = 0;
+    static constexpr bool ROWS_EACH_GROUP = GEMM_BM == 256;  // the producer's 72 registers
     struct Group {
         u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
     };
@@ -406,6 +411,7 @@ struct GemmLaneRowsQ6k {
 // (S, the product), as Q4_K's (docs/numerics.md).
 struct GemmQ6kScales {
     static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
+    static constexpr bool ROWS_EACH_GROUP = true;
     struct Group {
         u32 s[2][GEMM_K_STEPS];  // [row g, g+8][k step] half2 (S, S)
     };
@@ -603,10 +609,11 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
                 unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
                 int rb = un.rb;
-                // With a high plane the 8 warp tiles' four pointers would be hoisted out of the
-                // group loop (64 registers, past the producer's 104: 88 B spilled, ptxas); hiding
-                // rb's value each group keeps them computed where they are used.
-                if constexpr (Sc::HIGH_ROW_BYTES > 0) asm volatile("" : "+r"(rb));
+                // Where Sc says so, the 8 warp tiles' row pointers would be hoisted out of the
+                // group loop past the producer's registers (Q6_K's four a tile: 88 B spilled in
+                // 104; two matrices' at GEMM_BM 256 in 72: 136 B, ptxas); hiding rb's value each
+                // group keeps them computed where they are used.
+                if constexpr (Sc::ROWS_EACH_GROUP) asm volatile("" : "+r"(rb));
 #pragma unroll
                 for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
                     // The rows again each group, not held across the loop: held, the 8 warp
@@ -920,11 +927,11 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
 // ---- Q4_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
 // gemm_int4_block with GemmQ4kScales: the producer copies the code words as for INT4 (the same
 // 64 B a row and group), the consumers unpack them with the sub-block scales (above). Built at
-// GEMM_BM ≤ 128 only: the group's 16 scale pairs, held one group ahead, do not fit beside the
-// 256-token tile's 128 accumulators. Weights [N, K], K a multiple of 256:
+// every GEMM_BM: the group's 16 scale pairs, held one group ahead, fit beside the 256-token
+// tile's 128 accumulators in the consumers' 216 registers (no spills, ptxas) since their decode
+// stays in FP16 pairs. Weights [N, K], K a multiple of 256:
 //   qweight u32 [N, K/8] (layout id 1), scales u32 [N, K/256, 3] (the 12 packed bytes),
 //   aux u32 [N, K/256] (d | dmin << 16, FP16).
-#if GEMM_BM <= 128
 
 // rows_of for one Q4_K matrix (residual); the lane's row g is also written to *ra.
 struct GemmQ4kOneMatrixRows {
@@ -1029,9 +1036,10 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 }
 
 // ---- Q6_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
+#if GEMM_BM <= 128  // at 256 tokens three stages with the high-bit plane need 229 KB of the 227
 // gemm_int4_block with GemmQ6kScales: each stage also holds the tile rows' high-bit words (32 B a
 // row and group, 4 KB: GEMM_Q6K_SMEM_BYTES), copied by the producer beside the code words and
-// released by the same barriers. Built at GEMM_BM ≤ 128 (as Q4_K's). Weights [N, K], K a
+// released by the same barriers. Built at GEMM_BM ≤ 128 (above). Weights [N, K], K a
 // multiple of 256: qweight u32 [N, K/8] (layout id 1, the low nibbles), qhigh u32 [N, K/16],
 // scales int8 [N, K/16] (read as u32 words), aux fp16 [N, K/256] (d).
 #define GEMM_Q6K_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ6kScales>() + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it

@@ -29,7 +29,8 @@ Q4K = next(f for f in wf.FORMATS.values() if f.name == "q4_k")
 Q6K = next(f for f in wf.FORMATS.values() if f.name == "q6_k")
 # (label, rows capacity, live M, N0, N1, K, tile, split): N1 > 0 stacks a second matrix (q | k)
 CASES = [("qk.straddle", 128, 100, 200, 72, 1280, 128, False), ("one.m1", 64, 1, 40, 0, 256, 64, False),
-         ("qk.split", 192, 130, 384, 128, 1024, 128, True), ("one.tile64.split", 128, 77, 300, 0, 2048, 64, True)]
+         ("qk.split", 192, 130, 384, 128, 1024, 128, True), ("one.tile64.split", 128, 77, 300, 0, 2048, 64, True),
+         ("qk.tile256", 256, 230, 256, 64, 1024, 256, False), ("one.tile256.split", 512, 300, 200, 0, 2048, 256, True)]
 
 
 def _scratch(dev, rows: int, n: int, k: int, tile: int) -> SplitKScratch:
@@ -72,11 +73,11 @@ def test_gemm_q4k_stacked_and_residual(dev, rng, label, rows, m, n0, n1, k, tile
     assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
 
 
-@pytest.mark.parametrize("tile", [64, 128])
+@pytest.mark.parametrize("tile", [64, 128, 256])
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
 def test_gemm_q4k_gate_up_swiglu(dev, rng, tile, split):
     """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) rounded to FP16, F = 200 (not a multiple of the 64-feature block)."""
-    rows, m, f, k = 128, 90, 200, 1536
+    rows, m, f, k = max(128, tile), 90, 200, 1536
     (wg, g64), (wu, u64) = random_fmt_weight(dev, rng, Q4K, f, k), random_fmt_weight(dev, rng, Q4K, f, k)
     x = rng.standard_normal((rows, k)).astype(np.float16)
     gate, up = x[:m].astype(np.float64) @ g64.T, x[:m].astype(np.float64) @ u64.T

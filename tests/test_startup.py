@@ -189,7 +189,7 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     # kernels/X.cu belongs to launchers/X.py: every launcher the prefill and the engine build
     # (gpu_sleep, of timing.cu, only times kernels) names a file that is compiled.
     # launchers/attention_prefill.py launches the file of the prefill's attention engine,
-    # launchers/gemm_kquant.py gemm_int4.cu's Q4_K kernels.
+    # launchers/gemm_kquant.py gemm_int4.cu's K-quant kernels.
     engine_file = {"attention_prefill": prefill.ATTENTION_FILES[prefill.ATTENTION_ENGINE], "gemm_kquant": "gemm_int4"}
     used = {engine_file.get(m, m) for m in (v.__module__.rsplit(".", 1)[1] for mod in (prefill, engine)
                                             for v in vars(mod).values()
@@ -200,10 +200,10 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     assert set(prefill.KERNEL_FILES) <= files and set(prefill.KERNEL_FILES_FMT) <= fmt_files
     assert not files & {"gemv_fmt", "gemm_fmt", "timing", "smoke"}   # an INT4 model: no format kernels
     assert {"gemv_fmt", "gemm_fmt"} <= fmt_files and "gemv_int4" not in fmt_files
-    # ... but gemm_int4.cu's Q4_K kernels, in their 64- and 128-token builds (the recipe has Q4_K).
+    # ... but gemm_int4.cu's K-quant kernels, in every build (the recipe has Q4_K and Q6_K).
     fmt_builds = {tuple(sorted(d.items())) for name, d in engine.engine_kernels(CFG, recipe_formats(CFG, "q4_k_m"))
                   if name == "gemm_int4"}
-    assert fmt_builds == {(), (("GEMM_BM", 64),)}
+    assert fmt_builds == {(), (("GEMM_BM", 64),), (("GEMM_BM", 256),)}
     assert files | fmt_files <= {p.stem for p in (ROOT / "kernels").glob("*.cu")}
     # gemm_int4.cu in every tile size's build: the prefill picks one per GEMM shape and row count.
     builds = {tuple(sorted(d.items())) for name, d in engine.engine_kernels(CFG) if name == "gemm_int4"}

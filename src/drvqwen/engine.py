@@ -146,8 +146,8 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     weight formats `formats` (NanoqwenFile.formats; default: the INT4 step's): the decode step's
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
-    and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's 64/128-token builds where
-    it has Q4_K or Q6_K weights) and the token choice's and hand-over's
+    and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's tile builds where it
+    has Q4_K or Q6_K weights) and the token choice's and hand-over's
     (sampling.cu). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""

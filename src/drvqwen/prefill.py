@@ -306,8 +306,8 @@ class Prefill:
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        # The K-quant GEMMs plan at 64 tokens too (gemm_kquant.py): the scratch covers either build.
-        tiles = (tile, 64) if tile is not None and self.kquant_gemm else (tile,)
+        # The K-quant GEMMs plan at 64 and 256 tokens too (gemm_kquant.py): the scratch covers every build.
+        tiles = (tile, *gemm_kquant.KQUANT_TILES) if tile is not None and self.kquant_gemm else (tile,)
         need = [split_k_need(rows, blocks, k, tile_tokens=bm)
                 for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes for bm in tiles]
         return max(u for u, _ in need), max(t for _, t in need)

@@ -12,10 +12,10 @@ where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and 
 
 (llama.cpp's Q4_K_M stores every projection in Q4_K but v_proj and down_proj of some layers, in
 Q6_K.) They take FmtWeights in format q4_k or q6_k (gemv_fmt.py) and plan as gemm_int4.py's
-launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch), among the 64- and
-128-token builds only: at 256 tokens the group's scale pairs do not fit beside the accumulators
-(the kernels are compiled at GEMM_BM ≤ 128 only). K must be a multiple of 256 (a super-block).
-The Q6_K kernels' stages also hold the high-bit plane (SMEM_Q6K).
+launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch), the Q4_K ones among
+all three tile builds, the Q6_K ones among the 64- and 128-token builds: their stages also hold
+the high-bit plane (SMEM_Q6K), and three 256-token stages with it do not fit in shared memory
+(gemm_int4.cu compiles them at GEMM_BM ≤ 128 only). K must be a multiple of 256 (a super-block).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from .gemv_fmt import FmtWeight
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
 Q6K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q6_k")
 SUPER = 256                 # inputs per super-block: K must be a multiple
-KQUANT_TILES = (128, 64)    # the builds these kernels exist in (gemm_int4.cu: GEMM_BM ≤ 128)
+Q4K_TILES = (256, 128, 64)  # the builds the kernels exist in: Q4_K's every build of gemm_int4.cu,
+Q6K_TILES = (128, 64)       # Q6_K's those with GEMM_BM ≤ 128
+KQUANT_TILES = Q4K_TILES    # the builds a model with either format needs
 HIGH_ROW_BYTES = GROUP_SIZE // 4  # Q6_K's high bits of one row and 128-input group: 32 B
 
 
@@ -64,13 +66,15 @@ class _GemmKquantLauncher(_GemmLauncher):
         require(k > 0 and k % SUPER == 0, f"{w.name}: K={k} must be a positive multiple of {SUPER}")
         w.check(n, k, quad=SUPER)
 
+    tiles = Q4K_TILES  # the builds the launcher's kernel exists in
+
     def _plan(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
               blocks: int | None, tile_tokens: int | None) -> int:
-        """plan_launch over the 64- and 128-token builds (the fastest estimate), or `tile_tokens`."""
-        require(tile_tokens is None or tile_tokens in KQUANT_TILES,
-                f"gemm_kquant: tile of {tile_tokens} tokens, want one of {KQUANT_TILES}")
+        """plan_launch over the kernel's builds (the fastest estimate), or `tile_tokens`."""
+        require(tile_tokens is None or tile_tokens in self.tiles,
+                f"gemm_kquant: tile of {tile_tokens} tokens, want one of {self.tiles}")
         plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
-                 for bm in ((tile_tokens,) if tile_tokens else KQUANT_TILES)]
+                 for bm in ((tile_tokens,) if tile_tokens else self.tiles)]
         self.tiling = min(plans, key=lambda t: t.us)
         return self.tiling.tile_tokens
 
@@ -187,6 +191,8 @@ class GemmQ6kRows(_GemmKquantLauncher):
             wrong size or dtype.
     """
 
+    tiles = Q6K_TILES
+
     def __init__(self, out, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int, ldo: int, col0: int = 0,
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
                  tile_tokens: int | None = None, stream: Stream | None = None):
@@ -215,6 +221,8 @@ class GemmQ6kResidualRows(_GemmKquantLauncher):
     Raises:
         LaunchError: W not in q6_k, K not a multiple of 256, or a buffer of the wrong size or dtype.
     """
+
+    tiles = Q6K_TILES
 
     def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
