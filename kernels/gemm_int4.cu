@@ -181,6 +181,28 @@
 // can be checked against. In the dev runner's run of the table above the versions kept ran 15.6
 // (v3), 15.7 (v4) and 16.3 ms (v5) against this file's 14.8 ms.
 //
+// K-quant weights (the GGUF's Q4_K and Q6_K bytes, bottom of the file): the same mainloop with the
+// consumer's scaling as a policy (GemmInt4Scales, GemmQ4kScales, GemmQ6kScales; the INT4 kernels'
+// SASS is the same with it). Q4_K's codes are the INT4 words (layout id 1); the 6-bit (sc, m) of a
+// group's four 32-input sub-blocks come from global memory one group ahead and are decoded in
+// FP16 pairs (the 1024 magic number, one mul.rn.f16x2 for two sub-blocks). Q6_K adds its high-bit
+// plane to each stage (the producer copies 32 B a row beside the 64 B of codes) and one int8 scale
+// per k step. Per layer of the synthetic 7B in llama.cpp's Q4_K_M layout at 512 tokens, µs, one
+// eager prefill's event pairs (`drvqwen bench --kernels`, docs/bench/2026-12-03_*_syn7b_q4_k_m_*):
+//   | kernel                          | this file  | gemm_fmt_wgmma.cu | INT4 (bench_gemm, 2a2a007) |
+//   | q | k (Q4_K, stacked)            |  36.1      | 51.4 + 22.5       | qkv 39.0 (with v)          |
+//   | o_proj (Q4_K)                   |  41.3      | 55.8              | 30.7                       |
+//   | gate_up_swiglu (Q4_K)           | 245.8      | 445.4             | 219.9                      |
+//   | down_proj (Q4_K / Q6_K)         | 131.1 / 198.0 | 230.8 / 266.3  | 118.2                      |
+//   | v_proj (Q4_K / Q6_K)            |  16.4 / 19.0  | 22.6 / 29.7    | –                          |
+// The 7B's TTFT(512) 14.7 ms against 23.9 on gemm_fmt_wgmma.cu in the same run
+// (2026-12-03_b9df302_h200_syn7b_q4_k_m_kquant_*.json). On the way: the Q4_K scales decoded per
+// value in FP32 (wf_scales, then a conversion to FP16) made the mainloop 450 SASS instructions a
+// group against INT4's ~250 and the TTFT 20.5 ms; in FP16 pairs 325 and 16.9 ms (b850434, the two
+// in the same run); Q6_K's v/down here too 16.3 ms (c6c8fbb); and the FP16 pairs freed the
+// registers the 256-token build needed: 14.7 ms (b9df302). Q6_K's group is 385 instructions and
+// stays at GEMM_BM ≤ 128 (shared memory).
+//
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
 // X's rows 16-byte aligned (TMA).
@@ -199,7 +221,7 @@
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
-#include "weight_formats.cuh" // WfRaw, wf_scales (the Q4_K kernels' scales)
+#include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
