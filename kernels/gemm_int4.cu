@@ -7,8 +7,8 @@
 //                                                      = rope(X Wqᵀ + bq), rope(X Wkᵀ + bk), X Wvᵀ + bv
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
-//   gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu, gemm_q6k_rows,
-//   gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
+//   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
+//   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
 //   (bottom of the file; 64- and 128-token builds only)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
@@ -809,53 +809,45 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // sincosf per lane, each behind a branch; docs/bench/2026-12-02_b80f3a3_h200_syn{05b,7b}_rope_
 // epilogue.json), and the table read one token at a time (H100, 0.5B 579 µs against 336 + 177,
 // 7B 2130 against 1652 + 335; docs/bench/2026-12-02_bccea49_h100_syn{05b,7b}_rope_*.json).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
-                   __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
-                   __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
-                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
-                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                   const __half* __restrict__ q_scales,      // [Hq·Dh, K/128] fp16
-                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                   const __half* __restrict__ k_scales,      // [Hkv·Dh, K/128] fp16
-                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                   const __half* __restrict__ v_scales,      // [Hkv·Dh, K/128] fp16
-                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
-                   const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
-                   const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
-                   const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
-                   const int* __restrict__ prefill_state,    // [2] int32: start position, M
-                   const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
-                   float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
-                   int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
-                   int Hq, int Hkv, int Dh, int K) {
-    const int half_dim = Dh / 2;
-    const int n_pairs = (Hq + 2 * Hkv) * half_dim;
-    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
-    // The lane's pair (set by rows_of; its head and dim are derived again in the epilogue, so
-    // that one register, not the epilogue's pointers, stays live across the mainloop).
-    int pair = 0;
-    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
-                    [&](int rb, int local) {
-        // local = 16·(warp tile) + g for g < 8: pair 8·(warp tile) + g of the block.
-        GemmLaneRows r;
-        pair = rb * PB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        const int p = min(pair, n_pairs - 1);
-        const int head = p / half_dim, i = p % half_dim;
-        const int seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
-        const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;  // head within its matrix
-        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
-        const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
-        const int n = (seg == 0 ? Hq : Hkv) * Dh;
-        gemm_lane_row(qw, sc, h * Dh + i, n, K, r.wa, r.sa);
-        gemm_lane_row(qw, sc, h * Dh + i + half_dim, n, K, r.wb, r.sb);
-        return r;
-    }, [&](const float (&acc)[GEMM_ACC], int m0, int M, int t) {
-        if (pair >= n_pairs) return;
+// The RoPE pair a lane's rows hold (gemm_int4_qkv_rope, gemm_q4k_qkv_rope): pair p of the stacked
+// heads is head p / (Dh/2), dim i = p % (Dh/2); seg 0, 1, 2 for q, k, v, h the head within its
+// matrix — rows h·Dh + i and h·Dh + i + Dh/2 of that matrix.
+struct GemmRopePair {
+    int seg, h, i;
+    __device__ __forceinline__ GemmRopePair(int p, int half_dim, int Hq, int Hkv) {
+        const int head = p / half_dim;
+        i = p % half_dim;
+        seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
+        h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
+    }
+};
+
+// The lane's pair from rows_of's (rb, local): local = 16·(warp tile) + g for g < 8 is pair
+// 8·(warp tile) + g of row block rb (GEMM_BLOCK_ROWS / 2 pairs a block).
+__device__ __forceinline__ int gemm_rope_pair_of(int rb, int local) {
+    return rb * (GEMM_BLOCK_ROWS / 2) + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+}
+
+// The qkv_rope epilogue (header of gemm_int4_qkv_rope): bias, rotation and the FP16 writes of the
+// lane's pair (*pair, set by rows_of) for its GEMM_BM/8 · 2 tokens.
+struct GemmQkvRopeEpilogue {
+    __half* q_out;
+    __half* k_cache;
+    __half* v_cache;
+    const __half* q_bias;
+    const __half* k_bias;
+    const __half* v_bias;
+    const float2* rope_cs;
+    const int* prefill_state;
+    const int* block_table;
+    int Hq, Hkv, Dh;
+    const int* pair;
+    __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) const {
+        const int half_dim = Dh / 2;
+        if (*pair >= (Hq + 2 * Hkv) * half_dim) return;
         const int start = __ldcg(prefill_state);  // after the kernel's griddepcontrol.wait
-        const int head = pair / half_dim, i = pair % half_dim;
-        const int seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
-        const int h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
+        const GemmRopePair rp(*pair, half_dim, Hq, Hkv);
+        const int seg = rp.seg, h = rp.h, i = rp.i;
         const __half* bias = (seg == 0 ? q_bias : seg == 1 ? k_bias : v_bias) + h * Dh;
         const float b1 = __half2float(bias[i]), b2 = __half2float(bias[i + half_dim]);
         // Where the lane's two dims go: q_out row `token`, or the cache slot of pos = start + token
@@ -894,7 +886,49 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
                     base[off + half_dim] = __float2half_rn(o2);
                 }
         }
-    });
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                   __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                   __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                   const __half* __restrict__ q_scales,      // [Hq·Dh, K/128] fp16
+                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                   const __half* __restrict__ k_scales,      // [Hkv·Dh, K/128] fp16
+                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                   const __half* __restrict__ v_scales,      // [Hkv·Dh, K/128] fp16
+                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                   const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                   const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                   const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                   const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                   const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                   float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                   int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                   int Hq, int Hkv, int Dh, int K) {
+    const int half_dim = Dh / 2;
+    const int n_pairs = (Hq + 2 * Hkv) * half_dim;
+    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
+    // The lane's pair (set by rows_of; its head and dim are derived again in the epilogue, so
+    // that one register, not the epilogue's pointers, stays live across the mainloop).
+    int pair = 0;
+    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRows r;
+        pair = gemm_rope_pair_of(rb, local);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const int seg = rp.seg;
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const int n = (seg == 0 ? Hq : Hkv) * Dh;
+        gemm_lane_row(qw, sc, rp.h * Dh + rp.i, n, K, r.wa, r.sa);
+        gemm_lane_row(qw, sc, rp.h * Dh + rp.i + half_dim, n, K, r.wb, r.sb);
+        return r;
+    }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
+                           Hq, Hkv, Dh, &pair});
 }
 
 // residual += X Wᵀ in FP32 (the residual stream is FP32, docs/numerics.md#the-residual-stream-is-fp32).
@@ -1027,6 +1061,52 @@ gemm_q4k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp3
         if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
         if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
     }), GemmQ4kScales{});
+}
+
+// q, k and v in Q4_K with the bias, the RoPE and the FP16 writes in the epilogue: gemm_int4_qkv_rope
+// over Q4_K (its rows, pairs and epilogue; the layers of llama.cpp's Q4_K_M whose v is Q4_K too).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                  __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                  __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                  const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                  const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                  const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
+                  const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                  const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                  const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
+                  const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                  const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                  const u32* __restrict__ v_scales,         // [Hkv·Dh, K/256, 3] uint32
+                  const u32* __restrict__ v_aux,            // [Hkv·Dh, K/256] uint32
+                  const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                  const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                  const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                  const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                  const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                  const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                  float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                  int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                  int Hq, int Hkv, int Dh, int K) {
+    const int half_dim = Dh / 2;
+    const int n_pairs = (Hq + 2 * Hkv) * half_dim;
+    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
+    int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
+    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsQ4k r;
+        pair = gemm_rope_pair_of(rb, local);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const int seg = rp.seg;
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const u32* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const u32* dd = seg == 0 ? q_aux : seg == 1 ? k_aux : v_aux;
+        const int n = (seg == 0 ? Hq : Hkv) * Dh;
+        gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i, n, K, r.wa, r.sca, r.dda);
+        gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i + half_dim, n, K, r.wb, r.scb, r.ddb);
+        return r;
+    }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
+                           Hq, Hkv, Dh, &pair}, GemmQ4kScales{});
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q4_K. As gemm_int4_gate_up_swiglu.

@@ -275,8 +275,8 @@ def test_late_chunks_run_the_range_schedule(model):
 def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout with K a multiple of 256 (recipe_formats: Q4_K
     everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the K-quant
-    projections on gemm_int4.cu's register-unpack kernels (`qk_proj`, Q4_K o_proj/gate_up/down, Q6_K
-    v/down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
+    projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` where q, k, v are all Q4_K,
+    else `qk_proj`; Q4_K o_proj/gate_up/down, Q6_K v/down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
     at 17 and 300 tokens."""
     from dataclasses import replace
 
@@ -302,7 +302,8 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
         assert "qk_proj" in roles(regs), f"q and k should run stacked on the Q4_K GEMM: {sorted(roles(regs))}"
         assert {"q_proj", "k_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {"gemm_q4k_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, sorted(kernels)
+        assert {"gemm_q4k_qkv_rope", "gemm_q4k_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, \
+            sorted(kernels)
         assert not any(k.startswith("gemm_q") for k in {nl.spec.kernel.kernel for nl in fmt.launches(64)})
         for t in (17, 300):
             regs.run(ids[:t])

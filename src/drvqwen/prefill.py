@@ -37,10 +37,13 @@ the bias, rotates and writes q and the cache (L{l}.qkv_proj, then L{l}.rope_kv, 
 formats do below; no rope_table): the same bits, one more launch a layer and an FP32 round trip
 (to compare).
 
-Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): the projections run
-gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma") instead
-of the INT4 GEMMs (q, k and v as three launches into their columns of qkv),
-and the embedding rows are read in their format (gemv_fmt.cu); the rest of the list is the same.
+Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K and Q6_K
+projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
+v are all Q4_K as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and k of Q4_K as
+L{l}.qk_proj), the other formats gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of
+128, or with fmt_gemm="mma"; q, k and v as launches into their columns of qkv, then
+L{l}.rope_kv), and the embedding rows are read in their format (gemv_fmt.cu); the rest of the
+list is the same.
 `Prefill(mode="per_token")` runs a prompt through the decode step's own launches, one token at a
 time (`_run_per_token`): its cache is exactly what decoding writes, the GEMM path's reference.
 
@@ -91,8 +94,8 @@ from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, Ge
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers import gemm_kquant
 from .launchers.gemm_kquant import Q4K_ID, Q6K_ID
-from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows, GemmQ6kResidualRows,
-                                    GemmQ6kRows)
+from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
+                                    GemmQ4kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
@@ -180,8 +183,9 @@ class Prefill:
         attention_splits: KV splits per query tile of the attention (kernels/attention_prefill.cu,
             "KV splits"): True picks them per row bucket (kv_splits_for), False runs each
             query tile whole (to compare).
-        qkv_rope: INT4 weights: the bias, RoPE and K/V cache writes in the QKV GEMM's epilogue
-            (gemm_int4_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
+        qkv_rope: INT4 weights, and the per-tensor layers whose q, k, v are all Q4_K: the bias,
+            RoPE and K/V cache writes in the QKV GEMM's epilogue (gemm_int4_qkv_rope,
+            gemm_q4k_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
             compare: the same bits).
         attention_engine: the attention kernel (launchers/attention_prefill.py, ENGINES): "mma"
             (kernels/attention_prefill.cu), "wgmma" (kernels/attention_prefill_wgmma.cu, the split
@@ -225,6 +229,11 @@ class Prefill:
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
+        # Per-tensor formats: a layer whose q, k and v are all Q4_K takes them in one launch with the
+        # bias, RoPE and K/V writes in its epilogue (gemm_q4k_qkv_rope), as the INT4 layers do.
+        self.kquant_rope = (qkv_rope and self.kquant_gemm and decode_step.plan.formats is not None
+                            and any(self._q4k_qkv(decode_step.plan.formats, l)
+                                    for l in range(decode_step.config.num_layers)))
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
         # and needs none of the chunk buffers.
         self.per_token = mode == "per_token"
@@ -239,7 +248,7 @@ class Prefill:
             "residual": ((C, D), np.float32), "xn": ((C, D), np.float16),
             "q": ((C, nq), np.float16), "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
         }
-        if self.qkv_rope:  # the chunk's RoPE cos and sin, read by every layer's QKV GEMM
+        if self.qkv_rope or self.kquant_rope:  # the chunk's RoPE cos and sin, read by the QKV GEMMs
             act["rope_cs"] = ((C, cfg.head_dim), np.float32)
         else:  # FP32 q | k | v between the QKV GEMM and rope_kv_rows
             act["qkv"] = ((C, nq + 2 * nkv), np.float32)
@@ -301,8 +310,8 @@ class Prefill:
         else:
             shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
                       if gemm_fmt_wgmma.fits(k)]
-            if self.kquant_gemm:  # q and k stacked on the Q4_K GEMMs
-                shapes.append((blocks(nq + nkv), D))
+            if self.kquant_gemm:  # q and k stacked on the Q4_K GEMMs, or q, k and v (qkv_rope)
+                shapes += [(blocks(nq + nkv), D), (blocks(nq + 2 * nkv), D)]
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
@@ -433,20 +442,30 @@ class Prefill:
         else:
             embed = EmbeddingFmtRows(res, fw(EMBED), ids, n_rows=R, vocab_size=V, dim=D, stream=st, defines=defs)
         steps: list[tuple[str, Launcher]] = [("embedding", embed)]
+        if self.kquant_rope:
+            rope_cs = rows_view(self.buf["rope_cs"], R)
+            steps.append(("rope_table", RopeTableRows(rope_cs, step.buf["inv_freq"], ps, rows=R, head_dim=Dh,
+                                                      stream=st)))
         ld = nq + 2 * nkv
         for l in range(cfg.num_layers):
             lw = LayerWeights.of(w.__getitem__, l)
             pw = {p: fw(proj_prefix(l, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                      "down_proj")}
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
-            steps += [
-                (f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R, threads=nt,
-                                                  stream=st)),
-                *self._qkv_launches(l, Rows, qkv, xn, pw, ps, R, ld, defs, sk[Rows]),
-                (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias, step.buf["inv_freq"],
-                                             ps, step.buf["block_table"], rows=R, n_heads=Hq, n_kv_heads=Hkv,
-                                             head_dim=Dh, stream=st)),
-            ]
+            steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
+                                                           threads=nt, stream=st)))
+            if self.kquant_rope and self._q4k_qkv(fm, l):
+                steps.append((f"L{l}.qkv_rope", GemmQ4kQkvRopeRows(
+                    q, k_l, v_l, xn, pw["q_proj"], pw["k_proj"], pw["v_proj"], lw.q_bias, lw.k_bias, lw.v_bias,
+                    rope_cs, ps, step.buf["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, k=D, rows=R,
+                    split_k=self.split_k, stream=st)))
+            else:
+                steps += [
+                    *self._qkv_launches(l, Rows, qkv, xn, pw, ps, R, ld, defs, sk[Rows]),
+                    (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias,
+                                                 step.buf["inv_freq"], ps, step.buf["block_table"], rows=R,
+                                                 n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st)),
+                ]
             if self.last_row and l == cfg.num_layers - 1:
                 break  # past its K/V, the last layer runs on the last row only (`_tail`)
             steps += [
@@ -475,6 +494,13 @@ class Prefill:
         """The format id (Q4K_ID, Q6K_ID) of projection weight `w` (input width k) where it runs on
         the register-unpack K-quant GEMMs (gemm_kquant.py), else None."""
         return w.fmt.id if self.kquant_gemm and gemm_kquant.fits(w, k) else None
+
+    def _q4k_qkv(self, fm: dict[str, int], l: int) -> bool:
+        """Whether layer l's q, k and v (formats `fm`) all run on the Q4_K register GEMMs, K the
+        hidden size: then as one gemm_q4k_qkv_rope launch."""
+        k = self.decode_step.config.hidden_size
+        return (self.kquant_gemm and k % gemm_kquant.SUPER == 0
+                and all(fm[proj_prefix(l, p)] == Q4K_ID for p in ("q_proj", "k_proj", "v_proj")))
 
     def _kquant_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
         """residual += x Wᵀ on the K-quant GEMM of W's format (o_proj, down_proj), or None where

@@ -3,6 +3,8 @@ weights as the GGUF stores them, on gemm_int4.cu's mainloop — the consumers un
 wgmma's A registers with each sub-block's scale (and Q4_K's offset: GemmQ4kScales, GemmQ6kScales),
 where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
 
+    GemmQ4kQkvRopeRows       q_out fp16 [M, Hq, Dh], the chunk's K/V cache slots
+                             = rope(x Wqᵀ + bq), rope(x Wkᵀ + bk), x Wvᵀ + bv (q, k, v all Q4_K)
     GemmQ4kStackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1]ᵀ
                              (q and k of a layer in one launch, or one matrix)
     GemmQ4kResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
@@ -28,6 +30,7 @@ from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
 from .gemm_int4 import BLOCK_ROWS, SplitKScratch, _GemmLauncher, plan_launch, smem_bytes, stages, x_tensor_map
 from .gemv_fmt import FmtWeight
+from .rope_kv import check_rows_rope_outputs
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
 Q6K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q6_k")
@@ -77,6 +80,51 @@ class _GemmKquantLauncher(_GemmLauncher):
                  for bm in ((tile_tokens,) if tile_tokens else self.tiles)]
         self.tiling = min(plans, key=lambda t: t.us)
         return self.tiling.tile_tokens
+
+
+class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
+    """The QKV projection of a prefill chunk over q4_k weights with the bias, the RoPE and the FP16
+    writes in its epilogue: gemm_int4.py's GemmInt4QkvRopeRows (its outputs, rope_cs table and
+    block-table contract) for FmtWeights wq [Hq·Dh, K], wk, wv [Hkv·Dh, K] in q4_k.
+
+    Raises:
+        LaunchError: a weight not in q4_k, K not a multiple of 256, an odd head_dim, or a buffer of
+            the wrong size, dtype or shape.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, x, wq: FmtWeight, wk: FmtWeight, wv: FmtWeight, q_bias, k_bias,
+                 v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int, head_dim: int,
+                 k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
+                 blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        n_q, n_kv = check_rows_rope_outputs("gemm_q4k_qkv_rope", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
+                                            rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
+        # The epilogue's per-token offsets are 32-bit: q_out and a layer's cache under 2³¹ elements.
+        for what, buf in (("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
+            shape = getattr(buf, "shape", None)
+            require(shape is None or int(np.prod(shape)) < 2**31,
+                    f"gemm_q4k_qkv_rope: {what} of {list(shape or ())} has 2³¹ elements or more")
+        for w, n in ((wq, n_q), (wk, n_kv), (wv, n_kv)):
+            self._check_fmt(w, n, k)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        n = n_q + 2 * n_kv
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = (wq.nbytes(n_q, k) + wk.nbytes(n_kv, k) + wv.nbytes(n_kv, k) + 2 * rows * k
+                            + 2 * rows * n)
+        n_blocks = -(-n // BLOCK_ROWS)  # 64 RoPE pairs a block: 128 stacked rows
+        bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        self._build_gemm("gemm_q4k_qkv_rope", rows, n_blocks, k,
+                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
+                              **_q4k_args(wq, "q"), **_q4k_args(wk, "k"), **_q4k_args(wv, "v"), q_bias=q_bias,
+                              k_bias=k_bias, v_bias=v_bias, rope_cs=rope_cs, prefill_state=prefill_state,
+                              block_table=block_table),
+                         dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
+                         reads=(x, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table) + wq.buffers
+                         + wk.buffers + wv.buffers,
+                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k)
 
 
 class GemmQ4kStackedRows(_GemmKquantLauncher):
