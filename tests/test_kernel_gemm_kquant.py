@@ -155,7 +155,8 @@ def test_gemm_q6k_refuses_other_formats(dev, rng):
 
 
 # (M, start, split, head_dim, Hq, Hkv, tile): pairs past the last block's end (14q2kv at 64: 576
-# pairs, 9 blocks); one token; positions near 30 000 with stream-K ranges; the 256-token build.
+# pairs, 9 blocks); one token; positions near 30 000 with stream-K ranges (4 blocks for the 27
+# tiles, each range cutting some); the 256-token build.
 QKV_ROPE_CASES = [(100, 5, False, 64, 14, 2, 128), (1, 0, False, 128, 7, 1, 64), (300, 30000, True, 128, 7, 1, 128),
                   (230, 40, False, 64, 14, 2, 256)]
 
@@ -198,7 +199,7 @@ def test_gemm_q4k_qkv_rope(dev, rng, m, start, split, hd, hq, hkv, tile):
 
     fused = outputs("fused")
     g = GemmQ4kQkvRopeRows(*fused, xd, wq, wk, wv, *bd, rope_cs, ps, bt, k=k, rows=rows, split_k=sk,
-                           tile_tokens=tile, **heads)
+                           blocks=4 if split else None, tile_tokens=tile, **heads)
     assert g.tiling.tile_tokens == tile and g.tiling.split == split, "the case should plan as its id says"
     g.launch()
     got_q, got_k, got_v = (a.download() for a in fused)

@@ -250,7 +250,7 @@ class Prefill:
         }
         if self.qkv_rope or self.kquant_rope:  # the chunk's RoPE cos and sin, read by the QKV GEMMs
             act["rope_cs"] = ((C, cfg.head_dim), np.float32)
-        else:  # FP32 q | k | v between the QKV GEMM and rope_kv_rows
+        if not self.qkv_rope:  # FP32 q | k | v between the QKV GEMMs and rope_kv_rows (per-tensor layers too)
             act["qkv"] = ((C, nq + 2 * nkv), np.float32)
         size = sum(-(-int(np.prod(s)) * np.dtype(d).itemsize // DEFAULT_ALIGN_BYTES) * DEFAULT_ALIGN_BYTES
                    for s, d in act.values()) + DEFAULT_ALIGN_BYTES
