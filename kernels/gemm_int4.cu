@@ -9,7 +9,7 @@
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
 //   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
-//   (bottom of the file; 64- and 128-token builds only)
+//   (bottom of the file; Q4_K at every tile build, Q6_K at 64 and 128 tokens)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -79,8 +79,9 @@
 //   full[s]   count GEMM_FULL_ARRIVALS = 33: lane 0's arrive.expect_tx (+ the 32 KB of X the two
 //             TMA boxes deliver as transactions) and one cp.async.mbarrier.arrive.noinc per
 //             producer lane, which arrives only once that lane's 16 weight copies have landed
-//             (with Q6_K's high-bit plane, 24 for lanes t < 2: their two 16-byte pieces of each
-//             row's 32 B, in the same stage behind the code words, under the same barriers).
+//             (with Q6_K's high-bit plane, 32 for lanes t < 2: also their 16-byte half of the
+//             32 B of high bits of each of the same 16 rows, in the same stage behind the code
+//             words, under the same barriers).
 //             Phase r completes when round r's X tile and all 128 weight rows are in shared
 //             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
 //             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)

@@ -33,8 +33,8 @@ CASES = [("qk.straddle", 128, 100, 200, 72, 1280, 128, False), ("one.m1", 64, 1,
          ("qk.tile256", 256, 230, 256, 64, 1024, 256, False), ("one.tile256.split", 512, 300, 200, 0, 2048, 256, True)]
 
 
-def _scratch(dev, rows: int, n: int, k: int, tile: int) -> SplitKScratch:
-    units, tiles = split_k_need(rows, -(-n // 128), k, tile_tokens=tile)
+def _scratch(dev, rows: int, n: int, k: int, tile: int, grid: int | None = None) -> SplitKScratch:
+    units, tiles = split_k_need(rows, -(-n // 128), k, grid, tile_tokens=tile)
     return SplitKScratch(dev.array, max(units, 1), max(tiles, 1))
 
 
@@ -189,7 +189,7 @@ def test_gemm_q4k_qkv_rope(dev, rng, m, start, split, hd, hq, hkv, tile):
     bd = [dev.upload(f"b{i}", b) for i, b in enumerate(biases)]
     rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
     launchers.RopeTableRows(rope_cs, fd, ps, rows=rows, head_dim=hd).launch()
-    sk = _scratch(dev, rows, nq + 2 * nkv, k, tile) if split else None
+    sk = _scratch(dev, rows, nq + 2 * nkv, k, tile, grid=4) if split else None
     heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
 
     def outputs(tag):
