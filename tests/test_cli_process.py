@@ -44,8 +44,17 @@ def _long_run(tiny, entry: str) -> list[str]:
 ])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
     for delay in delays:
-        p = subprocess.Popen(_long_run(tiny, entry), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env=_env())
+        # drvqwen starts as a terminal's foreground command does, with SIGINT at its default. A
+        # pytest started in the background of a non-interactive shell (`.ci/run &`) ignores
+        # SIGINT, and an ignored signal stays ignored across exec: the child would drop a Ctrl-C
+        # landing before __main__.py installs its handler and run to the end. A handled signal
+        # is reset to the default by exec, so the child gets SIG_DFL from this one.
+        prev = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            p = subprocess.Popen(_long_run(tiny, entry), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 env=_env())
+        finally:
+            signal.signal(signal.SIGINT, prev)
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=120)
