@@ -48,7 +48,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tiny, entry, delays):
         # pytest started in the background of a non-interactive shell (`.ci/run &`) ignores
         # SIGINT, and an ignored signal stays ignored across exec: the child would drop a Ctrl-C
         # landing before __main__.py installs its handler and run to the end. A handled signal
-        # is reset to the default by exec, so the child gets SIG_DFL from this one.
+        # is reset to the default by exec, so the child starts with the default action.
         prev = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             p = subprocess.Popen(_long_run(tiny, entry), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
