@@ -49,6 +49,7 @@
 #             `eval humaneval` raw and chat on the GPU (per-problem JSON in OUTDIR), and
 #             `drvqwen.bench` (OUTDIR/formats-real-bench.json). Each step takes a few minutes;
 #             FORMATS_REAL_STEPS="graphs agree" runs a subset.
+#   cubins    nothing but CUBIN_SEED and CUBIN_EXPORT (below): the cubin cache moved in or out.
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
 # Writes into OUTDIR: env.txt (GPU, driver, package versions) and one .log (and junit .xml for
@@ -59,7 +60,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|step|formats|formats-real|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|step|formats|formats-real|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -110,6 +111,38 @@ print("gpu:", reason or get_device().info.summary())
 EOF
     } > "$OUTDIR/env.txt"
     cat "$OUTDIR/env.txt"
+}
+
+# The cubin cache travels between machines: an entry's key names the sources, options and
+# toolchain, never the machine (docs/gpu-workflow.md#the-toolchain-nvrtc-to-cubin), so cubins
+# built on one run are hits on the next machine with the same toolchain — a fresh GPU machine
+# then skips the minutes of NVRTC a cold test run spends.
+#   CUBIN_SEED=DIR    before the stage, the entries of DIR/cubins.tar.xz.* (the parts, in order)
+#                     are added to the cache; entries already there are kept.
+#   CUBIN_EXPORT=DIR  after it, the whole cache is written to DIR/cubins.tar.xz.00, .01, … in
+#                     parts of 15 MiB (what a device command's output may hold per file).
+cubin_dir() { "$PY" -c 'from drvqwen import paths; print(paths.cubin_dir())'; }
+
+cubin_seed() {
+    [[ -n ${CUBIN_SEED:-} ]] || return 0
+    local dir parts
+    dir=$(cubin_dir) || return 1
+    parts=("$CUBIN_SEED"/cubins.tar.xz.*)
+    if [[ ! -e ${parts[0]} ]]; then
+        echo "CUBIN_SEED=$CUBIN_SEED: no cubins.tar.xz.* there" >&2
+        return 1
+    fi
+    cat "${parts[@]}" | tar -xJf - -C "$dir" --skip-old-files || { echo "CUBIN_SEED=$CUBIN_SEED: not a tar.xz in parts" >&2; return 1; }
+    echo "cubin cache $dir: $(find "$dir" -name '*.cubin' | wc -l) cubins after seeding from $CUBIN_SEED"
+}
+
+cubin_export() {
+    [[ -n ${CUBIN_EXPORT:-} ]] || return 0
+    local dir
+    dir=$(cubin_dir) || return 1
+    mkdir -p "$CUBIN_EXPORT" && rm -f "$CUBIN_EXPORT"/cubins.tar.xz.* || return 1
+    tar -cf - -C "$dir" . | xz -T0 -3 | split -b 15M -d - "$CUBIN_EXPORT/cubins.tar.xz." || return 1
+    echo "cubin cache $dir: $(find "$dir" -name '*.cubin' | wc -l) cubins written to $CUBIN_EXPORT ($(du -ch "$CUBIN_EXPORT"/cubins.tar.xz.* | tail -1 | cut -f1))"
 }
 
 # run_step NAME CMD... — run CMD with the step timeout, appending its output to OUTDIR/NAME.log
@@ -374,22 +407,25 @@ stage_step() {
 }
 
 record_env
+cubin_seed || exit 2
+rc=0
 case $STAGE in
-    tests) stage_tests ;;
-    real) stage_real ;;
-    fingerprint) stage_fingerprint ;;
-    sanitize) stage_sanitize ;;
-    bench) stage_bench ;;
-    serve) stage_serve ;;
-    step) stage_step ;;
-    formats) stage_formats ;;
-    formats-real) stage_formats_real ;;
+    tests) stage_tests || rc=1 ;;
+    real) stage_real || rc=1 ;;
+    fingerprint) stage_fingerprint || rc=1 ;;
+    sanitize) stage_sanitize || rc=1 ;;
+    bench) stage_bench || rc=1 ;;
+    serve) stage_serve || rc=1 ;;
+    step) stage_step || rc=1 ;;
+    formats) stage_formats || rc=1 ;;
+    formats-real) stage_formats_real || rc=1 ;;
+    cubins) ;;  # CUBIN_SEED and CUBIN_EXPORT alone
     all)
-        rc=0
         stage_tests || rc=1
         stage_sanitize || rc=1
         stage_bench || rc=1
-        exit "$rc"
         ;;
     *) usage ;;
 esac
+cubin_export || rc=1
+exit "$rc"
