@@ -154,20 +154,20 @@ def kv_bytes_read(config, seq_len: int) -> int:
 
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
                  last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True,
-                 kquant_gemm: bool = True):
+                 kquant_gemm: bool = True, chunk_rows: int | None = None):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
     attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES; without
     `attention_splits` every attention query tile runs whole; without `attention_late` every chunk
     on the one engine, none switching to the range schedule late in a long prompt; without
-    `kquant_gemm` Q4_K and Q6_K projections on gemm_fmt_wgmma.cu), or None where that module does not exist
-    in this checkout."""
+    `kquant_gemm` Q4_K and Q6_K projections on gemm_fmt_wgmma.cu; `chunk_rows` the prompt rows
+    per chunk, default the prefill's), or None where that module does not exist in this checkout."""
     try:
-        from .prefill import ATTENTION_ENGINE, LATE_ATTENTION_FROM, Prefill
+        from .prefill import ATTENTION_ENGINE, DEFAULT_CHUNK_ROWS, LATE_ATTENTION_FROM, Prefill
     except ImportError:
         return None
-    return Prefill(dec, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
+    return Prefill(dec, chunk_rows or DEFAULT_CHUNK_ROWS, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
                    last_layer=last_layer, attention_splits=attention_splits,
                    late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm)
 
@@ -261,7 +261,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               kernels: bool = False, prefill_gemm: str = "wgmma", prefill_rope: str = "epilogue",
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
-              prefill_kquant: str = "registers", decode: str = "per-launch",
+              prefill_kquant: str = "registers", prefill_chunk_rows: int | None = None, decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
@@ -290,6 +290,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
+        prefill_chunk_rows: prompt rows per prefill chunk (None: prefill.DEFAULT_CHUNK_ROWS): a
+            long prompt's GEMMs run at M = that many rows.
         decode: "per-launch" (the step as its launch list) or "persistent": the graph mode runs
             the embedding and the layers as one persistent kernel (kernels/decode_persistent.cu)
             and the eager mode the same step launch by launch — both with the plain attention
@@ -338,7 +340,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         capture_ms = (time.perf_counter() - t0) * 1e3
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
         prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
-                                prefill_attention_splits, prefill_attention_late, prefill_kquant == "registers")
+                                prefill_attention_splits, prefill_attention_late, prefill_kquant == "registers",
+                                prefill_chunk_rows)
                    if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
@@ -368,6 +371,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                                                      if prefill is not None else None,
                          "prefill_attention_late_from": getattr(prefill, "late_from", None),
                          "prefill_kquant": prefill_kquant if prefill is not None else None,
+                         "prefill_chunk_rows": prefill.chunk_rows if prefill is not None else None,
                          "prefill_last_layer": (("last_row" if prefill.last_row else "all_rows")
                                                 if prefill is not None else None),
                          "ttft": "GPU prefill (drvqwen.prefill): host time from submitting the prompt to "
@@ -531,6 +535,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Q4_K and Q6_K projections: unpacked in the GEMM's registers (gemm_int4.cu's K-quant "
                         "kernels, default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
+    p.add_argument("--prefill-chunk-rows", type=int, default=None, metavar="ROWS",
+                   help="prompt rows per prefill chunk (rounded up to a multiple of 64; default: the prefill's, 512): a long "
+                        "prompt's GEMMs and attention launches then take that many rows at once")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "
                         f"the first and the median (default: {PREFILL_REPS})")
@@ -602,7 +609,8 @@ def cmd_bench(args) -> int:
                         prefill_attention=args.prefill_attention, prefill_last_layer=args.prefill_last_layer,
                         prefill_attention_splits=args.prefill_attention_splits == "auto",
                         prefill_attention_late=args.prefill_attention_late == "auto",
-                        prefill_kquant=args.prefill_kquant, decode=args.decode,
+                        prefill_kquant=args.prefill_kquant, prefill_chunk_rows=args.prefill_chunk_rows,
+                        decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:
