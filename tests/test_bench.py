@@ -219,6 +219,21 @@ def test_prefill_reps_option():
     assert ap.parse_args(["--prefill-reps", "3"]).prefill_reps == 3
 
 
+def test_prefill_chunk_rows_reach_the_prefill(monkeypatch):
+    """--prefill-chunk-rows: absent, the prefill's own chunk (DEFAULT_CHUNK_ROWS); given, passed on."""
+    from drvqwen import prefill
+
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    assert ap.parse_args([]).prefill_chunk_rows is None
+    assert ap.parse_args(["--prefill-chunk-rows", "2048"]).prefill_chunk_rows == 2048
+    made = []
+    monkeypatch.setattr(prefill, "Prefill", lambda dec, rows, **kw: made.append(rows))
+    bench.load_prefill(object())
+    bench.load_prefill(object(), chunk_rows=2048)
+    assert made == [prefill.DEFAULT_CHUNK_ROWS, 2048]
+
+
 def test_persistent_defines_parse_and_refuse_in_one_line():
     assert bench.parse_defines(["DP_SPIN_NS=0", "GEMV_UNROLL=2", "X=-1"]) == (("DP_SPIN_NS", 0), ("GEMV_UNROLL", 2),
                                                                               ("X", -1))
