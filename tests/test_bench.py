@@ -12,6 +12,7 @@ import argparse
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -232,6 +233,9 @@ def test_prefill_chunk_rows_reach_the_prefill(monkeypatch):
     bench.load_prefill(object())
     bench.load_prefill(object(), chunk_rows=2048)
     assert made == [prefill.DEFAULT_CHUNK_ROWS, 2048]
+    for bad in (0, -64):  # refused in one line before anything is loaded (the path does not exist)
+        with pytest.raises(bench.DrvqwenError, match=rf"^--prefill-chunk-rows {bad}: need >= 1$"):
+            bench.run_bench(Path("no-such.nanoqwen"), prefill_chunk_rows=bad)
 
 
 def test_persistent_defines_parse_and_refuse_in_one_line():

@@ -309,6 +309,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     from .format.nanoqwen import NanoqwenFile
     from .graphs import GraphDecoder
 
+    if prefill_chunk_rows is not None and prefill_chunk_rows < 1:  # before the minutes of loading
+        raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
