@@ -136,12 +136,14 @@ def test_prefill_rope_launchers_refuse_bad_outputs_naming_the_kernel(kernel):
 
 
 def test_qkv_rope_gemm_refuses_a_cache_past_32_bit_offsets():
-    """gemm_int4_qkv_rope's epilogue computes per-token offsets in 32 bits: a layer's cache of 2³¹
-    elements or more is refused, naming the buffer, before anything is encoded."""
+    """gemm_int4_qkv_rope's epilogue (gemm_q4k_qkv_rope's too) computes per-token offsets in 32
+    bits: a layer's cache of 2³¹ elements or more is refused, naming the buffer, before anything
+    is encoded."""
     import numpy as np
 
     from drvqwen.launchers import GemmInt4QkvRopeRows
     from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.gemm_kquant import GemmQ4kQkvRopeRows
 
     hq, hkv, dh, rows, k = 4, 2, 128, 64, 256
     buf = lambda n, shape, dt=np.float16: BufferSpec(n, shape, dt)  # noqa: E731
@@ -153,6 +155,12 @@ def test_qkv_rope_gemm_refuses_a_cache_past_32_bit_offsets():
                             buf("bq", (hq * dh,)), buf("bk", (hkv * dh,)), buf("bv", (hkv * dh,)),
                             buf("rope_cs", (rows * dh,), np.float32), buf("ps", (2,), np.int32),
                             buf("bt", (8,), np.int32), n_heads=hq, n_kv_heads=hkv, head_dim=dh, k=k, rows=rows)
+    # gemm_q4k_qkv_rope shares the epilogue and its checks, made before any weight is looked at
+    with pytest.raises(LaunchError, match=r"gemm_q4k_qkv_rope: k_cache of \[.*\] has 2³¹ elements or more"):
+        GemmQ4kQkvRopeRows(buf("q", (rows * hq * dh,)), huge, huge, buf("x", (rows, k)), None, None, None,
+                           buf("bq", (hq * dh,)), buf("bk", (hkv * dh,)), buf("bv", (hkv * dh,)),
+                           buf("rope_cs", (rows * dh,), np.float32), buf("ps", (2,), np.int32),
+                           buf("bt", (8,), np.int32), n_heads=hq, n_kv_heads=hkv, head_dim=dh, k=k, rows=rows)
 
 
 def test_qkv_blocks_split_by_makespan():

@@ -372,6 +372,26 @@ class GemmInt4QkvRows(_GemmLauncher):
                          writes=(qkv,), max_blocks=max_blocks, split_k=split_k)
 
 
+def check_qkv_rope_outputs(kernel: str, q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, *, rows: int,
+                           n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int]:
+    """The outputs, biases and RoPE table of a QKV GEMM with the RoPE/cache epilogue
+    (gemm_int4_qkv_rope, gemm_q4k_qkv_rope: GemmQkvRopeEpilogue in gemm_int4.cu): rope_kv's
+    checks, rope_cs fp32 [rows, head_dim / 2, 2], and q_out and each layer cache under 2³¹
+    elements (the epilogue's per-token offsets are 32-bit). Returns (n_q, n_kv) = (Hq·Dh, Hkv·Dh).
+
+    Raises:
+        LaunchError: a buffer of the wrong size, dtype or shape, or one of 2³¹ elements or more.
+    """
+    n_q, n_kv = check_rows_rope_outputs(kernel, q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
+                                        rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
+    for what, buf in (("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
+        shape = getattr(buf, "shape", None)
+        require(shape is None or int(np.prod(shape)) < 2**31,
+                f"{kernel}: {what} of {list(shape or ())} has 2³¹ elements or more")
+    return n_q, n_kv
+
+
 def _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, *, n_q: int, n_kv: int,
                        k: int, rows: int) -> None:
     check_buffer(x, "x", rows * k, np.float16)
@@ -401,14 +421,9 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
                  split_k: SplitKScratch | None = None, blocks: int | None = None, tile_tokens: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
-        n_q, n_kv = check_rows_rope_outputs("gemm_int4_qkv_rope", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
-                                            rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
-        check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
-        # The epilogue's per-token offsets are 32-bit: q_out and a layer's cache under 2³¹ elements.
-        for what, buf in (("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
-            shape = getattr(buf, "shape", None)
-            require(shape is None or int(np.prod(shape)) < 2**31,
-                    f"gemm_int4_qkv_rope: {what} of {list(shape or ())} has 2³¹ elements or more")
+        n_q, n_kv = check_qkv_rope_outputs("gemm_int4_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
+                                           rope_cs, rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                           head_dim=head_dim)
         _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, n_q=n_q, n_kv=n_kv,
                            k=k, rows=rows)
         check_prefill_state(prefill_state)

@@ -28,9 +28,9 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import BLOCK_ROWS, SplitKScratch, _GemmLauncher, plan_launch, smem_bytes, stages, x_tensor_map
+from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, plan_launch, smem_bytes,
+                        stages, x_tensor_map)
 from .gemv_fmt import FmtWeight
-from .rope_kv import check_rows_rope_outputs
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
 Q6K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q6_k")
@@ -97,14 +97,9 @@ class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
                  k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
                  blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
-        n_q, n_kv = check_rows_rope_outputs("gemm_q4k_qkv_rope", q_out, q_bias, k_bias, v_bias, k_cache, v_cache,
-                                            rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
-        check_buffer(rope_cs, "rope_cs", rows * head_dim, np.float32)
-        # The epilogue's per-token offsets are 32-bit: q_out and a layer's cache under 2³¹ elements.
-        for what, buf in (("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
-            shape = getattr(buf, "shape", None)
-            require(shape is None or int(np.prod(shape)) < 2**31,
-                    f"gemm_q4k_qkv_rope: {what} of {list(shape or ())} has 2³¹ elements or more")
+        n_q, n_kv = check_qkv_rope_outputs("gemm_q4k_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
+                                           rope_cs, rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                           head_dim=head_dim)
         for w, n in ((wq, n_q), (wk, n_kv), (wv, n_kv)):
             self._check_fmt(w, n, k)
         check_buffer(x, "x", rows * k, np.float16)
