@@ -10,6 +10,8 @@
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
 //   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
 //   (bottom of the file; Q4_K at every tile build, Q6_K at 64 and 128 tokens)
+//   gemm_q5g32_stacked_rows, gemm_q5g32_residual, gemm_q5g32_gate_up_swiglu: the same over Q5_0
+//   (the GGUF's bytes: 4-bit codes, a high-bit plane, an FP16 scale per 32 inputs; every build)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -81,7 +83,8 @@
 //             producer lane, which arrives only once that lane's 16 weight copies have landed
 //             (with Q6_K's high-bit plane, 32 for lanes t < 2: also their 16-byte half of the
 //             32 B of high bits of each of the same 16 rows, in the same stage behind the code
-//             words, under the same barriers).
+//             words, under the same barriers; with Q5_0's, 32 for lanes t = 0: the 16 B of
+//             each row).
 //             Phase r completes when round r's X tile and all 128 weight rows are in shared
 //             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
 //             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)
@@ -427,6 +430,7 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
 // 32 B a row and group); the scales are read from global memory one group ahead, as Q4_K's.
 #define FP16X2_1056 0x64206420u  // (1024 + 32, 1024 + 32): the magic number and Q6_K's zero point
 #define FP16X2_1152 0x64806480u  // (1024 + 128, 1024 + 128): the magic number and the int8 bias
+#define FP16X2_1040 0x64106410u  // (1024 + 16, 1024 + 16): the magic number and Q5_0's zero point
 struct GemmLaneRowsQ6k {
     const u32* wa;  const u32* wb;    // the rows' code words
     const u32* ha;  const u32* hb;    // the rows' high-bit words
@@ -534,13 +538,13 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         ra[i] = w[i];
         rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
     }
-    // Rows local and local+8 of the high-bit plane behind the code words (32 B each), for the
-    // formats that have one: the same 2-addresses-a-phase pattern as the codes.
+    // Rows local and local+8 of the high-bit plane behind the code words (Q6_K 32 B each, Q5_0
+    // 16 B), for the formats that have one: the same 2-addresses-a-phase pattern as the codes.
     uint4 ha[2] = {}, hb[2] = {};
     if constexpr (Sc::HIGH_ROW_BYTES > 0) {
         const uint4* h = reinterpret_cast<const uint4*>(st + GEMM_STAGE_BYTES + local * Sc::HIGH_ROW_BYTES);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < Sc::HIGH_ROW_BYTES / 16; ++i) {
             ha[i] = h[i];
             hb[i] = h[8 * Sc::HIGH_ROW_BYTES / 16 + i];
         }
@@ -651,11 +655,14 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
-                    if constexpr (Sc::HIGH_ROW_BYTES > 0) {  // the rows' 32 B of high bits: lanes t < 2, 16 B each
+                    if constexpr (Sc::HIGH_ROW_BYTES > 0) {
+                        // The rows' high bits of the group (Q6_K 32 B, Q5_0 16 B): lanes t <
+                        // HIGH_ROW_BYTES / 16 of the quad, 16 B each.
+                        constexpr int HIGH_WORDS = Sc::HIGH_ROW_BYTES / 4;  // a row's high words per group
                         unsigned char* h_st = st + GEMM_STAGE_BYTES + g * Sc::HIGH_ROW_BYTES + 16 * t;
-                        if (t < 2) {
-                            cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * (INT4_GROUP / 16) + 4 * t, true);
-                            cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * (INT4_GROUP / 16) + 4 * t, true);
+                        if (t < Sc::HIGH_ROW_BYTES / 16) {
+                            cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * HIGH_WORDS + 4 * t, true);
+                            cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * HIGH_WORDS + 4 * t, true);
                         }
                     }
                 }
@@ -1215,3 +1222,194 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 }
 
 #endif  // GEMM_BM <= 128
+
+// ---- Q5_0 weights (the GGUF's own bytes) on the same mainloop --------------------------------
+// Q5_0 (weight_formats.cuh, id 5 "q5_g32"): the codes c = v + 16h, v the low nibble in layout
+// id 1 (the INT4 words: the same lop3 picks a lane's pair) and h one high bit in the qhigh plane —
+// for nibble p of code word i of a 32-input chunk, bit 4p + i of the chunk's high word — and one
+// FP16 scale per 32-input chunk: w = (c − 16)·s. A 128-input group is 4 chunks: k steps 2j and
+// 2j + 1 in chunk j, 4 high words (16 B) and 4 scales (8 B) a row. The high words travel with the
+// codes through the stage (lane t = 0 of each quad copies a row's 16 B); the scales come from
+// global memory one group ahead, one 8-byte load a row. Why this format here: llama.cpp's Q4_K_M
+// gives every tensor whose K is not a multiple of 256 Q5_0 instead of Q4_K — all but down_proj
+// on Qwen2.5-Coder-0.5B (K = 896), 133 of its 169 matrices — and Q5_0 is a GGUF quantization of
+// its own at every size.
+struct GemmLaneRowsQ5g32 {
+    const u32* wa;  const u32* wb;    // the rows' code words
+    const u32* ha;  const u32* hb;    // the rows' high-bit words, one per 32-input chunk
+    const uint2* sa; const uint2* sb; // the rows' FP16 scales, four (one group's) an element
+};
+
+// The lane's scales of one group, S = (s, s) of each chunk and row, and the unpack (c − 16)·S:
+// 1024 + v + 16h is an exact FP16 (the magic number with the high bit OR-ed in at 16), one
+// sub.f16x2 of 1024 + 16 makes c − 16 exact, one mul.rn.f16x2 rounds the exact product (5 × 11
+// significant bits) once — the FP16 value of the reference's FP32 weight, bit for bit, as
+// wf_dequant_pairs<WF_Q5_G32> gives gemm_fmt_wgmma.cu.
+struct GemmQ5g32Scales {
+    static constexpr int HIGH_ROW_BYTES = 16;
+    static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
+    struct Group {
+        u32 s[2][4];  // [row g, g+8][chunk] half2 (s, s)
+    };
+    __device__ static __forceinline__ Group load(const GemmLaneRowsQ5g32& r, int grp) {
+        Group G;
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            const uint2 v = (row ? r.sb : r.sa)[grp];  // chunks 0, 1 in v.x; 2, 3 in v.y
+            G.s[row][0] = __byte_perm(v.x, 0, 0x1010);
+            G.s[row][1] = __byte_perm(v.x, 0, 0x3232);
+            G.s[row][2] = __byte_perm(v.y, 0, 0x1010);
+            G.s[row][3] = __byte_perm(v.y, 0, 0x3232);
+        }
+        return G;
+    }
+    // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
+    // sit at bits 4 and 20) as (c − 16, c − 16) exact, then times S.
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2) {
+        const u32 m = lop3_and_or(hpos, 0x00100010u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
+        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, m);  // (1024 + c0, 1024 + c1), c ≤ 31
+        u32 q, out;
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1040));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
+        return out;
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&ha)[2],
+                                                     const uint4 (&hb)[2], int shift, const Group& G,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            // k step s: code words 2s, 2s+1 = words i0 = 2(s % 2), i0 + 1 of chunk j = s / 2, whose
+            // high bits for the lane's nibbles t and t + 4 are bits 4t + i and 4t + 16 + i of high
+            // word j: shifted right by 4t, then left by 4 − i, they sit at bits 4 and 20.
+            const int j = s / 2, i0 = 2 * (s % 2);
+            const u32 hA = wf_word(ha[0], j) >> shift, hB = wf_word(hb[0], j) >> shift;
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << (4 - i0), shift, G.s[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << (4 - i0), shift, G.s[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << (3 - i0), shift, G.s[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << (3 - i0), shift, G.s[1][j]);
+        }
+    }
+};
+
+// Row `row` (clamped into the matrix) of a Q5_0 weight [n, K] into the lane-rows slot `which`
+// (0: row g, 1: row g+8).
+__device__ __forceinline__ void gemm_q5g32_lane_row(const u32* qweight, const u32* qhigh, const __half* scales,
+                                                    int row, int n, int K, int which, GemmLaneRowsQ5g32& out) {
+    const u64 r = (u64)min(row, n - 1);
+    (which ? out.wb : out.wa) = qweight + r * (K / 8);
+    (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+    (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
+}
+
+// gemm_int4_block with GemmQ5g32Scales: each stage also holds the tile rows' high-bit words (16 B a
+// row and group, 2 KB), at every tile build (three 256-token stages: 223 KB).
+#define GEMM_Q5_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ5g32Scales>() + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
+static_assert(GEMM_Q5_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// rows_of for one Q5_0 matrix; the lane's row g is also written to *ra.
+struct GemmQ5g32OneMatrixRows {
+    const u32* qweight;
+    const u32* qhigh;
+    const __half* scales;
+    int N, K;
+    int* ra;
+    __device__ __forceinline__ GemmLaneRowsQ5g32 operator()(int rb, int local) const {
+        GemmLaneRowsQ5g32 r;
+        *ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_q5g32_lane_row(qweight, qhigh, scales, *ra, N, K, 0, r);
+        gemm_q5g32_lane_row(qweight, qhigh, scales, *ra + 8, N, K, 1, r);
+        return r;
+    }
+};
+
+// residual += X Wᵀ in FP32, W in Q5_0 (o_proj, down_proj). As gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
+                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                    const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1)
+                    const u32* __restrict__ qhigh,           // [N, K/32] uint32, the high bits
+                    const __half* __restrict__ scales,       // [N, K/32] fp16
+                    const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
+                    float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                    int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                    int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, GemmQ5g32OneMatrixRows{qweight, qhigh, scales, N, K, &ra},
+                    GemmResidualAdd{residual, N, &ra}, GemmQ5g32Scales{});
+}
+
+// out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q5_0 matrices stacked along N
+// (N1 = N2 = 0: one): a layer's q, k and v into their columns of qkv in one launch where all three
+// are Q5_0, q and k where v is another format (llama.cpp's Q4_K_M on a model whose K is not a
+// multiple of 256: v in Q8_0 on the layers that get more bits). Tiles: ceil(M/GEMM_BM) ×
+// ceil((N0+N1+N2)/128). Rows g and g+8 of a warp tile may lie in different matrices: each row
+// picks its own.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
+                        const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                        const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
+                        const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                        const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
+                        const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                        const u32* __restrict__ w1_qhigh,
+                        const __half* __restrict__ w1_scales,
+                        const u32* __restrict__ w2_qweight,        // [N2, …] (N2 = 0: unused)
+                        const u32* __restrict__ w2_qhigh,
+                        const __half* __restrict__ w2_scales,
+                        const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                        float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                        int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                        int N0, int N1, int N2, int K, int ldo, int col0) {
+    const int N = N0 + N1 + N2;
+    int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
+    // Row `row` of the stack (clamped into it) in its matrix, into slot `which` of `out`.
+    auto one = [&](int row, int which, GemmLaneRowsQ5g32& o) {
+        const int r = min(row, N - 1);
+        const int m = r < N0 ? 0 : r < N0 + N1 ? 1 : 2;
+        const int i = r - (m == 0 ? 0 : m == 1 ? N0 : N0 + N1);
+        const int n = m == 0 ? N0 : m == 1 ? N1 : N2;
+        gemm_q5g32_lane_row(m == 0 ? w0_qweight : m == 1 ? w1_qweight : w2_qweight,
+                            m == 0 ? w0_qhigh : m == 1 ? w1_qhigh : w2_qhigh,
+                            m == 0 ? w0_scales : m == 1 ? w1_scales : w2_scales, i, n, K, which, o);
+    };
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
+        GemmLaneRowsQ5g32 r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        one(ra, 0, r);
+        one(ra + 8, 1, r);
+        return r;
+    }, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
+        if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
+    }), GemmQ5g32Scales{});
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q5_0. As gemm_int4_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                          const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                          const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                          const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                          const __half* __restrict__ gate_scales,    // [F, K/32] fp16
+                          const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                          const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                          const __half* __restrict__ up_scales,      // [F, K/32] fp16
+                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                          float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                          int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                          int F, int K) {
+    int f = 0;
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsQ5g32 r;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        gemm_q5g32_lane_row(gate_qweight, gate_qhigh, gate_scales, f, F, K, 0, r);
+        gemm_q5g32_lane_row(up_qweight, up_qhigh, up_scales, f, F, K, 1, r);
+        return r;
+    }, gemm_each_token([&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+    }), GemmQ5g32Scales{});
+}
