@@ -263,6 +263,7 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // A format with a high-bit plane (Q6_K: bits 4–5 of each code, 32 B a row and group) adds it to
 // every stage behind the code words: the stage of policy Sc (below) is gemm_stage_bytes<Sc>().
 #define GEMM_HIGH_ROW_BYTES 32
+#define GEMM_HIGH_MAX       4   // 16-byte pieces of a row's high part in a stage, at most (Q8_0: its second 64 B)
 static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // Nibble pair t of word w (inputs 2t, 2t+1 of its 8) → half2 of the exact codes, times the
@@ -306,14 +307,16 @@ struct GemmLaneRows {
 // fragments(): the group's A fragments from the words of rows g and g+8.
 // INT4 (layout id 1): one FP16 scale per row and group, w = (c − 8)·s.
 struct GemmInt4Scales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;  // words between a row's groups in the codes plane
     static constexpr int HIGH_ROW_BYTES = 0;        // no high-bit plane in the stage
+    static constexpr int HIGH_STRIDE = 0;           // words between a row's groups in the high plane
     static constexpr bool ROWS_EACH_GROUP = false;  // the producer's row pointers may be hoisted
     struct Group {
         __half a, b;
     };
     __device__ static __forceinline__ Group load(const GemmLaneRows& r, int grp) { return Group{r.sa[grp], r.sb[grp]}; }
-    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[2],
-                                                     const uint4 (&)[2], int shift, const Group& s,
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[GEMM_HIGH_MAX],
+                                                     const uint4 (&)[GEMM_HIGH_MAX], int shift, const Group& s,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
         gemm_a_fragments(ra, rb, shift, s.a, s.b, frag);
     }
@@ -360,7 +363,9 @@ __device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o
 }
 
 struct GemmQ4kScales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
     static constexpr int HIGH_ROW_BYTES = 0;
+    static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = GEMM_BM == 256;  // the producer's 72 registers
     struct Group {
         u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
@@ -398,8 +403,8 @@ struct GemmQ4kScales {
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
         return out;
     }
-    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[2],
-                                                     const uint4 (&)[2], int shift, const Group& G,
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[GEMM_HIGH_MAX],
+                                                     const uint4 (&)[GEMM_HIGH_MAX], int shift, const Group& G,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
@@ -443,7 +448,9 @@ struct GemmLaneRowsQ6k {
 // (c − 32)·S: the exact c − 32 by one sub.f16x2 of 1024 + 32, one mul.rn.f16x2 — two roundings
 // (S, the product), as Q4_K's (docs/numerics.md).
 struct GemmQ6kScales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
     static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
+    static constexpr int HIGH_STRIDE = GEMM_HIGH_ROW_BYTES / 4;
     static constexpr bool ROWS_EACH_GROUP = true;
     struct Group {
         u32 s[2][GEMM_K_STEPS];  // [row g, g+8][k step] half2 (S, S)
@@ -471,8 +478,8 @@ struct GemmQ6kScales {
         asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
         return out;
     }
-    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&ha)[2],
-                                                     const uint4 (&hb)[2], int shift, const Group& G,
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&ha)[GEMM_HIGH_MAX],
+                                                     const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
@@ -540,7 +547,7 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     }
     // Rows local and local+8 of the high-bit plane behind the code words (Q6_K 32 B each, Q5_0
     // 16 B), for the formats that have one: the same 2-addresses-a-phase pattern as the codes.
-    uint4 ha[2] = {}, hb[2] = {};
+    uint4 ha[GEMM_HIGH_MAX] = {}, hb[GEMM_HIGH_MAX] = {};
     if constexpr (Sc::HIGH_ROW_BYTES > 0) {
         const uint4* h = reinterpret_cast<const uint4*>(st + GEMM_STAGE_BYTES + local * Sc::HIGH_ROW_BYTES);
 #pragma unroll
@@ -653,16 +660,16 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     // tiles' pointers spill in the 72 registers of the GEMM_BM 256 build (48–56 B
                     // in two kernels, ptxas); the producer has time to spare for the arithmetic.
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
-                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * (INT4_GROUP / 8) + 4 * t, true);
-                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * (INT4_GROUP / 8) + 4 * t, true);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * Sc::CODE_STRIDE + 4 * t, true);
+                    cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * Sc::CODE_STRIDE + 4 * t, true);
                     if constexpr (Sc::HIGH_ROW_BYTES > 0) {
-                        // The rows' high bits of the group (Q6_K 32 B, Q5_0 16 B): lanes t <
-                        // HIGH_ROW_BYTES / 16 of the quad, 16 B each.
-                        constexpr int HIGH_WORDS = Sc::HIGH_ROW_BYTES / 4;  // a row's high words per group
+                        // The rows' high part of the group (Q6_K's 32 B and Q5_0's 16 B of high
+                        // bits, Q8_0's second 64 B of codes): lanes t < HIGH_ROW_BYTES / 16 of the
+                        // quad, 16 B each.
                         unsigned char* h_st = st + GEMM_STAGE_BYTES + g * Sc::HIGH_ROW_BYTES + 16 * t;
                         if (t < Sc::HIGH_ROW_BYTES / 16) {
-                            cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * HIGH_WORDS + 4 * t, true);
-                            cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * HIGH_WORDS + 4 * t, true);
+                            cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * Sc::HIGH_STRIDE + 4 * t, true);
+                            cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * t, true);
                         }
                     }
                 }
@@ -1223,35 +1230,38 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 
 #endif  // GEMM_BM <= 128
 
-// ---- Q5_0 weights (the GGUF's own bytes) on the same mainloop --------------------------------
-// Q5_0 (weight_formats.cuh, id 5 "q5_g32"): the codes c = v + 16h, v the low nibble in layout
-// id 1 (the INT4 words: the same lop3 picks a lane's pair) and h one high bit in the qhigh plane —
-// for nibble p of code word i of a 32-input chunk, bit 4p + i of the chunk's high word — and one
-// FP16 scale per 32-input chunk: w = (c − 16)·s. A 128-input group is 4 chunks: k steps 2j and
-// 2j + 1 in chunk j, 4 high words (16 B) and 4 scales (8 B) a row. The high words travel with the
-// codes through the stage (lane t = 0 of each quad copies a row's 16 B); the scales come from
-// global memory one group ahead, one 8-byte load a row. Why this format here: llama.cpp's Q4_K_M
-// gives every tensor whose K is not a multiple of 256 Q5_0 instead of Q4_K — all but down_proj
-// on Qwen2.5-Coder-0.5B (K = 896), 133 of its 169 matrices — and Q5_0 is a GGUF quantization of
-// its own at every size.
-struct GemmLaneRowsQ5g32 {
+// ---- Q5_0 and Q8_0 weights (the GGUF's own bytes) on the same mainloop ---------------------
+// The GGUF's 32-input block formats with one FP16 scale per block (ggml's QK = 32): a 128-input
+// group is 4 chunks, k steps 2j and 2j + 1 in chunk j, and 4 scales (8 B) a row, which come from
+// global memory one group ahead, one 8-byte load a row (GemmG32Scales).
+//   Q5_0 (weight_formats.cuh, id 5 "q5_g32"): c = v + 16h, v the low nibble in layout id 1 (the
+//        INT4 words: the same lop3 picks a lane's pair), h one high bit in the qhigh plane — for
+//        nibble p of code word i of a chunk, bit 4p + i of the chunk's high word; w = (c − 16)·s.
+//        The high words travel with the codes through the stage (16 B a row and group, lane
+//        t = 0 of each quad copies them).
+//   Q8_0 (id 9 "q8_g32"): c one byte, byte i of word j is input 4j + i; w = (c − 128)·s. A group
+//        is 128 B a row: the stage's code rows hold its first 64 B and its high part the second
+//        64 B (copied by all four lanes of a quad from the same row, 64 B further on), built at
+//        GEMM_BM ≤ 128 (three 256-token stages with it need 240 KB).
+// Why these formats here: llama.cpp's K-quant recipes give every tensor whose K is not a multiple
+// of 256 Q5_0 in place of Q4_K and Q8_0 in place of Q6_K — on Qwen2.5-Coder-0.5B (K = 896) all of
+// its projections but down_proj, 145 of its 169 matrices — and both are GGUF quantizations of their
+// own at every size.
+struct GemmLaneRowsG32 {
     const u32* wa;  const u32* wb;    // the rows' code words
-    const u32* ha;  const u32* hb;    // the rows' high-bit words, one per 32-input chunk
+    const u32* ha;  const u32* hb;    // the rows' high part: Q5_0's high-bit words, Q8_0's codes 64 B on
     const uint2* sa; const uint2* sb; // the rows' FP16 scales, four (one group's) an element
 };
 
-// The lane's scales of one group, S = (s, s) of each chunk and row, and the unpack (c − 16)·S:
-// 1024 + v + 16h is an exact FP16 (the magic number with the high bit OR-ed in at 16), one
-// sub.f16x2 of 1024 + 16 makes c − 16 exact, one mul.rn.f16x2 rounds the exact product (5 × 11
-// significant bits) once — the FP16 value of the reference's FP32 weight, bit for bit, as
-// wf_dequant_pairs<WF_Q5_G32> gives gemm_fmt_wgmma.cu.
-struct GemmQ5g32Scales {
-    static constexpr int HIGH_ROW_BYTES = 16;
-    static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
+// The FP16 scale of each chunk of a group: S = (s, s) of each chunk and row. Each weight is then
+// the exact c − z times S in one mul.rn.f16x2: the exact product (at most 8 × 11 significant bits)
+// rounded once — the FP16 value of the reference's FP32 weight, bit for bit, as
+// wf_dequant_pairs gives gemm_fmt_wgmma.cu.
+struct GemmG32Scales {
     struct Group {
         u32 s[2][4];  // [row g, g+8][chunk] half2 (s, s)
     };
-    __device__ static __forceinline__ Group load(const GemmLaneRowsQ5g32& r, int grp) {
+    __device__ static __forceinline__ Group load(const GemmLaneRowsG32& r, int grp) {
         Group G;
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
@@ -1263,6 +1273,23 @@ struct GemmQ5g32Scales {
         }
         return G;
     }
+};
+
+// Q5_0: 1024 + v + 16h is an exact FP16 (the magic number with the high bit OR-ed in at 16), one
+// sub.f16x2 of 1024 + 16 makes c − 16 exact.
+struct GemmQ5g32Scales : GemmG32Scales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int HIGH_ROW_BYTES = 16;
+    static constexpr int HIGH_STRIDE = 4;
+    static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
+    // Row `row` (clamped into the matrix) of a weight [n, K] into the lane-rows slot `which`.
+    __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, const __half* scales,
+                                                    int row, int n, int K, int which, GemmLaneRowsG32& out) {
+        const u64 r = (u64)min(row, n - 1);
+        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+        (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
+    }
     // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
     // sit at bits 4 and 20) as (c − 16, c − 16) exact, then times S.
     __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2) {
@@ -1273,8 +1300,9 @@ struct GemmQ5g32Scales {
         asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
         return out;
     }
-    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&ha)[2],
-                                                     const uint4 (&hb)[2], int shift, const Group& G,
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
+                                                     const uint4 (&ha)[GEMM_HIGH_MAX],
+                                                     const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
@@ -1291,36 +1319,120 @@ struct GemmQ5g32Scales {
     }
 };
 
-// Row `row` (clamped into the matrix) of a Q5_0 weight [n, K] into the lane-rows slot `which`
-// (0: row g, 1: row g+8).
-__device__ __forceinline__ void gemm_q5g32_lane_row(const u32* qweight, const u32* qhigh, const __half* scales,
-                                                    int row, int n, int K, int which, GemmLaneRowsQ5g32& out) {
-    const u64 r = (u64)min(row, n - 1);
-    (which ? out.wb : out.wa) = qweight + r * (K / 8);
-    (which ? out.hb : out.ha) = qhigh + r * (K / 32);
-    (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
-}
-
-// gemm_int4_block with GemmQ5g32Scales: each stage also holds the tile rows' high-bit words (16 B a
-// row and group, 2 KB), at every tile build (three 256-token stages: 223 KB).
-#define GEMM_Q5_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ5g32Scales>() + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
-static_assert(GEMM_Q5_SMEM_BYTES <= 227 * 1024, "shared memory");
-
-// rows_of for one Q5_0 matrix; the lane's row g is also written to *ra.
-struct GemmQ5g32OneMatrixRows {
-    const u32* qweight;
-    const u32* qhigh;
-    const __half* scales;
-    int N, K;
-    int* ra;
-    __device__ __forceinline__ GemmLaneRowsQ5g32 operator()(int rb, int local) const {
-        GemmLaneRowsQ5g32 r;
-        *ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_q5g32_lane_row(qweight, qhigh, scales, *ra, N, K, 0, r);
-        gemm_q5g32_lane_row(qweight, qhigh, scales, *ra + 8, N, K, 1, r);
-        return r;
+// Q8_0: the lane's two bytes of a pair — inputs 16s + 2t, +1 are bytes 2t, 2t + 1 of the words
+// (4s, 4s + 1) taken as 8 bytes, inputs 16s + 8 + 2t, +9 the same of (4s + 2, 4s + 3) — one prmt
+// puts them in the low bytes of the halves, one lop3 sets 0x64 above each (1024 + c, exact), one
+// sub.f16x2 of 1024 + 128 makes c − 128 exact.
+struct GemmQ8g32Scales : GemmG32Scales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 4;  // 128 B a row and group
+    static constexpr int HIGH_ROW_BYTES = 64;           // the group's second 64 inputs
+    static constexpr int HIGH_STRIDE = INT4_GROUP / 4;
+    static constexpr bool ROWS_EACH_GROUP = true;
+    __device__ static __forceinline__ void lane_row(const u32* qweight, const u32*, const __half* scales, int row,
+                                                    int n, int K, int which, GemmLaneRowsG32& out) {
+        const u64 r = (u64)min(row, n - 1);
+        const u32* w = qweight + r * (K / 4);
+        (which ? out.wb : out.wa) = w;
+        (which ? out.hb : out.ha) = w + INT4_GROUP / 8;  // 64 B on: inputs 64–127 of each group
+        (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));
+    }
+    __device__ static __forceinline__ u32 pair(u32 lo, u32 hi, u32 sel, u32 s2) {
+        const u32 b = __byte_perm(lo, hi, sel);                    // the two code bytes at bits 0–7, 16–23
+        const u32 biased = lop3_and_or(b, 0x00FF00FFu, FP16X2_1024);  // (1024 + c0, 1024 + c1)
+        u32 q, out;
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1152));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
+        return out;
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
+                                                     const uint4 (&ha)[GEMM_HIGH_MAX],
+                                                     const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
+        const int t = shift / 4;
+        const u32 sel = (u32)(2 * t) | ((u32)(2 * t + 1) << 8);  // bytes 2t, 2t + 1 of (lo, hi) to bytes 0, 2
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            const int j = s / 2;
+            const uint4 a = s < 4 ? ra[s] : ha[s - 4], b = s < 4 ? rb[s] : hb[s - 4];  // words 4s … 4s+3 of each row
+            frag[s][0] = pair(a.x, a.y, sel, G.s[0][j]);
+            frag[s][1] = pair(b.x, b.y, sel, G.s[1][j]);
+            frag[s][2] = pair(a.z, a.w, sel, G.s[0][j]);
+            frag[s][3] = pair(b.z, b.w, sel, G.s[1][j]);
+        }
     }
 };
+
+// Shared memory of a build with policy Sc's stages: GEMM_Q5_SMEM_BYTES at every build (three
+// 256-token stages: 223 KB), GEMM_Q8_SMEM_BYTES at GEMM_BM ≤ 128 (launchers mirror both).
+#define GEMM_Q5_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ5g32Scales>() + 1024 + 3 * GEMM_STAGES * 8)
+#define GEMM_Q8_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ8g32Scales>() + 1024 + 3 * GEMM_STAGES * 8)
+static_assert(GEMM_Q5_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// The three kernels' bodies, one per policy Sc (the extern "C" kernels below spell out each
+// format's parameters). qhigh: Q5_0's high-bit plane; unused by Q8_0 (null).
+template <typename Sc>
+__device__ __forceinline__ void gemm_g32_residual(float* residual, const CUtensorMap& x_map, const u32* qweight,
+                                                  const u32* qhigh, const __half* scales, const int* prefill_state,
+                                                  float* split_partials, int* split_counters, int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
+        GemmLaneRowsG32 r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        Sc::lane_row(qweight, qhigh, scales, ra, N, K, 0, r);
+        Sc::lane_row(qweight, qhigh, scales, ra + 8, N, K, 1, r);
+        return r;
+    }, GemmResidualAdd{residual, N, &ra}, Sc{});
+}
+
+// One to three matrices stacked along N (N1 = N2 = 0: one); rows g and g+8 of a warp tile may lie
+// in different matrices: each row picks its own.
+template <typename Sc>
+__device__ __forceinline__ void gemm_g32_stacked_rows(float* out, const CUtensorMap& x_map, const u32* const (&qw)[3],
+                                                      const u32* const (&qh)[3], const __half* const (&sc)[3],
+                                                      const int* prefill_state, float* split_partials,
+                                                      int* split_counters, int N0, int N1, int N2, int K, int ldo,
+                                                      int col0) {
+    const int N = N0 + N1 + N2;
+    int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
+    auto one = [&](int row, int which, GemmLaneRowsG32& o) {
+        const int r = min(row, N - 1);
+        const int m = r < N0 ? 0 : r < N0 + N1 ? 1 : 2;
+        const int i = r - (m == 0 ? 0 : m == 1 ? N0 : N0 + N1);
+        Sc::lane_row(qw[m], qh[m], sc[m], i, m == 0 ? N0 : m == 1 ? N1 : N2, K, which, o);
+    };
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
+        GemmLaneRowsG32 r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        one(ra, 0, r);
+        one(ra + 8, 1, r);
+        return r;
+    }, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
+        if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
+    }), Sc{});
+}
+
+template <typename Sc>
+__device__ __forceinline__ void gemm_g32_gate_up_swiglu(__half* h, const CUtensorMap& x_map, const u32* gate_qweight,
+                                                        const u32* gate_qhigh, const __half* gate_scales,
+                                                        const u32* up_qweight, const u32* up_qhigh,
+                                                        const __half* up_scales, const int* prefill_state,
+                                                        float* split_partials, int* split_counters, int F, int K) {
+    int f = 0;
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsG32 r;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        Sc::lane_row(gate_qweight, gate_qhigh, gate_scales, f, F, K, 0, r);
+        Sc::lane_row(up_qweight, up_qhigh, up_scales, f, F, K, 1, r);
+        return r;
+    }, gemm_each_token([&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+    }), Sc{});
+}
 
 // residual += X Wᵀ in FP32, W in Q5_0 (o_proj, down_proj). As gemm_int4_residual.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
@@ -1333,18 +1445,15 @@ gemm_q5g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/
                     float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                     int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
                     int N, int K) {
-    int ra = 0;
-    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
-                    GemmSplitK{split_partials, split_counters}, GemmQ5g32OneMatrixRows{qweight, qhigh, scales, N, K, &ra},
-                    GemmResidualAdd{residual, N, &ra}, GemmQ5g32Scales{});
+    gemm_g32_residual<GemmQ5g32Scales>(residual, x_map, qweight, qhigh, scales, prefill_state, split_partials,
+                                       split_counters, N, K);
 }
 
 // out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q5_0 matrices stacked along N
 // (N1 = N2 = 0: one): a layer's q, k and v into their columns of qkv in one launch where all three
 // are Q5_0, q and k where v is another format (llama.cpp's Q4_K_M on a model whose K is not a
 // multiple of 256: v in Q8_0 on the layers that get more bits). Tiles: ceil(M/GEMM_BM) ×
-// ceil((N0+N1+N2)/128). Rows g and g+8 of a warp tile may lie in different matrices: each row
-// picks its own.
+// ceil((N0+N1+N2)/128).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
@@ -1361,29 +1470,11 @@ gemm_q5g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] f
                         float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                         int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
                         int N0, int N1, int N2, int K, int ldo, int col0) {
-    const int N = N0 + N1 + N2;
-    int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
-    // Row `row` of the stack (clamped into it) in its matrix, into slot `which` of `out`.
-    auto one = [&](int row, int which, GemmLaneRowsQ5g32& o) {
-        const int r = min(row, N - 1);
-        const int m = r < N0 ? 0 : r < N0 + N1 ? 1 : 2;
-        const int i = r - (m == 0 ? 0 : m == 1 ? N0 : N0 + N1);
-        const int n = m == 0 ? N0 : m == 1 ? N1 : N2;
-        gemm_q5g32_lane_row(m == 0 ? w0_qweight : m == 1 ? w1_qweight : w2_qweight,
-                            m == 0 ? w0_qhigh : m == 1 ? w1_qhigh : w2_qhigh,
-                            m == 0 ? w0_scales : m == 1 ? w1_scales : w2_scales, i, n, K, which, o);
-    };
-    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
-                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
-        GemmLaneRowsQ5g32 r;
-        ra = rb * GEMM_BLOCK_ROWS + local;
-        one(ra, 0, r);
-        one(ra + 8, 1, r);
-        return r;
-    }, gemm_each_token([&](int token, float va, float vb) {
-        if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
-        if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
-    }), GemmQ5g32Scales{});
+    const u32* const qw[3] = {w0_qweight, w1_qweight, w2_qweight};
+    const u32* const qh[3] = {w0_qhigh, w1_qhigh, w2_qhigh};
+    const __half* const sc[3] = {w0_scales, w1_scales, w2_scales};
+    gemm_g32_stacked_rows<GemmQ5g32Scales>(out, x_map, qw, qh, sc, prefill_state, split_partials, split_counters,
+                                           N0, N1, N2, K, ldo, col0);
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q5_0. As gemm_int4_gate_up_swiglu.
@@ -1400,16 +1491,62 @@ gemm_q5g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] f
                           float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                           int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
                           int F, int K) {
-    int f = 0;
-    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
-    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
-                    [&](int rb, int local) {
-        GemmLaneRowsQ5g32 r;
-        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        gemm_q5g32_lane_row(gate_qweight, gate_qhigh, gate_scales, f, F, K, 0, r);
-        gemm_q5g32_lane_row(up_qweight, up_qhigh, up_scales, f, F, K, 1, r);
-        return r;
-    }, gemm_each_token([&](int token, float gate, float up) {
-        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
-    }), GemmQ5g32Scales{});
+    gemm_g32_gate_up_swiglu<GemmQ5g32Scales>(h, x_map, gate_qweight, gate_qhigh, gate_scales, up_qweight, up_qhigh,
+                                             up_scales, prefill_state, split_partials, split_counters, F, K);
 }
+
+#if GEMM_BM <= 128  // at 256 tokens three stages with Q8_0's second 64 B need 240 KB of the 227
+static_assert(GEMM_Q8_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// residual += X Wᵀ in FP32, W in Q8_0. As gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q8g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
+                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                    const u32* __restrict__ qweight,         // [N, K/4] uint32, the 8-bit codes
+                    const __half* __restrict__ scales,       // [N, K/32] fp16
+                    const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
+                    float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                    int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                    int N, int K) {
+    gemm_g32_residual<GemmQ8g32Scales>(residual, x_map, qweight, nullptr, scales, prefill_state, split_partials,
+                                       split_counters, N, K);
+}
+
+// out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q8_0 matrices stacked along N:
+// v_proj alone where llama.cpp's recipe gives it Q8_0 and q, k Q5_0; q, k and v of a Q8_0 GGUF.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q8g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
+                        const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                        const u32* __restrict__ w0_qweight,        // [N0, K/4] uint32
+                        const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
+                        const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                        const __half* __restrict__ w1_scales,
+                        const u32* __restrict__ w2_qweight,        // [N2, …] (N2 = 0: unused)
+                        const __half* __restrict__ w2_scales,
+                        const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                        float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                        int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                        int N0, int N1, int N2, int K, int ldo, int col0) {
+    const u32* const qw[3] = {w0_qweight, w1_qweight, w2_qweight};
+    const u32* const qh[3] = {nullptr, nullptr, nullptr};
+    const __half* const sc[3] = {w0_scales, w1_scales, w2_scales};
+    gemm_g32_stacked_rows<GemmQ8g32Scales>(out, x_map, qw, qh, sc, prefill_state, split_partials, split_counters,
+                                           N0, N1, N2, K, ldo, col0);
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q8_0. As gemm_int4_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q8g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                          const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                          const u32* __restrict__ gate_qweight,      // [F, K/4] uint32
+                          const __half* __restrict__ gate_scales,    // [F, K/32] fp16
+                          const u32* __restrict__ up_qweight,        // [F, K/4] uint32
+                          const __half* __restrict__ up_scales,      // [F, K/32] fp16
+                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                          float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                          int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                          int F, int K) {
+    gemm_g32_gate_up_swiglu<GemmQ8g32Scales>(h, x_map, gate_qweight, nullptr, gate_scales, up_qweight, nullptr,
+                                             up_scales, prefill_state, split_partials, split_counters, F, K);
+}
+#endif  // GEMM_BM <= 128

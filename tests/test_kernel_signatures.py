@@ -241,22 +241,23 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
                                           col0=D, max_blocks=132)),
             ("gemm_q6k_residual", GemmQ6kResidualRows(_buf("res", R * D, np.float32), x, w6, ps, n=D, k=D, rows=R,
                                                       max_blocks=132)),
-            *_q5g32_launchers(ps, R, x, weight("q5_g32"))]
+            *_q32_launchers(ps, R, x, weight("q5_g32")), *_q32_launchers(ps, R, x, weight("q8_g32"))]
 
 
-def _q5g32_launchers(ps, R, x, w) -> list[tuple[str, launchers.Launcher]]:
-    """gemm_int4.cu's Q5_0 kernels (launchers/gemm_q5g32.py) on q5_g32 weights of K = D = 1024: the
-    stacked rows with one, two and three matrices (the unused ones' parameters still passed)."""
-    from drvqwen.launchers.gemm_q5g32 import GemmQ5g32GateUpSwigluRows, GemmQ5g32ResidualRows, GemmQ5g32StackedRows
+def _q32_launchers(ps, R, x, w) -> list[tuple[str, launchers.Launcher]]:
+    """gemm_int4.cu's Q5_0 or Q8_0 kernels (launchers/gemm_q32.py) on weights of K = D = 1024 in w's
+    format: the stacked rows with one, two and three matrices (the unused ones' parameters still
+    passed)."""
+    from drvqwen.launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows
 
-    D = 1024
-    return [*((f"gemm_q5g32_stacked{m}", GemmQ5g32StackedRows(_buf("qkv", R * 3 * D, np.float32), x, [w] * m, ps,
-                                                              ns=[D] * m, k=D, rows=R, ldo=3 * D, max_blocks=132))
+    D, f = 1024, w.fmt.name
+    return [*((f"gemm_{f}_stacked{m}", GemmQ32StackedRows(_buf("qkv", R * 3 * D, np.float32), x, [w] * m, ps,
+                                                           ns=[D] * m, k=D, rows=R, ldo=3 * D, max_blocks=132))
               for m in (1, 2, 3)),
-            ("gemm_q5g32_residual", GemmQ5g32ResidualRows(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
-                                                          max_blocks=132)),
-            ("gemm_q5g32_gate_up", GemmQ5g32GateUpSwigluRows(_buf("h", R * D, np.float16), x, w, w, ps, f=D, k=D,
-                                                             rows=R, max_blocks=132))]
+            (f"gemm_{f}_residual", GemmQ32ResidualRows(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
+                                                       max_blocks=132)),
+            (f"gemm_{f}_gate_up", GemmQ32GateUpSwigluRows(_buf("h", R * D, np.float16), x, w, w, ps, f=D, k=D,
+                                                          rows=R, max_blocks=132))]
 
 
 def gguf_like_formats(cfg) -> dict[str, int]:

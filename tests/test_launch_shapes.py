@@ -413,14 +413,15 @@ def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block(
             RmsNorm(*args, dim=896, eps=1e-6, rows=2, threads=bad)
 
 
-def test_q5g32_gemms_refuse_other_formats_k_and_stacks():
-    """The Q5_0 prefill GEMMs (gemm_q5g32.py) take q5_g32 weights only, K a multiple of 128, and
-    one to three stacked matrices; each refusal is one line naming the weight or the count."""
+def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
+    """The Q5_0 / Q8_0 prefill GEMMs (gemm_q32.py) take q5_g32 or q8_g32 weights, one format a
+    launch, K a multiple of 128, one to three stacked matrices, and Q8_0 at 64 and 128 tokens only;
+    each refusal is one line naming the weight, the count or the tile."""
     import numpy as np
 
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers.base import BufferSpec
-    from drvqwen.launchers.gemm_q5g32 import GemmQ5g32ResidualRows, GemmQ5g32StackedRows
+    from drvqwen.launchers.gemm_q32 import GemmQ32ResidualRows, GemmQ32StackedRows
     from drvqwen.launchers.gemv_fmt import FmtWeight
 
     def weight(fmt_name: str, name: str, n: int, k: int) -> FmtWeight:
@@ -431,15 +432,20 @@ def test_q5g32_gemms_refuse_other_formats_k_and_stacks():
     rows, n, k = 64, 128, 896
     x, ps = BufferSpec("x", (rows, k), np.float16), BufferSpec("ps", (2,), np.int32)
     res = BufferSpec("res", (rows * n,), np.float32)
-    w5 = weight("q5_g32", "model.layers.0.self_attn.o_proj", n, k)
-    with pytest.raises(LaunchError, match="o_proj: format q4_g32, these kernels read q5_g32 only"):
-        GemmQ5g32ResidualRows(res, x, weight("q4_g32", "model.layers.0.self_attn.o_proj", n, k), ps, n=n, k=k,
-                              rows=rows, max_blocks=132)
+    w5 = weight("q5_g32", "model.layers.0.self_attn.q_proj", n, k)
+    w8 = weight("q8_g32", "model.layers.0.self_attn.v_proj", n, k)
+    with pytest.raises(LaunchError, match="o_proj: format q4_g32, these kernels read q5_g32 and q8_g32 only"):
+        GemmQ32ResidualRows(res, x, weight("q4_g32", "model.layers.0.self_attn.o_proj", n, k), ps, n=n, k=k,
+                            rows=rows, max_blocks=132)
     with pytest.raises(LaunchError, match="K=96 must be a positive multiple of 128"):
-        GemmQ5g32ResidualRows(res, BufferSpec("x", (rows, 96), np.float16), weight("q5_g32", "w", n, 96), ps, n=n,
-                              k=96, rows=rows, max_blocks=132)
+        GemmQ32ResidualRows(res, BufferSpec("x", (rows, 96), np.float16), weight("q5_g32", "w", n, 96), ps, n=n,
+                            k=96, rows=rows, max_blocks=132)
     out = BufferSpec("qkv", (rows * 4 * n,), np.float32)
     with pytest.raises(LaunchError, match="one to three weights with a row count each, got 4 and 4"):
-        GemmQ5g32StackedRows(out, x, [w5] * 4, ps, ns=[n] * 4, k=k, rows=rows, ldo=4 * n, max_blocks=132)
+        GemmQ32StackedRows(out, x, [w5] * 4, ps, ns=[n] * 4, k=k, rows=rows, ldo=4 * n, max_blocks=132)
     with pytest.raises(LaunchError, match=r"columns 8 … 263 outside ldo=256"):
-        GemmQ5g32StackedRows(out, x, [w5, w5], ps, ns=[n, n], k=k, rows=rows, ldo=2 * n, col0=8, max_blocks=132)
+        GemmQ32StackedRows(out, x, [w5, w5], ps, ns=[n, n], k=k, rows=rows, ldo=2 * n, col0=8, max_blocks=132)
+    with pytest.raises(LaunchError, match="v_proj: format q8_g32, not q5_g32 as model.layers.0.self_attn.q_proj"):
+        GemmQ32StackedRows(out, x, [w5, w8], ps, ns=[n, n], k=k, rows=rows, ldo=2 * n, max_blocks=132)
+    with pytest.raises(LaunchError, match=r"gemm_q8g32_residual: tile of 256 tokens, want one of \(128, 64\)"):
+        GemmQ32ResidualRows(res, x, w8, ps, n=n, k=k, rows=rows, max_blocks=132, tile_tokens=256)

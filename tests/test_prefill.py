@@ -322,12 +322,12 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
         f.close()
 
 
-def test_q5g32_register_gemms_match_the_format_gemms(tmp_path):
+def test_q32_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout whose hidden size is not a multiple of 256 (K =
-    896, as the real 0.5B: Q5_0 for q, k, o, gate, up and for v on most layers, Q8_0 for v on
-    the ones that get more bits, Q4_K / Q6_K down_proj at K = 2304): its prefill with the Q5_0
+    896, as the real 0.5B: Q5_0 for q, k, o, gate, up and for v on two layers, Q8_0 for v on the two
+    that get more bits, Q4_K / Q6_K down_proj at K = 2304): its prefill with the Q5_0 and Q8_0
     projections on gemm_int4.cu's register-unpack kernels (`qkv_proj` where v is Q5_0 too, else
-    `qk_proj` + v on the format GEMM) against the same on gemm_fmt_wgmma.cu (`q5_gemm=False`) and
+    `qk_proj` + a Q8_0 `v_proj`) against the same on gemm_fmt_wgmma.cu (`q32_gemm=False`) and
     against the reference, at 17 and 300 tokens."""
     from dataclasses import replace
 
@@ -339,7 +339,7 @@ def test_q5g32_register_gemms_match_the_format_gemms(tmp_path):
                   num_heads=7, num_kv_heads=1, head_dim=128)
     types = q4_k_m_types(cfg)
     assert {types[f"model.layers.{l}.self_attn.v_proj"] for l in range(4)} == {"Q5_0", "Q8_0"}, types
-    path = tmp_path / "q5.nanoqwen"
+    path = tmp_path / "q32.nanoqwen"
     write_synthetic(path, cfg, seed=78, tokenizer_json=minimal_tokenizer_json(), formats=recipe_formats(cfg, "q4_k_m"))
     f = NanoqwenFile(path)
     rng = np.random.default_rng(98)
@@ -347,16 +347,17 @@ def test_q5g32_register_gemms_match_the_format_gemms(tmp_path):
     want = ref.Model(ref.Weights.from_nanoqwen(f, np.float32), max_tokens=512, rng=rng).forward(ids)
     backend = GPUBackend(f, max_context=512, rng=rng)
     step = backend.decode_step
-    regs, fmt = Prefill(step), Prefill(step, q5_gemm=False)
+    regs, fmt = Prefill(step), Prefill(step, q32_gemm=False)
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
         assert {"qkv_proj", "qk_proj", "v_proj"} <= roles(regs), sorted(roles(regs))
         assert {"q_proj", "k_proj", "v_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {"gemm_q5g32_stacked_rows", "gemm_q5g32_residual", "gemm_q5g32_gate_up_swiglu"} <= kernels, \
-            sorted(kernels)
-        assert not any(k.startswith("gemm_q5g32") for k in {nl.spec.kernel.kernel for nl in fmt.launches(64)})
+        assert {"gemm_q5g32_stacked_rows", "gemm_q8g32_stacked_rows", "gemm_q5g32_residual",
+                "gemm_q5g32_gate_up_swiglu"} <= kernels, sorted(kernels)
+        assert not any(k.startswith(("gemm_q5g32", "gemm_q8g32")) for k in {nl.spec.kernel.kernel
+                                                                            for nl in fmt.launches(64)})
         for t in (17, 300):
             regs.run(ids[:t])
             step.sync()
@@ -365,7 +366,8 @@ def test_q5g32_register_gemms_match_the_format_gemms(tmp_path):
             step.sync()
             other = step.logits()
             err, gap = rel_l2(got, want[t - 1]), rel_l2(got, other)
-            print(f"q5_g32 T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against gemm_fmt_wgmma")
+            print(f"q5_g32/q8_g32 T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against "
+                  f"gemm_fmt_wgmma")
             assert np.isfinite(got).all() and err <= TOL_LOGITS and gap <= TOL_LOGITS
     finally:
         regs.close()

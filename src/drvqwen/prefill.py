@@ -40,8 +40,8 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
 v are all Q4_K as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and k of Q4_K as
-L{l}.qk_proj), Q5_0 ones its Q5_0 kernels (launchers/gemm_q5g32.py: q, k and v of Q5_0 as
-L{l}.qkv_proj, q and k as L{l}.qk_proj), the other formats gemm_fmt_wgmma.cu (gemm_fmt.cu where K
+L{l}.qk_proj), Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v of
+one of them as L{l}.qkv_proj, q and k as L{l}.qk_proj), the other formats gemm_fmt_wgmma.cu (gemm_fmt.cu where K
 is not a multiple of 128, or with fmt_gemm="mma"; q, k and v as launches into their columns of
 qkv); every layer not in a qkv_rope launch then runs L{l}.rope_kv, and the embedding rows are
 read in their format (gemv_fmt.cu); the rest of the list is the same.
@@ -95,8 +95,8 @@ from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, Ge
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers import gemm_kquant
 from .launchers.gemm_kquant import Q4K_ID, Q6K_ID
-from .launchers import gemm_q5g32
-from .launchers.gemm_q5g32 import GemmQ5g32GateUpSwigluRows, GemmQ5g32ResidualRows, GemmQ5g32StackedRows
+from .launchers import gemm_q32
+from .launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows
 from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
                                     GemmQ4kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
@@ -200,8 +200,9 @@ class Prefill:
         kquant_gemm: per-tensor formats on the wgmma GEMMs: Q4_K and Q6_K projections on
             gemm_int4.cu's mainloop, unpacked in the consumers' registers (launchers/gemm_kquant.py);
             False runs them on gemm_fmt_wgmma.cu as every other format (to compare).
-        q5_gemm: per-tensor formats on the wgmma GEMMs: Q5_0 projections on gemm_int4.cu's
-            mainloop (launchers/gemm_q5g32.py); False runs them on gemm_fmt_wgmma.cu (to compare).
+        q32_gemm: per-tensor formats on the wgmma GEMMs: Q5_0 and Q8_0 projections on
+            gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
+            (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -210,7 +211,7 @@ class Prefill:
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
                  last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
-                 kquant_gemm: bool = True, q5_gemm: bool = True):
+                 kquant_gemm: bool = True, q32_gemm: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -232,8 +233,8 @@ class Prefill:
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
         # Q4_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
-        # Q5_0 projections on the register-unpack GEMMs (gemm_q5g32.py), likewise.
-        self.q5_gemm = q5_gemm and fmt_gemm == "wgmma"
+        # Q5_0 and Q8_0 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
+        self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per-tensor formats: a layer whose q, k and v are all Q4_K takes them in one launch with the
@@ -317,14 +318,14 @@ class Prefill:
         else:
             shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
                       if gemm_fmt_wgmma.fits(k)]
-            if self.kquant_gemm or self.q5_gemm:  # q and k stacked on the Q4_K or Q5_0 GEMMs, or q, k and v
+            if self.kquant_gemm or self.q32_gemm:  # q and k stacked on the Q4_K, Q5_0, Q8_0 GEMMs, or q, k and v
                 shapes += [(blocks(nq + nkv), D), (blocks(nq + 2 * nkv), D)]
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        # The K-quant and Q5_0 GEMMs plan at 64 and 256 tokens too (gemm_kquant.py, gemm_q5g32.py):
-        # the scratch covers every build.
-        register = self.kquant_gemm or self.q5_gemm
+        # The K-quant, Q5_0 and Q8_0 GEMMs plan at 64 and 256 tokens too (gemm_kquant.py,
+        # gemm_q32.py): the scratch covers every build.
+        register = self.kquant_gemm or self.q32_gemm
         tiles = (tile, *gemm_kquant.KQUANT_TILES) if tile is not None and register else (tile,)
         need = [split_k_need(rows, blocks, k, tile_tokens=bm)
                 for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes for bm in tiles]
@@ -510,33 +511,34 @@ class Prefill:
         return (self.kquant_gemm and k % gemm_kquant.SUPER == 0
                 and all(fm[proj_prefix(l, p)] == Q4K_ID for p in ("q_proj", "k_proj", "v_proj")))
 
-    def _q5(self, w, k: int) -> bool:
-        """Whether projection weight `w` (input width k) runs on the register-unpack Q5_0 GEMMs
-        (gemm_q5g32.py)."""
-        return self.q5_gemm and gemm_q5g32.fits(w, k)
+    def _q32(self, w, k: int) -> int | None:
+        """The format id (Q5_0's, Q8_0's) of projection weight `w` (input width k) where it runs on
+        the register-unpack GEMMs of gemm_q32.py, else None."""
+        return w.fmt.id if self.q32_gemm and gemm_q32.fits(w, k) else None
 
     def _register_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
         """residual += x Wᵀ on the register-unpack GEMM of W's format (o_proj, down_proj: Q4_K,
-        Q6_K, Q5_0), or None where W runs on the format GEMMs."""
+        Q6_K, Q5_0, Q8_0), or None where W runs on the format GEMMs."""
         kind = ({Q4K_ID: GemmQ4kResidualRows, Q6K_ID: GemmQ6kResidualRows}.get(self._kquant(w, k))
-                or (GemmQ5g32ResidualRows if self._q5(w, k) else None))
+                or (GemmQ32ResidualRows if self._q32(w, k) else None))
         return kind and kind(res, x, w, ps, n=n, k=k, rows=rows, stream=self.decode_step.stream,
                              split_k=self.split_k)
 
     def _register_gate_up(self, h, x, gate, up, ps, *, f: int, k: int, rows: int) -> Launcher | None:
-        """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) on the register-unpack GEMM where gate and up are both Q4_K or
-        both Q5_0, else None (the format GEMMs)."""
+        """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) on the register-unpack GEMM where gate and up are both Q4_K, both
+        Q5_0 or both Q8_0, else None (the format GEMMs)."""
+        q32 = self._q32(gate, k)
         kind = (GemmQ4kGateUpSwigluRows if self._kquant(gate, k) == self._kquant(up, k) == Q4K_ID else
-                GemmQ5g32GateUpSwigluRows if self._q5(gate, k) and self._q5(up, k) else None)
+                GemmQ32GateUpSwigluRows if q32 and q32 == self._q32(up, k) else None)
         return kind and kind(h, x, gate, up, ps, f=f, k=k, rows=rows, stream=self.decode_step.stream,
                              split_k=self.split_k)
 
     def _qkv_launches(self, l: int, Rows, qkv, xn, pw: dict, ps, R: int, ld: int, defs: tuple,
                       sk: dict) -> list[tuple[str, Launcher]]:
         """Layer l's q, k and v projections in per-tensor formats into their columns of qkv: all
-        three in Q5_0 as one launch of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in
-        Q4_K or both in Q5_0 as one (`L{l}.qk_proj`), a Q4_K, Q6_K or Q5_0 one alone on its
-        register GEMM; the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
+        three in Q5_0 (or all in Q8_0) as one launch of the register-unpack GEMM (`L{l}.qkv_proj`),
+        q and k both in Q4_K, Q5_0 or Q8_0 as one (`L{l}.qk_proj`), a Q4_K, Q6_K, Q5_0 or Q8_0 one
+        alone on its register GEMM; the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
         cfg, st = self.config, self.decode_step.stream
         D, nq, nkv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
         wq, wk, wv = pw["q_proj"], pw["k_proj"], pw["v_proj"]
@@ -549,16 +551,17 @@ class Prefill:
             if kind == Q6K_ID:
                 return GemmQ6kRows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st,
                                    split_k=self.split_k)
-            if self._q5(w, D):
-                return GemmQ5g32StackedRows(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col, stream=st,
+            if self._q32(w, D):
+                return GemmQ32StackedRows(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col, stream=st,
                                             split_k=self.split_k)
             return Rows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st, defines=defs, **sk)
 
         out = []
-        if self._q5(wq, D) and self._q5(wk, D):  # q and k (and v) of Q5_0 in one launch
-            with_v = self._q5(wv, D)
+        q32 = self._q32(wq, D)
+        if q32 and q32 == self._q32(wk, D):  # q and k (and v) of Q5_0 or Q8_0 in one launch
+            with_v = self._q32(wv, D) == q32
             ws, ns = ([wq, wk, wv], [nq, nkv, nkv]) if with_v else ([wq, wk], [nq, nkv])
-            out.append((f"L{l}.{'qkv_proj' if with_v else 'qk_proj'}", GemmQ5g32StackedRows(
+            out.append((f"L{l}.{'qkv_proj' if with_v else 'qk_proj'}", GemmQ32StackedRows(
                 qkv, xn, ws, ps, ns=ns, k=D, rows=R, ldo=ld, col0=0, stream=st, split_k=self.split_k)))
             if with_v:
                 return out

@@ -296,6 +296,21 @@ class _GemmLauncher(Launcher):
                                   tile_tokens=tile_tokens)
         return self.tiling.tile_tokens
 
+    def _plan_builds(self, tiles: tuple[int, ...], what: str, rows: int, n_blocks: int, k: int, *,
+                     max_blocks: int | None, split_k: SplitKScratch | None, blocks: int | None,
+                     tile_tokens: int | None) -> int:
+        """plan_launch over the builds `tiles` a kernel exists in (the fastest estimate), or
+        `tile_tokens` (one of them); sets self.tiling, returns the build's tile.
+
+        Raises:
+            LaunchError: `tile_tokens` not one of `tiles` (named as `what`), or plan_launch's.
+        """
+        require(tile_tokens is None or tile_tokens in tiles, f"{what}: tile of {tile_tokens} tokens, want one of {tiles}")
+        plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
+                 for bm in ((tile_tokens,) if tile_tokens else tiles)]
+        self.tiling = min(plans, key=lambda t: t.us)
+        return self.tiling.tile_tokens
+
     def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
                     writes, max_blocks: int | None, split_k: SplitKScratch | None, smem: int | None = None) -> None:
         """args: the kernel's parameters up to prefill_state (x_map encoded for self.tile_tokens,

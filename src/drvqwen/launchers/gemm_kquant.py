@@ -28,8 +28,8 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, plan_launch, smem_bytes,
-                        stages, x_tensor_map)
+from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, smem_bytes, stages,
+                        x_tensor_map)
 from .gemv_fmt import FmtWeight
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
@@ -74,12 +74,8 @@ class _GemmKquantLauncher(_GemmLauncher):
     def _plan(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
               blocks: int | None, tile_tokens: int | None) -> int:
         """plan_launch over the kernel's builds (the fastest estimate), or `tile_tokens`."""
-        require(tile_tokens is None or tile_tokens in self.tiles,
-                f"gemm_kquant: tile of {tile_tokens} tokens, want one of {self.tiles}")
-        plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
-                 for bm in ((tile_tokens,) if tile_tokens else self.tiles)]
-        self.tiling = min(plans, key=lambda t: t.us)
-        return self.tiling.tile_tokens
+        return self._plan_builds(self.tiles, "gemm_kquant", rows, n_blocks, k, max_blocks=max_blocks,
+                                 split_k=split_k, blocks=blocks, tile_tokens=tile_tokens)
 
 
 class GemmQ4kQkvRopeRows(_GemmKquantLauncher):

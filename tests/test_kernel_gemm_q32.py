@@ -1,15 +1,16 @@
-"""kernels/gemm_int4.cu's Q5_0 kernels (launchers/gemm_q5g32.py: the GGUF's Q5_0 codes with their
-high bits unpacked in the consumers' A registers, each 32-input chunk times its FP16 scale)
-against float64 numpy on the weights as format/weight_formats.py dequantizes them.
+"""kernels/gemm_int4.cu's kernels for the GGUF's 32-input block formats (launchers/gemm_q32.py:
+Q5_0's codes with their high bits, Q8_0's bytes, unpacked in the consumers' A registers, each
+32-input chunk times its FP16 scale) against float64 numpy on the weights as
+format/weight_formats.py dequantizes them.
 
 Shapes: N not a multiple of the 128-row block (rows past it read, never stored), stacks of one,
 two and three matrices whose boundaries fall inside a warp's 16 rows, a live row count M below
-the launch's capacity, a single token, K of one 128-input group and of the 0.5B's 896; all three
-tile builds (64, 128, 256 tokens), whole tiles and stream-K ranges that cut tiles. Outputs
-poisoned first; rows past M and columns outside [col0, col0 + N) must stay untouched; a second
-launch gives the same bits. The tolerance is the GEMMs' (TOL_GEMV): each weight is the
-reference's FP32 value rounded once to FP16 (mul.rn.f16x2 of the exact c − 16 and the FP16
-scale), the sums FP32 on the tensor cores.
+the launch's capacity, a single token, K of one 128-input group and of the 0.5B's 896; every tile
+build a format has (Q5_0: 64, 128, 256 tokens; Q8_0: 64, 128), whole tiles and stream-K ranges
+that cut tiles. Outputs poisoned first; rows past M and columns outside [col0, col0 + N) must stay
+untouched; a second launch gives the same bits. The tolerance is the GEMMs' (TOL_GEMV): each
+weight is the reference's FP32 value rounded once to FP16 (mul.rn.f16x2 of the exact c − z and
+the FP16 scale), the sums FP32 on the tensor cores.
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ import pytest
 
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
-from drvqwen.launchers.gemm_q5g32 import GemmQ5g32GateUpSwigluRows, GemmQ5g32ResidualRows, GemmQ5g32StackedRows
+from drvqwen.launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows
 from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, report  # noqa: F401
 
 pytestmark = pytest.mark.gpu
 
-Q5 = next(f for f in wf.FORMATS.values() if f.name == "q5_g32")
+FMT = {name: next(f for f in wf.FORMATS.values() if f.name == name) for name in ("q5_g32", "q8_g32")}
 # (label, rows capacity, live M, row counts of the stacked matrices, K, tile, split)
 CASES = [("qkv.straddle", 128, 100, (200, 40, 40), 896, 128, False), ("one.m1", 64, 1, (40,), 128, 64, False),
          ("qk.split", 192, 130, (384, 72), 1024, 128, True), ("one.tile64.split", 128, 77, (300,), 2048, 64, True),
          ("qkv.tile256", 256, 230, (256, 64, 64), 896, 256, False),
          ("qk.tile256.split", 512, 300, (200, 24), 1280, 256, True)]
+# Q8_0's kernels exist at 64 and 128 tokens only.
+FMT_CASES = [(f, *c) for f in FMT for c in CASES if not (f == "q8_g32" and c[5] == 256)]
 
 
 def _scratch(dev, rows: int, n: int, k: int, tile: int) -> SplitKScratch:
@@ -37,9 +40,9 @@ def _scratch(dev, rows: int, n: int, k: int, tile: int) -> SplitKScratch:
     return SplitKScratch(dev.array, max(units, 1), max(tiles, 1))
 
 
-@pytest.mark.parametrize("label,rows,m,ns,k,tile,split", CASES, ids=[c[0] for c in CASES])
-def test_gemm_q5g32_stacked_and_residual(dev, rng, label, rows, m, ns, k, tile, split):
-    ws, w64s = zip(*(random_fmt_weight(dev, rng, Q5, n, k, name=f"w{i}") for i, n in enumerate(ns)))
+@pytest.mark.parametrize("fmt,label,rows,m,ns,k,tile,split", FMT_CASES, ids=[f"{c[0]}-{c[1]}" for c in FMT_CASES])
+def test_gemm_q32_stacked_and_residual(dev, rng, fmt, label, rows, m, ns, k, tile, split):
+    ws, w64s = zip(*(random_fmt_weight(dev, rng, FMT[fmt], n, k, name=f"w{i}") for i, n in enumerate(ns)))
     x = rng.standard_normal((rows, k)).astype(np.float16)
     want = x[:m].astype(np.float64) @ np.concatenate(w64s).T            # [m, ΣN]
     xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([5, m], np.int32))
@@ -47,12 +50,12 @@ def test_gemm_q5g32_stacked_and_residual(dev, rng, label, rows, m, ns, k, tile, 
     ldo = n + 24
     out = dev.poisoned("out", (rows, ldo), np.float32)
     sk = _scratch(dev, rows, n, k, tile) if split else None
-    ln = GemmQ5g32StackedRows(out, xd, list(ws), ps, ns=list(ns), k=k, rows=rows, ldo=ldo, col0=col0,
-                              tile_tokens=tile, split_k=sk)
+    ln = GemmQ32StackedRows(out, xd, list(ws), ps, ns=list(ns), k=k, rows=rows, ldo=ldo, col0=col0,
+                            tile_tokens=tile, split_k=sk)
     assert ln.tiling.tile_tokens == tile and ln.tiling.split == split, "the case should plan as its label says"
     ln.launch()
     got = out.download()
-    report(f"q5g32.{label}.stacked", got[:m, col0:col0 + n], want, TOL_GEMV)
+    report(f"{fmt}.{label}.stacked", got[:m, col0:col0 + n], want, TOL_GEMV)
     untouched = np.ones(got.shape, dtype=bool)
     untouched[:m, col0:col0 + n] = False
     assert np.isnan(got[untouched]).all(), "the GEMM wrote outside its rows < M and its columns"
@@ -64,26 +67,30 @@ def test_gemm_q5g32_stacked_and_residual(dev, rng, label, rows, m, ns, k, tile, 
 
     r0 = rng.standard_normal((rows, ns[0])).astype(np.float32)
     res = dev.upload("residual", r0)
-    GemmQ5g32ResidualRows(res, xd, ws[0], ps, n=ns[0], k=k, rows=rows, tile_tokens=tile, split_k=sk).launch()
+    GemmQ32ResidualRows(res, xd, ws[0], ps, n=ns[0], k=k, rows=rows, tile_tokens=tile, split_k=sk).launch()
     got = res.download()
-    report(f"q5g32.{label}.delta", got[:m].astype(np.float64) - r0[:m], want[:, :ns[0]], TOL_GEMV)
+    report(f"{fmt}.{label}.delta", got[:m].astype(np.float64) - r0[:m], want[:, :ns[0]], TOL_GEMV)
     assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
 
 
-@pytest.mark.parametrize("tile", [64, 128, 256])
-@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
-def test_gemm_q5g32_gate_up_swiglu(dev, rng, tile, split):
+GATE_UP = [(f, tile, split) for f in FMT for tile in (64, 128, 256) for split in (False, True)
+           if not (f == "q8_g32" and tile == 256)]
+
+
+@pytest.mark.parametrize("fmt,tile,split", GATE_UP,
+                         ids=[f"{f}-{'split' if s else 'whole'}-{t}" for f, t, s in GATE_UP])
+def test_gemm_q32_gate_up_swiglu(dev, rng, fmt, tile, split):
     """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) rounded to FP16, F = 200 (not a multiple of the 64-feature block),
     K = 896 (the 0.5B's hidden size: 7 groups)."""
     rows, m, f, k = max(128, tile), 90, 200, 896
-    (wg, g64), (wu, u64) = random_fmt_weight(dev, rng, Q5, f, k, "g"), random_fmt_weight(dev, rng, Q5, f, k, "u")
+    (wg, g64), (wu, u64) = (random_fmt_weight(dev, rng, FMT[fmt], f, k, nm) for nm in ("g", "u"))
     x = rng.standard_normal((rows, k)).astype(np.float16)
     gate, up = x[:m].astype(np.float64) @ g64.T, x[:m].astype(np.float64) @ u64.T
     want = gate / (1 + np.exp(-gate)) * up
     h = dev.poisoned("h", (rows, f), np.float16)
     sk = _scratch(dev, rows, 2 * f, k, tile) if split else None
-    GemmQ5g32GateUpSwigluRows(h, dev.upload("x", x), wg, wu, dev.upload("ps", np.array([0, m], np.int32)), f=f, k=k,
-                              rows=rows, tile_tokens=tile, split_k=sk).launch()
+    GemmQ32GateUpSwigluRows(h, dev.upload("x", x), wg, wu, dev.upload("ps", np.array([0, m], np.int32)), f=f, k=k,
+                            rows=rows, tile_tokens=tile, split_k=sk).launch()
     got = h.download()
-    report(f"q5g32.gate_up.tile{tile}", got[:m].astype(np.float64), want, TOL_GEMV)
+    report(f"{fmt}.gate_up.tile{tile}", got[:m].astype(np.float64), want, TOL_GEMV)
     assert np.isnan(got[m:].astype(np.float32)).all(), "rows past M were written"

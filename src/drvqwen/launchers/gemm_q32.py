@@ -1,0 +1,176 @@
+"""Launchers of kernels/gemm_int4.cu's kernels for the GGUF's 32-input block formats with one FP16
+scale a block, Q5_0 (q5_g32: 4-bit codes in layout id 1 and a high-bit plane) and Q8_0 (q8_g32:
+one byte a code), on gemm_int4.cu's mainloop — the consumers unpack the codes into wgmma's A
+registers and multiply each 32-input chunk by its scale (GemmQ5g32Scales, GemmQ8g32Scales), where
+gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
+
+    GemmQ32StackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1; W2]ᵀ
+                             (q, k and v of a layer in one launch, q and k, or one matrix)
+    GemmQ32ResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
+    GemmQ32GateUpSwigluRows  h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ)
+
+Each takes FmtWeights all in q5_g32 or all in q8_g32 and launches that format's kernel
+(gemm_q5g32_*, gemm_q8g32_*). llama.cpp's K-quant recipes give a tensor whose K is not a multiple
+of the 256-input super-block Q5_0 in place of Q4_K and Q8_0 in place of Q6_K (format/recipes.py):
+on Qwen2.5-Coder-0.5B (K = 896) every projection but down_proj. Q5_0's kernels exist in all three
+tile builds (each stage holds the rows' 16 B of high bits behind the code words: SMEM_Q5 at 128
+tokens), Q8_0's in the 64- and 128-token builds (a group is 128 B a row: SMEM_Q8); they plan as
+gemm_int4.py's launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch) over
+their builds. K must be a multiple of 128.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cuda import Stream
+from ..format import weight_formats as wf
+from ..format.quant import GROUP_SIZE
+from .base import check_buffer, check_prefill_state, i32, mirrored, require
+from .gemm_int4 import BLOCK_ROWS, TILE_TOKENS, SplitKScratch, _GemmLauncher, smem_bytes, stages, x_tensor_map
+from .gemv_fmt import FmtWeight
+
+Q5G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q5_g32")
+Q8G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q8_g32")
+# Per format: the kernels' name stem, the stage's extra bytes a row and group (Q5_0's high bits,
+# Q8_0's second 64 B of codes), the tile builds its kernels exist in, whether it has a qhigh plane.
+FORMATS = {Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True),
+           Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (128, 64), False)}
+Q32_TILES = TILE_TOKENS  # the builds a model with either format needs
+
+
+def smem_bytes_q32(fmt_id: int, bm: int) -> int:
+    """GEMM_Q5_SMEM_BYTES / GEMM_Q8_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's
+    stages, each with the 128 rows' extra bytes (2 KiB for Q5_0, 8 KiB for Q8_0) behind the code
+    words."""
+    return smem_bytes(bm) + stages(bm) * BLOCK_ROWS * FORMATS[fmt_id][1]
+
+
+SMEM_Q5 = mirrored("gemm_int4", "GEMM_Q5_SMEM_BYTES", smem_bytes_q32(Q5G32_ID, 128))
+SMEM_Q8 = mirrored("gemm_int4", "GEMM_Q8_SMEM_BYTES", smem_bytes_q32(Q8G32_ID, 128))
+
+
+def fits(w: FmtWeight, k: int) -> bool:
+    """Whether these kernels take weight `w` at input width k: format q5_g32 or q8_g32, K a
+    multiple of 128."""
+    return w.fmt.id in FORMATS and k > 0 and k % GROUP_SIZE == 0
+
+
+class _GemmQ32Launcher(_GemmLauncher):
+    def _check_fmts(self, ws: list[FmtWeight], ns: list[int], k: int) -> int:
+        """The format id every weight of `ws` (row counts `ns`, input width k) shares; raises
+        LaunchError naming the first weight that is not q5_g32 / q8_g32 or not the first's."""
+        fmt_id = ws[0].fmt.id
+        for w, n in zip(ws, ns):
+            require(w.fmt.id in FORMATS, f"{w.name}: format {w.fmt.name}, these kernels read q5_g32 and q8_g32 only")
+            require(w.fmt.id == fmt_id, f"{w.name}: format {w.fmt.name}, not {ws[0].fmt.name} as {ws[0].name}")
+            require(k > 0 and k % GROUP_SIZE == 0, f"{w.name}: K={k} must be a positive multiple of {GROUP_SIZE}")
+            w.check(n, k)
+        return fmt_id
+
+    @staticmethod
+    def _parts(w: FmtWeight, prefix: str) -> dict:
+        """<prefix>_qweight (, _qhigh), _scales: the codes (, Q5_0's high bits) and the FP16 scales."""
+        high = {f"{prefix}_qhigh": w.parts["qhigh"]} if FORMATS[w.fmt.id][3] else {}
+        return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"]}
+
+    def _build_q32(self, fmt_id: int, role: str, rows: int, n_blocks: int, k: int, out: dict, args: dict,
+                   dims: dict, *, reads, writes, max_blocks: int | None, split_k: SplitKScratch | None,
+                   blocks: int | None, tile_tokens: int | None, x) -> None:
+        """Plan over the format's builds (the fastest estimate, or `tile_tokens`), then build
+        gemm_<stem>_<role>: its parameters are `out` (its output), x's tensor map for the planned
+        tile, then `args` up to prefill_state."""
+        stem, _extra, tiles, _high = FORMATS[fmt_id]
+        bm = self._plan_builds(tiles, f"gemm_{stem}_{role}", rows, n_blocks, k, max_blocks=max_blocks,
+                               split_k=split_k, blocks=blocks, tile_tokens=tile_tokens)
+        self._build_gemm(f"gemm_{stem}_{role}", rows, n_blocks, k,
+                         {**out, "x_map": x_tensor_map(x, rows, k, bm), **args}, dims, reads=reads, writes=writes,
+                         max_blocks=max_blocks, split_k=split_k, smem=smem_bytes_q32(fmt_id, bm))
+
+
+class GemmQ32StackedRows(_GemmQ32Launcher):
+    """out fp32 [rows, ldo]: columns col0 … col0+ΣN-1 of rows < M = x fp16 [rows, K] · [W0; W1; W2]ᵀ,
+    one to three FmtWeights of one format, q5_g32 or q8_g32, stacked along N (`ws`, `ns` their row
+    counts): a layer's q, k and v into qkv in one launch, q and k, or one matrix.
+
+    Raises:
+        LaunchError: not 1 to 3 weights, a weight not in q5_g32 / q8_g32 or not in the first's
+            format, K not a multiple of 128, columns past ldo, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, out, x, ws: list[FmtWeight], prefill_state, *, ns: list[int], k: int, rows: int, ldo: int,
+                 col0: int = 0, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
+                 blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        require(1 <= len(ws) <= 3 and len(ns) == len(ws),
+                f"gemm_q32_stacked_rows: one to three weights with a row count each, got {len(ws)} and {len(ns)}")
+        fmt_id = self._check_fmts(ws, ns, k)
+        n = sum(ns)
+        require(0 <= col0 and col0 + n <= ldo,
+                f"gemm_q32_stacked_rows: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
+        check_buffer(out, "out", rows * ldo, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = sum(w.nbytes(m, k) for w, m in zip(ws, ns)) + 2 * rows * k + 4 * rows * n
+        padded = list(ws) + [ws[0]] * (3 - len(ws))  # N = 0 past the given ones: never read
+        counts = list(ns) + [0] * (3 - len(ns))
+        parts = {kv: v for i, w in enumerate(padded) for kv, v in self._parts(w, f"w{i}").items()}
+        self._build_q32(fmt_id, "stacked_rows", rows, -(-n // BLOCK_ROWS), k, dict(out=out),
+                        dict(**parts, prefill_state=prefill_state),
+                        dict(N0=i32(counts[0]), N1=i32(counts[1]), N2=i32(counts[2]), K=i32(k), ldo=i32(ldo),
+                             col0=i32(col0)),
+                        reads=(x, prefill_state) + tuple(b for w in ws for b in w.buffers), writes=(out,),
+                        max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=tile_tokens, x=x)
+
+
+class GemmQ32ResidualRows(_GemmQ32Launcher):
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q5_g32 or q8_g32 (o_proj, down_proj of a
+    prefill chunk).
+
+    Raises:
+        LaunchError: W not in q5_g32 / q8_g32, K not a multiple of 128, or a buffer of the wrong size
+            or dtype.
+    """
+
+    def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
+                 tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        fmt_id = self._check_fmts([w], [n], k)
+        check_buffer(residual, "residual", rows * n, np.float32)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = w.nbytes(n, k) + 2 * rows * k + 8 * rows * n
+        parts = {key.removeprefix("w_"): v for key, v in self._parts(w, "w").items()}
+        self._build_q32(fmt_id, "residual", rows, -(-n // BLOCK_ROWS), k, dict(residual=residual),
+                        dict(**parts, prefill_state=prefill_state), dict(N=i32(n), K=i32(k)),
+                        reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
+                        max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=tile_tokens, x=x)
+
+
+class GemmQ32GateUpSwigluRows(_GemmQ32Launcher):
+    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up both in q5_g32 or both in q8_g32: a prefill
+    chunk's MLP input half.
+
+    Raises:
+        LaunchError: gate or up not in q5_g32 / q8_g32, or not in one format, K not a multiple of
+            128, or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, h, x, gate: FmtWeight, up: FmtWeight, prefill_state, *, f: int, k: int, rows: int,
+                 max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
+                 tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        fmt_id = self._check_fmts([gate, up], [f, f], k)
+        check_buffer(h, "h", rows * f, np.float16)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        self.flops = 2 * rows * 2 * f * k
+        self.bytes_moved = gate.nbytes(f, k) + up.nbytes(f, k) + 2 * rows * k + 2 * rows * f
+        self._build_q32(fmt_id, "gate_up_swiglu", rows, -(-f // (BLOCK_ROWS // 2)), k, dict(h=h),  # 64 features of each a block
+                        dict(**self._parts(gate, "gate"), **self._parts(up, "up"), prefill_state=prefill_state),
+                        dict(F=i32(f), K=i32(k)),
+                        reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,),
+                        max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=tile_tokens, x=x)
