@@ -196,6 +196,21 @@ def q4_k_m(tmp_path_factory):
                                         formats=recipe_formats(TINY, "q4_k_m")))
 
 
+def test_block32_recipes_give_llama_cpp_s_preset_types():
+    """q5_0 / q8_0: every matrix and the embedding in the preset's type; the output Q6_K for Q5_0
+    where K is a multiple of 256, Q8_0 where it is not (the 0.5B) and for the Q8_0 preset."""
+    from drvqwen.format.recipes import block32_types
+    from drvqwen.format.tensor_set import LM_HEAD
+
+    for preset, k_ok in (("7b", True), ("0.5b", False)):
+        cfg = PRESETS[preset]
+        t5, t8 = block32_types(cfg, "Q5_0"), block32_types(cfg, "Q8_0")
+        assert t5.pop(LM_HEAD) == ("Q6_K" if k_ok else "Q8_0") and set(t5.values()) == {"Q5_0"}
+        assert set(t8.values()) == {"Q8_0"} and len(t8) == len(t5) + 1
+        fm = recipe_formats(cfg, "q8_0")
+        assert set(fm.values()) == {wf.EXACT_FOR_GGUF["Q8_0"].id}
+
+
 def test_synthetic_q4_k_m_has_the_recipe_s_formats(q4_k_m):
     # TINY: K = 256 but for down_proj's 384; 3 layers, of which use_more_bits picks layer 2.
     f = q4_k_m
