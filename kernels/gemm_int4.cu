@@ -9,9 +9,10 @@
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
 //   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
-//   (bottom of the file; Q4_K at every tile build, Q6_K at 64 and 128 tokens)
-//   gemm_q5g32_stacked_rows, gemm_q5g32_residual, gemm_q5g32_gate_up_swiglu: the same over Q5_0
-//   (the GGUF's bytes: 4-bit codes, a high-bit plane, an FP16 scale per 32 inputs; every build)
+//   (bottom of the file; every tile build, Q6_K's 256-token one with two stages)
+//   gemm_q5g32_stacked_rows, gemm_q5g32_residual, gemm_q5g32_gate_up_swiglu, and gemm_q8g32_*: the
+//   same over Q5_0 and Q8_0 (the GGUF's bytes: 4-bit codes with a high-bit plane, or bytes; an FP16
+//   scale per 32 inputs; every build, Q8_0's 256-token one with two stages)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -210,8 +211,8 @@
 // value in FP32 (wf_scales, then a conversion to FP16) made the mainloop 450 SASS instructions a
 // group against INT4's ~250 and the TTFT 20.5 ms; in FP16 pairs 325 and 16.9 ms (b850434, the two
 // in the same run); Q6_K's v/down here too 16.3 ms (c6c8fbb); and the FP16 pairs freed the
-// registers the 256-token build needed: 14.7 ms (b9df302). Q6_K's group is 385 instructions and
-// stays at GEMM_BM ≤ 128 (shared memory).
+// registers the 256-token build needed: 14.7 ms (b9df302). Q6_K's group is 385 instructions; at
+// GEMM_BM 256 its ring has two stages (gemm_stages: three with the high-bit plane need 229 KB).
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
@@ -528,13 +529,26 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64
 // (a multiple of 1024 either way: the swizzle atoms of the next stage's X).
 template <typename Sc>
 __host__ __device__ constexpr int gemm_stage_bytes() { return GEMM_STAGE_BYTES + GEMM_BLOCK_ROWS * Sc::HIGH_ROW_BYTES; }
+// The ring's stages under policy Sc: GEMM_STAGES where they fit in shared memory, else 2 — the
+// 256-token build of the formats whose stage carries more than the codes (Q6_K: 3 × 76 KB, Q8_0:
+// 3 × 80 KB do not fit the 227 KB). Two stages still let the producer fill one group while the
+// consumers multiply the other; the barrier protocol (the header) holds for any count ≥ 2.
+template <typename Sc>
+__host__ __device__ constexpr int gemm_stages() {
+    return GEMM_STAGES * gemm_stage_bytes<Sc>() + 1024 + 3 * GEMM_STAGES * 8 <= 227 * 1024 ? GEMM_STAGES : 2;
+}
+// The dynamic shared memory of a launch under policy Sc (launchers mirror it): the ring, 1 KB to
+// align it to the swizzle atom, 3 mbarriers a stage.
+template <typename Sc>
+__host__ __device__ constexpr int gemm_smem_bytes() { return gemm_stages<Sc>() * (gemm_stage_bytes<Sc>() + 3 * 8) + 1024; }
 
 template <typename Sc>
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, const typename Sc::Group& sc,
                                            const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
                                            u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
-    const int s = it % GEMM_STAGES;  // it: the block's running group count over all its tiles
-    mbarrier_wait_parity(&full[s], (it / GEMM_STAGES) & 1);
+    constexpr int STAGES = gemm_stages<Sc>();
+    const int s = it % STAGES;  // it: the block's running group count over all its tiles
+    mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
     const unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
     // Rows local and local+8 of the stage's weights, 64 B each. The 8 rows g of one instruction
     // are 64 B apart: each 8-lane phase of a 16-byte load reads 2 addresses, conflict-free.
@@ -603,9 +617,10 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // mainloop's critical path.
     const u32 raw = static_cast<u32>(__cvta_generic_to_shared(gemm_smem_raw));
     unsigned char* smem = gemm_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-    u64* full = reinterpret_cast<u64*>(smem + GEMM_STAGES * gemm_stage_bytes<Sc>());
-    u64* x_empty = full + GEMM_STAGES;
-    u64* w_empty = x_empty + GEMM_STAGES;
+    constexpr int STAGES = gemm_stages<Sc>();
+    u64* full = reinterpret_cast<u64*>(smem + STAGES * gemm_stage_bytes<Sc>());
+    u64* x_empty = full + STAGES;
+    u64* w_empty = x_empty + STAGES;
 
     // Launched as a programmatic dependent: X, the residual, prefill_state and the split-K
     // scratch are earlier kernels' (nothing is read or written before the wait).
@@ -619,7 +634,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < GEMM_STAGES; ++s) {
+        for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(&full[s], GEMM_FULL_ARRIVALS);    // the protocol in the header
             mbarrier_init(&x_empty[s], GEMM_CONSUMER_WARPS);  // lane 0 of every consumer warp
             mbarrier_init(&w_empty[s], GEMM_CONSUMER_WARPS * WARP_SIZE);  // every consumer lane
@@ -644,8 +659,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             x += un.g1 - un.g0;
             const int m0 = un.tb * GEMM_BM;
             for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
-                const int s = it % GEMM_STAGES;
-                if (it >= GEMM_STAGES) mbarrier_wait_parity(&w_empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                const int s = it % STAGES;
+                if (it >= STAGES) mbarrier_wait_parity(&w_empty[s], ((it / STAGES) - 1) & 1);
                 unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
                 unsigned char* w_st = st + GEMM_X_STAGE_BYTES + g * GEMM_W_ROW_BYTES + 16 * t;
                 int rb = un.rb;
@@ -675,7 +690,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
                 if (lane == 0) {
-                    if (it >= GEMM_STAGES) mbarrier_wait_parity(&x_empty[s], ((it / GEMM_STAGES) - 1) & 1);
+                    if (it >= STAGES) mbarrier_wait_parity(&x_empty[s], ((it / STAGES) - 1) & 1);
                     mbarrier_arrive_expect_tx(&full[s], GEMM_X_STAGE_BYTES);
                     tma_load_2d(st, &x_map, grp * INT4_GROUP, m0, &full[s]);
                     tma_load_2d(st + GEMM_BOX_BYTES, &x_map, grp * INT4_GROUP + GEMM_BOX_INPUTS, m0, &full[s]);
@@ -1159,13 +1174,13 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 }
 
 // ---- Q6_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
-#if GEMM_BM <= 128  // at 256 tokens three stages with the high-bit plane need 229 KB of the 227
 // gemm_int4_block with GemmQ6kScales: each stage also holds the tile rows' high-bit words (32 B a
 // row and group, 4 KB: GEMM_Q6K_SMEM_BYTES), copied by the producer beside the code words and
-// released by the same barriers. Built at GEMM_BM ≤ 128 (above). Weights [N, K], K a
+// released by the same barriers; at GEMM_BM 256 two stages (gemm_stages: three of 76 KB need 229
+// KB of the 227). Weights [N, K], K a
 // multiple of 256: qweight u32 [N, K/8] (layout id 1, the low nibbles), qhigh u32 [N, K/16],
 // scales int8 [N, K/16] (read as u32 words), aux fp16 [N, K/256] (d).
-#define GEMM_Q6K_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ6kScales>() + 1024 + 3 * GEMM_STAGES * 8)  // launchers mirror it
+#define GEMM_Q6K_SMEM_BYTES (gemm_smem_bytes<GemmQ6kScales>())  // launchers mirror it
 static_assert(GEMM_Q6K_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // rows_of for one Q6_K matrix; the lane's row g is also written to *ra.
@@ -1228,7 +1243,6 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
     }), GemmQ6kScales{});
 }
 
-#endif  // GEMM_BM <= 128
 
 // ---- Q5_0 and Q8_0 weights (the GGUF's own bytes) on the same mainloop ---------------------
 // The GGUF's 32-input block formats with one FP16 scale per block (ggml's QK = 32): a 128-input
@@ -1241,8 +1255,8 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 //        t = 0 of each quad copies them).
 //   Q8_0 (id 9 "q8_g32"): c one byte, byte i of word j is input 4j + i; w = (c − 128)·s. A group
 //        is 128 B a row: the stage's code rows hold its first 64 B and its high part the second
-//        64 B (copied by all four lanes of a quad from the same row, 64 B further on), built at
-//        GEMM_BM ≤ 128 (three 256-token stages with it need 240 KB).
+//        64 B (copied by all four lanes of a quad from the same row, 64 B further on); two
+//        stages at GEMM_BM 256 (gemm_stages: three of 80 KB need 240 KB).
 // Why these formats here: llama.cpp's K-quant recipes give every tensor whose K is not a multiple
 // of 256 Q5_0 in place of Q4_K and Q8_0 in place of Q6_K — on Qwen2.5-Coder-0.5B (K = 896) all of
 // its projections but down_proj, 145 of its 169 matrices — and both are GGUF quantizations of their
@@ -1362,10 +1376,10 @@ struct GemmQ8g32Scales : GemmG32Scales {
     }
 };
 
-// Shared memory of a build with policy Sc's stages: GEMM_Q5_SMEM_BYTES at every build (three
-// 256-token stages: 223 KB), GEMM_Q8_SMEM_BYTES at GEMM_BM ≤ 128 (launchers mirror both).
-#define GEMM_Q5_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ5g32Scales>() + 1024 + 3 * GEMM_STAGES * 8)
-#define GEMM_Q8_SMEM_BYTES (GEMM_STAGES * gemm_stage_bytes<GemmQ8g32Scales>() + 1024 + 3 * GEMM_STAGES * 8)
+// Shared memory of a build with policy Sc's stages (gemm_smem_bytes; launchers mirror both): Q5_0
+// three 256-token stages of 74 KB (223 KB), Q8_0 two of 80 KB.
+#define GEMM_Q5_SMEM_BYTES (gemm_smem_bytes<GemmQ5g32Scales>())
+#define GEMM_Q8_SMEM_BYTES (gemm_smem_bytes<GemmQ8g32Scales>())
 static_assert(GEMM_Q5_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // The three kernels' bodies, one per policy Sc (the extern "C" kernels below spell out each
@@ -1495,7 +1509,6 @@ gemm_q5g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] f
                                              up_scales, prefill_state, split_partials, split_counters, F, K);
 }
 
-#if GEMM_BM <= 128  // at 256 tokens three stages with Q8_0's second 64 B need 240 KB of the 227
 static_assert(GEMM_Q8_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // residual += X Wᵀ in FP32, W in Q8_0. As gemm_int4_residual.
@@ -1549,4 +1562,3 @@ gemm_q8g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] f
     gemm_g32_gate_up_swiglu<GemmQ8g32Scales>(h, x_map, gate_qweight, nullptr, gate_scales, up_qweight, nullptr,
                                              up_scales, prefill_state, split_partials, split_counters, F, K);
 }
-#endif  // GEMM_BM <= 128

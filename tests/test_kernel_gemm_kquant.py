@@ -3,10 +3,10 @@ the consumers' A registers with each sub-block's scale, and Q4_K's offset) again
 on the weights as format/weight_formats.py dequantizes them.
 
 Shapes: N not a multiple of the 128-row block (rows past it read, never stored), a live row
-count M below the launch's capacity, a single token, K of one super-block and of several; both
-tile builds (64, 128 tokens), whole tiles and stream-K ranges that cut tiles. Outputs poisoned
-first; rows past M and columns outside [col0, col0 + N) must stay untouched; a second launch gives
-the same bits. The tolerance is the GEMMs' (TOL_GEMV): S = d·sc and O = dmin·m are rounded to
+count M below the launch's capacity, a single token, K of one super-block and of several; all
+three tile builds (64, 128, 256 tokens: Q6_K's 256 with its two-stage ring), whole tiles and
+stream-K ranges that cut tiles. Outputs poisoned first; rows past M and columns outside
+[col0, col0 + N) must stay untouched; a second launch gives the same bits. The tolerance is the GEMMs' (TOL_GEMV): S = d·sc and O = dmin·m are rounded to
 FP16 before the fma (Q6_K: S before the product), where gemm_fmt_wgmma.cu rounds the FP32 weight
 once. Q6_K's weights have negative scales too (random_fmt_weight: int8 sc in [−64, 63]) and codes
 over all 6 bits.
@@ -109,7 +109,8 @@ def test_gemm_q4k_refuses_other_formats_and_k(dev, rng):
 
 # (label, rows capacity, live M, N, K, tile, split)
 Q6K_CASES = [("straddle", 128, 100, 200, 1280, 128, False), ("m1", 64, 1, 40, 256, 64, False),
-             ("split", 192, 130, 384, 1024, 128, True), ("tile64.split", 128, 77, 300, 2048, 64, True)]
+             ("split", 192, 130, 384, 1024, 128, True), ("tile64.split", 128, 77, 300, 2048, 64, True),
+             ("tile256", 256, 230, 200, 1280, 256, False), ("tile256.split", 512, 300, 384, 2048, 256, True)]
 
 
 @pytest.mark.parametrize("label,rows,m,n,k,tile,split", Q6K_CASES, ids=[c[0] for c in Q6K_CASES])

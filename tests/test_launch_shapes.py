@@ -415,8 +415,8 @@ def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block(
 
 def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
     """The Q5_0 / Q8_0 prefill GEMMs (gemm_q32.py) take q5_g32 or q8_g32 weights, one format a
-    launch, K a multiple of 128, one to three stacked matrices, and Q8_0 at 64 and 128 tokens only;
-    each refusal is one line naming the weight, the count or the tile."""
+    launch, K a multiple of 128, one to three stacked matrices, a tile build that exists; each
+    refusal is one line naming the weight, the count or the tile."""
     import numpy as np
 
     from drvqwen.format import weight_formats as wf
@@ -447,5 +447,5 @@ def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
         GemmQ32StackedRows(out, x, [w5, w5], ps, ns=[n, n], k=k, rows=rows, ldo=2 * n, col0=8, max_blocks=132)
     with pytest.raises(LaunchError, match="v_proj: format q8_g32, not q5_g32 as model.layers.0.self_attn.q_proj"):
         GemmQ32StackedRows(out, x, [w5, w8], ps, ns=[n, n], k=k, rows=rows, ldo=2 * n, max_blocks=132)
-    with pytest.raises(LaunchError, match=r"gemm_q8g32_residual: tile of 256 tokens, want one of \(128, 64\)"):
-        GemmQ32ResidualRows(res, x, w8, ps, n=n, k=k, rows=rows, max_blocks=132, tile_tokens=256)
+    with pytest.raises(LaunchError, match=r"gemm_q8g32_residual: tile of 96 tokens, want one of \(256, 128, 64\)"):
+        GemmQ32ResidualRows(res, x, w8, ps, n=n, k=k, rows=rows, max_blocks=132, tile_tokens=96)

@@ -67,6 +67,17 @@ def smem_bytes(bm: int) -> int:
 
 
 SMEM_BYTES = mirrored("gemm_int4", "GEMM_SMEM_BYTES", smem_bytes(BM))
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may opt in to (Hopper)
+
+
+def smem_bytes_extra(bm: int, extra_row_bytes: int) -> int:
+    """gemm_smem_bytes of a policy whose stage carries `extra_row_bytes` more a weight row and group
+    (Q6_K's and Q5_0's high bits, Q8_0's second 64 B) at the build with `bm` tokens a tile:
+    gemm_stages — the build's stages where they fit in SMEM_LIMIT, else 2 — of the larger stage,
+    1 KiB of alignment slack and 3 mbarriers a stage."""
+    stage = bm * GROUP_SIZE * 2 + BLOCK_ROWS * (GROUP_SIZE // 2 + extra_row_bytes)
+    n = stages(bm) if stages(bm) * (stage + 24) + 1024 <= SMEM_LIMIT else 2
+    return n * (stage + 24) + 1024
 
 
 def x_tensor_map(x, rows: int, k: int, bm: int = BM):

@@ -15,9 +15,9 @@ where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and 
 (llama.cpp's Q4_K_M stores every projection in Q4_K but v_proj and down_proj of some layers, in
 Q6_K.) They take FmtWeights in format q4_k or q6_k (gemv_fmt.py) and plan as gemm_int4.py's
 launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch), the Q4_K ones among
-all three tile builds, the Q6_K ones among the 64- and 128-token builds: their stages also hold
-the high-bit plane (SMEM_Q6K), and three 256-token stages with it do not fit in shared memory
-(gemm_int4.cu compiles them at GEMM_BM ≤ 128 only). K must be a multiple of 256 (a super-block).
+all three tile builds, and so the Q6_K ones, whose stages also hold the high-bit plane (SMEM_Q6K):
+two of them at 256 tokens, where three do not fit in shared memory (gemm_int4.cu: gemm_stages).
+K must be a multiple of 256 (a super-block).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, smem_bytes, stages,
+from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, smem_bytes_extra,
                         x_tensor_map)
 from .gemv_fmt import FmtWeight
 
@@ -36,15 +36,15 @@ Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
 Q6K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q6_k")
 SUPER = 256                 # inputs per super-block: K must be a multiple
 Q4K_TILES = (256, 128, 64)  # the builds the kernels exist in: Q4_K's every build of gemm_int4.cu,
-Q6K_TILES = (128, 64)       # Q6_K's those with GEMM_BM ≤ 128
+Q6K_TILES = (256, 128, 64)  # Q6_K's too (two stages at 256)
 KQUANT_TILES = Q4K_TILES    # the builds a model with either format needs
 HIGH_ROW_BYTES = GROUP_SIZE // 4  # Q6_K's high bits of one row and 128-input group: 32 B
 
 
 def smem_bytes_q6k(bm: int) -> int:
     """GEMM_Q6K_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's stages, each with
-    the 128 rows' high-bit words (4 KiB) behind the code words."""
-    return smem_bytes(bm) + stages(bm) * BLOCK_ROWS * HIGH_ROW_BYTES
+    the 128 rows' high-bit words (4 KiB) behind the code words (smem_bytes_extra)."""
+    return smem_bytes_extra(bm, HIGH_ROW_BYTES)
 
 
 SMEM_Q6K = mirrored("gemm_int4", "GEMM_Q6K_SMEM_BYTES", smem_bytes_q6k(128))

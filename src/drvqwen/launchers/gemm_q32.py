@@ -14,7 +14,7 @@ Each takes FmtWeights all in q5_g32 or all in q8_g32 and launches that format's 
 of the 256-input super-block Q5_0 in place of Q4_K and Q8_0 in place of Q6_K (format/recipes.py):
 on Qwen2.5-Coder-0.5B (K = 896) every projection but down_proj. Q5_0's kernels exist in all three
 tile builds (each stage holds the rows' 16 B of high bits behind the code words: SMEM_Q5 at 128
-tokens), Q8_0's in the 64- and 128-token builds (a group is 128 B a row: SMEM_Q8); they plan as
+tokens), Q8_0's too (a group is 128 B a row: SMEM_Q8; two stages at 256 tokens); they plan as
 gemm_int4.py's launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch) over
 their builds. K must be a multiple of 128.
 """
@@ -27,7 +27,7 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import BLOCK_ROWS, TILE_TOKENS, SplitKScratch, _GemmLauncher, smem_bytes, stages, x_tensor_map
+from .gemm_int4 import BLOCK_ROWS, TILE_TOKENS, SplitKScratch, _GemmLauncher, smem_bytes_extra, x_tensor_map
 from .gemv_fmt import FmtWeight
 
 Q5G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q5_g32")
@@ -35,15 +35,15 @@ Q8G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q8_g32")
 # Per format: the kernels' name stem, the stage's extra bytes a row and group (Q5_0's high bits,
 # Q8_0's second 64 B of codes), the tile builds its kernels exist in, whether it has a qhigh plane.
 FORMATS = {Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True),
-           Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (128, 64), False)}
+           Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (256, 128, 64), False)}
 Q32_TILES = TILE_TOKENS  # the builds a model with either format needs
 
 
 def smem_bytes_q32(fmt_id: int, bm: int) -> int:
     """GEMM_Q5_SMEM_BYTES / GEMM_Q8_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's
     stages, each with the 128 rows' extra bytes (2 KiB for Q5_0, 8 KiB for Q8_0) behind the code
-    words."""
-    return smem_bytes(bm) + stages(bm) * BLOCK_ROWS * FORMATS[fmt_id][1]
+    words (smem_bytes_extra: Q8_0 two stages at 256 tokens)."""
+    return smem_bytes_extra(bm, FORMATS[fmt_id][1])
 
 
 SMEM_Q5 = mirrored("gemm_int4", "GEMM_Q5_SMEM_BYTES", smem_bytes_q32(Q5G32_ID, 128))
