@@ -212,7 +212,15 @@
 // group against INT4's ~250 and the TTFT 20.5 ms; in FP16 pairs 325 and 16.9 ms (b850434, the two
 // in the same run); Q6_K's v/down here too 16.3 ms (c6c8fbb); and the FP16 pairs freed the
 // registers the 256-token build needed: 14.7 ms (b9df302). Q6_K's group is 385 instructions; at
-// GEMM_BM 256 its ring has two stages (gemm_stages: three with the high-bit plane need 229 KB).
+// GEMM_BM 256 its ring has two stages (gemm_stages: three with the high-bit plane need 229 KB):
+// 14.0 ms against the INT4 7B's 12.3 in turns (docs/bench/2026-12-03_0a6300c_h200_syn7b_*.json).
+// Q5_0 and Q8_0 (bottom of the file) are the same mainloop with an FP16 scale per 32-input chunk:
+// the residual kernels are 2256 and 1992 SASS instructions in all at GEMM_BM 128 (INT4's 2000,
+// cuobjdump). The synthetic 7B in llama.cpp's Q5_0 layout prefills 512 tokens in
+// 14.9 ms (23.8 on gemm_fmt_wgmma.cu), in its Q8_0 layout in 14.2–14.7 ms with the 256-token build
+// on two stages (18.4–18.6 without it; 27.9 on gemm_fmt_wgmma.cu), the INT4 7B 12.3–12.5 ms in
+// the same runs (docs/bench/2026-12-03_{635fd11,0a6300c}_h200_syn7b_*.json); the synthetic 0.5B
+// in the real 0.5B's formats 2.94 ms against 4.01 (…_32ada4d_h200_syn05b_q4_k_m_q32_*.json).
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
