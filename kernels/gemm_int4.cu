@@ -10,9 +10,10 @@
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
 //   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
 //   (bottom of the file; every tile build, Q6_K's 256-token one with two stages)
-//   gemm_q5g32_stacked_rows, gemm_q5g32_residual, gemm_q5g32_gate_up_swiglu, and gemm_q8g32_*: the
-//   same over Q5_0 and Q8_0 (the GGUF's bytes: 4-bit codes with a high-bit plane, or bytes; an FP16
-//   scale per 32 inputs; every build, Q8_0's 256-token one with two stages)
+//   gemm_q4g32_stacked_rows, gemm_q4g32_residual, gemm_q4g32_gate_up_swiglu, and gemm_q5g32_*,
+//   gemm_q8g32_*: the same over Q4_0, Q5_0 and Q8_0 (the GGUF's bytes: 4-bit codes, with a
+//   high-bit plane, or bytes; an FP16 scale per 32 inputs; every build, Q8_0's 256-token one with
+//   two stages)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -1252,10 +1253,12 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 }
 
 
-// ---- Q5_0 and Q8_0 weights (the GGUF's own bytes) on the same mainloop ---------------------
+// ---- Q4_0, Q5_0 and Q8_0 weights (the GGUF's own bytes) on the same mainloop ---------------
 // The GGUF's 32-input block formats with one FP16 scale per block (ggml's QK = 32): a 128-input
 // group is 4 chunks, k steps 2j and 2j + 1 in chunk j, and 4 scales (8 B) a row, which come from
 // global memory one group ahead, one 8-byte load a row (GemmG32Scales).
+//   Q4_0 (weight_formats.cuh, id 2 "q4_g32"): the INT4 words (layout id 1), w = (c − 8)·s — the
+//        INT4 mainloop's unpack (gemm_int4_pair) with the chunk's scale in place of the group's.
 //   Q5_0 (weight_formats.cuh, id 5 "q5_g32"): c = v + 16h, v the low nibble in layout id 1 (the
 //        INT4 words: the same lop3 picks a lane's pair), h one high bit in the qhigh plane — for
 //        nibble p of code word i of a chunk, bit 4p + i of the chunk's high word; w = (c − 16)·s.
@@ -1267,8 +1270,9 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 //        stages at GEMM_BM 256 (gemm_stages: three of 80 KB need 240 KB).
 // Why these formats here: llama.cpp's K-quant recipes give every tensor whose K is not a multiple
 // of 256 Q5_0 in place of Q4_K and Q8_0 in place of Q6_K — on Qwen2.5-Coder-0.5B (K = 896) all of
-// its projections but down_proj, 145 of its 169 matrices — and both are GGUF quantizations of their
-// own at every size.
+// its projections but down_proj, 145 of its 169 matrices — and Q4_0, Q5_0 and Q8_0 are GGUF
+// quantizations of their own at every size (the official Qwen2.5-Coder GGUFs come in Q4_0 and
+// Q8_0 among others).
 struct GemmLaneRowsG32 {
     const u32* wa;  const u32* wb;    // the rows' code words
     const u32* ha;  const u32* hb;    // the rows' high part: Q5_0's high-bit words, Q8_0's codes 64 B on
@@ -1294,6 +1298,32 @@ struct GemmG32Scales {
             G.s[row][3] = __byte_perm(v.y, 0, 0x3232);
         }
         return G;
+    }
+};
+
+// Q4_0: the INT4 words and zero point; each k step's pair times its chunk's scale.
+struct GemmQ4g32Scales : GemmG32Scales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int HIGH_ROW_BYTES = 0;
+    static constexpr int HIGH_STRIDE = 0;
+    static constexpr bool ROWS_EACH_GROUP = true;
+    __device__ static __forceinline__ void lane_row(const u32* qweight, const u32*, const __half* scales, int row,
+                                                    int n, int K, int which, GemmLaneRowsG32& out) {
+        const u64 r = (u64)min(row, n - 1);
+        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
+                                                     const uint4 (&)[GEMM_HIGH_MAX], const uint4 (&)[GEMM_HIGH_MAX],
+                                                     int shift, const Group& G, u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            const int j = s / 2;  // the chunk of k step s
+            frag[s][0] = gemm_int4_pair(gemm_word(ra, 2 * s), shift, G.s[0][j]);
+            frag[s][1] = gemm_int4_pair(gemm_word(rb, 2 * s), shift, G.s[1][j]);
+            frag[s][2] = gemm_int4_pair(gemm_word(ra, 2 * s + 1), shift, G.s[0][j]);
+            frag[s][3] = gemm_int4_pair(gemm_word(rb, 2 * s + 1), shift, G.s[1][j]);
+        }
     }
 };
 
@@ -1384,14 +1414,15 @@ struct GemmQ8g32Scales : GemmG32Scales {
     }
 };
 
-// Shared memory of a build with policy Sc's stages (gemm_smem_bytes; launchers mirror both): Q5_0
-// three 256-token stages of 74 KB (223 KB), Q8_0 two of 80 KB.
+// Shared memory of a build with policy Sc's stages (gemm_smem_bytes; launchers mirror them): Q4_0
+// INT4's, Q5_0 three 256-token stages of 74 KB (223 KB), Q8_0 two of 80 KB.
+#define GEMM_Q4_SMEM_BYTES (gemm_smem_bytes<GemmQ4g32Scales>())
 #define GEMM_Q5_SMEM_BYTES (gemm_smem_bytes<GemmQ5g32Scales>())
 #define GEMM_Q8_SMEM_BYTES (gemm_smem_bytes<GemmQ8g32Scales>())
 static_assert(GEMM_Q5_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // The three kernels' bodies, one per policy Sc (the extern "C" kernels below spell out each
-// format's parameters). qhigh: Q5_0's high-bit plane; unused by Q8_0 (null).
+// format's parameters). qhigh: Q5_0's high-bit plane; unused by Q4_0 and Q8_0 (null).
 template <typename Sc>
 __device__ __forceinline__ void gemm_g32_residual(float* residual, const CUtensorMap& x_map, const u32* qweight,
                                                   const u32* qhigh, const __half* scales, const int* prefill_state,
@@ -1454,6 +1485,57 @@ __device__ __forceinline__ void gemm_g32_gate_up_swiglu(__half* h, const CUtenso
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
     }), Sc{});
+}
+
+// residual += X Wᵀ in FP32, W in Q4_0. As gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
+                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                    const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                    const __half* __restrict__ scales,       // [N, K/32] fp16
+                    const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
+                    float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                    int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                    int N, int K) {
+    gemm_g32_residual<GemmQ4g32Scales>(residual, x_map, qweight, nullptr, scales, prefill_state, split_partials,
+                                       split_counters, N, K);
+}
+
+// out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q4_0 matrices stacked along N.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
+                        const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                        const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
+                        const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
+                        const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                        const __half* __restrict__ w1_scales,
+                        const u32* __restrict__ w2_qweight,        // [N2, …] (N2 = 0: unused)
+                        const __half* __restrict__ w2_scales,
+                        const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                        float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                        int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                        int N0, int N1, int N2, int K, int ldo, int col0) {
+    const u32* const qw[3] = {w0_qweight, w1_qweight, w2_qweight};
+    const u32* const qh[3] = {nullptr, nullptr, nullptr};
+    const __half* const sc[3] = {w0_scales, w1_scales, w2_scales};
+    gemm_g32_stacked_rows<GemmQ4g32Scales>(out, x_map, qw, qh, sc, prefill_state, split_partials, split_counters,
+                                           N0, N1, N2, K, ldo, col0);
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q4_0. As gemm_int4_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                          const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                          const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                          const __half* __restrict__ gate_scales,    // [F, K/32] fp16
+                          const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                          const __half* __restrict__ up_scales,      // [F, K/32] fp16
+                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                          float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                          int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                          int F, int K) {
+    gemm_g32_gate_up_swiglu<GemmQ4g32Scales>(h, x_map, gate_qweight, nullptr, gate_scales, up_qweight, nullptr,
+                                             up_scales, prefill_state, split_partials, split_counters, F, K);
 }
 
 // residual += X Wᵀ in FP32, W in Q5_0 (o_proj, down_proj). As gemm_int4_residual.

@@ -1,5 +1,5 @@
 """kernels/gemm_int4.cu's kernels for the GGUF's 32-input block formats (launchers/gemm_q32.py:
-Q5_0's codes with their high bits, Q8_0's bytes, unpacked in the consumers' A registers, each
+Q4_0's codes, Q5_0's with their high bits, Q8_0's bytes, unpacked in the consumers' A registers, each
 32-input chunk times its FP16 scale) against float64 numpy on the weights as
 format/weight_formats.py dequantizes them.
 
@@ -25,7 +25,7 @@ from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, r
 
 pytestmark = pytest.mark.gpu
 
-FMT = {name: next(f for f in wf.FORMATS.values() if f.name == name) for name in ("q5_g32", "q8_g32")}
+FMT = {name: next(f for f in wf.FORMATS.values() if f.name == name) for name in ("q4_g32", "q5_g32", "q8_g32")}
 # (label, rows capacity, live M, row counts of the stacked matrices, K, tile, split)
 CASES = [("qkv.straddle", 128, 100, (200, 40, 40), 896, 128, False), ("one.m1", 64, 1, (40,), 128, 64, False),
          ("qk.split", 192, 130, (384, 72), 1024, 128, True), ("one.tile64.split", 128, 77, (300,), 2048, 64, True),

@@ -241,11 +241,11 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
                                           col0=D, max_blocks=132)),
             ("gemm_q6k_residual", GemmQ6kResidualRows(_buf("res", R * D, np.float32), x, w6, ps, n=D, k=D, rows=R,
                                                       max_blocks=132)),
-            *_q32_launchers(ps, R, x, weight("q5_g32")), *_q32_launchers(ps, R, x, weight("q8_g32"))]
+            *(ln for f in ("q4_g32", "q5_g32", "q8_g32") for ln in _q32_launchers(ps, R, x, weight(f)))]
 
 
 def _q32_launchers(ps, R, x, w) -> list[tuple[str, launchers.Launcher]]:
-    """gemm_int4.cu's Q5_0 or Q8_0 kernels (launchers/gemm_q32.py) on weights of K = D = 1024 in w's
+    """gemm_int4.cu's Q4_0, Q5_0 or Q8_0 kernels (launchers/gemm_q32.py) on weights of K = D = 1024 in w's
     format: the stacked rows with one, two and three matrices (the unused ones' parameters still
     passed)."""
     from drvqwen.launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows

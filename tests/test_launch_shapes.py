@@ -414,7 +414,7 @@ def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block(
 
 
 def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
-    """The Q5_0 / Q8_0 prefill GEMMs (gemm_q32.py) take q5_g32 or q8_g32 weights, one format a
+    """The Q4_0 / Q5_0 / Q8_0 prefill GEMMs (gemm_q32.py) take q4_g32, q5_g32 or q8_g32 weights, one format a
     launch, K a multiple of 128, one to three stacked matrices, a tile build that exists; each
     refusal is one line naming the weight, the count or the tile."""
     import numpy as np
@@ -434,8 +434,8 @@ def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
     res = BufferSpec("res", (rows * n,), np.float32)
     w5 = weight("q5_g32", "model.layers.0.self_attn.q_proj", n, k)
     w8 = weight("q8_g32", "model.layers.0.self_attn.v_proj", n, k)
-    with pytest.raises(LaunchError, match="o_proj: format q4_g32, these kernels read q5_g32 and q8_g32 only"):
-        GemmQ32ResidualRows(res, x, weight("q4_g32", "model.layers.0.self_attn.o_proj", n, k), ps, n=n, k=k,
+    with pytest.raises(LaunchError, match="o_proj: format q4_g32_min, these kernels read q4_g32, q5_g32 and q8_g32 only"):
+        GemmQ32ResidualRows(res, x, weight("q4_g32_min", "model.layers.0.self_attn.o_proj", n, k), ps, n=n, k=k,
                             rows=rows, max_blocks=132)
     with pytest.raises(LaunchError, match="K=96 must be a positive multiple of 128"):
         GemmQ32ResidualRows(res, BufferSpec("x", (rows, 96), np.float16), weight("q5_g32", "w", n, 96), ps, n=n,

@@ -197,15 +197,16 @@ def q4_k_m(tmp_path_factory):
 
 
 def test_block32_recipes_give_llama_cpp_s_preset_types():
-    """q5_0 / q8_0: every matrix and the embedding in the preset's type; the output Q6_K for Q5_0
-    where K is a multiple of 256, Q8_0 where it is not (the 0.5B) and for the Q8_0 preset."""
+    """q4_0 / q5_0 / q8_0: every matrix and the embedding in the preset's type; the output Q6_K for
+    Q4_0 and Q5_0 where K is a multiple of 256, Q8_0 where it is not (the 0.5B) and for Q8_0."""
     from drvqwen.format.recipes import block32_types
     from drvqwen.format.tensor_set import LM_HEAD
 
     for preset, k_ok in (("7b", True), ("0.5b", False)):
         cfg = PRESETS[preset]
-        t5, t8 = block32_types(cfg, "Q5_0"), block32_types(cfg, "Q8_0")
+        t4, t5, t8 = (block32_types(cfg, p) for p in ("Q4_0", "Q5_0", "Q8_0"))
         assert t5.pop(LM_HEAD) == ("Q6_K" if k_ok else "Q8_0") and set(t5.values()) == {"Q5_0"}
+        assert t4.pop(LM_HEAD) == ("Q6_K" if k_ok else "Q8_0") and set(t4.values()) == {"Q4_0"}
         assert set(t8.values()) == {"Q8_0"} and len(t8) == len(t5) + 1
         fm = recipe_formats(cfg, "q8_0")
         assert set(fm.values()) == {wf.EXACT_FOR_GGUF["Q8_0"].id}

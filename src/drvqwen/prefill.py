@@ -40,7 +40,7 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
 v are all Q4_K as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and k of Q4_K as
-L{l}.qk_proj), Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v of
+L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v of
 one of them as L{l}.qkv_proj, q and k as L{l}.qk_proj), the other formats gemm_fmt_wgmma.cu (gemm_fmt.cu where K
 is not a multiple of 128, or with fmt_gemm="mma"; q, k and v as launches into their columns of
 qkv); every layer not in a qkv_rope launch then runs L{l}.rope_kv, and the embedding rows are
@@ -200,7 +200,7 @@ class Prefill:
         kquant_gemm: per-tensor formats on the wgmma GEMMs: Q4_K and Q6_K projections on
             gemm_int4.cu's mainloop, unpacked in the consumers' registers (launchers/gemm_kquant.py);
             False runs them on gemm_fmt_wgmma.cu as every other format (to compare).
-        q32_gemm: per-tensor formats on the wgmma GEMMs: Q5_0 and Q8_0 projections on
+        q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0 and Q8_0 projections on
             gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
             (to compare).
     Raises:
@@ -233,7 +233,7 @@ class Prefill:
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
         # Q4_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
-        # Q5_0 and Q8_0 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
+        # Q4_0, Q5_0 and Q8_0 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
         self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
@@ -512,7 +512,7 @@ class Prefill:
                 and all(fm[proj_prefix(l, p)] == Q4K_ID for p in ("q_proj", "k_proj", "v_proj")))
 
     def _q32(self, w, k: int) -> int | None:
-        """The format id (Q5_0's, Q8_0's) of projection weight `w` (input width k) where it runs on
+        """The format id (Q4_0's, Q5_0's, Q8_0's) of projection weight `w` (input width k) where it runs on
         the register-unpack GEMMs of gemm_q32.py, else None."""
         return w.fmt.id if self.q32_gemm and gemm_q32.fits(w, k) else None
 

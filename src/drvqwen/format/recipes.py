@@ -17,7 +17,7 @@ Q4_K_M (llama.cpp's llama-quant.cpp, `llama_tensor_get_type` and `tensor_type_fa
 On the real Qwen2.5-Coder-0.5B (K = 896 but for down_proj's 4864) this gives every tensor the
 type its Q4_K_M GGUF holds (Q5_0 ×133, Q8_0 ×13, Q6_K ×12, Q4_K ×12; tested on the file).
 
-Q8_0 and Q5_0 (the same function for the 32-input block presets): every matrix in the preset's
+Q4_0, Q5_0 and Q8_0 (one function for the 32-input block presets): every matrix in the preset's
 type, the token embedding included; the output Q6_K unless the preset is Q8_0 (which keeps it)
 or its K is not a multiple of 256 (then Q8_0). No per-layer choice: `use_more_bits` is for the
 K-quant presets only.
@@ -29,7 +29,7 @@ from ..config import QwenConfig
 from . import weight_formats as wf
 from .tensor_set import LM_HEAD, default_formats, proj_prefix, weight_shapes
 
-RECIPES = ("int4", "q4_k_m", "q5_0", "q8_0")
+RECIPES = ("int4", "q4_k_m", "q4_0", "q5_0", "q8_0")
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
@@ -60,8 +60,8 @@ def q4_k_m_types(cfg: QwenConfig) -> dict[str, str]:
 
 
 def block32_types(cfg: QwenConfig, preset: str) -> dict[str, str]:
-    """Weight prefix → the GGUF type llama.cpp's Q5_0 or Q8_0 preset (`preset` "Q5_0" / "Q8_0")
-    gives it (module doc)."""
+    """Weight prefix → the GGUF type llama.cpp's Q4_0, Q5_0 or Q8_0 preset (`preset` "Q4_0",
+    "Q5_0", "Q8_0") gives it (module doc)."""
     types = {p: preset for p in weight_shapes(cfg)}
     if preset != "Q8_0":
         types[LM_HEAD] = "Q6_K" if weight_shapes(cfg)[LM_HEAD][1] % wf.SUPERBLOCK == 0 else "Q8_0"
@@ -69,7 +69,7 @@ def block32_types(cfg: QwenConfig, preset: str) -> dict[str, str]:
 
 
 def recipe_formats(cfg: QwenConfig, recipe: str) -> dict[str, int]:
-    """Weight prefix → format id for `recipe` ("int4": the default formats; "q4_k_m", "q5_0", "q8_0").
+    """Weight prefix → format id for `recipe` ("int4": the default formats; "q4_k_m", "q4_0", "q5_0", "q8_0").
 
     Raises:
         ValueError: an unknown recipe.
@@ -78,7 +78,7 @@ def recipe_formats(cfg: QwenConfig, recipe: str) -> dict[str, int]:
         return default_formats(cfg)
     if recipe == "q4_k_m":
         return {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in q4_k_m_types(cfg).items()}
-    if recipe in ("q5_0", "q8_0"):
+    if recipe in ("q4_0", "q5_0", "q8_0"):
         return {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in block32_types(cfg, recipe.upper()).items()}
     raise ValueError(f"recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
 

@@ -1,7 +1,8 @@
 """Launchers of kernels/gemm_int4.cu's kernels for the GGUF's 32-input block formats with one FP16
-scale a block, Q5_0 (q5_g32: 4-bit codes in layout id 1 and a high-bit plane) and Q8_0 (q8_g32:
-one byte a code), on gemm_int4.cu's mainloop — the consumers unpack the codes into wgmma's A
-registers and multiply each 32-input chunk by its scale (GemmQ5g32Scales, GemmQ8g32Scales), where
+scale a block, Q4_0 (q4_g32: 4-bit codes in layout id 1), Q5_0 (q5_g32: the same and a high-bit
+plane) and Q8_0 (q8_g32: one byte a code), on gemm_int4.cu's mainloop — the consumers unpack the
+codes into wgmma's A registers and multiply each 32-input chunk by its scale (GemmQ4g32Scales,
+GemmQ5g32Scales, GemmQ8g32Scales), where
 gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
 
     GemmQ32StackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1; W2]ᵀ
@@ -9,14 +10,15 @@ gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the
     GemmQ32ResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
     GemmQ32GateUpSwigluRows  h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ)
 
-Each takes FmtWeights all in q5_g32 or all in q8_g32 and launches that format's kernel
-(gemm_q5g32_*, gemm_q8g32_*). llama.cpp's K-quant recipes give a tensor whose K is not a multiple
-of the 256-input super-block Q5_0 in place of Q4_K and Q8_0 in place of Q6_K (format/recipes.py):
-on Qwen2.5-Coder-0.5B (K = 896) every projection but down_proj. Q5_0's kernels exist in all three
-tile builds (each stage holds the rows' 16 B of high bits behind the code words: SMEM_Q5 at 128
-tokens), Q8_0's too (a group is 128 B a row: SMEM_Q8; two stages at 256 tokens); they plan as
-gemm_int4.py's launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch) over
-their builds. K must be a multiple of 128.
+Each takes FmtWeights all in one of the three formats and launches that format's kernel
+(gemm_q4g32_*, gemm_q5g32_*, gemm_q8g32_*). llama.cpp's K-quant recipes give a tensor whose K is
+not a multiple of the 256-input super-block Q5_0 in place of Q4_K and Q8_0 in place of Q6_K
+(format/recipes.py): on Qwen2.5-Coder-0.5B (K = 896) every projection but down_proj; Q4_0, Q5_0
+and Q8_0 are presets of their own. The kernels exist in all three tile builds: Q4_0's stage is
+the INT4 one (SMEM_Q4), Q5_0's holds the rows' 16 B of high bits behind the code words (SMEM_Q5),
+Q8_0's the group's second 64 B (a group is 128 B a row: SMEM_Q8; two stages at 256 tokens). They
+plan as gemm_int4.py's launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch)
+over their builds. K must be a multiple of 128.
 """
 
 from __future__ import annotations
@@ -30,39 +32,42 @@ from .base import check_buffer, check_prefill_state, i32, mirrored, require
 from .gemm_int4 import BLOCK_ROWS, TILE_TOKENS, SplitKScratch, _GemmLauncher, smem_bytes_extra, x_tensor_map
 from .gemv_fmt import FmtWeight
 
+Q4G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_g32")
 Q5G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q5_g32")
 Q8G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q8_g32")
-# Per format: the kernels' name stem, the stage's extra bytes a row and group (Q5_0's high bits,
-# Q8_0's second 64 B of codes), the tile builds its kernels exist in, whether it has a qhigh plane.
-FORMATS = {Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True),
+# Per format: the kernels' name stem, the stage's extra bytes a row and group (none for Q4_0, Q5_0's
+# high bits, Q8_0's second 64 B of codes), the tile builds its kernels exist in, whether it has a qhigh plane.
+FORMATS = {Q4G32_ID: ("q4g32", 0, (256, 128, 64), False),
+           Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True),
            Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (256, 128, 64), False)}
 Q32_TILES = TILE_TOKENS  # the builds a model with either format needs
 
 
 def smem_bytes_q32(fmt_id: int, bm: int) -> int:
-    """GEMM_Q5_SMEM_BYTES / GEMM_Q8_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's
-    stages, each with the 128 rows' extra bytes (2 KiB for Q5_0, 8 KiB for Q8_0) behind the code
+    """GEMM_Q4_SMEM_BYTES / GEMM_Q5_SMEM_BYTES / GEMM_Q8_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's
+    stages, each with the 128 rows' extra bytes (none for Q4_0, 2 KiB for Q5_0, 8 KiB for Q8_0) behind the code
     words (smem_bytes_extra: Q8_0 two stages at 256 tokens)."""
     return smem_bytes_extra(bm, FORMATS[fmt_id][1])
 
 
+SMEM_Q4 = mirrored("gemm_int4", "GEMM_Q4_SMEM_BYTES", smem_bytes_q32(Q4G32_ID, 128))
 SMEM_Q5 = mirrored("gemm_int4", "GEMM_Q5_SMEM_BYTES", smem_bytes_q32(Q5G32_ID, 128))
 SMEM_Q8 = mirrored("gemm_int4", "GEMM_Q8_SMEM_BYTES", smem_bytes_q32(Q8G32_ID, 128))
 
 
 def fits(w: FmtWeight, k: int) -> bool:
-    """Whether these kernels take weight `w` at input width k: format q5_g32 or q8_g32, K a
-    multiple of 128."""
+    """Whether these kernels take weight `w` at input width k: format q4_g32, q5_g32 or q8_g32, K
+    a multiple of 128."""
     return w.fmt.id in FORMATS and k > 0 and k % GROUP_SIZE == 0
 
 
 class _GemmQ32Launcher(_GemmLauncher):
     def _check_fmts(self, ws: list[FmtWeight], ns: list[int], k: int) -> int:
         """The format id every weight of `ws` (row counts `ns`, input width k) shares; raises
-        LaunchError naming the first weight that is not q5_g32 / q8_g32 or not the first's."""
+        LaunchError naming the first weight that is not q4_g32 / q5_g32 / q8_g32 or not the first's."""
         fmt_id = ws[0].fmt.id
         for w, n in zip(ws, ns):
-            require(w.fmt.id in FORMATS, f"{w.name}: format {w.fmt.name}, these kernels read q5_g32 and q8_g32 only")
+            require(w.fmt.id in FORMATS, f"{w.name}: format {w.fmt.name}, these kernels read q4_g32, q5_g32 and q8_g32 only")
             require(w.fmt.id == fmt_id, f"{w.name}: format {w.fmt.name}, not {ws[0].fmt.name} as {ws[0].name}")
             require(k > 0 and k % GROUP_SIZE == 0, f"{w.name}: K={k} must be a positive multiple of {GROUP_SIZE}")
             w.check(n, k)
@@ -90,12 +95,13 @@ class _GemmQ32Launcher(_GemmLauncher):
 
 class GemmQ32StackedRows(_GemmQ32Launcher):
     """out fp32 [rows, ldo]: columns col0 … col0+ΣN-1 of rows < M = x fp16 [rows, K] · [W0; W1; W2]ᵀ,
-    one to three FmtWeights of one format, q5_g32 or q8_g32, stacked along N (`ws`, `ns` their row
-    counts): a layer's q, k and v into qkv in one launch, q and k, or one matrix.
+    one to three FmtWeights of one format, q4_g32, q5_g32 or q8_g32, stacked along N (`ws`, `ns`
+    their row counts): a layer's q, k and v into qkv in one launch, q and k, or one matrix.
 
     Raises:
-        LaunchError: not 1 to 3 weights, a weight not in q5_g32 / q8_g32 or not in the first's
-            format, K not a multiple of 128, columns past ldo, or a buffer of the wrong size or dtype.
+        LaunchError: not 1 to 3 weights, a weight not in q4_g32 / q5_g32 / q8_g32 or not in the
+            first's format, K not a multiple of 128, columns past ldo, or a buffer of the wrong size
+            or dtype.
     """
 
     def __init__(self, out, x, ws: list[FmtWeight], prefill_state, *, ns: list[int], k: int, rows: int, ldo: int,
@@ -125,12 +131,12 @@ class GemmQ32StackedRows(_GemmQ32Launcher):
 
 
 class GemmQ32ResidualRows(_GemmQ32Launcher):
-    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q5_g32 or q8_g32 (o_proj, down_proj of a
-    prefill chunk).
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q4_g32, q5_g32 or q8_g32 (o_proj, down_proj
+    of a prefill chunk).
 
     Raises:
-        LaunchError: W not in q5_g32 / q8_g32, K not a multiple of 128, or a buffer of the wrong size
-            or dtype.
+        LaunchError: W not in q4_g32 / q5_g32 / q8_g32, K not a multiple of 128, or a buffer of the
+            wrong size or dtype.
     """
 
     def __init__(self, residual, x, w: FmtWeight, prefill_state, *, n: int, k: int, rows: int,
@@ -151,12 +157,12 @@ class GemmQ32ResidualRows(_GemmQ32Launcher):
 
 
 class GemmQ32GateUpSwigluRows(_GemmQ32Launcher):
-    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up both in q5_g32 or both in q8_g32: a prefill
+    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up in one of q4_g32, q5_g32, q8_g32: a prefill
     chunk's MLP input half.
 
     Raises:
-        LaunchError: gate or up not in q5_g32 / q8_g32, or not in one format, K not a multiple of
-            128, or a buffer of the wrong size or dtype.
+        LaunchError: gate or up not in q4_g32 / q5_g32 / q8_g32, or not in one format, K not a
+            multiple of 128, or a buffer of the wrong size or dtype.
     """
 
     def __init__(self, h, x, gate: FmtWeight, up: FmtWeight, prefill_state, *, f: int, k: int, rows: int,
