@@ -222,6 +222,8 @@
 // on two stages (18.4–18.6 without it; 27.9 on gemm_fmt_wgmma.cu), the INT4 7B 12.3–12.5 ms in
 // the same runs (docs/bench/2026-12-03_{635fd11,0a6300c}_h200_syn7b_*.json); the synthetic 0.5B
 // in the real 0.5B's formats 2.94 ms against 4.01 (…_32ada4d_h200_syn05b_q4_k_m_q32_*.json).
+// Q4_0 (gemm_q4g32_*, the INT4 unpack with a scale per chunk): the 7B in llama.cpp's Q4_0 layout
+// 12.9 ms against INT4's 12.5 in turns, 19.6 on gemm_fmt_wgmma.cu (…_b4a74ff_h200_syn7b_*.json).
 //
 // Requirements (asserted by the launchers): K % 128 == 0; for qkv, Nq and Nkv multiples of 16
 // (a warp's 16 rows lie in one matrix); any N ≥ 1 (rows past N read row N-1, never stored);
