@@ -1489,6 +1489,62 @@ __device__ __forceinline__ void gemm_g32_gate_up_swiglu(__half* h, const CUtenso
     }), Sc{});
 }
 
+// q, k and v in one of these formats with the bias, the RoPE and the FP16 writes in the epilogue:
+// gemm_int4_qkv_rope's rows, pairs and epilogue (GemmRopePair, GemmQkvRopeEpilogue) over Sc.
+template <typename Sc>
+__device__ __forceinline__ void gemm_g32_qkv_rope(__half* q_out, __half* k_cache, __half* v_cache,
+                                                  const CUtensorMap& x_map, const u32* const (&qw)[3],
+                                                  const u32* const (&qh)[3], const __half* const (&sc)[3],
+                                                  const __half* q_bias, const __half* k_bias, const __half* v_bias,
+                                                  const float2* rope_cs, const int* prefill_state,
+                                                  const int* block_table, float* split_partials, int* split_counters,
+                                                  int Hq, int Hkv, int Dh, int K) {
+    const int half_dim = Dh / 2;
+    const int n_pairs = (Hq + 2 * Hkv) * half_dim;
+    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
+    int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
+    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsG32 r;
+        pair = gemm_rope_pair_of(rb, local);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const int n = (rp.seg == 0 ? Hq : Hkv) * Dh;
+        Sc::lane_row(qw[rp.seg], qh[rp.seg], sc[rp.seg], rp.h * Dh + rp.i, n, K, 0, r);
+        Sc::lane_row(qw[rp.seg], qh[rp.seg], sc[rp.seg], rp.h * Dh + rp.i + half_dim, n, K, 1, r);
+        return r;
+    }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
+                           Hq, Hkv, Dh, &pair}, Sc{});
+}
+
+// q, k and v in Q4_0 with the bias, the RoPE and the FP16 writes in the epilogue (gemm_q4k_qkv_rope's
+// outputs and contract).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                    __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                    __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                    const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                    const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
+                    const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                    const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
+                    const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                    const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
+                    const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                    const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                    const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                    const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                    const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                    const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                    float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                    int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                    int Hq, int Hkv, int Dh, int K) {
+    const u32* const qw[3] = {q_qweight, k_qweight, v_qweight};
+    const u32* const qh[3] = {nullptr, nullptr, nullptr};
+    const __half* const sc[3] = {q_scales, k_scales, v_scales};
+    gemm_g32_qkv_rope<GemmQ4g32Scales>(q_out, k_cache, v_cache, x_map, qw, qh, sc, q_bias, k_bias, v_bias, rope_cs,
+                                       prefill_state, block_table, split_partials, split_counters, Hq, Hkv, Dh, K);
+}
+
 // residual += X Wᵀ in FP32, W in Q4_0. As gemm_int4_residual.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
@@ -1538,6 +1594,38 @@ gemm_q4g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] f
                           int F, int K) {
     gemm_g32_gate_up_swiglu<GemmQ4g32Scales>(h, x_map, gate_qweight, nullptr, gate_scales, up_qweight, nullptr,
                                              up_scales, prefill_state, split_partials, split_counters, F, K);
+}
+
+// q, k and v in Q5_0 with the bias, the RoPE and the FP16 writes in the epilogue (gemm_q4k_qkv_rope's
+// outputs and contract).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                    __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                    __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                    const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                    const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                    const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
+                    const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                    const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                    const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
+                    const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                    const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                    const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
+                    const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                    const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                    const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                    const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                    const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                    const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                    float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                    int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                    int Hq, int Hkv, int Dh, int K) {
+    const u32* const qw[3] = {q_qweight, k_qweight, v_qweight};
+    const u32* const qh[3] = {q_qhigh, k_qhigh, v_qhigh};
+    const __half* const sc[3] = {q_scales, k_scales, v_scales};
+    gemm_g32_qkv_rope<GemmQ5g32Scales>(q_out, k_cache, v_cache, x_map, qw, qh, sc, q_bias, k_bias, v_bias, rope_cs,
+                                       prefill_state, block_table, split_partials, split_counters, Hq, Hkv, Dh, K);
 }
 
 // residual += X Wᵀ in FP32, W in Q5_0 (o_proj, down_proj). As gemm_int4_residual.
@@ -1602,6 +1690,35 @@ gemm_q5g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] f
 }
 
 static_assert(GEMM_Q8_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// q, k and v in Q8_0 with the bias, the RoPE and the FP16 writes in the epilogue (gemm_q4k_qkv_rope's
+// outputs and contract).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q8g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                    __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                    __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                    const u32* __restrict__ q_qweight,        // [Hq·Dh, K/4] uint32
+                    const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
+                    const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/4] uint32
+                    const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
+                    const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/4] uint32
+                    const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
+                    const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                    const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                    const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                    const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                    const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                    const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                    float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                    int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                    int Hq, int Hkv, int Dh, int K) {
+    const u32* const qw[3] = {q_qweight, k_qweight, v_qweight};
+    const u32* const qh[3] = {nullptr, nullptr, nullptr};
+    const __half* const sc[3] = {q_scales, k_scales, v_scales};
+    gemm_g32_qkv_rope<GemmQ8g32Scales>(q_out, k_cache, v_cache, x_map, qw, qh, sc, q_bias, k_bias, v_bias, rope_cs,
+                                       prefill_state, block_table, split_partials, split_counters, Hq, Hkv, Dh, K);
+}
 
 // residual += X Wᵀ in FP32, W in Q8_0. As gemm_int4_residual.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)

@@ -180,3 +180,73 @@ def random_fmt_weight(dev, rng: np.random.Generator, fmt, n: int, k: int, name: 
         parts = wf.random_weight(fmt, n, k, rng)
         w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
     return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
+
+
+def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: bool, hd: int, hq: int, hkv: int,
+                        tile: int, scratch) -> None:
+    """A QKV GEMM with the bias, RoPE and K/V writes in its epilogue (launcher `Fused`, weights in
+    `fmt`, K = 512): q and the chunk's K/V cache slots against the float64 reference (x Wᵀ + bias,
+    rotated by rope_table_rows' cos and sin), only the chunk's slots changed, q's rows past M
+    poisoned; and where the tiles are whole, bit for bit what the two-launch path writes —
+    `apart(qkv, x, [wq, wk, wv], [Nq, Nkv, Nkv], prefill_state, ldo, tile)` filling FP32 qkv,
+    then rope_kv_rows: the same sums in the same order. `scratch(rows, n, k, tile)` gives the
+    split-K scratch of a `split` case (4 blocks)."""
+    from drvqwen import launchers
+    from drvqwen import reference as ref
+    from drvqwen.kv_cache import PAGE_TOKENS
+
+    k = 512
+    nq, nkv = hq * hd, hkv * hd
+    rows = max(64, -(-m // 64) * 64, tile)
+    x = rng.standard_normal((rows, k)).astype(np.float16)
+    (wq, q64), (wk, k64), (wv, v64) = (random_fmt_weight(dev, rng, fmt, n, k, name=nm)
+                                       for n, nm in ((nq, "wq"), (nkv, "wk"), (nkv, "wv")))
+    biases = [(rng.standard_normal(n) * 0.1).astype(np.float16) for n in (nq, nkv, nkv)]
+    inv_freq = ref.rope_inv_freq(hd, 1e6)
+    n_pages = -(-(start + m) // PAGE_TOKENS) + 2
+    block_table = rng.permutation(n_pages).astype(np.int32)
+    xd, ps = dev.upload("x", x), dev.upload("ps", np.array([start, m], np.int32))
+    bt, fd = dev.upload("bt", block_table), dev.upload("inv_freq", inv_freq)
+    bd = [dev.upload(f"b{i}", b) for i, b in enumerate(biases)]
+    rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
+    launchers.RopeTableRows(rope_cs, fd, ps, rows=rows, head_dim=hd).launch()
+    sk = scratch(rows, nq + 2 * nkv, k, tile) if split else None
+    heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
+
+    def outputs(tag):
+        return (dev.poisoned(f"q_{tag}", (rows, hq, hd), np.float16),
+                dev.poisoned(f"k_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16),
+                dev.poisoned(f"v_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16))
+
+    fused = outputs("fused")
+    g = Fused(*fused, xd, wq, wk, wv, *bd, rope_cs, ps, bt, k=k, rows=rows, split_k=sk,
+              blocks=4 if split else None, tile_tokens=tile, **heads)
+    assert g.tiling.tile_tokens == tile and g.tiling.split == split, "the case should plan as its id says"
+    g.launch()
+    got_q, got_k, got_v = (a.download() for a in fused)
+
+    x64 = x[:m].astype(np.float64)
+    pos = start + np.arange(m)
+    cos, sin = (a.astype(np.float64) for a in ref.rope_cos_sin(pos, hd, 1e6))
+    q, kk, v = ((x64 @ w.T + b.astype(np.float64)).reshape(m, -1, hd)
+                for w, b in zip((q64, k64, v64), biases))
+    tag = f"{fmt.name} qkv_rope M={m} start={start} tile={tile} {'split' if split else 'whole'}"
+    report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
+    assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
+    report(f"{tag} k", ref.gather_pages(got_k, block_table, start + m)[start:], ref.apply_rope(kk, cos, sin), TOL_GEMV)
+    report(f"{tag} v", ref.gather_pages(got_v, block_table, start + m)[start:], v, TOL_GEMV)
+    written = np.zeros((n_pages, PAGE_TOKENS), bool)
+    written[block_table[pos // PAGE_TOKENS], pos % PAGE_TOKENS] = True
+    for c in (got_k, got_v):
+        assert np.isnan(c.transpose(0, 2, 1, 3)[~written].astype(np.float32)).all(), "a slot outside the chunk changed"
+    if sk is not None:
+        assert not sk.counters.download().any(), "split-K counters left non-zero"
+        return
+
+    separate = outputs("apart")
+    ld = nq + 2 * nkv
+    qkv = dev.poisoned("qkv", (rows, ld), np.float32)
+    apart(qkv, xd, [wq, wk, wv], [nq, nkv, nkv], ps, ld, tile)
+    launchers.RopeKvRows(*separate, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
+    for name, a, b in zip("qkv", (got_q, got_k, got_v), separate):
+        assert_same_bits(f"{tag} {name} against the stacked GEMMs + rope_kv_rows", a, b.download())

@@ -21,7 +21,8 @@ from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
 from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows,
                                            GemmQ6kResidualRows, GemmQ6kRows)
-from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, report  # noqa: F401
+from kernel_testing import (TOL_GEMV, assert_same_bits, check_qkv_rope_gemm, dev, random_fmt_weight,  # noqa: F401
+                            report)
 
 pytestmark = pytest.mark.gpu
 
@@ -166,68 +167,15 @@ QKV_ROPE_CASES = [(100, 5, False, 64, 14, 2, 128), (1, 0, False, 128, 7, 1, 64),
                          ids=[f"m{c[0]}-start{c[1]}-{'split' if c[2] else 'whole'}-hd{c[3]}-{c[4]}q{c[5]}kv-{c[6]}"
                               for c in QKV_ROPE_CASES])
 def test_gemm_q4k_qkv_rope(dev, rng, m, start, split, hd, hq, hkv, tile):
-    """gemm_q4k_qkv_rope: q and the chunk's K/V cache slots against the float64 reference (x Wᵀ +
-    bias, rotated by rope_table_rows' cos and sin), only the chunk's slots changed, q's rows past M
-    poisoned; and where the tiles are whole, bit for bit what the two-launch path writes (the
-    stacked Q4_K GEMMs into FP32 qkv, then rope_kv_rows): the same sums in the same order."""
-    from drvqwen import launchers
-    from drvqwen import reference as ref
-    from drvqwen.kv_cache import PAGE_TOKENS
+    """gemm_q4k_qkv_rope against the float64 reference and, with whole tiles, bit for bit against
+    the stacked Q4_K GEMMs + rope_kv_rows (kernel_testing.check_qkv_rope_gemm)."""
     from drvqwen.launchers.gemm_kquant import GemmQ4kQkvRopeRows
 
-    k = 512
-    nq, nkv = hq * hd, hkv * hd
-    rows = max(64, -(-m // 64) * 64, tile)
-    x = rng.standard_normal((rows, k)).astype(np.float16)
-    (wq, q64), (wk, k64), (wv, v64) = (random_fmt_weight(dev, rng, Q4K, n, k, name=nm)
-                                       for n, nm in ((nq, "wq"), (nkv, "wk"), (nkv, "wv")))
-    biases = [(rng.standard_normal(n) * 0.1).astype(np.float16) for n in (nq, nkv, nkv)]
-    inv_freq = ref.rope_inv_freq(hd, 1e6)
-    n_pages = -(-(start + m) // PAGE_TOKENS) + 2
-    block_table = rng.permutation(n_pages).astype(np.int32)
-    xd, ps = dev.upload("x", x), dev.upload("ps", np.array([start, m], np.int32))
-    bt, fd = dev.upload("bt", block_table), dev.upload("inv_freq", inv_freq)
-    bd = [dev.upload(f"b{i}", b) for i, b in enumerate(biases)]
-    rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
-    launchers.RopeTableRows(rope_cs, fd, ps, rows=rows, head_dim=hd).launch()
-    sk = _scratch(dev, rows, nq + 2 * nkv, k, tile, grid=4) if split else None
-    heads = dict(n_heads=hq, n_kv_heads=hkv, head_dim=hd)
+    def apart(qkv, xd, ws, ns, ps, ld, tile):  # q | k, then v: the Q4_K stacked kernel takes two at most
+        rows = qkv.shape[0]
+        GemmQ4kStackedRows(qkv, xd, ws[:2], ps, ns=ns[:2], k=512, rows=rows, ldo=ld, tile_tokens=tile).launch()
+        GemmQ4kStackedRows(qkv, xd, ws[2:], ps, ns=ns[2:], k=512, rows=rows, ldo=ld, col0=sum(ns[:2]),
+                           tile_tokens=tile).launch()
 
-    def outputs(tag):
-        return (dev.poisoned(f"q_{tag}", (rows, hq, hd), np.float16),
-                dev.poisoned(f"k_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16),
-                dev.poisoned(f"v_{tag}", (n_pages, hkv, PAGE_TOKENS, hd), np.float16))
-
-    fused = outputs("fused")
-    g = GemmQ4kQkvRopeRows(*fused, xd, wq, wk, wv, *bd, rope_cs, ps, bt, k=k, rows=rows, split_k=sk,
-                           blocks=4 if split else None, tile_tokens=tile, **heads)
-    assert g.tiling.tile_tokens == tile and g.tiling.split == split, "the case should plan as its id says"
-    g.launch()
-    got_q, got_k, got_v = (a.download() for a in fused)
-
-    x64 = x[:m].astype(np.float64)
-    pos = start + np.arange(m)
-    cos, sin = (a.astype(np.float64) for a in ref.rope_cos_sin(pos, hd, 1e6))
-    q, kk, v = ((x64 @ w.T + b.astype(np.float64)).reshape(m, -1, hd)
-                for w, b in zip((q64, k64, v64), biases))
-    tag = f"gemm_q4k_qkv_rope M={m} start={start} tile={tile} {'split' if split else 'whole'}"
-    report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
-    assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
-    report(f"{tag} k", ref.gather_pages(got_k, block_table, start + m)[start:], ref.apply_rope(kk, cos, sin), TOL_GEMV)
-    report(f"{tag} v", ref.gather_pages(got_v, block_table, start + m)[start:], v, TOL_GEMV)
-    written = np.zeros((n_pages, PAGE_TOKENS), bool)
-    written[block_table[pos // PAGE_TOKENS], pos % PAGE_TOKENS] = True
-    for c in (got_k, got_v):
-        assert np.isnan(c.transpose(0, 2, 1, 3)[~written].astype(np.float32)).all(), "a slot outside the chunk changed"
-    if sk is not None:
-        assert not sk.counters.download().any(), "split-K counters left non-zero"
-        return
-
-    apart = outputs("apart")
-    qkv = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
-    ld = nq + 2 * nkv
-    GemmQ4kStackedRows(qkv, xd, [wq, wk], ps, ns=[nq, nkv], k=k, rows=rows, ldo=ld, tile_tokens=tile).launch()
-    GemmQ4kStackedRows(qkv, xd, [wv], ps, ns=[nkv], k=k, rows=rows, ldo=ld, col0=nq + nkv, tile_tokens=tile).launch()
-    launchers.RopeKvRows(*apart, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
-    for name, a, b in zip("qkv", (got_q, got_k, got_v), apart):
-        assert_same_bits(f"{tag} {name} against the stacked GEMMs + rope_kv_rows", a, b.download())
+    check_qkv_rope_gemm(dev, rng, Q4K, GemmQ4kQkvRopeRows, apart, m, start, split, hd, hq, hkv, tile,
+                        lambda rows, n, k, tile: _scratch(dev, rows, n, k, tile, grid=4))

@@ -20,8 +20,10 @@ import pytest
 
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
-from drvqwen.launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows
-from kernel_testing import TOL_GEMV, assert_same_bits, dev, random_fmt_weight, report  # noqa: F401
+from drvqwen.launchers.gemm_q32 import (GemmQ32GateUpSwigluRows, GemmQ32QkvRopeRows, GemmQ32ResidualRows,
+                                        GemmQ32StackedRows)
+from kernel_testing import (TOL_GEMV, assert_same_bits, check_qkv_rope_gemm, dev, random_fmt_weight,  # noqa: F401
+                            report)
 
 pytestmark = pytest.mark.gpu
 
@@ -92,3 +94,27 @@ def test_gemm_q32_gate_up_swiglu(dev, rng, fmt, tile, split):
     got = h.download()
     report(f"{fmt}.gate_up.tile{tile}", got[:m].astype(np.float64), want, TOL_GEMV)
     assert np.isnan(got[m:].astype(np.float32)).all(), "rows past M were written"
+
+
+# (format, M, start, split, head_dim, Hq, Hkv, tile): pairs past the last block's end (14q2kv at 64);
+# one token; positions near 30 000 with stream-K ranges; the 256-token build (Q8_0's on two stages).
+QKV_ROPE = [("q4_g32", 100, 5, False, 64, 14, 2, 128), ("q5_g32", 1, 0, False, 128, 7, 1, 64),
+            ("q8_g32", 300, 30000, True, 128, 7, 1, 128), ("q5_g32", 230, 40, False, 64, 14, 2, 256),
+            ("q8_g32", 100, 5, False, 64, 14, 2, 256), ("q4_g32", 300, 30000, True, 128, 7, 1, 256)]
+
+
+@pytest.mark.parametrize("fmt,m,start,split,hd,hq,hkv,tile", QKV_ROPE,
+                         ids=[f"{c[0]}-m{c[1]}-start{c[2]}-{'split' if c[3] else 'whole'}-hd{c[4]}-{c[7]}"
+                              for c in QKV_ROPE])
+def test_gemm_q32_qkv_rope(dev, rng, fmt, m, start, split, hd, hq, hkv, tile):
+    """gemm_q4g32_qkv_rope, gemm_q5g32_qkv_rope and gemm_q8g32_qkv_rope against the float64 reference
+    and, with whole tiles, bit for bit against the stacked GEMM of the same format (q, k, v in one
+    launch) + rope_kv_rows (kernel_testing.check_qkv_rope_gemm)."""
+    def apart(qkv, xd, ws, ns, ps, ld, tile):
+        GemmQ32StackedRows(qkv, xd, ws, ps, ns=ns, k=512, rows=qkv.shape[0], ldo=ld, tile_tokens=tile).launch()
+
+    def scratch(rows, n, k, tile):
+        units, tiles = split_k_need(rows, -(-n // 128), k, 4, tile_tokens=tile)
+        return SplitKScratch(dev.array, max(units, 1), max(tiles, 1))
+
+    check_qkv_rope_gemm(dev, rng, FMT[fmt], GemmQ32QkvRopeRows, apart, m, start, split, hd, hq, hkv, tile, scratch)

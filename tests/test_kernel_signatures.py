@@ -248,16 +248,26 @@ def _q32_launchers(ps, R, x, w) -> list[tuple[str, launchers.Launcher]]:
     """gemm_int4.cu's Q4_0, Q5_0 or Q8_0 kernels (launchers/gemm_q32.py) on weights of K = D = 1024 in w's
     format: the stacked rows with one, two and three matrices (the unused ones' parameters still
     passed)."""
-    from drvqwen.launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows
+    from drvqwen.launchers.gemm_q32 import (GemmQ32GateUpSwigluRows, GemmQ32QkvRopeRows, GemmQ32ResidualRows,
+                                            GemmQ32StackedRows)
 
     D, f = 1024, w.fmt.name
+    wkv = FmtWeight(w.fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
+                            for name, (dt, shape) in w.fmt.tensors("wkv", D // 4, D).items()}, "wkv")
+    kc = DeviceArray("k_cache", 1 << 22, (4, 2, 16, 128), np.float16)   # [P, Hkv, 16, Dh]
+    vc = DeviceArray("v_cache", 1 << 23, (4, 2, 16, 128), np.float16)
     return [*((f"gemm_{f}_stacked{m}", GemmQ32StackedRows(_buf("qkv", R * 3 * D, np.float32), x, [w] * m, ps,
                                                            ns=[D] * m, k=D, rows=R, ldo=3 * D, max_blocks=132))
               for m in (1, 2, 3)),
             (f"gemm_{f}_residual", GemmQ32ResidualRows(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
                                                        max_blocks=132)),
             (f"gemm_{f}_gate_up", GemmQ32GateUpSwigluRows(_buf("h", R * D, np.float16), x, w, w, ps, f=D, k=D,
-                                                          rows=R, max_blocks=132))]
+                                                          rows=R, max_blocks=132)),
+            (f"gemm_{f}_qkv_rope", GemmQ32QkvRopeRows(
+                _buf("q", R * D, np.float16), kc, vc, x, w, wkv, wkv, _buf("qb", D, np.float16),
+                _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32), ps,
+                _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,
+                max_blocks=132))]
 
 
 def gguf_like_formats(cfg) -> dict[str, int]:

@@ -326,9 +326,10 @@ def test_q32_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout whose hidden size is not a multiple of 256 (K =
     896, as the real 0.5B: Q5_0 for q, k, o, gate, up and for v on two layers, Q8_0 for v on the two
     that get more bits, Q4_K / Q6_K down_proj at K = 2304): its prefill with the Q5_0 and Q8_0
-    projections on gemm_int4.cu's register-unpack kernels (`qkv_proj` where v is Q5_0 too, else
-    `qk_proj` + a Q8_0 `v_proj`) against the same on gemm_fmt_wgmma.cu (`q32_gemm=False`) and
-    against the reference, at 17 and 300 tokens."""
+    projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` where v is Q5_0 too — or,
+    with the RoPE apart, `qkv_proj` — else `qk_proj` + a Q8_0 `v_proj`) against the same on
+    gemm_fmt_wgmma.cu (`q32_gemm=False`) and against the reference, at 17 and 300 tokens; the RoPE
+    apart gives the same logits bit for bit."""
     from dataclasses import replace
 
     from drvqwen.engine import GPUBackend
@@ -347,14 +348,15 @@ def test_q32_register_gemms_match_the_format_gemms(tmp_path):
     want = ref.Model(ref.Weights.from_nanoqwen(f, np.float32), max_tokens=512, rng=rng).forward(ids)
     backend = GPUBackend(f, max_context=512, rng=rng)
     step = backend.decode_step
-    regs, fmt = Prefill(step), Prefill(step, q32_gemm=False)
+    regs, fmt, apart = Prefill(step), Prefill(step, q32_gemm=False), Prefill(step, qkv_rope=False)
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
-        assert {"qkv_proj", "qk_proj", "v_proj"} <= roles(regs), sorted(roles(regs))
+        assert {"qkv_rope", "qk_proj", "v_proj"} <= roles(regs), sorted(roles(regs))
+        assert {"qkv_proj", "qk_proj", "v_proj"} <= roles(apart), sorted(roles(apart))
         assert {"q_proj", "k_proj", "v_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {"gemm_q5g32_stacked_rows", "gemm_q8g32_stacked_rows", "gemm_q5g32_residual",
+        assert {"gemm_q5g32_qkv_rope", "gemm_q5g32_stacked_rows", "gemm_q8g32_stacked_rows", "gemm_q5g32_residual",
                 "gemm_q5g32_gate_up_swiglu"} <= kernels, sorted(kernels)
         assert not any(k.startswith(("gemm_q5g32", "gemm_q8g32")) for k in {nl.spec.kernel.kernel
                                                                             for nl in fmt.launches(64)})
@@ -365,12 +367,18 @@ def test_q32_register_gemms_match_the_format_gemms(tmp_path):
             fmt.run(ids[:t])
             step.sync()
             other = step.logits()
+            apart.run(ids[:t])
+            step.sync()
+            same = step.logits()
             err, gap = rel_l2(got, want[t - 1]), rel_l2(got, other)
             print(f"q5_g32/q8_g32 T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against "
                   f"gemm_fmt_wgmma")
             assert np.isfinite(got).all() and err <= TOL_LOGITS and gap <= TOL_LOGITS
+            # the RoPE in the epilogue: the same sums as the stacked GEMM, then the same rotation
+            assert got.tobytes() == same.tobytes(), "qkv_rope and qkv_proj + rope_kv gave different logits"
     finally:
         regs.close()
         fmt.close()
+        apart.close()
         backend.close()
         f.close()

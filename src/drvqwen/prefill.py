@@ -40,11 +40,12 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
 v are all Q4_K as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and k of Q4_K as
-L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v of
-one of them as L{l}.qkv_proj, q and k as L{l}.qk_proj), the other formats gemm_fmt_wgmma.cu (gemm_fmt.cu where K
-is not a multiple of 128, or with fmt_gemm="mma"; q, k and v as launches into their columns of
-qkv); every layer not in a qkv_rope launch then runs L{l}.rope_kv, and the embedding rows are
-read in their format (gemv_fmt.cu); the rest of the list is the same.
+L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v
+of one of them as L{l}.qkv_rope too; q and k as L{l}.qk_proj), the other formats
+gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
+and v as launches into their columns of qkv); every layer not in a qkv_rope launch then runs
+L{l}.rope_kv, and the embedding rows are read in their format (gemv_fmt.cu); the rest of the list
+is the same.
 `Prefill(mode="per_token")` runs a prompt through the decode step's own launches, one token at a
 time (`_run_per_token`): its cache is exactly what decoding writes, the GEMM path's reference.
 
@@ -89,6 +90,7 @@ from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4G
                         GemvInt4GateUpSwiglu, GemvInt4Residual, GpuSleep, Launcher, LaunchError, PrefillBeginChunk,
                         RmsNorm, RopeKvRows, RopeTableRows)
 from .format import weight_formats as wf
+from .format.quant import GROUP_SIZE as GEMM_GROUP
 from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
@@ -96,7 +98,7 @@ from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidual
 from .launchers import gemm_kquant
 from .launchers.gemm_kquant import Q4K_ID, Q6K_ID
 from .launchers import gemm_q32
-from .launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32ResidualRows, GemmQ32StackedRows
+from .launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32QkvRopeRows, GemmQ32ResidualRows, GemmQ32StackedRows
 from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
                                     GemmQ4kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
@@ -186,9 +188,10 @@ class Prefill:
         attention_splits: KV splits per query tile of the attention (kernels/attention_prefill.cu,
             "KV splits"): True picks them per row bucket (kv_splits_for), False runs each
             query tile whole (to compare).
-        qkv_rope: INT4 weights, and the per-tensor layers whose q, k, v are all Q4_K: the bias,
-            RoPE and K/V cache writes in the QKV GEMM's epilogue (gemm_int4_qkv_rope,
-            gemm_q4k_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
+        qkv_rope: INT4 weights, and the per-tensor layers whose q, k, v are all Q4_K, all Q4_0,
+            all Q5_0 or all Q8_0: the bias, RoPE and K/V cache writes in the QKV GEMM's epilogue
+            (gemm_int4_qkv_rope, gemm_q4k_qkv_rope, gemm_q4g32_qkv_rope, gemm_q5g32_qkv_rope,
+            gemm_q8g32_qkv_rope); False runs them as rope_kv_rows after an FP32 QKV GEMM (to
             compare: the same bits).
         attention_engine: the attention kernel (launchers/attention_prefill.py, ENGINES): "mma"
             (kernels/attention_prefill.cu), "wgmma" (kernels/attention_prefill_wgmma.cu, the split
@@ -237,11 +240,12 @@ class Prefill:
         self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
-        # Per-tensor formats: a layer whose q, k and v are all Q4_K takes them in one launch with the
-        # bias, RoPE and K/V writes in its epilogue (gemm_q4k_qkv_rope), as the INT4 layers do.
-        self.kquant_rope = (qkv_rope and self.kquant_gemm and decode_step.plan.formats is not None
-                            and any(self._q4k_qkv(decode_step.plan.formats, l)
-                                    for l in range(decode_step.config.num_layers)))
+        # Per-tensor formats: a layer whose q, k and v are all in one format of the register GEMMs
+        # (Q4_K, Q4_0, Q5_0, Q8_0) takes them in one launch with the bias, RoPE and K/V writes in its
+        # epilogue (gemm_q4k_qkv_rope, gemm_q32's), as the INT4 layers do.
+        self.register_rope = (qkv_rope and decode_step.plan.formats is not None
+                              and any(self._rope_qkv(decode_step.plan.formats, l)
+                                      for l in range(decode_step.config.num_layers)))
         # Per token, the prompt runs through the decode step's own launches (`_run_per_token`)
         # and needs none of the chunk buffers.
         self.per_token = mode == "per_token"
@@ -256,7 +260,7 @@ class Prefill:
             "residual": ((C, D), np.float32), "xn": ((C, D), np.float16),
             "q": ((C, nq), np.float16), "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
         }
-        if self.qkv_rope or self.kquant_rope:  # the chunk's RoPE cos and sin, read by the QKV GEMMs
+        if self.qkv_rope or self.register_rope:  # the chunk's RoPE cos and sin, read by the QKV GEMMs
             act["rope_cs"] = ((C, cfg.head_dim), np.float32)
         if not self.qkv_rope:  # FP32 q | k | v between the QKV GEMMs and rope_kv_rows (per-tensor layers too)
             act["qkv"] = ((C, nq + 2 * nkv), np.float32)
@@ -452,7 +456,7 @@ class Prefill:
         else:
             embed = EmbeddingFmtRows(res, fw(EMBED), ids, n_rows=R, vocab_size=V, dim=D, stream=st, defines=defs)
         steps: list[tuple[str, Launcher]] = [("embedding", embed)]
-        if self.kquant_rope:
+        if self.register_rope:
             rope_cs = rows_view(self.buf["rope_cs"], R)
             steps.append(("rope_table", RopeTableRows(rope_cs, step.buf["inv_freq"], ps, rows=R, head_dim=Dh,
                                                       stream=st)))
@@ -464,8 +468,9 @@ class Prefill:
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
             steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
                                                            threads=nt, stream=st)))
-            if self.kquant_rope and self._q4k_qkv(fm, l):
-                steps.append((f"L{l}.qkv_rope", GemmQ4kQkvRopeRows(
+            rope_qkv = self._rope_qkv(fm, l) if self.register_rope else None
+            if rope_qkv:
+                steps.append((f"L{l}.qkv_rope", rope_qkv(
                     q, k_l, v_l, xn, pw["q_proj"], pw["k_proj"], pw["v_proj"], lw.q_bias, lw.k_bias, lw.v_bias,
                     rope_cs, ps, step.buf["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, k=D, rows=R,
                     split_k=self.split_k, stream=st)))
@@ -504,12 +509,18 @@ class Prefill:
         the register-unpack K-quant GEMMs (gemm_kquant.py), else None."""
         return w.fmt.id if self.kquant_gemm and gemm_kquant.fits(w, k) else None
 
-    def _q4k_qkv(self, fm: dict[str, int], l: int) -> bool:
-        """Whether layer l's q, k and v (formats `fm`) all run on the Q4_K register GEMMs, K the
-        hidden size: then as one gemm_q4k_qkv_rope launch."""
+    def _rope_qkv(self, fm: dict[str, int], l: int):
+        """The QKV-RoPE launcher of layer l where its q, k and v (formats `fm`) are all in one format
+        of the register GEMMs — all Q4_K (GemmQ4kQkvRopeRows, K a multiple of 256), or all Q4_0,
+        Q5_0 or Q8_0 (GemmQ32QkvRopeRows) — else None (the format GEMMs, then rope_kv)."""
         k = self.decode_step.config.hidden_size
-        return (self.kquant_gemm and k % gemm_kquant.SUPER == 0
-                and all(fm[proj_prefix(l, p)] == Q4K_ID for p in ("q_proj", "k_proj", "v_proj")))
+        ids = {fm[proj_prefix(l, p)] for p in ("q_proj", "k_proj", "v_proj")}
+        fid = ids.pop() if len(ids) == 1 else None
+        if self.kquant_gemm and fid == Q4K_ID and k % gemm_kquant.SUPER == 0:
+            return GemmQ4kQkvRopeRows
+        if self.q32_gemm and fid in gemm_q32.FORMATS and k % GEMM_GROUP == 0:
+            return GemmQ32QkvRopeRows
+        return None
 
     def _q32(self, w, k: int) -> int | None:
         """The format id (Q4_0's, Q5_0's, Q8_0's) of projection weight `w` (input width k) where it runs on

@@ -5,6 +5,8 @@ codes into wgmma's A registers and multiply each 32-input chunk by its scale (Ge
 GemmQ5g32Scales, GemmQ8g32Scales), where
 gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
 
+    GemmQ32QkvRopeRows       q_out fp16 [M, Hq, Dh], the chunk's K/V cache slots
+                             = rope(x Wqᵀ + bq), rope(x Wkᵀ + bk), x Wvᵀ + bv (q, k, v in one format)
     GemmQ32StackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1; W2]ᵀ
                              (q, k and v of a layer in one launch, q and k, or one matrix)
     GemmQ32ResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
@@ -29,7 +31,8 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import BLOCK_ROWS, TILE_TOKENS, SplitKScratch, _GemmLauncher, smem_bytes_extra, x_tensor_map
+from .gemm_int4 import (BLOCK_ROWS, TILE_TOKENS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs,
+                        smem_bytes_extra, x_tensor_map)
 from .gemv_fmt import FmtWeight
 
 Q4G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_g32")
@@ -83,7 +86,7 @@ class _GemmQ32Launcher(_GemmLauncher):
                    dims: dict, *, reads, writes, max_blocks: int | None, split_k: SplitKScratch | None,
                    blocks: int | None, tile_tokens: int | None, x) -> None:
         """Plan over the format's builds (the fastest estimate, or `tile_tokens`), then build
-        gemm_<stem>_<role>: its parameters are `out` (its output), x's tensor map for the planned
+        gemm_<stem>_<role>: its parameters are `out` (its outputs), x's tensor map for the planned
         tile, then `args` up to prefill_state."""
         stem, _extra, tiles, _high = FORMATS[fmt_id]
         bm = self._plan_builds(tiles, f"gemm_{stem}_{role}", rows, n_blocks, k, max_blocks=max_blocks,
@@ -91,6 +94,43 @@ class _GemmQ32Launcher(_GemmLauncher):
         self._build_gemm(f"gemm_{stem}_{role}", rows, n_blocks, k,
                          {**out, "x_map": x_tensor_map(x, rows, k, bm), **args}, dims, reads=reads, writes=writes,
                          max_blocks=max_blocks, split_k=split_k, smem=smem_bytes_q32(fmt_id, bm))
+
+
+class GemmQ32QkvRopeRows(_GemmQ32Launcher):
+    """The QKV projection of a prefill chunk with the bias, the RoPE and the FP16 writes in its
+    epilogue: gemm_int4.py's GemmInt4QkvRopeRows (its outputs, rope_cs table and block-table
+    contract) for FmtWeights wq [Hq·Dh, K], wk, wv [Hkv·Dh, K] all in one of q4_g32, q5_g32, q8_g32.
+
+    Raises:
+        LaunchError: a weight not in those formats or not in wq's, K not a multiple of 128, an odd
+            head_dim, or a buffer of the wrong size, dtype or shape.
+    """
+
+    def __init__(self, q_out, k_cache, v_cache, x, wq: FmtWeight, wk: FmtWeight, wv: FmtWeight, q_bias, k_bias,
+                 v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int, head_dim: int,
+                 k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
+                 blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        n_q, n_kv = check_qkv_rope_outputs("gemm_q32_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
+                                           rope_cs, rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                                           head_dim=head_dim)
+        fmt_id = self._check_fmts([wq, wk, wv], [n_q, n_kv, n_kv], k)
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        n = n_q + 2 * n_kv
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = (wq.nbytes(n_q, k) + wk.nbytes(n_kv, k) + wv.nbytes(n_kv, k) + 2 * rows * k
+                            + 2 * rows * n)
+        self._build_q32(fmt_id, "qkv_rope", rows, -(-n // BLOCK_ROWS), k,  # 64 RoPE pairs a block: 128 stacked rows
+                        dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache),
+                        dict(**self._parts(wq, "q"), **self._parts(wk, "k"), **self._parts(wv, "v"), q_bias=q_bias,
+                             k_bias=k_bias, v_bias=v_bias, rope_cs=rope_cs, prefill_state=prefill_state,
+                             block_table=block_table),
+                        dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
+                        reads=(x, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table) + wq.buffers
+                        + wk.buffers + wv.buffers,
+                        writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens, x=x)
 
 
 class GemmQ32StackedRows(_GemmQ32Launcher):
