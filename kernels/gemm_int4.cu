@@ -10,10 +10,10 @@
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
 //   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
 //   (bottom of the file; every tile build, Q6_K's 256-token one with two stages)
-//   gemm_q4g32_stacked_rows, gemm_q4g32_residual, gemm_q4g32_gate_up_swiglu, and gemm_q5g32_*,
-//   gemm_q8g32_*: the same over Q4_0, Q5_0 and Q8_0 (the GGUF's bytes: 4-bit codes, with a
-//   high-bit plane, or bytes; an FP16 scale per 32 inputs; every build, Q8_0's 256-token one with
-//   two stages)
+//   gemm_q4g32_qkv_rope, gemm_q4g32_stacked_rows, gemm_q4g32_residual, gemm_q4g32_gate_up_swiglu,
+//   and gemm_q5g32_*, gemm_q8g32_* likewise: the same over Q4_0, Q5_0 and Q8_0 (the GGUF's bytes:
+//   4-bit codes, with a high-bit plane, or bytes; an FP16 scale per 32 inputs; every build, Q8_0's
+//   256-token one with two stages)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -49,7 +49,8 @@
 //              registers to them (setmaxnreg: 72 and 216 a thread at GEMM_BM 256, whose 128
 //              accumulators a consumer thread the 168 of a 384-thread launch cannot hold; 104 and
 //              200 at 128 and 64). Its first warp works, the other three exit.
-//   producer = one warp fills a ring of GEMM_STAGES stages (4; 3 of 72 KB at GEMM_BM 256), one
+//   producer = one warp fills a ring of GEMM_STAGES stages (4; 3 of 72 KB at GEMM_BM 256; 2 for the
+//              formats whose larger stages do not fit three: gemm_stages), one
 //              128-input group each, guarded by mbarriers (full: the bytes landed; x_empty,
 //              w_empty: the consumers are done with the stage's X, its weights):
 //              lane 0 issues the TMA copies of X (tensor map: box GEMM_BM tokens × 64 inputs,
@@ -86,7 +87,9 @@
 //             (with Q6_K's high-bit plane, 32 for lanes t < 2: also their 16-byte half of the
 //             32 B of high bits of each of the same 16 rows, in the same stage behind the code
 //             words, under the same barriers; with Q5_0's, 32 for lanes t = 0: the 16 B of
-//             each row).
+//             each row; with Q8_0's second 64 B of codes, 32 for every lane).
+//             Q8_0's rows are 128 B a group: the code rows hold the first 64 B, the high part
+//             the rest.
 //             Phase r completes when round r's X tile and all 128 weight rows are in shared
 //             memory; nothing else arrives on it. (Without .noinc each lane's arrival is
 //             "zero-net" and the barrier counts only lane 0: ptx/cp_async.cuh.)
@@ -570,8 +573,9 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         ra[i] = w[i];
         rb[i] = w[8 * GEMM_W_ROW_BYTES / 16 + i];
     }
-    // Rows local and local+8 of the high-bit plane behind the code words (Q6_K 32 B each, Q5_0
-    // 16 B), for the formats that have one: the same 2-addresses-a-phase pattern as the codes.
+    // Rows local and local+8 of the high part behind the code words (Q6_K's 32 B and Q5_0's 16 B
+    // of high bits, Q8_0's second 64 B of codes), for the formats that have one: the same
+    // 2-addresses-a-phase pattern as the codes.
     uint4 ha[GEMM_HIGH_MAX] = {}, hb[GEMM_HIGH_MAX] = {};
     if constexpr (Sc::HIGH_ROW_BYTES > 0) {
         const uint4* h = reinterpret_cast<const uint4*>(st + GEMM_STAGE_BYTES + local * Sc::HIGH_ROW_BYTES);
@@ -1272,7 +1276,7 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 //        stages at GEMM_BM 256 (gemm_stages: three of 80 KB need 240 KB).
 // Why these formats here: llama.cpp's K-quant recipes give every tensor whose K is not a multiple
 // of 256 Q5_0 in place of Q4_K and Q8_0 in place of Q6_K — on Qwen2.5-Coder-0.5B (K = 896) all of
-// its projections but down_proj, 145 of its 169 matrices — and Q4_0, Q5_0 and Q8_0 are GGUF
+// its projections but down_proj, 144 of its 168 projections — and Q4_0, Q5_0 and Q8_0 are GGUF
 // quantizations of their own at every size (the official Qwen2.5-Coder GGUFs come in Q4_0 and
 // Q8_0 among others).
 struct GemmLaneRowsG32 {
@@ -1644,10 +1648,10 @@ gemm_q5g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/
 }
 
 // out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q5_0 matrices stacked along N
-// (N1 = N2 = 0: one): a layer's q, k and v into their columns of qkv in one launch where all three
-// are Q5_0, q and k where v is another format (llama.cpp's Q4_K_M on a model whose K is not a
-// multiple of 256: v in Q8_0 on the layers that get more bits). Tiles: ceil(M/GEMM_BM) ×
-// ceil((N0+N1+N2)/128).
+// (N1 = N2 = 0: one): a layer's q and k where v is another format (llama.cpp's Q4_K_M on a model
+// whose K is not a multiple of 256: v in Q8_0 on the layers that get more bits), or q, k and v in
+// one launch where all three are Q5_0 and the RoPE runs apart (by default gemm_q5g32_qkv_rope
+// takes those). Tiles: ceil(M/GEMM_BM) × ceil((N0+N1+N2)/128).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
@@ -1735,7 +1739,8 @@ gemm_q8g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/
 }
 
 // out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q8_0 matrices stacked along N:
-// v_proj alone where llama.cpp's recipe gives it Q8_0 and q, k Q5_0; q, k and v of a Q8_0 GGUF.
+// v_proj alone where llama.cpp's recipe gives it Q8_0 and q, k Q5_0; q, k and v of a Q8_0 GGUF
+// where the RoPE runs apart (by default gemm_q8g32_qkv_rope takes those).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q8g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)

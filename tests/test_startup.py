@@ -189,7 +189,7 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     # kernels/X.cu belongs to launchers/X.py: every launcher the prefill and the engine build
     # (gpu_sleep, of timing.cu, only times kernels) names a file that is compiled.
     # launchers/attention_prefill.py launches the file of the prefill's attention engine,
-    # launchers/gemm_kquant.py and gemm_q32.py gemm_int4.cu's K-quant, Q5_0 and Q8_0 kernels.
+    # launchers/gemm_kquant.py and gemm_q32.py gemm_int4.cu's K-quant, Q4_0, Q5_0 and Q8_0 kernels.
     engine_file = {"attention_prefill": prefill.ATTENTION_FILES[prefill.ATTENTION_ENGINE], "gemm_kquant": "gemm_int4",
                    "gemm_q32": "gemm_int4"}
     used = {engine_file.get(m, m) for m in (v.__module__.rsplit(".", 1)[1] for mod in (prefill, engine)

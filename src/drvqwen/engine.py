@@ -148,7 +148,7 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
     and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's tile builds where it
-    has Q4_K, Q6_K, Q5_0 or Q8_0 weights) and the token choice's and hand-over's
+    has Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights) and the token choice's and hand-over's
     (sampling.cu). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
@@ -170,7 +170,7 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # gemm_int4.cu in each tile size's build: the prefill picks one per GEMM shape and row count.
     if "gemm_int4" in prefill_files:
         wanted |= {("gemm_int4", defines) for defines in GEMM_INT4_TILE_DEFINES.values()}
-    # Per-tensor formats with Q4_K, Q6_K, Q5_0 or Q8_0 weights: gemm_int4.cu's kernels for them
+    # Per-tensor formats with Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights: gemm_int4.cu's kernels for them
     # (launchers/gemm_kquant.py, gemm_q32.py) in the builds they exist in.
     elif formats and {GEMM_Q4K_ID, GEMM_Q6K_ID, *GEMM_Q32_FORMATS} & set(formats.values()):
         wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in GEMM_KQUANT_TILES}

@@ -322,12 +322,12 @@ class Prefill:
         else:
             shapes = [(blocks(n), k) for n, k in ((nq, D), (nkv, D), (D, nq), (2 * F, D), (D, F))
                       if gemm_fmt_wgmma.fits(k)]
-            if self.kquant_gemm or self.q32_gemm:  # q and k stacked on the Q4_K, Q5_0, Q8_0 GEMMs, or q, k and v
+            if self.kquant_gemm or self.q32_gemm:  # q and k stacked on the Q4_K, Q4_0, Q5_0, Q8_0 GEMMs, or q, k and v
                 shapes += [(blocks(nq + nkv), D), (blocks(nq + 2 * nkv), D)]
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        # The K-quant, Q5_0 and Q8_0 GEMMs plan at 64 and 256 tokens too (gemm_kquant.py,
+        # The K-quant, Q4_0, Q5_0 and Q8_0 GEMMs plan at 64 and 256 tokens too (gemm_kquant.py,
         # gemm_q32.py): the scratch covers every build.
         register = self.kquant_gemm or self.q32_gemm
         tiles = (tile, *gemm_kquant.KQUANT_TILES) if tile is not None and register else (tile,)
@@ -529,7 +529,7 @@ class Prefill:
 
     def _register_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
         """residual += x Wᵀ on the register-unpack GEMM of W's format (o_proj, down_proj: Q4_K,
-        Q6_K, Q5_0, Q8_0), or None where W runs on the format GEMMs."""
+        Q6_K, Q4_0, Q5_0, Q8_0), or None where W runs on the format GEMMs."""
         kind = ({Q4K_ID: GemmQ4kResidualRows, Q6K_ID: GemmQ6kResidualRows}.get(self._kquant(w, k))
                 or (GemmQ32ResidualRows if self._q32(w, k) else None))
         return kind and kind(res, x, w, ps, n=n, k=k, rows=rows, stream=self.decode_step.stream,
@@ -546,10 +546,11 @@ class Prefill:
 
     def _qkv_launches(self, l: int, Rows, qkv, xn, pw: dict, ps, R: int, ld: int, defs: tuple,
                       sk: dict) -> list[tuple[str, Launcher]]:
-        """Layer l's q, k and v projections in per-tensor formats into their columns of qkv: all
-        three in Q5_0 (or all in Q8_0) as one launch of the register-unpack GEMM (`L{l}.qkv_proj`),
-        q and k both in Q4_K, Q5_0 or Q8_0 as one (`L{l}.qk_proj`), a Q4_K, Q6_K, Q5_0 or Q8_0 one
-        alone on its register GEMM; the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
+        """Layer l's q, k and v projections in per-tensor formats into their columns of qkv (the
+        layers not taken by a qkv_rope launch): all three in one of Q4_0, Q5_0, Q8_0 as one launch
+        of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in Q4_K, Q4_0, Q5_0 or Q8_0 as
+        one (`L{l}.qk_proj`), a Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 one alone on its register GEMM; the
+        others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
         cfg, st = self.config, self.decode_step.stream
         D, nq, nkv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
         wq, wk, wv = pw["q_proj"], pw["k_proj"], pw["v_proj"]
@@ -569,7 +570,7 @@ class Prefill:
 
         out = []
         q32 = self._q32(wq, D)
-        if q32 and q32 == self._q32(wk, D):  # q and k (and v) of Q5_0 or Q8_0 in one launch
+        if q32 and q32 == self._q32(wk, D):  # q and k (and v) of Q4_0, Q5_0 or Q8_0 in one launch
             with_v = self._q32(wv, D) == q32
             ws, ns = ([wq, wk, wv], [nq, nkv, nkv]) if with_v else ([wq, wk], [nq, nkv])
             out.append((f"L{l}.{'qkv_proj' if with_v else 'qk_proj'}", GemmQ32StackedRows(

@@ -401,7 +401,8 @@ class GemmInt4QkvRows(_GemmLauncher):
 def check_qkv_rope_outputs(kernel: str, q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, *, rows: int,
                            n_heads: int, n_kv_heads: int, head_dim: int) -> tuple[int, int]:
     """The outputs, biases and RoPE table of a QKV GEMM with the RoPE/cache epilogue
-    (gemm_int4_qkv_rope, gemm_q4k_qkv_rope: GemmQkvRopeEpilogue in gemm_int4.cu): rope_kv's
+    (gemm_int4_qkv_rope, gemm_q4k_qkv_rope, gemm_q4g32_qkv_rope and the Q5_0 / Q8_0 ones:
+    GemmQkvRopeEpilogue in gemm_int4.cu): rope_kv's
     checks, rope_cs fp32 [rows, head_dim / 2, 2], and q_out and each layer cache under 2³¹
     elements (the epilogue's per-token offsets are 32-bit). Returns (n_q, n_kv) = (Hq·Dh, Hkv·Dh).
 

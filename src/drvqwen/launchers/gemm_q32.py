@@ -43,7 +43,7 @@ Q8G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q8_g32")
 FORMATS = {Q4G32_ID: ("q4g32", 0, (256, 128, 64), False),
            Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True),
            Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (256, 128, 64), False)}
-Q32_TILES = TILE_TOKENS  # the builds a model with either format needs
+Q32_TILES = TILE_TOKENS  # the builds a model with any of the three formats needs
 
 
 def smem_bytes_q32(fmt_id: int, bm: int) -> int:
