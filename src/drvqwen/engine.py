@@ -75,7 +75,7 @@ from .generate import DecodeVerify, check_rollback, reused_prefix
 from .launchers.gemm_int4 import TILE_DEFINES as GEMM_INT4_TILE_DEFINES
 from .launchers.gemm_kquant import KQUANT_TILES as GEMM_KQUANT_TILES, Q4K_ID as GEMM_Q4K_ID, \
     Q6K_ID as GEMM_Q6K_ID
-from .launchers.gemm_q32 import FORMATS as GEMM_Q32_FORMATS
+from .launchers.gemm_q32 import FORMATS as GEMM_Q32_FORMATS, Q32_TILES as GEMM_Q32_TILES
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
 from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
@@ -173,7 +173,7 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # Per-tensor formats with Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights: gemm_int4.cu's kernels for them
     # (launchers/gemm_kquant.py, gemm_q32.py) in the builds they exist in.
     elif formats and {GEMM_Q4K_ID, GEMM_Q6K_ID, *GEMM_Q32_FORMATS} & set(formats.values()):
-        wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in GEMM_KQUANT_TILES}
+        wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in {*GEMM_KQUANT_TILES, *GEMM_Q32_TILES}}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
 

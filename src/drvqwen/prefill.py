@@ -330,7 +330,8 @@ class Prefill:
         # The K-quant, Q4_0, Q5_0 and Q8_0 GEMMs plan at 64 and 256 tokens too (gemm_kquant.py,
         # gemm_q32.py): the scratch covers every build.
         register = self.kquant_gemm or self.q32_gemm
-        tiles = (tile, *gemm_kquant.KQUANT_TILES) if tile is not None and register else (tile,)
+        builds = set(gemm_kquant.KQUANT_TILES) | set(gemm_q32.Q32_TILES)
+        tiles = (tile, *sorted(builds)) if tile is not None and register else (tile,)
         need = [split_k_need(rows, blocks, k, tile_tokens=bm)
                 for rows in range(ROW_BUCKET, self.chunk_rows + 1, ROW_BUCKET) for blocks, k in shapes for bm in tiles]
         return max(u for u, _ in need), max(t for _, t in need)
