@@ -153,8 +153,6 @@
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n128k16_rs (N-major B), descriptors, fences
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
-#include "mbarrier.cuh"  // mbarrier_init, mbarrier_arrive, mbarrier_wait_parity, fence_mbarrier_init
-#include "setmaxnreg.cuh"  // setmaxnreg_inc, setmaxnreg_dec
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
@@ -163,18 +161,8 @@
 #define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
 #define APW_WARPGROUPS 2
 #define APW_ROWS       (APW_WG_ROWS * APW_WARPGROUPS)   // packed rows per block
-#define APW_CONSUMER_THREADS (APW_WARPGROUPS * 128)    // the MMA warpgroups
-#define APW_THREADS    (APW_CONSUMER_THREADS + 128)     // + the producer warpgroup (its first warp copies)
-#define APW_WARPS      (APW_CONSUMER_THREADS / WARP_SIZE)  // 8: the split partials' slots per block
-// Registers after the role split (ptx/setmaxnreg.cuh): the block starts at 168 a thread (65536 /
-// 384, in steps of 8); the producer warpgroup keeps 40, the consumers take 232 (the range
-// schedule's loop over pieces holds ~234 at 256 threads).
-#define APW_REGS_AT_LAUNCH 168
-#define APW_CONSUMER_REGS  224
-#define APW_PRODUCER_REGS  56
-static_assert(APW_WARPGROUPS * 128 * APW_CONSUMER_REGS + 128 * APW_PRODUCER_REGS == APW_THREADS * APW_REGS_AT_LAUNCH,
-              "the role split hands over exactly the block's registers");
-#define APW_CONSUMER_BARRIER 1                          // bar.sync id of the consumers' own barrier
+#define APW_THREADS    (APW_WARPGROUPS * 128)
+#define APW_WARPS      (APW_THREADS / WARP_SIZE)        // 8: the split partials' slots per block
 #define APW_KV_TILE    64                               // positions per pipeline step (4 pages)
 #ifndef APW_STAGES
 #define APW_STAGES     4                                // V of the tile before, K of this one, two in flight
@@ -189,8 +177,7 @@ struct ApwShape {
     static constexpr int COLS = HEAD_DIM / 64;                    // 64-dim column blocks
     static constexpr int TILE_BYTES = COLS * APW_COL_BYTES;       // K (or V) of one step
     static constexpr int STAGE_BYTES = 2 * TILE_BYTES;            // K then V
-    static constexpr int BAR_OFFSET = APW_STAGES * STAGE_BYTES;          // full[STAGES], empty[STAGES]
-    static constexpr int SMEM_BYTES = BAR_OFFSET + 2 * APW_STAGES * 8 + 1024;  // + slack to align to 1 KiB
+    static constexpr int SMEM_BYTES = APW_STAGES * STAGE_BYTES + 1024;  // + slack to align to 1 KiB
     static constexpr int CHUNKS = HEAD_DIM / 8;                   // 16-byte chunks per token row
     static constexpr int KSTEPS = HEAD_DIM / 16;                  // k16 steps of QKᵀ
     static constexpr int OACC = HEAD_DIM / 2;                     // O accumulators a lane (m64nDh)
@@ -230,101 +217,23 @@ __device__ __forceinline__ int apw_kv_len(int start, int packed, int group, int 
     return start + (min(packed, (q_tile + 1) * APW_ROWS) - 1) / group + 1;
 }
 
-// The ring of K/V stages and its barriers (the header's "The pipeline"): APW_STAGES stages of
-// ApwShape::STAGE_BYTES, then full[APW_STAGES] (count 32: every producer lane, after its copies
-// of the stage landed and were fenced) and empty[APW_STAGES] (count APW_WARPS: lane 0 of every
-// consumer warp, after the warp's last MMA reading the stage completed).
-struct ApwRing {
-    unsigned char* smem;
-    u64* full;
-    u64* empty;
-};
-
-// bar.sync among the consumer threads only (the producer warp runs ahead and is not part of it;
-// PTX ISA "Parallel Synchronization and Communication Instructions: bar"; count a multiple of 32).
-__device__ __forceinline__ void apw_consumers_sync() {
-    asm volatile("bar.sync %0, %1;" :: "n"(APW_CONSUMER_BARRIER), "n"(APW_CONSUMER_THREADS) : "memory");
-}
-
-// The producer warp's side of a piece (ApwPiece): the K/V of its KV steps t_begin … t_begin +
-// n_steps − 1, step i into stage it % APW_STAGES (`it`: the block's running step count over its
-// pieces, advanced here as the consumers advance theirs), swizzled as the wgmma descriptors read
-// it, zeros past kv_len. Lane l copies 16-byte column c = l % CHUNKS of token rows l / CHUNKS,
-// + 32 / CHUNKS, … with cp.async; a tile's group is closed, and once the next tile is issued
-// (or the piece ends) waited for, fenced to the async proxy and announced on full[stage].
+// Runs one piece (ApwPiece) with every thread of the block: the block's barriers are inside, so
+// the caller's control flow around it must be block-uniform. On return every warpgroup has
+// waited for its last MMA; the caller syncs before the next piece refills the stages.
 template <int HEAD_DIM>
-__device__ __forceinline__ void apw_produce_piece(const ApwRing& ring, const __half* __restrict__ k_cache,
-                                                  const __half* __restrict__ v_cache,
-                                                  const int* __restrict__ block_table, int kv_len, int kv_head,
-                                                  int Hkv, int t_begin, int n_steps, int& it) {
-    using S = ApwShape<HEAD_DIM>;
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int col = lane % S::CHUNKS;
-    const int col_off = (col / 8) * APW_COL_BYTES;  // its 64-dim column block
-    static_assert(WARP_SIZE % S::CHUNKS == 0 && PAGE_TOKENS % (WARP_SIZE / S::CHUNKS) == 0,
-                  "every lane keeps one column and the same rows of every page");
-    static_assert(APW_STAGES >= 3, "V of the tile before, K of this one, one in flight");
-    for (int i = 0; i < n_steps; ++i, ++it) {
-        const int s = it % APW_STAGES;
-        // Round r of stage s reuses it after the consumers' round r − 1 (every lane waits: each
-        // lane's copies into the stage must follow the consumers' last reads of it).
-        if (it >= APW_STAGES) mbarrier_wait_parity(&ring.empty[s], ((it / APW_STAGES) - 1) & 1);
-        unsigned char* kdst = ring.smem + s * S::STAGE_BYTES + col_off;
-        const int pos0 = (t_begin + i) * APW_KV_TILE;
-        // Page by page (a loop, not unrolled: the producer's registers are few): the lane's rows
-        // of the page are ROW_STEP apart, in the cache as in the stage.
-        constexpr int ROW_STEP = WARP_SIZE / S::CHUNKS;
-#pragma unroll 1
-        for (int p = 0; p < APW_KV_TILE / PAGE_TOKENS; ++p) {
-            const int pos = pos0 + p * PAGE_TOKENS;
-            const int page = pos < kv_len ? __ldg(block_table + pos / PAGE_TOKENS) : 0;
-            const int tok0 = p * PAGE_TOKENS + lane / S::CHUNKS;
-            const u64 off = kv_offset(page, kv_head, tok0 % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * col;
-            const __half* ksrc = k_cache + off;
-            const __half* vsrc = v_cache + off;
-#pragma unroll
-            for (int j = 0; j < PAGE_TOKENS / ROW_STEP; ++j) {
-                const int tok = tok0 + j * ROW_STEP;
-                const bool valid = pos0 + tok < kv_len;
-                const int sw = tok * 128 + (((col % 8) ^ (tok % 8)) * 16);
-                cp_async_16(kdst + sw, valid ? ksrc + j * ROW_STEP * HEAD_DIM : k_cache, valid);
-                cp_async_16(kdst + S::TILE_BYTES + sw, valid ? vsrc + j * ROW_STEP * HEAD_DIM : v_cache, valid);
-            }
-        }
-        cp_async_commit();
-        if (i > 0) {  // the tile before has landed: this lane's share of it, fenced, announced
-            cp_async_wait<1>();
-            fence_proxy_async_shared();
-            mbarrier_arrive(&ring.full[(it - 1) % APW_STAGES]);
-        }
-    }
-    if (n_steps > 0) {
-        cp_async_wait<0>();
-        fence_proxy_async_shared();
-        mbarrier_arrive(&ring.full[(it - 1) % APW_STAGES]);
-    }
-}
-
-// The consumers' side of a piece (ApwPiece), every thread of the two MMA warpgroups: KV steps
-// [t_begin, t_begin + n_steps) of the unit (query tile q_tile, KV head kv_head). pieces = 1: the
-// unit whole, its rows written to `out`; pieces > 1: this is piece `slot` of the unit's `pieces`,
-// stored as a partial in slot unit · stride + slot, and the piece whose counter add comes last
-// combines them all and writes `out`. Step i's tile is in stage (it + i) % APW_STAGES; `it`
-// advances by n_steps.
-template <int HEAD_DIM>
-__device__ __forceinline__ void apw_consume_piece(
-    const ApwRing& ring, __half* __restrict__ out, const __half* __restrict__ q, int start, int n_rows, int Hq,
-    int Hkv, const ApwPiece& pc, const ApwSplit& sp, int& it) {
+__device__ __forceinline__ void apw_run_piece(
+    unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table, int start, int n_rows, int Hq, int Hkv,
+    const ApwPiece& pc, const ApwSplit& sp) {
     using S = ApwShape<HEAD_DIM>;
     __shared__ int apw_is_last;
-    unsigned char* smem = ring.smem;
-    const int it0 = it;
     const int group = Hq / Hkv;
     const int packed = n_rows * group;  // valid packed rows of the chunk
     const int q_tile = pc.q_tile, kv_head = pc.kv_head;
     const int p0 = q_tile * APW_ROWS;
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    const int kv_len = apw_kv_len(start, packed, group, q_tile);
     const int t_begin = pc.t_begin, n_steps = pc.n_steps;
 
     // This lane's two packed rows (accumulator rows g and g + 8 of its warp), their query row,
@@ -353,6 +262,34 @@ __device__ __forceinline__ void apw_consume_piece(
         }
     }
 
+    // Stage the K/V of positions [64·tile, 64·tile + 64) into `stage`, swizzled; past kv_len:
+    // zeros. Thread x copies 16-byte column c = x % CHUNKS of token rows x / CHUNKS, + 256 / CHUNKS …
+    const int col = threadIdx.x % S::CHUNKS;
+    const int col_off = (col / 8) * APW_COL_BYTES;  // its 64-dim column block
+    auto issue = [&](int tile, int stage) {
+        unsigned char* kdst = smem + stage * S::STAGE_BYTES + col_off;
+        const int pos0 = tile * APW_KV_TILE;
+        u64 base[APW_KV_TILE / PAGE_TOKENS];  // element offset of each page's slot 0, column col
+#pragma unroll
+        for (int p = 0; p < APW_KV_TILE / PAGE_TOKENS; ++p) {
+            const int page = pos0 + p * PAGE_TOKENS < kv_len ? __ldg(block_table + pos0 / PAGE_TOKENS + p) : 0;
+            base[p] = kv_offset(page, kv_head, 0, Hkv, HEAD_DIM) + 8 * col;
+        }
+#pragma unroll
+        for (int tok = threadIdx.x / S::CHUNKS; tok < APW_KV_TILE; tok += APW_THREADS / S::CHUNKS) {
+            const bool valid = pos0 + tok < kv_len;
+            const int pq = tok / PAGE_TOKENS;
+            const u64 off = (pq == 0 ? base[0] : pq == 1 ? base[1] : pq == 2 ? base[2] : base[3])
+                            + (u64)(tok % PAGE_TOKENS) * HEAD_DIM;
+            const int sw = tok * 128 + (((col % 8) ^ (tok % 8)) * 16);
+            cp_async_16(kdst + sw, valid ? k_cache + off : k_cache, valid);
+            cp_async_16(kdst + S::TILE_BYTES + sw, valid ? v_cache + off : v_cache, valid);
+        }
+    };
+    static_assert(APW_KV_TILE / PAGE_TOKENS == 4, "the page select above takes 4 pages a tile");
+    static_assert(APW_THREADS % S::CHUNKS == 0, "every thread keeps one column");
+    static_assert(APW_STAGES >= 3, "V of the tile before, K of this one, one in flight");
+
     const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
     float o[S::OACC];  // O[row g | g+8][dims 8n + 2t, +1] at o[4n + 0, 1 | 2, 3]
 #pragma unroll
@@ -360,6 +297,13 @@ __device__ __forceinline__ void apw_consume_piece(
     float m_run[2] = {F32_NEG_INF, F32_NEG_INF};  // per row (g, g+8), log2 units, quad-uniform
     float l_run[2] = {0.f, 0.f};                  // per row, this lane's share (quad-summed at the end)
 
+    // The pipeline (the header's "The pipeline"): tiles t_begin + i into stage i % APW_STAGES,
+    // one commit group each; APW_STAGES − 2 of them issued ahead.
+#pragma unroll
+    for (int i = 0; i < APW_STAGES - 2; ++i) {
+        if (i < n_steps) issue(t_begin + i, i);
+        cp_async_commit();
+    }
     // Iteration i: S_i = Q K_iᵀ and O += P_{i−1} V_{i−1} issued together, then the softmax of S_i
     // while P_{i−1} V_{i−1} runs on the tensor cores. Tile 0's S runs alone before the loop and
     // the last tile's PV after it, so that inside the loop both MMA groups are always in flight
@@ -368,15 +312,16 @@ __device__ __forceinline__ void apw_consume_piece(
     float s[32];                   // S: s[4n + e] = scores of tokens 8n + 2t + (e & 1), rows g (e < 2), g + 8
     float alpha[2];
 
-    // Wait for step `step`'s tile (full, round (it0 + step) / STAGES); release the stage of step
-    // `step` once its V's MMA has completed (lane 0 of each warp, after the warp's wait_group 0).
-    auto wait_full = [&](int step) {
-        mbarrier_wait_parity(&ring.full[(it0 + step) % APW_STAGES], ((it0 + step) / APW_STAGES) & 1);
+    // Wait for tile `step`, free the stage of tile step − 2 and refill it (the header's argument).
+    auto sync_stage = [&](int step) {
+        cp_async_wait<APW_STAGES - 3>();  // tile `step` has landed (tile step + 1 may fly)
+        fence_proxy_async_shared();
+        __syncthreads();
+        if (step + APW_STAGES - 2 < n_steps)
+            issue(t_begin + step + APW_STAGES - 2, (step + APW_STAGES - 2) % APW_STAGES);
+        cp_async_commit();
     };
-    auto release = [&](int step) {
-        if (lane == 0) mbarrier_arrive(&ring.empty[(it0 + step) % APW_STAGES]);
-    };
-    auto stage_of = [&](int step) { return smem + ((it0 + step) % APW_STAGES) * S::STAGE_BYTES; };
+    auto stage_of = [&](int step) { return smem + (step % APW_STAGES) * S::STAGE_BYTES; };
     auto issue_s = [&](int step) {
         const unsigned char* ks = stage_of(step);
 #pragma unroll
@@ -437,22 +382,21 @@ __device__ __forceinline__ void apw_consume_piece(
         }
     };
 
-    // n_steps ≥ 1: a piece has at least one step.
-    wait_full(0);
+    // n_steps ≥ 1: a block with no tile returned above.
+    sync_stage(0);
     wgmma_fence();
     issue_s(0);
     wgmma_wait_group<0>();
     softmax(0);
     rescale_pack();
     for (int step = 1; step < n_steps; ++step) {
-        wait_full(step);
+        sync_stage(step);
         wgmma_fence();
         issue_s(step);
         issue_pv(step - 1);
         wgmma_wait_group<1>();  // S's group completes first (groups complete in order)
         softmax(step);
-        wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again, stage i − 1 is free
-        release(step - 1);
+        wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again
 #pragma unroll
         for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
         rescale_pack();
@@ -460,8 +404,6 @@ __device__ __forceinline__ void apw_consume_piece(
     wgmma_fence();
     issue_pv(n_steps - 1);
     wgmma_wait_group<0>();
-    release(n_steps - 1);
-    it = it0 + n_steps;
 #pragma unroll
     for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
 
@@ -480,9 +422,9 @@ __device__ __forceinline__ void apw_consume_piece(
             __stcg(po + ((u64)split * APW_WARPS * S::ONS + n) * WARP_SIZE,
                    make_float4(o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]));
         __stcg(pml + (u64)split * APW_WARPS * WARP_SIZE, make_float4(m_run[0], m_run[1], l_tot[0], l_tot[1]));
-        apw_consumers_sync();  // every consumer's stores before thread 0's release
+        __syncthreads();  // every thread's stores before thread 0's release
         if (threadIdx.x == 0) apw_is_last = split_arrive_last(sp.counters + unit, ns);
-        apw_consumers_sync();  // thread 0's acquire before every consumer's loads below
+        __syncthreads();  // thread 0's acquire before every thread's loads below
         if (!apw_is_last) return;
 
         float4 ml[APW_MAX_SPLITS];
@@ -541,21 +483,24 @@ __device__ __forceinline__ void apw_consume_piece(
 
 // The split schedule: block (query tile counted from the last, KV head, z) runs split z of its
 // unit's positions cut into min(S, steps) even pieces, as attention_prefill.cu's KV splits.
-template <typename Piece>
-__device__ __forceinline__ void attention_prefill_wgmma_splits(const int* __restrict__ prefill_state, int Hq, int Hkv,
-                                                               Piece piece) {
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_prefill_wgmma_splits(
+    unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
+    int Hq, int Hkv, const ApwSplit& sp) {
     // ld.global.cg: see attention_prefill.cu (never hoisted above griddepcontrol.wait).
     const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
     const int group = Hq / Hkv, packed = n_rows * group;
     const int q_tile = gridDim.x - 1 - blockIdx.x;
-    if (q_tile * APW_ROWS >= packed) return;  // whole block, past the block's only barrier
+    if (q_tile * APW_ROWS >= packed) return;  // whole block, before any barrier
     const int n_tiles = (apw_kv_len(start, packed, group, q_tile) + APW_KV_TILE - 1) / APW_KV_TILE;
     const int ns = min((int)gridDim.z, n_tiles), split = blockIdx.z;
-    if (split >= ns) return;                  // whole block, past the block's only barrier
+    if (split >= ns) return;                  // whole block, before any barrier
     const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
     const int kv_head = blockIdx.y;
-    piece(ApwPiece{q_tile, kv_head, t_begin, t_end - t_begin, ns, split, (int)gridDim.z,
-                   kv_head * (int)gridDim.x + q_tile}, start, n_rows);
+    apw_run_piece<HEAD_DIM>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
+                            ApwPiece{q_tile, kv_head, t_begin, t_end - t_begin, ns, split, (int)gridDim.z,
+                                     kv_head * (int)gridDim.x + q_tile}, sp);
 }
 
 // The range schedule (stream-K over the launch's KV steps). The units (KV head h, query tile qt)
@@ -568,9 +513,11 @@ __device__ __forceinline__ void attention_prefill_wgmma_splits(const int* __rest
 // block then walks ≥ need steps, so a unit's n ≤ n_max steps meet ≤ ⌈(n − 1)/need⌉ + 1 ≤
 // max_pieces blocks — the slots the scratch holds. max_pieces = 1: whole units, block b taking
 // units b, b + blocks, …
-template <typename Piece>
-__device__ __forceinline__ void attention_prefill_wgmma_ranges(const int* __restrict__ prefill_state, int Hq, int Hkv,
-                                                               int max_pieces, Piece piece) {
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_prefill_wgmma_ranges(
+    unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
+    int Hq, int Hkv, int max_pieces, const ApwSplit& sp) {
     const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
     const int group = Hq / Hkv, packed = n_rows * group;
     const int qt_count = (packed + APW_ROWS - 1) / APW_ROWS, units = qt_count * Hkv;
@@ -583,7 +530,7 @@ __device__ __forceinline__ void attention_prefill_wgmma_ranges(const int* __rest
     const int need = whole ? 1 : max(1, (steps(qt_count - 1) - 1 + max_pieces - 2) / (max_pieces - 1));
     const int P = min((int)gridDim.x, whole ? units : W / need);
     const int b = blockIdx.x;
-    if (b >= P) return;  // whole block, past the block's only barrier
+    if (b >= P) return;  // whole block, before any barrier
     // 32-bit products: W · P ≤ 8 KV heads · 224 tiles (4096 rows) · 512 steps (32K positions)
     // · 264 blocks < 2^28.
     const int s0 = b * W / P, s1 = (b + 1) * W / P;
@@ -593,7 +540,7 @@ __device__ __forceinline__ void attention_prefill_wgmma_ranges(const int* __rest
     int n = steps(qt), off = whole ? 0 : u / qt_count * w_head;  // off: the unit's first step
     if (!whole)
         while (off + n <= s0) { off += n; n = steps(++qt); ++u; }
-    for (int st = s0;;) {
+    for (int st = s0, first = 1;; first = 0) {
         int tb = 0, te = n, pieces = 1, slot = 0;
         if (whole) {
             if (u >= units) break;
@@ -607,8 +554,9 @@ __device__ __forceinline__ void attention_prefill_wgmma_ranges(const int* __rest
                 slot = b - first_block;
             }
         }
-        // The stages need no barrier between pieces: the ring's empty barriers carry over.
-        piece(ApwPiece{qt, u / qt_count, tb, te - tb, pieces, slot, max(1, max_pieces), u}, start, n_rows);
+        if (!first) __syncthreads();  // every warpgroup's last reads of the stages, before refills
+        apw_run_piece<HEAD_DIM>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
+                                ApwPiece{qt, u / qt_count, tb, te - tb, pieces, slot, max(1, max_pieces), u}, sp);
         if (whole) {
             u += P;
             qt = u % qt_count;
@@ -622,74 +570,14 @@ __device__ __forceinline__ void attention_prefill_wgmma_ranges(const int* __rest
     }
 }
 
-// The two schedules as apw_block takes them: schedule(piece) calls piece(ApwPiece, start, n_rows)
-// for each piece of the block.
-struct ApwSplitsSchedule {
-    const int* prefill_state;
-    int Hq, Hkv;
-    template <typename Piece>
-    __device__ __forceinline__ void operator()(Piece piece) const {
-        attention_prefill_wgmma_splits(prefill_state, Hq, Hkv, piece);
-    }
-};
-struct ApwRangesSchedule {
-    const int* prefill_state;
-    int Hq, Hkv, max_pieces;
-    template <typename Piece>
-    __device__ __forceinline__ void operator()(Piece piece) const {
-        attention_prefill_wgmma_ranges(prefill_state, Hq, Hkv, max_pieces, piece);
-    }
-};
-
-// The dynamic shared memory, aligned to the 1024-byte swizzle atom, and the ring's barriers:
-// initialised by thread 0, then the block's only __syncthreads() (before the role split).
-template <int HEAD_DIM>
-__device__ __forceinline__ ApwRing apw_ring() {
-    using S = ApwShape<HEAD_DIM>;
+// The dynamic shared memory, aligned to the 1024-byte swizzle atom.
+__device__ __forceinline__ unsigned char* apw_smem() {
     extern __shared__ unsigned char apw_smem_raw[];
     const u32 raw = static_cast<u32>(__cvta_generic_to_shared(apw_smem_raw));
-    unsigned char* smem = apw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
-    u64* full = reinterpret_cast<u64*>(smem + S::BAR_OFFSET);
-    u64* empty = full + APW_STAGES;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < APW_STAGES; ++s) {
-            mbarrier_init(&full[s], WARP_SIZE);   // every producer lane
-            mbarrier_init(&empty[s], APW_WARPS);  // lane 0 of every consumer warp
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();
-    return ApwRing{smem, full, empty};
+    return apw_smem_raw + ((1024u - (raw & 1023u)) & 1023u);
 }
 
-// The roles of a block over its schedule's pieces: the producer warpgroup gives its registers
-// back and its first warp fills the ring (the other three leave); the two MMA warpgroups take
-// the registers and consume the ring. Both walk the same pieces in the same order, so their
-// running step counts `it` name the same stage and round.
-template <int HEAD_DIM, typename Schedule>
-__device__ __forceinline__ void apw_block(__half* __restrict__ out, const __half* __restrict__ q,
-                                          const __half* __restrict__ k_cache, const __half* __restrict__ v_cache,
-                                          const int* __restrict__ block_table, int Hq, int Hkv, const ApwSplit& sp,
-                                          Schedule schedule) {
-    const ApwRing ring = apw_ring<HEAD_DIM>();
-    int it = 0;
-    if (threadIdx.x >= APW_CONSUMER_THREADS) {
-        setmaxnreg_dec<APW_PRODUCER_REGS>();
-        if (threadIdx.x >= APW_CONSUMER_THREADS + WARP_SIZE) return;
-        schedule([&](const ApwPiece& pc, int start, int n_rows) {
-            const int kv_len = apw_kv_len(start, n_rows * (Hq / Hkv), Hq / Hkv, pc.q_tile);
-            apw_produce_piece<HEAD_DIM>(ring, k_cache, v_cache, block_table, kv_len, pc.kv_head, Hkv, pc.t_begin,
-                                        pc.n_steps, it);
-        });
-        return;
-    }
-    setmaxnreg_inc<APW_CONSUMER_REGS>();
-    schedule([&](const ApwPiece& pc, int start, int n_rows) {
-        apw_consume_piece<HEAD_DIM>(ring, out, q, start, n_rows, Hq, Hkv, pc, sp, it);
-    });
-}
-
-// grid (ceil(rows_max · Hq/Hkv / 128), Hkv, S), block 384, dynamic smem ApwShape<Dh>::SMEM_BYTES.
+// grid (ceil(rows_max · Hq/Hkv / 128), Hkv, S), block 256, dynamic smem ApwShape<Dh>::SMEM_BYTES.
 #define ATTENTION_PREFILL_WGMMA_KERNEL(NAME, HEAD_DIM)                                             \
     extern "C" __global__ void __launch_bounds__(APW_THREADS, 1) NAME(                            \
         __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
@@ -704,14 +592,14 @@ __device__ __forceinline__ void apw_block(__half* __restrict__ out, const __half
         u32* counters) {                        /* [units] u32, zero between launches (S > 1) */ \
         grid_launch_dependents();                                                              \
         grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
-        apw_block<HEAD_DIM>(out, q, k_cache, v_cache, block_table, Hq, Hkv, ApwSplit{part_o, part_ml, counters}, \
-                            ApwSplitsSchedule{prefill_state, Hq, Hkv});                        \
+        attention_prefill_wgmma_splits<HEAD_DIM>(apw_smem(), out, q, k_cache, v_cache, block_table, \
+                                                 prefill_state, Hq, Hkv, ApwSplit{part_o, part_ml, counters}); \
     }
 
 ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd64, 64)
 ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
 
-// grid (blocks: the SMs' slots), block 384, dynamic smem ApwShape<Dh>::SMEM_BYTES.
+// grid (blocks: the SMs' slots), block 256, dynamic smem ApwShape<Dh>::SMEM_BYTES.
 #define ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(NAME, HEAD_DIM)                                      \
     extern "C" __global__ void __launch_bounds__(APW_THREADS, 1) NAME(                            \
         __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
@@ -727,8 +615,9 @@ ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
         u32* counters) {                        /* [units] u32, zero between launches         */ \
         grid_launch_dependents();                                                              \
         grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
-        apw_block<HEAD_DIM>(out, q, k_cache, v_cache, block_table, Hq, Hkv, ApwSplit{part_o, part_ml, counters}, \
-                            ApwRangesSchedule{prefill_state, Hq, Hkv, max_pieces});            \
+        attention_prefill_wgmma_ranges<HEAD_DIM>(apw_smem(), out, q, k_cache, v_cache, block_table, \
+                                                 prefill_state, Hq, Hkv, max_pieces,           \
+                                                 ApwSplit{part_o, part_ml, counters});          \
     }
 
 ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd64, 64)

@@ -363,8 +363,7 @@ def test_attention_prefill_kv_splits_chosen_and_refused_with_their_reason():
 
 
 def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits():
-    """The wgmma engine: 128 packed (query, head) rows a block of 8 MMA warps and a producer
-    warpgroup (384 threads; 512 rows × G = 7 heads:
+    """The wgmma engine: 128 packed (query, head) rows a block of 8 warps (512 rows × G = 7 heads:
     28 tiles), its swizzled stages' shared memory, S by split_count_wgmma (the 0.5B's 56 units on
     132 slots → 4, the 7B's 112 → 1), and a scratch sized in the mma engine's tile-split unit that
     covers its 8 warps' partials (64 rows at G = 7: 4 tiles × 8 warps > 4 × 7)."""
@@ -376,7 +375,7 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
 
     assert query_tiles(512, 28, 4, "wgmma") == 28 and query_tiles(512, 28, 4) == 32
     assert (split_count_wgmma(56, 132), split_count_wgmma(112, 132), split_count_wgmma(8, 132)) == (4, 1, 4)
-    assert smem_bytes(128, engine="wgmma") == 4 * (2 * 64 * 256 + 16) + 1024  # + full and empty mbarriers
+    assert smem_bytes(128, engine="wgmma") == 4 * 2 * 64 * 256 + 1024
     assert tile_splits_needed(64, 2, 28, 4) == 8 and tile_splits_needed(64, 2, 28, 4, "wgmma") == 10
     for rows in range(64, 1025, 64):  # the scratch covers the kernel's partials (units · S · 8 warps) and counters
         for s in (2, 3, 4):
@@ -392,7 +391,7 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
     a = AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, kv_splits=4, scratch=scratch,
                          engine="wgmma")
     spec = a.specs[0]
-    assert spec.kernel.kernel == "attention_prefill_wgmma_hd64" and spec.grid == (7, hkv, 4) and spec.block == (384,)
+    assert spec.kernel.kernel == "attention_prefill_wgmma_hd64" and spec.grid == (7, hkv, 4) and spec.block == (256,)
     assert spec.smem_bytes == smem_bytes(64, engine="wgmma")
     with pytest.raises(LaunchError, match="engine='tma'"):
         AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, engine="tma")

@@ -27,8 +27,7 @@ ENGINES = ("mma", "wgmma", "wgmma-ranges")
 ENGINE_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma",  # kernels/<file>.cu
                 "wgmma-ranges": "attention_prefill_wgmma"}
 W_ROWS = mirrored("attention_prefill_wgmma", "APW_ROWS", 128)     # packed (query, head) rows a block
-W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # MMA warps a block: the partials' slots
-W_THREADS = mirrored("attention_prefill_wgmma", "APW_THREADS", 384)  # + the producer warpgroup
+W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # warps a block: the partials' slots
 mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
 W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 4)
 
@@ -86,11 +85,10 @@ def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
 
 def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") -> int:
     """Dynamic shared memory. mma: stages × (K, V) × 64 token rows of Dh fp16 padded by 16
-    bytes; wgmma: stages × ((K, V) × 64 unpadded (swizzled) rows + the stage's two mbarriers),
-    + 1 KiB to align the tiles."""
+    bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles."""
     if engine == "mma":
         return (stages or STAGES) * 2 * KV_TILE * (2 * head_dim + 16)
-    return (stages or W_STAGES) * (2 * KV_TILE * 2 * head_dim + 2 * 8) + 1024
+    return (stages or W_STAGES) * 2 * KV_TILE * 2 * head_dim + 1024
 
 
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
@@ -100,7 +98,7 @@ def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
 
 
 def _threads(engine: str, n_heads: int, n_kv_heads: int) -> int:
-    return 32 * (n_heads // n_kv_heads) if engine == "mma" else W_THREADS
+    return 32 * (n_heads // n_kv_heads) if engine == "mma" else 32 * W_WARPS
 
 
 mirrored("attention_prefill", "ApfShape<64>::SMEM_BYTES", smem_bytes(64))
