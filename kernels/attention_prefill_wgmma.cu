@@ -153,7 +153,8 @@
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
 #include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n128k16_rs (N-major B), descriptors, fences
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
-#include "warp.cuh"      // quad_max, quad_sum
+#include "warp.cuh"      // quad_max, quad_sum, FULL_WARP_MASK
+#include "ex2.cuh"       // ex2_approx_ftz
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
 #include "flags.cuh"     // split_arrive_last
@@ -336,43 +337,59 @@ __device__ __forceinline__ void apw_run_piece(
             apw_pv<HEAD_DIM>(o, pa[kk], wgmma_desc_sw128_nmajor(vs + kk * 2048, APW_COL_BYTES));
         wgmma_commit_group();
     };
-    // Causal mask and scale (attention_prefill.cu's arithmetic) and the online softmax of S.
+    // The causal mask and the online softmax of S (attention_prefill.cu's arithmetic, with the
+    // scale folded into the exponent). The scores stay unscaled: the row maximum is scaled once
+    // (max(x)·c = max(x·c) for c > 0, in FP32 too: rounding is monotone) and each weight is
+    // 2^(x·c − m) in one FFMA and one MUFU.EX2 (ptx/ex2.cuh). The mask runs only on the tiles
+    // that reach past the block's first query (the diagonal ones): a tile wholly at or before
+    // it is visible to every row of the block — the condition is block-uniform, no divergence.
+    const int qpos_min = start + p0 / group;  // the block's smallest query position (p0 < packed)
     auto softmax = [&](int step) {
 #pragma unroll
         for (int i = 0; i < 32; ++i) wgmma_fence_operand(s[i]);
         const int tile = t_begin + step;
         float row_max[2] = {F32_NEG_INF, F32_NEG_INF};
+        if ((tile + 1) * APW_KV_TILE - 1 <= qpos_min) {
 #pragma unroll
-        for (int n = 0; n < APW_KV_TILE / 8; ++n)
+            for (int i = 0; i < 32; ++i) row_max[(i % 4) / 2] = fmaxf(row_max[(i % 4) / 2], s[i]);
+        } else {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int pos = tile * APW_KV_TILE + 8 * n + 2 * t + (e & 1);
-                float& x = s[4 * n + e];
-                x = pos <= qpos[e / 2] ? x * scale_log2 : F32_NEG_INF;
-                row_max[e / 2] = fmaxf(row_max[e / 2], x);
-            }
+            for (int n = 0; n < APW_KV_TILE / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int pos = tile * APW_KV_TILE + 8 * n + 2 * t + (e & 1);
+                    float& x = s[4 * n + e];
+                    x = pos <= qpos[e / 2] ? x : F32_NEG_INF;
+                    row_max[e / 2] = fmaxf(row_max[e / 2], x);
+                }
+        }
         float m_use[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const float m_new = fmaxf(m_run[h], quad_max(row_max[h]));
-            alpha[h] = m_run[h] == F32_NEG_INF ? 0.f : exp2f(m_run[h] - m_new);
+            const float m_new = fmaxf(m_run[h], quad_max(row_max[h]) * scale_log2);
+            // alpha is exactly 1 where the maximum stays (most tiles past the first few), which
+            // lets rescale_pack skip O's multiply for a warp whose rows all kept theirs.
+            alpha[h] = m_run[h] == F32_NEG_INF ? 0.f : m_new == m_run[h] ? 1.f : ex2_approx_ftz(m_run[h] - m_new);
             m_run[h] = m_new;
             m_use[h] = m_new == F32_NEG_INF ? 0.f : m_new;
         }
         float p_sum[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-            const float p = exp2f(s[i] - m_use[(i % 4) / 2]);  // exactly 0 where masked
+            const float p = ex2_approx_ftz(fmaf(s[i], scale_log2, -m_use[(i % 4) / 2]));  // exactly 0 where masked
             s[i] = p;
             p_sum[(i % 4) / 2] += p;
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + p_sum[h];
     };
-    // After the previous PV: O rescaled to this tile's max, P packed as the next PV's A.
+    // After the previous PV: O rescaled to this tile's max (a warp whose rows all kept their
+    // maximum multiplies by 1: skipped, warp-uniformly), P packed as the next PV's A.
     auto rescale_pack = [&]() {
+        if (__any_sync(FULL_WARP_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-        for (int i = 0; i < S::OACC; ++i) o[i] *= alpha[(i % 4) / 2];
+            for (int i = 0; i < S::OACC; ++i) o[i] *= alpha[(i % 4) / 2];
+        }
 #pragma unroll
         for (int kk = 0; kk < APW_KV_TILE / 16; ++kk) {
             pa[kk][0] = apw_pack_half2(s[8 * kk + 0], s[8 * kk + 1]);  // row g,   tokens 16kk + 2t, +1
