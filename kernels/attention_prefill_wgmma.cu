@@ -265,30 +265,32 @@ __device__ __forceinline__ void apw_run_piece(
 
     // Stage the K/V of positions [64·tile, 64·tile + 64) into `stage`, swizzled; past kv_len:
     // zeros. Thread x copies 16-byte column c = x % CHUNKS of token rows x / CHUNKS, + 256 / CHUNKS …
-    const int col = threadIdx.x % S::CHUNKS;
-    const int col_off = (col / 8) * APW_COL_BYTES;  // its 64-dim column block
+    // The thread's share of every tile, fixed for the piece: 16-byte column col of token rows
+    // row, row + ROWS, … (ROWS = 256 / CHUNKS: 16 at Dh = 128, 32 at Dh = 64, a multiple of the
+    // page's 16 slots and of the swizzle's 8 rows). So its slot in the page (row % 16), its
+    // swizzled 16 bytes in each row (chunk col ^ (row % 8)) and its element offset within a page
+    // are the same in every tile: per tile and pass it loads one block-table entry and adds
+    // page · page_elems to its K and V pointers — no per-token address arithmetic on the MMA
+    // warps' issue slots.
+    constexpr int ROWS = APW_THREADS / S::CHUNKS;
+    static_assert(APW_THREADS % S::CHUNKS == 0 && ROWS % PAGE_TOKENS == 0, "every thread keeps one column and slot");
+    const int col = threadIdx.x % S::CHUNKS, row = threadIdx.x / S::CHUNKS;
+    const u32 dst0 = (col / 8) * APW_COL_BYTES + row * 128 + (((col % 8) ^ (row % 8)) * 16);
+    const __half* k_row = k_cache + kv_offset(0, kv_head, row % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * col;
+    const __half* v_row = v_cache + kv_offset(0, kv_head, row % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * col;
+    const int page_elems = kv_page_elems(Hkv, HEAD_DIM);
     auto issue = [&](int tile, int stage) {
-        unsigned char* kdst = smem + stage * S::STAGE_BYTES + col_off;
-        const int pos0 = tile * APW_KV_TILE;
-        u64 base[APW_KV_TILE / PAGE_TOKENS];  // element offset of each page's slot 0, column col
+        unsigned char* dst = smem + stage * S::STAGE_BYTES + dst0;
+        const int pos0 = tile * APW_KV_TILE + row;  // this thread's token of pass 0
 #pragma unroll
-        for (int p = 0; p < APW_KV_TILE / PAGE_TOKENS; ++p) {
-            const int page = pos0 + p * PAGE_TOKENS < kv_len ? __ldg(block_table + pos0 / PAGE_TOKENS + p) : 0;
-            base[p] = kv_offset(page, kv_head, 0, Hkv, HEAD_DIM) + 8 * col;
-        }
-#pragma unroll
-        for (int tok = threadIdx.x / S::CHUNKS; tok < APW_KV_TILE; tok += APW_THREADS / S::CHUNKS) {
-            const bool valid = pos0 + tok < kv_len;
-            const int pq = tok / PAGE_TOKENS;
-            const u64 off = (pq == 0 ? base[0] : pq == 1 ? base[1] : pq == 2 ? base[2] : base[3])
-                            + (u64)(tok % PAGE_TOKENS) * HEAD_DIM;
-            const int sw = tok * 128 + (((col % 8) ^ (tok % 8)) * 16);
-            cp_async_16(kdst + sw, valid ? k_cache + off : k_cache, valid);
-            cp_async_16(kdst + S::TILE_BYTES + sw, valid ? v_cache + off : v_cache, valid);
+        for (int k = 0; k < APW_KV_TILE / ROWS; ++k) {
+            const int pos = pos0 + k * ROWS;
+            const bool valid = pos < kv_len;
+            const u64 off = valid ? (u64)__ldg(block_table + pos / PAGE_TOKENS) * page_elems : 0;
+            cp_async_16(dst + k * ROWS * 128, k_row + off, valid);
+            cp_async_16(dst + S::TILE_BYTES + k * ROWS * 128, v_row + off, valid);
         }
     };
-    static_assert(APW_KV_TILE / PAGE_TOKENS == 4, "the page select above takes 4 pages a tile");
-    static_assert(APW_THREADS % S::CHUNKS == 0, "every thread keeps one column");
     static_assert(APW_STAGES >= 3, "V of the tile before, K of this one, one in flight");
 
     const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
