@@ -136,6 +136,37 @@
 // with mbarriers (no staging work in the MMA warps, no block-wide barrier per tile), 128-position
 // tiles.
 //
+// The main loop's instructions (the limit measured last: Nsight Compute at 31 744 positions, the
+// 7B's split schedule, showed issue slots 45 % busy with 2 warps a scheduler, L2 hit rate 95 %,
+// DRAM 2 % — instruction-bound, not bytes; docs/benchmarks.md): 796 SASS instructions a warp and
+// KV step, ~400 now on the tiles the mask skips. The softmax: ex2.approx.ftz by name (exp2f
+// without fast math wraps MUFU.EX2 in a range check and two multiplies), the scale in the same
+// FFMA as the max's subtraction, the mask only on tiles past the block's first query, O's
+// rescale skipped where a warp's rows kept their maxima. The staging: each thread's slot,
+// swizzled offset and in-page offset fixed for the piece (its rows are ROWS apart, ROWS a
+// multiple of the page and of the swizzle's 8 rows), one block-table entry and one multiply a
+// pass. µs per call against the kernel before them, in turns in one run (tools/bench_attention_prefill.py;
+// docs/bench/2026-12-03_26c1a62_h200_attention_prefill_lean_loop.json and …_29dcf20_…_in_turns_with_26c1a62.json):
+//   | shape, START, schedule | before | now   |
+//   | 7B, 0, split S = 1     |  18.32 | 15.96 |
+//   | 7B, 2048, split S = 1  |  74.20 | 57.15 |
+//   | 7B, 7680, ranges S = 4 | 192.06 | 154.68 |
+//   | 7B, 31744, ranges S = 4| 730.77 | 573.48 (400 TFLOP/s) |
+//   | 0.5B, 31744, split S = 4 | 265.38 | 186.53 |
+// In the prefill (drvqwen bench, the 7B, in turns): 8 192 tokens 232.6 → 224.0 ms, 32 000 tokens
+// 1388 → 1271 ms; 512 tokens 12.53 / 12.54 → 12.44 / 12.48 ms (within the runs' spread).
+//
+// Lost: a producer warp (a third warpgroup, setmaxnreg 224 / 56) staging K/V with cp.async
+// into an mbarrier ring — each lane fencing its landed copies to the async proxy and arriving
+// on the stage's full barrier, lane 0 of each MMA warp releasing it on an empty barrier — so
+// that the MMA warpgroups ran without a block barrier a tile (commit 523fb96): 7B at position
+// 0 22.2 µs against 18.3, at 31 744 1086 against 838 (split, S = 1; docs/bench/2026-12-03_523fb96_h200_attention_prefill_producer_warp.json
+// against …_29dcf20_…_block_staging.json). One warp's copies, each awaited before its tile is
+// announced, keep fewer bytes in flight than 256 threads' do, and the MMA warps were not limited
+// by the barrier but by their own instructions (above).
+// Lost too: 128-position KV tiles (S = QKᵀ one m64n128 wgmma a k16 step; 3 stages): within
+// ±3 % of 64 on the 7B, 15–20 % slower on the 0.5B's split launches (same tool, one run).
+//
 // Lost too: cutting only the units the launch's balance needs cut (a unit of n steps into
 // ⌈n / cap⌉ ≤ S pieces, cap = ⌈W / slots⌉, where the longest unit walks more than twice a slot's
 // average W / slots; the 7B's 512 rows at position 0: the 14 query tiles past 4 steps in two, S = 3)
