@@ -556,18 +556,10 @@ __host__ __device__ constexpr int gemm_stages() {
 template <typename Sc>
 __host__ __device__ constexpr int gemm_smem_bytes() { return gemm_stages<Sc>() * (gemm_stage_bytes<Sc>() + 3 * 8) + 1024; }
 
-// The k steps of a group whose A fragments are unpacked and issued together: GEMM_A_PARTS
-// parts of GEMM_K_STEPS / GEMM_A_PARTS steps, each its own commit group (gemm_group).
-#ifndef GEMM_A_PARTS
-#define GEMM_A_PARTS 2
-#endif
-#define GEMM_PART_STEPS (GEMM_K_STEPS / GEMM_A_PARTS)
-static_assert(GEMM_K_STEPS % GEMM_A_PARTS == 0, "parts of whole k steps");
-
 template <typename Sc>
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, const typename Sc::Group& sc,
                                            const unsigned char* smem, u64* full, u64* x_empty, u64* w_empty,
-                                           bool first, u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
+                                           u32 (&frag)[GEMM_K_STEPS][4], float (&acc)[GEMM_ACC]) {
     constexpr int STAGES = gemm_stages<Sc>();
     const int s = it % STAGES;  // it: the block's running group count over all its tiles
     mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
@@ -593,49 +585,21 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
             hb[i] = h[8 * Sc::HIGH_ROW_BYTES / 16 + i];
         }
     }
+    Sc::fragments(ra, rb, ha, hb, shift, sc, frag);
 #pragma unroll
-    for (int p = 0; p < GEMM_A_PARTS; ++p) {
-        // Part p's fragments: the policy computes the group's, and what the part does not keep
-        // is dead code (the unpack is plain arithmetic, no volatile asm).
-        u32 part[GEMM_K_STEPS][4];
-        Sc::fragments(ra, rb, ha, hb, shift, sc, part);
-        // The commit groups in flight, oldest first: the previous group's parts p … P−1, this
-        // group's 0 … p−1. Waiting until at most P−1 remain completes the previous group's part
-        // p, the only MMAs that read frag[k] of this part: the registers are free to rewrite.
-        wgmma_wait_group<GEMM_A_PARTS - 1>();
-        if (p == GEMM_A_PARTS - 1 && !first) {
-            // ... and before the last part, every MMA of the previous group (the unit's first
-            // group has none): the X of its stage is read.
+    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+    wgmma_fence();
 #pragma unroll
-            for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-            if (lane == 0) mbarrier_arrive(&x_empty[(it + STAGES - 1) % STAGES]);
-        }
-#pragma unroll
-        for (int k = p * GEMM_PART_STEPS; k < (p + 1) * GEMM_PART_STEPS; ++k)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) frag[k][j] = part[k][j];
-#pragma unroll
-        for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-        wgmma_fence();
-#pragma unroll
-        for (int k = p * GEMM_PART_STEPS; k < (p + 1) * GEMM_PART_STEPS; ++k) {
-            const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
-            wgmma_rs(acc, frag[k], desc);
-        }
-        wgmma_commit_group();
+    for (int k = 0; k < GEMM_K_STEPS; ++k) {
+        const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
+        wgmma_rs(acc, frag[k], desc);
     }
+    wgmma_commit_group();
     mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
-}
-
-// The end of a unit: every MMA of its last group (the block's group it − 1) done — the
-// accumulators are read next — and the X of its stage released.
-template <typename Sc>
-__device__ __forceinline__ void gemm_drain(int it, int lane, u64* x_empty, float (&acc)[GEMM_ACC]) {
-    constexpr int STAGES = gemm_stages<Sc>();
     wgmma_wait_group<0>();
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-    if (lane == 0) mbarrier_arrive(&x_empty[(it + STAGES - 1) % STAGES]);
+    if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X
 }
 
 // K / 128, computed again after the role split (the asm hides that it is the value before):
@@ -780,10 +744,9 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
             // next group's scales now: their latency passes during this group's MMAs
             const typename Sc::Group nx = Sc::load(r, min(grp + 1, un.g1 - 1));
-            gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, grp == un.g0, frag, acc);
+            gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
             sc = nx;
         }
-        gemm_drain<Sc>(it, lane, x_empty, acc);
         // A tile cut by a range: its owner adds the other parts and runs the epilogue.
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, m0, M, t);
