@@ -169,6 +169,25 @@
 // 7B's 28 layers against 14.1) — the stores, the proxy fence and the warpgroup barrier of each
 // group cost more than the overlap gives. What limits now is still the mainloop (~50–60% of the
 // tensor-core peak at 128 tokens, 60% at 256).
+// Where the time goes (Nsight Compute, 7B at M = 512 in the prefill's tiling,
+// docs/bench/2026-12-04_aff46cd_h200_gemm7b_ncu.json): the tensor pipe is busy 75% of gate_up's
+// active cycles and 80% of down_proj's, 54% and 46% of qkv's and o_proj's. The most-sampled
+// instruction is the consumers' wgmma.wait_group 0 (a third of gate_up's warp samples): a
+// warpgroup waits for its own 8 MMAs before it unpacks the next group, and the other
+// warpgroup's MMAs cover only part of that. The blocks do not finish together: SM active cycles
+// min / mean / max 146k / 161k / 189k of 195k elapsed in down_proj, whose tile owners add the
+// partial sums and run the residual epilogue after the others are done (13% of its warp
+// samples), 51k / 58k / 67k of 71k in qkv. L2 throughput (38–53% of its peak) and issue slots
+// (20–29% busy) are not what limits.
+// Tried and lost there: each group's A fragments in two (or four) parts, each its own commit
+// group, a consumer waiting only for the previous group's same part (wgmma.wait_group 1) before
+// rewriting its registers — the k-block pipelining of CUTLASS's mixed-input RS mainloop. Wrong
+// as well as slower: the SASS computes the next part into the registers of MMAs still in flight
+// (ptxas places the unpack above the WARPGROUP.DEPBAR; an empty asm pinning the registers after
+// the wait never reaches ptxas), and the 256-token build wrote NaN in tests/test_kernel_gemm_int4.py;
+// even one part with the X release moved into the next group failed at every tile size. Timed
+// anyway, the 7B's gate_up took 271 and 261 µs against 220 and 224 in turns (four parts: 268;
+// docs/bench/2026-12-04_{053477b,aff46cd}_h200_gemm7b_a_parts_*.json). Hence wait_group 0.
 //
 // Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
 // each, the old one in the same run; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;
@@ -538,7 +557,9 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64
 // loaded one group ahead), issue the 8 MMAs and wait for them, then release the stage. The wait
 // is for all of them (wait_group 0): rewriting A registers while an MMA that reads any A
 // register is in flight makes ptxas serialise every wgmma of the kernel (its C7513 "Potential
-// Performance Loss"), so the unpack of the next group overlaps the other warpgroup's MMAs.
+// Performance Loss"), and waiting for fewer lets ptxas unpack the next group into registers the
+// MMAs still read (the header: tried and lost), so the unpack of the next group overlaps the
+// other warpgroup's MMAs.
 // The bytes of one stage under policy Sc: X, the code words, and the high-bit plane if Sc has one
 // (a multiple of 1024 either way: the swizzle atoms of the next stage's X).
 template <typename Sc>
