@@ -170,9 +170,11 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # gemm_int4.cu in each tile size's build: the prefill picks one per GEMM shape and row count.
     if "gemm_int4" in prefill_files:
         wanted |= {("gemm_int4", defines) for defines in GEMM_INT4_TILE_DEFINES.values()}
-    # Per-tensor formats with Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights: gemm_int4.cu's kernels for them
-    # (launchers/gemm_kquant.py, gemm_q32.py) in the builds they exist in.
-    elif formats and {GEMM_Q4K_ID, GEMM_Q6K_ID, *GEMM_Q32_FORMATS} & set(formats.values()):
+    # Per-tensor formats with Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 projections: gemm_int4.cu's kernels
+    # for them (launchers/gemm_kquant.py, gemm_q32.py) in the builds they exist in. The embedding
+    # and the lm_head never run on them (a row read, a GEMV), whatever their format.
+    elif {GEMM_Q4K_ID, GEMM_Q6K_ID, *GEMM_Q32_FORMATS} & {fid for name, fid in (formats or {}).items()
+                                                         if ".layers." in name}:
         wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in {*GEMM_KQUANT_TILES, *GEMM_Q32_TILES}}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 
