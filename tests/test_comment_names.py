@@ -27,7 +27,7 @@ NOT_A_POINTER = re.compile(r"^(?:[A-Za-z]{1,2}_[A-Za-z0-9]{1,3}|sm_\d+a?|compute
 OUTSIDE = {
     # llama.cpp / ggml (GGUF formats, the server's /infill and sampler)
     "convert_hf_to_gguf", "get_scale_min", "get_scale_min_k4", "ggml_type", "llama_tensor_get_type", "tensor_type_fallback", "llama_sampler_penalties_apply",
-    "llama_token_type", "penalty_last_n", "penalty_repeat", "special_eog_ids", "block_size",
+    "llama_token_type", "penalty_last_n", "penalty_repeat", "special_eog_ids", "block_size", "Q5_K_M",
     "value_type", "tensor_name", "n_past", "cache_prompt", "n_predict", "n_indent", "t_max_predict_ms",
     "response_fields", "tokens_cached", "input_prefix", "input_suffix", "input_extra", "cache_n",
     "prompt_n", "predicted_n", "stopping_word", "stop_type",

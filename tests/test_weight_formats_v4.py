@@ -16,7 +16,7 @@ from drvqwen.errors import FormatError
 from drvqwen.format import weight_formats as wf
 from drvqwen.format.nanoqwen import NanoqwenFile
 from drvqwen.format.nanoqwen_writer import write_legacy_copy
-from drvqwen.format.recipes import q4_k_m_types, quant_order, recipe_formats, use_more_bits
+from drvqwen.format.recipes import k_m_types, q4_k_m_types, quant_order, recipe_formats, use_more_bits
 from drvqwen.format.synthetic import minimal_tokenizer_json, write_synthetic
 
 from helpers import TINY
@@ -187,6 +187,16 @@ def test_q4_k_m_recipe_on_the_7b_is_all_k_quants():
         want = "Q6_K" if i in more else "Q4_K"
         assert types[f"model.layers.{i}.self_attn.v_proj"] == want == types[f"model.layers.{i}.mlp.down_proj"]
         assert types[f"model.layers.{i}.self_attn.q_proj"] == "Q4_K"
+
+
+@pytest.mark.parametrize("preset", ["0.5b", "7b"])
+def test_q5_k_m_recipe_is_q4_k_m_with_the_five_bit_types(preset):
+    """Q5_K_M picks the same tensors for Q6_K (and Q8_0) as Q4_K_M; where Q4_K_M has Q4_K it has
+    Q5_K, and where Q4_K_M falls back to Q5_0 it falls back to Q5_1."""
+    five = {"Q4_K": "Q5_K", "Q5_0": "Q5_1", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}
+    q4, q5 = q4_k_m_types(PRESETS[preset]), k_m_types(PRESETS[preset], "Q5_K")
+    assert q5 == {p: five[ty] for p, ty in q4.items()}
+    assert recipe_formats(PRESETS[preset], "q5_k_m") == {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in q5.items()}
 
 
 @pytest.fixture(scope="module")

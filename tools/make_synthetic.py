@@ -6,7 +6,8 @@
     PYTHONPATH=src python3 tools/make_synthetic.py --preset 7b --recipe q4_k_m -o /tmp/syn7b-q4km.nanoqwen
 
 --recipe q4_k_m writes every weight in the format of the GGUF type llama.cpp's Q4_K_M recipe
-gives it (format/recipes.py): the layout of the file a 7B user downloads; --recipe q4_0, q5_0
+gives it (format/recipes.py): the layout of the file a 7B user downloads; --recipe q5_k_m the
+same with Q5_K in place of Q4_K (llama.cpp's Q5_K_M); --recipe q4_0, q5_0
 and q8_0 those of llama.cpp's Q4_0, Q5_0 and Q8_0 presets (every matrix in that type, the output
 Q6_K but for Q8_0). The default, int4,
 is drvqwen's INT4 g128 projections with FP16 embedding and lm_head.

@@ -17,6 +17,10 @@ Q4_K_M (llama.cpp's llama-quant.cpp, `llama_tensor_get_type` and `tensor_type_fa
 On the real Qwen2.5-Coder-0.5B (K = 896 but for down_proj's 4864) this gives every tensor the
 type its Q4_K_M GGUF holds (Q5_0 ×133, Q8_0 ×13, Q6_K ×12, Q4_K ×12; tested on the file).
 
+Q5_K_M: the same rules with Q5_K where Q4_K_M has Q4_K (llama-quant.cpp takes Q4_K_M and Q5_K_M
+down one branch for attn_v and ffn_down); a K off the super-block falls back to Q5_1 (Q6_K's to
+Q8_0). Not checked against a real Q5_K_M file.
+
 Q4_0, Q5_0 and Q8_0 (one function for the 32-input block presets): every matrix in the preset's
 type, the token embedding included; the output Q6_K unless the preset is Q8_0 (which keeps it)
 or its K is not a multiple of 256 (then Q8_0). No per-layer choice: `use_more_bits` is for the
@@ -29,7 +33,7 @@ from ..config import QwenConfig
 from . import weight_formats as wf
 from .tensor_set import LM_HEAD, default_formats, proj_prefix, weight_shapes
 
-RECIPES = ("int4", "q4_k_m", "q4_0", "q5_0", "q8_0")
+RECIPES = ("int4", "q4_k_m", "q5_k_m", "q4_0", "q5_0", "q8_0")
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
@@ -46,8 +50,14 @@ def quant_order(n: int) -> list[int]:
 
 def q4_k_m_types(cfg: QwenConfig) -> dict[str, str]:
     """Weight prefix → the GGUF type llama.cpp's Q4_K_M recipe gives it, fallbacks applied."""
+    return k_m_types(cfg, "Q4_K")
+
+
+def k_m_types(cfg: QwenConfig, base: str) -> dict[str, str]:
+    """Weight prefix → the GGUF type llama.cpp's *_K_M recipe of base type `base` ("Q4_K": Q4_K_M,
+    "Q5_K": Q5_K_M) gives it, fallbacks applied."""
     shapes = weight_shapes(cfg)
-    types = {p: "Q4_K" for p in shapes}
+    types = {p: base for p in shapes}
     types[LM_HEAD] = "Q6_K"
     n = cfg.num_layers
     for j, layer in enumerate(quant_order(n)):
@@ -69,15 +79,16 @@ def block32_types(cfg: QwenConfig, preset: str) -> dict[str, str]:
 
 
 def recipe_formats(cfg: QwenConfig, recipe: str) -> dict[str, int]:
-    """Weight prefix → format id for `recipe` ("int4": the default formats; "q4_k_m", "q4_0", "q5_0", "q8_0").
+    """Weight prefix → format id for `recipe` ("int4": the default formats; "q4_k_m", "q5_k_m", "q4_0",
+    "q5_0", "q8_0").
 
     Raises:
         ValueError: an unknown recipe.
     """
     if recipe == "int4":
         return default_formats(cfg)
-    if recipe == "q4_k_m":
-        return {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in q4_k_m_types(cfg).items()}
+    if recipe in ("q4_k_m", "q5_k_m"):
+        return {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in k_m_types(cfg, recipe[:2].upper() + "_K").items()}
     if recipe in ("q4_0", "q5_0", "q8_0"):
         return {p: wf.EXACT_FOR_GGUF[ty].id for p, ty in block32_types(cfg, recipe.upper()).items()}
     raise ValueError(f"recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
