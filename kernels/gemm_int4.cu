@@ -8,8 +8,9 @@
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
-//   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K and Q6_K weights as the GGUF stores them
-//   (bottom of the file; every tile build, Q6_K's 256-token one with two stages)
+//   gemm_q5k_qkv_rope, gemm_q5k_stacked_rows, gemm_q5k_residual, gemm_q5k_gate_up_swiglu,
+//   gemm_q6k_rows, gemm_q6k_residual: the same mainloop over Q4_K, Q5_K and Q6_K weights as the GGUF
+//   stores them (bottom of the file; every tile build, Q6_K's 256-token one with two stages)
 //   gemm_q4g32_qkv_rope, gemm_q4g32_stacked_rows, gemm_q4g32_residual, gemm_q4g32_gate_up_swiglu,
 //   and gemm_q5g32_*, gemm_q8g32_* likewise: the same over Q4_0, Q5_0 and Q8_0 (the GGUF's bytes:
 //   4-bit codes, with a high-bit plane, or bytes; an FP16 scale per 32 inputs; every build, Q8_0's
@@ -1207,6 +1208,211 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
     }), GemmQ4kScales{});
+}
+
+// ---- Q5_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
+// Q5_K (weight_formats.cuh, id 11) is Q4_K with a fifth bit: the same 12 packed (sc, m) bytes and
+// (d, dmin) per super-block, w = (d·sc)·c − dmin·m, and codes c = v + 16h, v the low nibble in
+// layout id 1 (the INT4 words) and h one high bit in the qhigh plane as Q5_0 has it (bit 4p + i
+// of chunk j's word for nibble p of code word i of the chunk). So GemmQ5kScales is Q4_K's
+// scales (GemmQ4kScales::load, decoded in FP16 pairs one group ahead) with Q5_0's unpack: the
+// high bit OR-ed in at 16 under the magic number, 1024 + c exact for c ≤ 31, one sub.f16x2 makes
+// c exact, one fma.rn.f16x2 gives c·S − O. The high words travel with the codes through the
+// stage (16 B a row and group behind the code words, lane t = 0 of each quad copies them, as
+// Q5_0's), under the file's barriers. Bytes: 176 per 256 weights (5.5 bits). Weights [N, K], K a
+// multiple of 256: qweight u32 [N, K/8], qhigh u32 [N, K/32], scales u32 [N, K/256, 3],
+// aux u32 [N, K/256] (d | dmin << 16, FP16).
+#define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
+struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
+    const u32* ha; const u32* hb;     // the rows' high-bit words
+};
+
+struct GemmQ5kScales : GemmQ4kScales {
+    static constexpr int HIGH_ROW_BYTES = GEMM_Q5K_HIGH_ROW_BYTES;
+    static constexpr int HIGH_STRIDE = GEMM_Q5K_HIGH_ROW_BYTES / 4;  // words a row and group
+    static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
+    // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
+    // sit at bits 4 and 20) as (c, c) exact, then c·S − O.
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2, u32 o2) {
+        const u32 m = lop3_and_or(hpos, 0x00100010u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
+        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, m);  // (1024 + c0, 1024 + c1), c ≤ 31
+        u32 c, out;
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(FP16X2_1024));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
+        return out;
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
+                                                     const uint4 (&ha)[GEMM_HIGH_MAX],
+                                                     const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            // k step s: code words 2s, 2s+1 = words i0 = 2(s % 2), i0 + 1 of chunk j = s / 2 — the
+            // sub-block of the scales too — whose high bits for the lane's nibbles t and t + 4 are
+            // bits 4t + i and 4t + 16 + i of high word j (GemmQ5g32Scales::fragments).
+            const int j = s / 2, i0 = 2 * (s % 2);
+            const u32 hA = wf_word(ha[0], j) >> shift, hB = wf_word(hb[0], j) >> shift;
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << (4 - i0), shift, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << (4 - i0), shift, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << (3 - i0), shift, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << (3 - i0), shift, G.s[1][j], G.o[1][j]);
+        }
+    }
+};
+#define GEMM_Q5K_SMEM_BYTES (gemm_smem_bytes<GemmQ5kScales>())  // launchers mirror it
+static_assert(GEMM_Q5K_SMEM_BYTES <= 227 * 1024, "shared memory");
+
+// Row `row` (clamped into the matrix) of a Q5_K weight [n, K] into the lane-rows slot `which`
+// (0: row g, 1: row g+8).
+__device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32* qhigh, const u32* scales,
+                                                  const u32* aux, int row, int n, int K, int which,
+                                                  GemmLaneRowsQ5k& out) {
+    const u64 r = (u64)min(row, n - 1);
+    (which ? out.wb : out.wa) = qweight + r * (K / 8);
+    (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+    (which ? out.scb : out.sca) = scales + r * (K / 256) * 3;
+    (which ? out.ddb : out.dda) = aux + r * (K / 256);
+}
+
+// residual += X Wᵀ in FP32, W in Q5_K (o_proj, down_proj). As gemm_q4k_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
+                  const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                  const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1)
+                  const u32* __restrict__ qhigh,          // [N, K/32] uint32, the high bits
+                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
+                  const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
+                  const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
+                  float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                  int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
+                  int N, int K) {
+    int ra = 0;
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
+        GemmLaneRowsQ5k r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+        gemm_q5k_lane_row(qweight, qhigh, scales, aux, ra, N, K, 0, r);
+        gemm_q5k_lane_row(qweight, qhigh, scales, aux, ra + 8, N, K, 1, r);
+        return r;
+    }, GemmResidualAdd{residual, N, &ra}, GemmQ5kScales{});
+}
+
+// out[token, col0 + n] = X [W0; W1]ᵀ in FP32 for one or two Q5_K matrices stacked along N (N1 = 0:
+// one): a layer's q and k — and v, alone. As gemm_q4k_stacked_rows.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1-1 written
+                      const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                      const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
+                      const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                      const u32* __restrict__ w0_scales,         // [N0, K/256, 3] uint32
+                      const u32* __restrict__ w0_aux,            // [N0, K/256] uint32
+                      const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                      const u32* __restrict__ w1_qhigh,
+                      const u32* __restrict__ w1_scales,
+                      const u32* __restrict__ w1_aux,
+                      const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                      float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                      int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                      int N0, int N1, int K, int ldo, int col0) {
+    const int N = N0 + N1;
+    int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
+    gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
+                    GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
+        GemmLaneRowsQ5k r;
+        ra = rb * GEMM_BLOCK_ROWS + local;
+#pragma unroll
+        for (int which = 0; which < 2; ++which) {  // row g, then g + 8, each in its own matrix
+            const int row = min(ra + 8 * which, N - 1);
+            const bool second = row >= N0;
+            gemm_q5k_lane_row(second ? w1_qweight : w0_qweight, second ? w1_qhigh : w0_qhigh,
+                              second ? w1_scales : w0_scales, second ? w1_aux : w0_aux, second ? row - N0 : row,
+                              second ? N1 : N0, K, which, r);
+        }
+        return r;
+    }, gemm_each_token([&](int token, float va, float vb) {
+        if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
+        if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
+    }), GemmQ5kScales{});
+}
+
+// q, k and v in Q5_K with the bias, the RoPE and the FP16 writes in the epilogue: gemm_q4k_qkv_rope
+// over Q5_K.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                  __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                  __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                  const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                  const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                  const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                  const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
+                  const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                  const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                  const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                  const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
+                  const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                  const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                  const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                  const u32* __restrict__ v_scales,         // [Hkv·Dh, K/256, 3] uint32
+                  const u32* __restrict__ v_aux,            // [Hkv·Dh, K/256] uint32
+                  const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                  const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                  const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                  const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                  const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                  const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                  float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                  int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                  int Hq, int Hkv, int Dh, int K) {
+    const int half_dim = Dh / 2;
+    const int n_pairs = (Hq + 2 * Hkv) * half_dim;
+    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
+    int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
+    gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsQ5k r;
+        pair = gemm_rope_pair_of(rb, local);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const int seg = rp.seg;
+        const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
+        const u32* qh = seg == 0 ? q_qhigh : seg == 1 ? k_qhigh : v_qhigh;
+        const u32* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
+        const u32* dd = seg == 0 ? q_aux : seg == 1 ? k_aux : v_aux;
+        const int n = (seg == 0 ? Hq : Hkv) * Dh;
+        gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i, n, K, 0, r);
+        gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i + half_dim, n, K, 1, r);
+        return r;
+    }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
+                           Hq, Hkv, Dh, &pair}, GemmQ5kScales{});
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q5_K. As gemm_q4k_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                        const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                        const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                        const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                        const u32* __restrict__ gate_scales,       // [F, K/256, 3] uint32
+                        const u32* __restrict__ gate_aux,          // [F, K/256] uint32
+                        const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                        const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                        const u32* __restrict__ up_scales,         // [F, K/256, 3] uint32
+                        const u32* __restrict__ up_aux,            // [F, K/256] uint32
+                        const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                        float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                        int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                        int F, int K) {
+    int f = 0;
+    constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
+    gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
+                    [&](int rb, int local) {
+        GemmLaneRowsQ5k r;
+        f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
+        gemm_q5k_lane_row(gate_qweight, gate_qhigh, gate_scales, gate_aux, f, F, K, 0, r);
+        gemm_q5k_lane_row(up_qweight, up_qhigh, up_scales, up_aux, f, F, K, 1, r);
+        return r;
+    }, gemm_each_token([&](int token, float gate, float up) {
+        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+    }), GemmQ5kScales{});
 }
 
 // ---- Q6_K weights (the GGUF's own bytes) on the same mainloop --------------------------------

@@ -1,6 +1,6 @@
-"""kernels/gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: Q4_K and Q6_K codes unpacked in
-the consumers' A registers with each sub-block's scale, and Q4_K's offset) against float64 numpy
-on the weights as format/weight_formats.py dequantizes them.
+"""kernels/gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: Q4_K, Q5_K and Q6_K codes unpacked
+in the consumers' A registers with each sub-block's scale, and the offset of Q4_K and Q5_K) against
+float64 numpy on the weights as format/weight_formats.py dequantizes them.
 
 Shapes: N not a multiple of the 128-row block (rows past it read, never stored), a live row
 count M below the launch's capacity, a single token, K of one super-block and of several; all
@@ -9,7 +9,7 @@ stream-K ranges that cut tiles. Outputs poisoned first; rows past M and columns 
 [col0, col0 + N) must stay untouched; a second launch gives the same bits. The tolerance is the GEMMs' (TOL_GEMV): S = d·sc and O = dmin·m are rounded to
 FP16 before the fma (Q6_K: S before the product), where gemm_fmt_wgmma.cu rounds the FP32 weight
 once. Q6_K's weights have negative scales too (random_fmt_weight: int8 sc in [−64, 63]) and codes
-over all 6 bits.
+over all 6 bits; Q5_K's codes run over all 5 (the high-bit plane uniform).
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ import pytest
 
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
-from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kResidualRows, GemmQ4kStackedRows,
-                                           GemmQ6kResidualRows, GemmQ6kRows)
+from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
+                                           GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+                                           GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from kernel_testing import (TOL_GEMV, assert_same_bits, check_qkv_rope_gemm, dev, random_fmt_weight,  # noqa: F401
                             report)
 
 pytestmark = pytest.mark.gpu
 
 Q4K = next(f for f in wf.FORMATS.values() if f.name == "q4_k")
+Q5K = next(f for f in wf.FORMATS.values() if f.name == "q5_k")
 Q6K = next(f for f in wf.FORMATS.values() if f.name == "q6_k")
 # (label, rows capacity, live M, N0, N1, K, tile, split): N1 > 0 stacks a second matrix (q | k)
 CASES = [("qk.straddle", 128, 100, 200, 72, 1280, 128, False), ("one.m1", 64, 1, 40, 0, 256, 64, False),
@@ -41,8 +43,21 @@ def _scratch(dev, rows: int, n: int, k: int, tile: int, grid: int | None = None)
 
 @pytest.mark.parametrize("label,rows,m,n0,n1,k,tile,split", CASES, ids=[c[0] for c in CASES])
 def test_gemm_q4k_stacked_and_residual(dev, rng, label, rows, m, n0, n1, k, tile, split):
+    check_stacked_and_residual(dev, rng, Q4K, GemmQ4kStackedRows, GemmQ4kResidualRows, label, rows, m, n0, n1, k,
+                               tile, split)
+
+
+@pytest.mark.parametrize("label,rows,m,n0,n1,k,tile,split", CASES, ids=[c[0] for c in CASES])
+def test_gemm_q5k_stacked_and_residual(dev, rng, label, rows, m, n0, n1, k, tile, split):
+    check_stacked_and_residual(dev, rng, Q5K, GemmQ5kStackedRows, GemmQ5kResidualRows, label, rows, m, n0, n1, k,
+                               tile, split)
+
+
+def check_stacked_and_residual(dev, rng, fmt, Stacked, Residual, label, rows, m, n0, n1, k, tile, split):
+    """One or two stacked matrices in `fmt` into their columns of out, then the first as a residual
+    GEMM, against the float64 reference (the CASES)."""
     ns = [n0] + ([n1] if n1 else [])
-    ws, w64s = zip(*(random_fmt_weight(dev, rng, Q4K, n, k) for n in ns))
+    ws, w64s = zip(*(random_fmt_weight(dev, rng, fmt, n, k) for n in ns))
     x = rng.standard_normal((rows, k)).astype(np.float16)
     w64 = np.concatenate(w64s)
     want = x[:m].astype(np.float64) @ w64.T                              # [m, ΣN]
@@ -51,12 +66,11 @@ def test_gemm_q4k_stacked_and_residual(dev, rng, label, rows, m, n0, n1, k, tile
     ldo = n + 24
     out = dev.poisoned("out", (rows, ldo), np.float32)
     sk = _scratch(dev, rows, n, k, tile) if split else None
-    ln = GemmQ4kStackedRows(out, xd, list(ws), ps, ns=ns, k=k, rows=rows, ldo=ldo, col0=col0, tile_tokens=tile,
-                            split_k=sk)
+    ln = Stacked(out, xd, list(ws), ps, ns=ns, k=k, rows=rows, ldo=ldo, col0=col0, tile_tokens=tile, split_k=sk)
     assert ln.tiling.tile_tokens == tile and ln.tiling.split == split, "the case should plan as its label says"
     ln.launch()
     got = out.download()
-    report(f"q4k.{label}.stacked", got[:m, col0:col0 + n], want, TOL_GEMV)
+    report(f"{fmt.name}.{label}.stacked", got[:m, col0:col0 + n], want, TOL_GEMV)
     untouched = np.ones(got.shape, dtype=bool)
     untouched[:m, col0:col0 + n] = False
     assert np.isnan(got[untouched]).all(), "the GEMM wrote outside its rows < M and its columns"
@@ -68,27 +82,37 @@ def test_gemm_q4k_stacked_and_residual(dev, rng, label, rows, m, n0, n1, k, tile
 
     r0 = rng.standard_normal((rows, n0)).astype(np.float32)
     res = dev.upload("residual", r0)
-    GemmQ4kResidualRows(res, xd, ws[0], ps, n=n0, k=k, rows=rows, tile_tokens=tile, split_k=sk).launch()
+    Residual(res, xd, ws[0], ps, n=n0, k=k, rows=rows, tile_tokens=tile, split_k=sk).launch()
     got = res.download()
-    report(f"q4k.{label}.delta", got[:m].astype(np.float64) - r0[:m], want[:, :n0], TOL_GEMV)
+    report(f"{fmt.name}.{label}.delta", got[:m].astype(np.float64) - r0[:m], want[:, :n0], TOL_GEMV)
     assert got[m:].tobytes() == r0[m:].tobytes(), "rows past M changed"
 
 
 @pytest.mark.parametrize("tile", [64, 128, 256])
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
 def test_gemm_q4k_gate_up_swiglu(dev, rng, tile, split):
+    check_gate_up(dev, rng, Q4K, GemmQ4kGateUpSwigluRows, tile, split)
+
+
+@pytest.mark.parametrize("tile", [64, 128, 256])
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_gemm_q5k_gate_up_swiglu(dev, rng, tile, split):
+    check_gate_up(dev, rng, Q5K, GemmQ5kGateUpSwigluRows, tile, split)
+
+
+def check_gate_up(dev, rng, fmt, GateUp, tile, split):
     """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) rounded to FP16, F = 200 (not a multiple of the 64-feature block)."""
     rows, m, f, k = max(128, tile), 90, 200, 1536
-    (wg, g64), (wu, u64) = random_fmt_weight(dev, rng, Q4K, f, k), random_fmt_weight(dev, rng, Q4K, f, k)
+    (wg, g64), (wu, u64) = random_fmt_weight(dev, rng, fmt, f, k), random_fmt_weight(dev, rng, fmt, f, k)
     x = rng.standard_normal((rows, k)).astype(np.float16)
     gate, up = x[:m].astype(np.float64) @ g64.T, x[:m].astype(np.float64) @ u64.T
     want = gate / (1 + np.exp(-gate)) * up
     h = dev.poisoned("h", (rows, f), np.float16)
     sk = _scratch(dev, rows, 2 * f, k, tile) if split else None
-    GemmQ4kGateUpSwigluRows(h, dev.upload("x", x), wg, wu, dev.upload("ps", np.array([0, m], np.int32)), f=f, k=k,
-                            rows=rows, tile_tokens=tile, split_k=sk).launch()
+    GateUp(h, dev.upload("x", x), wg, wu, dev.upload("ps", np.array([0, m], np.int32)), f=f, k=k, rows=rows,
+           tile_tokens=tile, split_k=sk).launch()
     got = h.download()
-    report(f"q4k.gate_up.tile{tile}", got[:m].astype(np.float64), want, TOL_GEMV)
+    report(f"{fmt.name}.gate_up.tile{tile}", got[:m].astype(np.float64), want, TOL_GEMV)
     assert np.isnan(got[m:].astype(np.float32)).all(), "rows past M were written"
 
 
@@ -106,6 +130,12 @@ def test_gemm_q4k_refuses_other_formats_and_k(dev, rng):
     with pytest.raises(LaunchError, match="K=128"):
         GemmQ4kResidualRows(res, dev.upload("x2", np.zeros((64, 128), np.float16)), w4, ps, n=128, k=128, rows=64,
                             max_blocks=132)
+    # Q4_K on the Q5_K kernels and Q5_K on the Q4_K ones: the same codes plane, not the same format.
+    with pytest.raises(LaunchError, match="format q4_k, these kernels read q5_k only"):
+        GemmQ5kResidualRows(res, xd, w4, ps, n=128, k=256, rows=64, max_blocks=132)
+    w5, _ = random_fmt_weight(dev, rng, Q5K, 128, 256)
+    with pytest.raises(LaunchError, match="format q5_k, these kernels read q4_k only"):
+        GemmQ4kResidualRows(res, xd, w5, ps, n=128, k=256, rows=64, max_blocks=132)
 
 
 # (label, rows capacity, live M, N, K, tile, split)
@@ -169,13 +199,22 @@ QKV_ROPE_CASES = [(100, 5, False, 64, 14, 2, 128), (1, 0, False, 128, 7, 1, 64),
 def test_gemm_q4k_qkv_rope(dev, rng, m, start, split, hd, hq, hkv, tile):
     """gemm_q4k_qkv_rope against the float64 reference and, with whole tiles, bit for bit against
     the stacked Q4_K GEMMs + rope_kv_rows (kernel_testing.check_qkv_rope_gemm)."""
-    from drvqwen.launchers.gemm_kquant import GemmQ4kQkvRopeRows
+    check_kmin_qkv_rope(dev, rng, Q4K, GemmQ4kQkvRopeRows, GemmQ4kStackedRows, m, start, split, hd, hq, hkv, tile)
 
-    def apart(qkv, xd, ws, ns, ps, ld, tile):  # q | k, then v: the Q4_K stacked kernel takes two at most
+
+@pytest.mark.parametrize("m,start,split,hd,hq,hkv,tile", QKV_ROPE_CASES,
+                         ids=[f"m{c[0]}-start{c[1]}-{'split' if c[2] else 'whole'}-hd{c[3]}-{c[4]}q{c[5]}kv-{c[6]}"
+                              for c in QKV_ROPE_CASES])
+def test_gemm_q5k_qkv_rope(dev, rng, m, start, split, hd, hq, hkv, tile):
+    """gemm_q5k_qkv_rope, as test_gemm_q4k_qkv_rope."""
+    check_kmin_qkv_rope(dev, rng, Q5K, GemmQ5kQkvRopeRows, GemmQ5kStackedRows, m, start, split, hd, hq, hkv, tile)
+
+
+def check_kmin_qkv_rope(dev, rng, fmt, QkvRope, Stacked, m, start, split, hd, hq, hkv, tile):
+    def apart(qkv, xd, ws, ns, ps, ld, tile):  # q | k, then v: the stacked kernel takes two at most
         rows = qkv.shape[0]
-        GemmQ4kStackedRows(qkv, xd, ws[:2], ps, ns=ns[:2], k=512, rows=rows, ldo=ld, tile_tokens=tile).launch()
-        GemmQ4kStackedRows(qkv, xd, ws[2:], ps, ns=ns[2:], k=512, rows=rows, ldo=ld, col0=sum(ns[:2]),
-                           tile_tokens=tile).launch()
+        Stacked(qkv, xd, ws[:2], ps, ns=ns[:2], k=512, rows=rows, ldo=ld, tile_tokens=tile).launch()
+        Stacked(qkv, xd, ws[2:], ps, ns=ns[2:], k=512, rows=rows, ldo=ld, col0=sum(ns[:2]), tile_tokens=tile).launch()
 
-    check_qkv_rope_gemm(dev, rng, Q4K, GemmQ4kQkvRopeRows, apart, m, start, split, hd, hq, hkv, tile,
+    check_qkv_rope_gemm(dev, rng, fmt, QkvRope, apart, m, start, split, hd, hq, hkv, tile,
                         lambda rows, n, k, tile: _scratch(dev, rows, n, k, tile, grid=4))

@@ -208,9 +208,12 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
 
 
 def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
-    """gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py) on q4_k and q6_k weights of K = D = 1024."""
+    """gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py) on q4_k, q5_k and q6_k weights of
+    K = D = 1024."""
     from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
-                                               GemmQ4kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
+                                               GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+                                               GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows,
+                                               GemmQ6kRows)
 
     D = 1024
 
@@ -219,24 +222,30 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
         return FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
                                for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
 
-    w, w6 = weight("q4_k"), weight("q6_k")
-    fmt4 = next(f for f in wf.FORMATS.values() if f.name == "q4_k")
-    wkv = FmtWeight(fmt4, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                           for name, (dt, shape) in fmt4.tensors("wkv", D // 4, D).items()}, "wkv")
+    w6 = weight("q6_k")
     kc = DeviceArray("k_cache", 1 << 22, (4, 2, 16, 128), np.float16)   # [P, Hkv, 16, Dh]
     vc = DeviceArray("v_cache", 1 << 23, (4, 2, 16, 128), np.float16)
     x = DeviceArray("xq", 1 << 21, (R, D), np.float16)
-    return [("gemm_q4k_stacked", GemmQ4kStackedRows(_buf("qkv", R * 3 * D, np.float32), x, [w, w], ps, ns=[D, D], k=D,
-                                                    rows=R, ldo=3 * D, max_blocks=132)),
-            ("gemm_q4k_residual", GemmQ4kResidualRows(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
-                                                      max_blocks=132)),
-            ("gemm_q4k_gate_up", GemmQ4kGateUpSwigluRows(_buf("h", R * D, np.float16), x, w, w, ps, f=D, k=D, rows=R,
-                                                         max_blocks=132)),
-            ("gemm_q4k_qkv_rope", GemmQ4kQkvRopeRows(
-                _buf("q", R * D, np.float16), kc, vc, x, w, wkv, wkv, _buf("qb", D, np.float16),
-                _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32), ps,
-                _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,
-                max_blocks=132)),
+    out = []
+    for f, Stacked, Residual, GateUp, QkvRope in (
+            ("q4k", GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows),
+            ("q5k", GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows)):
+        fmt = next(m for m in wf.FORMATS.values() if m.name == f"{f[:2]}_k")
+        w = weight(fmt.name)
+        wkv = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
+                              for name, (dt, shape) in fmt.tensors("wkv", D // 4, D).items()}, "wkv")
+        out += [(f"gemm_{f}_stacked", Stacked(_buf("qkv", R * 3 * D, np.float32), x, [w, w], ps, ns=[D, D], k=D,
+                                                rows=R, ldo=3 * D, max_blocks=132)),
+                (f"gemm_{f}_residual", Residual(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
+                                                  max_blocks=132)),
+                (f"gemm_{f}_gate_up", GateUp(_buf("h", R * D, np.float16), x, w, w, ps, f=D, k=D, rows=R,
+                                               max_blocks=132)),
+                (f"gemm_{f}_qkv_rope", QkvRope(
+                    _buf("q", R * D, np.float16), kc, vc, x, w, wkv, wkv, _buf("qb", D, np.float16),
+                    _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32),
+                    ps, _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,
+                    max_blocks=132))]
+    return [*out,
             ("gemm_q6k_rows", GemmQ6kRows(_buf("qkv", R * 3 * D, np.float32), x, w6, ps, n=D, k=D, rows=R, ldo=3 * D,
                                           col0=D, max_blocks=132)),
             ("gemm_q6k_residual", GemmQ6kResidualRows(_buf("res", R * D, np.float32), x, w6, ps, n=D, k=D, rows=R,

@@ -278,6 +278,17 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` where q, k, v are all Q4_K,
     else `qk_proj`; Q4_K o_proj/gate_up/down, Q6_K v/down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
     at 17 and 300 tokens."""
+    check_kquant_register_prefill(tmp_path, "q4_k_m", "gemm_q4k")
+
+
+def test_q5k_register_gemms_match_the_format_gemms(tmp_path):
+    """The same in llama.cpp's Q5_K_M layout: Q5_K where Q4_K_M has Q4_K (gemm_q5k_*)."""
+    check_kquant_register_prefill(tmp_path, "q5_k_m", "gemm_q5k")
+
+
+def check_kquant_register_prefill(tmp_path, recipe: str, kernel: str):
+    """test_kquant_register_gemms_match_the_format_gemms for `recipe`, whose base K-quant's kernels
+    are named `kernel`_*."""
     from dataclasses import replace
 
     from drvqwen.engine import GPUBackend
@@ -286,9 +297,9 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
 
     cfg = replace(QWEN25_CODER_7B, vocab_size=2048, hidden_size=1024, intermediate_size=2816, num_layers=4,
                   num_heads=8, num_kv_heads=2, head_dim=128)
-    path = tmp_path / "q4k_m.nanoqwen"
+    path = tmp_path / f"{recipe}.nanoqwen"
     write_synthetic(path, cfg, seed=77, tokenizer_json=minimal_tokenizer_json(),
-                    formats=recipe_formats(cfg, "q4_k_m"))
+                    formats=recipe_formats(cfg, recipe))
     f = NanoqwenFile(path)
     rng = np.random.default_rng(99)
     ids = rng.integers(0, cfg.vocab_size, 301).tolist()
@@ -299,10 +310,10 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
-        assert "qk_proj" in roles(regs), f"q and k should run stacked on the Q4_K GEMM: {sorted(roles(regs))}"
+        assert "qk_proj" in roles(regs), f"q and k should run stacked on the register GEMM: {sorted(roles(regs))}"
         assert {"q_proj", "k_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {"gemm_q4k_qkv_rope", "gemm_q4k_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, \
+        assert {f"{kernel}_qkv_rope", f"{kernel}_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, \
             sorted(kernels)
         assert not any(k.startswith("gemm_q") for k in {nl.spec.kernel.kernel for nl in fmt.launches(64)})
         for t in (17, 300):
@@ -313,7 +324,7 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
             step.sync()
             other = step.logits()
             err, gap = rel_l2(got, want[t - 1]), rel_l2(got, other)
-            print(f"q4_k_m T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against gemm_fmt_wgmma")
+            print(f"{recipe} T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against gemm_fmt_wgmma")
             assert np.isfinite(got).all() and err <= TOL_LOGITS and gap <= TOL_LOGITS
     finally:
         regs.close()

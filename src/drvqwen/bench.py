@@ -540,7 +540,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a long prompt's chunks from the prefill's switch position on: the range-scheduled "
                         "attention where the prefill picks it (default), or none (to compare)")
     p.add_argument("--prefill-kquant", choices=("registers", "fmt"), default="registers",
-                   help="Q4_K and Q6_K projections: unpacked in the GEMM's registers (gemm_int4.cu's K-quant "
+                   help="Q4_K, Q5_K and Q6_K projections: unpacked in the GEMM's registers (gemm_int4.cu's K-quant "
                         "kernels, default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
     p.add_argument("--prefill-q32", choices=("registers", "fmt"), default="registers",

@@ -74,7 +74,7 @@ from .format.nanoqwen import NanoqwenFile
 from .generate import DecodeVerify, check_rollback, reused_prefix
 from .launchers.gemm_int4 import TILE_DEFINES as GEMM_INT4_TILE_DEFINES
 from .launchers.gemm_kquant import KQUANT_TILES as GEMM_KQUANT_TILES, Q4K_ID as GEMM_Q4K_ID, \
-    Q6K_ID as GEMM_Q6K_ID
+    Q5K_ID as GEMM_Q5K_ID, Q6K_ID as GEMM_Q6K_ID
 from .launchers.gemm_q32 import FORMATS as GEMM_Q32_FORMATS, Q32_TILES as GEMM_Q32_TILES
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
@@ -147,8 +147,8 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     weight formats `formats` (NanoqwenFile.formats; default: the INT4 step's): the decode step's
     (its plan, made without a GPU for one layer: every layer launches the same kernel files),
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
-    and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's tile builds where it
-    has Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights) and the token choice's and hand-over's
+    and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's tile builds where its
+    projections have Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights) and the token choice's and hand-over's
     (sampling.cu). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
@@ -170,11 +170,11 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # gemm_int4.cu in each tile size's build: the prefill picks one per GEMM shape and row count.
     if "gemm_int4" in prefill_files:
         wanted |= {("gemm_int4", defines) for defines in GEMM_INT4_TILE_DEFINES.values()}
-    # Per-tensor formats with Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 projections: gemm_int4.cu's kernels
-    # for them (launchers/gemm_kquant.py, gemm_q32.py) in the builds they exist in. The embedding
-    # and the lm_head never run on them (a row read, a GEMV), whatever their format.
-    elif {GEMM_Q4K_ID, GEMM_Q6K_ID, *GEMM_Q32_FORMATS} & {fid for name, fid in (formats or {}).items()
-                                                         if ".layers." in name}:
+    # Per-tensor formats with Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 projections: gemm_int4.cu's
+    # kernels for them (launchers/gemm_kquant.py, gemm_q32.py) in the builds they exist in. The
+    # embedding and the lm_head never run on them (a row read, a GEMV), whatever their format.
+    elif {GEMM_Q4K_ID, GEMM_Q5K_ID, GEMM_Q6K_ID, *GEMM_Q32_FORMATS} & {
+            fid for name, fid in (formats or {}).items() if ".layers." in name}:
         wanted |= {("gemm_int4", GEMM_INT4_TILE_DEFINES[bm]) for bm in {*GEMM_KQUANT_TILES, *GEMM_Q32_TILES}}
     return [(name, dict(defines)) for name, defines in sorted(wanted)]
 

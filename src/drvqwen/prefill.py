@@ -37,10 +37,10 @@ the bias, rotates and writes q and the cache (L{l}.qkv_proj, then L{l}.rope_kv, 
 formats do below; no rope_table): the same bits, one more launch a layer and an FP32 round trip
 (to compare).
 
-Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K and Q6_K
+Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K, Q5_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
-v are all Q4_K as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and k of Q4_K as
-L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v
+v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and
+k of one of them as L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v
 of one of them as L{l}.qkv_rope too; q and k as L{l}.qk_proj), the other formats
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
 and v as launches into their columns of qkv); every layer not in a qkv_rope launch then runs
@@ -78,6 +78,7 @@ launches (harmless: they are never read) and skipped by every other kernel.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -96,17 +97,33 @@ from .launchers import gemm_fmt_wgmma
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers import gemm_kquant
-from .launchers.gemm_kquant import Q4K_ID, Q6K_ID
+from .launchers.gemm_kquant import Q4K_ID, Q5K_ID, Q6K_ID
 from .launchers import gemm_q32
 from .launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32QkvRopeRows, GemmQ32ResidualRows, GemmQ32StackedRows
 from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
-                                    GemmQ4kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
+                                    GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+                                    GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
     AttentionSplitScratch, kv_splits_for, tile_splits_needed
 from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
+
+
+class KminLaunchers(NamedTuple):
+    """The register-unpack GEMMs of one K-quant with a min (gemm_kquant.py)."""
+    stacked: type
+    residual: type
+    gate_up: type
+    qkv_rope: type
+
+
+# Q4_K and Q5_K, the two share every launch shape (Q5_K adds the high-bit plane).
+KMIN_LAUNCHERS = {Q4K_ID: KminLaunchers(GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows,
+                                        GemmQ4kQkvRopeRows),
+                  Q5K_ID: KminLaunchers(GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows,
+                                        GemmQ5kQkvRopeRows)}
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
 # on the rounded count, so a few lists serve every prompt. Half the GEMM's 128-token block: a
@@ -200,7 +217,7 @@ class Prefill:
             "all_rows" (LAST_LAYER_MODES; module doc).
         late_attention_from: chunks starting at this position or later run the range schedule
             (LATE_ATTENTION_ENGINE) where the engine is "wgmma" and the head dim 128; None: never.
-        kquant_gemm: per-tensor formats on the wgmma GEMMs: Q4_K and Q6_K projections on
+        kquant_gemm: per-tensor formats on the wgmma GEMMs: Q4_K, Q5_K and Q6_K projections on
             gemm_int4.cu's mainloop, unpacked in the consumers' registers (launchers/gemm_kquant.py);
             False runs them on gemm_fmt_wgmma.cu as every other format (to compare).
         q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0 and Q8_0 projections on
@@ -234,7 +251,7 @@ class Prefill:
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
-        # Q4_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
+        # Q4_K, Q5_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
         # Q4_0, Q5_0 and Q8_0 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
         self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
@@ -506,19 +523,20 @@ class Prefill:
         return self._named(R, steps)
 
     def _kquant(self, w, k: int) -> int | None:
-        """The format id (Q4K_ID, Q6K_ID) of projection weight `w` (input width k) where it runs on
+        """The format id (Q4K_ID, Q5K_ID, Q6K_ID) of projection weight `w` (input width k) where it runs on
         the register-unpack K-quant GEMMs (gemm_kquant.py), else None."""
         return w.fmt.id if self.kquant_gemm and gemm_kquant.fits(w, k) else None
 
     def _rope_qkv(self, fm: dict[str, int], l: int):
         """The QKV-RoPE launcher of layer l where its q, k and v (formats `fm`) are all in one format
-        of the register GEMMs — all Q4_K (GemmQ4kQkvRopeRows, K a multiple of 256), or all Q4_0,
-        Q5_0 or Q8_0 (GemmQ32QkvRopeRows) — else None (the format GEMMs, then rope_kv)."""
+        of the register GEMMs — all Q4_K or all Q5_K (GemmQ4kQkvRopeRows, GemmQ5kQkvRopeRows, K a
+        multiple of 256), or all Q4_0, Q5_0 or Q8_0 (GemmQ32QkvRopeRows) — else None (the format
+        GEMMs, then rope_kv)."""
         k = self.decode_step.config.hidden_size
         ids = {fm[proj_prefix(l, p)] for p in ("q_proj", "k_proj", "v_proj")}
         fid = ids.pop() if len(ids) == 1 else None
-        if self.kquant_gemm and fid == Q4K_ID and k % gemm_kquant.SUPER == 0:
-            return GemmQ4kQkvRopeRows
+        if self.kquant_gemm and fid in KMIN_LAUNCHERS and k % gemm_kquant.SUPER == 0:
+            return KMIN_LAUNCHERS[fid].qkv_rope
         if self.q32_gemm and fid in gemm_q32.FORMATS and k % GEMM_GROUP == 0:
             return GemmQ32QkvRopeRows
         return None
@@ -530,17 +548,18 @@ class Prefill:
 
     def _register_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
         """residual += x Wᵀ on the register-unpack GEMM of W's format (o_proj, down_proj: Q4_K,
-        Q6_K, Q4_0, Q5_0, Q8_0), or None where W runs on the format GEMMs."""
-        kind = ({Q4K_ID: GemmQ4kResidualRows, Q6K_ID: GemmQ6kResidualRows}.get(self._kquant(w, k))
+        Q5_K, Q6_K, Q4_0, Q5_0, Q8_0), or None where W runs on the format GEMMs."""
+        kind = ({**{fid: ls.residual for fid, ls in KMIN_LAUNCHERS.items()},
+                 Q6K_ID: GemmQ6kResidualRows}.get(self._kquant(w, k))
                 or (GemmQ32ResidualRows if self._q32(w, k) else None))
         return kind and kind(res, x, w, ps, n=n, k=k, rows=rows, stream=self.decode_step.stream,
                              split_k=self.split_k)
 
     def _register_gate_up(self, h, x, gate, up, ps, *, f: int, k: int, rows: int) -> Launcher | None:
         """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) on the register-unpack GEMM where gate and up are both Q4_K, both
-        Q5_0 or both Q8_0, else None (the format GEMMs)."""
-        q32 = self._q32(gate, k)
-        kind = (GemmQ4kGateUpSwigluRows if self._kquant(gate, k) == self._kquant(up, k) == Q4K_ID else
+        Q5_K, both Q4_0, both Q5_0 or both Q8_0, else None (the format GEMMs)."""
+        q32, kq = self._q32(gate, k), self._kquant(gate, k)
+        kind = (KMIN_LAUNCHERS[kq].gate_up if kq in KMIN_LAUNCHERS and kq == self._kquant(up, k) else
                 GemmQ32GateUpSwigluRows if q32 and q32 == self._q32(up, k) else None)
         return kind and kind(h, x, gate, up, ps, f=f, k=k, rows=rows, stream=self.decode_step.stream,
                              split_k=self.split_k)
@@ -550,17 +569,17 @@ class Prefill:
         """Layer l's q, k and v projections in per-tensor formats into their columns of qkv (the
         layers not taken by a qkv_rope launch): all three in one of Q4_0, Q5_0, Q8_0 as one launch
         of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in Q4_K, Q4_0, Q5_0 or Q8_0 as
-        one (`L{l}.qk_proj`), a Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0 one alone on its register GEMM; the
-        others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
+        one (`L{l}.qk_proj`), a Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 one alone on its register GEMM;
+        the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
         cfg, st = self.config, self.decode_step.stream
         D, nq, nkv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
         wq, wk, wv = pw["q_proj"], pw["k_proj"], pw["v_proj"]
 
         def one(w, n: int, col: int) -> Launcher:
             kind = self._kquant(w, D)
-            if kind == Q4K_ID:
-                return GemmQ4kStackedRows(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col, stream=st,
-                                          split_k=self.split_k)
+            if kind in KMIN_LAUNCHERS:
+                return KMIN_LAUNCHERS[kind].stacked(qkv, xn, [w], ps, ns=[n], k=D, rows=R, ldo=ld, col0=col,
+                                                    stream=st, split_k=self.split_k)
             if kind == Q6K_ID:
                 return GemmQ6kRows(qkv, xn, w, ps, n=n, k=D, rows=R, ldo=ld, col0=col, stream=st,
                                    split_k=self.split_k)
@@ -578,9 +597,10 @@ class Prefill:
                 qkv, xn, ws, ps, ns=ns, k=D, rows=R, ldo=ld, col0=0, stream=st, split_k=self.split_k)))
             if with_v:
                 return out
-        elif self._kquant(wq, D) == self._kquant(wk, D) == Q4K_ID:
-            out.append((f"L{l}.qk_proj", GemmQ4kStackedRows(qkv, xn, [wq, wk], ps, ns=[nq, nkv], k=D, rows=R,
-                                                            ldo=ld, col0=0, stream=st, split_k=self.split_k)))
+        elif self._kquant(wq, D) in KMIN_LAUNCHERS and self._kquant(wq, D) == self._kquant(wk, D):
+            out.append((f"L{l}.qk_proj", KMIN_LAUNCHERS[self._kquant(wq, D)].stacked(
+                qkv, xn, [wq, wk], ps, ns=[nq, nkv], k=D, rows=R, ldo=ld, col0=0, stream=st,
+                split_k=self.split_k)))
         else:
             out += [(f"L{l}.q_proj", one(wq, nq, 0)), (f"L{l}.k_proj", one(wk, nkv, nq))]
         out.append((f"L{l}.v_proj", one(wv, nkv, nq + nkv)))

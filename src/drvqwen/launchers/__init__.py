@@ -28,7 +28,7 @@ Names follow one thread through the code base:
 | gemm_int4 (prefill)     | GemmInt4, GemmInt4QkvRows,                  | out / qkv fp32, residual fp32 (+=),  |
 |                         | GemmInt4ResidualRows, GemmInt4GateUpSwigluRows | h fp16 [M, F]                     |
 |                         | GemmInt4QkvRopeRows                         | q fp16 [M, Hq, Dh], K/V cache slots  |
-|                         | gemm_kquant.py: GemmQ4k*, GemmQ6k*;         | the same outputs, weights in the     |
+|                         | gemm_kquant.py: GemmQ4k*, GemmQ5k*, GemmQ6k*; | the same outputs, weights in the   |
 |                         | gemm_q32.py: GemmQ32* (Q4_0, Q5_0, Q8_0)    | GGUF's K-quant, Q4/5/8_0 bytes       |
 | attention_prefill       | AttentionPrefill                            | out fp16 [M, Hq, Dh]                 |
 | prefill_state           | PrefillBeginChunk, DecodeResume             | prefill_state int32 [2], state       |

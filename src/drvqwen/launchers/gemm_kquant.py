@@ -1,7 +1,8 @@
-"""Launchers of kernels/gemm_int4.cu's K-quant kernels: the prefill GEMMs over Q4_K and Q6_K
+"""Launchers of kernels/gemm_int4.cu's K-quant kernels: the prefill GEMMs over Q4_K, Q5_K and Q6_K
 weights as the GGUF stores them, on gemm_int4.cu's mainloop — the consumers unpack the codes into
-wgmma's A registers with each sub-block's scale (and Q4_K's offset: GemmQ4kScales, GemmQ6kScales),
-where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
+wgmma's A registers with each sub-block's scale (and the offset of Q4_K and Q5_K: GemmQ4kScales,
+GemmQ5kScales, GemmQ6kScales), where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into
+shared memory and is the limit.
 
     GemmQ4kQkvRopeRows       q_out fp16 [M, Hq, Dh], the chunk's K/V cache slots
                              = rope(x Wqᵀ + bq), rope(x Wkᵀ + bk), x Wvᵀ + bv (q, k, v all Q4_K)
@@ -9,15 +10,17 @@ where gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and 
                              (q and k of a layer in one launch, or one matrix)
     GemmQ4kResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
     GemmQ4kGateUpSwigluRows  h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ)
+    GemmQ5kQkvRopeRows, GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows
+                             the same four over Q5_K (llama.cpp's Q5_K_M)
     GemmQ6kRows              out fp32 [M, ldo], columns col0 … = x Wᵀ         (v_proj)
     GemmQ6kResidualRows      residual fp32 [M, N] += x Wᵀ                     (down_proj)
 
 (llama.cpp's Q4_K_M stores every projection in Q4_K but v_proj and down_proj of some layers, in
-Q6_K.) They take FmtWeights in format q4_k or q6_k (gemv_fmt.py) and plan as gemm_int4.py's
-launchers (plan_launch: persistent, stream-K ranges with a SplitKScratch), the Q4_K ones among
-all three tile builds, and so the Q6_K ones, whose stages also hold the high-bit plane (SMEM_Q6K):
-two of them at 256 tokens, where three do not fit in shared memory (gemm_int4.cu: gemm_stages).
-K must be a multiple of 256 (a super-block).
+Q6_K; its Q5_K_M the same with Q5_K.) They take FmtWeights in format q4_k, q5_k or q6_k
+(gemv_fmt.py) and plan as gemm_int4.py's launchers (plan_launch: persistent, stream-K ranges with
+a SplitKScratch), among all three tile builds; the Q5_K and Q6_K stages also hold the high-bit
+plane (SMEM_Q5K, SMEM_Q6K), Q6_K's two of them at 256 tokens, where three do not fit in shared
+memory (gemm_int4.cu: gemm_stages). K must be a multiple of 256 (a super-block).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope
 from .gemv_fmt import FmtWeight
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
+Q5K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q5_k")
 Q6K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q6_k")
 SUPER = 256                 # inputs per super-block: K must be a multiple
 Q4K_TILES = (256, 128, 64)  # the builds the kernels exist in: Q4_K's every build of gemm_int4.cu,
+Q5K_TILES = (256, 128, 64)  # Q5_K's (three stages of 74 KB at 256)
 Q6K_TILES = (256, 128, 64)  # Q6_K's too (two stages at 256)
 KQUANT_TILES = Q4K_TILES    # the builds a model with either format needs
 HIGH_ROW_BYTES = GROUP_SIZE // 4  # Q6_K's high bits of one row and 128-input group: 32 B
+HIGH_ROW_BYTES_Q5K = GROUP_SIZE // 8  # Q5_K's: 16 B
 
 
 def smem_bytes_q6k(bm: int) -> int:
@@ -50,24 +56,43 @@ def smem_bytes_q6k(bm: int) -> int:
 SMEM_Q6K = mirrored("gemm_int4", "GEMM_Q6K_SMEM_BYTES", smem_bytes_q6k(128))
 
 
+def smem_bytes_q5k(bm: int) -> int:
+    """GEMM_Q5K_SMEM_BYTES of the build with `bm` tokens a tile: gemm_int4.cu's stages, each with
+    the 128 rows' high-bit words (2 KiB) behind the code words."""
+    return smem_bytes_extra(bm, HIGH_ROW_BYTES_Q5K)
+
+
+SMEM_Q5K = mirrored("gemm_int4", "GEMM_Q5K_SMEM_BYTES", smem_bytes_q5k(128))
+
+
 def fits(w: FmtWeight, k: int) -> bool:
-    """Whether these kernels take weight `w` at input width k: format q4_k or q6_k, K a multiple
-    of 256."""
-    return w.fmt.id in (Q4K_ID, Q6K_ID) and k > 0 and k % SUPER == 0
+    """Whether these kernels take weight `w` at input width k: format q4_k, q5_k or q6_k, K a
+    multiple of 256."""
+    return w.fmt.id in (Q4K_ID, Q5K_ID, Q6K_ID) and k > 0 and k % SUPER == 0
 
 
 def _q4k_args(w: FmtWeight, prefix: str) -> dict:
-    """<prefix>_qweight, _scales, _aux: the codes, the packed (sc, m) bytes and the (d, dmin) pairs."""
-    return {f"{prefix}_qweight": w.parts["qweight"], f"{prefix}_scales": w.parts["scales"],
+    """<prefix>_qweight, _scales, _aux: the codes, the packed (sc, m) bytes and the (d, dmin) pairs;
+    and <prefix>_qhigh, the high bits, for a q5_k weight."""
+    high = {f"{prefix}_qhigh": w.parts["qhigh"]} if w.fmt.id == Q5K_ID else {}
+    return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"],
             f"{prefix}_aux": w.parts["superscales"]}
 
 
 class _GemmKquantLauncher(_GemmLauncher):
-    def _check_fmt(self, w: FmtWeight, n: int, k: int, fmt_id: int = Q4K_ID) -> None:
-        want = "q4_k" if fmt_id == Q4K_ID else "q6_k"
+    fmt_id = Q4K_ID        # the format of the launcher's weights (the Q4_K and Q5_K ones: a class each)
+    kernel = "gemm_q4k"    # its kernels' prefix
+
+    def _check_fmt(self, w: FmtWeight, n: int, k: int, fmt_id: int | None = None) -> None:
+        fmt_id = self.fmt_id if fmt_id is None else fmt_id
+        want = wf.FORMATS[fmt_id].name
         require(w.fmt.id == fmt_id, f"{w.name}: format {w.fmt.name}, these kernels read {want} only")
         require(k > 0 and k % SUPER == 0, f"{w.name}: K={k} must be a positive multiple of {SUPER}")
         w.check(n, k, quad=SUPER)
+
+    def _smem(self, bm: int) -> int | None:
+        """The dynamic shared memory of the build: Q5_K's stages hold its high bits too."""
+        return smem_bytes_q5k(bm) if self.fmt_id == Q5K_ID else None
 
     tiles = Q4K_TILES  # the builds the launcher's kernel exists in
 
@@ -93,7 +118,7 @@ class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
                  k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
                  blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
-        n_q, n_kv = check_qkv_rope_outputs("gemm_q4k_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
+        n_q, n_kv = check_qkv_rope_outputs(f"{self.kernel}_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
                                            rope_cs, rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads,
                                            head_dim=head_dim)
         for w, n in ((wq, n_q), (wk, n_kv), (wv, n_kv)):
@@ -107,7 +132,7 @@ class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
         n_blocks = -(-n // BLOCK_ROWS)  # 64 RoPE pairs a block: 128 stacked rows
         bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
-        self._build_gemm("gemm_q4k_qkv_rope", rows, n_blocks, k,
+        self._build_gemm(f"{self.kernel}_qkv_rope", rows, n_blocks, k,
                          dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
                               **_q4k_args(wq, "q"), **_q4k_args(wk, "k"), **_q4k_args(wv, "v"), q_bias=q_bias,
                               k_bias=k_bias, v_bias=v_bias, rope_cs=rope_cs, prefill_state=prefill_state,
@@ -115,7 +140,8 @@ class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
                          dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
                          reads=(x, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table) + wq.buffers
                          + wk.buffers + wv.buffers,
-                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k)
+                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k,
+                         smem=self._smem(bm))
 
 
 class GemmQ4kStackedRows(_GemmKquantLauncher):
@@ -133,11 +159,12 @@ class GemmQ4kStackedRows(_GemmKquantLauncher):
                  blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         require(len(ws) in (1, 2) and len(ns) == len(ws),
-                f"gemm_q4k_stacked_rows: one or two weights with a row count each, got {len(ws)} and {len(ns)}")
+                f"{self.kernel}_stacked_rows: one or two weights with a row count each, got {len(ws)} and {len(ns)}")
         for w, n in zip(ws, ns):
             self._check_fmt(w, n, k)
         n = sum(ns)
-        require(0 <= col0 and col0 + n <= ldo, f"gemm_q4k_stacked_rows: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
+        require(0 <= col0 and col0 + n <= ldo,
+                f"{self.kernel}_stacked_rows: columns {col0} … {col0 + n - 1} outside ldo={ldo}")
         check_buffer(out, "out", rows * ldo, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
@@ -147,13 +174,13 @@ class GemmQ4kStackedRows(_GemmKquantLauncher):
         bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
         second = ws[1] if len(ws) > 1 else ws[0]  # N1 = 0: never read
-        self._build_gemm("gemm_q4k_stacked_rows", rows, n_blocks, k,
+        self._build_gemm(f"{self.kernel}_stacked_rows", rows, n_blocks, k,
                          dict(out=out, x_map=x_tensor_map(x, rows, k, bm), **_q4k_args(ws[0], "w0"),
                               **_q4k_args(second, "w1"), prefill_state=prefill_state),
                          dict(N0=i32(ns[0]), N1=i32(ns[1] if len(ns) > 1 else 0), K=i32(k), ldo=i32(ldo),
                               col0=i32(col0)),
                          reads=(x, prefill_state) + tuple(b for w in ws for b in w.buffers), writes=(out,),
-                         max_blocks=max_blocks, split_k=split_k)
+                         max_blocks=max_blocks, split_k=split_k, smem=self._smem(bm))
 
 
 class GemmQ4kResidualRows(_GemmKquantLauncher):
@@ -176,13 +203,13 @@ class GemmQ4kResidualRows(_GemmKquantLauncher):
         n_blocks = -(-n // BLOCK_ROWS)
         bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
-        args = _q4k_args(w, "w")
-        self._build_gemm("gemm_q4k_residual", rows, n_blocks, k,
-                         dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), qweight=args["w_qweight"],
-                              scales=args["w_scales"], aux=args["w_aux"], prefill_state=prefill_state),
+        args = {name[2:]: v for name, v in _q4k_args(w, "w").items()}  # qweight, (qhigh,) scales, aux
+        self._build_gemm(f"{self.kernel}_residual", rows, n_blocks, k,
+                         dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), **args,
+                              prefill_state=prefill_state),
                          dict(N=i32(n), K=i32(k)),
                          reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
-                         max_blocks=max_blocks, split_k=split_k)
+                         max_blocks=max_blocks, split_k=split_k, smem=self._smem(bm))
 
 
 class GemmQ4kGateUpSwigluRows(_GemmKquantLauncher):
@@ -207,12 +234,55 @@ class GemmQ4kGateUpSwigluRows(_GemmKquantLauncher):
         n_blocks = -(-f // (BLOCK_ROWS // 2))  # a block holds 64 features of gate and the same 64 of up
         bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
-        self._build_gemm("gemm_q4k_gate_up_swiglu", rows, n_blocks, k,
+        self._build_gemm(f"{self.kernel}_gate_up_swiglu", rows, n_blocks, k,
                          dict(h=h, x_map=x_tensor_map(x, rows, k, bm), **_q4k_args(gate, "gate"),
                               **_q4k_args(up, "up"), prefill_state=prefill_state),
                          dict(F=i32(f), K=i32(k)),
                          reads=(x, prefill_state) + gate.buffers + up.buffers, writes=(h,),
-                         max_blocks=max_blocks, split_k=split_k)
+                         max_blocks=max_blocks, split_k=split_k, smem=self._smem(bm))
+
+
+class GemmQ5kQkvRopeRows(GemmQ4kQkvRopeRows):
+    """GemmQ4kQkvRopeRows over q5_k weights (gemm_q5k_qkv_rope).
+
+    Raises:
+        LaunchError: a weight not in q5_k, K not a multiple of 256, an odd head_dim, or a buffer of
+            the wrong size, dtype or shape.
+    """
+
+    fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
+
+
+class GemmQ5kStackedRows(GemmQ4kStackedRows):
+    """GemmQ4kStackedRows over q5_k weights (gemm_q5k_stacked_rows).
+
+    Raises:
+        LaunchError: not 1 or 2 weights, a weight not in q5_k, K not a multiple of 256, columns
+            past ldo, or a buffer of the wrong size or dtype.
+    """
+
+    fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
+
+
+class GemmQ5kResidualRows(GemmQ4kResidualRows):
+    """GemmQ4kResidualRows over a q5_k weight (gemm_q5k_residual).
+
+    Raises:
+        LaunchError: W not in q5_k, K not a multiple of 256, or a buffer of the wrong size or dtype.
+    """
+
+    fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
+
+
+class GemmQ5kGateUpSwigluRows(GemmQ4kGateUpSwigluRows):
+    """GemmQ4kGateUpSwigluRows over q5_k gate and up (gemm_q5k_gate_up_swiglu).
+
+    Raises:
+        LaunchError: gate or up not in q5_k, K not a multiple of 256, or a buffer of the wrong size
+            or dtype.
+    """
+
+    fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
 
 
 def _q6k_args(w: FmtWeight) -> dict:
