@@ -187,8 +187,9 @@
 // (ptxas places the unpack above the WARPGROUP.DEPBAR; an empty asm pinning the registers after
 // the wait never reaches ptxas), and the 256-token build wrote NaN in tests/test_kernel_gemm_int4.py;
 // even one part with the X release moved into the next group failed at every tile size. Timed
-// anyway, the 7B's gate_up took 271 and 261 µs against 220 and 224 in turns (four parts: 268;
-// docs/bench/2026-12-04_{053477b,aff46cd}_h200_gemm7b_a_parts_*.json). Hence wait_group 0.
+// anyway, the 7B's gate_up took 271 and 261 µs against 220 and 224 in turns (a four-part build in
+// the same run no faster; docs/bench/2026-12-04_{053477b,aff46cd}_h200_gemm7b_a_parts_*.json).
+// Hence wait_group 0.
 //
 // Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
 // each, the old one in the same run; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;
