@@ -211,9 +211,9 @@
 // can be checked against. In the dev runner's run of the table above the versions kept ran 15.6
 // (v3), 15.7 (v4) and 16.3 ms (v5) against this file's 14.8 ms.
 //
-// K-quant weights (the GGUF's Q4_K, Q5_K and Q6_K bytes, bottom of the file): the same mainloop with the
-// consumer's scaling as a policy (GemmInt4Scales, GemmQ4kScales, GemmQ6kScales; the INT4 kernels'
-// SASS is the same with it). Q4_K's codes are the INT4 words (layout id 1); the 6-bit (sc, m) of a
+// K-quant weights (the GGUF's Q4_K, Q5_K and Q6_K bytes, bottom of the file): the same mainloop
+// with the consumer's scaling as a policy (GemmInt4Scales, GemmQ4kScales, GemmQ5kScales,
+// GemmQ6kScales; the INT4 kernels' SASS is the same with it). Q4_K's codes are the INT4 words (layout id 1); the 6-bit (sc, m) of a
 // group's four 32-input sub-blocks come from global memory one group ahead and are decoded in
 // FP16 pairs (the 1024 magic number, one mul.rn.f16x2 for two sub-blocks). Q6_K adds its high-bit
 // plane to each stage (the producer copies 32 B a row beside the 64 B of codes) and one int8 scale

@@ -568,7 +568,7 @@ class Prefill:
                       sk: dict) -> list[tuple[str, Launcher]]:
         """Layer l's q, k and v projections in per-tensor formats into their columns of qkv (the
         layers not taken by a qkv_rope launch): all three in one of Q4_0, Q5_0, Q8_0 as one launch
-        of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in Q4_K, Q4_0, Q5_0 or Q8_0 as
+        of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in Q4_K, Q5_K, Q4_0, Q5_0 or Q8_0 as
         one (`L{l}.qk_proj`), a Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 one alone on its register GEMM;
         the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
         cfg, st = self.config, self.decode_step.stream
