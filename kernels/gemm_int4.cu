@@ -213,18 +213,19 @@
 //
 // K-quant weights (the GGUF's Q4_K, Q5_K and Q6_K bytes, bottom of the file): the same mainloop
 // with the consumer's scaling as a policy (GemmInt4Scales, GemmQ4kScales, GemmQ5kScales,
-// GemmQ6kScales; the INT4 kernels' SASS is the same with it). Q4_K's codes are the INT4 words (layout id 1); the 6-bit (sc, m) of a
-// group's four 32-input sub-blocks come from global memory one group ahead and are decoded in
-// FP16 pairs (the 1024 magic number, one mul.rn.f16x2 for two sub-blocks). Q6_K adds its high-bit
-// plane to each stage (the producer copies 32 B a row beside the 64 B of codes) and one int8 scale
-// per k step. Bytes: Q4_K 144 per 256 weights (4.5 bits), Q6_K 210 (6.56 bits) — the 7B's gate_up
-// at 512 tokens reads 76 MB of Q4_K in ~246 µs, ~6 % of the HBM bandwidth. The limit is the
-// consumer's unpack beside the tensor cores: a group is 8 MMAs and 325 SASS instructions a warp
-// for Q4_K, 385 for Q6_K (INT4: ~250), so the other warpgroup's MMAs hide less of it; the 256-token
-// tile, which doubles the MMA work per unpacked group, gains the most. Barriers: the file's
-// protocol unchanged — the high-bit words are part of the stage the full and w_empty barriers
-// guard (above). Per layer of the synthetic 7B in llama.cpp's Q4_K_M layout at 512 tokens, µs, one
-// eager prefill's event pairs (`drvqwen bench --kernels`, docs/bench/2026-12-03_*_syn7b_q4_k_m_*):
+// GemmQ6kScales; the INT4 kernels' SASS is the same with it). Q4_K's codes are the INT4 words
+// (layout id 1); the 6-bit (sc, m) of a group's four 32-input sub-blocks come from global memory
+// one group ahead and are decoded in FP16 pairs (the 1024 magic number, one mul.rn.f16x2 for two
+// sub-blocks). Q6_K adds its high-bit plane to each stage (the producer copies 32 B a row beside
+// the 64 B of codes) and one int8 scale per k step. Bytes: Q4_K 144 per 256 weights (4.5 bits),
+// Q6_K 210 (6.56 bits) — the 7B's gate_up at 512 tokens reads 76 MB of Q4_K in ~246 µs, ~6 % of the
+// HBM bandwidth. The limit is the consumer's unpack beside the tensor cores: a group is 8 MMAs and
+// 325 SASS instructions a warp for Q4_K, 385 for Q6_K (INT4: ~250), so the other warpgroup's MMAs
+// hide less of it; the 256-token tile, which doubles the MMA work per unpacked group, gains the
+// most. Barriers: the file's protocol unchanged — the high-bit words are part of the stage the full
+// and w_empty barriers guard (above). Per layer of the synthetic 7B in llama.cpp's Q4_K_M layout at
+// 512 tokens, µs, one eager prefill's event pairs (`drvqwen bench --kernels`,
+// docs/bench/2026-12-03_*_syn7b_q4_k_m_*):
 //   | kernel                          | this file  | gemm_fmt_wgmma.cu | INT4 (bench_gemm, 2a2a007) |
 //   | q | k (Q4_K, stacked)            |  36.1      | 51.4 + 22.5       | qkv 39.0 (with v)          |
 //   | o_proj (Q4_K)                   |  41.3      | 55.8              | 30.7                       |
