@@ -1221,9 +1221,14 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // high bit OR-ed in at 16 under the magic number, 1024 + c exact for c ≤ 31, one sub.f16x2 makes
 // c exact, one fma.rn.f16x2 gives c·S − O. The high words travel with the codes through the
 // stage (16 B a row and group behind the code words, lane t = 0 of each quad copies them, as
-// Q5_0's), under the file's barriers. Bytes: 176 per 256 weights (5.5 bits). Weights [N, K], K a
-// multiple of 256: qweight u32 [N, K/8], qhigh u32 [N, K/32], scales u32 [N, K/256, 3],
-// aux u32 [N, K/256] (d | dmin << 16, FP16).
+// Q5_0's). Why that cannot race: the high words are part of the stage, so they land before the
+// full barrier's phase completes (the lane's cp.async.mbarrier.arrive.noinc covers its copies) and
+// are rewritten only after w_empty's, which every consumer lane passes once its reads are done —
+// the file's protocol with no new barrier. Work split: the file's (tiles, stream-K ranges, two
+// consumer warpgroups); the limit, as for Q4_K, is the consumers' unpack beside the tensor cores
+// (two more lop3 a pair than Q4_K for the high bit). Bytes: 176 per 256 weights (5.5 bits) read
+// once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32 [N, K/8], qhigh u32
+// [N, K/32], scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16, FP16).
 #define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
 struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
     const u32* ha; const u32* hb;     // the rows' high-bit words
