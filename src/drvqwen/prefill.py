@@ -40,8 +40,9 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K, Q5_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
 v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and
-k of one of them as L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them (launchers/gemm_q32.py: q, k and v
-of one of them as L{l}.qkv_rope too; q and k as L{l}.qk_proj), the other formats
+k of one of them as L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them
+(launchers/gemm_q32.py: q, k and v of one of them as L{l}.qkv_rope too; q and k as
+L{l}.qk_proj), the other formats
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
 and v as launches into their columns of qkv); every layer not in a qkv_rope launch then runs
 L{l}.rope_kv, and the embedding rows are read in their format (gemv_fmt.cu); the rest of the list
