@@ -14,7 +14,8 @@
 //   gemm_q4g32_qkv_rope, gemm_q4g32_stacked_rows, gemm_q4g32_residual, gemm_q4g32_gate_up_swiglu,
 //   and gemm_q5g32_*, gemm_q8g32_* likewise: the same over Q4_0, Q5_0 and Q8_0 (the GGUF's bytes:
 //   4-bit codes, with a high-bit plane, or bytes; an FP16 scale per 32 inputs; every build, Q8_0's
-//   256-token one with two stages)
+//   256-token one with two stages); gemm_q4g32min_*, gemm_q5g32min_*: Q4_1 and Q5_1 (an FP16
+//   offset per 32 inputs beside the scale)
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
@@ -1535,6 +1536,8 @@ struct GemmLaneRowsG32 {
 // rounded once — the FP16 value of the reference's FP32 weight, bit for bit, as
 // wf_dequant_pairs gives gemm_fmt_wgmma.cu.
 struct GemmG32Scales {
+    using Scales = const __half*;   // a matrix's scale plane, as the kernels take it
+    using Rows = GemmLaneRowsG32;   // what rows_of returns
     struct Group {
         u32 s[2][4];  // [row g, g+8][chunk] half2 (s, s)
     };
@@ -1665,6 +1668,115 @@ struct GemmQ8g32Scales : GemmG32Scales {
     }
 };
 
+// Q4_1 and Q5_1 (weight_formats.cuh ids 3 and 6): Q4_0's and Q5_0's codes, unsigned (no zero
+// point), with an FP16 offset per 32-input chunk beside the scale: w = c·s + o. Each weight is the
+// exact c, then one fma.rn.f16x2 by (s, s) and (o, o): c·s + o rounded once, to FP16, where the
+// reference rounds it to FP32 first (c·s is exact in either; the two differ only where the FP32
+// sum sits on an FP16 rounding tie — within the GEMMs' tolerance, docs/numerics.md).
+struct GemmLaneRowsG32Min : GemmLaneRowsG32 {
+    const uint2* oa; const uint2* ob; // the rows' FP16 offsets, four (one group's) an element
+};
+struct GemmG32MinScales {
+    struct Scales {                   // a matrix's scale and offset planes, as the kernels take them
+        const __half* s;
+        const __half* o;
+    };
+    using Rows = GemmLaneRowsG32Min;
+    struct Group {
+        u32 s[2][4], o[2][4];  // [row g, g+8][chunk] half2 (s, s), (o, o)
+    };
+    __device__ static __forceinline__ Group load(const GemmLaneRowsG32Min& r, int grp) {
+        Group G;
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+            const uint2 v = (row ? r.sb : r.sa)[grp], w = (row ? r.ob : r.oa)[grp];  // chunks 0, 1 in .x; 2, 3 in .y
+            G.s[row][0] = __byte_perm(v.x, 0, 0x1010);
+            G.s[row][1] = __byte_perm(v.x, 0, 0x3232);
+            G.s[row][2] = __byte_perm(v.y, 0, 0x1010);
+            G.s[row][3] = __byte_perm(v.y, 0, 0x3232);
+            G.o[row][0] = __byte_perm(w.x, 0, 0x1010);
+            G.o[row][1] = __byte_perm(w.x, 0, 0x3232);
+            G.o[row][2] = __byte_perm(w.y, 0, 0x1010);
+            G.o[row][3] = __byte_perm(w.y, 0, 0x3232);
+        }
+        return G;
+    }
+    // Row `row` (clamped into the matrix): its code words and the scale and offset of its groups.
+    __device__ static __forceinline__ void lane_row_min(const u32* qweight, Scales so, int row, int n, int K,
+                                                        int which, GemmLaneRowsG32Min& out) {
+        const u64 r = (u64)min(row, n - 1);
+        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(so.s + r * (K / 32));  // 8-byte aligned: K % 128 == 0
+        (which ? out.ob : out.oa) = reinterpret_cast<const uint2*>(so.o + r * (K / 32));
+    }
+    // (c, c) exact from the biased pair (1024 + c0, 1024 + c1), then c·S + O.
+    __device__ static __forceinline__ u32 fma_pair(u32 biased, u32 s2, u32 o2) {
+        u32 c, out;
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(FP16X2_1024));
+        asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
+        return out;
+    }
+};
+
+// Q4_1: the INT4 words, c ≤ 15.
+struct GemmQ4g32MinScales : GemmG32MinScales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int HIGH_ROW_BYTES = 0;
+    static constexpr int HIGH_STRIDE = 0;
+    static constexpr bool ROWS_EACH_GROUP = true;
+    __device__ static __forceinline__ void lane_row(const u32* qweight, const u32*, Scales so, int row, int n, int K,
+                                                    int which, GemmLaneRowsG32Min& out) {
+        lane_row_min(qweight, so, row, n, K, which, out);
+    }
+    __device__ static __forceinline__ u32 pair(u32 w, int shift, u32 s2, u32 o2) {
+        return fma_pair(lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024), s2, o2);
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
+                                                     const uint4 (&)[GEMM_HIGH_MAX], const uint4 (&)[GEMM_HIGH_MAX],
+                                                     int shift, const Group& G, u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            const int j = s / 2;  // the chunk of k step s
+            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, G.s[1][j], G.o[1][j]);
+        }
+    }
+};
+
+// Q5_1: Q5_0's high-bit plane in the stage beside the codes (16 B a row and group), c ≤ 31.
+struct GemmQ5g32MinScales : GemmG32MinScales {
+    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int HIGH_ROW_BYTES = 16;
+    static constexpr int HIGH_STRIDE = 4;
+    static constexpr bool ROWS_EACH_GROUP = true;
+    __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, Scales so, int row, int n,
+                                                    int K, int which, GemmLaneRowsG32Min& out) {
+        lane_row_min(qweight, so, row, n, K, which, out);
+        (which ? out.hb : out.ha) = qhigh + (u64)min(row, n - 1) * (K / 32);
+    }
+    // hpos: the high word shifted so that the pair's high bits sit at bits 4 and 20 (GemmQ5g32Scales).
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2, u32 o2) {
+        const u32 m = lop3_and_or(hpos, 0x00100010u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
+        return fma_pair(lop3_and_or(w >> shift, INT4_MASK_LO, m), s2, o2);
+    }
+    __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
+                                                     const uint4 (&ha)[GEMM_HIGH_MAX],
+                                                     const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
+                                                     u32 (&frag)[GEMM_K_STEPS][4]) {
+#pragma unroll
+        for (int s = 0; s < GEMM_K_STEPS; ++s) {
+            const int j = s / 2, i0 = 2 * (s % 2);  // as GemmQ5g32Scales::fragments
+            const u32 hA = wf_word(ha[0], j) >> shift, hB = wf_word(hb[0], j) >> shift;
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << (4 - i0), shift, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << (4 - i0), shift, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << (3 - i0), shift, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << (3 - i0), shift, G.s[1][j], G.o[1][j]);
+        }
+    }
+};
+
 // Shared memory of a build with policy Sc's stages (gemm_smem_bytes; launchers mirror them): Q4_0
 // INT4's, Q5_0 three 256-token stages of 74 KB (223 KB), Q8_0 two of 80 KB.
 #define GEMM_Q4_SMEM_BYTES (gemm_smem_bytes<GemmQ4g32Scales>())
@@ -1676,12 +1788,12 @@ static_assert(GEMM_Q5_SMEM_BYTES <= 227 * 1024, "shared memory");
 // format's parameters). qhigh: Q5_0's high-bit plane; unused by Q4_0 and Q8_0 (null).
 template <typename Sc>
 __device__ __forceinline__ void gemm_g32_residual(float* residual, const CUtensorMap& x_map, const u32* qweight,
-                                                  const u32* qhigh, const __half* scales, const int* prefill_state,
+                                                  const u32* qhigh, typename Sc::Scales scales, const int* prefill_state,
                                                   float* split_partials, int* split_counters, int N, int K) {
     int ra = 0;
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
-        GemmLaneRowsG32 r;
+        typename Sc::Rows r;
         ra = rb * GEMM_BLOCK_ROWS + local;
         Sc::lane_row(qweight, qhigh, scales, ra, N, K, 0, r);
         Sc::lane_row(qweight, qhigh, scales, ra + 8, N, K, 1, r);
@@ -1693,13 +1805,13 @@ __device__ __forceinline__ void gemm_g32_residual(float* residual, const CUtenso
 // in different matrices: each row picks its own.
 template <typename Sc>
 __device__ __forceinline__ void gemm_g32_stacked_rows(float* out, const CUtensorMap& x_map, const u32* const (&qw)[3],
-                                                      const u32* const (&qh)[3], const __half* const (&sc)[3],
+                                                      const u32* const (&qh)[3], const typename Sc::Scales (&sc)[3],
                                                       const int* prefill_state, float* split_partials,
                                                       int* split_counters, int N0, int N1, int N2, int K, int ldo,
                                                       int col0) {
     const int N = N0 + N1 + N2;
     int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
-    auto one = [&](int row, int which, GemmLaneRowsG32& o) {
+    auto one = [&](int row, int which, typename Sc::Rows& o) {
         const int r = min(row, N - 1);
         const int m = r < N0 ? 0 : r < N0 + N1 ? 1 : 2;
         const int i = r - (m == 0 ? 0 : m == 1 ? N0 : N0 + N1);
@@ -1707,7 +1819,7 @@ __device__ __forceinline__ void gemm_g32_stacked_rows(float* out, const CUtensor
     };
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
-        GemmLaneRowsG32 r;
+        typename Sc::Rows r;
         ra = rb * GEMM_BLOCK_ROWS + local;
         one(ra, 0, r);
         one(ra + 8, 1, r);
@@ -1720,15 +1832,15 @@ __device__ __forceinline__ void gemm_g32_stacked_rows(float* out, const CUtensor
 
 template <typename Sc>
 __device__ __forceinline__ void gemm_g32_gate_up_swiglu(__half* h, const CUtensorMap& x_map, const u32* gate_qweight,
-                                                        const u32* gate_qhigh, const __half* gate_scales,
+                                                        const u32* gate_qhigh, typename Sc::Scales gate_scales,
                                                         const u32* up_qweight, const u32* up_qhigh,
-                                                        const __half* up_scales, const int* prefill_state,
+                                                        typename Sc::Scales up_scales, const int* prefill_state,
                                                         float* split_partials, int* split_counters, int F, int K) {
     int f = 0;
     constexpr int FB = GEMM_BLOCK_ROWS / 2;  // features per row block
     gemm_int4_block(x_map, prefill_state, K, (F + FB - 1) / FB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
-        GemmLaneRowsG32 r;
+        typename Sc::Rows r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
         Sc::lane_row(gate_qweight, gate_qhigh, gate_scales, f, F, K, 0, r);
         Sc::lane_row(up_qweight, up_qhigh, up_scales, f, F, K, 1, r);
@@ -1743,7 +1855,7 @@ __device__ __forceinline__ void gemm_g32_gate_up_swiglu(__half* h, const CUtenso
 template <typename Sc>
 __device__ __forceinline__ void gemm_g32_qkv_rope(__half* q_out, __half* k_cache, __half* v_cache,
                                                   const CUtensorMap& x_map, const u32* const (&qw)[3],
-                                                  const u32* const (&qh)[3], const __half* const (&sc)[3],
+                                                  const u32* const (&qh)[3], const typename Sc::Scales (&sc)[3],
                                                   const __half* q_bias, const __half* k_bias, const __half* v_bias,
                                                   const float2* rope_cs, const int* prefill_state,
                                                   const int* block_table, float* split_partials, int* split_counters,
@@ -1754,7 +1866,7 @@ __device__ __forceinline__ void gemm_g32_qkv_rope(__half* q_out, __half* k_cache
     int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
     gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
-        GemmLaneRowsG32 r;
+        typename Sc::Rows r;
         pair = gemm_rope_pair_of(rb, local);
         const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
         const int n = (rp.seg == 0 ? Hq : Hkv) * Dh;
@@ -2020,4 +2132,202 @@ gemm_q8g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] f
                           int F, int K) {
     gemm_g32_gate_up_swiglu<GemmQ8g32Scales>(h, x_map, gate_qweight, nullptr, gate_scales, up_qweight, nullptr,
                                              up_scales, prefill_state, split_partials, split_counters, F, K);
+}
+
+// ---- Q4_1 and Q5_1 (an FP16 offset per 32-input chunk) on the same mainloop ------------------
+// The bodies above with GemmQ4g32MinScales / GemmQ5g32MinScales: each matrix is (qweight, [qhigh,]
+// scales, offsets), the offsets fp16 [N, K/32] beside the scales. Q4_1's stage is Q4_0's, Q5_1's
+// Q5_0's (GEMM_Q4_SMEM_BYTES, GEMM_Q5_SMEM_BYTES).
+
+// q, k and v in Q4_1 with the bias, the RoPE and the FP16 writes in the epilogue.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                       __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                       __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                       const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                       const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                       const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
+                       const __half* __restrict__ q_offsets,     // [Hq·Dh, K/32] fp16
+                       const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                       const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
+                       const __half* __restrict__ k_offsets,     // [Hkv·Dh, K/32] fp16
+                       const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                       const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
+                       const __half* __restrict__ v_offsets,     // [Hkv·Dh, K/32] fp16
+                       const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                       const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                       const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                       const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                       const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                       const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                       float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                       int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                       int Hq, int Hkv, int Dh, int K) {
+    using S = GemmQ4g32MinScales::Scales;
+    const u32* const qw[3] = {q_qweight, k_qweight, v_qweight};
+    const u32* const qh[3] = {nullptr, nullptr, nullptr};
+    const S sc[3] = {S{q_scales, q_offsets}, S{k_scales, k_offsets}, S{v_scales, v_offsets}};
+    gemm_g32_qkv_rope<GemmQ4g32MinScales>(q_out, k_cache, v_cache, x_map, qw, qh, sc, q_bias, k_bias, v_bias,
+                                          rope_cs, prefill_state, block_table, split_partials, split_counters, Hq,
+                                          Hkv, Dh, K);
+}
+
+// residual += X Wᵀ in FP32, W in Q4_1. As gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
+                       const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                       const __half* __restrict__ scales,       // [N, K/32] fp16
+                       const __half* __restrict__ offsets,      // [N, K/32] fp16
+                       const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
+                       float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                       int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                       int N, int K) {
+    gemm_g32_residual<GemmQ4g32MinScales>(residual, x_map, qweight, nullptr, {scales, offsets}, prefill_state,
+                                          split_partials, split_counters, N, K);
+}
+
+// out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q4_1 matrices stacked along N.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32min_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
+                           const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                           const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
+                           const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
+                           const __half* __restrict__ w0_offsets,     // [N0, K/32] fp16
+                           const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                           const __half* __restrict__ w1_scales,
+                           const __half* __restrict__ w1_offsets,
+                           const u32* __restrict__ w2_qweight,        // [N2, …] (N2 = 0: unused)
+                           const __half* __restrict__ w2_scales,
+                           const __half* __restrict__ w2_offsets,
+                           const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                           float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                           int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                           int N0, int N1, int N2, int K, int ldo, int col0) {
+    using S = GemmQ4g32MinScales::Scales;
+    const u32* const qw[3] = {w0_qweight, w1_qweight, w2_qweight};
+    const u32* const qh[3] = {nullptr, nullptr, nullptr};
+    const S sc[3] = {S{w0_scales, w0_offsets}, S{w1_scales, w1_offsets}, S{w2_scales, w2_offsets}};
+    gemm_g32_stacked_rows<GemmQ4g32MinScales>(out, x_map, qw, qh, sc, prefill_state, split_partials, split_counters,
+                                              N0, N1, N2, K, ldo, col0);
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q4_1. As gemm_int4_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4g32min_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                             const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                             const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                             const __half* __restrict__ gate_scales,    // [F, K/32] fp16
+                             const __half* __restrict__ gate_offsets,   // [F, K/32] fp16
+                             const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                             const __half* __restrict__ up_scales,      // [F, K/32] fp16
+                             const __half* __restrict__ up_offsets,     // [F, K/32] fp16
+                             const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                             float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                             int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                             int F, int K) {
+    gemm_g32_gate_up_swiglu<GemmQ4g32MinScales>(h, x_map, gate_qweight, nullptr, {gate_scales, gate_offsets},
+                                                up_qweight, nullptr, {up_scales, up_offsets}, prefill_state,
+                                                split_partials, split_counters, F, K);
+}
+
+// q, k and v in Q5_1 with the bias, the RoPE and the FP16 writes in the epilogue.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                       __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                       __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                       const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                       const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                       const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                       const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
+                       const __half* __restrict__ q_offsets,     // [Hq·Dh, K/32] fp16
+                       const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                       const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                       const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
+                       const __half* __restrict__ k_offsets,     // [Hkv·Dh, K/32] fp16
+                       const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                       const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
+                       const __half* __restrict__ v_offsets,     // [Hkv·Dh, K/32] fp16
+                       const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                       const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                       const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                       const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                       const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                       const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                       float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                       int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                       int Hq, int Hkv, int Dh, int K) {
+    using S = GemmQ5g32MinScales::Scales;
+    const u32* const qw[3] = {q_qweight, k_qweight, v_qweight};
+    const u32* const qh[3] = {q_qhigh, k_qhigh, v_qhigh};
+    const S sc[3] = {S{q_scales, q_offsets}, S{k_scales, k_offsets}, S{v_scales, v_offsets}};
+    gemm_g32_qkv_rope<GemmQ5g32MinScales>(q_out, k_cache, v_cache, x_map, qw, qh, sc, q_bias, k_bias, v_bias,
+                                          rope_cs, prefill_state, block_table, split_partials, split_counters, Hq,
+                                          Hkv, Dh, K);
+}
+
+// residual += X Wᵀ in FP32, W in Q5_1. As gemm_int4_residual.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
+                       const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
+                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                       const u32* __restrict__ qhigh,           // [N, K/32] uint32
+                       const __half* __restrict__ scales,       // [N, K/32] fp16
+                       const __half* __restrict__ offsets,      // [N, K/32] fp16
+                       const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
+                       float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                       int* __restrict__ split_counters,        // [grid] int32, zero between launches, or null
+                       int N, int K) {
+    gemm_g32_residual<GemmQ5g32MinScales>(residual, x_map, qweight, qhigh, {scales, offsets}, prefill_state,
+                                          split_partials, split_counters, N, K);
+}
+
+// out[token, col0 + n] = X [W0; W1; W2]ᵀ in FP32 for one to three Q5_1 matrices stacked along N.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32min_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
+                           const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
+                           const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
+                           const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                           const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
+                           const __half* __restrict__ w0_offsets,     // [N0, K/32] fp16
+                           const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
+                           const u32* __restrict__ w1_qhigh,
+                           const __half* __restrict__ w1_scales,
+                           const __half* __restrict__ w1_offsets,
+                           const u32* __restrict__ w2_qweight,        // [N2, …] (N2 = 0: unused)
+                           const u32* __restrict__ w2_qhigh,
+                           const __half* __restrict__ w2_scales,
+                           const __half* __restrict__ w2_offsets,
+                           const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                           float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                           int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                           int N0, int N1, int N2, int K, int ldo, int col0) {
+    using S = GemmQ5g32MinScales::Scales;
+    const u32* const qw[3] = {w0_qweight, w1_qweight, w2_qweight};
+    const u32* const qh[3] = {w0_qhigh, w1_qhigh, w2_qhigh};
+    const S sc[3] = {S{w0_scales, w0_offsets}, S{w1_scales, w1_offsets}, S{w2_scales, w2_offsets}};
+    gemm_g32_stacked_rows<GemmQ5g32MinScales>(out, x_map, qw, qh, sc, prefill_state, split_partials, split_counters,
+                                              N0, N1, N2, K, ldo, col0);
+}
+
+// h = silu(X Wgᵀ) ⊙ (X Wuᵀ), gate and up in Q5_1. As gemm_int4_gate_up_swiglu.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5g32min_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
+                             const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
+                             const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                             const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                             const __half* __restrict__ gate_scales,    // [F, K/32] fp16
+                             const __half* __restrict__ gate_offsets,   // [F, K/32] fp16
+                             const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                             const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                             const __half* __restrict__ up_scales,      // [F, K/32] fp16
+                             const __half* __restrict__ up_offsets,     // [F, K/32] fp16
+                             const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
+                             float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                             int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
+                             int F, int K) {
+    gemm_g32_gate_up_swiglu<GemmQ5g32MinScales>(h, x_map, gate_qweight, gate_qhigh, {gate_scales, gate_offsets},
+                                                up_qweight, up_qhigh, {up_scales, up_offsets}, prefill_state,
+                                                split_partials, split_counters, F, K);
 }

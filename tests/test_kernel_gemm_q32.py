@@ -27,7 +27,8 @@ from kernel_testing import (TOL_GEMV, assert_same_bits, check_qkv_rope_gemm, dev
 
 pytestmark = pytest.mark.gpu
 
-FMT = {name: next(f for f in wf.FORMATS.values() if f.name == name) for name in ("q4_g32", "q5_g32", "q8_g32")}
+FMT = {name: next(f for f in wf.FORMATS.values() if f.name == name)
+       for name in ("q4_g32", "q5_g32", "q8_g32", "q4_g32_min", "q5_g32_min")}
 # (label, rows capacity, live M, row counts of the stacked matrices, K, tile, split)
 CASES = [("qkv.straddle", 128, 100, (200, 40, 40), 896, 128, False), ("one.m1", 64, 1, (40,), 128, 64, False),
          ("qk.split", 192, 130, (384, 72), 1024, 128, True), ("one.tile64.split", 128, 77, (300,), 2048, 64, True),
@@ -100,14 +101,16 @@ def test_gemm_q32_gate_up_swiglu(dev, rng, fmt, tile, split):
 # one token; positions near 30 000 with stream-K ranges; the 256-token build (Q8_0's on two stages).
 QKV_ROPE = [("q4_g32", 100, 5, False, 64, 14, 2, 128), ("q5_g32", 1, 0, False, 128, 7, 1, 64),
             ("q8_g32", 300, 30000, True, 128, 7, 1, 128), ("q5_g32", 230, 40, False, 64, 14, 2, 256),
-            ("q8_g32", 100, 5, False, 64, 14, 2, 256), ("q4_g32", 300, 30000, True, 128, 7, 1, 256)]
+            ("q8_g32", 100, 5, False, 64, 14, 2, 256), ("q4_g32", 300, 30000, True, 128, 7, 1, 256),
+            ("q4_g32_min", 100, 5, False, 64, 14, 2, 128), ("q5_g32_min", 300, 30000, True, 128, 7, 1, 256),
+            ("q5_g32_min", 230, 40, False, 64, 14, 2, 64)]
 
 
 @pytest.mark.parametrize("fmt,m,start,split,hd,hq,hkv,tile", QKV_ROPE,
                          ids=[f"{c[0]}-m{c[1]}-start{c[2]}-{'split' if c[3] else 'whole'}-hd{c[4]}-{c[7]}"
                               for c in QKV_ROPE])
 def test_gemm_q32_qkv_rope(dev, rng, fmt, m, start, split, hd, hq, hkv, tile):
-    """gemm_q4g32_qkv_rope, gemm_q5g32_qkv_rope and gemm_q8g32_qkv_rope against the float64 reference
+    """gemm_q4g32_qkv_rope, gemm_q5g32_qkv_rope, gemm_q8g32_qkv_rope and the Q4_1 / Q5_1 ones against the float64 reference
     and, with whole tiles, bit for bit against the stacked GEMM of the same format (q, k, v in one
     launch) + rope_kv_rows (kernel_testing.check_qkv_rope_gemm)."""
     def apart(qkv, xd, ws, ns, ps, ld, tile):

@@ -250,7 +250,8 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
                                           col0=D, max_blocks=132)),
             ("gemm_q6k_residual", GemmQ6kResidualRows(_buf("res", R * D, np.float32), x, w6, ps, n=D, k=D, rows=R,
                                                       max_blocks=132)),
-            *(ln for f in ("q4_g32", "q5_g32", "q8_g32") for ln in _q32_launchers(ps, R, x, weight(f)))]
+            *(ln for f in ("q4_g32", "q5_g32", "q8_g32", "q4_g32_min", "q5_g32_min")
+              for ln in _q32_launchers(ps, R, x, weight(f)))]
 
 
 def _q32_launchers(ps, R, x, w) -> list[tuple[str, launchers.Launcher]]:

@@ -434,9 +434,11 @@ def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
     res = BufferSpec("res", (rows * n,), np.float32)
     w5 = weight("q5_g32", "model.layers.0.self_attn.q_proj", n, k)
     w8 = weight("q8_g32", "model.layers.0.self_attn.v_proj", n, k)
-    with pytest.raises(LaunchError, match="o_proj: format q4_g32_min, these kernels read q4_g32, q5_g32 and q8_g32 only"):
-        GemmQ32ResidualRows(res, x, weight("q4_g32_min", "model.layers.0.self_attn.o_proj", n, k), ps, n=n, k=k,
-                            rows=rows, max_blocks=132)
+    with pytest.raises(LaunchError, match="o_proj: format q4_k, these kernels read q4_g32, q5_g32, q8_g32, "
+                                          "q4_g32_min, q5_g32_min only"):
+        GemmQ32ResidualRows(res, BufferSpec("x", (rows, 1024), np.float16),
+                            weight("q4_k", "model.layers.0.self_attn.o_proj", n, 1024), ps, n=n, k=1024, rows=rows,
+                            max_blocks=132)
     with pytest.raises(LaunchError, match="K=96 must be a positive multiple of 128"):
         GemmQ32ResidualRows(res, BufferSpec("x", (rows, 96), np.float16), weight("q5_g32", "w", n, 96), ps, n=n,
                             k=96, rows=rows, max_blocks=132)

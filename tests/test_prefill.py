@@ -341,18 +341,30 @@ def test_q32_register_gemms_match_the_format_gemms(tmp_path):
     with the RoPE apart, `qkv_proj` — else `qk_proj` + a Q8_0 `v_proj`) against the same on
     gemm_fmt_wgmma.cu (`q32_gemm=False`) and against the reference, at 17 and 300 tokens; the RoPE
     apart gives the same logits bit for bit."""
+    check_q32_register_prefill(tmp_path, "q4_k_m", "Q5_0", "q5g32")
+
+
+def test_q5_1_register_gemms_match_the_format_gemms(tmp_path):
+    """The same in llama.cpp's Q5_K_M layout: Q5_1 where Q4_K_M has Q5_0 (gemm_q5g32min_*), Q5_K
+    down_proj at K = 2304."""
+    check_q32_register_prefill(tmp_path, "q5_k_m", "Q5_1", "q5g32min")
+
+
+def check_q32_register_prefill(tmp_path, recipe: str, fallback: str, stem: str):
+    """test_q32_register_gemms_match_the_format_gemms for `recipe`, whose K = 896 tensors fall back
+    to `fallback` (kernels gemm_`stem`_*) and Q8_0."""
     from dataclasses import replace
 
     from drvqwen.engine import GPUBackend
-    from drvqwen.format.recipes import q4_k_m_types, recipe_formats
+    from drvqwen.format.recipes import k_m_types, recipe_formats
     from drvqwen.prefill import Prefill
 
     cfg = replace(QWEN25_CODER_7B, vocab_size=2048, hidden_size=896, intermediate_size=2304, num_layers=4,
                   num_heads=7, num_kv_heads=1, head_dim=128)
-    types = q4_k_m_types(cfg)
-    assert {types[f"model.layers.{l}.self_attn.v_proj"] for l in range(4)} == {"Q5_0", "Q8_0"}, types
-    path = tmp_path / "q32.nanoqwen"
-    write_synthetic(path, cfg, seed=78, tokenizer_json=minimal_tokenizer_json(), formats=recipe_formats(cfg, "q4_k_m"))
+    types = k_m_types(cfg, recipe[:2].upper() + "_K")
+    assert {types[f"model.layers.{l}.self_attn.v_proj"] for l in range(4)} == {fallback, "Q8_0"}, types
+    path = tmp_path / f"{recipe}.nanoqwen"
+    write_synthetic(path, cfg, seed=78, tokenizer_json=minimal_tokenizer_json(), formats=recipe_formats(cfg, recipe))
     f = NanoqwenFile(path)
     rng = np.random.default_rng(98)
     ids = rng.integers(0, cfg.vocab_size, 301).tolist()
@@ -367,10 +379,10 @@ def test_q32_register_gemms_match_the_format_gemms(tmp_path):
         assert {"qkv_proj", "qk_proj", "v_proj"} <= roles(apart), sorted(roles(apart))
         assert {"q_proj", "k_proj", "v_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {"gemm_q5g32_qkv_rope", "gemm_q5g32_stacked_rows", "gemm_q8g32_stacked_rows", "gemm_q5g32_residual",
-                "gemm_q5g32_gate_up_swiglu"} <= kernels, sorted(kernels)
-        assert not any(k.startswith(("gemm_q5g32", "gemm_q8g32")) for k in {nl.spec.kernel.kernel
-                                                                            for nl in fmt.launches(64)})
+        assert {f"gemm_{stem}_qkv_rope", f"gemm_{stem}_stacked_rows", "gemm_q8g32_stacked_rows",
+                f"gemm_{stem}_residual", f"gemm_{stem}_gate_up_swiglu"} <= kernels, sorted(kernels)
+        assert not any(k.startswith((f"gemm_{stem}", "gemm_q8g32")) for k in {nl.spec.kernel.kernel
+                                                                               for nl in fmt.launches(64)})
         for t in (17, 300):
             regs.run(ids[:t])
             step.sync()
@@ -382,7 +394,7 @@ def test_q32_register_gemms_match_the_format_gemms(tmp_path):
             step.sync()
             same = step.logits()
             err, gap = rel_l2(got, want[t - 1]), rel_l2(got, other)
-            print(f"q5_g32/q8_g32 T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against "
+            print(f"{stem}/q8_g32 T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against "
                   f"gemm_fmt_wgmma")
             assert np.isfinite(got).all() and err <= TOL_LOGITS and gap <= TOL_LOGITS
             # the RoPE in the epilogue: the same sums as the stacked GEMM, then the same rotation

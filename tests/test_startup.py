@@ -206,10 +206,11 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
                   if name == "gemm_int4"}
     assert fmt_builds == {(), (("GEMM_BM", 64),), (("GEMM_BM", 256),)}
     # Only the projections' formats ask for them: Q4_K / Q6_K in the embedding and lm_head alone,
-    # Q4_1 projections (on gemm_fmt_wgmma.cu), compile no gemm_int4.cu.
-    q41 = {name: 3 if ".layers." in name else fid for name, fid in recipe_formats(CFG, "q4_k_m").items()}
-    assert {q41["model.embed_tokens"], q41["lm_head"]} & {10, 12}
-    assert "gemm_int4" not in {name for name, _d in engine.engine_kernels(CFG, q41)}
+    # dense FP16 projections (on gemm_fmt_wgmma.cu), compile no gemm_int4.cu.
+    from drvqwen.format.weight_formats import PLAIN
+    dense = {name: PLAIN if ".layers." in name else fid for name, fid in recipe_formats(CFG, "q4_k_m").items()}
+    assert {dense["model.embed_tokens"], dense["lm_head"]} & {10, 12}
+    assert "gemm_int4" not in {name for name, _d in engine.engine_kernels(CFG, dense)}
     assert files | fmt_files <= {p.stem for p in (ROOT / "kernels").glob("*.cu")}
     # gemm_int4.cu in every tile size's build: the prefill picks one per GEMM shape and row count.
     builds = {tuple(sorted(d.items())) for name, d in engine.engine_kernels(CFG) if name == "gemm_int4"}

@@ -544,7 +544,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "kernels, default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
     p.add_argument("--prefill-q32", choices=("registers", "fmt"), default="registers",
-                   help="Q4_0, Q5_0 and Q8_0 projections: unpacked in the GEMM's registers (gemm_int4.cu's kernels for them, "
+                   help="Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections: unpacked in the GEMM's registers (gemm_int4.cu's kernels for them, "
                         "default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
     p.add_argument("--prefill-chunk-rows", type=int, default=None, metavar="ROWS",

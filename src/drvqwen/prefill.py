@@ -40,7 +40,7 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K, Q5_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
 v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers; else q and
-k of one of them as L{l}.qk_proj), Q4_0, Q5_0 and Q8_0 ones its kernels for them
+k of one of them as L{l}.qk_proj), Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones its kernels for them
 (launchers/gemm_q32.py: q, k and v of one of them as L{l}.qkv_rope too; q and k as
 L{l}.qk_proj), the other formats
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
@@ -221,7 +221,7 @@ class Prefill:
         kquant_gemm: per-tensor formats on the wgmma GEMMs: Q4_K, Q5_K and Q6_K projections on
             gemm_int4.cu's mainloop, unpacked in the consumers' registers (launchers/gemm_kquant.py);
             False runs them on gemm_fmt_wgmma.cu as every other format (to compare).
-        q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0 and Q8_0 projections on
+        q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on
             gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
             (to compare).
     Raises:
@@ -254,7 +254,7 @@ class Prefill:
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
         # Q4_K, Q5_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
-        # Q4_0, Q5_0 and Q8_0 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
+        # Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
         self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
         self.decode_step = step = decode_step
         cfg = self.config = step.config
@@ -531,8 +531,8 @@ class Prefill:
     def _rope_qkv(self, fm: dict[str, int], l: int):
         """The QKV-RoPE launcher of layer l where its q, k and v (formats `fm`) are all in one format
         of the register GEMMs — all Q4_K or all Q5_K (GemmQ4kQkvRopeRows, GemmQ5kQkvRopeRows, K a
-        multiple of 256), or all Q4_0, Q5_0 or Q8_0 (GemmQ32QkvRopeRows) — else None (the format
-        GEMMs, then rope_kv)."""
+        multiple of 256), or all one of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 (GemmQ32QkvRopeRows) — else None
+        (the format GEMMs, then rope_kv)."""
         k = self.decode_step.config.hidden_size
         ids = {fm[proj_prefix(l, p)] for p in ("q_proj", "k_proj", "v_proj")}
         fid = ids.pop() if len(ids) == 1 else None
@@ -543,8 +543,8 @@ class Prefill:
         return None
 
     def _q32(self, w, k: int) -> int | None:
-        """The format id (Q4_0's, Q5_0's, Q8_0's) of projection weight `w` (input width k) where it runs on
-        the register-unpack GEMMs of gemm_q32.py, else None."""
+        """The format id (Q4_0, Q5_0, Q8_0, Q4_1, Q5_1) of projection weight `w` (input width k) where it
+        runs on the register-unpack GEMMs of gemm_q32.py, else None."""
         return w.fmt.id if self.q32_gemm and gemm_q32.fits(w, k) else None
 
     def _register_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
@@ -558,7 +558,7 @@ class Prefill:
 
     def _register_gate_up(self, h, x, gate, up, ps, *, f: int, k: int, rows: int) -> Launcher | None:
         """h = silu(x Wgᵀ) ⊙ (x Wuᵀ) on the register-unpack GEMM where gate and up are both Q4_K, both
-        Q5_K, both Q4_0, both Q5_0 or both Q8_0, else None (the format GEMMs)."""
+        Q5_K, or both one of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1, else None (the format GEMMs)."""
         q32, kq = self._q32(gate, k), self._kquant(gate, k)
         kind = (KMIN_LAUNCHERS[kq].gate_up if kq in KMIN_LAUNCHERS and kq == self._kquant(up, k) else
                 GemmQ32GateUpSwigluRows if q32 and q32 == self._q32(up, k) else None)
@@ -568,9 +568,9 @@ class Prefill:
     def _qkv_launches(self, l: int, Rows, qkv, xn, pw: dict, ps, R: int, ld: int, defs: tuple,
                       sk: dict) -> list[tuple[str, Launcher]]:
         """Layer l's q, k and v projections in per-tensor formats into their columns of qkv (the
-        layers not taken by a qkv_rope launch): all three in one of Q4_0, Q5_0, Q8_0 as one launch
-        of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in Q4_K, Q5_K, Q4_0, Q5_0 or Q8_0 as
-        one (`L{l}.qk_proj`), a Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 one alone on its register GEMM;
+        layers not taken by a qkv_rope launch): all three in one of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 as one
+        launch of the register-unpack GEMM (`L{l}.qkv_proj`), q and k both in one of Q4_K, Q5_K and
+        those as one (`L{l}.qk_proj`), one in any of them or Q6_K alone on its register GEMM;
         the others on `Rows` (`q_proj`, `k_proj`, `v_proj`)."""
         cfg, st = self.config, self.decode_step.stream
         D, nq, nkv = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
@@ -591,7 +591,7 @@ class Prefill:
 
         out = []
         q32 = self._q32(wq, D)
-        if q32 and q32 == self._q32(wk, D):  # q and k (and v) of Q4_0, Q5_0 or Q8_0 in one launch
+        if q32 and q32 == self._q32(wk, D):  # q and k (and v) of one 32-input block format in one launch
             with_v = self._q32(wv, D) == q32
             ws, ns = ([wq, wk, wv], [nq, nkv, nkv]) if with_v else ([wq, wk], [nq, nkv])
             out.append((f"L{l}.{'qkv_proj' if with_v else 'qk_proj'}", GemmQ32StackedRows(

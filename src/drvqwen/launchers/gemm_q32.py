@@ -1,8 +1,9 @@
 """Launchers of kernels/gemm_int4.cu's kernels for the GGUF's 32-input block formats with one FP16
 scale a block, Q4_0 (q4_g32: 4-bit codes in layout id 1), Q5_0 (q5_g32: the same and a high-bit
-plane) and Q8_0 (q8_g32: one byte a code), on gemm_int4.cu's mainloop — the consumers unpack the
-codes into wgmma's A registers and multiply each 32-input chunk by its scale (GemmQ4g32Scales,
-GemmQ5g32Scales, GemmQ8g32Scales), where
+plane) and Q8_0 (q8_g32: one byte a code), and with an FP16 offset beside it, Q4_1 and Q5_1
+(q4_g32_min, q5_g32_min: Q4_0's and Q5_0's codes, unsigned), on gemm_int4.cu's mainloop — the
+consumers unpack the codes into wgmma's A registers and scale each 32-input chunk
+(GemmQ4g32Scales, GemmQ5g32Scales, GemmQ8g32Scales, GemmQ4g32MinScales, GemmQ5g32MinScales), where
 gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the limit.
 
     GemmQ32QkvRopeRows       q_out fp16 [M, Hq, Dh], the chunk's K/V cache slots
@@ -12,8 +13,9 @@ gemm_fmt_wgmma.cu's producer warpgroup dequantizes into shared memory and is the
     GemmQ32ResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
     GemmQ32GateUpSwigluRows  h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ)
 
-Each takes FmtWeights all in one of the three formats and launches that format's kernel
-(gemm_q4g32_*, gemm_q5g32_*, gemm_q8g32_*). llama.cpp's K-quant recipes give a tensor whose K is
+Each takes FmtWeights all in one of the five formats and launches that format's kernel
+(gemm_q4g32_*, gemm_q5g32_*, gemm_q8g32_*, gemm_q4g32min_*, gemm_q5g32min_*); llama.cpp's Q5_K_M
+gives Q5_1 where Q4_K_M gives Q5_0 (format/recipes.py). llama.cpp's K-quant recipes give a tensor whose K is
 not a multiple of the 256-input super-block Q5_0 in place of Q4_K and Q8_0 in place of Q6_K
 (format/recipes.py): on Qwen2.5-Coder-0.5B (K = 896) every projection but down_proj; Q4_0, Q5_0
 and Q8_0 are presets of their own. The kernels exist in all three tile builds: Q4_0's stage is
@@ -38,12 +40,18 @@ from .gemv_fmt import FmtWeight
 Q4G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_g32")
 Q5G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q5_g32")
 Q8G32_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q8_g32")
+Q4G32MIN_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_g32_min")
+Q5G32MIN_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q5_g32_min")
 # Per format: the kernels' name stem, the stage's extra bytes a row and group (none for Q4_0, Q5_0's
-# high bits, Q8_0's second 64 B of codes), the tile builds its kernels exist in, whether it has a qhigh plane.
-FORMATS = {Q4G32_ID: ("q4g32", 0, (256, 128, 64), False),
-           Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True),
-           Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (256, 128, 64), False)}
-Q32_TILES = TILE_TOKENS  # the builds a model with any of the three formats needs
+# high bits, Q8_0's second 64 B of codes), the tile builds its kernels exist in, whether it has a
+# qhigh plane, whether it has an offsets plane (Q4_1, Q5_1).
+FORMATS = {Q4G32_ID: ("q4g32", 0, (256, 128, 64), False, False),
+           Q5G32_ID: ("q5g32", GROUP_SIZE // 8, (256, 128, 64), True, False),
+           Q8G32_ID: ("q8g32", GROUP_SIZE // 2, (256, 128, 64), False, False),
+           Q4G32MIN_ID: ("q4g32min", 0, (256, 128, 64), False, True),
+           Q5G32MIN_ID: ("q5g32min", GROUP_SIZE // 8, (256, 128, 64), True, True)}
+NAMES = ", ".join(wf.FORMATS[i].name for i in FORMATS)
+Q32_TILES = TILE_TOKENS  # the builds a model with any of these formats needs
 
 
 def smem_bytes_q32(fmt_id: int, bm: int) -> int:
@@ -59,7 +67,7 @@ SMEM_Q8 = mirrored("gemm_int4", "GEMM_Q8_SMEM_BYTES", smem_bytes_q32(Q8G32_ID, 1
 
 
 def fits(w: FmtWeight, k: int) -> bool:
-    """Whether these kernels take weight `w` at input width k: format q4_g32, q5_g32 or q8_g32, K
+    """Whether these kernels take weight `w` at input width k: format q4_g32, q5_g32, q8_g32, q4_g32_min or q5_g32_min, K
     a multiple of 128."""
     return w.fmt.id in FORMATS and k > 0 and k % GROUP_SIZE == 0
 
@@ -67,10 +75,10 @@ def fits(w: FmtWeight, k: int) -> bool:
 class _GemmQ32Launcher(_GemmLauncher):
     def _check_fmts(self, ws: list[FmtWeight], ns: list[int], k: int) -> int:
         """The format id every weight of `ws` (row counts `ns`, input width k) shares; raises
-        LaunchError naming the first weight that is not q4_g32 / q5_g32 / q8_g32 or not the first's."""
+        LaunchError naming the first weight that is not q4_g32 / q5_g32 / q8_g32 / q4_g32_min / q5_g32_min or not the first's."""
         fmt_id = ws[0].fmt.id
         for w, n in zip(ws, ns):
-            require(w.fmt.id in FORMATS, f"{w.name}: format {w.fmt.name}, these kernels read q4_g32, q5_g32 and q8_g32 only")
+            require(w.fmt.id in FORMATS, f"{w.name}: format {w.fmt.name}, these kernels read {NAMES} only")
             require(w.fmt.id == fmt_id, f"{w.name}: format {w.fmt.name}, not {ws[0].fmt.name} as {ws[0].name}")
             require(k > 0 and k % GROUP_SIZE == 0, f"{w.name}: K={k} must be a positive multiple of {GROUP_SIZE}")
             w.check(n, k)
@@ -78,9 +86,11 @@ class _GemmQ32Launcher(_GemmLauncher):
 
     @staticmethod
     def _parts(w: FmtWeight, prefix: str) -> dict:
-        """<prefix>_qweight (, _qhigh), _scales: the codes (, Q5_0's high bits) and the FP16 scales."""
+        """<prefix>_qweight (, _qhigh), _scales (, _offsets): the codes (, the high bits of Q5_0 and Q5_1),
+        the FP16 scales (, the FP16 offsets of Q4_1 and Q5_1)."""
         high = {f"{prefix}_qhigh": w.parts["qhigh"]} if FORMATS[w.fmt.id][3] else {}
-        return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"]}
+        offsets = {f"{prefix}_offsets": w.parts["offsets"]} if FORMATS[w.fmt.id][4] else {}
+        return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"], **offsets}
 
     def _build_q32(self, fmt_id: int, role: str, rows: int, n_blocks: int, k: int, out: dict, args: dict,
                    dims: dict, *, reads, writes, max_blocks: int | None, split_k: SplitKScratch | None,
@@ -88,7 +98,7 @@ class _GemmQ32Launcher(_GemmLauncher):
         """Plan over the format's builds (the fastest estimate, or `tile_tokens`), then build
         gemm_<stem>_<role>: its parameters are `out` (its outputs), x's tensor map for the planned
         tile, then `args` up to prefill_state."""
-        stem, _extra, tiles, _high = FORMATS[fmt_id]
+        stem, _extra, tiles, _high, _offsets = FORMATS[fmt_id]
         bm = self._plan_builds(tiles, f"gemm_{stem}_{role}", rows, n_blocks, k, max_blocks=max_blocks,
                                split_k=split_k, blocks=blocks, tile_tokens=tile_tokens)
         self._build_gemm(f"gemm_{stem}_{role}", rows, n_blocks, k,
@@ -99,7 +109,7 @@ class _GemmQ32Launcher(_GemmLauncher):
 class GemmQ32QkvRopeRows(_GemmQ32Launcher):
     """The QKV projection of a prefill chunk with the bias, the RoPE and the FP16 writes in its
     epilogue: gemm_int4.py's GemmInt4QkvRopeRows (its outputs, rope_cs table and block-table
-    contract) for FmtWeights wq [Hq·Dh, K], wk, wv [Hkv·Dh, K] all in one of q4_g32, q5_g32, q8_g32.
+    contract) for FmtWeights wq [Hq·Dh, K], wk, wv [Hkv·Dh, K] all in one of q4_g32, q5_g32, q8_g32, q4_g32_min, q5_g32_min.
 
     Raises:
         LaunchError: a weight not in those formats or not in wq's, K not a multiple of 128, an odd
@@ -135,11 +145,11 @@ class GemmQ32QkvRopeRows(_GemmQ32Launcher):
 
 class GemmQ32StackedRows(_GemmQ32Launcher):
     """out fp32 [rows, ldo]: columns col0 … col0+ΣN-1 of rows < M = x fp16 [rows, K] · [W0; W1; W2]ᵀ,
-    one to three FmtWeights of one format, q4_g32, q5_g32 or q8_g32, stacked along N (`ws`, `ns`
+    one to three FmtWeights of one format, q4_g32, q5_g32, q8_g32, q4_g32_min or q5_g32_min, stacked along N (`ws`, `ns`
     their row counts): a layer's q, k and v into qkv in one launch, q and k, or one matrix.
 
     Raises:
-        LaunchError: not 1 to 3 weights, a weight not in q4_g32 / q5_g32 / q8_g32 or not in the
+        LaunchError: not 1 to 3 weights, a weight not in q4_g32 / q5_g32 / q8_g32 / q4_g32_min / q5_g32_min or not in the
             first's format, K not a multiple of 128, columns past ldo, or a buffer of the wrong size
             or dtype.
     """
@@ -171,11 +181,11 @@ class GemmQ32StackedRows(_GemmQ32Launcher):
 
 
 class GemmQ32ResidualRows(_GemmQ32Launcher):
-    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q4_g32, q5_g32 or q8_g32 (o_proj, down_proj
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ, W in q4_g32, q5_g32, q8_g32, q4_g32_min or q5_g32_min (o_proj, down_proj
     of a prefill chunk).
 
     Raises:
-        LaunchError: W not in q4_g32 / q5_g32 / q8_g32, K not a multiple of 128, or a buffer of the
+        LaunchError: W not in q4_g32 / q5_g32 / q8_g32 / q4_g32_min / q5_g32_min, K not a multiple of 128, or a buffer of the
             wrong size or dtype.
     """
 
@@ -197,11 +207,11 @@ class GemmQ32ResidualRows(_GemmQ32Launcher):
 
 
 class GemmQ32GateUpSwigluRows(_GemmQ32Launcher):
-    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up in one of q4_g32, q5_g32, q8_g32: a prefill
+    """h fp16 [M, F] = silu(x Wgᵀ) ⊙ (x Wuᵀ), gate and up in one of q4_g32, q5_g32, q8_g32, q4_g32_min, q5_g32_min: a prefill
     chunk's MLP input half.
 
     Raises:
-        LaunchError: gate or up not in q4_g32 / q5_g32 / q8_g32, or not in one format, K not a
+        LaunchError: gate or up not in q4_g32 / q5_g32 / q8_g32 / q4_g32_min / q5_g32_min, or not in one format, K not a
             multiple of 128, or a buffer of the wrong size or dtype.
     """
 
