@@ -270,6 +270,7 @@
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
 #include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
+#include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (the consumers' turns)
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -294,6 +295,15 @@
 static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_THREADS * GEMM_REGS_AT_LAUNCH,
               "the register moves balance");
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
+// The consumers issue their groups' MMAs in turns, warpgroup 0 then 1 then 0 …: named barriers
+// GEMM_TURN_BARRIER + wg (2 and 3; 1 is the split-K fix-up's), 256 threads each — the 128 of the
+// warpgroup whose turn it is (bar.sync) and the 128 of the other one, which arrive (bar.arrive)
+// right after they have issued theirs (the header: "Ordered issue").
+#ifndef GEMM_ORDERED_ISSUE
+#define GEMM_ORDERED_ISSUE 1
+#endif
+#define GEMM_TURN_BARRIER   2
+#define GEMM_TURN_THREADS   (GEMM_CONSUMER_WGS * 4 * WARP_SIZE)
 // Arrivals per phase of a full barrier: lane 0's arrive.expect_tx (the X bytes) and one
 // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
 #define GEMM_FULL_ARRIVALS  (1 + WARP_SIZE)
@@ -613,6 +623,10 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     Sc::fragments(ra, rb, ha, hb, shift, sc, frag);
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
+#if GEMM_ORDERED_ISSUE
+    const int wg = local / GEMM_WG_ROWS;
+    named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + wg);  // this warpgroup's turn
+#endif
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < GEMM_K_STEPS; ++k) {
@@ -620,6 +634,9 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         wgmma_rs(acc, frag[k], desc);
     }
     wgmma_commit_group();
+#if GEMM_ORDERED_ISSUE
+    named_barrier_arrive<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + (wg ^ 1));  // the other's turn next
+#endif
     mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
     wgmma_wait_group<0>();
 #pragma unroll
@@ -753,6 +770,10 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     const int b = block_index(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
+#if GEMM_ORDERED_ISSUE
+    // The first turn is warpgroup 0's: warpgroup 1 hands it over before any group (the header).
+    if (warp / 4 == 1) named_barrier_arrive<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER);
+#endif
     int it = 0;
 #pragma unroll 1
     for (int x = gemm_range_start(work, b); x < end;) {
@@ -776,6 +797,11 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, m0, M, t);
     }
+#if GEMM_ORDERED_ISSUE
+    // Warpgroup 1's last hand-over is still pending on barrier 0's turn: take it, so that every
+    // arrival on the turn barriers is matched before the block exits.
+    if (warp / 4 == 0) named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER);
+#endif
 }
 
 // rows_of for a GEMM over one matrix (f32, residual): local row `local` of row block rb is row
