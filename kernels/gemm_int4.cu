@@ -115,6 +115,33 @@
 //   ahead of the producer's (round r cannot be released before it was filled), so r & 1 names
 //   the phase.
 //   The producer waits for its own last copies (commit_group, wait_group 0) before it exits.
+// Ordered issue (GEMM_ORDERED_ISSUE, on): the two consumer warpgroups issue their groups' MMAs
+// in turns, 0, 1, 0, 1 … — a warpgroup waits on named barrier 2 + wg (bar.sync, 256 threads:
+// its own 128 and the other's 128 arrivals) before its 8 wgmma, and arrives on the other's
+// (bar.arrive) right after its commit. Left alone, both warpgroups wait on the same full barrier,
+// unpack side by side and issue together, so the tensor pipe runs their MMAs interleaved and
+// both then unpack with it idle; in turns, one's MMAs queue whole behind the other's and its
+// next unpack runs under them (FlashAttention-3's warpgroup ping-pong, CUTLASS's ordered
+// sequence barrier). Why it cannot deadlock: both warpgroups run the same units and groups (one
+// `it` for the block), so each has as many turns as the other; warpgroup 1 hands over the first
+// turn before its loop (one bar.arrive on barrier 2) and warpgroup 0 takes the last hand-over
+// after its loop (one bar.sync on barrier 2), so every phase of both barriers gets its 256
+// arrivals; a wait on a turn needs only the other warpgroup's issue of its previous group, never
+// a barrier that warpgroup reaches later (full[s] is the producer's; the split-K fix-up's
+// barrier 1 comes after both have issued their unit's last group). Why the phases cannot mix:
+// warpgroup 1 arrives on barrier 2 for turn n + 1 only after its own turn n, which began after
+// warpgroup 0's turn n completed, so at most one phase of a turn barrier is ever open. The
+// barriers order instruction issue only: no shared-memory access depends on them.
+// Measured (docs/bench/2026-12-04_{cd50467,5f8cc14}_h200_gemm7b_*.json, tools/bench_gemm.py
+// --grid persistent --reps 20 --samples 7, in turns with the build before): gate_up 222.7 and
+// 221.8 µs against 241.7 and 239.4, down_proj 120.1 / 119.4 against 128.0 / 126.6, the 28 layers
+// 11.6 / 11.5 ms against 12.3 / 12.4. The TTFT(512) of the synthetic 7B gains less than run-to-run
+// spread: medians of 30 prefills, six pairs in turns, 12.53–12.62 ms against 12.52–12.73
+// (…_syn7b_int4_{ordered,parent}_{4..9}.json); the 0.5B and the 7B in Q4_K_M or Q5_K_M show no
+// difference either (…_syn05b_int4_*, …_syn7b_q4_k_m_*, …_syn7b_q5_k_m_* in the same files'
+// runs). The build before took 12.3 ms for its GEMMs replayed alone, twenty calls of one
+// back to back, and 12.5 ms for the whole prefill: inside the prefill its GEMMs already ran
+// faster than alone, so what the turns remove shows mostly in the replays.
 //
 // The row count M is read from device memory (prefill_state[1]): the launch list of a prompt
 // chunk is built once per row capacity and reused. The tensor map covers the buffer's capacity
