@@ -161,7 +161,8 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     attention engine, default the prefill's; `last_layer` prefill.LAST_LAYER_MODES; without
     `attention_splits` every attention query tile runs whole; without `attention_late` every chunk
     on the one engine, none switching to the range schedule late in a long prompt; without
-    `kquant_gemm` Q4_K, Q5_K and Q6_K projections on gemm_fmt_wgmma.cu, without `q32_gemm` the Q4_0, Q5_0 and Q8_0 ones;
+    `kquant_gemm` Q4_K, Q5_K and Q6_K projections on gemm_fmt_wgmma.cu, without `q32_gemm` the
+    Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones;
     `chunk_rows` the prompt rows per chunk, default the prefill's), or None where that module does
     not exist in this checkout."""
     try:
@@ -291,8 +292,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             blocks (the prefill's KV splits); False runs every tile whole, to compare.
         prefill_kquant: Q4_K, Q5_K and Q6_K projections on the register-unpack GEMMs ("registers") or on
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
-        prefill_q32: Q4_0, Q5_0 and Q8_0 projections likewise ("registers": gemm_int4.cu's kernels for them;
-            "fmt").
+        prefill_q32: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections likewise ("registers": gemm_int4.cu's
+            kernels for them; "fmt").
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
         prefill_chunk_rows: prompt rows per prefill chunk (None: prefill.DEFAULT_CHUNK_ROWS): a

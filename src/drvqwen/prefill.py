@@ -345,7 +345,7 @@ class Prefill:
             tile = gemm_fmt_wgmma.BM  # its one build: the plan's P is for that tile, not gemm_int4's pick
         if not shapes:
             return 0, 0
-        # The K-quant, Q4_0, Q5_0 and Q8_0 GEMMs plan at 64 and 256 tokens too (gemm_kquant.py,
+        # The K-quant and 32-input-block GEMMs plan at 64 and 256 tokens too (gemm_kquant.py,
         # gemm_q32.py): the scratch covers every build.
         register = self.kquant_gemm or self.q32_gemm
         builds = set(gemm_kquant.KQUANT_TILES) | set(gemm_q32.Q32_TILES)
