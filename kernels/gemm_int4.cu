@@ -115,7 +115,7 @@
 //   ahead of the producer's (round r cannot be released before it was filled), so r & 1 names
 //   the phase.
 //   The producer waits for its own last copies (commit_group, wait_group 0) before it exits.
-// Ordered issue (GEMM_ORDERED_ISSUE, on): the two consumer warpgroups issue their groups' MMAs
+// MMA turns (GEMM_MMA_TURNS, on): the two consumer warpgroups issue their groups' MMAs
 // in turns, 0, 1, 0, 1 … — a warpgroup waits on named barrier 2 + wg (bar.sync, 256 threads:
 // its own 128 and the other's 128 arrivals) before its 8 wgmma, and arrives on the other's
 // (bar.arrive) right after its commit. Left alone, both warpgroups wait on the same full barrier,
@@ -325,9 +325,9 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // The consumers issue their groups' MMAs in turns, warpgroup 0 then 1 then 0 …: named barriers
 // GEMM_TURN_BARRIER + wg (2 and 3; 1 is the split-K fix-up's), 256 threads each — the 128 of the
 // warpgroup whose turn it is (bar.sync) and the 128 of the other one, which arrive (bar.arrive)
-// right after they have issued theirs (the header: "Ordered issue").
-#ifndef GEMM_ORDERED_ISSUE
-#define GEMM_ORDERED_ISSUE 1
+// right after they have issued theirs (the header: "MMA turns").
+#ifndef GEMM_MMA_TURNS
+#define GEMM_MMA_TURNS 1
 #endif
 #define GEMM_TURN_BARRIER   2
 #define GEMM_TURN_THREADS   (GEMM_CONSUMER_WGS * 4 * WARP_SIZE)
@@ -650,7 +650,7 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     Sc::fragments(ra, rb, ha, hb, shift, sc, frag);
 #pragma unroll
     for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-#if GEMM_ORDERED_ISSUE
+#if GEMM_MMA_TURNS
     const int wg = local / GEMM_WG_ROWS;
     named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + wg);  // this warpgroup's turn
 #endif
@@ -661,7 +661,7 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
         wgmma_rs(acc, frag[k], desc);
     }
     wgmma_commit_group();
-#if GEMM_ORDERED_ISSUE
+#if GEMM_MMA_TURNS
     named_barrier_arrive<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + (wg ^ 1));  // the other's turn next
 #endif
     mbarrier_arrive(&w_empty[s]);  // every lane: its reads of this stage's weights are done
@@ -797,7 +797,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     const int b = block_index(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
-#if GEMM_ORDERED_ISSUE
+#if GEMM_MMA_TURNS
     // The first turn is warpgroup 0's: warpgroup 1 hands it over before any group (the header).
     if (warp / 4 == 1) named_barrier_arrive<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER);
 #endif
@@ -824,7 +824,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, m0, M, t);
     }
-#if GEMM_ORDERED_ISSUE
+#if GEMM_MMA_TURNS
     // Warpgroup 1's last hand-over is still pending on barrier 0's turn: take it, so that every
     // arrival on the turn barriers is matched before the block exits.
     if (warp / 4 == 0) named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER);
