@@ -72,6 +72,14 @@ rmsnorm_rows(__half* __restrict__ out,          // [rows, D] fp16, out
     const float4* row4 = reinterpret_cast<const float4*>(row);
     const uint2* w4 = reinterpret_cast<const uint2*>(weight);
     uint2* out_row = reinterpret_cast<uint2*>(out + (u64)r * D);
-    for (int c = threadIdx.x % WARP_SIZE; c < D / 4; c += WARP_SIZE)
+    const int lane = threadIdx.x % WARP_SIZE, n_chunks = D / 4;
+    // Unrolled, so the gains' loads (from L2) are all in flight together rather than one per
+    // iteration of a loop, and the row's chunks are the registers rmsnorm_inv_rms_warp loaded.
+#pragma unroll
+    for (int vw = 0; vw < RMSNORM_WARPS; ++vw) {
+        const int c = vw * WARP_SIZE + lane;
+        if (c < n_chunks) out_row[c] = rmsnorm_apply4(row4[c], w4[c], inv_rms);
+    }
+    for (int c = RMSNORM_THREADS + lane; c < n_chunks; c += WARP_SIZE)  // D > 4096 only
         out_row[c] = rmsnorm_apply4(row4[c], w4[c], inv_rms);
 }

@@ -78,9 +78,12 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
 // sums are added in warp order into one register instead of shared memory. No barrier, so the
 // warps of a block may normalise different rows. The first chunk of every virtual thread (all of
 // the row while D ≤ 4096: 28 float4 a lane at 7B) is loaded into registers before any of them is
-// used, so the lane has them all in flight at once — the kernel's limit is that latency. Terms
-// the block form would add as zeros are skipped by warp-uniform tests (chunks j ≥ 1 past the row,
-// virtual warps past it): adding +0.0f to a sum of squares (never −0) leaves its bits as they are.
+// used, so the lane has them all in flight at once — the kernel's limit is that latency — and the
+// 32 butterflies have no branch between them, so their shuffles overlap. Where D ≤ 4096 (a
+// warp-uniform test) the chunks j ≥ 1, all past the row, which the block form adds as zeros, are
+// left out: adding +0.0f to a sum of squares (never −0) leaves its bits as they are. Longer rows
+// (the 14B's and 32B's D = 5120) take rmsnorm_thread_ss itself a virtual warp at a time, chunk 0
+// read again from L1: unrolled, the registers for both forms at once would spill.
 __device__ __forceinline__ float rmsnorm_inv_rms_warp(const float* __restrict__ x, int D, float eps) {
     const float4* row = reinterpret_cast<const float4*>(x);
     const int lane = threadIdx.x % WARP_SIZE, n_chunks = D / 4;
@@ -88,17 +91,20 @@ __device__ __forceinline__ float rmsnorm_inv_rms_warp(const float* __restrict__ 
 #pragma unroll
     for (int vw = 0; vw < RMSNORM_WARPS; ++vw) first[vw] = rmsnorm_chunk(row, vw * WARP_SIZE + lane, n_chunks);
     float total = 0.f;
+    if (n_chunks <= RMSNORM_THREADS) {  // warp-uniform: every Qwen2.5 D ≤ 4096, one chunk a thread
+        float sums[RMSNORM_WARPS];  // virtual warp vw's sum: 32 butterflies with no branch between them
 #pragma unroll
-    for (int vw = 0; vw < RMSNORM_WARPS; ++vw) {
-        if (vw * WARP_SIZE >= n_chunks) break;  // warp-uniform: the virtual warps past the row sum to +0
-        const int t = vw * WARP_SIZE + lane;
-        float ss = 0.f;
-        ss += rmsnorm_ss4(first[vw]);
+        for (int vw = 0; vw < RMSNORM_WARPS; ++vw) {
+            float ss = 0.f;
+            ss += rmsnorm_ss4(first[vw]);
+            sums[vw] = warp_sum(ss);
+        }
 #pragma unroll
-        for (int j = 1; j < RMSNORM_MAX_CHUNKS; ++j)
-            if (j * RMSNORM_THREADS < n_chunks)  // warp-uniform: D > 4096 only
-                ss += rmsnorm_ss4(rmsnorm_chunk(row, t + j * RMSNORM_THREADS, n_chunks));
-        total += warp_sum(ss);
+        for (int vw = 0; vw < RMSNORM_WARPS; ++vw) total += sums[vw];
+    } else {  // D > 4096: the block form's own per-thread sum, a virtual warp at a time
+#pragma unroll 1
+        for (int vw = 0; vw < RMSNORM_WARPS; ++vw)
+            total += warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, n_chunks));
     }
     return rmsnorm_inv_rms_of(total, D, eps);
 }
