@@ -80,8 +80,6 @@ def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     return [
         ("embedding", launchers.EmbeddingRows(_buf("residual", R * D, np.float32), _buf("embed", V * D, np.float16),
                                               _buf("ids", R, np.int32), n_rows=R, vocab_size=V, dim=D)),
-        ("input_layernorm", launchers.RmsNormRows(_buf("xn", R * D, np.float16), _buf("residual", R * D, np.float32),
-                                                  _buf("w", D, np.float16), dim=D, eps=1e-6, rows=R)),
         ("qkv_proj", launchers.GemmInt4QkvRows(_buf("qkv", R * (nq + 2 * nkv), np.float32), xn, *_int4("q", nq, D),
                                                *_int4("k", nkv, D), *_int4("v", nkv, D), ps, n_q=nq, n_kv=nkv, k=D,
                                                **gemm)),

@@ -398,11 +398,12 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
 
 
 def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block():
-    """RmsNorm(threads=) must be a multiple of 32 in 32 … THREADS (the sum's order is the same at
-    any such block size, rmsnorm.cuh)."""
+    """RmsNorm(threads=) — the prefill's row_threads(D) blocks — must be a multiple of 32 in
+    32 … THREADS; row_threads rounds a row's float4 count up to a warp, capped at THREADS."""
     from drvqwen.launchers.base import BufferSpec
-    from drvqwen.launchers.rmsnorm import THREADS, RmsNorm
+    from drvqwen.launchers.rmsnorm import THREADS, RmsNorm, row_threads
 
+    assert (row_threads(896), row_threads(3584), row_threads(100), row_threads(16384)) == (224, 896, 32, THREADS)
     args = (BufferSpec("out", (2 * 896,), np.float16), BufferSpec("x", (2 * 896,), np.float32),
             BufferSpec("w", (896,), np.float16))
     assert RmsNorm(*args, dim=896, eps=1e-6, rows=2, threads=224).specs[0].block == (224,)
@@ -410,29 +411,6 @@ def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block(
     for bad in (100, 16, THREADS + 32):
         with pytest.raises(LaunchError, match=f"rmsnorm: {bad} threads: a multiple of 32 in 32..{THREADS}"):
             RmsNorm(*args, dim=896, eps=1e-6, rows=2, threads=bad)
-
-
-def test_rmsnorm_rows_launches_a_warp_per_row_and_refuses_bad_shapes():
-    """RmsNormRows: ROWS_WARPS rows a block of ROWS_THREADS, the last block partly empty; D a
-    multiple of 4 up to MAX_DIM and at least one row, else one line naming the value."""
-    from drvqwen.launchers.base import BufferSpec
-    from drvqwen.launchers.rmsnorm import MAX_DIM, ROWS_THREADS, ROWS_WARPS, RmsNormRows
-
-    assert (ROWS_WARPS, ROWS_THREADS) == (4, 128)
-
-    def bufs(rows, d):
-        return (BufferSpec("out", (rows * d,), np.float16), BufferSpec("x", (rows * d,), np.float32),
-                BufferSpec("w", (d,), np.float16))
-
-    for rows, blocks in ((512, 128), (7, 2), (1, 1), (4, 1), (5, 2)):
-        spec = RmsNormRows(*bufs(rows, 3584), dim=3584, eps=1e-6, rows=rows).specs[0]
-        assert (spec.kernel.kernel, spec.grid, spec.block) == ("rmsnorm_rows", (blocks,), (ROWS_THREADS,))
-    with pytest.raises(LaunchError, match="rmsnorm: D=898 must be a positive multiple of 4"):
-        RmsNormRows(*bufs(2, 898), dim=898, eps=1e-6, rows=2)
-    with pytest.raises(LaunchError, match=f"at most {MAX_DIM}"):
-        RmsNormRows(*bufs(1, MAX_DIM + 4), dim=MAX_DIM + 4, eps=1e-6, rows=1)
-    with pytest.raises(LaunchError, match="rmsnorm_rows: rows=0 must be at least 1"):
-        RmsNormRows(*bufs(1, 896), dim=896, eps=1e-6, rows=0)
 
 
 def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():

@@ -6,7 +6,7 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
     embedding                       residual fp32 [R, D] = embed[ids]
     rope_table                      rope_cs fp32 [R, Dh/2, 2] = cos, sin of each RoPE angle at start + r
     per layer l:
-      L{l}.input_layernorm          xn   fp16 [R, D]          = rmsnorm(residual) · w    (a warp a row)
+      L{l}.input_layernorm          xn   fp16 [R, D]          = rmsnorm(residual) · w
       L{l}.qkv_rope                 q    fp16 [R, Hq, Dh]     = rope(xn Wqᵀ + bq); K/V cache[start + r] =
                                                                 rope(xn Wkᵀ + bk), xn Wvᵀ + bv   (INT4 GEMM)
       L{l}.attention                attn fp16 [R, Hq·Dh]      = causal softmax(q Kᵀ/√Dh) V over the paged cache
@@ -90,7 +90,7 @@ from .errors import DrvqwenError
 from .launchers import (AttentionPrefill, DecodeResume, EmbeddingRows, GemmInt4GateUpSwigluRows, GemmInt4QkvRopeRows,
                         GemmInt4QkvRows, GemmInt4ResidualRows, GemvFmtGateUpSwiglu, GemvFmtResidual,
                         GemvInt4GateUpSwiglu, GemvInt4Residual, GpuSleep, Launcher, LaunchError, PrefillBeginChunk,
-                        RmsNorm, RmsNormRows, RopeKvRows, RopeTableRows)
+                        RmsNorm, RopeKvRows, RopeTableRows)
 from .format import weight_formats as wf
 from .format.quant import GROUP_SIZE as GEMM_GROUP
 from .format.tensor_set import EMBED, proj_prefix
@@ -108,6 +108,7 @@ from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
     AttentionSplitScratch, kv_splits_for, tile_splits_needed
+from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
 
@@ -388,6 +389,7 @@ class Prefill:
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
+        nt = norm_row_threads(D)  # the RMSNorms' block: a thread per float4 of a row
         ids = DeviceArray("ids[chunk]", self.buf["ids"].ptr, (R,), np.int32)
         fm = step.plan.formats
         if fm is not None:
@@ -409,8 +411,8 @@ class Prefill:
         for l in range(cfg.num_layers):
             lw = LayerWeights.of(w.__getitem__, l)
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
-            steps.append((f"L{l}.input_layernorm", RmsNormRows(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
-                                                               stream=st)))
+            steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
+                                                           threads=nt, stream=st)))
             if self.qkv_rope:
                 steps.append((f"L{l}.qkv_rope", GemmInt4QkvRopeRows(
                     q, k_l, v_l, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, lw.q_bias, lw.k_bias, lw.v_bias,
@@ -433,8 +435,8 @@ class Prefill:
                                                      stream=st)),
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
                 (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
-                (f"L{l}.post_attention_layernorm", RmsNormRows(xn, res, lw.post_attention_layernorm, dim=D,
-                                                               eps=eps, rows=R, stream=st)),
+                (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
+                                                           rows=R, threads=nt, stream=st)),
                 (f"L{l}.gate_up_swiglu", GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
                                                                   rows=R, split_k=sk, stream=st)),
                 (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, split_k=sk, stream=st)),
@@ -452,6 +454,7 @@ class Prefill:
         D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         nq, nkv, eps = cfg.q_dim, cfg.kv_dim, cfg.rms_norm_eps
+        nt = norm_row_threads(D)  # the RMSNorms' block: a thread per float4 of a row
 
         def fw(prefix: str):
             return _format_weight(w, fm, prefix)
@@ -482,8 +485,8 @@ class Prefill:
             pw = {p: fw(proj_prefix(l, p)) for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                      "down_proj")}
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
-            steps.append((f"L{l}.input_layernorm", RmsNormRows(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
-                                                               stream=st)))
+            steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
+                                                           threads=nt, stream=st)))
             rope_qkv = self._rope_qkv(fm, l) if self.register_rope else None
             if rope_qkv:
                 steps.append((f"L{l}.qkv_rope", rope_qkv(
@@ -508,8 +511,8 @@ class Prefill:
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
                 (f"L{l}.o_proj", self._register_residual(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R)
                  or ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st, defines=defs, **sk[ResidualO])),
-                (f"L{l}.post_attention_layernorm", RmsNormRows(xn, res, lw.post_attention_layernorm, dim=D,
-                                                               eps=eps, rows=R, stream=st)),
+                (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
+                                                           rows=R, threads=nt, stream=st)),
                 (f"L{l}.gate_up_swiglu", self._register_gate_up(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D,
                                                                 rows=R)
                  or GateUp(h, xn, pw["gate_proj"], pw["up_proj"], ps, f=F, k=D, rows=R, stream=st, defines=defs,

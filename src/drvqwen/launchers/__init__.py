@@ -8,7 +8,7 @@ Names follow one thread through the code base:
 | module (kernels/X.cu)   | launchers                                   | writes                               |
 |-------------------------|---------------------------------------------|--------------------------------------|
 | embedding               | Embedding, EmbeddingRows                    | residual fp32 [D] / [T, D]           |
-| rmsnorm                 | RmsNorm, RmsNormRows (prefill: a warp a row) | out fp16 [rows, D]                  |
+| rmsnorm                 | RmsNorm                                     | out fp16 [rows, D]                   |
 | gemv_int4               | GemvInt4, GemvInt4QkvRope (norm, RoPE, K/V  | y fp16 [N]; q fp16 + this step's K/V |
 |                         | write), GemvInt4Residual,                   | cache slots; residual fp32 (+=);     |
 |                         | GemvInt4GateUpSwiglu (norm, SwiGLU); the    | h fp16 [F]; with n_tokens=T, [T, …]  |
@@ -59,7 +59,7 @@ from .gemv_fmt import (EmbeddingFmt, EmbeddingFmtRows, FmtWeight, GemvFmt, GemvF
                        GemvFmtResidual, LmHeadFmt)
 from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
 from .prefill_state import DecodeResume, PrefillBeginChunk
-from .rmsnorm import RmsNorm, RmsNormRows
+from .rmsnorm import RmsNorm
 from .rope_kv import RopeKvRows, RopeTableRows
 from .sampling import PenalizedSampleToken, PublishToken, SampleToken
 from .timing import GpuSleep
@@ -72,7 +72,7 @@ __all__ = [
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
     "PrefillBeginChunk",
     "PublishToken",
-    "RmsNorm", "RmsNormRows", "RopeKvRows", "RopeTableRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
+    "RmsNorm", "RopeKvRows", "RopeTableRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials", "EmbeddingFmt", "EmbeddingFmtRows", "FmtWeight", "GemvFmt",
     "GemvFmtGateUpSwiglu", "GemvFmtQkvRope", "GemvFmtResidual", "LmHeadFmt",
 ]
