@@ -19,7 +19,7 @@
 //
 // Measured and not kept: a warp per row for the prefill's T rows (four rows a block, no barrier,
 // each lane's 28 float4 of the row loaded before any was used, the same summation order and bits)
-// took 7.7–8.7 µs a launch at T = 512, D = 3584, as this form's 7.9–8.9, and the 7B's TTFT was
+// took 7.2–8.7 µs a launch at T = 512, D = 3584, as this form's 7.9–8.9, and the 7B's TTFT was
 // 12.19–12.41 ms against 12.10–12.16 in turns (docs/bench/2026-12-04_2ebf575_…_rmsnorm_rows_*.json,
 // 2026-12-04_83c2cc2_…_rmsnorm_block_*.json): a launch here costs its place in the chain of
 // dependent kernels, not the row's load latency.
