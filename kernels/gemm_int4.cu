@@ -248,12 +248,13 @@
 // the 64 B of codes) and one int8 scale per k step. Bytes: Q4_K 144 per 256 weights (4.5 bits),
 // Q6_K 210 (6.56 bits) — the 7B's gate_up at 512 tokens reads 76 MB of Q4_K in ~246 µs, ~6 % of the
 // HBM bandwidth. The limit is the consumer's unpack beside the tensor cores: a group is 8 MMAs and
-// 325 SASS instructions a warp for Q4_K, 385 for Q6_K (INT4: ~250), so the other warpgroup's MMAs
-// hide less of it; the 256-token tile, which doubles the MMA work per unpacked group, gains the
-// most. Barriers: the file's protocol unchanged — the high-bit words are part of the stage the full
-// and w_empty barriers guard (above). Per layer of the synthetic 7B in llama.cpp's Q4_K_M layout at
-// 512 tokens, µs, one eager prefill's event pairs (`drvqwen bench --kernels`,
-// docs/bench/2026-12-03_*_syn7b_q4_k_m_*):
+// 338–341 SASS instructions a warp for Q4_K, 390–393 for Q5_K, 366–368 for Q6_K (INT4: 240–257;
+// the consumers' group loop at GEMM_BM 128, cuobjdump of NVRTC's cubin, NOPs not counted), so the
+// other warpgroup's MMAs hide less of it; the 256-token tile, which doubles the MMA work per
+// unpacked group, gains the most. Barriers: the file's protocol unchanged — the high-bit words are
+// part of the stage the full and w_empty barriers guard (above). Per layer of the synthetic 7B in
+// llama.cpp's Q4_K_M layout at 512 tokens, µs, one eager prefill's event pairs (`drvqwen bench
+// --kernels`, docs/bench/2026-12-03_*_syn7b_q4_k_m_*):
 //   | kernel                          | this file  | gemm_fmt_wgmma.cu | INT4 (bench_gemm, 2a2a007) |
 //   | q | k (Q4_K, stacked)            |  36.1      | 51.4 + 22.5       | qkv 39.0 (with v)          |
 //   | o_proj (Q4_K)                   |  41.3      | 55.8              | 30.7                       |
@@ -265,16 +266,17 @@
 // value in FP32 (wf_scales, then a conversion to FP16) made the mainloop 450 SASS instructions a
 // group against INT4's ~250 and the TTFT 20.5 ms; in FP16 pairs 325 and 16.9 ms (b850434, the two
 // in the same run); Q6_K's v/down here too 16.3 ms (c6c8fbb); and the FP16 pairs freed the
-// registers the 256-token build needed: 14.7 ms (b9df302). Q6_K's group is 385 instructions; at
-// GEMM_BM 256 its ring has two stages (gemm_stages: three with the high-bit plane need 229 KB):
-// 14.0 ms against the INT4 7B's 12.3 in turns (docs/bench/2026-12-03_0a6300c_h200_syn7b_*.json).
+// registers the 256-token build needed: 14.7 ms (b9df302). Q6_K: at GEMM_BM 256 its ring has two
+// stages (gemm_stages: three with the high-bit plane need 229 KB): 14.0 ms against the INT4 7B's
+// 12.3 in turns (docs/bench/2026-12-03_0a6300c_h200_syn7b_*.json).
 // Q5_0 and Q8_0 (bottom of the file) are the same mainloop with an FP16 scale per 32-input chunk:
-// the residual kernels are 2256 and 1992 SASS instructions in all at GEMM_BM 128 (INT4's 2000,
-// cuobjdump). The synthetic 7B in llama.cpp's Q5_0 layout prefills 512 tokens in
-// 14.9 ms (23.8 on gemm_fmt_wgmma.cu), in its Q8_0 layout in 14.2–14.7 ms with the 256-token build
-// on two stages (18.4–18.6 without it; 27.9 on gemm_fmt_wgmma.cu), the INT4 7B 12.3–12.5 ms in
-// the same runs (docs/bench/2026-12-03_{635fd11,0a6300c}_h200_syn7b_*.json); the synthetic 0.5B
-// in the real 0.5B's formats 2.94 ms against 4.01 (…_32ada4d_h200_syn05b_q4_k_m_q32_*.json).
+// the residual kernels are 2237 and 2004 SASS instructions in all at GEMM_BM 128 (INT4's 1998;
+// cuobjdump of NVRTC's cubin, NOPs not counted). The synthetic 7B in llama.cpp's Q5_0 layout
+// prefills 512 tokens in 14.9 ms (23.8 on gemm_fmt_wgmma.cu), in its Q8_0 layout in 14.2–14.7 ms
+// with the 256-token build on two stages (18.4–18.6 without it; 27.9 on gemm_fmt_wgmma.cu), the
+// INT4 7B 12.3–12.5 ms in the same runs
+// (docs/bench/2026-12-03_{635fd11,0a6300c}_h200_syn7b_*.json); the synthetic 0.5B in the real
+// 0.5B's formats 2.94 ms against 4.01 (…_32ada4d_h200_syn05b_q4_k_m_q32_*.json).
 // Q4_0 (gemm_q4g32_*, the INT4 unpack with a scale per chunk): the 7B in llama.cpp's Q4_0 layout
 // 12.9 ms against INT4's 12.5 in turns, 19.6 on gemm_fmt_wgmma.cu (…_b4a74ff_h200_syn7b_*.json).
 //
@@ -508,9 +510,36 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
 // one int8 sc per 16-input sub-block (one k step) and the FP16 d per 256-input super-block:
 // w = (d·sc)(c − 32). The high words travel with the codes through the stage (the producer copies
 // 32 B a row and group); the scales are read from global memory one group ahead, as Q4_K's.
-#define FP16X2_1056 0x64206420u  // (1024 + 32, 1024 + 32): the magic number and Q6_K's zero point
 #define FP16X2_1152 0x64806480u  // (1024 + 128, 1024 + 128): the magic number and the int8 bias
-#define FP16X2_1040 0x64106410u  // (1024 + 16, 1024 + 16): the magic number and Q5_0's zero point
+
+// The 5- and 6-bit unpack (Q6_K here, Q5_K, Q5_0 and Q5_1 below). Code word i of a chunk (of a k
+// step for Q6_K, i = 0 or 2) has the high bits of the lane's nibbles at bit i (and 16 + i) of the
+// high word shifted right by the lane's shift. Rather than move each word's high bits down to its
+// nibble pair (a shift a pair), the pair moves up to them: the code word is rotated right by
+// shift − i (shf.r.wrap, the amount taken mod 32), so the pair sits at bits i … i + 3 and
+// 16 + i … 19 + i, and the high word is rotated once a chunk and row, right by shift − 4
+// (gemm_high_word), which puts every word's high bits right above its pair, at 4 + i and 20 + i.
+// The magic number moves with the position: the FP16 2^(10−i) is 2^(10−i)·(1 + m/1024), so its
+// mantissa bit i weighs 1 and (hpos & high mask << i) | (the rotated word & 0x000F000F << i) under
+// it is 2^(10−i) + c, exact (c < 64: the code stays in the mantissa's bits i … i + 5 ≤ 8).
+// One sub.f16x2 of 2^(10−i) + z then gives the exact c − z, the same FP16 value as shifting the
+// pair to bit 0 under 1024, bit for bit. A pair costs a rotate, two lop3, the sub and the
+// scaling's mul or fma: 5 instructions, and the high word's rotate is shared by its 4 words
+// (Q6_K: 2).
+// (2^(10−i) + z, 2^(10−i) + z): exponent 25 − i (bias 15), z in units of the ulp 2^−i.
+__host__ __device__ constexpr u32 gemm_fp16x2_at(int i, int z) { return (((25u - i) << 10) | ((u32)z << i)) * 0x10001u; }
+static_assert(gemm_fp16x2_at(0, 0) == FP16X2_1024 && gemm_fp16x2_at(0, 32) == 0x64206420u &&
+              gemm_fp16x2_at(1, 16) == 0x60206020u && gemm_fp16x2_at(2, 32) == 0x5C805C80u &&
+              gemm_fp16x2_at(3, 16) == 0x58805880u, "1024 + 32, 512 + 16, 256 + 32, 128 + 16");
+// The high word of a chunk (Q6_K: of a k step) rotated so that word i's high bits sit at 4 + i.
+__device__ __forceinline__ u32 gemm_high_word(u32 h, int shift) { return __funnelshift_r(h, h, shift - 4); }
+// The lane's codes of code word w, word i of its chunk, as (2^(10−i) + c0, 2^(10−i) + c1),
+// exact: its nibble pair rotated to bit i, OR-ed with the high bits of hpos (gemm_high_word)
+// under high_mask << i (the mask at i = 0: one bit, or Q6_K's two) and the magic number 2^(10−i).
+__device__ __forceinline__ u32 gemm_high_biased(u32 w, u32 hpos, int shift, int i, u32 high_mask) {
+    const u32 m = lop3_and_or(hpos, high_mask << i, gemm_fp16x2_at(i, 0));  // (2^(10−i) + 16h0, …)
+    return lop3_and_or(__funnelshift_r(w, w, shift - i), INT4_MASK_LO << i, m);
+}
 struct GemmLaneRowsQ6k {
     const u32* wa;  const u32* wb;    // the rows' code words
     const u32* ha;  const u32* hb;    // the rows' high-bit words
@@ -520,8 +549,10 @@ struct GemmLaneRowsQ6k {
 
 // The lane's scales of one group: S = d·sc of each k step and row as FP16 pairs (the exact
 // product rounded once, gemm_scale_pairs on the int8 biased by 128), and the unpack
-// (c − 32)·S: the exact c − 32 by one sub.f16x2 of 1024 + 32, one mul.rn.f16x2 — two roundings
-// (S, the product), as Q4_K's (docs/numerics.md).
+// (c − 32)·S: the codes at their rotated position under the magic number 2^(10−i)
+// (gemm_high_biased: word 2s of k step s at i = 0, word 2s + 1 at i = 2, the k step's high word
+// rotated once), the exact c − 32 by one sub.f16x2 of 2^(10−i) + 32, one mul.rn.f16x2 — two
+// roundings (S, the product), as Q4_K's (docs/numerics.md).
 struct GemmQ6kScales {
     static constexpr int CODE_STRIDE = INT4_GROUP / 8;
     static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
@@ -543,13 +574,12 @@ struct GemmQ6kScales {
         }
         return G;
     }
-    // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
-    // sit at bits 4–5 and 20–21) as (c − 32, c − 32) exact, then times S.
-    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2) {
-        const u32 m = lop3_and_or(hpos, 0x00300030u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
-        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, m);  // (1024 + c0, 1024 + c1), c ≤ 63
+    // Nibble pair t of code word w, at i = 0 or 2 in its k step, with its high bits (hpos: the k
+    // step's high word, gemm_high_word) as (c − 32, c − 32) exact, then times S.
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, int i, u32 s2) {
+        const u32 biased = gemm_high_biased(w, hpos, shift, i, 0x00300030u);  // 2^(10−i) + c, c ≤ 63
         u32 q, out;
-        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1056));
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(gemm_fp16x2_at(i, 32)));
         asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
         return out;
     }
@@ -558,12 +588,14 @@ struct GemmQ6kScales {
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
-            // k step s: code words 2s, 2s+1 and high word s; pair t's high bits at 4t + {0, 2}
-            const u32 hA = wf_word(ha[s / 4], s % 4) >> shift, hB = wf_word(hb[s / 4], s % 4) >> shift;
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << 4, shift, G.s[0][s]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << 4, shift, G.s[1][s]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << 2, shift, G.s[0][s]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << 2, shift, G.s[1][s]);
+            // k step s: code words 2s, 2s+1 and high word s; pair t's high bits at 4t + {0, 2}, so
+            // i = 0 and 2 (after the rotate at 4–5 and 6–7, above the pairs at 0–3 and 2–5)
+            const u32 hA = gemm_high_word(wf_word(ha[s / 4], s % 4), shift);
+            const u32 hB = gemm_high_word(wf_word(hb[s / 4], s % 4), shift);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, 0, G.s[0][s]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, 0, G.s[1][s]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, 2, G.s[0][s]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, 2, G.s[1][s]);
         }
     }
 };
@@ -1271,18 +1303,21 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // (d, dmin) per super-block, w = (d·sc)·c − dmin·m, and codes c = v + 16h, v the low nibble in
 // layout id 1 (the INT4 words) and h one high bit in the qhigh plane as Q5_0 has it (bit 4p + i
 // of chunk j's word for nibble p of code word i of the chunk). So GemmQ5kScales is Q4_K's
-// scales (GemmQ4kScales::load, decoded in FP16 pairs one group ahead) with Q5_0's unpack: the
-// high bit OR-ed in at 16 under the magic number, 1024 + c exact for c ≤ 31, one sub.f16x2 makes
-// c exact, one fma.rn.f16x2 gives c·S − O. The high words travel with the codes through the
-// stage (16 B a row and group behind the code words, lane t = 0 of each quad copies them, as
-// Q5_0's). Why that cannot race: the high words are part of the stage, so they land before the
-// full barrier's phase completes (the lane's cp.async.mbarrier.arrive.noinc covers its copies) and
-// are rewritten only after w_empty's, which every consumer lane passes once its reads are done —
-// the file's protocol with no new barrier. Work split: the file's (tiles, stream-K ranges, two
-// consumer warpgroups); the limit, as for Q4_K, is the consumers' unpack beside the tensor cores
-// (two more lop3 a pair than Q4_K for the high bit). Bytes: 176 per 256 weights (5.5 bits) read
-// once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32 [N, K/8], qhigh u32
-// [N, K/32], scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16, FP16).
+// scales (GemmQ4kScales::load, decoded in FP16 pairs one group ahead) with Q5_0's unpack: code
+// word i of a chunk rotated so that the lane's pair sits at bit i, the high bit OR-ed in above it
+// under the magic number 2^(10−i) (gemm_high_biased; the chunk's high word rotated once), so
+// 2^(10−i) + c is exact for c ≤ 31, one sub.f16x2 of 2^(10−i) makes c exact, one fma.rn.f16x2
+// gives c·S − O. The high words travel with the codes through the stage (16 B a row and group
+// behind the code words, lane t = 0 of each quad copies them, as Q5_0's). Why that cannot race:
+// the high words are part of the stage, so they land before the full barrier's phase completes
+// (the lane's cp.async.mbarrier.arrive.noinc covers its copies) and are rewritten only after
+// w_empty's, which every consumer lane passes once its reads are done — the file's protocol with
+// no new barrier. Work split: the file's (tiles, stream-K ranges, two consumer warpgroups); the
+// limit, as for Q4_K, is the consumers' unpack beside the tensor cores (one more lop3 a pair than
+// Q4_K for the high bit, one rotate of the high word a chunk and row). Bytes: 176 per 256 weights
+// (5.5 bits) read once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32
+// [N, K/8], qhigh u32 [N, K/32], scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16,
+// FP16).
 #define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
 struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
     const u32* ha; const u32* hb;     // the rows' high-bit words
@@ -1292,13 +1327,12 @@ struct GemmQ5kScales : GemmQ4kScales {
     static constexpr int HIGH_ROW_BYTES = GEMM_Q5K_HIGH_ROW_BYTES;
     static constexpr int HIGH_STRIDE = GEMM_Q5K_HIGH_ROW_BYTES / 4;  // words a row and group
     static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
-    // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
-    // sit at bits 4 and 20) as (c, c) exact, then c·S − O.
-    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2, u32 o2) {
-        const u32 m = lop3_and_or(hpos, 0x00100010u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
-        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, m);  // (1024 + c0, 1024 + c1), c ≤ 31
+    // Nibble pair t of code word w, word i of its chunk, with its high bits (hpos: the chunk's high
+    // word, gemm_high_word) as (c, c) exact, then c·S − O.
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, int i, u32 s2, u32 o2) {
+        const u32 biased = gemm_high_biased(w, hpos, shift, i, 0x00100010u);  // 2^(10−i) + c, c ≤ 31
         u32 c, out;
-        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(FP16X2_1024));
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(gemm_fp16x2_at(i, 0)));
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
         return out;
     }
@@ -1312,11 +1346,11 @@ struct GemmQ5kScales : GemmQ4kScales {
             // sub-block of the scales too — whose high bits for the lane's nibbles t and t + 4 are
             // bits 4t + i and 4t + 16 + i of high word j (GemmQ5g32Scales::fragments).
             const int j = s / 2, i0 = 2 * (s % 2);
-            const u32 hA = wf_word(ha[0], j) >> shift, hB = wf_word(hb[0], j) >> shift;
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << (4 - i0), shift, G.s[0][j], G.o[0][j]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << (4 - i0), shift, G.s[1][j], G.o[1][j]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << (3 - i0), shift, G.s[0][j], G.o[0][j]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << (3 - i0), shift, G.s[1][j], G.o[1][j]);
+            const u32 hA = gemm_high_word(wf_word(ha[0], j), shift), hB = gemm_high_word(wf_word(hb[0], j), shift);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, G.s[1][j], G.o[1][j]);
         }
     }
 };
@@ -1569,14 +1603,14 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 // Q8_0 among others).
 // Bytes: 18, 22 and 34 per 32 weights (4.5, 5.5, 8.5 bits) — the 7B's gate_up at 512 tokens reads
 // 76 MB (Q4_0) to 144 MB (Q8_0); in the ~0.22 ms its 139 GFLOP take at INT4's rate that is at most
-// 14 % of the HBM bandwidth. The limit is, as
-// for the K-quants, the consumer's unpack beside the tensor cores (the other warpgroup's MMAs hide
-// it): Q4_0 is INT4's unpack with one scale per k-step pair, Q5_0 adds 2 instructions a pair for
-// the high bit, Q8_0 replaces the shift by a prmt. Work split, producer, consumers and epilogues
-// are the file's; so is the barrier protocol (header): the high part sits in the stage under the
-// same full and w_empty barriers (each producer lane arrives once, after all its copies of the
-// stage landed), and with two stages (Q8_0 at GEMM_BM 256) the parity argument holds unchanged —
-// it needs only that a barrier is never more than one phase ahead of its waiter.
+// 14 % of the HBM bandwidth. The limit is, as for the K-quants, the consumer's unpack beside the
+// tensor cores (the other warpgroup's MMAs hide it): Q4_0 is INT4's unpack with one scale per
+// k-step pair, Q5_0 adds a lop3 a pair for the high bit and a rotate of the high word a chunk and
+// row (gemm_high_biased), Q8_0 replaces the shift by a prmt. Work split, producer, consumers and
+// epilogues are the file's; so is the barrier protocol (header): the high part sits in the stage
+// under the same full and w_empty barriers (each producer lane arrives once, after all its copies
+// of the stage landed), and with two stages (Q8_0 at GEMM_BM 256) the parity argument holds
+// unchanged — it needs only that a barrier is never more than one phase ahead of its waiter.
 // Measured: the README's format rows and this header's K-quant paragraph.
 struct GemmLaneRowsG32 {
     const u32* wa;  const u32* wb;    // the rows' code words
@@ -1634,8 +1668,10 @@ struct GemmQ4g32Scales : GemmG32Scales {
     }
 };
 
-// Q5_0: 1024 + v + 16h is an exact FP16 (the magic number with the high bit OR-ed in at 16), one
-// sub.f16x2 of 1024 + 16 makes c − 16 exact.
+// Q5_0: code word i of a chunk rotated so that the lane's pair sits at bit i, its high bit OR-ed
+// in right above it under the magic number 2^(10−i) (gemm_high_biased; the chunk's high word
+// rotated once a chunk and row): 2^(10−i) + v + 16h is an exact FP16, one sub.f16x2 of
+// 2^(10−i) + 16 makes c − 16 exact.
 struct GemmQ5g32Scales : GemmG32Scales {
     static constexpr int CODE_STRIDE = INT4_GROUP / 8;
     static constexpr int HIGH_ROW_BYTES = 16;
@@ -1649,13 +1685,12 @@ struct GemmQ5g32Scales : GemmG32Scales {
         (which ? out.hb : out.ha) = qhigh + r * (K / 32);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
     }
-    // Nibble pair t of code word w with its high bits (hpos: the high word shifted so that they
-    // sit at bits 4 and 20) as (c − 16, c − 16) exact, then times S.
-    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2) {
-        const u32 m = lop3_and_or(hpos, 0x00100010u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
-        const u32 biased = lop3_and_or(w >> shift, INT4_MASK_LO, m);  // (1024 + c0, 1024 + c1), c ≤ 31
+    // Nibble pair t of code word w, word i of its chunk, with its high bits (hpos: the chunk's high
+    // word, gemm_high_word) as (c − 16, c − 16) exact, then times S.
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, int i, u32 s2) {
+        const u32 biased = gemm_high_biased(w, hpos, shift, i, 0x00100010u);  // 2^(10−i) + c, c ≤ 31
         u32 q, out;
-        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(FP16X2_1040));
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(q) : "r"(biased), "r"(gemm_fp16x2_at(i, 16)));
         asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(q), "r"(s2));
         return out;
     }
@@ -1667,13 +1702,14 @@ struct GemmQ5g32Scales : GemmG32Scales {
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             // k step s: code words 2s, 2s+1 = words i0 = 2(s % 2), i0 + 1 of chunk j = s / 2, whose
             // high bits for the lane's nibbles t and t + 4 are bits 4t + i and 4t + 16 + i of high
-            // word j: shifted right by 4t, then left by 4 − i, they sit at bits 4 and 20.
+            // word j: rotated right by 4t − 4 (once for the chunk's four words), they sit at
+            // 4 + i and 20 + i, right above the pair of word i rotated to bits i and 16 + i.
             const int j = s / 2, i0 = 2 * (s % 2);
-            const u32 hA = wf_word(ha[0], j) >> shift, hB = wf_word(hb[0], j) >> shift;
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << (4 - i0), shift, G.s[0][j]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << (4 - i0), shift, G.s[1][j]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << (3 - i0), shift, G.s[0][j]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << (3 - i0), shift, G.s[1][j]);
+            const u32 hA = gemm_high_word(wf_word(ha[0], j), shift), hB = gemm_high_word(wf_word(hb[0], j), shift);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, G.s[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, G.s[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, G.s[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, G.s[1][j]);
         }
     }
 };
@@ -1762,10 +1798,10 @@ struct GemmG32MinScales {
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(so.s + r * (K / 32));  // 8-byte aligned: K % 128 == 0
         (which ? out.ob : out.oa) = reinterpret_cast<const uint2*>(so.o + r * (K / 32));
     }
-    // (c, c) exact from the biased pair (1024 + c0, 1024 + c1), then c·S + O.
-    __device__ static __forceinline__ u32 fma_pair(u32 biased, u32 s2, u32 o2) {
+    // (c, c) exact from the biased pair (magic + c0, magic + c1), then c·S + O.
+    __device__ static __forceinline__ u32 fma_pair(u32 biased, u32 magic, u32 s2, u32 o2) {
         u32 c, out;
-        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(FP16X2_1024));
+        asm("sub.f16x2 %0, %1, %2;" : "=r"(c) : "r"(biased), "r"(magic));
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(c), "r"(s2), "r"(o2));
         return out;
     }
@@ -1782,7 +1818,7 @@ struct GemmQ4g32MinScales : GemmG32MinScales {
         lane_row_min(qweight, so, row, n, K, which, out);
     }
     __device__ static __forceinline__ u32 pair(u32 w, int shift, u32 s2, u32 o2) {
-        return fma_pair(lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024), s2, o2);
+        return fma_pair(lop3_and_or(w >> shift, INT4_MASK_LO, FP16X2_1024), FP16X2_1024, s2, o2);
     }
     __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
                                                      const uint4 (&)[GEMM_HIGH_MAX], const uint4 (&)[GEMM_HIGH_MAX],
@@ -1798,7 +1834,8 @@ struct GemmQ4g32MinScales : GemmG32MinScales {
     }
 };
 
-// Q5_1: Q5_0's high-bit plane in the stage beside the codes (16 B a row and group), c ≤ 31.
+// Q5_1: Q5_0's high-bit plane in the stage beside the codes (16 B a row and group), c ≤ 31, and
+// its unpack (GemmQ5g32Scales: the pair rotated to bit i under the magic number 2^(10−i)).
 struct GemmQ5g32MinScales : GemmG32MinScales {
     static constexpr int CODE_STRIDE = INT4_GROUP / 8;
     static constexpr int HIGH_ROW_BYTES = 16;
@@ -1809,10 +1846,9 @@ struct GemmQ5g32MinScales : GemmG32MinScales {
         lane_row_min(qweight, so, row, n, K, which, out);
         (which ? out.hb : out.ha) = qhigh + (u64)min(row, n - 1) * (K / 32);
     }
-    // hpos: the high word shifted so that the pair's high bits sit at bits 4 and 20 (GemmQ5g32Scales).
-    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, u32 s2, u32 o2) {
-        const u32 m = lop3_and_or(hpos, 0x00100010u, FP16X2_1024);   // (1024 + 16h0, 1024 + 16h1)
-        return fma_pair(lop3_and_or(w >> shift, INT4_MASK_LO, m), s2, o2);
+    // hpos: the chunk's high word, gemm_high_word; i: w's word of the chunk (GemmQ5g32Scales).
+    __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, int i, u32 s2, u32 o2) {
+        return fma_pair(gemm_high_biased(w, hpos, shift, i, 0x00100010u), gemm_fp16x2_at(i, 0), s2, o2);
     }
     __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
                                                      const uint4 (&ha)[GEMM_HIGH_MAX],
@@ -1821,11 +1857,11 @@ struct GemmQ5g32MinScales : GemmG32MinScales {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             const int j = s / 2, i0 = 2 * (s % 2);  // as GemmQ5g32Scales::fragments
-            const u32 hA = wf_word(ha[0], j) >> shift, hB = wf_word(hb[0], j) >> shift;
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA << (4 - i0), shift, G.s[0][j], G.o[0][j]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB << (4 - i0), shift, G.s[1][j], G.o[1][j]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA << (3 - i0), shift, G.s[0][j], G.o[0][j]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB << (3 - i0), shift, G.s[1][j], G.o[1][j]);
+            const u32 hA = gemm_high_word(wf_word(ha[0], j), shift), hB = gemm_high_word(wf_word(hb[0], j), shift);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, G.s[1][j], G.o[1][j]);
         }
     }
 };
