@@ -525,7 +525,10 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
 // One sub.f16x2 of 2^(10−i) + z then gives the exact c − z, the same FP16 value as shifting the
 // pair to bit 0 under 1024, bit for bit. A pair costs a rotate, two lop3, the sub and the
 // scaling's mul or fma: 5 instructions, and the high word's rotate is shared by its 4 words
-// (Q6_K: 2).
+// (Q6_K: 2). Measured against the form with a shift a pair (6 instructions), in turns on the
+// H200: the 7B in Q5_K_M 15.35 / 15.35 ms against 15.55 / 15.35, the 0.5B in it (Q5_1 ×133)
+// 2.98 / 2.90 against 2.89 / 2.87 (docs/bench/2026-12-04_{72f378b,d21f986}_h200_syn*_q5_k_m_unpack*.json):
+// TTFT within the spread, so the Q5 prefill's limit is not the consumers' instruction count alone.
 // (2^(10−i) + z, 2^(10−i) + z): exponent 25 − i (bias 15), z in units of the ulp 2^−i.
 __host__ __device__ constexpr u32 gemm_fp16x2_at(int i, int z) { return (((25u - i) << 10) | ((u32)z << i)) * 0x10001u; }
 static_assert(gemm_fp16x2_at(0, 0) == FP16X2_1024 && gemm_fp16x2_at(0, 32) == 0x64206420u &&
