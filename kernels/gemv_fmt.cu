@@ -80,17 +80,39 @@
 // Where a warp's cycles go (Nsight Compute, q4_k gate_proj shape, cycles per issued
 // instruction 6.98 at 3.46 warps per scheduler): wait (fixed-latency dependencies) 1.75,
 // barrier 0.97 (the x prologue and the block's final reduce: ramp-up and drain), math pipe
-// throttle 0.60, long scoreboard (global loads) 0.58 — the loads are not what it waits for. The
-// main loop's SASS spends ~50 of its ~270 instructions per item recomputing load addresses
-// and 8 gathering the quad's scale words. Tried and not kept, each timed against this loop
-// in one run (docs/bench/2026-12-01_h200_gemv_fmt_loop_variants.json, with the patches):
-// 2 or 4 independent MMA accumulator chains per scale group (±2%: noise); the zero lanes of B
-// loaded from 64 B of zeros instead of zeroed registers (±4%, no direction); the loop unrolled
-// into (cur, next) / (next, cur) halves to drop the `cur = next` moves (7–15% slower: twice the
-// code). What is left is the launch itself — its prologue, drain and barrier — which the
-// persistent decode kernel removes, and the address arithmetic, which a per-row cursor would.
+// throttle 0.60, long scoreboard (global loads) 0.58 — the loads are not what it waits for.
+// These runs computed every item's load addresses from (row, chunk) (wf_load per item: ~50 of
+// the loop's ~270 SASS instructions per item, 8 more gathering the quad's scale words); the load
+// cursor below is not in them. Tried and not kept, each timed against that loop in one run
+// (docs/bench/2026-12-01_h200_gemv_fmt_loop_variants.json, with the patches): 2 or 4 independent
+// MMA accumulator chains per scale group (±2%: noise); the zero lanes of B loaded from 64 B of
+// zeros instead of zeroed registers (±4%, no direction); the loop unrolled into (cur, next) /
+// (next, cur) halves to drop the `cur = next` moves (7–15% slower: twice the code). What is left
+// besides is the launch itself — its prologue, drain and barrier — which the persistent decode
+// kernel removes.
 //
-// Occupancy is the other lever: qkv_rope and gate_up need 160–170 registers when compiled for
+// Load addresses: each lane keeps, per matrix, the addresses of its chunk in every plane of row
+// g (the load cursor, gf_block: wf_addr once, then moved down to each next tile's rows by
+// wf_addr_rows). An item's addresses are one 64-bit multiply-add per plane from it for row g
+// (wf_addr_quads) and one per plane from those for row g + 8 (wf_addr_rows), where wf_load per
+// item recomputes the tile's rows, each plane's row offset and chunk term and the super-block.
+// SASS instructions per item of the main loop in a stretch where the tile carries on (NVRTC 13.0
+// as the launchers compile, cuobjdump; a uniform branch counts half its instructions), with the
+// cursor / with wf_load per item:
+//   | build (WF_FORMATS)        | format | residual, f16, lm_head | qkv_rope    | gate_up   |
+//   | the 7B's {q4_k, q6_k}     | q4_k   | 201–202.5 / 231.5      | 201.5 / 265 | 374 / 396 |
+//   |                           | q6_k   | 234 / 243.5            | 227 / 284   | 427 / 439 |
+//   | the 0.5B's {q5_0, q8_0,   | q4_k   | 194.5 / 225.5          | 194.5 / 254 | 344 / 386 |
+//   |   q4_k, q6_k}             | q5_0   | 206 / 212.5            | 198 / 241.5 | 361 / 382 |
+//   |                           | q8_0   | 149 / 155              | 140 / 182   | 244 / 281 |
+//   |                           | q6_k   | 231 / 236              | 220 / 264.5 | 406 / 428 |
+// qkv_rope's q and k blocks pair rows for RoPE, a division per item without the cursor. In
+// residual, f16 and lm_head ptxas often predicates the tile switch (gf_block: next_tile) into
+// every item instead of branching around it (q6_k here; q5_0 and q8_0 in the 0.5B's build): 8–10
+// of their instructions per item. Both builds fit 128 registers without spills in every kernel,
+// qkv_rope and gate_up with 2 blocks per SM.
+//
+// Occupancy is the other lever: qkv_rope and gate_up need 150–180 registers when compiled for
 // every format and run one block of 8 warps per SM; compiled for one model's formats
 // (WF_FORMATS, launchers/gemv_fmt.py: format_defines) they fit 128 and run 2. Measured, q4_k
 // gate_up at the 7B shape 37.3 → 32.6 µs; qkv_rope (q4_k, q4_k, q6_k) stays at 13.0–13.1,
@@ -111,13 +133,14 @@
 #include "rmsnorm.cuh"         // rmsnorm_inv_rms, rmsnorm_apply4, RMSNORM_WARPS
 #include "rope.cuh"            // rope_rotate
 #include "kv_cache.cuh"        // kv_offset, PAGE_TOKENS
-#include "weight_formats.cuh"  // WfWeight, WfRaw, wf_load, wf_pairs, wf_scales, wf_dequant, WF_DISPATCH
+#include "weight_formats.cuh"  // WfWeight, WfRaw, WfAddr, wf_addr(_quads, _rows), wf_load(_at), wf_pairs,
+                               // wf_scales, wf_dequant, WF_DISPATCH
 
 #define GF_MAX_WARPS 8    // K-split warps per block
 // Registers: the plain GEMVs and the lm_head ask for 2 blocks per SM (__launch_bounds__(256, 2):
 // ≤ 128 registers, no spills). The qkv (RoPE epilogue) and gate/up (two matrices) kernels ask
 // for GF_QKV_MIN_BLOCKS and GF_GATE_UP_MIN_BLOCKS: compiled for every format (WF_FORMATS'
-// default) they need 160–170 registers, so one block of 8 warps per SM; compiled for one
+// default) they need 150–180 registers, so one block of 8 warps per SM; compiled for one
 // model's formats (Q4_K with Q6_K, or the real 0.5B's Q5_0, Q8_0, Q4_K and Q6_K) they fit 128
 // without spilling, and the launcher asks for 2 (launchers/gemv_fmt.py: format_defines keeps
 // 2 for each kernel only where ptxas reports no spills in it).
@@ -214,20 +237,53 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
 
     grid_launch_dependents();  // every block of the grid is resident (one wave)
 
+    // The load cursor, because these GEMVs are issue-bound: per matrix, the addresses of this
+    // lane's chunk t of quad 0 in MMA row g of tile ld_tile (wf_addr; QUAD: the quad shares the
+    // K-quant scale loads). An item's addresses are wf_addr_quads of it for row g and wf_addr_rows
+    // of those for row g + 8: one multiply-add per plane and row (the header has the counts). Row
+    // g + 8 has no cursor of its own: 2 more registers per plane and matrix, which spill residual,
+    // f16 and lm_head at 2 blocks per SM when compiled for q6_k alone (q5_g32_min and q8_g32 are
+    // at that edge).
     int ld_tile = tile_b, ld_q = qb;
+    // The weight rows of MMA rows g and g + 8 in tile ld_tile (rows past n: n − 1, loaded, never
+    // stored; tiles past tile_e: never loaded). They only grow from tile to tile.
+    auto tile_rows = [&](u32& r0, u32& r1) {
+        int lo, hi;
+        gemv_tile_rows(ld_tile, g, rope_dim, lo, hi);
+        r0 = min(lo, n - 1);
+        r1 = min(hi, n - 1);
+    };
+    u32 row0, row1;  // tile_rows of tile ld_tile
+    tile_rows(row0, row1);
+    WfAddr at[MT];  // the cursor
+#pragma unroll
+    for (int m = 0; m < MT; ++m) at[m] = wf_addr<F, true>(w[m], row0, t, K, t);
+    // At a tile's end the cursor moves down to the next tile's rows (wf_addr_rows): no plane
+    // pointer needed, where wf_addr would reload them all — which ptxas loads ahead of the branch,
+    // on every item's path, into registers the loop is short of.
+    auto next_tile = [&]() {
+        u32 r0, r1;
+        tile_rows(r0, r1);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F, true>(at[m], r0 - row0, K, t);
+        row0 = r0;
+        row1 = r1;
+    };
     auto load = [&](Batch& b) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             if (ld_tile >= tile_e) break;  // warp-uniform
-            int lo, hi;
-            gemv_tile_rows(ld_tile, g, rope_dim, lo, hi);
-            const u32 r0 = min(lo, n - 1), r1 = min(hi, n - 1);  // rows past n: loaded, never stored
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                b.w[u][m][0] = wf_load<F, true>(w[m], r0, 4 * ld_q + t, K, policy, t);  // the quad shares
-                b.w[u][m][1] = wf_load<F, true>(w[m], r1, 4 * ld_q + t, K, policy, t);  // K-quant scale loads
+                const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
+                b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
+                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, row1 - row0, K, t), policy);
             }
-            if (++ld_q == qe) { ld_q = qb; ++ld_tile; }
+            if (++ld_q == qe) {
+                ld_q = qb;
+                ++ld_tile;
+                next_tile();
+            }
         }
     };
 

@@ -2,7 +2,11 @@
 // format/weight_formats.py), read on the GPU: one chunk of 32 inputs of one row at a time.
 //
 //   wf_load<F[, QUAD]>(w, row, chunk, K, policy[, quad_lane])
-//                                          the chunk's bytes as stored (codes, high bits, scales)
+//                                          the chunk's bytes as stored (codes, high bits, scales):
+//                                          wf_load_at(wf_addr(w, row, chunk, K[, quad_lane]))
+//   wf_addr_quads<F[, QUAD]>(at, q[, quad_lane]), wf_addr_rows<F[, QUAD]>(at, rows, K[, quad_lane])
+//                                          the addresses (WfAddr) of the chunk 4q chunks further
+//                                          on, or `rows` rows further down, from those of `at`
 //   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
 //   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
 //                                          (c − z, or c for the formats with an offset)
@@ -13,12 +17,14 @@
 //   WF_DISPATCH(fmt, F, ...)               the statements with F the compile-time format of a
 //                                          runtime id (one instance per format)
 //
-// Every kernel that reads a format calls these (the decode GEMVs of gemv_fmt.cu, the embedding
-// rows, later the prefill GEMM), so a format's bit layout is written once. A chunk is the unit
-// because it is the smallest piece every format splits evenly into: 32 inputs hold whole scale
-// groups of every format (16 or 32 inputs) or lie inside one (128 for int4_g128, 256-input
-// super-blocks for the K-quants), and its codes are 16 bytes of nibbles (4–6 bits) or 32 bytes
-// (8 bits): one or two 16-byte loads.
+// Every kernel that reads a format calls these (the decode GEMVs and the embedding rows of
+// gemv_fmt.cu, the prefill GEMMs of gemm_fmt.cu and gemm_fmt_wgmma.cu), so a format's bit layout
+// is written once: its planes' addresses in wf_addr (their steps along a row and down rows in
+// wf_addr_quads and wf_addr_rows), its loads in wf_load_at. A chunk is the unit because it is the
+// smallest piece every format splits evenly into: 32 inputs hold whole scale groups of every
+// format (16 or 32 inputs) or lie inside one (128 for int4_g128, 256-input super-blocks for the
+// K-quants), and its codes are 16 bytes of nibbles (4–6 bits) or 32 bytes (8 bits): one or two
+// 16-byte loads.
 //
 // The formats (w = weight, c = the unsigned b-bit code, per scale group a scale s and maybe an
 // offset o; all arithmetic FP32):
@@ -102,6 +108,7 @@ struct Wf {
     static constexpr int SUBS = F == WF_Q6_K ? 2 : 1;        // scale groups per chunk
     static constexpr int ZERO = OFFSET ? 0 : 1 << (BITS - 1);  // z of w = (c − z) s
     static constexpr int HB = BITS == 5 ? 1 : BITS == 6 ? 2 : 0;  // high bits per input
+    static constexpr int CODE_BYTES = BITS >= 8 ? BITS * WF_CHUNK / 8 : 16;  // a chunk's qweight
 };
 
 // A chunk of one row as loaded: registers, most of them unused by any one format (the
@@ -114,14 +121,23 @@ struct WfRaw {
     u32 d;         // K-quants: fp16 d (and dmin in the high half)
 };
 
-// The chunk's bytes. Codes and high bits are streamed (read once per token: L1::no_allocate,
-// L2 evict-first); scales go through L1 (__ldg), as the 4 lanes of a quad and the 8 chunks of
-// a super-block share them.
-//
-// Offsets are 32-bit element indices (row · plane width + chunk's place), widened once when
-// added to the plane's pointer: the launchers keep every plane under 2^32 elements
-// (launchers/gemv_fmt.py: FmtWeight.check), and 64-bit index products cost the GEMVs issue
-// slots per chunk, which is what they are short of (gemv_fmt.cu).
+// Where one chunk's bytes lie: per plane, the address its loads read (null where the format has
+// none, or where this chunk reads nothing from the plane).
+struct WfAddr {
+    const u32* q;   // codes: the chunk's first word (its 16, 32 or 64 bytes start here)
+    const u32* h;   // high bits: the chunk's word (5-bit) or its 2 words (6-bit)
+    const void* s;  // scales: the chunk's group's fp16 scale | q6_k: the chunk's 2 int8 | q4_k/q5_k:
+                    // the super-block's 12 packed bytes, or with QUAD this lane's word of them
+                    // or of (d, dmin)
+    const void* a;  // aux: the group's fp16 offset | the super-block's superscales (q4_k/q5_k:
+                    // (d, dmin), unused with QUAD; q6_k: d)
+};
+
+// The addresses of chunk `chunk` of row `row` (wf_load's arguments). Offsets are 32-bit element
+// indices (row · plane width + chunk's place), widened once when added to the plane's pointer:
+// the launchers keep every plane under 2^32 elements (launchers/gemv_fmt.py: FmtWeight.check),
+// and 64-bit index products would cost the GEMVs issue slots, which is what they are short of
+// (gemv_fmt.cu).
 //
 // QUAD: the caller's 4 lanes of a quad (quad_lane = lane % 4) load 4 consecutive chunks
 // 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks). The q4_k/q5_k
@@ -130,52 +146,173 @@ struct WfRaw {
 // each lane holds 1 register of them instead of 4 while the load is in flight, the margin that
 // lets the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats load as without it.
 template <int F, bool QUAD = false>
-__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u32 row, int chunk, int K, u64 policy,
-                                         int quad_lane = 0) {
-    WfRaw r = {};
+__device__ __forceinline__ WfAddr wf_addr(const WfWeight& w, u32 row, int chunk, int K, int quad_lane = 0) {
+    WfAddr p = {};
     const u32 c = (u32)chunk;
     if constexpr (Wf<F>::BITS == 16) {
-        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + (row * (u32)(K / 2) + 16u * c));
+        p.q = w.qweight + (row * (u32)(K / 2) + 16u * c);
+        return p;  // no scales
+    } else if constexpr (Wf<F>::BITS == 8) {
+        p.q = w.qweight + (row * (u32)(K / 4) + 8u * c);
+    } else {
+        p.q = w.qweight + (row * (u32)(K / 8) + 4u * c);
+    }
+    if constexpr (Wf<F>::HB == 1) p.h = w.qhigh + (row * (u32)(K / 32) + c);
+    if constexpr (Wf<F>::HB == 2) p.h = w.qhigh + (row * (u32)(K / 16) + 2u * c);
+    if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
+        const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
+        const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
+        const u32* dd = static_cast<const u32*>(w.aux) + sb;
+        if constexpr (QUAD) {  // this lane's word of (s0, s1, s2, d): one load from either plane
+            p.s = quad_lane < 3 ? sc + quad_lane : dd;
+        } else {
+            p.s = sc;
+            p.a = dd;
+        }
+    } else if constexpr (F == WF_Q6_K) {
+        p.s = static_cast<const unsigned short*>(w.scales) + (row * (u32)(K / 32) + c);
+        p.a = static_cast<const unsigned short*>(w.aux) + (row * (u32)(K / WF_SUPER) + c / 8u);
+    } else {
+        constexpr u32 group = F == WF_INT4_G128 ? 128 : 32;
+        const u32 at = row * (u32)(K / group) + c * WF_CHUNK / group;
+        p.s = static_cast<const unsigned short*>(w.scales) + at;
+        if constexpr (Wf<F>::OFFSET) p.a = static_cast<const unsigned short*>(w.aux) + at;
+    }
+    return p;
+}
+
+// `p` moved on by n steps of `bytes`, a constant: one 64-bit multiply-add (IMAD.WIDE.U32).
+template <typename T>
+__device__ __forceinline__ const T* wf_advance(const T* p, u32 n, u32 bytes) {
+    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(p) + (u64)n * bytes);
+}
+
+// The same for a `bytes` known only at run time (a row's bytes: K-dependent). The product is
+// written as PTX mul.wide.u32 because, from (u64)n * bytes, the compiler widens a loop-invariant
+// `bytes` once, outside the loop, and multiplies in 64 bits, which ptxas completes with an add
+// to the high word at every call.
+template <typename T>
+__device__ __forceinline__ const T* wf_advance_var(const T* p, u32 n, u32 bytes) {
+    u64 off;
+    asm("mul.wide.u32 %0, %1, %2;" : "=l"(off) : "r"(n), "r"(bytes));
+    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(p) + off);
+}
+
+// The addresses of chunk c + 4q of the same row, from those of chunk c (`at`, from wf_addr with
+// the same QUAD and quad_lane), where c lies in the first half of its super-block (c % 8 < 4):
+// the chunk planes move q quads (4 chunks), the planes of one entry per super-block (8 chunks)
+// move ⌊q/2⌋ super-blocks. The sums equal wf_addr's at chunk c + 4q: wf_addr's 32-bit indices
+// stay below 2^32, so adding in 64 bits gives the same addresses.
+//
+// For the decode GEMVs (gemv_fmt.cu), which are issue-bound: they keep wf_addr of their lane's
+// chunk in quad 0 of a tile row (the load cursor) and call this per item: one multiply-add per
+// plane (q4_k/q5_k with QUAD: and a predicated multiply by 3) and one shift for the super-block
+// planes, where wf_addr per item recomputes the row's offset in every plane, the chunk terms and
+// the super-block.
+template <int F, bool QUAD = false>
+__device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int quad_lane = 0) {
+    const u32 sbs = q >> 1;  // super-blocks passed
+    WfAddr p = at;
+    p.q = wf_advance(at.q, q, 4 * Wf<F>::CODE_BYTES);
+    if constexpr (Wf<F>::BITS == 16) return p;
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, 4 * 4 * Wf<F>::HB);  // HB words per chunk
+    if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
+        if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
+            p.s = wf_advance(at.s, quad_lane < 3 ? 3u * sbs : sbs, 4);
+        } else {
+            p.s = wf_advance(at.s, sbs, 12);
+            p.a = wf_advance(at.a, sbs, 4);
+        }
+    } else if constexpr (F == WF_Q6_K) {
+        p.s = wf_advance(at.s, q, 4 * 2);  // 2 int8 per chunk
+        p.a = wf_advance(at.a, sbs, 2);    // fp16 d per super-block
+    } else {
+        constexpr u32 QUAD_BYTES = F == WF_INT4_G128 ? 2 : 4 * 2;  // fp16 per 128 or per 32 inputs
+        p.s = wf_advance(at.s, q, QUAD_BYTES);
+        if constexpr (Wf<F>::OFFSET) p.a = wf_advance(at.a, q, QUAD_BYTES);
+    }
+    return p;
+}
+
+// The addresses of the same chunk `rows` rows further down (rows ≥ 0), from those of `at`
+// (wf_addr with the same QUAD and quad_lane, or wf_addr_quads of it): every plane moves by whole
+// rows, one multiply-add each (q4_k/q5_k with QUAD: and a predicated multiply by 3). The sums
+// equal wf_addr's at row + rows, as in wf_addr_quads. The decode GEMVs reach the second row of
+// their tile with it, and the next tile's rows.
+template <int F, bool QUAD = false>
+__device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, u32 rows, int K, int quad_lane = 0) {
+    WfAddr p = at;
+    p.q = wf_advance_var(at.q, rows, (u32)(K / WF_CHUNK) * Wf<F>::CODE_BYTES);
+    if constexpr (Wf<F>::BITS == 16) return p;
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance_var(at.h, rows, (u32)(K / 8) * Wf<F>::HB);
+    if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
+        const u32 supers = (u32)(K / WF_SUPER);
+        if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
+            p.s = wf_advance_var(at.s, quad_lane < 3 ? 3u * rows : rows, supers * 4);
+        } else {
+            p.s = wf_advance_var(at.s, rows, supers * 12);
+            p.a = wf_advance_var(at.a, rows, supers * 4);
+        }
+    } else if constexpr (F == WF_Q6_K) {
+        p.s = wf_advance_var(at.s, rows, (u32)(K / 16));               // 1 int8 per 16 inputs
+        p.a = wf_advance_var(at.a, rows, (u32)(K / WF_SUPER) * 2);     // fp16 d per super-block
+    } else {
+        constexpr u32 group = F == WF_INT4_G128 ? 128 : 32;
+        p.s = wf_advance_var(at.s, rows, (u32)(K / group) * 2);
+        if constexpr (Wf<F>::OFFSET) p.a = wf_advance_var(at.a, rows, (u32)(K / group) * 2);
+    }
+    return p;
+}
+
+// The chunk's bytes from its addresses (wf_addr, wf_addr_quads, wf_addr_rows). Codes and high
+// bits are streamed (read once per token: L1::no_allocate, L2 evict-first); scales go through L1
+// (__ldg), as the 4 lanes of a quad and the 8 chunks of a super-block share them. QUAD: as the
+// addresses were computed (with QUAD, q4_k/q5_k load one scale word per lane).
+template <int F, bool QUAD = false>
+__device__ __forceinline__ WfRaw wf_load_at(const WfAddr& p, u64 policy) {
+    WfRaw r = {};
+    if constexpr (Wf<F>::BITS == 16) {
+        const uint4* q = reinterpret_cast<const uint4*>(p.q);
         r.q0 = ld_stream_v4(q, policy);
         r.q1 = ld_stream_v4(q + 1, policy);
         r.q2 = ld_stream_v4(q + 2, policy);
         r.q3 = ld_stream_v4(q + 3, policy);
         return r;  // no scales
     } else if constexpr (Wf<F>::BITS == 8) {
-        const uint4* q = reinterpret_cast<const uint4*>(w.qweight + (row * (u32)(K / 4) + 8u * c));
+        const uint4* q = reinterpret_cast<const uint4*>(p.q);
         r.q0 = ld_stream_v4(q, policy);
         r.q1 = ld_stream_v4(q + 1, policy);
     } else {
-        r.q0 = ld_stream_v4(reinterpret_cast<const uint4*>(w.qweight + (row * (u32)(K / 8) + 4u * c)), policy);
+        r.q0 = ld_stream_v4(reinterpret_cast<const uint4*>(p.q), policy);
     }
-    if constexpr (Wf<F>::HB == 1) r.h0 = ld_nc_noalloc_u32(w.qhigh + (row * (u32)(K / 32) + c));
+    if constexpr (Wf<F>::HB == 1) r.h0 = ld_nc_noalloc_u32(p.h);
     if constexpr (Wf<F>::HB == 2) {
-        const uint2 h = ld_nc_noalloc_v2(w.qhigh + (row * (u32)(K / 16) + 2u * c));
+        const uint2 h = ld_nc_noalloc_v2(p.h);
         r.h0 = h.x;
         r.h1 = h.y;
     }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
-        const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
-        const u32* dd = static_cast<const u32*>(w.aux) + sb;
-        if constexpr (QUAD) {  // this lane's word of (s0, s1, s2, d): one load from either plane
-            r.s0 = __ldg(quad_lane < 3 ? sc + quad_lane : dd);
-            return r;
-        }
+        const u32* sc = static_cast<const u32*>(p.s);
         r.s0 = __ldg(sc);
+        if constexpr (QUAD) return r;  // this lane's word of (s0, s1, s2, d)
         r.s1 = __ldg(sc + 1);
         r.s2 = __ldg(sc + 2);
-        r.d = __ldg(dd);
+        r.d = __ldg(static_cast<const u32*>(p.a));
     } else if constexpr (F == WF_Q6_K) {
-        r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + (row * (u32)(K / 32) + c));
-        r.d = __ldg(static_cast<const unsigned short*>(w.aux) + (row * (u32)(K / WF_SUPER) + c / 8u));
+        r.s0 = __ldg(static_cast<const unsigned short*>(p.s));
+        r.d = __ldg(static_cast<const unsigned short*>(p.a));
     } else {
-        constexpr u32 group = F == WF_INT4_G128 ? 128 : 32;
-        const u32 at = row * (u32)(K / group) + c * WF_CHUNK / group;
-        r.s0 = __ldg(static_cast<const unsigned short*>(w.scales) + at);
-        if constexpr (Wf<F>::OFFSET) r.s1 = __ldg(static_cast<const unsigned short*>(w.aux) + at);
+        r.s0 = __ldg(static_cast<const unsigned short*>(p.s));
+        if constexpr (Wf<F>::OFFSET) r.s1 = __ldg(static_cast<const unsigned short*>(p.a));
     }
     return r;
+}
+
+// Chunk `chunk` of row `row`: its addresses (wf_addr), loaded (wf_load_at).
+template <int F, bool QUAD = false>
+__device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u32 row, int chunk, int K, u64 policy,
+                                         int quad_lane = 0) {
+    return wf_load_at<F, QUAD>(wf_addr<F, QUAD>(w, row, chunk, K, quad_lane), policy);
 }
 
 // A chunk loaded with QUAD, made whole: the q4_k/q5_k scale words from the quad's 4

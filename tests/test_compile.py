@@ -29,6 +29,7 @@ from drvqwen.cuda.nvrtc import (
     parse_ptxas_report,
 )
 from drvqwen.cuda.sources import kernels_dir, list_kernels, ptx_dir
+from drvqwen.launchers.gemv_fmt import DENSE_ID, GPU_FORMAT_IDS, format_mask
 
 KERNELS = list_kernels()
 # The workshop's versions in kernels/dev/ and its folders (a checkout only) must keep compiling too.
@@ -43,8 +44,17 @@ def test_kernel_folders_found():
 
 
 # Builds the launchers ask for besides the default one (kernel file, defines): the T-token GEMVs for
-# 9..16 tokens (launchers/gemv_int4.py, tokens_defines).
-DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})]
+# 9..16 tokens (launchers/gemv_int4.py, tokens_defines), and gemv_fmt.cu compiled for one model's
+# formats (launchers/gemv_fmt.py, format_defines) — each format alone, the 7B's in llama.cpp's
+# Q4_K_M layout (Q4_K, Q6_K) and the real 0.5B's (Q5_0, Q8_0, Q4_K, Q6_K) — with the fused GEMVs
+# at the 2 blocks per SM that format_defines asks for wherever they fit (a dense F16 gate/up does
+# not: 1): 128 registers are where these builds spill first, and format_defines only looks at
+# the fused kernels.
+_FMT_SETS = [[f] for f in sorted(GPU_FORMAT_IDS | {DENSE_ID})] + [[10, 12], [5, 9, 10, 12]]
+DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})] + [
+    ("gemv_fmt", {"WF_FORMATS": format_mask(ids), "GF_QKV_MIN_BLOCKS": 2,
+                  "GF_GATE_UP_MIN_BLOCKS": 1 if ids == [DENSE_ID] else 2})
+    for ids in _FMT_SETS]
 
 
 @pytest.mark.parametrize("name", KERNELS + DEV_KERNELS)

@@ -106,7 +106,7 @@ def format_defines(format_ids: Iterable[int]) -> tuple[tuple[str, int], ...]:
     128 registers (2 blocks of 8 warps) without spilling, else 1.
 
     Why per model: a kernel's registers are the most that any format it can dispatch to needs;
-    compiled for every format, the fused GEMVs need 160–170 and run one block per SM, compiled
+    compiled for every format, the fused GEMVs need 150–180 and run one block per SM, compiled
     for a model's two to four formats they fit 128 (gemv_fmt.cu). Finding out compiles
     gemv_fmt.cu once through the cubin cache (NVRTC, no GPU), which the model's kernel load then
     finds there; where NVRTC cannot run, both stay at 1.
