@@ -119,7 +119,12 @@
 // where splitting the wave over q, k and v by makespan (launchers/gemv_fmt.py: split_blocks)
 // had taken it from 15.4. The whole decode step on the synthetic 7B in llama.cpp's Q4_K_M
 // layout: graph ITL 2.60 ms (docs/bench/2026-12-01_2d1fca6_h200_syn7b_q4_k_m.json), on the
-// 0.5B shape 0.748 ms (…_syn05b_q4_k_m.json; 0.794 before these changes).
+// 0.5B shape 0.748 ms (…_syn05b_q4_k_m.json; 0.794 before these changes). With the load cursor,
+// against the same step without it in turns: the 7B in Q4_K_M 2.553 / 2.555 ms against 2.614 /
+// 2.590, the 0.5B 0.764 / 0.750 against 0.749 / 0.751
+// (docs/bench/2026-12-04_{5a1cebb,a204a0f}_h200_syn{7b,05b}_q4_k_m_{cursor,parent}_*.json); alone
+// (tools/bench_gemv.py --formats all, …_gemv_formats_{cursor,parent}.json) most GEMVs move within
+// ±2 %: fewer instructions per item buy a little where the loop waits on issue, not more.
 // Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
 // 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
 #include <cuda_fp16.h>
