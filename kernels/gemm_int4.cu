@@ -529,6 +529,11 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
 // H200: the 7B in Q5_K_M 15.35 / 15.35 ms against 15.55 / 15.35, the 0.5B in it (Q5_1 ×133)
 // 2.98 / 2.90 against 2.89 / 2.87 (docs/bench/2026-12-04_{72f378b,d21f986}_h200_syn*_q5_k_m_unpack*.json):
 // TTFT within the spread, so the Q5 prefill's limit is not the consumers' instruction count alone.
+// Nsight Compute on the 7B's gate_up at 512 tokens (…_d85c648_h200_gate_up_q5k_int4_ncu.json):
+// Q5_K 257.0 µs against INT4's 210.3, the tensor pipe busy 59 % of the elapsed cycles against 72 %,
+// yet issue slots only 31 % busy (INT4: 27 %) and an eligible warp in 32 % of the cycles: the
+// consumers wait rather than issue — on their stage, or on the scales they read from global memory
+// a group ahead, which the Q5_K (and Q4_K) stage does not carry.
 // (2^(10−i) + z, 2^(10−i) + z): exponent 25 − i (bias 15), z in units of the ulp 2^−i.
 __host__ __device__ constexpr u32 gemm_fp16x2_at(int i, int z) { return (((25u - i) << 10) | ((u32)z << i)) * 0x10001u; }
 static_assert(gemm_fp16x2_at(0, 0) == FP16X2_1024 && gemm_fp16x2_at(0, 32) == 0x64206420u &&
