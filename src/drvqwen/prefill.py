@@ -125,6 +125,8 @@ KMIN_LAUNCHERS = {Q4K_ID: KminLaunchers(GemmQ4kStackedRows, GemmQ4kResidualRows,
                                         GemmQ4kQkvRopeRows),
                   Q5K_ID: KminLaunchers(GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows,
                                         GemmQ5kQkvRopeRows)}
+# The K-quants' residual GEMMs (o_proj, down_proj) by format id: Q4_K's and Q5_K's, and Q6_K's.
+KQUANT_RESIDUAL = {**{fid: ls.residual for fid, ls in KMIN_LAUNCHERS.items()}, Q6K_ID: GemmQ6kResidualRows}
 
 # Chunk row counts are rounded up to a multiple of this: the grids of a launch list depend only
 # on the rounded count, so a few lists serve every prompt. Half the GEMM's 128-token block: a
@@ -550,9 +552,7 @@ class Prefill:
     def _register_residual(self, res, x, w, ps, *, n: int, k: int, rows: int) -> Launcher | None:
         """residual += x Wᵀ on the register-unpack GEMM of W's format (o_proj, down_proj: Q4_K,
         Q5_K, Q6_K, Q4_0, Q5_0, Q8_0), or None where W runs on the format GEMMs."""
-        kind = ({**{fid: ls.residual for fid, ls in KMIN_LAUNCHERS.items()},
-                 Q6K_ID: GemmQ6kResidualRows}.get(self._kquant(w, k))
-                or (GemmQ32ResidualRows if self._q32(w, k) else None))
+        kind = KQUANT_RESIDUAL.get(self._kquant(w, k)) or (GemmQ32ResidualRows if self._q32(w, k) else None)
         return kind and kind(res, x, w, ps, n=n, k=k, rows=rows, stream=self.decode_step.stream,
                              split_k=self.split_k)
 
