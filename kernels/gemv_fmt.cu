@@ -125,6 +125,23 @@
 // (docs/bench/2026-12-04_{5a1cebb,a204a0f}_h200_syn{7b,05b}_q4_k_m_{cursor,parent}_*.json); alone
 // (tools/bench_gemv.py --formats all, …_gemv_formats_{cursor,parent}.json) most GEMVs move within
 // ±2 %: fewer instructions per item buy a little where the loop waits on issue, not more.
+// Tried and not kept: Q4_K on gemv_int4.cu's engine (commit 000bd01: a Q4_K weights policy of
+// that engine and its residual and gate/up kernels, the decode step's Q4_K o_proj, gate/up and
+// down_proj on them). There a lane's 32 inputs of an item are one whole sub-block, so its A
+// fragments can carry that sub-block's scale and one MMA adds the quad's four chunks, where this
+// file gives each lane an MMA column: c·sc is exact in FP16 (fma of the magic-number code
+// 1024 + c by sc with −1024·sc, or of 1024 + 16c by sc/16 with −64·sc: the unpack costs what
+// INT4's does), the super-block's d multiplies the MMA sum in FP32, and Σ_t m_t·Σx_t comes from
+// one more MMA over each chunk's Σx held as an FP16 pair (hi, lo), times −dmin. The weights are
+// exact (y = W x within 1.5e-7 rel L2 of float64 at the 7B shapes), but the lane's 6-bit
+// (sc, m) decode, the quad's four shuffles of the 16 scale bytes and the offset MMA cost ~75
+// SASS instructions an item (193 against INT4's 117: cuobjdump, nvcc -O3), about what this
+// file's four MMA columns cost, and the times moved both ways — tools/bench_gemv.py --formats
+// q4_k at the 7B shapes, no PDL, this file against it: gate_up 35.3 / 32.7 µs, gate_proj
+// 17.6 / 18.7, down_proj 19.8 / 21.4, o_proj 7.2 / 7.1; the synthetic 7B in Q4_K_M, graph ITL
+// 2.524 ms against 2.525 / 2.549 (docs/bench/2026-12-04_000bd01_h200_*q4k*.json). Where its
+// time would come from next: one decode of the scales per super-block (items of 256 inputs:
+// half the shuffles and decodes a weight), not per 128-input group.
 // Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
 // 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
 #include <cuda_fp16.h>

@@ -189,8 +189,6 @@
 #include "rope.cuh"         // rope_rotate
 #include "kv_cache.cuh"     // kv_offset, PAGE_TOKENS
 #include "block_coord.cuh"  // BlockCoord, GridDep
-#include "warp.cuh"         // shfl_idx_u32, shfl_xor_f32
-#include "weight_formats.cuh"  // wf_kquant_sc_m (Q4_K's 6-bit sub-block scales)
 
 #define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
 #define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
@@ -381,135 +379,23 @@ struct GemvRowMajor {
     }
 };
 
-// The weights' scales: a policy of the engine (the prefill GEMM's GemmInt4Scales and
-// GemmQ4kScales play that part in gemm_int4.cu). The code words are layout id 1 in both.
-//   Planes   a matrix's scale planes, as GemvProblem holds them
-//   Loaded   what a lane loads per item and row beside its code words (in flight with them)
-//   load(planes, row, gi, n_groups, t)      that load, for group gi of `row`
-//   Item     what the MMAs of one item need from the Loaded of its two rows: item(loaded, gi, lane)
-//   fragments(row_g, row_g8, i, item, a_lo, a_hi)   word i of the lane's quads → A fragments
-//   scale(item, r)   the FP32 factor of the group's MMA sum of MMA row g (r = 0) / g + 8 (r = 1)
-//   SUMS     the weights have an offset per 32-input chunk: w = (scaled code) − O_t. The engine
-//            then keeps Σx of every lane chunk in shared memory, as an FP16 pair (hi, lo = the
-//            rest: xs = hi + lo to 2⁻²² relative), and runs one more MMA per item: A holds the
-//            lane's offset factor (offset_pair(item, r), an exact FP16 integer) at k = 2t, 2t + 1
-//            of rows g and g + 8, B the pair (hi, lo) at the same k, zeros elsewhere — so row g's
-//            result is Σ_t m_t·xs_t over the quad's four chunks, like the codes' sum — and adds it
-//            times offset_scale(item, r).
-//
-// INT4 (int4_g128): one FP16 scale per row and 128-input group; A = the exact codes c − 8, and
-// the group's MMA sum is multiplied by the scale in FP32 (the header's work split).
-struct GemvInt4Weights {
-    using Planes = const __half*;  // scales [n, K/128] fp16
-    using Loaded = float;          // the row's group scale
-    static constexpr bool SUMS = false;
-    struct Item {
-        float s[2];
-    };
-    __device__ static __forceinline__ float load(const __half* scales, u64 row, int gi, int n_groups, int) {
-        return __half2float(__ldg(scales + gi + row * n_groups));
-    }
-    __device__ static __forceinline__ Item item(const float (&s)[2], int, int) { return Item{{s[0], s[1]}}; }
-    __device__ static __forceinline__ void fragments(const uint4& row_g, const uint4& row_g8, int i, const Item&,
-                                                     u32 (&a_lo)[4], u32 (&a_hi)[4]) {
-        int4_a_fragments(row_g, row_g8, i, a_lo, a_hi);
-    }
-    __device__ static __forceinline__ float scale(const Item& it, int r) { return it.s[r]; }
-    __device__ static __forceinline__ u32 offset_pair(const Item&, int) { return 0u; }
-    __device__ static __forceinline__ float offset_scale(const Item&, int) { return 0.f; }
-};
-
-// Q4_K (weight_formats.cuh, id 10): unsigned 4-bit codes c in layout id 1's words, per 256-input
-// super-block an FP16 d and dmin, per 32-input sub-block 6-bit (sc, m) packed in 12 bytes:
-// w = (d·sc)·c − dmin·m. Lane (g, t)'s 32 inputs of an item are exactly one sub-block,
-// 4·(gi & 1) + t of super-block gi / 2 (a 128-input group is half a super-block), so each lane
-// has ONE (sc, m) per row: its A fragments are c·sc (unpack_int4x8_scaled: exact, no FP16
-// rounding of any weight), the MMA adds the quad's four sub-blocks, each already at its own
-// scale, and the sum is multiplied by the row's d in FP32 as INT4's by its scale. The offsets
-// dmin·m_t: the offset MMA (SUMS above) adds Σ_t m_t·Σx_t for the row (m ≤ 63 exact in FP16,
-// Σx as its FP16 pair), times −dmin in FP32. The weights are the reference's d·sc·c − dmin·m
-// exactly; only the FP32 summation order differs.
-// Loads: lane t loads word t of the row's 16 scale bytes — t < 3 the packed scales' words
-// s0, s1, s2 (scales [n, K/256, 12] uint8), t = 3 the (d, dmin) pair (aux [n, K/256, 2] fp16) —
-// one 32-bit load a row and item, as INT4's scale, and the quad shares them by 4 shuffles.
-// The lane's word of a matrix's scale planes: word t of the 12 packed bytes (t < 3) or the
-// (d, dmin) word (t = 3) of super-block sb is base[sb · step] — one pointer a matrix, chosen once
-// per lane, where the two planes' pointers would hold twice the registers through the loop.
-// Offsets are 32-bit word indices, widened once (the launcher keeps every plane under 2^32
-// elements, as weight_formats.cuh's).
-struct GemvQ4kPlanes {
-    const u32* base;  // scales [n, K/256, 12] uint8 (as words) + t, or aux [n, K/256, 2] fp16 (as words)
-    u32 step;         // words a super-block in that plane: 3 or 1
-    u32 row_words;    // words a row in that plane: step · K/256
-    __device__ static __forceinline__ GemvQ4kPlanes of_lane(const u32* packed, const u32* dd, int K) {
-        const int t = threadIdx.x % QUAD_SIZE;
-        const u32 step = t < 3 ? 3u : 1u;
-        return GemvQ4kPlanes{t < 3 ? packed + t : dd, step, step * (u32)(K / 256)};
-    }
-};
-struct GemvQ4kWeights {
-    using Planes = GemvQ4kPlanes;
-    using Loaded = u32;  // word t of the row's [s0, s1, s2, (d, dmin)]
-    static constexpr bool SUMS = true;
-    struct Item {
-        Int4ScalePairs p[2];  // sc of the lane's sub-block: the unpack's constants, rows g, g + 8
-        u32 m2[2];            // (m, m) of the lane's sub-block, FP16, rows g, g + 8
-        float d[2], nd[2];    // d and −dmin of rows g, g + 8
-    };
-    __device__ static __forceinline__ u32 load(const GemvQ4kPlanes& pl, u64 row, int gi, int, int) {
-        return __ldg(pl.base + ((u32)row * pl.row_words + (u32)(gi >> 1) * pl.step));  // super-block gi / 2
-    }
-    __device__ static __forceinline__ Item item(const u32 (&w)[2], int gi, int lane) {
-        Item it;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            // Quad lane j's word (width QUAD_SIZE: j is an immediate, no lane arithmetic).
-            const u32 s0 = __shfl_sync(0xFFFFFFFFu, w[r], 0, QUAD_SIZE);
-            const u32 s1 = __shfl_sync(0xFFFFFFFFu, w[r], 1, QUAD_SIZE);
-            const u32 s2 = __shfl_sync(0xFFFFFFFFu, w[r], 2, QUAD_SIZE);
-            const u32 dd = __shfl_sync(0xFFFFFFFFu, w[r], 3, QUAD_SIZE);
-            u32 sc, m;
-            wf_kquant_sc_m(s0, s1, s2, 4 * (gi & 1) + lane % QUAD_SIZE, sc, m);
-            it.p[r] = unpack_int4_scale_pairs(sc);
-            const u32 m_biased = __byte_perm(m, 0x64u, 0x4040);  // (1024 + m, 1024 + m)
-            asm("sub.f16x2 %0, %1, %2;" : "=r"(it.m2[r]) : "r"(m_biased), "r"(FP16X2_1024));
-            it.d[r] = __half2float(__ushort_as_half((unsigned short)(dd & 0xFFFFu)));
-            it.nd[r] = -__half2float(__ushort_as_half((unsigned short)(dd >> 16)));
-        }
-        return it;
-    }
-    __device__ static __forceinline__ void fragments(const uint4& row_g, const uint4& row_g8, int i, const Item& it,
-                                                     u32 (&a_lo)[4], u32 (&a_hi)[4]) {
-        u32 h0[4], h1[4];  // row g / row g+8: (k0,k1) (k2,k3) (k4,k5) (k6,k7), each c·sc
-        unpack_int4x8_scaled(int4_word(row_g, i), it.p[0], h0);
-        unpack_int4x8_scaled(int4_word(row_g8, i), it.p[1], h1);
-        a_lo[0] = h0[0]; a_lo[1] = h1[0]; a_lo[2] = h0[1]; a_lo[3] = h1[1];
-        a_hi[0] = h0[2]; a_hi[1] = h1[2]; a_hi[2] = h0[3]; a_hi[3] = h1[3];
-    }
-    __device__ static __forceinline__ float scale(const Item& it, int r) { return it.d[r]; }
-    __device__ static __forceinline__ u32 offset_pair(const Item& it, int r) { return it.m2[r]; }
-    __device__ static __forceinline__ float offset_scale(const Item& it, int r) { return it.nd[r]; }
-};
-
-#define GEMV_LANE_INPUTS 32  // inputs of a lane's chunk of an item (words 4t … 4t+3)
-
 // One batch of UNROLL (tile, group) items as one lane holds them.
-template <typename Wt, int MT, int UNROLL>
+template <int MT, int UNROLL>
 struct GemvBatch {
-    uint4 w[UNROLL][MT][2];                  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
-    typename Wt::Loaded s[UNROLL][MT][2];    // the rows' scales for the group (Wt::load)
+    uint4 w[UNROLL][MT][2];  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
+    float s[UNROLL][MT][2];  // the rows' scales for the group
 };
 
 // Up to 3 matrices stacked along N (q, k, v); MT matrices per segment read together (gate, up).
 // A segment with rope_dim = Dh > 0 pairs its rows for RoPE (see the header): MMA rows g and
 // g + 8 of its tile j-within-a-head are dims 8j + g and 8j + g + Dh/2 of that head.
-template <int MT, int NSEG, typename Wt = GemvInt4Weights>
+template <int MT, int NSEG>
 struct GemvProblem {
-    const u32* qweight[NSEG][MT];            // [n, K/8] uint32 each
-    typename Wt::Planes scales[NSEG][MT];    // INT4: [n, K/128] fp16 each; Q4_K: GemvQ4kPlanes
-    int n[NSEG];                             // rows of each segment
-    int first_tile[NSEG + 1];                // tile index where each segment starts (prefix sums)
-    int rope_dim[NSEG];                      // Dh for a RoPE-paired segment, 0 for plain row order
+    const u32* qweight[NSEG][MT];     // [n, K/8] uint32 each
+    const __half* scales[NSEG][MT];   // [n, K/128] fp16 each
+    int n[NSEG];                      // rows of each segment
+    int first_tile[NSEG + 1];         // tile index where each segment starts (prefix sums)
+    int rope_dim[NSEG];               // Dh for a RoPE-paired segment, 0 for plain row order
 };
 
 // Entry `seg` of a per-segment array (first_tile has one more entry than there are segments).
@@ -519,14 +405,14 @@ __device__ __forceinline__ T gemv_field(int seg, const T (&f)[N]) {
     else return int4_pick(seg, f[0], f[1], f[NSEG - 1]);
 }
 
-template <int MT, int NSEG, typename Wt>
-__device__ __forceinline__ const u32* gemv_qweight(const GemvProblem<MT, NSEG, Wt>& p, int seg, int m) {
+template <int MT, int NSEG>
+__device__ __forceinline__ const u32* gemv_qweight(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.qweight[0][m];
     else return int4_pick(seg, p.qweight[0][m], p.qweight[1][m], p.qweight[NSEG - 1][m]);
 }
 
-template <int MT, int NSEG, typename Wt>
-__device__ __forceinline__ typename Wt::Planes gemv_scales(const GemvProblem<MT, NSEG, Wt>& p, int seg, int m) {
+template <int MT, int NSEG>
+__device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>& p, int seg, int m) {
     if constexpr (NSEG == 1) return p.scales[0][m];
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
@@ -557,19 +443,14 @@ struct GemvTokens {
 // Token tok's sums are, bit for bit, what the NTOK = 1 engine computes for its x alone (the
 // header's "T tokens"); NTOK = 1 is the single-token GEMV itself (gemv_int4_block).
 // Contains __syncthreads(): call from every thread of the block.
-template <int NTOK, int MT, int NSEG, typename Layout, typename Wt, typename Dep, typename XSource, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>& p, int K, int n_tok,
-                                                 const BlockCoord& bc, Dep dep, XSource x_src, Epilogue epilogue) {
+template <int NTOK, int MT, int NSEG, typename Layout, typename Dep, typename XSource, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p, int K, int n_tok, const BlockCoord& bc,
+                                                 Dep dep, XSource x_src, Epilogue epilogue) {
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
     using Tok = GemvTokens<NTOK>;
-    static_assert(!Wt::SUMS || (NTOK == 1 && XSource::WORD_STEP == 4),
-                  "an offset policy: one token, x staged in gemv_x_slot order");
     const int T = NTOK == 1 ? 1 : min(n_tok, NTOK);  // 1 ≤ n_tok (the launchers check T ≤ NTOK too)
-    // x as x_src stages it (maybe nothing); with Wt::SUMS, Σx of every lane chunk (xsum [K/32]
-    // FP16 pairs (hi, lo): chunk 4·gi + t = inputs 128·gi + 32t … +32); then the partials.
-    extern __shared__ uint4 x_smem[];
-    u32* xsum = reinterpret_cast<u32*>(x_smem + x_src.smem_chunks(K));
-    float* partial = reinterpret_cast<float*>(xsum + (Wt::SUMS ? K / GEMV_LANE_INPUTS : 0));  // [T_b][MT][W][T][16] fp32
+    extern __shared__ uint4 x_smem[];  // x as x_src stages it (maybe nothing), then the partials
+    float* partial = reinterpret_cast<float*>(x_smem + x_src.smem_chunks(K));  // [T_b][MT][W][T][16] fp32
 
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
@@ -597,7 +478,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>
 
     // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_b, ld_gi = gb;
-    auto load = [&](GemvBatch<Wt, MT, UNROLL>& b) {
+    auto load = [&](GemvBatch<MT, UNROLL>& b) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
@@ -609,12 +490,12 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>
             const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                const auto sc = gemv_scales(p, seg, m);
+                const __half* sc = gemv_scales(p, seg, m) + ld_gi;
                 const u32* qw = gemv_qweight(p, seg, m);
                 b.w[u][m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
                 b.w[u][m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
-                b.s[u][m][0] = Wt::load(sc, r0, ld_gi, n_groups, t);
-                b.s[u][m][1] = Wt::load(sc, r1, ld_gi, n_groups, t);
+                b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
+                b.s[u][m][1] = __half2float(__ldg(sc + r1 * n_groups));
             }
             if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
         }
@@ -622,34 +503,11 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>
 
     // The first batch of weights goes out before the wait: its latency overlaps the previous
     // kernel's tail and the staging of x (weights are never written by any kernel).
-    GemvBatch<Wt, MT, UNROLL> cur, next;
+    GemvBatch<MT, UNROLL> cur, next;
     load(cur);
     dep.wait();
     x_src(x_smem, K);
     __syncthreads();
-    if constexpr (Wt::SUMS) {
-        // Σx of each lane chunk, from the staged x (gemv_x_slot: chunk (gi, t)'s word i is slot
-        // 16·gi + 4i + t), in FP32 in a fixed order, stored as FP16 hi + lo; one thread a chunk.
-        for (int c = threadIdx.x; c < K / GEMV_LANE_INPUTS; c += blockDim.x) {
-            const int gi = c / QUAD_SIZE, lt = c % QUAD_SIZE;
-            float sum = 0.f;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint4 v = x_smem[gi * GEMV_CHUNKS_PER_GROUP + 4 * i + lt];
-                const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
-                    sum += f.x;
-                    sum += f.y;
-                }
-            }
-            const __half hi = __float2half_rn(sum);
-            const __half lo = __float2half_rn(sum - __half2float(hi));
-            xsum[c] = (u32)__half_as_ushort(hi) | ((u32)__half_as_ushort(lo) << 16);
-        }
-        __syncthreads();
-    }
 
     float acc[MT][2][Tok::LANE];  // [matrix][MMA row g, g + 8][lane slot]
 #pragma unroll
@@ -662,18 +520,15 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
-            u32 xs = 0u;  // Wt::SUMS: Σx of the lane's chunk of this group, (hi, lo)
-            if constexpr (Wt::SUMS) xs = xsum[c_gi * QUAD_SIZE + t];
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 float c[Tok::MMAS][4];
 #pragma unroll
                 for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
-                const typename Wt::Item wi = Wt::item(cur.s[u][m], c_gi, lane);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
-                    Wt::fragments(cur.w[u][m][0], cur.w[u][m][1], i, wi, a_lo, a_hi);
+                    int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
 #pragma unroll
                     for (int b = 0; b < Tok::MMAS; ++b) {
                         const uint4* x_group = x_lane[b] + c_gi * GEMV_CHUNKS_PER_GROUP;
@@ -686,15 +541,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>
 #pragma unroll
                 for (int l = 0; l < Tok::LANE; ++l) {
                     const int col = NTOK == 1 ? 0 : l % 2;
-                    acc[m][0][l] = fmaf(Wt::scale(wi, 0), c[l / 2][col], acc[m][0][l]);
-                    acc[m][1][l] = fmaf(Wt::scale(wi, 1), c[l / 2][2 + col], acc[m][1][l]);
-                }
-                if constexpr (Wt::SUMS) {  // the offsets: one MMA (the policy list above)
-                    float o[4] = {0.f, 0.f, 0.f, 0.f};
-                    const u32 a_off[4] = {Wt::offset_pair(wi, 0), Wt::offset_pair(wi, 1), 0u, 0u};
-                    mma_m16n8k16_f32_f16(o, a_off, xs, 0u);
-                    acc[m][0][0] = fmaf(Wt::offset_scale(wi, 0), o[0], acc[m][0][0]);
-                    acc[m][1][0] = fmaf(Wt::offset_scale(wi, 1), o[2], acc[m][1][0]);
+                    acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col], acc[m][0][l]);
+                    acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col], acc[m][1][l]);
                 }
             }
             if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
@@ -759,8 +607,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG, Wt>
 
 // The single-token GEMV of one block (the decode step's): gemv_int4_engine with NTOK = 1, and
 // epilogue(seg, tile_in_seg, g, sums[MT][2]) once per (tile, g).
-template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Wt, typename Dep, typename Prologue, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG, Wt>& p, int K, const BlockCoord& bc,
+template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
+__device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
                                                 Dep dep, Prologue stage_x, Epilogue epilogue) {
     gemv_int4_engine<1, MT, NSEG, Layout>(p, K, 1, bc, dep, stage_x,
                                           [&](int seg, int tile, int g, int, const float (&s)[MT][2]) {
@@ -991,97 +839,6 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ resid
     gemv_int4_gate_up_swiglu_item(GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight,
                                                            up_scales, F, K, eps},
                                   BlockCoord::of_launch(), GridDep{});
-}
-#endif  // DEVICE_FUNCTIONS_ONLY
-
-// ---- Q4_K weights (GemvQ4kWeights: the GGUF's Q4_K, codes in layout id 1) ---------------------
-// o_proj / down_proj and gate/up with SwiGLU as above, on the same engine, for weights in Q4_K
-// (weight_formats.cuh, id 10: qweight uint32 [n, K/8], scales uint8 [n, K/256, 12], aux fp16
-// [n, K/256, 2]); K a multiple of 256. What differs is GemvQ4kWeights (above): the lane's
-// sub-block scale inside its A fragments, the super-block's d on the MMA sums, and dmin·m·Σx
-// apart (xsum, K/32 fp32 more of dynamic shared memory). Its numbers: the decode step's
-// Q4_K GEMVs in gemv_fmt.cu's engine (every lane's 32 inputs in its own MMA column, 4 times the
-// MMAs, its scales in FP32 per chunk) took ~200 SASS instructions an item; here an item's unpack
-// costs what INT4's does and its scales ~40 more.
-// Resident blocks per SM the kernels are compiled for (__launch_bounds__): 2, as INT4's (≤ 128
-// registers a thread), unless a build says otherwise.
-#ifndef GEMV_Q4K_MIN_BLOCKS
-#define GEMV_Q4K_MIN_BLOCKS 2
-#endif
-struct GemvQ4kResidualArgs {
-    float* residual;       // [N] fp32, in/out
-    const __half* x;       // [K] fp16
-    const u32* qweight;    // [N, K/8] uint32, layout id 1 (unsigned codes)
-    const u32* scales;     // [N, K/256, 12] uint8: the packed 6-bit (sc, m)
-    const u32* aux;        // [N, K/256, 2] fp16: (d, dmin)
-    int N, K;
-};
-
-template <typename Dep>
-__device__ __forceinline__ void gemv_q4k_residual_item(const GemvQ4kResidualArgs& a, const BlockCoord& bc, Dep dep) {
-    const int N = a.N;
-    const GemvProblem<1, 1, GemvQ4kWeights> p = {{{a.qweight}}, {{GemvQ4kPlanes::of_lane(a.scales, a.aux, a.K)}}, {N},
-                                                  {0, int4_tiles(N)}, {0}};
-    gemv_int4_block(p, a.K, bc, dep, GemvStageX{a.x}, [&](int, int tile, int g, const float (&s)[1][2]) {
-        gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { a.residual[row] += v; });
-    });
-}
-
-// grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (x, xsum, partials).
-#ifndef DEVICE_FUNCTIONS_ONLY
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE, GEMV_Q4K_MIN_BLOCKS)
-gemv_q4k_residual(float* __restrict__ residual, const __half* __restrict__ x, const u32* __restrict__ w_qweight,
-                  const u32* __restrict__ w_scales, const u32* __restrict__ w_aux, int N,
-                  int K) {  // GemvQ4kResidualArgs says what each is (w_: gemv_fmt.cu's names of a weight's planes)
-    gemv_q4k_residual_item(GemvQ4kResidualArgs{residual, x, w_qweight, w_scales, w_aux, N, K}, BlockCoord::of_launch(),
-                           GridDep{});
-}
-#endif  // DEVICE_FUNCTIONS_ONLY
-
-struct GemvQ4kGateUpSwigluArgs {
-    __half* h;                // [F] fp16, out
-    const float* residual;    // [K] fp32, the residual stream
-    const __half* norm_w;     // [K] fp16, post_attention_layernorm gain
-    const u32* gate_qweight;  // [F, K/8] uint32
-    const u32* gate_scales;   // [F, K/256, 12] uint8
-    const u32* gate_aux;      // [F, K/256, 2] fp16
-    const u32* up_qweight;    // [F, K/8] uint32
-    const u32* up_scales;     // [F, K/256, 12] uint8
-    const u32* up_aux;        // [F, K/256, 2] fp16
-    int F, K;
-    float eps;
-};
-
-template <typename Dep>
-__device__ __forceinline__ void gemv_q4k_gate_up_swiglu_item(const GemvQ4kGateUpSwigluArgs& a, const BlockCoord& bc,
-                                                             Dep dep) {
-    const int F = a.F;
-    const GemvProblem<2, 1, GemvQ4kWeights> p = {
-        {{a.gate_qweight, a.up_qweight}},
-        {{GemvQ4kPlanes::of_lane(a.gate_scales, a.gate_aux, a.K), GemvQ4kPlanes::of_lane(a.up_scales, a.up_aux, a.K)}},
-        {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_block(p, a.K, bc, dep, GemvStageRmsNorm{a.residual, a.norm_w, a.eps},
-                    [&](int, int tile, int g, const float (&s)[2][2]) {
-        const int lo = tile * INT4_TILE_ROWS + g;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = lo + 8 * r;
-            if (row < F) a.h[row] = swiglu_f16(s[0][r], s[1][r]);
-        }
-    });
-}
-
-// grid (G ≤ ceil(F/16)), block (32·W), dynamic smem (x, xsum, partials).
-#ifndef DEVICE_FUNCTIONS_ONLY
-extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE, GEMV_Q4K_MIN_BLOCKS)
-gemv_q4k_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ residual, const __half* __restrict__ norm_w,
-                        const u32* __restrict__ gate_qweight, const u32* __restrict__ gate_scales,
-                        const u32* __restrict__ gate_aux, const u32* __restrict__ up_qweight,
-                        const u32* __restrict__ up_scales, const u32* __restrict__ up_aux, int F, int K,
-                        float eps) {  // GemvQ4kGateUpSwigluArgs says what each is
-    gemv_q4k_gate_up_swiglu_item(GemvQ4kGateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, gate_aux,
-                                                         up_qweight, up_scales, up_aux, F, K, eps},
-                                 BlockCoord::of_launch(), GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY
 

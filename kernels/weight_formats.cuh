@@ -396,21 +396,6 @@ __device__ __forceinline__ void wf_pairs(const WfRaw& r, u32 (&a)[16]) {
     }
 }
 
-// The 6-bit (sc, m) of sub-block j (0–7, taken mod 8) of a Q4_K / Q5_K super-block from its 12
-// packed bytes q[0..11] = the words s0, s1, s2: gguf's get_scale_min_k4 (ggml-quants.c),
-// sc = q[j] & 63, m = q[j + 4] & 63 for j < 4, else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4,
-// m = (q[j + 4] >> 4) | (q[j] >> 6) << 4. With j = 4h + i, q[i] and q[i + 4] come from one prmt
-// and q[i + 8] from one shift, and h picks the case: a dozen integer ops, where indexing bytes by
-// j took ~40. Every kernel that reads these scales one sub-block at a time calls it (wf_scales
-// here, the decode GEMV of kernels/gemv_int4.cu).
-__device__ __forceinline__ void wf_kquant_sc_m(u32 s0, u32 s1, u32 s2, int j, u32& sc, u32& m) {
-    const u32 i = j & 3;
-    const u32 b01 = __byte_perm(s0, s1, i | ((i + 4) << 4));  // byte 0: q[i], byte 1: q[i + 4]
-    const u32 b2 = s2 >> (8 * i);                              // low byte: q[i + 8]
-    sc = (j & 4) ? (b2 & 0xFu) | ((b01 >> 2) & 0x30u) : b01 & 0x3Fu;
-    m = (j & 4) ? ((b2 >> 4) & 0xFu) | ((b01 >> 10) & 0x30u) : (b01 >> 8) & 0x3Fu;
-}
-
 // Scale s[j] (and offset o[j]) of scale group j of the chunk (j < Wf<F>::SUBS). Each is one
 // FP32 value, computed as the reference computes it (format/weight_formats.py): the K-quants'
 // d·sc and dmin·m are single FP32 products (exact); o = −dmin·m, so c·s + o is the reference's
@@ -418,8 +403,16 @@ __device__ __forceinline__ void wf_kquant_sc_m(u32 s0, u32 s1, u32 s2, int j, u3
 template <int F>
 __device__ __forceinline__ void wf_scales(const WfRaw& r, int chunk, float (&s)[Wf<F>::SUBS], float (&o)[Wf<F>::SUBS]) {
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        u32 sc, m;
-        wf_kquant_sc_m(r.s0, r.s1, r.s2, chunk, sc, m);
+        // The 6-bit (sc, m) of sub-block j = chunk % 8 = 4h + i of the 12 packed bytes q[0..11]:
+        // gguf's get_scale_min_k4 (ggml-quants.c), sc = q[j] & 63, m = q[j + 4] & 63 for j < 4,
+        // else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4, m = (q[j + 4] >> 4) | (q[j] >> 6) << 4.
+        // Here q[i], q[i + 4] come from one prmt and q[i + 8] from one shift, and h picks the
+        // case: a dozen integer ops per chunk and row, where indexing bytes by j took ~40.
+        const u32 i = chunk & 3;
+        const u32 b01 = __byte_perm(r.s0, r.s1, i | ((i + 4) << 4));  // byte 0: s[i], byte 1: s[i + 4]
+        const u32 b2 = r.s2 >> (8 * i);                               // low byte: s[i + 8]
+        const u32 sc = (chunk & 4) ? (b2 & 0xFu) | ((b01 >> 2) & 0x30u) : b01 & 0x3Fu;
+        const u32 m = (chunk & 4) ? ((b2 >> 4) & 0xFu) | ((b01 >> 10) & 0x30u) : (b01 >> 8) & 0x3Fu;
         s[0] = __fmul_rn(wf_half_lo(r.d), float(sc));
         o[0] = -__fmul_rn(wf_half_hi(r.d), float(m));
     } else if constexpr (F == WF_Q6_K) {

@@ -4,8 +4,6 @@
 //   unpack_int4x8    : one 32-bit word of 8 nibbles → 4 half2 of exact integers in [-8, 7]
 //                      (PTX ISA, "Half Precision Floating-Point
 //                      Instructions: sub", "…: fma")
-//   unpack_int4x8_scaled : the same word of unsigned codes → 4 half2 of c·sc, sc an integer
-//                      sub-block scale (Q4_K's 6-bit sc): exact, at the same cost (bottom)
 //
 // The layout (src/drvqwen/format/quant.py, "Layout id 1"): word j of a row holds inputs
 // k = 8j … 8j+7; nibble p (bits 4p … 4p+3) holds input 8j + NIBBLE_ORDER[p] as q + 8, with
@@ -55,46 +53,4 @@ __device__ __forceinline__ void unpack_int4x8(u32 w, u32 (&out)[4]) {
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[1]) : "r"(hi0), "r"(FP16X2_1_16), "r"(FP16X2_NEG_72));
     asm("sub.f16x2 %0, %1, %2;" : "=r"(out[2]) : "r"(lo1), "r"(FP16X2_1032));
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[3]) : "r"(hi1), "r"(FP16X2_1_16), "r"(FP16X2_NEG_72));
-}
-
-// unpack_int4x8_scaled: one word of layout id 1 holding UNSIGNED codes c ∈ [0, 15] (Q4_K's: no
-// +8 offset) → four half2 of c·sc for an integer sc ∈ [0, 63] — every value exact. The constants,
-// as half2 of one value twice (unpack_int4_scale_pairs makes them from sc):
-//   s2 = sc, b1 = −1024·sc, s16 = sc/16, b16 = −64·sc
-// and then, per pair, one fma.rn.f16x2 after the lop3:
-//   lo = 1024 + c           → fma(lo, sc, −1024·sc)     = c·sc
-//   hi = 1024 + 16c         → fma(hi, sc/16, −64·sc)    = c·sc
-// fma rounds once, after the exact product and sum, and c·sc ≤ 15·63 = 945 is an integer below
-// 2048, so the result is exact; the constants are exact too (powers of two times sc, below 65504,
-// sc/16 ≥ 1/16 normal). The same cost as unpack_int4x8 — 1 shift + 4 lop3 + 4 f16x2 — with the
-// sub-block scale in the weights, so four lanes' 32-input chunks with four different scales can
-// share one MMA (kernels/gemv_int4.cu, GemvQ4kWeights).
-#define FP16X2_NEG_1024 0xE400E400u  // (−1024, −1024)
-#define FP16X2_NEG_64   0xD400D400u  // (−64, −64)
-struct Int4ScalePairs {
-    u32 s2, b1, s16, b16;
-};
-// The four constants of sc (an integer 0–63 in the low byte of `sc`, the rest zero): sc as an
-// FP16 pair by the magic number (prmt puts 0x64 above the byte: 1024 + sc, exact; one sub), then
-// three multiplies by powers of two (exact).
-__device__ __forceinline__ Int4ScalePairs unpack_int4_scale_pairs(u32 sc) {
-    Int4ScalePairs p;
-    u32 biased = __byte_perm(sc, 0x64u, 0x4040);  // bytes (sc, 0x64, sc, 0x64): (1024 + sc, 1024 + sc)
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(p.s2) : "r"(biased), "r"(FP16X2_1024));
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p.b1) : "r"(p.s2), "r"(FP16X2_NEG_1024));
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p.s16) : "r"(p.s2), "r"(FP16X2_1_16));
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p.b16) : "r"(p.s2), "r"(FP16X2_NEG_64));
-    return p;
-}
-// out[0] = (k+0, k+1) … out[3] = (k+6, k+7) as unpack_int4x8 orders them, each c·sc.
-__device__ __forceinline__ void unpack_int4x8_scaled(u32 w, const Int4ScalePairs& p, u32 (&out)[4]) {
-    const u32 w8 = w >> 8;
-    const u32 lo0 = lop3_and_or(w,  INT4_MASK_LO, FP16X2_1024);
-    const u32 hi0 = lop3_and_or(w,  INT4_MASK_HI, FP16X2_1024);
-    const u32 lo1 = lop3_and_or(w8, INT4_MASK_LO, FP16X2_1024);
-    const u32 hi1 = lop3_and_or(w8, INT4_MASK_HI, FP16X2_1024);
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[0]) : "r"(lo0), "r"(p.s2), "r"(p.b1));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[1]) : "r"(hi0), "r"(p.s16), "r"(p.b16));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[2]) : "r"(lo1), "r"(p.s2), "r"(p.b1));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[3]) : "r"(hi1), "r"(p.s16), "r"(p.b16));
 }

@@ -161,14 +161,8 @@ def test_every_launch_group_has_a_reference(tiny_any):
     qkv = next(g for g in m.groups if g.name == "L1.qkv_rope")
     assert qkv.outputs == ("q", "k_cache[1]", "v_cache[1]")
     kernels = {g.specs[0].kernel.kernel for g in m.groups}
-    if m.plan.per_tensor:
-        # Q4_K's o_proj, gate/up and down_proj run on gemv_int4.cu's engine (gemv_q4k), the rest
-        # on gemv_fmt.cu.
-        q4k = m.plan.formats["model.layers.0.mlp.gate_proj"] == 10
-        family = "gemv_q4k" if q4k else "gemv_fmt"
-        assert {"gemv_fmt_qkv_rope", f"{family}_residual", f"{family}_gate_up_swiglu"} <= kernels
-    else:
-        assert {"gemv_int4_qkv_rope", "gemv_int4_residual", "gemv_int4_gate_up_swiglu"} <= kernels
+    family = "gemv_fmt" if m.plan.per_tensor else "gemv_int4"
+    assert {f"{family}_qkv_rope", f"{family}_residual", f"{family}_gate_up_swiglu"} <= kernels
 
 
 def test_compare_catches_differences(rng):

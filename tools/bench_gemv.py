@@ -138,13 +138,11 @@ def q_shape(name: str, cfg) -> tuple[int, int]:
     return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F), "gate_up_swiglu": (F, D)}[name]
 
 
-def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tuple = (),
-                    engine: str = "fmt") -> Launcher:
+def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tuple = ()) -> Launcher:
     """GemvFmtResidual (gate_up_swiglu: GemvFmtGateUpSwiglu) over random weights in `fmt`
-    (weight_formats.random_weight), compiled with `defines`; engine "int4": GemvQ4kResidual /
-    GemvQ4kGateUpSwiglu (gemv_int4.cu's engine, q4_k only) instead."""
+    (weight_formats.random_weight), compiled with `defines`."""
     from drvqwen.format import weight_formats as wf
-    from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtResidual, GemvQ4kGateUpSwiglu, GemvQ4kResidual
+    from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtResidual
 
     n, k = q_shape(name, cfg)
 
@@ -157,15 +155,10 @@ def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tu
         residual = s.array(f"r{fmt.name}{name}{copy}", (k,), np.float32, rng.standard_normal(k))
         norm_w = s.array(f"nw{fmt.name}{name}{copy}", (k,), np.float16, np.ones(k))
         h = s.array(f"h{fmt.name}{name}{copy}", (n,), np.float16)
-        if engine == "int4":
-            return GemvQ4kGateUpSwiglu(h, residual, norm_w, weight("g"), weight("u"), f=n, k=k, eps=1e-6,
-                                       defines=defines)
         return GemvFmtGateUpSwiglu(h, residual, norm_w, weight("g"), weight("u"), f=n, k=k, eps=1e-6,
                                    defines=defines)
     x = s.array(f"x{fmt.name}{name}{copy}", (k,), np.float16, rng.standard_normal(k))
     res = s.array(f"res{fmt.name}{name}{copy}", (n,), np.float32, np.zeros(n))
-    if engine == "int4":
-        return GemvQ4kResidual(res, x, weight(""), n=n, k=k, defines=defines)
     return GemvFmtResidual(res, x, weight(""), n=n, k=k, defines=defines)
 
 
@@ -189,9 +182,7 @@ def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: 
 
     Without `variants` the kernels are compiled for every format (WF_FORMATS' default); each
     variant {NAME: INT} compiles them as a model of that one format is (format_defines) plus
-    those defines, so versions of the kernel are compared in the same run. q4_k also gets rows
-    of gemv_int4.cu's Q4_K kernels (variant {"engine": "int4"}, the decode step's), beside
-    gemv_fmt.cu's."""
+    those defines, so versions of the kernel are compared in the same run."""
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers.gemv_fmt import format_defines
 
@@ -204,19 +195,16 @@ def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: 
             nbytes = wf.parts_nbytes(fmt, n, k) * (2 if name == "gate_up_swiglu" else 1)
             copies = max(2, -(-2 * L2_BYTES // nbytes))
             r = -(-reps // copies) * copies
-            engines = [(v, "fmt") for v in variants or [None]] + ([(None, "int4")] if fmt.name == "q4_k" else [])
-            for variant, engine in engines:
+            for variant in variants or [None]:
                 defines = () if variant is None else tuple({**dict(format_defines([fmt.id])), **variant}.items())
                 s = Scratch()
                 try:
-                    launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines, engine)
-                                 for c in range(copies)]
+                    launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines) for c in range(copies)]
                     us = time_launchers(launchers, r, False)
                     spec = launchers[0].specs[0]
                     gbps = nbytes / us / 1e3
                     rows.append({"gemv": f"{fmt.name}:{name}",
-                                 "variant": {"bits_per_weight": fmt.bits_per_weight, **(variant or {}),
-                                             **({"engine": "int4"} if engine == "int4" else {})},
+                                 "variant": {"bits_per_weight": fmt.bits_per_weight, **(variant or {})},
                                  "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
                                  "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
                 finally:

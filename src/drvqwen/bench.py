@@ -265,7 +265,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
-              decode: str = "per-launch", decode_q4k: str = "int4",
+              decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
@@ -294,8 +294,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
         prefill_q32: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections likewise ("registers": gemm_int4.cu's
             kernels for them; "fmt").
-        decode_q4k: the decode step's Q4_K GEMVs on gemv_int4.cu's engine ("int4") or gemv_fmt.cu's
-            ("fmt"), to compare (decode.plan_decode's q4k_gemv).
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
         prefill_chunk_rows: prompt rows per prefill chunk (None: prefill.DEFAULT_CHUNK_ROWS): a
@@ -341,8 +339,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         task = p.add_task("uploading weights", total=total)
         dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done),
                          persistent=decode == "persistent", persistent_min_blocks=persistent_blocks,
-                         persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent",
-                         q4k_gemv=decode_q4k)
+                         persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent")
     graph = prefill = None
     try:
         t0 = time.perf_counter()
@@ -371,7 +368,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             "protocol": {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "greedy": True,
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS, "decode": decode,
-                         "decode_q4k": decode_q4k if dec.plan.per_tensor else None,
                          "attention": dec.attention,
                          "persistent_blocks": persistent_blocks if decode == "persistent" else None,
                          "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
@@ -563,9 +559,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=("per-launch", "persistent"), default="per-launch",
                    help="persistent: the graph mode runs the embedding and the layers as one persistent kernel, the "
                         "eager mode the same step launch by launch (both with the plain attention kernel)")
-    p.add_argument("--decode-q4k", choices=("int4", "fmt"), default="int4",  # decode.Q4K_GEMVS
-                   help="Q4_K o_proj, gate/up and down_proj GEMVs of the decode step on gemv_int4.cu's engine (int4, "
-                        "default) or on gemv_fmt.cu's (fmt)")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
@@ -631,7 +624,7 @@ def cmd_bench(args) -> int:
                         prefill_attention_late=args.prefill_attention_late == "auto",
                         prefill_kquant=args.prefill_kquant, prefill_q32=args.prefill_q32,
                         prefill_chunk_rows=args.prefill_chunk_rows,
-                        decode=args.decode, decode_q4k=args.decode_q4k,
+                        decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

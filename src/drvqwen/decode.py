@@ -72,7 +72,6 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_tma, lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
-from .launchers import gemv_q4k
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
@@ -83,11 +82,6 @@ from .launch_list import LaunchList, NamedLaunch, time_launches
 from .layer_plan import int4_layer_steps, layer_kv
 from .sequence import Sequence
 from .stats import phase
-
-# Where the decode step runs its Q4_K o_proj, gate/up and down_proj GEMVs (plan_decode(q4k_gemv=...)):
-# "int4" = gemv_int4.cu's engine (launchers/gemv_q4k.py: one MMA per 128 inputs and 16 rows, each
-# lane's sub-block scale in its A fragments), "fmt" = gemv_fmt.cu's (one MMA column per lane).
-Q4K_GEMVS = ("int4", "fmt")
 
 # Decode attention kernels (plan_decode(attention=...)): "tma" = attention_decode_tma.cu (producer
 # warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
@@ -175,7 +169,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 occupancy: Occupancy | None = None, text_vocab: int | None = None,
                 formats: dict[str, int] | None = None, persistent: bool = False,
                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
-                persistent_defines: tuple[tuple[str, int], ...] = (), q4k_gemv: str = "int4") -> DecodePlan:
+                persistent_defines: tuple[tuple[str, int], ...] = ()) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -191,10 +185,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             `default_formats`: the INT4 step (gemv_int4.cu, FP16 embedding and lm_head). Any
             other set runs every projection through gemv_fmt.cu in its own format, and the
             embedding and lm_head in theirs (FP16 where dense).
-        q4k_gemv: where the o_proj, gate/up and down_proj GEMVs of Q4_K weights run (Q4K_GEMVS):
-            "int4" on gemv_int4.cu's engine (launchers.gemv_q4k), "fmt" on gemv_fmt.cu's like
-            every other format (for comparison; qkv, whose q, k and v may mix formats, runs there
-            in both).
         persistent: also plan `DecodePlan.persistent`: the steps from "embedding" through the
             last layer as one persistent kernel (needs attention="plain" and the INT4 layers);
             persistent_min_blocks (1 or 2: blocks per SM its registers are sized for),
@@ -209,8 +199,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     """
     if attention not in ATTENTION_KERNELS:
         raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
-    if q4k_gemv not in Q4K_GEMVS:
-        raise DrvqwenError(f"q4k_gemv={q4k_gemv!r}: choose one of {', '.join(Q4K_GEMVS)}")
     if persistent and attention != "plain":
         raise DrvqwenError(f"the persistent decode step runs the plain attention kernel, not attention={attention!r}")
     if persistent:  # every launch planned for the persistent kernel's blocks (CappedOccupancy)
@@ -251,17 +239,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     eps = cfg.rms_norm_eps
 
     steps = plan.steps
-
-    def on_q4k(w, k: int) -> bool:
-        """Whether weight w (input width k) runs on gemv_int4.cu's Q4_K engine."""
-        return q4k_gemv == "int4" and gemv_q4k.takes(w, k)
-
-    def residual_gemv(residual, x, w, *, n: int, k: int):
-        """residual += W x in W's format: Q4_K on gemv_int4.cu's engine (on_q4k), else gemv_fmt.cu."""
-        if on_q4k(w, k):
-            return gemv_q4k.GemvQ4kResidual(residual, x, w, n=n, k=k, **gemv)
-        return GemvFmtResidual(residual, x, w, n=n, k=k, **fmt_gemv)
-
     def fw(prefix: str, dense_ok: bool = False):
         """The FmtWeight of `prefix`; where it is dense FP16: None (embedding, lm_head: their
         FP16 kernels) or, with dense_ok, a DENSE_F16 FmtWeight (a projection)."""
@@ -293,13 +270,10 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                                   a["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, dim=D,
                                                   eps=eps, **fmt_gemv)),
                 (f"L{l}.attention", attn),
-                (f"L{l}.o_proj", residual_gemv(a["residual"], a["attn"], o, n=D, k=nq)),
+                (f"L{l}.o_proj", GemvFmtResidual(a["residual"], a["attn"], o, n=D, k=nq, **fmt_gemv)),
                 (f"L{l}.gate_up_swiglu", GemvFmtGateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm, g, u,
-                                                             f=F, k=D, eps=eps, **fmt_gemv)
-                 if not (on_q4k(g, D) and on_q4k(u, D)) else
-                 gemv_q4k.GemvQ4kGateUpSwiglu(a["h"], a["residual"], w.post_attention_layernorm, g, u, f=F, k=D,
-                                              eps=eps, **gemv)),
-                (f"L{l}.down_proj", residual_gemv(a["residual"], a["h"], d, n=D, k=F)),
+                                                             f=F, k=D, eps=eps, **fmt_gemv)),
+                (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **fmt_gemv)),
             ]
             continue
         steps += int4_layer_steps(cfg, l, w, a, (k_l, v_l), attn, gemv=gemv)
@@ -346,7 +320,6 @@ class DecodeStep:
             lists into one that runs the embedding and the layers as one kernel.
         persistent_min_blocks, persistent_stress, persistent_trace, persistent_defines: its build
             and its trace buffer (plan_decode).
-        q4k_gemv: where Q4_K projections run (plan_decode; "int4", the default, or "fmt").
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -363,7 +336,7 @@ class DecodeStep:
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  attention: str | None = None, pdl: bool = True, persistent: bool = False,
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
-                 persistent_defines: tuple[tuple[str, int], ...] = (), q4k_gemv: str = "int4"):
+                 persistent_defines: tuple[tuple[str, int], ...] = ()):
         self.device = get_device()
         self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
@@ -372,7 +345,7 @@ class DecodeStep:
         self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab, formats=f.formats,
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
-                                persistent_defines=tuple(persistent_defines), q4k_gemv=q4k_gemv)
+                                persistent_defines=tuple(persistent_defines))
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
         self._check_fits(f)
         self.stream = Stream()

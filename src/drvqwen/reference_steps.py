@@ -405,8 +405,6 @@ REFERENCES: dict[str, tuple[Reference, str]] = {
     "gemv_int4_f16": (_gemv_f16, "y = W x (INT4 GEMV)"),
     "gemv_int4_gate_up_swiglu": (_gate_up, "xn = rmsnorm(residual)·w_post; h = silu(Wg xn) · (Wu xn)"),
     "embedding_fmt": (_embedding, "residual fp32 [D] = embed[state.token], dequantized in its format"),
-    "gemv_q4k_residual": (_residual, "residual += W x (Q4_K GEMV on the INT4 engine, the add in its epilogue)"),
-    "gemv_q4k_gate_up_swiglu": (_gate_up, "xn = rmsnorm(residual)·w_post; h = silu(Wg xn) · (Wu xn) (Q4_K)"),
     "gemv_fmt_qkv_rope": (_qkv_rope, "xn = rmsnorm(residual)·w_in; q = rope(Wq xn + bq); K/V cache[pos] = "
                                      "rope(Wk xn + bk), Wv xn + bv (each W in its own format)"),
     "gemv_fmt_residual": (_residual, "residual += W x (GEMV in the weight's format, the add in its epilogue)"),

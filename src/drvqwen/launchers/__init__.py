@@ -13,8 +13,6 @@ Names follow one thread through the code base:
 |                         | write), GemvInt4Residual,                   | cache slots; residual fp32 (+=);     |
 |                         | GemvInt4GateUpSwiglu (norm, SwiGLU); the    | h fp16 [F]; with n_tokens=T, [T, …]  |
 |                         | last three also for T tokens (n_tokens)     | of each                              |
-|                         | gemv_q4k.py: GemvQ4kResidual,               | the same, weights in the GGUF's Q4_K |
-|                         | GemvQ4kGateUpSwiglu                         |                                      |
 | rope_kv                 | RopeKvRows (prefill)                        | q fp16, the chunk's K/V cache slots  |
 |                         | RopeTableRows (prefill)                     | the chunk's RoPE cos, sin fp32       |
 | attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
@@ -60,7 +58,6 @@ from .gemv_f16 import LmHead, lm_head_partials
 from .gemv_fmt import (EmbeddingFmt, EmbeddingFmtRows, FmtWeight, GemvFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope,
                        GemvFmtResidual, LmHeadFmt)
 from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
-from .gemv_q4k import GemvQ4kGateUpSwiglu, GemvQ4kResidual
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
 from .rope_kv import RopeKvRows, RopeTableRows
@@ -77,6 +74,5 @@ __all__ = [
     "PublishToken",
     "RmsNorm", "RopeKvRows", "RopeTableRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials", "EmbeddingFmt", "EmbeddingFmtRows", "FmtWeight", "GemvFmt",
-    "GemvFmtGateUpSwiglu", "GemvFmtQkvRope", "GemvFmtResidual", "LmHeadFmt", "GemvQ4kGateUpSwiglu",
-    "GemvQ4kResidual",
+    "GemvFmtGateUpSwiglu", "GemvFmtQkvRope", "GemvFmtResidual", "LmHeadFmt",
 ]
