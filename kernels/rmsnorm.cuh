@@ -3,6 +3,8 @@
 // that normalise their own input (gemv_int4.cu).
 //
 //   rmsnorm_inv_rms   1 / sqrt(mean(x²) + eps) of one row, summed in one fixed order
+//                     (rmsnorm_inv_rms_group: the same by a part of a block, e.g. a GEMM's
+//                     consumer warps, kernels/gemm_int4.cu)
 //   rmsnorm_apply4    fp16(x · inv_rms · w) for 4 consecutive elements
 //
 // The order of the sum of squares is that of a 1024-thread block (RMSNORM_THREADS): virtual
@@ -42,22 +44,33 @@ __device__ __forceinline__ float rmsnorm_thread_ss(const float4* row, int t, int
     return ss;
 }
 
-// 1 / sqrt(mean(row²) + eps) in the fixed order above. Call from every thread of the block
-// (blockDim.x a multiple of 32, at most 1024); warp_sums: RMSNORM_WARPS floats of shared
-// memory. Contains one __syncthreads(); the row is read with ordinary loads (they stay after a
-// preceding griddepcontrol.wait, ptx/griddep.cuh).
-__device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, int D, float eps,
-                                                 float* warp_sums) {
+// 1 / sqrt(mean(row²) + eps) in the fixed order above, computed by a group of n_threads
+// threads (a multiple of 32, at most 1024; this thread is `tid` of them) that `sync()` joins:
+// every thread of the group calls it. warp_sums: RMSNORM_WARPS floats of shared memory. sync()
+// runs once, between the warp sums' stores and their reads; a group that calls this again for
+// another row must sync between the two (the second call's stores would race the first's
+// reads). The row is read with ordinary loads (they stay after a preceding
+// griddepcontrol.wait, ptx/griddep.cuh, or an acquire).
+template <typename Sync>
+__device__ __forceinline__ float rmsnorm_inv_rms_group(const float* __restrict__ x, int D, float eps,
+                                                       float* warp_sums, unsigned tid, unsigned n_threads, Sync sync) {
     const float4* row = reinterpret_cast<const float4*>(x);
-    const int lane = threadIdx.x % WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    for (int vw = threadIdx.x / WARP_SIZE; vw < RMSNORM_WARPS; vw += n_warps) {
+    const int lane = tid % WARP_SIZE, n_warps = n_threads / WARP_SIZE;
+    for (int vw = tid / WARP_SIZE; vw < RMSNORM_WARPS; vw += n_warps) {
         const float ss = warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, D / 4));
         if (lane == 0) warp_sums[vw] = ss;
     }
-    __syncthreads();
+    sync();
     float total = 0.f;
     for (int w = 0; w < RMSNORM_WARPS; ++w) total += warp_sums[w];  // same order in every thread
     return rsqrtf(total / (float)D + eps);
+}
+
+// The same for the whole block (blockDim.x threads, joined by __syncthreads()): call from every
+// thread of the block.
+__device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, int D, float eps,
+                                                 float* warp_sums) {
+    return rmsnorm_inv_rms_group(x, D, eps, warp_sums, threadIdx.x, blockDim.x, [] { __syncthreads(); });
 }
 
 // fp16(v · inv_rms · w) of 4 elements, w the 4 fp16 gains packed in a uint2; returns 4 fp16.

@@ -315,3 +315,69 @@ def test_gemm_qkv_rope(dev, rng, m, start, split, blocks, hd, hq, hkv, tile):
         assert not sk.counters.download().any(), "split-K counters left non-zero"
     g.launch()
     assert_same_bits(f"{tag} launched again", got_k, fused[1].download())
+
+
+# gemm_int4_residual_rmsnorm: the residual GEMM, then the RMSNorm of its M rows after a grid
+# barrier. N = 336 (3 row blocks, the last partial; a multiple of 4), M from one row to more rows
+# than blocks, P forced small (each block normalises many rows) or the launcher's, stream-K cut
+# or whole tiles.
+NORM_CASES = [(m, blocks, split, tile) for m in (1, 100, 300) for blocks, split in ((3, True), (None, True), (None, False))
+              for tile in TILES]
+
+
+@pytest.mark.parametrize("m,blocks,split,tile", NORM_CASES)
+def test_gemm_residual_rmsnorm(dev, rng, m, blocks, split, tile):
+    """residual: bit for bit gemm_int4_residual's; xn: bit for bit the rmsnorm kernel's on that
+    residual, every row < M written and none past it; the grid barrier's counters back at zero,
+    and a second launch the same bits (the counters reset work)."""
+    n, k, eps = 336, 3456, 1e-6
+    qw, sc = random_int4(rng, n, k)
+    x = _x(rng, m, k)
+    rows = _capacity(m)
+    r0 = np.full((rows, n), np.nan, np.float32)
+    r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)
+    r0[:m, 7] = 2e4  # one of Qwen2's huge channels
+    norm_w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float16)
+    xd, qd, sd, ps, wd = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m), dev.upload("w", norm_w)
+    sk = _scratch(dev) if split else None
+    counter = dev.upload("norm_counter", np.zeros(2, np.uint32))
+    kw = dict(n=n, k=k, rows=rows, split_k=sk, blocks=blocks, tile_tokens=tile)
+
+    plain = dev.upload("residual_plain", r0)
+    launchers.GemmInt4ResidualRows(plain, xd, qd, sd, ps, **kw).launch()
+    want_res = plain.download()
+    want_xn = dev.poisoned("xn_plain", (rows, n), np.float16)
+    launchers.RmsNorm(want_xn, plain, wd, dim=n, eps=eps, rows=rows).launch()
+
+    res = dev.upload("residual", r0)
+    xn = dev.poisoned("xn", (rows, n), np.float16)
+    g = launchers.GemmInt4ResidualRows(res, xd, qd, sd, ps, **kw,
+                                       norm=launchers.gemm_int4.ResidualNorm(xn, wd, eps, counter))
+    tag = f"M={m} {_plan(g, blocks)} tile={tile}"
+    g.launch()
+    got_res, got_xn = res.download(), xn.download()
+    assert_same_bits(f"residual {tag}", want_res[:m], got_res[:m])
+    assert np.isnan(got_res[m:]).all(), "residual rows past M were written"
+    assert_same_bits(f"xn {tag}", want_xn.download()[:m], got_xn[:m])
+    assert (got_xn[m:].view(np.uint16) == 0xFFFF).all(), "xn rows past M were written"
+    want = ref.rmsnorm(want_res[:m].astype(np.float64), norm_w, eps)
+    report(f"xn against the reference {tag}", got_xn[:m], want, TOL_GEMV)
+    assert not counter.download().any(), "the grid barrier's counters were left non-zero"
+    res.upload(r0)
+    xn.fill_bytes(0xFF)
+    g.launch()
+    assert_same_bits(f"xn launched again {tag}", got_xn, xn.download())
+    assert not counter.download().any()
+
+
+def test_gemm_residual_rmsnorm_refuses_one_block_a_tile(dev, rng):
+    """CPU-side check on the GPU's launcher: the grid barrier needs the persistent grid."""
+    n, k, m = 336, 384, 16
+    qw, sc = random_int4(rng, n, k)
+    rows = _capacity(m)
+    norm = launchers.gemm_int4.ResidualNorm(dev.array("xn", (rows, n), np.float16), dev.array("w", (n,), np.float16),
+                                            1e-6, dev.array("c", (2,), np.uint32))
+    with pytest.raises(launchers.LaunchError, match="persistent grid"):
+        launchers.GemmInt4ResidualRows(dev.array("r", (rows, n), np.float32), dev.upload("x", _x(rng, m, k)),
+                                       dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m), n=n, k=k,
+                                       rows=rows, max_blocks=0, norm=norm)
