@@ -300,7 +300,7 @@
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
-#include "rmsnorm.cuh"       // rmsnorm_inv_rms_group, rmsnorm_apply4, RMSNORM_WARPS
+#include "rmsnorm.cuh"       // rmsnorm_inv_rms_warp, rmsnorm_apply4
 #include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
 #include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (the consumers' turns)
 
@@ -1147,15 +1147,13 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
 // (every block has then passed its wait on grid_counter[0]) sets both back to 0, and the next
 // launch that uses them touches them only after its griddepcontrol.wait, once this grid has
 // completed (gemm_split_k.cuh's argument for its counters). Rows: block b of P normalises rows
-// [b·M/P, (b+1)·M/P), its 256 consumer threads as one rmsnorm group (named barrier 1 between
-// the warp sums' stores and reads, and between rows); warp_sums: 128 B of static shared memory
-// (the ring is idle by then, but reusing it after the TMA's async-proxy writes would need a proxy
-// fence). Requirements: N % 4 == 0, N ≤ 16384 (rmsnorm.cuh).
+// [b·M/P, (b+1)·M/P), a row a consumer warp at a time (rmsnorm_inv_rms_warp: the block form's
+// bits by one warp, no barrier and no shared memory; then its fp16(x · inv_rms · w) by the same
+// warp). Requirements: N % 4 == 0, N ≤ 16384 (rmsnorm.cuh).
 __device__ __forceinline__ void gemm_rmsnorm_rows(const float* residual, __half* __restrict__ xn,
                                                   const __half* __restrict__ norm_w, u32* __restrict__ grid_counter,
                                                   const int* __restrict__ prefill_state, int K, int row_blocks,
                                                   const GemmSplitK& sk, int N, float eps) {
-    __shared__ float warp_sums[RMSNORM_WARPS];
     if (thread_index() >= GEMM_SPLIT_THREADS) return;  // the producer warpgroup: its copies landed
     const int M = live_rows(prefill_state);
     const int P = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk).ranges;
@@ -1171,15 +1169,15 @@ __device__ __forceinline__ void gemm_rmsnorm_rows(const float* residual, __half*
     }
     gemm_consumers_sync();  // thread 0's acquire before every thread's loads below
     const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);
-    for (int r = b * M / P; r < (b + 1) * M / P; ++r) {
+    const int lane = thread_index() % WARP_SIZE;
+    for (int r = b * M / P + thread_index() / WARP_SIZE; r < (b + 1) * M / P; r += GEMM_SPLIT_THREADS / WARP_SIZE) {
         const float* row = residual + (u64)r * N;
-        const float inv_rms = rmsnorm_inv_rms_group(row, N, eps, warp_sums, thread_index(), GEMM_SPLIT_THREADS,
-                                                    [] { gemm_consumers_sync(); });
+        const float inv_rms = rmsnorm_inv_rms_warp(row, N, eps);
         const float4* row4 = reinterpret_cast<const float4*>(row);
         uint2* out = reinterpret_cast<uint2*>(xn + (u64)r * N);
-        for (int c = thread_index(); c < N / 4; c += GEMM_SPLIT_THREADS) out[c] = rmsnorm_apply4(row4[c], w4[c], inv_rms);
-        gemm_consumers_sync();  // this row's reads of warp_sums before the next row's stores
+        for (int c = lane; c < N / 4; c += WARP_SIZE) out[c] = rmsnorm_apply4(row4[c], w4[c], inv_rms);
     }
+    gemm_consumers_sync();  // every warp past its wait (and its rows) before thread 0 counts the block out
     if (thread_index() == 0 && atom_acq_rel_gpu_add_u32(grid_counter + 1, 1u) == (u32)P - 1) {
         grid_counter[0] = 0;
         grid_counter[1] = 0;
