@@ -6,8 +6,6 @@
 //   gemm_int4_qkv_rope       q fp16[M, Hq, Dh], the K/V cache slots of the chunk's positions
 //                                                      = rope(X Wqᵀ + bq), rope(X Wkᵀ + bk), X Wvᵀ + bv
 //   gemm_int4_residual       residual fp32[M, N]      += X Wᵀ                (o_proj, down_proj)
-//   gemm_int4_residual_rmsnorm  the same, then xn fp16[M, N] = rmsnorm(residual) · w (the next
-//                            RMSNorm, after a grid barrier: gemm_rmsnorm_rows)
 //   gemm_int4_gate_up_swiglu h fp16[M, F]              = silu(X Wgᵀ) ⊙ (X Wuᵀ)
 //   gemm_q4k_qkv_rope, gemm_q4k_stacked_rows, gemm_q4k_residual, gemm_q4k_gate_up_swiglu,
 //   gemm_q5k_qkv_rope, gemm_q5k_stacked_rows, gemm_q5k_residual, gemm_q5k_gate_up_swiglu,
@@ -300,7 +298,6 @@
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
-#include "rmsnorm.cuh"       // rmsnorm_inv_rms_warp, rmsnorm_apply4
 #include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
 #include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (the consumers' turns)
 
@@ -1121,89 +1118,6 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, GemmOneMatrixRows{qweight, scales, N, K, &ra},
                     GemmResidualAdd{residual, N, &ra});
-}
-
-// xn = rmsnorm(residual) · norm_w of the M rows, by every block of the GEMM that wrote the
-// residual, after all of them are done with it: the RMSNorm that follows o_proj and down_proj in
-// the prefill (post_attention_layernorm, the next layer's input_layernorm), in the launch that
-// writes its input instead of a launch of its own (rmsnorm.cu says what such a launch costs in
-// the chain of dependent kernels: its place, ~8 µs, not its 11 MB). The arithmetic is rmsnorm.cu's
-// (rmsnorm.cuh: the same order of the sum whatever the block, one rounding to FP16): the same
-// bits as the stand-alone kernel.
-//
-// The grid barrier, and why it cannot deadlock or race. Blocks past the ranges of the live M
-// left before any barrier (gemm_int4_block) and return here too: the P blocks that ran take
-// part. Each one's consumers meet at named barrier 1 once their last epilogue's stores are issued
-// (so every store of the block is ordered before thread 0's next operation at block scope), then
-// thread 0 adds 1 to grid_counter[0] with atom.acq_rel.gpu and polls it with relaxed loads until
-// it reads P, reads it once more with ld.acquire.gpu, and the consumers meet again before any of
-// them loads a residual row: ptx/flags.cuh's pattern, so every block's residual stores happen
-// before every block's loads (the loads are ordinary ones after the acquire, which also drops the
-// SM's L1). All P blocks are resident at once: the grid is at most one block per SM, the blocks
-// of the kernel before complete without waiting for this one, and the next kernel's blocks
-// start only once every block of this one has started (griddepcontrol.launch_dependents, first
-// thing) — the wait ends; a counter that never fills (a bug) traps after GEMM_SPLIT_TIMEOUT_NS.
-// Reset: after its rows, thread 0 adds 1 to grid_counter[1]; the block whose add comes last
-// (every block has then passed its wait on grid_counter[0]) sets both back to 0, and the next
-// launch that uses them touches them only after its griddepcontrol.wait, once this grid has
-// completed (gemm_split_k.cuh's argument for its counters). Rows: block b of P normalises rows
-// [b·M/P, (b+1)·M/P), a row a consumer warp at a time (rmsnorm_inv_rms_warp: the block form's
-// bits by one warp, no barrier and no shared memory; then its fp16(x · inv_rms · w) by the same
-// warp). Requirements: N % 4 == 0, N ≤ 16384 (rmsnorm.cuh).
-__device__ __forceinline__ void gemm_rmsnorm_rows(const float* residual, __half* __restrict__ xn,
-                                                  const __half* __restrict__ norm_w, u32* __restrict__ grid_counter,
-                                                  const int* __restrict__ prefill_state, int K, int row_blocks,
-                                                  const GemmSplitK& sk, int N, float eps) {
-    if (thread_index() >= GEMM_SPLIT_THREADS) return;  // the producer warpgroup: its copies landed
-    const int M = live_rows(prefill_state);
-    const int P = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk).ranges;
-    const int b = block_index();
-    if (b >= P) return;  // left before any barrier (gemm_int4_block)
-    gemm_consumers_sync();  // every consumer's residual stores before thread 0's release
-    if (thread_index() == 0) {
-        (void)atom_acq_rel_gpu_add_u32(grid_counter, 1u);
-        const u64 t0 = global_timer_ns();
-        while (ld_relaxed_gpu_u32(grid_counter) < (u32)P)
-            if (global_timer_ns() - t0 > GEMM_SPLIT_TIMEOUT_NS) __trap();
-        (void)ld_acquire_gpu_u32(grid_counter);
-    }
-    gemm_consumers_sync();  // thread 0's acquire before every thread's loads below
-    const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);
-    const int lane = thread_index() % WARP_SIZE;
-    for (int r = b * M / P + thread_index() / WARP_SIZE; r < (b + 1) * M / P; r += GEMM_SPLIT_THREADS / WARP_SIZE) {
-        const float* row = residual + (u64)r * N;
-        const float inv_rms = rmsnorm_inv_rms_warp(row, N, eps);
-        const float4* row4 = reinterpret_cast<const float4*>(row);
-        uint2* out = reinterpret_cast<uint2*>(xn + (u64)r * N);
-        for (int c = lane; c < N / 4; c += WARP_SIZE) out[c] = rmsnorm_apply4(row4[c], w4[c], inv_rms);
-    }
-    gemm_consumers_sync();  // every warp past its wait (and its rows) before thread 0 counts the block out
-    if (thread_index() == 0 && atom_acq_rel_gpu_add_u32(grid_counter + 1, 1u) == (u32)P - 1) {
-        grid_counter[0] = 0;
-        grid_counter[1] = 0;
-    }
-}
-
-// residual += X Wᵀ (gemm_int4_residual), then xn = rmsnorm(residual) · norm_w of the M rows in the
-// same launch (gemm_rmsnorm_rows: a grid barrier, then each block a share of the rows).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
-gemm_int4_residual_rmsnorm(float* __restrict__ residual,           // [M, N] fp32, in/out
-                           const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                           const u32* __restrict__ qweight,        // [N, K/8] uint32
-                           const __half* __restrict__ scales,      // [N, K/128] fp16
-                           const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
-                           float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
-                           int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
-                           __half* __restrict__ xn,                // [rows, N] fp16, out: rmsnorm(residual) · norm_w
-                           const __half* __restrict__ norm_w,      // [N] fp16, the RMSNorm gain
-                           u32* __restrict__ grid_counter,         // [2] uint32, zero between launches
-                           int N, int K, float eps) {
-    int ra = 0;
-    const int row_blocks = (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS;
-    const GemmSplitK sk{split_partials, split_counters};
-    gemm_int4_block(x_map, prefill_state, K, row_blocks, sk, GemmOneMatrixRows{qweight, scales, N, K, &ra},
-                    GemmResidualAdd{residual, N, &ra});
-    gemm_rmsnorm_rows(residual, xn, norm_w, grid_counter, prefill_state, K, row_blocks, sk, N, eps);
 }
 
 // h = silu(X Wgᵀ) ⊙ (X Wuᵀ): in each warp's 16 rows, row g is gate_proj's feature f and row g+8

@@ -24,6 +24,18 @@
 // 2026-12-04_83c2cc2_…_rmsnorm_block_*.json): a launch here costs its place in the chain of
 // dependent kernels, not the row's load latency.
 //
+// Measured and not kept either: the prefill's two RMSNorms a layer inside the residual GEMM
+// before them (commit d536c28: o_proj and down_proj, after their
+// last tile, meet at a grid barrier on a counter and then each block normalises its share of the
+// rows, a row a warp with the block form's bits; the next layer's input_layernorm in down_proj),
+// 144 prefill launches instead of 198. Bit for bit this kernel's xn, sanitizers clean; one eager
+// prefill's launches summed nearly the same (o_proj + norm 1267 µs against 1007 + 231, down_proj
+// + norm 3382 against 3063 + 234), but the graph TTFT of the 7B rose: 12.81 / 13.03 / 12.93 ms
+// against 12.10 / 12.09 / 12.08 in turns (`--prefill-reps 30`; docs/bench/2026-12-04_d536c28_
+// h200_syn7b_int4_norm_*.json). The reading: with the norm a launch of its own, the next GEMM's
+// blocks become resident SM by SM while the norm's small blocks run; behind a grid barrier no
+// block of the GEMM leaves before the last one's rows are done, and the next GEMM starts on an
+// emptied GPU. A launch boundary here costs less than a barrier that holds every SM.
 // Requirements: D % 4 == 0 (every Qwen2.5 D is a multiple of 128); pointers 16-byte aligned.
 #include <cuda_fp16.h>
 

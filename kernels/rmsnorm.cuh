@@ -1,10 +1,8 @@
 // kernels/rmsnorm.cuh — RMSNorm of the FP32 residual stream, as device functions: the one
-// definition of its arithmetic, used by the stand-alone kernel (rmsnorm.cu), by the GEMVs that
-// normalise their own input (gemv_int4.cu) and by the prefill's residual GEMM that normalises its
-// output (gemm_int4.cu).
+// definition of its arithmetic, used by the stand-alone kernel (rmsnorm.cu) and by the GEMVs
+// that normalise their own input (gemv_int4.cu).
 //
-//   rmsnorm_inv_rms        1 / sqrt(mean(x²) + eps) of one row, summed in one fixed order
-//   rmsnorm_inv_rms_warp   the same bits by one warp alone (no block barrier, no shared memory)
+//   rmsnorm_inv_rms   1 / sqrt(mean(x²) + eps) of one row, summed in one fixed order
 //   rmsnorm_apply4    fp16(x · inv_rms · w) for 4 consecutive elements
 //
 // The order of the sum of squares is that of a 1024-thread block (RMSNORM_THREADS): virtual
@@ -12,9 +10,7 @@
 // each warp of 32 virtual threads is reduced by a butterfly, and the 32 warp sums are added in
 // warp order. A block of any size (a multiple of 32 threads) computes exactly that — its warp
 // w takes virtual warps w, w + W, … — so every block that normalises the same row gets the
-// same bits, and they are the bits of the stand-alone kernel. One warp alone computes them too
-// (rmsnorm_inv_rms_warp): it plays the 32 virtual warps in turn, with the same butterflies, and
-// adds their sums in the same order.
+// same bits, and they are the bits of the stand-alone kernel.
 //
 // Everything is FP32 until the one rounding to FP16: the residual carries a few channels of
 // magnitude ~1e3–3e4 in real Qwen2 models (docs/numerics.md#the-residual-stream-is-fp32);
@@ -29,7 +25,6 @@
 #define RMSNORM_THREADS    1024
 #define RMSNORM_MAX_CHUNKS 4     // float4 chunks per thread: D ≤ 4 · 1024 · 4 = 16384
 #define RMSNORM_WARPS      (RMSNORM_THREADS / WARP_SIZE)
-#define RMSNORM_WARP_BATCH 8     // rmsnorm_inv_rms_warp: virtual warps' chunks loaded together
 
 // x² summed over one float4, in one expression shape for every caller.
 __device__ __forceinline__ float rmsnorm_ss4(float4 v) {
@@ -62,43 +57,6 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     __syncthreads();
     float total = 0.f;
     for (int w = 0; w < RMSNORM_WARPS; ++w) total += warp_sums[w];  // same order in every thread
-    return rsqrtf(total / (float)D + eps);
-}
-
-// rmsnorm_inv_rms's bits from one warp, every lane getting them: lane l is lane l of each virtual
-// warp vw in turn (virtual thread 32·vw + l), each virtual thread's squares are summed as
-// rmsnorm_thread_ss sums them, each virtual warp's go through the same butterfly, and the warp
-// sums are added in warp order in a register instead of shared memory. No barrier, so the warps
-// of a block may normalise different rows. Where D ≤ 4096 (every Qwen2.5 D ≤ 4096: one chunk a
-// virtual thread; a warp-uniform test) the lane loads the chunks of RMSNORM_WARP_BATCH virtual
-// warps before it uses any (in flight together; all 32 at once would hold 128 registers, which
-// a GEMM's consumer warps, compiled for 168, spill), and the chunks j ≥ 1, all past the row, which the block form adds as
-// zeros, are left out: adding +0.0f to a sum of squares (never −0) leaves its bits as they are.
-// Longer rows take rmsnorm_thread_ss itself, a virtual warp at a time.
-__device__ __forceinline__ float rmsnorm_inv_rms_warp(const float* x, int D, float eps) {
-    const float4* row = reinterpret_cast<const float4*>(x);
-    const int lane = threadIdx.x % WARP_SIZE, n_chunks = D / 4;
-    float total = 0.f;
-    if (n_chunks <= RMSNORM_THREADS) {
-#pragma unroll 1
-        for (int v0 = 0; v0 < RMSNORM_WARPS; v0 += RMSNORM_WARP_BATCH) {
-            float4 chunk[RMSNORM_WARP_BATCH];  // virtual thread 32·vw + lane's one chunk, vw = v0 + i
-#pragma unroll
-            for (int i = 0; i < RMSNORM_WARP_BATCH; ++i) {
-                const int c = (v0 + i) * WARP_SIZE + lane;
-                chunk[i] = c < n_chunks ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int i = 0; i < RMSNORM_WARP_BATCH; ++i) {
-                float ss = 0.f;
-                ss += rmsnorm_ss4(chunk[i]);
-                total += warp_sum(ss);
-            }
-        }
-    } else {
-#pragma unroll 1
-        for (int vw = 0; vw < RMSNORM_WARPS; ++vw) total += warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, n_chunks));
-    }
     return rsqrtf(total / (float)D + eps);
 }
 

@@ -24,7 +24,6 @@ from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import DeviceArray
 from drvqwen.cuda.sources import kernel_source, list_kernels
 from drvqwen.decode import ATTENTION_KERNELS, plan_decode
-from drvqwen.launchers.gemm_int4 import ResidualNorm
 from drvqwen.verify_plan import plan_verify
 from drvqwen.format import weight_formats as wf
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -111,9 +110,6 @@ def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                                               *_int4("u", F, D), ps, f=F, k=D, **gemm)),
         ("down_proj", launchers.GemmInt4ResidualRows(_buf("residual", R * D, np.float32), h, *_int4("d", D, F), ps,
                                                      n=D, k=F, **gemm)),
-        ("down_proj+norm", launchers.GemmInt4ResidualRows(
-            _buf("residual", R * D, np.float32), h, *_int4("d", D, F), ps, n=D, k=F, **gemm,
-            norm=ResidualNorm(xn, _buf("norm_w", D, np.float16), 1e-6, _buf("norm_counter", 2, np.uint32)))),
         ("gemm_f32", launchers.GemmInt4(_buf("out", R * D, np.float32), xn, *_int4("w", D, D), ps, n=D, k=D, **gemm)),
         ("begin_chunk", launchers.PrefillBeginChunk(ps)),
         ("decode_resume", launchers.DecodeResume(_buf("state", 3, np.int32), _buf("next_token", 1, np.int32))),

@@ -154,8 +154,7 @@ def kv_bytes_read(config, seq_len: int) -> int:
 
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
                  last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True,
-                 kquant_gemm: bool = True, chunk_rows: int | None = None, q32_gemm: bool = True,
-                 norm_in_gemm: bool = True):
+                 kquant_gemm: bool = True, chunk_rows: int | None = None, q32_gemm: bool = True):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
@@ -163,8 +162,7 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     `attention_splits` every attention query tile runs whole; without `attention_late` every chunk
     on the one engine, none switching to the range schedule late in a long prompt; without
     `kquant_gemm` Q4_K, Q5_K and Q6_K projections on gemm_fmt_wgmma.cu, without `q32_gemm` the
-    Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones; without `norm_in_gemm` the INT4 RMSNorms as launches of
-    their own, not in the residual GEMMs;
+    Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones;
     `chunk_rows` the prompt rows per chunk, default the prefill's), or None where that module does
     not exist in this checkout."""
     try:
@@ -174,7 +172,7 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     return Prefill(dec, chunk_rows or DEFAULT_CHUNK_ROWS, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
                    last_layer=last_layer, attention_splits=attention_splits,
                    late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm,
-                   q32_gemm=q32_gemm, norm_in_gemm=norm_in_gemm)
+                   q32_gemm=q32_gemm)
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -267,7 +265,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
-              prefill_norm: str = "gemm",
               decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
@@ -297,8 +294,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
         prefill_q32: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections likewise ("registers": gemm_int4.cu's
             kernels for them; "fmt").
-        prefill_norm: INT4 weights: the RMSNorms after o_proj and down_proj inside those GEMMs' launches
-            ("gemm") or as launches of their own ("apart"), to compare.
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
         prefill_chunk_rows: prompt rows per prefill chunk (None: prefill.DEFAULT_CHUNK_ROWS): a
@@ -354,7 +349,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
         prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
                                 prefill_attention_splits, prefill_attention_late, prefill_kquant == "registers",
-                                prefill_chunk_rows, prefill_q32 == "registers", prefill_norm == "gemm")
+                                prefill_chunk_rows, prefill_q32 == "registers")
                    if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
@@ -385,7 +380,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prefill_attention_late_from": getattr(prefill, "late_from", None),
                          "prefill_kquant": prefill_kquant if prefill is not None else None,
                          "prefill_q32": prefill_q32 if prefill is not None else None,
-                         "prefill_norm": prefill_norm if prefill is not None else None,
                          "prefill_chunk_rows": prefill.chunk_rows if prefill is not None else None,
                          "prefill_last_layer": (("last_row" if prefill.last_row else "all_rows")
                                                 if prefill is not None else None),
@@ -550,9 +544,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Q4_K, Q5_K and Q6_K projections: unpacked in the GEMM's registers (gemm_int4.cu's K-quant "
                         "kernels, default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
-    p.add_argument("--prefill-norm", choices=("gemm", "apart"), default="gemm",
-                   help="INT4 weights: the RMSNorms after o_proj and down_proj in those GEMMs' launches (default) or as "
-                        "launches of their own (to compare)")
     p.add_argument("--prefill-q32", choices=("registers", "fmt"), default="registers",
                    help="Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections: unpacked in the GEMM's registers (gemm_int4.cu's kernels for them, "
                         "default) "
@@ -631,7 +622,7 @@ def cmd_bench(args) -> int:
                         prefill_attention=args.prefill_attention, prefill_last_layer=args.prefill_last_layer,
                         prefill_attention_splits=args.prefill_attention_splits == "auto",
                         prefill_attention_late=args.prefill_attention_late == "auto",
-                        prefill_kquant=args.prefill_kquant, prefill_q32=args.prefill_q32, prefill_norm=args.prefill_norm,
+                        prefill_kquant=args.prefill_kquant, prefill_q32=args.prefill_q32,
                         prefill_chunk_rows=args.prefill_chunk_rows,
                         decode=args.decode,
                         persistent_blocks=args.persistent_blocks,

@@ -15,11 +15,6 @@ Per chunk of up to `max_chunk_rows` prompt tokens (rows r at positions start + r
       L{l}.gate_up_swiglu           h    fp16 [R, F]          = silu(xn Wgᵀ) · (xn Wuᵀ)  (INT4 GEMM)
       L{l}.down_proj                residual += h Wdᵀ                                  (INT4 GEMM)
 
-where, with INT4 weights (norm_in_gemm, the default), each RMSNorm but layer 0's input_layernorm
-runs inside the residual GEMM before it — o_proj then writes xn for gate_up, down_proj for the
-next layer's QKV (gemm_int4_residual_rmsnorm: a grid barrier, then each block a share of the
-rows; the same bits) — and has no launch of its own;
-
 but the last layer stops after its qkv_rope (its K/V are the cache's; the rest of its rows'
 outputs are read by nothing). Once, after the last chunk, on the prompt's last row only:
 
@@ -100,7 +95,6 @@ from .format import weight_formats as wf
 from .format.quant import GROUP_SIZE as GEMM_GROUP
 from .format.tensor_set import EMBED, proj_prefix
 from .launchers import gemm_fmt_wgmma
-from .launchers.gemm_int4 import ResidualNorm
 from .launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from .launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
 from .launchers import gemm_kquant
@@ -232,10 +226,6 @@ class Prefill:
         q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on
             gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
             (to compare).
-        norm_in_gemm: INT4 weights: the RMSNorm after o_proj (post_attention_layernorm) and after
-            down_proj (the next layer's input_layernorm) in the residual GEMM's launch
-            (gemm_int4_residual_rmsnorm, the same bits), not a launch of its own; False runs the
-            rmsnorm launches (to compare).
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -244,7 +234,7 @@ class Prefill:
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
                  last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
-                 kquant_gemm: bool = True, q32_gemm: bool = True, norm_in_gemm: bool = True):
+                 kquant_gemm: bool = True, q32_gemm: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -268,7 +258,6 @@ class Prefill:
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
         # Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
         self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
-        self.norm_in_gemm = norm_in_gemm
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per-tensor formats: a layer whose q, k and v are all in one format of the register GEMMs
@@ -290,7 +279,6 @@ class Prefill:
             "ids": ((step.max_context + C,), np.int32),
             "residual": ((C, D), np.float32), "xn": ((C, D), np.float16),
             "q": ((C, nq), np.float16), "attn": ((C, nq), np.float16), "h": ((C, F), np.float16),
-            "norm_counter": ((2,), np.uint32),  # the grid barrier of gemm_int4_residual_rmsnorm
         }
         if self.qkv_rope or self.register_rope:  # the chunk's RoPE cos and sin, read by the QKV GEMMs
             act["rope_cs"] = ((C, cfg.head_dim), np.float32)
@@ -324,7 +312,6 @@ class Prefill:
         self.split_k = SplitKScratch(self.pool.alloc, split_units, split_tiles) if split_units else None
         self.attention_scratch = AttentionSplitScratch(self.pool.alloc, tile_splits, *heads) if tile_splits else None
         self.buf["ids"].upload(np.zeros(act["ids"][0], np.int32))  # padding rows embed token 0
-        self.buf["norm_counter"].upload(np.zeros(2, np.uint32))      # zero between launches
         st = step.stream
         self._begin = PrefillBeginChunk(self.buf["prefill_state"], stream=st)
         w = step.weights
@@ -423,18 +410,11 @@ class Prefill:
             rope_cs = rows_view(self.buf["rope_cs"], R)
             steps.append(("rope_table", RopeTableRows(rope_cs, step.buf["inv_freq"], ps, rows=R, head_dim=Dh,
                                                       stream=st)))
-        fuse = self.norm_in_gemm
-
-        def then_norm(weight) -> ResidualNorm | None:
-            """The RMSNorm a residual GEMM runs after itself, into xn (norm_in_gemm)."""
-            return ResidualNorm(xn, weight, eps, self.buf["norm_counter"]) if fuse else None
-
         for l in range(cfg.num_layers):
             lw = LayerWeights.of(w.__getitem__, l)
             k_l, v_l = step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l)
-            if not (fuse and l > 0):  # else the previous layer's down_proj wrote xn
-                steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
-                                                               threads=nt, stream=st)))
+            steps.append((f"L{l}.input_layernorm", RmsNorm(xn, res, lw.input_layernorm, dim=D, eps=eps, rows=R,
+                                                           threads=nt, stream=st)))
             if self.qkv_rope:
                 steps.append((f"L{l}.qkv_rope", GemmInt4QkvRopeRows(
                     q, k_l, v_l, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, lw.q_bias, lw.k_bias, lw.v_bias,
@@ -456,16 +436,12 @@ class Prefill:
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
                                                      stream=st)),
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
-                (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st,
-                                                      norm=then_norm(lw.post_attention_layernorm))),
-                *([] if fuse else [(f"L{l}.post_attention_layernorm", RmsNorm(
-                    xn, res, lw.post_attention_layernorm, dim=D, eps=eps, rows=R, threads=nt, stream=st))]),
+                (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
+                (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
+                                                           rows=R, threads=nt, stream=st)),
                 (f"L{l}.gate_up_swiglu", GemmInt4GateUpSwigluRows(h, xn, *lw.gate_proj, *lw.up_proj, ps, f=F, k=D,
                                                                   rows=R, split_k=sk, stream=st)),
-                (f"L{l}.down_proj", GemmInt4ResidualRows(
-                    res, h, *lw.down_proj, ps, n=D, k=F, rows=R, split_k=sk, stream=st,
-                    norm=then_norm(LayerWeights.of(w.__getitem__, l + 1).input_layernorm)
-                    if l + 1 < cfg.num_layers else None)),
+                (f"L{l}.down_proj", GemmInt4ResidualRows(res, h, *lw.down_proj, ps, n=D, k=F, rows=R, split_k=sk, stream=st)),
             ]
         return self._named(R, steps)
 

@@ -5,8 +5,6 @@
     GemmInt4QkvRopeRows        q fp16 [M, Hq, Dh] = rope(x Wqᵀ + bq); K/V cache slots of the chunk's
                                positions = rope(x Wkᵀ + bk), x Wvᵀ + bv   (RoPE in the epilogue)
     GemmInt4ResidualRows       residual fp32 [M, N]         += x Wᵀ              (o_proj, down_proj)
-                               (norm=ResidualNorm: then xn fp16 [M, N] = rmsnorm(residual) · w in
-                               the same launch, gemm_int4_residual_rmsnorm)
     GemmInt4GateUpSwigluRows   h fp16 [M, F]                 = silu(x Wgᵀ) ⊙ (x Wuᵀ)
 
 M = prefill_state[1] ≤ rows: buffers and grids are sized for a row *capacity* (`rows`), the
@@ -41,9 +39,8 @@ import numpy as np
 from ..cuda import Stream, encode_tiled_2d, get_device
 from ..cuda.tensormap import Swizzle
 from ..format.quant import GROUP_SIZE
-from .base import NULL, KernelRef, Launcher, check_buffer, check_prefill_state, f32, i32, mirrored, require
+from .base import NULL, KernelRef, Launcher, check_buffer, check_prefill_state, i32, mirrored, require
 from .gemv_int4 import _check_int4, int4_bytes
-from .rmsnorm import MAX_DIM as RMSNORM_MAX_DIM
 from .rope_kv import check_rows_rope_outputs
 
 BM = mirrored("gemm_int4", "GEMM_BM", 128)                      # tokens per tile (wgmma N) of the default build
@@ -475,33 +472,16 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
                          writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k)
 
 
-@dataclasses.dataclass(frozen=True)
-class ResidualNorm:
-    """The RMSNorm a residual GEMM runs on its output in the same launch
-    (gemm_int4_residual_rmsnorm): out fp16 [rows, N] = rmsnorm(residual) · weight fp16 [N], eps;
-    counter uint32 [2], zero between launches (its grid barrier's; one buffer may serve every
-    launch of a stream, each leaves it at zero)."""
-
-    out: object
-    weight: object
-    eps: float
-    counter: object
-
-
 class GemmInt4ResidualRows(_GemmLauncher):
-    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ (o_proj, down_proj of a prefill chunk); with
-    `norm` (a ResidualNorm), then norm.out = rmsnorm(residual) · norm.weight of the M rows, after a
-    grid barrier (kernels/gemm_int4.cu: gemm_rmsnorm_rows) — the RMSNorm that follows, without a
-    launch of its own; the persistent grid only (every block resident at once).
+    """residual fp32 [M, N] += x fp16 [M, K] · Wᵀ (o_proj, down_proj of a prefill chunk).
 
     Raises:
-        LaunchError: K not a multiple of 128, a buffer of the wrong size or dtype, N not a multiple
-            of 4 or above 16384 (the RMSNorm's), or `norm` with max_blocks=0.
+        LaunchError: K not a multiple of 128, or a buffer of the wrong size or dtype.
     """
 
     def __init__(self, residual, x, qweight, scales, prefill_state, *, n: int, k: int, rows: int,
                  max_blocks: int | None = None, split_k: SplitKScratch | None = None, blocks: int | None = None,
-                 tile_tokens: int | None = None, stream: Stream | None = None, norm: ResidualNorm | None = None):
+                 tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
         check_buffer(residual, "residual", rows * n, np.float32)
         check_buffer(x, "x", rows * k, np.float16)
@@ -510,25 +490,12 @@ class GemmInt4ResidualRows(_GemmLauncher):
         self.flops = 2 * rows * n * k
         self.bytes_moved = int4_bytes(n, k) + 2 * rows * k + 8 * rows * n
         n_blocks = -(-n // BLOCK_ROWS)
-        kernel, dims, reads, writes = "gemm_int4_residual", dict(N=i32(n), K=i32(k)), (), ()
-        if norm is not None:
-            require(max_blocks != 0, "gemm_int4_residual_rmsnorm: the RMSNorm's grid barrier needs the persistent "
-                                     "grid (max_blocks=0 launches a block per tile)")
-            require(n % 4 == 0 and n <= RMSNORM_MAX_DIM, f"gemm_int4_residual_rmsnorm: N={n} must be a multiple of 4 "
-                                                         f"and at most {RMSNORM_MAX_DIM}")
-            check_buffer(norm.out, "norm.out", rows * n, np.float16)
-            check_buffer(norm.weight, "norm.weight", n, np.float16)
-            check_buffer(norm.counter, "norm.counter", 2, np.uint32)
-            kernel = "gemm_int4_residual_rmsnorm"
-            dims = dict(xn=norm.out, norm_w=norm.weight, grid_counter=norm.counter, **dims, eps=f32(norm.eps))
-            reads, writes = (norm.weight,), (norm.out, norm.counter)
-            self.bytes_moved += 8 * rows * n + 2 * n
         bm = self._tiling(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                           tile_tokens=tile_tokens)
-        self._build_gemm(kernel, rows, n_blocks, k,
+        self._build_gemm("gemm_int4_residual", rows, n_blocks, k,
                          dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), qweight=qweight, scales=scales,
-                              prefill_state=prefill_state), dims,
-                         reads=(residual, x, qweight, scales, prefill_state, *reads), writes=(residual, *writes),
+                              prefill_state=prefill_state), dict(N=i32(n), K=i32(k)),
+                         reads=(residual, x, qweight, scales, prefill_state), writes=(residual,),
                          max_blocks=max_blocks, split_k=split_k)
 
 
