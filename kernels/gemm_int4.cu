@@ -219,6 +219,13 @@
 // the same run no faster; docs/bench/2026-12-04_{053477b,aff46cd}_h200_gemm7b_a_parts_*.json).
 // Hence wait_group 0.
 //
+// Tried and lost there too: the producer warp asking L2 for the first 4 groups of its block's
+// first unit (prefetch.global.L2 of the rows' code lines) before griddepcontrol.wait, from a
+// guess of M read before the wait (commit d1a3818): 7B INT4 TTFT 12.153 / 12.145 ms against
+// 12.132 / 12.092 in turns (`drvqwen bench --mode graph --prefill-reps 30 --new-tokens 16`,
+// docs/bench/2026-12-04_{d1a3818,55cba63}_h200_syn7b_int4_l2_prefetch_*.json): the first
+// stage's wait on HBM is not what a launch boundary here costs.
+//
 // Barrier protocols measured (tools/bench_gemm.py --reps 20, M = 512, 28 layers in ms, two runs
 // each, the old one in the same run; docs/bench/2026-12-01_h200_gemm_int4_barrier_protocols.json;
 // the "dev" column names the version kept in kernels/dev/gemm_int4/, re-run beside this file with
@@ -296,7 +303,6 @@
 #include "gemm_epilogue.cuh" // GEMM_BM, GEMM_ACC, gemm_each_token, GemmResidualAdd
 #include "gemm_split_k.cuh"  // GemmSplitK, GemmWork, gemm_work, gemm_unit_at, gemm_split_k_finish
 #include "griddep.cuh"       // grid_dependency_wait, grid_launch_dependents
-#include "ldst.cuh"          // l2_prefetch_line
 #include "kv_cache.cuh"      // PAGE_TOKENS, kv_offset, kv_page_elems
 #include "rope.cuh"          // rope_apply
 #include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
@@ -721,43 +727,6 @@ __device__ __forceinline__ int groups_of(int K) {
     return K / INT4_GROUP;
 }
 
-// Groups of weights a block asks L2 for before its griddepcontrol.wait (0: none), and the row
-// count above which its guess of M is not trusted (gemm_prefetch_first_groups).
-#ifndef GEMM_PREFETCH_GROUPS
-#define GEMM_PREFETCH_GROUPS 4
-#endif
-#define GEMM_PREFETCH_MAX_ROWS 8192
-
-// Before the wait, from the producer warp: the code words of the first GEMM_PREFETCH_GROUPS
-// groups of this block's first unit, for its 128 weight rows, into L2 (l2_prefetch_line: the
-// lines holding them; a lane takes every fourth line of its quad's two rows). Why: a block starts
-// while the kernel before it drains (programmatic launch) and then waits; its first stage then
-// needs X (just written, in L2) and weights (in HBM, the longer trip) — asked for here, they come
-// from L2 after the wait. The first unit depends on M, which an earlier kernel wrote: read before
-// the wait it is a guess, right once the chunk's prefill_state is written (the chunk's first
-// launch, long done), and a wrong guess costs useless prefetches only — every address stays in
-// the weights (M clamped to [1, GEMM_PREFETCH_MAX_ROWS], so the ranges' 32-bit arithmetic holds;
-// a row block, a row and groups < G as the mainloop forms them, rows_of clamping rows past N).
-template <typename Sc, typename RowsOf>
-__device__ __forceinline__ void gemm_prefetch_first_groups(const int* __restrict__ prefill_state, int K,
-                                                           int row_blocks, const GemmSplitK& sk, RowsOf rows_of) {
-    const int M = min(max(__ldcg(prefill_state + 1), 1), GEMM_PREFETCH_MAX_ROWS);
-    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, K / INT4_GROUP, sk);
-    const int b = blockIdx.x;
-    if (b >= work.ranges) return;
-    const GemmUnit un = gemm_unit_at(work, gemm_range_start(work, b), gemm_range_start(work, b + 1));
-    const int lane = threadIdx.x % WARP_SIZE, g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    constexpr int LINE_WORDS = 32;  // 128 B
-    const int words = (min(un.g0 + GEMM_PREFETCH_GROUPS, un.g1) - un.g0) * Sc::CODE_STRIDE;
-    const int lines = (words + LINE_WORDS - 1) / LINE_WORDS;  // a row's
-#pragma unroll 1
-    for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
-        const auto r = rows_of(un.rb, w * INT4_TILE_ROWS + g);
-        for (int l = t; l < 2 * lines; l += QUAD_SIZE)
-            l2_prefetch_line((l < lines ? r.wa : r.wb) + un.g0 * Sc::CODE_STRIDE + LINE_WORDS * (l < lines ? l : l - lines));
-    }
-}
-
 // The GEMM's tiles — GEMM_BM tokens × one block of weight rows, `row_blocks` of them per GEMM_BM
 // tokens — shared out persistently: block b runs the units of its stream-K range (gemm_split_k.cuh:
 // whole tiles, or a tile's groups [g0, g1) where the range cuts it). Persistence lets the
@@ -785,12 +754,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     u64* w_empty = x_empty + STAGES;
 
     // Launched as a programmatic dependent: X, the residual, prefill_state and the split-K
-    // scratch are earlier kernels' (nothing is read or written before the wait, but the weights'
-    // L2 prefetch from a guess of M: gemm_prefetch_first_groups).
+    // scratch are earlier kernels' (nothing is read or written before the wait).
     grid_launch_dependents();
-#if GEMM_PREFETCH_GROUPS > 0
-    if (threadIdx.x / WARP_SIZE == GEMM_CONSUMER_WARPS) gemm_prefetch_first_groups<Sc>(prefill_state, K, row_blocks, sk, rows_of);
-#endif
     grid_dependency_wait();
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
     // Blocks past the ranges the live M gives (gemm_split_k.cuh: P) leave, the whole block,

@@ -8,8 +8,6 @@
 //                            Conversion Instructions: ld.global.nc"; the .L2::cache_hint
 //                            and .L2::256B qualifiers: "… : ld")
 //   ld_nc_v4 / _v2 / _u32  : ld.global.nc.v4.u32 … — read-only data, cached in L1
-//   l2_prefetch_line       : prefetch.global.L2 [a] (PTX ISA, "Data Movement and Conversion
-//                            Instructions: prefetch, prefetchu"): the line holding a into L2, a hint
 //
 // Weights are read exactly once per decode step (3.4 GB of INT4 + 1.1 GB of lm_head at the
 // 7B shape, against a 60 MB L2), so caching them can only hurt:
@@ -93,11 +91,4 @@ __device__ __forceinline__ u32 ld_nc_noalloc_u32(const void* ptr) {
     u32 v;
     asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
     return v;
-}
-
-// Brings the cache line that holds global address `a` into L2: a hint, no register written, no
-// ordering — the prefill GEMMs ask for their first weights with it before griddepcontrol.wait
-// (gemm_int4.cu), which weights allow: no kernel writes them. Volatile: nothing uses a result.
-__device__ __forceinline__ void l2_prefetch_line(const void* a) {
-    asm volatile("prefetch.global.L2 [%0];" :: "l"(a));
 }
