@@ -219,7 +219,7 @@
 // the same run no faster; docs/bench/2026-12-04_{053477b,aff46cd}_h200_gemm7b_a_parts_*.json).
 // Hence wait_group 0.
 //
-// Tried and lost there too: the producer warp asking L2 for the first 4 groups of its block's
+// Tried and lost as well: the producer warp asking L2 for the first 4 groups of its block's
 // first unit (prefetch.global.L2 of the rows' code lines) before griddepcontrol.wait, from a
 // guess of M read before the wait (commit d1a3818): 7B INT4 TTFT 12.153 / 12.145 ms against
 // 12.132 / 12.092 in turns (`drvqwen bench --mode graph --prefill-reps 30 --new-tokens 16`,

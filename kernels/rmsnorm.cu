@@ -25,10 +25,10 @@
 // dependent kernels, not the row's load latency.
 //
 // Measured and not kept either: the prefill's two RMSNorms a layer inside the residual GEMM
-// before them (commit d536c28: o_proj and down_proj, after their
-// last tile, meet at a grid barrier on a counter and then each block normalises its share of the
-// rows, a row a warp with the block form's bits; the next layer's input_layernorm in down_proj),
-// 144 prefill launches instead of 198. Bit for bit this kernel's xn, sanitizers clean; one eager
+// before them (commit d536c28: o_proj and down_proj, after their last tile, meet at a grid
+// barrier on a counter and then each block normalises its share of the rows, a row a warp with
+// the block form's bits; the next layer's input_layernorm in down_proj), 144 prefill launches
+// instead of 198. Bit for bit this kernel's xn, sanitizers clean; one eager
 // prefill's launches summed nearly the same (o_proj + norm 1267 µs against 1007 + 231, down_proj
 // + norm 3382 against 3063 + 234), but the graph TTFT of the 7B rose: 12.81 / 13.03 / 12.93 ms
 // against 12.10 / 12.09 / 12.08 in turns (`--prefill-reps 30`; docs/bench/2026-12-04_d536c28_
