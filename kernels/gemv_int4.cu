@@ -232,6 +232,17 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 #ifndef GEMV_PROBE_NO_NORM
 #define GEMV_PROBE_NO_NORM 0
 #endif
+// A build to compare, not a probe (its results are the single-token kernel's bits):
+//   GEMV_RESIDUAL_X_GLOBAL=1  the single-token residual GEMV (o_proj, down_proj) reads x's B
+//                             fragments from global memory (GemvXGlobal, as the T-token one does)
+//                             instead of staging x in shared memory behind a __syncthreads — the
+//                             same x values at the same MMA positions, so the same sums; what
+//                             differs is where x waits: a burst before the first MMA (down_proj:
+//                             37 KB a block) or each first touch inside the MMA chain (L2, then L1).
+//                             tools/bench_gemv.py --pdl --int4-defines GEMV_RESIDUAL_X_GLOBAL=1.
+#ifndef GEMV_RESIDUAL_X_GLOBAL
+#define GEMV_RESIDUAL_X_GLOBAL 0
+#endif
 #ifndef GEMV_PROBE_NO_EPILOGUE
 #define GEMV_PROBE_NO_EPILOGUE 0
 #endif
@@ -768,7 +779,8 @@ __device__ __forceinline__ void gemv_int4_residual_tokens_item(const GemvInt4Res
         float* residual = a.residual + (u64)tok * N;
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
     };
-    if constexpr (NTOK == 1) gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
+    if constexpr (NTOK == 1 && !GEMV_RESIDUAL_X_GLOBAL)
+        gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
     else gemv_int4_engine<NTOK, 1, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep, GemvXGlobal{a.x}, epilogue);
 }
 
