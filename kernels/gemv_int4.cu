@@ -246,6 +246,21 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 #ifndef GEMV_PROBE_NO_EPILOGUE
 #define GEMV_PROBE_NO_EPILOGUE 0
 #endif
+// Two more timing probes, of every kernel of the build (the single-token ones too), results WRONG
+// by design: together they split a GEMV's time into its memory stream and its arithmetic.
+//   GEMV_PROBE_LOADS_ONLY=1   every weight and scale load as in the real kernel, but an item's
+//                             unpack → 8 MMAs is replaced by one XOR of its words into the
+//                             accumulator (the loads stay live): the time of the load stream alone
+//   GEMV_PROBE_NO_LOADS=1     the real unpack → MMA → scale chain, on words and scales made from
+//                             the item's index (no weight or scale load): the arithmetic alone
+// If the real kernel takes about the larger of the two, its loads and its arithmetic overlap and
+// the larger one is the limit; about their sum, each warp waits for one while doing the other.
+#ifndef GEMV_PROBE_LOADS_ONLY
+#define GEMV_PROBE_LOADS_ONLY 0
+#endif
+#ifndef GEMV_PROBE_NO_LOADS
+#define GEMV_PROBE_NO_LOADS 0
+#endif
 
 // The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
 //   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
@@ -503,6 +518,13 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
             for (int m = 0; m < MT; ++m) {
                 const __half* sc = gemv_scales(p, seg, m) + ld_gi;
                 const u32* qw = gemv_qweight(p, seg, m);
+                if constexpr (GEMV_PROBE_NO_LOADS) {  // timing only, wrong sums (see the define)
+                    const u32 v = 0x88888888u ^ (u32)(ld_gi * 0x01010101u + (u32)r0);
+                    b.w[u][m][0] = make_uint4(v, v ^ 1u, v ^ 2u, v ^ 3u);
+                    b.w[u][m][1] = make_uint4(v ^ 4u, v ^ 5u, v ^ 6u, v ^ 7u);
+                    b.s[u][m][0] = b.s[u][m][1] = 1.f;
+                    continue;
+                }
                 b.w[u][m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
                 b.w[u][m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
                 b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
@@ -536,8 +558,14 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                 float c[Tok::MMAS][4];
 #pragma unroll
                 for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
+                if constexpr (GEMV_PROBE_LOADS_ONLY) {  // timing only, wrong sums (see the define)
+                    const uint4 w0 = cur.w[u][m][0], w1 = cur.w[u][m][1];
+                    const u32 v = w0.x ^ w0.y ^ w0.z ^ w0.w ^ w1.x ^ w1.y ^ w1.z ^ w1.w;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
+                    for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = __uint_as_float(v & 0x3f7fffffu);
+                }
+#pragma unroll
+                for (int i = 0; i < (GEMV_PROBE_LOADS_ONLY ? 0 : 4); ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
                     int4_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
 #pragma unroll
