@@ -31,8 +31,11 @@
 // Pages per split for a given length: ceil(n_pages / n_splits), at least 1. Split s covers
 // logical pages [s · pps, min((s+1) · pps, n_pages)); both decode kernels and the combine use
 // this rule, so the combine knows which splits hold data.
+#ifndef ATTN_MIN_PAGES
+#define ATTN_MIN_PAGES 1
+#endif
 __device__ __forceinline__ int attn_pages_per_split(int n_pages, int n_splits) {
-    return max(1, (n_pages + n_splits - 1) / n_splits);
+    return max(ATTN_MIN_PAGES, (n_pages + n_splits - 1) / n_splits);
 }
 
 // Where a lane of a split's warp stands: the split, the query heads of its KV head
