@@ -398,10 +398,7 @@ __device__ __forceinline__ XS gemv_x_source(const float* residual, const __half*
 // 4t … 4t+3 of group gi of the rows behind MMA rows g and g + 8. Layout id 1 (format/quant.py):
 // qweight [n, K/8] uint32, row-major. `row` is the matrix row (clamped to the last one);
 // tile and r (the MMA row) are there for other layouts (kernels/dev/).
-// GROUP_WORDS: how far the same lane's words of the next group of the same rows lie (the engine's
-// load cursor moves by it).
 struct GemvRowMajor {
-    static constexpr int GROUP_WORDS = GEMV_WORDS_PER_GROUP;
     __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
                                                       int gi, int K, int t) {
         return qweight + 4 * t + gi * GEMV_WORDS_PER_GROUP + row * (K / 8);
@@ -505,63 +502,35 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     // next kernel may be scheduled as soon as they have all started.
     dep.launch_dependents();
 
-    // The load cursor: where this lane's words and scales of the next item lie, as 32-bit
-    // offsets from the matrix's qweight and scales (the same for every matrix of a tile: gate and
-    // up have one shape) — c_w, c_s for MMA row g, plus d_w, d_s to row g + 8. seek() sets it at
-    // group gb of tile ld_tile (once per tile of the warp); each item moves it one group along
-    // its rows (Layout::GROUP_WORDS words, one scale).
-    // Why: the loop is issue-bound at two blocks per SM, and an item's addresses from (tile,
-    // group) cost ~45 instructions (row clamps, 64-bit row products, for 4 loads). The same
-    // addresses, so the same loads and bits; 4 registers (8 more with q, k, v's base pointers).
-    u32 c_w = 0, c_s = 0, d_w = 0, d_s = 0;
-    const u32* base_w[MT];
-    const __half* base_s[MT];
+    // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_b, ld_gi = gb;
-    auto seek = [&]() {
-        if (ld_tile >= tile_e || gb >= ge) return;  // warp-uniform
-        const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
-        const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
-        int lo, hi;
-        gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
-        // Rows past n (last tile of a matrix) load the last row and are never stored.
-        const int r0 = min(lo, n - 1), r1 = min(hi, n - 1);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            base_w[m] = gemv_qweight(p, seg, m);
-            base_s[m] = gemv_scales(p, seg, m);
-        }
-        c_w = (u32)(Layout::quad(base_w[0], tile, g, r0, gb, K, t) - base_w[0]);
-        d_w = (u32)(Layout::quad(base_w[0], tile, g + 8, r1, gb, K, t) - base_w[0]) - c_w;
-        c_s = (u32)(r0 * n_groups + gb);
-        d_s = (u32)((r1 - r0) * n_groups);
-    };
-    seek();
-    // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi) and the cursor.
     auto load = [&](GemvBatch<MT, UNROLL>& b) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
+            const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
+            const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
+            int lo, hi;
+            gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
+            // Rows past n (last tile of a matrix) load the last row and are never stored.
+            const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
+                const __half* sc = gemv_scales(p, seg, m) + ld_gi;
+                const u32* qw = gemv_qweight(p, seg, m);
                 if constexpr (GEMV_PROBE_NO_LOADS) {  // timing only, wrong sums (see the define)
-                    const u32 v = 0x88888888u ^ (c_w + (u32)m);
+                    const u32 v = 0x88888888u ^ (u32)(ld_gi * 0x01010101u + (u32)r0);
                     b.w[u][m][0] = make_uint4(v, v ^ 1u, v ^ 2u, v ^ 3u);
                     b.w[u][m][1] = make_uint4(v ^ 4u, v ^ 5u, v ^ 6u, v ^ 7u);
                     b.s[u][m][0] = b.s[u][m][1] = 1.f;
-                } else {
-                    b.w[u][m][0] = ld_stream_v4(base_w[m] + c_w, policy);
-                    b.w[u][m][1] = ld_stream_v4(base_w[m] + (c_w + d_w), policy);
-                    b.s[u][m][0] = __half2float(__ldg(base_s[m] + c_s));
-                    b.s[u][m][1] = __half2float(__ldg(base_s[m] + (c_s + d_s)));
+                    continue;
                 }
+                b.w[u][m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
+                b.w[u][m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
+                b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
+                b.s[u][m][1] = __half2float(__ldg(sc + r1 * n_groups));
             }
-            c_w += Layout::GROUP_WORDS;
-            c_s += 1;
-            if (++ld_gi == ge) {
-                ld_gi = gb;
-                ++ld_tile;
-                seek();
-            }
+            if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
         }
     };
 

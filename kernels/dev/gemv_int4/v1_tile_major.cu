@@ -33,7 +33,6 @@
 
 // Tile-major: the (tile, group) item is 16 rows × 16 words, row r at word 16·r of it.
 struct GemvTileMajor {
-    static constexpr int GROUP_WORDS = INT4_TILE_ROWS * GEMV_WORDS_PER_GROUP;  // the next (tile, group) item
     __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
                                                       int gi, int K, int t) {
         const u64 item = (u64)tile * (K / INT4_GROUP) + gi;  // (tile, group) items before this one
