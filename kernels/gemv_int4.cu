@@ -123,6 +123,37 @@
 // on the first use of the weight and scale loads (LOP3 unpack, HADD2.F32 scale conversion):
 // latency-bound with few warps, as the batches already are.
 //
+// Where the time goes: the loads and the arithmetic apart (the GEMV_PROBE_LOADS_ONLY and
+// GEMV_PROBE_NO_LOADS builds below; tools/bench_gemv.py --pdl --int4-defines, one run, µs per
+// call, docs/bench/2026-12-04_1ee9f50_h200_gemv_int4_probes.json):
+//   | build                                       | qkv_rope | o_proj | gate_up | down  |
+//   | the kernel                                  |   8.53   |  4.56  |  22.50  | 15.00 |
+//   | its loads alone (no unpack, no MMA)         |   6.35   |  3.41  |  21.06  | 12.38 |
+//   | its arithmetic alone (no weight/scale load) |   7.41   |  3.41  |  17.42  | 11.57 |
+// Each half alone takes most of the kernel's time, so making one of them faster cannot give
+// much: the load stream by itself reaches 78 % of the copy bandwidth at gate_up and 66 % at
+// down, and the unpack → MMA chains by themselves take 77 % of either kernel's time. What is
+// left (qkv, o_proj: ~3.4 µs with no load or no MMA) is the launch's fixed part — the wait, the
+// x or RMSNorm prologue, the block's reduction and the epilogue.
+// Fewer instructions did not make the arithmetic faster: a load cursor (per tile, 32-bit offsets
+// of row g's words and scales and the step to row g + 8, moved one group per item: ~22
+// instructions of loads and addresses per item instead of ~46, the same addresses and bits —
+// equal logit hashes with tools/decode_fingerprint.py on the synthetic 0.5B and 7B) gave
+// qkv_rope 8.01 / 7.96 µs against 8.56 / 8.52, but o_proj 4.71 / 4.72 against 4.58 / 4.55,
+// gate_up 24.40 / 24.40 against 22.39 / 22.37 and down 16.54 / 16.46 against 14.89 / 14.98, and
+// the 7B's graph ITL 2.331 / 2.328 ms against 2.163 / 2.183 (in turns, one run; its registers
+// went to 128 from 112–125; docs/bench/2026-12-04_{e20a862,100d1d8}_h200_*cursor*.json; the
+// code is at commit e20a862). So the arithmetic is bound by how the warps' dependent chains
+// (unpack → 8 MMAs into one accumulator) interleave, not by issue slots.
+// Two more shapes measured and not kept, same tool: o_proj and down_proj reading x's B fragments
+// from global memory instead of staging it (GemvXGlobal, as the T-token kernel does; the same
+// bits): o_proj 4.58 µs, down 15.79 against 4.56 and 15.00 (the probes' file); other grids than
+// gemv_launch_shape's (--blocks 264 / 200 / 132): qkv_rope 8.34 / 8.05 / 9.25 against 8.55 at
+// 144, o_proj 4.53 (224) / 5.33 / 4.84 against 4.56, gate_up 22.96 / 23.74 / 24.90 against 22.39
+// at 237, down 14.89 (224) / 23.48 / 18.16 against 14.88
+// (docs/bench/2026-12-04_480162c_h200_gemv_int4_blocks.json): a block's time follows its tile
+// count (200 blocks for down's 224 tiles: 24 blocks with two), not its SM's.
+//
 // T tokens at once
 // ----------------
 // The verify pass of speculative decoding runs the last accepted token and k proposed ones
@@ -231,17 +262,6 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 //                             main loop stays live (gemv_int4_engine)
 #ifndef GEMV_PROBE_NO_NORM
 #define GEMV_PROBE_NO_NORM 0
-#endif
-// A build to compare, not a probe (its results are the single-token kernel's bits):
-//   GEMV_RESIDUAL_X_GLOBAL=1  the single-token residual GEMV (o_proj, down_proj) reads x's B
-//                             fragments from global memory (GemvXGlobal, as the T-token one does)
-//                             instead of staging x in shared memory behind a __syncthreads — the
-//                             same x values at the same MMA positions, so the same sums; what
-//                             differs is where x waits: a burst before the first MMA (down_proj:
-//                             37 KB a block) or each first touch inside the MMA chain (L2, then L1).
-//                             tools/bench_gemv.py --pdl --int4-defines GEMV_RESIDUAL_X_GLOBAL=1.
-#ifndef GEMV_RESIDUAL_X_GLOBAL
-#define GEMV_RESIDUAL_X_GLOBAL 0
 #endif
 #ifndef GEMV_PROBE_NO_EPILOGUE
 #define GEMV_PROBE_NO_EPILOGUE 0
@@ -807,8 +827,7 @@ __device__ __forceinline__ void gemv_int4_residual_tokens_item(const GemvInt4Res
         float* residual = a.residual + (u64)tok * N;
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
     };
-    if constexpr (NTOK == 1 && !GEMV_RESIDUAL_X_GLOBAL)
-        gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
+    if constexpr (NTOK == 1) gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
     else gemv_int4_engine<NTOK, 1, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep, GemvXGlobal{a.x}, epilogue);
 }
 

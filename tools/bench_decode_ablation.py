@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""What each op of the decode step costs inside the captured step: graph ITL with launches left out.
+
+    PYTHONPATH=src python3 tools/bench_decode_ablation.py [--preset 7b] [--contexts 512 4096]
+        [--leave-out attention o_proj ...] [--define FILE:NAME=INT ...] [--new-tokens 96] [--json OUT]
+
+The step's launch list (DecodeStep.launch_list: what `drvqwen bench --mode graph` captures) is
+captured once whole and once per --leave-out entry without the launches whose name ends in
+`.<entry>` or contains `.<entry>.` (e.g. `attention`: both attention launches of every layer;
+`attention.1`: the combine only), then each graph decodes --new-tokens tokens after a GPU prefill
+of a --contexts-token random prompt, the way `drvqwen bench` times its ITL (host time between
+tokens read back; median). "whole" runs first and last, to show the drift between the two.
+A variant's tokens are WRONG by design (an op's output is missing): only its time means
+anything. The difference to "whole" is what the op costs the captured step — its own run, its
+launch boundaries, and what it does to its neighbours' overlap (programmatic dependent launch):
+what `drvqwen bench --kernels` cannot say, since it times each launch eagerly between events.
+
+--define FILE:NAME=INT compiles every kernel of kernels/FILE.cu with -DNAME=INT (a compile-time
+variant to measure, e.g. attention_decode:ATTN_MIN_PAGES=2; the attention's split rule lives in
+attention_decode.cuh, which attention_decode_tma.cu includes too: give both files). The model is
+the synthetic --preset file (drvqwen.bench.ensure_synthetic), its KV cache the model's full
+context, as `drvqwen bench` sizes it (the split-KV attention's grid depends on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def parse_define(text: str) -> tuple[str, str, int]:
+    """'FILE:NAME=INT' → (file, name, value); a bad one exits with one line."""
+    try:
+        file, rest = text.split(":", 1)
+        name, value = rest.split("=", 1)
+        return file, name, int(value)
+    except ValueError:
+        raise SystemExit(f"--define {text!r}: expected FILE:NAME=INT, e.g. attention_decode:ATTN_MIN_PAGES=2")
+
+
+def install_defines(defines: list[tuple[str, str, int]]) -> None:
+    """Every KernelRef of the named files compiles with the extra defines (before any launcher is built)."""
+    from drvqwen.launchers import base
+
+    extra: dict[str, dict[str, int]] = {}
+    for file, name, value in defines:
+        extra.setdefault(file, {})[name] = value
+    if not extra:
+        return
+    original = base.KernelRef.function
+
+    def function(self):
+        if self.file not in extra:
+            return original(self)
+        return base.load_kernel_module(self.file, defines={**dict(self.defines), **extra[self.file]}).function(self.kernel)
+
+    base.KernelRef.function = function
+
+
+def left_out(name: str, entry: str) -> bool:
+    """Whether launch `name` (e.g. "L3.attention.1") is one of `entry`'s ("attention", "attention.1")."""
+    return name.endswith("." + entry) or f".{entry}." in name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="7b")
+    ap.add_argument("--contexts", type=int, nargs="+", default=[512, 4096], help="prompt tokens before decoding")
+    ap.add_argument("--leave-out", nargs="*", default=["attention", "attention.1", "o_proj"],
+                    help="launch names (their layer-free tail) to leave out, one variant each")
+    ap.add_argument("--define", action="append", default=[], metavar="FILE:NAME=INT")
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--json", help="write the figures here")
+    a = ap.parse_args(argv)
+    defines = [parse_define(d) for d in a.define]
+    install_defines(defines)
+
+    from drvqwen.bench import ensure_synthetic, load_prefill, run_mode
+    from drvqwen.cuda.bandwidth import measure_copy_bandwidth
+    from drvqwen.decode import DecodeStep
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.graphs import GraphDecoder
+    from drvqwen.launch_list import LaunchList
+    from drvqwen.provenance import source_record
+
+    copy = measure_copy_bandwidth()
+    f = NanoqwenFile(ensure_synthetic(a.preset))
+    dec = DecodeStep(f)
+    names = [nl.name for nl in dec.launch_list.launches]
+    for entry in a.leave_out:
+        if not any(left_out(n, entry) for n in names):
+            raise SystemExit(f"--leave-out {entry}: no launch of the step is named so (layer 0: "
+                             f"{', '.join(n[3:] for n in names if n.startswith('L0.'))})")
+    graphs = {}
+    for variant in ["whole", *a.leave_out]:
+        ll = LaunchList("greedy", list(dec.plan.steps))
+        ll.launches = [nl for nl in ll.launches if variant == "whole" or not left_out(nl.name, variant)]
+        graphs[variant] = GraphDecoder(dec, ll, fallback=False)
+    prefill = load_prefill(dec)
+    rows = []
+    for ctx in a.contexts:
+        prompt = np.random.default_rng(0).integers(0, f.config.vocab_size, ctx).tolist()
+        for variant in ["whole", *a.leave_out, "whole"]:
+            g = graphs[variant]
+            r = run_mode("graph", g, dec, prompt, a.new_tokens, copy.gbps, prefill, 1)
+            row = {"context": ctx, "variant": variant, "launches": len(g.launch_list.launches),
+                   "itl_median_ms": float(np.median(r.itl_ms))}
+            rows.append(row)
+            print(f"{a.preset} context {ctx:6d}  {variant:14s} {row['launches']:4d} launches  "
+                  f"graph ITL median {row['itl_median_ms']:.4f} ms", flush=True)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"source": source_record(), "device": dec.device.info.summary(), "preset": a.preset,
+                       "defines": [f"{fi}:{n}={v}" for fi, n, v in defines], "new_tokens": a.new_tokens,
+                       "blocks_per_kv_head": dec.plan.blocks_per_kv_head, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
