@@ -28,9 +28,20 @@
 
 #define ATTN_MAX_GROUP 8   // query heads per KV head handled by one warp (MMA rows 0..7)
 
-// Pages per split for a given length: ceil(n_pages / n_splits), at least 1. Split s covers
-// logical pages [s · pps, min((s+1) · pps, n_pages)); both decode kernels and the combine use
-// this rule, so the combine knows which splits hold data.
+// Pages per split for a given length: ceil(n_pages / n_splits), at least ATTN_MIN_PAGES (1).
+// Split s covers logical pages [s · pps, min((s+1) · pps, n_pages)); both decode kernels and the
+// combine use this rule, so the combine knows which splits hold data.
+// ATTN_MIN_PAGES, a compile-time knob to measure (tools/bench_decode_ablation.py --define
+// attention_decode:ATTN_MIN_PAGES=N --define attention_decode_tma:ATTN_MIN_PAGES=N; every build
+// of a step must take the same value): the split kernel's cost grows with pages per split, the
+// combine's with active splits, so the best pps grows with the length. What the whole attention
+// costs the captured 7B step (graph ITL with both attention launches left out: 1.931 ms at 512
+// tokens of context, 1.955 at 4096, against 2.175 / 2.152 and 2.423 / 2.434 whole: ~8 and ~17 µs
+// a layer, docs/bench/2026-12-04_d4def84_h200_syn7b_decode_ablation.json), and ATTN_MIN_PAGES=2
+// in a second run (…_attention_min_pages_2.json): 2.188 / 2.181 ms at 512, 2.321 / 2.328 at
+// 4096 (there 128 active splits per KV head instead of 256). A rule that keeps one page per split
+// at short lengths and two at 4096 is the next step; it changes which pages a split adds up, so
+// every attention test and the sanitizers must run on it.
 #ifndef ATTN_MIN_PAGES
 #define ATTN_MIN_PAGES 1
 #endif
