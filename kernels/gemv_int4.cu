@@ -278,13 +278,6 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 #ifndef GEMV_PROBE_LOADS_ONLY
 #define GEMV_PROBE_LOADS_ONLY 0
 #endif
-// A build to compare (other sums' order, so other last bits; every kernel of the build the same):
-//   GEMV_MMA_CHAINS=2 or 4    an item's 8 MMAs accumulate into that many accumulators in turn
-//                             (MMA j into chain j % CHAINS), added in chain order after the
-//                             item: dependent chains of 4 or 2 MMAs instead of 8. Default 1.
-#ifndef GEMV_MMA_CHAINS
-#define GEMV_MMA_CHAINS 1
-#endif
 #ifndef GEMV_PROBE_NO_LOADS
 #define GEMV_PROBE_NO_LOADS 0
 #endif
@@ -582,16 +575,14 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
             if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                float cc[GEMV_MMA_CHAINS][Tok::MMAS][4];  // [chain][MMA b][fragment]
+                float c[Tok::MMAS][4];
 #pragma unroll
-                for (int h = 0; h < GEMV_MMA_CHAINS; ++h)
-#pragma unroll
-                    for (int b = 0; b < Tok::MMAS; ++b) cc[h][b][0] = cc[h][b][1] = cc[h][b][2] = cc[h][b][3] = 0.f;
+                for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = 0.f;
                 if constexpr (GEMV_PROBE_LOADS_ONLY) {  // timing only, wrong sums (see the define)
                     const uint4 w0 = cur.w[u][m][0], w1 = cur.w[u][m][1];
                     const u32 v = w0.x ^ w0.y ^ w0.z ^ w0.w ^ w1.x ^ w1.y ^ w1.z ^ w1.w;
 #pragma unroll
-                    for (int b = 0; b < Tok::MMAS; ++b) cc[0][b][0] = cc[0][b][1] = cc[0][b][2] = cc[0][b][3] = __uint_as_float(v & 0x3f7fffffu);
+                    for (int b = 0; b < Tok::MMAS; ++b) c[b][0] = c[b][1] = c[b][2] = c[b][3] = __uint_as_float(v & 0x3f7fffffu);
                 }
 #pragma unroll
                 for (int i = 0; i < (GEMV_PROBE_LOADS_ONLY ? 0 : 4); ++i) {
@@ -601,20 +592,10 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                     for (int b = 0; b < Tok::MMAS; ++b) {
                         const uint4* x_group = x_lane[b] + c_gi * GEMV_CHUNKS_PER_GROUP;
                         const uint4 xi = x_group[XSource::WORD_STEP * i];  // x[128·gi + 32t + 8i … +8], token of column g
-                        mma_m16n8k16_f32_f16(cc[(2 * i) % GEMV_MMA_CHAINS][b], a_lo, xi.x, xi.y);
-                        mma_m16n8k16_f32_f16(cc[(2 * i + 1) % GEMV_MMA_CHAINS][b], a_hi, xi.z, xi.w);
+                        mma_m16n8k16_f32_f16(c[b], a_lo, xi.x, xi.y);
+                        mma_m16n8k16_f32_f16(c[b], a_hi, xi.z, xi.w);
                     }
                 }
-                // The chains' sums, added in chain order (one chain: the sum itself).
-                float c[Tok::MMAS][4];
-#pragma unroll
-                for (int b = 0; b < Tok::MMAS; ++b)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        c[b][e] = cc[0][b][e];
-#pragma unroll
-                        for (int h = 1; h < GEMV_MMA_CHAINS; ++h) c[b][e] += cc[h][b][e];
-                    }
                 // Lane slot l holds column 2t + l % 2 of MMA l / 2: c[.][0 | 1] of row g, c[.][2 | 3] of row g + 8.
 #pragma unroll
                 for (int l = 0; l < Tok::LANE; ++l) {
