@@ -143,8 +143,12 @@
 // gate_up 24.40 / 24.40 against 22.39 / 22.37 and down 16.54 / 16.46 against 14.89 / 14.98, and
 // the 7B's graph ITL 2.331 / 2.328 ms against 2.163 / 2.183 (in turns, one run; its registers
 // went to 128 from 112–125; docs/bench/2026-12-04_{e20a862,100d1d8}_h200_*cursor*.json; the
-// code is at commit e20a862). So the arithmetic is bound by how the warps' dependent chains
-// (unpack → 8 MMAs into one accumulator) interleave, not by issue slots.
+// code is at commit e20a862). So the arithmetic is not bound by issue slots.
+// Nor by the length of an item's MMA chain: the 8 MMAs into 2 or 4 accumulators in turn, added
+// after the item (GEMV_MMA_CHAINS, code at commit 4ecab0a; other last bits) gave down 14.74 /
+// 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),
+// qkv_rope and o_proj within 1 %, and the arithmetic alone of down 11.16 against 11.49, of
+// gate_up 17.65 against 17.28 (one run, docs/bench/2026-12-04_4ecab0a_h200_gemv_int4_mma_chains.json).
 // Two more shapes measured and not kept, same tool: o_proj and down_proj reading x's B fragments
 // from global memory instead of staging it (GemvXGlobal, as the T-token kernel does; the same
 // bits): o_proj 4.58 µs, down 15.79 against 4.56 and 15.00 (the probes' file); other grids than
