@@ -145,7 +145,7 @@
 // went to 128 from 112–125; docs/bench/2026-12-04_{e20a862,100d1d8}_h200_*cursor*.json; the
 // code is at commit e20a862). So the arithmetic is not bound by issue slots.
 // Nor by the length of an item's MMA chain: the 8 MMAs into 2 or 4 accumulators in turn, added
-// after the item (GEMV_MMA_CHAINS, code at commit 4ecab0a; other last bits) gave down 14.74 /
+// after the item (a compile-time switch at commit 4ecab0a; other last bits) gave down 14.74 /
 // 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),
 // qkv_rope and o_proj within 1 %, and the arithmetic alone of down 11.16 against 11.49, of
 // gate_up 17.65 against 17.28 (one run, docs/bench/2026-12-04_4ecab0a_h200_gemv_int4_mma_chains.json).
