@@ -179,6 +179,29 @@
 #ifndef GF_UNROLL
 #define GF_UNROLL 2
 #endif
+// Timing probes, results WRONG by design (tools/bench_gemv.py --formats … --fmt-defines): they
+// split a GEMV's time into its memory stream and its arithmetic, as gemv_int4.cu's do.
+//   GF_PROBE_LOADS_ONLY=1   every load as in the real kernel; an item's gather → unpack → scales
+//                           → MMAs replaced by one XOR of its raw words into the accumulator
+//   GF_PROBE_NO_LOADS=1     the real arithmetic on raw words made from the item's index: no
+//                           weight, high-bit or scale load and no address of one
+#ifndef GF_PROBE_LOADS_ONLY
+#define GF_PROBE_LOADS_ONLY 0
+#endif
+#ifndef GF_PROBE_NO_LOADS
+#define GF_PROBE_NO_LOADS 0
+#endif
+
+// The probes' stand-ins: every field of a raw chunk folded into one word (GF_PROBE_LOADS_ONLY),
+// and a raw chunk made from a number (GF_PROBE_NO_LOADS).
+__device__ __forceinline__ u32 gf_probe_fold(const WfRaw& r) {
+    return r.q0.x ^ r.q0.y ^ r.q0.z ^ r.q0.w ^ r.q1.x ^ r.q1.y ^ r.q1.z ^ r.q1.w ^ r.q2.x ^ r.q2.y ^ r.q2.z ^
+           r.q2.w ^ r.q3.x ^ r.q3.y ^ r.q3.z ^ r.q3.w ^ r.h0 ^ r.h1 ^ r.s0 ^ r.s1 ^ r.s2 ^ r.d;
+}
+__device__ __forceinline__ WfRaw gf_probe_raw(u32 v) {
+    const uint4 q = make_uint4(v, v ^ 1u, v ^ 2u, v ^ 3u);
+    return WfRaw{q, q, q, q, v ^ 4u, v ^ 5u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+}
 
 template <int F, int MT>
 struct GfBatch {
@@ -297,6 +320,11 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
             if (ld_tile >= tile_e) break;  // warp-uniform
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
+                if constexpr (GF_PROBE_NO_LOADS) {  // timing only, wrong sums (see the define)
+                    b.w[u][m][0] = gf_probe_raw(0x88888888u ^ (u32)(ld_q * 0x01010101 + m));
+                    b.w[u][m][1] = gf_probe_raw(0x77777777u ^ (u32)(ld_q * 0x01010101 + m));
+                    continue;
+                }
                 const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
                 b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
                 b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, row1 - row0, K, t), policy);
@@ -334,6 +362,11 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
             const float xs = Wf<F>::OFFSET ? xsum[chunk] : 0.f;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
+                if constexpr (GF_PROBE_LOADS_ONLY) {  // timing only, wrong sums (see the define)
+                    const u32 v = gf_probe_fold(cur.w[u][m][0]) ^ gf_probe_fold(cur.w[u][m][1]);
+                    acc[m][0] += __uint_as_float(v & 0x3f7fffffu);
+                    continue;
+                }
                 const WfRaw ra = wf_quad_gather<F>(cur.w[u][m][0], lane), rb = wf_quad_gather<F>(cur.w[u][m][1], lane);
                 u32 pa[16], pb[16];
                 wf_pairs<F>(ra, pa);
