@@ -293,27 +293,6 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 #define GEMV_PROBE_NO_FIXUP 0
 #endif
 
-// The A fragments of word i as int4_a_fragments (int4_matmul.cuh) gives them, or, in the
-// GEMV_PROBE_NO_FIXUP build, the lop3 halves without their f16x2 fixups (timing only).
-__device__ __forceinline__ void gemv_a_fragments(const uint4& row_g, const uint4& row_g8, int i, u32 (&a_lo)[4],
-                                                 u32 (&a_hi)[4]) {
-    if constexpr (GEMV_PROBE_NO_FIXUP) {
-        u32 h[2][4];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const u32 w = int4_word(r == 0 ? row_g : row_g8, i), w8 = w >> 8;
-            h[r][0] = lop3_and_or(w, INT4_MASK_LO, FP16X2_1024);
-            h[r][1] = lop3_and_or(w, INT4_MASK_HI, FP16X2_1024);
-            h[r][2] = lop3_and_or(w8, INT4_MASK_LO, FP16X2_1024);
-            h[r][3] = lop3_and_or(w8, INT4_MASK_HI, FP16X2_1024);
-        }
-        a_lo[0] = h[0][0]; a_lo[1] = h[1][0]; a_lo[2] = h[0][1]; a_lo[3] = h[1][1];
-        a_hi[0] = h[0][2]; a_hi[1] = h[1][2]; a_hi[2] = h[0][3]; a_hi[3] = h[1][3];
-    } else {
-        int4_a_fragments(row_g, row_g8, i, a_lo, a_hi);
-    }
-}
-
 // The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
 //   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
 //   lane_x(x_smem, tok, t, K) where lane t's chunks of token tok start; chunk (gi, i) of the lane
@@ -619,7 +598,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 #pragma unroll
                 for (int i = 0; i < (GEMV_PROBE_LOADS_ONLY ? 0 : 4); ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
-                    gemv_a_fragments(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
+                    int4_a_fragments<!GEMV_PROBE_NO_FIXUP>(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
 #pragma unroll
                     for (int b = 0; b < Tok::MMAS; ++b) {
                         const uint4* x_group = x_lane[b] + c_gi * GEMV_CHUNKS_PER_GROUP;

@@ -50,12 +50,19 @@ __device__ __forceinline__ u32 int4_word(const uint4& q, int i) {
 
 // Word i of the lane's quads of rows g (row_g) and g+8 (row_g8), unpacked to exact FP16 codes
 // (ptx/int4_unpack.cuh), as the A fragments of the two MMAs over inputs 32t + 8i … +7:
-// a_lo = inputs +0..+3, a_hi = inputs +4..+7.
+// a_lo = inputs +0..+3, a_hi = inputs +4..+7. FIXUP = false hands over the lop3 halves before
+// their fixups (unpack_int4x8_halves: not the codes; gemv_int4.cu's GEMV_PROBE_NO_FIXUP timing).
+template <bool FIXUP = true>
 __device__ __forceinline__ void int4_a_fragments(const uint4& row_g, const uint4& row_g8, int i,
                                                  u32 (&a_lo)[4], u32 (&a_hi)[4]) {
     u32 h0[4], h1[4];  // row g / row g+8: (k0,k1) (k2,k3) (k4,k5) (k6,k7)
-    unpack_int4x8(int4_word(row_g, i), h0);
-    unpack_int4x8(int4_word(row_g8, i), h1);
+    if constexpr (FIXUP) {
+        unpack_int4x8(int4_word(row_g, i), h0);
+        unpack_int4x8(int4_word(row_g8, i), h1);
+    } else {
+        unpack_int4x8_halves(int4_word(row_g, i), h0);
+        unpack_int4x8_halves(int4_word(row_g8, i), h1);
+    }
     a_lo[0] = h0[0]; a_lo[1] = h1[0]; a_lo[2] = h0[1]; a_lo[3] = h1[1];
     a_hi[0] = h0[2]; a_hi[1] = h1[2]; a_hi[2] = h0[3]; a_hi[3] = h1[3];
 }

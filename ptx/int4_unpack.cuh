@@ -43,14 +43,21 @@ __device__ __forceinline__ u32 lop3_and_or(u32 a, u32 b, u32 c) {
 // One word of layout id 1 → four half2 (as raw u32 registers, ready to be MMA operands):
 //   out[0] = (k+0, k+1), out[1] = (k+2, k+3), out[2] = (k+4, k+5), out[3] = (k+6, k+7),
 // low half first, each the exact code q = nibble - 8.
-__device__ __forceinline__ void unpack_int4x8(u32 w, u32 (&out)[4]) {
+// The first step alone: the four lop3 halves (1024 + v0, 1024 + v1), (1024 + 16 v2, …), … in
+// unpack_int4x8's output order, before their f16x2 fixups.
+__device__ __forceinline__ void unpack_int4x8_halves(u32 w, u32 (&h)[4]) {
     const u32 w8 = w >> 8;
-    const u32 lo0 = lop3_and_or(w,  INT4_MASK_LO, FP16X2_1024);
-    const u32 hi0 = lop3_and_or(w,  INT4_MASK_HI, FP16X2_1024);
-    const u32 lo1 = lop3_and_or(w8, INT4_MASK_LO, FP16X2_1024);
-    const u32 hi1 = lop3_and_or(w8, INT4_MASK_HI, FP16X2_1024);
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(out[0]) : "r"(lo0), "r"(FP16X2_1032));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[1]) : "r"(hi0), "r"(FP16X2_1_16), "r"(FP16X2_NEG_72));
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(out[2]) : "r"(lo1), "r"(FP16X2_1032));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[3]) : "r"(hi1), "r"(FP16X2_1_16), "r"(FP16X2_NEG_72));
+    h[0] = lop3_and_or(w,  INT4_MASK_LO, FP16X2_1024);
+    h[1] = lop3_and_or(w,  INT4_MASK_HI, FP16X2_1024);
+    h[2] = lop3_and_or(w8, INT4_MASK_LO, FP16X2_1024);
+    h[3] = lop3_and_or(w8, INT4_MASK_HI, FP16X2_1024);
+}
+
+__device__ __forceinline__ void unpack_int4x8(u32 w, u32 (&out)[4]) {
+    u32 h[4];
+    unpack_int4x8_halves(w, h);
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(out[0]) : "r"(h[0]), "r"(FP16X2_1032));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[1]) : "r"(h[1]), "r"(FP16X2_1_16), "r"(FP16X2_NEG_72));
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(out[2]) : "r"(h[2]), "r"(FP16X2_1032));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out[3]) : "r"(h[3]), "r"(FP16X2_1_16), "r"(FP16X2_NEG_72));
 }
