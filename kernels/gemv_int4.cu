@@ -308,7 +308,8 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 // C_g from its own x, bit for bit what the single-token kernel computes). The residual GEMV keeps
 // the exact unpack: its T-token kernel reads x from global memory and has no staged x to take
 // C_g from, and single- and T-token results must stay bit-equal. GEMV_BIASED_UNPACK=0 builds
-// the exact unpack everywhere (to compare).
+// the exact unpack everywhere, =2 every pair at magic 64 (unpack_int4x8_biased64: 7 instructions
+// a word, C_g = 72 · Σ x, ~1/10 of the last-bit error of =1 in a truncating-MMA model), to compare.
 #ifndef GEMV_BIASED_UNPACK
 #define GEMV_BIASED_UNPACK 1
 #endif
@@ -320,7 +321,7 @@ template <bool BIASED>
 __device__ __forceinline__ void gemv_a_fragments(const uint4& row_g, const uint4& row_g8, int i, u32 (&a_lo)[4],
                                                  u32 (&a_hi)[4]) {
     if constexpr (BIASED) {
-        int4_a_fragments_biased(row_g, row_g8, i, a_lo, a_hi);
+        int4_a_fragments_biased<GEMV_BIASED_UNPACK == 2>(row_g, row_g8, i, a_lo, a_hi);
     } else {
         int4_a_fragments<!GEMV_PROBE_NO_FIXUP>(row_g, row_g8, i, a_lo, a_hi);
     }
@@ -536,7 +537,7 @@ __device__ __forceinline__ void gemv_group_offsets(const XSource& x_src, const u
                 s_hi += b.x; s_hi += b.y; s_hi += d.x; s_hi += d.y;
             }
         }
-        corr[o] = fmaf(INT4_BIAS_LO, s_lo, INT4_BIAS_HI * s_hi);
+        corr[o] = GEMV_BIASED_UNPACK == 2 ? INT4_BIAS_HI * (s_lo + s_hi) : fmaf(INT4_BIAS_LO, s_lo, INT4_BIAS_HI * s_hi);
     }
 }
 
