@@ -28,25 +28,29 @@
 
 #define ATTN_MAX_GROUP 8   // query heads per KV head handled by one warp (MMA rows 0..7)
 
-// Pages per split for a given length: ceil(n_pages / n_splits), at least ATTN_MIN_PAGES (1).
-// Split s covers logical pages [s · pps, min((s+1) · pps, n_pages)); both decode kernels and the
-// combine use this rule, so the combine knows which splits hold data.
-// ATTN_MIN_PAGES, a compile-time knob to measure (tools/bench_decode_ablation.py --define
-// attention_decode:ATTN_MIN_PAGES=N --define attention_decode_tma:ATTN_MIN_PAGES=N; every build
-// of a step must take the same value): the split kernel's cost grows with pages per split, the
-// combine's with active splits, so the best pps grows with the length. What the whole attention
-// costs the captured 7B step (graph ITL with both attention launches left out: 1.931 ms at 512
-// tokens of context, 1.955 at 4096, against 2.175 / 2.152 and 2.423 / 2.434 whole: ~8 and ~17 µs
-// a layer, docs/bench/2026-12-04_d4def84_h200_syn7b_decode_ablation.json), and ATTN_MIN_PAGES=2
-// in a second run (…_attention_min_pages_2.json): 2.188 / 2.181 ms at 512, 2.321 / 2.328 at
-// 4096 (there 128 active splits per KV head instead of 256). A rule that keeps one page per split
-// at short lengths and two at 4096 is the next step; it changes which pages a split adds up, so
-// every attention test and the sanitizers must run on it.
-#ifndef ATTN_MIN_PAGES
-#define ATTN_MIN_PAGES 1
+// Pages per split (pps) for a given length — the split rule. Split s covers logical pages
+// [s · pps, min((s+1) · pps, n_pages)); both decode kernels and the combine use this rule, so
+// the combine knows which splits hold data (launchers/attention_decode.py pages_per_split
+// mirrors it for the tests).
+//   pps = max(ceil(n_pages / n_splits), min(ATTN_SHORT_MAX_PAGES, ceil(n_pages / ATTN_SHORT_SPLITS)))
+// The first term spreads a long context over every split (the HBM stream needs them all). The
+// second stops a mid-length context from spreading one page a split over all NS splits: a
+// split's page loop costs little per page, but the combine's cost grows with the active splits
+// (each thread's chain of partial loads), so up to ATTN_SHORT_MAX_PAGES pages a split are taken
+// to keep the active splits near ATTN_SHORT_SPLITS. Measured on the H200 (synthetic 7B, graph
+// ITL, NS = 264, tools/bench_decode_ablation.py with a compile-time lower bound on pps):
+// one page a split is best at 512 tokens, two at 4096 (2.32 against 2.43 ms with one), four at
+// 8192, and the natural eight at 32 000 (sixteen: 3.16 against 2.87 ms).
+#ifndef ATTN_SHORT_SPLITS
+#define ATTN_SHORT_SPLITS 128
+#endif
+#ifndef ATTN_SHORT_MAX_PAGES
+#define ATTN_SHORT_MAX_PAGES 4
 #endif
 __device__ __forceinline__ int attn_pages_per_split(int n_pages, int n_splits) {
-    return max(ATTN_MIN_PAGES, (n_pages + n_splits - 1) / n_splits);
+    const int spread = (n_pages + n_splits - 1) / n_splits;
+    const int short_pps = min(ATTN_SHORT_MAX_PAGES, (n_pages + ATTN_SHORT_SPLITS - 1) / ATTN_SHORT_SPLITS);
+    return max(1, max(spread, short_pps));
 }
 
 // Where a lane of a split's warp stands: the split, the query heads of its KV head

@@ -27,10 +27,10 @@ def test_left_out_names_whole_launch_names(tool, entry, want):
 
 
 def test_parse_define(tool):
-    assert tool.parse_define("attention_decode:ATTN_MIN_PAGES=2") == ("attention_decode", "ATTN_MIN_PAGES", 2)
+    assert tool.parse_define("attention_decode:ATTN_SHORT_SPLITS=64") == ("attention_decode", "ATTN_SHORT_SPLITS", 64)
 
 
-@pytest.mark.parametrize("text", ["ATTN_MIN_PAGES=2", "attention_decode:ATTN_MIN_PAGES", "f:N=two"])
+@pytest.mark.parametrize("text", ["ATTN_SHORT_SPLITS=64", "attention_decode:ATTN_SHORT_SPLITS", "f:N=two"])
 def test_parse_define_refuses(tool, text):
     with pytest.raises(SystemExit, match="--define"):
         tool.parse_define(text)

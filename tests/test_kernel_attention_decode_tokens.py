@@ -26,7 +26,7 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.launchers import AttentionDecode, BufferSpec, LaunchError
-from drvqwen.launchers.attention_decode import WARPS, partial_shapes
+from drvqwen.launchers.attention_decode import WARPS, pages_per_split, partial_shapes
 from kernel_testing import TOL_ATTENTION, assert_bits_as_single_token, dev, report  # noqa: F401
 
 MODELS = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
@@ -98,7 +98,7 @@ def _check(dev, rng, model: str, blocks: int, n_tokens: int, seq_len: int) -> No
         # bits. The others are not run for T tokens (no partial of theirs is read), so they keep
         # the poison; the single-token kernel writes its neutral partial there.
         n_pages = -(-(seq_len + j) // 16)
-        pps = max(1, -(-n_pages // ns))
+        pps = pages_per_split(n_pages, ns)
         active = -(-n_pages // pps)
         assert_bits_as_single_token(f"{where} token {j} out", got[0][j], single[j][0])
         for name, g, s in zip(("partial_out", "max_logits", "exp_sums"), got[1:], single[j][1:]):

@@ -16,7 +16,7 @@ launch boundaries, and what it does to its neighbours' overlap (programmatic dep
 what `drvqwen bench --kernels` cannot say, since it times each launch eagerly between events.
 
 --define FILE:NAME=INT compiles every kernel of kernels/FILE.cu with -DNAME=INT (a compile-time
-variant to measure, e.g. attention_decode:ATTN_MIN_PAGES=2; the attention's split rule lives in
+variant to measure, e.g. attention_decode:ATTN_SHORT_SPLITS=64; the attention's split rule lives in
 attention_decode.cuh, which attention_decode_tma.cu includes too: give both files). The model is
 the synthetic --preset file (drvqwen.bench.ensure_synthetic), its KV cache the model's full
 context, as `drvqwen bench` sizes it (the split-KV attention's grid depends on it).
@@ -38,7 +38,7 @@ def parse_define(text: str) -> tuple[str, str, int]:
         name, value = rest.split("=", 1)
         return file, name, int(value)
     except ValueError:
-        raise SystemExit(f"--define {text!r}: expected FILE:NAME=INT, e.g. attention_decode:ATTN_MIN_PAGES=2")
+        raise SystemExit(f"--define {text!r}: expected FILE:NAME=INT, e.g. attention_decode:ATTN_SHORT_SPLITS=64")
 
 
 def install_defines(defines: list[tuple[str, str, int]]) -> None:

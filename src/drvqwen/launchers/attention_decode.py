@@ -47,6 +47,18 @@ WARPS = mirrored("attention_decode", "ATTN_WARPS", 4)                 # warps (=
 MAX_GROUP = mirrored("attention_decode", "ATTN_MAX_GROUP", 8)         # query heads per KV head (MMA rows)
 COMBINE_THREADS = mirrored("attention_decode", "ATTN_COMBINE_THREADS", 1024)
 HEAD_DIMS = (64, 128)                                                 # the kernels' instantiations
+# The split rule's short-context terms (attention_decode.cuh, attn_pages_per_split).
+SHORT_SPLITS = mirrored("attention_decode", "ATTN_SHORT_SPLITS", 128)
+SHORT_MAX_PAGES = mirrored("attention_decode", "ATTN_SHORT_MAX_PAGES", 4)
+
+
+def pages_per_split(n_pages: int, n_splits: int) -> int:
+    """Pages per split of a KV head for n_pages pages over n_splits splits: the kernels' split
+    rule (attention_decode.cuh, attn_pages_per_split), for the tests and tools that need to know
+    which splits hold data (the active ones: ceil(n_pages / pages_per_split))."""
+    spread = -(-n_pages // n_splits)
+    short = min(SHORT_MAX_PAGES, -(-n_pages // SHORT_SPLITS))
+    return max(1, spread, short)
 
 
 def split_blocks_per_kv_head(n_kv_heads: int, max_tokens: int, blocks_per_sm: int, splits_per_block: int,
