@@ -52,8 +52,7 @@
 //             for gate/up) with the next batch in flight while the current one is multiplied.
 //             Per group of 128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word
 //             quad of row g and one of row g+8 (words 4t … 4t+3 of the group = inputs
-//             32t … 32t+31), unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh; qkv_rope and
-//             gate_up the biased form, "The biased unpack" below) and feeds 8 MMAs:
+//             32t … 32t+31), unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh) and feeds 8 MMAs:
 //
 //                 group gi of row r:  | t=0: words 0-3 | t=1: 4-7 | t=2: 8-11 | t=3: 12-15 |
 //                 lanes 4g..4g+3 → MMA rows g (and g+8), 64 contiguous bytes per row
@@ -150,6 +149,15 @@
 // 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),
 // qkv_rope and o_proj within 1 %, and the arithmetic alone of down 11.16 against 11.49, of
 // gate_up 17.65 against 17.28 (one run, docs/bench/2026-12-04_4ecab0a_h200_gemv_int4_mma_chains.json).
+// Nor by the unpack's fixups: a biased unpack (the lop3 halves kept as 1032 + q and 72 + q, 5
+// instructions a word instead of 9, and each group's sum corrected once by C_g = 1032·Σ x[lo] +
+// 72·Σ x[hi], computed per (token, group) from the staged x into shared memory; qkv_rope and
+// gate_up; gate_up's main loop 612 → 486 instructions a batch, no spills) gave qkv_rope 8.98 µs
+// against 8.57, gate_up 22.88 against 22.37, and with every pair at magic 64 (7 instructions a
+// word) 9.23 and 23.08; the 7B's graph ITL at 512 tokens 2.193 / 2.182 / 2.190 / 2.190 ms
+// against 2.152 / 2.158 / 2.157 / 2.158 (in turns, one run; a compile-time switch at commit
+// a6b5a13; docs/bench/2026-12-04_a6b5a13_h200_gemv_int4_biased_unpack.json and
+// …_syn7b_itl_{biased,exact}_{1,2}.json, whose 4096/8192 rows also hold the attention's split rule).
 // Two more shapes measured and not kept, same tool: o_proj and down_proj reading x's B fragments
 // from global memory instead of staging it (GemvXGlobal, as the T-token kernel does; the same
 // bits): o_proj 4.58 µs, down 15.79 against 4.56 and 15.00 (the probes' file); other grids than
@@ -294,39 +302,6 @@ __device__ __forceinline__ int gemv_x_token_chunks(int K) { return K / 8 + (NTOK
 #define GEMV_PROBE_NO_FIXUP 0
 #endif
 
-// The biased unpack (qkv_rope and gate_up, single-token and T-token: the kernels that stage x in
-// shared memory). The exact unpack (unpack_int4x8) spends 4 of its 9 instructions a word taking
-// the codes' offsets off each weight pair; the biased one (unpack_int4x8_biased) leaves them on —
-// 1032 + q on inputs k ≡ 0, 1, 4, 5 (mod 8), 72 + q on k ≡ 2, 3, 6, 7 — and the group's sum
-// loses their part once: Σ q·x = Σ (biased A)·x − C_g, C_g = 1032·Σ x[lo] + 72·Σ x[hi] over the
-// group's 128 inputs. C_g depends on x and the group only, so each block computes it once per
-// (token, group) after staging x (gemv_group_offsets, FP32, a fixed order) into shared memory
-// after x ([T][K/128] fp32; the launchers count it), and every item of the group subtracts it
-// before the scale. The cost: the sums' last bits (an FP32 subtraction of two numbers ~1000×
-// the result: rel L2 ~1e-5 against float64 where the exact unpack gives ~1e-7, a CPU emulation
-// of the FP32 sums), the same in every kernel and path that runs the item (T tokens: each token's
-// C_g from its own x, bit for bit what the single-token kernel computes). The residual GEMV keeps
-// the exact unpack: its T-token kernel reads x from global memory and has no staged x to take
-// C_g from, and single- and T-token results must stay bit-equal. GEMV_BIASED_UNPACK=0 builds
-// the exact unpack everywhere, =2 every pair at magic 64 (unpack_int4x8_biased64: 7 instructions
-// a word, C_g = 72 · Σ x, ~1/10 of the last-bit error of =1 in a truncating-MMA model), to compare.
-#ifndef GEMV_BIASED_UNPACK
-#define GEMV_BIASED_UNPACK 1
-#endif
-
-// The A fragments of word i: exact (int4_a_fragments, int4_matmul.cuh), biased
-// (int4_a_fragments_biased: the biased unpack, below), or, in the GEMV_PROBE_NO_FIXUP build,
-// the lop3 halves without their f16x2 fixups (timing only).
-template <bool BIASED>
-__device__ __forceinline__ void gemv_a_fragments(const uint4& row_g, const uint4& row_g8, int i, u32 (&a_lo)[4],
-                                                 u32 (&a_hi)[4]) {
-    if constexpr (BIASED) {
-        int4_a_fragments_biased<GEMV_BIASED_UNPACK == 2>(row_g, row_g8, i, a_lo, a_hi);
-    } else {
-        int4_a_fragments<!GEMV_PROBE_NO_FIXUP>(row_g, row_g8, i, a_lo, a_hi);
-    }
-}
-
 // The prologues (x_src in gemv_int4_engine) say where x lies for the B fragments:
 //   smem_chunks(K)            16-byte chunks of dynamic shared memory they fill (the partials follow)
 //   lane_x(x_smem, tok, t, K) where lane t's chunks of token tok start; chunk (gi, i) of the lane
@@ -339,7 +314,6 @@ __device__ __forceinline__ void gemv_a_fragments(const uint4& row_g, const uint4
 struct GemvStageX {
     const __half* __restrict__ x;  // [K] fp16
     static constexpr int WORD_STEP = 4;  // gemv_x_slot: word i of lane t is slot 4i + t of its group
-    static constexpr bool BIASED = false;  // the exact unpack (the residual GEMV: see "The biased unpack")
     __device__ __forceinline__ int smem_chunks(int K) const { return K / 8; }
     __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int, int t, int) const { return x_smem + t; }
     __device__ __forceinline__ void operator()(uint4* x_smem, int K) const {
@@ -383,7 +357,6 @@ struct GemvStageRmsNormT {
     float eps;
     int n_tok = 1;                       // T ≤ NTOK
     static constexpr int WORD_STEP = 4;
-    static constexpr bool BIASED = GEMV_BIASED_UNPACK;  // x staged: the biased unpack
     __device__ __forceinline__ int smem_chunks(int K) const {
         return (NTOK == 1 ? 1 : n_tok) * gemv_x_token_chunks<NTOK>(K);
     }
@@ -418,7 +391,6 @@ using GemvStageRmsNorm = GemvStageRmsNormT<1>;
 struct GemvXGlobal {
     const __half* __restrict__ x;  // [T, K] fp16
     static constexpr int WORD_STEP = 1;  // natural order: word i of lane t is chunk 4t + i of its group
-    static constexpr bool BIASED = false;  // nothing staged to take the offsets from
     __device__ __forceinline__ int smem_chunks(int) const { return 0; }
     __device__ __forceinline__ const uint4* lane_x(const uint4*, int tok, int t, int K) const {
         return reinterpret_cast<const uint4*>(x) + (u64)tok * (K / 8) + 4 * t;
@@ -436,7 +408,6 @@ struct GemvStageXTokens {
     const __half* __restrict__ x;  // [T, K] fp16, normalised
     int n_tok;                     // T ≤ NTOK
     static constexpr int WORD_STEP = 4;
-    static constexpr bool BIASED = GEMV_BIASED_UNPACK;  // x staged: the biased unpack
     __device__ __forceinline__ int smem_chunks(int K) const { return n_tok * gemv_x_token_chunks<NTOK>(K); }
     __device__ __forceinline__ const uint4* lane_x(const uint4* x_smem, int tok, int t, int K) const {
         return x_smem + tok * gemv_x_token_chunks<NTOK>(K) + t;
@@ -512,35 +483,6 @@ __device__ __forceinline__ const __half* gemv_scales(const GemvProblem<MT, NSEG>
     else return int4_pick(seg, p.scales[0][m], p.scales[1][m], p.scales[NSEG - 1][m]);
 }
 
-// The biased unpack's per-group offsets (see its paragraph above): corr[tok · n_groups + gi] =
-// 1032 · Σ x[lo] + 72 · Σ x[hi] over group gi of token tok's staged x, for every (tok < T, gi).
-// Read through the prologue's lane_x, so whatever the staging order; summed in FP32 in one fixed
-// order (lane t, word i, then the word's halves), so every block and every kernel that stages the
-// same x bits writes the same offsets. Every thread takes part; the caller syncs before and after.
-template <typename XSource>
-__device__ __forceinline__ void gemv_group_offsets(const XSource& x_src, const uint4* x_smem, float* corr, int T,
-                                                   int n_groups, int K) {
-    for (int o = threadIdx.x; o < T * n_groups; o += blockDim.x) {
-        const int tok = o / n_groups, gi = o - tok * n_groups;
-        float s_lo = 0.f, s_hi = 0.f;
-#pragma unroll
-        for (int t = 0; t < QUAD_SIZE; ++t) {
-            const uint4* lx = x_src.lane_x(x_smem, tok, t, K) + gi * GEMV_CHUNKS_PER_GROUP;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const uint4 v = lx[XSource::WORD_STEP * i];  // inputs 32t + 8i … +8 of the group
-                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));  // k+0, k+1: lo
-                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));  // k+2, k+3: hi
-                const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&v.z));  // k+4, k+5: lo
-                const float2 d = __half22float2(*reinterpret_cast<const __half2*>(&v.w));  // k+6, k+7: hi
-                s_lo += a.x; s_lo += a.y; s_lo += c.x; s_lo += c.y;
-                s_hi += b.x; s_hi += b.y; s_hi += d.x; s_hi += d.y;
-            }
-        }
-        corr[o] = GEMV_BIASED_UNPACK == 2 ? INT4_BIAS_HI * (s_lo + s_hi) : fmaf(INT4_BIAS_LO, s_lo, INT4_BIAS_HI * s_hi);
-    }
-}
-
 // Tokens a lane accumulates per output row in the NTOK-token engine: NTOK = 1 one (every column
 // of B is the same x, the lane keeps column 2t); else 2 per MMA, columns 2t and 2t + 1 of each
 // of the ceil(NTOK/8) MMAs of a k slice.
@@ -573,10 +515,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     constexpr int UNROLL = GEMV_GROUP_UNROLL(MT);
     using Tok = GemvTokens<NTOK>;
     const int T = NTOK == 1 ? 1 : min(n_tok, NTOK);  // 1 ≤ n_tok (the launchers check T ≤ NTOK too)
-    constexpr bool BIASED = XSource::BIASED;  // the biased unpack (its paragraph above)
-    extern __shared__ uint4 x_smem[];  // x as x_src stages it (maybe nothing), the offsets, the partials
-    float* corr = reinterpret_cast<float*>(x_smem + x_src.smem_chunks(K));  // [T][K/128] fp32 (BIASED)
-    float* partial = corr + (BIASED ? T * (K / INT4_GROUP) : 0);           // [T_b][MT][W][T][16] fp32
+    extern __shared__ uint4 x_smem[];  // x as x_src stages it (maybe nothing), then the partials
+    float* partial = reinterpret_cast<float*>(x_smem + x_src.smem_chunks(K));  // [T_b][MT][W][T][16] fp32
 
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
@@ -641,10 +581,6 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     dep.wait();
     x_src(x_smem, K);
     __syncthreads();
-    if constexpr (BIASED) {
-        gemv_group_offsets(x_src, x_smem, corr, T, n_groups, K);
-        __syncthreads();
-    }
 
     float acc[MT][2][Tok::LANE];  // [matrix][MMA row g, g + 8][lane slot]
 #pragma unroll
@@ -671,7 +607,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 #pragma unroll
                 for (int i = 0; i < (GEMV_PROBE_LOADS_ONLY ? 0 : 4); ++i) {
                     u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
-                    gemv_a_fragments<BIASED>(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
+                    int4_a_fragments<!GEMV_PROBE_NO_FIXUP>(cur.w[u][m][0], cur.w[u][m][1], i, a_lo, a_hi);
 #pragma unroll
                     for (int b = 0; b < Tok::MMAS; ++b) {
                         const uint4* x_group = x_lane[b] + c_gi * GEMV_CHUNKS_PER_GROUP;
@@ -684,14 +620,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 #pragma unroll
                 for (int l = 0; l < Tok::LANE; ++l) {
                     const int col = NTOK == 1 ? 0 : l % 2;
-                    if constexpr (BIASED) {  // less the offset of this column's token and group
-                        const float off = corr[min(Tok::of_slot(l, t), T - 1) * n_groups + c_gi];
-                        acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col] - off, acc[m][0][l]);
-                        acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col] - off, acc[m][1][l]);
-                    } else {
-                        acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col], acc[m][0][l]);
-                        acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col], acc[m][1][l]);
-                    }
+                    acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col], acc[m][0][l]);
+                    acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col], acc[m][1][l]);
                 }
             }
             if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next

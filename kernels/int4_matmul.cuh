@@ -67,24 +67,6 @@ __device__ __forceinline__ void int4_a_fragments(const uint4& row_g, const uint4
     a_hi[0] = h0[2]; a_hi[1] = h1[2]; a_hi[2] = h0[3]; a_hi[3] = h1[3];
 }
 
-// The same fragments with unpack_int4x8_biased: codes + INT4_BIAS_LO on inputs +0, +1, +4, +5
-// of each word, + INT4_BIAS_HI on +2, +3, +6, +7 (the caller takes them off per group).
-// ALL64: unpack_int4x8_biased64 (72 + q on every input).
-template <bool ALL64 = false>
-__device__ __forceinline__ void int4_a_fragments_biased(const uint4& row_g, const uint4& row_g8, int i,
-                                                        u32 (&a_lo)[4], u32 (&a_hi)[4]) {
-    u32 h0[4], h1[4];
-    if constexpr (ALL64) {
-        unpack_int4x8_biased64(int4_word(row_g, i), h0);
-        unpack_int4x8_biased64(int4_word(row_g8, i), h1);
-    } else {
-        unpack_int4x8_biased(int4_word(row_g, i), h0);
-        unpack_int4x8_biased(int4_word(row_g8, i), h1);
-    }
-    a_lo[0] = h0[0]; a_lo[1] = h1[0]; a_lo[2] = h0[1]; a_lo[3] = h1[1];
-    a_hi[0] = h0[2]; a_hi[1] = h1[2]; a_hi[2] = h0[3]; a_hi[3] = h1[3];
-}
-
 // The rows behind MMA rows g (lo) and g + 8 (hi) of tile `tile_in_seg` of a segment.
 __device__ __forceinline__ void gemv_tile_rows(int tile_in_seg, int g, int rope_dim, int& lo, int& hi) {
     if (rope_dim > 0) {

@@ -40,35 +40,6 @@ __device__ __forceinline__ u32 lop3_and_or(u32 a, u32 b, u32 c) {
 #define FP16X2_1_16     0x2C002C00u  // (1/16, 1/16)
 #define FP16X2_NEG_72   0xD480D480u  // (-(64 + 8), -(64 + 8)): 1024/16 + the +8 offset
 
-#define FP16X2_64       0x54005400u  // (64.0, 64.0): a nibble OR-ed into bits 4–7 weighs 1 each
-
-// One word of layout id 1 → four half2 of the codes plus a known offset, without the f16x2
-// fixups (1 shift + 4 lop3 for 8 weights instead of 9 instructions):
-//   out[0] = (k+0, k+1), out[2] = (k+4, k+5): 1024 + nibble = 1032 + q   (magic 1024, bits 0–3)
-//   out[1] = (k+2, k+3), out[3] = (k+6, k+7):   64 + nibble =   72 + q   (magic 64, bits 4–7:
-//            64's mantissa bits weigh 1/16, so bit 4 weighs 1)
-// All exact. A dot product over a group then comes out as Σ q·x + 1032·Σ x[k ≡ 0,1,4,5 mod 8]
-// + 72·Σ x[k ≡ 2,3,6,7 mod 8]; the caller takes that known part off once per group
-// (gemv_int4.cu, the biased unpack), where unpack_int4x8 pays for it per weight pair.
-__device__ __forceinline__ void unpack_int4x8_biased(u32 w, u32 (&out)[4]) {
-    const u32 w8 = w >> 8;
-    out[0] = lop3_and_or(w,  INT4_MASK_LO, FP16X2_1024);
-    out[1] = lop3_and_or(w,  INT4_MASK_HI, FP16X2_64);
-    out[2] = lop3_and_or(w8, INT4_MASK_LO, FP16X2_1024);
-    out[3] = lop3_and_or(w8, INT4_MASK_HI, FP16X2_64);
-}
-#define INT4_BIAS_LO 1032.f  // the offset unpack_int4x8_biased leaves on out[0] and out[2]
-#define INT4_BIAS_HI 72.f    // … and on out[1] and out[3]
-
-// The same with every pair at magic 64 (72 + q everywhere): 3 shifts + 4 lop3 a word, and the
-// offset the caller takes off is 72 · Σ x, whose cancellation is 14× smaller than 1032's.
-__device__ __forceinline__ void unpack_int4x8_biased64(u32 w, u32 (&out)[4]) {
-    out[0] = lop3_and_or(w << 4, INT4_MASK_HI, FP16X2_64);  // nibbles 0, 4 moved to bits 4–7, 20–23
-    out[1] = lop3_and_or(w,      INT4_MASK_HI, FP16X2_64);  // nibbles 1, 5
-    out[2] = lop3_and_or(w >> 4, INT4_MASK_HI, FP16X2_64);  // nibbles 2, 6
-    out[3] = lop3_and_or(w >> 8, INT4_MASK_HI, FP16X2_64);  // nibbles 3, 7
-}
-
 // One word of layout id 1 → four half2 (as raw u32 registers, ready to be MMA operands):
 //   out[0] = (k+0, k+1), out[1] = (k+2, k+3), out[2] = (k+4, k+5), out[3] = (k+6, k+7),
 // low half first, each the exact code q = nibble - 8.

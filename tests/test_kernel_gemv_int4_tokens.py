@@ -284,10 +284,8 @@ def test_tokens_launch_is_the_single_token_launch(preset):
             per_block, warps = -(-n_tiles // spec.grid[0]), spec.block[0] // 32
             mt, staged = (2 if name == "gate_up" else 1), name in ("qkv", "gate_up")
             assert spec.smem_bytes == gemv_tokens_smem_bytes(k, per_block, warps, mt, t, staged), where
-            # Independently: the partials, and x with its per-group offsets (the biased unpack:
-            # K/128 fp32 a token) only where the kernel stages it.
-            assert spec.smem_bytes == (t * (2 * k + 64 + k // 128 * 4) if staged else 0) \
-                + per_block * mt * warps * t * 16 * 4, where
+            # Independently: the partials, and x only where the kernel stages it.
+            assert spec.smem_bytes == (t * (2 * k + 64) if staged else 0) + per_block * mt * warps * t * 16 * 4, where
 
 
 def test_tokens_out_of_range_and_too_much_shared_memory_are_refused():

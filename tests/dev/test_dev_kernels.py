@@ -279,7 +279,7 @@ def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypat
     assert (spec.kernel.file, spec.kernel.kernel, spec.kernel.defines, spec.kernel.pdl) == (
         v.file, prod.kernel.kernel + v.suffix, v.defines, True)
     # The occupancy that sized the grid was the version's kernel's, with its shared memory.
-    assert asked == [(spec.kernel, prod.block[0], gemv_smem_bytes(k, 1, warps, 2, group_offsets=True) + warps * extra_per_warp)]
+    assert asked == [(spec.kernel, prod.block[0], gemv_smem_bytes(k, 1, warps, 2) + warps * extra_per_warp)]
 
 
 def test_tile_major_packing():

@@ -55,25 +55,18 @@ def int4_bytes(n: int, k: int) -> int:
     return n * k // 2 + n * (k // GROUP_SIZE) * 2
 
 
-def group_offsets_bytes(k: int, n_tokens: int = 1) -> int:
-    """Shared memory of the biased unpack's per-group offsets (gemv_int4.cu): [T][K/128] fp32."""
-    return n_tokens * (k // GROUP_SIZE) * 4
-
-
-def gemv_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int, group_offsets: bool = False) -> int:
-    """Dynamic shared memory of a gemv_int4 block: x in fp16 (2K bytes), the biased unpack's
-    per-group offsets where the kernel takes them (qkv_rope, gate_up: group_offsets_bytes), then
-    the warps' per-row partial sums, tiles_per_block × MT matrices × W warps × 16 rows × fp32."""
-    return 2 * k + (group_offsets_bytes(k) if group_offsets else 0) + tiles_per_block * mt * warps * TILE_ROWS * 4
+def gemv_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int) -> int:
+    """Dynamic shared memory of a gemv_int4 block: x in fp16 (2K bytes), then the warps'
+    per-row partial sums, tiles_per_block × MT matrices × W warps × 16 rows × fp32."""
+    return 2 * k + tiles_per_block * mt * warps * TILE_ROWS * 4
 
 
 def gemv_tokens_smem_bytes(k: int, tiles_per_block: int, warps: int, mt: int, n_tokens: int,
                            x_staged: bool) -> int:
     """Dynamic shared memory of a T-token gemv_int4 block: x of the T tokens, K·2 bytes each plus
-    64 bytes of padding, and their per-group offsets (the biased unpack), where the kernel stages
-    x (not gemv_int4_residual_tokens), then the partials, tiles_per_block × MT × W × T × 16 rows
-    × fp32."""
-    x_bytes = n_tokens * (2 * k + X_TOKEN_PAD_BYTES) + group_offsets_bytes(k, n_tokens) if x_staged else 0
+    64 bytes of padding, where the kernel stages it (not gemv_int4_residual_tokens), then the
+    partials, tiles_per_block × MT × W × T × 16 rows × fp32."""
+    x_bytes = n_tokens * (2 * k + X_TOKEN_PAD_BYTES) if x_staged else 0
     return x_bytes + tiles_per_block * mt * warps * n_tokens * TILE_ROWS * 4
 
 
@@ -193,8 +186,7 @@ class _GemvInt4Launcher(Launcher):
 
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes,
                     occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple,
-                    n_tokens: int | None = None, x_staged: bool = True, tokens_kernel: str | None = None,
-                    group_offsets: bool = False) -> None:
+                    n_tokens: int | None = None, x_staged: bool = True, tokens_kernel: str | None = None) -> None:
         """Plan `kernel` (n_tokens None) or its `…_tokens` twin for n_tokens tokens (args then get
         n_tokens; `tokens_kernel` names another twin, e.g. the …_x_tokens ones), in the launch shape
         of `kernel`: the same grid and W, so the same sums."""
@@ -203,8 +195,7 @@ class _GemvInt4Launcher(Launcher):
         occ = occupancy or DEFAULT_OCCUPANCY
         ref = _kernel(kernel, defines)
         grid, threads, smem = gemv_launch_shape(
-            n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks,
-            extra_smem=group_offsets_bytes(k) if group_offsets else 0)
+            n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks)
         if n_tokens is not None:
             smem = gemv_tokens_smem_bytes(k, -(-n_tiles // grid), threads // 32, mt, n_tokens, x_staged)
             require(smem <= MAX_DYNAMIC_SMEM_BYTES, f"{kernel}_tokens: {n_tokens} tokens at K={k} need {smem} B of "
@@ -292,7 +283,7 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
                          reads=(*xin, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                                 q_bias, k_bias, v_bias, inv_freq, state, block_table),
                          writes=(q_out, k_cache, v_cache), occupancy=occupancy, warps=warps, blocks=blocks,
-                         defines=defines, n_tokens=n_tokens, group_offsets=True,
+                         defines=defines, n_tokens=n_tokens,
                          tokens_kernel=None if x_normed is None else "gemv_int4_qkv_rope_x_tokens")
 
 
@@ -357,5 +348,4 @@ class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
         self._build_gemv("gemv_int4_gate_up_swiglu", tiles(f), k, 2, args,
                          reads=(*xin, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
                          occupancy=occupancy, warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens,
-                         group_offsets=True,
                          tokens_kernel=None if x_normed is None else "gemv_int4_gate_up_swiglu_x_tokens")
