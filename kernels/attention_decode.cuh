@@ -37,10 +37,12 @@
 // second stops a mid-length context from spreading one page a split over all NS splits: a
 // split's page loop costs little per page, but the combine's cost grows with the active splits
 // (each thread's chain of partial loads), so up to ATTN_SHORT_MAX_PAGES pages a split are taken
-// to keep the active splits near ATTN_SHORT_SPLITS. Measured on the H200 (synthetic 7B, graph
-// ITL, NS = 264, tools/bench_decode_ablation.py with a compile-time lower bound on pps):
-// one page a split is best at 512 tokens, two at 4096 (2.32 against 2.43 ms with one), four at
-// 8192, and the natural eight at 32 000 (sixteen: 3.16 against 2.87 ms).
+// to keep the active splits near ATTN_SHORT_SPLITS (one page a split up to 2048 tokens, two at
+// 4096, four at 8192, the natural eight at 32 000 with NS = 264). Measured against one page a
+// split (ATTN_SHORT_MAX_PAGES=1), synthetic 7B, graph ITL, tools/bench_decode_ablation.py in
+// turns: 4096 tokens 2.392 / 2.400 / 2.389 / 2.385 ms against 2.435 / 2.433 / 2.445 / 2.449,
+// 8192 tokens 2.505 / 2.484 / 2.496 / 2.499 against 2.504 / 2.498 / 2.510 / 2.514
+// (docs/bench/2026-12-04_ebbdc96_h200_syn7b_split_rule_{new,old}_{1,2}.json).
 #ifndef ATTN_SHORT_SPLITS
 #define ATTN_SHORT_SPLITS 128
 #endif

@@ -3,7 +3,9 @@
 Synthetic models (format/synthetic.py): 2 layers at the 7B widths with the full 152064-row
 vocabulary, and the full 24-layer 0.5B shape. Prompt tokens are fed one step at a time, pages
 come from a shuffled free list; each step's logits must be within 1e-2 relative L2 of the
-float32 reference on the dequantized weights, and the GPU's greedy tokens must agree with the
+reference on the dequantized weights that rounds the activations to FP16 where the GPU stores
+them (reference.Model(activations=np.float16)), their mean within 1e-2 of the float32
+reference, and the GPU's greedy tokens must agree with the
 reference's wherever the reference's top-1/top-2 gap exceeds 6× the measured RMS logit error
 (the reference is teacher-forced with the GPU's tokens, so both see the same prefix).
 The step with programmatic dependent launch (the default) and without it give the same bits.
@@ -92,18 +94,29 @@ def test_decode_matches_reference(model, rng, seed):
     finally:
         serial.close()
 
-    m = ref.Model(weights, max_tokens=256, rng=rng)
     fed = prompt + gpu_tokens[n_prompt - 1:-1]       # teacher-force with the GPU's own tokens
+    m = ref.Model(weights, max_tokens=256, rng=rng)
     want = np.concatenate([m.forward([t]) for t in fed])
+    m16 = ref.Model(weights, max_tokens=256, activations=np.float16)
+    want16 = np.concatenate([m16.forward([t]) for t in fed])
     got = np.stack(gpu_logits)
-    errs = [rel_l2(g, w) for g, w in zip(got, want)]
-    rms = float(np.sqrt(np.mean((got - want) ** 2)))
-    worst = int(np.argmax(errs))
-    print(f"{name}: per-step logits rel L2 max {max(errs):.2e} (step {worst}, input token {fed[worst]}) "
-          f"mean {np.mean(errs):.2e}, RMS err {rms:.3e}")
     assert np.isfinite(got).all()
-    assert max(errs) <= 1e-2, (f"step {worst} of {len(errs)} (input token {fed[worst]}, position {worst}): rel L2 "
-                               f"{errs[worst]:.3e}; the other steps' median {np.median(errs):.2e}")
+    errs = [rel_l2(g, w) for g, w in zip(got, want)]
+    errs16 = [rel_l2(g, w) for g, w in zip(got, want16)]
+    rms = float(np.sqrt(np.mean((got - want) ** 2)))
+    worst = int(np.argmax(errs16))
+    print(f"{name}: per-step logits rel L2 against the float32 reference max {max(errs):.2e} (step "
+          f"{int(np.argmax(errs))}) mean {np.mean(errs):.2e}, RMS err {rms:.3e}; against the reference with "
+          f"FP16 activations max {max(errs16):.2e} (step {worst}) mean {np.mean(errs16):.2e}; that reference "
+          f"against the float32 one max {max(rel_l2(a, b) for a, b in zip(want16, want)):.2e}")
+    # Each step against the reference that rounds what the GPU stores in FP16 at the same points:
+    # what the kernels must reproduce. Against the float32 reference only the mean is bounded: a
+    # random 24-layer model amplifies FP16 rounding by a token-dependent factor (the FP16
+    # reference itself lands ~1e-2 from the float32 one at some tokens, 10x its median).
+    assert max(errs16) <= 1e-2, (f"step {worst} of {len(errs16)} (input token {fed[worst]}, position {worst}): "
+                                 f"rel L2 {errs16[worst]:.3e} against the FP16-activation reference; the other "
+                                 f"steps' median {np.median(errs16):.2e}")
+    assert np.mean(errs) <= 1e-2, f"mean rel L2 {np.mean(errs):.3e} against the float32 reference"
     gate = _gap_gate(want, np.array(gpu_tokens), rms)
     agree = np.array(gpu_tokens) == want.argmax(-1)
     print(f"{name}: greedy agreement {agree.mean():.3f} raw, {agree[gate].mean() if gate.any() else 1:.3f} "

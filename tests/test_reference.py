@@ -283,3 +283,22 @@ def test_yarn_in_gguf_metadata_and_the_file(tmp_path, rng):
     write_model(path, cfg, random_dense(cfg, rng))
     with NanoqwenFile(path) as f:
         assert f.config == cfg and f.config.rope_scaling == cfg.rope_scaling
+
+
+def test_fp16_activations_round_where_the_gpu_stores(rng):
+    """activations=np.float16: the K/V cache (q/k/v after RoPE) holds FP16 values, the logits
+    move by FP16 rounding (not zero, not much), and activations=None is the plain forward."""
+    from helpers import random_dense
+
+    cfg = TINY.with_layers(2)
+    w = ref.Weights.from_dense(cfg, random_dense(cfg, rng).__getitem__, np.float32)
+    ids = rng.integers(0, cfg.vocab_size, 40)
+    plain = ref.Model(w, max_tokens=64).forward(ids)
+    assert ref.Model(w, max_tokens=64, activations=None).forward(ids).tobytes() == plain.tobytes()
+    m16 = ref.Model(w, max_tokens=64, activations=np.float16)
+    got = m16.forward(ids)
+    kv = m16.cache.k[:, m16.cache.block_table]
+    kv = kv[np.isfinite(kv)]                         # the written slots
+    assert kv.size and np.array_equal(kv.astype(np.float16).astype(np.float32), kv)
+    err = rel_l2(got, plain)
+    assert 1e-6 < err < 1e-2, err

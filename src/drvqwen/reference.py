@@ -379,8 +379,16 @@ class Model:
     """
 
     def __init__(self, weights: Weights, max_tokens: int | None = None,
-                 rng: np.random.Generator | None = None, chunk: int | None = None):
+                 rng: np.random.Generator | None = None, chunk: int | None = None,
+                 activations=None):
+        """activations: None (every value in the weights' dtype), or np.float16 to round the
+        values the GPU stores in FP16 — the normed inputs of the projections and the lm_head,
+        q/k/v after bias and RoPE (so the K/V cache), the attention output and the SwiGLU
+        output — at the same points (docs/numerics.md's table); the residual stream, RMSNorm,
+        softmax and every sum stay in the weights' dtype, as the GPU keeps them in FP32."""
         self.chunk = chunk or PREFILL_CHUNK
+        self._act = (lambda a: a) if activations is None else \
+            (lambda a, t=np.dtype(activations): a.astype(t).astype(weights.embed_tokens.dtype))
         self.w = weights
         self.cfg = weights.config
         self.dtype = weights.embed_tokens.dtype
@@ -416,22 +424,23 @@ class Model:
         cos, sin = rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
+        r = self._act                                                    # FP16 storage, or none
         x = w.embed_tokens[ids]                                          # [T, D] residual
         for li, L in enumerate(w.layers):
-            h = rmsnorm(x, L.input_layernorm, cfg.rms_norm_eps)
+            h = r(rmsnorm(x, L.input_layernorm, cfg.rms_norm_eps))
             q = (h @ L.q_proj.T + L.q_bias).reshape(T, Hq, Dh)
             k = (h @ L.k_proj.T + L.k_bias).reshape(T, Hkv, Dh)
-            v = (h @ L.v_proj.T + L.v_bias).reshape(T, Hkv, Dh)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            v = r((h @ L.v_proj.T + L.v_bias).reshape(T, Hkv, Dh))
+            q, k = r(apply_rope(q, cos, sin)), r(apply_rope(k, cos, sin))
             write_pages(c.k[li], bt, pos, k)
             write_pages(c.v[li], bt, pos, v)
             ks = gather_pages(c.k[li], bt, start + T)
             vs = gather_pages(c.v[li], bt, start + T)
-            a = attention(q, ks, vs, pos).reshape(T, Hq * Dh)
+            a = r(attention(q, ks, vs, pos).reshape(T, Hq * Dh))
             x = x + a @ L.o_proj.T
-            h = rmsnorm(x, L.post_attention_layernorm, cfg.rms_norm_eps)
-            x = x + swiglu(h @ L.gate_proj.T, h @ L.up_proj.T) @ L.down_proj.T
+            h = r(rmsnorm(x, L.post_attention_layernorm, cfg.rms_norm_eps))
+            x = x + r(swiglu(h @ L.gate_proj.T, h @ L.up_proj.T)) @ L.down_proj.T
         c.seq_len = start + T
         if last_only:
             x = x[-1:]
-        return rmsnorm(x, w.norm, cfg.rms_norm_eps) @ w.lm_head.T        # [T, V]
+        return r(rmsnorm(x, w.norm, cfg.rms_norm_eps)) @ w.lm_head.T     # [T, V]
