@@ -185,6 +185,15 @@
 //                           → MMAs replaced by one XOR of its raw words into the accumulator
 //   GF_PROBE_NO_LOADS=1     the real arithmetic on raw words made from the item's index: no
 //                           weight, high-bit or scale load and no address of one
+// Measured at the 7B shapes (tools/bench_gemv.py --formats q4_k q6_k --fmt-defines
+// GF_PROBE_LOADS_ONLY=1 GF_PROBE_NO_LOADS=1, one run, µs, loads alone / arithmetic alone;
+// docs/bench/2026-12-04_848df12_h200_gemv_fmt_probes.json; the kernels themselves in an earlier
+// run, docs/bench/2026-12-04_5a1cebb_h200_gemv_formats_cursor.json, in brackets):
+//   q4_k gate_up 26.21 / 27.59 (35.19), down 14.08 / 17.16 (19.79), o_proj 4.93 / 5.31 (7.20)
+//   q6_k gate_up 41.73 / 28.65 (44.62), down 19.11 / 17.42 (23.39), o_proj 5.83 / 5.27 (7.86)
+// Q6_K is bound by its load stream (62 % of copy at gate_up); Q4_K by both halves, its
+// arithmetic (two-level scales per 32 inputs) alone taking longer than its loads — and 1.6×
+// the INT4 GEMV's arithmetic alone at gate_up (17.42 µs, gemv_int4.cu) for 9 % more bytes.
 #ifndef GF_PROBE_LOADS_ONLY
 #define GF_PROBE_LOADS_ONLY 0
 #endif

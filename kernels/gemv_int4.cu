@@ -135,6 +135,14 @@
 // down, and the unpack → MMA chains by themselves take 77 % of either kernel's time. What is
 // left (qkv, o_proj: ~3.4 µs with no load or no MMA) is the launch's fixed part — the wait, the
 // x or RMSNorm prologue, the block's reduction and the epilogue.
+// More bytes in flight speed the loads alone but not the kernel (same tool, one run each,
+// docs/bench/2026-12-04_848df12_h200_gemv_int4_probes_unroll.json and …_unroll.json): the loads alone at
+// GEMV_UNROLL 2 / 4 / 8 take gate_up 27.26 / 21.19 / 19.03 µs (60 / 77 / 86 % of copy) and down
+// 15.60 / 12.28 / 12.20, but the whole kernel at 8 takes gate_up 23.32 against 22.44 at 4, down
+// 17.90 against 14.96, qkv_rope 9.93 against 8.48 (at 6: 25.03, 18.02, 9.75): batches of 8 leave
+// registers for one block of 8 warps per SM, too few to hide the unpack → MMA latency. And the
+// most an unpack saving can give: without the f16x2 fixups (GEMV_PROBE_NO_FIXUP, wrong values)
+// gate_up 21.73, down 14.16, qkv_rope 8.25, o_proj 4.45 against 22.39 / 14.96 / 8.55 / 4.57.
 // Fewer instructions did not make the arithmetic faster: a load cursor (per tile, 32-bit offsets
 // of row g's words and scales and the step to row g + 8, moved one group per item: ~22
 // instructions of loads and addresses per item instead of ~46, the same addresses and bits —
