@@ -194,6 +194,12 @@
 // Q6_K is bound by its load stream (62 % of copy at gate_up); Q4_K by both halves, its
 // arithmetic (two-level scales per 32 inputs) alone taking longer than its loads — and 1.6×
 // the INT4 GEMV's arithmetic alone at gate_up (17.42 µs, gemv_int4.cu) for 9 % more bytes.
+// Why the loads alone stop at 68 % (q4_k gate_up) where gemv_int4.cu's reach 77 %: a gate/up
+// batch here is one item (U = GF_UNROLL / MT = 1: 2 KB a warp, 4 KB in flight with the next),
+// half of gemv_int4.cu's two (its loads alone with one item a batch, GEMV_UNROLL=2: 27.26 µs
+// against this file's 26.21). Two items a batch (GF_UNROLL=4) need more registers than the
+// 2 blocks of 8 warps an SM leave (ptxas, the 7B Q4_K_M set q4_k + q6_k: 128 with 436 bytes of
+// spills; uncapped 218 at gate/up and 194 at qkv; q4_k alone 167 at gate/up, q6_k alone 220).
 #ifndef GF_PROBE_LOADS_ONLY
 #define GF_PROBE_LOADS_ONLY 0
 #endif
