@@ -117,6 +117,10 @@ def partial_args(partials) -> dict:
     return dict(zip(("partial_out", "max_logits", "exp_sums"), partials, strict=True))
 
 
+COMBINE_PDL = False
+COMBINE_DEFINES = ()
+
+
 def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int,
                    n_tokens: int | None = None) -> None:
     """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits
@@ -124,7 +128,7 @@ def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n
     partial_out, max_logits, exp_sums = partials
     t = token_count(n_tokens, "attention_decode")
     kernel, grid = ("attention_combine", (n_heads,)) if n_tokens is None else ("attention_combine_tokens", (n_heads, t))
-    launcher._add(KernelRef("attention_decode", kernel), grid, (COMBINE_THREADS,),
+    launcher._add(KernelRef("attention_decode", kernel, COMBINE_DEFINES, pdl=COMBINE_PDL), grid, (COMBINE_THREADS,),
                   dict(out=out, partial_out=partial_out, max_logits=max_logits, exp_sums=exp_sums, state=state,
                        n_splits=i32(n_splits), Hq=i32(n_heads), Dh=i32(head_dim)),
                   smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),
