@@ -241,6 +241,9 @@ __host__ __device__ constexpr int attn_fused_combine_floats(int group, int n_act
     return group * (n_active + (ATTN_COMBINE_THREADS / head_dim) * (head_dim + 1) + 1);
 }
 
+#ifndef ATTN_FUSED_STEP_UNROLL
+#define ATTN_FUSED_STEP_UNROLL 1
+#endif
 template <int HEAD_DIM, int NT>
 __device__ __forceinline__ void attn_fused_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out
                                                    const float* __restrict__ partial_out,  // [NS, Hq, Dh] fp32
@@ -283,6 +286,7 @@ __device__ __forceinline__ void attn_fused_combine(__half* __restrict__ out,    
     float4 o[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) o[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll ATTN_FUSED_STEP_UNROLL
     for (int s0 = 0; s0 < n_active; s0 += J) {  // step: split s0 + j of every item's row j
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -311,6 +315,7 @@ __device__ __forceinline__ void attn_fused_combine(__half* __restrict__ out,    
     for (int v = threadIdx.x; v < group * J; v += NT) {
         const int h = v / J, j = v % J;
         float l = 0.f;
+#pragma unroll 4
         for (int s = j; s < n_active; s += J) l = fmaf(w_s[h * n_active + s], __ldcg(exp_sums + (u64)s * Hq + head0 + h), l);
         l_part[v] = l;
     }

@@ -81,6 +81,9 @@
 #include "tma.cuh"               // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
 
+#ifndef ATMA_FUSED_EARLY_TRIGGER
+#define ATMA_FUSED_EARLY_TRIGGER 1
+#endif
 #define ATMA_CONSUMERS 4                        // consumer warps (= splits) per block
 #define ATMA_STAGES    3                        // ring stages per consumer warp
 #define ATMA_THREADS   ((ATMA_CONSUMERS + 1) * WARP_SIZE)  // + the producer warp
@@ -113,7 +116,11 @@ __device__ __forceinline__ void attention_decode_tma_impl(
     int layer_page0, __half* __restrict__ out, u32* __restrict__ counters) {
     using Shape = AtmaShape<HEAD_DIM>;
     constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
+#if ATMA_FUSED_EARLY_TRIGGER
     grid_launch_dependents();
+#else
+    if constexpr (!FUSED) grid_launch_dependents();  // fused: the dependents launch at its exit
+#endif
     grid_dependency_wait();  // q, the K/V slot of this position and state come from earlier kernels
 
     // AtmaShape's layout; the stages first, where the TMA's 128-byte alignment holds.

@@ -43,9 +43,12 @@ def blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim: int, occupanc
     Dh = 128 with 96 KiB of stages, 4 at Dh = 64 on an H200), no more splits than pages."""
     occ = occupancy or DEFAULT_OCCUPANCY
     kernel = f"attention_decode_tma_fused_hd{head_dim}" if fused else f"attention_decode_tma_hd{head_dim}"
-    per_sm = occ.blocks_per_sm(KernelRef("attention_decode_tma", kernel),
+    per_sm = occ.blocks_per_sm(KernelRef("attention_decode_tma", kernel, FUSED_DEFINES if fused else ()),
                                THREADS, smem_bytes(head_dim))
     return split_blocks_per_kv_head(n_kv_heads, max_tokens, per_sm, CONSUMERS, occ.sm_count)
+
+
+FUSED_DEFINES: tuple[tuple[str, int], ...] = ()  # compile-time variants of the fused kernel (measuring)
 
 
 def fused_combine_floats(group: int, n_active: int, head_dim: int) -> int:
@@ -107,7 +110,7 @@ class AttentionDecodeTma(Launcher):
         need = 4 * fused_combine_floats(n_heads // n_kv_heads, most_active_splits(max_pages, self.n_splits), head_dim)
         require(need <= stages, f"attention_decode_tma: the fused combine needs {need} B of shared memory at "
                                 f"{max_pages} pages, the stages hold {stages} B")
-        self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_fused_hd{head_dim}"),
+        self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_fused_hd{head_dim}", FUSED_DEFINES),
                   (blocks_per_kv_head, n_kv_heads), (THREADS,), dict(args, out=out, counters=counters),
                   smem_bytes=smem_bytes(head_dim), reads=(q, *kv_reads, block_table, state),
                   writes=(*partials, out, counters))
