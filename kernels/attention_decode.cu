@@ -360,8 +360,8 @@ ATTENTION_DECODE_TOKENS_KERNEL(attention_decode_tokens_hd128, 128)
 // Bytes per call: n_active × Hq × (Dh + 2) × 4 B of partials (≤ 264 × 28 × 130 × 4 = 3.8 MB at
 // 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
 // L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in
-// attention_decode_tma.cu's header), not HBM. ATTN_COMBINE_THREADS (the virtual threads, so the
-// order of the sums) is defined in attention_decode.cuh, whose fused combine adds the same sums.
+// attention_decode_tma.cu's header), not HBM.
+#define ATTN_COMBINE_THREADS 1024
 struct AttentionCombineArgs {
     __half* out;               // [Hq, Dh] fp16, out (= [Hq·Dh] o_proj input)
     const float* partial_out;  // [NS, Hq, Dh] fp32
@@ -459,29 +459,14 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
 
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
 // each split for head h).
-#ifndef ATTN_COMBINE_EARLY_TRIGGER
-#define ATTN_COMBINE_EARLY_TRIGGER 1
-#endif
-// GridDep without the early trigger: the dependents launch when the grid exits.
-struct LateTriggerDep {
-    static constexpr bool state_fixed = false;
-    __device__ __forceinline__ void wait() const { grid_dependency_wait(); }
-    __device__ __forceinline__ void launch_dependents() const {}
-};
 #ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
-#if ATTN_COMBINE_EARLY_TRIGGER
     attention_combine_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state,
                                                                       n_splits, Hq, Dh},
                            blockIdx.x, GridDep{});
-#else
-    attention_combine_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state,
-                                                                      n_splits, Hq, Dh},
-                           blockIdx.x, LateTriggerDep{});
-#endif
 }
 
 // grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],

@@ -9,8 +9,6 @@
 //   attn_query_fragments   the G query heads of the KV head as the MMA's A rows 0..7
 //   attn_page              one page of 16 tokens: QKᵀ on tensor cores, online softmax, P·V
 //   attn_publish           the split's partial (attn_neutral_partial: for a split with no page)
-//   attn_fused_combine     the partials of a KV head merged by the last of its blocks to finish
-//                          (the split kernel's own tail, instead of the attention_combine launch)
 //
 // The lane roles, the MMA k order, the p/alpha shared buffers and the masking are described in
 // attention_decode.cu's header ("Work split"). The partial of split s for query head h, named
@@ -27,7 +25,6 @@
 #include "mma.cuh"       // mma_m16n8k16_f32_f16
 #include "warp.cuh"      // quad_max, quad_sum
 #include "kv_cache.cuh"  // PAGE_TOKENS
-#include "flags.cuh"     // split_arrive_last
 
 #define ATTN_MAX_GROUP 8   // query heads per KV head handled by one warp (MMA rows 0..7)
 
@@ -200,133 +197,5 @@ __device__ __forceinline__ void attn_publish(float m_run, float l_run,
         } else {
             *reinterpret_cast<float2*>(dst) = make_float2(acc[h][0], acc[h][1]);
         }
-    }
-}
-
-// The virtual threads of the combine (attention_decode.cu, attention_combine_token_item): split
-// s of a head's dim d goes into the sum of virtual row j = s mod (ATTN_COMBINE_THREADS / Dh), and
-// the rows are added in order. The number fixes the order of the sums, so every combine — the
-// launch, the persistent step's item and attn_fused_combine — uses this one.
-#define ATTN_COMBINE_THREADS 1024
-
-// The combine as the tail of the split kernel, by the last block of a KV head to finish: no
-// attention_combine launch, so no kernel boundary between the splits and their merge.
-//
-// Who merges: the blocks whose splits hold pages (blocks_active = ceil(n_active / splits per
-// block), n_active = ceil(n_pages / pps): the splits the launch combine reads) each count
-// themselves once on counter (u32, 0 between launches) with ptx/flags.cuh's split_arrive_last;
-// the block whose add comes last merges. The protocol is attention_prefill.cu's ("KV splits"):
-// every thread's partial stores, __syncthreads, thread 0's atom.acq_rel.gpu (its release half
-// publishes, through the barrier, every thread's stores; the last adder's acquire half
-// synchronizes with every earlier add: one release sequence), __syncthreads, then the last
-// block's loads — ld.cg, from L2, never a stale L1 line. The last block resets the counter; no
-// other block touches it again in this launch (each active block adds once; the others never
-// touch it). The next launch that uses the counter is the next layer's attention, which starts
-// after this grid has completed (the step launches attention without programmatic dependent
-// launch, and every kernel between waits before it finishes).
-//
-// What it computes, bit for bit attention_combine's: for head h, M = max_s m_s (the same
-// lane-strided scan and butterfly), w_s = exp2f(m_s − M) (once per split and head here, per
-// virtual thread there: the same value), then for each dim d and virtual row j < J =
-// ATTN_COMBINE_THREADS / Dh the chain o_j = fmaf(w_s, o_s[d], o_j) over s = j, j + J, … (and
-// l_j over l_s), and out = fp16((0 + o_0 + … + o_{J−1}) / (0 + l_0 + … + l_{J−1})). The chains
-// are spread over the block's NT threads as items (head, j, 4 dims) with their split loads side
-// by side (R items a thread, one float4 load of each per step).
-//
-// Shared memory (floats, from the kernel's dynamic buffer, free by then): w [group][n_active],
-// o_part [group][J][Dh], l_part [group][J], m_max [group] — attn_fused_combine_floats.
-// Bytes: n_active × group × (Dh + 2) × 4 B of partials from L2 (115 KiB at 7B, 512 tokens).
-// Every thread of the block must call it (it has __syncthreads), after its own partial stores.
-__host__ __device__ constexpr int attn_fused_combine_floats(int group, int n_active, int head_dim) {
-    return group * (n_active + (ATTN_COMBINE_THREADS / head_dim) * (head_dim + 1) + 1);
-}
-
-#ifndef ATTN_FUSED_STEP_UNROLL
-#define ATTN_FUSED_STEP_UNROLL 1
-#endif
-template <int HEAD_DIM, int NT>
-__device__ __forceinline__ void attn_fused_combine(__half* __restrict__ out,              // [Hq, Dh] fp16, out
-                                                   const float* __restrict__ partial_out,  // [NS, Hq, Dh] fp32
-                                                   const float* __restrict__ max_logits,   // [NS, Hq] fp32
-                                                   const float* __restrict__ exp_sums,     // [NS, Hq] fp32
-                                                   u32* __restrict__ counter,              // this KV head's
-                                                   int n_active, int splits_per_block, int Hq, int head0,
-                                                   int group, float* smem) {
-    constexpr int J = ATTN_COMBINE_THREADS / HEAD_DIM;  // virtual rows
-    constexpr int D4 = HEAD_DIM / 4;                    // float4 of a head's dims
-    constexpr int R = (ATTN_MAX_GROUP * J * D4 + NT - 1) / NT;
-    __shared__ int is_last;
-    const int blocks_active = (n_active + splits_per_block - 1) / splits_per_block;
-    __syncthreads();  // every thread's partial stores before thread 0's release
-    if ((int)blockIdx.x >= blocks_active) return;  // block-uniform: no split of it is read
-    if (threadIdx.x == 0) is_last = split_arrive_last(counter, blocks_active);
-    __syncthreads();  // thread 0's acquire before every thread's loads below
-    if (!is_last) return;
-
-    float* w_s = smem;                             // [group][n_active]
-    float* o_part = w_s + group * n_active;        // [group][J][Dh]
-    float* l_part = o_part + group * J * HEAD_DIM; // [group][J]
-    float* m_max = l_part + group * J;             // [group]
-    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
-    for (int h = warp; h < group; h += NT / WARP_SIZE) {
-        float m = F32_NEG_INF;
-        for (int s = lane; s < n_active; s += WARP_SIZE) {
-            const float v = __ldcg(max_logits + (u64)s * Hq + head0 + h);
-            w_s[h * n_active + s] = v;
-            m = fmaxf(m, v);
-        }
-        m = warp_max(m);
-        if (lane == 0) m_max[h] = m;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < group * n_active; i += NT) w_s[i] = exp2f(w_s[i] - m_max[i / n_active]);
-    __syncthreads();
-
-    const int n_items = group * J * D4;
-    float4 o[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) o[r] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll ATTN_FUSED_STEP_UNROLL
-    for (int s0 = 0; s0 < n_active; s0 += J) {  // step: split s0 + j of every item's row j
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int v = threadIdx.x + r * NT, h = v / (J * D4), j = (v / D4) % J, d4 = v % D4, s = s0 + j;
-            if (v < n_items && s < n_active) {
-                const float w = w_s[h * n_active + s];
-                const float4 p = __ldcg(reinterpret_cast<const float4*>(partial_out + ((u64)s * Hq + head0 + h) * HEAD_DIM) + d4);
-                o[r].x = fmaf(w, p.x, o[r].x);
-                o[r].y = fmaf(w, p.y, o[r].y);
-                o[r].z = fmaf(w, p.z, o[r].z);
-                o[r].w = fmaf(w, p.w, o[r].w);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int v = threadIdx.x + r * NT, h = v / (J * D4), j = (v / D4) % J, d4 = v % D4;
-        if (v < n_items) {
-            float* dst = o_part + (h * J + j) * HEAD_DIM + 4 * d4;
-            dst[0] = o[r].x;
-            dst[1] = o[r].y;
-            dst[2] = o[r].z;
-            dst[3] = o[r].w;
-        }
-    }
-    for (int v = threadIdx.x; v < group * J; v += NT) {
-        const int h = v / J, j = v % J;
-        float l = 0.f;
-#pragma unroll 4
-        for (int s = j; s < n_active; s += J) l = fmaf(w_s[h * n_active + s], __ldcg(exp_sums + (u64)s * Hq + head0 + h), l);
-        l_part[v] = l;
-    }
-    __syncthreads();
-    for (int v = threadIdx.x; v < group * HEAD_DIM; v += NT) {
-        const int h = v / HEAD_DIM, d = v % HEAD_DIM;
-        float o_sum = 0.f, l_sum = 0.f;
-        for (int jj = 0; jj < J; ++jj) {
-            o_sum += o_part[(h * J + jj) * HEAD_DIM + d];
-            l_sum += l_part[h * J + jj];
-        }
-        out[(u64)(head0 + h) * HEAD_DIM + d] = __float2half_rn(o_sum / l_sum);
     }
 }

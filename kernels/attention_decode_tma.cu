@@ -62,6 +62,28 @@
 // (2.96 TB/s; plain 23.8 µs), 32.1 µs with the combine (plain 33.5 µs); 8192 tokens 7.2 µs alone,
 // 16.7 µs with the combine. The combine's ~9.5 µs over 256 active splits is now the larger lever.
 //
+// Tried and not kept: the combine as this kernel's own tail, with no attention_combine launch
+// (commits 3cfb3e5 and 6c9e276: a merge function in attention_decode.cuh, a fused twin of each
+// kernel of this file, a flag of the decode plan choosing it). The blocks whose splits hold
+// pages count themselves on a per-KV-head counter (ptx/flags.cuh's split_arrive_last, the
+// prefill attention's protocol) and the last merges the KV head's query heads, with the
+// combine's virtual rows and order, so bit for bit attention_combine's output (its GPU test, and
+// the same tokens in every run below). One block of 160 threads per KV head does the merge
+// that attention_combine spreads over Hq blocks of 1024, and that costs more than the launch
+// it saves. Alone (graph of 20 calls, 7B, grids for a 32k cache): 18.6 µs at 512 tokens
+// against 8.6 µs with the combine launch and 4.5 µs for the split kernel alone; 53.7 against
+// 14.3 µs at 4096; 102.9 against 22.8 µs at 16384 — the merge grows by ~0.3 µs per active
+// split, far more than its L2 bytes (3.5 KiB per split) or its instructions account for, and
+// unrolling its split loop twice (two steps of loads in flight) changed nothing; no profile
+// was taken. In the captured 7B step, graph ITL at 512 tokens 2.998 / 3.010 ms with the dependents
+// triggered at the kernel's start, 2.572 / 2.572 ms with them launched at its exit, against
+// 2.170 / 2.182 ms with the combine launch; at 16384 tokens 4.98–5.50 ms against 2.67–2.68;
+// the 0.5B at 512 tokens 0.824 / 0.847 against 0.642 / 0.657 ms
+// (docs/bench/2026-12-04_6c9e276_h200_{syn7b,syn05b}_fused_combine_2.json,
+// …_attention_fused_combine_alone_{7b,05b}.json). A merge without a kernel boundary would have
+// to be spread over many blocks, which the last-arriver pattern cannot do without blocks
+// waiting on each other.
+//
 // Masking: TMA copies the whole 16-row box, so slots ≥ seq_len of the last page arrive with
 // whatever the cache holds there (NaN in the tests). Their K and V are replaced by zeros with a
 // select (never multiplied: 0 · NaN = NaN) and their scores set to −inf; the block table is read
@@ -81,9 +103,6 @@
 #include "tma.cuh"               // CUtensorMap, tma_load_2d, tma_prefetch_map
 #include "attention_decode.cuh"  // ATTN_MAX_GROUP, attn_pages_per_split, attn_page, …
 
-#ifndef ATMA_FUSED_EARLY_TRIGGER
-#define ATMA_FUSED_EARLY_TRIGGER 1
-#endif
 #define ATMA_CONSUMERS 4                        // consumer warps (= splits) per block
 #define ATMA_STAGES    3                        // ring stages per consumer warp
 #define ATMA_THREADS   ((ATMA_CONSUMERS + 1) * WARP_SIZE)  // + the producer warp
@@ -106,21 +125,15 @@ struct AtmaShape {
     static_assert(TILE_BYTES % 128 == 0 && P_OFFSET % 16 == 0 && BAR_OFFSET % 8 == 0, "smem alignment");
 };
 
-// FUSED: the kernel merges the partials itself (attn_fused_combine: out, counters); else
-// attention_combine does, in its own launch.
-template <int HEAD_DIM, bool FUSED>
+template <int HEAD_DIM>
 __device__ __forceinline__ void attention_decode_tma_impl(
     float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
     const __half* __restrict__ q, const CUtensorMap* k_map, const CUtensorMap* v_map,
     const int* __restrict__ block_table, const int* __restrict__ state, int Hq, int Hkv,
-    int layer_page0, __half* __restrict__ out, u32* __restrict__ counters) {
+    int layer_page0) {
     using Shape = AtmaShape<HEAD_DIM>;
     constexpr int VW = HEAD_DIM / 64;   // 32-bit words of V per lane per token
-#if ATMA_FUSED_EARLY_TRIGGER
     grid_launch_dependents();
-#else
-    if constexpr (!FUSED) grid_launch_dependents();  // fused: the dependents launch at its exit
-#endif
     grid_dependency_wait();  // q, the K/V slot of this position and state come from earlier kernels
 
     // AtmaShape's layout; the stages first, where the TMA's 128-byte alignment holds.
@@ -152,10 +165,7 @@ __device__ __forceinline__ void attention_decode_tma_impl(
         return reinterpret_cast<__half*>(atma_smem + (c * ATMA_STAGES + j) * Shape::STAGE_BYTES);
     };
 
-    const int group = Hq / Hkv;
-    const int head0 = kv_head * group;
-
-    auto produce = [&]() {
+    if (warp == ATMA_CONSUMERS) {
         // ---------------- producer warp: block table → TMA copies into the rings ----------------
         // Item k = i · CONSUMERS + c is page i of consumer warp c (logical page block_page0 +
         // c · pps + i); items past a split's end (or past n_pages) read -1 and are skipped.
@@ -189,72 +199,65 @@ __device__ __forceinline__ void attention_decode_tma_impl(
             }
             bt_cur = bt_next;
         }
-    };
-
-    auto consume = [&]() {
-        // ---------------- consumer warp c = split blockIdx.x · CONSUMERS + c ----------------
-        // The plain kernel's split, reading its pages from the ring instead of registers.
-        const int c = warp;
-        const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-        const int split = blockIdx.x * ATMA_CONSUMERS + c;
-        const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
-        const AttnLane at = {split, Hq, head0, group, c, lane, g, t};
-
-        if (page_begin >= page_end) {
-            attn_neutral_partial(max_logits, exp_sums, at);
-            return;
-        }
-
-        uint4 qf[HEAD_DIM / 32];
-        attn_query_fragments<HEAD_DIM>(qf, q, at);
-
-        // The split's running state (attention_decode.cuh).
-        const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
-        float m_run = F32_NEG_INF;
-        float l_run = 0.f;
-        float acc[ATTN_MAX_GROUP][HEAD_DIM / 32] = {};
-
-        for (int lp = page_begin; lp < page_end; ++lp) {
-            const int i = lp - page_begin, j = i % ATMA_STAGES, r = i / ATMA_STAGES;
-            const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
-            const __half* ks = k_stage(c, j);
-            const __half* vs = ks + Shape::TILE_HALVES;
-            mbarrier_wait_parity(&full_bar[c][j], r & 1);  // page i's K and V are in the stage
-
-            // K and V from the stage. The box holds all 16 slots: the masked ones are replaced by
-            // zeros with a select (multiplying them by 0 would keep a NaN).
-            attn_page<HEAD_DIM>(m_run, l_run, acc, scale_log2, qf, valid, p_smem, alpha_smem, at,
-                                [=](int nt, int m) {
-                                    const int tok = nt * 8 + g;
-                                    const uint4* src =
-                                        reinterpret_cast<const uint4*>(ks + tok * HEAD_DIM + 32 * m + 8 * t);
-                                    return tok < valid ? *src : make_uint4(0u, 0u, 0u, 0u);
-                                },
-                                [=](int tok, int w) {
-                                    const __half* src = vs + tok * HEAD_DIM + 2 * VW * lane;
-                                    u32 raw;
-                                    if constexpr (VW == 2) {
-                                        const uint2 w2 = *reinterpret_cast<const uint2*>(src);
-                                        raw = w == 0 ? w2.x : w2.y;
-                                    } else {
-                                        raw = *reinterpret_cast<const u32*>(src);
-                                    }
-                                    const u32 bits = tok < valid ? raw : 0u;
-                                    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
-                                });
-            mbarrier_arrive(&empty_bar[c][j]);  // this lane's reads of stage j are done (release)
-            __syncwarp();                       // p_smem / alpha_smem are rewritten by the next page
-        }
-        attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out, max_logits, exp_sums, at);
-    };
-
-    if (warp == ATMA_CONSUMERS) produce();
-    else consume();
-    if constexpr (FUSED) {  // every thread, both roles: the merge by the KV head's last block
-        attn_fused_combine<HEAD_DIM, ATMA_THREADS>(out, partial_out, max_logits, exp_sums, counters + kv_head,
-                                                   (n_pages + pps - 1) / pps, ATMA_CONSUMERS, Hq, head0, group,
-                                                   reinterpret_cast<float*>(atma_smem));
+        return;
     }
+
+    // ---------------- consumer warp c = split blockIdx.x · CONSUMERS + c ----------------
+    // The plain kernel's split, reading its pages from the ring instead of registers.
+    const int c = warp;
+    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
+    const int group = Hq / Hkv;
+    const int split = blockIdx.x * ATMA_CONSUMERS + c;
+    const int head0 = kv_head * group;
+    const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
+    const AttnLane at = {split, Hq, head0, group, c, lane, g, t};
+
+    if (page_begin >= page_end) {
+        attn_neutral_partial(max_logits, exp_sums, at);
+        return;
+    }
+
+    uint4 qf[HEAD_DIM / 32];
+    attn_query_fragments<HEAD_DIM>(qf, q, at);
+
+    // The split's running state (attention_decode.cuh).
+    const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
+    float m_run = F32_NEG_INF;
+    float l_run = 0.f;
+    float acc[ATTN_MAX_GROUP][HEAD_DIM / 32] = {};
+
+    for (int lp = page_begin; lp < page_end; ++lp) {
+        const int i = lp - page_begin, j = i % ATMA_STAGES, r = i / ATMA_STAGES;
+        const int valid = min(PAGE_TOKENS, seq_len - lp * PAGE_TOKENS);  // ≥ 1
+        const __half* ks = k_stage(c, j);
+        const __half* vs = ks + Shape::TILE_HALVES;
+        mbarrier_wait_parity(&full_bar[c][j], r & 1);  // page i's K and V are in the stage
+
+        // K and V from the stage. The box holds all 16 slots: the masked ones are replaced by
+        // zeros with a select (multiplying them by 0 would keep a NaN).
+        attn_page<HEAD_DIM>(m_run, l_run, acc, scale_log2, qf, valid, p_smem, alpha_smem, at,
+                            [=](int nt, int m) {
+                                const int tok = nt * 8 + g;
+                                const uint4* src =
+                                    reinterpret_cast<const uint4*>(ks + tok * HEAD_DIM + 32 * m + 8 * t);
+                                return tok < valid ? *src : make_uint4(0u, 0u, 0u, 0u);
+                            },
+                            [=](int tok, int w) {
+                                const __half* src = vs + tok * HEAD_DIM + 2 * VW * lane;
+                                u32 raw;
+                                if constexpr (VW == 2) {
+                                    const uint2 w2 = *reinterpret_cast<const uint2*>(src);
+                                    raw = w == 0 ? w2.x : w2.y;
+                                } else {
+                                    raw = *reinterpret_cast<const u32*>(src);
+                                }
+                                const u32 bits = tok < valid ? raw : 0u;
+                                return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+                            });
+        mbarrier_arrive(&empty_bar[c][j]);  // this lane's reads of stage j are done (release)
+        __syncwarp();                       // p_smem / alpha_smem are rewritten by the next page
+    }
+    attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out, max_logits, exp_sums, at);
 }
 
 // grid (S, Hkv), block (ATMA_THREADS), dynamic smem AtmaShape<Dh>::SMEM_BYTES (96 KiB + 2.3 KiB
@@ -272,33 +275,9 @@ __device__ __forceinline__ void attention_decode_tma_impl(
         const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
         int Hq, int Hkv,                                                                     \
         int layer_page0) {                    /* layer · pages per layer: the layer's page 0 */ \
-        attention_decode_tma_impl<HEAD_DIM, false>(partial_out, max_logits, exp_sums, q, &k_map, &v_map, \
-                                                   block_table, state, Hq, Hkv, layer_page0, nullptr, nullptr); \
+        attention_decode_tma_impl<HEAD_DIM>(partial_out, max_logits, exp_sums, q, &k_map, &v_map,  \
+                                            block_table, state, Hq, Hkv, layer_page0);          \
     }
 
 ATTENTION_DECODE_TMA_KERNEL(attention_decode_tma_hd64, 64)
 ATTENTION_DECODE_TMA_KERNEL(attention_decode_tma_hd128, 128)
-
-// The same with the combine as its own tail (attn_fused_combine): out written by the last block
-// of each KV head. Dynamic smem as above; attn_fused_combine_floats(group, n_active, Dh) floats
-// of it must fit in the stages (the launcher checks at its longest context).
-#define ATTENTION_DECODE_TMA_FUSED_KERNEL(NAME, HEAD_DIM)                                        \
-    extern "C" __global__ void __launch_bounds__(ATMA_THREADS) NAME(                             \
-        float* __restrict__ partial_out,      /* [NS, Hq, Dh] fp32, scratch                 */ \
-        float* __restrict__ max_logits,       /* [NS, Hq] fp32, scratch                     */ \
-        float* __restrict__ exp_sums,         /* [NS, Hq] fp32, scratch                     */ \
-        const __half* __restrict__ q,         /* [Hq, Dh] fp16, rotated query               */ \
-        const __grid_constant__ CUtensorMap k_map, /* K pool as [rows, Dh] fp16, box [16, Dh] */ \
-        const __grid_constant__ CUtensorMap v_map, /* V pool, likewise                      */ \
-        const int* __restrict__ block_table,  /* [max_pages] int32                          */ \
-        const int* __restrict__ state,        /* [3] int32 (reads seq_len = state[2])       */ \
-        int Hq, int Hkv,                                                                     \
-        int layer_page0,                      /* layer · pages per layer: the layer's page 0 */ \
-        __half* __restrict__ out,             /* [Hq, Dh] fp16, out                         */ \
-        u32* __restrict__ counters) {         /* [Hkv] u32, 0 between launches              */ \
-        attention_decode_tma_impl<HEAD_DIM, true>(partial_out, max_logits, exp_sums, q, &k_map, &v_map, \
-                                                  block_table, state, Hq, Hkv, layer_page0, out, counters); \
-    }
-
-ATTENTION_DECODE_TMA_FUSED_KERNEL(attention_decode_tma_fused_hd64, 64)
-ATTENTION_DECODE_TMA_FUSED_KERNEL(attention_decode_tma_fused_hd128, 128)

@@ -200,6 +200,15 @@
 // against this file's 26.21). Two items a batch (GF_UNROLL=4) need more registers than the
 // 2 blocks of 8 warps an SM leave (ptxas, the 7B Q4_K_M set q4_k + q6_k: 128 with 436 bytes of
 // spills; uncapped 218 at gate/up and 194 at qkv; q4_k alone 167 at gate/up, q6_k alone 220).
+// Two items a batch with one block of 8 warps an SM instead (GF_UNROLL 4 and
+// GF_GATE_UP_MIN_BLOCKS 1, compiled for one format; tools/bench_gemv.py --formats q4_k q6_k
+// --fmt-defines …, µs at the 7B shapes, no PDL, against GF_UNROLL 2 at two blocks):
+//   q4_k gate_up 35.96 against 31.29 (its loads alone 24.61 against 26.64: 73 % of copy)
+//   q6_k gate_up 42.61 against 45.02 (loads alone 38.13 against 41.86)
+// (docs/bench/2026-12-04_b873b61_h200_gemv_fmt_unroll4_one_block.json; down_proj's rows there
+// are the residual kernel at GF_UNROLL 4 with its 2 blocks and 128 registers: spilling, slower.)
+// The deeper batch buys the load stream 8–9 %, but Q4_K's arithmetic then runs with half the
+// warps to hide its latency and loses more; Q6_K, bound by its loads, gains 5 %.
 #ifndef GF_PROBE_LOADS_ONLY
 #define GF_PROBE_LOADS_ONLY 0
 #endif

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drvqwen import decode, launchers
+from drvqwen import launchers
 from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import DeviceArray
 from drvqwen.cuda.sources import kernel_source, list_kernels
@@ -303,10 +303,6 @@ def planned(request):
         for attention in ATTENTION_KERNELS:
             plan = plan_decode(cfg, 256, attention=attention, occupancy=OCCUPANCY)
             entries += [(f"decode {attention} {cfg.head_dim}: {n}", l) for n, l in plan.steps]
-        mp.setattr(decode, "FUSED_COMBINE", not decode.FUSED_COMBINE)   # the other form of the TMA attention
-        plan = plan_decode(cfg, 256, attention="tma", occupancy=OCCUPANCY)
-        entries += [(f"decode tma fused={decode.FUSED_COMBINE} {cfg.head_dim}: {n}", l) for n, l in plan.steps]
-        mp.setattr(decode, "FUSED_COMBINE", not decode.FUSED_COMBINE)
         plan = plan_decode(cfg, 256, occupancy=OCCUPANCY, formats=gguf_like_formats(cfg))
         entries += [(f"decode per-tensor {cfg.head_dim}: {n}", l) for n, l in plan.steps]
         plan = plan_decode(cfg, 256, attention="plain", occupancy=OCCUPANCY, persistent=True)

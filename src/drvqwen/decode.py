@@ -87,7 +87,6 @@ from .stats import phase
 # warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
 ATTENTION_KERNELS = ("tma", "plain")
 DEFAULT_ATTENTION = "tma"
-FUSED_COMBINE = False  # the TMA attention merges its splits itself (attn_fused_combine), no combine launch
 
 
 @dataclass
@@ -212,9 +211,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     Hq, Hkv, Dh, L = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
     nq = cfg.q_dim
 
-    fused = attention == "tma" and FUSED_COMBINE
     if attention == "tma":
-        S = attention_decode_tma.blocks_per_kv_head(Hkv, max_context, Dh, occupancy, fused=fused)
+        S = attention_decode_tma.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S, attention_decode_tma.CONSUMERS)
     else:
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
@@ -230,8 +228,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     fmt_defines = format_defines(gpu_format_ids(formats) | gpu_format_ids(fm)) if per_tensor else ()
     a = _activation_specs(cfg, n_pages, partials,
                           lm_head_fmt_partials(V, D, occupancy, fmt_defines) if lm_in_format else lm_head_partials(V))
-    if fused:
-        a["attn_counters"] = BufferSpec("attn_counters", (Hkv,), np.uint32)
     weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
     plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor),
@@ -261,8 +257,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         if attention == "tma":
             attn = AttentionDecodeTma(a["attn"], a["q"], maps["k_cache"], maps["v_cache"], a["block_table"],
                                       a["state"], part, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
-                                      blocks_per_kv_head=S, layer_page0=l * n_pages, k_cache=k_l, v_cache=v_l,
-                                      counters=a["attn_counters"] if fused else None, max_pages=n_pages)
+                                      blocks_per_kv_head=S, layer_page0=l * n_pages, k_cache=k_l, v_cache=v_l)
         else:
             attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
                                    n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)

@@ -37,6 +37,11 @@
 // spreading the tiles over the blocks resident in one wave — at the ring's shared memory, so its
 // figures answer "the ring in today's launch shape".
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v2
+// Re-run at b873b61 (docs/bench/2026-12-04_b873b61_h200_dev_gemv_int4_v2.json), µs:
+//   production 8.51 / 4.51 / 22.35 / 14.93; ring 16 KiB 9.93 / 5.65 / 26.68 / 18.23;
+//   ring 8 KiB 7.61 / 4.83 / 23.51 / 14.56 (qkv_rope / o_proj / gate_up / down)
+// — the 8 KiB ring ahead at qkv_rope and down, behind at o_proj and gate_up, as before: taken per
+// GEMV, −1.3 µs a layer.
 //
 // Shared memory (dynamic): x, K·2 bytes; the rings, W · GEMV_RING KiB; then the warp partials,
 // ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1): at 7B with W = 8 ~135 KB at

@@ -26,7 +26,12 @@ without programmatic dependent launch: measured on the H200 (synthetic 7B, `drvq
 graph ITL, one run), PDL on every decode kernel gave 2.605 ms, PDL on every kernel but
 attention 2.138 ms, no PDL 2.366 ms — launched early, the split kernel's blocks (96 KiB of
 stages each, two per SM) take the SMs' shared memory while they wait, and the launches around
-them lose more than attention gains. The warp-specialised TMA kernel
+them lose more than attention gains. The same holds for the combine alone: launched as a
+programmatic dependent that lets its own dependents launch only at its exit (a compile-time
+switch of commit 6c9e276), the 7B's graph ITL was 2.211 / 2.204 ms against 2.170 / 2.182
+at 512 tokens and 2.824 / 2.839 against 2.674 / 2.677 at 16384, the 0.5B's 0.676 / 0.676
+against 0.642 / 0.657 at 512 (in turns in one run,
+docs/bench/2026-12-04_6c9e276_h200_{syn7b,syn05b}_fused_combine_2.json). The warp-specialised TMA kernel
 (attention_decode_tma.py, the default) writes the same partials and shares the combine and
 the split rule here; this plain kernel stays the reference and the fallback.
 """
@@ -117,10 +122,6 @@ def partial_args(partials) -> dict:
     return dict(zip(("partial_out", "max_logits", "exp_sums"), partials, strict=True))
 
 
-COMBINE_PDL = False
-COMBINE_DEFINES = ()
-
-
 def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int,
                    n_tokens: int | None = None) -> None:
     """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits
@@ -128,7 +129,7 @@ def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n
     partial_out, max_logits, exp_sums = partials
     t = token_count(n_tokens, "attention_decode")
     kernel, grid = ("attention_combine", (n_heads,)) if n_tokens is None else ("attention_combine_tokens", (n_heads, t))
-    launcher._add(KernelRef("attention_decode", kernel, COMBINE_DEFINES, pdl=COMBINE_PDL), grid, (COMBINE_THREADS,),
+    launcher._add(KernelRef("attention_decode", kernel), grid, (COMBINE_THREADS,),
                   dict(out=out, partial_out=partial_out, max_logits=max_logits, exp_sums=exp_sums, state=state,
                        n_splits=i32(n_splits), Hq=i32(n_heads), Dh=i32(head_dim)),
                   smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),

@@ -15,10 +15,9 @@ import numpy as np
 
 from ..cuda import Stream
 from ..kv_cache import PAGE_TOKENS
-from .attention_decode import (COMBINE_THREADS, MAX_GROUP, check_attention_shapes, check_partials, combine_launch,
-                               pages_per_split, partial_args, split_blocks_per_kv_head)
-from .base import (DEFAULT_OCCUPANCY, BufferSpec, KernelRef, Launcher, Occupancy, check_buffer, check_state, i32,
-                   mirrored, require)
+from .attention_decode import (MAX_GROUP, check_attention_shapes, check_partials, combine_launch, partial_args,
+                               split_blocks_per_kv_head)
+from .base import DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, i32, mirrored, require
 
 CONSUMERS = mirrored("attention_decode_tma", "ATMA_CONSUMERS", 4)   # consumer warps (= splits) per block
 STAGES = mirrored("attention_decode_tma", "ATMA_STAGES", 3)         # ring stages per consumer warp
@@ -37,28 +36,13 @@ mirrored("attention_decode_tma", "AtmaShape<64>::SMEM_BYTES", smem_bytes(64))
 mirrored("attention_decode_tma", "AtmaShape<128>::SMEM_BYTES", smem_bytes(128))
 
 
-def blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim: int, occupancy: Occupancy | None = None,
-                       fused: bool = False) -> int:
+def blocks_per_kv_head(n_kv_heads: int, max_tokens: int, head_dim: int, occupancy: Occupancy | None = None) -> int:
     """S for attention_decode_tma_hd{head_dim}: every resident block slot (2 blocks per SM at
     Dh = 128 with 96 KiB of stages, 4 at Dh = 64 on an H200), no more splits than pages."""
     occ = occupancy or DEFAULT_OCCUPANCY
-    kernel = f"attention_decode_tma_fused_hd{head_dim}" if fused else f"attention_decode_tma_hd{head_dim}"
-    per_sm = occ.blocks_per_sm(KernelRef("attention_decode_tma", kernel, FUSED_DEFINES if fused else ()),
+    per_sm = occ.blocks_per_sm(KernelRef("attention_decode_tma", f"attention_decode_tma_hd{head_dim}"),
                                THREADS, smem_bytes(head_dim))
     return split_blocks_per_kv_head(n_kv_heads, max_tokens, per_sm, CONSUMERS, occ.sm_count)
-
-
-FUSED_DEFINES: tuple[tuple[str, int], ...] = ()  # compile-time variants of the fused kernel (measuring)
-
-
-def fused_combine_floats(group: int, n_active: int, head_dim: int) -> int:
-    """Shared-memory floats of the fused combine (attention_decode.cuh, attn_fused_combine_floats)."""
-    return group * (n_active + (COMBINE_THREADS // head_dim) * (head_dim + 1) + 1)
-
-
-def most_active_splits(max_pages: int, n_splits: int) -> int:
-    """The most splits that hold pages at any length up to max_pages pages (the split rule)."""
-    return max(-(-n // pages_per_split(n, n_splits)) for n in range(1, max_pages + 1))
 
 
 class AttentionDecodeTma(Launcher):
@@ -75,7 +59,7 @@ class AttentionDecodeTma(Launcher):
 
     def __init__(self, out, q, k_map, v_map, block_table, state, partials, *, n_heads: int, n_kv_heads: int,
                  head_dim: int, blocks_per_kv_head: int, layer_page0: int = 0, stream: Stream | None = None,
-                 k_cache=None, v_cache=None, counters=None, max_pages: int | None = None):
+                 k_cache=None, v_cache=None):
         super().__init__(stream)
         check_attention_shapes("attention_decode_tma", n_heads, n_kv_heads, head_dim)
         for what, m in (("k_map", k_map), ("v_map", v_map)):
@@ -93,35 +77,12 @@ class AttentionDecodeTma(Launcher):
         # The tensor maps read the whole pools; the layer's views (k_cache, v_cache), when given,
         # name what the launch reads.
         kv_reads = tuple(c for c in (k_cache, v_cache) if c is not None) or (k_map, v_map)
-        args = dict(partial_args(partials), q=q, k_map=k_map, v_map=v_map, block_table=block_table, state=state,
-                    Hq=i32(n_heads), Hkv=i32(n_kv_heads), layer_page0=i32(layer_page0))
-        self.counters = counters
-        if counters is None:
-            self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_hd{head_dim}"),
-                      (blocks_per_kv_head, n_kv_heads), (THREADS,), args,
-                      smem_bytes=smem_bytes(head_dim), reads=(q, *kv_reads, block_table, state), writes=partials)
-            combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
-            return
-        # The combine as the kernel's own tail: its shared memory must hold the merge's arrays at
-        # the most active splits any length up to max_pages gives.
-        check_buffer(counters, "counters", n_kv_heads, np.uint32)
-        require(max_pages is not None and max_pages >= 1, "attention_decode_tma: the fused combine needs max_pages")
-        stages = smem_bytes(head_dim) - CONSUMERS * (PAGE_TOKENS + 1) * MAX_GROUP * 4 - 2 * CONSUMERS * STAGES * 8
-        need = 4 * fused_combine_floats(n_heads // n_kv_heads, most_active_splits(max_pages, self.n_splits), head_dim)
-        require(need <= stages, f"attention_decode_tma: the fused combine needs {need} B of shared memory at "
-                                f"{max_pages} pages, the stages hold {stages} B")
-        self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_fused_hd{head_dim}", FUSED_DEFINES),
-                  (blocks_per_kv_head, n_kv_heads), (THREADS,), dict(args, out=out, counters=counters),
-                  smem_bytes=smem_bytes(head_dim), reads=(q, *kv_reads, block_table, state),
-                  writes=(*partials, out, counters))
-
-    def build(self, resolve=None, stream: Stream | None = None, pdl: bool | None = None):
-        """Launcher.build, and with the fused combine the counters zeroed (they stay zero between
-        launches: the last block of each KV head resets its own)."""
-        if self._launches is None and self.counters is not None:
-            ctr = resolve(self.counters) if isinstance(self.counters, BufferSpec) else self.counters
-            ctr.upload(np.zeros(ctr.shape, np.uint32))
-        return super().build(resolve, stream, pdl)
+        self._add(KernelRef("attention_decode_tma", f"attention_decode_tma_hd{head_dim}"),
+                  (blocks_per_kv_head, n_kv_heads), (THREADS,),
+                  dict(partial_args(partials), q=q, k_map=k_map, v_map=v_map, block_table=block_table, state=state,
+                       Hq=i32(n_heads), Hkv=i32(n_kv_heads), layer_page0=i32(layer_page0)),
+                  smem_bytes=smem_bytes(head_dim), reads=(q, *kv_reads, block_table, state), writes=partials)
+        combine_launch(self, out, partials, state, n_splits=self.n_splits, n_heads=n_heads, head_dim=head_dim)
 
     def bytes_for(self, seq_len: int) -> int:
         """KV bytes read at a given length (the partials are L2 traffic, not counted)."""
