@@ -1,0 +1,59 @@
+"""tools/bench_commits.py on the CPU: commits resolved or refused in one line, a commit's tree
+written by git archive with the files drvqwen.provenance hashes (its digest is the commit's), and
+the command each run gets."""
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_commits", ROOT / "tools" / "bench_commits.py")
+bench_commits = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_commits)
+
+pytestmark = pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+
+
+def _head() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_commits_resolve_to_full_hashes_or_exit_with_one_line():
+    head = _head()
+    assert bench_commits.resolve(["HEAD", head[:12]]) == [head, head]
+    with pytest.raises(SystemExit, match="--commits no-such-commit: not a commit"):
+        bench_commits.resolve(["HEAD", "no-such-commit"])
+
+
+def test_the_tree_is_the_commits_runtime_files(tmp_path):
+    from drvqwen.provenance import digest_of_commit
+
+    head = _head()
+    tree = bench_commits.write_tree(head, tmp_path / "t")
+    assert (tree / "src" / "drvqwen" / "bench.py").is_file() and (tree / "kernels" / "gemv_int4.cu").is_file()
+    assert (tree / "pyproject.toml").is_file() and not (tree / "tests").exists()
+    # The tree's own provenance module hashes it to the commit's digest: its runs' JSON can name it.
+    got = subprocess.run(["python3", "-c", "from drvqwen.provenance import source_digest; print(source_digest())"],
+                         env={"PYTHONPATH": str(tree / "src"), "PATH": "/usr/bin:/bin"}, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert got == digest_of_commit(head, ROOT)
+
+
+def test_each_run_is_told_its_commit(tmp_path):
+    argv, env = bench_commits.bench_command(tmp_path, "a" * 40, "0.5b", "graph", tmp_path / "r.json",
+                                            ["--new-tokens", "64"])
+    assert argv[1:] == ["-m", "drvqwen.bench", "--preset", "0.5b", "--mode", "graph", "--json",
+                        str(tmp_path / "r.json"), "--new-tokens", "64"]
+    assert env["PYTHONPATH"] == str(tmp_path / "src") and env["DRVQWEN_SOURCE_COMMIT"] == "a" * 40
+
+
+def test_dry_run_prints_a_command_per_commit_and_round(capsys, tmp_path):
+    assert bench_commits.main(["--commits", "HEAD", _head()[:10], "--rounds", "2", "--dry-run",
+                               "--out", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and all("drvqwen.bench" in line and "DRVQWEN_SOURCE_COMMIT=" in line for line in lines)
+    with pytest.raises(SystemExit, match="--rounds 0"):
+        bench_commits.main(["--commits", "HEAD", "--rounds", "0", "--dry-run"])
