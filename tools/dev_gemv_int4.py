@@ -87,6 +87,17 @@ def tile_major(qweight: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(qweight.reshape(n // 16, 16, kw // 16, 16).transpose(0, 2, 1, 3))
 
 
+def tile_major_rope(qweight: np.ndarray, head_dim: int) -> np.ndarray:
+    """q's or k's layout id 1 [N, K/8] → tile-major with each tile's rows in MMA-row order for
+    RoPE pairs (int4_matmul.cuh gemv_tile_rows: tile T of a head's Dh/16, rows j·8 + g and
+    j·8 + g + Dh/2 of the head for MMA rows g and g + 8), as v3's qkv_rope reads them."""
+    n = qweight.shape[0]
+    tiles_per_head = head_dim // 16
+    order = [head * head_dim + j * 8 + g + (head_dim // 2 if r >= 8 else 0)
+             for head in range(n // head_dim) for j in range(tiles_per_head) for r in range(16) for g in [r % 8]]
+    return tile_major(qweight[np.array(order)])
+
+
 def has(o: Outcome, production_kernel: str) -> bool:
     return production_kernel + o.version.suffix in o.build.get("registers", {})
 
@@ -166,9 +177,15 @@ class Inputs:
 
     def _weights(self, v: Version, dev) -> list:
         """The weights on the device as v reads them: [qweight, scales, …] in matrix order."""
-        store = tile_major if v.suffix in TILE_MAJOR_SUFFIXES else (lambda a: a)
+        def store(i: int, qw: np.ndarray) -> np.ndarray:
+            if v.suffix not in TILE_MAJOR_SUFFIXES:
+                return qw
+            if self.case.kind == "qkv_rope" and i < 2:  # q and k: their tiles' rows are RoPE pairs
+                return tile_major_rope(qw, self.case.dims["dh"])
+            return tile_major(qw)
+
         return [a for i, (qw, sc) in enumerate(self.w)
-                for a in (dev.upload(f"w{i}.qweight", store(qw)), dev.upload(f"w{i}.scales", sc))]
+                for a in (dev.upload(f"w{i}.qweight", store(i, qw)), dev.upload(f"w{i}.scales", sc))]
 
     def check(self, v: Version, dev) -> float:
         """v's kernel on this case: relative L2 error against `want` (raises on a failed check)."""

@@ -5,9 +5,12 @@
 // float64 reference and times it beside kernels/gemv_int4.cu (the runner stores its weights
 // tile-major, as for v1).
 //
-//   gemv_int4_residual_bulk, gemv_int4_gate_up_swiglu_bulk: the production kernels of the same
-//   names without _bulk, on the engine below. No qkv_rope: its RoPE pairs rows i and i + Dh/2,
-//   which a 16-row tile-major item does not hold together (as v1).
+//   gemv_int4_qkv_rope_bulk, gemv_int4_residual_bulk, gemv_int4_gate_up_swiglu_bulk: the
+//   production kernels of the same names without _bulk, on the engine below. A tile-major item
+//   holds its tile's 16 rows in MMA-row order: for q and k, whose RoPE pairs dims i and i + Dh/2
+//   of a head, those are the rows gemv_tile_rows names (8 of one half, 8 of the other: the
+//   runner permutes q's and k's rows so before storing them tile-major), for the rest rows
+//   16 T … 16 T + 15.
 //
 // Why: the GEMVs' loads alone reach 77 % of the copy bandwidth at gate_up with two items in
 // flight per warp, 86 % with eight — but eight items of registers leave one block per SM and the
@@ -127,7 +130,9 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
                               gemv_tile_major_item(gemv_qweight(p, seg, m), tile, is_gi, K), GEMV_BULK_ITEM_BYTES,
                               &full[slot], policy);
         }
-        const u64 r0 = min(tile * INT4_TILE_ROWS + g, n - 1), r1 = min(tile * INT4_TILE_ROWS + g + 8, n - 1);
+        int lo, hi;  // the rows of MMA rows g and g + 8: their scales (row-major, as production's)
+        gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
+        const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             const __half* sc = gemv_scales(p, seg, m) + is_gi;
@@ -223,6 +228,57 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
         }
         epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, sums);
     }
+}
+
+// gemv_int4_qkv_rope (../../gemv_int4.cu) on the bulk ring: the same arguments (qweights
+// tile-major, q's and k's rows in RoPE-pair order: header), grid and block; dynamic smem as there
+// + the barriers and rings (header).
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE, GEMV_BULK_MIN_BLOCKS)
+gemv_int4_qkv_rope_bulk(__half* __restrict__ q_out,           // [Hq·Dh] fp16, out: rotated query
+                        __half* __restrict__ k_cache,         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+                        __half* __restrict__ v_cache,         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+                        const float* __restrict__ residual,   // [K] fp32, the residual stream
+                        const __half* __restrict__ norm_w,    // [K] fp16, input_layernorm gain
+                        const u32* __restrict__ q_qweight,    // [Hq·Dh/16, K/128, 16, 16] uint32
+                        const __half* __restrict__ q_scales,  // [Hq·Dh, K/128] fp16
+                        const u32* __restrict__ k_qweight,    // [Hkv·Dh/16, K/128, 16, 16] uint32
+                        const __half* __restrict__ k_scales,  // [Hkv·Dh, K/128] fp16
+                        const u32* __restrict__ v_qweight,    // [Hkv·Dh/16, K/128, 16, 16] uint32
+                        const __half* __restrict__ v_scales,  // [Hkv·Dh, K/128] fp16
+                        const __half* __restrict__ q_bias,    // [Hq·Dh] fp16
+                        const __half* __restrict__ k_bias,    // [Hkv·Dh] fp16
+                        const __half* __restrict__ v_bias,    // [Hkv·Dh] fp16
+                        const float* __restrict__ inv_freq,   // [Dh/2] fp32 (reference.rope_inv_freq)
+                        const int* __restrict__ state,        // [3] int32: pos, token, seq_len (reads [0])
+                        const int* __restrict__ block_table,  // [max_pages] int32: logical → physical page
+                        int Hq, int Hkv, int Dh, int K, float eps) {
+    const int nq = Hq * Dh, nkv = Hkv * Dh, tq = int4_tiles(nq), tkv = int4_tiles(nkv);
+    const GemvProblem<1, 3> p = {{{q_qweight}, {k_qweight}, {v_qweight}},
+                                 {{q_scales}, {k_scales}, {v_scales}},
+                                 {nq, nkv, nkv},
+                                 {0, tq, tq + tkv, tq + 2 * tkv},
+                                 {Dh, Dh, 0}};
+    gemv_int4_block_bulk(p, K, GemvStageRmsNorm{residual, norm_w, eps},
+                         [&](int seg, int tile, int g, const float (&s)[1][2]) {
+        const int pos = state[0];
+        const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+        if (seg == 2) {  // v: bias only, plain row order
+            gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
+                const int head = row / Dh, d = row % Dh;
+                v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(v_bias[row]));
+            });
+            return;
+        }
+        int lo, hi;  // rows of dims i and i + Dh/2 of one head
+        gemv_tile_rows(tile, g, Dh, lo, hi);
+        const int head = lo / Dh, i = lo % Dh;
+        const __half* b = seg == 0 ? q_bias : k_bias;
+        float o1, o2;
+        rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);
+        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+        dst[i] = __float2half_rn(o1);
+        dst[i + Dh / 2] = __float2half_rn(o2);
+    });
 }
 
 // gemv_int4_residual (../../gemv_int4.cu) on the bulk ring: the same arguments (qweight
