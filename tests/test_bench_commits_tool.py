@@ -23,7 +23,7 @@ def _head() -> str:
 
 def test_commits_resolve_to_full_hashes_or_exit_with_one_line():
     head = _head()
-    assert bench_commits.resolve(["HEAD", head[:12]]) == [head, head]
+    assert bench_commits.resolve(["HEAD", head[:12], "."]) == [head, head, "."]
     with pytest.raises(SystemExit, match="--commits no-such-commit: not a commit"):
         bench_commits.resolve(["HEAD", "no-such-commit"])
 
@@ -48,12 +48,16 @@ def test_each_run_is_told_its_commit(tmp_path):
     assert argv[1:] == ["-m", "drvqwen.bench", "--preset", "0.5b", "--mode", "graph", "--json",
                         str(tmp_path / "r.json"), "--new-tokens", "64"]
     assert env["PYTHONPATH"] == str(tmp_path / "src") and env["DRVQWEN_SOURCE_COMMIT"] == "a" * 40
+    _, env = bench_commits.bench_command(tmp_path, ".", "0.5b", "graph", tmp_path / "r.json", [])
+    assert env.get("DRVQWEN_SOURCE_COMMIT") == __import__("os").environ.get("DRVQWEN_SOURCE_COMMIT")
 
 
 def test_dry_run_prints_a_command_per_commit_and_round(capsys, tmp_path):
-    assert bench_commits.main(["--commits", "HEAD", _head()[:10], "--rounds", "2", "--dry-run",
+    assert bench_commits.main(["--commits", "HEAD", _head()[:10], ".", "--rounds", "2", "--dry-run",
                                "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 4 and all("drvqwen.bench" in line and "DRVQWEN_SOURCE_COMMIT=" in line for line in lines)
+    assert len(lines) == 6 and all("drvqwen.bench" in line for line in lines)
+    assert [("DRVQWEN_SOURCE_COMMIT=" in line) for line in lines[:2]] == [True, True]
+    assert f"cd {ROOT} " in lines[2]  # `.`: this tree itself, no archive
     with pytest.raises(SystemExit, match="--rounds 0"):
         bench_commits.main(["--commits", "HEAD", "--rounds", "0", "--dry-run"])
