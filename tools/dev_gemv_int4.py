@@ -2,7 +2,7 @@
 launched, what it is checked on, how it is timed.
 
 A version's kernels are production's (kernels/gemv_int4.cu) with a suffix in the name and the
-same arguments; a version without one of them (the tile-major layout has no qkv_rope) is not run
+same arguments; a version without one of them (v1's tile-major layout has no qkv_rope) is not run
 there. The runner builds production's launcher (launchers/gemv_int4.py) with the version's own
 occupancy — its kernel, its shared memory — so that the launch shape follows production's rule,
 and points it at the version's file. The tile-major versions (v1, v3) get their weights stored

@@ -9,8 +9,8 @@
 //   production kernels of the same names without _bulk, on the engine below. A tile-major item
 //   holds its tile's 16 rows in MMA-row order: for q and k, whose RoPE pairs dims i and i + Dh/2
 //   of a head, those are the rows gemv_tile_rows names (8 of one half, 8 of the other: the
-//   runner permutes q's and k's rows so before storing them tile-major), for the rest rows
-//   16 T … 16 T + 15.
+//   runner puts q's and k's rows in that order before storing them tile-major), for the rest
+//   rows 16 T … 16 T + 15.
 //
 // Why: the GEMVs' loads alone reach 77 % of the copy bandwidth at gate_up with two items in
 // flight per warp, 86 % with eight — but eight items of registers leave one block per SM and the
@@ -54,6 +54,7 @@
 // barriers), tools/dev_gemv_int4.py ring_bytes).
 // Requirements: as ../../gemv_int4.cu, N % 16 == 0; GEMV_BULK_RING a multiple of MT (KiB).
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v1 v3
+#define DEVICE_FUNCTIONS_ONLY  // production's kernels are not built into this module: its engine only
 #include "../../gemv_int4.cu"
 #include "mbarrier.cuh"  // mbarrier_init, fence_mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity
 #include "tma.cuh"       // bulk_copy_g2s
@@ -117,7 +118,7 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
     int is_tile = tile_b, is_gi = gb;
     u32 issued = 0;     // items this warp has issued
     auto issue = [&](int slot) {
-        if (is_tile >= tile_e) return;  // warp-uniform
+        if (is_tile >= tile_e || gb >= ge) return;  // warp-uniform (gb < ge while W ≤ K/128)
         const int seg = int4_segment<NSEG>(p.first_tile, is_tile);
         const int n = gemv_field<NSEG>(seg, p.n), tile = is_tile - gemv_field<NSEG>(seg, p.first_tile);
         if (lane == 0) {
@@ -157,7 +158,7 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
     for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
     int c_tile = tile_b, c_gi = gb;
     u32 round = 0;  // completed laps of the ring: the parity of the phase each slot waits for
-    while (c_tile < tile_e) {
+    while (c_tile < tile_e && gb < ge) {
 #pragma unroll
         for (int s = 0; s < R; ++s) {
             if (c_tile >= tile_e) break;  // warp-uniform
