@@ -61,3 +61,22 @@ def test_dry_run_prints_a_command_per_commit_and_round(capsys, tmp_path):
     assert f"cd {ROOT} " in lines[2]  # `.`: this tree itself, no archive
     with pytest.raises(SystemExit, match="--rounds 0"):
         bench_commits.main(["--commits", "HEAD", "--rounds", "0", "--dry-run"])
+
+
+def test_a_failed_run_exits_with_one_line_naming_the_tree(monkeypatch, tmp_path):
+    """drvqwen.bench failing in a tree (no GPU, a bad argument): one line with the tree, the round,
+    the exit status and the run's last line — no traceback, nothing written as a result."""
+    real_run = subprocess.run
+
+    def run(cmd, **kw):
+        if cmd[:3] == [bench_commits.sys.executable, "-m", "drvqwen.bench"]:
+            return subprocess.CompletedProcess(cmd, 2, "", "error: drvqwen bench needs a Hopper GPU\n")
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(bench_commits.subprocess, "run", run)
+    import drvqwen.bench  # the synthetic file each run deletes first: a scratch one here
+
+    monkeypatch.setattr(drvqwen.bench, "default_synthetic_path", lambda preset: tmp_path / f"syn_{preset}.nanoqwen")
+    with pytest.raises(SystemExit, match=r"^[0-9a-f]{12} round 1: drvqwen.bench exited 2: error: drvqwen bench needs"):
+        bench_commits.main(["--commits", "HEAD", "--rounds", "1", "--out", str(tmp_path)])
+    assert not (tmp_path / "summary.json").exists()

@@ -32,6 +32,9 @@
 //            uint4 4g + t and 4(g + 8) + t of the slot — 32 consecutive uint4 per row half,
 //            conflict-free — arrives on empty[s], then production's unpack and MMAs.
 // Bytes: production's (the weights once, the scales, x or the residual); the limit is HBM.
+// The kernels and the block's final reduction repeat production's (and v2's) bodies on purpose:
+// production's engine has a hook for where a lane's words lie (Layout), none for how they
+// travel, and its kernels call it by name.
 //
 // Why nothing races (per warp; no other warp touches its ring or barriers):
 //   RAW: a lane reads slot s in round r only after mbarrier_wait_parity(full[s], r & 1) returns,
