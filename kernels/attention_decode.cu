@@ -418,19 +418,37 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     float o_sum[R], l_sum[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) o_sum[r] = l_sum[r] = 0.f;
-    // Round 0 has the smallest j: its split count bounds every round's. 8 loads in flight per
-    // thread, as the launch's one-round loop had with its unroll of 8.
+    // Round 0 has the smallest j: its split count bounds every round's. The steps go U at a time,
+    // U · R = 8 partial loads per thread issued before the first FMA waits on one (loads first,
+    // then the sums: ptxas keeps that order, where a fused loop body got at most two loads in
+    // flight). No remainder loop: a step past n_active reads split n_active − 1 (in bounds,
+    // L1/L2-hot) and its sum keeps its value (a select), so a thread with 1-2 steps (every
+    // thread at 512 tokens) still waits one L2 round trip, not one per step.
+    constexpr int U = R >= 8 ? 1 : 8 / R;
     const int j0 = threadIdx.x / Dh;
     const int steps = n_active > j0 ? (n_active - j0 + n_j - 1) / n_j : 0;
-#pragma unroll (R >= 8 ? 1 : 8 / R)
-    for (int step = 0; step < steps; ++step) {
+    for (int step0 = 0; step0 < steps; step0 += U) {
+        float x[U][R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int v = r * THREADS + threadIdx.x, d = v % Dh, s = v / Dh + step * n_j;
-            if (s < n_active) {
-                const float w = exp2f(m_s[s] - m_max);
-                o_sum[r] = fmaf(w, a.partial_out[((split0 + s) * Hq + h) * Dh + d], o_sum[r]);
-                l_sum[r] = fmaf(w, l_s[s], l_sum[r]);
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int v = r * THREADS + threadIdx.x, d = v % Dh;
+                const int sc = min(v / Dh + (step0 + u) * n_j, n_active - 1);
+                x[u][r] = a.partial_out[((split0 + sc) * Hq + h) * Dh + d];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int v = r * THREADS + threadIdx.x, s = v / Dh + (step0 + u) * n_j;
+                const int sc = min(s, n_active - 1);
+                const float w = exp2f(m_s[sc] - m_max);
+                const float o = fmaf(w, x[u][r], o_sum[r]);
+                const float l = fmaf(w, l_s[sc], l_sum[r]);
+                o_sum[r] = s < n_active ? o : o_sum[r];
+                l_sum[r] = s < n_active ? l : l_sum[r];
             }
         }
     }
@@ -460,7 +478,7 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
 // each split for head h).
 #ifndef DEVICE_FUNCTIONS_ONLY
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS, 1)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
@@ -472,7 +490,7 @@ attention_combine(__half* __restrict__ out, const float* __restrict__ partial_ou
 // grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],
 // partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; the same parameters as the
 // single-token combine (T = gridDim.y), whose body it runs per token.
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS, 1)
 attention_combine_tokens(__half* __restrict__ out, const float* __restrict__ partial_out,
                          const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                          const int* __restrict__ state, int n_splits, int Hq, int Dh) {
