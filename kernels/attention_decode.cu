@@ -371,6 +371,25 @@ struct AttentionCombineArgs {
     int n_splits, Hq, Dh;      // n_splits = NS of the decode launch
 };
 
+// G splits s, s + n_j, …, s + (G−1)·n_j of one (d, j) of the combine added to its sums in that
+// order, their G partial loads issued first (po: the thread's column of split 0, split_stride
+// floats between splits; m_s / l_s: the head's max_logits / exp_sums in smem); s moves past them.
+template <int G>
+__device__ __forceinline__ void combine_add_splits(const float* po, u64 split_stride, const float* m_s,
+                                                   const float* l_s, float m_max, int n_j, int& s,
+                                                   float& o_sum, float& l_sum) {
+    float x[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) x[g] = po[(u64)(s + g * n_j) * split_stride];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        const float w = exp2f(m_s[s + g * n_j] - m_max);
+        o_sum = fmaf(w, x[g], o_sum);
+        l_sum = fmaf(w, l_s[s + g * n_j], l_sum);
+    }
+    s += G * n_j;
+}
+
 // Head h of token `token` of a chunk, by a block of THREADS threads (ATTN_COMBINE_THREADS for a
 // launch of its own; the persistent decode step's 256): a compile-time count, so the
 // virtual-thread loop unrolls and every round's partial loads are in flight together instead of
@@ -418,37 +437,37 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     float o_sum[R], l_sum[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) o_sum[r] = l_sum[r] = 0.f;
-    // Round 0 has the smallest j: its split count bounds every round's. The steps go U at a time,
-    // U · R = 8 partial loads per thread issued before the first FMA waits on one (loads first,
-    // then the sums: ptxas keeps that order, where a fused loop body got at most two loads in
-    // flight). No remainder loop: a step past n_active reads split n_active − 1 (in bounds,
-    // L1/L2-hot) and its sum keeps its value (a select), so a thread with 1-2 steps (every
-    // thread at 512 tokens) still waits one L2 round trip, not one per step.
-    constexpr int U = R >= 8 ? 1 : 8 / R;
-    const int j0 = threadIdx.x / Dh;
-    const int steps = n_active > j0 ? (n_active - j0 + n_j - 1) / n_j : 0;
-    for (int step0 = 0; step0 < steps; step0 += U) {
-        float x[U][R];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
+    if constexpr (R == 1) {
+        // The launch: thread (d, j) adds splits j, j + n_j, … in that order, 8 at a time, then a
+        // remainder of 4, 2, 1 — each group's loads issued before its sums (a fused loop body
+        // gets at most two loads in flight), so a thread with n steps waits about n / 8 +
+        // popcount(n % 8) L2 round trips instead of n, and reads no split twice. At 512 tokens
+        // every thread has 2 (Dh = 64) or 4 (Dh = 128) steps: one round trip.
+        const int j = threadIdx.x / Dh, d = threadIdx.x % Dh;
+        const float* po = a.partial_out + (split0 * Hq + h) * Dh + d;  // + s · Hq · Dh: split s
+        const u64 split_stride = (u64)Hq * Dh;
+        const int steps = n_active > j ? (n_active - j + n_j - 1) / n_j : 0;
+        int s = j;
+        for (int n = steps >> 3; n > 0; --n) combine_add_splits<8>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
+        if (steps & 4) combine_add_splits<4>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
+        if (steps & 2) combine_add_splits<2>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
+        if (steps & 1) combine_add_splits<1>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
+    } else {
+        // The persistent step's R rounds: round 0 has the smallest j, its split count bounds
+        // every round's; the rounds run side by side, one split of each per step, 8 loads per
+        // thread in flight.
+        const int j0 = threadIdx.x / Dh;
+        const int steps = n_active > j0 ? (n_active - j0 + n_j - 1) / n_j : 0;
+#pragma unroll (R >= 8 ? 1 : 8 / R)
+        for (int step = 0; step < steps; ++step) {
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const int v = r * THREADS + threadIdx.x, d = v % Dh;
-                const int sc = min(v / Dh + (step0 + u) * n_j, n_active - 1);
-                x[u][r] = a.partial_out[((split0 + sc) * Hq + h) * Dh + d];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int v = r * THREADS + threadIdx.x, s = v / Dh + (step0 + u) * n_j;
-                const int sc = min(s, n_active - 1);
-                const float w = exp2f(m_s[sc] - m_max);
-                const float o = fmaf(w, x[u][r], o_sum[r]);
-                const float l = fmaf(w, l_s[sc], l_sum[r]);
-                o_sum[r] = s < n_active ? o : o_sum[r];
-                l_sum[r] = s < n_active ? l : l_sum[r];
+                const int v = r * THREADS + threadIdx.x, d = v % Dh, s = v / Dh + step * n_j;
+                if (s < n_active) {
+                    const float w = exp2f(m_s[s] - m_max);
+                    o_sum[r] = fmaf(w, a.partial_out[((split0 + s) * Hq + h) * Dh + d], o_sum[r]);
+                    l_sum[r] = fmaf(w, l_s[s], l_sum[r]);
+                }
             }
         }
     }
@@ -478,7 +497,7 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
 // each split for head h).
 #ifndef DEVICE_FUNCTIONS_ONLY
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
@@ -490,7 +509,7 @@ attention_combine(__half* __restrict__ out, const float* __restrict__ partial_ou
 // grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],
 // partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; the same parameters as the
 // single-token combine (T = gridDim.y), whose body it runs per token.
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine_tokens(__half* __restrict__ out, const float* __restrict__ partial_out,
                          const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                          const int* __restrict__ state, int n_splits, int Hq, int Dh) {
