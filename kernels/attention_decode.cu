@@ -497,7 +497,7 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
 // grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
 // each split for head h).
 #ifndef DEVICE_FUNCTIONS_ONLY
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
@@ -509,7 +509,7 @@ attention_combine(__half* __restrict__ out, const float* __restrict__ partial_ou
 // grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],
 // partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; the same parameters as the
 // single-token combine (T = gridDim.y), whose body it runs per token.
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS, 1)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine_tokens(__half* __restrict__ out, const float* __restrict__ partial_out,
                          const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                          const int* __restrict__ state, int n_splits, int Hq, int Dh) {
