@@ -86,7 +86,7 @@
 //   into one warp (one K/V read for all of them, as the GQA heads share one) would change the
 //   per-page arithmetic of each token, so it is not done here.
 //   Registers (ptxas): the token kernels 128 (hd64) and 226 (hd128) against the single-token
-//   kernels' 131 and 230, no spills; the combines 32 and 31.
+//   kernels' 131 and 230, no spills; the combines 32 (single token) and 48 (tokens).
 //
 // head_dim is a template parameter, instantiated as attention_decode_hd64 (0.5B) and
 // attention_decode_hd128 (7B and the other sizes): the per-lane register arrays (query
@@ -355,8 +355,9 @@ ATTENTION_DECODE_TOKENS_KERNEL(attention_decode_tokens_hd128, 128)
 // adds the splits s ≡ j (mod J), J = ATTN_COMBINE_THREADS / Dh, for dim d; then the J partial
 // sums are added in order j = 0 … J-1. A launch has one thread per virtual thread; a smaller
 // block (the persistent decode step's) takes them in turn: the same sums in the same order.
-// With ≤ 264 splits that is ≤ 33 independent loads per virtual thread, issued 8 at a time,
-// instead of one thread walking every split (20 µs at 128 splits).
+// With ≤ 264 splits that is ≤ 33 independent loads per virtual thread, issued in groups (8, then
+// 4, 2, 1: the launch; 8 across the rounds: the persistent step), instead of one thread walking
+// every split (20 µs at 128 splits).
 // Bytes per call: n_active × Hq × (Dh + 2) × 4 B of partials (≤ 264 × 28 × 130 × 4 = 3.8 MB at
 // 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
 // L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in
