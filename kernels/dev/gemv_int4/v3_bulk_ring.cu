@@ -56,6 +56,13 @@
 // the rings [W][R][MT][1 KiB], then the partials (launcher: production's bytes + W · (ring +
 // barriers), tools/dev_gemv_int4.py ring_bytes).
 // Requirements: as ../../gemv_int4.cu, N % 16 == 0; GEMV_BULK_RING a multiple of MT (KiB).
+// Measured: correct (tests/dev on the GPU, and the runner's checks: bits equal twice, within the
+// float64 reference's tolerance at every shape) and slower than production at all four 7B GEMVs
+// in the one run so far, the 16 KiB ring slower still, while v1 (the same layout with
+// production's register batches) ran faster than production at o_proj, gate_up and down in
+// the same run. That run's JSON did not come back, so its figures are not quoted here; the
+// re-run below gives them. The ring's wait-and-refill per KiB seems to cost more than the
+// register batches' latency hiding gives back: tile-major with registers (v1) is the lead.
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v1 v3
 #define DEVICE_FUNCTIONS_ONLY  // production's kernels are not built into this module: its engine only
 #include "../../gemv_int4.cu"
