@@ -431,8 +431,7 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     m_max = warp_max(m_max);
 
     // Virtual thread v = r · THREADS + threadIdx.x (round r) is (d, j) = (v % Dh, v / Dh) and adds
-    // the splits s = j, j + J, … in that order. The rounds run side by side, one split of each per
-    // step, so their loads are in flight together; each virtual thread's sum keeps its order.
+    // the splits s = j, j + J, … in that order (R = 1: the launch, one virtual thread a thread).
     constexpr int R = ATTN_COMBINE_THREADS / THREADS;
     const int n_j = ATTN_COMBINE_THREADS / Dh;
     float o_sum[R], l_sum[R];
@@ -440,9 +439,11 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     for (int r = 0; r < R; ++r) o_sum[r] = l_sum[r] = 0.f;
     if constexpr (R == 1) {
         // The launch: thread (d, j) adds splits j, j + n_j, … in that order, 8 at a time, then a
-        // remainder of 4, 2, 1 — each group's loads issued before its sums (a fused loop body
-        // gets at most two loads in flight), so a thread with n steps waits about n / 8 +
-        // popcount(n % 8) L2 round trips instead of n, and reads no split twice. At 512 tokens
+        // remainder of 4, 2, 1 — each group's loads written before its sums (the loop guarded
+        // per step compiled to one load per step, one L2 round trip each), so a thread with n
+        // steps waits a few round trips instead of n and reads no split twice. ptxas at the
+        // launch's 32 registers issues a group of 8 as 4 loads, the first sum, then the other 4
+        // (two round trips); the groups of 4, 2 and 1 issue all their loads first. At 512 tokens
         // every thread has 2 (Dh = 64) or 4 (Dh = 128) steps: one round trip.
         const int j = threadIdx.x / Dh, d = threadIdx.x % Dh;
         const float* po = a.partial_out + (split0 * Hq + h) * Dh + d;  // + s · Hq · Dh: split s
@@ -455,8 +456,8 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
         if (steps & 1) combine_add_splits<1>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
     } else {
         // The persistent step's R rounds: round 0 has the smallest j, its split count bounds
-        // every round's; the rounds run side by side, one split of each per step, 8 loads per
-        // thread in flight.
+        // every round's; the rounds run side by side, one split of each per step, so their loads
+        // are in flight together (8 per thread); each virtual thread's sum keeps its order.
         const int j0 = threadIdx.x / Dh;
         const int steps = n_active > j0 ? (n_active - j0 + n_j - 1) / n_j : 0;
 #pragma unroll (R >= 8 ? 1 : 8 / R)
