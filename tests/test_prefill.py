@@ -23,7 +23,7 @@ from kernel_testing import report
 pytestmark = pytest.mark.gpu
 
 SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B,
-          # per-tensor formats (llama.cpp's Q4_K_M recipe): the prefill runs token by token
+          # per-tensor formats (llama.cpp's Q4_K_M recipe): the prefill on the format GEMMs
           "0.5b-q4_k_m": QWEN25_CODER_05B}
 LENGTHS = [1, 15, 16, 17, 100, 511, 512, 513]
 MAX_CONTEXT = 1024
