@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python tools/bench_attention.py [--lengths 512 8192 32768] [--json out.json]
 
-For each KV length: both launchers (decode + combine; also the split kernel alone) on the same random paged cache (shuffled
+For each KV length: both launchers (decode + combine; also the split kernel alone, and the combine alone) on the same random paged cache (shuffled
 pages), with the grids DecodeStep uses for a --context-token cache, timed from a captured graph
 of --reps back-to-back calls (no Python launch overhead). Reports µs per call, effective
 bandwidth = K/V bytes read ÷ time, and its ratio to the device-to-device copy bandwidth measured
@@ -92,7 +92,9 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
                "plain_us": graph_time_us(plain, reps), "tma_us": graph_time_us(tma, reps),
                # the split kernel alone (no combine): where the time goes
                "plain_decode_us": graph_time_us(plain.launches[0], reps),
-               "tma_decode_us": graph_time_us(tma.launches[0], reps)}
+               "tma_decode_us": graph_time_us(tma.launches[0], reps),
+               # and the combine alone, over the partials the TMA kernel left (its launch list's last)
+               "combine_us": graph_time_us(tma.launches[-1], reps)}
         # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
         row["tma_us_by_blocks"] = {}
         for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
@@ -134,6 +136,8 @@ def main(argv=None) -> int:
               f"{r['tma_gbps'] / copy.gbps:>6.2f} | {r['plain_us'] / r['tma_us']:>6.2f}x {r['rel_l2_tma_vs_plain']:>8.1e}{l2}")
     print("decode kernel alone (no combine), µs: " + ", ".join(
         f"{r['seq_len']}: plain {r['plain_decode_us']:.2f} / tma {r['tma_decode_us']:.2f}" for r in rows))
+    print("combine alone (the TMA kernel's partials), µs: " + ", ".join(
+        f"{r['seq_len']}: {r['combine_us']:.2f}" for r in rows))
     print("tma (decode + combine) with fewer blocks per KV head, µs: " + "; ".join(
         f"{r['seq_len']}: " + ", ".join(f"S={S} {us:.2f}" for S, us in r["tma_us_by_blocks"].items()) for r in rows))
     print(f"blocks per KV head: plain {rows[0]['plain_blocks_per_kv_head']}, tma {rows[0]['tma_blocks_per_kv_head']}; "
