@@ -11,9 +11,9 @@ commit, round after round, so runs of different commits interleave and a drift o
 shows in every commit instead of as a difference between two — the same-run comparison a speed
 claim needs. `.` names the tree this tool runs from, as it is (uncommitted edits included; its
 runs name the commit $DRVQWEN_SOURCE_COMMIT claims, else drvqwen.provenance's own answer): the
-way to compare against a commit the machine's git does not have yet. The file format can differ between commits, so the synthetic file
-(drvqwen.bench.default_synthetic_path) is deleted before every run and each tree writes its own
-(a few seconds for the 0.5B, ~30 s for the 7B). A tree is not a checkout, so each run is told its
+way to compare against a commit the machine's git does not have yet. The file format can differ
+between commits, so the synthetic file (drvqwen.bench.default_synthetic_path) is deleted before
+every run and each tree writes its own (a few seconds for the 0.5B, ~30 s for the 7B). A tree is not a checkout, so each run is told its
 commit through $DRVQWEN_SOURCE_COMMIT; its JSON then names the code that made it, and
 tests/test_figures.py can check the claim against the commit's digest.
 
