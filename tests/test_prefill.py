@@ -69,6 +69,28 @@ def test_prefill_last_logits_match_reference(model):
     assert len(pages.block_table) == -(-max(LENGTHS) // PAGE_TOKENS)
 
 
+def test_prefill_in_chunks_matches_reference(model):
+    """A prompt longer than a chunk: the default chunk (prefill.DEFAULT_CHUNK_ROWS) holds every
+    length above, so a backend of 128-row chunks runs 513 tokens as 5 chunks (4 whole, one row),
+    each chunk's attention reading the earlier chunks from the paged cache."""
+    from drvqwen.engine import GPUBackend
+
+    name, f, _w, _backend, ids, want = model
+    chunked = GPUBackend(f, max_context=MAX_CONTEXT, rng=np.random.default_rng(7), chunk_rows=128)
+    try:
+        assert chunked.prefill_pass.chunk_rows == 128
+        errs = {}
+        for t in (129, 513):
+            got = chunked.prefill(ids[:t])
+            assert np.isfinite(got).all(), f"{name} T={t}: non-finite logits"
+            errs[t] = rel_l2(got, want[t - 1])
+        print(f"{name}: prefill in 128-row chunks, last-position logits rel L2 "
+              + ", ".join(f"T={t}: {e:.2e}" for t, e in errs.items()))
+        assert max(errs.values()) <= TOL_LOGITS
+    finally:
+        chunked.close()
+
+
 @pytest.mark.parametrize("t", [16, 37])
 def test_decode_continues_after_prefill(model, t):
     """Prefill T tokens, then decode token T (position 16: a new page; 37: inside one) and T+1."""

@@ -50,10 +50,10 @@ is the same.
 `Prefill(mode="per_token")` runs a prompt through the decode step's own launches, one token at a
 time (`_run_per_token`): its cache is exactly what decoding writes, the GEMM path's reference.
 
-Chunking: prompts longer than `max_chunk_rows` (default 512) run in chunks of that many rows;
+Chunking: prompts longer than `max_chunk_rows` (default 1024) run in chunks of that many rows;
 each chunk's attention reads every earlier position from the paged cache, so a prompt of any
-length up to max_context works, with buffers sized for one chunk (~47 MB of activations at 7B,
-plus ~17 MB of split-K scratch and ~4 MB of the attention's KV-split partials).
+length up to max_context works, with buffers sized for one chunk (~94 MB of activations at 7B,
+plus the split-K scratch and the attention's KV-split partials).
 
 Why the last layer runs one row: only the last row's output becomes a logit, and the last layer
 is the only one whose outputs feed no later layer's K/V. Its attention, o_proj, RMSNorm, gate/up
@@ -168,10 +168,14 @@ PREFILL_MODES = ("gemm", "per_token")
 # the other layers (to compare).
 LAST_LAYER_MODES = ("last_row", "all_rows")
 
-# Prompt rows per chunk: large enough that the GEMMs fill the GPU (4 blocks of 128 tokens per
-# 128-row weight slice at 7B: 112–1184 blocks per GEMM on 132 SMs), small enough that the
-# activation buffers stay ~47 MB at 7B (the split-K and attention scratch add ~21 MB).
-DEFAULT_CHUNK_ROWS = 512
+# Prompt rows per chunk. Each chunk streams every layer's weights once and launches every
+# layer's kernels once, so fewer, larger chunks cost less — up to a point: measured on the H200
+# (`drvqwen bench --prefill-chunk-rows`, docs/benchmarks.md), the 7B's 8 192-token TTFT is
+# 221.8 ms at 512 rows, 213.0 at 768, 205.4–207.7 at 1024, 209.4 at 1536, 210.4–210.8 at 2048;
+# its 32 000-token TTFT 1252, 1186, 1182 and 1199 ms at 512, 1024, 1536 and 2048. 1024 rows
+# double the activation buffers of 512 (~94 MB at 7B) for most of the gain; a prompt of at most
+# 1024 tokens is one chunk.
+DEFAULT_CHUNK_ROWS = 1024
 
 
 def rows_view(arr: DeviceArray, rows: int) -> DeviceArray:
