@@ -146,7 +146,9 @@ ATTENTION_ENGINE = "wgmma"
 # From this chunk position on, a head dim of 128 runs the range schedule instead (Prefill's
 # `late_attention_from`; None: never): at 2 048 it takes 68.9 µs against 73.8 for a 7B chunk of 512
 # rows, at 1 024 the two tie, at 0 it loses (kernels/attention_prefill_wgmma.cu's table). A 7B
-# prompt of 32 000 tokens: 1431 → 1364 ms; of 8 192: 234.6 → 230.1 (docs/benchmarks.md).
+# prompt of 32 000 tokens: 1431 → 1364 ms; of 8 192: 234.6 → 230.1 (512-row chunks). In 1024-row
+# chunks, 8 192 tokens: 208.7 / 209.1 ms against 210.7 with every chunk on the split schedule
+# (docs/benchmarks.md); the switch position itself was tuned at 512 rows.
 LATE_ATTENTION_ENGINE, LATE_ATTENTION_FROM = "wgmma-ranges", 2048
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "gemv_int4", "rope_kv",
                 ATTENTION_FILES[ATTENTION_ENGINE])
