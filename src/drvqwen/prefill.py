@@ -255,7 +255,7 @@ class Prefill:
         self.attention_engine = attention_engine
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
-        self.late_from = (late_attention_from if attention_engine == "wgmma" and mode != "per_token"
+        self.late_from = (late_attention_from if attention_engine in ("wgmma", "wgmma-tma") and mode != "per_token"
                           and decode_step.config.head_dim == 128 else None)
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
@@ -620,10 +620,11 @@ class Prefill:
             return []
         cfg, step = self.config, self.decode_step
         heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        late = LATE_ATTENTION_ENGINE + ("-tma" if self.attention_engine == "wgmma-tma" else "")
         return [(f"L{l}.attention_late", AttentionPrefill(
             out, q, k_l, v_l, step.buf["block_table"], self.buf["prefill_state"], rows=R, n_heads=heads[0],
-            n_kv_heads=heads[1], head_dim=heads[2], kv_splits=kv_splits_for(R, *heads, engine=LATE_ATTENTION_ENGINE),
-            scratch=self.attention_scratch, engine=LATE_ATTENTION_ENGINE, stream=step.stream))]
+            n_kv_heads=heads[1], head_dim=heads[2], kv_splits=kv_splits_for(R, *heads, engine=late),
+            scratch=self.attention_scratch, engine=late, stream=step.stream))]
 
     def _tail(self) -> list[tuple[str, Launcher]]:
         """The last layer past its K/V on the prompt's last row (module doc), built once: its
