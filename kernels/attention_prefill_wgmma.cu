@@ -176,6 +176,22 @@
 // 11.1 (tools/bench_attention_prefill.py and drvqwen bench at ccbbd29, whose kernels are 89c9560's;
 // docs/bench/2026-12-03_ccbbd29_h200_*). A cut piece costs more than the steps it moves: the
 // 7B's whole tiles at position 0 are not bound by their longest unit alone.
+// Lost too: K/V by TMA (commit 8dc9818, engines wgmma-tma and wgmma-ranges-tma): warp 0 copies
+// each page of a tile as [16, 64] boxes in the 128-byte swizzle (one cp.async.bulk.tensor a lane,
+// the block-table entries loaded a tile ahead) into a ring of 6 stages, 4 tiles in flight, with
+// full/empty mbarriers (every thread releasing a stage after its last MMA on it) in place of 256
+// threads' cp.async and a block barrier a tile; V's rows past kv_len zeroed in the unit's last
+// tile. Correct (the tests' 520 TMA cases, NaN-poisoned spare pages) but slower at every shape:
+// the 7B's range schedule at 1024 rows from position 2048 143.9 µs against 114.9 (S = 4), at 512
+// rows from 31 744 693.3 against 595.8 (S = 1: 869.0 against 657.6); lane 0 of each warp
+// releasing (a compile-time switch of that commit) or 3 tiles in flight: the same (tools/bench_attention_prefill.py,
+// one run; docs/bench/2026-12-04_8dc9818_h200_attention_prefill_tma.json). Nsight Compute at 31 744
+// (…_tma_ncu.json): 7.6 cycles a warp between issues against 5.3, eligible warps 0.31 against 0.48
+// a scheduler, the same DRAM throughput (1.44 against 1.49 TB/s) — the MMA warps wait longer, not
+// on bytes; which wait (the full barrier's try_wait, warp 0's copies inside warpgroup 0's MMA
+// issue, the lost lockstep of the two warpgroups) was not sampled. FlashAttention-3's form, a
+// producer warp of its own (setmaxnreg) with the two MMA warpgroups taking turns, is what is left
+// of this direction.
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).
@@ -189,8 +205,6 @@
 #include "kv_cache.cuh"  // PAGE_TOKENS, kv_offset
 #include "griddep.cuh"   // grid_dependency_wait, grid_launch_dependents
 #include "flags.cuh"     // split_arrive_last
-#include "mbarrier.cuh"  // mbarrier_init, mbarrier_arrive(_expect_tx), mbarrier_wait_parity (the TMA form)
-#include "tma.cuh"       // CUtensorMap, tma_load_2d, tma_prefetch_map (the TMA form)
 
 #define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
 #define APW_WARPGROUPS 2
@@ -205,7 +219,6 @@
 #define APW_COMBINE_CHUNK 4
 
 #define APW_COL_BYTES  (APW_KV_TILE * 128)              // one 64-dim column block of a tile: 8 KiB
-#define APW_MAX_HEAD_DIM 128
 
 template <int HEAD_DIM>
 struct ApwShape {
@@ -217,32 +230,6 @@ struct ApwShape {
     static constexpr int KSTEPS = HEAD_DIM / 16;                  // k16 steps of QKᵀ
     static constexpr int OACC = HEAD_DIM / 2;                     // O accumulators a lane (m64nDh)
     static constexpr int ONS = HEAD_DIM / 8;                      // of them, float4 groups (n8 blocks)
-};
-
-// The TMA form's ring (attention_prefill_wgmma_tma_*, the header's "The TMA form"): the stages
-// of ApwShape::STAGE_BYTES, each a K tile then a V tile, APW_TMA_STAGES of them, and per stage
-// full (count 1: thread 0's arrive.expect_tx, + the copies' bytes) and empty (count APW_THREADS:
-// every thread, once its last MMA reading the stage has completed). `it` counts the steps the
-// block has staged and consumed so far, over its pieces: step it is in stage it % STAGES, round
-// it / STAGES of that stage's barriers.
-#ifndef APW_TMA_STAGES
-#define APW_TMA_STAGES 6
-#endif
-#ifndef APW_TMA_WARP_RELEASE
-#define APW_TMA_WARP_RELEASE 0  // measurement: lane 0 of each warp releases a stage after __syncwarp
-#endif
-#ifndef APW_TMA_AHEAD
-#define APW_TMA_AHEAD  4   // tiles in flight past the one being consumed, + 1
-#endif
-static_assert(APW_TMA_AHEAD >= 2 && APW_TMA_AHEAD <= APW_TMA_STAGES - 2,
-              "the stage refilled at step i held step i + AHEAD − 1 − STAGES ≤ i − 3: released an iteration ago");
-struct ApwTmaRing {
-    const CUtensorMap* k_map;  // the K pool as [rows, Dh] fp16, box [16, 64], 128-byte swizzle
-    const CUtensorMap* v_map;  // the V pool, likewise
-    int layer_page0;           // layer · pages per layer: this layer's page 0 in the maps' rows
-    u64* full;                 // [APW_TMA_STAGES]
-    u64* empty;                // [APW_TMA_STAGES]
-    int it;
 };
 
 struct ApwSplit {
@@ -281,11 +268,11 @@ __device__ __forceinline__ int apw_kv_len(int start, int packed, int group, int 
 // Runs one piece (ApwPiece) with every thread of the block: the block's barriers are inside, so
 // the caller's control flow around it must be block-uniform. On return every warpgroup has
 // waited for its last MMA; the caller syncs before the next piece refills the stages.
-template <int HEAD_DIM, bool TMA = false>
+template <int HEAD_DIM>
 __device__ __forceinline__ void apw_run_piece(
     unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table, int start, int n_rows, int Hq, int Hkv,
-    const ApwPiece& pc, const ApwSplit& sp, ApwTmaRing* ring = nullptr) {
+    const ApwPiece& pc, const ApwSplit& sp) {
     using S = ApwShape<HEAD_DIM>;
     __shared__ int apw_is_last;
     const int group = Hq / Hkv;
@@ -362,46 +349,10 @@ __device__ __forceinline__ void apw_run_piece(
 
     // The pipeline (the header's "The pipeline"): tiles t_begin + i into stage i % APW_STAGES,
     // one commit group each; APW_STAGES − 2 of them issued ahead.
-    const int it0 = TMA ? ring->it : 0;
-    if constexpr (!TMA) {
 #pragma unroll
-        for (int i = 0; i < APW_STAGES - 2; ++i) {
-            if (i < n_steps) issue(t_begin + i, i);
-            cp_async_commit();
-        }
-    }
-    // The TMA form: warp 0 stages step `step` once every thread has released the stage's round
-    // before: lane 0 arms full with the bytes of the step's pages before kv_len, then lane l <
-    // pages · 2 · COLS copies one [16, 64] box (page l / (2·COLS), K or V, column block l % COLS),
-    // one instruction for the warp. Lane p < 4 holds the block-table entry of the step's page p,
-    // loaded when the step before was issued (bt_next), so no copy waits on a table read.
-    int bt_next = 0;
-    auto tma_entries = [&](int step) {  // warp 0: lanes 0..3 load the entries of step's pages
-        const int pos = (t_begin + step) * APW_KV_TILE + lane * PAGE_TOKENS;
-        if (lane < APW_KV_TILE / PAGE_TOKENS && pos < kv_len) bt_next = __ldg(block_table + pos / PAGE_TOKENS);
-    };
-    auto tma_issue = [&](int step) {  // warp 0, converged
-        const int it = it0 + step, st = it % APW_TMA_STAGES;
-        if (it >= APW_TMA_STAGES) mbarrier_wait_parity(&ring->empty[st], ((it / APW_TMA_STAGES) - 1) & 1);
-        const int pos0 = (t_begin + step) * APW_KV_TILE;
-        const int pages = min(APW_KV_TILE / PAGE_TOKENS, (kv_len - pos0 + PAGE_TOKENS - 1) / PAGE_TOKENS);
-        if (lane == 0) mbarrier_arrive_expect_tx(&ring->full[st], pages * 2 * S::COLS * PAGE_TOKENS * 128);
-        const int pg = lane / (2 * S::COLS), kv = (lane / S::COLS) % 2, c = lane % S::COLS;
-        const int entry = __shfl_sync(FULL_WARP_MASK, bt_next, pg % (APW_KV_TILE / PAGE_TOKENS));
-        __syncwarp();  // the bytes armed before any copy can complete them
-        if (pg < pages) {
-            const int prow = ((ring->layer_page0 + entry) * Hkv + kv_head) * PAGE_TOKENS;
-            tma_load_2d(smem + st * S::STAGE_BYTES + kv * S::TILE_BYTES + c * APW_COL_BYTES + pg * PAGE_TOKENS * 128,
-                        kv ? ring->v_map : ring->k_map, 64 * c, prow, &ring->full[st]);
-        }
-        if (step + 1 < n_steps) tma_entries(step + 1);
-    };
-    static_assert(APW_KV_TILE / PAGE_TOKENS * 2 * (APW_MAX_HEAD_DIM / 64) <= WARP_SIZE, "a lane a box");
-    if constexpr (TMA) {
-        if (warp == 0) {
-            tma_entries(0);
-            for (int i = 0; i < min(APW_TMA_AHEAD - 1, n_steps); ++i) tma_issue(i);
-        }
+    for (int i = 0; i < APW_STAGES - 2; ++i) {
+        if (i < n_steps) issue(t_begin + i, i);
+        cp_async_commit();
     }
     // Iteration i: S_i = Q K_iᵀ and O += P_{i−1} V_{i−1} issued together, then the softmax of S_i
     // while P_{i−1} V_{i−1} runs on the tensor cores. Tile 0's S runs alone before the loop and
@@ -412,48 +363,15 @@ __device__ __forceinline__ void apw_run_piece(
     float alpha[2];
 
     // Wait for tile `step`, free the stage of tile step − 2 and refill it (the header's argument).
-    // The TMA form: thread 0 first issues step + AHEAD − 1, then every thread waits for step's
-    // full phase; in the unit's last tile, V's rows past kv_len (never copied, or keys of later
-    // positions in the last page) are zeroed, since P = 0 times a NaN there is NaN.
     auto sync_stage = [&](int step) {
-        if constexpr (TMA) {
-            if (warp == 0 && step + APW_TMA_AHEAD - 1 < n_steps) tma_issue(step + APW_TMA_AHEAD - 1);
-            const int it = it0 + step;
-            mbarrier_wait_parity(&ring->full[it % APW_TMA_STAGES], (it / APW_TMA_STAGES) & 1);
-            const int pos0 = (t_begin + step) * APW_KV_TILE;
-            if (pos0 + APW_KV_TILE > kv_len) {  // block-uniform: the unit's last tile
-                unsigned char* vs = smem + (it % APW_TMA_STAGES) * S::STAGE_BYTES + S::TILE_BYTES;
-                const int r0 = kv_len - pos0;
-                for (int i = threadIdx.x; i < (APW_KV_TILE - r0) * S::COLS * 8; i += APW_THREADS) {
-                    const int r = r0 + i / (S::COLS * 8), c = (i / 8) % S::COLS, ch = i % 8;
-                    *reinterpret_cast<uint4*>(vs + c * APW_COL_BYTES + r * 128 + ch * 16) = make_uint4(0u, 0u, 0u, 0u);
-                }
-                fence_proxy_async_shared();  // the zeros before the tensor cores' (async-proxy) reads
-                __syncthreads();
-            }
-        } else {
-            cp_async_wait<APW_STAGES - 3>();  // tile `step` has landed (tile step + 1 may fly)
-            fence_proxy_async_shared();
-            __syncthreads();
-            if (step + APW_STAGES - 2 < n_steps)
-                issue(t_begin + step + APW_STAGES - 2, (step + APW_STAGES - 2) % APW_STAGES);
-            cp_async_commit();
-        }
+        cp_async_wait<APW_STAGES - 3>();  // tile `step` has landed (tile step + 1 may fly)
+        fence_proxy_async_shared();
+        __syncthreads();
+        if (step + APW_STAGES - 2 < n_steps)
+            issue(t_begin + step + APW_STAGES - 2, (step + APW_STAGES - 2) % APW_STAGES);
+        cp_async_commit();
     };
-    // The TMA form: every thread's reads of step's stage are done (its wait_group 0 after the PV).
-    auto release = [&](int step) {
-        if constexpr (TMA) {
-#if APW_TMA_WARP_RELEASE
-            __syncwarp();
-            if (lane == 0) mbarrier_arrive(&ring->empty[(it0 + step) % APW_TMA_STAGES]);
-#else
-            mbarrier_arrive(&ring->empty[(it0 + step) % APW_TMA_STAGES]);
-#endif
-        }
-    };
-    auto stage_of = [&](int step) {
-        return smem + (TMA ? (it0 + step) % APW_TMA_STAGES : step % APW_STAGES) * S::STAGE_BYTES;
-    };
+    auto stage_of = [&](int step) { return smem + (step % APW_STAGES) * S::STAGE_BYTES; };
     auto issue_s = [&](int step) {
         const unsigned char* ks = stage_of(step);
 #pragma unroll
@@ -545,7 +463,6 @@ __device__ __forceinline__ void apw_run_piece(
         wgmma_wait_group<1>();  // S's group completes first (groups complete in order)
         softmax(step);
         wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again
-        release(step - 1);
 #pragma unroll
         for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
         rescale_pack();
@@ -553,8 +470,6 @@ __device__ __forceinline__ void apw_run_piece(
     wgmma_fence();
     issue_pv(n_steps - 1);
     wgmma_wait_group<0>();
-    release(n_steps - 1);
-    if constexpr (TMA) ring->it = it0 + n_steps;
 #pragma unroll
     for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
 
@@ -634,11 +549,11 @@ __device__ __forceinline__ void apw_run_piece(
 
 // The split schedule: block (query tile counted from the last, KV head, z) runs split z of its
 // unit's positions cut into min(S, steps) even pieces, as attention_prefill.cu's KV splits.
-template <int HEAD_DIM, bool TMA = false>
+template <int HEAD_DIM>
 __device__ __forceinline__ void attention_prefill_wgmma_splits(
     unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
-    int Hq, int Hkv, const ApwSplit& sp, ApwTmaRing* ring = nullptr) {
+    int Hq, int Hkv, const ApwSplit& sp) {
     // ld.global.cg: see attention_prefill.cu (never hoisted above griddepcontrol.wait).
     const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
     const int group = Hq / Hkv, packed = n_rows * group;
@@ -649,9 +564,9 @@ __device__ __forceinline__ void attention_prefill_wgmma_splits(
     if (split >= ns) return;                  // whole block, before any barrier
     const int t_begin = split * n_tiles / ns, t_end = (split + 1) * n_tiles / ns;
     const int kv_head = blockIdx.y;
-    apw_run_piece<HEAD_DIM, TMA>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
-                                 ApwPiece{q_tile, kv_head, t_begin, t_end - t_begin, ns, split, (int)gridDim.z,
-                                          kv_head * (int)gridDim.x + q_tile}, sp, ring);
+    apw_run_piece<HEAD_DIM>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
+                            ApwPiece{q_tile, kv_head, t_begin, t_end - t_begin, ns, split, (int)gridDim.z,
+                                     kv_head * (int)gridDim.x + q_tile}, sp);
 }
 
 // The range schedule (stream-K over the launch's KV steps). The units (KV head h, query tile qt)
@@ -664,11 +579,11 @@ __device__ __forceinline__ void attention_prefill_wgmma_splits(
 // block then walks ≥ need steps, so a unit's n ≤ n_max steps meet ≤ ⌈(n − 1)/need⌉ + 1 ≤
 // max_pieces blocks — the slots the scratch holds. max_pieces = 1: whole units, block b taking
 // units b, b + blocks, …
-template <int HEAD_DIM, bool TMA = false>
+template <int HEAD_DIM>
 __device__ __forceinline__ void attention_prefill_wgmma_ranges(
     unsigned char* smem, __half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table, const int* __restrict__ prefill_state,
-    int Hq, int Hkv, int max_pieces, const ApwSplit& sp, ApwTmaRing* ring = nullptr) {
+    int Hq, int Hkv, int max_pieces, const ApwSplit& sp) {
     const int start = __ldcg(prefill_state), n_rows = __ldcg(prefill_state + 1);
     const int group = Hq / Hkv, packed = n_rows * group;
     const int qt_count = (packed + APW_ROWS - 1) / APW_ROWS, units = qt_count * Hkv;
@@ -706,9 +621,8 @@ __device__ __forceinline__ void attention_prefill_wgmma_ranges(
             }
         }
         if (!first) __syncthreads();  // every warpgroup's last reads of the stages, before refills
-        apw_run_piece<HEAD_DIM, TMA>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
-                                     ApwPiece{qt, u / qt_count, tb, te - tb, pieces, slot, max(1, max_pieces), u},
-                                     sp, ring);
+        apw_run_piece<HEAD_DIM>(smem, out, q, k_cache, v_cache, block_table, start, n_rows, Hq, Hkv,
+                                ApwPiece{qt, u / qt_count, tb, te - tb, pieces, slot, max(1, max_pieces), u}, sp);
         if (whole) {
             u += P;
             qt = u % qt_count;
@@ -774,79 +688,3 @@ ATTENTION_PREFILL_WGMMA_KERNEL(attention_prefill_wgmma_hd128, 128)
 
 ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd64, 64)
 ATTENTION_PREFILL_WGMMA_RANGES_KERNEL(attention_prefill_wgmma_ranges_hd128, 128)
-
-// The TMA form (the header's "The TMA form"): the same schedules and arithmetic, K/V staged by
-// thread 0's TMA copies through a ring of APW_TMA_STAGES stages with full/empty mbarriers instead
-// of every thread's cp.async and a block barrier a tile. The ring's barriers follow the stages in
-// dynamic shared memory; thread 0 initialises them before the block's first barrier.
-template <int HEAD_DIM>
-__device__ __forceinline__ ApwTmaRing apw_tma_ring(unsigned char* smem, const CUtensorMap* k_map,
-                                                   const CUtensorMap* v_map, int layer_page0) {
-    using S = ApwShape<HEAD_DIM>;
-    u64* full = reinterpret_cast<u64*>(smem + APW_TMA_STAGES * S::STAGE_BYTES);
-    u64* empty = full + APW_TMA_STAGES;
-    if (threadIdx.x == 0) {
-        tma_prefetch_map(k_map);
-        tma_prefetch_map(v_map);
-        for (int st = 0; st < APW_TMA_STAGES; ++st) {
-            mbarrier_init(&full[st], 1);
-            mbarrier_init(&empty[st], APW_TMA_WARP_RELEASE ? APW_WARPS : APW_THREADS);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();
-    return ApwTmaRing{k_map, v_map, layer_page0, full, empty, 0};
-}
-
-// As ATTENTION_PREFILL_WGMMA_KERNEL, with the K/V pools' tensor maps for the layer's pointers;
-// dynamic smem APW_TMA_STAGES · ApwShape<Dh>::STAGE_BYTES + 16 · APW_TMA_STAGES + 1024.
-#define ATTENTION_PREFILL_WGMMA_TMA_KERNEL(NAME, HEAD_DIM)                                         \
-    extern "C" __global__ void __launch_bounds__(APW_THREADS, 1) NAME(                            \
-        __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
-        const __half* __restrict__ q,           /* [rows, Hq, Dh] fp16, rotated queries       */ \
-        const __grid_constant__ CUtensorMap k_map, /* K pool [rows, Dh], box [16, 64], sw128 */ \
-        const __grid_constant__ CUtensorMap v_map, /* V pool, likewise                      */ \
-        int layer_page0,                        /* layer · pages per layer                    */ \
-        const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
-        const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
-        int Hq, int Hkv,                                                                       \
-        float4* part_o,                         /* [units, S, 8, Dh/8, 32] float4 (S > 1)     */ \
-        float4* part_ml,                        /* [units, S, 8, 32] float4 (S > 1)           */ \
-        u32* counters) {                        /* [units] u32, zero between launches (S > 1) */ \
-        unsigned char* smem = apw_smem();                                                      \
-        ApwTmaRing ring = apw_tma_ring<HEAD_DIM>(smem, &k_map, &v_map, layer_page0);           \
-        grid_launch_dependents();                                                              \
-        grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
-        attention_prefill_wgmma_splits<HEAD_DIM, true>(smem, out, q, nullptr, nullptr, block_table, \
-                                                       prefill_state, Hq, Hkv,                 \
-                                                       ApwSplit{part_o, part_ml, counters}, &ring); \
-    }
-
-ATTENTION_PREFILL_WGMMA_TMA_KERNEL(attention_prefill_wgmma_tma_hd64, 64)
-ATTENTION_PREFILL_WGMMA_TMA_KERNEL(attention_prefill_wgmma_tma_hd128, 128)
-
-#define ATTENTION_PREFILL_WGMMA_RANGES_TMA_KERNEL(NAME, HEAD_DIM)                                  \
-    extern "C" __global__ void __launch_bounds__(APW_THREADS, 1) NAME(                            \
-        __half* __restrict__ out,               /* [rows, Hq, Dh] fp16, out                    */ \
-        const __half* __restrict__ q,           /* [rows, Hq, Dh] fp16, rotated queries       */ \
-        const __grid_constant__ CUtensorMap k_map, /* K pool [rows, Dh], box [16, 64], sw128 */ \
-        const __grid_constant__ CUtensorMap v_map, /* V pool, likewise                      */ \
-        int layer_page0,                        /* layer · pages per layer                    */ \
-        const int* __restrict__ block_table,    /* [max_pages] int32: logical → physical page */ \
-        const int* __restrict__ prefill_state,  /* [2] int32: start position, n_rows          */ \
-        int Hq, int Hkv,                                                                       \
-        int max_pieces,                         /* 1 … APW_MAX_SPLITS: slots a unit may use   */ \
-        float4* part_o,                         /* [units, max_pieces, 8, Dh/8, 32] float4    */ \
-        float4* part_ml,                        /* [units, max_pieces, 8, 32] float4          */ \
-        u32* counters) {                        /* [units] u32, zero between launches         */ \
-        unsigned char* smem = apw_smem();                                                      \
-        ApwTmaRing ring = apw_tma_ring<HEAD_DIM>(smem, &k_map, &v_map, layer_page0);           \
-        grid_launch_dependents();                                                              \
-        grid_dependency_wait(); /* q, this chunk's K/V and prefill_state: earlier kernels */   \
-        attention_prefill_wgmma_ranges<HEAD_DIM, true>(smem, out, q, nullptr, nullptr, block_table, \
-                                                       prefill_state, Hq, Hkv, max_pieces,     \
-                                                       ApwSplit{part_o, part_ml, counters}, &ring); \
-    }
-
-ATTENTION_PREFILL_WGMMA_RANGES_TMA_KERNEL(attention_prefill_wgmma_ranges_tma_hd64, 64)
-ATTENTION_PREFILL_WGMMA_RANGES_TMA_KERNEL(attention_prefill_wgmma_ranges_tma_hd128, 128)

@@ -104,12 +104,6 @@ def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
         ("attention_wgmma_ranges", launchers.AttentionPrefill(
             _buf("attn", R * nq, np.float16), _buf("q", R * nq, np.float16), cache["k_cache"], cache["v_cache"], bt, ps,
             rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, engine="wgmma-ranges", occupancy=OCCUPANCY)),
-        ("attention_wgmma_tma", launchers.AttentionPrefill(
-            _buf("attn", R * nq, np.float16), _buf("q", R * nq, np.float16), cache["k_cache"], cache["v_cache"], bt, ps,
-            rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, engine="wgmma-tma", occupancy=OCCUPANCY)),
-        ("attention_wgmma_ranges_tma", launchers.AttentionPrefill(
-            _buf("attn", R * nq, np.float16), _buf("q", R * nq, np.float16), cache["k_cache"], cache["v_cache"], bt, ps,
-            rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, engine="wgmma-ranges-tma", occupancy=OCCUPANCY)),
         ("o_proj", launchers.GemmInt4ResidualRows(_buf("residual", R * D, np.float32), attn, *_int4("o", D, nq), ps,
                                                   n=D, k=nq, **gemm)),
         ("gate_up_swiglu", launchers.GemmInt4GateUpSwigluRows(_buf("h", R * F, np.float16), xn, *_int4("g", F, D),

@@ -527,7 +527,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-rope", choices=("epilogue", "apart"), default="epilogue",
                    help="INT4 prefill: the QKV bias, RoPE and K/V cache writes in the QKV GEMM's epilogue (default) "
                         "or apart, as rope_kv_rows after an FP32 QKV GEMM (to compare: the same bits)")
-    p.add_argument("--prefill-attention", choices=("mma", "wgmma", "wgmma-ranges", "wgmma-tma"), default=None,
+    p.add_argument("--prefill-attention", choices=("mma", "wgmma", "wgmma-ranges"), default=None,
                    help="the prefill's attention kernel: mma (attention_prefill.cu), wgmma "
                         "(attention_prefill_wgmma.cu) or wgmma-ranges (the same kernel's blocks on every SM, each "
                         "a run of the launch's KV steps); default: the prefill's own")

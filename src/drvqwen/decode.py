@@ -70,7 +70,7 @@ from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_sh
 from .kv_cache import tensor_map_shape
 from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, Launcher,
                         LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_tma, lm_head_partials)
-from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved, require
+from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
@@ -385,8 +385,6 @@ class DecodeStep:
             LaunchError: the allocated buffer's shape or dtype differs from the plan's.
         """
         if isinstance(spec, TensorMapSpec):
-            require(not spec.swizzle128 and spec.of.name in ("k_cache", "v_cache"),
-                    f"{spec.name}: the decode step resolves the plain maps of the whole pools only")
             return self.kv.tensor_map(spec.of.name)
         name = spec.name
         if name in self.buf:

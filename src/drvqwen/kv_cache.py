@@ -186,28 +186,6 @@ def layer_view(cache, layer: int):
     return DeviceArray(layer_view_name(cache.name, layer), cache.ptr + layer * layer_bytes, rest, cache.dtype)
 
 
-def prefill_tensor_map(cache):
-    """The TMA descriptor the prefill attention's TMA form reads (kernels/attention_prefill_wgmma.cu,
-    "The TMA form"): a pool or one layer's view [..., 16, Dh] fp16 as a [rows, Dh] matrix with a
-    [16, 64] box in the 128-byte swizzle — one page of one KV head, 64 dims (one column block of
-    the wgmma tiles) a copy, landing in the layout the kernel's wgmma descriptors read.
-
-    Raises:
-        ValueError: not fp16, not [..., PAGE_TOKENS, Dh], Dh not a multiple of 64, or 2^31 rows
-            or more.
-    """
-    from .cuda import encode_tiled_2d
-    from .cuda.tensormap import Swizzle
-
-    if np.dtype(cache.dtype) != np.float16:
-        raise ValueError(f"{cache.name}: KV pool of {np.dtype(cache.dtype)}, want float16")
-    rows, head_dim = tensor_map_shape(cache.shape)
-    if head_dim % 64:
-        raise ValueError(f"{cache.name}: head dim {head_dim} is not a multiple of 64")
-    return encode_tiled_2d(cache.ptr, np.float16, (rows, head_dim), (PAGE_TOKENS, 64),
-                           swizzle=Swizzle.CU_TENSOR_MAP_SWIZZLE_128B)
-
-
 def tensor_map(cache):
     """The TMA descriptor of a whole pool DeviceArray [..., 16, Dh] fp16, seen as a [rows, Dh]
     matrix with a [16, Dh] box: one page of one KV head, row ((layer·P + page)·Hkv + head)·16.

@@ -148,7 +148,9 @@ ATTENTION_ENGINE = "wgmma"
 # rows, at 1 024 the two tie, at 0 it loses (kernels/attention_prefill_wgmma.cu's table). A 7B
 # prompt of 32 000 tokens: 1431 → 1364 ms; of 8 192: 234.6 → 230.1 (512-row chunks). In 1024-row
 # chunks, 8 192 tokens: 208.7 / 209.1 ms against 210.7 with every chunk on the split schedule
-# (docs/benchmarks.md); the switch position itself was tuned at 512 rows.
+# (docs/benchmarks.md). At 1024 rows the switch stays right: from position 1024 the split schedule
+# takes 78.4 µs against the range schedule's 80.4, from 2048 117.5 against 115.3, from 7168 312.9
+# against 290.5 (tools/bench_attention_prefill.py, docs/bench/2026-12-04_884f055_h200_attention_prefill_1024rows.json).
 LATE_ATTENTION_ENGINE, LATE_ATTENTION_FROM = "wgmma-ranges", 2048
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "gemv_int4", "rope_kv",
                 ATTENTION_FILES[ATTENTION_ENGINE])
@@ -255,7 +257,7 @@ class Prefill:
         self.attention_engine = attention_engine
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
-        self.late_from = (late_attention_from if attention_engine in ("wgmma", "wgmma-tma") and mode != "per_token"
+        self.late_from = (late_attention_from if attention_engine == "wgmma" and mode != "per_token"
                           and decode_step.config.head_dim == 128 else None)
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
@@ -620,11 +622,10 @@ class Prefill:
             return []
         cfg, step = self.config, self.decode_step
         heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        late = LATE_ATTENTION_ENGINE + ("-tma" if self.attention_engine == "wgmma-tma" else "")
         return [(f"L{l}.attention_late", AttentionPrefill(
             out, q, k_l, v_l, step.buf["block_table"], self.buf["prefill_state"], rows=R, n_heads=heads[0],
-            n_kv_heads=heads[1], head_dim=heads[2], kv_splits=kv_splits_for(R, *heads, engine=late),
-            scratch=self.attention_scratch, engine=late, stream=step.stream))]
+            n_kv_heads=heads[1], head_dim=heads[2], kv_splits=kv_splits_for(R, *heads, engine=LATE_ATTENTION_ENGINE),
+            scratch=self.attention_scratch, engine=LATE_ATTENTION_ENGINE, stream=step.stream))]
 
     def _tail(self) -> list[tuple[str, Launcher]]:
         """The last layer past its K/V on the prompt's last row (module doc), built once: its

@@ -15,28 +15,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..cuda import Stream
-from ..kv_cache import PAGE_TOKENS
 from .attention_decode import check_attention_shapes
-from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, TensorMapSpec, check_buffer,
-                   check_prefill_state, i32, mirrored, require)
+from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, check_buffer, check_prefill_state, i32,
+                   mirrored, require)
 
 Q_TILE = mirrored("attention_prefill", "APF_QTILE", 16)        # queries per block (M of the MMA)
 KV_TILE = mirrored("attention_prefill", "APF_KV_TILE", 64)     # positions per pipeline step (4 pages)
 STAGES = mirrored("attention_prefill", "APF_STAGES", 3)
 MAX_SPLITS = mirrored("attention_prefill", "APF_MAX_SPLITS", 4)  # KV splits of a query tile at most
-ENGINES = ("mma", "wgmma", "wgmma-ranges", "wgmma-tma", "wgmma-ranges-tma")
+ENGINES = ("mma", "wgmma", "wgmma-ranges")
 ENGINE_FILES = {"mma": "attention_prefill", "wgmma": "attention_prefill_wgmma",  # kernels/<file>.cu
-                "wgmma-ranges": "attention_prefill_wgmma", "wgmma-tma": "attention_prefill_wgmma",
-                "wgmma-ranges-tma": "attention_prefill_wgmma"}
-# The engines whose kernels read K/V through TMA (the tensor maps of kv_cache.prefill_tensor_map),
-# and those on the range schedule.
-TMA_ENGINES = ("wgmma-tma", "wgmma-ranges-tma")
-RANGES_ENGINES = ("wgmma-ranges", "wgmma-ranges-tma")
+                "wgmma-ranges": "attention_prefill_wgmma"}
 W_ROWS = mirrored("attention_prefill_wgmma", "APW_ROWS", 128)     # packed (query, head) rows a block
 W_WARPS = mirrored("attention_prefill_wgmma", "APW_WARPS", 8)     # warps a block: the partials' slots
 mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
 W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 4)
-W_TMA_STAGES = mirrored("attention_prefill_wgmma", "APW_TMA_STAGES", 6)
 
 
 def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma") -> int:
@@ -81,7 +74,7 @@ def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
     """S for a launch over `rows` query rows (split_count, or split_count_wgmma, with the
     kernel's occupancy); for wgmma-ranges the pieces a unit may be cut into: MAX_SPLITS, the
     kernel then cuts only where the ranges need it."""
-    if engine in RANGES_ENGINES:
+    if engine == "wgmma-ranges":
         return MAX_SPLITS
     occ = occupancy or DEFAULT_OCCUPANCY
     per_sm = occ.blocks_per_sm(_kernel(engine, head_dim), _threads(engine, n_heads, n_kv_heads),
@@ -95,17 +88,13 @@ def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") ->
     bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles."""
     if engine == "mma":
         return (stages or STAGES) * 2 * KV_TILE * (2 * head_dim + 16)
-    if engine in TMA_ENGINES:  # + full[STAGES] and empty[STAGES], 8 bytes each
-        n = stages or W_TMA_STAGES
-        return n * 2 * KV_TILE * 2 * head_dim + 16 * n + 1024
     return (stages or W_STAGES) * 2 * KV_TILE * 2 * head_dim + 1024
 
 
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
     file = ENGINE_FILES[engine]
-    ranges = "_ranges" if engine in RANGES_ENGINES else ""
-    tma = "_tma" if engine in TMA_ENGINES else ""
-    return KernelRef(file, f"{file}{ranges}{tma}_hd{head_dim}", tuple(defines), pdl=True)
+    ranges = "_ranges" if engine == "wgmma-ranges" else ""
+    return KernelRef(file, f"{file}{ranges}_hd{head_dim}", tuple(defines), pdl=True)
 
 
 def _threads(engine: str, n_heads: int, n_kv_heads: int) -> int:
@@ -191,23 +180,12 @@ class AttentionPrefill(Launcher):
                     f"of ≥ {need} tile splits for heads {n_heads}/{n_kv_heads}, Dh {head_dim}")
             split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
-        stages = dict(defines).get("APF_STAGES" if engine == "mma" else
-                                   "APW_TMA_STAGES" if engine in TMA_ENGINES else "APW_STAGES")
+        stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
         kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads),
                                  smem_bytes(head_dim, stages, engine))
-        if engine in TMA_ENGINES:
-            # The layer's views themselves as [P · Hkv · 16, Dh] (so the layer's page 0 is row 0):
-            # encoded now for device arrays, planned for BufferSpecs.
-            from ..kv_cache import prefill_tensor_map, tensor_map_shape
-            self.maps = tuple(prefill_tensor_map(c) if hasattr(c, "ptr") else
-                              TensorMapSpec(c, tensor_map_shape(c.shape), (PAGE_TOKENS, 64), swizzle128=True)
-                              for c in (k_cache, v_cache))
-            args = dict(out=out, q=q, k_map=self.maps[0], v_map=self.maps[1], layer_page0=i32(0),
-                        block_table=block_table, prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
-        else:
-            args = dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                        prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
-        if engine in RANGES_ENGINES:  # every resident slot; the kernel spreads the steps over them
+        args = dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                    prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
+        if engine == "wgmma-ranges":  # every resident slot; the kernel spreads the steps over them
             occ = occupancy or DEFAULT_OCCUPANCY
             grid = (max(1, occ.blocks_per_sm(kernel, threads, smem)) * occ.sm_count, 1, 1)
             args["max_pieces"] = i32(kv_splits)

@@ -80,14 +80,11 @@ class TensorMapSpec:
         of: the BufferSpec whose memory the map describes.
         shape: the 2-D view the map gives of it, [rows, cols] (elements).
         box: the tile one copy moves, [rows, cols].
-        swizzle128: the box lands in shared memory in the 128-byte swizzle (the wgmma operand
-            layout) rather than plain.
     """
 
     of: BufferSpec
     shape: tuple[int, int]
     box: tuple[int, int]
-    swizzle128: bool = False
 
     @property
     def name(self) -> str:
