@@ -192,6 +192,13 @@
 // issue, the lost lockstep of the two warpgroups) was not sampled. FlashAttention-3's form, a
 // producer warp of its own (setmaxnreg) with the two MMA warpgroups taking turns, is what is left
 // of this direction.
+// Lost too: a deeper cp.async pipeline (APW_STAGES = 5 or 6: 3 or 4 tiles in flight instead of
+// 2): the 7B's range schedule at 512 rows from 31 744 586.6 / 576.5 µs against 573.5 (S = 4), at
+// 1024 rows from 7168 292.8 / 290.1 against 287.5, the split schedule 1–4 % slower too, the 0.5B
+// within ±2 % (tools/bench_attention_prefill.py --variant, one run;
+// docs/bench/2026-12-04_3eee408_h200_attention_prefill_stages.json): with 40 % of the K/V reads
+// past L2 at 31 744 positions (the Nsight Compute file above), more bytes in flight still buy
+// nothing — the loop waits on its own instructions, not on the loads.
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).
