@@ -199,6 +199,15 @@
 // docs/bench/2026-12-04_3eee408_h200_attention_prefill_stages.json): with 40 % of the K/V reads
 // past L2 at 31 744 positions (the Nsight Compute file above), more bytes in flight still buy
 // nothing — the loop waits on its own instructions, not on the loads.
+// Lost too: each row's softmax sum l by the tensor cores (commit ac81b11, APW_L_BY_MMA): P·V 8
+// columns wider (m64n136k16) over a column block of FP16 ones staged after V, so O's last columns
+// hold Σ P — 70 fewer FADD in the main loop's SASS (84 → 14), no quad sum; correct (its 80 test
+// cases), but no faster: the 7B's split schedule within 1 % (31 744, S = 1: 632.8 µs against
+// 634.1), the range schedule slower (31 744, S = 4: 620.7 against 576.9; 7168 at 1024 rows 294.0
+// against 289.6), the 0.5B within 2 % (tools/bench_attention_prefill.py --variant, one run;
+// docs/bench/2026-12-04_ac81b11_h200_attention_prefill_row_sums_by_mma.json). The FADDs were not
+// on the critical path. Not a way on sm_90 either: the exponentials two at a time
+// (ex2.approx.f16x2) — ptxas makes it two MUFU.EX2.F16 and a PRMT, no SFU instruction saved.
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).
@@ -224,16 +233,6 @@
 #endif
 #define APW_MAX_SPLITS 4
 #define APW_COMBINE_CHUNK 4
-// Measured variants (the header's tables), 0 in the default build:
-//   APW_L_BY_MMA   each row's softmax sum l by the tensor cores: P·V runs 8 columns wider over a
-//                  column block of FP16 ones staged after V (8 KiB a stage, written once), so the
-//                  last 8 columns of O hold Σ P per row, rescaled with O — no FADD per score, no
-//                  quad sum at the end, and l sums the same FP16 P that multiplies V.
-// (Not a way on sm_90: the exponentials two at a time, ex2.approx.f16x2 — ptxas makes it two
-// MUFU.EX2.F16 and a PRMT, no SFU instruction saved.)
-#ifndef APW_L_BY_MMA
-#define APW_L_BY_MMA 0
-#endif
 
 #define APW_COL_BYTES  (APW_KV_TILE * 128)              // one 64-dim column block of a tile: 8 KiB
 
@@ -241,13 +240,11 @@ template <int HEAD_DIM>
 struct ApwShape {
     static constexpr int COLS = HEAD_DIM / 64;                    // 64-dim column blocks
     static constexpr int TILE_BYTES = COLS * APW_COL_BYTES;       // K (or V) of one step
-    static constexpr int ONES_BYTES = APW_L_BY_MMA ? APW_COL_BYTES : 0;  // a column block of ones after V
-    static constexpr int STAGE_BYTES = 2 * TILE_BYTES + ONES_BYTES;  // K then V (then the ones)
+    static constexpr int STAGE_BYTES = 2 * TILE_BYTES;            // K then V
     static constexpr int SMEM_BYTES = APW_STAGES * STAGE_BYTES + 1024;  // + slack to align to 1 KiB
     static constexpr int CHUNKS = HEAD_DIM / 8;                   // 16-byte chunks per token row
     static constexpr int KSTEPS = HEAD_DIM / 16;                  // k16 steps of QKᵀ
     static constexpr int OACC = HEAD_DIM / 2;                     // O accumulators a lane (m64nDh)
-    static constexpr int LACC = APW_L_BY_MMA ? 4 : 0;             // + the row sums' (one n8 block)
     static constexpr int ONS = HEAD_DIM / 8;                      // of them, float4 groups (n8 blocks)
 };
 
@@ -264,15 +261,9 @@ __device__ __forceinline__ u32 apw_pack_half2(float lo, float hi) {
 
 // O += P·V for one k16 step: the head dimension picks the wgmma's N.
 template <int HEAD_DIM>
-__device__ __forceinline__ void apw_pv(float (&o)[HEAD_DIM / 2 + ApwShape<HEAD_DIM>::LACC], const u32 (&pa)[4],
-                                       u64 v_desc) {
-#if APW_L_BY_MMA
-    if constexpr (HEAD_DIM == 128) wgmma_m64n136k16_rs_nmajor(o, pa, v_desc, 1);
-    else wgmma_m64n72k16_rs_nmajor(o, pa, v_desc, 1);
-#else
+__device__ __forceinline__ void apw_pv(float (&o)[HEAD_DIM / 2], const u32 (&pa)[4], u64 v_desc) {
     if constexpr (HEAD_DIM == 128) wgmma_m64n128k16_rs<1>(o, pa, v_desc, 1);
     else wgmma_m64n64k16_rs<1>(o, pa, v_desc, 1);
-#endif
 }
 
 // One piece of work: KV steps [t_begin, t_begin + n_steps) of the unit (query tile q_tile, KV
@@ -366,19 +357,9 @@ __device__ __forceinline__ void apw_run_piece(
     static_assert(APW_STAGES >= 3, "V of the tile before, K of this one, one in flight");
 
     const float scale_log2 = rsqrtf((float)HEAD_DIM) * F32_LOG2E;
-    float o[S::OACC + S::LACC];  // O[row g | g+8][dims 8n + 2t, +1] at o[4n + 0, 1 | 2, 3]; then Σ P
+    float o[S::OACC];  // O[row g | g+8][dims 8n + 2t, +1] at o[4n + 0, 1 | 2, 3]
 #pragma unroll
-    for (int i = 0; i < S::OACC + S::LACC; ++i) o[i] = 0.f;
-#if APW_L_BY_MMA
-    // The ones after every stage's V (columns Dh … Dh + 63 of P·V's B; the MMA reads 8): written
-    // before the first sync_stage, whose fence.proxy.async and __syncthreads order them before
-    // any MMA; the staging never writes there.
-    for (int i = threadIdx.x; i < APW_STAGES * S::ONES_BYTES / 16; i += APW_THREADS) {
-        const int st = i / (S::ONES_BYTES / 16), c = i % (S::ONES_BYTES / 16);
-        *reinterpret_cast<uint4*>(smem + st * S::STAGE_BYTES + 2 * S::TILE_BYTES + 16 * c) =
-            make_uint4(0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u);  // FP16 1.0 pairs
-    }
-#endif
+    for (int i = 0; i < S::OACC; ++i) o[i] = 0.f;
     float m_run[2] = {F32_NEG_INF, F32_NEG_INF};  // per row (g, g+8), log2 units, quad-uniform
     float l_run[2] = {0.f, 0.f};                  // per row, this lane's share (quad-summed at the end)
 
@@ -464,17 +445,15 @@ __device__ __forceinline__ void apw_run_piece(
             s[i] = p;
             p_sum[(i % 4) / 2] += p;
         }
-        if constexpr (!APW_L_BY_MMA) {  // else P·V's last columns sum P (p_sum is dead code)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + p_sum[h];
-        }
+        for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + p_sum[h];
     };
     // After the previous PV: O rescaled to this tile's max (a warp whose rows all kept their
     // maximum multiplies by 1: skipped, warp-uniformly), P packed as the next PV's A.
     auto rescale_pack = [&]() {
         if (__any_sync(FULL_WARP_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-            for (int i = 0; i < S::OACC + S::LACC; ++i) o[i] *= alpha[(i % 4) / 2];
+            for (int i = 0; i < S::OACC; ++i) o[i] *= alpha[(i % 4) / 2];
         }
 #pragma unroll
         for (int kk = 0; kk < APW_KV_TILE / 16; ++kk) {
@@ -501,20 +480,16 @@ __device__ __forceinline__ void apw_run_piece(
         softmax(step);
         wgmma_wait_group<0>();  // P_{i−1} V_{i−1} done: O and pa are ours again
 #pragma unroll
-        for (int i = 0; i < S::OACC + S::LACC; ++i) wgmma_fence_operand(o[i]);
+        for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
         rescale_pack();
     }
     wgmma_fence();
     issue_pv(n_steps - 1);
     wgmma_wait_group<0>();
 #pragma unroll
-    for (int i = 0; i < S::OACC + S::LACC; ++i) wgmma_fence_operand(o[i]);
+    for (int i = 0; i < S::OACC; ++i) wgmma_fence_operand(o[i]);
 
-#if APW_L_BY_MMA
-    float l_tot[2] = {o[S::OACC], o[S::OACC + 2]};  // columns Dh + 2t of rows g and g + 8: each a whole row's Σ P
-#else
     float l_tot[2] = {quad_sum(l_run[0]), quad_sum(l_run[1])};
-#endif
 
     const int ns = pc.pieces, split = pc.slot;
     if (ns > 1) {

@@ -13,7 +13,6 @@
 //   wgmma_m64n64k16_rs     : the RS form with 64 columns (32 accumulators a lane)
 //   wgmma_desc_sw128_nmajor: the descriptor of an N-major B operand in 128-byte-swizzled atoms
 //   wgmma_m64n128k16_rs<1>, wgmma_m64n64k16_rs<1>
-//   wgmma_m64n136k16_rs_nmajor, wgmma_m64n72k16_rs_nmajor : the same with 8 columns more (row sums)
 //                          : the RS forms with B N-major (imm-trans-b = 1): B[k][n] stored with n
 //                            contiguous, as a [token][dim] V tile is for O += P·V
 //   fence_proxy_async_shared : fence.proxy.async.shared::cta
@@ -196,44 +195,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const u32 (
         "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
         "}\n"
         : WGMMA_D128_OPERANDS(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-        : "memory");
-}
-
-// D[64 × 136] (+)= A[64 × 16] · B[16 × 136], A from registers, B N-major (imm-trans-b): as
-// wgmma_m64n128k16_rs<1> with 8 columns more. The prefill attention's P·V with a column block of
-// FP16 ones after V's (APW_L_BY_MMA): the last 8 columns of D are each row's Σ P, summed by the
-// tensor cores from the FP16 P the same MMA multiplies V by.
-__device__ __forceinline__ void wgmma_m64n136k16_rs_nmajor(float (&d)[68], const u32 (&a)[4], u64 b_desc,
-                                                        int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %73, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n136k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}" ", "
-        "{%68, %69, %70, %71}, %72, p, 1, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-        : "memory");
-}
-
-// D[64 × 72] (+)= A[64 × 16] · B[16 × 72], A from registers, B N-major (imm-trans-b): as
-// wgmma_m64n64k16_rs<1> with 8 columns more. The prefill attention's P·V with a column block of
-// FP16 ones after V's (APW_L_BY_MMA): the last 8 columns of D are each row's Σ P, summed by the
-// tensor cores from the FP16 P the same MMA multiplies V by.
-__device__ __forceinline__ void wgmma_m64n72k16_rs_nmajor(float (&d)[36], const u32 (&a)[4], u64 b_desc,
-                                                        int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %41, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}" ", "
-        "{%36, %37, %38, %39}, %40, p, 1, 1, 1;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
         : "memory");
 }

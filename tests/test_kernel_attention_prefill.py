@@ -52,16 +52,7 @@ def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits,
     check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine)
 
 
-@pytest.mark.parametrize("engine", ["wgmma", "wgmma-ranges"])
-@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"S{s}")
-@pytest.mark.parametrize("hd,hq,hkv", SHAPES, ids=["hd64", "hd128"])
-@pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
-def test_attention_prefill_row_sums_by_mma(dev, rng, hd, hq, hkv, start, t, splits, engine):
-    """The wgmma kernel's APW_L_BY_MMA build: each row's softmax sum from P·V's extra columns of ones."""
-    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine, defines=(("APW_L_BY_MMA", 1),))
-
-
-def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma", defines=()):
+def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma"):
     """One chunk of t queries at positions start … start + t − 1 against the float64 reference,
     rows past t untouched, the counters back at zero, the same bits when launched again."""
     s_len = start + t
@@ -86,13 +77,12 @@ def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma
     attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
                               dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
                               rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd, kv_splits=splits, scratch=scratch,
-                              engine=engine, defines=defines)
+                              engine=engine)
     attn.launch()
     got = out.download()
     want = ref.attention(q[:t].astype(np.float64), k_seq.astype(np.float64), v_seq.astype(np.float64),
                          start + np.arange(t))
-    report(f"attention_prefill[{engine}{''.join(f' {k}={v}' for k, v in defines)}] hd{hd} start={start} T={t} "
-           f"S={splits}", got[:t], want, TOL_ATTENTION)
+    report(f"attention_prefill[{engine}] hd{hd} start={start} T={t} S={splits}", got[:t], want, TOL_ATTENTION)
     assert np.isnan(got[t:].astype(np.float32)).all(), "rows past n_rows were written"
     if scratch is not None:
         assert not scratch.counters.download().any(), "a split counter was left non-zero"

@@ -83,13 +83,12 @@ def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
     return count(query_tiles(rows, n_heads, n_kv_heads, engine) * n_kv_heads, max(1, per_sm) * occ.sm_count)
 
 
-def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma", ones: bool = False) -> int:
+def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") -> int:
     """Dynamic shared memory. mma: stages × (K, V) × 64 token rows of Dh fp16 padded by 16
-    bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles;
-    `ones` (the wgmma build APW_L_BY_MMA): + a 64-row column block of ones (8 KiB) a stage."""
+    bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles."""
     if engine == "mma":
         return (stages or STAGES) * 2 * KV_TILE * (2 * head_dim + 16)
-    return (stages or W_STAGES) * (2 * KV_TILE * 2 * head_dim + (KV_TILE * 128 if ones else 0)) + 1024
+    return (stages or W_STAGES) * 2 * KV_TILE * 2 * head_dim + 1024
 
 
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
@@ -183,7 +182,7 @@ class AttentionPrefill(Launcher):
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
         stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
         kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads),
-                                 smem_bytes(head_dim, stages, engine, bool(dict(defines).get("APW_L_BY_MMA"))))
+                                 smem_bytes(head_dim, stages, engine))
         args = dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                     prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
         if engine == "wgmma-ranges":  # every resident slot; the kernel spreads the steps over them
