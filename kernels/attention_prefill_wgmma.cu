@@ -199,7 +199,7 @@
 // docs/bench/2026-12-04_3eee408_h200_attention_prefill_stages.json): with 40 % of the K/V reads
 // past L2 at 31 744 positions (the Nsight Compute file above), more bytes in flight still buy
 // nothing — the loop waits on its own instructions, not on the loads.
-// Lost too: each row's softmax sum l by the tensor cores (commit ac81b11, APW_L_BY_MMA): P·V 8
+// Lost too: each row's softmax sum l by the tensor cores (commit ac81b11, a compile-time switch): P·V 8
 // columns wider (m64n136k16) over a column block of FP16 ones staged after V, so O's last columns
 // hold Σ P — 70 fewer FADD in the main loop's SASS (84 → 14), no quad sum; correct (its 80 test
 // cases), but no faster: the 7B's split schedule within 1 % (31 744, S = 1: 632.8 µs against
