@@ -69,12 +69,13 @@
 // The KV splits' store, counter and combine: attention_prefill.cu's protocol (ptx/flags.cuh
 // split_arrive_last), with 8 warps a block instead of G.
 //
-// Registers: O (Dh/2 FP32 a lane), S (32), P (16 u32), the Q fragments (Dh/4 u32): 180 at Dh = 128,
-// 127 at Dh = 64 (ptxas, no spills); one block of 8 warps per SM (__launch_bounds__(256, 1)).
-// The range schedule's loop over pieces: 234 and 182 (one piece alone: 183 and 122; a
-// pointer made opaque per piece, `#pragma unroll 1` or a non-inlined piece did not bring it
-// down): still one block an SM at Dh = 128; at Dh = 64 it loses the second block a 127-register
-// build fits (capped at 128 it spills 348 bytes).
+// Registers: O (Dh/2 FP32 a lane), S (32), P (16 u32), the Q fragments (Dh/4 u32): 178 at Dh = 128,
+// 125 at Dh = 64 (ptxas of NVRTC 13.0, no spills; 180 and 127 when first written); one block of
+// 8 warps per SM (__launch_bounds__(256, 1)). The range schedule's loop over pieces: 224 and 174
+// (234 and 182 then; one piece alone: 183 and 122; a pointer made opaque per piece — every
+// launch value, measured again since — `#pragma unroll 1` or a non-inlined piece did not bring
+// it down): still one block an SM at Dh = 128; at Dh = 64 it loses the second block a
+// 125-register build fits (capped at 128 it spilled 348 bytes).
 //
 // Measured on the H200 (tools/bench_attention_prefill.py --engines mma wgmma, graph replay, µs per
 // call, a 512-row chunk at position START; docs/bench/2026-12-03_c0bd149_h200_attention_prefill_wgmma.json;
