@@ -122,6 +122,13 @@
 // Nsight Compute at one block of 8 warps per SM (gate_up, 7B): 2.41 TB/s, the warps' stalls
 // on the first use of the weight and scale loads (LOP3 unpack, HADD2.F32 scale conversion):
 // latency-bound with few warps, as the batches already are.
+// Lost too, and removed from kernels/dev (its code is at commit a4a735c, dev version 3): v1's
+// tile-major weights streamed into a per-warp shared-memory ring by 1-D bulk copies
+// (cp.async.bulk, one instruction an item's kilobyte, full/empty mbarriers per slot). Correct on
+// the H200 (the dev runner's checks) and slower than this engine at all four 7B GEMVs in its one
+// run, the 16 KiB ring slower still, while v1 beat this engine at three; that run's JSON did not
+// come back, so no figure is quoted. More bytes in flight through shared memory did not pay here,
+// as the ring of cp.async (dev v2) did not.
 //
 // Where the time goes: the loads and the arithmetic apart (the GEMV_PROBE_LOADS_ONLY and
 // GEMV_PROBE_NO_LOADS builds below; tools/bench_gemv.py --pdl --int4-defines, one run, µs per

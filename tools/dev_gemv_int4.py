@@ -2,11 +2,10 @@
 launched, what it is checked on, how it is timed.
 
 A version's kernels are production's (kernels/gemv_int4.cu) with a suffix in the name and the
-same arguments; a version without one of them (v1's tile-major layout has no qkv_rope) is not run
+same arguments; a version without one of them (the tile-major layout has no qkv_rope) is not run
 there. The runner builds production's launcher (launchers/gemv_int4.py) with the version's own
 occupancy — its kernel, its shared memory — so that the launch shape follows production's rule,
-and points it at the version's file. The tile-major versions (v1, v3) get their weights stored
-tile-major.
+and points it at the version's file. The tile-major version gets its weights stored tile-major.
 
 Checks (the cases of tests/test_kernel_gemv_int4.py): against float64 matvecs on the dequantized
 weights; the residual kernel on what it adds, gate/up after the RMSNorm of the residual (rounded
@@ -33,31 +32,18 @@ VERSIONS = [
     Version("v1_tile_major", "dev/gemv_int4/v1_tile_major", suffix="_tile_major"),
     Version("v2_smem_ring", "dev/gemv_int4/v2_smem_ring", suffix="_ring"),
     Version("v2_smem_ring[GEMV_RING=8]", "dev/gemv_int4/v2_smem_ring", (("GEMV_RING", 8),), suffix="_ring"),
-    Version("v3_bulk_ring", "dev/gemv_int4/v3_bulk_ring", suffix="_bulk"),
-    Version("v3_bulk_ring[GEMV_BULK_RING=16]", "dev/gemv_int4/v3_bulk_ring", (("GEMV_BULK_RING", 16),),
-            suffix="_bulk"),
 ]
 RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu
-BULK_RING_KB = 8  # GEMV_BULK_RING's default in v3_bulk_ring.cu
 DEV_CONSTANTS = [("dev/gemv_int4/v2_smem_ring", "GEMV_RING", RING_KB),
-                 ("dev/gemv_int4/v2_smem_ring", "GEMV_RING_BYTES", RING_KB * 1024),
-                 ("dev/gemv_int4/v3_bulk_ring", "GEMV_BULK_RING", BULK_RING_KB),
-                 ("dev/gemv_int4/v3_bulk_ring", "GEMV_BULK_ITEM_BYTES", 1024)]
-TILE_MAJOR_SUFFIXES = ("_tile_major", "_bulk")  # versions whose weights are stored tile-major
+                 ("dev/gemv_int4/v2_smem_ring", "GEMV_RING_BYTES", RING_KB * 1024)]
 ROPE_THETA = 1e6     # Qwen2.5's rope_theta, as tests/test_kernel_gemv_int4.py
 
 
 def ring_bytes(v: Version, threads: int) -> int:
-    """Dynamic shared memory a version needs on top of production's: the rings of v2; v3's rings
-    and their mbarriers (two of 8 bytes a slot, the region padded to 128 bytes; counted for one
-    matrix, the most slots: gate/up's two matrices have half as many)."""
-    warps = threads // 32
-    if v.file.endswith("v2_smem_ring"):
-        return warps * dict(v.defines).get("GEMV_RING", RING_KB) * 1024
-    if v.file.endswith("v3_bulk_ring"):
-        kb = dict(v.defines).get("GEMV_BULK_RING", BULK_RING_KB)
-        return warps * kb * 1024 + -(-warps * kb * 16 // 128) * 128
-    return 0
+    """Dynamic shared memory a version needs on top of production's: the rings of v2."""
+    if not v.file.endswith("v2_smem_ring"):
+        return 0
+    return threads // 32 * dict(v.defines).get("GEMV_RING", RING_KB) * 1024
 
 
 class VersionOccupancy(Occupancy):
@@ -85,17 +71,6 @@ def tile_major(qweight: np.ndarray) -> np.ndarray:
     n, kw = qweight.shape
     assert n % 16 == 0 and kw % 16 == 0, qweight.shape
     return np.ascontiguousarray(qweight.reshape(n // 16, 16, kw // 16, 16).transpose(0, 2, 1, 3))
-
-
-def tile_major_rope(qweight: np.ndarray, head_dim: int) -> np.ndarray:
-    """q's or k's layout id 1 [N, K/8] → tile-major with each tile's rows in MMA-row order for
-    RoPE pairs (int4_matmul.cuh gemv_tile_rows: tile T of a head's Dh/16, rows j·8 + g and
-    j·8 + g + Dh/2 of the head for MMA rows g and g + 8), as v3's qkv_rope reads them."""
-    n = qweight.shape[0]
-    tiles_per_head = head_dim // 16
-    order = [head * head_dim + j * 8 + g + (head_dim // 2 if r >= 8 else 0)
-             for head in range(n // head_dim) for j in range(tiles_per_head) for r in range(16) for g in [r % 8]]
-    return tile_major(qweight[np.array(order)])
 
 
 def has(o: Outcome, production_kernel: str) -> bool:
@@ -177,15 +152,9 @@ class Inputs:
 
     def _weights(self, v: Version, dev) -> list:
         """The weights on the device as v reads them: [qweight, scales, …] in matrix order."""
-        def store(i: int, qw: np.ndarray) -> np.ndarray:
-            if v.suffix not in TILE_MAJOR_SUFFIXES:
-                return qw
-            if self.case.kind == "qkv_rope" and i < 2:  # q and k: their tiles' rows are RoPE pairs
-                return tile_major_rope(qw, self.case.dims["dh"])
-            return tile_major(qw)
-
+        store = tile_major if v.suffix == "_tile_major" else (lambda a: a)
         return [a for i, (qw, sc) in enumerate(self.w)
-                for a in (dev.upload(f"w{i}.qweight", store(i, qw)), dev.upload(f"w{i}.scales", sc))]
+                for a in (dev.upload(f"w{i}.qweight", store(qw)), dev.upload(f"w{i}.scales", sc))]
 
     def check(self, v: Version, dev) -> float:
         """v's kernel on this case: relative L2 error against `want` (raises on a failed check)."""

@@ -9,7 +9,7 @@ included) without spills; what the runner assumes of a file (block sizes, shared
 what the file defines; the launch shapes it gives v1 and v2 are those their own launchers gave
 (the formulas of `git show b9fbcca^:src/drvqwen/launchers/gemm_int4.py` and of 96e0ea5's); the
 GEMV versions get production's launch with their own kernel and shared memory; the tile-major
-packings are the ones the kernels read (v3's lanes: production's words, RoPE pairs included).
+packing is the one the kernel reads.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def test_select():
         "production", "v1_mma_sync", "v4_late_full_arrival"]
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == ["production"]
     dev_kernels.check_names(dev_kernels.OPS, ["v4", "v1_tile"])  # v4 of the GEMM, v1 of the GEMV
-    with pytest.raises(SystemExit, match="no version 'v4'.*v3_bulk_ring"):
-        dev_kernels.check_names(("gemv_int4",), ["v4"])
+    with pytest.raises(SystemExit, match="no version 'v3'.*v2_smem_ring"):
+        dev_kernels.check_names(("gemv_int4",), ["v3"])
     with pytest.raises(SystemExit, match="no version 'v9'.*v1_mma_sync"):
         dev_kernels.check_names(dev_kernels.OPS, ["v9"])
 
@@ -248,9 +248,7 @@ def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
 
 
 @pytest.mark.parametrize("name,extra_per_warp", [("v1_tile_major", 0), ("v2_smem_ring", 16 * 1024),
-                                                 ("v2_smem_ring[GEMV_RING=8]", 8 * 1024),
-                                                 ("v3_bulk_ring", 8 * 1024 + 8 * 16),  # + its mbarriers
-                                                 ("v3_bulk_ring[GEMV_BULK_RING=16]", 16 * 1024 + 16 * 16)])
+                                                 ("v2_smem_ring[GEMV_RING=8]", 8 * 1024)])
 def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
     from drvqwen.launchers.base import FixedOccupancy
@@ -293,30 +291,6 @@ def test_tile_major_packing():
     assert tm.shape == (n // 16, k // 128, 16, 16)
     for tile, gi, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7), (1, 0, 3)]:
         np.testing.assert_array_equal(tm[tile, gi, r], qw[16 * tile + r, 16 * gi: 16 * gi + 16])
-
-
-@pytest.mark.parametrize("rope_dim", [0, 32, 128])
-def test_v3_lanes_read_production_words(rope_dim):
-    """What lane (g, t) of v3_bulk_ring.cu reads from a slot — uint4 4·row + t of the 1 KiB item
-    (tile, gi), row g and g + 8 — is, through the runner's packing (tile_major, tile_major_rope
-    for q and k), the production kernel's 16 bytes of the rows gemv_tile_rows names
-    (int4_matmul.cuh): layout id 1 words 16·gi + 4t … +3."""
-    n, k = 2 * max(rope_dim, 16), 384
-    qw = np.random.default_rng(0).integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
-    packed = dev_gemv_int4.tile_major_rope(qw, rope_dim) if rope_dim else dev_gemv_int4.tile_major(qw)
-    for tile in range(n // 16):
-        for gi in range(k // 128):
-            item = packed[tile, gi].reshape(-1, 4)  # the slot as uint4
-            for g in range(8):
-                if rope_dim:
-                    head, j = divmod(tile, rope_dim // 16)
-                    lo = head * rope_dim + j * 8 + g
-                    hi = lo + rope_dim // 2
-                else:
-                    lo, hi = tile * 16 + g, tile * 16 + g + 8
-                for t in range(4):
-                    np.testing.assert_array_equal(item[4 * g + t], qw[lo, 16 * gi + 4 * t: 16 * gi + 4 * t + 4])
-                    np.testing.assert_array_equal(item[4 * (g + 8) + t], qw[hi, 16 * gi + 4 * t: 16 * gi + 4 * t + 4])
 
 
 # --- GPU: the runner's checks ------------------------------------------------------------------
