@@ -209,6 +209,16 @@
 // docs/bench/2026-12-04_ac81b11_h200_attention_prefill_row_sums_by_mma.json). The FADDs were not
 // on the critical path. Not a way on sm_90 either: the exponentials two at a time
 // (ex2.approx.f16x2) — ptxas makes it two MUFU.EX2.F16 and a PRMT, no SFU instruction saved.
+// To measure next (not yet run on the GPU): more warps a scheduler. With Q read from shared memory
+// (APW_Q_SMEM: the QKᵀ MMAs in the SS form, the block's packed rows staged with its first tile),
+// ptxas gives the Dh = 128 split kernel 142 registers instead of 178 and the range kernel 213
+// instead of 224, so a third MMA warpgroup fits 384 threads' 168 (APW_WARPGROUPS=3: 192 packed
+// rows a block, K/V staged by the first 256 threads; the split kernel 142 registers, the range
+// kernel 168 with 144 bytes spilled). The Nsight Compute runs above found the loop's two warps a
+// scheduler with no eligible warp 62 % of the cycles; three should hide more of the latency
+// between its dependent instructions. tests/test_kernel_attention_prefill.py's builds test checks
+// both builds; `tools/bench_attention_prefill.py --variant qs:APW_Q_SMEM=1 --variant
+// wg3:APW_WARPGROUPS=3,APW_Q_SMEM=1` times them.
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).
@@ -224,10 +234,21 @@
 #include "flags.cuh"     // split_arrive_last
 
 #define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
+// Builds to measure (the header's "To measure next"), the default in brackets: APW_WARPGROUPS [2] MMA
+// warpgroups a block (3: 12 warps, three a scheduler, where 2 leave the schedulers idle 62 % of
+// the cycles at long positions; needs APW_Q_SMEM to fit 168 registers a thread); APW_Q_SMEM [0]:
+// QKᵀ reads Q from shared memory (SS wgmma; the block's 64·WG packed rows staged with the first
+// tile) instead of 32 registers a lane (at Dh = 128) holding its fragments.
+#ifndef APW_WARPGROUPS
 #define APW_WARPGROUPS 2
+#endif
+#ifndef APW_Q_SMEM
+#define APW_Q_SMEM 0
+#endif
 #define APW_ROWS       (APW_WG_ROWS * APW_WARPGROUPS)   // packed rows per block
 #define APW_THREADS    (APW_WARPGROUPS * 128)
 #define APW_WARPS      (APW_THREADS / WARP_SIZE)        // 8: the split partials' slots per block
+#define APW_STAGE_THREADS 256                           // the threads that stage K/V (the first 8 warps)
 #define APW_KV_TILE    64                               // positions per pipeline step (4 pages)
 #ifndef APW_STAGES
 #define APW_STAGES     4                                // V of the tile before, K of this one, two in flight
@@ -242,7 +263,9 @@ struct ApwShape {
     static constexpr int COLS = HEAD_DIM / 64;                    // 64-dim column blocks
     static constexpr int TILE_BYTES = COLS * APW_COL_BYTES;       // K (or V) of one step
     static constexpr int STAGE_BYTES = 2 * TILE_BYTES;            // K then V
-    static constexpr int SMEM_BYTES = APW_STAGES * STAGE_BYTES + 1024;  // + slack to align to 1 KiB
+    static constexpr int Q_OFFSET = APW_STAGES * STAGE_BYTES;     // APW_Q_SMEM: each warpgroup's Q, COLS blocks
+    static constexpr int Q_BYTES = APW_Q_SMEM ? APW_WARPGROUPS * COLS * APW_COL_BYTES : 0;
+    static constexpr int SMEM_BYTES = APW_STAGES * STAGE_BYTES + Q_BYTES + 1024;  // + slack to align to 1 KiB
     static constexpr int CHUNKS = HEAD_DIM / 8;                   // 16-byte chunks per token row
     static constexpr int KSTEPS = HEAD_DIM / 16;                  // k16 steps of QKᵀ
     static constexpr int OACC = HEAD_DIM / 2;                     // O accumulators a lane (m64nDh)
@@ -314,7 +337,7 @@ __device__ __forceinline__ void apw_run_piece(
 
     // Q fragments (A of QKᵀ; k = dims 16j … 16j+15), zero past the chunk.
     u32 qa[S::KSTEPS][4];
-    {
+    if constexpr (!APW_Q_SMEM) {
         const __half* q0 = q + ((u64)qrow[0] * Hq + head[0]) * HEAD_DIM + 2 * t;
         const __half* q1 = q + ((u64)qrow[1] * Hq + head[1]) * HEAD_DIM + 2 * t;
         const bool v0 = pr[0] < packed, v1 = pr[1] < packed;
@@ -336,14 +359,16 @@ __device__ __forceinline__ void apw_run_piece(
     // are the same in every tile: per tile and pass it loads one block-table entry and adds
     // page · page_elems to its K and V pointers — no per-token address arithmetic on the MMA
     // warps' issue slots.
-    constexpr int ROWS = APW_THREADS / S::CHUNKS;
-    static_assert(APW_THREADS % S::CHUNKS == 0 && ROWS % PAGE_TOKENS == 0, "every thread keeps one column and slot");
+    constexpr int ROWS = APW_STAGE_THREADS / S::CHUNKS;
+    static_assert(APW_STAGE_THREADS % S::CHUNKS == 0 && ROWS % PAGE_TOKENS == 0, "every thread keeps one column and slot");
+    static_assert(APW_THREADS >= APW_STAGE_THREADS, "the staging threads are the block's first");
     const int col = threadIdx.x % S::CHUNKS, row = threadIdx.x / S::CHUNKS;
     const u32 dst0 = (col / 8) * APW_COL_BYTES + row * 128 + (((col % 8) ^ (row % 8)) * 16);
     const __half* k_row = k_cache + kv_offset(0, kv_head, row % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * col;
     const __half* v_row = v_cache + kv_offset(0, kv_head, row % PAGE_TOKENS, Hkv, HEAD_DIM) + 8 * col;
     const int page_elems = kv_page_elems(Hkv, HEAD_DIM);
     auto issue = [&](int tile, int stage) {
+        if (APW_THREADS > APW_STAGE_THREADS && threadIdx.x >= APW_STAGE_THREADS) return;  // the third warpgroup
         unsigned char* dst = smem + stage * S::STAGE_BYTES + dst0;
         const int pos0 = tile * APW_KV_TILE + row;  // this thread's token of pass 0
 #pragma unroll
@@ -364,6 +389,20 @@ __device__ __forceinline__ void apw_run_piece(
     float m_run[2] = {F32_NEG_INF, F32_NEG_INF};  // per row (g, g+8), log2 units, quad-uniform
     float l_run[2] = {0.f, 0.f};                  // per row, this lane's share (quad-summed at the end)
 
+    // APW_Q_SMEM: the block's packed rows of Q, warpgroup w's 64 in its own K-major 128-byte-swizzled
+    // blocks (as the K tiles), zeros past the chunk, in the first tile's commit group: sync_stage(0)
+    // waits for them before any QKᵀ. The previous piece's MMAs, the last readers, have completed
+    // (each warpgroup's final wait_group 0, then the schedule's barrier between pieces).
+    if constexpr (APW_Q_SMEM) {
+        for (int i = threadIdx.x; i < APW_ROWS * S::CHUNKS; i += APW_THREADS) {
+            const int r = i / S::CHUNKS, c = i % S::CHUNKS, pr_i = p0 + r;  // block row, 16-byte chunk
+            const bool valid = pr_i < packed;
+            const __half* src = valid ? q + ((u64)(pr_i / group) * Hq + kv_head * group + pr_i % group) * HEAD_DIM + 8 * c
+                                      : q;
+            cp_async_16(smem + S::Q_OFFSET + (r / APW_WG_ROWS) * S::COLS * APW_COL_BYTES + (c / 8) * APW_COL_BYTES
+                            + (r % APW_WG_ROWS) * 128 + (((c % 8) ^ (r % 8)) * 16), src, valid);
+        }
+    }
     // The pipeline (the header's "The pipeline"): tiles t_begin + i into stage i % APW_STAGES,
     // one commit group each; APW_STAGES − 2 of them issued ahead.
 #pragma unroll
@@ -391,9 +430,13 @@ __device__ __forceinline__ void apw_run_piece(
     auto stage_of = [&](int step) { return smem + (step % APW_STAGES) * S::STAGE_BYTES; };
     auto issue_s = [&](int step) {
         const unsigned char* ks = stage_of(step);
+        const unsigned char* qs = smem + S::Q_OFFSET + (warp / 4) * S::COLS * APW_COL_BYTES;  // APW_Q_SMEM
 #pragma unroll
-        for (int j = 0; j < S::KSTEPS; ++j)
-            wgmma_m64n64k16_rs(s, qa[j], wgmma_desc_sw128(ks + (j / 4) * APW_COL_BYTES + (j % 4) * 32), j > 0);
+        for (int j = 0; j < S::KSTEPS; ++j) {
+            const u64 kd = wgmma_desc_sw128(ks + (j / 4) * APW_COL_BYTES + (j % 4) * 32);
+            if constexpr (APW_Q_SMEM) wgmma_m64n64k16_ss(s, wgmma_desc_sw128(qs + (j / 4) * APW_COL_BYTES + (j % 4) * 32), kd, j > 0);
+            else wgmma_m64n64k16_rs(s, qa[j], kd, j > 0);
+        }
         wgmma_commit_group();
     };
     auto issue_pv = [&](int step) {  // O += P · V of tile `step`

@@ -199,6 +199,23 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const u32 (
         : "memory");
 }
 
+// D[64 × 64] (+)= A[64 × 16] · B[16 × 64] with both operands in shared memory, both K-major
+// (wgmma_desc_sw128): as wgmma_m64n128k16_ss with 64 columns. The prefill attention's QKᵀ with Q
+// read from shared memory (APW_Q_SMEM) instead of a lane's registers.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], u64 a_desc, u64 b_desc, int accumulate) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        WGMMA_D32_REGS ", "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : WGMMA_D32_OPERANDS(d)
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate)
+        : "memory");
+}
+
 // Descriptor of an N-major B operand (B[k][n] with n contiguous) in 128-byte-swizzled atoms:
 // each k row holds 64 FP16 n values in 128 bytes, 8 consecutive k rows form a 1024-byte atom
 // (swizzled as TMA's CU_TENSOR_MAP_SWIZZLE_128B writes it: 16-byte chunk c of row r at chunk

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from drvqwen import launchers
-from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, tile_splits_needed
+from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, build_warpgroups, tile_splits_needed
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -52,7 +52,21 @@ def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits,
     check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine)
 
 
-def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma"):
+# The wgmma kernel's measured builds (its header): Q read from shared memory, and with it three
+# MMA warpgroups a block (192 packed rows, 12 warps: the partial slots and the grid follow).
+BUILDS = {"q_smem": (("APW_Q_SMEM", 1),), "wg3": (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))}
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("engine", ["wgmma", "wgmma-ranges"])
+@pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"S{s}")
+@pytest.mark.parametrize("hd,hq,hkv", SHAPES + GROUPS[:1], ids=["hd64", "hd128", "hd128-12q2kv"])
+@pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
+def test_attention_prefill_builds(dev, rng, hd, hq, hkv, start, t, splits, engine, build):
+    check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine, defines=BUILDS[build])
+
+
+def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma", defines=()):
     """One chunk of t queries at positions start … start + t − 1 against the float64 reference,
     rows past t untouched, the counters back at zero, the same bits when launched again."""
     s_len = start + t
@@ -71,18 +85,20 @@ def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma
     out = dev.poisoned("out", (rows, hq, hd), np.float16)
     scratch = None
     if splits > 1:
-        scratch = AttentionSplitScratch(dev.array, tile_splits_needed(rows, splits, hq, hkv, engine), hq, hkv, hd)
+        scratch = AttentionSplitScratch(dev.array, tile_splits_needed(rows, splits, hq, hkv, engine,
+                                                                      build_warpgroups(defines)), hq, hkv, hd)
         scratch.part_o.fill_bytes(0xFF)
         scratch.part_ml.fill_bytes(0xFF)
     attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),
                               dev.upload("bt", block_table), dev.upload("ps", np.array([start, t], np.int32)),
                               rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=hd, kv_splits=splits, scratch=scratch,
-                              engine=engine)
+                              engine=engine, defines=defines)
     attn.launch()
     got = out.download()
     want = ref.attention(q[:t].astype(np.float64), k_seq.astype(np.float64), v_seq.astype(np.float64),
                          start + np.arange(t))
-    report(f"attention_prefill[{engine}] hd{hd} start={start} T={t} S={splits}", got[:t], want, TOL_ATTENTION)
+    report(f"attention_prefill[{engine}{''.join(f' {k}={v}' for k, v in defines)}] hd{hd} start={start} T={t} "
+           f"S={splits}", got[:t], want, TOL_ATTENTION)
     assert np.isnan(got[t:].astype(np.float32)).all(), "rows past n_rows were written"
     if scratch is not None:
         assert not scratch.counters.download().any(), "a split counter was left non-zero"

@@ -32,7 +32,7 @@ from drvqwen.cuda import get_device
 from drvqwen.cuda.graph import graph_time_us
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import AttentionPrefill
-from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, tile_splits_needed
+from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, build_warpgroups, tile_splits_needed
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen.provenance import source_record
 
@@ -63,8 +63,8 @@ def bench_case(rng, model: str, start: int, n_rows: int, splits: list[int], vari
         bufs = (s.array("q", q.shape, np.float16, q), s.array("k", k_cache.shape, np.float16, k_cache),
                 s.array("v", v_cache.shape, np.float16, v_cache), s.array("bt", bt.shape, np.int32, bt),
                 s.array("ps", (2,), np.int32, np.array([start, n_rows], np.int32)))
-        scratch = AttentionSplitScratch(s.array, max(tile_splits_needed(rows, max(splits), hq, hkv, e) for e in engines),
-                                        hq, hkv, dh)
+        scratch = AttentionSplitScratch(s.array, max(tile_splits_needed(rows, max(splits), hq, hkv, e, build_warpgroups(d))
+                                                     for e in engines for _name, d in variants), hq, hkv, dh)
         pos = start + np.arange(n_rows - CHECK_ROWS, n_rows)
         want = ref.attention(q[n_rows - CHECK_ROWS:n_rows].astype(np.float64), k_seq.astype(np.float64),
                              v_seq.astype(np.float64), pos)

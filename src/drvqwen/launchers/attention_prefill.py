@@ -32,22 +32,23 @@ mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
 W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 4)
 
 
-def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma") -> int:
+def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma", warpgroups: int = 2) -> int:
     """Query tiles (gridDim.x) of a launch over `rows` query rows: 16 queries a tile (mma), or
-    128 packed rows of rows · G (wgmma)."""
-    return -(-rows // Q_TILE) if engine == "mma" else -(-rows * (n_heads // n_kv_heads) // W_ROWS)
+    64 packed rows of rows · G a warpgroup, 128 in the default build (wgmma)."""
+    return -(-rows // Q_TILE) if engine == "mma" else -(-rows * (n_heads // n_kv_heads) // (W_ROWS // 2 * warpgroups))
 
 
-def tile_splits_needed(rows: int, kv_splits: int, n_heads: int, n_kv_heads: int, engine: str = "mma") -> int:
+def tile_splits_needed(rows: int, kv_splits: int, n_heads: int, n_kv_heads: int, engine: str = "mma",
+                       warpgroups: int = 2) -> int:
     """The AttentionSplitScratch (in its `tile_splits` unit: 16-query tiles × splits, each slot of
     Hq warp partials and Hkv counters) a launch of `kv_splits` over `rows` rows needs. The wgmma
     engine's tiles hold 8 warps' partials for G heads' worth of rows, so the same rows may need a
     few slots more (64 rows at G = 7: 4 tiles × 8 warps against 4 × 7)."""
-    tiles = query_tiles(rows, n_heads, n_kv_heads, engine)
+    tiles = query_tiles(rows, n_heads, n_kv_heads, engine, warpgroups)
     if engine == "mma":
         return tiles * kv_splits
     g = n_heads // n_kv_heads
-    return max(tiles, -(-tiles * kv_splits * W_WARPS // g))
+    return max(tiles, -(-tiles * kv_splits * (W_WARPS // 2 * warpgroups) // g))
 
 
 def split_count(units: int, slots: int) -> int:
@@ -83,12 +84,13 @@ def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
     return count(query_tiles(rows, n_heads, n_kv_heads, engine) * n_kv_heads, max(1, per_sm) * occ.sm_count)
 
 
-def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma") -> int:
+def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma", q_rows: int = 0) -> int:
     """Dynamic shared memory. mma: stages × (K, V) × 64 token rows of Dh fp16 padded by 16
-    bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles."""
+    bytes; wgmma: stages × (K, V) × 64 unpadded (swizzled) rows, + 1 KiB to align the tiles, +
+    `q_rows` rows of Q (the build APW_Q_SMEM: the block's packed rows)."""
     if engine == "mma":
         return (stages or STAGES) * 2 * KV_TILE * (2 * head_dim + 16)
-    return (stages or W_STAGES) * 2 * KV_TILE * 2 * head_dim + 1024
+    return (stages or W_STAGES) * 2 * KV_TILE * 2 * head_dim + q_rows * 2 * head_dim + 1024
 
 
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
@@ -97,8 +99,13 @@ def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
     return KernelRef(file, f"{file}{ranges}_hd{head_dim}", tuple(defines), pdl=True)
 
 
-def _threads(engine: str, n_heads: int, n_kv_heads: int) -> int:
-    return 32 * (n_heads // n_kv_heads) if engine == "mma" else 32 * W_WARPS
+def _threads(engine: str, n_heads: int, n_kv_heads: int, warpgroups: int = 2) -> int:
+    return 32 * (n_heads // n_kv_heads) if engine == "mma" else 32 * (W_WARPS // 2 * warpgroups)
+
+
+def build_warpgroups(defines) -> int:
+    """MMA warpgroups a block of the wgmma kernel built with `defines` (APW_WARPGROUPS, 2 by default)."""
+    return int(dict(defines).get("APW_WARPGROUPS", 2))
 
 
 mirrored("attention_prefill", "ApfShape<64>::SMEM_BYTES", smem_bytes(64))
@@ -173,7 +180,7 @@ class AttentionPrefill(Launcher):
                 f"attention_prefill: kv_splits={kv_splits!r} must be an int in 1..{MAX_SPLITS}")
         split = dict(part_o=NULL, part_ml=NULL, counters=NULL)
         if kv_splits > 1:
-            need = tile_splits_needed(rows, kv_splits, n_heads, n_kv_heads, engine)
+            need = tile_splits_needed(rows, kv_splits, n_heads, n_kv_heads, engine, build_warpgroups(defines))
             require(scratch is not None and scratch.tile_splits >= need
                     and scratch.heads == (n_heads, n_kv_heads, head_dim),
                     f"attention_prefill: kv_splits={kv_splits} over {rows} rows needs an AttentionSplitScratch "
@@ -181,8 +188,10 @@ class AttentionPrefill(Launcher):
             split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
         stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
-        kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads),
-                                 smem_bytes(head_dim, stages, engine))
+        wg = build_warpgroups(defines)
+        q_rows = W_ROWS // 2 * wg if engine != "mma" and dict(defines).get("APW_Q_SMEM") else 0
+        kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads, wg),
+                                 smem_bytes(head_dim, stages, engine, q_rows))
         args = dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                     prefill_state=prefill_state, Hq=i32(n_heads), Hkv=i32(n_kv_heads))
         if engine == "wgmma-ranges":  # every resident slot; the kernel spreads the steps over them
@@ -190,7 +199,7 @@ class AttentionPrefill(Launcher):
             grid = (max(1, occ.blocks_per_sm(kernel, threads, smem)) * occ.sm_count, 1, 1)
             args["max_pieces"] = i32(kv_splits)
         else:
-            grid = (query_tiles(rows, n_heads, n_kv_heads, engine), n_kv_heads, kv_splits)
+            grid = (query_tiles(rows, n_heads, n_kv_heads, engine, wg), n_kv_heads, kv_splits)
         self._add(kernel, grid, (threads,), dict(args, **split),
                   smem_bytes=smem, reads=(q, k_cache, v_cache, block_table, prefill_state),
                   writes=(out,) + ((scratch.part_o, scratch.part_ml, scratch.counters) if kv_splits > 1 else ()))
