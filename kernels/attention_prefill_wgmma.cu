@@ -218,7 +218,9 @@
 // scheduler with no eligible warp 62 % of the cycles; three should hide more of the latency
 // between its dependent instructions. tests/test_kernel_attention_prefill.py's builds test checks
 // both builds; `tools/bench_attention_prefill.py --variant qs:APW_Q_SMEM=1 --variant
-// wg3:APW_WARPGROUPS=3,APW_Q_SMEM=1` times them.
+// wg3:APW_WARPGROUPS=3,APW_Q_SMEM=1` times them alone, and `drvqwen bench
+// --prefill-attention-define APW_WARPGROUPS=3 --prefill-attention-define APW_Q_SMEM=1` in the
+// prefill (every attention launch of the chunk lists built so).
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).

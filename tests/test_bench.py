@@ -246,6 +246,17 @@ def test_persistent_defines_parse_and_refuse_in_one_line():
             bench.parse_defines([bad])
 
 
+def test_prefill_attention_defines_reach_the_parser_and_name_their_option():
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    assert ap.parse_args([]).prefill_attention_define == []
+    args = ap.parse_args(["--prefill-attention-define", "APW_WARPGROUPS=3", "--prefill-attention-define", "APW_Q_SMEM=1"])
+    assert bench.parse_defines(args.prefill_attention_define, "--prefill-attention-define") == (
+        ("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))
+    with pytest.raises(bench.DrvqwenError, match=r"^--prefill-attention-define 'APW_Q_SMEM': expected NAME=INTEGER$"):
+        bench.parse_defines(["APW_Q_SMEM"], "--prefill-attention-define")
+
+
 def test_prefill_breakdown_groups_the_layers_and_prints_its_own_table():
     """`bench --kernels` also times the prefill's launches (Prefill.time_kernels) and prints them
     by role in a table of their own; the per-launch figures are kept as measured."""

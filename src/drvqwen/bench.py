@@ -154,7 +154,8 @@ def kv_bytes_read(config, seq_len: int) -> int:
 
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
                  last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True,
-                 kquant_gemm: bool = True, chunk_rows: int | None = None, q32_gemm: bool = True):
+                 kquant_gemm: bool = True, chunk_rows: int | None = None, q32_gemm: bool = True,
+                 attention_defines: tuple[tuple[str, int], ...] = ()):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
@@ -163,8 +164,9 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     on the one engine, none switching to the range schedule late in a long prompt; without
     `kquant_gemm` Q4_K, Q5_K and Q6_K projections on gemm_fmt_wgmma.cu, without `q32_gemm` the
     Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones;
-    `chunk_rows` the prompt rows per chunk, default the prefill's), or None where that module does
-    not exist in this checkout."""
+    `chunk_rows` the prompt rows per chunk, default the prefill's; `attention_defines` a compile-time
+    build of the wgmma attention kernel, to measure), or None where that module does not exist in
+    this checkout."""
     try:
         from .prefill import ATTENTION_ENGINE, DEFAULT_CHUNK_ROWS, LATE_ATTENTION_FROM, Prefill
     except ImportError:
@@ -172,7 +174,7 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     return Prefill(dec, chunk_rows or DEFAULT_CHUNK_ROWS, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
                    last_layer=last_layer, attention_splits=attention_splits,
                    late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm,
-                   q32_gemm=q32_gemm)
+                   q32_gemm=q32_gemm, **({"attention_defines": attention_defines} if attention_defines else {}))
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -265,7 +267,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
-              decode: str = "per-launch",
+              prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
@@ -304,6 +306,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             kernel, so "same_tokens" compares the two bit for bit.
         persistent_blocks: blocks per SM the persistent kernel is compiled for (1 or 2).
         persistent_defines: more compile-time choices of the persistent kernel (its header).
+        prefill_attention_defines: a compile-time build of the prefill's wgmma attention kernel
+            (kernels/attention_prefill_wgmma.cu's header), to measure.
         trace: with decode="persistent", also trace one graph step (`persistent_trace`).
 
     Raises:
@@ -349,7 +353,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
         prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
                                 prefill_attention_splits, prefill_attention_late, prefill_kquant == "registers",
-                                prefill_chunk_rows, prefill_q32 == "registers")
+                                prefill_chunk_rows, prefill_q32 == "registers", prefill_attention_defines)
                    if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
@@ -375,6 +379,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prefill_gemm": prefill_gemm if prefill is not None else None,
                          "prefill_rope": ("epilogue" if prefill.qkv_rope else "apart") if prefill is not None else None,
                          "prefill_attention": getattr(prefill, "attention_engine", None),
+                         "prefill_attention_defines": ([list(d) for d in prefill_attention_defines]
+                                                       if prefill is not None and prefill_attention_defines else None),
                          "prefill_attention_splits": ("auto" if prefill_attention_splits else "none")
                                                      if prefill is not None else None,
                          "prefill_attention_late_from": getattr(prefill, "late_from", None),
@@ -563,6 +569,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
                    help="a compile-time choice of the persistent kernel (kernels/decode_persistent.cu), to measure")
+    p.add_argument("--prefill-attention-define", action="append", default=[], metavar="NAME=VALUE",
+                   help="a compile-time build of the prefill's wgmma attention (kernels/attention_prefill_wgmma.cu), "
+                        "to measure")
     p.add_argument("--trace", action="store_true",
                    help="with --decode persistent: also trace one step (per-op times from %%globaltimer stamps)")
     from .gen_options import add_speculation_arguments
@@ -571,8 +580,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="also write the result as JSON to this file")
 
 
-def parse_defines(items: list[str]) -> tuple[tuple[str, int], ...]:
-    """NAME=VALUE strings → (name, int value) pairs.
+def parse_defines(items: list[str], option: str = "--persistent-define") -> tuple[tuple[str, int], ...]:
+    """NAME=VALUE strings (of `option`) → (name, int value) pairs.
 
     Raises:
         DrvqwenError: an item without "=", a name that is not an identifier or a value that is
@@ -582,7 +591,7 @@ def parse_defines(items: list[str]) -> tuple[tuple[str, int], ...]:
     for item in items:
         name, eq, value = item.partition("=")
         if not eq or not name.isidentifier() or not value.lstrip("-").isdigit():
-            raise DrvqwenError(f"--persistent-define {item!r}: expected NAME=INTEGER")
+            raise DrvqwenError(f"{option} {item!r}: expected NAME=INTEGER")
         out.append((name, int(value)))
     return tuple(out)
 
@@ -624,6 +633,8 @@ def cmd_bench(args) -> int:
                         prefill_attention_late=args.prefill_attention_late == "auto",
                         prefill_kquant=args.prefill_kquant, prefill_q32=args.prefill_q32,
                         prefill_chunk_rows=args.prefill_chunk_rows,
+                        prefill_attention_defines=parse_defines(args.prefill_attention_define,
+                                                                "--prefill-attention-define"),
                         decode=args.decode,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)

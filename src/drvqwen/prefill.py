@@ -107,7 +107,7 @@ from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows,
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
-    AttentionSplitScratch, kv_splits_for, tile_splits_needed
+    AttentionSplitScratch, build_warpgroups, kv_splits_for, tile_splits_needed
 from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
@@ -234,6 +234,8 @@ class Prefill:
         q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on
             gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
             (to compare).
+        attention_defines: a compile-time build of the wgmma attention kernel (its header's
+            builds to measure, e.g. (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))); () the default.
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -242,7 +244,7 @@ class Prefill:
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
                  last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
-                 kquant_gemm: bool = True, q32_gemm: bool = True):
+                 kquant_gemm: bool = True, q32_gemm: bool = True, attention_defines: tuple = ()):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -255,6 +257,8 @@ class Prefill:
             raise DrvqwenError(f"last_layer {last_layer!r}: choose one of {', '.join(LAST_LAYER_MODES)}")
         self.fmt_gemm = fmt_gemm
         self.attention_engine = attention_engine
+        self.attention_defines = tuple(attention_defines)
+        wg = build_warpgroups(self.attention_defines)  # the build's rows a query tile: the scratch below
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
         self.late_from = (late_attention_from if attention_engine == "wgmma" and mode != "per_token"
@@ -307,12 +311,12 @@ class Prefill:
                                  if attention_splits and not self.per_token else {})
         # The last layer's one-row attention (`_tail`): splits as a one-row launch picks them.
         self.tail_splits = kv_splits_for(1, *heads, engine=attention_engine) if attention_splits else 1
-        tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine)
+        tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine, wg)
                            for rows, s in [*self.attention_splits.items(), (1, self.tail_splits)] if s > 1),
                           default=0)
         if self.late_from is not None:  # the range schedule's pieces, every bucket
             tile_splits = max(tile_splits, tile_splits_needed(C, kv_splits_for(C, *heads, engine=LATE_ATTENTION_ENGINE),
-                                                              *heads[:2], LATE_ATTENTION_ENGINE))
+                                                              *heads[:2], LATE_ATTENTION_ENGINE, wg))
         if tile_splits:
             size += AttentionSplitScratch.nbytes(tile_splits, *heads) + 3 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")
@@ -442,7 +446,7 @@ class Prefill:
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                                      kv_splits=self.attention_splits.get(R, 1),
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
-                                                     stream=st)),
+                                                     defines=self.attention_defines, stream=st)),
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
                 (f"L{l}.o_proj", GemmInt4ResidualRows(res, attn, *lw.o_proj, ps, n=D, k=nq, rows=R, split_k=sk, stream=st)),
                 (f"L{l}.post_attention_layernorm", RmsNorm(xn, res, lw.post_attention_layernorm, dim=D, eps=eps,
@@ -517,7 +521,7 @@ class Prefill:
                                                      rows=R, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                                      kv_splits=self.attention_splits.get(R, 1),
                                                      scratch=self.attention_scratch, engine=self.attention_engine,
-                                                     stream=st)),
+                                                     defines=self.attention_defines, stream=st)),
                 *self._late_attention(l, R, attn_flat, q_heads, k_l, v_l),
                 (f"L{l}.o_proj", self._register_residual(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R)
                  or ResidualO(res, attn, pw["o_proj"], ps, n=D, k=nq, rows=R, stream=st, defines=defs, **sk[ResidualO])),
@@ -625,7 +629,8 @@ class Prefill:
         return [(f"L{l}.attention_late", AttentionPrefill(
             out, q, k_l, v_l, step.buf["block_table"], self.buf["prefill_state"], rows=R, n_heads=heads[0],
             n_kv_heads=heads[1], head_dim=heads[2], kv_splits=kv_splits_for(R, *heads, engine=LATE_ATTENTION_ENGINE),
-            scratch=self.attention_scratch, engine=LATE_ATTENTION_ENGINE, stream=step.stream))]
+            scratch=self.attention_scratch, engine=LATE_ATTENTION_ENGINE, defines=self.attention_defines,
+            stream=step.stream))]
 
     def _tail(self) -> list[tuple[str, Launcher]]:
         """The last layer past its K/V on the prompt's last row (module doc), built once: its
@@ -646,7 +651,8 @@ class Prefill:
                                 step.kv.layer_view("k_cache", l), step.kv.layer_view("v_cache", l),
                                 step.buf["block_table"], self.buf["last_state"], rows=1, n_heads=Hq,
                                 n_kv_heads=Hkv, head_dim=Dh, kv_splits=self.tail_splits,
-                                scratch=self.attention_scratch, engine=self.attention_engine, stream=st)
+                                scratch=self.attention_scratch, engine=self.attention_engine,
+                                defines=self.attention_defines, stream=st)
         fm = step.plan.formats
         if fm is None:  # INT4 (also under fmt_gemm="wgmma-all": the decode step's own kernels)
             o = GemvInt4Residual(res_row, attn_row, *lw.o_proj, n=D, k=nq, stream=st)
