@@ -216,7 +216,9 @@
 // rows a block, K/V staged by the first 256 threads; the split kernel 142 registers, the range
 // kernel 168 with 144 bytes spilled). The Nsight Compute runs above found the loop's two warps a
 // scheduler with no eligible warp 62 % of the cycles; three should hide more of the latency
-// between its dependent instructions. tests/test_kernel_attention_prefill.py's builds test checks
+// between its dependent instructions. (At Dh = 64 three warpgroups cost the second block an SM:
+// 384 threads × 112 registers make one block, where APW_Q_SMEM alone keeps two at 112; its range
+// kernel takes 178 against 174.) tests/test_kernel_attention_prefill.py's builds test checks
 // both builds; `tools/bench_attention_prefill.py --variant qs:APW_Q_SMEM=1 --variant
 // wg3:APW_WARPGROUPS=3,APW_Q_SMEM=1` times them alone, and `drvqwen bench
 // --prefill-attention-define APW_WARPGROUPS=3 --prefill-attention-define APW_Q_SMEM=1` in the
@@ -227,7 +229,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u32, u64, WARP_SIZE, QUAD_SIZE, F32_NEG_INF, F32_LOG2E
-#include "wgmma.cuh"     // wgmma_m64n64k16_rs, wgmma_m64n128k16_rs (N-major B), descriptors, fences
+#include "wgmma.cuh"     // wgmma_m64n64k16_rs / _ss, wgmma_m64n128k16_rs (N-major B), descriptors, fences
 #include "cp_async.cuh"  // cp_async_16, cp_async_commit, cp_async_wait
 #include "warp.cuh"      // quad_max, quad_sum, FULL_WARP_MASK
 #include "ex2.cuh"       // ex2_approx_ftz
@@ -251,6 +253,8 @@
 #define APW_THREADS    (APW_WARPGROUPS * 128)
 #define APW_WARPS      (APW_THREADS / WARP_SIZE)        // 8: the split partials' slots per block
 #define APW_STAGE_THREADS 256                           // the threads that stage K/V (the first 8 warps)
+static_assert(APW_WARPGROUPS == 2 || (APW_WARPGROUPS == 3 && APW_Q_SMEM),
+              "a third warpgroup fits 168 registers a thread only with Q in shared memory");
 #define APW_KV_TILE    64                               // positions per pipeline step (4 pages)
 #ifndef APW_STAGES
 #define APW_STAGES     4                                // V of the tile before, K of this one, two in flight
@@ -268,6 +272,7 @@ struct ApwShape {
     static constexpr int Q_OFFSET = APW_STAGES * STAGE_BYTES;     // APW_Q_SMEM: each warpgroup's Q, COLS blocks
     static constexpr int Q_BYTES = APW_Q_SMEM ? APW_WARPGROUPS * COLS * APW_COL_BYTES : 0;
     static constexpr int SMEM_BYTES = APW_STAGES * STAGE_BYTES + Q_BYTES + 1024;  // + slack to align to 1 KiB
+    static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block may have");
     static constexpr int CHUNKS = HEAD_DIM / 8;                   // 16-byte chunks per token row
     static constexpr int KSTEPS = HEAD_DIM / 16;                  // k16 steps of QKᵀ
     static constexpr int OACC = HEAD_DIM / 2;                     // O accumulators a lane (m64nDh)

@@ -11,6 +11,8 @@
 //   wgmma_m64n128k16_ss    : the same with A from shared memory through a descriptor too
 //   wgmma_m64n256k16_rs    : the RS form with 256 columns (128 accumulators a lane)
 //   wgmma_m64n64k16_rs     : the RS form with 64 columns (32 accumulators a lane)
+//   wgmma_m64n64k16_ss     : the SS form with 64 columns (the prefill attention's QKᵀ with Q in
+//                            shared memory)
 //   wgmma_desc_sw128_nmajor: the descriptor of an N-major B operand in 128-byte-swizzled atoms
 //   wgmma_m64n128k16_rs<1>, wgmma_m64n64k16_rs<1>
 //                          : the RS forms with B N-major (imm-trans-b = 1): B[k][n] stored with n

@@ -60,7 +60,7 @@ BUILDS = {"q_smem": (("APW_Q_SMEM", 1),), "wg3": (("APW_WARPGROUPS", 3), ("APW_Q
 @pytest.mark.parametrize("build", list(BUILDS))
 @pytest.mark.parametrize("engine", ["wgmma", "wgmma-ranges"])
 @pytest.mark.parametrize("splits", [1, 3], ids=lambda s: f"S{s}")
-@pytest.mark.parametrize("hd,hq,hkv", SHAPES + GROUPS[:1], ids=["hd64", "hd128", "hd128-12q2kv"])
+@pytest.mark.parametrize("hd,hq,hkv", SHAPES + GROUPS, ids=["hd64", "hd128"] + [f"hd{d}-{q}q{k}kv" for d, q, k in GROUPS])
 @pytest.mark.parametrize("start,t", CASES, ids=[f"start{s}-T{t}" for s, t in CASES])
 def test_attention_prefill_builds(dev, rng, hd, hq, hkv, start, t, splits, engine, build):
     check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine, defines=BUILDS[build])

@@ -258,6 +258,8 @@ class Prefill:
         self.fmt_gemm = fmt_gemm
         self.attention_engine = attention_engine
         self.attention_defines = tuple(attention_defines)
+        if self.attention_defines and attention_engine == "mma":
+            raise DrvqwenError("attention defines build the wgmma attention kernel: the mma engine takes none")
         wg = build_warpgroups(self.attention_defines)  # the build's rows a query tile: the scratch below
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
@@ -306,11 +308,13 @@ class Prefill:
         # The attention's KV splits per row bucket, and their partials and counters, sized for the
         # largest bucket × splits and shared by every layer's launch.
         heads = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        self.attention_splits = ({rows: kv_splits_for(rows, *heads, engine=attention_engine)
+        self.attention_splits = ({rows: kv_splits_for(rows, *heads, engine=attention_engine,
+                                                      defines=self.attention_defines)
                                   for rows in range(ROW_BUCKET, C + 1, ROW_BUCKET)}
                                  if attention_splits and not self.per_token else {})
         # The last layer's one-row attention (`_tail`): splits as a one-row launch picks them.
-        self.tail_splits = kv_splits_for(1, *heads, engine=attention_engine) if attention_splits else 1
+        self.tail_splits = (kv_splits_for(1, *heads, engine=attention_engine, defines=self.attention_defines)
+                            if attention_splits else 1)
         tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine, wg)
                            for rows, s in [*self.attention_splits.items(), (1, self.tail_splits)] if s > 1),
                           default=0)

@@ -71,17 +71,18 @@ def split_count_wgmma(units: int, slots: int) -> int:
 
 
 def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                  occupancy: Occupancy | None = None, engine: str = "mma") -> int:
+                  occupancy: Occupancy | None = None, engine: str = "mma", defines: tuple = ()) -> int:
     """S for a launch over `rows` query rows (split_count, or split_count_wgmma, with the
-    kernel's occupancy); for wgmma-ranges the pieces a unit may be cut into: MAX_SPLITS, the
-    kernel then cuts only where the ranges need it."""
+    kernel's occupancy — of the build `defines` names); for wgmma-ranges the pieces a unit may
+    be cut into: MAX_SPLITS, the kernel then cuts only where the ranges need it."""
     if engine == "wgmma-ranges":
         return MAX_SPLITS
     occ = occupancy or DEFAULT_OCCUPANCY
-    per_sm = occ.blocks_per_sm(_kernel(engine, head_dim), _threads(engine, n_heads, n_kv_heads),
-                               smem_bytes(head_dim, engine=engine))
+    wg = build_warpgroups(defines)
+    per_sm = occ.blocks_per_sm(_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads, wg),
+                               smem_bytes(head_dim, engine=engine, q_rows=q_smem_rows(engine, defines)))
     count = split_count if engine == "mma" else split_count_wgmma
-    return count(query_tiles(rows, n_heads, n_kv_heads, engine) * n_kv_heads, max(1, per_sm) * occ.sm_count)
+    return count(query_tiles(rows, n_heads, n_kv_heads, engine, wg) * n_kv_heads, max(1, per_sm) * occ.sm_count)
 
 
 def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma", q_rows: int = 0) -> int:
@@ -106,6 +107,12 @@ def _threads(engine: str, n_heads: int, n_kv_heads: int, warpgroups: int = 2) ->
 def build_warpgroups(defines) -> int:
     """MMA warpgroups a block of the wgmma kernel built with `defines` (APW_WARPGROUPS, 2 by default)."""
     return int(dict(defines).get("APW_WARPGROUPS", 2))
+
+
+def q_smem_rows(engine: str, defines) -> int:
+    """Rows of Q a block of the wgmma kernel keeps in shared memory: its packed rows in the
+    build APW_Q_SMEM, else none."""
+    return W_ROWS // 2 * build_warpgroups(defines) if engine != "mma" and dict(defines).get("APW_Q_SMEM") else 0
 
 
 mirrored("attention_prefill", "ApfShape<64>::SMEM_BYTES", smem_bytes(64))
@@ -189,7 +196,7 @@ class AttentionPrefill(Launcher):
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
         stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
         wg = build_warpgroups(defines)
-        q_rows = W_ROWS // 2 * wg if engine != "mma" and dict(defines).get("APW_Q_SMEM") else 0
+        q_rows = q_smem_rows(engine, defines)
         kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads, wg),
                                  smem_bytes(head_dim, stages, engine, q_rows))
         args = dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
