@@ -259,7 +259,8 @@ class Prefill:
         self.attention_engine = attention_engine
         self.attention_defines = tuple(attention_defines)
         if self.attention_defines and attention_engine == "mma":
-            raise DrvqwenError("attention defines build the wgmma attention kernel: the mma engine takes none")
+            raise DrvqwenError(f"attention defines {', '.join(f'{k}={v}' for k, v in self.attention_defines)}: "
+                               "they build the wgmma attention kernel, the mma engine takes none")
         wg = build_warpgroups(self.attention_defines)  # the build's rows a query tile: the scratch below
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
