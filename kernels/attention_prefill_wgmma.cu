@@ -209,20 +209,26 @@
 // docs/bench/2026-12-04_ac81b11_h200_attention_prefill_row_sums_by_mma.json). The FADDs were not
 // on the critical path. Not a way on sm_90 either: the exponentials two at a time
 // (ex2.approx.f16x2) — ptxas makes it two MUFU.EX2.F16 and a PRMT, no SFU instruction saved.
-// To measure next (not yet run on the GPU): more warps a scheduler. With Q read from shared memory
-// (APW_Q_SMEM: the QKᵀ MMAs in the SS form, the block's packed rows staged with its first tile),
-// ptxas gives the Dh = 128 split kernel 142 registers instead of 178 and the range kernel 213
-// instead of 224, so a third MMA warpgroup fits 384 threads' 168 (APW_WARPGROUPS=3: 192 packed
-// rows a block, K/V staged by the first 256 threads; the split kernel 142 registers, the range
-// kernel 168 with 144 bytes spilled). The Nsight Compute runs above found the loop's two warps a
-// scheduler with no eligible warp 62 % of the cycles; three should hide more of the latency
-// between its dependent instructions. (At Dh = 64 three warpgroups cost the second block an SM:
-// 384 threads × 112 registers make one block, where APW_Q_SMEM alone keeps two at 112; its range
-// kernel takes 178 against 174.) tests/test_kernel_attention_prefill.py's builds test checks
-// both builds; `tools/bench_attention_prefill.py --variant qs:APW_Q_SMEM=1 --variant
-// wg3:APW_WARPGROUPS=3,APW_Q_SMEM=1` times them alone, and `drvqwen bench
-// --prefill-attention-define APW_WARPGROUPS=3 --prefill-attention-define APW_Q_SMEM=1` in the
-// prefill (every attention launch of the chunk lists built so).
+// Builds: more warps a scheduler. With Q read from shared memory (APW_Q_SMEM: the QKᵀ MMAs in
+// the SS form, the block's packed rows staged with its first tile), ptxas gives the Dh = 128
+// split kernel 142 registers instead of 178 and the range kernel 213 instead of 224, so a third
+// MMA warpgroup fits 384 threads' 168 (APW_WARPGROUPS=3: 192 packed rows a block, K/V staged by
+// the first 256 threads; the split kernel 142 registers, the range kernel 168 with 144 bytes
+// spilled). Measured on the H200 (tools/bench_attention_prefill.py --variant
+// qs:APW_Q_SMEM=1 --variant wg3:APW_WARPGROUPS=3,APW_Q_SMEM=1, one run,
+// docs/bench/2026-12-04_135e37a_h200_attention_prefill_builds.json and _builds_short.json):
+//   7B, range schedule S = 4: 2048:1024 114.7 µs → 110.8 (qs alone 113.7), 7168:1024 290.5 →
+//   266.7, 31 744:512 634.8 → 582.2: three warps a scheduler hide what two could not;
+//   7B, split schedule S = 1: 0:1024 38.5 → 34.1, but 0:512 15.8 → 20.5 and 1024:1024 77.9 →
+//   83.0 — 192 rows a block leave 19 blocks a KV head (76 of 132 SMs at 512 rows);
+//   0.5B (Dh = 64, where 384 threads × 112 registers make one block an SM, against two): split
+//   0:512 at its S = 2 9.7 → 12.2; range S = 4 2048:1024 52.9 → 47.8.
+// In the prefill (drvqwen bench, 7B, both schedules in the build, turns with the default,
+// docs/bench/2026-12-04_135e37a_h200_syn7b_ttft_wg3_*.json): 32 000 tokens 1210.4 ms → 1158.9,
+// 8192 208.95 / 209.8 → 208.5 / 209.3, 512 12.63 / 12.17 → 12.30 / 12.08 (noise at 512). So the
+// range schedule runs the three-warpgroup build (launchers/attention_prefill.py ENGINE_BUILDS),
+// the split schedule the two-warpgroup one; tests/test_kernel_attention_prefill.py's builds test
+// checks all three builds on both.
 // Requirements (asserted by the launcher): Hq % Hkv == 0; Dh ∈ {64, 128}; pointers 16-byte
 // aligned; block_table valid for every page < ceil((start + n_rows) / 16); with S > 1 the scratch
 // (launchers/attention_prefill.py: tile_splits_needed).
@@ -238,7 +244,7 @@
 #include "flags.cuh"     // split_arrive_last
 
 #define APW_WG_ROWS    64                               // packed rows per warpgroup (wgmma M)
-// Builds to measure (the header's "To measure next"), the default in brackets: APW_WARPGROUPS [2] MMA
+// Builds (the header's "Builds"), the macro default in brackets: APW_WARPGROUPS [2] MMA
 // warpgroups a block (3: 12 warps, three a scheduler, where 2 leave the schedulers idle 62 % of
 // the cycles at long positions; needs APW_Q_SMEM to fit 168 registers a thread); APW_Q_SMEM [0]:
 // QKᵀ reads Q from shared memory (SS wgmma; the block's 64·WG packed rows staged with the first

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from drvqwen import launchers
-from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, build_warpgroups, tile_splits_needed
+from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, tile_splits_needed
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 from drvqwen.kv_cache import PAGE_TOKENS
@@ -54,7 +54,9 @@ def test_attention_prefill_other_groups(dev, rng, hd, hq, hkv, start, t, splits,
 
 # The wgmma kernel's measured builds (its header): Q read from shared memory, and with it three
 # MMA warpgroups a block (192 packed rows, 12 warps: the partial slots and the grid follow).
-BUILDS = {"q_smem": (("APW_Q_SMEM", 1),), "wg3": (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))}
+# Every build of the wgmma kernel, on both schedules (each engine's own runs in the tests above).
+BUILDS = {"wg2": (("APW_WARPGROUPS", 2), ("APW_Q_SMEM", 0)), "q_smem": (("APW_WARPGROUPS", 2), ("APW_Q_SMEM", 1)),
+          "wg3": (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))}
 
 
 @pytest.mark.parametrize("build", list(BUILDS))
@@ -85,8 +87,8 @@ def check_attention_prefill(dev, rng, hd, hq, hkv, start, t, splits, engine="mma
     out = dev.poisoned("out", (rows, hq, hd), np.float16)
     scratch = None
     if splits > 1:
-        scratch = AttentionSplitScratch(dev.array, tile_splits_needed(rows, splits, hq, hkv, engine,
-                                                                      build_warpgroups(defines)), hq, hkv, hd)
+        scratch = AttentionSplitScratch(dev.array, tile_splits_needed(rows, splits, hq, hkv, engine, defines),
+                                        hq, hkv, hd)
         scratch.part_o.fill_bytes(0xFF)
         scratch.part_ml.fill_bytes(0xFF)
     attn = launchers.AttentionPrefill(out, dev.upload("q", q), dev.upload("k", k_cache), dev.upload("v", v_cache),

@@ -397,6 +397,46 @@ def test_attention_prefill_wgmma_engine_tiles_packed_rows_and_sizes_its_splits()
         AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, engine="tma")
 
 
+def test_attention_prefill_range_schedule_runs_its_own_build_and_defines_replace_it():
+    """ENGINE_BUILDS: the range schedule compiles the three-warpgroup build with Q in shared
+    memory (384 threads, 192 packed rows a tile, Q's rows in its shared memory, 12 warps'
+    partials in the scratch it asks for), the split schedule the two-warpgroup one; a define
+    given replaces the engine's own."""
+    import types
+
+    from drvqwen.launchers.attention_prefill import (AttentionPrefill, engine_build, query_tiles, smem_bytes,
+                                                     tile_splits_needed)
+    from drvqwen.launchers.base import BufferSpec
+
+    assert dict(engine_build("wgmma-ranges")) == {"APW_WARPGROUPS": 3, "APW_Q_SMEM": 1}
+    assert engine_build("wgmma") == () and engine_build("mma", (("APF_STAGES", 2),)) == (("APF_STAGES", 2),)
+    assert dict(engine_build("wgmma-ranges", (("APW_WARPGROUPS", 2), ("APW_STAGES", 5)))) == {
+        "APW_WARPGROUPS": 2, "APW_Q_SMEM": 1, "APW_STAGES": 5}
+    assert query_tiles(1024, 28, 4, "wgmma-ranges") == 38 and query_tiles(1024, 28, 4, "wgmma") == 56
+    assert query_tiles(1024, 28, 4, "wgmma-ranges", (("APW_WARPGROUPS", 2),)) == 56
+    for rows in range(64, 1025, 64):  # 12 warps' partials a tile
+        need, tiles = tile_splits_needed(rows, 4, 28, 4, "wgmma-ranges"), query_tiles(rows, 28, 4, "wgmma-ranges")
+        assert need * 28 >= tiles * 4 * 4 * 12 and need >= tiles
+    rows, hq, hkv, dh = 1024, 28, 4, 128
+    bufs = [BufferSpec(n, (rows * hq * dh,), np.float16) for n in ("out", "q")]
+    bufs += [BufferSpec(n, (64, hkv, 16, dh), np.float16) for n in ("k", "v")]
+    bufs += [BufferSpec("bt", (64,), np.int32), BufferSpec("ps", (2,), np.int32)]
+    scratch = types.SimpleNamespace(tile_splits=tile_splits_needed(rows, 4, hq, hkv, "wgmma-ranges"),
+                                    heads=(hq, hkv, dh), part_o=BufferSpec("po", (1,), np.float32),
+                                    part_ml=BufferSpec("pml", (1,), np.float32), counters=BufferSpec("c", (1,), np.uint32))
+    occ = FixedOccupancy(132, lambda _k, _t, _s: 1)
+    spec = AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, kv_splits=4, scratch=scratch,
+                            engine="wgmma-ranges", occupancy=occ).specs[0]
+    assert spec.kernel.kernel == "attention_prefill_wgmma_ranges_hd128"
+    assert dict(spec.kernel.defines) == {"APW_WARPGROUPS": 3, "APW_Q_SMEM": 1}
+    assert spec.block == (384,) and spec.grid == (132, 1, 1)
+    assert spec.smem_bytes == smem_bytes(128, engine="wgmma-ranges", q_rows=192) == smem_bytes(128, engine="wgmma") + 192 * 256
+    small = types.SimpleNamespace(**{**vars(scratch), "tile_splits": tile_splits_needed(rows, 4, hq, hkv, "wgmma")})
+    with pytest.raises(LaunchError, match="tile splits"):  # the two-warpgroup scratch is too small for 12 warps
+        AttentionPrefill(*bufs, rows=rows, n_heads=hq, n_kv_heads=hkv, head_dim=dh, kv_splits=4, scratch=small,
+                         engine="wgmma-ranges", occupancy=occ)
+
+
 def test_rmsnorm_threads_refused_unless_a_warp_multiple_up_to_the_kernels_block():
     """RmsNorm(threads=) — the prefill's row_threads(D) blocks — must be a multiple of 32 in
     32 … THREADS; row_threads rounds a row's float4 count up to a warp, capped at THREADS."""

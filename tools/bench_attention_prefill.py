@@ -32,7 +32,7 @@ from drvqwen.cuda import get_device
 from drvqwen.cuda.graph import graph_time_us
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import AttentionPrefill
-from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, build_warpgroups, tile_splits_needed
+from drvqwen.launchers.attention_prefill import ENGINES, AttentionSplitScratch, engine_build, tile_splits_needed
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen.provenance import source_record
 
@@ -63,7 +63,7 @@ def bench_case(rng, model: str, start: int, n_rows: int, splits: list[int], vari
         bufs = (s.array("q", q.shape, np.float16, q), s.array("k", k_cache.shape, np.float16, k_cache),
                 s.array("v", v_cache.shape, np.float16, v_cache), s.array("bt", bt.shape, np.int32, bt),
                 s.array("ps", (2,), np.int32, np.array([start, n_rows], np.int32)))
-        scratch = AttentionSplitScratch(s.array, max(tile_splits_needed(rows, max(splits), hq, hkv, e, build_warpgroups(d))
+        scratch = AttentionSplitScratch(s.array, max(tile_splits_needed(rows, max(splits), hq, hkv, e, d)
                                                      for e in engines for _name, d in variants), hq, hkv, dh)
         pos = start + np.arange(n_rows - CHECK_ROWS, n_rows)
         want = ref.attention(q[n_rows - CHECK_ROWS:n_rows].astype(np.float64), k_seq.astype(np.float64),
@@ -80,7 +80,7 @@ def bench_case(rng, model: str, start: int, n_rows: int, splits: list[int], vari
             us = statistics.median(graph_time_us(attn, reps) for _ in range(samples))
             flops = attn.flops_for(start, n_rows)
             found.append({"model": model, "start": start, "rows": n_rows, "engine": engine, "variant": name,
-                          "defines": dict(defines), "kv_splits": S, "us": us, "tflops": flops / us / 1e6,
+                          "defines": dict(engine_build(engine, defines)), "kv_splits": S, "us": us, "tflops": flops / us / 1e6,
                           "flops": flops, "rel_l2_last_rows": rel,
                           "grid": list(attn.launches[0].grid), "block": list(attn.launches[0].block)})
         return found
@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=["mma"])
     ap.add_argument("--variant", action="append", type=parse_variant, default=[],
-                    help="NAME:DEFINE=INT[,…] a compile-time build timed beside the default (repeatable)")
+                    help="NAME:DEFINE=INT[,…] a compile-time build timed beside each engine's own (its defines "
+                         "replacing the engine's: launchers/attention_prefill.py ENGINE_BUILDS; repeatable)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)

@@ -306,8 +306,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             kernel, so "same_tokens" compares the two bit for bit.
         persistent_blocks: blocks per SM the persistent kernel is compiled for (1 or 2).
         persistent_defines: more compile-time choices of the persistent kernel (its header).
-        prefill_attention_defines: a compile-time build of the prefill's wgmma attention kernel
-            (kernels/attention_prefill_wgmma.cu's header), to measure.
+        prefill_attention_defines: defines replacing or added to the builds of the prefill's wgmma
+            attention kernel (kernels/attention_prefill_wgmma.cu's header; ENGINE_BUILDS in
+            launchers/attention_prefill.py), to measure.
         trace: with decode="persistent", also trace one graph step (`persistent_trace`).
 
     Raises:
@@ -570,8 +571,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
                    help="a compile-time choice of the persistent kernel (kernels/decode_persistent.cu), to measure")
     p.add_argument("--prefill-attention-define", action="append", default=[], metavar="NAME=VALUE",
-                   help="a compile-time build of the prefill's wgmma attention (kernels/attention_prefill_wgmma.cu), "
-                        "to measure")
+                   help="a define replacing or added to the builds of the prefill's wgmma attention "
+                        "(kernels/attention_prefill_wgmma.cu; e.g. APW_WARPGROUPS=2), to measure")
     p.add_argument("--trace", action="store_true",
                    help="with --decode persistent: also trace one step (per-op times from %%globaltimer stamps)")
     from .gen_options import add_speculation_arguments

@@ -107,7 +107,7 @@ from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows,
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
-    AttentionSplitScratch, build_warpgroups, kv_splits_for, tile_splits_needed
+    AttentionSplitScratch, kv_splits_for, tile_splits_needed
 from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
@@ -234,8 +234,9 @@ class Prefill:
         q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on
             gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
             (to compare).
-        attention_defines: a compile-time build of the wgmma attention kernel (its header's
-            builds to measure, e.g. (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))); () the default.
+        attention_defines: (name, value) pairs replacing or added to the defines of each wgmma
+            attention engine's build (launchers/attention_prefill.py ENGINE_BUILDS; the kernel
+            header's builds, e.g. (("APW_WARPGROUPS", 2), ("APW_Q_SMEM", 0))); () their own.
     Raises:
         DrvqwenError: the activation buffers do not fit in GPU memory.
     """
@@ -261,7 +262,6 @@ class Prefill:
         if self.attention_defines and attention_engine == "mma":
             raise DrvqwenError(f"attention defines {', '.join(f'{k}={v}' for k, v in self.attention_defines)}: "
                                "they build the wgmma attention kernel, the mma engine takes none")
-        wg = build_warpgroups(self.attention_defines)  # the build's rows a query tile: the scratch below
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
         self.late_from = (late_attention_from if attention_engine == "wgmma" and mode != "per_token"
@@ -316,12 +316,12 @@ class Prefill:
         # The last layer's one-row attention (`_tail`): splits as a one-row launch picks them.
         self.tail_splits = (kv_splits_for(1, *heads, engine=attention_engine, defines=self.attention_defines)
                             if attention_splits else 1)
-        tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine, wg)
+        tile_splits = max((tile_splits_needed(rows, s, *heads[:2], attention_engine, self.attention_defines)
                            for rows, s in [*self.attention_splits.items(), (1, self.tail_splits)] if s > 1),
                           default=0)
         if self.late_from is not None:  # the range schedule's pieces, every bucket
             tile_splits = max(tile_splits, tile_splits_needed(C, kv_splits_for(C, *heads, engine=LATE_ATTENTION_ENGINE),
-                                                              *heads[:2], LATE_ATTENTION_ENGINE, wg))
+                                                              *heads[:2], LATE_ATTENTION_ENGINE, self.attention_defines))
         if tile_splits:
             size += AttentionSplitScratch.nbytes(tile_splits, *heads) + 3 * DEFAULT_ALIGN_BYTES
         self.pool = Pool(size, name="prefill")

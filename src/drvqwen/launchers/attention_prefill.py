@@ -32,23 +32,56 @@ mirrored("attention_prefill_wgmma", "APW_MAX_SPLITS", MAX_SPLITS)
 W_STAGES = mirrored("attention_prefill_wgmma", "APW_STAGES", 4)
 
 
-def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma", warpgroups: int = 2) -> int:
+# The compile-time build each engine runs (kernels/attention_prefill_wgmma.cu's APW_* defines):
+# the range schedule with three MMA warpgroups and Q in shared memory. Measured on the H200
+# (tools/bench_attention_prefill.py, the header's "Builds"): the 7B's range launches 3–8 % faster
+# (2048:1024 110.8 µs against 114.7, 7168:1024 266.7 against 290.5, 31 744:512 582.2 against
+# 634.8), where its split launches at 512 rows lose (20.5 µs against 15.8: 19 blocks a KV head
+# instead of 28 on 132 SMs) and so keep the two-warpgroup build.
+ENGINE_BUILDS = {"mma": (), "wgmma": (), "wgmma-ranges": (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1))}
+
+
+def engine_build(engine: str, defines=()) -> tuple[tuple[str, int], ...]:
+    """The defines a launch of `engine` compiles its kernel with: ENGINE_BUILDS[engine], each
+    name in `defines` ((name, value) pairs) replacing its value or added."""
+    build = dict(ENGINE_BUILDS[engine])
+    build.update((str(k), int(v)) for k, v in defines)
+    return tuple(build.items())
+
+
+def build_warpgroups(engine: str, defines=()) -> int:
+    """MMA warpgroups a block of the wgmma kernel has in `engine`'s build with `defines`
+    (APW_WARPGROUPS, 2 where unset)."""
+    return int(dict(engine_build(engine, defines)).get("APW_WARPGROUPS", 2))
+
+
+def q_smem_rows(engine: str, defines=()) -> int:
+    """Rows of Q a block of the wgmma kernel keeps in shared memory: its packed rows in a build
+    with APW_Q_SMEM, else none."""
+    if engine == "mma" or not dict(engine_build(engine, defines)).get("APW_Q_SMEM"):
+        return 0
+    return W_ROWS // 2 * build_warpgroups(engine, defines)
+
+
+def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma", defines=()) -> int:
     """Query tiles (gridDim.x) of a launch over `rows` query rows: 16 queries a tile (mma), or
-    64 packed rows of rows · G a warpgroup, 128 in the default build (wgmma)."""
-    return -(-rows // Q_TILE) if engine == "mma" else -(-rows * (n_heads // n_kv_heads) // (W_ROWS // 2 * warpgroups))
+    64 packed rows of rows · G a warpgroup of the build (wgmma: 128 a tile with two)."""
+    if engine == "mma":
+        return -(-rows // Q_TILE)
+    return -(-rows * (n_heads // n_kv_heads) // (W_ROWS // 2 * build_warpgroups(engine, defines)))
 
 
 def tile_splits_needed(rows: int, kv_splits: int, n_heads: int, n_kv_heads: int, engine: str = "mma",
-                       warpgroups: int = 2) -> int:
+                       defines=()) -> int:
     """The AttentionSplitScratch (in its `tile_splits` unit: 16-query tiles × splits, each slot of
     Hq warp partials and Hkv counters) a launch of `kv_splits` over `rows` rows needs. The wgmma
-    engine's tiles hold 8 warps' partials for G heads' worth of rows, so the same rows may need a
-    few slots more (64 rows at G = 7: 4 tiles × 8 warps against 4 × 7)."""
-    tiles = query_tiles(rows, n_heads, n_kv_heads, engine, warpgroups)
+    engine's tiles hold 4 warps' partials a warpgroup for G heads' worth of rows, so the same rows
+    may need a few slots more (64 rows at G = 7, two warpgroups: 4 tiles × 8 warps against 4 × 7)."""
+    tiles = query_tiles(rows, n_heads, n_kv_heads, engine, defines)
     if engine == "mma":
         return tiles * kv_splits
     g = n_heads // n_kv_heads
-    return max(tiles, -(-tiles * kv_splits * (W_WARPS // 2 * warpgroups) // g))
+    return max(tiles, -(-tiles * kv_splits * (W_WARPS // 2 * build_warpgroups(engine, defines)) // g))
 
 
 def split_count(units: int, slots: int) -> int:
@@ -78,11 +111,11 @@ def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
     if engine == "wgmma-ranges":
         return MAX_SPLITS
     occ = occupancy or DEFAULT_OCCUPANCY
-    wg = build_warpgroups(defines)
-    per_sm = occ.blocks_per_sm(_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads, wg),
+    per_sm = occ.blocks_per_sm(_kernel(engine, head_dim, defines),
+                               _threads(engine, n_heads, n_kv_heads, build_warpgroups(engine, defines)),
                                smem_bytes(head_dim, engine=engine, q_rows=q_smem_rows(engine, defines)))
     count = split_count if engine == "mma" else split_count_wgmma
-    return count(query_tiles(rows, n_heads, n_kv_heads, engine, wg) * n_kv_heads, max(1, per_sm) * occ.sm_count)
+    return count(query_tiles(rows, n_heads, n_kv_heads, engine, defines) * n_kv_heads, max(1, per_sm) * occ.sm_count)
 
 
 def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma", q_rows: int = 0) -> int:
@@ -97,22 +130,11 @@ def smem_bytes(head_dim: int, stages: int | None = None, engine: str = "mma", q_
 def _kernel(engine: str, head_dim: int, defines: tuple = ()) -> KernelRef:
     file = ENGINE_FILES[engine]
     ranges = "_ranges" if engine == "wgmma-ranges" else ""
-    return KernelRef(file, f"{file}{ranges}_hd{head_dim}", tuple(defines), pdl=True)
+    return KernelRef(file, f"{file}{ranges}_hd{head_dim}", engine_build(engine, defines), pdl=True)
 
 
 def _threads(engine: str, n_heads: int, n_kv_heads: int, warpgroups: int = 2) -> int:
     return 32 * (n_heads // n_kv_heads) if engine == "mma" else 32 * (W_WARPS // 2 * warpgroups)
-
-
-def build_warpgroups(defines) -> int:
-    """MMA warpgroups a block of the wgmma kernel built with `defines` (APW_WARPGROUPS, 2 by default)."""
-    return int(dict(defines).get("APW_WARPGROUPS", 2))
-
-
-def q_smem_rows(engine: str, defines) -> int:
-    """Rows of Q a block of the wgmma kernel keeps in shared memory: its packed rows in the
-    build APW_Q_SMEM, else none."""
-    return W_ROWS // 2 * build_warpgroups(defines) if engine != "mma" and dict(defines).get("APW_Q_SMEM") else 0
 
 
 mirrored("attention_prefill", "ApfShape<64>::SMEM_BYTES", smem_bytes(64))
@@ -166,7 +188,8 @@ class AttentionPrefill(Launcher):
     "wgmma-ranges" runs a block on every slot of the SMs (`occupancy`), each a run of the
     launch's (query tile, KV head, 64 positions) steps; S caps the pieces a tile is cut into
     (S = 1: whole tiles, a block after another's).
-    `defines` builds a compile-time variant of the kernel (benchmarks; the prefill uses none).
+    The kernel is compiled in the engine's build (ENGINE_BUILDS), `defines` replacing or adding
+    to its defines (builds to measure: benchmarks).
 
     Raises:
         LaunchError: unsupported head_dim or GQA group, a buffer of the wrong size or dtype,
@@ -187,15 +210,15 @@ class AttentionPrefill(Launcher):
                 f"attention_prefill: kv_splits={kv_splits!r} must be an int in 1..{MAX_SPLITS}")
         split = dict(part_o=NULL, part_ml=NULL, counters=NULL)
         if kv_splits > 1:
-            need = tile_splits_needed(rows, kv_splits, n_heads, n_kv_heads, engine, build_warpgroups(defines))
+            need = tile_splits_needed(rows, kv_splits, n_heads, n_kv_heads, engine, defines)
             require(scratch is not None and scratch.tile_splits >= need
                     and scratch.heads == (n_heads, n_kv_heads, head_dim),
                     f"attention_prefill: kv_splits={kv_splits} over {rows} rows needs an AttentionSplitScratch "
                     f"of ≥ {need} tile splits for heads {n_heads}/{n_kv_heads}, Dh {head_dim}")
             split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
-        stages = dict(defines).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
-        wg = build_warpgroups(defines)
+        stages = dict(engine_build(engine, defines)).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
+        wg = build_warpgroups(engine, defines)
         q_rows = q_smem_rows(engine, defines)
         kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads, wg),
                                  smem_bytes(head_dim, stages, engine, q_rows))
@@ -206,7 +229,7 @@ class AttentionPrefill(Launcher):
             grid = (max(1, occ.blocks_per_sm(kernel, threads, smem)) * occ.sm_count, 1, 1)
             args["max_pieces"] = i32(kv_splits)
         else:
-            grid = (query_tiles(rows, n_heads, n_kv_heads, engine, wg), n_kv_heads, kv_splits)
+            grid = (query_tiles(rows, n_heads, n_kv_heads, engine, defines), n_kv_heads, kv_splits)
         self._add(kernel, grid, (threads,), dict(args, **split),
                   smem_bytes=smem, reads=(q, k_cache, v_cache, block_table, prefill_state),
                   writes=(out,) + ((scratch.part_o, scratch.part_ml, scratch.counters) if kv_splits > 1 else ()))
