@@ -217,6 +217,27 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     assert builds == {(), (("GEMM_BM", 64),), (("GEMM_BM", 256),)}
 
 
+def test_the_engine_compiles_the_prefill_attention_in_every_build_a_long_prompt_launches():
+    """A 7B prompt's chunks from prefill.LATE_ATTENTION_FROM on run the range-scheduled attention,
+    a build of its own (launchers/attention_prefill.py ENGINE_BUILDS): the engine compiles it
+    before the first prompt, not in the middle of the first long one. Head dim 64 never takes it."""
+    from drvqwen import engine
+    from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
+    from drvqwen.launchers import attention_prefill
+
+    def launched(engine_name, head_dim):
+        ref = attention_prefill._kernel(engine_name, head_dim)
+        return ref.file, tuple(sorted(dict(ref.defines).items()))
+
+    assert prefill.LATE_ATTENTION_FROM is not None and prefill.ATTENTION_ENGINE == "wgmma"
+    builds_7b = {(n, tuple(sorted(d.items()))) for n, d in engine.engine_kernels(QWEN25_CODER_7B)}
+    assert {launched(prefill.ATTENTION_ENGINE, 128), launched(prefill.LATE_ATTENTION_ENGINE, 128)} <= builds_7b
+    builds_05b = {(n, tuple(sorted(d.items()))) for n, d in engine.engine_kernels(QWEN25_CODER_05B)}
+    assert launched(prefill.ATTENTION_ENGINE, 64) in builds_05b
+    assert {b for b in builds_05b if b[0] == launched(prefill.ATTENTION_ENGINE, 64)[0]} == {
+        launched(prefill.ATTENTION_ENGINE, 64)}
+
+
 def test_a_kernel_request_is_compiled_once_per_process(monkeypatch):
     """load_kernel_module answers a request it has seen from memory: building a model's launch
     lists asks for a kernel once per launch. Module loading (the GPU) is replaced here."""

@@ -78,7 +78,7 @@ from .launchers.gemm_kquant import KQUANT_TILES as GEMM_KQUANT_TILES, Q4K_ID as 
 from .launchers.gemm_q32 import FORMATS as GEMM_Q32_FORMATS, Q32_TILES as GEMM_Q32_TILES
 from .prefill import KERNEL_FILES as PREFILL_KERNEL_FILES
 from .prefill import KERNEL_FILES_FMT as PREFILL_KERNEL_FILES_FMT
-from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill
+from .prefill import ROW_BUCKET, DEFAULT_CHUNK_ROWS, Prefill, late_attention_builds
 from .sampler import SamplingParams, scale_log2
 from .stats import count, phase
 from .verify_pass import VerifyPass, check_chunk
@@ -149,7 +149,8 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
     and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's tile builds where its
     projections have Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights) and the token choice's and hand-over's
-    (sampling.cu). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
+    (sampling.cu), and the range-scheduled prefill attention's build where late chunks take it
+    (prefill.late_attention_builds). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
     one = config.with_layers(1)
@@ -167,6 +168,8 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # The per-tensor kernel files are compiled for the model's formats (plan.fmt_defines).
     wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt", "gemm_fmt_wgmma") else ())
                for name in (*prefill_files, "sampling")}
+    # The range-scheduled attention of a long prompt's late chunks, a build of its own.
+    wanted |= late_attention_builds(config)
     # gemm_int4.cu in each tile size's build: the prefill picks one per GEMM shape and row count.
     if "gemm_int4" in prefill_files:
         wanted |= {("gemm_int4", defines) for defines in GEMM_INT4_TILE_DEFINES.values()}

@@ -107,7 +107,7 @@ from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows,
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
-    AttentionSplitScratch, kv_splits_for, tile_splits_needed
+    AttentionSplitScratch, engine_build, kv_splits_for, tile_splits_needed
 from .launchers.rmsnorm import row_threads as norm_row_threads
 from .layer_weights import LayerWeights
 
@@ -152,6 +152,23 @@ ATTENTION_ENGINE = "wgmma"
 # takes 78.4 µs against the range schedule's 80.4, from 2048 117.5 against 115.3, from 7168 312.9
 # against 290.5 (tools/bench_attention_prefill.py, docs/bench/2026-12-04_884f055_h200_attention_prefill_1024rows.json).
 LATE_ATTENTION_ENGINE, LATE_ATTENTION_FROM = "wgmma-ranges", 2048
+
+
+def late_attention_builds(config) -> set[tuple[str, tuple[tuple[str, int], ...]]]:
+    """(kernel file, defines) of the range-scheduled attention a default Prefill of `config`
+    launches for chunks from LATE_ATTENTION_FROM on — a build of its own (ENGINE_BUILDS), which
+    the engine compiles with the rest before the first prompt (engine.engine_kernels); empty where
+    no chunk takes it (head dim ≠ 128, or the split schedule's engine not wgmma)."""
+    if not late_attention_applies(ATTENTION_ENGINE, config.head_dim, LATE_ATTENTION_FROM):
+        return set()
+    return {(ATTENTION_FILES[LATE_ATTENTION_ENGINE], engine_build(LATE_ATTENTION_ENGINE))}
+
+
+def late_attention_applies(attention_engine: str, head_dim: int, late_from: int | None) -> bool:
+    """Whether a Prefill with `attention_engine` runs late chunks on the range schedule."""
+    return late_from is not None and attention_engine == "wgmma" and head_dim == 128
+
+
 KERNEL_FILES = ("prefill_state", "embedding", "rmsnorm", "gemm_int4", "gemv_int4", "rope_kv",
                 ATTENTION_FILES[ATTENTION_ENGINE])
 KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_fmt", "gemm_fmt_wgmma", "rope_kv",
@@ -264,8 +281,8 @@ class Prefill:
                                "they build the wgmma attention kernel, the mma engine takes none")
         self.last_row = last_layer == "last_row" and mode != "per_token"
         # Chunks from this position on take the range-scheduled attention (None: none do).
-        self.late_from = (late_attention_from if attention_engine == "wgmma" and mode != "per_token"
-                          and decode_step.config.head_dim == 128 else None)
+        self.late_from = (late_attention_from if mode != "per_token" and late_attention_applies(
+            attention_engine, decode_step.config.head_dim, late_attention_from) else None)
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
         self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
