@@ -155,22 +155,21 @@ __device__ __forceinline__ void attn_load_page(AttnPage<HEAD_DIM>& pg, const __h
 // Split `split` of `n_splits` of KV head `kv_head` for token `token` of a chunk, run by warp
 // `warp` of its block (its p/alpha buffers). What a split adds up depends on (split, n_splits,
 // kv_head, seq_len) only: a launch's warp and a persistent step's warp that take the same split
-// write the same bits. Token j is the query at position state[0] + j: it reads its own rows of
-// q [T, Hq, Dh] and writes its own partials [T, NS, …], over seq_len = state[2] + j keys — the
-// single-token step's at that position (T tokens at once, header). token = 0 is the single-token
-// kernel (the offsets fold away). No block-wide barrier (a warp past the last page returns
-// early); the caller has waited for q and the K/V slots.
-template <int HEAD_DIM>
-__device__ __forceinline__ void attention_decode_split(
-    float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
+// compute the same bits. Token j is the query at position state[0] + j: it reads its own row of
+// q [T, Hq, Dh] over seq_len = state[2] + j keys — the single-token step's at that position
+// (T tokens at once, header). token = 0 is the single-token kernel (the offsets fold away).
+// At the end, a split with no page calls neutral(at), any other publish(m_run, l_run, acc, at)
+// with its running state (attention_decode.cuh): attention_decode_split below writes them as
+// the split's partial in global memory, attention_decode_cluster.cu keeps them on chip. No
+// block-wide barrier (a warp past the last page returns early); the caller has waited for q and
+// the K/V slots.
+template <int HEAD_DIM, typename Neutral, typename Publish>
+__device__ __forceinline__ void attention_decode_split_body(
     const __half* __restrict__ q, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_table,
     const int* __restrict__ state, int Hq, int Hkv, int split, int n_splits, int kv_head, int warp,
-    int token) {
-    // Token j's rows: q row j, partials from row j · NS on. The partials' pointers are offset
-    // where they are written, so that no 64-bit pointer is held in registers across the page loop.
-    q += (u64)token * Hq * HEAD_DIM;
-    const u64 split_row0 = (u64)token * n_splits;
+    int token, Neutral neutral, Publish publish) {
+    q += (u64)token * Hq * HEAD_DIM;  // token j's row of q
     __shared__ __align__(16) float p_smem[ATTN_SMEM_WARPS][PAGE_TOKENS][ATTN_MAX_GROUP];
     __shared__ __align__(16) float alpha_smem[ATTN_SMEM_WARPS][ATTN_MAX_GROUP];
 
@@ -190,7 +189,7 @@ __device__ __forceinline__ void attention_decode_split(
     const int page_begin = split * pps, page_end = min(page_begin + pps, n_pages);
 
     if (page_begin >= page_end) {
-        attn_neutral_partial(max_logits + split_row0 * Hq, exp_sums + split_row0 * Hq, at);
+        neutral(at);
         return;
     }
 
@@ -243,8 +242,27 @@ __device__ __forceinline__ void attention_decode_split(
         if (lp + 1 < page_end) load(cur, lp + 1);
 #endif
     }
-    attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out + split_row0 * Hq * HEAD_DIM, max_logits + split_row0 * Hq,
-                           exp_sums + split_row0 * Hq, at);
+    publish(m_run, l_run, acc, at);
+}
+
+// The split above as a partial in global memory: token j writes its own partials [T, NS, …],
+// a split with no page the neutral one. The partials' pointers are offset where they are
+// written, so that no 64-bit pointer is held in registers across the page loop.
+template <int HEAD_DIM>
+__device__ __forceinline__ void attention_decode_split(
+    float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
+    const __half* __restrict__ q, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_table,
+    const int* __restrict__ state, int Hq, int Hkv, int split, int n_splits, int kv_head, int warp,
+    int token) {
+    const u64 split_row0 = (u64)token * n_splits;
+    attention_decode_split_body<HEAD_DIM>(
+        q, k_cache, v_cache, block_table, state, Hq, Hkv, split, n_splits, kv_head, warp, token,
+        [&](const AttnLane& at) { attn_neutral_partial(max_logits + split_row0 * Hq, exp_sums + split_row0 * Hq, at); },
+        [&](float m_run, float l_run, const float (&acc)[ATTN_MAX_GROUP][HEAD_DIM / 32], const AttnLane& at) {
+            attn_publish<HEAD_DIM>(m_run, l_run, acc, partial_out + split_row0 * Hq * HEAD_DIM,
+                                   max_logits + split_row0 * Hq, exp_sums + split_row0 * Hq, at);
+        });
 }
 
 // The plain kernel's arguments (the persistent decode step packs them with this layout).

@@ -257,6 +257,19 @@ def test_prefill_attention_defines_reach_the_parser_and_name_their_option():
         bench.parse_defines(["APW_Q_SMEM"], "--prefill-attention-define")
 
 
+def test_decode_attention_option_offers_every_decode_attention_kernel():
+    """`--decode-attention` lists its choices literally (the CLI does not import the decode
+    module to build its parser): they must be decode.ATTENTION_KERNELS, the default none (the
+    step's own)."""
+    from drvqwen.decode import ATTENTION_KERNELS
+
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    action = next(a for a in ap._actions if a.dest == "decode_attention")
+    assert tuple(action.choices) == ATTENTION_KERNELS and ap.parse_args([]).decode_attention is None
+    assert ap.parse_args(["--decode-attention", "cluster"]).decode_attention == "cluster"
+
+
 def test_prefill_breakdown_groups_the_layers_and_prints_its_own_table():
     """`bench --kernels` also times the prefill's launches (Prefill.time_kernels) and prints them
     by role in a table of their own; the per-launch figures are kept as measured."""

@@ -9,6 +9,7 @@ reference, and the GPU's greedy tokens must agree with the
 reference's wherever the reference's top-1/top-2 gap exceeds 6× the measured RMS logit error
 (the reference is teacher-forced with the GPU's tokens, so both see the same prefix).
 The step with programmatic dependent launch (the default) and without it give the same bits.
+The step with the one-launch cluster attention against the default step, eager and graph.
 """
 
 import numpy as np
@@ -137,3 +138,55 @@ def test_decode_matches_reference(model, rng, seed):
     assert agree[gate].all()
     # The argmax kernel agrees with the logits it was given.
     assert (np.array(gpu_tokens) == got.argmax(-1)).all()
+
+
+def test_decode_with_cluster_attention(model, rng):
+    """The step with the one-launch cluster attention (plan_decode(attention="cluster")): its
+    logits within 1e-2 relative L2 of the default step's (the two attentions round their merges
+    differently), the same greedy tokens wherever the default step's top-1/top-2 gap is clear,
+    bit-reproducible, and its CUDA graphs give the eager step's bits."""
+    name, f, _weights = model
+    from drvqwen.decode import DecodeStep
+    from drvqwen.graphs import GraphDecoder
+
+    n_prompt, n_gen = 20, 28                         # pages 0 … 2 (boundaries at 16 and 32)
+    prompt = rng.integers(0, f.config.vocab_size, n_prompt).tolist()
+
+    def run(step, decode):
+        logits, tokens = [], []
+        step.seq.start(prompt[0])
+        for i in range(n_prompt + n_gen):
+            if 0 < i < n_prompt:
+                step.seq.feed(prompt[i])
+            decode()
+            logits.append(step.logits())
+            tokens.append(step.next_token())
+        return np.stack(logits), tokens
+
+    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
+    try:
+        want, want_tokens = run(base, base.decode_token)
+    finally:
+        base.close()
+    step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), attention="cluster")
+    try:
+        assert step.plan.attention == "cluster"
+        got, got_tokens = run(step, step.decode_token)
+        again, _ = run(step, step.decode_token)
+        assert again.tobytes() == got.tobytes(), "the cluster attention's step is not bit-reproducible"
+        gd = GraphDecoder(step)
+        try:
+            assert gd.mode == "graph"
+            graph, graph_tokens = run(step, gd.decode_token)
+        finally:
+            gd.close()
+        assert graph.tobytes() == got.tobytes() and graph_tokens == got_tokens, "graph and eager steps differ"
+    finally:
+        step.close()
+    errs = [rel_l2(g, w) for g, w in zip(got, want)]
+    rms = float(np.sqrt(np.mean((got - want) ** 2)))
+    print(f"{name}: cluster attention against the default step: logits rel L2 max {max(errs):.2e} "
+          f"mean {np.mean(errs):.2e}, RMS {rms:.3e}")
+    assert max(errs) <= 1e-2
+    gate = _gap_gate(want, np.array(got_tokens), max(rms, 1e-6))
+    assert (np.array(got_tokens) == np.array(want_tokens))[gate].all()

@@ -491,3 +491,27 @@ def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
         GemmQ32StackedRows(out, x, [w5, w8], ps, ns=[n, n], k=k, rows=rows, ldo=2 * n, max_blocks=132)
     with pytest.raises(LaunchError, match=r"gemm_q8g32_residual: tile of 96 tokens, want one of \(256, 128, 64\)"):
         GemmQ32ResidualRows(res, x, w8, ps, n=n, k=k, rows=rows, max_blocks=132, tile_tokens=96)
+
+
+def test_attention_decode_cluster_is_one_launch_of_a_cluster_per_kv_head():
+    """AttentionDecodeCluster: grid (CLUSTER, Hkv) — the kernel's __cluster_dims__ along x —,
+    block 32 · WARPS, no partials, no combine; it refuses the shapes the split-KV kernels refuse."""
+    from drvqwen.launchers import AttentionDecodeCluster
+    from drvqwen.launchers.attention_decode_cluster import CLUSTER, N_SPLITS, WARPS
+    from drvqwen.launchers.base import BufferSpec
+
+    for hq, hkv, dh in ((28, 4, 128), (14, 2, 64)):
+        bufs = [BufferSpec(n, (hq * dh,), np.float16) for n in ("out", "q")]
+        bufs += [BufferSpec(n, (8, hkv, 16, dh), np.float16) for n in ("k", "v")]
+        bufs += [BufferSpec("bt", (8,), np.int32), BufferSpec("state", (3,), np.int32)]
+        a = AttentionDecodeCluster(*bufs, n_heads=hq, n_kv_heads=hkv, head_dim=dh)
+        (spec,) = a.specs
+        assert spec.kernel.kernel == f"attention_decode_cluster_hd{dh}"
+        assert spec.grid == (CLUSTER, hkv)
+        assert spec.block == (32 * WARPS,) and a.n_splits == N_SPLITS == CLUSTER * WARPS
+        assert a.bytes_for(512) == 512 * 2 * hkv * dh * 2
+    with pytest.raises(LaunchError, match="head_dim"):
+        AttentionDecodeCluster(*[BufferSpec(n, (28 * 96,), np.float16) for n in ("out", "q")],
+                               *[BufferSpec(n, (8, 4, 16, 96), np.float16) for n in ("k", "v")],
+                               BufferSpec("bt", (8,), np.int32), BufferSpec("state", (3,), np.int32),
+                               n_heads=28, n_kv_heads=4, head_dim=96)

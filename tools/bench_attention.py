@@ -1,9 +1,12 @@
-"""Decode attention timing: the TMA kernel next to the plain one (7B shape by default).
+"""Decode attention timing: the TMA kernel next to the plain one and the one-launch cluster kernel (7B shape by default).
 
     PYTHONPATH=src python tools/bench_attention.py [--lengths 512 8192 32768] [--json out.json]
 
-For each KV length: both launchers (decode + combine; also the split kernel alone, and the combine alone) on the same random paged cache (shuffled
-pages), with the grids DecodeStep uses for a --context-token cache, timed from a captured graph
+For each KV length: both split-KV launchers (decode + combine; also the split kernel alone, and the
+combine alone) and the cluster kernel (one launch, its own fixed grid: attention_decode_cluster.cu,
+built for short contexts: at 32768 tokens each of its warps walks 32 pages) on the same random
+paged cache (shuffled pages), with the grids DecodeStep uses for a
+--context-token cache, timed from a captured graph
 of --reps back-to-back calls (no Python launch overhead). Reports µs per call, effective
 bandwidth = K/V bytes read ÷ time, and its ratio to the device-to-device copy bandwidth measured
 in the same run (cuda/bandwidth.py; read + write bytes, the docs/benchmarks.md convention). The two
@@ -23,7 +26,8 @@ import sys
 import numpy as np
 
 from drvqwen.kv_cache import layer_view, tensor_map
-from drvqwen.launchers import AttentionDecode, AttentionDecodeTma, attention_decode, attention_decode_tma
+from drvqwen.launchers import (AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma, attention_decode,
+                               attention_decode_tma)
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
@@ -82,12 +86,20 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         tma = AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"],
                                    common["state"], tparts, blocks_per_kv_head=S_tma, **shape)
 
+        out_cluster = s.array("out_cluster", (hq, dh), np.float16)
+        cluster = AttentionDecodeCluster(out_cluster, common["q"], layer_view(k, 0), layer_view(v, 0), common["bt"],
+                                         common["state"], **shape)
+
         plain.launch()
         tma.launch()
+        cluster.launch()
         a, b = out_plain.download().astype(np.float64), out_tma.download().astype(np.float64)
+        c = out_cluster.download().astype(np.float64)
         rel = float(np.linalg.norm(a - b) / np.linalg.norm(a))
         kv = plain.bytes_for(seq_len)
         row = {"model": model, "seq_len": seq_len, "kv_bytes": kv, "rel_l2_tma_vs_plain": rel,
+               "rel_l2_cluster_vs_plain": float(np.linalg.norm(a - c) / np.linalg.norm(a)),
+               "cluster_us": graph_time_us(cluster, reps),
                "plain_blocks_per_kv_head": S_plain, "tma_blocks_per_kv_head": S_tma,
                "plain_us": graph_time_us(plain, reps), "tma_us": graph_time_us(tma, reps),
                # the split kernel alone (no combine): where the time goes
@@ -103,7 +115,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
             alt = AttentionDecodeTma(out_tma, common["q"], k_map, v_map, common["bt"], common["state"],
                                        sp, blocks_per_kv_head=S, **shape)
             row["tma_us_by_blocks"][S] = graph_time_us(alt, reps)
-        for name in ("plain", "tma"):
+        for name in ("plain", "tma", "cluster"):
             row[f"{name}_gbps"] = kv / row[f"{name}_us"] / 1e3
         return row
     finally:
@@ -136,6 +148,9 @@ def main(argv=None) -> int:
               f"{r['tma_gbps'] / copy.gbps:>6.2f} | {r['plain_us'] / r['tma_us']:>6.2f}x {r['rel_l2_tma_vs_plain']:>8.1e}{l2}")
     print("decode kernel alone (no combine), µs: " + ", ".join(
         f"{r['seq_len']}: plain {r['plain_decode_us']:.2f} / tma {r['tma_decode_us']:.2f}" for r in rows))
+    print("cluster kernel (one launch, no combine), µs: " + ", ".join(
+        f"{r['seq_len']}: {r['cluster_us']:.2f} ({r['cluster_gbps']:.0f} GB/s, rel L2 vs plain {r['rel_l2_cluster_vs_plain']:.1e})"
+        for r in rows))
     print("combine alone (the TMA kernel's partials), µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_us']:.2f}" for r in rows))
     print("tma (decode + combine) with fewer blocks per KV head, µs: " + "; ".join(

@@ -269,7 +269,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
-              trace: bool = False) -> dict:
+              trace: bool = False, decode_attention: str | None = None) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -310,6 +310,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             attention kernel (kernels/attention_prefill_wgmma.cu's header; ENGINE_BUILDS in
             launchers/attention_prefill.py), to measure.
         trace: with decode="persistent", also trace one graph step (`persistent_trace`).
+        decode_attention: the decode step's attention kernel (decode.ATTENTION_KERNELS: "tma",
+            "plain", "cluster"), to compare them; None: the step's own (the plain one with
+            decode="persistent").
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -343,7 +346,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     with progress_bar(transient=True, console=err) as p:
         task = p.add_task("uploading weights", total=total)
         dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done),
-                         persistent=decode == "persistent", persistent_min_blocks=persistent_blocks,
+                         attention=decode_attention, persistent=decode == "persistent", persistent_min_blocks=persistent_blocks,
                          persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent")
     graph = prefill = None
     try:
@@ -566,6 +569,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=("per-launch", "persistent"), default="per-launch",
                    help="persistent: the graph mode runs the embedding and the layers as one persistent kernel, the "
                         "eager mode the same step launch by launch (both with the plain attention kernel)")
+    p.add_argument("--decode-attention", choices=("tma", "plain", "cluster"), default=None,
+                   help="the decode step's attention kernel: tma (default), plain, or cluster (one launch, the "
+                        "splits merged in a thread block cluster: for short contexts), to compare them")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
@@ -636,7 +642,7 @@ def cmd_bench(args) -> int:
                         prefill_chunk_rows=args.prefill_chunk_rows,
                         prefill_attention_defines=parse_defines(args.prefill_attention_define,
                                                                 "--prefill-attention-define"),
-                        decode=args.decode,
+                        decode=args.decode, decode_attention=args.decode_attention,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

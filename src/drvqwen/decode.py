@@ -5,6 +5,7 @@
       L{l}.qkv_rope               xn = rmsnorm(residual) · w_in;  [q; k; v] = [Wq; Wk; Wv] xn + b   (INT4 GEMV)
                                   q fp16 [Hq, Dh] = rope(q); K/V cache[pos] = rope(k), v
       L{l}.attention (2 launches) attn fp16 [Hq·Dh] = softmax(q Kᵀ/√Dh) V over pos < seq_len
+                                  (split-KV, then the combine; 1 launch with attention="cluster")
       L{l}.o_proj                 residual += Wo attn                                               (INT4 GEMV)
       L{l}.gate_up_swiglu         xn = rmsnorm(residual) · w_post;  h fp16 [F] = silu(Wg xn) · (Wu xn) (INT4 GEMV)
       L{l}.down_proj              residual += Wd h                                                  (INT4 GEMV)
@@ -68,8 +69,10 @@ from .format.nanoqwen import NanoqwenFile, expected_tensors
 from .gpu_weights import GPUWeights
 from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, n_pages_for
 from .kv_cache import tensor_map_shape
-from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeTma, Embedding, Launcher,
-                        LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_tma, lm_head_partials)
+from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma,
+                        Embedding, Launcher,
+                        LaunchError, LmHead, RmsNorm, attention_decode, attention_decode_cluster, attention_decode_tma,
+                        lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
@@ -84,8 +87,10 @@ from .sequence import Sequence
 from .stats import phase
 
 # Decode attention kernels (plan_decode(attention=...)): "tma" = attention_decode_tma.cu (producer
-# warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback).
-ATTENTION_KERNELS = ("tma", "plain")
+# warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback),
+# "cluster" = attention_decode_cluster.cu (one launch, the splits merged in a thread block
+# cluster: built for short contexts, to measure against the two-launch kernels).
+ATTENTION_KERNELS = ("tma", "plain", "cluster")
 DEFAULT_ATTENTION = "tma"
 
 
@@ -96,8 +101,8 @@ class DecodePlan:
     Attributes:
         config: the model (num_layers already cut for tests).
         max_context: tokens the KV cache holds; n_pages = ceil(max_context / 16).
-        attention: "tma" or "plain".
-        blocks_per_kv_head: S of the split-KV attention grid.
+        attention: "tma", "plain" or "cluster" (ATTENTION_KERNELS).
+        blocks_per_kv_head: S of the split-KV attention grid (the cluster's blocks for "cluster").
         buffers: activation name → BufferSpec (the pool `_allocate` carves).
         weights: tensor name → BufferSpec (what the file holds, expected_tensors).
         kv: "k_cache"/"v_cache" → BufferSpec [L, P, Hkv, 16, Dh] fp16.
@@ -175,7 +180,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     Args:
         cfg: the model.
         max_context: tokens the KV cache holds (default cfg.max_position).
-        attention: "tma" or "plain" (ATTENTION_KERNELS).
+        attention: "tma", "plain" or "cluster" (ATTENTION_KERNELS).
         occupancy: blocks per SM and SM count for the grids (default: the driver's, which needs
             a GPU; launchers.FixedOccupancy plans without one).
         text_vocab: ids below it have text (NanoqwenFile.text_vocab); the lm_head rows from it
@@ -214,6 +219,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     if attention == "tma":
         S = attention_decode_tma.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S, attention_decode_tma.CONSUMERS)
+    elif attention == "cluster":  # no partials in global memory: the cluster merges on chip
+        S, partials = attention_decode_cluster.CLUSTER, {}
     else:
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
@@ -254,7 +261,10 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     for l in range(L):
         w = LayerWeights.of(weights.__getitem__, l)
         k_l, v_l = layer_kv(kv, l)
-        if attention == "tma":
+        if attention == "cluster":
+            attn = AttentionDecodeCluster(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"],
+                                          n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh)
+        elif attention == "tma":
             attn = AttentionDecodeTma(a["attn"], a["q"], maps["k_cache"], maps["v_cache"], a["block_table"],
                                       a["state"], part, n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
                                       blocks_per_kv_head=S, layer_page0=l * n_pages, k_cache=k_l, v_cache=v_l)

@@ -300,8 +300,8 @@ def _attention(g: LaunchGroup, r: BufferReader) -> list[Expected]:
     first = g.specs[0]
     a = first.args
     q, bt, state = a["q"], a["block_table"], a["state"]
-    # The plain kernel takes one layer's cache views; the TMA kernel tensor maps of the whole
-    # pools, and names the layer's views among what it reads.
+    # The plain and cluster kernels take one layer's cache views; the TMA kernel tensor maps of
+    # the whole pools, and names the layer's views among what it reads.
     if "k_map" in a:
         k_name, v_name = first.reads[1], first.reads[2]
     else:
@@ -401,6 +401,8 @@ REFERENCES: dict[str, tuple[Reference, str]] = {
                                          "(TMA producer warp + 4 consumer warps), then their combine"),
     "attention_decode": (_attention, "attn = softmax(q Kᵀ/√Dh) V over pos < seq_len: split-KV partials, "
                                      "then their combine"),
+    "attention_decode_cluster": (_attention, "attn = softmax(q Kᵀ/√Dh) V over pos < seq_len: split-KV in one launch, "
+                                             "the splits merged in a thread block cluster"),
     "gemv_int4_residual": (_residual, "residual += W x (INT4 GEMV, the add in its epilogue)"),
     "gemv_int4_f16": (_gemv_f16, "y = W x (INT4 GEMV)"),
     "gemv_int4_gate_up_swiglu": (_gate_up, "xn = rmsnorm(residual)·w_post; h = silu(Wg xn) · (Wu xn)"),

@@ -17,6 +17,8 @@ Names follow one thread through the code base:
 |                         | RopeTableRows (prefill)                     | the chunk's RoPE cos, sin fp32       |
 | attention_decode        | AttentionDecode (+ attention_combine)       | split partials, out fp16 [Hq, Dh]    |
 | attention_decode_tma    | AttentionDecodeTma (+ attention_combine)    | split partials, out fp16 [Hq, Dh]    |
+| attention_decode_cluster | AttentionDecodeCluster (short contexts,    | out fp16 [Hq, Dh]                    |
+|                         | one launch: the merge in a cluster)         |                                      |
 | gemv_f16                | LmHead                                      | logits fp32 [V], argmax partials     |
 | gemv_fmt                | GemvFmt, GemvFmtQkvRope, GemvFmtResidual,   | as gemv_int4's and LmHead's, for     |
 |                         | GemvFmtGateUpSwiglu, LmHeadFmt,             | weights in per-tensor formats; the   |
@@ -46,6 +48,7 @@ which tests/test_kernel_signatures.py checks every launcher's argument names aga
 
 from .argmax import Argmax, ArgmaxFinal
 from .attention_decode import AttentionDecode
+from .attention_decode_cluster import AttentionDecodeCluster
 from .attention_decode_tma import AttentionDecodeTma
 from .attention_prefill import AttentionPrefill
 from .base import (DEFAULT_OCCUPANCY, BufferSpec, DriverOccupancy, FixedOccupancy, KernelRef, Launcher, LaunchError,
@@ -65,7 +68,7 @@ from .sampling import PenalizedSampleToken, PublishToken, SampleToken
 from .timing import GpuSleep
 
 __all__ = [
-    "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeTma",
+    "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeCluster", "AttentionDecodeTma",
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
     "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRopeRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
     "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef",
