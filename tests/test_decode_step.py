@@ -144,7 +144,8 @@ def test_decode_with_cluster_attention(model, rng):
     """The step with the one-launch cluster attention (plan_decode(attention="cluster")): its
     logits within 1e-2 relative L2 of the default step's (the two attentions round their merges
     differently), the same greedy tokens wherever the default step's top-1/top-2 gap is clear,
-    bit-reproducible, and its CUDA graphs give the eager step's bits."""
+    bit-reproducible, and its CUDA graphs give the eager step's bits. And the default step with
+    it as the short-context twin (short_attention, short_below)."""
     name, f, _weights = model
     from drvqwen.decode import DecodeStep
     from drvqwen.graphs import GraphDecoder
@@ -183,6 +184,25 @@ def test_decode_with_cluster_attention(model, rng):
         assert graph.tobytes() == got.tobytes() and graph_tokens == got_tokens, "graph and eager steps differ"
     finally:
         step.close()
+    # The default step with the cluster attention as its short-context twin up to 24 positions:
+    # its first 24 steps have the cluster step's bits (the same history), the later ones — whose
+    # K/V of the first 24 positions came through the cluster attention — are near the default
+    # step's; its four graphs give its eager bits.
+    twin = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), short_attention="cluster", short_below=24)
+    try:
+        assert twin.launch_list.short is not None and twin.short_below == 24
+        eager_twin, _ = run(twin, twin.decode_token)
+        assert eager_twin[:24].tobytes() == got[:24].tobytes(), "the short-context twin's short steps"
+        assert max(rel_l2(g, w) for g, w in zip(eager_twin[24:], want[24:])) <= 1e-2
+        gd = GraphDecoder(twin)
+        try:
+            graph_twin, _ = run(twin, gd.decode_token)
+            assert gd.steps_by_graph["decode_short"] + gd.steps_by_graph["opens_page_short"] == 24
+        finally:
+            gd.close()
+        assert graph_twin.tobytes() == eager_twin.tobytes(), "the short-context twin's graphs"
+    finally:
+        twin.close()
     errs = [rel_l2(g, w) for g, w in zip(got, want)]
     rms = float(np.sqrt(np.mean((got - want) ** 2)))
     print(f"{name}: cluster attention against the default step: logits rel L2 max {max(errs):.2e} "

@@ -35,7 +35,7 @@ from drvqwen.cuda import CudaError
 from drvqwen.decode import DecodeStep
 from drvqwen.launch_list import LaunchList, NamedLaunch
 from drvqwen.errors import DrvqwenError
-from drvqwen.graphs import GRAPH_DECODE, GRAPH_OPENS_PAGE, GraphCaptureError, GraphDecoder
+from drvqwen.graphs import GRAPH_DECODE, GRAPH_OPENS_PAGE, SHORT, GraphCaptureError, GraphDecoder
 from drvqwen.kv_cache import PAGE_TOKENS, PageAllocator
 from drvqwen.sequence import Sequence
 
@@ -156,7 +156,7 @@ class FakeDecodeStep(DecodeStep):
     """A DecodeStep over a FakeGPU: its own decode_token, launches and sequence code run; only
     the device (arrays, stream, kernels) is fake."""
 
-    def __init__(self, n_pages: int, rng=None):  # no GPU: none of DecodeStep's allocations
+    def __init__(self, n_pages: int, rng=None, short_below: int = 0):  # no GPU: none of DecodeStep's allocations
         self.gpu = FakeGPU(n_pages)
         self.stream = FakeStream()
         self.max_context = n_pages * PAGE_TOKENS
@@ -164,9 +164,22 @@ class FakeDecodeStep(DecodeStep):
                     for name in ("block_table", "state")}
         self.seq = Sequence(PageAllocator(n_pages, rng), self.buf["state"], self.buf["block_table"],
                             self.max_context, self.stream)
-        self.launch_list = LaunchList("greedy", [(n, FakeLauncher(FakeLaunch(self.gpu, n, fn, self.stream))) for n, fn in (
-            ("embedding", lambda g: None), ("L0.qkv_rope", _rope_kv), ("L0.attention", lambda g: None),
-            ("argmax", _argmax), ("advance_state", _advance_state))])
+        # A short-context twin (short_below > 0): its attention entry logs "L0.attention_short".
+        self.short_below = short_below
+        # Each attention checks the device's length (state[2]) is one it is chosen for.
+        def long_attention(g):
+            assert short_below == 0 or g.state[2] > short_below, f"long attention at length {g.state[2]}"
+
+        def short_attention(g):
+            assert g.state[2] <= short_below, f"short attention at length {g.state[2]}"
+
+        self.short_attention = ({"L0.attention": FakeLauncher(FakeLaunch(self.gpu, "L0.attention_short",
+                                                                         short_attention, self.stream))}
+                                if short_below > 0 else {})
+        self.launch_list = self._with_short("greedy", [
+            (n, FakeLauncher(FakeLaunch(self.gpu, n, fn, self.stream))) for n, fn in (
+                ("embedding", lambda g: None), ("L0.qkv_rope", _rope_kv), ("L0.attention", long_attention),
+                ("argmax", _argmax), ("advance_state", _advance_state))])
 
     def next_token(self):
         self.sync()
@@ -305,6 +318,33 @@ def test_fake_graph_decode_matches_eager_and_keeps_pages(fake_device, rng, n_pro
     # freed pages return to the front of the free list in the same order).
     assert {p: pages.block_table[p // PAGE_TOKENS] for p in range(n_tokens)} == dec.gpu.kv_page_of
     assert dec.gpu.kv_page_of == want_pages
+
+
+@pytest.mark.parametrize("short_below", [1, 16, 17, 40])
+def test_fake_short_context_twin_runs_up_to_its_length_eager_and_graph(fake_device, rng, short_below):
+    """A step with a short-context twin (LaunchList.short): the steps whose attention covers at most
+    short_below positions run the twin — eagerly and from its own pair of graphs — the others the
+    step's own list (each fake attention asserts the device's length); the same tokens both ways."""
+    n_pages, n_prompt, n_gen = 8, 5, 60
+    dec = FakeDecodeStep(n_pages, rng, short_below=short_below)
+    fake_device["gpu"] = dec.gpu
+    gd = GraphDecoder(dec)
+    assert gd.num_nodes == {GRAPH_DECODE: 5, GRAPH_OPENS_PAGE: 6, GRAPH_DECODE + SHORT: 5,
+                            GRAPH_OPENS_PAGE + SHORT: 6}
+    prompt = rng.integers(0, 1000, n_prompt).tolist()
+    want = _run(dec, dec, prompt, n_gen)
+    n_steps = n_prompt + n_gen
+    short_steps = sum(1 for pos in range(n_steps) if pos + 1 <= short_below)
+    assert dec.gpu.log.count("L0.attention_short") == short_steps
+    assert dec.gpu.log.count("L0.attention") == n_steps - short_steps
+    dec.gpu.log.clear()
+    got = _run(gd, dec, prompt, n_gen)             # the prompt eagerly, then graphs
+    assert got == want
+    graph_short = sum(1 for pos in range(n_prompt, n_steps) if pos + 1 <= short_below)
+    assert gd.steps_by_graph[GRAPH_DECODE + SHORT] + gd.steps_by_graph[GRAPH_OPENS_PAGE + SHORT] == graph_short
+    assert gd.steps_by_graph[GRAPH_DECODE] + gd.steps_by_graph[GRAPH_OPENS_PAGE] == n_gen - graph_short
+    assert dec.gpu.log.count("L0.attention_short") == short_steps
+    gd.close()
 
 
 def test_fake_graph_replays_captured_work_and_closes(fake_device, rng):

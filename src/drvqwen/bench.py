@@ -269,7 +269,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
-              trace: bool = False, decode_attention: str | None = None) -> dict:
+              trace: bool = False, decode_attention: str | None = None, short_attention_below: int = 0) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -313,6 +313,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         decode_attention: the decode step's attention kernel (decode.ATTENTION_KERNELS: "tma",
             "plain", "cluster"), to compare them; None: the step's own (the plain one with
             decode="persistent").
+        short_attention_below: > 0: the steps whose attention covers at most that many positions
+            run the one-launch cluster attention (DecodeStep(short_attention="cluster")), the
+            others decode_attention's; 0: one attention throughout.
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -346,7 +349,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     with progress_bar(transient=True, console=err) as p:
         task = p.add_task("uploading weights", total=total)
         dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done),
-                         attention=decode_attention, persistent=decode == "persistent", persistent_min_blocks=persistent_blocks,
+                         attention=decode_attention, persistent=decode == "persistent",
+                         short_attention="cluster" if short_attention_below > 0 else None,
+                         short_below=short_attention_below, persistent_min_blocks=persistent_blocks,
                          persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent")
     graph = prefill = None
     try:
@@ -377,6 +382,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "stop_tokens_ignored": True, "clocks": "untouched", "max_context": ctx,
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS, "decode": decode,
                          "attention": dec.attention,
+                         "short_attention_below": dec.short_below or None,
                          "persistent_blocks": persistent_blocks if decode == "persistent" else None,
                          "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
                          "prefill_reps": prefill_reps if prefill is not None else None,
@@ -572,6 +578,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention", choices=("tma", "plain", "cluster"), default=None,
                    help="the decode step's attention kernel: tma (default), plain, or cluster (one launch, the "
                         "splits merged in a thread block cluster: for short contexts), to compare them")
+    p.add_argument("--short-attention-below", type=int, default=0, metavar="POSITIONS",
+                   help="the decode steps whose attention covers at most this many positions run the one-launch "
+                        "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
@@ -643,6 +652,7 @@ def cmd_bench(args) -> int:
                         prefill_attention_defines=parse_defines(args.prefill_attention_define,
                                                                 "--prefill-attention-define"),
                         decode=args.decode, decode_attention=args.decode_attention,
+                        short_attention_below=args.short_attention_below,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

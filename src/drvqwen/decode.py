@@ -92,6 +92,9 @@ from .stats import phase
 # cluster: built for short contexts, to measure against the two-launch kernels).
 ATTENTION_KERNELS = ("tma", "plain", "cluster")
 DEFAULT_ATTENTION = "tma"
+# A second attention for the steps of short contexts (DecodeStep(short_attention=, short_below=)):
+# the step then runs two launch lists, each with its own pair of graphs (LaunchList.short).
+SHORT_ATTENTION_KERNELS = ("cluster",)
 
 
 @dataclass
@@ -114,6 +117,9 @@ class DecodePlan:
             planned ones), shared by the decode step and the prefill.
         persistent: with plan_decode(persistent=True), the steps before "norm" as one persistent
             kernel (kernels/decode_persistent.cu), over the same planned launches.
+        short_attention: with plan_decode(short_attention=...), each layer's attention entry
+            name ("L{l}.attention") → the short-context attention launcher over the same buffers,
+            for the steps of short contexts (DecodeStep: LaunchList.short).
     """
 
     config: QwenConfig
@@ -129,6 +135,7 @@ class DecodePlan:
     formats: dict[str, int] | None = None
     fmt_defines: tuple[tuple[str, int], ...] = ()
     persistent: PersistentDecode | None = None
+    short_attention: dict[str, Launcher] = field(default_factory=dict)
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -174,7 +181,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 occupancy: Occupancy | None = None, text_vocab: int | None = None,
                 formats: dict[str, int] | None = None, persistent: bool = False,
                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
-                persistent_defines: tuple[tuple[str, int], ...] = ()) -> DecodePlan:
+                persistent_defines: tuple[tuple[str, int], ...] = (),
+                short_attention: str | None = None) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -196,6 +204,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             persistent_stress (the stress build) and persistent_defines (more of the kernel's
             compile-time choices) choose its build; persistent_trace plans the buffer
             "persistent_trace" for its per-item timestamps.
+        short_attention: also plan `DecodePlan.short_attention`, each layer's attention by this
+            kernel (SHORT_ATTENTION_KERNELS: "cluster") over the same buffers, for short contexts.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, or a
             persistent step for another attention kernel or for per-tensor formats.
@@ -204,6 +214,10 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     """
     if attention not in ATTENTION_KERNELS:
         raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
+    if short_attention is not None and (short_attention not in SHORT_ATTENTION_KERNELS or persistent
+                                        or short_attention == attention):
+        raise DrvqwenError(f"short_attention={short_attention!r}: one of {', '.join(SHORT_ATTENTION_KERNELS)}, "
+                           f"other than attention={attention!r}, and not with the persistent step")
     if persistent and attention != "plain":
         raise DrvqwenError(f"the persistent decode step runs the plain attention kernel, not attention={attention!r}")
     if persistent:  # every launch planned for the persistent kernel's blocks (CappedOccupancy)
@@ -271,6 +285,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         else:
             attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
                                    n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
+        if short_attention is not None:
+            plan.short_attention[f"L{l}.attention"] = AttentionDecodeCluster(
+                a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh)
         if fm is not None:
             q, k, v, o, g, u, d = (fw(proj_prefix(l, p), dense_ok=True)
                                    for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
@@ -330,6 +347,10 @@ class DecodeStep:
             lists into one that runs the embedding and the layers as one kernel.
         persistent_min_blocks, persistent_stress, persistent_trace, persistent_defines: its build
             and its trace buffer (plan_decode).
+        short_attention, short_below: another attention kernel (SHORT_ATTENTION_KERNELS) for the
+            steps whose attention covers at most short_below positions (its own included): every
+            launch list of the step then carries that twin (LaunchList.short), which eager steps
+            and GraphDecoder pick by length. None / 0: one attention at every length.
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -346,7 +367,8 @@ class DecodeStep:
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  attention: str | None = None, pdl: bool = True, persistent: bool = False,
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
-                 persistent_defines: tuple[tuple[str, int], ...] = ()):
+                 persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = None,
+                 short_below: int = 0):
         self.device = get_device()
         self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
@@ -355,8 +377,10 @@ class DecodeStep:
         self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab, formats=f.formats,
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
-                                persistent_defines=tuple(persistent_defines))
+                                persistent_defines=tuple(persistent_defines),
+                                short_attention=short_attention if short_below > 0 else None)
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
+        self.short_below = short_below if self.plan.short_attention else 0
         self._check_fits(f)
         self.stream = Stream()
         self._allocate(f, progress, num_layers, rng)
@@ -415,7 +439,18 @@ class DecodeStep:
             launcher.build(self.resolve, self.stream, pdl=self.pdl)
         if self.plan.persistent is not None:
             self.plan.persistent.build(self.resolve, self.stream)
-        self.launch_list = LaunchList("greedy", list(self.plan.steps))
+        self.short_attention = self.plan.short_attention  # entry name → launcher (empty: none)
+        for launcher in self.short_attention.values():
+            launcher.build(self.resolve, self.stream, pdl=self.pdl)
+        self.launch_list = self._with_short("greedy", list(self.plan.steps))
+
+    def _with_short(self, name: str, steps: list[tuple[str, Launcher]]) -> LaunchList:
+        """The LaunchList of `steps`, with its short-context twin where the step has one
+        (short_attention, short_below): the same entries, each layer's attention replaced."""
+        if not self.short_attention:
+            return LaunchList(name, steps)
+        short = LaunchList(f"{name}+short", [(n, self.short_attention.get(n, l)) for n, l in steps])
+        return LaunchList(name, steps, short=short, short_below=self.short_below)
 
     def persistent_variant(self, launch_list: LaunchList | None = None) -> LaunchList:
         """`launch_list` (default: the plan's) with its entries before "norm" — the embedding and
@@ -460,7 +495,7 @@ class DecodeStep:
             steps[self.launch_list.index("argmax")] = chooser
         if publish is not None:
             steps.insert(self.launch_list.index("advance_state"), ("publish_token", publish))
-        return LaunchList(name, steps)
+        return self._with_short(name, steps)
 
     # ---- running ----------------------------------------------------------------------------
     def _open_page(self) -> None:
@@ -471,15 +506,16 @@ class DecodeStep:
             self.seq.write_block_table_entry(page)
 
     def decode_token(self, launch_list: LaunchList | None = None) -> None:
-        """Queue one decode step eagerly (`launch_list`, default the plan's): consumes
-        state.token at state.pos, leaves logits and next_token, and advances state on the GPU.
-        Asynchronous; `sync()` waits.
+        """Queue one decode step eagerly (`launch_list`, default the plan's; its short-context
+        twin where the step's attention covers at most short_below positions: for_length):
+        consumes state.token at state.pos, leaves logits and next_token, and advances state on
+        the GPU. Asynchronous; `sync()` waits.
 
         Raises:
             DrvqwenError: the context is full or no free page is left.
         """
         self._open_page()
-        for nl in (launch_list or self.launch_list).launches:
+        for nl in (launch_list or self.launch_list).for_length(self.seq.pos + 1).launches:
             nl.launch.launch()
         self.seq.advance()
 

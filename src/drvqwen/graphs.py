@@ -1,4 +1,5 @@
-"""CUDA-graph decode: two graph execs, switched at each KV page boundary.
+"""CUDA-graph decode: two graph execs, switched at each KV page boundary (two more where the step
+has a short-context twin: LaunchList.short, its attention for short contexts).
 
 Why graphs: one decode step is 173 kernel launches at 7B (6 per layer; 149 at 0.5B). Launched
 eagerly from Python each costs ~5.6 µs of host time, ~1 ms per token; replayed from a graph they
@@ -71,6 +72,7 @@ from .sequence import Sequence
 
 GRAPH_DECODE = "decode"          # an ordinary decode step
 GRAPH_OPENS_PAGE = "opens_page"  # a decode step whose position opens a new KV page
+SHORT = "_short"                 # suffix of the two graphs of a list's short-context twin (LaunchList.short)
 
 
 class GraphCaptureError(RuntimeError):
@@ -136,8 +138,11 @@ class GraphDecoder:
         launch_list: the list captured (default: the DecodeStep's greedy step).
         mode: "graph", or "eager" after a capture failure with fallback=True.
         fallback_reason: the GraphCaptureError's message when mode is "eager", else None.
-        num_nodes: {"decode": nodes, "opens_page": nodes} of the captured graphs (empty when eager).
-        steps_by_graph: {"decode": steps, "opens_page": steps} replayed so far (also counted when eager).
+        num_nodes: {"decode": nodes, "opens_page": nodes} of the captured graphs (empty when eager);
+            with a short-context twin (LaunchList.short) also "decode_short" and "opens_page_short",
+            its pair of graphs, replayed for the steps whose attention covers at most
+            launch_list.short_below positions.
+        steps_by_graph: steps replayed so far by graph name (also counted when eager).
     """
 
     def __init__(self, dec: DecodeStep, launch_list: LaunchList | None = None, *, fallback: bool = True) -> None:
@@ -158,6 +163,8 @@ class GraphDecoder:
         self.fallback_reason: str | None = None
         self.num_nodes: dict[str, int] = {}
         self.steps_by_graph = {GRAPH_DECODE: 0, GRAPH_OPENS_PAGE: 0}
+        if self.launch_list.short is not None:
+            self.steps_by_graph.update({GRAPH_DECODE + SHORT: 0, GRAPH_OPENS_PAGE + SHORT: 0})
         self._execs: dict[str, GraphExec] = {}
         n_pages = dec.seq.pages.n_pages
         # Allocated before capture: allocation is an unsafe call while a stream captures.
@@ -179,10 +186,12 @@ class GraphDecoder:
             raise
 
     def _capture_all(self) -> None:
-        step_launches = [(nl.name, nl.launch) for nl in self.launch_list.launches]
-        page_launches = [("set_block_table_entry", self._set_entry.launches[0]), *step_launches]
-        for name, launches in ((GRAPH_DECODE, step_launches), (GRAPH_OPENS_PAGE, page_launches)):
-            self._capture(name, launches)
+        lists = [("", self.launch_list)] + ([(SHORT, self.launch_list.short)] if self.launch_list.short else [])
+        for suffix, lst in lists:
+            step_launches = [(nl.name, nl.launch) for nl in lst.launches]
+            page_launches = [("set_block_table_entry", self._set_entry.launches[0]), *step_launches]
+            for name, launches in ((GRAPH_DECODE, step_launches), (GRAPH_OPENS_PAGE, page_launches)):
+                self._capture(name + suffix, launches)
 
     def _capture(self, graph_name: str, launches) -> GraphExec:
         """Capture `launches` into the graph `graph_name` (capture_launches) and keep its exec.
@@ -207,22 +216,24 @@ class GraphDecoder:
         logits and next_token, advances the state on the GPU. Asynchronous; `sync()` waits.
 
         Returns:
-            "decode" or "opens_page", the graph chosen (also when running eagerly after a fallback).
+            "decode" or "opens_page", the graph chosen (also when running eagerly after a fallback),
+            with "_short" for the short-context twin's.
 
         Raises:
             DrvqwenError: the context is full or no free page is left.
         """
         dec, seq = self.dec, self.dec.seq
+        suffix = SHORT if self.launch_list.for_length(seq.pos + 1) is not self.launch_list else ""
         if self.mode != "graph":
             if self.mode == "closed":
                 raise RuntimeError("GraphDecoder.decode_token() after close()")
             # Eager fallback: the eager step records its own page (an upload); only label it.
-            label = GRAPH_OPENS_PAGE if seq.pages.opens_page(seq.pos) else GRAPH_DECODE
+            label = (GRAPH_OPENS_PAGE if seq.pages.opens_page(seq.pos) else GRAPH_DECODE) + suffix
             dec.decode_token(self.launch_list)
             self.steps_by_graph[label] += 1
             return label
         page = seq.open_page()
-        graph = GRAPH_DECODE if page is None else GRAPH_OPENS_PAGE
+        graph = (GRAPH_DECODE if page is None else GRAPH_OPENS_PAGE) + suffix
         if page is not None:
             self._new_page.set(seq.pos // PAGE_TOKENS, page, dec.stream)
         self._execs[graph].launch(dec.stream)

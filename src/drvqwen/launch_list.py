@@ -56,14 +56,26 @@ class LaunchList:
         launchers: (name, launcher) in order, from "embedding" to "advance_state".
         launches: one NamedLaunch per kernel launch, in order (what eager mode runs and a
             CUDA graph captures).
+        short: the same step with the short-context attention in place of each layer's (the
+            decode step's short_attention; None: one list for every length), used for the steps
+            whose attention covers at most `short_below` positions (`for_length`).
+        short_below: the longest attention length (positions, the step's own included) that
+            runs `short`.
     """
 
     name: str
     launchers: list[tuple[str, Launcher]]
+    short: LaunchList | None = None
+    short_below: int = 0
     launches: list[NamedLaunch] = field(init=False)
 
     def __post_init__(self) -> None:
         self.launches = named_launches(self.launchers)
+
+    def for_length(self, seq_len: int) -> LaunchList:
+        """The list a step whose attention covers `seq_len` positions runs: `short` up to
+        short_below positions, else this one."""
+        return self.short if self.short is not None and seq_len <= self.short_below else self
 
     def index(self, name: str) -> int:
         """Position of the step entry `name` in `launchers`.
