@@ -52,6 +52,9 @@
 // Every thread reaches all three barriers (no early return; the splits with no page and the
 // threads with no output skip work, not barriers).
 //
+// ACL_CLUSTER=16 (to measure): 128 splits a KV head on 16 SMs, half the pages a warp at mid
+// contexts; 16 is past the portable cluster size, which the module loader opts in to
+// (cuda/module.py: allow_its_cluster_size).
 // ACL_POISON_SMEM=1 (tests only) fills part_* and blk_* with NaN before the splits run: a read of
 // shared memory nothing wrote then shows in the output (the sanitizers check global memory only).
 //
@@ -65,7 +68,10 @@
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 #include "cluster.cuh"  // cluster_ctarank, cluster_sync(_exit), cluster_map_shared, ld_shared_cluster_f32
 
-#define ACL_CLUSTER 8            // blocks per KV head: one cluster
+#ifndef ACL_CLUSTER
+#define ACL_CLUSTER 8            // blocks per KV head: one cluster (16: a non-portable size, below)
+#endif
+static_assert(ACL_CLUSTER >= 1 && ACL_CLUSTER <= 16, "a cluster of at most 16 blocks (sm_90)");
 #ifndef ACL_POISON_SMEM
 #define ACL_POISON_SMEM 0        // tests: NaN in the merge buffers first (the header)
 #endif

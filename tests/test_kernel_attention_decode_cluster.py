@@ -66,6 +66,14 @@ def test_attention_cluster_poisoned_shared_memory(dev, rng, model):
     check_cluster(dev, rng, f"{model}.poisoned", *MODELS[model], LENGTHS, defines=POISONED)
 
 
+@pytest.mark.parametrize("model", list(MODELS))
+def test_attention_cluster_of_16_blocks(dev, rng, model):
+    """The non-portable cluster size (ACL_CLUSTER=16: 128 splits a KV head), which the module
+    loader opts in to; poisoned merge buffers."""
+    check_cluster(dev, rng, f"{model}.c16", *MODELS[model], [1, 17, 513, 2048, 2049, 8192], timed=(2048,),
+                  defines=POISONED + (("ACL_CLUSTER", 16),))
+
+
 @pytest.mark.parametrize("group", list(GROUPS))
 def test_attention_cluster_groups(dev, rng, group):
     check_cluster(dev, rng, group, *GROUPS[group], [1, 257, 2048], defines=POISONED)

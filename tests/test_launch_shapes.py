@@ -510,6 +510,10 @@ def test_attention_decode_cluster_is_one_launch_of_a_cluster_per_kv_head():
         assert spec.grid == (CLUSTER, hkv)
         assert spec.block == (32 * WARPS,) and a.n_splits == N_SPLITS == CLUSTER * WARPS
         assert a.bytes_for(512) == 512 * 2 * hkv * dh * 2
+        c16 = AttentionDecodeCluster(*bufs, n_heads=hq, n_kv_heads=hkv, head_dim=dh, defines=(("ACL_CLUSTER", 16),))
+        assert c16.specs[0].grid == (16, hkv) and c16.n_splits == 16 * WARPS
+        with pytest.raises(LaunchError, match="ACL_CLUSTER=17"):
+            AttentionDecodeCluster(*bufs, n_heads=hq, n_kv_heads=hkv, head_dim=dh, defines=(("ACL_CLUSTER", 17),))
     with pytest.raises(LaunchError, match="head_dim"):
         AttentionDecodeCluster(*[BufferSpec(n, (28 * 96,), np.float16) for n in ("out", "q")],
                                *[BufferSpec(n, (8, 4, 16, 96), np.float16) for n in ("k", "v")],

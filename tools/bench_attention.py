@@ -4,7 +4,8 @@
 
 For each KV length: both split-KV launchers (decode + combine; also the split kernel alone, and the
 combine alone) and the cluster kernel (one launch, its own fixed grid: attention_decode_cluster.cu,
-built for short contexts: at 32768 tokens each of its warps walks 32 pages) on the same random
+built for short contexts: at 32768 tokens each of its warps walks 32 pages; and its build with
+clusters of 16 blocks) on the same random
 paged cache (shuffled pages), with the grids DecodeStep uses for a
 --context-token cache, timed from a captured graph
 of --reps back-to-back calls (no Python launch overhead). Reports µs per call, effective
@@ -89,6 +90,8 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         out_cluster = s.array("out_cluster", (hq, dh), np.float16)
         cluster = AttentionDecodeCluster(out_cluster, common["q"], layer_view(k, 0), layer_view(v, 0), common["bt"],
                                          common["state"], **shape)
+        cluster16 = AttentionDecodeCluster(out_cluster, common["q"], layer_view(k, 0), layer_view(v, 0), common["bt"],
+                                           common["state"], defines=(("ACL_CLUSTER", 16),), **shape)
 
         plain.launch()
         tma.launch()
@@ -99,7 +102,7 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
         kv = plain.bytes_for(seq_len)
         row = {"model": model, "seq_len": seq_len, "kv_bytes": kv, "rel_l2_tma_vs_plain": rel,
                "rel_l2_cluster_vs_plain": float(np.linalg.norm(a - c) / np.linalg.norm(a)),
-               "cluster_us": graph_time_us(cluster, reps),
+               "cluster_us": graph_time_us(cluster, reps), "cluster16_us": graph_time_us(cluster16, reps),
                "plain_blocks_per_kv_head": S_plain, "tma_blocks_per_kv_head": S_tma,
                "plain_us": graph_time_us(plain, reps), "tma_us": graph_time_us(tma, reps),
                # the split kernel alone (no combine): where the time goes
@@ -151,6 +154,8 @@ def main(argv=None) -> int:
     print("cluster kernel (one launch, no combine), µs: " + ", ".join(
         f"{r['seq_len']}: {r['cluster_us']:.2f} ({r['cluster_gbps']:.0f} GB/s, rel L2 vs plain {r['rel_l2_cluster_vs_plain']:.1e})"
         for r in rows))
+    print("cluster kernel, clusters of 16 blocks (ACL_CLUSTER=16), µs: " + ", ".join(
+        f"{r['seq_len']}: {r['cluster16_us']:.2f}" for r in rows))
     print("combine alone (the TMA kernel's partials), µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_us']:.2f}" for r in rows))
     print("tma (decode + combine) with fewer blocks per KV head, µs: " + "; ".join(

@@ -17,6 +17,11 @@ from .nvrtc import CompiledKernel, compile_kernel
 # device's max_smem_per_block_optin_bytes (CUDA C Programming Guide, "Shared Memory",
 # compute capability 7.x and later).
 DEFAULT_SMEM_PER_BLOCK_BYTES = 48 * 1024
+# Blocks per cluster every sm_90 part can co-schedule ("portable"); a kernel compiled with a larger
+# __cluster_dims__ (up to 16 on the H100/H200) launches only after opting in per function with
+# CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED (CUDA C Programming Guide, "Thread Block
+# Clusters").
+PORTABLE_CLUSTER_BLOCKS = 8
 
 _FA = driver.CUfunction_attribute
 
@@ -92,6 +97,20 @@ class Function:
         )
         self._dynamic_smem_limit = nbytes
 
+    def allow_its_cluster_size(self) -> None:
+        """Opt in to the kernel's own compile-time cluster size where it is past the portable 8
+        blocks (PORTABLE_CLUSTER_BLOCKS); nothing for other kernels.
+
+        Raises:
+            CudaError: the driver refused the attribute (a device without such clusters).
+        """
+        blocks = (self.attribute(_FA.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH)
+                  * max(1, self.attribute(_FA.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT))
+                  * max(1, self.attribute(_FA.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH)))
+        if blocks > PORTABLE_CLUSTER_BLOCKS:
+            check(driver.cuFuncSetAttribute(self.handle, _FA.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                  f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) of {self.name}")
+
     @property
     def param_sizes(self) -> tuple[int, ...]:
         """The size in bytes of each kernel parameter, read from the cubin (cuFuncGetParamInfo).
@@ -149,6 +168,7 @@ class Module:
                 driver.cuModuleGetFunction(self.handle, name.encode()), f"cuModuleGetFunction({name})"
             )
             fn = self._functions[name] = Function(self, name, handle)
+            fn.allow_its_cluster_size()
         return fn
 
     def unload(self) -> None:

@@ -19,18 +19,19 @@ import numpy as np
 
 from ..cuda import Stream
 from .attention_decode import check_attention_shapes
-from .base import KernelRef, Launcher, check_buffer, check_state, i32, mirrored
+from .base import KernelRef, Launcher, check_buffer, check_state, i32, mirrored, require
 
 CLUSTER = mirrored("attention_decode_cluster", "ACL_CLUSTER", 8)  # blocks per KV head: one cluster
 WARPS = mirrored("attention_decode_cluster", "ACL_WARPS", 8)      # warps (= splits) per block
-N_SPLITS = CLUSTER * WARPS                                         # splits per KV head
+N_SPLITS = CLUSTER * WARPS                                         # splits per KV head (the default build)
 
 
 class AttentionDecodeCluster(Launcher):
     """out fp16 [Hq, Dh] = softmax(q Kᵀ/√Dh) V over positions < state[2] of one layer's paged
     cache (k_cache / v_cache [P, Hkv, 16, Dh] fp16, block_table int32, state int32 [3]), in one
     launch of grid (CLUSTER, Hkv), block 32 · WARPS. `defines`: compile-time choices of the kernel
-    (tests: (("ACL_POISON_SMEM", 1),), NaN in its merge buffers before the splits run).
+    (tests: (("ACL_POISON_SMEM", 1),), NaN in its merge buffers before the splits run; to measure:
+    (("ACL_CLUSTER", 16),), clusters of 16 blocks, the grid's x with them).
 
     Raises:
         LaunchError: unsupported head_dim or GQA group (attention_decode's), or a buffer of the
@@ -44,10 +45,12 @@ class AttentionDecodeCluster(Launcher):
         check_buffer(out, "out", n_heads * head_dim, np.float16)
         check_buffer(q, "q", n_heads * head_dim, np.float16)
         check_state(state)
-        self.n_splits = N_SPLITS
+        cluster = int(dict(defines).get("ACL_CLUSTER", CLUSTER))
+        require(1 <= cluster <= 16, f"attention_decode_cluster: ACL_CLUSTER={cluster}, want 1..16")
+        self.n_splits = cluster * WARPS
         self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
         self._add(KernelRef("attention_decode_cluster", f"attention_decode_cluster_hd{head_dim}", tuple(defines)),
-                  (CLUSTER, n_kv_heads), (32 * WARPS,),
+                  (cluster, n_kv_heads), (32 * WARPS,),
                   dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, state=state,
                        Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
                   reads=(q, k_cache, v_cache, block_table, state), writes=(out,))
