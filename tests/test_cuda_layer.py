@@ -125,6 +125,27 @@ def test_launch_refuses_wrong_widths_and_counts():
     assert KernelLaunch(_StubFunction([]), (1,), (32,), []).params_address == 0
 
 
+def test_a_kernel_past_the_portable_cluster_size_is_opted_in_and_no_other(monkeypatch):
+    """module.Function.allow_its_cluster_size: a kernel whose compile-time cluster (width × height
+    × depth, all 0 for a kernel without one) exceeds the portable 8 blocks gets
+    NON_PORTABLE_CLUSTER_SIZE_ALLOWED, once; others get nothing."""
+    from drvqwen.cuda import module
+
+    fa = driver.CUfunction_attribute
+    set_calls = []
+    monkeypatch.setattr(module.driver, "cuFuncSetAttribute",
+                        lambda handle, attr, value: set_calls.append((handle, attr, value)) or (driver.CUresult.CUDA_SUCCESS,))
+    for dims, opted in (((0, 0, 0), False), ((8, 1, 1), False), ((16, 1, 1), True), ((4, 4, 1), True)):
+        fn = module.Function(None, "k", f"handle{dims}")
+        attrs = {fa.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: dims[0], fa.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: dims[1],
+                 fa.CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: dims[2]}
+        monkeypatch.setattr(fn, "attribute", attrs.__getitem__)
+        set_calls.clear()
+        fn.allow_its_cluster_size()
+        want = [(f"handle{dims}", fa.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)] if opted else []
+        assert set_calls == want, dims
+
+
 def test_pool_alignment_and_overflow(monkeypatch):
     """Pool arithmetic with a fake base address (256 B- but not 16 KiB-aligned, as can happen)."""
     base = 0x7F00_0000_0100

@@ -519,3 +519,35 @@ def test_attention_decode_cluster_is_one_launch_of_a_cluster_per_kv_head():
                                *[BufferSpec(n, (8, 4, 16, 96), np.float16) for n in ("k", "v")],
                                BufferSpec("bt", (8,), np.int32), BufferSpec("state", (3,), np.int32),
                                n_heads=28, n_kv_heads=4, head_dim=96)
+
+
+def test_decode_plan_short_attention_twin_over_the_same_buffers():
+    """plan_decode(short_attention="cluster"): one cluster launcher per layer, keyed by the
+    layer's attention entry, over the buffers that entry's launcher uses (attn, q, the layer's
+    K/V views, block table, state); refused with the persistent step, as the step's own
+    attention, or an unknown kernel."""
+    from drvqwen.config import QWEN25_CODER_05B
+    from drvqwen.decode import plan_decode
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.launchers import AttentionDecodeCluster, FixedOccupancy
+
+    occ = FixedOccupancy(132, lambda _k, _t, _s: 2)
+    cfg = QWEN25_CODER_05B.with_layers(3)
+    plan = plan_decode(cfg, 256, occupancy=occ, short_attention="cluster")
+    steps = dict(plan.steps)
+    assert sorted(plan.short_attention) == [f"L{l}.attention" for l in range(3)]
+    for name, short in plan.short_attention.items():
+        assert isinstance(short, AttentionDecodeCluster)
+        (spec,) = short.specs
+        long_specs = steps[name].specs
+        assert spec.args["q"] is long_specs[0].args["q"] and spec.args["out"] is long_specs[-1].args["out"]
+        assert spec.args["state"] is long_specs[0].args["state"]
+        assert spec.args["block_table"] is long_specs[0].args["block_table"]
+        layer = name[1:].split(".")[0]
+        assert tuple(spec.reads[1:3]) == (f"k_cache[{layer}]", f"v_cache[{layer}]")
+        assert {f"k_cache[{layer}]", f"v_cache[{layer}]"} <= set(long_specs[0].reads)
+    assert plan_decode(cfg, 256, occupancy=occ).short_attention == {}
+    for bad in (dict(short_attention="cluster", attention="cluster"), dict(short_attention="tma"),
+                dict(short_attention="cluster", attention="plain", persistent=True)):
+        with pytest.raises(DrvqwenError, match="short_attention="):
+            plan_decode(cfg, 256, occupancy=occ, **bad)

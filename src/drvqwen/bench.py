@@ -342,6 +342,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     if need > ctx:
         raise DrvqwenError(f"--max-context {ctx}: the protocol needs {need} tokens")
 
+    if 0 < short_attention_below <= prompt_tokens:
+        raise DrvqwenError(f"--short-attention-below {short_attention_below}: the timed steps start at position "
+                           f"{prompt_tokens} (the prompt's length), past it; give more than --prompt-tokens")
     copy = measure_copy_bandwidth(copy_bytes or DEFAULT_COPY_BYTES)
     err.print(f"copy bandwidth: {copy.gbps:.0f} GB/s (cuMemcpyDtoD of {copy.copy_bytes / 1e9:.2f} GB, "
               f"read + write counted)")
@@ -580,7 +583,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "splits merged in a thread block cluster: for short contexts), to compare them")
     p.add_argument("--short-attention-below", type=int, default=0, metavar="POSITIONS",
                    help="the decode steps whose attention covers at most this many positions run the one-launch "
-                        "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off")
+                        "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off. "
+                        "The timed steps start after the prompt: it must exceed --prompt-tokens to be measured")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",

@@ -349,8 +349,9 @@ class DecodeStep:
             and its trace buffer (plan_decode).
         short_attention, short_below: another attention kernel (SHORT_ATTENTION_KERNELS) for the
             steps whose attention covers at most short_below positions (its own included): every
-            launch list of the step then carries that twin (LaunchList.short), which eager steps
-            and GraphDecoder pick by length. None / 0: one attention at every length.
+            launch list of the step then carries that twin (LaunchList.short), which eager steps,
+            GraphDecoder and the per-token prefill pick by length. None / 0: one attention at
+            every length. DecodeStep.time_kernels times the step's own list, not the twin.
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -359,8 +360,9 @@ class DecodeStep:
         seq: the Sequence (sequence.py): position, pages and block table of the cache's sequence.
         text_vocab: the lm_head rows from it on get −inf (the file's text_vocab, plan_decode's).
     Raises:
-        DrvqwenError: no usable GPU, bad max_context or attention, or the model and its cache
-            do not fit (checked before any upload).
+        DrvqwenError: no usable GPU, bad max_context or attention (or short_attention without
+            short_below ≥ 1, or the reverse), or the model and its cache do not fit (checked
+            before any upload).
     """
 
     def __init__(self, f: NanoqwenFile, max_context: int | None = None, num_layers: int | None = None,
@@ -369,6 +371,9 @@ class DecodeStep:
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                  persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = None,
                  short_below: int = 0):
+        if (short_attention is None) != (short_below == 0) or short_below < 0:
+            raise DrvqwenError(f"short_attention={short_attention!r} with short_below={short_below}: give both "
+                               "(a kernel and a length ≥ 1) or neither")
         self.device = get_device()
         self.pdl = pdl
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
@@ -378,7 +383,7 @@ class DecodeStep:
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
                                 persistent_defines=tuple(persistent_defines),
-                                short_attention=short_attention if short_below > 0 else None)
+                                short_attention=short_attention)
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
         self.short_below = short_below if self.plan.short_attention else 0
         self._check_fits(f)

@@ -175,6 +175,7 @@ class GraphDecoder:
             self._capture_all()
         except GraphCaptureError as e:
             self._destroy_execs()
+            self.num_nodes.clear()  # eager from here: no graph holds any node
             if not fallback:
                 self.close()
                 raise

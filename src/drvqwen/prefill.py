@@ -791,19 +791,23 @@ class Prefill:
         the prompt's token, position + 1) — its token read from the ids buffer — and the decode
         step's launches from the embedding to the last layer run; after the last token, the
         final norm, the sampler step and decode_resume as in `run`. Each position's K/V is what
-        a decode step writes, so the cache equals that of decoding the prompt token by token.
-        The pages were reserved by the caller."""
+        a decode step writes (its short-context twin's where the step has one and the position's
+        attention covers at most short_below positions: LaunchList.for_length), so the cache
+        equals that of decoding the prompt token by token. The pages were reserved by the caller."""
         step = self.decode_step
         T = len(host_ids)
         self.buf["ids"].upload_at(0, host_ids.astype(np.int32))
         feed = DecodeResume(step.buf["state"], DeviceArray("ids[0]", self.buf["ids"].ptr, (1,), np.int32),
                             stream=step.stream)
         lst = launch_list or step.launch_list
-        layers = lst.launches[:[nl.name for nl in lst.launches].index("norm")]
+
+        def layers(of: LaunchList) -> list:
+            return of.launches[:[nl.name for nl in of.launches].index("norm")]
+        by_list = {id(of): layers(of) for of in (lst, lst.short) if of is not None}
         for i in range(T):
             feed.set_arg("next_token", DeviceArray(f"ids[{i}]", self.buf["ids"].ptr + 4 * i, (1,), np.int32))
             feed.set(start + i).launch()
-            for nl in layers:
+            for nl in by_list[id(lst.for_length(start + i + 1))]:
                 nl.launch.launch()
         for name, launcher in lst.launchers[lst.index("norm"):lst.index("advance_state")]:
             launcher.launch()
