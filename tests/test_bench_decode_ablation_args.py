@@ -34,3 +34,10 @@ def test_parse_define(tool):
 def test_parse_define_refuses(tool, text):
     with pytest.raises(SystemExit, match="--define"):
         tool.parse_define(text)
+
+
+def test_left_out_takes_the_one_launch_attention_too(tool):
+    """With --attention cluster a layer's attention is one launch, named without a suffix."""
+    names = ["L0.qkv_rope", "L0.attention", "L0.o_proj", "L7.attention"]
+    assert [n for n in names if tool.left_out(n, "attention")] == ["L0.attention", "L7.attention"]
+    assert [n for n in names if tool.left_out(n, "attention.1")] == []

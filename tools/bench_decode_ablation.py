@@ -2,7 +2,8 @@
 """What each op of the decode step costs inside the captured step: graph ITL with launches left out.
 
     PYTHONPATH=src python3 tools/bench_decode_ablation.py [--preset 7b] [--contexts 512 4096]
-        [--leave-out attention o_proj ...] [--define FILE:NAME=INT ...] [--new-tokens 96] [--json OUT]
+        [--leave-out attention o_proj ...] [--define FILE:NAME=INT ...] [--new-tokens 96]
+        [--attention tma|plain|cluster] [--json OUT]
 
 The step's launch list (DecodeStep.launch_list: what `drvqwen bench --mode graph` captures) is
 captured once whole and once per --leave-out entry without the launches whose name ends in
@@ -19,7 +20,9 @@ what `drvqwen bench --kernels` cannot say, since it times each launch eagerly be
 variant to measure, e.g. attention_decode:ATTN_SHORT_SPLITS=64; the attention's split rule lives in
 attention_decode.cuh, which attention_decode_tma.cu includes too: give both files). The model is
 the synthetic --preset file (drvqwen.bench.ensure_synthetic), its KV cache the model's full
-context, as `drvqwen bench` sizes it (the split-KV attention's grid depends on it).
+context, as `drvqwen bench` sizes it (the split-KV attention's grid depends on it). --attention
+builds the step with that decode attention (decode.ATTENTION_KERNELS; default the step's own):
+`--attention cluster --leave-out attention` says what the one-launch attention costs the step.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="launch names (their layer-free tail) to leave out, one variant each")
     ap.add_argument("--define", action="append", default=[], metavar="FILE:NAME=INT")
     ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--attention", choices=("tma", "plain", "cluster"), default=None,
+                    help="the step's decode attention (default: the step's own)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
     defines = [parse_define(d) for d in a.define]
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     copy = measure_copy_bandwidth()
     f = NanoqwenFile(ensure_synthetic(a.preset))
-    dec = DecodeStep(f)
+    dec = DecodeStep(f, attention=a.attention)
     names = [nl.name for nl in dec.launch_list.launches]
     for entry in a.leave_out:
         if not any(left_out(n, entry) for n in names):
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w") as fh:
             json.dump({"source": source_record(), "device": dec.device.info.summary(), "preset": a.preset,
                        "defines": [f"{fi}:{n}={v}" for fi, n, v in defines], "new_tokens": a.new_tokens,
+                       "attention": dec.attention,
                        "blocks_per_kv_head": dec.plan.blocks_per_kv_head, "rows": rows}, fh, indent=1)
     return 0
 
