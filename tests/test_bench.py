@@ -272,6 +272,17 @@ def test_decode_attention_option_offers_every_decode_attention_kernel():
     assert ap.parse_args(["--short-attention-below", "2048"]).short_attention_below == 2048
 
 
+@pytest.mark.parametrize("below, message", [
+    (-1, r"^--short-attention-below -1: need >= 0 \(0: off\)$"),
+    (512, r"^--short-attention-below 512: the timed steps start at position 512 \(the prompt's length\), past it; "
+          r"give more than --prompt-tokens$")])
+def test_short_attention_below_refused_before_any_gpu_work(tmp_path, below, message):
+    """A --short-attention-below the timed steps never reach (or a negative one) is one line,
+    before the GPU is asked for and before the model is opened (here: a file that does not exist)."""
+    with pytest.raises(bench.DrvqwenError, match=message):
+        bench.run_bench(tmp_path / "absent.nanoqwen", prompt_tokens=512, short_attention_below=below)
+
+
 def test_prefill_breakdown_groups_the_layers_and_prints_its_own_table():
     """`bench --kernels` also times the prefill's launches (Prefill.time_kernels) and prints them
     by role in a table of their own; the per-launch figures are kept as measured."""

@@ -1,5 +1,7 @@
 """Launch-shape rules of the bandwidth-bound launchers, evaluated without a GPU (occupancy given)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -551,3 +553,17 @@ def test_decode_plan_short_attention_twin_over_the_same_buffers():
                 dict(short_attention="cluster", attention="plain", persistent=True)):
         with pytest.raises(DrvqwenError, match="short_attention="):
             plan_decode(cfg, 256, occupancy=occ, **bad)
+
+
+@pytest.mark.parametrize("kwargs", [dict(short_attention="cluster"), dict(short_below=2048),
+                                    dict(short_attention="cluster", short_below=-1)])
+def test_decode_step_refuses_half_a_short_context_twin(kwargs):
+    """DecodeStep(short_attention=, short_below=) takes both (a kernel and a length ≥ 1) or neither:
+    one line naming both values, before any GPU work or file access (here: no file at all)."""
+    from drvqwen.decode import DecodeStep
+    from drvqwen.errors import DrvqwenError
+
+    want = (f"short_attention={kwargs.get('short_attention')!r} with short_below={kwargs.get('short_below', 0)}: "
+            "give both (a kernel and a length ≥ 1) or neither")
+    with pytest.raises(DrvqwenError, match=f"^{re.escape(want)}$"):
+        DecodeStep(None, **kwargs)

@@ -328,6 +328,11 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
 
     if prefill_chunk_rows is not None and prefill_chunk_rows < 1:  # before the minutes of loading
         raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
+    if short_attention_below < 0:
+        raise DrvqwenError(f"--short-attention-below {short_attention_below}: need >= 0 (0: off)")
+    if 0 < short_attention_below <= prompt_tokens:
+        raise DrvqwenError(f"--short-attention-below {short_attention_below}: the timed steps start at position "
+                           f"{prompt_tokens} (the prompt's length), past it; give more than --prompt-tokens")
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
@@ -342,9 +347,6 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     if need > ctx:
         raise DrvqwenError(f"--max-context {ctx}: the protocol needs {need} tokens")
 
-    if 0 < short_attention_below <= prompt_tokens:
-        raise DrvqwenError(f"--short-attention-below {short_attention_below}: the timed steps start at position "
-                           f"{prompt_tokens} (the prompt's length), past it; give more than --prompt-tokens")
     copy = measure_copy_bandwidth(copy_bytes or DEFAULT_COPY_BYTES)
     err.print(f"copy bandwidth: {copy.gbps:.0f} GB/s (cuMemcpyDtoD of {copy.copy_bytes / 1e9:.2f} GB, "
               f"read + write counted)")
