@@ -7,6 +7,9 @@
 //   tma_load_2d          : cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes
 //                          [dst], [map, {c0, c1}], [bar]
 //                          ("Data Movement and Conversion Instructions: cp.async.bulk.tensor")
+//   bulk_copy_g2s        : cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes
+//                          .L2::cache_hint [dst], [src], size, [bar], policy
+//                          ("Data Movement and Conversion Instructions: cp.async.bulk")
 //
 // Why TMA: one thread describes a whole box (here a 16 × Dh page of one KV head, 2–4 KiB) and
 // the copy engine moves it into shared memory while the thread goes on; no registers hold the
@@ -52,3 +55,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
         : "memory");
 }
 
+
+// Copy `bytes` contiguous bytes (a multiple of 16; src and dst 16-byte aligned) from global `src`
+// to shared `dst`, completing `bytes` transactions on `bar`, with an L2 cache policy
+// (l2_evict_first_policy for read-once data). The 1-D form of the TMA copy: no tensor map, for
+// data already contiguous in memory. Issued by one thread; asynchronous.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 bytes, u64* bar, u64 policy) {
+    const u32 dst_smem = static_cast<u32>(__cvta_generic_to_shared(dst));
+    const u32 bar_smem = static_cast<u32>(__cvta_generic_to_shared(bar));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;\n"
+        :: "r"(dst_smem), "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(bar_smem), "l"(policy)
+        : "memory");
+}

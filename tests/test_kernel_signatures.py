@@ -181,6 +181,9 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
         ("argmax_final_tokens", launchers.ArgmaxFinal(_buf("next_token", 3, np.int32), _buf("pv", 3 * 64, np.float32),
                                                       _buf("pi", 3 * 64, np.int32), n_partials=64, n_tokens=3)),
         ("gpu_sleep", launchers.GpuSleep(1.0)),
+        *[(f"stream_read_{kind}", launchers.StreamRead(_buf("out", 2 * threads, np.uint32), _buf("src", 2 * 65536, np.uint8),
+                                                       blocks=2, bytes_per_block=65536, kind=kind))
+          for kind, threads in (("ld", 256), ("bulk", 128))],
     ]
     fmt = wf.EXACT_FOR_GGUF["Q5_0"]
     w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)

@@ -37,6 +37,7 @@ Names follow one thread through the code base:
 | sampling                | SampleToken, PenalizedSampleToken,          | next_token, host token ring, the     |
 |                         | PublishToken                                | repeat-penalty history, logits       |
 | timing                  | GpuSleep                                    | (nothing: holds the stream)          |
+| stream_read             | StreamRead (tools/bench_sm_stream.py)       | a checksum u32 per thread            |
 
 base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec` (the arguments by
 the kernel's parameter names, in its order), the two-step plan → build of a launcher, occupancy
@@ -65,6 +66,7 @@ from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
 from .rope_kv import RopeKvRows, RopeTableRows
 from .sampling import PenalizedSampleToken, PublishToken, SampleToken
+from .stream_read import StreamRead
 from .timing import GpuSleep
 
 __all__ = [
@@ -75,7 +77,7 @@ __all__ = [
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
     "PrefillBeginChunk",
     "PublishToken",
-    "RmsNorm", "RopeKvRows", "RopeTableRows", "SampleToken", "SetBlockTableEntry", "TensorMapSpec",
+    "RmsNorm", "RopeKvRows", "RopeTableRows", "SampleToken", "SetBlockTableEntry", "StreamRead", "TensorMapSpec",
     "gemv_launch_shape", "lm_head_partials", "EmbeddingFmt", "EmbeddingFmtRows", "FmtWeight", "GemvFmt",
     "GemvFmtGateUpSwiglu", "GemvFmtQkvRope", "GemvFmtResidual", "LmHeadFmt",
 ]
