@@ -13,19 +13,21 @@
 // all and per block.
 //
 // Work split: grid = k blocks, block b streams bytes [b · B, (b + 1) · B) of `src` (B =
-// bytes_per_block), and every thread XORs the 32-bit words it read into one word of `out`
-// [k · threads] u32 — a checksum the test compares (the XOR of a block's words), and what keeps
-// the compiler from dropping the loads. Bytes per launch: k · B read, k · threads · 4 written.
+// bytes_per_block), and every thread adds the 32-bit words it read (modulo 2^32) into one word
+// of `out` [k · threads] u32 — a checksum the test compares per thread (thread t reads the
+// 16-byte vectors ≡ t modulo the block's threads, in both kernels), and what keeps the compiler
+// from dropping the loads. Bytes per launch: k · B read, k · threads · 4 written.
 // The limit is what it measures: HBM bandwidth, or the latency × bytes-in-flight of k SMs.
 //
 // stream_read_ld: thread t of block b reads uint4 i = t, t + T, … (T threads) of the block's
 // slice with ld_stream_v4 (L1 no-allocate, L2 evict-first, 256 B prefetch: ptx/ldst.cuh) in
-// batches of SR_UNROLL, the next batch issued before the current one is XORed: T · SR_UNROLL ·
-// 16 B in flight a block (32 KiB at 256 threads and 8).
-// stream_read_bulk: thread 0 keeps SR_STAGES chunks in flight (128 KiB at 4 × 32 KiB), each one
-// cp.async.bulk completing on its slot's mbarrier; the block's threads wait for a slot's phase,
-// XOR its words, meet at a __syncthreads, and thread 0 refills the slot with the chunk SR_STAGES
-// ahead. Why this cannot race:
+// batches of SR_UNROLL, the next batch issued before the current one is summed: up to 2 · T ·
+// SR_UNROLL · 16 B in flight a block (64 KiB at 256 threads and 8).
+// stream_read_bulk: thread 0 keeps SR_STAGES chunks in flight (96 KiB while one of 4 × 32 KiB is
+// being read), each one cp.async.bulk completing on its slot's mbarrier; the block's threads
+// wait for a slot's phase, sum its words, meet at a __syncthreads, and thread 0 refills the slot
+// with the chunk SR_STAGES ahead. Caveat: every byte is also read back from shared memory by the
+// block's 128 threads, which may cap a single SM's figure before HBM does. Why this cannot race:
 //   - A slot is refilled only after the __syncthreads that follows every thread's last read of
 //     it; thread 0 then issues fence.proxy.async (the async proxy's write after the generic
 //     proxy's reads) before the copy.
@@ -36,8 +38,8 @@
 //   - The barriers are initialised by thread 0, fenced (fence_mbarrier_init), then one
 //     __syncthreads before any use.
 //
-// Requirements (asserted by the launcher): src 16-byte aligned (bulk: 128-byte), B a multiple of
-// 16 (bulk: of SR_CHUNK), k · B ≤ the buffer.
+// Requirements (asserted by the launcher): src 16-byte aligned, B a multiple of 16 (bulk: of
+// SR_CHUNK), k · B bytes of src.
 #include <cuda_fp16.h>
 
 #include "types.cuh"     // u32, u64
@@ -60,7 +62,8 @@
 static_assert(SR_CHUNK % 16 == 0 && SR_STAGES >= 1, "chunks of 16-byte words");
 static_assert(SR_STAGES * SR_CHUNK + SR_STAGES * 8 <= 227 * 1024, "the ring fits a block's shared memory");
 
-__device__ __forceinline__ u32 sr_xor(uint4 v) { return v.x ^ v.y ^ v.z ^ v.w; }
+// The checksum: a sum modulo 2^32, so a word read twice shows (an XOR would cancel it).
+__device__ __forceinline__ u32 sr_sum(uint4 v) { return v.x + v.y + v.z + v.w; }
 
 // grid (k), block (SR_LD_THREADS): out u32 [k · SR_LD_THREADS]; src uint4 [k · vecs_per_block].
 extern "C" __global__ void __launch_bounds__(SR_LD_THREADS)
@@ -68,26 +71,30 @@ stream_read_ld(u32* __restrict__ out, const uint4* __restrict__ src, unsigned lo
     const uint4* p = src + (u64)blockIdx.x * vecs_per_block;
     const u64 policy = l2_evict_first_policy();
     const u64 step = (u64)SR_LD_THREADS * SR_UNROLL;
-    // Batches of SR_UNROLL loads, the next batch issued before the current one is XORed (as the
-    // GEMVs keep theirs: two batches of registers, one always in flight).
+    const u64 whole = vecs_per_block / step * step;  // the vectors of whole batches; the tail after
+    // Whole batches of SR_UNROLL loads with no bounds check, the next batch issued before the
+    // current one is summed (as the GEMVs keep theirs: two batches of registers, one always in
+    // flight). A bounds check per load lets ptxas sink the next batch's loads below the current
+    // batch's sums (predicated, zero-filled loads): one batch in flight instead of two.
     auto load = [&](uint4 (&v)[SR_UNROLL], u64 i) {
 #pragma unroll
-        for (int u = 0; u < SR_UNROLL; ++u) {
-            const u64 j = i + (u64)u * SR_LD_THREADS;
-            v[u] = j < vecs_per_block ? ld_stream_v4(p + j, policy) : make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int u = 0; u < SR_UNROLL; ++u) v[u] = ld_stream_v4(p + i + (u64)u * SR_LD_THREADS, policy);
     };
     u32 acc = 0;
-    uint4 cur[SR_UNROLL];
-    load(cur, threadIdx.x);
-    for (u64 i = threadIdx.x; i < vecs_per_block; i += step) {
-        uint4 next[SR_UNROLL];
-        load(next, i + step);
+    if (whole > 0) {
+        uint4 cur[SR_UNROLL];
+        load(cur, threadIdx.x);
+#pragma unroll 1
+        for (u64 i = threadIdx.x; i < whole; i += step) {
+            uint4 next[SR_UNROLL];
+            if (i + step < whole) load(next, i + step);  // block-uniform
 #pragma unroll
-        for (int u = 0; u < SR_UNROLL; ++u) acc ^= sr_xor(cur[u]);
+            for (int u = 0; u < SR_UNROLL; ++u) acc += sr_sum(cur[u]);
 #pragma unroll
-        for (int u = 0; u < SR_UNROLL; ++u) cur[u] = next[u];
+            for (int u = 0; u < SR_UNROLL; ++u) cur[u] = next[u];
+        }
     }
+    for (u64 i = whole + threadIdx.x; i < vecs_per_block; i += SR_LD_THREADS) acc += sr_sum(ld_stream_v4(p + i, policy));
     out[(u64)blockIdx.x * SR_LD_THREADS + threadIdx.x] = acc;
 }
 
@@ -116,7 +123,7 @@ stream_read_bulk(u32* __restrict__ out, const unsigned char* __restrict__ src, u
         const int s = (int)(c % SR_STAGES);
         mbarrier_wait_parity(&full[s], (u32)((c / SR_STAGES) & 1));
         const uint4* slot = reinterpret_cast<const uint4*>(sr_ring + s * SR_CHUNK);
-        for (int i = threadIdx.x; i < SR_CHUNK / 16; i += SR_BULK_THREADS) acc ^= sr_xor(slot[i]);
+        for (int i = threadIdx.x; i < SR_CHUNK / 16; i += SR_BULK_THREADS) acc += sr_sum(slot[i]);
         __syncthreads();  // every thread is done with slot s (and past its wait on this phase)
         if (threadIdx.x == 0 && c + SR_STAGES < n_chunks) {
             fence_proxy_async_shared();  // the generic reads above before the async proxy's write

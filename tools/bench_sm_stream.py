@@ -1,6 +1,6 @@
 """How fast k SMs stream bytes from HBM: kernels/stream_read.cu over grids of 1 … 264 blocks.
 
-    PYTHONPATH=src python3 tools/bench_sm_stream.py [--blocks 1 2 4 8 16 32 66 132 264]
+    PYTHONPATH=src python3 tools/bench_sm_stream.py [--blocks 1 2 4 8 16 32 …]
         [--variant NAME:KIND[:DEFINE=INT,…] …] [--mib-per-block 256] [--reps 5] [--json OUT]
 
 Each case is one launch of k blocks, block b reading its own slice of a 4 GiB buffer once (the
@@ -35,8 +35,6 @@ from drvqwen.launchers import StreamRead
 from drvqwen.launchers.stream_read import CHUNK, KINDS, threads_of
 from drvqwen.provenance import source_record
 
-from bench_attention import Scratch  # device buffers freed together (tools/ is the script's path)
-
 BUFFER_MIB = 4096
 
 
@@ -62,7 +60,8 @@ def slice_bytes(blocks: int, mib_per_block: int, unit: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 66, 132, 264])
+    ap.add_argument("--blocks", type=int, nargs="+", default=None,
+                    help="block counts (default: 1 2 4 8 16 32, half the SMs, the SMs, twice the SMs)")
     ap.add_argument("--variant", type=parse_variant, action="append", default=[],
                     help="NAME:KIND[:DEFINE=INT,…] a build timed beside the defaults (repeatable)")
     ap.add_argument("--mib-per-block", type=int, default=256)
@@ -71,10 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
 
+    from bench_attention import Scratch  # device buffers freed together (tools/ is the script's path)
+
     dev = get_device()
     copy = measure_copy_bandwidth()
     print(f"{dev.info.summary()}\ncopy bandwidth (D2D, read + write): {copy.gbps:.0f} GB/s")
-    variants = [("ld", "ld", ()), ("bulk", "bulk", ()), *a.variant]
+    sms = dev.info.sm_count
+    blocks = a.blocks or [1, 2, 4, 8, 16, 32, sms // 2, sms, 2 * sms]
+    variants = [("ld", "ld", ()), ("ld16", "ld", (("SR_UNROLL", 16),)), ("bulk", "bulk", ()),
+                ("bulk3x64k", "bulk", (("SR_STAGES", 3), ("SR_CHUNK", 65536))), *a.variant]
     s = Scratch()
     rows = []
     try:
@@ -82,27 +86,28 @@ def main(argv: list[str] | None = None) -> int:
         buf_host_fill = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
         for off in range(0, BUFFER_MIB << 20, 1 << 20):  # not zeros: nothing a compressor could skip
             DeviceArray("fill", buf.ptr + off, (1 << 20,), np.uint8).upload(buf_host_fill)
-        out = s.array("out", (max(a.blocks) * 256,), np.uint32)
-        print(f"\n{'variant':>12} {'blocks':>6} {'MiB/block':>9} | {'µs':>9} {'GB/s':>7} {'/copy':>6} {'GB/s/block':>10}")
+        out = s.array("out", (max(blocks) * 256,), np.uint32)
+        print(f"\n{'variant':>12} {'blocks':>6} {'MiB/block':>9} | {'µs':>9} {'GB/s':>7} {'/copy':>6} {'GB/s/SM':>8}")
         for name, kind, defines in variants:
             unit = 16 if kind == "ld" else int(dict(defines).get("SR_CHUNK", CHUNK))
-            for k in a.blocks:
+            for k in blocks:
                 per = slice_bytes(k, a.mib_per_block, unit)
                 src = DeviceArray("src", buf.ptr, (k * per,), np.uint8)
                 dst = DeviceArray("out", out.ptr, (k * threads_of(kind),), np.uint32)
                 ln = StreamRead(dst, src, blocks=k, bytes_per_block=per, kind=kind, defines=defines)
                 us = statistics.median(graph_time_us(ln, a.reps) for _ in range(a.samples))
                 gbps = k * per / us / 1e3
+                per_sm = gbps / min(k, sms)
                 rows.append({"variant": name, "kind": kind, "defines": dict(defines), "blocks": k,
-                             "bytes_per_block": per, "us": us, "gbps": gbps, "gbps_per_block": gbps / k})
+                             "bytes_per_block": per, "us": us, "gbps": gbps, "gbps_per_sm": per_sm})
                 print(f"{name:>12} {k:>6} {per / 2**20:>9.1f} | {us:>9.1f} {gbps:>7.0f} {gbps / copy.gbps:>6.2f} "
-                      f"{gbps / k:>10.1f}", flush=True)
+                      f"{per_sm:>8.1f}", flush=True)
     finally:
         dev.synchronize()
         s.close()
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"source": source_record(), "device": dev.info.summary(), "copy_gbps": copy.gbps,
+            json.dump({"source": source_record(), "device": dev.info.summary(), "copy_gbps": copy.gbps, "sm_count": sms,
                        "buffer_mib": BUFFER_MIB, "reps": a.reps, "samples": a.samples, "rows": rows}, fh, indent=1)
     return 0
 

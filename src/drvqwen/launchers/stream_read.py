@@ -1,7 +1,7 @@
 """Launcher of kernels/stream_read.cu: k blocks streaming bytes from HBM, to measure what k SMs
 can read (tools/bench_sm_stream.py).
 
-    StreamRead   out u32 [k · threads] = each thread's XOR of the 32-bit words it read of
+    StreamRead   out u32 [k · threads] = each thread's sum (mod 2^32) of the 32-bit words it read of
                  src u8 [k · bytes_per_block]; kind "ld" (16-byte loads, SR_UNROLL in flight a
                  thread) or "bulk" (1-D bulk copies into a ring of SR_STAGES × SR_CHUNK bytes)
 """
@@ -31,12 +31,12 @@ def threads_of(kind: str) -> int:
 class StreamRead(Launcher):
     """One launch of `blocks` blocks, block b reading bytes [b · bytes_per_block, (b + 1) ·
     bytes_per_block) of src u8 [blocks · bytes_per_block] once and writing out u32 [blocks ·
-    threads_of(kind)], each thread's XOR of the words it read. `defines`: the kernel's
+    threads_of(kind)], each thread's sum (modulo 2^32) of the words it read. `defines`: the kernel's
     compile-time choices (SR_UNROLL, SR_STAGES, SR_CHUNK), to measure.
 
     Raises:
         LaunchError: an unknown kind, a count below 1, bytes_per_block not a multiple of 16 (bulk:
-            of the chunk), or a buffer of the wrong size or dtype.
+            of the chunk), src not 16-byte aligned, or a buffer of the wrong size or dtype.
     """
 
     def __init__(self, out, src, *, blocks: int, bytes_per_block: int, kind: str = "ld",
@@ -50,6 +50,7 @@ class StreamRead(Launcher):
                 f"stream_read: {blocks} blocks of {bytes_per_block} B; want ≥ 1 block and a multiple of {unit} B")
         threads = threads_of(kind)
         check_buffer(src, "src", blocks * bytes_per_block, np.uint8)
+        require(getattr(src, "ptr", 0) % 16 == 0, "stream_read: src must be 16-byte aligned")
         check_buffer(out, "out", blocks * threads, np.uint32)
         self.bytes = blocks * bytes_per_block
         if kind == "ld":
