@@ -59,7 +59,8 @@
 #endif
 #define SR_LD_THREADS   256
 #define SR_BULK_THREADS 128
-static_assert(SR_CHUNK % 16 == 0 && SR_STAGES >= 1, "chunks of 16-byte words");
+static_assert(SR_CHUNK % (16 * SR_BULK_THREADS) == 0 && SR_STAGES >= 1,
+              "a chunk is whole rounds of the block's 16-byte reads: thread t keeps the vectors ≡ t");
 static_assert(SR_STAGES * SR_CHUNK + SR_STAGES * 8 <= 227 * 1024, "the ring fits a block's shared memory");
 
 // The checksum: a sum modulo 2^32, so a word read twice shows (an XOR would cancel it).
