@@ -567,3 +567,32 @@ def test_decode_step_refuses_half_a_short_context_twin(kwargs):
             "give both (a kernel and a length ≥ 1) or neither")
     with pytest.raises(DrvqwenError, match=f"^{re.escape(want)}$"):
         DecodeStep(None, **kwargs)
+
+
+def test_stream_read_launch_and_its_refusals():
+    """StreamRead: grid (blocks,), the kind's threads, the bulk ring's shared memory; an unknown
+    kind, a slice not a whole number of units, or a misaligned source refused in one line."""
+    import types
+
+    from drvqwen.launchers import StreamRead
+    from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.stream_read import CHUNK, STAGES, threads_of
+
+    def bufs(blocks, per, kind, ptr=None):
+        src = BufferSpec("src", (blocks * per,), np.uint8)
+        if ptr is not None:
+            src = types.SimpleNamespace(name="src", shape=(blocks * per,), dtype=np.uint8, ptr=ptr)
+        return BufferSpec("out", (blocks * threads_of(kind),), np.uint32), src
+
+    ld = StreamRead(*bufs(3, 4096, "ld"), blocks=3, bytes_per_block=4096, kind="ld").specs[0]
+    assert ld.grid == (3,) and ld.block == (256,) and ld.smem_bytes == 0 and ld.args["vecs_per_block"].value == 256
+    bulk = StreamRead(*bufs(2, 2 * CHUNK, "bulk"), blocks=2, bytes_per_block=2 * CHUNK, kind="bulk").specs[0]
+    assert bulk.block == (128,) and bulk.smem_bytes == STAGES * CHUNK + STAGES * 8
+    with pytest.raises(LaunchError, match=r"^stream_read: kind='tma', want one of \('ld', 'bulk'\)$"):
+        StreamRead(*bufs(1, 4096, "ld"), blocks=1, bytes_per_block=4096, kind="tma")
+    with pytest.raises(LaunchError, match=r"^stream_read: 1 blocks of 100 B; want ≥ 1 block and a multiple of 16 B$"):
+        StreamRead(*bufs(1, 100, "ld"), blocks=1, bytes_per_block=100)
+    with pytest.raises(LaunchError, match=f"a multiple of {CHUNK} B$"):
+        StreamRead(*bufs(1, 4096, "bulk"), blocks=1, bytes_per_block=4096, kind="bulk")
+    with pytest.raises(LaunchError, match=r"^stream_read: src must be 16-byte aligned$"):
+        StreamRead(*bufs(1, 4096, "ld", ptr=8), blocks=1, bytes_per_block=4096)
