@@ -10,6 +10,8 @@
 //   bulk_copy_g2s        : cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes
 //                          .L2::cache_hint [dst], [src], size, [bar], policy
 //                          ("Data Movement and Conversion Instructions: cp.async.bulk")
+//   bulk_prefetch_l2     : cp.async.bulk.prefetch.L2.global [src], size
+//                          ("Data Movement and Conversion Instructions: cp.async.bulk.prefetch")
 //
 // Why TMA: one thread describes a whole box (here a 16 × Dh page of one KV head, 2–4 KiB) and
 // the copy engine moves it into shared memory while the thread goes on; no registers hold the
@@ -68,4 +70,17 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 by
         " [%0], [%1], %2, [%3], %4;\n"
         :: "r"(dst_smem), "l"(reinterpret_cast<u64>(src)), "r"(bytes), "r"(bar_smem), "l"(policy)
         : "memory");
+}
+
+// Ask L2 for `bytes` contiguous bytes at global `src` (16-byte aligned, a multiple of 16): the
+// copy engine reads them from HBM into L2 and delivers nothing to the SM — no destination, no
+// barrier, no completion to wait for, so the issuing thread goes on at once and may even exit.
+// It is a hint: it changes no value, and a later load of those bytes hits L2 if they are still
+// there. Why this and not `prefetch.global.L2` (one 128-byte line per instruction): one
+// instruction asks for a whole run of kilobytes. The address operand is a uniform register in
+// the machine code, so a warp whose lanes issue different addresses would be serialised lane by
+// lane: issue it from one lane.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(reinterpret_cast<u64>(src)), "r"(bytes)
+                 : "memory");
 }

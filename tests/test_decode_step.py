@@ -9,7 +9,8 @@ reference, and the GPU's greedy tokens must agree with the
 reference's wherever the reference's top-1/top-2 gap exceeds 6× the measured RMS logit error
 (the reference is teacher-forced with the GPU's tokens, so both see the same prefix).
 The step with programmatic dependent launch (the default) and without it give the same bits.
-The step with the one-launch cluster attention against the default step, eager and graph.
+The step with the one-launch cluster attention against the default step, eager and graph; the
+step with each layer's L2 prefetch gives the default step's bits.
 """
 
 import numpy as np
@@ -212,3 +213,56 @@ def test_decode_with_cluster_attention(model, rng):
     assert max(errs) <= 1e-2
     gate = _gap_gate(want, np.array(got_tokens), max(rms, 1e-6))
     assert (np.array(got_tokens) == np.array(want_tokens))[gate].all()
+
+
+def test_decode_with_l2_prefetch(model, rng):
+    """The step with each layer's L2 prefetch (plan_decode(l2_prefetch_bytes=…), kernels/
+    l2_prefetch.cu) gives the default step's logits and tokens bit for bit, eager and graph —
+    the prefetch writes nothing — at a budget of part of gate_up's tiles (7B: o_proj whole, then
+    every gate_up block's first tiles) and at one past the whole layer (every span whole). A
+    model in per-tensor formats refuses it in one line, before any upload."""
+    from drvqwen.decode import DecodeStep
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.graphs import GraphDecoder
+
+    name, f, _weights = model
+    if MODELS[name][1] is not None:
+        with pytest.raises(DrvqwenError, match="per-tensor formats"):
+            DecodeStep(f, max_context=256, l2_prefetch_bytes=21_000_000)
+        return
+    n_steps = 40                                     # pages 0 … 2 (boundaries at 16 and 32)
+    inputs = rng.integers(0, f.config.vocab_size, n_steps).tolist()
+
+    def run(step, decode):
+        logits, tokens = [], []
+        step.seq.start(inputs[0])
+        for i in range(n_steps):
+            if i > 0:
+                step.seq.feed(inputs[i])
+            decode()
+            logits.append(step.logits())
+            tokens.append(step.next_token())
+        return np.stack(logits), tokens
+
+    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
+    try:
+        want, want_tokens = run(base, base.decode_token)
+    finally:
+        base.close()
+    for budget in (21_000_000, 400_000_000):
+        step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), l2_prefetch_bytes=budget)
+        try:
+            names = [n for n, _l in step.launchers]
+            assert all(names[names.index(f"L{l}.qkv_rope") + 1] == f"L{l}.l2_prefetch"
+                       for l in range(f.config.num_layers))
+            got, got_tokens = run(step, step.decode_token)
+            gd = GraphDecoder(step)
+            try:
+                assert gd.mode == "graph"
+                graph, graph_tokens = run(step, gd.decode_token)
+            finally:
+                gd.close()
+        finally:
+            step.close()
+        assert got.tobytes() == want.tobytes() and got_tokens == want_tokens, f"eager step, budget {budget}"
+        assert graph.tobytes() == want.tobytes() and graph_tokens == want_tokens, f"graph step, budget {budget}"

@@ -269,7 +269,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
-              trace: bool = False, decode_attention: str | None = None, short_attention_below: int = 0) -> dict:
+              trace: bool = False, decode_attention: str | None = None, short_attention_below: int = 0,
+              l2_prefetch_mb: float = 0.0) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -316,6 +317,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         short_attention_below: > 0: the steps whose attention covers at most that many positions
             run the one-launch cluster attention (DecodeStep(short_attention="cluster")), the
             others decode_attention's; 0: one attention throughout.
+        l2_prefetch_mb: > 0: each layer asks L2 for up to that many MB (10^6 bytes) of its
+            o_proj, gate_up and down weights after qkv_rope (DecodeStep(l2_prefetch_bytes=...),
+            kernels/l2_prefetch.cu); 0: off.
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -328,6 +332,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
 
     if prefill_chunk_rows is not None and prefill_chunk_rows < 1:  # before the minutes of loading
         raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
+    if l2_prefetch_mb < 0:
+        raise DrvqwenError(f"--l2-prefetch-mb {l2_prefetch_mb}: need >= 0 (0: off)")
     if short_attention_below < 0:
         raise DrvqwenError(f"--short-attention-below {short_attention_below}: need >= 0 (0: off)")
     if 0 < short_attention_below <= prompt_tokens:
@@ -357,7 +363,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          attention=decode_attention, persistent=decode == "persistent",
                          short_attention="cluster" if short_attention_below > 0 else None,
                          short_below=short_attention_below, persistent_min_blocks=persistent_blocks,
-                         persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent")
+                         persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent",
+                         l2_prefetch_bytes=int(l2_prefetch_mb * 1e6))
     graph = prefill = None
     try:
         t0 = time.perf_counter()
@@ -388,6 +395,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS, "decode": decode,
                          "attention": dec.attention,
                          "short_attention_below": dec.short_below or None,
+                         "l2_prefetch_mb": l2_prefetch_mb or None,
                          "persistent_blocks": persistent_blocks if decode == "persistent" else None,
                          "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
                          "prefill_reps": prefill_reps if prefill is not None else None,
@@ -587,6 +595,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the decode steps whose attention covers at most this many positions run the one-launch "
                         "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off. "
                         "The timed steps start after the prompt: it must exceed --prompt-tokens to be measured")
+    p.add_argument("--l2-prefetch-mb", type=float, default=0.0, metavar="MB",
+                   help="after each layer's qkv_rope, ask L2 for up to this many MB of the layer's o_proj, gate_up "
+                        "and down weights (the first tiles of every GEMV block), to measure; 0: off (INT4 models)")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
@@ -658,7 +669,7 @@ def cmd_bench(args) -> int:
                         prefill_attention_defines=parse_defines(args.prefill_attention_define,
                                                                 "--prefill-attention-define"),
                         decode=args.decode, decode_attention=args.decode_attention,
-                        short_attention_below=args.short_attention_below,
+                        short_attention_below=args.short_attention_below, l2_prefetch_mb=args.l2_prefetch_mb,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

@@ -4,6 +4,8 @@
     per layer l (6 launches):
       L{l}.qkv_rope               xn = rmsnorm(residual) · w_in;  [q; k; v] = [Wq; Wk; Wv] xn + b   (INT4 GEMV)
                                   q fp16 [Hq, Dh] = rope(q); K/V cache[pos] = rope(k), v
+      (L{l}.l2_prefetch)          with plan_decode(l2_prefetch_bytes=…): L2 ← the first weights of
+                                  o_proj, gate_up and down (kernels/l2_prefetch.cu; writes nothing)
       L{l}.attention (2 launches) attn fp16 [Hq·Dh] = softmax(q Kᵀ/√Dh) V over pos < seq_len
                                   (split-KV, then the combine; 1 launch with attention="cluster")
       L{l}.o_proj                 residual += Wo attn                                               (INT4 GEMV)
@@ -75,6 +77,7 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
+from .launchers.l2_prefetch import L2Prefetch, l2_prefetch_spans
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
@@ -95,6 +98,9 @@ DEFAULT_ATTENTION = "tma"
 # A second attention for the steps of short contexts (DecodeStep(short_attention=, short_below=)):
 # the step then runs two launch lists, each with its own pair of graphs (LaunchList.short).
 SHORT_ATTENTION_KERNELS = ("cluster",)
+# The launches of a layer whose weights plan_decode(l2_prefetch_bytes=...) asks L2 for, in the
+# order they run: after qkv_rope, attention leaves HBM idle while these wait (kernels/l2_prefetch.cu).
+L2_PREFETCH_OF = ("o_proj", "gate_up_swiglu", "down_proj")
 
 
 @dataclass
@@ -182,7 +188,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 formats: dict[str, int] | None = None, persistent: bool = False,
                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                 persistent_defines: tuple[tuple[str, int], ...] = (),
-                short_attention: str | None = None) -> DecodePlan:
+                short_attention: str | None = None, l2_prefetch_bytes: int = 0) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -206,9 +212,14 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             "persistent_trace" for its per-item timestamps.
         short_attention: also plan `DecodePlan.short_attention`, each layer's attention by this
             kernel (SHORT_ATTENTION_KERNELS: "cluster") over the same buffers, for short contexts.
+        l2_prefetch_bytes: > 0: after each layer's qkv_rope, "L{l}.l2_prefetch" asks L2 for up to
+            that many bytes of the layer's o_proj, gate_up and down_proj weights, in that order
+            (kernels/l2_prefetch.cu; launchers.l2_prefetch.l2_prefetch_spans picks them); 0: none.
+            INT4 layers only, not with the persistent step.
     Raises:
-        DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, or a
-            persistent step for another attention kernel or for per-tensor formats.
+        DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
+            persistent step for another attention kernel or for per-tensor formats, or an L2
+            prefetch with either of those (or a negative budget).
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
     """
@@ -218,6 +229,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                         or short_attention == attention):
         raise DrvqwenError(f"short_attention={short_attention!r}: one of {', '.join(SHORT_ATTENTION_KERNELS)}, "
                            f"other than attention={attention!r}, and not with the persistent step")
+    if l2_prefetch_bytes < 0 or (l2_prefetch_bytes and persistent):
+        raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: want ≥ 0, and 0 with the persistent step "
+                           "(its ops are the planned launches of the step without it)")
     if persistent and attention != "plain":
         raise DrvqwenError(f"the persistent decode step runs the plain attention kernel, not attention={attention!r}")
     if persistent:  # every launch planned for the persistent kernel's blocks (CappedOccupancy)
@@ -239,6 +253,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
     per_tensor = in_per_tensor_formats(cfg, formats)
+    if l2_prefetch_bytes and per_tensor:
+        raise DrvqwenError("l2_prefetch_bytes: the L2 prefetch plans the INT4 GEMVs' tiles; this model's weights "
+                           "are in per-tensor formats")
     if persistent and per_tensor:
         raise DrvqwenError("the persistent decode step runs the INT4 layers only; this model's weights are in "
                            "per-tensor formats")
@@ -303,7 +320,13 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **fmt_gemv)),
             ]
             continue
-        steps += int4_layer_steps(cfg, l, w, a, (k_l, v_l), attn, gemv=gemv)
+        layer = int4_layer_steps(cfg, l, w, a, (k_l, v_l), attn, gemv=gemv)
+        if l2_prefetch_bytes:
+            ahead = [launcher for name, launcher in layer if name.split(".")[-1] in L2_PREFETCH_OF]
+            spans = l2_prefetch_spans(ahead, l2_prefetch_bytes)
+            if spans:
+                layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy)))
+        steps += layer
     head = fw(LM_HEAD)
     lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
                  vocab_size=V, dim=D, text_vocab=text_vocab) if head is None else
@@ -352,6 +375,8 @@ class DecodeStep:
             launch list of the step then carries that twin (LaunchList.short), which eager steps,
             GraphDecoder and the per-token prefill pick by length. None / 0: one attention at
             every length. DecodeStep.time_kernels times the step's own list, not the twin.
+        l2_prefetch_bytes: > 0: each INT4 layer asks L2 for up to that many bytes of its
+            o_proj, gate_up and down weights after qkv_rope (plan_decode); the same values.
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -370,7 +395,7 @@ class DecodeStep:
                  attention: str | None = None, pdl: bool = True, persistent: bool = False,
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                  persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = None,
-                 short_below: int = 0):
+                 short_below: int = 0, l2_prefetch_bytes: int = 0):
         if (short_attention is None) != (short_below == 0) or short_below < 0:
             raise DrvqwenError(f"short_attention={short_attention!r} with short_below={short_below}: give both "
                                "(a kernel and a length ≥ 1) or neither")
@@ -383,7 +408,7 @@ class DecodeStep:
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
                                 persistent_defines=tuple(persistent_defines),
-                                short_attention=short_attention)
+                                short_attention=short_attention, l2_prefetch_bytes=l2_prefetch_bytes)
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
         self.short_below = short_below if self.plan.short_attention else 0
         self._check_fits(f)

@@ -418,6 +418,8 @@ REFERENCES: dict[str, tuple[Reference, str]] = {
     "argmax_final": (_argmax_final, "next_token = the best of the (value, row) partials"),
     "argmax_partial": (_argmax_two_pass, "next_token = argmax(logits), in two passes"),
     "advance_state": (_advance_state, "state = (pos + 1, next_token, seq_len + 1)"),
+    "l2_prefetch": (lambda _g, _r: [], "L2 ← the first weights of the layer's o_proj, gate_up and down (writes "
+                                       "nothing: nothing to check)"),
 }
 
 

@@ -38,6 +38,8 @@ Names follow one thread through the code base:
 |                         | PublishToken                                | repeat-penalty history, logits       |
 | timing                  | GpuSleep                                    | (nothing: holds the stream)          |
 | stream_read             | StreamRead (tools/bench_sm_stream.py)       | a checksum u32 per thread            |
+| l2_prefetch             | L2Prefetch (the decode step's weights ahead | nothing: L2 holds the spans' bytes   |
+|                         | asked into L2)                              |                                      |
 
 base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec` (the arguments by
 the kernel's parameter names, in its order), the two-step plan → build of a launcher, occupancy
@@ -62,6 +64,7 @@ from .gemv_f16 import LmHead, lm_head_partials
 from .gemv_fmt import (EmbeddingFmt, EmbeddingFmtRows, FmtWeight, GemvFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope,
                        GemvFmtResidual, LmHeadFmt)
 from .gemv_int4 import GemvInt4, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual, gemv_launch_shape
+from .l2_prefetch import L2Prefetch
 from .prefill_state import DecodeResume, PrefillBeginChunk
 from .rmsnorm import RmsNorm
 from .rope_kv import RopeKvRows, RopeTableRows
@@ -73,7 +76,7 @@ __all__ = [
     "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeCluster", "AttentionDecodeTma",
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
     "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRopeRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
-    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef",
+    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "KernelRef", "L2Prefetch",
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
     "PrefillBeginChunk",
     "PublishToken",

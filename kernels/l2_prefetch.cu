@@ -1,0 +1,120 @@
+// kernels/l2_prefetch.cu — the weights of the decode step's next launches asked into L2 while the
+// launches before them wait on latency, not on HBM.
+//
+//   l2_prefetch   L2 ← up to L2P_SPANS spans of weights (cp.async.bulk.prefetch.L2); writes nothing
+//
+// Why: HBM idles through part of every decode layer. qkv_rope is a latency chain (the RMSNorm,
+// a few tiles a block, bias, RoPE, the K/V write: gemv_int4.cu's tables, 8.5 µs for 1.9 µs of
+// 7B bytes at copy bandwidth); the split-KV attention at a short context reads ~1 MB of K/V per
+// 7B layer, and its two launches cost 8.7 µs a layer in the captured step (leaving them out of
+// the 7B step at 512 tokens: 2.175 → 1.931 ms, docs/bench/2026-12-04_d4def84_h200_syn7b_decode_ablation.json).
+// The launches after them — o_proj, gate_up_swiglu, down_proj — are streams of weights, each
+// paying its first bytes' HBM latency and then the bandwidth. Launched right after qkv_rope,
+// this kernel hands the copy engines the weights those GEMVs will read first, so that part of
+// their bytes comes from L2 (lower latency, and no HBM time left in their critical path).
+// Weights are never written by any kernel, so asking for them early is always safe.
+//
+// What to ask for (the launcher, launchers/l2_prefetch.py, plans it from the GEMVs' own launch
+// shapes): a GEMV block owns a contiguous range of 16-row tiles [b·T/G, (b+1)·T/G) and streams
+// it front to back (gemv_int4.cu), so a GEMV ends when its slowest block does. Prefetching a
+// prefix of a matrix would speed up the blocks that own the prefix and leave the others as
+// slow; prefetching the first tiles of *every* block's range shortens every block's stream by
+// the same bytes. A span is therefore "the first head_bytes of each of `parts` balanced parts":
+//
+//     part p of a span starts at  base + floor(p · units / parts) · unit_bytes
+//     and covers                  min(head_bytes, bytes − that offset) bytes
+//
+// with units = the GEMV's tiles T, parts = its grid G, unit_bytes = one tile's bytes in that
+// buffer; a whole buffer is parts = 1, head_bytes = bytes.
+//
+// Bytes and the limit: it reads nothing into the SM and writes nothing; what it moves is the
+// spans' bytes from HBM into L2 (what the launcher plans within its byte budget: the 0.5B's
+// o_proj, gate_up and down of a layer whole are 7.2 MB; at 7B, o_proj whole and each gate_up
+// block's first tile are 6.6 + 14.0 MB). The
+// limits are the HBM time the overlapped launches leave idle (at long contexts attention reads
+// its K/V at bandwidth itself, and the prefetch only moves bytes earlier) and the L2 (60 MiB on
+// the H200): the spans must still be there when their GEMV reads them, behind gate_up's 70 MB
+// stream at 7B — which the GEMVs load with the evict-first policy (ptx/ldst.cuh), so it is their
+// own lines that leave first.
+//
+// Work split: one warp a block, lane 0 issues (bulk_prefetch_l2 takes a uniform address: lanes
+// with different ones would be serialised). The spans' parts are cut into chunks of at most
+// L2P_CHUNK_BYTES and numbered span by span; block b issues chunks b, b + G, b + 2G, … so the
+// copy engines of G SMs share the requests.
+//
+// Order in the step and why nothing can race: launched as a programmatic dependent of
+// qkv_rope, it issues its prefetches at once — under qkv_rope's tail, which is what PDL is for —
+// and only then waits (griddepcontrol.wait) for qkv_rope to complete. It never touches a value
+// an earlier kernel wrote, and writes nothing, so its early start reads nothing stale. The wait
+// is there for the kernel after it: attention is launched without PDL and starts when this grid
+// has completed, and a programmatic dependent would wait for this grid's completion; either way
+// this grid completes only after qkv_rope has, so the step's order is the order without it.
+// A prefetch still in flight when the grid ends is harmless: it has no destination.
+#include "types.cuh"
+#include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
+#include "tma.cuh"      // bulk_prefetch_l2
+
+#define L2P_SPANS 8                     // spans a launch carries (o_proj, gate, up, down: codes and scales)
+#define L2P_CHUNK_BYTES (64 * 1024)     // bytes per prefetch instruction at most
+#define L2P_THREADS WARP_SIZE           // one warp a block (lane 0 issues)
+
+// One span of the parameter list (the header's formula). parts = 0: an unused span.
+struct L2Span {
+    const unsigned char* base;  // 16-byte aligned
+    u32 bytes;                  // the buffer's bytes (a multiple of 16): no part reads past them
+    u32 units;                  // T, units (tiles) the parts share out
+    u32 parts;                  // G, parts (GEMV blocks)
+    u32 unit_bytes;             // bytes of one unit (a multiple of 16)
+    u32 head_bytes;             // bytes asked for at the start of each part (a multiple of 16)
+};
+
+__device__ __forceinline__ u32 l2p_chunks_per_part(const L2Span& s) {
+    return (s.head_bytes + L2P_CHUNK_BYTES - 1) / L2P_CHUNK_BYTES;
+}
+
+// Issue the chunks of span `s` that fall to this block: chunk numbers first … first + n − 1 over
+// the whole launch, this block's are ≡ blockIdx.x (mod gridDim.x).
+__device__ __forceinline__ void l2p_issue(const L2Span& s, u32 first) {
+    if (s.parts == 0 || s.head_bytes == 0) return;
+    const u32 per_part = l2p_chunks_per_part(s), n = s.parts * per_part;
+    const u32 G = gridDim.x;
+    // The first j ≥ 0 with first + j ≡ blockIdx.x (mod G).
+    for (u32 j = (blockIdx.x + G - first % G) % G; j < n; j += G) {
+        const u32 part = j / per_part, chunk = j % per_part;
+        const u64 unit = (u64)part * s.units / s.parts;
+        const u64 off = unit * s.unit_bytes + (u64)chunk * L2P_CHUNK_BYTES;
+        if (off >= s.bytes) continue;  // a part past the buffer's end (never planned so; a guard)
+        u64 len = min((u64)L2P_CHUNK_BYTES, (u64)s.head_bytes - (u64)chunk * L2P_CHUNK_BYTES);
+        len = min(len, (u64)s.bytes - off);
+        bulk_prefetch_l2(s.base + off, (u32)len);
+    }
+}
+
+// grid (G), block (L2P_THREADS). Parameters: L2P_SPANS spans (L2Span's fields, in order).
+extern "C" __global__ void l2_prefetch(const unsigned char* base0, u32 bytes0, u32 units0, u32 parts0, u32 unit_bytes0, u32 head_bytes0,
+                                       const unsigned char* base1, u32 bytes1, u32 units1, u32 parts1, u32 unit_bytes1, u32 head_bytes1,
+                                       const unsigned char* base2, u32 bytes2, u32 units2, u32 parts2, u32 unit_bytes2, u32 head_bytes2,
+                                       const unsigned char* base3, u32 bytes3, u32 units3, u32 parts3, u32 unit_bytes3, u32 head_bytes3,
+                                       const unsigned char* base4, u32 bytes4, u32 units4, u32 parts4, u32 unit_bytes4, u32 head_bytes4,
+                                       const unsigned char* base5, u32 bytes5, u32 units5, u32 parts5, u32 unit_bytes5, u32 head_bytes5,
+                                       const unsigned char* base6, u32 bytes6, u32 units6, u32 parts6, u32 unit_bytes6, u32 head_bytes6,
+                                       const unsigned char* base7, u32 bytes7, u32 units7, u32 parts7, u32 unit_bytes7, u32 head_bytes7) {
+    static_assert(L2P_SPANS == 8, "the parameter list spells out L2P_SPANS spans");
+    grid_launch_dependents();
+    if (threadIdx.x == 0) {
+        const L2Span spans[L2P_SPANS] = {
+            {base0, bytes0, units0, parts0, unit_bytes0, head_bytes0}, {base1, bytes1, units1, parts1, unit_bytes1, head_bytes1},
+            {base2, bytes2, units2, parts2, unit_bytes2, head_bytes2}, {base3, bytes3, units3, parts3, unit_bytes3, head_bytes3},
+            {base4, bytes4, units4, parts4, unit_bytes4, head_bytes4}, {base5, bytes5, units5, parts5, unit_bytes5, head_bytes5},
+            {base6, bytes6, units6, parts6, unit_bytes6, head_bytes6}, {base7, bytes7, units7, parts7, unit_bytes7, head_bytes7}};
+        u32 first = 0;  // chunks of the spans before
+#pragma unroll
+        for (int i = 0; i < L2P_SPANS; ++i) {
+            l2p_issue(spans[i], first);
+            first += spans[i].parts * l2p_chunks_per_part(spans[i]);
+        }
+    }
+    // Before this: weights only (never written). The kernel after this one must not start before
+    // the one before it has completed (the header).
+    grid_dependency_wait();
+}

@@ -1,0 +1,143 @@
+"""The decode step's L2 prefetch as planned (launchers/l2_prefetch.py, no GPU): every span is the
+first tiles of every block of the GEMV it is for, inside its buffer and of sizes the bulk prefetch
+takes; the budget picks whole GEMVs in order, then every block's first tiles of the next; the
+launch sits between each layer's qkv_rope and attention; what cannot take it is refused in one
+line. (That the step gives the same bits with it: tests/test_decode_step.py on the GPU.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drvqwen import bench
+from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
+from drvqwen.decode import plan_decode
+from drvqwen.errors import DrvqwenError
+from drvqwen.launchers import BufferSpec, FixedOccupancy, GemvInt4GateUpSwiglu, GemvInt4Residual, LaunchError
+from drvqwen.launchers.l2_prefetch import CHUNK_BYTES, SPANS, L2Prefetch, L2Span, gemv_spans, l2_prefetch_spans
+
+OCC = FixedOccupancy(132, lambda _k, _t, _s: 2)
+
+
+def _int4(name: str, n: int, k: int):
+    return (BufferSpec(f"{name}.qweight", (n, k // 8), np.uint32), BufferSpec(f"{name}.scales", (n, k // 128),
+                                                                               np.float16))
+
+
+def _layer_gemvs(cfg):
+    D, F = cfg.hidden_size, cfg.intermediate_size
+    res = BufferSpec("residual", (D,), np.float32)
+    o = GemvInt4Residual(res, BufferSpec("attn", (cfg.q_dim,), np.float16), *_int4("o", D, cfg.q_dim), n=D,
+                         k=cfg.q_dim, occupancy=OCC)
+    gu = GemvInt4GateUpSwiglu(BufferSpec("h", (F,), np.float16), res, BufferSpec("w_post", (D,), np.float16),
+                              *_int4("gate", F, D), *_int4("up", F, D), f=F, k=D, eps=1e-6, occupancy=OCC)
+    d = GemvInt4Residual(res, BufferSpec("h", (F,), np.float16), *_int4("down", D, F), n=D, k=F, occupancy=OCC)
+    return o, gu, d
+
+
+@pytest.mark.parametrize("cfg", [QWEN25_CODER_7B, QWEN25_CODER_05B], ids=["7b", "0.5b"])
+@pytest.mark.parametrize("tiles_per_block", [1, 2])
+def test_spans_are_every_blocks_first_tiles(cfg, tiles_per_block):
+    """Part b of a span is the start of block b's tile range [b·T/G, (b+1)·T/G) (gemv_int4.cu's
+    split, from the launch's own grid), tiles_per_block tiles of 16 rows long in the codes
+    (16 · K/2 bytes a tile) and in the scales (16 · K/128 fp16), never past the block's range
+    nor the buffer, each a multiple of 16 bytes from a multiple of 16."""
+    split = 0                                 # GEMVs checked part by part (not whole)
+    for gemv in _layer_gemvs(cfg):
+        spec = gemv.specs[0]
+        G = spec.grid[0]
+        n = spec.args["N"].value if "N" in spec.args else spec.args["F"].value
+        K = spec.args["K"].value
+        T = -(-n // 16)
+        spans = gemv_spans(gemv, tiles_per_block)
+        weights = [v for name, v in spec.args.items() if name.endswith(("qweight", "scales"))]
+        assert [s.buffer for s in spans] == weights
+        if tiles_per_block >= -(-T // G):     # as many tiles as the largest block owns: the whole buffers
+            assert all(s.parts == 1 and s.n_bytes == s.buffer.nbytes for s in spans)
+            continue
+        split += 1
+        for s in spans:
+            row_bytes = K // 2 if s.buffer.name.endswith("qweight") else K // 128 * 2
+            ranges = s.ranges()
+            assert len(ranges) == G
+            for b, (off, size) in enumerate(ranges):
+                first, end = b * T // G, (b + 1) * T // G
+                assert off == first * 16 * row_bytes
+                assert size == min(tiles_per_block, end - first) * 16 * row_bytes or off + size == s.buffer.nbytes
+                assert off % 16 == 0 and size % 16 == 0 and off + size <= s.buffer.nbytes
+    assert split >= 1 or tiles_per_block > 1  # one tile: gate_up's blocks own more at both sizes
+
+
+def test_the_budget_takes_whole_gemvs_in_order_then_every_blocks_first_tiles():
+    o, gu, d = _layer_gemvs(QWEN25_CODER_7B)
+    o_bytes = sum(b.nbytes for b in (o.specs[0].args["qweight"], o.specs[0].args["scales"]))
+    assert l2_prefetch_spans([o, gu, d], o_bytes - 16) == []            # o_proj does not fit: nothing
+    whole_o = l2_prefetch_spans([o, gu, d], o_bytes)
+    assert [s.buffer.name for s in whole_o] == ["o.qweight", "o.scales"] and all(s.parts == 1 for s in whole_o)
+    G = gu.specs[0].grid[0]
+    one_tile_row = G * 2 * (16 * 3584 // 2 + 16 * 28 * 2)               # one tile of every block, gate and up
+    spans = l2_prefetch_spans([o, gu, d], o_bytes + 2 * one_tile_row + one_tile_row // 2)
+    assert [s.buffer.name for s in spans] == ["o.qweight", "o.scales", "gate.qweight", "gate.scales", "up.qweight",
+                                              "up.scales"]                # down not reached: gate_up did not fit
+    assert all(s.parts == G and s.head_bytes // s.unit_bytes == 2 for s in spans[2:])
+    assert sum(s.n_bytes for s in spans) <= o_bytes + 2 * one_tile_row + one_tile_row // 2
+    everything = l2_prefetch_spans([o, gu, d], 10**9)
+    assert len(everything) == 8 <= SPANS and all(s.parts == 1 for s in everything)
+
+
+def test_plan_puts_it_between_qkv_rope_and_attention_in_every_layer():
+    cfg = QWEN25_CODER_05B.with_layers(3)
+    plain = plan_decode(cfg, 256, occupancy=OCC)
+    plan = plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_bytes=8_000_000)
+    names = [n for n, _l in plan.steps]
+    assert [n for n in names if not n.endswith("l2_prefetch")] == [n for n, _l in plain.steps]
+    for l in range(3):
+        assert names[names.index(f"L{l}.qkv_rope") + 1] == f"L{l}.l2_prefetch"
+        pf = dict(plan.steps)[f"L{l}.l2_prefetch"]
+        assert isinstance(pf, L2Prefetch) and pf.specs[0].writes == ()
+        assert {s.buffer.name.split(".")[-2] for s in pf.spans} == {"o_proj", "gate_proj", "up_proj", "down_proj"}
+        assert all(s.buffer.name.startswith(f"model.layers.{l}.") for s in pf.spans)
+        # Every launch after it is the one without it, launch for launch (grids included).
+        steps = dict(plan.steps)
+        assert [sp.grid for _n, ln in plain.steps for sp in ln.specs] == \
+               [sp.grid for n, ln in plan.steps if not n.endswith("l2_prefetch") for sp in ln.specs]
+        assert pf.specs[0].grid[0] <= OCC.sm_count and steps[f"L{l}.l2_prefetch"].specs[0].kernel.pdl
+    # A budget too small for o_proj plans no launch at all.
+    assert not any(n.endswith("l2_prefetch") for n, _l in plan_decode(cfg, 256, occupancy=OCC,
+                                                                        l2_prefetch_bytes=1000).steps)
+
+
+def test_what_cannot_take_it_is_refused():
+    cfg = QWEN25_CODER_05B.with_layers(1)
+    with pytest.raises(DrvqwenError, match="^l2_prefetch_bytes=-1: want ≥ 0"):
+        plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_bytes=-1)
+    with pytest.raises(DrvqwenError, match="with the persistent step"):
+        plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, l2_prefetch_bytes=10**6)
+    from test_kernel_signatures import gguf_like_formats
+
+    with pytest.raises(DrvqwenError, match="per-tensor formats$"):
+        plan_decode(cfg, 256, occupancy=OCC, formats=gguf_like_formats(cfg), l2_prefetch_bytes=10**6)
+    buf = BufferSpec("w", (4096,), np.uint8)
+    with pytest.raises(LaunchError, match="a launch takes 1 to 8"):
+        L2Prefetch([L2Span.whole(buf)] * (SPANS + 1), occupancy=OCC)
+    with pytest.raises(LaunchError, match="each a multiple of 16"):
+        L2Prefetch([L2Span(buf, 4096, 4, 4, 1024, 1000)], occupancy=OCC)
+    with pytest.raises(LaunchError, match="8192 B of a 4096-byte buffer"):
+        L2Prefetch([L2Span(buf, 8192, 1, 1, 0, 8192)], occupancy=OCC)
+    with pytest.raises(LaunchError, match="no weight_tiles"):
+        from drvqwen.launchers import GemvInt4QkvRope
+        cls = GemvInt4QkvRope.__new__(GemvInt4QkvRope)
+        cls.weight_tiles()
+
+
+def test_the_launch_shares_its_chunks_over_the_sms():
+    buf = BufferSpec("w", (10 * CHUNK_BYTES + 4096,), np.uint8)
+    one = L2Prefetch([L2Span.whole(buf)], occupancy=OCC)
+    assert one.specs[0].grid == (11,) and one.bytes_moved == buf.nbytes
+    many = L2Prefetch([L2Span(buf, buf.nbytes, 1000, 1000, 16, 16)], occupancy=OCC)
+    assert many.specs[0].grid == (OCC.sm_count,)
+
+
+def test_bench_refuses_a_negative_budget_before_any_gpu_work(tmp_path):
+    with pytest.raises(bench.DrvqwenError, match=r"^--l2-prefetch-mb -1.0: need >= 0 \(0: off\)$"):
+        bench.run_bench(tmp_path / "absent.nanoqwen", l2_prefetch_mb=-1.0)
