@@ -219,8 +219,9 @@ def test_decode_with_l2_prefetch(model, rng):
     """The step with each layer's L2 prefetch (plan_decode(l2_prefetch_bytes=…), kernels/
     l2_prefetch.cu) gives the default step's logits and tokens bit for bit, eager and graph —
     the prefetch writes nothing — at a budget of part of gate_up's tiles (7B: o_proj whole, then
-    every gate_up block's first tiles) and at one past the whole layer (every span whole). A
-    model in per-tensor formats refuses it in one line, before any upload."""
+    every gate_up block's first tiles) and at one past the whole layer (every span whole), the
+    second with the next layer's q/k/v prefetch after gate_up too. A model in per-tensor formats
+    refuses it in one line, before any upload."""
     from drvqwen.decode import DecodeStep
     from drvqwen.errors import DrvqwenError
     from drvqwen.graphs import GraphDecoder
@@ -249,12 +250,14 @@ def test_decode_with_l2_prefetch(model, rng):
         want, want_tokens = run(base, base.decode_token)
     finally:
         base.close()
-    for budget in (21_000_000, 400_000_000):
-        step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), l2_prefetch_bytes=budget)
+    for budget, qkv in ((21_000_000, False), (400_000_000, True)):
+        step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), l2_prefetch_bytes=budget,
+                          l2_prefetch_qkv=qkv)
         try:
             names = [n for n, _l in step.launchers]
             assert all(names[names.index(f"L{l}.qkv_rope") + 1] == f"L{l}.l2_prefetch"
                        for l in range(f.config.num_layers))
+            assert sum(n.endswith("l2_prefetch_qkv") for n in names) == (f.config.num_layers - 1 if qkv else 0)
             got, got_tokens = run(step, step.decode_token)
             gd = GraphDecoder(step)
             try:

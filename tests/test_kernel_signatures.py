@@ -306,8 +306,9 @@ def planned(request):
         for attention in ATTENTION_KERNELS:
             plan = plan_decode(cfg, 256, attention=attention, occupancy=OCCUPANCY)
             entries += [(f"decode {attention} {cfg.head_dim}: {n}", l) for n, l in plan.steps]
-        plan = plan_decode(cfg, 256, occupancy=OCCUPANCY, l2_prefetch_bytes=30_000_000)
-        entries += [(f"decode l2_prefetch {cfg.head_dim}: {n}", l) for n, l in plan.steps if n.endswith("l2_prefetch")]
+        plan = plan_decode(cfg.with_layers(2), 256, occupancy=OCCUPANCY, l2_prefetch_bytes=30_000_000,
+                           l2_prefetch_qkv=True)
+        entries += [(f"decode l2_prefetch {cfg.head_dim}: {n}", l) for n, l in plan.steps if "l2_prefetch" in n]
         plan = plan_decode(cfg, 256, occupancy=OCCUPANCY, formats=gguf_like_formats(cfg))
         entries += [(f"decode per-tensor {cfg.head_dim}: {n}", l) for n, l in plan.steps]
         plan = plan_decode(cfg, 256, attention="plain", occupancy=OCCUPANCY, persistent=True)

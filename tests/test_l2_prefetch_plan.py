@@ -1,8 +1,8 @@
 """The decode step's L2 prefetch as planned (launchers/l2_prefetch.py, no GPU): every span is the
 first tiles of every block of the GEMV it is for, inside its buffer and of sizes the bulk prefetch
 takes; the budget picks whole GEMVs in order, then every block's first tiles of the next; the
-launch sits between each layer's qkv_rope and attention; what cannot take it is refused in one
-line. (That the step gives the same bits with it: tests/test_decode_step.py on the GPU.)"""
+launch sits between each layer's qkv_rope and attention, and the next layer's q/k/v prefetch
+after gate_up; what cannot take them is refused in one line. (That the step gives the same bits with it: tests/test_decode_step.py on the GPU.)"""
 
 from __future__ import annotations
 
@@ -102,6 +102,17 @@ def test_plan_puts_it_between_qkv_rope_and_attention_in_every_layer():
         assert [sp.grid for _n, ln in plain.steps for sp in ln.specs] == \
                [sp.grid for n, ln in plan.steps if not n.endswith("l2_prefetch") for sp in ln.specs]
         assert pf.specs[0].grid[0] <= OCC.sm_count and steps[f"L{l}.l2_prefetch"].specs[0].kernel.pdl
+    # The next layer's q/k/v, whole, after gate_up — in every layer but the last.
+    plan = plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_qkv=True)
+    names = [n for n, _l in plan.steps]
+    assert [n for n in names if not n.endswith("l2_prefetch_qkv")] == [n for n, _l in plain.steps]
+    for l in range(2):
+        assert names[names.index(f"L{l}.gate_up_swiglu") + 1] == f"L{l}.l2_prefetch_qkv"
+        pf = dict(plan.steps)[f"L{l}.l2_prefetch_qkv"]
+        assert [s.buffer.name for s in pf.spans] == [f"model.layers.{l + 1}.self_attn.{p}_proj.{t}"
+                                                     for p in "qkv" for t in ("qweight", "scales")]
+        assert all(s.parts == 1 and s.n_bytes == s.buffer.nbytes for s in pf.spans)
+    assert "L2.l2_prefetch_qkv" not in names
     # A budget too small for o_proj plans no launch at all.
     assert not any(n.endswith("l2_prefetch") for n, _l in plan_decode(cfg, 256, occupancy=OCC,
                                                                         l2_prefetch_bytes=1000).steps)
@@ -117,6 +128,9 @@ def test_what_cannot_take_it_is_refused():
 
     with pytest.raises(DrvqwenError, match="per-tensor formats$"):
         plan_decode(cfg, 256, occupancy=OCC, formats=gguf_like_formats(cfg), l2_prefetch_bytes=10**6)
+    for kw in (dict(formats=gguf_like_formats(cfg)), dict(attention="plain", persistent=True)):
+        with pytest.raises(DrvqwenError, match="^l2_prefetch_qkv: the L2 prefetch runs with the INT4 layers"):
+            plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_qkv=True, **kw)
     buf = BufferSpec("w", (4096,), np.uint8)
     with pytest.raises(LaunchError, match="a launch takes 1 to 8"):
         L2Prefetch([L2Span.whole(buf)] * (SPANS + 1), occupancy=OCC)

@@ -3,7 +3,7 @@
 
     PYTHONPATH=src python3 tools/bench_decode_ablation.py [--preset 7b] [--contexts 512 4096]
         [--leave-out attention o_proj ...] [--define FILE:NAME=INT ...] [--new-tokens 96]
-        [--attention tma|plain|cluster] [--l2-prefetch-mb MB] [--json OUT]
+        [--attention tma|plain|cluster] [--l2-prefetch-mb MB] [--l2-prefetch-qkv] [--json OUT]
 
 The step's launch list (DecodeStep.launch_list: what `drvqwen bench --mode graph` captures) is
 captured once whole and once per --leave-out entry without the launches whose name ends in
@@ -25,7 +25,8 @@ builds the step with that decode attention (decode.ATTENTION_KERNELS; default th
 `--attention cluster --leave-out attention` says what the one-launch attention costs the step.
 --l2-prefetch-mb builds the step with each layer's L2 prefetch (DecodeStep(l2_prefetch_bytes=…),
 kernels/l2_prefetch.cu): `--leave-out l2_prefetch` is then the step without it, in the same run —
-and there the variant's tokens are right, since the prefetch changes no value.
+and there the variant's tokens are right, since the prefetch changes no value. --l2-prefetch-qkv
+adds each layer's prefetch of the next layer's q/k/v weights (`--leave-out l2_prefetch_qkv`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the step's decode attention (default: the step's own)")
     ap.add_argument("--l2-prefetch-mb", type=float, default=0.0,
                     help="the step's L2 prefetch budget a layer, MB (default 0: none)")
+    ap.add_argument("--l2-prefetch-qkv", action="store_true",
+                    help="also the step's prefetch of the next layer's q/k/v weights after gate_up")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
     defines = [parse_define(d) for d in a.define]
@@ -98,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     copy = measure_copy_bandwidth()
     f = NanoqwenFile(ensure_synthetic(a.preset))
-    dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=int(a.l2_prefetch_mb * 1e6))
+    dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=int(a.l2_prefetch_mb * 1e6),
+                     l2_prefetch_qkv=a.l2_prefetch_qkv)
     names = [nl.name for nl in dec.launch_list.launches]
     for entry in a.leave_out:
         if not any(left_out(n, entry) for n in names):
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"source": source_record(), "device": dec.device.info.summary(), "preset": a.preset,
                        "defines": [f"{fi}:{n}={v}" for fi, n, v in defines], "new_tokens": a.new_tokens,
                        "attention": dec.attention, "l2_prefetch_mb": a.l2_prefetch_mb or None,
+                       "l2_prefetch_qkv": a.l2_prefetch_qkv,
                        "blocks_per_kv_head": dec.plan.blocks_per_kv_head, "rows": rows}, fh, indent=1)
     return 0
 

@@ -270,7 +270,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False, decode_attention: str | None = None, short_attention_below: int = 0,
-              l2_prefetch_mb: float = 0.0) -> dict:
+              l2_prefetch_mb: float = 0.0, l2_prefetch_qkv: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
     Args:
@@ -319,7 +319,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             others decode_attention's; 0: one attention throughout.
         l2_prefetch_mb: > 0: each layer asks L2 for up to that many MB (10^6 bytes) of its
             o_proj, gate_up and down weights after qkv_rope (DecodeStep(l2_prefetch_bytes=...),
-            kernels/l2_prefetch.cu); 0: off.
+            kernels/l2_prefetch.cu); 0: off. l2_prefetch_qkv: each layer but the last also asks
+            for the next layer's q/k/v weights after gate_up (DecodeStep(l2_prefetch_qkv=True)).
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -364,7 +365,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          short_attention="cluster" if short_attention_below > 0 else None,
                          short_below=short_attention_below, persistent_min_blocks=persistent_blocks,
                          persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent",
-                         l2_prefetch_bytes=int(l2_prefetch_mb * 1e6))
+                         l2_prefetch_bytes=int(l2_prefetch_mb * 1e6), l2_prefetch_qkv=l2_prefetch_qkv)
     graph = prefill = None
     try:
         t0 = time.perf_counter()
@@ -395,7 +396,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS, "decode": decode,
                          "attention": dec.attention,
                          "short_attention_below": dec.short_below or None,
-                         "l2_prefetch_mb": l2_prefetch_mb or None,
+                         "l2_prefetch_mb": l2_prefetch_mb or None, "l2_prefetch_qkv": l2_prefetch_qkv or None,
                          "persistent_blocks": persistent_blocks if decode == "persistent" else None,
                          "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
                          "prefill_reps": prefill_reps if prefill is not None else None,
@@ -598,6 +599,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--l2-prefetch-mb", type=float, default=0.0, metavar="MB",
                    help="after each layer's qkv_rope, ask L2 for up to this many MB of the layer's o_proj, gate_up "
                         "and down weights (the first tiles of every GEMV block), to measure; 0: off (INT4 models)")
+    p.add_argument("--l2-prefetch-qkv", action="store_true",
+                   help="after each layer's gate_up, ask L2 for the next layer's q/k/v weights, to measure (INT4 models)")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",
@@ -670,6 +673,7 @@ def cmd_bench(args) -> int:
                                                                 "--prefill-attention-define"),
                         decode=args.decode, decode_attention=args.decode_attention,
                         short_attention_below=args.short_attention_below, l2_prefetch_mb=args.l2_prefetch_mb,
+                        l2_prefetch_qkv=args.l2_prefetch_qkv,
                         persistent_blocks=args.persistent_blocks,
                         persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
         if speculative:

@@ -10,6 +10,8 @@
                                   (split-KV, then the combine; 1 launch with attention="cluster")
       L{l}.o_proj                 residual += Wo attn                                               (INT4 GEMV)
       L{l}.gate_up_swiglu         xn = rmsnorm(residual) · w_post;  h fp16 [F] = silu(Wg xn) · (Wu xn) (INT4 GEMV)
+      (L{l}.l2_prefetch_qkv)      with plan_decode(l2_prefetch_qkv=True), but in the last layer: L2 ←
+                                  layer l+1's q/k/v weights, whole (while down_proj streams its own)
       L{l}.down_proj              residual += Wd h                                                  (INT4 GEMV)
     norm                          xn fp16 [D] = rmsnorm(residual) · w_norm
     lm_head                         logits fp32 [V] = W_lm xn, + argmax partials
@@ -77,7 +79,7 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
-from .launchers.l2_prefetch import L2Prefetch, l2_prefetch_spans
+from .launchers.l2_prefetch import L2Prefetch, L2Span, l2_prefetch_spans
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
@@ -188,7 +190,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 formats: dict[str, int] | None = None, persistent: bool = False,
                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                 persistent_defines: tuple[tuple[str, int], ...] = (),
-                short_attention: str | None = None, l2_prefetch_bytes: int = 0) -> DecodePlan:
+                short_attention: str | None = None, l2_prefetch_bytes: int = 0,
+                l2_prefetch_qkv: bool = False) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -216,6 +219,9 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             that many bytes of the layer's o_proj, gate_up and down_proj weights, in that order
             (kernels/l2_prefetch.cu; launchers.l2_prefetch.l2_prefetch_spans picks them); 0: none.
             INT4 layers only, not with the persistent step.
+        l2_prefetch_qkv: after each layer's gate_up_swiglu but the last, "L{l}.l2_prefetch_qkv"
+            asks L2 for the next layer's q/k/v weights whole (its qkv_rope is a latency chain over
+            8.5 MB at 7B; down_proj, which runs meanwhile, leaves HBM time). Same conditions.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
             persistent step for another attention kernel or for per-tensor formats, or an L2
@@ -229,6 +235,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                         or short_attention == attention):
         raise DrvqwenError(f"short_attention={short_attention!r}: one of {', '.join(SHORT_ATTENTION_KERNELS)}, "
                            f"other than attention={attention!r}, and not with the persistent step")
+    if l2_prefetch_qkv and (persistent or in_per_tensor_formats(cfg, formats)):
+        raise DrvqwenError("l2_prefetch_qkv: the L2 prefetch runs with the INT4 layers of the per-launch step only")
     if l2_prefetch_bytes < 0 or (l2_prefetch_bytes and persistent):
         raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: want ≥ 0, and 0 with the persistent step "
                            "(its ops are the planned launches of the step without it)")
@@ -326,6 +334,11 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             spans = l2_prefetch_spans(ahead, l2_prefetch_bytes)
             if spans:
                 layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy)))
+        if l2_prefetch_qkv and l + 1 < L:
+            nxt = LayerWeights.of(weights.__getitem__, l + 1)
+            spans = [L2Span.whole(b) for proj in (nxt.q_proj, nxt.k_proj, nxt.v_proj) for b in proj]
+            at = [n for n, _ln in layer].index(f"L{l}.gate_up_swiglu") + 1
+            layer.insert(at, (f"L{l}.l2_prefetch_qkv", L2Prefetch(spans, occupancy=occupancy)))
         steps += layer
     head = fw(LM_HEAD)
     lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
@@ -376,7 +389,8 @@ class DecodeStep:
             GraphDecoder and the per-token prefill pick by length. None / 0: one attention at
             every length. DecodeStep.time_kernels times the step's own list, not the twin.
         l2_prefetch_bytes: > 0: each INT4 layer asks L2 for up to that many bytes of its
-            o_proj, gate_up and down weights after qkv_rope (plan_decode); the same values.
+            o_proj, gate_up and down weights after qkv_rope (plan_decode); l2_prefetch_qkv: each
+            layer but the last asks for the next one's q/k/v weights after gate_up. The same values.
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -395,7 +409,7 @@ class DecodeStep:
                  attention: str | None = None, pdl: bool = True, persistent: bool = False,
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                  persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = None,
-                 short_below: int = 0, l2_prefetch_bytes: int = 0):
+                 short_below: int = 0, l2_prefetch_bytes: int = 0, l2_prefetch_qkv: bool = False):
         if (short_attention is None) != (short_below == 0) or short_below < 0:
             raise DrvqwenError(f"short_attention={short_attention!r} with short_below={short_below}: give both "
                                "(a kernel and a length ≥ 1) or neither")
@@ -408,7 +422,8 @@ class DecodeStep:
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
                                 persistent_defines=tuple(persistent_defines),
-                                short_attention=short_attention, l2_prefetch_bytes=l2_prefetch_bytes)
+                                short_attention=short_attention, l2_prefetch_bytes=l2_prefetch_bytes,
+                                l2_prefetch_qkv=l2_prefetch_qkv)
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
         self.short_below = short_below if self.plan.short_attention else 0
         self._check_fits(f)
