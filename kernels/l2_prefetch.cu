@@ -16,10 +16,11 @@
 //
 // What to ask for (the launcher, launchers/l2_prefetch.py, plans it from the GEMVs' own launch
 // shapes): a GEMV block owns a contiguous range of 16-row tiles [b·T/G, (b+1)·T/G) and streams
-// it front to back (gemv_int4.cu), so a GEMV ends when its slowest block does. Prefetching a
-// prefix of a matrix would speed up the blocks that own the prefix and leave the others as
-// slow; prefetching the first tiles of *every* block's range shortens every block's stream by
-// the same bytes. A span is therefore "the first head_bytes of each of `parts` balanced parts":
+// it front to back (gemv_int4.cu; gemv_fmt.cu splits alike, each stored part of a format row by
+// row), so a GEMV ends when its slowest block does. Prefetching a prefix of a matrix would speed
+// up the blocks that own the prefix and leave the others as slow; prefetching the first tiles
+// of *every* block's range shortens every block's stream by the same bytes. A span is therefore
+// "the first head_bytes of each of `parts` balanced parts":
 //
 //     part p of a span starts at  base + floor(p · units / parts) · unit_bytes
 //     and covers                  min(head_bytes, bytes − that offset) bytes
@@ -54,7 +55,7 @@
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 #include "tma.cuh"      // bulk_prefetch_l2
 
-#define L2P_SPANS 8                     // spans a launch carries (o_proj, gate, up, down: codes and scales)
+#define L2P_SPANS 16                    // spans a launch carries (o_proj, gate, up, down: ≤ 4 buffers each)
 #define L2P_CHUNK_BYTES (64 * 1024)     // bytes per prefetch instruction at most
 #define L2P_THREADS WARP_SIZE           // one warp a block (lane 0 issues)
 
@@ -98,15 +99,27 @@ extern "C" __global__ void l2_prefetch(const unsigned char* base0, u32 bytes0, u
                                        const unsigned char* base4, u32 bytes4, u32 units4, u32 parts4, u32 unit_bytes4, u32 head_bytes4,
                                        const unsigned char* base5, u32 bytes5, u32 units5, u32 parts5, u32 unit_bytes5, u32 head_bytes5,
                                        const unsigned char* base6, u32 bytes6, u32 units6, u32 parts6, u32 unit_bytes6, u32 head_bytes6,
-                                       const unsigned char* base7, u32 bytes7, u32 units7, u32 parts7, u32 unit_bytes7, u32 head_bytes7) {
-    static_assert(L2P_SPANS == 8, "the parameter list spells out L2P_SPANS spans");
+                                       const unsigned char* base7, u32 bytes7, u32 units7, u32 parts7, u32 unit_bytes7, u32 head_bytes7,
+                                       const unsigned char* base8, u32 bytes8, u32 units8, u32 parts8, u32 unit_bytes8, u32 head_bytes8,
+                                       const unsigned char* base9, u32 bytes9, u32 units9, u32 parts9, u32 unit_bytes9, u32 head_bytes9,
+                                       const unsigned char* base10, u32 bytes10, u32 units10, u32 parts10, u32 unit_bytes10, u32 head_bytes10,
+                                       const unsigned char* base11, u32 bytes11, u32 units11, u32 parts11, u32 unit_bytes11, u32 head_bytes11,
+                                       const unsigned char* base12, u32 bytes12, u32 units12, u32 parts12, u32 unit_bytes12, u32 head_bytes12,
+                                       const unsigned char* base13, u32 bytes13, u32 units13, u32 parts13, u32 unit_bytes13, u32 head_bytes13,
+                                       const unsigned char* base14, u32 bytes14, u32 units14, u32 parts14, u32 unit_bytes14, u32 head_bytes14,
+                                       const unsigned char* base15, u32 bytes15, u32 units15, u32 parts15, u32 unit_bytes15, u32 head_bytes15) {
+    static_assert(L2P_SPANS == 16, "the parameter list spells out L2P_SPANS spans");
     grid_launch_dependents();
     if (threadIdx.x == 0) {
         const L2Span spans[L2P_SPANS] = {
             {base0, bytes0, units0, parts0, unit_bytes0, head_bytes0}, {base1, bytes1, units1, parts1, unit_bytes1, head_bytes1},
             {base2, bytes2, units2, parts2, unit_bytes2, head_bytes2}, {base3, bytes3, units3, parts3, unit_bytes3, head_bytes3},
             {base4, bytes4, units4, parts4, unit_bytes4, head_bytes4}, {base5, bytes5, units5, parts5, unit_bytes5, head_bytes5},
-            {base6, bytes6, units6, parts6, unit_bytes6, head_bytes6}, {base7, bytes7, units7, parts7, unit_bytes7, head_bytes7}};
+            {base6, bytes6, units6, parts6, unit_bytes6, head_bytes6}, {base7, bytes7, units7, parts7, unit_bytes7, head_bytes7},
+            {base8, bytes8, units8, parts8, unit_bytes8, head_bytes8}, {base9, bytes9, units9, parts9, unit_bytes9, head_bytes9},
+            {base10, bytes10, units10, parts10, unit_bytes10, head_bytes10}, {base11, bytes11, units11, parts11, unit_bytes11, head_bytes11},
+            {base12, bytes12, units12, parts12, unit_bytes12, head_bytes12}, {base13, bytes13, units13, parts13, unit_bytes13, head_bytes13},
+            {base14, bytes14, units14, parts14, unit_bytes14, head_bytes14}, {base15, bytes15, units15, parts15, unit_bytes15, head_bytes15}};
         u32 first = 0;  // chunks of the spans before
 #pragma unroll
         for (int i = 0; i < L2P_SPANS; ++i) {

@@ -220,17 +220,11 @@ def test_decode_with_l2_prefetch(model, rng):
     l2_prefetch.cu) gives the default step's logits and tokens bit for bit, eager and graph —
     the prefetch writes nothing — at a budget of part of gate_up's tiles (7B: o_proj whole, then
     every gate_up block's first tiles) and at one past the whole layer (every span whole), the
-    second with the next layer's q/k/v prefetch after gate_up too. A model in per-tensor formats
-    refuses it in one line, before any upload."""
+    second with the next layer's q/k/v prefetch after gate_up too; INT4 and per-tensor formats."""
     from drvqwen.decode import DecodeStep
-    from drvqwen.errors import DrvqwenError
     from drvqwen.graphs import GraphDecoder
 
     name, f, _weights = model
-    if MODELS[name][1] is not None:
-        with pytest.raises(DrvqwenError, match="per-tensor formats"):
-            DecodeStep(f, max_context=256, l2_prefetch_bytes=21_000_000)
-        return
     n_steps = 40                                     # pages 0 … 2 (boundaries at 16 and 32)
     inputs = rng.integers(0, f.config.vocab_size, n_steps).tolist()
 

@@ -1,5 +1,5 @@
 """kernels/l2_prefetch.cu on the GPU: a launch over awkward spans — parts that end at the buffer's
-last bytes, heads of several chunks, a whole buffer, all eight spans used or one — completes, and
+last bytes, heads of several chunks, a whole buffer, every span of the launch used or one — completes, and
 writes nothing: the spans' buffers and a guard buffer after them keep their bytes. (What it is
 for, weights found in L2, is a timing: tools/bench_decode_ablation.py --l2-prefetch-mb; that the
 decode step gives the same bits with it: tests/test_decode_step.py.)
@@ -32,7 +32,7 @@ def test_l2_prefetch_writes_nothing(dev, rng):
         L2Span(bufs[2], sizes[2], 5, 5, 16, 32),                        # heads past the buffer's end: clipped
         L2Span(bufs[3], sizes[3], 4097, 64, 16, 2 * CHUNK_BYTES),       # heads of 2 chunks, past their part
     ]
-    for chosen in (spans, spans[1:2], (spans * 2)[:SPANS]):
+    for chosen in (spans, spans[1:2], (spans * SPANS)[:SPANS]):
         ln = L2Prefetch(chosen)
         ln.launch()
         assert ln.bytes_moved == sum(s.n_bytes for s in chosen) > 0

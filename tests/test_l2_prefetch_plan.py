@@ -124,15 +124,10 @@ def test_what_cannot_take_it_is_refused():
         plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_bytes=-1)
     with pytest.raises(DrvqwenError, match="with the persistent step"):
         plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, l2_prefetch_bytes=10**6)
-    from test_kernel_signatures import gguf_like_formats
-
-    with pytest.raises(DrvqwenError, match="per-tensor formats$"):
-        plan_decode(cfg, 256, occupancy=OCC, formats=gguf_like_formats(cfg), l2_prefetch_bytes=10**6)
-    for kw in (dict(formats=gguf_like_formats(cfg)), dict(attention="plain", persistent=True)):
-        with pytest.raises(DrvqwenError, match="^l2_prefetch_qkv: the L2 prefetch runs with the INT4 layers"):
-            plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_qkv=True, **kw)
+    with pytest.raises(DrvqwenError, match="^l2_prefetch_qkv: the L2 prefetch runs with the per-launch step only"):
+        plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, l2_prefetch_qkv=True)
     buf = BufferSpec("w", (4096,), np.uint8)
-    with pytest.raises(LaunchError, match="a launch takes 1 to 8"):
+    with pytest.raises(LaunchError, match=f"{SPANS + 1} spans; a launch takes 1 to {SPANS}$"):
         L2Prefetch([L2Span.whole(buf)] * (SPANS + 1), occupancy=OCC)
     with pytest.raises(LaunchError, match="each a multiple of 16"):
         L2Prefetch([L2Span(buf, 4096, 4, 4, 1024, 1000)], occupancy=OCC)
@@ -155,3 +150,30 @@ def test_the_launch_shares_its_chunks_over_the_sms():
 def test_bench_refuses_a_negative_budget_before_any_gpu_work(tmp_path):
     with pytest.raises(bench.DrvqwenError, match=r"^--l2-prefetch-mb -1.0: need >= 0 \(0: off\)$"):
         bench.run_bench(tmp_path / "absent.nanoqwen", l2_prefetch_mb=-1.0)
+
+
+@pytest.mark.parametrize("cfg", [QWEN25_CODER_7B.with_layers(2), QWEN25_CODER_05B.with_layers(2)], ids=["7b", "0.5b"])
+def test_per_tensor_formats_prefetch_every_stored_part(cfg):
+    """A model in llama.cpp's Q4_K_M formats: the spans are every stored part of o_proj, gate,
+    up and down (codes, high bits, scales, super-scales: up to 4 a weight), each cut in the
+    GEMV's own row tiles (16 rows of the part), and the next layer's q/k/v parts whole."""
+    from test_kernel_signatures import gguf_like_formats
+
+    plan = plan_decode(cfg, 256, occupancy=OCC, formats=gguf_like_formats(cfg), l2_prefetch_bytes=10**9,
+                       l2_prefetch_qkv=True)
+    steps = dict(plan.steps)
+    pf = steps["L0.l2_prefetch"]
+    want = [b for n in ("o_proj", "gate_up_swiglu", "down_proj") for b in steps[f"L0.{n}"].specs[0].args.values()
+            if getattr(b, "name", "").startswith(("model.layers.0.mlp.", "model.layers.0.self_attn."))]
+    assert [s.buffer for s in pf.spans] == want and len(want) > 8
+    assert all(s.parts == 1 and s.n_bytes == s.buffer.nbytes // 16 * 16 for s in pf.spans)
+    gu = steps["L0.gate_up_swiglu"]
+    T, G, tiles = gu.weight_tiles()
+    assert G == gu.specs[0].grid[0] and T == -(-cfg.intermediate_size // 16)
+    for buf, tile_bytes in tiles:
+        assert tile_bytes * T == buf.nbytes * 16 * T // cfg.intermediate_size and tile_bytes % 16 == 0
+    heads = gemv_spans(gu, 1)
+    assert all(s.parts == G and s.head_bytes == s.unit_bytes for s in heads) or -(-T // G) == 1
+    qkv = steps["L0.l2_prefetch_qkv"]
+    assert {s.buffer.name.rsplit(".", 1)[0] for s in qkv.spans} == {f"model.layers.1.self_attn.{p}_proj"
+                                                                    for p in "qkv"}

@@ -598,9 +598,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "The timed steps start after the prompt: it must exceed --prompt-tokens to be measured")
     p.add_argument("--l2-prefetch-mb", type=float, default=0.0, metavar="MB",
                    help="after each layer's qkv_rope, ask L2 for up to this many MB of the layer's o_proj, gate_up "
-                        "and down weights (the first tiles of every GEMV block), to measure; 0: off (INT4 models)")
+                        "and down weights (the first tiles of every GEMV block), to measure; 0: off")
     p.add_argument("--l2-prefetch-qkv", action="store_true",
-                   help="after each layer's gate_up, ask L2 for the next layer's q/k/v weights, to measure (INT4 models)")
+                   help="after each layer's gate_up, ask L2 for the next layer's q/k/v weights, to measure")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",

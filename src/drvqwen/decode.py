@@ -218,14 +218,14 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         l2_prefetch_bytes: > 0: after each layer's qkv_rope, "L{l}.l2_prefetch" asks L2 for up to
             that many bytes of the layer's o_proj, gate_up and down_proj weights, in that order
             (kernels/l2_prefetch.cu; launchers.l2_prefetch.l2_prefetch_spans picks them); 0: none.
-            INT4 layers only, not with the persistent step.
+            Any weight format; not with the persistent step.
         l2_prefetch_qkv: after each layer's gate_up_swiglu but the last, "L{l}.l2_prefetch_qkv"
             asks L2 for the next layer's q/k/v weights whole (its qkv_rope is a latency chain over
             8.5 MB at 7B; down_proj, which runs meanwhile, leaves HBM time). Same conditions.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
             persistent step for another attention kernel or for per-tensor formats, or an L2
-            prefetch with either of those (or a negative budget).
+            prefetch with the persistent step (or a negative budget).
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
     """
@@ -235,8 +235,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                         or short_attention == attention):
         raise DrvqwenError(f"short_attention={short_attention!r}: one of {', '.join(SHORT_ATTENTION_KERNELS)}, "
                            f"other than attention={attention!r}, and not with the persistent step")
-    if l2_prefetch_qkv and (persistent or in_per_tensor_formats(cfg, formats)):
-        raise DrvqwenError("l2_prefetch_qkv: the L2 prefetch runs with the INT4 layers of the per-launch step only")
+    if l2_prefetch_qkv and persistent:
+        raise DrvqwenError("l2_prefetch_qkv: the L2 prefetch runs with the per-launch step only")
     if l2_prefetch_bytes < 0 or (l2_prefetch_bytes and persistent):
         raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: want ≥ 0, and 0 with the persistent step "
                            "(its ops are the planned launches of the step without it)")
@@ -261,9 +261,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
     per_tensor = in_per_tensor_formats(cfg, formats)
-    if l2_prefetch_bytes and per_tensor:
-        raise DrvqwenError("l2_prefetch_bytes: the L2 prefetch plans the INT4 GEMVs' tiles; this model's weights "
-                           "are in per-tensor formats")
     if persistent and per_tensor:
         raise DrvqwenError("the persistent decode step runs the INT4 layers only; this model's weights are in "
                            "per-tensor formats")
@@ -316,7 +313,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         if fm is not None:
             q, k, v, o, g, u, d = (fw(proj_prefix(l, p), dense_ok=True)
                                    for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-            steps += [
+            layer = [
                 (f"L{l}.qkv_rope", GemvFmtQkvRope(a["q"], k_l, v_l, a["residual"], w.input_layernorm, q, k, v,
                                                   w.q_bias, w.k_bias, w.v_bias, a["inv_freq"], a["state"],
                                                   a["block_table"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, dim=D,
@@ -327,16 +324,20 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                                              f=F, k=D, eps=eps, **fmt_gemv)),
                 (f"L{l}.down_proj", GemvFmtResidual(a["residual"], a["h"], d, n=D, k=F, **fmt_gemv)),
             ]
-            continue
-        layer = int4_layer_steps(cfg, l, w, a, (k_l, v_l), attn, gemv=gemv)
+        else:
+            layer = int4_layer_steps(cfg, l, w, a, (k_l, v_l), attn, gemv=gemv)
         if l2_prefetch_bytes:
             ahead = [launcher for name, launcher in layer if name.split(".")[-1] in L2_PREFETCH_OF]
             spans = l2_prefetch_spans(ahead, l2_prefetch_bytes)
             if spans:
                 layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy)))
         if l2_prefetch_qkv and l + 1 < L:
-            nxt = LayerWeights.of(weights.__getitem__, l + 1)
-            spans = [L2Span.whole(b) for proj in (nxt.q_proj, nxt.k_proj, nxt.v_proj) for b in proj]
+            if fm is not None:
+                nxt = [fw(proj_prefix(l + 1, p), dense_ok=True).buffers for p in ("q_proj", "k_proj", "v_proj")]
+            else:
+                n_w = LayerWeights.of(weights.__getitem__, l + 1)
+                nxt = [n_w.q_proj, n_w.k_proj, n_w.v_proj]
+            spans = [L2Span.whole(b) for proj in nxt for b in proj]
             at = [n for n, _ln in layer].index(f"L{l}.gate_up_swiglu") + 1
             layer.insert(at, (f"L{l}.l2_prefetch_qkv", L2Prefetch(spans, occupancy=occupancy)))
         steps += layer

@@ -174,6 +174,11 @@ def _name(buf) -> str:
     return getattr(buf, "name", None) or f"<pointer {getattr(buf, 'ptr', buf)}>"
 
 
+# Output rows of a GEMV tile (gemv_int4.cu's INT4_TILE_ROWS, which gemv_fmt.cu shares): the unit
+# a GEMV block's range of weights is counted in (Launcher.weight_tiles).
+WEIGHT_TILE_ROWS = 16
+
+
 class Launcher:
     """Base of every launcher: an ordered list of planned launches, built into KernelLaunches.
 
@@ -198,6 +203,26 @@ class Launcher:
                           int(bytes_moved))
         self.specs.append(spec)
         return spec
+
+    def _set_weight_tiles(self, n_tiles: int, grid: int, weights: Sequence[tuple[object, int]]) -> None:
+        """Record how this GEMV's blocks read their weights (`weight_tiles`): `weights` are
+        (buffer, rows) pairs of row-major buffers whose first dimension is the output's rows."""
+        self._weight_tiles = (int(n_tiles), int(grid),
+                              [(buf, WEIGHT_TILE_ROWS * (int(buf.nbytes) // int(rows))) for buf, rows in weights])
+
+    def weight_tiles(self) -> tuple[int, int, list[tuple[object, int]]]:
+        """(T tiles, G blocks, [(weight buffer, bytes of one tile in it)]) of a GEMV whose block b
+        reads tiles [b·T/G, (b+1)·T/G) (16 rows each) of every weight buffer front to back
+        (gemv_int4.cu, gemv_fmt.cu): what an L2 prefetch of every block's first tiles needs
+        (launchers/l2_prefetch.py).
+
+        Raises:
+            LaunchError: a launcher that does not read its weights that way (qkv_rope's RoPE-paired
+                tiles, attention, ...).
+        """
+        tiles = getattr(self, "_weight_tiles", None)
+        require(tiles is not None, f"{type(self).__name__}: its weights are not read in row tiles; no weight_tiles")
+        return tiles
 
     def build(self, resolve: Resolver | None = None, stream: Stream | None = None,
               pdl: bool | None = None) -> list[KernelLaunch]:

@@ -210,11 +210,15 @@ class _GemvFmtLauncher(Launcher):
                                  warps=warps, blocks=blocks, extra_smem=smem_extra(k))
 
     def _build(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes, occupancy, warps,
-               blocks, defines) -> int:
+               blocks, defines, weights: tuple = (), weights_rows: int = 0) -> int:
+        """Plan `kernel`; `weights`: the FmtWeights of weights_rows rows its blocks read in row
+        tiles (gf_tile_range over the whole grid: Launcher.weight_tiles)."""
         ref = _kernel(kernel, defines)
         grid, threads, smem = self._shape(ref, n_tiles, k, mt, occupancy, warps, blocks)
         self._add(ref, (grid,), (threads,), args, smem_bytes=smem, reads=reads, writes=writes,
                   bytes_moved=self.bytes_moved)
+        if weights:
+            self._set_weight_tiles(n_tiles, grid, [(buf, weights_rows) for w in weights for buf in w.buffers])
         return grid
 
 
@@ -258,7 +262,7 @@ class GemvFmtResidual(_GemvFmtLauncher):
         self._build("gemv_fmt_residual", tiles(n), k, 1,
                     dict(residual=residual, x=x, **w.args("w"), N=i32(n), K=i32(k), fmt=i32(w.fmt.id)),
                     reads=(residual, x) + w.buffers, writes=(residual,), occupancy=occupancy, warps=warps,
-                    blocks=blocks, defines=defines)
+                    blocks=blocks, defines=defines, weights=(w,), weights_rows=n)
 
 
 def split_blocks(resident: int, seg_tiles: tuple[int, ...]) -> tuple[int, ...]:
@@ -348,7 +352,7 @@ class GemvFmtGateUpSwiglu(_GemvFmtLauncher):
                     dict(h=h, residual=residual, norm_w=norm_weight, **gate.args("gate"), **up.args("up"), F=i32(f),
                          K=i32(k), eps=f32(eps), fmt=i32(gate.fmt.id)),
                     reads=(residual, norm_weight) + gate.buffers + up.buffers, writes=(h,), occupancy=occupancy,
-                    warps=warps, blocks=blocks, defines=defines)
+                    warps=warps, blocks=blocks, defines=defines, weights=(gate, up), weights_rows=f)
 
 
 def lm_head_fmt_partials(vocab_size: int, dim: int, occupancy: Occupancy | None = None, defines: tuple = ()) -> int:

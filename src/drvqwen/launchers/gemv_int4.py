@@ -191,11 +191,12 @@ class _GemvInt4Launcher(Launcher):
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes,
                     occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple,
                     n_tokens: int | None = None, x_staged: bool = True, tokens_kernel: str | None = None,
-                    weights: tuple = ()) -> None:
+                    weights: tuple = (), weights_rows: int = 0) -> None:
         """Plan `kernel` (n_tokens None) or its `…_tokens` twin for n_tokens tokens (args then get
         n_tokens; `tokens_kernel` names another twin, e.g. the …_x_tokens ones), in the launch shape
         of `kernel`: the same grid and W, so the same sums. `weights`: the (qweight, scales) pairs
-        read tile by tile in row order (for `weight_tiles`; not the RoPE-paired qkv tiles)."""
+        of weights_rows rows read tile by tile in row order (Launcher.weight_tiles; not the
+        RoPE-paired qkv tiles)."""
         require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
         occ = occupancy or DEFAULT_OCCUPANCY
@@ -210,21 +211,8 @@ class _GemvInt4Launcher(Launcher):
             args = dict(args, n_tokens=i32(n_tokens))
         self._add(ref, (grid,), (threads,), args, smem_bytes=smem, reads=reads, writes=writes,
                   bytes_moved=self.bytes_moved)
-        self._weight_tiles = (n_tiles, grid, [(buf, tile_bytes) for qweight, scales in weights
-                                              for buf, tile_bytes in ((qweight, TILE_ROWS * k // 2),
-                                                                      (scales, TILE_ROWS * (k // GROUP_SIZE) * 2))])
-
-    def weight_tiles(self) -> tuple[int, int, list[tuple[object, int]]]:
-        """(T tiles, G blocks, [(weight buffer, bytes of one tile in it)]): block b reads tiles
-        [b·T/G, (b+1)·T/G) of every buffer, front to back (gemv_int4.cu's work split) — what an
-        L2 prefetch of its first tiles needs (launchers/l2_prefetch.py).
-
-        Raises:
-            LaunchError: a launcher whose tiles are not whole rows in order (qkv_rope).
-        """
-        n_tiles, grid, streams = getattr(self, "_weight_tiles", (0, 0, []))
-        require(bool(streams), f"{type(self).__name__}: its tiles are not rows in order; no weight_tiles")
-        return n_tiles, grid, streams
+        if weights:
+            self._set_weight_tiles(n_tiles, grid, [(buf, weights_rows) for pair in weights for buf in pair])
 
 
 class GemvInt4(_GemvInt4Launcher):
@@ -245,7 +233,7 @@ class GemvInt4(_GemvInt4Launcher):
         self._build_gemv("gemv_int4_f16", tiles(n), k, 1,
                          dict(y=y, x=x, qweight=qweight, scales=scales, N=i32(n), K=i32(k)),
                          reads=(x, qweight, scales), writes=(y,), occupancy=occupancy, warps=warps, blocks=blocks,
-                         defines=defines, weights=((qweight, scales),))
+                         defines=defines, weights=((qweight, scales),), weights_rows=n)
 
 
 class GemvInt4QkvRope(_GemvInt4Launcher):
@@ -331,7 +319,7 @@ class GemvInt4Residual(_GemvInt4Launcher):
                          dict(residual=residual, x=x, qweight=qweight, scales=scales, N=i32(n), K=i32(k)),
                          reads=(residual, x, qweight, scales), writes=(residual,), occupancy=occupancy,
                          warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens, x_staged=False,
-                         weights=((qweight, scales),))
+                         weights=((qweight, scales),), weights_rows=n)
 
 
 class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
@@ -371,4 +359,4 @@ class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
                          reads=(*xin, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
                          occupancy=occupancy, warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens,
                          tokens_kernel=None if x_normed is None else "gemv_int4_gate_up_swiglu_x_tokens",
-                         weights=((gate_qweight, gate_scales), (up_qweight, up_scales)))
+                         weights=((gate_qweight, gate_scales), (up_qweight, up_scales)), weights_rows=f)

@@ -1,7 +1,7 @@
 """Launcher of kernels/l2_prefetch.cu: the weights of the decode step's next launches asked into L2.
 
     L2Span            one span: the first head_bytes of each of `parts` balanced parts of a buffer
-    gemv_spans        the spans of an INT4 GEMV launch: each block's first tiles, or the whole matrix
+    gemv_spans        the spans of a GEMV launch: each block's first tiles, or the whole matrix
     l2_prefetch_spans the spans of a list of GEMV launches within a byte budget, in their order
     L2Prefetch        one launch asking L2 for up to SPANS spans (writes nothing)
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..cuda import Stream
 from .base import DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, mirrored, require
 
-SPANS = mirrored("l2_prefetch", "L2P_SPANS", 8)
+SPANS = mirrored("l2_prefetch", "L2P_SPANS", 16)
 CHUNK_BYTES = mirrored("l2_prefetch", "L2P_CHUNK_BYTES", 64 * 1024)
 THREADS = mirrored("l2_prefetch", "L2P_THREADS", 32)
 ALIGN = 16  # cp.async.bulk.prefetch: a 16-byte aligned address and a multiple of 16 bytes
@@ -89,9 +89,9 @@ class L2Span:
 
 
 def gemv_spans(gemv, tiles_per_block: int | None = None) -> list[L2Span]:
-    """The spans of an INT4 GEMV launcher's weights (`weight_tiles()`, launchers/gemv_int4.py):
-    the first `tiles_per_block` tiles of every block's range in each weight buffer, or (None, or
-    as many as a block owns) every buffer whole."""
+    """The spans of a GEMV launcher's weights (Launcher.weight_tiles: gemv_int4's and gemv_fmt's
+    o_proj / gate_up / down launchers): the first `tiles_per_block` tiles of every block's range
+    in each weight buffer, or (None, or as many as a block owns) every buffer whole."""
     n_tiles, grid, streams = gemv.weight_tiles()
     if tiles_per_block is None or tiles_per_block >= -(-n_tiles // grid):
         return [L2Span.whole(buf) for buf, _tile_bytes in streams]
@@ -101,9 +101,10 @@ def gemv_spans(gemv, tiles_per_block: int | None = None) -> list[L2Span]:
 
 
 def l2_prefetch_spans(gemvs: Sequence, budget_bytes: int) -> list[L2Span]:
-    """The spans to prefetch for `gemvs` (INT4 GEMV launchers in the order they run) within
-    `budget_bytes`: each GEMV whole while the budget lasts; then, for the first that does not fit,
-    as many first tiles of every block as fit (none if not one); nothing after it.
+    """The spans to prefetch for `gemvs` (GEMV launchers with weight_tiles, in the order they run)
+    within `budget_bytes` and SPANS spans: each GEMV whole while the budget lasts; then, for the
+    first that does not fit, as many first tiles of every block as fit (none if not one); nothing
+    after it.
 
     Whole first, in order, because the next launch reads its weights soonest; the first tiles of
     every block of the one after, because that GEMV ends with its slowest block (module doc).
@@ -112,6 +113,8 @@ def l2_prefetch_spans(gemvs: Sequence, budget_bytes: int) -> list[L2Span]:
     left = int(budget_bytes)
     for gemv in gemvs:
         whole = gemv_spans(gemv)
+        if len(spans) + len(whole) > SPANS:
+            break
         cost = sum(s.n_bytes for s in whole)
         if cost <= left:
             spans += whole
