@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What each op of the decode step costs inside the captured step: graph ITL with launches left out.
 
-    PYTHONPATH=src python3 tools/bench_decode_ablation.py [--preset 7b] [--contexts 512 4096]
+    PYTHONPATH=src python3 tools/bench_decode_ablation.py [--preset 7b | --model FILE] [--contexts 512 4096]
         [--leave-out attention o_proj ...] [--define FILE:NAME=INT ...] [--new-tokens 96]
         [--attention tma|plain|cluster] [--l2-prefetch-mb MB] [--l2-prefetch-qkv] [--json OUT]
 
@@ -19,7 +19,8 @@ what `drvqwen bench --kernels` cannot say, since it times each launch eagerly be
 --define FILE:NAME=INT compiles every kernel of kernels/FILE.cu with -DNAME=INT (a compile-time
 variant to measure, e.g. attention_decode:ATTN_SHORT_SPLITS=64; the attention's split rule lives in
 attention_decode.cuh, which attention_decode_tma.cu includes too: give both files). The model is
-the synthetic --preset file (drvqwen.bench.ensure_synthetic), its KV cache the model's full
+the synthetic --preset file (drvqwen.bench.ensure_synthetic) or --model (e.g. tools/make_synthetic.py
+--recipe q4_k_m's file), its KV cache the model's full
 context, as `drvqwen bench` sizes it (the split-KV attention's grid depends on it). --attention
 builds the step with that decode attention (decode.ATTENTION_KERNELS; default the step's own):
 `--attention cluster --leave-out attention` says what the one-launch attention costs the step.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -75,6 +77,7 @@ def left_out(name: str, entry: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="7b")
+    ap.add_argument("--model", help="a .nanoqwen file to measure instead of the --preset synthetic one")
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 4096], help="prompt tokens before decoding")
     ap.add_argument("--leave-out", nargs="*", default=["attention", "attention.1", "o_proj"],
                     help="launch names (their layer-free tail) to leave out, one variant each")
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from drvqwen.provenance import source_record
 
     copy = measure_copy_bandwidth()
-    f = NanoqwenFile(ensure_synthetic(a.preset))
+    f = NanoqwenFile(a.model or ensure_synthetic(a.preset))
     dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=int(a.l2_prefetch_mb * 1e6),
                      l2_prefetch_qkv=a.l2_prefetch_qkv)
     names = [nl.name for nl in dec.launch_list.launches]
@@ -123,11 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             row = {"context": ctx, "variant": variant, "launches": len(g.launch_list.launches),
                    "itl_median_ms": float(np.median(r.itl_ms))}
             rows.append(row)
-            print(f"{a.preset} context {ctx:6d}  {variant:14s} {row['launches']:4d} launches  "
+            label = Path(a.model).name if a.model else a.preset
+            print(f"{label} context {ctx:6d}  {variant:14s} {row['launches']:4d} launches  "
                   f"graph ITL median {row['itl_median_ms']:.4f} ms", flush=True)
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"source": source_record(), "device": dec.device.info.summary(), "preset": a.preset,
+            json.dump({"source": source_record(), "device": dec.device.info.summary(),
+                       "preset": None if a.model else a.preset, "model": Path(a.model).name if a.model else None,
                        "defines": [f"{fi}:{n}={v}" for fi, n, v in defines], "new_tokens": a.new_tokens,
                        "attention": dec.attention, "l2_prefetch_mb": a.l2_prefetch_mb or None,
                        "l2_prefetch_qkv": a.l2_prefetch_qkv,
