@@ -10,7 +10,7 @@
 // the 7B step at 512 tokens: 2.175 → 1.931 ms, docs/bench/2026-12-04_d4def84_h200_syn7b_decode_ablation.json).
 // The launches after them — o_proj, gate_up_swiglu, down_proj — are streams of weights, each
 // paying its first bytes' HBM latency and then the bandwidth. Launched right after qkv_rope,
-// this kernel hands the copy engines the weights those GEMVs will read first, so that part of
+// this kernel has the SMs' TMA units ask for the weights those GEMVs will read first, so that part of
 // their bytes comes from L2 (lower latency, and no HBM time left in their critical path).
 // Weights are never written by any kernel, so asking for them early is always safe.
 //
@@ -41,16 +41,23 @@
 // Work split: one warp a block, lane 0 issues (bulk_prefetch_l2 takes a uniform address: lanes
 // with different ones would be serialised). The spans' parts are cut into chunks of at most
 // L2P_CHUNK_BYTES and numbered span by span; block b issues chunks b, b + G, b + 2G, … so the
-// copy engines of G SMs share the requests.
+// TMA units of G SMs share the requests.
 //
-// Order in the step and why nothing can race: launched as a programmatic dependent of
-// qkv_rope, it issues its prefetches at once — under qkv_rope's tail, which is what PDL is for —
-// and only then waits (griddepcontrol.wait) for qkv_rope to complete. It never touches a value
-// an earlier kernel wrote, and writes nothing, so its early start reads nothing stale. The wait
-// is there for the kernel after it: attention is launched without PDL and starts when this grid
-// has completed, and a programmatic dependent would wait for this grid's completion; either way
-// this grid completes only after qkv_rope has, so the step's order is the order without it.
-// A prefetch still in flight when the grid ends is harmless: it has no destination.
+// Order in the step and why nothing can race: launched as a programmatic dependent of the
+// kernel before it (qkv_rope; down_proj for the next layer's q/k/v), it starts once that kernel's
+// blocks have all started — they call griddepcontrol.launch_dependents first — so its prefetches
+// go out under that kernel's run (qkv_rope's may even overlap the previous down_proj's tail,
+// since qkv_rope itself starts early), and only then does it wait (griddepcontrol.wait) for that
+// kernel to complete. It never touches a value an earlier kernel wrote, and writes nothing, so
+// its early start reads nothing stale. The wait is there for the kernel after it: attention is
+// launched without PDL and starts when this grid has completed, and a programmatic dependent
+// (qkv_rope) waits for this grid's completion; either way this grid completes only after the
+// kernel before it has, so the step's order is the order without it. A prefetch still in flight
+// when the grid ends is harmless: it has no destination.
+//
+// Not to be confused with what lost inside the GEMV (gemv_int4.cu's header: an L2 bulk prefetch
+// of the tiles 2 ahead, slower at every 7B GEMV): that asked for bytes the same kernel was about
+// to stream at full speed anyway; this asks during launches that leave HBM idle.
 #include "types.cuh"
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 #include "tma.cuh"      // bulk_prefetch_l2

@@ -73,7 +73,7 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, u32 by
 }
 
 // Ask L2 for `bytes` contiguous bytes at global `src` (16-byte aligned, a multiple of 16): the
-// copy engine reads them from HBM into L2 and delivers nothing to the SM — no destination, no
+// SM's TMA unit has them read from HBM into L2 and delivers nothing to the SM — no destination, no
 // barrier, no completion to wait for, so the issuing thread goes on at once and may even exit.
 // It is a hint: it changes no value, and a later load of those bytes hits L2 if they are still
 // there. Why this and not `prefetch.global.L2` (one 128-byte line per instruction): one

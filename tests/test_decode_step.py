@@ -220,7 +220,7 @@ def test_decode_with_l2_prefetch(model, rng):
     l2_prefetch.cu) gives the default step's logits and tokens bit for bit, eager and graph —
     the prefetch writes nothing — at a budget of part of gate_up's tiles (7B: o_proj whole, then
     every gate_up block's first tiles) and at one past the whole layer (every span whole), the
-    second with the next layer's q/k/v prefetch after gate_up too; INT4 and per-tensor formats."""
+    second with the next layer's q/k/v prefetch after down_proj too; INT4 and per-tensor formats."""
     from drvqwen.decode import DecodeStep
     from drvqwen.graphs import GraphDecoder
 

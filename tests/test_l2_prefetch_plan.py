@@ -2,7 +2,7 @@
 first tiles of every block of the GEMV it is for, inside its buffer and of sizes the bulk prefetch
 takes; the budget picks whole GEMVs in order, then every block's first tiles of the next; the
 launch sits between each layer's qkv_rope and attention, and the next layer's q/k/v prefetch
-after gate_up; what cannot take them is refused in one line. (That the step gives the same bits with it: tests/test_decode_step.py on the GPU.)"""
+after down_proj; what cannot take them is refused in one line. (That the step gives the same bits with it: tests/test_decode_step.py on the GPU.)"""
 
 from __future__ import annotations
 
@@ -102,20 +102,20 @@ def test_plan_puts_it_between_qkv_rope_and_attention_in_every_layer():
         assert [sp.grid for _n, ln in plain.steps for sp in ln.specs] == \
                [sp.grid for n, ln in plan.steps if not n.endswith("l2_prefetch") for sp in ln.specs]
         assert pf.specs[0].grid[0] <= OCC.sm_count and steps[f"L{l}.l2_prefetch"].specs[0].kernel.pdl
-    # The next layer's q/k/v, whole, after gate_up — in every layer but the last.
+    # The next layer's q/k/v, whole, after down_proj — in every layer but the last.
     plan = plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_qkv=True)
     names = [n for n, _l in plan.steps]
     assert [n for n in names if not n.endswith("l2_prefetch_qkv")] == [n for n, _l in plain.steps]
     for l in range(2):
-        assert names[names.index(f"L{l}.gate_up_swiglu") + 1] == f"L{l}.l2_prefetch_qkv"
+        assert names[names.index(f"L{l}.down_proj") + 1] == f"L{l}.l2_prefetch_qkv"
         pf = dict(plan.steps)[f"L{l}.l2_prefetch_qkv"]
         assert [s.buffer.name for s in pf.spans] == [f"model.layers.{l + 1}.self_attn.{p}_proj.{t}"
                                                      for p in "qkv" for t in ("qweight", "scales")]
         assert all(s.parts == 1 and s.n_bytes == s.buffer.nbytes for s in pf.spans)
     assert "L2.l2_prefetch_qkv" not in names
-    # A budget too small for o_proj plans no launch at all.
-    assert not any(n.endswith("l2_prefetch") for n, _l in plan_decode(cfg, 256, occupancy=OCC,
-                                                                        l2_prefetch_bytes=1000).steps)
+    # A budget too small for o_proj's first tiles would plan nothing: refused, saying what it takes.
+    with pytest.raises(DrvqwenError, match=r"^l2_prefetch_bytes=1000: below what o_proj's blocks read first \(\d+ B"):
+        plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_bytes=1000)
 
 
 def test_what_cannot_take_it_is_refused():
@@ -133,7 +133,7 @@ def test_what_cannot_take_it_is_refused():
         L2Prefetch([L2Span(buf, 4096, 4, 4, 1024, 1000)], occupancy=OCC)
     with pytest.raises(LaunchError, match="8192 B of a 4096-byte buffer"):
         L2Prefetch([L2Span(buf, 8192, 1, 1, 0, 8192)], occupancy=OCC)
-    with pytest.raises(LaunchError, match="no weight_tiles"):
+    with pytest.raises(LaunchError, match="not read in row tiles; no weight_tiles"):
         from drvqwen.launchers import GemvInt4QkvRope
         cls = GemvInt4QkvRope.__new__(GemvInt4QkvRope)
         cls.weight_tiles()
@@ -177,3 +177,12 @@ def test_per_tensor_formats_prefetch_every_stored_part(cfg):
     qkv = steps["L0.l2_prefetch_qkv"]
     assert {s.buffer.name.rsplit(".", 1)[0] for s in qkv.spans} == {f"model.layers.1.self_attn.{p}_proj"
                                                                     for p in "qkv"}
+
+
+def test_a_misaligned_buffer_is_refused_when_the_launch_is_built():
+    from drvqwen.cuda import DeviceArray
+
+    ln = L2Prefetch([L2Span.whole(BufferSpec("w", (4096,), np.uint8))], occupancy=OCC)
+    odd = DeviceArray("w", (1 << 20) + 8, (4096,), np.uint8)
+    with pytest.raises(LaunchError, match="^l2_prefetch: w at 0x100008 is not 16-byte aligned$"):
+        ln.build(lambda _spec: odd)

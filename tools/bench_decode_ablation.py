@@ -88,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--l2-prefetch-mb", type=float, default=0.0,
                     help="the step's L2 prefetch budget a layer, MB (default 0: none)")
     ap.add_argument("--l2-prefetch-qkv", action="store_true",
-                    help="also the step's prefetch of the next layer's q/k/v weights after gate_up")
+                    help="also the step's prefetch of the next layer's q/k/v weights after down_proj")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
     defines = [parse_define(d) for d in a.define]
     install_defines(defines)
 
-    from drvqwen.bench import ensure_synthetic, load_prefill, run_mode
+    from drvqwen.bench import ensure_synthetic, l2_prefetch_layer_bytes, load_prefill, run_mode
     from drvqwen.cuda.bandwidth import measure_copy_bandwidth
     from drvqwen.decode import DecodeStep
     from drvqwen.format.nanoqwen import NanoqwenFile
@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=int(a.l2_prefetch_mb * 1e6),
                      l2_prefetch_qkv=a.l2_prefetch_qkv)
     names = [nl.name for nl in dec.launch_list.launches]
+    if a.l2_prefetch_mb or a.l2_prefetch_qkv:
+        print(f"L2 prefetch: layer 0 asks for {l2_prefetch_layer_bytes(dec.plan.steps, 0) / 1e6:.2f} MB", flush=True)
     for entry in a.leave_out:
         if not any(left_out(n, entry) for n in names):
             raise SystemExit(f"--leave-out {entry}: no launch of the step is named so (layer 0: "
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                        "defines": [f"{fi}:{n}={v}" for fi, n, v in defines], "new_tokens": a.new_tokens,
                        "attention": dec.attention, "l2_prefetch_mb": a.l2_prefetch_mb or None,
                        "l2_prefetch_qkv": a.l2_prefetch_qkv,
+                       "l2_prefetch_layer0_bytes": l2_prefetch_layer_bytes(dec.plan.steps, 0),
                        "blocks_per_kv_head": dec.plan.blocks_per_kv_head, "rows": rows}, fh, indent=1)
     return 0
 

@@ -106,6 +106,14 @@ def ensure_synthetic(preset: str, path: Path | None = None) -> Path:
     return path
 
 
+def l2_prefetch_layer_bytes(steps, layer: int) -> int:
+    """Bytes the L2 prefetches of decoder layer `layer` ask for (its "l2_prefetch" and
+    "l2_prefetch_qkv" launches in a step list; 0 without them): what a --l2-prefetch-mb budget
+    planned, which can be less than the budget (whole GEMVs, then whole tiles of every block)."""
+    return sum(launcher.bytes_moved for name, launcher in steps
+               if name.startswith(f"L{layer}.l2_prefetch"))
+
+
 # ---- measuring one mode ------------------------------------------------------------------------
 @dataclass
 class ModeResult:
@@ -320,7 +328,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         l2_prefetch_mb: > 0: each layer asks L2 for up to that many MB (10^6 bytes) of its
             o_proj, gate_up and down weights after qkv_rope (DecodeStep(l2_prefetch_bytes=...),
             kernels/l2_prefetch.cu); 0: off. l2_prefetch_qkv: each layer but the last also asks
-            for the next layer's q/k/v weights after gate_up (DecodeStep(l2_prefetch_qkv=True)).
+            for the next layer's q/k/v weights after down_proj (DecodeStep(l2_prefetch_qkv=True)).
 
     Raises:
         DrvqwenError: no usable GPU, a bad argument, or a model that does not fit.
@@ -397,6 +405,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "attention": dec.attention,
                          "short_attention_below": dec.short_below or None,
                          "l2_prefetch_mb": l2_prefetch_mb or None, "l2_prefetch_qkv": l2_prefetch_qkv or None,
+                         "l2_prefetch_layer0_bytes": l2_prefetch_layer_bytes(dec.plan.steps, 0) or None,
                          "persistent_blocks": persistent_blocks if decode == "persistent" else None,
                          "persistent_defines": [list(d) for d in persistent_defines] if decode == "persistent" else None,
                          "prefill_reps": prefill_reps if prefill is not None else None,
@@ -600,7 +609,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after each layer's qkv_rope, ask L2 for up to this many MB of the layer's o_proj, gate_up "
                         "and down weights (the first tiles of every GEMV block), to measure; 0: off")
     p.add_argument("--l2-prefetch-qkv", action="store_true",
-                   help="after each layer's gate_up, ask L2 for the next layer's q/k/v weights, to measure")
+                   help="after each layer's down_proj, ask L2 for the next layer's q/k/v weights, to measure")
     p.add_argument("--persistent-blocks", type=int, choices=(1, 2), default=1,
                    help="blocks per SM the persistent kernel's registers are sized for (default: 1)")
     p.add_argument("--persistent-define", action="append", default=[], metavar="NAME=VALUE",

@@ -10,9 +10,9 @@
                                   (split-KV, then the combine; 1 launch with attention="cluster")
       L{l}.o_proj                 residual += Wo attn                                               (INT4 GEMV)
       L{l}.gate_up_swiglu         xn = rmsnorm(residual) · w_post;  h fp16 [F] = silu(Wg xn) · (Wu xn) (INT4 GEMV)
-      (L{l}.l2_prefetch_qkv)      with plan_decode(l2_prefetch_qkv=True), but in the last layer: L2 ←
-                                  layer l+1's q/k/v weights, whole (while down_proj streams its own)
       L{l}.down_proj              residual += Wd h                                                  (INT4 GEMV)
+      (L{l}.l2_prefetch_qkv)      with plan_decode(l2_prefetch_qkv=True), but in the last layer: L2 ←
+                                  layer l+1's q/k/v weights, whole (launched early, under down_proj)
     norm                          xn fp16 [D] = rmsnorm(residual) · w_norm
     lm_head                         logits fp32 [V] = W_lm xn, + argmax partials
     argmax                          next_token int32 [1]
@@ -79,7 +79,7 @@ from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDec
                         lm_head_partials)
 from .launchers.base import DEFAULT_OCCUPANCY, BufferSpec, LaunchSpec, Occupancy, TensorMapSpec, check_resolved
 from .launchers.decode_persistent import CappedOccupancy, PersistentDecode, program_bytes
-from .launchers.l2_prefetch import L2Prefetch, L2Span, l2_prefetch_spans
+from .launchers.l2_prefetch import L2Prefetch, L2Span, gemv_spans, l2_prefetch_spans
 from .launchers.gemv_fmt import (EmbeddingFmt, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual, LmHeadFmt,
                                  DENSE_F16, DENSE_ID, fmt_weight, format_defines, lm_head_fmt_partials)
 from .format import weight_formats as wf
@@ -219,13 +219,15 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             that many bytes of the layer's o_proj, gate_up and down_proj weights, in that order
             (kernels/l2_prefetch.cu; launchers.l2_prefetch.l2_prefetch_spans picks them); 0: none.
             Any weight format; not with the persistent step.
-        l2_prefetch_qkv: after each layer's gate_up_swiglu but the last, "L{l}.l2_prefetch_qkv"
-            asks L2 for the next layer's q/k/v weights whole (its qkv_rope is a latency chain over
-            8.5 MB at 7B; down_proj, which runs meanwhile, leaves HBM time). Same conditions.
+        l2_prefetch_qkv: after each layer's down_proj but the last, "L{l}.l2_prefetch_qkv" asks L2
+            for the next layer's q/k/v weights whole (its qkv_rope is a latency chain over 8.5 MB at
+            7B). Launched as a programmatic dependent, it starts once down_proj's blocks have all
+            started — under down_proj, which leaves HBM time (54 % of copy bandwidth at 7B,
+            gemv_int4.cu's table). Not with the persistent step.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
             persistent step for another attention kernel or for per-tensor formats, or an L2
-            prefetch with the persistent step (or a negative budget).
+            prefetch with the persistent step (or a negative budget, or one too small to plan any).
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
     """
@@ -329,8 +331,11 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         if l2_prefetch_bytes:
             ahead = [launcher for name, launcher in layer if name.split(".")[-1] in L2_PREFETCH_OF]
             spans = l2_prefetch_spans(ahead, l2_prefetch_bytes)
-            if spans:
-                layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy)))
+            if not spans:  # the same in every layer: the budget is below the first GEMV's share
+                first = sum(s.n_bytes for s in gemv_spans(ahead[0], 1))
+                raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: below what o_proj's blocks read first "
+                                   f"({first} B, one tile each); nothing would be prefetched")
+            layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy)))
         if l2_prefetch_qkv and l + 1 < L:
             if fm is not None:
                 nxt = [fw(proj_prefix(l + 1, p), dense_ok=True).buffers for p in ("q_proj", "k_proj", "v_proj")]
@@ -338,8 +343,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 n_w = LayerWeights.of(weights.__getitem__, l + 1)
                 nxt = [n_w.q_proj, n_w.k_proj, n_w.v_proj]
             spans = [L2Span.whole(b) for proj in nxt for b in proj]
-            at = [n for n, _ln in layer].index(f"L{l}.gate_up_swiglu") + 1
-            layer.insert(at, (f"L{l}.l2_prefetch_qkv", L2Prefetch(spans, occupancy=occupancy)))
+            layer.append((f"L{l}.l2_prefetch_qkv", L2Prefetch(spans, occupancy=occupancy)))
         steps += layer
     head = fw(LM_HEAD)
     lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
@@ -391,7 +395,7 @@ class DecodeStep:
             every length. DecodeStep.time_kernels times the step's own list, not the twin.
         l2_prefetch_bytes: > 0: each INT4 layer asks L2 for up to that many bytes of its
             o_proj, gate_up and down weights after qkv_rope (plan_decode); l2_prefetch_qkv: each
-            layer but the last asks for the next one's q/k/v weights after gate_up. The same values.
+            layer but the last asks for the next one's q/k/v weights after down_proj. The same values.
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..cuda import Stream
-from .base import DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, mirrored, require
+from .base import DEFAULT_OCCUPANCY, NULL, BufferSpec, KernelRef, Launcher, Occupancy, mirrored, require
 
 SPANS = mirrored("l2_prefetch", "L2P_SPANS", 16)
 CHUNK_BYTES = mirrored("l2_prefetch", "L2P_CHUNK_BYTES", 64 * 1024)
@@ -76,14 +76,14 @@ class L2Span:
         return self.parts * -(-self.head_bytes // CHUNK_BYTES)
 
     def check(self) -> None:
-        """Raises LaunchError: a size or offset the bulk prefetch cannot take, or a part past the buffer."""
+        """Raises LaunchError: a size or offset the bulk prefetch cannot take, or a part past the
+        buffer (the buffer's own alignment is checked when the launch is built: L2Prefetch.build)."""
         what = f"l2_prefetch: span of {getattr(self.buffer, 'name', 'a buffer')}"
         require(self.parts >= 1 and self.units >= 1, f"{what}: units={self.units}, parts={self.parts}; want ≥ 1")
         require(self.bytes % ALIGN == 0 and self.unit_bytes % ALIGN == 0 and self.head_bytes % ALIGN == 0,
                 f"{what}: bytes={self.bytes}, unit_bytes={self.unit_bytes}, head_bytes={self.head_bytes}; each a "
                 f"multiple of {ALIGN}")
         require(self.bytes <= _nbytes(self.buffer), f"{what}: {self.bytes} B of a {_nbytes(self.buffer)}-byte buffer")
-        require(getattr(self.buffer, "ptr", 0) % ALIGN == 0, f"{what}: not {ALIGN}-byte aligned")
         require(max(self.bytes, self.head_bytes) < 2**32 and self.units < 2**32 and self.parts < 2**32,
                 f"{what}: a field past 32 bits")
 
@@ -158,3 +158,17 @@ class L2Prefetch(Launcher):
                          f"head_bytes{i}": u32(s.head_bytes if s else 0)})
         self._add(KernelRef("l2_prefetch", "l2_prefetch", pdl=True), (grid,), (THREADS,), args,
                   reads=tuple(s.buffer for s in spans), writes=(), bytes_moved=self.bytes_moved)
+
+    def build(self, resolve=None, stream: Stream | None = None, pdl: bool | None = None):
+        """Launcher.build, after checking that every span's buffer, as resolved, is 16-byte
+        aligned (the bulk prefetch's rule; the weight pool aligns every tensor far more).
+
+        Raises:
+            LaunchError: a misaligned buffer, or as Launcher.build.
+        """
+        for s in self.spans:
+            buf = resolve(s.buffer) if resolve is not None and isinstance(s.buffer, BufferSpec) else s.buffer
+            ptr = getattr(buf, "ptr", None)
+            require(ptr is None or ptr % ALIGN == 0,
+                    f"l2_prefetch: {getattr(buf, 'name', 'a buffer')} at {ptr:#x} is not {ALIGN}-byte aligned")
+        return super().build(resolve, stream, pdl)
