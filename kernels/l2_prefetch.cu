@@ -65,6 +65,12 @@
 #define L2P_SPANS 16                    // spans a launch carries (o_proj, gate, up, down: ≤ 4 buffers each)
 #define L2P_CHUNK_BYTES (64 * 1024)     // bytes per prefetch instruction at most
 #define L2P_THREADS WARP_SIZE           // one warp a block (lane 0 issues)
+// Timing probe (default 0): L2P_PROBE_NO_PREFETCH=1 issues nothing — the launch and its wait
+// alone, so that what the launch costs the step can be told from what its prefetches give
+// (tools/bench_decode_ablation.py --define l2_prefetch:L2P_PROBE_NO_PREFETCH=1).
+#ifndef L2P_PROBE_NO_PREFETCH
+#define L2P_PROBE_NO_PREFETCH 0
+#endif
 
 // One span of the parameter list (the header's formula). parts = 0: an unused span.
 struct L2Span {
@@ -117,7 +123,7 @@ extern "C" __global__ void l2_prefetch(const unsigned char* base0, u32 bytes0, u
                                        const unsigned char* base15, u32 bytes15, u32 units15, u32 parts15, u32 unit_bytes15, u32 head_bytes15) {
     static_assert(L2P_SPANS == 16, "the parameter list spells out L2P_SPANS spans");
     grid_launch_dependents();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && !L2P_PROBE_NO_PREFETCH) {
         const L2Span spans[L2P_SPANS] = {
             {base0, bytes0, units0, parts0, unit_bytes0, head_bytes0}, {base1, bytes1, units1, parts1, unit_bytes1, head_bytes1},
             {base2, bytes2, units2, parts2, unit_bytes2, head_bytes2}, {base3, bytes3, units3, parts3, unit_bytes3, head_bytes3},
