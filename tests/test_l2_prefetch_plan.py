@@ -14,7 +14,8 @@ from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.decode import plan_decode
 from drvqwen.errors import DrvqwenError
 from drvqwen.launchers import BufferSpec, FixedOccupancy, GemvInt4GateUpSwiglu, GemvInt4Residual, LaunchError
-from drvqwen.launchers.l2_prefetch import CHUNK_BYTES, SPANS, L2Prefetch, L2Span, gemv_spans, l2_prefetch_spans
+from drvqwen.launchers.l2_prefetch import (CHUNK_BYTES, DEFAULT_BLOCKS, SPANS, L2Prefetch, L2Span, gemv_spans,
+                                          l2_prefetch_spans)
 
 OCC = FixedOccupancy(132, lambda _k, _t, _s: 2)
 
@@ -143,8 +144,16 @@ def test_the_launch_shares_its_chunks_over_the_sms():
     buf = BufferSpec("w", (10 * CHUNK_BYTES + 4096,), np.uint8)
     one = L2Prefetch([L2Span.whole(buf)], occupancy=OCC)
     assert one.specs[0].grid == (11,) and one.bytes_moved == buf.nbytes
-    many = L2Prefetch([L2Span(buf, buf.nbytes, 1000, 1000, 16, 16)], occupancy=OCC)
-    assert many.specs[0].grid == (OCC.sm_count,)
+    many = [L2Span(buf, buf.nbytes, 1000, 1000, 16, 16)]
+    assert L2Prefetch(many, occupancy=OCC).specs[0].grid == (DEFAULT_BLOCKS,) and DEFAULT_BLOCKS < OCC.sm_count
+    assert L2Prefetch(many, occupancy=OCC, blocks=500).specs[0].grid == (OCC.sm_count,)
+    assert L2Prefetch(many, occupancy=OCC, blocks=7).specs[0].grid == (7,)
+    with pytest.raises(LaunchError, match="blocks=0; want ≥ 1"):
+        L2Prefetch(many, occupancy=OCC, blocks=0)
+    # plan_decode hands its choice to every prefetch launch.
+    plan = plan_decode(QWEN25_CODER_05B.with_layers(2), 256, occupancy=OCC, l2_prefetch_bytes=10**8,
+                       l2_prefetch_qkv=True, l2_prefetch_blocks=5)
+    assert [ln.specs[0].grid for n, ln in plan.steps if "l2_prefetch" in n] == [(5,)] * 3
 
 
 def test_bench_refuses_a_negative_budget_before_any_gpu_work(tmp_path):

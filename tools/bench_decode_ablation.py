@@ -3,7 +3,8 @@
 
     PYTHONPATH=src python3 tools/bench_decode_ablation.py [--preset 7b | --model FILE] [--contexts 512 4096]
         [--leave-out attention o_proj ...] [--define FILE:NAME=INT ...] [--new-tokens 96]
-        [--attention tma|plain|cluster] [--l2-prefetch-mb MB] [--l2-prefetch-qkv] [--json OUT]
+        [--attention tma|plain|cluster] [--l2-prefetch-mb MB] [--l2-prefetch-qkv]
+        [--l2-prefetch-blocks N] [--json OUT]
 
 The step's launch list (DecodeStep.launch_list: what `drvqwen bench --mode graph` captures) is
 captured once whole and once per --leave-out entry without the launches whose name ends in
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the step's L2 prefetch budget a layer, MB (default 0: none)")
     ap.add_argument("--l2-prefetch-qkv", action="store_true",
                     help="also the step's prefetch of the next layer's q/k/v weights after down_proj")
+    ap.add_argument("--l2-prefetch-blocks", type=int, default=None,
+                    help="blocks of each L2 prefetch launch (default: the launcher's)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
     defines = [parse_define(d) for d in a.define]
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     copy = measure_copy_bandwidth()
     f = NanoqwenFile(a.model or ensure_synthetic(a.preset))
     dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=int(a.l2_prefetch_mb * 1e6),
-                     l2_prefetch_qkv=a.l2_prefetch_qkv)
+                     l2_prefetch_qkv=a.l2_prefetch_qkv, l2_prefetch_blocks=a.l2_prefetch_blocks)
     names = [nl.name for nl in dec.launch_list.launches]
     if a.l2_prefetch_mb or a.l2_prefetch_qkv:
         print(f"L2 prefetch: layer 0 asks for {l2_prefetch_layer_bytes(dec.plan.steps, 0) / 1e6:.2f} MB", flush=True)
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                        "preset": None if a.model else a.preset, "model": Path(a.model).name if a.model else None,
                        "defines": [f"{fi}:{n}={v}" for fi, n, v in defines], "new_tokens": a.new_tokens,
                        "attention": dec.attention, "l2_prefetch_mb": a.l2_prefetch_mb or None,
-                       "l2_prefetch_qkv": a.l2_prefetch_qkv,
+                       "l2_prefetch_qkv": a.l2_prefetch_qkv, "l2_prefetch_blocks": a.l2_prefetch_blocks,
                        "l2_prefetch_layer0_bytes": l2_prefetch_layer_bytes(dec.plan.steps, 0),
                        "blocks_per_kv_head": dec.plan.blocks_per_kv_head, "rows": rows}, fh, indent=1)
     return 0

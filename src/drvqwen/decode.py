@@ -191,7 +191,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                 persistent_defines: tuple[tuple[str, int], ...] = (),
                 short_attention: str | None = None, l2_prefetch_bytes: int = 0,
-                l2_prefetch_qkv: bool = False) -> DecodePlan:
+                l2_prefetch_qkv: bool = False, l2_prefetch_blocks: int | None = None) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
     Args:
@@ -224,6 +224,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             7B). Launched as a programmatic dependent, it starts once down_proj's blocks have all
             started — under down_proj, which leaves HBM time (54 % of copy bandwidth at 7B,
             gemv_int4.cu's table). Not with the persistent step.
+        l2_prefetch_blocks: blocks of each L2 prefetch launch (default
+            launchers.l2_prefetch.DEFAULT_BLOCKS), to measure.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
             persistent step for another attention kernel or for per-tensor formats, or an L2
@@ -335,7 +337,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 first = sum(s.n_bytes for s in gemv_spans(ahead[0], 1))
                 raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: below what o_proj's blocks read first "
                                    f"({first} B, one tile each); nothing would be prefetched")
-            layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy)))
+            layer.insert(1, (f"L{l}.l2_prefetch", L2Prefetch(spans, occupancy=occupancy, blocks=l2_prefetch_blocks)))
         if l2_prefetch_qkv and l + 1 < L:
             if fm is not None:
                 nxt = [fw(proj_prefix(l + 1, p), dense_ok=True).buffers for p in ("q_proj", "k_proj", "v_proj")]
@@ -343,7 +345,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 n_w = LayerWeights.of(weights.__getitem__, l + 1)
                 nxt = [n_w.q_proj, n_w.k_proj, n_w.v_proj]
             spans = [L2Span.whole(b) for proj in nxt for b in proj]
-            layer.append((f"L{l}.l2_prefetch_qkv", L2Prefetch(spans, occupancy=occupancy)))
+            layer.append((f"L{l}.l2_prefetch_qkv", L2Prefetch(spans, occupancy=occupancy,
+                                                              blocks=l2_prefetch_blocks)))
         steps += layer
     head = fw(LM_HEAD)
     lm = (LmHead(a["logits"], a["part_val"], a["part_idx"], a["xn"], weights["lm_head.weight"],
@@ -395,7 +398,8 @@ class DecodeStep:
             every length. DecodeStep.time_kernels times the step's own list, not the twin.
         l2_prefetch_bytes: > 0: each INT4 layer asks L2 for up to that many bytes of its
             o_proj, gate_up and down weights after qkv_rope (plan_decode); l2_prefetch_qkv: each
-            layer but the last asks for the next one's q/k/v weights after down_proj. The same values.
+            layer but the last asks for the next one's q/k/v weights after down_proj;
+            l2_prefetch_blocks: their launches' blocks. The same values.
     Attributes:
         plan: the DecodePlan it was built from.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
@@ -414,7 +418,8 @@ class DecodeStep:
                  attention: str | None = None, pdl: bool = True, persistent: bool = False,
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                  persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = None,
-                 short_below: int = 0, l2_prefetch_bytes: int = 0, l2_prefetch_qkv: bool = False):
+                 short_below: int = 0, l2_prefetch_bytes: int = 0, l2_prefetch_qkv: bool = False,
+                 l2_prefetch_blocks: int | None = None):
         if (short_attention is None) != (short_below == 0) or short_below < 0:
             raise DrvqwenError(f"short_attention={short_attention!r} with short_below={short_below}: give both "
                                "(a kernel and a length ≥ 1) or neither")
@@ -428,7 +433,7 @@ class DecodeStep:
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
                                 persistent_defines=tuple(persistent_defines),
                                 short_attention=short_attention, l2_prefetch_bytes=l2_prefetch_bytes,
-                                l2_prefetch_qkv=l2_prefetch_qkv)
+                                l2_prefetch_qkv=l2_prefetch_qkv, l2_prefetch_blocks=l2_prefetch_blocks)
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
         self.short_below = short_below if self.plan.short_attention else 0
         self._check_fits(f)

@@ -23,6 +23,12 @@ SPANS = mirrored("l2_prefetch", "L2P_SPANS", 16)
 CHUNK_BYTES = mirrored("l2_prefetch", "L2P_CHUNK_BYTES", 64 * 1024)
 THREADS = mirrored("l2_prefetch", "L2P_THREADS", 32)
 ALIGN = 16  # cp.async.bulk.prefetch: a 16-byte aligned address and a multiple of 16 bytes
+# Blocks of a launch by default. Few, so that they find room beside the kernel before them and
+# start early: a GEMV block of 8 warps holds 127–128 registers a thread, so an SM running two of
+# them has no register left, and only the SMs with one (or none) can take a prefetch block while
+# that GEMV runs — 120 of 132 beside the 7B's qkv_rope (144 blocks), 40 beside its down_proj
+# (224 blocks). Each block then issues its share of the chunks in a row (they do not wait).
+DEFAULT_BLOCKS = 32
 
 
 def _nbytes(buffer) -> int:
@@ -131,13 +137,14 @@ def l2_prefetch_spans(gemvs: Sequence, budget_bytes: int) -> list[L2Span]:
 
 class L2Prefetch(Launcher):
     """Ask L2 for `spans` (at most SPANS of them, L2Span) in one launch of G one-warp blocks,
-    G = min(SMs, prefetch instructions); writes nothing (kernels/l2_prefetch.cu).
+    G = min(`blocks` (default DEFAULT_BLOCKS), SMs, prefetch instructions); writes nothing
+    (kernels/l2_prefetch.cu).
 
     Raises:
         LaunchError: no span or more than SPANS, or a span the bulk prefetch cannot take.
     """
 
-    def __init__(self, spans: Sequence[L2Span], *, occupancy: Occupancy | None = None,
+    def __init__(self, spans: Sequence[L2Span], *, occupancy: Occupancy | None = None, blocks: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
         spans = list(spans)
@@ -147,7 +154,8 @@ class L2Prefetch(Launcher):
         self.spans = spans
         self.bytes_moved = sum(s.n_bytes for s in spans)  # HBM → L2; nothing reaches the SMs
         chunks = sum(s.chunks for s in spans)
-        grid = max(1, min((occupancy or DEFAULT_OCCUPANCY).sm_count, chunks))
+        require(blocks is None or blocks >= 1, f"l2_prefetch: blocks={blocks}; want ≥ 1")
+        grid = max(1, min(blocks or DEFAULT_BLOCKS, (occupancy or DEFAULT_OCCUPANCY).sm_count, chunks))
         args: dict[str, object] = {}
         for i in range(SPANS):
             s = spans[i] if i < len(spans) else None
