@@ -38,6 +38,9 @@
 //                                             KV head), not on the block it runs in
 //              attention combine              item = one head; the planned 1024 threads are
 //                                             taken in turn (attention_combine_item)
+//              L2 prefetch (where planned)    item = one planned block: thread 0 asks L2 for its
+//                                             chunks of the next ops' weights, then the item waits
+//                                             for the op before like any other (l2_prefetch.cu)
 //   order  = block b takes items i ≡ b − first (mod grid) of each op, first = the items of all
 //            ops before (so small ops land on different blocks step after step of the program),
 //            ops in program order.
@@ -103,7 +106,10 @@
 // they are not needed); polling without nanosleep: no change.
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
 // weights (and the next op's, while the current one drains) into a shared-memory ring with bulk
-// copies — and finer dependencies than "all of the op before" for the small ops.
+// copies — and finer dependencies than "all of the op before" for the small ops. A first step of
+// the second half, not yet measured: the step's L2 prefetch launches (plan_decode(l2_prefetch_
+// bytes=…, l2_prefetch_qkv=True)) run here as ops, so a block that has finished its qkv_rope items
+// asks for o_proj's and gate_up's weights before it waits, instead of only waiting.
 //
 // Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
 // kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads but the combine's. The final
@@ -126,6 +132,7 @@
 #include "embedding.cu"         // EmbeddingArgs, embedding_item
 #include "gemv_int4.cu"         // GemvInt4…Args, gemv_int4_…_item
 #include "attention_decode.cu"  // AttentionDecodeArgs, attention_decode_args_split, AttentionCombineArgs, …
+#include "l2_prefetch.cu"       // L2PrefetchArgs, l2_prefetch_block
 
 #define DP_THREADS 256
 #ifndef DP_STRESS
@@ -145,6 +152,7 @@
 #define DP_GATE_UP   4
 #define DP_ATTENTION 5
 #define DP_COMBINE   6
+#define DP_L2_PREFETCH 7
 
 // One op of the program, 32 bytes, packed by the host.
 struct PersistentOp {
@@ -237,6 +245,14 @@ DP_OP_FN void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
     attention_combine_item<DP_THREADS>(dp_args<AttentionCombineArgs>(op), item, dep);
 }
 
+// Item = planned block `item` of the prefetch launch: its chunks asked of L2 by thread 0, then
+// the wait for the op before (l2_prefetch.cu: the wait is what keeps the counters' order
+// transitive). Its offsets are 32-bit arithmetic on purpose: with 64-bit division (a called
+// subroutine) ptxas spilled 16 bytes in this kernel's build for head dim 64, which spills none.
+DP_OP_FN void dp_l2_prefetch(const PersistentOp& op, int item, CounterDep dep) {
+    l2_prefetch_block(dp_args<L2PrefetchArgs>(op), (u32)item, op.gx, dep);
+}
+
 __device__ __forceinline__ void dp_run_item(const PersistentOp& op, int item, CounterDep dep) {
     switch (op.kind) {
     case DP_EMBEDDING: dp_embedding(op, item, dep); break;
@@ -245,6 +261,7 @@ __device__ __forceinline__ void dp_run_item(const PersistentOp& op, int item, Co
     case DP_GATE_UP:   dp_gate_up(op, item, dep); break;
     case DP_ATTENTION: dp_attention(op, item, dep); break;
     case DP_COMBINE:   dp_combine(op, item, dep); break;
+    case DP_L2_PREFETCH: dp_l2_prefetch(op, item, dep); break;
     default: __trap();  // the host packs only the kinds above
     }
 }

@@ -61,6 +61,7 @@
 #include "types.cuh"
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 #include "tma.cuh"      // bulk_prefetch_l2
+#include "block_coord.cuh"  // GridDep
 
 #define L2P_SPANS 16                    // spans a launch carries (o_proj, gate, up, down: ≤ 4 buffers each)
 #define L2P_CHUNK_BYTES (64 * 1024)     // bytes per prefetch instruction at most
@@ -77,26 +78,31 @@ struct L2Span {
     const unsigned char* base;  // 16-byte aligned
     u32 bytes;                  // the buffer's bytes (a multiple of 16): no part reads past them
     u32 units;                  // T, units (tiles) the parts share out
-    u32 parts;                  // G, parts (GEMV blocks)
+    u32 parts;                  // G, parts (GEMV blocks); units · parts < 2^32
     u32 unit_bytes;             // bytes of one unit (a multiple of 16)
     u32 head_bytes;             // bytes asked for at the start of each part (a multiple of 16)
+};
+// The launch's parameters as one struct: a span is 32 bytes there (the pointer's alignment pads
+// the five words), as here — the persistent decode step reads an op's arguments through it.
+static_assert(sizeof(L2Span) == 32, "a span's parameters take 32 bytes of the parameter buffer");
+struct L2PrefetchArgs {
+    L2Span spans[L2P_SPANS];
 };
 
 __device__ __forceinline__ u32 l2p_chunks_per_part(const L2Span& s) {
     return (s.head_bytes + L2P_CHUNK_BYTES - 1) / L2P_CHUNK_BYTES;
 }
 
-// Issue the chunks of span `s` that fall to this block: chunk numbers first … first + n − 1 over
-// the whole launch, this block's are ≡ blockIdx.x (mod gridDim.x).
-__device__ __forceinline__ void l2p_issue(const L2Span& s, u32 first) {
+// Issue the chunks of span `s` that fall to block b of G: chunk numbers first … first + n − 1
+// over the whole launch, block b's are ≡ b (mod G).
+__device__ __forceinline__ void l2p_issue(const L2Span& s, u32 first, u32 b, u32 G) {
     if (s.parts == 0 || s.head_bytes == 0) return;
     const u32 per_part = l2p_chunks_per_part(s), n = s.parts * per_part;
-    const u32 G = gridDim.x;
-    // The first j ≥ 0 with first + j ≡ blockIdx.x (mod G).
-    for (u32 j = (blockIdx.x + G - first % G) % G; j < n; j += G) {
+    // The first j ≥ 0 with first + j ≡ b (mod G).
+    for (u32 j = (b + G - first % G) % G; j < n; j += G) {
         const u32 part = j / per_part, chunk = j % per_part;
-        const u64 unit = (u64)part * s.units / s.parts;
-        const u64 off = unit * s.unit_bytes + (u64)chunk * L2P_CHUNK_BYTES;
+        const u32 unit = part * s.units / s.parts;  // units · parts < 2^32 (the launcher checks)
+        const u64 off = (u64)unit * s.unit_bytes + (u64)chunk * L2P_CHUNK_BYTES;
         if (off >= s.bytes) continue;  // a part past the buffer's end (never planned so; a guard)
         u64 len = min((u64)L2P_CHUNK_BYTES, (u64)s.head_bytes - (u64)chunk * L2P_CHUNK_BYTES);
         len = min(len, (u64)s.bytes - off);
@@ -104,6 +110,25 @@ __device__ __forceinline__ void l2p_issue(const L2Span& s, u32 first) {
     }
 }
 
+// Block b of a planned grid of G blocks (a launch of its own, or an item of the persistent decode
+// step, block_coord.cuh): its thread 0 issues the block's chunks of every span — weights only,
+// before any wait — then every thread waits for the work before (dep.wait(): griddepcontrol.wait,
+// or the persistent step's counter), which is what keeps the order transitive (the header).
+template <typename Dep>
+__device__ __forceinline__ void l2_prefetch_block(const L2PrefetchArgs& a, u32 b, u32 G, Dep dep) {
+    dep.launch_dependents();
+    if (threadIdx.x == 0 && !L2P_PROBE_NO_PREFETCH) {
+        u32 first = 0;  // chunks of the spans before
+#pragma unroll
+        for (int i = 0; i < L2P_SPANS; ++i) {
+            l2p_issue(a.spans[i], first, b, G);
+            first += a.spans[i].parts * l2p_chunks_per_part(a.spans[i]);
+        }
+    }
+    dep.wait();
+}
+
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 // grid (G), block (L2P_THREADS). Parameters: L2P_SPANS spans (L2Span's fields, in order).
 extern "C" __global__ void l2_prefetch(const unsigned char* base0, u32 bytes0, u32 units0, u32 parts0, u32 unit_bytes0, u32 head_bytes0,
                                        const unsigned char* base1, u32 bytes1, u32 units1, u32 parts1, u32 unit_bytes1, u32 head_bytes1,
@@ -122,25 +147,15 @@ extern "C" __global__ void l2_prefetch(const unsigned char* base0, u32 bytes0, u
                                        const unsigned char* base14, u32 bytes14, u32 units14, u32 parts14, u32 unit_bytes14, u32 head_bytes14,
                                        const unsigned char* base15, u32 bytes15, u32 units15, u32 parts15, u32 unit_bytes15, u32 head_bytes15) {
     static_assert(L2P_SPANS == 16, "the parameter list spells out L2P_SPANS spans");
-    grid_launch_dependents();
-    if (threadIdx.x == 0 && !L2P_PROBE_NO_PREFETCH) {
-        const L2Span spans[L2P_SPANS] = {
-            {base0, bytes0, units0, parts0, unit_bytes0, head_bytes0}, {base1, bytes1, units1, parts1, unit_bytes1, head_bytes1},
-            {base2, bytes2, units2, parts2, unit_bytes2, head_bytes2}, {base3, bytes3, units3, parts3, unit_bytes3, head_bytes3},
-            {base4, bytes4, units4, parts4, unit_bytes4, head_bytes4}, {base5, bytes5, units5, parts5, unit_bytes5, head_bytes5},
-            {base6, bytes6, units6, parts6, unit_bytes6, head_bytes6}, {base7, bytes7, units7, parts7, unit_bytes7, head_bytes7},
-            {base8, bytes8, units8, parts8, unit_bytes8, head_bytes8}, {base9, bytes9, units9, parts9, unit_bytes9, head_bytes9},
-            {base10, bytes10, units10, parts10, unit_bytes10, head_bytes10}, {base11, bytes11, units11, parts11, unit_bytes11, head_bytes11},
-            {base12, bytes12, units12, parts12, unit_bytes12, head_bytes12}, {base13, bytes13, units13, parts13, unit_bytes13, head_bytes13},
-            {base14, bytes14, units14, parts14, unit_bytes14, head_bytes14}, {base15, bytes15, units15, parts15, unit_bytes15, head_bytes15}};
-        u32 first = 0;  // chunks of the spans before
-#pragma unroll
-        for (int i = 0; i < L2P_SPANS; ++i) {
-            l2p_issue(spans[i], first);
-            first += spans[i].parts * l2p_chunks_per_part(spans[i]);
-        }
-    }
-    // Before this: weights only (never written). The kernel after this one must not start before
-    // the one before it has completed (the header).
-    grid_dependency_wait();
+    const L2PrefetchArgs a = {{
+        {base0, bytes0, units0, parts0, unit_bytes0, head_bytes0}, {base1, bytes1, units1, parts1, unit_bytes1, head_bytes1},
+        {base2, bytes2, units2, parts2, unit_bytes2, head_bytes2}, {base3, bytes3, units3, parts3, unit_bytes3, head_bytes3},
+        {base4, bytes4, units4, parts4, unit_bytes4, head_bytes4}, {base5, bytes5, units5, parts5, unit_bytes5, head_bytes5},
+        {base6, bytes6, units6, parts6, unit_bytes6, head_bytes6}, {base7, bytes7, units7, parts7, unit_bytes7, head_bytes7},
+        {base8, bytes8, units8, parts8, unit_bytes8, head_bytes8}, {base9, bytes9, units9, parts9, unit_bytes9, head_bytes9},
+        {base10, bytes10, units10, parts10, unit_bytes10, head_bytes10}, {base11, bytes11, units11, parts11, unit_bytes11, head_bytes11},
+        {base12, bytes12, units12, parts12, unit_bytes12, head_bytes12}, {base13, bytes13, units13, parts13, unit_bytes13, head_bytes13},
+        {base14, bytes14, units14, parts14, unit_bytes14, head_bytes14}, {base15, bytes15, units15, parts15, unit_bytes15, head_bytes15}}};
+    l2_prefetch_block(a, blockIdx.x, gridDim.x, GridDep{});
 }
+#endif  // DEVICE_FUNCTIONS_ONLY

@@ -4,15 +4,16 @@ CPU part (runs in CI):
 - each op's argument struct lists its kernel's parameters — names and kinds, in order — so the
   program the host packs with the kernel's parameter layout is what the item functions read;
 - the plan: one op per planned launch from the embedding through the last layer, in order; the
-  items of each op (the attention's pairs of planned blocks); the program's size; the refusals
-  (the TMA attention, per-tensor formats).
+  items of each op (the attention's pairs of planned blocks, the L2 prefetches' planned blocks);
+  the program's size; the refusals (the TMA attention, per-tensor formats).
 
 GPU part (@pytest.mark.gpu): the persistent step in a CUDA graph equals the per-launch step run
 eagerly, bit for bit — the fp32 logits of every step and every token — over 600 generated tokens
 across ≥ 37 page boundaries, for the 0.5B shape and 2 layers at the 7B widths (head dims 64 and
 128), in the normal build and in the stress build (random delays before every item, so blocks
 meet their counters in orders a quiet GPU never shows: racecheck and synccheck do not see the
-ordering between blocks, this does).
+ordering between blocks, this does). And with the step's L2 prefetches as ops of the program
+(test_persistent_with_l2_prefetch, stress build, 40 steps).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ STRUCTS = {  # kernel file, kernel, its argument struct
     ("attention_decode", "attention_decode_hd64"): "AttentionDecodeArgs",
     ("attention_decode", "attention_decode_hd128"): "AttentionDecodeArgs",
     ("attention_decode", "attention_combine"): "AttentionCombineArgs",
+    ("l2_prefetch", "l2_prefetch"): "L2PrefetchArgs",
 }
 
 
@@ -73,7 +75,14 @@ def test_every_op_kernel_has_its_struct():
 def test_argument_struct_lists_the_kernel_parameters(file, kernel):
     text = (kernels_dir() / f"{file}.cu").read_text(encoding="utf-8")
     params = [(p.name, p.kind) for p in kernel_signatures(text)[kernel].params]
-    assert struct_fields(text, STRUCTS[file, kernel]) == params
+    if kernel == "l2_prefetch":  # L2PrefetchArgs is L2Span spans[L2P_SPANS]: span i's fields are <field>i
+        from drvqwen.launchers.l2_prefetch import SPANS
+
+        assert re.search(r"struct\s+L2PrefetchArgs\s*\{\s*L2Span\s+spans\[L2P_SPANS\];\s*\};", _preprocess(text))
+        fields = [(f"{name}{i}", kind) for i in range(SPANS) for name, kind in struct_fields(text, "L2Span")]
+    else:
+        fields = struct_fields(text, STRUCTS[file, kernel])
+    assert fields == params
 
 
 def test_arg_struct_has_the_c_layout():
@@ -123,6 +132,21 @@ def test_plan_with_trace():
     assert plan.buffers["persistent_trace"] is p.trace
     assert p.trace.shape == (p.grid_blocks * p.trace_items * 4,) and p.trace.dtype == np.uint64
     assert p.specs[0].args["trace"] is p.trace and "persistent_trace" in p.specs[0].writes
+
+
+def test_plan_with_l2_prefetch():
+    """The L2 prefetches of the per-launch step become ops of the program: an item per planned
+    block, in the step's order (after each qkv_rope, and after each down_proj but the last)."""
+    cfg = QWEN25_CODER_05B.with_layers(3)
+    plan = plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, l2_prefetch_bytes=8_000_000,
+                       l2_prefetch_qkv=True)
+    named = plan.named_specs()
+    before_norm = [s for n, s in named[:[n for n, _s in named].index("norm")]]
+    p = plan.persistent
+    assert p.member_specs == before_norm and len(p.ops) == 1 + 6 * 3 + 3 + 2
+    pf = [(spec, op) for spec, op in zip(before_norm, p.ops) if spec.kernel.kernel == "l2_prefetch"]
+    assert len(pf) == 5 and all(op == (KINDS["l2_prefetch"], spec.grid[0], spec.grid[0], 32) for spec, op in pf)
+    assert plan.buffers["persistent_program"].shape == (program_bytes(before_norm),)
 
 
 def test_plan_refusals():
@@ -247,4 +271,52 @@ def test_persistent_small_equals_per_launch(synthetic, stress):
         assert all(np.array_equal(a, b) for a, b in zip(*runs))
         assert not dec.buf["persistent_counters"].download().any()
     finally:
+        dec.close()
+
+
+@pytest.mark.gpu
+def test_persistent_with_l2_prefetch(synthetic):
+    """The step with its L2 prefetches (after qkv_rope and after down_proj) in the stress build of
+    the persistent kernel, whose prefetch items run in any order against their counters: 40 steps
+    across two page boundaries, launched eagerly, give the per-launch step's logits bit for bit
+    (each run's activations poisoned first); and the persistent graph the same. Small enough for
+    compute-sanitizer (tools/sanitize_nodes.txt runs the 0.5B case)."""
+    from drvqwen.decode import DecodeStep
+    from drvqwen.graphs import GraphDecoder
+
+    name, f = synthetic
+    rng = np.random.default_rng(11)
+    dec = DecodeStep(f, max_context=64, num_layers=2, rng=rng, persistent=True, persistent_stress=True,
+                     l2_prefetch_bytes=21_000_000, l2_prefetch_qkv=True)
+    gd = None
+    try:
+        assert sum("l2_prefetch" in n for n, _l in dec.launchers) == 3
+        pers = dec.persistent_variant()
+        prompt = rng.integers(0, dec.config.vocab_size, 3).tolist()
+        poisoned = ("residual", "xn", "q", "attn", "h", "logits", "partial_out", "max_logits", "exp_sums")
+
+        def run(decode):
+            for n in poisoned:
+                b = dec.buf[n]
+                b.upload(np.full(b.shape, np.nan, b.dtype))
+            dec.seq.start(prompt[0])
+            for t in prompt[1:]:
+                decode()
+                dec.seq.feed(t)
+            logits = []
+            for _ in range(40):
+                decode()
+                logits.append(_bits(dec.logits()).copy())
+            return logits
+
+        want = run(lambda: dec.decode_token(dec.launch_list))
+        got = run(lambda: dec.decode_token(pers))
+        assert all(np.array_equal(a, b) for a, b in zip(want, got)), f"{name}: persistent eager differs"
+        gd = GraphDecoder(dec, pers, fallback=False)
+        graph = run(gd.decode_token)
+        assert all(np.array_equal(a, b) for a, b in zip(want, graph)), f"{name}: persistent graph differs"
+        assert not dec.buf["persistent_counters"].download().any()
+    finally:
+        if gd is not None:
+            gd.close()
         dec.close()

@@ -123,10 +123,6 @@ def test_what_cannot_take_it_is_refused():
     cfg = QWEN25_CODER_05B.with_layers(1)
     with pytest.raises(DrvqwenError, match="^l2_prefetch_bytes=-1: want ≥ 0"):
         plan_decode(cfg, 256, occupancy=OCC, l2_prefetch_bytes=-1)
-    with pytest.raises(DrvqwenError, match="with the persistent step"):
-        plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, l2_prefetch_bytes=10**6)
-    with pytest.raises(DrvqwenError, match="^l2_prefetch_qkv: the L2 prefetch runs with the per-launch step only"):
-        plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, l2_prefetch_qkv=True)
     buf = BufferSpec("w", (4096,), np.uint8)
     with pytest.raises(LaunchError, match=f"{SPANS + 1} spans; a launch takes 1 to {SPANS}$"):
         L2Prefetch([L2Span.whole(buf)] * (SPANS + 1), occupancy=OCC)

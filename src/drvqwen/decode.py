@@ -218,18 +218,19 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         l2_prefetch_bytes: > 0: after each layer's qkv_rope, "L{l}.l2_prefetch" asks L2 for up to
             that many bytes of the layer's o_proj, gate_up and down_proj weights, in that order
             (kernels/l2_prefetch.cu; launchers.l2_prefetch.l2_prefetch_spans picks them); 0: none.
-            Any weight format; not with the persistent step.
+            Any weight format; with persistent=True the persistent kernel runs them as ops of its
+            program (kernels/decode_persistent.cu).
         l2_prefetch_qkv: after each layer's down_proj but the last, "L{l}.l2_prefetch_qkv" asks L2
             for the next layer's q/k/v weights whole (its qkv_rope is a latency chain over 8.5 MB at
             7B). Launched as a programmatic dependent, it starts once down_proj's blocks have all
             started — under down_proj, which leaves HBM time (54 % of copy bandwidth at 7B,
-            gemv_int4.cu's table). Not with the persistent step.
+            gemv_int4.cu's table). With persistent=True likewise an op of its program.
         l2_prefetch_blocks: blocks of each L2 prefetch launch (default
             launchers.l2_prefetch.DEFAULT_BLOCKS), to measure.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
             persistent step for another attention kernel or for per-tensor formats, or an L2
-            prefetch with the persistent step (or a negative budget, or one too small to plan any).
+            prefetch budget that is negative or too small to plan any.
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
     """
@@ -239,11 +240,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                         or short_attention == attention):
         raise DrvqwenError(f"short_attention={short_attention!r}: one of {', '.join(SHORT_ATTENTION_KERNELS)}, "
                            f"other than attention={attention!r}, and not with the persistent step")
-    if l2_prefetch_qkv and persistent:
-        raise DrvqwenError("l2_prefetch_qkv: the L2 prefetch runs with the per-launch step only")
-    if l2_prefetch_bytes < 0 or (l2_prefetch_bytes and persistent):
-        raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: want ≥ 0, and 0 with the persistent step "
-                           "(its ops are the planned launches of the step without it)")
+    if l2_prefetch_bytes < 0:
+        raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: want ≥ 0")
     if persistent and attention != "plain":
         raise DrvqwenError(f"the persistent decode step runs the plain attention kernel, not attention={attention!r}")
     if persistent:  # every launch planned for the persistent kernel's blocks (CappedOccupancy)

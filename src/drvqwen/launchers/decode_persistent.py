@@ -45,6 +45,7 @@ KINDS = {
     "attention_decode_hd64": mirrored("decode_persistent", "DP_ATTENTION", 5),
     "attention_decode_hd128": 5,
     "attention_combine": mirrored("decode_persistent", "DP_COMBINE", 6),
+    "l2_prefetch": mirrored("decode_persistent", "DP_L2_PREFETCH", 7),
 }
 
 
@@ -147,7 +148,8 @@ class PersistentDecode(Launcher):
 
     Args:
         steps: (name, launcher) of the per-launch step from "embedding" through the last layer's
-            "down_proj" (the plain attention kernel, the INT4 GEMVs).
+            "down_proj" (the plain attention kernel, the INT4 GEMVs, and the L2 prefetches
+            where planned: an item per planned block, which waits for the op before it too).
         program: uint8 [program_bytes(specs)] device buffer (planned or real) for the program.
         counters: uint32 [n_ops + 1] device buffer for the completion counters.
         head_dim: the attention's head dim (DP_HEAD_DIM: one instantiation per kernel).

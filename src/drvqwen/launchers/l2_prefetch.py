@@ -90,8 +90,8 @@ class L2Span:
                 f"{what}: bytes={self.bytes}, unit_bytes={self.unit_bytes}, head_bytes={self.head_bytes}; each a "
                 f"multiple of {ALIGN}")
         require(self.bytes <= _nbytes(self.buffer), f"{what}: {self.bytes} B of a {_nbytes(self.buffer)}-byte buffer")
-        require(max(self.bytes, self.head_bytes) < 2**32 and self.units < 2**32 and self.parts < 2**32,
-                f"{what}: a field past 32 bits")
+        require(max(self.bytes, self.head_bytes) < 2**32 and self.units * self.parts < 2**32,
+                f"{what}: a field past 32 bits (or units · parts: the kernel's part offsets are 32-bit)")
 
 
 def gemv_spans(gemv, tiles_per_block: int | None = None) -> list[L2Span]:
