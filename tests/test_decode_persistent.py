@@ -149,6 +149,22 @@ def test_plan_with_l2_prefetch():
     assert plan.buffers["persistent_program"].shape == (program_bytes(before_norm),)
 
 
+def test_l2_prefetch_arguments_pack_as_the_kernel_reads_them():
+    """The packed parameters of an L2 prefetch launch (three spans, the rest NULL) are
+    L2PrefetchArgs byte for byte: span i at 32·i, its fields at 0, 8, 12, 16, 20, 24."""
+    import ctypes
+
+    from drvqwen.launchers import BufferSpec
+    from drvqwen.launchers.l2_prefetch import ARGS_BYTES, SPANS, L2Prefetch, L2Span
+
+    bufs = [BufferSpec(f"w{i}", (4096 * (i + 1),), np.uint8) for i in range(3)]
+    ln = L2Prefetch([L2Span.whole(b) for b in bufs], occupancy=OCC)
+    st = arg_struct(ln.specs[0].params)
+    assert ctypes.sizeof(st) == ARGS_BYTES == 32 * SPANS
+    offsets = [getattr(st, f).offset for f, _t in st._fields_]
+    assert offsets == [32 * i + o for i in range(SPANS) for o in (0, 8, 12, 16, 20, 24)]
+
+
 def test_plan_refusals():
     with pytest.raises(DrvqwenError, match="plain attention"):
         plan_decode(QWEN25_CODER_05B, 256, attention="tma", occupancy=OCC, persistent=True)

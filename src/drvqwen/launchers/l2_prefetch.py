@@ -22,6 +22,9 @@ from .base import DEFAULT_OCCUPANCY, NULL, BufferSpec, KernelRef, Launcher, Occu
 SPANS = mirrored("l2_prefetch", "L2P_SPANS", 16)
 CHUNK_BYTES = mirrored("l2_prefetch", "L2P_CHUNK_BYTES", 64 * 1024)
 THREADS = mirrored("l2_prefetch", "L2P_THREADS", 32)
+# The launch's parameter buffer as the persistent decode step reads it (L2PrefetchArgs): 32 bytes
+# a span, the pointer's alignment padding its five words.
+ARGS_BYTES = mirrored("l2_prefetch", "sizeof(L2PrefetchArgs)", 32 * SPANS)
 ALIGN = 16  # cp.async.bulk.prefetch: a 16-byte aligned address and a multiple of 16 bytes
 # Blocks of a launch by default. Few, so that they find room beside the kernel before them and
 # start early: a GEMV block of 8 warps holds 127–128 registers a thread, so an SM running two of
