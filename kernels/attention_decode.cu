@@ -44,8 +44,9 @@
 //             P stays FP32 (no FP16 rounding of probabilities).
 //             Page lp+1's K/V loads are issued before page lp is multiplied (double buffer),
 //             and the split's block-table entries come in one load per 32 pages.
-//   combine = attention_combine: grid (Hq), block (1024): the active splits of head h,
-//             split across 1024/Dh threads per dim and added in a fixed order (bit-reproducible).
+//   combine = attention_combine: grid (Hq, C), block (1024 / C): the active splits of head h,
+//             split across 1024/Dh threads per dim and added in a fixed order (bit-reproducible),
+//             a C-th of the head's dims per block (the same bits for every C: attention_combine_dims).
 //
 // Measured on the H200 (graph replay, test_kernel_attention_decode.py), decode + combine:
 //   7B, 2048 tokens (4.2 MB of K/V, L2-resident): 9.6 µs (the first version, with a one-thread-
@@ -514,16 +515,75 @@ __device__ __forceinline__ void attention_combine_item(const AttentionCombineArg
     attention_combine_token_item<THREADS>(a, h, 0, dep);
 }
 
-// grid (Hq), block (ATTN_COMBINE_THREADS), dynamic smem: 2 · NS floats (max_logits, exp_sums of
-// each split for head h).
+// The single-token combine as a launch of its own: block (h, c) of grid (Hq, C) merges dims
+// [c · Dh/C, (c + 1) · Dh/C) of head h, its blockDim.x = (Dh/C) · J threads being exactly the
+// virtual threads (d, j) of those dims (J = ATTN_COMBINE_THREADS / Dh, as above). Each (d, j)
+// adds the same splits in the same order as in attention_combine_token_item, and the J partial
+// sums of a dim are added in the same order, so the output has the same bits for every C (and
+// as the persistent step's and the tokens kernel's combine). Why C > 1: at long contexts the
+// combine is its threads' chains of L2 round trips (~9.5 µs over 256 splits, the header above);
+// with a quarter of the dims a block, a thread can have 16 of its loads in flight instead of 8
+// (a block of 256 threads, not 1024: the registers allow it), and the heads' work spreads over
+// C × Hq SMs instead of Hq. Contains __syncthreads(): call from every thread.
+__device__ __forceinline__ void attention_combine_dims(const AttentionCombineArgs& a, int h, int c, int C) {
+    extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
+    __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];   // [J][Dh/C] of this block's dims
+    __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
+    const int n_splits = a.n_splits, Hq = a.Hq, Dh = a.Dh;
+    float* m_s = combine_smem;
+    float* l_s = combine_smem + n_splits;
+    grid_launch_dependents();
+    grid_dependency_wait();  // the partials are the split kernel's output; the state an earlier kernel's
+    const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    const int pps = attn_pages_per_split(n_pages, n_splits);
+    const int n_active = (n_pages + pps - 1) / pps;
+    for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
+        m_s[s] = a.max_logits[(u64)s * Hq + h];
+        l_s[s] = a.exp_sums[(u64)s * Hq + h];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % WARP_SIZE;
+    float m_max = F32_NEG_INF;
+    for (int s = lane; s < n_active; s += WARP_SIZE) m_max = fmaxf(m_max, m_s[s]);
+    m_max = warp_max(m_max);
+
+    const int dims = Dh / C, n_j = ATTN_COMBINE_THREADS / Dh;    // blockDim.x = dims · n_j (the launcher)
+    const int dl = threadIdx.x % dims, j = threadIdx.x / dims, d = c * dims + dl;
+    const float* po = a.partial_out + (u64)h * Dh + d;           // + s · Hq · Dh: split s
+    const u64 split_stride = (u64)Hq * Dh;
+    const int steps = n_active > j ? (n_active - j + n_j - 1) / n_j : 0;
+    float o_sum = 0.f, l_sum = 0.f;
+    int s = j;
+    for (int n = steps >> 4; n > 0; --n) combine_add_splits<16>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+    if (steps & 8) combine_add_splits<8>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+    if (steps & 4) combine_add_splits<4>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+    if (steps & 2) combine_add_splits<2>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+    if (steps & 1) combine_add_splits<1>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+    o_sum_smem[j * dims + dl] = o_sum;
+    if (dl == 0) l_sum_smem[j] = l_sum;  // the same for every dim of j: its weights and l_s
+    __syncthreads();
+    for (int e = threadIdx.x; e < dims; e += blockDim.x) {  // virtual threads j = 0
+        float o = 0.f, l = 0.f;
+        for (int jj = 0; jj < n_j; ++jj) {
+            o += o_sum_smem[jj * dims + e];
+            l += l_sum_smem[jj];
+        }
+        a.out[(u64)h * Dh + c * dims + e] = __float2half_rn(o / l);
+    }
+}
+
+// grid (Hq, C), block (ATTN_COMBINE_THREADS / C), dynamic smem: 2 · NS floats (max_logits,
+// exp_sums of each split for head h); C ≥ ATTN_COMBINE_MIN_SPLIT divides Dh
+// (launchers/attention_decode.py, COMBINE_SPLIT): the blocks of at most 256 threads let ptxas
+// give a thread the registers for 16 loads in flight (at 1024 threads it kept 32 registers).
+#define ATTN_COMBINE_MIN_SPLIT 4
 #ifndef DEVICE_FUNCTIONS_ONLY
-extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
+extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS / ATTN_COMBINE_MIN_SPLIT, 1)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
-    attention_combine_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state,
-                                                                      n_splits, Hq, Dh},
-                           blockIdx.x, GridDep{});
+    attention_combine_dims(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state, n_splits, Hq, Dh},
+                           blockIdx.x, blockIdx.y, gridDim.y);
 }
 
 // grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],

@@ -36,8 +36,9 @@
 //              attention split                item = two planned blocks (8 splits) of one KV head:
 //                                             what a split computes depends only on (split, NS,
 //                                             KV head), not on the block it runs in
-//              attention combine              item = one head; the planned 1024 threads are
-//                                             taken in turn (attention_combine_item)
+//              attention combine              item = one head; its 1024 virtual threads (the
+//                                             launch's C blocks of 1024/C) taken in turn
+//                                             (attention_combine_item: the same sums)
 //              L2 prefetch (where planned)    item = one planned block: thread 0 asks L2 for its
 //                                             chunks of the next ops' weights, then the item waits
 //                                             for the op before like any other (l2_prefetch.cu)
@@ -112,7 +113,7 @@
 // asks for o_proj's and gate_up's weights before it waits, instead of only waiting.
 //
 // Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
-// kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads but the combine's. The final
+// kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads. The final
 // norm, the lm_head and the token's choice stay launches of their own after this kernel.
 #include <cuda_fp16.h>
 

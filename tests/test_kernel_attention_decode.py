@@ -114,3 +114,40 @@ def test_attention_decode_long_context(dev, rng):
         ln.launch()
         report(f"7b.{grid}.len32768", out.download(), want, TOL_ATTENTION)
         _time(f"7b.{grid} ({blocks} blocks/KV head)", ln, seq_len)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_combine_bits_do_not_depend_on_its_dim_split(dev, rng, model):
+    """attention_combine with a head's dims over 4 or 8 blocks (every output element written: the
+    output poisoned first) gives, on the same partials, the bits of the combine as one 1024-thread
+    block a head (attention_combine_tokens at T = 1) — the order of every sum is the same
+    (attention_decode.cu, attention_combine_dims) — at lengths whose splits each thread adds in
+    groups of 16, 8, 4, 2 and 1 (ctx32k grid: up to 264 active splits)."""
+    from drvqwen.launchers import AttentionDecode, Launcher
+    from drvqwen.launchers.attention_decode import COMBINE_SPLIT, combine_launch, partial_shapes
+
+    hq, hkv, dh = MODELS[model]
+    blocks = _blocks("ctx32k", hkv, dh)
+    shapes = partial_shapes(hq, dh, blocks)
+    for seq_len in (17, 700, 4100, 16000):
+        q, k_cache, v_cache, bt = _case(rng, hq, hkv, dh, seq_len)
+        parts = tuple(dev.poisoned(f"{n}{seq_len}", sh, np.float32) for n, sh in shapes.items())
+        state = dev.upload(f"state{seq_len}", np.array([seq_len - 1, 0, seq_len], dtype=np.int32))
+        out = dev.poisoned(f"out{seq_len}", (hq, dh), np.float16)
+        AttentionDecode(out, dev.upload(f"q{seq_len}", q), dev.upload(f"k{seq_len}", k_cache),
+                        dev.upload(f"v{seq_len}", v_cache), dev.upload(f"bt{seq_len}", bt), state, parts,
+                        n_heads=hq, n_kv_heads=hkv, head_dim=dh, blocks_per_kv_head=blocks).launch()
+        whole = Launcher()
+        want = dev.poisoned(f"want{seq_len}", (hq, dh), np.float16)
+        combine_launch(whole, want, parts, state, n_splits=blocks * 4, n_heads=hq, head_dim=dh, n_tokens=1)
+        whole.launch()
+        want_bits = want.download()
+        assert not np.isnan(want_bits.astype(np.float32)).any()
+        assert_same_bits(f"{model}.len{seq_len}.split{COMBINE_SPLIT}", want_bits, out.download())
+        for split in (4, 8):
+            ln = Launcher()
+            got = dev.poisoned(f"got{seq_len}_{split}", (hq, dh), np.float16)
+            combine_launch(ln, got, parts, state, n_splits=blocks * 4, n_heads=hq, head_dim=dh, dim_split=split)
+            assert ln.specs[0].grid == (hq, split) and ln.specs[0].block == (1024 // split,)
+            ln.launch()
+            assert_same_bits(f"{model}.len{seq_len}.split{split}", want_bits, got.download())

@@ -26,7 +26,8 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.launchers import AttentionDecode, BufferSpec, LaunchError
-from drvqwen.launchers.attention_decode import WARPS, pages_per_split, partial_shapes
+from drvqwen.launchers.attention_decode import (COMBINE_SPLIT, COMBINE_THREADS, WARPS, pages_per_split,
+                                              partial_shapes)
 from kernel_testing import TOL_ATTENTION, assert_bits_as_single_token, dev, report  # noqa: F401
 
 MODELS = {"7b": (28, 4, 128), "0.5b": (14, 2, 64)}
@@ -153,13 +154,16 @@ def test_tokens_launch_is_the_single_token_launch_per_token(model, n_tokens):
     assert [s.kernel.kernel for s in one.specs] == [f"attention_decode_hd{dh}", "attention_combine"]
     assert [s.kernel.kernel for s in ln.specs] == [f"attention_decode_tokens_hd{dh}", "attention_combine_tokens"]
     # The splits: the single-token grid (its warps share out the (token, split) pairs), plus the
-    # token count; the combine: the single-token grid once per token.
+    # token count; the combine: one whole head a block per token, where the single-token one
+    # splits a head's dims over COMBINE_SPLIT blocks — each (dim, j) adds the same splits in the
+    # same order either way (attention_decode.cu), so each token's output has the same bits.
     (split_t, comb_t), (split_1, comb_1) = ln.specs, one.specs
-    assert split_t.grid == split_1.grid and comb_t.grid == (*comb_1.grid, n_tokens)
+    assert split_t.grid == split_1.grid and (split_t.block, split_t.smem_bytes) == (split_1.block, split_1.smem_bytes)
+    assert comb_1.grid == (MODELS[model][0], COMBINE_SPLIT) and comb_t.grid == (MODELS[model][0], n_tokens)
+    assert comb_1.block == (COMBINE_THREADS // COMBINE_SPLIT,) and comb_t.block == (COMBINE_THREADS,)
+    assert comb_t.smem_bytes == comb_1.smem_bytes
     assert list(split_t.args) == [*split_1.args, "n_tokens"] and split_t.args["n_tokens"].value == n_tokens
     assert list(comb_t.args) == list(comb_1.args)
-    for a, b in zip(ln.specs, one.specs):
-        assert (a.block, a.smem_bytes) == (b.block, b.smem_bytes)
     assert ln.n_splits == one.n_splits
     assert ln.bytes_for(100) == sum(one.bytes_for(100 + j) for j in range(n_tokens))
 

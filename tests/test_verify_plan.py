@@ -11,6 +11,7 @@ from drvqwen.decode import plan_decode
 from drvqwen.errors import DrvqwenError
 from drvqwen.launchers.base import BufferSpec, FixedOccupancy
 from drvqwen.launchers.gemv_int4 import tokens_defines
+from drvqwen.launchers.attention_decode import COMBINE_SPLIT, COMBINE_THREADS
 from drvqwen.verify_plan import plan_verify
 
 OCC = FixedOccupancy(132, lambda _k, _t, _s: 2)
@@ -19,7 +20,12 @@ MAX_CONTEXT = 4096
 # Launches whose grid gains a token dimension (one single-token grid per token), by the decode
 # step's kernel name; every other launch has the decode step's grid.
 # (The split-KV attention keeps the decode step's grid: its warps share out the (token, split) pairs.)
-PER_TOKEN_GRID = {"embedding", "attention_combine"}
+PER_TOKEN_GRID = {"embedding"}
+# The combine: the decode step's has grid (Hq, C) of COMBINE_THREADS / C threads (each block a
+# C-th of the dims), the verify pass's (Hq, T) of COMBINE_THREADS (each block a whole head);
+# every (dim, j) virtual thread adds the same splits in the same order in both, so each token's
+# output has the same bits (attention_decode.cu; the GPU tests of the verify pass compare them).
+COMBINE = "attention_combine"
 # Launches of one block per token: grid (1,) in the decode step, (T,) here.
 ONE_BLOCK_PER_TOKEN = {"rmsnorm", "argmax_final"}
 # The decode step's kernel → the verify pass's.
@@ -51,7 +57,11 @@ def test_launches_are_the_decode_steps_per_token(decode_plan, T):
     for (name, v), (_n, d) in zip(verify, single):
         assert v.kernel.file == d.kernel.file, name
         assert v.kernel.kernel == _tokens_kernel(d.kernel.kernel), name
-        assert v.block == d.block, name
+        if d.kernel.kernel == COMBINE:
+            assert d.grid == (cfg.num_heads, COMBINE_SPLIT) and d.block == (COMBINE_THREADS // COMBINE_SPLIT,), name
+            assert v.grid == (cfg.num_heads, T) and v.block == (COMBINE_THREADS,), name
+        else:
+            assert v.block == d.block, name
         # The decode step's compile-time choices (the K-group order among them); more than 8
         # tokens add the 16-token build of the GEMVs.
         extra = tokens_defines(T) if d.kernel.file == "gemv_int4" else ()
@@ -62,7 +72,7 @@ def test_launches_are_the_decode_steps_per_token(decode_plan, T):
             assert d.grid == (1,), name
             want = (T,)
         else:
-            want = d.grid
+            want = v.grid if d.kernel.kernel == COMBINE else d.grid
         assert v.grid == want, name
         assert v.kernel.pdl == d.kernel.pdl or d.kernel.kernel == "embedding", name
         # Every scalar the arithmetic reads (K, N, eps, Hq, n_splits, n_valid, …) is the decode

@@ -3,7 +3,8 @@
     PYTHONPATH=src python tools/bench_attention.py [--lengths 512 8192 32768] [--json out.json]
 
 For each KV length: both split-KV launchers (decode + combine; also the split kernel alone, and the
-combine alone) and the cluster kernel (one launch, its own fixed grid: attention_decode_cluster.cu,
+combine alone — as the step runs it, a head's dims over COMBINE_SPLIT blocks, and as one block of
+1024 threads a head, which must give the same bits) and the cluster kernel (one launch, its own fixed grid: attention_decode_cluster.cu,
 built for short contexts: at 32768 tokens each of its warps walks 32 pages; and its build with
 clusters of 16 blocks) on the same random
 paged cache (shuffled pages), with the grids DecodeStep uses for a
@@ -27,8 +28,9 @@ import sys
 import numpy as np
 
 from drvqwen.kv_cache import layer_view, tensor_map
-from drvqwen.launchers import (AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma, attention_decode,
+from drvqwen.launchers import (AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma, Launcher, attention_decode,
                                attention_decode_tma)
+from drvqwen.launchers.attention_decode import combine_launch
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
@@ -110,6 +112,17 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
                "tma_decode_us": graph_time_us(tma.launches[0], reps),
                # and the combine alone, over the partials the TMA kernel left (its launch list's last)
                "combine_us": graph_time_us(tma.launches[-1], reps)}
+        # The combine as one 1024-thread block a head (the verify pass's kernel at T = 1: the form the
+        # step's combine had before its dims were split over COMBINE_SPLIT blocks), on the same
+        # partials: its time, and whether it gives the same bits (it must: attention_decode.cu).
+        whole = Launcher()
+        out_whole = s.array("out_whole", (hq, dh), np.float16)
+        combine_launch(whole, out_whole, tparts, common["state"], n_splits=tma.n_splits, n_heads=hq, head_dim=dh,
+                       n_tokens=1)
+        whole.launch()
+        row["combine_whole_head_us"] = graph_time_us(whole, reps)
+        row["combine_bits_equal"] = bool(np.array_equal(out_whole.download().view(np.uint16),
+                                                        out_tma.download().view(np.uint16)))
         # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
         row["tma_us_by_blocks"] = {}
         for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
@@ -158,6 +171,9 @@ def main(argv=None) -> int:
         f"{r['seq_len']}: {r['cluster16_us']:.2f}" for r in rows))
     print("combine alone (the TMA kernel's partials), µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_us']:.2f}" for r in rows))
+    print("combine as one 1024-thread block a head, µs: " + ", ".join(
+        f"{r['seq_len']}: {r['combine_whole_head_us']:.2f}{'' if r['combine_bits_equal'] else ' (BITS DIFFER)'}"
+        for r in rows))
     print("tma (decode + combine) with fewer blocks per KV head, µs: " + "; ".join(
         f"{r['seq_len']}: " + ", ".join(f"S={S} {us:.2f}" for S, us in r["tma_us_by_blocks"].items()) for r in rows))
     print(f"blocks per KV head: plain {rows[0]['plain_blocks_per_kv_head']}, tma {rows[0]['tma_blocks_per_kv_head']}; "

@@ -51,6 +51,10 @@ from .gemv_int4 import token_count  # the verify pass's bound on T, shared with 
 WARPS = mirrored("attention_decode", "ATTN_WARPS", 4)                 # warps (= splits) per block
 MAX_GROUP = mirrored("attention_decode", "ATTN_MAX_GROUP", 8)         # query heads per KV head (MMA rows)
 COMBINE_THREADS = mirrored("attention_decode", "ATTN_COMBINE_THREADS", 1024)
+# The single-token combine's blocks per head (each a contiguous C-th of the dims, 1024 / C
+# threads; the output's bits do not depend on C: attention_decode.cu, attention_combine_dims).
+COMBINE_MIN_SPLIT = mirrored("attention_decode", "ATTN_COMBINE_MIN_SPLIT", 4)
+COMBINE_SPLIT = 4
 HEAD_DIMS = (64, 128)                                                 # the kernels' instantiations
 # The split rule's short-context terms (attention_decode.cuh, attn_pages_per_split).
 SHORT_SPLITS = mirrored("attention_decode", "ATTN_SHORT_SPLITS", 128)
@@ -123,13 +127,24 @@ def partial_args(partials) -> dict:
 
 
 def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n_heads: int, head_dim: int,
-                   n_tokens: int | None = None) -> None:
-    """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits
-    (n_tokens = T: attention_combine_tokens, out [T, Hq, Dh] from [T, …] partials, grid (Hq, T))."""
+                   n_tokens: int | None = None, dim_split: int = COMBINE_SPLIT) -> None:
+    """Add attention_combine to `launcher`: out fp16 [Hq, Dh] from the partials of n_splits splits,
+    grid (Hq, dim_split) of COMBINE_THREADS / dim_split threads (n_tokens = T:
+    attention_combine_tokens, out [T, Hq, Dh] from [T, …] partials, grid (Hq, T) of
+    COMBINE_THREADS). The same bits for every dim_split (attention_decode.cu).
+
+    Raises:
+        LaunchError: dim_split below COMBINE_MIN_SPLIT or not dividing head_dim.
+    """
     partial_out, max_logits, exp_sums = partials
     t = token_count(n_tokens, "attention_decode")
-    kernel, grid = ("attention_combine", (n_heads,)) if n_tokens is None else ("attention_combine_tokens", (n_heads, t))
-    launcher._add(KernelRef("attention_decode", kernel), grid, (COMBINE_THREADS,),
+    require(dim_split >= COMBINE_MIN_SPLIT and head_dim % dim_split == 0 and COMBINE_THREADS % dim_split == 0,
+            f"attention_combine: dim_split={dim_split}; want a divisor of head_dim={head_dim} ≥ {COMBINE_MIN_SPLIT}")
+    if n_tokens is None:
+        kernel, grid, threads = "attention_combine", (n_heads, dim_split), COMBINE_THREADS // dim_split
+    else:
+        kernel, grid, threads = "attention_combine_tokens", (n_heads, t), COMBINE_THREADS
+    launcher._add(KernelRef("attention_decode", kernel), grid, (threads,),
                   dict(out=out, partial_out=partial_out, max_logits=max_logits, exp_sums=exp_sums, state=state,
                        n_splits=i32(n_splits), Hq=i32(n_heads), Dh=i32(head_dim)),
                   smem_bytes=2 * 4 * n_splits, reads=(*partials, state), writes=(out,),
