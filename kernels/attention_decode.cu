@@ -391,6 +391,23 @@ struct AttentionCombineArgs {
     int n_splits, Hq, Dh;      // n_splits = NS of the decode launch
 };
 
+// The max_logits and exp_sums of head h's n_active splits (rows split0 + s of the partials) into
+// shared memory m_s / l_s, and their maximum — the same value in every warp (a butterfly over a
+// lane-strided scan: no second barrier). Contains __syncthreads(): call from every thread.
+__device__ __forceinline__ float combine_head_logits(const AttentionCombineArgs& a, int h, u64 split0, int n_active,
+                                                     float* m_s, float* l_s) {
+    const int Hq = a.Hq;
+    for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
+        m_s[s] = a.max_logits[(split0 + s) * Hq + h];
+        l_s[s] = a.exp_sums[(split0 + s) * Hq + h];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % WARP_SIZE;
+    float m_max = F32_NEG_INF;
+    for (int s = lane; s < n_active; s += WARP_SIZE) m_max = fmaxf(m_max, m_s[s]);
+    return warp_max(m_max);
+}
+
 // G splits s, s + n_j, …, s + (G−1)·n_j of one (d, j) of the combine added to its sums in that
 // order, their G partial loads issued first (po: the thread's column of split 0, split_stride
 // floats between splits; m_s / l_s: the head's max_logits / exp_sums in smem); s moves past them.
@@ -438,16 +455,7 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     // (the arguments' fields read where they are used, as without tokens).
     const u64 split0 = (u64)token * n_splits;
 
-    for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
-        m_s[s] = a.max_logits[(split0 + s) * Hq + h];
-        l_s[s] = a.exp_sums[(split0 + s) * Hq + h];
-    }
-    __syncthreads();
-    // Every warp finds the same maximum (butterfly over a lane-strided scan): no extra barrier.
-    const int lane = threadIdx.x % WARP_SIZE;
-    float m_max = F32_NEG_INF;
-    for (int s = lane; s < n_active; s += WARP_SIZE) m_max = fmaxf(m_max, m_s[s]);
-    m_max = warp_max(m_max);
+    const float m_max = combine_head_logits(a, h, split0, n_active, m_s, l_s);
 
     // Virtual thread v = r · THREADS + threadIdx.x (round r) is (d, j) = (v % Dh, v / Dh) and adds
     // the splits s = j, j + J, … in that order (R = 1: the launch, one virtual thread a thread).
@@ -537,15 +545,7 @@ __device__ __forceinline__ void attention_combine_dims(const AttentionCombineArg
     const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
-    for (int s = threadIdx.x; s < n_active; s += blockDim.x) {
-        m_s[s] = a.max_logits[(u64)s * Hq + h];
-        l_s[s] = a.exp_sums[(u64)s * Hq + h];
-    }
-    __syncthreads();
-    const int lane = threadIdx.x % WARP_SIZE;
-    float m_max = F32_NEG_INF;
-    for (int s = lane; s < n_active; s += WARP_SIZE) m_max = fmaxf(m_max, m_s[s]);
-    m_max = warp_max(m_max);
+    const float m_max = combine_head_logits(a, h, 0, n_active, m_s, l_s);
 
     const int dims = Dh / C, n_j = ATTN_COMBINE_THREADS / Dh;    // blockDim.x = dims · n_j (the launcher)
     const int dl = threadIdx.x % dims, j = threadIdx.x / dims, d = c * dims + dl;
