@@ -121,6 +121,10 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
                        n_tokens=1)
         whole.launch()
         row["combine_whole_head_us"] = graph_time_us(whole, reps)
+        eighths = Launcher()  # and over 8 blocks a head (128 threads each), to choose the split
+        combine_launch(eighths, s.array("out_8", (hq, dh), np.float16), tparts, common["state"], n_splits=tma.n_splits,
+                       n_heads=hq, head_dim=dh, dim_split=8)
+        row["combine_split8_us"] = graph_time_us(eighths, reps)
         row["combine_bits_equal"] = bool(np.array_equal(out_whole.download().view(np.uint16),
                                                         out_tma.download().view(np.uint16)))
         # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
@@ -171,6 +175,7 @@ def main(argv=None) -> int:
         f"{r['seq_len']}: {r['cluster16_us']:.2f}" for r in rows))
     print("combine alone (the TMA kernel's partials), µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_us']:.2f}" for r in rows))
+    print("combine over 8 blocks a head, µs: " + ", ".join(f"{r['seq_len']}: {r['combine_split8_us']:.2f}" for r in rows))
     print("combine as one 1024-thread block a head, µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_whole_head_us']:.2f}{'' if r['combine_bits_equal'] else ' (BITS DIFFER)'}"
         for r in rows))
