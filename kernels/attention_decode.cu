@@ -573,10 +573,13 @@ __device__ __forceinline__ void attention_combine_dims(const AttentionCombineArg
 }
 
 // grid (Hq, C), block (ATTN_COMBINE_THREADS / C), dynamic smem: 2 · NS floats (max_logits,
-// exp_sums of each split for head h); C ≥ ATTN_COMBINE_MIN_SPLIT divides Dh
+// exp_sums of each split for head h); ATTN_COMBINE_MIN_SPLIT ≤ C ≤ ATTN_COMBINE_MAX_SPLIT divides Dh
 // (launchers/attention_decode.py, COMBINE_SPLIT): the blocks of at most 256 threads let ptxas
-// give a thread the registers for 16 loads in flight (at 1024 threads it kept 32 registers).
+// give a thread the registers for 16 loads in flight (at 1024 threads it kept 32 registers); a
+// block of at least one whole warp, because combine_head_logits scans the splits a warp's lanes
+// apart and reduces with a full-warp shuffle.
 #define ATTN_COMBINE_MIN_SPLIT 4
+#define ATTN_COMBINE_MAX_SPLIT (ATTN_COMBINE_THREADS / WARP_SIZE)
 #ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS / ATTN_COMBINE_MIN_SPLIT, 1)
 attention_combine(__half* __restrict__ out, const float* __restrict__ partial_out,
@@ -586,7 +589,7 @@ attention_combine(__half* __restrict__ out, const float* __restrict__ partial_ou
                            blockIdx.x, blockIdx.y, gridDim.y);
 }
 
-// grid (Hq, T), block and smem as attention_combine: head x of token y. out [T, Hq, Dh],
+// grid (Hq, T), block ATTN_COMBINE_THREADS, smem as attention_combine: head x of token y. out [T, Hq, Dh],
 // partial_out [T, NS, Hq, Dh], max_logits / exp_sums [T, NS, Hq]; the same parameters as the
 // single-token combine (T = gridDim.y), whose body it runs per token.
 extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)

@@ -118,7 +118,7 @@ def test_attention_decode_long_context(dev, rng):
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_combine_bits_do_not_depend_on_its_dim_split(dev, rng, model):
-    """attention_combine with a head's dims over 4 or 8 blocks (every output element written: the
+    """attention_combine with a head's dims over 4, 8, 16 or 32 blocks (every output element written: the
     output poisoned first) gives, on the same partials, the bits of the combine as one 1024-thread
     block a head (attention_combine_tokens at T = 1) — the order of every sum is the same
     (attention_decode.cu, attention_combine_dims) — at lengths whose splits each thread adds in
@@ -144,7 +144,7 @@ def test_combine_bits_do_not_depend_on_its_dim_split(dev, rng, model):
         want_bits = want.download()
         assert not np.isnan(want_bits.astype(np.float32)).any()
         assert_same_bits(f"{model}.len{seq_len}.split{COMBINE_SPLIT}", want_bits, out.download())
-        for split in (4, 8):
+        for split in (4, 8, 16, 32):
             ln = Launcher()
             got = dev.poisoned(f"got{seq_len}_{split}", (hq, dh), np.float16)
             combine_launch(ln, got, parts, state, n_splits=blocks * 4, n_heads=hq, head_dim=dh, dim_split=split)

@@ -523,6 +523,29 @@ def test_attention_decode_cluster_is_one_launch_of_a_cluster_per_kv_head():
                                n_heads=28, n_kv_heads=4, head_dim=96)
 
 
+def test_attention_combine_dim_splits_allowed_and_refused():
+    """attention_combine over C blocks a head, 1024 / C threads each: every C from
+    COMBINE_MIN_SPLIT to COMBINE_MAX_SPLIT dividing Dh; a block below one warp (C = 64 at Dh 64
+    or 128: 16 threads) is refused — its lane-strided scan of the splits would miss some and its
+    full-warp shuffle read lanes that do not exist — and so is a C not dividing Dh."""
+    from drvqwen.launchers import Launcher
+    from drvqwen.launchers.attention_decode import COMBINE_MAX_SPLIT, COMBINE_MIN_SPLIT, combine_launch
+    from drvqwen.launchers.base import BufferSpec
+
+    assert COMBINE_MAX_SPLIT == 1024 // 32
+    for hq, dh in ((28, 128), (14, 64)):
+        parts = tuple(BufferSpec(n, (n_, ), np.float32) for n, n_ in
+                      (("po", 264 * hq * dh), ("ml", 264 * hq), ("es", 264 * hq)))
+        out, state = BufferSpec("out", (hq * dh,), np.float16), BufferSpec("state", (3,), np.int32)
+        for c in (4, 8, 16, 32):
+            ln = Launcher()
+            combine_launch(ln, out, parts, state, n_splits=264, n_heads=hq, head_dim=dh, dim_split=c)
+            assert ln.specs[0].grid == (hq, c) and ln.specs[0].block == (1024 // c,)
+        for c in (COMBINE_MIN_SPLIT // 2, 64, 6):
+            with pytest.raises(LaunchError, match=f"dim_split={c};"):
+                combine_launch(Launcher(), out, parts, state, n_splits=264, n_heads=hq, head_dim=dh, dim_split=c)
+
+
 def test_decode_plan_short_attention_twin_over_the_same_buffers():
     """plan_decode(short_attention="cluster"): one cluster launcher per layer, keyed by the
     layer's attention entry, over the buffers that entry's launcher uses (attn, q, the layer's

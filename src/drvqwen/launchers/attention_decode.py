@@ -54,6 +54,7 @@ COMBINE_THREADS = mirrored("attention_decode", "ATTN_COMBINE_THREADS", 1024)
 # The single-token combine's blocks per head (each a contiguous C-th of the dims, 1024 / C
 # threads; the output's bits do not depend on C: attention_decode.cu, attention_combine_dims).
 COMBINE_MIN_SPLIT = mirrored("attention_decode", "ATTN_COMBINE_MIN_SPLIT", 4)
+COMBINE_MAX_SPLIT = mirrored("attention_decode", "ATTN_COMBINE_MAX_SPLIT", 32)  # a block of ≥ one warp
 COMBINE_SPLIT = 4
 HEAD_DIMS = (64, 128)                                                 # the kernels' instantiations
 # The split rule's short-context terms (attention_decode.cuh, attn_pages_per_split).
@@ -134,12 +135,14 @@ def combine_launch(launcher: Launcher, out, partials, state, *, n_splits: int, n
     COMBINE_THREADS). The same bits for every dim_split (attention_decode.cu).
 
     Raises:
-        LaunchError: dim_split below COMBINE_MIN_SPLIT or not dividing head_dim.
+        LaunchError: dim_split outside COMBINE_MIN_SPLIT … COMBINE_MAX_SPLIT or not dividing head_dim.
     """
     partial_out, max_logits, exp_sums = partials
     t = token_count(n_tokens, "attention_decode")
-    require(dim_split >= COMBINE_MIN_SPLIT and head_dim % dim_split == 0 and COMBINE_THREADS % dim_split == 0,
-            f"attention_combine: dim_split={dim_split}; want a divisor of head_dim={head_dim} ≥ {COMBINE_MIN_SPLIT}")
+    require(COMBINE_MIN_SPLIT <= dim_split <= COMBINE_MAX_SPLIT and head_dim % dim_split == 0
+            and COMBINE_THREADS % dim_split == 0,
+            f"attention_combine: dim_split={dim_split}; want a divisor of head_dim={head_dim} from "
+            f"{COMBINE_MIN_SPLIT} to {COMBINE_MAX_SPLIT} (a block of at least one warp)")
     if n_tokens is None:
         kernel, grid, threads = "attention_combine", (n_heads, dim_split), COMBINE_THREADS // dim_split
     else:
