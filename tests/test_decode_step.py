@@ -141,6 +141,21 @@ def test_decode_matches_reference(model, rng, seed):
     assert (np.array(gpu_tokens) == got.argmax(-1)).all()
 
 
+def _run_fed(step, decode, inputs):
+    """Each of `inputs` fed to `step` in turn (no greedy continuation: a near-tie two variants of
+    the step break differently cannot make their runs diverge), `decode` run after each:
+    (logits fp32 [len(inputs), V], the GPU's greedy token after each)."""
+    logits, tokens = [], []
+    step.seq.start(inputs[0])
+    for i in range(len(inputs)):
+        if i > 0:
+            step.seq.feed(inputs[i])
+        decode()
+        logits.append(step.logits())
+        tokens.append(step.next_token())
+    return np.stack(logits), tokens
+
+
 def test_decode_with_cluster_attention(model, rng):
     """The step with the one-launch cluster attention (plan_decode(attention="cluster")): its
     logits within 1e-2 relative L2 of the default step's (the two attentions round their merges
@@ -157,15 +172,7 @@ def test_decode_with_cluster_attention(model, rng):
     inputs = rng.integers(0, f.config.vocab_size, n_steps).tolist()
 
     def run(step, decode):
-        logits, tokens = [], []
-        step.seq.start(inputs[0])
-        for i in range(n_steps):
-            if i > 0:
-                step.seq.feed(inputs[i])
-            decode()
-            logits.append(step.logits())
-            tokens.append(step.next_token())
-        return np.stack(logits), tokens
+        return _run_fed(step, decode, inputs)
 
     base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
     try:
@@ -229,15 +236,7 @@ def test_decode_with_l2_prefetch(model, rng):
     inputs = rng.integers(0, f.config.vocab_size, n_steps).tolist()
 
     def run(step, decode):
-        logits, tokens = [], []
-        step.seq.start(inputs[0])
-        for i in range(n_steps):
-            if i > 0:
-                step.seq.feed(inputs[i])
-            decode()
-            logits.append(step.logits())
-            tokens.append(step.next_token())
-        return np.stack(logits), tokens
+        return _run_fed(step, decode, inputs)
 
     base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
     try:
