@@ -3,8 +3,8 @@
     PYTHONPATH=src python tools/bench_attention.py [--lengths 512 8192 32768] [--json out.json]
 
 For each KV length: both split-KV launchers (decode + combine; also the split kernel alone, and the
-combine alone — as the step runs it, a head's dims over COMBINE_SPLIT blocks, and as one block of
-1024 threads a head, which must give the same bits) and the cluster kernel (one launch, its own fixed grid: attention_decode_cluster.cu,
+combine alone — as the step runs it, a head's dims over COMBINE_SPLIT blocks, over 8, 16 and 32, and
+as one block of 1024 threads a head, all of which must give the same bits) and the cluster kernel (one launch, its own fixed grid: attention_decode_cluster.cu,
 built for short contexts: at 32768 tokens each of its warps walks 32 pages; and its build with
 clusters of 16 blocks) on the same random
 paged cache (shuffled pages), with the grids DecodeStep uses for a
@@ -31,6 +31,8 @@ from drvqwen.kv_cache import layer_view, tensor_map
 from drvqwen.launchers import (AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma, Launcher, attention_decode,
                                attention_decode_tma)
 from drvqwen.launchers.attention_decode import combine_launch
+
+OTHER_COMBINE_SPLITS = (8, 16, 32)  # the combine's blocks a head timed beside the step's COMBINE_SPLIT
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
@@ -121,12 +123,15 @@ def bench_length(rng, model: str, seq_len: int, context: int, reps: int) -> dict
                        n_tokens=1)
         whole.launch()
         row["combine_whole_head_us"] = graph_time_us(whole, reps)
-        eighths = Launcher()  # and over 8 blocks a head (128 threads each), to choose the split
-        combine_launch(eighths, s.array("out_8", (hq, dh), np.float16), tparts, common["state"], n_splits=tma.n_splits,
-                       n_heads=hq, head_dim=dh, dim_split=8)
-        row["combine_split8_us"] = graph_time_us(eighths, reps)
-        row["combine_bits_equal"] = bool(np.array_equal(out_whole.download().view(np.uint16),
-                                                        out_tma.download().view(np.uint16)))
+        outs = [out_tma]
+        for c in OTHER_COMBINE_SPLITS:  # and over 8, 16, 32 blocks a head (1024 / C threads each): to choose C
+            ln = Launcher()
+            outs.append(s.array(f"out_{c}", (hq, dh), np.float16))
+            combine_launch(ln, outs[-1], tparts, common["state"], n_splits=tma.n_splits, n_heads=hq, head_dim=dh,
+                           dim_split=c)
+            row[f"combine_split{c}_us"] = graph_time_us(ln, reps)
+        whole_bits = out_whole.download().view(np.uint16)
+        row["combine_bits_equal"] = all(bool(np.array_equal(whole_bits, o.download().view(np.uint16))) for o in outs)
         # Fewer, longer splits for the TMA kernel (any S is correct; the combine reads fewer partials).
         row["tma_us_by_blocks"] = {}
         for S in sorted({max(1, S_tma // 2), max(1, S_tma // 4)} - {S_tma}, reverse=True):
@@ -175,7 +180,9 @@ def main(argv=None) -> int:
         f"{r['seq_len']}: {r['cluster16_us']:.2f}" for r in rows))
     print("combine alone (the TMA kernel's partials), µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_us']:.2f}" for r in rows))
-    print("combine over 8 blocks a head, µs: " + ", ".join(f"{r['seq_len']}: {r['combine_split8_us']:.2f}" for r in rows))
+    for c in OTHER_COMBINE_SPLITS:
+        print(f"combine over {c} blocks a head, µs: " + ", ".join(f"{r['seq_len']}: {r[f'combine_split{c}_us']:.2f}"
+                                                                 for r in rows))
     print("combine as one 1024-thread block a head, µs: " + ", ".join(
         f"{r['seq_len']}: {r['combine_whole_head_us']:.2f}{'' if r['combine_bits_equal'] else ' (BITS DIFFER)'}"
         for r in rows))
