@@ -8,7 +8,8 @@
 #             PYTEST_PATHS narrows the GPU tests (default: tests/); TESTS_PART=1 or 2 runs the
 #             test files before / from tests/test_kernel_gemv* (alphabetically; the second also
 #             tests/dev/, the kernel workshop's): each half fits a 10-minute command, the whole
-#             does not.
+#             does not. TESTS_PART=K/N: part K of N parts of about equal time
+#             (tools/split_tests.py), for N stages side by side, each with its own OUTDIR.
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the nodes of
 #             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
 #             process per tool; then tools/check_sanitize_coverage.py on the launches the
@@ -162,7 +163,11 @@ run_step() {
 stage_tests() {
     local rc=0 f
     rm -f "$OUTDIR"/tests-*.log
-    if [[ -n ${TESTS_PART:-} ]]; then
+    if [[ ${TESTS_PART:-} == */* ]]; then
+        # Part K of N balanced by the files' measured test time (tools/split_tests.py).
+        mapfile -t PYTEST_PATHS < <("$PY" tools/split_tests.py "${TESTS_PART%/*}" "${TESTS_PART#*/}") || return 1
+        [[ ${#PYTEST_PATHS[@]} -gt 0 ]] || { echo "TESTS_PART=$TESTS_PART: no files" >&2; return 1; }
+    elif [[ -n ${TESTS_PART:-} ]]; then
         PYTEST_PATHS=()
         for f in tests/test_*.py; do
             if [[ $TESTS_PART == 1 && $f < tests/test_kernel_gemv ]] || [[ $TESTS_PART == 2 && ! $f < tests/test_kernel_gemv ]]; then
