@@ -458,20 +458,22 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     const float m_max = combine_head_logits(a, h, split0, n_active, m_s, l_s);
 
     // Virtual thread v = r · THREADS + threadIdx.x (round r) is (d, j) = (v % Dh, v / Dh) and adds
-    // the splits s = j, j + J, … in that order (R = 1: the launch, one virtual thread a thread).
+    // the splits s = j, j + J, … in that order (R = 1: attention_combine_tokens' launch, one
+    // virtual thread a thread).
     constexpr int R = ATTN_COMBINE_THREADS / THREADS;
     const int n_j = ATTN_COMBINE_THREADS / Dh;
     float o_sum[R], l_sum[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) o_sum[r] = l_sum[r] = 0.f;
     if constexpr (R == 1) {
-        // The launch: thread (d, j) adds splits j, j + n_j, … in that order, 8 at a time, then a
-        // remainder of 4, 2, 1 — each group's loads written before its sums (the loop guarded
-        // per step compiled to one load per step, one L2 round trip each), so a thread with n
-        // steps waits a few round trips instead of n and reads no split twice. ptxas at the
-        // launch's 32 registers issues a group of 8 as 4 loads, the first sum, then the other 4
-        // (two round trips); the groups of 4, 2 and 1 issue all their loads first. At 512 tokens
-        // every thread has 2 (Dh = 64) or 4 (Dh = 128) steps: one round trip.
+        // The tokens launch: thread (d, j) adds splits j, j + n_j, … in that order, 8 at a time,
+        // then a remainder of 4, 2, 1 — each group's loads written before its sums (the loop
+        // guarded per step compiled to one load per step, one L2 round trip each), so a thread
+        // with n steps waits a few round trips instead of n and reads no split twice. At 1024
+        // threads a block ptxas keeps few registers a thread (attention_combine_tokens: 48), and
+        // a group of 8 may issue as two round trips; attention_combine_dims' blocks of 256 take
+        // groups of 16 with every load first. At 512 tokens every thread has 2 (Dh = 64) or 4
+        // (Dh = 128) steps: one round trip.
         const int j = threadIdx.x / Dh, d = threadIdx.x % Dh;
         const float* po = a.partial_out + (split0 * Hq + h) * Dh + d;  // + s · Hq · Dh: split s
         const u64 split_stride = (u64)Hq * Dh;

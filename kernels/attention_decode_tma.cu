@@ -69,7 +69,7 @@
 // prefill attention's protocol) and the last merges the KV head's query heads, with the
 // combine's virtual rows and order, so bit for bit attention_combine's output (its GPU test, and
 // the same tokens in every run below). One block of 160 threads per KV head does the merge
-// that attention_combine spreads over Hq blocks of 1024, and that costs more than the launch
+// that attention_combine spread over Hq blocks of 1024 then, and that costs more than the launch
 // it saves. Alone (graph of 20 calls, 7B, grids for a 32k cache): 18.6 µs at 512 tokens
 // against 8.6 µs with the combine launch and 4.5 µs for the split kernel alone; 53.7 against
 // 14.3 µs at 4096; 102.9 against 22.8 µs at 16384 — the merge grows by ~0.3 µs per active

@@ -257,6 +257,32 @@ def test_prefill_attention_defines_reach_the_parser_and_name_their_option():
         bench.parse_defines(["APW_Q_SMEM"], "--prefill-attention-define")
 
 
+@pytest.mark.parametrize("defines, why", [
+    ((("APW_WARPGROUPS", 3),), r"APW_WARPGROUPS=3, APW_Q_SMEM=0 \(wgmma\): want 2 warpgroups, or 3 with Q"),
+    ((("APW_WARPGROUPS", 4), ("APW_Q_SMEM", 1)), r"APW_WARPGROUPS=4"),
+    ((("APW_Q_SMEM", 2),), r"APW_WARPGROUPS=2, APW_Q_SMEM=2 \(wgmma\)"),
+    ((("APW_STAGES", 2),), r"APW_STAGES=2: want >= 3"),
+    ((("APW_STAGES", 7),), r".*\(wgmma-ranges\): 279552 B of shared memory at Dh 128, past 227 KiB"),
+])
+def test_a_prefill_attention_build_the_kernel_cannot_be_is_refused_before_any_gpu_work(monkeypatch, defines, why):
+    """The kernel's static assertions and its shared memory, asked of the defines (both schedules'
+    builds) before the GPU check or a model — not an NVRTC error after the model has loaded."""
+    monkeypatch.setattr("drvqwen.cuda.gpu_unavailable_reason", lambda: pytest.fail("checked the GPU first"))
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    args = ap.parse_args([item for k, v in defines for item in ("--prefill-attention-define", f"{k}={v}")])
+    with pytest.raises(bench.DrvqwenError, match=rf"^--prefill-attention-define: {why}"):
+        bench.cmd_bench(args)
+
+
+def test_prefill_attention_builds_the_kernel_can_be_pass():
+    from drvqwen.launchers.attention_prefill import build_refusal
+
+    for defines in ((), (("APW_Q_SMEM", 1),), (("APW_WARPGROUPS", 3), ("APW_Q_SMEM", 1)), (("APW_STAGES", 3),),
+                    (("APW_WARPGROUPS", 2),)):
+        assert build_refusal(defines) is None, defines
+
+
 def test_decode_attention_option_offers_every_decode_attention_kernel():
     """`--decode-attention` lists its choices literally (the CLI does not import the decode
     module to build its parser): they must be decode.ATTENTION_KERNELS, the default none (the

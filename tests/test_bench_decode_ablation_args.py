@@ -41,3 +41,36 @@ def test_left_out_takes_the_one_launch_attention_too(tool):
     names = ["L0.qkv_rope", "L0.attention", "L0.o_proj", "L7.attention"]
     assert [n for n in names if tool.left_out(n, "attention")] == ["L0.attention", "L7.attention"]
     assert [n for n in names if tool.left_out(n, "attention.1")] == []
+
+
+@pytest.mark.parametrize("text", ["attention_prefill_wgmma:APW_WARPGROUPS=2", "attention_prefill_wgmma:APW_Q_SMEM=1",
+                                  "attention_prefill_wgmma:APW_STAGES=3", "attention_decode_cluster:ACL_CLUSTER=16",
+                                  "gemm_int4:GEMM_BM=64", "attention_decode:ATTN_COMBINE_THREADS=512"])
+def test_a_define_the_launchers_size_launches_by_is_refused(tool, text):
+    """A build whose grid, block, shared memory or scratch the launchers take from their own
+    constants cannot be given by --define: it would run with another build's launch shape."""
+    with pytest.raises(SystemExit, match=f"--define '{text}': the launchers size"):
+        tool.parse_define(text)
+
+
+@pytest.mark.parametrize("text", ["attention_decode:ATTN_SHORT_MAX_PAGES=2", "l2_prefetch:L2P_PROBE_NO_PREFETCH=1",
+                                  "gemv_int4:GEMV_UNROLL=2"])
+def test_kernel_only_defines_are_taken(tool, text):
+    file, rest = text.split(":")
+    name, value = rest.split("=")
+    assert tool.parse_define(text) == (file, name, int(value))
+
+
+@pytest.mark.parametrize("argv, want", [([], ["attention", "attention.1", "o_proj"]),
+                                        (["--attention", "cluster"], ["attention", "o_proj"])])
+def test_the_default_variants_follow_the_attention(tool, monkeypatch, argv, want):
+    """The one-launch cluster attention has no attention.1 to leave out by default."""
+    seen = {}
+    monkeypatch.setattr(tool, "measure", lambda a, defines: seen.setdefault("leave_out", a.leave_out) and 0)
+    assert tool.main(argv) == 0 and seen["leave_out"] == want
+
+
+@pytest.mark.parametrize("mb", ["nan", "inf", "-1", "1e-9"])
+def test_a_budget_that_is_not_a_finite_byte_count_is_refused_in_one_line(tool, mb):
+    with pytest.raises(SystemExit, match=r"^bench_decode_ablation.py: --l2-prefetch-mb .*: need 0 \(off\)"):
+        tool.main(["--l2-prefetch-mb", mb])

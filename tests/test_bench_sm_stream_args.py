@@ -29,4 +29,16 @@ def test_slices_fill_the_buffer_at_most_and_keep_the_unit(tool):
     assert tool.slice_bytes(1, 256, 16) == 256 * mib
     assert tool.slice_bytes(264, 256, 16) * 264 <= tool.BUFFER_MIB * mib
     assert tool.slice_bytes(264, 256, 32768) % 32768 == 0 and tool.slice_bytes(7, 4096, 65536) % 65536 == 0
-    assert tool.slice_bytes(10**6, 256, 32768) == 32768  # never below one unit
+    assert tool.slice_bytes(10**6, 256, 32768) == 32768  # never below one unit (main refuses such counts)
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--blocks", "0"], "need >= 1"), (["--samples", "0"], "need >= 1"), (["--reps", "0"], "need >= 1"),
+    (["--blocks", "200000"], "would run past the 4096 MiB buffer"),
+    (["--variant", "big:bulk:SR_STAGES=4,SR_CHUNK=65536"], "variant big: a ring of 4 × 65536 B"),
+    (["--variant", "odd:bulk:SR_CHUNK=1000"], "variant odd: a ring of 4 × 1000 B"),
+])
+def test_arguments_that_cannot_run_are_refused_in_one_line_before_any_gpu_work(tool, monkeypatch, argv, why):
+    monkeypatch.setattr(tool, "get_device", lambda: pytest.fail("reached the GPU"))
+    with pytest.raises(SystemExit, match=f"^bench_sm_stream.py: .*{why}"):
+        tool.main(argv)

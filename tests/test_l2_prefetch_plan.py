@@ -152,9 +152,16 @@ def test_the_launch_shares_its_chunks_over_the_sms():
     assert [ln.specs[0].grid for n, ln in plan.steps if "l2_prefetch" in n] == [(5,)] * 3
 
 
-def test_bench_refuses_a_negative_budget_before_any_gpu_work(tmp_path):
-    with pytest.raises(bench.DrvqwenError, match=r"^--l2-prefetch-mb -1.0: need >= 0 \(0: off\)$"):
-        bench.run_bench(tmp_path / "absent.nanoqwen", l2_prefetch_mb=-1.0)
+@pytest.mark.parametrize("mb", [-1.0, float("nan"), float("inf"), 1e-9])
+def test_bench_refuses_a_budget_that_is_not_a_finite_byte_count_before_any_gpu_work(tmp_path, mb):
+    """Negative, NaN, infinite, or below a byte (it would plan nothing while the JSON records it)."""
+    with pytest.raises(bench.DrvqwenError, match=rf"^--l2-prefetch-mb {mb}: need 0 \(off\) or a finite budget"):
+        bench.run_bench(tmp_path / "absent.nanoqwen", l2_prefetch_mb=mb)
+
+
+def test_bench_budget_in_bytes():
+    assert bench.l2_prefetch_budget_bytes(0.0) == 0 and bench.l2_prefetch_budget_bytes(21) == 21_000_000
+    assert bench.l2_prefetch_budget_bytes(1e-6) == 1
 
 
 @pytest.mark.parametrize("cfg", [QWEN25_CODER_7B.with_layers(2), QWEN25_CODER_05B.with_layers(2)], ids=["7b", "0.5b"])

@@ -523,6 +523,18 @@ def test_attention_decode_cluster_is_one_launch_of_a_cluster_per_kv_head():
                                n_heads=28, n_kv_heads=4, head_dim=96)
 
 
+def test_attention_prefill_split_count_asks_the_occupancy_of_the_build_it_launches():
+    """kv_splits_for sizes the grid by the blocks an SM holds of the build the launch compiles,
+    its pipeline stages included (APW_STAGES: K/V tiles of shared memory)."""
+    from drvqwen.launchers.attention_prefill import kv_splits_for, smem_bytes
+
+    asked = []
+    occ = FixedOccupancy(132, lambda _kernel, _threads, smem: asked.append(smem) or 1)
+    for stages in (None, 3):
+        kv_splits_for(512, 28, 4, 128, occ, "wgmma", (("APW_STAGES", stages),) if stages else ())
+    assert asked == [smem_bytes(128, None, "wgmma"), smem_bytes(128, 3, "wgmma")] and asked[0] != asked[1]
+
+
 def test_attention_combine_dim_splits_allowed_and_refused():
     """attention_combine over C blocks a head, 1024 / C threads each: every C from
     COMBINE_MIN_SPLIT to COMBINE_MAX_SPLIT dividing Dh; a block below one warp (C = 64 at Dh 64

@@ -41,14 +41,44 @@ from pathlib import Path
 import numpy as np
 
 
+# Defines the launchers size a launch by (its grid, block, shared memory or scratch) without being
+# told of a --define: the constants they mirror (launchers/base.py: mirrored) and the prefill
+# attention's build defines (launchers/attention_prefill.py: engine_build; `drvqwen bench
+# --prefill-attention-define` builds and sizes them together). A --define of one would launch a
+# build with another's shape. The split rule's short-context terms are mirrored for the tools
+# only (launchers/attention_decode.py: pages_per_split): a kernel-only rule, free to change.
+SIZED_BUILD_DEFINES = {("attention_prefill_wgmma", "APW_WARPGROUPS"), ("attention_prefill_wgmma", "APW_Q_SMEM")}
+KERNEL_ONLY_MIRRORED = {("attention_decode", "ATTN_SHORT_SPLITS"), ("attention_decode", "ATTN_SHORT_MAX_PAGES")}
+
+
+def sizing_defines() -> set[tuple[str, str]]:
+    """(kernel file, define) pairs a --define may not change (SIZED_BUILD_DEFINES' comment)."""
+    import importlib
+    import pkgutil
+
+    import drvqwen.launchers
+    from drvqwen.launchers import base
+
+    for m in pkgutil.iter_modules(drvqwen.launchers.__path__):  # every launcher's mirrored constants
+        importlib.import_module(f"drvqwen.launchers.{m.name}")
+    mirrored = {(file, expr) for file, expr, _value in base.MIRRORED if expr.isidentifier()}
+    return (mirrored - KERNEL_ONLY_MIRRORED) | SIZED_BUILD_DEFINES
+
+
 def parse_define(text: str) -> tuple[str, str, int]:
-    """'FILE:NAME=INT' → (file, name, value); a bad one exits with one line."""
+    """'FILE:NAME=INT' → (file, name, value); a bad one, or one the launchers size launches by,
+    exits with one line."""
     try:
         file, rest = text.split(":", 1)
         name, value = rest.split("=", 1)
-        return file, name, int(value)
+        parsed = file, name, int(value)
     except ValueError:
         raise SystemExit(f"--define {text!r}: expected FILE:NAME=INT, e.g. attention_decode:ATTN_SHORT_SPLITS=64")
+    if (file, name) in sizing_defines():
+        raise SystemExit(f"--define {text!r}: the launchers size {file}'s launches by {name}, which a --define "
+                         f"would change under them (the prefill attention's builds: drvqwen bench "
+                         f"--prefill-attention-define)")
+    return parsed
 
 
 def install_defines(defines: list[tuple[str, str, int]]) -> None:
@@ -80,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="7b")
     ap.add_argument("--model", help="a .nanoqwen file to measure instead of the --preset synthetic one")
     ap.add_argument("--contexts", type=int, nargs="+", default=[512, 4096], help="prompt tokens before decoding")
-    ap.add_argument("--leave-out", nargs="*", default=["attention", "attention.1", "o_proj"],
-                    help="launch names (their layer-free tail) to leave out, one variant each")
+    ap.add_argument("--leave-out", nargs="*", default=None,
+                    help="launch names (their layer-free tail) to leave out, one variant each (default: "
+                         "attention, attention.1 (but with --attention cluster: one launch), o_proj)")
     ap.add_argument("--define", action="append", default=[], metavar="FILE:NAME=INT")
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--attention", choices=("tma", "plain", "cluster"), default=None,
@@ -94,10 +125,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="blocks of each L2 prefetch launch (default: the launcher's)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
+    if a.leave_out is None:
+        a.leave_out = ["attention", *([] if a.attention == "cluster" else ["attention.1"]), "o_proj"]
     defines = [parse_define(d) for d in a.define]
     install_defines(defines)
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.launchers import LaunchError
 
-    from drvqwen.bench import ensure_synthetic, l2_prefetch_layer_bytes, load_prefill, run_mode
+    try:
+        return measure(a, defines)
+    except (DrvqwenError, LaunchError) as e:  # a refused option (a budget, a block count): one line
+        raise SystemExit(f"bench_decode_ablation.py: {e}") from None
+
+
+def measure(a, defines) -> int:
+    """The variants of the parsed arguments `a` timed; the JSON written. Returns 0."""
+    from drvqwen.bench import ensure_synthetic, l2_prefetch_budget_bytes, l2_prefetch_layer_bytes, load_prefill, run_mode
     from drvqwen.cuda.bandwidth import measure_copy_bandwidth
     from drvqwen.decode import DecodeStep
     from drvqwen.format.nanoqwen import NanoqwenFile
@@ -105,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     from drvqwen.launch_list import LaunchList
     from drvqwen.provenance import source_record
 
+    budget = l2_prefetch_budget_bytes(a.l2_prefetch_mb)
     copy = measure_copy_bandwidth()
     f = NanoqwenFile(a.model or ensure_synthetic(a.preset))
-    dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=int(a.l2_prefetch_mb * 1e6),
+    dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=budget,
                      l2_prefetch_qkv=a.l2_prefetch_qkv, l2_prefetch_blocks=a.l2_prefetch_blocks)
     names = [nl.name for nl in dec.launch_list.launches]
     if a.l2_prefetch_mb or a.l2_prefetch_qkv:

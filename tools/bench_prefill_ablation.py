@@ -38,9 +38,15 @@ from bench_decode_ablation import install_defines, left_out, parse_define  # noq
 WARMUP_RUNS = 2  # untimed prompt passes per variant (first launches of a new list, clocks)
 
 
+def left_out_of_chunk(name: str, entry: str) -> bool:
+    """Whether prefill launch `name` is one of `entry`'s: its own, or the range-scheduled twin a
+    long prompt's late chunks run instead (`L{l}.attention_late` for "attention")."""
+    return left_out(name, entry) or left_out(name, entry + "_late")
+
+
 def kept(names: list[str], leave: list[str]) -> list[str]:
     """The launch names of a chunk list that a variant leaving out `leave` runs."""
-    return [n for n in names if not any(left_out(n, e) for e in leave)]
+    return [n for n in names if not any(left_out_of_chunk(n, e) for e in leave)]
 
 
 def ttft_runs_ms(prefill, dec, prompt: list[int], reps: int) -> list[float]:
@@ -70,7 +76,17 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--prompt-tokens {a.prompt_tokens} / --reps {a.reps}: need >= 1")
     defines = [parse_define(d) for d in a.define]
     install_defines(defines)
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.launchers import LaunchError
 
+    try:
+        return measure(a, defines)
+    except (DrvqwenError, LaunchError) as e:  # a model or option refused: one line
+        raise SystemExit(f"bench_prefill_ablation.py: {e}") from None
+
+
+def measure(a, defines) -> int:
+    """The variants of the parsed arguments `a` timed; the JSON written. Returns 0."""
     from drvqwen.bench import ensure_synthetic, load_prefill
     from drvqwen.decode import DecodeStep
     from drvqwen.format.nanoqwen import NanoqwenFile
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     full = type(prefill).launches
 
     def launches(self, rows: int, late: bool = False):
-        return [nl for nl in full(self, rows, late) if not any(left_out(nl.name, e) for e in leave)]
+        return [nl for nl in full(self, rows, late) if not any(left_out_of_chunk(nl.name, e) for e in leave)]
 
     prefill.launches = types.MethodType(launches, prefill)
     prompt = np.random.default_rng(0).integers(0, f.config.vocab_size, a.prompt_tokens).tolist()

@@ -11,9 +11,9 @@ to the device-to-device copy bandwidth of the same run (read + write counted, do
 convention). Up to 132 blocks one block runs per SM (the block scheduler spreads them); 264 puts
 two on each for `ld`, and runs `bulk` (128 KiB of ring a block: one per SM) in two waves.
 
-Default variants: `ld` (16-byte loads, 8 a thread in flight, 256 threads) and `bulk` (1-D bulk
-copies into a 4 × 32 KiB ring, 128 threads); --variant adds builds, e.g.
-`ld16:ld:SR_UNROLL=16` or `bulk6x64k:bulk:SR_STAGES=3,SR_CHUNK=65536`.
+Default variants: `ld` (16-byte loads, 8 a thread in flight, 256 threads), `ld16` (16 in flight),
+`bulk` (1-D bulk copies into a 4 × 32 KiB ring, 128 threads) and `bulk3x64k` (a 3 × 64 KiB ring);
+--variant adds builds, e.g. `ld4:ld:SR_UNROLL=4` or `bulk2x96k:bulk:SR_STAGES=2,SR_CHUNK=98304`.
 What it answers: the bytes a decode-step schedule can expect from k SMs — a persistent kernel's
 (132), or a layer run by one thread block cluster of 16 (kernels/attention_decode_cluster.cu's
 clusters are 8 or 16 blocks).
@@ -32,7 +32,7 @@ from drvqwen.cuda import DeviceArray, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
 from drvqwen.cuda.graph import graph_time_us
 from drvqwen.launchers import StreamRead
-from drvqwen.launchers.stream_read import CHUNK, KINDS, threads_of
+from drvqwen.launchers.stream_read import CHUNK, KINDS, STAGES, threads_of
 from drvqwen.provenance import source_record
 
 BUFFER_MIB = 4096
@@ -58,6 +58,34 @@ def slice_bytes(blocks: int, mib_per_block: int, unit: int) -> int:
     return max(unit, want // unit * unit)
 
 
+MAX_SMEM = 227 * 1024  # shared memory a block may have on an H100/H200
+
+
+def unit_of(kind: str, defines) -> int:
+    """Bytes a block's slice is a multiple of: 16 (`ld`'s loads) or the bulk ring's chunk."""
+    return 16 if kind == "ld" else int(dict(defines).get("SR_CHUNK", CHUNK))
+
+
+def refusal(blocks: list[int], variants, reps: int, samples: int) -> str | None:
+    """Why these arguments cannot run (checked before any GPU work), or None: a count below 1, a
+    block count whose slices of one unit would already run past the buffer, a bulk ring past a
+    block's shared memory."""
+    if min(blocks) < 1 or reps < 1 or samples < 1:
+        return f"--blocks {' '.join(map(str, blocks))} / --reps {reps} / --samples {samples}: need >= 1"
+    for name, kind, defines in variants:
+        unit = unit_of(kind, defines)
+        if max(blocks) * unit > BUFFER_MIB << 20:
+            return (f"--blocks {max(blocks)}: {name}'s slices of at least {unit} B each would run past the "
+                    f"{BUFFER_MIB} MiB buffer (at most {(BUFFER_MIB << 20) // unit} blocks)")
+        d = dict(defines)
+        if kind == "bulk":
+            stages = int(d.get("SR_STAGES", STAGES))
+            if stages < 1 or unit < 16 or unit % 16 or stages * unit + stages * 8 > MAX_SMEM:
+                return (f"variant {name}: a ring of {stages} × {unit} B; want chunks of a multiple of 16 B "
+                        f"and at most {MAX_SMEM} B of shared memory")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, nargs="+", default=None,
@@ -69,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=3)
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args(argv)
+    variants = [("ld", "ld", ()), ("ld16", "ld", (("SR_UNROLL", 16),)), ("bulk", "bulk", ()),
+                ("bulk3x64k", "bulk", (("SR_STAGES", 3), ("SR_CHUNK", 65536))), *a.variant]
+    why = refusal(a.blocks or [1], variants, a.reps, a.samples)
+    if why is not None:
+        raise SystemExit(f"bench_sm_stream.py: {why}")
 
     from bench_attention import Scratch  # device buffers freed together (tools/ is the script's path)
 
@@ -77,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{dev.info.summary()}\ncopy bandwidth (D2D, read + write): {copy.gbps:.0f} GB/s")
     sms = dev.info.sm_count
     blocks = a.blocks or [1, 2, 4, 8, 16, 32, sms // 2, sms, 2 * sms]
-    variants = [("ld", "ld", ()), ("ld16", "ld", (("SR_UNROLL", 16),)), ("bulk", "bulk", ()),
-                ("bulk3x64k", "bulk", (("SR_STAGES", 3), ("SR_CHUNK", 65536))), *a.variant]
     s = Scratch()
     rows = []
     try:
@@ -89,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         out = s.array("out", (max(blocks) * 256,), np.uint32)
         print(f"\n{'variant':>12} {'blocks':>6} {'MiB/block':>9} | {'µs':>9} {'GB/s':>7} {'/copy':>6} {'GB/s/SM':>8}")
         for name, kind, defines in variants:
-            unit = 16 if kind == "ld" else int(dict(defines).get("SR_CHUNK", CHUNK))
+            unit = unit_of(kind, defines)
             for k in blocks:
                 per = slice_bytes(k, a.mib_per_block, unit)
                 src = DeviceArray("src", buf.ptr, (k * per,), np.uint8)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -341,8 +342,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
 
     if prefill_chunk_rows is not None and prefill_chunk_rows < 1:  # before the minutes of loading
         raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
-    if l2_prefetch_mb < 0:
-        raise DrvqwenError(f"--l2-prefetch-mb {l2_prefetch_mb}: need >= 0 (0: off)")
+    l2_prefetch_bytes = l2_prefetch_budget_bytes(l2_prefetch_mb)
+    check_prefill_attention_defines(prefill_attention_defines)
     if short_attention_below < 0:
         raise DrvqwenError(f"--short-attention-below {short_attention_below}: need >= 0 (0: off)")
     if 0 < short_attention_below <= prompt_tokens:
@@ -373,7 +374,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          short_attention="cluster" if short_attention_below > 0 else None,
                          short_below=short_attention_below, persistent_min_blocks=persistent_blocks,
                          persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent",
-                         l2_prefetch_bytes=int(l2_prefetch_mb * 1e6), l2_prefetch_qkv=l2_prefetch_qkv)
+                         l2_prefetch_bytes=l2_prefetch_bytes, l2_prefetch_qkv=l2_prefetch_qkv)
     graph = prefill = None
     try:
         t0 = time.perf_counter()
@@ -625,6 +626,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="also write the result as JSON to this file")
 
 
+def l2_prefetch_budget_bytes(mb: float, option: str = "--l2-prefetch-mb") -> int:
+    """An L2 prefetch budget of `mb` MB (10^6 bytes) a layer in bytes; 0: off.
+
+    Raises:
+        DrvqwenError: a budget that is not a finite number ≥ 0, or one below a byte (it would be
+            recorded as given and plan nothing).
+    """
+    if not math.isfinite(mb) or mb < 0 or 0 < mb * 1e6 < 1:
+        raise DrvqwenError(f"{option} {mb}: need 0 (off) or a finite budget of at least a byte (1e-6 MB)")
+    return int(mb * 1e6)
+
+
+def check_prefill_attention_defines(defines: tuple[tuple[str, int], ...]) -> None:
+    """Refuse, before any model is loaded, --prefill-attention-define builds the wgmma attention
+    kernel cannot be (launchers/attention_prefill.py: build_refusal).
+
+    Raises:
+        DrvqwenError: naming the defines and why.
+    """
+    from .launchers.attention_prefill import build_refusal
+
+    why = build_refusal(defines) if defines else None
+    if why is not None:
+        raise DrvqwenError(f"--prefill-attention-define: {why}")
+
+
 def parse_defines(items: list[str], option: str = "--persistent-define") -> tuple[tuple[str, int], ...]:
     """NAME=VALUE strings (of `option`) → (name, int value) pairs.
 
@@ -652,6 +679,10 @@ def cmd_bench(args) -> int:
     from .cuda import gpu_unavailable_reason
 
     speculative = check_speculative_options(args)
+    prefill_attention_defines = parse_defines(args.prefill_attention_define, "--prefill-attention-define")
+    check_prefill_attention_defines(prefill_attention_defines)
+    persistent_defines = parse_defines(args.persistent_define)
+    l2_prefetch_budget_bytes(args.l2_prefetch_mb)
     reason = gpu_unavailable_reason()   # before minutes of writing a synthetic model
     if reason is not None:
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
@@ -678,13 +709,12 @@ def cmd_bench(args) -> int:
                         prefill_attention_late=args.prefill_attention_late == "auto",
                         prefill_kquant=args.prefill_kquant, prefill_q32=args.prefill_q32,
                         prefill_chunk_rows=args.prefill_chunk_rows,
-                        prefill_attention_defines=parse_defines(args.prefill_attention_define,
-                                                                "--prefill-attention-define"),
+                        prefill_attention_defines=prefill_attention_defines,
                         decode=args.decode, decode_attention=args.decode_attention,
                         short_attention_below=args.short_attention_below, l2_prefetch_mb=args.l2_prefetch_mb,
                         l2_prefetch_qkv=args.l2_prefetch_qkv,
                         persistent_blocks=args.persistent_blocks,
-                        persistent_defines=parse_defines(args.persistent_define), trace=args.trace)
+                        persistent_defines=persistent_defines, trace=args.trace)
         if speculative:
             from .bench_speculative import run_speculative_row
 

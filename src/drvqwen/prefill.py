@@ -151,6 +151,9 @@ ATTENTION_ENGINE = "wgmma"
 # (docs/benchmarks.md). At 1024 rows the switch stays right: from position 1024 the split schedule
 # takes 78.4 µs against the range schedule's 80.4, from 2048 117.5 against 115.3, from 7168 312.9
 # against 290.5 (tools/bench_attention_prefill.py, docs/bench/2026-12-04_884f055_h200_attention_prefill_1024rows.json).
+# Those runs timed the range schedule in its two-warpgroup build; it now runs the three-warpgroup
+# one (launchers/attention_prefill.py: ENGINE_BUILDS), 3–8 % faster from 2048 on, so the switch
+# may pay earlier: still to measure at 1024.
 LATE_ATTENTION_ENGINE, LATE_ATTENTION_FROM = "wgmma-ranges", 2048
 
 

@@ -63,6 +63,29 @@ def q_smem_rows(engine: str, defines=()) -> int:
     return W_ROWS // 2 * build_warpgroups(engine, defines)
 
 
+def build_stages(engine: str, defines=()) -> int | None:
+    """The K/V pipeline stages of `engine`'s build with `defines` (APF_STAGES / APW_STAGES; None:
+    the kernel's default, STAGES / W_STAGES)."""
+    return dict(engine_build(engine, defines)).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
+
+
+def build_refusal(defines) -> str | None:
+    """Why the wgmma kernel cannot be built with `defines` replacing each engine's build's (the
+    kernel's static assertions and its shared memory, asked before anything compiles), or None."""
+    for engine in ("wgmma", "wgmma-ranges"):
+        build = dict(engine_build(engine, defines))
+        wg, q_smem, stages = build.get("APW_WARPGROUPS", 2), build.get("APW_Q_SMEM", 0), build_stages(engine, defines)
+        if wg not in (2, 3) or q_smem not in (0, 1) or (wg == 3 and not q_smem):
+            return (f"APW_WARPGROUPS={wg}, APW_Q_SMEM={q_smem} ({engine}): want 2 warpgroups, or 3 with Q in "
+                    f"shared memory (APW_Q_SMEM=1)")
+        if stages is not None and stages < 3:
+            return f"APW_STAGES={stages}: want >= 3 (V of the tile before, K of this one, one in flight)"
+        smem = smem_bytes(128, stages, "wgmma", q_smem_rows(engine, defines))
+        if smem > 227 * 1024:
+            return f"{', '.join(f'{k}={v}' for k, v in build.items())} ({engine}): {smem} B of shared memory at Dh 128, past 227 KiB"
+    return None
+
+
 def query_tiles(rows: int, n_heads: int, n_kv_heads: int, engine: str = "mma", defines=()) -> int:
     """Query tiles (gridDim.x) of a launch over `rows` query rows: 16 queries a tile (mma), or
     64 packed rows of rows · G a warpgroup of the build (wgmma: 128 a tile with two)."""
@@ -113,7 +136,7 @@ def kv_splits_for(rows: int, n_heads: int, n_kv_heads: int, head_dim: int,
     occ = occupancy or DEFAULT_OCCUPANCY
     per_sm = occ.blocks_per_sm(_kernel(engine, head_dim, defines),
                                _threads(engine, n_heads, n_kv_heads, build_warpgroups(engine, defines)),
-                               smem_bytes(head_dim, engine=engine, q_rows=q_smem_rows(engine, defines)))
+                               smem_bytes(head_dim, build_stages(engine, defines), engine, q_smem_rows(engine, defines)))
     count = split_count if engine == "mma" else split_count_wgmma
     return count(query_tiles(rows, n_heads, n_kv_heads, engine, defines) * n_kv_heads, max(1, per_sm) * occ.sm_count)
 
@@ -217,7 +240,7 @@ class AttentionPrefill(Launcher):
                     f"of ≥ {need} tile splits for heads {n_heads}/{n_kv_heads}, Dh {head_dim}")
             split = dict(part_o=scratch.part_o, part_ml=scratch.part_ml, counters=scratch.counters)
         self.n_heads, self.head_dim, self.kv_splits, self.engine = n_heads, head_dim, kv_splits, engine
-        stages = dict(engine_build(engine, defines)).get("APF_STAGES" if engine == "mma" else "APW_STAGES")
+        stages = build_stages(engine, defines)
         wg = build_warpgroups(engine, defines)
         q_rows = q_smem_rows(engine, defines)
         kernel, threads, smem = (_kernel(engine, head_dim, defines), _threads(engine, n_heads, n_kv_heads, wg),
