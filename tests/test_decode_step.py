@@ -156,6 +156,17 @@ def _run_fed(step, decode, inputs):
     return np.stack(logits), tokens
 
 
+def _default_step_run(f, inputs):
+    """_run_fed of the default step (eager) of model file `f` over `inputs`."""
+    from drvqwen.decode import DecodeStep
+
+    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
+    try:
+        return _run_fed(base, base.decode_token, inputs)
+    finally:
+        base.close()
+
+
 def test_decode_with_cluster_attention(model, rng):
     """The step with the one-launch cluster attention (plan_decode(attention="cluster")): its
     logits within 1e-2 relative L2 of the default step's (the two attentions round their merges
@@ -174,11 +185,7 @@ def test_decode_with_cluster_attention(model, rng):
     def run(step, decode):
         return _run_fed(step, decode, inputs)
 
-    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
-    try:
-        want, want_tokens = run(base, base.decode_token)
-    finally:
-        base.close()
+    want, want_tokens = _default_step_run(f, inputs)
     step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), attention="cluster")
     try:
         assert step.plan.attention == "cluster"
@@ -238,11 +245,7 @@ def test_decode_with_l2_prefetch(model, rng):
     def run(step, decode):
         return _run_fed(step, decode, inputs)
 
-    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
-    try:
-        want, want_tokens = run(base, base.decode_token)
-    finally:
-        base.close()
+    want, want_tokens = _default_step_run(f, inputs)
     for budget, qkv in ((21_000_000, False), (400_000_000, True)):
         step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), l2_prefetch_bytes=budget,
                           l2_prefetch_qkv=qkv)
