@@ -427,17 +427,13 @@ __device__ __forceinline__ void combine_add_splits(const float* po, u64 split_st
     s += G * n_j;
 }
 
-// Head h of token `token` of a chunk, by a block of THREADS threads (ATTN_COMBINE_THREADS for a
-// launch of its own; the persistent decode step's 256): a compile-time count, so the
-// virtual-thread loop unrolls and every round's partial loads are in flight together instead of
-// one L2 round trip per round. Token j merges its own partials [T, NS, …] into its row of out
-// [T, Hq, Dh] over seq_len = state[2] + j (the split rule of the decode kernel's token j);
-// token = 0 is the single-token combine (attention_combine_item). Dynamic smem: 2 · NS floats.
-// Contains __syncthreads(): call from every thread.
-template <int THREADS, typename Dep>
+// Head h of token `token` of a chunk, by a block of ATTN_COMBINE_THREADS threads (the tokens
+// launch, attention_combine_tokens). Token j merges its own partials [T, NS, …] into its row of
+// out [T, Hq, Dh] over seq_len = state[2] + j (the split rule of the decode kernel's token j).
+// Dynamic smem: 2 · NS floats. Contains __syncthreads(): call from every thread.
+template <typename Dep>
 __device__ __forceinline__ void attention_combine_token_item(const AttentionCombineArgs& a, int h, int token,
                                                              Dep dep) {
-    static_assert(ATTN_COMBINE_THREADS % THREADS == 0, "the virtual threads split evenly");
     extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];
     __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
@@ -457,59 +453,35 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
 
     const float m_max = combine_head_logits(a, h, split0, n_active, m_s, l_s);
 
-    // Virtual thread v = r · THREADS + threadIdx.x (round r) is (d, j) = (v % Dh, v / Dh) and adds
-    // the splits s = j, j + J, … in that order (R = 1: attention_combine_tokens' launch, one
-    // virtual thread a thread).
-    constexpr int R = ATTN_COMBINE_THREADS / THREADS;
+    // Thread (d, j) = (threadIdx.x % Dh, threadIdx.x / Dh) adds splits j, j + J, … in that order
+    // (J = n_j), 8 at a time, then a remainder of 4, 2, 1 — each group's loads written before its
+    // sums (the loop guarded per step compiled to one load per step, one L2 round trip each), so
+    // a thread with n steps waits a few round trips instead of n and reads no split twice. At
+    // 1024 threads a block ptxas keeps few registers a thread (attention_combine_tokens: 48), and
+    // a group of 8 may issue as two round trips; attention_combine_dims' blocks of 256 take
+    // groups of 16 with every load first. At 512 tokens every thread has 2 (Dh = 64) or 4
+    // (Dh = 128) steps: one round trip.
     const int n_j = ATTN_COMBINE_THREADS / Dh;
-    float o_sum[R], l_sum[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) o_sum[r] = l_sum[r] = 0.f;
-    if constexpr (R == 1) {
-        // The tokens launch: thread (d, j) adds splits j, j + n_j, … in that order, 8 at a time,
-        // then a remainder of 4, 2, 1 — each group's loads written before its sums (the loop
-        // guarded per step compiled to one load per step, one L2 round trip each), so a thread
-        // with n steps waits a few round trips instead of n and reads no split twice. At 1024
-        // threads a block ptxas keeps few registers a thread (attention_combine_tokens: 48), and
-        // a group of 8 may issue as two round trips; attention_combine_dims' blocks of 256 take
-        // groups of 16 with every load first. At 512 tokens every thread has 2 (Dh = 64) or 4
-        // (Dh = 128) steps: one round trip.
+    float o_sum = 0.f, l_sum = 0.f;
+    {
         const int j = threadIdx.x / Dh, d = threadIdx.x % Dh;
         const float* po = a.partial_out + (split0 * Hq + h) * Dh + d;  // + s · Hq · Dh: split s
         const u64 split_stride = (u64)Hq * Dh;
         const int steps = n_active > j ? (n_active - j + n_j - 1) / n_j : 0;
         int s = j;
-        for (int n = steps >> 3; n > 0; --n) combine_add_splits<8>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
-        if (steps & 4) combine_add_splits<4>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
-        if (steps & 2) combine_add_splits<2>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
-        if (steps & 1) combine_add_splits<1>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum[0], l_sum[0]);
-    } else {
-        // The persistent step's R rounds: round 0 has the smallest j, its split count bounds
-        // every round's; the rounds run side by side, one split of each per step, so their loads
-        // are in flight together (8 per thread); each virtual thread's sum keeps its order.
-        const int j0 = threadIdx.x / Dh;
-        const int steps = n_active > j0 ? (n_active - j0 + n_j - 1) / n_j : 0;
-#pragma unroll (R >= 8 ? 1 : 8 / R)
-        for (int step = 0; step < steps; ++step) {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const int v = r * THREADS + threadIdx.x, d = v % Dh, s = v / Dh + step * n_j;
-                if (s < n_active) {
-                    const float w = exp2f(m_s[s] - m_max);
-                    o_sum[r] = fmaf(w, a.partial_out[((split0 + s) * Hq + h) * Dh + d], o_sum[r]);
-                    l_sum[r] = fmaf(w, l_s[s], l_sum[r]);
-                }
-            }
-        }
+        for (int n = steps >> 3; n > 0; --n) combine_add_splits<8>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+        if (steps & 4) combine_add_splits<4>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+        if (steps & 2) combine_add_splits<2>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
+        if (steps & 1) combine_add_splits<1>(po, split_stride, m_s, l_s, m_max, n_j, s, o_sum, l_sum);
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const int v = r * THREADS + threadIdx.x, d = v % Dh, j = v / Dh;
-        o_sum_smem[v] = o_sum[r];
-        if (d == 0 && j < n_j) l_sum_smem[j] = l_sum[r];
+    {   // (d, j) again rather than carried from above: carried, ptxas gave the kernel another
+        // allocation (32 registers instead of 48; cuobjdump)
+        const int v = threadIdx.x, d = v % Dh, j = v / Dh;
+        o_sum_smem[v] = o_sum;
+        if (d == 0 && j < n_j) l_sum_smem[j] = l_sum;
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {  // virtual threads j = 0
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {  // threads j = 0
         float o = 0.f, l = 0.f;
         for (int jj = 0; jj < n_j; ++jj) {
             o += o_sum_smem[jj * Dh + d];
@@ -519,32 +491,31 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
     }
 }
 
-// The single-token combine: head h of out [Hq, Dh] over state[2] keys.
-template <int THREADS, typename Dep>
-__device__ __forceinline__ void attention_combine_item(const AttentionCombineArgs& a, int h, Dep dep) {
-    attention_combine_token_item<THREADS>(a, h, 0, dep);
-}
-
 // The single-token combine as a launch of its own: block (h, c) of grid (Hq, C) merges dims
 // [c · Dh/C, (c + 1) · Dh/C) of head h, its blockDim.x = (Dh/C) · J threads being exactly the
 // virtual threads (d, j) of those dims (J = ATTN_COMBINE_THREADS / Dh, as above). Each (d, j)
 // adds the same splits in the same order as in attention_combine_token_item, and the J partial
 // sums of a dim are added in the same order, so the output has the same bits for every C (and
-// as the persistent step's and the tokens kernel's combine). Why C > 1: at long contexts the
-// combine is its threads' chains of L2 round trips (~9.5 µs over 256 splits, the header above);
+// as the tokens kernel's combine). The persistent decode step runs a planned block (h, c) as an
+// item (Dep: its counters; its blocks are 256 threads, so C = 4 there). Why C > 1: at long
+// contexts the combine is its threads' chains of L2 round trips (~9.5 µs over 256 splits, the
+// header above);
 // with a quarter of the dims a block, a thread can have 16 of its loads in flight instead of 8
 // (a block of 256 threads, not 1024: the registers allow it), and the heads' work spreads over
 // C × Hq SMs instead of Hq. Contains __syncthreads(): call from every thread.
-__device__ __forceinline__ void attention_combine_dims(const AttentionCombineArgs& a, int h, int c, int C) {
+template <typename Dep>
+__device__ __forceinline__ void attention_combine_dims(const AttentionCombineArgs& a, int h, int c, int C, Dep dep) {
     extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h
     __shared__ float o_sum_smem[ATTN_COMBINE_THREADS];   // [J][Dh/C] of this block's dims
     __shared__ float l_sum_smem[ATTN_COMBINE_THREADS / 32];
     const int n_splits = a.n_splits, Hq = a.Hq, Dh = a.Dh;
     float* m_s = combine_smem;
     float* l_s = combine_smem + n_splits;
-    grid_launch_dependents();
-    grid_dependency_wait();  // the partials are the split kernel's output; the state an earlier kernel's
-    const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+    dep.launch_dependents();
+    // seq_len: before the wait where the state stays fixed (block_coord.cuh), else after it.
+    const int seq_len_fixed = Dep::state_fixed ? a.state[2] : 0;
+    dep.wait();  // the partials are the split kernel's output; the state an earlier kernel's
+    const int n_pages = ((Dep::state_fixed ? seq_len_fixed : a.state[2]) + PAGE_TOKENS - 1) / PAGE_TOKENS;
     const int pps = attn_pages_per_split(n_pages, n_splits);
     const int n_active = (n_pages + pps - 1) / pps;
     const float m_max = combine_head_logits(a, h, 0, n_active, m_s, l_s);
@@ -588,7 +559,7 @@ attention_combine(__half* __restrict__ out, const float* __restrict__ partial_ou
                   const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                   const int* __restrict__ state, int n_splits, int Hq, int Dh) {  // AttentionCombineArgs says what each is
     attention_combine_dims(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state, n_splits, Hq, Dh},
-                           blockIdx.x, blockIdx.y, gridDim.y);
+                           blockIdx.x, blockIdx.y, gridDim.y, GridDep{});
 }
 
 // grid (Hq, T), block ATTN_COMBINE_THREADS, smem as attention_combine: head x of token y. out [T, Hq, Dh],
@@ -598,8 +569,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_COMBINE_THREADS)
 attention_combine_tokens(__half* __restrict__ out, const float* __restrict__ partial_out,
                          const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
                          const int* __restrict__ state, int n_splits, int Hq, int Dh) {
-    attention_combine_token_item<ATTN_COMBINE_THREADS>(AttentionCombineArgs{out, partial_out, max_logits, exp_sums,
-                                                                            state, n_splits, Hq, Dh},
-                                                       blockIdx.x, blockIdx.y, GridDep{});
+    attention_combine_token_item(AttentionCombineArgs{out, partial_out, max_logits, exp_sums, state, n_splits, Hq, Dh},
+                                 blockIdx.x, blockIdx.y, GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY

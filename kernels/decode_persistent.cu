@@ -36,9 +36,9 @@
 //              attention split                item = two planned blocks (8 splits) of one KV head:
 //                                             what a split computes depends only on (split, NS,
 //                                             KV head), not on the block it runs in
-//              attention combine              item = one head; its 1024 virtual threads (the
-//                                             launch's C blocks of 1024/C) taken in turn
-//                                             (attention_combine_item: the same sums)
+//              attention combine              item = one planned block (h, c): a quarter of
+//                                             head h's dims (the launch's blocks are 1024 / 4 =
+//                                             DP_THREADS threads; attention_combine_dims)
 //              L2 prefetch (where planned)    item = one planned block: thread 0 asks L2 for its
 //                                             chunks of the next ops' weights, then the item waits
 //                                             for the op before like any other (l2_prefetch.cu)
@@ -111,9 +111,14 @@
 // the second half, not yet measured: the step's L2 prefetch launches (plan_decode(l2_prefetch_
 // bytes=…, l2_prefetch_qkv=True)) run here as ops, so a block that has finished its qkv_rope items
 // asks for o_proj's and gate_up's weights before it waits, instead of only waiting.
+// And the combine, one head an item until the launch split a head's dims over four blocks (its 14
+// items at a median of 5.49 µs, of the 28.0 µs between two layers' qkv_rope waits, in the trace
+// of docs/bench/2026-12-02_d602176_h200_syn05b_persistent.json: op 3, while the other 118 blocks
+// waited): now four items a head, the launch's 256-thread blocks (attention_combine_dims), each
+// a quarter of the loads a thread. Not yet measured.
 //
 // Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
-// kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads. The final
+// kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads (the combine's = 256). The final
 // norm, the lm_head and the token's choice stay launches of their own after this kernel.
 #include <cuda_fp16.h>
 
@@ -243,7 +248,9 @@ DP_OP_FN void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
         attention_decode_args_split<DP_HEAD_DIM>(dp_args<AttentionDecodeArgs>(op), split, n_splits, kv_head, warp);
 }
 DP_OP_FN void dp_combine(const PersistentOp& op, int item, CounterDep dep) {
-    attention_combine_item<DP_THREADS>(dp_args<AttentionCombineArgs>(op), item, dep);
+    // Item = one planned block (h, c) of the launch's grid (Hq, C), numbered x first: the
+    // launch's blocks are ATTN_COMBINE_THREADS / C = DP_THREADS threads (the launcher checks C).
+    attention_combine_dims(dp_args<AttentionCombineArgs>(op), item % op.gx, item / op.gx, op.n_items / op.gx, dep);
 }
 
 // Item = planned block `item` of the prefetch launch: its chunks asked of L2 by thread 0, then

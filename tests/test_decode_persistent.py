@@ -33,7 +33,7 @@ from drvqwen.errors import DrvqwenError
 from drvqwen.format import weight_formats as wf
 from drvqwen.format.tensor_set import default_formats
 from drvqwen.kv_cache import PAGE_TOKENS
-from drvqwen.launchers.base import FixedOccupancy
+from drvqwen.launchers.base import FixedOccupancy, LaunchError
 from drvqwen.launchers.decode_persistent import KINDS, OP_BYTES, arg_struct, program_bytes
 from drvqwen.launchers.signatures import _preprocess, kernel_signatures, param_kind
 
@@ -95,6 +95,26 @@ def test_arg_struct_has_the_c_layout():
 
 # ---- CPU: the plan ------------------------------------------------------------------------------
 
+
+def test_a_combine_of_other_blocks_than_the_persistent_blocks_is_refused():
+    """The persistent step runs the combine's planned blocks as its items, so they must be its
+    256-thread blocks (C = 4 a head): another split is refused in one line, naming the launch."""
+    from drvqwen.launchers import Launcher
+    from drvqwen.launchers.attention_decode import combine_launch
+    from drvqwen.launchers.base import BufferSpec
+    from drvqwen.launchers.decode_persistent import op_shape
+
+    parts = tuple(BufferSpec(n, (n_,), np.float32) for n, n_ in (("po", 64 * 14 * 64), ("ml", 64 * 14), ("es", 64 * 14)))
+    for c in (4, 8):
+        ln = Launcher()
+        combine_launch(ln, BufferSpec("out", (14 * 64,), np.float16), parts, BufferSpec("state", (3,), np.int32),
+                       n_splits=64, n_heads=14, head_dim=64, dim_split=c)
+        if c == 4:
+            assert op_shape(ln.specs[0]) == (KINDS["attention_combine"], 56, 14, 256)
+        else:
+            with pytest.raises(LaunchError, match="blocks of 128 threads; the persistent step runs"):
+                op_shape(ln.specs[0])
+
 OCC = FixedOccupancy(132, lambda _k, _t, _s: 2)
 
 
@@ -109,6 +129,8 @@ def test_plan_one_op_per_launch_before_the_norm(cfg):
         assert kind == KINDS[spec.kernel.kernel] and gx == spec.grid[0] and threads == spec.block[0]
         if spec.kernel.kernel.startswith("attention_decode_hd"):
             assert n_items == -(-spec.grid[0] // 2) * spec.grid[1] == -(-spec.grid[0] // 2) * cfg.num_kv_heads
+        elif spec.kernel.kernel == "attention_combine":  # a planned block (h, c) an item: C = 4 of 256 threads
+            assert n_items == spec.grid[0] * spec.grid[1] == cfg.num_heads * 4 and threads == 256
         else:
             assert n_items == spec.grid[0]
     assert plan.buffers["persistent_program"].shape == (program_bytes(before_norm),)

@@ -92,8 +92,10 @@ def op_shape(spec: LaunchSpec) -> tuple[int, int, int, int]:
     threads = spec.block[0]
     if name.startswith("attention_decode_hd"):
         return KINDS[name], -(-gx * 4 // ATTENTION_SPLITS_PER_ITEM) * gy, gx, threads
-    if name == "attention_combine":  # item = one head, whatever blocks per head the launch has (its dims)
-        return KINDS[name], gx, gx, threads
+    if name == "attention_combine":  # item = one planned block (h, c) of grid (Hq, C), of DP_THREADS threads
+        require(threads == THREADS, f"{spec.kernel}: blocks of {threads} threads; the persistent step runs the "
+                                    f"combine's blocks of {THREADS} (C = {1024 // THREADS} blocks a head)")
+        return KINDS[name], gx * gy, gx, threads
     require(gy == 1, f"{spec.kernel}: a grid of {spec.grid} (one row of blocks expected)")
     require(threads <= THREADS,
             f"{spec.kernel}: blocks of {threads} threads, the persistent block has {THREADS}")
