@@ -372,11 +372,12 @@ ATTENTION_DECODE_TOKENS_KERNEL(attention_decode_tokens_hd128, 128)
 
 // Merge the active splits of head h. Virtual thread (d, j) = (v % Dh, v / Dh), v < ATTN_COMBINE_THREADS,
 // adds the splits s ≡ j (mod J), J = ATTN_COMBINE_THREADS / Dh, for dim d; then the J partial
-// sums are added in order j = 0 … J-1. A launch has one thread per virtual thread; a smaller
-// block (the persistent decode step's) takes them in turn: the same sums in the same order.
+// sums are added in order j = 0 … J-1. Every form has one thread per virtual thread: the tokens
+// launch a block of all of them a head, attention_combine (and the persistent decode step's items)
+// a block of the virtual threads of a C-th of the head's dims: the same sums in the same order.
 // With ≤ 264 splits that is ≤ 33 independent loads per virtual thread, issued in groups (8, then
-// 4, 2, 1: the launch; 8 across the rounds: the persistent step), instead of one thread walking
-// every split (20 µs at 128 splits).
+// 4, 2, 1 at 1024 threads a block; 16 first at 256), instead of one thread walking every split
+// (20 µs at 128 splits).
 // Bytes per call: n_active × Hq × (Dh + 2) × 4 B of partials (≤ 264 × 28 × 130 × 4 = 3.8 MB at
 // 7B, L2-resident: the decode kernel wrote them just before) + Hq × Dh × 2 B written. The limit:
 // L2 latency of each thread's chain of split loads (~9.5 µs over 256 splits, measured in

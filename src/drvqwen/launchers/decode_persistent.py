@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..cuda import Stream
+from .attention_decode import COMBINE_THREADS
 from .base import (DEFAULT_OCCUPANCY, NULL, BufferSpec, KernelRef, Launcher, LaunchError, LaunchSpec, NullPointer,
                    Occupancy, TensorMapSpec, i32, mirrored, require)
 
@@ -94,7 +95,7 @@ def op_shape(spec: LaunchSpec) -> tuple[int, int, int, int]:
         return KINDS[name], -(-gx * 4 // ATTENTION_SPLITS_PER_ITEM) * gy, gx, threads
     if name == "attention_combine":  # item = one planned block (h, c) of grid (Hq, C), of DP_THREADS threads
         require(threads == THREADS, f"{spec.kernel}: blocks of {threads} threads; the persistent step runs the "
-                                    f"combine's blocks of {THREADS} (C = {1024 // THREADS} blocks a head)")
+                                    f"combine's blocks of {THREADS} (C = {COMBINE_THREADS // THREADS} blocks a head)")
         return KINDS[name], gx * gy, gx, threads
     require(gy == 1, f"{spec.kernel}: a grid of {spec.grid} (one row of blocks expected)")
     require(threads <= THREADS,
