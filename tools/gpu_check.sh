@@ -12,8 +12,9 @@
 #             (tools/split_tests.py), for N stages side by side, each with its own OUTDIR.
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the nodes of
 #             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
-#             process per tool; then tools/check_sanitize_coverage.py on the launches the
-#             memcheck run logged. SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it.
+#             process per tool (SANITIZE_PARALLEL=1: side by side); then
+#             tools/check_sanitize_coverage.py on the launches the memcheck run logged.
+#             SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it.
 #   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: TTFT and
 #             ITL (512-token prompt, 128 greedy tokens) on the synthetic 7B (written to /dev/shm
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
@@ -156,7 +157,7 @@ run_step() {
     timeout --signal=INT --kill-after=20 "$STEP_TIMEOUT_S" "$@" 2>&1 | tee -a "$OUTDIR/$name.log"
     local rc=${PIPESTATUS[0]}
     [[ $rc -eq 124 ]] && echo "=== $name: cut off after ${STEP_TIMEOUT_S} s" | tee -a "$OUTDIR/$name.log"
-    echo "=== $name: exit $rc"
+    echo "=== $name: exit $rc" | tee -a "$OUTDIR/$name.log"
     return "$rc"
 }
 
@@ -188,8 +189,22 @@ stage_tests() {
     return "$rc"
 }
 
+# One sanitizer tool over every node (stage_sanitize's comments), and after memcheck the coverage check.
+sanitize_tool() {
+    local sanitizer=$1 tool=$2 rc=0 log=()
+    [[ $tool == memcheck ]] && log=(env "DRVQWEN_LAUNCH_LOG=$OUTDIR/sanitize-launches.txt")
+    run_step "sanitize-$tool" "${log[@]}" "$sanitizer" --tool "$tool" --target-processes all \
+        --error-exitcode 99 --report-api-errors no \
+        "$PY" -m pytest -v -p no:cacheprovider "${SANITIZE_TESTS[@]}" || rc=1
+    if [[ $tool == memcheck && -z ${SANITIZE_ONLY:-} ]]; then
+        run_step sanitize-coverage "$PY" tools/check_sanitize_coverage.py tools/sanitize_nodes.txt \
+            "$OUTDIR/sanitize-launches.txt" || rc=1
+    fi
+    return "$rc"
+}
+
 stage_sanitize() {
-    local sanitizer rc=0 tool log
+    local sanitizer rc=0 tool pid pids=()
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [[ ! -x $sanitizer ]]; then
         echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize.log"
@@ -206,18 +221,20 @@ stage_sanitize() {
         # are not memory errors, and every real API failure raises in Python anyway.
         # The memcheck run also logs every launch (DRVQWEN_LAUNCH_LOG): the coverage check
         # after it shows that each node ran the kernels it claims.
-        log=()
-        [[ $tool == memcheck ]] && log=(env "DRVQWEN_LAUNCH_LOG=$OUTDIR/sanitize-launches.txt")
-        run_step "sanitize-$tool" "${log[@]}" "$sanitizer" --tool "$tool" --target-processes all \
-            --error-exitcode 99 --report-api-errors no \
-            "$PY" -m pytest -v -p no:cacheprovider "${SANITIZE_TESTS[@]}" || rc=1
-        if [[ $tool == memcheck && -z ${SANITIZE_ONLY:-} ]]; then
-            run_step sanitize-coverage "$PY" tools/check_sanitize_coverage.py tools/sanitize_nodes.txt \
-                "$OUTDIR/sanitize-launches.txt" || rc=1
+        # SANITIZE_PARALLEL=1: the tools side by side, each into its own log only (racecheck,
+        # 10-100x a plain run, is then the stage's time instead of the sum of the three).
+        if [[ ${SANITIZE_PARALLEL:-0} == 1 ]]; then
+            sanitize_tool "$sanitizer" "$tool" > /dev/null &
+            pids+=("$!")
+        else
+            sanitize_tool "$sanitizer" "$tool" || rc=1
         fi
     done
+    for pid in "${pids[@]}"; do
+        wait "$pid" || rc=1
+    done
     # The summary lines of each tool, together at the end of the output.
-    (cd "$OUTDIR" && grep -HE "ERROR SUMMARY|RACECHECK SUMMARY|[0-9]+ (passed|failed)|NOT COVERED|sanitize coverage" \
+    (cd "$OUTDIR" && grep -HE "ERROR SUMMARY|RACECHECK SUMMARY|[0-9]+ (passed|failed)|NOT COVERED|sanitize coverage|cut off|: exit " \
         sanitize-*.log) || true
     return "$rc"
 }

@@ -1,0 +1,61 @@
+"""tools/gpu_check.sh's sanitize stage on the CPU, with a stand-in for compute-sanitizer that runs
+the command it is given: one process per tool, in turn or side by side (SANITIZE_PARALLEL=1),
+each tool's log whole, and a finding of any tool failing the stage."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE = "tests/test_split_tests.py::test_gpu_check_runs_part_k_of_n_from_the_tool"  # a quick CPU test
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and timeout")
+
+# The stand-in: skips the sanitizer's own options (each "--name value"), runs the rest, prints
+# a summary as compute-sanitizer does, and reports a finding for the tool named in FAIL_TOOL.
+STAND_IN = """#!/usr/bin/env bash
+tool=""
+while [[ $# -gt 0 && $1 == --* ]]; do [[ $1 == --tool ]] && tool=$2; shift 2; done
+"$@"; rc=$?
+if [[ $tool == "${FAIL_TOOL:-}" ]]; then echo "========= ERROR SUMMARY: 1 error"; exit 99; fi
+echo "========= ERROR SUMMARY: 0 errors ($tool)"
+exit $rc
+"""
+
+
+def _stage(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "compute-sanitizer"
+    fake.write_text(STAND_IN)
+    fake.chmod(0o755)
+    e = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+         "SANITIZE_ONLY": NODE, "DRVQWEN_CACHE": str(tmp_path / "cache"), **env}
+    return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "sanitize", str(tmp_path / "out")], env=e,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+@pytest.mark.parametrize("parallel", ["0", "1"])
+def test_every_tool_runs_the_nodes_into_its_own_log(tmp_path, parallel):
+    r = _stage(tmp_path, SANITIZE_PARALLEL=parallel)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        log = (tmp_path / "out" / f"sanitize-{tool}.log").read_text()
+        assert "1 passed" in log and f"ERROR SUMMARY: 0 errors ({tool})" in log, log
+        assert log.rstrip().endswith(f"=== sanitize-{tool}: exit 0"), log
+        assert f"sanitize-{tool}.log:=== sanitize-{tool}: exit 0" in r.stdout  # the summary at the end
+
+
+@pytest.mark.parametrize("parallel", ["0", "1"])
+def test_a_finding_of_one_tool_fails_the_stage(tmp_path, parallel):
+    r = _stage(tmp_path, SANITIZE_PARALLEL=parallel, FAIL_TOOL="racecheck")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "sanitize-racecheck.log:=== sanitize-racecheck: exit 99" in r.stdout
+    assert "sanitize-synccheck.log:=== sanitize-synccheck: exit 0" in r.stdout
