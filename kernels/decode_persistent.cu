@@ -57,7 +57,8 @@
 // Before the wait a GEMV item loads only weights (never written by any op), and qkv_rope and the
 // combine read the step's position, K/V slot and length (state, block table: written before
 // this kernel is launched, by no op of it — Dep::state_fixed, block_coord.cuh); the attention
-// items load nothing before it. The first op waits for the previous kernel on the stream
+// items read the length and block table too, and ask L2 for their first K/V page (dp_attention:
+// a prefetch, which reads nothing into the SM and changes no value). The first op waits for the previous kernel on the stream
 // (griddepcontrol.wait: a no-op without programmatic launch). The wait itself: thread 0 polls
 // the counter with relaxed loads, then one acquire load (ptx/flags.cuh), then a block barrier.
 // No deadlock: every block is resident; the lowest op with unfinished items has its inputs
@@ -141,6 +142,9 @@
 #include "l2_prefetch.cu"       // L2PrefetchArgs, l2_prefetch_block
 
 #define DP_THREADS 256
+#ifndef DP_ATTN_PREFETCH
+#define DP_ATTN_PREFETCH 1  // the attention items' first K/V page asked of L2 before their wait (dp_attention)
+#endif
 #ifndef DP_STRESS
 #define DP_STRESS 0
 #endif
@@ -239,11 +243,29 @@ DP_OP_FN void dp_gate_up(const PersistentOp& op, int item, CounterDep dep) {
     gemv_int4_gate_up_swiglu_item(dp_args<GemvInt4GateUpSwigluArgs>(op),
                                   BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
 }
-// Item = planned blocks 2p and 2p + 1 of KV head kv: warp w takes split 8p + w.
+// Item = planned blocks 2p and 2p + 1 of KV head kv: warp w takes split 8p + w. Before the wait,
+// lane 0 of a warp whose split has pages asks L2 for the first page's K and V (2 × 16 · Dh · 2 B,
+// cp.async.bulk.prefetch.L2): the step's length and block table are fixed in this kernel
+// (CounterDep::state_fixed), and the page's HBM latency then passes while qkv_rope's items run
+// instead of after them. It changes no value: L2 is where every SM's writes land, so a prefetch
+// of the page qkv_rope is writing (the current position's) fetches nothing stale. DP_ATTN_PREFETCH=0
+// builds it without, to measure.
 DP_OP_FN void dp_attention(const PersistentOp& op, int item, CounterDep dep) {
-    dep.wait();
     const int gx = (int)op.gx, pairs = (gx + 1) / 2, kv_head = item / pairs, p = item % pairs;
     const int warp = threadIdx.x / WARP_SIZE, split = 8 * p + warp, n_splits = gx * ATTN_WARPS;
+#if DP_ATTN_PREFETCH
+    if (split < n_splits && threadIdx.x % WARP_SIZE == 0) {
+        const AttentionDecodeArgs& a = dp_args<AttentionDecodeArgs>(op);
+        const int n_pages = (a.state[2] + PAGE_TOKENS - 1) / PAGE_TOKENS;
+        const int page = split * attn_pages_per_split(n_pages, n_splits);
+        if (page < n_pages) {
+            const u64 offset = kv_offset(a.block_table[page], kv_head, 0, a.Hkv, DP_HEAD_DIM);
+            bulk_prefetch_l2(a.k_cache + offset, PAGE_TOKENS * DP_HEAD_DIM * sizeof(__half));
+            bulk_prefetch_l2(a.v_cache + offset, PAGE_TOKENS * DP_HEAD_DIM * sizeof(__half));
+        }
+    }
+#endif
+    dep.wait();
     if (split < n_splits)
         attention_decode_args_split<DP_HEAD_DIM>(dp_args<AttentionDecodeArgs>(op), split, n_splits, kv_head, warp);
 }
