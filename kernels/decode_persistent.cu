@@ -124,7 +124,7 @@
 #include <cuda_fp16.h>
 
 #include "types.cuh"  // u32, u64
-#include "flags.cuh"  // ld_relaxed_gpu_u32, ld_acquire_gpu_u32, red_release_gpu_add, global_timer_ns, nanosleep
+#include "flags.cuh"  // ld_relaxed_gpu_u32, ld_acquire_gpu_u32, red_release_gpu_add, global_timer_ns, sm_id, nanosleep
 
 #define __restrict__            // see the header: no non-coherent loads of inputs written here
 #define ATTN_SMEM_WARPS 8       // one p/alpha buffer per warp of the block (attention_decode.cu)
@@ -312,8 +312,9 @@ __device__ __forceinline__ void dp_stress_delay(int op, int item) {
 // grid (resident blocks), block (DP_THREADS), dynamic smem: the largest of the ops' planned
 // dynamic shared memory (the items of one block run one after another; a __syncthreads() after
 // each item separates one item's use of shared memory from the next's).
-// trace (optional): per block, trace_items records of 4 u64 — (op << 32 | item, %globaltimer at
-// the item's start, when its wait was over, after its release) — for `drvqwen bench --trace`.
+// trace (optional): per block, trace_items records of 4 u64 — (op << 32 | SM << 20 | item,
+// %globaltimer at the item's start, when its wait was over, after its release) — for `drvqwen
+// bench --trace` (the SM: which items of an op shared one; an op has < 2^20 items, the launcher checks).
 extern "C" __global__ void __launch_bounds__(DP_THREADS, DP_MIN_BLOCKS)
 decode_persistent(const PersistentOp* program,  // [n_ops] the step's ops, in order
                   u32* counters,                // [n_ops + 1] uint32, zero between steps
@@ -327,7 +328,7 @@ decode_persistent(const PersistentOp* program,  // [n_ops] the step's ops, in or
             dp_stress_delay(k, item);
 #endif
             if (rec != nullptr && threadIdx.x == 0) {
-                rec[0] = (u64)k << 32 | item;
+                rec[0] = (u64)k << 32 | (u64)sm_id() << 20 | item;
                 rec[1] = global_timer_ns();
             }
             const CounterDep dep = {k == 0 ? nullptr : counters + k - 1, program[k].wait,

@@ -13,6 +13,8 @@
 //   split_arrive_last    that add, and the last adder's reset of the counter: the step every
 //                        split computation's parts share
 //   global_timer_ns      mov.u64 %globaltimer              ("Special Registers: %globaltimer")
+//   sm_id                mov.u32 %smid                     ("Special Registers: %smid"): which
+//                        SM a block runs on, for the persistent step's trace
 //   nanosleep            nanosleep.u32                     ("Miscellaneous Instructions: nanosleep")
 //
 // The pattern: a producer block finishes its writes, __syncthreads() (its threads' writes are
@@ -80,6 +82,14 @@ __device__ __forceinline__ u64 global_timer_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+// The SM this thread runs on (0 … SMs − 1; a block stays on one SM). For traces only: PTX allows
+// the value to change during a thread's life in general, so nothing is computed from it.
+__device__ __forceinline__ u32 sm_id() {
+    u32 id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
 }
 
 // Suspends the warp for about `ns` nanoseconds (at most 1 ms): a spinning thread leaves its

@@ -145,6 +145,30 @@ def test_plan_one_op_per_launch_before_the_norm(cfg):
     assert set(p.specs[0].writes) >= {"residual", "q", "attn", "h", "persistent_counters"}
 
 
+def test_trace_summary_reads_the_records_the_kernel_writes():
+    """Records (op << 32 | SM << 20 | item, start, wait over, release) in ns, unused ones zero: per
+    op the times from the first start, the median and slowest item after its wait, the SMs, and
+    the most items of the op running on one SM at once."""
+    from drvqwen.launchers.decode_persistent import TRACE_ITEM_BITS, most_at_once, trace_summary
+
+    def rec(op, sm, item, start, wait, end):
+        return [op << 32 | sm << TRACE_ITEM_BITS | item, 10_000 + start, 10_000 + wait, 10_000 + end]
+
+    trace = np.array([
+        [rec(0, 5, 0, 0, 100, 1100), rec(1, 5, 1, 1100, 2000, 2500), [0, 0, 0, 0]],
+        [rec(0, 7, 1, 50, 100, 600), rec(1, 5, 0, 700, 2000, 4000), [0, 0, 0, 0]],   # op 1's items overlap on SM 5
+        [rec(1, 9, 2, 600, 2100, 2600), [0, 0, 0, 0], [0, 0, 0, 0]],
+    ], dtype=np.uint64)
+    ops = trace_summary(trace, 2)
+    assert [o["op"] for o in ops] == [0, 1] and [o["items"] for o in ops] == [2, 3]
+    assert ops[0]["start_us"] == 0.0 and ops[0]["end_us"] == 1.1
+    assert ops[0]["wait_first_us"] == ops[0]["wait_last_us"] == 0.1
+    assert ops[0]["item_median_us"] == 0.75 and ops[0]["item_max_us"] == 1.0
+    assert ops[0]["sms"] == 2 and ops[0]["most_on_one_sm"] == 1
+    assert ops[1]["sms"] == 2 and ops[1]["most_on_one_sm"] == 2 and ops[1]["item_max_us"] == 2.0
+    assert most_at_once(np.array([0, 10]), np.array([10, 20])) == 1  # one ends as the next starts
+
+
 def test_plan_with_trace():
     plan = plan_decode(QWEN25_CODER_05B.with_layers(2), 256, attention="plain", occupancy=OCC, persistent=True,
                        persistent_trace=True)

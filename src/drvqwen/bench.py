@@ -245,7 +245,8 @@ def persistent_trace(dec, graph) -> dict:
     """One graph step of the persistent kernel, traced (launchers.decode_persistent.trace_summary):
     per op role (the step names without their layer), medians over the layers of the op's span
     (from the previous op's last release to its own), the hand-off (from that release to the
-    first of its waits to end) and its items' median time after their wait; and the whole step."""
+    first of its waits to end), its items' median and slowest time after their wait and the most
+    of them on one SM at once; and the whole step."""
     from .launchers.decode_persistent import trace_summary
 
     graph.decode_token()
@@ -257,11 +258,14 @@ def persistent_trace(dec, graph) -> dict:
     prev_end = 0.0
     for o in ops:
         role = names[o["op"]].split(".", 1)[1] if names[o["op"]].startswith("L") else names[o["op"]]
-        r = roles.setdefault(role, {"span_us": [], "handoff_us": [], "item_us": [], "items": []})
+        r = roles.setdefault(role, {"span_us": [], "handoff_us": [], "item_us": [], "item_max_us": [], "items": [],
+                                    "most_on_one_sm": []})
         r["span_us"].append(o["end_us"] - prev_end)
         r["handoff_us"].append(o["wait_first_us"] - prev_end)
         r["item_us"].append(o["item_median_us"])
+        r["item_max_us"].append(o["item_max_us"])
         r["items"].append(o["items"])
+        r["most_on_one_sm"].append(o["most_on_one_sm"])
         prev_end = o["end_us"]
     return {"step_us": prev_end, "ops": ops,
             "roles": {k: {m: float(np.median(v)) for m, v in r.items()} | {"count": len(r["span_us"])}
@@ -734,7 +738,8 @@ def cmd_bench(args) -> int:
         err.print(f"persistent step, traced: {tr['step_us']:.1f} µs from the first item's start to the last release")
         for role, r in tr["roles"].items():
             err.print(f"  {role:<18} ×{r['count']:<3} span {r['span_us']:6.2f} µs  hand-off {r['handoff_us']:5.2f} µs  "
-                      f"item {r['item_us']:5.2f} µs  items {r['items']:.0f}")
+                      f"item {r['item_us']:5.2f} µs (slowest {r['item_max_us']:5.2f})  items {r['items']:.0f} "
+                      f"(at most {r['most_on_one_sm']:.0f} on an SM at once)")
     if args.json:
         from .provenance import source_record
 

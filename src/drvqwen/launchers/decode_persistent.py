@@ -16,8 +16,8 @@ The counters (uint32 [n_ops + 1]): items finished per op, then blocks finished; 
 steps (the kernel's last block resets them; they are zeroed once at build).
 
 The trace (optional, uint64 [grid, trace_items, 4]): per block, one record per item it ran —
-op << 32 | item, then %globaltimer at the item's start, when its wait was over, and after its
-release (`trace_summary` turns a downloaded trace into per-op times).
+op << 32 | SM << 20 | item, then %globaltimer at the item's start, when its wait was over, and
+after its release (`trace_summary` turns a downloaded trace into per-op times).
 """
 
 from __future__ import annotations
@@ -124,10 +124,25 @@ def trace_items(ops: Sequence[tuple[int, int, int, int]], grid_blocks: int) -> i
     return sum(-(-n // grid_blocks) for _k, n, _g, _t in ops)
 
 
+TRACE_ITEM_BITS = 20  # an item's index in a trace record's first word, below the SM's (kernel header)
+
+
+def most_at_once(starts: np.ndarray, ends: np.ndarray) -> int:
+    """The most of the intervals [start, end) that overlap at one instant (0 for none)."""
+    events = sorted([(int(t), 1) for t in starts] + [(int(t), -1) for t in ends], key=lambda e: (e[0], e[1]))
+    best = now = 0
+    for _t, d in events:
+        now += d
+        best = max(best, now)
+    return best
+
+
 def trace_summary(trace: np.ndarray, n_ops: int) -> list[dict]:
     """Per op of one traced step (trace: uint64 [grid, trace_items, 4] as the kernel wrote it,
     unused records zero): its items, and in µs from the first item's start: when its first item
-    started, when the first and last wait were over, when its last item released."""
+    started, when the first and last wait were over, when its last item released; its items'
+    median and slowest time after their wait; and where they ran: on how many SMs, and the most
+    of them running on one SM at once (past their wait)."""
     rec = trace.reshape(-1, 4)
     rec = rec[rec[:, 1] != 0]
     t0 = int(rec[:, 1].min())
@@ -137,9 +152,13 @@ def trace_summary(trace: np.ndarray, n_ops: int) -> list[dict]:
         if not len(r):
             continue
         us = lambda v: (int(v) - t0) / 1e3
+        sm = (r[:, 0] >> TRACE_ITEM_BITS) & ((1 << (32 - TRACE_ITEM_BITS)) - 1)
+        after_wait = (r[:, 3] - r[:, 2]).astype(np.int64)
         out.append({"op": k, "items": int(len(r)), "start_us": us(r[:, 1].min()), "wait_first_us": us(r[:, 2].min()),
                     "wait_last_us": us(r[:, 2].max()), "end_us": us(r[:, 3].max()),
-                    "item_median_us": float(np.median((r[:, 3] - r[:, 2]).astype(np.int64))) / 1e3})
+                    "item_median_us": float(np.median(after_wait)) / 1e3, "item_max_us": float(after_wait.max()) / 1e3,
+                    "sms": int(len(np.unique(sm))),
+                    "most_on_one_sm": max(most_at_once(r[sm == s, 2], r[sm == s, 3]) for s in np.unique(sm))})
     return out
 
 
@@ -181,6 +200,8 @@ class PersistentDecode(Launcher):
                 require(s.kernel.kernel == f"attention_decode_hd{head_dim}" and s.block[0] == 128,
                         f"{s.kernel}: the persistent step is built for head dim {head_dim}")
         self.ops = [op_shape(s) for s in self.member_specs]
+        require(all(n < 1 << TRACE_ITEM_BITS for _k, n, _g, _t in self.ops),
+                f"an op of over 2^{TRACE_ITEM_BITS} items: the trace records hold fewer")
         n_bytes = program_bytes(self.member_specs)
         require(getattr(program, "shape", (n_bytes,)) == (n_bytes,) and np.dtype(getattr(program, "dtype", np.uint8)) == np.uint8,
                 f"program: expected uint8 [{n_bytes}], got {getattr(program, 'name', program)}")
