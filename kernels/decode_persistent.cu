@@ -142,6 +142,9 @@
 #include "l2_prefetch.cu"       // L2PrefetchArgs, l2_prefetch_block
 
 #define DP_THREADS 256
+// A trace record's first word: op << 32 | SM << DP_TRACE_ITEM_BITS | item (an op has fewer items
+// than 2^DP_TRACE_ITEM_BITS, the launcher checks; an SM id < 2^12).
+#define DP_TRACE_ITEM_BITS 20
 #ifndef DP_ATTN_PREFETCH
 #define DP_ATTN_PREFETCH 1  // the attention items' first K/V page asked of L2 before their wait (dp_attention)
 #endif
@@ -328,7 +331,7 @@ decode_persistent(const PersistentOp* program,  // [n_ops] the step's ops, in or
             dp_stress_delay(k, item);
 #endif
             if (rec != nullptr && threadIdx.x == 0) {
-                rec[0] = (u64)k << 32 | (u64)sm_id() << 20 | item;
+                rec[0] = (u64)k << 32 | (u64)sm_id() << DP_TRACE_ITEM_BITS | item;
                 rec[1] = global_timer_ns();
             }
             const CounterDep dep = {k == 0 ? nullptr : counters + k - 1, program[k].wait,

@@ -146,27 +146,34 @@ def test_plan_one_op_per_launch_before_the_norm(cfg):
 
 
 def test_trace_summary_reads_the_records_the_kernel_writes():
-    """Records (op << 32 | SM << 20 | item, start, wait over, release) in ns, unused ones zero: per
-    op the times from the first start, the median and slowest item after its wait, the SMs, and
-    the most items of the op running on one SM at once."""
+    """Records (op << 32 | SM << TRACE_ITEM_BITS | item, start, wait over, release) in ns, unused
+    ones zero: per op the times from the first start, the median and slowest item after its wait,
+    the SMs, and the most items of the op running on one SM at once (after their wait: the
+    starts are ordered otherwise). SM ids and items at the fields' edges, so a wrong width shows."""
     from drvqwen.launchers.decode_persistent import TRACE_ITEM_BITS, most_at_once, trace_summary
+
+    top_item, top_sm = (1 << TRACE_ITEM_BITS) - 1, (1 << (32 - TRACE_ITEM_BITS)) - 1
 
     def rec(op, sm, item, start, wait, end):
         return [op << 32 | sm << TRACE_ITEM_BITS | item, 10_000 + start, 10_000 + wait, 10_000 + end]
 
     trace = np.array([
-        [rec(0, 5, 0, 0, 100, 1100), rec(1, 5, 1, 1100, 2000, 2500), [0, 0, 0, 0]],
-        [rec(0, 7, 1, 50, 100, 600), rec(1, 5, 0, 700, 2000, 4000), [0, 0, 0, 0]],   # op 1's items overlap on SM 5
-        [rec(1, 9, 2, 600, 2100, 2600), [0, 0, 0, 0], [0, 0, 0, 0]],
+        [rec(3, 131, 0, 0, 100, 1100), rec(37, top_sm, top_item, 1100, 2000, 2500), [0, 0, 0, 0]],
+        # op 37's two records on SM top_sm overlap after their waits ([2000, 2500), [2400, 4000));
+        # op 3's two on SM 131 overlap from their starts ([0, 1100), [50, 1600)) but not after
+        # their waits ([100, 1100), [1100, 1600)).
+        [rec(3, 131, 1, 50, 1100, 1600), rec(37, top_sm, 0, 2300, 2400, 4000), [0, 0, 0, 0]],
+        [rec(37, 256, 2, 600, 2100, 2600), [0, 0, 0, 0], [0, 0, 0, 0]],
     ], dtype=np.uint64)
-    ops = trace_summary(trace, 2)
-    assert [o["op"] for o in ops] == [0, 1] and [o["items"] for o in ops] == [2, 3]
-    assert ops[0]["start_us"] == 0.0 and ops[0]["end_us"] == 1.1
-    assert ops[0]["wait_first_us"] == ops[0]["wait_last_us"] == 0.1
+    ops = trace_summary(trace, 40)
+    assert [o["op"] for o in ops] == [3, 37] and [o["items"] for o in ops] == [2, 3]
+    assert ops[0]["start_us"] == 0.0 and ops[0]["end_us"] == 1.6
+    assert ops[0]["wait_first_us"] == 0.1 and ops[0]["wait_last_us"] == 1.1
     assert ops[0]["item_median_us"] == 0.75 and ops[0]["item_max_us"] == 1.0
-    assert ops[0]["sms"] == 2 and ops[0]["most_on_one_sm"] == 1
-    assert ops[1]["sms"] == 2 and ops[1]["most_on_one_sm"] == 2 and ops[1]["item_max_us"] == 2.0
+    assert ops[0]["sms"] == 1 and ops[0]["most_on_one_sm"] == 1    # [100, 1100) then [1100, 1600)
+    assert ops[1]["sms"] == 2 and ops[1]["most_on_one_sm"] == 2 and ops[1]["item_max_us"] == 1.6
     assert most_at_once(np.array([0, 10]), np.array([10, 20])) == 1  # one ends as the next starts
+    assert most_at_once(np.array([5]), np.array([5])) == 0
 
 
 def test_plan_with_trace():

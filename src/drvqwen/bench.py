@@ -245,8 +245,8 @@ def persistent_trace(dec, graph) -> dict:
     """One graph step of the persistent kernel, traced (launchers.decode_persistent.trace_summary):
     per op role (the step names without their layer), medians over the layers of the op's span
     (from the previous op's last release to its own), the hand-off (from that release to the
-    first of its waits to end), its items' median and slowest time after their wait and the most
-    of them on one SM at once; and the whole step."""
+    first of its waits to end), its items' median and slowest time after their wait, and the
+    most of them on one SM at once in any layer; and the whole step."""
     from .launchers.decode_persistent import trace_summary
 
     graph.decode_token()
@@ -267,9 +267,10 @@ def persistent_trace(dec, graph) -> dict:
         r["items"].append(o["items"])
         r["most_on_one_sm"].append(o["most_on_one_sm"])
         prev_end = o["end_us"]
+    # Medians over the layers, but the most items of the op on one SM at once: the most of any layer.
     return {"step_us": prev_end, "ops": ops,
-            "roles": {k: {m: float(np.median(v)) for m, v in r.items()} | {"count": len(r["span_us"])}
-                      for k, r in roles.items()}}
+            "roles": {k: {m: float(np.max(v) if m == "most_on_one_sm" else np.median(v)) for m, v in r.items()}
+                      | {"count": len(r["span_us"])} for k, r in roles.items()}}
 
 
 # ---- the whole benchmark -----------------------------------------------------------------------

@@ -124,7 +124,7 @@ def trace_items(ops: Sequence[tuple[int, int, int, int]], grid_blocks: int) -> i
     return sum(-(-n // grid_blocks) for _k, n, _g, _t in ops)
 
 
-TRACE_ITEM_BITS = 20  # an item's index in a trace record's first word, below the SM's (kernel header)
+TRACE_ITEM_BITS = mirrored("decode_persistent", "DP_TRACE_ITEM_BITS", 20)  # a trace record's item field
 
 
 def most_at_once(starts: np.ndarray, ends: np.ndarray) -> int:
@@ -200,8 +200,8 @@ class PersistentDecode(Launcher):
                 require(s.kernel.kernel == f"attention_decode_hd{head_dim}" and s.block[0] == 128,
                         f"{s.kernel}: the persistent step is built for head dim {head_dim}")
         self.ops = [op_shape(s) for s in self.member_specs]
-        require(all(n < 1 << TRACE_ITEM_BITS for _k, n, _g, _t in self.ops),
-                f"an op of over 2^{TRACE_ITEM_BITS} items: the trace records hold fewer")
+        require(not trace or all(n < 1 << TRACE_ITEM_BITS for _k, n, _g, _t in self.ops),
+                f"an op of 2^{TRACE_ITEM_BITS} items or more: the trace records hold fewer")
         n_bytes = program_bytes(self.member_specs)
         require(getattr(program, "shape", (n_bytes,)) == (n_bytes,) and np.dtype(getattr(program, "dtype", np.uint8)) == np.uint8,
                 f"program: expected uint8 [{n_bytes}], got {getattr(program, 'name', program)}")
