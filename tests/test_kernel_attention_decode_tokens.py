@@ -82,11 +82,14 @@ def _check(dev, rng, model: str, blocks: int, n_tokens: int, seq_len: int) -> No
                   for n, sh in partial_shapes(hq, dh, blocks, n_tokens=n_tokens).items())
     state = dev.upload("state", np.array([seq_len - 1, 0, seq_len], np.int32))
     ln = AttentionDecode(out, dev.upload("q", q), state=state, partials=parts, n_tokens=n_tokens, **cache, **shape)
-    # The splits on the single-token grid (its warps share out the (token, split) pairs), the
-    # combine on the single-token grid once per token.
+    # The splits on the single-token grid (its warps share out the (token, split) pairs); the
+    # combine as one block of COMBINE_THREADS a (head, token), where the single-token combine
+    # spreads a head's dims over dim_split blocks (the same sums in the same order: the same bits,
+    # checked below).
     (split_t, comb_t), (split_1, comb_1) = ln.specs, one.specs
     assert (split_t.grid, split_t.block) == (split_1.grid, split_1.block), where
-    assert (comb_t.grid, comb_t.block) == ((*comb_1.grid, n_tokens), comb_1.block), where
+    assert (comb_t.grid, comb_t.block) == ((hq, n_tokens), (COMBINE_THREADS,)), where
+    assert (comb_1.grid, comb_1.block) == ((hq, COMBINE_SPLIT), (COMBINE_THREADS // COMBINE_SPLIT,)), where
     ln.launch()
     got = [b.download() for b in (out, *parts)]
 

@@ -198,3 +198,13 @@ def test_a_misaligned_buffer_is_refused_when_the_launch_is_built():
     odd = DeviceArray("w", (1 << 20) + 8, (4096,), np.uint8)
     with pytest.raises(LaunchError, match="^l2_prefetch: w at 0x100008 is not 16-byte aligned$"):
         ln.build(lambda _spec: odd)
+
+
+def test_a_planned_span_without_a_resolver_reaches_launchers_own_check():
+    """Launcher.launches calls build() with no resolver (DecodeStep's launch list does, once the
+    plan is built, and gets the built launches back): the alignment check must pass a planned
+    span, which has no address, on to Launcher.build instead of formatting the missing address;
+    an unbuilt plan is then refused with Launcher.build's own message."""
+    ln = L2Prefetch([L2Span.whole(BufferSpec("w", (4096,), np.uint8))], occupancy=OCC)
+    with pytest.raises(LaunchError, match="build the launcher with a resolver"):
+        ln.build()
