@@ -503,7 +503,15 @@ __device__ __forceinline__ void attention_combine_token_item(const AttentionComb
 // header above);
 // with a quarter of the dims a block, a thread can have 16 of its loads in flight instead of 8
 // (a block of 256 threads, not 1024: the registers allow it), and the heads' work spreads over
-// C × Hq SMs instead of Hq. Contains __syncthreads(): call from every thread.
+// C × Hq SMs instead of Hq. Measured (tools/bench_attention.py, the combine alone on the TMA
+// kernel's partials, graph of 20 calls; docs/bench/2026-12-05_979f3b7_h200_attention_{7b,05b}.json),
+// µs at 512 / 8192 / 32768 tokens, the bits equal for every C:
+//   |      | C = 1 (1024 threads) | C = 4              | C = 8              | C = 32             |
+//   | 7B   | 3.50 / 4.69 / 6.02   | 2.51 / 3.39 / 4.13 | 2.60 / 3.76 / 4.80 | 3.06 / 5.84 / 8.44 |
+//   | 0.5B | 3.38 / 4.05 / 6.12   | 2.42 / 2.84 / 4.01 | 2.45 / 2.95 / 4.51 | 2.68 / 4.25 / 9.05 |
+// Beyond 4 every block still scans all of the head's split maxima and sums (combine_head_logits),
+// C scans a head in all: the likely reason more blocks lose, not measured apart.
+// Contains __syncthreads(): call from every thread.
 template <typename Dep>
 __device__ __forceinline__ void attention_combine_dims(const AttentionCombineArgs& a, int h, int c, int C, Dep dep) {
     extern __shared__ float combine_smem[];              // max_logits[NS], exp_sums[NS] of head h

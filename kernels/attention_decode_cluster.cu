@@ -19,6 +19,16 @@
 // SMs: this is the short-context kernel, the split-KV kernels (attention_decode_tma.cu) the
 // long-context ones.
 //
+// Measured on the H200 (tools/bench_attention.py, graph of 20 calls, grids for a 32 768-token
+// cache; docs/bench/2026-12-05_979f3b7_h200_attention_{7b,05b}.json), µs at 512 / 8192 / 32768
+// tokens, this one launch against the TMA kernel's two (split + combine) and the plain kernel's:
+//   | model | cluster of 8         | cluster of 16        | TMA + combine        | plain + combine      |
+//   | 7B    | 6.38 / 21.28 / 72.79 | 6.60 / 14.05 / 41.17 | 7.06 / 14.46 / 27.33 | 6.71 / 14.00 / 28.29 |
+//   | 0.5B  | 4.64 / 13.20 / 42.94 | 5.06 / 9.51 / 24.99  | 6.18 / 10.62 / 12.88 | 5.07 / 8.35 / 12.68  |
+// So it wins at short contexts only, 0.3–0.7 µs a 7B layer and 0.4–1.5 µs a 0.5B layer at 512
+// tokens, alone; inside the step PDL already overlaps the two launches with their neighbours,
+// which `drvqwen bench --short-attention-below N` measures (not yet run). Off by default.
+//
 // Work split
 // ----------
 //   grid    = (C, Hkv), C = ACL_CLUSTER blocks per KV head = one cluster (__cluster_dims__);
