@@ -59,3 +59,51 @@ def test_a_finding_of_one_tool_fails_the_stage(tmp_path, parallel):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "sanitize-racecheck.log:=== sanitize-racecheck: exit 99" in r.stdout
     assert "sanitize-synccheck.log:=== sanitize-synccheck: exit 0" in r.stdout
+
+
+# A stand-in that only names the pytest nodes it was given, one a line, without running them
+# (the nodes of tools/sanitize_nodes.txt are GPU tests).
+ECHO_STAND_IN = """#!/usr/bin/env bash
+while [[ $# -gt 0 && $1 != -m ]]; do shift; done
+for a in "$@"; do [[ $a == tests/* ]] && echo "NODE $a"; done
+echo "========= ERROR SUMMARY: 0 errors"
+"""
+
+
+def _kernels_stage(tmp_path: Path, kernels: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "compute-sanitizer"
+    fake.write_text(ECHO_STAND_IN)
+    fake.chmod(0o755)
+    e = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+         "SANITIZE_KERNELS": kernels, "SANITIZE_TOOLS_ONLY": "memcheck", "DRVQWEN_CACHE": str(tmp_path / "cache")}
+    e.pop("SANITIZE_ONLY", None)
+    return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "sanitize", str(tmp_path / "out")], env=e,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_sanitize_kernels_keeps_the_nodes_that_launch_them(tmp_path):
+    """SANITIZE_KERNELS (tools/changed_kernels.py's list) runs exactly the nodes of
+    tools/sanitize_nodes.txt that name one of the kernels, and the coverage check reads those."""
+    kernels = {"l2_prefetch", "stream_read_ld"}
+    r = _kernels_stage(tmp_path, " ".join(sorted(kernels)))
+    lines = [ln for ln in (ROOT / "tools" / "sanitize_nodes.txt").read_text().splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#") and kernels & set(ln.split()[1:])]
+    assert len(lines) >= 2, lines
+    selected = (tmp_path / "out" / "sanitize-nodes.txt").read_text().splitlines()
+    assert selected == lines
+    log = (tmp_path / "out" / "sanitize-memcheck.log").read_text()
+    assert sorted(ln.split()[1] for ln in log.splitlines() if ln.startswith("NODE ")) == sorted(
+        ln.split()[0] for ln in lines), log
+    # Nothing was launched (the stand-in ran no test): the coverage check over those nodes fails.
+    cov = (tmp_path / "out" / "sanitize-coverage.log").read_text()
+    assert "NOT COVERED" in cov and f"0 of {len(lines)} nodes" in cov, cov
+    assert r.returncode == 1
+
+
+def test_sanitize_kernels_refuses_a_kernel_no_node_launches(tmp_path):
+    r = _kernels_stage(tmp_path, "l2_prefetch no_such_kernel")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "SANITIZE_KERNELS: no node of tools/sanitize_nodes.txt launches no_such_kernel" in r.stderr
+    assert not (tmp_path / "out" / "sanitize-memcheck.log").exists()

@@ -14,7 +14,9 @@
 #             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
 #             process per tool (SANITIZE_PARALLEL=1: side by side); then
 #             tools/check_sanitize_coverage.py on the launches the memcheck run logged.
-#             SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it.
+#             SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it; SANITIZE_KERNELS="entry …" keeps
+#             the nodes that launch those kernels (tools/changed_kernels.py BASE prints the
+#             ones whose machine code a change touched).
 #   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: TTFT and
 #             ITL (512-token prompt, 128 greedy tokens) on the synthetic 7B (written to /dev/shm
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
@@ -88,6 +90,21 @@ STEP_TIMEOUT_S=${STEP_TIMEOUT_S:-480}
 mapfile -t SANITIZE_TESTS < <(grep -v '^[[:space:]]*#' tools/sanitize_nodes.txt | awk 'NF {print $1}')
 # SANITIZE_ONLY="node …" replaces the list (one kernel's cases alone).
 [[ -n ${SANITIZE_ONLY:-} ]] && read -r -a SANITIZE_TESTS <<< "$SANITIZE_ONLY"
+# SANITIZE_KERNELS="entry …" (the last line of tools/changed_kernels.py BASE: the entry points
+# whose machine code differs from BASE's) keeps the nodes that launch any of them, written with
+# their kernels to OUTDIR/sanitize-nodes.txt for the coverage check. A named kernel that no node
+# launches stops the stage: the selection must not quietly shrink.
+SANITIZE_NODES_FILE=tools/sanitize_nodes.txt
+if [[ -n ${SANITIZE_KERNELS:-} && $STAGE == sanitize ]]; then
+    SANITIZE_NODES_FILE=$OUTDIR/sanitize-nodes.txt
+    grep -v '^[[:space:]]*#' tools/sanitize_nodes.txt | awk -v ks="$SANITIZE_KERNELS" '
+        BEGIN { n = split(ks, k, " "); for (i = 1; i <= n; i++) want[k[i]] = 1 }
+        NF { for (i = 2; i <= NF; i++) if ($i in want) { print; seen[$i] = 1; break } }
+        END { for (w in want) if (!(w in seen)) { print "SANITIZE_KERNELS: no node of tools/sanitize_nodes.txt launches " w > "/dev/stderr"; bad = 1 }
+              exit bad }' > "$SANITIZE_NODES_FILE" || exit 2
+    mapfile -t SANITIZE_TESTS < <(awk 'NF {print $1}' "$SANITIZE_NODES_FILE")
+    echo "SANITIZE_KERNELS: ${#SANITIZE_TESTS[@]} nodes ($SANITIZE_NODES_FILE)"
+fi
 SANITIZE_TOOLS=(memcheck racecheck synccheck)
 # SANITIZE_TOOLS_ONLY="memcheck …" runs only those tools (to split the stage into shorter runs).
 [[ -n ${SANITIZE_TOOLS_ONLY:-} ]] && read -r -a SANITIZE_TOOLS <<< "$SANITIZE_TOOLS_ONLY"
@@ -197,7 +214,7 @@ sanitize_tool() {
         --error-exitcode 99 --report-api-errors no \
         "$PY" -m pytest -v -p no:cacheprovider "${SANITIZE_TESTS[@]}" || rc=1
     if [[ $tool == memcheck && -z ${SANITIZE_ONLY:-} ]]; then
-        run_step sanitize-coverage "$PY" tools/check_sanitize_coverage.py tools/sanitize_nodes.txt \
+        run_step sanitize-coverage "$PY" tools/check_sanitize_coverage.py "$SANITIZE_NODES_FILE" \
             "$OUTDIR/sanitize-launches.txt" || rc=1
     fi
     return "$rc"
