@@ -30,16 +30,21 @@ exit $rc
 """
 
 
-def _stage(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+def _run_stage(tmp_path: Path, stand_in: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """gpu_check.sh sanitize into tmp_path/out, with `stand_in` as compute-sanitizer on the PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "compute-sanitizer"
-    fake.write_text(STAND_IN)
+    fake.write_text(stand_in)
     fake.chmod(0o755)
     e = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
-         "SANITIZE_ONLY": NODE, "DRVQWEN_CACHE": str(tmp_path / "cache"), **env}
+         "DRVQWEN_CACHE": str(tmp_path / "cache"), **env}
     return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "sanitize", str(tmp_path / "out")], env=e,
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _stage(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    return _run_stage(tmp_path, STAND_IN, {"SANITIZE_ONLY": NODE, **env})
 
 
 @pytest.mark.parametrize("parallel", ["0", "1"])
@@ -71,16 +76,8 @@ echo "========= ERROR SUMMARY: 0 errors"
 
 
 def _kernels_stage(tmp_path: Path, kernels: str) -> subprocess.CompletedProcess:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "compute-sanitizer"
-    fake.write_text(ECHO_STAND_IN)
-    fake.chmod(0o755)
-    e = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
-         "SANITIZE_KERNELS": kernels, "SANITIZE_TOOLS_ONLY": "memcheck", "DRVQWEN_CACHE": str(tmp_path / "cache")}
-    e.pop("SANITIZE_ONLY", None)
-    return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "sanitize", str(tmp_path / "out")], env=e,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return _run_stage(tmp_path, ECHO_STAND_IN, {"SANITIZE_KERNELS": kernels, "SANITIZE_TOOLS_ONLY": "memcheck",
+                                                "SANITIZE_ONLY": ""})
 
 
 def test_sanitize_kernels_keeps_the_nodes_that_launch_them(tmp_path):
