@@ -187,6 +187,19 @@ def test_plan_with_trace():
     assert p.specs[0].args["trace"] is p.trace and "persistent_trace" in p.specs[0].writes
 
 
+def test_a_trace_refuses_an_op_its_item_field_cannot_hold(monkeypatch):
+    """A trace record packs op << 32 | SM << TRACE_ITEM_BITS | item: a planned trace with an op of
+    2^TRACE_ITEM_BITS items or more is refused (here with the field narrowed to 4 bits: the 0.5B's
+    GEMVs have more than 16 items); without a trace the same plan builds."""
+    import drvqwen.launchers.decode_persistent as dp
+
+    monkeypatch.setattr(dp, "TRACE_ITEM_BITS", 4)
+    cfg = QWEN25_CODER_05B.with_layers(2)
+    with pytest.raises(LaunchError, match=r"an op of 2\^4 items or more: the trace records hold fewer"):
+        plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, persistent_trace=True)
+    assert plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True).persistent is not None
+
+
 def test_plan_with_l2_prefetch():
     """The L2 prefetches of the per-launch step become ops of the program: an item per planned
     block, in the step's order (after each qkv_rope, and after each down_proj but the last)."""

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Which kernel entry points run different machine code than at another commit?
 
-    python3 tools/changed_kernels.py BASE [--build FILE:NAME=VALUE,...] [--json OUT]
+    python3 tools/changed_kernels.py BASE [--build FILE:NAME=INT,...] [--json OUT]
 
-Compiles the kernel builds below from the checkout's kernels/ and ptx/ and from BASE's (`git
-archive`, no checkout of it), both with this checkout's NVRTC options, and compares each
+Compiles the kernel builds below from the checkout's kernels/ and ptx/ and from BASE's
+(bench_commits.write_tree: `git archive`, no checkout of it), both with this checkout's NVRTC options, and compares each
 extern "C" entry point's code in the two cubins: its `.text.<entry>` section (the SASS, with
 every device function inlined into it or called from it by offset) and its relocations, and its
 line of the ptxas report (registers, stack, static shared memory, barriers). An entry whose
@@ -23,7 +23,8 @@ adds others (a file, then its defines). An entry point new since BASE, or in a f
 counts as changed. Needs NVRTC (no GPU); the cubins go through the cubin cache.
 
 Prints one line per entry point that differs ("changed" / "new", with its file and build) and the
-list; exits 0 (also when nothing changed), 2 on a bad argument or a BASE git does not know.
+list; exits 0 (also when nothing changed), 2 on a bad argument, 1 (one line) on a BASE that is
+not a commit of this repository.
 """
 
 from __future__ import annotations
@@ -31,17 +32,18 @@ from __future__ import annotations
 import argparse
 import json
 import struct
-import subprocess
 import sys
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_commits import resolve, write_tree  # noqa: E402
+from drvqwen.bench import parse_defines  # noqa: E402
 from drvqwen.config import PRESETS  # noqa: E402
+from drvqwen.errors import DrvqwenError  # noqa: E402
 from drvqwen.cuda.nvrtc import compile_kernels  # noqa: E402
 from drvqwen.engine import engine_kernels  # noqa: E402
 
@@ -94,18 +96,17 @@ def builds(extra: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
 
 
 def base_tree(base: str, into: Path) -> Path:
-    """BASE's kernels/ and ptx/ extracted under `into` (git archive; nothing checked out).
+    """BASE's tree (src/, kernels/, ptx/: bench_commits.write_tree, by git archive; nothing
+    checked out) under `into`.
 
     Raises:
-        SystemExit: git does not know BASE.
+        SystemExit: one line, when BASE is not a commit of this repository.
     """
-    r = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", base, "kernels", "ptx"],
-                       capture_output=True)
-    if r.returncode != 0:
-        raise SystemExit(f"changed_kernels: git archive {base}: {r.stderr.decode().strip() or 'failed'}")
-    with tarfile.open(fileobj=BytesIO(r.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    return into
+    try:
+        commit = resolve([base])[0]
+    except SystemExit:
+        raise SystemExit(f"changed_kernels: {base}: not a commit of this repository") from None
+    return write_tree(commit, into)
 
 
 def changed(base_root: Path, head_root: Path, requests: list[tuple[str, dict]]) -> list[dict]:
@@ -133,23 +134,21 @@ def _entries(compiled) -> dict[str, tuple[bytes, object]]:
 
 
 def parse_build(text: str) -> tuple[str, dict]:
-    """"FILE:NAME=VALUE,NAME=VALUE" (or "FILE") → (file, defines)."""
+    """"FILE:NAME=INT,NAME=INT" (or "FILE") → (file, defines), the defines as bench.parse_defines
+    reads them."""
     name, _, rest = text.partition(":")
-    defines = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise argparse.ArgumentTypeError(f"--build {text!r}: want FILE:NAME=VALUE,…")
-        defines[key] = int(value) if value.lstrip("-").isdigit() else value
     if not name:
         raise argparse.ArgumentTypeError(f"--build {text!r}: no kernel file")
-    return name, defines
+    try:
+        return name, dict(parse_defines([d for d in rest.split(",") if d], "--build"))
+    except DrvqwenError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("base", help="the commit to compare with (anything git rev-parse takes)")
-    ap.add_argument("--build", type=parse_build, action="append", default=[], metavar="FILE:NAME=VALUE,…")
+    ap.add_argument("--build", type=parse_build, action="append", default=[], metavar="FILE:NAME=INT,…")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
