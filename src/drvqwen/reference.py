@@ -380,15 +380,22 @@ class Model:
 
     def __init__(self, weights: Weights, max_tokens: int | None = None,
                  rng: np.random.Generator | None = None, chunk: int | None = None,
-                 activations=None):
+                 activations=None, projection_inputs=None):
         """activations: None (every value in the weights' dtype), or np.float16 to round the
         values the GPU stores in FP16 — the normed inputs of the projections and the lm_head,
         q/k/v after bias and RoPE (so the K/V cache), the attention output and the SwiGLU
         output — at the same points (docs/numerics.md's table); the residual stream, RMSNorm,
-        softmax and every sum stay in the weights' dtype, as the GPU keeps them in FP32."""
+        softmax and every sum stay in the weights' dtype, as the GPU keeps them in FP32.
+
+        projection_inputs: None, or a function [T, K] → [T, K] applied to the input of every
+        matrix product (the normed x of q/k/v, gate/up and the lm_head, the attention output
+        into o_proj, the SwiGLU output into down_proj), after the FP16 rounding: the values a
+        kernel that re-encodes its activations would multiply (tools/agree_int8_activations.py).
+        """
         self.chunk = chunk or PREFILL_CHUNK
         self._act = (lambda a: a) if activations is None else \
             (lambda a, t=np.dtype(activations): a.astype(t).astype(weights.embed_tokens.dtype))
+        self._inp = projection_inputs or (lambda a: a)
         self.w = weights
         self.cfg = weights.config
         self.dtype = weights.embed_tokens.dtype
@@ -425,9 +432,10 @@ class Model:
         Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
         r = self._act                                                    # FP16 storage, or none
+        p = self._inp                                                    # a projection's input
         x = w.embed_tokens[ids]                                          # [T, D] residual
         for li, L in enumerate(w.layers):
-            h = r(rmsnorm(x, L.input_layernorm, cfg.rms_norm_eps))
+            h = p(r(rmsnorm(x, L.input_layernorm, cfg.rms_norm_eps)))
             q = (h @ L.q_proj.T + L.q_bias).reshape(T, Hq, Dh)
             k = (h @ L.k_proj.T + L.k_bias).reshape(T, Hkv, Dh)
             v = r((h @ L.v_proj.T + L.v_bias).reshape(T, Hkv, Dh))
@@ -436,11 +444,11 @@ class Model:
             write_pages(c.v[li], bt, pos, v)
             ks = gather_pages(c.k[li], bt, start + T)
             vs = gather_pages(c.v[li], bt, start + T)
-            a = r(attention(q, ks, vs, pos).reshape(T, Hq * Dh))
+            a = p(r(attention(q, ks, vs, pos).reshape(T, Hq * Dh)))
             x = x + a @ L.o_proj.T
-            h = r(rmsnorm(x, L.post_attention_layernorm, cfg.rms_norm_eps))
-            x = x + r(swiglu(h @ L.gate_proj.T, h @ L.up_proj.T)) @ L.down_proj.T
+            h = p(r(rmsnorm(x, L.post_attention_layernorm, cfg.rms_norm_eps)))
+            x = x + p(r(swiglu(h @ L.gate_proj.T, h @ L.up_proj.T))) @ L.down_proj.T
         c.seq_len = start + T
         if last_only:
             x = x[-1:]
-        return r(rmsnorm(x, w.norm, cfg.rms_norm_eps)) @ w.lm_head.T     # [T, V]
+        return p(r(rmsnorm(x, w.norm, cfg.rms_norm_eps))) @ w.lm_head.T  # [T, V]

@@ -1,0 +1,75 @@
+"""tools/agree_int8_activations.py on the CPU: its int8 block encoding (llama.cpp's Q8_1 rule)
+and the reference's projection_inputs hook it runs through, which must reach the input of every
+matrix product and nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drvqwen import reference as ref
+
+from helpers import TINY, random_dense
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import agree_int8_activations as tool  # noqa: E402
+
+
+def test_int8_blocks_follow_the_q8_1_rule(rng):
+    B = 32
+    x = rng.standard_normal((3, 4 * B)).astype(np.float32) * np.array([1e-3, 1.0, 3e4])[:, None]
+    x[1, B:2 * B] = 0.0                              # an all-zero block stays zero
+    x[2, 5] = -7e4                                   # a block whose largest value is negative
+    got = tool.int8_blocks(B)(x)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    blocks, want_blocks = got.reshape(3, 4, B), x.reshape(3, 4, B)
+    assert not blocks[1, 1].any()
+    for r in range(3):
+        for b in range(4):
+            xb, gb = want_blocks[r, b], blocks[r, b]
+            if not xb.any():
+                continue
+            d = np.float32(np.float16(np.abs(xb).max() / 127.0))   # the block's FP16 scale
+            q = gb / d
+            assert np.array_equal(q, np.rint(q)) and np.abs(q).max() <= 127
+            assert np.abs(gb - xb).max() <= 0.5 * d * (1 + 1e-6) + np.abs(xb).max() * 2 ** -10
+    # The negative maximum is the block's -127 (up to the scale's FP16 rounding).
+    assert abs(blocks[2, 0, 5] / np.float32(np.float16(7e4 / 127.0)) + 127) < 1e-6
+    with pytest.raises(ValueError, match="not a multiple of the block"):
+        tool.int8_blocks(B)(np.zeros((1, B + 1), np.float32))
+
+
+def test_projection_inputs_reach_every_matrix_product(rng):
+    cfg = TINY
+    w = ref.Weights.from_dense(cfg, random_dense(cfg, rng, std=0.05).__getitem__)
+    ids = rng.integers(0, cfg.vocab_size, size=9).tolist()
+    plain = ref.Model(w, max_tokens=16).forward(ids)
+
+    seen = []
+
+    def record(a):
+        seen.append(a.shape)
+        return a
+    same = ref.Model(w, max_tokens=16, projection_inputs=record).forward(ids)
+    assert np.array_equal(same, plain)                 # the identity hook changes no bit
+    T, D, F, A = len(ids), cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim
+    # Per layer: q/k/v's normed input, o_proj's attention output, gate/up's normed input,
+    # down_proj's SwiGLU output; then the lm_head's normed input.
+    assert seen == [(T, D), (T, A), (T, D), (T, F)] * cfg.num_layers + [(T, D)]
+
+    zero_last = {"n": 0}
+
+    def zero_lm_head_input(a):
+        zero_last["n"] += 1
+        return np.zeros_like(a) if zero_last["n"] == len(seen) else a
+    logits = ref.Model(w, max_tokens=16, projection_inputs=zero_lm_head_input).forward(ids)
+    assert not logits.any()                            # what the hook returns is what is multiplied
+
+    coarse = ref.Model(w, max_tokens=16, projection_inputs=tool.int8_blocks(32)).forward(ids)
+    assert not np.array_equal(coarse, plain)
+    cos = (coarse * plain).sum(-1) / (np.linalg.norm(coarse, axis=-1) * np.linalg.norm(plain, axis=-1))
+    assert cos.min() > 0.99                            # a perturbation, not another model
