@@ -74,7 +74,10 @@
 // down_proj (same 38.6 MB from DRAM) counts 8.95 M against 6.04 M warp instructions, at ~0.45
 // issued per scheduler and cycle with 3.3 warps each: every instruction per 32-input chunk
 // (unpack, scale, the K-quants' 6-bit (sc, m) and their shuffles) is time. Keeping more bytes in
-// flight per warp (GF_UNROLL 4) needs more than 128 registers and spills. These figures, and
+// flight per warp (GF_UNROLL 4) needs more than 128 registers and spills. Integer dot products
+// on int8 activations (llama.cpp's: x in blocks of 32 with a scale each) would remove most of the
+// unpack, but move the real 0.5B's logits to a minimum cosine of 0.99917 against the reference,
+// where the target is 0.9999 (docs/numerics.md: "Activations stay FP16"). These figures, and
 // those below: docs/bench/2026-12-01_2d1fca6_h200_gemv_fmt_7b_shapes.json.
 //
 // Where a warp's cycles go (Nsight Compute, q4_k gate_proj shape, cycles per issued

@@ -44,7 +44,7 @@ from drvqwen.tokenizer import Tokenizer
 def int8_blocks(block: int):
     """x [T, K] → the values int8 blocks of `block` inputs along K hold: per block
     d = fp16(max|x| / 127) (1 for an all-zero block), q = clip(round(x / d), −127, 127), x' = q · d
-    (llama.cpp's quantize_row_q8_1, with its scale rounded to FP16 as the block stores it).
+    (llama.cpp's Q8_1 blocks, the scale rounded to FP16 as such a block stores it).
     Returns x' in x's dtype. Raises ValueError when K is not a multiple of `block`."""
     def quantize(x: np.ndarray) -> np.ndarray:
         T, K = x.shape
