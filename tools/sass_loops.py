@@ -189,7 +189,14 @@ def main() -> int:
             for u in lp.near_uses:
                 print(f"      {u['load']} read {u['distance']} later at {u['at']}: {u['reader']}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"kernel": a.kernel, "defines": defines, "functions": report}, indent=1))
+        from drvqwen.cuda.toolchain import toolchain_id
+        from drvqwen.paths import atomic_write_bytes
+        from drvqwen.provenance import source_record
+
+        version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+        doc = {"kernel": a.kernel, "defines": defines, "near": a.near, "toolchain": toolchain_id(),
+               "cuobjdump": version[-1] if version else None, "source": source_record(), "functions": report}
+        atomic_write_bytes(Path(a.json), json.dumps(doc, indent=1).encode())
     return 0
 
 
