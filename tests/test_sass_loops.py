@@ -88,3 +88,16 @@ def test_a_rewrite_before_any_read_is_not_a_use():
     ]
     (loop,) = sl.loops(sl.functions(_sass(body))["k"])
     assert loop.near_uses == []
+
+
+def test_async_copies_to_shared_memory_are_not_loads_into_registers():
+    body = [
+        "LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64]",       # 0x00  cp.async: R3 is an address
+        "IADD3 R3, R3, 0x10, RZ",                           # 0x10
+        "LDGDEPBAR",                                        # 0x20
+        "HMMA.16816.F32 R20, R24, R28, R20",                # 0x30
+        "BRA 0x0",                                          # 0x40
+    ]
+    (loop,) = sl.loops(sl.functions(_sass(body))["k"])
+    assert loop.global_loads == 0 and loop.near_uses == []
+    assert sl.is_global_load("LDG.E.128.CONSTANT") and not sl.is_global_load("LDGSTS.E.BYPASS.128")

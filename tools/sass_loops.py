@@ -76,6 +76,12 @@ def opcode(ins: str) -> str:
     return GUARD.sub("", ins).split(None, 1)[0]
 
 
+def is_global_load(op: str) -> bool:
+    """A load from global memory into registers: LDG, not LDGSTS (cp.async: global to shared
+    memory, no register written) nor LDGDEPBAR."""
+    return op.startswith("LDG") and not op.startswith(("LDGSTS", "LDGDEPBAR"))
+
+
 def registers(ins: str) -> tuple[set[int], set[int]]:
     """(written, read) general registers of one instruction: the first operand is the
     destination for everything but stores, branches and barriers. A .64 operand is two registers.
@@ -119,10 +125,10 @@ def loops(ins: list[tuple[int, str]], near: int = 32) -> list[Loop]:
         mma = sum(o.startswith(("HMMA", "HGMMA", "IMMA")) for o in ops)
         if not mma:
             continue
-        loop = Loop(start, at, len(body), mma, sum(o.startswith("LDG") for o in ops),
+        loop = Loop(start, at, len(body), mma, sum(is_global_load(o) for o in ops),
                     sum(o.startswith(("LDL", "STL")) for o in ops))
         for i, (a, t) in enumerate(body):
-            if not ops[i].startswith("LDG"):
+            if not is_global_load(ops[i]):
                 continue
             written, _ = registers(t)
             width = 4 if ".128" in ops[i] else 2 if ".64" in ops[i] else 1
