@@ -103,7 +103,14 @@
 // apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to
 // fit them: no better; polling relaxed with one acquire per wait: still 3.37–3.53 ms, gate_up
 // 44–45 µs, with no spills in the GEMV ops' loops (SASS) — why an item at two blocks per SM takes
-// twice the per-launch kernel's time at the same grid is not known; a gpu-scope fence on either
+// twice the per-launch kernel's time at the same grid was not known then. The SASS of this file's
+// two-blocks build says it now: 37–65 local loads and stores in every iteration of the GEMV ops'
+// main loops (cuobjdump), where the one-block build at head dim 128 had 16 until
+// GEMV_ZERO_BATCHES (above): its batches' scales spilled, each store right after its load, so the
+// warp waited for the load there — the stall gemv_int4.cu's batches exist to avoid. Each op alone
+// fits 128 registers only as a launch of its own (the item's runtime BlockCoord and the program's
+// loop cost the rest: 72–184 bytes of spills for one GEMV op alone in this kernel at two blocks
+// per SM, ptxas). Not yet measured on the GPU with either change. A gpu-scope fence on either
 // side of the counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why
 // they are not needed); polling without nanosleep: no change.
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
@@ -137,6 +144,14 @@
 #endif
 #define ATTN_PREFETCH (DP_HEAD_DIM < 128 && DP_MIN_BLOCKS == 1)  // else the second page buffer spills (attention_decode.cu)
 #include "embedding.cu"         // EmbeddingArgs, embedding_item
+// The GEMV ops' batch registers defined at each item's start (gemv_int4.cu: GEMV_ZERO_BATCHES), so
+// they are live in their op only. At head dim 128 the step needs it: with its batches undefined,
+// ptxas needs 255 registers and spills the GEMV loops' scales, 16 local loads and stores an
+// iteration; with it, 205 registers and none. At head dim 64 the ops fit without (255, no
+// spills), and the zeros would only add moves to the loops (-Xptxas -v, cuobjdump).
+#ifndef GEMV_ZERO_BATCHES
+#define GEMV_ZERO_BATCHES (DP_HEAD_DIM >= 128)
+#endif
 #include "gemv_int4.cu"         // GemvInt4…Args, gemv_int4_…_item
 #include "attention_decode.cu"  // AttentionDecodeArgs, attention_decode_args_split, AttentionCombineArgs, …
 #include "l2_prefetch.cu"       // L2PrefetchArgs, l2_prefetch_block

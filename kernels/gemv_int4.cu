@@ -49,7 +49,8 @@
 //             into W contiguous ranges, one per warp ("split-K inside the block").
 //   warp    = for each tile of the block, 16 rows (× 2 matrices for gate/up) × its K range: a
 //             flat sequence of (tile, group) items, loaded in batches of GEMV_UNROLL (half that
-//             for gate/up) with the next batch in flight while the current one is multiplied.
+//             for gate/up) with the next batch in flight while the current one is multiplied
+//             (nothing of a batch is used before then, its scales included: GemvBatch).
 //             Per group of 128 inputs, lane (g, t) = (lane/4, lane%4) loads ONE 16-byte word
 //             quad of row g and one of row g+8 (words 4t … 4t+3 of the group = inputs
 //             32t … 32t+31), unpacks them to FP16 (int4_a_fragments, int4_matmul.cuh) and feeds 8 MMAs:
@@ -460,12 +461,34 @@ struct GemvRowMajor {
     }
 };
 
-// One batch of UNROLL (tile, group) items as one lane holds them.
+// One batch of UNROLL (tile, group) items as one lane holds them, as loaded: nothing in it is
+// used before the batch is multiplied. The scales stay FP16 bits until then (gemv_scale): a
+// conversion at the load would be the load's first use, and the warp would wait there for each
+// item's scale — a memory round trip, from HBM at a tile's first group — before it could issue
+// the next item's loads, so a batch's loads would go out one item at a time.
 template <int MT, int UNROLL>
 struct GemvBatch {
     uint4 w[UNROLL][MT][2];  // words 4t … 4t+3 of the group, MMA row g / row g+8, per matrix
-    float s[UNROLL][MT][2];  // the rows' scales for the group
+    u32 s[UNROLL][MT][2];    // the rows' FP16 scales for the group, in the low 16 bits
 };
+
+// A scale as GemvBatch holds it, in FP32 (exact).
+__device__ __forceinline__ float gemv_scale(u32 bits) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// GEMV_ZERO_BATCHES=1 starts a warp's two batches at zero instead of leaving them undefined.
+// A batch slot past the warp's last item is never loaded and never multiplied, but the compiler
+// cannot tell: to it the slot may be read undefined, so the slot's registers are live from the
+// kernel's entry. In a kernel of its own that costs nothing. In a kernel that runs several ops
+// one after another (decode_persistent.cu, which defines it), every op's slots would be live
+// across every other op: with them undefined, the persistent step at head dim 128 needs 255
+// registers and spills its batches' scales inside the GEMV loops; at zero, 205 and no spills
+// (ptxas, -Xptxas -v). Not the default: here the zeros cost 10–26 registers and ~20 % more
+// instructions in the main loops, which would leave one block per SM instead of two.
+#ifndef GEMV_ZERO_BATCHES
+#define GEMV_ZERO_BATCHES 0
+#endif
 
 // Up to 3 matrices stacked along N (q, k, v); MT matrices per segment read together (gate, up).
 // A segment with rope_dim = Dh > 0 pairs its rows for RoPE (see the header): MMA rows g and
@@ -577,13 +600,13 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                     const u32 v = 0x88888888u ^ (u32)(ld_gi * 0x01010101u + (u32)r0);
                     b.w[u][m][0] = make_uint4(v, v ^ 1u, v ^ 2u, v ^ 3u);
                     b.w[u][m][1] = make_uint4(v ^ 4u, v ^ 5u, v ^ 6u, v ^ 7u);
-                    b.s[u][m][0] = b.s[u][m][1] = 1.f;
+                    b.s[u][m][0] = b.s[u][m][1] = 0x3C00u;  // 1.0
                     continue;
                 }
                 b.w[u][m][0] = ld_stream_v4(Layout::quad(qw, tile, g, r0, ld_gi, K, t), policy);
                 b.w[u][m][1] = ld_stream_v4(Layout::quad(qw, tile, g + 8, r1, ld_gi, K, t), policy);
-                b.s[u][m][0] = __half2float(__ldg(sc + r0 * n_groups));
-                b.s[u][m][1] = __half2float(__ldg(sc + r1 * n_groups));
+                b.s[u][m][0] = __ldg(reinterpret_cast<const unsigned short*>(sc + r0 * n_groups));
+                b.s[u][m][1] = __ldg(reinterpret_cast<const unsigned short*>(sc + r1 * n_groups));
             }
             if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
         }
@@ -592,6 +615,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     // The first batch of weights goes out before the wait: its latency overlaps the previous
     // kernel's tail and the staging of x (weights are never written by any kernel).
     GemvBatch<MT, UNROLL> cur, next;
+    if constexpr (GEMV_ZERO_BATCHES) cur = next = {};
     load(cur);
     dep.wait();
     x_src(x_smem, K);
@@ -635,8 +659,8 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 #pragma unroll
                 for (int l = 0; l < Tok::LANE; ++l) {
                     const int col = NTOK == 1 ? 0 : l % 2;
-                    acc[m][0][l] = fmaf(cur.s[u][m][0], c[l / 2][col], acc[m][0][l]);
-                    acc[m][1][l] = fmaf(cur.s[u][m][1], c[l / 2][2 + col], acc[m][1][l]);
+                    acc[m][0][l] = fmaf(gemv_scale(cur.s[u][m][0]), c[l / 2][col], acc[m][0][l]);
+                    acc[m][1][l] = fmaf(gemv_scale(cur.s[u][m][1]), c[l / 2][2 + col], acc[m][1][l]);
                 }
             }
             if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
