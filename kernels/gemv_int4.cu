@@ -262,6 +262,20 @@
 #define GEMV_UNROLL 4
 #endif
 #define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? GEMV_UNROLL : (GEMV_UNROLL > 1 ? GEMV_UNROLL / 2 : 1))
+// How a block's items are shared among its warps. 0: each warp takes a contiguous range of the K
+// groups and works through it in every tile of the block (the header's work split). Where W does
+// not divide the groups — the 7B's 28 groups a row over 8 warps — half the warps have one item a
+// tile more than the others, and over a block's tiles they wait for them at the block's
+// reduction: gate_up's 5 tiles a block are 20 items for four warps and 15 for the other four.
+// 1: the block's (tile, group) items in one flat sequence, group fastest, split into W
+// contiguous ranges of ⌊I/W⌋ or ⌈I/W⌉ (17 or 18 of gate_up's 140): a warp's range may begin
+// or end inside a tile, and each warp publishes its sums for the tiles its range touches (zeros
+// for the others), so the reduction and the epilogue are unchanged. A compile-time knob for
+// tools/dev_kernels.py (kernels/dev/gemv_int4/v3_flat_split.cu); the sums are added in another
+// grouping than with 0, so the bits differ (within the tests' bounds), not between launches.
+#ifndef GEMV_FLAT_SPLIT
+#define GEMV_FLAT_SPLIT 0
+#endif
 
 // x in shared memory, 16-byte chunks permuted so that the 4 chunks the lanes t = 0..3 read
 // together sit in 4 consecutive 16-byte slots (conflict-free; the 8 lanes g share them as a
@@ -560,13 +574,19 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = bc.threads / WARP_SIZE;
     const int n_groups = K / INT4_GROUP;
-    // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128); none for a
-    // warp past the plan's W.
-    const int gb = warp < n_warps ? warp * n_groups / n_warps : 0;
-    const int ge = warp < n_warps ? (warp + 1) * n_groups / n_warps : 0;
     // This block's contiguous, balanced share of the tiles.
     const int n_tiles = p.first_tile[NSEG];
     const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
+    // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128), in every tile;
+    // none for a warp past the plan's W. GEMV_FLAT_SPLIT: its share of the block's items instead,
+    // items [ib, ie) of the flat (tile, group) sequence, starting at group gb of tile tile_0.
+    const int gb = warp < n_warps ? (GEMV_FLAT_SPLIT ? 0 : warp * n_groups / n_warps) : 0;
+    const int ge = warp < n_warps ? (GEMV_FLAT_SPLIT ? n_groups : (warp + 1) * n_groups / n_warps) : 0;
+    const int n_items = (tile_e - tile_b) * n_groups;
+    const int ib = warp < n_warps ? warp * n_items / n_warps : 0;
+    const int ie = warp < n_warps ? (warp + 1) * n_items / n_warps : 0;
+    const int tile_0 = GEMV_FLAT_SPLIT ? tile_b + ib / n_groups : tile_b;
+    const int gi_0 = GEMV_FLAT_SPLIT ? ib % n_groups : gb;
     const u64 policy = l2_evict_first_policy();
     // The x behind this lane's B fragments: column g of MMA b is token 8b + g (NTOK = 1: the one
     // token in every column). Columns past T repeat token T - 1: finite, never stored, and no
@@ -581,11 +601,11 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     dep.launch_dependents();
 
     // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
-    int ld_tile = tile_b, ld_gi = gb;
+    int ld_tile = tile_0, ld_gi = gi_0, ld_left = ie - ib;  // ld_left: GEMV_FLAT_SPLIT's items to go
     auto load = [&](GemvBatch<MT, UNROLL>& b) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            if (ld_tile >= tile_e || gb >= ge) break;  // warp-uniform
+            if (GEMV_FLAT_SPLIT ? ld_left == 0 : (ld_tile >= tile_e || gb >= ge)) break;  // warp-uniform
             const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
             const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
             int lo, hi;
@@ -608,6 +628,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                 b.s[u][m][0] = __ldg(reinterpret_cast<const unsigned short*>(sc + r0 * n_groups));
                 b.s[u][m][1] = __ldg(reinterpret_cast<const unsigned short*>(sc + r1 * n_groups));
             }
+            if (GEMV_FLAT_SPLIT) --ld_left;
             if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
         }
     };
@@ -626,12 +647,34 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
-    int c_tile = tile_b, c_gi = gb;
-    while (c_tile < tile_e && gb < ge) {
+    // This warp's row sums of a tile into the block's partials: slot [tile][m][warp][token][row],
+    // each written by one lane (NTOK = 1: lane t = 0, the 4 lanes t hold the same sums).
+    auto publish = [&](int tile) {
+        if (NTOK > 1 || t == 0) {
+            float* dst = partial + (tile - tile_b) * MT * n_warps * T * INT4_TILE_ROWS;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int l = 0; l < Tok::LANE; ++l) {
+                    const int tok = Tok::of_slot(l, t);
+                    if (tok >= T) continue;
+                    dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g] = acc[m][0][l];
+                    dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g + 8] = acc[m][1][l];
+                }
+        }
+    };
+    // GEMV_FLAT_SPLIT: zeros in this warp's slots of the tiles its range does not reach (the
+    // reduction adds every warp's slot); the same lanes write these slots later, so program order
+    // is enough, and the barrier before the reduction orders them for the reading threads.
+    if (GEMV_FLAT_SPLIT && warp < n_warps)
+        for (int tl = tile_b; tl < tile_e; ++tl)
+            if (ib == ie || tl < tile_0 || tl > tile_b + (ie - 1) / n_groups) publish(tl);
+    int c_tile = tile_0, c_gi = gi_0, c_left = ie - ib;  // c_left: GEMV_FLAT_SPLIT's items to go
+    while (GEMV_FLAT_SPLIT ? c_left > 0 : (c_tile < tile_e && gb < ge)) {
         load(next);  // in flight while `cur` is multiplied
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            if (c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
+            if (GEMV_FLAT_SPLIT ? c_left == 0 : c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 float c[Tok::MMAS][4];
@@ -663,25 +706,18 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                     acc[m][1][l] = fmaf(gemv_scale(cur.s[u][m][1]), c[l / 2][2 + col], acc[m][1][l]);
                 }
             }
-            if (++c_gi == ge) {  // the tile's last group: publish its row sums, start the next
-                if (NTOK > 1 || t == 0) {  // NTOK = 1: the 4 lanes t hold the same sums
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * T * INT4_TILE_ROWS;
-#pragma unroll
-                    for (int m = 0; m < MT; ++m)
-#pragma unroll
-                        for (int l = 0; l < Tok::LANE; ++l) {
-                            const int tok = Tok::of_slot(l, t);
-                            if (tok >= T) continue;
-                            dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g] = acc[m][0][l];
-                            dst[((m * n_warps + warp) * T + tok) * INT4_TILE_ROWS + g + 8] = acc[m][1][l];
-                        }
-                }
+            if (GEMV_FLAT_SPLIT) --c_left;
+            const bool tile_done = ++c_gi == ge;  // the tile's last group (of this warp's range)
+            if (tile_done || (GEMV_FLAT_SPLIT && c_left == 0)) {  // publish its row sums, start the next
+                publish(c_tile);
 #pragma unroll
                 for (int m = 0; m < MT; ++m)
 #pragma unroll
                     for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
-                c_gi = gb;
-                ++c_tile;
+                if (tile_done) {
+                    c_gi = gb;
+                    ++c_tile;
+                }
             }
         }
         cur = next;

@@ -32,6 +32,7 @@ VERSIONS = [
     Version("v1_tile_major", "dev/gemv_int4/v1_tile_major", suffix="_tile_major"),
     Version("v2_smem_ring", "dev/gemv_int4/v2_smem_ring", suffix="_ring"),
     Version("v2_smem_ring[GEMV_RING=8]", "dev/gemv_int4/v2_smem_ring", (("GEMV_RING", 8),), suffix="_ring"),
+    Version("v3_flat_split", "dev/gemv_int4/v3_flat_split", suffix="_flat"),
 ]
 RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu
 DEV_CONSTANTS = [("dev/gemv_int4/v2_smem_ring", "GEMV_RING", RING_KB),

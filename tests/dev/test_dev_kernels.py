@@ -89,8 +89,9 @@ def test_select():
         "production", "v1_mma_sync", "v4_late_full_arrival"]
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == ["production"]
     dev_kernels.check_names(dev_kernels.OPS, ["v4", "v1_tile"])  # v4 of the GEMM, v1 of the GEMV
-    with pytest.raises(SystemExit, match="no version 'v3'.*v2_smem_ring"):
-        dev_kernels.check_names(("gemv_int4",), ["v3"])
+    assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v3"])] == ["production", "v3_flat_split"]
+    with pytest.raises(SystemExit, match="no version 'v4'.*v3_flat_split"):
+        dev_kernels.check_names(("gemv_int4",), ["v4"])
     with pytest.raises(SystemExit, match="no version 'v9'.*v1_mma_sync"):
         dev_kernels.check_names(dev_kernels.OPS, ["v9"])
 

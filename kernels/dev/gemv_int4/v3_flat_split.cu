@@ -1,0 +1,60 @@
+// kernels/dev/gemv_int4/v3_flat_split.cu — the decode GEMV, version 3: the block's (tile, group)
+// items shared among its warps as one flat sequence (GEMV_FLAT_SPLIT=1, ../../gemv_int4.cu)
+// instead of each warp taking the same range of K groups in every tile. Not a production kernel:
+// tools/dev_kernels.py checks it against the float64 reference and times it beside
+// kernels/gemv_int4.cu.
+//
+//   gemv_int4_qkv_rope_flat, gemv_int4_residual_flat, gemv_int4_gate_up_swiglu_flat: the
+//   production kernels of the same names without _flat, on the flat split.
+//
+// Why: at the 7B's K = 3584 a row has 28 groups, and 8 warps split them 4, 3, 4, 3, …: per tile
+// half the warps have one item more, and the block's reduction waits for them — gate_up's 5
+// tiles a block are 20 items for four warps and 15 for the other four, so for a quarter of the
+// loop half the warps are idle and half the loads are not in flight. Flat, each warp has 17 or
+// 18 of the 140. o_proj (one tile a block: 4 against 3.5) and qkv_rope (two: 8 against 7) gain
+// at most the same eighth; down_proj (148 groups: 19 against 18.5) little. W = 7 warps, which
+// splits 28 groups evenly, measured slower than W = 8 (docs/kernels.md, "Launch shape"): the
+// loss was the warps, not the balance.
+// Cost: a warp whose range begins or ends inside a tile publishes that tile's sums too (one
+// more partial store at most a warp and tile end), and writes zeros into the slots of the tiles
+// it does not reach; ptxas: 122–128 registers, no spills, main loops within 2 % of production's
+// instruction count (tools/sass_loops.py). The sums are added in another grouping than
+// production's, so the bits differ within the tests' bounds.
+// Only the single-token kernels: the T-token ones spill at this setting (ptxas: 8–28 bytes).
+// Requirements: as ../../gemv_int4.cu.
+#define GEMV_FLAT_SPLIT 1
+#define DEVICE_FUNCTIONS_ONLY  // production's kernels are not built here; its items are
+#include "../../gemv_int4.cu"
+
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_qkv_rope_flat(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                        const float* __restrict__ residual, const __half* __restrict__ norm_w,
+                        const u32* __restrict__ q_qweight, const __half* __restrict__ q_scales,
+                        const u32* __restrict__ k_qweight, const __half* __restrict__ k_scales,
+                        const u32* __restrict__ v_qweight, const __half* __restrict__ v_scales,
+                        const __half* __restrict__ q_bias, const __half* __restrict__ k_bias,
+                        const __half* __restrict__ v_bias, const float* __restrict__ inv_freq,
+                        const int* __restrict__ state, const int* __restrict__ block_table,
+                        int Hq, int Hkv, int Dh, int K, float eps) {  // GemvInt4QkvRopeArgs says what each is
+    gemv_int4_qkv_rope_item(GemvInt4QkvRopeArgs{q_out, k_cache, v_cache, residual, norm_w, q_qweight, q_scales,
+                                                k_qweight, k_scales, v_qweight, v_scales, q_bias, k_bias, v_bias,
+                                                inv_freq, state, block_table, Hq, Hkv, Dh, K, eps},
+                            BlockCoord::of_launch(), GridDep{});
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_residual_flat(float* __restrict__ residual, const __half* __restrict__ x, const u32* __restrict__ qweight,
+                        const __half* __restrict__ scales, int N, int K) {  // GemvInt4ResidualArgs says what each is
+    gemv_int4_residual_item(GemvInt4ResidualArgs{residual, x, qweight, scales, N, K}, BlockCoord::of_launch(),
+                            GridDep{});
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
+gemv_int4_gate_up_swiglu_flat(__half* __restrict__ h, const float* __restrict__ residual,
+                              const __half* __restrict__ norm_w, const u32* __restrict__ gate_qweight,
+                              const __half* __restrict__ gate_scales, const u32* __restrict__ up_qweight,
+                              const __half* __restrict__ up_scales, int F, int K, float eps) {  // …Args says what each is
+    gemv_int4_gate_up_swiglu_item(GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight,
+                                                           up_scales, F, K, eps},
+                                  BlockCoord::of_launch(), GridDep{});
+}
