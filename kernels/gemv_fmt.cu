@@ -212,6 +212,15 @@
 // are the residual kernel at GF_UNROLL 4 with its 2 blocks and 128 registers: spilling, slower.)
 // The deeper batch buys the load stream 8–9 %, but Q4_K's arithmetic then runs with half the
 // warps to hide its latency and loses more; Q6_K, bound by its loads, gains 5 %.
+// GF_FLAT_SPLIT=1: a block's (tile, quad) items as one flat sequence split evenly among its
+// warps, as gemv_int4.cu's GEMV_FLAT_SPLIT (its comment says why: at K = 3584, 28 quads over 8
+// warps give half of them one item a tile more). A compile-time knob for tools/bench_gemv.py
+// --fmt-defines; the sums are added in another grouping, so the bits differ from 0's. ptxas, built
+// for the 7B's Q4_K_M formats and the real 0.5B's: the plain GEMVs, lm_head and qkv_rope fit 128
+// registers with it, gate_up spills 16–32 bytes at two blocks per SM.
+#ifndef GF_FLAT_SPLIT
+#define GF_FLAT_SPLIT 0
+#endif
 #ifndef GF_PROBE_LOADS_ONLY
 #define GF_PROBE_LOADS_ONLY 0
 #endif
@@ -303,7 +312,14 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
     const int n_quads = K / GF_QUAD;
-    const int qb = warp * n_quads / n_warps, qe = (warp + 1) * n_quads / n_warps;  // non-empty: W ≤ K/128
+    // This warp's quads of every tile (non-empty: W ≤ K/128); GF_FLAT_SPLIT: its items [ib, ie) of
+    // the block's flat (tile, quad) sequence instead, from quad q_0 of tile tile_0.
+    const int qb = GF_FLAT_SPLIT ? 0 : warp * n_quads / n_warps;
+    const int qe = GF_FLAT_SPLIT ? n_quads : (warp + 1) * n_quads / n_warps;
+    const int n_items = (tile_e - tile_b) * n_quads;
+    const int ib = warp * n_items / n_warps, ie = (warp + 1) * n_items / n_warps;
+    const int tile_0 = GF_FLAT_SPLIT ? tile_b + ib / n_quads : tile_b;
+    const int q_0 = GF_FLAT_SPLIT ? ib % n_quads : qb;
     const bool feeds_b = (g >> 1) == t;  // this lane hands its chunk's x to B (header)
     const u64 policy = l2_evict_first_policy();
 
@@ -316,7 +332,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     // g + 8 has no cursor of its own: 2 more registers per plane and matrix, which spill residual,
     // f16 and lm_head at 2 blocks per SM when compiled for q6_k alone (q5_g32_min and q8_g32 are
     // at that edge).
-    int ld_tile = tile_b, ld_q = qb;
+    int ld_tile = tile_0, ld_q = q_0, ld_left = ie - ib;  // ld_left: GF_FLAT_SPLIT's items to go
     // The weight rows of MMA rows g and g + 8 in tile ld_tile (rows past n: n − 1, loaded, never
     // stored; tiles past tile_e: never loaded). They only grow from tile to tile.
     auto tile_rows = [&](u32& r0, u32& r1) {
@@ -344,7 +360,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     auto load = [&](Batch& b) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (ld_tile >= tile_e) break;  // warp-uniform
+            if (GF_FLAT_SPLIT ? ld_left == 0 : ld_tile >= tile_e) break;  // warp-uniform
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 if constexpr (GF_PROBE_NO_LOADS) {  // timing only, wrong sums (see the define)
@@ -356,6 +372,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                 b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
                 b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, row1 - row0, K, t), policy);
             }
+            if (GF_FLAT_SPLIT) --ld_left;
             if (++ld_q == qe) {
                 ld_q = qb;
                 ++ld_tile;
@@ -373,12 +390,38 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     float acc[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
-    int c_tile = tile_b, c_q = qb;
-    while (c_tile < tile_e) {
+    // This warp's row sums of a tile (the quad's 4 lanes added) into the block's partials, slot
+    // [tile][m][warp][row], from lane t = 0.
+    auto publish = [&](int tile) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                acc[m][h] += shfl_xor_f32(acc[m][h], 1);
+                acc[m][h] += shfl_xor_f32(acc[m][h], 2);
+            }
+        if (t == 0) {
+            float* dst = partial + (tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
+                dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
+    };
+    // GF_FLAT_SPLIT: zeros in this warp's slots of the tiles its range does not reach (as
+    // gemv_int4.cu's engine: the same lanes write them later; the reduction's barrier orders them).
+    if (GF_FLAT_SPLIT)
+        for (int tl = tile_b; tl < tile_e; ++tl)
+            if (ib == ie || tl < tile_0 || tl > tile_b + (ie - 1) / n_quads) publish(tl);
+    int c_tile = tile_0, c_q = q_0, c_left = ie - ib;  // c_left: GF_FLAT_SPLIT's items to go
+    while (GF_FLAT_SPLIT ? c_left > 0 : c_tile < tile_e) {
         load(next);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (c_tile >= tile_e) break;  // warp-uniform
+            if (GF_FLAT_SPLIT ? c_left == 0 : c_tile >= tile_e) break;  // warp-uniform
             const int chunk = 4 * c_q + t;
             u32 xb[16];  // B: x of this lane's chunk as 16 half2, or zeros (header)
 #pragma unroll
@@ -417,26 +460,14 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                     }
                 }
             }
-            if (++c_q == qe) {  // the tile's last quad of this warp: publish, start the next tile
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        acc[m][h] += shfl_xor_f32(acc[m][h], 1);
-                        acc[m][h] += shfl_xor_f32(acc[m][h], 2);
-                    }
-                if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
-                    }
+            if (GF_FLAT_SPLIT) --c_left;
+            const bool tile_done = ++c_q == qe;  // the tile's last quad of this warp
+            if (tile_done || (GF_FLAT_SPLIT && c_left == 0)) {  // publish, start the next tile
+                publish(c_tile);
+                if (tile_done) {
+                    c_q = qb;
+                    ++c_tile;
                 }
-#pragma unroll
-                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
-                c_q = qb;
-                ++c_tile;
             }
         }
         cur = next;

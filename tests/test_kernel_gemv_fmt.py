@@ -180,6 +180,37 @@ def test_gemv_fmt(dev, rng, fmt, label, n, k):
     _time(f"{label}.{fmt.name}", rl)
 
 
+# GF_FLAT_SPLIT's plain and residual GEMVs where W does not divide the quads (K = 3584: 28 over 8
+# warps; K = 1280: 10 over 8; K = 384: 3 over 3), on 3 blocks, so that each owns several tiles and
+# warp ranges begin and end inside them (N = 37: the last tile past the rows).
+FLAT = [(fmt, label, n, k) for fmt in FORMATS if fmt.name in ("q4_k", "q6_k", "q5_g32", "q8_g32")
+        for label, n, k in SHAPES if label in ("7b.o_proj", "odd.n37.k384", "odd.n200.k1280") and fmt.fits(k)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,label,n,k", FLAT, ids=[f"{c[0].name}-{c[1]}" for c in FLAT])
+def test_gemv_fmt_flat_split(dev, rng, fmt, label, n, k):
+    from drvqwen.launchers.gemv_fmt import GemvFmt, GemvFmtResidual
+
+    defines = _compiled_for("flat", [fmt])
+    w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
+    x = rng.standard_normal(k).astype(np.float16)
+    want = w64 @ x.astype(np.float64)
+    xd = dev.upload("x", x)
+    y = dev.poisoned("y", (n,), np.float16)
+    ln = GemvFmt(y, xd, w, n=n, k=k, blocks=3, defines=defines)
+    ln.launch()
+    got = y.download()
+    report(f"{fmt.name}.{label}.f16.flat", got, want, TOL_GEMV)
+    y.fill_bytes(0xFF)
+    ln.launch()
+    assert_same_bits(label, got, y.download())
+    r0 = massive_residual(rng, n) if n >= 64 else rng.standard_normal(n).astype(np.float32)
+    res = dev.upload("residual", r0)
+    GemvFmtResidual(res, xd, w, n=n, k=k, blocks=3, defines=defines).launch()
+    report(f"{fmt.name}.{label}.delta.flat", res.download().astype(np.float64) - r0, want, TOL_GEMV)
+
+
 # (label, Hq, Hkv, Dh, D, (q, k, v formats))
 QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("7b.q4_k_m", 28, 4, 128, 3584, ("q4_k", "q4_k", "q6_k")),
@@ -188,14 +219,17 @@ QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
 
 def _compiled_for(compiled: str, fmts) -> tuple:
     """Defines for a case's kernel: "all" the default build (every format, one block of the fused
-    kernels per SM), "model" the build a model of these formats gets (format_defines)."""
+    kernels per SM), "model" the build a model of these formats gets (format_defines), "flat" that
+    build with the warps splitting the block's items as one flat sequence (GF_FLAT_SPLIT)."""
     from drvqwen.launchers.gemv_fmt import format_defines
 
-    return () if compiled == "all" else format_defines(f.id for f in fmts)
+    if compiled == "all":
+        return ()
+    return format_defines(f.id for f in fmts) + ((("GF_FLAT_SPLIT", 1),) if compiled == "flat" else ())
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compiled", ["all", "model"])
+@pytest.mark.parametrize("compiled", ["all", "model", "flat"])
 @pytest.mark.parametrize("label,hq,hkv,dh,d,fmts", QKV, ids=[q[0] for q in QKV])
 def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
     from drvqwen.launchers.gemv_fmt import GemvFmtQkvRope
@@ -246,7 +280,7 @@ GATE_UP = [("0.5b.q5_g32", 4864, 896, "q5_g32"), ("7b.q4_k", 18944, 3584, "q4_k"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("compiled", ["all", "model"])
+@pytest.mark.parametrize("compiled", ["all", "model", "flat"])
 @pytest.mark.parametrize("label,f,d,fname", GATE_UP, ids=[g[0] for g in GATE_UP])
 def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname, compiled):
     from drvqwen.launchers.gemv_fmt import GemvFmtGateUpSwiglu
