@@ -106,7 +106,7 @@
 // twice the per-launch kernel's time at the same grid was not known then. The SASS of this file's
 // two-blocks build says it now: 37–65 local loads and stores in every iteration of the GEMV ops'
 // main loops (cuobjdump), where the one-block build at head dim 128 had 16 until
-// GEMV_ZERO_BATCHES (above): its batches' scales spilled, each store right after its load, so the
+// GEMV_ZERO_BATCHES (below): its batches' scales spilled, each store right after its load, so the
 // warp waited for the load there — the stall gemv_int4.cu's batches exist to avoid. Each op alone
 // fits 128 registers only as a launch of its own (the item's runtime BlockCoord and the program's
 // loop cost the rest: 72–184 bytes of spills for one GEMV op alone in this kernel at two blocks

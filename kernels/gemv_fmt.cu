@@ -39,7 +39,8 @@
 //            product of A is used; only B's columns are sparse, and the tensor cores are far
 //            from the limit at batch 1. After each scale group (4 or 8 MMAs) the lane adds
 //            s · c (+ o · Σx of the group for the formats with an offset) to FP32 accumulators.
-//   reduce = at a tile's end, the quad's 4 lanes add up (shfl_xor_f32 over lanes 1 and 2 apart: a fixed order), lane
+//   reduce = at a tile's end (GF_FLAT_SPLIT: also at the end of the warp's range), the quad's 4
+//            lanes add up (shfl_xor_f32 over lanes 1 and 2 apart: a fixed order), lane
 //            t = 0 writes the warp's row sums to shared memory; after the block's loop one
 //            thread per row pair adds the W warp partials in warp order and runs the epilogue.
 //            No atomics: bit-reproducible.
@@ -54,7 +55,8 @@
 //      chunks); __syncthreads; from then on they are only read (xsum only by the format that
 //      wrote it: the block's one format F decides both).
 //   2. the main loop writes partial[tile][m][warp][row]: each (tile, warp, row) slot by exactly
-//      one lane (t = 0 of its quad); gf_reduce's __syncthreads; then one thread per row pair
+//      one lane (t = 0 of its quad; GF_FLAT_SPLIT: the zeros of the tiles a warp's range does not
+//      reach are written before the loop, by the same rule); gf_reduce's __syncthreads; then one thread per row pair
 //      reads them. Nothing is written to shared memory after that barrier.
 // The RMSNorm prologue's own __syncthreads (rmsnorm.cuh) orders its warp sums the same way.
 // Global outputs: each element is written by one thread of one block (no atomics).
@@ -412,7 +414,8 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
         for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
     };
     // GF_FLAT_SPLIT: zeros in this warp's slots of the tiles its range does not reach (as
-    // gemv_int4.cu's engine: the same lanes write them later; the reduction's barrier orders them).
+    // gemv_int4.cu's engine: each slot is written once, here or by the main loop's publish, and
+    // gf_reduce's barrier orders it for the reading threads).
     if (GF_FLAT_SPLIT)
         for (int tl = tile_b; tl < tile_e; ++tl)
             if (ib == ie || tl < tile_0 || tl > tile_b + (ie - 1) / n_quads) publish(tl);

@@ -201,8 +201,8 @@
 //   its row and column, so token j's column is the single-token MMA's result for x_j, bit for
 //   bit; the per-group sum is the same chain of 8 MMAs in the same k order, times the row's
 //   scale with the same fmaf into the same accumulator, groups in the same order; the W warp
-//   partials are added in warp order. W (the K split) is the only launch parameter in that
-//   arithmetic, and the T-token launchers take the single-token launch's grid and block
+//   partials are added in warp order. W (the K split; with GEMV_FLAT_SPLIT, G too, which sets a
+//   block's tiles) is the only launch parameter in that arithmetic, and the T-token launchers take the single-token launch's grid and block
 //   (launchers/gemv_int4.py). The prologue normalises each token's residual row with
 //   rmsnorm.cuh's arithmetic (its sum's order does not depend on the block); RoPE, the K/V
 //   write, SwiGLU and the residual add run per (row, token) with the single-token epilogues,
@@ -273,6 +273,8 @@
 // for the others), so the reduction and the epilogue are unchanged. A compile-time knob for
 // tools/dev_kernels.py (kernels/dev/gemv_int4/v3_flat_split.cu); the sums are added in another
 // grouping than with 0, so the bits differ (within the tests' bounds), not between launches.
+// A block of one tile (the 7B's o_proj and down_proj) splits its groups as 0 does: same ranges,
+// same bits; the split matters where blocks own several tiles (gate_up 5, qkv_rope 2 at 7B).
 #ifndef GEMV_FLAT_SPLIT
 #define GEMV_FLAT_SPLIT 0
 #endif
@@ -579,7 +581,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
     // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128), in every tile;
     // none for a warp past the plan's W. GEMV_FLAT_SPLIT: its share of the block's items instead,
-    // items [ib, ie) of the flat (tile, group) sequence, starting at group gb of tile tile_0.
+    // items [ib, ie) of the flat (tile, group) sequence, starting at group gi_0 of tile tile_0.
     const int gb = warp < n_warps ? (GEMV_FLAT_SPLIT ? 0 : warp * n_groups / n_warps) : 0;
     const int ge = warp < n_warps ? (GEMV_FLAT_SPLIT ? n_groups : (warp + 1) * n_groups / n_warps) : 0;
     const int n_items = (tile_e - tile_b) * n_groups;
@@ -664,8 +666,9 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
         }
     };
     // GEMV_FLAT_SPLIT: zeros in this warp's slots of the tiles its range does not reach (the
-    // reduction adds every warp's slot); the same lanes write these slots later, so program order
-    // is enough, and the barrier before the reduction orders them for the reading threads.
+    // reduction adds every warp's slot). Each slot is written once, here or by the main loop's
+    // publish (the tiles are disjoint), and the barrier before the reduction orders it for the
+    // reading threads.
     if (GEMV_FLAT_SPLIT && warp < n_warps)
         for (int tl = tile_b; tl < tile_e; ++tl)
             if (ib == ie || tl < tile_0 || tl > tile_b + (ie - 1) / n_groups) publish(tl);

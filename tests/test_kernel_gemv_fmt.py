@@ -180,11 +180,13 @@ def test_gemv_fmt(dev, rng, fmt, label, n, k):
     _time(f"{label}.{fmt.name}", rl)
 
 
-# GF_FLAT_SPLIT's plain and residual GEMVs where W does not divide the quads (K = 3584: 28 over 8
-# warps; K = 1280: 10 over 8; K = 384: 3 over 3), on 3 blocks, so that each owns several tiles and
-# warp ranges begin and end inside them (N = 37: the last tile past the rows).
+# GF_FLAT_SPLIT's plain and residual GEMVs on 3 blocks, each owning several tiles, so that warp
+# ranges begin and end inside tiles: K = 3584 (28 quads over 8 warps, 74–75 tiles a block),
+# K = 1280 (10 over 8, 4–5 tiles), K = 384 (3 quads, 3 warps, 2–3 tiles; N = 101: the last tile
+# past the rows).
+FLAT_SHAPES = [("7b.o_proj", 3584, 3584), ("odd.n200.k1280", 200, 1280), ("odd.n101.k384", 101, 384)]
 FLAT = [(fmt, label, n, k) for fmt in FORMATS if fmt.name in ("q4_k", "q6_k", "q5_g32", "q8_g32")
-        for label, n, k in SHAPES if label in ("7b.o_proj", "odd.n37.k384", "odd.n200.k1280") and fmt.fits(k)]
+        for label, n, k in FLAT_SHAPES if fmt.fits(k)]
 
 
 @pytest.mark.gpu

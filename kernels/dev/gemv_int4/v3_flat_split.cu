@@ -11,8 +11,9 @@
 // half the warps have one item more, and the block's reduction waits for them — gate_up's 5
 // tiles a block are 20 items for four warps and 15 for the other four, so for a quarter of the
 // loop half the warps are idle and half the loads are not in flight. Flat, each warp has 17 or
-// 18 of the 140. o_proj (one tile a block: 4 against 3.5) and qkv_rope (two: 8 against 7) gain
-// at most the same eighth; down_proj (148 groups: 19 against 18.5) little. W = 7 warps, which
+// 18 of the 140; qkv_rope's 2 tiles a block, 8 against 7. A block of one tile (the 7B's o_proj and
+// down_proj, 224 blocks of one) splits its groups as production does: same ranges, same bits,
+// no gain. W = 7 warps, which
 // splits 28 groups evenly, measured slower than W = 8 (docs/kernels.md, "Launch shape"): the
 // loss was the warps, not the balance.
 // Cost: a warp whose range begins or ends inside a tile publishes that tile's sums too (one
