@@ -151,9 +151,9 @@ def _time(label, ln):
         print(f"  {label}: {us:.2f} µs/call, {ln.bytes_moved / us / 1e3:.0f} GB/s ({ln.bytes_moved / 1e6:.2f} MB)")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,label,n,k", CASES, ids=[f"{c[0].name}-{c[1]}" for c in CASES])
-def test_gemv_fmt(dev, rng, fmt, label, n, k):
+def _check_plain_and_residual(dev, rng, fmt, label: str, n: int, k: int, tag: str = "", **launch):
+    """y = W x (fp16 out, poisoned first, the same bits twice) and residual += W x against float64,
+    with `launch` passed to both launchers (blocks, defines). Returns the residual launcher."""
     from drvqwen.launchers.gemv_fmt import GemvFmt, GemvFmtResidual
 
     w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
@@ -161,10 +161,10 @@ def test_gemv_fmt(dev, rng, fmt, label, n, k):
     want = w64 @ x.astype(np.float64)
     xd = dev.upload("x", x)
     y = dev.poisoned("y", (n,), np.float16)
-    ln = GemvFmt(y, xd, w, n=n, k=k)
+    ln = GemvFmt(y, xd, w, n=n, k=k, **launch)
     ln.launch()
     got = y.download()
-    report(f"{fmt.name}.{label}.f16", got, want, TOL_GEMV)
+    report(f"{fmt.name}.{label}.f16{tag}", got, want, TOL_GEMV)
     y.fill_bytes(0xFF)
     ln.launch()
     assert_same_bits(label, got, y.download())
@@ -173,11 +173,17 @@ def test_gemv_fmt(dev, rng, fmt, label, n, k):
     # FP32 ulp (~2e-3 at 3e4) would swamp the added dot product the check measures.
     r0 = massive_residual(rng, n) if n >= 64 else rng.standard_normal(n).astype(np.float32)
     res = dev.upload("residual", r0)
-    rl = GemvFmtResidual(res, xd, w, n=n, k=k)
+    rl = GemvFmtResidual(res, xd, w, n=n, k=k, **launch)
     rl.launch()
     got = res.download()
-    report(f"{fmt.name}.{label}.delta", got.astype(np.float64) - r0, want, TOL_GEMV)
-    _time(f"{label}.{fmt.name}", rl)
+    report(f"{fmt.name}.{label}.delta{tag}", got.astype(np.float64) - r0, want, TOL_GEMV)
+    return rl
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,label,n,k", CASES, ids=[f"{c[0].name}-{c[1]}" for c in CASES])
+def test_gemv_fmt(dev, rng, fmt, label, n, k):
+    _time(f"{label}.{fmt.name}", _check_plain_and_residual(dev, rng, fmt, label, n, k))
 
 
 # GF_FLAT_SPLIT's plain and residual GEMVs on 3 blocks, each owning several tiles, so that warp
@@ -192,25 +198,7 @@ FLAT = [(fmt, label, n, k) for fmt in FORMATS if fmt.name in ("q4_k", "q6_k", "q
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,label,n,k", FLAT, ids=[f"{c[0].name}-{c[1]}" for c in FLAT])
 def test_gemv_fmt_flat_split(dev, rng, fmt, label, n, k):
-    from drvqwen.launchers.gemv_fmt import GemvFmt, GemvFmtResidual
-
-    defines = _compiled_for("flat", [fmt])
-    w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
-    x = rng.standard_normal(k).astype(np.float16)
-    want = w64 @ x.astype(np.float64)
-    xd = dev.upload("x", x)
-    y = dev.poisoned("y", (n,), np.float16)
-    ln = GemvFmt(y, xd, w, n=n, k=k, blocks=3, defines=defines)
-    ln.launch()
-    got = y.download()
-    report(f"{fmt.name}.{label}.f16.flat", got, want, TOL_GEMV)
-    y.fill_bytes(0xFF)
-    ln.launch()
-    assert_same_bits(label, got, y.download())
-    r0 = massive_residual(rng, n) if n >= 64 else rng.standard_normal(n).astype(np.float32)
-    res = dev.upload("residual", r0)
-    GemvFmtResidual(res, xd, w, n=n, k=k, blocks=3, defines=defines).launch()
-    report(f"{fmt.name}.{label}.delta.flat", res.download().astype(np.float64) - r0, want, TOL_GEMV)
+    _check_plain_and_residual(dev, rng, fmt, label, n, k, ".flat", blocks=3, defines=_compiled_for("flat", [fmt]))
 
 
 # (label, Hq, Hkv, Dh, D, (q, k, v formats))

@@ -21,7 +21,9 @@
 // it does not reach; ptxas: 122–128 registers, no spills, main loops within 2 % of production's
 // instruction count (tools/sass_loops.py). The sums are added in another grouping than
 // production's, so the bits differ within the tests' bounds.
-// Only the single-token kernels: the T-token ones spill at this setting (ptxas: 8–28 bytes).
+// Only the single-token kernels: the T-token ones spill at this setting (ptxas: 8–28 bytes). They
+// repeat production's three wrappers under their own names on purpose (the runner's versions are
+// kernels of their own names, compiled from this file); the engine is production's.
 // Requirements: as ../../gemv_int4.cu.
 #define GEMV_FLAT_SPLIT 1
 #define DEVICE_FUNCTIONS_ONLY  // production's kernels are not built here; its items are
