@@ -576,19 +576,24 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = bc.threads / WARP_SIZE;
     const int n_groups = K / INT4_GROUP;
+    // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128), in every tile;
+    // none for a warp past the plan's W. GEMV_FLAT_SPLIT: every group of a tile (its range of the
+    // block's items is below).
+    const int gb = warp < n_warps ? (GEMV_FLAT_SPLIT ? 0 : warp * n_groups / n_warps) : 0;
+    const int ge = warp < n_warps ? (GEMV_FLAT_SPLIT ? n_groups : (warp + 1) * n_groups / n_warps) : 0;
     // This block's contiguous, balanced share of the tiles.
     const int n_tiles = p.first_tile[NSEG];
     const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
-    // This warp's contiguous, balanced share of the groups (non-empty: W ≤ K/128), in every tile;
-    // none for a warp past the plan's W. GEMV_FLAT_SPLIT: its share of the block's items instead,
-    // items [ib, ie) of the flat (tile, group) sequence, starting at group gi_0 of tile tile_0.
-    const int gb = warp < n_warps ? (GEMV_FLAT_SPLIT ? 0 : warp * n_groups / n_warps) : 0;
-    const int ge = warp < n_warps ? (GEMV_FLAT_SPLIT ? n_groups : (warp + 1) * n_groups / n_warps) : 0;
+#if GEMV_FLAT_SPLIT
+    // This warp's share of the block's items: [ib, ie) of the flat (tile, group) sequence,
+    // starting at group gi_0 of tile tile_0.
     const int n_items = (tile_e - tile_b) * n_groups;
     const int ib = warp < n_warps ? warp * n_items / n_warps : 0;
     const int ie = warp < n_warps ? (warp + 1) * n_items / n_warps : 0;
-    const int tile_0 = GEMV_FLAT_SPLIT ? tile_b + ib / n_groups : tile_b;
-    const int gi_0 = GEMV_FLAT_SPLIT ? ib % n_groups : gb;
+    const int tile_0 = tile_b + ib / n_groups, gi_0 = ib % n_groups;
+#else
+    const int ib = 0, ie = 0, tile_0 = tile_b, gi_0 = gb;  // unused but for the start
+#endif
     const u64 policy = l2_evict_first_policy();
     // The x behind this lane's B fragments: column g of MMA b is token 8b + g (NTOK = 1: the one
     // token in every column). Columns past T repeat token T - 1: finite, never stored, and no
@@ -710,17 +715,20 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                 }
             }
             if (GEMV_FLAT_SPLIT) --c_left;
-            const bool tile_done = ++c_gi == ge;  // the tile's last group (of this warp's range)
-            if (tile_done || (GEMV_FLAT_SPLIT && c_left == 0)) {  // publish its row sums, start the next
-                publish(c_tile);
+            auto restart = [&]() {
 #pragma unroll
                 for (int m = 0; m < MT; ++m)
 #pragma unroll
                     for (int l = 0; l < Tok::LANE; ++l) acc[m][0][l] = acc[m][1][l] = 0.f;
-                if (tile_done) {
-                    c_gi = gb;
-                    ++c_tile;
-                }
+            };
+            if (++c_gi == ge) {  // the tile's last group (of this warp's range): publish its row sums, start the next
+                publish(c_tile);
+                restart();
+                c_gi = gb;
+                ++c_tile;
+            } else if (GEMV_FLAT_SPLIT && c_left == 0) {  // the range ends inside the tile
+                publish(c_tile);
+                restart();
             }
         }
         cur = next;
