@@ -104,8 +104,10 @@
 // fit them: no better; polling relaxed with one acquire per wait: still 3.37–3.53 ms, gate_up
 // 44–45 µs, with no spills in the GEMV ops' loops (SASS) — why an item at two blocks per SM takes
 // twice the per-launch kernel's time at the same grid was not known then. The SASS of this file's
-// two-blocks build says it now: 37–65 local loads and stores in every iteration of the GEMV ops'
-// main loops (cuobjdump), where the one-block build at head dim 128 had 16 until
+// two-blocks build says it now: 40–68 local loads and stores in every iteration of the GEMV ops'
+// main loops (tools/sass_loops.py; 50–64 before GEMV_ZERO_BATCHES:
+// docs/bench/2026-12-05_{3be003f,1164b81}_cpu_sass_decode_persistent_hd128_2blocks.json), where
+// the one-block build at head dim 128 had 12–16 until
 // GEMV_ZERO_BATCHES (below): its batches' scales spilled, each store right after its load, so the
 // warp waited for the load there — the stall gemv_int4.cu's batches exist to avoid. Each op alone
 // fits 128 registers only as a launch of its own (the item's runtime BlockCoord and the program's
@@ -147,8 +149,9 @@
 // The GEMV ops' batch registers defined at each item's start (gemv_int4.cu: GEMV_ZERO_BATCHES), so
 // they are live in their op only. At head dim 128 the step needs it: with its batches undefined,
 // ptxas needs 255 registers and spills the GEMV loops' scales, 16 local loads and stores an
-// iteration; with it, 205 registers and none. At head dim 64 the ops fit without (255, no
-// spills), and the zeros would only add moves to the loops (-Xptxas -v, cuobjdump).
+// iteration; with it, 207 registers and none. At head dim 64 the ops fit without (255, no
+// spills), and the zeros would only add moves to the loops (tools/sass_loops.py:
+// docs/bench/2026-12-05_{3be003f,1164b81}_cpu_sass_decode_persistent_hd128.json).
 #ifndef GEMV_ZERO_BATCHES
 #define GEMV_ZERO_BATCHES (DP_HEAD_DIM >= 128)
 #endif

@@ -499,7 +499,7 @@ __device__ __forceinline__ float gemv_scale(u32 bits) {
 // kernel's entry. In a kernel of its own that costs nothing. In a kernel that runs several ops
 // one after another (decode_persistent.cu, which defines it), every op's slots would be live
 // across every other op: with them undefined, the persistent step at head dim 128 needs 255
-// registers and spills its batches' scales inside the GEMV loops; at zero, 205 and no spills
+// registers and spills its batches' scales inside the GEMV loops; at zero, 207 and no spills
 // (ptxas, -Xptxas -v). Not the default: here the zeros cost 7–27 registers and 14–20 % more
 // instructions in the main loops, which would leave one block per SM instead of two.
 #ifndef GEMV_ZERO_BATCHES
