@@ -106,7 +106,7 @@
 // twice the per-launch kernel's time at the same grid was not known then. The SASS of this file's
 // two-blocks build says it now: 40–68 local loads and stores in every iteration of the GEMV ops'
 // main loops (tools/sass_loops.py; 50–64 before GEMV_ZERO_BATCHES:
-// docs/bench/2026-12-05_{3be003f,1164b81}_cpu_sass_decode_persistent_hd128_2blocks.json), where
+// docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128_2blocks.json), where
 // the one-block build at head dim 128 had 12–16 until
 // GEMV_ZERO_BATCHES (below): its batches' scales spilled, each store right after its load, so the
 // warp waited for the load there — the stall gemv_int4.cu's batches exist to avoid. Each op alone
@@ -151,7 +151,7 @@
 // ptxas needs 255 registers and spills the GEMV loops' scales, 16 local loads and stores an
 // iteration; with it, 207 registers and none. At head dim 64 the ops fit without (255, no
 // spills), and the zeros would only add moves to the loops (tools/sass_loops.py:
-// docs/bench/2026-12-05_{3be003f,1164b81}_cpu_sass_decode_persistent_hd128.json).
+// docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128.json).
 #ifndef GEMV_ZERO_BATCHES
 #define GEMV_ZERO_BATCHES (DP_HEAD_DIM >= 128)
 #endif
