@@ -270,3 +270,18 @@ def test_an_empty_log_leaves_the_shared_one_byte_string_alone():
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     assert bytes([32])[0] == 32  # CPython's shared one-byte b" "
+
+
+# The decode GEMVs' launch shapes count on two 256-thread blocks per SM (docs/kernels.md, "Launch
+# shape"; gemv_f16.cu's header): at most 128 registers a thread. Their __launch_bounds__ name the
+# threads only, so ptxas may take more without spilling — a slower step with no spill to report
+# (zeroing gemv_int4.cu's batches, GEMV_ZERO_BATCHES, takes 134–154).
+# (The 16-token build of the verify pass is not one of them: 161–181, one block per SM by design.)
+@pytest.mark.parametrize("name", ["gemv_int4", "gemv_f16"])
+def test_decode_gemvs_fit_two_blocks_per_sm(name):
+    ck = compile_kernel(name)
+    over = {f: r.registers for f, r in ck.resources.items() if r.is_entry and r.registers > 128}
+    assert not over, f"{name}: more than 128 registers (one 256-thread block per SM): {over}"
+    if name == "gemv_int4":  # the check can fail: the zeroed build takes more
+        zeroed = compile_kernel(name, defines={"GEMV_ZERO_BATCHES": 1})
+        assert any(r.registers > 128 for r in zeroed.resources.values() if r.is_entry)
