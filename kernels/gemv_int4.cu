@@ -500,7 +500,7 @@ __device__ __forceinline__ float gemv_scale(u32 bits) {
 // one after another (decode_persistent.cu, which defines it), every op's slots would be live
 // across every other op: with them undefined, the persistent step at head dim 128 needs 255
 // registers and spills its batches' scales inside the GEMV loops; at zero, 207 and no spills
-// (ptxas, -Xptxas -v). Not the default: here the zeros cost 7–27 registers and 14–20 % more
+// (ptxas, -Xptxas -v). Not the default: here the zeros cost 7–34 registers and 14–20 % more
 // instructions in the main loops, which would leave one block per SM instead of two.
 #ifndef GEMV_ZERO_BATCHES
 #define GEMV_ZERO_BATCHES 0
