@@ -26,8 +26,13 @@
 //   | 7B    | 6.38 / 21.28 / 72.79 | 6.60 / 14.05 / 41.17 | 7.06 / 14.46 / 27.33 | 6.71 / 14.00 / 28.29 |
 //   | 0.5B  | 4.64 / 13.20 / 42.94 | 5.06 / 9.51 / 24.99  | 6.18 / 10.62 / 12.88 | 5.07 / 8.35 / 12.68  |
 // So it wins at short contexts only, 0.3–0.7 µs a 7B layer and 0.4–1.5 µs a 0.5B layer at 512
-// tokens, alone; inside the step PDL already overlaps the two launches with their neighbours,
-// which `drvqwen bench --short-attention-below N` measures (not yet run). Off by default.
+// tokens, alone; inside the step PDL already overlaps the two launches with their neighbours.
+// In the step (`python -m drvqwen.bench --mode graph --new-tokens 128 --short-attention-below
+// 1024`, synthetic 0.5B, 128 tokens after a 512-token prompt, in turns with the default step on
+// one machine): graph ITL 0.606 / 0.593 ms against the default's 0.617–0.623
+// (docs/bench/2026-12-05_7e77f51_h200_syn05b_attention_short_cluster_3.json, …_4.json, and the
+// default's …_attention_tma_1.json to …_4.json). Off by
+// default: its long-context side and the 7B not yet measured enough to choose.
 //
 // Work split
 // ----------

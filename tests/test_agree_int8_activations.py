@@ -102,3 +102,16 @@ def test_only_at_encodes_one_products_inputs(rng):
         at = [4 * L] if name == "lm_head" else [4 * i + tool.LAYER_INPUTS.index(name) for i in range(L)]
         want = [every[i] for i in at] * 2
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want)), name
+
+
+def test_bad_block_sizes_are_one_line_errors(tmp_path, rng, monkeypatch, capsys):
+    from helpers import byte_tokenizer_json, write_model
+
+    path = tmp_path / "tiny.nanoqwen"
+    write_model(path, TINY, random_dense(TINY, rng), tokenizer_json=byte_tokenizer_json())
+    for blocks, want in ((["32", "0"], "--blocks 0: a block must hold at least 1 input"),
+                         (["32", "7"], f"--blocks 7: does not divide the model's input width {TINY.hidden_size}")):
+        monkeypatch.setattr(sys, "argv", ["agree_int8_activations.py", "--model", str(path), "--blocks", *blocks])
+        assert tool.main() == 2
+        err = capsys.readouterr().err
+        assert err == f"error: {want}\n"

@@ -101,3 +101,17 @@ def test_async_copies_to_shared_memory_are_not_loads_into_registers():
     (loop,) = sl.loops(sl.functions(_sass(body))["k"])
     assert loop.global_loads == 0 and loop.near_uses == []
     assert sl.is_global_load("LDG.E.128.CONSTANT") and not sl.is_global_load("LDGSTS.E.BYPASS.128")
+
+
+def test_missing_cuobjdump_and_bad_defines_are_one_line_errors(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))                      # no cuobjdump here
+    monkeypatch.setattr(sys, "argv", ["sass_loops.py", "smoke"])
+    assert sl.main() == 2
+    assert capsys.readouterr().err == ("error: cuobjdump is not on PATH (CUDA's binary utilities: "
+                                       "pip download nvidia-cuda-cuobjdump)\n")
+    fake = tmp_path / "cuobjdump"                                  # present, never reached
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", ["sass_loops.py", "smoke", "--define", "GEMV_UNROLL"])
+    assert sl.main() == 2
+    assert capsys.readouterr().err == "error: --define 'GEMV_UNROLL': expected NAME=INTEGER\n"

@@ -87,18 +87,19 @@ def main() -> int:
     ap.add_argument("--json", help="write the summaries here")
     a = ap.parse_args()
     try:
-        if any(b < 1 for b in a.blocks):
-            raise DrvqwenError(f"--blocks {a.blocks}: each must be >= 1")
+        for b in a.blocks:
+            if b < 1:
+                raise DrvqwenError(f"--blocks {b}: a block must hold at least 1 input")
         f = resolve_model(a.model)
+        for b in a.blocks:  # before the weights are read (seconds to minutes)
+            for k in (f.config.hidden_size, f.config.intermediate_size):
+                if k % b:
+                    raise DrvqwenError(f"--blocks {b}: does not divide the model's input width {k}")
         tok = Tokenizer.of_model(f)
         prompts = [tok.encode(t) for t in ag.BUILTIN_PROMPTS]
         text = tok.encode(ag.AGREE_TEXT)
         longest = max([len(text)] + [len(p) for p in prompts])
         weights = Weights.from_nanoqwen(f)
-        for b in a.blocks:
-            for k in (f.config.hidden_size, f.config.intermediate_size):
-                if k % b:
-                    raise DrvqwenError(f"--blocks {b}: does not divide the model's input width {k}")
     except DrvqwenError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..cuda import Stream
-from .base import DEFAULT_OCCUPANCY, NULL, BufferSpec, KernelRef, Launcher, Occupancy, mirrored, require
+from .base import DEFAULT_OCCUPANCY, NULL, BufferSpec, KernelRef, LaunchError, Launcher, Occupancy, mirrored, require
 
 SPANS = mirrored("l2_prefetch", "L2P_SPANS", 16)
 CHUNK_BYTES = mirrored("l2_prefetch", "L2P_CHUNK_BYTES", 64 * 1024)
@@ -182,6 +182,6 @@ class L2Prefetch(Launcher):
             # A planned buffer without a resolver has no address (yet, or after the launches were
             # built once: Launcher.build returns those, or refuses an unbuilt plan itself).
             ptr = getattr(buf, "ptr", None)
-            if isinstance(ptr, int) and ptr % ALIGN:
-                require(False, f"l2_prefetch: {getattr(buf, 'name', 'a buffer')} at {ptr:#x} is not {ALIGN}-byte aligned")
+            if isinstance(ptr, int) and ptr % ALIGN:  # the message formats ptr: only an address gets here
+                raise LaunchError(f"l2_prefetch: {getattr(buf, 'name', 'a buffer')} at {ptr:#x} is not {ALIGN}-byte aligned")
         return super().build(resolve, stream, pdl)
