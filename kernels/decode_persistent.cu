@@ -103,16 +103,18 @@
 // apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to
 // fit them: no better; polling relaxed with one acquire per wait: still 3.37–3.53 ms, gate_up
 // 44–45 µs, with no spills in the GEMV ops' loops (SASS) — why an item at two blocks per SM takes
-// twice the per-launch kernel's time at the same grid was not known then. The SASS of this file's
-// two-blocks build says it now: 40–68 local loads and stores in every iteration of the GEMV ops'
-// main loops (tools/sass_loops.py; 50–64 before GEMV_ZERO_BATCHES:
-// docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128_2blocks.json), where
-// the one-block build at head dim 128 had 12–16 until
-// GEMV_ZERO_BATCHES (below): its batches' scales spilled, each store right after its load, so the
-// warp waited for the load there — the stall gemv_int4.cu's batches exist to avoid. Each op alone
-// fits 128 registers only as a launch of its own (the item's runtime BlockCoord and the program's
-// loop cost the rest: 72–184 bytes of spills for one GEMV op alone in this kernel at two blocks
-// per SM, ptxas). Not yet measured on the GPU with either change. A gpu-scope fence on either
+// twice the per-launch kernel's time at the same grid is not known. This file's two-blocks build
+// now spills inside the GEMV ops' main loops, 40–68 local loads and stores an iteration
+// (tools/sass_loops.py; 50–64 before GEMV_ZERO_BATCHES:
+// docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128_2blocks.json), a
+// cost to time, not the answer: the build above without spills in its loops was as slow. The
+// one-block build at head dim 128 had 12–16 until GEMV_ZERO_BATCHES (below): its batches' scales
+// spilled, each store right after its load, so the warp waited for the load there — the stall
+// gemv_int4.cu's batches exist to avoid. Why a GEMV op needs more registers here than as a
+// launch of its own is not settled either: compiled into this kernel alone (the switch cut to one
+// kind) it still spills at two blocks per SM, while a kernel that runs the same item from a
+// pointer to its arguments, with a runtime BlockCoord, in a loop over items, fits 128 registers
+// (ptxas). Not yet measured on the GPU with either change. A gpu-scope fence on either
 // side of the counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why
 // they are not needed); polling without nanosleep: no change.
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
