@@ -107,7 +107,12 @@
 // now spills inside the GEMV ops' main loops, 40–68 local loads and stores an iteration
 // (tools/sass_loops.py; 50–64 before GEMV_ZERO_BATCHES:
 // docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128_2blocks.json), a
-// cost to time, not the answer: the build above without spills in its loops was as slow. The
+// cost to time, not the answer: the build above without spills in its loops was as slow. A
+// two-blocks build whose GEMV loops do not spill: GEMV_UNROLL=2 with GEMV_ZERO_BATCHES=1 (no
+// local operation in them at head dim 64, one at 128, where the attention's page loop keeps 41;
+// docs/bench/2026-12-05_6f3d3c1_cpu_sass_decode_persistent_hd{64,128}_2blocks_unroll2.json), to
+// time beside it (`drvqwen bench --decode persistent --persistent-blocks 2 --persistent-define
+// GEMV_UNROLL=2 --persistent-define GEMV_ZERO_BATCHES=1`). The
 // one-block build at head dim 128 had 12–16 until GEMV_ZERO_BATCHES (below): its batches' scales
 // spilled, each store right after its load, so the warp waited for the load there — the stall
 // gemv_int4.cu's batches exist to avoid. Why a GEMV op needs more registers here than as a
