@@ -162,13 +162,20 @@
                                // wf_scales, wf_dequant, WF_DISPATCH
 
 #define GF_MAX_WARPS 8    // K-split warps per block
-// Registers: the plain GEMVs and the lm_head ask for 2 blocks per SM (__launch_bounds__(256, 2):
-// ≤ 128 registers, no spills). The qkv (RoPE epilogue) and gate/up (two matrices) kernels ask
+// Registers: the plain GEMVs and the lm_head ask for GF_MIN_BLOCKS = 2 blocks per SM
+// (__launch_bounds__(256, 2): ≤ 128 registers, no spills). The qkv (RoPE epilogue) and gate/up (two matrices) kernels ask
 // for GF_QKV_MIN_BLOCKS and GF_GATE_UP_MIN_BLOCKS: compiled for every format (WF_FORMATS'
 // default) they need 150–180 registers, so one block of 8 warps per SM; compiled for one
 // model's formats (Q4_K with Q6_K, or the real 0.5B's Q5_0, Q8_0, Q4_K and Q6_K) they fit 128
 // without spilling, and the launcher asks for 2 (launchers/gemv_fmt.py: format_defines keeps
 // 2 for each kernel only where ptxas reports no spills in it).
+// GF_MIN_BLOCKS (default 2) is the plain GEMVs' and the lm_head's, to measure: at 1, with fewer
+// warps a block (tools/bench_gemv.py --formats … --warps 4), deeper batches (GF_UNROLL 4) get
+// the registers they need — q4_k's gate/up 167, 3 blocks of 4 warps an SM — where 2 blocks of
+// 8 warps leave 128 and spill them.
+#ifndef GF_MIN_BLOCKS
+#define GF_MIN_BLOCKS 2
+#endif
 #ifndef GF_QKV_MIN_BLOCKS
 #define GF_QKV_MIN_BLOCKS 1
 #endif
@@ -504,7 +511,7 @@ __device__ __forceinline__ bool gf_gemv_x(const WfWeight& w, const __half* __res
 }
 
 // y = W x, FP16 out. grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
 gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
              const __half* __restrict__ x,  // [K] fp16
              const u32* __restrict__ w_qweight,    // [N, K] in format `fmt`: codes (weight_formats.cuh)
@@ -517,7 +524,7 @@ gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
 
 // residual += W x in FP32 (each row read and written by one thread: no atomics).
 // grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
 gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
                   const __half* __restrict__ x,  // [K] fp16
                   const u32* __restrict__ w_qweight,    // [N, K] in format `fmt`: codes (weight_formats.cuh)
@@ -630,7 +637,7 @@ gemv_fmt_gate_up_swiglu(__half* __restrict__ h,              // [F] fp16, out
 // row) of its rows to part_val/part_idx[blockIdx.x] (larger wins, lower row on ties), for
 // argmax_final (argmax.cu) over gridDim.x partials.
 // grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, 2)
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
 gemv_fmt_lm_head(float* __restrict__ logits,    // [V] fp32, out
                  float* __restrict__ part_val,  // [≥ gridDim.x] fp32, out
                  int* __restrict__ part_idx,    // [≥ gridDim.x] int32, out

@@ -35,3 +35,15 @@ def test_gate_up_shape_is_the_feature_count_by_hidden(bench):
 def test_parse_defines_names_the_option(bench):
     with pytest.raises(SystemExit, match="--int4-defines: 'GEMV_X' is not NAME=INT"):
         bench.parse_defines("GEMV_X", "--int4-defines")
+
+
+@pytest.mark.parametrize("extra", [["--tokens", "2"], ["--blocks", "132"], ["--unroll", "4"],
+                                   ["--int4-defines", "GEMV_UNROLL=8"], ["--pdl"]])
+def test_int4_options_refused_with_formats(bench, extra):
+    with pytest.raises(SystemExit, match=f"{extra[0]} times the INT4 GEMVs; it does not go with --formats"):
+        bench.parse_args(["--formats", "q4_k", *extra])
+
+
+def test_warps_go_with_formats(bench):
+    a = bench.parse_args(["--formats", "q4_k", "--warps", "4", "--fmt-defines", "GF_UNROLL=4,GF_MIN_BLOCKS=1"])
+    assert a.warps == [4] and a.fmt_defines == ["GF_UNROLL=4,GF_MIN_BLOCKS=1"]

@@ -6,14 +6,16 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
         [--warps 4 8] [--blocks 132 264] [--unroll 2 4 8] [--int4-defines GEMV_UNROLL=8,NAME=INT] [--pdl]
         [--tokens [T ...]]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
-        [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu]
+        [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu] [--warps 4]
 
 --formats times kernels/gemv_fmt.cu (the decode GEMV of the per-tensor weight formats,
 format/weight_formats.py) at the preset's o_proj, gate_proj (one matrix) and down_proj shapes,
 residual output, and the fused gate/up GEMV with SwiGLU (gate_up_swiglu, both matrices), with
 random weights in each format; int4_g128 there runs through gemv_fmt's
 per-lane-scale engine, beside which gemv_int4.cu's engine (the rows without a format) is the
-figure to reach.
+figure to reach. --warps there adds rows with that many warps a block (e.g. 4 with
+GF_UNROLL=4,GF_MIN_BLOCKS=1,GF_GATE_UP_MIN_BLOCKS=1: deeper batches at 3 blocks of 4 warps an SM
+where the registers allow; --blocks does not apply).
 
 Each figure is one launch of a CUDA graph of back-to-back launches of the same GEMV, cycling
 through enough copies of its weights that they cannot stay in the 60 MB L2 between launches
@@ -138,9 +140,11 @@ def q_shape(name: str, cfg) -> tuple[int, int]:
     return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F), "gate_up_swiglu": (F, D)}[name]
 
 
-def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tuple = ()) -> Launcher:
+def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tuple = (),
+                    warps: int | None = None) -> Launcher:
     """GemvFmtResidual (gate_up_swiglu: GemvFmtGateUpSwiglu) over random weights in `fmt`
-    (weight_formats.random_weight), compiled with `defines`."""
+    (weight_formats.random_weight), compiled with `defines`, with `warps` a block (None: the
+    launcher's)."""
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtResidual
 
@@ -156,10 +160,10 @@ def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tu
         norm_w = s.array(f"nw{fmt.name}{name}{copy}", (k,), np.float16, np.ones(k))
         h = s.array(f"h{fmt.name}{name}{copy}", (n,), np.float16)
         return GemvFmtGateUpSwiglu(h, residual, norm_w, weight("g"), weight("u"), f=n, k=k, eps=1e-6,
-                                   defines=defines)
+                                   defines=defines, warps=warps)
     x = s.array(f"x{fmt.name}{name}{copy}", (k,), np.float16, rng.standard_normal(k))
     res = s.array(f"res{fmt.name}{name}{copy}", (n,), np.float32, np.zeros(n))
-    return GemvFmtResidual(res, x, weight(""), n=n, k=k, defines=defines)
+    return GemvFmtResidual(res, x, weight(""), n=n, k=k, defines=defines, warps=warps)
 
 
 def parse_defines(text: str, option: str = "--fmt-defines") -> dict[str, int]:
@@ -177,12 +181,15 @@ def parse_defines(text: str, option: str = "--fmt-defines") -> dict[str, int]:
 
 
 def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: list[dict] | None = None,
-                  shapes_: tuple[str, ...] = Q_SHAPES) -> list[dict]:
-    """One row per (format, shape, compile variant): µs, GB/s and the share of the copy bandwidth.
+                  shapes_: tuple[str, ...] = Q_SHAPES, warps: tuple[int, ...] = ()) -> list[dict]:
+    """One row per (format, shape, compile variant, warps): µs, GB/s and the share of the copy
+    bandwidth.
 
     Without `variants` the kernels are compiled for every format (WF_FORMATS' default); each
     variant {NAME: INT} compiles them as a model of that one format is (format_defines) plus
-    those defines, so versions of the kernel are compared in the same run."""
+    those defines, so versions of the kernel are compared in the same run. Each row runs with
+    the launcher's warps a block and then with each of `warps` (the blocks an SM follow from
+    the build's registers: the driver's occupancy)."""
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers.gemv_fmt import format_defines
 
@@ -195,16 +202,17 @@ def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: 
             nbytes = wf.parts_nbytes(fmt, n, k) * (2 if name == "gate_up_swiglu" else 1)
             copies = max(2, -(-2 * L2_BYTES // nbytes))
             r = -(-reps // copies) * copies
-            for variant in variants or [None]:
+            for variant, w in itertools.product(variants or [None], (None, *warps)):
                 defines = () if variant is None else tuple({**dict(format_defines([fmt.id])), **variant}.items())
                 s = Scratch()
                 try:
-                    launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines) for c in range(copies)]
+                    launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines, w) for c in range(copies)]
                     us = time_launchers(launchers, r, False)
                     spec = launchers[0].specs[0]
                     gbps = nbytes / us / 1e3
                     rows.append({"gemv": f"{fmt.name}:{name}",
-                                 "variant": {"bits_per_weight": fmt.bits_per_weight, **(variant or {})},
+                                 "variant": {"bits_per_weight": fmt.bits_per_weight, **(variant or {}),
+                                             **({"warps": w} if w else {})},
                                  "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
                                  "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
                 finally:
@@ -266,8 +274,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for t in a.tokens or []:
         if not 1 <= t <= MAX_TOKENS:
             raise SystemExit(f"--tokens: T={t} is outside 1..{MAX_TOKENS}")
-    if a.tokens and a.formats:
-        raise SystemExit("--tokens times the INT4 GEMVs; it does not go with --formats")
+    if a.formats:
+        for opt, given in (("--tokens", a.tokens), ("--blocks", a.blocks), ("--unroll", a.unroll),
+                           ("--int4-defines", a.int4_defines), ("--pdl", a.pdl)):
+            if given:
+                raise SystemExit(f"{opt} times the INT4 GEMVs; it does not go with --formats")
     return a
 
 
@@ -285,7 +296,7 @@ def main() -> int:
         [{"defines": parse_defines(d, "--int4-defines")} for d in a.int4_defines]
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
-                              tuple(a.fmt_shapes))
+                              tuple(a.fmt_shapes), tuple(a.warps))
     for row, name, n_tokens in ([] if a.formats else plan_rows(a.gemv, a.tokens or [])):
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
