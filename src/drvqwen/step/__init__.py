@@ -22,12 +22,14 @@ DEFAULT_MAX_CONTEXT = 4096
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `step` command to the CLI's subparsers (cli.build_parser)."""
+    from ..gen_options import MODEL_HELP
+
     p = subparsers.add_parser(
         "step", help="walk one decode step launch by launch against the numpy reference (a REPL)",
         description="An interactive walk through one decode step: every named launch, what it reads and "
                     "writes, its time, its bytes, and its outputs against the numpy reference computed "
                     "from the same inputs. `help` inside lists the commands.")
-    p.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto (default): a Hopper GPU when present, else the numpy reference on the CPU")
     p.add_argument("--max-context", type=int, default=0,
