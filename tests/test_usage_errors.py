@@ -57,7 +57,8 @@ def test_usage_error_in_a_real_process(module):
     (["eval", "humaneval", "--timeout", "-5"], "--timeout=-5: must be a finite number of seconds > 0"),
     (["eval", "humaneval", "--timeout", "0"], "--timeout=0: must be a finite number of seconds > 0"),
     (["eval", "humaneval", "--timeout", "nan"], "--timeout=nan: must be a finite number of seconds > 0"),
-], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout"])
+    (["step", "--model", "absent.nanoqwen", "--max-context", "-1"], "--max-context=-1: must be >= 0 (0: the default)"),
+], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout", "step context"])
 def test_empty_names_and_bad_timeouts_are_refused_before_any_work(capsys, private_cache, argv, message):
     """An empty --model, info FILE or rm NAME (an unset shell variable) is refused: Path("") is the
     current folder and "" a prefix of every cache name, so rm "" removed the only model. A
