@@ -2,7 +2,9 @@
 
 - `seed`: a fresh random seed per test, printed so a failure can be replayed
   (`DRVQWEN_SEED=… pytest …`).
-- `private_cache`: a cache root of the test's own.
+- `private_cache`: a cache root of the test's own. Every other test runs in a session cache root
+  whose models, hub, cubin and tokenizer folders are the user's and whose state folder
+  (verified files, source hashes) is the session's (`_session_cache_state`).
 - `real_gguf`: the official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, fetched once into the
   cache root (`$DRVQWEN_CACHE`) by `drvqwen.pull` and verified by sha256.
 - Slow tests carry `@pytest.mark.slow` and skip, saying so, unless DRVQWEN_SLOW=1.
@@ -29,6 +31,31 @@ def seed(request) -> int:
 @pytest.fixture
 def rng(seed) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+# The cache folders a test session shares with the user's cache (links): the real model,
+# hub downloads, compiled kernels and tokenizers are found there as before; only `state`
+# (records of verified files and source hashes, keyed by device and inode) is the session's own.
+SHARED_CACHE_FOLDERS = ("models", "hub", "cubin", "tokenizer")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache_state(tmp_path_factory):
+    """A cache root for the session ($DRVQWEN_CACHE, also for the processes tests start) whose
+    SHARED_CACHE_FOLDERS link to the user's cache root and whose `state` folder is new: the
+    records of the throw-away files tests write (a tiny model in a temporary folder, verified
+    once) stay out of the user's cache, and the inodes they are keyed by, reused after the
+    session, cannot match a record of a file that no longer exists."""
+    from drvqwen import paths
+
+    real = paths.cache_root()
+    root = tmp_path_factory.mktemp("session_cache")
+    for name in SHARED_CACHE_FOLDERS:
+        (real / name).mkdir(exist_ok=True)
+        (root / name).symlink_to(real / name, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DRVQWEN_CACHE", str(root))
+        yield root
 
 
 @pytest.fixture

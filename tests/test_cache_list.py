@@ -86,6 +86,10 @@ def test_list_shows_every_entry(filled, capsys):
     for n in by_name:
         assert n in out
     assert "4 entries" in out
+    for e in cache.entries()[1:]:
+        cache.remove(e)
+    assert cli.main(["list"]) == 0
+    assert "1 entry," in capsys.readouterr().out
 
 
 def test_list_of_an_empty_cache(capsys):
@@ -118,7 +122,17 @@ def test_rm_refuses_ambiguous_unknown_and_malformed(filled, capsys):
     assert "nothing-like-it: no such model in the cache" in capsys.readouterr().err
     assert cli.main(["rm"]) == 2 and cli.main(["rm", "x", "--all"]) == 2
     assert cli.main(["rm", "../../etc"]) == 2                         # a name, never a path
+    capsys.readouterr()
+    # An empty or blank NAME (an unset shell variable) is a prefix of every name: refused, also
+    # where it would have named the one entry left.
+    for name in ("", " "):
+        assert cli.main(["rm", name]) == 2
+        assert "rm: NAME is empty" in capsys.readouterr().err
+    assert cache.find("") == [] and cache.find("  ") == []
     assert _names() == before
+    for e in cache.entries()[1:]:
+        cache.remove(e)
+    assert len(_names()) == 1 and cli.main(["rm", ""]) == 2 and len(_names()) == 1
 
 
 def test_rm_all_empties_the_cache_of_models_only(filled, private_cache):
@@ -197,6 +211,14 @@ def test_info_and_model_take_the_names_list_shows(filled, capsys):
     mine = paths.models_dir() / "mine.gguf"
     shutil.copy(filled["src"], mine)
     made = models.resolve_model(str(mine)).path
+    assert cli.main(["info", "mine.gguf"]) == 0
+    assert str(made) in capsys.readouterr().out
+    # Its record naming the download somewhere else (the cache was moved): info finds the
+    # conversion by the download's content, as --model does.
+    import json
+
+    sidecar = made.with_name(f".{made.name}.source.json")
+    sidecar.write_text(json.dumps(json.loads(sidecar.read_text()) | {"source": "/elsewhere/mine.gguf"}))
     assert cli.main(["info", "mine.gguf"]) == 0
     assert str(made) in capsys.readouterr().out
     for name in (conv.name, "mine.gguf"):

@@ -302,6 +302,15 @@ def test_agreement_gates_top1_by_the_gap_and_the_rms_error():
     assert a.summary()["top1_gated"] < 1.0
 
 
+def test_agree_line_says_when_no_position_passes_the_gate():
+    from drvqwen.eval_cli import agree_line
+
+    s = {"positions": 3, "cosine_mean": 0.99, "cosine_min": 0.98, "kl_mean": 1e-3, "kl_max": 2e-3, "top1": 1.0,
+         "rms_err": 1.04, "top1_gated": 1.0, "gated_positions": 0}
+    assert agree_line("last_position", s).endswith("top-1 where the gap > 6 × RMS error 1.04e+00: no such position")
+    assert agree_line("last_position", s | {"gated_positions": 2}).endswith(": 100.0% of 2")
+
+
 def test_backend_forward_gives_every_position_of_one_pass(tiny_source, tmp_path):
     """The GPU mode's forward (prefill the first id, decode the rest), run here on the CPU
     backend, equals the reference's full forward pass at every position."""

@@ -136,6 +136,21 @@ def test_cli_info_prints_config(model_file):
     assert "hidden_size" in r.stdout and str(TINY.hidden_size) in r.stdout
 
 
+def test_cli_convert_refuses_to_overwrite_its_source(model_file, tmp_path):
+    """-o naming the source itself (the same path, a link to it, a hard link of it) is refused
+    before anything is written: the conversion would replace its own input."""
+    path, _ = model_file
+    before = path.read_bytes()
+    link, hard = tmp_path / "link.nanoqwen", tmp_path / "hard.nanoqwen"
+    link.symlink_to(path)
+    os.link(path, hard)
+    for out in (path, link, hard):
+        r = _cli("convert", str(path), "-o", str(out))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"{out}: is the source {path} itself" in r.stderr
+    assert path.read_bytes() == before
+
+
 def test_cli_convert_bad_source_leaves_no_output(tmp_path):
     src = tmp_path / "not_a_model.bin"
     src.write_bytes(b"hello world" * 100)

@@ -55,3 +55,26 @@ def test_a_folder_given_as_the_output_is_refused_first(tmp_path, capsys, no_work
 
     assert main(["run", "--device", "cpu", "-p", "hi", "--json-stats", str(tmp_path)]) == 2
     assert _one_error_line(capsys) == f"error: {tmp_path}: is a directory; give the output file name"
+
+
+def test_json_files_take_the_users_permissions(tmp_path):
+    """--json-stats and chat's /save write as `eval --json` does: 0666 less the umask, not the
+    0600 of a private temporary file; a folder that is not there is one line naming the file."""
+    import os
+    import stat
+
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.paths import atomic_write_bytes
+    from drvqwen.stats import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "stats.json", {"a": 1})
+        atomic_write_bytes(tmp_path / "eval.json", b"{}")
+    finally:
+        os.umask(old)
+    modes = {n: stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("stats.json", "eval.json")}
+    assert modes == {"stats.json": 0o644, "eval.json": 0o644}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "stats.json"]
+    with pytest.raises(DrvqwenError, match="nowhere/s.json: cannot write the conversation"):
+        write_json_atomic(tmp_path / "nowhere" / "s.json", {}, "the conversation")

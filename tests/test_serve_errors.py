@@ -61,13 +61,15 @@ BAD = [  # (route, body, status, param, words in the message)
     (CHAT, {"messages": MSG, "max_tokens": 10**12}, 400, "max_tokens", "exceed the context"),
     (CHAT, {"messages": MSG, "max_completion_tokens": 10**6}, 400, "max_completion_tokens", "exceed"),
     (CHAT, {"messages": MSG, "n": 2}, 400, "n", "n = 1"),
+    (CHAT, {"messages": MSG, "n": "x" * 200}, 400, "n", '"' + "x" * 78 + "…: drvqwen generates one"),
     (CHAT, {"messages": MSG, "stream": "yes"}, 400, "stream", "true or false"),
     (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
     (CHAT, {"messages": MSG, "stop": [1]}, 400, "stop[0]", "string"),
     (CHAT, {"messages": MSG, "stop": ""}, 400, "stop", "characters"),
     (CHAT, {"messages": MSG, "stop": ["a"] * 40}, 400, "stop", "at most"),
-    (CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs", "not supported"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+    (CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs", "true is not supported"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools",
+     '[{"type": "function"}] is not supported'),             # the value as JSON, not a Python repr
     (CHAT, {"messages": MSG, "model": 5}, 400, "model", "string"),
     (COMP, {"prompt": "x" * 2000}, 400, "prompt", "context"),
     (COMP, {"prompt": "x" * 1000, "max_tokens": 100}, 400, "max_tokens", "at most 24"),
@@ -306,3 +308,27 @@ def test_one_log_line_per_request(model):
     assert len(lines) == len(want), lines
     for line, pattern in zip(lines, want):
         assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_a_port_in_use_is_said_before_the_model_is_read(tmp_path):
+    """The port is taken before the model loads: one in use is one line at once, even with a
+    --model that would fail (or take seconds) to read."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    try:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath("src")}
+        r = subprocess.run([sys.executable, "-m", "drvqwen", "serve", "--model", str(tmp_path / "absent.nanoqwen"),
+                            "--device", "cpu", "--port", str(port)], capture_output=True, text=True, timeout=60,
+                           env=env)
+    finally:
+        busy.close()
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--port {port}: cannot listen there" in lines[0], r.stderr

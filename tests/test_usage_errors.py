@@ -16,7 +16,9 @@ CASES = [
     (["run", "-t", "abc"], "drvqwen run", "argument -t/--temperature/--temp: invalid float value: 'abc'"),
     (["run", "--device", "gpu"], "drvqwen run", "argument --device: invalid choice: 'gpu'"),
     (["chat", "--top-k", "x"], "drvqwen chat", "argument --top-k: invalid int value: 'x'"),
-    (["run", "--no-such-option"], "drvqwen", "unrecognized arguments: --no-such-option"),
+    (["run", "--no-such-option"], "drvqwen run", "unrecognized arguments: --no-such-option"),
+    (["eval", "agree", "--reference", "r.gguf", "x"], "drvqwen eval", "unrecognized arguments: x"),
+    (["--no-such-option"], "drvqwen", "unrecognized arguments: --no-such-option"),
     (["run", "-n"], "drvqwen run", "argument -n/--max-new-tokens: expected one argument"),
     (["convert", "x.gguf"], "drvqwen convert", "the following arguments are required: -o/--output"),
     (["serve", "--port", "http"], "drvqwen serve", "argument --port: 'http' is not a port number"),
@@ -46,3 +48,23 @@ def test_usage_error_in_a_real_process(module):
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: argument ") and "--help" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--model", "", "-p", "hi"], "--model is empty: give a file, a repo id or a name drvqwen list shows"),
+    (["info", " "], "info: FILE is empty: give a .nanoqwen file or a name drvqwen list shows"),
+    (["rm", ""], "rm: NAME is empty (drvqwen list shows the names; --all removes every entry)"),
+    (["eval", "humaneval", "--timeout", "-5"], "--timeout=-5: must be a finite number of seconds > 0"),
+    (["eval", "humaneval", "--timeout", "0"], "--timeout=0: must be a finite number of seconds > 0"),
+    (["eval", "humaneval", "--timeout", "nan"], "--timeout=nan: must be a finite number of seconds > 0"),
+    (["step", "--model", "absent.nanoqwen", "--max-context", "-1"], "--max-context=-1: must be >= 0 (0: the default)"),
+], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout", "step context"])
+def test_empty_names_and_bad_timeouts_are_refused_before_any_work(capsys, private_cache, argv, message):
+    """An empty --model, info FILE or rm NAME (an unset shell variable) is refused: Path("") is the
+    current folder and "" a prefix of every cache name, so rm "" removed the only model. A
+    timeout ≤ 0 would score every HumanEval problem as failed."""
+    from drvqwen.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {message}"

@@ -555,8 +555,9 @@ def print_kernels(res: dict, console: Console | None = None, key: str = "kernels
 # ---- command line ------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The bench options (shared by `drvqwen bench` and `python -m drvqwen.bench`)."""
-    p.add_argument("--model", help="a .nanoqwen, HF folder or GGUF (default: the synthetic --preset model, "
-                                   "written on first use)")
+    from .gen_options import MODEL_SOURCES
+
+    p.add_argument("--model", help=f"{MODEL_SOURCES} (default: the synthetic --preset model, written on first use)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="7b", help="synthetic model shape (default: 7b)")
     p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help=f"default: {PROMPT_TOKENS}")
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help=f"default: {NEW_TOKENS}")

@@ -150,12 +150,15 @@ def _hub_entries(hub: Path) -> list[Entry]:
 
 def find(name: str, among: list[Entry] | None = None) -> list[Entry]:
     """The entries `name` selects: the one with exactly that name, else those whose name starts
-    with it (case-insensitive). Several means the name is ambiguous."""
+    with it (case-insensitive; an empty or blank name selects none). Several means the name is
+    ambiguous."""
     among = entries() if among is None else among
     exact = [e for e in among if e.name == name]
     if exact:
         return exact
     low = name.lower()
+    if not low.strip():
+        return []  # an empty name is a prefix of every name: it selects none
     return [e for e in among if e.name.lower().startswith(low)]
 
 
@@ -182,17 +185,22 @@ def model_path(entry: Entry) -> Path:
 
 
 def nanoqwen_path(entry: Entry, among: list[Entry] | None = None) -> Path:
-    """The `.nanoqwen` of `entry`: itself for a conversion, else the newest conversion in the
-    cache made from its download (its record names the download as the source).
+    """The `.nanoqwen` of `entry`: itself for a conversion, else the conversion `--model` reads
+    for its download — found by the download's content, as `run` finds it (models.resolve_model:
+    the key of its sha256, so also after the cache was moved), or else the newest conversion
+    whose record names the download as its source.
 
     Raises:
         DrvqwenError: a download with no conversion yet (says how to make one).
     """
-    from .models import read_conversion_record
+    from .models import conversion_path, read_conversion_record, source_digest
 
     src = model_path(entry)
     if src.suffix == ".nanoqwen":
         return src
+    by_content = conversion_path(src, source_digest(src), paths.models_dir())
+    if by_content.is_file():
+        return by_content
     source = os.path.realpath(src)
     made = [model_path(e) for e in (entries() if among is None else among) if e.files[0].suffix == ".nanoqwen"
             and os.path.realpath(read_conversion_record(e.files[0]).get("source", "") or os.devnull) == source]

@@ -33,7 +33,8 @@ def cmd_list(args) -> int:
     if not found:
         _err().print(f"no models in the cache ({root}); drvqwen pull [NAME] fetches one", soft_wrap=True)
         return 0
-    t = Table(caption=f"{len(found)} entries, {human_size(sum(e.size for e in found))}, in {root}")
+    count = "1 entry" if len(found) == 1 else f"{len(found)} entries"
+    t = Table(caption=f"{count}, {human_size(sum(e.size for e in found))}, in {root}")
     for col in ("NAME", "FORMAT", "SIZE", "MODIFIED", "SOURCE"):
         t.add_column(col, overflow="fold", justify="right" if col == "SIZE" else "left",
                      no_wrap=col in ("SIZE", "MODIFIED"))
@@ -52,6 +53,8 @@ def cmd_rm(args) -> int:
     """
     if (args.name is None) == (not args.all):
         raise DrvqwenError("give one NAME (drvqwen list shows them) or --all")
+    if args.name is not None and not args.name.strip():
+        raise DrvqwenError("rm: NAME is empty (drvqwen list shows the names; --all removes every entry)")
     found = entries()
     if args.all:
         chosen = found

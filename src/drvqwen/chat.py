@@ -134,7 +134,7 @@ class ChatSession:
         """
         from .stats import write_json_atomic
 
-        write_json_atomic(path, {"messages": self.messages()})
+        write_json_atomic(path, {"messages": self.messages()}, "the conversation")
 
     # ---- a turn ------------------------------------------------------------------------------
     def fit(self, user: str) -> tuple[list[int], int]:

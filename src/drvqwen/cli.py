@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         argv = sys.argv[1:] if argv is None else argv
         parser = build_parser(argv)
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would name `drvqwen --help`, which does not list a command's options
+            where = f"drvqwen {args.cmd}" if args.cmd else "drvqwen"
+            raise DrvqwenError(f"unrecognized arguments: {' '.join(extra)} ({where} --help shows the options)")
         if args.cmd is None:
             parser.print_help()
             return 2

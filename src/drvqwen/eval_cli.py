@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from .console import make_console, progress_bar
@@ -34,6 +35,8 @@ def cmd_humaneval(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise DrvqwenError(f"--timeout={args.timeout:g}: must be a finite number of seconds > 0")
     if args.json:
         check_output(args.json, "the results")
     problems = he.load_problems(args.problems)[: args.limit]
@@ -45,7 +48,7 @@ def cmd_humaneval(args) -> int:
     yes = {k: "yes" if v else "no" for k, v in iso.items()}
     err.print(f"sandbox: namespaces {yes['namespaces']}, memory cgroup {yes['memory_cgroup']}, pids cgroup "
               f"{yes['pids_cgroup']}, rlimits and a {args.timeout:g} s limit", soft_wrap=True)
-    backend = load_backend(opened, min(f.config.max_position, 4096), note=": slow for 164 problems")
+    backend = load_backend(opened, min(f.config.max_position, 4096), note=f": slow for {len(problems)} problems")
     greedy = SamplingParams()
 
     def generate_ids(ids, budget, on_token) -> None:
@@ -77,6 +80,16 @@ def cmd_humaneval(args) -> int:
         he.write_json(args.json, str(f.path), args.protocol, results, device=backend.name)
         err.print(f"wrote {args.json}", soft_wrap=True)
     return 0
+
+
+def agree_line(where: str, s: dict) -> str:
+    """One line of `eval agree`'s figures for a set of positions (agreement.measure's fields);
+    the gated top-1 share says "no such position" where no position's gap passes the gate."""
+    gated = (f"{s['top1_gated']:.1%} of {s['gated_positions']}" if s["gated_positions"]
+             else "no such position")
+    return (f"{where.replace('_', ' ')} ({s['positions']}): cosine mean {s['cosine_mean']:.6f} min "
+            f"{s['cosine_min']:.6f}, KL mean {s['kl_mean']:.2e} max {s['kl_max']:.2e}, top-1 {s['top1']:.1%}, "
+            f"top-1 where the gap > 6 × RMS error {s['rms_err']:.2e}: {gated}")
 
 
 def cmd_agree(args) -> int:
@@ -131,10 +144,7 @@ def cmd_agree(args) -> int:
             backend.close()
     print(f"model side: {'the GPU engine (' + backend.name + ')' if on_gpu else 'the CPU reference'}")
     for where, s in res.items():
-        print(f"{where.replace('_', ' ')} ({s['positions']}): cosine mean {s['cosine_mean']:.6f} min "
-              f"{s['cosine_min']:.6f}, KL mean {s['kl_mean']:.2e} max {s['kl_max']:.2e}, top-1 {s['top1']:.1%}, "
-              f"top-1 where the gap > 6 × RMS error {s['rms_err']:.2e}: {s['top1_gated']:.1%} "
-              f"of {s['gated_positions']}")
+        print(agree_line(where, s))
     if args.json:
         from .paths import atomic_write_bytes
 
@@ -154,7 +164,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     e = subparsers.add_parser("eval", help="measure a model: HumanEval pass@1, logit agreement with its source",
                               description=__doc__.split("\n\n")[0])
     sub = e.add_subparsers(dest="eval_cmd", required=True, metavar="{humaneval,agree}")
-    model_help = ".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)"
+    from .gen_options import MODEL_HELP as model_help
     h = sub.add_parser("humaneval", help="HumanEval pass@1, greedy (programs run sandboxed, 10 s each)")
     h.add_argument("--model", help=model_help)
     h.add_argument("--protocol", choices=("raw", "chat"), default="raw",

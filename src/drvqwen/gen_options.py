@@ -23,12 +23,15 @@ from .errors import DrvqwenError
 from .sampler import PENALTY_WINDOW, SamplingParams
 
 
+# What every front door's --model takes (loading.open_model, one path to a model for all).
+MODEL_SOURCES = (".nanoqwen file, HF folder, GGUF, a Hugging Face repo id owner/name[:TAG] (as drvqwen pull; "
+                 "fetched once) or a name drvqwen list shows")
+MODEL_HELP = f"{MODEL_SOURCES} (default: the real Qwen2.5-Coder-0.5B-Instruct)"
+
+
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """--model, --device, --max-context, --no-verify, --eager (run and chat)."""
-    ap.add_argument("-m", "--model", help=".nanoqwen file, HF folder, GGUF, a Hugging Face repo "
-                                          "id owner/name[:TAG] (as drvqwen pull; fetched once) or a "
-                                          "name drvqwen list shows "
-                                          "(default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    ap.add_argument("-m", "--model", help=MODEL_HELP)
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                     help="auto: a Hopper GPU when present, else the numpy reference on the CPU (default: auto)")
     ap.add_argument("--no-verify", action="store_true",

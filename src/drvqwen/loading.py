@@ -184,10 +184,12 @@ def model_argument(model: str | None) -> str | None:
     cache.select) becomes the path of that entry: the conversion, or the download to convert.
 
     Raises:
-        DrvqwenError: the name selects several entries (names them).
+        DrvqwenError: the name selects several entries (names them); an empty name.
     """
     from . import cache, hub
 
+    if model is not None and not model.strip():  # Path("") is the current folder
+        raise DrvqwenError("--model is empty: give a file, a repo id or a name drvqwen list shows")
     if model is None or Path(model).expanduser().exists() or hub.parse_name(model) is not None:
         return model
     try:

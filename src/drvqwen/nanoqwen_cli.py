@@ -11,11 +11,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 from rich.table import Table
 
 from .console import make_console, progress_bar
+from .errors import DrvqwenError
 
 
 def cmd_convert(args) -> int:
@@ -24,6 +27,7 @@ def cmd_convert(args) -> int:
     from .paths import check_output
 
     out = check_output(args.output, "the converted model")
+    _refuse_overwriting_the_source(Path(args.source), out)
     if args.report_json:
         check_output(args.report_json, "the report")
     report = convert_with_progress(Path(args.source), out, weights=args.weights, per_tensor=args.per_tensor)
@@ -32,6 +36,37 @@ def cmd_convert(args) -> int:
         Path(args.report_json).write_text(json.dumps(
             [e.__dict__ | {"shape": list(e.shape)} for e in report.errors], indent=1))
     return 0
+
+
+def _refuse_overwriting_the_source(src: Path, out: Path) -> None:
+    """Raise DrvqwenError when `out` is `src` or one of the files a conversion of `src` reads
+    (a path to it, a link to it, a hard link of it): the conversion would replace its own
+    input."""
+    from .models import source_files
+
+    if not src.exists():
+        return  # the converter names a missing source
+    try:
+        inputs = source_files(src)
+    except DrvqwenError:
+        return  # not a source the converter takes: it says so
+    out_r = out.resolve()
+    for p in inputs:
+        if p.resolve() == out_r or (out.exists() and p.exists() and os.path.samefile(p, out)):
+            raise DrvqwenError(f"{out}: is the source {p} itself; write the conversion to another file")
+
+
+def _quantization(f) -> str:
+    """The file's quantization line: the INT4 layout of the default conversion, or, for a file
+    of per-tensor formats, that (and the INT4 layout only where some weight uses it)."""
+    from .format import weight_formats as wf
+
+    h = f.header
+    int4 = f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"
+    if f.has_default_formats:
+        return int4
+    uses_int4 = any(fid != wf.PLAIN and wf.FORMATS[fid].name == "int4_g128" for fid in f.formats.values())
+    return "each weight in its own format (below)" + (f"; int4_g128: {int4}" if uses_int4 else "")
 
 
 def _format_counts(f) -> str:
@@ -64,6 +99,8 @@ def cmd_info(args) -> int:
     from . import cache
     from .format.nanoqwen import NanoqwenFile
 
+    if not args.file.strip():  # Path("") is the current folder
+        raise DrvqwenError("info: FILE is empty: give a .nanoqwen file or a name drvqwen list shows")
     path = Path(args.file)
     if not path.exists():
         entry = cache.select(args.file)
@@ -73,15 +110,16 @@ def cmd_info(args) -> int:
     c = f.config
     t = Table(title=f.path.name, caption=str(f.path), show_header=False)
     rows = [("format version", h.version), ("file size", f"{h.file_size:,} B"),
-            ("quantization", ("" if f.has_default_formats else "each weight in its own format (below); int4_g128: ")
-             + f"INT{h.quant_bits} symmetric, group {h.quant_group}, layout id {h.layout_id}"),
+            ("quantization", _quantization(f)),
             ("weight formats", _format_counts(f)),
             ("weight bytes per decode token", _bytes_per_token(f)),
             ("tensors", h.n_tensors), ("tokenizer", f"{h.tokenizer_size:,} B (tokenizer.json)"),
             ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
              if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
             ("end of generation", " ".join(map(str, sorted(f.eog_ids))) or "none")]
-    rows += [(k, v) for k, v in c.to_dict().items()]
+    # A float field (stored as float32) by the shortest decimal of its float32 value: 1e-06,
+    # not 9.999999974752427e-07.
+    rows += [(k, float(str(np.float32(v))) if isinstance(v, float) else v) for k, v in c.to_dict().items()]
     for k, v in rows:
         t.add_row(str(k), str(v))
     out = make_console()

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 import time
 from contextlib import nullcontext
@@ -319,27 +318,25 @@ class RunStats:
         }
 
 
-def write_json_atomic(path: str | os.PathLike, data: dict) -> None:
+def write_json_atomic(path: str | os.PathLike, data: dict, what: str = "the stats") -> None:
     """Write `data` as JSON to `path` through a temporary file in the same folder and a rename,
-    so a reader sees the old file or the whole new one, never half of it.
+    so a reader sees the old file or the whole new one, never half of it. The file gets the
+    permissions of any file the user creates (0666 less the umask), as `eval --json` writes.
 
     Raises:
-        DrvqwenError: the folder does not exist or cannot be written (names the path).
+        DrvqwenError: the folder does not exist or cannot be written (names the path and `what`).
     """
     p = Path(path)
-    folder = p.parent if str(p.parent) else Path(".")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     except OSError as e:
-        raise DrvqwenError(f"{p}: cannot write the stats ({e.strerror or e})") from None
+        raise DrvqwenError(f"{p}: cannot write {what} ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=1)
             fh.write("\n")
         os.replace(tmp, p)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        tmp.unlink(missing_ok=True)
         raise

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import DrvqwenError
 from ..format.nanoqwen import NanoqwenFile
-from ..gen_options import add_draft_arguments
+from ..gen_options import MODEL_HELP, add_draft_arguments
 from ..speculative import DEFAULT_DRAFT_MAX
 from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings,
                        check_bind, is_loopback)
@@ -27,8 +27,9 @@ from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAU
 GRACEFUL_SHUTDOWN_S = 3
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (port 0: a free one).
+def bind(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one); listen=False: bound only, the
+    address taken but connections refused until `start_listening`.
 
     Raises:
         DrvqwenError: the address cannot be bound (in use, not this machine's, no permission).
@@ -42,11 +43,17 @@ def bind(host: str, port: int) -> socket.socket:
         # token and bunch the rest. Accepted connections inherit the option (Linux).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
-        sock.listen(128)
     except OSError as e:
         raise DrvqwenError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
-    sock.setblocking(False)
+    if listen:
+        start_listening(sock)
     return sock
+
+
+def start_listening(sock: socket.socket) -> None:
+    """Accept connections on a socket from `bind` (non-blocking, as uvicorn takes it)."""
+    sock.listen(128)
+    sock.setblocking(False)
 
 
 def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, progress=None,
@@ -108,12 +115,17 @@ class BackgroundServer:
         draft, draft_max: a speculative draft model of the same tokenizer (`--draft`, checked by
             the caller) and the tokens it proposes per verify pass unless a request says
             (`speculative_draft`).
+        sock: a socket already bound to settings' host and port, not yet listening (`bind`
+            with listen=False: `drvqwen serve` takes the port before it loads the model, so a
+            port in use is said at once, while a client is refused until the model is ready);
+            None: bound here.
     """
 
     def __init__(self, f: NanoqwenFile, device: str = "cpu", max_context: int = 0,
                  settings: ServerSettings = ServerSettings(port=0), *, eager: bool = False,
                  warmup: bool = True, random_seed=None, progress=None, log=None,
-                 draft: NanoqwenFile | None = None, draft_max: int = DEFAULT_DRAFT_MAX):
+                 draft: NanoqwenFile | None = None, draft_max: int = DEFAULT_DRAFT_MAX,
+                 sock: socket.socket | None = None):
         import uvicorn
 
         from ..generate import resolve_max_context
@@ -129,7 +141,11 @@ class BackgroundServer:
         kw = {} if random_seed is None else {"random_seed": random_seed}
         self.parser = RequestParser(tok, ctx, f.text_vocab, draft_max=draft_max if draft is not None else 0, **kw)
         self.app = create_app(self.worker, self.parser, settings, device, log)
-        self.sock = bind(settings.host, settings.port)
+        if sock is None:
+            self.sock = bind(settings.host, settings.port)
+        else:
+            start_listening(sock)
+            self.sock = sock
         host, port = self.sock.getsockname()[:2]
         self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
         # uvicorn's own access log stays off: the Gate logs each request (with tokens and
@@ -188,7 +204,7 @@ def register(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, fill-in-the-middle)",
                        description="Serve one model over HTTP: /v1/chat/completions, /v1/completions, "
                                    "/infill, /v1/models, /health, /metrics (docs/serve.md).")
-    s.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    s.add_argument("--model", help=MODEL_HELP)
     s.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default: {DEFAULT_HOST}, this machine only; 0.0.0.0 = "
                         f"every interface, which needs --allowed-hosts or --api-key)")
@@ -222,10 +238,7 @@ def cmd_serve(args) -> int:
     """`drvqwen serve`: resolve the model and the device as `drvqwen run` does, then serve."""
     import os
 
-    from ..console import make_console, progress_bar
-    from ..generate import resolve_max_context
     from ..gen_options import check_speculation_options
-    from ..loading import check_same_tokenizer, open_model
 
     try:
         import prometheus_client, starlette, uvicorn  # noqa: F401
@@ -243,6 +256,20 @@ def cmd_serve(args) -> int:
     check_bind(args.host, allowed_hosts, api_key)
     check_speculation_options(args)
     draft_max = args.draft_max or DEFAULT_DRAFT_MAX
+    # The port first: one in use is said before the model's seconds of loading, not after.
+    sock = bind(args.host, args.port, listen=False)
+    try:
+        return _serve(args, sock, api_key, allowed_hosts, draft_max)
+    finally:
+        sock.close()  # a no-op once the server has run (uvicorn closed it); else nothing listens
+
+
+def _serve(args, sock: socket.socket, api_key: str | None, allowed_hosts: tuple[str, ...], draft_max: int) -> int:
+    """cmd_serve from the model on, with the socket bound to --host/--port."""
+    from ..console import make_console, progress_bar
+    from ..generate import resolve_max_context
+    from ..loading import check_same_tokenizer, open_model
+
     opened = open_model(args.model, args.device, verify=not args.no_verify)
     f, device = opened.file, opened.device
     ctx = resolve_max_context(args.max_context, f.config.max_position)
@@ -261,7 +288,8 @@ def cmd_serve(args) -> int:
         task = p.add_task(what, total=None)
         srv = BackgroundServer(f, device, ctx, settings, eager=args.eager,
                                progress=lambda done, n: p.update(task, completed=done, total=n),
-                               log=None if args.quiet else stderr_line, draft=draft, draft_max=draft_max)
+                               log=None if args.quiet else stderr_line, draft=draft, draft_max=draft_max,
+                               sock=sock)
     spec = f", draft model {Path(draft.path).name} proposing {draft_max}" if draft is not None else ""
     err.print(f"serving {settings.model_name} ({device}, context {ctx} tokens{spec}) on {srv.url}/v1 "
               f"— Ctrl-C stops", soft_wrap=True)

@@ -22,6 +22,7 @@ and equal to `drvqwen run --seed` with the same options.
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 import threading
@@ -32,6 +33,13 @@ from ..sampler import SamplingParams
 from ..speculative import MAX_PROPOSAL
 from ..tokenizer import Tokenizer
 from .api_errors import bad_field
+
+
+def _json_text(value, limit: int = 80) -> str:
+    """A request's value as the client wrote it (JSON, not a Python repr), cut to `limit`
+    characters, for an error message."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 from .prompts import chat_ids, fit_infill_ids, infill_ids
 from .settings import MAX_STOP_CHARS, MAX_STOPS
 
@@ -269,9 +277,9 @@ class RequestParser:
         for the route to set."""
         for name, allowed in UNSUPPORTED.items():
             if name in body and body[name] not in allowed:
-                raise bad_field(name, f"{body[name]!r} is not supported by drvqwen", "unsupported")
+                raise bad_field(name, f"{_json_text(body[name])} is not supported by drvqwen", "unsupported")
         if "n" in body and body["n"] not in (None, 1):
-            raise bad_field("n", f"{body['n']!r}: drvqwen generates one choice per request (n = 1)",
+            raise bad_field("n", f"{_json_text(body['n'])}: drvqwen generates one choice per request (n = 1)",
                             "unsupported")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import DrvqwenError
+
 # The KV cache of a step-through session: a few pages are plenty to watch, and a small cache
 # keeps the CPU's copy and the GPU's downloads of a layer's cache small.
 DEFAULT_MAX_CONTEXT = 4096
@@ -22,12 +24,14 @@ DEFAULT_MAX_CONTEXT = 4096
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Add the `step` command to the CLI's subparsers (cli.build_parser)."""
+    from ..gen_options import MODEL_HELP
+
     p = subparsers.add_parser(
         "step", help="walk one decode step launch by launch against the numpy reference (a REPL)",
         description="An interactive walk through one decode step: every named launch, what it reads and "
                     "writes, its time, its bytes, and its outputs against the numpy reference computed "
                     "from the same inputs. `help` inside lists the commands.")
-    p.add_argument("--model", help=".nanoqwen file, HF folder or GGUF (default: the real Qwen2.5-Coder-0.5B-Instruct)")
+    p.add_argument("--model", help=MODEL_HELP)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto (default): a Hopper GPU when present, else the numpy reference on the CPU")
     p.add_argument("--max-context", type=int, default=0,
@@ -50,6 +54,8 @@ def cmd_step(args) -> int:
     from .repl import read_script, run
     from .session import Session
 
+    if args.max_context < 0:  # the model's bound is checked once it is open (open_machine)
+        raise DrvqwenError(f"--max-context={args.max_context}: must be >= 0 (0: the default)")
     script = read_script(args.script) if args.script else None
     opened = open_model(args.model, args.device, verify=not args.no_verify)
     f = opened.file
@@ -76,7 +82,6 @@ def open_machine(f, device: str, max_context: int, progress=None):
         DrvqwenError: max_context out of range, YaRN RoPE scaling (the step follows the GPU's
             decode step, which does not apply it), or the GPU step machine cannot be built.
     """
-    from ..errors import DrvqwenError
     from ..generate import resolve_max_context
 
     max_context = resolve_max_context(max_context or min(DEFAULT_MAX_CONTEXT, f.config.max_position),
