@@ -1,4 +1,6 @@
-"""`drvqwen serve`: load the model on the worker thread, bind, run uvicorn until Ctrl-C.
+"""`drvqwen serve`: take the port (bound, not yet listening: a port in use is said before the
+model's seconds of loading, and a client is refused until it is ready), load the model on the
+worker thread, listen, run uvicorn until Ctrl-C.
 
 Ctrl-C (or SIGTERM) ends what is in flight at once: the worker cancels the running job and
 every waiting one, each answered with a 503 "shutting down" (a stream gets it as its last
