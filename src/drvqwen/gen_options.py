@@ -90,6 +90,8 @@ def check_speculation_options(args) -> None:
     from .speculative import check_max_tokens
 
     lookup = getattr(args, "lookup", None)
+    if args.draft is not None and not args.draft.strip():  # before the target's seconds of loading
+        raise DrvqwenError("--draft is empty: give a file, a repo id or a name drvqwen list shows")
     if lookup is not None and args.draft is not None:
         raise DrvqwenError("--lookup with --draft: choose one way to propose tokens")
     if args.draft_max is not None and args.draft is None:
