@@ -62,8 +62,11 @@ def _make_dir(d: Path, what: str) -> Path:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DrvqwenError(f"{d}: cannot create {what} ({_HINT.get(e.errno, e.strerror)}; "
-                           f"set DRVQWEN_CACHE to a writable directory)") from None
+        if e.errno in (errno.EEXIST, errno.ENOTDIR):  # the path, or a folder on it, is a file
+            why = "a file is in the way, not a folder: set DRVQWEN_CACHE to a directory"
+        else:
+            why = _HINT.get(e.errno) or f"{e.strerror}; set DRVQWEN_CACHE to a writable directory"
+        raise DrvqwenError(f"{d}: cannot create {what} ({why})") from None
     return d
 
 
