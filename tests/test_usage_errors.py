@@ -63,8 +63,10 @@ def test_usage_error_in_a_real_process(module):
      "--draft is empty: give a file, a repo id or a name drvqwen list shows"),
     (["convert", "", "-o", "out.nanoqwen"], "convert: SOURCE is empty: give a GGUF file or an HF checkpoint folder"),
     (["eval", "agree", "--reference", " "], "--reference is empty: give a GGUF, an HF checkpoint folder or a .nanoqwen"),
+    (["run", "--seed", str(2**64), "-p", "hi"],
+     f"--seed={2**64}: must be in [-2^63, 2^64 - 1] (taken modulo 2^64; omit it for a fresh random seed)"),
 ], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout", "step context",
-        "empty draft", "empty convert source", "blank reference"])
+        "empty draft", "empty convert source", "blank reference", "seed out of range"])
 def test_empty_names_and_bad_timeouts_are_refused_before_any_work(capsys, private_cache, argv, message):
     """An empty --model, info FILE or rm NAME (an unset shell variable) is refused: Path("") is the
     current folder and "" a prefix of every cache name, so rm "" removed the only model. A
