@@ -61,6 +61,14 @@ def test_uncreatable_cache_is_one_line(monkeypatch):
     assert "/proc/x: cannot create the cache directory" in line and "DRVQWEN_CACHE" in line
 
 
+def test_a_cache_root_that_is_a_file_says_so(monkeypatch, tmp_path):
+    (tmp_path / "f").write_text("x")
+    for root in (tmp_path / "f", tmp_path / "f" / "sub"):
+        monkeypatch.setenv("DRVQWEN_CACHE", str(root))
+        assert _one_error_line(_cli("list")) == (f"error: {root}: cannot create the cache directory (a file is in "
+                                                 f"the way, not a folder: set DRVQWEN_CACHE to a directory)")
+
+
 def test_read_only_cache_is_refused_before_downloading(monkeypatch, private_cache):
     from drvqwen import pull
 

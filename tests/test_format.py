@@ -158,3 +158,13 @@ def test_cli_convert_bad_source_leaves_no_output(tmp_path):
     r = _cli("convert", str(src), "-o", str(out))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "not_a_model.bin" in r.stderr
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["not_a_model.bin"]
+
+
+def test_info_shows_a_float32_widened_float_by_its_shortest_decimal():
+    """A GGUF's float32 1e-06 arrives as the double 9.999999974752427e-07: info shows 1e-06;
+    a double that is no float32 (an HF config's 123456.789) is shown as it is."""
+    from drvqwen.nanoqwen_cli import _shown_float
+
+    assert _shown_float(float(np.float32(1e-6))) == 1e-6
+    assert _shown_float(float(np.float32(1e6))) == 1e6
+    assert _shown_float(123456.789) == 123456.789 and _shown_float(1.2345678901e-6) == 1.2345678901e-6

@@ -76,5 +76,19 @@ def test_json_files_take_the_users_permissions(tmp_path):
     modes = {n: stat.S_IMODE((tmp_path / n).stat().st_mode) for n in ("stats.json", "eval.json")}
     assert modes == {"stats.json": 0o644, "eval.json": 0o644}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "stats.json"]
-    with pytest.raises(DrvqwenError, match="nowhere/s.json: cannot write the conversation"):
+    with pytest.raises(DrvqwenError, match="nowhere: cannot write the conversation there"):
         write_json_atomic(tmp_path / "nowhere" / "s.json", {}, "the conversation")
+
+
+@pytest.mark.parametrize("name", [".", "/", "folder"])
+def test_chat_save_to_a_folder_is_one_line(tmp_path, monkeypatch, name):
+    """/save naming a folder (or `.`, `/`, which have no file name) is one line naming it; the
+    chat goes on."""
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.stats import write_json_atomic
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(DrvqwenError, match="is a directory; give the output file name"):
+        write_json_atomic(name, {"messages": []}, "the conversation")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]

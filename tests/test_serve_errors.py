@@ -298,13 +298,28 @@ def test_one_log_line_per_request(model):
         httpx.post(srv.url + "/infill", content=BODY, headers={"Content-Type": "text/plain"})
         httpx.get(srv.url + "/health", headers={"Host": "evil.example"})
         wait_idle(srv.worker)
+        # A stream whose client leaves mid-way: its line says so (the stream's end never came).
+        undo = slow_down(srv.worker, 0.005)
+        try:
+            with httpx.stream("POST", srv.url + COMP, json={"prompt": "abc", "max_tokens": 900, "stream": True,
+                                                             "temperature": 0, "ignore_eos": True}) as r:
+                for i, _ in enumerate(r.iter_lines()):
+                    if i == 4:
+                        break
+            wait_idle(srv.worker)
+            deadline = time.monotonic() + 5
+            while len(lines) < 7 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            undo()
     n_prompt = ok["usage"]["prompt_tokens"]
     want = [rf"POST /v1/completions 200 {n_prompt}\+3 tokens \d+(\.\d+)? ms",
             r"POST /v1/completions 400 \d+(\.\d+)? ms: temperature: 9 is outside \[0, 2\]",
             r"GET /v1/nothing 404 \d+(\.\d+)? ms: no route /v1/nothing",
             r"POST /v1/chat/completions 200 \d+\+2 tokens \d+(\.\d+)? ms",
             r"POST /infill 415 \d+(\.\d+)? ms: .*application/json.*",
-            r"GET /health 403 \d+(\.\d+)? ms: .*evil\.example.*"]
+            r"GET /health 403 \d+(\.\d+)? ms: .*evil\.example.*",
+            r"POST /v1/completions 200 \d+(\.\d+)? ms: cancelled: the client went away"]
     assert len(lines) == len(want), lines
     for line, pattern in zip(lines, want):
         assert re.fullmatch(pattern, line), (line, pattern)

@@ -85,7 +85,7 @@ def test_chat_save_and_commands_show_what_was_typed(tiny, tmp_path):
                         "-n", "4"], input=script, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"saved 3 messages to {save}" in r.stderr
-    assert f"{bad}: cannot write" in r.stderr
+    assert f"{bad.parent}: cannot write the conversation there" in r.stderr   # its folder is missing
     assert "unknown command /[bold]bogus" in r.stderr
     assert r.stderr.count("generated") == 2
     assert [m["role"] for m in json.loads(save.read_text())["messages"]] == ["system", "user", "assistant"]

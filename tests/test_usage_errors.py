@@ -17,8 +17,9 @@ CASES = [
     (["run", "--device", "gpu"], "drvqwen run", "argument --device: invalid choice: 'gpu'"),
     (["chat", "--top-k", "x"], "drvqwen chat", "argument --top-k: invalid int value: 'x'"),
     (["run", "--no-such-option"], "drvqwen run", "unrecognized arguments: --no-such-option"),
-    (["eval", "agree", "--reference", "r.gguf", "x"], "drvqwen eval", "unrecognized arguments: x"),
+    (["eval", "agree", "--reference", "r.gguf", "x"], "drvqwen eval agree", "unrecognized arguments: x"),
     (["--no-such-option"], "drvqwen", "unrecognized arguments: --no-such-option"),
+    (["--no-such-option", "run"], "drvqwen", "unrecognized arguments: --no-such-option"),
     (["run", "-n"], "drvqwen run", "argument -n/--max-new-tokens: expected one argument"),
     (["convert", "x.gguf"], "drvqwen convert", "the following arguments are required: -o/--output"),
     (["serve", "--port", "http"], "drvqwen serve", "argument --port: 'http' is not a port number"),
@@ -58,7 +59,14 @@ def test_usage_error_in_a_real_process(module):
     (["eval", "humaneval", "--timeout", "0"], "--timeout=0: must be a finite number of seconds > 0"),
     (["eval", "humaneval", "--timeout", "nan"], "--timeout=nan: must be a finite number of seconds > 0"),
     (["step", "--model", "absent.nanoqwen", "--max-context", "-1"], "--max-context=-1: must be >= 0 (0: the default)"),
-], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout", "step context"])
+    (["run", "--model", "absent.nanoqwen", "--draft", "", "-p", "hi"],
+     "--draft is empty: give a file, a repo id or a name drvqwen list shows"),
+    (["convert", "", "-o", "out.nanoqwen"], "convert: SOURCE is empty: give a GGUF file or an HF checkpoint folder"),
+    (["eval", "agree", "--reference", " "], "--reference is empty: give a GGUF, an HF checkpoint folder or a .nanoqwen"),
+    (["run", "--seed", str(2**64), "-p", "hi"],
+     f"--seed={2**64}: must be in [-2^63, 2^64 - 1] (taken modulo 2^64; omit it for a fresh random seed)"),
+], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout", "step context",
+        "empty draft", "empty convert source", "blank reference", "seed out of range"])
 def test_empty_names_and_bad_timeouts_are_refused_before_any_work(capsys, private_cache, argv, message):
     """An empty --model, info FILE or rm NAME (an unset shell variable) is refused: Path("") is the
     current folder and "" a prefix of every cache name, so rm "" removed the only model. A

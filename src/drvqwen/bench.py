@@ -595,7 +595,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
     p.add_argument("--prefill-chunk-rows", type=int, default=None, metavar="ROWS",
-                   help="prompt rows per prefill chunk (rounded up to a multiple of 64; default: the prefill's, 512): a long "
+                   help="prompt rows per prefill chunk (rounded up to a multiple of 64; default: the prefill's, 1024): a long "
                         "prompt's GEMMs and attention launches then take that many rows at once")
     p.add_argument("--prefill-reps", type=int, default=PREFILL_REPS,
                    help=f"timed GPU prefills of the prompt per mode, each a new sequence; TTFT is reported as "

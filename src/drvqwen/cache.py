@@ -186,20 +186,24 @@ def model_path(entry: Entry) -> Path:
 
 def nanoqwen_path(entry: Entry, among: list[Entry] | None = None) -> Path:
     """The `.nanoqwen` of `entry`: itself for a conversion, else the conversion `--model` reads
-    for its download — found by the download's content, as `run` finds it (models.resolve_model:
-    the key of its sha256, so also after the cache was moved), or else the newest conversion
-    whose record names the download as its source.
+    for its download — found by the download's content where its sha256 is already known (the
+    key `run` finds it by: models.resolve_model; so also after the cache was moved), or else
+    the newest conversion whose record names the download as its source. Reads no source file:
+    a download never hashed is looked up by record only.
 
     Raises:
         DrvqwenError: a download with no conversion yet (says how to make one).
     """
-    from .models import conversion_path, read_conversion_record, source_digest
+    from .models import conversion_path, known_source_digest, read_conversion_record
 
     src = model_path(entry)
     if src.suffix == ".nanoqwen":
         return src
-    by_content = conversion_path(src, source_digest(src), paths.models_dir())
-    if by_content.is_file():
+    try:
+        digest = known_source_digest(src)
+    except DrvqwenError:  # a checkpoint whose file list cannot be read: by record only
+        digest = None
+    if digest is not None and (by_content := conversion_path(src, digest, paths.models_dir())).is_file():
         return by_content
     source = os.path.realpath(src)
     made = [model_path(e) for e in (entries() if among is None else among) if e.files[0].suffix == ".nanoqwen"

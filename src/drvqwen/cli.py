@@ -70,6 +70,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return ap
 
 
+def _help_of(argv: list[str], args, extra: list[str]) -> str:
+    """The command whose `--help` lists the options where `extra`, unknown, was given: `drvqwen`
+    when it stands before the command word, else the command and its own subcommand (a
+    command's subcommands are parsed into `<command>_cmd`, as eval's)."""
+    if args.cmd is None or (extra[0] in argv and argv.index(extra[0]) < argv.index(args.cmd)):
+        return "drvqwen"
+    sub = getattr(args, f"{args.cmd}_cmd", None)
+    return " ".join(["drvqwen", args.cmd] + ([sub] if sub else []))
+
+
 def _say(message) -> None:
     """Print one line on stderr; stay silent if stderr itself is gone."""
     try:
@@ -109,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser(argv)
         args, extra = parser.parse_known_args(argv)
         if extra:  # argparse would name `drvqwen --help`, which does not list a command's options
-            where = f"drvqwen {args.cmd}" if args.cmd else "drvqwen"
-            raise DrvqwenError(f"unrecognized arguments: {' '.join(extra)} ({where} --help shows the options)")
+            raise DrvqwenError(f"unrecognized arguments: {' '.join(extra)} ({_help_of(argv, args, extra)} --help "
+                               f"shows the options)")
         if args.cmd is None:
             parser.print_help()
             return 2

@@ -102,6 +102,8 @@ def cmd_agree(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    if not args.reference.strip():  # Path("") is the current folder
+        raise DrvqwenError("--reference is empty: give a GGUF, an HF checkpoint folder or a .nanoqwen")
     if args.json:
         check_output(args.json, "the figures")
     # The reference first: a bad one is named before the model is read and verified.

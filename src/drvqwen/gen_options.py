@@ -90,6 +90,8 @@ def check_speculation_options(args) -> None:
     from .speculative import check_max_tokens
 
     lookup = getattr(args, "lookup", None)
+    if args.draft is not None and not args.draft.strip():  # before the target's seconds of loading
+        raise DrvqwenError("--draft is empty: give a file, a repo id or a name drvqwen list shows")
     if lookup is not None and args.draft is not None:
         raise DrvqwenError("--lookup with --draft: choose one way to propose tokens")
     if args.draft_max is not None and args.draft is None:
@@ -251,6 +253,9 @@ def sampling_params(args, say=None) -> SamplingParams:
     if args.max_new_tokens < 0:
         raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: must be >= 0")
     seed = args.seed
+    if seed is not None and not -(2**63) <= seed < 2**64:  # the server's bounds (an int64 or a uint64)
+        raise DrvqwenError(f"--seed={seed}: must be in [-2^63, 2^64 - 1] (taken modulo 2^64; omit it for a "
+                           f"fresh random seed)")
     try:
         probe = SamplingParams(args.temperature, args.top_k, args.top_p, 0, args.min_p, args.repeat_penalty)
         if seed is None:

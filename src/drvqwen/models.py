@@ -197,6 +197,26 @@ def source_digest(src: Path, hash_progress: Callable[[Path], Progress | None] | 
     return h.hexdigest()
 
 
+def known_source_digest(src: Path) -> str | None:
+    """`source_digest(src)` when every file of it has been hashed before (a sha256 record of
+    its device, inode, size and mtime), else None — never reads a source: a lookup that must
+    stay instant (`drvqwen info NAME`) uses it where `run` would hash tens of GB.
+
+    Raises:
+        DrvqwenError: the source's file list cannot be read (a malformed index).
+    """
+    h = hashlib.sha256()
+    for p in source_files(src):
+        try:
+            known = _read_record("sha256", p.stat())
+        except OSError:
+            return None
+        if not known:
+            return None
+        h.update(f"{p.name}:{known};".encode())
+    return h.hexdigest()
+
+
 def cache_weights(src: Path) -> str:
     """The weight policy the cache's conversion of `src` follows: DEFAULT_WEIGHTS for a GGUF
     file, `int4` for an HF folder (format.weights_followed), so that an HF checkpoint's

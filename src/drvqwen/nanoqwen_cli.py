@@ -26,6 +26,8 @@ def cmd_convert(args) -> int:
     from .loading import convert_with_progress
     from .paths import check_output
 
+    if not args.source.strip():  # Path("") is the current folder
+        raise DrvqwenError("convert: SOURCE is empty: give a GGUF file or an HF checkpoint folder")
     out = check_output(args.output, "the converted model")
     _refuse_overwriting_the_source(Path(args.source), out)
     if args.report_json:
@@ -54,6 +56,14 @@ def _refuse_overwriting_the_source(src: Path, out: Path) -> None:
     for p in inputs:
         if p.resolve() == out_r or (out.exists() and p.exists() and os.path.samefile(p, out)):
             raise DrvqwenError(f"{out}: is the source {p} itself; write the conversion to another file")
+
+
+def _shown_float(v: float) -> float:
+    """A config float as people wrote it: a value that is a float32 widened to a double (a
+    GGUF stores its floats as float32: rms_norm_eps 1e-06 arrives as 9.999999974752427e-07) by
+    the shortest decimal of that float32; any other double as it is."""
+    f32 = np.float32(v)
+    return float(str(f32)) if float(f32) == v else v
 
 
 def _quantization(f) -> str:
@@ -117,9 +127,7 @@ def cmd_info(args) -> int:
             ("text vocabulary", f"ids 0..{f.text_vocab - 1} (rows from {f.text_vocab} on are never chosen)"
              if f.text_vocab < c.vocab_size else f"all {c.vocab_size} ids"),
             ("end of generation", " ".join(map(str, sorted(f.eog_ids))) or "none")]
-    # A float field (stored as float32) by the shortest decimal of its float32 value: 1e-06,
-    # not 9.999999974752427e-07.
-    rows += [(k, float(str(np.float32(v))) if isinstance(v, float) else v) for k, v in c.to_dict().items()]
+    rows += [(k, _shown_float(v) if isinstance(v, float) else v) for k, v in c.to_dict().items()]
     for k, v in rows:
         t.add_row(str(k), str(v))
     out = make_console()

@@ -6,7 +6,8 @@ downloaded models (`models/`, and `hub/` for models fetched by name), converted 
 files (`models/`), compiled cubins (`cubin/`), tokenizers in their fast-loading form
 (`tokenizer/`, tokenizer_cache.py) and small records of work already done
 (`state/`: source hashes, verified files, the kernel toolchain named: cuda/toolchain.py).
-Tests use the same root, so a model fetched once serves every later run.
+Tests share its models/, hub/, cubin/ and tokenizer/ (a model fetched once serves every later
+run); their state/ records are the test session's own (tests/conftest.py).
 
 Writing into it can fail in ways a user can fix — the directory cannot be created, it is
 read-only, the disk is full — and those end in one line naming the path and what is needed,
@@ -32,7 +33,7 @@ from .errors import DrvqwenError
 
 # Temporary names with the writer's pid, in every folder drvqwen writes to:
 #   <name>.part-<pid>          pull.py: a download being assembled
-#   .<name>.tmp-<pid>          format/nanoqwen.py: a .nanoqwen being written
+#   .<name>.tmp-<pid>          format/nanoqwen_writer.py: a .nanoqwen being written
 #   .<name>.wheels-<pid>-*     pull.py: the folder of the PyPI wheels being read
 #   .<name>.hub-<pid>-*        pull.py: the folder of a hub download
 #   .<name>.<pid>.tmp          small records and cubins (atomic_write_bytes, cuda/nvrtc.py)
@@ -61,8 +62,11 @@ def _make_dir(d: Path, what: str) -> Path:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DrvqwenError(f"{d}: cannot create {what} ({_HINT.get(e.errno, e.strerror)}; "
-                           f"set DRVQWEN_CACHE to a writable directory)") from None
+        if e.errno in (errno.EEXIST, errno.ENOTDIR):  # the path, or a folder on it, is a file
+            why = "a file is in the way, not a folder: set DRVQWEN_CACHE to a directory"
+        else:
+            why = _HINT.get(e.errno) or f"{e.strerror}; set DRVQWEN_CACHE to a writable directory"
+        raise DrvqwenError(f"{d}: cannot create {what} ({why})") from None
     return d
 
 

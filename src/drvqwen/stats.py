@@ -322,14 +322,23 @@ def write_json_atomic(path: str | os.PathLike, data: dict, what: str = "the stat
     """Write `data` as JSON to `path` through a temporary file in the same folder and a rename,
     so a reader sees the old file or the whole new one, never half of it. The file gets the
     permissions of any file the user creates (0666 less the umask), as `eval --json` writes.
+    The temporary name is created afresh (O_EXCL, never through a link planted there).
 
     Raises:
-        DrvqwenError: the folder does not exist or cannot be written (names the path and `what`).
+        DrvqwenError: `path` is a folder, or its folder does not exist or cannot be written
+            (names the path and `what`).
     """
-    p = Path(path)
+    from .paths import check_output
+
+    p = check_output(path, what)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            fd = os.open(tmp, flags, 0o666)
+        except FileExistsError:  # a leftover of this pid's earlier run: not ours to keep
+            tmp.unlink()
+            fd = os.open(tmp, flags, 0o666)
     except OSError as e:
         raise DrvqwenError(f"{p}: cannot write {what} ({e.strerror or e})") from None
     try:
@@ -337,6 +346,9 @@ def write_json_atomic(path: str | os.PathLike, data: dict, what: str = "the stat
             json.dump(data, fh, indent=1)
             fh.write("\n")
         os.replace(tmp, p)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DrvqwenError(f"{p}: cannot write {what} ({e.strerror or e})") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

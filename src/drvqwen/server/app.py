@@ -49,21 +49,27 @@ class SSEResponse(StreamingResponse):
 
     Starlette's StreamingResponse notices a disconnect only on the next write under ASGI 2.4;
     here the stream is cancelled as soon as the server sees the connection close, and
-    `on_close` runs however the response ended (the job is cancelled, its pages freed).
+    `on_close` runs however the response ended (the job is cancelled, its pages freed);
+    `on_gone` runs first when it ended because the client went away before the last event (the
+    request's log line says so: the stream's own end, which notes the tokens, never came).
     """
 
     media_type = "text/event-stream"
 
-    def __init__(self, content, on_close):
+    def __init__(self, content, on_close, on_gone=None):
         super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.on_close = on_close
+        self.on_gone = on_gone
 
     async def __call__(self, scope, receive, send) -> None:
+        streamed = False
         try:
             async with anyio.create_task_group() as tg:
                 async def run_stream() -> None:
+                    nonlocal streamed
                     try:
                         await self.stream_response(send)
+                        streamed = True
                     except OSError:
                         pass
                     tg.cancel_scope.cancel()
@@ -72,6 +78,8 @@ class SSEResponse(StreamingResponse):
                 await self.listen_for_disconnect(receive)
                 tg.cancel_scope.cancel()
         finally:
+            if not streamed and self.on_gone is not None:
+                self.on_gone()
             self.on_close()
 
 
@@ -210,7 +218,8 @@ def create_app(worker: EngineWorker, parser: RequestParser, settings: ServerSett
             return answered(request, e.response(), e)
         shaper = Shaper(req, model_name, fingerprint)
         if req.stream:
-            return answered(request, SSEResponse(_stream(request, shaper, events), job.cancel))
+            return answered(request, SSEResponse(_stream(request, shaper, events), job.cancel,
+                                                 lambda: note_error(request, "cancelled: the client went away")))
         return answered(request, await _collect(request, shaper, job, events))
 
     def _ended(request: Request, outcome) -> None:

@@ -1,6 +1,6 @@
-"""`drvqwen serve`: take the port (bound, not yet listening: a port in use is said before the
-model's seconds of loading, and a client is refused until it is ready), load the model on the
-worker thread, listen, run uvicorn until Ctrl-C.
+"""`drvqwen serve`: take the port (a port in use is said before the model's seconds of loading;
+a client that connects meanwhile waits in the listen backlog until the model is ready), load
+the model on the worker thread, run uvicorn until Ctrl-C.
 
 Ctrl-C (or SIGTERM) ends what is in flight at once: the worker cancels the running job and
 every waiting one, each answered with a 503 "shutting down" (a stream gets it as its last
@@ -29,9 +29,11 @@ from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAU
 GRACEFUL_SHUTDOWN_S = 3
 
 
-def bind(host: str, port: int, listen: bool = True) -> socket.socket:
-    """A listening TCP socket on host:port (port 0: a free one); listen=False: bound only, the
-    address taken but connections refused until `start_listening`.
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one).
+
+    Listening, not only bound, from the start: a bound socket that does not listen keeps no
+    other socket with SO_REUSEADDR (most servers, a second drvqwen serve) off the port.
 
     Raises:
         DrvqwenError: the address cannot be bound (in use, not this machine's, no permission).
@@ -45,17 +47,11 @@ def bind(host: str, port: int, listen: bool = True) -> socket.socket:
         # token and bunch the rest. Accepted connections inherit the option (Linux).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
+        sock.listen(128)
     except OSError as e:
         raise DrvqwenError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
-    if listen:
-        start_listening(sock)
-    return sock
-
-
-def start_listening(sock: socket.socket) -> None:
-    """Accept connections on a socket from `bind` (non-blocking, as uvicorn takes it)."""
-    sock.listen(128)
     sock.setblocking(False)
+    return sock
 
 
 def loader(f: NanoqwenFile, device: str, max_context: int, eager: bool = False, progress=None,
@@ -117,10 +113,8 @@ class BackgroundServer:
         draft, draft_max: a speculative draft model of the same tokenizer (`--draft`, checked by
             the caller) and the tokens it proposes per verify pass unless a request says
             (`speculative_draft`).
-        sock: a socket already bound to settings' host and port, not yet listening (`bind`
-            with listen=False: `drvqwen serve` takes the port before it loads the model, so a
-            port in use is said at once, while a client is refused until the model is ready);
-            None: bound here.
+        sock: a socket from `bind` on settings' host and port (`drvqwen serve` takes the port
+            before it loads the model, so a port in use is said at once); None: bound here.
     """
 
     def __init__(self, f: NanoqwenFile, device: str = "cpu", max_context: int = 0,
@@ -139,22 +133,23 @@ class BackgroundServer:
         ctx = resolve_max_context(max_context, f.config.max_position)
         self.worker = EngineWorker(loader(f, device, ctx, eager, progress, draft), settings.queue_size, warmup)
         self.worker.start()
-        tok = Tokenizer.of_model(f)
-        kw = {} if random_seed is None else {"random_seed": random_seed}
-        self.parser = RequestParser(tok, ctx, f.text_vocab, draft_max=draft_max if draft is not None else 0, **kw)
-        self.app = create_app(self.worker, self.parser, settings, device, log)
-        if sock is None:
-            self.sock = bind(settings.host, settings.port)
-        else:
-            start_listening(sock)
-            self.sock = sock
-        host, port = self.sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
-        # uvicorn's own access log stays off: the Gate logs each request (with tokens and
-        # errors), and `--quiet` silences it.
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-        self.server = _uvicorn_server(config, self._begin_shutdown)
+        try:  # anything failing from here on leaves no engine thread behind
+            tok = Tokenizer.of_model(f)
+            kw = {} if random_seed is None else {"random_seed": random_seed}
+            self.parser = RequestParser(tok, ctx, f.text_vocab, draft_max=draft_max if draft is not None else 0,
+                                        **kw)
+            self.app = create_app(self.worker, self.parser, settings, device, log)
+            self.sock = bind(settings.host, settings.port) if sock is None else sock
+            host, port = self.sock.getsockname()[:2]
+            self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+            # uvicorn's own access log stays off: the Gate logs each request (with tokens and
+            # errors), and `--quiet` silences it.
+            config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
+                                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+            self.server = _uvicorn_server(config, self._begin_shutdown)
+        except BaseException:
+            self.worker.stop()
+            raise
         self._thread: threading.Thread | None = None
 
     def _begin_shutdown(self) -> None:
@@ -259,7 +254,7 @@ def cmd_serve(args) -> int:
     check_speculation_options(args)
     draft_max = args.draft_max or DEFAULT_DRAFT_MAX
     # The port first: one in use is said before the model's seconds of loading, not after.
-    sock = bind(args.host, args.port, listen=False)
+    sock = bind(args.host, args.port)
     try:
         return _serve(args, sock, api_key, allowed_hosts, draft_max)
     finally:

@@ -33,6 +33,8 @@ from ..sampler import SamplingParams
 from ..speculative import MAX_PROPOSAL
 from ..tokenizer import Tokenizer
 from .api_errors import bad_field
+from .prompts import chat_ids, fit_infill_ids, infill_ids
+from .settings import MAX_STOP_CHARS, MAX_STOPS
 
 
 def _json_text(value, limit: int = 80) -> str:
@@ -40,8 +42,7 @@ def _json_text(value, limit: int = 80) -> str:
     characters, for an error message."""
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-from .prompts import chat_ids, fit_infill_ids, infill_ids
-from .settings import MAX_STOP_CHARS, MAX_STOPS
+
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Fields that ask for something drvqwen does not do, and the value that asks for nothing.
@@ -97,9 +98,9 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     if v is None:
         return default
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        raise bad_field(name, f"must be a number, got {v!r}", "invalid_type")
+        raise bad_field(name, f"must be a number, got {_json_text(v)}", "invalid_type")
     if not lo <= v <= hi:
-        raise bad_field(name, f"{v!r} is outside [{lo:g}, {hi:g}]")
+        raise bad_field(name, f"{_json_text(v)} is outside [{lo:g}, {hi:g}]")
     return float(v)
 
 
@@ -108,7 +109,7 @@ def _integer(body: dict, name: str, default, lo: int, hi: int | None = None):
     if v is None:
         return default
     if not _is_int(v):
-        raise bad_field(name, f"must be an integer, got {v!r}", "invalid_type")
+        raise bad_field(name, f"must be an integer, got {_json_text(v)}", "invalid_type")
     if v < lo or (hi is not None and v > hi):
         raise bad_field(name, f"{v} is outside [{lo}, {hi if hi is not None else '∞'}]")
     return v
@@ -119,7 +120,7 @@ def _bool(body: dict, name: str, default: bool = False) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise bad_field(name, f"must be true or false, got {v!r}", "invalid_type")
+        raise bad_field(name, f"must be true or false, got {_json_text(v)}", "invalid_type")
     return v
 
 
@@ -261,7 +262,7 @@ class RequestParser:
             raise bad_field(where, "must be an object {role, content}", "invalid_type")
         role = m.get("role")
         if role not in CHAT_ROLES:
-            raise bad_field(where + ".role", f"{role!r} is not one of {', '.join(CHAT_ROLES)}")
+            raise bad_field(where + ".role", f"{_json_text(role)} is not one of {', '.join(CHAT_ROLES)}")
         content = m.get("content")
         if isinstance(content, list):      # content parts: only text ones
             texts = []
@@ -283,7 +284,7 @@ class RequestParser:
                             "unsupported")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise bad_field("response_format", f"{fmt!r}: only {{type: text}} is supported", "unsupported")
+            raise bad_field("response_format", f"{_json_text(fmt)}: only {{type: text}} is supported", "unsupported")
         model = body.get("model")
         if model is not None:
             _string(model, "model")
