@@ -103,6 +103,25 @@ def test_progress_labels_are_plain_text():
         assert "model.layers.0[/x][bold]:smile:" in buf.getvalue()
 
 
+def test_a_transient_bar_leaves_nothing_in_a_file():
+    """serve's and step's transient bars, written to a file or a pipe (no terminal to erase them
+    on), are not shown: they left an empty line there; a lasting bar still writes its last state."""
+    from rich.console import Console
+
+    from drvqwen.console import progress_bar
+
+    for transient, shown in ((True, ""), (False, "uploading")):
+        buf = io.StringIO()
+        console = Console(file=buf, width=200)
+        console.print("before")
+        with progress_bar(transient=transient, console=console) as p:
+            p.advance(p.add_task("uploading", total=1))
+        console.print("after")
+        text = buf.getvalue()
+        assert text.startswith("before\n") and text.endswith("after\n") and (shown in text)
+        assert "\n\n" not in text, repr(text)
+
+
 def _calls(name: str):
     for path in sorted(SRC.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -37,11 +37,14 @@ def make_console(stderr: bool = False) -> Console:
 def progress_bar(*, in_bytes: bool = False, transient: bool = False, console: Console | None = None) -> Progress:
     """A progress bar on stderr (or `console`): description, bar, then done/total and the time
     spent, or, `in_bytes`, bytes done/total, the rate and the time spent. `transient`: the bar
-    is erased when it stops. Descriptions are shown as they are (module doc)."""
+    is erased when it stops, and not shown at all where stderr is no terminal. Descriptions
+    are shown as they are (module doc)."""
     label = TextColumn("{task.description}", style="bold", markup=False)
     counts = (DownloadColumn(), TransferSpeedColumn()) if in_bytes else (MofNCompleteColumn(),)
-    return Progress(label, BarColumn(), *counts, TimeElapsedColumn(),
-                    console=console or make_console(stderr=True), transient=transient)
+    console = console or make_console(stderr=True)
+    # A transient bar written to a file or a pipe would leave only an empty line behind.
+    return Progress(label, BarColumn(), *counts, TimeElapsedColumn(), console=console, transient=transient,
+                    disable=transient and not console.is_terminal)
 
 
 def error_line(message: str) -> Text:
