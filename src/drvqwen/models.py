@@ -31,7 +31,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from .errors import DrvqwenError, FormatError
 from .format import quant
@@ -189,12 +189,18 @@ def source_files(src: Path) -> list[Path]:
     return hf_source_files(src) if src.is_dir() else [src]
 
 
+def _digest_of(named: Iterable[tuple[str, str]]) -> str:
+    """The source digest from each file's (name, sha256), in source_files order."""
+    h = hashlib.sha256()
+    for name, sha in named:
+        h.update(f"{name}:{sha};".encode())
+    return h.hexdigest()
+
+
 def source_digest(src: Path, hash_progress: Callable[[Path], Progress | None] | None = None) -> str:
     """sha256 over the names and contents of `source_files(src)`."""
-    h = hashlib.sha256()
-    for p in source_files(src):
-        h.update(f"{p.name}:{file_sha256(p, hash_progress(p) if hash_progress else None)};".encode())
-    return h.hexdigest()
+    return _digest_of((p.name, file_sha256(p, hash_progress(p) if hash_progress else None))
+                      for p in source_files(src))
 
 
 def known_source_digest(src: Path) -> str | None:
@@ -205,7 +211,7 @@ def known_source_digest(src: Path) -> str | None:
     Raises:
         DrvqwenError: the source's file list cannot be read (a malformed index).
     """
-    h = hashlib.sha256()
+    named = []
     for p in source_files(src):
         try:
             known = _read_record("sha256", p.stat())
@@ -213,8 +219,8 @@ def known_source_digest(src: Path) -> str | None:
             return None
         if not known:
             return None
-        h.update(f"{p.name}:{known};".encode())
-    return h.hexdigest()
+        named.append((p.name, known))
+    return _digest_of(named)
 
 
 def cache_weights(src: Path) -> str:
