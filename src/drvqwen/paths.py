@@ -165,12 +165,33 @@ def ensure_free_space(d: Path, need: int, what: str) -> None:
                            f"(free some space, or set DRVQWEN_CACHE to a disk with room)")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary name and a rename: readers see the old file
-    or the whole new one. Raises OSError as the file system does."""
+def open_fresh_temp(path: Path) -> tuple[Path, int]:
+    """Create `path`'s temporary `.<name>.<pid>.tmp` beside it and open it for writing.
+
+    The name is created afresh (O_EXCL) and never through a link planted there (O_NOFOLLOW): a
+    symlink at the temporary name cannot send the write elsewhere. A leftover of this pid's
+    earlier run is removed first (no other process writes under our pid). The file gets the
+    permissions of any file the user creates (0666 less the umask).
+
+    Returns (temporary path, file descriptor open for writing). Raises OSError as the file
+    system does.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        tmp.write_bytes(data)
+        return tmp, os.open(tmp, flags, 0o666)
+    except FileExistsError:
+        tmp.unlink()
+        return tmp, os.open(tmp, flags, 0o666)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary name (open_fresh_temp) and a rename: readers
+    see the old file or the whole new one. Raises OSError as the file system does."""
+    tmp, fd = open_fresh_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
