@@ -70,11 +70,14 @@ def _make_dir(d: Path, what: str) -> Path:
     return d
 
 
-def cache_root() -> Path:
-    """Return the cache root directory (created if missing).
+def cache_root(create: bool = True) -> Path:
+    """Return the cache root directory: $DRVQWEN_CACHE, else $XDG_CACHE_HOME/drvqwen, else
+    ~/.cache/drvqwen. Created if missing, unless `create` is False (commands that only read the
+    cache — list, info, rm — leave no folder behind; a missing root reads as empty).
 
     Raises:
-        DrvqwenError: it cannot be created (names the path and the reason).
+        DrvqwenError: it cannot be created, or (create False) a file is in its place or on its
+            path (names the path and the reason).
     """
     env = os.environ.get("DRVQWEN_CACHE")
     if env:
@@ -82,7 +85,20 @@ def cache_root() -> Path:
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "drvqwen"
-    return _make_dir(root, "the cache directory")
+    if create:
+        return _make_dir(root, "the cache directory")
+    try:
+        root.stat()
+    except FileNotFoundError:
+        return root
+    except NotADirectoryError:
+        pass
+    except OSError as e:
+        raise io_error(root, e, "read the cache directory") from None
+    else:
+        if root.is_dir():
+            return root
+    raise DrvqwenError(f"{root}: not a folder (a file is in the way: set DRVQWEN_CACHE to a directory)")
 
 
 _cleaned: set[Path] = set()
