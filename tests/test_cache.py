@@ -65,8 +65,22 @@ def test_a_cache_root_that_is_a_file_says_so(monkeypatch, tmp_path):
     (tmp_path / "f").write_text("x")
     for root in (tmp_path / "f", tmp_path / "f" / "sub"):
         monkeypatch.setenv("DRVQWEN_CACHE", str(root))
-        assert _one_error_line(_cli("list")) == (f"error: {root}: cannot create the cache directory (a file is in "
+        assert _one_error_line(_cli("list")) == (f"error: {root}: not a folder (a file is in the way: set "
+                                                 f"DRVQWEN_CACHE to a directory)")
+        assert _one_error_line(_cli("pull")) == (f"error: {root}: cannot create the cache directory (a file is in "
                                                  f"the way, not a folder: set DRVQWEN_CACHE to a directory)")
+
+
+def test_reading_the_cache_creates_no_folder(monkeypatch, tmp_path):
+    """list, info and rm only read the cache: a missing cache root reads as empty and is not
+    created."""
+    root = tmp_path / "nowhere" / "drvqwen"
+    monkeypatch.setenv("DRVQWEN_CACHE", str(root))
+    r = _cli("list")
+    assert r.returncode == 0 and f"no models in the cache ({root})" in r.stderr, r.stderr
+    _cli("info", "qwen")
+    _cli("rm", "qwen")
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_read_only_cache_is_refused_before_downloading(monkeypatch, private_cache):

@@ -92,3 +92,26 @@ def test_chat_save_to_a_folder_is_one_line(tmp_path, monkeypatch, name):
     with pytest.raises(DrvqwenError, match="is a directory; give the output file name"):
         write_json_atomic(name, {"messages": []}, "the conversation")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+@pytest.mark.parametrize("writer", ["atomic_write_bytes", "write_json_atomic"])
+def test_a_link_at_the_temporary_name_is_not_followed(tmp_path, writer):
+    """A symlink planted at `.<name>.<pid>.tmp` (or a leftover of this pid) does not send the
+    write through it: the target stays as it was and the output is written whole."""
+    import os
+
+    from drvqwen.paths import atomic_write_bytes
+    from drvqwen.stats import write_json_atomic
+
+    target = tmp_path / "victim.txt"
+    target.write_text("keep me\n")
+    out = tmp_path / "out.json"
+    (tmp_path / f".out.json.{os.getpid()}.tmp").symlink_to(target)
+    if writer == "atomic_write_bytes":
+        atomic_write_bytes(out, b'{"a": 1}\n')
+    else:
+        write_json_atomic(out, {"a": 1})
+    assert target.read_text() == "keep me\n"
+    assert out.read_text().replace(" ", "").replace("\n", "") == '{"a":1}'
+    assert not (tmp_path / f".out.json.{os.getpid()}.tmp").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "victim.txt"]

@@ -63,10 +63,12 @@ def human_size(n: int) -> str:
 def entries() -> list[Entry]:
     """Every model and conversion in the cache, sorted by name. Reads only metadata.
 
+    A missing cache root reads as empty and is not created (listing leaves nothing behind).
+
     Raises:
-        DrvqwenError: the cache root cannot be created.
+        DrvqwenError: a file is where the cache root or a folder on its path should be.
     """
-    root = paths.cache_root()
+    root = paths.cache_root(create=False)
     out = _model_files(root / "models") + _hub_entries(root / "hub")
     return sorted(out, key=lambda e: e.name.lower())
 

@@ -29,7 +29,7 @@ def cmd_pull(args) -> int:
 def cmd_list(args) -> int:
     """`drvqwen list`: one row per entry (name, format, size, date, source); 0."""
     found = entries()
-    root = cache_root()
+    root = cache_root(create=False)
     if not found:
         _err().print(f"no models in the cache ({root}); drvqwen pull [NAME] fetches one", soft_wrap=True)
         return 0

@@ -70,11 +70,14 @@ def _make_dir(d: Path, what: str) -> Path:
     return d
 
 
-def cache_root() -> Path:
-    """Return the cache root directory (created if missing).
+def cache_root(create: bool = True) -> Path:
+    """Return the cache root directory: $DRVQWEN_CACHE, else $XDG_CACHE_HOME/drvqwen, else
+    ~/.cache/drvqwen. Created if missing, unless `create` is False (commands that only read the
+    cache — list, info, rm — leave no folder behind; a missing root reads as empty).
 
     Raises:
-        DrvqwenError: it cannot be created (names the path and the reason).
+        DrvqwenError: it cannot be created, or (create False) a file is in its place or on its
+            path (names the path and the reason).
     """
     env = os.environ.get("DRVQWEN_CACHE")
     if env:
@@ -82,7 +85,20 @@ def cache_root() -> Path:
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "drvqwen"
-    return _make_dir(root, "the cache directory")
+    if create:
+        return _make_dir(root, "the cache directory")
+    try:
+        root.stat()
+    except FileNotFoundError:
+        return root
+    except NotADirectoryError:
+        pass
+    except OSError as e:
+        raise io_error(root, e, "read the cache directory") from None
+    else:
+        if root.is_dir():
+            return root
+    raise DrvqwenError(f"{root}: not a folder (a file is in the way: set DRVQWEN_CACHE to a directory)")
 
 
 _cleaned: set[Path] = set()
@@ -165,12 +181,33 @@ def ensure_free_space(d: Path, need: int, what: str) -> None:
                            f"(free some space, or set DRVQWEN_CACHE to a disk with room)")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary name and a rename: readers see the old file
-    or the whole new one. Raises OSError as the file system does."""
+def open_fresh_temp(path: Path) -> tuple[Path, int]:
+    """Create `path`'s temporary `.<name>.<pid>.tmp` beside it and open it for writing.
+
+    The name is created afresh (O_EXCL) and never through a link planted there (O_NOFOLLOW): a
+    symlink at the temporary name cannot send the write elsewhere. A leftover of this pid's
+    earlier run is removed first (no other process writes under our pid). The file gets the
+    permissions of any file the user creates (0666 less the umask).
+
+    Returns (temporary path, file descriptor open for writing). Raises OSError as the file
+    system does.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        tmp.write_bytes(data)
+        return tmp, os.open(tmp, flags, 0o666)
+    except FileExistsError:
+        tmp.unlink()
+        return tmp, os.open(tmp, flags, 0o666)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary name (open_fresh_temp) and a rename: readers
+    see the old file or the whole new one. Raises OSError as the file system does."""
+    tmp, fd = open_fresh_temp(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

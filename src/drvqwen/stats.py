@@ -321,24 +321,18 @@ class RunStats:
 def write_json_atomic(path: str | os.PathLike, data: dict, what: str = "the stats") -> None:
     """Write `data` as JSON to `path` through a temporary file in the same folder and a rename,
     so a reader sees the old file or the whole new one, never half of it. The file gets the
-    permissions of any file the user creates (0666 less the umask), as `eval --json` writes.
-    The temporary name is created afresh (O_EXCL, never through a link planted there).
+    permissions of any file the user creates (0666 less the umask); the temporary name is
+    created afresh, never through a link planted there (paths.open_fresh_temp).
 
     Raises:
         DrvqwenError: `path` is a folder, or its folder does not exist or cannot be written
             (names the path and `what`).
     """
-    from .paths import check_output
+    from .paths import check_output, open_fresh_temp
 
     p = check_output(path, what)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        try:
-            fd = os.open(tmp, flags, 0o666)
-        except FileExistsError:  # a leftover of this pid's earlier run: not ours to keep
-            tmp.unlink()
-            fd = os.open(tmp, flags, 0o666)
+        tmp, fd = open_fresh_temp(p)
     except OSError as e:
         raise DrvqwenError(f"{p}: cannot write {what} ({e.strerror or e})") from None
     try:
