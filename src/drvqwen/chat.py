@@ -120,7 +120,9 @@ class ChatSession:
         self.system = text
 
     def messages(self) -> list[dict[str, str]]:
-        """The conversation as chat messages ({"role", "content"}), system first."""
+        """The conversation as chat messages ({"role", "content"}), system first: the system
+        prompt now in force, which is what the model reads ahead of every kept turn (a new one
+        re-prefills the whole conversation under it), so the file replays as the chat stands."""
         out = [{"role": "system", "content": self.system}]
         for t in self.turns:
             out += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer_text}]

@@ -4,7 +4,7 @@ Input comes from a terminal (readline: history kept in the cache's state folder,
 of command, launch and buffer names), from a pipe (`printf 'prompt def fib(n):\\nnext 3\\n' |
 drvqwen step`) or from `--script FILE`; outside a terminal each command is echoed after the
 prompt, so the output reads as a transcript. A bad command prints one line (`error: …`) and the
-loop goes on; Ctrl-C stops the running command (the launches already run stay run) and returns to
+loop goes on (a script or pipe then ends with exit status 1, so a scripted walk can fail a check); Ctrl-C stops the running command (the launches already run stay run) and returns to
 the prompt; `quit`, `exit` or Ctrl-D end it.
 """
 
@@ -59,6 +59,8 @@ class Repl:
 
     def __init__(self, session: Session, out: Console, echo: bool) -> None:
         self.s, self.out, self.echo = session, out, echo
+        self.errors = 0         # error lines printed, from any input
+        self.failed_lines = 0   # commands from a script or pipe that printed an error
 
     def help(self, arg: str) -> None:
         arg = arg.strip()
@@ -102,6 +104,7 @@ class Repl:
         return True
 
     def error(self, message: str) -> None:
+        self.errors += 1
         self.out.print(Text("error: ", style="bold red") + Text(message.replace("\n", " ")), soft_wrap=True)
 
     def run_lines(self, lines: Iterable[str]) -> bool:
@@ -112,7 +115,10 @@ class Repl:
                 continue
             if self.echo:
                 self.out.print(Text(PROMPT + line, style="bold blue"), soft_wrap=True)
-            if not self.execute(line):
+            errors = self.errors
+            going = self.execute(line)
+            self.failed_lines += self.errors > errors
+            if not going:
                 return False
         return True
 
@@ -193,7 +199,9 @@ def run(session: Session, out: Console, script: list[str] | None = None) -> int:
     """Run the REPL: the script's lines first (if any, `read_script`), then stdin (a terminal:
     interactively; after a script, only a terminal).
 
-    Returns 0, or 1 when a launch reported MISMATCH (so that a scripted run can fail a check).
+    Returns 0, or 1 when a launch reported MISMATCH or a command of the script or of piped
+    input printed an error (so that a scripted run can fail a check; a mistyped command at the
+    terminal does not count).
     """
     interactive = sys.stdin.isatty() and out.is_terminal
     repl = Repl(session, out, echo=not interactive or script is not None)
@@ -209,4 +217,4 @@ def run(session: Session, out: Console, script: list[str] | None = None) -> int:
     elif going and interactive:
         repl.echo = False
         repl.interactive()
-    return 1 if session.mismatches else 0
+    return 1 if session.mismatches or repl.failed_lines else 0
