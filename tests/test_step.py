@@ -247,6 +247,19 @@ def test_errors_are_one_line_and_the_repl_goes_on(tiny):
     assert not repl.execute("quit")
 
 
+def test_show_before_any_step_says_there_is_no_sequence(tiny):
+    """An activation before the first prompt (or after reset) holds nothing computed: `show`
+    says so, as `next` does, instead of printing the uncomputed buffer; a weight shows."""
+    s, repl, buf = _session(tiny)
+    for line in ("show q", "show residual 0:4", "show k_cache[0]"):
+        start = len(buf.getvalue())
+        assert repl.execute(line)
+        said = buf.getvalue()[start:].strip()
+        assert said.startswith("error: ") and "`prompt TEXT` or `chat TEXT`" in said and "\n" not in said, said
+    start = len(buf.getvalue())
+    assert repl.execute("show L0.q_proj 0,0:4") and "error" not in buf.getvalue()[start:]
+
+
 def test_page_boundary_and_graph_switch(tiny):
     s, repl, buf = _session(tiny)
     s.start_ids(list(range(65, 65 + 14)))            # the first step decodes at position 14

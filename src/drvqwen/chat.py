@@ -24,9 +24,11 @@ conversation, closed with <|im_end|>), not the chat; at the input prompt it clea
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable, TextIO
 
 from .errors import DrvqwenError
@@ -127,6 +129,13 @@ class ChatSession:
         for t in self.turns:
             out += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer_text}]
         return out
+
+    @staticmethod
+    def smallest_context(tok: Tokenizer, system: str) -> int:
+        """The context in tokens below which no message fits: the system turn and an empty
+        user turn, plus one token of answer (`fit`'s rule)."""
+        probe = ChatSession(tok, SimpleNamespace(max_context=1), frozenset(), system=system)
+        return len(probe.prompt_ids("")) + 1
 
     def save(self, path: str) -> None:
         """Write `messages()` as JSON to `path` (temporary file, then rename).
@@ -293,8 +302,10 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
                 say("/save FILE: give a file name", "red")
             else:
                 try:
-                    session.save(arg.strip())
-                    say(f"saved {len(session.messages())} messages to {arg.strip()}", "dim")
+                    path = os.path.expanduser(arg.strip())   # ~/chat.json as a shell would read it
+                    session.save(path)
+                    n = len(session.messages())
+                    say(f"saved {n} message{'s' if n != 1 else ''} to {path}", "dim")
                 except (DrvqwenError, OSError) as e:
                     say(str(e), "red")
         elif cmd == "/help":
