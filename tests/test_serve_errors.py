@@ -352,3 +352,17 @@ def test_a_port_in_use_is_said_before_the_model_is_read(tmp_path):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--port {port}: cannot listen there" in lines[0], r.stderr
+
+
+def test_a_host_that_does_not_resolve_is_said_as_such():
+    """A --host name that does not resolve is "cannot listen there" with the resolver's reason,
+    not the advice for servers other machines can reach (which it is not)."""
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.server.settings import check_bind
+
+    with pytest.raises(DrvqwenError, match=r"^--host no\.such\.host\.invalid: cannot listen there \("):
+        check_bind("no.such.host.invalid", (), None)
+    with pytest.raises(DrvqwenError, match="needs --allowed-hosts"):
+        check_bind("0.0.0.0", (), None)
+    check_bind("localhost", (), None)
+    check_bind("127.0.0.1", (), None)
