@@ -130,6 +130,20 @@ def test_chat_options_refused_before_the_model_loads(tiny, tmp_path, args, said)
         assert "0 = 8192" in lines[0] or "0 = all of it" in lines[0], lines[0]
 
 
+def test_chat_commands_as_typed(tiny, tmp_path):
+    """A bare /system shows the prompt in force (it set an empty one); // sends a message that
+    begins with /; a tab separates a command from its argument."""
+    save = tmp_path / "tab.json"
+    script = f"/system\n//etc/hosts?\n/save\t{save}\n"
+    r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu",
+                        "-n", "4", "--system", "be terse"], input=script, capture_output=True, text=True,
+                       env=_env(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "system prompt (8 characters): 'be terse'" in r.stderr and "unknown command" not in r.stderr
+    msgs = json.loads(save.read_text())["messages"]
+    assert [(m["role"], m["content"]) for m in msgs[:2]] == [("system", "be terse"), ("user", "/etc/hosts?")]
+
+
 class Terminal:
     """The master side of a pty: `expect` reads until `needle` and consumes the output up to
     and including it (what follows stays for the next `expect`)."""

@@ -17,8 +17,8 @@ turns are dropped — the system turn stays — and the conversation is prefille
 system turn on; the session says so.
 
 The terminal loop (`chat_loop`): readline history and editing on a terminal; a line ending in
-a backslash continues on the next line; `/reset`, `/system TEXT`, `/save FILE`, `/quit` (or
-Ctrl-D) and `/help`. Ctrl-C during an answer stops the answer (what was generated stays in the
+a backslash continues on the next line; `/reset`, `/system TEXT` (alone: shows it), `/save
+FILE`, `/quit` (or Ctrl-D) and `/help`; `//…` sends a message that begins with `/`. Ctrl-C during an answer stops the answer (what was generated stays in the
 conversation, closed with <|im_end|>), not the chat; at the input prompt it clears the line.
 """
 
@@ -39,9 +39,9 @@ from .text_input import without_bom
 from .stream_decoder import StreamDecoder
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, Tokenizer
 
-HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt), "
-        "/save FILE (the conversation as JSON messages), /quit (or Ctrl-D); Ctrl-C stops an answer; "
-        "end a line with \\ to continue it")
+HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt; alone: show "
+        "it), /save FILE (the conversation as JSON messages), /quit (or Ctrl-D); Ctrl-C stops an "
+        "answer; end a line with \\ to continue it; start it with // to send a message beginning with /")
 
 
 @dataclass
@@ -287,13 +287,18 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
         msg, at_start[0] = without_bom(msg), False
     if not msg.strip():
         return True
-    if msg.startswith("/"):
-        cmd, _, arg = msg.partition(" ")
+    if msg.startswith("//"):   # a message that itself starts with "/": typed with one more
+        msg = msg[1:]
+    elif msg.startswith("/"):
+        cmd, arg = (msg.split(None, 1) + [""])[:2]   # a tab separates as a space does
         if cmd in ("/quit", "/exit", "/bye"):
             return False
         if cmd == "/reset":
             session.reset()
             say("conversation reset (the system prompt stays)", "dim")
+        elif cmd == "/system" and not arg:   # no TEXT: show the one in force
+            say(f"system prompt ({len(session.system)} characters): {session.system!r}; /system TEXT "
+                f"sets another", "dim")
         elif cmd == "/system":
             session.set_system(arg)
             say(f"system prompt set ({len(arg)} characters); the next turn prefills again", "dim")
