@@ -232,7 +232,7 @@ def test_errors_are_one_line_and_the_repl_goes_on(tiny):
     s, repl, buf = _session(tiny)
     bad = ["bogus", "next", "prompt", "prompt hi", "show nothing", "show q 1:2:3:4", "show q 99999",
            "until nowhere", "next 0", "next x", "tmap zz", "src nope", "help zz", "until embedding",
-           "gen -1", "show k_cache[99]", "show L99.q_proj"]
+           "gen -1", "show k_cache[99]", "show L99.q_proj", "list zzz"]
     for line in bad:
         start = len(buf.getvalue())
         assert repl.execute(line)
