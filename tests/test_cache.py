@@ -83,6 +83,12 @@ def test_reading_the_cache_creates_no_folder(monkeypatch, tmp_path):
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_rm_with_a_name_and_all_says_not_both(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRVQWEN_CACHE", str(tmp_path / "c"))
+    assert _one_error_line(_cli("rm", "--all", "foo")) == "error: rm: give NAME (foo) or --all, not both"
+    assert "give one NAME" in _one_error_line(_cli("rm"))
+
+
 def test_read_only_cache_is_refused_before_downloading(monkeypatch, private_cache):
     from drvqwen import pull
 

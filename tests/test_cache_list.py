@@ -238,4 +238,5 @@ def test_info_and_model_take_the_names_list_shows(filled, capsys, monkeypatch):
     assert cli.main(["info", "m"]) == 2
     assert capsys.readouterr().err.strip() == f"error: m: ambiguous, it names 2 entries: {made.name}, mine.gguf"
     assert cli.main(["info", "nothing-like-it"]) == 2
-    assert capsys.readouterr().err.strip() == "error: nothing-like-it: file not found"
+    assert capsys.readouterr().err.strip() == ("error: nothing-like-it: no such file, and no model of that name in "
+                                               "the cache (drvqwen list shows them; drvqwen pull NAME fetches one)")

@@ -99,17 +99,49 @@ def _env(tmp_path):
 
 def test_scripted_chat_through_stdin(tiny, tmp_path):
     save = tmp_path / "conv.json"
-    script = f"hello\n/reset\nfirst\nsecond \\\nline\n/save {save}\n/bogus\n"
+    script = f"hello\n/reset\nfirst\nsecond \\\nline\n/save {save}\n/save ~/home.json\n/bogus\n"
     r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu",
-                        "-n", "6"], input=script, capture_output=True, text=True, env=_env(tmp_path),
-                       timeout=120)
+                        "-n", "6"], input=script, capture_output=True, text=True,
+                       env=dict(_env(tmp_path), HOME=str(tmp_path)), timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("generated") == 3
     assert "conversation reset" in r.stderr and "unknown command /bogus" in r.stderr
     assert "reused from the KV cache" in r.stderr
+    assert json.loads((tmp_path / "home.json").read_text()) == json.loads(save.read_text())  # ~ is home
     msgs = json.loads(save.read_text())["messages"]
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
     assert msgs[1]["content"] == "first" and msgs[3]["content"] == "second \nline"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--max-context", "10"], "--max-context=10: the system prompt and an empty message take"),
+    (["--max-context", "-5"], "--max-context=-5: must be 0 or in [1, "),
+    (["-n", "-1"], "--max-new-tokens=-1: a chat answer needs at least 1"),
+])
+def test_chat_options_refused_before_the_model_loads(tiny, tmp_path, args, said):
+    """A context no message fits (the system turn alone fills it) is refused at the start,
+    not message by message with exit status 0; --max-context's 0 is chat's own default, which
+    the message names; -n below 1 gets chat's reason whatever its sign."""
+    r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu", *args],
+                       input="hi\n", capture_output=True, text=True, env=_env(tmp_path), timeout=120)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and said in lines[0], r.stderr
+    if "-5" in args:
+        assert "0 = 8192" in lines[0] or "0 = all of it" in lines[0], lines[0]
+
+
+def test_chat_commands_as_typed(tiny, tmp_path):
+    """A bare /system shows the prompt in force (it set an empty one); // sends a message that
+    begins with /; a tab separates a command from its argument."""
+    save = tmp_path / "tab.json"
+    script = f"/system\n//etc/hosts?\n/save\t{save}\n"
+    r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu",
+                        "-n", "4", "--system", "be terse"], input=script, capture_output=True, text=True,
+                       env=_env(tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "system prompt (8 characters): 'be terse'" in r.stderr and "unknown command" not in r.stderr
+    msgs = json.loads(save.read_text())["messages"]
+    assert [(m["role"], m["content"]) for m in msgs[:2]] == [("system", "be terse"), ("user", "/etc/hosts?")]
 
 
 class Terminal:

@@ -247,7 +247,8 @@ def test_convert_source_errors(tmp_path, rng):
     out = tmp_path / "out.nanoqwen"
     _convert_error(tmp_path / "nope", out, "nope: file not found", cls=DrvqwenError)
     (tmp_path / "noconfig").mkdir()
-    _convert_error(tmp_path / "noconfig", out, "config.json: file not found", cls=ConfigError)
+    _convert_error(tmp_path / "noconfig", out, "noconfig: a folder with no config.json: not an HF checkpoint folder",
+                   cls=ConfigError)
     _convert_error(_hf_folder(tmp_path / "notok", {}, tokenizer=False), out,
                    "tokenizer.json: file not found")
     _convert_error(_hf_folder(tmp_path / "nosafe", None), out, "nosafe: no *.safetensors files")

@@ -156,8 +156,31 @@ def test_problems_load_and_bad_records_are_named(problems_file, tmp_path):
     assert [p.task_id for p in he.load_problems(problems_file)] == ["T/0", "T/1", "T/2"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(PROBLEMS[0]) + "\n{\"task_id\": 1}\n")
-    with pytest.raises(Exception, match=r"bad.jsonl: line 2: not a HumanEval record"):
+    with pytest.raises(Exception, match=r"bad.jsonl: line 2: field 'task_id' must be a string, got 1$"):
         he.load_problems(bad)
+
+
+@pytest.mark.parametrize("content, said", [
+    (b"\xff\xfe\x00garbage\n", "line 1: not UTF-8 (byte 0)"),
+    (b"[1, 2]\n", "line 1: not a HumanEval record (a JSON object with task_id, prompt, entry_point, test)"),
+    (b"{\"task_id\": \"a\"\n", "line 1: not JSON ("),
+    (b'{"task_id": "a", "entry_point": "f", "test": "x"}\n', "line 1: missing field 'prompt'"),
+    (b'{"task_id": "a", "prompt": 5, "entry_point": "f", "test": "x"}\n', "line 1: field 'prompt' must be a string, got 5"),
+    (b'{"task_id": "a", "prompt": " ", "entry_point": "f", "test": "x"}\n', "line 1: field 'prompt' is empty"),
+    (b"\x1f\x8bnot gzip", "not a readable .gz ("),
+])
+def test_a_bad_problems_file_is_one_line_naming_line_and_field(tmp_path, content, said):
+    """Every way a problems file can be wrong is one DrvqwenError naming the file, the line and
+    the field — never a traceback from deep in the tokenizer or a Python repr."""
+    from drvqwen.errors import DrvqwenError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    with pytest.raises(DrvqwenError) as ei:
+        he.load_problems(bad)
+    assert str(ei.value).startswith(f"{bad}: {said}") and "\n" not in str(ei.value), str(ei.value)
+    with pytest.raises(DrvqwenError, match="is a directory; give the HumanEval problems file"):
+        he.load_problems(tmp_path)
 
 
 def test_raw_completions_are_cut_at_the_stop_strings():

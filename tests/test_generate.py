@@ -78,8 +78,13 @@ def test_max_context_rule():
     assert resolve_max_context(0, 64) == 64 and resolve_max_context(None, 64) == 64
     assert resolve_max_context(10, 64) == 10 and resolve_max_context(64, 64) == 64
     for bad in (65, 100, -1):
-        with pytest.raises(DrvqwenError, match=rf"--max-context={bad}: must be in \[1, 64\]"):
+        with pytest.raises(DrvqwenError, match=rf"--max-context={bad}: must be 0 or in \[1, 64\] \(the model's "
+                                               rf"max_position; 0 = all of it\)$"):
             resolve_max_context(bad, 64)
+    # chat's 0 is its own default, and its message says which
+    assert resolve_max_context(0, 64, default=32) == 32 and resolve_max_context(5, 64, default=32) == 5
+    with pytest.raises(DrvqwenError, match=r"--max-context=-5: .*0 = 32\)$"):
+        resolve_max_context(-5, 64, default=32)
 
 
 def test_prompt_checks():

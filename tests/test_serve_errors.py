@@ -40,7 +40,8 @@ MSG = [{"role": "user", "content": "hi"}]
 
 BAD = [  # (route, body, status, param, words in the message)
     (CHAT, b"{bad json", 400, None, "not valid JSON"),
-    (CHAT, b"[1, 2]", 400, None, "JSON object"),
+    (CHAT, b"[1, 2]", 400, None, "must be a JSON object, got [1, 2]"),
+    (CHAT, b"null", 400, None, "must be a JSON object, got null"),  # JSON's names, not Python's
     (COMP, b'{"prompt": "x", "temperature": NaN}', 400, None, "NaN"),
     (COMP, b'{"prompt": "\\ud800"}', 400, "prompt", "surrogate"),
     (COMP, b"[" * 5000 + b"]" * 5000, 400, None, "nested"),
@@ -49,6 +50,7 @@ BAD = [  # (route, body, status, param, words in the message)
     (CHAT, {}, 400, "messages", "non-empty"),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", "wizard"),
     (CHAT, {"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", "string"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, 400, "messages[0].content", "string, got null"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content[0]", "text"),
     (CHAT, {"messages": MSG, "temperature": "hot"}, 400, "temperature", "number"),
     (CHAT, {"messages": MSG, "temperature": 9}, 400, "temperature", "outside"),
@@ -64,6 +66,8 @@ BAD = [  # (route, body, status, param, words in the message)
     (CHAT, {"messages": MSG, "n": "x" * 200}, 400, "n", '"' + "x" * 78 + "…: drvqwen generates one"),
     (CHAT, {"messages": MSG, "stream": "yes"}, 400, "stream", "true or false"),
     (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+    (CHAT, {"messages": MSG, "stream": True, "stream_options": {"include_usage": "yes"}}, 400,
+     "stream_options.include_usage", "true or false"),       # a nested field by its whole path
     (CHAT, {"messages": MSG, "stop": [1]}, 400, "stop[0]", "string"),
     (CHAT, {"messages": MSG, "stop": ""}, 400, "stop", "characters"),
     (CHAT, {"messages": MSG, "stop": ["a"] * 40}, 400, "stop", "at most"),
@@ -74,6 +78,7 @@ BAD = [  # (route, body, status, param, words in the message)
     (COMP, {"prompt": "x" * 2000}, 400, "prompt", "context"),
     (COMP, {"prompt": "x" * 1000, "max_tokens": 100}, 400, "max_tokens", "at most 24"),
     (COMP, {"prompt": ""}, 400, "prompt", "empty"),
+    (COMP, {"prompt": []}, 400, "prompt", "empty"),           # no token ids is an empty prompt
     (COMP, {"prompt": ["a", "b"]}, 400, "prompt", "one prompt"),
     (COMP, {"prompt": [1, 600]}, 400, "prompt", "text vocabulary"),
     (COMP, {"prompt": {"x": 1}}, 400, "prompt", "string"),
@@ -347,3 +352,17 @@ def test_a_port_in_use_is_said_before_the_model_is_read(tmp_path):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--port {port}: cannot listen there" in lines[0], r.stderr
+
+
+def test_a_host_that_does_not_resolve_is_said_as_such():
+    """A --host name that does not resolve is "cannot listen there" with the resolver's reason,
+    not the advice for servers other machines can reach (which it is not)."""
+    from drvqwen.errors import DrvqwenError
+    from drvqwen.server.settings import check_bind
+
+    with pytest.raises(DrvqwenError, match=r"^--host no\.such\.host\.invalid: cannot listen there \("):
+        check_bind("no.such.host.invalid", (), None)
+    with pytest.raises(DrvqwenError, match="needs --allowed-hosts"):
+        check_bind("0.0.0.0", (), None)
+    check_bind("localhost", (), None)
+    check_bind("127.0.0.1", (), None)

@@ -59,10 +59,10 @@ class ServerProcess:
                                         daemon=True)
         self._reader.start()
 
-    def interrupt(self, timeout_s: float = 30) -> list[str]:
-        """Ctrl-C; the stderr lines written after the start line."""
+    def interrupt(self, timeout_s: float = 30, sig=signal.SIGINT) -> list[str]:
+        """Ctrl-C (or `sig`); the stderr lines written after the start line."""
         start = len(self.lines)
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(sig)
         self.proc.wait(timeout=timeout_s)
         self._reader.join(timeout_s)
         return self.lines[start:]
@@ -119,6 +119,15 @@ def test_concurrent_clients_get_their_own_text_and_memory_stays(serve):
 
     said = srv.interrupt()
     assert proc.returncode == 130 and said == ["interrupted"], said
+
+
+def test_sigterm_stops_the_server_as_ctrl_c_does(serve):
+    """SIGTERM (a service manager's stop) ends the server as Ctrl-C does: one line, 130 — not
+    the default handler's silent death with 143."""
+    srv = serve("--quiet")
+    assert httpx.get(srv.url + "/health").status_code == 200
+    said = srv.interrupt(sig=signal.SIGTERM)
+    assert srv.proc.returncode == 130 and said == ["interrupted"], said
 
 
 def test_ctrl_c_while_requests_stream_is_one_line_and_130(serve):

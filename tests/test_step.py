@@ -232,7 +232,7 @@ def test_errors_are_one_line_and_the_repl_goes_on(tiny):
     s, repl, buf = _session(tiny)
     bad = ["bogus", "next", "prompt", "prompt hi", "show nothing", "show q 1:2:3:4", "show q 99999",
            "until nowhere", "next 0", "next x", "tmap zz", "src nope", "help zz", "until embedding",
-           "gen -1", "show k_cache[99]", "show L99.q_proj"]
+           "gen -1", "show k_cache[99]", "show L99.q_proj", "list zzz"]
     for line in bad:
         start = len(buf.getvalue())
         assert repl.execute(line)
@@ -245,6 +245,19 @@ def test_errors_are_one_line_and_the_repl_goes_on(tiny):
         assert len(said.strip().splitlines()) == 1, (line, said)
     assert repl.execute("next 2") and "[  1/" in buf.getvalue()     # the prompt of "prompt hi" goes on
     assert not repl.execute("quit")
+
+
+def test_show_before_any_step_says_there_is_no_sequence(tiny):
+    """An activation before the first prompt (or after reset) holds nothing computed: `show`
+    says so, as `next` does, instead of printing the uncomputed buffer; a weight shows."""
+    s, repl, buf = _session(tiny)
+    for line in ("show q", "show residual 0:4", "show k_cache[0]"):
+        start = len(buf.getvalue())
+        assert repl.execute(line)
+        said = buf.getvalue()[start:].strip()
+        assert said.startswith("error: ") and "`prompt TEXT` or `chat TEXT`" in said and "\n" not in said, said
+    start = len(buf.getvalue())
+    assert repl.execute("show L0.q_proj 0,0:4") and "error" not in buf.getvalue()[start:]
 
 
 def test_page_boundary_and_graph_switch(tiny):

@@ -51,7 +51,9 @@ def cmd_rm(args) -> int:
     Raises:
         DrvqwenError: neither or both of NAME and --all; NAME selects no entry, or several.
     """
-    if (args.name is None) == (not args.all):
+    if args.name is not None and args.all:
+        raise DrvqwenError(f"rm: give NAME ({args.name}) or --all, not both")
+    if args.name is None and not args.all:
         raise DrvqwenError("give one NAME (drvqwen list shows them) or --all")
     if args.name is not None and not args.name.strip():
         raise DrvqwenError("rm: NAME is empty (drvqwen list shows the names; --all removes every entry)")

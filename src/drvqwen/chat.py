@@ -17,16 +17,18 @@ turns are dropped — the system turn stays — and the conversation is prefille
 system turn on; the session says so.
 
 The terminal loop (`chat_loop`): readline history and editing on a terminal; a line ending in
-a backslash continues on the next line; `/reset`, `/system TEXT`, `/save FILE`, `/quit` (or
-Ctrl-D) and `/help`. Ctrl-C during an answer stops the answer (what was generated stays in the
+a backslash continues on the next line; `/reset`, `/system TEXT` (alone: shows it), `/save
+FILE`, `/quit` (or Ctrl-D) and `/help`; `//…` sends a message that begins with `/`. Ctrl-C during an answer stops the answer (what was generated stays in the
 conversation, closed with <|im_end|>), not the chat; at the input prompt it clears the line.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable, TextIO
 
 from .errors import DrvqwenError
@@ -37,9 +39,9 @@ from .text_input import without_bom
 from .stream_decoder import StreamDecoder
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, Tokenizer
 
-HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt), "
-        "/save FILE (the conversation as JSON messages), /quit (or Ctrl-D); Ctrl-C stops an answer; "
-        "end a line with \\ to continue it")
+HELP = ("commands: /reset (forget the conversation), /system TEXT (new system prompt; alone: show "
+        "it), /save FILE (the conversation as JSON messages), /quit (or Ctrl-D); Ctrl-C stops an "
+        "answer; end a line with \\ to continue it; start it with // to send a message beginning with /")
 
 
 @dataclass
@@ -127,6 +129,13 @@ class ChatSession:
         for t in self.turns:
             out += [{"role": "user", "content": t.user}, {"role": "assistant", "content": t.answer_text}]
         return out
+
+    @staticmethod
+    def smallest_context(tok: Tokenizer, system: str) -> int:
+        """The context in tokens below which no message fits: the system turn and an empty
+        user turn, plus one token of answer (`fit`'s rule)."""
+        probe = ChatSession(tok, SimpleNamespace(max_context=1), frozenset(), system=system)
+        return len(probe.prompt_ids("")) + 1
 
     def save(self, path: str) -> None:
         """Write `messages()` as JSON to `path` (temporary file, then rename).
@@ -278,13 +287,18 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
         msg, at_start[0] = without_bom(msg), False
     if not msg.strip():
         return True
-    if msg.startswith("/"):
-        cmd, _, arg = msg.partition(" ")
+    if msg.startswith("//"):   # a message that itself starts with "/": typed with one more
+        msg = msg[1:]
+    elif msg.startswith("/"):
+        cmd, arg = (msg.split(None, 1) + [""])[:2]   # a tab separates as a space does
         if cmd in ("/quit", "/exit", "/bye"):
             return False
         if cmd == "/reset":
             session.reset()
             say("conversation reset (the system prompt stays)", "dim")
+        elif cmd == "/system" and not arg:   # no TEXT: show the one in force
+            say(f"system prompt ({len(session.system)} characters): {session.system!r}; /system TEXT "
+                f"sets another", "dim")
         elif cmd == "/system":
             session.set_system(arg)
             say(f"system prompt set ({len(arg)} characters); the next turn prefills again", "dim")
@@ -293,8 +307,10 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
                 say("/save FILE: give a file name", "red")
             else:
                 try:
-                    session.save(arg.strip())
-                    say(f"saved {len(session.messages())} messages to {arg.strip()}", "dim")
+                    path = os.path.expanduser(arg.strip())   # ~/chat.json as a shell would read it
+                    session.save(path)
+                    n = len(session.messages())
+                    say(f"saved {n} message{'s' if n != 1 else ''} to {path}", "dim")
                 except (DrvqwenError, OSError) as e:
                     say(str(e), "red")
         elif cmd == "/help":

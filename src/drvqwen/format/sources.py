@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import QwenConfig
-from ..errors import DrvqwenError, FormatError
+from ..errors import ConfigError, DrvqwenError, FormatError
 from . import gguf_blocks
 from . import weight_formats as wf
 from .gguf_check import check_gguf
@@ -348,6 +348,9 @@ def open_source(src: str | Path):
     """An HFSource for a folder, a GGUFSource for a GGUF file. Raises DrvqwenError otherwise."""
     p = Path(src)
     if p.is_dir():
+        if not (p / "config.json").is_file():   # any folder at all, say: not a checkpoint
+            raise ConfigError(f"{p}: a folder with no config.json: not an HF checkpoint folder (config.json, "
+                              f"*.safetensors, tokenizer.json) nor a GGUF file")
         return HFSource(p)
     if not p.exists():
         raise DrvqwenError(f"{p}: file not found")

@@ -37,7 +37,7 @@ from .metrics import CONTENT_TYPE
 from .middleware import Gate, note_error, note_tokens
 from .responses import Shaper, sse
 from .settings import ServerSettings, served_hosts
-from .validate import RequestParser
+from .validate import RequestParser, json_text
 from .worker import EngineWorker, Job
 
 # Deeper JSON than this is no request of ours, and Python's parser would recurse on it.
@@ -142,7 +142,7 @@ async def read_json(request: Request, limit: int) -> dict:
     except ValueError as e:   # not UTF-8, or NaN/Infinity
         raise APIError(400, f"body is not valid JSON: {str(e).splitlines()[0][:160]}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise APIError(400, f"body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+        raise APIError(400, f"body must be a JSON object, got {json_text(body)}", code="invalid_json")
     _check_text(body, "")
     return body
 

@@ -13,6 +13,7 @@ tools/bench_serve.py), with the engine worker and the app reachable for inspecti
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 import threading
@@ -255,10 +256,20 @@ def cmd_serve(args) -> int:
     draft_max = args.draft_max or DEFAULT_DRAFT_MAX
     # The port first: one in use is said before the model's seconds of loading, not after.
     sock = bind(args.host, args.port)
+    # SIGTERM (a service manager's stop, `kill`) ends the server as Ctrl-C does: uvicorn catches
+    # both while it runs and, once shut down, raises the signal again under the handler it found,
+    # which for SIGTERM is the default one — the process would die with 143 and no line. Raised
+    # as KeyboardInterrupt, it ends in the CLI's "interrupted", 130, during loading too.
+    old_term = signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
         return _serve(args, sock, api_key, allowed_hosts, draft_max)
     finally:
+        signal.signal(signal.SIGTERM, old_term)
         sock.close()  # a no-op once the server has run (uvicorn closed it); else nothing listens
+
+
+def _term_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _serve(args, sock: socket.socket, api_key: str | None, allowed_hosts: tuple[str, ...], draft_max: int) -> int:

@@ -4,6 +4,7 @@ and which Host names it answers to (middleware.py explains why)."""
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 
 from ..errors import DrvqwenError
@@ -79,8 +80,14 @@ def check_bind(host: str, allowed_hosts: tuple[str, ...], api_key: str | None) -
     """Refuse to listen beyond this machine with neither --allowed-hosts nor --api-key.
 
     Raises:
-        DrvqwenError: `host` is not a loopback address and neither is given.
+        DrvqwenError: `host` is a name that does not resolve (said as binding it would say), or
+            it is not a loopback address and neither is given.
     """
+    if _ip(host_name(host)) is None and host_name(host) != "localhost":
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError as e:   # socket.gaierror: "Name or service not known"
+            raise DrvqwenError(f"--host {host}: cannot listen there ({e.strerror or e})") from None
     if not is_loopback(host) and not allowed_hosts and api_key is None:
         raise DrvqwenError(f"--host {host}: a server other machines can reach needs --allowed-hosts (the "
                            f"names its clients use for it) or --api-key")

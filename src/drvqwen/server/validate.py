@@ -37,7 +37,7 @@ from .prompts import chat_ids, fit_infill_ids, infill_ids
 from .settings import MAX_STOP_CHARS, MAX_STOPS
 
 
-def _json_text(value, limit: int = 80) -> str:
+def json_text(value, limit: int = 80) -> str:
     """A request's value as the client wrote it (JSON, not a Python repr), cut to `limit`
     characters, for an error message."""
     text = json.dumps(value, ensure_ascii=False)
@@ -98,9 +98,9 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     if v is None:
         return default
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        raise bad_field(name, f"must be a number, got {_json_text(v)}", "invalid_type")
+        raise bad_field(name, f"must be a number, got {json_text(v)}", "invalid_type")
     if not lo <= v <= hi:
-        raise bad_field(name, f"{_json_text(v)} is outside [{lo:g}, {hi:g}]")
+        raise bad_field(name, f"{json_text(v)} is outside [{lo:g}, {hi:g}]")
     return float(v)
 
 
@@ -109,24 +109,25 @@ def _integer(body: dict, name: str, default, lo: int, hi: int | None = None):
     if v is None:
         return default
     if not _is_int(v):
-        raise bad_field(name, f"must be an integer, got {_json_text(v)}", "invalid_type")
+        raise bad_field(name, f"must be an integer, got {json_text(v)}", "invalid_type")
     if v < lo or (hi is not None and v > hi):
         raise bad_field(name, f"{v} is outside [{lo}, {hi if hi is not None else '∞'}]")
     return v
 
 
-def _bool(body: dict, name: str, default: bool = False) -> bool:
+def _bool(body: dict, name: str, default: bool = False, where: str | None = None) -> bool:
+    """Field `name` of `body` (`where`: its path in the request, for the error) as a bool."""
     v = body.get(name)
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise bad_field(name, f"must be true or false, got {_json_text(v)}", "invalid_type")
+        raise bad_field(where or name, f"must be true or false, got {json_text(v)}", "invalid_type")
     return v
 
 
 def _string(v, name: str) -> str:
     if not isinstance(v, str):
-        raise bad_field(name, f"must be a string, got {type(v).__name__}", "invalid_type")
+        raise bad_field(name, f"must be a string, got {json_text(v)}", "invalid_type")
     return v
 
 
@@ -205,8 +206,8 @@ class RequestParser:
             ids = infill_ids(self.tok, _string(prompt, "prompt"), _string(suffix, "suffix"))
         elif isinstance(prompt, str):
             ids = self.tok.encode(prompt, special=True)
-        elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-            ids = list(prompt)
+        elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+            ids = list(prompt)   # [] is caught with "" below: the prompt is empty
         elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
             raise bad_field("prompt", f"a batch of {len(prompt)} prompts; one prompt per request")
         elif prompt is None:
@@ -262,7 +263,7 @@ class RequestParser:
             raise bad_field(where, "must be an object {role, content}", "invalid_type")
         role = m.get("role")
         if role not in CHAT_ROLES:
-            raise bad_field(where + ".role", f"{_json_text(role)} is not one of {', '.join(CHAT_ROLES)}")
+            raise bad_field(where + ".role", f"{json_text(role)} is not one of {', '.join(CHAT_ROLES)}")
         content = m.get("content")
         if isinstance(content, list):      # content parts: only text ones
             texts = []
@@ -278,13 +279,13 @@ class RequestParser:
         for the route to set."""
         for name, allowed in UNSUPPORTED.items():
             if name in body and body[name] not in allowed:
-                raise bad_field(name, f"{_json_text(body[name])} is not supported by drvqwen", "unsupported")
+                raise bad_field(name, f"{json_text(body[name])} is not supported by drvqwen", "unsupported")
         if "n" in body and body["n"] not in (None, 1):
-            raise bad_field("n", f"{_json_text(body['n'])}: drvqwen generates one choice per request (n = 1)",
+            raise bad_field("n", f"{json_text(body['n'])}: drvqwen generates one choice per request (n = 1)",
                             "unsupported")
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-            raise bad_field("response_format", f"{_json_text(fmt)}: only {{type: text}} is supported", "unsupported")
+            raise bad_field("response_format", f"{json_text(fmt)}: only {{type: text}} is supported", "unsupported")
         model = body.get("model")
         if model is not None:
             _string(model, "model")
@@ -296,7 +297,7 @@ class RequestParser:
                 raise bad_field("stream_options", "is only allowed when stream is true")
             if not isinstance(opts, dict):
                 raise bad_field("stream_options", "must be an object", "invalid_type")
-            include_usage = _bool(opts, "include_usage")
+            include_usage = _bool(opts, "include_usage", where="stream_options.include_usage")
         temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
         top_k = _integer(body, "top_k", 0, 0)

@@ -110,13 +110,14 @@ def show(s, arg: str) -> None:
     kv = re.fullmatch(r"([kv])_cache\[(\d+)\]", name)
     if kv:
         if s.prompt_ids is None:
-            raise DrvqwenError("the KV cache is empty: start with `prompt` or `chat`")
+            raise DrvqwenError("the KV cache is empty: start one with `prompt TEXT` or `chat TEXT`")
         layer = int(kv.group(2))
         if layer >= m.config.num_layers:
             raise DrvqwenError(f"{name}: the model has layers 0..{m.config.num_layers - 1}")
         a = m.kv_positions(kv.group(1) + "_cache", layer)
         what = f"layer {layer}'s {kv.group(1).upper()} of positions 0..{a.shape[0] - 1} [pos, Hkv, Dh], through the block table"
     elif name in m.plan.buffers:
+        s._need_prompt()   # before any step an activation holds nothing computed (NaN on the CPU)
         a = m.array(name)
         b = m.plan.buffers[name]
         what = f"activation {b.dtype}{list(b.shape)}"

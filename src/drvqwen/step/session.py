@@ -148,6 +148,8 @@ class Session:
 
     def cmd_list(self, arg: str) -> None:
         m = self.m
+        if arg and not any(e.name.startswith(arg) for e in m.entries):
+            raise DrvqwenError(f"list: no launch name starts with {arg!r} (`list` alone shows them all)")
         regs = inspect.registers
         t = R.table(" ", "#", "name", "kernel", "grid × block", "smem", "regs", "bytes",
                     title=f"the decode step: {self.total} launches ({m.label})", right=("#", "smem", "regs", "bytes"))
