@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -114,7 +115,7 @@ def test_scripted_chat_through_stdin(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--max-context", "10"], "--max-context=10: the system prompt and an empty message take"),
+    (["--max-context", "10"], "--max-context=10: the system prompt and the shortest message take"),
     (["--max-context", "-5"], "--max-context=-5: must be 0 or in [1, "),
     (["-n", "-1"], "--max-new-tokens=-1: a chat answer needs at least 1"),
 ])
@@ -128,6 +129,19 @@ def test_chat_options_refused_before_the_model_loads(tiny, tmp_path, args, said)
     assert r.returncode == 2 and len(lines) == 1 and said in lines[0], r.stderr
     if "-5" in args:
         assert "0 = 8192" in lines[0] or "0 = all of it" in lines[0], lines[0]
+
+
+def test_chat_at_the_smallest_context_answers_a_one_token_message(tiny, tmp_path):
+    """The context the start-up check names as the least is enough for a message of one token
+    and one token of answer: the check and the turn's fit agree."""
+    def chat(*args):
+        return subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu",
+                               "-n", "1", "--system", "", *args], input="a\n", capture_output=True, text=True,
+                              env=_env(tmp_path), timeout=120)
+    least = int(re.search(r"at least (\d+)", chat("--max-context", "5").stderr).group(1))
+    r = chat("--max-context", str(least))
+    assert r.returncode == 0 and "generated" in r.stderr and "context holds" not in r.stderr, r.stderr
+    assert chat("--max-context", str(least - 1)).returncode == 2
 
 
 def test_chat_commands_as_typed(tiny, tmp_path):

@@ -42,6 +42,7 @@ BAD = [  # (route, body, status, param, words in the message)
     (CHAT, b"{bad json", 400, None, "not valid JSON"),
     (CHAT, b"[1, 2]", 400, None, "must be a JSON object, got [1, 2]"),
     (CHAT, b"null", 400, None, "must be a JSON object, got null"),  # JSON's names, not Python's
+    (CHAT, b'"\\ud800"', 400, None, 'got "\\ud800"'),    # a lone surrogate shown escaped: still a 400
     (COMP, b'{"prompt": "x", "temperature": NaN}', 400, None, "NaN"),
     (COMP, b'{"prompt": "\\ud800"}', 400, "prompt", "surrogate"),
     (COMP, b"[" * 5000 + b"]" * 5000, 400, None, "nested"),
@@ -362,6 +363,8 @@ def test_a_host_that_does_not_resolve_is_said_as_such():
 
     with pytest.raises(DrvqwenError, match=r"^--host no\.such\.host\.invalid: cannot listen there \("):
         check_bind("no.such.host.invalid", (), None)
+    with pytest.raises(DrvqwenError, match=r"^--host a\.\.b: cannot listen there \("):   # idna: an empty label
+        check_bind("a..b", (), None)
     with pytest.raises(DrvqwenError, match="needs --allowed-hosts"):
         check_bind("0.0.0.0", (), None)
     check_bind("localhost", (), None)

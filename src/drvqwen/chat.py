@@ -132,10 +132,10 @@ class ChatSession:
 
     @staticmethod
     def smallest_context(tok: Tokenizer, system: str) -> int:
-        """The context in tokens below which no message fits: the system turn and an empty
-        user turn, plus one token of answer (`fit`'s rule)."""
+        """The context in tokens below which no message fits: the system turn and a user turn of
+        one token (a blank line is no message), plus one token of answer (`fit`'s rule)."""
         probe = ChatSession(tok, SimpleNamespace(max_context=1), frozenset(), system=system)
-        return len(probe.prompt_ids("")) + 1
+        return len(probe.prompt_ids("")) + 2
 
     def save(self, path: str) -> None:
         """Write `messages()` as JSON to `path` (temporary file, then rename).

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import secrets
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -89,7 +90,7 @@ def load_problems(path: str | os.PathLike | None = None) -> list[Problem]:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise DrvqwenError(f"{src}: not a readable .gz ({e})") from None
     out = []
     for n, line in enumerate(raw.splitlines(), 1):
@@ -115,6 +116,8 @@ def _problem(src: Path, n: int, line: bytes) -> Problem:
         raise DrvqwenError(f"{where}: not UTF-8 (byte {e.start})") from None
     except ValueError as e:
         raise DrvqwenError(f"{where}: not JSON ({e})") from None
+    except RecursionError:
+        raise DrvqwenError(f"{where}: not JSON (nested too deeply)") from None
     if not isinstance(d, dict):
         raise DrvqwenError(f"{where}: not a HumanEval record (a JSON object with task_id, prompt, "
                            f"entry_point, test)")

@@ -231,8 +231,9 @@ def cmd_chat(args) -> int:
                                       default=min(CHAT_CONTEXT, f.config.max_position))
     least = ChatSession.smallest_context(tok, system)
     if max_context < least:   # every message would be refused: say so before loading
-        raise DrvqwenError(f"--max-context={max_context}: the system prompt and an empty message take "
-                           f"{least - 1} tokens; the context must hold at least {least}")
+        raise DrvqwenError(f"--max-context={max_context}: the system prompt and the shortest message take "
+                           f"{least - 1} tokens; the context must hold at least {least}"
+                           + (" (a shorter --system, or none)" if least > f.config.max_position else ""))
     backend = load_backend(opened, max_context, cache_tokens=max_context, eager=args.eager, stats=stats,
                            speculative=go.speculates(args))
     proposer = None

@@ -49,8 +49,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(128)
-    except OSError as e:
-        raise DrvqwenError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    except (OSError, UnicodeError) as e:   # UnicodeError: a name idna cannot encode (an empty label)
+        raise DrvqwenError(f"--host {host} --port {port}: cannot listen there "
+                           f"({getattr(e, 'strerror', None) or e})") from None
     sock.setblocking(False)
     return sock
 
@@ -264,7 +265,8 @@ def cmd_serve(args) -> int:
     try:
         return _serve(args, sock, api_key, allowed_hosts, draft_max)
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        # None: the handler was not installed from Python; the default is what it stood for.
+        signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
         sock.close()  # a no-op once the server has run (uvicorn closed it); else nothing listens
 
 

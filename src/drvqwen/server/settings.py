@@ -86,8 +86,8 @@ def check_bind(host: str, allowed_hosts: tuple[str, ...], api_key: str | None) -
     if _ip(host_name(host)) is None and host_name(host) != "localhost":
         try:
             socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except OSError as e:   # socket.gaierror: "Name or service not known"
-            raise DrvqwenError(f"--host {host}: cannot listen there ({e.strerror or e})") from None
+        except (OSError, UnicodeError) as e:   # gaierror "Name or service not known"; idna: an empty label
+            raise DrvqwenError(f"--host {host}: cannot listen there ({getattr(e, 'strerror', None) or e})") from None
     if not is_loopback(host) and not allowed_hosts and api_key is None:
         raise DrvqwenError(f"--host {host}: a server other machines can reach needs --allowed-hosts (the "
                            f"names its clients use for it) or --api-key")

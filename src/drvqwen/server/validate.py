@@ -41,6 +41,10 @@ def json_text(value, limit: int = 80) -> str:
     """A request's value as the client wrote it (JSON, not a Python repr), cut to `limit`
     characters, for an error message."""
     text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:   # a lone surrogate: shown escaped, or the response could not be sent
+        text = json.dumps(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

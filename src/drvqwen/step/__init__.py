@@ -84,8 +84,8 @@ def open_machine(f, device: str, max_context: int, progress=None):
     """
     from ..generate import resolve_max_context
 
-    max_context = resolve_max_context(max_context or min(DEFAULT_MAX_CONTEXT, f.config.max_position),
-                                      f.config.max_position)
+    max_context = resolve_max_context(max_context, f.config.max_position,
+                                      default=min(DEFAULT_MAX_CONTEXT, f.config.max_position))
     if f.config.rope_scaling is not None:
         raise DrvqwenError(f"{f.path}: YaRN RoPE scaling: drvqwen step follows the GPU's decode step, "
                            f"which does not apply it (drvqwen run --device cpu runs such a model)")

@@ -107,8 +107,10 @@ class Repl:
         self.errors += 1
         self.out.print(Text("error: ", style="bold red") + Text(message.replace("\n", " ")), soft_wrap=True)
 
-    def run_lines(self, lines: Iterable[str]) -> bool:
-        """Run lines from a script or a pipe, each echoed after the prompt; False if one quit."""
+    def run_lines(self, lines: Iterable[str], count: bool = True) -> bool:
+        """Run lines from a script or a pipe, each echoed after the prompt; False if one quit.
+        count: a line that printed an error adds to failed_lines (not for lines typed at a
+        terminal whose output goes elsewhere)."""
         for raw in lines:
             line = raw.rstrip("\n")
             if not line.strip() or line.lstrip().startswith("#"):
@@ -117,7 +119,7 @@ class Repl:
                 self.out.print(Text(PROMPT + line, style="bold blue"), soft_wrap=True)
             errors = self.errors
             going = self.execute(line)
-            self.failed_lines += self.errors > errors
+            self.failed_lines += count and self.errors > errors
             if not going:
                 return False
         return True
@@ -212,8 +214,8 @@ def run(session: Session, out: Console, script: list[str] | None = None) -> int:
         if interactive:
             repl.help("")
             repl.interactive()
-        else:
-            repl.run_lines(sys.stdin)
+        else:   # a pipe, or a terminal's typing echoed to a file
+            repl.run_lines(sys.stdin, count=not sys.stdin.isatty())
     elif going and interactive:
         repl.echo = False
         repl.interactive()
