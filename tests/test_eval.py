@@ -160,16 +160,19 @@ def test_problems_load_and_bad_records_are_named(problems_file, tmp_path):
         he.load_problems(bad)
 
 
+_GZ = gzip.compress(b'{"task_id":1}' * 2000)   # a problems file's .gz, to break
+
+
 @pytest.mark.parametrize("content, said", [
     (b"\xff\xfe\x00garbage\n", "line 1: not UTF-8 (byte 0)"),
     (b"[1, 2]\n", "line 1: not a HumanEval record (a JSON object with task_id, prompt, entry_point, test)"),
     (b"{\"task_id\": \"a\"\n", "line 1: not JSON ("),
     (b'{"task_id": "a", "entry_point": "f", "test": "x"}\n', "line 1: missing field 'prompt'"),
-    (b'{"task_id": "a", "prompt": 5, "entry_point": "f", "test": "x"}\n', "line 1: field 'prompt' must be a string, got 5"),
+    (b'{"task_id": "a", "prompt": 5, "entry_point": "f", "test": "x"}\n',
+     "line 1: field 'prompt' must be a string, got 5"),
     (b'{"task_id": "a", "prompt": " ", "entry_point": "f", "test": "x"}\n', "line 1: field 'prompt' is empty"),
     (b"\x1f\x8bnot gzip", "not a readable .gz ("),
-    (b"\x1f\x8b" + __import__("gzip").compress(b'{"task_id":1}' * 2000)[2:12] + b"\x55"
-     + __import__("gzip").compress(b'{"task_id":1}' * 2000)[13:], "not a readable .gz ("),  # deflate data broken: zlib.error
+    (_GZ[:12] + b"\x55" + _GZ[13:], "not a readable .gz ("),   # its deflate data broken: zlib.error
     (b"[" * 100000 + b"\n", "line 1: not JSON (nested too deeply)"),
 ])
 def test_a_bad_problems_file_is_one_line_naming_line_and_field(tmp_path, content, said):

@@ -18,8 +18,9 @@ system turn on; the session says so.
 
 The terminal loop (`chat_loop`): readline history and editing on a terminal; a line ending in
 a backslash continues on the next line; `/reset`, `/system TEXT` (alone: shows it), `/save
-FILE`, `/quit` (or Ctrl-D) and `/help`; `//…` sends a message that begins with `/`. Ctrl-C during an answer stops the answer (what was generated stays in the
-conversation, closed with <|im_end|>), not the chat; at the input prompt it clears the line.
+FILE`, `/quit` (or Ctrl-D) and `/help`; `//…` sends a message that begins with `/`. Ctrl-C
+during an answer stops the answer (what was generated stays in the conversation, closed with
+<|im_end|>), not the chat; at the input prompt it clears the line.
 """
 
 from __future__ import annotations

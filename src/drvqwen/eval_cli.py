@@ -48,7 +48,8 @@ def cmd_humaneval(args) -> int:
     yes = {k: "yes" if v else "no" for k, v in iso.items()}
     err.print(f"sandbox: namespaces {yes['namespaces']}, memory cgroup {yes['memory_cgroup']}, pids cgroup "
               f"{yes['pids_cgroup']}, rlimits and a {args.timeout:g} s limit", soft_wrap=True)
-    backend = load_backend(opened, min(f.config.max_position, 4096), note=f": slow for {len(problems)} problem{'s' if len(problems) != 1 else ''}")
+    many = "s" if len(problems) != 1 else ""
+    backend = load_backend(opened, min(f.config.max_position, 4096), note=f": slow for {len(problems)} problem{many}")
     greedy = SamplingParams()
 
     def generate_ids(ids, budget, on_token) -> None:

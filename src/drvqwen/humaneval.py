@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .errors import DrvqwenError
+from .errors import DrvqwenError, json_text
 from .stop_strings import StopStrings
 
 RAW_STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
@@ -127,7 +127,7 @@ def _problem(src: Path, n: int, line: bytes) -> Problem:
         if field not in d:
             raise DrvqwenError(f"{where}: missing field '{field}'")
         if not isinstance(d[field], str):
-            raise DrvqwenError(f"{where}: field '{field}' must be a string, got {json.dumps(d[field])[:40]}")
+            raise DrvqwenError(f"{where}: field '{field}' must be a string, got {json_text(d[field], 40)}")
         if field in ("task_id", "prompt", "entry_point") and not d[field].strip():
             raise DrvqwenError(f"{where}: field '{field}' is empty")
     return Problem(d["task_id"], d["prompt"], d["entry_point"], d["test"], d.get("canonical_solution") or "")

@@ -32,12 +32,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .. import __version__
+from ..errors import json_text
 from .api_errors import APIError
 from .metrics import CONTENT_TYPE
 from .middleware import Gate, note_error, note_tokens
 from .responses import Shaper, sse
 from .settings import ServerSettings, served_hosts
-from .validate import RequestParser, json_text
+from .validate import RequestParser
 from .worker import EngineWorker, Job
 
 # Deeper JSON than this is no request of ours, and Python's parser would recurse on it.

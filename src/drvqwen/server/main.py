@@ -24,7 +24,7 @@ from ..format.nanoqwen import NanoqwenFile
 from ..gen_options import MODEL_HELP, add_draft_arguments
 from ..speculative import DEFAULT_DRAFT_MAX
 from .settings import (DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DEFAULT_QUEUE_SIZE, ServerSettings,
-                       check_bind, is_loopback)
+                       cannot_listen, check_bind, is_loopback)
 
 # Seconds uvicorn waits for open streams at shutdown before closing them.
 GRACEFUL_SHUTDOWN_S = 3
@@ -49,9 +49,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((host, port))
         sock.listen(128)
-    except (OSError, UnicodeError) as e:   # UnicodeError: a name idna cannot encode (an empty label)
-        raise DrvqwenError(f"--host {host} --port {port}: cannot listen there "
-                           f"({getattr(e, 'strerror', None) or e})") from None
+    except (OSError, UnicodeError) as e:   # UnicodeError: a name idna cannot encode (cannot_listen)
+        raise cannot_listen(f"--host {host} --port {port}", e) from None
     sock.setblocking(False)
     return sock
 

@@ -76,6 +76,13 @@ def is_loopback(host: str) -> bool:
     return name == "localhost" or (ip is not None and ip.is_loopback)
 
 
+def cannot_listen(where: str, e: Exception) -> DrvqwenError:
+    """The one line for an address that cannot be listened on: `where` (the options) and the
+    reason — an OSError's text, or the name encoder's (idna: an empty label, a label over 63
+    characters), which names would otherwise end in a traceback."""
+    return DrvqwenError(f"{where}: cannot listen there ({getattr(e, 'strerror', None) or e})")
+
+
 def check_bind(host: str, allowed_hosts: tuple[str, ...], api_key: str | None) -> None:
     """Refuse to listen beyond this machine with neither --allowed-hosts nor --api-key.
 
@@ -86,8 +93,8 @@ def check_bind(host: str, allowed_hosts: tuple[str, ...], api_key: str | None) -
     if _ip(host_name(host)) is None and host_name(host) != "localhost":
         try:
             socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as e:   # gaierror "Name or service not known"; idna: an empty label
-            raise DrvqwenError(f"--host {host}: cannot listen there ({getattr(e, 'strerror', None) or e})") from None
+        except (OSError, UnicodeError) as e:   # "Name or service not known"; idna's refusals
+            raise cannot_listen(f"--host {host}", e) from None
     if not is_loopback(host) and not allowed_hosts and api_key is None:
         raise DrvqwenError(f"--host {host}: a server other machines can reach needs --allowed-hosts (the "
                            f"names its clients use for it) or --api-key")

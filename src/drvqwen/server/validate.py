@@ -22,30 +22,19 @@ and equal to `drvqwen run --seed` with the same options.
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import json_text
 from ..sampler import SamplingParams
 from ..speculative import MAX_PROPOSAL
 from ..tokenizer import Tokenizer
 from .api_errors import bad_field
 from .prompts import chat_ids, fit_infill_ids, infill_ids
 from .settings import MAX_STOP_CHARS, MAX_STOPS
-
-
-def json_text(value, limit: int = 80) -> str:
-    """A request's value as the client wrote it (JSON, not a Python repr), cut to `limit`
-    characters, for an error message."""
-    text = json.dumps(value, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:   # a lone surrogate: shown escaped, or the response could not be sent
-        text = json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -40,7 +40,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true",
                    help="skip the one-time CRC32 check of the model's tensor data (as for run)")
     p.add_argument("--script", help="run the commands of FILE (one per line, # comments) first, echoed; "
-                                    "then stop unless stdin is a terminal; exit status 1 if one of them printed an error")
+                                    "then stop unless stdin is a terminal; exit status 1 if one of them "
+                                    "printed an error")
     p.set_defaults(fn=cmd_step)
     return p
 

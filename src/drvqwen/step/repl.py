@@ -4,8 +4,9 @@ Input comes from a terminal (readline: history kept in the cache's state folder,
 of command, launch and buffer names), from a pipe (`printf 'prompt def fib(n):\\nnext 3\\n' |
 drvqwen step`) or from `--script FILE`; outside a terminal each command is echoed after the
 prompt, so the output reads as a transcript. A bad command prints one line (`error: …`) and the
-loop goes on (a script or pipe then ends with exit status 1, so a scripted walk can fail a check); Ctrl-C stops the running command (the launches already run stay run) and returns to
-the prompt; `quit`, `exit` or Ctrl-D end it.
+loop goes on (a script or pipe then ends with exit status 1, so a scripted walk can fail a
+check); Ctrl-C stops the running command (the launches already run stay run) and returns to the
+prompt; `quit`, `exit` or Ctrl-D end it.
 """
 
 from __future__ import annotations
