@@ -98,6 +98,30 @@
 //     the item's code is not the difference; the warps per SM are. More bytes in flight per warp
 //     did not help (an L2 prefetch of the tiles ahead, a deeper register pipeline:
 //     kernels/gemv_int4.cu's header, docs/bench/2026-12-02_h200_gemv_int4_variants.json).
+//   - Since (e6b8a90; graph ITL, 64 tokens after a 512-token prompt, the per-launch step right
+//     before on the same machine; docs/bench/2026-12-05_e6b8a90_h200_syn7b_per_launch.json,
+//     docs/bench/2026-12-05_e6b8a90_h200_syn7b_persistent_1block.json,
+//     docs/bench/2026-12-05_e6b8a90_h200_syn7b_persistent_2blocks.json,
+//     docs/bench/2026-12-05_e6b8a90_h200_syn7b_persistent_2blocks_unroll2.json, the 0.5B's the same
+//     with syn05b): 7B 2.460 ms at one
+//     block per SM, 3.092 at two, 2.456 at two with the spill-free GEMV build (GEMV_UNROLL=2,
+//     GEMV_ZERO_BATCHES=1), against 2.131 per launch; 0.5B 0.677 / 0.762 / 0.672 against 0.639.
+//     The trace at one block (7B, layer 5, from the last wait over to the op's end): qkv_rope
+//     9.2 µs, attention 4.0, combine 2.9 (four items a head), o_proj 4.5, gate_up 30.1, down
+//     17.3. The per-launch gate_up forced to the same 132 blocks takes 25.1–25.4 µs with PDL
+//     (gemv_int4.cu's header, …_gemv_int4_vs_6d38835_{1,2}.json), so here an item of the same
+//     shape is ~5 µs slower.
+//   - Where those µs may go (Nsight Compute after a cache flush, 7B, one step;
+//     docs/bench/2026-12-05_e6b8a90_h200_persistent_l2_ncu.json): the step reads 4.10 GB from
+//     DRAM for 3.36 GB of weights (0.74 GB more; at two blocks per SM 4.66 GB, with 2.5 GB of
+//     spill stores into L2), and the SMs' loads miss L2 on 125.0 M sectors (4.00 GB) where the
+//     weight loads are 102.0 M — so ~23 M sectors of other loads (scales, x, the residual, the
+//     attention's K/V) miss L2, where each GEMV as a launch of its own reads from DRAM what it is
+//     counted for and no more (gemv_int4.cu's header). Which loads miss, and why (they are
+//     written or read moments before by other blocks of this kernel, and the weights stream past
+//     evict-first), is the next thing to measure: the GEMV probes (GEMV_PROBE_NO_LOADS=1,
+//     GEMV_PROBE_LOADS_ONLY=1, via --persistent-define) under the same counters split the
+//     weight stream from the rest.
 // What lost (docs/bench/2026-12-01_h200_persistent_dev_runs.json, and the two-blocks log of the
 // variants file): two blocks per SM (128 registers; the ops inlined into one switch spill, and compiled
 // apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to
@@ -106,20 +130,23 @@
 // twice the per-launch kernel's time at the same grid is not known. This file's two-blocks build
 // now spills inside the GEMV ops' main loops, 40–68 local loads and stores an iteration
 // (tools/sass_loops.py; 50–64 before GEMV_ZERO_BATCHES:
-// docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128_2blocks.json), a
-// cost to time, not the answer: the build above without spills in its loops was as slow. A
+// docs/bench/2026-12-05_{3be003f,43eb6ea}_cpu_sass_decode_persistent_hd128_2blocks.json). A
 // two-blocks build whose GEMV loops do not spill: GEMV_UNROLL=2 with GEMV_ZERO_BATCHES=1 (no
 // local operation in them at head dim 64, one at 128, where the attention's page loop keeps 41;
-// docs/bench/2026-12-05_6f3d3c1_cpu_sass_decode_persistent_hd{64,128}_2blocks_unroll2.json), to
-// time beside it (`drvqwen bench --decode persistent --persistent-blocks 2 --persistent-define
-// GEMV_UNROLL=2 --persistent-define GEMV_ZERO_BATCHES=1`). The
+// docs/bench/2026-12-05_6f3d3c1_cpu_sass_decode_persistent_hd{64,128}_2blocks_unroll2.json;
+// `drvqwen bench --decode persistent --persistent-blocks 2 --persistent-define GEMV_UNROLL=2
+// --persistent-define GEMV_ZERO_BATCHES=1`), timed beside it: 2.456 ms against 3.092 at 7B, 0.672
+// against 0.762 at 0.5B (above), and Nsight Compute counts the spilling build's local stores at
+// 2.5 GB a step into L2 (…_persistent_l2_ncu.json) — here the spills were the loss. Spill-free,
+// two blocks per SM only match one block (2.460 / 0.677). The
 // one-block build at head dim 128 had 12–16 until GEMV_ZERO_BATCHES (below): its batches' scales
 // spilled, each store right after its load, so the warp waited for the load there — the stall
 // gemv_int4.cu's batches exist to avoid. Why a GEMV op needs more registers here than as a
 // launch of its own is not settled either: compiled into this kernel alone (the switch cut to one
 // kind) it still spills at two blocks per SM, while a kernel that runs the same item from a
 // pointer to its arguments, with a runtime BlockCoord, in a loop over items, fits 128 registers
-// (ptxas). Not yet measured on the GPU with either change. A gpu-scope fence on either
+// (ptxas). With GEMV_ZERO_BATCHES (the one-block default at head dim 128) and the two-blocks
+// spill-free build measured: above. A gpu-scope fence on either
 // side of the counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why
 // they are not needed); polling without nanosleep: no change.
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
@@ -132,7 +159,7 @@
 // items at a median of 5.49 µs, of the 28.0 µs between two layers' qkv_rope waits, in the trace
 // of docs/bench/2026-12-02_d602176_h200_syn05b_persistent.json: op 3, while the other 118 blocks
 // waited): now four items a head, the launch's 256-thread blocks (attention_combine_dims), each
-// a quarter of the loads a thread. Not yet measured.
+// a quarter of the loads a thread: 2.9 µs an op at 7B (the trace above).
 //
 // Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
 // kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads (the combine's = 256). The final

@@ -171,10 +171,20 @@
 // model's formats (Q4_K with Q6_K, or the real 0.5B's Q5_0, Q8_0, Q4_K and Q6_K) they fit 128
 // without spilling, and the launcher asks for 2 (launchers/gemv_fmt.py: format_defines keeps
 // 2 for each kernel only where ptxas reports no spills in it).
-// GF_MIN_BLOCKS (default 2) is the plain GEMVs' and the lm_head's, to measure: at 1, with fewer
+// GF_MIN_BLOCKS (default 2) is the plain GEMVs' and the lm_head's: at 1, with fewer
 // warps a block (tools/bench_gemv.py --formats … --warps 4), deeper batches (GF_UNROLL 4) get
 // the registers they need — q4_k's gate/up 167, 3 blocks of 4 warps an SM — where 2 blocks of
-// 8 warps leave 128 and spill them.
+// 8 warps leave 128 and spill them. Measured (7B shapes, one run, µs, the default GF_UNROLL 2 at
+// 2 blocks of 8 warps first; docs/bench/2026-12-05_e6b8a90_h200_gemv_fmt_occupancy.json):
+//   | format, GEMV     | default | 4 warps | GF_UNROLL 4, 1 block | the same, 4 warps |
+//   | q4_k gate_up     |  31.24  |  31.42  |  35.75               |  31.14            |
+//   | q4_k down_proj   |  19.89  |  22.78  |  23.12               |  23.18            |
+//   | q4_k o_proj      |   6.92  |   7.08  |   7.35               |   7.25            |
+//   | q6_k gate_up     |  43.98  |  45.77  |  42.18               |  39.46            |
+//   | q6_k down_proj   |  22.49  |  23.96  |  23.69               |  24.35            |
+//   | q6_k o_proj      |   7.55  |   7.43  |   7.88               |   7.71            |
+// Only Q6_K's gate/up gains (10 %, bound by its load stream, as above); Q4_K's is even and every
+// plain GEMV loses. The default stays; a Q6_K gate/up build of its own is the one to wire in.
 #ifndef GF_MIN_BLOCKS
 #define GF_MIN_BLOCKS 2
 #endif
@@ -226,7 +236,10 @@
 // warps give half of them one item a tile more). A compile-time knob for tools/bench_gemv.py
 // --fmt-defines; the sums are added in another grouping, so the bits differ from 0's. ptxas, built
 // for the 7B's Q4_K_M formats and the real 0.5B's: the plain GEMVs, lm_head and qkv_rope fit 128
-// registers with it, gate_up spills 16–32 bytes at two blocks per SM.
+// registers with it, gate_up spills 16–32 bytes at two blocks per SM. Measured slower than the
+// default split at the 7B shapes (µs, the default's figures from the table above, another run
+// on the same machine; docs/bench/2026-12-05_e6b8a90_h200_gemv_fmt_flat_split.json): q4_k gate_up
+// 34.88, down 20.55, o_proj 7.18; q6_k gate_up 47.20, down 24.38, o_proj 8.10. Kept off.
 #ifndef GF_FLAT_SPLIT
 #define GF_FLAT_SPLIT 0
 #endif

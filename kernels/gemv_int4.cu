@@ -182,6 +182,21 @@
 // at 237, down 14.89 (224) / 23.48 / 18.16 against 14.88
 // (docs/bench/2026-12-04_480162c_h200_gemv_int4_blocks.json): a block's time follows its tile
 // count (200 blocks for down's 224 tiles: 24 blocks with two), not its SM's.
+// The scales kept as FP16 bits until their batch is multiplied (GemvBatch), against their
+// conversion at the load (the engine at commit 6d38835), each GEMV alone (tools/bench_gemv.py
+// --pdl, the two trees in turns, two rounds, µs; docs/bench/2026-12-05_e6b8a90_h200_gemv_int4_vs_6d38835_{1,2}.json
+// and …_6d38835_h200_gemv_int4_vs_e6b8a90_{1,2}.json):
+//   qkv_rope 8.38 / 8.34 against 8.51 / 8.58, o_proj 4.52 / 4.54 against 4.59 / 4.57,
+//   gate_up 22.92 / 22.89 against 22.42 / 22.41, down 14.14 / 14.12 against 14.97 / 14.90.
+// down gains 5 %, gate_up loses 2 %; the step does not move outside its runs' spread (graph ITL,
+// tools/bench_commits.py, in turns: 7B 2.132 / 2.165 ms against 2.128 / 2.118, 0.5B 0.629 /
+// 0.623 / 0.621 against 0.617 / 0.619 / 0.623; …_syn{7b,05b}_vs_*.json). Kept for the persistent
+// step (decode_persistent.cu), where an item's first batch waits longest: 2.455 ms against 2.537
+// at 7B, 0.672 against 0.680 at 0.5B (one run each, in turns; …_syn{7b,05b}_persistent_vs_*_1.json).
+// Each of these kernels reads from DRAM the bytes it is counted for (Nsight Compute after a cache
+// flush, 7B: qkv_rope 8.59 MB for 8.52, o_proj 6.67 for 6.62, gate_up 70.39 for 70.02, down 35.26
+// for 35.01, and gate_up / down forced to 132 blocks 70.10 / 35.09;
+// docs/bench/2026-12-05_e6b8a90_h200_gemv_int4_dram_ncu.json): no weight byte is fetched twice.
 //
 // T tokens at once
 // ----------------
@@ -275,6 +290,10 @@
 // grouping than with 0, so the bits differ (within the tests' bounds), not between launches.
 // A block of one tile (the 7B's o_proj and down_proj) splits its groups as 0 does: same ranges,
 // same bits; the split matters where blocks own several tiles (gate_up 5, qkv_rope 2 at 7B).
+// Measured slower at every 7B GEMV (tools/dev_kernels.py gemv_int4 --versions v3, µs: 8.67 /
+// 4.83 / 23.33 / 15.03 against 8.34 / 4.50 / 22.61 / 14.15, qkv_rope / o_proj / gate_up / down;
+// docs/bench/2026-12-05_e6b8a90_h200_dev_gemv_int4_v3.json): the balance did not pay for its
+// counter and extra partial stores. Kept off.
 #ifndef GEMV_FLAT_SPLIT
 #define GEMV_FLAT_SPLIT 0
 #endif

@@ -58,6 +58,22 @@
 // Not to be confused with what lost inside the GEMV (gemv_int4.cu's header: an L2 bulk prefetch
 // of the tiles 2 ahead, slower at every 7B GEMV): that asked for bytes the same kernel was about
 // to stream at full speed anyway; this asks during launches that leave HBM idle.
+//
+// Measured (H200, synthetic models, graph ITL at 512 tokens, 64 tokens a row; the step with both
+// prefetches, then without the per-layer one, without the q/k/v one, and with both again, in
+// turns: tools/bench_decode_ablation.py --l2-prefetch-mb MB --l2-prefetch-qkv --leave-out
+// l2_prefetch l2_prefetch_qkv; docs/bench/2026-12-05_e6b8a90_h200_l2_prefetch_ablation_{7b_8mb,
+// 7b_24mb,7b_48mb,05b_4mb}.json), ms:
+//   | model, budget a layer | both   | without the layer's | without the q/k/v | both again |
+//   | 7B, 8 MB              | 2.2207 | 2.1774              | 2.1604            | 2.1799     |
+//   | 7B, 24 MB             | 2.1700 | 2.1634              | 2.1169            | 2.1817     |
+//   | 7B, 48 MB             | 2.1288 | 2.1532              | 2.1034            | 2.1315     |
+//   | 0.5B, 4 MB            | 0.6778 | 0.6568              | 0.6512            | 0.6775     |
+// Leaving the q/k/v prefetch out is 1–3 % faster at every budget; leaving the layer's out, faster
+// at 8 MB, even at 24, 1 % slower at 48; the 0.5B is 3 % faster without either. What the
+// prefetches give does not pay for their launches. The step plans none by
+// default (plan_decode's l2_prefetch_bytes = 0); the option stays for measurements, and for the
+// persistent step, where an op costs no launch (decode_persistent.cu).
 #include "types.cuh"
 #include "griddep.cuh"  // grid_dependency_wait, grid_launch_dependents
 #include "tma.cuh"      // bulk_prefetch_l2

@@ -21,6 +21,14 @@
 // it does not reach; ptxas: 122–128 registers, no spills, main loops 0–9 % longer than production's
 // instruction count (the range counter and its end test; tools/sass_loops.py). The sums are added in another grouping than
 // production's, so the bits differ within the tests' bounds.
+// Measured (tools/dev_kernels.py gemv_int4 --versions v3, H200, 7B shapes, µs; production in the
+// same run; docs/bench/2026-12-05_e6b8a90_h200_dev_gemv_int4_v3.json):
+//   | version    | qkv_rope | o_proj | gate_up | down  |
+//   | production |   8.34   |  4.50  |  22.61  | 14.15 |
+//   | this one   |   8.67   |  4.83  |  23.33  | 15.03 |
+// Slower everywhere, o_proj and down too, where the ranges are production's: the cost is the
+// range counter and the loop's longer body, and the balance at gate_up and qkv_rope does not
+// win it back.
 // Only the single-token kernels: the T-token ones spill at this setting (ptxas: 8–28 bytes). They
 // repeat production's three wrappers under their own names on purpose (the runner's versions are
 // kernels of their own names, compiled from this file); the engine is production's.
