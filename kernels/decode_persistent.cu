@@ -116,8 +116,9 @@
 //     DRAM for 3.36 GB of weights (0.74 GB more; at two blocks per SM 4.66 GB, with 2.5 GB of
 //     spill stores into L2), and the SMs' loads miss L2 on 125.0 M sectors (4.00 GB) where the
 //     weight loads are 102.0 M — so ~23 M sectors of other loads (scales, x, the residual, the
-//     attention's K/V) miss L2, where each GEMV as a launch of its own reads from DRAM what it is
-//     counted for and no more (gemv_int4.cu's header). Which loads miss, and why (they are
+//     attention's K/V) miss L2, where each GEMV launch, profiled alone after a cache flush, reads
+//     from DRAM what it is counted for (gemv_int4.cu's header; the per-launch step as a whole,
+//     without flushes between its launches, is not yet counted). Which loads miss, and why (they are
 //     written or read moments before by other blocks of this kernel, and the weights stream past
 //     evict-first), is the next thing to measure: the GEMV probes (GEMV_PROBE_NO_LOADS=1,
 //     GEMV_PROBE_LOADS_ONLY=1, via --persistent-define) under the same counters split the

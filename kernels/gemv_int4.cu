@@ -193,8 +193,8 @@
 // 0.623 / 0.621 against 0.617 / 0.619 / 0.623; …_syn{7b,05b}_vs_*.json). Kept for the persistent
 // step (decode_persistent.cu), where an item's first batch waits longest: 2.455 ms against 2.537
 // at 7B, 0.672 against 0.680 at 0.5B (one run each, in turns; …_syn{7b,05b}_persistent_vs_*_1.json).
-// Each of these kernels reads from DRAM the bytes it is counted for (Nsight Compute after a cache
-// flush, 7B: qkv_rope 8.59 MB for 8.52, o_proj 6.67 for 6.62, gate_up 70.39 for 70.02, down 35.26
+// Each of these kernels, profiled alone, reads from DRAM the bytes it is counted for (Nsight
+// Compute after a cache flush, 7B: qkv_rope 8.59 MB for 8.52, o_proj 6.67 for 6.62, gate_up 70.39 for 70.02, down 35.26
 // for 35.01, and gate_up / down forced to 132 blocks 70.10 / 35.09;
 // docs/bench/2026-12-05_e6b8a90_h200_gemv_int4_dram_ncu.json): no weight byte is fetched twice.
 //
