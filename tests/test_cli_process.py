@@ -115,6 +115,20 @@ def test_closed_stdout_ends_quietly(tiny):
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
 
 
+@pytest.mark.parametrize("command", [["info", "TINY"], ["info", "TINY", "--tensors"]])
+def test_closed_stdout_of_a_table_ends_quietly(tiny, command):
+    """rich prints tables (info, list, step): a reader that is gone before they are written gives
+    141 and nothing on stderr, not rich's own exit status 1 (`drvqwen info M | true`)."""
+    argv = [sys.executable, "-m", "drvqwen", *[str(tiny) if a == "TINY" else a for a in command]]
+    r, w = os.pipe()
+    os.close(r)                            # the reader left before the first byte
+    p = subprocess.run(argv, stdout=w, stderr=subprocess.PIPE, env=_env(), timeout=120)
+    os.close(w)
+    err = p.stderr.decode("utf-8", "replace")
+    assert p.returncode == 141, (p.returncode, err)
+    assert err == "", err
+
+
 def test_closed_stdout_closes_the_backend(tiny, monkeypatch):
     import drvqwen.generate as g
     from drvqwen.cli import main

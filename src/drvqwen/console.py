@@ -24,14 +24,24 @@ from rich.text import Text
 NO_WRAP_WIDTH = 1 << 16
 
 
+class _Console(Console):
+    """rich's Console, but a closed stdout (`drvqwen info M | head -1`) raises BrokenPipeError:
+    rich's own handling ends the process with SystemExit(1), past the CLI's handler, which
+    ends quietly with status 141 as for every other write to a closed pipe (cli.main)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def make_console(stderr: bool = False) -> Console:
     """A Console on stdout (or stderr): terminal width on a terminal, no wrapping elsewhere;
-    strings are printed as they are (no markup, no emoji codes)."""
+    strings are printed as they are (no markup, no emoji codes). A closed pipe raises
+    BrokenPipeError."""
     plain = dict(stderr=stderr, highlight=False, markup=False, emoji=False)
-    c = Console(**plain)
+    c = _Console(**plain)
     if c.is_terminal:
         return c
-    return Console(**plain, width=NO_WRAP_WIDTH, soft_wrap=True)
+    return _Console(**plain, width=NO_WRAP_WIDTH, soft_wrap=True)
 
 
 def progress_bar(*, in_bytes: bool = False, transient: bool = False, console: Console | None = None) -> Progress:
