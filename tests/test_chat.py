@@ -114,6 +114,16 @@ def test_scripted_chat_through_stdin(tiny, tmp_path):
     assert msgs[1]["content"] == "first" and msgs[3]["content"] == "second \nline"
 
 
+def test_piped_message_not_utf8_is_skipped_in_one_line(tiny, tmp_path):
+    """A piped line whose bytes are not UTF-8 is one line naming the byte, and the chat goes on
+    (it was a traceback from the tokenizer: TypeError, TextInputSequence must be str)."""
+    r = subprocess.run([sys.executable, "-m", "drvqwen.cli", "chat", "-m", str(tiny), "--device", "cpu", "-n", "2"],
+                       input=b"caf\xe9\nhi\n", capture_output=True, env=_env(tmp_path), timeout=120)
+    err = r.stderr.decode("utf-8", "replace")
+    assert r.returncode == 0 and "Traceback" not in err, err
+    assert "not valid UTF-8 (byte 0xe9" in err and err.count("generated") == 1, err
+
+
 @pytest.mark.parametrize("args, said", [
     (["--max-context", "10"], "--max-context=10: the system prompt and the shortest message take"),
     (["--max-context", "-5"], "--max-context=-5: must be 0 or in [1, "),

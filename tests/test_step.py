@@ -232,7 +232,8 @@ def test_errors_are_one_line_and_the_repl_goes_on(tiny):
     s, repl, buf = _session(tiny)
     bad = ["bogus", "next", "prompt", "prompt hi", "show nothing", "show q 1:2:3:4", "show q 99999",
            "until nowhere", "next 0", "next x", "tmap zz", "src nope", "help zz", "until embedding",
-           "gen -1", "show k_cache[99]", "show L99.q_proj", "list zzz"]
+           "gen -1", "show k_cache[99]", "show L99.q_proj", "list zzz",
+           "show q 0:8:0", "prompt caf\udce9", "chat \udcff"]   # a step of 0; bytes not UTF-8 (surrogateescape)
     for line in bad:
         start = len(buf.getvalue())
         assert repl.execute(line)
@@ -243,6 +244,8 @@ def test_errors_are_one_line_and_the_repl_goes_on(tiny):
         errors = [ln for ln in said.splitlines() if ln.startswith("error: ")]
         assert len(errors) == 1, (line, said)
         assert len(said.strip().splitlines()) == 1, (line, said)
+        assert " failed: " not in said, (line, said)   # a message of drvqwen's, not a Python exception's
+    assert "byte 0xe9" in buf.getvalue() and "a step of 0" in buf.getvalue()
     assert repl.execute("next 2") and "[  1/" in buf.getvalue()     # the prompt of "prompt hi" goes on
     assert not repl.execute("quit")
 

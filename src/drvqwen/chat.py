@@ -36,7 +36,7 @@ from .errors import DrvqwenError
 from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
 from .speculative import Proposer
-from .text_input import without_bom
+from .text_input import check_utf8, without_bom
 from .stream_decoder import StreamDecoder
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, Tokenizer
 
@@ -280,8 +280,16 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
     message is the first of a piped stream (text_input.without_bom)."""
     try:
         msg = read_message(interactive, stdin)
+        if msg is not None:
+            msg = check_utf8(msg, "the message")   # bytes a surrogateescape stdin let through
     except EOFError:
         msg = None
+    except UnicodeDecodeError as e:   # a strict stdin: the line is lost, the chat goes on
+        say(f"stdin: not valid UTF-8 (byte 0x{e.object[e.start]:02x}); the line is skipped", "red")
+        return True
+    except DrvqwenError as e:
+        say(f"{e}; the message is skipped", "red")
+        return True
     if msg is None:
         return False
     if at_start[0]:

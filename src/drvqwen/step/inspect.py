@@ -60,7 +60,10 @@ def parse_slice(text: str) -> tuple:
                 bits = piece.split(":")
                 if len(bits) > 3:
                     raise ValueError
-                parts.append(slice(*(int(b) if b.strip() else None for b in bits)))
+                sl = slice(*(int(b) if b.strip() else None for b in bits))
+                if sl.step == 0:  # numpy would raise ValueError later, at the indexing
+                    raise DrvqwenError(f"bad slice {text!r}: a step of 0 (0:8:2 takes every other one)")
+                parts.append(sl)
             else:
                 parts.append(int(piece))
         except ValueError:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import DrvqwenError
+from ..text_input import check_utf8
 from .session import Session
 
 PROMPT = "step> "
@@ -90,6 +91,7 @@ class Repl:
         if name == "quit":
             return False
         try:
+            check_utf8(line, "the command line")   # bytes a surrogateescape stdin let through
             if name == "help":
                 self.help(arg)
             elif name in COMMANDS:
