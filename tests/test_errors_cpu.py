@@ -348,6 +348,9 @@ CLI_RUN_ERRORS = [
     (["--prompt-file", "/nonexistent/prompt.txt"], "/nonexistent/prompt.txt: cannot read prompt"),
     (["--prompt", "hi", "--min-p", "2"], "min_p=2.0: must be in [0, 1]"),
     (["--prompt", "hi", "--repeat-penalty", "0"], "repeat_penalty=0.0: must be a finite number > 0"),
+    # float32 (both backends' type for it) would hold these as inf and 0
+    (["--prompt", "hi", "--repeat-penalty", "1e308"], "repeat_penalty=1e+308: must be a finite number > 0 that float32"),
+    (["--prompt", "hi", "--repeat-penalty", "1e-308"], "repeat_penalty=1e-308: must be a finite number > 0 that float32"),
     (["--prompt", "hi", "--stop", ""], "stop string '': must be a non-empty string"),
     # Conflicting options are refused, never silently resolved.
     (["--prompt", "hi", "--fim-prefix", "a"], "--prompt and --fim-prefix/--fim-suffix: give one prompt source"),

@@ -128,8 +128,12 @@ class SamplingParams:
             raise ValueError(f"top_p={self.top_p}: must be in [0, 1]")
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"min_p={self.min_p}: must be in [0, 1]")
-        if not (0.0 < self.repeat_penalty < float("inf")):
-            raise ValueError(f"repeat_penalty={self.repeat_penalty}: must be a finite number > 0")
+        # Both backends divide or multiply logits by it in float32: a value float32 cannot hold
+        # as a normal number would become inf or 0 there (an overflow, a division by zero).
+        f32 = np.finfo(np.float32)
+        if not (float(f32.tiny) <= self.repeat_penalty <= float(f32.max)):
+            raise ValueError(f"repeat_penalty={self.repeat_penalty}: must be a finite number > 0 that float32 "
+                             f"holds ({float(f32.tiny):.3g} to {float(f32.max):.3g})")
         # float32 here: both backends use these bits (the GPU's parameters are float32).
         object.__setattr__(self, "min_p", float(np.float32(self.min_p)))
         object.__setattr__(self, "repeat_penalty", float(np.float32(self.repeat_penalty)))
