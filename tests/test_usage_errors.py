@@ -65,8 +65,10 @@ def test_usage_error_in_a_real_process(module):
     (["eval", "agree", "--reference", " "], "--reference is empty: give a GGUF, an HF checkpoint folder or a .nanoqwen"),
     (["run", "--seed", str(2**64), "-p", "hi"],
      f"--seed={2**64}: must be in [-2^63, 2^64 - 1] (taken modulo 2^64; omit it for a fresh random seed)"),
+    (["eval", "agree", "--reference", "r.gguf", "--problems", "absent.jsonl"],
+     "--problems is for --prompts humaneval (the builtin prompts read no file)"),
 ], ids=["empty model", "blank info", "empty rm", "negative timeout", "zero timeout", "nan timeout", "step context",
-        "empty draft", "empty convert source", "blank reference", "seed out of range"])
+        "empty draft", "empty convert source", "blank reference", "seed out of range", "problems without humaneval"])
 def test_empty_names_and_bad_timeouts_are_refused_before_any_work(capsys, private_cache, argv, message):
     """An empty --model, info FILE or rm NAME (an unset shell variable) is refused: Path("") is the
     current folder and "" a prefix of every cache name, so rm "" removed the only model. A

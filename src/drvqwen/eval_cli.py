@@ -103,6 +103,8 @@ def cmd_agree(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise DrvqwenError(f"--limit={args.limit}: must be >= 1")
+    if args.problems is not None and args.prompts != "humaneval":  # would be read by nothing
+        raise DrvqwenError("--problems is for --prompts humaneval (the builtin prompts read no file)")
     if not args.reference.strip():  # Path("") is the current folder
         raise DrvqwenError("--reference is empty: give a GGUF, an HF checkpoint folder or a .nanoqwen")
     if args.json:
