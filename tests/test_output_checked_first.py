@@ -57,6 +57,30 @@ def test_a_folder_given_as_the_output_is_refused_first(tmp_path, capsys, no_work
     assert _one_error_line(capsys) == f"error: {tmp_path}: is a directory; give the output file name"
 
 
+@pytest.mark.parametrize("argv, role", [
+    (["run", "--device", "cpu", "--model", "{inp}", "-p", "hi", "--json-stats", "{inp}"], "the model"),
+    (["run", "--device", "cpu", "-f", "{inp}", "--json-stats", "{inp}"], "the prompt file"),
+    (["convert", "{inp}", "-o", "{ok}", "--report-json", "{inp}"], "the source"),
+    (["convert", "SOURCE", "-o", "{ok}", "--report-json", "{ok}"], None),
+    (["eval", "humaneval", "--problems", "{inp}", "--json", "{inp}"], "the problems file"),
+    (["eval", "agree", "--reference", "{inp}", "--json", "{inp}"], "the reference"),
+], ids=["run-model", "run-prompt-file", "convert-source", "convert-output", "humaneval-problems", "agree-reference"])
+def test_an_output_that_is_an_input_is_refused_first(tmp_path, capsys, no_work, argv, role):
+    """`--json-stats model.nanoqwen` replaced the model with 676 bytes of JSON after the run."""
+    from drvqwen.cli import main
+
+    inp = tmp_path / "input.bin"
+    inp.write_bytes(b"the input")
+    argv = [a.format(inp=inp, ok=tmp_path / "ok.nanoqwen") for a in argv]
+    assert main(argv) == 2
+    line = _one_error_line(capsys)
+    if role is None:
+        assert "is the converted model's file too" in line, line
+    else:
+        assert line.startswith(f"error: {inp}: is {role}, which this command reads"), line
+    assert inp.read_bytes() == b"the input"
+
+
 def test_json_files_take_the_users_permissions(tmp_path):
     """--json-stats and chat's /save write as `eval --json` does: 0666 less the umask, not the
     0600 of a private temporary file; a folder that is not there is one line naming the file."""

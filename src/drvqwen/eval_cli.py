@@ -38,7 +38,7 @@ def cmd_humaneval(args) -> int:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise DrvqwenError(f"--timeout={args.timeout:g}: must be a finite number of seconds > 0")
     if args.json:
-        check_output(args.json, "the results")
+        check_output(args.json, "the results", inputs={"the model": args.model, "the problems file": args.problems})
     problems = he.load_problems(args.problems)[: args.limit]
     opened = open_model(args.model, args.device)
     f = opened.file
@@ -108,7 +108,8 @@ def cmd_agree(args) -> int:
     if not args.reference.strip():  # Path("") is the current folder
         raise DrvqwenError("--reference is empty: give a GGUF, an HF checkpoint folder or a .nanoqwen")
     if args.json:
-        check_output(args.json, "the figures")
+        check_output(args.json, "the figures", inputs={"the model": args.model, "the reference": args.reference,
+                                                      "the problems file": args.problems})
     # The reference first: a bad one is named before the model is read and verified.
     if args.reference.endswith(".nanoqwen"):   # its dequantized weights: a GGUF's, bit for bit, in its formats
         ref_file = NanoqwenFile(args.reference)

@@ -24,19 +24,21 @@ from .errors import DrvqwenError
 def cmd_convert(args) -> int:
     """`drvqwen convert`: write args.output from args.source; 0."""
     from .loading import convert_with_progress
-    from .paths import check_output
+    from .paths import atomic_write_bytes, check_output
 
     if not args.source.strip():  # Path("") is the current folder
         raise DrvqwenError("convert: SOURCE is empty: give a GGUF file or an HF checkpoint folder")
     out = check_output(args.output, "the converted model")
     _refuse_overwriting_the_source(Path(args.source), out)
     if args.report_json:
-        check_output(args.report_json, "the report")
+        rep = check_output(args.report_json, "the report", inputs={"the source": args.source})
+        if rep.resolve() == out.resolve():
+            raise DrvqwenError(f"{args.report_json}: is the converted model's file too; give another file for the report")
     report = convert_with_progress(Path(args.source), out, weights=args.weights, per_tensor=args.per_tensor)
     make_console(stderr=True).print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)", soft_wrap=True)
     if args.report_json:
-        Path(args.report_json).write_text(json.dumps(
-            [e.__dict__ | {"shape": list(e.shape)} for e in report.errors], indent=1))
+        atomic_write_bytes(Path(args.report_json), json.dumps(   # whole or not at all
+            [e.__dict__ | {"shape": list(e.shape)} for e in report.errors], indent=1).encode())
     return 0
 
 

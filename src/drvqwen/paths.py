@@ -151,9 +151,12 @@ def ensure_writable(d: Path, what: str) -> None:
         raise io_error(d, e, f"write {what} there") from None
 
 
-def check_output(path: str | os.PathLike, what: str) -> Path:
+def check_output(path: str | os.PathLike, what: str,
+                 inputs: dict[str, str | os.PathLike | None] | None = None) -> Path:
     """Check an output file named on the command line before any work is done for it: it is
-    no folder, and its folder exists and takes files (`ensure_writable`). Returns it as a Path.
+    no folder, no file the command reads (`inputs`: what each is, e.g. {"the model": path};
+    None entries and names that are no file are skipped), and its folder exists and takes files
+    (`ensure_writable`). Returns it as a Path.
 
     Raises:
         DrvqwenError: names the path and what is wrong.
@@ -161,6 +164,14 @@ def check_output(path: str | os.PathLike, what: str) -> Path:
     p = Path(path)
     if p.is_dir():
         raise DrvqwenError(f"{p}: is a directory; give the output file name")
+    if p.is_file():
+        for role, src in (inputs or {}).items():
+            try:
+                same = src is not None and os.path.samefile(p, src)
+            except (OSError, ValueError):   # no such file (a cache name, a repo id), an odd name
+                same = False
+            if same:
+                raise DrvqwenError(f"{p}: is {role}, which this command reads; give another file for {what}")
     ensure_writable(p.parent, what)
     return p
 

@@ -82,7 +82,9 @@ def _run(args, stats) -> int:
     params = go.sampling_params(args, say=_say_dim)
     stats.seed = None if params.greedy else params.seed
     if args.json_stats:
-        check_output(args.json_stats, "the stats")
+        check_output(args.json_stats, "the stats",
+                     inputs={"the model": args.model, "the draft model": getattr(args, "draft", None),
+                             "the prompt file": None if args.prompt_file in (None, "-") else args.prompt_file})
     # Every piece of user text passes the same UTF-8 check, whichever way it came in.
     for opt in ("prompt", "system", "fim_prefix", "fim_suffix"):
         v = getattr(args, opt)
