@@ -328,3 +328,26 @@ def test_prefill_breakdown_groups_the_layers_and_prints_its_own_table():
     print_kernels({"prefill_kernels": k}, console, key="prefill_kernels", what="3-token prefill")
     text = " ".join(console.export_text().split())  # the title wraps over the table's width
     assert "3-token prefill by kernel role (4 launches)" in text and "attention" in text and "17.0" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-tokens", "0"], "--prompt-tokens 0: need >= 1"),
+    (["--new-tokens", "1"], "--new-tokens 1: need >= 2 (ITL is the time between two tokens)"),
+    (["--max-context", "-1"], "--max-context -1: need >= 0 (0: the model's)"),
+    (["--seed", "-1"], "--seed -1: need >= 0 (the random prompt's seed)"),
+    (["--prefill-reps", "0"], "--prefill-reps 0: need >= 1"),
+    (["--prefill-chunk-rows", "-64"], "--prefill-chunk-rows -64: need >= 1"),
+    (["--short-attention-below", "-1"], "--short-attention-below -1: need >= 0 (0: off)"),
+    (["--trace"], "--trace traces the persistent kernel's ops: give --decode persistent too"),
+    (["--json", "{tmp}"], "{tmp}: is a directory; give the output file name"),
+], ids=["prompt-tokens", "new-tokens", "max-context", "seed", "prefill-reps", "chunk-rows", "short-attention",
+        "trace", "json-folder"])
+def test_bench_values_refused_before_the_gpu_check(tmp_path, capsys, argv, message):
+    """A value that is wrong whatever the GPU is named first: on a machine without a GPU it was
+    'needs a Hopper GPU' for each of these, and on one with a GPU a synthetic 7B written first."""
+    from drvqwen.cli import main
+
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: " + message.format(tmp=tmp_path), err

@@ -345,22 +345,14 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
     from .format.nanoqwen import NanoqwenFile
     from .graphs import GraphDecoder
 
-    if prefill_chunk_rows is not None and prefill_chunk_rows < 1:  # before the minutes of loading
-        raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
+    check_bench_values(prompt_tokens=prompt_tokens, new_tokens=new_tokens, max_context=max_context or 0,
+                       seed=seed, prefill_reps=prefill_reps, prefill_chunk_rows=prefill_chunk_rows,
+                       short_attention_below=short_attention_below)   # before the minutes of loading
     l2_prefetch_bytes = l2_prefetch_budget_bytes(l2_prefetch_mb)
     check_prefill_attention_defines(prefill_attention_defines)
-    if short_attention_below < 0:
-        raise DrvqwenError(f"--short-attention-below {short_attention_below}: need >= 0 (0: off)")
-    if 0 < short_attention_below <= prompt_tokens:
-        raise DrvqwenError(f"--short-attention-below {short_attention_below}: the timed steps start at position "
-                           f"{prompt_tokens} (the prompt's length), past it; give more than --prompt-tokens")
     reason = gpu_unavailable_reason()
     if reason is not None:
         raise DrvqwenError(f"drvqwen bench needs a Hopper GPU: {reason}")
-    if prompt_tokens < 1 or new_tokens < 2:
-        raise DrvqwenError(f"--prompt-tokens {prompt_tokens} / --new-tokens {new_tokens}: need >= 1 and >= 2")
-    if prefill_reps < 1:
-        raise DrvqwenError(f"--prefill-reps {prefill_reps}: need >= 1")
     f = NanoqwenFile(model_path)
     cfg = f.config
     ctx = max_context or cfg.max_position
@@ -632,6 +624,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="also write the result as JSON to this file")
 
 
+def check_bench_values(*, prompt_tokens: int, new_tokens: int, max_context: int, seed: int, prefill_reps: int,
+                       prefill_chunk_rows: int | None, short_attention_below: int) -> None:
+    """The bench's numbers that are wrong whatever the GPU and the model: checked before either
+    is looked at, so a mistyped value is named first.
+
+    Raises:
+        DrvqwenError: names the option, its value and what it must be.
+    """
+    if prompt_tokens < 1:
+        raise DrvqwenError(f"--prompt-tokens {prompt_tokens}: need >= 1")
+    if new_tokens < 2:
+        raise DrvqwenError(f"--new-tokens {new_tokens}: need >= 2 (ITL is the time between two tokens)")
+    if max_context < 0:
+        raise DrvqwenError(f"--max-context {max_context}: need >= 0 (0: the model's)")
+    if seed < 0:
+        raise DrvqwenError(f"--seed {seed}: need >= 0 (the random prompt's seed)")
+    if prefill_reps < 1:
+        raise DrvqwenError(f"--prefill-reps {prefill_reps}: need >= 1")
+    if prefill_chunk_rows is not None and prefill_chunk_rows < 1:
+        raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
+    if short_attention_below < 0:
+        raise DrvqwenError(f"--short-attention-below {short_attention_below}: need >= 0 (0: off)")
+    if 0 < short_attention_below <= prompt_tokens:
+        raise DrvqwenError(f"--short-attention-below {short_attention_below}: the timed steps start at position "
+                           f"{prompt_tokens} (the prompt's length), past it; give more than --prompt-tokens")
+
+
 def l2_prefetch_budget_bytes(mb: float, option: str = "--l2-prefetch-mb") -> int:
     """An L2 prefetch budget of `mb` MB (10^6 bytes) a layer in bytes; 0: off.
 
@@ -685,6 +704,15 @@ def cmd_bench(args) -> int:
     from .cuda import gpu_unavailable_reason
 
     speculative = check_speculative_options(args)
+    check_bench_values(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, max_context=args.max_context,
+                       seed=args.seed, prefill_reps=args.prefill_reps, prefill_chunk_rows=args.prefill_chunk_rows,
+                       short_attention_below=args.short_attention_below)
+    if args.trace and args.decode != "persistent":
+        raise DrvqwenError("--trace traces the persistent kernel's ops: give --decode persistent too")
+    if args.json:
+        from .paths import check_output
+
+        check_output(args.json, "the results", inputs={"the model": args.model})
     prefill_attention_defines = parse_defines(args.prefill_attention_define, "--prefill-attention-define")
     check_prefill_attention_defines(prefill_attention_defines)
     persistent_defines = parse_defines(args.persistent_define)
