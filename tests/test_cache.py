@@ -146,8 +146,8 @@ def test_disk_full_while_writing_leaves_nothing(monkeypatch, tiny_gguf, tmp_path
     out.parent.mkdir()
     with pytest.raises(DrvqwenError) as ei:
         convert(tiny_gguf, out)
-    assert str(ei.value) == f"{out}: cannot write the model file (no space left on the device: free some " \
-                            f"space, or set DRVQWEN_CACHE to a disk with room)"
+    # out is no cache path: DRVQWEN_CACHE would not move it, so it is not the advice
+    assert str(ei.value) == f"{out}: cannot write the model file (no space left on the device: free some space there)"
     assert list(out.parent.iterdir()) == []
 
 
@@ -457,3 +457,40 @@ def test_damaged_cached_conversion_is_rebuilt(monkeypatch, tiny_gguf, damage):
     assert f.path == dst and len(done) == 2 and len(said) == 1
     assert "cached conversion is damaged" in said[0] and str(tiny_gguf) in said[0]
     f.verify_data()
+
+
+def test_full_disk_advice_names_the_file_and_drvqwen_cache_only_for_cache_paths(tmp_path, private_cache, monkeypatch):
+    """`eval … --json /full/a.json` said 'No space left on device (free some space, or set
+    DRVQWEN_CACHE …)': no file name, and advice that cannot move a file the user named."""
+    import errno
+    import os as os_
+
+    from drvqwen import paths
+    from drvqwen.cli import _os_error_line
+
+    out = tmp_path / "elsewhere" / "a.json"
+    out.parent.mkdir()
+    real_fdopen = os_.fdopen
+
+    class Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(paths.os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    with pytest.raises(OSError) as ei:
+        paths.atomic_write_bytes(out, b"{}")
+    assert ei.value.filename == str(out) and list(out.parent.iterdir()) == []   # named, nothing left
+    assert _os_error_line(ei.value) == f"{out}: No space left on device (free some space there)"
+    inside = private_cache / "models" / "x.nanoqwen"
+    assert _os_error_line(OSError(errno.ENOSPC, "No space left on device", str(inside))) == (
+        f"{inside}: No space left on device (free some space, or set DRVQWEN_CACHE to a disk with room)")
+    assert paths.room_hint(out) == "free some space there" and paths.in_cache(inside)

@@ -92,10 +92,14 @@ def _os_error_line(e: OSError) -> str:
     """An OSError as one line naming the path and what is needed."""
     import errno
 
+    from .paths import in_cache, room_hint
+
     what = e.strerror or str(e)
-    hint = {errno.ENOSPC: " (free some space, or set DRVQWEN_CACHE to a disk with room)",
-            errno.EROFS: " (read-only: set DRVQWEN_CACHE to a writable directory)",
-            errno.EACCES: " (permission denied: set DRVQWEN_CACHE to a directory you can write)",
+    # DRVQWEN_CACHE is advice only where it would move the file (a file of unknown name: maybe).
+    cache = e.filename is None or in_cache(e.filename)
+    hint = {errno.ENOSPC: f" ({room_hint(e.filename) if e.filename else 'free some space, or set DRVQWEN_CACHE to a disk with room'})",
+            errno.EROFS: " (read-only: set DRVQWEN_CACHE to a writable directory)" if cache else " (a read-only file system)",
+            errno.EACCES: " (permission denied: set DRVQWEN_CACHE to a directory you can write)" if cache else "",
             errno.EDQUOT: " (disk quota exceeded)"}.get(e.errno, "")
     return f"{e.filename}: {what}{hint}" if e.filename else f"{what}{hint}"
 

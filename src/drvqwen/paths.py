@@ -51,10 +51,21 @@ _HINT = {
 }
 
 
+# The same outside the cache, where DRVQWEN_CACHE would not move the file (`convert -o`, `--json`).
+_PLAIN_HINT = {
+    errno.ENOSPC: "no space left on the device: free some space there",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "not permitted",
+}
+
+
 def io_error(path: str | os.PathLike, e: OSError, doing: str) -> DrvqwenError:
     """One line for an OSError met while `doing` something with `path`: the path, what
-    failed, and what is needed (space, permission) when the errno says."""
-    what = _HINT.get(e.errno, e.strerror or str(e))
+    failed, and what is needed (space, permission) when the errno says — DRVQWEN_CACHE named
+    only for a path under the cache root."""
+    what = (_HINT if in_cache(path) else _PLAIN_HINT).get(e.errno, e.strerror or str(e))
     return DrvqwenError(f"{path}: cannot {doing} ({what})")
 
 
@@ -180,6 +191,21 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def in_cache(path: str | os.PathLike) -> bool:
+    """Whether `path` lies under the cache root (where setting DRVQWEN_CACHE moves it); False
+    where the root cannot be read."""
+    try:
+        root = cache_root(create=False).resolve()
+        return Path(os.path.abspath(path)).resolve().is_relative_to(root)
+    except (OSError, DrvqwenError, RuntimeError, ValueError):
+        return False
+
+
+def room_hint(path: str | os.PathLike) -> str:
+    """The advice for a full disk at `path`: DRVQWEN_CACHE only where it would move the file."""
+    return "free some space, or set DRVQWEN_CACHE to a disk with room" if in_cache(path) else "free some space there"
+
+
 def ensure_free_space(d: Path, need: int, what: str) -> None:
     """Check that the file system of folder `d` has `need` bytes free.
 
@@ -188,8 +214,7 @@ def ensure_free_space(d: Path, need: int, what: str) -> None:
     """
     free = shutil.disk_usage(d).free
     if free < need:
-        raise DrvqwenError(f"{d}: {what} needs {_size(need)} free, the disk has {_size(free)} "
-                           f"(free some space, or set DRVQWEN_CACHE to a disk with room)")
+        raise DrvqwenError(f"{d}: {what} needs {_size(need)} free, the disk has {_size(free)} ({room_hint(d)})")
 
 
 def open_fresh_temp(path: Path) -> tuple[Path, int]:
@@ -220,6 +245,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:   # a write or close: name the file it was for
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
