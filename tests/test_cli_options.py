@@ -153,3 +153,14 @@ def test_host_loop_applies_the_penalty_over_the_last_window():
     r = generate(Echo(), [3], 4, SamplingParams(repeat_penalty=1.2))
     assert r.tokens == [4, 5, 6, 7]                          # 2.0 / 1.2 < 1.9: the next id wins
     assert PENALTY_WINDOW == 64
+
+
+def test_sampling_options_without_temperature_are_said_to_do_nothing(capsys, tiny):
+    """--top-p, --top-k, --min-p and --seed at the default temperature 0 change nothing: the run
+    says so in one line instead of ignoring them; with --temperature it does not."""
+    plain, _ = _run(capsys, tiny, "--raw", "-p", "ab")
+    out, err = _run(capsys, tiny, "--raw", "-p", "ab", "--top-p", "0.5", "--top-k", "5", "--min-p", "0.1", "--seed", "3")
+    assert out == plain
+    assert "--top-p, --min-p, --seed, --top-k: no effect at temperature 0 (greedy); give --temperature to sample" in err
+    _, err = _run(capsys, tiny, "--raw", "-p", "ab", "--top-p", "0.5", "--temperature", "0.7", "--seed", "3")
+    assert "no effect" not in err

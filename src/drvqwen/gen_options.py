@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from .errors import DrvqwenError
-from .sampler import PENALTY_WINDOW, SamplingParams
+from .sampler import GREEDY_TEMPERATURE, PENALTY_WINDOW, SamplingParams
 
 
 # What every front door's --model takes (loading.open_model, one path to a model for all).
@@ -258,6 +258,13 @@ def sampling_params(args, say=None) -> SamplingParams:
                            f"fresh random seed)")
     try:
         probe = SamplingParams(args.temperature, args.top_k, args.top_p, 0, args.min_p, args.repeat_penalty)
+        if probe.greedy and say is not None:   # given, and changing nothing: say so rather than ignore them
+            unused = [opt for opt, on in (("--top-p", args.top_p != 1.0), ("--min-p", args.min_p != 0.0),
+                                          ("--seed", args.seed is not None),
+                                          ("--top-k", args.top_k not in (0, 1)))
+                      if on]
+            if unused and args.temperature < GREEDY_TEMPERATURE:
+                say(f"{', '.join(unused)}: no effect at temperature 0 (greedy); give --temperature to sample")
         if seed is None:
             seed = 0
             if not probe.greedy:
