@@ -78,3 +78,16 @@ def test_empty_names_and_bad_timeouts_are_refused_before_any_work(capsys, privat
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {message}"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "-f", "./absent-prompt.txt"], "./absent-prompt.txt: cannot read prompt (No such file or directory)"),
+    (["run", "-m", "./absent.nanoqwen", "-p", "hi"], "./absent.nanoqwen: file not found"),
+], ids=["prompt file", "model"])
+def test_missing_files_are_named_as_typed(capsys, private_cache, tmp_path, monkeypatch, argv, message):
+    """`-f ./x` was shown as `x` (pathlib drops the ./): the name the user typed is the one to find."""
+    from drvqwen.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"

@@ -73,7 +73,7 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
             from . import hub
 
             if hub.parse_name(arg) is None:
-                raise DrvqwenError(f"{src}: file not found")
+                raise DrvqwenError(f"{arg}: file not found")   # as typed (Path drops a leading ./)
             kept = conversion_of_name(arg, models_dir())
             if kept is not None:
                 # Its download was removed (drvqwen rm) to save space; the conversion is enough.

@@ -85,5 +85,5 @@ def read_text_file(path: str | os.PathLike, what: str = "prompt") -> str:
     try:
         data = p.read_bytes()
     except OSError as e:
-        raise DrvqwenError(f"{p}: cannot read {what} ({e.strerror or e})") from None
-    return without_bom(decode_utf8(data, str(p)))
+        raise DrvqwenError(f"{os.fspath(path)}: cannot read {what} ({e.strerror or e})") from None   # as typed
+    return without_bom(decode_utf8(data, os.fspath(path)))
