@@ -1,7 +1,11 @@
 """`python -m drvqwen`: the same as the `drvqwen` command."""
 
+# The handler goes in before anything else runs: `_signal` (the C module under `signal`) and
+# `os` (already loaded by the interpreter's start-up) import without running Python code,
+# where `import signal` builds its enum classes first — a few milliseconds in which a Ctrl-C
+# was a traceback out of this file.
+import _signal
 import os
-import signal
 
 
 def _interrupted(signum, frame):
@@ -11,7 +15,7 @@ def _interrupted(signum, frame):
     os._exit(130)
 
 
-signal.signal(signal.SIGINT, _interrupted)
+_signal.signal(_signal.SIGINT, _interrupted)
 
 import sys  # noqa: E402
 
