@@ -494,3 +494,28 @@ def test_full_disk_advice_names_the_file_and_drvqwen_cache_only_for_cache_paths(
     assert _os_error_line(OSError(errno.ENOSPC, "No space left on device", str(inside))) == (
         f"{inside}: No space left on device (free some space, or set DRVQWEN_CACHE to a disk with room)")
     assert paths.room_hint(out) == "free some space there" and paths.in_cache(inside)
+
+
+def test_the_default_model_s_conversion_runs_without_its_download(private_cache, rng, monkeypatch):
+    """`drvqwen rm` of the default GGUF keeps its conversion (README): a run without --model then
+    uses that conversion instead of fetching the 491 MB GGUF again; with the GGUF there, the
+    ordinary route (by content) is taken."""
+    import json
+
+    import drvqwen.models as models
+    import drvqwen.pull as pull
+    from drvqwen.paths import models_dir
+
+    mdir = models_dir()
+    conv = mdir / "qwen2.5-coder-0.5b-instruct-q4_k_m-0123456789abcdef.nanoqwen"
+    write_model(conv, TINY, random_dense(TINY, rng), tokenizer_json=byte_tokenizer_json())
+    gguf = mdir / pull.GGUF_NAME
+    rec = {"format": models.VERSION, "layout": models.quant.LAYOUT_ID, "quantizer": models.quant.QUANTIZER_VERSION,
+           "weights": "source", "source": str(gguf.resolve()), "digest": "x"}
+    models._sidecar(conv).write_text(json.dumps(rec))
+    monkeypatch.setattr(pull, "ensure_default_gguf", lambda progress=True: pytest.fail("fetched the GGUF again"))
+    said = []
+    assert models.resolve_model(None, say=said.append).path == conv
+    assert said and "the download was removed" in said[0]
+    gguf.write_bytes(b"GGUF")   # the download is back: not this shortcut
+    assert models.conversion_of_source(gguf, mdir) is None

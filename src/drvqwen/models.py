@@ -64,8 +64,18 @@ def resolve_model(arg: str | None, on_convert: Callable[[Path, Path], object] | 
     """
     origin = None
     if arg is None:
-        from .pull import ensure_default_gguf
+        from .pull import GGUF_NAME, ensure_default_gguf
 
+        kept = conversion_of_source(models_dir() / GGUF_NAME, models_dir())
+        if kept is not None:
+            # Its download was removed (drvqwen rm) to save space; the conversion is enough.
+            if say is not None:
+                say("the default model: using its conversion in the cache (the download was removed; "
+                    "drvqwen pull fetches it again)")
+            nf = NanoqwenFile(kept)
+            if verify is not None:
+                verify(nf)
+            return nf
         src = ensure_default_gguf(progress=True)
     else:
         src = Path(arg).expanduser()
@@ -322,10 +332,22 @@ def conversion_of_name(name: str, mdir: Path) -> Path | None:
     download it was made from is no longer in the cache; None otherwise (also when the
     download is there: the ordinary route finds the conversion by content and follows a newer
     revision). A conversion under another policy is not it: the model is fetched again."""
+    return _kept_conversion(mdir, lambda rec: rec.get("name") == name)
+
+
+def conversion_of_source(src: Path, mdir: Path) -> Path | None:
+    """As `conversion_of_name`, for the conversion recorded as made from the file `src` (the
+    default model's download, which has no name): None while `src` is there."""
+    want = str(src.resolve())
+    return _kept_conversion(mdir, lambda rec: rec.get("source") == want)
+
+
+def _kept_conversion(mdir: Path, made_from: Callable[[dict], bool]) -> Path | None:
+    """The newest current conversion whose record `made_from` accepts, when its source is gone."""
     best = None
     for p in mdir.glob("*.nanoqwen"):
         rec = read_conversion_record(p)
-        if (rec.get("name") != name or rec.get("format") != VERSION or rec.get("layout") != quant.LAYOUT_ID
+        if (not made_from(rec) or rec.get("format") != VERSION or rec.get("layout") != quant.LAYOUT_ID
                 or rec.get("quantizer") != quant.QUANTIZER_VERSION
                 or not _recorded_weights_current(rec)):
             continue
