@@ -493,7 +493,7 @@ def test_full_disk_advice_names_the_file_and_drvqwen_cache_only_for_cache_paths(
     inside = private_cache / "models" / "x.nanoqwen"
     assert _os_error_line(OSError(errno.ENOSPC, "No space left on device", str(inside))) == (
         f"{inside}: No space left on device (free some space, or set DRVQWEN_CACHE to a disk with room)")
-    assert paths.room_hint(out) == "free some space there" and paths.in_cache(inside)
+    assert paths.io_advice(errno.ENOSPC, out) == "free some space there" and paths.in_cache(inside)
 
 
 def test_the_default_model_s_conversion_runs_without_its_download(private_cache, rng, monkeypatch):

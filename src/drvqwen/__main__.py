@@ -3,7 +3,7 @@
 # The handler goes in before anything else runs: `_signal` (the C module under `signal`) and
 # `os` (already loaded by the interpreter's start-up) import without running Python code,
 # where `import signal` builds its enum classes first — a few milliseconds in which a Ctrl-C
-# was a traceback out of this file.
+# would be a traceback out of this file.
 import _signal
 import os
 

@@ -36,7 +36,7 @@ from .errors import DrvqwenError
 from .generate import Backend, GenerationResult, generate
 from .sampler import SamplingParams
 from .speculative import Proposer
-from .text_input import check_utf8, without_bom
+from .text_input import checked_arg, without_bom
 from .stream_decoder import StreamDecoder
 from .tokenizer import DEFAULT_SYSTEM, IM_END, IM_START, Tokenizer
 
@@ -281,7 +281,7 @@ def _one_message(session: ChatSession, say, out: TextIO, stdin: TextIO, interact
     try:
         msg = read_message(interactive, stdin)
         if msg is not None:
-            msg = check_utf8(msg, "the message")   # bytes a surrogateescape stdin let through
+            msg = checked_arg(msg, "the message")   # bytes a surrogateescape stdin let through
     except EOFError:
         msg = None
     except UnicodeDecodeError as e:   # a strict stdin: the line is lost, the chat goes on

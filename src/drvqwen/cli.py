@@ -90,17 +90,11 @@ def _say(message) -> None:
 
 def _os_error_line(e: OSError) -> str:
     """An OSError as one line naming the path and what is needed."""
-    import errno
-
-    from .paths import in_cache, room_hint
+    from .paths import io_advice
 
     what = e.strerror or str(e)
-    # DRVQWEN_CACHE is advice only where it would move the file (a file of unknown name: maybe).
-    cache = e.filename is None or in_cache(e.filename)
-    hint = {errno.ENOSPC: f" ({room_hint(e.filename) if e.filename else 'free some space, or set DRVQWEN_CACHE to a disk with room'})",
-            errno.EROFS: " (read-only: set DRVQWEN_CACHE to a writable directory)" if cache else " (a read-only file system)",
-            errno.EACCES: " (permission denied: set DRVQWEN_CACHE to a directory you can write)" if cache else "",
-            errno.EDQUOT: " (disk quota exceeded)"}.get(e.errno, "")
+    advice = io_advice(e.errno, e.filename)   # DRVQWEN_CACHE only where it would move the file
+    hint = f" ({advice})" if advice else ""
     return f"{e.filename}: {what}{hint}" if e.filename else f"{what}{hint}"
 
 

@@ -42,31 +42,40 @@ _LEFTOVER = re.compile(r"^(?:.+\.part-(\d+)|\..+\.tmp-(\d+)|\..+\.(?:wheels|hub)
 # a live writer in another pid namespace (a container sharing the cache) keeps touching it.
 LEFTOVER_QUIET_S = 60.0
 
-_HINT = {
-    errno.ENOSPC: "no space left on the device: free some space, or set DRVQWEN_CACHE to a disk with room",
-    errno.EDQUOT: "disk quota exceeded: free some space, or set DRVQWEN_CACHE elsewhere",
-    errno.EROFS: "read-only file system: set DRVQWEN_CACHE to a writable directory",
-    errno.EACCES: "permission denied: set DRVQWEN_CACHE to a directory you can write",
-    errno.EPERM: "not permitted: set DRVQWEN_CACHE to a directory you can write",
+# errno: (what happened, what to do where the path is under the cache — setting DRVQWEN_CACHE
+# moves it —, what to do elsewhere: `convert -o`, `--json`; None: nothing to add).
+_IO_HINTS = {
+    errno.ENOSPC: ("no space left on the device", "free some space, or set DRVQWEN_CACHE to a disk with room",
+                   "free some space there"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space, or set DRVQWEN_CACHE elsewhere", None),
+    errno.EROFS: ("read-only file system", "set DRVQWEN_CACHE to a writable directory", None),
+    errno.EACCES: ("permission denied", "set DRVQWEN_CACHE to a directory you can write", None),
+    errno.EPERM: ("not permitted", "set DRVQWEN_CACHE to a directory you can write", None),
 }
 
 
-# The same outside the cache, where DRVQWEN_CACHE would not move the file (`convert -o`, `--json`).
-_PLAIN_HINT = {
-    errno.ENOSPC: "no space left on the device: free some space there",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "not permitted",
-}
+def io_advice(err: int | None, path: str | os.PathLike | None) -> str | None:
+    """What to do about an OSError of errno `err` at `path`: DRVQWEN_CACHE only for a path under
+    the cache (a path not known: as if it were); None where there is nothing to add."""
+    hint = _IO_HINTS.get(err)
+    if hint is None:
+        return None
+    return hint[1] if path is None or in_cache(path) else hint[2]
+
+
+def _io_hint(err: int | None, path: str | os.PathLike) -> str | None:
+    """"what happened: what to do" for the errnos of _IO_HINTS, else None."""
+    if err not in _IO_HINTS:
+        return None
+    advice = io_advice(err, path)
+    return f"{_IO_HINTS[err][0]}: {advice}" if advice else _IO_HINTS[err][0]
 
 
 def io_error(path: str | os.PathLike, e: OSError, doing: str) -> DrvqwenError:
     """One line for an OSError met while `doing` something with `path`: the path, what
     failed, and what is needed (space, permission) when the errno says — DRVQWEN_CACHE named
-    only for a path under the cache root."""
-    what = (_HINT if in_cache(path) else _PLAIN_HINT).get(e.errno, e.strerror or str(e))
-    return DrvqwenError(f"{path}: cannot {doing} ({what})")
+    only for a path under the cache root (io_advice)."""
+    return DrvqwenError(f"{path}: cannot {doing} ({_io_hint(e.errno, path) or e.strerror or str(e)})")
 
 
 def _make_dir(d: Path, what: str) -> Path:
@@ -76,7 +85,7 @@ def _make_dir(d: Path, what: str) -> Path:
         if e.errno in (errno.EEXIST, errno.ENOTDIR):  # the path, or a folder on it, is a file
             why = "a file is in the way, not a folder: set DRVQWEN_CACHE to a directory"
         else:
-            why = _HINT.get(e.errno) or f"{e.strerror}; set DRVQWEN_CACHE to a writable directory"
+            why = _io_hint(e.errno, d) or f"{e.strerror}; set DRVQWEN_CACHE to a writable directory"
         raise DrvqwenError(f"{d}: cannot create {what} ({why})") from None
     return d
 
@@ -201,11 +210,6 @@ def in_cache(path: str | os.PathLike) -> bool:
         return False
 
 
-def room_hint(path: str | os.PathLike) -> str:
-    """The advice for a full disk at `path`: DRVQWEN_CACHE only where it would move the file."""
-    return "free some space, or set DRVQWEN_CACHE to a disk with room" if in_cache(path) else "free some space there"
-
-
 def ensure_free_space(d: Path, need: int, what: str) -> None:
     """Check that the file system of folder `d` has `need` bytes free.
 
@@ -214,7 +218,7 @@ def ensure_free_space(d: Path, need: int, what: str) -> None:
     """
     free = shutil.disk_usage(d).free
     if free < need:
-        raise DrvqwenError(f"{d}: {what} needs {_size(need)} free, the disk has {_size(free)} ({room_hint(d)})")
+        raise DrvqwenError(f"{d}: {what} needs {_size(need)} free, the disk has {_size(free)} ({io_advice(errno.ENOSPC, d)})")
 
 
 def open_fresh_temp(path: Path) -> tuple[Path, int]:

@@ -38,23 +38,6 @@ def decode_utf8(data: bytes, where: str) -> str:
                            f"{e.start}: {e.reason})") from None
 
 
-def check_utf8(text: str, where: str) -> str:
-    """`text` itself if it is valid Unicode text; a line read from a stream with Python's
-    "surrogateescape" handler (stdin's under a C or POSIX locale, or any argument) holds the
-    bytes that were not UTF-8 as lone surrogates, which the tokenizer cannot take.
-
-    Raises:
-        DrvqwenError: names `where` and the first byte that was not UTF-8 (or the code point).
-    """
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError as e:
-        cp = ord(text[e.start])
-        what = f"byte 0x{cp - 0xDC00:02x}" if 0xDC80 <= cp <= 0xDCFF else f"code point U+{cp:04X}"
-        raise DrvqwenError(f"{where}: not valid UTF-8 ({what} at character {e.start})") from None
-
-
 def without_bom(text: str) -> str:
     """`text` without the byte-order mark (U+FEFF) it starts with, if any: for the text at the
     start of a file or stream."""
@@ -62,7 +45,8 @@ def without_bom(text: str) -> str:
 
 
 def checked_arg(value: str, option: str) -> str:
-    """A command-line string as text, or a DrvqwenError naming `option` if it is not UTF-8.
+    """A command-line string (or a line of a stream read with surrogateescape: `chat`'s and
+    `step`'s piped input) as text, or a DrvqwenError naming `option` if it is not UTF-8.
 
     `value` is what argparse gives (the OS bytes decoded with surrogateescape); the original
     bytes are recovered with `os.fsencode` and decoded strictly.

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import DrvqwenError
-from ..text_input import check_utf8
+from ..text_input import checked_arg
 from .session import Session
 
 PROMPT = "step> "
@@ -91,7 +91,7 @@ class Repl:
         if name == "quit":
             return False
         try:
-            check_utf8(line, "the command line")   # bytes a surrogateescape stdin let through
+            checked_arg(line, "the command line")   # bytes a surrogateescape stdin let through
             if name == "help":
                 self.help(arg)
             elif name in COMMANDS:
