@@ -42,12 +42,39 @@ __device__ __forceinline__ u64 l2_evict_normal_policy() {
     return policy;
 }
 
+// Compile-time switches of the streaming load, for measurement (tools/bench_gemv.py
+// --int4-defines, drvqwen bench --persistent-define): LD_STREAM_PREFETCH the L2 prefetch size
+// (256 B, 128 B, or 0: none), LD_STREAM_EVICT_FIRST 0 drops the cache hint (the policy argument
+// is then unused: evict-normal lines). The defaults are the qualifiers above.
+#ifndef LD_STREAM_PREFETCH
+#define LD_STREAM_PREFETCH 256
+#endif
+#ifndef LD_STREAM_EVICT_FIRST
+#define LD_STREAM_EVICT_FIRST 1
+#endif
+#if LD_STREAM_PREFETCH == 256
+#define LD_STREAM_SIZE ".L2::256B"
+#elif LD_STREAM_PREFETCH == 128
+#define LD_STREAM_SIZE ".L2::128B"
+#elif LD_STREAM_PREFETCH == 0
+#define LD_STREAM_SIZE ""
+#else
+#error "LD_STREAM_PREFETCH: 256, 128 or 0"
+#endif
+
 // 16 bytes of streaming (read-once) data: weights.
 __device__ __forceinline__ uint4 ld_stream_v4(const void* ptr, u64 policy) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+#if LD_STREAM_EVICT_FIRST
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint" LD_STREAM_SIZE ".v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(ptr), "l"(policy));
+#else
+    (void)policy;
+    asm("ld.global.nc.L1::no_allocate" LD_STREAM_SIZE ".v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(ptr));
+#endif
     return v;
 }
 
