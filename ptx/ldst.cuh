@@ -47,7 +47,7 @@ __device__ __forceinline__ u64 l2_evict_normal_policy() {
 // (256 B, 128 B, or 0: none), LD_STREAM_EVICT_FIRST 0 drops the cache hint (the policy argument
 // is then unused: evict-normal lines). The defaults are the qualifiers above.
 #ifndef LD_STREAM_PREFETCH
-#define LD_STREAM_PREFETCH 256
+#define LD_STREAM_PREFETCH 0
 #endif
 #ifndef LD_STREAM_EVICT_FIRST
 #define LD_STREAM_EVICT_FIRST 1
