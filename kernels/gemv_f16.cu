@@ -49,7 +49,7 @@
 // Bytes in flight: a batch is LM_STEPS = 4 steps, 8 streaming 16-byte loads per lane (128 B,
 // 4 KB per warp, 32 KB per block), all issued before the batch's MMAs; the next batch is issued
 // before the current one is multiplied, so a warp has 4–8 KB on its way. Weights use
-// ld_stream_v4 (L1::no_allocate, L2 evict-first, 256 B prefetch: ptx/ldst.cuh). At two blocks
+// ld_stream_v4 (L1::no_allocate, L2 evict-first, no prefetch size: ptx/ldst.cuh). At two blocks
 // per SM (the register counts below) that is 64–128 KB per SM, over the ~32 KB the H200 needs to
 // read at the HBM rate (docs/kernels.md, "The warp-specialised TMA version").
 //

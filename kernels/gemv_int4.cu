@@ -75,8 +75,8 @@
 // K = 18944; the launcher raises the 48 KB opt-in limit when a model needs more), in a
 // permuted order that makes the MMA B-fragment reads conflict-free broadcasts. Keeping x in
 // registers instead would cost 16 registers per group in flight; the weights need them more.
-// Weights use the streaming load (L1::no_allocate, L2 evict-first, 256 B prefetch,
-// ptx/ldst.cuh).
+// Weights use the streaming load (L1::no_allocate, L2 evict-first, no L2 prefetch size: the
+// 256 B one made a decode step read 23 % more than its weights from DRAM, ptx/ldst.cuh).
 //
 // Shared memory (dynamic): x, K·2 bytes, then the warp partials,
 // ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1). The T-token kernels: see

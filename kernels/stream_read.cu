@@ -20,7 +20,7 @@
 // The limit is what it measures: HBM bandwidth, or the latency × bytes-in-flight of k SMs.
 //
 // stream_read_ld: thread t of block b reads uint4 i = t, t + T, … (T threads) of the block's
-// slice with ld_stream_v4 (L1 no-allocate, L2 evict-first, 256 B prefetch: ptx/ldst.cuh) in
+// slice with ld_stream_v4 (L1 no-allocate, L2 evict-first, no prefetch size: ptx/ldst.cuh) in
 // batches of SR_UNROLL, the next batch issued before the current one is summed: up to 2 · T ·
 // SR_UNROLL · 16 B in flight a block (64 KiB at 256 threads and 8).
 // stream_read_bulk: thread 0 keeps SR_STAGES chunks in flight (96 KiB while one of 4 × 32 KiB is

@@ -3,20 +3,36 @@
 //   l2_evict_first_policy  : createpolicy.fractional.L2::evict_first.b64 (PTX ISA, "Data Movement
 //                            and Conversion Instructions: createpolicy")
 //   l2_evict_normal_policy : createpolicy.fractional.L2::evict_normal.b64
-//   ld_stream_v4           : ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32
+//   ld_stream_v4           : ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32
 //                            (PTX ISA, "Data Movement and
 //                            Conversion Instructions: ld.global.nc"; the .L2::cache_hint
 //                            and .L2::256B qualifiers: "… : ld")
 //   ld_nc_v4 / _v2 / _u32  : ld.global.nc.v4.u32 … — read-only data, cached in L1
 //
 // Weights are read exactly once per decode step (3.4 GB of INT4 + 1.1 GB of lm_head at the
-// 7B shape, against a 60 MB L2), so caching them can only hurt:
+// 7B shape, against a 50–60 MB L2), so caching them can only hurt:
 //   - L1::no_allocate: don't evict the activation vector x (read by every warp of the block,
 //     and by every block on the SM) from L1 to make room for bytes that are never re-read;
 //   - L2 evict_first policy: when a weight line must leave L2, it goes before the KV cache
 //     and activations that the next kernels will read again;
-//   - L2::256B prefetch size: a warp's 16-byte loads walk each weight row front to back, so
-//     asking L2 to fetch 256 B around each miss turns the row into full DRAM bursts.
+//   - no L2 prefetch size (.L2::256B, .L2::128B): each load brings in its own sectors only.
+//     With .L2::256B (what this load had) the 256 bytes around a miss came in as evict-first
+//     lines, and a GEMV warp reads 64 B of a row per group while its K range is 3 or 4 groups
+//     that need not sit in one 256-byte block: the rest is another warp's, or this warp's
+//     next batch. Once L2 is full — always, in a decode step, never in a GEMV timed after a
+//     cache flush — those lines were evicted before they were read and read again. Measured
+//     on an H100 (Nsight Compute, docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json):
+//     the persistent 7B step read 4.14 GB from DRAM for 3.37 GB of weights, gate_up 0.64 GB
+//     of the excess; the per-launch step's gate_up without flushes 114.6 MB a launch for
+//     70.0, down_proj 47.1 for 35.0. Without the prefetch size the persistent step reads
+//     3.366 GB (…_ea6f914_h100_persistent_ld_stream_ncu.json). Graph ITL of the synthetic 7B
+//     (drvqwen bench --preset 7b --mode graph --new-tokens 64, in turns on one machine): per
+//     launch 2.410 / 2.357 ms against 2.623 / 2.629 (…_963214d_h100_syn7b_ld_stream_no_prefetch_{1,2}.json,
+//     …_ea6f914_h100_syn7b_ld_stream_base_{1,2}.json), the persistent step 2.644 against
+//     2.819; dropping the evict-first hint instead changed nothing (2.615 / 2.615 ms, 4.14 GB;
+//     …_evict_normal_{1,2}.json: the copy's default edited). Each GEMV alone, weights
+//     rotated past L2 (tools/bench_gemv.py --pdl, …_ea6f914_h100_gemv_int4_ld_stream.json):
+//     gate_up 29.09 µs against 30.64, the others within ±1 % — the replays that do not show it.
 // `.nc` (the non-coherent read-only path) is legal because no kernel writes the weights, and
 // for activations because they were written by an earlier kernel launch, never by this one.
 //
@@ -44,8 +60,8 @@ __device__ __forceinline__ u64 l2_evict_normal_policy() {
 
 // Compile-time switches of the streaming load, for measurement (tools/bench_gemv.py
 // --int4-defines, drvqwen bench --persistent-define): LD_STREAM_PREFETCH the L2 prefetch size
-// (256 B, 128 B, or 0: none), LD_STREAM_EVICT_FIRST 0 drops the cache hint (the policy argument
-// is then unused: evict-normal lines). The defaults are the qualifiers above.
+// (256 B, 128 B, or 0: none, the default), LD_STREAM_EVICT_FIRST 0 drops the cache hint (the
+// policy argument is then unused: evict-normal lines). The defaults are the qualifiers above.
 #ifndef LD_STREAM_PREFETCH
 #define LD_STREAM_PREFETCH 0
 #endif
