@@ -16,23 +16,24 @@
 //   - L2 evict_first policy: when a weight line must leave L2, it goes before the KV cache
 //     and activations that the next kernels will read again;
 //   - no L2 prefetch size (.L2::256B, .L2::128B): each load brings in its own sectors only.
-//     With .L2::256B (what this load had) the 256 bytes around a miss came in as evict-first
-//     lines, and a GEMV warp reads 64 B of a row per group while its K range is 3 or 4 groups
-//     that need not sit in one 256-byte block: the rest is another warp's, or this warp's
-//     next batch. Once L2 is full — always, in a decode step, never in a GEMV timed after a
-//     cache flush — those lines were evicted before they were read and read again. Measured
-//     on an H100 (Nsight Compute, docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json):
-//     the persistent 7B step read 4.14 GB from DRAM for 3.37 GB of weights, gate_up 0.64 GB
-//     of the excess; the per-launch step's gate_up without flushes 114.6 MB a launch for
-//     70.0, down_proj 47.1 for 35.0. Without the prefetch size the persistent step reads
-//     3.366 GB (…_ea6f914_h100_persistent_ld_stream_ncu.json). Graph ITL of the synthetic 7B
-//     (drvqwen bench --preset 7b --mode graph --new-tokens 64, in turns on one machine): per
-//     launch 2.410 / 2.357 ms against 2.623 / 2.629 (…_963214d_h100_syn7b_ld_stream_no_prefetch_{1,2}.json,
+//     With .L2::256B the 256 bytes around a miss come in as evict-first lines, but a GEMV warp
+//     reads 64 B of a row per group over a K range of 3 or 4 groups (gate_up, qkv) that need
+//     not fill one 256-byte block: the rest is another warp's, or this warp's next batch. Once
+//     L2 is full — always, inside a decode step; never in a GEMV timed after a cache flush —
+//     those lines are evicted before they are read, and read again. Measured on an H100 (Nsight
+//     Compute, docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json): with it the
+//     persistent 7B step reads 4.14 GB from DRAM for 3.37 GB of weights, gate_up 0.64 GB of
+//     the excess, and the per-launch step's gate_up without flushes 114.6 MB a launch for
+//     70.0, down_proj 47.1 for 35.0; without it the persistent step reads 3.366 GB
+//     (…_ea6f914_h100_persistent_ld_stream_ncu.json). Graph ITL of the synthetic 7B (drvqwen
+//     bench --preset 7b --mode graph --new-tokens 64, in turns on one machine): per launch
+//     2.410 / 2.357 ms without against 2.623 / 2.629 with (…_963214d_h100_syn7b_ld_stream_no_prefetch_{1,2}.json,
 //     …_ea6f914_h100_syn7b_ld_stream_base_{1,2}.json), the persistent step 2.644 against
-//     2.819; dropping the evict-first hint instead changed nothing (2.615 / 2.615 ms, 4.14 GB;
-//     …_evict_normal_{1,2}.json: the copy's default edited). Each GEMV alone, weights
-//     rotated past L2 (tools/bench_gemv.py --pdl, …_ea6f914_h100_gemv_int4_ld_stream.json):
-//     gate_up 29.09 µs against 30.64, the others within ±1 % — the replays that do not show it.
+//     2.819; keeping .L2::256B and dropping the evict-first hint instead changes nothing (2.615
+//     / 2.615 ms, 4.14 GB; …_evict_normal_{1,2}.json, the copy's default edited). Timed alone
+//     with its weights rotated past L2 (tools/bench_gemv.py --pdl,
+//     …_ea6f914_h100_gemv_int4_ld_stream.json) a GEMV hardly shows it: gate_up 29.09 µs
+//     against 30.64, the others within ±1 %.
 // `.nc` (the non-coherent read-only path) is legal because no kernel writes the weights, and
 // for activations because they were written by an earlier kernel launch, never by this one.
 //
