@@ -351,3 +351,40 @@ def test_bench_values_refused_before_the_gpu_check(tmp_path, capsys, argv, messa
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: " + message.format(tmp=tmp_path), err
+
+
+def test_preset_beside_model_must_be_the_models_shape():
+    """`--preset 0.5b --model <a 7B>` measured the 7B under a name that said 0.5b; the preset
+    beside a model is checked against the model's shape (one line naming both), equal passes."""
+    from drvqwen.bench import check_preset_matches
+    from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
+    from drvqwen.errors import DrvqwenError
+
+    check_preset_matches(None, QWEN25_CODER_7B, "m.nanoqwen")
+    check_preset_matches("7b", QWEN25_CODER_7B, "m.nanoqwen")
+    with pytest.raises(DrvqwenError) as e:
+        check_preset_matches("0.5b", QWEN25_CODER_7B, "m.nanoqwen")
+    assert str(e.value) == ("--preset 0.5b: --model m.nanoqwen is not that shape (hidden 3584, 28 layers: the 7b "
+                            "shape); the bench measures the model, leave --preset out")
+    with pytest.raises(DrvqwenError, match=r"\(hidden 896, 2 layers\); the bench"):
+        check_preset_matches("0.5b", QWEN25_CODER_05B.with_layers(2), "m.nanoqwen")
+
+
+def test_preset_is_checked_once_the_model_is_open_and_before_any_run(monkeypatch, tmp_path, capsys):
+    """The check sits between open_model and run_bench: nothing is measured under a wrong name."""
+    import types
+
+    import drvqwen.bench as bench
+    import drvqwen.cuda
+    import drvqwen.loading
+    from drvqwen.cli import main
+    from drvqwen.config import QWEN25_CODER_7B
+
+    closed = []
+    file = types.SimpleNamespace(path=tmp_path / "m.nanoqwen", config=QWEN25_CODER_7B, close=lambda: closed.append(1))
+    monkeypatch.setattr(drvqwen.cuda, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(drvqwen.loading, "open_model", lambda model, device: types.SimpleNamespace(file=file))
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("ran under a preset that is not the model's"))
+    assert main(["bench", "--model", "m.nanoqwen", "--preset", "0.5b"]) == 2
+    assert "--preset 0.5b: --model m.nanoqwen is not that shape" in capsys.readouterr().err
+    assert closed == [1]

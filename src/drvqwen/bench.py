@@ -550,7 +550,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from .gen_options import MODEL_SOURCES
 
     p.add_argument("--model", help=f"{MODEL_SOURCES} (default: the synthetic --preset model, written on first use)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="7b", help="synthetic model shape (default: 7b)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="synthetic model shape (default: 7b); beside --model it must be the model's shape")
     p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS, help=f"default: {PROMPT_TOKENS}")
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help=f"default: {NEW_TOKENS}")
     p.add_argument("--max-context", type=int, default=0, help="KV cache size in tokens (default: the model's)")
@@ -663,6 +664,30 @@ def l2_prefetch_budget_bytes(mb: float, option: str = "--l2-prefetch-mb") -> int
     return int(mb * 1e6)
 
 
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+def check_preset_matches(preset: str | None, config, model: str) -> None:
+    """Refuse `--preset` beside `--model` where the preset's shape (SHAPE_FIELDS of
+    config.PRESETS[preset]) is not the model's: the bench measures the model, so a preset that
+    names another shape would be ignored while its name suggested otherwise. None (not given)
+    passes.
+
+    Raises:
+        DrvqwenError: naming the preset, the model and the model's shape.
+    """
+    if preset is None:
+        return
+    want = PRESETS[preset]
+    if any(getattr(want, f) != getattr(config, f) for f in SHAPE_FIELDS):
+        match = next((name for name, c in PRESETS.items()
+                      if all(getattr(c, f) == getattr(config, f) for f in SHAPE_FIELDS)), None)
+        shape = (f"hidden {config.hidden_size}, {config.num_layers} layers"
+                 + (f": the {match} shape" if match else ""))
+        raise DrvqwenError(f"--preset {preset}: --model {model} is not that shape ({shape}); "
+                           f"the bench measures the model, leave --preset out")
+
+
 def check_prefill_attention_defines(defines: tuple[tuple[str, int], ...]) -> None:
     """Refuse, before any model is loaded, --prefill-attention-define builds the wgmma attention
     kernel cannot be (launchers/attention_prefill.py: build_refusal).
@@ -727,12 +752,13 @@ def cmd_bench(args) -> int:
 
             opened = open_model(args.model, "cuda")     # as run opens it: converted, verified, GPU-ready
             path = opened.file.path
+            check_preset_matches(args.preset, opened.file.config, args.model)
             if speculative:
                 from .bench_speculative import check_real_weights
 
                 check_real_weights(opened.file)         # before the plain modes' minutes
         else:
-            path = ensure_synthetic(args.preset)
+            path = ensure_synthetic(args.preset or "7b")
         modes = MODES if args.mode == "both" else (args.mode,)
         res = run_bench(path, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens,
                         max_context=args.max_context or None, modes=modes, seed=args.seed,
