@@ -99,6 +99,24 @@ def test_sanitize_kernels_keeps_the_nodes_that_launch_them(tmp_path):
     assert r.returncode == 1
 
 
+def test_every_kernel_of_a_node_counts_as_launched(tmp_path):
+    """A node that launches two of the named kernels covers both: the second kernel on its line
+    (gemv_fmt_residual after gemv_fmt_f16) was reported as launched by no node, and the stage
+    refused a list straight from tools/changed_kernels.py."""
+    lines = [ln.split() for ln in (ROOT / "tools" / "sanitize_nodes.txt").read_text().splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    # Two kernels (a, b) of one line such that every line naming b names a before it: a scan
+    # that stopped at a line's first named kernel never saw b.
+    def hides(a: str, b: str) -> bool:
+        return all(a in ln[1:ln.index(b)] for ln in lines if b in ln[1:])
+    pair = next((ln[i], ln[j]) for ln in lines for i in range(1, len(ln)) for j in range(i + 1, len(ln))
+                if hides(ln[i], ln[j]))
+    r = _kernels_stage(tmp_path, " ".join(pair))
+    assert "no node of tools/sanitize_nodes.txt launches" not in r.stderr, r.stderr
+    assert r.returncode != 2, r.stdout + r.stderr
+    assert (tmp_path / "out" / "sanitize-memcheck.log").exists()
+
+
 def test_sanitize_kernels_refuses_a_kernel_no_node_launches(tmp_path):
     r = _kernels_stage(tmp_path, "l2_prefetch no_such_kernel")
     assert r.returncode == 2, r.stdout + r.stderr

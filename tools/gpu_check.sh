@@ -99,7 +99,7 @@ if [[ -n ${SANITIZE_KERNELS:-} && $STAGE == sanitize ]]; then
     SANITIZE_NODES_FILE=$OUTDIR/sanitize-nodes.txt
     grep -v '^[[:space:]]*#' tools/sanitize_nodes.txt | awk -v ks="$SANITIZE_KERNELS" '
         BEGIN { n = split(ks, k, " "); for (i = 1; i <= n; i++) want[k[i]] = 1 }
-        NF { for (i = 2; i <= NF; i++) if ($i in want) { print; seen[$i] = 1; break } }
+        NF { hit = 0; for (i = 2; i <= NF; i++) if ($i in want) { seen[$i] = 1; hit = 1 }; if (hit) print }
         END { for (w in want) if (!(w in seen)) { print "SANITIZE_KERNELS: no node of tools/sanitize_nodes.txt launches " w > "/dev/stderr"; bad = 1 }
               exit bad }' > "$SANITIZE_NODES_FILE" || exit 2
     mapfile -t SANITIZE_TESTS < <(awk 'NF {print $1}' "$SANITIZE_NODES_FILE")
