@@ -111,27 +111,25 @@
 //     17.3. The per-launch gate_up forced to the same 132 blocks takes 25.1–25.4 µs with PDL
 //     (gemv_int4.cu's header, …_gemv_int4_vs_6d38835_{1,2}.json), so here an item of the same
 //     shape is ~5 µs slower.
-//   - Where those µs may go (Nsight Compute after a cache flush, 7B, one step;
-//     docs/bench/2026-12-05_e6b8a90_h200_persistent_l2_ncu.json): the step reads 4.10 GB from
-//     DRAM for 3.36 GB of weights (0.74 GB more; at two blocks per SM 4.66 GB, with 2.5 GB of
-//     spill stores into L2), and the SMs' loads miss L2 on 125.0 M sectors (4.00 GB) where the
-//     weight loads are 102.0 M — so ~23 M sectors of other loads (scales, x, the residual, the
-//     attention's K/V) miss L2, where each GEMV launch, profiled alone after a cache flush, reads
-//     from DRAM what it is counted for (gemv_int4.cu's header).
-//   - Which loads, and why (H100, Nsight Compute, the same counters with the probes as
-//     --persistent-define; docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json): the
-//     GEMVs' weight loads alone (GEMV_PROBE_LOADS_ONLY=1) read the same 4.10 GB, without them
-//     (GEMV_PROBE_NO_LOADS=1) 72 k sectors miss L2; leaving the attention's page prefetch out
-//     changes nothing; leaving ops out (DP_PROBE_SKIP) puts 0.29 GB on qkv_rope (0.24 of weights),
-//     1.41 on o_proj and down_proj (1.17) and 2.64 on gate_up (1.96). The per-launch step reads
-//     the same excess without flushes between its launches: gate_up 114.6 MB a launch for 70.0,
-//     down_proj 47.1 for 35.0. The cause was the weight load's .L2::256B prefetch size, whose
-//     evict-first lines left L2 before they were read (ptx/ldst.cuh); without it this kernel
-//     reads 3.366 GB and the step takes 2.644 ms against 2.819 on the H100, the per-launch step
-//     2.36–2.41 against 2.62–2.63 (…_ea6f914_h100_persistent_ld_stream_ncu.json, ptx/ldst.cuh).
-//     The L2 prefetch ops inside this kernel (--l2-prefetch-mb 8 / 24 --l2-prefetch-qkv) lost
-//     there too: 3.074 / 3.008 ms against 2.814 / 2.807 without them
-//     (…_7ac45fc_h100_syn7b_persistent_{1,2}.json, …_persistent_l2_prefetch_{8,24}mb.json).
+//   - Those runs' step read more than its weights from DRAM (Nsight Compute after a cache flush,
+//     7B, one step; docs/bench/2026-12-05_e6b8a90_h200_persistent_l2_ncu.json): 4.10 GB for
+//     3.36 GB (at two blocks per SM 4.66 GB, with 2.5 GB of spill stores into L2). The probes
+//     as --persistent-define under the same counters (H100;
+//     docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json) put the excess on the GEMVs'
+//     weight loads: with them alone (GEMV_PROBE_LOADS_ONLY=1) the step reads the same 4.10 GB,
+//     without them (GEMV_PROBE_NO_LOADS=1) 72 k sectors miss L2, the attention's page prefetch
+//     left out changes nothing, and leaving ops out (DP_PROBE_SKIP) puts 0.29 GB on qkv_rope
+//     (0.24 of weights), 1.41 on o_proj and down_proj (1.17) and 2.64 on gate_up (1.96). The
+//     per-launch step, counted without flushes between its launches, reads the same excess
+//     (gate_up 114.6 MB a launch for 70.0, down_proj 47.1 for 35.0), where each GEMV launch
+//     profiled alone after a flush reads its nominal bytes (gemv_int4.cu's header). Its source:
+//     a .L2::256B prefetch size on the weight loads, whose evict-first lines leave a full L2
+//     before they are read (ptx/ldst.cuh). Without it, as now, this kernel reads 3.366 GB and
+//     the step takes 2.644 ms against 2.819 on an H100, the per-launch step 2.36–2.41 against
+//     2.62–2.63 (…_ea6f914_h100_persistent_ld_stream_ncu.json, ptx/ldst.cuh). The L2 prefetch
+//     ops inside this kernel (--l2-prefetch-mb 8 / 24 --l2-prefetch-qkv) lose there too: 3.074 /
+//     3.008 ms against 2.814 / 2.807 without them (…_7ac45fc_h100_syn7b_persistent_{1,2}.json,
+//     …_persistent_l2_prefetch_{8,24}mb.json).
 // What lost (docs/bench/2026-12-01_h200_persistent_dev_runs.json, and the two-blocks log of the
 // variants file): two blocks per SM (128 registers; the ops inlined into one switch spill, and compiled
 // apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to

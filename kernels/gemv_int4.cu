@@ -197,9 +197,9 @@
 // Compute after a cache flush, 7B: qkv_rope 8.59 MB for 8.52, o_proj 6.67 for 6.62, gate_up 70.39 for 70.02, down 35.26
 // for 35.01, and gate_up / down forced to 132 blocks 70.10 / 35.09;
 // docs/bench/2026-12-05_e6b8a90_h200_gemv_int4_dram_ncu.json) — after a flush. Inside a step,
-// with L2 full, the .L2::256B prefetch size the weight loads then had made them read more: gate_up
+// with L2 full, a .L2::256B prefetch size on the weight loads makes them read more: gate_up
 // 114.6 MB a launch, down_proj 47.1 (H100, no flush between launches;
-// docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json); hence no prefetch size now
+// docs/bench/2026-12-05_7ac45fc_h100_persistent_dram_probes.json); hence no prefetch size
 // (ptx/ldst.cuh).
 //
 // T tokens at once
