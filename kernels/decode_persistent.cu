@@ -129,7 +129,11 @@
 //     2.62–2.63 (…_ea6f914_h100_persistent_ld_stream_ncu.json, ptx/ldst.cuh). The L2 prefetch
 //     ops inside this kernel (--l2-prefetch-mb 8 / 24 --l2-prefetch-qkv) lose there too: 3.074 /
 //     3.008 ms against 2.814 / 2.807 without them (…_7ac45fc_h100_syn7b_persistent_{1,2}.json,
-//     …_persistent_l2_prefetch_{8,24}mb.json).
+//     …_persistent_l2_prefetch_{8,24}mb.json), and still once the loads carry no prefetch size:
+//     2.754 / 2.724 and 2.926 / 2.933 ms against 2.642 / 2.620 (the per-launch step's L2
+//     prefetch launches: 2.367 / 2.368 and 2.439 / 2.409 against 2.364 / 2.367), two blocks per
+//     SM spill-free 2.680 against 2.639 at one (H100, in turns;
+//     docs/bench/2026-12-05_194fb36_h100_l2pf_*.json, …_rows_syn7b_persistent_*.json).
 // What lost (docs/bench/2026-12-01_h200_persistent_dev_runs.json, and the two-blocks log of the
 // variants file): two blocks per SM (128 registers; the ops inlined into one switch spill, and compiled
 // apart, -DDP_NOINLINE=1, pay the ABI's saves): 0.86 / 3.41 ms, gate_up 44 µs; GEMV_UNROLL=2 to

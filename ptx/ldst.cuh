@@ -33,7 +33,10 @@
 //     / 2.615 ms, 4.14 GB; …_evict_normal_{1,2}.json, the copy's default edited). Timed alone
 //     with its weights rotated past L2 (tools/bench_gemv.py --pdl,
 //     …_ea6f914_h100_gemv_int4_ld_stream.json) a GEMV hardly shows it: gate_up 29.09 µs
-//     against 30.64, the others within ±1 %.
+//     against 30.64, the others within ±1 %. The 128-byte size, fastest for gate_up alone there
+//     (28.64 µs), loses in the step too: 2.454 / 2.451 ms against 2.364 / 2.354 without, the
+//     persistent step 2.707 / 2.672 against 2.642 / 2.621 (in turns, one H100;
+//     …_194fb36_h100_l2pf_{pl,ps}_{ld128,base}_*.json).
 // `.nc` (the non-coherent read-only path) is legal because no kernel writes the weights, and
 // for activations because they were written by an earlier kernel launch, never by this one.
 //
