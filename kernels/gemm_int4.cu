@@ -19,7 +19,9 @@
 //
 // X is FP16 [M, K] row-major (the normed hidden states of the prompt's tokens, the attention
 // output, or h), W is INT4 [N, K] with one FP16 scale per 128 inputs (format/quant.py, layout
-// id 1: 8 nibbles per uint32 in NIBBLE_ORDER, ptx/int4_unpack.cuh).
+// id 1: 8 nibbles per uint32 in NIBBLE_ORDER, ptx/int4_unpack.cuh) in the decode GEMVs' device
+// layout (int4_matmul.cuh: tile-major, q/k/v RoPE-paired), so that one copy of the weights
+// serves both; the K-quant and Q4/5/8_0 kernels at the bottom read their formats as stored.
 //
 // The limit: tensor-core math. At the 7B shape with a 512-token prompt, per layer:
 //   qkv     2·512·4608·3584   = 16.9 GFLOP   weights  8.3 MB
@@ -57,7 +59,8 @@
 //              w_empty: the consumers are done with the stage's X, its weights):
 //              lane 0 issues the TMA copies of X (tensor map: box GEMM_BM tokens × 64 inputs,
 //              128-byte swizzle — the layout wgmma reads; two boxes, 32 KB at 128), and every lane copies 16-byte
-//              pieces of the tile's 128 weight rows (64 B each, 8 KB) with cp.async, which
+//              pieces of the tile's 128 weight rows (64 B each, 8 KB; in the INT4 device layout
+//              each warp tile's 16 rows are one contiguous 1 KiB item) with cp.async, which
 //              arrives on the same full barrier when it lands. It runs on into the next tile while
 //              the consumers are in the epilogue.
 //   consumer = the weights are wgmma's A operand, from registers: lane (g, t) reads the 64 bytes
@@ -391,7 +394,7 @@ struct GemmLaneRows {
 // fragments(): the group's A fragments from the words of rows g and g+8.
 // INT4 (layout id 1): one FP16 scale per row and group, w = (c − 8)·s.
 struct GemmInt4Scales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;  // words between a row's groups in the codes plane
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // words between a row's groups: tile-major items (int4_matmul.cuh)
     static constexpr int HIGH_ROW_BYTES = 0;        // no high-bit plane in the stage
     static constexpr int HIGH_STRIDE = 0;           // words between a row's groups in the high plane
     static constexpr bool ROWS_EACH_GROUP = false;  // the producer's row pointers may be hoisted
@@ -627,10 +630,15 @@ __device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32*
     (which ? out.db : out.da) = aux + r * (K / 256);
 }
 
+// Row `row` of an INT4 matrix of n rows (clamped to the last) in the device layout
+// (int4_matmul.cuh): w its words of group 0 — group grp's are CODE_STRIDE words on, one item
+// further — in the matrix's row order pair_dim (0 plain, Dh RoPE-paired: q, k, v); s its scales.
 __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
-                                              const u32*& w, const __half*& s) {
+                                              int pair_dim, const u32*& w, const __half*& s) {
     const int r = min(row, n - 1);
-    w = qweight + (u64)r * (K / 8);
+    int tile, slot;
+    int4_tile_slot(r, pair_dim, tile, slot);
+    w = int4_tile_item(qweight, tile, 0, K) + slot * (INT4_GROUP / 8);
     s = scales + (u64)r * (K / INT4_GROUP);
 }
 
@@ -888,8 +896,8 @@ struct GemmOneMatrixRows {
     __device__ __forceinline__ GemmLaneRows operator()(int rb, int local) const {
         GemmLaneRows r;
         *ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_lane_row(qweight, scales, *ra, N, K, r.wa, r.sa);
-        gemm_lane_row(qweight, scales, *ra + 8, N, K, r.wb, r.sb);
+        gemm_lane_row(qweight, scales, *ra, N, K, 0, r.wa, r.sa);
+        gemm_lane_row(qweight, scales, *ra + 8, N, K, 0, r.wb, r.sb);
         return r;
     }
 };
@@ -899,7 +907,7 @@ struct GemmOneMatrixRows {
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
               const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]: box 128 × 64, 128-B swizzle
-              const u32* __restrict__ qweight,          // [N, K/8] uint32, layout id 1
+              const u32* __restrict__ qweight,          // [N/16, K/128, 16, 16] uint32, the device layout
               const __half* __restrict__ scales,        // [N, K/128] fp16
               const int* __restrict__ prefill_state,    // [2] int32: start (unused here), M
               float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -918,16 +926,16 @@ gemm_int4_f32(float* __restrict__ out,                  // [M, N] fp32, out
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp32, out: q | k | v per row
               const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
-              const u32* __restrict__ q_qweight,          // [Nq, K/8] uint32
+              const u32* __restrict__ q_qweight,          // [Nq/16, K/128, 16, 16] uint32, RoPE-paired (Dh)
               const __half* __restrict__ q_scales,        // [Nq, K/128] fp16
-              const u32* __restrict__ k_qweight,          // [Nkv, K/8] uint32
+              const u32* __restrict__ k_qweight,          // [Nkv/16, K/128, 16, 16] uint32, RoPE-paired (Dh)
               const __half* __restrict__ k_scales,        // [Nkv, K/128] fp16
-              const u32* __restrict__ v_qweight,          // [Nkv, K/8] uint32
+              const u32* __restrict__ v_qweight,          // [Nkv/16, K/128, 16, 16] uint32, RoPE-paired (Dh)
               const __half* __restrict__ v_scales,        // [Nkv, K/128] fp16
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
               float* __restrict__ split_partials,         // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
               int* __restrict__ split_counters,           // [grid] int32, zero between launches, or null
-              int Nq, int Nkv, int K) {
+              int Nq, int Nkv, int K, int Dh) {  // Dh: the heads' dim, the q/k/v row order (gemm_lane_row)
     const int ld = Nq + 2 * Nkv;
     int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
     gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
@@ -940,8 +948,8 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
         const int n = seg == 0 ? Nq : Nkv;
-        gemm_lane_row(qw, sc, ra - first, n, K, r.wa, r.sa);
-        gemm_lane_row(qw, sc, ra + 8 - first, n, K, r.wb, r.sb);
+        gemm_lane_row(qw, sc, ra - first, n, K, Dh, r.wa, r.sa);
+        gemm_lane_row(qw, sc, ra + 8 - first, n, K, Dh, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float va, float vb) {
         if (ra < ld) qkv[(u64)token * ld + ra] = va;
@@ -1070,11 +1078,11 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
                    __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
                    __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
-                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                   const u32* __restrict__ q_qweight,        // [Hq·Dh/16, K/128, 16, 16] uint32, RoPE-paired
                    const __half* __restrict__ q_scales,      // [Hq·Dh, K/128] fp16
-                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                   const u32* __restrict__ k_qweight,        // [Hkv·Dh/16, K/128, 16, 16] uint32, RoPE-paired
                    const __half* __restrict__ k_scales,      // [Hkv·Dh, K/128] fp16
-                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
+                   const u32* __restrict__ v_qweight,        // [Hkv·Dh/16, K/128, 16, 16] uint32, RoPE-paired
                    const __half* __restrict__ v_scales,      // [Hkv·Dh, K/128] fp16
                    const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
                    const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
@@ -1100,8 +1108,8 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
         const int n = (seg == 0 ? Hq : Hkv) * Dh;
-        gemm_lane_row(qw, sc, rp.h * Dh + rp.i, n, K, r.wa, r.sa);
-        gemm_lane_row(qw, sc, rp.h * Dh + rp.i + half_dim, n, K, r.wb, r.sb);
+        gemm_lane_row(qw, sc, rp.h * Dh + rp.i, n, K, Dh, r.wa, r.sa);
+        gemm_lane_row(qw, sc, rp.h * Dh + rp.i + half_dim, n, K, Dh, r.wb, r.sb);
         return r;
     }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
                            Hq, Hkv, Dh, &pair});
@@ -1115,7 +1123,7 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                    const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                   const u32* __restrict__ qweight,        // [N, K/8] uint32
+                   const u32* __restrict__ qweight,        // [N/16, K/128, 16, 16] uint32
                    const __half* __restrict__ scales,      // [N, K/128] fp16
                    const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                    float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -1133,9 +1141,9 @@ gemm_int4_residual(float* __restrict__ residual,           // [M, N] fp32, in/ou
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                          const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
-                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
+                         const u32* __restrict__ gate_qweight,      // [F/16, K/128, 16, 16] uint32
                          const __half* __restrict__ gate_scales,    // [F, K/128] fp16
-                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
+                         const u32* __restrict__ up_qweight,        // [F/16, K/128, 16, 16] uint32
                          const __half* __restrict__ up_scales,      // [F, K/128] fp16
                          const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                          float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -1148,8 +1156,8 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
         // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
         GemmLaneRows r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
-        gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
+        gemm_lane_row(gate_qweight, gate_scales, f, F, K, 0, r.wa, r.sa);
+        gemm_lane_row(up_qweight, up_scales, f, F, K, 0, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);

@@ -1,4 +1,5 @@
-// kernels/gemv_int4.cu — decode GEMVs over INT4 (layout id 1) weights: y = W x, batch 1.
+// kernels/gemv_int4.cu — decode GEMVs over INT4 (layout id 1) weights in the device layout
+// (int4_matmul.cuh: tile-major), y = W x, batch 1.
 //
 //   gemv_int4_f16            y fp16[N]          = W x
 //   gemv_int4_qkv_rope       q, K/V cache slot  = rope([Wq; Wk; Wv] · rmsnorm(residual) + bias)
@@ -28,8 +29,9 @@
 //     rotates dim i with dim i + Dh/2 of the same head, so the q and k tiles of this kernel
 //     pair their rows: MMA row g of a tile is dim 8j + g of a head and MMA row g + 8 is dim
 //     8j + g + Dh/2 (j = the tile's index within its head). The thread that adds up row g then
-//     holds both halves of its rotation pair. The weights are read row by row anyway (layout
-//     id 1 is row-major), so the pairing only changes addresses.
+//     holds both halves of its rotation pair. The device layout stores q, k and v in that
+//     order (v's tiles paired too, so that the prefill GEMM, which pairs all three, reads the
+//     same bytes), so the pairing costs no address arithmetic.
 //   - the residual add after o_proj and down_proj, SwiGLU after gate/up.
 // And each kernel is a programmatic dependent of the one before it (ptx/griddep.cuh): its
 // first batch of weights is requested before griddepcontrol.wait, under the previous kernel's
@@ -78,6 +80,19 @@
 // Weights use the streaming load (L1::no_allocate, L2 evict-first, no L2 prefetch size: the
 // 256 B one made a decode step read 23 % more than its weights from DRAM, ptx/ldst.cuh).
 //
+// The weights' layout: tile-major (int4_matmul.cuh), so the two 16-byte loads of a warp for one
+// (tile, group) item read 512 contiguous bytes each, where layout id 1 as stored in the file
+// (row-major) gave 8 pieces of 64 B in 8 rows K/2 bytes apart. The same engine over both
+// layouts (`drvqwen bench --preset 7b --mode graph --new-tokens 64`, in turns, one H100;
+// docs/bench/2026-12-05_194fb36_h100_syn7b_rowmajor_1.json and its siblings; the tile-major
+// runs read the row-major file's bytes at the tile-major addresses — a timing probe, same
+// bytes and work): graph ITL of the synthetic 7B 2.214 / 2.213 ms tile-major against 2.356 /
+// 2.379 row-major, the persistent step 2.523 against 2.623; each GEMV alone
+// (tools/dev_kernels.py gemv_int4, weights rotated past L2, …_dev_gemv_int4_v1.json), µs,
+// tile-major / row-major: o_proj 4.63 / 4.82, gate_up 25.73 / 29.03, down 15.23 / 16.40 (copy
+// bandwidth 3022 GB/s: gate_up at 90 % of it from 80 %). Where a row-major warp load touches 8
+// DRAM rows with 64 B each, the tile-major one touches one with 512 B.
+//
 // Shared memory (dynamic): x, K·2 bytes, then the warp partials,
 // ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1). The T-token kernels: see
 // "T tokens".
@@ -88,10 +103,10 @@
 //   | launch shape                               | gate_up  | down     | qkv     | o_proj  |
 //   | one tile per block (first version)         | 29.7 µs  | 16.9 µs  | 7.2 µs  | 4.6 µs  |
 //   | persistent, gemv_launch_shape              | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
-//   | + tile-major weights (dev v1_tile_major)   | 22.5 µs  | 15.3 µs  |         |         |
+//   | + tile-major weights (a dev version then)  | 22.5 µs  | 15.3 µs  |         |         |
 // gate_up at 24.5 µs is 2.86 TB/s (3.12 TB/s tile-major); qkv and o are launch/latency bound
-// (~1.5–2 µs of bytes in ~5 µs). Tile-major: kernels/dev/gemv_int4/v1_tile_major.cu, re-run
-// beside this file with `PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v1`.
+// (~1.5–2 µs of bytes in ~5 µs). Tile-major is the device layout now (below: "The weights'
+// layout"); the other rows of these tables were measured over layout id 1 as stored.
 //
 // With the fusions and PDL (tools/bench_gemv.py --pdl: each GEMV alone, back to back in a graph,
 // weights rotated past L2, H200, 4273 GB/s copy bandwidth), µs per call:
@@ -490,13 +505,14 @@ __device__ __forceinline__ XS gemv_x_source(const float* residual, const __half*
 }
 
 // Where the words a lane loads for one (tile, group) item lie: lane (g, t) takes words
-// 4t … 4t+3 of group gi of the rows behind MMA rows g and g + 8. Layout id 1 (format/quant.py):
-// qweight [n, K/8] uint32, row-major. `row` is the matrix row (clamped to the last one);
-// tile and r (the MMA row) are there for other layouts (kernels/dev/).
-struct GemvRowMajor {
+// 4t … 4t+3 of group gi of the rows behind MMA rows g and g + 8. The device layout
+// (int4_matmul.cuh): qweight [tiles, K/128, 16, 16] uint32, the item's 16 rows in MMA row order,
+// so MMA row r is slot r of item (tile, gi) whatever the segment's row order. `row` (the matrix
+// row, clamped to the last one) is there for layouts that need it (kernels/dev/).
+struct GemvTileMajor {
     __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
                                                       int gi, int K, int t) {
-        return qweight + 4 * t + gi * GEMV_WORDS_PER_GROUP + row * (K / 8);
+        return int4_tile_item(qweight, tile, gi, K) + r * GEMV_WORDS_PER_GROUP + 4 * t;
     }
 };
 
@@ -534,7 +550,7 @@ __device__ __forceinline__ float gemv_scale(u32 bits) {
 // g + 8 of its tile j-within-a-head are dims 8j + g and 8j + g + Dh/2 of that head.
 template <int MT, int NSEG>
 struct GemvProblem {
-    const u32* qweight[NSEG][MT];     // [n, K/8] uint32 each
+    const u32* qweight[NSEG][MT];     // [ceil(n/16), K/128, 16, 16] uint32 each (the device layout)
     const __half* scales[NSEG][MT];   // [n, K/128] fp16 each
     int n[NSEG];                      // rows of each segment
     int first_tile[NSEG + 1];         // tile index where each segment starts (prefix sums)
@@ -795,7 +811,7 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
 
 // The single-token GEMV of one block (the decode step's): gemv_int4_engine with NTOK = 1, and
 // epilogue(seg, tile_in_seg, g, sums[MT][2]) once per (tile, g).
-template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Dep, typename Prologue, typename Epilogue>
+template <int MT, int NSEG, typename Layout = GemvTileMajor, typename Dep, typename Prologue, typename Epilogue>
 __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
                                                 Dep dep, Prologue stage_x, Epilogue epilogue) {
     gemv_int4_engine<1, MT, NSEG, Layout>(p, K, 1, bc, dep, stage_x,
@@ -810,7 +826,7 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
 extern "C" __global__ void __launch_bounds__(GEMV_MAX_WARPS * WARP_SIZE)
 gemv_int4_f16(__half* __restrict__ y,             // [N] fp16, out
               const __half* __restrict__ x,       // [K] fp16
-              const u32* __restrict__ qweight,    // [N, K/8] uint32, layout id 1
+              const u32* __restrict__ qweight,    // [ceil(N/16), K/128, 16, 16] uint32, the device layout
               const __half* __restrict__ scales,  // [N, K/128] fp16
               int N, int K) {
     const GemvProblem<1, 1> p = {{{qweight}}, {{scales}}, {N}, {0, int4_tiles(N)}, {0}};
@@ -842,11 +858,11 @@ struct GemvInt4QkvRopeArgs {
     __half* v_cache;         // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
     const float* residual;   // [K] fp32, the residual stream
     const __half* norm_w;    // [K] fp16, input_layernorm gain
-    const u32* q_qweight;    // [Hq·Dh, K/8] uint32
+    const u32* q_qweight;    // [Hq·Dh/16, K/128, 16, 16] uint32, RoPE-paired rows
     const __half* q_scales;  // [Hq·Dh, K/128] fp16
-    const u32* k_qweight;    // [Hkv·Dh, K/8] uint32
+    const u32* k_qweight;    // [Hkv·Dh/16, K/128, 16, 16] uint32, RoPE-paired rows
     const __half* k_scales;  // [Hkv·Dh, K/128] fp16
-    const u32* v_qweight;    // [Hkv·Dh, K/8] uint32
+    const u32* v_qweight;    // [Hkv·Dh/16, K/128, 16, 16] uint32, RoPE-paired rows
     const __half* v_scales;  // [Hkv·Dh, K/128] fp16
     const __half* q_bias;    // [Hq·Dh] fp16
     const __half* k_bias;    // [Hkv·Dh] fp16
@@ -874,7 +890,7 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_tokens_item(const GemvInt4Qkv
                                  {{a.q_scales}, {a.k_scales}, {a.v_scales}},
                                  {nq, nkv, nkv},
                                  {0, tq, tq + tkv, tq + 2 * tkv},
-                                 {Dh, Dh, 0}};
+                                 {Dh, Dh, Dh}};  // v paired too: the device layout stores it so
     // The position and its K/V slot: read at once where the state stays fixed (Dep::state_fixed:
     // two dependent L2 loads off the end of the item), else in the epilogue, after the wait.
     int pos_fixed = 0;
@@ -883,23 +899,22 @@ __device__ __forceinline__ void gemv_int4_qkv_rope_tokens_item(const GemvInt4Qkv
         pos_fixed = a.state[0];
         slot_fixed = kv_offset(a.block_table[pos_fixed / PAGE_TOKENS], 0, pos_fixed % PAGE_TOKENS, Hkv, Dh);
     }
-    gemv_int4_engine<NTOK, 1, 3, GemvRowMajor>(p, a.K, n_tok, bc, dep,
+    gemv_int4_engine<NTOK, 1, 3, GemvTileMajor>(p, a.K, n_tok, bc, dep,
                                                gemv_x_source<NTOK, XS>(a.residual, a.norm_w, a.eps, n_tok, x_normed),
                                                [&](int seg, int tile, int g, int tok, const float (&s)[1][2]) {
         const int pos = (Dep::state_fixed ? pos_fixed : a.state[0]) + tok;
         const u64 slot = Dep::state_fixed && NTOK == 1
                              ? slot_fixed
                              : kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
-        if (seg == 2) {  // v: bias only, plain row order
-            gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
-                const int head = row / Dh, d = row % Dh;
-                a.v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(a.v_bias[row]));
-            });
-            return;
-        }
-        int lo, hi;  // rows of dims i and i + Dh/2 of one head
+        int lo, hi;  // rows of dims i and i + Dh/2 of one head (q, k and v alike)
         gemv_tile_rows(tile, g, Dh, lo, hi);
         const int head = lo / Dh, i = lo % Dh;
+        if (seg == 2) {  // v: bias only
+            __half* dst = a.v_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+            dst[i] = __float2half_rn(s[0][0] + __half2float(a.v_bias[lo]));
+            dst[i + Dh / 2] = __float2half_rn(s[0][1] + __half2float(a.v_bias[hi]));
+            return;
+        }
         const __half* b = seg == 0 ? a.q_bias : a.k_bias;
         float o1, o2;
         rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, a.inv_freq[i], o1, o2);
@@ -940,7 +955,7 @@ gemv_int4_qkv_rope(__half* __restrict__ q_out, __half* __restrict__ k_cache, __h
 struct GemvInt4ResidualArgs {
     float* residual;        // [N] fp32, in/out
     const __half* x;        // [K] fp16
-    const u32* qweight;     // [N, K/8] uint32
+    const u32* qweight;     // [ceil(N/16), K/128, 16, 16] uint32
     const __half* scales;   // [N, K/128] fp16
     int N, K;
 };
@@ -956,8 +971,8 @@ __device__ __forceinline__ void gemv_int4_residual_tokens_item(const GemvInt4Res
         float* residual = a.residual + (u64)tok * N;
         gemv_store_rows(tile, g, N, s[0], [&](int row, float v) { residual[row] += v; });
     };
-    if constexpr (NTOK == 1) gemv_int4_engine<1, 1, 1, GemvRowMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
-    else gemv_int4_engine<NTOK, 1, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep, GemvXGlobal{a.x}, epilogue);
+    if constexpr (NTOK == 1) gemv_int4_engine<1, 1, 1, GemvTileMajor>(p, a.K, 1, bc, dep, GemvStageX{a.x}, epilogue);
+    else gemv_int4_engine<NTOK, 1, 1, GemvTileMajor>(p, a.K, n_tok, bc, dep, GemvXGlobal{a.x}, epilogue);
 }
 
 template <typename Dep>
@@ -982,9 +997,9 @@ struct GemvInt4GateUpSwigluArgs {
     __half* h;                  // [F] fp16, out
     const float* residual;      // [K] fp32, the residual stream
     const __half* norm_w;       // [K] fp16, post_attention_layernorm gain
-    const u32* gate_qweight;    // [F, K/8] uint32
+    const u32* gate_qweight;    // [F/16, K/128, 16, 16] uint32
     const __half* gate_scales;  // [F, K/128] fp16
-    const u32* up_qweight;      // [F, K/8] uint32
+    const u32* up_qweight;      // [F/16, K/128, 16, 16] uint32
     const __half* up_scales;    // [F, K/128] fp16
     int F, K;
     float eps;
@@ -998,7 +1013,7 @@ __device__ __forceinline__ void gemv_int4_gate_up_swiglu_tokens_item(const GemvI
     const int F = a.F;
     const GemvProblem<2, 1> p = {{{a.gate_qweight, a.up_qweight}}, {{a.gate_scales, a.up_scales}},
                                  {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_engine<NTOK, 2, 1, GemvRowMajor>(p, a.K, n_tok, bc, dep,
+    gemv_int4_engine<NTOK, 2, 1, GemvTileMajor>(p, a.K, n_tok, bc, dep,
                                                gemv_x_source<NTOK, XS>(a.residual, a.norm_w, a.eps, n_tok, x_normed),
                                                [&](int, int tile, int g, int tok, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;

@@ -1,9 +1,11 @@
 // kernels/int4_matmul.cuh — what the decode GEMV (gemv_int4.cu) and the prefill GEMM
-// (gemm_int4.cu) share about INT4 weights (layout id 1, format/quant.py): 16-row weight tiles
-// as the A operand of m16n8k16 MMAs, matrices stacked along N (q, k, v), and the SwiGLU
-// epilogue of the fused gate/up projection.
+// (gemm_int4.cu) share about INT4 weights (layout id 1, format/quant.py, stored tile-major on the
+// GPU: below): 16-row weight tiles as the A operand of m16n8k16 MMAs, matrices stacked along N
+// (q, k, v), and the SwiGLU epilogue of the fused gate/up projection.
 //
 //   INT4_GROUP, INT4_TILE_ROWS    the quantisation group along K and the rows of a weight tile
+//   int4_tile_item / int4_tile_slot   the tile-major device layout: where a (tile, group) item
+//                                 starts, and the tile and slot (MMA row) of a matrix row
 //   int4_tiles / int4_segment / int4_pick   tiles of a matrix; which stacked matrix a tile is in
 //   int4_a_fragments              one word of rows g and g+8 → the A fragments of two MMAs
 //   gemv_tile_rows / gemv_store_rows   the rows behind MMA rows g and g+8 of a tile (RoPE-paired
@@ -17,7 +19,7 @@
 #pragma once
 #include <cuda_fp16.h>
 
-#include "types.cuh"        // u32
+#include "types.cuh"        // u32, u64
 #include "int4_unpack.cuh"  // unpack_int4x8
 
 #define INT4_GROUP     128  // inputs per FP16 scale along K (quant.py GROUP_SIZE)
@@ -25,6 +27,38 @@
 
 // Tiles of INT4_TILE_ROWS rows that cover n rows (the last one may be partial).
 __device__ __forceinline__ int int4_tiles(int n) { return (n + INT4_TILE_ROWS - 1) / INT4_TILE_ROWS; }
+
+// The device layout of INT4 weights (format/int4_tiles.py builds it on the host, kernels/
+// weight_layout.cu on the GPU when a model is loaded): qweight uint32 [ceil(N/16), K/128, 16, 16]
+// — for each 16-row tile and 128-input group one item of 16 rows × 16 words, 1 KiB contiguous,
+// where layout id 1 as stored in the file ([N, K/8], row-major) gives 16 pieces of 64 B, K/2
+// bytes apart. A warp of the decode GEMV loads one item per group with two 16-byte loads a
+// lane, so each of its loads is 512 contiguous bytes, not 8 pieces of 64 B in 8 DRAM rows: the
+// synthetic 7B's decode step took 2.214 / 2.213 ms against 2.356 / 2.379 row-major (H100, graph
+// ITL, in turns; gemv_int4.cu's header). The rows of a tile are in the order of the MMA rows
+// (gemv_tile_rows): plain (pair_dim 0: slot m is row 16·tile + m) for o_proj, gate, up and down,
+// RoPE-paired (pair_dim = Dh: slots g and g + 8 are dims 8j + g and 8j + g + Dh/2 of a head) for
+// q, k and v, so that an item's slots are the GEMV's MMA rows as loaded. Rows past N (a last
+// partial tile, plain order only) are zeros. The scales stay row-major [N, K/128].
+#define INT4_ITEM_WORDS (INT4_TILE_ROWS * INT4_GROUP / 8)  // 256 words = 1 KiB per (tile, group)
+
+// The first word of item (tile, gi) of a tile-major matrix of K inputs.
+__device__ __forceinline__ const u32* int4_tile_item(const u32* qweight, int tile, int gi, int K) {
+    return qweight + ((u64)tile * (K / INT4_GROUP) + gi) * INT4_ITEM_WORDS;
+}
+
+// The tile and slot (MMA row, 0..15) that hold matrix row `row` in the device layout: the
+// inverse of gemv_tile_rows for pair_dim = 0 (plain) or Dh (RoPE-paired).
+__device__ __forceinline__ void int4_tile_slot(int row, int pair_dim, int& tile, int& slot) {
+    if (pair_dim > 0) {
+        const int head = row / pair_dim, d = row % pair_dim, half = pair_dim / 2, i = d % half;
+        tile = head * (pair_dim / INT4_TILE_ROWS) + i / 8;
+        slot = i % 8 + (d >= half ? 8 : 0);
+    } else {
+        tile = row / INT4_TILE_ROWS;
+        slot = row % INT4_TILE_ROWS;
+    }
+}
 
 // Which of NSEG stacked matrices holds tile `tile`, matrix s starting at tile first_tile[s]:
 // by comparisons, not a search through a runtime-indexed array (that would live in local memory).

@@ -8,6 +8,9 @@
   first mismatches on failure.
 - `graph_time_us(...)`: GPU time per launch of a launcher, replayed from a captured graph (drvqwen.cuda.graph)
   (no Python launch overhead in the figure).
+- `upload_int4(dev, name, qweight, pair_dim)`: a layout-id-1 INT4 qweight uploaded in the device
+  layout the INT4 kernels read (format/int4_tiles.py); `int4_specs(...)` the same weight's
+  BufferSpecs for the CPU tests' launchers.
 
 The references are drvqwen.reference's dtype-generic functions evaluated in float64 on the
 kernel's exact inputs.
@@ -133,6 +136,26 @@ def random_int4(rng: np.random.Generator, n: int, k: int, scale_lo=0.002, scale_
     qweight = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
     scales = rng.uniform(scale_lo, scale_hi, size=(n, k // 128)).astype(np.float16)
     return qweight, scales
+
+
+def upload_int4(dev, name: str, qweight: np.ndarray, pair_dim: int = 0):
+    """A layout-id-1 qweight uint32 [N, K/8] on the device as the INT4 kernels (gemv_int4.cu,
+    gemm_int4.cu) read it: uint32 [ceil(N/16), K/128, 16, 16] in the device layout
+    (format/int4_tiles.py), pair_dim the head dim for q_proj, k_proj and v_proj and 0 for every
+    other weight. The references stay on the layout-id-1 array."""
+    from drvqwen.format.int4_tiles import to_tile_major
+
+    return dev.upload(name, to_tile_major(qweight, pair_dim))
+
+
+def int4_specs(name: str, n: int, k: int):
+    """(qweight, scales) BufferSpecs of an INT4 [n, k] weight as the INT4 kernels' launchers take
+    it (no GPU): qweight uint32 [ceil(n/16), K/128, 16, 16] (the device layout), scales fp16
+    [n, K/128]."""
+    from drvqwen.launchers.base import BufferSpec
+
+    return (BufferSpec(f"{name}.qweight", (-(-n // 16), k // 128, 16, 16), np.uint32),
+            BufferSpec(f"{name}.scales", (n, k // 128), np.float16))
 
 
 def dequant64(qweight: np.ndarray, scales: np.ndarray) -> np.ndarray:

@@ -6,7 +6,9 @@ N), K from one 128-input group to the 7B width. The activation rows past M are N
 may read them (each token is its own column of the MMA) but they must not reach any output row
 < M; the output is poisoned (every element < M must be written, every element past M left alone).
 Every test runs each build of the file — tiles of 64, 128 and 256 tokens (GEMM_BM), forced
-with tile_tokens — beside the launchers' own choice where it differs. (Speed: tools/bench_gemm.py.)
+with tile_tokens — beside the launchers' own choice where it differs. The weights go to the GPU in
+the device layout (kernel_testing.upload_int4: q, k and v RoPE-paired by the head dim), the
+reference works on the same words in layout id 1. (Speed: tools/bench_gemm.py.)
 """
 
 import numpy as np
@@ -16,7 +18,8 @@ from drvqwen import launchers
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 
-from kernel_testing import TOL_GEMV, assert_same_bits, dequant64, dev, graph_time_us, random_int4, report  # noqa: F401
+from kernel_testing import (TOL_GEMV, assert_same_bits, dequant64, dev, graph_time_us, random_int4,  # noqa: F401
+                            report, upload_int4)
 
 pytestmark = pytest.mark.gpu
 
@@ -39,6 +42,13 @@ def _state(dev, m, start=0):
     return dev.upload("prefill_state", np.array([start, m], np.int32))
 
 
+def _qkv_weights(dev, ws, hd: int) -> list:
+    """[q qweight, q scales, k …, v …] on the device: the qweights in the device layout, their
+    rows RoPE-paired by the head dim hd (as the QKV kernels read q, k and v)."""
+    return [a for i, (qw, sc) in enumerate(ws) for a in (upload_int4(dev, f"w{i}.qw", qw, hd),
+                                                        dev.upload(f"w{i}.sc", sc))]
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 333, 384), (15, 333, 128), (16, 200, 896), (17, 333, 384),
                                    (100, 1000, 1024), (512, 333, 3584)])
 @pytest.mark.parametrize("max_blocks", [None, 0, 3])
@@ -48,7 +58,7 @@ def test_gemm_f32(dev, rng, m, n, k, max_blocks, tile):
     x = _x(rng, m, k)
     rows = _capacity(m)
     out = dev.poisoned("out", (rows, n), np.float32)
-    g = launchers.GemmInt4(out, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
+    g = launchers.GemmInt4(out, dev.upload("x", x), upload_int4(dev, "qw", qw), dev.upload("sc", sc), _state(dev, m),
                    n=n, k=k, rows=rows, max_blocks=max_blocks, tile_tokens=tile)
     g.launch()
     got = out.download()
@@ -64,12 +74,13 @@ def test_gemm_f32(dev, rng, m, n, k, max_blocks, tile):
 def test_gemm_qkv(dev, rng, m, tile):
     nq, nkv, k = 224, 32, 256           # 288 stacked rows: 3 blocks of 128, the last partial; a
                                         # block holds rows of all three matrices
+    hd = 32                             # 7 q heads, 1 k/v head
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
     x = _x(rng, m, k)
     rows = _capacity(m)
     out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
-    launchers.GemmInt4QkvRows(out, dev.upload("x", x), *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
-                      _state(dev, m), n_q=nq, n_kv=nkv, k=k, rows=rows, tile_tokens=tile).launch()
+    launchers.GemmInt4QkvRows(out, dev.upload("x", x), *_qkv_weights(dev, ws, hd), _state(dev, m), n_q=nq, n_kv=nkv,
+                              k=k, rows=rows, head_dim=hd, tile_tokens=tile).launch()
     want = np.concatenate([x[:m].astype(np.float64) @ dequant64(*w).T for w in ws], axis=1)
     got = out.download()
     report(f"gemm_int4_qkv M={m}", got[:m], want, TOL_GEMV)
@@ -87,8 +98,9 @@ def test_gemm_residual(dev, rng, m, max_blocks, tile):
     r0 = np.full((rows, n), np.nan, np.float32)
     r0[:m] = (rng.standard_normal((m, n)) * 100).astype(np.float32)  # large residual values
     res = dev.upload("residual", r0)
-    launchers.GemmInt4ResidualRows(res, dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m),
-                           n=n, k=k, rows=rows, max_blocks=max_blocks, tile_tokens=tile).launch()
+    launchers.GemmInt4ResidualRows(res, dev.upload("x", x), upload_int4(dev, "qw", qw), dev.upload("sc", sc),
+                                   _state(dev, m), n=n, k=k, rows=rows, max_blocks=max_blocks,
+                                   tile_tokens=tile).launch()
     got = res.download()
     want = r0[:m].astype(np.float64) + x[:m].astype(np.float64) @ dequant64(qw, sc).T
     report(f"gemm_int4_residual M={m}", got[:m], want, TOL_GEMV)
@@ -103,9 +115,9 @@ def test_gemm_gate_up_swiglu(dev, rng, m, tile):
     x = _x(rng, m, k)
     rows = _capacity(m)
     h = dev.poisoned("h", (rows, f), np.float16)
-    launchers.GemmInt4GateUpSwigluRows(h, dev.upload("x", x), dev.upload("gq", gq), dev.upload("gs", gs),
-                               dev.upload("uq", uq), dev.upload("us", us), _state(dev, m), f=f, k=k,
-                               rows=rows, tile_tokens=tile).launch()
+    launchers.GemmInt4GateUpSwigluRows(h, dev.upload("x", x), upload_int4(dev, "gq", gq), dev.upload("gs", gs),
+                                       upload_int4(dev, "uq", uq), dev.upload("us", us), _state(dev, m), f=f, k=k,
+                                       rows=rows, tile_tokens=tile).launch()
     x64 = x[:m].astype(np.float64)
     want = ref.swiglu(x64 @ dequant64(gq, gs).T, x64 @ dequant64(uq, us).T)
     got = h.download()
@@ -155,7 +167,7 @@ def test_gemm_split_k(dev, rng, m, blocks, tile):
     rows = _capacity(m)
     x64 = x[:m].astype(np.float64)
     want = x64 @ dequant64(qw, sc).T
-    xd, qd, sd, ps = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc), _state(dev, m)
+    xd, qd, sd, ps = dev.upload("x", x), upload_int4(dev, "qw", qw), dev.upload("sc", sc), _state(dev, m)
     sk = _scratch(dev)
 
     out = dev.poisoned("out", (rows, n), np.float32)
@@ -186,7 +198,7 @@ def test_gemm_split_k(dev, rng, m, blocks, tile):
 @pytest.mark.parametrize("m,blocks", [(17, 3), (300, None)])
 @pytest.mark.parametrize("tile", TILES)
 def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, blocks, tile):
-    nq, nkv, f, k = 224, 32, 200, 3456
+    nq, nkv, hd, f, k = 224, 32, 32, 200, 3456
     x = _x(rng, m, k)
     rows = _capacity(m)
     x64 = x[:m].astype(np.float64)
@@ -195,8 +207,8 @@ def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, blocks, tile):
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
     sk = _scratch(dev)
     out = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
-    g = launchers.GemmInt4QkvRows(out, xd, *[dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)],
-                                  ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, blocks=blocks, tile_tokens=tile)
+    g = launchers.GemmInt4QkvRows(out, xd, *_qkv_weights(dev, ws, hd), ps, n_q=nq, n_kv=nkv, k=k, rows=rows,
+                                  head_dim=hd, split_k=sk, blocks=blocks, tile_tokens=tile)
     tag = f"M={m} {_plan(g, blocks)} tile={tile}"
     g.launch()
     got = out.download()
@@ -207,9 +219,9 @@ def test_gemm_qkv_and_gate_up_split_k(dev, rng, m, blocks, tile):
 
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     h = dev.poisoned("h", (rows, f), np.float16)
-    g = launchers.GemmInt4GateUpSwigluRows(h, xd, dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
-                                           dev.upload("us", us), ps, f=f, k=k, rows=rows, split_k=sk, blocks=blocks,
-                                           tile_tokens=tile)
+    g = launchers.GemmInt4GateUpSwigluRows(h, xd, upload_int4(dev, "gq", gq), dev.upload("gs", gs),
+                                           upload_int4(dev, "uq", uq), dev.upload("us", us), ps, f=f, k=k, rows=rows,
+                                           split_k=sk, blocks=blocks, tile_tokens=tile)
     tag = f"M={m} {_plan(g, blocks)} tile={tile}"
     g.launch()
     got = h.download()
@@ -227,7 +239,7 @@ def test_gemm_split_k_chosen_where_tiles_are_few(dev, rng):
     sk = _scratch(dev)
     x = dev.array("x", (rows, k), np.float16)
     res = dev.array("residual", (rows, n), np.float32)
-    qw, sc = dev.array("qw", (n, k // 8), np.uint32), dev.array("sc", (n, k // 128), np.float16)
+    qw, sc = dev.array("qw", (n // 16, k // 128, 16, 16), np.uint32), dev.array("sc", (n, k // 128), np.float16)
     ps = _state(dev, rows)
     kw = dict(rows=rows, max_blocks=132)
     t = launchers.GemmInt4ResidualRows(res, x, qw, sc, ps, n=n, k=k, split_k=sk, **kw).tiling
@@ -266,7 +278,7 @@ def test_gemm_qkv_rope(dev, rng, m, start, split, blocks, hd, hq, hkv, tile):
     n_pages = -(-(start + m) // PAGE_TOKENS) + 2
     block_table = rng.permutation(n_pages).astype(np.int32)
     xd, ps, bt = dev.upload("x", x), _state(dev, m, start), dev.upload("bt", block_table)
-    wd = [dev.upload(f"w{i}{j}", a) for i, w in enumerate(ws) for j, a in enumerate(w)]
+    wd = _qkv_weights(dev, ws, hd)
     bd = [dev.upload(f"b{i}", b) for i, b in enumerate(biases)]
     fd = dev.upload("inv_freq", inv_freq)
     rope_cs = dev.poisoned("rope_cs", (rows, hd // 2, 2), np.float32)
@@ -306,8 +318,8 @@ def test_gemm_qkv_rope(dev, rng, m, start, split, blocks, hd, hq, hkv, tile):
     # The two-launch path on the same inputs: the same bits everywhere (written slots and poison).
     apart = outputs("apart")
     qkv = dev.poisoned("qkv", (rows, nq + 2 * nkv), np.float32)
-    launchers.GemmInt4QkvRows(qkv, xd, *wd, ps, n_q=nq, n_kv=nkv, k=k, rows=rows, split_k=sk, blocks=blocks,
-                              tile_tokens=tile).launch()
+    launchers.GemmInt4QkvRows(qkv, xd, *wd, ps, n_q=nq, n_kv=nkv, k=k, rows=rows, head_dim=hd, split_k=sk,
+                              blocks=blocks, tile_tokens=tile).launch()
     launchers.RopeKvRows(*apart, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
     for name, a, b in zip("qkv", (got_q, got_k, got_v), apart):
         assert_same_bits(f"{tag} {name} against gemm_int4_qkv + rope_kv_rows", a, b.download())

@@ -4,7 +4,9 @@ The fused kernels are checked against the reference of everything they fuse: gem
 against rmsnorm → matvec + bias → RoPE (q, and the K/V cache slot of the position in a
 NaN-poisoned paged cache with a shuffled block table, every other slot untouched), and
 gemv_int4_gate_up_swiglu against rmsnorm → two matvecs → SwiGLU. The normalised input is
-rounded to FP16 in the reference as the kernel rounds it.
+rounded to FP16 in the reference as the kernel rounds it. The weights go to the GPU in the device
+layout (kernel_testing.upload_int4: q, k and v RoPE-paired by the head dim), the reference works
+on the same words in layout id 1.
 
 Shapes: the real 7B and 0.5B projections, plus awkward ones — N not a multiple of the 16-row
 tile, N = 1, K = 128 (one group), K with a group count no warp split divides evenly.
@@ -22,7 +24,7 @@ import pytest
 
 from drvqwen import reference as ref
 from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
-                            matvec64, normed_fp16, random_int4, report)
+                            matvec64, normed_fp16, random_int4, report, upload_int4)
 
 pytestmark = pytest.mark.gpu
 
@@ -74,7 +76,7 @@ def test_gemv_int4_f16(dev, rng, label, n, k):
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, k)
     want = matvec64(qw, sc, x)
-    bufs = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc)
+    bufs = dev.upload("x", x), upload_int4(dev, "qw", qw), dev.upload("sc", sc)
     for variant, kw in _variants(label, -(-n // 16), k):
         y = dev.poisoned("y", (n,), np.float16)
         ln = GemvInt4(y, *bufs, n=n, k=k, **kw)
@@ -101,7 +103,7 @@ def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
     q64, k64, v64 = (matvec64(qw, sc, x) + b.astype(np.float64) for (qw, sc), b in zip(ws, biases))
     args = []
     for name, (qw, sc) in zip("qkv", ws):
-        args += [dev.upload(f"{name}.qw", qw), dev.upload(f"{name}.sc", sc)]
+        args += [upload_int4(dev, f"{name}.qw", qw, dh), dev.upload(f"{name}.sc", sc)]
     bufs = dict(residual=dev.upload("residual", residual), norm_w=dev.upload("norm_w", norm_w),
                 bias=[dev.upload(f"b{i}", b) for i, b in enumerate(biases)], inv_freq=dev.upload("inv_freq", inv_freq),
                 bt=dev.upload("block_table", block_table), state=dev.upload("state", np.zeros(3, np.int32)))
@@ -144,7 +146,7 @@ def test_gemv_int4_residual(dev, rng, label, n, k):
     res_in = rng.standard_normal(n).astype(np.float32)
     big = rng.choice(n, size=min(4, n), replace=False)  # Qwen2's massive residual channels
     res_in[big] = rng.choice([-1, 1], size=big.size) * rng.uniform(1e3, 3e4, size=big.size)
-    bufs = dev.upload("x", x), dev.upload("qw", qw), dev.upload("sc", sc)
+    bufs = dev.upload("x", x), upload_int4(dev, "qw", qw), dev.upload("sc", sc)
     dot = matvec64(qw, sc, x)
     for variant, kw in _variants(label, -(-n // 16), k):
         res = dev.upload("residual", res_in)
@@ -167,8 +169,8 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
     (gq, gs), (uq, us) = random_int4(rng, f, k), random_int4(rng, f, k)
     residual, norm_w = massive_residual(rng, k), (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
     x = normed_fp16(residual, norm_w, EPS)
-    bufs = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), dev.upload("gq", gq),
-            dev.upload("gs", gs), dev.upload("uq", uq), dev.upload("us", us))
+    bufs = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), upload_int4(dev, "gq", gq),
+            dev.upload("gs", gs), upload_int4(dev, "uq", uq), dev.upload("us", us))
     want = ref.swiglu(matvec64(gq, gs, x), matvec64(uq, us, x))
     for variant, kw in _variants(label, -(-f // 16), k):
         h = dev.poisoned("h", (f,), np.float16)

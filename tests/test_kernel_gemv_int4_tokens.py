@@ -27,7 +27,8 @@ from drvqwen.config import PRESETS
 from drvqwen.launchers import (BufferSpec, FixedOccupancy, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual,
                                LaunchError, RmsNorm)
 from drvqwen.launchers.gemv_int4 import MAX_TOKENS, gemv_tokens_smem_bytes
-from kernel_testing import TOL_GEMV, dequant64, dev, massive_residual, normed_fp16, random_int4, report  # noqa: F401
+from kernel_testing import (TOL_GEMV, dequant64, dev, int4_specs, massive_residual, normed_fp16,  # noqa: F401
+                            random_int4, report, upload_int4)
 
 TOKEN_COUNTS = [1, 2, 5, 8, 16]
 EPS = 1e-6
@@ -103,7 +104,7 @@ def test_gemv_int4_residual_tokens(dev, rng, label, n, k):
     qw, sc = random_int4(rng, n, k)
     x = rng.standard_normal((MAX_TOKENS, k)).astype(np.float16)
     res_in = _residual_in(rng, MAX_TOKENS, n)
-    w = dev.upload("qw", qw), dev.upload("sc", sc)
+    w = upload_int4(dev, "qw", qw), dev.upload("sc", sc)
     want = res_in.astype(np.float64) + matmat64(qw, sc, x)
     x1, res1 = dev.array("x1", (k,), np.float16), dev.array("res1", (n,), np.float32)
     xt, rest = dev.upload("x", x), dev.array("residual", (MAX_TOKENS, n), np.float32)
@@ -137,7 +138,7 @@ def test_gemv_int4_qkv_rope_tokens(dev, rng, label, hq, hkv, dh, k):
     q64, k64, v64 = (matmat64(qw, sc, x) + b.astype(np.float64) for (qw, sc), b in zip(ws, biases))
     weights = []
     for name, (qw, sc) in zip("qkv", ws):
-        weights += [dev.upload(f"{name}.qw", qw), dev.upload(f"{name}.sc", sc)]
+        weights += [upload_int4(dev, f"{name}.qw", qw, dh), dev.upload(f"{name}.sc", sc)]
     tail = [*(dev.upload(f"b{i}", b) for i, b in enumerate(biases)), dev.upload("inv_freq", inv_freq),
             dev.upload("state", np.zeros(3, np.int32)), dev.upload("block_table", block_table)]
     state = tail[4]
@@ -199,7 +200,7 @@ def test_gemv_int4_gate_up_swiglu_tokens(dev, rng, label, f, k):
     norm_w = (1 + 0.1 * rng.standard_normal(k)).astype(np.float16)
     x = np.stack([normed_fp16(r, norm_w, EPS) for r in residual])
     want = ref.swiglu(matmat64(gq, gs, x), matmat64(uq, us, x))
-    w = (dev.upload("norm_w", norm_w), dev.upload("gq", gq), dev.upload("gs", gs), dev.upload("uq", uq),
+    w = (dev.upload("norm_w", norm_w), upload_int4(dev, "gq", gq), dev.upload("gs", gs), upload_int4(dev, "uq", uq),
          dev.upload("us", us))
     res1, h1 = dev.array("res1", (k,), np.float32), dev.array("h1", (f,), np.float16)
     for variant, kw in _variants(label, -(-f // 16)):
@@ -236,8 +237,7 @@ def _buf(name: str, *shape, dtype=np.float16) -> BufferSpec:
     return BufferSpec(name, shape, dtype)
 
 
-def _int4(name: str, n: int, k: int) -> tuple[BufferSpec, BufferSpec]:
-    return _buf(f"{name}.qweight", n, k // 8, dtype=np.uint32), _buf(f"{name}.scales", n, k // 128)
+_int4 = int4_specs  # (qweight, scales) of an INT4 weight, qweight in the device layout
 
 
 def _plans(cfg, t: int | None) -> dict[str, object]:

@@ -4,9 +4,9 @@ A kernel's parameter list lives in its `extern "C"` declaration; the launchers p
 name (`LaunchSpec.args`); `launchers.signatures` reads the declarations from kernels/*.cu, macro-
 instantiated kernels included — the entry points NVRTC builds, no more, no fewer. Here every
 launcher — the decode plan's (both attention kernels, head_dim 64 and 128), the prefill's, the
-sampler's, the page hand-over's, the benchmark GEMVs, the verify pass's T-token GEMVs, attention
-(head_dim 64 and 128), lm_head and argmax_final, and the per-format GEMVs of `gemv_fmt` — is
-planned over buffers that need no GPU, and each of its
+sampler's, the page hand-over's, the load's INT4 weight rearrangement, the benchmark GEMVs, the
+verify pass's T-token GEMVs, attention (head_dim 64 and 128), lm_head and argmax_final, and the
+per-format GEMVs of `gemv_fmt` — is planned over buffers that need no GPU, and each of its
 launches must name every parameter of its kernel, in order, with an argument of the parameter's
 kind (pointer, int32, uint32, uint64, float32, tensor map). So a launcher that passes arguments in
 another order, or a kernel that gains, loses or renames a parameter, fails here; and every kernel
@@ -26,6 +26,7 @@ from drvqwen.cuda.sources import kernel_source, list_kernels
 from drvqwen.decode import ATTENTION_KERNELS, plan_decode
 from drvqwen.verify_plan import plan_verify
 from drvqwen.format import weight_formats as wf
+from drvqwen.format.int4_tiles import device_words
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers import BufferSpec, FixedOccupancy
 from drvqwen.launchers import gemm_int4, sampling
@@ -65,7 +66,9 @@ class _FakeTensorMap:
 
 
 def _int4(name: str, n: int, k: int) -> tuple[BufferSpec, BufferSpec]:
-    return _buf(f"{name}.qweight", n * k // 8, np.uint32), _buf(f"{name}.scales", n * k // 128, np.float16)
+    """An INT4 weight as the INT4 kernels take it: qweight in the device layout (rows padded to a
+    16-row tile, format/int4_tiles.py), scales [n, k/128]."""
+    return _buf(f"{name}.qweight", device_words(n, k), np.uint32), _buf(f"{name}.scales", n * k // 128, np.float16)
 
 
 def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
@@ -82,7 +85,7 @@ def _prefill_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
                                               _buf("ids", R, np.int32), n_rows=R, vocab_size=V, dim=D)),
         ("qkv_proj", launchers.GemmInt4QkvRows(_buf("qkv", R * (nq + 2 * nkv), np.float32), xn, *_int4("q", nq, D),
                                                *_int4("k", nkv, D), *_int4("v", nkv, D), ps, n_q=nq, n_kv=nkv, k=D,
-                                               **gemm)),
+                                               head_dim=Dh, **gemm)),
         ("qkv_rope", launchers.GemmInt4QkvRopeRows(_buf("q", R * nq, np.float16), cache["k_cache"], cache["v_cache"],
                                                    xn, *_int4("q", nq, D), *_int4("k", nkv, D), *_int4("v", nkv, D),
                                                    _buf("q_bias", nq, np.float16), _buf("k_bias", nkv, np.float16),
@@ -159,7 +162,8 @@ def _attention_tokens_launcher(cfg, t: int = 5) -> tuple[str, launchers.Launcher
 
 
 def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
-    """The sampler's, the page hand-over's, the benchmark GEMVs' and the per-format ones outside the step."""
+    """The sampler's, the page hand-over's, the benchmark GEMVs', the load's INT4 rearrangement
+    (gpu_weights.py) and the per-format ones outside the step."""
     V, D = cfg.vocab_size, cfg.hidden_size
     tok, logits = _buf("next_token", 1, np.int32), _buf("logits", V, np.float32)
     info, params = _buf("info", sampling.INFO_INTS, np.int32), _buf("params", sampling.PARAMS_BYTES, np.uint8)
@@ -181,6 +185,9 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
         ("argmax_final_tokens", launchers.ArgmaxFinal(_buf("next_token", 3, np.int32), _buf("pv", 3 * 64, np.float32),
                                                       _buf("pi", 3 * 64, np.int32), n_partials=64, n_tokens=3)),
         ("gpu_sleep", launchers.GpuSleep(1.0)),
+        ("int4_tile_major", launchers.Int4TileMajor(_buf("dst", device_words(D, D), np.uint32),
+                                                    _buf("src", D * D // 8, np.uint32), n=D, k=D,
+                                                    pair_dim=cfg.head_dim)),
         *[(f"stream_read_{kind}", launchers.StreamRead(_buf("out", 2 * threads, np.uint32), _buf("src", 2 * 65536, np.uint8),
                                                        blocks=2, bytes_per_block=65536, kind=kind))
           for kind, threads in (("ld", 256), ("bulk", 128))],

@@ -21,8 +21,10 @@ OCC = FixedOccupancy(132, lambda _k, _t, _s: 2)
 
 
 def _int4(name: str, n: int, k: int):
-    return (BufferSpec(f"{name}.qweight", (n, k // 8), np.uint32), BufferSpec(f"{name}.scales", (n, k // 128),
-                                                                               np.float16))
+    """(qweight, scales) as the GEMVs read them: qweight in the device layout (format/int4_tiles.py),
+    where tile j's 16 rows are 16 · K/2 contiguous bytes from j · 16 · K/2, as in layout id 1."""
+    return (BufferSpec(f"{name}.qweight", (-(-n // 16), k // 128, 16, 16), np.uint32),
+            BufferSpec(f"{name}.scales", (n, k // 128), np.float16))
 
 
 def _layer_gemvs(cfg):

@@ -143,13 +143,15 @@ def test_qkv_rope_gemm_refuses_a_cache_past_32_bit_offsets():
     is encoded."""
     import numpy as np
 
+    from drvqwen.format.int4_tiles import device_words
     from drvqwen.launchers import GemmInt4QkvRopeRows
     from drvqwen.launchers.base import BufferSpec
     from drvqwen.launchers.gemm_kquant import GemmQ4kQkvRopeRows
 
     hq, hkv, dh, rows, k = 4, 2, 128, 64, 256
     buf = lambda n, shape, dt=np.float16: BufferSpec(n, shape, dt)  # noqa: E731
-    w = lambda n: (buf(f"{n}.qw", (n_of[n] * k // 8,), np.uint32), buf(f"{n}.sc", (n_of[n] * k // 128,)))  # noqa: E731
+    w = lambda n: (buf(f"{n}.qw", (device_words(n_of[n], k),), np.uint32),  # noqa: E731
+                   buf(f"{n}.sc", (n_of[n] * k // 128,)))
     n_of = {"q": hq * dh, "k": hkv * dh, "v": hkv * dh}
     huge = buf("k_cache", (2**31 // (hkv * 16 * dh), hkv, 16, dh))
     with pytest.raises(LaunchError, match=r"gemm_int4_qkv_rope: k_cache of \[.*\] has 2³¹ elements or more"):
@@ -314,7 +316,7 @@ def test_gemm_int4_launch_names_its_build_and_registers(monkeypatch):
     monkeypatch.setattr(gemm_int4, "persistent_grid", lambda tiles, mb: tiles if mb == 0 else min(tiles, 132))
     rows, n, k = 512, 896, 896
     bufs = [BufferSpec("res", (rows * n,), np.float32), BufferSpec("x", (rows * k,), np.float16),
-            BufferSpec("qw", (n, k // 8), np.uint32), BufferSpec("sc", (n, k // 128), np.float16),
+            BufferSpec("qw", (n // 16, k // 128, 16, 16), np.uint32), BufferSpec("sc", (n, k // 128), np.float16),
             BufferSpec("ps", (2,), np.int32)]
     for tile, defines in ((None, (("GEMM_BM", 64),)), (128, ()), (256, (("GEMM_BM", 256),))):
         g = GemmInt4ResidualRows(*bufs, n=n, k=k, rows=rows, tile_tokens=tile)

@@ -158,12 +158,11 @@ def test_per_token_prefill_is_the_decode_step_itself(model):
     assert err <= TOL_LOGITS
 
 
-@pytest.mark.parametrize("gemm", ["mma", "wgmma-all"])
+@pytest.mark.parametrize("gemm", ["mma"])
 def test_prefill_gemm_choices_match_reference(model, gemm):
     """The other prefill GEMMs (prefill.FMT_GEMMS) on the same model: "mma" (gemm_fmt.cu for the
-    per-tensor formats; an INT4 model keeps gemm_int4.cu) and "wgmma-all" (gemm_fmt_wgmma.cu for
-    an INT4 model too, as format int4_g128) — the same logits as the reference, and within FP16
-    rounding of the default's."""
+    per-tensor formats; an INT4 model keeps gemm_int4.cu) — the same logits as the reference, and
+    within FP16 rounding of the default's."""
     from drvqwen.prefill import Prefill
 
     name, _f, _w, backend, ids, want = model

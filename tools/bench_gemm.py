@@ -18,7 +18,8 @@ one (columns wgmma:FORMAT:NAME), all in the same run.
 Each GEMM is captured in a CUDA graph of --reps calls and replayed (`cuda.graph.graph_time_us`:
 no Python launch overhead in the figure); a figure is the median of --samples such replays,
 taken in turns across the columns (each column sees the GPU's clock in the same state). The
-inputs are random INT4 weights and activations; the numbers are not checked here
+inputs are random INT4 weights (the INT4 GEMMs' in the device layout, format/int4_tiles.py; the
+per-format GEMMs' as weight_formats.py stores them) and activations; the numbers are not checked here
 (tests/test_kernel_gemm_int4.py does that against the reference).
 """
 
@@ -37,6 +38,7 @@ from drvqwen.launchers.gemm_int4 import SPLIT_UNIT_FLOATS, TILE_TOKENS, SplitKSc
 from drvqwen.config import PRESETS
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
 from drvqwen.cuda.graph import graph_time_us
+from drvqwen.format.int4_tiles import to_tile_major
 from drvqwen.provenance import source_record
 
 from bench_attention_prefill import parse_variant  # NAME:DEFINE=INT[,…] (tools/ is the script's path)
@@ -70,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main() -> int:
     a = parse_args()
     cfg, m = PRESETS[a.preset], a.rows
-    d, f, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
+    d, f, nq, nkv, dh = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim, cfg.head_dim
     rng = np.random.default_rng(0)
     buffers = []
 
@@ -81,8 +83,10 @@ def main() -> int:
         arr.upload(np.ascontiguousarray(host))
         return arr
 
-    def w(name, n, k):
-        qw = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
+    def w(name, n, k, pair_dim=0):
+        """Random INT4 weights, the qweight in the device layout the kernels read (q, k and v
+        RoPE-paired: pair_dim the head dim)."""
+        qw = to_tile_major(rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32), pair_dim)
         sc = rng.uniform(0.002, 0.01, size=(n, k // 128)).astype(np.float16)
         return upload(name + ".qweight", qw), upload(name + ".scales", sc)
 
@@ -103,13 +107,13 @@ def main() -> int:
         kw = dict(rows=m, max_blocks=0 if cl == "tiles" else None, split_k=sk if cl == "persistent" else None,
                   tile_tokens=None if tile == "auto" else int(tile))
         return {
-            "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, **kw),
+            "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, head_dim=dh, **kw),
             "o_proj": GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, **kw),
             "gate_up_swiglu": GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, **kw),
             "down_proj": GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, **kw),
         }
 
-    wq, wk, wv, wo = w("q", nq, d), w("k", nkv, d), w("v", nkv, d), w("o", d, nq)
+    wq, wk, wv, wo = w("q", nq, d, dh), w("k", nkv, d, dh), w("v", nkv, d, dh), w("o", d, nq)
     wg, wu, wd = w("g", f, d), w("u", f, d), w("d", d, f)
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers import FmtWeight

@@ -51,6 +51,7 @@ from drvqwen.config import PRESETS
 from drvqwen.provenance import source_record
 from drvqwen.cuda import DeviceArray, DeviceBuffer, Event, Stream, capture, get_device
 from drvqwen.cuda.bandwidth import measure_copy_bandwidth
+from drvqwen.format.int4_tiles import to_tile_major
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers.gemv_int4 import MAX_TOKENS, int4_bytes
 
@@ -94,8 +95,10 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, n_tokens: int | No
     lead, nt = ((), 1) if n_tokens is None else ((n_tokens,), n_tokens)
     variant = dict(variant, n_tokens=n_tokens)
 
-    def w(tag, n):
-        qw = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
+    def w(tag, n, pair_dim=0):
+        """Random INT4 weights, the qweight in the device layout the kernels read (q, k and v
+        RoPE-paired: pair_dim the head dim)."""
+        qw = to_tile_major(rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32), pair_dim)
         sc = rng.uniform(0.002, 0.01, size=(n, k // 128)).astype(np.float16)
         return s.array(f"{tag}{copy}.qweight", qw.shape, np.uint32, qw), s.array(f"{tag}{copy}.scales", sc.shape,
                                                                                np.float16, sc)
@@ -111,7 +114,7 @@ def make_launcher(name: str, s: Scratch, copy: int, cfg, rng, n_tokens: int | No
         cache = [s.array(f"{c}{copy}", (pages, hkv, PAGE_TOKENS, dh), np.float16) for c in "kv"]
         bias = [s.array(f"b{i}{copy}", (n,), np.float16, np.zeros(n)) for i, n in enumerate((nq, nkv, nkv))]
         return GemvInt4QkvRope(s.array(f"q{copy}", (*lead, nq), np.float16), *cache, residual, norm_w,
-                                 *w("q", nq), *w("k", nkv), *w("v", nkv), *bias,
+                                 *w("q", nq, dh), *w("k", nkv, dh), *w("v", nkv, dh), *bias,
                                  s.array(f"inv_freq{copy}", (dh // 2,), np.float32, np.ones(dh // 2)),
                                  s.array(f"state{copy}", (3,), np.int32, np.array([pos, 0, pos + 1])),
                                  s.array(f"bt{copy}", (pages,), np.int32, np.arange(pages)), n_heads=hq, n_kv_heads=hkv,

@@ -6,6 +6,12 @@ kernels/gemm_int4.cu) with the same outputs. The runner builds production's laun
 (launchers/gemm_int4.py: argument checks, the tensor map of x, the grid) and points it at the
 version's file; v1, v2 and v6 also get their own launch shape (LAUNCH_SHAPES).
 
+Weights: production reads INT4 weights in the device layout (format/int4_tiles.py; q, k and v
+RoPE-paired by the head dim, which gemm_int4_qkv takes as Dh). Every version computes its
+weight addresses itself, row-major (`qweight + row · K/8`: layout id 1 as the file stores it), and
+its qkv kernel has no Dh; so the versions get the same words in layout id 1, in a buffer of the
+device layout's size (the size production's launcher checks, the words past N·K/8 zero).
+
 Checks (the cases of tests/test_kernel_gemm_int4.py): x fp16 [capacity, K] with the rows past M
 NaN, outputs poisoned past M and checked untouched there, against x·Wᵀ in float64 on the
 dequantized weights; at M = 1, 16, 17, 100, 300 with N past the 128-row blocks, and at the 7B and
@@ -115,15 +121,22 @@ def _nine_warp_shape(v: Version, make, rows: int, x):
 
 
 def _without_split_k(g):
-    """The versions predate split-K: their kernels end at (…, N, K) with no split_partials,
-    split_counters. Production's launcher without a SplitKScratch plans whole tiles (both null),
-    so dropping the two arguments launches the same GEMM (the versions share the tiles out their
-    own way, block b taking tiles b, b + grid, …)."""
+    """The versions predate split-K and the device layout: their kernels end at (…, N, K) with no
+    split_partials, split_counters, and their qkv kernel has no Dh (it reads q, k and v row-major).
+    Production's launcher without a SplitKScratch plans whole tiles (both null), so dropping those
+    arguments launches the same GEMM (the versions share the tiles out their own way, block b
+    taking tiles b, b + grid, …)."""
     for spec in g.specs:
         assert spec.args["split_partials"] is NULL, f"{spec.kernel}: a version launched with split-K"
-        for name in ("split_partials", "split_counters"):
-            del spec.args[name]
+        for name in ("split_partials", "split_counters", "Dh"):
+            spec.args.pop(name, None)
     return g
+
+
+def reads_row_major(v: Version) -> bool:
+    """Whether v reads its INT4 weights in layout id 1 (its own row addressing) rather than
+    production's device layout: every version of kernels/dev/gemm_int4/ does."""
+    return not v.is_production
 
 
 def sm_count() -> int:
@@ -169,9 +182,9 @@ def version_launcher(v: Version, make, rows: int, x):
 
 @dataclass(frozen=True)
 class Case:
-    """One GEMM: `kind` (f32, qkv, residual, gate_up) at M = m; dims n, k (qkv: nq, nkv, k;
-    gate_up: f, k). `timed`: a layer GEMM of the preset `model` ("7b", "0.5b"), timed under this
-    label."""
+    """One GEMM: `kind` (f32, qkv, residual, gate_up) at M = m; dims n, k (qkv: nq, nkv, hd (the
+    head dim), k; gate_up: f, k). `timed`: a layer GEMM of the preset `model` ("7b", "0.5b"), timed
+    under this label."""
 
     label: str
     kind: str
@@ -187,7 +200,7 @@ def cases() -> list[Case]:
     def layer(model: str, prefix: str) -> list[Case]:
         c = PRESETS[model]
         d, f, nq, nkv = c.hidden_size, c.intermediate_size, c.q_dim, c.kv_dim
-        return [Case(prefix + "qkv_proj", "qkv", 512, dict(nq=nq, nkv=nkv, k=d), True, model),
+        return [Case(prefix + "qkv_proj", "qkv", 512, dict(nq=nq, nkv=nkv, hd=c.head_dim, k=d), True, model),
                 Case(prefix + "o_proj", "residual", 512, dict(n=d, k=nq), True, model),
                 Case(prefix + "gate_up_swiglu", "gate_up", 512, dict(f=f, k=d), True, model),
                 Case(prefix + "down_proj", "residual", 512, dict(n=d, k=f), True, model)]
@@ -196,7 +209,7 @@ def cases() -> list[Case]:
         Case("f32 M=1 N=333 K=384", "f32", 1, dict(n=333, k=384)),
         Case("f32 M=17 N=333 K=384", "f32", 17, dict(n=333, k=384)),
         Case("f32 M=100 N=1000 K=1024", "f32", 100, dict(n=1000, k=1024)),
-        Case("qkv M=100 Nq=224 Nkv=32 K=256", "qkv", 100, dict(nq=224, nkv=32, k=256)),
+        Case("qkv M=100 Nq=224 Nkv=32 K=256", "qkv", 100, dict(nq=224, nkv=32, hd=32, k=256)),
         Case("residual M=300 N=333 K=384", "residual", 300, dict(n=333, k=384)),
         Case("gate_up M=16 F=200 K=256", "gate_up", 16, dict(f=200, k=256)),
         *layer("7b", ""),
@@ -206,13 +219,27 @@ def cases() -> list[Case]:
     ]
 
 
+def _row_major(dev, name: str, qweight: np.ndarray):
+    """qweight uint32 [N, K/8] (layout id 1) on the device for a version's own row addressing: the
+    words as they are, then zeros up to the device layout's size (what production's launcher
+    checks the buffer against)."""
+    from drvqwen.format.int4_tiles import device_words
+
+    n, kw = qweight.shape
+    flat = np.zeros(device_words(n, kw * 8), np.uint32)
+    flat[:qweight.size] = qweight.reshape(-1)
+    return dev.upload(name, flat)
+
+
 class Inputs:
     """One case's device buffers and float64 reference. `out` is the output (residual: in/out),
-    `fresh()` puts its starting contents back (poison, or the residual and its NaN rows)."""
+    `fresh()` puts its starting contents back (poison, or the residual and its NaN rows). The
+    weights are on the device twice: `w` in production's device layout, `w_rows` in layout id 1
+    for the versions (reads_row_major)."""
 
     def __init__(self, case: Case, dev, rng, reference: bool = True):
         from drvqwen import reference as ref
-        from kernel_testing import dequant64, random_int4
+        from kernel_testing import dequant64, random_int4, upload_int4
         from test_kernel_gemm_int4 import _capacity, _x  # the production test's row capacity and x
 
         self.case, m, dims = case, case.m, case.dims
@@ -229,7 +256,11 @@ class Inputs:
             prods = [x64 @ dequant64(*w).T for w in ws]  # [m, n] float64 each
             self.want = ref.swiglu(*prods) if case.kind == "gate_up" else np.concatenate(prods, axis=1)
         self.x = dev.upload("x", x)
-        self.w = [(dev.upload(f"w{i}.qweight", qw), dev.upload(f"w{i}.scales", sc)) for i, (qw, sc) in enumerate(ws)]
+        pair_dim = dims["hd"] if case.kind == "qkv" else 0
+        scales = [dev.upload(f"w{i}.scales", sc) for i, (_qw, sc) in enumerate(ws)]
+        self.w = [(upload_int4(dev, f"w{i}.qweight", qw, pair_dim), scales[i]) for i, (qw, _sc) in enumerate(ws)]
+        self.w_rows = [(_row_major(dev, f"w{i}.qweight (layout id 1)", qw), scales[i])
+                       for i, (qw, _sc) in enumerate(ws)]
         self.state = dev.upload("prefill_state", np.array([0, m], np.int32))
         dtype = np.float16 if case.kind == "gate_up" else np.float32
         self.start = np.full((rows, cols), np.nan, dtype)
@@ -240,26 +271,29 @@ class Inputs:
     def fresh(self) -> None:
         self.out.upload(self.start)
 
-    def production(self, max_blocks: int | None = None, tile_tokens: int | None = None):
+    def production(self, max_blocks: int | None = None, tile_tokens: int | None = None, row_major: bool = False):
         """kernels/gemm_int4.cu's launcher of this case (persistent unless max_blocks=0; the tile
         gemm_tiling picks unless tile_tokens), whole tiles: no SplitKScratch (the prefill's ranges
-        cut tiles)."""
+        cut tiles); over the weights in layout id 1 with `row_major` (a version's launch), else in
+        the device layout."""
         from drvqwen import launchers as K
 
         d, kind = self.case.dims, self.case.kind
         kw = dict(rows=self.rows, max_blocks=max_blocks, tile_tokens=tile_tokens)
-        flat = [a for w in self.w for a in w]
+        flat = [a for w in (self.w_rows if row_major else self.w) for a in w]
         if kind == "f32":
             return K.GemmInt4(self.out, self.x, *flat, self.state, n=d["n"], k=d["k"], **kw)
         if kind == "residual":
             return K.GemmInt4ResidualRows(self.out, self.x, *flat, self.state, n=d["n"], k=d["k"], **kw)
         if kind == "qkv":
-            return K.GemmInt4QkvRows(self.out, self.x, *flat, self.state, n_q=d["nq"], n_kv=d["nkv"], k=d["k"], **kw)
+            return K.GemmInt4QkvRows(self.out, self.x, *flat, self.state, n_q=d["nq"], n_kv=d["nkv"], k=d["k"],
+                                     head_dim=d["hd"], **kw)
         return K.GemmInt4GateUpSwigluRows(self.out, self.x, *flat, self.state, f=d["f"], k=d["k"], **kw)
 
     def launcher(self, v: Version):
-        """Version v's launcher of this case."""
-        return version_launcher(v, self.production, self.rows, self.x)
+        """Version v's launcher of this case, over the weights in the layout v reads."""
+        rows = reads_row_major(v)
+        return version_launcher(v, lambda *a, **kw: self.production(*a, row_major=rows, **kw), self.rows, self.x)
 
     def check(self, v: Version) -> float:
         """Launch v once on fresh outputs; the rows < M against the reference (for the residual,

@@ -2,10 +2,11 @@
 launched, what it is checked on, how it is timed.
 
 A version's kernels are production's (kernels/gemv_int4.cu) with a suffix in the name and the
-same arguments; a version without one of them (the tile-major layout has no qkv_rope) is not run
-there. The runner builds production's launcher (launchers/gemv_int4.py) with the version's own
-occupancy — its kernel, its shared memory — so that the launch shape follows production's rule,
-and points it at the version's file. The tile-major version gets its weights stored tile-major.
+same arguments; a version without one of them is not run there. The runner builds production's
+launcher (launchers/gemv_int4.py) with the version's own occupancy — its kernel, its shared
+memory — so that the launch shape follows production's rule, and points it at the version's
+file. Every version reads its weights through production's Layout (GemvTileMajor), so each gets
+them in the device layout (format/int4_tiles.py: q, k and v RoPE-paired by the head dim).
 
 Checks (the cases of tests/test_kernel_gemv_int4.py): against float64 matvecs on the dequantized
 weights; the residual kernel on what it adds, gate/up after the RMSNorm of the residual (rounded
@@ -29,7 +30,6 @@ from test_kernel_gemv_int4 import EPS, MAX_PAGES, N_PAGES  # the production test
 
 VERSIONS = [
     Version("production", "gemv_int4"),
-    Version("v1_tile_major", "dev/gemv_int4/v1_tile_major", suffix="_tile_major"),
     Version("v2_smem_ring", "dev/gemv_int4/v2_smem_ring", suffix="_ring"),
     Version("v2_smem_ring[GEMV_RING=8]", "dev/gemv_int4/v2_smem_ring", (("GEMV_RING", 8),), suffix="_ring"),
     Version("v3_flat_split", "dev/gemv_int4/v3_flat_split", suffix="_flat"),
@@ -65,13 +65,6 @@ class VersionOccupancy(Occupancy):
         smem = smem_bytes + ring_bytes(self.v, threads)
         fn.ensure_dynamic_smem(smem)
         return fn.max_active_blocks_per_sm(threads, smem)
-
-
-def tile_major(qweight: np.ndarray) -> np.ndarray:
-    """Layout id 1 [N, K/8] uint32 → tile-major [N/16, K/128, 16, 16] uint32 (N % 16 == 0)."""
-    n, kw = qweight.shape
-    assert n % 16 == 0 and kw % 16 == 0, qweight.shape
-    return np.ascontiguousarray(qweight.reshape(n // 16, 16, kw // 16, 16).transpose(0, 2, 1, 3))
 
 
 def has(o: Outcome, production_kernel: str) -> bool:
@@ -123,7 +116,7 @@ def _normed(rng, k):
 
 class Inputs:
     """One case's host inputs and float64 reference (`want`), drawn once; `check(v)` uploads them
-    (the weights in v's layout), launches v's kernel on poisoned outputs and compares."""
+    (the weights in the device layout), launches v's kernel on poisoned outputs and compares."""
 
     def __init__(self, case: Case, rng):
         from drvqwen import reference as ref
@@ -151,11 +144,14 @@ class Inputs:
             self.want = {"q": ref.apply_rope(q64.reshape(1, hq, dh), cos, sin)[0],
                          "k": ref.apply_rope(k64.reshape(1, hkv, dh), cos, sin)[0], "v": v64.reshape(hkv, dh)}
 
-    def _weights(self, v: Version, dev) -> list:
-        """The weights on the device as v reads them: [qweight, scales, …] in matrix order."""
-        store = tile_major if v.suffix == "_tile_major" else (lambda a: a)
+    def _weights(self, dev) -> list:
+        """The weights on the device as every version reads them: [qweight, scales, …] in matrix
+        order, the qweights in the device layout (q, k and v RoPE-paired by the head dim)."""
+        from kernel_testing import upload_int4
+
+        pair_dim = self.case.dims["dh"] if self.case.kind == "qkv_rope" else 0
         return [a for i, (qw, sc) in enumerate(self.w)
-                for a in (dev.upload(f"w{i}.qweight", store(qw)), dev.upload(f"w{i}.scales", sc))]
+                for a in (upload_int4(dev, f"w{i}.qweight", qw, pair_dim), dev.upload(f"w{i}.scales", sc))]
 
     def check(self, v: Version, dev) -> float:
         """v's kernel on this case: relative L2 error against `want` (raises on a failed check)."""
@@ -163,7 +159,7 @@ class Inputs:
         from drvqwen import reference as ref
         from kernel_testing import TOL_GEMV, assert_same_bits, report
 
-        d, launch, w = self.case.dims, self.case.launch, self._weights(v, dev)
+        d, launch, w = self.case.dims, self.case.launch, self._weights(dev)
         if self.case.kind == "residual":
             res = dev.upload("residual", self.res_in)
             g = launcher_for(v, lambda **kw: K.GemvInt4Residual(res, dev.upload("x", self.x), *w, n=d["n"], k=d["k"],

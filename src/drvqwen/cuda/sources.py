@@ -112,7 +112,7 @@ def kernel_source(name: str, directory: Path | None = None) -> KernelSource:
 
     Args:
         name: the file's path below the kernels folder without `.cu`: "smoke", or
-            "dev/gemv_int4/v1_tile_major" for a version under `kernels/dev/` (compiled and
+            "dev/gemv_int4/v2_smem_ring" for a version under `kernels/dev/` (compiled and
             cached the same way; dev kernels exist only in a checkout, the wheel ships none).
         directory: the kernels folder (default `kernels_dir()`; tests pass a temporary one).
 

@@ -366,19 +366,21 @@ class GemmInt4(_GemmLauncher):
 
 class GemmInt4QkvRows(_GemmLauncher):
     """qkv fp32 [M, Nq + 2 Nkv] = x [Wq; Wk; Wv]ᵀ for the rows of a prefill chunk (one launch).
+    The weights in the device layout with their rows RoPE-paired by head_dim (format/int4_tiles.py).
 
     Raises:
-        LaunchError: Nq or Nkv not a multiple of 16, K not a multiple of 128, or a buffer of the
-            wrong size or dtype.
+        LaunchError: Nq or Nkv not a multiple of head_dim, head_dim not a multiple of 16, K not a
+            multiple of 128, or a buffer of the wrong size or dtype.
     """
 
     def __init__(self, qkv, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
-                 prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, max_blocks: int | None = None,
+                 prefill_state, *, n_q: int, n_kv: int, k: int, rows: int, head_dim: int, max_blocks: int | None = None,
                  split_k: SplitKScratch | None = None, blocks: int | None = None, tile_tokens: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
-        require(n_q % TILE_ROWS == 0 and n_kv % TILE_ROWS == 0,
-                f"gemm_int4_qkv: Nq={n_q} and Nkv={n_kv} must be multiples of {TILE_ROWS}")
+        require(head_dim > 0 and head_dim % TILE_ROWS == 0 and n_q % head_dim == 0 and n_kv % head_dim == 0,
+                f"gemm_int4_qkv: Nq={n_q} and Nkv={n_kv} must be multiples of head_dim={head_dim}, "
+                f"itself a multiple of {TILE_ROWS}")
         check_buffer(qkv, "qkv", rows * (n_q + 2 * n_kv), np.float32)
         _check_qkv_weights(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, n_q=n_q, n_kv=n_kv,
                            k=k, rows=rows)
@@ -393,7 +395,7 @@ class GemmInt4QkvRows(_GemmLauncher):
                          dict(qkv=qkv, x_map=x_tensor_map(x, rows, k, bm), q_qweight=q_qweight, q_scales=q_scales,
                               k_qweight=k_qweight, k_scales=k_scales, v_qweight=v_qweight, v_scales=v_scales,
                               prefill_state=prefill_state),
-                         dict(Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k)),
+                         dict(Nq=i32(n_q), Nkv=i32(n_kv), K=i32(k), Dh=i32(head_dim)),
                          reads=(x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales, prefill_state),
                          writes=(qkv,), max_blocks=max_blocks, split_k=split_k)
 

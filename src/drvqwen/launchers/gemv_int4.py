@@ -12,7 +12,9 @@ outputs bit for bit the single-token kernel's (gemv_int4.cu, "T tokens"). Such a
 single-token launch's grid and block: its W warps split K the same way, and W is the only launch
 parameter in the arithmetic.
 
-W is INT4 layout id 1: qweight uint32 [N, K/8] and scales fp16 [N, K/128] (format/quant.py).
+W is INT4 layout id 1 (format/quant.py) in the device layout: qweight uint32 [ceil(N/16), K/128,
+16, 16] tile-major (format/int4_tiles.py; q, k and v RoPE-paired by the head dim, the others
+plain) and scales fp16 [N, K/128] as in the file.
 Every kernel of the file waits for its predecessor with griddepcontrol.wait (ptx/griddep.cuh),
 so the decode step launches them as programmatic dependents (KernelRef.pdl).
 
@@ -29,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..cuda import Stream
+from ..format.int4_tiles import device_words
 from ..format.quant import GROUP_SIZE
 from ..kv_cache import PAGE_TOKENS
 from .base import (DEFAULT_OCCUPANCY, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32, mirrored,
@@ -176,7 +179,9 @@ def _kernel(name: str, defines: tuple = ()) -> KernelRef:
 
 
 def _check_int4(qweight, scales, what: str, n: int, k: int) -> None:
-    check_buffer(qweight, f"{what}.qweight", n * k // 8, np.uint32)
+    """An INT4 weight as the kernels read it: qweight in the device layout (format/int4_tiles.py:
+    rows padded to a 16-row tile), scales [n, k/128] as in the file."""
+    check_buffer(qweight, f"{what}.qweight", device_words(n, k), np.uint32)
     check_buffer(scales, f"{what}.scales", n * (k // GROUP_SIZE), np.float16)
 
 

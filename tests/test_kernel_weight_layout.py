@@ -1,0 +1,132 @@
+"""kernels/weight_layout.cu (launchers.weight_layout.Int4TileMajor): an INT4 weight rearranged
+into the device layout on the GPU, bit for bit what format/int4_tiles.py's to_tile_major gives.
+
+GPU: random words (every bit pattern, so a word moved to the wrong place or a nibble reordered
+shows) at awkward shapes (N not a multiple of 16: the last tile's padding must be written as
+zeros; one row; one group) and the real ones (the 7B's q and k and its stacked q/k/v rows
+RoPE-paired by head dim 128, the 0.5B's by 64, the 7B's gate_proj and down_proj plain), into a
+destination poisoned with 0xFF bytes; the source left as it was. And GPUWeights on an INT4
+model: every projection's qweight on the device is to_tile_major of the file's (q, k and v
+paired by the head dim), every other tensor the file's bytes, through either uploader.
+
+CPU: the launch (one thread per 16-byte vector of the destination) and the refusals of a bad
+shape, pair_dim or buffer.
+
+test_int4_tile_major_matches_the_host[n333.k384] and [n96.k256.dh32] are the cases
+compute-sanitizer runs (tools/sanitize_nodes.txt).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drvqwen.format.int4_tiles import device_words, from_tile_major, to_tile_major
+from drvqwen.launchers import BufferSpec, LaunchError
+from kernel_testing import dev  # noqa: F401
+
+# (label, N, K, pair_dim)
+CASES = [("n333.k384", 333, 384, 0), ("n1.k128", 1, 128, 0), ("n17.k1152", 17, 1152, 0),
+         ("n96.k256.dh32", 96, 256, 32), ("7b.q_proj", 3584, 3584, 128), ("7b.k_proj", 512, 3584, 128),
+         ("7b.qkv", 4608, 3584, 128), ("0.5b.q_proj", 896, 896, 64), ("7b.gate_proj", 18944, 3584, 0),
+         ("7b.down_proj", 3584, 18944, 0)]
+
+
+def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
+    """Where the first differing word of two device-layout arrays is: (tile, group, slot, word)."""
+    i = int(np.flatnonzero(got.reshape(-1) != want.reshape(-1))[0])
+    where = np.unravel_index(i, want.shape)
+    return f"[tile, group, slot, word] = {list(map(int, where))}: got {got.reshape(-1)[i]:#010x}, want " \
+           f"{want.reshape(-1)[i]:#010x}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,n,k,pair_dim", CASES, ids=[c[0] for c in CASES])
+def test_int4_tile_major_matches_the_host(dev, rng, label, n, k, pair_dim):
+    from drvqwen.launchers.weight_layout import Int4TileMajor
+
+    qweight = rng.integers(0, 2**32, size=(n, k // 8), dtype=np.uint32)
+    want = to_tile_major(qweight, pair_dim)
+    src = dev.upload("src", qweight)
+    dst = dev.poisoned("dst", want.shape, np.uint32)
+    ln = Int4TileMajor(dst, src, n=n, k=k, pair_dim=pair_dim)
+    ln.launch()
+    got = dst.download()
+    assert got.shape == want.shape and got.size == device_words(n, k)
+    assert got.tobytes() == want.tobytes(), f"{label}: {_first_difference(got, want)}"
+    assert np.array_equal(from_tile_major(got, n, pair_dim), qweight)
+    assert src.download().tobytes() == qweight.tobytes(), f"{label}: the source changed"
+    # Again over the result of the first launch: the same bits (every word written, none read from dst).
+    dst.fill_bytes(0x5A)
+    ln.launch()
+    assert dst.download().tobytes() == want.tobytes(), f"{label}: a second launch differs"
+
+
+@pytest.mark.gpu
+def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rng, monkeypatch):
+    """A tiny INT4 model (head_dim 64, 4 q heads and 2 k/v heads, N = 128 … 384) through
+    GPUWeights with each uploader: a projection's qweight is to_tile_major(file's, pair_dim) with
+    pair_dim the head dim for q_proj, k_proj and v_proj and 0 for the others; every other tensor
+    (scales, biases, norms, the embedding and lm_head) is the file's bytes in the file's shape."""
+    from drvqwen import startup
+    from drvqwen.cuda import read_only_register_supported
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.gpu_weights import GPUWeights
+    from helpers import TINY, random_dense, write_model
+
+    path = tmp_path / "tiny.nanoqwen"
+    write_model(path, TINY, random_dense(TINY, rng))
+    vias = ("registered", "staging") if read_only_register_supported() else ("staging",)
+    with NanoqwenFile(path) as f:
+        projections = [i.name for i in f if i.name.startswith("model.layers.") and i.name.endswith(".qweight")]
+        assert len(projections) == 7 * TINY.num_layers
+        for via in vias:
+            monkeypatch.setenv(startup.UPLOAD, via)
+            w = GPUWeights(f)
+            try:
+                got = {name: arr.download() for name, arr in w.arrays.items()}
+            finally:
+                w.close()
+            assert set(got) == {i.name for i in f}
+            for info in f:
+                file = np.asarray(f.tensor(info.name))
+                if info.name in projections:
+                    pair_dim = TINY.head_dim if info.name.split(".")[-2] in ("q_proj", "k_proj", "v_proj") else 0
+                    want = to_tile_major(file, pair_dim)
+                else:
+                    want = file
+                assert got[info.name].shape == want.shape, (via, info.name)
+                assert got[info.name].tobytes() == want.tobytes(), (via, info.name)
+
+
+# ---- CPU: the launch and the refusals ---------------------------------------------------------
+
+def _plan(n: int, k: int, pair_dim: int = 0, dst_words: int | None = None, src_words: int | None = None):
+    from drvqwen.launchers.weight_layout import Int4TileMajor
+
+    dst = BufferSpec("dst", (device_words(n, k) if dst_words is None else dst_words,), np.uint32)
+    src = BufferSpec("src", (n * k // 8 if src_words is None else src_words,), np.uint32)
+    return Int4TileMajor(dst, src, n=n, k=k, pair_dim=pair_dim)
+
+
+@pytest.mark.parametrize("n,k,pair_dim", [(333, 384, 0), (4608, 3584, 128), (18944, 3584, 0), (1, 128, 0)])
+def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim):
+    (spec,) = _plan(n, k, pair_dim).specs
+    vectors = -(-n // 16) * 16 * k // 32                     # 16-byte vectors of dst
+    threads = spec.block[0]
+    assert spec.grid == (-(-vectors // threads),) and spec.smem_bytes == 0
+    assert [a.value for a in (spec.args["N"], spec.args["K"], spec.args["pair_dim"])] == [n, k, pair_dim]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(n=333, k=384, dst_words=333 * 384 // 8), "dst: expected 16128 elements"),   # the file's size, not padded
+    (dict(n=64, k=256, src_words=64 * 256 // 8 + 1), "src: expected 2048 elements"),
+    (dict(n=64, k=200), "K must be a multiple of 128"),
+    (dict(n=0, k=128), r"int4_to_tile_major: \[0, 128\]"),
+    (dict(n=64, k=128, pair_dim=24), "pair_dim 24 must be 0 or a multiple of 16 dividing N=64"),
+    (dict(n=96, k=128, pair_dim=64), "pair_dim 64 must be 0 or a multiple of 16 dividing N=96"),
+    (dict(n=64, k=128, pair_dim=-16), "pair_dim -16"),
+])
+def test_bad_shapes_and_buffers_are_refused(kw, match):
+    with pytest.raises(LaunchError, match=match):
+        _plan(**kw)
