@@ -65,8 +65,9 @@ def test_int4_tile_major_matches_the_host(dev, rng, label, n, k, pair_dim):
 @pytest.mark.gpu
 def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rng, monkeypatch):
     """A tiny INT4 model (head_dim 64, 4 q heads and 2 k/v heads, N = 128 … 384) through
-    GPUWeights with each uploader: a projection's qweight is to_tile_major(file's, pair_dim) with
-    pair_dim the head dim for q_proj, k_proj and v_proj and 0 for the others; every other tensor
+    GPUWeights with each uploader: a projection's qweight holds the words of
+    to_tile_major(file's, pair_dim) in the file's shape, with pair_dim the head dim for q_proj,
+    k_proj and v_proj and 0 for the others; every other tensor
     (scales, biases, norms, the embedding and lm_head) is the file's bytes in the file's shape."""
     from drvqwen import startup
     from drvqwen.cuda import read_only_register_supported
@@ -92,10 +93,10 @@ def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rn
                 file = np.asarray(f.tensor(info.name))
                 if info.name in projections:
                     pair_dim = TINY.head_dim if info.name.split(".")[-2] in ("q_proj", "k_proj", "v_proj") else 0
-                    want = to_tile_major(file, pair_dim)
+                    want = to_tile_major(file, pair_dim)  # in the file's shape on the device
                 else:
                     want = file
-                assert got[info.name].shape == want.shape, (via, info.name)
+                assert got[info.name].shape == file.shape, (via, info.name)
                 assert got[info.name].tobytes() == want.tobytes(), (via, info.name)
 
 

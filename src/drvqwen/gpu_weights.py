@@ -12,8 +12,10 @@ so the tests and tools can find any weight by the name HF users know.
 
 A model that runs the INT4 step (every projection INT4 g128: format/tensor_set.py's
 default_formats) has its projections' qweight rearranged on the GPU right after the upload into
-the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu): the
-array of `….qweight` is then uint32 [N/16, K/128, 16, 16], q/k/v RoPE-paired by the head dim.
+the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu; q/k/v
+RoPE-paired by the head dim). The array of `….qweight` keeps the file's shape [N, K/8] — the
+same number of words, N being a multiple of 16, and the shape the decode and prefill plans
+check their buffers against — but holds the words as [N/16, K/128, 16, 16].
 A model in per-tensor formats keeps every tensor as stored (its kernels read the file's layouts).
 """
 
@@ -165,9 +167,7 @@ class GPUWeights:
                 src = DeviceArray(f"{n} (file layout)", scratch.ptr, arr.shape, arr.dtype)
                 src.copy_from(arr, stream)
                 pair_dim = self.config.head_dim if n.split(".")[-2] in paired else 0
-                tiles = DeviceArray(n, arr.ptr, (rows // TILE_ROWS, k // 128, TILE_ROWS, 16), arr.dtype)
-                Int4TileMajor(tiles, src, n=rows, k=k, pair_dim=pair_dim, stream=stream).launch()
-                self.arrays[n] = tiles
+                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dim, stream=stream).launch()
             stream.synchronize()
         finally:
             scratch.free()
