@@ -201,6 +201,8 @@ def test_the_engine_compiles_the_kernel_files_its_launchers_use_and_no_others():
     assert set(prefill.KERNEL_FILES) <= files and set(prefill.KERNEL_FILES_FMT) <= fmt_files
     assert not files & {"gemv_fmt", "gemm_fmt", "timing", "smoke"}   # an INT4 model: no format kernels
     assert {"gemv_fmt", "gemm_fmt"} <= fmt_files and "gemv_int4" not in fmt_files
+    # The INT4 model's weights are rearranged at load (gpu_weights.py); the per-tensor ones are not.
+    assert "weight_layout" in files and "weight_layout" not in fmt_files
     # ... but gemm_int4.cu's K-quant kernels, in every build (the recipe has Q4_K and Q6_K).
     fmt_builds = {tuple(sorted(d.items())) for name, d in engine.engine_kernels(CFG, recipe_formats(CFG, "q4_k_m"))
                   if name == "gemm_int4"}

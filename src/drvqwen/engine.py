@@ -149,8 +149,9 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     the prefill's (prefill.KERNEL_FILES, or KERNEL_FILES_FMT for per-tensor formats, gemv_fmt.cu
     and gemm_fmt.cu compiled for the model's formats, and gemm_int4.cu's tile builds where its
     projections have Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0 weights) and the token choice's and hand-over's
-    (sampling.cu), and the range-scheduled prefill attention's build where late chunks take it
-    (prefill.late_attention_builds). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
+    (sampling.cu), the range-scheduled prefill attention's build where late chunks take it
+    (prefill.late_attention_builds), and for the INT4 model weight_layout.cu (its weights'
+    rearrangement at load). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
     one = config.with_layers(1)
@@ -165,6 +166,9 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
         verify = plan_verify(one, None, T, occupancy=FixedOccupancy(132, lambda _k, _t, _s: 2))
         wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in verify.named_specs()}
     prefill_files = PREFILL_KERNEL_FILES_FMT if plan.per_tensor else PREFILL_KERNEL_FILES
+    # An INT4 model's weights are rearranged into the device layout as they load (gpu_weights.py).
+    if not plan.per_tensor:
+        wanted.add(("weight_layout", ()))
     # The per-tensor kernel files are compiled for the model's formats (plan.fmt_defines).
     wanted |= {(name, plan.fmt_defines if name in ("gemv_fmt", "gemm_fmt", "gemm_fmt_wgmma") else ())
                for name in (*prefill_files, "sampling")}
