@@ -12,7 +12,7 @@ One (tile, group) item — the 16 rows of a 16-row weight tile in one group — 
 contiguous memory, where layout id 1 spreads it over 16 pieces of 64 B, K/2 bytes apart. The
 decode GEMV loads an item per group and warp (two 16-byte loads a lane: 512 contiguous bytes each
 instead of 8 pieces of 64 B in 8 DRAM rows), and the synthetic 7B's decode step took 6 % less
-for it (kernels/int4_matmul.cuh says where the figures are). The rows of an item are in the
+in a timing probe of it (kernels/int4_matmul.cuh says where the figures are). The rows of an item are in the
 order of the kernels' MMA rows (int4_matmul.cuh: gemv_tile_rows):
 
     pair_dim = 0   plain: slot m of tile j is row 16 j + m (o_proj, gate_proj, up_proj, down_proj)
