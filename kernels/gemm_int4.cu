@@ -59,8 +59,9 @@
 //              w_empty: the consumers are done with the stage's X, its weights):
 //              lane 0 issues the TMA copies of X (tensor map: box GEMM_BM tokens × 64 inputs,
 //              128-byte swizzle — the layout wgmma reads; two boxes, 32 KB at 128), and every lane copies 16-byte
-//              pieces of the tile's 128 weight rows (64 B each, 8 KB; in the INT4 device layout
-//              each warp tile's 16 rows are one contiguous 1 KiB item) with cp.async, which
+//              pieces of the tile's 128 weight rows (64 B each, 8 KB; in the INT4 device layout a
+//              warp tile's 16 rows are one contiguous 1 KiB item, or two 512-byte halves where
+//              they come from two matrices or tiles: gate_up, the FP32 qkv) with cp.async, which
 //              arrives on the same full barrier when it lands. It runs on into the next tile while
 //              the consumers are in the epilogue.
 //   consumer = the weights are wgmma's A operand, from registers: lane (g, t) reads the 64 bytes

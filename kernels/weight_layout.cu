@@ -14,10 +14,10 @@
 // (tile j, group gi) = ((e / 64) / (K/128), (e / 64) % (K/128)); it reads the same 16 bytes of
 // group gi of the slot's matrix row (gemv_tile_rows: plain or RoPE-paired), or writes zeros
 // for a slot past the last row. Block = 256 threads, grid = enough blocks for every vector.
-// Bytes per call: N·K/2 read, ceil(N/16)·16·K/2 written — 0.2 GB for the 7B's largest matrix;
-// the 7B's 3.4 GB of INT4 in ~2–3 ms at the copy bandwidth, with the copy into the scratch that
-// src is (gpu_weights.py). The limit is HBM bandwidth; the reads are 64-byte pieces (a row's
-// group), as the decode GEMVs' were, which matters once per load.
+// Bytes per call: N·K/2 read, ceil(N/16)·16·K/2 written (34 MB each way for a 7B gate_proj),
+// beside the copy into the scratch that src is (gpu_weights.py): the weights cross HBM four
+// times once per model load. The limit is HBM bandwidth; the reads are 64-byte pieces (a
+// row's group), which matters once per load.
 // No shared memory, no barrier; src and dst never overlap (the launcher's caller passes a
 // scratch copy as src).
 #include "types.cuh"        // u32, u64

@@ -633,3 +633,28 @@ def test_stream_read_launch_and_its_refusals():
         StreamRead(*bufs(1, 4096, "bulk"), blocks=1, bytes_per_block=4096, kind="bulk")
     with pytest.raises(LaunchError, match=r"^stream_read: src must be 16-byte aligned$"):
         StreamRead(*bufs(1, 4096, "ld", ptr=8), blocks=1, bytes_per_block=4096)
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 40])
+def test_int4_qkv_rope_gemm_refuses_a_head_dim_the_device_layout_cannot_pair(head_dim):
+    """gemm_int4_qkv_rope finds a row's words by its tile and slot in the INT4 device layout
+    (int4_matmul.cuh: int4_tile_slot), which pairs RoPE dims within 16-row tiles: a head_dim that
+    is even but no multiple of 16 would read other heads' rows, so the launcher refuses it (the
+    K-quant and Q4/5/8_0 launchers, on row-major weights, keep any even head_dim)."""
+    import numpy as np
+
+    from drvqwen.launchers import GemmInt4QkvRopeRows
+    from drvqwen.launchers.base import BufferSpec
+
+    hq, hkv, k, rows = 2, 1, 128, 4
+    nq, nkv = hq * head_dim, hkv * head_dim
+    b = lambda name, n, dt: BufferSpec(name, (n,), dt)  # noqa: E731
+    cache = BufferSpec("k_cache", (4, hkv, 16, head_dim), np.float16)
+    with pytest.raises(LaunchError, match=rf"gemm_int4_qkv_rope: head_dim={head_dim} must be a multiple of 16"):
+        GemmInt4QkvRopeRows(b("q", rows * nq, np.float16), cache, cache, b("x", rows * k, np.float16),
+                            b("qw", nq * k // 8, np.uint32), b("qs", nq * k // 128, np.float16),
+                            b("kw", nkv * k // 8, np.uint32), b("ks", nkv * k // 128, np.float16),
+                            b("vw", nkv * k // 8, np.uint32), b("vs", nkv * k // 128, np.float16),
+                            b("qb", nq, np.float16), b("kb", nkv, np.float16), b("vb", nkv, np.float16),
+                            b("cs", rows * head_dim, np.float32), b("ps", 2, np.int32), b("bt", 4, np.int32),
+                            n_heads=hq, n_kv_heads=hkv, head_dim=head_dim, k=k, rows=rows)

@@ -20,7 +20,8 @@ staging halves, memory.parallel_copy, with the uploader's thread count and 1/2/4
 mapping or touched, tensor by tensor); the DMA alone (pinned → device: one copy, the uploader's
 chunks with and without its event waits, one copy per tensor; "copy engine" is the GPU time
 between events around the copies); the weight pool's cuMemAlloc; GPUWeights(f) itself (the file
-opened afresh, untimed) with the defaults (DMA from the registered mapping), a touched mapping,
+opened afresh, untimed; for an INT4 model it includes the rearrangement of the projections into
+the device layout, gpu_weights.py) with the defaults (DMA from the registered mapping), a touched mapping,
 the staging uploader, with the gathered upload off and with other chunk_bytes / copy_threads /
 piece_bytes; and the registration on its own, cuMemHostRegister of the file's mapping, read-only
 (cuda/host_dma.py), with the DMA straight from it (the unregistration is timed, not counted in

@@ -143,7 +143,7 @@ class GPUWeights:
         """Rearrange every INT4 projection's qweight [N, K/8] in place into the device layout
         (format/int4_tiles.py): each is copied into one scratch buffer (the largest one's size)
         and kernels/weight_layout.cu writes it back tile-major, q/k/v RoPE-paired by the head
-        dim. ~2 × the INT4 bytes through HBM: a few ms for the 7B.
+        dim: the INT4 bytes are read and written twice (the copy, the kernel), once per load.
 
         Raises:
             FormatError: a projection of N not a multiple of 16 (no Qwen2 shape has one).
@@ -159,7 +159,11 @@ class GPUWeights:
             if self.arrays[n].shape[0] % TILE_ROWS:
                 raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's INT4 layout needs a multiple of {TILE_ROWS}")
         stream = Stream()
-        scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "int4 layout scratch")
+        try:
+            scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "int4 layout scratch")
+        except BaseException:
+            stream.close()
+            raise
         try:
             for n in names:
                 arr = self.arrays[n]
@@ -170,8 +174,10 @@ class GPUWeights:
                 Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dim, stream=stream).launch()
             stream.synchronize()
         finally:
-            scratch.free()
-            stream.close()
+            try:
+                scratch.free()
+            finally:
+                stream.close()
 
     def _uploader(self, f: NanoqwenFile, staging: Mapping[str, int] | None):
         """The uploader for this load, and `upload_via` set to its name: DMA from the file's

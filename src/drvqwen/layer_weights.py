@@ -2,7 +2,8 @@
 
     input_layernorm, post_attention_layernorm   fp16 [D]
     q_proj, k_proj, v_proj, o_proj,             (qweight uint32 [N, K/8], scales fp16 [N, K/128])
-    gate_proj, up_proj, down_proj               INT4 layout id 1 (format/quant.py); in a file of
+    gate_proj, up_proj, down_proj               INT4 layout id 1 (format/quant.py; on the GPU its
+                                                words in the device layout, format/int4_tiles.py); in a file of
                                                 per-tensor formats (qweight, scales) of any format, or
                                                 (weight fp16 [N, K], None) where dense — the INT4
                                                 launchers take only the first kind

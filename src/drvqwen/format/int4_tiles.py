@@ -22,7 +22,7 @@ order of the kernels' MMA rows (int4_matmul.cuh: gemv_tile_rows):
 so the item's slots are the rows a GEMV tile multiplies, in its order, and a RoPE pair lands in
 one lane. The scales stay as in the file ([N, K/128], row-major).
 
-The file keeps layout id 1 (the CPU reference and every other reader see what they always saw);
+The file keeps layout id 1 (the CPU reference and every other reader of the file read it as such);
 the weights are rearranged on the GPU when a model is loaded (gpu_weights.py, kernels/
 weight_layout.cu), and the kernel tests upload `to_tile_major(qweight, pair_dim)`.
 """

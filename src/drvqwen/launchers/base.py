@@ -206,7 +206,8 @@ class Launcher:
 
     def _set_weight_tiles(self, n_tiles: int, grid: int, weights: Sequence[tuple[object, int]]) -> None:
         """Record how this GEMV's blocks read their weights (`weight_tiles`): `weights` are
-        (buffer, rows) pairs of row-major buffers whose first dimension is the output's rows."""
+        (buffer, rows) pairs of buffers that hold their 16-row tiles one after another (row-major,
+        or the INT4 device layout with rows a multiple of 16), `rows` the output's rows."""
         self._weight_tiles = (int(n_tiles), int(grid),
                               [(buf, WEIGHT_TILE_ROWS * (int(buf.nbytes) // int(rows))) for buf, rows in weights])
 

@@ -1,4 +1,5 @@
-"""Launchers of kernels/gemm_int4.cu: the prefill GEMMs over INT4 (layout id 1) weights.
+"""Launchers of kernels/gemm_int4.cu: the prefill GEMMs over INT4 (layout id 1) weights, in the
+device layout (format/int4_tiles.py: tile-major, q/k/v RoPE-paired) for the INT4 kernels.
 
     GemmInt4                   out fp32 [M, N]               = x fp16 [M, K] · Wᵀ
     GemmInt4QkvRows            qkv fp32 [M, Nq + 2 Nkv]      = x [Wq; Wk; Wv]ᵀ
@@ -440,8 +441,8 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
     [P, Hkv, 16, Dh] fp16.
 
     Raises:
-        LaunchError: an odd head_dim, K not a multiple of 128, or a buffer of the wrong size,
-            dtype or shape.
+        LaunchError: head_dim not a multiple of 16 (the device layout's RoPE pairs), K not a
+            multiple of 128, or a buffer of the wrong size, dtype or shape.
     """
 
     def __init__(self, q_out, k_cache, v_cache, x, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
@@ -450,6 +451,7 @@ class GemmInt4QkvRopeRows(_GemmLauncher):
                  split_k: SplitKScratch | None = None, blocks: int | None = None, tile_tokens: int | None = None,
                  stream: Stream | None = None):
         super().__init__(stream)
+        require(head_dim % TILE_ROWS == 0, f"gemm_int4_qkv_rope: head_dim={head_dim} must be a multiple of {TILE_ROWS}")
         n_q, n_kv = check_qkv_rope_outputs("gemm_int4_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
                                            rope_cs, rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads,
                                            head_dim=head_dim)
