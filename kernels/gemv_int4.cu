@@ -105,7 +105,7 @@
 //   | persistent, gemv_launch_shape              | 24.5 µs  | 16.9 µs  | 6.1 µs  | 4.6 µs  |
 //   | + tile-major weights (dev version)         | 22.5 µs  | 15.3 µs  |         |         |
 // gate_up at 24.5 µs is 2.86 TB/s (3.12 TB/s tile-major); qkv and o are launch/latency bound
-// (~1.5–2 µs of bytes in ~5 µs). Tile-major is the device layout now (below: "The weights'
+// (~1.5–2 µs of bytes in ~5 µs). Tile-major is the device layout (below: "The weights'
 // layout"); the other rows of these tables were measured over layout id 1 as stored.
 //
 // With the fusions and PDL (tools/bench_gemv.py --pdl: each GEMV alone, back to back in a graph,
