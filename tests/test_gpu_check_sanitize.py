@@ -101,8 +101,8 @@ def test_sanitize_kernels_keeps_the_nodes_that_launch_them(tmp_path):
 
 def test_every_kernel_of_a_node_counts_as_launched(tmp_path):
     """A node that launches two of the named kernels covers both: the second kernel on its line
-    (gemv_fmt_residual after gemv_fmt_f16) was reported as launched by no node, and the stage
-    refused a list straight from tools/changed_kernels.py."""
+    (gemv_fmt_residual after gemv_fmt_f16) counts as launched by that node, so the stage takes a
+    list straight from tools/changed_kernels.py."""
     lines = [ln.split() for ln in (ROOT / "tools" / "sanitize_nodes.txt").read_text().splitlines()
              if ln.strip() and not ln.lstrip().startswith("#")]
     # Two kernels (a, b) of one line such that every line naming b names a before it: a scan

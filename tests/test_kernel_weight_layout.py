@@ -131,3 +131,22 @@ def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim):
 def test_bad_shapes_and_buffers_are_refused(kw, match):
     with pytest.raises(LaunchError, match=match):
         _plan(**kw)
+
+
+def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
+    """The device layout holds whole 16-row tiles in the file's [N, K/8] words, so GPUWeights
+    refuses a projection whose N is no multiple of 16 with one line naming the tensor and its
+    rows — before it asks the GPU for anything (no Qwen2 shape has one)."""
+    from types import SimpleNamespace
+
+    from drvqwen.errors import FormatError
+    from drvqwen.gpu_weights import GPUWeights
+    from helpers import TINY
+
+    w = object.__new__(GPUWeights)
+    w.config = TINY
+    w.arrays = {"model.layers.0.mlp.up_proj.qweight": SimpleNamespace(shape=(384, 32), nbytes=384 * 32 * 4),
+                "model.layers.0.mlp.down_proj.qweight": SimpleNamespace(shape=(100, 48), nbytes=100 * 48 * 4)}
+    with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's INT4 "
+                                          r"layout needs a multiple of 16$"):
+        w._int4_device_layout()
