@@ -895,10 +895,13 @@ struct GemmOneMatrixRows {
     int N, K;
     int* ra;
     __device__ __forceinline__ GemmLaneRows operator()(int rb, int local) const {
+        // Rows ra and ra + 8 are slots g and g + 8 of one item (int4_plain_row): one address.
         GemmLaneRows r;
         *ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_lane_row(qweight, scales, *ra, N, K, 0, r.wa, r.sa);
-        gemm_lane_row(qweight, scales, *ra + 8, N, K, 0, r.wb, r.sb);
+        r.wa = int4_plain_row(qweight, *ra, int4_tiles(N), K);
+        r.wb = r.wa + 8 * (INT4_GROUP / 8);
+        r.sa = scales + (u64)min(*ra, N - 1) * (K / INT4_GROUP);
+        r.sb = scales + (u64)min(*ra + 8, N - 1) * (K / INT4_GROUP);
         return r;
     }
 };
@@ -1005,7 +1008,20 @@ struct GemmRopePair {
         seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
         h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
     }
+    // The same with p / half_dim as one multiply-high by magic = ⌈2³²/half_dim⌉ (gemm_rope_magic),
+    // for the GEMM's producer, which takes its 8 warp tiles' pairs again every group: an integer
+    // division by a runtime value is some 20 instructions. Exact: with e = magic·half_dim − 2³²
+    // < half_dim, p·magic / 2³² = p/half_dim + p·e/(half_dim·2³²), and p·e < 2³² (p < 2³²/half_dim,
+    // far above any pair count) keeps that under ⌊p/half_dim⌋ + 1.
+    __device__ __forceinline__ GemmRopePair(int p, int half_dim, u32 magic, int Hq, int Hkv) {
+        const int head = (int)__umulhi((u32)p, magic);
+        i = p - head * half_dim;
+        seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
+        h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
+    }
 };
+// ⌈2³²/d⌉ for d ≥ 2 (GemmRopePair's magic): ⌊(2³² − 1)/d⌋ + 1, a power of two included.
+__device__ __forceinline__ u32 gemm_rope_magic(int d) { return 0xFFFFFFFFu / (u32)d + 1u; }
 
 // The lane's pair from rows_of's (rb, local): local = 16·(warp tile) + g for g < 8 is pair
 // 8·(warp tile) + g of row block rb (GEMM_BLOCK_ROWS / 2 pairs a block).
@@ -1100,17 +1116,21 @@ gemm_int4_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16
     // The lane's pair (set by rows_of; its head and dim are derived again in the epilogue, so
     // that one register, not the epilogue's pointers, stays live across the mainloop).
     int pair = 0;
+    const u32 magic = gemm_rope_magic(half_dim);
     gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
         GemmLaneRows r;
         pair = gemm_rope_pair_of(rb, local);
-        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, magic, Hq, Hkv);
         const int seg = rp.seg;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
-        const int n = (seg == 0 ? Hq : Hkv) * Dh;
-        gemm_lane_row(qw, sc, rp.h * Dh + rp.i, n, K, Dh, r.wa, r.sa);
-        gemm_lane_row(qw, sc, rp.h * Dh + rp.i + half_dim, n, K, Dh, r.wb, r.sb);
+        // The pair's two rows, dims i and i + Dh/2 of head h, are one item's slots i % 8 and
+        // i % 8 + 8 (int4_pair_row): no row → (tile, slot) divisions by the head dim.
+        r.wa = int4_pair_row(qw, rp.h, rp.i, Dh, K);
+        r.wb = r.wa + 8 * (INT4_GROUP / 8);
+        r.sa = sc + (u64)(rp.h * Dh + rp.i) * (K / INT4_GROUP);
+        r.sb = r.sa + (u64)half_dim * (K / INT4_GROUP);
         return r;
     }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
                            Hq, Hkv, Dh, &pair});
