@@ -813,7 +813,12 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                 for (int w = 0; w < GEMM_CONSUMER_WARPS; ++w) {
                     // The rows again each group, not held across the loop: held, the 8 warp
                     // tiles' pointers spill in the 72 registers of the GEMM_BM 256 build (48–56 B
-                    // in two kernels, ptxas); the producer has time to spare for the arithmetic.
+                    // in two kernels, ptxas); the producer has time to spare for the arithmetic
+                    // as long as rows_of stays a few instructions a warp tile: one item address
+                    // (int4_plain_row, int4_pair_row). Through int4_tile_slot's divisions by the
+                    // head dim, qkv_rope's group loop was 1292 instructions (172 now, cuobjdump)
+                    // and the synthetic 7B's TTFT(512) 13.84 ms against 11.99 (H100, in turns,
+                    // docs/bench/2026-12-05_{dbffe69,033f04b}_h100_syn7b_*item_rows_*.json).
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * Sc::CODE_STRIDE + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * Sc::CODE_STRIDE + 4 * t, true);

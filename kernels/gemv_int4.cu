@@ -82,13 +82,13 @@
 //
 // The weights' layout: tile-major (int4_matmul.cuh), so the two 16-byte loads of a warp for one
 // (tile, group) item read 512 contiguous bytes each, where layout id 1 as stored in the file
-// (row-major) gave 8 pieces of 64 B in 8 rows K/2 bytes apart. The same engine over both
-// layouts (`drvqwen bench --preset 7b --mode graph --new-tokens 64`, in turns, one H100;
-// docs/bench/2026-12-05_194fb36_h100_syn7b_rowmajor_1.json and its siblings; the tile-major
-// runs read the row-major file's bytes at the tile-major addresses — a timing probe, same
-// bytes and work): graph ITL of the synthetic 7B 2.214 / 2.213 ms tile-major against 2.356 /
-// 2.379 row-major, the persistent step 2.523 against 2.623; each GEMV alone
-// (tools/dev_kernels.py gemv_int4, weights rotated past L2, …_dev_gemv_int4_v1.json), µs,
+// (row-major) gave 8 pieces of 64 B in 8 rows K/2 bytes apart. Graph ITL of the synthetic 7B
+// (`drvqwen bench --preset 7b --mode graph`, in turns with 194fb36, the commit before the
+// layout, one H100, medians of five rounds; docs/bench/2026-12-05_033f04b_h100_syn7b_item_rows_*
+// .json and …_194fb36_h100_syn7b_vs_item_rows_*.json): 2.197 ms tile-major against 2.320
+// row-major. Each GEMV alone, in a timing probe of the addresses over the file's bytes (the
+// same bytes and work; tools/dev_kernels.py gemv_int4, weights rotated past L2,
+// docs/bench/2026-12-05_194fb36_h100_dev_gemv_int4_v1.json), µs,
 // tile-major / row-major: o_proj 4.63 / 4.82, gate_up 25.73 / 29.03, down 15.23 / 16.40 (copy
 // bandwidth 3022 GB/s: gate_up at 90 % of it from 80 %). Where a row-major warp load touches 8
 // DRAM rows with 64 B each, the tile-major one touches one with 512 B.

@@ -35,8 +35,9 @@ __device__ __forceinline__ int int4_tiles(int n) { return (n + INT4_TILE_ROWS - 
 // where layout id 1 as stored in the file ([N, K/8], row-major) gives 16 pieces of 64 B, K/2
 // bytes apart. A warp of the decode GEMV loads one item per group with two 16-byte loads a
 // lane, so each of its loads is 512 contiguous bytes, not 8 pieces of 64 B in 8 DRAM rows: the
-// synthetic 7B's decode step took 2.214 / 2.213 ms against 2.356 / 2.379 row-major in a timing
-// probe of it (H100, graph ITL, in turns; gemv_int4.cu's header). The rows of a tile are in the order of the MMA rows
+// synthetic 7B's decode step takes 2.197 ms against 2.320 row-major (H100, graph ITL, medians
+// of five rounds in turns; docs/bench/2026-12-05_033f04b_h100_syn7b_item_rows_*.json and
+// …_194fb36_h100_syn7b_vs_item_rows_*.json). The rows of a tile are in the order of the MMA rows
 // (gemv_tile_rows): plain (pair_dim 0: slot m is row 16·tile + m) for o_proj, gate, up and down,
 // RoPE-paired (pair_dim = Dh: slots g and g + 8 are dims 8j + g and 8j + g + Dh/2 of a head) for
 // q, k and v, so that an item's slots are the GEMV's MMA rows as loaded. Rows past N (a last
