@@ -6,6 +6,7 @@
 //   INT4_GROUP, INT4_TILE_ROWS    the quantisation group along K and the rows of a weight tile
 //   int4_tile_item / int4_tile_slot   the tile-major device layout: where a (tile, group) item
 //                                 starts, and the tile and slot (MMA row) of a matrix row
+//   int4_pair_tile                the tile of a RoPE pair (head, dim) of q, k or v
 //   int4_plain_row / int4_pair_row    a row's words of group 0, plain or by its RoPE pair
 //   int4_tiles / int4_segment / int4_pick   tiles of a matrix; which stacked matrix a tile is in
 //   int4_a_fragments              one word of rows g and g+8 → the A fragments of two MMAs
@@ -49,12 +50,16 @@ __device__ __forceinline__ const u32* int4_tile_item(const u32* qweight, int til
     return qweight + ((u64)tile * (K / INT4_GROUP) + gi) * INT4_ITEM_WORDS;
 }
 
+// The tile that holds RoPE pair (h, i) of a RoPE-paired matrix (dims i and i + Dh/2 of head h,
+// i < Dh/2): h·Dh/16 + i/8, the pair's rows in its slots i % 8 and i % 8 + 8.
+__device__ __forceinline__ int int4_pair_tile(int h, int i, int Dh) { return h * (Dh / INT4_TILE_ROWS) + i / 8; }
+
 // The tile and slot (MMA row, 0..15) that hold matrix row `row` in the device layout: the
 // inverse of gemv_tile_rows for pair_dim = 0 (plain) or Dh (RoPE-paired).
 __device__ __forceinline__ void int4_tile_slot(int row, int pair_dim, int& tile, int& slot) {
     if (pair_dim > 0) {
         const int head = row / pair_dim, d = row % pair_dim, half = pair_dim / 2, i = d % half;
-        tile = head * (pair_dim / INT4_TILE_ROWS) + i / 8;
+        tile = int4_pair_tile(head, i, pair_dim);
         slot = i % 8 + (d >= half ? 8 : 0);
     } else {
         tile = row / INT4_TILE_ROWS;
@@ -64,19 +69,18 @@ __device__ __forceinline__ void int4_tile_slot(int row, int pair_dim, int& tile,
 
 // The words of group 0 of row `row` of a plain-order matrix of `tiles` tiles, clamped into its
 // last tile: slot row % 16 of tile row / 16. Rows r and r + 8 of a warp tile (r % 16 < 8) share
-// one item, 8 slots (128 words) apart; one item address per warp tile (the GEMM's producer takes
-// its 8 warp tiles' rows again every group: here a shift, a min and one multiply-add).
+// one item, 8 slots (128 words) apart: one item address per warp tile. The GEMM's producer takes
+// its 8 warp tiles' rows again every group, so this is a shift, a min and one multiply-add.
 __device__ __forceinline__ const u32* int4_plain_row(const u32* qweight, int row, int tiles, int K) {
     return int4_tile_item(qweight, min(row / INT4_TILE_ROWS, tiles - 1), 0, K) + (row % INT4_TILE_ROWS) * (INT4_GROUP / 8);
 }
 
-// The words of group 0 of the first row of RoPE pair (h, i) — row h·Dh + i — of a RoPE-paired
-// matrix: slot i % 8 of tile h·Dh/16 + i/8 (int4_tile_slot's inverse taken from the pair, with no
-// division by the head dim: int4_tile_slot's four a row cost the prefill's QKV GEMM ~1000 of its
-// producer's ~1300 instructions a group). Its second row, dim i + Dh/2, is slot i % 8 + 8 of the
-// same item: +128 words.
+// The words of group 0 of the first row of RoPE pair (h, i), dim i of head h: slot i % 8 of its
+// tile; the second row, dim i + Dh/2, is slot i % 8 + 8 of the same item, 128 words on. From the
+// pair, not the row, there is no division by the head dim: int4_tile_slot's four a row made the
+// prefill QKV GEMM's producer loop 1292 SASS instructions a group instead of 172.
 __device__ __forceinline__ const u32* int4_pair_row(const u32* qweight, int h, int i, int Dh, int K) {
-    return int4_tile_item(qweight, h * (Dh / INT4_TILE_ROWS) + i / 8, 0, K) + (i % 8) * (INT4_GROUP / 8);
+    return int4_tile_item(qweight, int4_pair_tile(h, i, Dh), 0, K) + (i % 8) * (INT4_GROUP / 8);
 }
 
 // Which of NSEG stacked matrices holds tile `tile`, matrix s starting at tile first_tile[s]:
