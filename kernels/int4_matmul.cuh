@@ -6,7 +6,9 @@
 //   INT4_GROUP, INT4_TILE_ROWS    the quantisation group along K and the rows of a weight tile
 //   int4_tile_item / int4_tile_slot   the tile-major device layout: where a (tile, group) item
 //                                 starts, and the tile and slot (MMA row) of a matrix row
-//   int4_pair_tile                the tile of a RoPE pair (head, dim) of q, k or v
+//   int4_pair_tile / int4_head_dim_slot   the tile of a RoPE pair (head, dim) of q, k or v, and
+//                                 the tile and slot of a head's dim
+//   div_reciprocal / div_by       division by the head dim as one multiply-high
 //   int4_plain_row / int4_pair_row    a row's words of group 0, plain or by its RoPE pair
 //   int4_tiles / int4_segment / int4_pick   tiles of a matrix; which stacked matrix a tile is in
 //   int4_a_fragments              one word of rows g and g+8 → the A fragments of two MMAs
@@ -50,17 +52,31 @@ __device__ __forceinline__ const u32* int4_tile_item(const u32* qweight, int til
     return qweight + ((u64)tile * (K / INT4_GROUP) + gi) * INT4_ITEM_WORDS;
 }
 
+// Division by a divisor fixed through a kernel (the head dim), where a loop divides every
+// iteration: n / d = umulhi(n, r) with r = ⌈2³²/d⌉ = div_reciprocal(d), d ≥ 2 — one multiply-high
+// where a division by a runtime value compiles to some 20 instructions. Exact for 0 ≤ n < 2³²/d:
+// with n = qd + s (s < d) and e = r·d − 2³² (0 ≤ e < d), n·r/2³² = q + (s + n·e/2³²)/d, and
+// n·e < n·d < 2³² keeps s + n·e/2³² below d, so the floor is q.
+__device__ __forceinline__ u32 div_reciprocal(int d) { return 0xFFFFFFFFu / (u32)d + 1u; }
+__device__ __forceinline__ int div_by(int n, u32 reciprocal) { return (int)__umulhi((u32)n, reciprocal); }
+
 // The tile that holds RoPE pair (h, i) of a RoPE-paired matrix (dims i and i + Dh/2 of head h,
 // i < Dh/2): h·Dh/16 + i/8, the pair's rows in its slots i % 8 and i % 8 + 8.
 __device__ __forceinline__ int int4_pair_tile(int h, int i, int Dh) { return h * (Dh / INT4_TILE_ROWS) + i / 8; }
 
+// The tile and slot (MMA row, 0..15) of dim d (< Dh) of head h in a RoPE-paired matrix: dim
+// i < Dh/2 of the pair (h, i) in slot i % 8, dim i + Dh/2 in slot i % 8 + 8.
+__device__ __forceinline__ void int4_head_dim_slot(int h, int d, int Dh, int& tile, int& slot) {
+    const int half = Dh / 2, upper = d >= half, i = upper ? d - half : d;
+    tile = int4_pair_tile(h, i, Dh);
+    slot = i % 8 + (upper ? 8 : 0);
+}
+
 // The tile and slot (MMA row, 0..15) that hold matrix row `row` in the device layout: the
-// inverse of gemv_tile_rows for pair_dim = 0 (plain) or Dh (RoPE-paired).
+// inverse of gemv_tile_rows for pair_dim = 0 (plain) or Dh (RoPE-paired: row = head·Dh + dim).
 __device__ __forceinline__ void int4_tile_slot(int row, int pair_dim, int& tile, int& slot) {
     if (pair_dim > 0) {
-        const int head = row / pair_dim, d = row % pair_dim, half = pair_dim / 2, i = d % half;
-        tile = int4_pair_tile(head, i, pair_dim);
-        slot = i % 8 + (d >= half ? 8 : 0);
+        int4_head_dim_slot(row / pair_dim, row % pair_dim, pair_dim, tile, slot);
     } else {
         tile = row / INT4_TILE_ROWS;
         slot = row % INT4_TILE_ROWS;

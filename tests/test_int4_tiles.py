@@ -1,7 +1,8 @@
 """format/int4_tiles.py, the INT4 weights' device layout, on the CPU.
 
 tile_rows against its definition (the module docstring) written out as loops, and as the inverse
-of int4_matmul.cuh's int4_tile_slot (the kernels' row → tile and slot); a permutation of the
+of int4_matmul.cuh's int4_tile_slot (the kernels' row → tile and slot); div_by's division by a
+reciprocal exact in the range the kernels use; a permutation of the
 rows, with -1 only for the padding of a last partial tile; each RoPE pair of a head in one tile,
 slots g and g + 8. to_tile_major word for word against the definition (every position of a
 small matrix, sampled ones of the 7B's), rows past N zero, a C-contiguous array of
@@ -55,13 +56,52 @@ def rows_by_loop(n: int, pair_dim: int) -> list[int]:
     return out
 
 
+def head_dim_slot(h: int, d: int, dh: int) -> tuple[int, int]:
+    """int4_matmul.cuh's int4_head_dim_slot (with int4_pair_tile), line for line: the (tile, slot)
+    of dim d of head h in a RoPE-paired matrix."""
+    half = dh // 2
+    upper = d >= half
+    i = d - half if upper else d
+    return h * (dh // 16) + i // 8, i % 8 + (8 if upper else 0)
+
+
 def tile_slot(row: int, pair_dim: int) -> tuple[int, int]:
     """int4_matmul.cuh's int4_tile_slot, line for line: the (tile, slot) holding matrix row `row`."""
     if pair_dim > 0:
-        head, d, half = row // pair_dim, row % pair_dim, pair_dim // 2
-        i = d % half
-        return head * (pair_dim // 16) + i // 8, i % 8 + (8 if d >= half else 0)
+        return head_dim_slot(row // pair_dim, row % pair_dim, pair_dim)
     return row // 16, row % 16
+
+
+def div_by(n: int, reciprocal: int) -> int:
+    """int4_matmul.cuh's div_by: the high 32 bits of the 64-bit product (__umulhi)."""
+    return (n * reciprocal) >> 32
+
+
+def div_reciprocal(d: int) -> int:
+    """int4_matmul.cuh's div_reciprocal: ⌊(2³² − 1)/d⌋ + 1 in 32 bits."""
+    return (0xFFFFFFFF // d + 1) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("d", [2, 3, 7, 8, 24, 32, 40, 48, 64, 96, 128, 256])
+def test_division_by_the_reciprocal_is_exact_where_the_kernels_use_it(d):
+    """n / d as one multiply-high (the GEMM producers' rows and RoPE pairs: n below a few hundred
+    thousand, d a head dim or half of one) equals n // d for every n up to 2²⁰ and at the edge the
+    proof allows (n·d < 2³²), and the reciprocal fits 32 bits."""
+    r = div_reciprocal(d)
+    assert 0 < r < 2**32
+    n = np.arange(1 << 20, dtype=np.uint64)
+    assert np.array_equal((n * np.uint64(r)) >> np.uint64(32), n // np.uint64(d))
+    edge = (2**32 - 1) // d
+    for m in range(max(0, edge - 1000), edge + 1):
+        assert div_by(m, r) == m // d, (m, d)
+
+
+@pytest.mark.parametrize("d", [24, 40, 48])
+def test_the_reciprocal_division_fails_past_its_bound(d):
+    """The bound is not slack: far past n·d < 2³² the multiply-high gives a wrong quotient for
+    some n (so the exactness test above tests the formula, not a truism)."""
+    r = div_reciprocal(d)
+    assert any(div_by(m, r) != m // d for m in range(2**32 // d * 16, 2**32 // d * 16 + 4096))
 
 
 @pytest.mark.parametrize("label,n,k,pair_dim", SMALL + REAL, ids=_ids(SMALL + REAL))
