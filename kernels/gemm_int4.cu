@@ -631,24 +631,14 @@ __device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32*
     (which ? out.db : out.da) = aux + r * (K / 256);
 }
 
-// Row `row` of a plain-order INT4 matrix of n rows (clamped to the last) in the device layout
+// Row `row` of an INT4 matrix of n rows (clamped to the last) in the device layout
 // (int4_matmul.cuh): w its words of group 0 — group grp's are CODE_STRIDE words on, one item
-// further —, s its scales.
+// further — in the matrix's row order pair_dim (0 plain, Dh RoPE-paired: q, k, v); s its scales.
 __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
-                                              const u32*& w, const __half*& s) {
+                                              int pair_dim, const u32*& w, const __half*& s) {
     const int r = min(row, n - 1);
-    w = int4_tile_item(qweight, r / INT4_TILE_ROWS, 0, K) + (r % INT4_TILE_ROWS) * (INT4_GROUP / 8);
-    s = scales + (u64)r * (K / INT4_GROUP);
-}
-
-// The same for a RoPE-paired matrix (q, k, v) of head dim Dh: row = head·Dh + dim, the head by
-// one multiply-high (div_by, Dh_rcp = div_reciprocal(Dh)), not a division, since the producer
-// takes its rows again every group.
-__device__ __forceinline__ void gemm_paired_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
-                                                     int Dh, u32 Dh_rcp, const u32*& w, const __half*& s) {
-    const int r = min(row, n - 1), head = div_by(r, Dh_rcp);
     int tile, slot;
-    int4_head_dim_slot(head, r - head * Dh, Dh, tile, slot);
+    int4_tile_slot(r, pair_dim, tile, slot);
     w = int4_tile_item(qweight, tile, 0, K) + slot * (INT4_GROUP / 8);
     s = scales + (u64)r * (K / INT4_GROUP);
 }
@@ -954,22 +944,24 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
               float* __restrict__ split_partials,         // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
               int* __restrict__ split_counters,           // [grid] int32, zero between launches, or null
-              int Nq, int Nkv, int K, int Dh) {  // Dh: the heads' dim, the q/k/v row order (gemm_paired_lane_row)
+              int Nq, int Nkv, int K, int Dh) {  // Dh: the heads' dim, the q/k/v row order (gemm_lane_row)
     const int ld = Nq + 2 * Nkv;
-    const u32 Dh_rcp = div_reciprocal(Dh);
     int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
     gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
         GemmLaneRows r;
         ra = rb * GEMM_BLOCK_ROWS + local;
         // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
+        // Their RoPE-paired slots go through int4_tile_slot's divisions by the head dim: this
+        // comparison path's producer loop is 1399 SASS instructions a group, gemm_int4_qkv_rope's
+        // 172 (its rows from the pair: int4_pair_row, div_by).
         const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
         const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
         const int n = seg == 0 ? Nq : Nkv;
-        gemm_paired_lane_row(qw, sc, ra - first, n, K, Dh, Dh_rcp, r.wa, r.sa);
-        gemm_paired_lane_row(qw, sc, ra + 8 - first, n, K, Dh, Dh_rcp, r.wb, r.sb);
+        gemm_lane_row(qw, sc, ra - first, n, K, Dh, r.wa, r.sa);
+        gemm_lane_row(qw, sc, ra + 8 - first, n, K, Dh, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float va, float vb) {
         if (ra < ld) qkv[(u64)token * ld + ra] = va;
@@ -1189,8 +1181,8 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
         // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
         GemmLaneRows r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
-        gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
+        gemm_lane_row(gate_qweight, gate_scales, f, F, K, 0, r.wa, r.sa);
+        gemm_lane_row(up_qweight, up_scales, f, F, K, 0, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);

@@ -56,19 +56,12 @@ def rows_by_loop(n: int, pair_dim: int) -> list[int]:
     return out
 
 
-def head_dim_slot(h: int, d: int, dh: int) -> tuple[int, int]:
-    """int4_matmul.cuh's int4_head_dim_slot (with int4_pair_tile), line for line: the (tile, slot)
-    of dim d of head h in a RoPE-paired matrix."""
-    half = dh // 2
-    upper = d >= half
-    i = d - half if upper else d
-    return h * (dh // 16) + i // 8, i % 8 + (8 if upper else 0)
-
-
 def tile_slot(row: int, pair_dim: int) -> tuple[int, int]:
     """int4_matmul.cuh's int4_tile_slot, line for line: the (tile, slot) holding matrix row `row`."""
     if pair_dim > 0:
-        return head_dim_slot(row // pair_dim, row % pair_dim, pair_dim)
+        head, d, half = row // pair_dim, row % pair_dim, pair_dim // 2
+        i = d % half
+        return head * (pair_dim // 16) + i // 8, i % 8 + (8 if d >= half else 0)
     return row // 16, row % 16
 
 
@@ -84,9 +77,9 @@ def div_reciprocal(d: int) -> int:
 
 @pytest.mark.parametrize("d", [2, 3, 7, 8, 24, 32, 40, 48, 64, 96, 128, 256])
 def test_division_by_the_reciprocal_is_exact_where_the_kernels_use_it(d):
-    """n / d as one multiply-high (the GEMM producers' rows and RoPE pairs: n below a few hundred
-    thousand, d a head dim or half of one) equals n // d for every n up to 2²⁰ and at the edge the
-    proof allows (n·d < 2³²), and the reciprocal fits 32 bits."""
+    """n / d as one multiply-high (the QKV GEMM producer's RoPE pairs: n below a few hundred
+    thousand, d half a head dim) equals n // d for every n up to 2²⁰ and at the edge the proof
+    allows (n·d < 2³²), and the reciprocal fits 32 bits."""
     r = div_reciprocal(d)
     assert 0 < r < 2**32
     n = np.arange(1 << 20, dtype=np.uint64)
