@@ -1,6 +1,7 @@
-"""tools/bench_commits.py on the CPU: commits resolved or refused in one line, a commit's tree
-written by git archive with the files drvqwen.provenance hashes (its digest is the commit's), and
-the command each run gets."""
+"""tools/bench_commits.py on the CPU: commits resolved or refused in one line, by git or by the
+COMMIT files of trees prepared for a machine without the history (--prepare); a commit's tree
+written by git archive with the files drvqwen.provenance hashes (its digest is the commit's); the
+command each run gets; the synthetic file written once only where every tree writes the same."""
 
 import importlib.util
 import subprocess
@@ -80,3 +81,71 @@ def test_a_failed_run_exits_with_one_line_naming_the_tree(monkeypatch, tmp_path)
     with pytest.raises(SystemExit, match=r"^[0-9a-f]{12} round 1: drvqwen.bench exited 2: error: drvqwen bench needs"):
         bench_commits.main(["--commits", "HEAD", "--rounds", "1", "--out", str(tmp_path)])
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_prepared_trees_resolve_without_git_and_refuse_in_one_line(tmp_path):
+    """On a machine without the history (root is no repository), a commit is found by its hash
+    prefix among the trees' COMMIT files; an unknown or ambiguous prefix is one line."""
+    trees = tmp_path / "trees"
+    for h in ("ab12" + "0" * 36, "ab34" + "0" * 36, "cd56" + "1" * 36):
+        (trees / h[:12]).mkdir(parents=True)
+        (trees / h[:12] / "COMMIT").write_text(h + "\n")
+    nowhere = tmp_path / "not_a_repo"
+    nowhere.mkdir()
+    assert bench_commits.resolve(["ab12", "cd5", "."], root=nowhere, trees=trees) == \
+        ["ab12" + "0" * 36, "cd56" + "1" * 36, "."]
+    with pytest.raises(SystemExit, match=r"^--commits ab: not a commit .* nor a tree prepared in "):
+        bench_commits.resolve(["ab"], root=nowhere, trees=trees)  # two trees start with it
+    with pytest.raises(SystemExit, match=r"^--commits ef01: not a commit"):
+        bench_commits.resolve(["ef01"], root=nowhere, trees=trees)
+
+
+def test_prepare_writes_each_tree_with_its_commit_and_runs_nothing(capsys, tmp_path):
+    head = _head()
+    assert bench_commits.main(["--commits", "HEAD", ".", "--prepare", "--out", str(tmp_path)]) == 0
+    tree = tmp_path / "trees" / head[:12]
+    assert (tree / "COMMIT").read_text().strip() == head and (tree / "src" / "drvqwen" / "bench.py").is_file()
+    assert capsys.readouterr().out.strip() == str(tree)
+    assert not list(tmp_path.glob("*.json"))
+    # There, without git: the prepared tree answers for the commit.
+    assert bench_commits.resolve([head[:8]], root=tmp_path, trees=tmp_path / "trees") == [head]
+
+
+def test_the_synthetic_key_follows_the_files_that_write_the_model(tmp_path):
+    head = _head()
+    a = bench_commits.write_tree(head, tmp_path / "a")
+    b = bench_commits.write_tree(head, tmp_path / "b")
+    assert bench_commits.synthetic_key(a) == bench_commits.synthetic_key(b)
+    (b / "kernels" / "gemv_int4.cu").write_text("// a kernel edit: the model file is the same\n")
+    assert bench_commits.synthetic_key(a) == bench_commits.synthetic_key(b)
+    synthetic_py = b / "src" / "drvqwen" / "format" / "synthetic.py"
+    synthetic_py.write_text(synthetic_py.read_text() + "\n# another weight generator\n")
+    assert bench_commits.synthetic_key(a) != bench_commits.synthetic_key(b)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_synthetic_file_is_written_once_only_when_every_tree_writes_the_same(monkeypatch, tmp_path, same):
+    """Each run finds the synthetic file deleted when the trees' keys differ; with one key only the
+    first run does (a stale file of another version is never used), the rest reuse its file."""
+    real_run = subprocess.run
+    synthetic = tmp_path / "syn_0.5b.nanoqwen"
+    found = []
+
+    def run(cmd, **kw):
+        if cmd[:3] == [bench_commits.sys.executable, "-m", "drvqwen.bench"]:
+            found.append(synthetic.exists())
+            synthetic.write_bytes(b"model")
+            out = Path(cmd[cmd.index("--json") + 1])
+            out.write_text('{"modes": {"graph": {"itl_median_ms": 1.0}}}')
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(bench_commits.subprocess, "run", run)
+    import drvqwen.bench
+
+    monkeypatch.setattr(drvqwen.bench, "default_synthetic_path", lambda preset: synthetic)
+    keys = iter(range(100))  # the keys themselves: test_the_synthetic_key_follows_…
+    monkeypatch.setattr(bench_commits, "synthetic_key", lambda tree: "k" if same else str(next(keys)))
+    synthetic.write_bytes(b"stale")
+    assert bench_commits.main(["--commits", "HEAD", ".", "--rounds", "2", "--out", str(tmp_path)]) == 0
+    assert found == ([False, True, True, True] if same else [False] * 4)
