@@ -816,7 +816,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     // in two kernels, ptxas); the producer has time to spare for the arithmetic
                     // as long as rows_of stays a few instructions a warp tile: one item address
                     // (int4_plain_row, int4_pair_row). Through int4_tile_slot's divisions by the
-                    // head dim, qkv_rope's group loop was 1292 instructions (172 now, cuobjdump)
+                    // head dim, qkv_rope's group loop was 1292 instructions (172 now;
+                    // `tools/sass_loops.py gemm_int4 --copies`: the loop with 18 copies)
                     // and the synthetic 7B's TTFT(512) 13.84 ms against 11.99 (H100, in turns,
                     // docs/bench/2026-12-05_{dbffe69,033f04b}_h100_syn7b_*item_rows_*.json).
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
@@ -954,7 +955,7 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
         // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
         // Their RoPE-paired slots go through int4_tile_slot's divisions by the head dim: this
         // comparison path's producer loop is 1399 SASS instructions a group, gemm_int4_qkv_rope's
-        // 172 (its rows from the pair: int4_pair_row, div_by).
+        // 172 (its rows from the pair: int4_pair_row, div_by; tools/sass_loops.py --copies).
         const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
         const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;

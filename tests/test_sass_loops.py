@@ -115,3 +115,26 @@ def test_missing_cuobjdump_and_bad_defines_are_one_line_errors(monkeypatch, caps
     monkeypatch.setattr(sys, "argv", ["sass_loops.py", "smoke", "--define", "GEMV_UNROLL"])
     assert sl.main() == 2
     assert capsys.readouterr().err == "error: --define 'GEMV_UNROLL': expected NAME=INTEGER\n"
+
+
+def test_copies_add_the_producer_loops_without_an_mma():
+    """With copies=True a loop holding cp.async (LDGSTS) or a TMA copy (UTMALDG) and no MMA is
+    listed with its copy count; without it only the MMA loops are; a loop with neither never is."""
+    body = [
+        "MOV R2, RZ",                                            # 0x00
+        "LDGSTS.E.BYPASS.128 [R3], desc[UR4][R4.64]",            # 0x10  producer loop start
+        "LDGSTS.E.BYPASS.128 [R3+0x400], desc[UR4][R6.64]",      # 0x20
+        "UTMALDG.2D [UR8], [UR10]",                              # 0x30
+        "IADD3 R2, R2, 0x1, RZ",                                 # 0x40
+        "@P0 BRA 0x10",                                          # 0x50  back edge
+        "IADD3 R9, R9, 0x1, RZ",                                 # 0x60  a loop with neither
+        "@P1 BRA 0x60",                                          # 0x70
+        "EXIT",                                                  # 0x80
+    ]
+    ins = sl.functions(_sass(body))["k"]
+    assert sl.loops(ins) == []
+    (loop,) = sl.loops(ins, copies=True)
+    assert (loop.start, loop.end, loop.instructions, loop.copies, loop.mma) == (0x10, 0x50, 5, 3, 0)
+    # An MMA loop counts its copies too, listed either way.
+    (mma_loop,) = sl.loops(sl.functions(_sass(BODY))["k"], copies=True)
+    assert mma_loop.mma == 1 and mma_loop.copies == 0

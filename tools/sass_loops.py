@@ -2,18 +2,21 @@
 """The loops of a kernel's machine code, counted: where a main loop waits and what it spills.
 
     PYTHONPATH=src python3 tools/sass_loops.py KERNEL [--define NAME=INT ...] [--function SUBSTR]
-                                               [--near 32] [--json OUT]
+                                               [--near 32] [--copies] [--json OUT]
 
 KERNEL is a file of kernels/ (without .cu), compiled as the launchers compile it (NVRTC through
 the cubin cache, with the defines given). Its SASS comes from `cuobjdump -sass` (CUDA's binary
-utilities; not part of drvqwen's dependencies: `pip download nvidia-cuda-cuobjdump`, unpack it
-and put its bin/ on PATH). For each entry point the tool prints ptxas's report (registers,
-spills, stack frame) and then every loop — a backward branch and the instructions from its
-target to it — that holds a matrix instruction (HMMA: mma.sync, HGMMA: wgmma):
+utilities; not part of drvqwen's dependencies: `pip download nvidia-cuda-cuobjdump` and
+`nvidia-cuda-nvdisasm`, unpack them and put their bin/ on PATH). For each entry point the tool
+prints ptxas's report (registers, spills, stack frame) and then every loop — a backward branch
+and the instructions from its target to it — that holds a matrix instruction (HMMA: mma.sync,
+HGMMA: wgmma), and with --copies also every loop that holds an asynchronous copy into shared
+memory and no MMA (a producer warp's: in gemm_int4.cu the group loop is the one with the group's
+16 cp.async and 2 TMA copies):
 
-    instructions, MMAs, global loads, local loads and stores (a spill, or an array the compiler
-    could not keep in registers), and the loads whose value is first read fewer than --near
-    instructions after them, in loop order
+    instructions, MMAs, asynchronous copies, global loads, local loads and stores (a spill, or an
+    array the compiler could not keep in registers), and the loads whose value is first read
+    fewer than --near instructions after them, in loop order
 
 The last column is the one that finds a stall: a warp waits for a load at the value's first
 use, so a load read a few instructions later makes the warp wait for memory there, and every
@@ -53,6 +56,7 @@ class Loop:
     global_loads: int
     local_ops: int
     near_uses: list[dict] = field(default_factory=list)  # {load, at, distance, reader}
+    copies: int = 0  # cp.async (LDGSTS) and bulk / TMA copies (UBLKCP, UTMALDG): a producer's loop
 
 
 def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
@@ -110,10 +114,17 @@ def registers(ins: str) -> tuple[set[int], set[int]]:
     return written, reads
 
 
-def loops(ins: list[tuple[int, str]], near: int = 32) -> list[Loop]:
-    """Every loop of a function that holds an MMA, innermost first by length. A load's first use
-    is searched in loop order from the load on, around the back edge once; a later write of its
-    register before any read ends the search (the value was never read in the loop)."""
+def is_copy(op: str) -> bool:
+    """An asynchronous copy into shared memory: cp.async (LDGSTS), a bulk or TMA copy (UBLKCP,
+    UTMALDG)."""
+    return op.startswith(("LDGSTS", "UBLKCP", "UTMALDG"))
+
+
+def loops(ins: list[tuple[int, str]], near: int = 32, copies: bool = False) -> list[Loop]:
+    """Every loop of a function that holds an MMA — with `copies`, also every loop that holds an
+    asynchronous copy and no MMA (a producer warp's) — innermost first by length. A load's first
+    use is searched in loop order from the load on, around the back edge once; a later write of
+    its register before any read ends the search (the value was never read in the loop)."""
     out = []
     for at, text in ins:
         m = BRANCH.search(text)
@@ -123,10 +134,11 @@ def loops(ins: list[tuple[int, str]], near: int = 32) -> list[Loop]:
         body = [(a, t) for a, t in ins if start <= a <= at]
         ops = [opcode(t) for _a, t in body]
         mma = sum(o.startswith(("HMMA", "HGMMA", "IMMA")) for o in ops)
-        if not mma:
+        n_copies = sum(is_copy(o) for o in ops)
+        if not mma and not (copies and n_copies):
             continue
         loop = Loop(start, at, len(body), mma, sum(is_global_load(o) for o in ops),
-                    sum(o.startswith(("LDL", "STL")) for o in ops))
+                    sum(o.startswith(("LDL", "STL")) for o in ops), copies=n_copies)
         for i, (a, t) in enumerate(body):
             if not is_global_load(ops[i]):
                 continue
@@ -153,6 +165,8 @@ def main() -> int:
     ap.add_argument("--define", action="append", default=[], metavar="NAME=INT")
     ap.add_argument("--function", default="", help="only entry points whose name contains this")
     ap.add_argument("--near", type=int, default=32, help="a first use closer than this many instructions is listed")
+    ap.add_argument("--copies", action="store_true",
+                    help="also the loops with asynchronous copies and no MMA (a producer warp's)")
     ap.add_argument("--json", help="write every count here")
     a = ap.parse_args()
     from drvqwen.bench import parse_defines
@@ -183,14 +197,14 @@ def main() -> int:
         if a.function not in name:
             continue
         res = compiled.resources.get(name)
-        found = loops(ins, a.near)
+        found = loops(ins, a.near, a.copies)
         report[name] = {"resources": asdict(res) if res else None, "loops": [asdict(lp) for lp in found]}
         head = (f"{res.registers} registers, {res.spill_stores_bytes} bytes spill stores, "
                 f"{res.stack_frame_bytes} bytes stack frame" if res else "no ptxas report")
         print(f"{name}: {head}")
         for lp in found:
             print(f"  loop {lp.start:#x}–{lp.end:#x}: {lp.instructions} instructions, {lp.mma} MMA, "
-                  f"{lp.global_loads} global loads, {lp.local_ops} local loads/stores, "
+                  f"{lp.copies} async copies, {lp.global_loads} global loads, {lp.local_ops} local loads/stores, "
                   f"{len(lp.near_uses)} loads read within {a.near}")
             for u in lp.near_uses:
                 print(f"      {u['load']} read {u['distance']} later at {u['at']}: {u['reader']}")
