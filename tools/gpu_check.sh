@@ -21,6 +21,12 @@
 #             ITL (512-token prompt, 128 greedy tokens) on the synthetic 7B (written to /dev/shm
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
 #             the per-kernel breakdown.
+#   readme    README's speed rows, `python -m drvqwen.bench --mode graph` on the synthetic models,
+#             each run's JSON named as docs/bench/ keeps it (DATE_COMMIT_GPU_MODEL_WHAT.json in
+#             OUTDIR/readme/, COMMIT from $DRVQWEN_SOURCE_COMMIT or git): the 7B at 512 tokens
+#             (twice), after 16 384, TTFT at 8 192 (`--new-tokens 8 --prefill-reps 3`) and 32 000
+#             (`--prefill-reps 2`), the 0.5B at 512 (twice); README_ROWS="syn7b_512_1 …" runs
+#             those names only. ~5 minutes with the kernels compiled.
 #   fingerprint  tools/decode_fingerprint.py (greedy tokens + logits hashes) on the synthetic 7B
 #             and 0.5B and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
 #             checkout's src/> …" the same for those versions, each compared with this one
@@ -63,7 +69,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|real|fingerprint|serve|step|formats|formats-real|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|readme|real|fingerprint|serve|step|formats|formats-real|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -263,6 +269,37 @@ stage_bench() {
     return "$rc"
 }
 
+# README's rows: name → drvqwen.bench arguments (stage `readme`, above).
+declare -A README_ARGS=(
+    [syn7b_512_1]="--preset 7b" [syn7b_512_2]="--preset 7b"
+    [syn7b_16384_1]="--preset 7b --prompt-tokens 16384"
+    [syn7b_8192_1]="--preset 7b --prompt-tokens 8192 --new-tokens 8 --prefill-reps 3"
+    [syn7b_32000_1]="--preset 7b --prompt-tokens 32000 --new-tokens 8 --prefill-reps 2"
+    [syn05b_512_1]="--preset 0.5b" [syn05b_512_2]="--preset 0.5b"
+)
+README_ORDER=(syn7b_512_1 syn7b_512_2 syn7b_8192_1 syn05b_512_1 syn05b_512_2 syn7b_16384_1 syn7b_32000_1)
+
+stage_readme() {
+    local rc=0 name commit gpu prefix
+    local -a names
+    rm -f "$OUTDIR"/readme-*.log
+    read -r -a names <<< "${README_ROWS:-${README_ORDER[*]}}"
+    for name in "${names[@]}"; do
+        [[ -n ${README_ARGS[$name]:-} ]] || { echo "README_ROWS: no row $name (${README_ORDER[*]})" >&2; return 2; }
+    done
+    commit=${DRVQWEN_SOURCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+    [[ -n $commit ]] || { echo "readme: no commit (set DRVQWEN_SOURCE_COMMIT in a tree without .git)" >&2; return 2; }
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr 'A-Z' 'a-z')
+    prefix="$OUTDIR/readme/$(date -u +%F)_${commit:0:7}_${gpu:-gpu}"
+    mkdir -p "$OUTDIR/readme"
+    for name in "${names[@]}"; do
+        # shellcheck disable=SC2086  # the row's arguments are a list of words on purpose
+        run_step "readme-$name" "$PY" -m drvqwen.bench --mode graph --json "${prefix}_$name.json" \
+            ${README_ARGS[$name]} || rc=1
+    done
+    return "$rc"
+}
+
 stage_formats() {
     local rc=0 sanitizer tool m nodes
     rm -f "$OUTDIR"/formats-*.log "$OUTDIR"/bench_formats.json "$OUTDIR"/bench_gemm_formats.json \
@@ -448,6 +485,7 @@ case $STAGE in
     fingerprint) stage_fingerprint || rc=1 ;;
     sanitize) stage_sanitize || rc=1 ;;
     bench) stage_bench || rc=1 ;;
+    readme) stage_readme || rc=$? ;;
     serve) stage_serve || rc=1 ;;
     step) stage_step || rc=1 ;;
     formats) stage_formats || rc=1 ;;
