@@ -26,7 +26,7 @@
 #             OUTDIR/readme/, COMMIT from $DRVQWEN_SOURCE_COMMIT or git): the 7B at 512 tokens
 #             (twice), after 16 384, TTFT at 8 192 (`--new-tokens 8 --prefill-reps 3`) and 32 000
 #             (`--prefill-reps 2`), the 0.5B at 512 (twice); README_ROWS="syn7b_512_1 …" runs
-#             those names only. ~5 minutes with the kernels compiled.
+#             those names only. One synthetic file per model, written by the first run of it.
 #   fingerprint  tools/decode_fingerprint.py (greedy tokens + logits hashes) on the synthetic 7B
 #             and 0.5B and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
 #             checkout's src/> …" the same for those versions, each compared with this one
