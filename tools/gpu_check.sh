@@ -22,8 +22,8 @@
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
 #             the per-kernel breakdown.
 #   readme    README's speed rows, `python -m drvqwen.bench --mode graph` on the synthetic models,
-#             each run's JSON named as docs/bench/ keeps it (DATE_COMMIT_GPU_MODEL_WHAT.json in
-#             OUTDIR/readme/, COMMIT from $DRVQWEN_SOURCE_COMMIT or git): the 7B at 512 tokens
+#             each run's JSON named as docs/bench/ keeps it (date, commit, GPU, model and row
+#             joined by "_", in OUTDIR/readme/; the commit from $DRVQWEN_SOURCE_COMMIT or git): the 7B at 512 tokens
 #             (twice), after 16 384, TTFT at 8 192 (`--new-tokens 8 --prefill-reps 3`) and 32 000
 #             (`--prefill-reps 2`), the 0.5B at 512 (twice); README_ROWS="syn7b_512_1 …" runs
 #             those names only. One synthetic file per model, written by the first run of it.
