@@ -214,7 +214,7 @@ def main() -> int:
         from drvqwen.provenance import source_record
 
         version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-        doc = {"kernel": a.kernel, "defines": defines, "near": a.near, "toolchain": toolchain_id(),
+        doc = {"kernel": a.kernel, "defines": defines, "near": a.near, "copies": a.copies, "toolchain": toolchain_id(),
                "cuobjdump": version[-1] if version else None, "source": source_record(), "functions": report}
         atomic_write_bytes(Path(a.json), json.dumps(doc, indent=1).encode())
     return 0
