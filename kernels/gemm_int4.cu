@@ -817,7 +817,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     // as long as rows_of stays a few instructions a warp tile: one item address
                     // (int4_plain_row, int4_pair_row). Through int4_tile_slot's divisions by the
                     // head dim, qkv_rope's group loop was 1292 instructions (172 now;
-                    // `tools/sass_loops.py gemm_int4 --copies`: the loop with 18 copies)
+                    // `tools/sass_loops.py gemm_int4 --copies`: the loop with 18 copies;
+                    // docs/bench/2026-12-06_{dbffe69,d82f791}_cpu_sass_gemm_int4_bm128.json)
                     // and the synthetic 7B's TTFT(512) 13.84 ms against 11.99 (H100, in turns,
                     // docs/bench/2026-12-05_{dbffe69,033f04b}_h100_syn7b_*item_rows_*.json).
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
