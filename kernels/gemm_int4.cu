@@ -631,14 +631,24 @@ __device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32*
     (which ? out.db : out.da) = aux + r * (K / 256);
 }
 
-// Row `row` of an INT4 matrix of n rows (clamped to the last) in the device layout
+// Row `row` of a plain-order INT4 matrix of n rows (clamped to the last) in the device layout
 // (int4_matmul.cuh): w its words of group 0 — group grp's are CODE_STRIDE words on, one item
-// further — in the matrix's row order pair_dim (0 plain, Dh RoPE-paired: q, k, v); s its scales.
+// further —, s its scales.
 __device__ __forceinline__ void gemm_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
-                                              int pair_dim, const u32*& w, const __half*& s) {
+                                              const u32*& w, const __half*& s) {
     const int r = min(row, n - 1);
+    w = int4_tile_item(qweight, r / INT4_TILE_ROWS, 0, K) + (r % INT4_TILE_ROWS) * (INT4_GROUP / 8);
+    s = scales + (u64)r * (K / INT4_GROUP);
+}
+
+// The same for a RoPE-paired matrix (q, k, v) of head dim Dh: row = head·Dh + dim, the head by
+// one multiply-high (div_by, Dh_rcp = div_reciprocal(Dh)), not a division, since the producer
+// takes its rows again every group.
+__device__ __forceinline__ void gemm_paired_lane_row(const u32* qweight, const __half* scales, int row, int n, int K,
+                                                     int Dh, u32 Dh_rcp, const u32*& w, const __half*& s) {
+    const int r = min(row, n - 1), head = div_by(r, Dh_rcp);
     int tile, slot;
-    int4_tile_slot(r, pair_dim, tile, slot);
+    int4_head_dim_slot(head, r - head * Dh, Dh, tile, slot);
     w = int4_tile_item(qweight, tile, 0, K) + slot * (INT4_GROUP / 8);
     s = scales + (u64)r * (K / INT4_GROUP);
 }
@@ -815,8 +825,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     // tiles' pointers spill in the 72 registers of the GEMM_BM 256 build (48–56 B
                     // in two kernels, ptxas); the producer has time to spare for the arithmetic
                     // as long as rows_of stays a few instructions a warp tile: one item address
-                    // (int4_plain_row, int4_pair_row). Through int4_tile_slot's divisions by the
-                    // head dim, qkv_rope's group loop was 1292 instructions (172 now;
+                    // (int4_plain_row, int4_pair_row). Through four divisions by the head dim a
+                    // row, qkv_rope's group loop was 1292 instructions (172 now;
                     // `tools/sass_loops.py gemm_int4 --copies`: the loop with 18 copies;
                     // docs/bench/2026-12-06_{dbffe69,d82f791}_cpu_sass_gemm_int4_bm128.json)
                     // and the synthetic 7B's TTFT(512) 13.84 ms against 11.99 (H100, in turns,
@@ -946,24 +956,23 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
               const int* __restrict__ prefill_state,      // [2] int32: start (unused here), M
               float* __restrict__ split_partials,         // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
               int* __restrict__ split_counters,           // [grid] int32, zero between launches, or null
-              int Nq, int Nkv, int K, int Dh) {  // Dh: the heads' dim, the q/k/v row order (gemm_lane_row)
+              int Nq, int Nkv, int K, int Dh) {  // Dh: the heads' dim, the q/k/v row order (gemm_paired_lane_row)
     const int ld = Nq + 2 * Nkv;
+    const u32 Dh_rcp = div_reciprocal(Dh);
     int ra = 0;  // the stacked row (= output column) of the lane's row g; row g+8 is ra + 8
     gemm_int4_block(x_map, prefill_state, K, (ld + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
         GemmLaneRows r;
         ra = rb * GEMM_BLOCK_ROWS + local;
         // Nq and Nkv are multiples of 16: rows ra and ra+8 (one warp tile) lie in one matrix.
-        // Their RoPE-paired slots go through int4_tile_slot's divisions by the head dim: this
-        // comparison path's producer loop is 1399 SASS instructions a group, gemm_int4_qkv_rope's
-        // 172 (its rows from the pair: int4_pair_row, div_by; tools/sass_loops.py --copies).
+        // Their RoPE-paired slots: the head by one multiply-high (gemm_paired_lane_row).
         const int seg = ra < Nq ? 0 : ra < Nq + Nkv ? 1 : 2;
         const int first = seg == 0 ? 0 : seg == 1 ? Nq : Nq + Nkv;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const __half* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
         const int n = seg == 0 ? Nq : Nkv;
-        gemm_lane_row(qw, sc, ra - first, n, K, Dh, r.wa, r.sa);
-        gemm_lane_row(qw, sc, ra + 8 - first, n, K, Dh, r.wb, r.sb);
+        gemm_paired_lane_row(qw, sc, ra - first, n, K, Dh, Dh_rcp, r.wa, r.sa);
+        gemm_paired_lane_row(qw, sc, ra + 8 - first, n, K, Dh, Dh_rcp, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float va, float vb) {
         if (ra < ld) qkv[(u64)token * ld + ra] = va;
@@ -1012,15 +1021,9 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // matrix — rows h·Dh + i and h·Dh + i + Dh/2 of that matrix.
 struct GemmRopePair {
     int seg, h, i;
-    __device__ __forceinline__ GemmRopePair(int p, int half_dim, int Hq, int Hkv) {
-        const int head = p / half_dim;
-        i = p % half_dim;
-        seg = head < Hq ? 0 : head < Hq + Hkv ? 1 : 2;
-        h = seg == 0 ? head : seg == 1 ? head - Hq : head - Hq - Hkv;
-    }
-    // The same with p / half_dim as one multiply-high (div_by: reciprocal = div_reciprocal(half_dim),
-    // exact for p < 2³²/half_dim, far above any pair count), for the GEMM's producer, which takes
-    // its 8 warp tiles' pairs again every group.
+    // p / half_dim as one multiply-high (div_by: reciprocal = div_reciprocal(half_dim), exact for
+    // p < 2³²/half_dim, far above any pair count): the GEMM's producer takes its 8 warp tiles'
+    // pairs again every group, and a division by a runtime value is some 20 instructions.
     __device__ __forceinline__ GemmRopePair(int p, int half_dim, u32 reciprocal, int Hq, int Hkv) {
         const int head = div_by(p, reciprocal);
         i = p - head * half_dim;
@@ -1053,7 +1056,7 @@ struct GemmQkvRopeEpilogue {
         const int half_dim = Dh / 2;
         if (*pair >= (Hq + 2 * Hkv) * half_dim) return;
         const int start = __ldcg(prefill_state);  // after the kernel's griddepcontrol.wait
-        const GemmRopePair rp(*pair, half_dim, Hq, Hkv);
+        const GemmRopePair rp(*pair, half_dim, div_reciprocal(half_dim), Hq, Hkv);
         const int seg = rp.seg, h = rp.h, i = rp.i;
         const __half* bias = (seg == 0 ? q_bias : seg == 1 ? k_bias : v_bias) + h * Dh;
         const float b1 = __half2float(bias[i]), b2 = __half2float(bias[i + half_dim]);
@@ -1183,8 +1186,8 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
         // local = 16·(warp tile) + g for g < 8: feature 8·(warp tile) + g.
         GemmLaneRows r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        gemm_lane_row(gate_qweight, gate_scales, f, F, K, 0, r.wa, r.sa);
-        gemm_lane_row(up_qweight, up_scales, f, F, K, 0, r.wb, r.sb);
+        gemm_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sa);
+        gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
@@ -1303,11 +1306,12 @@ gemm_q4k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
     const int n_pairs = (Hq + 2 * Hkv) * half_dim;
     constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
     int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
+    const u32 half_dim_rcp = div_reciprocal(half_dim);
     gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
         GemmLaneRowsQ4k r;
         pair = gemm_rope_pair_of(rb, local);
-        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, half_dim_rcp, Hq, Hkv);
         const int seg = rp.seg;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const u32* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
@@ -1512,11 +1516,12 @@ gemm_q5k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
     const int n_pairs = (Hq + 2 * Hkv) * half_dim;
     constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
     int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
+    const u32 half_dim_rcp = div_reciprocal(half_dim);
     gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
         GemmLaneRowsQ5k r;
         pair = gemm_rope_pair_of(rb, local);
-        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, half_dim_rcp, Hq, Hkv);
         const int seg = rp.seg;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const u32* qh = seg == 0 ? q_qhigh : seg == 1 ? k_qhigh : v_qhigh;
@@ -2003,14 +2008,20 @@ __device__ __forceinline__ void gemm_g32_qkv_rope(__half* q_out, __half* k_cache
     const int n_pairs = (Hq + 2 * Hkv) * half_dim;
     constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
     int pair = 0;  // the lane's pair, set by rows_of (as gemm_int4_qkv_rope's)
+    const u32 half_dim_rcp = div_reciprocal(half_dim);
     gemm_int4_block(x_map, prefill_state, K, (n_pairs + PB - 1) / PB, GemmSplitK{split_partials, split_counters},
                     [&](int rb, int local) {
         typename Sc::Rows r;
         pair = gemm_rope_pair_of(rb, local);
-        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, Hq, Hkv);
+        const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, half_dim_rcp, Hq, Hkv);
         const int n = (rp.seg == 0 ? Hq : Hkv) * Dh;
-        Sc::lane_row(qw[rp.seg], qh[rp.seg], sc[rp.seg], rp.h * Dh + rp.i, n, K, 0, r);
-        Sc::lane_row(qw[rp.seg], qh[rp.seg], sc[rp.seg], rp.h * Dh + rp.i + half_dim, n, K, 1, r);
+        // The matrix by comparisons (int4_pick), not qw[rp.seg]: a runtime index reads the
+        // arrays from local memory every group.
+        const u32* const w = int4_pick(rp.seg, qw[0], qw[1], qw[2]);
+        const u32* const hi = int4_pick(rp.seg, qh[0], qh[1], qh[2]);
+        const typename Sc::Scales so = int4_pick(rp.seg, sc[0], sc[1], sc[2]);
+        Sc::lane_row(w, hi, so, rp.h * Dh + rp.i, n, K, 0, r);
+        Sc::lane_row(w, hi, so, rp.h * Dh + rp.i + half_dim, n, K, 1, r);
         return r;
     }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
                            Hq, Hkv, Dh, &pair}, Sc{});

@@ -4,9 +4,9 @@
 // (q, k, v), and the SwiGLU epilogue of the fused gate/up projection.
 //
 //   INT4_GROUP, INT4_TILE_ROWS    the quantisation group along K and the rows of a weight tile
-//   int4_tile_item / int4_tile_slot   the tile-major device layout: where a (tile, group) item
-//                                 starts, and the tile and slot (MMA row) of a matrix row
-//   int4_pair_tile                the tile of a RoPE pair (head, dim) of q, k or v
+//   int4_tile_item                the tile-major device layout: where a (tile, group) item starts
+//   int4_pair_tile / int4_head_dim_slot   the tile of a RoPE pair (head, dim) of q, k or v, and
+//                                 the tile and slot of a head's dim
 //   div_reciprocal / div_by       division by the head dim as one multiply-high
 //   int4_plain_row / int4_pair_row    a row's words of group 0, plain or by its RoPE pair
 //   int4_tiles / int4_segment / int4_pick   tiles of a matrix; which stacked matrix a tile is in
@@ -63,17 +63,12 @@ __device__ __forceinline__ int div_by(int n, u32 reciprocal) { return (int)__umu
 // i < Dh/2): h·Dh/16 + i/8, the pair's rows in its slots i % 8 and i % 8 + 8.
 __device__ __forceinline__ int int4_pair_tile(int h, int i, int Dh) { return h * (Dh / INT4_TILE_ROWS) + i / 8; }
 
-// The tile and slot (MMA row, 0..15) that hold matrix row `row` in the device layout: the
-// inverse of gemv_tile_rows for pair_dim = 0 (plain) or Dh (RoPE-paired).
-__device__ __forceinline__ void int4_tile_slot(int row, int pair_dim, int& tile, int& slot) {
-    if (pair_dim > 0) {
-        const int head = row / pair_dim, d = row % pair_dim, half = pair_dim / 2, i = d % half;
-        tile = int4_pair_tile(head, i, pair_dim);
-        slot = i % 8 + (d >= half ? 8 : 0);
-    } else {
-        tile = row / INT4_TILE_ROWS;
-        slot = row % INT4_TILE_ROWS;
-    }
+// The tile and slot (MMA row, 0..15) of dim d (< Dh) of head h in a RoPE-paired matrix: dim
+// i < Dh/2 of the pair (h, i) in slot i % 8, dim i + Dh/2 in slot i % 8 + 8.
+__device__ __forceinline__ void int4_head_dim_slot(int h, int d, int Dh, int& tile, int& slot) {
+    const int half = Dh / 2, upper = d >= half, i = upper ? d - half : d;
+    tile = int4_pair_tile(h, i, Dh);
+    slot = i % 8 + (upper ? 8 : 0);
 }
 
 // The words of group 0 of row `row` of a plain-order matrix of `tiles` tiles, clamped into its
@@ -86,8 +81,8 @@ __device__ __forceinline__ const u32* int4_plain_row(const u32* qweight, int row
 
 // The words of group 0 of the first row of RoPE pair (h, i), dim i of head h: slot i % 8 of its
 // tile; the second row, dim i + Dh/2, is slot i % 8 + 8 of the same item, 128 words on. From the
-// pair, not the row, there is no division by the head dim: int4_tile_slot's four a row made the
-// prefill QKV GEMM's producer loop 1292 SASS instructions a group instead of 172
+// pair, not the row, there is no division by the head dim: four a row (a row's head and dim,
+// then its pair's) made the prefill QKV GEMM's producer loop 1292 SASS instructions a group instead of 172
 // (tools/sass_loops.py gemm_int4 --copies).
 __device__ __forceinline__ const u32* int4_pair_row(const u32* qweight, int h, int i, int Dh, int K) {
     return int4_tile_item(qweight, int4_pair_tile(h, i, Dh), 0, K) + (i % 8) * (INT4_GROUP / 8);

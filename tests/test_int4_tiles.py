@@ -1,8 +1,9 @@
 """format/int4_tiles.py, the INT4 weights' device layout, on the CPU.
 
 tile_rows against its definition (the module docstring) written out as loops, and as the inverse
-of int4_matmul.cuh's int4_tile_slot (the kernels' row → tile and slot); div_by's division by a
-reciprocal exact in the range the kernels use; a permutation of the
+of the prefill GEMM's row → tile and slot (gemm_int4.cu's gemm_lane_row and gemm_paired_lane_row,
+int4_matmul.cuh's int4_head_dim_slot); div_by's division by a reciprocal exact in the range the
+kernels use; a permutation of the
 rows, with -1 only for the padding of a last partial tile; each RoPE pair of a head in one tile,
 slots g and g + 8. to_tile_major word for word against the definition (every position of a
 small matrix, sampled ones of the 7B's), rows past N zero, a C-contiguous array of
@@ -56,12 +57,22 @@ def rows_by_loop(n: int, pair_dim: int) -> list[int]:
     return out
 
 
+def head_dim_slot(h: int, d: int, dh: int) -> tuple[int, int]:
+    """int4_matmul.cuh's int4_head_dim_slot (with int4_pair_tile), line for line: the (tile, slot)
+    of dim d of head h in a RoPE-paired matrix."""
+    half = dh // 2
+    upper = d >= half
+    i = d - half if upper else d
+    return h * (dh // 16) + i // 8, i % 8 + (8 if upper else 0)
+
+
 def tile_slot(row: int, pair_dim: int) -> tuple[int, int]:
-    """int4_matmul.cuh's int4_tile_slot, line for line: the (tile, slot) holding matrix row `row`."""
+    """The (tile, slot) holding matrix row `row` as gemm_int4.cu's producer finds it, line for
+    line: gemm_paired_lane_row (the head by div_by) for a RoPE-paired matrix, gemm_lane_row for a
+    plain one."""
     if pair_dim > 0:
-        head, d, half = row // pair_dim, row % pair_dim, pair_dim // 2
-        i = d % half
-        return head * (pair_dim // 16) + i // 8, i % 8 + (8 if d >= half else 0)
+        head = div_by(row, div_reciprocal(pair_dim))
+        return head_dim_slot(head, row - head * pair_dim, pair_dim)
     return row // 16, row % 16
 
 
@@ -77,8 +88,8 @@ def div_reciprocal(d: int) -> int:
 
 @pytest.mark.parametrize("d", [2, 3, 7, 8, 24, 32, 40, 48, 64, 96, 128, 256])
 def test_division_by_the_reciprocal_is_exact_where_the_kernels_use_it(d):
-    """n / d as one multiply-high (the QKV GEMM producer's RoPE pairs: n below a few hundred
-    thousand, d half a head dim) equals n // d for every n up to 2²⁰ and at the edge the proof
+    """n / d as one multiply-high (the QKV GEMM producers' rows and RoPE pairs: n below a few
+    hundred thousand, d a head dim or half of one) equals n // d for every n up to 2²⁰ and at the edge the proof
     allows (n·d < 2³²), and the reciprocal fits 32 bits."""
     r = div_reciprocal(d)
     assert 0 < r < 2**32

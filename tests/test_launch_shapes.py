@@ -638,7 +638,7 @@ def test_stream_read_launch_and_its_refusals():
 @pytest.mark.parametrize("head_dim", [8, 24, 40])
 def test_int4_qkv_rope_gemm_refuses_a_head_dim_the_device_layout_cannot_pair(head_dim):
     """gemm_int4_qkv_rope finds a row's words by its tile and slot in the INT4 device layout
-    (int4_matmul.cuh: int4_tile_slot), which pairs RoPE dims within 16-row tiles: a head_dim that
+    (int4_matmul.cuh: int4_pair_row), which pairs RoPE dims within 16-row tiles: a head_dim that
     is even but no multiple of 16 would read other heads' rows, so the launcher refuses it (the
     K-quant and Q4/5/8_0 launchers, on row-major weights, keep any even head_dim)."""
     import numpy as np
