@@ -1959,7 +1959,10 @@ __device__ __forceinline__ void gemm_g32_stacked_rows(float* out, const CUtensor
         const int r = min(row, N - 1);
         const int m = r < N0 ? 0 : r < N0 + N1 ? 1 : 2;
         const int i = r - (m == 0 ? 0 : m == 1 ? N0 : N0 + N1);
-        Sc::lane_row(qw[m], qh[m], sc[m], i, m == 0 ? N0 : m == 1 ? N1 : N2, K, which, o);
+        // The matrix by comparisons (int4_pick): qw[m] with a runtime m reads the arrays from
+        // local memory, two loads a row every group.
+        Sc::lane_row(int4_pick(m, qw[0], qw[1], qw[2]), int4_pick(m, qh[0], qh[1], qh[2]),
+                     int4_pick(m, sc[0], sc[1], sc[2]), i, m == 0 ? N0 : m == 1 ? N1 : N2, K, which, o);
     };
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
