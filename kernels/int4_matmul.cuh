@@ -82,8 +82,9 @@ __device__ __forceinline__ const u32* int4_plain_row(const u32* qweight, int row
 // The words of group 0 of the first row of RoPE pair (h, i), dim i of head h: slot i % 8 of its
 // tile; the second row, dim i + Dh/2, is slot i % 8 + 8 of the same item, 128 words on. From the
 // pair, not the row, there is no division by the head dim: four a row (a row's head and dim,
-// then its pair's) made the prefill QKV GEMM's producer loop 1292 SASS instructions a group instead of 172
-// (tools/sass_loops.py gemm_int4 --copies).
+// then its pair's) made the prefill QKV GEMM's producer loop 1292 SASS instructions a group
+// instead of 172 (tools/sass_loops.py gemm_int4 --copies;
+// docs/bench/2026-12-06_{dbffe69,d82f791}_cpu_sass_gemm_int4_bm128.json).
 __device__ __forceinline__ const u32* int4_pair_row(const u32* qweight, int h, int i, int Dh, int K) {
     return int4_tile_item(qweight, int4_pair_tile(h, i, Dh), 0, K) + (i % 8) * (INT4_GROUP / 8);
 }
