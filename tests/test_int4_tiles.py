@@ -1,11 +1,10 @@
 """format/int4_tiles.py, the INT4 weights' device layout, on the CPU.
 
 tile_rows against its definition (the module docstring) written out as loops, and as the inverse
-of the prefill GEMM's row → tile and slot (gemm_int4.cu's gemm_lane_row and gemm_paired_lane_row,
-int4_matmul.cuh's int4_head_dim_slot); div_by's division by a reciprocal exact in the range the
-kernels use; a permutation of the
-rows, with -1 only for the padding of a last partial tile; each RoPE pair of a head in one tile,
-slots g and g + 8. to_tile_major word for word against the definition (every position of a
+of the prefill GEMM's row → tile and slot (gemm_int4.cu's gemm_lane_row and
+gemm_paired_lane_row, int4_matmul.cuh's int4_head_dim_slot); div_by's division by a reciprocal
+exact in the range the kernels use; a permutation of the rows, with -1 only for the padding of
+a last partial tile; each RoPE pair of a head in one tile, slots g and g + 8. to_tile_major word for word against the definition (every position of a
 small matrix, sampled ones of the 7B's), rows past N zero, a C-contiguous array of
 device_words(n, k) words; from_tile_major its inverse at awkward and real shapes, plain and
 paired; the same weights dequantized through format/quant.py from either side; the refusals
@@ -89,8 +88,8 @@ def div_reciprocal(d: int) -> int:
 @pytest.mark.parametrize("d", [2, 3, 7, 8, 24, 32, 40, 48, 64, 96, 128, 256])
 def test_division_by_the_reciprocal_is_exact_where_the_kernels_use_it(d):
     """n / d as one multiply-high (the QKV GEMM producers' rows and RoPE pairs: n below a few
-    hundred thousand, d a head dim or half of one) equals n // d for every n up to 2²⁰ and at the edge the proof
-    allows (n·d < 2³²), and the reciprocal fits 32 bits."""
+    hundred thousand, d a head dim or half of one) equals n // d for every n up to 2²⁰ and at the
+    edge the proof allows (n·d < 2³²), and the reciprocal fits 32 bits."""
     r = div_reciprocal(d)
     assert 0 < r < 2**32
     n = np.arange(1 << 20, dtype=np.uint64)
