@@ -200,8 +200,23 @@
 // choice. Lost there: the consumers storing the unpacked weights into shared memory for SS
 // wgmma, one group's MMAs in flight while the next is unpacked (GEMM_A_SMEM=1: 18.0 ms for the
 // 7B's 28 layers against 14.1) — the stores, the proxy fence and the warpgroup barrier of each
-// group cost more than the overlap gives. What limits now is still the mainloop (~50–60% of the
-// tensor-core peak at 128 tokens, 60% at 256).
+// group cost more than the overlap gives. Lost as well: warps of their own unpacking each stage's
+// weights into an FP16 A tile (stmatrix, 128-byte swizzle, one more mbarrier a stage) so that the
+// consumers issue SS wgmma only — a fourth warpgroup (512 threads: no 256-token build, its 128
+// accumulators do not compile in 128 registers) or the producer warpgroup's three idle warps.
+// Correct in every check of the dev runner, slower at every GEMM (µs, 7B at M = 512, whole tiles,
+// one H100 run, production beside it; docs/bench/2026-12-06_0242140_h100_dev_gemm_int4_unpack_warps.json,
+// the code at commit 0242140, dev versions 7 and 8 there):
+//   | build                            | qkv   | o_proj | gate_up | down  | 28 layers |
+//   | this file (its tiles)            |  68.4 |  27.6  |  216.5  | 124.3 | 12.23 ms  |
+//   | fourth warpgroup, 128 tokens     | 119.2 |  34.4  |  320.9  | 162.7 | 17.84 ms  |
+//   | producer's 3 warps, 128 tokens   |  99.0 |  36.7  |  316.1  | 171.8 | 17.46 ms  |
+//   | producer's 3 warps, 256 tokens   |  55.1 |  50.2  |  270.5  | 243.5 | 17.34 ms  |
+// The reading: three or four unpack warps, one a scheduler, have each a 64-pair unpack and 8
+// stmatrix a warp tile and group as one dependent chain, where the consumers of this file hide
+// the same chain behind the other warpgroup's MMAs with eight warps; and the A tile costs a
+// stage of the ring (2 stages at 256 tokens). What limits now is still the mainloop (~50–60% of
+// the tensor-core peak at 128 tokens, 60% at 256).
 // Where the time goes (Nsight Compute, 7B at M = 512 in the prefill's tiling,
 // docs/bench/2026-12-04_aff46cd_h200_gemm7b_ncu.json): the tensor pipe is busy 75% of gate_up's
 // active cycles and 80% of down_proj's, 54% and 46% of qkv's and o_proj's. The most-sampled
@@ -311,24 +326,12 @@
 #include "rope.cuh"          // rope_apply
 #include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
 #include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (the consumers' turns)
-#if GEMM_UNPACK_WG
-#include "ldmatrix.cuh"        // stmatrix_x4 (the unpack warpgroup's A tiles)
-#endif
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
 #define GEMM_BLOCK_ROWS     (GEMM_CONSUMER_WGS * GEMM_WG_ROWS)  // 128
 #define GEMM_CONSUMER_WARPS (GEMM_CONSUMER_WGS * 4)
-// GEMM_UNPACK_WG (builds for kernels/dev/gemm_int4/v7_unpack_warpgroup.cu, v8_unpack_warps.cu):
-// warps of their own unpack each stage's weights into an FP16 A tile in shared memory and the
-// consumers issue SS wgmma only ("The unpack warpgroup" below) — 1: a fourth warpgroup (4 warps,
-// 512 threads), 2: the producer warpgroup's three warps that production leaves idle.
-#ifndef GEMM_UNPACK_WG
-#define GEMM_UNPACK_WG 0
-#endif
-#define GEMM_UNPACK_WARPS   (GEMM_UNPACK_WG == 1 ? 4 : GEMM_UNPACK_WG == 2 ? 3 : 1)
-#define GEMM_UNPACK_TILES   ((GEMM_CONSUMER_WARPS + GEMM_UNPACK_WARPS - 1) / GEMM_UNPACK_WARPS)  // warp tiles a warp
-#define GEMM_THREADS        ((GEMM_CONSUMER_WGS + 1 + (GEMM_UNPACK_WG == 1)) * 4 * WARP_SIZE)  // + the producer warpgroup: 384
+#define GEMM_THREADS        ((GEMM_CONSUMER_WGS + 1) * 4 * WARP_SIZE)  // + the producer warpgroup: 384
 // 3 stages × 72 KB at GEMM_BM 256 (a fourth does not fit the 227 KB); 4 × 40 KB at 128, 4 × 24 KB at 64.
 #define GEMM_STAGES         (GEMM_BM == 256 ? 3 : 4)
 #define GEMM_BOX_INPUTS     64                                 // 128 B of FP16: one swizzle row
@@ -341,34 +344,11 @@
 // (384 · 168 = 64 512 of the SM's 65 536; the launcher refuses a build with another count: the
 // consumers' setmaxnreg.inc would wait for registers that never come): 2 · 128 · 216 + 128 · 72
 // at GEMM_BM 256 (128 accumulators), 2 · 128 · 200 + 128 · 104 at 128 and 64.
-#if GEMM_UNPACK_WG == 1 && GEMM_BM == 256
-#error "GEMM_UNPACK_WG=1: no 256-token build (128 accumulators a consumer need more than the 128 registers a thread of 512 starts with)"
-#endif
-#if GEMM_UNPACK_WG == 2
-// 384 threads, 168 a thread at launch: the consumers hold accumulators only; the producer
-// warpgroup's warps copy (one) and unpack (three) with the rest.
-#define GEMM_REGS_AT_LAUNCH 168
-#define GEMM_CONSUMER_REGS  (GEMM_BM == 256 ? 184 : 160)
-#define GEMM_PRODUCER_REGS  (GEMM_BM == 256 ? 136 : 184)
-#define GEMM_UNPACK_REGS    0
-#define GEMM_A_STAGE_BYTES  (GEMM_BLOCK_ROWS * INT4_GROUP * 2)
-#elif GEMM_UNPACK_WG
-// 512 threads: 128 a thread at launch; the consumers hold accumulators only (no A fragments, no
-// scales), the unpack warpgroup the words, scales and one k step's fragments of two warp tiles.
-#define GEMM_REGS_AT_LAUNCH 128
-#define GEMM_CONSUMER_REGS  152
-#define GEMM_PRODUCER_REGS  88
-#define GEMM_UNPACK_REGS    120
-#define GEMM_A_STAGE_BYTES  (GEMM_BLOCK_ROWS * INT4_GROUP * 2)  // the group's FP16 A tile: 32 KB
-#else
 #define GEMM_REGS_AT_LAUNCH 168
 #define GEMM_CONSUMER_REGS  (GEMM_BM == 256 ? 216 : 200)
 #define GEMM_PRODUCER_REGS  (GEMM_BM == 256 ? 72 : 104)
-#define GEMM_UNPACK_REGS    0
-#define GEMM_A_STAGE_BYTES  0
-#endif
-static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS + 128 * GEMM_UNPACK_REGS ==
-              GEMM_THREADS * GEMM_REGS_AT_LAUNCH, "the register moves balance");
+static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_THREADS * GEMM_REGS_AT_LAUNCH,
+              "the register moves balance");
 #define GEMM_K_STEPS        (INT4_GROUP / 16)                  // 8 wgmma k16 steps per group
 // The consumers issue their groups' MMAs in turns, warpgroup 0 then 1 then 0 …: named barriers
 // GEMM_TURN_BARRIER + wg (2 and 3; 1 is the split-K fix-up's), 256 threads each — the 128 of the
@@ -693,12 +673,6 @@ __device__ __forceinline__ void gemm_paired_lane_row(const u32* qweight, const _
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b) { wgmma_m64n64k16_rs(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b) { wgmma_m64n128k16_rs(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64 b) { wgmma_m64n256k16_rs(d, a, b, 1); }
-#if GEMM_UNPACK_WG
-// The same with A from shared memory too (the unpack warpgroup's tile, wgmma_desc_sw128).
-__device__ __forceinline__ void wgmma_ss(float (&d)[32], u64 a, u64 b) { wgmma_m64n64k16_ss(d, a, b, 1); }
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], u64 a, u64 b) { wgmma_m64n128k16_ss(d, a, b, 1); }
-__device__ __forceinline__ void wgmma_ss(float (&d)[128], u64 a, u64 b) { wgmma_m64n256k16_ss(d, a, b, 1); }
-#endif
 
 // One 128-input group of a consumer warp: wait for the stage, read the group's words of the
 // lane's rows from it and unpack them into the A fragments (the scales come from registers,
@@ -711,36 +685,19 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[128], u64 a, u64 b) { wgmma_
 // The bytes of one stage under policy Sc: X, the code words, and the high-bit plane if Sc has one
 // (a multiple of 1024 either way: the swizzle atoms of the next stage's X).
 template <typename Sc>
-__host__ __device__ constexpr int gemm_stage_bytes() {
-    return GEMM_STAGE_BYTES + GEMM_BLOCK_ROWS * Sc::HIGH_ROW_BYTES + GEMM_A_STAGE_BYTES;
-}
-// Where a stage's FP16 A tile starts (GEMM_UNPACK_WG), behind the packed words: a multiple of 1024.
-template <typename Sc>
-__host__ __device__ constexpr int gemm_a_offset() { return GEMM_STAGE_BYTES + GEMM_BLOCK_ROWS * Sc::HIGH_ROW_BYTES; }
-// mbarriers a stage: full, x_empty, w_empty (and a_full with GEMM_UNPACK_WG).
-#define GEMM_STAGE_BARRIERS (3 + (GEMM_UNPACK_WG != 0))
+__host__ __device__ constexpr int gemm_stage_bytes() { return GEMM_STAGE_BYTES + GEMM_BLOCK_ROWS * Sc::HIGH_ROW_BYTES; }
 // The ring's stages under policy Sc: GEMM_STAGES where they fit in shared memory, else 2 — the
 // 256-token build of the formats whose stage carries more than the codes (Q6_K: 3 × 76 KB, Q8_0:
 // 3 × 80 KB do not fit the 227 KB). Two stages still let the producer fill one group while the
 // consumers multiply the other; the barrier protocol (the header) holds for any count ≥ 2.
 template <typename Sc>
 __host__ __device__ constexpr int gemm_stages() {
-#if GEMM_UNPACK_WG
-    // With the A tiles the stages are larger: as many as fit, at most GEMM_STAGES (3 × 72 KB at
-    // 128 tokens, 2 × 104 KB at 256).
-    int n = GEMM_STAGES;
-    while (n > 2 && n * (gemm_stage_bytes<Sc>() + GEMM_STAGE_BARRIERS * 8) + 1024 > 227 * 1024) --n;
-    return n;
-#else
     return GEMM_STAGES * gemm_stage_bytes<Sc>() + 1024 + 3 * GEMM_STAGES * 8 <= 227 * 1024 ? GEMM_STAGES : 2;
-#endif
 }
 // The dynamic shared memory of a launch under policy Sc (launchers mirror it): the ring, 1 KB to
-// align it to the swizzle atom, GEMM_STAGE_BARRIERS mbarriers a stage.
+// align it to the swizzle atom, 3 mbarriers a stage.
 template <typename Sc>
-__host__ __device__ constexpr int gemm_smem_bytes() {
-    return gemm_stages<Sc>() * (gemm_stage_bytes<Sc>() + GEMM_STAGE_BARRIERS * 8) + 1024;
-}
+__host__ __device__ constexpr int gemm_smem_bytes() { return gemm_stages<Sc>() * (gemm_stage_bytes<Sc>() + 3 * 8) + 1024; }
 
 template <typename Sc>
 __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shift, const typename Sc::Group& sc,
@@ -804,156 +761,6 @@ __device__ __forceinline__ int groups_of(int K) {
     return K / INT4_GROUP;
 }
 
-#if GEMM_UNPACK_WG
-// The unpack warpgroup
-// --------------------
-// Built with GEMM_UNPACK_WG=1 (kernels/dev/gemm_int4/v7_unpack_warpgroup.cu), the block has a
-// fourth warpgroup (warps 12–15) that turns each stage's packed weights into the group's FP16 A
-// tile — 128 rows × 128 inputs, 32 KB behind the stage's words (gemm_a_offset), in the layout
-// TMA gives X: two boxes of 64 inputs, 128-byte rows, 128-byte swizzle — and the consumers issue
-// SS wgmma with A through a descriptor, as B. Warp u of it unpacks warp tiles u and u + 4 (the
-// rows consumer warps u and u + 4 would unpack) with the policy's own fragments(), then stores
-// each k step's four fragment registers with one stmatrix: lane (g, t)'s registers are rows g,
-// g + 8 × k 2t, 2t + 1, 2t + 8, 2t + 9 of the 16 × 16 step, exactly stmatrix's four 8 × 8 tiles.
-// Why: in the RS form a consumer warpgroup unpacks its next group while the other's MMAs run,
-// and where the unpack takes longer than those MMAs (the formats; the 128-token tiles, half the
-// MMA work a group) the tensor pipe waits. Here the unpack runs up to the ring's depth ahead of
-// the MMAs on warps of its own.
-// Barriers (one more a stage: a_full, count 128, every unpack lane):
-//   full[s]    as before; the unpack warpgroup waits on it for the words, the consumers for X.
-//   w_empty[s] count 128: every unpack lane once it has read the stage's words (the producer's
-//              WAR guard of the words, as before).
-//   a_full[s]  count 128: every unpack lane after its stmatrix stores of round r and a
-//              fence.proxy.async (the stores are generic-proxy writes; wgmma reads A through the
-//              async proxy) — the consumers wait on it before their MMAs (RAW).
-//   x_empty[s] count 8, as before: lane 0 of every consumer warp after wgmma.wait_group 0, which
-//              now also means its MMAs are done reading the stage's A tile. The producer waits
-//              on it before X, the unpack warpgroup before it rewrites A (WAR).
-// Parities: a_full[s] is at most one phase ahead of a consumer's wait (round r + 1 is stored only
-// after x_empty[s] phase r, after that consumer's release of round r), x_empty and w_empty at
-// most one ahead of their waiters, as in the header's argument.
-template <typename Sc>
-__device__ __forceinline__ void gemm_unpack_group(int it, int uw, int lane, int shift,
-                                                  const typename Sc::Group (&sc)[GEMM_UNPACK_TILES], unsigned char* smem,
-                                                  u64* full, u64* x_empty, u64* w_empty, u64* a_full) {
-    constexpr int STAGES = gemm_stages<Sc>();
-    const int s = it % STAGES;
-    unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
-    unsigned char* a_st = st + gemm_a_offset<Sc>();
-    mbarrier_wait_parity(&full[s], (it / STAGES) & 1);                              // the words landed
-    if (it >= STAGES) mbarrier_wait_parity(&x_empty[s], ((it / STAGES) - 1) & 1);  // round r − 1's A read
-    // stmatrix: lane l gives row l % 8 of 8 × 8 tile l / 8 — tiles (rows 0–7, k 0–7), (8–15, 0–7),
-    // (0–7, 8–15), (8–15, 8–15) of the step, the fragment registers' order.
-    const int tile_row = (lane & 7) + (lane & 8);
-    const int k_half = lane >> 4;
-#pragma unroll
-    for (int h = 0; h < GEMM_UNPACK_TILES; ++h) {
-        const int w = uw + GEMM_UNPACK_WARPS * h;  // warp tiles uw, uw + U, …
-        if (w >= GEMM_CONSUMER_WARPS) break;
-        const int local = w * INT4_TILE_ROWS + lane / QUAD_SIZE;
-        const uint4* wp = reinterpret_cast<const uint4*>(st + GEMM_X_STAGE_BYTES + local * GEMM_W_ROW_BYTES);
-        uint4 ra[4], rb[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            ra[i] = wp[i];
-            rb[i] = wp[8 * GEMM_W_ROW_BYTES / 16 + i];
-        }
-        uint4 ha[GEMM_HIGH_MAX] = {}, hb[GEMM_HIGH_MAX] = {};
-        if constexpr (Sc::HIGH_ROW_BYTES > 0) {
-            const uint4* hp = reinterpret_cast<const uint4*>(st + GEMM_STAGE_BYTES + local * Sc::HIGH_ROW_BYTES);
-#pragma unroll
-            for (int i = 0; i < Sc::HIGH_ROW_BYTES / 16; ++i) {
-                ha[i] = hp[i];
-                hb[i] = hp[8 * Sc::HIGH_ROW_BYTES / 16 + i];
-            }
-        }
-        u32 frag[GEMM_K_STEPS][4];
-        Sc::fragments(ra, rb, ha, hb, shift, sc[h], frag);
-        const int row = w * INT4_TILE_ROWS + tile_row;  // its 128-byte row in each box; row & 7 = lane & 7
-#pragma unroll
-        for (int k = 0; k < GEMM_K_STEPS; ++k) {
-            const int chunk = 2 * (k % 4) + k_half;  // 16-byte chunk of the row, before the swizzle
-            stmatrix_x4(a_st + (k / 4) * (GEMM_BLOCK_ROWS * 128) + row * 128 + ((chunk ^ (lane & 7)) << 4), frag[k]);
-        }
-    }
-    mbarrier_arrive(&w_empty[s]);  // this lane's reads of the stage's words are done
-    fence_proxy_async_shared();    // its A stores before the consumers' MMAs read them
-    mbarrier_arrive(&a_full[s]);
-}
-
-// A consumer warp's group with the A tile in shared memory: wait for X and A, 8 SS MMAs, release.
-template <typename Sc>
-__device__ __forceinline__ void gemm_group_ss(int it, int local, int lane, const unsigned char* smem, u64* full,
-                                              u64* x_empty, u64* a_full, float (&acc)[GEMM_ACC]) {
-    constexpr int STAGES = gemm_stages<Sc>();
-    const int s = it % STAGES;
-    mbarrier_wait_parity(&full[s], (it / STAGES) & 1);
-    mbarrier_wait_parity(&a_full[s], (it / STAGES) & 1);
-    const unsigned char* st = smem + s * gemm_stage_bytes<Sc>();
-    const int wg = local / GEMM_WG_ROWS;
-    const unsigned char* a_st = st + gemm_a_offset<Sc>() + wg * GEMM_WG_ROWS * 128;  // its 64 rows: 8 atoms
-#pragma unroll
-    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-#if GEMM_MMA_TURNS
-    named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + wg);
-#endif
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < GEMM_K_STEPS; ++k) {
-        const u64 a = wgmma_desc_sw128(a_st + (k / 4) * (GEMM_BLOCK_ROWS * 128) + (k % 4) * 32);
-        const u64 b = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
-        wgmma_ss(acc, a, b);
-    }
-    wgmma_commit_group();
-#if GEMM_MMA_TURNS
-    named_barrier_arrive<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + (wg ^ 1));
-#endif
-    wgmma_wait_group<0>();
-#pragma unroll
-    for (int i = 0; i < GEMM_ACC; ++i) wgmma_fence_operand(acc[i]);
-    if (lane == 0) mbarrier_arrive(&x_empty[s]);  // the warp's MMAs are done reading X and A
-}
-
-// An unpack warp's whole range (uw: its index among the GEMM_UNPACK_WARPS): the units and groups
-// the consumers run, in the same order (one `it`); each group's scales of its warp tiles loaded
-// one group ahead, as a consumer of production loads its own.
-template <typename Sc, typename RowsOf>
-__device__ __forceinline__ void gemm_unpack_warp(const int* prefill_state, int K, int row_blocks, const GemmSplitK& sk,
-                                                 RowsOf rows_of, int uw, int lane, unsigned char* smem, u64* full,
-                                                 u64* x_empty, u64* w_empty, u64* a_full) {
-    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk);
-    const int b = block_index(), end = gemm_range_start(work, b + 1);
-    int it = 0;
-#pragma unroll 1
-    for (int x = gemm_range_start(work, b); x < end;) {
-        const GemmUnit un = gemm_unit_at(work, x, end);
-        x += un.g1 - un.g0;
-        // The rows of warp tile h (past the 8: the last one's, unused); taken again each group,
-        // not held across the loop, where three tiles' pointers spill (qkv_rope, ptxas).
-        auto rows = [&](int h) {
-            int rb = un.rb;
-            asm volatile("" : "+r"(rb));
-            return rows_of(rb, min(uw + GEMM_UNPACK_WARPS * h, GEMM_CONSUMER_WARPS - 1) * INT4_TILE_ROWS + g);
-        };
-        typename Sc::Group sc[GEMM_UNPACK_TILES];
-#pragma unroll
-        for (int h = 0; h < GEMM_UNPACK_TILES; ++h) sc[h] = Sc::load(rows(h), un.g0);
-#pragma unroll 1
-        for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
-            const int next = min(grp + 1, un.g1 - 1);
-            typename Sc::Group nx[GEMM_UNPACK_TILES];
-#pragma unroll
-            for (int h = 0; h < GEMM_UNPACK_TILES; ++h) nx[h] = Sc::load(rows(h), next);
-            gemm_unpack_group<Sc>(it, uw, lane, 4 * t, sc, smem, full, x_empty, w_empty, a_full);
-#pragma unroll
-            for (int h = 0; h < GEMM_UNPACK_TILES; ++h) sc[h] = nx[h];
-        }
-    }
-}
-#endif
-
-
 // The GEMM's tiles — GEMM_BM tokens × one block of weight rows, `row_blocks` of them per GEMM_BM
 // tokens — shared out persistently: block b runs the units of its stream-K range (gemm_split_k.cuh:
 // whole tiles, or a tile's groups [g0, g1) where the range cuts it). Persistence lets the
@@ -979,9 +786,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     u64* full = reinterpret_cast<u64*>(smem + STAGES * gemm_stage_bytes<Sc>());
     u64* x_empty = full + STAGES;
     u64* w_empty = x_empty + STAGES;
-#if GEMM_UNPACK_WG
-    u64* a_full = w_empty + STAGES;
-#endif
 
     // Launched as a programmatic dependent: X, the residual, prefill_state and the split-K
     // scratch are earlier kernels' (nothing is read or written before the wait).
@@ -998,48 +802,19 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(&full[s], GEMM_FULL_ARRIVALS);    // the protocol in the header
             mbarrier_init(&x_empty[s], GEMM_CONSUMER_WARPS);  // lane 0 of every consumer warp
-#if GEMM_UNPACK_WG
-            mbarrier_init(&w_empty[s], GEMM_UNPACK_WARPS * WARP_SIZE);  // every unpack lane
-            mbarrier_init(&a_full[s], GEMM_UNPACK_WARPS * WARP_SIZE);   // every unpack lane
-#else
             mbarrier_init(&w_empty[s], GEMM_CONSUMER_WARPS * WARP_SIZE);  // every consumer lane
-#endif
         }
         fence_mbarrier_init();
     }
     __syncthreads();  // the last block-wide barrier: the roles part here
 
-#if GEMM_UNPACK_WG == 1
-    if (warp >= GEMM_CONSUMER_WARPS + 4) {  // ---- unpack warpgroup (above: "The unpack warpgroup") --
-#if GEMM_UNPACK_REGS > GEMM_REGS_AT_LAUNCH
-        setmaxnreg_inc<GEMM_UNPACK_REGS>();
-#elif GEMM_UNPACK_REGS < GEMM_REGS_AT_LAUNCH
-        setmaxnreg_dec<GEMM_UNPACK_REGS>();
-#endif
-        gemm_unpack_warp<Sc>(prefill_state, K, row_blocks, sk, rows_of, warp - GEMM_CONSUMER_WARPS - 4, lane, smem,
-                             full, x_empty, w_empty, a_full);
-        return;
-    }
-#endif
     if (warp >= GEMM_CONSUMER_WARPS) {  // ---- producer warpgroup --------------------------------
         // The whole warpgroup gives its registers back (setmaxnreg is per warpgroup); its first
         // warp works, the other three leave. Every lane copies 16 B (quad t) of rows g and g+8 of
         // each warp tile per group with cp.async; lane 0 also issues the TMA copies of X. One full
         // barrier per stage covers both.
-#if GEMM_PRODUCER_REGS > GEMM_REGS_AT_LAUNCH
-        setmaxnreg_inc<GEMM_PRODUCER_REGS>();
-#else
         setmaxnreg_dec<GEMM_PRODUCER_REGS>();
-#endif
-#if GEMM_UNPACK_WG == 2
-        if (warp != GEMM_CONSUMER_WARPS) {  // warps 9–11 unpack (above: "The unpack warpgroup")
-            gemm_unpack_warp<Sc>(prefill_state, K, row_blocks, sk, rows_of, warp - GEMM_CONSUMER_WARPS - 1, lane,
-                                 smem, full, x_empty, w_empty, a_full);
-            return;
-        }
-#else
         if (warp != GEMM_CONSUMER_WARPS) return;
-#endif
         if (lane == 0) tma_prefetch_map(&x_map);
         const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk);
         const int b = block_index(), end = gemm_range_start(work, b + 1);
@@ -1104,19 +879,12 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     }
 
     // ---- consumers --------------------------------------------------------------------------
-#if GEMM_CONSUMER_REGS >= GEMM_REGS_AT_LAUNCH
     setmaxnreg_inc<GEMM_CONSUMER_REGS>();
-#else
-    setmaxnreg_dec<GEMM_CONSUMER_REGS>();
-#endif
     const int M = live_rows(prefill_state);
     const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk);
     const int b = block_index(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
-#if GEMM_UNPACK_WG
-    (void)shift;
-#endif
 #if GEMM_MMA_TURNS
     // The first turn is warpgroup 0's: warpgroup 1 hands it over before any group (the header).
     if (warp / 4 == 1) named_barrier_arrive<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER);
@@ -1131,12 +899,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         float acc[GEMM_ACC];
 #pragma unroll
         for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
-#if GEMM_UNPACK_WG
-        (void)r;  // rows_of only for what it tells the epilogue (its row, pair or feature)
-#pragma unroll 1
-        for (int grp = un.g0; grp < un.g1; ++grp, ++it)
-            gemm_group_ss<Sc>(it, local, lane, smem, full, x_empty, a_full, acc);
-#else
         u32 frag[GEMM_K_STEPS][4];
         typename Sc::Group sc = Sc::load(r, un.g0);
 #pragma unroll 1
@@ -1146,7 +908,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
             gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
             sc = nx;
         }
-#endif
         // A tile cut by a range: its owner adds the other parts and runs the epilogue.
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
         epilogue(acc, m0, M, t);
@@ -1448,9 +1209,6 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
     }));
 }
 
-// The formats' kernels below are not built with GEMM_UNPACK_WG: two warp tiles' scales of the
-// K-quants and of Q4_1/Q5_1 spill in the unpack warpgroup's 128 registers (ptxas: 8–128 bytes).
-#if !GEMM_UNPACK_WG
 // ---- Q4_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
 // gemm_int4_block with GemmQ4kScales: the producer copies the code words as for INT4 (the same
 // 64 B a row and group), the consumers unpack them with the sub-block scales (above). Built at
@@ -2741,4 +2499,3 @@ gemm_q5g32min_gate_up_swiglu(__half* __restrict__ h,                    // [M, F
                                                 up_qweight, up_qhigh, {up_scales, up_offsets}, prefill_state,
                                                 split_partials, split_counters, F, K);
 }
-#endif  // !GEMM_UNPACK_WG: the formats' kernels

@@ -3,9 +3,6 @@
 //   ldmatrix_x4        : ldmatrix.sync.aligned.m8n8.x4.shared.b16
 //   ldmatrix_x4_trans  : ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16
 //                        (PTX ISA, "Warp-level matrix load instruction: ldmatrix")
-//   stmatrix_x4        : stmatrix.sync.aligned.m8n8.x4.shared.b16 (sm_90), the store the other
-//                        way: an MMA fragment's four registers into four 8×8 tiles
-//                        (PTX ISA, "Warp-level matrix store instruction: stmatrix")
 //
 // Four 8×8 matrices of 16-bit elements per instruction. Lane i supplies the shared address of
 // row i % 8 of matrix i / 8 (each row 16 contiguous bytes, 16-byte aligned); lane (g, t) =
@@ -34,15 +31,4 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], const void* row_a
     const u32 a = static_cast<u32>(__cvta_generic_to_shared(row_addr));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
-}
-
-// Lane i supplies the shared address of row i % 8 of matrix i / 8 (16 contiguous bytes, 16-byte
-// aligned); lane (g, t) gives, from register r[m], row g, columns 2t, 2t+1 of matrix m — the
-// layout ldmatrix_x4 reads back. Why: an A fragment computed in registers (the prefill GEMM's
-// unpacked weights) goes to shared memory for an SS wgmma in one instruction a 16 × 16 tile,
-// each row's 16 bytes whole, where four 4-byte stores a lane would split them.
-__device__ __forceinline__ void stmatrix_x4(void* row_addr, const u32 (&r)[4]) {
-    const u32 a = static_cast<u32>(__cvta_generic_to_shared(row_addr));
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(a), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }

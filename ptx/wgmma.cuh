@@ -10,7 +10,6 @@
 //                            registers, B from shared memory through a descriptor
 //   wgmma_m64n128k16_ss    : the same with A from shared memory through a descriptor too
 //   wgmma_m64n256k16_rs    : the RS form with 256 columns (128 accumulators a lane)
-//   wgmma_m64n256k16_ss    : the SS form with 256 columns
 //   wgmma_m64n64k16_rs     : the RS form with 64 columns (32 accumulators a lane)
 //   wgmma_m64n64k16_ss     : the SS form with 64 columns (the prefill attention's QKᵀ with Q in
 //                            shared memory)
@@ -249,23 +248,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], u64 a_desc, 
         "%64, %65, p, 1, 1, 0, 0;\n"
         "}\n"
         : WGMMA_D64_OPERANDS(d)
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate)
-        : "memory");
-}
-
-// D[64 × 256] (+)= A[64 × 16] · B[16 × 256], both operands in shared memory, both K-major
-// (wgmma_desc_sw128): as wgmma_m64n128k16_ss with 256 columns (the prefill GEMM with its weights
-// unpacked into shared memory by a warpgroup of their own, 256-token tiles).
-__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], u64 a_desc, u64 b_desc, int accumulate) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-        WGMMA_D128_REGS ", "
-        "%128, %129, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : WGMMA_D128_OPERANDS(d)
         : "l"(a_desc), "l"(b_desc), "r"(accumulate)
         : "memory");
 }

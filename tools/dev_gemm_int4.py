@@ -42,10 +42,6 @@ VERSIONS = [
     Version("v6_n256_setmaxnreg[GEMM_BM=64]", "dev/gemm_int4/v6_n256_setmaxnreg", (("GEMM_BM", 64),)),
     Version("v6_n256_setmaxnreg[GEMM_BM=128,GEMM_A_SMEM=1]", "dev/gemm_int4/v6_n256_setmaxnreg",
             (("GEMM_BM", 128), ("GEMM_A_SMEM", 1))),
-    Version("v7_unpack_warpgroup", "dev/gemm_int4/v7_unpack_warpgroup"),
-    Version("v7_unpack_warpgroup[GEMM_BM=64]", "dev/gemm_int4/v7_unpack_warpgroup", (("GEMM_BM", 64),)),
-    Version("v8_unpack_warps", "dev/gemm_int4/v8_unpack_warps"),
-    Version("v8_unpack_warps[GEMM_BM=256]", "dev/gemm_int4/v8_unpack_warps", (("GEMM_BM", 256),)),
 ]
 
 # The launch shapes that differ from production's (kernels/gemm_int4.cu, launchers/gemm_int4.py).
@@ -70,32 +66,6 @@ def v6_smem_bytes(bm: int, a_smem: bool = False) -> int:
 
 
 V6_SMEM_BYTES = v6_smem_bytes(V6_BM)
-# v7: production's file with an unpack warpgroup (GEMM_UNPACK_WG=1): 16 warps; a stage adds the
-# group's FP16 A tile (128 rows × 128 inputs) and one mbarrier; 3 stages at 128 tokens, 4 at 64.
-V7_BM, V7_THREADS = 128, 512
-
-
-def v7_stages(bm: int) -> int:
-    return 3 if bm == 128 else 4
-
-
-def v7_smem_bytes(bm: int) -> int:
-    return v7_stages(bm) * (bm * 128 * 2 + 128 * 64 + 128 * 128 * 2 + 4 * 8) + 1024
-
-
-# v8: the same unpack on the producer warpgroup's three idle warps, production's 384 threads; the
-# 256-token build too, on 2 stages.
-V8_THREADS = 384
-
-
-def v8_stages(bm: int) -> int:
-    return {256: 2, 128: 3, 64: 4}[bm]
-
-
-def v8_smem_bytes(bm: int) -> int:
-    return v8_stages(bm) * (bm * 128 * 2 + 128 * 64 + 128 * 128 * 2 + 4 * 8) + 1024
-
-
 # (kernel file, C expression, value) for what the runner assumes of a version's file, compiled
 # as static_assert lines into it by tests/dev/test_dev_kernels.py (launchers.base.mirrored's check).
 DEV_CONSTANTS = [
@@ -111,10 +81,6 @@ DEV_CONSTANTS = [
     ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_SMEM_BYTES", V6_SMEM_BYTES),
     ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_BLOCK_ROWS", 128),    # = production's BLOCK_ROWS
     ("dev/gemm_int4/v6_n256_setmaxnreg", "GEMM_BOX_INPUTS", 64),
-    ("dev/gemm_int4/v7_unpack_warpgroup", "GEMM_BM", V7_BM),
-    ("dev/gemm_int4/v7_unpack_warpgroup", "GEMM_THREADS", V7_THREADS),
-    ("dev/gemm_int4/v7_unpack_warpgroup", "gemm_smem_bytes<GemmInt4Scales>()", v7_smem_bytes(V7_BM)),
-    ("dev/gemm_int4/v7_unpack_warpgroup", "GEMM_BLOCK_ROWS", 128),
 ] + [(f"dev/gemm_int4/{stem}", expr, 1) for stem in
      ("v2_wgmma_cluster2", "v3_syncwarp_release", "v4_late_full_arrival", "v5_every_lane_release")
      for expr in ("GEMM_THREADS == 288", "GEMM_BLOCK_ROWS == 128", "GEMM_BOX_INPUTS == 64",
@@ -169,9 +135,8 @@ def _without_split_k(g):
 
 def reads_row_major(v: Version) -> bool:
     """Whether v reads its INT4 weights in layout id 1 (its own row addressing) rather than
-    production's device layout: every version of kernels/dev/gemm_int4/ but v7 (production's file
-    built another way) does."""
-    return not v.is_production and _stem(v) not in ("v7_unpack_warpgroup", "v8_unpack_warps")
+    production's device layout: every version of kernels/dev/gemm_int4/ does."""
+    return not v.is_production
 
 
 def sm_count() -> int:
@@ -211,12 +176,6 @@ def version_launcher(v: Version, make, rows: int, x):
     v's launch shape with the arguments v's kernels take."""
     if v.is_production:
         return make()
-    if _stem(v) == "v7_unpack_warpgroup":  # production's launcher, arguments and grid; its tile, block and ring
-        bm = dict(v.defines).get("GEMM_BM", V7_BM)
-        return retarget(make(tile_tokens=bm), v, block=(V7_THREADS,), smem_bytes=v7_smem_bytes(bm))
-    if _stem(v) == "v8_unpack_warps":
-        bm = dict(v.defines).get("GEMM_BM", V7_BM)
-        return retarget(make(tile_tokens=bm), v, block=(V8_THREADS,), smem_bytes=v8_smem_bytes(bm))
     shape = LAUNCH_SHAPES.get(_stem(v), _nine_warp_shape)
     return _without_split_k(shape(v, lambda *max_blocks: make(*max_blocks, tile_tokens=128), rows, x))
 
@@ -361,8 +320,6 @@ class Inputs:
 # fewer leaves the consumers' setmaxnreg.inc waiting for registers that never come — a hang,
 # so such a build is not launched.
 REGISTERS_AT_LAUNCH = {v.name: 168 for v in VERSIONS if _stem(v) == "v6_n256_setmaxnreg"}
-REGISTERS_AT_LAUNCH.update({v.name: 128 for v in VERSIONS if _stem(v) == "v7_unpack_warpgroup"})  # 512 · 128
-REGISTERS_AT_LAUNCH.update({v.name: 168 for v in VERSIONS if _stem(v) == "v8_unpack_warps"})
 
 
 def launchable(o: Outcome) -> bool:
