@@ -473,34 +473,13 @@ struct GemmQ4kScales {
     struct Group {
         u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
     };
-    // In two steps (fetch, decode; gemm_two_step_scales): the loads of a group's words are
-    // issued a group ahead and decoded at the group's start, so that the loads' latency passes
-    // under the MMAs of the group before. Decoded right after the loads, as one step, the
-    // arithmetic sat on them: the most-sampled stalls of the Q5_K gate_up after the wgmma waits
-    // were its shifts and masks of the words, waiting on their loads (Nsight Compute, 7B at 512
-    // tokens: long-scoreboard 16.6 % of the warp samples against INT4's 7.0 %;
-    // docs/bench/2026-12-06_e467d60_h100_gate_up_q5k_int4_stalls.json).
-    struct Raw {
-        u32 w[2][4];  // [row g, g+8]: the super-block's three packed (sc, m) words, its (d, dmin)
-    };
-    __device__ static __forceinline__ Raw fetch(const GemmLaneRowsQ4k& r, int grp) {
-        Raw R;
-        const int sb = grp >> 1;  // the super-block
+    __device__ static __forceinline__ Group load(const GemmLaneRowsQ4k& r, int grp) {
+        Group G;
+        const int sb = grp >> 1;  // the super-block; grp & 1: its sub-blocks 0-3 or 4-7
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
             const u32* p = (row ? r.scb : r.sca) + 3 * sb;
-            R.w[row][0] = p[0];
-            R.w[row][1] = p[1];
-            R.w[row][2] = p[2];
-            R.w[row][3] = (row ? r.ddb : r.dda)[sb];
-        }
-        return R;
-    }
-    __device__ static __forceinline__ Group decode(const Raw& R, int grp) {
-        Group G;
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {  // grp & 1: the super-block's sub-blocks 0-3 or 4-7
-            const u32 s0 = R.w[row][0], s1 = R.w[row][1], s2 = R.w[row][2], dd = R.w[row][3];
+            const u32 s0 = p[0], s1 = p[1], s2 = p[2], dd = (row ? r.ddb : r.dda)[sb];
             // Byte i: sc and m of sub-block 4·(grp & 1) + i. Of the 12 packed bytes q: for j < 4
             // sc = q[j] & 63, m = q[j + 4] & 63; else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4,
             // m = (q[j + 4] >> 4) | (q[j] >> 6) << 4 — s0, s1, s2 hold q[0..3], q[4..7], q[8..11].
@@ -580,7 +559,13 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
 // Q5_K 257.0 µs against INT4's 210.3, the tensor pipe busy 59 % of the elapsed cycles against 72 %,
 // yet issue slots only 31 % busy (INT4: 27 %) and an eligible warp in 32 % of the cycles: the
 // consumers wait rather than issue — on their stage, or on the scales they read from global memory
-// a group ahead, which the Q5_K (and Q4_K) stage does not carry.
+// a group ahead, which the Q5_K (and Q4_K) stage does not carry. The warp samples per instruction
+// say which (the same GEMM on an H100, 257.6 µs against INT4's 209.5;
+// docs/bench/2026-12-06_e467d60_h100_gate_up_q5k_int4_stalls.json): long-scoreboard stalls are
+// 16.6 % of Q5_K's samples against 7.0 % of INT4's, and after the turn barrier and the wgmma wait
+// the most-sampled instructions are GemmQ4kScales::load's shifts and masks of the odd groups'
+// scale words — the decode of the next group's scales waits on the loads issued just before it
+// in the same iteration, so "a group ahead" holds for the loads but not for their use.
 // (2^(10−i) + z, 2^(10−i) + z): exponent 25 − i (bias 15), z in units of the ulp 2^−i.
 __host__ __device__ constexpr u32 gemm_fp16x2_at(int i, int z) { return (((25u - i) << 10) | ((u32)z << i)) * 0x10001u; }
 static_assert(gemm_fp16x2_at(0, 0) == FP16X2_1024 && gemm_fp16x2_at(0, 32) == 0x64206420u &&
@@ -694,18 +679,6 @@ __device__ __forceinline__ void gemm_paired_lane_row(const u32* qweight, const _
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b) { wgmma_m64n64k16_rs(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b) { wgmma_m64n128k16_rs(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64 b) { wgmma_m64n256k16_rs(d, a, b, 1); }
-
-// Whether a scale policy takes a group's scales in two steps (Raw, fetch, decode: GemmQ4kScales,
-// the K-quants' words) — the loads a group ahead, the decode at the group's start — rather than
-// in one (load, a group ahead).
-template <typename Sc, typename = void>
-struct gemm_two_step_scales {
-    static constexpr bool value = false;
-};
-template <typename Sc>
-struct gemm_two_step_scales<Sc, decltype((void)&Sc::fetch)> {
-    static constexpr bool value = true;
-};
 
 // One 128-input group of a consumer warp: wait for the stage, read the group's words of the
 // lane's rows from it and unpack them into the A fragments (the scales come from registers,
@@ -933,23 +906,13 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
 #pragma unroll
         for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
-        if constexpr (gemm_two_step_scales<Sc>::value) {
-            typename Sc::Raw raw = Sc::fetch(r, un.g0);
+        typename Sc::Group sc = Sc::load(r, un.g0);
 #pragma unroll 1
-            for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
-                const typename Sc::Group sc = Sc::decode(raw, grp);  // its words were loaded a group ago
-                raw = Sc::fetch(r, min(grp + 1, un.g1 - 1));         // the next group's, under this group's MMAs
-                gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
-            }
-        } else {
-            typename Sc::Group sc = Sc::load(r, un.g0);
-#pragma unroll 1
-            for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
-                // next group's scales now: their latency passes during this group's MMAs
-                const typename Sc::Group nx = Sc::load(r, min(grp + 1, un.g1 - 1));
-                gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
-                sc = nx;
-            }
+        for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
+            // next group's scales now: their latency passes during this group's MMAs
+            const typename Sc::Group nx = Sc::load(r, min(grp + 1, un.g1 - 1));
+            gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
+            sc = nx;
         }
         // A tile cut by a range: its owner adds the other parts and runs the epilogue.
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
