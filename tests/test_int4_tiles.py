@@ -4,11 +4,11 @@ tile_rows against its definition (the module docstring) written out as loops, an
 of the prefill GEMM's row → tile and slot (gemm_int4.cu's gemm_lane_row and
 gemm_paired_lane_row, int4_matmul.cuh's int4_head_dim_slot); div_by's division by a reciprocal
 exact in the range the kernels use; a permutation of the rows, with -1 only for the padding of
-a last partial tile; each RoPE pair of a head in one tile, slots g and g + 8. to_tile_major word for word against the definition (every position of a
-small matrix, sampled ones of the 7B's), rows past N zero, a C-contiguous array of
-device_words(n, k) words; from_tile_major its inverse at awkward and real shapes, plain and
-paired; the same weights dequantized through format/quant.py from either side; the refusals
-(FormatError) of a bad pair_dim, dtype or shape.
+a last partial tile; each RoPE pair of a head in one tile, slots g and g + 8. to_tile_major word
+for word against the definition (every position of a small matrix, sampled ones of the 7B's),
+rows past N zero, a C-contiguous array of device_words(n, k) words; from_tile_major its inverse
+at awkward and real shapes, plain and paired; the same weights dequantized through
+format/quant.py from either side; the refusals (FormatError) of a bad pair_dim, dtype or shape.
 """
 
 from __future__ import annotations
