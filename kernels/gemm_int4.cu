@@ -642,29 +642,16 @@ struct GemmQ6kScales {
     struct Group {
         u32 s[2][GEMM_K_STEPS];  // [row g, g+8][k step] half2 (S, S)
     };
-    // In two steps, as GemmQ4kScales: the group's int8 sc and the super-block's d loaded a group
-    // ahead (fetch), decoded at the group's start (decode).
-    struct Raw {
-        uint2 sc[2];  // [row g, g+8] the group's 8 int8 sc
-        u32 d[2];     // [row g, g+8] the super-block's FP16 d (low half)
-    };
-    __device__ static __forceinline__ Raw fetch(const GemmLaneRowsQ6k& r, int grp) {
-        Raw R;
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            R.sc[row] = *reinterpret_cast<const uint2*>((row ? r.scb : r.sca) + 2 * grp);  // 8-byte aligned
-            R.d[row] = (row ? r.db : r.da)[grp >> 1];
-        }
-        return R;
-    }
-    __device__ static __forceinline__ Group decode(const Raw& R, int) {
+    __device__ static __forceinline__ Group load(const GemmLaneRowsQ6k& r, int grp) {
         Group G;
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
-            const u32 d2 = R.d[row] | (R.d[row] << 16);  // (d, d)
+            const uint2 sc = *reinterpret_cast<const uint2*>((row ? r.scb : r.sca) + 2 * grp);  // 8-byte aligned
+            const u32 d = (row ? r.db : r.da)[grp >> 1];
+            const u32 d2 = d | (d << 16);  // (d, d)
             u32* o = G.s[row];
-            gemm_scale_pairs<FP16X2_1152>(R.sc[row].x ^ 0x80808080u, d2, o[0], o[1], o[2], o[3]);
-            gemm_scale_pairs<FP16X2_1152>(R.sc[row].y ^ 0x80808080u, d2, o[4], o[5], o[6], o[7]);
+            gemm_scale_pairs<FP16X2_1152>(sc.x ^ 0x80808080u, d2, o[0], o[1], o[2], o[3]);
+            gemm_scale_pairs<FP16X2_1152>(sc.y ^ 0x80808080u, d2, o[4], o[5], o[6], o[7]);
         }
         return G;
     }
