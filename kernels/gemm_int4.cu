@@ -326,7 +326,6 @@
 #include "rope.cuh"          // rope_apply
 #include "weight_formats.cuh" // wf_word (the Q6_K kernels' high words)
 #include "named_barrier.cuh"  // named_barrier_sync, named_barrier_arrive (the consumers' turns)
-#include "warp.cuh"           // shfl_idx_u32 (the K-quant scales shared in a quad)
 
 #define GEMM_CONSUMER_WGS   2
 #define GEMM_WG_ROWS        64                                 // weight rows per warpgroup (wgmma M)
@@ -472,41 +471,15 @@ struct GemmQ4kScales {
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = GEMM_BM == 256;  // the producer's 72 registers
     struct Group {
-        u32 v[2];  // [row g, g+8] half2 (S, −O) of the lane's sub-block t (quad lane t); sub_block() gathers
+        u32 s[2][4], o[2][4];  // [row g, g+8][sub-block] half2 (S, S), (−O, −O)
     };
-    // In two steps (fetch, decode; gemm_two_step_scales): the loads of a group's words are
-    // issued a group ahead and decoded at the group's start, so that the loads' latency passes
-    // under the MMAs of the group before. Decoded right after the loads, as one step, the
-    // arithmetic sat on them: the most-sampled stalls of the Q5_K gate_up after the wgmma waits
-    // were its shifts and masks of the words, waiting on their loads (Nsight Compute, 7B at 512
-    // tokens: long-scoreboard 16.6 % of the warp samples against INT4's 7.0 %;
-    // docs/bench/2026-12-06_e467d60_h100_gate_up_q5k_int4_stalls.json).
-    struct Raw {
-        u32 w[2][4];  // [row g, g+8]: the super-block's three packed (sc, m) words, its (d, dmin)
-    };
-    __device__ static __forceinline__ Raw fetch(const GemmLaneRowsQ4k& r, int grp) {
-        Raw R;
-        const int sb = grp >> 1;  // the super-block
+    __device__ static __forceinline__ Group load(const GemmLaneRowsQ4k& r, int grp) {
+        Group G;
+        const int sb = grp >> 1;  // the super-block; grp & 1: its sub-blocks 0-3 or 4-7
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
             const u32* p = (row ? r.scb : r.sca) + 3 * sb;
-            R.w[row][0] = p[0];
-            R.w[row][1] = p[1];
-            R.w[row][2] = p[2];
-            R.w[row][3] = (row ? r.ddb : r.dda)[sb];
-        }
-        return R;
-    }
-    // Lane t of each quad (the four lanes that share rows g and g + 8) decodes sub-block t of
-    // both rows as one half2 (S, −O); sub_block() reads the others' from the quad (shfl.idx) where
-    // the fragments need them: every lane once decoded all four, the same values four times over,
-    // and held 16 registers of them.
-    __device__ static __forceinline__ Group decode(const Raw& R, int grp) {
-        const int lane = threadIdx.x % WARP_SIZE, t = lane % QUAD_SIZE;
-        u32 mine[2];
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {  // grp & 1: the super-block's sub-blocks 0-3 or 4-7
-            const u32 s0 = R.w[row][0], s1 = R.w[row][1], s2 = R.w[row][2], dd = R.w[row][3];
+            const u32 s0 = p[0], s1 = p[1], s2 = p[2], dd = (row ? r.ddb : r.dda)[sb];
             // Byte i: sc and m of sub-block 4·(grp & 1) + i. Of the 12 packed bytes q: for j < 4
             // sc = q[j] & 63, m = q[j + 4] & 63; else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4,
             // m = (q[j + 4] >> 4) | (q[j] >> 6) << 4 — s0, s1, s2 hold q[0..3], q[4..7], q[8..11].
@@ -518,25 +491,12 @@ struct GemmQ4kScales {
                 sc = s0 & 0x3F3F3F3Fu;
                 m = s1 & 0x3F3F3F3Fu;
             }
-            // (1024 + sc_t, 1024 + m_t): byte t of each under 0x64; − 1024 makes them exact, and
-            // one mul.rn.f16x2 by (d, −dmin) rounds d·sc and −dmin·m once each, as
-            // gemm_scale_pairs does for four values of one kind.
-            u32 v = __byte_perm(__byte_perm(sc, m, t | ((4 + t) << 8)), 0x64646464u, 0x4240);
-            asm("sub.f16x2 %0, %0, %1;" : "+r"(v) : "r"(FP16X2_1024));
-            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(v) : "r"(dd ^ 0x80000000u));  // (d, dmin) → (d, −dmin)
-            mine[row] = v;
+            const u32 d2 = __byte_perm(dd, 0, 0x1010);                   // (d, d)
+            const u32 nm2 = __byte_perm(dd, 0, 0x3232) ^ 0x80008000u;    // (−dmin, −dmin)
+            gemm_scale_pairs<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1], G.s[row][2], G.s[row][3]);
+            gemm_scale_pairs<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1], G.o[row][2], G.o[row][3]);
         }
-        return Group{{mine[0], mine[1]}};
-    }
-    // Sub-block j's scales of both rows, each half2 broadcast: (S, S) in s2[row], (−O, −O) in o2[row].
-    __device__ static __forceinline__ void sub_block(const Group& G, int j, u32 (&s2)[2], u32 (&o2)[2]) {
-        const int quad0 = (threadIdx.x % WARP_SIZE) & ~(QUAD_SIZE - 1);
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-            const u32 u = shfl_idx_u32(G.v[row], quad0 + j);
-            s2[row] = __byte_perm(u, 0, 0x1010);
-            o2[row] = __byte_perm(u, 0, 0x3232);
-        }
+        return G;
     }
     // Nibble pair t of word w as the exact codes (1024 + c − 1024), then c·S − O.
     __device__ static __forceinline__ u32 pair(u32 w, int shift, u32 s2, u32 o2) {
@@ -549,14 +509,13 @@ struct GemmQ4kScales {
     __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4], const uint4 (&)[GEMM_HIGH_MAX],
                                                      const uint4 (&)[GEMM_HIGH_MAX], int shift, const Group& G,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
-        u32 s2[2], o2[2];
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
-            if (s % 2 == 0) sub_block(G, s / 2, s2, o2);  // the sub-block of k steps s, s + 1
-            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, s2[0], o2[0]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, s2[1], o2[1]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, s2[0], o2[0]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, s2[1], o2[1]);
+            const int j = s / 2;  // the sub-block of k step s
+            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, G.s[1][j], G.o[1][j]);
         }
     }
 };
@@ -720,18 +679,6 @@ __device__ __forceinline__ void gemm_paired_lane_row(const u32* qweight, const _
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const u32 (&a)[4], u64 b) { wgmma_m64n64k16_rs(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[64], const u32 (&a)[4], u64 b) { wgmma_m64n128k16_rs(d, a, b, 1); }
 __device__ __forceinline__ void wgmma_rs(float (&d)[128], const u32 (&a)[4], u64 b) { wgmma_m64n256k16_rs(d, a, b, 1); }
-
-// Whether a scale policy takes a group's scales in two steps (Raw, fetch, decode: GemmQ4kScales,
-// the K-quants' words) — the loads a group ahead, the decode at the group's start — rather than
-// in one (load, a group ahead).
-template <typename Sc, typename = void>
-struct gemm_two_step_scales {
-    static constexpr bool value = false;
-};
-template <typename Sc>
-struct gemm_two_step_scales<Sc, decltype((void)&Sc::fetch)> {
-    static constexpr bool value = true;
-};
 
 // One 128-input group of a consumer warp: wait for the stage, read the group's words of the
 // lane's rows from it and unpack them into the A fragments (the scales come from registers,
@@ -959,23 +906,13 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
 #pragma unroll
         for (int i = 0; i < GEMM_ACC; ++i) acc[i] = 0.f;
         u32 frag[GEMM_K_STEPS][4];
-        if constexpr (gemm_two_step_scales<Sc>::value) {
-            typename Sc::Raw raw = Sc::fetch(r, un.g0);
+        typename Sc::Group sc = Sc::load(r, un.g0);
 #pragma unroll 1
-            for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
-                const typename Sc::Group sc = Sc::decode(raw, grp);  // its words were loaded a group ago
-                raw = Sc::fetch(r, min(grp + 1, un.g1 - 1));         // the next group's, under this group's MMAs
-                gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
-            }
-        } else {
-            typename Sc::Group sc = Sc::load(r, un.g0);
-#pragma unroll 1
-            for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
-                // next group's scales now: their latency passes during this group's MMAs
-                const typename Sc::Group nx = Sc::load(r, min(grp + 1, un.g1 - 1));
-                gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
-                sc = nx;
-            }
+        for (int grp = un.g0; grp < un.g1; ++grp, ++it) {
+            // next group's scales now: their latency passes during this group's MMAs
+            const typename Sc::Group nx = Sc::load(r, min(grp + 1, un.g1 - 1));
+            gemm_group<Sc>(it, local, lane, shift, sc, smem, full, x_empty, w_empty, frag, acc);
+            sc = nx;
         }
         // A tile cut by a range: its owner adds the other parts and runs the epilogue.
         if (!gemm_split_k_finish(sk, work, un, b, acc)) continue;
@@ -1478,19 +1415,17 @@ struct GemmQ5kScales : GemmQ4kScales {
                                                      const uint4 (&ha)[GEMM_HIGH_MAX],
                                                      const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
-        u32 s2[2], o2[2];
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             // k step s: code words 2s, 2s+1 = words i0 = 2(s % 2), i0 + 1 of chunk j = s / 2 — the
             // sub-block of the scales too — whose high bits for the lane's nibbles t and t + 4 are
             // bits 4t + i and 4t + 16 + i of high word j (GemmQ5g32Scales::fragments).
             const int j = s / 2, i0 = 2 * (s % 2);
-            if (i0 == 0) sub_block(G, j, s2, o2);
             const u32 hA = gemm_high_word(wf_word(ha[0], j), shift), hB = gemm_high_word(wf_word(hb[0], j), shift);
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, s2[0], o2[0]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, s2[1], o2[1]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, s2[0], o2[0]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, s2[1], o2[1]);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, G.s[1][j], G.o[1][j]);
         }
     }
 };
