@@ -565,7 +565,13 @@ __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32*
 // 16.6 % of Q5_K's samples against 7.0 % of INT4's, and after the turn barrier and the wgmma wait
 // the most-sampled instructions are GemmQ4kScales::load's shifts and masks of the odd groups'
 // scale words — the decode of the next group's scales waits on the loads issued just before it
-// in the same iteration, so "a group ahead" holds for the loads but not for their use.
+// in the same iteration, so "a group ahead" holds for the loads but not for their use. Decoding
+// them a group later (the words fetched a group ahead, decoded at the group's start), and once a
+// quad instead of once a lane (lane t decodes sub-block t of both rows, the fragments gather them
+// by shfl.idx; Q6_K's int8 scales the same way), cut the Q5_K gate_up loop to 385 instructions
+// and gave no time: the 7B in Q5_K_M, TTFT(512) 16.25 / 16.50 ms (Q6_K too: 16.15 / 16.17)
+// against 16.25 / 15.79 in turns, gate_up 6947–6985 µs a prefill against 6912–6934
+// (H100; docs/bench/2026-12-06_{e467d60,618ceda,982705b}_h100_syn7b_q5_k_m_scales_*.json).
 // (2^(10−i) + z, 2^(10−i) + z): exponent 25 − i (bias 15), z in units of the ulp 2^−i.
 __host__ __device__ constexpr u32 gemm_fp16x2_at(int i, int z) { return (((25u - i) << 10) | ((u32)z << i)) * 0x10001u; }
 static_assert(gemm_fp16x2_at(0, 0) == FP16X2_1024 && gemm_fp16x2_at(0, 32) == 0x64206420u &&
