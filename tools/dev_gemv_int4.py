@@ -32,19 +32,28 @@ VERSIONS = [
     Version("production", "gemv_int4"),
     Version("v2_smem_ring", "dev/gemv_int4/v2_smem_ring", suffix="_ring"),
     Version("v2_smem_ring[GEMV_RING=8]", "dev/gemv_int4/v2_smem_ring", (("GEMV_RING", 8),), suffix="_ring"),
+    Version("v2_smem_ring[GEMV_RING_L2_PREFETCH=0]", "dev/gemv_int4/v2_smem_ring", (("GEMV_RING_L2_PREFETCH", 0),),
+            suffix="_ring"),
+    Version("v2_smem_ring[GEMV_RING=8,GEMV_RING_L2_PREFETCH=0]", "dev/gemv_int4/v2_smem_ring",
+            (("GEMV_RING", 8), ("GEMV_RING_L2_PREFETCH", 0)), suffix="_ring"),
     Version("v3_flat_split", "dev/gemv_int4/v3_flat_split", suffix="_flat"),
+    Version("v4_bulk_ring", "dev/gemv_int4/v4_bulk_ring", suffix="_bulk"),
+    Version("v4_bulk_ring[GEMV_BULK_RING=8]", "dev/gemv_int4/v4_bulk_ring", (("GEMV_BULK_RING", 8),), suffix="_bulk"),
 ]
-RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu
+RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu, GEMV_BULK_RING's in v4_bulk_ring.cu
 DEV_CONSTANTS = [("dev/gemv_int4/v2_smem_ring", "GEMV_RING", RING_KB),
-                 ("dev/gemv_int4/v2_smem_ring", "GEMV_RING_BYTES", RING_KB * 1024)]
+                 ("dev/gemv_int4/v2_smem_ring", "GEMV_RING_BYTES", RING_KB * 1024),
+                 ("dev/gemv_int4/v4_bulk_ring", "GEMV_BULK_RING", RING_KB),
+                 ("dev/gemv_int4/v4_bulk_ring", "GEMV_BULK_RING_BYTES", RING_KB * 1024)]
+RING_DEFINE = {"dev/gemv_int4/v2_smem_ring": "GEMV_RING", "dev/gemv_int4/v4_bulk_ring": "GEMV_BULK_RING"}
 ROPE_THETA = 1e6     # Qwen2.5's rope_theta, as tests/test_kernel_gemv_int4.py
 
 
 def ring_bytes(v: Version, threads: int) -> int:
-    """Dynamic shared memory a version needs on top of production's: the rings of v2."""
-    if not v.file.endswith("v2_smem_ring"):
+    """Dynamic shared memory a version needs on top of production's: the rings of v2 and v4."""
+    if v.file not in RING_DEFINE:
         return 0
-    return threads // 32 * dict(v.defines).get("GEMV_RING", RING_KB) * 1024
+    return threads // 32 * dict(v.defines).get(RING_DEFINE[v.file], RING_KB) * 1024
 
 
 class VersionOccupancy(Occupancy):

@@ -89,11 +89,12 @@ def test_select():
         "production", "v2_wgmma_cluster2", "v2_wgmma_cluster2[GEMM_CLUSTER=1]"]
     assert [v.name for v in dev_kernels.select(vs, ["v1", "v4"])] == [
         "production", "v1_mma_sync", "v4_late_full_arrival"]
-    assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == ["production"]
-    dev_kernels.check_names(dev_kernels.OPS, ["v4", "v3_flat"])  # v4 of the GEMM, v3 of the GEMV
+    assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == [
+        "production", "v4_bulk_ring", "v4_bulk_ring[GEMV_BULK_RING=8]"]
+    dev_kernels.check_names(dev_kernels.OPS, ["v4", "v3_flat"])  # v4 of both, v3 of the GEMV
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v3"])] == ["production", "v3_flat_split"]
-    with pytest.raises(SystemExit, match="no version 'v4'.*v3_flat_split"):
-        dev_kernels.check_names(("gemv_int4",), ["v4"])
+    with pytest.raises(SystemExit, match="no version 'v5'.*v4_bulk_ring"):
+        dev_kernels.check_names(("gemv_int4",), ["v5"])
     with pytest.raises(SystemExit, match="no version 'v9'.*v1_mma_sync"):
         dev_kernels.check_names(dev_kernels.OPS, ["v9"])
 
@@ -296,7 +297,10 @@ def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
 
 
 @pytest.mark.parametrize("name,extra_per_warp", [("v3_flat_split", 0), ("v2_smem_ring", 16 * 1024),
-                                                 ("v2_smem_ring[GEMV_RING=8]", 8 * 1024)])
+                                                 ("v2_smem_ring[GEMV_RING=8]", 8 * 1024),
+                                                 ("v2_smem_ring[GEMV_RING=8,GEMV_RING_L2_PREFETCH=0]", 8 * 1024),
+                                                 ("v4_bulk_ring", 16 * 1024),
+                                                 ("v4_bulk_ring[GEMV_BULK_RING=8]", 8 * 1024)])
 def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
     from drvqwen.launchers.base import FixedOccupancy

@@ -43,6 +43,14 @@
 //   ring 8 KiB 7.61 / 4.83 / 23.51 / 14.56 (qkv_rope / o_proj / gate_up / down)
 // — the 8 KiB ring ahead at qkv_rope and down, behind at o_proj and gate_up, as before: taken per
 // GEMV, −1.3 µs a layer.
+// Without the L2 prefetch size (GEMV_RING_L2_PREFETCH=0), beside production and
+// v4_bulk_ring.cu on one H100 (docs/bench/2026-12-06_COMMIT_h100_dev_gemv_int4_rings.json), µs:
+//   production 8.16 / 4.63 / 25.30 / 15.11; ring 16 KiB 10.00 / 5.88 / 27.05 / 19.08, without
+//   the prefetch size 9.98 / 5.85 / 27.00 / 18.99; ring 8 KiB 7.32 / 4.96 / 24.45 / 14.98,
+//   without it 7.28 / 4.83 / 24.29 / 14.83
+// — the prefetch size moves a GEMV alone by ≤ 1 % (it cost the whole step its extra DRAM
+// bytes, not a lone launch); the 8 KiB ring runs 3 blocks an SM (64 registers, 73–104 KB) and
+// is ahead at qkv_rope (288 blocks, one tile each, against production's 144), gate_up and down.
 //
 // Shared memory (dynamic): x, K·2 bytes; the rings, W · GEMV_RING KiB; then the warp partials,
 // ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1): at 7B with W = 8 ~135 KB at
@@ -65,10 +73,20 @@
 // ptx/ldst.cuh: a weight line leaves L2 before the KV cache and activations) and a 256-byte L2
 // prefetch (a warp walks each weight row front to back, so the next 64-byte pieces come in the
 // same DRAM burst).
+// GEMV_RING_L2_PREFETCH=0 drops the prefetch size: the measured rows above had it, and with
+// evict-first lines it makes a decode step read more than its weights from DRAM (ptx/ldst.cuh).
+#ifndef GEMV_RING_L2_PREFETCH
+#define GEMV_RING_L2_PREFETCH 1
+#endif
 __device__ __forceinline__ void cp_async_16_stream(void* dst, const void* src, u64 policy) {
     const u32 dst_smem = static_cast<u32>(__cvta_generic_to_shared(dst));
+#if GEMV_RING_L2_PREFETCH
     asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;\n"
                  :: "r"(dst_smem), "l"(src), "l"(policy) : "memory");
+#else
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
+                 :: "r"(dst_smem), "l"(src), "l"(policy) : "memory");
+#endif
 }
 
 // gemv_int4_block (../../gemv_int4.cu) with the weights streamed through a shared-memory ring:
