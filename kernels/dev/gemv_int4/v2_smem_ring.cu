@@ -44,7 +44,7 @@
 // — the 8 KiB ring ahead at qkv_rope and down, behind at o_proj and gate_up, as before: taken per
 // GEMV, −1.3 µs a layer.
 // Without the L2 prefetch size (GEMV_RING_L2_PREFETCH=0), beside production and
-// v4_bulk_ring.cu on one H100 (docs/bench/2026-12-06_COMMIT_h100_dev_gemv_int4_rings.json), µs:
+// v4_bulk_ring.cu on one H100 (docs/bench/2026-12-06_099023a_h100_dev_gemv_int4_rings.json), µs:
 //   production 8.16 / 4.63 / 25.30 / 15.11; ring 16 KiB 10.00 / 5.88 / 27.05 / 19.08, without
 //   the prefetch size 9.98 / 5.85 / 27.00 / 18.99; ring 8 KiB 7.32 / 4.96 / 24.45 / 14.98,
 //   without it 7.28 / 4.83 / 24.29 / 14.83

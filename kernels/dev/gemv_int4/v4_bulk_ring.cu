@@ -42,7 +42,7 @@
 // The scales (2 B per row and group, rows K/64 B apart) stay register loads at issue time, as in
 // v2: one bulk copy per row would cost more than it moves.
 // Measured (tools/dev_kernels.py gemv_int4 --versions v2 v4, 9/9 checks each, one H100 at 3043
-// GB/s copy bandwidth; docs/bench/2026-12-06_COMMIT_h100_dev_gemv_int4_rings.json), µs per call
+// GB/s copy bandwidth; docs/bench/2026-12-06_099023a_h100_dev_gemv_int4_rings.json), µs per call
 // qkv_rope / o_proj / gate_up / down, and gate_up's grid:
 //   | production (registers, 2 blocks an SM)         |  8.16 / 4.63 / 25.30 / 15.11 | 237 |
 //   | this ring, 16 KiB a warp (1 block an SM)       | 11.39 / 6.80 / 30.56 / 23.02 | 132 |
