@@ -293,7 +293,7 @@
 // multiplied, so a warp keeps 4–8 KB in flight; with ≥ 14 warps per SM that covers HBM
 // latency (~15 KB per SM). A compile-time knob for tools/bench_gemv.py (-DGEMV_UNROLL=N).
 #ifndef GEMV_UNROLL
-#define GEMV_UNROLL 2
+#define GEMV_UNROLL 4
 #endif
 #define GEMV_GROUP_UNROLL(MT) ((MT) == 1 ? GEMV_UNROLL : (GEMV_UNROLL > 1 ? GEMV_UNROLL / 2 : 1))
 // How a block's items are shared among its warps. 0: each warp takes a contiguous range of the K
