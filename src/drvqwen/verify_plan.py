@@ -113,8 +113,8 @@ def plan_verify(cfg: QwenConfig, max_context: int | None, n_tokens: int, *, occu
     weights, kv = one.weights, one.kv
     plan = VerifyPlan(cfg, one.max_context, one.n_pages, attention, S, a, weights, kv, n_tokens=T, decode=one)
     part = tuple(a[n] for n in partials)
-    # The decode step's GEMV occupancy and defines (none: the default K-group order).
-    gemv = dict(occupancy=occupancy, defines=())
+    # The decode step's GEMV occupancy and defines (each launcher's own: decode.py passes none).
+    gemv = dict(occupancy=occupancy)
     eps = cfg.rms_norm_eps
 
     steps = plan.steps

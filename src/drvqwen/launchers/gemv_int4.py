@@ -47,6 +47,13 @@ X_TOKEN_PAD_BYTES = 16 * mirrored("gemv_int4", "GEMV_X_TOKEN_PAD", 4)  # after e
 # Dynamic shared memory a block may opt in to on sm_90 (227 KiB), less 1 KiB for the kernels'
 # static shared memory (the RMSNorm sums, 256 B).
 MAX_DYNAMIC_SMEM_BYTES = 227 * 1024 - 1024
+# The single-token qkv_rope's build: batches of 2 groups (80 registers) instead of GEMV_UNROLL's 4
+# (128), so 3 blocks fit an SM and the 7B's 288 tiles run one a block (grid 288 instead of 144):
+# more warps for a GEMV too small to keep HBM busy, where o_proj and down_proj (224 blocks either
+# way) lose half their bytes in flight (tools/bench_gemv.py --pdl --unroll, kernels/gemv_int4.cu's
+# header). The same W, so the same sums as the persistent step's items; the T-token twins are built
+# and launched alike (layer_plan.py: the verify pass's layer is the decode step's).
+QKV_ROPE_DEFINES = (("GEMV_UNROLL", 2),)
 
 def tiles(n: int) -> int:
     """16-row tiles covering n rows."""
@@ -265,10 +272,11 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
                  v_qweight, v_scales, q_bias, k_bias, v_bias, inv_freq, state, block_table, *, n_heads: int,
                  n_kv_heads: int, head_dim: int, dim: int, eps: float, stream: Stream | None = None,
                  occupancy: Occupancy | None = None, warps: int | None = None, blocks: int | None = None,
-                 defines: tuple = (), n_tokens: int | None = None, x_normed=None):
+                 defines: tuple | None = None, n_tokens: int | None = None, x_normed=None):
         super().__init__(stream)
         nt = token_count(n_tokens)
         require(x_normed is None or n_tokens is not None, "gemv_int4_qkv_rope: x_normed needs n_tokens")
+        defines = QKV_ROPE_DEFINES if defines is None else defines
         check_qkv_rope_outputs("gemv_int4_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, nt)
         nq, nkv, k = n_heads * head_dim, n_kv_heads * head_dim, dim
         check_buffer(residual, "residual", nt * k, np.float32)
