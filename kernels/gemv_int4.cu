@@ -122,6 +122,21 @@
 // bandwidth, down at 54 %, qkv and o at 23 % and 34 %: a small GEMV is mostly its ramp-up.
 // The ring is kept as kernels/dev/gemv_int4/v2_smem_ring.cu; re-run both sizes beside this file
 // with `PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v2`.
+// Re-run on an H100 without the ring's 256 B L2 prefetch size, beside a ring filled by bulk copies
+// (kernels/dev/gemv_int4/v4_bulk_ring.cu, whose header has the table), the 8 KiB ring at 3 blocks
+// an SM led at qkv_rope (7.28 against 8.16 µs), gate_up (24.29 / 25.30) and down (14.83 / 15.11),
+// and every ring at one block an SM trailed: warps per SM, not bytes in flight. What 3 blocks an
+// SM give without a ring, GEMV_UNROLL=2 (80 registers; tools/bench_gemv.py --pdl --unroll 4 1, two
+// runs, docs/bench/2026-12-06_d16c85f_h100_bench_gemv_unroll_{1,2}.json), µs at UNROLL 2 / 4 / 1:
+//   qkv_rope 7.46 / 8.30 / 10.92 (grid 288 / 144 / 288)   o_proj 5.14 / 4.66 / 5.98 (224 each)
+//   gate_up 25.13 / 25.34 / 25.14 (395 / 237 / 395)       down 18.43 / 15.13 / 23.61 (224 each)
+// — only qkv_rope gains: its 288 tiles go one a block where 2 blocks an SM made it 144 blocks of
+// two; o_proj and down keep their grid and lose half their bytes in flight. As the decode step's
+// default (every GEMV at 2) the 7B took 2.275 ms against 2.211 (H100, graph ITL, medians of three
+// in turns, docs/bench/2026-12-06_d16c85f_h100_syn7b_unroll2_all_*.json); qkv_rope alone at 2
+// (launchers/gemv_int4.py: QKV_ROPE_DEFINES) 2.172 ms against 2.204, its launches 348–351 µs a
+// step against 374–377 (--kernels; docs/bench/2026-12-06_7602f0f_h100_syn7b_qkv_unroll2_*.json,
+// …_fa68086_h100_syn7b_vs_qkv_unroll2_*.json).
 //
 // Two more ways to keep more bytes in flight, each timed beside this engine in one run
 // (tools/bench_gemv.py --pdl --int4-defines …, same table; docs/bench/2026-12-02_h200_gemv_int4_variants.json)
