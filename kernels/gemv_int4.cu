@@ -94,8 +94,7 @@
 // DRAM rows with 64 B each, the tile-major one touches one with 512 B.
 //
 // Shared memory (dynamic): x, K·2 bytes, then the warp partials,
-// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1); the single-token gate/up
-// launch has W weight rings of GEMV_RING_KB KiB between them (gemv_int4_ring_block). The T-token kernels: see
+// ceil(T/G) · MT · W · 16 · 4 bytes (MT = 2 for gate/up, else 1). The T-token kernels: see
 // "T tokens".
 //
 // Measured on the H200 (7B shapes, graph replay of 20 calls; q/k/v, o and down fit in the
@@ -299,7 +298,6 @@
 #include "rope.cuh"         // rope_rotate
 #include "kv_cache.cuh"     // kv_offset, PAGE_TOKENS
 #include "block_coord.cuh"  // BlockCoord, GridDep
-#include "cp_async.cuh"     // cp_async_16_policy, cp_async_commit, cp_async_wait
 
 #define GEMV_MAX_WARPS        8                 // K-split warps per block (256 threads)
 #define GEMV_WORDS_PER_GROUP  (INT4_GROUP / 8)  // 32-bit words of INT4 per row per group
@@ -837,158 +835,6 @@ __device__ __forceinline__ void gemv_int4_block(const GemvProblem<MT, NSEG>& p, 
     });
 }
 
-// ---- The single-token gate/up launch's ring ----
-// gemv_int4_gate_up_swiglu as a launch of its own streams its weights through a ring of
-// GEMV_RING_KB KiB a warp in shared memory (cp.async) instead of register batches: 64 registers
-// instead of 128, so three blocks of 8 warps fit an SM (76 KB of shared memory each) where two
-// did, and each warp keeps 3 items (6 KiB) in flight. Measured on an H100 alone with PDL (the
-// ring as kernels/dev/gemv_int4/v2_smem_ring.cu at 8 KiB without its L2 prefetch size): 24.29
-// µs against 25.30, where the register engine at three blocks an SM (GEMV_UNROLL=2: one item a
-// batch) stays at 25.13 — the ring's gain is bytes in flight at three blocks an SM, not the
-// blocks alone. The persistent step's gate/up items and the T-token kernels keep the register
-// engine; the ring adds the same products in the same order (each item's 8 MMAs from zero, then
-// acc = fma(scale, c, acc) over the warp's groups in order; the warps' partials in warp order),
-// so every value is bit for bit theirs.
-//
-// A warp's ring: R = GEMV_RING_KB / MT slots, each one (tile, group) item of the MT matrices as
-// the lanes read it back ([MT][2 rows][32 lanes] uint4: lane-contiguous, so conflict-free).
-// Why it cannot race: each lane copies exactly the 16-byte words it later reads (rows g and
-// g + 8 of its quad), so no lane reads another's copy and cp.async.wait_group (this thread's
-// own groups) is the whole hand-off — no barrier between lanes. Every issue commits one group,
-// also when the warp has no item left, so item i's copies are always R − 1 groups behind the
-// newest and wait_group<R − 1> means "item i has landed". A slot is refilled (item i + R − 1
-// into the slot of item i − 1) only after this lane read item i − 1 from it: the refill is
-// issued after those reads in the lane's own program order. Shared memory is not reused for
-// anything else; the block waits for all its copies (wait_group 0) before its final barrier.
-#ifndef GEMV_RING_KB
-#define GEMV_RING_KB 8  // KiB of weights per warp in the ring (a power of two ≥ 2·MT)
-#endif
-#define GEMV_RING_ITEM_CHUNKS (2 * WARP_SIZE)  // 16-byte words of one matrix's item: 1 KiB
-
-// gemv_int4_block's work (NTOK = 1) on the ring: the same arguments but the Layout (tile-major).
-// Shared memory: x as x_src stages it, then the W rings (W · GEMV_RING_KB KiB), then the
-// partials [tiles of the block][MT][W][16] fp32. Contains __syncthreads(): every thread calls it.
-template <int MT, int NSEG, typename Dep, typename XSource, typename Epilogue>
-__device__ __forceinline__ void gemv_int4_ring_block(const GemvProblem<MT, NSEG>& p, int K, const BlockCoord& bc,
-                                                     Dep dep, XSource x_src, Epilogue epilogue) {
-    constexpr int R = GEMV_RING_KB / MT;
-    static_assert(R >= 2, "the ring needs a slot being read and one landing");
-    extern __shared__ uint4 x_smem[];
-    const int lane = threadIdx.x % WARP_SIZE;
-    const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE, n_warps = bc.threads / WARP_SIZE;
-    uint4* rings = x_smem + x_src.smem_chunks(K);
-    uint4* ring = rings + warp * (R * MT * GEMV_RING_ITEM_CHUNKS) + lane;  // this lane's word of slot 0
-    float* partial = reinterpret_cast<float*>(rings + n_warps * (R * MT * GEMV_RING_ITEM_CHUNKS));
-    const int n_groups = K / INT4_GROUP;
-    const int gb = warp * n_groups / n_warps, ge = (warp + 1) * n_groups / n_warps;  // non-empty: W ≤ K/128
-    const int n_tiles = p.first_tile[NSEG];
-    const int tile_b = bc.bx * n_tiles / bc.gx, tile_e = (bc.bx + 1) * n_tiles / bc.gx;
-    const u64 policy = l2_evict_first_policy();
-    const uint4* x_lane = x_src.lane_x(x_smem, 0, t, K);
-
-    dep.launch_dependents();  // every block of the grid is resident (one wave)
-
-    // The next item's words into slot `slot` and its two rows' scales (FP16 bits, as GemvBatch)
-    // into registers; then one commit, also when no item is left (see above).
-    u32 scale[R][MT][2] = {};  // zeros: a slot past the warp's last item is never loaded
-    int is_tile = tile_b, is_gi = gb;
-    auto issue = [&](int slot) {
-        if (is_tile < tile_e) {  // warp-uniform
-            const int seg = int4_segment<NSEG>(p.first_tile, is_tile);
-            const int n = gemv_field<NSEG>(seg, p.n), tile = is_tile - gemv_field<NSEG>(seg, p.first_tile);
-            int lo, hi;
-            gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
-            const u64 r0 = min(lo, n - 1), r1 = min(hi, n - 1);  // rows past n: never stored
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                const u32* qw = gemv_qweight(p, seg, m);
-                uint4* dst = ring + (slot * MT + m) * GEMV_RING_ITEM_CHUNKS;
-                cp_async_16_policy(dst, GemvTileMajor::quad(qw, tile, g, r0, is_gi, K, t), policy);
-                cp_async_16_policy(dst + WARP_SIZE, GemvTileMajor::quad(qw, tile, g + 8, r1, is_gi, K, t), policy);
-                const __half* sc = gemv_scales(p, seg, m) + is_gi;
-                scale[slot][m][0] = __ldg(reinterpret_cast<const unsigned short*>(sc + r0 * n_groups));
-                scale[slot][m][1] = __ldg(reinterpret_cast<const unsigned short*>(sc + r1 * n_groups));
-            }
-            if (++is_gi == ge) { is_gi = gb; ++is_tile; }
-        }
-        cp_async_commit();
-    };
-
-    // R − 1 items before the wait: weights are never written by any kernel.
-#pragma unroll
-    for (int s = 0; s < R - 1; ++s) issue(s);
-    dep.wait();
-    x_src(x_smem, K);
-    __syncthreads();
-
-    float acc[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
-    int c_tile = tile_b, c_gi = gb;
-    while (c_tile < tile_e) {
-#pragma unroll
-        for (int s = 0; s < R; ++s) {
-            if (c_tile >= tile_e) break;  // warp-uniform
-            issue((s + R - 1) % R);       // the slot read by the item before
-            cp_async_wait<R - 1>();       // this item's words have landed
-            const uint4* x_group = x_lane + c_gi * GEMV_CHUNKS_PER_GROUP;
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                const uint4* src = ring + (s * MT + m) * GEMV_RING_ITEM_CHUNKS;
-                const uint4 w0 = src[0], w1 = src[WARP_SIZE];  // rows g and g + 8
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    u32 a_lo[4], a_hi[4];  // inputs 8i + 0..3 and 8i + 4..7 of rows g, g+8
-                    int4_a_fragments<!GEMV_PROBE_NO_FIXUP>(w0, w1, i, a_lo, a_hi);
-                    const uint4 xi = x_group[XSource::WORD_STEP * i];
-                    mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
-                    mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
-                }
-                acc[m][0] = fmaf(gemv_scale(scale[s][m][0]), c[0], acc[m][0]);
-                acc[m][1] = fmaf(gemv_scale(scale[s][m][1]), c[2], acc[m][1]);
-            }
-            if (++c_gi == ge) {  // the tile's last group of this warp: publish, start the next
-                if (t == 0) {
-                    float* dst = partial + (c_tile - tile_b) * MT * n_warps * INT4_TILE_ROWS;
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g] = acc[m][0];
-                        dst[(m * n_warps + warp) * INT4_TILE_ROWS + g + 8] = acc[m][1];
-                    }
-                }
-#pragma unroll
-                for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = 0.f;
-                c_gi = gb;
-                ++c_tile;
-            }
-        }
-    }
-    cp_async_wait<0>();  // every copy landed (the last groups are empty) before the block may end
-    __syncthreads();
-
-    // One thread per (tile, g): the W partials of MMA rows g and g + 8 in warp order (as
-    // gemv_int4_engine), then the epilogue.
-    for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
-        const int tl = o / 8, gg = o % 8;
-        const int tile = tile_b + tl;
-        const int seg = int4_segment<NSEG>(p.first_tile, tile);
-        float sums[MT][2];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float* src = partial + ((tl * MT + m) * n_warps) * INT4_TILE_ROWS + gg + 8 * h;
-                float sum = 0.f;
-                for (int w = 0; w < n_warps; ++w) sum += src[w * INT4_TILE_ROWS];
-                sums[m][h] = sum;
-            }
-        }
-        epilogue(seg, tile - gemv_field<NSEG>(seg, p.first_tile), gg, sums);
-    }
-}
-
 // y = W x, FP16 out (rounded once from the FP32 sum).
 // grid (G ≤ ceil(N/16)), block (32·W), dynamic smem (see the header).
 #ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
@@ -1208,18 +1054,9 @@ gemv_int4_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ resid
                          const __half* __restrict__ norm_w, const u32* __restrict__ gate_qweight,
                          const __half* __restrict__ gate_scales, const u32* __restrict__ up_qweight,
                          const __half* __restrict__ up_scales, int F, int K, float eps) {  // …Args says what each is
-    // The ring (above); the persistent step's item is gemv_int4_gate_up_swiglu_item, the same bits.
-    const GemvProblem<2, 1> p = {{{gate_qweight, up_qweight}}, {{gate_scales, up_scales}}, {F}, {0, int4_tiles(F)}, {0}};
-    gemv_int4_ring_block(p, K, BlockCoord::of_launch(), GridDep{},
-                         gemv_x_source<1, GemvStageRmsNormT<1>>(residual, norm_w, eps, 1, nullptr),
-                         [&](int, int tile, int g, const float (&s)[2][2]) {
-        const int lo = tile * INT4_TILE_ROWS + g;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int row = lo + 8 * r;
-            if (row < F) h[row] = swiglu_f16(s[0][r], s[1][r]);
-        }
-    });
+    gemv_int4_gate_up_swiglu_item(GemvInt4GateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_scales, up_qweight,
+                                                           up_scales, F, K, eps},
+                                  BlockCoord::of_launch(), GridDep{});
 }
 #endif  // DEVICE_FUNCTIONS_ONLY
 

@@ -2,7 +2,6 @@
 //
 //   cp_async_16        : cp.async.cg.shared.global [dst], [src], 16, src_bytes
 //                        (PTX ISA, "Data Movement and Conversion Instructions: cp.async")
-//   cp_async_16_policy : cp.async.cg.shared.global.L2::cache_hint [dst], [src], 16, policy
 //   cp_async_commit    : cp.async.commit_group   ("…: cp.async.commit_group")
 //   cp_async_wait<N>   : cp.async.wait_group N   ("…: cp.async.wait_group")
 //   cp_async_mbarrier_arrive_noinc : cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar]
@@ -35,16 +34,6 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
                  :: "r"(dst_smem), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// Copy 16 bytes from global `src` to shared `dst` asynchronously with an L2 cache policy
-// (cp.async.cg.shared.global.L2::cache_hint [dst], [src], 16, policy; PTX ISA, "…: cp.async"):
-// read-once data (decode weights) under l2_evict_first_policy (ptx/ldst.cuh), so their lines
-// leave L2 before the KV cache and the activations. No L2 prefetch size (.L2::256B): with
-// evict-first lines it made a decode step read more than its weights from DRAM (ptx/ldst.cuh).
-__device__ __forceinline__ void cp_async_16_policy(void* dst, const void* src, u64 policy) {
-    const u32 dst_smem = static_cast<u32>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n"
-                 :: "r"(dst_smem), "l"(src), "l"(policy) : "memory");
-}
 // Close the copies issued so far by this thread into one group.
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

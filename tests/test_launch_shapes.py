@@ -49,41 +49,6 @@ def test_gemv_shapes_cover_every_tile_in_one_wave(preset):
         assert smem == (k // 8) * 16 + per_block * mt * warps * 16 * 4, (name, smem)
 
 
-def test_gate_up_ring_sizes_the_grid_and_its_token_twins_keep_it():
-    """The single-token gate/up kernel asks for x, W rings of RING_KB KiB and the partials
-    (gemv_int4.cu: gemv_int4_ring_block), and the occupancy that sizes its grid is asked with the
-    rings; a T-token twin keeps that grid with its own shared memory, which has no ring."""
-    from drvqwen.launchers import GemvInt4GateUpSwiglu
-    from drvqwen.launchers.base import BufferSpec
-    from drvqwen.launchers.gemv_int4 import RING_KB, gemv_tokens_smem_bytes
-    from kernel_testing import int4_specs
-
-    f, k, T = 18944, 3584, 4
-    asked = []
-
-    def per_sm(kernel, threads, smem):  # three 76 KB blocks an SM, two of anything larger
-        asked.append((kernel.kernel, smem))
-        return 3 if smem <= 76 * 1024 else 2
-
-    occ = FixedOccupancy(132, per_sm)
-
-    def make(n_tokens=None):
-        nt = n_tokens or 1
-        return GemvInt4GateUpSwiglu(BufferSpec("h", (nt * f,), np.float16), BufferSpec("r", (nt * k,), np.float32),
-                                    BufferSpec("norm", (k,), np.float16), *int4_specs("g", f, k),
-                                    *int4_specs("u", f, k), f=f, k=k, eps=1e-6, occupancy=occ, n_tokens=n_tokens)
-
-    (one,) = make().specs
-    ring = 8 * RING_KB * 1024
-    per_block = -(-tiles(f) // one.grid[0])
-    assert asked == [("gemv_int4_gate_up_swiglu", 2 * k + 2 * 8 * 16 * 4 + ring)]
-    assert one.grid == (-(-tiles(f) // -(-tiles(f) // (3 * 132))),) and one.block == (256,)
-    assert one.smem_bytes == 2 * k + ring + per_block * 2 * 8 * 16 * 4
-    (twin,) = make(T).specs
-    assert twin.grid == one.grid and twin.kernel.kernel == "gemv_int4_gate_up_swiglu_tokens"
-    assert twin.smem_bytes == gemv_tokens_smem_bytes(k, per_block, 8, 2, T, True)
-
-
 def test_gemv_shape_forced_and_refused():
     assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132)[1] == 256           # W = min(8, K/128)
     assert gemv_launch_shape(100, 896, 1, lambda t, s: 4, 132)[1] == 224            # 7 groups: 7 warps

@@ -50,19 +50,10 @@ ROPE_THETA = 1e6     # Qwen2.5's rope_theta, as tests/test_kernel_gemv_int4.py
 
 
 def ring_bytes(v: Version, threads: int) -> int:
-    """Dynamic shared memory a version needs on top of production's layout without its own ring:
-    the rings of v2 and v4."""
+    """Dynamic shared memory a version needs on top of production's: the rings of v2 and v4."""
     if v.file not in RING_DEFINE:
         return 0
     return threads // 32 * dict(v.defines).get(RING_DEFINE[v.file], RING_KB) * 1024
-
-
-def production_ring_bytes(kernel: str, threads: int) -> int:
-    """The ring production's single-token gate/up kernel asks for (launchers/gemv_int4.py: RING_KB),
-    which a version's kernel does not have: every version runs its own engine there."""
-    from drvqwen.launchers.gemv_int4 import RING_KB as PRODUCTION_RING_KB
-
-    return threads // 32 * PRODUCTION_RING_KB * 1024 if kernel == "gemv_int4_gate_up_swiglu" else 0
 
 
 class VersionOccupancy(Occupancy):
@@ -80,7 +71,7 @@ class VersionOccupancy(Occupancy):
 
     def blocks_per_sm(self, kernel, threads: int, smem_bytes: int) -> int:
         fn = self.v.kernel_ref(kernel).function()
-        smem = smem_bytes - production_ring_bytes(kernel.kernel, threads) + ring_bytes(self.v, threads)
+        smem = smem_bytes + ring_bytes(self.v, threads)
         fn.ensure_dynamic_smem(smem)
         return fn.max_active_blocks_per_sm(threads, smem)
 
@@ -94,9 +85,7 @@ def launcher_for(v: Version, make):
     if v.is_production:
         return make()
     g = make(occupancy=VersionOccupancy(v))
-    spec = g.specs[0]
-    return retarget(g, v, smem_bytes=spec.smem_bytes - production_ring_bytes(spec.kernel.kernel, spec.block[0])
-                    + ring_bytes(v, spec.block[0]))
+    return retarget(g, v, smem_bytes=g.specs[0].smem_bytes + ring_bytes(v, g.specs[0].block[0]))
 
 
 @dataclass(frozen=True)

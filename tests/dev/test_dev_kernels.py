@@ -304,14 +304,13 @@ def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
 def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
     from drvqwen.launchers.base import FixedOccupancy
-    from drvqwen.launchers.gemv_int4 import RING_KB, gemv_smem_bytes
+    from drvqwen.launchers.gemv_int4 import gemv_smem_bytes
 
     v = next(v for v in dev_gemv_int4.VERSIONS if v.name == name)
     asked = []
 
     def blocks_per_sm(self, kernel, threads, smem):  # what the driver would be asked, recorded
-        asked.append((self.v.kernel_ref(kernel), threads, smem - dev_gemv_int4.production_ring_bytes(kernel.kernel, threads)
-                      + dev_gemv_int4.ring_bytes(self.v, threads)))
+        asked.append((self.v.kernel_ref(kernel), threads, smem + dev_gemv_int4.ring_bytes(self.v, threads)))
         return 1
 
     monkeypatch.setattr(dev_gemv_int4.VersionOccupancy, "blocks_per_sm", blocks_per_sm)
@@ -328,8 +327,7 @@ def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypat
     (spec,) = dev_gemv_int4.launcher_for(v, make).specs
     warps = prod.block[0] // 32
     assert (spec.grid, spec.block) == (prod.grid, prod.block)
-    # Production's gate/up asks for its own ring, which no version has: each asks for its own.
-    assert spec.smem_bytes == prod.smem_bytes - warps * RING_KB * 1024 + warps * extra_per_warp
+    assert spec.smem_bytes == prod.smem_bytes + warps * extra_per_warp
     assert (spec.kernel.file, spec.kernel.kernel, spec.kernel.defines, spec.kernel.pdl) == (
         v.file, prod.kernel.kernel + v.suffix, v.defines, True)
     # The occupancy that sized the grid was the version's kernel's, with its shared memory.

@@ -54,10 +54,6 @@ MAX_DYNAMIC_SMEM_BYTES = 227 * 1024 - 1024
 # header). The same W, so the same sums as the persistent step's items; the T-token twins are built
 # and launched alike (layer_plan.py: the verify pass's layer is the decode step's).
 QKV_ROPE_DEFINES = (("GEMV_UNROLL", 2),)
-# The single-token gate/up kernel's weight ring: KiB per warp in shared memory, after x
-# (gemv_int4.cu: gemv_int4_ring_block). Its grid is sized with it, and the T-token twins take
-# that grid (their own shared memory has no ring).
-RING_KB = mirrored("gemv_int4", "GEMV_RING_KB", 8)
 
 def tiles(n: int) -> int:
     """16-row tiles covering n rows."""
@@ -207,21 +203,18 @@ class _GemvInt4Launcher(Launcher):
     def _build_gemv(self, kernel: str, n_tiles: int, k: int, mt: int, args: dict, *, reads, writes,
                     occupancy: Occupancy | None, warps: int | None, blocks: int | None, defines: tuple,
                     n_tokens: int | None = None, x_staged: bool = True, tokens_kernel: str | None = None,
-                    weights: tuple = (), weights_rows: int = 0, ring: bool = False) -> None:
+                    weights: tuple = (), weights_rows: int = 0) -> None:
         """Plan `kernel` (n_tokens None) or its `…_tokens` twin for n_tokens tokens (args then get
         n_tokens; `tokens_kernel` names another twin, e.g. the …_x_tokens ones), in the launch shape
         of `kernel`: the same grid and W, so the same sums. `weights`: the (qweight, scales) pairs
         of weights_rows rows read tile by tile in row order (Launcher.weight_tiles; not the
-        RoPE-paired qkv tiles). `ring`: `kernel` streams its weights through W rings of RING_KB
-        KiB in shared memory (gemv_int4_ring_block), which size its grid."""
+        RoPE-paired qkv tiles)."""
         require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
         require(n_tiles >= 1, "gemv_int4: N must be >= 1")
         occ = occupancy or DEFAULT_OCCUPANCY
         ref = _kernel(kernel, defines)
-        ring_bytes = _warps(k, warps) * RING_KB * 1024 if ring else 0
         grid, threads, smem = gemv_launch_shape(
-            n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks,
-            extra_smem=ring_bytes)
+            n_tiles, k, mt, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count, warps=warps, blocks=blocks)
         if n_tokens is not None:
             smem = gemv_tokens_smem_bytes(k, -(-n_tiles // grid), threads // 32, mt, n_tokens, x_staged)
             require(smem <= MAX_DYNAMIC_SMEM_BYTES, f"{kernel}_tokens: {n_tokens} tokens at K={k} need {smem} B of "
@@ -379,4 +372,4 @@ class GemvInt4GateUpSwiglu(_GemvInt4Launcher):
                          reads=(*xin, gate_qweight, gate_scales, up_qweight, up_scales), writes=(h,),
                          occupancy=occupancy, warps=warps, blocks=blocks, defines=defines, n_tokens=n_tokens,
                          tokens_kernel=None if x_normed is None else "gemv_int4_gate_up_swiglu_x_tokens",
-                         weights=((gate_qweight, gate_scales), (up_qweight, up_scales)), weights_rows=f, ring=True)
+                         weights=((gate_qweight, gate_scales), (up_qweight, up_scales)), weights_rows=f)
