@@ -137,6 +137,15 @@
 // (launchers/gemv_int4.py: QKV_ROPE_DEFINES) 2.172 ms against 2.204, its launches 348–351 µs a
 // step against 374–377 (--kernels; docs/bench/2026-12-06_7602f0f_h100_syn7b_qkv_unroll2_*.json,
 // …_fa68086_h100_syn7b_vs_qkv_unroll2_*.json).
+// The 8 KiB ring as gemv_int4_gate_up_swiglu's own engine (commit 9b30681: the same sums, 75
+// registers, 3 blocks an SM of 76 KB each, 395 blocks) passed the GEMV, verify and persistent
+// GPU tests and the sanitizers, and cost the 7B step 2.434 ms against 2.178 (H100, graph ITL,
+// medians of three in turns), where its launches, timed one by one, summed to 902 µs a step
+// against 871 (docs/bench/2026-12-06_9b30681_h100_syn7b_gate_up_ring_*.json,
+// …_e86bc9e_h100_syn7b_vs_gate_up_ring_*.json). A GEMV alone, back to back with itself, does not
+// show what a launch costs its neighbours: three ring blocks hold an SM's whole shared memory,
+// so (not measured further) the blocks of the launches before and after it cannot share its
+// SMs while it runs, and what programmatic dependent launch overlaps is lost.
 //
 // Two more ways to keep more bytes in flight, each timed beside this engine in one run
 // (tools/bench_gemv.py --pdl --int4-defines …, same table; docs/bench/2026-12-02_h200_gemv_int4_variants.json)

@@ -26,7 +26,7 @@ from drvqwen import reference as ref
 from drvqwen.config import PRESETS
 from drvqwen.launchers import (BufferSpec, FixedOccupancy, GemvInt4GateUpSwiglu, GemvInt4QkvRope, GemvInt4Residual,
                                LaunchError, RmsNorm)
-from drvqwen.launchers.gemv_int4 import MAX_TOKENS, gemv_tokens_smem_bytes
+from drvqwen.launchers.gemv_int4 import MAX_TOKENS, QKV_ROPE_DEFINES, gemv_tokens_smem_bytes
 from kernel_testing import (TOL_GEMV, dequant64, dev, int4_specs, massive_residual, normed_fp16,  # noqa: F401
                             random_int4, report, upload_int4)
 
@@ -266,8 +266,8 @@ def _plans(cfg, t: int | None) -> dict[str, object]:
 @pytest.mark.parametrize("preset", ["7b", "0.5b"])
 def test_tokens_launch_is_the_single_token_launch(preset):
     """Same grid and block as the single-token launch for every T (so the same W: the same sums),
-    the `…_tokens` kernel in the build for T, the same arguments plus n_tokens, and the shared
-    memory of T tokens' x (where staged) and partials."""
+    the `…_tokens` kernel in the single-token launch's build plus the build for T, the same
+    arguments plus n_tokens, and the shared memory of T tokens' x (where staged) and partials."""
     cfg = PRESETS[preset]
     single = _plans(cfg, None)
     for t in range(1, MAX_TOKENS + 1):
@@ -276,7 +276,9 @@ def test_tokens_launch_is_the_single_token_launch(preset):
             where = f"{preset} {name} T={t}"
             assert (spec.grid, spec.block) == (one.grid, one.block), where
             assert spec.kernel.kernel == one.kernel.kernel + "_tokens", where
-            assert dict(spec.kernel.defines) == ({} if t <= 8 else {"GEMV_TOKENS": 16}), where
+            # The single-token launch's build (qkv_rope's QKV_ROPE_DEFINES) plus the build for T.
+            assert dict(one.kernel.defines) == (dict(QKV_ROPE_DEFINES) if name == "qkv" else {}), where
+            assert dict(spec.kernel.defines) == {**dict(one.kernel.defines), **({} if t <= 8 else {"GEMV_TOKENS": 16})}, where
             assert list(spec.args) == [*one.args, "n_tokens"] and spec.args["n_tokens"].value == t, where
             n_tiles = {"qkv": (cfg.q_dim + 15) // 16 + 2 * ((cfg.kv_dim + 15) // 16),
                        "gate_up": (cfg.intermediate_size + 15) // 16}.get(name, (cfg.hidden_size + 15) // 16)
