@@ -113,7 +113,8 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
     spread of that makespan: the 7B's qkv (T = 288, m = 2, G = 144) took 8.53 µs, and 8.21 /
     8.10 / 8.10 / 8.35 µs with G forced to 168 / 200 / 232 / 264 (`tools/bench_gemv.py --pdl
     --blocks …`, two runs agreeing, docs/bench/2026-12-04_b873b61_h200_gemv_int4_blocks_7b_{1,2}.json),
-    while gate_up (T = 1184, m = 5, G = 237) took 22.39 µs and 22.76 µs at 264.
+    while gate_up (T = 1184, m = 5, G = 237) took 22.39 µs and 22.76 µs at 264. (qkv_rope's own
+    build, QKV_ROPE_DEFINES, fits three blocks an SM: G = 288, one tile a block.)
 
     Args:
         n_tiles: T, 16-row tiles of the output (all matrices stacked, gate/up counted once).
