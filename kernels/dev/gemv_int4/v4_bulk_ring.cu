@@ -5,7 +5,9 @@
 // reference and times it beside kernels/gemv_int4.cu.
 //
 //   gemv_int4_qkv_rope_bulk, gemv_int4_residual_bulk, gemv_int4_gate_up_swiglu_bulk: the
-//   production kernels of the same names without _bulk, on the engine below.
+//   production kernels of the same names without _bulk, on the engine below. Their bodies
+//   repeat v2_smem_ring.cu's on purpose, as v2's repeat production's: production's engine has a
+//   hook for where a lane's words lie, none for how they travel.
 //
 // Why: the persistent decode step (kernels/decode_persistent.cu) runs one block of 8 warps per
 // SM, where the register batches of kernels/gemv_int4.cu keep 4–8 KiB a warp in flight and the
