@@ -111,6 +111,15 @@
 //     17.3. The per-launch gate_up forced to the same 132 blocks takes 25.1–25.4 µs with PDL
 //     (gemv_int4.cu's header, …_gemv_int4_vs_6d38835_{1,2}.json), so here an item of the same
 //     shape is ~5 µs slower.
+//   - At a430afa on an H100 (graph ITL, 64 tokens after a 512-token prompt, the per-launch step
+//     right before; docs/bench/2026-12-06_a430afa_h100_syn7b_persistent.json and its three
+//     siblings):
+//     7B 2.499 ms against 2.172, 0.5B 0.699 against 0.653. The trace's items (medians over the
+//     layers): gate_up 27.1 µs at one item an SM (the launch alone, two blocks an SM: 25.1);
+//     down 17.2; qkv_rope 9.2 in 96 items of 3 tiles (the launch, built to fit three blocks an
+//     SM, runs 288 blocks of one tile: 7.5 alone). What the launches have and one block of 8
+//     warps an SM has not is warps (kernels/gemv_int4.cu's header: the dev rings at one block an
+//     SM trail production at every shape).
 //   - Those runs' step read more than its weights from DRAM (Nsight Compute after a cache flush,
 //     7B, one step; docs/bench/2026-12-05_e6b8a90_h200_persistent_l2_ncu.json): 4.10 GB for
 //     3.36 GB (at two blocks per SM 4.66 GB, with 2.5 GB of spill stores into L2). The probes
