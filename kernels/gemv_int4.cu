@@ -136,7 +136,10 @@
 // in turns, docs/bench/2026-12-06_d16c85f_h100_syn7b_unroll2_all_*.json); qkv_rope alone at 2
 // (launchers/gemv_int4.py: QKV_ROPE_DEFINES) 2.172 ms against 2.204, its launches 348–351 µs a
 // step against 374–377 (--kernels; docs/bench/2026-12-06_7602f0f_h100_syn7b_qkv_unroll2_*.json,
-// …_fa68086_h100_syn7b_vs_qkv_unroll2_*.json).
+// …_fa68086_h100_syn7b_vs_qkv_unroll2_*.json). Where its grid does not grow it only loses: the
+// 0.5B's 72 qkv tiles run 72 blocks either way, 3.88 / 3.89 µs at 2 against 3.73 / 3.72 at 4
+// (two runs; docs/bench/2026-12-06_047af3d_h100_bench_gemv_05b_unroll_{1,2}.json) — so the
+// launcher takes it only where three blocks an SM give a block fewer tiles (qkv_rope_defines).
 // The 8 KiB ring as gemv_int4_gate_up_swiglu's own engine (commit 9b30681: the same sums, 75
 // registers, 3 blocks an SM of 76 KB each, 395 blocks) passed the GEMV, verify and persistent
 // GPU tests and the sanitizers, and cost the 7B step 2.434 ms against 2.178 (H100, graph ITL,

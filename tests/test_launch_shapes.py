@@ -49,6 +49,18 @@ def test_gemv_shapes_cover_every_tile_in_one_wave(preset):
         assert smem == (k // 8) * 16 + per_block * mt * warps * 16 * 4, (name, smem)
 
 
+def test_qkv_rope_takes_its_two_group_build_only_where_blocks_get_fewer_tiles():
+    from drvqwen.launchers.gemv_int4 import QKV_ROPE_DEFINES, qkv_rope_defines
+
+    # Three blocks an SM of the two-group build (80 registers), two of the default (128).
+    occ = FixedOccupancy(132, lambda k, t, s: 3 if k.defines == QKV_ROPE_DEFINES else 2)
+    assert qkv_rope_defines(288, 3584, occ) == QKV_ROPE_DEFINES        # 7B: 2 tiles a block → 1
+    assert qkv_rope_defines(72, 896, occ) == ()                        # 0.5B: 1 tile a block either way
+    assert qkv_rope_defines(1000, 3584, occ) == QKV_ROPE_DEFINES       # 4 → 3
+    assert qkv_rope_defines(288, 3584, occ, blocks=288) == ()          # a forced grid: the default
+    assert qkv_rope_defines(288, 3584, FixedOccupancy(132, lambda k, t, s: 2)) == ()  # no more blocks: default
+
+
 def test_gemv_shape_forced_and_refused():
     assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132)[1] == 256           # W = min(8, K/128)
     assert gemv_launch_shape(100, 896, 1, lambda t, s: 4, 132)[1] == 224            # 7 groups: 7 warps

@@ -73,6 +73,7 @@ from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile
 from .generate import DecodeVerify, check_rollback, reused_prefix
 from .launchers.gemm_int4 import TILE_DEFINES as GEMM_INT4_TILE_DEFINES
+from .launchers.gemv_int4 import QKV_ROPE_DEFINES
 from .launchers.gemm_kquant import KQUANT_TILES as GEMM_KQUANT_TILES, Q4K_ID as GEMM_Q4K_ID, \
     Q5K_ID as GEMM_Q5K_ID, Q6K_ID as GEMM_Q6K_ID
 from .launchers.gemm_q32 import FORMATS as GEMM_Q32_FORMATS, Q32_TILES as GEMM_Q32_TILES
@@ -156,15 +157,21 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
     one = config.with_layers(1)
     one_pass = one_pass_verify(config, formats, speculative)
-    plan = plan_decode(one, occupancy=FixedOccupancy(1), formats=formats,
-                       **({"attention": VERIFY_ATTENTION[0]} if one_pass else {}))
-    wanted = {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
-    for T in ((1, MAX_VERIFY_TOKENS) if one_pass else ()):
-        # An H200's grid (132 SMs, 2 blocks each): with one SM a T-token GEMV block would hold
-        # all of K in shared memory, which no GPU has. The kernel files and defines do not
-        # depend on it.
-        verify = plan_verify(one, None, T, occupancy=FixedOccupancy(132, lambda _k, _t, _s: 2))
-        wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in verify.named_specs()}
+    # qkv_rope's build follows the GPU's occupancy (launchers/gemv_int4.py: qkv_rope_defines), so
+    # the plans are made twice: every block count alike (its default build), and its two-group
+    # build fitting three blocks where the default fits one (that build).
+    occupancies = (lambda _k: 1, lambda k: 3 if k.defines == QKV_ROPE_DEFINES else 1)
+    wanted = set()
+    for per_sm in occupancies:
+        plan = plan_decode(one, occupancy=FixedOccupancy(1, lambda k, _t, _s: per_sm(k)), formats=formats,
+                           **({"attention": VERIFY_ATTENTION[0]} if one_pass else {}))
+        wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
+        for T in ((1, MAX_VERIFY_TOKENS) if one_pass else ()):
+            # An H200's grid (132 SMs, 2 blocks each): with one SM a T-token GEMV block would hold
+            # all of K in shared memory, which no GPU has. The kernel files and defines do not
+            # depend on it otherwise.
+            verify = plan_verify(one, None, T, occupancy=FixedOccupancy(132, lambda k, _t, _s: 2 * per_sm(k)))
+            wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in verify.named_specs()}
     prefill_files = PREFILL_KERNEL_FILES_FMT if plan.per_tensor else PREFILL_KERNEL_FILES
     # An INT4 model's weights are rearranged into the device layout as they load (gpu_weights.py).
     if not plan.per_tensor:

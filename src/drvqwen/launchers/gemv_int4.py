@@ -47,12 +47,13 @@ X_TOKEN_PAD_BYTES = 16 * mirrored("gemv_int4", "GEMV_X_TOKEN_PAD", 4)  # after e
 # Dynamic shared memory a block may opt in to on sm_90 (227 KiB), less 1 KiB for the kernels'
 # static shared memory (the RMSNorm sums, 256 B).
 MAX_DYNAMIC_SMEM_BYTES = 227 * 1024 - 1024
-# The single-token qkv_rope's build: batches of 2 groups (80 registers) instead of GEMV_UNROLL's 4
-# (128), so 3 blocks fit an SM and the 7B's 288 tiles run one a block (grid 288 instead of 144):
-# more warps for a GEMV too small to keep HBM busy, where o_proj and down_proj (224 blocks either
-# way) lose half their bytes in flight (tools/bench_gemv.py --pdl --unroll, kernels/gemv_int4.cu's
-# header). The same W, so the same sums as the persistent step's items; the T-token twins are built
-# and launched alike (layer_plan.py: the verify pass's layer is the decode step's).
+# qkv_rope's other build: batches of 2 groups (80 registers) instead of GEMV_UNROLL's 4 (128), so
+# 3 blocks fit an SM. Where that gives each block fewer tiles (the 7B's 288 tiles one a block, grid
+# 288 instead of 144 blocks of two) the GEMV, too small to keep HBM busy, gains warps; where the
+# grid stays (the 0.5B's 72 tiles) it only loses bytes in flight, as o_proj and down_proj do
+# (tools/bench_gemv.py --pdl --unroll, kernels/gemv_int4.cu's header). qkv_rope_defines picks.
+# The same W, so the same sums as the persistent step's items; the T-token twins are built and
+# launched alike (layer_plan.py: the verify pass's layer is the decode step's).
 QKV_ROPE_DEFINES = (("GEMV_UNROLL", 2),)
 
 def tiles(n: int) -> int:
@@ -113,8 +114,8 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
     spread of that makespan: the 7B's qkv (T = 288, m = 2, G = 144) took 8.53 µs, and 8.21 /
     8.10 / 8.10 / 8.35 µs with G forced to 168 / 200 / 232 / 264 (`tools/bench_gemv.py --pdl
     --blocks …`, two runs agreeing, docs/bench/2026-12-04_b873b61_h200_gemv_int4_blocks_7b_{1,2}.json),
-    while gate_up (T = 1184, m = 5, G = 237) took 22.39 µs and 22.76 µs at 264. (qkv_rope's own
-    build, QKV_ROPE_DEFINES, fits three blocks an SM: G = 288, one tile a block.)
+    while gate_up (T = 1184, m = 5, G = 237) took 22.39 µs and 22.76 µs at 264. (qkv_rope's other
+    build, QKV_ROPE_DEFINES, fits three blocks an SM: G = 288, one tile a block; qkv_rope_defines.)
 
     Args:
         n_tiles: T, 16-row tiles of the output (all matrices stacked, gate/up counted once).
@@ -138,6 +139,24 @@ def gemv_launch_shape(n_tiles: int, k: int, mt: int, blocks_per_sm: Callable[[in
     if blocks is None:
         g = -(-n_tiles // per_block)
     return g, threads, gemv_smem_bytes(k, per_block, threads // 32, mt) + extra_smem
+
+
+def qkv_rope_defines(n_tiles: int, k: int, occupancy: Occupancy | None = None, warps: int | None = None,
+                     blocks: int | None = None) -> tuple[tuple[str, int], ...]:
+    """The build of gemv_int4_qkv_rope for n_tiles tiles of K inputs: QKV_ROPE_DEFINES where its
+    occupancy gives each block fewer tiles than the default build's (more blocks of 8 warps for
+    the same bytes), else the default (); a forced grid (`blocks`) keeps the default."""
+    if blocks is not None:
+        return ()
+    occ = occupancy or DEFAULT_OCCUPANCY
+
+    def tiles_per_block(defines: tuple) -> int:
+        ref = _kernel("gemv_int4_qkv_rope", defines)
+        g, _t, _s = gemv_launch_shape(n_tiles, k, 1, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count,
+                                      warps=warps)
+        return -(-n_tiles // g)
+
+    return QKV_ROPE_DEFINES if tiles_per_block(QKV_ROPE_DEFINES) < tiles_per_block(()) else ()
 
 
 def _warps(k: int, warps: int | None) -> int:
@@ -277,7 +296,6 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
         super().__init__(stream)
         nt = token_count(n_tokens)
         require(x_normed is None or n_tokens is not None, "gemv_int4_qkv_rope: x_normed needs n_tokens")
-        defines = QKV_ROPE_DEFINES if defines is None else defines
         check_qkv_rope_outputs("gemv_int4_qkv_rope", q_out, k_cache, v_cache, n_heads, n_kv_heads, head_dim, nt)
         nq, nkv, k = n_heads * head_dim, n_kv_heads * head_dim, dim
         check_buffer(residual, "residual", nt * k, np.float32)
@@ -302,6 +320,9 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
         else:
             check_buffer(x_normed, "x_normed", nt * k, np.float16)
             args, xin = dict(outs, x=x_normed, **weights), (x_normed,)
+        require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
+        if defines is None:
+            defines = qkv_rope_defines(tiles(nq) + 2 * tiles(nkv), k, occupancy, warps, blocks)
         self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1, args,
                          reads=(*xin, q_qweight, q_scales, k_qweight, k_scales, v_qweight, v_scales,
                                 q_bias, k_bias, v_bias, inv_freq, state, block_table),
