@@ -61,6 +61,28 @@ def test_qkv_rope_takes_its_two_group_build_only_where_blocks_get_fewer_tiles():
     assert qkv_rope_defines(288, 3584, FixedOccupancy(132, lambda k, t, s: 2)) == ()  # no more blocks: default
 
 
+def test_qkv_rope_refuses_a_dim_no_multiple_of_128_naming_it():
+    from drvqwen.format.int4_tiles import device_words
+    from drvqwen.launchers import GemvInt4QkvRope
+    from drvqwen.launchers.base import BufferSpec
+
+    k, hq, hkv, dh = 96, 2, 1, 32
+
+    def b(name, shape, dtype=np.float16):
+        return BufferSpec(name, shape, dtype)
+
+    def w(name, n):  # buffers of the sizes K = 96 would give, so only the K check can refuse
+        return b(f"{name}.qweight", (device_words(n, k),), np.uint32), b(f"{name}.scales", (n * (k // 128),))
+
+    with pytest.raises(LaunchError, match=r"^gemv_int4_qkv_rope: dim=96 must be a positive multiple of 128$"):
+        GemvInt4QkvRope(b("q", (hq * dh,)), b("k_cache", (4, hkv, 16, dh)), b("v_cache", (4, hkv, 16, dh)),
+                        b("residual", (k,), np.float32), b("norm", (k,)), *w("q", hq * dh), *w("k", hkv * dh),
+                        *w("v", hkv * dh), b("qb", (hq * dh,)), b("kb", (hkv * dh,)), b("vb", (hkv * dh,)),
+                        b("inv_freq", (dh // 2,), np.float32), b("state", (3,), np.int32),
+                        b("block_table", (4,), np.int32), n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=k,
+                        eps=1e-6, occupancy=FixedOccupancy(132, lambda *a: 2))
+
+
 def test_gemv_shape_forced_and_refused():
     assert gemv_launch_shape(100, 1024, 1, lambda t, s: 4, 132)[1] == 256           # W = min(8, K/128)
     assert gemv_launch_shape(100, 896, 1, lambda t, s: 4, 132)[1] == 224            # 7 groups: 7 warps

@@ -320,7 +320,10 @@ class GemvInt4QkvRope(_GemvInt4Launcher):
         else:
             check_buffer(x_normed, "x_normed", nt * k, np.float16)
             args, xin = dict(outs, x=x_normed, **weights), (x_normed,)
-        require(k > 0 and k % GROUP_SIZE == 0, f"gemv_int4: K={k} must be a positive multiple of {GROUP_SIZE}")
+        # Before the build choice, which needs a launch shape of K (_build_gemv checks it again for
+        # every GEMV launcher).
+        require(k > 0 and k % GROUP_SIZE == 0,
+                f"gemv_int4_qkv_rope: dim={k} must be a positive multiple of {GROUP_SIZE}")
         if defines is None:
             defines = qkv_rope_defines(tiles(nq) + 2 * tiles(nkv), k, occupancy, warps, blocks)
         self._build_gemv("gemv_int4_qkv_rope", tiles(nq) + 2 * tiles(nkv), k, 1, args,
