@@ -39,6 +39,8 @@ VERSIONS = [
     Version("v3_flat_split", "dev/gemv_int4/v3_flat_split", suffix="_flat"),
     Version("v4_bulk_ring", "dev/gemv_int4/v4_bulk_ring", suffix="_bulk"),
     Version("v4_bulk_ring[GEMV_BULK_RING=8]", "dev/gemv_int4/v4_bulk_ring", (("GEMV_BULK_RING", 8),), suffix="_bulk"),
+    Version("v4_bulk_ring[GEMV_BULK_CHAINS=2]", "dev/gemv_int4/v4_bulk_ring", (("GEMV_BULK_CHAINS", 2),), suffix="_bulk"),
+    Version("v4_bulk_ring[GEMV_BULK_CHAINS=4]", "dev/gemv_int4/v4_bulk_ring", (("GEMV_BULK_CHAINS", 4),), suffix="_bulk"),
 ]
 RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu, GEMV_BULK_RING's in v4_bulk_ring.cu
 DEV_CONSTANTS = [("dev/gemv_int4/v2_smem_ring", "GEMV_RING", RING_KB),

@@ -71,6 +71,14 @@
 #ifndef GEMV_BULK_RING
 #define GEMV_BULK_RING 16
 #endif
+// Dependent MMA chains per item (1, 2, 4 or 8): 1 is one accumulator for the item's 8 MMAs, as
+// production's sums; more split the chain (other rounding, within the checks' bound), a probe of
+// whether one warp's unpack → MMA chain is what a block of 8 warps waits on (-DGEMV_BULK_CHAINS=N).
+#ifndef GEMV_BULK_CHAINS
+#define GEMV_BULK_CHAINS 1
+#endif
+static_assert(GEMV_BULK_CHAINS == 1 || GEMV_BULK_CHAINS == 2 || GEMV_BULK_CHAINS == 4 || GEMV_BULK_CHAINS == 8,
+              "GEMV_BULK_CHAINS divides the item's 8 MMAs");
 #define GEMV_BULK_SLOTS(MT) (GEMV_BULK_RING / (MT))
 #define GEMV_BULK_RING_BYTES (GEMV_BULK_RING * 1024)
 #define GEMV_ITEM_BYTES (INT4_ITEM_WORDS * 4)     // 1 KiB: one (tile, group) item
@@ -176,18 +184,25 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
             for (int m = 0; m < MT; ++m) {
                 const uint4* src = ring + (s * MT + m) * GEMV_ITEM_CHUNKS + g * 4 + t;
                 const uint4 row_g = src[0], row_g8 = src[8 * 4];  // rows g and g + 8
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
+                // GEMV_BULK_CHAINS accumulators: MMA j of the item goes to chain j % CHAINS, so
+                // the item's 8 MMAs form CHAINS dependent chains of 8 / CHAINS, added in chain order.
+                float c[GEMV_BULK_CHAINS][4] = {};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     u32 a_lo[4], a_hi[4];
                     int4_a_fragments(row_g, row_g8, i, a_lo, a_hi);
                     const uint4 xi = x_group[4 * i];
-                    mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
-                    mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
+                    mma_m16n8k16_f32_f16(c[(2 * i) % GEMV_BULK_CHAINS], a_lo, xi.x, xi.y);
+                    mma_m16n8k16_f32_f16(c[(2 * i + 1) % GEMV_BULK_CHAINS], a_hi, xi.z, xi.w);
+                }
+#pragma unroll
+                for (int ch = 1; ch < GEMV_BULK_CHAINS; ++ch) {
+                    c[0][0] += c[ch][0];
+                    c[0][2] += c[ch][2];
                 }
                 const float2 sc = __half22float2(*reinterpret_cast<const __half2*>(&scale2[s][m]));
-                acc[m][0] = fmaf(sc.x, c[0], acc[m][0]);
-                acc[m][1] = fmaf(sc.y, c[2], acc[m][1]);
+                acc[m][0] = fmaf(sc.x, c[0][0], acc[m][0]);
+                acc[m][1] = fmaf(sc.y, c[0][2], acc[m][1]);
             }
             if (++c_gi == ge) {
                 if (t == 0) {
