@@ -91,7 +91,8 @@ def test_select():
         "production", "v1_mma_sync", "v4_late_full_arrival"]
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v4"])] == [
         "production", "v4_bulk_ring", "v4_bulk_ring[GEMV_BULK_RING=8]", "v4_bulk_ring[GEMV_BULK_CHAINS=2]",
-        "v4_bulk_ring[GEMV_BULK_CHAINS=4]"]
+        "v4_bulk_ring[GEMV_BULK_CHAINS=4]", "v4_bulk_ring[GEMV_BULK_LATE_SCALES=1]",
+        "v4_bulk_ring[GEMV_BULK_RING=8,GEMV_BULK_LATE_SCALES=1]"]
     dev_kernels.check_names(dev_kernels.OPS, ["v4", "v3_flat"])  # v4 of both, v3 of the GEMV
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v3"])] == ["production", "v3_flat_split"]
     with pytest.raises(SystemExit, match="no version 'v5'.*v4_bulk_ring"):

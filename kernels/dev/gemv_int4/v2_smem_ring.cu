@@ -61,6 +61,13 @@
 
 // The ring: KiB of weights per warp in shared memory, GEMV_RING (tile, group) items of one
 // matrix (half as many of gate/up's two). A compile-time knob (-DGEMV_RING=N).
+// GEMV_RING_LATE_SCALES=1 keeps an item's two scales as loaded (FP16 bits, gemv_scale) until the
+// item is multiplied, as production's GemvBatch does; 0 packs them into a half2 where they are
+// loaded — the loads' first use, so the warp waits there for a memory round trip at every issue
+// (v4_bulk_ring.cu says how that was found).
+#ifndef GEMV_RING_LATE_SCALES
+#define GEMV_RING_LATE_SCALES 0
+#endif
 #ifndef GEMV_RING
 #define GEMV_RING 16
 #endif
@@ -125,7 +132,11 @@ __device__ __forceinline__ void gemv_int4_block_ring(const GemvProblem<MT, NSEG>
     // shared memory, no registers held while they travel) and its two rows' scales into
     // registers, then commits one cp.async group — also when no item is left, so that every
     // item is always exactly R - 1 groups behind the newest one.
+#if GEMV_RING_LATE_SCALES
+    u32 scale_g[R][MT], scale_g8[R][MT];  // per slot: the FP16 bits of rows g, g + 8 as loaded (gemv_scale)
+#else
     u32 scale2[R][MT];  // per slot: the FP16 scales of rows g, g + 8 as one half2
+#endif
     int is_tile = tile_b, is_gi = gb;
     auto issue = [&](int slot) {
         if (is_tile < tile_e && gb < ge) {  // warp-uniform
@@ -142,8 +153,13 @@ __device__ __forceinline__ void gemv_int4_block_ring(const GemvProblem<MT, NSEG>
                 cp_async_16_stream(dst, Layout::quad(qw, tile, g, r0, is_gi, K, t), policy);
                 cp_async_16_stream(dst + WARP_SIZE, Layout::quad(qw, tile, g + 8, r1, is_gi, K, t), policy);
                 const __half* sc = gemv_scales(p, seg, m) + is_gi;
+#if GEMV_RING_LATE_SCALES
+                scale_g[slot][m] = __ldg(reinterpret_cast<const unsigned short*>(sc + r0 * n_groups));
+                scale_g8[slot][m] = __ldg(reinterpret_cast<const unsigned short*>(sc + r1 * n_groups));
+#else
                 const __half2 s2 = __halves2half2(__ldg(sc + r0 * n_groups), __ldg(sc + r1 * n_groups));
                 scale2[slot][m] = *reinterpret_cast<const u32*>(&s2);
+#endif
             }
             if (++is_gi == ge) { is_gi = gb; ++is_tile; }
         }
@@ -184,7 +200,11 @@ __device__ __forceinline__ void gemv_int4_block_ring(const GemvProblem<MT, NSEG>
                     mma_m16n8k16_f32_f16(c, a_lo, xi.x, xi.y);
                     mma_m16n8k16_f32_f16(c, a_hi, xi.z, xi.w);
                 }
+#if GEMV_RING_LATE_SCALES
+                const float2 sc = make_float2(gemv_scale(scale_g[s][m]), gemv_scale(scale_g8[s][m]));
+#else
                 const float2 sc = __half22float2(*reinterpret_cast<const __half2*>(&scale2[s][m]));
+#endif
                 acc[m][0] = fmaf(sc.x, c[0], acc[m][0]);
                 acc[m][1] = fmaf(sc.y, c[2], acc[m][1]);
             }

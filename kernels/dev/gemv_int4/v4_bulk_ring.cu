@@ -79,6 +79,13 @@
 #endif
 static_assert(GEMV_BULK_CHAINS == 1 || GEMV_BULK_CHAINS == 2 || GEMV_BULK_CHAINS == 4 || GEMV_BULK_CHAINS == 8,
               "GEMV_BULK_CHAINS divides the item's 8 MMAs");
+// GEMV_BULK_LATE_SCALES=1 keeps an item's two scales as loaded (FP16 bits, gemv_scale) until the
+// item is multiplied, as production's GemvBatch does; 0 packs them into a half2 where they are
+// loaded, and that pack is the loads' first use: the warp waits there, at every item's issue,
+// for a memory round trip (Nsight Compute: the PRMT after the loads is where the samples are).
+#ifndef GEMV_BULK_LATE_SCALES
+#define GEMV_BULK_LATE_SCALES 0
+#endif
 #define GEMV_BULK_SLOTS(MT) (GEMV_BULK_RING / (MT))
 #define GEMV_BULK_RING_BYTES (GEMV_BULK_RING * 1024)
 #define GEMV_ITEM_BYTES (INT4_ITEM_WORDS * 4)     // 1 KiB: one (tile, group) item
@@ -130,7 +137,11 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
     // loads its two rows' scales into registers (every lane). Nothing when no item is left.
     // Zeros first: a slot past the warp's last item is never loaded, but undefined the compiler
     // keeps it live from the start (gemv_int4.cu: GEMV_ZERO_BATCHES) and spilled some.
+#if GEMV_BULK_LATE_SCALES
+    u32 scale_g[R][MT] = {}, scale_g8[R][MT] = {};  // FP16 bits of rows g, g + 8 as loaded (gemv_scale)
+#else
     u32 scale2[R][MT] = {};
+#endif
     int is_tile = tile_b, is_gi = gb;
     auto issue = [&](int slot) {
         if (is_tile < tile_e && gb < ge) {  // warp-uniform
@@ -151,8 +162,13 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 const __half* sc = gemv_scales(p, seg, m) + is_gi;
+#if GEMV_BULK_LATE_SCALES
+                scale_g[slot][m] = __ldg(reinterpret_cast<const unsigned short*>(sc + r0 * n_groups));
+                scale_g8[slot][m] = __ldg(reinterpret_cast<const unsigned short*>(sc + r1 * n_groups));
+#else
                 const __half2 s2 = __halves2half2(__ldg(sc + r0 * n_groups), __ldg(sc + r1 * n_groups));
                 scale2[slot][m] = *reinterpret_cast<const u32*>(&s2);
+#endif
             }
             if (++is_gi == ge) { is_gi = gb; ++is_tile; }
         }
@@ -200,7 +216,11 @@ __device__ __forceinline__ void gemv_int4_block_bulk(const GemvProblem<MT, NSEG>
                     c[0][0] += c[ch][0];
                     c[0][2] += c[ch][2];
                 }
+#if GEMV_BULK_LATE_SCALES
+                const float2 sc = make_float2(gemv_scale(scale_g[s][m]), gemv_scale(scale_g8[s][m]));
+#else
                 const float2 sc = __half22float2(*reinterpret_cast<const __half2*>(&scale2[s][m]));
+#endif
                 acc[m][0] = fmaf(sc.x, c[0][0], acc[m][0]);
                 acc[m][1] = fmaf(sc.y, c[0][2], acc[m][1]);
             }
