@@ -536,19 +536,15 @@ __device__ __forceinline__ XS gemv_x_source(const float* residual, const __half*
 // (int4_matmul.cuh): qweight [tiles, K/128, 16, 16] uint32, the item's 16 rows in MMA row order,
 // so MMA row r is slot r of item (tile, gi) whatever the segment's row order. `row` (the matrix
 // row, clamped to the last one) is there for layouts that need it (kernels/dev/).
-// GROUP_STEP: words from a lane's quad of group gi to the same quad of group gi + 1 in the
-// same tile (the next item); ROW8: words from the quad of MMA row g to that of row g + 8.
+// quad's offset from qweight in words, in 32-bit arithmetic: < 2^32 for every matrix the
+// launchers take (N·K/8 words; the largest, a 152 064 × 3 584 lm_head, is 6.8e7).
 struct GemvTileMajor {
-    static constexpr int GROUP_STEP = INT4_ITEM_WORDS;
-    static constexpr int ROW8 = 8 * GEMV_WORDS_PER_GROUP;
     __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
                                                       int gi, int K, int t) {
         return int4_tile_item(qweight, tile, gi, K) + r * GEMV_WORDS_PER_GROUP + 4 * t;
     }
-    // quad's offset from qweight in words: < 2^32 for every matrix the launchers take (N·K/8
-    // words; the largest, a 152 064 × 3 584 lm_head, is 6.8e7).
     __device__ static __forceinline__ u32 quad_offset(int tile, int r, int gi, int K, int t) {
-        return ((u32)tile * (u32)(K / INT4_GROUP) + (u32)gi) * INT4_ITEM_WORDS + r * GEMV_WORDS_PER_GROUP + 4 * t;
+        return ((u32)tile * (u32)(K / INT4_GROUP) + (u32)gi) * INT4_ITEM_WORDS + (u32)(r * GEMV_WORDS_PER_GROUP + 4 * t);
     }
 };
 
@@ -682,60 +678,42 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
     // next kernel may be scheduled as soon as they have all started.
     dep.launch_dependents();
 
-    // The load cursor: where this lane's words and scales of the next item lie — offsets from
-    // the segment's matrices, the same for each of its MT matrices (gate and up share their
-    // layout): the quad of MMA row g in words (row g + 8's is Layout::ROW8 words on) and the
-    // scales of rows g and g + 8 in halves. Set from (tile, group) where a tile starts (`seek`:
-    // the segment, its row order, the rows' clamp), then advanced by a constant from one group of
-    // the tile to the next: an item's addresses are an add each, where computing them from
-    // (tile, group) took ~15 instructions a load (64-bit products and shifts; Nsight Compute's
-    // SASS counts of gate_up, ~60 of the ~280 instructions an item-pair). 32-bit offsets keep
-    // the cursor at 3–4 registers, whatever MT.
-    u32 ld_wo = 0, ld_s0 = 0, ld_s1 = 0;
-    int ld_seg = 0;
-    auto seek = [&](int tile_abs, int gi) {
-        const int seg = int4_segment<NSEG>(p.first_tile, tile_abs);
-        const int n = gemv_field<NSEG>(seg, p.n), tile = tile_abs - gemv_field<NSEG>(seg, p.first_tile);
-        int lo, hi;
-        gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
-        // Rows past n (last tile of a matrix) load the last row and are never stored.
-        const u32 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
-        ld_seg = seg;
-        ld_wo = Layout::quad_offset(tile, g, gi, K, t);
-        ld_s0 = r0 * (u32)n_groups + (u32)gi;
-        ld_s1 = r1 * (u32)n_groups + (u32)gi;
-    };
-    // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi) and the cursor.
+    // Loads the next UNROLL items (tile, group) that exist, advancing (ld_tile, ld_gi).
     int ld_tile = tile_0, ld_gi = gi_0, ld_left = ie - ib;  // ld_left: GEMV_FLAT_SPLIT's items to go
-    if (GEMV_FLAT_SPLIT ? ld_left > 0 : (ld_tile < tile_e && gb < ge)) seek(ld_tile, ld_gi);
     auto load = [&](GemvBatch<MT, UNROLL>& b) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (GEMV_FLAT_SPLIT ? ld_left == 0 : (ld_tile >= tile_e || gb >= ge)) break;  // warp-uniform
+            const int seg = int4_segment<NSEG>(p.first_tile, ld_tile);
+            const int n = gemv_field<NSEG>(seg, p.n), tile = ld_tile - gemv_field<NSEG>(seg, p.first_tile);
+            int lo, hi;
+            gemv_tile_rows(tile, g, gemv_field<NSEG>(seg, p.rope_dim), lo, hi);
+            // Rows past n (last tile of a matrix) load the last row and are never stored.
+            const u32 r0 = min(lo, n - 1), r1 = min(hi, n - 1);
+            // The item's offsets in 32-bit arithmetic (each a product and an add, then one wide
+            // add a pointer): in 64-bit, the address arithmetic took ~55 of the ~280 instructions
+            // an item-pair of gate_up (Nsight Compute's SASS counts), most of a block's issue
+            // slots where one block of 8 warps an SM is issue-bound.
+            const u32 w_off = Layout::quad_offset(tile, g, ld_gi, K, t);
+            const u32 s0_off = r0 * (u32)n_groups + (u32)ld_gi, s1_off = r1 * (u32)n_groups + (u32)ld_gi;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
+                const unsigned short* sc = reinterpret_cast<const unsigned short*>(gemv_scales(p, seg, m));
+                const u32* qw = gemv_qweight(p, seg, m) + w_off;
                 if constexpr (GEMV_PROBE_NO_LOADS) {  // timing only, wrong sums (see the define)
-                    const u32 v = 0x88888888u ^ (u32)(ld_gi * 0x01010101u + (u32)ld_tile * 16u + (u32)g);
+                    const u32 v = 0x88888888u ^ (u32)(ld_gi * 0x01010101u + (u32)r0);
                     b.w[u][m][0] = make_uint4(v, v ^ 1u, v ^ 2u, v ^ 3u);
                     b.w[u][m][1] = make_uint4(v ^ 4u, v ^ 5u, v ^ 6u, v ^ 7u);
                     b.s[u][m][0] = b.s[u][m][1] = 0x3C00u;  // 1.0
                     continue;
                 }
-                const u32* w = gemv_qweight(p, ld_seg, m) + ld_wo;
-                const unsigned short* sc = reinterpret_cast<const unsigned short*>(gemv_scales(p, ld_seg, m));
-                b.w[u][m][0] = ld_stream_v4(w, policy);
-                b.w[u][m][1] = ld_stream_v4(w + Layout::ROW8, policy);
-                b.s[u][m][0] = __ldg(sc + ld_s0);
-                b.s[u][m][1] = __ldg(sc + ld_s1);
+                b.w[u][m][0] = ld_stream_v4(qw, policy);
+                b.w[u][m][1] = ld_stream_v4(qw + 8 * GEMV_WORDS_PER_GROUP, policy);  // MMA row g + 8
+                b.s[u][m][0] = __ldg(sc + s0_off);
+                b.s[u][m][1] = __ldg(sc + s1_off);
             }
-            ld_wo += Layout::GROUP_STEP;
-            ++ld_s0;
-            ++ld_s1;
             if (GEMV_FLAT_SPLIT) --ld_left;
-            if (++ld_gi == ge) {
-                ld_gi = gb;
-                if (++ld_tile < tile_e && (!GEMV_FLAT_SPLIT || ld_left > 0)) seek(ld_tile, ld_gi);
-            }
+            if (++ld_gi == ge) { ld_gi = gb; ++ld_tile; }
         }
     };
 
