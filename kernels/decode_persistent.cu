@@ -170,6 +170,14 @@
 // spill-free build measured: above. A gpu-scope fence on either
 // side of the counters besides the release/acquire: +0.1 ms on the 0.5B (ptx/flags.cuh says why
 // they are not needed); polling without nanosleep: no change.
+// Where an item's time goes at one block an SM (Nsight Compute over gate_up, H100;
+// docs/bench/2026-12-06_12b2766_h100_gemv_gate_up_ncu_issue.json): ~161 warp instructions a 1 KiB
+// item at ~1.35 a cycle an SM, the warp samples spread over fixed-latency dependencies, loads and
+// issuing — with two warps a scheduler, the item's instruction chain, not its bytes (its weights
+// already in shared memory, kernels/dev/gemv_int4/v4_bulk_ring.cu, take as long). ~75 of the 161
+// are the unpack; 32-bit item offsets took 617 → 546 instructions from gate_up's loop
+// (kernels/gemv_int4.cu's header). Fewer instructions an item is the lever this kernel's GEMV
+// items have left; a shared-memory ring alone is not.
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
 // weights (and the next op's, while the current one drains) into a shared-memory ring with bulk
 // copies — and finer dependencies than "all of the op before" for the small ops. A first step of

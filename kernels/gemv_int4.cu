@@ -202,6 +202,33 @@
 // the 7B's graph ITL 2.331 / 2.328 ms against 2.163 / 2.183 (in turns, one run; its registers
 // went to 128 from 112–125; docs/bench/2026-12-04_{e20a862,100d1d8}_h200_*cursor*.json; the
 // code is at commit e20a862). So the arithmetic is not bound by issue slots.
+// Why a cursor loses, seen in the SASS of a second one (commit 749f32c: 32-bit offsets moved by
+// a constant, set again where a tile starts): the tile change is a branch between a batch's
+// loads, and across its join the compiler moved the batch's scale registers — a move of a
+// load's destination waits for the load — so each item waited for its scales' memory round trip
+// before the next item's loads went out: the 7B's graph ITL 2.270 ms against 2.177, down alone
+// at one block an SM 25.5 µs against 17.0 (H100, in turns;
+// docs/bench/2026-12-06_749f32c_h100_syn7b_load_cursor_*.json, …_e8ad914_h100_syn7b_vs_load_cursor_*.json,
+// …_749f32c_h100_bench_gemv_load_cursor.json). What is kept instead: an item's offsets computed from (tile, group) as
+// before, with no state between items and no branch, in 32-bit arithmetic (quad_offset; each
+// pointer one wide add) where they were 64-bit — gate_up's main loop 617 → 546 instructions,
+// down's 719 → 630 (tools/sass_loops.py) — and, alone (tools/bench_gemv.py --pdl --blocks 132,
+// the two trees in turns, two rounds, H100; docs/bench/2026-12-06_13ac54c_h100_bench_gemv_offsets32.json),
+// µs 32-bit against 64-bit: qkv_rope 7.23 / 7.29 against 7.44 / 7.45, o_proj
+// 4.63 / 4.65 against 4.63 / 4.68, gate_up 25.62 / 25.58 against 25.78 / 25.81, down 15.05 /
+// 15.13 against 15.12 / 15.19; at one block an SM gate_up 27.75 / 27.67 against 28.20 / 28.15,
+// down 16.64 / 16.53 against 17.18 / 17.17. The 7B's graph ITL 2.197 ms against 2.209 (rounds
+// 2.197 / 2.186 / 2.202 against 2.209 / 2.211 / 2.209), the 0.5B's 0.643 against 0.646, within
+// its spread (tools/bench_commits.py, three rounds in turns; …_13ac54c_h100_syn{7b,05b}_offsets32_*.json,
+// …_e8ad914_h100_syn{7b,05b}_vs_offsets32_*.json).
+// What a block of 8 warps an SM waits on (Nsight Compute over gate_up, H100;
+// docs/bench/2026-12-06_12b2766_h100_gemv_gate_up_ncu_issue.json): ~161 warp instructions a 1 KiB item — the unpack ~75
+// (LOP3 34, HADD2 16, HFMA2 16, shifts 9), 8 MMAs, the rest the items' addresses and the batch
+// hand-over (`cur = next`: ~40 moves a batch) — at 1.58 instructions a cycle an SM in production's
+// two blocks, where half the warp samples wait on a load (long scoreboard), and 1.35 at one
+// block (kernels/dev/gemv_int4/v4_bulk_ring.cu, its weights in shared memory), where the samples
+// spread over fixed-latency dependencies (wait, 23 %), loads (22 %) and issuing (18 %): with two
+// warps a scheduler, each item's chain of dependent instructions is the time.
 // Nor by the length of an item's MMA chain: the 8 MMAs into 2 or 4 accumulators in turn, added
 // after the item (a compile-time switch at commit 4ecab0a; other last bits) gave down 14.74 /
 // 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),

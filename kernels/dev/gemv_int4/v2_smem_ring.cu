@@ -64,7 +64,11 @@
 // GEMV_RING_LATE_SCALES=1 keeps an item's two scales as loaded (FP16 bits, gemv_scale) until the
 // item is multiplied, as production's GemvBatch does; 0 packs them into a half2 where they are
 // loaded — the loads' first use, so the warp waits there for a memory round trip at every issue
-// (v4_bulk_ring.cu says how that was found).
+// (v4_bulk_ring.cu says how that was found). Measured without the L2 prefetch size
+// (tools/dev_kernels.py, one H100; docs/bench/2026-12-06_e8ad914_h100_dev_gemv_int4_late_scales.json), µs
+// qkv_rope / o_proj / gate_up / down: 16 KiB 9.53 / 5.67 / 27.26 / 18.69 against 9.96 / 5.82 /
+// 27.01 / 19.00, 8 KiB 7.09 / 5.09 / 24.20 / 14.82 against 7.27 / 4.84 / 24.31 / 14.78: within
+// a few per cent either way.
 #ifndef GEMV_RING_LATE_SCALES
 #define GEMV_RING_LATE_SCALES 0
 #endif

@@ -57,6 +57,18 @@
 // 0. Both rings say where the time is: with 16 KiB a warp in flight (128 KiB an SM) a block of 8
 // warps is slower than production's two blocks holding 4–8 KiB a warp — the limit at one block
 // an SM is the warps' unpack → MMA chains, not the bytes in flight.
+// Two probes of that claim (same tool, one H100, 9/9 checks each;
+// docs/bench/2026-12-06_12b2766_h100_dev_gemv_int4_chains.json, …_e8ad914_h100_dev_gemv_int4_late_scales.json),
+// µs at 16 KiB:
+//   GEMV_BULK_CHAINS=2 / 4 (an item's 8 MMAs in 2 or 4 chains): 11.06 / 11.07, 6.55 / 6.54,
+//     30.82 / 30.04, 22.29 / 22.02 against 11.32 / 6.75 / 30.39 / 23.11 — not the chain;
+//   GEMV_BULK_LATE_SCALES=1 (the scales kept as loaded until used, where Nsight Compute had put
+//     the samples on the pack at issue): 11.06 / 6.50 / 30.40 / 22.37, and at 8 KiB 8.88 / 4.98 /
+//     24.82 / 15.98 against 8.00 / 4.82 / 25.55 / 16.63 — the wait moved, the time did not.
+// With the scales late, Nsight Compute over gate_up (…_12b2766_h100_gemv_gate_up_ncu_issue.json)
+// finds ~164 warp instructions a 1 KiB item at 1.35 a cycle an SM, the samples on fixed-latency
+// dependencies, loads and issuing alike: the instructions of an item, not its bytes, at two warps
+// a scheduler (kernels/gemv_int4.cu's header).
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v4
 //
 // Shared memory (dynamic): x, K·2 bytes; the rings, W · GEMV_BULK_RING KiB; then the warp
