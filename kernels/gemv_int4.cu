@@ -228,7 +228,13 @@
 // two blocks, where half the warp samples wait on a load (long scoreboard), and 1.35 at one
 // block (kernels/dev/gemv_int4/v4_bulk_ring.cu, its weights in shared memory), where the samples
 // spread over fixed-latency dependencies (wait, 23 %), loads (22 %) and issuing (18 %): with two
-// warps a scheduler, each item's chain of dependent instructions is the time.
+// warps a scheduler, each item's chain of dependent instructions is the time. Not yet tried: the
+// main loop unrolled twice so that the two batches take turns — `cur = next` (~40 moves a batch)
+// makes a warp wait for the next batch before it requests the one after (production's most
+// sampled instruction, 37 % of its samples, is the first of those moves), where taking turns
+// would have two batches in flight at that wait. Written with the loop's body as a lambda, the
+// build without it already changed its registers (qkv_rope 119 → 127), so it needs its own
+// measurement in the step.
 // Nor by the length of an item's MMA chain: the 8 MMAs into 2 or 4 accumulators in turn, added
 // after the item (a compile-time switch at commit 4ecab0a; other last bits) gave down 14.74 /
 // 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),
