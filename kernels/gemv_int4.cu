@@ -212,7 +212,8 @@
 // …_749f32c_h100_bench_gemv_load_cursor.json). What is kept instead: an item's offsets computed from (tile, group) as
 // before, with no state between items and no branch, in 32-bit arithmetic (quad_offset; each
 // pointer one wide add) where they were 64-bit — gate_up's main loop 617 → 546 instructions,
-// down's 719 → 630 (tools/sass_loops.py) — and, alone (tools/bench_gemv.py --pdl --blocks 132,
+// down's 719 → 630, qkv_rope's 931 → 846 (tools/sass_loops.py gemv_int4;
+// docs/bench/2026-12-06_e8ad914_cpu_sass_gemv_int4.json, …_1f44e65_cpu_sass_gemv_int4.json) — and, alone (tools/bench_gemv.py --pdl --blocks 132,
 // the two trees in turns, two rounds, H100; docs/bench/2026-12-06_13ac54c_h100_bench_gemv_offsets32.json),
 // µs 32-bit against 64-bit: qkv_rope 7.23 / 7.29 against 7.44 / 7.45, o_proj
 // 4.63 / 4.65 against 4.63 / 4.68, gate_up 25.62 / 25.58 against 25.78 / 25.81, down 15.05 /
@@ -233,8 +234,8 @@
 // makes a warp wait for the next batch before it requests the one after (production's most
 // sampled instruction, 37 % of its samples, is the first of those moves), where taking turns
 // would have two batches in flight at that wait. Written with the loop's body as a lambda, the
-// build without it already changed its registers (qkv_rope 119 → 127), so it needs its own
-// measurement in the step.
+// build without it already compiled to other registers, so it needs its own measurement in the
+// step.
 // Nor by the length of an item's MMA chain: the 8 MMAs into 2 or 4 accumulators in turn, added
 // after the item (a compile-time switch at commit 4ecab0a; other last bits) gave down 14.74 /
 // 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),
