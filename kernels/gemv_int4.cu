@@ -610,6 +610,14 @@ __device__ __forceinline__ float gemv_scale(u32 bits) {
 #define GEMV_ZERO_BATCHES 0
 #endif
 
+// GEMV_PING_PONG=1 unrolls the main loop twice so that the two batches take turns instead of
+// `cur = next` after each: the moves (~40 a batch of gate_up) go, and the batch after next is
+// requested before the warp waits for the next one — two batches in flight at that wait
+// instead of one. Twice the main loop's code.
+#ifndef GEMV_PING_PONG
+#define GEMV_PING_PONG 0
+#endif
+
 // Up to 3 matrices stacked along N (q, k, v); MT matrices per segment read together (gate, up).
 // A segment with rope_dim = Dh > 0 pairs its rows for RoPE (see the header): MMA rows g and
 // g + 8 of its tile j-within-a-head are dims 8j + g and 8j + g + Dh/2 of that head.
@@ -788,8 +796,9 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
         for (int tl = tile_b; tl < tile_e; ++tl)
             if (ib == ie || tl < tile_0 || tl > tile_b + (ie - 1) / n_groups) publish(tl);
     int c_tile = tile_0, c_gi = gi_0, c_left = ie - ib;  // c_left: GEMV_FLAT_SPLIT's items to go
-    while (GEMV_FLAT_SPLIT ? c_left > 0 : (c_tile < tile_e && gb < ge)) {
-        load(next);  // in flight while `cur` is multiplied
+    auto more = [&]() { return GEMV_FLAT_SPLIT ? c_left > 0 : (c_tile < tile_e && gb < ge); };  // items left
+    // Multiplies one batch: its UNROLL items into the accumulators, publishing each tile's sums.
+    auto multiply = [&](GemvBatch<MT, UNROLL>& cur) {
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (GEMV_FLAT_SPLIT ? c_left == 0 : c_tile >= tile_e) break;  // warp-uniform: every lane takes the same branch
@@ -841,8 +850,24 @@ __device__ __forceinline__ void gemv_int4_engine(const GemvProblem<MT, NSEG>& p,
                 restart();
             }
         }
-        cur = next;
+    };
+#if GEMV_PING_PONG
+    // The two batches take turns (the loop unrolled twice): the batch after next is requested as
+    // soon as the current one is multiplied, before the warp waits for the next one's loads.
+    while (more()) {
+        load(next);  // in flight while `cur` is multiplied
+        multiply(cur);
+        if (!more()) break;
+        load(cur);
+        multiply(next);
     }
+#else
+    while (more()) {
+        load(next);  // in flight while `cur` is multiplied
+        multiply(cur);
+        cur = next;  // a move of each register of `next`: the warp waits here for its loads
+    }
+#endif
     __syncthreads();
 
     // One thread per (tile, token, g): the W partials of MMA rows g and g + 8 in warp order, then
