@@ -615,7 +615,7 @@ __device__ __forceinline__ float gemv_scale(u32 bits) {
 // requested before the warp waits for the next one — two batches in flight at that wait
 // instead of one. Twice the main loop's code.
 #ifndef GEMV_PING_PONG
-#define GEMV_PING_PONG 0
+#define GEMV_PING_PONG 1
 #endif
 
 // Up to 3 matrices stacked along N (q, k, v); MT matrices per segment read together (gate, up).
