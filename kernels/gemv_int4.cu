@@ -229,13 +229,21 @@
 // two blocks, where half the warp samples wait on a load (long scoreboard), and 1.35 at one
 // block (kernels/dev/gemv_int4/v4_bulk_ring.cu, its weights in shared memory), where the samples
 // spread over fixed-latency dependencies (wait, 23 %), loads (22 %) and issuing (18 %): with two
-// warps a scheduler, each item's chain of dependent instructions is the time. Not yet tried: the
-// main loop unrolled twice so that the two batches take turns — `cur = next` (~40 moves a batch)
-// makes a warp wait for the next batch before it requests the one after (production's most
-// sampled instruction, 37 % of its samples, is the first of those moves), where taking turns
-// would have two batches in flight at that wait. Written with the loop's body as a lambda, the
-// build without it already compiled to other registers, so it needs its own measurement in the
-// step.
+// warps a scheduler, each item's chain of dependent instructions is the time. Taking the batch
+// hand-over out did not help: the main loop unrolled twice so that the two batches take turns
+// (a compile-time switch at commit 0a436a9: batch A's loads, B's MMAs, B's loads, A's MMAs, no
+// `cur = next`; gate_up's loop 1022 instructions for two batches against 546 for one, 127 registers, no spills;
+// docs/bench/2026-12-06_0a436a9_cpu_sass_gemv_int4_ping_pong.json) lost
+// everywhere but o_proj — alone, µs with it / without (the same loop body as a lambda, switch
+// off, commit 3070ab7) / before: gate_up 27.83, 27.86 / 25.68, 25.62 / 25.64, 25.64, down
+// 16.68, 16.80 / 15.12, 15.19 / 15.12, 15.18, qkv_rope 7.54, 7.54 / 7.22, 7.24 / 7.29, 7.25,
+// o_proj 4.54, 4.57 / 4.62, 4.64 / 4.66, 4.67; at one block an SM gate_up 33.73 / 27.68 / 27.75,
+// down 20.60 / 16.66 / 16.67; the 7B's graph ITL 2.314 / 2.199 / 2.203 ms, the 0.5B's 0.651 /
+// 0.648 / 0.642 (H100, in turns: docs/bench/2026-12-06_0a436a9_h100_bench_gemv_ping_pong.json,
+// …_0a436a9_h100_syn{7b,05b}_ping_pong_*.json, …_3070ab7_…_ping_pong_lambda_body_*.json,
+// …_1f44e65_…_vs_ping_pong_*.json). The loads still go out one batch ahead, as before, so the
+// turns could only save the moves; what the doubled loop costs instead was not profiled (its
+// 16 KB of code against 8.7 KB is one candidate: the slowdown is largest at one block an SM).
 // Nor by the length of an item's MMA chain: the 8 MMAs into 2 or 4 accumulators in turn, added
 // after the item (a compile-time switch at commit 4ecab0a; other last bits) gave down 14.74 /
 // 14.84 µs against 14.81, gate_up 23.22 / 23.49 against 22.33 (its build spills 8–12 bytes),
