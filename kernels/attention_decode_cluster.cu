@@ -31,8 +31,12 @@
 // 1024`, synthetic 0.5B, 128 tokens after a 512-token prompt, in turns with the default step on
 // one machine): graph ITL 0.606 / 0.593 ms against the default's 0.617–0.623
 // (docs/bench/2026-12-05_7e77f51_h200_syn05b_attention_short_cluster_3.json, …_4.json, and the
-// default's …_attention_tma_1.json to …_4.json). Off by
-// default: its long-context side and the 7B not yet measured enough to choose.
+// default's …_attention_tma_1.json to …_4.json). The step's default since, up to one page a split
+// at Dh = 128 (1024 positions) and two at Dh = 64 (2048): on an H100, in turns, the 7B after 512
+// tokens 2.1505 against 2.1928 ms, after 1024 2.198 / 2.201 against 2.159 / 2.157; the 0.5B after
+// 512 0.599 against 0.640, after 2048 0.674 / 0.679 against 0.696 / 0.695, after 3072 0.713 /
+// 0.714 against 0.707 / 0.701 (docs/bench/2026-12-06_f89a602_h100_syn{7b,05b}_*_short_attention_*.json;
+// src/drvqwen/decode.py: default_short_attention).
 //
 // Work split
 // ----------

@@ -294,7 +294,8 @@ def test_decode_attention_option_offers_every_decode_attention_kernel():
     action = next(a for a in ap._actions if a.dest == "decode_attention")
     assert tuple(action.choices) == ATTENTION_KERNELS and ap.parse_args([]).decode_attention is None
     assert ap.parse_args(["--decode-attention", "cluster"]).decode_attention == "cluster"
-    assert ap.parse_args([]).short_attention_below == 0
+    assert ap.parse_args([]).short_attention_below is None  # the step's default (decode.default_short_attention)
+    assert ap.parse_args(["--short-attention-below", "0"]).short_attention_below == 0
     assert ap.parse_args(["--short-attention-below", "2048"]).short_attention_below == 2048
 
 

@@ -626,15 +626,49 @@ def test_decode_plan_short_attention_twin_over_the_same_buffers():
             plan_decode(cfg, 256, occupancy=occ, **bad)
 
 
+def test_default_short_attention_follows_the_head_dim_and_the_attention():
+    """decode.default_short_attention: the cluster kernel up to one page a split (64 splits × 16
+    tokens = 1024 positions) at head dim 128, two (2048) at 64, behind the default attention only:
+    none behind the plain kernel (the verify pass's bits), the cluster kernel itself, with the
+    persistent step, or at a head dim it was not measured at."""
+    from dataclasses import replace
+
+    from drvqwen.config import PRESETS
+    from drvqwen.decode import DEFAULT_ATTENTION, default_short_attention
+    from drvqwen.launchers.attention_decode_cluster import N_SPLITS
+
+    assert N_SPLITS == 64
+    got = {name: default_short_attention(cfg, DEFAULT_ATTENTION, False) for name, cfg in PRESETS.items()}
+    want = {name: ("cluster", 1024 if cfg.head_dim == 128 else 2048) for name, cfg in PRESETS.items()}
+    assert got == want and got["7b"] == ("cluster", 1024) and got["0.5b"] == ("cluster", 2048)
+    cfg = PRESETS["7b"]
+    assert default_short_attention(cfg, "plain", False) == (None, 0)
+    assert default_short_attention(cfg, "cluster", False) == (None, 0)
+    assert default_short_attention(cfg, DEFAULT_ATTENTION, True) == (None, 0)
+    assert default_short_attention(replace(cfg, head_dim=96), DEFAULT_ATTENTION, False) == (None, 0)
+
+
+def test_the_engine_compiles_the_short_context_attention_where_its_step_runs_it():
+    """engine_kernels lists attention_decode_cluster for the default step (its short-context twin)
+    and not for the speculative step, whose decode attention is the plain kernel throughout."""
+    from drvqwen.config import PRESETS
+    from drvqwen.engine import engine_kernels
+
+    cfg = PRESETS["0.5b"]
+    assert ("attention_decode_cluster", ()) in {(n, tuple(d)) for n, d in engine_kernels(cfg)}
+    assert "attention_decode_cluster" not in {n for n, _d in engine_kernels(cfg, speculative=True)}
+
+
 @pytest.mark.parametrize("kwargs", [dict(short_attention="cluster"), dict(short_below=2048),
                                     dict(short_attention="cluster", short_below=-1)])
 def test_decode_step_refuses_half_a_short_context_twin(kwargs):
-    """DecodeStep(short_attention=, short_below=) takes both (a kernel and a length ≥ 1) or neither:
-    one line naming both values, before any GPU work or file access (here: no file at all)."""
+    """DecodeStep(short_attention=, short_below=) takes both (a kernel and a length ≥ 1), neither
+    (None), or the default ("auto" with no length): one line naming both values, before any GPU
+    work or file access (here: no file at all)."""
     from drvqwen.decode import DecodeStep
     from drvqwen.errors import DrvqwenError
 
-    want = (f"short_attention={kwargs.get('short_attention')!r} with short_below={kwargs.get('short_below', 0)}: "
+    want = (f"short_attention={kwargs.get('short_attention', 'auto')!r} with short_below={kwargs.get('short_below', 0)}: "
             "give both (a kernel and a length ≥ 1) or neither")
     with pytest.raises(DrvqwenError, match=f"^{re.escape(want)}$"):
         DecodeStep(None, **kwargs)

@@ -151,7 +151,9 @@ def measure(a, defines) -> int:
     budget = l2_prefetch_budget_bytes(a.l2_prefetch_mb)
     copy = measure_copy_bandwidth()
     f = NanoqwenFile(a.model or ensure_synthetic(a.preset))
-    dec = DecodeStep(f, attention=a.attention, l2_prefetch_bytes=budget,
+    # One attention at every length (no short-context twin): the variants below are lists of the
+    # plan's own steps.
+    dec = DecodeStep(f, attention=a.attention, short_attention=None, l2_prefetch_bytes=budget,
                      l2_prefetch_qkv=a.l2_prefetch_qkv, l2_prefetch_blocks=a.l2_prefetch_blocks)
     names = [nl.name for nl in dec.launch_list.launches]
     if a.l2_prefetch_mb or a.l2_prefetch_qkv:

@@ -6,7 +6,10 @@
 
 The INT4 GEMMs run as the prefill runs them, stream-K ranges included (a scratch as the
 prefill's); with --tiles each given tile size is a column (auto: the launchers' choice,
-gemm_tiling), with --grid each schedule.
+gemm_tiling), with --grid each schedule. Their qkv_proj row is the prefill's launch,
+gemm_int4_qkv_rope (the bias, the RoPE and the FP16 q and K/V cache writes in its epilogue, the
+chunk at positions 0 … M−1 of a cache in order); --qkv-f32 times gemm_int4_qkv instead, the FP32
+form `drvqwen bench --prefill-rope apart` runs before rope_kv_rows.
 
 --formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
 prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
@@ -33,7 +36,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from drvqwen.launchers import GemmInt4GateUpSwigluRows, GemmInt4QkvRows, GemmInt4ResidualRows
+from drvqwen.launchers import GemmInt4GateUpSwigluRows, GemmInt4QkvRopeRows, GemmInt4QkvRows, GemmInt4ResidualRows
 from drvqwen.launchers.gemm_int4 import SPLIT_UNIT_FLOATS, TILE_TOKENS, SplitKScratch, unit_floats
 from drvqwen.config import PRESETS
 from drvqwen.cuda import DeviceArray, DeviceBuffer, get_device
@@ -58,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "tile. Each given value is a column (default: persistent and tiles)")
     ap.add_argument("--tiles", nargs="+", default=["auto"], choices=["auto", "64", "128", "256"],
                     help="tokens a tile of the INT4 GEMMs, a column each (auto: the launchers' choice)")
+    ap.add_argument("--qkv-f32", action="store_true",
+                    help="the INT4 qkv_proj row: gemm_int4_qkv (FP32 out) instead of the prefill's gemm_int4_qkv_rope")
     ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
     ap.add_argument("--fmt-mma", action="store_true", help="with --formats: also gemm_fmt.cu (mma.sync)")
     ap.add_argument("--fmt-variant", action="append", type=parse_variant, default=[],
@@ -97,6 +102,17 @@ def main() -> int:
     out = {"qkv": np.zeros((m, nq + 2 * nkv), np.float32), "res": np.zeros((m, d), np.float32),
            "h_out": np.zeros((m, f), np.float16)}
     o = {k: upload(k, v) for k, v in out.items()}
+    # gemm_int4_qkv_rope's other operands: q fp16 [M, Hq, Dh], one layer's K/V cache [P, Hkv, 16, Dh]
+    # fp16 with pages 0 … P−1 in order, the biases, and the chunk's cos/sin table fp32 [M, Dh/2, 2].
+    pages = -(-m // 16)
+    rope = {"q_out": upload("q_out", np.zeros((m, cfg.num_heads, dh), np.float16)),
+            "k_cache": upload("k_cache", np.zeros((pages, cfg.num_kv_heads, 16, dh), np.float16)),
+            "v_cache": upload("v_cache", np.zeros((pages, cfg.num_kv_heads, 16, dh), np.float16)),
+            "block_table": upload("block_table", np.arange(pages, dtype=np.int32)),
+            "biases": [upload(f"{n}_bias", (rng.standard_normal(w) * 0.1).astype(np.float16))
+                       for n, w in (("q", nq), ("k", nkv), ("v", nkv))]}
+    angle = np.arange(m)[:, None] * (cfg.rope_theta ** (-np.arange(dh // 2) * 2 / dh))[None, :]
+    rope["cs"] = upload("rope_cs", np.stack([np.cos(angle), np.sin(angle)], -1).astype(np.float32))
     # Split-K scratch for any plan: a partial a block (the largest tile's) and a counter a block.
     sms = get_device().info.sm_count
     units = sms * max(-(-unit_floats(bm) // SPLIT_UNIT_FLOATS) for bm in TILE_TOKENS)
@@ -106,8 +122,12 @@ def main() -> int:
     def gemms(cl, tile):
         kw = dict(rows=m, max_blocks=0 if cl == "tiles" else None, split_k=sk if cl == "persistent" else None,
                   tile_tokens=None if tile == "auto" else int(tile))
+        qkv = (GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, head_dim=dh, **kw) if a.qkv_f32
+               else GemmInt4QkvRopeRows(rope["q_out"], rope["k_cache"], rope["v_cache"], x, *wq, *wk, *wv,
+                                        *rope["biases"], rope["cs"], st, rope["block_table"], n_heads=cfg.num_heads,
+                                        n_kv_heads=cfg.num_kv_heads, head_dim=dh, k=d, **kw))
         return {
-            "qkv_proj": GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, head_dim=dh, **kw),
+            "qkv_proj": qkv,
             "o_proj": GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, **kw),
             "gate_up_swiglu": GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, **kw),
             "down_proj": GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, **kw),
@@ -167,6 +187,7 @@ def main() -> int:
     rows_out: dict[str, list[str]] = {}
     layer_ms = {}
     record = {"tool": "bench_gemm", "source": source_record(), "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
+              "int4_qkv_kernel": "gemm_int4_qkv" if a.qkv_f32 else "gemm_int4_qkv_rope",
               "tiling": choices,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {},
               "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant}}

@@ -283,7 +283,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
-              trace: bool = False, decode_attention: str | None = None, short_attention_below: int = 0,
+              trace: bool = False, decode_attention: str | None = None, short_attention_below: int | None = None,
               l2_prefetch_mb: float = 0.0, l2_prefetch_qkv: bool = False) -> dict:
     """Run the benchmark on the `.nanoqwen` at `model_path`; return the JSON-ready result.
 
@@ -330,7 +330,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             decode="persistent").
         short_attention_below: > 0: the steps whose attention covers at most that many positions
             run the one-launch cluster attention (DecodeStep(short_attention="cluster")), the
-            others decode_attention's; 0: one attention throughout.
+            others decode_attention's; 0: one attention throughout; None: the step's default
+            (decode.default_short_attention: the cluster kernel up to 1024 positions at head dim
+            128, 2048 at 64, behind the default attention).
         l2_prefetch_mb: > 0: each layer asks L2 for up to that many MB (10^6 bytes) of its
             o_proj, gate_up and down weights after qkv_rope (DecodeStep(l2_prefetch_bytes=...),
             kernels/l2_prefetch.cu); 0: off. l2_prefetch_qkv: each layer but the last also asks
@@ -368,8 +370,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         task = p.add_task("uploading weights", total=total)
         dec = DecodeStep(f, max_context=ctx, progress=lambda done, _n: p.update(task, completed=done),
                          attention=decode_attention, persistent=decode == "persistent",
-                         short_attention="cluster" if short_attention_below > 0 else None,
-                         short_below=short_attention_below, persistent_min_blocks=persistent_blocks,
+                         **short_attention_args(short_attention_below), persistent_min_blocks=persistent_blocks,
                          persistent_defines=persistent_defines, persistent_trace=trace and decode == "persistent",
                          l2_prefetch_bytes=l2_prefetch_bytes, l2_prefetch_qkv=l2_prefetch_qkv)
     graph = prefill = None
@@ -600,10 +601,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention", choices=("tma", "plain", "cluster"), default=None,
                    help="the decode step's attention kernel: tma (default), plain, or cluster (one launch, the "
                         "splits merged in a thread block cluster: for short contexts), to compare them")
-    p.add_argument("--short-attention-below", type=int, default=0, metavar="POSITIONS",
+    p.add_argument("--short-attention-below", type=int, default=None, metavar="POSITIONS",
                    help="the decode steps whose attention covers at most this many positions run the one-launch "
-                        "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off. "
-                        "The timed steps start after the prompt: it must exceed --prompt-tokens to be measured")
+                        "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off "
+                        "(default: the step's own, 1024 positions at head dim 128 and 2048 at 64, behind the TMA "
+                        "attention). Given, it must exceed --prompt-tokens: the timed steps start after the prompt"),
     p.add_argument("--l2-prefetch-mb", type=float, default=0.0, metavar="MB",
                    help="after each layer's qkv_rope, ask L2 for up to this many MB of the layer's o_proj, gate_up "
                         "and down weights (the first tiles of every GEMV block), to measure; 0: off")
@@ -625,7 +627,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_bench_values(*, prompt_tokens: int, new_tokens: int, max_context: int, seed: int, prefill_reps: int,
-                       prefill_chunk_rows: int | None, short_attention_below: int) -> None:
+                       prefill_chunk_rows: int | None, short_attention_below: int | None) -> None:
     """The bench's numbers that are wrong whatever the GPU and the model: checked before either
     is looked at, so a mistyped value is named first.
 
@@ -644,11 +646,22 @@ def check_bench_values(*, prompt_tokens: int, new_tokens: int, max_context: int,
         raise DrvqwenError(f"--prefill-reps {prefill_reps}: need >= 1")
     if prefill_chunk_rows is not None and prefill_chunk_rows < 1:
         raise DrvqwenError(f"--prefill-chunk-rows {prefill_chunk_rows}: need >= 1")
+    if short_attention_below is None:
+        return
     if short_attention_below < 0:
         raise DrvqwenError(f"--short-attention-below {short_attention_below}: need >= 0 (0: off)")
     if 0 < short_attention_below <= prompt_tokens:
         raise DrvqwenError(f"--short-attention-below {short_attention_below}: the timed steps start at position "
                            f"{prompt_tokens} (the prompt's length), past it; give more than --prompt-tokens")
+
+
+def short_attention_args(below: int | None) -> dict:
+    """DecodeStep's short-context arguments for --short-attention-below POSITIONS: None, the
+    step's default (decode.default_short_attention); 0, one attention at every length; N > 0, the
+    cluster kernel up to N positions."""
+    if below is None:
+        return {}
+    return dict(short_attention="cluster" if below > 0 else None, short_below=below)
 
 
 def l2_prefetch_budget_bytes(mb: float, option: str = "--l2-prefetch-mb") -> int:

@@ -94,15 +94,39 @@ from .stats import phase
 # Decode attention kernels (plan_decode(attention=...)): "tma" = attention_decode_tma.cu (producer
 # warp + TMA + mbarriers), "plain" = attention_decode.cu (the reference kernel and fallback),
 # "cluster" = attention_decode_cluster.cu (one launch, the splits merged in a thread block
-# cluster: built for short contexts, to measure against the two-launch kernels).
+# cluster: built for short contexts, where the step runs it by default, below).
 ATTENTION_KERNELS = ("tma", "plain", "cluster")
 DEFAULT_ATTENTION = "tma"
 # A second attention for the steps of short contexts (DecodeStep(short_attention=, short_below=)):
 # the step then runs two launch lists, each with its own pair of graphs (LaunchList.short).
 SHORT_ATTENTION_KERNELS = ("cluster",)
+# By default the step runs the one-launch cluster attention up to SHORT_PAGES_PER_SPLIT[Dh] pages a
+# split — 64 splits a KV head (attention_decode_cluster.N_SPLITS) × 16 tokens a page: 1024
+# positions at Dh = 128, 2048 at Dh = 64 — and the two-launch TMA kernel beyond. At short
+# contexts the two launches are two latency chains for little K/V (1 MiB a 7B layer at 512
+# tokens); the cluster kernel is one, merged on chip, but its splits are the warps of 8 · Hkv
+# SMs, so each page more a split is one more page latency in a row. Measured inside the step
+# (graph ITL medians, 128 tokens after the prompt, in turns with the two-launch step; H100;
+# docs/kernels.md#one-launch-for-short-contexts-the-cluster-version): the 7B after 512 tokens
+# (one page a split) 2.1505 against 2.1928 ms, after 1024 (two) 2.1984 / 2.2014 against
+# 2.1592 / 2.1573 — so one page at Dh = 128; the 0.5B after 512 0.5990 against 0.6401, after
+# 2048 (two or three pages of 64-dim heads) 0.6743 / 0.6789 against 0.6962 / 0.6953, after
+# 3072 0.7133 / 0.7140 against 0.7070 / 0.7007 — so two at Dh = 64.
+SHORT_PAGES_PER_SPLIT = {128: 1, 64: 2}
 # The launches of a layer whose weights plan_decode(l2_prefetch_bytes=...) asks L2 for, in the
 # order they run: after qkv_rope, attention leaves HBM idle while these wait (kernels/l2_prefetch.cu).
 L2_PREFETCH_OF = ("o_proj", "gate_up_swiglu", "down_proj")
+
+
+def default_short_attention(cfg: QwenConfig, attention: str, persistent: bool) -> tuple[str | None, int]:
+    """(short_attention, short_below) a DecodeStep runs when not told: the cluster kernel up to
+    SHORT_PAGES_PER_SPLIT pages a split behind the default attention (DEFAULT_ATTENTION); none
+    behind another attention (the plain kernel, which the verify pass's bits follow, or the
+    cluster kernel itself) or with the persistent step."""
+    pages = SHORT_PAGES_PER_SPLIT.get(cfg.head_dim)
+    if persistent or attention != DEFAULT_ATTENTION or pages is None:
+        return None, 0
+    return "cluster", pages * attention_decode_cluster.N_SPLITS * PAGE_TOKENS
 
 
 @dataclass
@@ -393,7 +417,9 @@ class DecodeStep:
             steps whose attention covers at most short_below positions (its own included): every
             launch list of the step then carries that twin (LaunchList.short), which eager steps,
             GraphDecoder and the per-token prefill pick by length. None / 0: one attention at
-            every length. DecodeStep.time_kernels times the step's own list, not the twin.
+            every length. The default ("auto", None): default_short_attention's — the cluster
+            kernel up to 1024 positions at head dim 128, 2048 at 64, behind the default
+            attention only. DecodeStep.time_kernels times the step's own list, not the twin.
         l2_prefetch_bytes: > 0: each INT4 layer asks L2 for up to that many bytes of its
             o_proj, gate_up and down weights after qkv_rope (plan_decode); l2_prefetch_qkv: each
             layer but the last asks for the next one's q/k/v weights after down_proj;
@@ -415,17 +441,22 @@ class DecodeStep:
                  rng: np.random.Generator | None = None, progress: Callable[[int, int], None] | None = None,
                  attention: str | None = None, pdl: bool = True, persistent: bool = False,
                  persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
-                 persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = None,
-                 short_below: int = 0, l2_prefetch_bytes: int = 0, l2_prefetch_qkv: bool = False,
+                 persistent_defines: tuple[tuple[str, int], ...] = (), short_attention: str | None = "auto",
+                 short_below: int | None = None, l2_prefetch_bytes: int = 0, l2_prefetch_qkv: bool = False,
                  l2_prefetch_blocks: int | None = None):
-        if (short_attention is None) != (short_below == 0) or short_below < 0:
+        auto = short_attention == "auto" and short_below is None
+        short_below = short_below or 0
+        if not auto and (short_attention == "auto" or (short_attention is None) != (short_below == 0)
+                         or short_below < 0):
             raise DrvqwenError(f"short_attention={short_attention!r} with short_below={short_below}: give both "
                                "(a kernel and a length ≥ 1) or neither")
+        cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
+        attention = attention or ("plain" if persistent else DEFAULT_ATTENTION)
+        if auto:
+            short_attention, short_below = default_short_attention(cfg, attention, persistent)
         self.device = get_device()
         self.pdl = pdl
-        cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         self.config = cfg
-        attention = attention or ("plain" if persistent else DEFAULT_ATTENTION)
         self.plan = plan_decode(cfg, max_context, attention=attention, text_vocab=f.text_vocab, formats=f.formats,
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,

@@ -65,7 +65,7 @@ from .launchers import FixedOccupancy, PenalizedSampleToken, PublishToken, Sampl
 from .cuda import DEFAULT_ALIGN_BYTES, Event, PinnedHostBuffer, Pool, get_device, load_kernel_module
 from .cuda.nvrtc import compile_kernels
 from .gpu_weights import check_gpu_formats
-from .decode import DecodeStep, plan_decode
+from .decode import DEFAULT_ATTENTION, DecodeStep, default_short_attention, plan_decode
 from .format.tensor_set import in_per_tensor_formats
 from .launch_list import LaunchList
 from .graphs import GraphDecoder
@@ -154,18 +154,23 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     (prefill.late_attention_builds), and for the INT4 model weight_layout.cu (its weights'
     rearrangement at load). With `speculative` (GPUBackend's) and the INT4 model: the decode step with
     the plain attention kernel, and the verify pass's (its plans for 1 and 16 tokens: the two
-    builds of the T-token GEMVs). Not timing or smoke (benchmarks and tests)."""
+    builds of the T-token GEMVs). The decode step's short-context attention (decode.default_short_attention)
+    where it runs one. Not timing or smoke (benchmarks and tests)."""
     one = config.with_layers(1)
     one_pass = one_pass_verify(config, formats, speculative)
     # qkv_rope's build follows the GPU's occupancy (launchers/gemv_int4.py: qkv_rope_defines), so
     # the plans are made twice: every block count alike (its default build), and its two-group
     # build fitting three blocks where the default fits one (that build).
     occupancies = (lambda _k: 1, lambda k: 3 if k.defines == QKV_ROPE_DEFINES else 1)
+    attention = VERIFY_ATTENTION[0] if one_pass else DEFAULT_ATTENTION
+    # The short-context attention the step runs by default (DecodeStep's), compiled with the rest.
+    short_attention, _below = default_short_attention(config, attention, persistent=False)
     wanted = set()
     for per_sm in occupancies:
         plan = plan_decode(one, occupancy=FixedOccupancy(1, lambda k, _t, _s: per_sm(k)), formats=formats,
-                           **({"attention": VERIFY_ATTENTION[0]} if one_pass else {}))
+                           attention=attention, short_attention=short_attention)
         wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
+        wanted |= {(s.kernel.file, s.kernel.defines) for l in plan.short_attention.values() for s in l.specs}
         for T in ((1, MAX_VERIFY_TOKENS) if one_pass else ()):
             # An H200's grid (132 SMs, 2 blocks each): with one SM a T-token GEMV block would hold
             # all of K in shared memory, which no GPU has. The kernel files and defines do not

@@ -51,7 +51,10 @@ class GpuMachine(Machine):
         from ..cuda import Event
 
         self.file = f
-        self.dec = DecodeStep(f, max_context, progress=progress)
+        # One attention at every length: the entries below are the step's launches, fixed here,
+        # and the short-context twin (decode.default_short_attention) has one launch where the
+        # default attention has two. So the REPL walks the two-launch attention throughout.
+        self.dec = DecodeStep(f, max_context, progress=progress, short_attention=None)
         self.config, self.plan, self.max_context = self.dec.config, self.dec.plan, self.dec.max_context
         self.prefill = Prefill(self.dec, CHUNK_ROWS)
         self.weights = FileWeights(f)
