@@ -529,6 +529,7 @@ def test_fake_capture_failure_falls_back_to_eager(fake_device, monkeypatch, rng)
 N_GEN = 600                       # generated tokens per run: 37-38 page boundaries
 PROMPT_LENGTHS = (15, 16, 17)     # just before, on and just after a page boundary
 MAX_CONTEXT = 640                 # 40 pages: 17 + 600 tokens need 39
+SHORT_BELOW = 300                 # the engine's short-context twin up to here: every run crosses it
 SHAPES = {"7b-2layers": QWEN25_CODER_7B.with_layers(2), "0.5b": QWEN25_CODER_05B,
           "real-0.5b": None,     # the real Qwen2.5-Coder-0.5B-Instruct (conftest.real_nanoqwen)
           "real-0.5b-source": None,   # the same in its GGUF's formats (conftest.real_nanoqwen_source)
@@ -583,14 +584,18 @@ def gpu_model(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(gpu_model):
     """(name, DecodeStep, GraphDecoder, rng) shared by the module's GPU tests: the graphs are
-    captured once and serve every prompt, as in the engine."""
+    captured once and serve every prompt, as in the engine. The step runs its short-context
+    attention (the cluster kernel, the default at short contexts: decode.default_short_attention)
+    up to SHORT_BELOW positions and the default attention beyond, so that the runs below cross
+    from one pair of graphs to the other inside the 640 positions they cover."""
     from drvqwen.decode import DecodeStep
 
     name, f, layers = gpu_model
     seed = _module_seed()
     print(f"\n[{name}] engine seed={seed}")
     rng = np.random.default_rng(seed)
-    dec = DecodeStep(f, max_context=MAX_CONTEXT, num_layers=layers, rng=rng)
+    dec = DecodeStep(f, max_context=MAX_CONTEXT, num_layers=layers, rng=rng, short_attention="cluster",
+                     short_below=SHORT_BELOW)
     gd = GraphDecoder(dec, fallback=False)
     yield name, dec, gd, rng
     gd.close()
@@ -599,6 +604,11 @@ def engine(gpu_model):
 
 def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32)
+
+
+def _opened(gd) -> int:
+    """Steps replayed so far through a page-opening graph, the short-context twin's included."""
+    return gd.steps_by_graph[GRAPH_OPENS_PAGE] + gd.steps_by_graph.get(GRAPH_OPENS_PAGE + SHORT, 0)
 
 
 def _prompt_eager(dec, prompt, start, shuffle: np.random.Generator | None = None) -> None:
@@ -627,7 +637,10 @@ def _check_pages(dec, n_tokens: int) -> None:
 def test_graph_decode_bit_exact_vs_eager(engine):
     name, dec, gd, rng = engine
     assert gd.mode == "graph"
-    assert gd.num_nodes == {GRAPH_DECODE: len(dec.launches), GRAPH_OPENS_PAGE: len(dec.launches) + 1}
+    n_short = len(dec.launch_list.short.launches)
+    assert n_short == len(dec.launches) - dec.config.num_layers  # one attention launch a layer instead of two
+    assert gd.num_nodes == {GRAPH_DECODE: len(dec.launches), GRAPH_OPENS_PAGE: len(dec.launches) + 1,
+                            GRAPH_DECODE + SHORT: n_short, GRAPH_OPENS_PAGE + SHORT: n_short + 1}
     for n_prompt in PROMPT_LENGTHS:
         prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
         n_tokens = n_prompt + N_GEN
@@ -643,9 +656,12 @@ def test_graph_decode_bit_exact_vs_eager(engine):
 
         # Graph run, other physical pages: the prompt through eager steps, then both graphs.
         _prompt_eager(dec, prompt, dec.seq.start, shuffle=rng)
-        b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
+        b0, s0 = _opened(gd), gd.steps_by_graph[GRAPH_DECODE + SHORT]
         tokens, mismatched = decode_against(gd, want_logits)
-        n_b = gd.steps_by_graph[GRAPH_OPENS_PAGE] - b0
+        n_b = _opened(gd) - b0
+        # Both pairs of graphs ran: the steps up to SHORT_BELOW positions (the step's own
+        # included) on the twin, the rest on the default attention.
+        assert 0 < gd.steps_by_graph[GRAPH_DECODE + SHORT] - s0 < N_GEN
         print(f"{name}: prompt {n_prompt}, {N_GEN} graph steps ({n_b} opening a page), pages eager "
               f"{eager_pages[:4]}… graph {dec.seq.pages.block_table[:4]}…")
         assert not mismatched, (f"{name}, prompt {n_prompt}: logits differ from eager at {len(mismatched)} "
@@ -717,14 +733,14 @@ def test_graph_decode_after_gpu_prefill(engine):
                 decoder.sync()                     # a new sequence starts from a drained stream
                 pf.run(prompt)
                 rng.shuffle(dec.seq.pages.free)        # other pages for the generated tokens
-                b0 = gd.steps_by_graph[GRAPH_OPENS_PAGE]
+                b0 = _opened(gd)
                 tokens, logits = [decoder.next_token()], []
                 for _ in range(n_gen):
                     decoder.decode_token()
                     logits.append(decoder.logits())
                     tokens.append(decoder.next_token())
                 _check_pages(dec, n_prompt + n_gen)
-                runs.append((tokens, logits, gd.steps_by_graph[GRAPH_OPENS_PAGE] - b0))
+                runs.append((tokens, logits, _opened(gd) - b0))
             (want, want_logits, _), (got, got_logits, n_b) = runs
             assert n_b == sum(1 for p in range(n_prompt, n_prompt + n_gen) if p % PAGE_TOKENS == 0)
             bad = [i for i, (a, b) in enumerate(zip(got_logits, want_logits)) if not np.array_equal(_bits(a), _bits(b))]
@@ -750,7 +766,7 @@ def test_rollback_decodes_again_bit_for_bit(engine):
         consumed[pos + 1] = gd.next_token()
     pages = list(dec.seq.pages.block_table)
     for back_to in (48, 23):
-        opens = gd.steps_by_graph[GRAPH_OPENS_PAGE]
+        opens = _opened(gd)
         released = dec.seq.rollback(back_to, consumed[back_to])
         assert released == pages[-(-back_to // PAGE_TOKENS):]
         assert dec.buf["state"].download().tolist() == [back_to, consumed[back_to], back_to + 1]
@@ -761,7 +777,7 @@ def test_rollback_decodes_again_bit_for_bit(engine):
                 bad.append(pos)
         assert not bad, f"{name}: after a rollback to {back_to}, logits differ from position {bad[0]}"
         assert gd.next_token() == consumed[end]
-        assert gd.steps_by_graph[GRAPH_OPENS_PAGE] - opens == len(released)
+        assert _opened(gd) - opens == len(released)
         assert dec.seq.pages.block_table == pages
         _check_pages(dec, end)
 
