@@ -49,7 +49,7 @@ class AttentionDecodeCluster(Launcher):
         require(1 <= cluster <= 16, f"attention_decode_cluster: ACL_CLUSTER={cluster}, want 1..16")
         self.n_splits = cluster * WARPS
         self.kv_bytes_per_token = 2 * n_kv_heads * head_dim * 2  # K and V, fp16
-        self._add(KernelRef("attention_decode_cluster", f"attention_decode_cluster_hd{head_dim}", tuple(defines)),
+        self._add(KernelRef("attention_decode_cluster", f"attention_decode_cluster_hd{head_dim}", tuple(defines), pdl=True),
                   (cluster, n_kv_heads), (32 * WARPS,),
                   dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, state=state,
                        Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
