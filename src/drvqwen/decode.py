@@ -126,7 +126,7 @@ def default_short_attention(cfg: QwenConfig, attention: str, persistent: bool) -
     pages = SHORT_PAGES_PER_SPLIT.get(cfg.head_dim)
     if persistent or attention != DEFAULT_ATTENTION or pages is None:
         return None, 0
-    return "cluster", pages * attention_decode_cluster.N_SPLITS * PAGE_TOKENS
+    return "cluster", pages * 2 * attention_decode_cluster.N_SPLITS * PAGE_TOKENS
 
 
 @dataclass
@@ -335,7 +335,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                                    n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
         if short_attention is not None:
             plan.short_attention[f"L{l}.attention"] = AttentionDecodeCluster(
-                a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh)
+                a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                defines=(("ACL_CLUSTER", 16),))
         if fm is not None:
             q, k, v, o, g, u, d = (fw(proj_prefix(l, p), dense_ok=True)
                                    for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
