@@ -32,7 +32,8 @@
 // one machine): graph ITL 0.606 / 0.593 ms against the default's 0.617–0.623
 // (docs/bench/2026-12-05_7e77f51_h200_syn05b_attention_short_cluster_3.json, …_4.json, and the
 // default's …_attention_tma_1.json to …_4.json). The step's default since, up to one page a split
-// at Dh = 128 (1024 positions) and two at Dh = 64 (2048): on an H100, in turns, the 7B after 512
+// at Dh = 128 (1024 positions) and two at Dh = 64 (2048), and built with ACL_CLUSTER=16 up to twice
+// those lengths (src/drvqwen/decode.py has the second band's runs): on an H100, in turns, the 7B after 512
 // tokens 2.1505 against 2.1928 ms, after 1024 2.198 / 2.201 against 2.159 / 2.157; the 0.5B after
 // 512 0.599 against 0.640, after 2048 0.674 / 0.679 against 0.696 / 0.695, after 3072 0.713 /
 // 0.714 against 0.707 / 0.701 (docs/bench/2026-12-06_f89a602_h100_syn{7b,05b}_*_short_attention_*.json;
@@ -71,9 +72,9 @@
 // Every thread reaches all three barriers (no early return; the splits with no page and the
 // threads with no output skip work, not barriers).
 //
-// ACL_CLUSTER=16 (to measure): 128 splits a KV head on 16 SMs, half the pages a warp at mid
-// contexts; 16 is past the portable cluster size, which the module loader opts in to
-// (cuda/module.py: allow_its_cluster_size).
+// ACL_CLUSTER=16 (the decode step's second band, where 64 splits would hold two pages each): 128
+// splits a KV head on 16 SMs, half the pages a warp at mid contexts; 16 is past the portable
+// cluster size, which the module loader opts in to (cuda/module.py: allow_its_cluster_size).
 // ACL_POISON_SMEM=1 (tests only) fills part_* and blk_* with NaN before the splits run: a read of
 // shared memory nothing wrote then shows in the output (the sanitizers check global memory only).
 //

@@ -157,10 +157,11 @@ def _run_fed(step, decode, inputs):
 
 
 def _default_step_run(f, inputs):
-    """_run_fed of the default step (eager) of model file `f` over `inputs`."""
+    """_run_fed of the default step (eager) of model file `f` over `inputs`, with the default
+    attention at every length (no short-context bands)."""
     from drvqwen.decode import DecodeStep
 
-    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7))
+    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), short_attention=None)
     try:
         return _run_fed(base, base.decode_token, inputs)
     finally:

@@ -32,7 +32,7 @@ import pytest
 from drvqwen import graphs
 from drvqwen.config import QWEN25_CODER_05B, QWEN25_CODER_7B
 from drvqwen.cuda import CudaError
-from drvqwen.decode import DecodeStep
+from drvqwen.decode import DecodeStep, default_short_attention
 from drvqwen.launch_list import LaunchList, NamedLaunch
 from drvqwen.errors import DrvqwenError
 from drvqwen.graphs import GRAPH_DECODE, GRAPH_OPENS_PAGE, SHORT, GraphCaptureError, GraphDecoder
@@ -156,7 +156,7 @@ class FakeDecodeStep(DecodeStep):
     """A DecodeStep over a FakeGPU: its own decode_token, launches and sequence code run; only
     the device (arrays, stream, kernels) is fake."""
 
-    def __init__(self, n_pages: int, rng=None, short_below: int = 0):  # no GPU: none of DecodeStep's allocations
+    def __init__(self, n_pages: int, rng=None, short_below: int = 0, shorter_below: int = 0):  # no GPU allocations
         self.gpu = FakeGPU(n_pages)
         self.stream = FakeStream()
         self.max_context = n_pages * PAGE_TOKENS
@@ -164,18 +164,24 @@ class FakeDecodeStep(DecodeStep):
                     for name in ("block_table", "state")}
         self.seq = Sequence(PageAllocator(n_pages, rng), self.buf["state"], self.buf["block_table"],
                             self.max_context, self.stream)
-        # A short-context twin (short_below > 0): its attention entry logs "L0.attention_short".
-        self.short_below = short_below
+        # A short-context twin (short_below > 0) and a twin of the twin (0 < shorter_below <
+        # short_below): each band's attention entry logs "L0.attention_" and the band's name.
         # Each attention checks the device's length (state[2]) is one it is chosen for.
         def long_attention(g):
             assert short_below == 0 or g.state[2] > short_below, f"long attention at length {g.state[2]}"
 
         def short_attention(g):
-            assert g.state[2] <= short_below, f"short attention at length {g.state[2]}"
+            assert shorter_below < g.state[2] <= short_below, f"short attention at length {g.state[2]}"
 
-        self.short_attention = ({"L0.attention": FakeLauncher(FakeLaunch(self.gpu, "L0.attention_short",
-                                                                         short_attention, self.stream))}
-                                if short_below > 0 else {})
+        def shorter_attention(g):
+            assert g.state[2] <= shorter_below, f"shorter attention at length {g.state[2]}"
+
+        def band(name, fn, below):
+            return (name, {"L0.attention": FakeLauncher(FakeLaunch(self.gpu, f"L0.attention_{name}", fn,
+                                                                   self.stream))}, below)
+        self.short_bands = ([band("shorter", shorter_attention, shorter_below)] if shorter_below > 0 else []) + (
+            [band("short", short_attention, short_below)] if short_below > 0 else [])
+        self.short_below = short_below
         self.launch_list = self._with_short("greedy", [
             (n, FakeLauncher(FakeLaunch(self.gpu, n, fn, self.stream))) for n, fn in (
                 ("embedding", lambda g: None), ("L0.qkv_rope", _rope_kv), ("L0.attention", long_attention),
@@ -344,6 +350,36 @@ def test_fake_short_context_twin_runs_up_to_its_length_eager_and_graph(fake_devi
     assert gd.steps_by_graph[GRAPH_DECODE + SHORT] + gd.steps_by_graph[GRAPH_OPENS_PAGE + SHORT] == graph_short
     assert gd.steps_by_graph[GRAPH_DECODE] + gd.steps_by_graph[GRAPH_OPENS_PAGE] == n_gen - graph_short
     assert dec.gpu.log.count("L0.attention_short") == short_steps
+    gd.close()
+
+
+@pytest.mark.parametrize("shorter_below,short_below", [(1, 16), (16, 17), (17, 40)])
+def test_fake_twin_of_a_twin_runs_its_band_eager_and_graph(fake_device, rng, shorter_below, short_below):
+    """A step with two short-context bands (LaunchList.chain: the twin's own twin for the
+    shortest lengths): each step runs the list of its band — eagerly and from that band's pair of
+    graphs ("_short", "_short_short") — and each fake attention asserts the device's length is in
+    its band; the same tokens both ways."""
+    n_pages, n_prompt, n_gen = 8, 5, 60
+    dec = FakeDecodeStep(n_pages, rng, short_below=short_below, shorter_below=shorter_below)
+    assert [lst.name for lst in dec.launch_list.chain()] == ["greedy", "greedy+short", "greedy+shorter"]
+    fake_device["gpu"] = dec.gpu
+    gd = GraphDecoder(dec)
+    assert gd.num_nodes == {GRAPH_DECODE: 5, GRAPH_OPENS_PAGE: 6, GRAPH_DECODE + SHORT: 5,
+                            GRAPH_OPENS_PAGE + SHORT: 6, GRAPH_DECODE + SHORT * 2: 5, GRAPH_OPENS_PAGE + SHORT * 2: 6}
+    prompt = rng.integers(0, 1000, n_prompt).tolist()
+    want = _run(dec, dec, prompt, n_gen)
+    n_steps = n_prompt + n_gen
+    shorter = sum(1 for pos in range(n_steps) if pos + 1 <= shorter_below)
+    short = sum(1 for pos in range(n_steps) if shorter_below < pos + 1 <= short_below)
+    assert [dec.gpu.log.count(f"L0.attention{s}") for s in ("_shorter", "_short", "")] == [
+        shorter, short, n_steps - short - shorter]
+    dec.gpu.log.clear()
+    got = _run(gd, dec, prompt, n_gen)             # the prompt eagerly, then graphs
+    assert got == want
+    by_band = [sum(1 for pos in range(n_prompt, n_steps) if lo < pos + 1 <= hi)
+               for lo, hi in ((short_below, n_steps), (shorter_below, short_below), (0, shorter_below))]
+    assert [gd.steps_by_graph[GRAPH_DECODE + SHORT * d] + gd.steps_by_graph[GRAPH_OPENS_PAGE + SHORT * d]
+            for d in range(3)] == by_band
     gd.close()
 
 
@@ -780,6 +816,51 @@ def test_rollback_decodes_again_bit_for_bit(engine):
         assert _opened(gd) - opens == len(released)
         assert dec.seq.pages.block_table == pages
         _check_pages(dec, end)
+
+
+@pytest.mark.gpu
+def test_default_bands_cross_their_boundaries_graph_equal_to_eager(gpu_model):
+    """The default step's short-context bands (decode.default_short_attention: the cluster
+    attention in clusters of 8, then of 16, then the default attention): a prompt prefilled to
+    just before each band's end, then decoded across it eagerly and through the graphs — the same
+    logits bit for bit, and each step replayed from its band's pair of graphs."""
+    from collections import Counter
+
+    prefill_mod = pytest.importorskip("drvqwen.prefill")
+    name, f, layers = gpu_model
+    rng = np.random.default_rng(_module_seed())
+    longest = max(below for _k, below in default_short_attention(f.config, "tma", False))
+    dec = DecodeStep(f, max_context=longest + 64, num_layers=layers, rng=rng)
+    gd = GraphDecoder(dec, fallback=False)
+    pf = prefill_mod.Prefill(dec)
+    try:
+        # An H100 or H200 runs every KV head's cluster at once in both sizes: both bands kept.
+        assert [(k, below) for k, _e, below in dec.short_bands] == list(default_short_attention(f.config, "tma", False))
+        chain, n_gen = dec.launch_list.chain(), 48
+        for _kernel, _entries, below in dec.short_bands:
+            n_prompt = below - n_gen // 2
+            prompt = rng.integers(0, dec.config.vocab_size, n_prompt).tolist()
+            runs = []
+            for decoder in (dec, gd):
+                decoder.sync()
+                pf.run(prompt)
+                before = dict(gd.steps_by_graph)
+                logits = []
+                for _ in range(n_gen):
+                    decoder.decode_token()
+                    logits.append(decoder.logits())
+                runs.append((logits, Counter({k: gd.steps_by_graph[k] - before[k] for k in before})))
+            (want, _), (got, counts) = runs
+            bad = [i for i, (a, b) in enumerate(zip(got, want)) if not np.array_equal(_bits(a), _bits(b))]
+            assert not bad, f"{name}: across {below}, graph logits differ from eager from step {bad[0]}"
+            bands = Counter((GRAPH_OPENS_PAGE if pos % PAGE_TOKENS == 0 else GRAPH_DECODE)
+                            + SHORT * chain.index(dec.launch_list.for_length(pos + 1))
+                            for pos in range(n_prompt, n_prompt + n_gen))
+            assert +counts == bands and len({k.count(SHORT) for k in bands}) == 2
+    finally:
+        pf.close()
+        gd.close()
+        dec.close()
 
 
 @pytest.mark.gpu

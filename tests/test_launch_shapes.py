@@ -595,10 +595,11 @@ def test_attention_combine_dim_splits_allowed_and_refused():
 
 
 def test_decode_plan_short_attention_twin_over_the_same_buffers():
-    """plan_decode(short_attention="cluster"): one cluster launcher per layer, keyed by the
-    layer's attention entry, over the buffers that entry's launcher uses (attn, q, the layer's
-    K/V views, block table, state); refused with the persistent step, as the step's own
-    attention, or an unknown kernel."""
+    """plan_decode(short_attention="cluster" or a tuple of kernels): for each kernel one cluster
+    launcher per layer, keyed by the layer's attention entry, over the buffers that entry's
+    launcher uses (attn, q, the layer's K/V views, block table, state) — "cluster16" the same
+    kernel built in clusters of 16; refused with the persistent step, as the step's own
+    attention, twice, or an unknown kernel."""
     from drvqwen.config import QWEN25_CODER_05B
     from drvqwen.decode import plan_decode
     from drvqwen.errors import DrvqwenError
@@ -606,31 +607,39 @@ def test_decode_plan_short_attention_twin_over_the_same_buffers():
 
     occ = FixedOccupancy(132, lambda _k, _t, _s: 2)
     cfg = QWEN25_CODER_05B.with_layers(3)
-    plan = plan_decode(cfg, 256, occupancy=occ, short_attention="cluster")
+    assert sorted(plan_decode(cfg, 256, occupancy=occ, short_attention="cluster").short_attention) == ["cluster"]
+    plan = plan_decode(cfg, 256, occupancy=occ, short_attention=("cluster", "cluster16"))
     steps = dict(plan.steps)
-    assert sorted(plan.short_attention) == [f"L{l}.attention" for l in range(3)]
-    for name, short in plan.short_attention.items():
-        assert isinstance(short, AttentionDecodeCluster)
-        (spec,) = short.specs
-        long_specs = steps[name].specs
-        assert spec.args["q"] is long_specs[0].args["q"] and spec.args["out"] is long_specs[-1].args["out"]
-        assert spec.args["state"] is long_specs[0].args["state"]
-        assert spec.args["block_table"] is long_specs[0].args["block_table"]
-        layer = name[1:].split(".")[0]
-        assert tuple(spec.reads[1:3]) == (f"k_cache[{layer}]", f"v_cache[{layer}]")
-        assert {f"k_cache[{layer}]", f"v_cache[{layer}]"} <= set(long_specs[0].reads)
+    assert sorted(plan.short_attention) == ["cluster", "cluster16"]
+    for kernel, entries in plan.short_attention.items():
+        assert sorted(entries) == [f"L{l}.attention" for l in range(3)]
+        for name, short in entries.items():
+            assert isinstance(short, AttentionDecodeCluster)
+            (spec,) = short.specs
+            blocks = 16 if kernel == "cluster16" else 8
+            assert spec.grid == (blocks, cfg.num_kv_heads) and short.n_splits == 8 * blocks
+            assert spec.kernel.defines == ((("ACL_CLUSTER", 16),) if blocks == 16 else ())
+            long_specs = steps[name].specs
+            assert spec.args["q"] is long_specs[0].args["q"] and spec.args["out"] is long_specs[-1].args["out"]
+            assert spec.args["state"] is long_specs[0].args["state"]
+            assert spec.args["block_table"] is long_specs[0].args["block_table"]
+            layer = name[1:].split(".")[0]
+            assert tuple(spec.reads[1:3]) == (f"k_cache[{layer}]", f"v_cache[{layer}]")
+            assert {f"k_cache[{layer}]", f"v_cache[{layer}]"} <= set(long_specs[0].reads)
     assert plan_decode(cfg, 256, occupancy=occ).short_attention == {}
     for bad in (dict(short_attention="cluster", attention="cluster"), dict(short_attention="tma"),
-                dict(short_attention="cluster", attention="plain", persistent=True)):
+                dict(short_attention="cluster", attention="plain", persistent=True),
+                dict(short_attention=("cluster", "cluster"))):
         with pytest.raises(DrvqwenError, match="short_attention="):
             plan_decode(cfg, 256, occupancy=occ, **bad)
 
 
 def test_default_short_attention_follows_the_head_dim_and_the_attention():
-    """decode.default_short_attention: the cluster kernel up to one page a split (64 splits × 16
-    tokens = 1024 positions) at head dim 128, two (2048) at 64, behind the default attention only:
-    none behind the plain kernel (the verify pass's bits), the cluster kernel itself, with the
-    persistent step, or at a head dim it was not measured at."""
+    """decode.default_short_attention: the cluster kernel in clusters of 8 up to one page a split
+    (64 splits × 16 tokens = 1024 positions) at head dim 128, two (2048) at 64, then in clusters
+    of 16 up to twice that, behind the default attention only: none behind the plain kernel (the
+    verify pass's bits), the cluster kernel itself, with the persistent step, or at a head dim it
+    was not measured at."""
     from dataclasses import replace
 
     from drvqwen.config import PRESETS
@@ -639,24 +648,41 @@ def test_default_short_attention_follows_the_head_dim_and_the_attention():
 
     assert N_SPLITS == 64
     got = {name: default_short_attention(cfg, DEFAULT_ATTENTION, False) for name, cfg in PRESETS.items()}
-    want = {name: ("cluster", 1024 if cfg.head_dim == 128 else 2048) for name, cfg in PRESETS.items()}
-    assert got == want and got["7b"] == ("cluster", 1024) and got["0.5b"] == ("cluster", 2048)
+    want = {name: (("cluster", 1024), ("cluster16", 2048)) if cfg.head_dim == 128 else
+            (("cluster", 2048), ("cluster16", 4096)) for name, cfg in PRESETS.items()}
+    assert got == want and got["7b"][0] == ("cluster", 1024) and got["0.5b"][-1] == ("cluster16", 4096)
     cfg = PRESETS["7b"]
-    assert default_short_attention(cfg, "plain", False) == (None, 0)
-    assert default_short_attention(cfg, "cluster", False) == (None, 0)
-    assert default_short_attention(cfg, DEFAULT_ATTENTION, True) == (None, 0)
-    assert default_short_attention(replace(cfg, head_dim=96), DEFAULT_ATTENTION, False) == (None, 0)
+    assert default_short_attention(cfg, "plain", False) == ()
+    assert default_short_attention(cfg, "cluster", False) == ()
+    assert default_short_attention(cfg, DEFAULT_ATTENTION, True) == ()
+    assert default_short_attention(replace(cfg, head_dim=96), DEFAULT_ATTENTION, False) == ()
 
 
 def test_the_engine_compiles_the_short_context_attention_where_its_step_runs_it():
-    """engine_kernels lists attention_decode_cluster for the default step (its short-context twin)
-    and not for the speculative step, whose decode attention is the plain kernel throughout."""
+    """engine_kernels lists attention_decode_cluster in both of its builds for the default step
+    (its short-context bands) and neither for the speculative step, whose decode attention is the
+    plain kernel throughout."""
     from drvqwen.config import PRESETS
     from drvqwen.engine import engine_kernels
 
     cfg = PRESETS["0.5b"]
-    assert ("attention_decode_cluster", ()) in {(n, tuple(d)) for n, d in engine_kernels(cfg)}
+    builds = {(n, tuple(sorted(dict(d).items()))) for n, d in engine_kernels(cfg)}
+    assert {("attention_decode_cluster", ()), ("attention_decode_cluster", (("ACL_CLUSTER", 16),))} <= builds
     assert "attention_decode_cluster" not in {n for n, _d in engine_kernels(cfg, speculative=True)}
+
+
+def test_launch_list_chain_picks_the_band_of_a_length():
+    """LaunchList.for_length over a twin that has a twin of its own: the shortest band up to its
+    length, the middle one up to its own, the step's list beyond; chain() lists them outermost
+    first."""
+    from drvqwen.launch_list import LaunchList
+
+    inner = LaunchList("greedy+cluster", [])
+    outer = LaunchList("greedy+cluster16", [], short=inner, short_below=1024)
+    main = LaunchList("greedy", [], short=outer, short_below=2048)
+    assert main.chain() == [main, outer, inner] and inner.chain() == [inner]
+    assert [main.for_length(n).name for n in (1, 1024, 1025, 2048, 2049)] == [
+        "greedy+cluster", "greedy+cluster", "greedy+cluster16", "greedy+cluster16", "greedy"]
 
 
 @pytest.mark.parametrize("kwargs", [dict(short_attention="cluster"), dict(short_below=2048),

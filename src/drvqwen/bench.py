@@ -331,8 +331,9 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         short_attention_below: > 0: the steps whose attention covers at most that many positions
             run the one-launch cluster attention (DecodeStep(short_attention="cluster")), the
             others decode_attention's; 0: one attention throughout; None: the step's default
-            (decode.default_short_attention: the cluster kernel up to 1024 positions at head dim
-            128, 2048 at 64, behind the default attention).
+            (decode.default_short_attention: the cluster kernel in clusters of 8 up to 1024
+            positions at head dim 128 and 2048 at 64, in clusters of 16 up to 2048 and 4096,
+            behind the default attention).
         l2_prefetch_mb: > 0: each layer asks L2 for up to that many MB (10^6 bytes) of its
             o_proj, gate_up and down weights after qkv_rope (DecodeStep(l2_prefetch_bytes=...),
             kernels/l2_prefetch.cu); 0: off. l2_prefetch_qkv: each layer but the last also asks
@@ -403,6 +404,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prompt_seed": seed, "warmup_steps": WARMUP_TOKENS, "decode": decode,
                          "attention": dec.attention,
                          "short_attention_below": dec.short_below or None,
+                         "short_attention_bands": [[k, below] for k, _e, below in dec.short_bands] or None,
                          "l2_prefetch_mb": l2_prefetch_mb or None, "l2_prefetch_qkv": l2_prefetch_qkv or None,
                          "l2_prefetch_layer0_bytes": l2_prefetch_layer_bytes(dec.plan.steps, 0) or None,
                          "persistent_blocks": persistent_blocks if decode == "persistent" else None,
@@ -604,8 +606,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--short-attention-below", type=int, default=None, metavar="POSITIONS",
                    help="the decode steps whose attention covers at most this many positions run the one-launch "
                         "cluster attention, the others --decode-attention's (their own pair of graphs); 0: off "
-                        "(default: the step's own, 1024 positions at head dim 128 and 2048 at 64, behind the TMA "
-                        "attention). Given, it must exceed --prompt-tokens: the timed steps start after the prompt"),
+                        "(default: the step's own bands, clusters of 8 up to 1024 positions at head dim 128 (2048 at "
+                        "64) and of 16 up to 2048 (4096), behind the TMA attention). Given, it must exceed "
+                        "--prompt-tokens: the timed steps start after the prompt"),
     p.add_argument("--l2-prefetch-mb", type=float, default=0.0, metavar="MB",
                    help="after each layer's qkv_rope, ask L2 for up to this many MB of the layer's o_proj, gate_up "
                         "and down weights (the first tiles of every GEMV block), to measure; 0: off")

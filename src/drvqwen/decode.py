@@ -97,36 +97,48 @@ from .stats import phase
 # cluster: built for short contexts, where the step runs it by default, below).
 ATTENTION_KERNELS = ("tma", "plain", "cluster")
 DEFAULT_ATTENTION = "tma"
-# A second attention for the steps of short contexts (DecodeStep(short_attention=, short_below=)):
-# the step then runs two launch lists, each with its own pair of graphs (LaunchList.short).
-SHORT_ATTENTION_KERNELS = ("cluster",)
-# By default the step runs the one-launch cluster attention up to SHORT_PAGES_PER_SPLIT[Dh] pages a
-# split — 64 splits a KV head (attention_decode_cluster.N_SPLITS) × 16 tokens a page: 1024
-# positions at Dh = 128, 2048 at Dh = 64 — and the two-launch TMA kernel beyond. At short
-# contexts the two launches are two latency chains for little K/V (1 MiB a 7B layer at 512
-# tokens); the cluster kernel is one, merged on chip, but its splits are the warps of 8 · Hkv
-# SMs, so each page more a split is one more page latency in a row. Measured inside the step
-# (graph ITL medians, 128 tokens after the prompt, in turns with the two-launch step; H100;
+# Attentions for the steps of short contexts (DecodeStep(short_attention=, short_below=)): the
+# step then runs a launch list for each band of lengths, each with its own pair of graphs
+# (LaunchList.short, LaunchList.chain). "cluster" is attention_decode_cluster.cu in clusters of
+# 8 blocks (64 splits a KV head), "cluster16" the same kernel in clusters of 16 (ACL_CLUSTER=16:
+# 128 splits; past the portable cluster size, which the module loader opts in to).
+SHORT_ATTENTION_KERNELS = ("cluster", "cluster16")
+SHORT_CLUSTER_BLOCKS = {"cluster": attention_decode_cluster.CLUSTER, "cluster16": 16}
+# By default the step runs the one-launch cluster attention while each split holds at most
+# SHORT_PAGES_PER_SPLIT[Dh] pages — in clusters of 8 blocks (64 splits a KV head × 16 tokens a
+# page: 1024 positions at Dh = 128, 2048 at Dh = 64), then in clusters of 16 (128 splits: 2048
+# and 4096) — and the two-launch TMA kernel beyond. At short contexts the two launches are two
+# latency chains for little K/V (1 MiB a 7B layer at 512 tokens); the cluster kernel is one,
+# merged on chip, but its splits are the warps of a few SMs, so each page more a split is one
+# more page latency in a row, and a cluster of 16 merges over twice the blocks. Measured inside
+# the step (graph ITL, 128 tokens after the prompt, in turns; H100;
 # docs/kernels.md#one-launch-for-short-contexts-the-cluster-version): the 7B after 512 tokens
-# (one page a split) 2.1505 against 2.1928 ms, after 1024 (two) 2.1984 / 2.2014 against
-# 2.1592 / 2.1573 — so one page at Dh = 128; the 0.5B after 512 0.5990 against 0.6401, after
-# 2048 (two or three pages of 64-dim heads) 0.6743 / 0.6789 against 0.6962 / 0.6953, after
-# 3072 0.7133 / 0.7140 against 0.7070 / 0.7007 — so two at Dh = 64.
+# 2.1505 ms in clusters of 8 against 2.1928 in two launches, 2.147 / 2.148 in clusters of 16
+# against 2.142 / 2.138 in 8; after 1024 (two pages a split of 64) 2.198 / 2.201 in clusters
+# of 8, 2.168 / 2.176 in 16, against 2.159 / 2.157 and 2.191 / 2.205 in two launches — so one
+# page a split at Dh = 128; the 0.5B after 512 0.599 in clusters of 8 against 0.640 in two
+# launches and 0.627 / 0.625 in 16; after 2048 (two or three pages of 64-dim heads a split of
+# 64) 0.674 / 0.679 in 8 against 0.696 / 0.695, 0.6669 / 0.6645 in 16 against 0.6994 / 0.6989;
+# after 3072 0.713 / 0.714 in 8 against 0.707 / 0.701, 0.6749 / 0.6715 in 16 against 0.7085 /
+# 0.7045 — so two at Dh = 64.
 SHORT_PAGES_PER_SPLIT = {128: 1, 64: 2}
 # The launches of a layer whose weights plan_decode(l2_prefetch_bytes=...) asks L2 for, in the
 # order they run: after qkv_rope, attention leaves HBM idle while these wait (kernels/l2_prefetch.cu).
 L2_PREFETCH_OF = ("o_proj", "gate_up_swiglu", "down_proj")
 
 
-def default_short_attention(cfg: QwenConfig, attention: str, persistent: bool) -> tuple[str | None, int]:
-    """(short_attention, short_below) a DecodeStep runs when not told: the cluster kernel up to
-    SHORT_PAGES_PER_SPLIT pages a split behind the default attention (DEFAULT_ATTENTION); none
-    behind another attention (the plain kernel, which the verify pass's bits follow, or the
-    cluster kernel itself) or with the persistent step."""
+def default_short_attention(cfg: QwenConfig, attention: str, persistent: bool) -> tuple[tuple[str, int], ...]:
+    """The short-context bands a DecodeStep runs when not told, ((kernel, longest length), …)
+    shortest first: each SHORT_ATTENTION_KERNELS kernel up to SHORT_PAGES_PER_SPLIT pages a
+    split, behind the default attention (DEFAULT_ATTENTION); none behind another attention (the
+    plain kernel, which the verify pass's bits follow, or the cluster kernel itself), with the
+    persistent step, or at a head dim not measured. DecodeStep keeps a band only where the GPU
+    runs all Hkv of its clusters at once (AttentionDecodeCluster.clusters_at_once)."""
     pages = SHORT_PAGES_PER_SPLIT.get(cfg.head_dim)
     if persistent or attention != DEFAULT_ATTENTION or pages is None:
-        return None, 0
-    return "cluster", pages * attention_decode_cluster.N_SPLITS * PAGE_TOKENS
+        return ()
+    return tuple((kernel, pages * SHORT_CLUSTER_BLOCKS[kernel] * attention_decode_cluster.WARPS * PAGE_TOKENS)
+                 for kernel in SHORT_ATTENTION_KERNELS)
 
 
 @dataclass
@@ -149,9 +161,10 @@ class DecodePlan:
             planned ones), shared by the decode step and the prefill.
         persistent: with plan_decode(persistent=True), the steps before "norm" as one persistent
             kernel (kernels/decode_persistent.cu), over the same planned launches.
-        short_attention: with plan_decode(short_attention=...), each layer's attention entry
-            name ("L{l}.attention") → the short-context attention launcher over the same buffers,
-            for the steps of short contexts (DecodeStep: LaunchList.short).
+        short_attention: with plan_decode(short_attention=...), for each short-context kernel
+            (SHORT_ATTENTION_KERNELS) each layer's attention entry name ("L{l}.attention") → its
+            launcher over the same buffers, for the steps of short contexts (DecodeStep:
+            LaunchList.short).
     """
 
     config: QwenConfig
@@ -167,7 +180,7 @@ class DecodePlan:
     formats: dict[str, int] | None = None
     fmt_defines: tuple[tuple[str, int], ...] = ()
     persistent: PersistentDecode | None = None
-    short_attention: dict[str, Launcher] = field(default_factory=dict)
+    short_attention: dict[str, dict[str, Launcher]] = field(default_factory=dict)
 
     def named_specs(self) -> list[tuple[str, LaunchSpec]]:
         """Every planned kernel launch with its step name (".0", ".1" for multi-launch steps)."""
@@ -214,7 +227,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
                 formats: dict[str, int] | None = None, persistent: bool = False,
                 persistent_min_blocks: int = 1, persistent_stress: bool = False, persistent_trace: bool = False,
                 persistent_defines: tuple[tuple[str, int], ...] = (),
-                short_attention: str | None = None, l2_prefetch_bytes: int = 0,
+                short_attention: str | tuple[str, ...] | None = None, l2_prefetch_bytes: int = 0,
                 l2_prefetch_qkv: bool = False, l2_prefetch_blocks: int | None = None) -> DecodePlan:
     """Plan the decode step of `cfg`: every launch, its grid and its buffers (see the module doc).
 
@@ -238,7 +251,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             compile-time choices) choose its build; persistent_trace plans the buffer
             "persistent_trace" for its per-item timestamps.
         short_attention: also plan `DecodePlan.short_attention`, each layer's attention by this
-            kernel (SHORT_ATTENTION_KERNELS: "cluster") over the same buffers, for short contexts.
+            kernel (SHORT_ATTENTION_KERNELS: "cluster", "cluster16"), or by each of these kernels,
+            over the same buffers, for short contexts.
         l2_prefetch_bytes: > 0: after each layer's qkv_rope, "L{l}.l2_prefetch" asks L2 for up to
             that many bytes of the layer's o_proj, gate_up and down_proj weights, in that order
             (kernels/l2_prefetch.cu; launchers.l2_prefetch.l2_prefetch_spans picks them); 0: none.
@@ -260,10 +274,11 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     """
     if attention not in ATTENTION_KERNELS:
         raise DrvqwenError(f"attention={attention!r}: choose one of {', '.join(ATTENTION_KERNELS)}")
-    if short_attention is not None and (short_attention not in SHORT_ATTENTION_KERNELS or persistent
-                                        or short_attention == attention):
-        raise DrvqwenError(f"short_attention={short_attention!r}: one of {', '.join(SHORT_ATTENTION_KERNELS)}, "
-                           f"other than attention={attention!r}, and not with the persistent step")
+    shorts = (short_attention,) if isinstance(short_attention, str) else tuple(short_attention or ())
+    if shorts and (any(k not in SHORT_ATTENTION_KERNELS or k == attention for k in shorts)
+                   or len(set(shorts)) < len(shorts) or persistent):
+        raise DrvqwenError(f"short_attention={short_attention!r}: one or more of {', '.join(SHORT_ATTENTION_KERNELS)}, "
+                           f"each once, other than attention={attention!r}, and not with the persistent step")
     if l2_prefetch_bytes < 0:
         raise DrvqwenError(f"l2_prefetch_bytes={l2_prefetch_bytes}: want ≥ 0")
     if persistent and attention != "plain":
@@ -333,9 +348,11 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         else:
             attn = AttentionDecode(a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], part,
                                    n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh, blocks_per_kv_head=S)
-        if short_attention is not None:
-            plan.short_attention[f"L{l}.attention"] = AttentionDecodeCluster(
-                a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh)
+        for kernel in shorts:
+            blocks = SHORT_CLUSTER_BLOCKS[kernel]
+            plan.short_attention.setdefault(kernel, {})[f"L{l}.attention"] = AttentionDecodeCluster(
+                a["attn"], a["q"], k_l, v_l, a["block_table"], a["state"], n_heads=Hq, n_kv_heads=Hkv, head_dim=Dh,
+                defines=() if blocks == attention_decode_cluster.CLUSTER else (("ACL_CLUSTER", blocks),))
         if fm is not None:
             q, k, v, o, g, u, d = (fw(proj_prefix(l, p), dense_ok=True)
                                    for p in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
@@ -417,15 +434,20 @@ class DecodeStep:
             steps whose attention covers at most short_below positions (its own included): every
             launch list of the step then carries that twin (LaunchList.short), which eager steps,
             GraphDecoder and the per-token prefill pick by length. None / 0: one attention at
-            every length. The default ("auto", None): default_short_attention's — the cluster
-            kernel up to 1024 positions at head dim 128, 2048 at 64, behind the default
-            attention only. DecodeStep.time_kernels times the step's own list, not the twin.
+            every length. The default ("auto", None): default_short_attention's bands — the
+            cluster kernel in clusters of 8 up to 1024 positions at head dim 128 (2048 at 64),
+            in clusters of 16 up to 2048 (4096), behind the default attention only; a band whose
+            Hkv clusters the GPU cannot run at once is left out. DecodeStep.time_kernels times
+            the step's own list, not the twins.
         l2_prefetch_bytes: > 0: each INT4 layer asks L2 for up to that many bytes of its
             o_proj, gate_up and down weights after qkv_rope (plan_decode); l2_prefetch_qkv: each
             layer but the last asks for the next one's q/k/v weights after down_proj;
             l2_prefetch_blocks: their launches' blocks. The same values.
     Attributes:
         plan: the DecodePlan it was built from.
+        short_bands: the short-context bands kept, shortest first: (kernel, entry name →
+            launcher, the longest attention length it runs); short_below: the last band's
+            length, 0 without one.
         launch_list: the plan's step (greedy argmax) built: `launches` (NamedLaunch list of one
             step, in order) and `launchers` are its.
         buf: activation name → DeviceArray; kv: the KVCache; weights: the GPUWeights.
@@ -452,8 +474,9 @@ class DecodeStep:
                                "(a kernel and a length ≥ 1) or neither")
         cfg = f.config if num_layers is None else f.config.with_layers(num_layers)
         attention = attention or ("plain" if persistent else DEFAULT_ATTENTION)
-        if auto:
-            short_attention, short_below = default_short_attention(cfg, attention, persistent)
+        # The bands, shortest first: (kernel, the longest attention length it runs).
+        bands = (default_short_attention(cfg, attention, persistent) if auto
+                 else ((short_attention, short_below),) if short_attention is not None else ())
         self.device = get_device()
         self.pdl = pdl
         self.config = cfg
@@ -461,10 +484,11 @@ class DecodeStep:
                                 persistent=persistent, persistent_min_blocks=persistent_min_blocks,
                                 persistent_stress=persistent_stress, persistent_trace=persistent_trace,
                                 persistent_defines=tuple(persistent_defines),
-                                short_attention=short_attention, l2_prefetch_bytes=l2_prefetch_bytes,
+                                short_attention=tuple(k for k, _below in bands) or None,
+                                l2_prefetch_bytes=l2_prefetch_bytes,
                                 l2_prefetch_qkv=l2_prefetch_qkv, l2_prefetch_blocks=l2_prefetch_blocks)
         self.attention, self.max_context, self.text_vocab = attention, self.plan.max_context, f.text_vocab
-        self.short_below = short_below if self.plan.short_attention else 0
+        self._bands, self._auto_bands = bands, auto
         self._check_fits(f)
         self.stream = Stream()
         self._allocate(f, progress, num_layers, rng)
@@ -523,18 +547,30 @@ class DecodeStep:
             launcher.build(self.resolve, self.stream, pdl=self.pdl)
         if self.plan.persistent is not None:
             self.plan.persistent.build(self.resolve, self.stream)
-        self.short_attention = self.plan.short_attention  # entry name → launcher (empty: none)
-        for launcher in self.short_attention.values():
-            launcher.build(self.resolve, self.stream, pdl=self.pdl)
+        # The short-context bands (kernel, entry name → launcher, longest length), shortest
+        # first; a default band only where the GPU runs every KV head's cluster at once (a
+        # cluster's blocks share one GPC: a cluster of 16 may find no room on a smaller part).
+        self.short_bands = []
+        for kernel, below in self._bands:
+            entries = self.plan.short_attention[kernel]
+            for launcher in entries.values():
+                launcher.build(self.resolve, self.stream, pdl=self.pdl)
+            first = next(iter(entries.values()))
+            if not self._auto_bands or first.clusters_at_once() >= self.config.num_kv_heads:
+                self.short_bands.append((kernel, entries, below))
+        self.short_below = self.short_bands[-1][2] if self.short_bands else 0
         self.launch_list = self._with_short("greedy", list(self.plan.steps))
 
     def _with_short(self, name: str, steps: list[tuple[str, Launcher]]) -> LaunchList:
-        """The LaunchList of `steps`, with its short-context twin where the step has one
-        (short_attention, short_below): the same entries, each layer's attention replaced."""
-        if not self.short_attention:
-            return LaunchList(name, steps)
-        short = LaunchList(f"{name}+short", [(n, self.short_attention.get(n, l)) for n, l in steps])
-        return LaunchList(name, steps, short=short, short_below=self.short_below)
+        """The LaunchList of `steps`, with its short-context twins where the step has them
+        (short_bands): the same entries, each layer's attention replaced by a band's kernel,
+        each twin the `short` of the next longer band's (LaunchList.chain)."""
+        twin, below = None, 0
+        for kernel, entries, longest in self.short_bands:
+            twin = LaunchList(f"{name}+{kernel}", [(n, entries.get(n, l)) for n, l in steps], short=twin,
+                              short_below=below)
+            below = longest
+        return LaunchList(name, steps, short=twin, short_below=below)
 
     def persistent_variant(self, launch_list: LaunchList | None = None) -> LaunchList:
         """`launch_list` (default: the plan's) with its entries before "norm" — the embedding and

@@ -163,14 +163,15 @@ def engine_kernels(config: QwenConfig, formats: dict[str, int] | None = None,
     # build fitting three blocks where the default fits one (that build).
     occupancies = (lambda _k: 1, lambda k: 3 if k.defines == QKV_ROPE_DEFINES else 1)
     attention = VERIFY_ATTENTION[0] if one_pass else DEFAULT_ATTENTION
-    # The short-context attention the step runs by default (DecodeStep's), compiled with the rest.
-    short_attention, _below = default_short_attention(config, attention, persistent=False)
+    # The short-context attentions the step runs by default (DecodeStep's bands), compiled with the rest.
+    short_attention = tuple(kernel for kernel, _below in default_short_attention(config, attention, persistent=False))
     wanted = set()
     for per_sm in occupancies:
         plan = plan_decode(one, occupancy=FixedOccupancy(1, lambda k, _t, _s: per_sm(k)), formats=formats,
-                           attention=attention, short_attention=short_attention)
+                           attention=attention, short_attention=short_attention or None)
         wanted |= {(s.kernel.file, s.kernel.defines) for _name, s in plan.named_specs()}
-        wanted |= {(s.kernel.file, s.kernel.defines) for l in plan.short_attention.values() for s in l.specs}
+        wanted |= {(s.kernel.file, s.kernel.defines) for entries in plan.short_attention.values()
+                   for l in entries.values() for s in l.specs}
         for T in ((1, MAX_VERIFY_TOKENS) if one_pass else ()):
             # An H200's grid (132 SMs, 2 blocks each): with one SM a T-token GEMV block would hold
             # all of K in shared memory, which no GPU has. The kernel files and defines do not

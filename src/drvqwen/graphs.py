@@ -1,5 +1,6 @@
-"""CUDA-graph decode: two graph execs, switched at each KV page boundary (two more where the step
-has a short-context twin: LaunchList.short, its attention for short contexts).
+"""CUDA-graph decode: two graph execs, switched at each KV page boundary (two more for each
+short-context twin of the step: LaunchList.short, its attention for short contexts, and that
+twin's own twin for shorter ones still: LaunchList.chain).
 
 Why graphs: one decode step is 173 kernel launches at 7B (6 per layer; 149 at 0.5B). Launched
 eagerly from Python each costs ~5.6 µs of host time, ~1 ms per token; replayed from a graph they
@@ -141,7 +142,8 @@ class GraphDecoder:
         num_nodes: {"decode": nodes, "opens_page": nodes} of the captured graphs (empty when eager);
             with a short-context twin (LaunchList.short) also "decode_short" and "opens_page_short",
             its pair of graphs, replayed for the steps whose attention covers at most
-            launch_list.short_below positions.
+            launch_list.short_below positions, and for a twin's twin the same names with the
+            suffix SHORT twice (once for each step down LaunchList.chain).
         steps_by_graph: steps replayed so far by graph name (also counted when eager).
     """
 
@@ -162,9 +164,8 @@ class GraphDecoder:
         self.mode = "graph"
         self.fallback_reason: str | None = None
         self.num_nodes: dict[str, int] = {}
-        self.steps_by_graph = {GRAPH_DECODE: 0, GRAPH_OPENS_PAGE: 0}
-        if self.launch_list.short is not None:
-            self.steps_by_graph.update({GRAPH_DECODE + SHORT: 0, GRAPH_OPENS_PAGE + SHORT: 0})
+        self.steps_by_graph = {graph + SHORT * depth: 0 for depth in range(len(self.launch_list.chain()))
+                               for graph in (GRAPH_DECODE, GRAPH_OPENS_PAGE)}
         self._execs: dict[str, GraphExec] = {}
         n_pages = dec.seq.pages.n_pages
         # Allocated before capture: allocation is an unsafe call while a stream captures.
@@ -187,8 +188,8 @@ class GraphDecoder:
             raise
 
     def _capture_all(self) -> None:
-        lists = [("", self.launch_list)] + ([(SHORT, self.launch_list.short)] if self.launch_list.short else [])
-        for suffix, lst in lists:
+        for depth, lst in enumerate(self.launch_list.chain()):
+            suffix = SHORT * depth
             step_launches = [(nl.name, nl.launch) for nl in lst.launches]
             page_launches = [("set_block_table_entry", self._set_entry.launches[0]), *step_launches]
             for name, launches in ((GRAPH_DECODE, step_launches), (GRAPH_OPENS_PAGE, page_launches)):
@@ -218,13 +219,14 @@ class GraphDecoder:
 
         Returns:
             "decode" or "opens_page", the graph chosen (also when running eagerly after a fallback),
-            with "_short" for the short-context twin's.
+            with "_short" for the short-context twin's (twice for its twin's: LaunchList.chain).
 
         Raises:
             DrvqwenError: the context is full or no free page is left.
         """
         dec, seq = self.dec, self.dec.seq
-        suffix = SHORT if self.launch_list.for_length(seq.pos + 1) is not self.launch_list else ""
+        chain = self.launch_list.chain()
+        suffix = SHORT * next(d for d, lst in enumerate(chain) if lst is self.launch_list.for_length(seq.pos + 1))
         if self.mode != "graph":
             if self.mode == "closed":
                 raise RuntimeError("GraphDecoder.decode_token() after close()")

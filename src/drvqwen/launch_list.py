@@ -58,7 +58,9 @@ class LaunchList:
             CUDA graph captures).
         short: the same step with the short-context attention in place of each layer's (the
             decode step's short_attention; None: one list for every length), used for the steps
-            whose attention covers at most `short_below` positions (`for_length`).
+            whose attention covers at most `short_below` positions (`for_length`). It may have a
+            `short` of its own, for still shorter contexts: the step's bands, outermost first
+            (`chain`).
         short_below: the longest attention length (positions, the step's own included) that
             runs `short`.
     """
@@ -73,9 +75,19 @@ class LaunchList:
         self.launches = named_launches(self.launchers)
 
     def for_length(self, seq_len: int) -> LaunchList:
-        """The list a step whose attention covers `seq_len` positions runs: `short` up to
-        short_below positions, else this one."""
-        return self.short if self.short is not None and seq_len <= self.short_below else self
+        """The list a step whose attention covers `seq_len` positions runs: `short`'s choice up
+        to short_below positions (its own `short` for shorter ones still), else this one."""
+        if self.short is not None and seq_len <= self.short_below:
+            return self.short.for_length(seq_len)
+        return self
+
+    def chain(self) -> list[LaunchList]:
+        """This list and its short-context twins, outermost first: [self, self.short,
+        self.short.short, …]."""
+        out = [self]
+        while out[-1].short is not None:
+            out.append(out[-1].short)
+        return out
 
     def index(self, name: str) -> int:
         """Position of the step entry `name` in `launchers`.

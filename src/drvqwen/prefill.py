@@ -800,7 +800,7 @@ class Prefill:
 
         def layers(of: LaunchList) -> list:
             return of.launches[:[nl.name for nl in of.launches].index("norm")]
-        by_list = {id(of): layers(of) for of in (lst, lst.short) if of is not None}
+        by_list = {id(of): layers(of) for of in lst.chain()}
         for i in range(T):
             feed.set_arg("next_token", DeviceArray(f"ids[{i}]", self.buf["ids"].ptr + 4 * i, (1,), np.int32))
             feed.set(start + i).launch()

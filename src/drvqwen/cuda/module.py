@@ -56,6 +56,19 @@ class Function:
         """The largest block this kernel can launch with, given its registers and bounds."""
         return self.attribute(_FA.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
 
+    def max_active_clusters(self, grid: tuple[int, int, int], threads: int, dynamic_smem_bytes: int = 0) -> int:
+        """Clusters of this kernel (its compile-time __cluster_dims__) the device runs at once
+        for a launch of `grid` blocks of `threads` threads (cuOccupancyMaxActiveClusters): a
+        cluster's blocks share one GPC, so this counts the GPCs with room, not the SM total.
+        Past the portable cluster size, call allow_its_cluster_size first (module loading does).
+        """
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (int(v) for v in grid)
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(threads), 1, 1
+        cfg.sharedMemBytes = int(dynamic_smem_bytes)
+        cfg.numAttrs = 0
+        return int(check(driver.cuOccupancyMaxActiveClusters(self.handle, cfg), "cuOccupancyMaxActiveClusters"))
+
     def max_active_blocks_per_sm(self, threads: int, dynamic_smem_bytes: int = 0) -> int:
         """Resident blocks of this kernel per SM for a block of `threads` threads and
         `dynamic_smem_bytes` of dynamic shared memory, as the driver computes it

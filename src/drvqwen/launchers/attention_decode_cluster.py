@@ -30,8 +30,9 @@ class AttentionDecodeCluster(Launcher):
     """out fp16 [Hq, Dh] = softmax(q Kᵀ/√Dh) V over positions < state[2] of one layer's paged
     cache (k_cache / v_cache [P, Hkv, 16, Dh] fp16, block_table int32, state int32 [3]), in one
     launch of grid (CLUSTER, Hkv), block 32 · WARPS. `defines`: compile-time choices of the kernel
-    (tests: (("ACL_POISON_SMEM", 1),), NaN in its merge buffers before the splits run; to measure:
-    (("ACL_CLUSTER", 16),), clusters of 16 blocks, the grid's x with them).
+    (tests: (("ACL_POISON_SMEM", 1),), NaN in its merge buffers before the splits run;
+    (("ACL_CLUSTER", 16),): clusters of 16 blocks, the grid's x with them — the decode step's
+    second short-context band, decode.default_short_attention).
 
     Raises:
         LaunchError: unsupported head_dim or GQA group (attention_decode's), or a buffer of the
@@ -54,6 +55,17 @@ class AttentionDecodeCluster(Launcher):
                   dict(out=out, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, state=state,
                        Hq=i32(n_heads), Hkv=i32(n_kv_heads)),
                   reads=(q, k_cache, v_cache, block_table, state), writes=(out,))
+
+    def clusters_at_once(self) -> int:
+        """Clusters of this launch the GPU runs at once (Function.max_active_clusters; loads the
+        kernel). Fewer than its Hkv clusters and some KV heads wait for others to finish: the
+        step then keeps this kernel for no band (decode.default_short_attention).
+
+        Raises:
+            CudaError: the driver refused the query (no usable GPU).
+        """
+        spec = self.specs[0]
+        return spec.kernel.function().max_active_clusters((*spec.grid, 1, 1)[:3], spec.block[0])
 
     def bytes_for(self, seq_len: int) -> int:
         """KV bytes read at a given length."""
