@@ -156,12 +156,12 @@ def _run_fed(step, decode, inputs):
     return np.stack(logits), tokens
 
 
-def _default_step_run(f, inputs):
-    """_run_fed of the default step (eager) of model file `f` over `inputs`, with the default
-    attention at every length (no short-context bands)."""
+def _default_step_run(f, inputs, **step_args):
+    """_run_fed of the default step (eager) of model file `f` over `inputs` (`step_args`: more
+    DecodeStep arguments, e.g. short_attention=None for the default attention at every length)."""
     from drvqwen.decode import DecodeStep
 
-    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), short_attention=None)
+    base = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), **step_args)
     try:
         return _run_fed(base, base.decode_token, inputs)
     finally:
@@ -186,7 +186,7 @@ def test_decode_with_cluster_attention(model, rng):
     def run(step, decode):
         return _run_fed(step, decode, inputs)
 
-    want, want_tokens = _default_step_run(f, inputs)
+    want, want_tokens = _default_step_run(f, inputs, short_attention=None)
     step = DecodeStep(f, max_context=256, rng=np.random.default_rng(7), attention="cluster")
     try:
         assert step.plan.attention == "cluster"
