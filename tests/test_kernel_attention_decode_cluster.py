@@ -11,7 +11,8 @@ Also: the build that fills its merge buffers with NaN first (ACL_POISON_SMEM: a 
 memory nothing wrote would show as NaN), and other GQA groups (Hq / Hkv = 5, 8, 6, 1) at a few
 lengths.
 
-test_attention_cluster_small is the case compute-sanitizer runs (tools/sanitize_nodes.txt).
+test_attention_cluster_small is the case compute-sanitizer runs (tools/sanitize_nodes.txt): both builds
+the decode step runs, clusters of 8 and of 16.
 """
 
 from __future__ import annotations
@@ -82,3 +83,4 @@ def test_attention_cluster_groups(dev, rng, group):
 @pytest.mark.parametrize("model", list(MODELS))
 def test_attention_cluster_small(dev, rng, model):
     check_cluster(dev, rng, model, *MODELS[model], SMALL_LENGTHS)
+    check_cluster(dev, rng, f"{model}.c16", *MODELS[model], SMALL_LENGTHS, defines=(("ACL_CLUSTER", 16),))
