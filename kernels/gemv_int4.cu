@@ -578,15 +578,16 @@ __device__ __forceinline__ XS gemv_x_source(const float* residual, const __half*
 // (int4_matmul.cuh): qweight [tiles, K/128, 16, 16] uint32, the item's 16 rows in MMA row order,
 // so MMA row r is slot r of item (tile, gi) whatever the segment's row order. `row` (the matrix
 // row, clamped to the last one) is there for layouts that need it (kernels/dev/).
-// quad's offset from qweight in words, in 32-bit arithmetic: < 2^32 for every matrix the
-// launchers take (N·K/8 words; the largest, a 152 064 × 3 584 lm_head, is 6.8e7).
+// quad_offset: the offset from qweight in words, in 32-bit arithmetic: < 2^32 for every matrix
+// the launchers take (N·K/8 words; the largest, a 152 064 × 3 584 lm_head, is 6.8e7) — int4_tile_item's
+// formula without its 64-bit multiplies. quad: the same words as a pointer (kernels/dev/).
 struct GemvTileMajor {
-    __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
-                                                      int gi, int K, int t) {
-        return int4_tile_item(qweight, tile, gi, K) + r * GEMV_WORDS_PER_GROUP + 4 * t;
-    }
     __device__ static __forceinline__ u32 quad_offset(int tile, int r, int gi, int K, int t) {
         return ((u32)tile * (u32)(K / INT4_GROUP) + (u32)gi) * INT4_ITEM_WORDS + (u32)(r * GEMV_WORDS_PER_GROUP + 4 * t);
+    }
+    __device__ static __forceinline__ const u32* quad(const u32* qweight, int tile, int r, u64 row,
+                                                      int gi, int K, int t) {
+        return qweight + quad_offset(tile, r, gi, K, t);
     }
 };
 
