@@ -1084,14 +1084,32 @@ struct GemmQkvRopeEpilogue {
         if (*pair >= (Hq + 2 * Hkv) * half_dim) return;
         const int start = __ldcg(prefill_state);  // after the kernel's griddepcontrol.wait
         const GemmRopePair rp(*pair, half_dim, div_reciprocal(half_dim), Hq, Hkv);
+        // A tile whose every token is < M (all but a chunk's last) takes the loop without the
+        // per-token bound: one uniform branch here instead of a divergent one around each
+        // token's stores (a BSSY/BRA/BSYNC and a compare each, 64 a lane at 256-token tiles).
+        if (m0 + GEMM_BM <= M) tokens<true>(acc, m0, M, t, rp, start);
+        else tokens<false>(acc, m0, M, t, rp, start);
+    }
+
+    // The lane's GEMM_BM/8 · 2 tokens of its pair; WHOLE: the tile has no token ≥ M.
+    // Addresses are 32-bit element offsets from two per-lane pointers, one per dim of the pair
+    // (dims i and i + Dh/2: one IMAD.WIDE a store), and positions are unsigned, so the page and
+    // slot of start + token are a shift and a mask (a signed / and % by 16 take 2 and 4
+    // instructions more for the sign). This epilogue runs once per tile on its owner, after the
+    // mainloop, and is issue-bound (the header's ncu figures): the instructions a store are its time.
+    template <bool WHOLE>
+    __device__ __forceinline__ void tokens(const float (&acc)[GEMM_ACC], int m0, int M, int t,
+                                           const GemmRopePair& rp, int start) const {
+        const int half_dim = Dh / 2;
         const int seg = rp.seg, h = rp.h, i = rp.i;
         const __half* bias = (seg == 0 ? q_bias : seg == 1 ? k_bias : v_bias) + h * Dh;
         const float b1 = __half2float(bias[i]), b2 = __half2float(bias[i + half_dim]);
         // Where the lane's two dims go: q_out row `token`, or the cache slot of pos = start + token
         // (kv_cache.cuh: page · page_elems + (h·16 + slot)·Dh) — the per-token part in 32 bits
         // (< 2³¹ elements: the launcher bounds rows · Hq · Dh and a layer's cache).
-        __half* const base = seg == 0 ? q_out + h * Dh + i
-                                      : (seg == 1 ? k_cache : v_cache) + kv_offset(0, h, 0, Hkv, Dh) + i;
+        __half* const base1 = seg == 0 ? q_out + h * Dh + i
+                                       : (seg == 1 ? k_cache : v_cache) + kv_offset(0, h, 0, Hkv, Dh) + i;
+        __half* const base2 = base1 + half_dim;
         const int q_row = Hq * Dh, page_elems = kv_page_elems(Hkv, Dh);
         // 8 tokens at a time: their cos/sin (L2) and pages are loaded together, before any store,
         // then rotated and stored — 4 round trips per lane instead of one per token (a load inside
@@ -1105,22 +1123,22 @@ struct GemmQkvRopeEpilogue {
             for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const int token = min(m0 + 8 * (j0 + jj) + 2 * t + c, M - 1);
+                    const int token = WHOLE ? m0 + 8 * (j0 + jj) + 2 * t + c : min(m0 + 8 * (j0 + jj) + 2 * t + c, M - 1);
                     cs[jj][c] = seg != 2 ? __ldcg(rope_cs + token * half_dim + i) : make_float2(1.f, 0.f);
-                    page[jj][c] = seg != 0 ? block_table[(start + token) / PAGE_TOKENS] : 0;
+                    page[jj][c] = seg != 0 ? block_table[(u32)(start + token) / PAGE_TOKENS] : 0;
                 }
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const int token = m0 + 8 * (j0 + jj) + 2 * t + c;
-                    if (token >= M) continue;
+                    if (!WHOLE && token >= M) continue;
                     float o1 = acc[4 * (j0 + jj) + c] + b1, o2 = acc[4 * (j0 + jj) + 2 + c] + b2;
                     if (seg != 2) rope_apply(o1, o2, cs[jj][c].x, cs[jj][c].y, o1, o2);
                     const int off = seg == 0 ? token * q_row
-                                             : page[jj][c] * page_elems + ((start + token) % PAGE_TOKENS) * Dh;
-                    base[off] = __float2half_rn(o1);
-                    base[off + half_dim] = __float2half_rn(o2);
+                                             : page[jj][c] * page_elems + (int)((u32)(start + token) % PAGE_TOKENS) * Dh;
+                    base1[off] = __float2half_rn(o1);
+                    base2[off] = __float2half_rn(o2);
                 }
         }
     }
