@@ -1030,7 +1030,13 @@ gemm_int4_qkv(float* __restrict__ qkv,                   // [M, Nq + 2·Nkv] fp3
 // weights and X: the FP16 outputs, 2 B × (Hq + 2·Hkv)·Dh per token (9.4 MB → 2.4 MB at 7B and
 // 512 tokens against gemm_int4_qkv's FP32 row), and 8 B of the table per pair and token (L2).
 // The limit: as the file's, tensor-core math in the mainloop; the epilogue is issue-bound
-// (~25 instructions a token and lane) on the SMs that hold tiles.
+// (~18 instructions a token and lane in a whole tile, ~20 in a chunk's last; ~25 before the
+// whole-tile loop, the unsigned positions and the per-dim pointers) on the SMs that hold tiles.
+// Those three measured against their parent (H100, in turns; docs/bench/2026-12-06_{48d7351,
+// 2fdbc70}_h100_*epilogue*.json): this GEMM alone at the 7B's 512 tokens 41.0 / 40.6 / 40.8 µs
+// against 41.0 / 41.2 / 41.1; TTFT(512) of the 0.5B, whose 36 tiles leave the epilogue on the
+// critical path, 2.30 / 2.29 / 2.31 ms against 2.49 / 2.32 / 2.37; the 7B's within its spread (12.30
+// against 12.29 ms, medians of five rounds).
 // Measured (H100, `drvqwen bench --kernels --prefill-rope epilogue|apart`, 512 tokens, GPU µs
 // summed over the layers, docs/bench/2026-12-02_81f037f_h100_syn{05b,7b}_rope_*.json):
 //   | model | this kernel + rope_table_rows | gemm_int4_qkv + rope_kv_rows | TTFT, graph medians |
