@@ -10,7 +10,7 @@ docs/gpu-workflow.md#the-cubin-cache-between-machines) misses every build whose 
 headers changed since, and compiles those on the device: with four test parts side by side each
 compiling the same builds, minutes of a command's time. A cache entry records its kernel and
 NVRTC options (its .json), so the builds a test stage used can be compiled again from the
-current sources here, on a CPU machine with the same toolchain.
+current sources, on a CPU machine with the same toolchain.
 
 rebuild: every (kernel, defines) recorded in OLD_CACHE, compiled from this checkout's kernels/
 and ptx/ into --out (default: the cache this checkout uses, drvqwen.paths.cubin_dir()); an entry
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         requests, missing = rebuild_requests(args.old_cache, set(args.touching) if args.touching else None)
         for name in missing:
-            print(f"skipped: {name} (no such kernel file here)")
+            print(f"skipped: {name} (no such kernel file in this checkout)")
         for name, defines in requests:
             print(f"build: {name} {defines or ''}".rstrip())
         if not args.dry_run and requests:
