@@ -20,19 +20,29 @@ static_assert(GEMM_BM == 64 || GEMM_BM == 128 || GEMM_BM == 256, "GEMM_BM: 64, 1
 
 // Calls f(token, va, vb) for the lane's tokens < M: acc[4j + c] is (row g, token m0 + 8j + 2t + c),
 // acc[4j + 2 + c] is (row g+8, the same token) — the wgmma accumulator layout (ptx/wgmma.cuh).
+// A tile whose every token is < M (all but a chunk's last) takes the loop without the per-token
+// bound: one uniform branch instead of a divergent one around each token (a compare and a
+// BSSY/BRA/BSYNC each, 64 a lane at 256-token tiles). The epilogue runs after the tile's MMAs,
+// with the tensor cores idle: its instructions are its time.
 template <typename F>
 struct GemmEachToken {
     F f;
     __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
+        if (m0 + GEMM_BM <= M) each<true>(acc, m0, M, t);
+        else each<false>(acc, m0, M, t);
+    }
+    template <bool WHOLE>
+    __device__ __forceinline__ void each(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
 #pragma unroll
         for (int j = 0; j < GEMM_BM / 8; ++j)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int token = m0 + 8 * j + 2 * t + c;
-                if (token < M) f(token, acc[4 * j + c], acc[4 * j + 2 + c]);
+                if (WHOLE || token < M) f(token, acc[4 * j + c], acc[4 * j + 2 + c]);
             }
     }
 };
+
 template <typename F>
 __device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
 
