@@ -1241,7 +1241,7 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
         gemm_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.sb);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
-        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+        if (f < F) h[(u32)token * (u32)F + f] = swiglu_f16_approx(gate, up);
     }));
 }
 
@@ -1399,7 +1399,7 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
         gemm_q4k_lane_row(up_qweight, up_scales, up_aux, f, F, K, r.wb, r.scb, r.ddb);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
-        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+        if (f < F) h[(u32)token * (u32)F + f] = swiglu_f16_approx(gate, up);
     }), GemmQ4kScales{});
 }
 
@@ -1612,7 +1612,7 @@ gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
         gemm_q5k_lane_row(up_qweight, up_qhigh, up_scales, up_aux, f, F, K, 1, r);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
-        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+        if (f < F) h[(u32)token * (u32)F + f] = swiglu_f16_approx(gate, up);
     }), GemmQ5kScales{});
 }
 
@@ -2044,7 +2044,7 @@ __device__ __forceinline__ void gemm_g32_gate_up_swiglu(__half* h, const CUtenso
         Sc::lane_row(up_qweight, up_qhigh, up_scales, f, F, K, 1, r);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
-        if (f < F) h[(u64)token * F + f] = swiglu_f16(gate, up);
+        if (f < F) h[(u32)token * (u32)F + f] = swiglu_f16_approx(gate, up);
     }), Sc{});
 }
 

@@ -14,6 +14,7 @@
 //   gemv_tile_rows / gemv_store_rows   the rows behind MMA rows g and g+8 of a tile (RoPE-paired
 //                                 or plain), for the GEMVs of every weight format (gemv_fmt.cu too)
 //   swiglu_f16                    the gate/up epilogue: silu(gate) · up
+//   swiglu_f16_approx             the same with __expf and __fdividef (the prefill GEMMs)
 //
 // Lane (g, t) = (lane / 4, lane % 4) holds words 4t … 4t+3 of a group (inputs 32t … 32t+31) of
 // tile rows g and g+8, one 16-byte load each; word i (inputs 32t + 8i … +7) feeds two MMAs, whose
@@ -155,5 +156,17 @@ __device__ __forceinline__ void gemv_store_rows(int tile_in_seg, int g, int n, c
 // expf: F values per token cost nothing next to the 2·F·K weights they come from.
 __device__ __forceinline__ __half swiglu_f16(float gate, float up) {
     const float silu = gate / (1.f + expf(-gate));
+    return __float2half_rn(silu * up);
+}
+
+// silu(gate) · up for the prefill GEMMs' epilogues, with the approximate exponential and
+// division (__expf: ex2.approx of gate·log2 e; __fdividef: rcp.approx and a multiply): a few
+// FP32 ulp, far under the FP16 rounding of the result. The accurate forms above cost ~25
+// instructions an element, a range check and a call to the slow division path among them
+// (FCHK, CALL), and a 256-token tile's 64 elements a lane run after its MMAs, with the tensor
+// cores idle. Past |gate| ≈ 87 both forms give ±0 (the divisor ≥ 2¹²⁶: __fdividef's 0), NaN
+// for NaN.
+__device__ __forceinline__ __half swiglu_f16_approx(float gate, float up) {
+    const float silu = __fdividef(gate, 1.f + __expf(-gate));
     return __float2half_rn(silu * up);
 }

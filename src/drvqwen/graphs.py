@@ -164,7 +164,10 @@ class GraphDecoder:
         self.mode = "graph"
         self.fallback_reason: str | None = None
         self.num_nodes: dict[str, int] = {}
-        self.steps_by_graph = {graph + SHORT * depth: 0 for depth in range(len(self.launch_list.chain()))
+        # The step's lists by band, outermost first (depth d: graph names with SHORT d times), once:
+        # decode_token picks one every step.
+        self._chain = self.launch_list.chain()
+        self.steps_by_graph = {graph + SHORT * depth: 0 for depth in range(len(self._chain))
                                for graph in (GRAPH_DECODE, GRAPH_OPENS_PAGE)}
         self._execs: dict[str, GraphExec] = {}
         n_pages = dec.seq.pages.n_pages
@@ -188,7 +191,7 @@ class GraphDecoder:
             raise
 
     def _capture_all(self) -> None:
-        for depth, lst in enumerate(self.launch_list.chain()):
+        for depth, lst in enumerate(self._chain):
             suffix = SHORT * depth
             step_launches = [(nl.name, nl.launch) for nl in lst.launches]
             page_launches = [("set_block_table_entry", self._set_entry.launches[0]), *step_launches]
@@ -225,8 +228,7 @@ class GraphDecoder:
             DrvqwenError: the context is full or no free page is left.
         """
         dec, seq = self.dec, self.dec.seq
-        chain = self.launch_list.chain()
-        suffix = SHORT * next(d for d, lst in enumerate(chain) if lst is self.launch_list.for_length(seq.pos + 1))
+        suffix = SHORT * self._chain.index(self.launch_list.for_length(seq.pos + 1))
         if self.mode != "graph":
             if self.mode == "closed":
                 raise RuntimeError("GraphDecoder.decode_token() after close()")
