@@ -47,45 +47,12 @@ template <typename F>
 __device__ __forceinline__ GemmEachToken<F> gemm_each_token(F f) { return GemmEachToken<F>{f}; }
 
 // residual[token, row] += acc for rows ra, ra+8: the loads of 4 token columns (16 values) are
-// issued together, then the adds and stores — 4 round trips per lane instead of 64. It runs on a
-// tile's owner after the other blocks' partial sums (gemm_split_k.cuh), the last work of the
-// GEMM: whole tiles take `whole` (461 instructions a lane at 256 tokens, 1818 bounded).
+// issued together, then the adds and stores — 4 round trips per lane instead of 64.
 struct GemmResidualAdd {
     float* residual;
     int N;
     const int* ra;  // the lane's row g (set by the kernel's rows_of)
     __device__ __forceinline__ void operator()(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
-        if (m0 + GEMM_BM <= M && *ra + 8 < N) whole(acc, m0, t);
-        else bounded(acc, m0, M, t);
-    }
-    // A whole tile and both of the lane's rows < N (every row block but a last partial one): no
-    // bounds, and every address is one pointer, the lane's (row ra, token m0 + 2t), plus a small
-    // int offset — one IMAD.WIDE a token for its two loads and two stores (row ra + 8 is the
-    // instruction's immediate offset), where the bounded form spells each from (u64)token · N.
-    __device__ __forceinline__ void whole(const float (&acc)[GEMM_ACC], int m0, int t) {
-        float* const p = residual + ((u64)(m0 + 2 * t) * N + *ra);
-#pragma unroll
-        for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
-            float old[4][4];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int off = (8 * (j0 + jj) + c) * N;  // < GEMM_BM · N < 2³¹
-                    old[jj][c] = p[off];
-                    old[jj][2 + c] = p[off + 8];
-                }
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const int off = (8 * (j0 + jj) + c) * N;
-                    p[off] = old[jj][c] + acc[4 * (j0 + jj) + c];
-                    p[off + 8] = old[jj][2 + c] + acc[4 * (j0 + jj) + 2 + c];
-                }
-        }
-    }
-    __device__ __forceinline__ void bounded(const float (&acc)[GEMM_ACC], int m0, int M, int t) {
         const int r0 = *ra, r1 = r0 + 8;
 #pragma unroll
         for (int j0 = 0; j0 < GEMM_BM / 8; j0 += 4) {
