@@ -201,6 +201,19 @@ def test_gemv_fmt_flat_split(dev, rng, fmt, label, n, k):
     _check_plain_and_residual(dev, rng, fmt, label, n, k, ".flat", blocks=3, defines=_compiled_for("flat", [fmt]))
 
 
+# GF_TINY=0: the codes as exact c − z in FP16 (wf_pairs) instead of subnormals (wf_pairs_tiny, the
+# default), the comparison build of tools/bench_gemv.py --fmt-defines; every format that has both.
+EXACT = [(fmt, label, n, k) for fmt in FORMATS if fmt.name in ("q4_k", "q5_k", "q4_g32", "q5_g32_min", "q8_g32")
+         for label, n, k in (("7b.o_proj", 3584, 3584), ("odd.n101.k384", 101, 384)) if fmt.fits(k)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,label,n,k", EXACT, ids=[f"{c[0].name}-{c[1]}" for c in EXACT])
+def test_gemv_fmt_exact_codes(dev, rng, fmt, label, n, k):
+    _check_plain_and_residual(dev, rng, fmt, label, n, k, ".exact",
+                              defines=_compiled_for("model", [fmt]) + (("GF_TINY", 0),))
+
+
 # (label, Hq, Hkv, Dh, D, (q, k, v formats))
 QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("7b.q4_k_m", 28, 4, 128, 3584, ("q4_k", "q4_k", "q6_k")),
