@@ -170,7 +170,19 @@
 // qkv_rope 463 / 521 (q6_k unchanged: 545, 493, 610); {q5_k, q6_k}: q5_k residual 526 / 596,
 // gate_up 467 / 538, qkv_rope 593 / 663; the real 0.5B's {q5_0, q8_0, q4_k, q6_k}: residual
 // 291 / 344 (q8_0), 397 / 458, 401 / 459, gate_up 251 / 299, 351 / 409, 354 / 417; registers the
-// same or fewer (125 against 128 at gate_up there), no spills.
+// same or fewer (125 against 128 at gate_up there), no spills. Measured (one H100, 3023 GB/s
+// copy; tools/bench_gemv.py --formats q4_k q5_k q6_k q5_g32 q8_g32 --fmt-shapes gate_up_swiglu
+// down_proj o_proj --fmt-defines GF_TINY=1 GF_TINY=0, each format's own build, 7B shapes, µs
+// default / GF_TINY=0; docs/bench/2026-12-06_4896769_h100_gemv_fmt_tiny.json):
+//   q4_k   gate_up 36.63 / 36.93   down 19.15 / 19.79   o_proj 6.55 / 6.79
+//   q5_k           48.67 / 49.50        25.58 / 26.93          8.14 / 8.32
+//   q5_g32         48.30 / 48.21        25.85 / 26.25          7.49 / 7.75
+//   q8_g32         53.37 / 53.29        28.20 / 28.36          7.50 / 7.72
+//   q6_k           57.62 / 57.75        27.89 / 27.91          7.76 / 7.78   (the same code)
+// — 2–5 % at o_proj and down_proj, nothing at gate_up, whose load stream (69 % of copy at q4_k)
+// is its limit on this GPU. The synthetic 7B in llama.cpp's Q4_K_M layout, graph ITL, three
+// rounds in turns with its parent (tools/bench_commits.py): 2.622 / 2.620 / 2.621 ms against
+// 2.673 / 2.672 / 2.673 (docs/bench/2026-12-06_{4896769,4b0ad8c}_h100_syn7b_q4_k_m_*tiny_*.json).
 // Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
 // 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
 #include <cuda_fp16.h>
