@@ -40,22 +40,25 @@
 //            dot product of lane (g, t)'s own 4 inputs of row g (c[2]: row g + 8). Every
 //            product of A is used; only B's columns are sparse, and the tensor cores are far
 //            from the limit at batch 1. After each scale group (4 or 8 MMAs) the lane adds
-//            s · c (+ o · Σx of the group for the formats with an offset) to FP32 accumulators.
+//            s · c (+ o · Σx of the group for the formats with an offset; the subnormal codes:
+//            s·2²⁴ · c, then o · Σx or −z·s · Σx) to FP32 accumulators.
 //   reduce = at a tile's end (GF_FLAT_SPLIT: also at the end of the warp's range), the quad's 4
 //            lanes add up (shfl_xor_f32 over lanes 1 and 2 apart: a fixed order), lane
 //            t = 0 writes the warp's row sums to shared memory; after the block's loop one
 //            thread per row pair adds the W warp partials in warp order and runs the epilogue.
 //            No atomics: bit-reproducible.
-// x is staged once per block in shared memory in natural order (K·2 bytes), with Σx of every
-// 32-input chunk (K/32 fp32, written and read only for the formats with an offset), then the
-// warp partials.
+// x is staged once per block in shared memory (K·2 bytes; natural order, or gf_tiny_order's for
+// the subnormal codes), with Σx of every 32-input chunk (K/32 fp32, written and read only where
+// gf_block's XSUM holds: the formats with an offset, and the subnormal codes' z), then the warp
+// partials.
 //
 // Barriers, and why nothing races: shared memory is written in two phases, each closed by a
 // __syncthreads that every thread of the block reaches (the format is chosen per block, so the
 // whole block takes the same branch; a block with an unknown id returns before any barrier).
-//   1. the prologue writes x_smem and, for a format with an offset, xsum (each thread its own
-//      chunks); __syncthreads; from then on they are only read (xsum only by the format that
-//      wrote it: the block's one format F decides both).
+//   1. the prologue writes x_smem and, where XSUM (a format with an offset, or the subnormal
+//      codes), xsum (each thread its own chunks); __syncthreads; from then on they are only read
+//      (xsum only by the format that wrote it: the block's one format F decides both, and x's
+//      order with them).
 //   2. the main loop writes partial[tile][m][warp][row]: each (tile, warp, row) slot by exactly
 //      one lane (t = 0 of its quad; GF_FLAT_SPLIT: the zeros of the tiles a warp's range does not
 //      reach are written before the loop, by the same rule); gf_reduce's __syncthreads; then one thread per row pair
@@ -155,8 +158,10 @@
 // fma.f16x2 a pair — a third of its instructions at 4 bits, each one more step in the chain
 // from the load to the MMA. Left without the 0x6400, the masked bits are FP16 subnormals c·2⁻²⁴
 // (16c·2⁻²⁴ for the nibbles at bits 4–7), which the tensor cores multiply exactly (FP16
-// products are exact in them; subnormal inputs are not flushed: the kernel tests hold every
-// format to float64). What the fixups did moves after the MMAs, once a chunk and row instead of
+// products are exact in them; subnormal inputs are not flushed — measured, not promised: the
+// PTX ISA leaves mma's handling of subnormal inputs unspecified, and
+// tests/test_kernel_gemv_fmt.py's integer case, every partial sum an integer, holds each format's
+// residual GEMV to float64 bit for bit). What the fixups did moves after the MMAs, once a chunk and row instead of
 // once a pair: the nibbles at bits 4–7 (inputs 2, 3, 6, 7 of each 8) get MMAs of their own, so
 // each 8-MMA chain of a chunk becomes two independent chains of 4 (lo, hi) whose sums add as
 // lo + hi/16; the 2²⁴ goes into the scale; z (the formats without an offset) becomes −z·s·Σx
@@ -241,6 +246,8 @@
 // split a GEMV's time into its memory stream and its arithmetic, as gemv_int4.cu's do.
 //   GF_PROBE_LOADS_ONLY=1   every load as in the real kernel; an item's gather → unpack → scales
 //                           → MMAs replaced by one XOR of its raw words into the accumulator
+//                           (and the exact codes' prologue: no Σx for the formats without an
+//                           offset, whose default build stages it for the subnormal codes' z)
 //   GF_PROBE_NO_LOADS=1     the real arithmetic on raw words made from the item's index: no
 //                           weight, high-bit or scale load and no address of one
 // Measured at the 7B shapes (tools/bench_gemv.py --formats q4_k q6_k --fmt-defines
@@ -317,9 +324,8 @@ struct GfBatch {
 __device__ __forceinline__ uint4 gf_tiny_order(const uint4& v) { return make_uint4(v.x, v.z, v.y, v.w); }
 
 // Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order (TINY_ORDER:
-// gf_tiny_order's), and, where the
-// format has offsets (SUMS), Σx of each 32-input chunk into xsum. One thread per chunk: reads
-// 64 B, writes them (and their sum).
+// gf_tiny_order's), and, where asked (SUMS: gf_block's XSUM), Σx of each 32-input chunk into
+// xsum. One thread per chunk: reads 64 B, writes them (and their sum).
 struct GfStageX {
     const __half* __restrict__ x;  // [K] fp16
     template <bool SUMS, bool TINY_ORDER>
@@ -340,8 +346,8 @@ struct GfStageX {
     }
 };
 
-// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh: rmsnorm.cu's arithmetic) into x_smem,
-// and (SUMS) Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread
+// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh: rmsnorm.cu's arithmetic) into x_smem
+// (TINY_ORDER as GfStageX), and (SUMS) Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread
 // takes part.
 struct GfStageRmsNorm {
     const float* __restrict__ residual;  // [K] fp32
