@@ -28,7 +28,9 @@
 //            Lane (g, t) = (lane/4, lane%4) loads chunk 4·quad + t (inputs 32t … 32t+31 of the
 //            quad) of rows g and g + 8: the quad's 4 lanes read 64 (128) contiguous bytes of
 //            each row, as in gemv_int4.cu.
-//   MMA    = 8 m16n8k16 per chunk and row pair, A = the chunk's codes (wf_pairs, exact FP16).
+//   MMA    = 8 m16n8k16 per chunk and row pair, A = the chunk's codes: for 4-, 5- and 8-bit
+//            codes with one scale a chunk (all but Q6_K, "Codes as subnormals" below) the codes
+//            c as FP16 subnormals c·2⁻²⁴ (wf_pairs_tiny), else c − z exact in FP16 (wf_pairs).
 //            gemv_int4.cu lets an MMA add the 4 lanes' inputs together, which is right only
 //            when the 4 chunks share a scale (int4_g128's 128-input groups). Here each lane's
 //            chunk has scales of its own (groups of 32 or 16), so B masks x per lane: column n
@@ -38,22 +40,25 @@
 //            dot product of lane (g, t)'s own 4 inputs of row g (c[2]: row g + 8). Every
 //            product of A is used; only B's columns are sparse, and the tensor cores are far
 //            from the limit at batch 1. After each scale group (4 or 8 MMAs) the lane adds
-//            s · c (+ o · Σx of the group for the formats with an offset) to FP32 accumulators.
+//            s · c (+ o · Σx of the group for the formats with an offset; the subnormal codes:
+//            s·2²⁴ · c, then o · Σx or −z·s · Σx) to FP32 accumulators.
 //   reduce = at a tile's end (GF_FLAT_SPLIT: also at the end of the warp's range), the quad's 4
 //            lanes add up (shfl_xor_f32 over lanes 1 and 2 apart: a fixed order), lane
 //            t = 0 writes the warp's row sums to shared memory; after the block's loop one
 //            thread per row pair adds the W warp partials in warp order and runs the epilogue.
 //            No atomics: bit-reproducible.
-// x is staged once per block in shared memory in natural order (K·2 bytes), with Σx of every
-// 32-input chunk (K/32 fp32, written and read only for the formats with an offset), then the
-// warp partials.
+// x is staged once per block in shared memory (K·2 bytes; natural order, or gf_tiny_order's for
+// the subnormal codes), with Σx of every 32-input chunk (K/32 fp32, written and read only where
+// gf_block's XSUM holds: the formats with an offset, and the subnormal codes' z), then the warp
+// partials.
 //
 // Barriers, and why nothing races: shared memory is written in two phases, each closed by a
 // __syncthreads that every thread of the block reaches (the format is chosen per block, so the
 // whole block takes the same branch; a block with an unknown id returns before any barrier).
-//   1. the prologue writes x_smem and, for a format with an offset, xsum (each thread its own
-//      chunks); __syncthreads; from then on they are only read (xsum only by the format that
-//      wrote it: the block's one format F decides both).
+//   1. the prologue writes x_smem and, where XSUM (a format with an offset, or the subnormal
+//      codes), xsum (each thread its own chunks); __syncthreads; from then on they are only read
+//      (xsum only by the format that wrote it: the block's one format F decides both, and x's
+//      order with them).
 //   2. the main loop writes partial[tile][m][warp][row]: each (tile, warp, row) slot by exactly
 //      one lane (t = 0 of its quad; GF_FLAT_SPLIT: the zeros of the tiles a warp's range does not
 //      reach are written before the loop, by the same rule); gf_reduce's __syncthreads; then one thread per row pair
@@ -147,6 +152,42 @@
 // 2.524 ms against 2.525 / 2.549 (docs/bench/2026-12-04_000bd01_h200_*q4k*.json). Where its
 // time would come from next: one decode of the scales per super-block (items of 256 inputs:
 // half the shuffles and decodes a weight), not per 128-input group.
+//
+// Codes as subnormals (GF_TINY, the default): the magic-number unpack (wf_pairs) ORs each code
+// under 0x6400 (the FP16 1024) and then takes the 1024 and z off with one sub.f16x2 or
+// fma.f16x2 a pair — a third of its instructions at 4 bits, each one more step in the chain
+// from the load to the MMA. Left without the 0x6400, the masked bits are FP16 subnormals c·2⁻²⁴
+// (16c·2⁻²⁴ for the nibbles at bits 4–7), which the tensor cores multiply exactly (FP16
+// products are exact in them; subnormal inputs are not flushed — measured, not promised: the
+// PTX ISA leaves mma's handling of subnormal inputs unspecified, and
+// tests/test_kernel_gemv_fmt.py's integer case, every partial sum an integer, holds each format's
+// residual GEMV to float64 bit for bit). What the fixups did moves after the MMAs, once a chunk and row instead of
+// once a pair: the nibbles at bits 4–7 (inputs 2, 3, 6, 7 of each 8) get MMAs of their own, so
+// each 8-MMA chain of a chunk becomes two independent chains of 4 (lo, hi) whose sums add as
+// lo + hi/16; the 2²⁴ goes into the scale; z (the formats without an offset) becomes −z·s·Σx
+// of the chunk, from the Σx the offset formats already stage. x is staged with the pairs of
+// inputs (0, 1), (4, 5), (2, 3), (6, 7) of each 8 in that order (gf_tiny_order), so each MMA's
+// B is two consecutive registers of one 16-byte shared-memory load (in natural order ptxas
+// needed ~28 moves a chunk to pair them). The sums change rounding (c·x in two chains, z after
+// the MMA in FP32), within the tests' bounds. SASS of the main loops, two blocks an SM, default
+// against GF_TINY=0 (tools/sass_loops.py gemv_fmt, NVRTC 13.0; a loop of 2 items, gate/up 1 item
+// of 2 matrices): the 7B's {q4_k, q6_k} build, q4_k residual 401 against 459, gate_up 351 / 414,
+// qkv_rope 463 / 521 (q6_k unchanged: 545, 493, 610); {q5_k, q6_k}: q5_k residual 526 / 596,
+// gate_up 467 / 538, qkv_rope 593 / 663; the real 0.5B's {q5_0, q8_0, q4_k, q6_k}: residual
+// 291 / 344 (q8_0), 397 / 458, 401 / 459, gate_up 251 / 299, 351 / 409, 354 / 417; registers the
+// same or fewer (125 against 128 at gate_up there), no spills. Measured (one H100, 3023 GB/s
+// copy; tools/bench_gemv.py --formats q4_k q5_k q6_k q5_g32 q8_g32 --fmt-shapes gate_up_swiglu
+// down_proj o_proj --fmt-defines GF_TINY=1 GF_TINY=0, each format's own build, 7B shapes, µs
+// default / GF_TINY=0; docs/bench/2026-12-06_4896769_h100_gemv_fmt_tiny.json):
+//   q4_k   gate_up 36.63 / 36.93   down 19.15 / 19.79   o_proj 6.55 / 6.79
+//   q5_k           48.67 / 49.50        25.58 / 26.93          8.14 / 8.32
+//   q5_g32         48.30 / 48.21        25.85 / 26.25          7.49 / 7.75
+//   q8_g32         53.37 / 53.29        28.20 / 28.36          7.50 / 7.72
+//   q6_k           57.62 / 57.75        27.89 / 27.91          7.76 / 7.78   (the same code)
+// — 2–5 % at o_proj and down_proj, nothing at gate_up, whose load stream (69 % of copy at q4_k)
+// is its limit on this GPU. The synthetic 7B in llama.cpp's Q4_K_M layout, graph ITL, three
+// rounds in turns with its parent (tools/bench_commits.py): 2.622 / 2.620 / 2.621 ms against
+// 2.673 / 2.672 / 2.673 (docs/bench/2026-12-06_{4896769,4b0ad8c}_h100_syn7b_q4_k_m_*tiny_*.json).
 // Requirements (checked by launchers/gemv_fmt.py): K % 128 == 0 (K % 256 for the K-quants);
 // 1 ≤ W ≤ K/128; Dh % 16 == 0 for qkv; gate and up in one format; pointers 16-byte aligned.
 #include <cuda_fp16.h>
@@ -205,6 +246,8 @@
 // split a GEMV's time into its memory stream and its arithmetic, as gemv_int4.cu's do.
 //   GF_PROBE_LOADS_ONLY=1   every load as in the real kernel; an item's gather → unpack → scales
 //                           → MMAs replaced by one XOR of its raw words into the accumulator
+//                           (and the exact codes' prologue: no Σx for the formats without an
+//                           offset, whose default build stages it for the subnormal codes' z)
 //   GF_PROBE_NO_LOADS=1     the real arithmetic on raw words made from the item's index: no
 //                           weight, high-bit or scale load and no address of one
 // Measured at the 7B shapes (tools/bench_gemv.py --formats q4_k q6_k --fmt-defines
@@ -246,6 +289,13 @@
 #ifndef GF_PROBE_LOADS_ONLY
 #define GF_PROBE_LOADS_ONLY 0
 #endif
+// GF_TINY=1 (default): the formats of WfTiny (4-, 5- and 8-bit codes, one scale group a chunk:
+// all but Q6_K and dense) hand their codes to the MMAs as FP16 subnormals (wf_pairs_tiny): no
+// f16x2 fixup a pair; the scale times 2²⁴ and, for the formats without an offset, −z·s·Σx of the
+// chunk after the MMAs. 0: wf_pairs' exact c − z, as before (for tools/bench_gemv.py --fmt-defines).
+#ifndef GF_TINY
+#define GF_TINY 1
+#endif
 #ifndef GF_PROBE_NO_LOADS
 #define GF_PROBE_NO_LOADS 0
 #endif
@@ -268,12 +318,17 @@ struct GfBatch {
     WfRaw w[U][MT][2];  // the chunk of MMA row g / row g + 8, per matrix
 };
 
-// Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order, and, where the
-// format has offsets (SUMS), Σx of each 32-input chunk into xsum. One thread per chunk: reads
-// 64 B, writes them (and their sum).
+// x_smem's order for the TINY formats (gf_block): the pairs of inputs (0, 1), (4, 5), (2, 3), (6, 7)
+// of each 8, so that the x of each of their MMAs (inputs 0, 1, 4, 5 or 2, 3, 6, 7: wf_pairs_tiny)
+// is two consecutive registers of one 16-byte shared-memory load, as an MMA's B operand must be.
+__device__ __forceinline__ uint4 gf_tiny_order(const uint4& v) { return make_uint4(v.x, v.z, v.y, v.w); }
+
+// Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order (TINY_ORDER:
+// gf_tiny_order's), and, where asked (SUMS: gf_block's XSUM), Σx of each 32-input chunk into
+// xsum. One thread per chunk: reads 64 B, writes them (and their sum).
 struct GfStageX {
     const __half* __restrict__ x;  // [K] fp16
-    template <bool SUMS>
+    template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         const uint4* src = reinterpret_cast<const uint4*>(x);
         for (int c = threadIdx.x; c < K / WF_CHUNK; c += blockDim.x) {
@@ -281,7 +336,7 @@ struct GfStageX {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint4 v = src[4 * c + j];
-                x_smem[4 * c + j] = v;
+                x_smem[4 * c + j] = TINY_ORDER ? gf_tiny_order(v) : v;
                 const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
@@ -291,14 +346,14 @@ struct GfStageX {
     }
 };
 
-// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh: rmsnorm.cu's arithmetic) into x_smem,
-// and (SUMS) Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread
+// Prologue: x = fp16(rmsnorm(residual) · w) (rmsnorm.cuh: rmsnorm.cu's arithmetic) into x_smem
+// (TINY_ORDER as GfStageX), and (SUMS) Σx of each chunk. Contains a __syncthreads (the sum of squares); every thread
 // takes part.
 struct GfStageRmsNorm {
     const float* __restrict__ residual;  // [K] fp32
     const __half* __restrict__ weight;   // [K] fp16 RMSNorm gain
     float eps;
-    template <bool SUMS>
+    template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         __shared__ float warp_sums[RMSNORM_WARPS];
         const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
@@ -311,7 +366,7 @@ struct GfStageRmsNorm {
                 const int q = 4 * c + j;  // 8-input piece
                 const uint2 lo = rmsnorm_apply4(r4[2 * q], w4[2 * q], inv_rms);
                 const uint2 hi = rmsnorm_apply4(r4[2 * q + 1], w4[2 * q + 1], inv_rms);
-                x_smem[q] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                x_smem[q] = TINY_ORDER ? make_uint4(lo.x, hi.x, lo.y, hi.y) : make_uint4(lo.x, lo.y, hi.x, hi.y);
                 const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
 #pragma unroll
                 for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
@@ -330,6 +385,8 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                                          int K, Stage stage, uint4* x_smem, float* xsum, float* partial) {
     using Batch = GfBatch<F, MT>;
     constexpr int U = Batch::U, SUBS = Wf<F>::SUBS, MMAS = 8 / SUBS;
+    constexpr bool TINY = GF_TINY && WfTiny<F>::ON && !GF_PROBE_LOADS_ONLY;
+    constexpr bool XSUM = Wf<F>::OFFSET || TINY;  // Σx of each chunk: the offset's term, or TINY's z
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
     const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
@@ -406,7 +463,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     Batch cur, next;
     load(cur);  // weights are never written by a kernel: safe before the wait
     grid_dependency_wait();
-    stage.template run<Wf<F>::OFFSET>(x_smem, xsum, K);  // Σx only where the format has offsets
+    stage.template run<XSUM, TINY>(x_smem, xsum, K);  // Σx only where the format has offsets or TINY
     __syncthreads();
 
     float acc[MT][2];
@@ -452,7 +509,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                 const uint4 v = feeds_b ? x_smem[4 * chunk + j] : make_uint4(0u, 0u, 0u, 0u);
                 xb[4 * j] = v.x; xb[4 * j + 1] = v.y; xb[4 * j + 2] = v.z; xb[4 * j + 3] = v.w;
             }
-            const float xs = Wf<F>::OFFSET ? xsum[chunk] : 0.f;
+            const float xs = XSUM ? xsum[chunk] : 0.f;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
                 if constexpr (GF_PROBE_LOADS_ONLY) {  // timing only, wrong sums (see the define)
@@ -462,11 +519,38 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                 }
                 const WfRaw ra = wf_quad_gather<F>(cur.w[u][m][0], lane), rb = wf_quad_gather<F>(cur.w[u][m][1], lane);
                 u32 pa[16], pb[16];
-                wf_pairs<F>(ra, pa);
-                wf_pairs<F>(rb, pb);
                 float s0[SUBS], o0[SUBS], s1[SUBS], o1[SUBS];
                 wf_scales<F>(ra, chunk, s0, o0);
                 wf_scales<F>(rb, chunk, s1, o1);
+                if constexpr (TINY) {  // the codes as subnormals (wf_pairs_tiny), z and 2²⁴ settled here
+                    wf_pairs_tiny<F>(ra, pa);
+                    wf_pairs_tiny<F>(rb, pb);
+                    // MMA i of `lo` takes the pairs of inputs 8i+0, 1 and 8i+4, 5 (codes ·1), MMA i
+                    // of `hi` those of 8i+2, 3 and 8i+6, 7 (codes ·16; 8-bit codes: ·1 too), each
+                    // with B's x of the same inputs (mma.cuh: the order of k is free where A and B
+                    // agree), which x_smem's order (gf_tiny_order) puts in consecutive registers.
+                    // Two chains of 4 MMAs instead of one of 8.
+                    float lo[4] = {0.f, 0.f, 0.f, 0.f}, hi[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const u32 a0[4] = {pa[4 * i], pb[4 * i], pa[4 * i + 2], pb[4 * i + 2]};
+                        const u32 a1[4] = {pa[4 * i + 1], pb[4 * i + 1], pa[4 * i + 3], pb[4 * i + 3]};
+                        mma_m16n8k16_f32_f16(lo, a0, xb[4 * i], xb[4 * i + 1]);
+                        mma_m16n8k16_f32_f16(hi, a1, xb[4 * i + 2], xb[4 * i + 3]);
+                    }
+                    constexpr float HI = Wf<F>::BITS == 8 ? 1.f : 0.0625f;  // the second chain's factor
+                    constexpr float Z = (float)Wf<F>::ZERO;
+                    const float c0 = fmaf(hi[0], HI, lo[0]), c1 = fmaf(hi[2], HI, lo[2]);  // Σ c·x · 2⁻²⁴
+                    acc[m][0] = fmaf(s0[0] * 0x1p24f, c0, acc[m][0]);
+                    acc[m][1] = fmaf(s1[0] * 0x1p24f, c1, acc[m][1]);
+                    // The offset's o·Σx, or −z·s·Σx (c − z was not taken in the unpack).
+                    const float f0 = Wf<F>::OFFSET ? o0[0] : -Z * s0[0], f1 = Wf<F>::OFFSET ? o1[0] : -Z * s1[0];
+                    acc[m][0] = fmaf(f0, xs, acc[m][0]);
+                    acc[m][1] = fmaf(f1, xs, acc[m][1]);
+                    continue;
+                }
+                wf_pairs<F>(ra, pa);
+                wf_pairs<F>(rb, pb);
 #pragma unroll
                 for (int sub = 0; sub < SUBS; ++sub) {
                     float c[4] = {0.f, 0.f, 0.f, 0.f};

@@ -10,6 +10,9 @@
 //   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
 //   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
 //                                          (c − z, or c for the formats with an offset)
+//   wf_pairs_tiny<F>(raw, a)               the same codes c as FP16 subnormals c·2⁻²⁴ (16c·2⁻²⁴ at
+//                                          inputs 2, 3, 6, 7 of each 8), z not taken off: no
+//                                          f16x2 instruction (gemv_fmt.cu; WfTiny<F> says which)
 //   wf_scales<F>(raw, chunk, s, o)         the FP32 scale (and offset) of each scale group in it
 //   wf_dequant<F>(raw, chunk, e)           weight e of the chunk in FP32, in the reference's
 //                                          order of operations (bit for bit the CPU's value)
@@ -392,6 +395,56 @@ __device__ __forceinline__ void wf_pairs(const WfRaw& r, u32 (&a)[16]) {
             asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[4 * i + 1]) : "r"(hi0), "r"(FP16X2_1_16), "r"(WfMagic<Z>::NEG_HI));
             asm("sub.f16x2 %0, %1, %2;" : "=r"(a[4 * i + 2]) : "r"(lo1), "r"(WfMagic<Z>::SUB_LO));
             asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(a[4 * i + 3]) : "r"(hi1), "r"(FP16X2_1_16), "r"(WfMagic<Z>::NEG_HI));
+        }
+    }
+}
+
+// The formats whose decode GEMVs take their codes as FP16 subnormals (wf_pairs_tiny): one scale
+// group a chunk, codes of 4, 5 or 8 bits. Not Q6_K (two scale groups a chunk: the z correction
+// below would need Σx of every 16 inputs) nor dense FP16 (no codes).
+template <int F> struct WfTiny {
+    static constexpr bool ON = Wf<F>::SUBS == 1 && (Wf<F>::BITS == 4 || Wf<F>::BITS == 5 || Wf<F>::BITS == 8);
+};
+
+// The chunk's codes c as FP16 subnormals, in wf_pairs' order of pairs (a[q]: inputs 2q, 2q+1).
+// An FP16 with exponent field 0 is m·2⁻²⁴ for its 10 mantissa bits m, exactly; the tensor cores
+// multiply such inputs exactly (products of FP16 inputs are exact, and subnormal inputs are
+// not flushed), so the unpack is only the masks of wf_pairs without the magic number 0x6400, and
+// its f16x2 fixups (one sub or fma a pair: a third of wf_pairs' instructions at 4 bits) go:
+//   a[4i], a[4i+2]    = (v + 16h)·2⁻²⁴       inputs 8i+0, 1 and 8i+4, 5   (v: the nibble, h: high bits)
+//   a[4i+1], a[4i+3]  = 16·(v + 16h)·2⁻²⁴    inputs 8i+2, 3 and 8i+6, 7   (the nibble at bits 4–7)
+//   8 bits: a[q] = b·2⁻²⁴ (the byte under a zero byte: one prmt a pair)
+// all below 1024·2⁻²⁴ (exponent field 0). What the caller owes: the factor 16 of the second kind
+// (gemv_fmt.cu gives them MMAs of their own and adds that sum / 16), the 2²⁴ (in the scale) and
+// z (−z·s·Σx of the chunk): c is not c − z here.
+template <int F>
+__device__ __forceinline__ void wf_pairs_tiny(const WfRaw& r, u32 (&a)[16]) {
+    static_assert(WfTiny<F>::ON, "wf_pairs_tiny: 4-, 5- or 8-bit codes with one scale group a chunk");
+    if constexpr (Wf<F>::BITS == 8) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const u32 w = wf_word(j < 4 ? r.q0 : r.q1, j % 4);
+            a[2 * j] = __byte_perm(w, 0u, 0x4140);
+            a[2 * j + 1] = __byte_perm(w, 0u, 0x4342);
+        }
+    } else {
+        constexpr int HB = Wf<F>::HB;
+        constexpr u32 HMASK_LO = 0x00100010u, HMASK_HI = HMASK_LO << 4;  // h at bit 4 / bit 8 of each half
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = wf_word(r.q0, i), w8 = w >> 8;
+            u32 m_lo0 = 0u, m_hi0 = 0u, m_lo1 = 0u, m_hi1 = 0u;
+            if constexpr (HB > 0) {
+                const u32 h = r.h0 >> i, hs = h << 4, hr = h >> 4;
+                m_lo0 = hs & HMASK_LO;
+                m_hi0 = hs & HMASK_HI;
+                m_lo1 = hr & HMASK_LO;
+                m_hi1 = hr & HMASK_HI;
+            }
+            a[4 * i + 0] = lop3_and_or(w, INT4_MASK_LO, m_lo0);
+            a[4 * i + 1] = lop3_and_or(w, INT4_MASK_HI, m_hi0);
+            a[4 * i + 2] = lop3_and_or(w8, INT4_MASK_LO, m_lo1);
+            a[4 * i + 3] = lop3_and_or(w8, INT4_MASK_HI, m_hi1);
         }
     }
 }

@@ -201,6 +201,67 @@ def test_gemv_fmt_flat_split(dev, rng, fmt, label, n, k):
     _check_plain_and_residual(dev, rng, fmt, label, n, k, ".flat", blocks=3, defines=_compiled_for("flat", [fmt]))
 
 
+# GF_TINY=0: the codes as exact c − z in FP16 (wf_pairs) instead of subnormals (wf_pairs_tiny, the
+# default), the comparison build of tools/bench_gemv.py --fmt-defines; every format that has both.
+EXACT = [(fmt, label, n, k) for fmt in FORMATS if fmt.name in ("q4_k", "q5_k", "q4_g32", "q5_g32_min", "q8_g32")
+         for label, n, k in (("7b.o_proj", 3584, 3584), ("odd.n101.k384", 101, 384)) if fmt.fits(k)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,label,n,k", EXACT, ids=[f"{c[0].name}-{c[1]}" for c in EXACT])
+def test_gemv_fmt_exact_codes(dev, rng, fmt, label, n, k):
+    _check_plain_and_residual(dev, rng, fmt, label, n, k, ".exact",
+                              defines=_compiled_for("model", [fmt]) + (("GF_TINY", 0),))
+
+
+# Integer weights and inputs, every partial sum an integer below 2^24: the FP32 result is exact
+# whatever the order of the additions, so each residual GEMV must equal float64 bit for bit. This
+# is what shows that the tensor cores multiply the subnormal codes of wf_pairs_tiny exactly (the
+# PTX ISA leaves mma's handling of subnormal inputs unspecified; a flushed or truncated code
+# changes an integer here, where the random cases' 1e-3 bound could hide it). Scales 1 (K-quants:
+# d = dmin = 1 with 6-bit sc and m), offsets −2^(b−1); every code of the range occurs.
+INTEGER = [fmt for fmt in FORMATS if fmt.name in ("q4_g32", "q4_g32_min", "q5_g32", "q5_g32_min", "q8_g32",
+                                                   "q4_k", "q5_k", "q6_k")]
+
+
+def _integer_weight(dev, rng, fmt, n: int, k: int):
+    from drvqwen.launchers.gemv_fmt import FmtWeight
+
+    parts = wf.random_weight(fmt, n, k, rng)
+    half = 1 << (fmt.bits - 1)
+    if not fmt.superblock:
+        parts["scales"] = np.ones_like(parts["scales"])
+        if "offsets" in parts:
+            parts["offsets"] = np.full_like(parts["offsets"], -half)
+    elif fmt.has_min:
+        nsb = k // fmt.superblock
+        parts["superscales"] = np.ones((n, nsb, 2), np.float16)
+    else:
+        parts["superscales"] = np.ones_like(parts["superscales"])
+    w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "W").astype(np.float64)
+    assert np.array_equal(w, np.round(w)), "the weights are integers"
+    return FmtWeight(fmt, {p: dev.upload(f"W.{p}", a) for p, a in parts.items()}, "W"), w
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiny", [1, 0])
+@pytest.mark.parametrize("fmt", INTEGER, ids=[f.name for f in INTEGER])
+def test_gemv_fmt_integer_weights_exact(dev, rng, fmt, tiny):
+    from drvqwen.launchers.gemv_fmt import GemvFmtResidual
+
+    n, k = 64, 1024
+    w, w64 = _integer_weight(dev, rng, fmt, n, k)
+    x = rng.integers(-4, 5, k).astype(np.float16)
+    want = w64 @ x.astype(np.float64)
+    assert np.abs(w64).sum(axis=1).max() * 4 < 2**24, "every partial sum an integer below 2^24"
+    res = dev.upload("residual", np.zeros(n, np.float32))
+    GemvFmtResidual(res, dev.upload("x", x), w, n=n, k=k,
+                    defines=_compiled_for("model", [fmt]) + (("GF_TINY", tiny),)).launch()
+    got = res.download().astype(np.float64)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{fmt.name} GF_TINY={tiny}: {bad.size} of {n} rows differ, row {bad[:1]}: {got[bad[:1]]} against {want[bad[:1]]}"
+
+
 # (label, Hq, Hkv, Dh, D, (q, k, v formats))
 QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("7b.q4_k_m", 28, 4, 128, 3584, ("q4_k", "q4_k", "q6_k")),
