@@ -16,7 +16,7 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
-from drvqwen.launchers.gemv_fmt import DENSE_F16
+from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts
 from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
                             normed_fp16, random_fmt_weight, report)
 
@@ -240,7 +240,7 @@ def _integer_weight(dev, rng, fmt, n: int, k: int):
         parts["superscales"] = np.ones_like(parts["superscales"])
     w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "W").astype(np.float64)
     assert np.array_equal(w, np.round(w)), "the weights are integers"
-    return FmtWeight(fmt, {p: dev.upload(f"W.{p}", a) for p, a in parts.items()}, "W"), w
+    return FmtWeight(fmt, {p: dev.upload(f"W.{p}", a) for p, a in device_parts(fmt, parts).items()}, "W"), w
 
 
 @pytest.mark.gpu

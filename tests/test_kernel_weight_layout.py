@@ -147,6 +147,42 @@ def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
     w.config = TINY
     w.arrays = {"model.layers.0.mlp.up_proj.qweight": SimpleNamespace(shape=(384, 32), nbytes=384 * 32 * 4),
                 "model.layers.0.mlp.down_proj.qweight": SimpleNamespace(shape=(100, 48), nbytes=100 * 48 * 4)}
-    with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's INT4 "
-                                          r"layout needs a multiple of 16$"):
-        w._int4_device_layout()
+    with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's "
+                                          r"tile-major codes need a multiple of 16$"):
+        w._device_layout({n: 0 for n in w.arrays})
+
+
+@pytest.mark.gpu
+def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
+    """A model in per-tensor formats (the 0.5B's shapes, 2 layers, llama.cpp's Q4_K_M recipe:
+    q4_k, q5_0 and q6_k codes of 4–6 bits, q8_0 of 8) through GPUWeights: the qweight of every
+    weight whose codes have 4–6 bits holds to_tile_major(file's) with rows in plain order
+    (launchers.gemv_fmt.codes_tile_major), the 8-bit codes and every other tensor the file's bytes."""
+    from drvqwen.config import QWEN25_CODER_05B
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import write_synthetic
+    from drvqwen.gpu_weights import GPUWeights
+    from drvqwen.launchers.gemv_fmt import codes_tile_major
+    from helpers import minimal_tokenizer_json
+
+    cfg = QWEN25_CODER_05B.with_layers(2)
+    formats = recipe_formats(cfg, "q4_k_m")
+    path = tmp_path / "q4_k_m.nanoqwen"
+    write_synthetic(path, cfg, seed=99, tokenizer_json=minimal_tokenizer_json(), formats=formats)
+    with NanoqwenFile(path) as f:
+        tiled = {f"{p}.qweight" for p, fid in f.formats.items() if fid != wf.PLAIN and codes_tile_major(wf.FORMATS[fid])}
+        bits = {wf.FORMATS[fid].bits for fid in f.formats.values() if fid != wf.PLAIN}
+        assert tiled and 8 in bits and bits & {4, 5, 6}, bits   # both kinds are there to compare
+        w = GPUWeights(f)
+        try:
+            got = {name: arr.download() for name, arr in w.arrays.items()}
+        finally:
+            w.close()
+        for info in f:
+            file = np.asarray(f.tensor(info.name))
+            want = to_tile_major(file) if info.name in tiled else file
+            if file.dtype == np.float32:
+                want = file.astype(np.float16)
+            assert got[info.name].tobytes() == want.tobytes(), info.name

@@ -13,10 +13,12 @@ so the tests and tools can find any weight by the name HF users know.
 A model that runs the INT4 step (every projection INT4 g128: format/tensor_set.py's
 default_formats) has its projections' qweight rearranged on the GPU right after the upload into
 the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu; q/k/v
-RoPE-paired by the head dim). The array of `….qweight` keeps the file's shape [N, K/8] — the
-same number of words, N being a multiple of 16, and the shape the decode and prefill plans
-check their buffers against — but holds the words as [N/16, K/128, 16, 16].
-A model in per-tensor formats keeps every tensor as stored (its kernels read the file's layouts).
+RoPE-paired by the head dim). A model in per-tensor formats has the qweight of every weight
+whose codes have 4–6 bits (launchers/gemv_fmt.py: codes_tile_major) rearranged the same way,
+rows in plain order; its other tensors stay as stored. The array of `….qweight` keeps the
+file's shape [N, K/8] — the same number of words, N being a multiple of 16, and the shape the
+decode and prefill plans check their buffers against — but holds the words as
+[N/16, K/128, 16, 16].
 """
 
 from __future__ import annotations
@@ -133,34 +135,47 @@ class GPUWeights:
                     if progress:
                         progress(self.nbytes, total)
                 up.finish()
-            if not in_per_tensor_formats(self.config, f.formats):
-                self._int4_device_layout()
+            self._device_layout(self._tile_major_codes(f))
         except BaseException:
             self.close()
             raise
 
-    def _int4_device_layout(self) -> None:
-        """Rearrange every INT4 projection's qweight [N, K/8] in place into the device layout
-        (format/int4_tiles.py): each is copied into one scratch buffer (the largest one's size)
-        and kernels/weight_layout.cu writes it back tile-major, q/k/v RoPE-paired by the head
-        dim: the INT4 bytes are read and written twice (the copy, the kernel), once per load.
+    def _tile_major_codes(self, f: NanoqwenFile) -> dict[str, int]:
+        """The uploaded qweights the GPU reads tile-major, each with its pair_dim
+        (format/int4_tiles.py): an INT4 model's projections (q/k/v RoPE-paired by the head dim),
+        or in a per-tensor model every weight whose codes have 4–6 bits (rows plain)."""
+        names = [n for n in self.arrays if n.endswith(".qweight")]
+        if not in_per_tensor_formats(self.config, f.formats):
+            paired = ("q_proj", "k_proj", "v_proj")
+            return {n: self.config.head_dim if n.split(".")[-2] in paired else 0
+                    for n in names if n.startswith("model.layers.")}
+        from .launchers.gemv_fmt import codes_tile_major
+
+        fids = {f"{prefix}.qweight": fid for prefix, fid in f.formats.items()}
+        return {n: 0 for n in names if fids.get(n, wf.PLAIN) != wf.PLAIN and codes_tile_major(wf.FORMATS[fids[n]])}
+
+    def _device_layout(self, pair_dims: Mapping[str, int]) -> None:
+        """Rearrange each qweight [N, K/8] named in `pair_dims` in place into the tile-major
+        device layout (format/int4_tiles.py) with its pair_dim: each is copied into one scratch
+        buffer (the largest one's size) and kernels/weight_layout.cu writes it back tile-major:
+        those bytes are read and written twice (the copy, the kernel), once per load.
 
         Raises:
-            FormatError: a projection of N not a multiple of 16 (no Qwen2 shape has one).
+            FormatError: a qweight of N not a multiple of 16 (no Qwen2 shape has one).
         """
         from .cuda import DeviceBuffer, Stream
         from .launchers.weight_layout import Int4TileMajor
 
-        paired = ("q_proj", "k_proj", "v_proj")
-        names = [n for n in self.arrays if n.startswith("model.layers.") and n.endswith(".qweight")]
+        names = list(pair_dims)
         if not names:
             return
         for n in names:
             if self.arrays[n].shape[0] % TILE_ROWS:
-                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's INT4 layout needs a multiple of {TILE_ROWS}")
+                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's tile-major codes need a "
+                                  f"multiple of {TILE_ROWS}")
         stream = Stream()
         try:
-            scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "int4 layout scratch")
+            scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "tile-major layout scratch")
         except BaseException:
             stream.close()
             raise
@@ -170,8 +185,7 @@ class GPUWeights:
                 rows, k = arr.shape[0], arr.shape[1] * 8
                 src = DeviceArray(f"{n} (file layout)", scratch.ptr, arr.shape, arr.dtype)
                 src.copy_from(arr, stream)
-                pair_dim = self.config.head_dim if n.split(".")[-2] in paired else 0
-                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dim, stream=stream).launch()
+                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dims[n], stream=stream).launch()
             stream.synchronize()
         finally:
             try:
