@@ -299,6 +299,18 @@
 #ifndef GF_PROBE_NO_LOADS
 #define GF_PROBE_NO_LOADS 0
 #endif
+// GF_PROBE_TILE_MAJOR=1 (timing only, wrong sums): each item's loads at the addresses a
+// tile-major layout of every plane would give them — the 16 rows × 4 chunks of a (tile, quad)
+// item contiguous in each plane, as gemv_int4.cu's device layout has the INT4 codes (there: gate_up
+// at 90 % of copy where row-major gave 80 %, H100) — spelled as the (row, chunk) that sits at that
+// place of the row-major plane, so the bytes come from the file's planes, and the same number of
+// them an item. Approximate for the K-quants' super-block planes (scales, d: one entry per 8 chunks,
+// here shared by neighbouring rows). With GF_PROBE_LOADS_ONLY=1: the load stream alone in that
+// layout. What it answers: whether a tile-major device layout of the formats' planes (a new layout
+// for decode and prefill both) would pay. Not yet run on the GPU.
+#ifndef GF_PROBE_TILE_MAJOR
+#define GF_PROBE_TILE_MAJOR 0
+#endif
 
 // The probes' stand-ins: every field of a raw chunk folded into one word (GF_PROBE_LOADS_ONLY),
 // and a raw chunk made from a number (GF_PROBE_NO_LOADS).
@@ -436,6 +448,8 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
         row0 = r0;
         row1 = r1;
     };
+    const int tm_chunks = K / WF_CHUNK;                // GF_PROBE_TILE_MAJOR: chunks a row
+    const u32 tm_recip = div_reciprocal(tm_chunks);   // (div_by: one multiply-high)
     auto load = [&](Batch& b) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -445,6 +459,18 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                 if constexpr (GF_PROBE_NO_LOADS) {  // timing only, wrong sums (see the define)
                     b.w[u][m][0] = gf_probe_raw(0x88888888u ^ (u32)(ld_q * 0x01010101 + m));
                     b.w[u][m][1] = gf_probe_raw(0x77777777u ^ (u32)(ld_q * 0x01010101 + m));
+                    continue;
+                }
+                if constexpr (GF_PROBE_TILE_MAJOR) {  // timing only, wrong sums (see the define)
+                    // Chunk-unit index of (tile, quad, MMA row r, lane t) in a tile-major plane,
+                    // spelled as the (row, chunk) of the row-major plane at that index.
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const u32 at_tm = (((u32)ld_tile * (u32)n_quads + (u32)ld_q) * INT4_TILE_ROWS + g + 8 * h) * 4u + t;
+                        const u32 r = (u32)div_by((int)at_tm, tm_recip);
+                        b.w[u][m][h] = wf_load<F, true>(w[m], min(r, (u32)(n - 1)), (int)(at_tm - r * (u32)tm_chunks), K,
+                                                         policy, t);
+                    }
                     continue;
                 }
                 const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
