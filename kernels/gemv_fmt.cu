@@ -306,8 +306,10 @@
 // place of the row-major plane, so the bytes come from the file's planes, and the same number of
 // them an item. Approximate for the K-quants' super-block planes (scales, d: one entry per 8 chunks,
 // here shared by neighbouring rows). With GF_PROBE_LOADS_ONLY=1: the load stream alone in that
-// layout. What it answers: whether a tile-major device layout of the formats' planes (a new layout
-// for decode and prefill both) would pay. Not yet run on the GPU.
+// layout. GF_PROBE_TILE_MAJOR=2: the codes' plane only (the bulk of the bytes; the prefill GEMMs'
+// producers already read tile-major codes for INT4: gemm_int4.cu's CODE_STRIDE), the high bits and
+// scales where they are. What it answers: whether a tile-major device layout of the formats' planes
+// (a new layout for decode and prefill both) would pay. Not yet run on the GPU.
 #ifndef GF_PROBE_TILE_MAJOR
 #define GF_PROBE_TILE_MAJOR 0
 #endif
@@ -461,6 +463,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                     b.w[u][m][1] = gf_probe_raw(0x77777777u ^ (u32)(ld_q * 0x01010101 + m));
                     continue;
                 }
+                const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
                 if constexpr (GF_PROBE_TILE_MAJOR) {  // timing only, wrong sums (see the define)
                     // Chunk-unit index of (tile, quad, MMA row r, lane t) in a tile-major plane,
                     // spelled as the (row, chunk) of the row-major plane at that index.
@@ -468,12 +471,14 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                     for (int h = 0; h < 2; ++h) {
                         const u32 at_tm = (((u32)ld_tile * (u32)n_quads + (u32)ld_q) * INT4_TILE_ROWS + g + 8 * h) * 4u + t;
                         const u32 r = (u32)div_by((int)at_tm, tm_recip);
-                        b.w[u][m][h] = wf_load<F, true>(w[m], min(r, (u32)(n - 1)), (int)(at_tm - r * (u32)tm_chunks), K,
-                                                         policy, t);
+                        const WfAddr tm = wf_addr<F, true>(w[m], min(r, (u32)(n - 1)), (int)(at_tm - r * (u32)tm_chunks), K, t);
+                        WfAddr pa = h == 0 ? p0 : wf_addr_rows<F, true>(p0, row1 - row0, K, t);
+                        if (GF_PROBE_TILE_MAJOR == 2) pa.q = tm.q;  // the codes only
+                        else pa = tm;
+                        b.w[u][m][h] = wf_load_at<F, true>(pa, policy);
                     }
                     continue;
                 }
-                const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
                 b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
                 b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, row1 - row0, K, t), policy);
             }
