@@ -164,8 +164,9 @@ __device__ __forceinline__ __half swiglu_f16(float gate, float up) {
 // FP32 ulp, far under the FP16 rounding of the result. The accurate forms above cost ~25
 // instructions an element, a range check and a call to the slow division path among them
 // (FCHK, CALL), and a 256-token tile's 64 elements a lane run after its MMAs, with the tensor
-// cores idle. Past |gate| ≈ 87 both forms give ±0 (the divisor ≥ 2¹²⁶: __fdividef's 0), NaN
-// for NaN.
+// cores idle. Below gate ≈ −87 both forms give −0 (silu's true value is under FP16's smallest
+// subnormal there; the divisor ≥ 2¹²⁶ makes __fdividef's 0); a large positive gate gives gate
+// (e^−gate → 0, the divisor 1); NaN for NaN.
 __device__ __forceinline__ __half swiglu_f16_approx(float gate, float up) {
     const float silu = __fdividef(gate, 1.f + __expf(-gate));
     return __float2half_rn(silu * up);
