@@ -405,6 +405,15 @@ struct GemmLaneRows {
     const __half* sa; const __half* sb;   // the rows' group scales
 };
 
+// Row r (clamped into the matrix already) of a per-tensor format's 4–6-bit codes, which the GPU
+// holds tile-major with rows in plain order (weight_formats.cuh: Wf<F>::TILED; the INT4 device
+// layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 — group
+// grp's are CODE_STRIDE = INT4_ITEM_WORDS on, one item further.
+template <typename Row>
+__device__ __forceinline__ const u32* gemm_code_row(const u32* qweight, Row r, int K) {
+    return int4_tile_item(qweight, (int)(r / INT4_TILE_ROWS), 0, K) + (int)(r % INT4_TILE_ROWS) * (INT4_GROUP / 8);
+}
+
 // How a consumer lane scales its rows' codes — the one place the weight format enters the
 // mainloop. Group: what one 128-input group needs, loaded one group ahead (load), and
 // fragments(): the group's A fragments from the words of rows g and g+8.
@@ -466,7 +475,7 @@ __device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o
 }
 
 struct GemmQ4kScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = GEMM_BM == 256;  // the producer's 72 registers
@@ -525,7 +534,7 @@ struct GemmQ4kScales {
 __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32* scales, const u32* aux, int row,
                                                   int n, int K, const u32*& w, const u32*& sc, const u32*& dd) {
     const int r = min(row, n - 1);
-    w = qweight + (u64)r * (K / 8);
+    w = gemm_code_row(qweight, r, K);
     sc = scales + (u64)r * (K / 256) * 3;
     dd = aux + (u64)r * (K / 256);
 }
@@ -600,7 +609,7 @@ struct GemmLaneRowsQ6k {
 // rotated once), the exact c − 32 by one sub.f16x2 of 2^(10−i) + 32, one mul.rn.f16x2 — two
 // roundings (S, the product), as Q4_K's (docs/numerics.md).
 struct GemmQ6kScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
     static constexpr int HIGH_STRIDE = GEMM_HIGH_ROW_BYTES / 4;
     static constexpr bool ROWS_EACH_GROUP = true;
@@ -652,7 +661,7 @@ __device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32*
                                                   const unsigned short* aux, int row, int n, int K, int which,
                                                   GemmLaneRowsQ6k& out) {
     const u64 r = (u64)min(row, n - 1);
-    (which ? out.wb : out.wa) = qweight + r * (K / 8);
+    (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
     (which ? out.hb : out.ha) = qhigh + r * (K / 16);
     (which ? out.scb : out.sca) = scales + r * (K / 64);
     (which ? out.db : out.da) = aux + r * (K / 256);
@@ -1251,7 +1260,7 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
 // every GEMM_BM: the group's 16 scale pairs, held one group ahead, fit beside the 256-token
 // tile's 128 accumulators in the consumers' 216 registers (no spills, ptxas) since their decode
 // stays in FP16 pairs. Weights [N, K], K a multiple of 256:
-//   qweight u32 [N, K/8] (layout id 1), scales u32 [N, K/256, 3] (the 12 packed bytes),
+//   qweight u32 [N, K/8] (layout id 1, tile-major), scales u32 [N, K/256, 3] (the 12 packed bytes),
 //   aux u32 [N, K/256] (d | dmin << 16, FP16).
 
 // rows_of for one Q4_K matrix (residual); the lane's row g is also written to *ra.
@@ -1274,7 +1283,7 @@ struct GemmQ4kOneMatrixRows {
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                  const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1)
+                  const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1), tile-major
                   const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
                   const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
@@ -1315,7 +1324,7 @@ gemm_q4k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp3
         const u32* qw = second ? w1_qweight : w0_qweight;
         const u32* sc = second ? w1_scales : w0_scales;
         const u32* dd = second ? w1_aux : w0_aux;
-        return GemmLaneRowsQ4k{qw + i * (K / 8), nullptr, sc + i * (K / 256) * 3, nullptr, dd + i * (K / 256), nullptr};
+        return GemmLaneRowsQ4k{gemm_code_row(qw, i, K), nullptr, sc + i * (K / 256) * 3, nullptr, dd + i * (K / 256), nullptr};
     };
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
@@ -1468,7 +1477,7 @@ __device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32*
                                                   const u32* aux, int row, int n, int K, int which,
                                                   GemmLaneRowsQ5k& out) {
     const u64 r = (u64)min(row, n - 1);
-    (which ? out.wb : out.wa) = qweight + r * (K / 8);
+    (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
     (which ? out.hb : out.ha) = qhigh + r * (K / 32);
     (which ? out.scb : out.sca) = scales + r * (K / 256) * 3;
     (which ? out.ddb : out.dda) = aux + r * (K / 256);
@@ -1478,7 +1487,7 @@ __device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32*
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                  const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1)
+                  const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
                   const u32* __restrict__ qhigh,          // [N, K/32] uint32, the high bits
                   const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
                   const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
@@ -1621,7 +1630,7 @@ gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // row and group, 4 KB: GEMM_Q6K_SMEM_BYTES), copied by the producer beside the code words and
 // released by the same barriers; at GEMM_BM 256 two stages (gemm_stages: three of 76 KB need 229
 // KB of the 227). Weights [N, K], K a
-// multiple of 256: qweight u32 [N, K/8] (layout id 1, the low nibbles), qhigh u32 [N, K/16],
+// multiple of 256: qweight u32 [N, K/8] (layout id 1 tile-major, the low nibbles), qhigh u32 [N, K/16],
 // scales int8 [N, K/16] (read as u32 words), aux fp16 [N, K/256] (d).
 #define GEMM_Q6K_SMEM_BYTES (gemm_smem_bytes<GemmQ6kScales>())  // launchers mirror it
 static_assert(GEMM_Q6K_SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -1648,7 +1657,7 @@ struct GemmQ6kOneMatrixRows {
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q6k_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                  const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1)
+                  const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
                   const u32* __restrict__ qhigh,           // [N, K/16] uint32, the high bits
                   const u32* __restrict__ scales,          // [N, K/16] int8 sc, as [N, K/64] uint32
                   const unsigned short* __restrict__ aux,  // [N, K/256] fp16 d
@@ -1750,14 +1759,14 @@ struct GemmG32Scales {
 
 // Q4_0: the INT4 words and zero point; each k step's pair times its chunk's scale.
 struct GemmQ4g32Scales : GemmG32Scales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = true;
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32*, const __half* scales, int row,
                                                     int n, int K, int which, GemmLaneRowsG32& out) {
         const u64 r = (u64)min(row, n - 1);
-        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));
     }
     __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
@@ -1779,7 +1788,7 @@ struct GemmQ4g32Scales : GemmG32Scales {
 // rotated once a chunk and row): 2^(10−i) + v + 16h is an exact FP16, one sub.f16x2 of
 // 2^(10−i) + 16 makes c − 16 exact.
 struct GemmQ5g32Scales : GemmG32Scales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 16;
     static constexpr int HIGH_STRIDE = 4;
     static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
@@ -1787,7 +1796,7 @@ struct GemmQ5g32Scales : GemmG32Scales {
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, const __half* scales,
                                                     int row, int n, int K, int which, GemmLaneRowsG32& out) {
         const u64 r = (u64)min(row, n - 1);
-        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
         (which ? out.hb : out.ha) = qhigh + r * (K / 32);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
     }
@@ -1900,7 +1909,7 @@ struct GemmG32MinScales {
     __device__ static __forceinline__ void lane_row_min(const u32* qweight, Scales so, int row, int n, int K,
                                                         int which, GemmLaneRowsG32Min& out) {
         const u64 r = (u64)min(row, n - 1);
-        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(so.s + r * (K / 32));  // 8-byte aligned: K % 128 == 0
         (which ? out.ob : out.oa) = reinterpret_cast<const uint2*>(so.o + r * (K / 32));
     }
@@ -1915,7 +1924,7 @@ struct GemmG32MinScales {
 
 // Q4_1: the INT4 words, c ≤ 15.
 struct GemmQ4g32MinScales : GemmG32MinScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = true;
@@ -1943,7 +1952,7 @@ struct GemmQ4g32MinScales : GemmG32MinScales {
 // Q5_1: Q5_0's high-bit plane in the stage beside the codes (16 B a row and group), c ≤ 31, and
 // its unpack (GemmQ5g32Scales: the pair rotated to bit i under the magic number 2^(10−i)).
 struct GemmQ5g32MinScales : GemmG32MinScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 16;
     static constexpr int HIGH_STRIDE = 4;
     static constexpr bool ROWS_EACH_GROUP = true;
@@ -2114,7 +2123,7 @@ gemm_q4g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp1
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                    const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                    const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
                     const __half* __restrict__ scales,       // [N, K/32] fp16
                     const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
                     float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -2197,7 +2206,7 @@ gemm_q5g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp1
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                    const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1)
+                    const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
                     const u32* __restrict__ qhigh,           // [N, K/32] uint32, the high bits
                     const __half* __restrict__ scales,       // [N, K/32] fp16
                     const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -2380,7 +2389,7 @@ gemm_q4g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
                        const __half* __restrict__ scales,       // [N, K/32] fp16
                        const __half* __restrict__ offsets,      // [N, K/32] fp16
                        const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -2475,7 +2484,7 @@ gemm_q5g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
                        const u32* __restrict__ qhigh,           // [N, K/32] uint32
                        const __half* __restrict__ scales,       // [N, K/32] fp16
                        const __half* __restrict__ offsets,      // [N, K/32] fp16
