@@ -405,13 +405,18 @@ struct GemmLaneRows {
     const __half* sa; const __half* sb;   // the rows' group scales
 };
 
-// Row r (clamped into the matrix already) of a per-tensor format's 4–6-bit codes, which the GPU
-// holds tile-major with rows in plain order (weight_formats.cuh: Wf<F>::TILED; the INT4 device
-// layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 — group
-// grp's are CODE_STRIDE = INT4_ITEM_WORDS on, one item further.
+// Row r (clamped into the matrix already) of a tile-major plane of W words a row and 128-input
+// group: a per-tensor format's 4–6-bit codes (W = 16) or its high bits (W = 4·HB), which the
+// GPU holds tile-major with rows in plain order (weight_formats.cuh: Wf<F>::TILED; the INT4
+// device layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 —
+// group grp's are 16·W words on, one item further (the policies' CODE_STRIDE, HIGH_STRIDE).
+template <int W, typename Row>
+__device__ __forceinline__ const u32* gemm_tiled_row(const u32* plane, Row r, int K) {
+    return plane + ((u64)(r / INT4_TILE_ROWS) * (K / INT4_GROUP) * INT4_TILE_ROWS + (u64)(r % INT4_TILE_ROWS)) * W;
+}
 template <typename Row>
 __device__ __forceinline__ const u32* gemm_code_row(const u32* qweight, Row r, int K) {
-    return int4_tile_item(qweight, (int)(r / INT4_TILE_ROWS), 0, K) + (int)(r % INT4_TILE_ROWS) * (INT4_GROUP / 8);
+    return gemm_tiled_row<INT4_GROUP / 8>(qweight, r, K);
 }
 
 // How a consumer lane scales its rows' codes — the one place the weight format enters the
@@ -611,7 +616,7 @@ struct GemmLaneRowsQ6k {
 struct GemmQ6kScales {
     static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
-    static constexpr int HIGH_STRIDE = GEMM_HIGH_ROW_BYTES / 4;
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * GEMM_HIGH_ROW_BYTES / 4;  // tile-major: one item
     static constexpr bool ROWS_EACH_GROUP = true;
     struct Group {
         u32 s[2][GEMM_K_STEPS];  // [row g, g+8][k step] half2 (S, S)
@@ -662,7 +667,7 @@ __device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32*
                                                   GemmLaneRowsQ6k& out) {
     const u64 r = (u64)min(row, n - 1);
     (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
-    (which ? out.hb : out.ha) = qhigh + r * (K / 16);
+    (which ? out.hb : out.ha) = gemm_tiled_row<GEMM_HIGH_ROW_BYTES / 4>(qhigh, r, K);
     (which ? out.scb : out.sca) = scales + r * (K / 64);
     (which ? out.db : out.da) = aux + r * (K / 256);
 }
@@ -1439,7 +1444,7 @@ struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
 
 struct GemmQ5kScales : GemmQ4kScales {
     static constexpr int HIGH_ROW_BYTES = GEMM_Q5K_HIGH_ROW_BYTES;
-    static constexpr int HIGH_STRIDE = GEMM_Q5K_HIGH_ROW_BYTES / 4;  // words a row and group
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * GEMM_Q5K_HIGH_ROW_BYTES / 4;  // tile-major: one item
     static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
     // Nibble pair t of code word w, word i of its chunk, with its high bits (hpos: the chunk's high
     // word, gemm_high_word) as (c, c) exact, then c·S − O.
@@ -1478,7 +1483,7 @@ __device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32*
                                                   GemmLaneRowsQ5k& out) {
     const u64 r = (u64)min(row, n - 1);
     (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
-    (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+    (which ? out.hb : out.ha) = gemm_tiled_row<GEMM_Q5K_HIGH_ROW_BYTES / 4>(qhigh, r, K);
     (which ? out.scb : out.sca) = scales + r * (K / 256) * 3;
     (which ? out.ddb : out.dda) = aux + r * (K / 256);
 }
@@ -1790,14 +1795,14 @@ struct GemmQ4g32Scales : GemmG32Scales {
 struct GemmQ5g32Scales : GemmG32Scales {
     static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 16;
-    static constexpr int HIGH_STRIDE = 4;
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * 4;  // tile-major high bits: one item
     static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
     // Row `row` (clamped into the matrix) of a weight [n, K] into the lane-rows slot `which`.
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, const __half* scales,
                                                     int row, int n, int K, int which, GemmLaneRowsG32& out) {
         const u64 r = (u64)min(row, n - 1);
         (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
-        (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+        (which ? out.hb : out.ha) = gemm_tiled_row<4>(qhigh, r, K);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
     }
     // Nibble pair t of code word w, word i of its chunk, with its high bits (hpos: the chunk's high
@@ -1954,12 +1959,12 @@ struct GemmQ4g32MinScales : GemmG32MinScales {
 struct GemmQ5g32MinScales : GemmG32MinScales {
     static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 16;
-    static constexpr int HIGH_STRIDE = 4;
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * 4;  // tile-major high bits: one item
     static constexpr bool ROWS_EACH_GROUP = true;
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, Scales so, int row, int n,
                                                     int K, int which, GemmLaneRowsG32Min& out) {
         lane_row_min(qweight, so, row, n, K, which, out);
-        (which ? out.hb : out.ha) = qhigh + (u64)min(row, n - 1) * (K / 32);
+        (which ? out.hb : out.ha) = gemm_tiled_row<4>(qhigh, (u64)min(row, n - 1), K);
     }
     // hpos: the chunk's high word, gemm_high_word; i: w's word of the chunk (GemmQ5g32Scales).
     __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, int i, u32 s2, u32 o2) {

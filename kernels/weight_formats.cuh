@@ -55,6 +55,7 @@
 //           u32 [N, K/2]    dense: the FP16 values, two per word (the `.weight` tensor)
 //   qhigh   u32 [N, K/32]   5-bit: bit 4p + i of word c = bit 4 of input 32c + 8i + ORDER[p]
 //           u32 [N, K/16]   6-bit: bits 4p + 2(i%2) +{0,1} of word 2c + i/2 = bits 4, 5 of it
+//                           on the GPU tile-major (below): u32 [ceil(N/16), K/128, 16, 4·HB]
 //   scales  fp16 [N, K/g] | uint8 [N, K/256, 12] (q4_k, q5_k) | int8 [N, K/16] (q6_k)
 //   aux     fp16 offsets [N, K/32] (q4_g32_min, q5_g32_min) | fp16 superscales [N, K/256, 2]
 //           = (d, dmin) (q4_k, q5_k) | fp16 superscales [N, K/256] = d (q6_k)
@@ -69,9 +70,11 @@
 //   (r − r % 16)·K/8 + (w / 16)·256 + (r % 16)·16 + w % 16
 // (rows padded to a whole tile). Why: the loads alone of the 7B's q4_k gate_up GEMV ran at 69 % of
 // a plain copy's bandwidth with the file's rows and 88 % with the codes at tile-major addresses
-// (a timing probe on an H100: docs/bench/2026-12-06_dcc76b7_h100_fmt_tile_probe.json). The other
-// planes stay row-major for now: 4 bytes a chunk or less, though q5_k's and q6_k's high bits
-// moved as well took their gate_up loads further (q6_k: 84 → 94 % of copy in that probe).
+// (a timing probe on an H100: docs/bench/2026-12-06_dcc76b7_h100_fmt_tile_probe.json). The high
+// bits (qhigh: HB words a chunk) lie the same way, their 16 rows × 4 chunks of an item 4·HB
+// words a row, 64·HB words an item: in that probe q5_k's and q6_k's gate_up loads went further
+// with them moved too (q6_k: 84 → 94 % of copy). The scales and offsets stay row-major: 2 bytes
+// a chunk or less, read through L1 (the quad's lanes and a super-block's chunks share them).
 #pragma once
 #include <cuda_fp16.h>
 
@@ -178,8 +181,11 @@ __device__ __forceinline__ WfAddr wf_addr(const WfWeight& w, u32 row, int chunk,
         p.q = w.qweight + ((row & ~(WF_TILE_ROWS - 1u)) * (u32)(K / 8) + (c >> 2) * 256u +
                            (row & (WF_TILE_ROWS - 1u)) * 16u + 4u * (c & 3u));
     }
-    if constexpr (Wf<F>::HB == 1) p.h = w.qhigh + (row * (u32)(K / 32) + c);
-    if constexpr (Wf<F>::HB == 2) p.h = w.qhigh + (row * (u32)(K / 16) + 2u * c);
+    if constexpr (Wf<F>::HB > 0) {  // tile-major as the codes, HB words a chunk
+        constexpr u32 HB = Wf<F>::HB;
+        p.h = w.qhigh + ((row & ~(WF_TILE_ROWS - 1u)) * (u32)(K / 32) * HB + (c >> 2) * (64u * HB) +
+                         (row & (WF_TILE_ROWS - 1u)) * (4u * HB) + HB * (c & 3u));
+    }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
         const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
@@ -236,7 +242,7 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
     WfAddr p = at;
     p.q = wf_advance(at.q, q, (Wf<F>::TILED ? WF_TILE_ROWS : 1) * 4 * Wf<F>::CODE_BYTES);
     if constexpr (Wf<F>::BITS == 16) return p;
-    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, 4 * 4 * Wf<F>::HB);  // HB words per chunk
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, WF_TILE_ROWS * 4 * 4 * Wf<F>::HB);  // an item: 16 rows × 4 chunks × HB words
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
             p.s = wf_advance(at.s, quad_lane < 3 ? 3u * sbs : sbs, 4);
@@ -256,8 +262,8 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
 }
 
 // A step from row `from` down to row `to` (to ≥ from) of one weight, as wf_addr_rows takes it:
-// the rows, and the 16-byte vectors the tile-major codes move, (to's place − from's place) in
-// wf_addr's terms, which is ≥ 0 (a later tile starts K/2 bytes a row further on, more than a row
+// the rows, and the chunks the tile-major planes move (16 bytes each in the codes, 4·HB in the
+// high bits), (to's place − from's place) in wf_addr's terms, which is ≥ 0 (a later tile starts K/2 bytes a row further on, more than a row
 // of a tile can be back). The decode GEMVs make one a tile, when they move to it, for every item.
 struct WfRowStep {
     u32 rows;
@@ -271,7 +277,7 @@ __device__ __forceinline__ WfRowStep wf_row_step(u32 from, u32 to, int K) {
 
 // The addresses of the same chunk one step (wf_row_step) further down, from those of `at`
 // (wf_addr with the same QUAD and quad_lane, or wf_addr_quads of it): every plane moves by whole
-// rows, the tile-major codes by the step's vectors, one multiply-add each (q4_k/q5_k with QUAD:
+// rows, the tile-major codes and high bits by the step's chunks, one multiply-add each (q4_k/q5_k with QUAD:
 // and a predicated multiply by 3). The sums equal wf_addr's at the step's row, as in
 // wf_addr_quads. The decode GEMVs reach the second row of their tile with it, and the next tile's rows.
 template <int F, bool QUAD = false>
@@ -284,7 +290,7 @@ __device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step,
         p.q = wf_advance_var(at.q, rows, (u32)(K / WF_CHUNK) * Wf<F>::CODE_BYTES);
     }
     if constexpr (Wf<F>::BITS == 16) return p;
-    if constexpr (Wf<F>::HB > 0) p.h = wf_advance_var(at.h, rows, (u32)(K / 8) * Wf<F>::HB);
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, step.tiled_vectors, 4 * Wf<F>::HB);
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 supers = (u32)(K / WF_SUPER);
         if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block

@@ -104,7 +104,7 @@ def _fake_upload(monkeypatch, *, supported: bool, refuse: bool = False) -> list:
     monkeypatch.setattr(gpu_weights, "read_only_register_supported", lambda: supported)
     # The INT4 model's rearrangement into the device layout after the upload launches a kernel
     # (tests/test_kernel_weight_layout.py checks it on the GPU): nothing to do over a fake pool.
-    monkeypatch.setattr(gpu_weights.GPUWeights, "_device_layout", lambda self, pair_dims: None)
+    monkeypatch.setattr(gpu_weights.GPUWeights, "_device_layout", lambda self, planes: None)
     return made
 
 

@@ -17,7 +17,7 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
 from drvqwen.format.int4_tiles import from_tile_major
-from drvqwen.launchers.gemv_fmt import DENSE_F16, codes_tile_major, device_parts
+from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, tile_major_parts
 from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
                             normed_fp16, random_fmt_weight, report)
 
@@ -168,6 +168,14 @@ def test_tile_major_codes_need_whole_quads_and_padded_rows():
     with pytest.raises(LaunchError, match=r"W\.qweight: expected 33280 elements"):
         weight(q4, 200, 1280, 200).check(200, 1280)
     weight(q8, 200, 1280, 200).check(200, 1280)
+    # 5-bit codes: the high bits (4 words a row and quad) are padded the same way.
+    q5 = wf.FORMATS[5]
+    specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in q5.tensors("W", 200, 1280).items()}
+    specs["qweight"] = BufferSpec("W.qweight", (208, 160), np.uint32)
+    with pytest.raises(LaunchError, match=r"W\.qhigh: expected 8320 elements"):
+        FmtWeight(q5, specs, "W").check(200, 1280)
+    specs["qhigh"] = BufferSpec("W.qhigh", (208, 40), np.uint32)
+    FmtWeight(q5, specs, "W").check(200, 1280)
 
 
 def _time(label, ln):
@@ -421,8 +429,8 @@ def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     v, d = 300, 1024
     w, _ = random_fmt_weight(dev, rng, fmt, v, d, "model.embed_tokens")
     parts = {p: a.download() for p, a in w.parts.items()}
-    if codes_tile_major(fmt):   # the device layout back to the file's (to dequantize as the reference does)
-        parts["qweight"] = from_tile_major(parts["qweight"].reshape(-1, d // 128, 16, 16), v)
+    for part, words in tile_major_parts(fmt).items():   # the device layout back to the file's
+        parts[part] = from_tile_major(parts[part].reshape(-1, d // 128, 16, words), v)
     want = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "model.embed_tokens")
     ids = np.array([0, 299, 17, 17, 150], np.int32)
     out = dev.poisoned("residual", (len(ids), d), np.float32)

@@ -40,6 +40,30 @@ def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
            f"{want.reshape(-1)[i]:#010x}"
 
 
+# The high-bit planes of the per-tensor formats: (label, N, K, words a row and 128-input group)
+HIGH_CASES = [("q6k.n333.k384", 333, 384, 8), ("q5.n17.k1152", 17, 1152, 4), ("q6k.7b.down_proj", 3584, 18944, 8),
+              ("q5.0.5b.gate_proj", 4864, 896, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,n,k,words", HIGH_CASES, ids=[c[0] for c in HIGH_CASES])
+def test_high_bit_planes_tile_major_match_the_host(dev, rng, label, n, k, words):
+    """The 5- and 6-bit formats' high bits (4 or 8 words a row and 128-input group), rows plain:
+    bit for bit to_tile_major(plane, 0, words), rows past N zero, the source unchanged."""
+    from drvqwen.launchers.weight_layout import Int4TileMajor
+
+    plane = rng.integers(0, 2**32, size=(n, k // 128 * words), dtype=np.uint32)
+    want = to_tile_major(plane, 0, words)
+    src = dev.upload("src", plane)
+    dst = dev.poisoned("dst", want.shape, np.uint32)
+    Int4TileMajor(dst, src, n=n, k=k, group_words=words).launch()
+    got = dst.download()
+    assert got.size == device_words(n, k, words)
+    assert got.tobytes() == want.tobytes(), f"{label}: {_first_difference(got, want)}"
+    assert np.array_equal(from_tile_major(got, n), plane)
+    assert src.download().tobytes() == plane.tobytes(), f"{label}: the source changed"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("label,n,k,pair_dim", CASES, ids=[c[0] for c in CASES])
 def test_int4_tile_major_matches_the_host(dev, rng, label, n, k, pair_dim):
@@ -149,22 +173,23 @@ def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
                 "model.layers.0.mlp.down_proj.qweight": SimpleNamespace(shape=(100, 48), nbytes=100 * 48 * 4)}
     with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's "
                                           r"tile-major codes need a multiple of 16$"):
-        w._device_layout({n: 0 for n in w.arrays})
+        w._device_layout({n: (0, 16) for n in w.arrays})
 
 
 @pytest.mark.gpu
 def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
     """A model in per-tensor formats (the 0.5B's shapes, 2 layers, llama.cpp's Q4_K_M recipe:
-    q4_k, q5_0 and q6_k codes of 4–6 bits, q8_0 of 8) through GPUWeights: the qweight of every
-    weight whose codes have 4–6 bits holds to_tile_major(file's) with rows in plain order
-    (launchers.gemv_fmt.codes_tile_major), the 8-bit codes and every other tensor the file's bytes."""
+    q4_k, q5_0 and q6_k codes of 4–6 bits, q8_0 of 8) through GPUWeights: the qweight and qhigh
+    of every weight whose codes have 4–6 bits hold to_tile_major(file's, 0, words) with rows in
+    plain order (launchers.gemv_fmt.tile_major_parts), the 8-bit codes and every other tensor the
+    file's bytes."""
     from drvqwen.config import QWEN25_CODER_05B
     from drvqwen.format import weight_formats as wf
     from drvqwen.format.nanoqwen import NanoqwenFile
     from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import write_synthetic
     from drvqwen.gpu_weights import GPUWeights
-    from drvqwen.launchers.gemv_fmt import codes_tile_major
+    from drvqwen.launchers.gemv_fmt import tile_major_parts
     from helpers import minimal_tokenizer_json
 
     cfg = QWEN25_CODER_05B.with_layers(2)
@@ -172,9 +197,11 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
     path = tmp_path / "q4_k_m.nanoqwen"
     write_synthetic(path, cfg, seed=99, tokenizer_json=minimal_tokenizer_json(), formats=formats)
     with NanoqwenFile(path) as f:
-        tiled = {f"{p}.qweight" for p, fid in f.formats.items() if fid != wf.PLAIN and codes_tile_major(wf.FORMATS[fid])}
+        tiled = {f"{p}.{part}": words for p, fid in f.formats.items() if fid != wf.PLAIN
+                 for part, words in tile_major_parts(wf.FORMATS[fid]).items()}
         bits = {wf.FORMATS[fid].bits for fid in f.formats.values() if fid != wf.PLAIN}
-        assert tiled and 8 in bits and bits & {4, 5, 6}, bits   # both kinds are there to compare
+        assert 8 in bits and {4, 5, 6} <= bits, bits   # every kind is there to compare
+        assert {n.rsplit(".", 1)[1] for n in tiled} == {"qweight", "qhigh"}
         w = GPUWeights(f)
         try:
             got = {name: arr.download() for name, arr in w.arrays.items()}
@@ -182,7 +209,7 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
             w.close()
         for info in f:
             file = np.asarray(f.tensor(info.name))
-            want = to_tile_major(file) if info.name in tiled else file
+            want = to_tile_major(file, 0, tiled[info.name]) if info.name in tiled else file
             if file.dtype == np.float32:
                 want = file.astype(np.float16)
             assert got[info.name].tobytes() == want.tobytes(), info.name

@@ -13,12 +13,12 @@ so the tests and tools can find any weight by the name HF users know.
 A model that runs the INT4 step (every projection INT4 g128: format/tensor_set.py's
 default_formats) has its projections' qweight rearranged on the GPU right after the upload into
 the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu; q/k/v
-RoPE-paired by the head dim). A model in per-tensor formats has the qweight of every weight
-whose codes have 4–6 bits (launchers/gemv_fmt.py: codes_tile_major) rearranged the same way,
-rows in plain order; its other tensors stay as stored. The array of `….qweight` keeps the
-file's shape [N, K/8] — the same number of words, N being a multiple of 16, and the shape the
-decode and prefill plans check their buffers against — but holds the words as
-[N/16, K/128, 16, 16].
+RoPE-paired by the head dim). A model in per-tensor formats has the qweight and qhigh of every
+weight whose codes have 4–6 bits (launchers/gemv_fmt.py: tile_major_parts) rearranged the same
+way, rows in plain order; its other tensors stay as stored. Such an array keeps the file's
+shape ([N, K/8] for a qweight) — the same number of words, N being a multiple of 16, and the
+shape the decode and prefill plans check their buffers against — but holds the words as
+[N/16, K/128, 16, W] (W = 16 for the codes).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .cuda import (DEFAULT_ALIGN_BYTES, CudaError, DeviceArray, Pool, Registered
                    read_only_register_supported)
 from .errors import FormatError
 from .format import weight_formats as wf
-from .format.int4_tiles import TILE_ROWS
+from .format.int4_tiles import GROUP_WORDS, TILE_ROWS
 from .format.nanoqwen import NanoqwenFile, TensorInfo
 from .format.tensor_set import in_per_tensor_formats, proj_prefix, weight_shapes
 
@@ -140,33 +140,39 @@ class GPUWeights:
             self.close()
             raise
 
-    def _tile_major_codes(self, f: NanoqwenFile) -> dict[str, int]:
-        """The uploaded qweights the GPU reads tile-major, each with its pair_dim
-        (format/int4_tiles.py): an INT4 model's projections (q/k/v RoPE-paired by the head dim),
-        or in a per-tensor model every weight whose codes have 4–6 bits (rows plain)."""
-        names = [n for n in self.arrays if n.endswith(".qweight")]
+    def _tile_major_codes(self, f: NanoqwenFile) -> dict[str, tuple[int, int]]:
+        """The uploaded planes the GPU reads tile-major, each with its (pair_dim, words a row and
+        128-input group) (format/int4_tiles.py): an INT4 model's projections' qweight (q/k/v
+        RoPE-paired by the head dim), or in a per-tensor model the qweight and qhigh of every
+        weight whose codes have 4–6 bits (rows plain; launchers/gemv_fmt.py: tile_major_parts)."""
         if not in_per_tensor_formats(self.config, f.formats):
             paired = ("q_proj", "k_proj", "v_proj")
-            return {n: self.config.head_dim if n.split(".")[-2] in paired else 0
-                    for n in names if n.startswith("model.layers.")}
-        from .launchers.gemv_fmt import codes_tile_major
+            return {n: (self.config.head_dim if n.split(".")[-2] in paired else 0, GROUP_WORDS)
+                    for n in self.arrays if n.startswith("model.layers.") and n.endswith(".qweight")}
+        from .launchers.gemv_fmt import tile_major_parts
 
-        fids = {f"{prefix}.qweight": fid for prefix, fid in f.formats.items()}
-        return {n: 0 for n in names if fids.get(n, wf.PLAIN) != wf.PLAIN and codes_tile_major(wf.FORMATS[fids[n]])}
+        out = {}
+        for prefix, fid in f.formats.items():
+            if fid == wf.PLAIN:
+                continue
+            for part, words in tile_major_parts(wf.FORMATS[fid]).items():
+                if f"{prefix}.{part}" in self.arrays:   # not past num_layers
+                    out[f"{prefix}.{part}"] = (0, words)
+        return out
 
-    def _device_layout(self, pair_dims: Mapping[str, int]) -> None:
-        """Rearrange each qweight [N, K/8] named in `pair_dims` in place into the tile-major
-        device layout (format/int4_tiles.py) with its pair_dim: each is copied into one scratch
-        buffer (the largest one's size) and kernels/weight_layout.cu writes it back tile-major:
-        those bytes are read and written twice (the copy, the kernel), once per load.
+    def _device_layout(self, planes: Mapping[str, tuple[int, int]]) -> None:
+        """Rearrange each plane uint32 [N, K/128 · W] named in `planes` (name → (pair_dim, W)) in
+        place into the tile-major device layout (format/int4_tiles.py): each is copied into one
+        scratch buffer (the largest one's size) and kernels/weight_layout.cu writes it back
+        tile-major: those bytes are read and written twice (the copy, the kernel), once per load.
 
         Raises:
-            FormatError: a qweight of N not a multiple of 16 (no Qwen2 shape has one).
+            FormatError: a plane of N not a multiple of 16 (no Qwen2 shape has one).
         """
         from .cuda import DeviceBuffer, Stream
         from .launchers.weight_layout import Int4TileMajor
 
-        names = list(pair_dims)
+        names = list(planes)
         if not names:
             return
         for n in names:
@@ -182,10 +188,11 @@ class GPUWeights:
         try:
             for n in names:
                 arr = self.arrays[n]
-                rows, k = arr.shape[0], arr.shape[1] * 8
+                pair_dim, words = planes[n]
+                rows, k = arr.shape[0], arr.shape[1] * 128 // words
                 src = DeviceArray(f"{n} (file layout)", scratch.ptr, arr.shape, arr.dtype)
                 src.copy_from(arr, stream)
-                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dims[n], stream=stream).launch()
+                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dim, group_words=words, stream=stream).launch()
             stream.synchronize()
         finally:
             try:

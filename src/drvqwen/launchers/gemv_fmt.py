@@ -129,22 +129,31 @@ def compiled_formats(defines) -> frozenset[int] | None:
 
 
 def codes_tile_major(fmt) -> bool:
-    """Whether the GPU reads `fmt`'s qweight tile-major (format/int4_tiles.py, pair_dim 0): its
-    codes have 4–6 bits (TILED_BITS). Not the 8-bit codes (32 bytes a chunk: a quad of them is
-    already two whole 64-byte pieces of a row) nor a dense matrix."""
+    """Whether the GPU reads `fmt`'s qweight (and qhigh) tile-major (format/int4_tiles.py,
+    pair_dim 0): its codes have 4–6 bits (TILED_BITS). Not the 8-bit codes (32 bytes a chunk: a
+    quad of them is already two whole 64-byte pieces of a row) nor a dense matrix."""
     return fmt.bits <= TILED_BITS
+
+
+def tile_major_parts(fmt) -> dict[str, int]:
+    """The stored parts of `fmt` that the GPU holds tile-major, each with its words a row and
+    128-input group (to_tile_major's group_words): qweight 16 and, with 5- or 6-bit codes, qhigh
+    4 or 8 (weight_formats.cuh); none where not codes_tile_major."""
+    if not codes_tile_major(fmt):
+        return {}
+    high = fmt.bits - 4
+    return {"qweight": 16, **({"qhigh": 4 * high} if high > 0 else {})}
 
 
 def device_parts(fmt, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A weight's stored parts as the GPU reads them: `parts` (name → array in the file's layout,
-    weight_formats.random_weight's or a file's) with qweight tile-major where codes_tile_major
+    weight_formats.random_weight's or a file's) with those of tile_major_parts rearranged
     (to_tile_major, rows padded to a whole tile), the others as they are. What a test or a
     benchmark uploads; a model's weights are rearranged on the GPU (gpu_weights.py)."""
-    if not codes_tile_major(fmt) or "qweight" not in parts:
-        return dict(parts)
     from ..format.int4_tiles import to_tile_major
 
-    return {**parts, "qweight": to_tile_major(parts["qweight"])}
+    tiled = tile_major_parts(fmt)
+    return {p: to_tile_major(a, group_words=tiled[p]) if p in tiled else a for p, a in parts.items()}
 
 
 # Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).
@@ -171,8 +180,8 @@ class FmtWeight:
         """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
         GEMVs' 128, the embedding's 32) with N·K under 2^32 (32-bit offsets), the kernel's
         `defines` compile it in (format_defines), and every part is there with the size and
-        dtype the format stores (the device layout's: a qweight of 4–6-bit codes tile-major,
-        codes_tile_major, its rows padded to a whole tile)."""
+        dtype the format stores (the device layout's: the qweight and qhigh of 4–6-bit codes
+        tile-major, tile_major_parts, their rows padded to a whole tile)."""
         require(self.fmt.id in GPU_FORMAT_IDS | {DENSE_ID},
                 f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
         compiled = compiled_formats(defines)
@@ -190,8 +199,9 @@ class FmtWeight:
             part = tname.rsplit(".", 1)[1]
             require(part in self.parts, f"{self.name}: part {part} missing")
             size = int(np.prod(shape))
-            if part == "qweight" and codes_tile_major(self.fmt):   # tile-major: rows padded to a tile
-                size = -(-n // TILE_ROWS) * TILE_ROWS * (k // 8)
+            words = tile_major_parts(self.fmt).get(part)
+            if words:   # tile-major: rows padded to a whole tile
+                size = -(-n // TILE_ROWS) * TILE_ROWS * (k // QUAD) * words
             check_buffer(self.parts[part], f"{self.name}.{part}", size, dt)
 
     def args(self, prefix: str) -> dict:
