@@ -263,8 +263,9 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
 
 // A step from row `from` down to row `to` (to ≥ from) of one weight, as wf_addr_rows takes it:
 // the rows, and the chunks the tile-major planes move (16 bytes each in the codes, 4·HB in the
-// high bits), (to's place − from's place) in wf_addr's terms, which is ≥ 0 (a later tile starts K/2 bytes a row further on, more than a row
-// of a tile can be back). The decode GEMVs make one a tile, when they move to it, for every item.
+// high bits), (to's place − from's place) in wf_addr's terms, which is ≥ 0 for K a multiple of
+// 128 (a later tile starts at least K/2 − 60 vectors further on: more than a row of a tile can be
+// back; FmtWeight.check holds the kernels to such K). The decode GEMVs make one a tile, when they move to it, for every item.
 struct WfRowStep {
     u32 rows;
     u32 tiled_vectors;

@@ -55,6 +55,32 @@ def weight_pool_bytes(tensors: Iterable[TensorInfo]) -> int:
     return sum(_aligned(_device_nbytes(i), DEFAULT_ALIGN_BYTES) for i in tensors) + DEFAULT_ALIGN_BYTES
 
 
+def tile_major_planes(f: NanoqwenFile, config: QwenConfig | None = None) -> dict[str, tuple[int, int]]:
+    """The tensors of `f` that the GPU reads tile-major, each with its (pair_dim, words a row and
+    128-input group) (format/int4_tiles.py): an INT4 model's projections' qweight (q/k/v
+    RoPE-paired by the head dim), or in a per-tensor model the qweight and qhigh of every
+    weight whose codes have 4–6 bits (rows plain; launchers/gemv_fmt.py: tile_major_parts).
+    `config`: the model's, or fewer layers of it (GPUWeights' num_layers)."""
+    config = config or f.config
+    if not in_per_tensor_formats(config, f.formats):
+        paired = ("q_proj", "k_proj", "v_proj")
+        return {i.name: (config.head_dim if i.name.split(".")[-2] in paired else 0, GROUP_WORDS)
+                for i in f if i.name.startswith("model.layers.") and i.name.endswith(".qweight")}
+    from .launchers.gemv_fmt import tile_major_parts
+
+    names = {i.name for i in f}
+    return {f"{prefix}.{part}": (0, words) for prefix, fid in f.formats.items() if fid != wf.PLAIN
+            for part, words in tile_major_parts(wf.FORMATS[fid]).items() if f"{prefix}.{part}" in names}
+
+
+def layout_scratch_bytes(f: NanoqwenFile) -> int:
+    """Device bytes GPUWeights borrows while it rearranges the tile-major planes of `f` (one
+    scratch buffer, the largest plane's size; 0 if none): for the 7B in Q4_K_M, its Q6_K lm_head's
+    codes, uint32 [152064, 448]."""
+    planes = tile_major_planes(f)
+    return max((f.tensors[n].nbytes for n in planes), default=0)
+
+
 def check_gpu_formats(f: NanoqwenFile) -> str | None:
     """None if the GPU kernels run every weight of `f` in its format, else a one-line reason
     naming the first weight that they do not (its format and shape), or a layer whose gate_proj
@@ -72,6 +98,11 @@ def check_gpu_formats(f: NanoqwenFile) -> str | None:
             return f"{f.path}: {prefix} is stored in weight format {name}, which the GPU kernels do not run"
         if k % QUAD:
             return f"{f.path}: {prefix} [{n}, {k}]: the GPU kernels need K a multiple of {QUAD}"
+    for name in tile_major_planes(f):   # whole 16-row tiles (format/int4_tiles.py)
+        rows = f.tensors[name].shape[0]
+        if rows % TILE_ROWS:
+            return (f"{f.path}: {name} has {rows} rows; the GPU holds it tile-major and needs a multiple of "
+                    f"{TILE_ROWS}")
     for layer in range(f.config.num_layers):   # the fused gate/up GEMV and GEMM read both in one format
         gate, up = (f.formats[proj_prefix(layer, p)] for p in ("gate_proj", "up_proj"))
         if gate != up:
@@ -135,30 +166,11 @@ class GPUWeights:
                     if progress:
                         progress(self.nbytes, total)
                 up.finish()
-            self._device_layout(self._tile_major_codes(f))
+            planes = tile_major_planes(f, self.config)
+            self._device_layout({n: planes[n] for n in planes if n in self.arrays})   # not past num_layers
         except BaseException:
             self.close()
             raise
-
-    def _tile_major_codes(self, f: NanoqwenFile) -> dict[str, tuple[int, int]]:
-        """The uploaded planes the GPU reads tile-major, each with its (pair_dim, words a row and
-        128-input group) (format/int4_tiles.py): an INT4 model's projections' qweight (q/k/v
-        RoPE-paired by the head dim), or in a per-tensor model the qweight and qhigh of every
-        weight whose codes have 4–6 bits (rows plain; launchers/gemv_fmt.py: tile_major_parts)."""
-        if not in_per_tensor_formats(self.config, f.formats):
-            paired = ("q_proj", "k_proj", "v_proj")
-            return {n: (self.config.head_dim if n.split(".")[-2] in paired else 0, GROUP_WORDS)
-                    for n in self.arrays if n.startswith("model.layers.") and n.endswith(".qweight")}
-        from .launchers.gemv_fmt import tile_major_parts
-
-        out = {}
-        for prefix, fid in f.formats.items():
-            if fid == wf.PLAIN:
-                continue
-            for part, words in tile_major_parts(wf.FORMATS[fid]).items():
-                if f"{prefix}.{part}" in self.arrays:   # not past num_layers
-                    out[f"{prefix}.{part}"] = (0, words)
-        return out
 
     def _device_layout(self, planes: Mapping[str, tuple[int, int]]) -> None:
         """Rearrange each plane uint32 [N, K/128 · W] named in `planes` (name → (pair_dim, W)) in
