@@ -409,9 +409,13 @@ struct GemmLaneRows {
 // holds tile-major with rows in plain order (weight_formats.cuh: Wf<F>::TILED; the INT4 device
 // layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 — group
 // grp's are CODE_STRIDE = INT4_ITEM_WORDS on, one item further.
+// The word offset in 32 bits (the launchers keep a plane under 2^32 words: FmtWeight.check),
+// widened once: 64-bit products of the row cost the stacked Q4_K GEMM's producer registers it
+// spilled.
 template <typename Row>
 __device__ __forceinline__ const u32* gemm_code_row(const u32* qweight, Row r, int K) {
-    return int4_tile_item(qweight, (int)(r / INT4_TILE_ROWS), 0, K) + (int)(r % INT4_TILE_ROWS) * (INT4_GROUP / 8);
+    const u32 row = (u32)r;
+    return qweight + ((row / INT4_TILE_ROWS) * (u32)(K / INT4_GROUP) * INT4_ITEM_WORDS + (row % INT4_TILE_ROWS) * (INT4_GROUP / 8));
 }
 
 // How a consumer lane scales its rows' codes — the one place the weight format enters the
