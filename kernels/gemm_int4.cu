@@ -410,9 +410,13 @@ struct GemmLaneRows {
 // GPU holds tile-major with rows in plain order (weight_formats.cuh: Wf<F>::TILED; the INT4
 // device layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 —
 // group grp's are 16·W words on, one item further (the policies' CODE_STRIDE, HIGH_STRIDE).
+// The word offset in 32 bits (the launchers keep a plane under 2^32 words: FmtWeight.check),
+// widened once: 64-bit products of the row cost the stacked Q4_K GEMM's producer registers it
+// spilled in one form of this.
 template <int W, typename Row>
 __device__ __forceinline__ const u32* gemm_tiled_row(const u32* plane, Row r, int K) {
-    return plane + ((u64)(r / INT4_TILE_ROWS) * (K / INT4_GROUP) * INT4_TILE_ROWS + (u64)(r % INT4_TILE_ROWS)) * W;
+    const u32 row = (u32)r;
+    return plane + ((row / INT4_TILE_ROWS) * (u32)(K / INT4_GROUP) * INT4_TILE_ROWS + row % INT4_TILE_ROWS) * W;
 }
 template <typename Row>
 __device__ __forceinline__ const u32* gemm_code_row(const u32* qweight, Row r, int K) {
