@@ -1439,7 +1439,7 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // limit, as for Q4_K, is the consumers' unpack beside the tensor cores (one more lop3 a pair than
 // Q4_K for the high bit, one rotate of the high word a chunk and row). Bytes: 176 per 256 weights
 // (5.5 bits) read once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32
-// [N, K/8], qhigh u32 [N, K/32], scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16,
+// [N, K/8], qhigh u32 [N, K/32] (both tile-major), scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16,
 // FP16).
 #define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
 struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
@@ -1497,7 +1497,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                   const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
-                  const u32* __restrict__ qhigh,          // [N, K/32] uint32, the high bits
+                  const u32* __restrict__ qhigh,          // [N, K/32] uint32 tile-major, the high bits
                   const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
                   const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
@@ -1521,7 +1521,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1-1 written
                       const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                       const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                      const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                      const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
                       const u32* __restrict__ w0_scales,         // [N0, K/256, 3] uint32
                       const u32* __restrict__ w0_aux,            // [N0, K/256] uint32
                       const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
@@ -1561,15 +1561,15 @@ gemm_q5k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
                   __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                  const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                  const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
                   const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
                   const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                  const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                  const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                   const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
                   const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                  const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                  const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                   const u32* __restrict__ v_scales,         // [Hkv·Dh, K/256, 3] uint32
                   const u32* __restrict__ v_aux,            // [Hkv·Dh, K/256] uint32
                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
@@ -1609,11 +1609,11 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                        const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                        const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
                         const u32* __restrict__ gate_scales,       // [F, K/256, 3] uint32
                         const u32* __restrict__ gate_aux,          // [F, K/256] uint32
                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                        const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                        const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
                         const u32* __restrict__ up_scales,         // [F, K/256, 3] uint32
                         const u32* __restrict__ up_aux,            // [F, K/256] uint32
                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
@@ -1639,7 +1639,7 @@ gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // row and group, 4 KB: GEMM_Q6K_SMEM_BYTES), copied by the producer beside the code words and
 // released by the same barriers; at GEMM_BM 256 two stages (gemm_stages: three of 76 KB need 229
 // KB of the 227). Weights [N, K], K a
-// multiple of 256: qweight u32 [N, K/8] (layout id 1 tile-major, the low nibbles), qhigh u32 [N, K/16],
+// multiple of 256: qweight u32 [N, K/8] (layout id 1 tile-major, the low nibbles), qhigh u32 [N, K/16] (tile-major),
 // scales int8 [N, K/16] (read as u32 words), aux fp16 [N, K/256] (d).
 #define GEMM_Q6K_SMEM_BYTES (gemm_smem_bytes<GemmQ6kScales>())  // launchers mirror it
 static_assert(GEMM_Q6K_SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -1667,7 +1667,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q6k_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                   const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
-                  const u32* __restrict__ qhigh,           // [N, K/16] uint32, the high bits
+                  const u32* __restrict__ qhigh,           // [N, K/16] uint32 tile-major, the high bits
                   const u32* __restrict__ scales,          // [N, K/16] int8 sc, as [N, K/64] uint32
                   const unsigned short* __restrict__ aux,  // [N, K/256] fp16 d
                   const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -1687,7 +1687,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N-1 written
               const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K]
               const u32* __restrict__ qweight,           // [N, K/8] uint32
-              const u32* __restrict__ qhigh,             // [N, K/16] uint32
+              const u32* __restrict__ qhigh,             // [N, K/16] uint32 tile-major
               const u32* __restrict__ scales,            // [N, K/64] uint32 (int8 sc)
               const unsigned short* __restrict__ aux,    // [N, K/256] fp16 d
               const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
@@ -2187,13 +2187,13 @@ gemm_q5g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp1
                     __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                     const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                    const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                    const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
                     const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
                     const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                    const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                    const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                     const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
                     const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                    const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                    const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                     const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
                     const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
                     const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
@@ -2216,7 +2216,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                     const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
-                    const u32* __restrict__ qhigh,           // [N, K/32] uint32, the high bits
+                    const u32* __restrict__ qhigh,           // [N, K/32] uint32 tile-major, the high bits
                     const __half* __restrict__ scales,       // [N, K/32] fp16
                     const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
                     float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -2235,7 +2235,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                         const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                        const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                        const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
                         const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
                         const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
                         const u32* __restrict__ w1_qhigh,
@@ -2259,10 +2259,10 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                           const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                           const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                          const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                          const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
                           const __half* __restrict__ gate_scales,    // [F, K/32] fp16
                           const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                          const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                          const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
                           const __half* __restrict__ up_scales,      // [F, K/32] fp16
                           const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                           float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -2460,15 +2460,15 @@ gemm_q5g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] 
                        __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                        const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                       const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                       const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
                        const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
                        const __half* __restrict__ q_offsets,     // [Hq·Dh, K/32] fp16
                        const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                       const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                       const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                        const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
                        const __half* __restrict__ k_offsets,     // [Hkv·Dh, K/32] fp16
                        const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                        const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
                        const __half* __restrict__ v_offsets,     // [Hkv·Dh, K/32] fp16
                        const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
@@ -2494,7 +2494,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                        const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
-                       const u32* __restrict__ qhigh,           // [N, K/32] uint32
+                       const u32* __restrict__ qhigh,           // [N, K/32] uint32 tile-major
                        const __half* __restrict__ scales,       // [N, K/32] fp16
                        const __half* __restrict__ offsets,      // [N, K/32] fp16
                        const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -2510,7 +2510,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                            const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                            const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                           const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                           const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
                            const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
                            const __half* __restrict__ w0_offsets,     // [N0, K/32] fp16
                            const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
@@ -2538,11 +2538,11 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                              const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                              const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                             const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                             const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
                              const __half* __restrict__ gate_scales,    // [F, K/32] fp16
                              const __half* __restrict__ gate_offsets,   // [F, K/32] fp16
                              const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                             const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                             const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
                              const __half* __restrict__ up_scales,      // [F, K/32] fp16
                              const __half* __restrict__ up_offsets,     // [F, K/32] fp16
                              const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M

@@ -268,7 +268,7 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
 // back; FmtWeight.check holds the kernels to such K). The decode GEMVs make one a tile, when they move to it, for every item.
 struct WfRowStep {
     u32 rows;
-    u32 tiled_vectors;
+    u32 tiled_chunks;
 };
 
 __device__ __forceinline__ WfRowStep wf_row_step(u32 from, u32 to, int K) {
@@ -286,12 +286,12 @@ __device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step,
     const u32 rows = step.rows;
     WfAddr p = at;
     if constexpr (Wf<F>::TILED) {
-        p.q = wf_advance(at.q, step.tiled_vectors, 16);
+        p.q = wf_advance(at.q, step.tiled_chunks, 16);
     } else {
         p.q = wf_advance_var(at.q, rows, (u32)(K / WF_CHUNK) * Wf<F>::CODE_BYTES);
     }
     if constexpr (Wf<F>::BITS == 16) return p;
-    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, step.tiled_vectors, 4 * Wf<F>::HB);
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, step.tiled_chunks, 4 * Wf<F>::HB);
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 supers = (u32)(K / WF_SUPER);
         if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block

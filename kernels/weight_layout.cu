@@ -37,11 +37,13 @@ int4_to_tile_major(uint4* __restrict__ dst,        // [ceil(N/16), K/128, 16, 4Â
                    int N, int K, int pair_dim,     // pair_dim: 0 plain, Dh RoPE-paired (q, k, v)
                    int group_vecs) {               // 16-byte vectors a row and 128-input group: 4, 2 or 1
     const int groups = K / INT4_GROUP, row_vecs = groups * group_vecs;
-    const u64 vectors = (u64)int4_tiles(N) * INT4_TILE_ROWS * row_vecs;
-    const u64 e = (u64)blockIdx.x * WL_THREADS + threadIdx.x;
+    // In 32 bits: a plane is under 2^32 words (the launchers' rule), so under 2^30 vectors, and the
+    // divisions by the runtime group_vecs stay 32-bit ones.
+    const u32 vectors = (u32)int4_tiles(N) * INT4_TILE_ROWS * (u32)row_vecs;
+    const u32 e = blockIdx.x * WL_THREADS + threadIdx.x;
     if (e >= vectors) return;
-    const int q = (int)(e % group_vecs), m = (int)((e / group_vecs) % INT4_TILE_ROWS);
-    const u64 item = e / ((u64)group_vecs * INT4_TILE_ROWS);
+    const int q = (int)(e % (u32)group_vecs), m = (int)((e / (u32)group_vecs) % INT4_TILE_ROWS);
+    const u32 item = e / ((u32)group_vecs * INT4_TILE_ROWS);
     const int j = (int)(item / groups), gi = (int)(item % groups);
     int lo, hi;
     gemv_tile_rows(j, m % 8, pair_dim, lo, hi);

@@ -126,18 +126,22 @@ def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rn
 
 # ---- CPU: the launch and the refusals ---------------------------------------------------------
 
-def _plan(n: int, k: int, pair_dim: int = 0, dst_words: int | None = None, src_words: int | None = None):
+def _plan(n: int, k: int, pair_dim: int = 0, dst_words: int | None = None, src_words: int | None = None,
+          group_words: int = 16):
     from drvqwen.launchers.weight_layout import Int4TileMajor
 
-    dst = BufferSpec("dst", (device_words(n, k) if dst_words is None else dst_words,), np.uint32)
-    src = BufferSpec("src", (n * k // 8 if src_words is None else src_words,), np.uint32)
-    return Int4TileMajor(dst, src, n=n, k=k, pair_dim=pair_dim)
+    words = group_words if group_words in (4, 8, 16) else 16
+    dst = BufferSpec("dst", (device_words(n, k, words) if dst_words is None else dst_words,), np.uint32)
+    src = BufferSpec("src", (n * k // 128 * words if src_words is None else src_words,), np.uint32)
+    return Int4TileMajor(dst, src, n=n, k=k, pair_dim=pair_dim, group_words=group_words)
 
 
-@pytest.mark.parametrize("n,k,pair_dim", [(333, 384, 0), (4608, 3584, 128), (18944, 3584, 0), (1, 128, 0)])
-def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim):
-    (spec,) = _plan(n, k, pair_dim).specs
-    vectors = -(-n // 16) * 16 * k // 32                     # 16-byte vectors of dst
+@pytest.mark.parametrize("n,k,pair_dim,words", [(333, 384, 0, 16), (4608, 3584, 128, 16), (18944, 3584, 0, 16),
+                                                (1, 128, 0, 16), (333, 384, 0, 8), (4864, 896, 0, 4)])
+def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim, words):
+    (spec,) = _plan(n, k, pair_dim, group_words=words).specs
+    vectors = -(-n // 16) * 16 * k // 128 * words // 4       # 16-byte vectors of dst
+    assert spec.args["group_vecs"].value == words // 4
     threads = spec.block[0]
     assert spec.grid == (-(-vectors // threads),) and spec.smem_bytes == 0
     assert [a.value for a in (spec.args["N"], spec.args["K"], spec.args["pair_dim"])] == [n, k, pair_dim]
@@ -151,6 +155,9 @@ def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim):
     (dict(n=64, k=128, pair_dim=24), "pair_dim 24 must be 0 or a multiple of 16 dividing N=64"),
     (dict(n=96, k=128, pair_dim=64), "pair_dim 64 must be 0 or a multiple of 16 dividing N=96"),
     (dict(n=64, k=128, pair_dim=-16), "pair_dim -16"),
+    (dict(n=64, k=128, group_words=2), r"group_words 2 must be one of \(4, 8, 16\)"),
+    (dict(n=333, k=384, group_words=8, src_words=333 * 384 // 16 + 8), "src: expected 7992 elements"),
+    (dict(n=2**20, k=2**15, group_words=16), "4294967296 words, the kernel indexes them in 32 bits"),
 ])
 def test_bad_shapes_and_buffers_are_refused(kw, match):
     with pytest.raises(LaunchError, match=match):
@@ -172,7 +179,7 @@ def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
     w.arrays = {"model.layers.0.mlp.up_proj.qweight": SimpleNamespace(shape=(384, 32), nbytes=384 * 32 * 4),
                 "model.layers.0.mlp.down_proj.qweight": SimpleNamespace(shape=(100, 48), nbytes=100 * 48 * 4)}
     with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's "
-                                          r"tile-major codes need a multiple of 16$"):
+                                          r"tile-major planes need a multiple of 16$"):
         w._device_layout({n: (0, 16) for n in w.arrays})
 
 

@@ -189,7 +189,7 @@ class GPUWeights:
             return
         for n in names:
             if self.arrays[n].shape[0] % TILE_ROWS:
-                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's tile-major codes need a "
+                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's tile-major planes need a "
                                   f"multiple of {TILE_ROWS}")
         stream = Stream()
         try:

@@ -64,8 +64,9 @@ def tile_rows(n: int, pair_dim: int = 0) -> np.ndarray:
 
 
 def to_tile_major(qweight: np.ndarray, pair_dim: int = 0, group_words: int = GROUP_WORDS) -> np.ndarray:
-    """Layout id 1 qweight uint32 [N, K/8] → the device layout uint32 [ceil(N/16), K/128, 16, 16]
-    (module docstring), rows past N zero. With group_words W, any plane of W words a row and
+    """A plane of W = group_words words a row and 128-input group → the device layout: layout id 1
+    qweight uint32 [N, K/8] (W = 16) → uint32 [ceil(N/16), K/128, 16, 16] (module docstring), rows
+    past N zero. With another W, any plane of W words a row and
     128-input group, [N, K/128 · W] → [ceil(N/16), K/128, 16, W] the same way (the per-tensor
     formats' high bits: W = 4 for 5-bit codes, 8 for 6-bit; kernels/weight_formats.cuh).
 

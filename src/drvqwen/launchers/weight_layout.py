@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cuda import Stream
-from ..format.int4_tiles import GROUP_WORDS, TILE_ROWS, device_words
+from ..format.int4_tiles import GROUP_WORDS, PLANE_WORDS, TILE_ROWS, device_words
 from ..format.quant import GROUP_SIZE
 from .base import KernelRef, Launcher, check_buffer, i32, mirrored, require
 
@@ -25,7 +25,7 @@ class Int4TileMajor(Launcher):
 
     Raises:
         LaunchError: K not a multiple of 128, N < 1, pair_dim not 0 or a multiple of 16 dividing N,
-            group_words not 4, 8 or 16, or a buffer of the wrong size or dtype.
+            group_words not 4, 8 or 16, 2^32 words or more, or a buffer of the wrong size or dtype.
     """
 
     def __init__(self, dst, src, *, n: int, k: int, pair_dim: int = 0, group_words: int = GROUP_WORDS,
@@ -34,9 +34,11 @@ class Int4TileMajor(Launcher):
         require(n >= 1 and k > 0 and k % GROUP_SIZE == 0, f"int4_to_tile_major: [{n}, {k}]: K must be a multiple of {GROUP_SIZE}")
         require(pair_dim == 0 or (pair_dim > 0 and pair_dim % TILE_ROWS == 0 and n % pair_dim == 0),
                 f"int4_to_tile_major: pair_dim {pair_dim} must be 0 or a multiple of {TILE_ROWS} dividing N={n}")
-        require(group_words in (4, 8, 16), f"int4_to_tile_major: group_words {group_words} must be 4, 8 or 16")
+        require(group_words in PLANE_WORDS, f"int4_to_tile_major: group_words {group_words} must be one of {PLANE_WORDS}")
         row_words = k // GROUP_SIZE * group_words
         padded = device_words(n, k, group_words)
+        require(padded < 2**32, f"int4_to_tile_major: [{n}, {k}] of {group_words} words a group: {padded} words, the "
+                                f"kernel indexes them in 32 bits")
         check_buffer(src, "src", n * row_words, np.uint32)
         check_buffer(dst, "dst", padded, np.uint32)
         vectors = padded // 4
