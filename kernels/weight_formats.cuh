@@ -227,9 +227,10 @@ __device__ __forceinline__ const T* wf_advance_var(const T* p, u32 n, u32 bytes)
 
 // The addresses of chunk c + 4q of the same row, from those of chunk c (`at`, from wf_addr with
 // the same QUAD and quad_lane), where c lies in the first half of its super-block (c % 8 < 4):
-// the chunk planes move q quads (4 chunks; the tile-major codes q items of 16 rows × 4 chunks),
-// the planes of one entry per super-block (8 chunks) move ⌊q/2⌋ super-blocks. The sums equal wf_addr's at chunk c + 4q: wf_addr's 32-bit indices
-// stay below 2^32, so adding in 64 bits gives the same addresses.
+// the chunk planes move q quads (4 chunks; the tile-major codes and high bits q items of 16 rows
+// × 4 chunks), the planes of one entry per super-block (8 chunks) move ⌊q/2⌋ super-blocks. The
+// sums equal wf_addr's at chunk c + 4q: wf_addr's 32-bit indices stay below 2^32, so adding in
+// 64 bits gives the same addresses.
 //
 // For the decode GEMVs (gemv_fmt.cu), which are issue-bound: they keep wf_addr of their lane's
 // chunk in quad 0 of a tile row (the load cursor) and call this per item: one multiply-add per
@@ -242,7 +243,7 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
     WfAddr p = at;
     p.q = wf_advance(at.q, q, (Wf<F>::TILED ? WF_TILE_ROWS : 1) * 4 * Wf<F>::CODE_BYTES);
     if constexpr (Wf<F>::BITS == 16) return p;
-    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, WF_TILE_ROWS * 4 * 4 * Wf<F>::HB);  // an item: 16 rows × 4 chunks × HB words
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, WF_TILE_ROWS * 4 * 4 * Wf<F>::HB);  // an item: 16 × 4 chunks
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
             p.s = wf_advance(at.s, quad_lane < 3 ? 3u * sbs : sbs, 4);
@@ -264,8 +265,9 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
 // A step from row `from` down to row `to` (to ≥ from) of one weight, as wf_addr_rows takes it:
 // the rows, and the chunks the tile-major planes move (16 bytes each in the codes, 4·HB in the
 // high bits), (to's place − from's place) in wf_addr's terms, which is ≥ 0 for K a multiple of
-// 128 (a later tile starts at least K/2 − 60 vectors further on: more than a row of a tile can be
-// back; FmtWeight.check holds the kernels to such K). The decode GEMVs make one a tile, when they move to it, for every item.
+// 128 (a later tile starts at least 16·K/32 − 60 chunks further on: more than a row of a tile can
+// be back; FmtWeight.check holds the kernels to such K). The decode GEMVs make one a tile, when
+// they move to it, for every item.
 struct WfRowStep {
     u32 rows;
     u32 tiled_chunks;
@@ -278,9 +280,10 @@ __device__ __forceinline__ WfRowStep wf_row_step(u32 from, u32 to, int K) {
 
 // The addresses of the same chunk one step (wf_row_step) further down, from those of `at`
 // (wf_addr with the same QUAD and quad_lane, or wf_addr_quads of it): every plane moves by whole
-// rows, the tile-major codes and high bits by the step's chunks, one multiply-add each (q4_k/q5_k with QUAD:
-// and a predicated multiply by 3). The sums equal wf_addr's at the step's row, as in
-// wf_addr_quads. The decode GEMVs reach the second row of their tile with it, and the next tile's rows.
+// rows, the tile-major codes and high bits by the step's chunks, one multiply-add each (q4_k/q5_k
+// with QUAD: and a predicated multiply by 3). The sums equal wf_addr's at the step's row, as in
+// wf_addr_quads. The decode GEMVs reach the second row of their tile with it, and the next
+// tile's rows.
 template <int F, bool QUAD = false>
 __device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step, int K, int quad_lane = 0) {
     const u32 rows = step.rows;
