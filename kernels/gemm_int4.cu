@@ -405,6 +405,24 @@ struct GemmLaneRows {
     const __half* sa; const __half* sb;   // the rows' group scales
 };
 
+// Row r (clamped into the matrix already) of a tile-major plane of W words a row and 128-input
+// group: a per-tensor format's 4–6-bit codes (W = 16) or its high bits (W = 4·HB), which the
+// GPU holds tile-major with rows in plain order (weight_formats.cuh: Wf<F>::TILED; the INT4
+// device layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 —
+// group grp's are 16·W words on, one item further (the policies' CODE_STRIDE, HIGH_STRIDE).
+// The word offset in 32 bits (the launchers keep a plane under 2^32 words: FmtWeight.check),
+// widened once: 64-bit products of the row cost the stacked Q4_K GEMM's producer registers it
+// spilled in one form of this.
+template <int W, typename Row>
+__device__ __forceinline__ const u32* gemm_tiled_row(const u32* plane, Row r, int K) {
+    const u32 row = (u32)r;
+    return plane + ((row / INT4_TILE_ROWS) * (u32)(K / INT4_GROUP) * INT4_TILE_ROWS + row % INT4_TILE_ROWS) * W;
+}
+template <typename Row>
+__device__ __forceinline__ const u32* gemm_code_row(const u32* qweight, Row r, int K) {
+    return gemm_tiled_row<INT4_GROUP / 8>(qweight, r, K);
+}
+
 // How a consumer lane scales its rows' codes — the one place the weight format enters the
 // mainloop. Group: what one 128-input group needs, loaded one group ahead (load), and
 // fragments(): the group's A fragments from the words of rows g and g+8.
@@ -466,7 +484,7 @@ __device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o
 }
 
 struct GemmQ4kScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = GEMM_BM == 256;  // the producer's 72 registers
@@ -525,7 +543,7 @@ struct GemmQ4kScales {
 __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32* scales, const u32* aux, int row,
                                                   int n, int K, const u32*& w, const u32*& sc, const u32*& dd) {
     const int r = min(row, n - 1);
-    w = qweight + (u64)r * (K / 8);
+    w = gemm_code_row(qweight, r, K);
     sc = scales + (u64)r * (K / 256) * 3;
     dd = aux + (u64)r * (K / 256);
 }
@@ -600,9 +618,9 @@ struct GemmLaneRowsQ6k {
 // rotated once), the exact c − 32 by one sub.f16x2 of 2^(10−i) + 32, one mul.rn.f16x2 — two
 // roundings (S, the product), as Q4_K's (docs/numerics.md).
 struct GemmQ6kScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = GEMM_HIGH_ROW_BYTES;
-    static constexpr int HIGH_STRIDE = GEMM_HIGH_ROW_BYTES / 4;
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * GEMM_HIGH_ROW_BYTES / 4;  // tile-major: one item
     static constexpr bool ROWS_EACH_GROUP = true;
     struct Group {
         u32 s[2][GEMM_K_STEPS];  // [row g, g+8][k step] half2 (S, S)
@@ -652,8 +670,8 @@ __device__ __forceinline__ void gemm_q6k_lane_row(const u32* qweight, const u32*
                                                   const unsigned short* aux, int row, int n, int K, int which,
                                                   GemmLaneRowsQ6k& out) {
     const u64 r = (u64)min(row, n - 1);
-    (which ? out.wb : out.wa) = qweight + r * (K / 8);
-    (which ? out.hb : out.ha) = qhigh + r * (K / 16);
+    (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
+    (which ? out.hb : out.ha) = gemm_tiled_row<GEMM_HIGH_ROW_BYTES / 4>(qhigh, r, K);
     (which ? out.scb : out.sca) = scales + r * (K / 64);
     (which ? out.db : out.da) = aux + r * (K / 256);
 }
@@ -1251,7 +1269,7 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
 // every GEMM_BM: the group's 16 scale pairs, held one group ahead, fit beside the 256-token
 // tile's 128 accumulators in the consumers' 216 registers (no spills, ptxas) since their decode
 // stays in FP16 pairs. Weights [N, K], K a multiple of 256:
-//   qweight u32 [N, K/8] (layout id 1), scales u32 [N, K/256, 3] (the 12 packed bytes),
+//   qweight u32 [N, K/8] (layout id 1, tile-major), scales u32 [N, K/256, 3] (the 12 packed bytes),
 //   aux u32 [N, K/256] (d | dmin << 16, FP16).
 
 // rows_of for one Q4_K matrix (residual); the lane's row g is also written to *ra.
@@ -1274,7 +1292,7 @@ struct GemmQ4kOneMatrixRows {
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                  const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1)
+                  const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1), tile-major
                   const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
                   const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
@@ -1315,7 +1333,7 @@ gemm_q4k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp3
         const u32* qw = second ? w1_qweight : w0_qweight;
         const u32* sc = second ? w1_scales : w0_scales;
         const u32* dd = second ? w1_aux : w0_aux;
-        return GemmLaneRowsQ4k{qw + i * (K / 8), nullptr, sc + i * (K / 256) * 3, nullptr, dd + i * (K / 256), nullptr};
+        return GemmLaneRowsQ4k{gemm_code_row(qw, i, K), nullptr, sc + i * (K / 256) * 3, nullptr, dd + i * (K / 256), nullptr};
     };
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
@@ -1421,7 +1439,7 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // limit, as for Q4_K, is the consumers' unpack beside the tensor cores (one more lop3 a pair than
 // Q4_K for the high bit, one rotate of the high word a chunk and row). Bytes: 176 per 256 weights
 // (5.5 bits) read once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32
-// [N, K/8], qhigh u32 [N, K/32], scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16,
+// [N, K/8], qhigh u32 [N, K/32] (both tile-major), scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16,
 // FP16).
 #define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
 struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
@@ -1430,7 +1448,7 @@ struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
 
 struct GemmQ5kScales : GemmQ4kScales {
     static constexpr int HIGH_ROW_BYTES = GEMM_Q5K_HIGH_ROW_BYTES;
-    static constexpr int HIGH_STRIDE = GEMM_Q5K_HIGH_ROW_BYTES / 4;  // words a row and group
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * GEMM_Q5K_HIGH_ROW_BYTES / 4;  // tile-major: one item
     static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
     // Nibble pair t of code word w, word i of its chunk, with its high bits (hpos: the chunk's high
     // word, gemm_high_word) as (c, c) exact, then c·S − O.
@@ -1468,8 +1486,8 @@ __device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32*
                                                   const u32* aux, int row, int n, int K, int which,
                                                   GemmLaneRowsQ5k& out) {
     const u64 r = (u64)min(row, n - 1);
-    (which ? out.wb : out.wa) = qweight + r * (K / 8);
-    (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+    (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
+    (which ? out.hb : out.ha) = gemm_tiled_row<GEMM_Q5K_HIGH_ROW_BYTES / 4>(qhigh, r, K);
     (which ? out.scb : out.sca) = scales + r * (K / 256) * 3;
     (which ? out.ddb : out.dda) = aux + r * (K / 256);
 }
@@ -1478,8 +1496,8 @@ __device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32*
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                  const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1)
-                  const u32* __restrict__ qhigh,          // [N, K/32] uint32, the high bits
+                  const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
+                  const u32* __restrict__ qhigh,          // [N, K/32] uint32 tile-major, the high bits
                   const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
                   const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
@@ -1503,7 +1521,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1-1 written
                       const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                       const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                      const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                      const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
                       const u32* __restrict__ w0_scales,         // [N0, K/256, 3] uint32
                       const u32* __restrict__ w0_aux,            // [N0, K/256] uint32
                       const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
@@ -1543,15 +1561,15 @@ gemm_q5k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
                   __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                  const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                  const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
                   const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
                   const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                  const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                  const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                   const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
                   const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                  const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                  const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                   const u32* __restrict__ v_scales,         // [Hkv·Dh, K/256, 3] uint32
                   const u32* __restrict__ v_aux,            // [Hkv·Dh, K/256] uint32
                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
@@ -1591,11 +1609,11 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                        const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                        const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
                         const u32* __restrict__ gate_scales,       // [F, K/256, 3] uint32
                         const u32* __restrict__ gate_aux,          // [F, K/256] uint32
                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                        const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                        const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
                         const u32* __restrict__ up_scales,         // [F, K/256, 3] uint32
                         const u32* __restrict__ up_aux,            // [F, K/256] uint32
                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
@@ -1621,7 +1639,7 @@ gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // row and group, 4 KB: GEMM_Q6K_SMEM_BYTES), copied by the producer beside the code words and
 // released by the same barriers; at GEMM_BM 256 two stages (gemm_stages: three of 76 KB need 229
 // KB of the 227). Weights [N, K], K a
-// multiple of 256: qweight u32 [N, K/8] (layout id 1, the low nibbles), qhigh u32 [N, K/16],
+// multiple of 256: qweight u32 [N, K/8] (layout id 1 tile-major, the low nibbles), qhigh u32 [N, K/16] (tile-major),
 // scales int8 [N, K/16] (read as u32 words), aux fp16 [N, K/256] (d).
 #define GEMM_Q6K_SMEM_BYTES (gemm_smem_bytes<GemmQ6kScales>())  // launchers mirror it
 static_assert(GEMM_Q6K_SMEM_BYTES <= 227 * 1024, "shared memory");
@@ -1648,8 +1666,8 @@ struct GemmQ6kOneMatrixRows {
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q6k_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                  const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1)
-                  const u32* __restrict__ qhigh,           // [N, K/16] uint32, the high bits
+                  const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
+                  const u32* __restrict__ qhigh,           // [N, K/16] uint32 tile-major, the high bits
                   const u32* __restrict__ scales,          // [N, K/16] int8 sc, as [N, K/64] uint32
                   const unsigned short* __restrict__ aux,  // [N, K/256] fp16 d
                   const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -1669,7 +1687,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N-1 written
               const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K]
               const u32* __restrict__ qweight,           // [N, K/8] uint32
-              const u32* __restrict__ qhigh,             // [N, K/16] uint32
+              const u32* __restrict__ qhigh,             // [N, K/16] uint32 tile-major
               const u32* __restrict__ scales,            // [N, K/64] uint32 (int8 sc)
               const unsigned short* __restrict__ aux,    // [N, K/256] fp16 d
               const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
@@ -1750,14 +1768,14 @@ struct GemmG32Scales {
 
 // Q4_0: the INT4 words and zero point; each k step's pair times its chunk's scale.
 struct GemmQ4g32Scales : GemmG32Scales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = true;
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32*, const __half* scales, int row,
                                                     int n, int K, int which, GemmLaneRowsG32& out) {
         const u64 r = (u64)min(row, n - 1);
-        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));
     }
     __device__ static __forceinline__ void fragments(const uint4 (&ra)[4], const uint4 (&rb)[4],
@@ -1779,16 +1797,16 @@ struct GemmQ4g32Scales : GemmG32Scales {
 // rotated once a chunk and row): 2^(10−i) + v + 16h is an exact FP16, one sub.f16x2 of
 // 2^(10−i) + 16 makes c − 16 exact.
 struct GemmQ5g32Scales : GemmG32Scales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 16;
-    static constexpr int HIGH_STRIDE = 4;
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * 4;  // tile-major high bits: one item
     static constexpr bool ROWS_EACH_GROUP = true;  // the producer's row pointers: recomputed each group
     // Row `row` (clamped into the matrix) of a weight [n, K] into the lane-rows slot `which`.
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, const __half* scales,
                                                     int row, int n, int K, int which, GemmLaneRowsG32& out) {
         const u64 r = (u64)min(row, n - 1);
-        (which ? out.wb : out.wa) = qweight + r * (K / 8);
-        (which ? out.hb : out.ha) = qhigh + r * (K / 32);
+        (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
+        (which ? out.hb : out.ha) = gemm_tiled_row<4>(qhigh, r, K);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(scales + r * (K / 32));  // 8-byte aligned: K % 128 == 0
     }
     // Nibble pair t of code word w, word i of its chunk, with its high bits (hpos: the chunk's high
@@ -1900,7 +1918,7 @@ struct GemmG32MinScales {
     __device__ static __forceinline__ void lane_row_min(const u32* qweight, Scales so, int row, int n, int K,
                                                         int which, GemmLaneRowsG32Min& out) {
         const u64 r = (u64)min(row, n - 1);
-        (which ? out.wb : out.wa) = qweight + r * (K / 8);
+        (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
         (which ? out.sb : out.sa) = reinterpret_cast<const uint2*>(so.s + r * (K / 32));  // 8-byte aligned: K % 128 == 0
         (which ? out.ob : out.oa) = reinterpret_cast<const uint2*>(so.o + r * (K / 32));
     }
@@ -1915,7 +1933,7 @@ struct GemmG32MinScales {
 
 // Q4_1: the INT4 words, c ≤ 15.
 struct GemmQ4g32MinScales : GemmG32MinScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
     static constexpr int HIGH_STRIDE = 0;
     static constexpr bool ROWS_EACH_GROUP = true;
@@ -1943,14 +1961,14 @@ struct GemmQ4g32MinScales : GemmG32MinScales {
 // Q5_1: Q5_0's high-bit plane in the stage beside the codes (16 B a row and group), c ≤ 31, and
 // its unpack (GemmQ5g32Scales: the pair rotated to bit i under the magic number 2^(10−i)).
 struct GemmQ5g32MinScales : GemmG32MinScales {
-    static constexpr int CODE_STRIDE = INT4_GROUP / 8;
+    static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 16;
-    static constexpr int HIGH_STRIDE = 4;
+    static constexpr int HIGH_STRIDE = INT4_TILE_ROWS * 4;  // tile-major high bits: one item
     static constexpr bool ROWS_EACH_GROUP = true;
     __device__ static __forceinline__ void lane_row(const u32* qweight, const u32* qhigh, Scales so, int row, int n,
                                                     int K, int which, GemmLaneRowsG32Min& out) {
         lane_row_min(qweight, so, row, n, K, which, out);
-        (which ? out.hb : out.ha) = qhigh + (u64)min(row, n - 1) * (K / 32);
+        (which ? out.hb : out.ha) = gemm_tiled_row<4>(qhigh, (u64)min(row, n - 1), K);
     }
     // hpos: the chunk's high word, gemm_high_word; i: w's word of the chunk (GemmQ5g32Scales).
     __device__ static __forceinline__ u32 pair(u32 w, u32 hpos, int shift, int i, u32 s2, u32 o2) {
@@ -2114,7 +2132,7 @@ gemm_q4g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp1
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                    const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                    const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
                     const __half* __restrict__ scales,       // [N, K/32] fp16
                     const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
                     float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -2169,13 +2187,13 @@ gemm_q5g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp1
                     __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                     const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                    const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                    const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
                     const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
                     const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                    const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                    const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                     const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
                     const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                    const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                    const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                     const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
                     const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
                     const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
@@ -2197,8 +2215,8 @@ gemm_q5g32_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp1
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                     const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                    const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1)
-                    const u32* __restrict__ qhigh,           // [N, K/32] uint32, the high bits
+                    const u32* __restrict__ qweight,         // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
+                    const u32* __restrict__ qhigh,           // [N, K/32] uint32 tile-major, the high bits
                     const __half* __restrict__ scales,       // [N, K/32] fp16
                     const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
                     float* __restrict__ split_partials,      // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -2217,7 +2235,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                         const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                        const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                        const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
                         const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
                         const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
                         const u32* __restrict__ w1_qhigh,
@@ -2241,10 +2259,10 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                           const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                           const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                          const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                          const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
                           const __half* __restrict__ gate_scales,    // [F, K/32] fp16
                           const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                          const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                          const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
                           const __half* __restrict__ up_scales,      // [F, K/32] fp16
                           const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                           float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
@@ -2380,7 +2398,7 @@ gemm_q4g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
+                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
                        const __half* __restrict__ scales,       // [N, K/32] fp16
                        const __half* __restrict__ offsets,      // [N, K/32] fp16
                        const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -2442,15 +2460,15 @@ gemm_q5g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] 
                        __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                        const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                       const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32
+                       const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
                        const __half* __restrict__ q_scales,      // [Hq·Dh, K/32] fp16
                        const __half* __restrict__ q_offsets,     // [Hq·Dh, K/32] fp16
                        const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                       const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32
+                       const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                        const __half* __restrict__ k_scales,      // [Hkv·Dh, K/32] fp16
                        const __half* __restrict__ k_offsets,     // [Hkv·Dh, K/32] fp16
                        const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32
+                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
                        const __half* __restrict__ v_scales,      // [Hkv·Dh, K/32] fp16
                        const __half* __restrict__ v_offsets,     // [Hkv·Dh, K/32] fp16
                        const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
@@ -2475,8 +2493,8 @@ gemm_q5g32min_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] 
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_residual(float* __restrict__ residual,            // [M, N] fp32, in/out
                        const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
-                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1
-                       const u32* __restrict__ qhigh,           // [N, K/32] uint32
+                       const u32* __restrict__ qweight,         // [N, K/8] uint32, layout id 1 tile-major
+                       const u32* __restrict__ qhigh,           // [N, K/32] uint32 tile-major
                        const __half* __restrict__ scales,       // [N, K/32] fp16
                        const __half* __restrict__ offsets,      // [N, K/32] fp16
                        const int* __restrict__ prefill_state,   // [2] int32: start (unused here), M
@@ -2492,7 +2510,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1+N2-1 written
                            const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                            const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                           const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32
+                           const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
                            const __half* __restrict__ w0_scales,      // [N0, K/32] fp16
                            const __half* __restrict__ w0_offsets,     // [N0, K/32] fp16
                            const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
@@ -2520,11 +2538,11 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q5g32min_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                              const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                              const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                             const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32
+                             const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
                              const __half* __restrict__ gate_scales,    // [F, K/32] fp16
                              const __half* __restrict__ gate_offsets,   // [F, K/32] fp16
                              const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                             const u32* __restrict__ up_qhigh,          // [F, K/32] uint32
+                             const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
                              const __half* __restrict__ up_scales,      // [F, K/32] fp16
                              const __half* __restrict__ up_offsets,     // [F, K/32] fp16
                              const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M

@@ -27,7 +27,8 @@
 //   warp   = items (tile, quad) in batches, the next batch in flight while one is multiplied.
 //            Lane (g, t) = (lane/4, lane%4) loads chunk 4·quad + t (inputs 32t … 32t+31 of the
 //            quad) of rows g and g + 8: the quad's 4 lanes read 64 (128) contiguous bytes of
-//            each row, as in gemv_int4.cu.
+//            each row, as in gemv_int4.cu, and with 4–6-bit codes (tile-major on the GPU,
+//            weight_formats.cuh) the warp's codes of an item are 1 KiB of contiguous memory.
 //   MMA    = 8 m16n8k16 per chunk and row pair, A = the chunk's codes: for 4-, 5- and 8-bit
 //            codes with one scale a chunk (all but Q6_K, "Codes as subnormals" below) the codes
 //            c as FP16 subnormals c·2⁻²⁴ (wf_pairs_tiny), else c − z exact in FP16 (wf_pairs).
@@ -104,7 +105,8 @@
 // Load addresses: each lane keeps, per matrix, the addresses of its chunk in every plane of row
 // g (the load cursor, gf_block: wf_addr once, then moved down to each next tile's rows by
 // wf_addr_rows). An item's addresses are one 64-bit multiply-add per plane from it for row g
-// (wf_addr_quads) and one per plane from those for row g + 8 (wf_addr_rows), where wf_load per
+// (wf_addr_quads) and one per plane from those for row g + 8 (wf_addr_rows, by a step made once a
+// tile: wf_row_step, as the tile-major codes move by the rows' places), where wf_load per
 // item recomputes the tile's rows, each plane's row offset and chunk term and the super-block.
 // SASS instructions per item of the main loop in a stretch where the tile carries on (NVRTC 13.0
 // as the launchers compile, cuobjdump; a uniform branch counts half its instructions), with the
@@ -422,6 +424,9 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     };
     u32 row0, row1;  // tile_rows of tile ld_tile
     tile_rows(row0, row1);
+    // From row g's addresses to row g + 8's, once a tile (wf_row_step: the tile-major codes move by
+    // the rows' places, not by whole rows).
+    WfRowStep down = wf_row_step(row0, row1, K);
     WfAddr at[MT];  // the cursor
 #pragma unroll
     for (int m = 0; m < MT; ++m) at[m] = wf_addr<F, true>(w[m], row0, t, K, t);
@@ -431,10 +436,11 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     auto next_tile = [&]() {
         u32 r0, r1;
         tile_rows(r0, r1);
+        const WfRowStep step = wf_row_step(row0, r0, K);
 #pragma unroll
-        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F, true>(at[m], r0 - row0, K, t);
+        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F, true>(at[m], step, K, t);
         row0 = r0;
-        row1 = r1;
+        down = wf_row_step(r0, r1, K);
     };
     auto load = [&](Batch& b) {
 #pragma unroll
@@ -449,7 +455,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                 }
                 const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
                 b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
-                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, row1 - row0, K, t), policy);
+                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, down, K, t), policy);
             }
             if (GF_FLAT_SPLIT) --ld_left;
             if (++ld_q == qe) {

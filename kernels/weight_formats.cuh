@@ -46,18 +46,35 @@
 // packed in 12 bytes (q4_k, q5_k) or int8 sc per 16 inputs (q6_k). d·sc has at most 11 + 8
 // significant bits, so the FP32 product is exact, and the bytes per weight are the GGUF's.
 //
-// Planes of a weight [N, K] (row-major; chunk c of a row = inputs 32c … 32c+31):
+// Planes of a weight [N, K] (row-major but for the 4–6-bit codes; chunk c of a row = inputs
+// 32c … 32c+31):
 //   qweight u32 [N, K/8]    low 4 bits, layout id 1: word j holds inputs 8j … 8j+7, nibble p
-//                           input 8j + ORDER[p], ORDER = 0 2 4 6 1 3 5 7 (ptx/int4_unpack.cuh)
+//                           input 8j + ORDER[p], ORDER = 0 2 4 6 1 3 5 7 (ptx/int4_unpack.cuh);
+//                           on the GPU tile-major (below): u32 [ceil(N/16), K/128, 16, 16]
 //           u32 [N, K/4]    8-bit codes: byte i of word j is input 4j + i
 //           u32 [N, K/2]    dense: the FP16 values, two per word (the `.weight` tensor)
 //   qhigh   u32 [N, K/32]   5-bit: bit 4p + i of word c = bit 4 of input 32c + 8i + ORDER[p]
 //           u32 [N, K/16]   6-bit: bits 4p + 2(i%2) +{0,1} of word 2c + i/2 = bits 4, 5 of it
+//                           on the GPU tile-major (below): u32 [ceil(N/16), K/128, 16, 4·HB]
 //   scales  fp16 [N, K/g] | uint8 [N, K/256, 12] (q4_k, q5_k) | int8 [N, K/16] (q6_k)
 //   aux     fp16 offsets [N, K/32] (q4_g32_min, q5_g32_min) | fp16 superscales [N, K/256, 2]
 //           = (d, dmin) (q4_k, q5_k) | fp16 superscales [N, K/256] = d (q6_k)
 // The high bits sit at the bit positions of their inputs' nibbles (shifted by i), so they join
 // the FP16 magic-number unpack with one lop3 per pair of inputs, no per-input shifts (below).
+//
+// The device layout of the 4–6-bit codes (Wf<F>::TILED) is the INT4 kernels' tile-major one with
+// rows in plain order (format/int4_tiles.py, pair_dim 0; kernels/weight_layout.cu writes it when
+// a model is loaded): the 16 rows × 4 chunks of a (16-row tile, 128-input quad) — what one decode
+// GEMV item loads, 16 bytes a lane — are 1 KiB of contiguous memory, where the file's rows spread
+// them over 16 pieces of 64 B, K/2 bytes apart. Word w of row r's codes sits at
+//   (r − r % 16)·K/8 + (w / 16)·256 + (r % 16)·16 + w % 16
+// (rows padded to a whole tile). Why: the loads alone of the 7B's q4_k gate_up GEMV ran at 69 % of
+// a plain copy's bandwidth with the file's rows and 88 % with the codes at tile-major addresses
+// (a timing probe on an H100: docs/bench/2026-12-06_dcc76b7_h100_fmt_tile_probe.json). The high
+// bits (qhigh: HB words a chunk) lie the same way, their 16 rows × 4 chunks of an item 4·HB
+// words a row, 64·HB words an item: in that probe q5_k's and q6_k's gate_up loads went further
+// with them moved too (q6_k: 84 → 94 % of copy). The scales and offsets stay row-major: 2 bytes
+// a chunk or less, read through L1 (the quad's lanes and a super-block's chunks share them).
 #pragma once
 #include <cuda_fp16.h>
 
@@ -92,6 +109,8 @@
 #define WF_COMPILED(id) ((((WF_FORMATS) >> (id)) & 1u) != 0u)
 #define WF_CHUNK      32   // inputs per chunk
 #define WF_SUPER      256  // inputs per K-quant super-block
+#define WF_TILE_ROWS  16   // rows of a tile of the tile-major codes (int4_matmul.cuh's INT4_TILE_ROWS)
+#define WF_TILED_BITS 6    // codes of this many bits or fewer are tile-major on the GPU (Wf<F>::TILED)
 
 // One weight's planes in device memory (null where the format has none).
 struct WfWeight {
@@ -112,6 +131,7 @@ struct Wf {
     static constexpr int ZERO = OFFSET ? 0 : 1 << (BITS - 1);  // z of w = (c − z) s
     static constexpr int HB = BITS == 5 ? 1 : BITS == 6 ? 2 : 0;  // high bits per input
     static constexpr int CODE_BYTES = BITS >= 8 ? BITS * WF_CHUNK / 8 : 16;  // a chunk's qweight
+    static constexpr bool TILED = BITS <= WF_TILED_BITS;  // qweight tile-major on the GPU (above)
 };
 
 // A chunk of one row as loaded: registers, most of them unused by any one format (the
@@ -157,11 +177,15 @@ __device__ __forceinline__ WfAddr wf_addr(const WfWeight& w, u32 row, int chunk,
         return p;  // no scales
     } else if constexpr (Wf<F>::BITS == 8) {
         p.q = w.qweight + (row * (u32)(K / 4) + 8u * c);
-    } else {
-        p.q = w.qweight + (row * (u32)(K / 8) + 4u * c);
+    } else {  // tile-major: the tile's first row, the quad, the row in the tile, the chunk in the quad
+        p.q = w.qweight + ((row & ~(WF_TILE_ROWS - 1u)) * (u32)(K / 8) + (c >> 2) * 256u +
+                           (row & (WF_TILE_ROWS - 1u)) * 16u + 4u * (c & 3u));
     }
-    if constexpr (Wf<F>::HB == 1) p.h = w.qhigh + (row * (u32)(K / 32) + c);
-    if constexpr (Wf<F>::HB == 2) p.h = w.qhigh + (row * (u32)(K / 16) + 2u * c);
+    if constexpr (Wf<F>::HB > 0) {  // tile-major as the codes, HB words a chunk
+        constexpr u32 HB = Wf<F>::HB;
+        p.h = w.qhigh + ((row & ~(WF_TILE_ROWS - 1u)) * (u32)(K / 32) * HB + (c >> 2) * (64u * HB) +
+                         (row & (WF_TILE_ROWS - 1u)) * (4u * HB) + HB * (c & 3u));
+    }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
         const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
@@ -203,9 +227,10 @@ __device__ __forceinline__ const T* wf_advance_var(const T* p, u32 n, u32 bytes)
 
 // The addresses of chunk c + 4q of the same row, from those of chunk c (`at`, from wf_addr with
 // the same QUAD and quad_lane), where c lies in the first half of its super-block (c % 8 < 4):
-// the chunk planes move q quads (4 chunks), the planes of one entry per super-block (8 chunks)
-// move ⌊q/2⌋ super-blocks. The sums equal wf_addr's at chunk c + 4q: wf_addr's 32-bit indices
-// stay below 2^32, so adding in 64 bits gives the same addresses.
+// the chunk planes move q quads (4 chunks; the tile-major codes and high bits q items of 16 rows
+// × 4 chunks), the planes of one entry per super-block (8 chunks) move ⌊q/2⌋ super-blocks. The
+// sums equal wf_addr's at chunk c + 4q: wf_addr's 32-bit indices stay below 2^32, so adding in
+// 64 bits gives the same addresses.
 //
 // For the decode GEMVs (gemv_fmt.cu), which are issue-bound: they keep wf_addr of their lane's
 // chunk in quad 0 of a tile row (the load cursor) and call this per item: one multiply-add per
@@ -216,9 +241,9 @@ template <int F, bool QUAD = false>
 __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int quad_lane = 0) {
     const u32 sbs = q >> 1;  // super-blocks passed
     WfAddr p = at;
-    p.q = wf_advance(at.q, q, 4 * Wf<F>::CODE_BYTES);
+    p.q = wf_advance(at.q, q, (Wf<F>::TILED ? WF_TILE_ROWS : 1) * 4 * Wf<F>::CODE_BYTES);
     if constexpr (Wf<F>::BITS == 16) return p;
-    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, 4 * 4 * Wf<F>::HB);  // HB words per chunk
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, WF_TILE_ROWS * 4 * 4 * Wf<F>::HB);  // an item: 16 × 4 chunks
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
             p.s = wf_advance(at.s, quad_lane < 3 ? 3u * sbs : sbs, 4);
@@ -237,17 +262,39 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
     return p;
 }
 
-// The addresses of the same chunk `rows` rows further down (rows ≥ 0), from those of `at`
+// A step from row `from` down to row `to` (to ≥ from) of one weight, as wf_addr_rows takes it:
+// the rows, and the chunks the tile-major planes move (16 bytes each in the codes, 4·HB in the
+// high bits), (to's place − from's place) in wf_addr's terms, which is ≥ 0 for K a multiple of
+// 128 (a later tile starts at least 16·K/32 − 60 chunks further on: more than a row of a tile can
+// be back; FmtWeight.check holds the kernels to such K). The decode GEMVs make one a tile, when
+// they move to it, for every item.
+struct WfRowStep {
+    u32 rows;
+    u32 tiled_chunks;
+};
+
+__device__ __forceinline__ WfRowStep wf_row_step(u32 from, u32 to, int K) {
+    constexpr u32 TILE = WF_TILE_ROWS - 1u;
+    return {to - from, ((to & ~TILE) - (from & ~TILE)) * (u32)(K / 32) + ((to & TILE) - (from & TILE)) * 4u};
+}
+
+// The addresses of the same chunk one step (wf_row_step) further down, from those of `at`
 // (wf_addr with the same QUAD and quad_lane, or wf_addr_quads of it): every plane moves by whole
-// rows, one multiply-add each (q4_k/q5_k with QUAD: and a predicated multiply by 3). The sums
-// equal wf_addr's at row + rows, as in wf_addr_quads. The decode GEMVs reach the second row of
-// their tile with it, and the next tile's rows.
+// rows, the tile-major codes and high bits by the step's chunks, one multiply-add each (q4_k/q5_k
+// with QUAD: and a predicated multiply by 3). The sums equal wf_addr's at the step's row, as in
+// wf_addr_quads. The decode GEMVs reach the second row of their tile with it, and the next
+// tile's rows.
 template <int F, bool QUAD = false>
-__device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, u32 rows, int K, int quad_lane = 0) {
+__device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step, int K, int quad_lane = 0) {
+    const u32 rows = step.rows;
     WfAddr p = at;
-    p.q = wf_advance_var(at.q, rows, (u32)(K / WF_CHUNK) * Wf<F>::CODE_BYTES);
+    if constexpr (Wf<F>::TILED) {
+        p.q = wf_advance(at.q, step.tiled_chunks, 16);
+    } else {
+        p.q = wf_advance_var(at.q, rows, (u32)(K / WF_CHUNK) * Wf<F>::CODE_BYTES);
+    }
     if constexpr (Wf<F>::BITS == 16) return p;
-    if constexpr (Wf<F>::HB > 0) p.h = wf_advance_var(at.h, rows, (u32)(K / 8) * Wf<F>::HB);
+    if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, step.tiled_chunks, 4 * Wf<F>::HB);
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 supers = (u32)(K / WF_SUPER);
         if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block

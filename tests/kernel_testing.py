@@ -192,9 +192,10 @@ def normed_fp16(residual: np.ndarray, weight: np.ndarray, eps: float) -> np.ndar
 
 def random_fmt_weight(dev, rng: np.random.Generator, fmt, n: int, k: int, name: str = "W"):
     """(FmtWeight on the device, float64 [n, k] weight) of a random weight in `fmt`: a format of
-    weight_formats.py (random_weight, dequantized as the reference does) or DENSE_F16."""
+    weight_formats.py (random_weight, dequantized as the reference does) or DENSE_F16, uploaded in
+    the device layout (launchers.gemv_fmt.device_parts: 4–6-bit codes tile-major)."""
     from drvqwen.format import weight_formats as wf
-    from drvqwen.launchers.gemv_fmt import DENSE_F16, FmtWeight
+    from drvqwen.launchers.gemv_fmt import DENSE_F16, FmtWeight, device_parts
 
     if fmt is DENSE_F16:
         parts = {"weight": (rng.standard_normal((n, k)) * 0.03).astype(np.float16)}
@@ -202,7 +203,7 @@ def random_fmt_weight(dev, rng: np.random.Generator, fmt, n: int, k: int, name: 
     else:
         parts = wf.random_weight(fmt, n, k, rng)
         w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], name).astype(np.float64)
-    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in parts.items()}, name), w
+    return FmtWeight(fmt, {p: dev.upload(f"{name}.{p}", a) for p, a in device_parts(fmt, parts).items()}, name), w
 
 
 def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: bool, hd: int, hq: int, hkv: int,

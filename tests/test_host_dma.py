@@ -104,7 +104,7 @@ def _fake_upload(monkeypatch, *, supported: bool, refuse: bool = False) -> list:
     monkeypatch.setattr(gpu_weights, "read_only_register_supported", lambda: supported)
     # The INT4 model's rearrangement into the device layout after the upload launches a kernel
     # (tests/test_kernel_weight_layout.py checks it on the GPU): nothing to do over a fake pool.
-    monkeypatch.setattr(gpu_weights.GPUWeights, "_int4_device_layout", lambda self: None)
+    monkeypatch.setattr(gpu_weights.GPUWeights, "_device_layout", lambda self, planes: None)
     return made
 
 
@@ -193,13 +193,15 @@ def test_a_read_only_file_mapping_is_copied_straight_to_the_device(tmp_path, rng
 def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng, monkeypatch):
     """A model in the Q4_K_M layout whose norms and biases are stored FP32 (as a GGUF's are;
     they go up as FP16 through a host copy): the registered mapping's upload and the staging
-    upload fill the weight pool with the same bytes, each tensor as the file holds it."""
+    upload fill the weight pool with the same bytes, each tensor as the file holds it or, for the
+    planes the GPU reads tile-major (gpu_weights.tile_major_planes), to_tile_major of it."""
     from drvqwen import startup
     from drvqwen.cuda import read_only_register_supported
     from drvqwen.format import weight_formats as wf
     from drvqwen.format.nanoqwen_writer import NanoqwenWriter
     from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import synthetic_tensor
+    from drvqwen.format.int4_tiles import to_tile_major
     from drvqwen.format.tensor_set import expected_tensors
     from helpers import minimal_tokenizer_json
 
@@ -229,8 +231,12 @@ def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng,
                 got[via] = {name: arr.download() for name, arr in w.arrays.items()}
             finally:
                 w.close()
+        tiled = gpu_weights.tile_major_planes(f)
+        assert tiled, "the test needs a tile-major plane (a 4–6-bit weight's codes)"
         for info in f:
             want = np.asarray(f.tensor(info.name))
             want = want.astype(np.float16) if info.dtype == wf.F32 else want
+            if info.name in tiled:
+                want = to_tile_major(want, *tiled[info.name])
             for via in got:
                 assert got[via][info.name].tobytes() == want.tobytes(), (via, info.name)

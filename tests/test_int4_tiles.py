@@ -239,16 +239,16 @@ def test_a_bad_pair_dim_is_refused(n, pair_dim):
                                  np.zeros((32, 24), np.uint32)],
                          ids=["int32", "float32", "uint16", "1-D", "3-D", "k64", "k192"])
 def test_to_tile_major_refuses_other_arrays(bad):
-    with pytest.raises(FormatError, match=r"want uint32 \[N, K/8\] with K a multiple of 128"):
+    with pytest.raises(FormatError, match=r"want uint32 \[N, K/128 · 16\] with K a multiple of 128"):
         to_tile_major(bad)
 
 
 @pytest.mark.parametrize("bad,n", [(np.zeros((2, 1, 16, 16), np.int32), 32), (np.zeros((3, 1, 16, 16), np.uint32), 32),
-                                   (np.zeros((2, 1, 16, 8), np.uint32), 32), (np.zeros((2, 1, 8, 16), np.uint32), 32),
+                                   (np.zeros((2, 1, 16, 2), np.uint32), 32), (np.zeros((2, 1, 8, 16), np.uint32), 32),
                                    (np.zeros((32, 16), np.uint32), 32), (np.zeros((2, 1, 16, 16), np.uint32), 33)],
-                         ids=["int32", "tiles-for-48-rows", "8-words", "8-slots", "file-layout", "n33"])
+                         ids=["int32", "tiles-for-48-rows", "2-words", "8-slots", "file-layout", "n33"])
 def test_from_tile_major_refuses_other_arrays(bad, n):
-    with pytest.raises(FormatError, match=r"want uint32 \[\d+, K/128, 16, 16\]"):
+    with pytest.raises(FormatError, match=r"want uint32 \[\d+, K/128, 16, W\] with W in \(4, 8, 16\)"):
         from_tile_major(bad, n)
 
 
@@ -257,3 +257,21 @@ def test_device_words():
     assert device_words(1, 128) == 16 * 16
     assert device_words(3584, 18944) == 3584 * 18944 // 8
     assert device_words(16, 128) == device_words(1, 128) and device_words(17, 128) == 2 * device_words(16, 128)
+
+
+@pytest.mark.parametrize("n,k,words", [(333, 384, 8), (17, 1152, 4), (16, 128, 8), (1, 256, 4)])
+def test_a_plane_of_other_group_words_tile_major(rng, n, k, words):
+    """The high-bit planes of the 5- and 6-bit formats (4 or 8 words a row and 128-input group,
+    kernels/weight_formats.cuh): word w of row r at (r − r % 16)·(K/128)·W + (w / W)·16W +
+    (r % 16)·W + w % W of the flat array, rows past N zero, from_tile_major the inverse."""
+    plane = rng.integers(0, 2**32, size=(n, k // 128 * words), dtype=np.uint32)
+    tiles = to_tile_major(plane, 0, words)
+    assert tiles.shape == (-(-n // 16), k // 128, 16, words) and tiles.size == device_words(n, k, words)
+    flat = tiles.reshape(-1)
+    r, w = np.meshgrid(np.arange(n), np.arange(plane.shape[1]), indexing="ij")
+    at = (r - r % 16) * (k // 128) * words + (w // words) * 16 * words + (r % 16) * words + w % words
+    assert np.array_equal(flat[at], plane)
+    rest = np.ones(flat.size, bool)
+    rest[at.reshape(-1)] = False
+    assert not flat[rest].any(), "the padding rows are zeros"
+    assert np.array_equal(from_tile_major(tiles, n), plane)

@@ -16,7 +16,8 @@ import pytest
 
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
-from drvqwen.launchers.gemv_fmt import DENSE_F16
+from drvqwen.format.int4_tiles import from_tile_major
+from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, tile_major_parts
 from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
                             normed_fp16, random_fmt_weight, report)
 
@@ -145,6 +146,38 @@ def test_a_weight_past_32_bit_offsets_is_refused():
         FmtWeight(wf.FORMATS[2], {}, "lm_head").check(2**20, 4096)
 
 
+def test_tile_major_codes_need_whole_quads_and_padded_rows():
+    """CPU: a weight whose codes the GPU holds tile-major (4–6 bits: q4_g32) is refused at K = 96
+    even where the kernel itself steps by chunks (the embedding's quad of 32, the mma prefill
+    GEMM's), and its qweight must have the padded size, rows rounded up to a tile: [208, K/8] for
+    N = 200, where the file's [200, K/8] is refused. An 8-bit format keeps the file's size and K = 96."""
+    from drvqwen.launchers import BufferSpec, LaunchError
+    from drvqwen.launchers.gemv_fmt import FmtWeight, codes_tile_major
+
+    def weight(fmt, n, k, qweight_rows):
+        specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in fmt.tensors("W", n, k).items()}
+        specs["qweight"] = BufferSpec("W.qweight", (qweight_rows, specs["qweight"].shape[1]), np.uint32)
+        return FmtWeight(fmt, specs, "W")
+
+    q4, q8 = wf.FORMATS[2], wf.FORMATS[9]
+    assert codes_tile_major(q4) and not codes_tile_major(q8)
+    with pytest.raises(LaunchError, match=r"W: format q4_g32 at K=96: the GPU kernels need K a multiple of 128"):
+        weight(q4, 64, 96, 64).check(64, 96, quad=32)
+    weight(q8, 64, 96, 64).check(64, 96, quad=32)
+    weight(q4, 200, 1280, 208).check(200, 1280)
+    with pytest.raises(LaunchError, match=r"W\.qweight: expected 33280 elements"):
+        weight(q4, 200, 1280, 200).check(200, 1280)
+    weight(q8, 200, 1280, 200).check(200, 1280)
+    # 5-bit codes: the high bits (4 words a row and quad) are padded the same way.
+    q5 = wf.FORMATS[5]
+    specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in q5.tensors("W", 200, 1280).items()}
+    specs["qweight"] = BufferSpec("W.qweight", (208, 160), np.uint32)
+    with pytest.raises(LaunchError, match=r"W\.qhigh: expected 8320 elements"):
+        FmtWeight(q5, specs, "W").check(200, 1280)
+    specs["qhigh"] = BufferSpec("W.qhigh", (208, 40), np.uint32)
+    FmtWeight(q5, specs, "W").check(200, 1280)
+
+
 def _time(label, ln):
     if label.startswith("7b"):
         us = graph_time_us(ln)
@@ -240,7 +273,7 @@ def _integer_weight(dev, rng, fmt, n: int, k: int):
         parts["superscales"] = np.ones_like(parts["superscales"])
     w = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "W").astype(np.float64)
     assert np.array_equal(w, np.round(w)), "the weights are integers"
-    return FmtWeight(fmt, {p: dev.upload(f"W.{p}", a) for p, a in parts.items()}, "W"), w
+    return FmtWeight(fmt, {p: dev.upload(f"W.{p}", a) for p, a in device_parts(fmt, parts).items()}, "W"), w
 
 
 @pytest.mark.gpu
@@ -396,6 +429,8 @@ def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     v, d = 300, 1024
     w, _ = random_fmt_weight(dev, rng, fmt, v, d, "model.embed_tokens")
     parts = {p: a.download() for p, a in w.parts.items()}
+    for part, words in tile_major_parts(fmt).items():   # the device layout back to the file's
+        parts[part] = from_tile_major(parts[part].reshape(-1, d // 128, 16, words), v)
     want = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "model.embed_tokens")
     ids = np.array([0, 299, 17, 17, 150], np.int32)
     out = dev.poisoned("residual", (len(ids), d), np.float32)

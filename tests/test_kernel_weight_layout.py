@@ -40,6 +40,30 @@ def _first_difference(got: np.ndarray, want: np.ndarray) -> str:
            f"{want.reshape(-1)[i]:#010x}"
 
 
+# The high-bit planes of the per-tensor formats: (label, N, K, words a row and 128-input group)
+HIGH_CASES = [("q6k.n333.k384", 333, 384, 8), ("q5.n17.k1152", 17, 1152, 4), ("q6k.7b.down_proj", 3584, 18944, 8),
+              ("q5.0.5b.gate_proj", 4864, 896, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,n,k,words", HIGH_CASES, ids=[c[0] for c in HIGH_CASES])
+def test_high_bit_planes_tile_major_match_the_host(dev, rng, label, n, k, words):
+    """The 5- and 6-bit formats' high bits (4 or 8 words a row and 128-input group), rows plain:
+    bit for bit to_tile_major(plane, 0, words), rows past N zero, the source unchanged."""
+    from drvqwen.launchers.weight_layout import Int4TileMajor
+
+    plane = rng.integers(0, 2**32, size=(n, k // 128 * words), dtype=np.uint32)
+    want = to_tile_major(plane, 0, words)
+    src = dev.upload("src", plane)
+    dst = dev.poisoned("dst", want.shape, np.uint32)
+    Int4TileMajor(dst, src, n=n, k=k, group_words=words).launch()
+    got = dst.download()
+    assert got.size == device_words(n, k, words)
+    assert got.tobytes() == want.tobytes(), f"{label}: {_first_difference(got, want)}"
+    assert np.array_equal(from_tile_major(got, n), plane)
+    assert src.download().tobytes() == plane.tobytes(), f"{label}: the source changed"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("label,n,k,pair_dim", CASES, ids=[c[0] for c in CASES])
 def test_int4_tile_major_matches_the_host(dev, rng, label, n, k, pair_dim):
@@ -102,18 +126,22 @@ def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rn
 
 # ---- CPU: the launch and the refusals ---------------------------------------------------------
 
-def _plan(n: int, k: int, pair_dim: int = 0, dst_words: int | None = None, src_words: int | None = None):
+def _plan(n: int, k: int, pair_dim: int = 0, dst_words: int | None = None, src_words: int | None = None,
+          group_words: int = 16):
     from drvqwen.launchers.weight_layout import Int4TileMajor
 
-    dst = BufferSpec("dst", (device_words(n, k) if dst_words is None else dst_words,), np.uint32)
-    src = BufferSpec("src", (n * k // 8 if src_words is None else src_words,), np.uint32)
-    return Int4TileMajor(dst, src, n=n, k=k, pair_dim=pair_dim)
+    words = group_words if group_words in (4, 8, 16) else 16
+    dst = BufferSpec("dst", (device_words(n, k, words) if dst_words is None else dst_words,), np.uint32)
+    src = BufferSpec("src", (n * k // 128 * words if src_words is None else src_words,), np.uint32)
+    return Int4TileMajor(dst, src, n=n, k=k, pair_dim=pair_dim, group_words=group_words)
 
 
-@pytest.mark.parametrize("n,k,pair_dim", [(333, 384, 0), (4608, 3584, 128), (18944, 3584, 0), (1, 128, 0)])
-def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim):
-    (spec,) = _plan(n, k, pair_dim).specs
-    vectors = -(-n // 16) * 16 * k // 32                     # 16-byte vectors of dst
+@pytest.mark.parametrize("n,k,pair_dim,words", [(333, 384, 0, 16), (4608, 3584, 128, 16), (18944, 3584, 0, 16),
+                                                (1, 128, 0, 16), (333, 384, 0, 8), (4864, 896, 0, 4)])
+def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim, words):
+    (spec,) = _plan(n, k, pair_dim, group_words=words).specs
+    vectors = -(-n // 16) * 16 * k // 128 * words // 4       # 16-byte vectors of dst
+    assert spec.args["group_vecs"].value == words // 4
     threads = spec.block[0]
     assert spec.grid == (-(-vectors // threads),) and spec.smem_bytes == 0
     assert [a.value for a in (spec.args["N"], spec.args["K"], spec.args["pair_dim"])] == [n, k, pair_dim]
@@ -127,6 +155,9 @@ def test_the_launch_covers_every_vector_of_the_destination(n, k, pair_dim):
     (dict(n=64, k=128, pair_dim=24), "pair_dim 24 must be 0 or a multiple of 16 dividing N=64"),
     (dict(n=96, k=128, pair_dim=64), "pair_dim 64 must be 0 or a multiple of 16 dividing N=96"),
     (dict(n=64, k=128, pair_dim=-16), "pair_dim -16"),
+    (dict(n=64, k=128, group_words=2), r"group_words 2 must be one of \(4, 8, 16\)"),
+    (dict(n=333, k=384, group_words=8, src_words=333 * 384 // 16 + 8), "src: expected 7992 elements"),
+    (dict(n=2**20, k=2**15, group_words=16), "4294967296 words, the kernel indexes them in 32 bits"),
 ])
 def test_bad_shapes_and_buffers_are_refused(kw, match):
     with pytest.raises(LaunchError, match=match):
@@ -147,6 +178,45 @@ def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
     w.config = TINY
     w.arrays = {"model.layers.0.mlp.up_proj.qweight": SimpleNamespace(shape=(384, 32), nbytes=384 * 32 * 4),
                 "model.layers.0.mlp.down_proj.qweight": SimpleNamespace(shape=(100, 48), nbytes=100 * 48 * 4)}
-    with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's INT4 "
-                                          r"layout needs a multiple of 16$"):
-        w._int4_device_layout()
+    with pytest.raises(FormatError, match=r"^model\.layers\.0\.mlp\.down_proj\.qweight: 100 rows, the GPU's "
+                                          r"tile-major planes need a multiple of 16$"):
+        w._device_layout({n: (0, 16) for n in w.arrays})
+
+
+@pytest.mark.gpu
+def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
+    """A model in per-tensor formats (the 0.5B's shapes, 2 layers, llama.cpp's Q4_K_M recipe:
+    q4_k, q5_0 and q6_k codes of 4–6 bits, q8_0 of 8) through GPUWeights: the qweight and qhigh
+    of every weight whose codes have 4–6 bits hold to_tile_major(file's, 0, words) with rows in
+    plain order (launchers.gemv_fmt.tile_major_parts), the 8-bit codes and every other tensor the
+    file's bytes."""
+    from drvqwen.config import QWEN25_CODER_05B
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import write_synthetic
+    from drvqwen.gpu_weights import GPUWeights
+    from drvqwen.launchers.gemv_fmt import tile_major_parts
+    from helpers import minimal_tokenizer_json
+
+    cfg = QWEN25_CODER_05B.with_layers(2)
+    formats = recipe_formats(cfg, "q4_k_m")
+    path = tmp_path / "q4_k_m.nanoqwen"
+    write_synthetic(path, cfg, seed=99, tokenizer_json=minimal_tokenizer_json(), formats=formats)
+    with NanoqwenFile(path) as f:
+        tiled = {f"{p}.{part}": words for p, fid in f.formats.items() if fid != wf.PLAIN
+                 for part, words in tile_major_parts(wf.FORMATS[fid]).items()}
+        bits = {wf.FORMATS[fid].bits for fid in f.formats.values() if fid != wf.PLAIN}
+        assert 8 in bits and {4, 5, 6} <= bits, bits   # every kind is there to compare
+        assert {n.rsplit(".", 1)[1] for n in tiled} == {"qweight", "qhigh"}
+        w = GPUWeights(f)
+        try:
+            got = {name: arr.download() for name, arr in w.arrays.items()}
+        finally:
+            w.close()
+        for info in f:
+            file = np.asarray(f.tensor(info.name))
+            want = to_tile_major(file, 0, tiled[info.name]) if info.name in tiled else file
+            if file.dtype == np.float32:
+                want = file.astype(np.float16)
+            assert got[info.name].tobytes() == want.tobytes(), info.name

@@ -203,6 +203,33 @@ def test_the_gpu_takes_every_format_and_names_a_weight_it_cannot(mixed, monkeypa
         GPUWeights(km)
 
 
+def test_tile_major_planes_need_whole_tiles_and_their_scratch_is_counted(tmp_path):
+    """The GPU holds the 4–6-bit codes and high bits tile-major in whole 16-row tiles: a model
+    whose Q4_K embedding and Q6_K lm_head have 1000 rows (a vocabulary resized to no multiple of
+    16) is refused before any allocation with one line naming the first such tensor and its rows;
+    at 512 rows it passes. The load's scratch (layout_scratch_bytes) is the largest of those
+    planes, which the decode step's memory check counts."""
+    import dataclasses
+
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import write_synthetic
+    from drvqwen.gpu_weights import check_gpu_formats, layout_scratch_bytes, tile_major_planes
+    from helpers import minimal_tokenizer_json
+
+    odd = dataclasses.replace(TINY, vocab_size=1000)
+    f = NanoqwenFile(write_synthetic(tmp_path / "odd.nanoqwen", odd, seed=5, tokenizer_json=minimal_tokenizer_json(),
+                                     formats=recipe_formats(odd, "q4_k_m")))
+    assert check_gpu_formats(f) == (f"{f.path}: model.embed_tokens.qweight has 1000 rows; the GPU holds it "
+                                    f"tile-major and needs a multiple of 16")
+    ok = NanoqwenFile(write_synthetic(tmp_path / "ok.nanoqwen", TINY, seed=5, tokenizer_json=minimal_tokenizer_json(),
+                                      formats=recipe_formats(TINY, "q4_k_m")))
+    assert check_gpu_formats(ok) is None
+    planes = tile_major_planes(ok)
+    assert {"lm_head.qweight", "lm_head.qhigh", "model.embed_tokens.qweight"} <= set(planes)
+    assert all(pair_dim == 0 for pair_dim, _ in planes.values())
+    assert layout_scratch_bytes(ok) == max(ok.tensors[n].nbytes for n in planes) > 0
+
+
 # ---- the table's format ids ---------------------------------------------------------------------
 
 def _records(path):

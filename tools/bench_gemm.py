@@ -139,7 +139,7 @@ def main() -> int:
     from drvqwen.launchers import FmtWeight
     from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
     from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
-    from drvqwen.launchers.gemv_fmt import format_defines
+    from drvqwen.launchers.gemv_fmt import device_parts, format_defines
 
     by_name = {f.name: f for f in wf.FORMATS.values()}
     unknown = [n for n in a.formats if n not in by_name]
@@ -147,7 +147,8 @@ def main() -> int:
         raise SystemExit(f"--formats: unknown {', '.join(unknown)} (choose from {', '.join(by_name)})")
 
     def fw(fmt, name, n, k):
-        parts = {part: upload(f"{fmt.name}.{name}.{part}", arr) for part, arr in wf.random_weight(fmt, n, k, rng).items()}
+        parts = {part: upload(f"{fmt.name}.{name}.{part}", arr)
+                 for part, arr in device_parts(fmt, wf.random_weight(fmt, n, k, rng)).items()}
         return FmtWeight(fmt, parts, f"{fmt.name}.{name}")
 
     def fmt_gemms(fmt, impl, extra: tuple = ()):

@@ -150,12 +150,13 @@ def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tu
     launcher's)."""
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtResidual
+    from drvqwen.launchers.gemv_fmt import device_parts
 
     n, k = q_shape(name, cfg)
 
     def weight(tag: str) -> FmtWeight:
         parts = {part: s.array(f"{fmt.name}.{name}{tag}{copy}.{part}", a.shape, a.dtype, a)
-                 for part, a in wf.random_weight(fmt, n, k, rng).items()}
+                 for part, a in device_parts(fmt, wf.random_weight(fmt, n, k, rng)).items()}
         return FmtWeight(fmt, parts, f"{fmt.name}.{name}{tag}")
 
     if name == "gate_up_swiglu":

@@ -70,7 +70,7 @@ from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, Pool, Stream, get_device
 from .errors import DrvqwenError
 from .format.nanoqwen import NanoqwenFile, expected_tensors
-from .gpu_weights import GPUWeights
+from .gpu_weights import GPUWeights, layout_scratch_bytes
 from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, n_pages_for
 from .kv_cache import tensor_map_shape
 from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma,
@@ -496,8 +496,10 @@ class DecodeStep:
 
     # ---- allocate ------------------------------------------------------------------------------
     def _check_fits(self, f: NanoqwenFile) -> None:
-        """Size everything before uploading a byte: a model that does not fit fails here."""
-        weight_bytes = sum(i.nbytes for i in f)
+        """Size everything before uploading a byte: a model that does not fit fails here. The
+        weights count with the scratch their tile-major planes borrow while the load rearranges
+        them (gpu_weights.layout_scratch_bytes)."""
+        weight_bytes = sum(i.nbytes for i in f) + layout_scratch_bytes(f)
         free, _total = self.device.memory_info()
         if self.plan.kv_bytes + weight_bytes > free:
             raise DrvqwenError(

@@ -13,10 +13,12 @@ so the tests and tools can find any weight by the name HF users know.
 A model that runs the INT4 step (every projection INT4 g128: format/tensor_set.py's
 default_formats) has its projections' qweight rearranged on the GPU right after the upload into
 the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu; q/k/v
-RoPE-paired by the head dim). The array of `….qweight` keeps the file's shape [N, K/8] — the
-same number of words, N being a multiple of 16, and the shape the decode and prefill plans
-check their buffers against — but holds the words as [N/16, K/128, 16, 16].
-A model in per-tensor formats keeps every tensor as stored (its kernels read the file's layouts).
+RoPE-paired by the head dim). A model in per-tensor formats has the qweight and qhigh of every
+weight whose codes have 4–6 bits (launchers/gemv_fmt.py: tile_major_parts) rearranged the same
+way, rows in plain order; its other tensors stay as stored. Such an array keeps the file's
+shape ([N, K/8] for a qweight) — the same number of words, N being a multiple of 16, and the
+shape the decode and prefill plans check their buffers against — but holds the words as
+[N/16, K/128, 16, W] (W = 16 for the codes).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .cuda import (DEFAULT_ALIGN_BYTES, CudaError, DeviceArray, Pool, Registered
                    read_only_register_supported)
 from .errors import FormatError
 from .format import weight_formats as wf
-from .format.int4_tiles import TILE_ROWS
+from .format.int4_tiles import GROUP_WORDS, TILE_ROWS
 from .format.nanoqwen import NanoqwenFile, TensorInfo
 from .format.tensor_set import in_per_tensor_formats, proj_prefix, weight_shapes
 
@@ -53,6 +55,32 @@ def weight_pool_bytes(tensors: Iterable[TensorInfo]) -> int:
     return sum(_aligned(_device_nbytes(i), DEFAULT_ALIGN_BYTES) for i in tensors) + DEFAULT_ALIGN_BYTES
 
 
+def tile_major_planes(f: NanoqwenFile, config: QwenConfig | None = None) -> dict[str, tuple[int, int]]:
+    """The tensors of `f` that the GPU reads tile-major, each with its (pair_dim, words a row and
+    128-input group) (format/int4_tiles.py): an INT4 model's projections' qweight (q/k/v
+    RoPE-paired by the head dim), or in a per-tensor model the qweight and qhigh of every
+    weight whose codes have 4–6 bits (rows plain; launchers/gemv_fmt.py: tile_major_parts).
+    `config`: the model's, or fewer layers of it (GPUWeights' num_layers)."""
+    config = config or f.config
+    if not in_per_tensor_formats(config, f.formats):
+        paired = ("q_proj", "k_proj", "v_proj")
+        return {i.name: (config.head_dim if i.name.split(".")[-2] in paired else 0, GROUP_WORDS)
+                for i in f if i.name.startswith("model.layers.") and i.name.endswith(".qweight")}
+    from .launchers.gemv_fmt import tile_major_parts
+
+    names = {i.name for i in f}
+    return {f"{prefix}.{part}": (0, words) for prefix, fid in f.formats.items() if fid != wf.PLAIN
+            for part, words in tile_major_parts(wf.FORMATS[fid]).items() if f"{prefix}.{part}" in names}
+
+
+def layout_scratch_bytes(f: NanoqwenFile) -> int:
+    """Device bytes GPUWeights borrows while it rearranges the tile-major planes of `f` (one
+    scratch buffer, the largest plane's size; 0 if none): for the 7B in Q4_K_M, its Q6_K lm_head's
+    codes, uint32 [152064, 448]."""
+    planes = tile_major_planes(f)
+    return max((f.tensors[n].nbytes for n in planes), default=0)
+
+
 def check_gpu_formats(f: NanoqwenFile) -> str | None:
     """None if the GPU kernels run every weight of `f` in its format, else a one-line reason
     naming the first weight that they do not (its format and shape), or a layer whose gate_proj
@@ -70,6 +98,11 @@ def check_gpu_formats(f: NanoqwenFile) -> str | None:
             return f"{f.path}: {prefix} is stored in weight format {name}, which the GPU kernels do not run"
         if k % QUAD:
             return f"{f.path}: {prefix} [{n}, {k}]: the GPU kernels need K a multiple of {QUAD}"
+    for name in tile_major_planes(f):   # whole 16-row tiles (format/int4_tiles.py)
+        rows = f.tensors[name].shape[0]
+        if rows % TILE_ROWS:
+            return (f"{f.path}: {name} has {rows} rows; the GPU holds it tile-major and needs a multiple of "
+                    f"{TILE_ROWS}")
     for layer in range(f.config.num_layers):   # the fused gate/up GEMV and GEMM read both in one format
         gate, up = (f.formats[proj_prefix(layer, p)] for p in ("gate_proj", "up_proj"))
         if gate != up:
@@ -133,45 +166,45 @@ class GPUWeights:
                     if progress:
                         progress(self.nbytes, total)
                 up.finish()
-            if not in_per_tensor_formats(self.config, f.formats):
-                self._int4_device_layout()
+            planes = tile_major_planes(f, self.config)
+            self._device_layout({n: planes[n] for n in planes if n in self.arrays})   # not past num_layers
         except BaseException:
             self.close()
             raise
 
-    def _int4_device_layout(self) -> None:
-        """Rearrange every INT4 projection's qweight [N, K/8] in place into the device layout
-        (format/int4_tiles.py): each is copied into one scratch buffer (the largest one's size)
-        and kernels/weight_layout.cu writes it back tile-major, q/k/v RoPE-paired by the head
-        dim: the INT4 bytes are read and written twice (the copy, the kernel), once per load.
+    def _device_layout(self, planes: Mapping[str, tuple[int, int]]) -> None:
+        """Rearrange each plane uint32 [N, K/128 · W] named in `planes` (name → (pair_dim, W)) in
+        place into the tile-major device layout (format/int4_tiles.py): each is copied into one
+        scratch buffer (the largest one's size) and kernels/weight_layout.cu writes it back
+        tile-major: those bytes are read and written twice (the copy, the kernel), once per load.
 
         Raises:
-            FormatError: a projection of N not a multiple of 16 (no Qwen2 shape has one).
+            FormatError: a plane of N not a multiple of 16 (no Qwen2 shape has one).
         """
         from .cuda import DeviceBuffer, Stream
         from .launchers.weight_layout import Int4TileMajor
 
-        paired = ("q_proj", "k_proj", "v_proj")
-        names = [n for n in self.arrays if n.startswith("model.layers.") and n.endswith(".qweight")]
+        names = list(planes)
         if not names:
             return
         for n in names:
             if self.arrays[n].shape[0] % TILE_ROWS:
-                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's INT4 layout needs a multiple of {TILE_ROWS}")
+                raise FormatError(f"{n}: {self.arrays[n].shape[0]} rows, the GPU's tile-major planes need a "
+                                  f"multiple of {TILE_ROWS}")
         stream = Stream()
         try:
-            scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "int4 layout scratch")
+            scratch = DeviceBuffer(max(self.arrays[n].nbytes for n in names), "tile-major layout scratch")
         except BaseException:
             stream.close()
             raise
         try:
             for n in names:
                 arr = self.arrays[n]
-                rows, k = arr.shape[0], arr.shape[1] * 8
+                pair_dim, words = planes[n]
+                rows, k = arr.shape[0], arr.shape[1] * 128 // words
                 src = DeviceArray(f"{n} (file layout)", scratch.ptr, arr.shape, arr.dtype)
                 src.copy_from(arr, stream)
-                pair_dim = self.config.head_dim if n.split(".")[-2] in paired else 0
-                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dim, stream=stream).launch()
+                Int4TileMajor(arr, src, n=rows, k=k, pair_dim=pair_dim, group_words=words, stream=stream).launch()
             stream.synchronize()
         finally:
             try:

@@ -22,6 +22,11 @@ order of the kernels' MMA rows (int4_matmul.cuh: gemv_tile_rows):
 so the item's slots are the rows a GEMV tile multiplies, in its order, and a RoPE pair lands in
 one lane. The scales stay as in the file ([N, K/128], row-major).
 
+The per-tensor formats' 4–6-bit codes (qweight uint32 [N, K/8], the same words) take this layout
+too with pair_dim 0, and their high bits (qhigh: W = 4 words a row and group for 5-bit codes,
+8 for 6-bit) the same way, [ceil(N/16), K/128, 16, W] (`to_tile_major(plane, 0, W)`;
+kernels/weight_formats.cuh says why).
+
 The file keeps layout id 1 (the CPU reference and every other reader of the file read it as such);
 the weights are rearranged on the GPU when a model is loaded (gpu_weights.py, kernels/
 weight_layout.cu), and the kernel tests upload `to_tile_major(qweight, pair_dim)`.
@@ -35,6 +40,7 @@ from ..errors import FormatError
 
 TILE_ROWS = 16      # rows of a weight tile: the M of the m16n8k16 MMA
 GROUP_WORDS = 16    # uint32 words of a row per 128-input group
+PLANE_WORDS = (4, 8, 16)  # the planes' words a row and group: 5-, 6-bit high bits, 4-bit codes
 
 
 def tile_rows(n: int, pair_dim: int = 0) -> np.ndarray:
@@ -57,33 +63,40 @@ def tile_rows(n: int, pair_dim: int = 0) -> np.ndarray:
     return head * pair_dim + 8 * jj + m % 8 + (m >= 8) * (pair_dim // 2)
 
 
-def to_tile_major(qweight: np.ndarray, pair_dim: int = 0) -> np.ndarray:
-    """Layout id 1 qweight uint32 [N, K/8] → the device layout uint32 [ceil(N/16), K/128, 16, 16]
-    (module docstring), rows past N zero.
+def to_tile_major(qweight: np.ndarray, pair_dim: int = 0, group_words: int = GROUP_WORDS) -> np.ndarray:
+    """A plane of W = group_words words a row and 128-input group → the device layout: layout id 1
+    qweight uint32 [N, K/8] (W = 16) → uint32 [ceil(N/16), K/128, 16, 16] (module docstring), rows
+    past N zero. With another W, any plane of W words a row and
+    128-input group, [N, K/128 · W] → [ceil(N/16), K/128, 16, W] the same way (the per-tensor
+    formats' high bits: W = 4 for 5-bit codes, 8 for 6-bit; kernels/weight_formats.cuh).
 
     Raises:
-        FormatError: not a uint32 [N, K/8] array with K a multiple of 128, or a bad pair_dim.
+        FormatError: not a uint32 [N, K/128 · W] array (K a multiple of 128), or a bad pair_dim.
     """
-    if qweight.dtype != np.uint32 or qweight.ndim != 2 or qweight.shape[1] % GROUP_WORDS:
-        raise FormatError(f"INT4 device layout: qweight {qweight.dtype} {list(qweight.shape)}, want uint32 [N, K/8] "
-                          f"with K a multiple of 128")
+    if group_words not in PLANE_WORDS:
+        raise FormatError(f"INT4 device layout: {group_words} words a row and group, want one of {PLANE_WORDS}")
+    if qweight.dtype != np.uint32 or qweight.ndim != 2 or qweight.shape[1] % group_words:
+        raise FormatError(f"INT4 device layout: qweight {qweight.dtype} {list(qweight.shape)}, want uint32 "
+                          f"[N, K/128 · {group_words}] with K a multiple of 128")
     n, kw = qweight.shape
     rows = tile_rows(n, pair_dim)
     padded = np.zeros((rows.size, kw), np.uint32)
     padded[rows >= 0] = qweight[rows[rows >= 0]]
-    return np.ascontiguousarray(padded.reshape(-1, TILE_ROWS, kw // GROUP_WORDS, GROUP_WORDS).transpose(0, 2, 1, 3))
+    return np.ascontiguousarray(padded.reshape(-1, TILE_ROWS, kw // group_words, group_words).transpose(0, 2, 1, 3))
 
 
 def from_tile_major(tiles: np.ndarray, n: int, pair_dim: int = 0) -> np.ndarray:
-    """The inverse of `to_tile_major`: uint32 [ceil(n/16), K/128, 16, 16] → [n, K/8].
+    """The inverse of `to_tile_major`: uint32 [ceil(n/16), K/128, 16, W] → [n, K/128 · W].
 
     Raises:
         FormatError: an array of another shape or dtype, or a bad pair_dim.
     """
     t = -(-n // TILE_ROWS)
-    if tiles.dtype != np.uint32 or tiles.ndim != 4 or tiles.shape[0] != t or tiles.shape[2:] != (TILE_ROWS, GROUP_WORDS):
-        raise FormatError(f"INT4 device layout: {tiles.dtype} {list(tiles.shape)}, want uint32 [{t}, K/128, 16, 16]")
-    kw = tiles.shape[1] * GROUP_WORDS
+    if (tiles.dtype != np.uint32 or tiles.ndim != 4 or tiles.shape[0] != t or tiles.shape[2] != TILE_ROWS
+            or tiles.shape[3] not in PLANE_WORDS):
+        raise FormatError(f"INT4 device layout: {tiles.dtype} {list(tiles.shape)}, want uint32 [{t}, K/128, 16, W] "
+                          f"with W in {PLANE_WORDS}")
+    kw = tiles.shape[1] * tiles.shape[3]
     flat = tiles.transpose(0, 2, 1, 3).reshape(t * TILE_ROWS, kw)
     rows = tile_rows(n, pair_dim)
     out = np.empty((n, kw), np.uint32)
@@ -91,6 +104,7 @@ def from_tile_major(tiles: np.ndarray, n: int, pair_dim: int = 0) -> np.ndarray:
     return out
 
 
-def device_words(n: int, k: int) -> int:
-    """uint32 words of an [n, k] INT4 matrix in the device layout (rows padded to a tile)."""
-    return -(-n // TILE_ROWS) * TILE_ROWS * (k // 8)
+def device_words(n: int, k: int, group_words: int = GROUP_WORDS) -> int:
+    """uint32 words of an [n, k] INT4 matrix in the device layout (rows padded to a tile); with
+    group_words W, of a plane of W words a row and 128-input group."""
+    return -(-n // TILE_ROWS) * TILE_ROWS * (k // 128) * group_words

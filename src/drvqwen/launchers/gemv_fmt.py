@@ -35,6 +35,9 @@ from .gemv_int4 import MAX_WARPS, TILE_ROWS, check_qkv_rope_outputs, gemv_launch
 mirrored("gemv_fmt", "GF_MAX_WARPS", MAX_WARPS)
 QUAD = mirrored("gemv_fmt", "GF_QUAD", 128)            # inputs per item: K must be a multiple
 CHUNK = mirrored("gemv_fmt", "WF_CHUNK", 32)           # inputs per chunk (one Σx each)
+# Codes of this many bits or fewer (qweight uint32 [N, K/8]: 4–6-bit formats) are tile-major on the
+# GPU: format/int4_tiles.py's device layout with rows in plain order (weight_formats.cuh says why).
+TILED_BITS = mirrored("gemv_fmt", "WF_TILED_BITS", 6)
 EMBEDDING_THREADS = mirrored("gemv_fmt", "EMBEDDING_FMT_THREADS", 128)
 
 # The format ids kernels/weight_formats.cuh reads (WF_* there) of weight_formats.FORMATS.
@@ -125,6 +128,34 @@ def compiled_formats(defines) -> frozenset[int] | None:
     return frozenset(f for f in GPU_FORMAT_IDS | {DENSE_ID} if mask >> f & 1)
 
 
+def codes_tile_major(fmt) -> bool:
+    """Whether the GPU reads `fmt`'s qweight (and qhigh) tile-major (format/int4_tiles.py,
+    pair_dim 0): its codes have 4–6 bits (TILED_BITS). Not the 8-bit codes (32 bytes a chunk: a
+    quad of them is already two whole 64-byte pieces of a row) nor a dense matrix."""
+    return fmt.bits <= TILED_BITS
+
+
+def tile_major_parts(fmt) -> dict[str, int]:
+    """The stored parts of `fmt` that the GPU holds tile-major, each with its words a row and
+    128-input group (to_tile_major's group_words): qweight 16 and, with 5- or 6-bit codes, qhigh
+    4 or 8 (weight_formats.cuh); none where not codes_tile_major."""
+    if not codes_tile_major(fmt):
+        return {}
+    high = fmt.bits - 4
+    return {"qweight": 16, **({"qhigh": 4 * high} if high > 0 else {})}
+
+
+def device_parts(fmt, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A weight's stored parts as the GPU reads them: `parts` (name → array in the file's layout,
+    weight_formats.random_weight's or a file's) with those of tile_major_parts rearranged
+    (to_tile_major, rows padded to a whole tile), the others as they are. What a test or a
+    benchmark uploads; a model's weights are rearranged on the GPU (gpu_weights.py)."""
+    from ..format.int4_tiles import to_tile_major
+
+    tiled = tile_major_parts(fmt)
+    return {p: to_tile_major(a, group_words=tiled[p]) if p in tiled else a for p, a in parts.items()}
+
+
 # Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).
 AUX_PARTS = ("offsets", "superscales")
 PART_NAMES = ("qweight", "qhigh", "scales") + AUX_PARTS + ("weight",)
@@ -149,7 +180,8 @@ class FmtWeight:
         """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
         GEMVs' 128, the embedding's 32) with N·K under 2^32 (32-bit offsets), the kernel's
         `defines` compile it in (format_defines), and every part is there with the size and
-        dtype the format stores."""
+        dtype the format stores (the device layout's: the qweight and qhigh of 4–6-bit codes
+        tile-major, tile_major_parts, their rows padded to a whole tile)."""
         require(self.fmt.id in GPU_FORMAT_IDS | {DENSE_ID},
                 f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
         compiled = compiled_formats(defines)
@@ -158,13 +190,19 @@ class FmtWeight:
                                              f"kernel was compiled for (WF_FORMATS={dict(defines)['WF_FORMATS']:#x})")
         require(n * k < 2**32, f"{self.name}: {n}×{k} weights: the GPU kernels index each stored plane with "
                                f"32-bit element offsets (weight_formats.cuh), so N·K must stay under 2^32")
+        if codes_tile_major(self.fmt):   # the tile-major codes come in 128-input quads
+            quad = max(quad, QUAD)
         require(k % quad == 0 and self.fmt.fits(k),
                 f"{self.name}: format {self.fmt.name} at K={k}: the GPU kernels need K a multiple of {quad} "
                 f"and of the format's group")
         for tname, (dt, shape) in self.fmt.tensors(self.name, n, k).items():
             part = tname.rsplit(".", 1)[1]
             require(part in self.parts, f"{self.name}: part {part} missing")
-            check_buffer(self.parts[part], f"{self.name}.{part}", int(np.prod(shape)), dt)
+            size = int(np.prod(shape))
+            words = tile_major_parts(self.fmt).get(part)
+            if words:   # tile-major: rows padded to a whole tile
+                size = -(-n // TILE_ROWS) * TILE_ROWS * (k // QUAD) * words
+            check_buffer(self.parts[part], f"{self.name}.{part}", size, dt)
 
     def args(self, prefix: str) -> dict:
         """The kernel arguments <prefix>_qweight, _qhigh, _scales, _aux (NULL where absent)."""

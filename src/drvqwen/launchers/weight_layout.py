@@ -1,7 +1,9 @@
-"""Launcher of kernels/weight_layout.cu: an INT4 weight rearranged into the device layout.
+"""Launcher of kernels/weight_layout.cu: an INT4 weight rearranged into the device layout, and
+the per-tensor formats' 4–6-bit codes and high bits (rows plain).
 
-    Int4TileMajor   dst uint32 [ceil(N/16), K/128, 16, 16] = to_tile_major(src uint32 [N, K/8], pair_dim)
-                    (format/int4_tiles.py)
+    Int4TileMajor   dst uint32 [ceil(N/16), K/128, 16, W] = to_tile_major(src uint32 [N, K/128 · W],
+                    pair_dim, W)  (format/int4_tiles.py; W = group_words: 16 for codes, 4 or 8
+                    for the high bits of the 5- and 6-bit formats)
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cuda import Stream
-from ..format.int4_tiles import TILE_ROWS, device_words
+from ..format.int4_tiles import GROUP_WORDS, PLANE_WORDS, TILE_ROWS, device_words
 from ..format.quant import GROUP_SIZE
 from .base import KernelRef, Launcher, check_buffer, i32, mirrored, require
 
@@ -17,23 +19,30 @@ THREADS = mirrored("weight_layout", "WL_THREADS", 256)
 
 
 class Int4TileMajor(Launcher):
-    """dst = the device layout of src (layout id 1) with rows in order pair_dim (0: plain; the
-    head dim: RoPE-paired, for q_proj, k_proj and v_proj). src and dst must not overlap.
+    """dst = the device layout of src (layout id 1 codes, or any plane of group_words words a row
+    and 128-input group) with rows in order pair_dim (0: plain; the head dim: RoPE-paired, for
+    an INT4 model's q_proj, k_proj and v_proj). src and dst must not overlap.
 
     Raises:
         LaunchError: K not a multiple of 128, N < 1, pair_dim not 0 or a multiple of 16 dividing N,
-            or a buffer of the wrong size or dtype.
+            group_words not 4, 8 or 16, 2^32 words or more, or a buffer of the wrong size or dtype.
     """
 
-    def __init__(self, dst, src, *, n: int, k: int, pair_dim: int = 0, stream: Stream | None = None):
+    def __init__(self, dst, src, *, n: int, k: int, pair_dim: int = 0, group_words: int = GROUP_WORDS,
+                 stream: Stream | None = None):
         super().__init__(stream)
         require(n >= 1 and k > 0 and k % GROUP_SIZE == 0, f"int4_to_tile_major: [{n}, {k}]: K must be a multiple of {GROUP_SIZE}")
         require(pair_dim == 0 or (pair_dim > 0 and pair_dim % TILE_ROWS == 0 and n % pair_dim == 0),
                 f"int4_to_tile_major: pair_dim {pair_dim} must be 0 or a multiple of {TILE_ROWS} dividing N={n}")
-        check_buffer(src, "src", n * k // 8, np.uint32)
-        check_buffer(dst, "dst", device_words(n, k), np.uint32)
-        vectors = device_words(n, k) // 4
-        self.bytes_moved = n * k // 2 + device_words(n, k) * 4
+        require(group_words in PLANE_WORDS, f"int4_to_tile_major: group_words {group_words} must be one of {PLANE_WORDS}")
+        row_words = k // GROUP_SIZE * group_words
+        padded = device_words(n, k, group_words)
+        require(padded < 2**32, f"int4_to_tile_major: [{n}, {k}] of {group_words} words a group: {padded} words, the "
+                                f"kernel indexes them in 32 bits")
+        check_buffer(src, "src", n * row_words, np.uint32)
+        check_buffer(dst, "dst", padded, np.uint32)
+        vectors = padded // 4
+        self.bytes_moved = 4 * (n * row_words + padded)
         self._add(KernelRef("weight_layout", "int4_to_tile_major"), (-(-vectors // THREADS),), (THREADS,),
-                  dict(dst=dst, src=src, N=i32(n), K=i32(k), pair_dim=i32(pair_dim)),
+                  dict(dst=dst, src=src, N=i32(n), K=i32(k), pair_dim=i32(pair_dim), group_vecs=i32(group_words // 4)),
                   reads=(src,), writes=(dst,), bytes_moved=self.bytes_moved)
