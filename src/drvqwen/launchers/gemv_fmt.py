@@ -28,6 +28,7 @@ import numpy as np
 
 from ..cuda import Stream
 from ..format import weight_formats as wf
+from ..format.int4_tiles import device_words
 from .base import (DEFAULT_OCCUPANCY, NULL, KernelRef, Launcher, Occupancy, check_buffer, check_state, f32, i32,
                    mirrored, require)
 from .gemv_int4 import MAX_WARPS, TILE_ROWS, check_qkv_rope_outputs, gemv_launch_shape, gemv_resident_blocks, tiles
@@ -201,7 +202,7 @@ class FmtWeight:
             size = int(np.prod(shape))
             words = tile_major_parts(self.fmt).get(part)
             if words:   # tile-major: rows padded to a whole tile
-                size = -(-n // TILE_ROWS) * TILE_ROWS * (k // QUAD) * words
+                size = device_words(n, k, words)
             check_buffer(self.parts[part], f"{self.name}.{part}", size, dt)
 
     def args(self, prefix: str) -> dict:
