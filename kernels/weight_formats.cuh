@@ -91,7 +91,8 @@
 // (sc, m) from them (get_scale_min_k4's two cases); here it loads word t, finds its (sc, m) in
 // it with two shifts and two masks, and (d, dmin) in the quad's four top bytes with 2 shuffles.
 // SASS of the 7B's {q4_k, q6_k} build (NVRTC 13.0, tools/sass_loops.py): q4_k gate/up 368 → 318
-// instructions an item, residual 431 → 387 for two; the bytes and registers the same.
+// instructions an item, residual 431 → 387 for two; the bytes and registers the same
+// (docs/bench/2026-12-06_{c0d69c5,7c70cb6}_cpu_sass_gemv_fmt_q4_k_q6_k.json; docs/kernels.md has q5_k's).
 #pragma once
 #include <cuda_fp16.h>
 
