@@ -14,8 +14,9 @@ paired by the head dim), every other tensor the file's bytes, through either upl
 CPU: the launch (one thread per 16-byte vector of the destination; for the lane words one per
 super-block) and the refusals of a bad shape, pair_dim or buffer.
 
-test_int4_tile_major_matches_the_host[n333.k384] and [n96.k256.dh32] are the cases
-compute-sanitizer runs (tools/sanitize_nodes.txt).
+test_int4_tile_major_matches_the_host[n333.k384] and [n96.k256.dh32], and
+test_kquant_lane_words_match_the_host[n17.k768], are the cases compute-sanitizer runs
+(tools/sanitize_nodes.txt).
 """
 
 from __future__ import annotations
