@@ -444,21 +444,22 @@ struct GemmInt4Scales {
 };
 
 // Q4_K (weight_formats.cuh, id 10): the GGUF's two levels kept — codes in layout id 1 (the INT4
-// words, so the same lop3 picks a lane's pair), per 256-input super-block 12 bytes of 6-bit
-// (sc, m) and the FP16 pair (d, dmin); w = (d·sc)·c − dmin·m per 32-input sub-block. A group of
-// 128 inputs is half a super-block: 4 sub-blocks, k steps 2j and 2j + 1 in sub-block j.
+// words, so the same lop3 picks a lane's pair), per 256-input super-block eight 6-bit (sc, m)
+// and the FP16 pair (d, dmin) in 16 bytes (on the GPU as lane words, weight_formats.cuh);
+// w = (d·sc)·c − dmin·m per 32-input sub-block. A group of 128 inputs is half a super-block:
+// 4 sub-blocks, k steps 2j and 2j + 1 in sub-block j.
 struct GemmLaneRowsQ4k {
     const u32* wa;  const u32* wb;    // the rows' code words
-    const u32* sca; const u32* scb;   // the rows' packed (sc, m): 3 words per super-block
-    const u32* dda; const u32* ddb;   // the rows' (d, dmin) FP16 pairs, one word per super-block
+    const u32* sca; const u32* scb;   // the rows' lane words 0–2: 3 words per super-block (weight_formats.cuh)
+    const u32* dda; const u32* ddb;   // the rows' lane word 3, one word per super-block
 };
 
 // The lane's scales of one group: S = d·sc and −O = −dmin·m of each sub-block and row as FP16
 // pairs, and the unpack c·S − O as one fma.rn.f16x2 of the exact code: two roundings (S, O) and
 // the fma's, where gemm_fmt_wgmma.cu rounds the FP32 weight once (docs/numerics.md: within the
 // GEMMs' tolerance). Computed by every lane of a quad for its two rows (the quad shares them).
-// The decode stays in FP16 pairs: ggml's get_scale_min_k4 word-wise (the four sub-blocks of a
-// group are the four bytes of one word), each 6-bit value turned into an exact FP16 by the magic
+// The decode stays in FP16 pairs: the four sub-blocks' sc (and m) of a group gathered into the
+// four bytes of one word, each 6-bit value turned into an exact FP16 by the magic
 // number (0x64 above the byte: 1024 + v, then − 1024), and one mul.rn.f16x2 by (d, d) or
 // (−dmin, −dmin) gives two sub-blocks' S or −O, each the exact product rounded once: the values
 // wf_scales<WF_Q4_K> computes in FP32 and rounds to FP16, in a quarter of the instructions (the
@@ -497,20 +498,18 @@ struct GemmQ4kScales {
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
             const u32* p = (row ? r.scb : r.sca) + 3 * sb;
-            const u32 s0 = p[0], s1 = p[1], s2 = p[2], dd = (row ? r.ddb : r.dda)[sb];
-            // Byte i: sc and m of sub-block 4·(grp & 1) + i. Of the 12 packed bytes q: for j < 4
-            // sc = q[j] & 63, m = q[j + 4] & 63; else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4,
-            // m = (q[j + 4] >> 4) | (q[j] >> 6) << 4 — s0, s1, s2 hold q[0..3], q[4..7], q[8..11].
-            u32 sc, m;
-            if (grp & 1) {
-                sc = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
-                m = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
-            } else {
-                sc = s0 & 0x3F3F3F3Fu;
-                m = s1 & 0x3F3F3F3Fu;
-            }
-            const u32 d2 = __byte_perm(dd, 0, 0x1010);                   // (d, d)
-            const u32 nm2 = __byte_perm(dd, 0, 0x3232) ^ 0x80008000u;    // (−dmin, −dmin)
+            const u32 w0 = p[0], w1 = p[1], w2 = p[2], w3 = (row ? r.ddb : r.dda)[sb];
+            // The super-block's lane words (weight_formats.cuh): sub-block 4h + i's (sc | m << 6)
+            // is bits 12h … 12h + 11 of word i, h = grp & 1, and (d, dmin) the words' top bytes.
+            // One prmt puts words i, i + 1's bits 8h … 8h + 15 in the two 16-bit halves and a
+            // shift by 4h brings the fields to bit 0 of each half; one more prmt gathers the four
+            // fields' low bytes (sc, and after a shift by 6 m) into byte i, and a mask keeps 6 bits.
+            const u32 sel = (grp & 1) ? 0x6521u : 0x5410u, sh = (grp & 1) ? 4u : 0u;
+            const u32 f01 = __byte_perm(w0, w1, sel) >> sh, f23 = __byte_perm(w2, w3, sel) >> sh;
+            const u32 sc = __byte_perm(f01, f23, 0x6420u) & 0x3F3F3F3Fu;
+            const u32 m = __byte_perm(f01 >> 6, f23 >> 6, 0x6420u) & 0x3F3F3F3Fu;
+            const u32 d2 = __byte_perm(w0, w1, 0x7373u);                 // (d, d): bytes D_0, D_1 twice
+            const u32 nm2 = __byte_perm(w2, w3, 0x7373u) ^ 0x80008000u;  // (−dmin, −dmin)
             gemm_scale_pairs<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1], G.s[row][2], G.s[row][3]);
             gemm_scale_pairs<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1], G.o[row][2], G.o[row][3]);
         }

@@ -526,8 +526,8 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                 const WfRaw ra = wf_quad_gather<F>(cur.w[u][m][0], lane), rb = wf_quad_gather<F>(cur.w[u][m][1], lane);
                 u32 pa[16], pb[16];
                 float s0[SUBS], o0[SUBS], s1[SUBS], o1[SUBS];
-                wf_scales<F>(ra, chunk, s0, o0);
-                wf_scales<F>(rb, chunk, s1, o1);
+                wf_scales<F, true>(ra, chunk, s0, o0);
+                wf_scales<F, true>(rb, chunk, s1, o1);
                 if constexpr (TINY) {  // the codes as subnormals (wf_pairs_tiny), z and 2²⁴ settled here
                     wf_pairs_tiny<F>(ra, pa);
                     wf_pairs_tiny<F>(rb, pb);

@@ -8,12 +8,13 @@
 //                                          the addresses (WfAddr) of the chunk 4q chunks further
 //                                          on, or `rows` rows further down, from those of `at`
 //   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
+//                                          (QUAD: q4_k/q5_k's (d, dmin) from the quad's 4 words)
 //   wf_pairs<F>(raw, a)                    its 32 codes as 16 half2 of exact FP16 integers
 //                                          (c − z, or c for the formats with an offset)
 //   wf_pairs_tiny<F>(raw, a)               the same codes c as FP16 subnormals c·2⁻²⁴ (16c·2⁻²⁴ at
 //                                          inputs 2, 3, 6, 7 of each 8), z not taken off: no
 //                                          f16x2 instruction (gemv_fmt.cu; WfTiny<F> says which)
-//   wf_scales<F>(raw, chunk, s, o)         the FP32 scale (and offset) of each scale group in it
+//   wf_scales<F[, QUAD]>(raw, chunk, s, o) the FP32 scale (and offset) of each scale group in it
 //   wf_dequant<F>(raw, chunk, e)           weight e of the chunk in FP32, in the reference's
 //                                          order of operations (bit for bit the CPU's value)
 //   wf_dequant_pairs<F>(raw, chunk, w)     all 32 of them rounded to FP16, as 16 half2
@@ -59,6 +60,7 @@
 //   scales  fp16 [N, K/g] | uint8 [N, K/256, 12] (q4_k, q5_k) | int8 [N, K/16] (q6_k)
 //   aux     fp16 offsets [N, K/32] (q4_g32_min, q5_g32_min) | fp16 superscales [N, K/256, 2]
 //           = (d, dmin) (q4_k, q5_k) | fp16 superscales [N, K/256] = d (q6_k)
+//           q4_k, q5_k on the GPU: the same 16 bytes a super-block as lane words (below)
 // The high bits sit at the bit positions of their inputs' nibbles (shifted by i), so they join
 // the FP16 magic-number unpack with one lop3 per pair of inputs, no per-input shifts (below).
 //
@@ -75,13 +77,29 @@
 // words a row, 64·HB words an item: in that probe q5_k's and q6_k's gate_up loads went further
 // with them moved too (q6_k: 84 → 94 % of copy). The scales and offsets stay row-major: 2 bytes
 // a chunk or less, read through L1 (the quad's lanes and a super-block's chunks share them).
+//
+// The q4_k/q5_k scales on the GPU: lane words. A super-block's 12 bytes of packed (sc, m) and
+// its (d, dmin) — 16 bytes, in the scales and aux planes as the file has them — hold on the GPU
+// the same 16 bytes rearranged into four 32-bit lane words (format/kquant_lanes.py; kernels/
+// weight_layout.cu writes them when a model is loaded), words 0–2 in the scales plane's 12
+// bytes and word 3 in the aux plane's 4:
+//   word t (t < 4) = sc_t | m_t << 6 | sc_{t+4} << 12 | m_{t+4} << 18 | D_t << 24
+// where sc_j, m_j are sub-block j's 6-bit values (gguf's get_scale_min_k4) and D_0 … D_3 the
+// bytes of (d, dmin) (fp16 d in D_0, D_1). The decode GEMVs' lane t of a quad works on chunk t
+// or t + 4 of a super-block (QUAD, below): with the file's packing each lane needed three of
+// the 12 bytes, gathered from the quad by 4 shuffles, and a dozen integer ops to unpick its
+// (sc, m) from them (get_scale_min_k4's two cases); here it loads word t, finds its (sc, m) in
+// it with two shifts and two masks, and (d, dmin) in the quad's four top bytes with 2 shuffles.
+// SASS of the 7B's {q4_k, q6_k} build (NVRTC 13.0, tools/sass_loops.py): q4_k gate/up 368 → 318
+// instructions an item, residual 431 → 387 for two; the bytes and registers the same
+// (docs/bench/2026-12-06_{c0d69c5,7c70cb6}_cpu_sass_gemv_fmt_q4_k_q6_k.json; docs/kernels.md has q5_k's).
 #pragma once
 #include <cuda_fp16.h>
 
 #include "types.cuh"        // u32, u64
 #include "ldst.cuh"         // ld_stream_v4, ld_nc_noalloc_u32
 #include "int4_unpack.cuh"  // lop3_and_or, INT4_MASK_LO/HI, FP16X2_1024, FP16X2_1_16
-#include "warp.cuh"         // shfl_idx_u32
+#include "warp.cuh"         // shfl_xor_i32
 
 #define WF_INT4_G128  1
 #define WF_Q4_G32     2
@@ -140,8 +158,8 @@ struct WfRaw {
     uint4 q0, q1;  // codes: nibbles (q0), or bytes 0–15 and 16–31 (8-bit), or FP16 values 0–15 (dense)
     uint4 q2, q3;  // dense: values 16–31
     u32 h0, h1;    // high bits (h1: 6-bit only)
-    u32 s0, s1, s2;  // scale bytes: fp16 s | s, o | q4_k/q5_k: the 12 packed bytes | q6_k: 2 int8
-    u32 d;         // K-quants: fp16 d (and dmin in the high half)
+    u32 s0, s1, s2;  // scale bytes: fp16 s | s, o | q4_k/q5_k: lane words 0–2 (QUAD: s0 this lane's word) | q6_k: 2 int8
+    u32 d;         // q6_k: fp16 d | q4_k/q5_k: lane word 3 (QUAD, after wf_quad_gather: fp16 d, dmin)
 };
 
 // Where one chunk's bytes lie: per plane, the address its loads read (null where the format has
@@ -150,10 +168,9 @@ struct WfAddr {
     const u32* q;   // codes: the chunk's first word (its 16, 32 or 64 bytes start here)
     const u32* h;   // high bits: the chunk's word (5-bit) or its 2 words (6-bit)
     const void* s;  // scales: the chunk's group's fp16 scale | q6_k: the chunk's 2 int8 | q4_k/q5_k:
-                    // the super-block's 12 packed bytes, or with QUAD this lane's word of them
-                    // or of (d, dmin)
+                    // the super-block's lane words 0–2, or with QUAD this lane's word (0–3)
     const void* a;  // aux: the group's fp16 offset | the super-block's superscales (q4_k/q5_k:
-                    // (d, dmin), unused with QUAD; q6_k: d)
+                    // lane word 3, unused with QUAD; q6_k: d)
 };
 
 // The addresses of chunk `chunk` of row `row` (wf_load's arguments). Offsets are 32-bit element
@@ -163,11 +180,11 @@ struct WfAddr {
 // (gemv_fmt.cu).
 //
 // QUAD: the caller's 4 lanes of a quad (quad_lane = lane % 4) load 4 consecutive chunks
-// 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks). The q4_k/q5_k
-// scale words that all four need — the 12 packed bytes and (d, dmin), 4 words — are then
-// loaded one word per lane (lane t: word t) and gathered by wf_quad_gather just before use:
-// each lane holds 1 register of them instead of 4 while the load is in flight, the margin that
-// lets the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats load as without it.
+// 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks), lane t chunk
+// 4q + t. The q4_k/q5_k lane words are then loaded one per lane (lane t: word t, the one with
+// its chunk's (sc, m)), and wf_quad_gather collects (d, dmin) from the quad's four just before
+// use: each lane holds 1 register of scales while the load is in flight, the margin that lets
+// the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats load as without it.
 template <int F, bool QUAD = false>
 __device__ __forceinline__ WfAddr wf_addr(const WfWeight& w, u32 row, int chunk, int K, int quad_lane = 0) {
     WfAddr p = {};
@@ -190,7 +207,7 @@ __device__ __forceinline__ WfAddr wf_addr(const WfWeight& w, u32 row, int chunk,
         const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
         const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
         const u32* dd = static_cast<const u32*>(w.aux) + sb;
-        if constexpr (QUAD) {  // this lane's word of (s0, s1, s2, d): one load from either plane
+        if constexpr (QUAD) {  // this lane's lane word: one load from either plane
             p.s = quad_lane < 3 ? sc + quad_lane : dd;
         } else {
             p.s = sc;
@@ -344,7 +361,7 @@ __device__ __forceinline__ WfRaw wf_load_at(const WfAddr& p, u64 policy) {
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32* sc = static_cast<const u32*>(p.s);
         r.s0 = __ldg(sc);
-        if constexpr (QUAD) return r;  // this lane's word of (s0, s1, s2, d)
+        if constexpr (QUAD) return r;  // this lane's lane word
         r.s1 = __ldg(sc + 1);
         r.s2 = __ldg(sc + 2);
         r.d = __ldg(static_cast<const u32*>(p.a));
@@ -358,6 +375,20 @@ __device__ __forceinline__ WfRaw wf_load_at(const WfAddr& p, u64 policy) {
     return r;
 }
 
+// The prmt selector that puts wf_quad_gather's bytes in order for lane t = lane % 4: byte k of
+// the result is D_k, which lane t holds as byte f(k ^ t) of (pair, other), f = 0, 1, 4, 5 for
+// k ^ t = 0 … 3 (pair: D_t, D_{t^1}; other: D_{t^2}, D_{t^3}). t = 0 gives 0x5410; t's bit 0
+// swaps the bytes within each half (^ 0x1111), bit 1 the halves (^ 0x4444).
+__device__ __forceinline__ u32 wf_kq_order(int lane) {
+    return 0x5410u ^ ((u32)(lane & 1) * 0x1111u) ^ ((u32)(lane & 2) * 0x2222u);
+}
+
+// (d, dmin) of a q4_k/q5_k super-block from its 4 lane words w0 … w3 as loaded without QUAD
+// (their top bytes D_0 … D_3).
+__device__ __forceinline__ u32 wf_kq_dd(u32 w0, u32 w1, u32 w2, u32 w3) {
+    return __byte_perm(__byte_perm(w0, w1, 0x0073u), __byte_perm(w2, w3, 0x0073u), 0x5410u);
+}
+
 // Chunk `chunk` of row `row`: its addresses (wf_addr), loaded (wf_load_at).
 template <int F, bool QUAD = false>
 __device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u32 row, int chunk, int K, u64 policy,
@@ -365,17 +396,19 @@ __device__ __forceinline__ WfRaw wf_load(const WfWeight& w, u32 row, int chunk, 
     return wf_load_at<F, QUAD>(wf_addr<F, QUAD>(w, row, chunk, K, quad_lane), policy);
 }
 
-// A chunk loaded with QUAD, made whole: the q4_k/q5_k scale words from the quad's 4
-// lanes (lane 4⌊lane/4⌋ + t held word t). Every lane of the warp must call it (a shuffle).
+// A chunk loaded with QUAD, made whole: q4_k/q5_k's (d, dmin) into r.d from the top bytes
+// D_0 … D_3 of the quad's 4 lane words (lane 4⌊lane/4⌋ + t loaded word t), r.s0 left as this
+// lane's word. Two butterfly steps: lane t first pairs its D_t with its neighbour's D_{t^1}
+// (bytes 0, 1 of `pair`), then takes the other pair's two bytes (D_{t^2}, D_{t^3}) and puts the
+// four in order with one prmt whose selector depends on t alone (wf_kq_order). Every lane of
+// the warp must call it (a shuffle).
 template <int F>
 __device__ __forceinline__ WfRaw wf_quad_gather(const WfRaw& r, int lane) {
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         WfRaw out = r;
-        const int base = lane & ~3;
-        out.s0 = shfl_idx_u32(r.s0, base);
-        out.s1 = shfl_idx_u32(r.s0, base + 1);
-        out.s2 = shfl_idx_u32(r.s0, base + 2);
-        out.d = shfl_idx_u32(r.s0, base + 3);
+        const u32 pair = __byte_perm(r.s0, (u32)shfl_xor_i32((int)r.s0, 1), 0x0073u);  // D_t, D_{t^1}
+        const u32 other = (u32)shfl_xor_i32((int)pair, 2);                              // D_{t^2}, D_{t^3}
+        out.d = __byte_perm(pair, other, wf_kq_order(lane));
         return out;
     } else {
         return r;
@@ -500,21 +533,23 @@ __device__ __forceinline__ void wf_pairs_tiny(const WfRaw& r, u32 (&a)[16]) {
 // FP32 value, computed as the reference computes it (format/weight_formats.py): the K-quants'
 // d·sc and dmin·m are single FP32 products (exact); o = −dmin·m, so c·s + o is the reference's
 // c·s − dmin·m bit for bit.
-template <int F>
+// QUAD: `r` from wf_load_at<F, true> completed by wf_quad_gather (q4_k/q5_k: r.s0 the chunk's
+// lane word, r.d (d, dmin)); else from wf_load (the super-block's 4 lane words).
+template <int F, bool QUAD = false>
 __device__ __forceinline__ void wf_scales(const WfRaw& r, int chunk, float (&s)[Wf<F>::SUBS], float (&o)[Wf<F>::SUBS]) {
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        // The 6-bit (sc, m) of sub-block j = chunk % 8 = 4h + i of the 12 packed bytes q[0..11]:
-        // gguf's get_scale_min_k4 (ggml-quants.c), sc = q[j] & 63, m = q[j + 4] & 63 for j < 4,
-        // else sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4, m = (q[j + 4] >> 4) | (q[j] >> 6) << 4.
-        // Here q[i], q[i + 4] come from one prmt and q[i + 8] from one shift, and h picks the
-        // case: a dozen integer ops per chunk and row, where indexing bytes by j took ~40.
-        const u32 i = chunk & 3;
-        const u32 b01 = __byte_perm(r.s0, r.s1, i | ((i + 4) << 4));  // byte 0: s[i], byte 1: s[i + 4]
-        const u32 b2 = r.s2 >> (8 * i);                               // low byte: s[i + 8]
-        const u32 sc = (chunk & 4) ? (b2 & 0xFu) | ((b01 >> 2) & 0x30u) : b01 & 0x3Fu;
-        const u32 m = (chunk & 4) ? ((b2 >> 4) & 0xFu) | ((b01 >> 10) & 0x30u) : (b01 >> 8) & 0x3Fu;
-        s[0] = __fmul_rn(wf_half_lo(r.d), float(sc));
-        o[0] = -__fmul_rn(wf_half_hi(r.d), float(m));
+        // Sub-block j = chunk % 8 = 4h + t: its (sc, m) are bits 12h … 12h + 11 of lane word t
+        // (the lane words, above).
+        u32 word = r.s0, dd = r.d;
+        if constexpr (!QUAD) {
+            const u32 t = chunk & 3;
+            word = t == 0 ? r.s0 : t == 1 ? r.s1 : t == 2 ? r.s2 : r.d;
+            dd = wf_kq_dd(r.s0, r.s1, r.s2, r.d);
+        }
+        const u32 v = word >> ((chunk & 4) ? 12 : 0);
+        const u32 sc = v & 0x3Fu, m = (v >> 6) & 0x3Fu;
+        s[0] = __fmul_rn(wf_half_lo(dd), float(sc));
+        o[0] = -__fmul_rn(wf_half_hi(dd), float(m));
     } else if constexpr (F == WF_Q6_K) {
         const float d = wf_half_lo(r.d);
         s[0] = __fmul_rn(d, float((signed char)(r.s0 & 0xFFu)));

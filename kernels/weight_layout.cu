@@ -1,10 +1,12 @@
 // kernels/weight_layout.cu — an INT4 weight from the file's layout into the device layout, once,
 // when a model is loaded; the same for the 4–6-bit codes and the high bits of the per-tensor
-// formats (weight_formats.cuh), rows in plain order.
+// formats (weight_formats.cuh), rows in plain order, and the q4_k/q5_k scales as lane words.
 //
-//   int4_to_tile_major   dst uint32 [ceil(N/16), K/128, 16, W] = src uint32 [N, K/128 · W] rearranged
-//                        (W = 4·group_vecs words a row and group: 16 for 4-bit codes, 4 and 8
-//                        for the 5- and 6-bit formats' high bits)
+//   int4_to_tile_major     dst uint32 [ceil(N/16), K/128, 16, W] = src uint32 [N, K/128 · W] rearranged
+//                          (W = 4·group_vecs words a row and group: 16 for 4-bit codes, 4 and 8
+//                          for the 5- and 6-bit formats' high bits)
+//   kquant_scales_to_lanes scales uint32 [S, 3], aux uint32 [S] (S super-blocks: the 12 packed
+//                          bytes and (d, dmin) of each) → the same 16 bytes as lane words, in place
 //
 // The file stores INT4 weights row-major (layout id 1, format/quant.py); the INT4 kernels read
 // them tile-major, each (16-row tile, 128-input group) item 1 KiB of contiguous memory with its
@@ -49,4 +51,36 @@ int4_to_tile_major(uint4* __restrict__ dst,        // [ceil(N/16), K/128, 16, 4�
     gemv_tile_rows(j, m % 8, pair_dim, lo, hi);
     const int row = m < 8 ? lo : hi;
     dst[e] = row < N ? src[(u64)row * row_vecs + gi * group_vecs + q] : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// A q4_k/q5_k weight's scales (S = N·K/256 super-blocks) rearranged in place into the lane words
+// of weight_formats.cuh: word t = sc_t | m_t << 6 | sc_{t+4} << 12 | m_{t+4} << 18 | D_t << 24,
+// words 0–2 into the super-block's 12 bytes of `scales` and word 3 into its word of `aux`
+// (format/kquant_lanes.py: the same on the host, which the test compares bit for bit). The
+// (sc, m) of sub-block j from the 12 bytes q as gguf's get_scale_min_k4 (ggml-quants.c) reads
+// them: sc = q[j] & 63, m = q[j + 4] & 63 for j < 4, else sc = (q[j + 4] & 15) | (q[j − 4] >> 6)
+// << 4 and m = (q[j + 4] >> 4) | (q[j] >> 6) << 4. D_0 … D_3: the bytes of (d, dmin).
+// Work split: one thread per super-block, which reads its 16 bytes and writes them back: no
+// thread reads or writes another's, so in place cannot race. Bytes: the planes read and written
+// once (16 bytes a super-block each way: 27 MB for the 7B's Q4_K weights), once per load.
+// grid (ceil(S / WL_THREADS)), block (WL_THREADS).
+extern "C" __global__ void __launch_bounds__(WL_THREADS)
+kquant_scales_to_lanes(u32* __restrict__ scales,  // [S, 3] uint32: the 12 packed bytes, in; lane words 0–2, out
+                       u32* __restrict__ aux,     // [S] uint32: fp16 (d, dmin), in; lane word 3, out
+                       int supers) {              // S (3·S < 2^31: the launcher's rule)
+    const u32 i = blockIdx.x * WL_THREADS + threadIdx.x;
+    if (i >= (u32)supers) return;
+    const u32 s0 = scales[3u * i], s1 = scales[3u * i + 1u], s2 = scales[3u * i + 2u], dd = aux[i];
+    u32 w[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        const u32 a = (s0 >> (8 * t)) & 0xFFu, b = (s1 >> (8 * t)) & 0xFFu, c = (s2 >> (8 * t)) & 0xFFu;
+        const u32 sc_lo = a & 0x3Fu, m_lo = b & 0x3Fu;                          // sub-block t
+        const u32 sc_hi = (c & 0xFu) | ((a >> 6) << 4), m_hi = (c >> 4) | ((b >> 6) << 4);  // t + 4
+        w[t] = sc_lo | (m_lo << 6) | (sc_hi << 12) | (m_hi << 18) | (((dd >> (8 * t)) & 0xFFu) << 24);
+    }
+    scales[3u * i] = w[0];
+    scales[3u * i + 1u] = w[1];
+    scales[3u * i + 2u] = w[2];
+    aux[i] = w[3];
 }

@@ -194,7 +194,8 @@ def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng,
     """A model in the Q4_K_M layout whose norms and biases are stored FP32 (as a GGUF's are;
     they go up as FP16 through a host copy): the registered mapping's upload and the staging
     upload fill the weight pool with the same bytes, each tensor as the file holds it or, for the
-    planes the GPU reads tile-major (gpu_weights.tile_major_planes), to_tile_major of it."""
+    planes the GPU reads tile-major (gpu_weights.tile_major_planes), to_tile_major of it, and for
+    the q4_k weights' scales and superscales (gpu_weights.lane_word_weights) to_lane_words of them."""
     from drvqwen import startup
     from drvqwen.cuda import read_only_register_supported
     from drvqwen.format import weight_formats as wf
@@ -202,6 +203,7 @@ def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng,
     from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import synthetic_tensor
     from drvqwen.format.int4_tiles import to_tile_major
+    from drvqwen.format.kquant_lanes import to_lane_words
     from drvqwen.format.tensor_set import expected_tensors
     from helpers import minimal_tokenizer_json
 
@@ -233,10 +235,16 @@ def test_registered_and_staged_uploads_give_the_same_device_bytes(tmp_path, rng,
                 w.close()
         tiled = gpu_weights.tile_major_planes(f)
         assert tiled, "the test needs a tile-major plane (a 4–6-bit weight's codes)"
+        lanes = {}
+        for p in gpu_weights.lane_word_weights(f):
+            lanes[f"{p}.scales"], lanes[f"{p}.superscales"] = to_lane_words(f.tensor(f"{p}.scales"),
+                                                                            f.tensor(f"{p}.superscales"))
+        assert lanes, "the test needs a q4_k weight (lane-word scales)"
         for info in f:
             want = np.asarray(f.tensor(info.name))
             want = want.astype(np.float16) if info.dtype == wf.F32 else want
             if info.name in tiled:
                 want = to_tile_major(want, *tiled[info.name])
+            want = lanes.get(info.name, want)
             for via in got:
                 assert got[via][info.name].tobytes() == want.tobytes(), (via, info.name)

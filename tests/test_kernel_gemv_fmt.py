@@ -17,7 +17,8 @@ import pytest
 from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
 from drvqwen.format.int4_tiles import from_tile_major
-from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, tile_major_parts
+from drvqwen.format.kquant_lanes import from_lane_words
+from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, lane_word_scales, tile_major_parts
 from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
                             normed_fp16, random_fmt_weight, report)
 
@@ -431,6 +432,8 @@ def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     parts = {p: a.download() for p, a in w.parts.items()}
     for part, words in tile_major_parts(fmt).items():   # the device layout back to the file's
         parts[part] = from_tile_major(parts[part].reshape(-1, d // 128, 16, words), v)
+    if lane_word_scales(fmt):
+        parts["scales"], parts["superscales"] = from_lane_words(parts["scales"], parts["superscales"])
     want = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "model.embed_tokens")
     ids = np.array([0, 299, 17, 17, 150], np.int32)
     out = dev.poisoned("residual", (len(ids), d), np.float32)

@@ -188,6 +188,9 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
         ("int4_tile_major", launchers.Int4TileMajor(_buf("dst", device_words(D, D), np.uint32),
                                                     _buf("src", D * D // 8, np.uint32), n=D, k=D,
                                                     pair_dim=cfg.head_dim)),
+        ("kquant_lane_words", launchers.KQuantLaneWords(_buf("scales", D * D // 256 * 12, np.uint8),
+                                                        _buf("superscales", D * D // 256 * 2, np.float16),
+                                                        supers=D * D // 256)),
         *[(f"stream_read_{kind}", launchers.StreamRead(_buf("out", 2 * threads, np.uint32), _buf("src", 2 * 65536, np.uint8),
                                                        blocks=2, bytes_per_block=65536, kind=kind))
           for kind, threads in (("ld", 256), ("bulk", 128))],

@@ -1,5 +1,7 @@
 """kernels/weight_layout.cu (launchers.weight_layout.Int4TileMajor): an INT4 weight rearranged
-into the device layout on the GPU, bit for bit what format/int4_tiles.py's to_tile_major gives.
+into the device layout on the GPU, bit for bit what format/int4_tiles.py's to_tile_major gives;
+KQuantLaneWords: a q4_k/q5_k weight's scales rearranged in place into lane words, bit for bit
+format/kquant_lanes.py's to_lane_words.
 
 GPU: random words (every bit pattern, so a word moved to the wrong place or a nibble reordered
 shows) at awkward shapes (N not a multiple of 16: the last tile's padding must be written as
@@ -9,11 +11,12 @@ destination poisoned with 0xFF bytes; the source left as it was. And GPUWeights 
 model: every projection's qweight on the device is to_tile_major of the file's (q, k and v
 paired by the head dim), every other tensor the file's bytes, through either uploader.
 
-CPU: the launch (one thread per 16-byte vector of the destination) and the refusals of a bad
-shape, pair_dim or buffer.
+CPU: the launch (one thread per 16-byte vector of the destination; for the lane words one per
+super-block) and the refusals of a bad shape, pair_dim or buffer.
 
-test_int4_tile_major_matches_the_host[n333.k384] and [n96.k256.dh32] are the cases
-compute-sanitizer runs (tools/sanitize_nodes.txt).
+test_int4_tile_major_matches_the_host[n333.k384] and [n96.k256.dh32], and
+test_kquant_lane_words_match_the_host[n17.k768], are the cases compute-sanitizer runs
+(tools/sanitize_nodes.txt).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 
 from drvqwen.format.int4_tiles import device_words, from_tile_major, to_tile_major
+from drvqwen.format.kquant_lanes import to_lane_words
 from drvqwen.launchers import BufferSpec, LaunchError
 from kernel_testing import dev  # noqa: F401
 
@@ -84,6 +88,31 @@ def test_int4_tile_major_matches_the_host(dev, rng, label, n, k, pair_dim):
     dst.fill_bytes(0x5A)
     ln.launch()
     assert dst.download().tobytes() == want.tobytes(), f"{label}: a second launch differs"
+
+
+# q4_k/q5_k scales as lane words: (label, N, K) — one super-block, awkward rows, the 7B's gate_proj
+# and down_proj, the 0.5B's down_proj (its only K a multiple of 256).
+LANE_CASES = [("n1.k256", 1, 256), ("n17.k768", 17, 768), ("7b.gate_proj", 18944, 3584),
+              ("7b.down_proj", 3584, 18944), ("0.5b.down_proj", 896, 4864)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label,n,k", LANE_CASES, ids=[c[0] for c in LANE_CASES])
+def test_kquant_lane_words_match_the_host(dev, rng, label, n, k):
+    """Random scale bytes and superscales (every bit pattern: 12 packed bytes are always eight
+    valid (sc, m)), rearranged in place: bit for bit to_lane_words of them, in both planes."""
+    from drvqwen.launchers.weight_layout import KQuantLaneWords
+
+    scales = rng.integers(0, 256, size=(n, k // 256, 12), dtype=np.uint8)
+    superscales = rng.integers(0, 1 << 16, size=(n, k // 256, 2), dtype=np.uint16).view(np.float16)
+    want_sc, want_ss = to_lane_words(scales, superscales)
+    sc, ss = dev.upload("scales", scales), dev.upload("superscales", superscales)
+    KQuantLaneWords(sc, ss, supers=n * k // 256).launch()
+    got_sc, got_ss = sc.download(), ss.download()
+    assert got_sc.shape == scales.shape and got_ss.shape == superscales.shape
+    bad = np.flatnonzero(got_sc.view(np.uint32).reshape(-1, 3) != want_sc.view(np.uint32).reshape(-1, 3))
+    assert bad.size == 0, f"{label}: scales differ first at lane word {int(bad[0]) % 3} of super-block {int(bad[0]) // 3}"
+    assert got_ss.tobytes() == want_ss.tobytes(), f"{label}: lane word 3 (superscales) differs"
 
 
 @pytest.mark.gpu
@@ -164,6 +193,28 @@ def test_bad_shapes_and_buffers_are_refused(kw, match):
         _plan(**kw)
 
 
+def test_the_lane_words_launch_covers_every_super_block():
+    from drvqwen.launchers.weight_layout import KQuantLaneWords
+
+    supers = 18944 * 3584 // 256
+    (spec,) = KQuantLaneWords(BufferSpec("sc", (18944, 14, 12), np.uint8), BufferSpec("ss", (18944, 14, 2), np.float16),
+                              supers=supers).specs
+    assert spec.grid == (-(-supers // spec.block[0]),) and spec.args["supers"].value == supers and spec.smem_bytes == 0
+
+
+@pytest.mark.parametrize("supers,sc_elems,ss_elems,match", [
+    (0, 0, 0, "0 super-blocks: need 1"),
+    (2**31 // 3 + 1, 12 * (2**31 // 3 + 1), 2 * (2**31 // 3 + 1), "fewer than 2\\^31 / 3"),
+    (4, 47, 8, "scales: expected 48 elements"),
+    (4, 48, 4, "superscales: expected 8 elements"),
+])
+def test_bad_lane_word_buffers_are_refused(supers, sc_elems, ss_elems, match):
+    from drvqwen.launchers.weight_layout import KQuantLaneWords
+
+    with pytest.raises(LaunchError, match=match):
+        KQuantLaneWords(BufferSpec("sc", (sc_elems,), np.uint8), BufferSpec("ss", (ss_elems,), np.float16), supers=supers)
+
+
 def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
     """The device layout holds whole 16-row tiles in the file's [N, K/8] words, so GPUWeights
     refuses a projection whose N is no multiple of 16 with one line naming the tensor and its
@@ -188,14 +239,14 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
     """A model in per-tensor formats (the 0.5B's shapes, 2 layers, llama.cpp's Q4_K_M recipe:
     q4_k, q5_0 and q6_k codes of 4–6 bits, q8_0 of 8) through GPUWeights: the qweight and qhigh
     of every weight whose codes have 4–6 bits hold to_tile_major(file's, 0, words) with rows in
-    plain order (launchers.gemv_fmt.tile_major_parts), the 8-bit codes and every other tensor the
-    file's bytes."""
+    plain order (launchers.gemv_fmt.tile_major_parts), the q4_k weights' scales and superscales
+    to_lane_words of the file's, the 8-bit codes and every other tensor the file's bytes."""
     from drvqwen.config import QWEN25_CODER_05B
     from drvqwen.format import weight_formats as wf
     from drvqwen.format.nanoqwen import NanoqwenFile
     from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import write_synthetic
-    from drvqwen.gpu_weights import GPUWeights
+    from drvqwen.gpu_weights import GPUWeights, lane_word_weights
     from drvqwen.launchers.gemv_fmt import tile_major_parts
     from helpers import minimal_tokenizer_json
 
@@ -209,6 +260,11 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
         bits = {wf.FORMATS[fid].bits for fid in f.formats.values() if fid != wf.PLAIN}
         assert 8 in bits and {4, 5, 6} <= bits, bits   # every kind is there to compare
         assert {n.rsplit(".", 1)[1] for n in tiled} == {"qweight", "qhigh"}
+        lanes = {}
+        for p in lane_word_weights(f):
+            lanes[f"{p}.scales"], lanes[f"{p}.superscales"] = to_lane_words(f.tensor(f"{p}.scales"),
+                                                                            f.tensor(f"{p}.superscales"))
+        assert lanes, "the recipe has q4_k weights"
         w = GPUWeights(f)
         try:
             got = {name: arr.download() for name, arr in w.arrays.items()}
@@ -216,7 +272,7 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
             w.close()
         for info in f:
             file = np.asarray(f.tensor(info.name))
-            want = to_tile_major(file, 0, tiled[info.name]) if info.name in tiled else file
+            want = to_tile_major(file, 0, tiled[info.name]) if info.name in tiled else lanes.get(info.name, file)
             if file.dtype == np.float32:
                 want = file.astype(np.float16)
             assert got[info.name].tobytes() == want.tobytes(), info.name

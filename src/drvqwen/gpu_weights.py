@@ -15,10 +15,11 @@ default_formats) has its projections' qweight rearranged on the GPU right after 
 the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu; q/k/v
 RoPE-paired by the head dim). A model in per-tensor formats has the qweight and qhigh of every
 weight whose codes have 4–6 bits (launchers/gemv_fmt.py: tile_major_parts) rearranged the same
-way, rows in plain order; its other tensors stay as stored. Such an array keeps the file's
-shape ([N, K/8] for a qweight) — the same number of words, N being a multiple of 16, and the
-shape the decode and prefill plans check their buffers against — but holds the words as
-[N/16, K/128, 16, W] (W = 16 for the codes).
+way, rows in plain order, and the scales and superscales of every q4_k/q5_k weight as lane words
+(format/kquant_lanes.py, in place); its other tensors stay as stored. Such an array keeps the
+file's shape ([N, K/8] for a qweight) — the same number of words, N being a multiple of 16, and
+the shape the decode and prefill plans check their buffers against — but holds the words as
+[N/16, K/128, 16, W] (W = 16 for the codes), or the lane words.
 """
 
 from __future__ import annotations
@@ -71,6 +72,14 @@ def tile_major_planes(f: NanoqwenFile, config: QwenConfig | None = None) -> dict
     names = {i.name for i in f}
     return {f"{prefix}.{part}": (0, words) for prefix, fid in f.formats.items() if fid != wf.PLAIN
             for part, words in tile_major_parts(wf.FORMATS[fid]).items() if f"{prefix}.{part}" in names}
+
+
+def lane_word_weights(f: NanoqwenFile) -> list[str]:
+    """The weights of `f` (prefixes) whose scales and superscales the GPU holds as lane words:
+    those in q4_k or q5_k (launchers/gemv_fmt.py: lane_word_scales; format/kquant_lanes.py)."""
+    from .launchers.gemv_fmt import lane_word_scales
+
+    return [prefix for prefix, fid in f.formats.items() if fid in wf.FORMATS and lane_word_scales(wf.FORMATS[fid])]
 
 
 def layout_scratch_bytes(f: NanoqwenFile) -> int:
@@ -168,6 +177,7 @@ class GPUWeights:
                 up.finish()
             planes = tile_major_planes(f, self.config)
             self._device_layout({n: planes[n] for n in planes if n in self.arrays})   # not past num_layers
+            self._lane_words([p for p in lane_word_weights(f) if f"{p}.scales" in self.arrays])
         except BaseException:
             self.close()
             raise
@@ -211,6 +221,24 @@ class GPUWeights:
                 scratch.free()
             finally:
                 stream.close()
+
+    def _lane_words(self, prefixes: list[str]) -> None:
+        """Rearrange, in place, the scales and superscales of each q4_k/q5_k weight in `prefixes`
+        into lane words (format/kquant_lanes.py; kernels/weight_layout.cu: each super-block's 16
+        bytes read and written once by one thread, no scratch)."""
+        from .cuda import Stream
+        from .launchers.weight_layout import KQuantLaneWords
+
+        if not prefixes:
+            return
+        stream = Stream()
+        try:
+            for p in prefixes:
+                sc, ss = self.arrays[f"{p}.scales"], self.arrays[f"{p}.superscales"]
+                KQuantLaneWords(sc, ss, supers=sc.nbytes // 12, stream=stream).launch()
+            stream.synchronize()
+        finally:
+            stream.close()
 
     def _uploader(self, f: NanoqwenFile, staging: Mapping[str, int] | None):
         """The uploader for this load, and `upload_via` set to its name: DMA from the file's

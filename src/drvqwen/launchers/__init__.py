@@ -40,7 +40,8 @@ Names follow one thread through the code base:
 | stream_read             | StreamRead (tools/bench_sm_stream.py)       | a checksum u32 per thread            |
 | l2_prefetch             | L2Prefetch (the decode step's weights ahead | nothing: L2 holds the spans' bytes   |
 |                         | asked into L2)                              |                                      |
-| weight_layout           | Int4TileMajor (gpu_weights.py, at load)     | an INT4 qweight in the device layout |
+| weight_layout           | Int4TileMajor, KQuantLaneWords              | an INT4 qweight, a format's codes,   |
+|                         | (gpu_weights.py, at load)                   | q4_k/q5_k scales: the device layout  |
 
 base.py holds what they share: planned buffers (`BufferSpec`), `LaunchSpec` (the arguments by
 the kernel's parameter names, in its order), the two-step plan → build of a launcher, occupancy
@@ -72,13 +73,13 @@ from .rope_kv import RopeKvRows, RopeTableRows
 from .sampling import PenalizedSampleToken, PublishToken, SampleToken
 from .stream_read import StreamRead
 from .timing import GpuSleep
-from .weight_layout import Int4TileMajor
+from .weight_layout import Int4TileMajor, KQuantLaneWords
 
 __all__ = [
     "DEFAULT_OCCUPANCY", "AdvanceState", "Argmax", "ArgmaxFinal", "AttentionDecode", "AttentionDecodeCluster", "AttentionDecodeTma",
     "AttentionPrefill", "BufferSpec", "DecodeResume", "DriverOccupancy", "Embedding", "EmbeddingRows",
     "FixedOccupancy", "GemmInt4", "GemmInt4GateUpSwigluRows", "GemmInt4QkvRopeRows", "GemmInt4QkvRows", "GemmInt4ResidualRows",
-    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "Int4TileMajor", "KernelRef",
+    "GemvInt4", "GemvInt4GateUpSwiglu", "GemvInt4QkvRope", "GemvInt4Residual", "GpuSleep", "Int4TileMajor", "KernelRef", "KQuantLaneWords",
     "L2Prefetch",
     "LaunchError", "LaunchSpec", "Launcher", "LmHead", "Occupancy", "PenalizedSampleToken", "PersistentDecode",
     "PrefillBeginChunk",

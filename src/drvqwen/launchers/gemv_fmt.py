@@ -146,15 +146,26 @@ def tile_major_parts(fmt) -> dict[str, int]:
     return {"qweight": 16, **({"qhigh": 4 * high} if high > 0 else {})}
 
 
+def lane_word_scales(fmt) -> bool:
+    """Whether the GPU holds `fmt`'s scales and superscales as lane words
+    (format/kquant_lanes.py): the K-quants with a min, q4_k and q5_k."""
+    return bool(getattr(fmt, "superblock", 0) and getattr(fmt, "has_min", False))   # DENSE_F16: neither
+
+
 def device_parts(fmt, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A weight's stored parts as the GPU reads them: `parts` (name → array in the file's layout,
     weight_formats.random_weight's or a file's) with those of tile_major_parts rearranged
-    (to_tile_major, rows padded to a whole tile), the others as they are. What a test or a
+    (to_tile_major, rows padded to a whole tile), q4_k/q5_k's scales and superscales as lane
+    words (kquant_lanes.to_lane_words: same shapes), the others as they are. What a test or a
     benchmark uploads; a model's weights are rearranged on the GPU (gpu_weights.py)."""
     from ..format.int4_tiles import to_tile_major
+    from ..format.kquant_lanes import to_lane_words
 
     tiled = tile_major_parts(fmt)
-    return {p: to_tile_major(a, group_words=tiled[p]) if p in tiled else a for p, a in parts.items()}
+    out = {p: to_tile_major(a, group_words=tiled[p]) if p in tiled else a for p, a in parts.items()}
+    if lane_word_scales(fmt):
+        out["scales"], out["superscales"] = to_lane_words(parts["scales"], parts["superscales"])
+    return out
 
 
 # Which stored part feeds the kernels' `aux` pointer (formats with an offset, or K-quants).

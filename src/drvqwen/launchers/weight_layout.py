@@ -1,9 +1,11 @@
-"""Launcher of kernels/weight_layout.cu: an INT4 weight rearranged into the device layout, and
-the per-tensor formats' 4–6-bit codes and high bits (rows plain).
+"""Launchers of kernels/weight_layout.cu: an INT4 weight rearranged into the device layout, the
+per-tensor formats' 4–6-bit codes and high bits (rows plain), and the q4_k/q5_k scales.
 
-    Int4TileMajor   dst uint32 [ceil(N/16), K/128, 16, W] = to_tile_major(src uint32 [N, K/128 · W],
-                    pair_dim, W)  (format/int4_tiles.py; W = group_words: 16 for codes, 4 or 8
-                    for the high bits of the 5- and 6-bit formats)
+    Int4TileMajor      dst uint32 [ceil(N/16), K/128, 16, W] = to_tile_major(src uint32 [N, K/128 · W],
+                       pair_dim, W)  (format/int4_tiles.py; W = group_words: 16 for codes, 4 or 8
+                       for the high bits of the 5- and 6-bit formats)
+    KQuantLaneWords    (scales uint8 [N, K/256, 12], superscales fp16 [N, K/256, 2]) in place =
+                       to_lane_words of them (format/kquant_lanes.py)
 """
 
 from __future__ import annotations
@@ -46,3 +48,23 @@ class Int4TileMajor(Launcher):
         self._add(KernelRef("weight_layout", "int4_to_tile_major"), (-(-vectors // THREADS),), (THREADS,),
                   dict(dst=dst, src=src, N=i32(n), K=i32(k), pair_dim=i32(pair_dim), group_vecs=i32(group_words // 4)),
                   reads=(src,), writes=(dst,), bytes_moved=self.bytes_moved)
+
+
+class KQuantLaneWords(Launcher):
+    """A q4_k/q5_k weight's scales (uint8 [N, K/256, 12]) and superscales (fp16 [N, K/256, 2]),
+    rearranged in place into lane words (format/kquant_lanes.py: to_lane_words, the same shapes).
+
+    Raises:
+        LaunchError: no super-block, 2^31 scale words or more (3 a super-block), or a buffer of the wrong size or dtype.
+    """
+
+    def __init__(self, scales, superscales, *, supers: int, stream: Stream | None = None):
+        super().__init__(stream)
+        require(supers >= 1 and 3 * supers < 2**31,
+                f"kquant_scales_to_lanes: {supers} super-blocks: need 1 and fewer than 2^31 / 3 (32-bit indices)")
+        check_buffer(scales, "scales", 12 * supers, np.uint8)
+        check_buffer(superscales, "superscales", 2 * supers, np.float16)
+        self.bytes_moved = 2 * 16 * supers
+        self._add(KernelRef("weight_layout", "kquant_scales_to_lanes"), (-(-supers // THREADS),), (THREADS,),
+                  dict(scales=scales, aux=superscales, supers=i32(supers)),
+                  reads=(scales, superscales), writes=(scales, superscales), bytes_moved=self.bytes_moved)
