@@ -1,4 +1,5 @@
-"""tools/bench_gemv.py's argument parsing on the CPU: the compile variants of --fmt-defines and --int4-defines."""
+"""tools/bench_gemv.py's argument parsing on the CPU: the compile variants of --fmt-defines and --int4-defines,
+and the builds --formats times (a model's, and with --fmt-every-format the build for every format)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,20 @@ def test_int4_options_refused_with_formats(bench, extra):
 def test_warps_go_with_formats(bench):
     a = bench.parse_args(["--formats", "q4_k", "--warps", "4", "--fmt-defines", "GF_UNROLL=4,GF_MIN_BLOCKS=1"])
     assert a.warps == [4] and a.fmt_defines == ["GF_UNROLL=4,GF_MIN_BLOCKS=1"]
+
+
+def test_formats_are_timed_in_a_models_build(bench):
+    """--formats times each format compiled as a model of it compiles it (format_defines), with
+    --fmt-defines added to that build; --fmt-every-format adds the build for every format (no
+    defines) first: the fused GEMVs there run one block an SM, which no model does."""
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers.gemv_fmt import format_defines
+
+    q4k = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
+    model = format_defines([q4k])
+    assert dict(model)["WF_FORMATS"] == 1 << q4k
+    assert bench.format_builds(q4k) == [model]
+    assert bench.format_builds(q4k, [{"GF_TINY": 0}]) == [tuple({**dict(model), "GF_TINY": 0}.items())]
+    assert bench.format_builds(q4k, None, every_format=True) == [(), model]
+    a = bench.parse_args(["--formats", "q4_k", "--fmt-every-format"])
+    assert a.fmt_every_format and not bench.parse_args(["--formats", "q4_k"]).fmt_every_format

@@ -7,11 +7,15 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
         [--tokens [T ...]]
     PYTHONPATH=src python3 tools/bench_gemv.py --formats all [--preset 7b] [--json OUT]
         [--fmt-defines GF_CHAINS=1 GF_CHAINS=2] [--fmt-shapes down_proj gate_up_swiglu] [--warps 4]
+        [--fmt-every-format]
 
 --formats times kernels/gemv_fmt.cu (the decode GEMV of the per-tensor weight formats,
 format/weight_formats.py) at the preset's o_proj, gate_proj (one matrix) and down_proj shapes,
 residual output, and the fused gate/up GEMV with SwiGLU (gate_up_swiglu, both matrices), with
-random weights in each format; int4_g128 there runs through gemv_fmt's
+random weights in each format, each compiled as a model of that one format compiles it
+(launchers/gemv_fmt.py: format_defines; --fmt-defines adds defines to that build, one row per
+set). --fmt-every-format also times the build for every format (WF_FORMATS unset), whose fused
+GEMVs need more registers and run one block an SM: not what a model runs; int4_g128 there runs through gemv_fmt's
 per-lane-scale engine, beside which gemv_int4.cu's engine (the rows without a format) is the
 figure to reach. --warps there adds rows with that many warps a block (e.g. 4 with
 GF_UNROLL=4,GF_MIN_BLOCKS=1,GF_GATE_UP_MIN_BLOCKS=1: deeper batches at 3 blocks of 4 warps an SM
@@ -184,18 +188,27 @@ def parse_defines(text: str, option: str = "--fmt-defines") -> dict[str, int]:
     return out
 
 
-def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: list[dict] | None = None,
-                  shapes_: tuple[str, ...] = Q_SHAPES, warps: tuple[int, ...] = ()) -> list[dict]:
-    """One row per (format, shape, compile variant, warps): µs, GB/s and the share of the copy
-    bandwidth.
-
-    Without `variants` the kernels are compiled for every format (WF_FORMATS' default); each
-    variant {NAME: INT} compiles them as a model of that one format is (format_defines) plus
-    those defines, so versions of the kernel are compared in the same run. Each row runs with
-    the launcher's warps a block and then with each of `warps` (the blocks an SM follow from
-    the build's registers: the driver's occupancy)."""
-    from drvqwen.format import weight_formats as wf
+def format_builds(fmt_id: int, variants: list[dict] | None = None, every_format: bool = False) -> list[tuple]:
+    """The defines of each build bench_formats times for format `fmt_id`: with `every_format`
+    first the kernels compiled for every format (no defines: WF_FORMATS' default), then for each
+    variant {NAME: INT} (default: one, {}) the build of a model of that one format
+    (format_defines) with those defines added."""
     from drvqwen.launchers.gemv_fmt import format_defines
+
+    builds = [()] if every_format else []
+    return builds + [tuple({**dict(format_defines([fmt_id])), **v}.items()) for v in (variants or [{}])]
+
+
+def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: list[dict] | None = None,
+                  shapes_: tuple[str, ...] = Q_SHAPES, warps: tuple[int, ...] = (),
+                  every_format: bool = False) -> list[dict]:
+    """One row per (format, shape, build, warps): µs, GB/s and the share of the copy bandwidth.
+
+    The builds are format_builds': each format's own (a model's), with each variant's defines
+    (versions of the kernel compared in the same run), and with `every_format` the build for
+    every format before them. Each row runs with the launcher's warps a block and then with each
+    of `warps` (the blocks an SM follow from the build's registers: the driver's occupancy)."""
+    from drvqwen.format import weight_formats as wf
 
     rng = np.random.default_rng(0)
     fmts = [f for f in wf.FORMATS.values() if "all" in names or f.name in names]
@@ -206,8 +219,9 @@ def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: 
             nbytes = wf.parts_nbytes(fmt, n, k) * (2 if name == "gate_up_swiglu" else 1)
             copies = max(2, -(-2 * L2_BYTES // nbytes))
             r = -(-reps // copies) * copies
-            for variant, w in itertools.product(variants or [None], (None, *warps)):
-                defines = () if variant is None else tuple({**dict(format_defines([fmt.id])), **variant}.items())
+            builds = list(zip(([None] if every_format else []) + list(variants or [{}]),
+                              format_builds(fmt.id, variants, every_format)))
+            for (variant, defines), w in itertools.product(builds, (None, *warps)):
                 s = Scratch()
                 try:
                     launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines, w) for c in range(copies)]
@@ -215,7 +229,8 @@ def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: 
                     spec = launchers[0].specs[0]
                     gbps = nbytes / us / 1e3
                     rows.append({"gemv": f"{fmt.name}:{name}",
-                                 "variant": {"bits_per_weight": fmt.bits_per_weight, **(variant or {}),
+                                 "variant": {"bits_per_weight": fmt.bits_per_weight,
+                                             **({"build": "every format"} if variant is None else variant),
                                              **({"warps": w} if w else {})},
                                  "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
                                  "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
@@ -269,6 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fmt-defines", nargs="+", default=[], metavar="NAME=INT,...",
                     help="with --formats: compile gemv_fmt.cu for each format alone (as a model of it is) "
                          "plus these defines, one row per set (e.g. GF_CHAINS=1 GF_CHAINS=2)")
+    ap.add_argument("--fmt-every-format", action="store_true",
+                    help="with --formats: also time the kernels compiled for every format (not a model's build)")
     ap.add_argument("--fmt-shapes", nargs="+", choices=Q_SHAPES, default=list(Q_SHAPES),
                     help="with --formats: the shapes to time (default: all)")
     ap.add_argument("--json", help="write the rows here")
@@ -300,7 +317,7 @@ def main() -> int:
         [{"defines": parse_defines(d, "--int4-defines")} for d in a.int4_defines]
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
-                              tuple(a.fmt_shapes), tuple(a.warps))
+                              tuple(a.fmt_shapes), tuple(a.warps), a.fmt_every_format)
     for row, name, n_tokens in ([] if a.formats else plan_rows(a.gemv, a.tokens or [])):
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
