@@ -57,7 +57,8 @@
 // __syncthreads that every thread of the block reaches (the format is chosen per block, so the
 // whole block takes the same branch; a block with an unknown id returns before any barrier).
 //   1. the prologue writes x_smem and, where XSUM (a format with an offset, or the subnormal
-//      codes), xsum (each thread its own chunks); __syncthreads; from then on they are only read
+//      codes), xsum (x_smem: each thread its own 8-input pieces; xsum: each chunk's first lane,
+//      after a warp shuffle of registers); __syncthreads; from then on they are only read
 //      (xsum only by the format that wrote it: the block's one format F decides both, and x's
 //      order with them).
 //   2. the main loop writes partial[tile][m][warp][row]: each (tile, warp, row) slot by exactly
@@ -325,25 +326,47 @@ struct GfBatch {
 // is two consecutive registers of one 16-byte shared-memory load, as an MMA's B operand must be.
 __device__ __forceinline__ uint4 gf_tiny_order(const uint4& v) { return make_uint4(v.x, v.z, v.y, v.w); }
 
+// The prologues below work one thread per 8-input piece (16 bytes of x), as gemv_int4.cu's do,
+// not one per 32-input chunk: they run after griddepcontrol.wait, on the step's critical path,
+// and a thread per chunk made each of K/32 threads do four pieces and a 32-add chain in turn
+// (at the 0.5B's K = 896, 28 threads of the block). Σx of a chunk (SUMS) is then its 4 pieces'
+// sums added across the 4 consecutive lanes that hold them (two butterfly steps, a fixed order):
+// every lane takes part, so the loops run a block-uniform number of rounds and lanes past the
+// last piece add zeros.
+__device__ __forceinline__ float gf_piece_sum(const u32 (&w)[4]) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
+    return s;
+}
+
+// Σx of the chunk whose piece p this lane holds (sum: its piece's, 0 past the last piece) into
+// xsum[p / 4], written by the chunk's first lane. Every lane of the warp calls it.
+__device__ __forceinline__ void gf_chunk_sum(float sum, int p, int pieces, float* xsum) {
+    sum += shfl_xor_f32(sum, 1);
+    sum += shfl_xor_f32(sum, 2);
+    if (p < pieces && (p & 3) == 0) xsum[p >> 2] = sum;
+}
+
 // Prologue: x (K fp16, an earlier kernel's output) into x_smem in natural order (TINY_ORDER:
 // gf_tiny_order's), and, where asked (SUMS: gf_block's XSUM), Σx of each 32-input chunk into
-// xsum. One thread per chunk: reads 64 B, writes them (and their sum).
+// xsum. One thread per 8-input piece: reads 16 B, writes them.
 struct GfStageX {
     const __half* __restrict__ x;  // [K] fp16
     template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         const uint4* src = reinterpret_cast<const uint4*>(x);
-        for (int c = threadIdx.x; c < K / WF_CHUNK; c += blockDim.x) {
+        const int pieces = K / 8;
+        for (int base = 0; base < pieces; base += blockDim.x) {
+            const int p = base + threadIdx.x;
             float s = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const uint4 v = src[4 * c + j];
-                x_smem[4 * c + j] = TINY_ORDER ? gf_tiny_order(v) : v;
+            if (p < pieces) {
+                const uint4 v = src[p];
+                x_smem[p] = TINY_ORDER ? gf_tiny_order(v) : v;
                 const u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
+                s = gf_piece_sum(w);
             }
-            if constexpr (SUMS) xsum[c] = s;
+            if constexpr (SUMS) gf_chunk_sum(s, p, pieces, xsum);
         }
     }
 };
@@ -361,19 +384,18 @@ struct GfStageRmsNorm {
         const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
         const float4* r4 = reinterpret_cast<const float4*>(residual);
         const uint2* w4 = reinterpret_cast<const uint2*>(weight);
-        for (int c = threadIdx.x; c < K / WF_CHUNK; c += blockDim.x) {
+        const int pieces = K / 8;
+        for (int base = 0; base < pieces; base += blockDim.x) {
+            const int p = base + threadIdx.x;  // 8-input piece
             float s = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int q = 4 * c + j;  // 8-input piece
-                const uint2 lo = rmsnorm_apply4(r4[2 * q], w4[2 * q], inv_rms);
-                const uint2 hi = rmsnorm_apply4(r4[2 * q + 1], w4[2 * q + 1], inv_rms);
-                x_smem[q] = TINY_ORDER ? make_uint4(lo.x, hi.x, lo.y, hi.y) : make_uint4(lo.x, lo.y, hi.x, hi.y);
+            if (p < pieces) {
+                const uint2 lo = rmsnorm_apply4(r4[2 * p], w4[2 * p], inv_rms);
+                const uint2 hi = rmsnorm_apply4(r4[2 * p + 1], w4[2 * p + 1], inv_rms);
+                x_smem[p] = TINY_ORDER ? make_uint4(lo.x, hi.x, lo.y, hi.y) : make_uint4(lo.x, lo.y, hi.x, hi.y);
                 const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) s += wf_half_lo(w[i]) + wf_half_hi(w[i]);
+                s = gf_piece_sum(w);
             }
-            if constexpr (SUMS) xsum[c] = s;
+            if constexpr (SUMS) gf_chunk_sum(s, p, pieces, xsum);
         }
     }
 };
