@@ -332,7 +332,9 @@ __device__ __forceinline__ uint4 gf_tiny_order(const uint4& v) { return make_uin
 // (at the 0.5B's K = 896, 28 threads of the block). Σx of a chunk (SUMS) is then its 4 pieces'
 // sums added across the 4 consecutive lanes that hold them (two butterfly steps, a fixed order):
 // every lane takes part, so the loops run a block-uniform number of rounds and lanes past the
-// last piece add zeros.
+// last piece add zeros. A round loads R pieces a thread (R·blockDim apart) before it uses any,
+// so R loads are in flight where a guarded load a piece would wait for each in turn (K = 18944,
+// the 7B's down_proj: 2368 pieces, 10 a thread of 256).
 __device__ __forceinline__ float gf_piece_sum(const u32 (&w)[4]) {
     float s = 0.f;
 #pragma unroll
@@ -355,18 +357,23 @@ struct GfStageX {
     const __half* __restrict__ x;  // [K] fp16
     template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
+        constexpr int R = 4;  // pieces a thread in flight (16 registers)
         const uint4* src = reinterpret_cast<const uint4*>(x);
         const int pieces = K / 8;
-        for (int base = 0; base < pieces; base += blockDim.x) {
-            const int p = base + threadIdx.x;
-            float s = 0.f;
-            if (p < pieces) {
-                const uint4 v = src[p];
-                x_smem[p] = TINY_ORDER ? gf_tiny_order(v) : v;
-                const u32 w[4] = {v.x, v.y, v.z, v.w};
-                s = gf_piece_sum(w);
+        for (int base = threadIdx.x; base - (int)threadIdx.x < pieces; base += R * blockDim.x) {
+            uint4 v[R];
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const int p = base + j * blockDim.x;
+                v[j] = p < pieces ? src[p] : make_uint4(0u, 0u, 0u, 0u);  // zeros add nothing to Σx
             }
-            if constexpr (SUMS) gf_chunk_sum(s, p, pieces, xsum);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const int p = base + j * blockDim.x;
+                if (p < pieces) x_smem[p] = TINY_ORDER ? gf_tiny_order(v[j]) : v[j];
+                const u32 w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+                if constexpr (SUMS) gf_chunk_sum(gf_piece_sum(w), p, pieces, xsum);
+            }
         }
     }
 };
@@ -384,18 +391,30 @@ struct GfStageRmsNorm {
         const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
         const float4* r4 = reinterpret_cast<const float4*>(residual);
         const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+        constexpr int R = 2;  // pieces a thread in flight (2 × 48 bytes: residual and gain)
         const int pieces = K / 8;
-        for (int base = 0; base < pieces; base += blockDim.x) {
-            const int p = base + threadIdx.x;  // 8-input piece
-            float s = 0.f;
-            if (p < pieces) {
-                const uint2 lo = rmsnorm_apply4(r4[2 * p], w4[2 * p], inv_rms);
-                const uint2 hi = rmsnorm_apply4(r4[2 * p + 1], w4[2 * p + 1], inv_rms);
-                x_smem[p] = TINY_ORDER ? make_uint4(lo.x, hi.x, lo.y, hi.y) : make_uint4(lo.x, lo.y, hi.x, hi.y);
-                const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
-                s = gf_piece_sum(w);
+        for (int base = threadIdx.x; base - (int)threadIdx.x < pieces; base += R * blockDim.x) {
+            float4 r[R][2];
+            uint2 g[R][2];
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const int p = base + j * blockDim.x;  // 8-input piece
+                const bool in = p < pieces;
+                r[j][0] = in ? r4[2 * p] : make_float4(0.f, 0.f, 0.f, 0.f);
+                r[j][1] = in ? r4[2 * p + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+                g[j][0] = in ? w4[2 * p] : make_uint2(0u, 0u);
+                g[j][1] = in ? w4[2 * p + 1] : make_uint2(0u, 0u);
             }
-            if constexpr (SUMS) gf_chunk_sum(s, p, pieces, xsum);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const int p = base + j * blockDim.x;
+                const uint2 lo = rmsnorm_apply4(r[j][0], g[j][0], inv_rms);  // zeros past the end: x = 0
+                const uint2 hi = rmsnorm_apply4(r[j][1], g[j][1], inv_rms);
+                if (p < pieces)
+                    x_smem[p] = TINY_ORDER ? make_uint4(lo.x, hi.x, lo.y, hi.y) : make_uint4(lo.x, lo.y, hi.x, hi.y);
+                const u32 w[4] = {lo.x, lo.y, hi.x, hi.y};
+                if constexpr (SUMS) gf_chunk_sum(gf_piece_sum(w), p, pieces, xsum);
+            }
         }
     }
 };
