@@ -245,6 +245,17 @@
 #ifndef GF_UNROLL
 #define GF_UNROLL 2
 #endif
+// GF_UNROLL_4BIT: GF_UNROLL for the one-matrix GEMVs (residual, f16, qkv's blocks, lm_head) over
+// 4-bit codes without high bits (q4_g32, q4_g32_min, q4_k; int4_g128): their items are the
+// smallest in registers, so twice the batch fits where a 5-, 6- or 8-bit format's does not — in
+// a model's build the largest format's batch sets the kernel's registers. ptxas (NVRTC 13.0),
+// the 7B's {q4_k, q6_k} build at 2 blocks an SM with GF_UNROLL_4BIT=4: residual, f16, lm_head and
+// qkv_rope at 128 registers without spills (q4_k's batch 4 items, q6_k's 2), gate/up as before;
+// the real 0.5B's {q5_0, q8_0, q4_k, q6_k}: qkv_rope spills 16 bytes. A compile-time choice for
+// tools/bench_gemv.py --fmt-defines until measured (default: GF_UNROLL, the same code).
+#ifndef GF_UNROLL_4BIT
+#define GF_UNROLL_4BIT GF_UNROLL
+#endif
 // Timing probes, results WRONG by design (tools/bench_gemv.py --formats … --fmt-defines): they
 // split a GEMV's time into its memory stream and its arithmetic, as gemv_int4.cu's do.
 //   GF_PROBE_LOADS_ONLY=1   every load as in the real kernel; an item's gather → unpack → scales
@@ -317,7 +328,8 @@ __device__ __forceinline__ WfRaw gf_probe_raw(u32 v) {
 template <int F, int MT>
 struct GfBatch {
     static constexpr int BYTES = Wf<F>::BITS >= 8 ? Wf<F>::BITS / 8 : 1;  // chunk bytes / 16 (codes)
-    static constexpr int U = GF_UNROLL / MT / BYTES > 0 ? GF_UNROLL / MT / BYTES : 1;
+    static constexpr int UNROLL = (Wf<F>::BITS == 4 && MT == 1) ? GF_UNROLL_4BIT : GF_UNROLL;
+    static constexpr int U = UNROLL / MT / BYTES > 0 ? UNROLL / MT / BYTES : 1;
     WfRaw w[U][MT][2];  // the chunk of MMA row g / row g + 8, per matrix
 };
 
