@@ -251,7 +251,8 @@
 // a model's build the largest format's batch sets the kernel's registers. ptxas (NVRTC 13.0),
 // the 7B's {q4_k, q6_k} build at 2 blocks an SM with GF_UNROLL_4BIT=4: residual, f16, lm_head and
 // qkv_rope at 128 registers without spills (q4_k's batch 4 items, q6_k's 2), gate/up as before;
-// the real 0.5B's {q5_0, q8_0, q4_k, q6_k}: qkv_rope spills 16 bytes. A compile-time choice for
+// the real 0.5B's {q5_0, q8_0, q4_k, q6_k}: qkv_rope spills 16 bytes
+// (docs/bench/2026-12-06_2d98fb9_cpu_sass_gemv_fmt_*_unroll4bit.json). A compile-time choice for
 // tools/bench_gemv.py --fmt-defines until measured (default: GF_UNROLL, the same code).
 #ifndef GF_UNROLL_4BIT
 #define GF_UNROLL_4BIT GF_UNROLL
