@@ -72,8 +72,9 @@ def fits(w: FmtWeight, k: int) -> bool:
 
 
 def _q4k_args(w: FmtWeight, prefix: str) -> dict:
-    """<prefix>_qweight, _scales, _aux: the codes, the packed (sc, m) bytes and the (d, dmin) pairs;
-    and <prefix>_qhigh, the high bits, for a q5_k weight."""
+    """<prefix>_qweight, _scales, _aux: the codes and the super-blocks' lane words 0–2 and 3 ((sc, m)
+    and (d, dmin) as the GPU holds them: format/kquant_lanes.py); and <prefix>_qhigh, the high bits,
+    for a q5_k weight."""
     high = {f"{prefix}_qhigh": w.parts["qhigh"]} if w.fmt.id == Q5K_ID else {}
     return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"],
             f"{prefix}_aux": w.parts["superscales"]}
