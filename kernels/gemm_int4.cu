@@ -411,8 +411,8 @@ struct GemmLaneRows {
 // device layout without the RoPE pairing): its words of group 0, slot r % 16 of tile r / 16 —
 // group grp's are 16·W words on, one item further (the policies' CODE_STRIDE, HIGH_STRIDE).
 // The word offset in 32 bits (the launchers keep a plane under 2^32 words: FmtWeight.check),
-// widened once: 64-bit products of the row cost the stacked Q4_K GEMM's producer registers it
-// spilled in one form of this.
+// widened once: a 64-bit product per row would take registers the stacked Q4_K GEMM's producer
+// does not have.
 template <int W, typename Row>
 __device__ __forceinline__ const u32* gemm_tiled_row(const u32* plane, Row r, int K) {
     const u32 row = (u32)r;
@@ -537,8 +537,8 @@ struct GemmQ4kScales {
     }
 };
 
-// Row `row` (clamped into the matrix) of a Q4_K weight [n, K]: its code words, packed scales
-// and (d, dmin) pairs.
+// Row `row` (clamped into the matrix) of a Q4_K weight [n, K]: its code words and lane words
+// (0–2 in `scales`, 3 in `aux`).
 __device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32* scales, const u32* aux, int row,
                                                   int n, int K, const u32*& w, const u32*& sc, const u32*& dd) {
     const int r = min(row, n - 1);
@@ -1268,8 +1268,8 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
 // every GEMM_BM: the group's 16 scale pairs, held one group ahead, fit beside the 256-token
 // tile's 128 accumulators in the consumers' 216 registers (no spills, ptxas) since their decode
 // stays in FP16 pairs. Weights [N, K], K a multiple of 256:
-//   qweight u32 [N, K/8] (layout id 1, tile-major), scales u32 [N, K/256, 3] (the 12 packed bytes),
-//   aux u32 [N, K/256] (d | dmin << 16, FP16).
+//   qweight u32 [N, K/8] (layout id 1, tile-major), scales u32 [N, K/256, 3] and aux u32 [N, K/256]:
+//   each super-block's lane words 0–2 and 3 (weight_formats.cuh: (sc, m) and the bytes of (d, dmin)).
 
 // rows_of for one Q4_K matrix (residual); the lane's row g is also written to *ra.
 struct GemmQ4kOneMatrixRows {
@@ -1292,8 +1292,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                   const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1), tile-major
-                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
-                  const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
+                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: lane words 0–2
+                  const u32* __restrict__ aux,            // [N, K/256] uint32: lane word 3
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                   float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                   int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
@@ -1324,7 +1324,7 @@ gemm_q4k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp3
                       int N0, int N1, int K, int ldo, int col0) {
     const int N = N0 + N1;
     int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
-    // Row `row` of the stack (clamped into it) in its matrix: (codes, packed scales, (d, dmin)).
+    // Row `row` of the stack (clamped into it) in its matrix: (codes, lane words 0–2, lane word 3).
     auto one = [&](int row) {
         const int r = min(row, N - 1);
         const bool second = r >= N0;
@@ -1421,8 +1421,8 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 }
 
 // ---- Q5_K weights (the GGUF's own bytes) on the same mainloop --------------------------------
-// Q5_K (weight_formats.cuh, id 11) is Q4_K with a fifth bit: the same 12 packed (sc, m) bytes and
-// (d, dmin) per super-block, w = (d·sc)·c − dmin·m, and codes c = v + 16h, v the low nibble in
+// Q5_K (weight_formats.cuh, id 11) is Q4_K with a fifth bit: the same (sc, m) and (d, dmin) per
+// super-block (lane words on the GPU), w = (d·sc)·c − dmin·m, and codes c = v + 16h, v the low nibble in
 // layout id 1 (the INT4 words) and h one high bit in the qhigh plane as Q5_0 has it (bit 4p + i
 // of chunk j's word for nibble p of code word i of the chunk). So GemmQ5kScales is Q4_K's
 // scales (GemmQ4kScales::load, decoded in FP16 pairs one group ahead) with Q5_0's unpack: code
@@ -1438,8 +1438,8 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // limit, as for Q4_K, is the consumers' unpack beside the tensor cores (one more lop3 a pair than
 // Q4_K for the high bit, one rotate of the high word a chunk and row). Bytes: 176 per 256 weights
 // (5.5 bits) read once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32
-// [N, K/8], qhigh u32 [N, K/32] (both tile-major), scales u32 [N, K/256, 3], aux u32 [N, K/256] (d | dmin << 16,
-// FP16).
+// [N, K/8], qhigh u32 [N, K/32] (both tile-major), scales u32 [N, K/256, 3] and aux u32 [N, K/256] (the lane
+// words, as Q4_K's).
 #define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
 struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
     const u32* ha; const u32* hb;     // the rows' high-bit words
@@ -1497,8 +1497,8 @@ gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                   const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
                   const u32* __restrict__ qhigh,          // [N, K/32] uint32 tile-major, the high bits
-                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: the packed (sc, m)
-                  const u32* __restrict__ aux,            // [N, K/256] uint32: (d, dmin) fp16
+                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: lane words 0–2
+                  const u32* __restrict__ aux,            // [N, K/256] uint32: lane word 3
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                   float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                   int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
