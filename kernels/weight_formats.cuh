@@ -262,7 +262,7 @@ __device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int qua
     if constexpr (Wf<F>::BITS == 16) return p;
     if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, WF_TILE_ROWS * 4 * 4 * Wf<F>::HB);  // an item: 16 × 4 chunks
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
+        if constexpr (QUAD) {  // lane words 0–2 (12 bytes) or word 3 (4 bytes) per super-block
             p.s = wf_advance(at.s, quad_lane < 3 ? 3u * sbs : sbs, 4);
         } else {
             p.s = wf_advance(at.s, sbs, 12);
@@ -314,7 +314,7 @@ __device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step,
     if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, step.tiled_chunks, 4 * Wf<F>::HB);
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 supers = (u32)(K / WF_SUPER);
-        if constexpr (QUAD) {  // 12 bytes of scales or 4 of (d, dmin) per super-block
+        if constexpr (QUAD) {  // lane words 0–2 (12 bytes) or word 3 (4 bytes) per super-block
             p.s = wf_advance_var(at.s, quad_lane < 3 ? 3u * rows : rows, supers * 4);
         } else {
             p.s = wf_advance_var(at.s, rows, supers * 12);

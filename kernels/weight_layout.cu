@@ -61,8 +61,10 @@ int4_to_tile_major(uint4* __restrict__ dst,        // [ceil(N/16), K/128, 16, 4�
 // them: sc = q[j] & 63, m = q[j + 4] & 63 for j < 4, else sc = (q[j + 4] & 15) | (q[j − 4] >> 6)
 // << 4 and m = (q[j + 4] >> 4) | (q[j] >> 6) << 4. D_0 … D_3: the bytes of (d, dmin).
 // Work split: one thread per super-block, which reads its 16 bytes and writes them back: no
-// thread reads or writes another's, so in place cannot race. Bytes: the planes read and written
-// once (16 bytes a super-block each way: 27 MB for the 7B's Q4_K weights), once per load.
+// thread reads or writes another's, and there is no shared memory and no barrier, so in place
+// cannot race. Bytes: the planes read and written once (16 bytes a super-block each way: 16 of
+// every 144 bytes of a q4_k weight, 16 of 176 of a q5_k one), once per load; the limit is HBM
+// bandwidth, which makes it a small part of a load's upload of the same weights.
 // grid (ceil(S / WL_THREADS)), block (WL_THREADS).
 extern "C" __global__ void __launch_bounds__(WL_THREADS)
 kquant_scales_to_lanes(u32* __restrict__ scales,  // [S, 3] uint32: the 12 packed bytes, in; lane words 0–2, out

@@ -1,7 +1,6 @@
 // ptx/warp.cuh — warp shuffles and the butterfly reductions built on them.
 //
 //   shfl_xor_f32 / shfl_xor_i32 : shfl.sync.bfly.b32 (PTX ISA, "Data Movement and Conversion Instructions: shfl.sync")
-//   shfl_idx_u32                 : shfl.sync.idx.b32 (the same section)
 //   warp_sum / warp_max          : 5-step butterfly over all 32 lanes
 //   quad_sum / quad_max          : 2-step butterfly over the 4 lanes of an MMA row group
 //
@@ -29,16 +28,6 @@ __device__ __forceinline__ int shfl_xor_i32(int v, int lane_mask) {
     int r;
     asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, %3;"
                  : "=r"(r) : "r"(v), "r"(lane_mask), "r"(FULL_WARP_MASK));
-    return r;
-}
-
-// shfl.sync.idx.b32 d, a, srcLane, clamp, membermask: read register `a` of lane src_lane.
-// Used where the lanes of a quad each load one word of data all four need (weight_formats.cuh:
-// the K-quants' scale words), so each keeps one register instead of four.
-__device__ __forceinline__ u32 shfl_idx_u32(u32 v, int src_lane) {
-    u32 r;
-    asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, %3;"
-                 : "=r"(r) : "r"(v), "r"(src_lane), "r"(FULL_WARP_MASK));
     return r;
 }
 

@@ -49,8 +49,9 @@ def test_from_lane_words_inverts_them(rng):
 
 
 def test_device_parts_rearrange_the_k_quants_with_a_min_only(rng):
-    from drvqwen.launchers.gemv_fmt import device_parts, lane_word_scales
+    from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, lane_word_scales
 
+    assert not lane_word_scales(DENSE_F16)
     for fid, fmt in wf.FORMATS.items():
         parts = wf.random_weight(fmt, 32, 512, rng)
         dev = device_parts(fmt, parts)

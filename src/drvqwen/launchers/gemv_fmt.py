@@ -56,6 +56,8 @@ class DenseF16:
     id = DENSE_ID
     name = "dense_fp16"
     bits = 16
+    superblock = 0      # no K-quant super-blocks
+    has_min = False
 
     @staticmethod
     def fits(k: int) -> bool:
@@ -149,7 +151,7 @@ def tile_major_parts(fmt) -> dict[str, int]:
 def lane_word_scales(fmt) -> bool:
     """Whether the GPU holds `fmt`'s scales and superscales as lane words
     (format/kquant_lanes.py): the K-quants with a min, q4_k and q5_k."""
-    return bool(getattr(fmt, "superblock", 0) and getattr(fmt, "has_min", False))   # DENSE_F16: neither
+    return bool(fmt.superblock and fmt.has_min)
 
 
 def device_parts(fmt, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
