@@ -58,6 +58,13 @@
 #             `eval humaneval` raw and chat on the GPU (per-problem JSON in OUTDIR), and
 #             `drvqwen.bench` (OUTDIR/formats-real-bench.json). Each step takes a few minutes;
 #             FORMATS_REAL_STEPS="graphs agree" runs a subset.
+#   profile   Nsight Compute over the eager decode steps of two models (default: the synthetic
+#             0.5B in INT4 and in the real 0.5B's formats, written to /dev/shm first;
+#             PROFILE_MODELS="NAME=FILE …" and PROFILE_PRESET for others): the details page of each
+#             launch (OUTDIR/profile-NAME.log, CSV), per role tools/ncu_roles.py's median time and
+#             warp instructions a warp issues (OUTDIR/profile.json), and the source page — per SASS
+#             instruction its executions and stall samples — of PROFILE_SOURCE_KERNELS (default the
+#             qkv_rope and gate/up GEMVs; OUTDIR/profile-source-NAME.csv).
 #   cubins    nothing but CUBIN_SEED and CUBIN_EXPORT (below): the cubin cache moved in or out.
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
@@ -69,7 +76,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|readme|real|fingerprint|serve|step|formats|formats-real|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|bench|readme|real|fingerprint|serve|step|formats|formats-real|profile|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -368,6 +375,48 @@ stage_fingerprint() {
     return "$rc"
 }
 
+# profile: each decode launch alone under Nsight Compute, by role, for two models side by side.
+# Launches 160 on of the decode kernels are the eager bench's warm-up steps (the prefill's GEMMs do
+# not match the names; its last-row GEMVs come first); 200 of them cover a 0.5B or 7B step.
+stage_profile() {
+    local rc=0 ncu item name file models pages=()
+    rm -f "$OUTDIR"/profile-* "$OUTDIR"/profile.json
+    ncu=$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
+    if [[ ! -x $ncu ]]; then
+        echo "ncu not found" | tee "$OUTDIR/profile.log"
+        return 1
+    fi
+    local preset=${PROFILE_PRESET:-0.5b}
+    read -r -a models <<< "${PROFILE_MODELS:-}"
+    if [[ ${#models[@]} -eq 0 ]]; then
+        for item in int4 q4_k_m; do
+            run_step "profile-make-$item" "$PY" tools/make_synthetic.py --preset "$preset" --recipe "$item" \
+                -o "/dev/shm/profile-$item.nanoqwen" || rc=1
+            models+=("$item=/dev/shm/profile-$item.nanoqwen")
+        done
+    fi
+    local kernels=${PROFILE_DECODE_KERNELS:-gemv|attention_decode|attention_combine|lm_head|argmax|rmsnorm|embedding}
+    local source=${PROFILE_SOURCE_KERNELS:-^gemv_(int4|fmt)_(qkv_rope|gate_up_swiglu)\$}
+    for item in "${models[@]}"; do
+        name=${item%%=*}
+        file=${item#*=}
+        run_step "profile-$name" "$ncu" --clock-control none --print-units base --kernel-name "regex:$kernels" \
+            --launch-skip 160 --launch-count 200 --section SpeedOfLight --section LaunchStats --section Occupancy \
+            --section WarpStateStats --section SchedulerStats --csv --page details \
+            "$PY" -m drvqwen.bench --model "$file" --preset "$preset" --mode eager --new-tokens 8 --prefill-reps 1 || rc=1
+        pages+=("$name=$OUTDIR/profile-$name.log")
+        run_step "profile-source-run-$name" "$ncu" --clock-control none --kernel-name "regex:$source" \
+            --launch-skip 60 --launch-count 2 --section SourceCounters --section WarpStateStats --section InstructionStats \
+            -o "$OUTDIR/profile-$name" \
+            "$PY" -m drvqwen.bench --model "$file" --preset "$preset" --mode eager --new-tokens 4 --prefill-reps 1 || rc=1
+        "$ncu" -i "$OUTDIR/profile-$name.ncu-rep" --page source --csv --print-source sass \
+            > "$OUTDIR/profile-source-$name.csv" || rc=1
+    done
+    run_step profile-roles "$PY" tools/ncu_roles.py "${pages[@]}" --json "$OUTDIR/profile.json" || rc=1
+    [[ -n ${PROFILE_MODELS:-} ]] || rm -f /dev/shm/profile-*.nanoqwen
+    return "$rc"
+}
+
 # real: the real Qwen2.5-Coder-0.5B-Instruct on the GPU. The stage works offline and without
 # `gguf`: the model is converted elsewhere and named by DRVQWEN_REAL_MODEL (a .nanoqwen).
 stage_real() {
@@ -490,6 +539,7 @@ case $STAGE in
     step) stage_step || rc=1 ;;
     formats) stage_formats || rc=1 ;;
     formats-real) stage_formats_real || rc=1 ;;
+    profile) stage_profile || rc=1 ;;
     cubins) ;;  # CUBIN_SEED and CUBIN_EXPORT alone
     all)
         stage_tests || rc=1
