@@ -152,3 +152,46 @@ cat "$model"
     assert len(calls) == 6  # per model: the details page, the source run, its import
     assert all("--clock-control none" in c for c in calls if not c.startswith("-i"))
     assert (tmp_path / "out" / "profile-source-fmt.csv").read_text().startswith('"Address"')
+    assert set(json.loads((tmp_path / "out" / "profile-source.json").read_text())) == {"int4", "fmt"}
+
+
+def _source_page(path: Path) -> Path:
+    """Two kernels' tables as the source page prints them: a one-cell row naming the kernel, the
+    header, one row per SASS instruction (executions with thousands separators)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    cols = ["Address", "Source", "Instructions Executed", "Warp Stall Sampling (All Samples)"]
+    for kernel, body in (("gemv_fmt_qkv_rope", [("LDG.E.128 R4, [R2]", 504), ("ACQBULK", 504), ("LDG.E R6, [R8]", 504),
+                                                 ("BAR.SYNC.DEFER_BLOCKING 0x0", 504), ("HMMA.16816.F32 R0, R4, R6, R0", 504),
+                                                 ("@P0 BRA 0x40", 1008), ("BAR.SYNC.DEFER_BLOCKING 0x0", 504),
+                                                 ("@P0 EXIT", 504), ("FFMA R1, R2, R3, R1", 1200), ("EXIT", 72)]),
+                         ("gemv_fmt_gate_up_swiglu", [("IMAD R1, R2, R3, R4", 2000), ("EXIT", 1000)])):
+        w.writerow([kernel])
+        w.writerow(cols)
+        for i, (sass, n) in enumerate(body):
+            w.writerow([f"{0x10 * i:08x}", sass, f"{n:,}", str(n // 100)])
+    path.write_text(buf.getvalue())
+    return path
+
+
+def test_source_regions_split_at_the_wait_barriers_and_exits(tmp_path):
+    tables = ncu_roles.read_source(_source_page(tmp_path / "s.csv"))
+    assert list(tables) == ["gemv_fmt_qkv_rope", "gemv_fmt_gate_up_swiglu"]
+    s = ncu_roles.source_regions(tables["gemv_fmt_qkv_rope"], top=2)
+    assert s["executed"] == 504 * 7 + 1008 + 1200 + 72
+    assert [(r["executed"], r["ends_at"]) for r in s["regions"]] == [
+        (1008, "ACQBULK"), (1008, "BAR.SYNC.DEFER_BLOCKING"), (504 + 1008 + 504, "BAR.SYNC.DEFER_BLOCKING"),
+        (504, "EXIT"), (1200 + 72, "EXIT")]
+    assert [t["sass"] for t in s["top"]] == ["FFMA R1, R2, R3, R1", "@P0 BRA 0x40"]
+
+
+def test_source_json_and_a_page_without_the_table(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert ncu_roles.main(["--source", f"fmt={_source_page(tmp_path / 's.csv')}", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["fmt"]["gemv_fmt_gate_up_swiglu"]["executed"] == 3000
+    (tmp_path / "bad.csv").write_text('"ID","Kernel Name"\n"0","k"\n')
+    capsys.readouterr()
+    assert ncu_roles.main(["--source", f"x={tmp_path / 'bad.csv'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no table with the columns" in err[0]

@@ -64,7 +64,8 @@
 #             launch (OUTDIR/profile-NAME.log, CSV), per role tools/ncu_roles.py's median time and
 #             warp instructions a warp issues (OUTDIR/profile.json), and the source page — per SASS
 #             instruction its executions and stall samples — of PROFILE_SOURCE_KERNELS (default the
-#             qkv_rope and gate/up GEMVs; OUTDIR/profile-source-NAME.csv).
+#             qkv_rope and gate/up GEMVs; OUTDIR/profile-source-NAME.csv), summed by tools/ncu_roles.py
+#             --source between the wait, the barriers and the exits (OUTDIR/profile-source.json).
 #   cubins    nothing but CUBIN_SEED and CUBIN_EXPORT (below): the cubin cache moved in or out.
 #   all       tests, sanitize and bench in order, for a machine without the per-command limit.
 #
@@ -379,7 +380,7 @@ stage_fingerprint() {
 # Launches 160 on of the decode kernels are the eager bench's warm-up steps (the prefill's GEMMs do
 # not match the names; its last-row GEMVs come first); 200 of them cover a 0.5B or 7B step.
 stage_profile() {
-    local rc=0 ncu item name file models pages=()
+    local rc=0 ncu item name file models pages=() spages=()
     rm -f "$OUTDIR"/profile-* "$OUTDIR"/profile.json
     ncu=$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")
     if [[ ! -x $ncu ]]; then
@@ -411,8 +412,11 @@ stage_profile() {
             "$PY" -m drvqwen.bench --model "$file" --preset "$preset" --mode eager --new-tokens 4 --prefill-reps 1 || rc=1
         "$ncu" -i "$OUTDIR/profile-$name.ncu-rep" --page source --csv --print-source sass \
             > "$OUTDIR/profile-source-$name.csv" || rc=1
+        spages+=("$name=$OUTDIR/profile-source-$name.csv")
     done
     run_step profile-roles "$PY" tools/ncu_roles.py "${pages[@]}" --json "$OUTDIR/profile.json" || rc=1
+    run_step profile-source-regions "$PY" tools/ncu_roles.py --source "${spages[@]}" \
+        --json "$OUTDIR/profile-source.json" || rc=1
     [[ -n ${PROFILE_MODELS:-} ]] || rm -f /dev/shm/profile-*.nanoqwen
     return "$rc"
 }

@@ -3,6 +3,7 @@
 instructions a warp of it issues — the parts of a step that the step's own figures add together.
 
     python3 tools/ncu_roles.py NAME=DETAILS.csv [NAME=DETAILS.csv ...] [--json OUT]
+    python3 tools/ncu_roles.py --source NAME=SOURCE.csv [NAME=SOURCE.csv ...] [--json OUT]
 
 DETAILS.csv is what `ncu --csv --page details` printed over the launches of `python -m
 drvqwen.bench --mode eager` (tools/gpu_check.sh's `profile` stage writes one per model); the lines
@@ -23,6 +24,12 @@ Roles: the kernel's name, but for the residual GEMVs (gemv_*_residual), which se
 the attention's launches and down_proj after gate/up: named by the launch before them
 ("o_proj", "down_proj"), else "residual". Per (kernel, role): the median duration in µs, the mean
 instructions per warp and cycles per issued instruction, grid, block and registers.
+
+--source reads the source page instead (`ncu -i REPORT --page source --csv --print-source sass`,
+the stage's profile-source-NAME.csv): per kernel of the report, the warp-level executions of its
+SASS ("Instructions Executed") in the regions between the instructions that divide a GEMV's life —
+griddepcontrol.wait (ACQBULK), each block barrier (BAR.SYNC) and EXIT — in address order, and the
+instructions executed most: where the warp instructions that the details page counts are spent.
 
 Exit status 2 with one line for a file that is not such a page or lacks a metric.
 """
@@ -132,11 +139,112 @@ def roles(path: Path) -> list[dict]:
     return out
 
 
+SOURCE_COLUMNS = ("Address", "Source", "Instructions Executed")
+SAMPLES = "Warp Stall Sampling (All Samples)"
+MARKERS = ("ACQBULK", "BAR.SYNC", "EXIT")  # the region boundaries, by opcode
+
+
+def _count(text: str) -> float:
+    try:
+        return float((text or "").replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
+def read_source(path: Path) -> dict[str, list[dict]]:
+    """The SASS of each kernel of a source page: {kernel: [{"address", "sass", "executed", "samples"}]}
+    in address order. A kernel's table starts at a header row holding SOURCE_COLUMNS; the one-cell
+    row before it, where there is one, names the kernel (else "kernel N")."""
+    rows = list(csv.reader(io.StringIO(path.read_text(errors="replace"))))
+    out: dict[str, list[dict]] = {}
+    header = None
+    for i, row in enumerate(rows):
+        if all(c in row for c in SOURCE_COLUMNS):
+            header = {c: row.index(c) for c in (*SOURCE_COLUMNS, SAMPLES) if c in row}
+            prev = [c for c in rows[i - 1] if c.strip()] if i else []
+            name = prev[0].strip() if len(prev) == 1 else f"kernel {len(out) + 1}"
+            while name in out:
+                name += "'"
+            table = out[name] = []
+            continue
+        if header is None or len(row) <= max(header.values()):
+            continue
+        address = row[header["Address"]].strip()
+        if not address:
+            continue
+        table.append({"address": address, "sass": row[header["Source"]].strip(),
+                      "executed": _count(row[header["Instructions Executed"]]),
+                      "samples": _count(row[header[SAMPLES]]) if SAMPLES in header else 0.0})
+    if not out:
+        raise ProfileError(f"{path}: no table with the columns {', '.join(SOURCE_COLUMNS)} "
+                           "(not the output of ncu --page source --csv --print-source sass)")
+    return out
+
+
+def _opcode(sass: str) -> str:
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0] if words else ""
+
+
+def source_regions(table: list[dict], top: int = 12) -> dict:
+    """A kernel's executions split at MARKERS (each region: its first and last address, the
+    executions of its instructions, and the marker that ends it), its total, and the `top`
+    instructions by executions."""
+    regions, cur = [], None
+    for ins in table:
+        if cur is None:
+            cur = {"from": ins["address"], "to": ins["address"], "executed": 0.0, "samples": 0.0, "ends_at": None}
+        cur["to"] = ins["address"]
+        cur["executed"] += ins["executed"]
+        cur["samples"] += ins["samples"]
+        op = _opcode(ins["sass"])
+        if any(op.startswith(m) for m in MARKERS):
+            cur["ends_at"] = op
+            regions.append(cur)
+            cur = None
+    if cur is not None:
+        regions.append(cur)
+    ranked = sorted(table, key=lambda x: -x["executed"])[:top]
+    return {"executed": sum(x["executed"] for x in table), "samples": sum(x["samples"] for x in table),
+            "regions": [r for r in regions if r["executed"] or r["samples"]],
+            "top": [{"address": x["address"], "sass": x["sass"], "executed": x["executed"]} for x in ranked]}
+
+
+def main_source(pages: list[str], json_out: str | None) -> int:
+    out = {}
+    try:
+        for item in pages:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ProfileError(f"{item!r} is not NAME=SOURCE.csv")
+            if not Path(path).is_file():
+                raise ProfileError(f"{path}: no such file")
+            out[name] = {k: source_regions(t) for k, t in read_source(Path(path)).items()}
+    except ProfileError as e:
+        print(f"ncu_roles: {e}", file=sys.stderr)
+        return 2
+    for name, kernels in out.items():
+        for kernel, s in kernels.items():
+            print(f"{name}: {kernel}: {s['executed']:.0f} warp instructions executed")
+            for r in s["regions"]:
+                print(f"  {r['from']}–{r['to']} {r['executed']:10.0f}  up to {r['ends_at'] or 'the end'}")
+    if json_out:
+        tmp = Path(json_out + ".tmp")
+        tmp.write_text(json.dumps(out, indent=1) + "\n")
+        tmp.replace(json_out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("pages", nargs="+", metavar="NAME=DETAILS.csv")
-    ap.add_argument("--json", help="write {NAME: [per role …]} here")
+    ap.add_argument("--json", help="write {NAME: [per role …]} here ({NAME: {kernel: regions}} with --source)")
+    ap.add_argument("--source", action="store_true", help="the files are source pages (see above)")
     a = ap.parse_args(argv)
+    if a.source:
+        return main_source(a.pages, a.json)
     out = {}
     try:
         for item in a.pages:
