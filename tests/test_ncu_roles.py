@@ -26,7 +26,7 @@ HEADER = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Conte
 
 
 def _launch_rows(lid: int, kernel: str, *, duration=(7416.28, "ns"), sm_active=5000.0, issued=0.25, grid=72,
-                 block=224, regs=119, cpi=8.0, skip=()) -> list[list[str]]:
+                 block=224, regs=119, cpi=8.0, executed=None, skip=()) -> list[list[str]]:
     metrics = [("GPU Speed Of Light Throughput", "Duration", duration[1], duration[0]),
                ("GPU Speed Of Light Throughput", "SM Active Cycles", "cycle", sm_active),
                ("GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", 5.5),
@@ -37,6 +37,8 @@ def _launch_rows(lid: int, kernel: str, *, duration=(7416.28, "ns"), sm_active=5
                ("Launch Statistics", "Registers Per Thread", "register/thread", regs),
                ("Launch Statistics", "Cluster Scheduling Policy", "", "Spread"),  # a text value: skipped
                ("Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle", cpi)]
+    if executed is not None:
+        metrics.append(("Instruction Statistics", "Executed Instructions", "inst", executed))
     return [[str(lid), "1", "python3.12", "127.0.0.1", kernel, "1", "14", f"({block}, 1, 1)", f"({grid}, 1, 1)",
              "0", "9.0", sec, name, unit, f"{value:,}" if isinstance(value, float) else str(value), "", "", "", "", ""]
             for sec, name, unit, value in metrics if name not in skip]
@@ -77,6 +79,15 @@ def test_roles_median_and_instructions_per_warp(tmp_path):
     assert rows["attention_decode_cluster_hd64"]["duration_us"] == pytest.approx(6.5)
     assert rows["o_proj"]["grid"] == 56 and rows["down_proj"]["block"] == 256
     assert rows["down_proj"]["duration_us"] == pytest.approx(7.5)
+    assert q["instructions_from"] == "estimate"
+
+
+def test_executed_instructions_are_used_where_the_page_has_them(tmp_path):
+    page = _page(tmp_path / "x.csv", [_launch_rows(0, "gemv_fmt_qkv_rope", executed=504_000.0),
+                                      _launch_rows(1, "gemv_fmt_qkv_rope", executed=604_800.0)])
+    (r,) = ncu_roles.roles(page)
+    assert r["instructions_per_warp"] == round((1000 + 1200) / 2)  # over 72 × 224 / 32 = 504 warps
+    assert r["instructions_from"] == "executed"
 
 
 def test_a_residual_without_its_neighbour_is_named_residual():

@@ -403,7 +403,7 @@ stage_profile() {
         file=${item#*=}
         run_step "profile-$name" "$ncu" --clock-control none --print-units base --kernel-name "regex:$kernels" \
             --launch-skip 160 --launch-count 200 --section SpeedOfLight --section LaunchStats --section Occupancy \
-            --section WarpStateStats --section SchedulerStats --csv --page details \
+            --section WarpStateStats --section SchedulerStats --section InstructionStats --csv --page details \
             "$PY" -m drvqwen.bench --model "$file" --preset "$preset" --mode eager --new-tokens 8 --prefill-reps 1 || rc=1
         pages+=("$name=$OUTDIR/profile-$name.log")
         run_step "profile-source-run-$name" "$ncu" --clock-control none --kernel-name "regex:$source" \

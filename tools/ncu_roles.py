@@ -9,17 +9,21 @@ DETAILS.csv is what `ncu --csv --page details` printed over the launches of `pyt
 drvqwen.bench --mode eager` (tools/gpu_check.sh's `profile` stage writes one per model); the lines
 that do not start with a quote (ncu's notes, the bench's own table) are skipped. It needs the
 sections SpeedOfLight, LaunchStats and SchedulerStats (WarpStateStats adds the cycles per issued
-instruction). NAME labels the file's column in the table and its entry in the JSON.
+instruction, InstructionStats the instructions executed). NAME labels the file's column in the table and its entry in the JSON.
 
 Per launch:
   duration      SpeedOfLight's Duration. ncu serialises the launches and by default flushes the
                 caches before each, so a launch runs alone, its weights from HBM, with no
                 programmatic overlap: the parts of a step, not the step (drvqwen bench times that).
   warp instructions per warp
-                = SM Active Cycles × Issued Warp Per Scheduler × 4 schedulers × SMs ÷ warps
-                launched (grid × block / 32): what a warp issued, on the mean. A decode GEMV at
-                the 0.5B's shapes gives a warp one or two items and waits out each instruction's
-                latency, so this count times the cycles per issued instruction is the launch.
+                = InstructionStats' Executed Instructions ÷ warps launched (grid × block / 32),
+                what a warp executed on the mean; without that section, estimated as SM Active
+                Cycles × Issued Warp Per Scheduler × 4 schedulers × SMs ÷ warps — too high where a
+                block's warps end at different times (the issue rate is per cycle of a scheduler
+                that has a warp, so a long tail of one warp, a GEMV's epilogue, counts as if all
+                four schedulers issued): "instructions_from" says which. A decode GEMV at the
+                0.5B's shapes gives a warp one or two items and waits out each instruction's
+                latency, so the instructions on a warp's path are most of the launch.
 Roles: the kernel's name, but for the residual GEMVs (gemv_*_residual), which serve o_proj after
 the attention's launches and down_proj after gate/up: named by the launch before them
 ("o_proj", "down_proj"), else "residual". Per (kernel, role): the median duration in µs, the mean
@@ -56,6 +60,7 @@ GRID = ("Launch Statistics", "Grid Size")
 BLOCK = ("Launch Statistics", "Block Size")
 REGISTERS = ("Launch Statistics", "Registers Per Thread")
 CPI = ("Warp State Statistics", "Warp Cycles Per Issued Instruction")
+EXECUTED = ("Instruction Statistics", "Executed Instructions")
 NEEDED = (DURATION, SM_ACTIVE, ISSUED, SMS, GRID, BLOCK, REGISTERS)
 
 # A duration's unit → µs (ncu prints base units with --print-units base, else scales them).
@@ -113,8 +118,11 @@ def launch_figures(path: Path, ln: dict) -> dict:
     if unit not in TIME_UNITS:
         raise ProfileError(f"{path}: launch {ln['id']}: duration in unknown unit {unit!r}")
     warps = m[GRID][0] * m[BLOCK][0] / 32
-    return {"duration_us": value * TIME_UNITS[unit],
-            "instructions_per_warp": m[SM_ACTIVE][0] * m[ISSUED][0] * SCHEDULERS_PER_SM * m[SMS][0] / warps,
+    if EXECUTED in m:
+        per_warp, source = m[EXECUTED][0] / warps, "executed"
+    else:
+        per_warp, source = m[SM_ACTIVE][0] * m[ISSUED][0] * SCHEDULERS_PER_SM * m[SMS][0] / warps, "estimate"
+    return {"duration_us": value * TIME_UNITS[unit], "instructions_per_warp": per_warp, "instructions_from": source,
             "cpi": m[CPI][0] if CPI in m else None,
             "grid": int(m[GRID][0]), "block": int(m[BLOCK][0]), "registers": int(m[REGISTERS][0])}
 
@@ -134,6 +142,7 @@ def roles(path: Path) -> list[dict]:
         out.append({"kernel": kernel, "role": role, "launches": len(figs),
                     "duration_us": round(statistics.median(f["duration_us"] for f in figs), 3),
                     "instructions_per_warp": round(statistics.mean(f["instructions_per_warp"] for f in figs)),
+                    "instructions_from": "/".join(sorted({f["instructions_from"] for f in figs})),
                     "cycles_per_issued_instruction": round(statistics.mean(cpis), 2) if cpis else None,
                     "grid": figs[0]["grid"], "block": figs[0]["block"], "registers": figs[0]["registers"]})
     return out
