@@ -126,13 +126,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ncu_roles: ")
     assert {"missing_metric": "Issued Warp Per Scheduler", "unknown_unit": "fortnight", "not_csv": "no CSV rows",
-            "bad_argument": "is not NAME=DETAILS.csv"}[case] in err[0]
+            "bad_argument": "is not NAME=FILE"}[case] in err[0]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_profile_stage_runs_ncu_per_model_and_writes_the_roles(tmp_path):
-    # A stand-in ncu: a details run prints a page of the model it profiles (PAGE_<name> below),
-    # a run with -o writes the report, -i prints a source page; every call is recorded.
+    # A stand-in ncu: a details run prints the file it is given as the model (here a details page
+    # stands for each model), a run with -o writes the report, -i prints a source page's header;
+    # every call is recorded.
     pages = {"int4": _step(tmp_path, "a", "int4", 1.0), "fmt": _step(tmp_path, "b", "fmt", 1.4)}
     bin_ = tmp_path / "bin"
     bin_.mkdir()

@@ -377,8 +377,9 @@ stage_fingerprint() {
 }
 
 # profile: each decode launch alone under Nsight Compute, by role, for two models side by side.
-# Launches 160 on of the decode kernels are the eager bench's warm-up steps (the prefill's GEMMs do
-# not match the names; its last-row GEMVs come first); 200 of them cover a 0.5B or 7B step.
+# The details page skips the first 160 launches whose names match (the prefill's last-row GEMVs and
+# the first warm-up steps; the prefill's GEMMs do not match) and takes the next 200 — more than the
+# 149 or 173 launches of a 0.5B or 7B step — all from the eager bench's warm-up steps.
 stage_profile() {
     local rc=0 ncu item name file models pages=() spages=()
     rm -f "$OUTDIR"/profile-* "$OUTDIR"/profile.json

@@ -9,7 +9,8 @@ DETAILS.csv is what `ncu --csv --page details` printed over the launches of `pyt
 drvqwen.bench --mode eager` (tools/gpu_check.sh's `profile` stage writes one per model); the lines
 that do not start with a quote (ncu's notes, the bench's own table) are skipped. It needs the
 sections SpeedOfLight, LaunchStats and SchedulerStats (WarpStateStats adds the cycles per issued
-instruction, InstructionStats the instructions executed). NAME labels the file's column in the table and its entry in the JSON.
+instruction, InstructionStats the instructions executed). NAME labels the file's column in the
+table and its entry in the JSON.
 
 Per launch:
   duration      SpeedOfLight's Duration. ncu serialises the launches and by default flushes the
@@ -221,54 +222,23 @@ def source_regions(table: list[dict], top: int = 12) -> dict:
             "top": [{"address": x["address"], "sass": x["sass"], "executed": x["executed"]} for x in ranked]}
 
 
-def main_source(pages: list[str], json_out: str | None) -> int:
+def _read_pages(pages: list[str], read) -> dict:
+    """{NAME: read(path)} for each NAME=FILE argument; ProfileError for a malformed one or a missing file."""
     out = {}
-    try:
-        for item in pages:
-            name, sep, path = item.partition("=")
-            if not sep or not name or not path:
-                raise ProfileError(f"{item!r} is not NAME=SOURCE.csv")
-            if not Path(path).is_file():
-                raise ProfileError(f"{path}: no such file")
-            out[name] = {k: source_regions(t) for k, t in read_source(Path(path)).items()}
-    except ProfileError as e:
-        print(f"ncu_roles: {e}", file=sys.stderr)
-        return 2
-    for name, kernels in out.items():
-        for kernel, s in kernels.items():
-            print(f"{name}: {kernel}: {s['executed']:.0f} warp instructions executed")
-            for r in s["regions"]:
-                print(f"  {r['from']}–{r['to']} {r['executed']:10.0f}  up to {r['ends_at'] or 'the end'}")
-    if json_out:
-        tmp = Path(json_out + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1) + "\n")
-        tmp.replace(json_out)
-    return 0
+    for item in pages:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ProfileError(f"{item!r} is not NAME=FILE")
+        if not Path(path).is_file():
+            raise ProfileError(f"{path}: no such file")
+        out[name] = read(Path(path))
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("pages", nargs="+", metavar="NAME=DETAILS.csv")
-    ap.add_argument("--json", help="write {NAME: [per role …]} here ({NAME: {kernel: regions}} with --source)")
-    ap.add_argument("--source", action="store_true", help="the files are source pages (see above)")
-    a = ap.parse_args(argv)
-    if a.source:
-        return main_source(a.pages, a.json)
-    out = {}
-    try:
-        for item in a.pages:
-            name, sep, path = item.partition("=")
-            if not sep or not name or not path:
-                raise ProfileError(f"{item!r} is not NAME=DETAILS.csv")
-            if not Path(path).is_file():
-                raise ProfileError(f"{path}: no such file")
-            out[name] = roles(Path(path))
-    except ProfileError as e:
-        print(f"ncu_roles: {e}", file=sys.stderr)
-        return 2
-    # The table: one row per role, each file's median µs and instructions per warp side by side
-    # (a role is matched across files by its name without the weight format's part: gemv_int4_,
-    # gemv_fmt_, gemv_f16_, _fmt).
+def print_roles(out: dict) -> None:
+    """One row per role, each file's median µs and instructions per warp side by side (a role is
+    matched across files by its name without the weight format's part: gemv_int4_, gemv_fmt_,
+    gemv_f16_, _fmt)."""
     def key(r):
         return re.sub(r"_fmt$", "", re.sub(r"^gemv_(int4|fmt|f16)_", "", r["role"]))
     order = list(dict.fromkeys(key(r) for rows in out.values() for r in rows))
@@ -279,12 +249,37 @@ def main(argv: list[str] | None = None) -> int:
             r = next((r for r in rows if key(r) == k), None)
             cells.append(f"{r['duration_us']:9.2f} µs {r['instructions_per_warp']:6d} i/w" if r else "—")
         print(f"{k[:32]:32s}" + "".join(f"{c:>26s}" for c in cells))
-    if a.json:
+
+
+def print_regions(out: dict) -> None:
+    """Per file and kernel: its executions, then each region's."""
+    for name, kernels in out.items():
+        for kernel, s in kernels.items():
+            print(f"{name}: {kernel}: {s['executed']:.0f} warp instructions executed")
+            for r in s["regions"]:
+                print(f"  {r['from']}–{r['to']} {r['executed']:10.0f}  up to {r['ends_at'] or 'the end'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("pages", nargs="+", metavar="NAME=FILE", help="DETAILS.csv (SOURCE.csv with --source)")
+    ap.add_argument("--json", help="write {NAME: [per role …]} here ({NAME: {kernel: regions}} with --source)")
+    ap.add_argument("--source", action="store_true", help="the files are source pages (see above)")
+    a = ap.parse_args(argv)
+    try:
+        if a.source:
+            out = _read_pages(a.pages, lambda p: {k: source_regions(t) for k, t in read_source(p).items()})
+        else:
+            out = _read_pages(a.pages, roles)
+    except ProfileError as e:
+        print(f"ncu_roles: {e}", file=sys.stderr)
+        return 2
+    (print_regions if a.source else print_roles)(out)
+    if a.json:  # a temporary name, then the rename: never half a file
         tmp = Path(a.json + ".tmp")
         tmp.write_text(json.dumps(out, indent=1) + "\n")
         tmp.replace(a.json)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
