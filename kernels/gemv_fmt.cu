@@ -314,6 +314,16 @@
 #ifndef GF_PROBE_NO_LOADS
 #define GF_PROBE_NO_LOADS 0
 #endif
+// Two more probes for the fused GEMVs' own parts, also WRONG by design:
+//   GF_PROBE_NO_NORM=1      the RMSNorm prologue (qkv_rope, gate_up) stages fp16(residual · gain)
+//                           with 1/rms = 1: no sum of squares, none of its barrier
+//   GF_PROBE_NO_ROPE=1      qkv_rope's epilogue stores q and k with bias, unrotated: no sincosf
+#ifndef GF_PROBE_NO_NORM
+#define GF_PROBE_NO_NORM 0
+#endif
+#ifndef GF_PROBE_NO_ROPE
+#define GF_PROBE_NO_ROPE 0
+#endif
 
 // The probes' stand-ins: every field of a raw chunk folded into one word (GF_PROBE_LOADS_ONLY),
 // and a raw chunk made from a number (GF_PROBE_NO_LOADS).
@@ -401,7 +411,7 @@ struct GfStageRmsNorm {
     template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         __shared__ float warp_sums[RMSNORM_WARPS];
-        const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
+        const float inv_rms = GF_PROBE_NO_NORM ? 1.f : rmsnorm_inv_rms(residual, K, eps, warp_sums);
         const float4* r4 = reinterpret_cast<const float4*>(residual);
         const uint2* w4 = reinterpret_cast<const uint2*>(weight);
         constexpr int R = 2;  // pieces a thread in flight (2 × 48 bytes: residual and gain)
@@ -785,7 +795,13 @@ gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: ro
         const int head = lo / Dh, i = lo % Dh;
         const __half* b = seg == 0 ? q_bias : k_bias;
         float o1, o2;
-        rope_rotate(s[0][0] + __half2float(b[lo]), s[0][1] + __half2float(b[hi]), pos, inv_freq[i], o1, o2);
+        const float x1 = s[0][0] + __half2float(b[lo]), x2 = s[0][1] + __half2float(b[hi]);
+        if (GF_PROBE_NO_ROPE) {  // timing only, unrotated (see the define)
+            o1 = x1;
+            o2 = x2;
+        } else {
+            rope_rotate(x1, x2, pos, inv_freq[i], o1, o2);
+        }
         __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
         dst[i] = __float2half_rn(o1);
         dst[i + Dh / 2] = __float2half_rn(o2);

@@ -11,7 +11,8 @@ the copy bandwidth, for the launch shape the step uses and for variants of it.
 
 --formats times kernels/gemv_fmt.cu (the decode GEMV of the per-tensor weight formats,
 format/weight_formats.py) at the preset's o_proj, gate_proj (one matrix) and down_proj shapes,
-residual output, and the fused gate/up GEMV with SwiGLU (gate_up_swiglu, both matrices), with
+residual output, the fused gate/up GEMV with SwiGLU (gate_up_swiglu, both matrices) and the
+fused q/k/v GEMV with RoPE and the K/V write (qkv_rope, q, k and v in the one format), with
 random weights in each format, each compiled as a model of that one format compiles it
 (launchers/gemv_fmt.py: format_defines; --fmt-defines adds defines to that build, one row per
 set). --fmt-every-format also times the build for every format (WF_FORMATS unset), whose fused
@@ -138,30 +139,46 @@ def plan_rows(gemvs: list[str], tokens: list[int]) -> list[tuple[str, str, int |
     return [(g, g, None) for g in gemvs] + [(f"{TOKENS_ROW[g]} T={t}", g, t) for t in tokens for g in gemvs]
 
 
-Q_SHAPES = ("o_proj", "gate_proj", "down_proj", "gate_up_swiglu")
+Q_SHAPES = ("o_proj", "gate_proj", "down_proj", "gate_up_swiglu", "qkv_rope")
 
 
 def q_shape(name: str, cfg) -> tuple[int, int]:
-    """(N, K) of one matrix for the --formats rows."""
+    """(N, K) of one matrix for the --formats rows (qkv_rope: q, k and v stacked)."""
     D, F = cfg.hidden_size, cfg.intermediate_size
-    return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F), "gate_up_swiglu": (F, D)}[name]
+    return {"o_proj": (D, cfg.q_dim), "gate_proj": (F, D), "down_proj": (D, F), "gate_up_swiglu": (F, D),
+            "qkv_rope": (cfg.q_dim + 2 * cfg.kv_dim, D)}[name]
 
 
 def make_q_launcher(fmt, name: str, s: Scratch, copy: int, cfg, rng, defines: tuple = (),
                     warps: int | None = None) -> Launcher:
-    """GemvFmtResidual (gate_up_swiglu: GemvFmtGateUpSwiglu) over random weights in `fmt`
+    """GemvFmtResidual (gate_up_swiglu: GemvFmtGateUpSwiglu; qkv_rope: GemvFmtQkvRope, q, k and
+    v in `fmt`, at position 5 as make_launcher's) over random weights in `fmt`
     (weight_formats.random_weight), compiled with `defines`, with `warps` a block (None: the
     launcher's)."""
     from drvqwen.format import weight_formats as wf
-    from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtResidual
+    from drvqwen.launchers import FmtWeight, GemvFmtGateUpSwiglu, GemvFmtQkvRope, GemvFmtResidual
     from drvqwen.launchers.gemv_fmt import device_parts
 
     n, k = q_shape(name, cfg)
 
-    def weight(tag: str) -> FmtWeight:
+    def weight(tag: str, rows: int = n) -> FmtWeight:
         parts = {part: s.array(f"{fmt.name}.{name}{tag}{copy}.{part}", a.shape, a.dtype, a)
-                 for part, a in device_parts(fmt, wf.random_weight(fmt, n, k, rng)).items()}
+                 for part, a in device_parts(fmt, wf.random_weight(fmt, rows, k, rng)).items()}
         return FmtWeight(fmt, parts, f"{fmt.name}.{name}{tag}")
+
+    if name == "qkv_rope":
+        hq, hkv, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        nq, nkv, pos, pages = hq * dh, hkv * dh, 5, 4
+        cache = [s.array(f"{c}{fmt.name}{copy}", (pages, hkv, PAGE_TOKENS, dh), np.float16) for c in "kv"]
+        bias = [s.array(f"b{i}{fmt.name}{copy}", (r,), np.float16, np.zeros(r)) for i, r in enumerate((nq, nkv, nkv))]
+        return GemvFmtQkvRope(s.array(f"q{fmt.name}{copy}", (nq,), np.float16), *cache,
+                              s.array(f"r{fmt.name}{name}{copy}", (k,), np.float32, rng.standard_normal(k)),
+                              s.array(f"nw{fmt.name}{name}{copy}", (k,), np.float16, np.ones(k)),
+                              weight("q", nq), weight("k", nkv), weight("v", nkv), *bias,
+                              s.array(f"inv_freq{fmt.name}{copy}", (dh // 2,), np.float32, np.ones(dh // 2)),
+                              s.array(f"state{fmt.name}{copy}", (3,), np.int32, np.array([pos, 0, pos + 1])),
+                              s.array(f"bt{fmt.name}{copy}", (pages,), np.int32, np.arange(pages)),
+                              n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=k, eps=1e-6, defines=defines, warps=warps)
 
     if name == "gate_up_swiglu":
         residual = s.array(f"r{fmt.name}{name}{copy}", (k,), np.float32, rng.standard_normal(k))
