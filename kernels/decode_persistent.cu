@@ -208,6 +208,9 @@
 #define DP_MIN_BLOCKS 1  // blocks per SM the registers are sized for (__launch_bounds__)
 #endif
 #define ATTN_PREFETCH (DP_HEAD_DIM < 128 && DP_MIN_BLOCKS == 1)  // else the second page buffer spills (attention_decode.cu)
+#ifndef RMSNORM_ALL_WARPS
+#define RMSNORM_ALL_WARPS 1     // rmsnorm.cuh's every virtual warp: skipping the empty ones costs 8 bytes of spills at 255 registers here
+#endif
 #include "embedding.cu"         // EmbeddingArgs, embedding_item
 // The GEMV ops' batch registers defined at each item's start (gemv_int4.cu: GEMV_ZERO_BATCHES), so
 // they are live in their op only. At head dim 128 the step needs it: with its batches undefined,

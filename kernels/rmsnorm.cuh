@@ -42,21 +42,34 @@ __device__ __forceinline__ float rmsnorm_thread_ss(const float4* row, int t, int
     return ss;
 }
 
+// RMSNORM_ALL_WARPS=1 runs every one of the 32 virtual warps, the empty ones too (a comparison
+// build for tools/bench_gemv.py; the same bits).
+#ifndef RMSNORM_ALL_WARPS
+#define RMSNORM_ALL_WARPS 0
+#endif
+
 // 1 / sqrt(mean(row²) + eps) in the fixed order above. Call from every thread of the block
 // (blockDim.x a multiple of 32, at most 1024); warp_sums: RMSNORM_WARPS floats of shared
 // memory. Contains one __syncthreads(); the row is read with ordinary loads (they stay after a
 // preceding griddepcontrol.wait, ptx/griddep.cuh).
+// Only the virtual warps that hold a chunk run (`used`: vw·32 < D/4; a later one's chunks
+// vw·32 + lane + j·1024 lie past the row too): an empty one's sum is +0, and total + 0 is
+// total, so skipping them changes no bit. It matters to the GEMVs' prologues, whose W ≤ 8
+// warps would otherwise each run ⌈32/W⌉ virtual warps in turn, a butterfly each, on the
+// step's critical path: at the 0.5B's D = 896, 7 of the 32 hold a chunk, one for each of the
+// 7 warps of its GEMVs' blocks, where 5 rounds ran before.
 __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, int D, float eps,
                                                  float* warp_sums) {
     const float4* row = reinterpret_cast<const float4*>(x);
     const int lane = threadIdx.x % WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
-    for (int vw = threadIdx.x / WARP_SIZE; vw < RMSNORM_WARPS; vw += n_warps) {
+    const int used = RMSNORM_ALL_WARPS ? RMSNORM_WARPS : min(RMSNORM_WARPS, (D / 4 + WARP_SIZE - 1) / WARP_SIZE);
+    for (int vw = threadIdx.x / WARP_SIZE; vw < used; vw += n_warps) {
         const float ss = warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, D / 4));
         if (lane == 0) warp_sums[vw] = ss;
     }
     __syncthreads();
     float total = 0.f;
-    for (int w = 0; w < RMSNORM_WARPS; ++w) total += warp_sums[w];  // same order in every thread
+    for (int w = 0; w < used; ++w) total += warp_sums[w];  // same order in every thread
     return rsqrtf(total / (float)D + eps);
 }
 
