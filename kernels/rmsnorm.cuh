@@ -47,6 +47,16 @@ __device__ __forceinline__ float rmsnorm_thread_ss(const float4* row, int t, int
 #ifndef RMSNORM_ALL_WARPS
 #define RMSNORM_ALL_WARPS 0
 #endif
+// RMSNORM_BATCH=B > 1 (a candidate for tools/bench_gemv.py --int4-defines / --fmt-defines, not yet
+// measured; 1, the default, is the loop below): where a row has at most 1024 float4 chunks (D ≤
+// 4096, every preset but the 14B), a warp loads the chunks of up to B of its virtual warps before
+// it reduces any, so their L2 round trips overlap. The loop waits for each in turn: a GEMV block
+// of W = 8 warps at the 7B's D = 3584 runs 28 virtual warps, 3–4 a warp, one round trip after
+// another on the step's critical path. With one chunk a virtual thread, its share is
+// 0 + ss4(chunk) (+ the zeros of chunks past the row, which add nothing): the same bits.
+#ifndef RMSNORM_BATCH
+#define RMSNORM_BATCH 1
+#endif
 
 // 1 / sqrt(mean(row²) + eps) in the fixed order above. Call from every thread of the block
 // (blockDim.x a multiple of 32, at most 1024); warp_sums: RMSNORM_WARPS floats of shared
@@ -63,9 +73,29 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     const float4* row = reinterpret_cast<const float4*>(x);
     const int lane = threadIdx.x % WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
     const int used = RMSNORM_ALL_WARPS ? RMSNORM_WARPS : min(RMSNORM_WARPS, (D / 4 + WARP_SIZE - 1) / WARP_SIZE);
-    for (int vw = threadIdx.x / WARP_SIZE; vw < used; vw += n_warps) {
-        const float ss = warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, D / 4));
-        if (lane == 0) warp_sums[vw] = ss;
+    if (RMSNORM_BATCH > 1 && D / 4 <= RMSNORM_THREADS) {  // block-uniform
+        constexpr int B = RMSNORM_BATCH;
+        for (int base = threadIdx.x / WARP_SIZE; base < used; base += B * n_warps) {
+            float4 v[B];
+#pragma unroll
+            for (int b = 0; b < B; ++b) {  // every load of the batch before any use
+                const int c = (base + b * n_warps) * WARP_SIZE + lane;
+                v[b] = c < D / 4 ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int b = 0; b < B; ++b) {
+                const int vw = base + b * n_warps;  // warp-uniform
+                if (vw < used) {
+                    const float ss = warp_sum(0.f + rmsnorm_ss4(v[b]));
+                    if (lane == 0) warp_sums[vw] = ss;
+                }
+            }
+        }
+    } else {
+        for (int vw = threadIdx.x / WARP_SIZE; vw < used; vw += n_warps) {
+            const float ss = warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, D / 4));
+            if (lane == 0) warp_sums[vw] = ss;
+        }
     }
     __syncthreads();
     float total = 0.f;
