@@ -67,7 +67,7 @@ __device__ __forceinline__ float rmsnorm_thread_ss(const float4* row, int t, int
 // total, so skipping them changes no bit. It matters to the GEMVs' prologues, whose W ≤ 8
 // warps would otherwise each run ⌈32/W⌉ virtual warps in turn, a butterfly each, on the
 // step's critical path: at the 0.5B's D = 896, 7 of the 32 hold a chunk, one for each of the
-// 7 warps of its GEMVs' blocks, where 5 rounds ran before.
+// 7 warps of its GEMVs' blocks (all 32 would be ⌈32/7⌉ = 5 rounds a warp).
 __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, int D, float eps,
                                                  float* warp_sums) {
     const float4* row = reinterpret_cast<const float4*>(x);
