@@ -198,6 +198,37 @@ def test_a_worker_whose_run_is_interrupted_or_killed_ends(tiny, tmp_path, when):
         assert r["left"] == []
 
 
+def test_a_ctrl_c_pending_before_a_blocking_read_still_ends_it():
+    """A SIGINT that lands just before the prompt's blocking read begins is only pending when
+    the read starts (nothing interrupts the system call): `_thread.interrupt_main` makes exactly
+    that state while the read blocks on a pipe no one writes to. read_interruptibly raises the
+    KeyboardInterrupt within its poll interval; a read on this thread would wait for good."""
+    import _thread
+    import threading
+    import time
+
+    from drvqwen.text_input import read_interruptibly
+
+    r, w = os.pipe()
+    backstop = threading.Timer(15, os.write, (w, b"y"))   # a read that waits for good ends, late
+    backstop.start()
+    try:
+        timer = threading.Timer(0.2, _thread.interrupt_main)
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            read_interruptibly(lambda: os.read(r, 1))
+        assert time.monotonic() - start < 10
+        timer.join()
+        assert read_interruptibly(lambda: b"x" + os.read(r, 0)) == b"x"   # an answer comes back
+        with pytest.raises(FileNotFoundError):                                # and so does an error
+            read_interruptibly(lambda: Path("/nonexistent/prompt").read_bytes())
+    finally:
+        backstop.cancel()
+        os.close(w)       # the abandoned reader thread reads EOF and ends
+        os.close(r)
+
+
 def test_the_switches_take_their_values_and_name_a_bad_one(monkeypatch):
     for name, values in startup.SWITCHES.items():
         monkeypatch.delenv(name, raising=False)

@@ -192,11 +192,11 @@ def read_stdin(stdin=None) -> str:
     Raises:
         DrvqwenError: stdin is not UTF-8 or cannot be read.
     """
-    from .text_input import decode_utf8, without_bom
+    from .text_input import decode_utf8, read_interruptibly, without_bom
 
     stdin = sys.stdin if stdin is None else stdin
     try:
-        data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+        data = read_interruptibly(stdin.buffer.read if hasattr(stdin, "buffer") else lambda: stdin.read().encode())
     except OSError as e:
         raise DrvqwenError(f"stdin: cannot read the prompt ({e})") from None
     return without_bom(decode_utf8(data, "stdin"))

@@ -15,6 +15,8 @@ reaching the model as a token of its own. Anywhere else U+FEFF is text and stays
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import DrvqwenError
@@ -67,7 +69,41 @@ def read_text_file(path: str | os.PathLike, what: str = "prompt") -> str:
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = read_interruptibly(p.read_bytes)
     except OSError as e:
         raise DrvqwenError(f"{os.fspath(path)}: cannot read {what} ({e.strerror or e})") from None   # as typed
     return without_bom(decode_utf8(data, os.fspath(path)))
+
+
+# How often the main thread looks for a Ctrl-C while another thread reads, in seconds.
+_SIGNAL_POLL_S = 0.1
+
+
+def read_interruptibly(read: Callable[[], bytes]) -> bytes:
+    """`read()` run on a thread of its own while this one waits for it, so that Ctrl-C ends a
+    read that may block for good (a FIFO, a pipe, a terminal) within `_SIGNAL_POLL_S`.
+
+    Python runs its SIGINT handler in the main thread between bytecodes; a signal that lands
+    after the last check but before a blocking `read` (or `open` of a FIFO) system call starts
+    interrupts nothing, and the read then waits for a writer that may never come, however long
+    KeyboardInterrupt stays pending. `Thread.join` with a timeout returns to the interpreter
+    every `_SIGNAL_POLL_S`, where a pending Ctrl-C is raised. On Ctrl-C the reading thread
+    (a daemon) is left blocked: the process is ending.
+
+    Returns what `read` returns; raises what it raises.
+    """
+    done: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            done["data"] = read()
+        except BaseException as e:  # handed to the waiting thread, raised there
+            done["error"] = e
+
+    t = threading.Thread(target=work, name="drvqwen-read", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(_SIGNAL_POLL_S)
+    if "error" in done:
+        raise done["error"]
+    return done["data"]
