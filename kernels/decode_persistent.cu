@@ -211,6 +211,9 @@
 #ifndef RMSNORM_ALL_WARPS
 #define RMSNORM_ALL_WARPS 1     // rmsnorm.cuh's every virtual warp: skipping the empty ones costs 8 bytes of spills at 255 registers here
 #endif
+#ifndef RMSNORM_ONE_PASS
+#define RMSNORM_ONE_PASS 0      // the GEMV prologues read the row twice here: once costs 28 bytes of spills at 255 registers
+#endif
 #include "embedding.cu"         // EmbeddingArgs, embedding_item
 // The GEMV ops' batch registers defined at each item's start (gemv_int4.cu: GEMV_ZERO_BATCHES), so
 // they are live in their op only. At head dim 128 the step needs it: with its batches undefined,

@@ -411,11 +411,15 @@ struct GfStageRmsNorm {
     template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         __shared__ float warp_sums[RMSNORM_WARPS];
-        const float inv_rms = GF_PROBE_NO_NORM ? 1.f : rmsnorm_inv_rms(residual, K, eps, warp_sums);
         const float4* r4 = reinterpret_cast<const float4*>(residual);
         const uint2* w4 = reinterpret_cast<const uint2*>(weight);
         constexpr int R = 2;  // pieces a thread in flight (2 × 48 bytes: residual and gain)
         const int pieces = K / 8;
+        // Where the block's threads hold the whole row in one round (rmsnorm_one_pass: K ≤ 4096),
+        // the sum of squares comes from the loaded registers (the row read once); else first.
+        const bool one_pass = rmsnorm_one_pass<R>(K);  // block-uniform
+        float inv_rms = 1.f;
+        if (!GF_PROBE_NO_NORM && !one_pass) inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
         for (int base = threadIdx.x; base - (int)threadIdx.x < pieces; base += R * blockDim.x) {
             float4 r[R][2];
             uint2 g[R][2];
@@ -428,6 +432,8 @@ struct GfStageRmsNorm {
                 g[j][0] = in ? w4[2 * p] : make_uint2(0u, 0u);
                 g[j][1] = in ? w4[2 * p + 1] : make_uint2(0u, 0u);
             }
+            // one_pass: this is the only round (pieces ≤ R · blockDim.x), whose every thread calls it
+            if (!GF_PROBE_NO_NORM && one_pass) inv_rms = rmsnorm_inv_rms_pieces<R>(r, K, eps, warp_sums);
 #pragma unroll
             for (int j = 0; j < R; ++j) {
                 const int p = base + j * blockDim.x;

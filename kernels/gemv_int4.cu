@@ -467,9 +467,34 @@ struct GemvStageX {
 __device__ __forceinline__ void gemv_stage_rmsnorm_row(uint4* x_dst, const float* __restrict__ residual,
                                                        const __half* __restrict__ weight, float eps, int K,
                                                        float* warp_sums) {
-    const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
     const float4* r4 = reinterpret_cast<const float4*>(residual);
     const uint2* w4 = reinterpret_cast<const uint2*>(weight);
+    constexpr int R = 2;  // chunks a thread: the 7B's K = 3584 is 448 chunks over 256 threads
+    if (rmsnorm_one_pass<R>(K)) {  // block-uniform: the row read once (rmsnorm.cuh)
+        float4 r[R][2];
+        uint2 g[R][2];
+#pragma unroll
+        for (int j = 0; j < R; ++j) {  // every load before the sum of squares waits for any
+            const int chunk = threadIdx.x + j * blockDim.x;
+            const bool in = chunk < K / 8;
+            r[j][0] = in ? r4[2 * chunk] : make_float4(0.f, 0.f, 0.f, 0.f);
+            r[j][1] = in ? r4[2 * chunk + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+            g[j][0] = in ? w4[2 * chunk] : make_uint2(0u, 0u);
+            g[j][1] = in ? w4[2 * chunk + 1] : make_uint2(0u, 0u);
+        }
+        const float inv_rms = rmsnorm_inv_rms_pieces<R>(r, K, eps, warp_sums);
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            const int chunk = threadIdx.x + j * blockDim.x;
+            if (chunk < K / 8) {
+                const uint2 lo = rmsnorm_apply4(r[j][0], g[j][0], inv_rms);
+                const uint2 hi = rmsnorm_apply4(r[j][1], g[j][1], inv_rms);
+                x_dst[gemv_x_slot(chunk)] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+            }
+        }
+        return;
+    }
+    const float inv_rms = rmsnorm_inv_rms(residual, K, eps, warp_sums);
     for (int chunk = threadIdx.x; chunk < K / 8; chunk += blockDim.x) {
         const uint2 lo = rmsnorm_apply4(r4[2 * chunk], w4[2 * chunk], inv_rms);
         const uint2 hi = rmsnorm_apply4(r4[2 * chunk + 1], w4[2 * chunk + 1], inv_rms);

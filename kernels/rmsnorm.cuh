@@ -1,9 +1,10 @@
 // kernels/rmsnorm.cuh — RMSNorm of the FP32 residual stream, as device functions: the one
 // definition of its arithmetic, used by the stand-alone kernel (rmsnorm.cu) and by the GEMVs
-// that normalise their own input (gemv_int4.cu).
+// that normalise their own input (gemv_int4.cu, gemv_fmt.cu).
 //
-//   rmsnorm_inv_rms   1 / sqrt(mean(x²) + eps) of one row, summed in one fixed order
-//   rmsnorm_apply4    fp16(x · inv_rms · w) for 4 consecutive elements
+//   rmsnorm_inv_rms         1 / sqrt(mean(x²) + eps) of one row, summed in one fixed order
+//   rmsnorm_inv_rms_pieces  the same, of a row the block holds in registers (D ≤ 4096)
+//   rmsnorm_apply4          fp16(x · inv_rms · w) for 4 consecutive elements
 //
 // The order of the sum of squares is that of a 1024-thread block (RMSNORM_THREADS): virtual
 // thread t sums the squares of float4 chunks t, t + 1024, … (at most RMSNORM_MAX_CHUNKS),
@@ -47,16 +48,6 @@ __device__ __forceinline__ float rmsnorm_thread_ss(const float4* row, int t, int
 #ifndef RMSNORM_ALL_WARPS
 #define RMSNORM_ALL_WARPS 0
 #endif
-// RMSNORM_BATCH=B > 1 (a candidate for tools/bench_gemv.py --int4-defines / --fmt-defines, not yet
-// measured; 1, the default, is the loop below): where a row has at most 1024 float4 chunks (D ≤
-// 4096, every preset but the 14B), a warp loads the chunks of up to B of its virtual warps before
-// it reduces any, so their L2 round trips overlap. The loop waits for each in turn: a GEMV block
-// of W = 8 warps at the 7B's D = 3584 runs 28 virtual warps, 3–4 a warp, one round trip after
-// another on the step's critical path. With one chunk a virtual thread, its share is
-// 0 + ss4(chunk) (+ the zeros of chunks past the row, which add nothing): the same bits.
-#ifndef RMSNORM_BATCH
-#define RMSNORM_BATCH 1
-#endif
 
 // 1 / sqrt(mean(row²) + eps) in the fixed order above. Call from every thread of the block
 // (blockDim.x a multiple of 32, at most 1024); warp_sums: RMSNORM_WARPS floats of shared
@@ -73,29 +64,60 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     const float4* row = reinterpret_cast<const float4*>(x);
     const int lane = threadIdx.x % WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
     const int used = RMSNORM_ALL_WARPS ? RMSNORM_WARPS : min(RMSNORM_WARPS, (D / 4 + WARP_SIZE - 1) / WARP_SIZE);
-    if (RMSNORM_BATCH > 1 && D / 4 <= RMSNORM_THREADS) {  // block-uniform
-        constexpr int B = RMSNORM_BATCH;
-        for (int base = threadIdx.x / WARP_SIZE; base < used; base += B * n_warps) {
-            float4 v[B];
+    for (int vw = threadIdx.x / WARP_SIZE; vw < used; vw += n_warps) {
+        const float ss = warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, D / 4));
+        if (lane == 0) warp_sums[vw] = ss;
+    }
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < used; ++w) total += warp_sums[w];  // same order in every thread
+    return rsqrtf(total / (float)D + eps);
+}
+
+// RMSNORM_ONE_PASS=0 makes rmsnorm_one_pass refuse every row (a comparison build for
+// tools/bench_gemv.py: the GEMV prologues then read the row twice, as rmsnorm_inv_rms needs).
+#ifndef RMSNORM_ONE_PASS
+#define RMSNORM_ONE_PASS 1
+#endif
+
+// Whether rmsnorm_inv_rms_pieces<R> can normalise a row of D elements in a block of the
+// caller's size: every 8-element piece in one thread's R registers (D/8 ≤ R · blockDim.x),
+// and one float4 chunk a virtual thread (D/4 ≤ RMSNORM_THREADS: every preset up to the 7B's
+// 3584; the 14B's 5120 is not). Block-uniform.
+template <int R>
+__device__ __forceinline__ bool rmsnorm_one_pass(int D) {
+    return RMSNORM_ONE_PASS && D / 4 <= RMSNORM_THREADS && D / 8 <= R * (int)blockDim.x;
+}
+
+// rmsnorm_inv_rms from a row the block already holds in registers, so a GEMV prologue reads its
+// residual once, not once for the sum of squares and again to normalise: one L2 round trip
+// fewer on the step's critical path. Thread `tid` holds piece p = tid + j · blockDim.x of the
+// row in r[j] (inputs 8p … 8p + 7 as float4 chunks 2p and 2p + 1; zeros past the row), for
+// j < R; rmsnorm_one_pass<R>(D) must hold. Call from every thread; contains one __syncthreads.
+//
+// The same bits as rmsnorm_inv_rms: a real warp's 32 pieces of one j are the 64 chunks of two
+// whole virtual warps (pieces start at multiples of 32, chunks at multiples of 64), lanes 0–15
+// holding the first and lanes 16–31 the second. warp_sum's butterfly pairs chunk c with c ^ 16,
+// then ^ 8, ^ 4, ^ 2, ^ 1; chunk 2i + k lives in register k of lane i, so chunk offsets 16 … 2
+// are lane offsets 8 … 1 within the half, applied to each register, and offset 1 is the add of
+// the lane's two registers. Each add takes the same two operands as warp_sum's (an FP32 add is
+// commutative), so each virtual warp's sum has the same bits, written to the same warp_sums
+// slot, and the total adds the same slots in the same order.
+template <int R>
+__device__ __forceinline__ float rmsnorm_inv_rms_pieces(const float4 (&r)[R][2], int D, float eps,
+                                                        float* warp_sums) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int used = min(RMSNORM_WARPS, (D / 4 + WARP_SIZE - 1) / WARP_SIZE);
 #pragma unroll
-            for (int b = 0; b < B; ++b) {  // every load of the batch before any use
-                const int c = (base + b * n_warps) * WARP_SIZE + lane;
-                v[b] = c < D / 4 ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+    for (int j = 0; j < R; ++j) {
+        float s0 = 0.f + rmsnorm_ss4(r[j][0]), s1 = 0.f + rmsnorm_ss4(r[j][1]);
 #pragma unroll
-            for (int b = 0; b < B; ++b) {
-                const int vw = base + b * n_warps;  // warp-uniform
-                if (vw < used) {
-                    const float ss = warp_sum(0.f + rmsnorm_ss4(v[b]));
-                    if (lane == 0) warp_sums[vw] = ss;
-                }
-            }
+        for (int m = WARP_SIZE / 4; m >= 1; m >>= 1) {
+            s0 += shfl_xor_f32(s0, m);
+            s1 += shfl_xor_f32(s1, m);
         }
-    } else {
-        for (int vw = threadIdx.x / WARP_SIZE; vw < used; vw += n_warps) {
-            const float ss = warp_sum(rmsnorm_thread_ss(row, vw * WARP_SIZE + lane, D / 4));
-            if (lane == 0) warp_sums[vw] = ss;
-        }
+        const int vw = (j * (int)blockDim.x + warp * WARP_SIZE) / 16 + lane / 16;  // this half's virtual warp
+        if (lane % 16 == 0 && vw < used) warp_sums[vw] = s0 + s1;
     }
     __syncthreads();
     float total = 0.f;
