@@ -39,7 +39,7 @@ def test_parse_defines_names_the_option(bench):
 
 
 @pytest.mark.parametrize("extra", [["--tokens", "2"], ["--blocks", "132"], ["--unroll", "4"],
-                                   ["--int4-defines", "GEMV_UNROLL=8"], ["--pdl"]])
+                                   ["--int4-defines", "GEMV_UNROLL=8"]])
 def test_int4_options_refused_with_formats(bench, extra):
     with pytest.raises(SystemExit, match=f"{extra[0]} times the INT4 GEMVs; it does not go with --formats"):
         bench.parse_args(["--formats", "q4_k", *extra])
@@ -48,6 +48,23 @@ def test_int4_options_refused_with_formats(bench, extra):
 def test_warps_go_with_formats(bench):
     a = bench.parse_args(["--formats", "q4_k", "--warps", "4", "--fmt-defines", "GF_UNROLL=4,GF_MIN_BLOCKS=1"])
     assert a.warps == [4] and a.fmt_defines == ["GF_UNROLL=4,GF_MIN_BLOCKS=1"]
+
+
+def test_pdl_times_each_format_row_both_ways(bench, monkeypatch):
+    """--pdl with --formats: every (format, shape, build) row once without and once with
+    programmatic dependent launch, the flag passed to the timing and recorded in the row."""
+    seen = []
+    monkeypatch.setattr(bench, "make_q_launcher", lambda *a, **k: type("L", (), {"specs": [type("S", (), {
+        "grid": (1, 1, 1), "block": (32, 1, 1)})()]})())
+    monkeypatch.setattr(bench, "time_launchers", lambda launchers, reps, pdl: seen.append(pdl) or (5.0 if pdl else 6.0))
+    monkeypatch.setattr(bench, "get_device", lambda: type("D", (), {"synchronize": lambda self: None})())
+    from drvqwen.config import PRESETS
+
+    assert bench.parse_args(["--formats", "q4_k", "--pdl"]).pdl
+    rows = bench.bench_formats(["q4_k"], PRESETS["0.5b"], 4, 1000.0, shapes_=("o_proj", "qkv_rope"), pdl=True)
+    assert seen == [False, True, False, True]
+    assert [(r["gemv"], r["pdl"], r["us"]) for r in rows] == [("q4_k:o_proj", False, 6.0), ("q4_k:o_proj", True, 5.0),
+                                                            ("q4_k:qkv_rope", False, 6.0), ("q4_k:qkv_rope", True, 5.0)]
 
 
 def test_formats_are_timed_in_a_models_build(bench):

@@ -26,7 +26,8 @@ Each figure is one launch of a CUDA graph of back-to-back launches of the same G
 through enough copies of its weights that they cannot stay in the 60 MB L2 between launches
 (so the bytes come from HBM, as in a decode step), divided by the number of launches. With
 --pdl the launches are programmatic dependents of each other (the next one's weight loads
-start under the previous one's tail), which is how the decode step runs them.
+start under the previous one's tail), which is how the decode step runs them (with --formats
+too).
 
 --tokens T … also times the verify pass's T-token kernels (gemv_int4.cu, "T tokens at once") at
 the same shapes, one row per GEMV and T (e.g. `qkv_rope T=8`; default T: 1 2 4 8 16), every
@@ -218,13 +219,14 @@ def format_builds(fmt_id: int, variants: list[dict] | None = None, every_format:
 
 def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: list[dict] | None = None,
                   shapes_: tuple[str, ...] = Q_SHAPES, warps: tuple[int, ...] = (),
-                  every_format: bool = False) -> list[dict]:
+                  every_format: bool = False, pdl: bool = False) -> list[dict]:
     """One row per (format, shape, build, warps): µs, GB/s and the share of the copy bandwidth.
 
     The builds are format_builds': each format's own (a model's), with each variant's defines
     (versions of the kernel compared in the same run), and with `every_format` the build for
     every format before them. Each row runs with the launcher's warps a block and then with each
-    of `warps` (the blocks an SM follow from the build's registers: the driver's occupancy)."""
+    of `warps` (the blocks an SM follow from the build's registers: the driver's occupancy), and
+    with `pdl` each also as programmatic dependents of each other (the step's way)."""
     from drvqwen.format import weight_formats as wf
 
     rng = np.random.default_rng(0)
@@ -238,18 +240,19 @@ def bench_formats(names: list[str], cfg, reps: int, copy_gbps: float, variants: 
             r = -(-reps // copies) * copies
             builds = list(zip(([None] if every_format else []) + list(variants or [{}]),
                               format_builds(fmt.id, variants, every_format)))
-            for (variant, defines), w in itertools.product(builds, (None, *warps)):
+            for (variant, defines), w, with_pdl in itertools.product(builds, (None, *warps),
+                                                                     (False, True) if pdl else (False,)):
                 s = Scratch()
                 try:
                     launchers = [make_q_launcher(fmt, name, s, c, cfg, rng, defines, w) for c in range(copies)]
-                    us = time_launchers(launchers, r, False)
+                    us = time_launchers(launchers, r, with_pdl)
                     spec = launchers[0].specs[0]
                     gbps = nbytes / us / 1e3
                     rows.append({"gemv": f"{fmt.name}:{name}",
                                  "variant": {"bits_per_weight": fmt.bits_per_weight,
                                              **({"build": "every format"} if variant is None else variant),
                                              **({"warps": w} if w else {})},
-                                 "pdl": False, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
+                                 "pdl": with_pdl, "grid": spec.grid, "block": spec.block, "smem": 0, "bytes": nbytes,
                                  "us": us, "GBps": gbps, "of_copy": gbps / copy_gbps, "copies": copies, "reps": r})
                 finally:
                     get_device().synchronize()
@@ -314,7 +317,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise SystemExit(f"--tokens: T={t} is outside 1..{MAX_TOKENS}")
     if a.formats:
         for opt, given in (("--tokens", a.tokens), ("--blocks", a.blocks), ("--unroll", a.unroll),
-                           ("--int4-defines", a.int4_defines), ("--pdl", a.pdl)):
+                           ("--int4-defines", a.int4_defines)):
             if given:
                 raise SystemExit(f"{opt} times the INT4 GEMVs; it does not go with --formats")
     return a
@@ -334,7 +337,7 @@ def main() -> int:
         [{"defines": parse_defines(d, "--int4-defines")} for d in a.int4_defines]
     if a.formats:
         rows += bench_formats(a.formats, cfg, a.reps, copy.gbps, [parse_defines(d) for d in a.fmt_defines] or None,
-                              tuple(a.fmt_shapes), tuple(a.warps), a.fmt_every_format)
+                              tuple(a.fmt_shapes), tuple(a.warps), a.fmt_every_format, a.pdl)
     for row, name, n_tokens in ([] if a.formats else plan_rows(a.gemv, a.tokens or [])):
         sh = shapes(cfg)[name]
         nbytes = sum(int4_bytes(n, sh["k"]) for n in sh["n"])
