@@ -204,6 +204,7 @@ def test_a_ctrl_c_pending_before_a_blocking_read_still_ends_it():
     that state while the read blocks on a pipe no one writes to. read_interruptibly raises the
     KeyboardInterrupt within its poll interval; a read on this thread would wait for good."""
     import _thread
+    import signal
     import threading
     import time
 
@@ -212,6 +213,9 @@ def test_a_ctrl_c_pending_before_a_blocking_read_still_ends_it():
     r, w = os.pipe()
     backstop = threading.Timer(15, os.write, (w, b"y"))   # a read that waits for good ends, late
     backstop.start()
+    # As cli.main has it while a command runs (an earlier test may have left SIG_IGN, under
+    # which interrupt_main does nothing).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         timer = threading.Timer(0.2, _thread.interrupt_main)
         start = time.monotonic()
@@ -224,6 +228,7 @@ def test_a_ctrl_c_pending_before_a_blocking_read_still_ends_it():
         with pytest.raises(FileNotFoundError):                                # and so does an error
             read_interruptibly(lambda: Path("/nonexistent/prompt").read_bytes())
     finally:
+        signal.signal(signal.SIGINT, before)
         backstop.cancel()
         os.close(w)       # the abandoned reader thread reads EOF and ends
         os.close(r)
