@@ -74,10 +74,12 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     return rsqrtf(total / (float)D + eps);
 }
 
-// RMSNORM_ONE_PASS=0 makes rmsnorm_one_pass refuse every row (a comparison build for
-// tools/bench_gemv.py: the GEMV prologues then read the row twice, as rmsnorm_inv_rms needs).
+// RMSNORM_ONE_PASS=1 lets the GEMV prologues take the one-pass path below (a candidate build for
+// tools/bench_gemv.py --int4-defines / --fmt-defines and the kernel tests, not yet run on a GPU);
+// 0, the default, makes rmsnorm_one_pass refuse every row, so the prologues read the row twice,
+// as rmsnorm_inv_rms needs, and their machine code is that of the two-pass prologues alone.
 #ifndef RMSNORM_ONE_PASS
-#define RMSNORM_ONE_PASS 1
+#define RMSNORM_ONE_PASS 0
 #endif
 
 // Whether rmsnorm_inv_rms_pieces<R> can normalise a row of D elements in a block of the

@@ -302,6 +302,10 @@ QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("odd", 3, 1, 32, 256, ("q4_g32_min", "q5_k", "q5_g32_min"))]
 
 
+# rmsnorm.cuh's candidate prologue: the residual read once, the squares summed from registers.
+ONE_PASS = (("RMSNORM_ONE_PASS", 1),)
+
+
 def _compiled_for(compiled: str, fmts) -> tuple:
     """Defines for a case's kernel: "all" the default build (every format, one block of the fused
     kernels per SM), "model" the build a model of these formats gets (format_defines), "flat" that
@@ -334,10 +338,17 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
     q_out = dev.poisoned("q", (hq, dh), np.float16)
     k_cache = dev.poisoned("k_cache", (N_PAGES, hkv, 16, dh), np.float16)
     v_cache = dev.poisoned("v_cache", (N_PAGES, hkv, 16, dh), np.float16)
-    ln = GemvFmtQkvRope(q_out, k_cache, v_cache, dev.upload("residual", residual), dev.upload("norm_w", norm_w),
-                        *(w for w, _ in ws), *(dev.upload(f"b{i}", b) for i, b in enumerate(biases)),
-                        dev.upload("inv_freq", inv_freq), state, dev.upload("block_table", block_table),
-                        n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=d, eps=EPS, defines=defines)
+    ins = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), *(w for w, _ in ws),
+           *(dev.upload(f"b{i}", b) for i, b in enumerate(biases)), dev.upload("inv_freq", inv_freq), state,
+           dev.upload("block_table", block_table))
+
+    def launcher(defines):
+        return GemvFmtQkvRope(q_out, k_cache, v_cache, *ins, n_heads=hq, n_kv_heads=hkv, head_dim=dh, dim=d,
+                              eps=EPS, defines=defines)
+
+    ln = launcher(defines)
+    # The model's build also with rmsnorm.cuh's candidate one-pass prologue: the same bits.
+    one_pass = launcher(defines + ONE_PASS) if compiled == "model" else None
     for pos in (0, 17, 1000):
         state.upload(np.array([pos, 0, pos + 1], np.int32))
         for buf in (q_out, k_cache, v_cache):
@@ -356,6 +367,14 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
             assert (got.view(np.uint16)[untouched] == 0xFFFF).all(), f"{name}_cache: another slot was written"
         ln.launch()
         assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
+        if one_pass is not None:
+            outs = [got_q, k_cache.download()[page, :, slot], v_cache.download()[page, :, slot]]
+            for buf in (q_out, k_cache, v_cache):
+                buf.fill_bytes(0xFF)
+            one_pass.launch()
+            for name, a, b in zip("qkv", outs, (q_out.download(), k_cache.download()[page, :, slot],
+                                                v_cache.download()[page, :, slot])):
+                assert_same_bits(f"{label}.pos{pos}.{name}: one pass against two", a, b)
     _time(f"{label}.qkv_rope.{compiled}", ln)
 
 
@@ -377,14 +396,18 @@ def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname, compiled):
     x = normed_fp16(residual, norm_w, EPS).astype(np.float64)
     want = ref.swiglu(g64 @ x, u64 @ x)
     h = dev.poisoned("h", (f,), np.float16)
-    ln = GemvFmtGateUpSwiglu(h, dev.upload("residual", residual), dev.upload("norm_w", norm_w), g, u, f=f, k=d,
-                             eps=EPS, defines=defines)
+    ins = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), g, u)
+    ln = GemvFmtGateUpSwiglu(h, *ins, f=f, k=d, eps=EPS, defines=defines)
     ln.launch()
     got = h.download()
     report(label, got, want, TOL_GEMV)
     h.fill_bytes(0xFF)
     ln.launch()
     assert_same_bits(label, got, h.download())
+    if compiled == "model":  # rmsnorm.cuh's candidate one-pass prologue: the same bits
+        h.fill_bytes(0xFF)
+        GemvFmtGateUpSwiglu(h, *ins, f=f, k=d, eps=EPS, defines=defines + ONE_PASS).launch()
+        assert_same_bits(f"{label}: one pass against two", got, h.download())
     _time(f"{label}.gate_up.{compiled}", ln)
 
 

@@ -55,6 +55,12 @@ def _variants(label: str, n_tiles: int, k: int):
     return [("auto", {}), ("3_blocks", {"blocks": 3})]
 
 
+# rmsnorm.cuh's candidate prologue (RMSNORM_ONE_PASS=1: the residual read once, the squares
+# summed from the registers it was loaded into) must give the default build's bits: the same
+# sums in the same order. The fused kernels run it as a third variant, compared bit for bit.
+ONE_PASS = (("RMSNORM_ONE_PASS", 1),)
+
+
 def _time(label, variant, launcher):
     if not label.startswith("7b"):
         return
@@ -92,6 +98,7 @@ def test_gemv_int4_f16(dev, rng, label, n, k):
 @pytest.mark.parametrize("label,hq,hkv,dh,k", QKV, ids=[p[0] for p in QKV])
 def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
     from drvqwen.launchers import GemvInt4QkvRope
+    from drvqwen.launchers.gemv_int4 import qkv_rope_defines
 
     nq, nkv = hq * dh, hkv * dh
     ws = [random_int4(rng, n, k) for n in (nq, nkv, nkv)]
@@ -110,7 +117,10 @@ def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
     q_out = dev.poisoned("q", (hq, dh), np.float16)
     k_cache = dev.poisoned("k_cache", (N_PAGES, hkv, 16, dh), np.float16)
     v_cache = dev.poisoned("v_cache", (N_PAGES, hkv, 16, dh), np.float16)
-    for variant, kw in _variants(label, -(-nq // 16) + 2 * -(-nkv // 16), k):
+    n_tiles = -(-nq // 16) + 2 * -(-nkv // 16)
+    seen = {}
+    one_pass = ("one_pass", {"defines": qkv_rope_defines(n_tiles, k) + ONE_PASS})
+    for variant, kw in _variants(label, n_tiles, k) + [one_pass]:
         ln = GemvInt4QkvRope(q_out, k_cache, v_cache, bufs["residual"], bufs["norm_w"], *args, *bufs["bias"],
                              bufs["inv_freq"], bufs["state"], bufs["bt"], n_heads=hq, n_kv_heads=hkv, head_dim=dh,
                              dim=k, eps=EPS, **kw)
@@ -134,6 +144,12 @@ def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
                     f"{name}_cache: a slot other than position {pos} was written"
             ln.launch()
             assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
+            outs = (got_q, k_cache.download()[page, :, slot], v_cache.download()[page, :, slot])
+            if variant == "auto":
+                seen[pos] = outs
+            elif variant == "one_pass":
+                for name, a, b in zip("qkv", seen[pos], outs):
+                    assert_same_bits(f"{label}.pos{pos}.{name}: one pass against two", a, b)
         _time(f"{label}.qkv_rope", variant, ln)
 
 
@@ -172,7 +188,8 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
     bufs = (dev.upload("residual", residual), dev.upload("norm_w", norm_w), upload_int4(dev, "gq", gq),
             dev.upload("gs", gs), upload_int4(dev, "uq", uq), dev.upload("us", us))
     want = ref.swiglu(matvec64(gq, gs, x), matvec64(uq, us, x))
-    for variant, kw in _variants(label, -(-f // 16), k):
+    seen = {}
+    for variant, kw in _variants(label, -(-f // 16), k) + [("one_pass", {"defines": ONE_PASS})]:
         h = dev.poisoned("h", (f,), np.float16)
         ln = GemvInt4GateUpSwiglu(h, *bufs, f=f, k=k, eps=EPS, **kw)
         ln.launch()
@@ -181,4 +198,6 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
         h.fill_bytes(0xFF)
         ln.launch()
         assert_same_bits(label, got, h.download())
+        seen[variant] = got
         _time(f"{label}.gate_up", variant, ln)
+    assert_same_bits(f"{label}: one pass against two", seen["auto"], seen["one_pass"])
