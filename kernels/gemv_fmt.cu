@@ -411,8 +411,6 @@ struct GfStageRmsNorm {
     template <bool SUMS, bool TINY_ORDER>
     __device__ __forceinline__ void run(uint4* x_smem, float* xsum, int K) const {
         __shared__ float warp_sums[RMSNORM_WARPS];
-        const float4* r4 = reinterpret_cast<const float4*>(residual);
-        const uint2* w4 = reinterpret_cast<const uint2*>(weight);
         constexpr int R = 2;  // pieces a thread in flight (2 × 48 bytes: residual and gain)
         const int pieces = K / 8;
         // Where the block's threads hold the whole row in one round (rmsnorm_one_pass: K ≤ 4096),
@@ -424,14 +422,7 @@ struct GfStageRmsNorm {
             float4 r[R][2];
             uint2 g[R][2];
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                const int p = base + j * blockDim.x;  // 8-input piece
-                const bool in = p < pieces;
-                r[j][0] = in ? r4[2 * p] : make_float4(0.f, 0.f, 0.f, 0.f);
-                r[j][1] = in ? r4[2 * p + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
-                g[j][0] = in ? w4[2 * p] : make_uint2(0u, 0u);
-                g[j][1] = in ? w4[2 * p + 1] : make_uint2(0u, 0u);
-            }
+            for (int j = 0; j < R; ++j) rmsnorm_load_piece(residual, weight, base + j * blockDim.x, pieces, r[j], g[j]);
             // one_pass: this is the only round (pieces ≤ R · blockDim.x), whose every thread calls it
             if (!GF_PROBE_NO_NORM && one_pass) inv_rms = rmsnorm_inv_rms_pieces<R>(r, K, eps, warp_sums);
 #pragma unroll

@@ -474,14 +474,8 @@ __device__ __forceinline__ void gemv_stage_rmsnorm_row(uint4* x_dst, const float
         float4 r[R][2];
         uint2 g[R][2];
 #pragma unroll
-        for (int j = 0; j < R; ++j) {  // every load before the sum of squares waits for any
-            const int chunk = threadIdx.x + j * blockDim.x;
-            const bool in = chunk < K / 8;
-            r[j][0] = in ? r4[2 * chunk] : make_float4(0.f, 0.f, 0.f, 0.f);
-            r[j][1] = in ? r4[2 * chunk + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
-            g[j][0] = in ? w4[2 * chunk] : make_uint2(0u, 0u);
-            g[j][1] = in ? w4[2 * chunk + 1] : make_uint2(0u, 0u);
-        }
+        for (int j = 0; j < R; ++j)  // every load before the sum of squares waits for any
+            rmsnorm_load_piece(residual, weight, threadIdx.x + j * blockDim.x, K / 8, r[j], g[j]);
         const float inv_rms = rmsnorm_inv_rms_pieces<R>(r, K, eps, warp_sums);
 #pragma unroll
         for (int j = 0; j < R; ++j) {

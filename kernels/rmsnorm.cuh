@@ -74,10 +74,11 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     return rsqrtf(total / (float)D + eps);
 }
 
-// RMSNORM_ONE_PASS=1 lets the GEMV prologues take the one-pass path below (a candidate build for
-// tools/bench_gemv.py --int4-defines / --fmt-defines and the kernel tests, not yet run on a GPU);
-// 0, the default, makes rmsnorm_one_pass refuse every row, so the prologues read the row twice,
-// as rmsnorm_inv_rms needs, and their machine code is that of the two-pass prologues alone.
+// RMSNORM_ONE_PASS=1 lets the GEMV prologues take the one-pass path below: a candidate build for
+// tools/bench_gemv.py --int4-defines / --fmt-defines, which the kernel tests compare bit for bit
+// with the default. 0, the default until the one pass is measured faster, makes rmsnorm_one_pass
+// refuse every row, so the prologues read the row twice, as rmsnorm_inv_rms needs, and their
+// machine code is that of the two-pass prologues alone.
 #ifndef RMSNORM_ONE_PASS
 #define RMSNORM_ONE_PASS 0
 #endif
@@ -89,6 +90,20 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
 template <int R>
 __device__ __forceinline__ bool rmsnorm_one_pass(int D) {
     return RMSNORM_ONE_PASS && D / 4 <= RMSNORM_THREADS && D / 8 <= R * (int)blockDim.x;
+}
+
+// Piece p of a row of n_pieces (inputs 8p … 8p + 7): its float4 chunks 2p, 2p + 1 of x and the
+// matching 4 + 4 fp16 gains; zeros past the row (they add nothing to a sum of squares and
+// normalise to 0). The registers rmsnorm_inv_rms_pieces and rmsnorm_apply4 take.
+__device__ __forceinline__ void rmsnorm_load_piece(const float* __restrict__ x, const __half* __restrict__ w, int p,
+                                                   int n_pieces, float4 (&r)[2], uint2 (&g)[2]) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const uint2* w4 = reinterpret_cast<const uint2*>(w);
+    const bool in = p < n_pieces;
+    r[0] = in ? x4[2 * p] : make_float4(0.f, 0.f, 0.f, 0.f);
+    r[1] = in ? x4[2 * p + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+    g[0] = in ? w4[2 * p] : make_uint2(0u, 0u);
+    g[1] = in ? w4[2 * p + 1] : make_uint2(0u, 0u);
 }
 
 // rmsnorm_inv_rms from a row the block already holds in registers, so a GEMV prologue reads its
