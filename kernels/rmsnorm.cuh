@@ -74,13 +74,16 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
     return rsqrtf(total / (float)D + eps);
 }
 
-// RMSNORM_ONE_PASS=1 lets the GEMV prologues take the one-pass path below: a candidate build for
-// tools/bench_gemv.py --int4-defines / --fmt-defines, which the kernel tests compare bit for bit
-// with the default. 0, the default until the one pass is measured faster, makes rmsnorm_one_pass
-// refuse every row, so the prologues read the row twice, as rmsnorm_inv_rms needs, and their
-// machine code is that of the two-pass prologues alone.
+// RMSNORM_ONE_PASS=1 (the default) lets the GEMV prologues take the one-pass path below wherever
+// the row fits one round: the residual and gains are read once, the squares summed from those
+// registers, one dependent L2 round trip less on the step's critical path than sum, barrier and
+// read again. On one H100 (tools/bench_gemv.py --pdl, docs/benchmarks.md) it took the 7B's INT4
+// qkv_rope from 7.53 to 7.08 µs and gate_up from 25.16 to 24.29 µs, and the 7B's decode step
+// from 2.13–2.15 to 2.06 ms (tools/bench_commits.py, in turns). 0 makes rmsnorm_one_pass refuse
+// every row, so the prologues read the row twice, as rmsnorm_inv_rms needs: the build the kernel
+// tests compare bit for bit with the default, and decode_persistent.cu's (one pass spills there).
 #ifndef RMSNORM_ONE_PASS
-#define RMSNORM_ONE_PASS 0
+#define RMSNORM_ONE_PASS 1
 #endif
 
 // Whether rmsnorm_inv_rms_pieces<R> can normalise a row of D elements in a block of the

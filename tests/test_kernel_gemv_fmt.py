@@ -302,8 +302,9 @@ QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("odd", 3, 1, 32, 256, ("q4_g32_min", "q5_k", "q5_g32_min"))]
 
 
-# rmsnorm.cuh's candidate prologue: the residual read once, the squares summed from registers.
-ONE_PASS = (("RMSNORM_ONE_PASS", 1),)
+# rmsnorm.cuh's two-pass prologue (RMSNORM_ONE_PASS=0: sum the squares, then read the row again)
+# against the default one pass (the residual read once, the squares summed from registers).
+TWO_PASS = (("RMSNORM_ONE_PASS", 0),)
 
 
 def _compiled_for(compiled: str, fmts) -> tuple:
@@ -347,8 +348,8 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
                               eps=EPS, defines=defines)
 
     ln = launcher(defines)
-    # The model's build also with rmsnorm.cuh's candidate one-pass prologue: the same bits.
-    one_pass = launcher(defines + ONE_PASS) if compiled == "model" else None
+    # The model's build also with rmsnorm.cuh's two-pass prologue: the same bits.
+    two_pass = launcher(defines + TWO_PASS) if compiled == "model" else None
     for pos in (0, 17, 1000):
         state.upload(np.array([pos, 0, pos + 1], np.int32))
         for buf in (q_out, k_cache, v_cache):
@@ -367,14 +368,14 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
             assert (got.view(np.uint16)[untouched] == 0xFFFF).all(), f"{name}_cache: another slot was written"
         ln.launch()
         assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
-        if one_pass is not None:
+        if two_pass is not None:
             outs = [got_q, k_cache.download()[page, :, slot], v_cache.download()[page, :, slot]]
             for buf in (q_out, k_cache, v_cache):
                 buf.fill_bytes(0xFF)
-            one_pass.launch()
+            two_pass.launch()
             for name, a, b in zip("qkv", outs, (q_out.download(), k_cache.download()[page, :, slot],
                                                 v_cache.download()[page, :, slot])):
-                assert_same_bits(f"{label}.pos{pos}.{name}: one pass against two", a, b)
+                assert_same_bits(f"{label}.pos{pos}.{name}: two passes against one", a, b)
     _time(f"{label}.qkv_rope.{compiled}", ln)
 
 
@@ -404,10 +405,10 @@ def test_gemv_fmt_gate_up_swiglu(dev, rng, label, f, d, fname, compiled):
     h.fill_bytes(0xFF)
     ln.launch()
     assert_same_bits(label, got, h.download())
-    if compiled == "model":  # rmsnorm.cuh's candidate one-pass prologue: the same bits
+    if compiled == "model":  # rmsnorm.cuh's two-pass prologue: the same bits
         h.fill_bytes(0xFF)
-        GemvFmtGateUpSwiglu(h, *ins, f=f, k=d, eps=EPS, defines=defines + ONE_PASS).launch()
-        assert_same_bits(f"{label}: one pass against two", got, h.download())
+        GemvFmtGateUpSwiglu(h, *ins, f=f, k=d, eps=EPS, defines=defines + TWO_PASS).launch()
+        assert_same_bits(f"{label}: two passes against one", got, h.download())
     _time(f"{label}.gate_up.{compiled}", ln)
 
 

@@ -55,10 +55,12 @@ def _variants(label: str, n_tiles: int, k: int):
     return [("auto", {}), ("3_blocks", {"blocks": 3})]
 
 
-# rmsnorm.cuh's candidate prologue (RMSNORM_ONE_PASS=1: the residual read once, the squares
-# summed from the registers it was loaded into) must give the default build's bits: the same
-# sums in the same order. The fused kernels run it as a third variant, compared bit for bit.
-ONE_PASS = (("RMSNORM_ONE_PASS", 1),)
+# rmsnorm.cuh's two prologues: the default reads the residual once and sums the squares from the
+# registers it was loaded into; RMSNORM_ONE_PASS=0 sums, then reads the row again to normalise
+# (the path of rows too long for one round, and of decode_persistent.cu). Both must give the same
+# bits: the same sums in the same order. The fused kernels run the two-pass build as a third
+# variant, compared bit for bit.
+TWO_PASS = (("RMSNORM_ONE_PASS", 0),)
 
 
 def _time(label, variant, launcher):
@@ -119,8 +121,8 @@ def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
     v_cache = dev.poisoned("v_cache", (N_PAGES, hkv, 16, dh), np.float16)
     n_tiles = -(-nq // 16) + 2 * -(-nkv // 16)
     seen = {}
-    one_pass = ("one_pass", {"defines": qkv_rope_defines(n_tiles, k) + ONE_PASS})
-    for variant, kw in _variants(label, n_tiles, k) + [one_pass]:
+    two_pass = ("two_pass", {"defines": qkv_rope_defines(n_tiles, k) + TWO_PASS})
+    for variant, kw in _variants(label, n_tiles, k) + [two_pass]:
         ln = GemvInt4QkvRope(q_out, k_cache, v_cache, bufs["residual"], bufs["norm_w"], *args, *bufs["bias"],
                              bufs["inv_freq"], bufs["state"], bufs["bt"], n_heads=hq, n_kv_heads=hkv, head_dim=dh,
                              dim=k, eps=EPS, **kw)
@@ -147,9 +149,9 @@ def test_gemv_int4_qkv_rope(dev, rng, label, hq, hkv, dh, k):
             outs = (got_q, k_cache.download()[page, :, slot], v_cache.download()[page, :, slot])
             if variant == "auto":
                 seen[pos] = outs
-            elif variant == "one_pass":
+            elif variant == "two_pass":
                 for name, a, b in zip("qkv", seen[pos], outs):
-                    assert_same_bits(f"{label}.pos{pos}.{name}: one pass against two", a, b)
+                    assert_same_bits(f"{label}.pos{pos}.{name}: two passes against one", a, b)
         _time(f"{label}.qkv_rope", variant, ln)
 
 
@@ -189,7 +191,7 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
             dev.upload("gs", gs), upload_int4(dev, "uq", uq), dev.upload("us", us))
     want = ref.swiglu(matvec64(gq, gs, x), matvec64(uq, us, x))
     seen = {}
-    for variant, kw in _variants(label, -(-f // 16), k) + [("one_pass", {"defines": ONE_PASS})]:
+    for variant, kw in _variants(label, -(-f // 16), k) + [("two_pass", {"defines": TWO_PASS})]:
         h = dev.poisoned("h", (f,), np.float16)
         ln = GemvInt4GateUpSwiglu(h, *bufs, f=f, k=k, eps=EPS, **kw)
         ln.launch()
@@ -200,4 +202,4 @@ def test_gemv_int4_gate_up_swiglu(dev, rng, label, f, k):
         assert_same_bits(label, got, h.download())
         seen[variant] = got
         _time(f"{label}.gate_up", variant, ln)
-    assert_same_bits(f"{label}: one pass against two", seen["auto"], seen["one_pass"])
+    assert_same_bits(f"{label}: two passes against one", seen["auto"], seen["two_pass"])
