@@ -80,7 +80,7 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
 // refuse every row, so the prologues read the row twice, as rmsnorm_inv_rms needs, and their
 // machine code is that of the two-pass prologues alone.
 #ifndef RMSNORM_ONE_PASS
-#define RMSNORM_ONE_PASS 0
+#define RMSNORM_ONE_PASS 1
 #endif
 
 // Whether rmsnorm_inv_rms_pieces<R> can normalise a row of D elements in a block of the
