@@ -77,9 +77,11 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
 // RMSNORM_ONE_PASS=1 (the default) lets the GEMV prologues take the one-pass path below wherever
 // the row fits one round: the residual and gains are read once, the squares summed from those
 // registers, one dependent L2 round trip less on the step's critical path than sum, barrier and
-// read again. On one H100 (tools/bench_gemv.py --pdl, docs/benchmarks.md) it took the 7B's INT4
-// qkv_rope from 7.53 to 7.08 µs and gate_up from 25.16 to 24.29 µs, and the 7B's decode step
-// from 2.13–2.15 to 2.06 ms (tools/bench_commits.py, in turns). 0 makes rmsnorm_one_pass refuse
+// read again. On one H100 (docs/benchmarks.md, the 2026-12-07 *_one_pass runs) it took the 7B's
+// INT4 qkv_rope from 7.53 to 7.08 µs and gate_up from 25.16 to 24.29 µs (tools/bench_gemv.py
+// --pdl), Q4_K's from 8.81 to 8.02 and 26.83 to 25.91, and the 7B's graph decode step from
+// 2.127 / 2.150 to 2.065 / 2.064 ms in INT4, 2.160 / 2.153 to 2.104 / 2.102 ms in the Q4_K_M
+// layout (tools/bench_commits.py, in turns; the 0.5B's within its spread). 0 makes rmsnorm_one_pass refuse
 // every row, so the prologues read the row twice, as rmsnorm_inv_rms needs: the build the kernel
 // tests compare bit for bit with the default, and decode_persistent.cu's (one pass spills there).
 #ifndef RMSNORM_ONE_PASS
