@@ -78,8 +78,9 @@ __device__ __forceinline__ float rmsnorm_inv_rms(const float* __restrict__ x, in
 // the row fits one round: the residual and gains are read once, the squares summed from those
 // registers, one dependent L2 round trip less on the step's critical path than sum, barrier and
 // read again. On one H100 (docs/benchmarks.md, the 2026-12-07 *_one_pass runs) it took the 7B's
-// INT4 qkv_rope from 7.53 to 7.08 µs and gate_up from 25.16 to 24.29 µs (tools/bench_gemv.py
-// --pdl), Q4_K's from 8.81 to 8.02 and 26.83 to 25.91, and the 7B's graph decode step from
+// INT4 gate_up from 25.16 to 24.29 µs (tools/bench_gemv.py --pdl, the step's build and grid),
+// Q4_K's qkv_rope from 8.81 to 8.02 and gate_up from 26.83 to 25.91, the 0.5B's INT4 qkv_rope
+// from 3.35 to 3.06 and gate_up from 4.58 to 4.25, and the 7B's graph decode step from
 // 2.127 / 2.150 to 2.065 / 2.064 ms in INT4, 2.160 / 2.153 to 2.104 / 2.102 ms in the Q4_K_M
 // layout (tools/bench_commits.py, in turns; the 0.5B's within its spread). 0 makes rmsnorm_one_pass refuse
 // every row, so the prologues read the row twice, as rmsnorm_inv_rms needs: the build the kernel
