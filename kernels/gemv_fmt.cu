@@ -257,20 +257,6 @@
 #ifndef GF_UNROLL_4BIT
 #define GF_UNROLL_4BIT GF_UNROLL
 #endif
-// GF_QKV_UNROLL_4BIT: the same for qkv_rope's q, k and v blocks alone. There the deeper batch wins
-// where it loses in the plain GEMVs: the qkv launch is short (one or two tiles a block), so more
-// of its bytes are in flight when it starts — which is most of its time — where o_proj and
-// down_proj stream long enough for two items a batch to keep up. Measured on one H100
-// (tools/bench_gemv.py --preset 7b --formats q4_k q6_k --fmt-shapes qkv_rope o_proj down_proj
-// --fmt-defines "" GF_UNROLL_4BIT=4 --pdl, each format's own build, µs, batch 2 / 4 items):
-// q4_k qkv_rope 8.01 / 7.52, o_proj 4.77 / 5.09, down_proj 15.02 / 15.17; q6_k (6-bit codes,
-// not affected) 10.20 / 10.20 (docs/bench/2026-12-07_3af20d8_h100_bench_gemv_7b_fmt_unroll4bit.json).
-// launchers/gemv_fmt.py: format_defines sets it to 4 for a model with a 4-bit format where the
-// qkv kernel still fits its registers without spilling (the 7B's Q4_K with Q6_K does, the real
-// 0.5B's Q5_0, Q8_0, Q4_K and Q6_K does not: 16 bytes).
-#ifndef GF_QKV_UNROLL_4BIT
-#define GF_QKV_UNROLL_4BIT GF_UNROLL_4BIT
-#endif
 // Timing probes, results WRONG by design (tools/bench_gemv.py --formats … --fmt-defines): they
 // split a GEMV's time into its memory stream and its arithmetic, as gemv_int4.cu's do.
 //   GF_PROBE_LOADS_ONLY=1   every load as in the real kernel; an item's gather → unpack → scales
@@ -350,12 +336,10 @@ __device__ __forceinline__ WfRaw gf_probe_raw(u32 v) {
     return WfRaw{q, q, q, q, v ^ 4u, v ^ 5u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
 }
 
-// A warp's batch of items in registers: U items of MT matrices, rows g and g + 8. UNROLL_4BIT:
-// the batch of a one-matrix kernel over 4-bit codes (GF_UNROLL_4BIT, qkv_rope's GF_QKV_UNROLL_4BIT).
-template <int F, int MT, int UNROLL_4BIT = GF_UNROLL_4BIT>
+template <int F, int MT>
 struct GfBatch {
     static constexpr int BYTES = Wf<F>::BITS >= 8 ? Wf<F>::BITS / 8 : 1;  // chunk bytes / 16 (codes)
-    static constexpr int UNROLL = (Wf<F>::BITS == 4 && MT == 1) ? UNROLL_4BIT : GF_UNROLL;
+    static constexpr int UNROLL = (Wf<F>::BITS == 4 && MT == 1) ? GF_UNROLL_4BIT : GF_UNROLL;
     static constexpr int U = UNROLL / MT / BYTES > 0 ? UNROLL / MT / BYTES : 1;
     WfRaw w[U][MT][2];  // the chunk of MMA row g / row g + 8, per matrix
 };
@@ -459,11 +443,10 @@ struct GfStageRmsNorm {
 // rope_dim > 0) for its tiles [tile_b, tile_e): leaves each warp's row sums in `partial`
 // [tiles][MT][W][16]. Order: launch_dependents, the first weight batch, griddepcontrol.wait,
 // stage.run(x_smem, xsum, K), the main loop. Contains __syncthreads(): every thread calls it.
-// UNROLL_4BIT: GfBatch's (the batch only: the same sums in the same order for any value).
-template <int F, int MT, int UNROLL_4BIT = GF_UNROLL_4BIT, typename Stage>
+template <int F, int MT, typename Stage>
 __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rope_dim, int tile_b, int tile_e,
                                          int K, Stage stage, uint4* x_smem, float* xsum, float* partial) {
-    using Batch = GfBatch<F, MT, UNROLL_4BIT>;
+    using Batch = GfBatch<F, MT>;
     constexpr int U = Batch::U, SUBS = Wf<F>::SUBS, MMAS = 8 / SUBS;
     constexpr bool TINY = GF_TINY && WfTiny<F>::ON && !GF_PROBE_LOADS_ONLY;
     constexpr bool XSUM = Wf<F>::OFFSET || TINY;  // Σx of each chunk: the offset's term, or TINY's z
@@ -793,8 +776,7 @@ gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: ro
     const int rope_dim = seg == 2 ? 0 : Dh;
     const GfStageRmsNorm stage{residual, norm_w, eps};
     if (!wf_known(fmt)) return;  // block-uniform
-    WF_DISPATCH(fmt, F, gf_block<F, 1, GF_QKV_UNROLL_4BIT>(ws, n, rope_dim, tile_b, tile_e, K, stage, x_smem, xsum,
-                                                           partial);)
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, n, rope_dim, tile_b, tile_e, K, stage, x_smem, xsum, partial);)
     gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
         const int pos = state[0];
         const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);

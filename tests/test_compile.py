@@ -56,15 +56,10 @@ def test_kernel_folders_found():
 # the streaming load's measurement switches (ptx/ldst.cuh: the 256- and 128-byte prefetch sizes,
 # no evict-first hint) in the INT4 GEMVs.
 _FMT_SETS = [[f] for f in sorted(GPU_FORMAT_IDS | {DENSE_ID})] + [[10, 12], [5, 9, 10, 12]]
-# The sets whose qkv_rope format_defines gives the deeper batch over 4-bit codes (int4_g128, q4_g32,
-# q4_k alone; the 7B's Q4_K with Q6_K): compiled that way too.
-_DEEP_QKV_SETS = [[1], [2], [10], [10, 12]]
 DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})] + [
     ("gemv_fmt", {"WF_FORMATS": format_mask(ids), "GF_QKV_MIN_BLOCKS": 2,
                   "GF_GATE_UP_MIN_BLOCKS": 1 if ids == [DENSE_ID] else 2})
-    for ids in _FMT_SETS] + [
-    ("gemv_fmt", {"WF_FORMATS": format_mask(ids), "GF_QKV_MIN_BLOCKS": 2, "GF_GATE_UP_MIN_BLOCKS": 2,
-                  "GF_QKV_UNROLL_4BIT": 4}) for ids in _DEEP_QKV_SETS] + [("decode_persistent", {"DP_HEAD_DIM": 128, "DP_STRESS": stress}) for stress in (0, 1)] + [
+    for ids in _FMT_SETS] + [("decode_persistent", {"DP_HEAD_DIM": 128, "DP_STRESS": stress}) for stress in (0, 1)] + [
     ("decode_persistent", {"DP_HEAD_DIM": 128, "DP_PROBE_SKIP": (1 << 2) | (1 << 3) | (1 << 4)})] + [
     ("gemv_int4", {"LD_STREAM_PREFETCH": 256}), ("gemv_int4", {"LD_STREAM_PREFETCH": 128}),
     ("gemv_int4", {"LD_STREAM_EVICT_FIRST": 0})]

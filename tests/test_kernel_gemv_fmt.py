@@ -58,13 +58,6 @@ def test_format_defines_fit_the_real_recipes_two_blocks_per_sm():
         defs = dict(format_defines(by[n] for n in names))
         assert defs["WF_FORMATS"] == sum(1 << by[n] for n in names)
         assert defs["GF_QKV_MIN_BLOCKS"] == defs["GF_GATE_UP_MIN_BLOCKS"] == 2, names
-        spilled = [r.function for r in compile_kernel("gemv_fmt", defines=defs).resources.values() if r.spills]
-        assert not spilled, (names, spilled)
-    # qkv_rope's deeper batch over 4-bit codes: the 7B's set fits it at two blocks; the 0.5B's
-    # would spill (gemv_fmt.cu: GF_QKV_UNROLL_4BIT), and a set without 4-bit codes has no use for it.
-    assert dict(format_defines([by["q4_k"], by["q6_k"]])).get("GF_QKV_UNROLL_4BIT") == 4
-    assert "GF_QKV_UNROLL_4BIT" not in dict(format_defines(by[n] for n in ("q5_g32", "q8_g32", "q4_k", "q6_k")))
-    assert "GF_QKV_UNROLL_4BIT" not in dict(format_defines([by["q6_k"]]))
     defs = dict(format_defines([by["q4_k"], DENSE_ID]))
     assert defs["GF_GATE_UP_MIN_BLOCKS"] == 1 and defs["GF_QKV_MIN_BLOCKS"] == 2
     spilled = [r.function for r in compile_kernel("gemv_fmt", defines=defs).resources.values() if r.spills]
@@ -306,9 +299,7 @@ def test_gemv_fmt_integer_weights_exact(dev, rng, fmt, tiny):
 # (label, Hq, Hkv, Dh, D, (q, k, v formats))
 QKV = [("0.5b.q4_k_m", 14, 2, 64, 896, ("q5_g32", "q5_g32", "q8_g32")),
        ("7b.q4_k_m", 28, 4, 128, 3584, ("q4_k", "q4_k", "q6_k")),
-       ("odd", 3, 1, 32, 256, ("q4_g32_min", "q5_k", "q5_g32_min")),
-       # the 7B's formats at a small shape: its model build has qkv_rope's deeper 4-bit batch
-       ("odd.q4_k_m", 3, 1, 32, 512, ("q4_k", "q4_k", "q6_k"))]
+       ("odd", 3, 1, 32, 256, ("q4_g32_min", "q5_k", "q5_g32_min"))]
 
 
 # rmsnorm.cuh's two-pass prologue (RMSNORM_ONE_PASS=0: sum the squares, then read the row again)
@@ -357,15 +348,8 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
                               eps=EPS, defines=defines)
 
     ln = launcher(defines)
-    # The model's build also with rmsnorm.cuh's two-pass prologue and (where format_defines chose
-    # the deeper one) the default batch over 4-bit codes: the same bits.
-    if compiled == "model":
-        deep = dict(defines).get("GF_QKV_UNROLL_4BIT")
-        shallow = tuple(d for d in defines if d[0] != "GF_QKV_UNROLL_4BIT")
-        variants = [("two passes", launcher(defines + TWO_PASS))] + (
-            [("the default batch", launcher(shallow))] if deep else [])
-    else:
-        variants = []
+    # The model's build also with rmsnorm.cuh's two-pass prologue: the same bits.
+    two_pass = launcher(defines + TWO_PASS) if compiled == "model" else None
     for pos in (0, 17, 1000):
         state.upload(np.array([pos, 0, pos + 1], np.int32))
         for buf in (q_out, k_cache, v_cache):
@@ -384,14 +368,14 @@ def test_gemv_fmt_qkv_rope(dev, rng, label, hq, hkv, dh, d, fmts, compiled):
             assert (got.view(np.uint16)[untouched] == 0xFFFF).all(), f"{name}_cache: another slot was written"
         ln.launch()
         assert_same_bits(f"{label}.pos{pos}.q", got_q, q_out.download())
-        outs = [got_q, k_cache.download()[page, :, slot], v_cache.download()[page, :, slot]]
-        for what, other in variants:
+        if two_pass is not None:
+            outs = [got_q, k_cache.download()[page, :, slot], v_cache.download()[page, :, slot]]
             for buf in (q_out, k_cache, v_cache):
                 buf.fill_bytes(0xFF)
-            other.launch()
+            two_pass.launch()
             for name, a, b in zip("qkv", outs, (q_out.download(), k_cache.download()[page, :, slot],
                                                 v_cache.download()[page, :, slot])):
-                assert_same_bits(f"{label}.pos{pos}.{name}: {what} against the model's build", a, b)
+                assert_same_bits(f"{label}.pos{pos}.{name}: two passes against one", a, b)
     _time(f"{label}.qkv_rope.{compiled}", ln)
 
 

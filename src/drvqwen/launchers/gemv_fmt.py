@@ -88,10 +88,6 @@ def format_mask(format_ids: Iterable[int]) -> int:
     return mask
 
 
-# qkv_rope's batch over 4-bit codes (gemv_fmt.cu: GF_QKV_UNROLL_4BIT), taken where it fits.
-QKV_DEEP_BATCH = ("GF_QKV_UNROLL_4BIT", 4)
-
-
 @functools.lru_cache(maxsize=None)
 def _format_defines(format_ids: frozenset[int]) -> tuple[tuple[str, int], ...]:
     from ..cuda.errors import NvrtcError
@@ -99,29 +95,21 @@ def _format_defines(format_ids: frozenset[int]) -> tuple[tuple[str, int], ...]:
 
     mask = (("WF_FORMATS", format_mask(format_ids)),)
     two = mask + tuple((define, 2) for define in FUSED_MIN_BLOCKS.values())
-    four_bit = any(wf.FORMATS[f].bits == 4 for f in format_ids if f in wf.FORMATS)
     try:
-        report = compile_kernel("gemv_fmt", defines=dict(two + ((QKV_DEEP_BATCH,) if four_bit else ()))).resources
-        deep = four_bit and not report["gemv_fmt_qkv_rope"].spills
-        if four_bit and not deep:  # the qkv kernel's registers at the default batch
-            report = compile_kernel("gemv_fmt", defines=dict(two)).resources
+        report = compile_kernel("gemv_fmt", defines=dict(two)).resources
     except (NvrtcError, OSError):
         # No NVRTC or no cache to write here: the build that fits any register need. A GPU run
         # meets the same error at its own compile and says so there.
         return mask + tuple((define, 1) for define in FUSED_MIN_BLOCKS.values())
-    # Each kernel's registers depend on its own bound (and qkv_rope's on its batch) only: one
-    # compile answers for both.
-    blocks = tuple((define, 1 if report[kernel].spills else 2) for kernel, define in FUSED_MIN_BLOCKS.items())
-    return mask + blocks + ((QKV_DEEP_BATCH,) if deep else ())
+    # Each kernel's registers depend on its own bound only: one compile answers for both.
+    return mask + tuple((define, 1 if report[kernel].spills else 2) for kernel, define in FUSED_MIN_BLOCKS.items())
 
 
 def format_defines(format_ids: Iterable[int]) -> tuple[tuple[str, int], ...]:
     """The defines that compile gemv_fmt.cu and gemm_fmt.cu for one model: WF_FORMATS, the mask
     of its format ids (DENSE_ID for dense FP16 projections), and for each fused GEMV (qkv/RoPE,
     gate/up: FUSED_MIN_BLOCKS) its minimum of resident blocks per SM: 2 where ptxas fits it in
-    128 registers (2 blocks of 8 warps) without spilling, else 1; where the model has a 4-bit
-    format, qkv_rope's deeper batch over its codes (QKV_DEEP_BATCH) if the kernel still fits 2
-    blocks without spilling with it.
+    128 registers (2 blocks of 8 warps) without spilling, else 1.
 
     Why per model: a kernel's registers are the most that any format it can dispatch to needs;
     compiled for every format, the fused GEMVs need 150–180 and run one block per SM, compiled
