@@ -253,7 +253,19 @@
 // qkv_rope at 128 registers without spills (q4_k's batch 4 items, q6_k's 2), gate/up as before;
 // the real 0.5B's {q5_0, q8_0, q4_k, q6_k}: qkv_rope spills 16 bytes
 // (docs/bench/2026-12-06_2d98fb9_cpu_sass_gemv_fmt_*_unroll4bit.json). A compile-time choice for
-// tools/bench_gemv.py --fmt-defines until measured (default: GF_UNROLL, the same code).
+// tools/bench_gemv.py --fmt-defines (default: GF_UNROLL, the same code). Measured on one H100,
+// each format's own build, as programmatic dependents (tools/bench_gemv.py --preset 7b --formats
+// q4_k q6_k --fmt-shapes qkv_rope o_proj down_proj --fmt-defines "" GF_UNROLL_4BIT=4 --pdl; µs,
+// batch of 2 / 4 items; docs/bench/2026-12-07_3af20d8_h100_bench_gemv_7b_fmt_unroll4bit.json):
+// q4_k qkv_rope 8.01 / 7.52, o_proj 4.77 / 5.09, down_proj 15.02 / 15.17 (q6_k, not affected:
+// 10.20 / 10.20 at qkv_rope). Tried for qkv_rope alone in the 7B's Q4_K_M build (q4_k with q6_k;
+// commit ced2fff, a define of that kernel's own that format_defines set where it fit 2 blocks):
+// the step's qkv_rope launches, each timed alone (drvqwen bench --kernels), took 397.4 / 398.4 µs
+// over the 28 layers against 386.8 / 386.7, and the graph ITL 2.154 / 2.147 / 2.154 / 2.143 ms
+// against 2.149 / 2.152 / 2.153 / 2.145 in turns (tools/bench_commits.py;
+// docs/bench/2026-12-07_{ced2fff,3af20d8}_h100_syn7b_q4_k_m_qkv_deep_batch_{1..4}.json). The
+// model's build is not the one-format build the table times: there the deeper q4_k batch shares
+// the kernel's 128 registers with q6_k's v blocks, and the gain alone does not carry over. Not kept.
 #ifndef GF_UNROLL_4BIT
 #define GF_UNROLL_4BIT GF_UNROLL
 #endif

@@ -381,7 +381,10 @@
 // Measured slower at every 7B GEMV (tools/dev_kernels.py gemv_int4 --versions v3, µs: 8.67 /
 // 4.83 / 23.33 / 15.03 against 8.34 / 4.50 / 22.61 / 14.15, qkv_rope / o_proj / gate_up / down;
 // docs/bench/2026-12-05_e6b8a90_h200_dev_gemv_int4_v3.json): the balance did not pay for its
-// counter and extra partial stores. Kept off.
+// counter and extra partial stores. Kept off. At the 0.5B's shapes too (one H100, tools/bench_gemv.py
+// --preset 0.5b --gemv down_proj gate_up_swiglu --int4-defines GEMV_FLAT_SPLIT=1 --pdl, µs:
+// down_proj, K = 4864's 38 groups over 8 warps, 4.52 against 4.12; gate_up 4.50 against 4.21;
+// docs/bench/2026-12-07_3af20d8_h100_bench_gemv_05b_int4_flat_split.json).
 #ifndef GEMV_FLAT_SPLIT
 #define GEMV_FLAT_SPLIT 0
 #endif

@@ -52,6 +52,10 @@ MAX_DYNAMIC_SMEM_BYTES = 227 * 1024 - 1024
 # 288 instead of 144 blocks of two) the GEMV, too small to keep HBM busy, gains warps; where the
 # grid stays (the 0.5B's 72 tiles) it only loses bytes in flight, as o_proj and down_proj do
 # (tools/bench_gemv.py --pdl --unroll, kernels/gemv_int4.cu's header). qkv_rope_defines picks.
+# With the one-pass RMSNorm prologue (rmsnorm.cuh), the 7B's qkv_rope as a programmatic dependent
+# on one H100: 6.60 µs in this build at 288 blocks against 7.16 in the default at 144
+# (tools/bench_gemv.py --preset 7b --gemv qkv_proj --unroll 2 4 --pdl;
+# docs/bench/2026-12-07_3af20d8_h100_bench_gemv_7b_int4_qkv_unroll.json).
 # The same W, so the same sums as the persistent step's items; the T-token twins are built and
 # launched alike (layer_plan.py: the verify pass's layer is the decode step's).
 QKV_ROPE_DEFINES = (("GEMV_UNROLL", 2),)
