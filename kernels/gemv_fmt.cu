@@ -261,7 +261,7 @@
 // 10.20 / 10.20 at qkv_rope). Tried for qkv_rope alone in the 7B's Q4_K_M build (q4_k with q6_k;
 // commit ced2fff, a define of that kernel's own that format_defines set where it fit 2 blocks):
 // the step's qkv_rope launches, each timed alone (drvqwen bench --kernels), took 397.4 / 398.4 µs
-// over the 28 layers against 386.8 / 386.7, and the graph ITL 2.154 / 2.147 / 2.154 / 2.143 ms
+// over the 28 layers against 386.8 / 386.7, and the graph ITL 2.154 / 2.143 / 2.154 / 2.147 ms
 // against 2.149 / 2.152 / 2.153 / 2.145 in turns (tools/bench_commits.py;
 // docs/bench/2026-12-07_{ced2fff,3af20d8}_h100_syn7b_q4_k_m_qkv_deep_batch_{1..4}.json). The
 // model's build is not the one-format build the table times: there the deeper q4_k batch shares
