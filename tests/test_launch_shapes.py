@@ -335,6 +335,32 @@ def test_gemm_tiling_picks_the_tile_and_blocks_that_finish_soonest():
     assert fixed == (t.blocks, t.blocks) and t.split and fixed[0] > free[0]
 
 
+def test_int4_gemms_with_a_long_k_take_one_wave_of_whole_tiles_where_it_fills_the_grid():
+    """gemm_int4.lockstep_tiling on 132 SMs: the 7B's down_proj (28 row blocks, 148 groups) at a
+    1024-row chunk runs as one wave of 112 whole 256-token tiles, where _plan_cost alone picks
+    stream-K ranges on 132 blocks; at 512 rows (56 tiles), for a short K (o_proj, gate_up, qkv) or
+    more tiles than blocks it does not apply. plan_launch takes it for the INT4 launchers only
+    (lockstep), and not where the build or P is forced."""
+    from drvqwen.launchers.gemm_int4 import (GROUP_US, LOCKSTEP_MIN_GROUPS, GemmTiling, gemm_tiling, lockstep_tiling,
+                                             plan_launch)
+
+    sm = 132
+    assert gemm_tiling(1024, 28, 148, sm).split  # _plan_cost alone: stream-K ranges
+    assert lockstep_tiling(1024, 28, 148, sm) == GemmTiling(256, 112, False, 148 * GROUP_US[256])
+    assert lockstep_tiling(769, 28, 148, sm).blocks == 112
+    assert lockstep_tiling(768, 28, 148, sm) is None            # 84 tiles: 64 % of the grid
+    assert lockstep_tiling(512, 28, 148, sm) is None            # 56 tiles
+    assert lockstep_tiling(1024, 28, 28, sm) is None            # o_proj's K
+    assert lockstep_tiling(1024, 36, 28, sm) is None            # qkv: 144 tiles, more than the blocks
+    assert lockstep_tiling(1024, 296, 28, sm) is None           # gate_up
+    assert lockstep_tiling(1024, 28, LOCKSTEP_MIN_GROUPS - 1, sm) is None
+    split_k = object()  # only its presence matters to the plan
+    t = plan_launch(1024, 28, 148 * 128, max_blocks=sm, split_k=split_k, blocks=None, tile_tokens=None, lockstep=True)
+    assert (t.tile_tokens, t.blocks, t.split) == (256, 112, False)
+    t = plan_launch(1024, 28, 148 * 128, max_blocks=sm, split_k=None, blocks=None, tile_tokens=128, lockstep=True)
+    assert (t.tile_tokens, t.blocks) == (128, 132)              # a forced build stays
+
+
 def test_gemm_int4_launch_names_its_build_and_registers(monkeypatch):
     """The launchers take the build of the tile they pick (GEMM_BM=…, none for the default 128),
     its shared memory and 384 threads, and ask for the 168 registers the kernel's setmaxnreg

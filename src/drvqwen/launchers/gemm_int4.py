@@ -152,6 +152,30 @@ def _plan_cost(tiles: int, groups: int, p: int, bm: int, split: bool) -> tuple[f
     return -(-w // p) * GROUP_US[bm] + (parts - 1) * SPLIT_TAIL_US[bm], True
 
 
+# One wave of whole 256-token tiles, not _plan_cost's pick, for the INT4 GEMMs with a long K
+# (plan_launch's `lockstep`): where such a wave fills most of the grid, its blocks walk K side by
+# side — the tiles of one token block share each weight group, those of one row block each group
+# of x, within the same stretch of time — while stream-K ranges start each block elsewhere in K,
+# and a tile cut by them waits for its parts. _plan_cost sees neither. Measured on one H100
+# (tools/bench_gemm.py --preset 7b --rows 1024; docs/bench/2026-12-07_28a9d86_h100_gemm7b_m1024.json):
+# the 7B's down_proj (28 row blocks, 148 groups: 112 whole tiles) 201.1 µs as 112 whole tiles
+# against 237.9 on 132 blocks of ranges, where _plan_cost has 246.4 and 217.8 (its gate_up, qkv
+# and o_proj at 1024 rows, and every GEMM at 512, keep their picks). The reasons were not
+# separated. Only where measured: 256-token tiles, K of LOCKSTEP_MIN_GROUPS groups or more, and a
+# wave of at least LOCKSTEP_MIN_FILL of the grid (the 7B's down_proj from 769 rows on).
+LOCKSTEP_MIN_GROUPS = 64
+LOCKSTEP_MIN_FILL = 0.8
+
+
+def lockstep_tiling(rows: int, row_blocks: int, groups: int, grid: int) -> GemmTiling | None:
+    """The one-wave whole-tile plan (256 tokens a tile, P = the tiles, no cut) where it applies
+    (LOCKSTEP_MIN_GROUPS, LOCKSTEP_MIN_FILL), else None."""
+    tiles = -(-rows // 256) * row_blocks
+    if groups < LOCKSTEP_MIN_GROUPS or not LOCKSTEP_MIN_FILL * grid <= tiles <= grid:
+        return None
+    return GemmTiling(256, tiles, False, _plan_cost(tiles, groups, tiles, 256, False)[0])
+
+
 def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bool = True,
                 tile_tokens: int | None = None, blocks: int | None = None) -> GemmTiling:
     """The build (TILE_TOKENS), the block count P ≤ `grid` and whether ranges cut tiles that
@@ -240,11 +264,12 @@ def split_k_args(split_k: SplitKScratch | None, tiling: GemmTiling, kernel: str)
 
 
 def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
-                blocks: int | None, tile_tokens: int | None) -> GemmTiling:
+                blocks: int | None, tile_tokens: int | None, lockstep: bool = False) -> GemmTiling:
     """A persistent wgmma GEMM's plan (gemm_int4.py's launchers and gemm_fmt_wgmma.py's): the SM
     count (or `max_blocks`) bounds P; max_blocks=0 gives one block per tile (whole tiles, the
     plain form), the tile still chosen as for one block per SM; `blocks` forces P, `tile_tokens`
-    the build; ranges cut tiles only with a scratch.
+    the build; ranges cut tiles only with a scratch. `lockstep` (the INT4 launchers): where neither
+    P nor the build is forced, lockstep_tiling's plan where it applies.
 
     Raises:
         LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1,
@@ -257,6 +282,8 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     grid = persistent_grid(1 << 30, max_blocks or None) if chosen else (blocks or 1)
     t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, grid, split=split_k is not None and max_blocks != 0,
                     tile_tokens=tile_tokens, blocks=blocks)
+    if lockstep and tile_tokens is None and blocks is None and max_blocks != 0:
+        t = lockstep_tiling(rows, row_blocks, k // GROUP_SIZE, grid) or t
     tiles = -(-rows // t.tile_tokens) * row_blocks
     if max_blocks == 0 and blocks is None:
         t = GemmTiling(t.tile_tokens, tiles, False, t.us)
@@ -305,7 +332,7 @@ class _GemmLauncher(Launcher):
         """Plan the launch (plan_launch); sets self.tiling, returns the build's tile (x's tensor
         map is encoded for it)."""
         self.tiling = plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
-                                  tile_tokens=tile_tokens)
+                                  tile_tokens=tile_tokens, lockstep=True)
         return self.tiling.tile_tokens
 
     def _plan_builds(self, tiles: tuple[int, ...], what: str, rows: int, n_blocks: int, k: int, *,
