@@ -47,7 +47,9 @@
 //              a scratch a range may end inside a tile: the block holding the tile's first group
 //              adds the other blocks' partial sums and runs the epilogue; without one the ranges
 //              are whole tiles. Every block then runs ~W/P groups: no round of the SMs half
-//              empty (the launcher picks P and the tile together, gemm_tiling).
+//              empty (the launcher picks P and the tile together, gemm_tiling; for the INT4
+//              GEMMs with a long K it takes one wave of whole tiles where that fills most of the
+//              grid: lockstep_tiling, whose comment has the measurement).
 //   block    = 12 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
 //              tile's GEMM_BM tokens, and a producer warpgroup (warps 8–11) that gives its
 //              registers to them (setmaxnreg: 72 and 216 a thread at GEMM_BM 256, whose 128
