@@ -127,13 +127,7 @@
 //
 // Occupancy is the other lever: qkv_rope and gate_up need 150–180 registers when compiled for
 // every format and run one block of 8 warps per SM; compiled for one model's formats
-// (WF_FORMATS, launchers/gemv_fmt.py: format_defines) they fit 128 and run 2. (Compiling each
-// kernel for its own role's formats only — gate_up for Q5_0 alone in the real 0.5B's model —
-// would also shrink its code, 100–118 KB a fused kernel built for four formats: Nsight Compute
-// puts a third of those kernels' warp samples on instruction fetch, in the reduce and epilogue
-// after the main loop, but only after its cache flush; in the step, where the code stays in L2,
-// the same GEMVs built for two formats took as long. docs/benchmarks.md, the 2026-12-07
-// kernel_file rows.) Measured, q4_k
+// (WF_FORMATS, launchers/gemv_fmt.py: format_defines) they fit 128 and run 2. Measured, q4_k
 // gate_up at the 7B shape 37.3 → 32.6 µs; qkv_rope (q4_k, q4_k, q6_k) stays at 13.0–13.1,
 // where splitting the wave over q, k and v by makespan (launchers/gemv_fmt.py: split_blocks)
 // had taken it from 15.4. The whole decode step on the synthetic 7B in llama.cpp's Q4_K_M
@@ -144,6 +138,12 @@
 // (docs/bench/2026-12-04_{5a1cebb,a204a0f}_h200_syn{7b,05b}_q4_k_m_{cursor,parent}_*.json); alone
 // (tools/bench_gemv.py --formats all, …_gemv_formats_{cursor,parent}.json) most GEMVs move within
 // ±2 %: fewer instructions per item buy a little where the loop waits on issue, not more.
+// Compiling each kernel for its own role's formats only (gate_up for Q5_0 alone in the real
+// 0.5B's model) would also shrink its code, 100–118 KB a fused kernel built for four formats:
+// Nsight Compute puts a third of those kernels' warp samples on instruction fetch, in the reduce
+// and epilogue after the main loop, but only after its cache flush; in the step, where the code
+// stays in L2, the same GEMVs built for two formats took as long (docs/benchmarks.md, the
+// 2026-12-07 rows on a kernel file built for fewer formats). So the build stays per model.
 // Tried and not kept: Q4_K on gemv_int4.cu's engine (commit 000bd01: a Q4_K weights policy of
 // that engine and its residual and gate/up kernels, the decode step's Q4_K o_proj, gate/up and
 // down_proj on them). There a lane's 32 inputs of an item are one whole sub-block, so its A
