@@ -354,6 +354,9 @@ def test_int4_gemms_with_a_long_k_take_one_wave_of_whole_tiles_where_it_fills_th
     assert lockstep_tiling(1024, 36, 28, sm) is None            # qkv: 144 tiles, more than the blocks
     assert lockstep_tiling(1024, 296, 28, sm) is None           # gate_up
     assert lockstep_tiling(1024, 28, LOCKSTEP_MIN_GROUPS - 1, sm) is None
+    assert gemm_tiling(1024, 28, 148, sm, lockstep=True) == lockstep_tiling(1024, 28, 148, sm)
+    assert gemm_tiling(512, 28, 148, sm, lockstep=True) == gemm_tiling(512, 28, 148, sm)
+    assert gemm_tiling(1024, 28, 148, sm, lockstep=True, tile_tokens=128).tile_tokens == 128
     split_k = object()  # only its presence matters to the plan
     t = plan_launch(1024, 28, 148 * 128, max_blocks=sm, split_k=split_k, blocks=None, tile_tokens=None, lockstep=True)
     assert (t.tile_tokens, t.blocks, t.split) == (256, 112, False)

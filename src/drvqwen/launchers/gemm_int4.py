@@ -177,7 +177,7 @@ def lockstep_tiling(rows: int, row_blocks: int, groups: int, grid: int) -> GemmT
 
 
 def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bool = True,
-                tile_tokens: int | None = None, blocks: int | None = None) -> GemmTiling:
+                tile_tokens: int | None = None, blocks: int | None = None, lockstep: bool = False) -> GemmTiling:
     """The build (TILE_TOKENS), the block count P ≤ `grid` and whether ranges cut tiles that
     finish a GEMM of `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups`
     128-input groups soonest, by the estimate of _plan_cost (GROUP_US, SPLIT_TAIL_US). Without
@@ -185,12 +185,18 @@ def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bo
     fixes the build, `blocks` the P. Smaller tiles waste less of a short prompt; larger ones share
     each unpacked weight among more tokens. What it picks at 512 tokens on 132 SMs: every GEMM of
     the 7B and the 0.5B on (nearly) every SM, ranges cutting tiles; the 7B in 256-token tiles but
-    o_proj (128); the 0.5B's qkv, o_proj and down_proj in 64, its gate_up in 256.
+    o_proj (128); the 0.5B's qkv, o_proj and down_proj in 64, its gate_up in 256. With `lockstep`
+    (the INT4 GEMMs) and neither the build nor P fixed, lockstep_tiling's one wave of whole tiles
+    where it applies, before the estimate: at 1024 rows the 7B's down_proj.
 
     Raises:
         LaunchError: a tile size not in TILE_TOKENS, or blocks < 1.
     """
     require(blocks is None or (isinstance(blocks, int) and blocks >= 1), f"gemm_int4: blocks={blocks!r} must be >= 1")
+    if lockstep and tile_tokens is None and blocks is None:
+        plan = lockstep_tiling(rows, row_blocks, groups, grid)
+        if plan is not None:
+            return plan
     best = None
     for bm in ((tile_tokens,) if tile_tokens is not None else (128, 256, 64)):
         require(bm in TILE_TOKENS, f"gemm_int4: tile of {bm} tokens, want one of {TILE_TOKENS}")
@@ -268,8 +274,7 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     """A persistent wgmma GEMM's plan (gemm_int4.py's launchers and gemm_fmt_wgmma.py's): the SM
     count (or `max_blocks`) bounds P; max_blocks=0 gives one block per tile (whole tiles, the
     plain form), the tile still chosen as for one block per SM; `blocks` forces P, `tile_tokens`
-    the build; ranges cut tiles only with a scratch. `lockstep` (the INT4 launchers): where neither
-    P nor the build is forced, lockstep_tiling's plan where it applies.
+    the build; ranges cut tiles only with a scratch; `lockstep` (the INT4 launchers): gemm_tiling's.
 
     Raises:
         LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1,
@@ -281,9 +286,7 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     chosen = tile_tokens is None or (blocks is None and max_blocks != 0)
     grid = persistent_grid(1 << 30, max_blocks or None) if chosen else (blocks or 1)
     t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, grid, split=split_k is not None and max_blocks != 0,
-                    tile_tokens=tile_tokens, blocks=blocks)
-    if lockstep and tile_tokens is None and blocks is None and max_blocks != 0:
-        t = lockstep_tiling(rows, row_blocks, k // GROUP_SIZE, grid) or t
+                    tile_tokens=tile_tokens, blocks=blocks, lockstep=lockstep and max_blocks != 0)
     tiles = -(-rows // t.tile_tokens) * row_blocks
     if max_blocks == 0 and blocks is None:
         t = GemmTiling(t.tile_tokens, tiles, False, t.us)
