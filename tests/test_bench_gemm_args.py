@@ -33,3 +33,12 @@ def test_fmt_variant_refused_with_its_reason(bench, capsys, argv, why):
         bench.parse_args(argv)
     assert e.value.code == 2
     assert why in capsys.readouterr().err
+
+
+def test_kquant_formats_parsed_and_unknown_refused(bench, capsys):
+    assert bench.parse_args(["--kquant", "q4_k", "q6_k"]).kquant == ["q4_k", "q6_k"]
+    assert bench.parse_args([]).kquant == []
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--kquant", "q8_0"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

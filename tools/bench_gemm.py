@@ -2,7 +2,8 @@
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
-        [--tiles auto 64 128 256] [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
+        [--tiles auto 64 128 256] [--kquant q4_k q5_k q6_k] [--formats q4_k q6_k int4_g128 …] [--fmt-mma]
+        [--fmt-variant NAME:DEFINE=INT[,…]]
 
 The INT4 GEMMs run as the prefill runs them, stream-K ranges included (a scratch as the
 prefill's); with --tiles each given tile size is a column (auto: the launchers' choice,
@@ -10,6 +11,11 @@ gemm_tiling), with --grid each schedule. Their qkv_proj row is the prefill's lau
 gemm_int4_qkv_rope (the bias, the RoPE and the FP16 q and K/V cache writes in its epilogue, the
 chunk at positions 0 … M−1 of a cache in order); --qkv-f32 times gemm_int4_qkv instead, the FP32
 form `drvqwen bench --prefill-rope apart` runs before rope_kv_rows.
+
+--kquant adds, per --grid and --tiles choice, a column per K-quant format with the GEMMs a model in
+that format runs (launchers/gemm_kquant.py: gemm_int4.cu's mainloop over the GGUF's Q4_K, Q5_K or
+Q6_K bytes, planned as the prefill plans them); Q6_K, which llama.cpp's *_K_M recipes give only
+v_proj and down_proj, has the down_proj row alone.
 
 --formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
 prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
@@ -63,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="tokens a tile of the INT4 GEMMs, a column each (auto: the launchers' choice)")
     ap.add_argument("--qkv-f32", action="store_true",
                     help="the INT4 qkv_proj row: gemm_int4_qkv (FP32 out) instead of the prefill's gemm_int4_qkv_rope")
+    ap.add_argument("--kquant", nargs="+", default=[], choices=["q4_k", "q5_k", "q6_k"],
+                    help="also time the K-quant GEMMs a model in these formats runs (gemm_int4.cu's mainloop), a "
+                         "column each per --grid and --tiles choice")
     ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
     ap.add_argument("--fmt-mma", action="store_true", help="with --formats: also gemm_fmt.cu (mma.sync)")
     ap.add_argument("--fmt-variant", action="append", type=parse_variant, default=[],
@@ -119,9 +128,13 @@ def main() -> int:
     tiles = sms
     sk = SplitKScratch(lambda name, shape, dtype: upload(name, np.zeros(shape, dtype)), units, tiles)
 
+    def plan_kw(cl, tile):
+        """The launchers' planning arguments of grid `cl` and tile `tile` (--grid, --tiles)."""
+        return dict(rows=m, max_blocks=0 if cl == "tiles" else None, split_k=sk if cl == "persistent" else None,
+                    tile_tokens=None if tile == "auto" else int(tile))
+
     def gemms(cl, tile):
-        kw = dict(rows=m, max_blocks=0 if cl == "tiles" else None, split_k=sk if cl == "persistent" else None,
-                  tile_tokens=None if tile == "auto" else int(tile))
+        kw = plan_kw(cl, tile)
         qkv = (GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, head_dim=dh, **kw) if a.qkv_f32
                else GemmInt4QkvRopeRows(rope["q_out"], rope["k_cache"], rope["v_cache"], x, *wq, *wk, *wv,
                                         *rope["biases"], rope["cs"], st, rope["block_table"], n_heads=cfg.num_heads,
@@ -169,8 +182,32 @@ def main() -> int:
             "down_proj": [Res(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, rows=m, defines=defs)],
         }
 
-    columns = [(cl if a.tiles == ["auto"] else f"{cl}:{tile}", {name: [g] for name, g in gemms(cl, tile).items()})
+    def kquant_gemms(name, cl, tile):
+        """{row: launcher} of the K-quant format `name`, planned as gemms(cl, tile) plans INT4's."""
+        from drvqwen.launchers import gemm_kquant as kq
+        fmt, kw = by_name[name], plan_kw(cl, tile)
+        if name == "q6_k":
+            return {"down_proj": kq.GemmQ6kResidualRows(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, **kw)}
+        q5 = name == "q5_k"
+        Qkv, Res, GateUp = ((kq.GemmQ5kQkvRopeRows, kq.GemmQ5kResidualRows, kq.GemmQ5kGateUpSwigluRows) if q5 else
+                            (kq.GemmQ4kQkvRopeRows, kq.GemmQ4kResidualRows, kq.GemmQ4kGateUpSwigluRows))
+        return {
+            "qkv_proj": Qkv(rope["q_out"], rope["k_cache"], rope["v_cache"], x, fw(fmt, "q", nq, d),
+                            fw(fmt, "k", nkv, d), fw(fmt, "v", nkv, d), *rope["biases"], rope["cs"], st,
+                            rope["block_table"], n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=dh,
+                            k=d, **kw),
+            "o_proj": Res(o["res"], x, fw(fmt, "o", d, nq), st, n=d, k=nq, **kw),
+            "gate_up_swiglu": GateUp(o["h_out"], x, fw(fmt, "g", f, d), fw(fmt, "u", f, d), st, f=f, k=d, **kw),
+            "down_proj": Res(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, **kw),
+        }
+
+    def label(cl, tile, fmt=None):
+        return ":".join([cl] + ([] if a.tiles == ["auto"] else [tile]) + ([fmt] if fmt else []))
+
+    columns = [(label(cl, tile), {name: [g] for name, g in gemms(cl, tile).items()})
                for cl in a.grid for tile in a.tiles]
+    columns += [(label(cl, tile, name), {row: [g] for row, g in kquant_gemms(name, cl, tile).items()})
+                 for name in a.kquant for cl in a.grid for tile in a.tiles]
     choices = {cl: {name: f"{gs[0].tile_tokens}×P{gs[0].tiling.blocks}{' stream-K' if gs[0].tiling.split else ''}"
                     for name, gs in launchers.items()}
                for cl, launchers in columns}
@@ -185,7 +222,7 @@ def main() -> int:
     for cl, _ in columns:
         t.add_column(f"{cl}: µs", justify="right")
         t.add_column("TFLOP/s", justify="right")
-    rows_out: dict[str, list[str]] = {}
+    rows_out: dict[str, dict[str, list[str]]] = {}  # row → column → its two cells (a Q6_K column has one row)
     layer_ms = {}
     record = {"tool": "bench_gemm", "source": source_record(), "preset": a.preset, "rows": m, "reps": a.reps, "samples": a.samples,
               "int4_qkv_kernel": "gemm_int4_qkv" if a.qkv_f32 else "gemm_int4_qkv_rope",
@@ -211,11 +248,12 @@ def main() -> int:
             total_us += us
             total_flops += flops
             tiling = f" ({choices[cl][name]})" if name in choices.get(cl, {}) else ""
-            rows_out.setdefault(name, []).extend([f"{us:.1f}{tiling}", f"{flops / us / 1e6:.1f}"])
-        rows_out.setdefault("layer", []).extend([f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}"])
+            rows_out.setdefault(name, {})[cl] = [f"{us:.1f}{tiling}", f"{flops / us / 1e6:.1f}"]
+        rows_out.setdefault("layer", {})[cl] = [f"{total_us:.1f}", f"{total_flops / total_us / 1e6:.1f}"]
         layer_ms[cl] = cfg.num_layers * total_us / 1e3
+    rows_out["layer"] = rows_out.pop("layer")  # the sums last
     for name, cells in rows_out.items():
-        t.add_row(name, *cells)
+        t.add_row(name, *(c for cl, _ in columns for c in cells.get(cl, ["–", "–"])))
     Console().print(t)
     for cl, ms in layer_ms.items():
         Console().print(f"{cl}: {cfg.num_layers} layers, {ms:.1f} ms of GEMMs")
