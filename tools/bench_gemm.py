@@ -61,9 +61,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=5, help="calls per timed graph (default 5)")
     ap.add_argument("--samples", type=int, default=5, help="timed graphs per figure, median taken (default 5)")
     ap.add_argument("--json", help="also write the figures (µs, TFLOP/s) to this file")
-    ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"], choices=["persistent", "whole", "tiles"],
-                    help="persistent: at most one block per SM, stream-K ranges that may cut tiles (what drvqwen "
-                         "runs); whole: the same grid, ranges of whole tiles (no scratch); tiles: one block per "
+    ap.add_argument("--grid", nargs="+", default=["persistent", "tiles"],
+                    choices=["persistent", "ranges", "whole", "tiles"],
+                    help="persistent: at most one block per SM, stream-K ranges that may cut tiles, or one wave of "
+                         "whole tiles where the launchers take that (what drvqwen runs); ranges: one block per SM "
+                         "and stream-K ranges, the build by the launchers' estimate (their plan without the one-wave "
+                         "rule); whole: one block per SM, ranges of whole tiles (no scratch); tiles: one block per "
                          "tile. Each given value is a column (default: persistent and tiles)")
     ap.add_argument("--tiles", nargs="+", default=["auto"], choices=["auto", "64", "128", "256"],
                     help="tokens a tile of the INT4 GEMMs, a column each (auto: the launchers' choice)")
@@ -130,7 +133,8 @@ def main() -> int:
 
     def plan_kw(cl, tile):
         """The launchers' planning arguments of grid `cl` and tile `tile` (--grid, --tiles)."""
-        return dict(rows=m, max_blocks=0 if cl == "tiles" else None, split_k=sk if cl == "persistent" else None,
+        return dict(rows=m, max_blocks=0 if cl == "tiles" else None,
+                    split_k=sk if cl in ("persistent", "ranges") else None, blocks=sms if cl == "ranges" else None,
                     tile_tokens=None if tile == "auto" else int(tile))
 
     def gemms(cl, tile):
@@ -160,6 +164,7 @@ def main() -> int:
         raise SystemExit(f"--formats: unknown {', '.join(unknown)} (choose from {', '.join(by_name)})")
 
     def fw(fmt, name, n, k):
+        """A random weight [n, k] in `fmt`, uploaded in the device layout."""
         parts = {part: upload(f"{fmt.name}.{name}.{part}", arr)
                  for part, arr in device_parts(fmt, wf.random_weight(fmt, n, k, rng)).items()}
         return FmtWeight(fmt, parts, f"{fmt.name}.{name}")
@@ -182,23 +187,31 @@ def main() -> int:
             "down_proj": [Res(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, rows=m, defines=defs)],
         }
 
+    kquant_weights = {}  # (format, role) → FmtWeight: one random weight a role, shared by the format's columns
+
     def kquant_gemms(name, cl, tile):
         """{row: launcher} of the K-quant format `name`, planned as gemms(cl, tile) plans INT4's."""
         from drvqwen.launchers import gemm_kquant as kq
-        fmt, kw = by_name[name], plan_kw(cl, tile)
+
+        def shared(role, n, k):
+            if (name, role) not in kquant_weights:
+                kquant_weights[name, role] = fw(by_name[name], role, n, k)
+            return kquant_weights[name, role]
+
+        kw = plan_kw(cl, tile)
         if name == "q6_k":
-            return {"down_proj": kq.GemmQ6kResidualRows(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, **kw)}
+            return {"down_proj": kq.GemmQ6kResidualRows(o["res"], xf, shared("d", d, f), st, n=d, k=f, **kw)}
         q5 = name == "q5_k"
         Qkv, Res, GateUp = ((kq.GemmQ5kQkvRopeRows, kq.GemmQ5kResidualRows, kq.GemmQ5kGateUpSwigluRows) if q5 else
                             (kq.GemmQ4kQkvRopeRows, kq.GemmQ4kResidualRows, kq.GemmQ4kGateUpSwigluRows))
         return {
-            "qkv_proj": Qkv(rope["q_out"], rope["k_cache"], rope["v_cache"], x, fw(fmt, "q", nq, d),
-                            fw(fmt, "k", nkv, d), fw(fmt, "v", nkv, d), *rope["biases"], rope["cs"], st,
+            "qkv_proj": Qkv(rope["q_out"], rope["k_cache"], rope["v_cache"], x, shared("q", nq, d),
+                            shared("k", nkv, d), shared("v", nkv, d), *rope["biases"], rope["cs"], st,
                             rope["block_table"], n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=dh,
                             k=d, **kw),
-            "o_proj": Res(o["res"], x, fw(fmt, "o", d, nq), st, n=d, k=nq, **kw),
-            "gate_up_swiglu": GateUp(o["h_out"], x, fw(fmt, "g", f, d), fw(fmt, "u", f, d), st, f=f, k=d, **kw),
-            "down_proj": Res(o["res"], xf, fw(fmt, "d", d, f), st, n=d, k=f, **kw),
+            "o_proj": Res(o["res"], x, shared("o", d, nq), st, n=d, k=nq, **kw),
+            "gate_up_swiglu": GateUp(o["h_out"], x, shared("g", f, d), shared("u", f, d), st, f=f, k=d, **kw),
+            "down_proj": Res(o["res"], xf, shared("d", d, f), st, n=d, k=f, **kw),
         }
 
     def label(cl, tile, fmt=None):
