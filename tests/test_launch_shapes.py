@@ -364,6 +364,34 @@ def test_int4_gemms_with_a_long_k_take_one_wave_of_whole_tiles_where_it_fills_th
     assert (t.tile_tokens, t.blocks) == (128, 132)              # a forced build stays
 
 
+
+def test_kquant_gemms_take_the_one_wave_rule_as_the_int4_ones(monkeypatch):
+    """The K-quant launchers (gemm_kquant.py) plan a long-K GEMM that fills the grid as one wave of
+    whole 256-token tiles, as the INT4 ones do: the 7B's down_proj at a 1024-row chunk (28 row
+    blocks, 148 groups) in Q4_K, Q5_K and Q6_K on 112 blocks, where the estimate alone (lockstep
+    off) cuts stream-K ranges; at 512 rows, or with the build forced, their plans are the estimate's."""
+    import types
+
+    from drvqwen.launchers import gemm_int4
+    from drvqwen.launchers import gemm_kquant as kq
+
+    monkeypatch.setattr(gemm_int4, "get_device", lambda: types.SimpleNamespace(info=types.SimpleNamespace(sm_count=132)))
+    split_k = object()  # only its presence matters to the plan
+
+    def plan(cls, rows, lockstep=None, tile_tokens=None):
+        ln = cls.__new__(cls)  # the planning alone: no buffers, no kernel
+        if lockstep is not None:
+            ln.lockstep = lockstep
+        ln._plan(rows, 28, 148 * 128, max_blocks=None, split_k=split_k, blocks=None, tile_tokens=tile_tokens)
+        return ln.tiling
+
+    for cls in (kq.GemmQ4kResidualRows, kq.GemmQ5kResidualRows, kq.GemmQ6kResidualRows):
+        t = plan(cls, 1024)
+        assert (t.tile_tokens, t.blocks, t.split) == (256, 112, False), cls.__name__
+        assert plan(cls, 1024, lockstep=False).split, cls.__name__
+        assert plan(cls, 512) == plan(cls, 512, lockstep=False), cls.__name__
+        assert plan(cls, 1024, tile_tokens=128) == plan(cls, 1024, lockstep=False, tile_tokens=128), cls.__name__
+
 def test_gemm_int4_launch_names_its_build_and_registers(monkeypatch):
     """The launchers take the build of the tile they pick (GEMM_BM=…, none for the default 128),
     its shared memory and 384 threads, and ask for the 168 registers the kernel's setmaxnreg

@@ -340,14 +340,22 @@ class _GemmLauncher(Launcher):
 
     def _plan_builds(self, tiles: tuple[int, ...], what: str, rows: int, n_blocks: int, k: int, *,
                      max_blocks: int | None, split_k: SplitKScratch | None, blocks: int | None,
-                     tile_tokens: int | None) -> int:
+                     tile_tokens: int | None, lockstep: bool = False) -> int:
         """plan_launch over the builds `tiles` a kernel exists in (the fastest estimate), or
-        `tile_tokens` (one of them); sets self.tiling, returns the build's tile.
+        `tile_tokens` (one of them); with `lockstep` (the K-quant launchers), a 256-token build and
+        neither the build nor P forced, lockstep_tiling's one wave of whole tiles where it applies,
+        as the INT4 launchers take it. Sets self.tiling, returns the build's tile.
 
         Raises:
             LaunchError: `tile_tokens` not one of `tiles` (named as `what`), or plan_launch's.
         """
         require(tile_tokens is None or tile_tokens in tiles, f"{what}: tile of {tile_tokens} tokens, want one of {tiles}")
+        if (lockstep and 256 in tiles and tile_tokens is None and blocks is None and max_blocks != 0
+                and lockstep_tiling(rows, n_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, max_blocks)) is not None):
+            # gemm_tiling returns that plan before any estimate: the same plan, through plan_launch's checks
+            self.tiling = plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=None,
+                                      tile_tokens=None, lockstep=True)
+            return self.tiling.tile_tokens
         plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
                  for bm in ((tile_tokens,) if tile_tokens else tiles)]
         self.tiling = min(plans, key=lambda t: t.us)

@@ -96,12 +96,14 @@ class _GemmKquantLauncher(_GemmLauncher):
         return smem_bytes_q5k(bm) if self.fmt_id == Q5K_ID else None
 
     tiles = Q4K_TILES  # the builds the launcher's kernel exists in
+    lockstep = True    # one wave of whole 256-token tiles where it applies (gemm_int4.lockstep_tiling)
 
     def _plan(self, rows: int, n_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
               blocks: int | None, tile_tokens: int | None) -> int:
-        """plan_launch over the kernel's builds (the fastest estimate), or `tile_tokens`."""
+        """plan_launch over the kernel's builds (the fastest estimate; one wave of whole 256-token
+        tiles where gemm_int4.lockstep_tiling applies, as for INT4), or `tile_tokens`."""
         return self._plan_builds(self.tiles, "gemm_kquant", rows, n_blocks, k, max_blocks=max_blocks,
-                                 split_k=split_k, blocks=blocks, tile_tokens=tile_tokens)
+                                 split_k=split_k, blocks=blocks, tile_tokens=tile_tokens, lockstep=self.lockstep)
 
 
 class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
