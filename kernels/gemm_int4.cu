@@ -360,6 +360,17 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 #define GEMM_MMA_TURNS 1
 #endif
 #define GEMM_TURN_BARRIER   2
+// Timing probes (wrong results by design; tools/bench_gemm.py --kquant-variant): where a format's
+// time over Q4_K's goes. GEMM_PROBE_NO_HIGH_COPY=1: the producer copies no high part (the stage's
+// high bytes are whatever an earlier group left there), so the format costs the producer and the
+// L2 what Q4_K does. GEMM_PROBE_LOW_ONLY=1: Q5_K's consumers unpack the low nibbles alone, as
+// Q4_K's do (its high bits neither read from the stage nor merged). 0 builds the same machine code.
+#ifndef GEMM_PROBE_NO_HIGH_COPY
+#define GEMM_PROBE_NO_HIGH_COPY 0
+#endif
+#ifndef GEMM_PROBE_LOW_ONLY
+#define GEMM_PROBE_LOW_ONLY 0
+#endif
 #define GEMM_TURN_THREADS   (GEMM_CONSUMER_WGS * 4 * WARP_SIZE)
 // Arrivals per phase of a full barrier: lane 0's arrive.expect_tx (the X bytes) and one
 // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
@@ -880,7 +891,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * Sc::CODE_STRIDE + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * Sc::CODE_STRIDE + 4 * t, true);
-                    if constexpr (Sc::HIGH_ROW_BYTES > 0) {
+                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY) {
                         // The rows' high part of the group (Q6_K's 32 B and Q5_0's 16 B of high
                         // bits, Q8_0's second 64 B of codes): lanes t < HIGH_ROW_BYTES / 16 of the
                         // quad, 16 B each.
@@ -1464,6 +1475,10 @@ struct GemmQ5kScales : GemmQ4kScales {
                                                      const uint4 (&ha)[GEMM_HIGH_MAX],
                                                      const uint4 (&hb)[GEMM_HIGH_MAX], int shift, const Group& G,
                                                      u32 (&frag)[GEMM_K_STEPS][4]) {
+        if constexpr (GEMM_PROBE_LOW_ONLY) {
+            GemmQ4kScales::fragments(ra, rb, ha, hb, shift, G, frag);
+            return;
+        }
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             // k step s: code words 2s, 2s+1 = words i0 = 2(s % 2), i0 + 1 of chunk j = s / 2 — the

@@ -42,3 +42,9 @@ def test_kquant_formats_parsed_and_unknown_refused(bench, capsys):
         bench.parse_args(["--kquant", "q8_0"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+    a = bench.parse_args(["--kquant", "q5_k", "--kquant-variant", "nohigh:GEMM_PROBE_NO_HIGH_COPY=1"])
+    assert a.kquant_variant == [("nohigh", (("GEMM_PROBE_NO_HIGH_COPY", 1),))]
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--kquant-variant", "nohigh:GEMM_PROBE_NO_HIGH_COPY=1"])
+    assert e.value.code == 2
+    assert "needs --kquant" in capsys.readouterr().err

@@ -54,7 +54,8 @@ def test_kernel_folders_found():
 # (launchers/decode_persistent.py; its two-blocks build is a measurement, and spills), and its
 # DP_PROBE_SKIP probe leaving the GEMVs out (a measurement too, but one that must build), and
 # the streaming load's measurement switches (ptx/ldst.cuh: the 256- and 128-byte prefetch sizes,
-# no evict-first hint) in the INT4 GEMVs.
+# no evict-first hint) in the INT4 GEMVs, and the prefill GEMMs' timing probes (gemm_int4.cu:
+# GEMM_PROBE_*) in the 256-token build.
 _FMT_SETS = [[f] for f in sorted(GPU_FORMAT_IDS | {DENSE_ID})] + [[10, 12], [5, 9, 10, 12]]
 DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})] + [
     ("gemv_fmt", {"WF_FORMATS": format_mask(ids), "GF_QKV_MIN_BLOCKS": 2,
@@ -62,7 +63,8 @@ DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})] + [
     for ids in _FMT_SETS] + [("decode_persistent", {"DP_HEAD_DIM": 128, "DP_STRESS": stress}) for stress in (0, 1)] + [
     ("decode_persistent", {"DP_HEAD_DIM": 128, "DP_PROBE_SKIP": (1 << 2) | (1 << 3) | (1 << 4)})] + [
     ("gemv_int4", {"LD_STREAM_PREFETCH": 256}), ("gemv_int4", {"LD_STREAM_PREFETCH": 128}),
-    ("gemv_int4", {"LD_STREAM_EVICT_FIRST": 0})]
+    ("gemv_int4", {"LD_STREAM_EVICT_FIRST": 0}),
+    ("gemm_int4", {"GEMM_BM": 256, "GEMM_PROBE_NO_HIGH_COPY": 1, "GEMM_PROBE_LOW_ONLY": 1})]
 
 
 @pytest.mark.parametrize("name", KERNELS + DEV_KERNELS)

@@ -2,8 +2,8 @@
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
-        [--tiles auto 64 128 256] [--kquant q4_k q5_k q6_k] [--formats q4_k q6_k int4_g128 …] [--fmt-mma]
-        [--fmt-variant NAME:DEFINE=INT[,…]]
+        [--tiles auto 64 128 256] [--kquant q4_k q5_k q6_k] [--kquant-variant NAME:DEFINE=INT[,…]]
+        [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
 
 The INT4 GEMMs run as the prefill runs them, stream-K ranges included (a scratch as the
 prefill's); with --tiles each given tile size is a column (auto: the launchers' choice,
@@ -15,7 +15,8 @@ form `drvqwen bench --prefill-rope apart` runs before rope_kv_rows.
 --kquant adds, per --grid and --tiles choice, a column per K-quant format with the GEMMs a model in
 that format runs (launchers/gemm_kquant.py: gemm_int4.cu's mainloop over the GGUF's Q4_K, Q5_K or
 Q6_K bytes, planned as the prefill plans them); Q6_K, which llama.cpp's *_K_M recipes give only
-v_proj and down_proj, has the down_proj row alone.
+v_proj and down_proj, has the down_proj row alone. --kquant-variant NAME:DEFINE=INT[,…] adds a
+compile-time build of gemm_int4.cu beside each (its timing probes GEMM_PROBE_*), in the same run.
 
 --formats adds a column per weight format (format/weight_formats.py names) with the per-tensor
 prefill GEMMs of kernels/gemm_fmt_wgmma.cu on random weights in that format (q, k and v as three
@@ -75,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--kquant", nargs="+", default=[], choices=["q4_k", "q5_k", "q6_k"],
                     help="also time the K-quant GEMMs a model in these formats runs (gemm_int4.cu's mainloop), a "
                          "column each per --grid and --tiles choice")
+    ap.add_argument("--kquant-variant", action="append", type=parse_variant, default=[],
+                    help="NAME:DEFINE=INT[,…] with --kquant: a compile-time build of gemm_int4.cu (its timing probes "
+                         "GEMM_PROBE_*) timed beside each K-quant column (repeatable)")
     ap.add_argument("--formats", nargs="+", default=[], help="also time the per-format GEMMs in these formats")
     ap.add_argument("--fmt-mma", action="store_true", help="with --formats: also gemm_fmt.cu (mma.sync)")
     ap.add_argument("--fmt-variant", action="append", type=parse_variant, default=[],
@@ -83,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.fmt_variant and not a.formats:
         ap.error("--fmt-variant needs --formats (the formats whose builds it adds)")
+    if a.kquant_variant and not a.kquant:
+        ap.error("--kquant-variant needs --kquant (the formats whose builds it adds)")
     return a
 
 
@@ -189,9 +195,13 @@ def main() -> int:
 
     kquant_weights = {}  # (format, role) → FmtWeight: one random weight a role, shared by the format's columns
 
-    def kquant_gemms(name, cl, tile):
-        """{row: launcher} of the K-quant format `name`, planned as gemms(cl, tile) plans INT4's."""
+    def kquant_gemms(name, cl, tile, defines=()):
+        """{row: launcher} of the K-quant format `name`, planned as gemms(cl, tile) plans INT4's,
+        built with `defines` added (--kquant-variant)."""
         from drvqwen.launchers import gemm_kquant as kq
+
+        def built(cls):
+            return type(cls.__name__, (cls,), {"extra_defines": tuple(defines)}) if defines else cls
 
         def shared(role, n, k):
             if (name, role) not in kquant_weights:
@@ -200,10 +210,10 @@ def main() -> int:
 
         kw = plan_kw(cl, tile)
         if name == "q6_k":
-            return {"down_proj": kq.GemmQ6kResidualRows(o["res"], xf, shared("d", d, f), st, n=d, k=f, **kw)}
+            return {"down_proj": built(kq.GemmQ6kResidualRows)(o["res"], xf, shared("d", d, f), st, n=d, k=f, **kw)}
         q5 = name == "q5_k"
-        Qkv, Res, GateUp = ((kq.GemmQ5kQkvRopeRows, kq.GemmQ5kResidualRows, kq.GemmQ5kGateUpSwigluRows) if q5 else
-                            (kq.GemmQ4kQkvRopeRows, kq.GemmQ4kResidualRows, kq.GemmQ4kGateUpSwigluRows))
+        Qkv, Res, GateUp = map(built, (kq.GemmQ5kQkvRopeRows, kq.GemmQ5kResidualRows, kq.GemmQ5kGateUpSwigluRows) if q5
+                               else (kq.GemmQ4kQkvRopeRows, kq.GemmQ4kResidualRows, kq.GemmQ4kGateUpSwigluRows))
         return {
             "qkv_proj": Qkv(rope["q_out"], rope["k_cache"], rope["v_cache"], x, shared("q", nq, d),
                             shared("k", nkv, d), shared("v", nkv, d), *rope["biases"], rope["cs"], st,
@@ -221,6 +231,9 @@ def main() -> int:
                for cl in a.grid for tile in a.tiles]
     columns += [(label(cl, tile, name), {row: [g] for row, g in kquant_gemms(name, cl, tile).items()})
                  for name in a.kquant for cl in a.grid for tile in a.tiles]
+    columns += [(label(cl, tile, f"{name}:{vname}"),
+                 {row: [g] for row, g in kquant_gemms(name, cl, tile, vdefs).items()})
+                for name in a.kquant for vname, vdefs in a.kquant_variant for cl in a.grid for tile in a.tiles]
     choices = {cl: {name: f"{gs[0].tile_tokens}×P{gs[0].tiling.blocks}{' stream-K' if gs[0].tiling.split else ''}"
                     for name, gs in launchers.items()}
                for cl, launchers in columns}
@@ -241,7 +254,8 @@ def main() -> int:
               "int4_qkv_kernel": "gemm_int4_qkv" if a.qkv_f32 else "gemm_int4_qkv_rope",
               "tiling": choices,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {},
-              "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant}}
+              "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant},
+              "kquant_variants": {name: dict(defs) for name, defs in a.kquant_variant}}
     # The samples go round the columns (sample 1 of every column, then sample 2, …): the GPU's
     # clock drops under a sustained run of these GEMMs, and a column measured whole after another
     # read up to 10% slower for the same launch (H200: the 7B's gate_up 217 µs first, 239 third).

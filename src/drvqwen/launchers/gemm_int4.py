@@ -324,6 +324,9 @@ class _GemmLauncher(Launcher):
 
     flops: int = 0
     tiling: GemmTiling | None = None  # the launch's plan (plan_launch)
+    # Compile-time switches added to the build's (a measurement's: gemm_int4.cu's GEMM_PROBE_*,
+    # tools/bench_gemm.py --kquant-variant); none in the runtime.
+    extra_defines: tuple[tuple[str, int], ...] = ()
 
     @property
     def tile_tokens(self) -> int:
@@ -370,7 +373,8 @@ class _GemmLauncher(Launcher):
         t = self.tiling
         sk = split_k_args(split_k, t, kernel)
         scratch = (split_k.partials, split_k.counters) if t.split else ()
-        self._add(KernelRef("gemm_int4", kernel, TILE_DEFINES[t.tile_tokens], pdl=True, registers=REGISTERS),
+        self._add(KernelRef("gemm_int4", kernel, TILE_DEFINES[t.tile_tokens] + self.extra_defines, pdl=True,
+                            registers=REGISTERS),
                   (t.blocks,), (THREADS,), {**args, **sk, **dims},
                   smem_bytes=smem or smem_bytes(t.tile_tokens), reads=(*reads, *scratch), writes=(*writes, *scratch),
                   bytes_moved=self.bytes_moved)
