@@ -48,8 +48,8 @@
 //              adds the other blocks' partial sums and runs the epilogue; without one the ranges
 //              are whole tiles. Every block then runs ~W/P groups: no round of the SMs half
 //              empty (the launcher picks P and the tile together, gemm_tiling; for the INT4
-//              GEMMs with a long K it takes one wave of whole tiles where that fills most of the
-//              grid: lockstep_tiling, whose comment has the measurement).
+//              and K-quant GEMMs with a long K it takes one wave of whole tiles where that fills
+//              most of the grid: lockstep_tiling, whose comment has the measurement).
 //   block    = 12 warps: two consumer warpgroups (warps 0–3, 4–7), each 64 weight rows × the
 //              tile's GEMM_BM tokens, and a producer warpgroup (warps 8–11) that gives its
 //              registers to them (setmaxnreg: 72 and 216 a thread at GEMM_BM 256, whose 128
@@ -365,6 +365,19 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // high bytes are whatever an earlier group left there), so the format costs the producer and the
 // L2 what Q4_K does. GEMM_PROBE_LOW_ONLY=1: Q5_K's consumers unpack the low nibbles alone, as
 // Q4_K's do (its high bits neither read from the stage nor merged). 0 builds the same machine code.
+// Measured at the 7B's shapes, 512 rows, one H100 in one run (bench_gemm.py --kquant q4_k q5_k
+// --kquant-variant …; docs/bench/2026-12-07_e77fde8_h100_gemm7b_m512_q5k_probes.json), µs:
+//   | GEMM     | INT4  | Q4_K  | Q5_K  | Q5_K no high copy | Q5_K low nibbles only |
+//   | gate_up  | 197.0 | 217.2 | 233.8 | 241.3             | 232.6                 |
+//   | down     | 119.9 | 141.0 | 142.2 | 149.8             | 144.5                 |
+//   | o_proj   |  32.7 |  36.1 |  40.9 |  39.0             |  41.3                 |
+//   | qkv      |  42.3 |  45.2 |  48.2 |  46.2             |  50.9                 |
+// Neither takes Q5_K to Q4_K's time: its extra 5–8 % is not the high plane's copies, nor its
+// unpack, each alone. Not built: the producer's lane 0 copying the warp tiles' 8-row halves by
+// cp.async.bulk (16–32 a group) instead of every lane's 16-byte cp.async — each bulk copy's
+// operands go to uniform registers under an elect loop: ~93 instructions a warp tile, ~740 a
+// group, in its SASS (Q5_K gate_up at 256 tokens, cuobjdump), where the lanes' pieces take the
+// producer's group loop 163 (INT4) to 378 (Q5_K) instructions.
 #ifndef GEMM_PROBE_NO_HIGH_COPY
 #define GEMM_PROBE_NO_HIGH_COPY 0
 #endif

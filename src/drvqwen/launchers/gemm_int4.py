@@ -152,17 +152,21 @@ def _plan_cost(tiles: int, groups: int, p: int, bm: int, split: bool) -> tuple[f
     return -(-w // p) * GROUP_US[bm] + (parts - 1) * SPLIT_TAIL_US[bm], True
 
 
-# One wave of whole 256-token tiles, not _plan_cost's pick, for the INT4 GEMMs with a long K
-# (plan_launch's `lockstep`): where such a wave fills most of the grid, its blocks walk K side by
-# side — the tiles of one token block share each weight group, those of one row block each group
-# of x, within the same stretch of time — while stream-K ranges start each block elsewhere in K,
-# and a tile cut by them waits for its parts. _plan_cost sees neither. Measured on one H100
-# (tools/bench_gemm.py --preset 7b --rows 1024; docs/bench/2026-12-07_28a9d86_h100_gemm7b_m1024.json):
-# the 7B's down_proj (28 row blocks, 148 groups: 112 whole tiles) 201.1 µs as 112 whole tiles
-# against 237.9 on 132 blocks of ranges, where _plan_cost has 246.4 and 217.8 (its gate_up, qkv
-# and o_proj at 1024 rows, and every GEMM at 512, keep their picks). The reasons were not
-# separated. Only where measured: 256-token tiles, K of LOCKSTEP_MIN_GROUPS groups or more, and a
-# wave of at least LOCKSTEP_MIN_FILL of the grid (the 7B's down_proj from 769 rows on).
+# One wave of whole 256-token tiles, not _plan_cost's pick, for the INT4 and K-quant GEMMs with a
+# long K (plan_launch's `lockstep`, _plan_builds'): where such a wave fills most of the grid, its
+# blocks walk K side by side — the tiles of one token block share each weight group, those of one
+# row block each group of x, within the same stretch of time — while stream-K ranges start each
+# block elsewhere in K, and a tile cut by them waits for its parts. _plan_cost sees neither.
+# Measured on one H100 (tools/bench_gemm.py --preset 7b --rows 1024;
+# docs/bench/2026-12-07_28a9d86_h100_gemm7b_m1024.json): the 7B's down_proj (28 row blocks, 148
+# groups: 112 whole tiles) 201.1 µs as 112 whole tiles against 237.9 on 132 blocks of ranges, where
+# _plan_cost has 246.4 and 217.8 (its gate_up, qkv and o_proj at 1024 rows, and every GEMM at 512,
+# keep their picks). The same GEMM in the GGUF's K-quants (gemm_kquant.py, the same mainloop;
+# bench_gemm.py --kquant, columns persistent against ranges, one H100 in one run:
+# docs/bench/2026-12-07_e77fde8_h100_gemm7b_m1024_kquant.json): Q4_K 253.6 against 296.0 µs, Q5_K
+# 275.8 against 294.3, Q6_K (two stages) 261.7 against 286.2, INT4 226.1 against 240.4. The reasons
+# were not separated. Only where measured: 256-token tiles, K of LOCKSTEP_MIN_GROUPS groups or more,
+# and a wave of at least LOCKSTEP_MIN_FILL of the grid (the 7B's down_proj from 769 rows on).
 LOCKSTEP_MIN_GROUPS = 64
 LOCKSTEP_MIN_FILL = 0.8
 
@@ -186,8 +190,8 @@ def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bo
     each unpacked weight among more tokens. What it picks at 512 tokens on 132 SMs: every GEMM of
     the 7B and the 0.5B on (nearly) every SM, ranges cutting tiles; the 7B in 256-token tiles but
     o_proj (128); the 0.5B's qkv, o_proj and down_proj in 64, its gate_up in 256. With `lockstep`
-    (the INT4 GEMMs) and neither the build nor P fixed, lockstep_tiling's one wave of whole tiles
-    where it applies, before the estimate: at 1024 rows the 7B's down_proj.
+    (the INT4 and K-quant GEMMs) and neither the build nor P fixed, lockstep_tiling's one wave of
+    whole tiles where it applies, before the estimate: at 1024 rows the 7B's down_proj.
 
     Raises:
         LaunchError: a tile size not in TILE_TOKENS, or blocks < 1.
@@ -274,7 +278,8 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     """A persistent wgmma GEMM's plan (gemm_int4.py's launchers and gemm_fmt_wgmma.py's): the SM
     count (or `max_blocks`) bounds P; max_blocks=0 gives one block per tile (whole tiles, the
     plain form), the tile still chosen as for one block per SM; `blocks` forces P, `tile_tokens`
-    the build; ranges cut tiles only with a scratch; `lockstep` (the INT4 launchers): gemm_tiling's.
+    the build; ranges cut tiles only with a scratch; `lockstep` (the INT4 and K-quant launchers):
+    gemm_tiling's.
 
     Raises:
         LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1,
