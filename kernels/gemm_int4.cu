@@ -364,7 +364,7 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // time over Q4_K's goes. GEMM_PROBE_NO_HIGH_COPY=1: the producer copies no high part (the stage's
 // high bytes are whatever an earlier group left there), so the format costs the producer and the
 // L2 what Q4_K does. GEMM_PROBE_LOW_ONLY=1: Q5_K's consumers unpack the low nibbles alone, as
-// Q4_K's do (its high bits neither read from the stage nor merged). 0 builds the same machine code.
+// Q4_K's do (no high bit merged). 0 builds the same machine code.
 // Measured at the 7B's shapes, 512 rows, one H100 in one run (bench_gemm.py --kquant q4_k q5_k
 // --kquant-variant …; docs/bench/2026-12-07_e77fde8_h100_gemm7b_m512_q5k_probes.json), µs:
 //   | GEMM     | INT4  | Q4_K  | Q5_K  | Q5_K no high copy | Q5_K low nibbles only |
@@ -372,8 +372,8 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 //   | down     | 119.9 | 141.0 | 142.2 | 149.8             | 144.5                 |
 //   | o_proj   |  32.7 |  36.1 |  40.9 |  39.0             |  41.3                 |
 //   | qkv      |  42.3 |  45.2 |  48.2 |  46.2             |  50.9                 |
-// Neither takes Q5_K to Q4_K's time: its extra 5–8 % is not the high plane's copies, nor its
-// unpack, each alone. Not built: the producer's lane 0 copying the warp tiles' 8-row halves by
+// Neither takes Q5_K to Q4_K's time (gate_up 8 % over it, o_proj 13 %): that is not the high
+// plane's copies, nor its unpack, each alone. Not built: the producer's lane 0 copying the warp tiles' 8-row halves by
 // cp.async.bulk (16–32 a group) instead of every lane's 16-byte cp.async — each bulk copy's
 // operands go to uniform registers under an elect loop: ~93 instructions a warp tile, ~740 a
 // group, in its SASS (Q5_K gate_up at 256 tokens, cuobjdump), where the lanes' pieces take the
