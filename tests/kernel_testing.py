@@ -274,3 +274,31 @@ def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: 
     launchers.RopeKvRows(*separate, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
     for name, a, b in zip("qkv", (got_q, got_k, got_v), separate):
         assert_same_bits(f"{tag} {name} against the stacked GEMMs + rope_kv_rows", a, b.download())
+
+
+def check_long_k_one_wave(dev, label: str, make, x: np.ndarray, r0: np.ndarray, w64: np.ndarray) -> None:
+    """A residual GEMM at the 7B's down_proj shape with a 1024-row chunk (N = 3584, K = 18944) on
+    a grid of 132: `make(residual, split_k=…, **plan)` builds it (x, W and prefill_state bound,
+    max_blocks=132). Under its own plan it must take one wave of 112 whole 256-token tiles
+    (gemm_int4.lockstep_tiling); forced to stream-K ranges (tile 256, P 132) it runs on the same
+    inputs. Each run leaves the scratch's counters at zero; the plan's output is checked against
+    the float64 reference on the dequantized weights `w64` on a few rows (float64 over K = 18944
+    is slow on the CPU) and against the ranges' output (another summation order: within the
+    tolerance, not the same bits)."""
+    from drvqwen.launchers.gemm_int4 import SplitKScratch
+
+    sk = SplitKScratch(dev.array, 132 * 2, 132)  # a 256-token partial is two units, one counter a block
+    sk.partials.fill_bytes(0xFF)
+    outs = {}
+    for name, kw in (("lockstep", {}), ("ranges", dict(tile_tokens=256, blocks=132))):
+        res = dev.upload(f"residual_{name}", r0)
+        g = make(res, split_k=sk, **kw)
+        t = g.tiling
+        assert (t.tile_tokens, t.blocks, t.split) == ((256, 112, False) if name == "lockstep" else (256, 132, True))
+        g.launch()
+        outs[name] = res.download()
+        assert not sk.counters.download().any(), f"{label} {name}: counters left non-zero"
+    rows = np.array([0, 1, 255, 256, 511, 777, 1022, 1023])
+    want = r0[rows].astype(np.float64) + x[rows].astype(np.float64) @ w64.T
+    report(f"{label} lockstep, 8 rows", outs["lockstep"][rows], want, TOL_GEMV)
+    report(f"{label} lockstep against ranges", outs["lockstep"], outs["ranges"].astype(np.float64), TOL_GEMV)

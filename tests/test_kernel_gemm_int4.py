@@ -18,8 +18,8 @@ from drvqwen import launchers
 from drvqwen.prefill import ROW_BUCKET
 from drvqwen import reference as ref
 
-from kernel_testing import (TOL_GEMV, assert_same_bits, dequant64, dev, graph_time_us, random_int4,  # noqa: F401
-                            report, upload_int4)
+from kernel_testing import (TOL_GEMV, assert_same_bits, check_long_k_one_wave, dequant64, dev,  # noqa: F401
+                            graph_time_us, random_int4, report, upload_int4)
 
 pytestmark = pytest.mark.gpu
 
@@ -249,30 +249,15 @@ def test_gemm_split_k_chosen_where_tiles_are_few(dev, rng):
 
 
 def test_gemm_residual_long_k_one_wave_of_whole_tiles(dev, rng):
-    """The 7B's down_proj at a 1024-row chunk (N = 3584, K = 18944) on a grid of 132: with a
-    scratch the launcher takes one wave of 112 whole 256-token tiles (gemm_int4.lockstep_tiling)
-    rather than stream-K ranges. Its output against the numpy reference on the dequantized weights
-    (a few rows: float64 over K = 18944 is slow on the CPU) and against the ranges' plan forced on
-    the same inputs (another summation order: within the tolerance, not the same bits)."""
+    """The 7B's down_proj at a 1024-row chunk in INT4: one wave of 112 whole 256-token tiles under
+    the launcher's plan, against the reference and the ranges' plan (check_long_k_one_wave)."""
     m, n, k = 1024, 3584, 18944
     qw, sc = random_int4(rng, n, k)
     x = _x(rng, m, k)
-    r0 = (rng.standard_normal((m, n)) * 100).astype(np.float32)
     xd, qd, sd, ps = dev.upload("x", x), upload_int4(dev, "qw", qw), dev.upload("sc", sc), _state(dev, m)
-    sk = _scratch(dev)
-    outs = {}
-    for name, kw in (("lockstep", {}), ("ranges", dict(tile_tokens=256, blocks=132))):
-        res = dev.upload(f"residual_{name}", r0)
-        g = launchers.GemmInt4ResidualRows(res, xd, qd, sd, ps, n=n, k=k, rows=m, max_blocks=132, split_k=sk, **kw)
-        t = g.tiling
-        assert (t.tile_tokens, t.blocks, t.split) == ((256, 112, False) if name == "lockstep" else (256, 132, True))
-        g.launch()
-        outs[name] = res.download()
-        assert not sk.counters.download().any(), f"gemm_int4_residual {name}: counters left non-zero"
-    rows = np.array([0, 1, 255, 256, 511, 777, 1022, 1023])
-    want = r0[rows].astype(np.float64) + x[rows].astype(np.float64) @ dequant64(qw, sc).T
-    report("gemm_int4_residual lockstep, 8 rows", outs["lockstep"][rows], want, TOL_GEMV)
-    report("gemm_int4_residual lockstep against ranges", outs["lockstep"], outs["ranges"].astype(np.float64), TOL_GEMV)
+    check_long_k_one_wave(dev, "gemm_int4_residual", lambda res, **kw: launchers.GemmInt4ResidualRows(
+        res, xd, qd, sd, ps, n=n, k=k, rows=m, max_blocks=132, **kw), x,
+        (rng.standard_normal((m, n)) * 100).astype(np.float32), dequant64(qw, sc))
 
 
 # (M, start, scratch, blocks, head_dim, Hq, Hkv): 576 pairs in 9 row blocks; 80 pairs in 2, the

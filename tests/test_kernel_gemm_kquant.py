@@ -22,8 +22,8 @@ from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
 from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
                                            GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
                                            GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
-from kernel_testing import (TOL_GEMV, assert_same_bits, check_qkv_rope_gemm, dev, random_fmt_weight,  # noqa: F401
-                            report)
+from kernel_testing import (TOL_GEMV, assert_same_bits, check_long_k_one_wave, check_qkv_rope_gemm, dev,  # noqa: F401
+                            random_fmt_weight, report)
 
 pytestmark = pytest.mark.gpu
 
@@ -223,28 +223,13 @@ def check_kmin_qkv_rope(dev, rng, fmt, QkvRope, Stacked, m, start, split, hd, hq
 @pytest.mark.parametrize("fmt,Residual", [(Q4K, GemmQ4kResidualRows), (Q5K, GemmQ5kResidualRows),
                                           (Q6K, GemmQ6kResidualRows)], ids=["q4_k", "q5_k", "q6_k"])
 def test_gemm_kquant_residual_long_k_one_wave_of_whole_tiles(dev, rng, fmt, Residual):
-    """The 7B's down_proj at a 1024-row chunk (N = 3584, K = 18944) on a grid of 132, as the
-    prefill runs it in llama.cpp's K-quant layouts: with a scratch the launcher takes one wave of
-    112 whole 256-token tiles (gemm_int4.lockstep_tiling; Q6_K's 256-token ring has two stages).
-    Its output against the float64 reference on the dequantized weights (a few rows: float64 over
-    K = 18944 is slow on the CPU) and against the ranges' plan forced on the same inputs."""
+    """The 7B's down_proj at a 1024-row chunk as the prefill runs it in llama.cpp's K-quant
+    layouts: one wave of 112 whole 256-token tiles under the launcher's plan (Q6_K's 256-token
+    ring has two stages), against the reference and the ranges' plan (check_long_k_one_wave)."""
     m, n, k = 1024, 3584, 18944
     w, w64 = random_fmt_weight(dev, rng, fmt, n, k)
     x = rng.standard_normal((m, k)).astype(np.float16)
-    r0 = (rng.standard_normal((m, n)) * 100).astype(np.float32)
     xd, ps = dev.upload("x", x), dev.upload("prefill_state", np.array([0, m], np.int32))
-    sk = SplitKScratch(dev.array, 132 * 2, 132)  # a 256-token partial is two units, one counter a block
-    outs = {}
-    for name, kw in (("lockstep", {}), ("ranges", dict(tile_tokens=256, blocks=132))):
-        res = dev.upload(f"residual_{name}", r0)
-        g = Residual(res, xd, w, ps, n=n, k=k, rows=m, max_blocks=132, split_k=sk, **kw)
-        t = g.tiling
-        assert (t.tile_tokens, t.blocks, t.split) == ((256, 112, False) if name == "lockstep" else (256, 132, True))
-        g.launch()
-        outs[name] = res.download()
-        assert not sk.counters.download().any(), f"{fmt.name} residual {name}: counters left non-zero"
-    rows = np.array([0, 1, 255, 256, 511, 777, 1022, 1023])
-    want = r0[rows].astype(np.float64) + x[rows].astype(np.float64) @ w64.T
-    report(f"{fmt.name}.residual lockstep, 8 rows", outs["lockstep"][rows], want, TOL_GEMV)
-    report(f"{fmt.name}.residual lockstep against ranges", outs["lockstep"], outs["ranges"].astype(np.float64),
-           TOL_GEMV)
+    check_long_k_one_wave(dev, f"{fmt.name}.residual", lambda res, **kw: Residual(
+        res, xd, w, ps, n=n, k=k, rows=m, max_blocks=132, **kw), x,
+        (rng.standard_normal((m, n)) * 100).astype(np.float32), w64)

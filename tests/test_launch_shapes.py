@@ -339,8 +339,9 @@ def test_int4_gemms_with_a_long_k_take_one_wave_of_whole_tiles_where_it_fills_th
     """gemm_int4.lockstep_tiling on 132 SMs: the 7B's down_proj (28 row blocks, 148 groups) at a
     1024-row chunk runs as one wave of 112 whole 256-token tiles, where _plan_cost alone picks
     stream-K ranges on 132 blocks; at 512 rows (56 tiles), for a short K (o_proj, gate_up, qkv) or
-    more tiles than blocks it does not apply. plan_launch takes it for the INT4 launchers only
-    (lockstep), and not where the build or P is forced."""
+    more tiles than blocks it does not apply. plan_launch takes it where asked (lockstep: the INT4
+    and K-quant launchers) and a 256-token build is among the builds, not where the build or P is
+    forced."""
     from drvqwen.launchers.gemm_int4 import (GROUP_US, LOCKSTEP_MIN_GROUPS, GemmTiling, gemm_tiling, lockstep_tiling,
                                              plan_launch)
 
@@ -362,7 +363,7 @@ def test_int4_gemms_with_a_long_k_take_one_wave_of_whole_tiles_where_it_fills_th
     assert (t.tile_tokens, t.blocks, t.split) == (256, 112, False)
     t = plan_launch(1024, 28, 148 * 128, max_blocks=sm, split_k=None, blocks=None, tile_tokens=128, lockstep=True)
     assert (t.tile_tokens, t.blocks) == (128, 132)              # a forced build stays
-
+    assert gemm_tiling(1024, 28, 148, sm, lockstep=True, builds=(128, 64)).split  # no 256-token build
 
 
 def test_kquant_gemms_take_the_one_wave_rule_as_the_int4_ones(monkeypatch):
@@ -375,7 +376,8 @@ def test_kquant_gemms_take_the_one_wave_rule_as_the_int4_ones(monkeypatch):
     from drvqwen.launchers import gemm_int4
     from drvqwen.launchers import gemm_kquant as kq
 
-    monkeypatch.setattr(gemm_int4, "get_device", lambda: types.SimpleNamespace(info=types.SimpleNamespace(sm_count=132)))
+    gpu = types.SimpleNamespace(info=types.SimpleNamespace(sm_count=132))
+    monkeypatch.setattr(gemm_int4, "get_device", lambda: gpu)
     split_k = object()  # only its presence matters to the plan
 
     def plan(cls, rows, lockstep=None, tile_tokens=None):

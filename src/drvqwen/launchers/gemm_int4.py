@@ -180,29 +180,35 @@ def lockstep_tiling(rows: int, row_blocks: int, groups: int, grid: int) -> GemmT
     return GemmTiling(256, tiles, False, _plan_cost(tiles, groups, tiles, 256, False)[0])
 
 
+# The builds gemm_tiling weighs, in this order (the first of equal estimates wins).
+BUILD_ORDER = (128, 256, 64)
+
+
 def gemm_tiling(rows: int, row_blocks: int, groups: int, grid: int, *, split: bool = True,
-                tile_tokens: int | None = None, blocks: int | None = None, lockstep: bool = False) -> GemmTiling:
-    """The build (TILE_TOKENS), the block count P ≤ `grid` and whether ranges cut tiles that
-    finish a GEMM of `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups`
-    128-input groups soonest, by the estimate of _plan_cost (GROUP_US, SPLIT_TAIL_US). Without
-    `split` (no scratch) the ranges are whole tiles and P = min(tiles, grid); `tile_tokens`
-    fixes the build, `blocks` the P. Smaller tiles waste less of a short prompt; larger ones share
-    each unpacked weight among more tokens. What it picks at 512 tokens on 132 SMs: every GEMM of
-    the 7B and the 0.5B on (nearly) every SM, ranges cutting tiles; the 7B in 256-token tiles but
-    o_proj (128); the 0.5B's qkv, o_proj and down_proj in 64, its gate_up in 256. With `lockstep`
-    (the INT4 and K-quant GEMMs) and neither the build nor P fixed, lockstep_tiling's one wave of
-    whole tiles where it applies, before the estimate: at 1024 rows the 7B's down_proj.
+                tile_tokens: int | None = None, blocks: int | None = None, lockstep: bool = False,
+                builds: tuple[int, ...] = BUILD_ORDER) -> GemmTiling:
+    """The build (TILE_TOKENS), the block count P ≤ `grid` and whether ranges cut tiles that finish a
+    GEMM of `rows` token rows, `row_blocks` blocks of 128 weight rows and `groups` 128-input
+    groups soonest, by the estimate of _plan_cost (GROUP_US, SPLIT_TAIL_US). Without `split` (no
+    scratch) the ranges are whole tiles and P = min(tiles, grid); `builds` are the builds a
+    kernel exists in (weighed in that order), `tile_tokens` fixes one, `blocks` the P. Smaller
+    tiles waste less of a short prompt; larger ones share each unpacked weight among more
+    tokens. What it picks at 512 tokens on 132 SMs: every GEMM of the 7B and the 0.5B on
+    (nearly) every SM, ranges cutting tiles; the 7B in 256-token tiles but o_proj (128); the
+    0.5B's qkv, o_proj and down_proj in 64, its gate_up in 256. With `lockstep` (the INT4 and
+    K-quant GEMMs), a 256-token build and neither the build nor P fixed, lockstep_tiling's one
+    wave of whole tiles where it applies, before the estimate: at 1024 rows the 7B's down_proj.
 
     Raises:
         LaunchError: a tile size not in TILE_TOKENS, or blocks < 1.
     """
     require(blocks is None or (isinstance(blocks, int) and blocks >= 1), f"gemm_int4: blocks={blocks!r} must be >= 1")
-    if lockstep and tile_tokens is None and blocks is None:
+    if lockstep and 256 in builds and tile_tokens is None and blocks is None:
         plan = lockstep_tiling(rows, row_blocks, groups, grid)
         if plan is not None:
             return plan
     best = None
-    for bm in ((tile_tokens,) if tile_tokens is not None else (128, 256, 64)):
+    for bm in ((tile_tokens,) if tile_tokens is not None else builds):
         require(bm in TILE_TOKENS, f"gemm_int4: tile of {bm} tokens, want one of {TILE_TOKENS}")
         tiles = -(-rows // bm) * row_blocks
         if blocks is not None:
@@ -274,12 +280,13 @@ def split_k_args(split_k: SplitKScratch | None, tiling: GemmTiling, kernel: str)
 
 
 def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, split_k: SplitKScratch | None,
-                blocks: int | None, tile_tokens: int | None, lockstep: bool = False) -> GemmTiling:
+                blocks: int | None, tile_tokens: int | None, lockstep: bool = False,
+                builds: tuple[int, ...] = BUILD_ORDER) -> GemmTiling:
     """A persistent wgmma GEMM's plan (gemm_int4.py's launchers and gemm_fmt_wgmma.py's): the SM
     count (or `max_blocks`) bounds P; max_blocks=0 gives one block per tile (whole tiles, the
     plain form), the tile still chosen as for one block per SM; `blocks` forces P, `tile_tokens`
-    the build; ranges cut tiles only with a scratch; `lockstep` (the INT4 and K-quant launchers):
-    gemm_tiling's.
+    the build; ranges cut tiles only with a scratch; `lockstep` (the INT4 and K-quant launchers)
+    and `builds`: gemm_tiling's.
 
     Raises:
         LaunchError: K not a positive multiple of 128, rows or N < 1, max_blocks < 0, blocks < 1,
@@ -291,7 +298,7 @@ def plan_launch(rows: int, row_blocks: int, k: int, *, max_blocks: int | None, s
     chosen = tile_tokens is None or (blocks is None and max_blocks != 0)
     grid = persistent_grid(1 << 30, max_blocks or None) if chosen else (blocks or 1)
     t = gemm_tiling(rows, row_blocks, k // GROUP_SIZE, grid, split=split_k is not None and max_blocks != 0,
-                    tile_tokens=tile_tokens, blocks=blocks, lockstep=lockstep and max_blocks != 0)
+                    tile_tokens=tile_tokens, blocks=blocks, lockstep=lockstep and max_blocks != 0, builds=builds)
     tiles = -(-rows // t.tile_tokens) * row_blocks
     if max_blocks == 0 and blocks is None:
         t = GemmTiling(t.tile_tokens, tiles, False, t.us)
@@ -349,24 +356,16 @@ class _GemmLauncher(Launcher):
     def _plan_builds(self, tiles: tuple[int, ...], what: str, rows: int, n_blocks: int, k: int, *,
                      max_blocks: int | None, split_k: SplitKScratch | None, blocks: int | None,
                      tile_tokens: int | None, lockstep: bool = False) -> int:
-        """plan_launch over the builds `tiles` a kernel exists in (the fastest estimate), or
-        `tile_tokens` (one of them); with `lockstep` (the K-quant launchers), a 256-token build and
-        neither the build nor P forced, lockstep_tiling's one wave of whole tiles where it applies,
-        as the INT4 launchers take it. Sets self.tiling, returns the build's tile.
+        """plan_launch over the builds `tiles` a kernel exists in (weighed in that order), or
+        `tile_tokens` (one of them); `lockstep` (the K-quant launchers) as for the INT4 ones. Sets
+        self.tiling, returns the build's tile.
 
         Raises:
             LaunchError: `tile_tokens` not one of `tiles` (named as `what`), or plan_launch's.
         """
         require(tile_tokens is None or tile_tokens in tiles, f"{what}: tile of {tile_tokens} tokens, want one of {tiles}")
-        if (lockstep and 256 in tiles and tile_tokens is None and blocks is None and max_blocks != 0
-                and lockstep_tiling(rows, n_blocks, k // GROUP_SIZE, persistent_grid(1 << 30, max_blocks)) is not None):
-            # gemm_tiling returns that plan before any estimate: the same plan, through plan_launch's checks
-            self.tiling = plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=None,
-                                      tile_tokens=None, lockstep=True)
-            return self.tiling.tile_tokens
-        plans = [plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks, tile_tokens=bm)
-                 for bm in ((tile_tokens,) if tile_tokens else tiles)]
-        self.tiling = min(plans, key=lambda t: t.us)
+        self.tiling = plan_launch(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                                  tile_tokens=tile_tokens, lockstep=lockstep, builds=tiles)
         return self.tiling.tile_tokens
 
     def _build_gemm(self, kernel: str, rows: int, n_blocks: int, k: int, args: dict, dims: dict, *, reads,
