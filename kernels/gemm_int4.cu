@@ -381,6 +381,12 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 #ifndef GEMM_PROBE_NO_HIGH_COPY
 #define GEMM_PROBE_NO_HIGH_COPY 0
 #endif
+#ifndef GEMM_EXP_BCAST
+#define GEMM_EXP_BCAST 0
+#endif
+#ifndef GEMM_EXP_DESC
+#define GEMM_EXP_DESC 0
+#endif
 #ifndef GEMM_PROBE_LOW_ONLY
 #define GEMM_PROBE_LOW_ONLY 0
 #endif
@@ -510,6 +516,22 @@ __device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o
     o3 = __byte_perm(hi, 0, 0x3232);
 }
 
+// Packed (x0·f, x1·f), (x2·f, x3·f) of gemm_scale_pairs, the broadcast left to the consumer.
+template <u32 MAGIC>
+__device__ __forceinline__ void gemm_scale_pairs_packed(u32 v4, u32 f2, u32& lo, u32& hi) {
+    lo = __byte_perm(v4, 0x64646464u, 0x4140);
+    hi = __byte_perm(v4, 0x64646464u, 0x4342);
+    asm("sub.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(MAGIC));
+    asm("sub.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(MAGIC));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(f2));
+    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(f2));
+}
+// Half j & 1 of packed[j >> 1] in both halves.
+__device__ __forceinline__ u32 gemm_bcast(const u32* packed, int j) {
+    const __half2 h = *reinterpret_cast<const __half2*>(&packed[j >> 1]);
+    const __half2 b = (j & 1) ? __high2half2(h) : __low2half2(h);
+    return *reinterpret_cast<const u32*>(&b);
+}
 struct GemmQ4kScales {
     static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
@@ -536,8 +558,14 @@ struct GemmQ4kScales {
             const u32 m = __byte_perm(f01 >> 6, f23 >> 6, 0x6420u) & 0x3F3F3F3Fu;
             const u32 d2 = __byte_perm(w0, w1, 0x7373u);                 // (d, d): bytes D_0, D_1 twice
             const u32 nm2 = __byte_perm(w2, w3, 0x7373u) ^ 0x80008000u;  // (−dmin, −dmin)
+#if GEMM_EXP_BCAST
+            gemm_scale_pairs_packed<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1]);
+            gemm_scale_pairs_packed<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1]);
+            G.s[row][2] = G.s[row][3] = G.o[row][2] = G.o[row][3] = 0;
+#else
             gemm_scale_pairs<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1], G.s[row][2], G.s[row][3]);
             gemm_scale_pairs<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1], G.o[row][2], G.o[row][3]);
+#endif
         }
         return G;
     }
@@ -555,10 +583,15 @@ struct GemmQ4kScales {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             const int j = s / 2;  // the sub-block of k step s
-            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, G.s[0][j], G.o[0][j]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, G.s[1][j], G.o[1][j]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, G.s[0][j], G.o[0][j]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, G.s[1][j], G.o[1][j]);
+#if GEMM_EXP_BCAST
+            const u32 s0 = gemm_bcast(G.s[0], j), o0 = gemm_bcast(G.o[0], j), s1 = gemm_bcast(G.s[1], j), o1 = gemm_bcast(G.o[1], j);
+#else
+            const u32 s0 = G.s[0][j], o0 = G.o[0][j], s1 = G.s[1][j], o1 = G.o[1][j];
+#endif
+            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, s0, o0);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, s1, o1);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, s0, o0);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, s1, o1);
         }
     }
 };
@@ -791,9 +824,16 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + wg);  // this warpgroup's turn
 #endif
     wgmma_fence();
+#if GEMM_EXP_DESC
+    const u64 desc0 = wgmma_desc_sw128(st);  // st: 1024-aligned, the k offsets stay inside the 14-bit address field
+#endif
 #pragma unroll
     for (int k = 0; k < GEMM_K_STEPS; ++k) {
+#if GEMM_EXP_DESC
+        const u64 desc = desc0 + (u64)(((k / 4) * GEMM_BOX_BYTES + (k % 4) * 32) >> 4);
+#else
         const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
+#endif
         wgmma_rs(acc, frag[k], desc);
     }
     wgmma_commit_group();
@@ -1499,10 +1539,15 @@ struct GemmQ5kScales : GemmQ4kScales {
             // bits 4t + i and 4t + 16 + i of high word j (GemmQ5g32Scales::fragments).
             const int j = s / 2, i0 = 2 * (s % 2);
             const u32 hA = gemm_high_word(wf_word(ha[0], j), shift), hB = gemm_high_word(wf_word(hb[0], j), shift);
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, G.s[0][j], G.o[0][j]);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, G.s[1][j], G.o[1][j]);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, G.s[0][j], G.o[0][j]);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, G.s[1][j], G.o[1][j]);
+#if GEMM_EXP_BCAST
+            const u32 s0 = gemm_bcast(G.s[0], j), o0 = gemm_bcast(G.o[0], j), s1 = gemm_bcast(G.s[1], j), o1 = gemm_bcast(G.o[1], j);
+#else
+            const u32 s0 = G.s[0][j], o0 = G.o[0][j], s1 = G.s[1][j], o1 = G.o[1][j];
+#endif
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, s0, o0);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, s1, o1);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, s0, o0);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, s1, o1);
         }
     }
 };

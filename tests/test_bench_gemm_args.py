@@ -48,3 +48,21 @@ def test_kquant_formats_parsed_and_unknown_refused(bench, capsys):
         bench.parse_args(["--kquant-variant", "nohigh:GEMM_PROBE_NO_HIGH_COPY=1"])
     assert e.value.code == 2
     assert "needs --kquant" in capsys.readouterr().err
+
+
+def test_int4_variant_parsed_and_a_bad_one_refused(bench, capsys):
+    a = bench.parse_args(["--int4-variant", "desc:GEMM_A=1,GEMM_B=2", "--int4-variant", "x:GEMM_C=0"])
+    assert a.int4_variant == [("desc", (("GEMM_A", 1), ("GEMM_B", 2))), ("x", (("GEMM_C", 0),))]
+    assert bench.parse_args([]).int4_variant == []
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--int4-variant", "desc:GEMM_A=one"])
+    assert e.value.code == 2
+    assert "int4-variant" in capsys.readouterr().err
+
+
+def test_with_defines_adds_to_the_launchers_builds_only(bench):
+    from drvqwen.launchers import GemmInt4ResidualRows
+    v = bench.with_defines(GemmInt4ResidualRows, (("GEMM_X", 1),))
+    assert issubclass(v, GemmInt4ResidualRows) and v.extra_defines == (("GEMM_X", 1),)
+    assert GemmInt4ResidualRows.extra_defines == ()
+    assert bench.with_defines(GemmInt4ResidualRows, ()) is GemmInt4ResidualRows

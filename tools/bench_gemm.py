@@ -2,7 +2,8 @@
 """The prefill GEMMs of one layer (kernels/gemm_int4.cu) at the real shapes: µs and TFLOP/s.
 
     PYTHONPATH=src python3 tools/bench_gemm.py [--preset 7b] [--rows 512] [--reps 5] [--samples 5] [--json F]
-        [--tiles auto 64 128 256] [--kquant q4_k q5_k q6_k] [--kquant-variant NAME:DEFINE=INT[,…]]
+        [--tiles auto 64 128 256] [--int4-variant NAME:DEFINE=INT[,…]]
+        [--kquant q4_k q5_k q6_k] [--kquant-variant NAME:DEFINE=INT[,…]]
         [--formats q4_k q6_k int4_g128 …] [--fmt-mma] [--fmt-variant NAME:DEFINE=INT[,…]]
 
 The INT4 GEMMs run as the prefill runs them, stream-K ranges included (a scratch as the
@@ -10,7 +11,9 @@ prefill's); with --tiles each given tile size is a column (auto: the launchers' 
 gemm_tiling), with --grid each schedule. Their qkv_proj row is the prefill's launch,
 gemm_int4_qkv_rope (the bias, the RoPE and the FP16 q and K/V cache writes in its epilogue, the
 chunk at positions 0 … M−1 of a cache in order); --qkv-f32 times gemm_int4_qkv instead, the FP32
-form `drvqwen bench --prefill-rope apart` runs before rope_kv_rows.
+form `drvqwen bench --prefill-rope apart` runs before rope_kv_rows. --int4-variant
+NAME:DEFINE=INT[,…] adds a compile-time build of gemm_int4.cu beside each INT4 column (columns
+GRID:NAME), in the same run.
 
 --kquant adds, per --grid and --tiles choice, a column per K-quant format with the GEMMs a model in
 that format runs (launchers/gemm_kquant.py: gemm_int4.cu's mainloop over the GGUF's Q4_K, Q5_K or
@@ -73,6 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="tokens a tile of the INT4 GEMMs, a column each (auto: the launchers' choice)")
     ap.add_argument("--qkv-f32", action="store_true",
                     help="the INT4 qkv_proj row: gemm_int4_qkv (FP32 out) instead of the prefill's gemm_int4_qkv_rope")
+    ap.add_argument("--int4-variant", action="append", type=parse_variant, default=[],
+                    help="NAME:DEFINE=INT[,…]: a compile-time build of gemm_int4.cu timed beside each INT4 column "
+                         "(repeatable)")
     ap.add_argument("--kquant", nargs="+", default=[], choices=["q4_k", "q5_k", "q6_k"],
                     help="also time the K-quant GEMMs a model in these formats runs (gemm_int4.cu's mainloop), a "
                          "column each per --grid and --tiles choice")
@@ -90,6 +96,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.kquant_variant and not a.kquant:
         ap.error("--kquant-variant needs --kquant (the formats whose builds it adds)")
     return a
+
+
+def with_defines(cls, defines):
+    """Launcher class `cls` whose builds add the compile-time `defines` ((name, int) pairs) to its
+    own (the launchers' extra_defines): a variant timed beside the default in one run."""
+    return type(cls.__name__, (cls,), {"extra_defines": tuple(defines)}) if defines else cls
 
 
 def main() -> int:
@@ -143,17 +155,21 @@ def main() -> int:
                     split_k=sk if cl in ("persistent", "ranges") else None, blocks=sms if cl == "ranges" else None,
                     tile_tokens=None if tile == "auto" else int(tile))
 
-    def gemms(cl, tile):
+    def gemms(cl, tile, defines=()):
+        """{row: launcher} of the INT4 GEMMs planned for grid `cl` and tile `tile`, built with
+        `defines` added (--int4-variant)."""
         kw = plan_kw(cl, tile)
-        qkv = (GemmInt4QkvRows(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, head_dim=dh, **kw) if a.qkv_f32
-               else GemmInt4QkvRopeRows(rope["q_out"], rope["k_cache"], rope["v_cache"], x, *wq, *wk, *wv,
+        Qkv, QkvRope, Res, GateUp = (with_defines(c, defines) for c in (
+            GemmInt4QkvRows, GemmInt4QkvRopeRows, GemmInt4ResidualRows, GemmInt4GateUpSwigluRows))
+        qkv = (Qkv(o["qkv"], x, *wq, *wk, *wv, st, n_q=nq, n_kv=nkv, k=d, head_dim=dh, **kw) if a.qkv_f32
+               else QkvRope(rope["q_out"], rope["k_cache"], rope["v_cache"], x, *wq, *wk, *wv,
                                         *rope["biases"], rope["cs"], st, rope["block_table"], n_heads=cfg.num_heads,
                                         n_kv_heads=cfg.num_kv_heads, head_dim=dh, k=d, **kw))
         return {
             "qkv_proj": qkv,
-            "o_proj": GemmInt4ResidualRows(o["res"], x, *wo, st, n=d, k=nq, **kw),
-            "gate_up_swiglu": GemmInt4GateUpSwigluRows(o["h_out"], x, *wg, *wu, st, f=f, k=d, **kw),
-            "down_proj": GemmInt4ResidualRows(o["res"], xf, *wd, st, n=d, k=f, **kw),
+            "o_proj": Res(o["res"], x, *wo, st, n=d, k=nq, **kw),
+            "gate_up_swiglu": GateUp(o["h_out"], x, *wg, *wu, st, f=f, k=d, **kw),
+            "down_proj": Res(o["res"], xf, *wd, st, n=d, k=f, **kw),
         }
 
     wq, wk, wv, wo = w("q", nq, d, dh), w("k", nkv, d, dh), w("v", nkv, d, dh), w("o", d, nq)
@@ -201,7 +217,7 @@ def main() -> int:
         from drvqwen.launchers import gemm_kquant as kq
 
         def built(cls):
-            return type(cls.__name__, (cls,), {"extra_defines": tuple(defines)}) if defines else cls
+            return with_defines(cls, defines)
 
         def shared(role, n, k):
             if (name, role) not in kquant_weights:
@@ -229,6 +245,8 @@ def main() -> int:
 
     columns = [(label(cl, tile), {name: [g] for name, g in gemms(cl, tile).items()})
                for cl in a.grid for tile in a.tiles]
+    columns += [(label(cl, tile, vname), {name: [g] for name, g in gemms(cl, tile, vdefs).items()})
+                for vname, vdefs in a.int4_variant for cl in a.grid for tile in a.tiles]
     columns += [(label(cl, tile, name), {row: [g] for row, g in kquant_gemms(name, cl, tile).items()})
                  for name in a.kquant for cl in a.grid for tile in a.tiles]
     columns += [(label(cl, tile, f"{name}:{vname}"),
@@ -255,6 +273,7 @@ def main() -> int:
               "tiling": choices,
               "device": get_device().info.name, "us": {}, "tflops": {}, "layers_ms": {},
               "fmt_variants": {name: dict(defs) for name, defs in a.fmt_variant},
+              "int4_variants": {name: dict(defs) for name, defs in a.int4_variant},
               "kquant_variants": {name: dict(defs) for name, defs in a.kquant_variant}}
     # The samples go round the columns (sample 1 of every column, then sample 2, …): the GPU's
     # clock drops under a sustained run of these GEMMs, and a column measured whole after another
