@@ -373,19 +373,21 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 //   | o_proj   |  32.7 |  36.1 |  40.9 |  39.0             |  41.3                 |
 //   | qkv      |  42.3 |  45.2 |  48.2 |  46.2             |  50.9                 |
 // Neither takes Q5_K to Q4_K's time (gate_up 8 % over it, o_proj 13 %): that is not the high
-// plane's copies, nor its unpack, each alone. Not built: the producer's lane 0 copying the warp tiles' 8-row halves by
+// plane's copies, nor its unpack, each alone. Both probes together do (another H100, one run,
+// gate_up µs: Q5_K 246.5, both probes 225.6, Q4_K 223.7; 28 layers of GEMMs 13.7 / 12.7 / 12.6
+// ms; docs/bench/2026-12-07_fdc24d0_h100_gemm7b_m512_desc_bcast_probes.json): the producer's
+// extra copies and the consumers' extra unpack each cover the other, so either alone made cheaper
+// changes nothing. Tried in the same run and not kept (fdc24d0's GEMM_EXP_DESC, GEMM_EXP_BCAST):
+// the wgmma descriptor made once a group, the k steps added as offsets (the consumers' group loop
+// 21–24 SASS instructions shorter, INT4 gate_up 247 → 226) — INT4 gate_up 205.6 → 205.7, Q4_K
+// 223.7 → 223.4, Q5_K 246.5 → 243.7 — and with it the Q4_K/Q5_K scale pairs left packed, each
+// HFMA2 taking one half of them (9–17 fewer): Q4_K 222.0, Q5_K 243.1, 1 % at most. Not built: the producer's lane 0 copying the warp tiles' 8-row halves by
 // cp.async.bulk (16–32 a group) instead of every lane's 16-byte cp.async — each bulk copy's
 // operands go to uniform registers under an elect loop: ~93 instructions a warp tile, ~740 a
 // group, in its SASS (Q5_K gate_up at 256 tokens, cuobjdump), where the lanes' pieces take the
 // producer's group loop 163 (INT4) to 378 (Q5_K) instructions.
 #ifndef GEMM_PROBE_NO_HIGH_COPY
 #define GEMM_PROBE_NO_HIGH_COPY 0
-#endif
-#ifndef GEMM_EXP_BCAST
-#define GEMM_EXP_BCAST 0
-#endif
-#ifndef GEMM_EXP_DESC
-#define GEMM_EXP_DESC 0
 #endif
 #ifndef GEMM_PROBE_LOW_ONLY
 #define GEMM_PROBE_LOW_ONLY 0
@@ -516,22 +518,6 @@ __device__ __forceinline__ void gemm_scale_pairs(u32 v4, u32 f2, u32& o0, u32& o
     o3 = __byte_perm(hi, 0, 0x3232);
 }
 
-// Packed (x0·f, x1·f), (x2·f, x3·f) of gemm_scale_pairs, the broadcast left to the consumer.
-template <u32 MAGIC>
-__device__ __forceinline__ void gemm_scale_pairs_packed(u32 v4, u32 f2, u32& lo, u32& hi) {
-    lo = __byte_perm(v4, 0x64646464u, 0x4140);
-    hi = __byte_perm(v4, 0x64646464u, 0x4342);
-    asm("sub.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(MAGIC));
-    asm("sub.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(MAGIC));
-    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(f2));
-    asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(f2));
-}
-// Half j & 1 of packed[j >> 1] in both halves.
-__device__ __forceinline__ u32 gemm_bcast(const u32* packed, int j) {
-    const __half2 h = *reinterpret_cast<const __half2*>(&packed[j >> 1]);
-    const __half2 b = (j & 1) ? __high2half2(h) : __low2half2(h);
-    return *reinterpret_cast<const u32*>(&b);
-}
 struct GemmQ4kScales {
     static constexpr int CODE_STRIDE = INT4_ITEM_WORDS;  // tile-major codes (gemm_code_row)
     static constexpr int HIGH_ROW_BYTES = 0;
@@ -558,14 +544,8 @@ struct GemmQ4kScales {
             const u32 m = __byte_perm(f01 >> 6, f23 >> 6, 0x6420u) & 0x3F3F3F3Fu;
             const u32 d2 = __byte_perm(w0, w1, 0x7373u);                 // (d, d): bytes D_0, D_1 twice
             const u32 nm2 = __byte_perm(w2, w3, 0x7373u) ^ 0x80008000u;  // (−dmin, −dmin)
-#if GEMM_EXP_BCAST
-            gemm_scale_pairs_packed<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1]);
-            gemm_scale_pairs_packed<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1]);
-            G.s[row][2] = G.s[row][3] = G.o[row][2] = G.o[row][3] = 0;
-#else
             gemm_scale_pairs<FP16X2_1024>(sc, d2, G.s[row][0], G.s[row][1], G.s[row][2], G.s[row][3]);
             gemm_scale_pairs<FP16X2_1024>(m, nm2, G.o[row][0], G.o[row][1], G.o[row][2], G.o[row][3]);
-#endif
         }
         return G;
     }
@@ -583,15 +563,10 @@ struct GemmQ4kScales {
 #pragma unroll
         for (int s = 0; s < GEMM_K_STEPS; ++s) {
             const int j = s / 2;  // the sub-block of k step s
-#if GEMM_EXP_BCAST
-            const u32 s0 = gemm_bcast(G.s[0], j), o0 = gemm_bcast(G.o[0], j), s1 = gemm_bcast(G.s[1], j), o1 = gemm_bcast(G.o[1], j);
-#else
-            const u32 s0 = G.s[0][j], o0 = G.o[0][j], s1 = G.s[1][j], o1 = G.o[1][j];
-#endif
-            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, s0, o0);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, s1, o1);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, s0, o0);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, s1, o1);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), shift, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), shift, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), shift, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), shift, G.s[1][j], G.o[1][j]);
         }
     }
 };
@@ -824,16 +799,9 @@ __device__ __forceinline__ void gemm_group(int it, int local, int lane, int shif
     named_barrier_sync<GEMM_TURN_THREADS>(GEMM_TURN_BARRIER + wg);  // this warpgroup's turn
 #endif
     wgmma_fence();
-#if GEMM_EXP_DESC
-    const u64 desc0 = wgmma_desc_sw128(st);  // st: 1024-aligned, the k offsets stay inside the 14-bit address field
-#endif
 #pragma unroll
     for (int k = 0; k < GEMM_K_STEPS; ++k) {
-#if GEMM_EXP_DESC
-        const u64 desc = desc0 + (u64)(((k / 4) * GEMM_BOX_BYTES + (k % 4) * 32) >> 4);
-#else
         const u64 desc = wgmma_desc_sw128(st + (k / 4) * GEMM_BOX_BYTES + (k % 4) * 32);
-#endif
         wgmma_rs(acc, frag[k], desc);
     }
     wgmma_commit_group();
@@ -1539,15 +1507,10 @@ struct GemmQ5kScales : GemmQ4kScales {
             // bits 4t + i and 4t + 16 + i of high word j (GemmQ5g32Scales::fragments).
             const int j = s / 2, i0 = 2 * (s % 2);
             const u32 hA = gemm_high_word(wf_word(ha[0], j), shift), hB = gemm_high_word(wf_word(hb[0], j), shift);
-#if GEMM_EXP_BCAST
-            const u32 s0 = gemm_bcast(G.s[0], j), o0 = gemm_bcast(G.o[0], j), s1 = gemm_bcast(G.s[1], j), o1 = gemm_bcast(G.o[1], j);
-#else
-            const u32 s0 = G.s[0][j], o0 = G.o[0][j], s1 = G.s[1][j], o1 = G.o[1][j];
-#endif
-            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, s0, o0);
-            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, s1, o1);
-            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, s0, o0);
-            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, s1, o1);
+            frag[s][0] = pair(gemm_word(ra, 2 * s), hA, shift, i0, G.s[0][j], G.o[0][j]);
+            frag[s][1] = pair(gemm_word(rb, 2 * s), hB, shift, i0, G.s[1][j], G.o[1][j]);
+            frag[s][2] = pair(gemm_word(ra, 2 * s + 1), hA, shift, i0 + 1, G.s[0][j], G.o[0][j]);
+            frag[s][3] = pair(gemm_word(rb, 2 * s + 1), hB, shift, i0 + 1, G.s[1][j], G.o[1][j]);
         }
     }
 };
