@@ -833,10 +833,12 @@ __device__ __forceinline__ int groups_of(int K) {
 // then epilogue(acc, m0, M, t) with the lane's GEMM_ACC accumulators (gemm_each_token walks them).
 // Sc: the weights' scale policy (GemmInt4Scales; GemmQ4kScales for Q4_K), rows_of returning its
 // lane-rows type. Contains the block's only __syncthreads(): call from every thread.
-template <typename RowsOf, typename Epilogue, typename Sc = GemmInt4Scales>
+// part: the blocks that run this GEMM (gemm_split_k.cuh: GemmWholeGrid, or a GemmGridPart in a
+// launch of two GEMMs), sk its part of the scratch.
+template <typename RowsOf, typename Epilogue, typename Sc = GemmInt4Scales, typename Part = GemmWholeGrid>
 __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const int* __restrict__ prefill_state,
                                                 int K, int row_blocks, const GemmSplitK& sk, RowsOf rows_of,
-                                                Epilogue epilogue, Sc = Sc()) {
+                                                Epilogue epilogue, Sc = Sc(), Part part = Part()) {
     extern __shared__ unsigned char gemm_smem_raw[];
     // The ring starts at the first 1024-byte boundary (swizzle atoms). An offset added to the
     // shared array itself, not a pointer rebuilt from an integer, keeps it a shared-memory
@@ -857,7 +859,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // ld.global.cg, not __ldg: ptxas may issue a non-coherent load before griddepcontrol.wait.
     // Blocks past the ranges the live M gives (gemm_split_k.cuh: P) leave, the whole block,
     // before any barrier.
-    if ((int)blockIdx.x >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, K / INT4_GROUP, sk).ranges) return;
+    if ((int)blockIdx.x - part.first() >= gemm_work(__ldcg(prefill_state + 1), GEMM_BM, row_blocks, K / INT4_GROUP,
+                                                    sk, part.count()).ranges) return;
     const int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
 
@@ -879,8 +882,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
         setmaxnreg_dec<GEMM_PRODUCER_REGS>();
         if (warp != GEMM_CONSUMER_WARPS) return;
         if (lane == 0) tma_prefetch_map(&x_map);
-        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk);
-        const int b = block_index(), end = gemm_range_start(work, b + 1);
+        const GemmWork work = gemm_work(live_rows(prefill_state), GEMM_BM, row_blocks, groups_of(K), sk, part.count());
+        const int b = block_index() - part.first(), end = gemm_range_start(work, b + 1);
         int it = 0;
         for (int x = gemm_range_start(work, b); x < end;) {
             const GemmUnit un = gemm_unit_at(work, x, end);
@@ -944,8 +947,8 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
     // ---- consumers --------------------------------------------------------------------------
     setmaxnreg_inc<GEMM_CONSUMER_REGS>();
     const int M = live_rows(prefill_state);
-    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk);
-    const int b = block_index(), end = gemm_range_start(work, b + 1);
+    const GemmWork work = gemm_work(M, GEMM_BM, row_blocks, groups_of(K), sk, part.count());
+    const int b = block_index() - part.first(), end = gemm_range_start(work, b + 1);
     const int local = (warp / 4) * GEMM_WG_ROWS + (warp % 4) * INT4_TILE_ROWS + g;
     const int shift = 4 * t;  // nibble pair t: bits 4t … 4t+3 of each 16-bit half
 #if GEMM_MMA_TURNS
@@ -1739,6 +1742,155 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
         if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
         if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
     }), GemmQ6kScales{});
+}
+
+// ---- q and k in Q4_K or Q5_K, v in Q6_K: one QKV-RoPE launch ------------------------------------
+// llama.cpp's Q4_K_M and Q5_K_M keep v_proj in Q6_K on some layers (the 7B: 14 of its 28) and q,
+// k in Q4_K / Q5_K. One launch for such a layer, with gemm_q4k_qkv_rope's rows, pairs and
+// epilogue (the bias, the RoPE, the FP16 q and K/V cache writes): the grid in two parts
+// (gemm_split_k.cuh: GemmGridPart) — blocks 0 … P − v_blocks − 1 run the row blocks of q's and
+// k's pairs under the q/k format's policy, blocks P − v_blocks … P − 1 those of v's pairs under
+// GemmQ6kScales, each part its own stream-K ranges and its own slots and counters of the scratch.
+// A block runs one part, so one policy and one ring (its stages' bytes and count); the launch's
+// dynamic shared memory is the larger of the two rings (launchers/gemm_kquant.py). The pairs of
+// q and k fill whole row blocks (64 pairs a block; the launcher checks (Hq + Hkv)·Dh/2 % 64 = 0),
+// so no row block holds both formats.
+// Why: apart, such a layer ran qk_proj, v_proj into FP32 qkv and rope_kv_rows, 54.0 + 18.1 + 12.7
+// µs at a 512-token chunk against 56.3 for qkv_rope on the all-Q5_K layers (H100, Q5_K_M 7B,
+// docs/bench/2026-12-06_1c5acea_h100_syn7b_q5_k_m_qkv_pick_1.json: prefill_kernels).
+// Barriers: each part is gemm_int4_block as every other launch of it runs, on its blocks alone
+// (the part's first block is its range 0); the only block-wide barrier inside is taken by every
+// thread of a block, whose part is a function of blockIdx alone.
+template <typename ScQk, typename QkRows, typename V>
+__device__ __forceinline__ void gemm_qkv_rope_v_q6k(const GemmQkvRopeEpilogue& epilogue_in, int* pair,
+                                                    const CUtensorMap& x_map, QkRows qk_rows, V v,
+                                                    const int* __restrict__ prefill_state, float* split_partials,
+                                                    int* split_counters, int Hq, int Hkv, int Dh, int K,
+                                                    int v_blocks) {
+    const int half_dim = Dh / 2;
+    constexpr int PB = GEMM_BLOCK_ROWS / 2;  // pairs per row block
+    const int qk_row_blocks = (Hq + Hkv) * half_dim / PB, n_pairs = (Hq + 2 * Hkv) * half_dim;
+    const u32 half_dim_rcp = div_reciprocal(half_dim);
+    const int first_v = (int)gridDim.x - v_blocks;
+    const GemmQkvRopeEpilogue epilogue = epilogue_in;
+    if (block_index() < first_v) {
+        gemm_int4_block(x_map, prefill_state, K, qk_row_blocks, GemmSplitK{split_partials, split_counters},
+                        [&](int rb, int local) {
+            *pair = gemm_rope_pair_of(rb, local);  // below (Hq + Hkv)·Dh/2: whole row blocks
+            return qk_rows(GemmRopePair(*pair, half_dim, half_dim_rcp, Hq, Hkv));
+        }, epilogue, ScQk{}, GemmGridPart{0, first_v});
+    } else {
+        // The v part's slots and counters follow the q/k part's (the launcher's scratch holds P).
+        const GemmSplitK sk{split_partials ? split_partials + (u64)first_v * GEMM_ACC * GEMM_SPLIT_THREADS : nullptr,
+                            split_counters ? split_counters + first_v : nullptr};
+        gemm_int4_block(x_map, prefill_state, K, (n_pairs - qk_row_blocks * PB + PB - 1) / PB, sk,
+                        [&](int rb, int local) {
+            GemmLaneRowsQ6k r;
+            *pair = gemm_rope_pair_of(rb + qk_row_blocks, local);
+            const GemmRopePair rp(min(*pair, n_pairs - 1), half_dim, half_dim_rcp, Hq, Hkv);
+            gemm_q6k_lane_row(v.qweight, v.qhigh, v.scales, v.aux, rp.h * Dh + rp.i, Hkv * Dh, K, 0, r);
+            gemm_q6k_lane_row(v.qweight, v.qhigh, v.scales, v.aux, rp.h * Dh + rp.i + half_dim, Hkv * Dh, K, 1, r);
+            return r;
+        }, epilogue, GemmQ6kScales{}, GemmGridPart{first_v, v_blocks});
+    }
+}
+
+// v's Q6_K planes, as gemm_q6k_rows takes them.
+struct GemmQ6kPlanes {
+    const u32* qweight;
+    const u32* qhigh;
+    const u32* scales;
+    const unsigned short* aux;
+};
+
+// q and k in Q4_K, v in Q6_K (llama.cpp's Q4_K_M on its v-in-Q6_K layers): gemm_q4k_qkv_rope's
+// outputs in one launch of two parts (above).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q4k_q6k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                      __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                      __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                      const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                      const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                      const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
+                      const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                      const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                      const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
+                      const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                      const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32, Q6_K's low nibbles, tile-major
+                      const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/16] uint32 tile-major
+                      const u32* __restrict__ v_scales,         // [Hkv·Dh, K/64] uint32 (int8 sc)
+                      const unsigned short* __restrict__ v_aux, // [Hkv·Dh, K/256] fp16 d
+                      const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                      const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                      const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                      const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                      const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                      const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                      float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                      int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                      int Hq, int Hkv, int Dh, int K,
+                      int v_blocks) {                           // the blocks of v's part, 1 … grid − 1
+    int pair = 0;  // the lane's pair, set by rows_of
+    gemm_qkv_rope_v_q6k<GemmQ4kScales>(
+        GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
+                            Hq, Hkv, Dh, &pair}, &pair, x_map, [&](const GemmRopePair& rp) {
+            GemmLaneRowsQ4k r;
+            const bool q = rp.seg == 0;
+            const u32* qw = q ? q_qweight : k_qweight;
+            const u32* sc = q ? q_scales : k_scales;
+            const u32* dd = q ? q_aux : k_aux;
+            const int n = (q ? Hq : Hkv) * Dh;
+            gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i, n, K, r.wa, r.sca, r.dda);
+            gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i + Dh / 2, n, K, r.wb, r.scb, r.ddb);
+            return r;
+        }, GemmQ6kPlanes{v_qweight, v_qhigh, v_scales, v_aux}, prefill_state, split_partials, split_counters,
+        Hq, Hkv, Dh, K, v_blocks);
+}
+
+// q and k in Q5_K, v in Q6_K (llama.cpp's Q5_K_M on its v-in-Q6_K layers): as gemm_q4k_q6k_qkv_rope.
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
+gemm_q5k_q6k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16, out (rotated queries)
+                      __half* __restrict__ k_cache,             // [P, Hkv, 16, Dh] fp16, this layer; the chunk's slots written
+                      __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
+                      const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
+                      const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
+                      const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
+                      const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
+                      const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                      const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
+                      const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
+                      const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
+                      const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                      const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32, Q6_K's low nibbles, tile-major
+                      const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/16] uint32 tile-major
+                      const u32* __restrict__ v_scales,         // [Hkv·Dh, K/64] uint32 (int8 sc)
+                      const unsigned short* __restrict__ v_aux, // [Hkv·Dh, K/256] fp16 d
+                      const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
+                      const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
+                      const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
+                      const float2* __restrict__ rope_cs,       // [rows, Dh/2] fp32 (cos, sin) at start + row (rope_table_rows)
+                      const int* __restrict__ prefill_state,    // [2] int32: start position, M
+                      const int* __restrict__ block_table,      // [max_pages] int32: logical → physical page
+                      float* __restrict__ split_partials,       // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
+                      int* __restrict__ split_counters,         // [grid] int32, zero between launches, or null
+                      int Hq, int Hkv, int Dh, int K,
+                      int v_blocks) {                           // the blocks of v's part, 1 … grid − 1
+    int pair = 0;  // the lane's pair, set by rows_of
+    gemm_qkv_rope_v_q6k<GemmQ5kScales>(
+        GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
+                            Hq, Hkv, Dh, &pair}, &pair, x_map, [&](const GemmRopePair& rp) {
+            GemmLaneRowsQ5k r;
+            const bool q = rp.seg == 0;
+            const u32* qw = q ? q_qweight : k_qweight;
+            const u32* qh = q ? q_qhigh : k_qhigh;
+            const u32* sc = q ? q_scales : k_scales;
+            const u32* dd = q ? q_aux : k_aux;
+            const int n = (q ? Hq : Hkv) * Dh;
+            gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i, n, K, 0, r);
+            gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i + Dh / 2, n, K, 1, r);
+            return r;
+        }, GemmQ6kPlanes{v_qweight, v_qhigh, v_scales, v_aux}, prefill_state, split_partials, split_counters,
+        Hq, Hkv, Dh, K, v_blocks);
 }
 
 

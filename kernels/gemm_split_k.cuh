@@ -115,17 +115,44 @@ struct GemmWork {
     int ranges;        // P
 };
 
+// The work of a GEMM run by `blocks` blocks (the grid, or a part of it: GemmGridPart).
 __device__ __forceinline__ GemmWork gemm_work(int M, int tile_tokens, int row_blocks, int n_groups,
-                                              const GemmSplitK& sk) {
+                                              const GemmSplitK& sk, int blocks) {
     GemmWork w;
     w.token_blocks = (M + tile_tokens - 1) / tile_tokens;
     w.row_blocks = row_blocks;
     w.n_groups = n_groups;
     w.quantum = sk.partials != nullptr ? 1 : n_groups;
     w.quanta = w.token_blocks * row_blocks * (n_groups / w.quantum);
-    w.ranges = min((int)gridDim.x, w.quanta);
+    w.ranges = min(blocks, w.quanta);
     return w;
 }
+
+// The work of a GEMM the whole grid runs.
+__device__ __forceinline__ GemmWork gemm_work(int M, int tile_tokens, int row_blocks, int n_groups,
+                                              const GemmSplitK& sk) {
+    return gemm_work(M, tile_tokens, row_blocks, n_groups, sk, (int)gridDim.x);
+}
+
+// The blocks of a launch that run one GEMM: blocks first … first + blocks − 1, block
+// first + b taking range b of that GEMM's P = min(blocks, W / q) (the header's P with `blocks`
+// for the grid). A launch of two GEMMs in two weight formats (gemm_int4.cu: the QKV whose v is
+// Q6_K) gives each its part of the grid and its part of the scratch: slots and counters
+// first … first + blocks − 1 (GemmSplitK offset by `first`), so the two never touch the same
+// counter or partial, and the header's argument holds within each part unchanged (every block
+// of the launch is resident, so every block an owner waits for runs).
+struct GemmGridPart {
+    int first_block, blocks;
+    __device__ __forceinline__ int first() const { return first_block; }
+    __device__ __forceinline__ int count() const { return blocks; }
+};
+
+// The whole grid as a part: block 0 first, gridDim.x blocks (every launch of one GEMM; the
+// constants leave such a launch's code as it is without parts).
+struct GemmWholeGrid {
+    __device__ __forceinline__ int first() const { return 0; }
+    __device__ __forceinline__ int count() const { return (int)gridDim.x; }
+};
 
 // First position of block b's range (b ≤ P; b = P: W). 32-bit: the launcher keeps W · P < 2³²
 // (a 64-bit division is a subroutine call whose saved registers spilled in gemm_fmt_wgmma.cu).

@@ -207,14 +207,15 @@ def random_fmt_weight(dev, rng: np.random.Generator, fmt, n: int, k: int, name: 
 
 
 def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: bool, hd: int, hq: int, hkv: int,
-                        tile: int, scratch) -> None:
+                        tile: int, scratch, *, fmt_v=None, split_blocks: int = 4):
     """A QKV GEMM with the bias, RoPE and K/V writes in its epilogue (launcher `Fused`, weights in
     `fmt`, K = 512): q and the chunk's K/V cache slots against the float64 reference (x Wᵀ + bias,
     rotated by rope_table_rows' cos and sin), only the chunk's slots changed, q's rows past M
     poisoned; and where the tiles are whole, bit for bit what the two-launch path writes —
     `apart(qkv, x, [wq, wk, wv], [Nq, Nkv, Nkv], prefill_state, ldo, tile)` filling FP32 qkv,
     then rope_kv_rows: the same sums in the same order. `scratch(rows, n, k, tile)` gives the
-    split-K scratch of a `split` case (4 blocks)."""
+    split-K scratch of a `split` case (`split_blocks` blocks); `fmt_v`: v's format where it is not
+    `fmt`. Returns the fused launcher."""
     from drvqwen import launchers
     from drvqwen import reference as ref
     from drvqwen.kv_cache import PAGE_TOKENS
@@ -223,8 +224,8 @@ def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: 
     nq, nkv = hq * hd, hkv * hd
     rows = max(64, -(-m // 64) * 64, tile)
     x = rng.standard_normal((rows, k)).astype(np.float16)
-    (wq, q64), (wk, k64), (wv, v64) = (random_fmt_weight(dev, rng, fmt, n, k, name=nm)
-                                       for n, nm in ((nq, "wq"), (nkv, "wk"), (nkv, "wv")))
+    (wq, q64), (wk, k64), (wv, v64) = (random_fmt_weight(dev, rng, f, n, k, name=nm)
+                                       for f, n, nm in ((fmt, nq, "wq"), (fmt, nkv, "wk"), (fmt_v or fmt, nkv, "wv")))
     biases = [(rng.standard_normal(n) * 0.1).astype(np.float16) for n in (nq, nkv, nkv)]
     inv_freq = ref.rope_inv_freq(hd, 1e6)
     n_pages = -(-(start + m) // PAGE_TOKENS) + 2
@@ -244,7 +245,7 @@ def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: 
 
     fused = outputs("fused")
     g = Fused(*fused, xd, wq, wk, wv, *bd, rope_cs, ps, bt, k=k, rows=rows, split_k=sk,
-              blocks=4 if split else None, tile_tokens=tile, **heads)
+              blocks=split_blocks if split else None, tile_tokens=tile, **heads)
     assert g.tiling.tile_tokens == tile and g.tiling.split == split, "the case should plan as its id says"
     g.launch()
     got_q, got_k, got_v = (a.download() for a in fused)
@@ -254,7 +255,7 @@ def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: 
     cos, sin = (a.astype(np.float64) for a in ref.rope_cos_sin(pos, hd, 1e6))
     q, kk, v = ((x64 @ w.T + b.astype(np.float64)).reshape(m, -1, hd)
                 for w, b in zip((q64, k64, v64), biases))
-    tag = f"{fmt.name} qkv_rope M={m} start={start} tile={tile} {'split' if split else 'whole'}"
+    tag = f"{fmt.name}{'/' + fmt_v.name if fmt_v else ''} qkv_rope M={m} start={start} tile={tile} {'split' if split else 'whole'}"
     report(f"{tag} q", got_q[:m], ref.apply_rope(q, cos, sin), TOL_GEMV)
     assert np.isnan(got_q[m:].astype(np.float32)).all(), "q rows past M were written"
     report(f"{tag} k", ref.gather_pages(got_k, block_table, start + m)[start:], ref.apply_rope(kk, cos, sin), TOL_GEMV)
@@ -265,7 +266,7 @@ def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: 
         assert np.isnan(c.transpose(0, 2, 1, 3)[~written].astype(np.float32)).all(), "a slot outside the chunk changed"
     if sk is not None:
         assert not sk.counters.download().any(), "split-K counters left non-zero"
-        return
+        return g
 
     separate = outputs("apart")
     ld = nq + 2 * nkv
@@ -274,6 +275,7 @@ def check_qkv_rope_gemm(dev, rng, fmt, Fused, apart, m: int, start: int, split: 
     launchers.RopeKvRows(*separate, qkv, *bd, fd, ps, bt, rows=rows, **heads).launch()
     for name, a, b in zip("qkv", (got_q, got_k, got_v), separate):
         assert_same_bits(f"{tag} {name} against the stacked GEMMs + rope_kv_rows", a, b.download())
+    return g
 
 
 def check_long_k_one_wave(dev, label: str, make, x: np.ndarray, r0: np.ndarray, w64: np.ndarray) -> None:

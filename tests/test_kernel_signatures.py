@@ -223,10 +223,10 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
 def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
     """gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py) on q4_k, q5_k and q6_k weights of
     K = D = 1024."""
-    from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
-                                               GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
-                                               GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows,
-                                               GemmQ6kRows)
+    from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQ6kQkvRopeRows, GemmQ4kQkvRopeRows,
+                                               GemmQ4kResidualRows, GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows,
+                                               GemmQ5kQ6kQkvRopeRows, GemmQ5kQkvRopeRows, GemmQ5kResidualRows,
+                                               GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 
     D = 1024
 
@@ -236,13 +236,18 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
                                for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
 
     w6 = weight("q6_k")
+    q6 = next(f for f in wf.FORMATS.values() if f.name == "q6_k")
+    wkv6 = FmtWeight(q6, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
+                          for name, (dt, shape) in q6.tensors("wkv6", D // 4, D).items()}, "wkv6")
     kc = DeviceArray("k_cache", 1 << 22, (4, 2, 16, 128), np.float16)   # [P, Hkv, 16, Dh]
     vc = DeviceArray("v_cache", 1 << 23, (4, 2, 16, 128), np.float16)
     x = DeviceArray("xq", 1 << 21, (R, D), np.float16)
     out = []
-    for f, Stacked, Residual, GateUp, QkvRope in (
-            ("q4k", GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows),
-            ("q5k", GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows)):
+    for f, Stacked, Residual, GateUp, QkvRope, QkvRopeQ6k in (
+            ("q4k", GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows,
+             GemmQ4kQ6kQkvRopeRows),
+            ("q5k", GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+             GemmQ5kQ6kQkvRopeRows)):
         fmt = next(m for m in wf.FORMATS.values() if m.name == f"{f[:2]}_k")
         w = weight(fmt.name)
         wkv = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
@@ -255,6 +260,11 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
                                                max_blocks=132)),
                 (f"gemm_{f}_qkv_rope", QkvRope(
                     _buf("q", R * D, np.float16), kc, vc, x, w, wkv, wkv, _buf("qb", D, np.float16),
+                    _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32),
+                    ps, _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,
+                    max_blocks=132)),
+                (f"gemm_{f}_q6k_qkv_rope", QkvRopeQ6k(  # v in Q6_K: one launch in two parts
+                    _buf("q", R * D, np.float16), kc, vc, x, w, wkv, wkv6, _buf("qb", D, np.float16),
                     _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32),
                     ps, _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,
                     max_blocks=132))]

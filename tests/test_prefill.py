@@ -296,8 +296,9 @@ def test_late_chunks_run_the_range_schedule(model):
 def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout with K a multiple of 256 (recipe_formats: Q4_K
     everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the K-quant
-    projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` where q, k, v are all Q4_K,
-    else `qk_proj`; Q4_K o_proj/gate_up/down, Q6_K v/down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
+    projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` on every layer: q, k, v all
+    Q4_K, or q and k Q4_K with v Q6_K in one launch of two parts; Q4_K o_proj/gate_up/down, Q6_K
+    down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
     at 17 and 300 tokens."""
     check_kquant_register_prefill(tmp_path, "q4_k_m", "gemm_q4k")
 
@@ -331,10 +332,11 @@ def check_kquant_register_prefill(tmp_path, recipe: str, kernel: str):
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
-        assert "qk_proj" in roles(regs), f"q and k should run stacked on the register GEMM: {sorted(roles(regs))}"
+        assert "qkv_rope" in roles(regs) and not {"qk_proj", "v_proj", "rope_kv"} & roles(regs), \
+            f"every layer's q, k and v should run as one qkv_rope launch: {sorted(roles(regs))}"
         assert {"q_proj", "k_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {f"{kernel}_qkv_rope", f"{kernel}_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, \
+        assert {f"{kernel}_qkv_rope", f"{kernel}_q6k_qkv_rope", f"{kernel}_residual", "gemm_q6k_residual"} <= kernels, \
             sorted(kernels)
         assert not any(k.startswith("gemm_q") for k in {nl.spec.kernel.kernel for nl in fmt.launches(64)})
         for t in (17, 300):

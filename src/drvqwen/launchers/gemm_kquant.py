@@ -14,6 +14,9 @@ shared memory and is the limit.
                              the same four over Q5_K (llama.cpp's Q5_K_M)
     GemmQ6kRows              out fp32 [M, ldo], columns col0 … = x Wᵀ         (v_proj)
     GemmQ6kResidualRows      residual fp32 [M, N] += x Wᵀ                     (down_proj)
+    GemmQ4kQ6kQkvRopeRows, GemmQ5kQ6kQkvRopeRows
+                             GemmQ4kQkvRopeRows's outputs with q, k in Q4_K (Q5_K) and v in
+                             Q6_K: one launch, the grid in a part a format
 
 (llama.cpp's Q4_K_M stores every projection in Q4_K but v_proj and down_proj of some layers, in
 Q6_K; its Q5_K_M the same with Q5_K.) They take FmtWeights in format q4_k, q5_k or q6_k
@@ -31,8 +34,8 @@ from ..cuda import Stream
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, smem_bytes_extra,
-                        x_tensor_map)
+from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, smem_bytes,
+                        smem_bytes_extra, x_tensor_map)
 from .gemv_fmt import FmtWeight
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
@@ -355,3 +358,81 @@ class GemmQ6kResidualRows(_GemmKquantLauncher):
                          dict(N=i32(n), K=i32(k)),
                          reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
                          max_blocks=max_blocks, split_k=split_k, smem=smem_bytes_q6k(bm))
+
+
+# v's share of the blocks of a mixed-format QKV launch (GemmQ4kQ6kQkvRopeRows): its row blocks' share
+# of the launch's row blocks. A group of Q6_K costs about what one of Q4_K or Q5_K does on this
+# mainloop (the 7B's down_proj at 1024 rows, tools/bench_gemm.py --kquant: Q6_K 261.7 µs, Q4_K
+# 253.6, Q5_K 275.8; docs/bench/2026-12-07_e77fde8_h100_gemm7b_m1024_kquant.json), so the parts take
+# blocks by their tiles.
+def v_part_blocks(blocks: int, qk_row_blocks: int, v_row_blocks: int) -> int:
+    """Blocks of the v part among `blocks` (≥ 2): v's row blocks' share, rounded, at least 1 and
+    leaving the q/k part at least 1."""
+    share = round(blocks * v_row_blocks / (qk_row_blocks + v_row_blocks))
+    return min(blocks - 1, max(1, share))
+
+
+class GemmQ4kQ6kQkvRopeRows(_GemmKquantLauncher):
+    """GemmQ4kQkvRopeRows's outputs for a layer whose q and k are q4_k and v q6_k (llama.cpp's
+    Q4_K_M on the layers whose v_proj it keeps in Q6_K), in one launch (gemm_q4k_q6k_qkv_rope): the
+    plan's P blocks in two parts, the q/k row blocks on P − v_blocks of them and v's on v_blocks
+    (v_part_blocks), each part its own stream-K ranges and its own slots of the scratch; the
+    dynamic shared memory the larger of the two rings. The pairs of q and k must fill whole row
+    blocks: (Hq + Hkv)·Dh/2 a multiple of 64.
+
+    Raises:
+        LaunchError: q or k not in q4_k (q5_k for GemmQ5kQ6kQkvRopeRows), v not in q6_k, K not a
+            multiple of 256, (Hq + Hkv)·Dh/2 not a multiple of 64, a plan of fewer than 2 blocks,
+            or a buffer of the wrong size, dtype or shape.
+    """
+
+    tiles = Q4K_TILES  # the builds both policies exist in
+
+    def __init__(self, q_out, k_cache, v_cache, x, wq: FmtWeight, wk: FmtWeight, wv: FmtWeight, q_bias, k_bias,
+                 v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int, head_dim: int,
+                 k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
+                 blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
+        super().__init__(stream)
+        name = f"{self.kernel}_q6k_qkv_rope"
+        n_q, n_kv = check_qkv_rope_outputs(name, q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs,
+                                           rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+        self._check_fmt(wq, n_q, k)
+        self._check_fmt(wk, n_kv, k)
+        self._check_fmt(wv, n_kv, k, Q6K_ID)
+        pairs_per_block = BLOCK_ROWS // 2
+        qk_pairs = (n_q + n_kv) // 2
+        require(qk_pairs % pairs_per_block == 0,
+                f"{name}: q's and k's {qk_pairs} RoPE pairs must fill whole row blocks of {pairs_per_block}")
+        check_buffer(x, "x", rows * k, np.float16)
+        check_prefill_state(prefill_state)
+        n = n_q + 2 * n_kv
+        self.flops = 2 * rows * n * k
+        self.bytes_moved = (wq.nbytes(n_q, k) + wk.nbytes(n_kv, k) + wv.nbytes(n_kv, k) + 2 * rows * k
+                            + 2 * rows * n)
+        qk_blocks, v_row_blocks = qk_pairs // pairs_per_block, -(-(n_kv // 2) // pairs_per_block)
+        bm = self._plan(rows, qk_blocks + v_row_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
+                        tile_tokens=tile_tokens)
+        require(self.tiling.blocks >= 2, f"{name}: a plan of {self.tiling.blocks} block, want 2 or more (a part a format)")
+        self.v_blocks = v_part_blocks(self.tiling.blocks, qk_blocks, v_row_blocks)
+        smem = max(self._smem(bm) or smem_bytes(bm), smem_bytes_q6k(bm))
+        self._build_gemm(name, rows, qk_blocks + v_row_blocks, k,
+                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
+                              **_q4k_args(wq, "q"), **_q4k_args(wk, "k"),
+                              **{f"v_{part}": v for part, v in _q6k_args(wv).items()}, q_bias=q_bias,
+                              k_bias=k_bias, v_bias=v_bias, rope_cs=rope_cs, prefill_state=prefill_state,
+                              block_table=block_table),
+                         dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k),
+                              v_blocks=i32(self.v_blocks)),
+                         reads=(x, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table) + wq.buffers
+                         + wk.buffers + wv.buffers,
+                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k, smem=smem)
+
+
+class GemmQ5kQ6kQkvRopeRows(GemmQ4kQ6kQkvRopeRows):
+    """GemmQ4kQ6kQkvRopeRows with q and k in q5_k (llama.cpp's Q5_K_M; gemm_q5k_q6k_qkv_rope).
+
+    Raises:
+        LaunchError: as GemmQ4kQ6kQkvRopeRows's, q or k not in q5_k.
+    """
+
+    fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
