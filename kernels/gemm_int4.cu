@@ -377,7 +377,7 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // gate_up µs: Q5_K 246.5, both probes 225.6, Q4_K 223.7; 28 layers of GEMMs 13.7 / 12.7 / 12.6
 // ms; docs/bench/2026-12-07_fdc24d0_h100_gemm7b_m512_desc_bcast_probes.json): the producer's
 // extra copies and the consumers' extra unpack each cover the other, so either alone made cheaper
-// changes nothing. Tried in the same run and not kept (fdc24d0's GEMM_EXP_DESC, GEMM_EXP_BCAST):
+// changes nothing. Tried in the same run and not kept (two timing switches of commit fdc24d0):
 // the wgmma descriptor made once a group, the k steps added as offsets (the consumers' group loop
 // 21–24 SASS instructions shorter, INT4 gate_up 247 → 226) — INT4 gate_up 205.6 → 205.7, Q4_K
 // 223.7 → 223.4, Q5_K 246.5 → 243.7 — and with it the Q4_K/Q5_K scale pairs left packed, each

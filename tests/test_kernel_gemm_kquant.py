@@ -225,16 +225,19 @@ def check_kmin_qkv_rope(dev, rng, fmt, QkvRope, Stacked, m, start, split, hd, hq
 # The mixed-format QKV (q, k in Q4_K or Q5_K, v in Q6_K) splits its grid in two parts by their
 # tiles; its split case runs on 16 blocks, v's part 2 of them (launchers/gemm_kquant.py:
 # v_part_blocks), so that both parts' ranges cut tiles (M = 300, 128-token tiles, K = 512: q and k
-# 24 tiles of 4 groups on 14 blocks, v 3 tiles on 2).
+# 24 tiles of 4 groups on 14 blocks, v 3 tiles on 2). Its cases: QKV_ROPE_CASES, and whole tiles in
+# three token blocks with v's pairs in a partial row block (Hq = 3, Hkv = 1, Dh = 64: q and k 128
+# pairs, v 32).
 MIXED_SPLIT_BLOCKS = 16
+MIXED_CASES = QKV_ROPE_CASES + [(300, 5, False, 64, 3, 1, 128)]
 
 
 @pytest.mark.parametrize("fmt,QkvRope,Stacked", [(Q4K, GemmQ4kQ6kQkvRopeRows, GemmQ4kStackedRows),
                                                  (Q5K, GemmQ5kQ6kQkvRopeRows, GemmQ5kStackedRows)],
                          ids=["q4_k", "q5_k"])
-@pytest.mark.parametrize("m,start,split,hd,hq,hkv,tile", QKV_ROPE_CASES,
+@pytest.mark.parametrize("m,start,split,hd,hq,hkv,tile", MIXED_CASES,
                          ids=[f"m{c[0]}-start{c[1]}-{'split' if c[2] else 'whole'}-hd{c[3]}-{c[4]}q{c[5]}kv-{c[6]}"
-                              for c in QKV_ROPE_CASES])
+                              for c in MIXED_CASES])
 def test_gemm_kquant_q6k_qkv_rope(dev, rng, fmt, QkvRope, Stacked, m, start, split, hd, hq, hkv, tile):
     """gemm_q4k_q6k_qkv_rope / gemm_q5k_q6k_qkv_rope (q and k in the K-quant, v in Q6_K, one launch
     in two parts) against the float64 reference and, with whole tiles, bit for bit against the
@@ -252,25 +255,6 @@ def test_gemm_kquant_q6k_qkv_rope(dev, rng, fmt, QkvRope, Stacked, m, start, spl
                             split_blocks=MIXED_SPLIT_BLOCKS)
     if split:
         assert (g.tiling.blocks, g.v_blocks) == (MIXED_SPLIT_BLOCKS, 2), "the case should split as its comment says"
-
-
-def test_gemm_kquant_q6k_qkv_rope_refuses_pairs_across_a_row_block(dev, rng):
-    """q's and k's RoPE pairs must fill whole 64-pair row blocks (no block may hold both formats):
-    Hq = 2, Hkv = 1, Dh = 64 gives 96, refused with the count named."""
-    from drvqwen.kv_cache import PAGE_TOKENS
-    from drvqwen.launchers.base import LaunchError
-
-    k, hd, rows = 256, 64, 64
-    ws = [random_fmt_weight(dev, rng, f, n, k, name=nm)[0]
-          for f, n, nm in ((Q4K, 2 * hd, "wq"), (Q4K, hd, "wk"), (Q6K, hd, "wv"))]
-    x, ps = dev.upload("x", np.zeros((rows, k), np.float16)), dev.upload("ps", np.array([0, 1], np.int32))
-    q = dev.array("q", (rows, 2, hd), np.float16)
-    kc, vc = (dev.array(n, (4, 1, PAGE_TOKENS, hd), np.float16) for n in ("kc", "vc"))
-    biases = [dev.array(f"b{i}", (n,), np.float16) for i, n in enumerate((2 * hd, hd, hd))]
-    cs, bt = dev.array("cs", (rows, hd // 2, 2), np.float32), dev.upload("bt", np.arange(4, dtype=np.int32))
-    with pytest.raises(LaunchError, match="96 RoPE pairs must fill whole row blocks of 64"):
-        GemmQ4kQ6kQkvRopeRows(q, kc, vc, x, *ws, *biases, cs, ps, bt, n_heads=2, n_kv_heads=1, head_dim=hd, k=k,
-                              rows=rows)
 
 
 @pytest.mark.parametrize("fmt,Residual", [(Q4K, GemmQ4kResidualRows), (Q5K, GemmQ5kResidualRows),

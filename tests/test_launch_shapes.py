@@ -811,3 +811,59 @@ def test_int4_qkv_rope_gemm_refuses_a_head_dim_the_device_layout_cannot_pair(hea
                             b("qb", nq, np.float16), b("kb", nkv, np.float16), b("vb", nkv, np.float16),
                             b("cs", rows * head_dim, np.float32), b("ps", 2, np.int32), b("bt", 4, np.int32),
                             n_heads=hq, n_kv_heads=hkv, head_dim=head_dim, k=k, rows=rows)
+
+
+def test_mixed_format_qkv_splits_its_grid_by_the_parts_tiles():
+    """A QKV launch with q, k in a K-quant and v in Q6_K (gemm_kquant.plan_parts): the 7B's parts
+    are 32 and 4 row blocks. Stream-K ranges give v its row blocks' share of P; one wave of whole
+    tiles gives each part its tiles; where P divides the launch's tiles but not the parts' (2 688
+    rows: 11 × 36 = 3 rounds of 132), whole tiles would take 4 rounds in the q/k part, so the plan
+    takes ranges where the scratch allows, else the v blocks of the fewest rounds."""
+    from dataclasses import replace
+
+    from drvqwen.launchers.gemm_int4 import GemmTiling
+    from drvqwen.launchers.gemm_kquant import plan_parts, v_part_blocks
+
+    asked = []
+
+    def fits(answer):
+        def ranges_fit():
+            asked.append(answer)
+            return answer
+        return ranges_fit
+
+    ranges = GemmTiling(256, 132, True, 0.0)
+    assert plan_parts(ranges, 2, 32, 4, fits(True)) == (ranges, 15) == (ranges, v_part_blocks(132, 32, 4))
+    one_wave = GemmTiling(256, 72, False, 0.0)  # 512 rows: 2 × 36 tiles, a block each
+    assert plan_parts(one_wave, 2, 32, 4, fits(True)) == (one_wave, 8)
+    assert not asked, "no scratch question where the parts' rounds are the launch's"
+    rounds3 = GemmTiling(256, 132, False, 0.0)  # 2 688 rows: 396 tiles
+    assert plan_parts(rounds3, 11, 32, 4, fits(True)) == (replace(rounds3, split=True), 15)
+    whole, v = plan_parts(rounds3, 11, 32, 4, fits(False))
+    assert whole == rounds3 and max(-(-352 // (132 - v)), -(-44 // v)) == 4 and asked == [True, False]
+    with pytest.raises(LaunchError, match="a plan of 1 block, want 2 or more"):
+        plan_parts(GemmTiling(256, 1, False, 0.0), 1, 32, 4, fits(True))
+
+
+def test_mixed_format_qkv_refuses_pairs_across_a_row_block():
+    """q's and k's RoPE pairs must fill whole 64-pair row blocks (no block may hold both formats):
+    Hq = 2, Hkv = 1, Dh = 64 gives 96, refused with the count named before anything is planned."""
+    from drvqwen.format import weight_formats as wf
+    from drvqwen.launchers import BufferSpec, FmtWeight
+    from drvqwen.launchers.gemm_kquant import GemmQ4kQ6kQkvRopeRows
+
+    k, hd, rows = 256, 64, 64
+    arr = BufferSpec  # (name, shape, dtype): what the checks read of a buffer
+
+    def weight(fmt_name, n, name):
+        fmt = next(f for f in wf.FORMATS.values() if f.name == fmt_name)
+        return FmtWeight(fmt, {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt)
+                               for t, (dt, shape) in fmt.tensors(name, n, k).items()}, name)
+
+    ws = [weight("q4_k", 2 * hd, "wq"), weight("q4_k", hd, "wk"), weight("q6_k", hd, "wv")]
+    caches = [arr(n, (4, 1, 16, hd), np.float16) for n in ("k_cache", "v_cache")]
+    biases = [arr(f"b{i}", (n,), np.float16) for i, n in enumerate((2 * hd, hd, hd))]
+    with pytest.raises(LaunchError, match="96 RoPE pairs must fill whole row blocks of 64"):
+        GemmQ4kQ6kQkvRopeRows(arr("q", (rows, 2, hd), np.float16), *caches, arr("x", (rows, k), np.float16), *ws,
+                              *biases, arr("cs", (rows, hd // 2, 2), np.float32), arr("ps", (2,), np.int32),
+                              arr("bt", (4,), np.int32), n_heads=2, n_kv_heads=1, head_dim=hd, k=k, rows=rows)

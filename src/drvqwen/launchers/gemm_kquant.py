@@ -28,14 +28,17 @@ memory (gemm_int4.cu: gemm_stages). K must be a multiple of 256 (a super-block).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import numpy as np
 
-from ..cuda import Stream
+from ..cuda import Stream, get_device
 from ..format import weight_formats as wf
 from ..format.quant import GROUP_SIZE
 from .base import check_buffer, check_prefill_state, i32, mirrored, require
-from .gemm_int4 import (BLOCK_ROWS, SplitKScratch, _GemmLauncher, check_qkv_rope_outputs, smem_bytes,
-                        smem_bytes_extra, x_tensor_map)
+from .gemm_int4 import (BLOCK_ROWS, SPLIT_UNIT_FLOATS, GemmTiling, SplitKScratch, _GemmLauncher,
+                        check_qkv_rope_outputs, smem_bytes, smem_bytes_extra, unit_floats, x_tensor_map)
 from .gemv_fmt import FmtWeight
 
 Q4K_ID = next(f.id for f in wf.FORMATS.values() if f.name == "q4_k")
@@ -372,6 +375,33 @@ def v_part_blocks(blocks: int, qk_row_blocks: int, v_row_blocks: int) -> int:
     return min(blocks - 1, max(1, share))
 
 
+def plan_parts(plan: GemmTiling, token_blocks: int, qk_row_blocks: int, v_row_blocks: int,
+               ranges_fit: Callable[[], bool]) -> tuple[GemmTiling, int]:
+    """(plan, v_blocks) of a mixed-format QKV launch planned as one GEMM (`plan`, P ≥ 2 blocks).
+    Stream-K ranges (plan.split) balance each part to within a group: v_part_blocks. Whole tiles
+    do not split as evenly: the v blocks that give the fewest rounds of tiles in the slower part;
+    where that is more rounds than the plan counted for the launch as one GEMM (P dividing the
+    total tiles but not each part's: the 7B's 2 688-row chunk, 3 rounds of 132 becoming 4) and
+    `ranges_fit()` (a scratch for P blocks of ranges, asked only then), the plan with ranges instead.
+
+    Raises:
+        LaunchError: a plan of fewer than 2 blocks.
+    """
+    p = plan.blocks
+    require(p >= 2, f"a mixed-format QKV launch: a plan of {p} block, want 2 or more (a part a format)")
+    if plan.split:
+        return plan, v_part_blocks(p, qk_row_blocks, v_row_blocks)
+    qk_tiles, v_tiles = token_blocks * qk_row_blocks, token_blocks * v_row_blocks
+
+    def rounds(v: int) -> int:
+        return max(-(-qk_tiles // (p - v)), -(-v_tiles // v))
+
+    v = min(range(1, p), key=lambda v: (rounds(v), abs(v * (qk_tiles + v_tiles) - p * v_tiles)))
+    if rounds(v) > -(-(qk_tiles + v_tiles) // p) and ranges_fit():
+        return dataclasses.replace(plan, split=True), v_part_blocks(p, qk_row_blocks, v_row_blocks)
+    return plan, v
+
+
 class GemmQ4kQ6kQkvRopeRows(_GemmKquantLauncher):
     """GemmQ4kQkvRopeRows's outputs for a layer whose q and k are q4_k and v q6_k (llama.cpp's
     Q4_K_M on the layers whose v_proj it keeps in Q6_K), in one launch (gemm_q4k_q6k_qkv_rope): the
@@ -412,8 +442,14 @@ class GemmQ4kQ6kQkvRopeRows(_GemmKquantLauncher):
         qk_blocks, v_row_blocks = qk_pairs // pairs_per_block, -(-(n_kv // 2) // pairs_per_block)
         bm = self._plan(rows, qk_blocks + v_row_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
-        require(self.tiling.blocks >= 2, f"{name}: a plan of {self.tiling.blocks} block, want 2 or more (a part a format)")
-        self.v_blocks = v_part_blocks(self.tiling.blocks, qk_blocks, v_row_blocks)
+        p = self.tiling.blocks
+
+        def ranges_fit() -> bool:  # stream-K ranges need the scratch for P blocks, and P ≤ the SMs (no deadlock)
+            return (split_k is not None and max_blocks != 0 and p <= split_k.tiles
+                    and -(-p * unit_floats(bm) // SPLIT_UNIT_FLOATS) <= split_k.units
+                    and p <= get_device().info.sm_count)
+
+        self.tiling, self.v_blocks = plan_parts(self.tiling, -(-rows // bm), qk_blocks, v_row_blocks, ranges_fit)
         smem = max(self._smem(bm) or smem_bytes(bm), smem_bytes_q6k(bm))
         self._build_gemm(name, rows, qk_blocks + v_row_blocks, k,
                          dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
