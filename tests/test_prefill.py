@@ -296,10 +296,10 @@ def test_late_chunks_run_the_range_schedule(model):
 def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout with K a multiple of 256 (recipe_formats: Q4_K
     everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the K-quant
-    projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` on every layer: q, k, v all
-    Q4_K, or q and k Q4_K with v Q6_K in one launch of two parts; Q4_K o_proj/gate_up/down, Q6_K
-    down) against the same on gemm_fmt_wgmma.cu (`kquant_gemm=False`) and against the reference,
-    at 17 and 300 tokens."""
+    projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` where q, k, v are all Q4_K,
+    else `qk_proj` + a Q6_K `v_proj` + `rope_kv`, or with `mixed_qkv` those as one `qkv_rope` launch
+    of two parts; Q4_K o_proj/gate_up/down, Q6_K down) against the same on gemm_fmt_wgmma.cu
+    (`kquant_gemm=False`) and against the reference, at 17 and 300 tokens."""
     check_kquant_register_prefill(tmp_path, "q4_k_m", "gemm_q4k")
 
 
@@ -329,15 +329,19 @@ def check_kquant_register_prefill(tmp_path, recipe: str, kernel: str):
     backend = GPUBackend(f, max_context=512, rng=rng)
     step = backend.decode_step
     regs, fmt = Prefill(step), Prefill(step, kquant_gemm=False)
+    one = Prefill(step, mixed_qkv=True)
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
-        assert "qkv_rope" in roles(regs) and not {"qk_proj", "v_proj", "rope_kv"} & roles(regs), \
-            f"every layer's q, k and v should run as one qkv_rope launch: {sorted(roles(regs))}"
+        assert {"qkv_rope", "qk_proj", "v_proj", "rope_kv"} <= roles(regs), \
+            f"q and k should run stacked on the register GEMM where v is Q6_K: {sorted(roles(regs))}"
+        assert "qkv_rope" in roles(one) and not {"qk_proj", "v_proj", "rope_kv"} & roles(one), \
+            f"with mixed_qkv every layer's q, k and v should run as one qkv_rope launch: {sorted(roles(one))}"
         assert {"q_proj", "k_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
-        assert {f"{kernel}_qkv_rope", f"{kernel}_q6k_qkv_rope", f"{kernel}_residual", "gemm_q6k_residual"} <= kernels, \
+        assert {f"{kernel}_qkv_rope", f"{kernel}_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, \
             sorted(kernels)
+        assert f"{kernel}_q6k_qkv_rope" in {nl.spec.kernel.kernel for nl in one.launches(64)}
         assert not any(k.startswith("gemm_q") for k in {nl.spec.kernel.kernel for nl in fmt.launches(64)})
         for t in (17, 300):
             regs.run(ids[:t])
@@ -346,11 +350,17 @@ def check_kquant_register_prefill(tmp_path, recipe: str, kernel: str):
             fmt.run(ids[:t])
             step.sync()
             other = step.logits()
-            err, gap = rel_l2(got, want[t - 1]), rel_l2(got, other)
-            print(f"{recipe} T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against gemm_fmt_wgmma")
+            one.run(ids[:t])
+            step.sync()
+            fused = step.logits()
+            err, gap, gap1 = rel_l2(got, want[t - 1]), rel_l2(got, other), rel_l2(fused, got)
+            print(f"{recipe} T={t}: registers rel L2 {err:.2e} against the reference, {gap:.2e} against gemm_fmt_wgmma,"
+                  f" {gap1:.2e} between one and three QKV launches")
             assert np.isfinite(got).all() and err <= TOL_LOGITS and gap <= TOL_LOGITS
+            assert np.isfinite(fused).all() and rel_l2(fused, want[t - 1]) <= TOL_LOGITS and gap1 <= TOL_LOGITS
     finally:
         regs.close()
+        one.close()
         fmt.close()
         backend.close()
         f.close()

@@ -164,7 +164,7 @@ def kv_bytes_read(config, seq_len: int) -> int:
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
                  last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True,
                  kquant_gemm: bool = True, chunk_rows: int | None = None, q32_gemm: bool = True,
-                 attention_defines: tuple[tuple[str, int], ...] = ()):
+                 attention_defines: tuple[tuple[str, int], ...] = (), mixed_qkv: bool = False):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
@@ -174,8 +174,8 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     `kquant_gemm` Q4_K, Q5_K and Q6_K projections on gemm_fmt_wgmma.cu, without `q32_gemm` the
     Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones;
     `chunk_rows` the prompt rows per chunk, default the prefill's; `attention_defines` a compile-time
-    build of the wgmma attention kernel, to measure), or None where that module does not exist in
-    this checkout."""
+    build of the wgmma attention kernel, to measure; `mixed_qkv` Prefill's), or None where that
+    module does not exist in this checkout."""
     try:
         from .prefill import ATTENTION_ENGINE, DEFAULT_CHUNK_ROWS, LATE_ATTENTION_FROM, Prefill
     except ImportError:
@@ -183,7 +183,8 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
     return Prefill(dec, chunk_rows or DEFAULT_CHUNK_ROWS, fmt_gemm=fmt_gemm, qkv_rope=rope == "epilogue", attention_engine=attention or ATTENTION_ENGINE,
                    last_layer=last_layer, attention_splits=attention_splits,
                    late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm,
-                   q32_gemm=q32_gemm, **({"attention_defines": attention_defines} if attention_defines else {}))
+                   q32_gemm=q32_gemm, **({"attention_defines": attention_defines} if attention_defines else {}),
+                   **({"mixed_qkv": True} if mixed_qkv else {}))
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -281,6 +282,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
+              prefill_mixed_qkv: str = "apart",
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False, decode_attention: str | None = None, short_attention_below: int | None = None,
@@ -311,6 +313,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
         prefill_q32: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections likewise ("registers": gemm_int4.cu's
             kernels for them; "fmt").
+        prefill_mixed_qkv: a layer with q, k in Q4_K or Q5_K and v in Q6_K: its QKV as three
+            launches ("apart", the default) or one (Prefill's mixed_qkv: "one").
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
         prefill_chunk_rows: prompt rows per prefill chunk (None: prefill.DEFAULT_CHUNK_ROWS): a
@@ -383,7 +387,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
         prompt = np.random.default_rng(seed).integers(0, cfg.vocab_size, prompt_tokens).tolist()
         prefill = (load_prefill(dec, prefill_gemm, prefill_rope, prefill_attention, prefill_last_layer,
                                 prefill_attention_splits, prefill_attention_late, prefill_kquant == "registers",
-                                prefill_chunk_rows, prefill_q32 == "registers", prefill_attention_defines)
+                                prefill_chunk_rows, prefill_q32 == "registers", prefill_attention_defines,
+                                prefill_mixed_qkv == "one")
                    if use_prefill else None)
         if prefill is not None:
             prefill.run(prompt)        # untimed: builds its launch list, first launches
@@ -420,6 +425,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
                          "prefill_attention_late_from": getattr(prefill, "late_from", None),
                          "prefill_kquant": prefill_kquant if prefill is not None else None,
                          "prefill_q32": prefill_q32 if prefill is not None else None,
+                         "prefill_mixed_qkv": prefill_mixed_qkv if prefill is not None else None,
                          "prefill_chunk_rows": prefill.chunk_rows if prefill is not None else None,
                          "prefill_last_layer": (("last_row" if prefill.last_row else "all_rows")
                                                 if prefill is not None else None),
@@ -589,6 +595,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections: unpacked in the GEMM's registers (gemm_int4.cu's kernels for them, "
                         "default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
+    p.add_argument("--prefill-mixed-qkv", choices=("apart", "one"), default="apart",
+                   help="a layer whose q and k are Q4_K or Q5_K and v Q6_K (llama.cpp's *_K_M recipes): its QKV as "
+                        "three launches (default) or one in two parts (gemm_q4k_q6k_qkv_rope, gemm_q5k_q6k_qkv_rope)")
     p.add_argument("--prefill-chunk-rows", type=int, default=None, metavar="ROWS",
                    help="prompt rows per prefill chunk (rounded up to a multiple of 64; default: the prefill's, 1024): a long "
                         "prompt's GEMMs and attention launches then take that many rows at once")
@@ -783,7 +792,7 @@ def cmd_bench(args) -> int:
                         prefill_attention_splits=args.prefill_attention_splits == "auto",
                         prefill_attention_late=args.prefill_attention_late == "auto",
                         prefill_kquant=args.prefill_kquant, prefill_q32=args.prefill_q32,
-                        prefill_chunk_rows=args.prefill_chunk_rows,
+                        prefill_chunk_rows=args.prefill_chunk_rows, prefill_mixed_qkv=args.prefill_mixed_qkv,
                         prefill_attention_defines=prefill_attention_defines,
                         decode=args.decode, decode_attention=args.decode_attention,
                         short_attention_below=args.short_attention_below, l2_prefetch_mb=args.l2_prefetch_mb,

@@ -39,9 +39,9 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K, Q5_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
-v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers, and so a
-layer whose q and k are one of them and v Q6_K — llama.cpp's *_K_M recipes — in one launch of
-two parts; else q and k of one of them as L{l}.qk_proj), Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones its kernels for them
+v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers — with
+`mixed_qkv` so too a layer whose q and k are one of them and v Q6_K, as llama.cpp's *_K_M recipes
+give some layers, in one launch of two parts; else q and k of one of them as L{l}.qk_proj), Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones its kernels for them
 (launchers/gemm_q32.py: q, k and v of one of them as L{l}.qkv_rope too; q and k as
 L{l}.qk_proj), the other formats
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
@@ -257,6 +257,10 @@ class Prefill:
         q32_gemm: per-tensor formats on the wgmma GEMMs: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on
             gemm_int4.cu's mainloop (launchers/gemm_q32.py); False runs them on gemm_fmt_wgmma.cu
             (to compare).
+        mixed_qkv: with kquant_gemm, a layer whose q and k are Q4_K (Q5_K) and v Q6_K runs its QKV
+            as one launch in two parts (gemm_q4k_q6k_qkv_rope, gemm_q5k_q6k_qkv_rope) instead of
+            L{l}.qk_proj, L{l}.v_proj and L{l}.rope_kv. Off by default: the three launches are the
+            path measured on the GPU.
         attention_defines: (name, value) pairs replacing or added to the defines of each wgmma
             attention engine's build (launchers/attention_prefill.py ENGINE_BUILDS; the kernel
             header's builds, e.g. (("APW_WARPGROUPS", 2), ("APW_Q_SMEM", 0))); () their own.
@@ -268,7 +272,8 @@ class Prefill:
                  fmt_gemm: str = "wgmma", split_k: bool = True, pdl: bool = True,
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
                  last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
-                 kquant_gemm: bool = True, q32_gemm: bool = True, attention_defines: tuple = ()):
+                 kquant_gemm: bool = True, q32_gemm: bool = True, attention_defines: tuple = (),
+                 mixed_qkv: bool = False):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
@@ -296,6 +301,8 @@ class Prefill:
         self.kquant_gemm = kquant_gemm and fmt_gemm == "wgmma"
         # Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections on the register-unpack GEMMs (gemm_q32.py), likewise.
         self.q32_gemm = q32_gemm and fmt_gemm == "wgmma"
+        # q, k in Q4_K/Q5_K and v in Q6_K as one QKV launch (the K-quant GEMMs), else three.
+        self.mixed_qkv = mixed_qkv and self.kquant_gemm
         self.decode_step = step = decode_step
         cfg = self.config = step.config
         # Per-tensor formats: a layer whose q, k and v are all in one format of the register GEMMs
@@ -567,8 +574,9 @@ class Prefill:
     def _rope_qkv(self, fm: dict[str, int], l: int):
         """The QKV-RoPE launcher of layer l where its q, k and v (formats `fm`) are all in one format
         of the register GEMMs — all Q4_K or all Q5_K (GemmQ4kQkvRopeRows, GemmQ5kQkvRopeRows, K a
-        multiple of 256), or all one of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 (GemmQ32QkvRopeRows) — or q and
-        k in Q4_K or Q5_K with v in Q6_K (GemmQ4kQ6kQkvRopeRows, GemmQ5kQ6kQkvRopeRows), else None
+        multiple of 256), or all one of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 (GemmQ32QkvRopeRows) — or, with
+        mixed_qkv, q and k in Q4_K or Q5_K with v in Q6_K (GemmQ4kQ6kQkvRopeRows,
+        GemmQ5kQ6kQkvRopeRows), else None
         (the format GEMMs, then rope_kv)."""
         cfg = self.decode_step.config
         k = cfg.hidden_size
@@ -576,9 +584,9 @@ class Prefill:
         fid = fq if fq == fk == fv else None
         if self.kquant_gemm and fid in KMIN_LAUNCHERS and k % gemm_kquant.SUPER == 0:
             return KMIN_LAUNCHERS[fid].qkv_rope
-        # q and k in Q4_K or Q5_K, v in Q6_K: one launch in two parts, where q's and k's RoPE pairs
-        # fill whole row blocks (GemmQ4kQ6kQkvRopeRows).
-        if (self.kquant_gemm and fq == fk and fq in KMIN_LAUNCHERS and fv == Q6K_ID and k % gemm_kquant.SUPER == 0
+        # q and k in Q4_K or Q5_K, v in Q6_K (with mixed_qkv): one launch in two parts, where q's
+        # and k's RoPE pairs fill whole row blocks (GemmQ4kQ6kQkvRopeRows).
+        if (self.mixed_qkv and fq == fk and fq in KMIN_LAUNCHERS and fv == Q6K_ID and k % gemm_kquant.SUPER == 0
                 and (cfg.q_dim + cfg.kv_dim) // 2 % (GEMM_BLOCK_ROWS // 2) == 0):
             return KMIN_LAUNCHERS[fq].qkv_rope_v_q6k
         if self.q32_gemm and fid in gemm_q32.FORMATS and k % GEMM_GROUP == 0:
