@@ -354,6 +354,20 @@ def test_bench_values_refused_before_the_gpu_check(tmp_path, capsys, argv, messa
     assert err == "error: " + message.format(tmp=tmp_path), err
 
 
+def test_a_short_commit_claim_is_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """With --json the results name their commit: a $DRVQWEN_SOURCE_COMMIT that is not a full hash
+    is refused before the GPU check (on a GPU machine: before the run), not when the JSON is written
+    after it."""
+    from drvqwen.cli import main
+    from drvqwen.provenance import SOURCE_COMMIT_ENV
+
+    monkeypatch.setenv(SOURCE_COMMIT_ENV, "416936a")
+    assert main(["bench", "--json", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: ${SOURCE_COMMIT_ENV}='416936a': not a full 40-digit commit hash", err
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_preset_beside_model_must_be_the_models_shape():
     """`--preset 0.5b --model <a 7B>` measured the 7B under a name that said 0.5b; the preset
     beside a model is checked against the model's shape (one line naming both), equal passes."""

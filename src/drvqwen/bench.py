@@ -760,8 +760,10 @@ def cmd_bench(args) -> int:
         raise DrvqwenError("--trace traces the persistent kernel's ops: give --decode persistent too")
     if args.json:
         from .paths import check_output
+        from .provenance import claimed_commit
 
         check_output(args.json, "the results", inputs={"the model": args.model})
+        claimed_commit()  # the JSON names its commit: a malformed $DRVQWEN_SOURCE_COMMIT stops it now, not after the run
     prefill_attention_defines = parse_defines(args.prefill_attention_define, "--prefill-attention-define")
     check_prefill_attention_defines(prefill_attention_defines)
     persistent_defines = parse_defines(args.persistent_define)

@@ -95,16 +95,27 @@ def digest_of_commit(commit: str, root: Path) -> str:
     return digest_of(files)
 
 
+def claimed_commit() -> str | None:
+    """$DRVQWEN_SOURCE_COMMIT (module docstring) where it is set, else None: what a benchmark asks
+    before its run, so that a malformed claim stops it before the minutes it would measure.
+
+    Raises:
+        DrvqwenError: $DRVQWEN_SOURCE_COMMIT is set but is not a full 40-digit hex hash.
+    """
+    claimed = os.environ.get(SOURCE_COMMIT_ENV)
+    if claimed and not re.fullmatch(r"[0-9a-f]{40}", claimed):
+        raise DrvqwenError(f"${SOURCE_COMMIT_ENV}={claimed!r}: not a full 40-digit commit hash")
+    return claimed or None
+
+
 def source_commit(digest: str | None = None) -> str | None:
     """The commit the running code claims (module docstring), or None outside a checkout.
 
     Raises:
         DrvqwenError: $DRVQWEN_SOURCE_COMMIT is set but is not a full 40-digit hex hash.
     """
-    claimed = os.environ.get(SOURCE_COMMIT_ENV)
+    claimed = claimed_commit()
     if claimed:
-        if not re.fullmatch(r"[0-9a-f]{40}", claimed):
-            raise DrvqwenError(f"${SOURCE_COMMIT_ENV}={claimed!r}: not a full 40-digit commit hash")
         return claimed
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
