@@ -1755,6 +1755,11 @@ gemm_q6k_rows(float* __restrict__ out,                   // [M, ldo] fp32, colum
 // dynamic shared memory is the larger of the two rings (launchers/gemm_kquant.py). The pairs of
 // q and k fill whole row blocks (64 pairs a block; the launcher checks (Hq + Hkv)·Dh/2 % 64 = 0),
 // so no row block holds both formats.
+// Bytes and the limit: those of the two GEMMs it stands in for — q's and k's K-quant bytes and v's
+// Q6_K bytes once per token tile, X once per row block — with the q/k part's FP32 round trip and
+// rope_kv_rows' launch gone; each part is limited as its mainloop is (the consumers' unpack beside
+// the tensor cores, the header), so the parts are sized by their tiles (launchers/gemm_kquant.py:
+// plan_parts).
 // Why: apart, such a layer ran qk_proj, v_proj into FP32 qkv and rope_kv_rows, 54.0 + 18.1 + 12.7
 // µs at a 512-token chunk against 56.3 for qkv_rope on the all-Q5_K layers (H100, Q5_K_M 7B,
 // docs/bench/2026-12-06_1c5acea_h100_syn7b_q5_k_m_qkv_pick_1.json: prefill_kernels).

@@ -20,10 +20,9 @@ import pytest
 from drvqwen.format import weight_formats as wf
 from drvqwen.launchers.gemm_int4 import SplitKScratch, split_k_need
 from drvqwen.launchers.gemm_int4 import SPLIT_UNIT_FLOATS, unit_floats
-from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQ6kQkvRopeRows, GemmQ4kQkvRopeRows,
-                                           GemmQ4kResidualRows, GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows,
-                                           GemmQ5kQ6kQkvRopeRows, GemmQ5kQkvRopeRows, GemmQ5kResidualRows,
-                                           GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
+from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
+                                           GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+                                           GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from kernel_testing import (TOL_GEMV, assert_same_bits, check_long_k_one_wave, check_qkv_rope_gemm, dev,  # noqa: F401
                             random_fmt_weight, report)
 
@@ -232,8 +231,8 @@ MIXED_SPLIT_BLOCKS = 16
 MIXED_CASES = QKV_ROPE_CASES + [(300, 5, False, 64, 3, 1, 128)]
 
 
-@pytest.mark.parametrize("fmt,QkvRope,Stacked", [(Q4K, GemmQ4kQ6kQkvRopeRows, GemmQ4kStackedRows),
-                                                 (Q5K, GemmQ5kQ6kQkvRopeRows, GemmQ5kStackedRows)],
+@pytest.mark.parametrize("fmt,QkvRope,Stacked", [(Q4K, GemmQ4kQkvRopeRows, GemmQ4kStackedRows),
+                                                 (Q5K, GemmQ5kQkvRopeRows, GemmQ5kStackedRows)],
                          ids=["q4_k", "q5_k"])
 @pytest.mark.parametrize("m,start,split,hd,hq,hkv,tile", MIXED_CASES,
                          ids=[f"m{c[0]}-start{c[1]}-{'split' if c[2] else 'whole'}-hd{c[3]}-{c[4]}q{c[5]}kv-{c[6]}"

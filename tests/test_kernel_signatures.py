@@ -223,10 +223,10 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
 def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
     """gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py) on q4_k, q5_k and q6_k weights of
     K = D = 1024."""
-    from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQ6kQkvRopeRows, GemmQ4kQkvRopeRows,
-                                               GemmQ4kResidualRows, GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows,
-                                               GemmQ5kQ6kQkvRopeRows, GemmQ5kQkvRopeRows, GemmQ5kResidualRows,
-                                               GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
+    from drvqwen.launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
+                                               GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+                                               GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows,
+                                               GemmQ6kRows)
 
     D = 1024
 
@@ -243,11 +243,9 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
     vc = DeviceArray("v_cache", 1 << 23, (4, 2, 16, 128), np.float16)
     x = DeviceArray("xq", 1 << 21, (R, D), np.float16)
     out = []
-    for f, Stacked, Residual, GateUp, QkvRope, QkvRopeQ6k in (
-            ("q4k", GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows,
-             GemmQ4kQ6kQkvRopeRows),
-            ("q5k", GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
-             GemmQ5kQ6kQkvRopeRows)):
+    for f, Stacked, Residual, GateUp, QkvRope in (
+            ("q4k", GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows),
+            ("q5k", GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows)):
         fmt = next(m for m in wf.FORMATS.values() if m.name == f"{f[:2]}_k")
         w = weight(fmt.name)
         wkv = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
@@ -263,7 +261,7 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
                     _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32),
                     ps, _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,
                     max_blocks=132)),
-                (f"gemm_{f}_q6k_qkv_rope", QkvRopeQ6k(  # v in Q6_K: one launch in two parts
+                (f"gemm_{f}_q6k_qkv_rope", QkvRope(  # v in Q6_K: one launch in two parts
                     _buf("q", R * D, np.float16), kc, vc, x, w, wkv, wkv6, _buf("qb", D, np.float16),
                     _buf("kb", D // 4, np.float16), _buf("vb", D // 4, np.float16), _buf("cs", R * 128, np.float32),
                     ps, _buf("bt", 64, np.int32), n_heads=D // 128, n_kv_heads=D // 512, head_dim=128, k=D, rows=R,

@@ -846,11 +846,12 @@ def test_mixed_format_qkv_splits_its_grid_by_the_parts_tiles():
 
 
 def test_mixed_format_qkv_refuses_pairs_across_a_row_block():
-    """q's and k's RoPE pairs must fill whole 64-pair row blocks (no block may hold both formats):
-    Hq = 2, Hkv = 1, Dh = 64 gives 96, refused with the count named before anything is planned."""
+    """With v in Q6_K, q's and k's RoPE pairs must fill whole 64-pair row blocks (no block may hold
+    both formats): Hq = 2, Hkv = 1, Dh = 64 gives 96, refused with the count named before anything is
+    planned."""
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers import BufferSpec, FmtWeight
-    from drvqwen.launchers.gemm_kquant import GemmQ4kQ6kQkvRopeRows
+    from drvqwen.launchers.gemm_kquant import GemmQ4kQkvRopeRows
 
     k, hd, rows = 256, 64, 64
     arr = BufferSpec  # (name, shape, dtype): what the checks read of a buffer
@@ -864,6 +865,6 @@ def test_mixed_format_qkv_refuses_pairs_across_a_row_block():
     caches = [arr(n, (4, 1, 16, hd), np.float16) for n in ("k_cache", "v_cache")]
     biases = [arr(f"b{i}", (n,), np.float16) for i, n in enumerate((2 * hd, hd, hd))]
     with pytest.raises(LaunchError, match="96 RoPE pairs must fill whole row blocks of 64"):
-        GemmQ4kQ6kQkvRopeRows(arr("q", (rows, 2, hd), np.float16), *caches, arr("x", (rows, k), np.float16), *ws,
+        GemmQ4kQkvRopeRows(arr("q", (rows, 2, hd), np.float16), *caches, arr("x", (rows, k), np.float16), *ws,
                               *biases, arr("cs", (rows, hd // 2, 2), np.float32), arr("ps", (2,), np.int32),
                               arr("bt", (4,), np.int32), n_heads=2, n_kv_heads=1, head_dim=hd, k=k, rows=rows)

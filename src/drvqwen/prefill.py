@@ -102,10 +102,9 @@ from .launchers import gemm_kquant
 from .launchers.gemm_kquant import Q4K_ID, Q5K_ID, Q6K_ID
 from .launchers import gemm_q32
 from .launchers.gemm_q32 import GemmQ32GateUpSwigluRows, GemmQ32QkvRopeRows, GemmQ32ResidualRows, GemmQ32StackedRows
-from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQ6kQkvRopeRows, GemmQ4kQkvRopeRows,
-                                    GemmQ4kResidualRows, GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows,
-                                    GemmQ5kQ6kQkvRopeRows, GemmQ5kQkvRopeRows, GemmQ5kResidualRows,
-                                    GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
+from .launchers.gemm_kquant import (GemmQ4kGateUpSwigluRows, GemmQ4kQkvRopeRows, GemmQ4kResidualRows,
+                                    GemmQ4kStackedRows, GemmQ5kGateUpSwigluRows, GemmQ5kQkvRopeRows,
+                                    GemmQ5kResidualRows, GemmQ5kStackedRows, GemmQ6kResidualRows, GemmQ6kRows)
 from .launchers.gemv_fmt import DENSE_F16, EmbeddingFmtRows, fmt_weight
 from .launchers.gemm_int4 import BLOCK_ROWS as GEMM_BLOCK_ROWS, SplitKScratch, split_k_need
 from .launchers.attention_prefill import ENGINE_FILES as ATTENTION_FILES, ENGINES as ATTENTION_ENGINES, \
@@ -119,15 +118,14 @@ class KminLaunchers(NamedTuple):
     stacked: type
     residual: type
     gate_up: type
-    qkv_rope: type
-    qkv_rope_v_q6k: type  # q and k in this format, v in Q6_K (llama.cpp's *_K_M on some layers)
+    qkv_rope: type  # q, k and v in this format, or (mixed_qkv) v in Q6_K
 
 
 # Q4_K and Q5_K, the two share every launch shape (Q5_K adds the high-bit plane).
 KMIN_LAUNCHERS = {Q4K_ID: KminLaunchers(GemmQ4kStackedRows, GemmQ4kResidualRows, GemmQ4kGateUpSwigluRows,
-                                        GemmQ4kQkvRopeRows, GemmQ4kQ6kQkvRopeRows),
+                                        GemmQ4kQkvRopeRows),
                   Q5K_ID: KminLaunchers(GemmQ5kStackedRows, GemmQ5kResidualRows, GemmQ5kGateUpSwigluRows,
-                                        GemmQ5kQkvRopeRows, GemmQ5kQ6kQkvRopeRows)}
+                                        GemmQ5kQkvRopeRows)}
 # The K-quants' residual GEMMs (o_proj, down_proj) by format id: Q4_K's and Q5_K's, and Q6_K's.
 KQUANT_RESIDUAL = {**{fid: ls.residual for fid, ls in KMIN_LAUNCHERS.items()}, Q6K_ID: GemmQ6kResidualRows}
 
@@ -575,20 +573,18 @@ class Prefill:
         """The QKV-RoPE launcher of layer l where its q, k and v (formats `fm`) are all in one format
         of the register GEMMs — all Q4_K or all Q5_K (GemmQ4kQkvRopeRows, GemmQ5kQkvRopeRows, K a
         multiple of 256), or all one of Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 (GemmQ32QkvRopeRows) — or, with
-        mixed_qkv, q and k in Q4_K or Q5_K with v in Q6_K (GemmQ4kQ6kQkvRopeRows,
-        GemmQ5kQ6kQkvRopeRows), else None
+        mixed_qkv, q and k in Q4_K or Q5_K with v in Q6_K (the same launchers), else None
         (the format GEMMs, then rope_kv)."""
         cfg = self.decode_step.config
         k = cfg.hidden_size
         fq, fk, fv = (fm[proj_prefix(l, p)] for p in ("q_proj", "k_proj", "v_proj"))
         fid = fq if fq == fk == fv else None
-        if self.kquant_gemm and fid in KMIN_LAUNCHERS and k % gemm_kquant.SUPER == 0:
-            return KMIN_LAUNCHERS[fid].qkv_rope
-        # q and k in Q4_K or Q5_K, v in Q6_K (with mixed_qkv): one launch in two parts, where q's
-        # and k's RoPE pairs fill whole row blocks (GemmQ4kQ6kQkvRopeRows).
-        if (self.mixed_qkv and fq == fk and fq in KMIN_LAUNCHERS and fv == Q6K_ID and k % gemm_kquant.SUPER == 0
-                and (cfg.q_dim + cfg.kv_dim) // 2 % (GEMM_BLOCK_ROWS // 2) == 0):
-            return KMIN_LAUNCHERS[fq].qkv_rope_v_q6k
+        # With mixed_qkv, q and k in Q4_K or Q5_K and v in Q6_K are one launch too (two parts), where
+        # q's and k's RoPE pairs fill whole row blocks (GemmQ4kQkvRopeRows).
+        mixed = (self.mixed_qkv and fq == fk and fv == Q6K_ID
+                 and (cfg.q_dim + cfg.kv_dim) // 2 % (GEMM_BLOCK_ROWS // 2) == 0)
+        if self.kquant_gemm and fq in KMIN_LAUNCHERS and (fid == fq or mixed) and k % gemm_kquant.SUPER == 0:
+            return KMIN_LAUNCHERS[fq].qkv_rope
         if self.q32_gemm and fid in gemm_q32.FORMATS and k % GEMM_GROUP == 0:
             return GemmQ32QkvRopeRows
         return None

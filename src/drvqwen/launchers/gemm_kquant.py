@@ -5,7 +5,8 @@ GemmQ5kScales, GemmQ6kScales), where gemm_fmt_wgmma.cu's producer warpgroup dequ
 shared memory and is the limit.
 
     GemmQ4kQkvRopeRows       q_out fp16 [M, Hq, Dh], the chunk's K/V cache slots
-                             = rope(x Wqᵀ + bq), rope(x Wkᵀ + bk), x Wvᵀ + bv (q, k, v all Q4_K)
+                             = rope(x Wqᵀ + bq), rope(x Wkᵀ + bk), x Wvᵀ + bv (q, k, v all Q4_K;
+                             or v in Q6_K: one launch, the grid in a part a format)
     GemmQ4kStackedRows       out fp32 [M, ldo], columns col0 … = x fp16 [M, K] · [W0; W1]ᵀ
                              (q and k of a layer in one launch, or one matrix)
     GemmQ4kResidualRows      residual fp32 [M, N] += x Wᵀ                     (o_proj, down_proj)
@@ -14,9 +15,6 @@ shared memory and is the limit.
                              the same four over Q5_K (llama.cpp's Q5_K_M)
     GemmQ6kRows              out fp32 [M, ldo], columns col0 … = x Wᵀ         (v_proj)
     GemmQ6kResidualRows      residual fp32 [M, N] += x Wᵀ                     (down_proj)
-    GemmQ4kQ6kQkvRopeRows, GemmQ5kQ6kQkvRopeRows
-                             GemmQ4kQkvRopeRows's outputs with q, k in Q4_K (Q5_K) and v in
-                             Q6_K: one launch, the grid in a part a format
 
 (llama.cpp's Q4_K_M stores every projection in Q4_K but v_proj and down_proj of some layers, in
 Q6_K; its Q5_K_M the same with Q5_K.) They take FmtWeights in format q4_k, q5_k or q6_k
@@ -112,14 +110,60 @@ class _GemmKquantLauncher(_GemmLauncher):
                                  split_k=split_k, blocks=blocks, tile_tokens=tile_tokens, lockstep=self.lockstep)
 
 
+# v's share of the blocks of a mixed-format QKV launch (GemmQ4kQkvRopeRows with v in Q6_K): its row
+# blocks' share of the launch's row blocks. A group of Q6_K costs about what one of Q4_K or Q5_K does on this
+# mainloop (the 7B's down_proj at 1024 rows, tools/bench_gemm.py --kquant: Q6_K 261.7 µs, Q4_K
+# 253.6, Q5_K 275.8; docs/bench/2026-12-07_e77fde8_h100_gemm7b_m1024_kquant.json), so the parts take
+# blocks by their tiles.
+def v_part_blocks(blocks: int, qk_row_blocks: int, v_row_blocks: int) -> int:
+    """Blocks of the v part among `blocks` (≥ 2): v's row blocks' share, rounded, at least 1 and
+    leaving the q/k part at least 1."""
+    share = round(blocks * v_row_blocks / (qk_row_blocks + v_row_blocks))
+    return min(blocks - 1, max(1, share))
+
+
+def plan_parts(plan: GemmTiling, token_blocks: int, qk_row_blocks: int, v_row_blocks: int,
+               ranges_fit: Callable[[], bool]) -> tuple[GemmTiling, int]:
+    """(plan, v_blocks) of a mixed-format QKV launch planned as one GEMM (`plan`, P ≥ 2 blocks).
+    Stream-K ranges (plan.split) balance each part to within a group: v_part_blocks. Whole tiles
+    do not split as evenly: the v blocks that give the fewest rounds of tiles in the slower part;
+    where that is more rounds than the plan counted for the launch as one GEMM (P dividing the
+    total tiles but not each part's: the 7B's 2 688-row chunk, 3 rounds of 132 becoming 4) and
+    `ranges_fit()` (a scratch for P blocks of ranges, asked only then), the plan with ranges instead.
+
+    Raises:
+        LaunchError: a plan of fewer than 2 blocks.
+    """
+    p = plan.blocks
+    require(p >= 2, f"a mixed-format QKV launch: a plan of {p} block, want 2 or more (a part a format)")
+    if plan.split:
+        return plan, v_part_blocks(p, qk_row_blocks, v_row_blocks)
+    qk_tiles, v_tiles = token_blocks * qk_row_blocks, token_blocks * v_row_blocks
+
+    def rounds(v: int) -> int:
+        return max(-(-qk_tiles // (p - v)), -(-v_tiles // v))
+
+    v = min(range(1, p), key=lambda v: (rounds(v), abs(v * (qk_tiles + v_tiles) - p * v_tiles)))
+    if rounds(v) > -(-(qk_tiles + v_tiles) // p) and ranges_fit():
+        return dataclasses.replace(plan, split=True), v_part_blocks(p, qk_row_blocks, v_row_blocks)
+    return plan, v
+
+
+
 class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
     """The QKV projection of a prefill chunk over q4_k weights with the bias, the RoPE and the FP16
     writes in its epilogue: gemm_int4.py's GemmInt4QkvRopeRows (its outputs, rope_cs table and
-    block-table contract) for FmtWeights wq [Hq·Dh, K], wk, wv [Hkv·Dh, K] in q4_k.
+    block-table contract) for FmtWeights wq [Hq·Dh, K], wk, wv [Hkv·Dh, K] in q4_k
+    (gemm_q4k_qkv_rope). With wv in q6_k (llama.cpp's Q4_K_M on the layers whose v_proj it keeps
+    in Q6_K) still one launch, gemm_q4k_q6k_qkv_rope: the plan's P blocks in two parts, the q/k
+    row blocks on P − v_blocks of them and v's on v_blocks (plan_parts), each part its own stream-K
+    ranges and its own slots of the scratch, the dynamic shared memory the larger of the two rings;
+    q's and k's RoPE pairs must then fill whole row blocks, (Hq + Hkv)·Dh/2 a multiple of 64.
 
     Raises:
-        LaunchError: a weight not in q4_k, K not a multiple of 256, an odd head_dim, or a buffer of
-            the wrong size, dtype or shape.
+        LaunchError: q or k not in q4_k, v in neither q4_k nor q6_k, K not a multiple of 256, an odd
+            head_dim, with v in q6_k (Hq + Hkv)·Dh/2 not a multiple of 64 or a plan of fewer than 2
+            blocks, or a buffer of the wrong size, dtype or shape.
     """
 
     def __init__(self, q_out, k_cache, v_cache, x, wq: FmtWeight, wk: FmtWeight, wv: FmtWeight, q_bias, k_bias,
@@ -127,30 +171,50 @@ class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
                  k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
                  blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
         super().__init__(stream)
+        # The outputs first, before any weight is looked at (the two kernels share the epilogue).
         n_q, n_kv = check_qkv_rope_outputs(f"{self.kernel}_qkv_rope", q_out, k_cache, v_cache, q_bias, k_bias, v_bias,
                                            rope_cs, rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads,
                                            head_dim=head_dim)
-        for w, n in ((wq, n_q), (wk, n_kv), (wv, n_kv)):
-            self._check_fmt(w, n, k)
+        mixed = wv.fmt.id == Q6K_ID  # v in Q6_K: the launch in two parts
+        name = f"{self.kernel}_q6k_qkv_rope" if mixed else f"{self.kernel}_qkv_rope"
+        for w, n, fmt_id in ((wq, n_q, None), (wk, n_kv, None), (wv, n_kv, Q6K_ID if mixed else None)):
+            self._check_fmt(w, n, k, fmt_id)
+        pairs_per_block = BLOCK_ROWS // 2  # 64 RoPE pairs a block: 128 stacked rows
+        qk_pairs = (n_q + n_kv) // 2
+        require(not mixed or qk_pairs % pairs_per_block == 0,
+                f"{name}: q's and k's {qk_pairs} RoPE pairs must fill whole row blocks of {pairs_per_block}")
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
         n = n_q + 2 * n_kv
         self.flops = 2 * rows * n * k
         self.bytes_moved = (wq.nbytes(n_q, k) + wk.nbytes(n_kv, k) + wv.nbytes(n_kv, k) + 2 * rows * k
                             + 2 * rows * n)
-        n_blocks = -(-n // BLOCK_ROWS)  # 64 RoPE pairs a block: 128 stacked rows
+        n_blocks = -(-n // BLOCK_ROWS)  # mixed: q's and k's qk_pairs / 64 blocks, then v's
         bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
-        self._build_gemm(f"{self.kernel}_qkv_rope", rows, n_blocks, k,
+        v_args, parts, smem = _q4k_args(wv, "v"), {}, self._smem(bm)
+        if mixed:
+            p, qk_blocks = self.tiling.blocks, qk_pairs // pairs_per_block
+
+            def ranges_fit() -> bool:  # stream-K ranges need the scratch for P blocks, and P ≤ the SMs (no deadlock)
+                return (split_k is not None and max_blocks != 0 and p <= split_k.tiles
+                        and -(-p * unit_floats(bm) // SPLIT_UNIT_FLOATS) <= split_k.units
+                        and p <= get_device().info.sm_count)
+
+            self.tiling, self.v_blocks = plan_parts(self.tiling, -(-rows // bm), qk_blocks, n_blocks - qk_blocks,
+                                                    ranges_fit)
+            v_args = {f"v_{part}": buf for part, buf in _q6k_args(wv).items()}
+            parts = dict(v_blocks=i32(self.v_blocks))
+            smem = max(smem or smem_bytes(bm), smem_bytes_q6k(bm))
+        self._build_gemm(name, rows, n_blocks, k,
                          dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
-                              **_q4k_args(wq, "q"), **_q4k_args(wk, "k"), **_q4k_args(wv, "v"), q_bias=q_bias,
+                              **_q4k_args(wq, "q"), **_q4k_args(wk, "k"), **v_args, q_bias=q_bias,
                               k_bias=k_bias, v_bias=v_bias, rope_cs=rope_cs, prefill_state=prefill_state,
                               block_table=block_table),
-                         dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k)),
+                         dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k), **parts),
                          reads=(x, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table) + wq.buffers
                          + wk.buffers + wv.buffers,
-                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k,
-                         smem=self._smem(bm))
+                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k, smem=smem)
 
 
 class GemmQ4kStackedRows(_GemmKquantLauncher):
@@ -252,11 +316,11 @@ class GemmQ4kGateUpSwigluRows(_GemmKquantLauncher):
 
 
 class GemmQ5kQkvRopeRows(GemmQ4kQkvRopeRows):
-    """GemmQ4kQkvRopeRows over q5_k weights (gemm_q5k_qkv_rope).
+    """GemmQ4kQkvRopeRows over q5_k weights (gemm_q5k_qkv_rope; v in q6_k: gemm_q5k_q6k_qkv_rope,
+    llama.cpp's Q5_K_M).
 
     Raises:
-        LaunchError: a weight not in q5_k, K not a multiple of 256, an odd head_dim, or a buffer of
-            the wrong size, dtype or shape.
+        LaunchError: as GemmQ4kQkvRopeRows's, with q5_k for q4_k.
     """
 
     fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
@@ -362,113 +426,3 @@ class GemmQ6kResidualRows(_GemmKquantLauncher):
                          reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
                          max_blocks=max_blocks, split_k=split_k, smem=smem_bytes_q6k(bm))
 
-
-# v's share of the blocks of a mixed-format QKV launch (GemmQ4kQ6kQkvRopeRows): its row blocks' share
-# of the launch's row blocks. A group of Q6_K costs about what one of Q4_K or Q5_K does on this
-# mainloop (the 7B's down_proj at 1024 rows, tools/bench_gemm.py --kquant: Q6_K 261.7 µs, Q4_K
-# 253.6, Q5_K 275.8; docs/bench/2026-12-07_e77fde8_h100_gemm7b_m1024_kquant.json), so the parts take
-# blocks by their tiles.
-def v_part_blocks(blocks: int, qk_row_blocks: int, v_row_blocks: int) -> int:
-    """Blocks of the v part among `blocks` (≥ 2): v's row blocks' share, rounded, at least 1 and
-    leaving the q/k part at least 1."""
-    share = round(blocks * v_row_blocks / (qk_row_blocks + v_row_blocks))
-    return min(blocks - 1, max(1, share))
-
-
-def plan_parts(plan: GemmTiling, token_blocks: int, qk_row_blocks: int, v_row_blocks: int,
-               ranges_fit: Callable[[], bool]) -> tuple[GemmTiling, int]:
-    """(plan, v_blocks) of a mixed-format QKV launch planned as one GEMM (`plan`, P ≥ 2 blocks).
-    Stream-K ranges (plan.split) balance each part to within a group: v_part_blocks. Whole tiles
-    do not split as evenly: the v blocks that give the fewest rounds of tiles in the slower part;
-    where that is more rounds than the plan counted for the launch as one GEMM (P dividing the
-    total tiles but not each part's: the 7B's 2 688-row chunk, 3 rounds of 132 becoming 4) and
-    `ranges_fit()` (a scratch for P blocks of ranges, asked only then), the plan with ranges instead.
-
-    Raises:
-        LaunchError: a plan of fewer than 2 blocks.
-    """
-    p = plan.blocks
-    require(p >= 2, f"a mixed-format QKV launch: a plan of {p} block, want 2 or more (a part a format)")
-    if plan.split:
-        return plan, v_part_blocks(p, qk_row_blocks, v_row_blocks)
-    qk_tiles, v_tiles = token_blocks * qk_row_blocks, token_blocks * v_row_blocks
-
-    def rounds(v: int) -> int:
-        return max(-(-qk_tiles // (p - v)), -(-v_tiles // v))
-
-    v = min(range(1, p), key=lambda v: (rounds(v), abs(v * (qk_tiles + v_tiles) - p * v_tiles)))
-    if rounds(v) > -(-(qk_tiles + v_tiles) // p) and ranges_fit():
-        return dataclasses.replace(plan, split=True), v_part_blocks(p, qk_row_blocks, v_row_blocks)
-    return plan, v
-
-
-class GemmQ4kQ6kQkvRopeRows(_GemmKquantLauncher):
-    """GemmQ4kQkvRopeRows's outputs for a layer whose q and k are q4_k and v q6_k (llama.cpp's
-    Q4_K_M on the layers whose v_proj it keeps in Q6_K), in one launch (gemm_q4k_q6k_qkv_rope): the
-    plan's P blocks in two parts, the q/k row blocks on P − v_blocks of them and v's on v_blocks
-    (v_part_blocks), each part its own stream-K ranges and its own slots of the scratch; the
-    dynamic shared memory the larger of the two rings. The pairs of q and k must fill whole row
-    blocks: (Hq + Hkv)·Dh/2 a multiple of 64.
-
-    Raises:
-        LaunchError: q or k not in q4_k (q5_k for GemmQ5kQ6kQkvRopeRows), v not in q6_k, K not a
-            multiple of 256, (Hq + Hkv)·Dh/2 not a multiple of 64, a plan of fewer than 2 blocks,
-            or a buffer of the wrong size, dtype or shape.
-    """
-
-    tiles = Q4K_TILES  # the builds both policies exist in
-
-    def __init__(self, q_out, k_cache, v_cache, x, wq: FmtWeight, wk: FmtWeight, wv: FmtWeight, q_bias, k_bias,
-                 v_bias, rope_cs, prefill_state, block_table, *, n_heads: int, n_kv_heads: int, head_dim: int,
-                 k: int, rows: int, max_blocks: int | None = None, split_k: SplitKScratch | None = None,
-                 blocks: int | None = None, tile_tokens: int | None = None, stream: Stream | None = None):
-        super().__init__(stream)
-        name = f"{self.kernel}_q6k_qkv_rope"
-        n_q, n_kv = check_qkv_rope_outputs(name, q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs,
-                                           rows=rows, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
-        self._check_fmt(wq, n_q, k)
-        self._check_fmt(wk, n_kv, k)
-        self._check_fmt(wv, n_kv, k, Q6K_ID)
-        pairs_per_block = BLOCK_ROWS // 2
-        qk_pairs = (n_q + n_kv) // 2
-        require(qk_pairs % pairs_per_block == 0,
-                f"{name}: q's and k's {qk_pairs} RoPE pairs must fill whole row blocks of {pairs_per_block}")
-        check_buffer(x, "x", rows * k, np.float16)
-        check_prefill_state(prefill_state)
-        n = n_q + 2 * n_kv
-        self.flops = 2 * rows * n * k
-        self.bytes_moved = (wq.nbytes(n_q, k) + wk.nbytes(n_kv, k) + wv.nbytes(n_kv, k) + 2 * rows * k
-                            + 2 * rows * n)
-        qk_blocks, v_row_blocks = qk_pairs // pairs_per_block, -(-(n_kv // 2) // pairs_per_block)
-        bm = self._plan(rows, qk_blocks + v_row_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
-                        tile_tokens=tile_tokens)
-        p = self.tiling.blocks
-
-        def ranges_fit() -> bool:  # stream-K ranges need the scratch for P blocks, and P ≤ the SMs (no deadlock)
-            return (split_k is not None and max_blocks != 0 and p <= split_k.tiles
-                    and -(-p * unit_floats(bm) // SPLIT_UNIT_FLOATS) <= split_k.units
-                    and p <= get_device().info.sm_count)
-
-        self.tiling, self.v_blocks = plan_parts(self.tiling, -(-rows // bm), qk_blocks, v_row_blocks, ranges_fit)
-        smem = max(self._smem(bm) or smem_bytes(bm), smem_bytes_q6k(bm))
-        self._build_gemm(name, rows, qk_blocks + v_row_blocks, k,
-                         dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, x_map=x_tensor_map(x, rows, k, bm),
-                              **_q4k_args(wq, "q"), **_q4k_args(wk, "k"),
-                              **{f"v_{part}": v for part, v in _q6k_args(wv).items()}, q_bias=q_bias,
-                              k_bias=k_bias, v_bias=v_bias, rope_cs=rope_cs, prefill_state=prefill_state,
-                              block_table=block_table),
-                         dict(Hq=i32(n_heads), Hkv=i32(n_kv_heads), Dh=i32(head_dim), K=i32(k),
-                              v_blocks=i32(self.v_blocks)),
-                         reads=(x, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table) + wq.buffers
-                         + wk.buffers + wv.buffers,
-                         writes=(q_out, k_cache, v_cache), max_blocks=max_blocks, split_k=split_k, smem=smem)
-
-
-class GemmQ5kQ6kQkvRopeRows(GemmQ4kQ6kQkvRopeRows):
-    """GemmQ4kQ6kQkvRopeRows with q and k in q5_k (llama.cpp's Q5_K_M; gemm_q5k_q6k_qkv_rope).
-
-    Raises:
-        LaunchError: as GemmQ4kQ6kQkvRopeRows's, q or k not in q5_k.
-    """
-
-    fmt_id, kernel, tiles = Q5K_ID, "gemm_q5k", Q5K_TILES
