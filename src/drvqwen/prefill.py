@@ -42,8 +42,8 @@ projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a laye
 v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers — with
 `mixed_qkv` so too a layer whose q and k are one of them and v Q6_K, as llama.cpp's *_K_M recipes
 give some layers, in one launch of two parts; else q and k of one of them as L{l}.qk_proj),
-Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones its kernels for them (launchers/gemm_q32.py: q, k and v of one of them as L{l}.qkv_rope too; q and k as
-L{l}.qk_proj), the other formats
+Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones its kernels for them (launchers/gemm_q32.py: q, k and v
+of one of them as L{l}.qkv_rope too; q and k as L{l}.qk_proj), the other formats
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
 and v as launches into their columns of qkv); every layer not in a qkv_rope launch then runs
 L{l}.rope_kv, and the embedding rows are read in their format (gemv_fmt.cu); the rest of the list
