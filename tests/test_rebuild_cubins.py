@@ -49,6 +49,11 @@ def test_rebuild_then_the_changed_tree_hits_and_keep_takes_what_a_tree_hits(tmp_
     kept_old = {p.name for p in (tmp_path / "kept_old").glob("*.cubin")}
     assert kept_old == {p.name for p in (tmp_path / "old").glob("*.cubin")}
     assert rebuild_cubins.keep(both, tmp_path / "kept_all", [tree, old_tree]) == 4
+    # from the command line, the flag repeated or given both trees at once: all four either way
+    for i, flags in enumerate((["--tree", str(tree), "--tree", str(old_tree)], ["--tree", str(tree), str(old_tree)])):
+        out = tmp_path / f"kept_cli_{i}"
+        assert rebuild_cubins.main(["keep", str(both), str(out), *flags]) == 0
+        assert len(list(out.glob("*.cubin"))) == 4
 
 
 def test_touching_selects_by_file_name_and_missing_kernels_are_named(tmp_path):

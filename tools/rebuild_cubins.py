@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     kp = sub.add_parser("keep", help="copy the entries the trees would hit")
     kp.add_argument("cache", type=Path)
     kp.add_argument("out", type=Path)
-    kp.add_argument("--tree", type=Path, nargs="+", default=[ROOT], help="folders with kernels/ and ptx/ (default: this checkout)")
+    # extend: `--tree A --tree B` keeps both trees' entries (with nargs="+" alone the last flag
+    # would replace the first, and a seed would silently miss the first tree's cubins)
+    kp.add_argument("--tree", type=Path, nargs="+", action="extend", default=None,
+                    help="folders with kernels/ and ptx/, repeatable (default: this checkout)")
     args = ap.parse_args(argv)
 
     if args.cmd == "rebuild":
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sum(c.cache_hit for c in compiled)} already there")
         return 0
 
+    args.tree = args.tree or [ROOT]
     for tree in args.tree:
         if not (tree / "kernels").is_dir():
             print(f"rebuild_cubins: {tree}: no kernels/ folder", file=sys.stderr)
