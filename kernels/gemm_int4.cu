@@ -385,12 +385,15 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // cp.async.bulk (16–32 a group) instead of every lane's 16-byte cp.async — each bulk copy's
 // operands go to uniform registers under an elect loop: ~93 instructions a warp tile, ~740 a
 // group, in its SASS (Q5_K gate_up at 256 tokens, cuobjdump), where the lanes' pieces take the
-// producer's group loop 163 (INT4) to 378 (Q5_K) instructions.
+// producer's group loop 163 (INT4) to 378 (Q5_K) instructions. Tried and not kept: the high
+// part's copies spread over the quad's four lanes (lane t: tile 4k + t's rows g, g+8 for Q5_K,
+// two tiles a copy for Q6_K) so that every copy instruction has all 32 lanes busy — the Q5_K
+// gate_up producer loop 251 → 181 instructions, 34 → 22 copies — gave no time: 28 layers Q5_K
+// 13.01 → 13.18 ms, Q6_K 3.68 → 3.71 at 512 tokens, 24.6 → 24.7 and 6.95 → 7.00 at 1024
+// (H100; docs/bench/2026-12-07_d715c85_h100_gemm7b_m{512,1024}_high_spread.json). The producer
+// issues its copies in time; what the high plane costs is their bytes and the consumers' unpack.
 #ifndef GEMM_PROBE_NO_HIGH_COPY
 #define GEMM_PROBE_NO_HIGH_COPY 0
-#endif
-#ifndef GEMM_EXP_HIGH_SPREAD
-#define GEMM_EXP_HIGH_SPREAD 0
 #endif
 #ifndef GEMM_PROBE_LOW_ONLY
 #define GEMM_PROBE_LOW_ONLY 0
@@ -918,7 +921,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * Sc::CODE_STRIDE + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * Sc::CODE_STRIDE + 4 * t, true);
-                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY && !GEMM_EXP_HIGH_SPREAD) {
+                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY) {
                         // The rows' high part of the group (Q6_K's 32 B and Q5_0's 16 B of high
                         // bits, Q8_0's second 64 B of codes): lanes t < HIGH_ROW_BYTES / 16 of the
                         // quad, 16 B each.
@@ -927,17 +930,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                             cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * Sc::HIGH_STRIDE + 4 * t, true);
                             cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * t, true);
                         }
-                    }
-                }
-                if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY && GEMM_EXP_HIGH_SPREAD) {
-                    constexpr int P = Sc::HIGH_ROW_BYTES / 16, T = QUAD_SIZE / P;  // pieces a row, tiles a copy
-#pragma unroll
-                    for (int k = 0; k < GEMM_CONSUMER_WARPS / T; ++k) {
-                        const int w = T * k + t / P, piece = t % P;
-                        const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
-                        unsigned char* h_st = st + GEMM_STAGE_BYTES + (w * INT4_TILE_ROWS + g) * Sc::HIGH_ROW_BYTES + 16 * piece;
-                        cp_async_16(h_st, r.ha + grp * Sc::HIGH_STRIDE + 4 * piece, true);
-                        cp_async_16(h_st + 8 * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * piece, true);
                     }
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
