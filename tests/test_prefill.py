@@ -297,8 +297,8 @@ def test_kquant_register_gemms_match_the_format_gemms(tmp_path):
     """A small model in llama.cpp's Q4_K_M layout with K a multiple of 256 (recipe_formats: Q4_K
     everywhere but v and down of layers 2 and 3, and lm_head, in Q6_K): its prefill with the K-quant
     projections on gemm_int4.cu's register-unpack kernels (`qkv_rope` where q, k, v are all Q4_K,
-    else `qk_proj` + a Q6_K `v_proj` + `rope_kv`, or with `mixed_qkv` those as one `qkv_rope` launch
-    of two parts; Q4_K o_proj/gate_up/down, Q6_K down) against the same on gemm_fmt_wgmma.cu
+    and by default where v is Q6_K too, one launch of two parts — with `mixed_qkv=False` that layer
+    as `qk_proj` + a Q6_K `v_proj` + `rope_kv`; Q4_K o_proj/gate_up/down, Q6_K down) against the same on gemm_fmt_wgmma.cu
     (`kquant_gemm=False`) and against the reference, at 17 and 300 tokens."""
     check_kquant_register_prefill(tmp_path, "q4_k_m", "gemm_q4k")
 
@@ -328,15 +328,15 @@ def check_kquant_register_prefill(tmp_path, recipe: str, kernel: str):
     want = ref.Model(ref.Weights.from_nanoqwen(f, np.float32), max_tokens=512, rng=rng).forward(ids)
     backend = GPUBackend(f, max_context=512, rng=rng)
     step = backend.decode_step
-    regs, fmt = Prefill(step), Prefill(step, kquant_gemm=False)
-    one = Prefill(step, mixed_qkv=True)
+    regs, fmt = Prefill(step, mixed_qkv=False), Prefill(step, kquant_gemm=False)
+    one = Prefill(step)  # the default: q, k and a Q6_K v as one launch
     try:
         def roles(pf):  # a layer's launches are named L{l}.{role}; the embedding and the tail have no layer
             return {nl.name.partition(".")[2] for nl in pf.launches(64)}
         assert {"qkv_rope", "qk_proj", "v_proj", "rope_kv"} <= roles(regs), \
             f"q and k should run stacked on the register GEMM where v is Q6_K: {sorted(roles(regs))}"
         assert "qkv_rope" in roles(one) and not {"qk_proj", "v_proj", "rope_kv"} & roles(one), \
-            f"with mixed_qkv every layer's q, k and v should run as one qkv_rope launch: {sorted(roles(one))}"
+            f"by default every layer's q, k and v should run as one qkv_rope launch: {sorted(roles(one))}"
         assert {"q_proj", "k_proj"} <= roles(fmt)
         kernels = {nl.spec.kernel.kernel for nl in regs.launches(64)}
         assert {f"{kernel}_qkv_rope", f"{kernel}_residual", "gemm_q6k_residual", "gemm_q6k_rows"} <= kernels, \

@@ -164,7 +164,7 @@ def kv_bytes_read(config, seq_len: int) -> int:
 def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention: str | None = None,
                  last_layer: str = "last_row", attention_splits: bool = True, attention_late: bool = True,
                  kquant_gemm: bool = True, chunk_rows: int | None = None, q32_gemm: bool = True,
-                 attention_defines: tuple[tuple[str, int], ...] = (), mixed_qkv: bool = False):
+                 attention_defines: tuple[tuple[str, int], ...] = (), mixed_qkv: bool = True):
     """The GPU prefill sharing `dec`'s weights, cache and stream (`drvqwen.prefill.Prefill`, its
     per-tensor projections on `fmt_gemm`'s GEMMs; `rope` "apart" runs the INT4 prefill's RoPE and
     K/V writes as their own launch instead of in the QKV GEMM's epilogue; `attention` the
@@ -184,7 +184,7 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
                    last_layer=last_layer, attention_splits=attention_splits,
                    late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm,
                    q32_gemm=q32_gemm, **({"attention_defines": attention_defines} if attention_defines else {}),
-                   **({"mixed_qkv": True} if mixed_qkv else {}))
+                   **({} if mixed_qkv else {"mixed_qkv": False}))
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
@@ -282,7 +282,7 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
               prefill_attention: str | None = None, prefill_last_layer: str = "last_row",
               prefill_attention_splits: bool = True, prefill_attention_late: bool = True,
               prefill_kquant: str = "registers", prefill_q32: str = "registers", prefill_chunk_rows: int | None = None,
-              prefill_mixed_qkv: str = "apart",
+              prefill_mixed_qkv: str = "one",
               prefill_attention_defines: tuple[tuple[str, int], ...] = (), decode: str = "per-launch",
               persistent_blocks: int = 1, persistent_defines: tuple[tuple[str, int], ...] = (),
               trace: bool = False, decode_attention: str | None = None, short_attention_below: int | None = None,
@@ -313,8 +313,8 @@ def run_bench(model_path: Path, *, prompt_tokens: int = PROMPT_TOKENS, new_token
             gemm_fmt_wgmma.cu as the other formats ("fmt"), to compare.
         prefill_q32: Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections likewise ("registers": gemm_int4.cu's
             kernels for them; "fmt").
-        prefill_mixed_qkv: a layer with q, k in Q4_K or Q5_K and v in Q6_K: its QKV as three
-            launches ("apart", the default) or one (Prefill's mixed_qkv: "one").
+        prefill_mixed_qkv: a layer with q, k in Q4_K or Q5_K and v in Q6_K: its QKV as one launch
+            (Prefill's mixed_qkv: "one", the default) or three ("apart"), to compare.
         prefill_attention_late: let a long prompt's chunks from prefill.LATE_ATTENTION_FROM on take
             the range-scheduled attention (the prefill's choice); False keeps one engine, to compare.
         prefill_chunk_rows: prompt rows per prefill chunk (None: prefill.DEFAULT_CHUNK_ROWS): a
@@ -595,9 +595,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 projections: unpacked in the GEMM's registers (gemm_int4.cu's kernels for them, "
                         "default) "
                         "or on gemm_fmt_wgmma.cu as the other formats (to compare)")
-    p.add_argument("--prefill-mixed-qkv", choices=("apart", "one"), default="apart",
+    p.add_argument("--prefill-mixed-qkv", choices=("apart", "one"), default="one",
                    help="a layer whose q and k are Q4_K or Q5_K and v Q6_K (llama.cpp's *_K_M recipes): its QKV as "
-                        "three launches (default) or one in two parts (gemm_q4k_q6k_qkv_rope, gemm_q5k_q6k_qkv_rope)")
+                        "one launch in two parts (gemm_q4k_q6k_qkv_rope, gemm_q5k_q6k_qkv_rope; default) or three (to compare)")
     p.add_argument("--prefill-chunk-rows", type=int, default=None, metavar="ROWS",
                    help="prompt rows per prefill chunk (rounded up to a multiple of 64; default: the prefill's, 1024): a long "
                         "prompt's GEMMs and attention launches then take that many rows at once")

@@ -257,8 +257,9 @@ class Prefill:
             (to compare).
         mixed_qkv: with kquant_gemm, a layer whose q and k are Q4_K (Q5_K) and v Q6_K runs its QKV
             as one launch in two parts (gemm_q4k_q6k_qkv_rope, gemm_q5k_q6k_qkv_rope) instead of
-            L{l}.qk_proj, L{l}.v_proj and L{l}.rope_kv. Off by default: the three launches are the
-            path measured on the GPU.
+            L{l}.qk_proj, L{l}.v_proj and L{l}.rope_kv (False: the three, to compare). The default:
+            in turns on one GPU, the synthetic 7B's TTFT(512) in the Q5_K_M layout 13.9 / 13.7 ms
+            against 14.2 / 14.4, in Q4_K_M 13.3 / 13.1 against 13.4 / 13.4 (docs/kernels.md).
         attention_defines: (name, value) pairs replacing or added to the defines of each wgmma
             attention engine's build (launchers/attention_prefill.py ENGINE_BUILDS; the kernel
             header's builds, e.g. (("APW_WARPGROUPS", 2), ("APW_Q_SMEM", 0))); () their own.
@@ -271,7 +272,7 @@ class Prefill:
                  attention_splits: bool = True, qkv_rope: bool = True, attention_engine: str = ATTENTION_ENGINE,
                  last_layer: str = "last_row", late_attention_from: int | None = LATE_ATTENTION_FROM,
                  kquant_gemm: bool = True, q32_gemm: bool = True, attention_defines: tuple = (),
-                 mixed_qkv: bool = False):
+                 mixed_qkv: bool = True):
         if max_chunk_rows < 1:
             raise DrvqwenError(f"max_chunk_rows={max_chunk_rows}: must be >= 1")
         if mode not in PREFILL_MODES:
