@@ -395,6 +395,9 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 #ifndef GEMM_PROBE_NO_HIGH_COPY
 #define GEMM_PROBE_NO_HIGH_COPY 0
 #endif
+#ifndef GEMM_EXP_HIGH_SPREAD
+#define GEMM_EXP_HIGH_SPREAD 0
+#endif
 #ifndef GEMM_PROBE_LOW_ONLY
 #define GEMM_PROBE_LOW_ONLY 0
 #endif
@@ -921,7 +924,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * Sc::CODE_STRIDE + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * Sc::CODE_STRIDE + 4 * t, true);
-                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY) {
+                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY && !GEMM_EXP_HIGH_SPREAD) {
                         // The rows' high part of the group (Q6_K's 32 B and Q5_0's 16 B of high
                         // bits, Q8_0's second 64 B of codes): lanes t < HIGH_ROW_BYTES / 16 of the
                         // quad, 16 B each.
@@ -930,6 +933,17 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                             cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * Sc::HIGH_STRIDE + 4 * t, true);
                             cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * t, true);
                         }
+                    }
+                }
+                if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY && GEMM_EXP_HIGH_SPREAD) {
+                    constexpr int P = Sc::HIGH_ROW_BYTES / 16, T = QUAD_SIZE / P;  // pieces a row, tiles a copy
+#pragma unroll
+                    for (int k = 0; k < GEMM_CONSUMER_WARPS / T; ++k) {
+                        const int w = T * k + t / P, piece = t % P;
+                        const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
+                        unsigned char* h_st = st + GEMM_STAGE_BYTES + (w * INT4_TILE_ROWS + g) * Sc::HIGH_ROW_BYTES + 16 * piece;
+                        cp_async_16(h_st, r.ha + grp * Sc::HIGH_STRIDE + 4 * piece, true);
+                        cp_async_16(h_st + 8 * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * piece, true);
                     }
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
