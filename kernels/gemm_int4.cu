@@ -390,13 +390,15 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // two tiles a copy for Q6_K) so that every copy instruction has all 32 lanes busy — the Q5_K
 // gate_up producer loop 251 → 181 instructions, 34 → 22 copies — gave no time: 28 layers Q5_K
 // 13.01 → 13.18 ms, Q6_K 3.68 → 3.71 at 512 tokens, 24.6 → 24.7 and 6.95 → 7.00 at 1024
-// (H100; docs/bench/2026-12-07_d715c85_h100_gemm7b_m{512,1024}_high_spread.json). The producer
-// issues its copies in time; what the high plane costs is their bytes and the consumers' unpack.
+// (H100; docs/bench/2026-12-07_d715c85_h100_gemm7b_m{512,1024}_high_spread.json) — alone. Beside
+// the low-nibble probe (the consumers' share gone) it does (one run, whole tiles of 256 tokens,
+// gate_up µs: Q5_K 239.8, low nibbles only 229.3, with the spread 223.9, Q4_K 221.0; 28 layers
+// 13.32 / 12.99 / 12.81 / 12.50 ms; docs/bench/2026-12-07_8d454a2_h100_gemm7b_m512_spread_low.json):
+// the producer's copies are half the gap and the spread takes most of it, but only once the
+// consumers' unpack no longer covers them. So Q5_K reaches Q4_K's time only with both: the spread
+// and a 5-bit unpack as cheap as Q4_K's.
 #ifndef GEMM_PROBE_NO_HIGH_COPY
 #define GEMM_PROBE_NO_HIGH_COPY 0
-#endif
-#ifndef GEMM_EXP_HIGH_SPREAD
-#define GEMM_EXP_HIGH_SPREAD 0
 #endif
 #ifndef GEMM_PROBE_LOW_ONLY
 #define GEMM_PROBE_LOW_ONLY 0
@@ -924,7 +926,7 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                     const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS) * GEMM_W_ROW_BYTES, r.wa + grp * Sc::CODE_STRIDE + 4 * t, true);
                     cp_async_16(w_st + (w * INT4_TILE_ROWS + 8) * GEMM_W_ROW_BYTES, r.wb + grp * Sc::CODE_STRIDE + 4 * t, true);
-                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY && !GEMM_EXP_HIGH_SPREAD) {
+                    if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY) {
                         // The rows' high part of the group (Q6_K's 32 B and Q5_0's 16 B of high
                         // bits, Q8_0's second 64 B of codes): lanes t < HIGH_ROW_BYTES / 16 of the
                         // quad, 16 B each.
@@ -933,17 +935,6 @@ __device__ __forceinline__ void gemm_int4_block(const CUtensorMap& x_map, const 
                             cp_async_16(h_st + (w * INT4_TILE_ROWS) * Sc::HIGH_ROW_BYTES, r.ha + grp * Sc::HIGH_STRIDE + 4 * t, true);
                             cp_async_16(h_st + (w * INT4_TILE_ROWS + 8) * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * t, true);
                         }
-                    }
-                }
-                if constexpr (Sc::HIGH_ROW_BYTES > 0 && !GEMM_PROBE_NO_HIGH_COPY && GEMM_EXP_HIGH_SPREAD) {
-                    constexpr int P = Sc::HIGH_ROW_BYTES / 16, T = QUAD_SIZE / P;  // pieces a row, tiles a copy
-#pragma unroll
-                    for (int k = 0; k < GEMM_CONSUMER_WARPS / T; ++k) {
-                        const int w = T * k + t / P, piece = t % P;
-                        const auto r = rows_of(rb, w * INT4_TILE_ROWS + g);
-                        unsigned char* h_st = st + GEMM_STAGE_BYTES + (w * INT4_TILE_ROWS + g) * Sc::HIGH_ROW_BYTES + 16 * piece;
-                        cp_async_16(h_st, r.ha + grp * Sc::HIGH_STRIDE + 4 * piece, true);
-                        cp_async_16(h_st + 8 * Sc::HIGH_ROW_BYTES, r.hb + grp * Sc::HIGH_STRIDE + 4 * piece, true);
                     }
                 }
                 cp_async_mbarrier_arrive_noinc(&full[s]);  // arrives when this lane's copies land
