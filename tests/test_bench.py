@@ -9,6 +9,7 @@ a GPU gets one line of error before any synthetic model is written.
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import subprocess
 import sys
@@ -218,6 +219,22 @@ def test_prefill_reps_option():
     bench.add_arguments(ap)
     assert ap.parse_args([]).prefill_reps == bench.PREFILL_REPS >= 10
     assert ap.parse_args(["--prefill-reps", "3"]).prefill_reps == 3
+
+
+def test_prefill_mixed_qkv_reaches_the_prefill(monkeypatch):
+    """--prefill-mixed-qkv: "one" by default (the prefill's own default), "apart" passed on as mixed_qkv=False."""
+    from drvqwen import prefill
+
+    ap = argparse.ArgumentParser()
+    bench.add_arguments(ap)
+    assert ap.parse_args([]).prefill_mixed_qkv == "one"
+    assert ap.parse_args(["--prefill-mixed-qkv", "apart"]).prefill_mixed_qkv == "apart"
+    assert inspect.signature(prefill.Prefill).parameters["mixed_qkv"].default is True
+    made = []
+    monkeypatch.setattr(prefill, "Prefill", lambda dec, rows, **kw: made.append(kw["mixed_qkv"]))
+    bench.load_prefill(object())
+    bench.load_prefill(object(), mixed_qkv=False)
+    assert made == [True, False]
 
 
 def test_prefill_chunk_rows_reach_the_prefill(monkeypatch):

@@ -184,7 +184,7 @@ def load_prefill(dec, fmt_gemm: str = "wgmma", rope: str = "epilogue", attention
                    last_layer=last_layer, attention_splits=attention_splits,
                    late_attention_from=LATE_ATTENTION_FROM if attention_late else None, kquant_gemm=kquant_gemm,
                    q32_gemm=q32_gemm, **({"attention_defines": attention_defines} if attention_defines else {}),
-                   **({} if mixed_qkv else {"mixed_qkv": False}))
+                   mixed_qkv=mixed_qkv)
 
 
 def _prompt_pass(decoder, prompt: list[int], prefill=None, reps: int = PREFILL_REPS) -> list[float] | None:
