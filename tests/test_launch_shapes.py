@@ -868,3 +868,8 @@ def test_mixed_format_qkv_refuses_pairs_across_a_row_block():
         GemmQ4kQkvRopeRows(arr("q", (rows, 2, hd), np.float16), *caches, arr("x", (rows, k), np.float16), *ws,
                               *biases, arr("cs", (rows, hd // 2, 2), np.float32), arr("ps", (2,), np.int32),
                               arr("bt", (4,), np.int32), n_heads=2, n_kv_heads=1, head_dim=hd, k=k, rows=rows)
+    # the rule the prefill asks before it picks the launch: the 7B's q/k (3584 + 512 rows) fills
+    # 32 row blocks, the 0.5B's (896 + 128) 8, and these 96 pairs do not
+    from drvqwen.launchers.gemm_kquant import qk_pairs_fill_row_blocks
+    assert qk_pairs_fill_row_blocks(3584, 512) and qk_pairs_fill_row_blocks(896, 128)
+    assert not qk_pairs_fill_row_blocks(2 * hd, hd)

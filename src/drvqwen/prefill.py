@@ -39,9 +39,9 @@ formats do below; no rope_table): the same bits, one more launch a layer and an 
 
 Weights in per-tensor formats (a GGUF kept in its formats, plan.formats): Q4_K, Q5_K and Q6_K
 projections run gemm_int4.cu's K-quant kernels (launchers/gemm_kquant.py: a layer whose q, k and
-v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers — with
-`mixed_qkv` so too a layer whose q and k are one of them and v Q6_K, as llama.cpp's *_K_M recipes
-give some layers, in one launch of two parts; else q and k of one of them as L{l}.qk_proj),
+v are all Q4_K, or all Q5_K, as L{l}.qkv_rope with the rope_table, as the INT4 layers — so too,
+by default (`mixed_qkv`), a layer whose q and k are one of them and v Q6_K, as llama.cpp's *_K_M
+recipes give some layers, in one launch of two parts; else q and k of one of them as L{l}.qk_proj),
 Q4_0, Q5_0, Q8_0, Q4_1 and Q5_1 ones its kernels for them (launchers/gemm_q32.py: q, k and v
 of one of them as L{l}.qkv_rope too; q and k as L{l}.qk_proj), the other formats
 gemm_fmt_wgmma.cu (gemm_fmt.cu where K is not a multiple of 128, or with fmt_gemm="mma"; q, k
@@ -583,7 +583,7 @@ class Prefill:
         # With mixed_qkv, q and k in Q4_K or Q5_K and v in Q6_K are one launch too (two parts), where
         # q's and k's RoPE pairs fill whole row blocks (GemmQ4kQkvRopeRows).
         mixed = (self.mixed_qkv and fq == fk and fv == Q6K_ID
-                 and (cfg.q_dim + cfg.kv_dim) // 2 % (GEMM_BLOCK_ROWS // 2) == 0)
+                 and gemm_kquant.qk_pairs_fill_row_blocks(cfg.q_dim, cfg.kv_dim))
         if self.kquant_gemm and fq in KMIN_LAUNCHERS and (fid == fq or mixed) and k % gemm_kquant.SUPER == 0:
             return KMIN_LAUNCHERS[fq].qkv_rope
         if self.q32_gemm and fid in gemm_q32.FORMATS and k % GEMM_GROUP == 0:

@@ -110,6 +110,13 @@ class _GemmKquantLauncher(_GemmLauncher):
                                  split_k=split_k, blocks=blocks, tile_tokens=tile_tokens, lockstep=self.lockstep)
 
 
+def qk_pairs_fill_row_blocks(n_q: int, n_kv: int) -> bool:
+    """Whether q's and k's RoPE pairs (n_q + n_kv rows, paired) fill whole row blocks of 64 pairs
+    (BLOCK_ROWS stacked rows): what a mixed-format QKV launch needs, so that no row block holds
+    two formats."""
+    return (n_q + n_kv) // 2 % (BLOCK_ROWS // 2) == 0
+
+
 # v's share of the blocks of a mixed-format QKV launch (GemmQ4kQkvRopeRows with v in Q6_K): its row
 # blocks' share of the launch's row blocks. A group of Q6_K costs about what one of Q4_K or Q5_K does on this
 # mainloop (the 7B's down_proj at 1024 rows, tools/bench_gemm.py --kquant: Q6_K 261.7 µs, Q4_K
@@ -149,7 +156,6 @@ def plan_parts(plan: GemmTiling, token_blocks: int, qk_row_blocks: int, v_row_bl
     return plan, v
 
 
-
 class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
     """The QKV projection of a prefill chunk over q4_k weights with the bias, the RoPE and the FP16
     writes in its epilogue: gemm_int4.py's GemmInt4QkvRopeRows (its outputs, rope_cs table and
@@ -181,7 +187,7 @@ class GemmQ4kQkvRopeRows(_GemmKquantLauncher):
             self._check_fmt(w, n, k, fmt_id)
         pairs_per_block = BLOCK_ROWS // 2  # 64 RoPE pairs a block: 128 stacked rows
         qk_pairs = (n_q + n_kv) // 2
-        require(not mixed or qk_pairs % pairs_per_block == 0,
+        require(not mixed or qk_pairs_fill_row_blocks(n_q, n_kv),
                 f"{name}: q's and k's {qk_pairs} RoPE pairs must fill whole row blocks of {pairs_per_block}")
         check_buffer(x, "x", rows * k, np.float16)
         check_prefill_state(prefill_state)
@@ -425,4 +431,3 @@ class GemmQ6kResidualRows(_GemmKquantLauncher):
                          dict(N=i32(n), K=i32(k)),
                          reads=(residual, x, prefill_state) + w.buffers, writes=(residual,),
                          max_blocks=max_blocks, split_k=split_k, smem=smem_bytes_q6k(bm))
-
