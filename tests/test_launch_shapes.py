@@ -203,20 +203,37 @@ def test_qkv_rope_gemm_refuses_a_cache_past_32_bit_offsets():
 
 def test_qkv_blocks_split_by_makespan():
     """gemv_fmt's qkv launch: blocks per q/k/v segment for the smallest makespan that fits one
-    wave (7B: 224, 32, 32 tiles), never a small segment rounded onto too few blocks."""
+    wave (7B: 224, 32, 32 tiles), never a small segment rounded onto too few blocks; with tile
+    costs (a segment's bytes a tile), a costlier format's segment gets fewer tiles a block."""
     from drvqwen.launchers.gemv_fmt import split_blocks
 
     assert split_blocks(132, (224, 32, 32)) == (75, 11, 11)     # 3 tiles per block at most
     assert split_blocks(264, (224, 32, 32)) == (112, 16, 16)    # 2
     assert split_blocks(264, (56, 8, 8)) == (56, 8, 8)          # 0.5B: 1
     assert split_blocks(2, (5, 1, 1)) == (1, 1, 1)              # fewer resident than segments: 1 each
+    # The 7B's q, k in Q4_K and v in Q6_K (32 256 and 47 040 bytes a 16-row tile at K = 3584):
+    # two q tiles a block, one v tile (two would cost 2.9 q tiles).
+    q4k, q6k = 16 * 3584 * 9 // 16, 16 * 3584 * 105 // 128
+    assert (q4k, q6k) == (32256, 47040)
+    assert split_blocks(264, (224, 32, 32), (q4k, q4k, q6k)) == (112, 16, 32)
+    assert split_blocks(264, (224, 32, 32), (q4k, q4k, q4k)) == (112, 16, 16)   # equal costs: tiles
+    assert split_blocks(132, (224, 32, 32), (q4k, q4k, q6k)) == (75, 11, 16)
+    with pytest.raises(ValueError, match="tile_cost"):
+        split_blocks(264, (224, 32, 32), (1, 1))
     for resident in range(3, 300, 7):
         for seg in ((224, 32, 32), (56, 8, 8), (3, 1, 1), (100, 100, 1)):
-            blocks = split_blocks(resident, seg)
-            m = max(-(-t // b) for t, b in zip(seg, blocks))
-            assert sum(blocks) <= max(resident, 3) and all(b >= 1 for b in blocks)
-            # no smaller makespan fits
-            assert m == 1 or sum(-(-t // (m - 1)) for t in seg) > max(resident, 3)
+            for cost in ((1, 1, 1), (2, 2, 3), (5, 3, 7), (32256, 32256, 47040)):
+                blocks = split_blocks(resident, seg, cost)
+                # makespan: the busiest block's cost, its tiles spread as evenly as ceil allows
+                m = max(-(-t // b) * c for t, b, c in zip(seg, blocks, cost))
+                assert sum(blocks) <= max(resident, 3) and all(b >= 1 for b in blocks)
+                # no smaller makespan fits: every per-segment tile count giving a lower cost needs
+                # more blocks than are resident
+                smaller = [(t, max(1, -(-t // max(1, (m - 1) // c)))) if (m - 1) >= c else None
+                           for t, c in zip(seg, cost)]
+                assert None in smaller or sum(b for _, b in smaller) > max(resident, 3)
+                if cost == (1, 1, 1):
+                    assert blocks == split_blocks(resident, seg)
 
 
 def test_persistent_gemm_grids(monkeypatch):

@@ -317,20 +317,33 @@ class GemvFmtResidual(_GemvFmtLauncher):
                     blocks=blocks, defines=defines, weights=(w,), weights_rows=n)
 
 
-def split_blocks(resident: int, seg_tiles: tuple[int, ...]) -> tuple[int, ...]:
+def split_blocks(resident: int, seg_tiles: tuple[int, ...], tile_cost: tuple[int, ...] | None = None) -> tuple[int, ...]:
     """Blocks per segment (q, k, v) when at most `resident` blocks run in one wave and segment i
-    has seg_tiles[i] tiles: the smallest makespan m (tiles of the busiest block) for which
-    Σ ceil(tᵢ/m) blocks fit, and then ceil(tᵢ/m) blocks for segment i (at least 1 each).
+    has seg_tiles[i] tiles, each costing tile_cost[i] (its weight bytes; 1 each when None): the
+    smallest makespan m (the cost of the busiest block) for which Σ ceil(tᵢ / ⌊m / cᵢ⌋) blocks
+    fit, and then that many blocks for segment i (at least 1 each). With equal costs m counts
+    tiles.
 
     Why the makespan and not blocks in proportion to tiles: a block serves one segment, so a
     proportional split rounds a small segment (k, v: 32 tiles at 7B) onto too few blocks, and
     the launch lasts as long as its busiest block (4 tiles where 3 would do at 7B, one block per
-    SM)."""
-    resident = max(resident, len(seg_tiles))
-    m = max(1, -(-sum(seg_tiles) // resident))
-    while sum(-(-t // m) for t in seg_tiles) > resident:
-        m += 1
-    return tuple(max(1, -(-t // m)) for t in seg_tiles)
+    SM). Why a tile's cost: a block serves one format too, and llama.cpp's *_K_M recipes put v
+    in Q6_K beside q and k in Q4_K or Q5_K (1.46× and 1.19× the bytes a tile): counted as
+    tiles, v's blocks got as many tiles as q's and finished last."""
+    n = len(seg_tiles)
+    resident = max(resident, n)
+    cost = tuple(int(c) for c in tile_cost) if tile_cost is not None else (1,) * n
+    if len(cost) != n or min(cost) < 1:
+        raise ValueError(f"split_blocks: tile_cost {tile_cost} must hold {n} positive costs")
+    # Every makespan worth trying is a whole number of some segment's tiles; the smallest that
+    # fits wins (the largest, every segment on one block, always fits: resident ≥ n).
+    for m in sorted({k * c for t, c in zip(seg_tiles, cost) for k in range(1, t + 1)}):
+        if m < max(cost):
+            continue  # a tile of the costliest segment alone costs more
+        blocks = tuple(max(1, -(-t // (m // c))) for t, c in zip(seg_tiles, cost))
+        if sum(blocks) <= resident:
+            return blocks
+    return (1,) * n
 
 
 class GemvFmtQkvRope(_GemvFmtLauncher):
@@ -365,7 +378,8 @@ class GemvFmtQkvRope(_GemvFmtLauncher):
         occ = occupancy or DEFAULT_OCCUPANCY
         resident, threads = gemv_resident_blocks(K, 1, lambda t, s: occ.blocks_per_sm(ref, t, s), occ.sm_count,
                                                  warps=warps, extra_smem=smem_extra(K))
-        self.seg_blocks = split_blocks(resident, seg_tiles)
+        self.seg_blocks = split_blocks(resident, seg_tiles, (q.nbytes(TILE_ROWS, K), k.nbytes(TILE_ROWS, K),
+                                                             v.nbytes(TILE_ROWS, K)))
         per_block = max(-(-t // b) for t, b in zip(seg_tiles, self.seg_blocks))
         smem = 2 * K + smem_extra(K) + per_block * (threads // 32) * TILE_ROWS * 4
         args = dict(q_out=q_out, k_cache=k_cache, v_cache=v_cache, residual=residual, norm_w=norm_weight,
