@@ -403,6 +403,15 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 #ifndef GEMM_PROBE_LOW_ONLY
 #define GEMM_PROBE_LOW_ONLY 0
 #endif
+// GEMM_PROBE_SCALES_NO_LOAD=1: the Q4_K and Q5_K consumers make each group's scale words from
+// the group number instead of loading them from global memory (GemmQ4kScales::load; the decode
+// into FP16 pairs unchanged), so the format costs what its scale loads' latency does not. Its
+// question: whether those loads are why Q4_K's down_proj GEMM takes longer than Q6_K's at the
+// 7B's shape (Q6_K's consumers load 4 scale words a group, Q4_K's 8; their group loops 368 and
+// 345 SASS instructions). 0 builds the same machine code.
+#ifndef GEMM_PROBE_SCALES_NO_LOAD
+#define GEMM_PROBE_SCALES_NO_LOAD 0
+#endif
 #define GEMM_TURN_THREADS   (GEMM_CONSUMER_WGS * 4 * WARP_SIZE)
 // Arrivals per phase of a full barrier: lane 0's arrive.expect_tx (the X bytes) and one
 // cp.async.mbarrier.arrive.noinc per producer lane (its weight copies), below.
@@ -542,8 +551,12 @@ struct GemmQ4kScales {
         const int sb = grp >> 1;  // the super-block; grp & 1: its sub-blocks 0-3 or 4-7
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
+#if GEMM_PROBE_SCALES_NO_LOAD  // timing only: words made from the group number, no load
+            const u32 w0 = 0x3C3C0000u ^ (u32)grp, w1 = w0 + 1u, w2 = w0 + 2u, w3 = w0 ^ (u32)row;
+#else
             const u32* p = (row ? r.scb : r.sca) + 3 * sb;
             const u32 w0 = p[0], w1 = p[1], w2 = p[2], w3 = (row ? r.ddb : r.dda)[sb];
+#endif
             // The super-block's lane words (weight_formats.cuh): sub-block 4h + i's (sc | m << 6)
             // is bits 12h … 12h + 11 of word i, h = grp & 1, and (d, dmin) the words' top bytes.
             // One prmt puts words i, i + 1's bits 8h … 8h + 15 in the two 16-bit halves and a

@@ -64,7 +64,8 @@ DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})] + [
     ("decode_persistent", {"DP_HEAD_DIM": 128, "DP_PROBE_SKIP": (1 << 2) | (1 << 3) | (1 << 4)})] + [
     ("gemv_int4", {"LD_STREAM_PREFETCH": 256}), ("gemv_int4", {"LD_STREAM_PREFETCH": 128}),
     ("gemv_int4", {"LD_STREAM_EVICT_FIRST": 0}),
-    ("gemm_int4", {"GEMM_BM": 256, "GEMM_PROBE_NO_HIGH_COPY": 1, "GEMM_PROBE_LOW_ONLY": 1})]
+    ("gemm_int4", {"GEMM_BM": 256, "GEMM_PROBE_NO_HIGH_COPY": 1, "GEMM_PROBE_LOW_ONLY": 1,
+                   "GEMM_PROBE_SCALES_NO_LOAD": 1})]
 
 
 @pytest.mark.parametrize("name", KERNELS + DEV_KERNELS)
