@@ -21,7 +21,8 @@
 //   tile   = 16 output rows (the M of one m16n8k16 MMA); gate/up pairs the same rows of both.
 //   grid   = blocks that own contiguous ranges of tiles, in one wave. A block works on ONE
 //            matrix, so one format: qkv gives q_blocks blocks to q, k_blocks to k and the rest
-//            to v (the launcher splits the wave by tiles), and the block picks its format's
+//            to v (the launcher splits the wave by makespan, a tile weighed by its bytes:
+//            launchers/gemv_fmt.py split_blocks), and the block picks its format's
 //            engine once (WF_DISPATCH); a format never changes inside a warp's loop.
 //   block  = W warps splitting K into W contiguous ranges of 128 inputs ("quads").
 //   warp   = items (tile, quad) in batches, the next batch in flight while one is multiplied.

@@ -227,11 +227,10 @@ def test_qkv_blocks_split_by_makespan():
                 # makespan: the busiest block's cost, its tiles spread as evenly as ceil allows
                 m = max(-(-t // b) * c for t, b, c in zip(seg, blocks, cost))
                 assert sum(blocks) <= max(resident, 3) and all(b >= 1 for b in blocks)
-                # no smaller makespan fits: every per-segment tile count giving a lower cost needs
-                # more blocks than are resident
-                smaller = [(t, max(1, -(-t // max(1, (m - 1) // c)))) if (m - 1) >= c else None
-                           for t, c in zip(seg, cost)]
-                assert None in smaller or sum(b for _, b in smaller) > max(resident, 3)
+                # no smaller makespan fits: at m − 1 some segment's tile alone costs more, or the
+                # blocks it needs are more than are resident
+                if m - 1 >= max(cost):
+                    assert sum(-(-t // ((m - 1) // c)) for t, c in zip(seg, cost)) > max(resident, 3)
                 if cost == (1, 1, 1):
                     assert blocks == split_blocks(resident, seg)
 
