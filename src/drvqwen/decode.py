@@ -245,7 +245,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             other set runs every projection through gemv_fmt.cu in its own format, and the
             embedding and lm_head in theirs (FP16 where dense).
         persistent: also plan `DecodePlan.persistent`: the steps from "embedding" through the
-            last layer as one persistent kernel (needs attention="plain" and the INT4 layers);
+            last layer as one persistent kernel (needs attention="plain"; the INT4 layers, or a
+            model in per-tensor formats, whose ops its build for the model's formats runs);
             persistent_min_blocks (1 or 2: blocks per SM its registers are sized for),
             persistent_stress (the stress build) and persistent_defines (more of the kernel's
             compile-time choices) choose its build; persistent_trace plans the buffer
@@ -267,7 +268,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             launchers.l2_prefetch.DEFAULT_BLOCKS), to measure.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
-            persistent step for another attention kernel or for per-tensor formats, or an L2
+            persistent step for another attention kernel, or an L2
             prefetch budget that is negative or too small to plan any.
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
@@ -302,9 +303,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
     per_tensor = in_per_tensor_formats(cfg, formats)
-    if persistent and per_tensor:
-        raise DrvqwenError("the persistent decode step runs the INT4 layers only; this model's weights are in "
-                           "per-tensor formats")
     fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
     lm_in_format = fm is not None and fm[LM_HEAD] != wf.PLAIN
     # Every layer's formats (the plan may cover fewer), and those of the planned ones as planned
@@ -406,7 +404,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"], head_dim=Dh,
                                            occupancy=occupancy, min_blocks=persistent_min_blocks,
                                            stress=persistent_stress, trace=persistent_trace,
-                                           defines=persistent_defines)
+                                           defines=persistent_defines, fmt_defines=fmt_defines)
         if plan.persistent.trace is not None:
             a["persistent_trace"] = plan.persistent.trace
     return plan
