@@ -416,7 +416,8 @@ DP_OP_FN void dp_l2_prefetch(const PersistentOp& op, int item, CounterDep dep) {
 // without those ops' work, order and waits unchanged — so that what one kind of op costs the
 // step in time and in DRAM bytes can be told apart from the rest (`drvqwen bench --decode
 // persistent --persistent-define DP_PROBE_SKIP=16` leaves gate_up out; o_proj and down_proj
-// share DP_RESIDUAL). 0 builds the same machine code as without the probe.
+// share DP_RESIDUAL; in a build for per-tensor formats the GEMVs are bits 9–11, DP_…_FMT).
+// 0 builds the same machine code as without the probe.
 #ifndef DP_PROBE_SKIP
 #define DP_PROBE_SKIP 0
 #endif

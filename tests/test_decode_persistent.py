@@ -286,6 +286,9 @@ def test_plan_refusals():
     with pytest.raises(LaunchError, match="no WF_FORMATS"):
         PersistentDecode(fmt.steps, fmt.program, fmt.counters, head_dim=cfg.head_dim, occupancy=OCC,
                          fmt_defines=(("GF_QKV_MIN_BLOCKS", 2),))
+    with pytest.raises(LaunchError, match="WF_FORMATS goes in fmt_defines"):
+        PersistentDecode(int4.steps, int4.program, int4.counters, head_dim=cfg.head_dim, occupancy=OCC,
+                         defines=(("WF_FORMATS", 1 << wf.Q8_G32.id),))
 
 
 # ---- GPU: persistent graph == per-launch eager, bit for bit --------------------------------------

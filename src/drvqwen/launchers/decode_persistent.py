@@ -217,6 +217,9 @@ class PersistentDecode(Launcher):
         fmt_defines = tuple((str(k), int(v)) for k, v in fmt_defines)
         formats = any(k == "WF_FORMATS" for k, _v in fmt_defines)
         require(not fmt_defines or formats, f"fmt_defines {fmt_defines}: no WF_FORMATS (format_defines gives it)")
+        # The formats decide which ops the build runs: they come with the step's gemv_fmt.cu build only.
+        require(all(str(k) != "WF_FORMATS" for k, _v in defines),
+                "defines: WF_FORMATS goes in fmt_defines (the step's gemv_fmt.cu build), not in the measurement defines")
         for s, (kind, *_rest) in zip(self.member_specs, self.ops):
             require(kind not in (INT4_GEMV_KINDS if formats else FORMAT_KINDS),
                     f"{s.kernel}: the persistent step runs "
