@@ -542,7 +542,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
         tile_rows(r0, r1);
         const WfRowStep step = wf_row_step(row0, r0, K);
 #pragma unroll
-        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F, true>(at[m], step, K, t);
+        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F>(at[m], step, K);
         row0 = r0;
         down = wf_row_step(r0, r1, K);
     };
@@ -557,9 +557,9 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                     b.w[u][m][1] = gf_probe_raw(0x77777777u ^ (u32)(ld_q * 0x01010101 + m));
                     continue;
                 }
-                const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
+                const WfAddr p0 = wf_addr_quads<F>(at[m], (u32)ld_q);
                 b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
-                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, down, K, t), policy);
+                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F>(p0, down, K), policy);
             }
             if (GF_FLAT_SPLIT) --ld_left;
             if (++ld_q == qe) {

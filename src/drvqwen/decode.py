@@ -69,8 +69,8 @@ import numpy as np
 from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, Pool, Stream, get_device
 from .errors import DrvqwenError
-from .format.nanoqwen import NanoqwenFile, expected_tensors
-from .gpu_weights import GPUWeights, layout_scratch_bytes
+from .format.nanoqwen import NanoqwenFile
+from .gpu_weights import GPUWeights, gpu_tensors, layout_scratch_bytes
 from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, n_pages_for
 from .kv_cache import tensor_map_shape
 from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma,
@@ -151,7 +151,7 @@ class DecodePlan:
         attention: "tma", "plain" or "cluster" (ATTENTION_KERNELS).
         blocks_per_kv_head: S of the split-KV attention grid (the cluster's blocks for "cluster").
         buffers: activation name → BufferSpec (the pool `_allocate` carves).
-        weights: tensor name → BufferSpec (what the file holds, expected_tensors).
+        weights: tensor name → BufferSpec (what the GPU holds, gpu_weights.gpu_tensors).
         kv: "k_cache"/"v_cache" → BufferSpec [L, P, Hkv, 16, Dh] fp16.
         steps: (name, launcher) in order.
         per_tensor: the weights are in per-tensor formats (gemv_fmt.cu), not the INT4 step's.
@@ -310,7 +310,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     fmt_defines = format_defines(gpu_format_ids(formats) | gpu_format_ids(fm)) if per_tensor else ()
     a = _activation_specs(cfg, n_pages, partials,
                           lm_head_fmt_partials(V, D, occupancy, fmt_defines) if lm_in_format else lm_head_partials(V))
-    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
+    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in gpu_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
     plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor),
                       formats=fm, fmt_defines=fmt_defines)
