@@ -147,7 +147,8 @@ class GPUWeights:
     Attributes:
         config: the model's QwenConfig.
         pool: the weight pool (closed by `close()`).
-        arrays: tensor name → DeviceArray (dtype and shape as in the file).
+        arrays: tensor name → DeviceArray (dtype and shape as in the file, but a q4_k/q5_k weight's
+            `.scales`: its lane-word plane uint32 [N, K/256, 4], and no `.superscales`; gpu_tensors).
         nbytes: bytes of weight data on the device.
         upload_via: how the bytes went, "registered" (DMA from the file's mapping) or "staging".
     """
@@ -256,8 +257,17 @@ class GPUWeights:
         """Where the upload puts tensor `info`, the scales or superscales of q4_k/q5_k weight
         `prefix`: a view of the weight's lane-word plane `<prefix>.scales` (uint32 [N, K/256, 4],
         allocated with the first of the two), the scales (12 bytes a super-block) at its start and
-        the superscales (4) after them. Recorded in file_planes under the tensor's name."""
+        the superscales (4) after them. Recorded in file_planes under the tensor's name.
+
+        Raises:
+            FormatError: the superscales before the scales in the file. The staging upload
+                batches small arrays into one DMA that covers the gaps between them, which is
+                safe only where each array lies after the one uploaded before it; every writer
+                puts a weight's scales right before its superscales."""
         lanes_name = f"{prefix}.scales"
+        if lanes_name not in self.arrays and info.name != lanes_name:
+            raise FormatError(f"{info.name}: stored before {lanes_name}; the GPU upload needs a q4_k/q5_k weight's "
+                              f"scales first")
         if lanes_name not in self.arrays:
             sc = f.tensors[lanes_name]
             n, supers = sc.shape[0], sc.shape[1]
