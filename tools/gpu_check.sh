@@ -17,6 +17,12 @@
 #             SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it; SANITIZE_KERNELS="entry …" keeps
 #             the nodes that launch those kernels (tools/changed_kernels.py BASE prints the
 #             ones whose machine code a change touched).
+#   verify    what a kernel change needs before it lands, in one command: the tests stage in
+#             VERIFY_PARTS (default 4) parts side by side (TESTS_PART=K/N, each into
+#             OUTDIR/tests-K) beside the sanitize stage with the tools side by side (into
+#             OUTDIR/sanitize; SANITIZE_KERNELS / SANITIZE_ONLY narrow it as there), each a run of
+#             this script after the seeding (CUBIN_SEED once, here); then each part's and tool's
+#             result lines in OUTDIR/verify-summary.txt. Fails if any of them failed.
 #   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: TTFT and
 #             ITL (512-token prompt, 128 greedy tokens) on the synthetic 7B (written to /dev/shm
 #             first, ~30 s), eager next to CUDA graphs; add --kernels to DRVQWEN_BENCH_ARGS for
@@ -77,7 +83,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|bench|readme|real|fingerprint|serve|step|formats|formats-real|profile|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|verify|bench|readme|real|fingerprint|serve|step|formats|formats-real|profile|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -530,6 +536,37 @@ stage_step() {
     return "$rc"
 }
 
+# The tests stage in parts beside the sanitize stage (the header's `verify`): every part and the
+# sanitizer runs are processes of their own, started at once, so the stage takes about its
+# slowest part (racecheck, or a quarter of the tests) instead of their sum.
+stage_verify() {
+    local n=${VERIFY_PARTS:-4} k rc=0 pid pids=() self
+    self=$(pwd)/tools/gpu_check.sh
+    [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "VERIFY_PARTS=$n: a count of parts" >&2; return 1; }
+    for ((k = 1; k <= n; k++)); do
+        TESTS_PART=$k/$n CUBIN_SEED= CUBIN_EXPORT= bash "$self" tests "$OUTDIR/tests-$k" > "$OUTDIR/tests-$k.out" 2>&1 &
+        pids+=("$!")
+    done
+    SANITIZE_PARALLEL=1 CUBIN_SEED= CUBIN_EXPORT= bash "$self" sanitize "$OUTDIR/sanitize" > "$OUTDIR/sanitize.out" 2>&1 &
+    pids+=("$!")
+    for pid in "${pids[@]}"; do
+        wait "$pid" || rc=1
+    done
+    {
+        for ((k = 1; k <= n; k++)); do
+            for f in "$OUTDIR/tests-$k"/tests-{gpu,compile}.log; do
+                [[ -f $f ]] || { echo "tests-$k: no ${f##*/}"; continue; }
+                echo "tests-$k/${f##*/}: $(grep -E '^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$f" | tail -1) $(tail -1 "$f")"
+            done
+        done
+        for f in "$OUTDIR"/sanitize/sanitize-*.log; do
+            [[ -f $f ]] || continue
+            echo "sanitize/${f##*/}: $(grep -c 'ERROR SUMMARY: 0 errors' "$f") clean of $(grep -c 'ERROR SUMMARY' "$f") runs, $(tail -1 "$f")"
+        done
+    } | tee "$OUTDIR/verify-summary.txt"
+    return "$rc"
+}
+
 record_env
 cubin_seed || exit 2
 rc=0
@@ -538,6 +575,7 @@ case $STAGE in
     real) stage_real || rc=1 ;;
     fingerprint) stage_fingerprint || rc=1 ;;
     sanitize) stage_sanitize || rc=1 ;;
+    verify) stage_verify || rc=1 ;;
     bench) stage_bench || rc=1 ;;
     readme) stage_readme || rc=$? ;;
     serve) stage_serve || rc=1 ;;

@@ -1,0 +1,90 @@
+"""tools/gpu_check.sh's verify stage on the CPU: the tests stage in N parts beside the sanitize stage,
+each a run of the script of its own, with stand-ins for pytest (a Python that answers `-m pytest`
+with a passing summary and runs everything else) and for compute-sanitizer (it runs the command
+it is given and reports a finding for FAIL_TOOL). What is checked is the stage's own work: every
+part gets its files from tools/split_tests.py and together they are all of them, every tool runs,
+the summary names each part's and tool's result, and a failure anywhere fails the stage."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE = "tests/test_split_tests.py::test_gpu_check_runs_part_k_of_n_from_the_tool"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and timeout")
+
+PYTHON_STAND_IN = """#!/usr/bin/env bash
+if [[ $1 == -m && $2 == pytest ]]; then
+    for a in "$@"; do [[ $a == tests/* ]] && echo "PYTEST_PATH $a"; done
+    echo "============ 1 passed in 0.01s ============"
+    exit 0
+fi
+exec {real} "$@"
+"""
+
+SANITIZER_STAND_IN = """#!/usr/bin/env bash
+tool=""
+while [[ $# -gt 0 && $1 == --* ]]; do [[ $1 == --tool ]] && tool=$2; shift 2; done
+"$@"; rc=$?
+if [[ $tool == "${FAIL_TOOL:-}" ]]; then echo "========= ERROR SUMMARY: 1 error"; exit 99; fi
+echo "========= ERROR SUMMARY: 0 errors ($tool)"
+exit $rc
+"""
+
+
+def _verify(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("python-stand-in", PYTHON_STAND_IN.format(real=sys.executable)),
+                       ("compute-sanitizer", SANITIZER_STAND_IN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    e = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+         "PYTHON": str(bin_dir / "python-stand-in"), "DRVQWEN_CACHE": str(tmp_path / "cache"),
+         "SANITIZE_ONLY": NODE, "VERIFY_PARTS": "2", **env}
+    return subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "verify", str(tmp_path / "out")], env=e,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_parts_cover_the_test_files_and_every_tool_runs(tmp_path):
+    r = _verify(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = tmp_path / "out"
+    split = [subprocess.run([sys.executable, "tools/split_tests.py", str(k), "2"], capture_output=True, text=True,
+                            cwd=ROOT, check=True).stdout.split() for k in (1, 2)]
+    for k in (1, 2):
+        log = (out / f"tests-{k}" / "tests-gpu.log").read_text()
+        given = [line.split()[1] for line in log.splitlines() if line.startswith("PYTEST_PATH ")]
+        assert given == split[k - 1] and given, (k, given)
+    assert sorted(split[0] + split[1]) == sorted(set(split[0] + split[1]))  # no file in both parts
+    summary = (out / "verify-summary.txt").read_text().splitlines()
+    for k in (1, 2):
+        for log in ("tests-gpu.log", "tests-compile.log"):
+            line = next(s for s in summary if s.startswith(f"tests-{k}/{log}:"))
+            assert "1 passed" in line and line.endswith("exit 0"), line
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        line = next(s for s in summary if s.startswith(f"sanitize/sanitize-{tool}.log:"))
+        assert re.search(r": 1 clean of 1 runs, === sanitize-\w+: exit 0$", line), line
+    assert (out / "verify-summary.txt").read_text() in r.stdout
+
+
+def test_a_sanitizer_finding_fails_the_stage_and_shows_in_the_summary(tmp_path):
+    r = _verify(tmp_path, FAIL_TOOL="racecheck")
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = (tmp_path / "out" / "verify-summary.txt").read_text()
+    assert "sanitize/sanitize-racecheck.log: 0 clean of 1 runs, === sanitize-racecheck: exit 99" in summary
+    assert "sanitize/sanitize-memcheck.log: 1 clean of 1 runs" in summary
+
+
+def test_a_bad_part_count_is_refused(tmp_path):
+    r = _verify(tmp_path, VERIFY_PARTS="four")
+    assert r.returncode == 1 and "VERIFY_PARTS=four: a count of parts" in r.stderr
