@@ -56,6 +56,35 @@ def test_rebuild_then_the_changed_tree_hits_and_keep_takes_what_a_tree_hits(tmp_
         assert len(list(out.glob("*.cubin"))) == 4
 
 
+def test_keep_as_a_seed_writes_the_parts_gpu_check_unpacks(tmp_path):
+    """keep --seed: the kept entries as one tar.xz in numbered parts; concatenated and unpacked
+    (as gpu_check.sh's CUBIN_SEED does) they are a cache the tree hits, each file byte for byte;
+    a small part size splits it, and earlier parts are replaced."""
+    import tarfile
+
+    tree = tmp_path / "tree"
+    _tree(tree)
+    _compile_all(tree, tmp_path / "cache")
+    seed = tmp_path / "seed"
+    (seed).mkdir()
+    (seed / "cubins.tar.xz.07").write_bytes(b"stale")
+    assert rebuild_cubins.main(["keep", str(tmp_path / "cache"), str(seed), "--tree", str(tree), "--seed"]) == 0
+    parts = sorted(seed.glob("cubins.tar.xz.*"))
+    assert [p.name for p in parts] == ["cubins.tar.xz.00"]
+    small = rebuild_cubins.write_seed(tmp_path / "cache", tmp_path / "small", part_bytes=1000)
+    assert len(small) > 1 and all(p.stat().st_size == 1000 for p in small[:-1])
+    for name, ps in (("one", parts), ("split", small)):
+        joined = tmp_path / f"{name}.tar.xz"
+        joined.write_bytes(b"".join(p.read_bytes() for p in ps))
+        with tarfile.open(joined, "r:xz") as tar:
+            tar.extractall(tmp_path / f"unpacked_{name}", filter="data")
+        unpacked = tmp_path / f"unpacked_{name}"
+        cached = sorted(p.relative_to(tmp_path / "cache") for p in (tmp_path / "cache").rglob("*") if p.is_file())
+        assert sorted(p.relative_to(unpacked) for p in unpacked.rglob("*") if p.is_file()) == cached
+        assert all((unpacked / r).read_bytes() == (tmp_path / "cache" / r).read_bytes() for r in cached)
+        assert all(k.cache_hit for k in _compile_all(tree, unpacked))
+
+
 def test_touching_selects_by_file_name_and_missing_kernels_are_named(tmp_path):
     tree = tmp_path / "tree"
     _tree(tree)

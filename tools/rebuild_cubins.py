@@ -3,7 +3,7 @@
 kernel change, without the stale entries.
 
     python3 tools/rebuild_cubins.py rebuild OLD_CACHE [--out DIR] [--touching FILE ...] [--dry-run]
-    python3 tools/rebuild_cubins.py keep CACHE OUT [--tree ROOT ...]
+    python3 tools/rebuild_cubins.py keep CACHE OUT [--tree ROOT ...] [--seed]
 
 Why: a GPU machine seeded with the cubins of an earlier tree (tools/gpu_check.sh CUBIN_SEED,
 docs/gpu-workflow.md#the-cubin-cache-between-machines) misses every build whose kernel file or
@@ -21,7 +21,14 @@ A recorded kernel this checkout lacks (an experiment since removed) is named and
 keep: copies into OUT the entries of CACHE that the trees ROOT … (default: this checkout; a tree
 is a folder with kernels/ and ptx/, e.g. one written by tools/bench_commits.py --prepare) would
 hit: the cache key recomputed from each tree's sources for the entry's options and toolchain. So
-the seed carried to the GPU machine holds only cubins that can hit there.
+the seed carried to the GPU machine holds only cubins that can hit there. With --seed, OUT gets
+them as the seed itself: OUT/cubins.tar.xz.00, .01, … (one xz-compressed tar in parts of 15 MiB,
+what tools/gpu_check.sh's CUBIN_SEED=OUT unpacks), in place of the folders.
+
+After a fresh checkout (no earlier cache at hand), `pytest tests/test_compile.py` fills this
+checkout's cache with every kernel's default build and the launchers' variants, and `keep
+"$(python3 -c 'from drvqwen import paths; print(paths.cubin_dir())')" .carry/seed --seed` makes
+the seed of those; the builds only the GPU tests ask for are then compiled there.
 
 Needs NVRTC for rebuild (no GPU); keep reads files only. Exits 0, 2 on a bad argument (one line).
 """
@@ -29,9 +36,12 @@ Needs NVRTC for rebuild (no GPU); keep reads files only. Exits 0, 2 on a bad arg
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +135,29 @@ def keep(cache: Path, out: Path, trees: list[Path]) -> int:
     return n
 
 
+SEED_PART_BYTES = 15 * 2**20  # the most a device command's output carries per file (gpu_check.sh's CUBIN_EXPORT)
+
+
+def write_seed(entries: Path, out: Path, part_bytes: int = SEED_PART_BYTES) -> list[Path]:
+    """The files under `entries` (a cache's folders) as one xz-compressed tar, names relative to
+    `entries`, split into OUT/cubins.tar.xz.00, .01, … of at most part_bytes each (earlier parts
+    there removed first); returns the parts written, in order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tar:
+        for path in sorted(p for p in entries.rglob("*") if p.is_file()):
+            tar.add(path, arcname=path.relative_to(entries).as_posix())
+    data = buf.getvalue()
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("cubins.tar.xz.*"):
+        old.unlink()
+    parts = []
+    for i in range(0, max(len(data), 1), part_bytes):
+        part = out / f"cubins.tar.xz.{i // part_bytes:02d}"
+        part.write_bytes(data[i:i + part_bytes])
+        parts.append(part)
+    return parts
+
+
 def rebuild(requests: list[tuple[str, dict]], out: Path | None, tree: Path = ROOT) -> list:
     """compile_kernels of `requests` from `tree`'s kernels/ and ptx/ into the cache folder `out`
     (None: drvqwen.paths.cubin_dir()); returns the CompiledKernels."""
@@ -148,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     # would replace the first, and a seed would silently miss the first tree's cubins)
     kp.add_argument("--tree", type=Path, nargs="+", action="extend", default=None,
                     help="folders with kernels/ and ptx/, repeatable (default: this checkout)")
+    kp.add_argument("--seed", action="store_true", help="write OUT/cubins.tar.xz.NN (CUBIN_SEED's form)")
     args = ap.parse_args(argv)
 
     if args.cmd == "rebuild":
@@ -173,8 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cache.is_dir():
         print(f"rebuild_cubins: {args.cache}: no such folder", file=sys.stderr)
         return 2
-    n = keep(args.cache, args.out, args.tree)
-    print(f"{n} entries kept in {args.out}")
+    if not args.seed:
+        n = keep(args.cache, args.out, args.tree)
+        print(f"{n} entries kept in {args.out}")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        n = keep(args.cache, Path(tmp), args.tree)
+        parts = write_seed(Path(tmp), args.out)
+    print(f"{n} entries kept in {', '.join(p.name for p in parts)} "
+          f"({sum(p.stat().st_size for p in parts) / 2**20:.1f} MiB) in {args.out}")
     return 0
 
 
