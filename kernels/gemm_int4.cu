@@ -408,7 +408,11 @@ static_assert(2 * 128 * GEMM_CONSUMER_REGS + 128 * GEMM_PRODUCER_REGS == GEMM_TH
 // into FP16 pairs unchanged), so the format costs what its scale loads' latency does not. Its
 // question: whether those loads are why Q4_K's down_proj GEMM takes longer than Q6_K's at the
 // 7B's shape (Q6_K's consumers load 4 scale words a group, Q4_K's 8; their group loops 368 and
-// 345 SASS instructions). 0 builds the same machine code.
+// 345 SASS instructions). They are, mostly: on one H100 (tools/bench_gemm.py --rows 512 --grid
+// persistent --kquant q4_k q5_k q6_k --kquant-variant noscl:GEMM_PROBE_SCALES_NO_LOAD=1;
+// docs/bench/2026-12-07_a86b9cd_h100_gemm7b_scale_probe_m512.json) Q4_K's down_proj 140.0 →
+// 121.5 µs (INT4 118.7, Q6_K 129.7), its layer's GEMMs 12.16 → 11.13 ms (INT4 10.82), Q5_K's
+// 12.89 → 12.06; at 1024 rows Q4_K 21.97 → 21.60 ms (…_m1024.json). 0 builds the same machine code.
 #ifndef GEMM_PROBE_SCALES_NO_LOAD
 #define GEMM_PROBE_SCALES_NO_LOAD 0
 #endif

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from test_gpu_check_sanitize import STAND_IN as SANITIZER_STAND_IN  # runs the command, FAIL_TOOL's finding
+
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "tests/test_split_tests.py::test_gpu_check_runs_part_k_of_n_from_the_tool"
 
@@ -29,15 +31,6 @@ if [[ $1 == -m && $2 == pytest ]]; then
     exit 0
 fi
 exec {real} "$@"
-"""
-
-SANITIZER_STAND_IN = """#!/usr/bin/env bash
-tool=""
-while [[ $# -gt 0 && $1 == --* ]]; do [[ $1 == --tool ]] && tool=$2; shift 2; done
-"$@"; rc=$?
-if [[ $tool == "${FAIL_TOOL:-}" ]]; then echo "========= ERROR SUMMARY: 1 error"; exit 99; fi
-echo "========= ERROR SUMMARY: 0 errors ($tool)"
-exit $rc
 """
 
 
