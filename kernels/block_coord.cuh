@@ -35,6 +35,9 @@ struct GridDep {
     // read before wait(): not for a launch, whose predecessor may still be running (PDL: the
     // kernel before it may itself not have waited yet for advance_state of the last step).
     static constexpr bool state_fixed = false;
+    // Whether the running block has exactly the planned block's bc.threads threads: a launch's
+    // does; a persistent block may have more, whose extra warps must take no work.
+    __device__ static constexpr bool exact_block() { return true; }
     __device__ __forceinline__ void wait() const { grid_dependency_wait(); }
     __device__ __forceinline__ void launch_dependents() const { grid_launch_dependents(); }
 };

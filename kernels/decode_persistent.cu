@@ -190,8 +190,10 @@
 // waited): now four items a head, the launch's 256-thread blocks (attention_combine_dims), each
 // a quarter of the loads a thread: 2.9 µs an op at 7B (the trace above).
 //
-// Requirements (checked by the launcher): the ops below only, INT4 layout, the plain attention
-// kernel of head dim DP_HEAD_DIM, every planned block ≤ 256 threads (the combine's = 256). The final
+// Requirements (checked by the launcher): the ops below only — the INT4 layers, or the
+// per-tensor formats' (gemv_fmt.cu's GEMVs and embedding, in a build with the model's
+// WF_FORMATS) —, the plain attention kernel of head dim DP_HEAD_DIM, every planned block ≤ 256
+// threads (the combine's = 256). The final
 // norm, the lm_head and the token's choice stay launches of their own after this kernel.
 #include <cuda_fp16.h>
 
@@ -225,6 +227,19 @@
 #define GEMV_ZERO_BATCHES (DP_HEAD_DIM >= 128)
 #endif
 #include "gemv_int4.cu"         // GemvInt4…Args, gemv_int4_…_item
+// A model in per-tensor formats: the launcher defines WF_FORMATS (the model's format mask, as its
+// gemv_fmt.cu build has it: launchers/gemv_fmt.format_defines), and the format GEMVs' and the
+// embedding's items join the ops. An INT4 build does not include the file (the same machine code
+// as before formats could be ops).
+#ifdef WF_FORMATS
+#define DP_FORMATS 1
+#ifndef GF_ZERO_BATCHES
+#define GF_ZERO_BATCHES 1       // as GEMV_ZERO_BATCHES above: the format GEMVs' batches live in their op only
+#endif
+#include "gemv_fmt.cu"          // GemvFmt…Args, gemv_fmt_…_item, EmbeddingFmtArgs, embedding_fmt_item
+#else
+#define DP_FORMATS 0
+#endif
 #include "attention_decode.cu"  // AttentionDecodeArgs, attention_decode_args_split, AttentionCombineArgs, …
 #include "l2_prefetch.cu"       // L2PrefetchArgs, l2_prefetch_block
 
@@ -253,6 +268,10 @@
 #define DP_ATTENTION 5
 #define DP_COMBINE   6
 #define DP_L2_PREFETCH 7
+#define DP_EMBEDDING_FMT 8  // the per-tensor formats' ops (DP_FORMATS builds)
+#define DP_QKV_ROPE_FMT  9
+#define DP_RESIDUAL_FMT  10
+#define DP_GATE_UP_FMT   11
 
 // One op of the program, 32 bytes, packed by the host.
 struct PersistentOp {
@@ -272,6 +291,9 @@ struct CounterDep {
     // The persistent kernel is launched after the step's state and block-table writes have
     // completed (no programmatic launch) and no op writes them: they are read before the wait.
     static constexpr bool state_fixed = true;
+    // A block of this kernel has DP_THREADS threads, an item's planned block may have fewer: its
+    // warps past the plan take no work (gemv_fmt.cu's gf_block).
+    __device__ static constexpr bool exact_block() { return false; }
     const u32* counter;
     u32 target;
     u64* waited;  // where thread 0 stamps %globaltimer once the wait is over (null: no trace)
@@ -299,6 +321,7 @@ struct CounterDep {
 // The dependency already waited for (the attention items wait before their warps split up).
 struct NoDep {
     static constexpr bool state_fixed = true;  // inside this kernel, as for CounterDep
+    __device__ static constexpr bool exact_block() { return false; }
     __device__ __forceinline__ void wait() const {}
     __device__ __forceinline__ void launch_dependents() const {}
 };
@@ -333,6 +356,21 @@ DP_OP_FN void dp_gate_up(const PersistentOp& op, int item, CounterDep dep) {
     gemv_int4_gate_up_swiglu_item(dp_args<GemvInt4GateUpSwigluArgs>(op),
                                   BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
 }
+#if DP_FORMATS
+DP_OP_FN void dp_embedding_fmt(const PersistentOp& op, int item, CounterDep dep) {
+    embedding_fmt_item(dp_args<EmbeddingFmtArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+DP_OP_FN void dp_qkv_rope_fmt(const PersistentOp& op, int item, CounterDep dep) {
+    gemv_fmt_qkv_rope_item(dp_args<GemvFmtQkvRopeArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+DP_OP_FN void dp_residual_fmt(const PersistentOp& op, int item, CounterDep dep) {
+    gemv_fmt_residual_item(dp_args<GemvFmtResidualArgs>(op), BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+DP_OP_FN void dp_gate_up_fmt(const PersistentOp& op, int item, CounterDep dep) {
+    gemv_fmt_gate_up_swiglu_item(dp_args<GemvFmtGateUpSwigluArgs>(op),
+                                 BlockCoord{item, 0, (int)op.gx, (int)op.threads}, dep);
+}
+#endif
 // Item = planned blocks 2p and 2p + 1 of KV head kv: warp w takes split 8p + w. Before the wait,
 // lane 0 of a warp whose split has pages asks L2 for the first page's K and V (2 × 16 · Dh · 2 B,
 // cp.async.bulk.prefetch.L2): the step's length and block table are fixed in this kernel
@@ -378,7 +416,8 @@ DP_OP_FN void dp_l2_prefetch(const PersistentOp& op, int item, CounterDep dep) {
 // without those ops' work, order and waits unchanged — so that what one kind of op costs the
 // step in time and in DRAM bytes can be told apart from the rest (`drvqwen bench --decode
 // persistent --persistent-define DP_PROBE_SKIP=16` leaves gate_up out; o_proj and down_proj
-// share DP_RESIDUAL). 0 builds the same machine code as without the probe.
+// share DP_RESIDUAL; in a build for per-tensor formats the GEMVs are bits 9–11, DP_…_FMT).
+// 0 builds the same machine code as without the probe.
 #ifndef DP_PROBE_SKIP
 #define DP_PROBE_SKIP 0
 #endif
@@ -390,12 +429,20 @@ __device__ __forceinline__ void dp_run_item(const PersistentOp& op, int item, Co
     }
     switch (op.kind) {
     case DP_EMBEDDING: dp_embedding(op, item, dep); break;
+#if !DP_FORMATS  // a model in per-tensor formats runs every projection on gemv_fmt.cu (dense FP16 too)
     case DP_QKV_ROPE:  dp_qkv_rope(op, item, dep); break;
     case DP_RESIDUAL:  dp_residual(op, item, dep); break;
     case DP_GATE_UP:   dp_gate_up(op, item, dep); break;
+#endif
     case DP_ATTENTION: dp_attention(op, item, dep); break;
     case DP_COMBINE:   dp_combine(op, item, dep); break;
     case DP_L2_PREFETCH: dp_l2_prefetch(op, item, dep); break;
+#if DP_FORMATS
+    case DP_EMBEDDING_FMT: dp_embedding_fmt(op, item, dep); break;
+    case DP_QKV_ROPE_FMT:  dp_qkv_rope_fmt(op, item, dep); break;
+    case DP_RESIDUAL_FMT:  dp_residual_fmt(op, item, dep); break;
+    case DP_GATE_UP_FMT:   dp_gate_up_fmt(op, item, dep); break;
+#endif
     default: __trap();  // the host packs only the kinds above
     }
 }

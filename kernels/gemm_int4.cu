@@ -508,8 +508,7 @@ struct GemmInt4Scales {
 // 4 sub-blocks, k steps 2j and 2j + 1 in sub-block j.
 struct GemmLaneRowsQ4k {
     const u32* wa;  const u32* wb;    // the rows' code words
-    const u32* sca; const u32* scb;   // the rows' lane words 0–2: 3 words per super-block (weight_formats.cuh)
-    const u32* dda; const u32* ddb;   // the rows' lane word 3, one word per super-block
+    const uint4* sca; const uint4* scb;  // the rows' lane words: 4 a super-block, one vector (weight_formats.cuh)
 };
 
 // The lane's scales of one group: S = d·sc and −O = −dmin·m of each sub-block and row as FP16
@@ -558,8 +557,8 @@ struct GemmQ4kScales {
 #if GEMM_PROBE_SCALES_NO_LOAD  // timing only: words made from the group number, no load
             const u32 w0 = 0x3C3C0000u ^ (u32)grp, w1 = w0 + 1u, w2 = w0 + 2u, w3 = w0 ^ (u32)row;
 #else
-            const u32* p = (row ? r.scb : r.sca) + 3 * sb;
-            const u32 w0 = p[0], w1 = p[1], w2 = p[2], w3 = (row ? r.ddb : r.dda)[sb];
+            const uint4 lw = (row ? r.scb : r.sca)[sb];  // the super-block's lane words: one 16-byte load
+            const u32 w0 = lw.x, w1 = lw.y, w2 = lw.z, w3 = lw.w;
 #endif
             // The super-block's lane words (weight_formats.cuh): sub-block 4h + i's (sc | m << 6)
             // is bits 12h … 12h + 11 of word i, h = grp & 1, and (d, dmin) the words' top bytes.
@@ -599,14 +598,12 @@ struct GemmQ4kScales {
     }
 };
 
-// Row `row` (clamped into the matrix) of a Q4_K weight [n, K]: its code words and lane words
-// (0–2 in `scales`, 3 in `aux`).
-__device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const u32* scales, const u32* aux, int row,
-                                                  int n, int K, const u32*& w, const u32*& sc, const u32*& dd) {
+// Row `row` (clamped into the matrix) of a Q4_K weight [n, K]: its code words and lane words.
+__device__ __forceinline__ void gemm_q4k_lane_row(const u32* qweight, const uint4* scales, int row, int n, int K,
+                                                  const u32*& w, const uint4*& sc) {
     const int r = min(row, n - 1);
     w = gemm_code_row(qweight, r, K);
-    sc = scales + (u64)r * (K / 256) * 3;
-    dd = aux + (u64)r * (K / 256);
+    sc = scales + (u64)r * (K / 256);
 }
 
 // Q6_K (weight_formats.cuh, id 12): the codes c = v + 16h, v the low nibble in layout id 1 (the
@@ -1333,21 +1330,20 @@ gemm_int4_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp
 // every GEMM_BM: the group's 16 scale pairs, held one group ahead, fit beside the 256-token
 // tile's 128 accumulators in the consumers' 216 registers (no spills, ptxas) since their decode
 // stays in FP16 pairs. Weights [N, K], K a multiple of 256:
-//   qweight u32 [N, K/8] (layout id 1, tile-major), scales u32 [N, K/256, 3] and aux u32 [N, K/256]:
-//   each super-block's lane words 0–2 and 3 (weight_formats.cuh: (sc, m) and the bytes of (d, dmin)).
+//   qweight u32 [N, K/8] (layout id 1, tile-major), scales uint4 [N, K/256]: each super-block's 4
+//   lane words, one 16-byte vector (weight_formats.cuh: (sc, m) and the bytes of (d, dmin)).
 
 // rows_of for one Q4_K matrix (residual); the lane's row g is also written to *ra.
 struct GemmQ4kOneMatrixRows {
     const u32* qweight;
-    const u32* scales;
-    const u32* aux;
+    const uint4* scales;
     int N, K;
     int* ra;
     __device__ __forceinline__ GemmLaneRowsQ4k operator()(int rb, int local) const {
         GemmLaneRowsQ4k r;
         *ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_q4k_lane_row(qweight, scales, aux, *ra, N, K, r.wa, r.sca, r.dda);
-        gemm_q4k_lane_row(qweight, scales, aux, *ra + 8, N, K, r.wb, r.scb, r.ddb);
+        gemm_q4k_lane_row(qweight, scales, *ra, N, K, r.wa, r.sca);
+        gemm_q4k_lane_row(qweight, scales, *ra + 8, N, K, r.wb, r.scb);
         return r;
     }
 };
@@ -1357,15 +1353,14 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                   const u32* __restrict__ qweight,        // [N, K/8] uint32, Q4_K codes (layout id 1), tile-major
-                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: lane words 0–2
-                  const u32* __restrict__ aux,            // [N, K/256] uint32: lane word 3
+                  const uint4* __restrict__ scales,       // [N, K/256] uint4: each super-block's 4 lane words
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                   float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                   int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
                   int N, int K) {
     int ra = 0;
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
-                    GemmSplitK{split_partials, split_counters}, GemmQ4kOneMatrixRows{qweight, scales, aux, N, K, &ra},
+                    GemmSplitK{split_partials, split_counters}, GemmQ4kOneMatrixRows{qweight, scales, N, K, &ra},
                     GemmResidualAdd{residual, N, &ra}, GemmQ4kScales{});
 }
 
@@ -1378,32 +1373,29 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp32, columns col0 … col0+N0+N1-1 written
                       const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                       const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
-                      const u32* __restrict__ w0_scales,         // [N0, K/256, 3] uint32
-                      const u32* __restrict__ w0_aux,            // [N0, K/256] uint32
+                      const uint4* __restrict__ w0_scales,       // [N0, K/256] uint4: each super-block's 4 lane words
                       const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
-                      const u32* __restrict__ w1_scales,
-                      const u32* __restrict__ w1_aux,
+                      const uint4* __restrict__ w1_scales,
                       const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                       float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                       int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
                       int N0, int N1, int K, int ldo, int col0) {
     const int N = N0 + N1;
     int ra = 0;  // the stacked row of the lane's row g; row g+8 is ra + 8
-    // Row `row` of the stack (clamped into it) in its matrix: (codes, lane words 0–2, lane word 3).
+    // Row `row` of the stack (clamped into it) in its matrix: (codes, lane words).
     auto one = [&](int row) {
         const int r = min(row, N - 1);
         const bool second = r >= N0;
         const u64 i = (u64)(second ? r - N0 : r);
         const u32* qw = second ? w1_qweight : w0_qweight;
-        const u32* sc = second ? w1_scales : w0_scales;
-        const u32* dd = second ? w1_aux : w0_aux;
-        return GemmLaneRowsQ4k{gemm_code_row(qw, i, K), nullptr, sc + i * (K / 256) * 3, nullptr, dd + i * (K / 256), nullptr};
+        const uint4* sc = second ? w1_scales : w0_scales;
+        return GemmLaneRowsQ4k{gemm_code_row(qw, i, K), nullptr, sc + i * (K / 256), nullptr};
     };
     gemm_int4_block(x_map, prefill_state, K, (N + GEMM_BLOCK_ROWS - 1) / GEMM_BLOCK_ROWS,
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
         ra = rb * GEMM_BLOCK_ROWS + local;
         const GemmLaneRowsQ4k a = one(ra), b = one(ra + 8);
-        return GemmLaneRowsQ4k{a.wa, b.wa, a.sca, b.sca, a.dda, b.dda};
+        return GemmLaneRowsQ4k{a.wa, b.wa, a.sca, b.sca};
     }, gemm_each_token([&](int token, float va, float vb) {
         if (ra < N) out[(u64)token * ldo + col0 + ra] = va;
         if (ra + 8 < N) out[(u64)token * ldo + col0 + ra + 8] = vb;
@@ -1418,14 +1410,11 @@ gemm_q4k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
                   __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                  const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
-                  const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                  const uint4* __restrict__ q_scales,       // [Hq·Dh, K/256] uint4: each super-block's 4 lane words
                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                  const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
-                  const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                  const uint4* __restrict__ k_scales,       // [Hkv·Dh, K/256] uint4: each super-block's 4 lane words
                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
-                  const u32* __restrict__ v_scales,         // [Hkv·Dh, K/256, 3] uint32
-                  const u32* __restrict__ v_aux,            // [Hkv·Dh, K/256] uint32
+                  const uint4* __restrict__ v_scales,       // [Hkv·Dh, K/256] uint4: each super-block's 4 lane words
                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
                   const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
                   const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
@@ -1447,11 +1436,10 @@ gemm_q4k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
         const GemmRopePair rp(min(pair, n_pairs - 1), half_dim, half_dim_rcp, Hq, Hkv);
         const int seg = rp.seg;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
-        const u32* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
-        const u32* dd = seg == 0 ? q_aux : seg == 1 ? k_aux : v_aux;
+        const uint4* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
         const int n = (seg == 0 ? Hq : Hkv) * Dh;
-        gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i, n, K, r.wa, r.sca, r.dda);
-        gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i + half_dim, n, K, r.wb, r.scb, r.ddb);
+        gemm_q4k_lane_row(qw, sc, rp.h * Dh + rp.i, n, K, r.wa, r.sca);
+        gemm_q4k_lane_row(qw, sc, rp.h * Dh + rp.i + half_dim, n, K, r.wb, r.scb);
         return r;
     }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
                            Hq, Hkv, Dh, &pair}, GemmQ4kScales{});
@@ -1462,11 +1450,9 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1)
 gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp16, out
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
-                        const u32* __restrict__ gate_scales,       // [F, K/256, 3] uint32
-                        const u32* __restrict__ gate_aux,          // [F, K/256] uint32
+                        const uint4* __restrict__ gate_scales,     // [F, K/256] uint4: each super-block's 4 lane words
                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
-                        const u32* __restrict__ up_scales,         // [F, K/256, 3] uint32
-                        const u32* __restrict__ up_aux,            // [F, K/256] uint32
+                        const uint4* __restrict__ up_scales,       // [F, K/256] uint4: each super-block's 4 lane words
                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                         float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                         int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
@@ -1477,8 +1463,8 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
                     [&](int rb, int local) {
         GemmLaneRowsQ4k r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        gemm_q4k_lane_row(gate_qweight, gate_scales, gate_aux, f, F, K, r.wa, r.sca, r.dda);
-        gemm_q4k_lane_row(up_qweight, up_scales, up_aux, f, F, K, r.wb, r.scb, r.ddb);
+        gemm_q4k_lane_row(gate_qweight, gate_scales, f, F, K, r.wa, r.sca);
+        gemm_q4k_lane_row(up_qweight, up_scales, f, F, K, r.wb, r.scb);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u32)token * (u32)F + f] = swiglu_f16_approx(gate, up);
@@ -1503,7 +1489,7 @@ gemm_q4k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
 // limit, as for Q4_K, is the consumers' unpack beside the tensor cores (one more lop3 a pair than
 // Q4_K for the high bit, one rotate of the high word a chunk and row). Bytes: 176 per 256 weights
 // (5.5 bits) read once per tile row of X. Weights [N, K], K a multiple of 256: qweight u32
-// [N, K/8], qhigh u32 [N, K/32] (both tile-major), scales u32 [N, K/256, 3] and aux u32 [N, K/256] (the lane
+// [N, K/8], qhigh u32 [N, K/32] (both tile-major), scales uint4 [N, K/256] (the lane
 // words, as Q4_K's).
 #define GEMM_Q5K_HIGH_ROW_BYTES 16  // one high word per 32-input chunk: 4 a group
 struct GemmLaneRowsQ5k : GemmLaneRowsQ4k {
@@ -1550,14 +1536,12 @@ static_assert(GEMM_Q5K_SMEM_BYTES <= 227 * 1024, "shared memory");
 
 // Row `row` (clamped into the matrix) of a Q5_K weight [n, K] into the lane-rows slot `which`
 // (0: row g, 1: row g+8).
-__device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32* qhigh, const u32* scales,
-                                                  const u32* aux, int row, int n, int K, int which,
-                                                  GemmLaneRowsQ5k& out) {
+__device__ __forceinline__ void gemm_q5k_lane_row(const u32* qweight, const u32* qhigh, const uint4* scales, int row,
+                                                  int n, int K, int which, GemmLaneRowsQ5k& out) {
     const u64 r = (u64)min(row, n - 1);
     (which ? out.wb : out.wa) = gemm_code_row(qweight, r, K);
     (which ? out.hb : out.ha) = gemm_tiled_row<GEMM_Q5K_HIGH_ROW_BYTES / 4>(qhigh, r, K);
-    (which ? out.scb : out.sca) = scales + r * (K / 256) * 3;
-    (which ? out.ddb : out.dda) = aux + r * (K / 256);
+    (which ? out.scb : out.sca) = scales + r * (K / 256);
 }
 
 // residual += X Wᵀ in FP32, W in Q5_K (o_proj, down_proj). As gemm_q4k_residual.
@@ -1566,8 +1550,7 @@ gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K]
                   const u32* __restrict__ qweight,        // [N, K/8] uint32, the low nibbles (layout id 1), tile-major
                   const u32* __restrict__ qhigh,          // [N, K/32] uint32 tile-major, the high bits
-                  const u32* __restrict__ scales,         // [N, K/256, 3] uint32: lane words 0–2
-                  const u32* __restrict__ aux,            // [N, K/256] uint32: lane word 3
+                  const uint4* __restrict__ scales,       // [N, K/256] uint4: each super-block's 4 lane words
                   const int* __restrict__ prefill_state,  // [2] int32: start (unused here), M
                   float* __restrict__ split_partials,     // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                   int* __restrict__ split_counters,       // [grid] int32, zero between launches, or null
@@ -1577,8 +1560,8 @@ gemm_q5k_residual(float* __restrict__ residual,           // [M, N] fp32, in/out
                     GemmSplitK{split_partials, split_counters}, [&](int rb, int local) {
         GemmLaneRowsQ5k r;
         ra = rb * GEMM_BLOCK_ROWS + local;
-        gemm_q5k_lane_row(qweight, qhigh, scales, aux, ra, N, K, 0, r);
-        gemm_q5k_lane_row(qweight, qhigh, scales, aux, ra + 8, N, K, 1, r);
+        gemm_q5k_lane_row(qweight, qhigh, scales, ra, N, K, 0, r);
+        gemm_q5k_lane_row(qweight, qhigh, scales, ra + 8, N, K, 1, r);
         return r;
     }, GemmResidualAdd{residual, N, &ra}, GemmQ5kScales{});
 }
@@ -1590,12 +1573,10 @@ gemm_q5k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp3
                       const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden states)
                       const u32* __restrict__ w0_qweight,        // [N0, K/8] uint32
                       const u32* __restrict__ w0_qhigh,          // [N0, K/32] uint32 tile-major
-                      const u32* __restrict__ w0_scales,         // [N0, K/256, 3] uint32
-                      const u32* __restrict__ w0_aux,            // [N0, K/256] uint32
+                      const uint4* __restrict__ w0_scales,       // [N0, K/256] uint4: each super-block's 4 lane words
                       const u32* __restrict__ w1_qweight,        // [N1, …] (N1 = 0: unused)
                       const u32* __restrict__ w1_qhigh,
-                      const u32* __restrict__ w1_scales,
-                      const u32* __restrict__ w1_aux,
+                      const uint4* __restrict__ w1_scales,
                       const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                       float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                       int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
@@ -1611,7 +1592,7 @@ gemm_q5k_stacked_rows(float* __restrict__ out,                   // [M, ldo] fp3
             const int row = min(ra + 8 * which, N - 1);
             const bool second = row >= N0;
             gemm_q5k_lane_row(second ? w1_qweight : w0_qweight, second ? w1_qhigh : w0_qhigh,
-                              second ? w1_scales : w0_scales, second ? w1_aux : w0_aux, second ? row - N0 : row,
+                              second ? w1_scales : w0_scales, second ? row - N0 : row,
                               second ? N1 : N0, K, which, r);
         }
         return r;
@@ -1630,16 +1611,13 @@ gemm_q5k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
                   const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                   const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
                   const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
-                  const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
-                  const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                  const uint4* __restrict__ q_scales,       // [Hq·Dh, K/256] uint4: each super-block's 4 lane words
                   const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
                   const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
-                  const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
-                  const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                  const uint4* __restrict__ k_scales,       // [Hkv·Dh, K/256] uint4: each super-block's 4 lane words
                   const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32
                   const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
-                  const u32* __restrict__ v_scales,         // [Hkv·Dh, K/256, 3] uint32
-                  const u32* __restrict__ v_aux,            // [Hkv·Dh, K/256] uint32
+                  const uint4* __restrict__ v_scales,       // [Hkv·Dh, K/256] uint4: each super-block's 4 lane words
                   const __half* __restrict__ q_bias,        // [Hq·Dh] fp16
                   const __half* __restrict__ k_bias,        // [Hkv·Dh] fp16
                   const __half* __restrict__ v_bias,        // [Hkv·Dh] fp16
@@ -1662,11 +1640,10 @@ gemm_q5k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] fp16,
         const int seg = rp.seg;
         const u32* qw = seg == 0 ? q_qweight : seg == 1 ? k_qweight : v_qweight;
         const u32* qh = seg == 0 ? q_qhigh : seg == 1 ? k_qhigh : v_qhigh;
-        const u32* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
-        const u32* dd = seg == 0 ? q_aux : seg == 1 ? k_aux : v_aux;
+        const uint4* sc = seg == 0 ? q_scales : seg == 1 ? k_scales : v_scales;
         const int n = (seg == 0 ? Hq : Hkv) * Dh;
-        gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i, n, K, 0, r);
-        gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i + half_dim, n, K, 1, r);
+        gemm_q5k_lane_row(qw, qh, sc, rp.h * Dh + rp.i, n, K, 0, r);
+        gemm_q5k_lane_row(qw, qh, sc, rp.h * Dh + rp.i + half_dim, n, K, 1, r);
         return r;
     }, GemmQkvRopeEpilogue{q_out, k_cache, v_cache, q_bias, k_bias, v_bias, rope_cs, prefill_state, block_table,
                            Hq, Hkv, Dh, &pair}, GemmQ5kScales{});
@@ -1678,12 +1655,10 @@ gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
                         const __grid_constant__ CUtensorMap x_map,  // X fp16 [rows, K] (normed hidden)
                         const u32* __restrict__ gate_qweight,      // [F, K/8] uint32
                         const u32* __restrict__ gate_qhigh,        // [F, K/32] uint32 tile-major
-                        const u32* __restrict__ gate_scales,       // [F, K/256, 3] uint32
-                        const u32* __restrict__ gate_aux,          // [F, K/256] uint32
+                        const uint4* __restrict__ gate_scales,     // [F, K/256] uint4: each super-block's 4 lane words
                         const u32* __restrict__ up_qweight,        // [F, K/8] uint32
                         const u32* __restrict__ up_qhigh,          // [F, K/32] uint32 tile-major
-                        const u32* __restrict__ up_scales,         // [F, K/256, 3] uint32
-                        const u32* __restrict__ up_aux,            // [F, K/256] uint32
+                        const uint4* __restrict__ up_scales,       // [F, K/256] uint4: each super-block's 4 lane words
                         const int* __restrict__ prefill_state,     // [2] int32: start (unused here), M
                         float* __restrict__ split_partials,        // [grid, GEMM_ACC/4, 256, 4] fp32 scratch, or null: whole tiles
                         int* __restrict__ split_counters,          // [grid] int32, zero between launches, or null
@@ -1694,8 +1669,8 @@ gemm_q5k_gate_up_swiglu(__half* __restrict__ h,                    // [M, F] fp1
                     [&](int rb, int local) {
         GemmLaneRowsQ5k r;
         f = rb * FB + (local / INT4_TILE_ROWS) * 8 + local % INT4_TILE_ROWS;
-        gemm_q5k_lane_row(gate_qweight, gate_qhigh, gate_scales, gate_aux, f, F, K, 0, r);
-        gemm_q5k_lane_row(up_qweight, up_qhigh, up_scales, up_aux, f, F, K, 1, r);
+        gemm_q5k_lane_row(gate_qweight, gate_qhigh, gate_scales, f, F, K, 0, r);
+        gemm_q5k_lane_row(up_qweight, up_qhigh, up_scales, f, F, K, 1, r);
         return r;
     }, gemm_each_token([&](int token, float gate, float up) {
         if (f < F) h[(u32)token * (u32)F + f] = swiglu_f16_approx(gate, up);
@@ -1844,11 +1819,9 @@ gemm_q4k_q6k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] f
                       __half* __restrict__ v_cache,             // [P, Hkv, 16, Dh] fp16, this layer; likewise
                       const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                       const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
-                      const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
-                      const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                      const uint4* __restrict__ q_scales,       // [Hq·Dh, K/256] uint4: each super-block's 4 lane words
                       const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
-                      const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
-                      const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                      const uint4* __restrict__ k_scales,       // [Hkv·Dh, K/256] uint4: each super-block's 4 lane words
                       const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32, Q6_K's low nibbles, tile-major
                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/16] uint32 tile-major
                       const u32* __restrict__ v_scales,         // [Hkv·Dh, K/64] uint32 (int8 sc)
@@ -1870,11 +1843,10 @@ gemm_q4k_q6k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] f
             GemmLaneRowsQ4k r;
             const bool q = rp.seg == 0;
             const u32* qw = q ? q_qweight : k_qweight;
-            const u32* sc = q ? q_scales : k_scales;
-            const u32* dd = q ? q_aux : k_aux;
+            const uint4* sc = q ? q_scales : k_scales;
             const int n = (q ? Hq : Hkv) * Dh;
-            gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i, n, K, r.wa, r.sca, r.dda);
-            gemm_q4k_lane_row(qw, sc, dd, rp.h * Dh + rp.i + Dh / 2, n, K, r.wb, r.scb, r.ddb);
+            gemm_q4k_lane_row(qw, sc, rp.h * Dh + rp.i, n, K, r.wa, r.sca);
+            gemm_q4k_lane_row(qw, sc, rp.h * Dh + rp.i + Dh / 2, n, K, r.wb, r.scb);
             return r;
         }, GemmQ6kPlanes{v_qweight, v_qhigh, v_scales, v_aux}, prefill_state, split_partials, split_counters,
         Hq, Hkv, Dh, K, v_blocks);
@@ -1888,12 +1860,10 @@ gemm_q5k_q6k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] f
                       const __grid_constant__ CUtensorMap x_map, // X fp16 [rows, K] (normed hidden states)
                       const u32* __restrict__ q_qweight,        // [Hq·Dh, K/8] uint32
                       const u32* __restrict__ q_qhigh,          // [Hq·Dh, K/32] uint32 tile-major
-                      const u32* __restrict__ q_scales,         // [Hq·Dh, K/256, 3] uint32
-                      const u32* __restrict__ q_aux,            // [Hq·Dh, K/256] uint32
+                      const uint4* __restrict__ q_scales,       // [Hq·Dh, K/256] uint4: each super-block's 4 lane words
                       const u32* __restrict__ k_qweight,        // [Hkv·Dh, K/8] uint32
                       const u32* __restrict__ k_qhigh,          // [Hkv·Dh, K/32] uint32 tile-major
-                      const u32* __restrict__ k_scales,         // [Hkv·Dh, K/256, 3] uint32
-                      const u32* __restrict__ k_aux,            // [Hkv·Dh, K/256] uint32
+                      const uint4* __restrict__ k_scales,       // [Hkv·Dh, K/256] uint4: each super-block's 4 lane words
                       const u32* __restrict__ v_qweight,        // [Hkv·Dh, K/8] uint32, Q6_K's low nibbles, tile-major
                       const u32* __restrict__ v_qhigh,          // [Hkv·Dh, K/16] uint32 tile-major
                       const u32* __restrict__ v_scales,         // [Hkv·Dh, K/64] uint32 (int8 sc)
@@ -1916,11 +1886,10 @@ gemm_q5k_q6k_qkv_rope(__half* __restrict__ q_out,               // [M, Hq, Dh] f
             const bool q = rp.seg == 0;
             const u32* qw = q ? q_qweight : k_qweight;
             const u32* qh = q ? q_qhigh : k_qhigh;
-            const u32* sc = q ? q_scales : k_scales;
-            const u32* dd = q ? q_aux : k_aux;
+            const uint4* sc = q ? q_scales : k_scales;
             const int n = (q ? Hq : Hkv) * Dh;
-            gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i, n, K, 0, r);
-            gemm_q5k_lane_row(qw, qh, sc, dd, rp.h * Dh + rp.i + Dh / 2, n, K, 1, r);
+            gemm_q5k_lane_row(qw, qh, sc, rp.h * Dh + rp.i, n, K, 0, r);
+            gemm_q5k_lane_row(qw, qh, sc, rp.h * Dh + rp.i + Dh / 2, n, K, 1, r);
             return r;
         }, GemmQ6kPlanes{v_qweight, v_qhigh, v_scales, v_aux}, prefill_state, split_partials, split_counters,
         Hq, Hkv, Dh, K, v_blocks);

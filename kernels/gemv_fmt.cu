@@ -69,6 +69,10 @@
 // The RMSNorm prologue's own __syncthreads (rmsnorm.cuh) orders its warp sums the same way.
 // Global outputs: each element is written by one thread of one block (no atomics).
 // PDL as in gemv_int4.cu: the first batch of weights is requested before griddepcontrol.wait.
+// A decode kernel's block is a device function over its BlockCoord and Dep (block_coord.cuh:
+// `gemv_fmt_qkv_rope_item`, …, `embedding_fmt_item`), which the kernel calls with its own launch's
+// and which decode_persistent.cu runs as items of the persistent step; a persistent block's warps
+// past the planned block's W take part in the barriers only (gf_block).
 //
 // Measured on the H200 (each launch alone, a graph of back-to-back launches, random weights;
 // docs/bench/2026-12-01_3c7fde7_h200_gemv_fmt_7b_shapes.json), µs per call at 7B shapes:
@@ -206,7 +210,7 @@
 #include "ldst.cuh"            // l2_evict_first_policy
 #include "mma.cuh"             // mma_m16n8k16_f32_f16
 #include "warp.cuh"            // shfl_xor_f32, warp_argmax, argmax_better
-#include "griddep.cuh"         // grid_dependency_wait, grid_launch_dependents
+#include "block_coord.cuh"     // BlockCoord, GridDep
 #include "int4_matmul.cuh"     // INT4_TILE_ROWS, int4_tiles, gemv_tile_rows, gemv_store_rows, swiglu_f16
 #include "rmsnorm.cuh"         // rmsnorm_inv_rms, rmsnorm_apply4, RMSNORM_WARPS
 #include "rope.cuh"            // rope_rotate
@@ -319,6 +323,14 @@
 // 34.88, down 20.55, o_proj 7.18; q6_k gate_up 47.20, down 24.38, o_proj 8.10. Kept off.
 #ifndef GF_FLAT_SPLIT
 #define GF_FLAT_SPLIT 0
+#endif
+// GF_ZERO_BATCHES=1 starts a warp's two batches at zero instead of leaving them undefined:
+// gemv_int4.cu's GEMV_ZERO_BATCHES, for the same reason. A slot past the warp's last item is
+// never loaded nor multiplied, but to the compiler it may be read undefined, so its registers
+// are live from the kernel's entry; in decode_persistent.cu, which defines it, they would be live
+// across every other op. Not the default: a launch of its own gains nothing from the zeros.
+#ifndef GF_ZERO_BATCHES
+#define GF_ZERO_BATCHES 0
 #endif
 #ifndef GF_PROBE_LOADS_ONLY
 #define GF_PROBE_LOADS_ONLY 0
@@ -458,33 +470,45 @@ struct GfStageRmsNorm {
     }
 };
 
+// W, the planned block's warps: bc.threads / 32. A launch (Dep::exact_block) reads it from
+// blockDim.x where it is used — the compiler loads that again rather than keep it live across the
+// main loop, where a register more spills these kernels at 2 blocks per SM.
+template <typename Dep>
+__device__ __forceinline__ int gf_warps(const BlockCoord& bc) {
+    return Dep::exact_block() ? (int)(blockDim.x / WARP_SIZE) : bc.threads / WARP_SIZE;
+}
+
 // The GEMV of one block over one matrix set (MT matrices of format F, n rows, RoPE-paired when
 // rope_dim > 0) for its tiles [tile_b, tile_e): leaves each warp's row sums in `partial`
-// [tiles][MT][W][16]. Order: launch_dependents, the first weight batch, griddepcontrol.wait,
-// stage.run(x_smem, xsum, K), the main loop. Contains __syncthreads(): every thread calls it.
-template <int F, int MT, typename Stage>
+// [tiles][MT][W][16], W = bc.threads / 32 (block_coord.cuh: the planned block, which a block
+// of the persistent decode step may exceed; its warps past W take part in the barriers only).
+// Order: dep.launch_dependents, the first weight batch, dep.wait(), stage.run(x_smem, xsum, K),
+// the main loop. Contains __syncthreads(): every thread calls it.
+template <int F, int MT, typename Stage, typename Dep>
 __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rope_dim, int tile_b, int tile_e,
-                                         int K, Stage stage, uint4* x_smem, float* xsum, float* partial) {
+                                         int K, const BlockCoord& bc, Dep dep, Stage stage, uint4* x_smem,
+                                         float* xsum, float* partial) {
     using Batch = GfBatch<F, MT>;
     constexpr int U = Batch::U, SUBS = Wf<F>::SUBS, MMAS = 8 / SUBS;
     constexpr bool TINY = GF_TINY && WfTiny<F>::ON && !GF_PROBE_LOADS_ONLY;
     constexpr bool XSUM = Wf<F>::OFFSET || TINY;  // Σx of each chunk: the offset's term, or TINY's z
     const int lane = threadIdx.x % WARP_SIZE;
     const int g = lane / QUAD_SIZE, t = lane % QUAD_SIZE;
-    const int warp = threadIdx.x / WARP_SIZE, n_warps = blockDim.x / WARP_SIZE;
+    const int warp = threadIdx.x / WARP_SIZE, n_warps = gf_warps<Dep>(bc);
+    const bool in_plan = Dep::exact_block() || warp < n_warps;  // else no items: its loops start at their end
     const int n_quads = K / GF_QUAD;
     // This warp's quads of every tile (non-empty: W ≤ K/128); GF_FLAT_SPLIT: its items [ib, ie) of
     // the block's flat (tile, quad) sequence instead, from quad q_0 of tile tile_0.
     const int qb = GF_FLAT_SPLIT ? 0 : warp * n_quads / n_warps;
     const int qe = GF_FLAT_SPLIT ? n_quads : (warp + 1) * n_quads / n_warps;
     const int n_items = (tile_e - tile_b) * n_quads;
-    const int ib = warp * n_items / n_warps, ie = (warp + 1) * n_items / n_warps;
-    const int tile_0 = GF_FLAT_SPLIT ? tile_b + ib / n_quads : tile_b;
+    const int ib = in_plan ? warp * n_items / n_warps : 0, ie = in_plan ? (warp + 1) * n_items / n_warps : 0;
+    const int tile_0 = !in_plan ? tile_e : GF_FLAT_SPLIT ? tile_b + ib / n_quads : tile_b;
     const int q_0 = GF_FLAT_SPLIT ? ib % n_quads : qb;
     const bool feeds_b = (g >> 1) == t;  // this lane hands its chunk's x to B (header)
     const u64 policy = l2_evict_first_policy();
 
-    grid_launch_dependents();  // every block of the grid is resident (one wave)
+    dep.launch_dependents();  // every block of the grid is resident (one wave)
 
     // The load cursor, because these GEMVs are issue-bound: per matrix, the addresses of this
     // lane's chunk t of quad 0 in MMA row g of tile ld_tile (wf_addr; QUAD: the quad shares the
@@ -518,7 +542,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
         tile_rows(r0, r1);
         const WfRowStep step = wf_row_step(row0, r0, K);
 #pragma unroll
-        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F, true>(at[m], step, K, t);
+        for (int m = 0; m < MT; ++m) at[m] = wf_addr_rows<F>(at[m], step, K);
         row0 = r0;
         down = wf_row_step(r0, r1, K);
     };
@@ -533,9 +557,9 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
                     b.w[u][m][1] = gf_probe_raw(0x77777777u ^ (u32)(ld_q * 0x01010101 + m));
                     continue;
                 }
-                const WfAddr p0 = wf_addr_quads<F, true>(at[m], (u32)ld_q, t);
+                const WfAddr p0 = wf_addr_quads<F>(at[m], (u32)ld_q);
                 b.w[u][m][0] = wf_load_at<F, true>(p0, policy);
-                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F, true>(p0, down, K, t), policy);
+                b.w[u][m][1] = wf_load_at<F, true>(wf_addr_rows<F>(p0, down, K), policy);
             }
             if (GF_FLAT_SPLIT) --ld_left;
             if (++ld_q == qe) {
@@ -547,8 +571,9 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     };
 
     Batch cur, next;
+    if constexpr (GF_ZERO_BATCHES) cur = next = {};
     load(cur);  // weights are never written by a kernel: safe before the wait
-    grid_dependency_wait();
+    dep.wait();
     stage.template run<XSUM, TINY>(x_smem, xsum, K);  // Σx only where the format has offsets or TINY
     __syncthreads();
 
@@ -579,7 +604,7 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
     // GF_FLAT_SPLIT: zeros in this warp's slots of the tiles its range does not reach (as
     // gemv_int4.cu's engine: each slot is written once, here or by the main loop's publish, and
     // gf_reduce's barrier orders it for the reading threads).
-    if (GF_FLAT_SPLIT)
+    if (GF_FLAT_SPLIT && in_plan)
         for (int tl = tile_b; tl < tile_e; ++tl)
             if (ib == ie || tl < tile_0 || tl > tile_b + (ie - 1) / n_quads) publish(tl);
     int c_tile = tile_0, c_q = q_0, c_left = ie - ib;  // c_left: GF_FLAT_SPLIT's items to go
@@ -669,10 +694,11 @@ __device__ __forceinline__ void gf_block(const WfWeight (&w)[MT], int n, int rop
 
 // After gf_block: __syncthreads, then epilogue(tile, g, sums[MT][2]) once per (tile, g < 8) of
 // the block, from one thread, sums[m][0] of MMA row g and sums[m][1] of MMA row g + 8 (the W
-// partials added in warp order).
-template <int MT, typename Epilogue>
-__device__ __forceinline__ void gf_reduce(const float* partial, int tile_b, int tile_e, Epilogue epilogue) {
-    const int n_warps = blockDim.x / WARP_SIZE;
+// partials added in warp order, W = bc.threads / 32).
+template <int MT, typename Dep, typename Epilogue>
+__device__ __forceinline__ void gf_reduce(const float* partial, int tile_b, int tile_e, const BlockCoord& bc, Dep,
+                                          Epilogue epilogue) {
+    const int n_warps = gf_warps<Dep>(bc);
     __syncthreads();
     for (int o = threadIdx.x; o < (tile_e - tile_b) * 8; o += blockDim.x) {
         const int tl = o / 8, gg = o % 8;
@@ -690,9 +716,11 @@ __device__ __forceinline__ void gf_reduce(const float* partial, int tile_b, int 
     }
 }
 
-// The block's tile range when `blocks` blocks, starting at block `first`, share n_tiles tiles.
-__device__ __forceinline__ void gf_tile_range(int first, int blocks, int n_tiles, int& tile_b, int& tile_e) {
-    const int b = blockIdx.x - first;
+// The block's tile range when `blocks` blocks of the planned grid, starting at block `first`,
+// share n_tiles tiles.
+__device__ __forceinline__ void gf_tile_range(const BlockCoord& bc, int first, int blocks, int n_tiles, int& tile_b,
+                                              int& tile_e) {
+    const int b = bc.bx - first;
     tile_b = b * n_tiles / blocks;
     tile_e = (b + 1) * n_tiles / blocks;
 }
@@ -712,22 +740,23 @@ __device__ __forceinline__ void gf_tile_range(int first, int blocks, int n_tiles
 // block's tiles of W x, each output row handed to store(row, value) by the one thread that owns
 // it. Returns false, before any barrier, for a format this build does not read (block-uniform:
 // the caller returns too). Contains __syncthreads(): every thread calls it.
-template <typename Store>
+template <typename Dep, typename Store>
 __device__ __forceinline__ bool gf_gemv_x(const WfWeight& w, const __half* __restrict__ x, int N, int K, int fmt,
-                                          Store store) {
+                                          const BlockCoord& bc, Dep dep, Store store) {
     GF_SMEM_PARTS(K);
     int tile_b, tile_e;
-    gf_tile_range(0, gridDim.x, int4_tiles(N), tile_b, tile_e);
+    gf_tile_range(bc, 0, bc.gx, int4_tiles(N), tile_b, tile_e);
     const WfWeight ws[1] = {w};
     if (!wf_known(fmt)) return false;
-    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, GfStageX{x}, x_smem, xsum, partial);)
-    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, N, 0, tile_b, tile_e, K, bc, dep, GfStageX{x}, x_smem, xsum, partial);)
+    gf_reduce<1>(partial, tile_b, tile_e, bc, dep, [&](int tile, int g, const float (&s)[1][2]) {
         gemv_store_rows(tile, g, N, s[0], store);
     });
     return true;
 }
 
 // y = W x, FP16 out. grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+#ifndef DEVICE_FUNCTIONS_ONLY  // a file that includes this one for its device functions defines it
 extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
 gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
              const __half* __restrict__ x,  // [K] fp16
@@ -736,130 +765,206 @@ gemv_fmt_f16(__half* __restrict__ y,        // [N] fp16, out
              const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
              const void* __restrict__ w_aux,       // offsets | superscales, or null
              int N, int K, int fmt) {
-    gf_gemv_x(GF_WEIGHT(w), x, N, K, fmt, [&](int row, float v) { y[row] = __float2half_rn(v); });
+    gf_gemv_x(GF_WEIGHT(w), x, N, K, fmt, BlockCoord::of_launch(), GridDep{},
+              [&](int row, float v) { y[row] = __float2half_rn(v); });
 }
+#endif  // DEVICE_FUNCTIONS_ONLY
+
+// The decode step's format GEMVs and its embedding each come as an argument struct, a device
+// function of one block (`…_item`: what a launch's block does, given its BlockCoord and Dep) and
+// the kernel that runs it as a launch of its own, as gemv_int4.cu's do: the persistent decode
+// step (decode_persistent.cu) runs the same items from argument structs the host packs with the
+// kernel's parameter layout (each struct lists the kernel's parameters, in order, with their
+// types; tests/test_decode_persistent.py compares the two lists).
 
 // residual += W x in FP32 (each row read and written by one thread: no atomics).
-// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
-gemv_fmt_residual(float* __restrict__ residual,  // [N] fp32, in/out
-                  const __half* __restrict__ x,  // [K] fp16
-                  const u32* __restrict__ w_qweight,    // [N, K] in format `fmt`: codes (weight_formats.cuh)
-                  const u32* __restrict__ w_qhigh,      // high bits, or null
-                  const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
-                  const void* __restrict__ w_aux,       // offsets | superscales, or null
-                  int N, int K, int fmt) {
-    gf_gemv_x(GF_WEIGHT(w), x, N, K, fmt, [&](int row, float v) { residual[row] += v; });
+struct GemvFmtResidualArgs {
+    float* residual;       // [N] fp32, in/out
+    const __half* x;       // [K] fp16
+    const u32* w_qweight;  // [N, K] in format `fmt`: codes (weight_formats.cuh)
+    const u32* w_qhigh;    // high bits, or null
+    const void* w_scales;  // scales (fp16 | uint8 | int8, by format)
+    const void* w_aux;     // offsets | superscales, or null
+    int N, K, fmt;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_fmt_residual_item(const GemvFmtResidualArgs& a, const BlockCoord& bc, Dep dep) {
+    gf_gemv_x(GF_WEIGHT(a.w), a.x, a.N, a.K, a.fmt, bc, dep, [&](int row, float v) { a.residual[row] += v; });
 }
 
+// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+#ifndef DEVICE_FUNCTIONS_ONLY
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
+gemv_fmt_residual(float* __restrict__ residual, const __half* __restrict__ x, const u32* __restrict__ w_qweight,
+                  const u32* __restrict__ w_qhigh, const void* __restrict__ w_scales, const void* __restrict__ w_aux,
+                  int N, int K, int fmt) {  // GemvFmtResidualArgs says what each is
+    gemv_fmt_residual_item(GemvFmtResidualArgs{residual, x, w_qweight, w_qhigh, w_scales, w_aux, N, K, fmt},
+                           BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
+
 // The attention input of one decode step (gemv_int4_qkv_rope's arithmetic and epilogue), with
-// q, k and v each in its own format: blocks [0, q_blocks) compute q, the next k_blocks k, the
-// rest v.
-// grid (G ≥ 3), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_QKV_MIN_BLOCKS)
-gemv_fmt_qkv_rope(__half* __restrict__ q_out,          // [Hq·Dh] fp16, out: rotated query
-                  __half* __restrict__ k_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
-                  __half* __restrict__ v_cache,        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
-                  const float* __restrict__ residual,  // [K] fp32, the residual stream
-                  const __half* __restrict__ norm_w,   // [K] fp16, input_layernorm gain
-                  const u32* __restrict__ q_qweight,    // [Hq·Dh, K] in format q_fmt: codes (weight_formats.cuh)
-                  const u32* __restrict__ q_qhigh,      // high bits, or null
-                  const void* __restrict__ q_scales,    // scales (fp16 | uint8 | int8, by format)
-                  const void* __restrict__ q_aux,       // offsets | superscales, or null
-                  const u32* __restrict__ k_qweight,    // [Hkv·Dh, K] in format k_fmt: codes (weight_formats.cuh)
-                  const u32* __restrict__ k_qhigh,      // high bits, or null
-                  const void* __restrict__ k_scales,    // scales (fp16 | uint8 | int8, by format)
-                  const void* __restrict__ k_aux,       // offsets | superscales, or null
-                  const u32* __restrict__ v_qweight,    // [Hkv·Dh, K] in format v_fmt: codes (weight_formats.cuh)
-                  const u32* __restrict__ v_qhigh,      // high bits, or null
-                  const void* __restrict__ v_scales,    // scales (fp16 | uint8 | int8, by format)
-                  const void* __restrict__ v_aux,       // offsets | superscales, or null
-                  const __half* __restrict__ q_bias,   // [Hq·Dh] fp16
-                  const __half* __restrict__ k_bias,   // [Hkv·Dh] fp16
-                  const __half* __restrict__ v_bias,   // [Hkv·Dh] fp16
-                  const float* __restrict__ inv_freq,  // [Dh/2] fp32 (reference.rope_inv_freq)
-                  const int* __restrict__ state,       // [3] int32: pos, token, seq_len (reads [0])
-                  const int* __restrict__ block_table, // [max_pages] int32: logical → physical page
-                  int Hq, int Hkv, int Dh, int K, float eps, int q_fmt, int k_fmt, int v_fmt, int q_blocks,
-                  int k_blocks) {
-    GF_SMEM_PARTS(K);
-    const int nq = Hq * Dh, nkv = Hkv * Dh;
-    const int seg = blockIdx.x < q_blocks ? 0 : blockIdx.x < q_blocks + k_blocks ? 1 : 2;  // block-uniform
+// q, k and v each in its own format: blocks [0, q_blocks) of the planned grid compute q, the
+// next k_blocks k, the rest v.
+struct GemvFmtQkvRopeArgs {
+    __half* q_out;          // [Hq·Dh] fp16, out: rotated query
+    __half* k_cache;        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+    __half* v_cache;        // [P, Hkv, 16, Dh] fp16, this layer; slot pos written
+    const float* residual;  // [K] fp32, the residual stream
+    const __half* norm_w;   // [K] fp16, input_layernorm gain
+    const u32* q_qweight;   // [Hq·Dh, K] in format q_fmt: codes (weight_formats.cuh)
+    const u32* q_qhigh;     // high bits, or null
+    const void* q_scales;   // scales (fp16 | uint8 | int8, by format)
+    const void* q_aux;      // offsets | superscales, or null
+    const u32* k_qweight;   // [Hkv·Dh, K] in format k_fmt: codes (weight_formats.cuh)
+    const u32* k_qhigh;     // high bits, or null
+    const void* k_scales;   // scales (fp16 | uint8 | int8, by format)
+    const void* k_aux;      // offsets | superscales, or null
+    const u32* v_qweight;   // [Hkv·Dh, K] in format v_fmt: codes (weight_formats.cuh)
+    const u32* v_qhigh;     // high bits, or null
+    const void* v_scales;   // scales (fp16 | uint8 | int8, by format)
+    const void* v_aux;      // offsets | superscales, or null
+    const __half* q_bias;   // [Hq·Dh] fp16
+    const __half* k_bias;   // [Hkv·Dh] fp16
+    const __half* v_bias;   // [Hkv·Dh] fp16
+    const float* inv_freq;  // [Dh/2] fp32 (reference.rope_inv_freq)
+    const int* state;       // [3] int32: pos, token, seq_len (reads [0])
+    const int* block_table; // [max_pages] int32: logical → physical page
+    int Hq, Hkv, Dh, K;
+    float eps;
+    int q_fmt, k_fmt, v_fmt, q_blocks, k_blocks;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_fmt_qkv_rope_item(const GemvFmtQkvRopeArgs& a, const BlockCoord& bc, Dep dep) {
+    GF_SMEM_PARTS(a.K);
+    const int Dh = a.Dh, Hkv = a.Hkv, q_blocks = a.q_blocks, k_blocks = a.k_blocks;
+    const int nq = a.Hq * Dh, nkv = Hkv * Dh;
+    const int seg = bc.bx < q_blocks ? 0 : bc.bx < q_blocks + k_blocks ? 1 : 2;  // block-uniform
     const int n = seg == 0 ? nq : nkv;
     const int first = seg == 0 ? 0 : seg == 1 ? q_blocks : q_blocks + k_blocks;
-    const int blocks = seg == 0 ? q_blocks : seg == 1 ? k_blocks : gridDim.x - q_blocks - k_blocks;
+    const int blocks = seg == 0 ? q_blocks : seg == 1 ? k_blocks : bc.gx - q_blocks - k_blocks;
     int tile_b, tile_e;
-    gf_tile_range(first, blocks, int4_tiles(n), tile_b, tile_e);
-    const WfWeight ws[1] = {seg == 0 ? GF_WEIGHT(q) : seg == 1 ? GF_WEIGHT(k) : GF_WEIGHT(v)};
-    const int fmt = seg == 0 ? q_fmt : seg == 1 ? k_fmt : v_fmt;
+    gf_tile_range(bc, first, blocks, int4_tiles(n), tile_b, tile_e);
+    const WfWeight ws[1] = {seg == 0 ? GF_WEIGHT(a.q) : seg == 1 ? GF_WEIGHT(a.k) : GF_WEIGHT(a.v)};
+    const int fmt = seg == 0 ? a.q_fmt : seg == 1 ? a.k_fmt : a.v_fmt;
     const int rope_dim = seg == 2 ? 0 : Dh;
-    const GfStageRmsNorm stage{residual, norm_w, eps};
+    const GfStageRmsNorm stage{a.residual, a.norm_w, a.eps};
     if (!wf_known(fmt)) return;  // block-uniform
-    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, n, rope_dim, tile_b, tile_e, K, stage, x_smem, xsum, partial);)
-    gf_reduce<1>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[1][2]) {
-        const int pos = state[0];
-        const u64 slot = kv_offset(block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
+    WF_DISPATCH(fmt, F, gf_block<F, 1>(ws, n, rope_dim, tile_b, tile_e, a.K, bc, dep, stage, x_smem, xsum, partial);)
+    gf_reduce<1>(partial, tile_b, tile_e, bc, dep, [&](int tile, int g, const float (&s)[1][2]) {
+        const int pos = a.state[0];
+        const u64 slot = kv_offset(a.block_table[pos / PAGE_TOKENS], 0, pos % PAGE_TOKENS, Hkv, Dh);
         if (seg == 2) {  // v: bias only, plain row order
             gemv_store_rows(tile, g, nkv, s[0], [&](int row, float val) {
                 const int head = row / Dh, d = row % Dh;
-                v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(val + __half2float(v_bias[row]));
+                a.v_cache[slot + (u64)head * PAGE_TOKENS * Dh + d] = __float2half_rn(val + __half2float(a.v_bias[row]));
             });
             return;
         }
         int lo, hi;  // rows of dims i and i + Dh/2 of one head
         gemv_tile_rows(tile, g, Dh, lo, hi);
         const int head = lo / Dh, i = lo % Dh;
-        const __half* b = seg == 0 ? q_bias : k_bias;
+        const __half* b = seg == 0 ? a.q_bias : a.k_bias;
         float o1, o2;
         const float x1 = s[0][0] + __half2float(b[lo]), x2 = s[0][1] + __half2float(b[hi]);
         if (GF_PROBE_NO_ROPE) {  // timing only, unrotated (see the define)
             o1 = x1;
             o2 = x2;
         } else {
-            rope_rotate(x1, x2, pos, inv_freq[i], o1, o2);
+            rope_rotate(x1, x2, pos, a.inv_freq[i], o1, o2);
         }
-        __half* dst = seg == 0 ? q_out + (u64)head * Dh : k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
+        __half* dst = seg == 0 ? a.q_out + (u64)head * Dh : a.k_cache + slot + (u64)head * PAGE_TOKENS * Dh;
         dst[i] = __float2half_rn(o1);
         dst[i + Dh / 2] = __float2half_rn(o2);
     });
 }
 
+// grid (G ≥ 3), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+#ifndef DEVICE_FUNCTIONS_ONLY
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_QKV_MIN_BLOCKS)
+gemv_fmt_qkv_rope(__half* __restrict__ q_out, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                  const float* __restrict__ residual, const __half* __restrict__ norm_w,
+                  const u32* __restrict__ q_qweight, const u32* __restrict__ q_qhigh,
+                  const void* __restrict__ q_scales, const void* __restrict__ q_aux,
+                  const u32* __restrict__ k_qweight, const u32* __restrict__ k_qhigh,
+                  const void* __restrict__ k_scales, const void* __restrict__ k_aux,
+                  const u32* __restrict__ v_qweight, const u32* __restrict__ v_qhigh,
+                  const void* __restrict__ v_scales, const void* __restrict__ v_aux,
+                  const __half* __restrict__ q_bias, const __half* __restrict__ k_bias,
+                  const __half* __restrict__ v_bias, const float* __restrict__ inv_freq,
+                  const int* __restrict__ state, const int* __restrict__ block_table,
+                  int Hq, int Hkv, int Dh, int K, float eps, int q_fmt, int k_fmt, int v_fmt, int q_blocks,
+                  int k_blocks) {  // GemvFmtQkvRopeArgs says what each is
+    gemv_fmt_qkv_rope_item(GemvFmtQkvRopeArgs{q_out, k_cache, v_cache, residual, norm_w, q_qweight, q_qhigh, q_scales,
+                                              q_aux, k_qweight, k_qhigh, k_scales, k_aux, v_qweight, v_qhigh, v_scales,
+                                              v_aux, q_bias, k_bias, v_bias, inv_freq, state, block_table, Hq, Hkv,
+                                              Dh, K, eps, q_fmt, k_fmt, v_fmt, q_blocks, k_blocks},
+                           BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
+
 // h = silu(Wg xn) ⊙ (Wu xn), xn = rmsnorm(residual) · post_attention_layernorm; gate and up in
 // one format (each tile reads the same rows of both).
-// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
-extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_GATE_UP_MIN_BLOCKS)
-gemv_fmt_gate_up_swiglu(__half* __restrict__ h,              // [F] fp16, out
-                        const float* __restrict__ residual,  // [K] fp32, the residual stream
-                        const __half* __restrict__ norm_w,   // [K] fp16, post_attention_layernorm gain
-                        const u32* __restrict__ gate_qweight,    // [F, K] in format fmt: codes (weight_formats.cuh)
-                        const u32* __restrict__ gate_qhigh,      // high bits, or null
-                        const void* __restrict__ gate_scales,    // scales (fp16 | uint8 | int8, by format)
-                        const void* __restrict__ gate_aux,       // offsets | superscales, or null
-                        const u32* __restrict__ up_qweight,    // [F, K] in format fmt: codes (weight_formats.cuh)
-                        const u32* __restrict__ up_qhigh,      // high bits, or null
-                        const void* __restrict__ up_scales,    // scales (fp16 | uint8 | int8, by format)
-                        const void* __restrict__ up_aux,       // offsets | superscales, or null
-                        int F, int K, float eps, int fmt) {
-    GF_SMEM_PARTS(K);
+struct GemvFmtGateUpSwigluArgs {
+    __half* h;                // [F] fp16, out
+    const float* residual;    // [K] fp32, the residual stream
+    const __half* norm_w;     // [K] fp16, post_attention_layernorm gain
+    const u32* gate_qweight;  // [F, K] in format fmt: codes (weight_formats.cuh)
+    const u32* gate_qhigh;    // high bits, or null
+    const void* gate_scales;  // scales (fp16 | uint8 | int8, by format)
+    const void* gate_aux;     // offsets | superscales, or null
+    const u32* up_qweight;    // [F, K] in format fmt: codes (weight_formats.cuh)
+    const u32* up_qhigh;      // high bits, or null
+    const void* up_scales;    // scales (fp16 | uint8 | int8, by format)
+    const void* up_aux;       // offsets | superscales, or null
+    int F, K;
+    float eps;
+    int fmt;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void gemv_fmt_gate_up_swiglu_item(const GemvFmtGateUpSwigluArgs& a, const BlockCoord& bc,
+                                                             Dep dep) {
+    GF_SMEM_PARTS(a.K);
+    const int F = a.F;
     int tile_b, tile_e;
-    gf_tile_range(0, gridDim.x, int4_tiles(F), tile_b, tile_e);
-    const WfWeight ws[2] = {GF_WEIGHT(gate), GF_WEIGHT(up)};
-    const GfStageRmsNorm stage{residual, norm_w, eps};
-    if (!wf_known(fmt)) return;  // block-uniform
-    WF_DISPATCH(fmt, FM, gf_block<FM, 2>(ws, F, 0, tile_b, tile_e, K, stage, x_smem, xsum, partial);)
-    gf_reduce<2>(partial, tile_b, tile_e, [&](int tile, int g, const float (&s)[2][2]) {
+    gf_tile_range(bc, 0, bc.gx, int4_tiles(F), tile_b, tile_e);
+    const WfWeight ws[2] = {GF_WEIGHT(a.gate), GF_WEIGHT(a.up)};
+    const GfStageRmsNorm stage{a.residual, a.norm_w, a.eps};
+    if (!wf_known(a.fmt)) return;  // block-uniform
+    WF_DISPATCH(a.fmt, FM, gf_block<FM, 2>(ws, F, 0, tile_b, tile_e, a.K, bc, dep, stage, x_smem, xsum, partial);)
+    gf_reduce<2>(partial, tile_b, tile_e, bc, dep, [&](int tile, int g, const float (&s)[2][2]) {
         const int lo = tile * INT4_TILE_ROWS + g;
 #pragma unroll
         for (int r = 0; r < 2; ++r)
-            if (lo + 8 * r < F) h[lo + 8 * r] = swiglu_f16(s[0][r], s[1][r]);
+            if (lo + 8 * r < F) a.h[lo + 8 * r] = swiglu_f16(s[0][r], s[1][r]);
     });
 }
+
+// grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+#ifndef DEVICE_FUNCTIONS_ONLY
+extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_GATE_UP_MIN_BLOCKS)
+gemv_fmt_gate_up_swiglu(__half* __restrict__ h, const float* __restrict__ residual, const __half* __restrict__ norm_w,
+                        const u32* __restrict__ gate_qweight, const u32* __restrict__ gate_qhigh,
+                        const void* __restrict__ gate_scales, const void* __restrict__ gate_aux,
+                        const u32* __restrict__ up_qweight, const u32* __restrict__ up_qhigh,
+                        const void* __restrict__ up_scales, const void* __restrict__ up_aux,
+                        int F, int K, float eps, int fmt) {  // GemvFmtGateUpSwigluArgs says what each is
+    gemv_fmt_gate_up_swiglu_item(GemvFmtGateUpSwigluArgs{h, residual, norm_w, gate_qweight, gate_qhigh, gate_scales,
+                                                         gate_aux, up_qweight, up_qhigh, up_scales, up_aux, F, K,
+                                                         eps, fmt},
+                                 BlockCoord::of_launch(), GridDep{});
+}
+#endif  // DEVICE_FUNCTIONS_ONLY
 
 // logits = W x (rows ≥ n_valid, the padding past the tokenizer's ids, get −inf, as in
 // gemv_f16.cu), and the first pass of the greedy argmax: each block writes the best (value,
 // row) of its rows to part_val/part_idx[blockIdx.x] (larger wins, lower row on ties), for
 // argmax_final (argmax.cu) over gridDim.x partials.
 // grid (G), block (32·W), dynamic smem (launchers/gemv_fmt.py).
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(GF_MAX_WARPS * WARP_SIZE, GF_MIN_BLOCKS)
 gemv_fmt_lm_head(float* __restrict__ logits,    // [V] fp32, out
                  float* __restrict__ part_val,  // [≥ gridDim.x] fp32, out
@@ -874,7 +979,7 @@ gemv_fmt_lm_head(float* __restrict__ logits,    // [V] fp32, out
     __shared__ int warp_idx[GF_MAX_WARPS];
     float best_v = F32_NEG_INF;
     int best_i = 0x7fffffff;
-    const bool known = gf_gemv_x(GF_WEIGHT(w), x, V, K, fmt, [&](int row, float v) {
+    const bool known = gf_gemv_x(GF_WEIGHT(w), x, V, K, fmt, BlockCoord::of_launch(), GridDep{}, [&](int row, float v) {
         const float logit = row < n_valid ? v : F32_NEG_INF;
         logits[row] = logit;
         if (argmax_better(logit, row, best_v, best_i)) { best_v = logit; best_i = row; }
@@ -891,13 +996,16 @@ gemv_fmt_lm_head(float* __restrict__ logits,    // [V] fp32, out
         part_idx[blockIdx.x] = best_i;
     }
 }
+#endif  // DEVICE_FUNCTIONS_ONLY
 
 // One embedding row, dequantized as the reference does (wf_dequant: bit for bit), into
-// residual fp32. Thread i takes chunk i (32 inputs: 32 fp32 out). A token outside [0, V) is a
-// bug upstream: the row is filled with NaN (embedding.cu).
+// residual fp32: block bx of `threads` threads, thread i chunk c = bx · threads + i (32 inputs:
+// 32 fp32 out), nothing for c past the row. A token
+// outside [0, V) is a bug upstream: the row is filled with NaN (embedding.cu).
 template <int F>
-__device__ __forceinline__ void embedding_fmt_row(float* __restrict__ out, const WfWeight& w, int token, int V, int D) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+__device__ __forceinline__ void embedding_fmt_row(float* __restrict__ out, const WfWeight& w, int token, int V, int D,
+                                                  int bx, int threads) {
+    const int c = bx * threads + threadIdx.x;
     if (c >= D / WF_CHUNK) return;
     float4* dst = reinterpret_cast<float4*>(out) + 8 * c;
     if (token < 0 || token >= V) {
@@ -914,20 +1022,37 @@ __device__ __forceinline__ void embedding_fmt_row(float* __restrict__ out, const
 
 #define EMBEDDING_FMT_THREADS 128
 
+// The decode step's embedding row in its format (state[1], the previous step's token): block
+// bc.bx of the planned grid takes chunks bc.bx · bc.threads + i (thread i < bc.threads; a
+// persistent block's threads past the plan take none). No block-wide barrier.
+struct EmbeddingFmtArgs {
+    float* residual;       // [D] fp32, out
+    const u32* w_qweight;  // [V, D] in format fmt: codes (weight_formats.cuh)
+    const u32* w_qhigh;    // high bits, or null
+    const void* w_scales;  // scales (fp16 | uint8 | int8, by format)
+    const void* w_aux;     // offsets | superscales, or null
+    const int* state;      // [3] int32: pos, token, seq_len (reads [1])
+    int V, D, fmt;
+};
+
+template <typename Dep>
+__device__ __forceinline__ void embedding_fmt_item(const EmbeddingFmtArgs& a, const BlockCoord& bc, Dep dep) {
+    dep.launch_dependents();
+    dep.wait();  // state[1] is the previous step's token; residual was read by it
+    const WfWeight ws = GF_WEIGHT(a.w);
+    const int token = a.state[1];
+    if (!Dep::exact_block() && (int)threadIdx.x >= bc.threads) return;
+    WF_DISPATCH(a.fmt, F, embedding_fmt_row<F>(a.residual, ws, token, a.V, a.D, bc.bx, bc.threads);)
+}
+
 // grid (ceil(D/32/128)), block (128).
+#ifndef DEVICE_FUNCTIONS_ONLY
 extern "C" __global__ void __launch_bounds__(EMBEDDING_FMT_THREADS)
-embedding_fmt(float* __restrict__ residual,  // [D] fp32, out
-              const u32* __restrict__ w_qweight,    // [V, D] in format fmt: codes (weight_formats.cuh)
-              const u32* __restrict__ w_qhigh,      // high bits, or null
-              const void* __restrict__ w_scales,    // scales (fp16 | uint8 | int8, by format)
-              const void* __restrict__ w_aux,       // offsets | superscales, or null
-              const int* __restrict__ state, // [3] int32: pos, token, seq_len (reads [1])
-              int V, int D, int fmt) {
-    grid_launch_dependents();
-    grid_dependency_wait();  // state[1] is the previous step's token; residual was read by it
-    const WfWeight ws = GF_WEIGHT(w);
-    const int token = state[1];
-    WF_DISPATCH(fmt, F, embedding_fmt_row<F>(residual, ws, token, V, D);)
+embedding_fmt(float* __restrict__ residual, const u32* __restrict__ w_qweight, const u32* __restrict__ w_qhigh,
+              const void* __restrict__ w_scales, const void* __restrict__ w_aux, const int* __restrict__ state,
+              int V, int D, int fmt) {  // EmbeddingFmtArgs says what each is
+    embedding_fmt_item(EmbeddingFmtArgs{residual, w_qweight, w_qhigh, w_scales, w_aux, state, V, D, fmt},
+                       BlockCoord::of_launch(), GridDep{});
 }
 
 // grid (ceil(D/32/128), T), block (128).
@@ -941,5 +1066,6 @@ embedding_fmt_rows(float* __restrict__ residual,  // [T, D] fp32, out
                    int V, int D, int fmt) {
     const WfWeight ws = GF_WEIGHT(w);
     const int r = blockIdx.y;
-    WF_DISPATCH(fmt, F, embedding_fmt_row<F>(residual + (u64)r * D, ws, ids[r], V, D);)
+    WF_DISPATCH(fmt, F, embedding_fmt_row<F>(residual + (u64)r * D, ws, ids[r], V, D, blockIdx.x, blockDim.x);)
 }
+#endif  // DEVICE_FUNCTIONS_ONLY

@@ -4,7 +4,7 @@
 //   wf_load<F[, QUAD]>(w, row, chunk, K, policy[, quad_lane])
 //                                          the chunk's bytes as stored (codes, high bits, scales):
 //                                          wf_load_at(wf_addr(w, row, chunk, K[, quad_lane]))
-//   wf_addr_quads<F[, QUAD]>(at, q[, quad_lane]), wf_addr_rows<F[, QUAD]>(at, rows, K[, quad_lane])
+//   wf_addr_quads<F>(at, q), wf_addr_rows<F>(at, step, K)
 //                                          the addresses (WfAddr) of the chunk 4q chunks further
 //                                          on, or `rows` rows further down, from those of `at`
 //   wf_quad_gather<F>(raw, lane)           completes a chunk whose quad shared its scale loads
@@ -58,9 +58,10 @@
 //           u32 [N, K/16]   6-bit: bits 4p + 2(i%2) +{0,1} of word 2c + i/2 = bits 4, 5 of it
 //                           on the GPU tile-major (below): u32 [ceil(N/16), K/128, 16, 4·HB]
 //   scales  fp16 [N, K/g] | uint8 [N, K/256, 12] (q4_k, q5_k) | int8 [N, K/16] (q6_k)
-//   aux     fp16 offsets [N, K/32] (q4_g32_min, q5_g32_min) | fp16 superscales [N, K/256, 2]
-//           = (d, dmin) (q4_k, q5_k) | fp16 superscales [N, K/256] = d (q6_k)
-//           q4_k, q5_k on the GPU: the same 16 bytes a super-block as lane words (below)
+//           q4_k, q5_k on the GPU: uint32 [N, K/256, 4], a super-block's 12 bytes and its (d, dmin)
+//           together as four lane words (below)
+//   aux     fp16 offsets [N, K/32] (q4_g32_min, q5_g32_min) | fp16 superscales [N, K/256] = d
+//           (q6_k) | q4_k, q5_k: fp16 (d, dmin) [N, K/256, 2] in the file, none on the GPU (null)
 // The high bits sit at the bit positions of their inputs' nibbles (shifted by i), so they join
 // the FP16 magic-number unpack with one lop3 per pair of inputs, no per-input shifts (below).
 //
@@ -80,9 +81,9 @@
 //
 // The q4_k/q5_k scales on the GPU: lane words. A super-block's 12 bytes of packed (sc, m) and
 // its (d, dmin) — 16 bytes, in the scales and aux planes as the file has them — hold on the GPU
-// the same 16 bytes rearranged into four 32-bit lane words (format/kquant_lanes.py; kernels/
-// weight_layout.cu writes them when a model is loaded), words 0–2 in the scales plane's 12
-// bytes and word 3 in the aux plane's 4:
+// the same 16 bytes rearranged into four 32-bit lane words, one 16-byte vector a super-block in
+// one plane, scales uint32 [N, K/256, 4] (format/kquant_lanes.py; kernels/weight_layout.cu
+// writes them when a model is loaded; the aux pointer is null):
 //   word t (t < 4) = sc_t | m_t << 6 | sc_{t+4} << 12 | m_{t+4} << 18 | D_t << 24
 // where sc_j, m_j are sub-block j's 6-bit values (gguf's get_scale_min_k4) and D_0 … D_3 the
 // bytes of (d, dmin) (fp16 d in D_0, D_1). The decode GEMVs' lane t of a quad works on chunk t
@@ -93,6 +94,12 @@
 // SASS of the 7B's {q4_k, q6_k} build (NVRTC 13.0, tools/sass_loops.py): q4_k gate/up 368 → 318
 // instructions an item, residual 431 → 387 for two; the bytes and registers the same
 // (docs/bench/2026-12-06_{c0d69c5,7c70cb6}_cpu_sass_gemv_fmt_q4_k_q6_k.json; docs/kernels.md has q5_k's).
+// The four words lie together (16 bytes, aligned) because the prefill GEMMs' consumers want all
+// four of a row at once (gemm_int4.cu: GemmQ4kScales): one 16-byte load, where words 0–2 in one
+// plane and word 3 in another took four loads a row and group — and with the scale loads taken
+// out of those GEMMs (a timing probe) the 7B's Q4_K layers at 512 rows ran in 11.13 ms against
+// 12.16 (INT4: 10.82; docs/bench/2026-12-07_a86b9cd_h100_gemm7b_scale_probe_m512.json). A decode
+// lane (QUAD) still loads the one word it needs, now at a stride of 16 bytes in every lane.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -159,7 +166,7 @@ struct WfRaw {
     uint4 q2, q3;  // dense: values 16–31
     u32 h0, h1;    // high bits (h1: 6-bit only)
     u32 s0, s1, s2;  // scale bytes: fp16 s | s, o | q4_k/q5_k: lane words 0–2 (QUAD: s0 this lane's word) | q6_k: 2 int8
-    u32 d;         // q6_k: fp16 d | q4_k/q5_k: lane word 3 (QUAD, after wf_quad_gather: fp16 d, dmin)
+    u32 d;         // q6_k: fp16 d | q4_k/q5_k: lane word 3 (QUAD, after wf_quad_gather: fp16 (d, dmin))
 };
 
 // Where one chunk's bytes lie: per plane, the address its loads read (null where the format has
@@ -168,9 +175,8 @@ struct WfAddr {
     const u32* q;   // codes: the chunk's first word (its 16, 32 or 64 bytes start here)
     const u32* h;   // high bits: the chunk's word (5-bit) or its 2 words (6-bit)
     const void* s;  // scales: the chunk's group's fp16 scale | q6_k: the chunk's 2 int8 | q4_k/q5_k:
-                    // the super-block's lane words 0–2, or with QUAD this lane's word (0–3)
-    const void* a;  // aux: the group's fp16 offset | the super-block's superscales (q4_k/q5_k:
-                    // lane word 3, unused with QUAD; q6_k: d)
+                    // the super-block's 4 lane words, or with QUAD this lane's word (0–3)
+    const void* a;  // aux: the group's fp16 offset | q6_k: the super-block's fp16 d | q4_k/q5_k: none
 };
 
 // The addresses of chunk `chunk` of row `row` (wf_load's arguments). Offsets are 32-bit element
@@ -182,7 +188,7 @@ struct WfAddr {
 // QUAD: the caller's 4 lanes of a quad (quad_lane = lane % 4) load 4 consecutive chunks
 // 4q … 4q+3 of the same row, which lie in one K-quant super-block (8 chunks), lane t chunk
 // 4q + t. The q4_k/q5_k lane words are then loaded one per lane (lane t: word t, the one with
-// its chunk's (sc, m)), and wf_quad_gather collects (d, dmin) from the quad's four just before
+// its chunk's (sc, m); the quad's 4 loads one 16-byte piece), and wf_quad_gather collects (d, dmin) from the quad's four just before
 // use: each lane holds 1 register of scales while the load is in flight, the margin that lets
 // the fused GEMVs fit 128 registers (gemv_fmt.cu). Other formats load as without it.
 template <int F, bool QUAD = false>
@@ -205,14 +211,8 @@ __device__ __forceinline__ WfAddr wf_addr(const WfWeight& w, u32 row, int chunk,
     }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
         const u32 sb = row * (u32)(K / WF_SUPER) + c / 8u;  // the super-block
-        const u32* sc = static_cast<const u32*>(w.scales) + 3u * sb;
-        const u32* dd = static_cast<const u32*>(w.aux) + sb;
-        if constexpr (QUAD) {  // this lane's lane word: one load from either plane
-            p.s = quad_lane < 3 ? sc + quad_lane : dd;
-        } else {
-            p.s = sc;
-            p.a = dd;
-        }
+        const u32* lw = static_cast<const u32*>(w.scales) + 4u * sb;  // its 4 lane words
+        p.s = QUAD ? lw + quad_lane : lw;  // QUAD: this lane's lane word
     } else if constexpr (F == WF_Q6_K) {
         p.s = static_cast<const unsigned short*>(w.scales) + (row * (u32)(K / 32) + c);
         p.a = static_cast<const unsigned short*>(w.aux) + (row * (u32)(K / WF_SUPER) + c / 8u);
@@ -242,8 +242,8 @@ __device__ __forceinline__ const T* wf_advance_var(const T* p, u32 n, u32 bytes)
     return reinterpret_cast<const T*>(reinterpret_cast<const char*>(p) + off);
 }
 
-// The addresses of chunk c + 4q of the same row, from those of chunk c (`at`, from wf_addr with
-// the same QUAD and quad_lane), where c lies in the first half of its super-block (c % 8 < 4):
+// The addresses of chunk c + 4q of the same row, from those of chunk c (`at`, from wf_addr, with
+// or without QUAD: the steps are the same), where c lies in the first half of its super-block (c % 8 < 4):
 // the chunk planes move q quads (4 chunks; the tile-major codes and high bits q items of 16 rows
 // × 4 chunks), the planes of one entry per super-block (8 chunks) move ⌊q/2⌋ super-blocks. The
 // sums equal wf_addr's at chunk c + 4q: wf_addr's 32-bit indices stay below 2^32, so adding in
@@ -251,23 +251,17 @@ __device__ __forceinline__ const T* wf_advance_var(const T* p, u32 n, u32 bytes)
 //
 // For the decode GEMVs (gemv_fmt.cu), which are issue-bound: they keep wf_addr of their lane's
 // chunk in quad 0 of a tile row (the load cursor) and call this per item: one multiply-add per
-// plane (q4_k/q5_k with QUAD: and a predicated multiply by 3) and one shift for the super-block
-// planes, where wf_addr per item recomputes the row's offset in every plane, the chunk terms and
+// plane and one shift for the super-block planes, where wf_addr per item recomputes the row's offset in every plane, the chunk terms and
 // the super-block.
-template <int F, bool QUAD = false>
-__device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q, int quad_lane = 0) {
+template <int F>
+__device__ __forceinline__ WfAddr wf_addr_quads(const WfAddr& at, u32 q) {
     const u32 sbs = q >> 1;  // super-blocks passed
     WfAddr p = at;
     p.q = wf_advance(at.q, q, (Wf<F>::TILED ? WF_TILE_ROWS : 1) * 4 * Wf<F>::CODE_BYTES);
     if constexpr (Wf<F>::BITS == 16) return p;
     if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, q, WF_TILE_ROWS * 4 * 4 * Wf<F>::HB);  // an item: 16 × 4 chunks
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        if constexpr (QUAD) {  // lane words 0–2 (12 bytes) or word 3 (4 bytes) per super-block
-            p.s = wf_advance(at.s, quad_lane < 3 ? 3u * sbs : sbs, 4);
-        } else {
-            p.s = wf_advance(at.s, sbs, 12);
-            p.a = wf_advance(at.a, sbs, 4);
-        }
+        p.s = wf_advance(at.s, sbs, 16);  // 4 lane words per super-block
     } else if constexpr (F == WF_Q6_K) {
         p.s = wf_advance(at.s, q, 4 * 2);  // 2 int8 per chunk
         p.a = wf_advance(at.a, sbs, 2);    // fp16 d per super-block
@@ -296,13 +290,12 @@ __device__ __forceinline__ WfRowStep wf_row_step(u32 from, u32 to, int K) {
 }
 
 // The addresses of the same chunk one step (wf_row_step) further down, from those of `at`
-// (wf_addr with the same QUAD and quad_lane, or wf_addr_quads of it): every plane moves by whole
-// rows, the tile-major codes and high bits by the step's chunks, one multiply-add each (q4_k/q5_k
-// with QUAD: and a predicated multiply by 3). The sums equal wf_addr's at the step's row, as in
+// (wf_addr, with or without QUAD, or wf_addr_quads of it): every plane moves by whole rows, the
+// tile-major codes and high bits by the step's chunks, one multiply-add each. The sums equal wf_addr's at the step's row, as in
 // wf_addr_quads. The decode GEMVs reach the second row of their tile with it, and the next
 // tile's rows.
-template <int F, bool QUAD = false>
-__device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step, int K, int quad_lane = 0) {
+template <int F>
+__device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step, int K) {
     const u32 rows = step.rows;
     WfAddr p = at;
     if constexpr (Wf<F>::TILED) {
@@ -313,13 +306,7 @@ __device__ __forceinline__ WfAddr wf_addr_rows(const WfAddr& at, WfRowStep step,
     if constexpr (Wf<F>::BITS == 16) return p;
     if constexpr (Wf<F>::HB > 0) p.h = wf_advance(at.h, step.tiled_chunks, 4 * Wf<F>::HB);
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        const u32 supers = (u32)(K / WF_SUPER);
-        if constexpr (QUAD) {  // lane words 0–2 (12 bytes) or word 3 (4 bytes) per super-block
-            p.s = wf_advance_var(at.s, quad_lane < 3 ? 3u * rows : rows, supers * 4);
-        } else {
-            p.s = wf_advance_var(at.s, rows, supers * 12);
-            p.a = wf_advance_var(at.a, rows, supers * 4);
-        }
+        p.s = wf_advance_var(at.s, rows, (u32)(K / WF_SUPER) * 16);  // 4 lane words per super-block
     } else if constexpr (F == WF_Q6_K) {
         p.s = wf_advance_var(at.s, rows, (u32)(K / 16));               // 1 int8 per 16 inputs
         p.a = wf_advance_var(at.a, rows, (u32)(K / WF_SUPER) * 2);     // fp16 d per super-block
@@ -359,12 +346,15 @@ __device__ __forceinline__ WfRaw wf_load_at(const WfAddr& p, u64 policy) {
         r.h1 = h.y;
     }
     if constexpr (F == WF_Q4_K || F == WF_Q5_K) {
-        const u32* sc = static_cast<const u32*>(p.s);
-        r.s0 = __ldg(sc);
-        if constexpr (QUAD) return r;  // this lane's lane word
-        r.s1 = __ldg(sc + 1);
-        r.s2 = __ldg(sc + 2);
-        r.d = __ldg(static_cast<const u32*>(p.a));
+        if constexpr (QUAD) {  // this lane's lane word
+            r.s0 = __ldg(static_cast<const u32*>(p.s));
+        } else {  // the super-block's 4 lane words, one 16-byte load
+            const uint4 lw = __ldg(static_cast<const uint4*>(p.s));
+            r.s0 = lw.x;
+            r.s1 = lw.y;
+            r.s2 = lw.z;
+            r.d = lw.w;
+        }
     } else if constexpr (F == WF_Q6_K) {
         r.s0 = __ldg(static_cast<const unsigned short*>(p.s));
         r.d = __ldg(static_cast<const unsigned short*>(p.a));

@@ -5,8 +5,8 @@
 //   int4_to_tile_major     dst uint32 [ceil(N/16), K/128, 16, W] = src uint32 [N, K/128 · W] rearranged
 //                          (W = 4·group_vecs words a row and group: 16 for 4-bit codes, 4 and 8
 //                          for the 5- and 6-bit formats' high bits)
-//   kquant_scales_to_lanes scales uint32 [S, 3], aux uint32 [S] (S super-blocks: the 12 packed
-//                          bytes and (d, dmin) of each) → the same 16 bytes as lane words, in place
+//   kquant_scales_to_lanes lanes uint4 [S] = scales uint32 [S, 3], aux uint32 [S] (S super-blocks:
+//                          the 12 packed bytes and (d, dmin) of each) as four lane words each
 //
 // The file stores INT4 weights row-major (layout id 1, format/quant.py); the INT4 kernels read
 // them tile-major, each (16-row tile, 128-input group) item 1 KiB of contiguous memory with its
@@ -53,23 +53,24 @@ int4_to_tile_major(uint4* __restrict__ dst,        // [ceil(N/16), K/128, 16, 4�
     dst[e] = row < N ? src[(u64)row * row_vecs + gi * group_vecs + q] : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// A q4_k/q5_k weight's scales (S = N·K/256 super-blocks) rearranged in place into the lane words
-// of weight_formats.cuh: word t = sc_t | m_t << 6 | sc_{t+4} << 12 | m_{t+4} << 18 | D_t << 24,
-// words 0–2 into the super-block's 12 bytes of `scales` and word 3 into its word of `aux`
-// (format/kquant_lanes.py: the same on the host, which the test compares bit for bit). The
-// (sc, m) of sub-block j from the 12 bytes q as gguf's get_scale_min_k4 (ggml-quants.c) reads
-// them: sc = q[j] & 63, m = q[j + 4] & 63 for j < 4, else sc = (q[j + 4] & 15) | (q[j − 4] >> 6)
-// << 4 and m = (q[j + 4] >> 4) | (q[j] >> 6) << 4. D_0 … D_3: the bytes of (d, dmin).
-// Work split: one thread per super-block, which reads its 16 bytes and writes them back: no
-// thread reads or writes another's, and there is no shared memory and no barrier, so in place
-// cannot race. Bytes: the planes read and written once (16 bytes a super-block each way: 16 of
-// every 144 bytes of a q4_k weight, 16 of 176 of a q5_k one), once per load; the limit is HBM
-// bandwidth, which makes it a small part of a load's upload of the same weights.
+// A q4_k/q5_k weight's scales (S = N·K/256 super-blocks) as the lane words of weight_formats.cuh,
+// word t = sc_t | m_t << 6 | sc_{t+4} << 12 | m_{t+4} << 18 | D_t << 24, the four of a super-block
+// one 16-byte vector of `lanes` (format/kquant_lanes.py: the same on the host, which the test
+// compares bit for bit). The (sc, m) of sub-block j from the 12 bytes q as gguf's
+// get_scale_min_k4 (ggml-quants.c) reads them: sc = q[j] & 63, m = q[j + 4] & 63 for j < 4, else
+// sc = (q[j + 4] & 15) | (q[j − 4] >> 6) << 4 and m = (q[j + 4] >> 4) | (q[j] >> 6) << 4.
+// D_0 … D_3: the bytes of (d, dmin).
+// Work split: one thread per super-block, which reads its 16 bytes and writes its vector; no
+// shared memory, no barrier; lanes never overlaps scales or aux (the caller passes a scratch copy
+// of the file's planes as those, gpu_weights.py). Bytes: 16 a super-block read and 16 written
+// (16 of every 144 bytes of a q4_k weight, 16 of 176 of a q5_k one), once per load; the limit is
+// HBM bandwidth, which makes it a small part of a load's upload of the same weights.
 // grid (ceil(S / WL_THREADS)), block (WL_THREADS).
 extern "C" __global__ void __launch_bounds__(WL_THREADS)
-kquant_scales_to_lanes(u32* __restrict__ scales,  // [S, 3] uint32: the 12 packed bytes, in; lane words 0–2, out
-                       u32* __restrict__ aux,     // [S] uint32: fp16 (d, dmin), in; lane word 3, out
-                       int supers) {              // S (3·S < 2^31: the launcher's rule)
+kquant_scales_to_lanes(uint4* __restrict__ lanes,        // [S] uint4: the lane words, out
+                       const u32* __restrict__ scales,   // [S, 3] uint32: the 12 packed bytes
+                       const u32* __restrict__ aux,      // [S] uint32: fp16 (d, dmin)
+                       int supers) {                     // S (3·S < 2^31: the launcher's rule)
     const u32 i = blockIdx.x * WL_THREADS + threadIdx.x;
     if (i >= (u32)supers) return;
     const u32 s0 = scales[3u * i], s1 = scales[3u * i + 1u], s2 = scales[3u * i + 2u], dd = aux[i];
@@ -81,8 +82,5 @@ kquant_scales_to_lanes(u32* __restrict__ scales,  // [S, 3] uint32: the 12 packe
         const u32 sc_hi = (c & 0xFu) | ((a >> 6) << 4), m_hi = (c >> 4) | ((b >> 6) << 4);  // t + 4
         w[t] = sc_lo | (m_lo << 6) | (sc_hi << 12) | (m_hi << 18) | (((dd >> (8 * t)) & 0xFFu) << 24);
     }
-    scales[3u * i] = w[0];
-    scales[3u * i + 1u] = w[1];
-    scales[3u * i + 2u] = w[2];
-    aux[i] = w[3];
+    lanes[i] = make_uint4(w[0], w[1], w[2], w[3]);
 }

@@ -52,7 +52,9 @@ def test_kernel_folders_found():
 # the fused kernels. And the persistent decode step at the 7B's head dim 128 (the default build is
 # the 0.5B's 64), normal and stress, at the one block per SM it runs at by default
 # (launchers/decode_persistent.py; its two-blocks build is a measurement, and spills), and its
-# DP_PROBE_SKIP probe leaving the GEMVs out (a measurement too, but one that must build), and
+# DP_PROBE_SKIP probe leaving the GEMVs out (a measurement too, but one that must build), and its
+# builds for a model in per-tensor formats (the format GEMVs as ops: WF_FORMATS of the 7B's Q4_K_M
+# layout at head dim 128, of the real 0.5B's at 64, stress too), and
 # the streaming load's measurement switches (ptx/ldst.cuh: the 256- and 128-byte prefetch sizes,
 # no evict-first hint) in the INT4 GEMVs, and the prefill GEMMs' timing probes (gemm_int4.cu:
 # GEMM_PROBE_*) in the 256-token build.
@@ -62,6 +64,9 @@ DEFINE_VARIANTS = [("gemv_int4", {"GEMV_TOKENS": 16})] + [
                   "GF_GATE_UP_MIN_BLOCKS": 1 if ids == [DENSE_ID] else 2})
     for ids in _FMT_SETS] + [("decode_persistent", {"DP_HEAD_DIM": 128, "DP_STRESS": stress}) for stress in (0, 1)] + [
     ("decode_persistent", {"DP_HEAD_DIM": 128, "DP_PROBE_SKIP": (1 << 2) | (1 << 3) | (1 << 4)})] + [
+    ("decode_persistent", {"DP_HEAD_DIM": hd, "DP_STRESS": stress, "WF_FORMATS": format_mask(ids),
+                           "GF_QKV_MIN_BLOCKS": 2, "GF_GATE_UP_MIN_BLOCKS": 2})
+    for hd, ids in ((128, [10, 12]), (64, [5, 9, 10, 12])) for stress in (0, 1)] + [
     ("gemv_int4", {"LD_STREAM_PREFETCH": 256}), ("gemv_int4", {"LD_STREAM_PREFETCH": 128}),
     ("gemv_int4", {"LD_STREAM_EVICT_FIRST": 0}),
     ("gemm_int4", {"GEMM_BM": 256, "GEMM_PROBE_NO_HIGH_COPY": 1, "GEMM_PROBE_LOW_ONLY": 1,

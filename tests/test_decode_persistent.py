@@ -5,12 +5,15 @@ CPU part (runs in CI):
   program the host packs with the kernel's parameter layout is what the item functions read;
 - the plan: one op per planned launch from the embedding through the last layer, in order; the
   items of each op (the attention's pairs of planned blocks, the L2 prefetches' planned blocks);
-  the program's size; the refusals (the TMA attention, per-tensor formats).
+  the program's size; a model in per-tensor formats (the format ops, its build's WF_FORMATS);
+  the refusals (the TMA attention, INT4 GEMVs in a build for formats and format ops in one
+  without).
 
 GPU part (@pytest.mark.gpu): the persistent step in a CUDA graph equals the per-launch step run
 eagerly, bit for bit — the fp32 logits of every step and every token — over 600 generated tokens
 across ≥ 37 page boundaries, for the 0.5B shape and 2 layers at the 7B widths (head dims 64 and
-128), in the normal build and in the stress build (random delays before every item, so blocks
+128), each in INT4 and in llama.cpp's Q4_K_M layout (the format GEMVs as ops), in the normal
+build and in the stress build (random delays before every item, so blocks
 meet their counters in orders a quiet GPU never shows: racecheck and synccheck do not see the
 ordering between blocks, this does). And with the step's L2 prefetches as ops of the program
 (test_persistent_with_l2_prefetch, stress build, 40 steps).
@@ -31,7 +34,6 @@ from drvqwen.cuda.sources import kernels_dir
 from drvqwen.decode import plan_decode
 from drvqwen.errors import DrvqwenError
 from drvqwen.format import weight_formats as wf
-from drvqwen.format.tensor_set import default_formats
 from drvqwen.kv_cache import PAGE_TOKENS
 from drvqwen.launchers.base import FixedOccupancy, LaunchError
 from drvqwen.launchers.decode_persistent import KINDS, OP_BYTES, arg_struct, program_bytes
@@ -48,6 +50,10 @@ STRUCTS = {  # kernel file, kernel, its argument struct
     ("attention_decode", "attention_decode_hd128"): "AttentionDecodeArgs",
     ("attention_decode", "attention_combine"): "AttentionCombineArgs",
     ("l2_prefetch", "l2_prefetch"): "L2PrefetchArgs",
+    ("gemv_fmt", "embedding_fmt"): "EmbeddingFmtArgs",
+    ("gemv_fmt", "gemv_fmt_qkv_rope"): "GemvFmtQkvRopeArgs",
+    ("gemv_fmt", "gemv_fmt_residual"): "GemvFmtResidualArgs",
+    ("gemv_fmt", "gemv_fmt_gate_up_swiglu"): "GemvFmtGateUpSwigluArgs",
 }
 
 
@@ -231,13 +237,58 @@ def test_l2_prefetch_arguments_pack_as_the_kernel_reads_them():
     assert offsets == [32 * i + o for i in range(SPANS) for o in (0, 8, 12, 16, 20, 24)]
 
 
+@pytest.mark.parametrize("cfg", [QWEN25_CODER_05B.with_layers(2), QWEN25_CODER_7B.with_layers(2)], ids=["0.5b", "7b"])
+def test_plan_in_per_tensor_formats(cfg, monkeypatch):
+    """A model in llama.cpp's Q4_K_M layout: every op before the norm is a planned launch of the
+    per-launch step, its GEMVs and embedding the format kinds (no INT4 GEMV), and the kernel is
+    built with the defines of the step's gemv_fmt.cu build (its WF_FORMATS), so the items run
+    that build's code."""
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.launchers import gemv_fmt
+    from drvqwen.launchers.decode_persistent import FORMAT_KINDS, INT4_GEMV_KINDS
+
+    # format_defines compiles gemv_fmt.cu to choose its blocks per SM: not what is tested here
+    monkeypatch.setattr(gemv_fmt, "_format_defines", lambda ids: (("WF_FORMATS", sum(1 << i for i in ids)),))
+    formats = recipe_formats(cfg, "q4_k_m")
+    plan = plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True, formats=formats)
+    named = plan.named_specs()
+    before_norm = [s for n, s in named[:[n for n, _s in named].index("norm")]]
+    p = plan.persistent
+    assert p.member_specs == before_norm and len(p.ops) == 1 + 6 * cfg.num_layers
+    kinds = [k for k, _n, _g, _t in p.ops]
+    assert kinds[0] == KINDS["embedding_fmt"] and not set(kinds) & INT4_GEMV_KINDS
+    assert kinds.count(KINDS["gemv_fmt_residual"]) == 2 * cfg.num_layers
+    assert {KINDS["gemv_fmt_qkv_rope"], KINDS["gemv_fmt_gate_up_swiglu"]} <= set(kinds) <= (
+        FORMAT_KINDS | {KINDS[f"attention_decode_hd{cfg.head_dim}"], KINDS["attention_combine"]})
+    step_fmt = {s.kernel.defines for s in before_norm if s.kernel.file == "gemv_fmt"}
+    assert len(step_fmt) == 1
+    defines = dict(p.specs[0].kernel.defines)
+    assert all(defines[k] == v for k, v in next(iter(step_fmt))) and "WF_FORMATS" in defines
+    assert plan.buffers["persistent_program"].shape == (program_bytes(before_norm),)
+
+
 def test_plan_refusals():
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.launchers.decode_persistent import PersistentDecode
+
     with pytest.raises(DrvqwenError, match="plain attention"):
         plan_decode(QWEN25_CODER_05B, 256, attention="tma", occupancy=OCC, persistent=True)
-    formats = dict(default_formats(QWEN25_CODER_05B))
-    formats["model.layers.0.mlp.down_proj"] = wf.Q8_G32.id
-    with pytest.raises(DrvqwenError, match="INT4 layers only"):
-        plan_decode(QWEN25_CODER_05B, 256, attention="plain", occupancy=OCC, persistent=True, formats=formats)
+    # The kinds a build runs: the INT4 GEMVs without WF_FORMATS, the format ops with it.
+    cfg = QWEN25_CODER_05B.with_layers(1)
+    int4 = plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True).persistent
+    with pytest.raises(LaunchError, match="gemv_int4_qkv_rope.*not INT4 ones, in a build for formats"):
+        PersistentDecode(int4.steps, int4.program, int4.counters, head_dim=cfg.head_dim, occupancy=OCC,
+                         fmt_defines=(("WF_FORMATS", 1 << wf.Q8_G32.id),))
+    fmt = plan_decode(cfg, 256, attention="plain", occupancy=OCC, persistent=True,
+                      formats=recipe_formats(cfg, "q8_0")).persistent
+    with pytest.raises(LaunchError, match="embedding_fmt.*per-tensor formats only in a build for them"):
+        PersistentDecode(fmt.steps, fmt.program, fmt.counters, head_dim=cfg.head_dim, occupancy=OCC)
+    with pytest.raises(LaunchError, match="no WF_FORMATS"):
+        PersistentDecode(fmt.steps, fmt.program, fmt.counters, head_dim=cfg.head_dim, occupancy=OCC,
+                         fmt_defines=(("GF_QKV_MIN_BLOCKS", 2),))
+    with pytest.raises(LaunchError, match="WF_FORMATS goes in fmt_defines"):
+        PersistentDecode(int4.steps, int4.program, int4.counters, head_dim=cfg.head_dim, occupancy=OCC,
+                         defines=(("WF_FORMATS", 1 << wf.Q8_G32.id),))
 
 
 # ---- GPU: persistent graph == per-launch eager, bit for bit --------------------------------------
@@ -245,22 +296,29 @@ def test_plan_refusals():
 N_GEN = 600
 MAX_CONTEXT = 640
 GPU_SHAPES = {"0.5b": QWEN25_CODER_05B, "7b-2layers": QWEN25_CODER_7B.with_layers(2)}
+# Each shape in INT4 and in llama.cpp's Q4_K_M layout (format/recipes.py: for the 0.5B the real
+# 0.5B's Q5_0, Q8_0, Q4_K and Q6_K; for the 7B Q4_K with Q6_K): the format GEMVs as ops.
+GPU_MODELS = [(shape, recipe) for shape in GPU_SHAPES for recipe in ("int4", "q4_k_m")]
 
 
-@pytest.fixture(scope="module", params=list(GPU_SHAPES))
+@pytest.fixture(scope="module", params=GPU_MODELS, ids=[f"{s}-{r}" for s, r in GPU_MODELS])
 def synthetic(request, tmp_path_factory):
     from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import write_synthetic
 
     from helpers import minimal_tokenizer_json
 
+    shape, recipe = request.param
+    cfg = GPU_SHAPES[shape]
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() else tmp_path_factory.mktemp("syn")
-    path = base / f"drvqwen_test_persistent_{os.getpid()}_{request.param}.nanoqwen"
-    write_synthetic(path, GPU_SHAPES[request.param], seed=4321, tokenizer_json=minimal_tokenizer_json())
+    path = base / f"drvqwen_test_persistent_{os.getpid()}_{shape}_{recipe}.nanoqwen"
+    write_synthetic(path, cfg, seed=4321, tokenizer_json=minimal_tokenizer_json(),
+                    formats=None if recipe == "int4" else recipe_formats(cfg, recipe))
     f = NanoqwenFile(path)
     try:
-        yield request.param, f
+        yield f"{shape}-{recipe}", f
     finally:
         f.close()
         path.unlink(missing_ok=True)

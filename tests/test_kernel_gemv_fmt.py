@@ -18,7 +18,7 @@ from drvqwen import reference as ref
 from drvqwen.format import weight_formats as wf
 from drvqwen.format.int4_tiles import from_tile_major
 from drvqwen.format.kquant_lanes import from_lane_words
-from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, lane_word_scales, tile_major_parts
+from drvqwen.launchers.gemv_fmt import DENSE_F16, device_parts, device_tensors, lane_word_scales, tile_major_parts
 from kernel_testing import (TOL_GEMV, assert_same_bits, dev, graph_time_us, massive_residual,  # noqa: F401
                             normed_fp16, random_fmt_weight, report)
 
@@ -113,7 +113,7 @@ def test_the_launchers_refuse_an_unknown_format_id_and_mixed_gate_up():
     q4k, q6k = wf.FORMATS[10], wf.FORMATS[12]
     specs = {}
     for prefix, fmt in (("gate", q4k), ("up", q6k)):
-        specs.update({n: BufferSpec(n, shape, dt) for n, (dt, shape) in fmt.tensors(prefix, f, k).items()})
+        specs.update({n: BufferSpec(n, shape, dt) for n, (dt, shape) in device_tensors(fmt, prefix, f, k).items()})
     gate, up = fmt_weight(specs.__getitem__, "gate", q4k), fmt_weight(specs.__getitem__, "up", q6k)
     with pytest.raises(LaunchError, match=r"gate \(q4_k\) and up \(q6_k\): .* one format"):
         GemvFmtGateUpSwiglu(BufferSpec("h", (f,), np.float16), BufferSpec("r", (k,), np.float32),
@@ -128,7 +128,7 @@ def test_a_kernel_compiled_for_other_formats_is_refused():
 
     q4k, q6k = wf.FORMATS[10], wf.FORMATS[12]
     n, k = 64, 512
-    specs = {name: BufferSpec(name, shape, dt) for name, (dt, shape) in q4k.tensors("w", n, k).items()}
+    specs = {name: BufferSpec(name, shape, dt) for name, (dt, shape) in device_tensors(q4k, "w", n, k).items()}
     w = fmt_weight(specs.__getitem__, "w", q4k)
     y, x = BufferSpec("y", (n,), np.float16), BufferSpec("x", (k,), np.float16)
     occ = FixedOccupancy(132)
@@ -156,7 +156,7 @@ def test_tile_major_codes_need_whole_quads_and_padded_rows():
     from drvqwen.launchers.gemv_fmt import FmtWeight, codes_tile_major
 
     def weight(fmt, n, k, qweight_rows):
-        specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in fmt.tensors("W", n, k).items()}
+        specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in device_tensors(fmt, "W", n, k).items()}
         specs["qweight"] = BufferSpec("W.qweight", (qweight_rows, specs["qweight"].shape[1]), np.uint32)
         return FmtWeight(fmt, specs, "W")
 
@@ -171,7 +171,7 @@ def test_tile_major_codes_need_whole_quads_and_padded_rows():
     weight(q8, 200, 1280, 200).check(200, 1280)
     # 5-bit codes: the high bits (4 words a row and quad) are padded the same way.
     q5 = wf.FORMATS[5]
-    specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in q5.tensors("W", 200, 1280).items()}
+    specs = {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt) for t, (dt, shape) in device_tensors(q5, "W", 200, 1280).items()}
     specs["qweight"] = BufferSpec("W.qweight", (208, 160), np.uint32)
     with pytest.raises(LaunchError, match=r"W\.qhigh: expected 8320 elements"):
         FmtWeight(q5, specs, "W").check(200, 1280)
@@ -457,7 +457,7 @@ def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     for part, words in tile_major_parts(fmt).items():   # the device layout back to the file's
         parts[part] = from_tile_major(parts[part].reshape(-1, d // 128, 16, words), v)
     if lane_word_scales(fmt):
-        parts["scales"], parts["superscales"] = from_lane_words(parts["scales"], parts["superscales"])
+        parts["scales"], parts["superscales"] = from_lane_words(parts["scales"])
     want = wf.dequantize_weight(fmt, lambda t: parts[t.rsplit(".", 1)[1]], "model.embed_tokens")
     ids = np.array([0, 299, 17, 17, 150], np.int32)
     out = dev.poisoned("residual", (len(ids), d), np.float32)
@@ -467,3 +467,22 @@ def test_embedding_fmt_rows_bit_exact(dev, rng, fmt):
     one = dev.poisoned("residual1", (d,), np.float32)
     EmbeddingFmt(one, w, dev.upload("state", np.array([5, 123, 6], np.int32)), vocab_size=v, dim=d).launch()
     assert_same_bits(f"{fmt.name}.decode", one.download(), want[123])
+
+
+def test_k_quant_scales_in_the_files_layout_are_refused():
+    """CPU: a q4_k or q5_k weight's scales on the GPU are the lane-word plane, uint32
+    [N, K/256, 4] (device_tensors), and the kernels read no superscales; the file's uint8
+    [N, K/256, 12] in their place is refused (the kernels would read 16 bytes a super-block from 12)."""
+    from drvqwen.launchers import BufferSpec, LaunchError
+    from drvqwen.launchers.base import NULL
+    from drvqwen.launchers.gemv_fmt import FmtWeight, fmt_weight
+
+    for fmt in (f for f in FORMATS if f.name in ("q4_k", "q5_k")):
+        dev_specs = {t: BufferSpec(t, shape, dt) for t, (dt, shape) in device_tensors(fmt, "W", 64, 512).items()}
+        w = fmt_weight(dev_specs.__getitem__, "W", fmt)
+        assert "superscales" not in w.parts and w.args("w")["w_aux"] is NULL
+        w.check(64, 512)
+        file_scales = BufferSpec("W.scales", *fmt.tensors("W", 64, 512)["W.scales"][::-1])
+        file_w = FmtWeight(fmt, {**w.parts, "scales": file_scales}, "W")
+        with pytest.raises(LaunchError, match=r"W\.scales: expected 512 elements of uint32, got W\.scales uint8\[64, 2, 12\]"):
+            file_w.check(64, 512)

@@ -32,7 +32,7 @@ from drvqwen.launchers import BufferSpec, FixedOccupancy
 from drvqwen.launchers import gemm_int4, sampling
 from drvqwen.launchers.gemm_fmt import GemmFmtGateUpSwigluRows, GemmFmtResidualRows, GemmFmtRows
 from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows, GemmFmtwRows
-from drvqwen.launchers.gemv_fmt import EmbeddingFmtRows, FmtWeight, GemvFmt
+from drvqwen.launchers.gemv_fmt import EmbeddingFmtRows, FmtWeight, GemvFmt, device_tensors
 from drvqwen.format.tensor_set import weight_shapes
 from drvqwen.launchers.signatures import KernelSignature, arg_kind, kernel_signatures
 
@@ -188,7 +188,8 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
         ("int4_tile_major", launchers.Int4TileMajor(_buf("dst", device_words(D, D), np.uint32),
                                                     _buf("src", D * D // 8, np.uint32), n=D, k=D,
                                                     pair_dim=cfg.head_dim)),
-        ("kquant_lane_words", launchers.KQuantLaneWords(_buf("scales", D * D // 256 * 12, np.uint8),
+        ("kquant_lane_words", launchers.KQuantLaneWords(_buf("lanes", D * D // 256 * 4, np.uint32),
+                                                        _buf("scales", D * D // 256 * 12, np.uint8),
                                                         _buf("superscales", D * D // 256 * 2, np.float16),
                                                         supers=D * D // 256)),
         *[(f"stream_read_{kind}", launchers.StreamRead(_buf("out", 2 * threads, np.uint32), _buf("src", 2 * 65536, np.uint8),
@@ -197,7 +198,7 @@ def _other_launchers(cfg) -> list[tuple[str, launchers.Launcher]]:
     ]
     fmt = wf.EXACT_FOR_GGUF["Q5_0"]
     w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                        for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
+                        for name, (dt, shape) in device_tensors(fmt, "w", D, D).items()}, "w")
     ps, R = _buf("prefill_state", 2, np.int32), ROWS
     xw = DeviceArray("xn", 1 << 20, (R, D), np.float16)  # the wgmma GEMMs encode x's tensor map at once
     out += [("gemv_fmt_f16", GemvFmt(_buf("y", D, np.float16), _buf("x", D, np.float16), w, n=D, k=D,
@@ -233,12 +234,12 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
     def weight(fmt_name: str) -> FmtWeight:
         fmt = next(f for f in wf.FORMATS.values() if f.name == fmt_name)
         return FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                               for name, (dt, shape) in fmt.tensors("w", D, D).items()}, "w")
+                               for name, (dt, shape) in device_tensors(fmt, "w", D, D).items()}, "w")
 
     w6 = weight("q6_k")
     q6 = next(f for f in wf.FORMATS.values() if f.name == "q6_k")
     wkv6 = FmtWeight(q6, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                          for name, (dt, shape) in q6.tensors("wkv6", D // 4, D).items()}, "wkv6")
+                          for name, (dt, shape) in device_tensors(q6, "wkv6", D // 4, D).items()}, "wkv6")
     kc = DeviceArray("k_cache", 1 << 22, (4, 2, 16, 128), np.float16)   # [P, Hkv, 16, Dh]
     vc = DeviceArray("v_cache", 1 << 23, (4, 2, 16, 128), np.float16)
     x = DeviceArray("xq", 1 << 21, (R, D), np.float16)
@@ -249,7 +250,7 @@ def _kquant_launchers(ps, R, xw) -> list[tuple[str, launchers.Launcher]]:
         fmt = next(m for m in wf.FORMATS.values() if m.name == f"{f[:2]}_k")
         w = weight(fmt.name)
         wkv = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                              for name, (dt, shape) in fmt.tensors("wkv", D // 4, D).items()}, "wkv")
+                              for name, (dt, shape) in device_tensors(fmt, "wkv", D // 4, D).items()}, "wkv")
         out += [(f"gemm_{f}_stacked", Stacked(_buf("qkv", R * 3 * D, np.float32), x, [w, w], ps, ns=[D, D], k=D,
                                                 rows=R, ldo=3 * D, max_blocks=132)),
                 (f"gemm_{f}_residual", Residual(_buf("res", R * D, np.float32), x, w, ps, n=D, k=D, rows=R,
@@ -284,7 +285,7 @@ def _q32_launchers(ps, R, x, w) -> list[tuple[str, launchers.Launcher]]:
 
     D, f = 1024, w.fmt.name
     wkv = FmtWeight(w.fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                            for name, (dt, shape) in w.fmt.tensors("wkv", D // 4, D).items()}, "wkv")
+                            for name, (dt, shape) in device_tensors(w.fmt, "wkv", D // 4, D).items()}, "wkv")
     kc = DeviceArray("k_cache", 1 << 22, (4, 2, 16, 128), np.float16)   # [P, Hkv, 16, Dh]
     vc = DeviceArray("v_cache", 1 << 23, (4, 2, 16, 128), np.float16)
     return [*((f"gemm_{f}_stacked{m}", GemmQ32StackedRows(_buf("qkv", R * 3 * D, np.float32), x, [w] * m, ps,

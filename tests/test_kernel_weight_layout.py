@@ -1,7 +1,7 @@
 """kernels/weight_layout.cu (launchers.weight_layout.Int4TileMajor): an INT4 weight rearranged
 into the device layout on the GPU, bit for bit what format/int4_tiles.py's to_tile_major gives;
-KQuantLaneWords: a q4_k/q5_k weight's scales rearranged in place into lane words, bit for bit
-format/kquant_lanes.py's to_lane_words.
+KQuantLaneWords: a q4_k/q5_k weight's scales and superscales written as one plane of lane
+words, bit for bit format/kquant_lanes.py's to_lane_words.
 
 GPU: random words (every bit pattern, so a word moved to the wrong place or a nibble reordered
 shows) at awkward shapes (N not a multiple of 16: the last tile's padding must be written as
@@ -100,19 +100,21 @@ LANE_CASES = [("n1.k256", 1, 256), ("n17.k768", 17, 768), ("7b.gate_proj", 18944
 @pytest.mark.parametrize("label,n,k", LANE_CASES, ids=[c[0] for c in LANE_CASES])
 def test_kquant_lane_words_match_the_host(dev, rng, label, n, k):
     """Random scale bytes and superscales (every bit pattern: 12 packed bytes are always eight
-    valid (sc, m)), rearranged in place: bit for bit to_lane_words of them, in both planes."""
+    valid (sc, m)) into a poisoned lane-word plane: bit for bit to_lane_words of them, the sources
+    unchanged."""
     from drvqwen.launchers.weight_layout import KQuantLaneWords
 
     scales = rng.integers(0, 256, size=(n, k // 256, 12), dtype=np.uint8)
     superscales = rng.integers(0, 1 << 16, size=(n, k // 256, 2), dtype=np.uint16).view(np.float16)
-    want_sc, want_ss = to_lane_words(scales, superscales)
+    want = to_lane_words(scales, superscales)
     sc, ss = dev.upload("scales", scales), dev.upload("superscales", superscales)
-    KQuantLaneWords(sc, ss, supers=n * k // 256).launch()
-    got_sc, got_ss = sc.download(), ss.download()
-    assert got_sc.shape == scales.shape and got_ss.shape == superscales.shape
-    bad = np.flatnonzero(got_sc.view(np.uint32).reshape(-1, 3) != want_sc.view(np.uint32).reshape(-1, 3))
-    assert bad.size == 0, f"{label}: scales differ first at lane word {int(bad[0]) % 3} of super-block {int(bad[0]) // 3}"
-    assert got_ss.tobytes() == want_ss.tobytes(), f"{label}: lane word 3 (superscales) differs"
+    lanes = dev.upload("lanes", np.full((n, k // 256, 4), 0xA5A5A5A5, np.uint32))
+    KQuantLaneWords(lanes, sc, ss, supers=n * k // 256).launch()
+    got = lanes.download()
+    assert got.shape == want.shape
+    bad = np.flatnonzero(got.reshape(-1, 4) != want.reshape(-1, 4))
+    assert bad.size == 0, f"{label}: lane word {int(bad[0]) % 4} of super-block {int(bad[0]) // 4} differs"
+    assert sc.download().tobytes() == scales.tobytes() and ss.download().tobytes() == superscales.tobytes()
 
 
 @pytest.mark.gpu
@@ -197,22 +199,24 @@ def test_the_lane_words_launch_covers_every_super_block():
     from drvqwen.launchers.weight_layout import KQuantLaneWords
 
     supers = 18944 * 3584 // 256
-    (spec,) = KQuantLaneWords(BufferSpec("sc", (18944, 14, 12), np.uint8), BufferSpec("ss", (18944, 14, 2), np.float16),
-                              supers=supers).specs
+    (spec,) = KQuantLaneWords(BufferSpec("lw", (18944, 14, 4), np.uint32), BufferSpec("sc", (18944, 14, 12), np.uint8),
+                              BufferSpec("ss", (18944, 14, 2), np.float16), supers=supers).specs
     assert spec.grid == (-(-supers // spec.block[0]),) and spec.args["supers"].value == supers and spec.smem_bytes == 0
 
 
-@pytest.mark.parametrize("supers,sc_elems,ss_elems,match", [
-    (0, 0, 0, "0 super-blocks: need 1"),
-    (2**31 // 3 + 1, 12 * (2**31 // 3 + 1), 2 * (2**31 // 3 + 1), "fewer than 2\\^31 / 3"),
-    (4, 47, 8, "scales: expected 48 elements"),
-    (4, 48, 4, "superscales: expected 8 elements"),
+@pytest.mark.parametrize("supers,lw_elems,sc_elems,ss_elems,match", [
+    (0, 0, 0, 0, "0 super-blocks: need 1"),
+    (2**31 // 3 + 1, 4 * (2**31 // 3 + 1), 12 * (2**31 // 3 + 1), 2 * (2**31 // 3 + 1), "fewer than 2\\^31 / 3"),
+    (4, 12, 48, 8, "lanes: expected 16 elements"),
+    (4, 16, 47, 8, "scales: expected 48 elements"),
+    (4, 16, 48, 4, "superscales: expected 8 elements"),
 ])
-def test_bad_lane_word_buffers_are_refused(supers, sc_elems, ss_elems, match):
+def test_bad_lane_word_buffers_are_refused(supers, lw_elems, sc_elems, ss_elems, match):
     from drvqwen.launchers.weight_layout import KQuantLaneWords
 
     with pytest.raises(LaunchError, match=match):
-        KQuantLaneWords(BufferSpec("sc", (sc_elems,), np.uint8), BufferSpec("ss", (ss_elems,), np.float16), supers=supers)
+        KQuantLaneWords(BufferSpec("lw", (lw_elems,), np.uint32), BufferSpec("sc", (sc_elems,), np.uint8),
+                        BufferSpec("ss", (ss_elems,), np.float16), supers=supers)
 
 
 def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
@@ -235,13 +239,16 @@ def test_gpu_weights_refuse_an_int4_projection_of_rows_no_multiple_of_16():
 
 
 @pytest.mark.gpu
-def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
+def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path, monkeypatch):
     """A model in per-tensor formats (the 0.5B's shapes, 2 layers, llama.cpp's Q4_K_M recipe:
     q4_k, q5_0 and q6_k codes of 4–6 bits, q8_0 of 8) through GPUWeights: the qweight and qhigh
     of every weight whose codes have 4–6 bits hold to_tile_major(file's, 0, words) with rows in
-    plain order (launchers.gemv_fmt.tile_major_parts), the q4_k weights' scales and superscales
-    to_lane_words of the file's, the 8-bit codes and every other tensor the file's bytes."""
+    plain order (launchers.gemv_fmt.tile_major_parts), each q4_k weight's scales the lane words
+    (uint32 [N, K/256, 4]) to_lane_words of the file's scales and superscales, with no superscales
+    of its own, the 8-bit codes and every other tensor the file's bytes, through either uploader."""
+    from drvqwen import startup
     from drvqwen.config import QWEN25_CODER_05B
+    from drvqwen.cuda import read_only_register_supported
     from drvqwen.format import weight_formats as wf
     from drvqwen.format.nanoqwen import NanoqwenFile
     from drvqwen.format.recipes import recipe_formats
@@ -260,19 +267,24 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path):
         bits = {wf.FORMATS[fid].bits for fid in f.formats.values() if fid != wf.PLAIN}
         assert 8 in bits and {4, 5, 6} <= bits, bits   # every kind is there to compare
         assert {n.rsplit(".", 1)[1] for n in tiled} == {"qweight", "qhigh"}
-        lanes = {}
-        for p in lane_word_weights(f):
-            lanes[f"{p}.scales"], lanes[f"{p}.superscales"] = to_lane_words(f.tensor(f"{p}.scales"),
-                                                                            f.tensor(f"{p}.superscales"))
+        lanes = {f"{p}.scales": to_lane_words(f.tensor(f"{p}.scales"), f.tensor(f"{p}.superscales"))
+                 for p in lane_word_weights(f)}
         assert lanes, "the recipe has q4_k weights"
-        w = GPUWeights(f)
-        try:
-            got = {name: arr.download() for name, arr in w.arrays.items()}
-        finally:
-            w.close()
+        want = {}
         for info in f:
             file = np.asarray(f.tensor(info.name))
-            want = to_tile_major(file, 0, tiled[info.name]) if info.name in tiled else lanes.get(info.name, file)
-            if file.dtype == np.float32:
-                want = file.astype(np.float16)
-            assert got[info.name].tobytes() == want.tobytes(), info.name
+            if info.name.endswith(".superscales") and info.name.replace(".superscales", ".scales") in lanes:
+                continue   # in the lane words
+            want[info.name] = (to_tile_major(file, 0, tiled[info.name]) if info.name in tiled
+                               else lanes.get(info.name, file.astype(np.float16) if file.dtype == np.float32 else file))
+        vias = ("registered", "staging") if read_only_register_supported() else ("staging",)
+        for via in vias:
+            monkeypatch.setenv(startup.UPLOAD, via)
+            w = GPUWeights(f)
+            try:
+                got = {name: arr.download() for name, arr in w.arrays.items()}
+            finally:
+                w.close()
+            assert set(got) == set(want), (via, set(got) ^ set(want))
+            for name, a in want.items():
+                assert got[name].shape == a.shape and got[name].tobytes() == a.tobytes(), (via, name)

@@ -246,7 +246,7 @@ def test_persistent_gemm_grids(monkeypatch):
     from drvqwen.launchers.base import BufferSpec
     from drvqwen.launchers.gemm_fmt_wgmma import GemmFmtwGateUpSwigluRows, GemmFmtwResidualRows
     from drvqwen.launchers.gemm_int4 import persistent_grid
-    from drvqwen.launchers.gemv_fmt import FmtWeight
+    from drvqwen.launchers.gemv_fmt import FmtWeight, device_tensors
 
     assert persistent_grid(7, 132) == 7 and persistent_grid(300, 132) == 132
     assert persistent_grid(300, 0) == 300 and persistent_grid(7, 3) == 3
@@ -256,7 +256,7 @@ def test_persistent_gemm_grids(monkeypatch):
     rows, n, k = 300, 200, 256                   # 3 token blocks × 2 row blocks (gate/up: 4 of 64 features)
     fmt = wf.EXACT_FOR_GGUF["Q8_0"]
     w = FmtWeight(fmt, {name.rsplit(".", 1)[1]: BufferSpec(name, shape, dt)
-                        for name, (dt, shape) in fmt.tensors("w", n, k).items()}, "w")
+                        for name, (dt, shape) in device_tensors(fmt, "w", n, k).items()}, "w")
     # The launchers encode x's TMA tensor map at once, which needs the driver: not the rule tested here.
     monkeypatch.setattr(gemm_fmt_wgmma, "x_tensor_map", lambda x, rows, k: "x_map")
     x = BufferSpec("x", (rows * k,), np.float16)
@@ -575,12 +575,12 @@ def test_q32_gemms_refuse_other_formats_k_stacks_and_tiles():
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers.base import BufferSpec
     from drvqwen.launchers.gemm_q32 import GemmQ32ResidualRows, GemmQ32StackedRows
-    from drvqwen.launchers.gemv_fmt import FmtWeight
+    from drvqwen.launchers.gemv_fmt import FmtWeight, device_tensors
 
     def weight(fmt_name: str, name: str, n: int, k: int) -> FmtWeight:
         fmt = next(f for f in wf.FORMATS.values() if f.name == fmt_name)
         return FmtWeight(fmt, {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt)
-                               for t, (dt, shape) in fmt.tensors(name, n, k).items()}, name)
+                               for t, (dt, shape) in device_tensors(fmt, name, n, k).items()}, name)
 
     rows, n, k = 64, 128, 896
     x, ps = BufferSpec("x", (rows, k), np.float16), BufferSpec("ps", (2,), np.int32)
@@ -868,6 +868,7 @@ def test_mixed_format_qkv_refuses_pairs_across_a_row_block():
     from drvqwen.format import weight_formats as wf
     from drvqwen.launchers import BufferSpec, FmtWeight
     from drvqwen.launchers.gemm_kquant import GemmQ4kQkvRopeRows
+    from drvqwen.launchers.gemv_fmt import device_tensors
 
     k, hd, rows = 256, 64, 64
     arr = BufferSpec  # (name, shape, dtype): what the checks read of a buffer
@@ -875,7 +876,7 @@ def test_mixed_format_qkv_refuses_pairs_across_a_row_block():
     def weight(fmt_name, n, name):
         fmt = next(f for f in wf.FORMATS.values() if f.name == fmt_name)
         return FmtWeight(fmt, {t.rsplit(".", 1)[1]: BufferSpec(t, shape, dt)
-                               for t, (dt, shape) in fmt.tensors(name, n, k).items()}, name)
+                               for t, (dt, shape) in device_tensors(fmt, name, n, k).items()}, name)
 
     ws = [weight("q4_k", 2 * hd, "wq"), weight("q4_k", hd, "wk"), weight("q6_k", hd, "wv")]
     caches = [arr(n, (4, 1, 16, hd), np.float16) for n in ("k_cache", "v_cache")]

@@ -69,8 +69,8 @@ import numpy as np
 from .config import QwenConfig
 from .cuda import DEFAULT_ALIGN_BYTES, Pool, Stream, get_device
 from .errors import DrvqwenError
-from .format.nanoqwen import NanoqwenFile, expected_tensors
-from .gpu_weights import GPUWeights, layout_scratch_bytes
+from .format.nanoqwen import NanoqwenFile
+from .gpu_weights import GPUWeights, gpu_tensors, layout_scratch_bytes
 from .kv_cache import PAGE_TOKENS, KVCache, PageAllocator, cache_bytes, cache_shape, n_pages_for
 from .kv_cache import tensor_map_shape
 from .launchers import (AdvanceState, ArgmaxFinal, AttentionDecode, AttentionDecodeCluster, AttentionDecodeTma,
@@ -151,7 +151,7 @@ class DecodePlan:
         attention: "tma", "plain" or "cluster" (ATTENTION_KERNELS).
         blocks_per_kv_head: S of the split-KV attention grid (the cluster's blocks for "cluster").
         buffers: activation name → BufferSpec (the pool `_allocate` carves).
-        weights: tensor name → BufferSpec (what the file holds, expected_tensors).
+        weights: tensor name → BufferSpec (what the GPU holds, gpu_weights.gpu_tensors).
         kv: "k_cache"/"v_cache" → BufferSpec [L, P, Hkv, 16, Dh] fp16.
         steps: (name, launcher) in order.
         per_tensor: the weights are in per-tensor formats (gemv_fmt.cu), not the INT4 step's.
@@ -245,7 +245,8 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             other set runs every projection through gemv_fmt.cu in its own format, and the
             embedding and lm_head in theirs (FP16 where dense).
         persistent: also plan `DecodePlan.persistent`: the steps from "embedding" through the
-            last layer as one persistent kernel (needs attention="plain" and the INT4 layers);
+            last layer as one persistent kernel (needs attention="plain"; the INT4 layers, or a
+            model in per-tensor formats, whose ops its build for the model's formats runs);
             persistent_min_blocks (1 or 2: blocks per SM its registers are sized for),
             persistent_stress (the stress build) and persistent_defines (more of the kernel's
             compile-time choices) choose its build; persistent_trace plans the buffer
@@ -267,7 +268,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
             launchers.l2_prefetch.DEFAULT_BLOCKS), to measure.
     Raises:
         DrvqwenError: max_context out of [1, max_position], an unknown attention kernel, a
-            persistent step for another attention kernel or for per-tensor formats, or an L2
+            persistent step for another attention kernel, or an L2
             prefetch budget that is negative or too small to plan any.
         LaunchError: a weight format the GPU kernels do not run, or one that does not fit its
             weight's shape there (naming the weight).
@@ -302,9 +303,6 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         S = attention_decode.blocks_per_kv_head(Hkv, max_context, Dh, occupancy)
         partials = attention_decode.partial_shapes(Hq, Dh, S)
     per_tensor = in_per_tensor_formats(cfg, formats)
-    if persistent and per_tensor:
-        raise DrvqwenError("the persistent decode step runs the INT4 layers only; this model's weights are in "
-                           "per-tensor formats")
     fm = {p: formats.get(p, wf.PLAIN) for p in default_formats(cfg)} if per_tensor else None
     lm_in_format = fm is not None and fm[LM_HEAD] != wf.PLAIN
     # Every layer's formats (the plan may cover fewer), and those of the planned ones as planned
@@ -312,7 +310,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
     fmt_defines = format_defines(gpu_format_ids(formats) | gpu_format_ids(fm)) if per_tensor else ()
     a = _activation_specs(cfg, n_pages, partials,
                           lm_head_fmt_partials(V, D, occupancy, fmt_defines) if lm_in_format else lm_head_partials(V))
-    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in expected_tensors(cfg, fm).items()}
+    weights = {name: BufferSpec(name, shape, dtype) for name, (dtype, shape) in gpu_tensors(cfg, fm).items()}
     kv = {pool: BufferSpec(pool, cache_shape(cfg, n_pages), np.float16) for pool in ("k_cache", "v_cache")}
     plan = DecodePlan(cfg, max_context, n_pages, attention, S, a, weights, kv, per_tensor=bool(per_tensor),
                       formats=fm, fmt_defines=fmt_defines)
@@ -406,7 +404,7 @@ def plan_decode(cfg: QwenConfig, max_context: int | None = None, *, attention: s
         plan.persistent = PersistentDecode(members, a["persistent_program"], a["persistent_counters"], head_dim=Dh,
                                            occupancy=occupancy, min_blocks=persistent_min_blocks,
                                            stress=persistent_stress, trace=persistent_trace,
-                                           defines=persistent_defines)
+                                           defines=persistent_defines, fmt_defines=fmt_defines)
         if plan.persistent.trace is not None:
             a["persistent_trace"] = plan.persistent.trace
     return plan

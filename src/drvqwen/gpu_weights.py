@@ -15,11 +15,12 @@ default_formats) has its projections' qweight rearranged on the GPU right after 
 the device layout the INT4 kernels read (format/int4_tiles.py, kernels/weight_layout.cu; q/k/v
 RoPE-paired by the head dim). A model in per-tensor formats has the qweight and qhigh of every
 weight whose codes have 4–6 bits (launchers/gemv_fmt.py: tile_major_parts) rearranged the same
-way, rows in plain order, and the scales and superscales of every q4_k/q5_k weight as lane words
-(format/kquant_lanes.py, in place); its other tensors stay as stored. Such an array keeps the
-file's shape ([N, K/8] for a qweight) — the same number of words, N being a multiple of 16, and
-the shape the decode and prefill plans check their buffers against — but holds the words as
-[N/16, K/128, 16, W] (W = 16 for the codes), or the lane words.
+way, rows in plain order, and the scales and superscales of every q4_k/q5_k weight made one
+plane of lane words, `<prefix>.scales` uint32 [N, K/256, 4] with no `.superscales`
+(format/kquant_lanes.py; launchers/gemv_fmt.py: device_tensors); its other tensors stay as
+stored. A tile-major array keeps the file's shape ([N, K/8] for a qweight) — the same number of
+words, N being a multiple of 16, and the shape the decode and prefill plans check their buffers
+against — but holds the words as [N/16, K/128, 16, W] (W = 16 for the codes).
 """
 
 from __future__ import annotations
@@ -82,6 +83,25 @@ def lane_word_weights(f: NanoqwenFile) -> list[str]:
     return [prefix for prefix, fid in f.formats.items() if fid in wf.FORMATS and lane_word_scales(wf.FORMATS[fid])]
 
 
+def gpu_tensors(config: QwenConfig, formats: Mapping[str, int] | None = None) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The tensors GPUWeights holds for a model of `config` with `formats` (tensor_set's
+    expected_tensors, the file's set) as name → (dtype, shape): the file's, but for each q4_k/q5_k
+    weight one `<prefix>.scales` uint32 [N, K/256, 4] of lane words in place of its scales and
+    superscales (launchers/gemv_fmt.py: device_tensors). What the step plans check against."""
+    from .format.tensor_set import expected_tensors
+    from .launchers.gemv_fmt import device_tensors, lane_word_scales
+
+    out = expected_tensors(config, formats)
+    shapes = weight_shapes(config)
+    for prefix, fid in (formats or {}).items():
+        fmt = wf.FORMATS.get(fid)
+        if fmt is None or not lane_word_scales(fmt) or f"{prefix}.scales" not in out:
+            continue
+        del out[f"{prefix}.superscales"]
+        out[f"{prefix}.scales"] = device_tensors(fmt, prefix, *shapes[prefix])[f"{prefix}.scales"]
+    return out
+
+
 def layout_scratch_bytes(f: NanoqwenFile) -> int:
     """Device bytes GPUWeights borrows while it rearranges the tile-major planes of `f` (one
     scratch buffer, the largest plane's size; 0 if none): for the 7B in Q4_K_M, its Q6_K lm_head's
@@ -127,7 +147,8 @@ class GPUWeights:
     Attributes:
         config: the model's QwenConfig.
         pool: the weight pool (closed by `close()`).
-        arrays: tensor name → DeviceArray (dtype and shape as in the file).
+        arrays: tensor name → DeviceArray (dtype and shape as in the file, but a q4_k/q5_k weight's
+            `.scales`: its lane-word plane uint32 [N, K/256, 4], and no `.superscales`; gpu_tensors).
         nbytes: bytes of weight data on the device.
         upload_via: how the bytes went, "registered" (DMA from the file's mapping) or "staging".
     """
@@ -162,22 +183,31 @@ class GPUWeights:
         self.arrays: dict[str, DeviceArray] = {}
         self.nbytes = 0
         total = sum(_device_nbytes(i) for i in keep)
+        kept = {i.name for i in keep}
+        lane_prefixes = [p for p in lane_word_weights(f) if f"{p}.scales" in kept]
+        # A q4_k/q5_k weight's scales (12 bytes a super-block) and superscales (4) go to the two
+        # ends of its lane-word plane, which _lane_words then writes (the file's planes by name).
+        lane_parts = {f"{p}.{part}": p for p in lane_prefixes for part in ("scales", "superscales")}
+        file_planes: dict[str, DeviceArray] = {}
         try:
             with self._uploader(f, staging) as up:
                 for info in keep:
                     host = np.asarray(f.tensor(info.name))
                     if info.dtype == wf.F32:
                         host = host.astype(np.float16)
-                    arr = self.pool.alloc(info.name, info.shape, host.dtype)
+                    if info.name in lane_parts:
+                        arr = self._file_plane(f, lane_parts[info.name], info, file_planes)
+                    else:
+                        arr = self.pool.alloc(info.name, info.shape, host.dtype)
+                        self.arrays[info.name] = arr
                     up.upload(arr, host)
-                    self.arrays[info.name] = arr
                     self.nbytes += host.nbytes
                     if progress:
                         progress(self.nbytes, total)
                 up.finish()
             planes = tile_major_planes(f, self.config)
             self._device_layout({n: planes[n] for n in planes if n in self.arrays})   # not past num_layers
-            self._lane_words([p for p in lane_word_weights(f) if f"{p}.scales" in self.arrays])
+            self._lane_words(lane_prefixes, file_planes)
         except BaseException:
             self.close()
             raise
@@ -222,23 +252,63 @@ class GPUWeights:
             finally:
                 stream.close()
 
-    def _lane_words(self, prefixes: list[str]) -> None:
-        """Rearrange, in place, the scales and superscales of each q4_k/q5_k weight in `prefixes`
-        into lane words (format/kquant_lanes.py; kernels/weight_layout.cu: each super-block's 16
-        bytes read and written once by one thread, no scratch)."""
-        from .cuda import Stream
+    def _file_plane(self, f: NanoqwenFile, prefix: str, info: TensorInfo,
+                    file_planes: dict[str, DeviceArray]) -> DeviceArray:
+        """Where the upload puts tensor `info`, the scales or superscales of q4_k/q5_k weight
+        `prefix`: a view of the weight's lane-word plane `<prefix>.scales` (uint32 [N, K/256, 4],
+        allocated with the first of the two), the scales (12 bytes a super-block) at its start and
+        the superscales (4) after them. Recorded in file_planes under the tensor's name.
+
+        Raises:
+            FormatError: the superscales before the scales in the file. The staging upload
+                batches small arrays into one DMA that covers the gaps between them, which is
+                safe only where each array lies after the one uploaded before it; every writer
+                puts a weight's scales right before its superscales."""
+        lanes_name = f"{prefix}.scales"
+        if lanes_name not in self.arrays and info.name != lanes_name:
+            raise FormatError(f"{info.name}: stored before {lanes_name}; the GPU upload needs a q4_k/q5_k weight's "
+                              f"scales first")
+        if lanes_name not in self.arrays:
+            sc = f.tensors[lanes_name]
+            n, supers = sc.shape[0], sc.shape[1]
+            self.arrays[lanes_name] = self.pool.alloc(lanes_name, (n, supers, 4), np.uint32)
+        lanes = self.arrays[lanes_name]
+        offset = 0 if info.name == lanes_name else f.tensors[lanes_name].nbytes
+        view = DeviceArray(f"{info.name} (file layout)", lanes.ptr + offset, info.shape, info.dtype)
+        file_planes[info.name] = view
+        return view
+
+    def _lane_words(self, prefixes: list[str], file_planes: Mapping[str, DeviceArray]) -> None:
+        """Write the lane-word plane of each q4_k/q5_k weight in `prefixes` from the file's scales
+        and superscales uploaded into it (_file_plane): the plane is copied into one scratch
+        buffer (the largest plane's size) and kernels/weight_layout.cu writes the lane words back
+        from the copy (format/kquant_lanes.py; 16 bytes a super-block read and written once)."""
+        from .cuda import DeviceBuffer, Stream
         from .launchers.weight_layout import KQuantLaneWords
 
         if not prefixes:
             return
         stream = Stream()
         try:
+            scratch = DeviceBuffer(max(self.arrays[f"{p}.scales"].nbytes for p in prefixes), "lane-word scratch")
+        except BaseException:
+            stream.close()
+            raise
+        try:
             for p in prefixes:
-                sc, ss = self.arrays[f"{p}.scales"], self.arrays[f"{p}.superscales"]
-                KQuantLaneWords(sc, ss, supers=sc.nbytes // 12, stream=stream).launch()
+                lanes = self.arrays[f"{p}.scales"]
+                sc, ss = file_planes[f"{p}.scales"], file_planes[f"{p}.superscales"]
+                copy = DeviceArray(f"{p}.scales (lane-word scratch)", scratch.ptr, lanes.shape, lanes.dtype)
+                copy.copy_from(lanes, stream)
+                KQuantLaneWords(lanes, DeviceArray(sc.name, scratch.ptr, sc.shape, sc.dtype),
+                                DeviceArray(ss.name, scratch.ptr + sc.nbytes, ss.shape, ss.dtype),
+                                supers=sc.nbytes // 12, stream=stream).launch()
             stream.synchronize()
         finally:
-            stream.close()
+            try:
+                scratch.free()
+            finally:
+                stream.close()
 
     def _uploader(self, f: NanoqwenFile, staging: Mapping[str, int] | None):
         """The uploader for this load, and `upload_via` set to its name: DMA from the file's

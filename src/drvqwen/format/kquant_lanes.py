@@ -3,15 +3,16 @@
 A q4_k or q5_k weight stores per 256-input super-block the GGUF block's 12 bytes of packed 6-bit
 (sc, m) (`scales` uint8 [N, K/256, 12], weight_formats.get_scale_min) and the FP16 pair (d, dmin)
 (`superscales` fp16 [N, K/256, 2]). The GPU holds the same 16 bytes rearranged into four
-uint32 lane words, words 0–2 in the `scales` plane's 12 bytes and word 3 in `superscales`' 4:
+uint32 lane words, together, in one plane (`scales` uint32 [N, K/256, 4], no `superscales`):
 
     word t (t < 4) = sc_t | m_t << 6 | sc_{t+4} << 12 | m_{t+4} << 18 | D_t << 24
 
 sc_j, m_j: sub-block j's 6-bit values; D_0 … D_3: the bytes of (d, dmin), little-endian (d's in
 D_0, D_1). The decode GEMVs' lane t of a quad multiplies sub-block t or t + 4 of a super-block,
 so its (sc, m) are a shift and two masks of the one word it loads, and (d, dmin) the quad's four
-top bytes (kernels/weight_formats.cuh says what that saves). The file keeps the GGUF's packing
-(the CPU reference reads it); the GPU rearranges it when a model is loaded (gpu_weights.py,
+top bytes; the prefill GEMMs' consumers read a row's four words with one 16-byte load
+(kernels/weight_formats.cuh says what each saves). The file keeps the GGUF's packing (the CPU
+reference reads it); the GPU rearranges it when a model is loaded (gpu_weights.py,
 kernels/weight_layout.cu: kquant_scales_to_lanes), and the kernel tests upload `to_lane_words`
 of it (launchers/gemv_fmt.device_parts).
 """
@@ -36,9 +37,9 @@ def _check(scales: np.ndarray, superscales: np.ndarray) -> tuple[np.ndarray, np.
     return sc, ss.view(np.uint16)
 
 
-def to_lane_words(scales: np.ndarray, superscales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(scales, superscales) of a q4_k/q5_k weight in the file's layout → the same arrays (shapes
-    and dtypes kept: uint8 [..., 12], fp16 [..., 2]) holding lane words 0–2 and word 3.
+def to_lane_words(scales: np.ndarray, superscales: np.ndarray) -> np.ndarray:
+    """(scales uint8 [..., 12], superscales fp16 [..., 2]) of a q4_k/q5_k weight in the file's
+    layout → its lane words, uint32 [..., 4] (word t of each super-block as above).
 
     Raises:
         FormatError: the shapes do not describe the same super-blocks.
@@ -47,23 +48,22 @@ def to_lane_words(scales: np.ndarray, superscales: np.ndarray) -> tuple[np.ndarr
     sc, m = (x.astype(np.uint32) for x in get_scale_min(sc_bytes))               # [..., 8] each
     d_bytes = dd.view(np.uint8).astype(np.uint32)                                # [..., 4]: D_0 … D_3
     words = sc[..., :4] | m[..., :4] << 6 | sc[..., 4:] << 12 | m[..., 4:] << 18 | d_bytes << 24
-    words = np.ascontiguousarray(words.astype(np.uint32))                        # [..., 4]
-    out_sc = words[..., :3].copy().view(np.uint8).reshape(sc_bytes.shape)
-    out_dd = words[..., 3:].copy().view(np.float16).reshape(np.shape(superscales))
-    return out_sc, out_dd
+    return np.ascontiguousarray(words.astype(np.uint32))                         # [..., 4]
 
 
-def from_lane_words(scales: np.ndarray, superscales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of `to_lane_words`: the device's lane words back to the file's (scales, superscales).
+def from_lane_words(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of `to_lane_words`: lane words uint32 [..., 4] back to the file's (scales uint8
+    [..., 12], superscales fp16 [..., 2]).
 
     Raises:
-        FormatError: the shapes do not describe the same super-blocks.
+        FormatError: `words` is not uint32 [..., 4].
     """
-    sc_bytes, dd = _check(scales, superscales)
-    words = np.concatenate([sc_bytes.view(np.uint32), dd.view(np.uint32)], axis=-1)   # [..., 4]
+    words = np.asarray(words)
+    if words.dtype != np.uint32 or words.ndim < 1 or words.shape[-1] != LANES:
+        raise FormatError(f"K-quant lane words: {words.dtype} {tuple(words.shape)} is not uint32 [..., {LANES}]")
     lo, hi = words & 0xFFF, (words >> 12) & 0xFFF
     sc = np.concatenate([lo & 63, hi & 63], axis=-1)
     m = np.concatenate([lo >> 6, hi >> 6], axis=-1)
-    d_bytes = (words >> 24).astype(np.uint8)                                           # [..., 4]
-    return (pack_scale_min(sc, m).reshape(sc_bytes.shape),
-            np.ascontiguousarray(d_bytes).view(np.float16).reshape(np.shape(superscales)))
+    d_bytes = np.ascontiguousarray((words >> 24).astype(np.uint8))                     # [..., 4]
+    return pack_scale_min(sc, m).reshape(words.shape[:-1] + (SUPER_BYTES,)), \
+        d_bytes.view(np.float16).reshape(words.shape[:-1] + (2,))

@@ -47,7 +47,16 @@ KINDS = {
     "attention_decode_hd128": 5,
     "attention_combine": mirrored("decode_persistent", "DP_COMBINE", 6),
     "l2_prefetch": mirrored("decode_persistent", "DP_L2_PREFETCH", 7),
+    # the per-tensor formats' (a build with the model's WF_FORMATS: `fmt_defines`)
+    "embedding_fmt": mirrored("decode_persistent", "DP_EMBEDDING_FMT", 8),
+    "gemv_fmt_qkv_rope": mirrored("decode_persistent", "DP_QKV_ROPE_FMT", 9),
+    "gemv_fmt_residual": mirrored("decode_persistent", "DP_RESIDUAL_FMT", 10),
+    "gemv_fmt_gate_up_swiglu": mirrored("decode_persistent", "DP_GATE_UP_FMT", 11),
 }
+# The kinds a build runs: with WF_FORMATS the format ops and no INT4 GEMV (the kernel's switch).
+INT4_GEMV_KINDS = frozenset(KINDS[k] for k in ("gemv_int4_qkv_rope", "gemv_int4_residual", "gemv_int4_gate_up_swiglu"))
+FORMAT_KINDS = frozenset(KINDS[k] for k in ("embedding_fmt", "gemv_fmt_qkv_rope", "gemv_fmt_residual",
+                                            "gemv_fmt_gate_up_swiglu"))
 
 
 class _Op(ctypes.Structure):
@@ -172,8 +181,9 @@ class PersistentDecode(Launcher):
 
     Args:
         steps: (name, launcher) of the per-launch step from "embedding" through the last layer's
-            "down_proj" (the plain attention kernel, the INT4 GEMVs, and the L2 prefetches
-            where planned: an item per planned block, which waits for the op before it too).
+            "down_proj" (the plain attention kernel, the INT4 GEMVs or the per-tensor formats'
+            (gemv_fmt.cu), and the L2 prefetches where planned: an item per planned block, which
+            waits for the op before it too).
         program: uint8 [program_bytes(specs)] device buffer (planned or real) for the program.
         counters: uint32 [n_ops + 1] device buffer for the completion counters.
         head_dim: the attention's head dim (DP_HEAD_DIM: one instantiation per kernel).
@@ -184,6 +194,9 @@ class PersistentDecode(Launcher):
             [grid_blocks × trace_items × 4] named "persistent_trace" (for the caller to allocate).
         defines: more compile-time choices of the kernel, (name, value) pairs (DP_SPIN_NS …: the
             kernel header), for measurements.
+        fmt_defines: a model in per-tensor formats: the defines its gemv_fmt.cu build has
+            (launchers/gemv_fmt.format_defines: WF_FORMATS …), so that the kernel's format ops
+            are that build's code; () for the INT4 layers.
     Raises:
         LaunchError: a launch the kernel cannot run, a buffer of the wrong size, or fewer than
             one resident block per SM.
@@ -191,7 +204,8 @@ class PersistentDecode(Launcher):
 
     def __init__(self, steps: Sequence[tuple[str, Launcher]], program, counters, *, head_dim: int,
                  occupancy: Occupancy | None = None, min_blocks: int = 1, stress: bool = False,
-                 trace: bool = False, defines: Sequence[tuple[str, int]] = (), stream: Stream | None = None):
+                 trace: bool = False, defines: Sequence[tuple[str, int]] = (),
+                 fmt_defines: Sequence[tuple[str, int]] = (), stream: Stream | None = None):
         super().__init__(stream)
         self.steps = list(steps)
         self.member_specs = [s for _n, l in self.steps for s in l.specs]
@@ -200,6 +214,17 @@ class PersistentDecode(Launcher):
                 require(s.kernel.kernel == f"attention_decode_hd{head_dim}" and s.block[0] == 128,
                         f"{s.kernel}: the persistent step is built for head dim {head_dim}")
         self.ops = [op_shape(s) for s in self.member_specs]
+        fmt_defines = tuple((str(k), int(v)) for k, v in fmt_defines)
+        formats = any(k == "WF_FORMATS" for k, _v in fmt_defines)
+        require(not fmt_defines or formats, f"fmt_defines {fmt_defines}: no WF_FORMATS (format_defines gives it)")
+        # The formats decide which ops the build runs: they come with the step's gemv_fmt.cu build only.
+        require(all(str(k) != "WF_FORMATS" for k, _v in defines),
+                "defines: WF_FORMATS goes in fmt_defines (the step's gemv_fmt.cu build), not in the measurement defines")
+        for s, (kind, *_rest) in zip(self.member_specs, self.ops):
+            require(kind not in (INT4_GEMV_KINDS if formats else FORMAT_KINDS),
+                    f"{s.kernel}: the persistent step runs "
+                    + ("the per-tensor formats' GEMVs, not INT4 ones, in a build for formats" if formats else
+                       "per-tensor formats only in a build for them (fmt_defines)"))
         require(not trace or all(n < 1 << TRACE_ITEM_BITS for _k, n, _g, _t in self.ops),
                 f"an op of 2^{TRACE_ITEM_BITS} items or more: the trace records hold fewer")
         n_bytes = program_bytes(self.member_specs)
@@ -210,7 +235,7 @@ class PersistentDecode(Launcher):
         self.program, self.counters = program, counters
         smem = max([s.smem_bytes for s in self.member_specs] + [0])
         defines = (("DP_HEAD_DIM", int(head_dim)), ("DP_MIN_BLOCKS", int(min_blocks)), ("DP_STRESS", int(stress)),
-                   *((str(k), int(v)) for k, v in defines))
+                   *fmt_defines, *((str(k), int(v)) for k, v in defines))
         kernel = KernelRef("decode_persistent", "decode_persistent", defines)
         occ = occupancy or DEFAULT_OCCUPANCY
         per_sm = occ.blocks_per_sm(kernel, THREADS, smem)

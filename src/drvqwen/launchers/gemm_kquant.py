@@ -76,12 +76,11 @@ def fits(w: FmtWeight, k: int) -> bool:
 
 
 def _q4k_args(w: FmtWeight, prefix: str) -> dict:
-    """<prefix>_qweight, _scales, _aux: the codes and the super-blocks' lane words 0–2 and 3 ((sc, m)
-    and (d, dmin) as the GPU holds them: format/kquant_lanes.py); and <prefix>_qhigh, the high bits,
-    for a q5_k weight."""
+    """<prefix>_qweight, _scales: the codes and the super-blocks' lane words ((sc, m) and (d, dmin)
+    as the GPU holds them, one 16-byte vector a super-block: format/kquant_lanes.py); and
+    <prefix>_qhigh, the high bits, for a q5_k weight."""
     high = {f"{prefix}_qhigh": w.parts["qhigh"]} if w.fmt.id == Q5K_ID else {}
-    return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"],
-            f"{prefix}_aux": w.parts["superscales"]}
+    return {f"{prefix}_qweight": w.parts["qweight"], **high, f"{prefix}_scales": w.parts["scales"]}
 
 
 class _GemmKquantLauncher(_GemmLauncher):
@@ -282,7 +281,7 @@ class GemmQ4kResidualRows(_GemmKquantLauncher):
         n_blocks = -(-n // BLOCK_ROWS)
         bm = self._plan(rows, n_blocks, k, max_blocks=max_blocks, split_k=split_k, blocks=blocks,
                         tile_tokens=tile_tokens)
-        args = {name[2:]: v for name, v in _q4k_args(w, "w").items()}  # qweight, (qhigh,) scales, aux
+        args = {name[2:]: v for name, v in _q4k_args(w, "w").items()}  # qweight, (qhigh,) scales
         self._build_gemm(f"{self.kernel}_residual", rows, n_blocks, k,
                          dict(residual=residual, x_map=x_tensor_map(x, rows, k, bm), **args,
                               prefill_state=prefill_state),

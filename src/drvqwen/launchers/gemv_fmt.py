@@ -10,8 +10,9 @@ own per-tensor formats (format/weight_formats.py; kernels/weight_formats.cuh on 
     LmHeadFmt             logits fp32 [V]     = W xn, + per block argmax partials
     EmbeddingFmt          residual fp32 [D]   = embed[state[1]]   (EmbeddingFmtRows: [T, D], prefill)
 
-A weight is a `FmtWeight`: its format and its stored parts (qweight, qhigh, scales, offsets or
-superscales), which the kernels take as four pointers <w>_qweight, <w>_qhigh, <w>_scales,
+A weight is a `FmtWeight`: its format and its parts as the GPU holds them (`device_tensors`:
+qweight, qhigh, scales, offsets or superscales; q4_k/q5_k's scales and superscales as one plane
+of lane words), which the kernels take as four pointers <w>_qweight, <w>_qhigh, <w>_scales,
 <w>_aux (null where the format has none) and the format id. The launch shape is gemv_int4's
 (`gemv_launch_shape`): tiles of 16 rows spread over one wave of blocks; for qkv the wave is
 split between q, k and v by tiles, a block serving one matrix (gemv_fmt.cu says why).
@@ -154,19 +155,36 @@ def lane_word_scales(fmt) -> bool:
     return bool(fmt.superblock and fmt.has_min)
 
 
+def device_tensors(fmt, prefix: str, n: int, k: int) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """The tensors of weight `prefix` [n, k] in `fmt` (a WeightFormat, or DENSE_F16) as the GPU
+    holds them: name → (dtype, shape). `fmt.tensors`' but for q4_k and q5_k, whose scales and
+    superscales are one plane there, `<prefix>.scales` uint32 [n, k/256, 4] (the lane words,
+    kquant_lanes.to_lane_words), and no `.superscales`. The tile-major planes keep the file's shape
+    (their rows padded to a whole tile: FmtWeight.check)."""
+    tensors = dict(fmt.tensors(prefix, n, k))
+    if lane_word_scales(fmt):
+        from ..format.kquant_lanes import LANES
+
+        del tensors[f"{prefix}.superscales"]
+        tensors[f"{prefix}.scales"] = (np.dtype(np.uint32), (n, k // fmt.superblock, LANES))
+    return tensors
+
+
 def device_parts(fmt, parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A weight's stored parts as the GPU reads them: `parts` (name → array in the file's layout,
     weight_formats.random_weight's or a file's) with those of tile_major_parts rearranged
-    (to_tile_major, rows padded to a whole tile), q4_k/q5_k's scales and superscales as lane
-    words (kquant_lanes.to_lane_words: same shapes), the others as they are. What a test or a
-    benchmark uploads; a model's weights are rearranged on the GPU (gpu_weights.py)."""
+    (to_tile_major, rows padded to a whole tile), q4_k/q5_k's scales and superscales made one
+    plane of lane words (kquant_lanes.to_lane_words: `scales` uint32 [N, K/256, 4], no
+    `superscales`; device_tensors), the others as they are. What a test or a benchmark uploads; a
+    model's weights are rearranged on the GPU (gpu_weights.py)."""
     from ..format.int4_tiles import to_tile_major
     from ..format.kquant_lanes import to_lane_words
 
     tiled = tile_major_parts(fmt)
     out = {p: to_tile_major(a, group_words=tiled[p]) if p in tiled else a for p, a in parts.items()}
     if lane_word_scales(fmt):
-        out["scales"], out["superscales"] = to_lane_words(parts["scales"], parts["superscales"])
+        out["scales"] = to_lane_words(parts["scales"], parts["superscales"])
+        del out["superscales"]
     return out
 
 
@@ -181,8 +199,8 @@ class FmtWeight:
 
     Attributes:
         fmt: its WeightFormat, or DENSE_F16 for a dense FP16 matrix.
-        parts: stored part name ("qweight", "qhigh", "scales", "offsets", "superscales": those
-            `fmt.tensors` names; "weight" for a dense one) → buffer (DeviceArray or BufferSpec).
+        parts: part name ("qweight", "qhigh", "scales", "offsets", "superscales": those
+            `device_tensors` names; "weight" for a dense one) → buffer (DeviceArray or BufferSpec).
         name: the weight's prefix, for messages (`model.layers.3.mlp.down_proj`).
     """
 
@@ -194,8 +212,8 @@ class FmtWeight:
         """Raises LaunchError unless the GPU runs this format at K = k (a multiple of `quad`: the
         GEMVs' 128, the embedding's 32) with N·K under 2^32 (32-bit offsets), the kernel's
         `defines` compile it in (format_defines), and every part is there with the size and
-        dtype the format stores (the device layout's: the qweight and qhigh of 4–6-bit codes
-        tile-major, tile_major_parts, their rows padded to a whole tile)."""
+        dtype of the device layout (device_tensors: q4_k/q5_k's lane words; the qweight and qhigh of
+        4–6-bit codes tile-major, tile_major_parts, their rows padded to a whole tile)."""
         require(self.fmt.id in GPU_FORMAT_IDS | {DENSE_ID},
                 f"{self.name}: weight format {self.fmt.name} has no GPU kernel (it runs on the CPU reference)")
         compiled = compiled_formats(defines)
@@ -209,7 +227,7 @@ class FmtWeight:
         require(k % quad == 0 and self.fmt.fits(k),
                 f"{self.name}: format {self.fmt.name} at K={k}: the GPU kernels need K a multiple of {quad} "
                 f"and of the format's group")
-        for tname, (dt, shape) in self.fmt.tensors(self.name, n, k).items():
+        for tname, (dt, shape) in device_tensors(self.fmt, self.name, n, k).items():
             part = tname.rsplit(".", 1)[1]
             require(part in self.parts, f"{self.name}: part {part} missing")
             size = int(np.prod(shape))
@@ -235,10 +253,10 @@ class FmtWeight:
 
 
 def fmt_weight(lookup, prefix: str, fmt) -> FmtWeight:
-    """The FmtWeight of `prefix` stored in `fmt` (a WeightFormat, or DENSE_F16), its parts from
-    lookup(tensor name)."""
+    """The FmtWeight of `prefix` stored in `fmt` (a WeightFormat, or DENSE_F16), its parts (those
+    of device_tensors) from lookup(tensor name)."""
     # Which parts the format has does not depend on the shape: ask for any K it fits (1024).
-    parts = {name.rsplit(".", 1)[1]: lookup(name) for name in fmt.tensors(prefix, 1, 1024)}
+    parts = {name.rsplit(".", 1)[1]: lookup(name) for name in device_tensors(fmt, prefix, 1, 1024)}
     return FmtWeight(fmt, parts, prefix)
 
 

@@ -4,8 +4,8 @@ per-tensor formats' 4–6-bit codes and high bits (rows plain), and the q4_k/q5_
     Int4TileMajor      dst uint32 [ceil(N/16), K/128, 16, W] = to_tile_major(src uint32 [N, K/128 · W],
                        pair_dim, W)  (format/int4_tiles.py; W = group_words: 16 for codes, 4 or 8
                        for the high bits of the 5- and 6-bit formats)
-    KQuantLaneWords    (scales uint8 [N, K/256, 12], superscales fp16 [N, K/256, 2]) in place =
-                       to_lane_words of them (format/kquant_lanes.py)
+    KQuantLaneWords    lanes uint32 [N, K/256, 4] = to_lane_words(scales uint8 [N, K/256, 12],
+                       superscales fp16 [N, K/256, 2]) (format/kquant_lanes.py)
 """
 
 from __future__ import annotations
@@ -51,20 +51,23 @@ class Int4TileMajor(Launcher):
 
 
 class KQuantLaneWords(Launcher):
-    """A q4_k/q5_k weight's scales (uint8 [N, K/256, 12]) and superscales (fp16 [N, K/256, 2]),
-    rearranged in place into lane words (format/kquant_lanes.py: to_lane_words, the same shapes).
+    """lanes (uint32 [N, K/256, 4], any shape of 4·S words) = the lane words of a q4_k/q5_k
+    weight's scales (uint8 [N, K/256, 12]) and superscales (fp16 [N, K/256, 2]), S super-blocks
+    (format/kquant_lanes.py: to_lane_words). lanes must not overlap the other two.
 
     Raises:
-        LaunchError: no super-block, 2^31 scale words or more (3 a super-block), or a buffer of the wrong size or dtype.
+        LaunchError: no super-block, 2^31 scale words or more (3 a super-block), or a buffer of the
+            wrong size or dtype.
     """
 
-    def __init__(self, scales, superscales, *, supers: int, stream: Stream | None = None):
+    def __init__(self, lanes, scales, superscales, *, supers: int, stream: Stream | None = None):
         super().__init__(stream)
         require(supers >= 1 and 3 * supers < 2**31,
                 f"kquant_scales_to_lanes: {supers} super-blocks: need 1 and fewer than 2^31 / 3 (32-bit indices)")
+        check_buffer(lanes, "lanes", 4 * supers, np.uint32)
         check_buffer(scales, "scales", 12 * supers, np.uint8)
         check_buffer(superscales, "superscales", 2 * supers, np.float16)
         self.bytes_moved = 2 * 16 * supers
         self._add(KernelRef("weight_layout", "kquant_scales_to_lanes"), (-(-supers // THREADS),), (THREADS,),
-                  dict(scales=scales, aux=superscales, supers=i32(supers)),
-                  reads=(scales, superscales), writes=(scales, superscales), bytes_moved=self.bytes_moved)
+                  dict(lanes=lanes, scales=scales, aux=superscales, supers=i32(supers)),
+                  reads=(scales, superscales), writes=(lanes,), bytes_moved=self.bytes_moved)
