@@ -287,4 +287,7 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path, monkeypatch):
                 w.close()
             assert set(got) == set(want), (via, set(got) ^ set(want))
             for name, a in want.items():
-                assert got[name].shape == a.shape and got[name].tobytes() == a.tobytes(), (via, name)
+                # tile-major codes keep their file shape on the GPU (to_tile_major's is 4-D): bytes
+                # only there; the lane words have a shape of their own, [N, K/256, 4]
+                assert got[name].tobytes() == a.tobytes(), (via, name)
+                assert name in tiled or got[name].shape == a.shape, (via, name, got[name].shape, a.shape)
