@@ -98,8 +98,10 @@
 // four of a row at once (gemm_int4.cu: GemmQ4kScales): one 16-byte load, where words 0–2 in one
 // plane and word 3 in another took four loads a row and group — and with the scale loads taken
 // out of those GEMMs (a timing probe) the 7B's Q4_K layers at 512 rows ran in 11.13 ms against
-// 12.16 (INT4: 10.82; docs/bench/2026-12-07_a86b9cd_h100_gemm7b_scale_probe_m512.json). A decode
-// lane (QUAD) still loads the one word it needs, now at a stride of 16 bytes in every lane.
+// 12.16 (INT4: 10.82; docs/bench/2026-12-07_a86b9cd_h100_gemm7b_scale_probe_m512.json). With the
+// one plane, on one H100 beside the two-plane build: Q4_K 12.24 → 11.74 ms, Q5_K 13.03 → 12.60,
+// and the Q4_K_M 7B's TTFT(512) 13.5 → 12.8 ms at the same decode ITL (docs/benchmarks.md). A
+// decode lane (QUAD) still loads the one word it needs, now at a stride of 16 bytes in every lane.
 #pragma once
 #include <cuda_fp16.h>
 
