@@ -122,3 +122,23 @@ def test_sanitize_kernels_refuses_a_kernel_no_node_launches(tmp_path):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "SANITIZE_KERNELS: no node of tools/sanitize_nodes.txt launches no_such_kernel" in r.stderr
     assert not (tmp_path / "out" / "sanitize-memcheck.log").exists()
+
+
+def test_racecheck_parts_split_the_nodes_every_nth(tmp_path):
+    """RACECHECK_PARTS=2 beside SANITIZE_PARALLEL=1: racecheck runs as two processes, the first
+    over nodes 1, 3, 5, the second over 2, 4, each into its own log; together every node once."""
+    nodes = [f"tests/test_x.py::test_{i}" for i in range(1, 6)]
+    r = _run_stage(tmp_path, ECHO_STAND_IN, {"SANITIZE_ONLY": " ".join(nodes), "SANITIZE_TOOLS_ONLY": "racecheck",
+                                             "SANITIZE_PARALLEL": "1", "RACECHECK_PARTS": "2"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = [[ln.split()[1] for ln in (tmp_path / "out" / f"sanitize-racecheck-{k}.log").read_text().splitlines()
+            if ln.startswith("NODE ")] for k in (1, 2)]
+    assert got == [nodes[0::2], nodes[1::2]], got
+    assert not (tmp_path / "out" / "sanitize-racecheck.log").exists()
+    for k in (1, 2):
+        assert f"sanitize-racecheck-{k}.log:=== sanitize-racecheck-{k}: exit 0" in r.stdout
+
+
+def test_a_bad_racecheck_part_count_is_refused(tmp_path):
+    r = _stage(tmp_path, SANITIZE_PARALLEL="1", RACECHECK_PARTS="three")
+    assert r.returncode == 1 and "RACECHECK_PARTS=three: a count of parts" in r.stderr, r.stdout + r.stderr

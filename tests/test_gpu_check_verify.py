@@ -64,9 +64,14 @@ def test_the_parts_cover_the_test_files_and_every_tool_runs(tmp_path):
         for log in ("tests-gpu.log", "tests-compile.log"):
             line = next(s for s in summary if s.startswith(f"tests-{k}/{log}:"))
             assert "1 passed" in line and line.endswith("exit 0"), line
-    for tool in ("memcheck", "racecheck", "synccheck"):
-        line = next(s for s in summary if s.startswith(f"sanitize/sanitize-{tool}.log:"))
-        assert re.search(r": 1 clean of 1 runs, === sanitize-\w+: exit 0$", line), line
+    # racecheck in three parts (RACECHECK_PARTS' default here): the one node in the first
+    for log in ("memcheck", "racecheck-1", "synccheck"):
+        line = next(s for s in summary if s.startswith(f"sanitize/sanitize-{log}.log:"))
+        assert re.search(r": 1 clean of 1 runs, === sanitize-[\w-]+: exit 0$", line), line
+    for k in (2, 3):
+        line = next(s for s in summary if s.startswith(f"sanitize/sanitize-racecheck-{k}.log:"))
+        assert line.endswith(f"0 clean of 0 runs, === sanitize-racecheck-{k}: no node"), line
+    assert not (out / "sanitize" / "sanitize-racecheck.log").exists()
     assert (out / "verify-summary.txt").read_text() in r.stdout
 
 
@@ -74,7 +79,7 @@ def test_a_sanitizer_finding_fails_the_stage_and_shows_in_the_summary(tmp_path):
     r = _verify(tmp_path, FAIL_TOOL="racecheck")
     assert r.returncode == 1, r.stdout + r.stderr
     summary = (tmp_path / "out" / "verify-summary.txt").read_text()
-    assert "sanitize/sanitize-racecheck.log: 0 clean of 1 runs, === sanitize-racecheck: exit 99" in summary
+    assert "sanitize/sanitize-racecheck-1.log: 0 clean of 1 runs, === sanitize-racecheck-1: exit 99" in summary
     assert "sanitize/sanitize-memcheck.log: 1 clean of 1 runs" in summary
 
 

@@ -12,15 +12,17 @@
 #             (tools/split_tests.py), for N stages side by side, each with its own OUTDIR.
 #   sanitize  compute-sanitizer memcheck, racecheck and synccheck over the nodes of
 #             tools/sanitize_nodes.txt (small shapes only: racecheck is 10-100x slower), one
-#             process per tool (SANITIZE_PARALLEL=1: side by side); then
+#             process per tool (SANITIZE_PARALLEL=1: side by side; RACECHECK_PARTS=n with it:
+#             racecheck as n processes over every n-th node); then
 #             tools/check_sanitize_coverage.py on the launches the memcheck run logged.
 #             SANITIZE_ONLY / SANITIZE_TOOLS_ONLY narrow it; SANITIZE_KERNELS="entry …" keeps
 #             the nodes that launch those kernels (tools/changed_kernels.py BASE prints the
 #             ones whose machine code a change touched).
 #   verify    what a kernel change needs before it lands, in one command: the tests stage in
 #             VERIFY_PARTS (default 4) parts side by side (TESTS_PART=K/N, each into
-#             OUTDIR/tests-K) beside the sanitize stage with the tools side by side (into
-#             OUTDIR/sanitize; SANITIZE_KERNELS / SANITIZE_ONLY narrow it as there), each a run of
+#             OUTDIR/tests-K) beside the sanitize stage with the tools side by side and
+#             racecheck in RACECHECK_PARTS (default 3) parts (into OUTDIR/sanitize;
+#             SANITIZE_KERNELS / SANITIZE_ONLY narrow it as there), each a run of
 #             this script after the seeding (CUBIN_SEED once, here); then each part's and tool's
 #             result lines in OUTDIR/verify-summary.txt. Fails if any of them failed.
 #   bench     `python -m drvqwen.bench --json OUTDIR/bench.json $DRVQWEN_BENCH_ARGS`: TTFT and
@@ -226,12 +228,20 @@ stage_tests() {
 }
 
 # One sanitizer tool over every node (stage_sanitize's comments), and after memcheck the coverage check.
+# PART="k/n" runs nodes k, k + n, k + 2n, … of the list only, into sanitize-TOOL-k.log.
 sanitize_tool() {
-    local sanitizer=$1 tool=$2 rc=0 log=()
+    local sanitizer=$1 tool=$2 part=${3:-} rc=0 log=() name="sanitize-$2" i
+    local -a tests=("${SANITIZE_TESTS[@]}")
+    if [[ -n $part ]]; then
+        tests=()
+        for ((i = ${part%/*} - 1; i < ${#SANITIZE_TESTS[@]}; i += ${part#*/})); do tests+=("${SANITIZE_TESTS[i]}"); done
+        name="sanitize-$tool-${part%/*}"
+        [[ ${#tests[@]} -gt 0 ]] || { echo "=== $name: no node" > "$OUTDIR/$name.log"; return 0; }
+    fi
     [[ $tool == memcheck ]] && log=(env "DRVQWEN_LAUNCH_LOG=$OUTDIR/sanitize-launches.txt")
-    run_step "sanitize-$tool" "${log[@]}" "$sanitizer" --tool "$tool" --target-processes all \
+    run_step "$name" "${log[@]}" "$sanitizer" --tool "$tool" --target-processes all \
         --error-exitcode 99 --report-api-errors no \
-        "$PY" -m pytest -v -p no:cacheprovider "${SANITIZE_TESTS[@]}" || rc=1
+        "$PY" -m pytest -v -p no:cacheprovider "${tests[@]}" || rc=1
     if [[ $tool == memcheck && -z ${SANITIZE_ONLY:-} ]]; then
         run_step sanitize-coverage "$PY" tools/check_sanitize_coverage.py "$SANITIZE_NODES_FILE" \
             "$OUTDIR/sanitize-launches.txt" || rc=1
@@ -240,7 +250,8 @@ sanitize_tool() {
 }
 
 stage_sanitize() {
-    local sanitizer rc=0 tool pid pids=()
+    local sanitizer rc=0 tool pid pids=() k
+    [[ ${RACECHECK_PARTS:-1} =~ ^[1-9][0-9]*$ ]] || { echo "RACECHECK_PARTS=$RACECHECK_PARTS: a count of parts" >&2; return 1; }
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [[ ! -x $sanitizer ]]; then
         echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize.log"
@@ -259,7 +270,16 @@ stage_sanitize() {
         # after it shows that each node ran the kernels it claims.
         # SANITIZE_PARALLEL=1: the tools side by side, each into its own log only (racecheck,
         # 10-100x a plain run, is then the stage's time instead of the sum of the three).
-        if [[ ${SANITIZE_PARALLEL:-0} == 1 ]]; then
+        # RACECHECK_PARTS=n (with it): racecheck as n processes side by side, part k over every
+        # n-th node from the k-th (the slow persistent-kernel nodes, together at the list's end,
+        # spread over the parts), each into sanitize-racecheck-k.log: ~51 nodes of the format
+        # kernels took racecheck 530 s alone, more than a step may run.
+        if [[ ${SANITIZE_PARALLEL:-0} == 1 && $tool == racecheck && ${RACECHECK_PARTS:-1} -gt 1 ]]; then
+            for ((k = 1; k <= RACECHECK_PARTS; k++)); do
+                sanitize_tool "$sanitizer" "$tool" "$k/$RACECHECK_PARTS" > /dev/null &
+                pids+=("$!")
+            done
+        elif [[ ${SANITIZE_PARALLEL:-0} == 1 ]]; then
             sanitize_tool "$sanitizer" "$tool" > /dev/null &
             pids+=("$!")
         else
@@ -547,7 +567,8 @@ stage_verify() {
         TESTS_PART=$k/$n CUBIN_SEED= CUBIN_EXPORT= bash "$self" tests "$OUTDIR/tests-$k" > "$OUTDIR/tests-$k.out" 2>&1 &
         pids+=("$!")
     done
-    SANITIZE_PARALLEL=1 CUBIN_SEED= CUBIN_EXPORT= bash "$self" sanitize "$OUTDIR/sanitize" > "$OUTDIR/sanitize.out" 2>&1 &
+    SANITIZE_PARALLEL=1 RACECHECK_PARTS=${RACECHECK_PARTS:-3} CUBIN_SEED= CUBIN_EXPORT= \
+        bash "$self" sanitize "$OUTDIR/sanitize" > "$OUTDIR/sanitize.out" 2>&1 &
     pids+=("$!")
     for pid in "${pids[@]}"; do
         wait "$pid" || rc=1
