@@ -35,6 +35,13 @@
 #             (twice), after 16 384, TTFT at 8 192 (`--new-tokens 8 --prefill-reps 3`) and 32 000
 #             (`--prefill-reps 2`), the 0.5B at 512 (twice); README_ROWS="syn7b_512_1 …" runs
 #             those names only. One synthetic file per model, written by the first run of it.
+#   turns     the synthetic models in several weight layouts in turns on one machine:
+#             TURNS_MODELS="PRESET:RECIPE …" (tools/make_synthetic.py's; default "7b:int4 7b:q4_k_m
+#             0.5b:int4 0.5b:q4_k_m"), each file written once into TURNS_DIR (/dev/shm), then
+#             TURNS_ROUNDS (3) rounds, each running every model once: `python -m drvqwen.bench
+#             --mode graph --new-tokens 128 --prefill-reps 10 $TURNS_BENCH_ARGS`, the JSONs named as
+#             docs/bench/ keeps them (OUTDIR/turns/<date>_<commit>_<gpu>_syn7b_q4_k_m_turns_K.json)
+#             and one line each in OUTDIR/turns-summary.txt (graph ITL, TTFT medians).
 #   fingerprint  tools/decode_fingerprint.py (greedy tokens + logits hashes) on the synthetic 7B
 #             and 0.5B and, with DRVQWEN_REAL_MODEL, the real 0.5B; with BASELINES="name=<another
 #             checkout's src/> …" the same for those versions, each compared with this one
@@ -85,7 +92,7 @@
 
 set -uo pipefail
 
-usage() { echo "usage: $0 {tests|sanitize|verify|bench|readme|real|fingerprint|serve|step|formats|formats-real|profile|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
+usage() { echo "usage: $0 {tests|sanitize|verify|bench|readme|turns|real|fingerprint|serve|step|formats|formats-real|profile|cubins|all} OUTDIR [PYTEST_PATHS...]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 STAGE=$1
 OUTDIR=$2
@@ -331,6 +338,63 @@ stage_readme() {
         run_step "readme-$name" "$PY" -m drvqwen.bench --mode graph --json "${prefix}_$name.json" \
             ${README_ARGS[$name]} || rc=1
     done
+    return "$rc"
+}
+
+# The synthetic models in several layouts, in turns (stage `turns`, above).
+TURNS_PRESETS=" 0.5b 1.5b 3b 7b 14b 32b "
+TURNS_RECIPES=" int4 q4_k_m q5_k_m q4_0 q5_0 q8_0 "
+
+stage_turns() {
+    local rc=0 m p r k commit gpu prefix dir name pid pids=()
+    local -a models
+    read -r -a models <<< "${TURNS_MODELS:-7b:int4 7b:q4_k_m 0.5b:int4 0.5b:q4_k_m}"
+    for m in "${models[@]}"; do
+        p=${m%%:*} r=${m#*:}
+        [[ $m == *:* && $TURNS_PRESETS == *" $p "* && $TURNS_RECIPES == *" $r "* ]] || {
+            echo "TURNS_MODELS: $m is not PRESET:RECIPE (presets:$TURNS_PRESETS recipes:$TURNS_RECIPES)" >&2; return 2; }
+    done
+    [[ ${TURNS_ROUNDS:-3} =~ ^[1-9][0-9]*$ ]] || { echo "TURNS_ROUNDS=$TURNS_ROUNDS: a count of rounds" >&2; return 2; }
+    commit=${DRVQWEN_SOURCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+    [[ -n $commit ]] || { echo "turns: no commit (set DRVQWEN_SOURCE_COMMIT in a tree without .git)" >&2; return 2; }
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr 'A-Z' 'a-z')
+    prefix="$OUTDIR/turns/$(date -u +%F)_${commit:0:7}_${gpu:-gpu}"
+    dir=${TURNS_DIR:-/dev/shm}
+    mkdir -p "$OUTDIR/turns" "$dir"
+    rm -f "$OUTDIR"/turns-*.log "$OUTDIR/turns-summary.txt"
+    # Each synthetic file once, side by side (host work, ~1 min for a 7B).
+    for m in "${models[@]}"; do
+        p=${m%%:*} r=${m#*:}
+        [[ -f $dir/syn${p/./}_$r.nanoqwen ]] && continue
+        run_step "turns-make-${p/./}_$r" "$PY" tools/make_synthetic.py --preset "$p" --recipe "$r" \
+            -o "$dir/syn${p/./}_$r.nanoqwen" > /dev/null &
+        pids+=("$!")
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" || rc=1
+    done
+    [[ $rc -eq 0 ]] || return 1
+    # Round k runs every model once, in TURNS_MODELS' order: what drifts on the machine (clocks,
+    # temperature) falls on every model alike, and each model's rounds give its spread.
+    for ((k = 1; k <= ${TURNS_ROUNDS:-3}; k++)); do
+        for m in "${models[@]}"; do
+            p=${m%%:*} r=${m#*:} name="syn${p/./}_${r}_turns_$k"
+            # shellcheck disable=SC2086  # TURNS_BENCH_ARGS is a list of words on purpose
+            run_step "turns-$name" "$PY" -m drvqwen.bench --mode graph \
+                --preset "$p" --model "$dir/syn${p/./}_$r.nanoqwen" --new-tokens 128 --prefill-reps 10 \
+                ${TURNS_BENCH_ARGS:-} --json "${prefix}_$name.json" > /dev/null || rc=1
+        done
+    done
+    # One line a run: graph ITL and TTFT medians, for the command's output.
+    for f in "$OUTDIR"/turns/*.json; do
+        "$PY" -c 'import json, os, sys
+name = os.path.basename(sys.argv[1])
+try:
+    g = json.load(open(sys.argv[1]))["modes"]["graph"]
+    print("%s: graph ITL %.4f ms, TTFT %.3f ms" % (name, g["itl_median_ms"], g["ttft_median_ms"]))
+except (OSError, ValueError, KeyError, TypeError) as e:
+    print("%s: no result (%s)" % (name, type(e).__name__))' "$f"
+    done | tee "$OUTDIR/turns-summary.txt"
     return "$rc"
 }
 
@@ -599,6 +663,7 @@ case $STAGE in
     verify) stage_verify || rc=1 ;;
     bench) stage_bench || rc=1 ;;
     readme) stage_readme || rc=$? ;;
+    turns) stage_turns || rc=$? ;;
     serve) stage_serve || rc=1 ;;
     step) stage_step || rc=1 ;;
     formats) stage_formats || rc=1 ;;
