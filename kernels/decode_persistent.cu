@@ -120,6 +120,11 @@
 //     SM, runs 288 blocks of one tile: 7.5 alone). What the launches have and one block of 8
 //     warps an SM has not is warps (kernels/gemv_int4.cu's header: the dev rings at one block an
 //     SM trail production at every shape).
+//   - In per-tensor formats (ops 8–11), at ef68c28 on an H100, in turns with the per-launch step
+//     (graph ITL, 128 tokens after a 512-token prompt;
+//     docs/bench/2026-12-07_ef68c28_h100_syn{7b,05b}_q4_k_m_{persistent,per_launch}_*.json): the
+//     7B in llama.cpp's Q4_K_M layout 2.600–2.639 ms against 2.080–2.089, the 0.5B in the real
+//     0.5B's formats 0.772 / 0.795 against 0.669 / 0.669 — the INT4 build's loss, for its reason.
 //   - Those runs' step read more than its weights from DRAM (Nsight Compute after a cache flush,
 //     7B, one step; docs/bench/2026-12-05_e6b8a90_h200_persistent_l2_ncu.json): 4.10 GB for
 //     3.36 GB (at two blocks per SM 4.66 GB, with 2.5 GB of spill stores into L2). The probes
