@@ -124,7 +124,8 @@
 //     (graph ITL, 128 tokens after a 512-token prompt;
 //     docs/bench/2026-12-07_ef68c28_h100_syn{7b,05b}_q4_k_m_{persistent,per_launch}_*.json): the
 //     7B in llama.cpp's Q4_K_M layout 2.600–2.639 ms against 2.080–2.089, the 0.5B in the real
-//     0.5B's formats 0.772 / 0.795 against 0.669 / 0.669 — the INT4 build's loss, for its reason.
+//     0.5B's formats 0.772 / 0.795 against 0.669 / 0.669: the INT4 build's loss, with its cause (one
+//     block of 8 warps an SM for the GEMV items, above).
 //   - Those runs' step read more than its weights from DRAM (Nsight Compute after a cache flush,
 //     7B, one step; docs/bench/2026-12-05_e6b8a90_h200_persistent_l2_ncu.json): 4.10 GB for
 //     3.36 GB (at two blocks per SM 4.66 GB, with 2.5 GB of spill stores into L2). The probes
