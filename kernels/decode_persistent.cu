@@ -122,7 +122,7 @@
 //     SM trail production at every shape).
 //   - In per-tensor formats (ops 8–11), at ef68c28 on an H100, in turns with the per-launch step
 //     (graph ITL, 128 tokens after a 512-token prompt;
-//     docs/bench/2026-12-07_ef68c28_h100_syn{7b,05b}_q4_k_m_{persistent,per_launch}_*.json): the
+//     docs/bench/2026-12-07_ef68c28_h100_syn7b_q4_k_m_persistent_1.json and its siblings): the
 //     7B in llama.cpp's Q4_K_M layout 2.600–2.639 ms against 2.080–2.089, the 0.5B in the real
 //     0.5B's formats 0.772 / 0.795 against 0.669 / 0.669: the INT4 build's loss, with its cause (one
 //     block of 8 warps an SM for the GEMV items, above).
