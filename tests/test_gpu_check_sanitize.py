@@ -140,5 +140,9 @@ def test_racecheck_parts_split_the_nodes_every_nth(tmp_path):
 
 
 def test_a_bad_racecheck_part_count_is_refused(tmp_path):
+    """Refused in one line, and an earlier run's logs are gone, not left to read as this run's."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sanitize-racecheck.log").write_text("=== sanitize-racecheck: exit 0\n")
     r = _stage(tmp_path, SANITIZE_PARALLEL="1", RACECHECK_PARTS="three")
     assert r.returncode == 1 and "RACECHECK_PARTS=three: a count of parts" in r.stderr, r.stdout + r.stderr
+    assert not list((tmp_path / "out").glob("sanitize-*.log"))

@@ -1,7 +1,8 @@
 """tools/gpu_check.sh's `turns` stage on the CPU, with drvqwen.bench and tools/make_synthetic.py
 replaced by a stand-in that records its arguments: every model once a round in TURNS_MODELS'
-order, each file written once, the JSONs named as docs/bench/ keeps them, and a bad model or
-round count refused in one line before anything runs."""
+order, each file written once under the key of the code that writes it, the JSONs named as
+docs/bench/ keeps them, a summary line for every run of this stage (none left from an earlier
+one), and a bad model list or round count refused in one line before anything runs."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def _stage(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
 if [[ $1 == -m && $2 == drvqwen.bench ]]; then
+    [[ -n ${{FAIL_PRESET:-}} && " $* " == *" --preset $FAIL_PRESET "* ]] && exit 1
     shift 2; args="$*"; out=
     while [[ $# -gt 0 ]]; do [[ $1 == --json ]] && out=$2; shift; done
     echo "$args" >> {tmp_path}/bench-calls.txt
@@ -53,6 +55,12 @@ exec {sys.executable} "$@"
                           capture_output=True, text=True, timeout=120)
 
 
+def _key() -> str:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_commits import synthetic_key
+    return synthetic_key(ROOT)[:12]
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -60,13 +68,13 @@ def _lines(path: Path) -> list[str]:
 def test_every_model_runs_once_a_round_in_order(tmp_path):
     r = _stage(tmp_path, TURNS_MODELS="7b:int4 0.5b:q4_k_m", TURNS_ROUNDS="2", TURNS_BENCH_ARGS="--kernels")
     assert r.returncode == 0, r.stdout + r.stderr
-    shm = tmp_path / "shm"
+    shm, key = tmp_path / "shm", _key()
     makes = sorted(_lines(tmp_path / "make-calls.txt"))
-    assert makes == sorted([f"tools/make_synthetic.py --preset 7b --recipe int4 -o {shm}/syn7b_int4.nanoqwen",
-                            f"tools/make_synthetic.py --preset 0.5b --recipe q4_k_m -o {shm}/syn05b_q4_k_m.nanoqwen"])
+    assert makes == sorted([f"tools/make_synthetic.py --preset 7b --recipe int4 -o {shm}/syn7b_int4_{key}.nanoqwen",
+                            f"tools/make_synthetic.py --preset 0.5b --recipe q4_k_m -o {shm}/syn05b_q4_k_m_{key}.nanoqwen"])
     calls = _lines(tmp_path / "bench-calls.txt")
     models = [(c.split("--preset ")[1].split()[0], c.split("--model ")[1].split()[0]) for c in calls]
-    assert models == [("7b", f"{shm}/syn7b_int4.nanoqwen"), ("0.5b", f"{shm}/syn05b_q4_k_m.nanoqwen")] * 2, calls
+    assert models == [("7b", f"{shm}/syn7b_int4_{key}.nanoqwen"), ("0.5b", f"{shm}/syn05b_q4_k_m_{key}.nanoqwen")] * 2, calls
     assert all(c.startswith("--mode graph ") and "--new-tokens 128 --prefill-reps 10 --kernels --json " in c
                for c in calls), calls
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
@@ -74,14 +82,34 @@ def test_every_model_runs_once_a_round_in_order(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out" / "turns").glob("*.json")) == sorted(names)
     # The summary reads each JSON: run n of the stand-in wrote ITL n, so the order shows.
     summary = _lines(tmp_path / "out" / "turns-summary.txt")
-    assert sorted(summary) == sorted(f"{n}: graph ITL {i + 1:.4f} ms, TTFT 0.500 ms" for i, n in enumerate(names))
+    assert summary == [f"{n}: graph ITL {i + 1:.4f} ms, TTFT 0.500 ms" for i, n in enumerate(names)]
     # A second run writes no model again: the files are there.
     shutil.rmtree(tmp_path / "out")
     r = _stage(tmp_path, TURNS_MODELS="7b:int4 0.5b:q4_k_m", TURNS_ROUNDS="1")
     assert r.returncode == 0 and len(_lines(tmp_path / "make-calls.txt")) == 2, r.stdout + r.stderr
 
 
+def test_a_run_again_into_the_same_outdir_reports_its_own_runs_only(tmp_path):
+    """The 0.5B's bench fails on the second run: its lines say "no result" (its JSONs of the first
+    run are gone, not read as new) and the stage fails; a model file of other code (another key)
+    in TURNS_DIR is not used."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "syn7b_int4_000000000000.nanoqwen").touch()   # written by other code
+    r = _stage(tmp_path, TURNS_MODELS="7b:int4 0.5b:int4", TURNS_ROUNDS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(_lines(tmp_path / "make-calls.txt")) == 2   # the other key's file did not count
+    r = _stage(tmp_path, TURNS_MODELS="7b:int4 0.5b:int4", TURNS_ROUNDS="1", FAIL_PRESET="0.5b")
+    assert r.returncode == 1, r.stdout + r.stderr
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    assert _lines(tmp_path / "out" / "turns-summary.txt") == [
+        f"{day}_0123456_h100_syn7b_int4_turns_1.json: graph ITL 3.0000 ms, TTFT 0.500 ms",
+        f"{day}_0123456_h100_syn05b_int4_turns_1.json: no result (FileNotFoundError)"]
+
+
 @pytest.mark.parametrize("env,message", [
+    ({"TURNS_MODELS": " "}, "TURNS_MODELS: no model"),
+    ({"TURNS_MODELS": "7b:int4 7b:int4"}, "TURNS_MODELS: 7b:int4 twice"),
     ({"TURNS_MODELS": "7b:int4 7b:q3_k"}, "TURNS_MODELS: 7b:q3_k is not PRESET:RECIPE"),
     ({"TURNS_MODELS": "7b"}, "TURNS_MODELS: 7b is not PRESET:RECIPE"),
     ({"TURNS_MODELS": "8b:int4"}, "TURNS_MODELS: 8b:int4 is not PRESET:RECIPE"),

@@ -86,3 +86,9 @@ def test_a_sanitizer_finding_fails_the_stage_and_shows_in_the_summary(tmp_path):
 def test_a_bad_part_count_is_refused(tmp_path):
     r = _verify(tmp_path, VERIFY_PARTS="four")
     assert r.returncode == 1 and "VERIFY_PARTS=four: a count of parts" in r.stderr
+
+
+def test_a_bad_racecheck_part_count_is_refused_before_any_part_runs(tmp_path):
+    r = _verify(tmp_path, RACECHECK_PARTS="3x")
+    assert r.returncode == 1 and "RACECHECK_PARTS=3x: a count of parts" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "out" / "tests-1").exists() and not (tmp_path / "out" / "sanitize").exists()

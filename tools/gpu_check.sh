@@ -37,7 +37,8 @@
 #             those names only. One synthetic file per model, written by the first run of it.
 #   turns     the synthetic models in several weight layouts in turns on one machine:
 #             TURNS_MODELS="PRESET:RECIPE …" (tools/make_synthetic.py's; default "7b:int4 7b:q4_k_m
-#             0.5b:int4 0.5b:q4_k_m"), each file written once into TURNS_DIR (/dev/shm), then
+#             0.5b:int4 0.5b:q4_k_m"), each file written once into TURNS_DIR (/dev/shm), named by
+#             the key of the code that writes it (tools/bench_commits.py synthetic_key), then
 #             TURNS_ROUNDS (3) rounds, each running every model once: `python -m drvqwen.bench
 #             --mode graph --new-tokens 128 --prefill-reps 10 $TURNS_BENCH_ARGS`, the JSONs named as
 #             docs/bench/ keeps them (OUTDIR/turns/<date>_<commit>_<gpu>_syn7b_q4_k_m_turns_K.json)
@@ -258,13 +259,13 @@ sanitize_tool() {
 
 stage_sanitize() {
     local sanitizer rc=0 tool pid pids=() k
+    rm -f "$OUTDIR"/sanitize-*.log "$OUTDIR"/sanitize-launches.txt
     [[ ${RACECHECK_PARTS:-1} =~ ^[1-9][0-9]*$ ]] || { echo "RACECHECK_PARTS=$RACECHECK_PARTS: a count of parts" >&2; return 1; }
     sanitizer=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
     if [[ ! -x $sanitizer ]]; then
         echo "compute-sanitizer not found" | tee "$OUTDIR/sanitize.log"
         return 1
     fi
-    rm -f "$OUTDIR"/sanitize-*.log "$OUTDIR"/sanitize-launches.txt
     for tool in "${SANITIZE_TOOLS[@]}"; do
         # One process per tool over every node (the CUDA start-up under a sanitizer costs more
         # than most of the tests); -v names each test in the log before its findings.
@@ -297,7 +298,7 @@ stage_sanitize() {
         wait "$pid" || rc=1
     done
     # The summary lines of each tool, together at the end of the output.
-    (cd "$OUTDIR" && grep -HE "ERROR SUMMARY|RACECHECK SUMMARY|[0-9]+ (passed|failed)|NOT COVERED|sanitize coverage|cut off|: exit " \
+    (cd "$OUTDIR" && grep -HE "ERROR SUMMARY|RACECHECK SUMMARY|[0-9]+ (passed|failed)|NOT COVERED|sanitize coverage|cut off|: exit |: no node" \
         sanitize-*.log) || true
     return "$rc"
 }
@@ -346,28 +347,46 @@ TURNS_PRESETS=" 0.5b 1.5b 3b 7b 14b 32b "
 TURNS_RECIPES=" int4 q4_k_m q5_k_m q4_0 q5_0 q8_0 "
 
 stage_turns() {
-    local rc=0 m p r k commit gpu prefix dir name pid pids=()
-    local -a models
+    local rc=0 m p r k commit gpu prefix dir key name pid pids=() seen=" "
+    local -a models names
     read -r -a models <<< "${TURNS_MODELS:-7b:int4 7b:q4_k_m 0.5b:int4 0.5b:q4_k_m}"
+    [[ ${#models[@]} -gt 0 ]] || { echo "TURNS_MODELS: no model" >&2; return 2; }
     for m in "${models[@]}"; do
         p=${m%%:*} r=${m#*:}
         [[ $m == *:* && $TURNS_PRESETS == *" $p "* && $TURNS_RECIPES == *" $r "* ]] || {
             echo "TURNS_MODELS: $m is not PRESET:RECIPE (presets:$TURNS_PRESETS recipes:$TURNS_RECIPES)" >&2; return 2; }
+        [[ $seen != *" $m "* ]] || { echo "TURNS_MODELS: $m twice" >&2; return 2; }
+        seen+="$m "
     done
     [[ ${TURNS_ROUNDS:-3} =~ ^[1-9][0-9]*$ ]] || { echo "TURNS_ROUNDS=$TURNS_ROUNDS: a count of rounds" >&2; return 2; }
     commit=${DRVQWEN_SOURCE_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
     [[ -n $commit ]] || { echo "turns: no commit (set DRVQWEN_SOURCE_COMMIT in a tree without .git)" >&2; return 2; }
+    # The synthetic files are named by what writes them (tools/bench_commits.py synthetic_key:
+    # the file format, the presets, the seed), so a file left in TURNS_DIR by other code — a
+    # warm machine after a layout change — is never timed as this code's.
+    key=$("$PY" -c 'import sys; sys.path.insert(0, "tools"); from pathlib import Path
+from bench_commits import synthetic_key; print(synthetic_key(Path("."))[:12])') || { echo "turns: no synthetic key" >&2; return 1; }
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200' | tr 'A-Z' 'a-z')
     prefix="$OUTDIR/turns/$(date -u +%F)_${commit:0:7}_${gpu:-gpu}"
     dir=${TURNS_DIR:-/dev/shm}
     mkdir -p "$OUTDIR/turns" "$dir"
+    for ((k = 1; k <= ${TURNS_ROUNDS:-3}; k++)); do
+        for m in "${models[@]}"; do
+            p=${m%%:*} r=${m#*:}
+            names+=("syn${p/./}_${r}_turns_$k")
+        done
+    done
+    # This run's results only: its own JSONs gone first, so an old one never reads as new.
     rm -f "$OUTDIR"/turns-*.log "$OUTDIR/turns-summary.txt"
+    for name in "${names[@]}"; do
+        rm -f "${prefix}_$name.json"
+    done
     # Each synthetic file once, side by side (host work, ~1 min for a 7B).
     for m in "${models[@]}"; do
         p=${m%%:*} r=${m#*:}
-        [[ -f $dir/syn${p/./}_$r.nanoqwen ]] && continue
+        [[ -f $dir/syn${p/./}_${r}_$key.nanoqwen ]] && continue
         run_step "turns-make-${p/./}_$r" "$PY" tools/make_synthetic.py --preset "$p" --recipe "$r" \
-            -o "$dir/syn${p/./}_$r.nanoqwen" > /dev/null &
+            -o "$dir/syn${p/./}_${r}_$key.nanoqwen" > /dev/null &
         pids+=("$!")
     done
     for pid in "${pids[@]}"; do
@@ -381,19 +400,19 @@ stage_turns() {
             p=${m%%:*} r=${m#*:} name="syn${p/./}_${r}_turns_$k"
             # shellcheck disable=SC2086  # TURNS_BENCH_ARGS is a list of words on purpose
             run_step "turns-$name" "$PY" -m drvqwen.bench --mode graph \
-                --preset "$p" --model "$dir/syn${p/./}_$r.nanoqwen" --new-tokens 128 --prefill-reps 10 \
+                --preset "$p" --model "$dir/syn${p/./}_${r}_$key.nanoqwen" --new-tokens 128 --prefill-reps 10 \
                 ${TURNS_BENCH_ARGS:-} --json "${prefix}_$name.json" > /dev/null || rc=1
         done
     done
-    # One line a run: graph ITL and TTFT medians, for the command's output.
-    for f in "$OUTDIR"/turns/*.json; do
+    # One line a run, in run order: graph ITL and TTFT medians, or why there is none.
+    for name in "${names[@]}"; do
         "$PY" -c 'import json, os, sys
 name = os.path.basename(sys.argv[1])
 try:
     g = json.load(open(sys.argv[1]))["modes"]["graph"]
     print("%s: graph ITL %.4f ms, TTFT %.3f ms" % (name, g["itl_median_ms"], g["ttft_median_ms"]))
 except (OSError, ValueError, KeyError, TypeError) as e:
-    print("%s: no result (%s)" % (name, type(e).__name__))' "$f"
+    print("%s: no result (%s)" % (name, type(e).__name__))' "${prefix}_$name.json"
     done | tee "$OUTDIR/turns-summary.txt"
     return "$rc"
 }
@@ -627,6 +646,7 @@ stage_verify() {
     local n=${VERIFY_PARTS:-4} k rc=0 pid pids=() self
     self=$(pwd)/tools/gpu_check.sh
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "VERIFY_PARTS=$n: a count of parts" >&2; return 1; }
+    [[ ${RACECHECK_PARTS:-3} =~ ^[1-9][0-9]*$ ]] || { echo "RACECHECK_PARTS=$RACECHECK_PARTS: a count of parts" >&2; return 1; }
     for ((k = 1; k <= n; k++)); do
         TESTS_PART=$k/$n CUBIN_SEED= CUBIN_EXPORT= bash "$self" tests "$OUTDIR/tests-$k" > "$OUTDIR/tests-$k.out" 2>&1 &
         pids+=("$!")
