@@ -169,6 +169,7 @@ EOF
 #                     are added to the cache; entries already there are kept.
 #   CUBIN_EXPORT=DIR  after it, the whole cache is written to DIR/cubins.tar.xz.00, .01, … in
 #                     parts of 15 MiB (what a device command's output may hold per file).
+#   PACK=FILE.tgz     after those, OUTDIR packed into FILE (pack, below): one file back.
 cubin_dir() { "$PY" -c 'from drvqwen import paths; print(paths.cubin_dir())'; }
 
 cubin_seed() {
@@ -182,6 +183,22 @@ cubin_seed() {
     fi
     cat "${parts[@]}" | tar -xJf - -C "$dir" --skip-old-files || { echo "CUBIN_SEED=$CUBIN_SEED: not a tar.xz in parts" >&2; return 1; }
     echo "cubin cache $dir: $(find "$dir" -name '*.cubin' | wc -l) cubins after seeding from $CUBIN_SEED"
+}
+
+# PACK=FILE: after the stage (and CUBIN_EXPORT), OUTDIR as one gzipped tar at FILE, outside
+# OUTDIR — the logs, JSONs and summaries, not the JUnit XML (the logs say the same). Why: a
+# device command gives back at most 8 files, and none more than two folders below its output
+# folder, while `verify` alone writes a folder for each test part and the sanitizers.
+pack() {
+    [[ -n ${PACK:-} ]] || return 0
+    [[ $PACK == *.tgz || $PACK == *.tar.gz ]] || { echo "PACK=$PACK: a .tgz or .tar.gz file" >&2; return 1; }
+    mkdir -p "$(dirname "$PACK")" || return 1
+    case $(cd "$(dirname "$PACK")" 2>/dev/null && pwd)/ in
+        "$OUTDIR"/*) echo "PACK=$PACK: inside OUTDIR, which it packs" >&2; return 1 ;;
+    esac
+    tar -czf "$PACK.part" --exclude='*.xml' -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")" \
+        && mv "$PACK.part" "$PACK" || { rm -f "$PACK.part"; return 1; }
+    echo "packed $OUTDIR into $PACK ($(du -h "$PACK" | cut -f1))"
 }
 
 cubin_export() {
@@ -698,4 +715,5 @@ case $STAGE in
     *) usage ;;
 esac
 cubin_export || rc=1
+pack || rc=1
 exit "$rc"
