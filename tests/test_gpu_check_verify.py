@@ -92,3 +92,19 @@ def test_a_bad_racecheck_part_count_is_refused_before_any_part_runs(tmp_path):
     r = _verify(tmp_path, RACECHECK_PARTS="3x")
     assert r.returncode == 1 and "RACECHECK_PARTS=3x: a count of parts" in r.stderr, r.stdout + r.stderr
     assert not (tmp_path / "out" / "tests-1").exists() and not (tmp_path / "out" / "sanitize").exists()
+
+
+def test_pack_holds_every_part_and_tool_of_verify(tmp_path):
+    """PACK beside verify: the stage packs once, after its parts (which run without it), so the
+    file holds each part's folder and the sanitizers' logs."""
+    import tarfile
+
+    r = _verify(tmp_path, PACK=str(tmp_path / "v.tgz"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    with tarfile.open(tmp_path / "v.tgz") as tar:
+        names = set(tar.getnames())
+    assert {"out/verify-summary.txt", "out/tests-1/tests-gpu.log", "out/tests-2/tests-gpu.log",
+            "out/sanitize/sanitize-memcheck.log", "out/sanitize/sanitize-racecheck-1.log"} <= names, sorted(names)
+    assert r.stdout.count("packed ") == 1, r.stdout
+    for part in ("tests-1.out", "tests-2.out", "sanitize.out"):   # the parts did not pack
+        assert "packed " not in (tmp_path / "out" / part).read_text(), part

@@ -665,10 +665,10 @@ stage_verify() {
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "VERIFY_PARTS=$n: a count of parts" >&2; return 1; }
     [[ ${RACECHECK_PARTS:-3} =~ ^[1-9][0-9]*$ ]] || { echo "RACECHECK_PARTS=$RACECHECK_PARTS: a count of parts" >&2; return 1; }
     for ((k = 1; k <= n; k++)); do
-        TESTS_PART=$k/$n CUBIN_SEED= CUBIN_EXPORT= bash "$self" tests "$OUTDIR/tests-$k" > "$OUTDIR/tests-$k.out" 2>&1 &
+        TESTS_PART=$k/$n CUBIN_SEED= CUBIN_EXPORT= PACK= bash "$self" tests "$OUTDIR/tests-$k" > "$OUTDIR/tests-$k.out" 2>&1 &
         pids+=("$!")
     done
-    SANITIZE_PARALLEL=1 RACECHECK_PARTS=${RACECHECK_PARTS:-3} CUBIN_SEED= CUBIN_EXPORT= \
+    SANITIZE_PARALLEL=1 RACECHECK_PARTS=${RACECHECK_PARTS:-3} CUBIN_SEED= CUBIN_EXPORT= PACK= \
         bash "$self" sanitize "$OUTDIR/sanitize" > "$OUTDIR/sanitize.out" 2>&1 &
     pids+=("$!")
     for pid in "${pids[@]}"; do
