@@ -291,3 +291,27 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path, monkeypatch):
                 # only there; the lane words have a shape of their own, [N, K/256, 4]
                 assert got[name].tobytes() == a.tobytes(), (via, name)
                 assert name in tiled or got[name].shape == a.shape, (via, name, got[name].shape, a.shape)
+
+
+def test_gpu_weights_refuse_superscales_stored_before_their_scales(tmp_path):
+    """A q4_k weight's superscales reached before its scales (a file whose writer put them in
+    that order: drvqwen's own never does) are refused in one line naming both tensors, before
+    any GPU memory is taken: the staging upload's batched copies would overwrite them."""
+    from types import SimpleNamespace
+
+    from drvqwen.config import QWEN25_CODER_05B
+    from drvqwen.errors import FormatError
+    from drvqwen.format.nanoqwen import NanoqwenFile
+    from drvqwen.format.recipes import recipe_formats
+    from drvqwen.format.synthetic import write_synthetic
+    from drvqwen.gpu_weights import GPUWeights, lane_word_weights
+    from helpers import minimal_tokenizer_json
+
+    cfg = QWEN25_CODER_05B.with_layers(2)   # one layer alone has no q4_k weight: its down_proj is q6_k
+    path = tmp_path / "q4_k_m.nanoqwen"
+    write_synthetic(path, cfg, seed=5, tokenizer_json=minimal_tokenizer_json(), formats=recipe_formats(cfg, "q4_k_m"))
+    with NanoqwenFile(path) as f:
+        (prefix, *_more) = lane_word_weights(f)
+        nothing_yet = SimpleNamespace(arrays={}, pool=None)   # no array uploaded, no pool to take from
+        with pytest.raises(FormatError, match=rf"^{prefix}\.superscales: stored before {prefix}\.scales; "):
+            GPUWeights._file_plane(nothing_yet, f, prefix, f.tensors[f"{prefix}.superscales"], {})
