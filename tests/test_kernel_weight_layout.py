@@ -117,6 +117,24 @@ def test_kquant_lane_words_match_the_host(dev, rng, label, n, k):
     assert sc.download().tobytes() == scales.tobytes() and ss.download().tobytes() == superscales.tobytes()
 
 
+def _download_through_each_uploader(f, monkeypatch):
+    """GPUWeights of the open file `f` through each uploader this machine has (registered host
+    memory where it can be mapped read-only, else staging only): yields (uploader, {name: the
+    device array downloaded}), the weights freed before the next."""
+    from drvqwen import startup
+    from drvqwen.cuda import read_only_register_supported
+    from drvqwen.gpu_weights import GPUWeights
+
+    for via in ("registered", "staging") if read_only_register_supported() else ("staging",):
+        monkeypatch.setenv(startup.UPLOAD, via)
+        w = GPUWeights(f)
+        try:
+            got = {name: arr.download() for name, arr in w.arrays.items()}
+        finally:
+            w.close()
+        yield via, got
+
+
 @pytest.mark.gpu
 def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rng, monkeypatch):
     """A tiny INT4 model (head_dim 64, 4 q heads and 2 k/v heads, N = 128 … 384) through
@@ -124,25 +142,15 @@ def test_gpu_weights_hold_the_int4_projections_in_the_device_layout(tmp_path, rn
     to_tile_major(file's, pair_dim) in the file's shape, with pair_dim the head dim for q_proj,
     k_proj and v_proj and 0 for the others; every other tensor
     (scales, biases, norms, the embedding and lm_head) is the file's bytes in the file's shape."""
-    from drvqwen import startup
-    from drvqwen.cuda import read_only_register_supported
     from drvqwen.format.nanoqwen import NanoqwenFile
-    from drvqwen.gpu_weights import GPUWeights
     from helpers import TINY, random_dense, write_model
 
     path = tmp_path / "tiny.nanoqwen"
     write_model(path, TINY, random_dense(TINY, rng))
-    vias = ("registered", "staging") if read_only_register_supported() else ("staging",)
     with NanoqwenFile(path) as f:
         projections = [i.name for i in f if i.name.startswith("model.layers.") and i.name.endswith(".qweight")]
         assert len(projections) == 7 * TINY.num_layers
-        for via in vias:
-            monkeypatch.setenv(startup.UPLOAD, via)
-            w = GPUWeights(f)
-            try:
-                got = {name: arr.download() for name, arr in w.arrays.items()}
-            finally:
-                w.close()
+        for via, got in _download_through_each_uploader(f, monkeypatch):
             assert set(got) == {i.name for i in f}
             for info in f:
                 file = np.asarray(f.tensor(info.name))
@@ -246,14 +254,12 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path, monkeypatch):
     plain order (launchers.gemv_fmt.tile_major_parts), each q4_k weight's scales the lane words
     (uint32 [N, K/256, 4]) to_lane_words of the file's scales and superscales, with no superscales
     of its own, the 8-bit codes and every other tensor the file's bytes, through either uploader."""
-    from drvqwen import startup
     from drvqwen.config import QWEN25_CODER_05B
-    from drvqwen.cuda import read_only_register_supported
     from drvqwen.format import weight_formats as wf
     from drvqwen.format.nanoqwen import NanoqwenFile
     from drvqwen.format.recipes import recipe_formats
     from drvqwen.format.synthetic import write_synthetic
-    from drvqwen.gpu_weights import GPUWeights, lane_word_weights
+    from drvqwen.gpu_weights import lane_word_weights
     from drvqwen.launchers.gemv_fmt import tile_major_parts
     from helpers import minimal_tokenizer_json
 
@@ -277,14 +283,7 @@ def test_gpu_weights_hold_4_to_6_bit_codes_tile_major(tmp_path, monkeypatch):
                 continue   # in the lane words
             want[info.name] = (to_tile_major(file, 0, tiled[info.name]) if info.name in tiled
                                else lanes.get(info.name, file.astype(np.float16) if file.dtype == np.float32 else file))
-        vias = ("registered", "staging") if read_only_register_supported() else ("staging",)
-        for via in vias:
-            monkeypatch.setenv(startup.UPLOAD, via)
-            w = GPUWeights(f)
-            try:
-                got = {name: arr.download() for name, arr in w.arrays.items()}
-            finally:
-                w.close()
+        for via, got in _download_through_each_uploader(f, monkeypatch):
             assert set(got) == set(want), (via, set(got) ^ set(want))
             for name, a in want.items():
                 # tile-major codes keep their file shape on the GPU (to_tile_major's is 4-D): bytes
