@@ -49,21 +49,48 @@ VERSIONS = [
             suffix="_bulk"),
     Version("v4_bulk_ring[GEMV_BULK_RING=8,GEMV_BULK_LATE_SCALES=1]", "dev/gemv_int4/v4_bulk_ring",
             (("GEMV_BULK_RING", 8), ("GEMV_BULK_LATE_SCALES", 1)), suffix="_bulk"),
+    Version("v5_int8_x", "dev/gemv_int4/v5_int8_x", suffix="_i8x"),
+    Version("v5_int8_x[I8X_ONE_BLOCK=1]", "dev/gemv_int4/v5_int8_x", (("I8X_ONE_BLOCK", 1),), suffix="_i8x"),
 ]
 RING_KB = 16  # GEMV_RING's default in v2_smem_ring.cu, GEMV_BULK_RING's in v4_bulk_ring.cu
 DEV_CONSTANTS = [("dev/gemv_int4/v2_smem_ring", "GEMV_RING", RING_KB),
                  ("dev/gemv_int4/v2_smem_ring", "GEMV_RING_BYTES", RING_KB * 1024),
                  ("dev/gemv_int4/v4_bulk_ring", "GEMV_BULK_RING", RING_KB),
-                 ("dev/gemv_int4/v4_bulk_ring", "GEMV_BULK_RING_BYTES", RING_KB * 1024)]
+                 ("dev/gemv_int4/v4_bulk_ring", "GEMV_BULK_RING_BYTES", RING_KB * 1024),
+                 ("dev/gemv_int4/v5_int8_x", "I8X_SMEM_BYTES(18944)", 18944 * 5 // 4)]
 RING_DEFINE = {"dev/gemv_int4/v2_smem_ring": "GEMV_RING", "dev/gemv_int4/v4_bulk_ring": "GEMV_BULK_RING"}
 ROPE_THETA = 1e6     # Qwen2.5's rope_theta, as tests/test_kernel_gemv_int4.py
 
 
-def ring_bytes(v: Version, threads: int) -> int:
-    """Dynamic shared memory a version needs on top of production's: the rings of v2 and v4."""
+# v5_int8_x: x as int8 codes and a scale and zero sum a 32-input chunk, K·1.25 bytes on top of
+# production's shared memory (enough for every K ≤ 19 660: the 7B's down_proj has 18 944), and with
+# I8X_ONE_BLOCK=1 as much again as leaves one block resident an SM (the persistent decode step's
+# occupancy: 228 KiB an SM, a block's at most 227), unused.
+I8X_FILE = "dev/gemv_int4/v5_int8_x"
+I8X_STAGE_BYTES = 24 * 1024
+I8X_ONE_BLOCK_BYTES = 120 * 1024
+
+
+def extra_smem_bytes(v: Version, threads: int) -> int:
+    """Dynamic shared memory a version needs on top of production's: the rings of v2 and v4, v5's
+    int8 x (and its padding to one block an SM)."""
+    if v.file == I8X_FILE:
+        return I8X_STAGE_BYTES + (I8X_ONE_BLOCK_BYTES if dict(v.defines).get("I8X_ONE_BLOCK") else 0)
     if v.file not in RING_DEFINE:
         return 0
     return threads // 32 * dict(v.defines).get(RING_DEFINE[v.file], RING_KB) * 1024
+
+
+def int8_x(x: np.ndarray) -> np.ndarray:
+    """x fp16 [K] as v5_int8_x.cu multiplies it, float64 [K]: per 32 inputs a = max |x| (FP32),
+    q = rint(x · fp32(127 / a)) (0 where a = 0), the value q · fp32(a / 127). The kernel's FP32
+    division and round-to-nearest-even, so the reference sees the kernel's own x."""
+    xf = x.astype(np.float32).reshape(-1, 32)
+    a = np.abs(xf).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(a > 0, np.float32(127) / a, np.float32(0)).astype(np.float32)
+    q = np.rint((xf * inv).astype(np.float32))
+    return (q.astype(np.float64) * (a / np.float32(127)).astype(np.float32).astype(np.float64)).reshape(-1)
 
 
 class VersionOccupancy(Occupancy):
@@ -81,7 +108,7 @@ class VersionOccupancy(Occupancy):
 
     def blocks_per_sm(self, kernel, threads: int, smem_bytes: int) -> int:
         fn = self.v.kernel_ref(kernel).function()
-        smem = smem_bytes + ring_bytes(self.v, threads)
+        smem = smem_bytes + extra_smem_bytes(self.v, threads)
         fn.ensure_dynamic_smem(smem)
         return fn.max_active_blocks_per_sm(threads, smem)
 
@@ -95,7 +122,7 @@ def launcher_for(v: Version, make):
     if v.is_production:
         return make()
     g = make(occupancy=VersionOccupancy(v))
-    return retarget(g, v, smem_bytes=g.specs[0].smem_bytes + ring_bytes(v, g.specs[0].block[0]))
+    return retarget(g, v, smem_bytes=g.specs[0].smem_bytes + extra_smem_bytes(v, g.specs[0].block[0]))
 
 
 @dataclass(frozen=True)
@@ -147,10 +174,12 @@ class Inputs:
             self.x = rng.standard_normal(d["k"]).astype(np.float16)
             self.res_in = rng.standard_normal(d["n"]).astype(np.float32)
             self.want = matvec64(*self.w[0], self.x)  # what the kernel adds to the residual
+            self.want_i8 = matvec64(*self.w[0], int8_x(self.x))  # v5's, on its int8 x
         elif case.kind == "gate_up":
             self.w = [random_int4(rng, d["f"], d["k"]) for _ in range(2)]
             self.residual, self.norm_w, x = _normed(rng, d["k"])
             self.want = ref.swiglu(*(matvec64(qw, sc, x) for qw, sc in self.w))
+            self.want_i8 = ref.swiglu(*(matvec64(qw, sc, int8_x(x)) for qw, sc in self.w))
         else:
             hq, hkv, dh, pos = d["hq"], d["hkv"], d["dh"], d["pos"]
             ns = (hq * dh, hkv * dh, hkv * dh)
@@ -179,13 +208,17 @@ class Inputs:
         from kernel_testing import TOL_GEMV, assert_same_bits, report
 
         d, launch, w = self.case.dims, self.case.launch, self._weights(dev)
+        # v5 rounds x to int8 (int8_x): its reference multiplies the same x; every other version
+        # production's FP16 x
+        want = self.want_i8 if v.file == I8X_FILE else self.want
+        assert v.file != I8X_FILE or d["k"] * 5 // 4 <= I8X_STAGE_BYTES, "v5's int8 x needs more shared memory"
         if self.case.kind == "residual":
             res = dev.upload("residual", self.res_in)
             g = launcher_for(v, lambda **kw: K.GemvInt4Residual(res, dev.upload("x", self.x), *w, n=d["n"], k=d["k"],
                                                                 **launch, **kw))
             g.launch()
             got = res.download()
-            rel = report(f"{v.name} {self.case.label}", got.astype(np.float64) - self.res_in, self.want, TOL_GEMV)
+            rel = report(f"{v.name} {self.case.label}", got.astype(np.float64) - self.res_in, want, TOL_GEMV)
             res.upload(self.res_in)
             g.launch()
             assert_same_bits(v.name, got, res.download())
@@ -197,7 +230,7 @@ class Inputs:
                                                                     **launch, **kw))
             g.launch()
             got = h.download()
-            rel = report(f"{v.name} {self.case.label}", got, self.want, TOL_GEMV)
+            rel = report(f"{v.name} {self.case.label}", got, want, TOL_GEMV)
             h.fill_bytes(0xFF)
             g.launch()
             assert_same_bits(v.name, got, h.download())

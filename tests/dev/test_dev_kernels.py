@@ -95,8 +95,10 @@ def test_select():
         "v4_bulk_ring[GEMV_BULK_RING=8,GEMV_BULK_LATE_SCALES=1]"]
     dev_kernels.check_names(dev_kernels.OPS, ["v4", "v3_flat"])  # v4 of both, v3 of the GEMV
     assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v3"])] == ["production", "v3_flat_split"]
-    with pytest.raises(SystemExit, match="no version 'v5'.*v4_bulk_ring"):
-        dev_kernels.check_names(("gemv_int4",), ["v5"])
+    assert [v.name for v in dev_kernels.select(dev_gemv_int4.VERSIONS, ["v5"])] == [
+        "production", "v5_int8_x", "v5_int8_x[I8X_ONE_BLOCK=1]"]
+    with pytest.raises(SystemExit, match="no version 'v6'.*v5_int8_x"):
+        dev_kernels.check_names(("gemv_int4",), ["v6"])
     with pytest.raises(SystemExit, match="no version 'v9'.*v1_mma_sync"):
         dev_kernels.check_names(dev_kernels.OPS, ["v9"])
 
@@ -298,12 +300,14 @@ def test_v6_builds_with_the_registers_its_setmaxnreg_moves_add_up_to(name):
     assert not dev_gemm_int4.launchable(bad) and "setmaxnreg" in bad.checks[0]["error"]
 
 
-@pytest.mark.parametrize("name,extra_per_warp", [("v3_flat_split", 0), ("v2_smem_ring", 16 * 1024),
-                                                 ("v2_smem_ring[GEMV_RING=8]", 8 * 1024),
-                                                 ("v2_smem_ring[GEMV_RING=8,GEMV_RING_L2_PREFETCH=0]", 8 * 1024),
-                                                 ("v4_bulk_ring", 16 * 1024),
-                                                 ("v4_bulk_ring[GEMV_BULK_RING=8]", 8 * 1024)])
-def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp):
+@pytest.mark.parametrize("name,extra_per_warp,extra", [("v3_flat_split", 0, 0), ("v2_smem_ring", 16 * 1024, 0),
+                                                       ("v2_smem_ring[GEMV_RING=8]", 8 * 1024, 0),
+                                                       ("v2_smem_ring[GEMV_RING=8,GEMV_RING_L2_PREFETCH=0]", 8 * 1024, 0),
+                                                       ("v4_bulk_ring", 16 * 1024, 0),
+                                                       ("v4_bulk_ring[GEMV_BULK_RING=8]", 8 * 1024, 0),
+                                                       ("v5_int8_x", 0, 24 * 1024),
+                                                       ("v5_int8_x[I8X_ONE_BLOCK=1]", 0, 144 * 1024)])
+def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypatch, name, extra_per_warp, extra):
     from drvqwen.launchers import GemvInt4GateUpSwiglu
     from drvqwen.launchers.base import FixedOccupancy
     from drvqwen.launchers.gemv_int4 import gemv_smem_bytes
@@ -312,7 +316,7 @@ def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypat
     asked = []
 
     def blocks_per_sm(self, kernel, threads, smem):  # what the driver would be asked, recorded
-        asked.append((self.v.kernel_ref(kernel), threads, smem + dev_gemv_int4.ring_bytes(self.v, threads)))
+        asked.append((self.v.kernel_ref(kernel), threads, smem + dev_gemv_int4.extra_smem_bytes(self.v, threads)))
         return 1
 
     monkeypatch.setattr(dev_gemv_int4.VersionOccupancy, "blocks_per_sm", blocks_per_sm)
@@ -329,11 +333,11 @@ def test_gemv_versions_take_production_launch_with_their_shared_memory(monkeypat
     (spec,) = dev_gemv_int4.launcher_for(v, make).specs
     warps = prod.block[0] // 32
     assert (spec.grid, spec.block) == (prod.grid, prod.block)
-    assert spec.smem_bytes == prod.smem_bytes + warps * extra_per_warp
+    assert spec.smem_bytes == prod.smem_bytes + warps * extra_per_warp + extra
     assert (spec.kernel.file, spec.kernel.kernel, spec.kernel.defines, spec.kernel.pdl) == (
         v.file, prod.kernel.kernel + v.suffix, v.defines, True)
     # The occupancy that sized the grid was the version's kernel's, with its shared memory.
-    assert asked == [(spec.kernel, prod.block[0], gemv_smem_bytes(k, 1, warps, 2) + warps * extra_per_warp)]
+    assert asked == [(spec.kernel, prod.block[0], gemv_smem_bytes(k, 1, warps, 2) + warps * extra_per_warp + extra)]
 
 
 # --- GPU: the runner's checks ------------------------------------------------------------------
