@@ -36,6 +36,24 @@
 // shared memory, which it leaves unused, so one block is resident an SM — the occupancy of the
 // persistent decode step, where production's engine is slowest (gemv_int4.cu's header: gate_up
 // 27.7 µs at one block an SM against 25.6 at two, on an H100).
+// SASS (NVRTC 13.0, sm_90a): gate_up's main loop, a batch of 2 items × 2 matrices, 415
+// instructions (64 dp4a, 72 LOP3) against production's 546, so ~104 an item and matrix against
+// ~136 — a quarter fewer, not the half the unpack alone suggests: the addresses, the batch
+// hand-over and the scales stay production's. No spills (124 / 119 registers).
+// Measured (tools/dev_kernels.py gemv_int4 --versions v5, 7/7 checks, rel err 2.3e-4 against its
+// int8-x reference; then tools/bench_gemv.py --preset 7b --pdl --blocks 132 in the same call,
+// one H100 at 3043 GB/s copy; docs/bench/2026-12-08_4bb4fcd_h100_dev_gemv_int4_int8_x.json,
+// …_4bb4fcd_h100_bench_gemv_7b_one_block.json), µs at the 7B shapes o_proj / gate_up / down:
+//   | production, two blocks an SM (224 / 237 / 224 blocks)      |  4.57 / 24.25 / 14.88 |
+//   | this, two blocks an SM (the same grids)                    |  4.31 / 24.15 / 15.54 |
+//   | production at one block an SM (132 blocks, PDL)            |  4.70 / 26.14 / 16.36 |
+//   | this at one block an SM (I8X_ONE_BLOCK: 112 / 132 / 112)   |  4.47 / 25.33 / 16.14 |
+// A quarter fewer instructions an item buy 3 % of gate_up at one block an SM and nothing at two,
+// and down loses 4 % at two (its x staging: 592 chunks quantized before the first item). On this
+// GPU one block of 8 warps an SM holds gate_up at 88 % of copy bandwidth with production's
+// arithmetic (24.25 µs at two blocks is 95 %): the instructions of an item are not what keeps
+// the persistent step's GEMV items (gate_up 27.1 µs, down 17.2 in its trace; decode_persistent.cu)
+// behind the launches, and a change of the numerics would not pay for itself here. Not wired in.
 // Re-run: PYTHONPATH=src python3 tools/dev_kernels.py gemv_int4 --versions v5
 #include "../../gemv_int4.cu"
 
