@@ -182,8 +182,13 @@
 // issuing — with two warps a scheduler, the item's instruction chain, not its bytes (its weights
 // already in shared memory, kernels/dev/gemv_int4/v4_bulk_ring.cu, take as long). ~75 of the 161
 // are the unpack; 32-bit item offsets took 617 → 546 instructions from gate_up's loop
-// (kernels/gemv_int4.cu's header). Fewer instructions an item is the lever this kernel's GEMV
-// items have left; a shared-memory ring alone is not.
+// (kernels/gemv_int4.cu's header). A quarter fewer instructions an item did not pay either: x
+// rounded to int8 and dp4a on the masked nibbles (kernels/dev/gemv_int4/v5_int8_x.cu, ~104
+// instructions an item and matrix in gate_up's loop against ~136) took gate_up at one block an
+// SM to 25.33 µs from production's 26.14, down to 16.14 from 16.36 (H100, one run;
+// docs/bench/2026-12-08_4bb4fcd_h100_dev_gemv_int4_int8_x.json) — 88 % of copy bandwidth at one
+// block an SM either way. On an H100 the GEMV items are within ~10 % of what the launches give;
+// the step's loss is elsewhere (the small ops and the hand-offs, below).
 // Next: more bytes in flight per SM without registers — a loader warp that streams each item's
 // weights (and the next op's, while the current one drains) into a shared-memory ring with bulk
 // copies — and finer dependencies than "all of the op before" for the small ops. A first step of
