@@ -30,6 +30,18 @@
 //   row: r = Σ_i dp4a(w_i & 0x0f0f0f0f, lo_i) + (Σ_i dp4a(w_i & 0xf0f0f0f0, hi_i) >> 4) − z_c
 //        = Σ (c_j − 8) q_j exactly (int32: |Σ| < 32 · 15 · 127 · 16), then
 //        acc += float(r) · (s_c · scale_row,gi) in FP32, the quad's 4 lanes added at the tile's end.
+// Work split: production's (kernels/gemv_int4.cu's header): a block owns contiguous 16-row tiles,
+// its W warps contiguous 128-input group ranges of every one of them, the register batches and
+// the block's final sum in warp order the same; the body repeats production's engine on purpose
+// (as v2 and v4 do), since the engine has no hook for its arithmetic. Limit: the instructions of
+// an item at one or two blocks an SM (above) — what this version exists to measure.
+// Why its barriers cannot race (shared memory only; one block, no other block's data): the
+// prologue writes x_smem, then __syncthreads; i8x_quantize's threads each read their own chunk's
+// x and write only that chunk's xq, xs and xz (disjoint), then __syncthreads; the main loop
+// reads xq, xs, xz (written before that barrier, never again) and each lane with t = 0 writes
+// its own partial slots [tile][m][warp][row] (no two lanes share one); __syncthreads; then the
+// reduction reads the partials. No region is written after a barrier that another thread reads
+// it past.
 // Bytes: production's weights and scales; x staged as K bytes + 8 bytes a chunk of shared memory
 // on top of production's, I8X_SMEM_BYTES(K) (tools/dev_gemv_int4.py: extra_smem_bytes).
 // I8X_ONE_BLOCK=1 builds the same machine code; the runner then gives each block 120 KiB more
