@@ -46,8 +46,20 @@ def traces() -> list[tuple[Path, int, str, Path, str]]:
 
 
 def field(data, path: str):
-    for part in path.split("."):
-        data = data[int(part)] if isinstance(data, list) else data[part]
+    """The value at a dotted path; a key that holds dots itself (a step name such as
+    "attention.0") is matched whole, the shortest such key first."""
+    parts = path.split(".")
+    while parts:
+        if isinstance(data, list):
+            data = data[int(parts.pop(0))]
+            continue
+        for n in range(1, len(parts) + 1):
+            key = ".".join(parts[:n])
+            if key in data:
+                data, parts = data[key], parts[n:]
+                break
+        else:
+            raise KeyError(path)
     return data
 
 
@@ -99,3 +111,12 @@ def test_where_it_stands_quotes_only_traced_figures():
         figures = FIGURE.findall(measured)
         traced = TRACE.findall(measured)
         assert figures and len(traced) == len(figures), f"untraced figure in README: {row.strip()}"
+
+
+def test_field_follows_keys_that_hold_dots():
+    """A role named after its step ("attention.0") is one key, not two."""
+    data = {"roles": {"attention.0": {"span_us": 3.5}, "o_proj": {"x": [1.0, 2.0]}}}
+    assert field(data, "roles.attention.0.span_us") == 3.5
+    assert field(data, "roles.o_proj.x.1") == 2.0
+    with pytest.raises(KeyError):
+        field(data, "roles.attention.1.span_us")
